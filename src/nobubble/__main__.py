@@ -1,0 +1,3 @@
+from nobubble.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Shared pieces of the command line: argument types, errors, table/JSON output.
+
+Every command prints a human table by default and machine JSON with ``--json``. A user
+mistake raises :class:`UsageError` (or ``ValueError`` from a config's validation); ``main``
+turns either into one line on stderr and exit status 2. No traceback reaches a user unless
+``NOBUBBLE_DEBUG=1`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = [
+    "UsageError",
+    "ArgumentParser",
+    "positive_int",
+    "nonneg_int",
+    "positive_float",
+    "nonneg_float",
+    "add_json_flag",
+    "print_table",
+    "print_json",
+    "console",
+]
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for; printed as one line, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``nobubble pp simulate: error: ...`` and exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind: type, text: str, *, minimum: float, strict: bool) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a{'n integer' if kind is int else ' number'}"
+        ) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if value < minimum or (strict and value == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise argparse.ArgumentTypeError(f"{text} must be {bound}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0."""
+    return _number(int, text, minimum=0, strict=True)
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(int, text, minimum=0, strict=False)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(float, text, minimum=0.0, strict=True)
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _number(float, text, minimum=0.0, strict=False)
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print machine-readable JSON instead of a table"
+    )
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console (no colour codes when not a terminal)."""
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output gets a wide page instead of rich's 80 columns, so tables stay readable.
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+def print_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    caption: str | None = None,
+) -> None:
+    """Print a table; floats are shown with 4 significant decimals."""
+    table = Table(title=title, caption=caption, show_lines=False)
+    for i, c in enumerate(columns):
+        table.add_column(str(c), justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*[_fmt(v) for v in row])
+    console().print(table)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.4g}"
+        return f"{v:.4f}"
+    return str(v)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (one document)."""
+    json.dump(data, sys.stdout, indent=2, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__fspath__"):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,140 @@
+"""``nobubble demo``: a short tour of every capability that has landed.
+
+Each part contributes a step from its own module (``nobubble.pipeline.demo``,
+``nobubble.moe.demo``, ``nobubble.rl.demo``) exposing ``run(out_dir: Path, quick: bool) ->
+list[Path]``: it prints what it shows and returns the artifacts it wrote. Steps run in order;
+the tour ends with a table of step times and the artifacts' locations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nobubble.cliutil import console, nonneg_int, print_table
+
+# (title, module): part steps after the built-in ones, shown only when the module exists.
+PART_STEPS: tuple[tuple[str, str], ...] = (
+    ("pipeline schedules", "nobubble.pipeline.demo"),
+    ("MoE expert parallelism", "nobubble.moe.demo"),
+    ("RL", "nobubble.rl.demo"),
+)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("nobubble-out"),
+        help="artifact folder (default ./nobubble-out)",
+    )
+    parser.add_argument("--quick", action="store_true", help="smallest sizes in every step")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated step titles to run (e.g. merge,trace)"
+    )
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
+    parser.set_defaults(func=_run)
+
+
+def _merge_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, to_list
+
+    con = console()
+    lists = [[1, 4, 5], [1, 3, 4], [2, 6]]
+    merged = to_list(merge_k_lists([from_list(xs) for xs in lists]))
+    con.print(f"merge_k_lists({lists}) -> {merged}")
+    rng = random.Random(seed)
+    k, n = (100, 10_000) if quick else (1000, 200_000)
+    runs = [sorted(rng.random() for _ in range(n // k)) for _ in range(k)]
+    t0 = time.perf_counter()
+    out_list = list(kmerge(*runs))
+    dt = time.perf_counter() - t0
+    assert out_list == sorted(out_list)
+    con.print(f"kmerge of k={k} sorted runs, N={n:,} items: {dt * 1e3:.1f} ms, output sorted: yes")
+    return []
+
+
+def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Four ranks each write their own trace; merge them into one time-ordered file."""
+    from nobubble.trace import Event, merge_trace_files, summarize, write_chrome_trace
+
+    rng = random.Random(seed)
+    files = []
+    for rank in range(4):
+        t, events = rank * 150.0, []  # later ranks start later: the pipeline fill bubble
+        for i in range(8):
+            dur = rng.uniform(80, 120)
+            events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
+            t += dur + rng.uniform(0, 40)  # waiting for the neighbour
+        files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
+    merged, names = merge_trace_files(files)
+    path = write_chrome_trace(out / "trace" / "merged.json", merged, rank_names=names)
+    print_table(
+        f"merged {len(files)} per-rank traces ({len(merged)} events) -> {path}",
+        ["rank", "events", "span ms", "busy ms", "idle"],
+        [
+            [s.rank, s.num_events, s.span_us / 1e3, s.busy_us / 1e3, f"{s.idle_ratio:.1%}"]
+            for s in summarize(merged)
+        ],
+    )
+    return [*files, path]
+
+
+def steps() -> list[tuple[str, Callable[[Path, bool, int], list[Path]]]]:
+    """The demo's steps, built-in first, then each landed part."""
+    out: list[tuple[str, Callable[[Path, bool, int], list[Path]]]] = [
+        ("merge", _merge_step),
+        ("trace", _trace_step),
+    ]
+    for title, module in PART_STEPS:
+        if _exists(module):
+            out.append((title, _part_step(module)))
+    return out
+
+
+def _part_step(module: str) -> Callable[[Path, bool, int], list[Path]]:
+    def run(out: Path, quick: bool, seed: int) -> list[Path]:
+        return list(importlib.import_module(module).run(out, quick))
+
+    return run
+
+
+def _run(args: argparse.Namespace) -> int:
+    con = console()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = steps()
+    if args.only:
+        wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        unknown = wanted - {t for t, _ in chosen}
+        if unknown:
+            raise ValueError(
+                f"--only: unknown step(s) {sorted(unknown)}; choose from {[t for t, _ in chosen]}"
+            )
+        chosen = [(t, f) for t, f in chosen if t in wanted]
+    timings = []
+    for i, (title, fn) in enumerate(chosen, 1):
+        con.rule(f"[bold]{i}/{len(chosen)} {title}")
+        t0 = time.perf_counter()
+        artifacts = fn(out, args.quick, args.seed)
+        timings.append((title, time.perf_counter() - t0, artifacts))
+    con.rule("[bold]summary")
+    print_table(
+        f"nobubble demo: artifacts in {out.resolve()}",
+        ["step", "seconds", "artifacts"],
+        [[t, dt, ", ".join(str(p) for p in a) or "-"] for t, dt, a in timings],
+    )
+    return 0
+
+
+def _exists(module: str) -> bool:
+    """True when ``module`` can be imported (its parent package existing included)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
