@@ -1,0 +1,10 @@
+"""Execute pipeline schedules on a real PyTorch model across processes.
+
+- :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
+- :mod:`.bw_split`: the backward split into B (input gradient) and W (weight gradient).
+- :mod:`.stage`: one stage's F / B / W / BW on one rank.
+- :mod:`.p2p`, :mod:`.executor`: a rank walks its actions, activations and gradients move by
+  point-to-point send/recv posted early, every wait bounded by a timeout.
+- :mod:`.profile`: measured per-stage costs for the simulator.
+- :mod:`.cli`: ``nobubble pp profile | plan | run``.
+"""

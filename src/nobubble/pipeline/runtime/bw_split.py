@@ -1,0 +1,171 @@
+"""B/W split: input-gradient backward now (B), weight-gradient backward later (W).
+
+Zero Bubble's observation: a linear layer ``Y = X W^T + b`` has two backward products,
+``dX = dY W`` (needed *now* by the previous stage, the critical path) and
+``dW = dY^T X``, ``db = sum(dY)`` (needed only by the optimizer step). This module defers the
+second one, the way the paper's ``WeightGradStore`` does, but with one store per stage
+instead of class-level global state.
+
+How it works:
+
+- :class:`SplitLinear` is an ``nn.Linear``. Without a store (the reference model, or
+  inference) it is exactly ``F.linear``.
+- A stage attaches its :class:`WeightGradStore` (:func:`attach_store`) and runs each forward
+  inside ``store.recording(microbatch)``. Every linear call then goes through
+  :class:`_DeferredLinear`, whose autograd node remembers (store, microbatch).
+- B = ``torch.autograd.backward`` on the stage output. Each linear node computes only
+  ``dX`` and hands ``(X, dY)`` to the store. Everything else in the graph (attention,
+  LayerNorm, GELU, their small parameter gradients) runs as usual. The graph is freed.
+- W = ``store.flush(microbatch)``: ``dW = dY^T X`` and ``db = sum(dY)`` for every pending
+  linear of that microbatch, accumulated into ``.grad``. Nothing of B is recomputed.
+
+Memory: between B and W a microbatch holds, per linear, its input X (which autograd saved
+for the backward anyway) and its output gradient dY (extra: one activation-sized tensor per
+linear). Everything else of the microbatch's graph is freed at B.
+
+Store lifecycle per microbatch: ``RECORDING`` (inside ``recording(m)``, F) -> ``PENDING``
+(after B put its (X, dY) pairs) -> flushed (W; the store holds nothing of ``m``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SplitLinear", "WeightGradStore", "attach_store", "weight_grad"]
+
+
+@dataclass(frozen=True)
+class _PendingGrad:
+    """One linear's deferred weight gradient: input X (..., in), output grad dY (..., out)."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+    x: torch.Tensor
+    dy: torch.Tensor
+
+
+def weight_grad(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dW = dY^T X`` (out, in) and ``db = sum(dY)`` (out,) over all leading dims."""
+    x2 = x.reshape(-1, x.shape[-1])  # (N, in)
+    dy2 = dy.reshape(-1, dy.shape[-1])  # (N, out)
+    return dy2.t().mm(x2), dy2.sum(0)
+
+
+def _accumulate(param: nn.Parameter, grad: torch.Tensor) -> None:
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
+
+
+class WeightGradStore:
+    """Deferred weight-gradient work of one pipeline stage, keyed by microbatch."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, list[_PendingGrad]] = {}
+        self._recording: int | None = None
+
+    @contextmanager
+    def recording(self, microbatch: int) -> Iterator[None]:
+        """Run a forward whose linear layers defer their weight gradient to ``flush(microbatch)``."""
+        if self._recording is not None:
+            raise RuntimeError(
+                f"forward of microbatch {microbatch} started inside that of {self._recording}"
+            )
+        self._recording = microbatch
+        try:
+            yield
+        finally:
+            self._recording = None
+
+    @property
+    def recording_microbatch(self) -> int | None:
+        return self._recording
+
+    def put(self, microbatch: int, pending: _PendingGrad) -> None:
+        self._pending.setdefault(microbatch, []).append(pending)
+
+    def close_backward(self, microbatch: int) -> None:
+        """Mark B of ``microbatch`` done, so W may run even if no linear deferred anything."""
+        self._pending.setdefault(microbatch, [])
+
+    def has_pending(self, microbatch: int) -> bool:
+        return microbatch in self._pending
+
+    @property
+    def pending_microbatches(self) -> tuple[int, ...]:
+        return tuple(sorted(self._pending))
+
+    def pending_bytes(self, microbatch: int) -> int:
+        """Bytes of the distinct tensors (X and dY) held for ``microbatch``."""
+        seen: dict[int, int] = {}
+        for p in self._pending.get(microbatch, ()):
+            for t in (p.x, p.dy):
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(seen.values())
+
+    def flush(self, microbatch: int) -> int:
+        """Compute and accumulate the weight gradients of ``microbatch``; returns how many.
+
+        Raises RuntimeError when B of ``microbatch`` has not run (nothing is pending).
+        """
+        pending = self._pending.pop(microbatch, None)
+        if pending is None:
+            raise RuntimeError(
+                f"W of microbatch {microbatch} before its B: no weight gradients are pending"
+            )
+        with torch.no_grad():
+            for p in pending:
+                dw, db = weight_grad(p.x, p.dy)
+                _accumulate(p.weight, dw)
+                if p.bias is not None:
+                    _accumulate(p.bias, db)
+        return len(pending)
+
+
+class _DeferredLinear(torch.autograd.Function):
+    """``F.linear`` whose backward returns only dX and leaves (X, dY) in a store."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, store, microbatch):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.bias = bias
+        ctx.store = store
+        ctx.microbatch = microbatch
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None  # (..., in)
+        if ctx.needs_input_grad[1]:
+            ctx.store.put(ctx.microbatch, _PendingGrad(weight, ctx.bias, x, dy))
+        return dx, None, None, None, None
+
+
+class SplitLinear(nn.Linear):
+    """``nn.Linear`` that defers its weight gradient while its stage records a microbatch."""
+
+    weight_grad_store: WeightGradStore | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        store = self.weight_grad_store
+        if store is None or store.recording_microbatch is None or not torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return _DeferredLinear.apply(x, self.weight, self.bias, store, store.recording_microbatch)
+
+
+def attach_store(module: nn.Module, store: WeightGradStore | None) -> int:
+    """Make every SplitLinear in ``module`` defer into ``store`` (None: plain); returns count."""
+    count = 0
+    for m in module.modules():
+        if isinstance(m, SplitLinear):
+            m.weight_grad_store = store
+            count += 1
+    return count

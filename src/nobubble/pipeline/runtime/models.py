@@ -1,0 +1,260 @@
+"""Models as lists of blocks: a small GPT and a residual MLP, built block by block.
+
+A pipeline stage is a contiguous run of blocks. Every block is built from its own seed
+(``seed``, block index), so a rank can build only the blocks of its stages and still get the
+same weights as the single-process reference that builds them all.
+
+Block contract: ``block(x) -> y``; the first block takes the model input (token ids
+``(B, T) int64`` for the GPT, features ``(B, D) float`` for the MLP), every later block takes
+the previous block's float output. ``loss(output, targets)`` is the mean over the batch.
+
+All linear layers are :class:`~nobubble.pipeline.runtime.bw_split.SplitLinear`, which is a
+plain ``nn.Linear`` until a stage attaches a weight-gradient store to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nobubble.pipeline.runtime.bw_split import SplitLinear
+
+__all__ = ["Batch", "GPTConfig", "MLPConfig", "ModelConfig", "build_blocks", "partition_blocks"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One global batch: ``inputs`` (B, ...) and ``targets`` (B, ...) on the same device."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+    def split(self, num_microbatches: int) -> list[Batch]:
+        """Equal microbatches along dim 0 (B must be divisible by ``num_microbatches``)."""
+        size = self.inputs.shape[0]
+        if size % num_microbatches:
+            raise ValueError(
+                f"batch size {size} is not divisible by num_microbatches={num_microbatches}"
+            )
+        xs = self.inputs.chunk(num_microbatches)
+        ys = self.targets.chunk(num_microbatches)
+        return [Batch(x, y) for x, y in zip(xs, ys, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """A pre-LayerNorm GPT: embedding block, ``num_layers`` transformer blocks, LM-head block."""
+
+    vocab_size: int = 256
+    seq_len: int = 32
+    hidden: int = 64
+    num_heads: int = 4
+    num_layers: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.hidden % self.num_heads:
+            raise ValueError(
+                f"GPTConfig.hidden={self.hidden} is not divisible by num_heads={self.num_heads}"
+            )
+
+    @property
+    def name(self) -> str:
+        return "gpt"
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_layers + 2
+
+    def block_weight(self, index: int) -> int:
+        """Compute weight used to balance stages: transformer blocks 1, embedding/head 0."""
+        return 0 if index in (0, self.num_blocks - 1) else 1
+
+    def build_block(self, index: int) -> nn.Module:
+        if index == 0:
+            return Embedding(self.vocab_size, self.seq_len, self.hidden)
+        if index == self.num_blocks - 1:
+            return LMHead(self.hidden, self.vocab_size)
+        return TransformerBlock(self.hidden, self.num_heads)
+
+    def make_batch(self, batch_size: int, seed: int, device: torch.device | str = "cpu") -> Batch:
+        """Random token sequences; the target is the input shifted by one."""
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, self.vocab_size, (batch_size, self.seq_len + 1), generator=gen)
+        return Batch(tokens[:, :-1].to(device), tokens[:, 1:].to(device))  # (B, T) each
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy; logits (B, T, V), targets (B, T) int64."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class Embedding(nn.Module):
+    """Token + learned position embedding: (B, T) int64 -> (B, T, H)."""
+
+    def __init__(self, vocab_size: int, seq_len: int, hidden: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, hidden)
+        self.pos = nn.Embedding(seq_len, hidden)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(pos)  # (B, T, H)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: x + attn(ln1(x)); x + mlp(ln2(x)). (B, T, H) -> (B, T, H)."""
+
+    def __init__(self, hidden: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = SplitLinear(hidden, 3 * hidden)
+        self.proj = SplitLinear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc = SplitLinear(hidden, 4 * hidden)
+        self.fc_out = SplitLinear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+        nh = self.num_heads
+        q = q.view(b, t, nh, h // nh).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(b, t, nh, h // nh).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(b, t, nh, h // nh).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(b, t, h)  # (B, T, H)
+        x = x + self.proj(y)
+        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+
+
+class LMHead(nn.Module):
+    """Final LayerNorm and vocabulary projection: (B, T, H) -> (B, T, V)."""
+
+    def __init__(self, hidden: int, vocab_size: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = SplitLinear(hidden, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPConfig:
+    """Input projection, ``num_layers`` residual MLP blocks, classifier head (cross-entropy)."""
+
+    in_features: int = 32
+    hidden: int = 64
+    num_classes: int = 10
+    num_layers: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("in_features", "hidden", "num_classes", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MLPConfig.{name}={getattr(self, name)} must be >= 1")
+
+    @property
+    def name(self) -> str:
+        return "mlp"
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_layers + 2
+
+    def block_weight(self, index: int) -> int:
+        return 0 if index in (0, self.num_blocks - 1) else 1
+
+    def build_block(self, index: int) -> nn.Module:
+        if index == 0:
+            return SplitLinear(self.in_features, self.hidden)
+        if index == self.num_blocks - 1:
+            return SplitLinear(self.hidden, self.num_classes)
+        return ResidualMLP(self.hidden)
+
+    def make_batch(self, batch_size: int, seed: int, device: torch.device | str = "cpu") -> Batch:
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(batch_size, self.in_features, generator=gen)  # (B, D)
+        y = torch.randint(0, self.num_classes, (batch_size,), generator=gen)  # (B,)
+        return Batch(x.to(device), y.to(device))
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, targets)
+
+
+class ResidualMLP(nn.Module):
+    """x + fc2(gelu(fc1(ln(x)))): (B, H) -> (B, H)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.fc1 = SplitLinear(hidden, 4 * hidden)
+        self.fc2 = SplitLinear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+ModelConfig = GPTConfig | MLPConfig
+
+
+def build_blocks(
+    config: ModelConfig, indices: range | None = None, device: torch.device | str = "cpu"
+) -> nn.ModuleDict:
+    """Build the blocks ``indices`` (default: all), keyed by their global index as a string.
+
+    Each block is initialised from ``(config.seed, index)`` alone, so any subset equals the
+    same blocks of the full model.
+    """
+    indices = range(config.num_blocks) if indices is None else indices
+    blocks = nn.ModuleDict()
+    for i in indices:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed * 1_000_003 + i)
+            blocks[str(i)] = config.build_block(i)
+    return blocks.to(device)
+
+
+def partition_blocks(config: ModelConfig, num_stages: int) -> tuple[range, ...]:
+    """Contiguous block ranges, one per stage, balancing the weighted (transformer) blocks.
+
+    Weight-0 blocks (embedding, head) join the first / last stage. Raises ValueError when the
+    model has fewer weighted blocks than stages.
+    """
+    weighted = [i for i in range(config.num_blocks) if config.block_weight(i) > 0]
+    if num_stages < 1:
+        raise ValueError(f"num_stages={num_stages} must be >= 1")
+    if len(weighted) < num_stages:
+        raise ValueError(
+            f"the {config.name} model has {len(weighted)} layers but the schedule has "
+            f"{num_stages} stages; use at least {num_stages} layers (--layers) or fewer stages"
+        )
+    base, extra = divmod(len(weighted), num_stages)
+    bounds, pos = [], 0
+    for s in range(num_stages):
+        pos += base + (1 if s < extra else 0)
+        bounds.append(pos)
+    ranges, start = [], 0
+    for s, end_pos in enumerate(bounds):
+        end = config.num_blocks if s == num_stages - 1 else weighted[end_pos - 1] + 1
+        ranges.append(range(start, end))
+        start = end
+    return tuple(ranges)
+
+
+def num_parameters(blocks: nn.Module) -> int:
+    return sum(p.numel() for p in blocks.parameters())
