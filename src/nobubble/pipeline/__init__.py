@@ -3,10 +3,31 @@
 Public API (see each module's docstring):
 
 - :mod:`~nobubble.pipeline.actions`: ``Op``, ``Action``, ``Schedule`` (torch CSV, text grid)
+- :mod:`~nobubble.pipeline.costs`: ``CostModel`` (per-stage times, T_comm, memory)
+- :mod:`~nobubble.pipeline.validate`: ``validate``, ``ScheduleError``
+- :mod:`~nobubble.pipeline.simulate`: ``simulate`` -> ``SimResult``
+- :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES``
 """
 
 from __future__ import annotations
 
 from nobubble.pipeline.actions import Action, Op, Schedule, ScheduleFormatError
+from nobubble.pipeline.costs import CostModel, transformer_memory
+from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
+from nobubble.pipeline.simulate import SimResult, simulate
+from nobubble.pipeline.validate import ScheduleError, validate
 
-__all__ = ["Action", "Op", "Schedule", "ScheduleFormatError"]
+__all__ = [
+    "Action",
+    "Op",
+    "Schedule",
+    "ScheduleFormatError",
+    "CostModel",
+    "transformer_memory",
+    "SCHEDULE_NAMES",
+    "get_schedule",
+    "SimResult",
+    "simulate",
+    "ScheduleError",
+    "validate",
+]

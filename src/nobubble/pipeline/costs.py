@@ -1,0 +1,251 @@
+"""Cost model of a pipeline: per-stage op times, transfer time, activation memory.
+
+Times are in any unit (the paper uses ms); memory in any consistent unit (only ratios matter
+for limits such as ZB-1p's ``p * M_F``).
+
+Per stage s (a *virtual* stage: a chunk of a rank's layers when a rank holds several):
+
+- ``t_f[s]``, ``t_b[s]``, ``t_w[s]``: one microbatch's forward, input-gradient backward (B)
+  and weight-gradient backward (W). A fused backward (BW) takes ``t_b + t_w``.
+- ``t_comm``: one activation / gradient transfer between two *ranks* (charged only when the
+  producer and consumer stages sit on different ranks).
+- ``mem_f[s]``: activation memory a forward stores; ``mem_b[s]``: what its B frees;
+  ``mem_w[s]``: what its W frees (a BW frees both). Normally ``mem_b + mem_w == mem_f``.
+
+The paper's memory model (Korthikanti et al., bytes per token per layer, h hidden, a heads,
+s sequence): F stores ``34h + 5as``, B frees ``2h + 5as``, W frees ``32h``
+(:func:`transformer_memory`).
+
+``--tf/--tb/--tw`` on the command line are the costs of one microbatch through one *rank's*
+share of the model; :meth:`CostModel.from_rank_costs` splits them evenly over the rank's
+chunks, so interleaved and V schedules pay the same compute but more transfers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nobubble.pipeline.actions import Action, Op
+
+__all__ = ["CostModel", "MemoryPerMicrobatch", "transformer_memory", "PAPER_MODELS"]
+
+Number = float | int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPerMicrobatch:
+    """Activation memory of one microbatch: what F stores, B frees and W frees."""
+
+    mem_f: float
+    mem_b: float
+    mem_w: float
+
+
+def transformer_memory(*, hidden: int, heads: int, seq: int) -> MemoryPerMicrobatch:
+    """The paper's per-layer, per-token activation memory: M_F = 34h + 5as, M_B = 2h + 5as,
+    M_W = 32h (units: bytes per token per layer; multiply by tokens x layers for bytes)."""
+    for label, value in (("hidden", hidden), ("heads", heads), ("seq", seq)):
+        if not (isinstance(value, int) and value > 0):
+            raise ValueError(f"{label}={value!r} must be a positive integer")
+    return MemoryPerMicrobatch(
+        mem_f=34.0 * hidden + 5.0 * heads * seq,
+        mem_b=2.0 * hidden + 5.0 * heads * seq,
+        mem_w=32.0 * hidden,
+    )
+
+
+# (hidden, heads, layers, seq) of the paper's four GPT-3-like models
+PAPER_MODELS: dict[str, tuple[int, int, int, int]] = {
+    "1.5B": (2304, 24, 24, 1024),
+    "6.2B": (4096, 32, 32, 1024),
+    "14.6B": (5120, 40, 48, 1024),
+    "28.3B": (6144, 48, 64, 1024),
+}
+
+
+def _per_stage(label: str, value: Number | Sequence[Number], num_stages: int) -> tuple[float, ...]:
+    values = (value,) * num_stages if isinstance(value, int | float) else tuple(value)
+    if len(values) != num_stages:
+        raise ValueError(f"{label} has {len(values)} entries; give one per stage ({num_stages})")
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostModel:
+    """Per-stage times and memory (see the module docstring); sequences have one entry per
+    (virtual) stage. Build with :meth:`uniform`, :meth:`from_rank_costs` or directly."""
+
+    t_f: tuple[float, ...]
+    t_b: tuple[float, ...]
+    t_w: tuple[float, ...]
+    mem_f: tuple[float, ...]
+    mem_b: tuple[float, ...]
+    mem_w: tuple[float, ...]
+    t_comm: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.t_f)
+        if n < 1:
+            raise ValueError("CostModel needs at least one stage (t_f is empty)")
+        for label in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
+            values = _per_stage(label, getattr(self, label), n)
+            object.__setattr__(self, label, values)
+            strict = label.startswith("t_")
+            for s, v in enumerate(values):
+                if not math.isfinite(v) or v < 0 or (strict and v == 0):
+                    bound = "> 0" if strict else ">= 0"
+                    raise ValueError(f"{label}[{s}]={v} must be finite and {bound}")
+        if not (math.isfinite(self.t_comm) and self.t_comm >= 0):
+            raise ValueError(f"t_comm={self.t_comm} must be finite and >= 0")
+        object.__setattr__(self, "t_comm", float(self.t_comm))
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.t_f)
+
+    def duration(self, action: Action) -> float:
+        """Time of one action (BW takes t_b + t_w)."""
+        s = action.stage
+        if action.op is Op.F:
+            return self.t_f[s]
+        if action.op is Op.B:
+            return self.t_b[s]
+        if action.op is Op.W:
+            return self.t_w[s]
+        return self.t_b[s] + self.t_w[s]
+
+    def memory_delta(self, action: Action) -> float:
+        """Change of stored activations when the action runs (+ for F, - for B/W/BW)."""
+        s = action.stage
+        if action.op is Op.F:
+            return self.mem_f[s]
+        if action.op is Op.B:
+            return -self.mem_b[s]
+        if action.op is Op.W:
+            return -self.mem_w[s]
+        return -(self.mem_b[s] + self.mem_w[s])
+
+    @staticmethod
+    def uniform(
+        num_stages: int,
+        *,
+        t_f: float = 1.0,
+        t_b: float = 1.0,
+        t_w: float = 1.0,
+        t_comm: float = 0.0,
+        mem_f: float = 1.0,
+        mem_b: float | None = None,
+        mem_w: float | None = None,
+    ) -> CostModel:
+        """The same costs on every stage. Memory defaults to M_F = 1 split evenly (B frees
+        half, W the other half); give ``mem_b``/``mem_w`` for another split."""
+        _check_count("num_stages", num_stages)
+        mem_b, mem_w = _split_memory(mem_f, mem_b, mem_w)
+        n = num_stages
+        return CostModel(
+            t_f=(t_f,) * n, t_b=(t_b,) * n, t_w=(t_w,) * n, t_comm=t_comm,
+            mem_f=(mem_f,) * n, mem_b=(mem_b,) * n, mem_w=(mem_w,) * n,
+        )  # fmt: skip
+
+    @staticmethod
+    def from_rank_costs(
+        num_ranks: int,
+        *,
+        num_chunks: int = 1,
+        stage_to_rank: Sequence[int] | None = None,
+        t_f: Number | Sequence[Number] = 1.0,
+        t_b: Number | Sequence[Number] = 1.0,
+        t_w: Number | Sequence[Number] = 1.0,
+        t_comm: float = 0.0,
+        mem_f: Number | Sequence[Number] = 1.0,
+        mem_b: Number | Sequence[Number] | None = None,
+        mem_w: Number | Sequence[Number] | None = None,
+    ) -> CostModel:
+        """Costs given per *rank* (a number, or one entry per rank), split evenly over the
+        ``num_chunks`` stages each rank holds. ``stage_to_rank`` defaults to the looped
+        (interleaved) map ``s -> s % num_ranks``; pass a schedule's map for V shapes."""
+        _check_count("num_ranks", num_ranks)
+        _check_count("num_chunks", num_chunks)
+        num_stages = num_ranks * num_chunks
+        if stage_to_rank is None:
+            stage_to_rank = [s % num_ranks for s in range(num_stages)]
+        if len(stage_to_rank) != num_stages:
+            raise ValueError(
+                f"stage_to_rank has {len(stage_to_rank)} entries; expected {num_stages} "
+                f"({num_ranks} ranks x {num_chunks} chunks)"
+            )
+        per_rank = {}
+        for label, value in (("t_f", t_f), ("t_b", t_b), ("t_w", t_w), ("mem_f", mem_f)):
+            per_rank[label] = _per_stage(label, value, num_ranks)
+        if mem_b is None and mem_w is None:
+            per_rank["mem_b"] = tuple(v / 2 for v in per_rank["mem_f"])
+            per_rank["mem_w"] = per_rank["mem_b"]
+        else:
+            mb = _per_stage("mem_b", mem_b if mem_b is not None else 0.0, num_ranks)
+            mw = _per_stage("mem_w", mem_w if mem_w is not None else 0.0, num_ranks)
+            if mem_b is None:
+                mb = tuple(f - w for f, w in zip(per_rank["mem_f"], mw))
+            if mem_w is None:
+                mw = tuple(f - b for f, b in zip(per_rank["mem_f"], mb))
+            per_rank["mem_b"], per_rank["mem_w"] = mb, mw
+        fields = {
+            label: tuple(values[r] / num_chunks for r in stage_to_rank)
+            for label, values in per_rank.items()
+        }
+        return CostModel(t_comm=t_comm, **fields)
+
+    @staticmethod
+    def paper(
+        num_ranks: int,
+        *,
+        t_f: float,
+        t_b: float,
+        t_w: float,
+        t_comm: float,
+        hidden: int,
+        heads: int,
+        seq: int,
+        num_chunks: int = 1,
+        stage_to_rank: Sequence[int] | None = None,
+    ) -> CostModel:
+        """Rank-level times plus the paper's transformer memory model (per token per layer)."""
+        mem = transformer_memory(hidden=hidden, heads=heads, seq=seq)
+        return CostModel.from_rank_costs(
+            num_ranks, num_chunks=num_chunks, stage_to_rank=stage_to_rank,
+            t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm,
+            mem_f=mem.mem_f, mem_b=mem.mem_b, mem_w=mem.mem_w,
+        )  # fmt: skip
+
+    def for_stages(self, stage_to_rank: Sequence[int]) -> CostModel:
+        """Re-split these per-rank-sized costs for a schedule with ``len(stage_to_rank)``
+        stages (valid when this model has one stage per rank)."""
+        p = self.num_stages
+        if len(stage_to_rank) == p:
+            return self
+        if len(stage_to_rank) % p:
+            raise ValueError(
+                f"cannot split costs of {p} ranks over {len(stage_to_rank)} stages; "
+                "give per-stage costs"
+            )
+        return CostModel.from_rank_costs(
+            p, num_chunks=len(stage_to_rank) // p, stage_to_rank=stage_to_rank,
+            t_f=self.t_f, t_b=self.t_b, t_w=self.t_w, t_comm=self.t_comm,
+            mem_f=self.mem_f, mem_b=self.mem_b, mem_w=self.mem_w,
+        )  # fmt: skip
+
+
+def _check_count(label: str, value: int) -> None:
+    if not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"{label}={value!r} must be a positive integer")
+
+
+def _split_memory(mem_f: float, mem_b: float | None, mem_w: float | None) -> tuple[float, float]:
+    if mem_b is None and mem_w is None:
+        return mem_f / 2, mem_f / 2
+    if mem_b is None:
+        return mem_f - float(mem_w), float(mem_w)  # type: ignore[arg-type]
+    if mem_w is None:
+        return float(mem_b), mem_f - mem_b
+    return float(mem_b), float(mem_w)

@@ -1,0 +1,188 @@
+"""Event-driven simulation of a schedule: op times, bubbles and activation memory.
+
+Each rank runs its actions in order; an action starts as soon as its rank is free and every
+input it needs has arrived (dependencies in :mod:`nobubble.pipeline.validate`). An input made
+on another rank arrives ``t_comm`` after its producer ends; on the same rank it is ready at
+once. The simulation is a worklist over ranks: a rank advances until its next action waits
+for something not yet computed, then parks on that key until it is produced, so every action
+is visited a constant number of times (linear in the number of actions).
+
+Definitions (the Zero Bubble paper's):
+
+- span of a rank: from the start of its first op to the end of its last op;
+- ``bubble_rate = (max span - work) / max span`` with ``work = m * (T_F + T_B + T_W)``
+  summed over the rank's stages (the busiest rank's work when costs differ per rank);
+- per-rank bubble: ``(span_r - work_r) / span_r``;
+- memory: F adds ``mem_f``, B frees ``mem_b``, W frees ``mem_w``; a rank's peak is the
+  largest running total over its actions. The 1F1B reference of rank r is
+  ``min(p - r, m) * M_F(r)`` (1F1B keeps p - r microbatches in flight on rank r), where
+  ``M_F(r)`` sums ``mem_f`` over the rank's stages.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from nobubble.pipeline.actions import Action, Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.validate import DepKey, ScheduleError, dep_key, dependencies, validate
+
+__all__ = ["SimResult", "simulate"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Timeline and summary of one simulated schedule.
+
+    ``start[r][k]`` / ``end[r][k]`` are the times of ``schedule.rank_actions[r][k]``. Ranks
+    are the paper's "stages" (devices); per-rank tuples have ``num_ranks`` entries.
+    """
+
+    schedule: Schedule
+    costs: CostModel
+    start: tuple[tuple[float, ...], ...]
+    end: tuple[tuple[float, ...], ...]
+    makespan: float
+    spans: tuple[float, ...]
+    busy: tuple[float, ...]
+    bubble_rate: float
+    rank_bubble_rates: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    peak_memory_1f1b: tuple[float, ...]
+
+    @property
+    def max_span(self) -> float:
+        return max(self.spans)
+
+    @property
+    def bubble_time(self) -> float:
+        """``max span - work``: the idle time of the paper's definition."""
+        return self.max_span - max(self.busy)
+
+    @property
+    def peak_memory_vs_1f1b(self) -> tuple[float, ...]:
+        """Each rank's peak activation memory relative to its 1F1B peak."""
+        return tuple(
+            p / ref if ref > 0 else 0.0 for p, ref in zip(self.peak_memory, self.peak_memory_1f1b)
+        )
+
+    @property
+    def max_peak_memory_vs_1f1b(self) -> float:
+        """Largest per-rank peak over the largest 1F1B peak (rank 0's p * M_F)."""
+        ref = max(self.peak_memory_1f1b)
+        return max(self.peak_memory) / ref if ref > 0 else 0.0
+
+    def timing(self, action: Action) -> tuple[float, float]:
+        """``(start, end)`` of one action."""
+        rank = self.schedule.stage_to_rank[action.stage]
+        k = self.schedule.rank_actions[rank].index(action)
+        return self.start[rank][k], self.end[rank][k]
+
+    def summary(self) -> dict:
+        """JSON-ready figures (no per-action timeline)."""
+        return {
+            "schedule": self.schedule.name,
+            "stages": self.schedule.num_ranks,
+            "chunks": self.schedule.num_chunks,
+            "microbatches": self.schedule.num_microbatches,
+            "makespan": self.makespan,
+            "max_span": self.max_span,
+            "bubble_rate": self.bubble_rate,
+            "rank_bubble_rates": list(self.rank_bubble_rates),
+            "peak_memory": list(self.peak_memory),
+            "peak_memory_vs_1f1b": list(self.peak_memory_vs_1f1b),
+            "max_peak_memory_vs_1f1b": self.max_peak_memory_vs_1f1b,
+        }
+
+
+def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> SimResult:
+    """Simulate ``schedule`` under ``costs`` (one cost entry per stage of the schedule, or
+    one per rank, which is then split over the rank's chunks).
+
+    Raises :class:`~nobubble.pipeline.validate.ScheduleError` if the schedule is invalid
+    (``check=True`` runs :func:`~nobubble.pipeline.validate.validate` first).
+    """
+    if costs.num_stages != schedule.num_stages:
+        if costs.num_stages != schedule.num_ranks:
+            raise ValueError(
+                f"costs have {costs.num_stages} stages but schedule {schedule.name!r} has "
+                f"{schedule.num_stages} stages on {schedule.num_ranks} ranks; give one cost "
+                "per stage or per rank"
+            )
+        costs = costs.for_stages(schedule.stage_to_rank)
+    if check:
+        validate(schedule)
+    start, end = _run(schedule, costs)
+    return _summarise(schedule, costs, start, end)
+
+
+def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[list[float]]]:
+    num_stages, owner = schedule.num_stages, schedule.stage_to_rank
+    finished: dict[DepKey, float] = {}
+    waiting: dict[DepKey, list[int]] = {}
+    start = [[0.0] * len(a) for a in schedule.rank_actions]
+    end = [[0.0] * len(a) for a in schedule.rank_actions]
+    free_at = [0.0] * schedule.num_ranks
+    pos = [0] * schedule.num_ranks
+    ready = deque(range(schedule.num_ranks))
+    while ready:
+        rank = ready.popleft()
+        acts = schedule.rank_actions[rank]
+        while pos[rank] < len(acts):
+            action = acts[pos[rank]]
+            t = free_at[rank]
+            blocked = None
+            for dep in dependencies(action, num_stages):
+                done_at = finished.get(dep)
+                if done_at is None:
+                    blocked = dep
+                    break
+                if owner[dep[1]] != rank:
+                    done_at += costs.t_comm
+                t = max(t, done_at)
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(rank)
+                break
+            k = pos[rank]
+            start[rank][k] = t
+            end[rank][k] = free_at[rank] = t + costs.duration(action)
+            key = dep_key(action)
+            finished[key] = end[rank][k]
+            ready.extend(waiting.pop(key, ()))
+            pos[rank] += 1
+    if any(pos[r] < len(a) for r, a in enumerate(schedule.rank_actions)):
+        validate(schedule)  # names the stuck actions
+        raise ScheduleError(f"schedule {schedule.name!r} cannot run to the end")
+    return start, end
+
+
+def _summarise(
+    schedule: Schedule, costs: CostModel, start: list[list[float]], end: list[list[float]]
+) -> SimResult:
+    p, m = schedule.num_ranks, schedule.num_microbatches
+    spans, busy, peaks, refs = [], [], [], []
+    for r, acts in enumerate(schedule.rank_actions):
+        spans.append(max(end[r]) - min(start[r]) if acts else 0.0)
+        busy.append(sum(e - s for s, e in zip(start[r], end[r])))
+        level = peak = 0.0
+        for a in acts:
+            level += costs.memory_delta(a)
+            peak = max(peak, level)
+        peaks.append(peak)
+        rank_mem_f = sum(costs.mem_f[s] for s in schedule.stages_of(r))
+        refs.append(min(p - r, m) * rank_mem_f)
+    max_span = max(spans)
+    return SimResult(
+        schedule=schedule,
+        costs=costs,
+        start=tuple(map(tuple, start)),
+        end=tuple(map(tuple, end)),
+        makespan=max(max(e) for e in end if e) - min(min(s) for s in start if s),
+        spans=tuple(spans),
+        busy=tuple(busy),
+        bubble_rate=(max_span - max(busy)) / max_span if max_span > 0 else 0.0,
+        rank_bubble_rates=tuple((s - b) / s if s > 0 else 0.0 for s, b in zip(spans, busy)),
+        peak_memory=tuple(peaks),
+        peak_memory_1f1b=tuple(refs),
+    )

@@ -1,0 +1,68 @@
+"""CostModel checks and validate()'s messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.costs import CostModel, transformer_memory
+from nobubble.pipeline.validate import ScheduleError, validate
+
+
+def test_paper_memory_model():
+    mem = transformer_memory(hidden=2304, heads=24, seq=1024)
+    assert mem.mem_f == 34 * 2304 + 5 * 24 * 1024
+    assert mem.mem_b + mem.mem_w == mem.mem_f
+    assert mem.mem_w == 32 * 2304
+
+
+def test_from_rank_costs_splits_over_chunks():
+    c = CostModel.from_rank_costs(2, num_chunks=2, t_f=[4.0, 8.0], t_b=2.0, t_w=2.0, mem_f=4.0)
+    assert c.t_f == (2.0, 4.0, 2.0, 4.0)
+    assert c.mem_f == (2.0,) * 4 and c.mem_b == (1.0,) * 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"t_f": 0.0}, r"t_f\[0\]=0.0 must be finite and > 0"),
+        ({"t_b": -1.0}, r"t_b\[0\]=-1.0"),
+        ({"t_comm": -0.1}, "t_comm=-0.1"),
+        ({"mem_f": float("nan")}, "mem_f"),
+    ],
+)
+def test_bad_costs(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        CostModel.uniform(2, **kwargs)
+
+
+def test_bad_sizes():
+    with pytest.raises(ValueError, match="num_stages=0"):
+        CostModel.uniform(0)
+    with pytest.raises(ValueError, match="one per stage"):
+        CostModel(t_f=[1, 1], t_b=[1], t_w=[1, 1], mem_f=[1, 1], mem_b=[1, 1], mem_w=[1, 1])
+
+
+@pytest.mark.parametrize(
+    ("rows", "msg"),
+    [
+        ([["0F0"], ["1F0", "1B0"]], "stage 0 microbatch 0 has no backward"),
+        ([["0F0", "0B0", "0B0"], ["1F0", "1B0"]], "0B0 appears 2 times"),
+        ([["0F0", "0I0"], ["1F0", "1I0", "1W0"]], r"0I0 has no W; add 0W0"),
+        ([["0F0", "0W0"], ["1F0", "1B0"]], "0W0 has no input-grad backward"),
+        ([["0F0", "0B0", "0I0", "0W0"], ["1F0", "1B0"]], "both a fused backward"),
+        ([["0B0", "0F0"], ["1F0", "1B0"]], r"rank 0: 0B0 waits for B of stage 1 microbatch 0"),
+        ([["0F0", "0I0", "0W0"], ["1F0", "1W0", "1I0"]], r"1W0 waits for B of stage 1"),
+    ],
+)
+def test_validate_names_the_action(rows, msg):
+    sched = Schedule.from_rank_actions(rows)
+    with pytest.raises(ScheduleError, match=msg):
+        validate(sched)
+
+
+def test_cross_rank_cycle_reported_for_every_stuck_rank():
+    # rank 0 waits for a gradient that needs microbatch 1's forward, which rank 0 holds back
+    rows = [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]]
+    with pytest.raises(ScheduleError, match=r"rank 0: 0B0 .*; rank 1: 1F1 waits for F of stage 0"):
+        validate(Schedule.from_rank_actions(rows))
