@@ -1,0 +1,374 @@
+"""Policy-gradient losses: PPO clip (with dual clip), decoupled PPO, plain PG, KL penalties.
+
+Shapes: ``B`` sequences (responses) by ``T`` tokens. Every per-token tensor is ``(B, T)``;
+``mask`` is ``(B, T)`` bool or 0/1 float marking the response tokens that count. Sequence
+level quantities (one advantage per response) may be passed as ``(B,)`` and are broadcast
+over tokens.
+
+Aggregation (how a ``(B, T)`` loss matrix becomes one number) follows verl's ``agg_loss``:
+
+- ``token-mean``: sum over all valid tokens / number of valid tokens. Pass
+  ``global_num_tokens`` (the count over the whole global batch) and the sum of micro-batch
+  losses equals the loss of the whole batch, whatever the split.
+- ``seq-mean-token-mean``: each sequence's mean over its tokens, then the mean over sequences.
+- ``seq-mean-token-sum``: each sequence's sum over its tokens, then the mean over sequences.
+- ``seq-mean-token-sum-norm``: each sequence's token sum divided by a constant length
+  ``norm_length`` (default ``T``), then the mean over sequences (Dr. GRPO).
+
+"Sequences" are those with at least one valid token, unless ``global_num_seqs`` is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "LossAgg",
+    "LOSS_AGG_MODES",
+    "PolicyLossResult",
+    "aggregate_loss",
+    "ppo_policy_loss",
+    "decoupled_ppo_loss",
+    "policy_gradient_loss",
+    "kl_penalty",
+]
+
+LossAgg = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+KLKind = Literal["k1", "k2", "k3"]
+
+
+@dataclass(frozen=True)
+class PolicyLossResult:
+    """A policy loss and its diagnostics (detached scalars, masked means over valid tokens).
+
+    Attributes:
+        loss: scalar with gradient, the aggregated loss to call ``backward`` on.
+        clip_fraction: share of tokens where the clipped branch is active (zero gradient).
+        dual_clip_fraction: share of tokens capped by the dual clip (A < 0 and loss > c*|A|).
+        approx_kl: ``E[(r - 1) - log r]`` with ``r = pi / pi_old`` (Schulman's k3, >= 0).
+        behav_weight_mean: mean truncated ``pi_prox / pi_behav`` weight (decoupled PPO only).
+    """
+
+    loss: torch.Tensor
+    clip_fraction: torch.Tensor
+    dual_clip_fraction: torch.Tensor
+    approx_kl: torch.Tensor
+    behav_weight_mean: torch.Tensor | None = None
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _check_mask(logp: torch.Tensor, mask: torch.Tensor, who: str) -> torch.Tensor:
+    if logp.dim() != 2 or mask.shape != logp.shape:
+        raise ValueError(
+            f"{who}: logp {tuple(logp.shape)} and mask {tuple(mask.shape)} must both be (B, T)"
+        )
+    return mask.to(logp.dtype)
+
+
+def _per_token(x: torch.Tensor, like: torch.Tensor, name: str, who: str) -> torch.Tensor:
+    """Broadcast a ``(B,)`` sequence-level tensor to ``(B, T)``; pass ``(B, T)`` through."""
+    if x.shape == like.shape:
+        return x
+    if x.dim() == 1 and x.shape[0] == like.shape[0]:
+        return x.unsqueeze(1).expand_as(like)  # (B, 1) -> (B, T)
+    raise ValueError(
+        f"{who}: {name} has shape {tuple(x.shape)}; pass (B,) = ({like.shape[0]},) or "
+        f"(B, T) = {tuple(like.shape)}"
+    )
+
+
+def aggregate_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    agg: LossAgg = "token-mean",
+    *,
+    global_num_tokens: float | torch.Tensor | None = None,
+    global_num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
+    """Reduce a ``(B, T)`` per-token loss to a scalar (see the module docstring for modes).
+
+    Args:
+        loss_mat: ``(B, T)`` float per-token losses.
+        mask: ``(B, T)`` bool/float, 1 on tokens that count.
+        agg: one of :data:`LOSS_AGG_MODES`.
+        global_num_tokens: denominator for ``token-mean`` (default: valid tokens here).
+        global_num_seqs: denominator for the ``seq-mean-*`` modes (default: sequences here
+            with at least one valid token).
+        norm_length: constant length for ``seq-mean-token-sum-norm`` (default ``T``).
+    Returns:
+        0-dim tensor; 0 when there are no valid tokens.
+    """
+    mask = _check_mask(loss_mat, mask, "aggregate_loss")
+    token_sum = (loss_mat * mask).sum(dim=1)  # (B,)
+    if agg == "token-mean":
+        denom = mask.sum() if global_num_tokens is None else global_num_tokens
+        return token_sum.sum() / torch.as_tensor(denom, dtype=loss_mat.dtype).clamp(min=1.0)
+    if agg not in LOSS_AGG_MODES:
+        raise ValueError(f"aggregate_loss: agg={agg!r}; use one of {LOSS_AGG_MODES}")
+    tokens_per_seq = mask.sum(dim=1)  # (B,)
+    if agg == "seq-mean-token-mean":
+        per_seq = token_sum / tokens_per_seq.clamp(min=1.0)
+    elif agg == "seq-mean-token-sum":
+        per_seq = token_sum
+    else:
+        length = loss_mat.shape[1] if norm_length is None else norm_length
+        if length <= 0:
+            raise ValueError(f"aggregate_loss: norm_length={norm_length} must be > 0")
+        per_seq = token_sum / length
+    if global_num_seqs is None:
+        global_num_seqs = (tokens_per_seq > 0).sum()
+    return per_seq.sum() / torch.as_tensor(global_num_seqs, dtype=loss_mat.dtype).clamp(min=1.0)
+
+
+def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, who: str) -> None:
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"{who}: clip_low={clip_low} must be in [0, 1) (ratio >= 1 - clip_low)")
+    if clip_high < 0.0:
+        raise ValueError(f"{who}: clip_high={clip_high} must be >= 0 (ratio <= 1 + clip_high)")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"{who}: dual_clip={dual_clip} must be > 1 (e.g. 3.0) or None")
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate per token; returns ``(loss, is_clipped, is_dual_clipped)``.
+
+    ``loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and, with a dual clip ``c``,
+    ``min(loss, c |A|)`` where ``A < 0`` (Ye et al., 2020). Where the clipped (constant)
+    branch wins, the token's gradient is exactly zero.
+    """
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    is_clipped = loss_clipped > loss_unclipped
+    is_dual = torch.zeros_like(is_clipped)
+    if dual_clip is not None:
+        cap = -advantages * dual_clip  # = c * |A| where A < 0
+        is_dual = (advantages < 0) & (loss > cap)
+        loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
+    return loss, is_clipped, is_dual
+
+
+def _weighted(loss: torch.Tensor, weights: torch.Tensor | None, who: str) -> torch.Tensor:
+    if weights is None:
+        return loss
+    return loss * _per_token(weights.detach(), loss, "weights", who)
+
+
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: LossAgg = "token-mean",
+    *,
+    weights: torch.Tensor | None = None,
+    global_num_tokens: float | torch.Tensor | None = None,
+    global_num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> PolicyLossResult:
+    """PPO clipped policy loss (Schulman et al., 2017) with asymmetric clip and dual clip.
+
+    Args:
+        logp: ``(B, T)`` log pi_theta(a_t | s_t), with gradient.
+        old_logp: ``(B, T)`` log-probs of the policy the ratio is taken against (no grad).
+        advantages: ``(B, T)`` or ``(B,)`` float.
+        mask: ``(B, T)`` valid-token mask.
+        clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip: ``c > 1`` caps the loss of ``A < 0`` tokens at ``c * |A|``; None = off.
+        agg: aggregation mode, see :func:`aggregate_loss`.
+        weights: optional ``(B, T)``/``(B,)`` per-token multipliers, e.g. truncated IS or
+            staleness weights; treated as constants.
+        global_num_tokens, global_num_seqs, norm_length: see :func:`aggregate_loss`.
+    Returns:
+        :class:`PolicyLossResult`.
+    """
+    who = "ppo_policy_loss"
+    _check_clip(clip_low, clip_high, dual_clip, who)
+    mask = _check_mask(logp, mask, who)
+    old_logp = _per_token(old_logp, logp, "old_logp", who).detach()
+    advantages = _per_token(advantages, logp, "advantages", who).detach()
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    loss_mat, is_clipped, is_dual = _clipped_surrogate(
+        ratio, advantages, clip_low, clip_high, dual_clip
+    )
+    loss_mat = _weighted(loss_mat, weights, who)
+    loss = aggregate_loss(
+        loss_mat,
+        mask,
+        agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
+    with torch.no_grad():
+        return PolicyLossResult(
+            loss=loss,
+            clip_fraction=_masked_mean(is_clipped.to(logp.dtype), mask),
+            dual_clip_fraction=_masked_mean(is_dual.to(logp.dtype), mask),
+            approx_kl=_masked_mean((ratio - 1.0) - log_ratio, mask),
+        )
+
+
+def decoupled_ppo_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: LossAgg = "token-mean",
+    *,
+    behav_weight_cap: float | None = 5.0,
+    behav_weight_mode: Literal["truncate", "mask"] = "truncate",
+    global_num_tokens: float | torch.Tensor | None = None,
+    global_num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> PolicyLossResult:
+    """Decoupled PPO (Hilton et al., 2022; AReaL, Fu et al., 2025).
+
+    The trust region is centred on a *proximal* policy (recent weights, ``prox_logp``) while
+    the data came from an older *behaviour* policy (``behav_logp``). Per token:
+
+        loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)),
+        r = pi_theta / pi_prox,   w = pi_prox / pi_behav  (truncated at behav_weight_cap)
+
+    With ``behav_weight_mode="mask"`` tokens whose ``w`` exceeds the cap are dropped instead
+    (AReaL's behaviour). ``prox_logp == behav_logp`` gives back :func:`ppo_policy_loss`.
+
+    Args:
+        logp: ``(B, T)`` with gradient.
+        prox_logp, behav_logp: ``(B, T)``, no gradient.
+        advantages: ``(B, T)`` or ``(B,)``.
+        mask: ``(B, T)``.
+        behav_weight_cap: truncation level for ``w`` (> 0), None = no truncation.
+    Returns:
+        :class:`PolicyLossResult` with ``behav_weight_mean`` set.
+    """
+    who = "decoupled_ppo_loss"
+    _check_clip(clip_low, clip_high, dual_clip, who)
+    if behav_weight_cap is not None and behav_weight_cap <= 0:
+        raise ValueError(f"{who}: behav_weight_cap={behav_weight_cap} must be > 0 or None")
+    if behav_weight_mode not in ("truncate", "mask"):
+        raise ValueError(
+            f"{who}: behav_weight_mode={behav_weight_mode!r}; use 'truncate' or 'mask'"
+        )
+    mask = _check_mask(logp, mask, who)
+    prox_logp = _per_token(prox_logp, logp, "prox_logp", who).detach()
+    behav_logp = _per_token(behav_logp, logp, "behav_logp", who).detach()
+    advantages = _per_token(advantages, logp, "advantages", who).detach()
+    log_ratio = logp - prox_logp
+    ratio = torch.exp(log_ratio)
+    loss_mat, is_clipped, is_dual = _clipped_surrogate(
+        ratio, advantages, clip_low, clip_high, dual_clip
+    )
+    behav_weight = torch.exp(prox_logp - behav_logp)
+    if behav_weight_cap is not None:
+        if behav_weight_mode == "truncate":
+            behav_weight = behav_weight.clamp(max=behav_weight_cap)
+        else:
+            keep = behav_weight <= behav_weight_cap
+            behav_weight = torch.where(keep, behav_weight, torch.zeros_like(behav_weight))
+            mask = mask * keep.to(mask.dtype)
+    loss = aggregate_loss(
+        loss_mat * behav_weight,
+        mask,
+        agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
+    with torch.no_grad():
+        return PolicyLossResult(
+            loss=loss,
+            clip_fraction=_masked_mean(is_clipped.to(logp.dtype), mask),
+            dual_clip_fraction=_masked_mean(is_dual.to(logp.dtype), mask),
+            approx_kl=_masked_mean((ratio - 1.0) - log_ratio, mask),
+            behav_weight_mean=_masked_mean(behav_weight, mask),
+        )
+
+
+def policy_gradient_loss(
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    agg: LossAgg = "token-mean",
+    *,
+    weights: torch.Tensor | None = None,
+    global_num_tokens: float | torch.Tensor | None = None,
+    global_num_seqs: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
+    """REINFORCE-style loss ``-w * A * log pi`` (use with V-trace's ``pg_advantages``).
+
+    Args:
+        logp: ``(B, T)`` with gradient; ``advantages``/``weights``: ``(B, T)`` or ``(B,)``,
+            treated as constants; ``mask``: ``(B, T)``.
+    Returns:
+        0-dim loss.
+    """
+    who = "policy_gradient_loss"
+    mask = _check_mask(logp, mask, who)
+    advantages = _per_token(advantages, logp, "advantages", who).detach()
+    loss_mat = _weighted(-advantages * logp, weights, who)
+    return aggregate_loss(
+        loss_mat,
+        mask,
+        agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman, 2020).
+
+    With ``log_r = ref_logp - logp``: ``k1 = -log_r`` (unbiased, can be negative),
+    ``k2 = log_r**2 / 2`` (biased, low variance), ``k3 = (exp(log_r) - 1) - log_r``
+    (unbiased, >= 0). Gradient flows through ``logp``; ``ref_logp`` is a constant.
+
+    Args:
+        logp, ref_logp: same shape, e.g. ``(B, T)``.
+    Returns:
+        Tensor of that shape; aggregate it with :func:`aggregate_loss`.
+    """
+    if logp.shape != ref_logp.shape:
+        raise ValueError(
+            f"kl_penalty: logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ"
+        )
+    log_r = ref_logp.detach() - logp
+    if kind == "k1":
+        return -log_r
+    if kind == "k2":
+        return 0.5 * log_r.square()
+    if kind == "k3":
+        return torch.expm1(log_r) - log_r
+    raise ValueError(f"kl_penalty: kind={kind!r}; use 'k1', 'k2' or 'k3'")
