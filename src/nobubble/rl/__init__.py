@@ -8,6 +8,14 @@ staleness weights, prioritized replay, gradient aggregation and the two presets.
 from __future__ import annotations
 
 from nobubble.rl.advantages import GAEReturns, GRPOScale, gae, grpo_advantages
+from nobubble.rl.corrections import (
+    ISLevel,
+    OffPolicyCorrection,
+    importance_log_ratio,
+    mask_outside_band,
+    off_policy_correction,
+    truncated_importance_weights,
+)
 from nobubble.rl.losses import (
     LOSS_AGG_MODES,
     LossAgg,
@@ -18,6 +26,16 @@ from nobubble.rl.losses import (
     policy_gradient_loss,
     ppo_policy_loss,
 )
+from nobubble.rl.staleness import (
+    StalenessKind,
+    StalenessSummary,
+    check_group_versions,
+    fresh_mask,
+    is_sync_step,
+    policy_lag,
+    staleness_weight,
+    summarize_staleness,
+)
 from nobubble.rl.vtrace import VTraceFromLogitsReturns, VTraceReturns, vtrace, vtrace_from_logits
 
 __all__ = [
@@ -25,6 +43,12 @@ __all__ = [
     "GRPOScale",
     "gae",
     "grpo_advantages",
+    "ISLevel",
+    "OffPolicyCorrection",
+    "importance_log_ratio",
+    "mask_outside_band",
+    "off_policy_correction",
+    "truncated_importance_weights",
     "LOSS_AGG_MODES",
     "LossAgg",
     "PolicyLossResult",
@@ -33,6 +57,14 @@ __all__ = [
     "kl_penalty",
     "policy_gradient_loss",
     "ppo_policy_loss",
+    "StalenessKind",
+    "StalenessSummary",
+    "check_group_versions",
+    "fresh_mask",
+    "is_sync_step",
+    "policy_lag",
+    "staleness_weight",
+    "summarize_staleness",
     "VTraceFromLogitsReturns",
     "VTraceReturns",
     "vtrace",
