@@ -26,6 +26,15 @@ from nobubble.rl.losses import (
     policy_gradient_loss,
     ppo_policy_loss,
 )
+from nobubble.rl.replay import (
+    MinTree,
+    PrioritizedReplayBuffer,
+    ReplaySample,
+    SumTree,
+    linear_beta,
+    priority_from_advantages,
+    priority_from_reward_variance,
+)
 from nobubble.rl.staleness import (
     StalenessKind,
     StalenessSummary,
@@ -57,6 +66,13 @@ __all__ = [
     "kl_penalty",
     "policy_gradient_loss",
     "ppo_policy_loss",
+    "MinTree",
+    "PrioritizedReplayBuffer",
+    "ReplaySample",
+    "SumTree",
+    "linear_beta",
+    "priority_from_advantages",
+    "priority_from_reward_variance",
     "StalenessKind",
     "StalenessSummary",
     "check_group_versions",

@@ -1,0 +1,314 @@
+"""Prioritized experience replay on a sum tree (Schaul et al., 2016, proportional variant).
+
+Sample ``i`` is drawn with probability ``P(i) = p_i^alpha / sum_k p_k^alpha`` where ``p_i`` is
+its priority (``|advantage|``, TD error, or a group's reward variance, plus a small ``eps`` so
+nothing starves). The bias this introduces is corrected with importance-sampling weights
+
+    w_i = (N * P(i))^(-beta) / max_j (N * P(j))^(-beta) = (P(i) / P_min)^(-beta)
+
+normalised by their maximum over the buffer so that ``w <= 1`` (as in OpenAI baselines).
+``beta`` is annealed towards 1 during training (:func:`linear_beta`).
+
+A sum tree stores ``p^alpha`` at its leaves and partial sums above them, so drawing a sample
+(descend by prefix mass) and updating a priority (walk up to the root) are O(log n); a min
+tree beside it gives ``P_min`` in O(1).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import torch
+
+__all__ = [
+    "SumTree",
+    "MinTree",
+    "ReplaySample",
+    "PrioritizedReplayBuffer",
+    "linear_beta",
+    "priority_from_advantages",
+    "priority_from_reward_variance",
+]
+
+Item = TypeVar("Item")
+
+
+class _SegmentTree:
+    """Complete binary tree over ``capacity`` leaves (padded to a power of two); root at 1."""
+
+    def __init__(self, capacity: int, neutral: float) -> None:
+        if capacity < 1:
+            raise ValueError(f"{type(self).__name__}: capacity={capacity} must be >= 1")
+        self.capacity = capacity
+        self._num_leaves = 1 << (capacity - 1).bit_length()
+        self._neutral = neutral
+        self._tree = np.full(2 * self._num_leaves, neutral, dtype=np.float64)
+
+    def _combine(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def update(
+        self, indices: np.ndarray | Sequence[int], values: np.ndarray | Sequence[float]
+    ) -> None:
+        """Set leaves ``indices`` to ``values``; O(k log n) for k leaves."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
+            raise IndexError(f"leaf index out of range [0, {self.capacity}): {idx.tolist()}")
+        # A repeated index keeps its last value, like sequential assignment.
+        self._tree[idx + self._num_leaves] = vals
+        nodes = np.unique((idx + self._num_leaves) // 2)
+        while nodes.size and nodes[0] >= 1:
+            self._tree[nodes] = self._combine(self._tree[2 * nodes], self._tree[2 * nodes + 1])
+            nodes = np.unique(nodes // 2)
+            if nodes[0] == 0:
+                break
+
+    def get(self, indices: np.ndarray | Sequence[int]) -> np.ndarray:
+        return self._tree[np.asarray(indices, dtype=np.int64) + self._num_leaves].copy()
+
+    def root(self) -> float:
+        return float(self._tree[1])
+
+    def clear(self) -> None:
+        self._tree.fill(self._neutral)
+
+
+class SumTree(_SegmentTree):
+    """Sum tree: ``total()`` in O(1), ``find_prefix(mass)`` and ``update`` in O(log n)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity, 0.0)
+
+    def _combine(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        return left + right
+
+    def total(self) -> float:
+        return self.root()
+
+    def find_prefix(self, mass: np.ndarray | Sequence[float]) -> np.ndarray:
+        """For each ``m`` in ``[0, total)``, the leaf ``i`` with ``S(i-1) <= m < S(i)`` (prefix sums).
+
+        Vectorised descent: one step per tree level for the whole batch.
+        """
+        m = np.asarray(mass, dtype=np.float64).copy()
+        node = np.ones(m.shape, dtype=np.int64)
+        for _ in range(self._num_leaves.bit_length() - 1):  # one step per level
+            left = self._tree[2 * node]
+            # Never step into an empty right subtree: float rounding could otherwise land
+            # a draw of mass ~total on a zero-priority leaf.
+            go_right = (m >= left) & (self._tree[2 * node + 1] > 0)
+            m = np.where(go_right, m - left, m)
+            node = 2 * node + go_right
+        return node - self._num_leaves
+
+
+class MinTree(_SegmentTree):
+    """Min tree: ``min()`` in O(1); empty leaves hold +inf."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity, float("inf"))
+
+    def _combine(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        return np.minimum(left, right)
+
+    def min(self) -> float:
+        return self.root()
+
+
+@dataclass(frozen=True)
+class ReplaySample(Generic[Item]):
+    """A prioritized batch.
+
+    Attributes:
+        indices: ``(n,)`` int64 slots, pass them back to ``update_priorities``.
+        items: the stored items, in draw order.
+        weights: ``(n,)`` float32 IS weights in (0, 1].
+        probabilities: ``(n,)`` float64 ``P(i)`` of each draw.
+    """
+
+    indices: np.ndarray
+    items: list[Item]
+    weights: torch.Tensor
+    probabilities: np.ndarray
+
+
+class PrioritizedReplayBuffer(Generic[Item]):
+    """Ring buffer of ``capacity`` items with proportional prioritized sampling.
+
+    Invariant: slot ``i < len(self)`` holds an item and leaf ``i`` of both trees holds
+    ``(priority_i + eps)^alpha``; other leaves are empty (0 in the sum tree, inf in the min
+    tree). When full, ``add`` overwrites the oldest slot. All methods are thread-safe.
+
+    Args:
+        capacity: maximum number of items, >= 1.
+        alpha: priority exponent in [0, 1]; 0 = uniform sampling.
+        beta: IS-correction exponent in [0, 1]; 1 = full correction.
+        eps: added to priorities, > 0.
+        seed: seed of the buffer's own ``numpy.random.Generator``.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"PrioritizedReplayBuffer: alpha={alpha} must be in [0, 1]")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"PrioritizedReplayBuffer: beta={beta} must be in [0, 1]")
+        if eps <= 0:
+            raise ValueError(f"PrioritizedReplayBuffer: eps={eps} must be > 0 (e.g. 1e-6)")
+        self.capacity, self.alpha, self.beta, self.eps = capacity, alpha, beta, eps
+        self._sum, self._min = SumTree(capacity), MinTree(capacity)
+        self._items: list[Any] = [None] * capacity
+        self._next, self._size = 0, 0
+        self._max_priority = 1.0
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _leaf_values(self, priorities: np.ndarray) -> np.ndarray:
+        if np.any(~np.isfinite(priorities)) or np.any(priorities < 0):
+            raise ValueError(
+                f"priorities must be finite and >= 0 (use |advantage|), got {priorities.tolist()}"
+            )
+        return (priorities + self.eps) ** self.alpha
+
+    def add(self, item: Item, priority: float | None = None) -> int:
+        """Store ``item`` (priority None = the largest seen so far); return its slot."""
+        return int(self.extend([item], None if priority is None else [priority])[0])
+
+    def extend(
+        self, items: Sequence[Item], priorities: Sequence[float] | np.ndarray | None = None
+    ) -> np.ndarray:
+        """Store ``items``; returns their slots, ``(len(items),)`` int64."""
+        with self._lock:
+            if priorities is None:
+                pr = np.full(len(items), self._max_priority)
+            else:
+                pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+                if pr.size != len(items):
+                    raise ValueError(f"extend: {len(items)} items but {pr.size} priorities")
+            leaves = self._leaf_values(pr)
+            slots = (self._next + np.arange(len(items))) % self.capacity
+            for slot, item in zip(slots.tolist(), items):
+                self._items[slot] = item
+            self._sum.update(slots, leaves)
+            self._min.update(slots, leaves)
+            if pr.size:
+                self._max_priority = max(self._max_priority, float(pr.max()))
+            self._next = int((self._next + len(items)) % self.capacity)
+            self._size = min(self.capacity, self._size + len(items))
+            return slots
+
+    def sample(self, batch_size: int, beta: float | None = None) -> ReplaySample[Item]:
+        """Draw ``batch_size`` items i.i.d. (with replacement) with probability ``P(i)``."""
+        beta = self.beta if beta is None else beta
+        if batch_size < 1:
+            raise ValueError(f"sample: batch_size={batch_size} must be >= 1")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"sample: beta={beta} must be in [0, 1]")
+        with self._lock:
+            if self._size == 0:
+                raise ValueError("sample: the buffer is empty; add experience first")
+            total = self._sum.total()
+            idx = self._sum.find_prefix(self._rng.random(batch_size) * total)
+            probs = self._sum.get(idx) / total
+            p_min = self._min.min() / total
+            weights = (probs / p_min) ** (-beta)
+            items = [self._items[i] for i in idx.tolist()]
+        return ReplaySample(
+            indices=idx,
+            items=items,
+            weights=torch.as_tensor(weights, dtype=torch.float32),
+            probabilities=probs,
+        )
+
+    def update_priorities(
+        self,
+        indices: np.ndarray | Sequence[int],
+        priorities: np.ndarray | Sequence[float] | torch.Tensor,
+    ) -> None:
+        """Set new priorities (e.g. fresh ``|advantage|``) for sampled slots."""
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().cpu().double().numpy()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if idx.shape != pr.shape:
+            raise ValueError(f"update_priorities: {idx.size} indices but {pr.size} priorities")
+        with self._lock:
+            if idx.size and (idx.min() < 0 or idx.max() >= self._size):
+                raise ValueError(
+                    f"update_priorities: slots must be in [0, {self._size}), got {idx.tolist()}"
+                )
+            leaves = self._leaf_values(pr)
+            self._sum.update(idx, leaves)
+            self._min.update(idx, leaves)
+            if pr.size:
+                self._max_priority = max(self._max_priority, float(pr.max()))
+
+    def probabilities(self) -> np.ndarray:
+        """``P(i)`` for slots ``0 .. len(self) - 1``, float64."""
+        with self._lock:
+            return self._sum.get(np.arange(self._size)) / self._sum.total()
+
+    def clear(self) -> None:
+        """Drop every item (the conservative preset does this at each weight sync)."""
+        with self._lock:
+            self._sum.clear()
+            self._min.clear()
+            self._items = [None] * self.capacity
+            self._next, self._size, self._max_priority = 0, 0, 1.0
+
+
+def linear_beta(step: int, total_steps: int, beta0: float = 0.4) -> float:
+    """Anneal beta linearly from ``beta0`` at step 0 to 1 at ``total_steps``."""
+    if total_steps < 1:
+        raise ValueError(f"linear_beta: total_steps={total_steps} must be >= 1")
+    return beta0 + (1.0 - beta0) * min(1.0, max(step, 0) / total_steps)
+
+
+def priority_from_advantages(
+    advantages: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-sample priority = mean ``|A|`` over its valid tokens.
+
+    Args:
+        advantages: ``(B,)`` or ``(B, T)``; mask: ``(B, T)`` for the 2-D case.
+    Returns:
+        ``(B,)`` float, detached.
+    """
+    a = advantages.detach().abs()
+    if a.dim() == 1:
+        return a
+    if mask is None:
+        return a.mean(dim=1)
+    m = mask.to(a.dtype)
+    return (a * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+
+def priority_from_reward_variance(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per-sample priority = unbiased variance of its GRPO group's rewards.
+
+    A group whose responses all got the same reward has zero GRPO advantage and teaches
+    nothing; groups with spread are replayed more. ``rewards``: ``(G * group_size,)``;
+    returns ``(G * group_size,)`` (each member gets its group's variance).
+    """
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(
+            f"priority_from_reward_variance: need 1-D rewards with a group_size >= 2 that "
+            f"divides {rewards.numel()}, got shape {tuple(rewards.shape)}, group_size={group_size}"
+        )
+    var = rewards.detach().reshape(-1, group_size).var(dim=1)  # (G,)
+    return var.repeat_interleave(group_size)

@@ -1,0 +1,167 @@
+"""Prioritized replay: chi-square test of sampling frequencies, IS weights, updates, sum tree."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nobubble.rl import (
+    MinTree,
+    PrioritizedReplayBuffer,
+    SumTree,
+    linear_beta,
+    priority_from_advantages,
+    priority_from_reward_variance,
+)
+
+# Upper 0.1% point of the chi-square distribution with 15 degrees of freedom: 37.697.
+# Source: NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.4, "Critical
+# Values of the Chi-Square Distribution" (row nu = 15, column 0.999). Cross-checked below.
+CHI2_CRIT_DF15_P999 = 37.697
+
+
+def _chi2_cdf(x: float, dof: int) -> float:
+    """Regularized lower incomplete gamma P(dof/2, x/2) by its power series."""
+    s, z = dof / 2, x / 2
+    term = total = 1.0 / s
+    n = 1
+    while term > 1e-16 * total:
+        term *= z / (s + n)
+        total += term
+        n += 1
+    return math.exp(s * math.log(z) - z - math.lgamma(s)) * total
+
+
+def test_critical_value_is_the_999_quantile() -> None:
+    assert _chi2_cdf(CHI2_CRIT_DF15_P999, 15) == pytest.approx(0.999, abs=2e-6)
+
+
+def _chi2(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = counts.sum() * probs
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+PRIORITIES = np.array(
+    [0.1, 0.5, 1.0, 2.0, 3.0, 0.2, 0.7, 5.0, 1.5, 0.05, 4.0, 0.9, 2.5, 0.3, 1.2, 0.6]
+)
+
+
+def test_sampling_frequencies_match_priorities_pow_alpha() -> None:
+    alpha, eps = 0.7, 1e-6
+    buf = PrioritizedReplayBuffer(16, alpha=alpha, eps=eps, seed=1234)
+    buf.extend(list(range(16)), PRIORITIES)
+    draws = np.concatenate([buf.sample(4096).indices for _ in range(25)])  # 102,400 draws
+    counts = np.bincount(draws, minlength=16)
+    p_alpha = (PRIORITIES + eps) ** alpha
+    assert _chi2(counts, p_alpha / p_alpha.sum()) < CHI2_CRIT_DF15_P999
+    # The test has power: the same counts are rejected against alpha = 1 or uniform.
+    assert _chi2(counts, PRIORITIES / PRIORITIES.sum()) > 10 * CHI2_CRIT_DF15_P999
+    assert _chi2(counts, np.full(16, 1 / 16)) > 10 * CHI2_CRIT_DF15_P999
+
+
+def test_is_weights_match_formula() -> None:
+    alpha, beta, eps = 0.6, 0.4, 1e-6
+    buf = PrioritizedReplayBuffer(8, alpha=alpha, beta=beta, eps=eps, seed=0)
+    pr = [1.0, 2.0, 0.5, 4.0, 3.0]
+    buf.extend(list("abcde"), pr)
+    s = buf.sample(64)
+    n = len(pr)
+    p = [(x + eps) ** alpha for x in pr]
+    P = [x / sum(p) for x in p]
+    raw = [(n * q) ** -beta for q in P]
+    for slot, item, w, prob in zip(s.indices, s.items, s.weights.tolist(), s.probabilities):
+        assert item == "abcde"[slot]
+        assert prob == pytest.approx(P[slot])
+        assert w == pytest.approx(raw[slot] / max(raw), rel=1e-6)
+    assert s.weights.dtype == torch.float32 and s.weights.max().item() <= 1.0
+    full = buf.sample(64, beta=1.0)
+    assert full.weights.tolist() == pytest.approx([min(P) / P[i] for i in full.indices], rel=1e-6)
+
+
+def test_updates_change_probabilities_and_frequencies() -> None:
+    buf = PrioritizedReplayBuffer(4, alpha=1.0, eps=1e-6, seed=7)
+    buf.extend(["w", "x", "y", "z"], [1.0, 1.0, 1.0, 1.0])
+    assert buf.probabilities().tolist() == pytest.approx([0.25] * 4)
+    buf.update_priorities([2], torch.tensor([7.0]))
+    assert buf.probabilities().tolist() == pytest.approx([0.1, 0.1, 0.7, 0.1], rel=1e-5)
+    draws = np.concatenate([buf.sample(1000).indices for _ in range(10)])
+    assert np.mean(draws == 2) == pytest.approx(0.7, abs=0.02)
+    # An item with priority 0 is still reachable (eps) but only barely.
+    buf.update_priorities([0, 1, 3], [0.0, 0.0, 0.0])
+    assert buf.probabilities()[2] > 0.999999
+
+
+def test_new_items_get_max_priority_and_ring_overwrites_oldest() -> None:
+    buf = PrioritizedReplayBuffer(3, alpha=1.0, eps=1e-9, seed=0)
+    buf.add("a", 4.0)
+    buf.add("b")  # max priority seen so far: 4
+    assert buf.probabilities().tolist() == pytest.approx([0.5, 0.5])
+    buf.extend(["c", "d"], [1.0, 1.0])  # "d" overwrites slot 0 ("a")
+    assert len(buf) == 3
+    s = buf.sample(500)
+    assert set(s.items) == {"b", "c", "d"}
+    assert all(item == "dbc"[slot] for slot, item in zip(s.indices.tolist(), s.items))
+    assert buf.probabilities().tolist() == pytest.approx([1 / 6, 4 / 6, 1 / 6])
+    buf.clear()
+    assert len(buf) == 0
+    with pytest.raises(ValueError, match="empty"):
+        buf.sample(1)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.lists(st.tuples(st.integers(0, 39), st.floats(0.0, 100.0)), min_size=1, max_size=60),
+    st.integers(0, 2**31 - 1),
+)
+def test_sum_tree_matches_prefix_sums(capacity, updates, seed) -> None:
+    tree, mins = SumTree(capacity), MinTree(capacity)
+    leaves = np.zeros(capacity)
+    set_leaves = np.full(capacity, np.inf)  # the min tree's empty leaves are +inf
+    for i, v in updates:
+        i %= capacity
+        tree.update([i], [v])
+        mins.update([i], [v])
+        leaves[i] = set_leaves[i] = v
+    assert tree.total() == pytest.approx(leaves.sum())
+    assert mins.min() == set_leaves.min()
+    if leaves.sum() > 0:
+        mass = np.random.default_rng(seed).random(200) * leaves.sum()
+        expect = np.searchsorted(np.cumsum(leaves), mass, side="right")
+        assert tree.find_prefix(mass).tolist() == expect.tolist()
+
+
+def test_priority_helpers() -> None:
+    adv = torch.tensor([[1.0, -3.0, 5.0], [-2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert priority_from_advantages(adv, mask).tolist() == [2.0, 2.0]
+    assert priority_from_advantages(torch.tensor([-1.5, 2.0])).tolist() == [1.5, 2.0]
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    assert priority_from_reward_variance(r, 2).tolist() == pytest.approx(
+        [0.5, 0.5, 0.5, 0.5, 0.0, 0.0]
+    )
+    assert (
+        linear_beta(0, 10) == 0.4
+        and linear_beta(5, 10) == pytest.approx(0.7)
+        and linear_beta(99, 10) == 1.0
+    )
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        PrioritizedReplayBuffer(4, alpha=1.5)
+    with pytest.raises(ValueError, match="capacity=0"):
+        PrioritizedReplayBuffer(0)
+    buf = PrioritizedReplayBuffer(4)
+    with pytest.raises(ValueError, match=">= 0"):
+        buf.add("x", -1.0)
+    buf.add("x", 1.0)
+    with pytest.raises(ValueError, match=r"slots must be in \[0, 1\)"):
+        buf.update_priorities([3], [1.0])
+    with pytest.raises(ValueError, match="beta=2"):
+        buf.sample(1, beta=2)
