@@ -1,0 +1,262 @@
+"""A MoE layer over :class:`Buffer`, and the dense single-process MoE it must equal.
+
+``MoELayer`` (one per rank): router -> top-k -> ``dispatch`` -> SwiGLU experts held by this
+rank, each output row weighted by its top-k weight -> ``combine`` -> plus shared experts.
+``DenseMoE`` computes the same function for all ranks' tokens in one process, expert by
+expert; the tests check that outputs and every gradient (router included) agree.
+
+Shape legend: ``N`` tokens, ``H`` hidden, ``I`` expert hidden, ``E`` experts, ``L`` local
+experts, ``K`` top-k, ``M`` rows received by this rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nobubble.moe.buffer import Buffer
+from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
+
+__all__ = ["MoEConfig", "MoEWeights", "init_moe_weights", "MoELayer", "DenseMoE", "swiglu"]
+
+ROUTERS = ("softmax", "deepseek_v3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """Shape and routing of one MoE layer."""
+
+    hidden: int
+    """``H``, model width."""
+    expert_hidden: int
+    """``I``, intermediate width of one routed expert."""
+    num_experts: int
+    """``E``, routed experts (a multiple of the expert-parallel ranks)."""
+    topk: int
+    """``K``, routed experts per token."""
+    num_shared_experts: int = 0
+    """Shared experts every token goes through (fused into one SwiGLU of width S * I)."""
+    router: str = "softmax"
+    """``"softmax"`` (top-k of softmax) or ``"deepseek_v3"`` (group-limited sigmoid gating)."""
+    n_groups: int = 1
+    """DeepSeek-V3 expert groups."""
+    topk_groups: int = 1
+    """DeepSeek-V3 groups each token may use."""
+    route_scale: float = 1.0
+    """DeepSeek-V3 weight scale after normalisation."""
+    bias_update_rate: float = 0.001
+    """Aux-loss-free bias step (DeepSeek-V3's gamma)."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "expert_hidden", "num_experts", "topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MoEConfig: {name}={getattr(self, name)} must be >= 1")
+        if self.topk > self.num_experts:
+            raise ValueError(f"MoEConfig: topk={self.topk} exceeds num_experts={self.num_experts}")
+        if self.num_shared_experts < 0:
+            raise ValueError(
+                f"MoEConfig: num_shared_experts={self.num_shared_experts} must be >= 0"
+            )
+        if self.router not in ROUTERS:
+            raise ValueError(f"MoEConfig: router={self.router!r}; choose one of {ROUTERS}")
+        if self.num_experts % self.n_groups != 0 or not 1 <= self.topk_groups <= self.n_groups:
+            raise ValueError(
+                f"MoEConfig: n_groups={self.n_groups} must divide num_experts={self.num_experts} "
+                f"and 1 <= topk_groups={self.topk_groups} <= n_groups"
+            )
+
+
+@dataclass(frozen=True, eq=False)
+class MoEWeights:
+    """All of a layer's weights (every expert), from which per-rank layers take their slice.
+
+    Attributes:
+        router: ``[E, H]``.
+        w_gate, w_up: ``[E, I, H]``; w_down: ``[E, H, I]``.
+        shared_gate, shared_up: ``[S*I, H]``; shared_down: ``[H, S*I]`` (None without shared).
+        expert_bias: ``[E]`` DeepSeek-V3 selection bias.
+    """
+
+    router: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    shared_gate: torch.Tensor | None
+    shared_up: torch.Tensor | None
+    shared_down: torch.Tensor | None
+    expert_bias: torch.Tensor
+
+
+def init_moe_weights(
+    config: MoEConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> MoEWeights:
+    """Deterministic weights (same on every rank for the same seed), scaled like nn.Linear."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, e = config.hidden, config.expert_hidden, config.num_experts
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) / shape[-1] ** 0.5).to(dtype)
+
+    s = config.num_shared_experts * i
+    return MoEWeights(
+        router=w(e, h),
+        w_gate=w(e, i, h),
+        w_up=w(e, i, h),
+        w_down=w(e, h, i),
+        shared_gate=w(s, h) if s else None,
+        shared_up=w(s, h) if s else None,
+        shared_down=w(h, s) if s else None,
+        expert_bias=(torch.randn(e, generator=g) * 0.01).to(torch.float32),
+    )
+
+
+def swiglu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+) -> torch.Tensor:
+    """``(silu(x W_g^T) * x W_u^T) W_d^T``: ``[n, H]`` -> ``[n, H]``."""
+    return (F.silu(x @ w_gate.t()) * (x @ w_up.t())) @ w_down.t()
+
+
+def apply_experts(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """Weighted sum over slots of ``expert[topk_idx](x)``; ids outside ``[0, len(w_gate))`` skip.
+
+    Every expert runs, even on zero rows, so the autograd graph has the same shape on every
+    rank (combine's backward is a collective: all ranks must reach it).
+    """
+    out = torch.zeros_like(x)  # (n, H)
+    for e in range(w_gate.shape[0]):
+        rows, slots = (topk_idx == e).nonzero(as_tuple=True)
+        y = swiglu(x[rows], w_gate[e], w_up[e], w_down[e])  # (rows, H)
+        out = out.index_add(0, rows, y * topk_weights[rows, slots].unsqueeze(1).to(y.dtype))
+    return out
+
+
+class _MoEBase(nn.Module):
+    """Router and shared experts, common to the distributed layer and the dense reference."""
+
+    def __init__(self, config: MoEConfig, weights: MoEWeights) -> None:
+        super().__init__()
+        self.config = config
+        self.router = nn.Parameter(weights.router.clone())
+        self.register_buffer("expert_bias", weights.expert_bias.clone())
+        self.shared = None
+        if weights.shared_gate is not None:
+            self.shared = nn.ParameterList(
+                [
+                    nn.Parameter(t.clone())
+                    for t in (weights.shared_gate, weights.shared_up, weights.shared_down)
+                ]
+            )
+        self.last_tokens_per_expert: torch.Tensor | None = None
+
+    def route(self, x: torch.Tensor) -> Routing:
+        logits = x @ self.router.t()  # (N, E)
+        c = self.config
+        if c.router == "softmax":
+            return softmax_topk(logits, c.topk)
+        return deepseek_v3_topk(
+            logits,
+            c.topk,
+            n_groups=c.n_groups,
+            topk_groups=c.topk_groups,
+            bias=self.expert_bias,
+            route_scale=c.route_scale,
+        )
+
+    def shared_out(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if self.shared is None else swiglu(x, *self.shared)
+
+    @torch.no_grad()
+    def update_expert_bias(self) -> torch.Tensor:
+        """Apply the aux-loss-free update from the last forward's global load; returns the bias."""
+        if self.last_tokens_per_expert is None:
+            raise ValueError("update_expert_bias: run a forward pass first")
+        new = update_expert_bias(
+            self.expert_bias, self.last_tokens_per_expert, self.config.bias_update_rate
+        )
+        self.expert_bias.copy_(new)
+        return self.expert_bias
+
+
+class MoELayer(_MoEBase):
+    """Expert-parallel MoE: this rank holds experts ``[rank * L, (rank + 1) * L)``.
+
+    Args:
+        config: the layer's shape.
+        weights: all experts' weights (this rank keeps its slice).
+        buffer: the expert-parallel :class:`Buffer`.
+    """
+
+    def __init__(self, config: MoEConfig, weights: MoEWeights, buffer: Buffer) -> None:
+        super().__init__(config, weights)
+        if config.num_experts % buffer.num_ranks != 0:
+            raise ValueError(
+                f"MoELayer: num_experts={config.num_experts} is not a multiple of "
+                f"{buffer.num_ranks} expert-parallel ranks"
+            )
+        self.buffer = buffer
+        local = config.num_experts // buffer.num_ranks
+        own = slice(buffer.rank * local, (buffer.rank + 1) * local)
+        self.w_gate = nn.Parameter(weights.w_gate[own].clone())  # (L, I, H)
+        self.w_up = nn.Parameter(weights.w_up[own].clone())  # (L, I, H)
+        self.w_down = nn.Parameter(weights.w_down[own].clone())  # (L, H, I)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> ``[..., H]``."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, H)
+        routing = self.route(x)
+        res = self.buffer.dispatch(
+            x, routing.topk_idx, routing.topk_weights, num_experts=self.config.num_experts
+        )
+        expert_out = apply_experts(
+            res.recv_x,
+            res.recv_topk_idx,
+            res.recv_topk_weights,
+            self.w_gate,
+            self.w_up,
+            self.w_down,
+        )  # (M, H)
+        out = self.buffer.combine(expert_out, res.handle).combined_x  # (N, H)
+        local_load = torch.tensor(res.handle.num_recv_tokens_per_expert, dtype=torch.int64)
+        self.last_tokens_per_expert = self.buffer.transport.all_gather(
+            local_load.to(x.device), kind="load"
+        )  # (E,) in expert order: rank r holds experts r*L..
+        shared = self.shared_out(x)
+        if shared is not None:
+            out = out + shared
+        return out.reshape(shape)
+
+
+class DenseMoE(_MoEBase):
+    """The same MoE in one process with every expert: the reference for :class:`MoELayer`."""
+
+    def __init__(self, config: MoEConfig, weights: MoEWeights) -> None:
+        super().__init__(config, weights)
+        self.w_gate = nn.Parameter(weights.w_gate.clone())  # (E, I, H)
+        self.w_up = nn.Parameter(weights.w_up.clone())  # (E, I, H)
+        self.w_down = nn.Parameter(weights.w_down.clone())  # (E, H, I)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, H)
+        routing = self.route(x)
+        out = apply_experts(
+            x, routing.topk_idx, routing.topk_weights, self.w_gate, self.w_up, self.w_down
+        )
+        valid = routing.topk_idx[routing.topk_idx >= 0]
+        self.last_tokens_per_expert = torch.bincount(valid, minlength=self.config.num_experts)
+        shared = self.shared_out(x)
+        if shared is not None:
+            out = out + shared
+        return out.reshape(shape)

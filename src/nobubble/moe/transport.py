@@ -1,0 +1,223 @@
+"""The transport seam: how rows of bytes travel between expert-parallel ranks.
+
+:class:`~nobubble.moe.buffer.Buffer` decides *which* rows go *where*; a transport moves them.
+:class:`TorchDistTransport` uses ``torch.distributed`` collectives (gloo on CPU, NCCL on GPU -
+the backend is the process group's, never a literal here). A later transport (shared memory
+within a host, hierarchical intra/inter-node) implements the same three methods and is passed
+to ``Buffer(transport=...)``.
+
+Every payload travels as raw bytes (a ``uint8`` view of its rows), so any dtype - bf16, FP8,
+int16 - crosses any backend bit for bit. Every wait has a timeout: a peer that died or stopped
+answering raises :class:`TransportError` naming the operation, instead of hanging.
+
+The transport counts what it moves, per ``kind`` label (``"x"``, ``"topk"``, ``"layout"``...),
+in :class:`TransportStats`: the bytes this rank sent (its own rows included, as DeepEP counts
+them), the part of them that left the rank, and the number of collective calls.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Transport", "TorchDistTransport", "TransportError", "TransportStats"]
+
+
+class TransportError(RuntimeError):
+    """A collective failed or timed out: a peer rank died, hung, or disagreed on sizes."""
+
+
+@dataclass(frozen=True)
+class TransportStats:
+    """What a transport moved since its last :meth:`reset`, per kind label.
+
+    Attributes:
+        bytes_sent: bytes of rows this rank handed to collectives (rows for itself included).
+        bytes_sent_remote: the part of ``bytes_sent`` addressed to other ranks.
+        bytes_received: bytes of rows this rank got back (its own rows included).
+        calls: collective calls.
+    """
+
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+    bytes_sent_remote: dict[str, int] = field(default_factory=dict)
+    bytes_received: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def total_sent(self) -> int:
+        return sum(self.bytes_sent.values())
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Moves rows between ranks. ``rank``/``world_size`` describe this rank's group."""
+
+    rank: int
+    world_size: int
+
+    def all_to_all(
+        self,
+        send: torch.Tensor,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        *,
+        kind: str,
+    ) -> torch.Tensor:
+        """Send ``send[offsets[r]:offsets[r+1]]`` to rank r; return the received rows in rank order."""
+        ...
+
+    def all_gather(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
+        """``[n, ...]`` on every rank (same n) -> ``[R * n, ...]`` in rank order."""
+        ...
+
+    def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
+        """``[R * n, ...]`` on every rank -> this rank's ``[n, ...]`` block summed over ranks."""
+        ...
+
+    def stats(self) -> TransportStats: ...
+
+    def reset_stats(self) -> None: ...
+
+
+def _as_byte_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[S, *row]`` of any dtype -> ``[S, row_bytes]`` uint8 view (a copy only if not contiguous)."""
+    x = x.contiguous()
+    row_numel = math.prod(x.shape[1:])
+    return x.reshape(x.shape[0], row_numel).view(torch.uint8)  # (S, row_bytes)
+
+
+def _from_byte_rows(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_as_byte_rows`: ``[M, row_bytes]`` uint8 -> ``[M, *like.shape[1:]]``."""
+    return raw.view(like.dtype).reshape(raw.shape[0], *like.shape[1:])
+
+
+class TorchDistTransport:
+    """All-to-all over a ``torch.distributed`` process group, with byte counting and timeouts.
+
+    Args:
+        group: the expert-parallel process group (``None`` = the default group).
+        timeout_s: the longest any single collective may take before :class:`TransportError`.
+    """
+
+    def __init__(self, group: Any = None, *, timeout_s: float = 120.0) -> None:
+        if not dist.is_initialized():
+            raise ValueError(
+                "TorchDistTransport: torch.distributed is not initialised; start the ranks with "
+                "nobubble.distributed.spawn or torchrun first"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"TorchDistTransport: timeout_s={timeout_s} must be > 0")
+        self.group = group
+        self.timeout_s = float(timeout_s)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self._counters: dict[str, dict[str, int]] = {}
+        self.reset_stats()
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        self._counters = {"sent": {}, "remote": {}, "received": {}, "calls": {}}
+
+    def stats(self) -> TransportStats:
+        c = self._counters
+        return TransportStats(
+            dict(c["sent"]), dict(c["remote"]), dict(c["received"]), dict(c["calls"])
+        )
+
+    def _count(self, kind: str, sent: int, remote: int, received: int) -> None:
+        for key, value in (
+            ("sent", sent),
+            ("remote", remote),
+            ("received", received),
+            ("calls", 1),
+        ):
+            self._counters[key][kind] = self._counters[key].get(kind, 0) + value
+
+    def _wait(self, work: Any, what: str) -> None:
+        start = time.monotonic()
+        try:
+            work.wait(timeout=timedelta(seconds=self.timeout_s))
+        except Exception as err:  # gloo/NCCL raise RuntimeError subclasses; keep the cause
+            waited = time.monotonic() - start
+            raise TransportError(
+                f"rank {self.rank}/{self.world_size}: {what} failed after {waited:.1f}s "
+                f"(timeout {self.timeout_s:.0f}s): a peer rank died or stopped responding "
+                f"[{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
+            ) from err
+
+    # -- collectives ------------------------------------------------------------------------
+    def all_to_all(
+        self,
+        send: torch.Tensor,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        *,
+        kind: str,
+    ) -> torch.Tensor:
+        send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
+        if len(send_splits) != self.world_size or len(recv_splits) != self.world_size:
+            raise ValueError(
+                f"all_to_all({kind}): {len(send_splits)} send / {len(recv_splits)} recv splits "
+                f"for world_size={self.world_size}; give one split per rank"
+            )
+        if sum(send_splits) != send.shape[0]:
+            raise ValueError(
+                f"all_to_all({kind}): send splits sum to {sum(send_splits)} but send has "
+                f"{send.shape[0]} rows"
+            )
+        send_bytes = _as_byte_rows(send)  # (S, row_bytes)
+        row_bytes = send_bytes.shape[1]
+        recv_bytes = torch.empty(
+            (sum(recv_splits), row_bytes), dtype=torch.uint8, device=send.device
+        )  # (M, row_bytes)
+        work = dist.all_to_all_single(
+            recv_bytes, send_bytes, recv_splits, send_splits, group=self.group, async_op=True
+        )
+        self._wait(work, f"all_to_all({kind})")
+        self._count(
+            kind,
+            sent=send_bytes.numel(),
+            remote=(send_bytes.shape[0] - send_splits[self.rank]) * row_bytes,
+            received=recv_bytes.numel(),
+        )
+        return _from_byte_rows(recv_bytes, send)
+
+    def all_gather(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
+        send_bytes = _as_byte_rows(x)
+        out = torch.empty(
+            (self.world_size * send_bytes.shape[0], send_bytes.shape[1]),
+            dtype=torch.uint8,
+            device=x.device,
+        )  # (R * n, row_bytes)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._wait(gather(out, send_bytes, group=self.group, async_op=True), f"all_gather({kind})")
+        n = send_bytes.numel()
+        self._count(kind, sent=n, remote=n * (self.world_size - 1), received=out.numel())
+        return _from_byte_rows(out, x)
+
+    def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
+        if x.shape[0] % self.world_size != 0:
+            raise ValueError(
+                f"reduce_scatter({kind}): {x.shape[0]} rows do not split over {self.world_size} ranks"
+            )
+        # A sum cannot travel as bytes: reduce in the tensor's own dtype.
+        x = x.contiguous()
+        out = torch.empty(
+            (x.shape[0] // self.world_size, *x.shape[1:]), dtype=x.dtype, device=x.device
+        )
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        self._wait(scatter(out, x, group=self.group, async_op=True), f"reduce_scatter({kind})")
+        block = out.numel() * out.element_size()
+        self._count(
+            kind,
+            sent=x.numel() * x.element_size(),
+            remote=block * (self.world_size - 1),
+            received=block,
+        )
+        return out
