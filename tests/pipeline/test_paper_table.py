@@ -38,3 +38,16 @@ def test_handcrafted_rows(row, name, column):
     p, m = int(row["p"]), int(row["m"])
     result = simulate(get_schedule(name, num_stages=p, num_microbatches=m), paper_costs(row))
     assert abs(result.bubble_rate - float(row[column])) <= 0.0005
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_ids)
+@pytest.mark.parametrize(("name", "column", "factor"), [("zb-1p", "bubble_zb_1p", 1),
+                                                        ("zb-2p", "bubble_zb_2p", 2)])  # fmt: skip
+def test_automatic_rows(row, name, column, factor):
+    """ZB-1p / ZB-2p: no worse than published, activation memory within factor * p * M_F."""
+    p, m = int(row["p"]), int(row["m"])
+    costs = paper_costs(row)
+    result = simulate(get_schedule(name, num_stages=p, num_microbatches=m, costs=costs), costs)
+    assert result.bubble_rate <= float(row[column]) + 0.0005
+    limit = factor * p * costs.mem_f[0]
+    assert max(result.peak_memory) <= limit * (1 + 1e-9)
