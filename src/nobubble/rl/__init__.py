@@ -8,6 +8,19 @@ staleness weights, prioritized replay, gradient aggregation and the two presets.
 from __future__ import annotations
 
 from nobubble.rl.advantages import GAEReturns, GRPOScale, gae, grpo_advantages
+from nobubble.rl.aggregation import (
+    AggregatedGradients,
+    AggregationMode,
+    LocalSGD,
+    ParameterServer,
+    PushResult,
+    all_reduce_gradients,
+    all_reduce_parameters,
+    average_parameters_,
+    mean_gradients,
+    staleness_weighted_gradients,
+    sum_gradients,
+)
 from nobubble.rl.corrections import (
     ISLevel,
     OffPolicyCorrection,
@@ -48,6 +61,17 @@ from nobubble.rl.staleness import (
 from nobubble.rl.vtrace import VTraceFromLogitsReturns, VTraceReturns, vtrace, vtrace_from_logits
 
 __all__ = [
+    "AggregatedGradients",
+    "AggregationMode",
+    "LocalSGD",
+    "ParameterServer",
+    "PushResult",
+    "all_reduce_gradients",
+    "all_reduce_parameters",
+    "average_parameters_",
+    "mean_gradients",
+    "staleness_weighted_gradients",
+    "sum_gradients",
     "GAEReturns",
     "GRPOScale",
     "gae",
