@@ -238,7 +238,8 @@ class Schedule:
         """Read torch's compute-only CSV (one row per rank; empty cells are idle steps).
 
         Non-compute cells torch may add (``0REDUCE_GRAD``, ``1UNSHARD``, send/recv) are
-        skipped: the simulator models communication itself.
+        skipped: the simulator models communication itself. An overlapped cell
+        ``(0F7;7B3)OVERLAP_F_B`` (DualPipeV) is read as its sub-actions in order.
         """
         rows: list[list[Action]] = []
         for line_no, row in enumerate(csv.reader(io.StringIO(text)), start=1):
@@ -247,7 +248,7 @@ class Schedule:
                 if not cell.strip() or _TORCH_NON_COMPUTE.match(cell):
                     continue
                 try:
-                    actions.append(Action.parse(cell))
+                    actions.extend(_parse_cell(cell))
                 except ScheduleFormatError as err:
                     raise ScheduleFormatError(f"CSV line {line_no}: {err}") from None
             rows.append(actions)
@@ -297,6 +298,16 @@ class Schedule:
         from nobubble.pipeline.plot import ascii_grid  # plot imports this module
 
         return ascii_grid(self, costs, microbatches=microbatches)
+
+
+def _parse_cell(cell: str) -> list[Action]:
+    """One CSV cell: an action, or torch's overlapped pair ``(0F7;7B3)OVERLAP_F_B``, read as
+    its sub-actions in order."""
+    text = cell.strip()
+    if text.startswith("(") and ")" in text:
+        inner = text[1 : text.index(")")]
+        return [Action.parse(part) for part in inner.split(";") if part.strip()]
+    return [Action.parse(text)]
 
 
 def _infer_stage_to_rank(rows: Sequence[Sequence[Action]]) -> tuple[int, ...]:
