@@ -39,6 +39,13 @@ from nobubble.rl.losses import (
     policy_gradient_loss,
     ppo_policy_loss,
 )
+from nobubble.rl.presets import (
+    PRESET_NAMES,
+    RLAlgorithmConfig,
+    aggressive,
+    conservative,
+    get_preset,
+)
 from nobubble.rl.replay import (
     MinTree,
     PrioritizedReplayBuffer,
@@ -90,6 +97,11 @@ __all__ = [
     "kl_penalty",
     "policy_gradient_loss",
     "ppo_policy_loss",
+    "PRESET_NAMES",
+    "RLAlgorithmConfig",
+    "aggressive",
+    "conservative",
+    "get_preset",
     "MinTree",
     "PrioritizedReplayBuffer",
     "ReplaySample",
