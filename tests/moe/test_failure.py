@@ -1,0 +1,40 @@
+"""A rank that dies or hangs makes the others fail within the timeout with a clear message."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from nobubble.distributed import RankFailure, spawn
+from nobubble.moe import Buffer
+
+TIMEOUT_S = 6.0
+
+
+def _dispatch_with_a_casualty(ctx, how: str):
+    buf = Buffer(num_experts=4, timeout_s=TIMEOUT_S)
+    x = torch.ones(4, 8) * ctx.rank
+    idx = torch.tensor([[0, 3]] * 4)
+    buf.combine(buf.dispatch(x, idx).recv_x, buf.dispatch(x, idx).handle)  # healthy round first
+    if ctx.rank == 1:
+        if how == "dies":
+            os._exit(0)  # vanish without a word: the parent sees no error from this rank
+        time.sleep(4 * TIMEOUT_S)  # hang
+    buf.dispatch(x, idx)
+    return "unreachable"
+
+
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_peer_failure_raises_transport_error(how):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(_dispatch_with_a_casualty, 2, args=(how,), timeout_s=60)
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert err.rank == 0, str(err)
+    assert "TransportError" in str(err) and "peer rank died or stopped responding" in str(err)
+    assert "all_to_all(layout)" in str(err)
+    assert elapsed < 40, elapsed
