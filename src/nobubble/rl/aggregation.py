@@ -172,7 +172,8 @@ def all_reduce_gradients(
     scale = w if op == "mean" else 1.0
     tensors = [p.grad * scale for p in params]
     if op == "mean":
-        tensors.append(torch.tensor([w], dtype=params[0].grad.dtype if params else torch.float64))
+        like = params[0].grad if params else torch.empty(0, dtype=torch.float64, device=ctx.device)
+        tensors.append(torch.tensor([w], dtype=like.dtype, device=like.device))
     flat = _flat_all_reduce(tensors, ctx, "all_reduce_gradients")
     if op == "mean":
         total_w = float(flat[-1])

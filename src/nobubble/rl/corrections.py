@@ -146,7 +146,7 @@ def off_policy_correction(
         new_mask = mask_outside_band(logp, behav_logp, mask, level=level, low=band[0], high=band[1])
     if cap is None:
         weights = new_mask.clone()
-        truncated = torch.zeros((), dtype=logp.dtype)
+        truncated = torch.zeros((), dtype=logp.dtype, device=logp.device)
     else:
         weights = truncated_importance_weights(logp, behav_logp, new_mask, level=level, cap=cap)
         rho = torch.exp(

@@ -118,7 +118,9 @@ def aggregate_loss(
     token_sum = (loss_mat * mask).sum(dim=1)  # (B,)
     if agg == "token-mean":
         denom = mask.sum() if global_num_tokens is None else global_num_tokens
-        return token_sum.sum() / torch.as_tensor(denom, dtype=loss_mat.dtype).clamp(min=1.0)
+        return token_sum.sum() / torch.as_tensor(
+            denom, dtype=loss_mat.dtype, device=loss_mat.device
+        ).clamp(min=1.0)
     if agg not in LOSS_AGG_MODES:
         raise ValueError(f"aggregate_loss: agg={agg!r}; use one of {LOSS_AGG_MODES}")
     tokens_per_seq = mask.sum(dim=1)  # (B,)
@@ -133,7 +135,9 @@ def aggregate_loss(
         per_seq = token_sum / length
     if global_num_seqs is None:
         global_num_seqs = (tokens_per_seq > 0).sum()
-    return per_seq.sum() / torch.as_tensor(global_num_seqs, dtype=loss_mat.dtype).clamp(min=1.0)
+    return per_seq.sum() / torch.as_tensor(
+        global_num_seqs, dtype=loss_mat.dtype, device=loss_mat.device
+    ).clamp(min=1.0)
 
 
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, who: str) -> None:
