@@ -41,6 +41,7 @@ def run_stages(config, batch, num_stages, num_microbatches, order):
             blocks=blocks[s],
             loss_fn=config.loss,
             num_microbatches=num_microbatches,
+            meter=ActivationMeter(blocks[s]),  # saved-tensor hooks must not change gradients
         )
         for s in range(num_stages)
     ]

@@ -134,15 +134,18 @@ class _DeferredLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, store, microbatch):  # type: ignore[override]
-        ctx.save_for_backward(x, weight)
-        ctx.bias = bias
+        # The parameters ride on ctx as themselves: a saved tensor may come back from
+        # saved-tensor hooks as another Python object, and W must accumulate into the leaf.
+        ctx.save_for_backward(x)
+        ctx.weight, ctx.bias = weight, bias
         ctx.store = store
         ctx.microbatch = microbatch
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
+        weight = ctx.weight
         dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None  # (..., in)
         if ctx.needs_input_grad[1]:
             ctx.store.put(ctx.microbatch, _PendingGrad(weight, ctx.bias, x, dy))

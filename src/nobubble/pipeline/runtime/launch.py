@@ -1,0 +1,105 @@
+"""Launch pipeline training on local processes or under torchrun; collect and merge results.
+
+- :func:`run_local` checks every config (schedule validity, rank count, model split) *before*
+  any process starts, then runs them all in one :func:`nobubble.distributed.spawn` (one
+  process per rank, gloo on CPU, NCCL on CUDA, or the backend you name).
+- :func:`run_torchrun` is the same for a process started by ``torchrun`` (multi-host).
+- :func:`merged_events` merges the per-rank timelines of one config into one time-ordered
+  list (k-way merge, :mod:`nobubble.trace`), ready for :func:`nobubble.trace.write_chrome_trace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nobubble.distributed import context_from_env, spawn
+from nobubble.pipeline.runtime.executor import (
+    RankResult,
+    TrainConfig,
+    check_config,
+    train_rank_many,
+)
+from nobubble.trace import Event, merge_timelines
+
+__all__ = ["LaunchOptions", "run_local", "run_torchrun", "merged_events", "step_makespans"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """Where the ranks run."""
+
+    device: str = "cpu"
+    """``cpu`` or ``cuda`` (rank r uses ``cuda:r``)."""
+    backend: str | None = None
+    """torch.distributed backend; default gloo on CPU, NCCL on CUDA."""
+    timeout_s: float = 120.0
+    """Limit for the whole job and for every wait inside it."""
+    threads_per_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}; use 'cpu' or 'cuda'")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.threads_per_rank < 1:
+            raise ValueError(f"threads_per_rank={self.threads_per_rank} must be >= 1")
+
+
+def _world_size(configs: Sequence[TrainConfig]) -> int:
+    if not configs:
+        raise ValueError("run_local: no configs given; pass at least one TrainConfig")
+    world = configs[0].schedule.num_ranks
+    for c in configs:
+        check_config(c, world)  # raises before any process starts
+    return world
+
+
+def run_local(
+    configs: Sequence[TrainConfig], options: LaunchOptions | None = None
+) -> list[list[RankResult]]:
+    """Run ``configs`` one after another on local ranks; returns ``[config][rank]`` results.
+
+    Raises ValueError (before starting processes) for a bad schedule or model split, and
+    :class:`nobubble.distributed.RankFailure` when a rank fails (the others are stopped).
+    """
+    options = options or LaunchOptions()
+    world = _world_size(configs)
+    by_rank = spawn(
+        train_rank_many, world, args=(list(configs),), backend=options.backend,
+        device=options.device, timeout_s=options.timeout_s,
+        threads_per_rank=options.threads_per_rank,
+    )  # fmt: skip
+    return [[by_rank[r][i] for r in range(world)] for i in range(len(configs))]
+
+
+def run_torchrun(
+    configs: Sequence[TrainConfig], options: LaunchOptions | None = None
+) -> list[RankResult]:
+    """This rank's results under ``torchrun`` (reads RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+    options = options or LaunchOptions()
+    ctx = context_from_env(
+        device=None if options.device == "cuda" else options.device,
+        backend=options.backend,
+        timeout_s=options.timeout_s,
+    )
+    world = _world_size(configs)
+    if world != ctx.world_size:
+        raise ValueError(f"schedule needs {world} ranks but torchrun started {ctx.world_size}")
+    return train_rank_many(ctx, list(configs))
+
+
+def merged_events(results: Sequence[RankResult]) -> list[Event]:
+    """All ranks' events of one config merged by start time."""
+    return list(merge_timelines([r.events for r in results]))
+
+
+def step_makespans(results: Sequence[RankResult]) -> list[float]:
+    """Per step: last op end minus first op start over all ranks (seconds)."""
+    spans: dict[int, list[float]] = {}
+    for r in results:
+        for e in r.events:
+            lo_hi = spans.setdefault(int(e.args["step"]), [e.start_us, e.end_us])
+            lo_hi[0] = min(lo_hi[0], e.start_us)
+            lo_hi[1] = max(lo_hi[1], e.end_us)
+    return [(hi - lo) / 1e6 for _, (lo, hi) in sorted(spans.items())]

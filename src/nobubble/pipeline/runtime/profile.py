@@ -1,0 +1,239 @@
+"""Measure what the simulator needs: per-stage T_F, T_B, T_W, T_comm and activation memory.
+
+Each stage of a model split into ``num_stages`` stages is run alone on this process with a
+microbatch of the real shape (stage 0 gets real tokens/features, later stages a random
+activation of their input shape, every stage but the last a random output gradient):
+
+- ``t_f``, ``t_b``, ``t_w``: medians of ``repeats`` timed F, B (input gradient) and W
+  (deferred weight gradient) after ``warmup`` untimed rounds;
+- ``t_bw_fused``: the median of plain autograd backward of the same stage (no split), the
+  baseline that T_B + T_W is compared with;
+- ``mem_f``: bytes autograd saves in F; ``mem_w``: bytes W keeps after B (X and dY of the
+  linears); ``mem_b = mem_f - mem_w`` is what B frees (see :mod:`.memory`).
+
+``t_comm`` is the one-way time of one boundary activation between two ranks, measured by
+:func:`measure_comm` (ping-pong over the real process group, half the round trip).
+Times are in milliseconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from nobubble.distributed import DistContext
+from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.runtime.bw_split import attach_store
+from nobubble.pipeline.runtime.memory import ActivationMeter
+from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
+from nobubble.pipeline.runtime.stage import PipelineStage
+
+__all__ = ["StageProfile", "Profile", "profile_stages", "measure_comm", "comm_probe"]
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """Measured costs of one stage for one microbatch (ms, bytes)."""
+
+    stage: int
+    blocks: tuple[int, ...]
+    t_f: float
+    t_b: float
+    t_w: float
+    t_bw_fused: float
+    mem_f: int
+    mem_w: int
+
+    @property
+    def mem_b(self) -> int:
+        return max(self.mem_f - self.mem_w, 0)
+
+    @property
+    def split_overhead(self) -> float:
+        """(T_B + T_W) / fused backward - 1."""
+        return (self.t_b + self.t_w) / self.t_bw_fused - 1.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's measured per-stage costs and the inter-rank transfer time."""
+
+    model: str
+    microbatch_size: int
+    stages: tuple[StageProfile, ...]
+    t_comm: float
+    activation_bytes: int
+
+    def cost_model(self, schedule: Schedule | None = None) -> CostModel:
+        """The simulator's per-stage costs (ms, bytes). ``schedule`` must have as many stages
+        as were profiled (profile with the schedule's ``num_stages``)."""
+        if schedule is not None and schedule.num_stages != len(self.stages):
+            raise ValueError(
+                f"profile has {len(self.stages)} stages but schedule {schedule.name!r} has "
+                f"{schedule.num_stages}; profile with --stages {schedule.num_stages}"
+            )
+        st = self.stages
+        return CostModel(
+            t_f=tuple(s.t_f for s in st), t_b=tuple(s.t_b for s in st),
+            t_w=tuple(s.t_w for s in st), t_comm=self.t_comm,
+            mem_f=tuple(float(s.mem_f) for s in st), mem_b=tuple(float(s.mem_b) for s in st),
+            mem_w=tuple(float(s.mem_f - s.mem_b) for s in st),
+        )  # fmt: skip
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for s, st in zip(d["stages"], self.stages, strict=True):
+            s["mem_b"] = st.mem_b
+            s["split_overhead"] = st.split_overhead
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> Profile:
+        skip = ("mem_b", "split_overhead")
+        stages = tuple(
+            StageProfile(**{**{k: v for k, v in s.items() if k not in skip},
+                            "blocks": tuple(s["blocks"])})
+            for s in d["stages"]
+        )  # fmt: skip
+        return Profile(
+            model=d["model"],
+            microbatch_size=int(d["microbatch_size"]),
+            stages=stages,
+            t_comm=float(d["t_comm"]),
+            activation_bytes=int(d["activation_bytes"]),
+        )
+
+
+def profile_stage(
+    model: ModelConfig,
+    blocks_range: range,
+    *,
+    stage_index: int,
+    num_stages: int,
+    microbatch_size: int,
+    input_shape: torch.Size | None,
+    output_shape: torch.Size | None,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+) -> StageProfile:
+    """Time F, B, W and the fused backward of one stage; measure its activation memory.
+
+    ``input_shape`` / ``output_shape``: the stage's activation shapes (None for the model
+    input of stage 0 / the loss of the last stage).
+    """
+    device = torch.device(device)
+    blocks = build_blocks(model, blocks_range, device)
+    batch = model.make_batch(microbatch_size, seed=1, device=device)
+    gen = torch.Generator().manual_seed(2)
+    x = batch.inputs if input_shape is None else torch.randn(input_shape, generator=gen).to(device)
+    dy = None if output_shape is None else torch.randn(output_shape, generator=gen).to(device)
+    targets = batch.targets if output_shape is None else None
+    meter = ActivationMeter(blocks)
+    stage = PipelineStage(
+        stage_index=stage_index, num_stages=num_stages, blocks=blocks,
+        loss_fn=model.loss, num_microbatches=1, meter=meter,
+    )  # fmt: skip
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {"f": [], "b": [], "w": [], "fused": []}
+    mem_f = mem_w = 0
+    for rep in range(warmup + repeats):
+        attach_store(blocks, stage.store)
+        t0 = time.perf_counter()
+        stage.forward(0, x, targets)
+        sync()
+        t1 = time.perf_counter()
+        mem_f = meter.live_bytes
+        stage.backward_input(0, dy)
+        sync()
+        t2 = time.perf_counter()
+        mem_w = meter.live_bytes
+        stage.backward_weight(0)
+        sync()
+        t3 = time.perf_counter()
+        attach_store(blocks, None)  # plain autograd: the fused baseline
+        out = _plain_forward(blocks, x, model, targets)
+        sync()
+        t4 = time.perf_counter()
+        out.backward(dy)
+        sync()
+        t5 = time.perf_counter()
+        if rep >= warmup:
+            for key, dt in (("f", t1 - t0), ("b", t2 - t1), ("w", t3 - t2), ("fused", t5 - t4)):
+                times[key].append(dt * 1e3)
+    attach_store(blocks, stage.store)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return StageProfile(
+        stage=stage_index, blocks=tuple(blocks_range), t_f=med["f"], t_b=med["b"],
+        t_w=med["w"], t_bw_fused=med["fused"], mem_f=int(mem_f), mem_w=int(mem_w),
+    )  # fmt: skip
+
+
+def _plain_forward(blocks, x, model: ModelConfig, targets) -> torch.Tensor:
+    y = x if not x.is_floating_point() else x.detach().requires_grad_(True)
+    for b in blocks.values():
+        y = b(y)
+    return model.loss(y, targets) if targets is not None else y
+
+
+def profile_stages(
+    model: ModelConfig,
+    num_stages: int,
+    *,
+    microbatch_size: int,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+    t_comm: float = 0.0,
+) -> Profile:
+    """Profile every stage of ``model`` split into ``num_stages`` stages on this process."""
+    from nobubble.pipeline.runtime.executor import boundary_shapes
+
+    ranges = partition_blocks(model, num_stages)
+    shapes = boundary_shapes(model, ranges, microbatch_size)
+    stages = tuple(
+        profile_stage(
+            model,
+            r,
+            stage_index=s,
+            num_stages=num_stages,
+            microbatch_size=microbatch_size,
+            input_shape=shapes.get(s),
+            output_shape=shapes.get(s + 1),
+            device=device,
+            repeats=repeats,
+            warmup=warmup,
+        )  # fmt: skip
+        for s, r in enumerate(ranges)
+    )
+    act = max((torch.Size(v).numel() * 4 for v in shapes.values()), default=0)
+    return Profile(model.name, microbatch_size, stages, t_comm, act)
+
+
+def measure_comm(ctx: DistContext, shape: torch.Size, *, repeats: int = 10) -> float:
+    """One-way time (ms) of one ``shape`` float32 tensor between ranks 0 and 1: half the
+    median ping-pong round trip. Ranks >= 2 return at once; every rank gets the result."""
+    buf = torch.zeros(shape, device=ctx.device)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        if ctx.rank == 0:
+            dist.send(buf, 1, group=ctx.group)
+            dist.recv(buf, 1, group=ctx.group)
+        elif ctx.rank == 1:
+            dist.recv(buf, 0, group=ctx.group)
+            dist.send(buf, 0, group=ctx.group)
+        times.append((time.perf_counter() - start) * 1e3 / 2)
+    result = torch.tensor([statistics.median(times[1:])], dtype=torch.float64)
+    dist.broadcast(result, 0, group=ctx.group)
+    return float(result)
+
+
+def comm_probe(ctx: DistContext, shape: tuple[int, ...], repeats: int = 10) -> float:
+    """Module-level spawn target: :func:`measure_comm` for ``shape``."""
+    return measure_comm(ctx, torch.Size(shape), repeats=repeats)
