@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.actions import Schedule, ScheduleFormatError
 
 __all__ = ["TORCH_SCHEDULES", "torch_schedule", "available_torch_schedules"]
 
@@ -86,5 +86,10 @@ def torch_schedule(name: str, *, num_stages: int, num_microbatches: int) -> Sche
             obj = cls(stages, num_microbatches)
             order = obj.pipeline_order
     except (ValueError, RuntimeError, AssertionError) as err:
-        raise ValueError(f"torch refuses {cls_name} with p={p}, m={num_microbatches}: {err}") from None
-    return Schedule.from_torch_order(order, name=name, num_microbatches=num_microbatches)
+        raise ValueError(
+            f"torch refuses {cls_name} with p={p}, m={num_microbatches}: {err}"
+        ) from None
+    try:
+        return Schedule.from_torch_order(order, name=name, num_microbatches=num_microbatches)
+    except ScheduleFormatError as err:
+        raise ScheduleFormatError(f"torch's {cls_name} order is invalid: {err}") from None

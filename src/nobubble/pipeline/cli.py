@@ -1,0 +1,358 @@
+"""``nobubble pp``: show, simulate, compare, export and validate pipeline schedules.
+
+Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
+rank's share of the model; ``--tcomm``: one transfer between ranks); schedules with several
+chunks per rank split them evenly. ``--model 1.5B`` takes the Zero Bubble paper's measured
+times and memory model for that model. Memory limits are in units of M_F (one
+microbatch's activations on a rank). The ILP (``pp solve``) and runtime (``pp profile/plan/run``)
+commands register themselves from their own modules when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+from pathlib import Path
+
+from nobubble.cliutil import (
+    ArgumentParser,
+    UsageError,
+    add_json_flag,
+    console,
+    nonneg_float,
+    positive_float,
+    positive_int,
+    print_json,
+    print_table,
+)
+
+# measured per-rank times (T_F, T_B, T_W, T_comm in ms) at p = 8/8/16/32, from the paper's table
+PAPER_TIMES = {
+    "1.5B": (18.522, 18.086, 9.337, 0.601),
+    "6.2B": (29.718, 29.444, 19.927, 0.527),
+    "14.6B": (11.347, 11.248, 8.132, 0.377),
+    "28.3B": (10.419, 10.207, 7.715, 0.408),
+}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(
+        dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
+    )
+    _register_show(sub)
+    _register_simulate(sub)
+    _register_compare(sub)
+    _register_export(sub)
+    _register_validate(sub)
+    for module in ("nobubble.pipeline.ilp_cli", "nobubble.pipeline.runtime.cli"):
+        try:
+            if importlib.util.find_spec(module) is None:
+                continue
+        except ModuleNotFoundError:
+            continue
+        importlib.import_module(module).register(sub)
+
+
+# -- shared options ------------------------------------------------------------------------
+def _add_shape(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
+    if schedule:
+        p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
+    p.add_argument("--stages", "-p", type=positive_int, default=4, help="pipeline ranks P")
+    p.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    p.add_argument("--chunks", "-v", type=positive_int, default=None,
+                   help="chunks per rank (interleaved-1f1b; default 2)")  # fmt: skip
+
+
+def _add_costs(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
+    g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
+    g.add_argument("--tf", type=positive_float, help="forward time of one microbatch")
+    g.add_argument("--tb", type=positive_float, help="input-gradient backward (B) time")
+    g.add_argument("--tw", type=positive_float, help="weight-gradient backward (W) time")
+    g.add_argument("--tcomm", type=nonneg_float, help="transfer time between ranks")
+    m = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B shape)")
+    m.add_argument("--hidden", type=positive_int, help="hidden size h (M_F = 34h + 5as)")
+    m.add_argument("--heads", type=positive_int, help="attention heads a")
+    m.add_argument("--seq", type=positive_int, help="sequence length s")
+    m.add_argument("--mem-f", type=positive_float, help="activation memory an F stores")
+    m.add_argument("--mem-b", type=nonneg_float, help="memory a B frees")
+    m.add_argument("--mem-w", type=nonneg_float, help="memory a W frees")
+    p.add_argument("--mem-limit", type=positive_float, default=None,
+                   help="zb-1p/zb-2p activation limit per rank in units of M_F "
+                        "(default P and 2P)")  # fmt: skip
+
+
+def _costs(args: argparse.Namespace):
+    """Per-rank CostModel from the flags; contradictory flags are usage errors."""
+    from nobubble.pipeline.costs import PAPER_MODELS, CostModel, transformer_memory
+
+    times = dict(
+        zip(("tf", "tb", "tw", "tcomm"), PAPER_TIMES.get(args.model, (1.0, 1.0, 1.0, 0.0)))
+    )
+    for k in times:
+        if getattr(args, k) is not None:
+            times[k] = getattr(args, k)
+    shape = [args.hidden, args.heads, args.seq]
+    direct = [args.mem_f, args.mem_b, args.mem_w]
+    if any(v is not None for v in shape) and any(v is not None for v in direct):
+        raise UsageError("give the memory either as --hidden/--heads/--seq or as "
+                         "--mem-f/--mem-b/--mem-w, not both")  # fmt: skip
+    if any(v is not None for v in shape):
+        if None in shape:
+            raise UsageError("--hidden, --heads and --seq go together; give all three")
+        mem = transformer_memory(hidden=args.hidden, heads=args.heads, seq=args.seq)
+        mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
+    elif args.mem_f is not None:
+        mem_f, mem_b, mem_w = args.mem_f, args.mem_b, args.mem_w
+        _check_direct_memory(mem_f, mem_b, mem_w)
+    else:
+        if direct[1:] != [None, None]:
+            raise UsageError("--mem-b/--mem-w need --mem-f")
+        h, a, _, s = PAPER_MODELS[args.model or "1.5B"]
+        mem = transformer_memory(hidden=h, heads=a, seq=s)
+        mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
+    return CostModel.from_rank_costs(
+        args.stages, t_f=times["tf"], t_b=times["tb"], t_w=times["tw"], t_comm=times["tcomm"],
+        mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,
+    )  # fmt: skip
+
+
+def _check_direct_memory(mem_f, mem_b, mem_w) -> None:
+    total = (mem_b or 0.0) + (mem_w or 0.0)
+    if mem_b is not None and mem_w is not None and total > mem_f * (1 + 1e-9):
+        raise UsageError(
+            f"--mem-b + --mem-w = {total:g} frees more than --mem-f = {mem_f:g} stores"
+        )
+
+
+def _schedule(args: argparse.Namespace, costs, name: str | None = None):
+    from nobubble.pipeline.schedules import get_schedule
+
+    name = name or args.schedule
+    mem_limit = None
+    if getattr(args, "mem_limit", None) is not None and args.mem_limit < 1:
+        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
+                         "(the unit is M_F); give at least 1")  # fmt: skip
+    if getattr(args, "mem_limit", None) is not None and name in ("zb-1p", "zb-2p"):
+        mem_limit = args.mem_limit * costs.mem_f[0]
+    elif getattr(args, "mem_limit", None) is not None and name == args.schedule:
+        raise UsageError(f"--mem-limit applies to zb-1p / zb-2p, not {name!r}")
+    return get_schedule(name, num_stages=args.stages, num_microbatches=args.microbatches,
+                        costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
+
+
+# -- pp show -------------------------------------------------------------------------------
+def _register_show(sub) -> None:
+    p = sub.add_parser("show", help="print a schedule as the seed's grid (time slots per rank)")
+    _add_shape(p)
+    p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
+    p.add_argument("--csv", type=Path, default=None, help="show this torch CSV instead")
+    add_json_flag(p)
+    p.set_defaults(func=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.costs import CostModel
+    from nobubble.pipeline.plot import ascii_grid
+
+    sched = _read_csv(args.csv) if args.csv else _schedule(args, CostModel.uniform(args.stages))
+    if args.json:
+        print_json({"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
+                    "microbatches": sched.num_microbatches,
+                    "stage_to_rank": list(sched.stage_to_rank),
+                    "actions": [[str(a) for a in acts] for acts in sched.rank_actions]})  # fmt: skip
+        return 0
+    con = console()
+    con.print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
+              f"{sched.num_chunks} chunk(s)/rank, unit costs F=B=W=1 (BW=2), _ = idle")  # fmt: skip
+    con.print(ascii_grid(sched, microbatches=args.ids), markup=False)
+    return 0
+
+
+# -- pp simulate ---------------------------------------------------------------------------
+def _register_simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate one schedule: bubble, spans, peak memory")
+    _add_shape(p)
+    _add_costs(p)
+    p.add_argument("--plot", type=Path, help="write a Gantt chart (.png or .svg)")
+    p.add_argument("--trace", type=Path, help="write a Chrome trace (.json) for Perfetto")
+    add_json_flag(p)
+    p.set_defaults(func=_simulate)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.simulate import simulate
+
+    costs = _costs(args)
+    result = simulate(_schedule(args, costs), costs)
+    files = _write_pictures(result, args.plot, args.trace)
+    if args.json:
+        print_json(result.summary() | {"spans": list(result.spans), "files": files})
+        return 0
+    mf = costs.mem_f[0]
+    rows = [
+        [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
+         result.peak_memory[r] / mf, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
+        for r in range(result.schedule.num_ranks)
+    ]  # fmt: skip
+    print_table(
+        f"{result.schedule.name}: P={args.stages}, M={args.microbatches}",
+        ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
+        rows,
+        caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
+        f"makespan {result.makespan:.4g}" + "".join(f"; wrote {f}" for f in files),
+    )
+    return 0
+
+
+def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
+    from nobubble.pipeline.plot import gantt, write_trace
+
+    files = []
+    if plot is not None:
+        files.append(str(gantt(result, plot)))
+    if trace is not None:
+        files.append(str(write_trace(result, trace)))
+    return files
+
+
+# -- pp export / validate ------------------------------------------------------------------
+def _register_export(sub) -> None:
+    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+    _add_shape(p)
+    _add_costs(p)
+    p.add_argument("-o", "--output", type=Path, default=None, help="CSV file (default: stdout)")
+    add_json_flag(p)
+    p.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    costs = _costs(args)
+    sched = _schedule(args, costs)
+    text = sched.to_csv()
+    if args.output is None and not args.json:
+        print(text, end="")
+        return 0
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    info = {"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
+            "microbatches": sched.num_microbatches, "actions": sched.num_actions,
+            "output": str(args.output) if args.output else None}  # fmt: skip
+    if args.json:
+        print_json(info | ({} if args.output else {"csv": text}))
+    else:
+        print_table(f"exported {sched.name}", list(info), [list(info.values())])
+    return 0
+
+
+def _read_csv(path: Path):
+    from nobubble.pipeline.actions import Schedule
+
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}") from None
+    return Schedule.from_csv(text, name=path.stem)
+
+
+def _register_validate(sub) -> None:
+    p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
+    p.add_argument("file", type=Path, help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")
+    _add_costs(p)
+    add_json_flag(p)
+    p.set_defaults(func=_validate, chunks=None, microbatches=None)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.simulate import simulate
+    from nobubble.pipeline.validate import validate
+
+    sched = _read_csv(args.file)
+    validate(sched)  # ScheduleError is a ValueError: one line, exit 2
+    args.stages = sched.num_ranks
+    costs = _costs(args)
+    result = simulate(sched, costs, check=False)
+    info = {"file": str(args.file), "valid": True, "stages": sched.num_ranks,
+            "chunks": sched.num_chunks, "microbatches": sched.num_microbatches,
+            "actions": sched.num_actions, "split_backward": sched.uses_split_backward,
+            "bubble_rate": result.bubble_rate,
+            "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
+    if args.json:
+        print_json(info)
+    else:
+        print_table(f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
+    return 0
+
+
+def _register_compare(sub) -> None:
+    p = sub.add_parser("compare", help="the seed's table: every schedule on the same costs")
+    _add_shape(p, schedule=False)
+    _add_costs(p)
+    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
+    p.add_argument(
+        "--ilp",
+        type=positive_float,
+        nargs="?",
+        const=30.0,
+        default=None,
+        metavar="SECONDS",
+        help="add the exact ILP row (time limit, default 30 s)",
+    )
+    p.add_argument("--plot", type=Path, help="write every schedule's Gantt chart in one image")
+    add_json_flag(p)
+    p.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from nobubble.pipeline.compare import compare_schedules
+
+    costs = _costs(args)
+    limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
+    with Progress(console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task("simulating", total=None)
+        rows = compare_schedules(
+            costs, num_stages=args.stages, num_microbatches=args.microbatches,
+            include_torch=not args.no_torch, ilp_time_limit_s=args.ilp, mem_limit=limit,
+            num_chunks=args.chunks or 2,
+            on_step=lambda n: bar.update(task, description=f"simulating {n}"),
+        )  # fmt: skip
+    files = []
+    if args.plot is not None:
+        from nobubble.pipeline.plot import gantt_grid
+
+        files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
+    if args.json:
+        print_json({"stages": args.stages, "microbatches": args.microbatches,
+                    "costs": _cost_summary(costs), "rows": [r.as_dict() for r in rows],
+                    "files": files})  # fmt: skip
+        return 0
+    table = []
+    for r in rows:
+        d = r.as_dict()
+        if r.result is None:
+            table.append([r.name, r.source, r.kind, "-", "-", "-", "-", r.note])
+            continue
+        table.append([r.name, r.source, r.kind, f"{d['bubble_rate']:.2%}",
+                      f"{d['peak_memory_vs_1f1b']:.2f}x", f"{d['throughput_vs_1f1b']:.3f}x",
+                      f"{d['throughput_vs_1f1b_flush']:.3f}x", r.note])  # fmt: skip
+    c = _cost_summary(costs)
+    print_table(
+        f"P={args.stages}, M={args.microbatches}: T_F={c['t_f']:g} T_B={c['t_b']:g} "
+        f"T_W={c['t_w']:g} T_comm={c['t_comm']:g} (per rank)",
+        ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
+        table,
+        caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
+        "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
+        "with flush = 1F1B makespan / makespan" + "".join(f"; wrote {f}" for f in files),
+    )
+    return 0
+
+
+def _cost_summary(costs) -> dict:
+    return {"t_f": costs.t_f[0], "t_b": costs.t_b[0], "t_w": costs.t_w[0],
+            "t_comm": costs.t_comm, "mem_f": costs.mem_f[0]}  # fmt: skip

@@ -1,0 +1,159 @@
+"""Pictures of a schedule: the seed's text grid, a Gantt chart (PNG/SVG), a Chrome trace.
+
+- :func:`ascii_grid`: one row per rank, one cell per time slot, the op letter in busy slots
+  and ``_`` in idle ones (``Rank 1: _ F F F B W B B ...``), as the seed draws schedules.
+- :func:`gantt`: one row per rank, F / B / W / fused-backward boxes in four colours with
+  the microbatch number inside, idle time left white; the title carries the bubble rate.
+- :func:`trace_events` / :func:`write_trace`: the simulated timeline as
+  :class:`nobubble.trace.Event` objects (1 time unit = 1 ms) for Perfetto.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from nobubble.pipeline.actions import Op, Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.simulate import SimResult, simulate
+from nobubble.trace import Event, write_chrome_trace
+
+__all__ = ["ascii_grid", "gantt", "gantt_grid", "trace_events", "write_trace", "OP_COLORS"]
+
+OP_COLORS = {Op.F: "#4C72B0", Op.B: "#DD8452", Op.W: "#55A868", Op.BW: "#C44E52"}
+_LETTER = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "B"}
+
+
+def ascii_grid(
+    schedule: Schedule | SimResult, costs: CostModel | None = None, *, microbatches: bool = False
+) -> str:
+    """The text grid of a schedule (simulated with ``costs``, unit costs by default) or of
+    an existing :class:`SimResult`. One cell is the shortest op's duration."""
+    if isinstance(schedule, SimResult):
+        result = schedule
+    else:
+        costs = costs or CostModel.uniform(schedule.num_ranks)
+        result = simulate(schedule, costs)
+    sched = result.schedule
+    slot = min(
+        e - s for ends, starts in zip(result.end, result.start) for s, e in zip(starts, ends)
+    )
+    t0 = min(min(s) for s in result.start if s)
+    num_cells = math.ceil((result.makespan) / slot - 1e-9)
+    width = 1 + (len(str(sched.num_microbatches - 1)) if microbatches else 0)
+    lines = []
+    for rank, acts in enumerate(sched.rank_actions):
+        cells = ["_" * width] * num_cells
+        for a, s, e in zip(acts, result.start[rank], result.end[rank]):
+            first, last = round((s - t0) / slot), round((e - t0) / slot)
+            label = _LETTER[a.op] + (str(a.microbatch) if microbatches else "")
+            for k in range(first, min(last, num_cells)):
+                cells[k] = label.ljust(width)
+        lines.append(f"Rank {rank}: " + " ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def gantt(
+    result: SimResult,
+    path: str | Path,
+    *,
+    title: str | None = None,
+    time_unit: str = "ms",
+) -> Path:
+    """Draw ``result`` as a Gantt chart; the file type follows the suffix (.png, .svg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    sched = result.schedule
+    p = sched.num_ranks
+    fig, ax = plt.subplots(figsize=(min(18, 4 + 0.12 * sched.num_actions / p), 0.9 + 0.45 * p))
+    t0 = min(min(s) for s in result.start if s)
+    label_min = result.makespan / 60  # boxes narrower than this get no number
+    for rank, acts in enumerate(sched.rank_actions):
+        for a, s, e in zip(acts, result.start[rank], result.end[rank]):
+            alpha = 1.0 if sched.num_chunks == 1 else 0.6 + 0.4 * (a.stage // p == 0)
+            ax.broken_barh([(s - t0, e - s)], (rank - 0.4, 0.8), facecolors=OP_COLORS[a.op],
+                           edgecolor="white", linewidth=0.4, alpha=alpha)  # fmt: skip
+            if e - s >= label_min:
+                ax.text((s + e) / 2 - t0, rank, str(a.microbatch), ha="center", va="center",
+                        fontsize=6, color="white")  # fmt: skip
+    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, result.makespan)
+    ax.set_xlabel(f"time ({time_unit})")
+    used = {a.op for acts in sched.rank_actions for a in acts}
+    names = {Op.F: "F forward", Op.B: "B input grad", Op.W: "W weight grad", Op.BW: "B+W fused"}
+    handles = [Patch(color=OP_COLORS[op], label=names[op]) for op in Op if op in used]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.4 / p),
+              ncol=len(handles), fontsize=8, frameon=False)  # fmt: skip
+    head = title or f"{sched.name}: p={p}, m={sched.num_microbatches}"
+    ax.set_title(f"{head}   bubble {result.bubble_rate:.1%}, peak memory "
+                 f"{result.max_peak_memory_vs_1f1b:.2f}x 1F1B", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def trace_events(result: SimResult, *, us_per_unit: float = 1000.0) -> list[Event]:
+    """Every simulated action as an Event (cost units taken as ms by default)."""
+    sched = result.schedule
+    events = []
+    for rank, acts in enumerate(sched.rank_actions):
+        for a, s, e in zip(acts, result.start[rank], result.end[rank]):
+            events.append(Event(name=str(a), cat=a.op.value, rank=rank, start_us=s * us_per_unit,
+                                dur_us=(e - s) * us_per_unit,
+                                args={"stage": a.stage, "microbatch": a.microbatch}))  # fmt: skip
+    return events
+
+
+def write_trace(result: SimResult, path: str | Path) -> Path:
+    """Write the simulated timeline as a Chrome trace (open in Perfetto)."""
+    names = {r: f"rank {r} ({result.schedule.name})" for r in range(result.schedule.num_ranks)}
+    return write_chrome_trace(path, trace_events(result), rank_names=names)
+
+
+def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "ms") -> Path:
+    """Several schedules' Gantt charts stacked in one image, on one time axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if not results:
+        raise ValueError("nothing to draw: no simulated schedule")
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    heights = [r.schedule.num_ranks + 1.5 for r in results]
+    fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
+                             figsize=(14, 0.28 * sum(heights) + 1),
+                             gridspec_kw={"height_ratios": heights})  # fmt: skip
+    horizon = max(r.makespan for r in results)
+    for ax, result in zip(axes[:, 0], results):
+        sched = result.schedule
+        t0 = min(min(s) for s in result.start if s)
+        for rank, acts in enumerate(sched.rank_actions):
+            bars = [(s - t0, e - s) for s, e in zip(result.start[rank], result.end[rank])]
+            colors = [OP_COLORS[a.op] for a in acts]
+            ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=colors, edgecolor="white",
+                           linewidth=0.2)  # fmt: skip
+        ax.set_yticks([])
+        ax.invert_yaxis()
+        ax.set_xlim(0, horizon)
+        ax.set_title(f"{sched.name}: bubble {result.bubble_rate:.1%}, makespan "
+                     f"{result.makespan:.4g}, memory {result.max_peak_memory_vs_1f1b:.2f}x 1F1B",
+                     fontsize=8, loc="left")  # fmt: skip
+    axes[-1, 0].set_xlabel(f"time ({time_unit})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
