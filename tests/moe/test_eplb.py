@@ -117,8 +117,9 @@ def eplb_duplicates(phy2log, num_gpus):
 
 @settings(max_examples=80, deadline=None)
 @given(problems())
-def test_equals_eplb_original_where_it_has_no_duplicates(problem):
-    """Where EPLB's greedy never meets a conflict, ours must make exactly its choices."""
+def test_equals_eplb_original_or_strictly_lighter(problem):
+    """Where EPLB's answer has no duplicates, ours is exactly EPLB's (its greedy never met a
+    conflict) unless ours has a strictly lighter heaviest GPU; never a heavier one."""
     weight, num_replicas, num_groups, num_nodes, num_gpus = problem
     ref_phy2log, _, ref_logcnt = reference_rebalance_experts(
         weight, num_replicas, num_groups, num_nodes, num_gpus
@@ -127,7 +128,11 @@ def test_equals_eplb_original_where_it_has_no_duplicates(problem):
     cap = num_gpus // num_nodes
     for layer, dup in enumerate(eplb_duplicates(ref_phy2log, num_gpus)):
         if dup == 0 and int(ref_logcnt[layer].max()) <= cap:
-            assert ours.phy2log[layer].tolist() == ref_phy2log[layer].tolist()
+            row = weight[layer].tolist()
+            ours_peak = max(gpu_loads_slow(row, ours.phy2log[layer].tolist(), num_gpus))
+            ref_peak = max(gpu_loads_slow(row, ref_phy2log[layer].tolist(), num_gpus))
+            if ours.phy2log[layer].tolist() != ref_phy2log[layer].tolist():
+                assert ours_peak < ref_peak * (1 - 1e-9)
 
 
 def gpu_loads_slow(weight_row, phy2log_row, num_gpus):

@@ -26,7 +26,7 @@ Shapes: ``L`` MoE layers, ``E`` logical experts, ``R`` physical experts, ``G`` G
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -232,6 +232,8 @@ class Packing:
         self.packs: list[list[int]] = [[] for _ in range(num_packs)]
         self.pack_loads = [0.0] * num_packs
         self.held: list[set[int]] = [set() for _ in range(num_packs)]
+        self.num_conflicts = 0
+        """Items that could not go to the lightest open pack because of their label."""
 
     def add(self, pack: int, item: int) -> None:
         assert self.labels[item] not in self.held[pack] and len(self.packs[pack]) < self.per_pack
@@ -258,10 +260,52 @@ class Packing:
         allowed = [p for p in open_packs if label not in self.held[p]]
         if allowed:
             pack = min(allowed, key=self.pack_loads.__getitem__)
+            lightest = min(open_packs, key=self.pack_loads.__getitem__)
+            self.num_conflicts += pack != lightest
         else:
             pack = self._make_room(item, open_packs)
+            self.num_conflicts += 1
         self.add(pack, item)
         return pack
+
+    def swap_down(self, peak: float, move_cost: Callable[[int, int], int] | None = None) -> None:
+        """Swap items between the heaviest pack and another until the heaviest is <= ``peak``
+        or no swap lowers it. A swap must lower the larger of the two packs' loads and keep
+        labels distinct; the cheapest (``move_cost(item, pack it leaves)`` summed) wins, then
+        the lowest resulting peak.
+        """
+        loads, labels, packs = self.loads, self.labels, self.packs
+        for _ in range(4 * sum(len(p) for p in packs)):
+            h = max(range(len(packs)), key=self.pack_loads.__getitem__)
+            top = self.pack_loads[h]
+            if top <= peak * (1 + 1e-9):
+                return
+            best: tuple[int, float, int, int, int] | None = None
+            for g in range(len(packs)):
+                if g == h:
+                    continue
+                for a in packs[h]:
+                    if labels[a] in self.held[g]:
+                        continue
+                    for b in packs[g]:
+                        if loads[b] >= loads[a] or labels[b] in self.held[h]:
+                            continue
+                        new_peak = max(
+                            top - loads[a] + loads[b], self.pack_loads[g] - loads[b] + loads[a]
+                        )
+                        if new_peak >= top * (1 - 1e-9):
+                            continue
+                        cost = move_cost(a, h) + move_cost(b, g) if move_cost else 0
+                        key = (cost, new_peak, g, a, b)
+                        if best is None or key < best:
+                            best = key
+            if best is None:
+                return
+            _, _, g, a, b = best
+            self.remove(h, a)
+            self.remove(g, b)
+            self.add(h, b)
+            self.add(g, a)
 
     def _make_room(self, item: int, open_packs: list[int]) -> int:
         best: tuple[float, int, int, int] | None = None
@@ -292,8 +336,9 @@ def balanced_packing(
 
     Greedy as in EPLB: heaviest item first (stable on ties) into the lightest pack that has
     room. With ``labels`` (e.g. the logical expert of each replica), a pack never gets two
-    items of one label (see :meth:`Packing.place`). Returns the item ids of each pack, in
-    slot order.
+    items of one label (see :meth:`Packing.place`); when that forced any item away from the
+    lightest pack, pairwise swaps then lower the heaviest pack as far as they can (without
+    conflicts the result is exactly EPLB's). Returns the item ids of each pack, in slot order.
     """
     num_items = len(loads)
     per_pack = num_items // num_packs
@@ -302,6 +347,8 @@ def balanced_packing(
     state = Packing(num_packs, per_pack, loads, labels if labels is not None else range(num_items))
     for item in sorted(range(num_items), key=lambda i: -loads[i]):
         state.place(item)
+    if state.num_conflicts:
+        state.swap_down(0.0)
     return state.packs
 
 
@@ -321,16 +368,37 @@ def place_layer(
         # experts of this node, in group placement order
         node_experts = [g * group_size + j for g in groups for j in range(group_size)]
         node_load = [load[e] for e in node_experts]
-        # 2. replicate the node's hot experts, at most one replica per GPU of the node
-        node_phy = replicate_experts(node_load, phy_per_node, max_count=gpus_per_node)
-        counts = [0] * len(node_experts)
+        for gpu in _place_node(node_load, phy_per_node, gpus_per_node):
+            phy2log.extend(node_experts[m] for m in gpu)
+    return phy2log
+
+
+def _place_node(node_load: Sequence[float], num_phy: int, num_gpus: int) -> list[list[int]]:
+    """Replicate (step 2) and pack (step 3) one node's experts; per GPU, the expert ids.
+
+    The replica cap starts at one per GPU (EPLB's replica counts whenever they respect it).
+    When the hottest expert then sits on nearly every GPU, the next-hottest experts' replicas
+    must share GPUs with it, so caps one and two lower are tried too, and a lower cap is
+    kept only if its heaviest GPU is strictly lighter.
+    """
+    lowest = -(-num_phy // len(node_load))  # the least cap that still places every replica
+    best: tuple[float, list[list[int]]] | None = None
+    cap = num_gpus
+    while cap >= lowest and (best is None or cap >= num_gpus - 2):
+        node_phy = replicate_experts(node_load, num_phy, max_count=cap)
+        counts = [0] * len(node_load)
         for m in node_phy:
             counts[m] += 1
         replica_load = [node_load[m] / counts[m] for m in node_phy]
-        # 3. pack the replicas onto the node's GPUs, never one expert twice on a GPU
-        for gpu_items in balanced_packing(replica_load, gpus_per_node, labels=node_phy):
-            phy2log.extend(node_experts[node_phy[i]] for i in gpu_items)
-    return phy2log
+        packs = balanced_packing(replica_load, num_gpus, labels=node_phy)
+        peak = max(sum(replica_load[i] for i in gpu) for gpu in packs)
+        if best is None or peak < best[0] * (1 - 1e-12):
+            best = (peak, [[node_phy[i] for i in gpu] for gpu in packs])
+        if max(counts) < cap:  # the cap did not bind: lower ones give the same counts
+            cap = max(counts)
+        cap -= 1
+    assert best is not None
+    return best[1]
 
 
 def placement_from_phy2log(

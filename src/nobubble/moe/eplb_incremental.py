@@ -200,7 +200,7 @@ def _incremental_node(
     missing = [e for e in experts for _ in range(want[e] - kept[e])]
     for e in sorted(missing, key=lambda e: -share[e]):
         state.place(new_item(e, -1))
-    _swap_down(state, peak, original)
+    state.swap_down(peak, lambda item, gpu: int(original[item] == gpu))
     return [_arrange([labels[i] for i in state.packs[g]], old[g]) for g in range(num_gpus)]
 
 
@@ -212,45 +212,6 @@ class _Loads:
 
     def __getitem__(self, item: int) -> float:
         return self.share[self.labels[item]]
-
-
-def _swap_down(state: Packing, peak: float, original: list[int]) -> None:
-    """Swap items between the heaviest pack and another until the heaviest is <= ``peak``.
-
-    Cheapest swap first: a swap costs one move per item that is still on its original GPU.
-    """
-    loads, labels, packs = state.loads, state.labels, state.packs
-    for _ in range(4 * sum(len(p) for p in packs)):
-        h = max(range(len(packs)), key=state.pack_loads.__getitem__)
-        top = state.pack_loads[h]
-        if top <= peak * (1 + 1e-9):
-            return
-        best: tuple[int, float, int, int, int] | None = None
-        for g in range(len(packs)):
-            if g == h:
-                continue
-            for a in packs[h]:
-                if labels[a] in state.held[g]:
-                    continue
-                for b in packs[g]:
-                    if loads[b] >= loads[a] or labels[b] in state.held[h]:
-                        continue
-                    new_peak = max(
-                        top - loads[a] + loads[b], state.pack_loads[g] - loads[b] + loads[a]
-                    )
-                    if new_peak >= top * (1 - 1e-9):
-                        continue
-                    cost = (original[a] == h) + (original[b] == g)
-                    key = (cost, new_peak, g, a, b)
-                    if best is None or key < best:
-                        best = key
-        if best is None:
-            return
-        _, _, g, a, b = best
-        state.remove(h, a)
-        state.remove(g, b)
-        state.add(h, b)
-        state.add(g, a)
 
 
 def _incremental_layer(

@@ -1,0 +1,241 @@
+"""EPLB on a DeepSeek-V3-like deployment: balance, duplicates, moves, time - vs EPLB itself.
+
+256 logical experts in 8 groups, 4 nodes x 8 GPUs, 32 redundant experts (288 physical, 9 per
+GPU), heavy-tailed loads (Zipf and Pareto popularity, experts shuffled per layer). Baselines
+in the same run: no redundancy (each expert once, in order) and a faithful transcription of
+deepseek-ai/EPLB (``nobubble.moe.eplb_reference``). Then loads drift (each expert's load
+times a log-normal factor) and a fresh rebalance is compared with the incremental one, once
+and over a sequence of periodic rebalances.
+
+    python benchmarks/eplb_balance.py [--quick]
+
+Writes ``benchmarks/results/eplb_balance[_quick].json`` and ``docs/img/eplb_*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import time_interleaved, write_json  # noqa: E402
+
+from nobubble.cliutil import print_table  # noqa: E402
+from nobubble.moe.eplb import gpu_loads, load_imbalance, rebalance_experts  # noqa: E402
+from nobubble.moe.eplb_incremental import (  # noqa: E402
+    count_moves,
+    rebalance_experts_incremental,
+)
+from nobubble.moe.eplb_reference import reference_rebalance_experts  # noqa: E402
+
+E, GROUPS, NODES, GPUS, REDUNDANT = 256, 8, 4, 32, 32
+R = E + REDUNDANT
+SKEWS = [("zipf", 1.0), ("zipf", 1.2), ("pareto", 1.5), ("pareto", 2.0), ("pareto", 3.0)]
+IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def loads(kind: str, param: float, num_layers: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num_layers):
+        if kind == "zipf":
+            pop = rng.permutation(1.0 / np.arange(1, E + 1) ** param)
+        else:
+            pop = rng.pareto(param, E) + 1.0
+        rows.append(pop / pop.sum() * 65536)  # tokens x top-8 per layer, ~8k tokens
+    return torch.tensor(np.stack(rows))
+
+
+def duplicates(phy2log: torch.Tensor) -> torch.Tensor:
+    srt = phy2log.view(phy2log.shape[0], GPUS, -1).sort(-1).values
+    return (srt[..., 1:] == srt[..., :-1]).any(-1).sum(-1)
+
+
+def static_balance(num_layers: int, repeats: int, progress) -> list[dict]:
+    rows = []
+    task = progress.add_task("balance", total=len(SKEWS))
+    for kind, param in SKEWS:
+        w = loads(kind, param, num_layers, seed=1)
+        ours = rebalance_experts(w, R, GROUPS, NODES, GPUS)
+        ref, _, _ = reference_rebalance_experts(w, R, GROUPS, NODES, GPUS)
+        none = load_imbalance(w.view(num_layers, GPUS, -1).sum(-1))
+        ref_imb = load_imbalance(gpu_loads(w, ref, GPUS))
+        one = w[:1]
+        t = time_interleaved(
+            {
+                "ours": lambda one=one: rebalance_experts(one, R, GROUPS, NODES, GPUS),
+                "eplb": lambda one=one: reference_rebalance_experts(one, R, GROUPS, NODES, GPUS),
+            },
+            repeats,
+        )
+        rows.append(
+            {
+                "skew": f"{kind}:{param:g}",
+                "imbalance_none": float(none.mean()),
+                "imbalance_eplb": float(ref_imb.mean()),
+                "imbalance_ours": float(ours.imbalance(w).mean()),
+                "worst_layer_eplb": float(ref_imb.max()),
+                "worst_layer_ours": float(ours.imbalance(w).max()),
+                "dup_gpus_per_layer_eplb": float(duplicates(ref).float().mean()),
+                "dup_gpus_per_layer_ours": float(duplicates(ours.phy2log).float().mean()),
+                "ms_per_layer_eplb": t["eplb"] * 1e3,
+                "ms_per_layer_ours": t["ours"] * 1e3,
+            }
+        )
+        progress.advance(task)
+    return rows
+
+
+def drift(w: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return w * torch.tensor(rng.lognormal(0.0, sigma, tuple(w.shape)))
+
+
+def incremental_once(num_layers: int, progress) -> list[dict]:
+    rows = []
+    w0 = loads("pareto", 2.0, num_layers, seed=2)
+    current = rebalance_experts(w0, R, GROUPS, NODES, GPUS)
+    ref0, _, _ = reference_rebalance_experts(w0, R, GROUPS, NODES, GPUS)
+    sigmas = (0.1, 0.3, 0.6)
+    task = progress.add_task("incremental", total=len(sigmas))
+    for sigma in sigmas:
+        w1 = drift(w0, sigma, seed=3)
+        inc = rebalance_experts_incremental(w1, current.phy2log, GROUPS, NODES, GPUS)
+        ref1, _, _ = reference_rebalance_experts(w1, R, GROUPS, NODES, GPUS)
+        rows.append(
+            {
+                "drift_sigma": sigma,
+                "imbalance_stale": float(current.imbalance(w1).mean()),
+                "imbalance_fresh": float(inc.fresh_imbalance.mean()),
+                "imbalance_incremental": float(inc.imbalance.mean()),
+                "moved_fresh": float(inc.num_moved_fresh.float().mean()),
+                "moved_incremental": float(inc.num_moved.float().mean()),
+                "moved_eplb_fresh": float(count_moves(ref0, ref1, GPUS).float().mean()),
+            }
+        )
+        progress.advance(task)
+    return rows
+
+
+def periodic(num_layers: int, periods: int, progress) -> dict:
+    """Rebalance every period under a random-walk drift (sigma 0.2 per period)."""
+    w = loads("pareto", 2.0, num_layers, seed=4)
+    fresh = inc = rebalance_experts(w, R, GROUPS, NODES, GPUS).phy2log
+    out = {"moved_fresh": [], "moved_incremental": [], "imb_fresh": [], "imb_incremental": []}
+    task = progress.add_task("periodic", total=periods)
+    for period in range(periods):
+        w = drift(w, 0.2, seed=10 + period)
+        new_fresh = rebalance_experts(w, R, GROUPS, NODES, GPUS).phy2log
+        res = rebalance_experts_incremental(w, inc, GROUPS, NODES, GPUS)
+        out["moved_fresh"].append(float(count_moves(fresh, new_fresh, GPUS).float().mean()))
+        out["moved_incremental"].append(float(res.num_moved.float().mean()))
+        out["imb_fresh"].append(float(load_imbalance(gpu_loads(w, new_fresh, GPUS)).mean()))
+        out["imb_incremental"].append(float(res.imbalance.mean()))
+        fresh, inc = new_fresh, res.placement.phy2log
+        progress.advance(task)
+    return out
+
+
+def plot(static: list[dict], per: dict, suffix: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    IMG.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    x = np.arange(len(static))
+    for i, (key, label) in enumerate(
+        [("imbalance_none", "no redundancy"), ("imbalance_eplb", "EPLB (original)"),
+         ("imbalance_ours", "nobubble (no duplicates)")]
+    ):  # fmt: skip
+        ax.bar(x + (i - 1) * 0.27, [r[key] for r in static], 0.27, label=label)
+    ax.set_xticks(x, [r["skew"] for r in static])
+    ax.set_ylabel("max / mean GPU load")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_title("256 experts + 32 redundant on 32 GPUs / 4 nodes (hierarchical)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    a = IMG / f"eplb_balance{suffix}.png"
+    fig.savefig(a)
+    plt.close(fig)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    steps = range(1, len(per["moved_fresh"]) + 1)
+    ax1.plot(steps, per["moved_fresh"], "o-", label="fresh rebalance")
+    ax1.plot(steps, per["moved_incremental"], "s-", label="incremental")
+    ax1.set_xlabel("rebalance #")
+    ax1.set_ylabel("experts moved per layer (of 288)")
+    ax1.legend(fontsize=8)
+    ax2.plot(steps, per["imb_fresh"], "o-", label="fresh")
+    ax2.plot(steps, per["imb_incremental"], "s-", label="incremental (tolerance 0.02)")
+    ax2.set_xlabel("rebalance #")
+    ax2.set_ylabel("max / mean GPU load")
+    ax2.legend(fontsize=8)
+    fig.suptitle("periodic rebalancing under drifting Pareto(2) loads")
+    fig.tight_layout()
+    b = IMG / f"eplb_moves{suffix}.png"
+    fig.savefig(b)
+    plt.close(fig)
+    return [a, b]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 layers, fewer repeats")
+    args = parser.parse_args()
+    layers, repeats, periods = (4, 3, 4) if args.quick else (16, 7, 10)
+    with Progress(transient=True, console=None) as progress:
+        static = static_balance(layers, repeats, progress)
+        once = incremental_once(layers, progress)
+        per = periodic(layers, periods, progress)
+    print_table(
+        f"balance, mean over {layers} layers (worst layer in brackets)",
+        ["loads", "none", "EPLB", "nobubble", "EPLB dup GPUs/layer", "ours dup", "EPLB ms", "ours ms"],
+        [
+            [r["skew"], r["imbalance_none"], f"{r['imbalance_eplb']:.3f} ({r['worst_layer_eplb']:.3f})",
+             f"{r['imbalance_ours']:.3f} ({r['worst_layer_ours']:.3f})", r["dup_gpus_per_layer_eplb"],
+             r["dup_gpus_per_layer_ours"], r["ms_per_layer_eplb"], r["ms_per_layer_ours"]]
+            for r in static
+        ],
+    )  # fmt: skip
+    print_table(
+        "one rebalance after drift, Pareto(2) loads (moved = physical experts copied, of 288)",
+        ["drift sigma", "stale", "fresh", "incremental", "moved fresh", "moved incr.", "moved EPLB"],
+        [
+            [r["drift_sigma"], r["imbalance_stale"], r["imbalance_fresh"], r["imbalance_incremental"],
+             r["moved_fresh"], r["moved_incremental"], r["moved_eplb_fresh"]]
+            for r in once
+        ],
+    )  # fmt: skip
+    print_table(
+        f"{periods} periodic rebalances (drift sigma 0.2 each)",
+        ["", "moved / layer / rebalance", "mean max/mean"],
+        [
+            ["fresh", float(np.mean(per["moved_fresh"])), float(np.mean(per["imb_fresh"]))],
+            ["incremental", float(np.mean(per["moved_incremental"])),
+             float(np.mean(per["imb_incremental"]))],
+        ],
+    )  # fmt: skip
+    suffix = "_quick" if args.quick else ""
+    images = plot(static, per, suffix)
+    path = write_json(
+        f"eplb_balance{suffix}",
+        {
+            "config": {"experts": E, "groups": GROUPS, "nodes": NODES, "gpus": GPUS,
+                       "redundant": REDUNDANT, "layers": layers},
+            "balance": static,
+            "incremental_once": once,
+            "periodic": per,
+            "images": [str(p) for p in images],
+        },
+    )  # fmt: skip
+    print(f"wrote {path} and {', '.join(str(p) for p in images)}")
+
+
+if __name__ == "__main__":
+    main()
