@@ -43,9 +43,11 @@ from nobubble.pipeline.runtime.stage import PipelineStage
 from nobubble.pipeline.validate import validate
 from nobubble.trace import Event
 
-__all__ = ["TrainConfig", "RankResult", "train_rank", "train_rank_many", "check_config"]
+__all__ = ["WAIT", "TrainConfig", "RankResult", "train_rank", "train_rank_many", "check_config"]
 
 _OPTIMIZERS = ("sgd", "adamw")
+WAIT = "wait"
+"""Event category of the time a rank waits for a receive (lane 1); ops are lane 0."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,11 +178,12 @@ class _Rank:
                 out[name] = t.detach().to("cpu", copy=True)
         return out
 
-    def run_action(self, channel: P2PChannel, action: Action, mbs: list[Batch]) -> None:
+    def run_action(
+        self, channel: P2PChannel, action: Action, mbs: list[Batch], received: torch.Tensor | None
+    ) -> None:
+        """Compute ``action`` with the tensor it ``received`` and post what it produces."""
         sched, stage = self.config.schedule, self.stages[action.stage]
         m = action.microbatch
-        need = incoming(sched, action)
-        received = channel.receive(*need) if need is not None else None
         produced = None
         if action.op is Op.F:
             x = mbs[m].inputs if stage.is_first else received
@@ -220,8 +223,19 @@ def _run_step(rank: _Rank, step: int, origin: float, events: list[Event]) -> flo
         if config.fail_at == f"{ctx.rank}:{action}":
             raise RuntimeError(f"injected failure on rank {ctx.rank} before action {action}")
         channel.prefetch(pos)
+        need = incoming(sched, action)
+        wait_start = time.perf_counter()
+        received = channel.receive(*need) if need is not None else None
         start = time.perf_counter()
-        rank.run_action(channel, action, mbs)
+        if need is not None and need[1] != ctx.rank:
+            events.append(
+                Event(
+                    name=f"wait {need[0].kind} {action}", cat=WAIT, rank=ctx.rank,
+                    start_us=(wait_start - origin) * 1e6, dur_us=(start - wait_start) * 1e6,
+                    args={"step": step, "from_rank": need[1]}, lane=1,
+                )
+            )  # fmt: skip
+        rank.run_action(channel, action, mbs, received)
         if sync:
             _sync(ctx.device)
         end = time.perf_counter()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from nobubble.distributed import context_from_env, spawn
 from nobubble.pipeline.runtime.executor import (
+    WAIT,
     RankResult,
     TrainConfig,
     check_config,
@@ -99,6 +100,8 @@ def step_makespans(results: Sequence[RankResult]) -> list[float]:
     spans: dict[int, list[float]] = {}
     for r in results:
         for e in r.events:
+            if e.cat == WAIT:
+                continue
             lo_hi = spans.setdefault(int(e.args["step"]), [e.start_us, e.end_us])
             lo_hi[0] = min(lo_hi[0], e.start_us)
             lo_hi[1] = max(lo_hi[1], e.end_us)
