@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nobubble.rl import vtrace, vtrace_from_logits
+import nobubble.rl
+from nobubble.rl import gae, vtrace, vtrace_from_logits
 
 
 def test_scalable_agent_published_case() -> None:
@@ -141,3 +146,32 @@ def test_bad_input_names_the_value() -> None:
         vtrace(x, x, x, x, torch.zeros(B), lambda_=1.5)
     with pytest.raises(ValueError, match="clip_rho_threshold=0"):
         vtrace(x, x, x, x, torch.zeros(B), clip_rho_threshold=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
+def test_on_policy_vtrace_is_gae(T, lam, seed) -> None:
+    # With rho = 1 everywhere, c_t = lambda and V-trace's vs - V is GAE(lambda)'s advantage.
+    g = torch.Generator().manual_seed(seed)
+    B = 2
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    discounts = 0.9 * (torch.rand(T, B, generator=g, dtype=torch.float64) > 0.2)
+    out = vtrace(
+        torch.zeros(T, B, dtype=torch.float64), discounts, rewards, values, bootstrap, lambda_=lam
+    )
+    expected = gae(rewards, values, bootstrap, discounts, lambda_=lam)
+    torch.testing.assert_close(out.vs, expected.returns)
+
+
+def test_no_jax_or_tensorflow_import() -> None:
+    banned = {"jax", "jaxlib", "tensorflow", "tf_keras", "flax", "rlax"}
+    for path in Path(nobubble.rl.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            assert not {n.split(".")[0] for n in names} & banned, f"{path} imports {names}"
