@@ -71,3 +71,14 @@ def test_balance_table_and_plot(tmp_path, capsys):
 def test_balance_bad_config_raises_value_error(argv, needle, capsys):
     with pytest.raises(ValueError, match=needle):
         run_balance(argv, capsys)
+
+
+def test_nobubble_ep_balance_one_line_error_exit_2(tmp_path, capsys):
+    from nobubble.cli import main
+
+    rc = main(["ep", "balance", "--experts", "12", "--gpus", "8", "--redundant", "3"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "num_replicas=15 is not a multiple of num_gpus=8" in err
+    rc = main(["ep", "balance", "--experts", "12", "--gpus", "4", "--weights", str(tmp_path / "x")])
+    assert rc == 2 and "cannot read" in capsys.readouterr().err

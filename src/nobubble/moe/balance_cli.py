@@ -97,9 +97,10 @@ def synthetic_loads(
 def _read_weights(path: Path):
     import torch
 
-    if not path.is_file():
-        raise ValueError(f"--weights {path}: no such file")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"--weights {path}: cannot read ({err.strerror or err})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
