@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,9 +18,12 @@ from nobubble.pipeline.ilp_model import (
     relabel_in_order,
 )
 
-from .ilp_bruteforce import Problem, all_orders, search
+from .ilp_bruteforce import Problem, all_orders
+from .ilp_bruteforce import search as _search
 
 UNIFORM = {"t_f": (10, 10, 10), "t_b": (10, 10, 10), "t_w": (5, 5, 5)}
+search = functools.lru_cache(maxsize=None)(_search)  # the same cases recur across tests
+
 SKEWED = {"t_f": (10, 13, 7), "t_b": (11, 9, 14), "t_w": (4, 8, 6)}  # per-stage costs differ
 
 
@@ -141,3 +146,38 @@ def test_span_is_anchored_at_the_earliest_first_forward():
     assert raw.orders[1][0] == ("F", 1)
     code, solver, _ = _solve(problem)
     assert code == cp_model.OPTIMAL and solver.objective_value == anchored.value
+
+
+@pytest.mark.parametrize("solver", ["HIGHS", "SCIP"])
+def test_big_m_milp_reaches_the_same_optimum(solver):
+    from nobubble.pipeline.ilp_milp import solve_milp
+
+    for case in (CASES[3], CASES[8]):  # p=2 m=3 with limit; p=3 m=3 skewed with limit
+        brute, problem = _problems(*case)
+        result = solve_milp(problem, solver=solver, time_limit_s=20)
+        assert result.status == "optimal"
+        assert round(result.objective) == search(brute).value
+        assert objective_of(problem, asap_times(problem, result.orders)) == round(result.objective)
+
+
+def test_memory_implied_precedences_cut_no_optimal_schedule():
+    # the implied precedences only restate the limit: with and without them the optimum is
+    # the same, and every valid schedule of the exhaustive search satisfies them
+    from nobubble.pipeline.ilp_model import _implied_by_memory
+
+    brute, problem = _problems(2, 3, SKEWED, 1, 68, "span")
+    implied = [_implied_by_memory(problem, s) for s in range(2)]
+    assert any(implied)
+    for orders in all_orders(brute):
+        for s, order in enumerate(relabel_in_order(orders)):
+            pos = {op: k for k, op in enumerate(order)}
+            for op, j, i in implied[s]:
+                assert pos[op, j] < pos["F", i]
+    values = []
+    for flag in (True, False):
+        built = build_cpsat(problem, implied=flag)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 2
+        assert solver.solve(built.model) == cp_model.OPTIMAL
+        values.append(solver.objective_value)
+    assert values[0] == values[1] == search(brute).value

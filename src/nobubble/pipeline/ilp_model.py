@@ -239,13 +239,17 @@ class CpSatModel:
     problem: IntProblem
 
 
-def build_cpsat(problem: IntProblem, *, memory: str = "cumulative") -> CpSatModel:
+def build_cpsat(
+    problem: IntProblem, *, memory: str = "cumulative", implied: bool = True
+) -> CpSatModel:
     """Build the CP-SAT model of ``problem`` (see the module docstring for the formulation).
 
     ``memory`` picks the encoding of the activation limit: ``"cumulative"`` (each microbatch
     holds ``-mem_b`` from its F to its B and ``-mem_w`` from its F to its W; exact when
     ``mem_b, mem_w <= 0`` and ``mem_f + mem_b + mem_w == 0``, otherwise falls back) or
     ``"reservoir"`` (a reservoir of the deltas at op starts; exact for any deltas).
+    ``implied`` adds the precedences the memory limit forces (:func:`_implied_by_memory`);
+    they cut no schedule and help the search.
     """
     p, m = problem.num_stages, problem.num_microbatches
     model = cp_model.CpModel()
@@ -279,6 +283,9 @@ def build_cpsat(problem: IntProblem, *, memory: str = "cumulative") -> CpSatMode
     if problem.mem_limit is not None:
         for s in range(p):
             _add_memory(model, problem, s, start, horizon, memory)
+            if implied:
+                for op, j, i in _implied_by_memory(problem, s):
+                    model.add(start["F", s, i] >= end(op, s, j))
 
     objective = model.new_int_var(0, horizon, "objective")
     for s in range(p):
@@ -314,3 +321,27 @@ def _add_memory(model, problem: IntProblem, s: int, start, horizon: int, memory:
             deltas.append(delta)
     low = min(0, sum(min(d, 0) for d in deltas))
     model.add_reservoir_constraint(times, deltas, low, limit)
+
+
+def _implied_by_memory(problem: IntProblem, s: int) -> list[tuple[str, int, int]]:
+    """``(op, j, i)``: op j (B or W) of stage s must end before F i starts, or F i breaks
+    the limit.
+
+    In order, when F_i starts with nB of the Bs and nW of the Ws done (nW <= nB <= i), the
+    stage holds ``(i+1) mem_f + nB mem_b + nW mem_w`` (mem_b, mem_w < 0). With every B
+    done it still needs ``nW >= ceil(((i+1) mem_f + i mem_b - limit) / -mem_w)``; with
+    nW = nB it needs ``nB >= ceil(((i+1) mem_f - limit) / (-mem_b - mem_w))``. Only valid for
+    the usual signs (mem_b, mem_w < 0), otherwise nothing is implied.
+    """
+    mf, mb, mw, limit = problem.mem_f[s], problem.mem_b[s], problem.mem_w[s], problem.mem_limit
+    if limit is None or mb >= 0 or mw >= 0 or mf <= 0:
+        return []
+    out = []
+    for i in range(problem.num_microbatches):
+        need_w = -(-((i + 1) * mf + i * mb - limit) // -mw)  # ceil division
+        need_b = -(-((i + 1) * mf - limit) // (-mb - mw))
+        if 1 <= need_w <= i:
+            out.append(("W", need_w - 1, i))
+        if 1 <= need_b <= i:
+            out.append(("B", need_b - 1, i))
+    return out

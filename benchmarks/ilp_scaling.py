@@ -1,0 +1,236 @@
+"""Exact ILP (CP-SAT) against the heuristic schedules as the pipeline grows.
+
+Three tables, one JSON (``benchmarks/results/ilp_scaling.json``):
+
+1. grid: p in {2, 3, 4}, m in {p, 2p}, uniform (the paper's 1.5B costs on every stage) and
+   per-stage non-uniform costs (first stage x1.25 for the embedding, last x1.5 for the head
+   and loss), without and with the ZB-1p memory limit p*M_F. Baseline in the same run: the
+   best heuristic (zb-1p, zb-2p, zb-h1, zb-h2, 1f1b) that fits the limit.
+2. scaling: P = 8 with the 1.5B costs, M = 8, 16, 24, limit p*M_F (ZB-1p's), 120 s: solve
+   time, gap, span and bubble against zb-1p.
+3. solvers: the same model (no warm start) in CP-SAT and as the paper's big-M MILP in
+   HiGHS and SCIP (``nobubble.pipeline.ilp_milp``), equal time limit.
+
+``--quick`` runs a few cases with short limits. Timing is wall clock on this machine; other
+jobs may share its cores (the JSON records the number of workers and the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.progress import Progress
+
+from nobubble.cliutil import console, print_table
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.ilp import HEURISTIC_NAMES, solve_optimal, to_int_problem
+from nobubble.pipeline.ilp_milp import solve_milp
+from nobubble.pipeline.ilp_model import build_cpsat
+from nobubble.pipeline.schedules import get_schedule
+from nobubble.pipeline.simulate import simulate
+
+PAPER_1_5B = {"t_f": 18.522, "t_b": 18.086, "t_w": 9.337, "t_comm": 0.601}
+MEMORY_1_5B = {"hidden": 2304, "heads": 24, "seq": 1024}
+
+
+def costs_for(p: int, kind: str) -> CostModel:
+    """1.5B costs on every stage ("uniform") or with a heavier first and last stage."""
+    uniform = CostModel.paper(p, **PAPER_1_5B, **MEMORY_1_5B)
+    if kind == "uniform":
+        return uniform
+    scale = [1.25 if s == 0 else 1.5 if s == p - 1 else 1.0 for s in range(p)]
+    times = {
+        k: tuple(round(getattr(uniform, k)[s] * scale[s], 3) for s in range(p))
+        for k in ("t_f", "t_b", "t_w")
+    }
+    return CostModel(
+        **times, t_comm=uniform.t_comm, mem_f=uniform.mem_f, mem_b=uniform.mem_b,
+        mem_w=uniform.mem_w,
+    )  # fmt: skip
+
+
+def best_heuristic(
+    costs: CostModel, p: int, m: int, limit: float | None
+) -> tuple[str, float, float]:
+    """(name, span, bubble) of the best heuristic whose peak memory fits ``limit``."""
+    best = ("", float("inf"), 0.0)
+    for name in HEURISTIC_NAMES:
+        kw = {"mem_limit": limit} if limit is not None and name in ("zb-1p", "zb-2p") else {}
+        sim = simulate(
+            get_schedule(name, num_stages=p, num_microbatches=m, costs=costs, **kw), costs
+        )
+        if limit is not None and max(sim.peak_memory) > limit * (1 + 1e-12):
+            continue
+        if sim.max_span < best[1]:
+            best = (name, sim.max_span, sim.bubble_rate)
+    return best
+
+
+def ilp_row(costs, p, m, limit, time_limit, workers, label) -> dict:
+    heur = best_heuristic(costs, p, m, limit)
+    res = solve_optimal(
+        costs, num_stages=p, num_microbatches=m, mem_limit=limit, time_limit_s=time_limit,
+        num_workers=workers,
+    )  # fmt: skip
+    return {
+        "case": label, "p": p, "m": m, "mem_limit_pMF": None if limit is None else 1,
+        "heuristic": heur[0], "heuristic_span": heur[1], "heuristic_bubble": heur[2],
+        "status": res.status, "ilp_span": res.objective, "ilp_bubble": res.bubble_rate,
+        "lower_bound": res.lower_bound, "gap": res.gap, "solve_seconds": res.solve_seconds,
+        "span_reduction": (heur[1] - res.objective) / heur[1],
+    }  # fmt: skip
+
+
+def grid(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
+    cases = [
+        (p, m, kind, lim)
+        for p in (2, 3, 4)
+        for m in (p, 2 * p)
+        for kind in ("uniform", "non-uniform")
+        for lim in (False, True)
+    ]
+    if quick:
+        cases = [c for c in cases if c[0] <= 3 and c[1] == c[0]]
+    task = progress.add_task("grid", total=len(cases))
+    rows = []
+    for p, m, kind, lim in cases:
+        costs = costs_for(p, kind)
+        limit = p * costs.mem_f[0] if lim else None
+        label = f"p={p} m={m} {kind} {'p*M_F' if lim else 'no limit'}"
+        rows.append(ilp_row(costs, p, m, limit, time_limit, workers, label))
+        progress.advance(task)
+    return rows
+
+
+def scaling(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
+    sizes = [(8, 8)] if quick else [(8, 8), (8, 16), (8, 24)]
+    task = progress.add_task("scaling P=8", total=len(sizes))
+    rows = []
+    for p, m in sizes:
+        costs = costs_for(p, "uniform")
+        rows.append(ilp_row(costs, p, m, p * costs.mem_f[0], time_limit, workers, f"P={p} M={m}"))
+        progress.advance(task)
+    return rows
+
+
+def solvers(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
+    sizes = [(3, 3), (3, 6)] if quick else [(3, 3), (3, 6), (4, 4), (4, 8)]
+    task = progress.add_task("cp-sat vs milp", total=len(sizes) * 3)
+    rows = []
+    for p, m in sizes:
+        costs = costs_for(p, "uniform")
+        problem, unit, _ = to_int_problem(
+            costs, num_microbatches=m, mem_limit=p * costs.mem_f[0], objective="span"
+        )
+        row = {"case": f"p={p} m={m} p*M_F", "p": p, "m": m}
+        from ortools.sat.python import cp_model
+
+        built = build_cpsat(problem)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = time_limit
+        solver.parameters.num_workers = workers
+        t0 = time.perf_counter()
+        code = solver.solve(built.model)
+        row["cpsat_seconds"] = time.perf_counter() - t0
+        row["cpsat_status"] = solver.status_name(code).lower()
+        row["cpsat_span"] = solver.objective_value * unit
+        progress.advance(task)
+        for name in ("HIGHS", "SCIP"):
+            res = solve_milp(problem, solver=name, time_limit_s=time_limit)
+            key = name.lower()
+            row[f"{key}_seconds"], row[f"{key}_status"] = res.seconds, res.status
+            row[f"{key}_span"] = None if res.objective is None else res.objective * unit
+            row["binaries"] = res.num_binaries
+            progress.advance(task)
+        rows.append(row)
+    return rows
+
+
+def _show(grid_rows, scale_rows, solver_rows) -> None:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    for title, rows in (
+        ("grid (60 s limit each)", grid_rows),
+        ("P=8, 1.5B, limit p*M_F", scale_rows),
+    ):
+        print_table(
+            f"ILP vs best heuristic: {title}",
+            [
+                "case",
+                "heuristic",
+                "heur span",
+                "heur bubble",
+                "status",
+                "ilp span",
+                "ilp bubble",
+                "gap",
+                "seconds",
+                "span cut",
+            ],  # fmt: skip
+            [
+                [
+                    r["case"],
+                    r["heuristic"],
+                    fmt(r["heuristic_span"], ".3f"),
+                    fmt(r["heuristic_bubble"], ".2%"),
+                    r["status"],
+                    fmt(r["ilp_span"], ".3f"),
+                    fmt(r["ilp_bubble"], ".2%"),
+                    fmt(r["gap"], ".2%"),
+                    fmt(r["solve_seconds"], ".1f"),
+                    fmt(r["span_reduction"], ".2%"),
+                ]
+                for r in rows
+            ],  # fmt: skip
+        )
+    print_table(
+        "same model, no warm start: CP-SAT vs big-M MILP (seconds, status)",
+        ["case", "binaries", "cp-sat", "highs", "scip", "span (ms)"],
+        [
+            [
+                r["case"],
+                r["binaries"],
+                f"{r['cpsat_seconds']:.1f} {r['cpsat_status']}",
+                f"{r['highs_seconds']:.1f} {r['highs_status']}",
+                f"{r['scip_seconds']:.1f} {r['scip_status']}",
+                fmt(r["cpsat_span"], ".3f"),
+            ]
+            for r in solver_rows
+        ],  # fmt: skip
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few small cases, short limits")
+    parser.add_argument("--time-limit", type=float, default=None, help="grid limit (s), default 60")
+    parser.add_argument("--big-time-limit", type=float, default=None, help="P=8 limit, default 120")
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ilp_scaling.json"))
+    args = parser.parse_args(argv)
+    small = args.time_limit or (10.0 if args.quick else 60.0)
+    big = args.big_time_limit or (20.0 if args.quick else 120.0)
+    with Progress(console=console(stderr=True), transient=True) as progress:
+        grid_rows = grid(args.quick, small, args.workers, progress)
+        scale_rows = scaling(args.quick, big, args.workers, progress)
+        solver_rows = solvers(args.quick, 10.0 if args.quick else 30.0, args.workers, progress)
+    _show(grid_rows, scale_rows, solver_rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "quick": args.quick, "workers": args.workers, "time_limit_s": small,
+        "big_time_limit_s": big, "load_average": os.getloadavg(),
+        "grid": grid_rows, "scaling": scale_rows, "solvers": solver_rows,
+    }  # fmt: skip
+    args.out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
