@@ -43,6 +43,9 @@ class AutoVariant:
     fill_greedy: bool
 
 
+_KIND = {Op.F: 0, Op.B: 1, Op.W: 2}
+
+
 class _CannotFit(Exception):
     """This variant cannot respect the memory limit (or reached an unplaceable op)."""
 
@@ -59,7 +62,11 @@ class _Builder:
         self.bubble = [0.0] * p
         self.f_end = [[0.0] * m for _ in range(p)]
         self.b_end = [[0.0] * m for _ in range(p)]
-        self.order: list[list[Action]] = [[] for _ in range(p)]
+        self.order: list[list[tuple[Op, int]]] = [[] for _ in range(p)]
+        self.durations = (costs.t_f, costs.t_b, costs.t_w)
+        self.mem_delta = (costs.mem_f, tuple(-x for x in costs.mem_b),
+                          tuple(-x for x in costs.mem_w))  # fmt: skip
+        self.max_bubble = 0.0  # bubbles only grow, so the running max is the max
 
     def nf(self, r: int) -> int:
         return self.count[r][0]
@@ -80,25 +87,24 @@ class _Builder:
         return 0.0
 
     def put(self, r: int, op: Op) -> None:
-        kind = (Op.F, Op.B, Op.W).index(op)
-        i = self.count[r][kind]
-        if op is Op.B and self.nf(r) <= i:
+        kind = _KIND[op]
+        counts = self.count[r]
+        i = counts[kind]
+        if kind == 1 and counts[0] <= i:
             raise _CannotFit(f"B{i} on rank {r} before its F")
-        duration = (self.c.t_f, self.c.t_b, self.c.t_w)[kind][r]
-        start = max(self.clock[r], self.input_ready(r, op, i))
-        if self.nf(r) > 0:
-            self.bubble[r] += start - self.clock[r]
-        self.clock[r] = start + duration
-        if op is Op.F:
-            self.f_end[r][i] = self.clock[r]
-            self.mem[r] += self.c.mem_f[r]
-        elif op is Op.B:
-            self.b_end[r][i] = self.clock[r]
-            self.mem[r] -= self.c.mem_b[r]
-        else:
-            self.mem[r] -= self.c.mem_w[r]
-        self.count[r][kind] += 1
-        self.order[r].append(Action(r, op, i))
+        clock = self.clock[r]
+        start = clock if kind == 2 else max(clock, self.input_ready(r, op, i))
+        if counts[0] > 0 and start > clock:
+            self.bubble[r] += start - clock
+            self.max_bubble = max(self.max_bubble, self.bubble[r])
+        end = self.clock[r] = start + self.durations[kind][r]
+        if kind == 0:
+            self.f_end[r][i] = end
+        elif kind == 1:
+            self.b_end[r][i] = end
+        self.mem[r] += self.mem_delta[kind][r]
+        counts[kind] = i + 1
+        self.order[r].append((op, i))
 
     def make_room(self, r: int, need: float) -> None:
         """Run pending Ws until ``need`` more memory fits under the limit."""
@@ -114,7 +120,7 @@ class _Builder:
         # A W that overruns the wait delays the next op. Take it anyway when the wait would
         # make this rank the most idle one, or always in the greedy variant.
         wait = ready_at - self.clock[r]
-        overrun_ok = fill_greedy or wait > max(self.bubble) - self.bubble[r]
+        overrun_ok = fill_greedy or wait > self.max_bubble - self.bubble[r]
         if self.pending_w(r) and wait > 0 and overrun_ok:
             self.put(r, Op.W)
 
@@ -160,7 +166,7 @@ def _wants_forward(b: _Builder, r: int, v: AutoVariant) -> bool:
         w_time, mem, pending = w_time + c.t_w[r], mem - c.mem_w[r], pending - 1
     if b.clock[r] + c.t_f[r] + w_time <= grad_due:
         return True
-    return grad_due - b.clock[r] > max(b.bubble) - b.bubble[r]
+    return grad_due - b.clock[r] > b.max_bubble - b.bubble[r]
 
 
 def _steady(b: _Builder, v: AutoVariant) -> None:
@@ -246,4 +252,5 @@ def zb_auto(
             f"(M_F={max(costs.mem_f):g}); raise --mem-limit"
         )
     label = name or f"zb-{mem_limit_factor}p"
-    return Schedule(label, m, tuple(range(p)), tuple(map(tuple, best.order)))
+    rows = tuple(tuple(Action(r, op, i) for op, i in order) for r, order in enumerate(best.order))
+    return Schedule(label, m, tuple(range(p)), rows)

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.validate import DepKey, ScheduleError, dep_key, dependencies, validate
+from nobubble.pipeline.validate import (
+    DepKey,
+    ScheduleError,
+    check_complete,
+    dep_key,
+    dependencies,
+    validate,
+)
 
 __all__ = ["SimResult", "simulate"]
 
@@ -100,8 +107,8 @@ def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> Sim
     """Simulate ``schedule`` under ``costs`` (one cost entry per stage of the schedule, or
     one per rank, which is then split over the rank's chunks).
 
-    Raises :class:`~nobubble.pipeline.validate.ScheduleError` if the schedule is invalid
-    (``check=True`` runs :func:`~nobubble.pipeline.validate.validate` first).
+    Raises :class:`~nobubble.pipeline.validate.ScheduleError` if the schedule is invalid:
+    incomplete (checked first when ``check=True``) or stuck (always detected by the run).
     """
     if costs.num_stages != schedule.num_stages:
         if costs.num_stages != schedule.num_ranks:
@@ -112,46 +119,51 @@ def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> Sim
             )
         costs = costs.for_stages(schedule.stage_to_rank)
     if check:
-        validate(schedule)
+        check_complete(schedule)  # order and deadlocks are checked by the run itself
     start, end = _run(schedule, costs)
     return _summarise(schedule, costs, start, end)
 
 
 def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[list[float]]]:
-    num_stages, owner = schedule.num_stages, schedule.stage_to_rank
+    num_stages, owner, t_comm = schedule.num_stages, schedule.stage_to_rank, costs.t_comm
     finished: dict[DepKey, float] = {}
     waiting: dict[DepKey, list[int]] = {}
-    start = [[0.0] * len(a) for a in schedule.rank_actions]
-    end = [[0.0] * len(a) for a in schedule.rank_actions]
+    # per rank: (dependencies, own key, duration) of each action, computed once
+    plans = [
+        [(dependencies(a, num_stages), dep_key(a), costs.duration(a)) for a in acts]
+        for acts in schedule.rank_actions
+    ]
+    start = [[0.0] * len(a) for a in plans]
+    end = [[0.0] * len(a) for a in plans]
     free_at = [0.0] * schedule.num_ranks
     pos = [0] * schedule.num_ranks
     ready = deque(range(schedule.num_ranks))
     while ready:
         rank = ready.popleft()
-        acts = schedule.rank_actions[rank]
-        while pos[rank] < len(acts):
-            action = acts[pos[rank]]
-            t = free_at[rank]
+        plan, k, t_free = plans[rank], pos[rank], free_at[rank]
+        while k < len(plan):
+            deps, key, duration = plan[k]
+            t = t_free
             blocked = None
-            for dep in dependencies(action, num_stages):
+            for dep in deps:
                 done_at = finished.get(dep)
                 if done_at is None:
                     blocked = dep
                     break
                 if owner[dep[1]] != rank:
-                    done_at += costs.t_comm
-                t = max(t, done_at)
+                    done_at += t_comm
+                if done_at > t:
+                    t = done_at
             if blocked is not None:
                 waiting.setdefault(blocked, []).append(rank)
                 break
-            k = pos[rank]
             start[rank][k] = t
-            end[rank][k] = free_at[rank] = t + costs.duration(action)
-            key = dep_key(action)
-            finished[key] = end[rank][k]
-            ready.extend(waiting.pop(key, ()))
-            pos[rank] += 1
-    if any(pos[r] < len(a) for r, a in enumerate(schedule.rank_actions)):
+            end[rank][k] = t_free = finished[key] = t + duration
+            if key in waiting:
+                ready.extend(waiting.pop(key))
+            k += 1
+        pos[rank], free_at[rank] = k, t_free
+    if any(pos[r] < len(a) for r, a in enumerate(plans)):
         validate(schedule)  # names the stuck actions
         raise ScheduleError(f"schedule {schedule.name!r} cannot run to the end")
     return start, end

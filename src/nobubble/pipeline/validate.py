@@ -16,11 +16,11 @@ head action waits for.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 
-__all__ = ["ScheduleError", "validate", "dependencies", "DepKey", "dep_key"]
+__all__ = ["ScheduleError", "validate", "check_complete", "dependencies", "DepKey", "dep_key"]
 
 # Dependency keys: (kind, stage, microbatch) with kind 0 = forward done, 1 = input-gradient
 # backward done (B or BW), 2 = W done. B and BW satisfy the same key.
@@ -54,33 +54,43 @@ def _describe(key: DepKey) -> str:
     return f"{'F' if kind == 0 else ('B' if kind == 1 else 'W')} of stage {s} microbatch {i}"
 
 
-def _check_complete(schedule: Schedule) -> None:
-    counts = Counter((a.stage, a.op, a.microbatch) for _, _, a in schedule.actions())
-    for (stage, op, mb), n in counts.items():
-        if n > 1:
-            raise ScheduleError(f"action {Action(stage, op, mb)} appears {n} times; keep one")
+def check_complete(schedule: Schedule) -> None:
+    """Every (stage, microbatch) has one F and one BW or one B + one W; no duplicates."""
+    ops: dict[tuple[int, int], list[Op]] = {}
+    for _, _, a in schedule.actions():
+        ops.setdefault((a.stage, a.microbatch), []).append(a.op)
     for stage in range(schedule.num_stages):
         for mb in range(schedule.num_microbatches):
-            has = {op for op in Op if (stage, op, mb) in counts}
-            name = f"stage {stage} microbatch {mb}"
-            if Op.F not in has:
-                raise ScheduleError(f"{name} has no forward; add {Action(stage, Op.F, mb)}")
-            if Op.BW in has and (Op.B in has or Op.W in has):
-                raise ScheduleError(
-                    f"{name} has both a fused backward {Action(stage, Op.BW, mb)} and a split "
-                    "one (I/W); keep one form"
-                )
-            if Op.W in has and Op.B not in has:
-                raise ScheduleError(f"{name}: {Action(stage, Op.W, mb)} has no input-grad "
-                                    f"backward; add {Action(stage, Op.B, mb)}")  # fmt: skip
-            if Op.BW not in has and Op.B not in has:
-                raise ScheduleError(
-                    f"{name} has no backward; add {Action(stage, Op.BW, mb)} or "
-                    f"{Action(stage, Op.B, mb)} + {Action(stage, Op.W, mb)}"
-                )
-            if Op.B in has and Op.W not in has:
-                raise ScheduleError(f"{name}: {Action(stage, Op.B, mb)} has no W; add "
-                                    f"{Action(stage, Op.W, mb)}")  # fmt: skip
+            _check_pair(stage, mb, ops.get((stage, mb), []))
+
+
+def _check_pair(stage: int, mb: int, ops: list[Op]) -> None:
+    has = set(ops)
+    if len(has) != len(ops):
+        op = next(op for op in has if ops.count(op) > 1)
+        raise ScheduleError(
+            f"action {Action(stage, op, mb)} appears {ops.count(op)} times; keep one"
+        )
+    if has in ({Op.F, Op.BW}, {Op.F, Op.B, Op.W}):
+        return
+    name = f"stage {stage} microbatch {mb}"
+    if Op.F not in has:
+        raise ScheduleError(f"{name} has no forward; add {Action(stage, Op.F, mb)}")
+    if Op.BW in has:
+        raise ScheduleError(
+            f"{name} has both a fused backward {Action(stage, Op.BW, mb)} and a split "
+            "one (I/W); keep one form"
+        )
+    if Op.W in has:
+        raise ScheduleError(f"{name}: {Action(stage, Op.W, mb)} has no input-grad backward; "
+                            f"add {Action(stage, Op.B, mb)}")  # fmt: skip
+    if Op.B in has:
+        raise ScheduleError(f"{name}: {Action(stage, Op.B, mb)} has no W; add "
+                            f"{Action(stage, Op.W, mb)}")  # fmt: skip
+    raise ScheduleError(
+        f"{name} has no backward; add {Action(stage, Op.BW, mb)} or "
+        f"{Action(stage, Op.B, mb)} + {Action(stage, Op.W, mb)}"
+    )
 
 
 def _check_order_and_deadlock(schedule: Schedule) -> None:
@@ -128,5 +138,5 @@ def _where(schedule: Schedule, key: DepKey) -> str:
 def validate(schedule: Schedule) -> None:
     """Raise :class:`ScheduleError` if ``schedule`` is incomplete, has duplicates or cannot
     run to the end (wrong order on a rank, or a cycle of waits across ranks)."""
-    _check_complete(schedule)
+    check_complete(schedule)
     _check_order_and_deadlock(schedule)
