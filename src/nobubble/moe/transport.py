@@ -39,7 +39,8 @@ class TransportStats:
     """What a transport moved since its last :meth:`reset`, per kind label.
 
     Attributes:
-        bytes_sent: bytes of rows this rank handed to collectives (rows for itself included).
+        bytes_sent: bytes this rank delivered, once per destination, its own rows included
+            (an all-gather of n bytes counts R * n).
         bytes_sent_remote: the part of ``bytes_sent`` addressed to other ranks.
         bytes_received: bytes of rows this rank got back (its own rows included).
         calls: collective calls.
@@ -197,8 +198,10 @@ class TorchDistTransport:
         )  # (R * n, row_bytes)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._wait(gather(out, send_bytes, group=self.group, async_op=True), f"all_gather({kind})")
-        n = send_bytes.numel()
-        self._count(kind, sent=n, remote=n * (self.world_size - 1), received=out.numel())
+        n = send_bytes.numel()  # delivered to every rank, this one included
+        self._count(
+            kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
+        )
         return _from_byte_rows(out, x)
 
     def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:

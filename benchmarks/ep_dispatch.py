@@ -1,0 +1,45 @@
+"""Benchmark: DeepEP-style Buffer dispatch/combine vs per-pair all-to-all vs all-gather.
+
+Runs ``nobubble ep bench``'s measurement (all three methods in the same processes), prints
+the table and writes ``benchmarks/results/ep_dispatch.json``.
+
+    python benchmarks/ep_dispatch.py            # 4 ranks, 4096 x 7168 bf16, top-8 of 256
+    python benchmarks/ep_dispatch.py --quick    # 4 ranks, 256 x 512, top-8 of 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from nobubble.moe.bench import BenchConfig
+from nobubble.moe.cli import print_report, run_with_progress
+
+RESULTS = Path(__file__).resolve().parent / "results" / "ep_dispatch.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes, a few seconds")
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        config = BenchConfig(ranks=4, tokens=256, hidden=512, experts=32, topk=8, iters=args.iters)
+    else:
+        config = BenchConfig(
+            ranks=4, tokens=4096, hidden=7168, experts=256, topk=8, iters=args.iters
+        )
+    report = run_with_progress(config)
+    print_report(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    data = report.to_dict() | {"quick": args.quick}
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    if not all(m.correct for m in report.methods):
+        raise SystemExit("a method produced wrong results")
+
+
+if __name__ == "__main__":
+    main()
