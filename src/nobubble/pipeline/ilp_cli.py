@@ -2,8 +2,10 @@
 
 Registered by the ``pp`` group (:mod:`nobubble.pipeline.cli`) through :func:`register`::
 
-    nobubble pp solve --stages 4 --microbatches 8 --tf 1 --tb 1 --tw 0.5 --comm 0.05 \\
-        --mem-limit 1p --time-limit 30 --plot solve.png
+    nobubble pp solve --stages 4 --microbatches 8 --model 1.5B --mem-limit 4 \\
+        --time-limit 30 --plot solve.png
+
+``--mem-limit`` is in units of M_F (4 = p*M_F for p = 4, ZB-1p's limit); none by default.
 """
 
 from __future__ import annotations
@@ -15,55 +17,27 @@ from pathlib import Path
 
 from nobubble.cliutil import (
     add_json_flag,
-    nonneg_float,
     positive_float,
     positive_int,
     print_json,
     print_table,
 )
-from nobubble.pipeline.costs import PAPER_MODELS, CostModel
+from nobubble.pipeline.costs import CostModel
 
-__all__ = ["register", "parse_mem_limit", "costs_from_args"]
-
-
-def _per_stage(text: str) -> float | list[float]:
-    """argparse type: one number, or comma-separated numbers (one per stage)."""
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number or a comma-separated list of numbers"
-        ) from None
-    if any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: op times must be > 0")
-    return values[0] if len(values) == 1 else values
+__all__ = ["register", "costs_from_args"]
 
 
-def parse_mem_limit(text: str | None, costs: CostModel) -> float | None:
-    """``"12.5"`` (absolute, mem_f units), ``"1p"`` / ``"2p"`` (times p * M_F) or None."""
-    if text is None:
-        return None
-    raw = text.strip().lower()
-    try:
-        if raw.endswith("p"):
-            return float(raw[:-1] or 1) * costs.num_stages * max(costs.mem_f)
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"--mem-limit {text!r} is neither a number nor a multiple of p*M_F like '1p' or '2p'"
-        ) from None
-    if value < 0:
-        raise ValueError(f"--mem-limit {text} must be >= 0")
-    return value
+def costs_from_args(args: argparse.Namespace) -> tuple[CostModel, float | None]:
+    """Per-rank costs and the absolute memory limit from the ``pp`` group's cost flags.
 
+    The flags (``--model``, ``--tf/--tb/--tw/--tcomm``, memory, ``--mem-limit`` in units of
+    M_F) are the ones every ``pp`` command takes, so they are built by the group's helpers.
+    """
+    from nobubble.pipeline.cli import _costs
 
-def costs_from_args(args: argparse.Namespace) -> CostModel:
-    """Per-rank costs from ``--tf/--tb/--tw/--comm`` and the memory of ``--model``."""
-    kw = {"t_f": args.tf, "t_b": args.tb, "t_w": args.tw, "t_comm": args.comm}
-    if args.model is not None:
-        hidden, heads, _layers, seq = PAPER_MODELS[args.model]
-        return CostModel.paper(args.stages, hidden=hidden, heads=heads, seq=seq, **kw)
-    return CostModel.from_rank_costs(args.stages, mem_f=1.0, mem_b=0.5, mem_w=0.5, **kw)
+    costs = _costs(args)
+    limit = None if args.mem_limit is None else args.mem_limit * max(costs.mem_f)
+    return costs, limit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,24 +48,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Find the schedule of least span (the paper's cost) or makespan for p "
         "stages and m microbatches with OR-Tools CP-SAT; report status, bound and gap.",
     )
-    solve.add_argument("--stages", "-p", type=positive_int, required=True, help="p (ranks)")
-    solve.add_argument("--microbatches", "-m", type=positive_int, required=True, help="m")
-    solve.add_argument(
-        "--tf", type=_per_stage, default=1.0, help="forward time (per stage: a,b,..)"
-    )
-    solve.add_argument("--tb", type=_per_stage, default=1.0, help="input-gradient backward time")
-    solve.add_argument("--tw", type=_per_stage, default=1.0, help="weight-gradient backward time")
-    solve.add_argument(
-        "--comm", type=nonneg_float, default=0.0, help="stage-to-stage transfer time"
-    )
-    solve.add_argument(
-        "--model", choices=sorted(PAPER_MODELS), default=None,
-        help="use the paper's activation memory of this model (default: M_F = 1, split 1/2 1/2)",
-    )  # fmt: skip
-    solve.add_argument(
-        "--mem-limit", default=None,
-        help="activation limit per rank: a number (mem_f units) or '1p' / '2p' (x p*M_F)",
-    )  # fmt: skip
+    from nobubble.pipeline.cli import _add_costs  # the pp group's shared cost flags
+
+    solve.add_argument("--stages", "-p", type=positive_int, default=4, help="pipeline ranks P")
+    solve.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    _add_costs(solve)  # --model, --tf/--tb/--tw/--tcomm, memory, --mem-limit (x M_F)
+    for action in solve._actions:
+        if action.dest == "mem_limit":
+            action.help = "activation limit per rank in units of M_F (P = ZB-1p's); default none"
     solve.add_argument("--objective", choices=("span", "makespan"), default="span")
     solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
     solve.add_argument("--workers", type=positive_int, default=None, help="CP-SAT workers")
@@ -136,8 +100,7 @@ def _solve_with_progress(costs, args, mem_limit):
 
 
 def _solve(args: argparse.Namespace) -> int:
-    costs = costs_from_args(args)
-    mem_limit = parse_mem_limit(args.mem_limit, costs)
+    costs, mem_limit = costs_from_args(args)
     result = _solve_with_progress(costs, args, mem_limit)
     if result.schedule is not None:
         if args.plot is not None:
