@@ -248,12 +248,12 @@ def _ilp_rows(costs, args):
     return [(sched, simulate(sched, costs))]
 
 
-def _schedule_from_args(args: argparse.Namespace) -> Schedule:
+def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     from nobubble.pipeline.schedules import get_schedule
 
     if args.schedule is not None:
         return get_schedule(args.schedule, num_stages=args.stages,
-                            num_microbatches=args.microbatches)  # fmt: skip
+                            num_microbatches=args.microbatches, costs=costs)  # fmt: skip
     try:
         text = args.schedule_file.read_text()
     except FileNotFoundError:
@@ -267,22 +267,31 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
     return sched
 
 
-def _run(args: argparse.Namespace) -> int:
+def _train_config(args: argparse.Namespace, sched: Schedule):
     from nobubble.pipeline.runtime.executor import TrainConfig, check_config
 
-    sched = _schedule_from_args(args)
     config = TrainConfig(
         model=model_from_args(args), schedule=sched, microbatch_size=args.microbatch_size,
         num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
     )  # fmt: skip
     check_config(config, sched.num_ranks)  # before profiling or starting anything
+    return config
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _train_config(args, _schedule_from_args(args))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _run_torchrun(config, args)
     from nobubble.pipeline.runtime.launch import merged_events, run_local
     from nobubble.pipeline.runtime.report import summarize_run
     from nobubble.trace import write_chrome_trace
 
-    prof = None if args.no_predict else measure_profile(config.model, sched.num_stages, args)
+    prof = None
+    if not args.no_predict:
+        prof = measure_profile(config.model, config.schedule.num_stages, args)
+        if args.schedule in ("zb-1p", "zb-2p"):  # automatic schedules adapt to the costs
+            config = _train_config(args, _schedule_from_args(args, prof.cost_model()))
+    sched = config.schedule
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
         (results,) = run_local([config], _options(args))
     summary = summarize_run(config, results, prof)
