@@ -13,6 +13,7 @@ from nobubble.rl import (
     all_reduce_gradients,
     mean_gradients,
     ppo_policy_loss,
+    run_async_parameter_server,
     staleness_weight,
     staleness_weighted_gradients,
     sum_gradients,
@@ -165,6 +166,16 @@ def test_parameter_server_without_staleness_is_sequential_sgd() -> None:
     _assert_params_close([p.detach() for p in server.params], _one_learner(3))
 
 
+def _async_grad(params: list[torch.Tensor], worker: int, step: int) -> list[torch.Tensor]:
+    model = _model()
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), params):
+            p.copy_(q)
+    x, y = _data(step)
+    s = _shard(x, worker - 1, 2)
+    return _grads(model, x[s], y[s])
+
+
 def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
     out: dict[str, object] = {}
     for mode in ("sync", "local1", "weighted"):
@@ -178,35 +189,57 @@ def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
             if mode == "sync":
                 all_reduce_gradients(model.parameters(), ctx)
             elif mode == "weighted":
-                out["weight"] = all_reduce_gradients(
-                    model.parameters(), ctx, weight=staleness_weight(ctx.rank)
-                )
+                w = staleness_weight(ctx.rank)
+                out["weight"] = all_reduce_gradients(model.parameters(), ctx, weight=w)
                 out["weighted_grads"] = [p.grad.clone() for p in model.parameters()]
                 break
             opt.step()
             if mode == "local1":
                 local.after_step()
         out[mode] = [p.detach().clone() for p in model.parameters()]
+    initial = [p.detach() for p in _model().parameters()]
+    out["async"] = run_async_parameter_server(ctx, initial, _async_grad, num_pushes=steps, lr=LR)
     return out
 
 
-def test_distributed_sync_local_sgd_and_weighted_over_gloo() -> None:
-    steps = 3
+def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
+    steps, world = 3, 3
     results = spawn(
-        _distributed_worker, 2, args=(steps,), backend="gloo", device="cpu", timeout_s=90
+        _distributed_worker, world, args=(steps,), backend="gloo", device="cpu", timeout_s=120
     )
     reference = _one_learner(steps)
     for r in results:
         _assert_params_close(r["sync"], reference)
         _assert_params_close(r["local1"], reference)
-    # staleness-weighted all-reduce: rank r has staleness r -> weights 1, 1/2 -> 2/3, 1/3
-    assert [r["weight"] for r in results] == pytest.approx([2 / 3, 1 / 3])
+    # staleness-weighted all-reduce: rank r has staleness r -> raw 1, 1/2, 1/3 -> 6/11, 3/11, 2/11
+    assert [r["weight"] for r in results] == pytest.approx([6 / 11, 3 / 11, 2 / 11])
     model = _model()
     x, y = _data(0)
-    shard_grads = [_grads(model, x[_shard(x, w, 2)], y[_shard(x, w, 2)]) for w in range(2)]
-    expected = staleness_weighted_gradients(shard_grads, staleness=[0, 1]).grads
+    shard_grads = [
+        _grads(model, x[_shard(x, w, world)], y[_shard(x, w, world)]) for w in range(world)
+    ]
+    expected = staleness_weighted_gradients(shard_grads, staleness=[0, 1, 2]).grads
     for r in results:
         _assert_params_close(r["weighted_grads"], expected)
+    _check_async_log(results, steps)
+
+
+def _check_async_log(results: list[dict[str, object]], steps: int) -> None:
+    """Replay the server's arrival order in-process: same staleness, weights and params."""
+    log = results[0]["async"]
+    assert sorted(log.workers) == [1] * steps + [2] * steps
+    for w in (1, 2):
+        mine = [b for b, who in zip(log.base_versions, log.workers) if who == w]
+        assert results[w]["async"].base_versions == mine
+    replay = ParameterServer(_model().parameters(), lr=LR, staleness_kind="inverse")
+    history = {0: replay.pull()[1]}
+    done = {1: 0, 2: 0}
+    for w, base, push in zip(log.workers, log.base_versions, log.pushes):
+        again = replay.push(_async_grad(history[base], w, done[w]), base)
+        assert again == push and push.weight == pytest.approx(1 / (1 + push.staleness))
+        history[again.version] = replay.pull()[1]
+        done[w] += 1
+    _assert_params_close(log.params, [p.detach() for p in replay.params])
 
 
 def test_bad_input() -> None:

@@ -11,6 +11,7 @@ from nobubble.rl.advantages import GAEReturns, GRPOScale, gae, grpo_advantages
 from nobubble.rl.aggregation import (
     AggregatedGradients,
     AggregationMode,
+    AsyncApplyResult,
     LocalSGD,
     ParameterServer,
     PushResult,
@@ -18,6 +19,7 @@ from nobubble.rl.aggregation import (
     all_reduce_parameters,
     average_parameters_,
     mean_gradients,
+    run_async_parameter_server,
     staleness_weighted_gradients,
     sum_gradients,
 )
@@ -70,6 +72,8 @@ from nobubble.rl.vtrace import VTraceFromLogitsReturns, VTraceReturns, vtrace, v
 __all__ = [
     "AggregatedGradients",
     "AggregationMode",
+    "AsyncApplyResult",
+    "run_async_parameter_server",
     "LocalSGD",
     "ParameterServer",
     "PushResult",

@@ -5,8 +5,9 @@ The seed lists four ways to combine the gradients of W learner workers:
 - **synchronous mean**: wait for all W gradients and average them. With equal per-worker
   batches (or losses normalised by the global token count and *summed*), this is exactly one
   learner on the combined batch.
-- **asynchronous apply**: apply each gradient as soon as it arrives (:class:`ParameterServer`);
-  it was computed on parameters ``staleness`` versions old.
+- **asynchronous apply**: apply each gradient as soon as it arrives (:class:`ParameterServer`
+  in-process, :func:`run_async_parameter_server` across ranks); it was computed on
+  parameters ``staleness`` versions old.
 - **local SGD**: each worker takes H local optimizer steps, then parameters are averaged
   (:class:`LocalSGD`); H = 1 with plain SGD is the synchronous mean.
 - **staleness-weighted**: scale each gradient by ``w = 1 / (1 + staleness)``.
@@ -18,6 +19,7 @@ group and device, and wait at most ``ctx.timeout_s`` for each collective.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,6 +44,8 @@ __all__ = [
     "all_reduce_parameters",
     "LocalSGD",
     "ParameterServer",
+    "AsyncApplyResult",
+    "run_async_parameter_server",
 ]
 
 AggregationMode = Literal["sync-mean", "async", "local-sgd", "staleness-weighted"]
@@ -304,3 +308,167 @@ class ParameterServer:
             self._optimizer.zero_grad(set_to_none=True)
             self.version += 1
             return PushResult(True, staleness, weight, self.version)
+
+
+@dataclass(frozen=True)
+class AsyncApplyResult:
+    """Outcome of :func:`run_async_parameter_server` on one rank.
+
+    Attributes:
+        pushes: rank 0: every push in the order the server applied it; workers: empty.
+        workers: rank 0: the worker rank of each push.
+        base_versions: rank 0: the version each push was computed on; workers: theirs.
+        params: rank 0: the final parameters; workers: empty.
+    """
+
+    pushes: list[PushResult]
+    workers: list[int]
+    base_versions: list[int]
+    params: list[torch.Tensor]
+
+
+_TAG_HEADER, _TAG_PAYLOAD = 11, 12
+
+
+def _send(tensors: list[torch.Tensor], dst: int, ctx: DistContext, what: str) -> None:
+    works = [
+        dist.isend(t, dst, group=ctx.group, tag=tag)
+        for t, tag in zip(tensors, (_TAG_HEADER, _TAG_PAYLOAD))
+    ]
+    for w in works:
+        _wait(w, ctx, what)
+
+
+def _recv_payload(like: torch.Tensor, src: int, ctx: DistContext, what: str) -> torch.Tensor:
+    buf = torch.empty_like(like)
+    _wait(dist.irecv(buf, src, group=ctx.group, tag=_TAG_PAYLOAD), ctx, what)
+    return buf
+
+
+def run_async_parameter_server(
+    ctx: DistContext,
+    params: Sequence[torch.Tensor],
+    compute_grad: Callable[[list[torch.Tensor], int, int], Sequence[torch.Tensor]],
+    *,
+    num_pushes: int,
+    lr: float = 0.1,
+    staleness_kind: StalenessKind = "inverse",
+    max_staleness: int | None = None,
+) -> AsyncApplyResult:
+    """Asynchronous apply over torch.distributed: rank 0 serves, ranks 1.. compute gradients.
+
+    Each worker ``num_pushes`` times: receives ``(version, parameters)``, calls
+    ``compute_grad(params, worker_rank, step)``, sends ``(version, gradient)`` back. The server
+    applies gradients in arrival order through a :class:`ParameterServer` (staleness weights,
+    ``max_staleness`` drops) and answers that worker with the newest parameters. The server
+    receives from each worker in its own thread (no any-source receive) and every wait is
+    bounded by ``ctx.timeout_s``. Tested on gloo; NCCL needs a build that allows
+    point-to-point calls from several threads.
+
+    Args:
+        ctx: process-group context, ``world_size >= 2``.
+        params: initial parameters (rank 0's copy is used).
+        compute_grad: run on each worker; returns gradients shaped like ``params``.
+        num_pushes: gradients per worker, >= 1.
+    Returns:
+        :class:`AsyncApplyResult` (rank 0 holds the log and the final parameters).
+    """
+    if ctx.world_size < 2:
+        raise ValueError(f"run_async_parameter_server: world_size={ctx.world_size}; need >= 2")
+    if num_pushes < 1:
+        raise ValueError(f"run_async_parameter_server: num_pushes={num_pushes} must be >= 1")
+    params = [p.detach().to(ctx.device) for p in params]
+    if ctx.rank != 0:
+        return _async_worker(ctx, params, compute_grad, num_pushes)
+    server = ParameterServer(
+        params, lr=lr, staleness_kind=staleness_kind, max_staleness=max_staleness
+    )
+    return _async_server(ctx, server, num_pushes)
+
+
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])  # (sum of numels,)
+
+
+def _unflat(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view_as(t))  # (numel,) -> t.shape
+        offset += t.numel()
+    return out
+
+
+def _async_worker(
+    ctx: DistContext,
+    params: list[torch.Tensor],
+    compute_grad: Callable[[list[torch.Tensor], int, int], Sequence[torch.Tensor]],
+    num_pushes: int,
+) -> AsyncApplyResult:
+    header = torch.zeros(1, dtype=torch.int64, device=ctx.device)
+    flat_like = _flat(params)
+    versions = []
+    for step in range(num_pushes):
+        _wait(dist.irecv(header, 0, group=ctx.group, tag=_TAG_HEADER), ctx, "receiving params")
+        current = _unflat(_recv_payload(flat_like, 0, ctx, "receiving params"), params)
+        versions.append(int(header.item()))
+        grads = compute_grad(current, ctx.rank, step)
+        _send([header.clone(), _flat(grads).to(flat_like.dtype)], 0, ctx, "sending a gradient")
+    return AsyncApplyResult(pushes=[], workers=[], base_versions=versions, params=[])
+
+
+def _receive_loop(
+    ctx: DistContext, worker: int, num_pushes: int, flat_like: torch.Tensor, inbox: queue.Queue
+) -> None:
+    """Thread body: receive ``num_pushes`` (version, gradient) messages from ``worker``."""
+    try:
+        for _ in range(num_pushes):
+            header = torch.zeros(1, dtype=torch.int64, device=ctx.device)
+            what = f"receiving a gradient from rank {worker}"
+            _wait(dist.irecv(header, worker, group=ctx.group, tag=_TAG_HEADER), ctx, what)
+            inbox.put((worker, int(header.item()), _recv_payload(flat_like, worker, ctx, what)))
+    except BaseException as err:  # noqa: BLE001 - handed to the server loop, which raises it
+        inbox.put((worker, -1, err))
+
+
+def _async_server(ctx: DistContext, server: ParameterServer, num_pushes: int) -> AsyncApplyResult:
+    def publish(worker: int) -> None:
+        version, current = server.pull()
+        header = torch.tensor([version], dtype=torch.int64, device=ctx.device)
+        _send([header, _flat(current)], worker, ctx, f"sending params to rank {worker}")
+
+    # One receiving thread per worker turns point-to-point receives into an arrival-ordered
+    # inbox; gloo's pending receives only complete inside wait(), so they cannot be polled.
+    workers = list(range(1, ctx.world_size))
+    flat_like = _flat(server.params)
+    inbox: queue.Queue = queue.Queue()
+    threads = [
+        threading.Thread(
+            target=_receive_loop, args=(ctx, w, num_pushes, flat_like, inbox), daemon=True
+        )
+        for w in workers
+    ]
+    for w, t in zip(workers, threads):
+        publish(w)
+        t.start()
+    remaining = dict.fromkeys(workers, num_pushes)
+    log = AsyncApplyResult(pushes=[], workers=[], base_versions=[], params=[])
+    for _ in range(len(workers) * num_pushes):
+        try:
+            w, base_version, grad = inbox.get(timeout=ctx.timeout_s)
+        except queue.Empty:
+            raise TimeoutError(
+                f"parameter server: no gradient from ranks "
+                f"{[w for w, n in remaining.items() if n]} within {ctx.timeout_s}s"
+            ) from None
+        if isinstance(grad, BaseException):
+            raise RuntimeError(f"parameter server: receiving from rank {w} failed") from grad
+        log.pushes.append(server.push(_unflat(grad, server.params), base_version))
+        log.workers.append(w)
+        log.base_versions.append(base_version)
+        remaining[w] -= 1
+        if remaining[w]:
+            publish(w)
+    for t in threads:
+        t.join(timeout=ctx.timeout_s)
+    log.params.extend(p.detach().clone() for p in server.params)
+    return log
