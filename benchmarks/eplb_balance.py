@@ -141,6 +141,70 @@ def periodic(num_layers: int, periods: int, progress) -> dict:
     return out
 
 
+ONLINE = {"hidden": 256, "expert_hidden": 512, "experts": 16, "physical": 24, "ranks": 4}
+
+
+def online_rank(ctx, rounds: int) -> list[dict]:
+    """Two identical replicated layers; one rebalances fresh, one incrementally, same loads."""
+    import time
+
+    from nobubble.moe.balance_online import rebalance_online
+    from nobubble.moe.buffer import Buffer
+    from nobubble.moe.layer import MoEConfig, init_moe_weights
+    from nobubble.moe.replicated_layer import EXPERT_PARAMS, ReplicatedMoELayer
+
+    cfg = MoEConfig(hidden=ONLINE["hidden"], expert_hidden=ONLINE["expert_hidden"],
+                    num_experts=ONLINE["experts"], topk=2)  # fmt: skip
+    weights = init_moe_weights(cfg, seed=0)
+    rng = np.random.default_rng(5)
+    w = torch.tensor(rng.pareto(2.0, (1, ONLINE["experts"])) + 1.0)
+    start = rebalance_experts(w, ONLINE["physical"], 1, 1, ONLINE["ranks"]).phy2log[0]
+    buffer = Buffer(timeout_s=ctx.timeout_s)
+    layers = {m: ReplicatedMoELayer(cfg, weights, buffer, start) for m in ("fresh", "incremental")}
+    opts = {}
+    for m, layer in layers.items():  # one Adam step so that there is optimizer state to move
+        params = [getattr(layer, n) for n in EXPERT_PARAMS]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opts[m] = torch.optim.Adam(params)
+        opts[m].step()
+    rows = []
+    for r in range(rounds):
+        w = drift(w, 0.3, seed=20 + r)
+        for m, layer in layers.items():
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            res = rebalance_online(layer, opts[m], incremental=m == "incremental", weight=w[0])
+            rows.append({"round": r, "mode": m, "moved": res.num_moved, "bytes": res.bytes_moved,
+                         "ms": (time.perf_counter() - t0) * 1e3,
+                         "imbalance_before": res.imbalance_before,
+                         "imbalance_after": res.imbalance_after})  # fmt: skip
+    return rows
+
+
+def online(rounds: int) -> list[dict]:
+    from nobubble.distributed import spawn
+
+    by_rank = spawn(online_rank, ONLINE["ranks"], args=(rounds,), timeout_s=600)
+    out = []
+    for mode in ("fresh", "incremental"):
+        rows = [[r for r in ranks if r["mode"] == mode] for ranks in by_rank]
+        per_round = list(zip(*rows))  # (rounds, ranks)
+        out.append(
+            {
+                "mode": mode,
+                "moved_per_rebalance": float(np.mean([rr[0]["moved"] for rr in per_round])),
+                "mb_sent_per_rebalance": float(
+                    np.mean([sum(x["bytes"] for x in rr) for rr in per_round]) / 2**20
+                ),
+                "ms_median": float(np.median([max(x["ms"] for x in rr) for rr in per_round])),
+                "imbalance_after": float(np.mean([rr[0]["imbalance_after"] for rr in per_round])),
+                "imbalance_stale": float(np.mean([rr[0]["imbalance_before"] for rr in per_round])),
+            }
+        )
+    return out
+
+
 def plot(static: list[dict], per: dict, suffix: str) -> list[Path]:
     import matplotlib
 
@@ -193,6 +257,9 @@ def main() -> None:
         static = static_balance(layers, repeats, progress)
         once = incremental_once(layers, progress)
         per = periodic(layers, periods, progress)
+        task = progress.add_task("online (4 gloo ranks)", total=None)
+        live = online(3 if args.quick else 6)
+        progress.remove_task(task)
     print_table(
         f"balance, mean over {layers} layers (worst layer in brackets)",
         ["loads", "none", "EPLB", "nobubble", "EPLB dup GPUs/layer", "ours dup", "EPLB ms", "ours ms"],
@@ -221,6 +288,15 @@ def main() -> None:
              float(np.mean(per["imb_incremental"]))],
         ],
     )  # fmt: skip
+    print_table(
+        f"online rebalance on {ONLINE['ranks']} gloo ranks: {ONLINE['experts']} experts -> "
+        f"{ONLINE['physical']} physical, H={ONLINE['hidden']}, I={ONLINE['expert_hidden']}, "
+        "weights + Adam state, drift sigma 0.3 per round",
+        ["mode", "moved / rebalance", "MiB sent (all ranks)", "ms (median, slowest rank)",
+         "max/mean stale", "max/mean after"],
+        [[r["mode"], r["moved_per_rebalance"], r["mb_sent_per_rebalance"], r["ms_median"],
+          r["imbalance_stale"], r["imbalance_after"]] for r in live],
+    )  # fmt: skip
     suffix = "_quick" if args.quick else ""
     images = plot(static, per, suffix)
     path = write_json(
@@ -231,6 +307,7 @@ def main() -> None:
             "balance": static,
             "incremental_once": once,
             "periodic": per,
+            "online": {"config": ONLINE, "results": live},
             "images": [str(p) for p in images],
         },
     )  # fmt: skip

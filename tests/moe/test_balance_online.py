@@ -16,7 +16,16 @@ from nobubble.moe.replicated_layer import EXPERT_PARAMS, ReplicatedMoELayer
 
 WORLD = 4
 TOKENS = 12  # per rank
-CONFIG = MoEConfig(hidden=8, expert_hidden=6, num_experts=8, topk=2, num_shared_experts=1)
+CONFIG = MoEConfig(
+    hidden=8,
+    expert_hidden=6,
+    num_experts=8,
+    topk=2,
+    num_shared_experts=1,
+    router="deepseek_v3",  # group-limited, with the aux-loss-free bias updated every step
+    n_groups=2,
+    topk_groups=1,
+)
 
 
 def batch(step: int):
@@ -49,6 +58,8 @@ def check_step(ctx, layer, dense, step):
     close(router_grads.sum(0), dense.router.grad, f"step {step} router grad")
     load = layer.collect_load_stats()  # live statistics, gathered over ranks
     assert torch.equal(load, dense.last_tokens_per_expert), (load, dense.last_tokens_per_expert)
+    # DeepSeek-V3's aux-loss-free balancing sees the same logical load through the replicas
+    assert torch.equal(layer.update_expert_bias(), dense.update_expert_bias())
 
 
 def run_rank(ctx):

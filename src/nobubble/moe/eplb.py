@@ -195,20 +195,27 @@ def check_config(
     return resolved
 
 
-def replicate_experts(loads: Sequence[float], num_phy: int, max_count: int) -> list[int]:
+def replicate_experts(
+    loads: Sequence[float],
+    num_phy: int,
+    max_count: int | Sequence[int],
+    initial: Sequence[int] | None = None,
+) -> list[int]:
     """Give ``num_phy`` replicas to ``len(loads)`` experts, minimising the largest per-replica load.
 
-    Each expert starts with one replica; each further replica goes to the expert with the
-    largest ``load / count`` (the first on ties) among those with fewer than ``max_count``.
-    Returns ``phy2log`` (length ``num_phy``): ``0..n-1`` first, then the added replicas.
+    Each expert starts with ``initial[e]`` replicas (default one); each further replica goes
+    to the expert with the largest ``load / count`` (the first on ties) among those with
+    fewer than ``max_count`` (one cap for all, or one per expert). Returns ``phy2log`` (length ``num_phy``): ``0..n-1`` first,
+    then the other initial replicas, then the added ones in the order they were added.
     """
     num_log = len(loads)
-    counts = [1] * num_log
-    phy2log = list(range(num_log))
-    for _ in range(num_log, num_phy):
+    caps = [max_count] * num_log if isinstance(max_count, int) else list(max_count)
+    counts = list(initial) if initial is not None else [1] * num_log
+    phy2log = list(range(num_log)) + [e for e in range(num_log) for _ in range(counts[e] - 1)]
+    for _ in range(len(phy2log), num_phy):
         best, best_load = -1, -math.inf
         for e in range(num_log):
-            if counts[e] < max_count and loads[e] / counts[e] > best_load:
+            if counts[e] < caps[e] and loads[e] / counts[e] > best_load:
                 best, best_load = e, loads[e] / counts[e]
         assert best >= 0, "check_config guarantees room for every replica"
         phy2log.append(best)
@@ -376,29 +383,55 @@ def place_layer(
 def _place_node(node_load: Sequence[float], num_phy: int, num_gpus: int) -> list[list[int]]:
     """Replicate (step 2) and pack (step 3) one node's experts; per GPU, the expert ids.
 
-    The replica cap starts at one per GPU (EPLB's replica counts whenever they respect it).
-    When the hottest expert then sits on nearly every GPU, the next-hottest experts' replicas
-    must share GPUs with it, so caps one and two lower are tried too, and a lower cap is
-    kept only if its heaviest GPU is strictly lighter.
+    Candidates for the replica counts, best heaviest GPU kept (the first on ties):
+
+    1. EPLB's greedy counts capped at one replica per GPU: EPLB's answer when it packs
+       without conflicts;
+    2. caps one and two lower: when the hottest expert sits on nearly every GPU, the next
+       hot expert's replicas must share GPUs with it, and fewer replicas can balance better;
+    3. EPLB's own packing with each expert's replicas on one GPU merged into one (what its
+       duplicates amount to), the freed slots given to the next-hottest experts among those
+       EPLB did not double up, or among those it did not replicate.
     """
+    candidates: list[list[int]] = []
     lowest = -(-num_phy // len(node_load))  # the least cap that still places every replica
-    best: tuple[float, list[list[int]]] | None = None
     cap = num_gpus
-    while cap >= lowest and (best is None or cap >= num_gpus - 2):
-        node_phy = replicate_experts(node_load, num_phy, max_count=cap)
-        counts = [0] * len(node_load)
-        for m in node_phy:
-            counts[m] += 1
+    while cap >= lowest and (not candidates or cap >= num_gpus - 2):
+        candidates.append(replicate_experts(node_load, num_phy, max_count=cap))
+        top = max(_counts(candidates[-1], len(node_load)))
+        cap = min(cap, top) - 1  # a cap above the top count changes nothing
+    eplb_phy = replicate_experts(node_load, num_phy, max_count=num_phy)
+    eplb_counts = _counts(eplb_phy, len(node_load))
+    eplb_packs = balanced_packing([node_load[m] / eplb_counts[m] for m in eplb_phy], num_gpus)
+    merged = [0] * len(node_load)
+    for gpu in eplb_packs:
+        for m in {eplb_phy[i] for i in gpu}:
+            merged[m] += 1
+    if merged != eplb_counts:
+        # the freed slots go to experts EPLB did not double up / did not replicate at all
+        for caps in (
+            [num_gpus if m == c else m for m, c in zip(merged, eplb_counts)],
+            [num_gpus if c == 1 else m for m, c in zip(merged, eplb_counts)],
+        ):
+            if sum(caps) >= num_phy:
+                candidates.append(replicate_experts(node_load, num_phy, caps, initial=merged))
+    best: tuple[float, list[list[int]]] | None = None
+    for node_phy in candidates:
+        counts = _counts(node_phy, len(node_load))
         replica_load = [node_load[m] / counts[m] for m in node_phy]
         packs = balanced_packing(replica_load, num_gpus, labels=node_phy)
         peak = max(sum(replica_load[i] for i in gpu) for gpu in packs)
         if best is None or peak < best[0] * (1 - 1e-12):
             best = (peak, [[node_phy[i] for i in gpu] for gpu in packs])
-        if max(counts) < cap:  # the cap did not bind: lower ones give the same counts
-            cap = max(counts)
-        cap -= 1
     assert best is not None
     return best[1]
+
+
+def _counts(phy2log: Sequence[int], num_log: int) -> list[int]:
+    counts = [0] * num_log
+    for m in phy2log:
+        counts[m] += 1
+    return counts
 
 
 def placement_from_phy2log(
