@@ -1,0 +1,55 @@
+"""``nobubble pp profile | plan | run``: tables, JSON, files, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from nobubble.cli import main
+from nobubble.pipeline.actions import Schedule
+from nobubble.trace import read_chrome_trace
+
+TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8", "--vocab", "32"]
+
+
+def test_profile_plan_run_chain(tmp_path, capsys):
+    prof = tmp_path / "profile.json"
+    rc = main(["pp", "profile", "--stages", "2", "--no-comm", "--repeats", "1", "-o", str(prof),
+               "--json", *TINY])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [s["blocks"] for s in out["stages"]] == [[0, 1], [2, 3]]
+    assert all(s["t_f"] > 0 and s["mem_f"] > 0 for s in out["stages"])
+
+    plan = tmp_path / "plan.csv"
+    rc = main(["pp", "plan", "--profile", str(prof), "--stages", "2", "-m", "4", "-o",
+               str(plan), "--json"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    makespans = [s["makespan_ms"] for s in out["schedules"]]
+    assert makespans == sorted(makespans) and out["best"] == out["schedules"][0]["schedule"]
+    best = Schedule.from_csv(plan.read_text())
+    assert best.num_ranks == 2 and best.num_microbatches == 4
+
+    trace = tmp_path / "run.json"
+    rc = main(["pp", "run", "--schedule-file", str(plan), "--stages", "2", "--steps", "2",
+               "--no-predict", "--trace", str(trace), "--json", *TINY])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_steps"] == 2 and len(out["losses"]) == 2 and out["sim_makespan_s"] is None
+    events, _ = read_chrome_trace(trace)
+    ops = [e for e in events if e.cat != "wait"]
+    assert len(ops) == 2 * best.num_actions and {e.rank for e in ops} == {0, 1}
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0I0\n1F0,1I0,1W0\n")  # 0W0 missing
+    assert main(["pp", "run", "--schedule-file", str(bad), "--stages", "2", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "0" in err and "W" in err
+    assert main(["pp", "run", "--schedule-file", str(bad), "--stages", "3", *TINY]) == 2
+    assert "has 2 ranks but --stages is 3" in capsys.readouterr().err
+    assert main(["pp", "run", "-s", "1f1b", "--stages", "4", *TINY]) == 2
+    assert "2 layers but the schedule has 4 stages" in capsys.readouterr().err
+    assert main(["pp", "plan", "--profile", str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
