@@ -22,6 +22,7 @@ __all__ = ["ascii_grid", "gantt", "gantt_grid", "trace_events", "write_trace", "
 
 OP_COLORS = {Op.F: "#4C72B0", Op.B: "#DD8452", Op.W: "#55A868", Op.BW: "#C44E52"}
 _LETTER = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "B"}
+_NAMES = {Op.F: "F forward", Op.B: "B input grad", Op.W: "W weight grad", Op.BW: "B+W fused"}
 
 
 def ascii_grid(
@@ -88,8 +89,7 @@ def gantt(
     ax.set_xlim(0, result.makespan)
     ax.set_xlabel(f"time ({time_unit})")
     used = {a.op for acts in sched.rank_actions for a in acts}
-    names = {Op.F: "F forward", Op.B: "B input grad", Op.W: "W weight grad", Op.BW: "B+W fused"}
-    handles = [Patch(color=OP_COLORS[op], label=names[op]) for op in Op if op in used]
+    handles = [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in Op if op in used]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.4 / p),
               ncol=len(handles), fontsize=8, frameon=False)  # fmt: skip
     head = title or f"{sched.name}: p={p}, m={sched.num_microbatches}"
@@ -126,6 +126,7 @@ def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     path = Path(path)
     if not results:
@@ -151,8 +152,11 @@ def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "
         ax.set_title(f"{sched.name}: bubble {result.bubble_rate:.1%}, makespan "
                      f"{result.makespan:.4g}, memory {result.max_peak_memory_vs_1f1b:.2f}x 1F1B",
                      fontsize=8, loc="left")  # fmt: skip
-    axes[-1, 0].set_xlabel(f"time ({time_unit})")
-    fig.tight_layout()
+    axes[-1, 0].set_xlabel(f"time ({time_unit}); one row per rank, rank 0 on top")
+    used = {a.op for r in results for acts in r.schedule.rank_actions for a in acts}
+    handles = [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in Op if op in used]
+    fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

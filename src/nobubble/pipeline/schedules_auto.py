@@ -125,7 +125,8 @@ class _Builder:
             self.put(r, Op.W)
 
 
-def _warmup(b: _Builder, v: AutoVariant) -> None:
+def _warmup(b: _Builder, v: AutoVariant) -> tuple[int, ...]:
+    """Place the warm-up; returns the extra forwards per rank (what the variant changed)."""
     p, m, c = b.p, b.m, b.c
     for r in range(p):
         b.put(r, Op.F)
@@ -149,6 +150,7 @@ def _warmup(b: _Builder, v: AutoVariant) -> None:
             b.put(r, Op.F)
     for r in range(p - 1, -1, -1):
         b.put(r, Op.B)
+    return tuple(extra)
 
 
 def _wants_forward(b: _Builder, r: int, v: AutoVariant) -> bool:
@@ -194,9 +196,15 @@ def _steady(b: _Builder, v: AutoVariant) -> None:
             b.put(r, Op.W)
 
 
-def _build(costs: CostModel, m: int, limits: list[float], v: AutoVariant) -> _Builder:
+def _build(
+    costs: CostModel, m: int, limits: list[float], v: AutoVariant, seen: set
+) -> _Builder | None:
+    """Build one variant; None if an identical one (same warm-up, same switches) was built."""
     b = _Builder(costs, m, limits)
-    _warmup(b, v)
+    key = (_warmup(b, v), v.prioritize_b, v.fill_greedy)
+    if key in seen:
+        return None  # the warm-up switch made no difference: the rest is deterministic
+    seen.add(key)
     _steady(b, v)
     return b
 
@@ -239,10 +247,13 @@ def zb_auto(
                 f"(M_F={worst:g}); give at least M_F"
             )
     best: _Builder | None = None
+    seen: set = set()
     for flags in itertools.product((True, False), repeat=3):
         try:
-            built = _build(costs, m, limits, AutoVariant(*flags))
+            built = _build(costs, m, limits, AutoVariant(*flags), seen)
         except _CannotFit:
+            continue
+        if built is None:
             continue
         if best is None or _span(built) < _span(best) - 1e-12:
             best = built

@@ -126,12 +126,24 @@ def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> Sim
 
 def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[list[float]]]:
     num_stages, owner, t_comm = schedule.num_stages, schedule.stage_to_rank, costs.t_comm
-    finished: dict[DepKey, float] = {}
-    waiting: dict[DepKey, list[int]] = {}
-    # per rank: (dependencies, own key, duration) of each action, computed once
+    m = schedule.num_microbatches
+
+    def index(key: DepKey) -> int:  # (kind, stage, microbatch) -> slot in a flat table
+        return (key[0] * num_stages + key[1]) * m + key[2]
+
+    finished: list[float | None] = [None] * (3 * num_stages * m)
+    waiting: dict[int, list[int]] = {}
+    # per rank: (dependencies as (slot, crosses ranks), own slot, duration), computed once
     plans = [
-        [(dependencies(a, num_stages), dep_key(a), costs.duration(a)) for a in acts]
-        for acts in schedule.rank_actions
+        [
+            (
+                tuple((index(d), owner[d[1]] != rank) for d in dependencies(a, num_stages)),
+                index(dep_key(a)),
+                costs.duration(a),
+            )
+            for a in acts
+        ]
+        for rank, acts in enumerate(schedule.rank_actions)
     ]
     start = [[0.0] * len(a) for a in plans]
     end = [[0.0] * len(a) for a in plans]
@@ -140,29 +152,29 @@ def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[
     ready = deque(range(schedule.num_ranks))
     while ready:
         rank = ready.popleft()
-        plan, k, t_free = plans[rank], pos[rank], free_at[rank]
+        plan, k, t = plans[rank], pos[rank], free_at[rank]
+        starts, ends = start[rank], end[rank]
         while k < len(plan):
-            deps, key, duration = plan[k]
-            t = t_free
-            blocked = None
-            for dep in deps:
-                done_at = finished.get(dep)
+            deps, slot, duration = plan[k]
+            t_start, blocked = t, -1
+            for dep, crosses in deps:
+                done_at = finished[dep]
                 if done_at is None:
                     blocked = dep
                     break
-                if owner[dep[1]] != rank:
+                if crosses:
                     done_at += t_comm
-                if done_at > t:
-                    t = done_at
-            if blocked is not None:
+                if done_at > t_start:
+                    t_start = done_at
+            if blocked >= 0:
                 waiting.setdefault(blocked, []).append(rank)
                 break
-            start[rank][k] = t
-            end[rank][k] = t_free = finished[key] = t + duration
-            if key in waiting:
-                ready.extend(waiting.pop(key))
+            starts[k] = t_start
+            ends[k] = t = finished[slot] = t_start + duration
+            if slot in waiting:
+                ready.extend(waiting.pop(slot))
             k += 1
-        pos[rank], free_at[rank] = k, t_free
+        pos[rank], free_at[rank] = k, t
     if any(pos[r] < len(a) for r, a in enumerate(plans)):
         validate(schedule)  # names the stuck actions
         raise ScheduleError(f"schedule {schedule.name!r} cannot run to the end")
