@@ -99,9 +99,13 @@ class SumTree(_SegmentTree):
 
     def __init__(self, capacity: int, fanout: int = 32) -> None:
         super().__init__(capacity, 0.0, fanout)
+        # Row prefix sums as one small matmul: numpy's cumsum along a short last axis costs
+        # several times more than (n, fanout) @ (fanout, fanout) in BLAS.
+        self._upper = np.triu(np.ones((fanout, fanout)))  # (fanout, fanout)
+        self._ones = np.ones(fanout)  # (fanout,)
 
     def _reduce(self, children: np.ndarray) -> np.ndarray:
-        return children.sum(axis=1)
+        return children @ self._ones  # (k, fanout) -> (k,)
 
     def total(self) -> float:
         return self.root()
@@ -114,7 +118,7 @@ class SumTree(_SegmentTree):
         rows = np.arange(m.size)
         for lvl in range(1, self._depth + 1):  # one step per level, the whole batch at once
             children = self._levels[lvl].reshape(-1, self.fanout)[node]  # (n, fanout)
-            cum = np.cumsum(children, axis=1)  # (n, fanout)
+            cum = children @ self._upper  # (n, fanout) prefix sums along each row
             j = (cum <= m[:, None]).sum(axis=1)  # first child whose prefix sum exceeds m
             over = j == self.fanout
             if over.any():
