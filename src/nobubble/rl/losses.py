@@ -57,7 +57,8 @@ class PolicyLossResult:
         clip_fraction: share of tokens where the clipped branch is active (zero gradient).
         dual_clip_fraction: share of tokens capped by the dual clip (A < 0 and loss > c*|A|).
         approx_kl: ``E[(r - 1) - log r]`` with ``r = pi / pi_old`` (Schulman's k3, >= 0).
-        behav_weight_mean: mean truncated ``pi_prox / pi_behav`` weight (decoupled PPO only).
+        behav_weight_mean: mean per-token weight (decoupled PPO's truncated
+            ``pi_prox / pi_behav``, or the ``weights`` given to PPO); None without weights.
     """
 
     loss: torch.Tensor
@@ -216,26 +217,45 @@ def ppo_policy_loss(
     mask = _check_mask(logp, mask, who)
     old_logp = _per_token(old_logp, logp, "old_logp", who).detach()
     advantages = _per_token(advantages, logp, "advantages", who).detach()
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
-    loss_mat, is_clipped, is_dual = _clipped_surrogate(
-        ratio, advantages, clip_low, clip_high, dual_clip
-    )
-    loss_mat = _weighted(loss_mat, weights, who)
-    loss = aggregate_loss(
-        loss_mat,
+    if weights is not None:
+        weights = _per_token(weights.detach(), logp, "weights", who)
+    norm = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
+    return _clipped_loss(
+        logp,
+        old_logp,
+        advantages,
         mask,
+        (clip_low, clip_high, dual_clip),
         agg,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_length=norm_length,
+        weights,
+        norm | {"norm_length": norm_length},
     )
+
+
+def _clipped_loss(
+    logp: torch.Tensor,
+    anchor_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: tuple[float, float, float | None],
+    agg: LossAgg,
+    weights: torch.Tensor | None,
+    norm: dict,
+) -> PolicyLossResult:
+    """PPO's clipped loss around ``anchor_logp``, times optional per-token ``weights``."""
+    log_ratio = logp - anchor_logp
+    ratio = torch.exp(log_ratio)
+    loss_mat, is_clipped, is_dual = _clipped_surrogate(ratio, advantages, *clip)
+    if weights is not None:
+        loss_mat = loss_mat * weights
+    loss = aggregate_loss(loss_mat, mask, agg, **norm)
     with torch.no_grad():
         return PolicyLossResult(
             loss=loss,
             clip_fraction=_masked_mean(is_clipped.to(logp.dtype), mask),
             dual_clip_fraction=_masked_mean(is_dual.to(logp.dtype), mask),
             approx_kl=_masked_mean((ratio - 1.0) - log_ratio, mask),
+            behav_weight_mean=None if weights is None else _masked_mean(weights, mask),
         )
 
 
@@ -278,45 +298,46 @@ def decoupled_ppo_loss(
     """
     who = "decoupled_ppo_loss"
     _check_clip(clip_low, clip_high, dual_clip, who)
-    if behav_weight_cap is not None and behav_weight_cap <= 0:
-        raise ValueError(f"{who}: behav_weight_cap={behav_weight_cap} must be > 0 or None")
-    if behav_weight_mode not in ("truncate", "mask"):
-        raise ValueError(
-            f"{who}: behav_weight_mode={behav_weight_mode!r}; use 'truncate' or 'mask'"
-        )
     mask = _check_mask(logp, mask, who)
     prox_logp = _per_token(prox_logp, logp, "prox_logp", who).detach()
     behav_logp = _per_token(behav_logp, logp, "behav_logp", who).detach()
     advantages = _per_token(advantages, logp, "advantages", who).detach()
-    log_ratio = logp - prox_logp
-    ratio = torch.exp(log_ratio)
-    loss_mat, is_clipped, is_dual = _clipped_surrogate(
-        ratio, advantages, clip_low, clip_high, dual_clip
+    behav_weight, mask = _behaviour_weight(
+        prox_logp, behav_logp, mask, behav_weight_cap, behav_weight_mode, who
     )
-    behav_weight = torch.exp(prox_logp - behav_logp)
-    if behav_weight_cap is not None:
-        if behav_weight_mode == "truncate":
-            behav_weight = behav_weight.clamp(max=behav_weight_cap)
-        else:
-            keep = behav_weight <= behav_weight_cap
-            behav_weight = torch.where(keep, behav_weight, torch.zeros_like(behav_weight))
-            mask = mask * keep.to(mask.dtype)
-    loss = aggregate_loss(
-        loss_mat * behav_weight,
+    norm = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
+    return _clipped_loss(
+        logp,
+        prox_logp,
+        advantages,
         mask,
+        (clip_low, clip_high, dual_clip),
         agg,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_length=norm_length,
+        behav_weight,
+        norm | {"norm_length": norm_length},
     )
-    with torch.no_grad():
-        return PolicyLossResult(
-            loss=loss,
-            clip_fraction=_masked_mean(is_clipped.to(logp.dtype), mask),
-            dual_clip_fraction=_masked_mean(is_dual.to(logp.dtype), mask),
-            approx_kl=_masked_mean((ratio - 1.0) - log_ratio, mask),
-            behav_weight_mean=_masked_mean(behav_weight, mask),
-        )
+
+
+def _behaviour_weight(
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float | None,
+    mode: str,
+    who: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pi_prox / pi_behav`` truncated at ``cap`` (or tokens above it masked); new mask."""
+    if cap is not None and cap <= 0:
+        raise ValueError(f"{who}: behav_weight_cap={cap} must be > 0 or None")
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"{who}: behav_weight_mode={mode!r}; use 'truncate' or 'mask'")
+    weight = torch.exp(prox_logp - behav_logp)
+    if cap is None:
+        return weight, mask
+    if mode == "truncate":
+        return weight.clamp(max=cap), mask
+    keep = weight <= cap
+    return torch.where(keep, weight, torch.zeros_like(weight)), mask * keep.to(mask.dtype)
 
 
 def policy_gradient_loss(
