@@ -6,12 +6,16 @@ Public API (see each module's docstring):
 - :mod:`~nobubble.pipeline.costs`: ``CostModel`` (per-stage times, T_comm, memory)
 - :mod:`~nobubble.pipeline.validate`: ``validate``, ``ScheduleError``
 - :mod:`~nobubble.pipeline.simulate`: ``simulate`` -> ``SimResult``
-- :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES``
+- :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES`` (hand-written;
+  ``schedules_auto`` ZB-1p/2p, ``schedules_v`` ZB-V, ``schedules_torch`` torch's own)
+- :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (the seed's table)
+- :mod:`~nobubble.pipeline.plot`: ``ascii_grid``, ``gantt``, ``gantt_grid``, ``write_trace``
 """
 
 from __future__ import annotations
 
 from nobubble.pipeline.actions import Action, Op, Schedule, ScheduleFormatError
+from nobubble.pipeline.compare import CompareRow, compare_schedules
 from nobubble.pipeline.costs import CostModel, transformer_memory
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
 from nobubble.pipeline.simulate import SimResult, simulate
@@ -30,4 +34,6 @@ __all__ = [
     "simulate",
     "ScheduleError",
     "validate",
+    "CompareRow",
+    "compare_schedules",
 ]

@@ -350,6 +350,12 @@ def _compare(args: argparse.Namespace) -> int:
         "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
         "with flush = 1F1B makespan / makespan" + "".join(f"; wrote {f}" for f in files),
     )
+    gains = {r.name: r.throughput_vs_1f1b for r in rows if r.throughput_vs_1f1b is not None}
+    if "zb-2p" in gains:
+        gain = gains["zb-2p"] - 1
+        verdict = "inside" if 0.15 <= gain <= 0.30 else "outside"
+        console().print(f"ZB-2p over 1F1B: {gain:+.1%} throughput ({verdict} the seed's 15-30% "
+                        "claim for P=8, M=24)")  # fmt: skip
     return 0
 
 
