@@ -178,3 +178,13 @@ def test_mass_at_the_total_lands_on_the_last_nonempty_leaf(fanout) -> None:
     tree = SumTree(10, fanout)
     tree.update([0, 1, 5], [1.0, 2.0, 0.5])
     assert tree.find_prefix([3.5, 3.4999, 0.0, 1.0]).tolist() == [5, 5, 0, 1]
+
+
+def test_extend_beyond_capacity_keeps_the_newest() -> None:
+    buf = PrioritizedReplayBuffer(3, alpha=1.0, eps=1e-9, seed=0)
+    buf.add("old", 1.0)
+    buf.extend(["a", "b", "c", "d"], [1.0, 2.0, 3.0, 4.0])
+    s = buf.sample(300)
+    assert set(s.items) == {"b", "c", "d"}
+    by_item = dict(zip(s.items, s.probabilities))
+    assert [by_item[k] for k in "bcd"] == pytest.approx([2 / 9, 3 / 9, 4 / 9])

@@ -175,3 +175,19 @@ def test_no_jax_or_tensorflow_import() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             assert not {n.split(".")[0] for n in names} & banned, f"{path} imports {names}"
+
+
+def test_scalar_discount_equals_constant_tensor() -> None:
+    T, B = 4, 2
+    x = torch.randn(T, B, dtype=torch.float64)
+    a = vtrace(x, 0.9, x.cos(), x.sin(), torch.ones(B, dtype=torch.float64), lambda_=0.8)
+    b = vtrace(
+        x,
+        torch.full((T, B), 0.9, dtype=torch.float64),
+        x.cos(),
+        x.sin(),
+        torch.ones(B, dtype=torch.float64),
+        lambda_=0.8,
+    )
+    torch.testing.assert_close(a.vs, b.vs)
+    torch.testing.assert_close(a.pg_advantages, b.pg_advantages)

@@ -223,6 +223,10 @@ class PrioritizedReplayBuffer(Generic[Item]):
                 pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
                 if pr.size != len(items):
                     raise ValueError(f"extend: {len(items)} items but {pr.size} priorities")
+            if len(items) > self.capacity:  # only the newest `capacity` items survive
+                self._next = (self._next + len(items) - self.capacity) % self.capacity
+                self._size = self.capacity
+                items, pr = list(items)[-self.capacity :], pr[-self.capacity :]
             leaves = self._leaf_values(pr)
             slots = (self._next + np.arange(len(items))) % self.capacity
             for slot, item in zip(slots.tolist(), items):

@@ -80,7 +80,7 @@ def _check_vtrace_shapes(
 
 def vtrace(
     log_rhos: torch.Tensor,
-    discounts: torch.Tensor,
+    discounts: torch.Tensor | float,
     rewards: torch.Tensor,
     values: torch.Tensor,
     bootstrap_value: torch.Tensor,
@@ -92,7 +92,8 @@ def vtrace(
 
     Args:
         log_rhos: ``[T, B, ...]`` float, log pi(a_t|x_t) - log mu(a_t|x_t).
-        discounts: ``[T, B, ...]`` float, gamma_t (0 where the episode ended at t).
+        discounts: ``[T, B, ...]`` float, gamma_t (0 where the episode ended at t), or one
+            float for all steps.
         rewards: ``[T, B, ...]`` float.
         values: ``[T, B, ...]`` float, V(x_t) under the learner's value function.
         bootstrap_value: ``[B, ...]`` float, V(x_T).
@@ -110,6 +111,8 @@ def vtrace(
     ):
         if thr is not None and thr <= 0:
             raise ValueError(f"vtrace: {name}={thr} must be > 0 or None")
+    if not isinstance(discounts, torch.Tensor):  # one gamma for every step
+        discounts = torch.full_like(values, float(discounts))
     _check_vtrace_shapes(log_rhos, discounts, rewards, values, bootstrap_value)
     with torch.no_grad():
         log_rhos, discounts, rewards = log_rhos.detach(), discounts.detach(), rewards.detach()
