@@ -100,3 +100,19 @@ def test_incremental_bad_input():
         rebalance_experts_incremental(weight, current[0], 4, 2, 8)
     with pytest.raises(ValueError, match="no replica"):
         rebalance_experts_incremental(weight, torch.zeros(1, 16, dtype=torch.int64), 4, 2, 8)
+
+
+def test_incremental_from_an_eplb_placement_with_duplicates():
+    """Starting from EPLB's own placement (two replicas of an expert on one GPU), the new
+    placement has no duplicates, meets its target and moves fewer experts than a fresh one."""
+    from nobubble.moe.eplb_reference import reference_rebalance_experts
+
+    rng = np.random.default_rng(7)
+    weight = torch.tensor(rng.pareto(2.0, (2, 256)) + 1.0)
+    current, _, _ = reference_rebalance_experts(weight, 288, 8, 4, 32)
+    per_gpu = current.view(2, 32, 9).sort(-1).values
+    assert (per_gpu[..., 1:] == per_gpu[..., :-1]).any()  # EPLB doubled some expert up
+    result = rebalance_experts_incremental(weight, current, 8, 4, 32)
+    check_invariants(result.placement, weight, 8, 4, 32, hierarchical=True)
+    assert (result.imbalance <= result.max_imbalance + 1e-9).all()
+    assert (result.num_moved < result.num_moved_fresh).all()
