@@ -8,8 +8,14 @@ Three tables, one JSON (``benchmarks/results/ilp_scaling.json``):
    best heuristic (zb-1p, zb-2p, zb-h1, zb-h2, 1f1b) that fits the limit.
 2. scaling: P = 8 with the 1.5B costs, M = 8, 16, 24, limit p*M_F (ZB-1p's), 120 s: solve
    time, gap, span and bubble against zb-1p.
-3. solvers: the same model (no warm start) in CP-SAT and as the paper's big-M MILP in
+3. memory sweep: p = 3, m = 6 and p = 4, m = 8 (uniform and non-uniform) under limits from
+   1 M_F to 2p M_F, against zb-1p run with the same limit (the heuristic's own argument).
+   Below p*M_F (a pipeline that cannot hold 1F1B's activations) the heuristic falls far
+   behind the optimum.
+4. solvers: the same model (no warm start) in CP-SAT and as the paper's big-M MILP in
    HiGHS and SCIP (``nobubble.pipeline.ilp_milp``), equal time limit.
+
+``--plot DIR`` also draws zb-1p and the ILP optimum for p = 4, m = 8 under 3 M_F.
 
 ``--quick`` runs a few cases with short limits. Timing is wall clock on this machine; other
 jobs may share its cores (the JSON records the number of workers and the load average).
@@ -78,7 +84,7 @@ def ilp_row(costs, p, m, limit, time_limit, workers, label) -> dict:
         num_workers=workers,
     )  # fmt: skip
     return {
-        "case": label, "p": p, "m": m, "mem_limit_pMF": None if limit is None else 1,
+        "case": label, "p": p, "m": m, "mem_limit": limit,
         "heuristic": heur[0], "heuristic_span": heur[1], "heuristic_bubble": heur[2],
         "status": res.status, "ilp_span": res.objective, "ilp_bubble": res.bubble_rate,
         "lower_bound": res.lower_bound, "gap": res.gap, "solve_seconds": res.solve_seconds,
@@ -118,6 +124,52 @@ def scaling(quick: bool, time_limit: float, workers: int, progress: Progress) ->
     return rows
 
 
+def memory_sweep(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
+    shapes = [(3, 6)] if quick else [(3, 6), (4, 8)]
+    kinds = ["uniform"] if quick else ["uniform", "non-uniform"]
+    cases = [
+        (p, m, kind, k)
+        for p, m in shapes
+        for kind in kinds
+        for k in sorted({1, 1.5, 2, 3, p + 1, 2 * p})
+    ]
+    task = progress.add_task("memory sweep", total=len(cases))
+    rows = []
+    for p, m, kind, k in cases:
+        costs = costs_for(p, kind)
+        label = f"p={p} m={m} {kind} {k:g} M_F"
+        row = ilp_row(costs, p, m, k * costs.mem_f[0], time_limit, workers, label)
+        row["mem_limit_MF"] = k
+        rows.append(row)
+        progress.advance(task)
+    return rows
+
+
+def plot_pair(out_dir: Path, time_limit: float, workers: int) -> list[Path]:
+    """zb-1p and the ILP optimum for p=4, m=8, 1.5B costs, limit 3 M_F (Gantt PNGs)."""
+    from nobubble.pipeline.plot import gantt
+
+    p, m = 4, 8
+    costs = costs_for(p, "uniform")
+    limit = 3 * costs.mem_f[0]
+    heuristic = simulate(
+        get_schedule("zb-1p", num_stages=p, num_microbatches=m, costs=costs, mem_limit=limit),
+        costs,
+    )
+    res = solve_optimal(
+        costs, num_stages=p, num_microbatches=m, mem_limit=limit, time_limit_s=time_limit,
+        num_workers=workers,
+    )  # fmt: skip
+    return [
+        gantt(heuristic, out_dir / "ilp_zb1p_p4m8_3mf.png", title="zb-1p, limit 3 M_F"),
+        gantt(
+            res.simulation,
+            out_dir / "ilp_optimal_p4m8_3mf.png",
+            title=f"ILP ({res.status}), limit 3 M_F",
+        ),  # fmt: skip
+    ]
+
+
 def solvers(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
     sizes = [(3, 3), (3, 6)] if quick else [(3, 3), (3, 6), (4, 4), (4, 8)]
     task = progress.add_task("cp-sat vs milp", total=len(sizes) * 3)
@@ -151,7 +203,7 @@ def solvers(quick: bool, time_limit: float, workers: int, progress: Progress) ->
     return rows
 
 
-def _show(grid_rows, scale_rows, solver_rows) -> None:
+def _show(grid_rows, scale_rows, sweep_rows, solver_rows) -> None:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
@@ -212,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=None, help="grid limit (s), default 60")
     parser.add_argument("--big-time-limit", type=float, default=None, help="P=8 limit, default 120")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--plot", type=Path, default=None, help="folder for Gantt PNGs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ilp_scaling.json"))
     args = parser.parse_args(argv)
     small = args.time_limit or (10.0 if args.quick else 60.0)
@@ -219,13 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(console=console(stderr=True), transient=True) as progress:
         grid_rows = grid(args.quick, small, args.workers, progress)
         scale_rows = scaling(args.quick, big, args.workers, progress)
+        sweep_rows = memory_sweep(args.quick, small, args.workers, progress)
         solver_rows = solvers(args.quick, 10.0 if args.quick else 30.0, args.workers, progress)
-    _show(grid_rows, scale_rows, solver_rows)
+    _show(grid_rows, scale_rows, sweep_rows, solver_rows)
+    if args.plot is not None:
+        for path in plot_pair(args.plot, small, args.workers):
+            print(f"wrote {path}", file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "quick": args.quick, "workers": args.workers, "time_limit_s": small,
         "big_time_limit_s": big, "load_average": os.getloadavg(),
-        "grid": grid_rows, "scaling": scale_rows, "solvers": solver_rows,
+        "grid": grid_rows, "scaling": scale_rows, "memory_sweep": sweep_rows,
+        "solvers": solver_rows,
     }  # fmt: skip
     args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}", file=sys.stderr)
