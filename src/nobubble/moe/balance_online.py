@@ -190,7 +190,8 @@ def rebalance_online(
         ).placement.phy2log[0]
     else:
         new = rebalance_experts(load, num_replicas, num_groups, num_nodes, ranks).phy2log[0]
-    every = transport.all_gather(new.view(1, -1), kind="placement").cpu()  # (ranks, R)
+    device = layer.w_gate.device  # NCCL gathers device tensors only
+    every = transport.all_gather(new.view(1, -1).to(device), kind="placement").cpu()  # (ranks, R)
     if not bool((every == new).all()):
         raise RuntimeError("rebalance_online: ranks computed different placements")
     plan = plan_migration(old.tolist(), new.tolist(), ranks)

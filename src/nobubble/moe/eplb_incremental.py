@@ -31,7 +31,6 @@ import torch
 
 from nobubble.moe.eplb import (
     ExpertPlacement,
-    Packing,
     Policy,
     _check_weight,
     check_config,
@@ -39,8 +38,8 @@ from nobubble.moe.eplb import (
     load_imbalance,
     place_layer,
     placement_from_phy2log,
-    replicate_experts,
 )
+from nobubble.moe.eplb_packing import Packing, replicate_experts
 
 __all__ = ["IncrementalRebalance", "rebalance_experts_incremental", "count_moves"]
 
