@@ -90,3 +90,13 @@ def test_invalid_csv_names_action(tmp_path, capsys):
     path.write_text("0F0,0I0\n1F0,1I0,1W0\n")
     assert main(["pp", "validate", str(path)]) == 2
     assert "0I0 has no W" in capsys.readouterr().err
+
+
+def test_per_rank_costs(capsys):
+    """First and last ranks carry embedding and head: --tf as a per-rank list."""
+    argv = ["pp", "simulate", "-s", "zb-h1", "-p", "4", "-m", "8", "--tf", "3,1,1,2", "--json"]
+    out = _json(capsys, argv)
+    assert out["busy"] == pytest.approx([8 * (3 + 2), 8 * 3, 8 * 3, 8 * (2 + 2)])
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main(["pp", "simulate", "-p", "4", "--tf", "1,2"]))
+    assert exc.value.code == 2 and "one per rank (4)" in capsys.readouterr().err

@@ -68,9 +68,10 @@ def _add_shape(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
 def _add_costs(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
     g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
-    g.add_argument("--tf", type=positive_float, help="forward time of one microbatch")
-    g.add_argument("--tb", type=positive_float, help="input-gradient backward (B) time")
-    g.add_argument("--tw", type=positive_float, help="weight-gradient backward (W) time")
+    g.add_argument("--tf", type=_rank_costs, help="forward time of one microbatch; one value, "
+                   "or one per rank comma-separated (e.g. 20,18,18,24 for embedding/head)")  # fmt: skip
+    g.add_argument("--tb", type=_rank_costs, help="input-gradient backward (B) time (or list)")
+    g.add_argument("--tw", type=_rank_costs, help="weight-gradient backward (W) time (or list)")
     g.add_argument("--tcomm", type=nonneg_float, help="transfer time between ranks")
     m = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B shape)")
     m.add_argument("--hidden", type=positive_int, help="hidden size h (M_F = 34h + 5as)")
@@ -82,6 +83,11 @@ def _add_costs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-limit", type=positive_float, default=None,
                    help="zb-1p/zb-2p activation limit per rank in units of M_F "
                         "(default P and 2P)")  # fmt: skip
+
+
+def _rank_costs(text: str) -> tuple[float, ...]:
+    """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
+    return tuple(positive_float(part) for part in text.split(","))
 
 
 def _costs(args: argparse.Namespace):
@@ -189,7 +195,10 @@ def _simulate(args: argparse.Namespace) -> int:
     result = simulate(_schedule(args, costs), costs)
     files = _write_pictures(result, args.plot, args.trace)
     if args.json:
-        print_json(result.summary() | {"spans": list(result.spans), "files": files})
+        print_json(
+            result.summary()
+            | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
+        )
         return 0
     mf = costs.mem_f[0]
     rows = [
@@ -342,8 +351,8 @@ def _compare(args: argparse.Namespace) -> int:
                       f"{d['throughput_vs_1f1b_flush']:.3f}x", r.note])  # fmt: skip
     c = _cost_summary(costs)
     print_table(
-        f"P={args.stages}, M={args.microbatches}: T_F={c['t_f']:g} T_B={c['t_b']:g} "
-        f"T_W={c['t_w']:g} T_comm={c['t_comm']:g} (per rank)",
+        f"P={args.stages}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
+        f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
         table,
         caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
@@ -360,5 +369,15 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _cost_summary(costs) -> dict:
-    return {"t_f": costs.t_f[0], "t_b": costs.t_b[0], "t_w": costs.t_w[0],
-            "t_comm": costs.t_comm, "mem_f": costs.mem_f[0]}  # fmt: skip
+    """Per-rank costs: one number when every rank has the same, else the list."""
+
+    def one_or_all(values):
+        return values[0] if len(set(values)) == 1 else list(values)
+
+    return {"t_f": one_or_all(costs.t_f), "t_b": one_or_all(costs.t_b),
+            "t_w": one_or_all(costs.t_w), "t_comm": costs.t_comm,
+            "mem_f": one_or_all(costs.mem_f)}  # fmt: skip
+
+
+def _fmt_cost(value) -> str:
+    return ",".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"

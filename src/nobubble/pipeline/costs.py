@@ -65,10 +65,15 @@ PAPER_MODELS: dict[str, tuple[int, int, int, int]] = {
 }
 
 
-def _per_stage(label: str, value: Number | Sequence[Number], num_stages: int) -> tuple[float, ...]:
+def _per_stage(
+    label: str, value: Number | Sequence[Number], num_stages: int, unit: str = "stage"
+) -> tuple[float, ...]:
     values = (value,) * num_stages if isinstance(value, int | float) else tuple(value)
+    if len(values) == 1:
+        values = values * num_stages
     if len(values) != num_stages:
-        raise ValueError(f"{label} has {len(values)} entries; give one per stage ({num_stages})")
+        raise ValueError(f"{label} has {len(values)} entries; give one, or one per {unit} "
+                         f"({num_stages})")  # fmt: skip
     return tuple(float(v) for v in values)
 
 
@@ -178,13 +183,13 @@ class CostModel:
             )
         per_rank = {}
         for label, value in (("t_f", t_f), ("t_b", t_b), ("t_w", t_w), ("mem_f", mem_f)):
-            per_rank[label] = _per_stage(label, value, num_ranks)
+            per_rank[label] = _per_stage(label, value, num_ranks, "rank")
         if mem_b is None and mem_w is None:
             per_rank["mem_b"] = tuple(v / 2 for v in per_rank["mem_f"])
             per_rank["mem_w"] = per_rank["mem_b"]
         else:
-            mb = _per_stage("mem_b", mem_b if mem_b is not None else 0.0, num_ranks)
-            mw = _per_stage("mem_w", mem_w if mem_w is not None else 0.0, num_ranks)
+            mb = _per_stage("mem_b", mem_b if mem_b is not None else 0.0, num_ranks, "rank")
+            mw = _per_stage("mem_w", mem_w if mem_w is not None else 0.0, num_ranks, "rank")
             if mem_b is None:
                 mb = tuple(f - w for f, w in zip(per_rank["mem_f"], mw))
             if mem_w is None:
