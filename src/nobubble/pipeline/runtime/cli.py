@@ -76,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--no-predict", action="store_true", help="skip profiling + simulation")
     run.add_argument("--trace", type=Path, default=Path("nobubble-out/pp_run_trace.json"),
                      help="merged Chrome trace to write")  # fmt: skip
+    run.add_argument("--plot", type=Path, default=None,
+                     help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
     _add_model(run)
     _add_launch(run)
     add_json_flag(run)
@@ -296,14 +298,23 @@ def _run(args: argparse.Namespace) -> int:
         (results,) = run_local([config], _options(args))
     summary = summarize_run(config, results, prof)
     write_chrome_trace(args.trace, merged_events(results))
+    extra = {"trace": str(args.trace)}
+    if args.plot is not None:
+        from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
+        from nobubble.pipeline.simulate import simulate
+
+        sim = simulate(sched, prof.cost_model(sched)) if prof is not None else None
+        extra["plot"] = str(
+            plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
+        )
     if args.json:
-        print_json({**summary.to_dict(), "trace": str(args.trace)})
+        print_json({**summary.to_dict(), **extra})
         return 0
-    _print_run(summary, args.trace)
+    _print_run(summary, ", ".join(f"{k}: {v}" for k, v in extra.items()))
     return 0
 
 
-def _print_run(s, trace: Path) -> None:
+def _print_run(s, files: str) -> None:
     pred = s.sim_makespan_s is not None
 
     def opt(v, fmt):
@@ -323,7 +334,7 @@ def _print_run(s, trace: Path) -> None:
         f"median of {s.num_steps} steps",
         ["", "measured", "simulated"],
         rows,
-        caption=f"trace: {trace}",
+        caption=files,
     )
 
 
