@@ -11,6 +11,7 @@ import torch
 
 from nobubble.distributed import RankFailure, spawn
 from nobubble.moe import Buffer, TorchDistTransport, reference_combine, reference_dispatch
+from nobubble.moe.buffer_shm import ShmBuffer
 from nobubble.moe.transport_shm import (
     ShmTransport,
     default_transport_kind,
@@ -102,6 +103,7 @@ def _run(ctx) -> str:
     _check_all_to_all(ctx, shm, ref)
     assert make_transport("auto", timeout_s=30).__class__ is ShmTransport
     _check_buffer(ctx, Buffer(transport=ShmTransport(timeout_s=30, capacity_bytes_per_peer=100)))
+    _check_fused(ctx)
     key = shm._key
     shm.close()
     torch.distributed.barrier()
@@ -109,7 +111,7 @@ def _run(ctx) -> str:
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_shm_transport_equals_gloo_and_reference(world_size):
+def test_shm_transport_and_fused_buffer_equal_gloo_and_reference(world_size):
     keys = spawn(_run, world_size, timeout_s=180)
     assert len(set(keys)) == 1
     assert glob.glob(f"/dev/shm/nobubble-ep-{keys[0]}-*") == []  # no names left behind
@@ -137,3 +139,32 @@ def test_default_transport_per_backend_and_bad_kind():
     assert default_transport_kind("gloo", "cuda") == "dist"
     with pytest.raises(ValueError, match="kind='nvlink'"):
         make_transport("nvlink")
+
+
+def _check_fused(ctx) -> None:
+    fused = ShmBuffer(timeout_s=30, capacity_bytes_per_peer=100)
+    plain = Buffer(transport=TorchDistTransport(timeout_s=30))
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, tokens, hidden, num_experts, topk, kind in [
+            ("zero-tokens-holes", (0, 6, 5, 8), 12, 8, 2, "holes"),
+            ("empty-experts-k8", (7, 3, 0, 6), 10, 16, 8, "skewed"),
+            ("many-blocks", (70, 50), 4100, 8, 3, "random"),  # > 1 accumulator block
+        ]:
+            g = torch.Generator().manual_seed(5 * ctx.rank + hidden)
+            n = tokens[ctx.rank % len(tokens)]
+            idx, w = _routing(kind, n, num_experts, topk, g)
+            x = torch.randn(n, hidden, generator=g).to(dtype).requires_grad_()
+            got = fused.dispatch(x, idx, w, num_experts=num_experts)
+            want = plain.dispatch(x, idx, w, num_experts=num_experts)
+            assert torch.equal(got.recv_x, want.recv_x), name
+            assert torch.equal(got.recv_topk_weights, want.recv_topk_weights), name
+            y = torch.randn(got.recv_x.shape, generator=g).to(dtype)
+            a = fused.combine(y, got.handle, topk_weights=got.recv_topk_weights)
+            b = plain.combine(y, want.handle, topk_weights=want.recv_topk_weights)
+            assert torch.equal(a.combined_x, b.combined_x), (name, dtype)
+            assert torch.equal(a.combined_topk_weights, b.combined_topk_weights), name
+            gx = torch.randn(got.recv_x.shape, generator=g).to(dtype)
+            (grad_fused,) = torch.autograd.grad(got.recv_x, x, gx)
+            (grad_plain,) = torch.autograd.grad(want.recv_x, x, gx)
+            assert torch.equal(grad_fused, grad_plain), name
+    fused.shm.close()

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -236,39 +236,57 @@ class ShmTransport:
         ):
             self._counters[key][kind] = self._counters[key].get(kind, 0) + value
 
-    # -- the two halves of one exchange -------------------------------------------------------
-    def send(
-        self, segments: Sequence[torch.Tensor], recv_nbytes: Sequence[int], *, kind: str
-    ) -> int:
-        """Start call ``t``: make room for ``recv_nbytes[i]`` from each source, publish READY,
-        and copy ``segments[j]`` (a flat uint8 tensor) into peer ``j``'s slot for this rank.
-
-        Returns the call number ``t`` to pass to :meth:`recv`. ``segments[self.rank]`` is not
-        copied anywhere; :meth:`recv` returns it as the rank's own slot.
-        """
-        if len(segments) != self.world_size or len(recv_nbytes) != self.world_size:
+    # -- the steps of one exchange ----------------------------------------------------------
+    def begin(self, recv_nbytes: Sequence[int], *, kind: str) -> int:
+        """Start call ``t``: make room for ``recv_nbytes[i]`` bytes from each source ``i`` and
+        publish READY (this rank has consumed the previous call). Returns ``t``."""
+        if len(recv_nbytes) != self.world_size:
             raise ValueError(
-                f"send({kind}): {len(segments)} segments / {len(recv_nbytes)} receive sizes for "
+                f"begin({kind}): {len(recv_nbytes)} receive sizes for "
                 f"world_size={self.world_size}; give one per rank"
             )
         self._seq += 1
-        t = self._seq
         need = max((int(n) for i, n in enumerate(recv_nbytes) if i != self.rank), default=0)
         if need > int(self._ctrl[_CAP]):
             self._grow(need)
         self._release_old_names()
-        self._ctrl[_READY] = t
-        for j in self._peers():
-            self._write_to_peer(j, segments[j], t, kind)
-        return t
+        self._ctrl[_READY] = self._seq
+        return self._seq
 
-    def recv(
-        self, t: int, own: torch.Tensor, recv_nbytes: Sequence[int], out: torch.Tensor, *, kind: str
-    ) -> torch.Tensor:
-        """Finish call ``t``: copy each source's slot into ``out`` (flat uint8, sources in rank
-        order, ``recv_nbytes[i]`` bytes each; ``own`` is this rank's own segment)."""
-        offsets = np.cumsum([0, *[int(n) for n in recv_nbytes]])
-        out[offsets[self.rank] : offsets[self.rank + 1]].copy_(own)
+    def write_peer(
+        self, j: int, t: int, nbytes: int, fill: Callable[[torch.Tensor], Any], *, kind: str
+    ) -> None:
+        """Wait until peer ``j`` is ready for call ``t``, let ``fill`` write ``nbytes`` into this
+        rank's slot of ``j``'s region (a flat uint8 view), then signal ``j``."""
+        ctrl = self._peer_ctrl[j]
+        backoff = _Backoff(self.timeout_s)
+        while ctrl[_READY] != t:
+            backoff.pause(
+                f"rank {self.rank}/{self.world_size}: {kind} send (call {t}) waiting for rank {j} "
+                "to be ready"
+            )
+        gen, cap = int(ctrl[_GEN]), int(ctrl[_CAP])
+        mapped_gen, region = self._peer_data[j]
+        if mapped_gen != gen:
+            region = _map(self._data_path(j, gen), self.world_size * cap, create=False)
+            self._peer_data[j] = (gen, region)
+            ctrl[self._mapped(self.rank)] = gen
+        if nbytes > cap:
+            raise TransportError(
+                f"rank {self.rank}: {kind} call {t}: {nbytes} bytes for rank {j} exceed its slot "
+                f"of {cap}; ranks disagree on the splits"
+            )
+        start = self.rank * cap
+        fill(region[start : start + nbytes])
+        _store_fence()
+        ctrl[self._nbytes(self.rank)] = nbytes
+        ctrl[self._done(self.rank)] = t
+
+    def poll_slots(
+        self, t: int, recv_nbytes: Sequence[int], *, kind: str
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(source, slot)`` for every peer as its rows for call ``t`` arrive; ``slot``
+        is a flat uint8 view into this rank's region, valid until the next :meth:`begin`."""
         cap = int(self._ctrl[_CAP])
         waiting = set(self._peers())
         backoff = _Backoff(self.timeout_s)
@@ -287,35 +305,31 @@ class ShmTransport:
                         f"rank {self.rank}: {kind} call {t}: rank {i} sent {n} bytes but "
                         f"{int(recv_nbytes[i])} were expected; ranks disagree on the splits"
                     )
-                out[offsets[i] : offsets[i + 1]].copy_(self._data[i * cap : i * cap + n])
                 waiting.discard(i)
-        return out
+                yield i, self._data[i * cap : i * cap + n]
 
-    def _write_to_peer(self, j: int, segment: torch.Tensor, t: int, kind: str) -> None:
-        ctrl = self._peer_ctrl[j]
-        backoff = _Backoff(self.timeout_s)
-        while ctrl[_READY] != t:
-            backoff.pause(
-                f"rank {self.rank}/{self.world_size}: {kind} send (call {t}) waiting for rank {j} "
-                "to be ready"
-            )
-        gen, cap = int(ctrl[_GEN]), int(ctrl[_CAP])
-        mapped_gen, region = self._peer_data[j]
-        if mapped_gen != gen:
-            region = _map(self._data_path(j, gen), self.world_size * cap, create=False)
-            self._peer_data[j] = (gen, region)
-            ctrl[self._mapped(self.rank)] = gen
-        n = segment.numel()
-        if n > cap:
-            raise TransportError(
-                f"rank {self.rank}: {kind} call {t}: {n} bytes for rank {j} exceed its slot of "
-                f"{cap}; ranks disagree on the splits"
-            )
-        start = self.rank * cap
-        region[start : start + n].copy_(segment)
-        _store_fence()
-        ctrl[self._nbytes(self.rank)] = n
-        ctrl[self._done(self.rank)] = t
+    def send(
+        self, segments: Sequence[torch.Tensor], recv_nbytes: Sequence[int], *, kind: str
+    ) -> int:
+        """:meth:`begin`, then copy ``segments[j]`` (flat uint8) into every peer ``j``.
+        ``segments[self.rank]`` stays here. Returns the call number for :meth:`recv`."""
+        if len(segments) != self.world_size:
+            raise ValueError(f"send({kind}): {len(segments)} segments for {self.world_size} ranks")
+        t = self.begin(recv_nbytes, kind=kind)
+        for j in self._peers():
+            self.write_peer(j, t, segments[j].numel(), _copier(segments[j]), kind=kind)
+        return t
+
+    def recv(
+        self, t: int, own: torch.Tensor, recv_nbytes: Sequence[int], out: torch.Tensor, *, kind: str
+    ) -> torch.Tensor:
+        """Finish call ``t``: copy each source's slot into ``out`` (flat uint8, sources in rank
+        order, ``recv_nbytes[i]`` bytes each; ``own`` is this rank's own segment)."""
+        offsets = np.cumsum([0, *[int(n) for n in recv_nbytes]])
+        out[offsets[self.rank] : offsets[self.rank + 1]].copy_(own)
+        for i, slot in self.poll_slots(t, recv_nbytes, kind=kind):
+            out[offsets[i] : offsets[i + 1]].copy_(slot)
+        return out
 
     def _grow(self, need: int) -> None:
         """Replace this rank's data region by a bigger one (no sender is using it now: every
@@ -415,6 +429,10 @@ class ShmTransport:
                 f"ShmTransport.{kind}: tensor on {t.device}; shared memory carries CPU tensors - "
                 "use TorchDistTransport (NCCL) for GPU tensors"
             )
+
+
+def _copier(segment: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+    return lambda slot: slot.copy_(segment.reshape(-1))
 
 
 def _cleanup(paths: list[str]) -> None:

@@ -1,0 +1,165 @@
+"""A Buffer whose row movers are fused with the shared-memory writes, as DeepEP's kernels are.
+
+:class:`~nobubble.moe.buffer.Buffer` over any transport gathers the rows to send
+(``index_select``), hands them to the transport (which copies them again), and in combine
+converts every returned row to float32 before a scatter-add into a fresh ``[N, H]`` float32
+tensor. DeepEP's intranode kernels instead read the token rows and write them straight into
+the peer's buffer, and reduce while reading the peers' buffers. :class:`ShmBuffer` does the
+same over :class:`~nobubble.moe.transport_shm.ShmTransport`:
+
+- dispatch: ``index_select(x, send_token_idx[seg], out=<peer slot>)`` - the gather *is* the
+  write into the peer's shared memory; the receiver copies each slot into ``recv_x`` once.
+- combine: each expert rank copies its rows for a source into that source's slot; the source
+  reduces block by block of tokens (a float32 block that stays in cache), adding the sources
+  in rank order, exactly as :meth:`Buffer.combine_rows` does, so the result is bit-identical.
+
+Everything else (layout, count exchange, handle, autograd) is the parent's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nobubble.moe.buffer import Buffer, DispatchHandle
+from nobubble.moe.transport_shm import ShmTransport
+
+__all__ = ["ShmBuffer"]
+
+_BLOCK_BYTES = 1 << 20  # float32 accumulator block for combine (fits in L2)
+
+
+def _offsets(counts: tuple[int, ...]) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + c)
+    return out
+
+
+class ShmBuffer(Buffer):
+    """:class:`Buffer` with gather-on-write dispatch and reduce-on-read combine over shared memory.
+
+    Args:
+        group: the expert-parallel group (all its ranks on this host).
+        transport: an existing :class:`ShmTransport` (default: a new one over ``group``).
+        num_experts: default ``E``.
+        timeout_s: per-wait timeout of the default transport.
+        capacity_bytes_per_peer: initial per-source slot size of the default transport.
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        transport: ShmTransport | None = None,
+        num_experts: int | None = None,
+        timeout_s: float = 120.0,
+        capacity_bytes_per_peer: int = 1 << 20,
+    ) -> None:
+        if transport is not None and not isinstance(transport, ShmTransport):
+            raise ValueError(
+                f"ShmBuffer: transport is {type(transport).__name__}; it needs a ShmTransport "
+                "(use Buffer for other transports)"
+            )
+        transport = transport or ShmTransport(
+            group, timeout_s=timeout_s, capacity_bytes_per_peer=capacity_bytes_per_peer
+        )
+        super().__init__(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
+        self.shm: ShmTransport = transport
+
+    def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
+        """``[N, *]`` -> ``[M, *]``: each sent row is gathered straight into the peer's slot."""
+        t = t.contiguous()
+        row_shape = t.shape[1:]
+        row_bytes = _row_bytes(t)
+        send_off = _offsets(handle.num_send_tokens_per_rank)
+        recv_off = _offsets(handle.num_recv_tokens_per_rank)
+        recv_nbytes = [n * row_bytes for n in handle.num_recv_tokens_per_rank]
+        out = torch.empty((recv_off[-1], *row_shape), dtype=t.dtype, device=t.device)  # (M, *)
+        shm = self.shm
+        step = shm.begin(recv_nbytes, kind=kind)
+        for j in shm._peers():
+            idx = handle.send_token_idx[send_off[j] : send_off[j + 1]]
+
+            def fill(slot: torch.Tensor, idx: torch.Tensor = idx) -> None:
+                dst = slot.view(t.dtype).view(idx.shape[0], *row_shape)  # (n_j, *)
+                torch.index_select(t, 0, idx, out=dst)
+
+            shm.write_peer(j, step, idx.shape[0] * row_bytes, fill, kind=kind)
+        me = self.rank
+        own_idx = handle.send_token_idx[send_off[me] : send_off[me + 1]]
+        torch.index_select(t, 0, own_idx, out=out[recv_off[me] : recv_off[me + 1]])
+        for i, slot in shm.poll_slots(step, recv_nbytes, kind=kind):
+            rows = recv_off[i + 1] - recv_off[i]
+            out[recv_off[i] : recv_off[i + 1]].copy_(slot.view(t.dtype).view(rows, *row_shape))
+        sent = send_off[-1] * row_bytes
+        own = (send_off[me + 1] - send_off[me]) * row_bytes
+        shm._count(kind, sent=sent, remote=sent - own, received=recv_off[-1] * row_bytes)
+        return out
+
+    def combine_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
+        """``[M, *]`` -> ``[N, *]``: rows go home through shared memory and are summed per token
+        in source-rank order (float32 for 16-bit inputs), block by block of tokens."""
+        t = t.contiguous()
+        row_shape = t.shape[1:]
+        row_bytes = _row_bytes(t)
+        flat = t.view(-1).view(torch.uint8)  # (M * row_bytes,)
+        back_off = _offsets(handle.num_recv_tokens_per_rank)  # rows of t, by destination
+        home_off = _offsets(handle.num_send_tokens_per_rank)  # rows coming home, by source
+        recv_nbytes = [n * row_bytes for n in handle.num_send_tokens_per_rank]
+        shm = self.shm
+        step = shm.begin(recv_nbytes, kind=kind)
+        for j in shm._peers():
+            seg = flat[back_off[j] * row_bytes : back_off[j + 1] * row_bytes]
+            shm.write_peer(j, step, seg.numel(), lambda slot, seg=seg: slot.copy_(seg), kind=kind)
+        me = self.rank
+        rows: dict[int, torch.Tensor] = {me: t[back_off[me] : back_off[me + 1]]}
+        for i, slot in shm.poll_slots(step, recv_nbytes, kind=kind):
+            rows[i] = slot.view(t.dtype).view(home_off[i + 1] - home_off[i], *row_shape)
+        out = self._reduce_blocks(t, handle, rows, home_off)
+        sent = back_off[-1] * row_bytes
+        own = (back_off[me + 1] - back_off[me]) * row_bytes
+        shm._count(kind, sent=sent, remote=sent - own, received=home_off[-1] * row_bytes)
+        return out
+
+    def _reduce_blocks(
+        self,
+        t: torch.Tensor,
+        handle: DispatchHandle,
+        rows: dict[int, torch.Tensor],
+        home_off: list[int],
+    ) -> torch.Tensor:
+        """Sum the rows of every source per token: ``out[n] = sum_r rows[r][token == n]``."""
+        row_shape = t.shape[1:]
+        acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
+        num_tokens = handle.num_tokens
+        out = torch.empty((num_tokens, *row_shape), dtype=t.dtype, device=t.device)  # (N, *)
+        row_numel = max(1, _row_bytes(t) // t.element_size())
+        block = max(1, _BLOCK_BYTES // (4 * row_numel))
+        acc = torch.empty((min(block, max(num_tokens, 1)), *row_shape), dtype=acc_dtype)
+        starts = torch.arange(0, num_tokens + block, block)  # block boundaries (last >= N)
+        bounds = {}
+        for r in range(self.num_ranks):
+            idx = handle.send_token_idx[home_off[r] : home_off[r + 1]]  # sorted tokens
+            bounds[r] = (idx, torch.searchsorted(idx, starts).tolist())
+        for b in range(len(starts) - 1):
+            lo_tok, hi_tok = int(starts[b]), min(int(starts[b + 1]), num_tokens)
+            if lo_tok >= hi_tok:
+                break
+            a = acc[: hi_tok - lo_tok]
+            a.zero_()
+            for r in range(self.num_ranks):  # rank order, as Buffer.combine_rows
+                idx, cut = bounds[r]
+                lo, hi = cut[b], cut[b + 1]
+                if hi > lo:
+                    a.index_add_(0, idx[lo:hi] - lo_tok, rows[r][lo:hi].to(acc_dtype))
+            out[lo_tok:hi_tok].copy_(a)
+        return out
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    numel = 1
+    for d in t.shape[1:]:
+        numel *= d
+    return numel * t.element_size()
