@@ -63,7 +63,19 @@ def check_step(ctx, layer, dense, step):
 
 
 def run_rank(ctx):
-    return {s: run_strategy(ctx, s) for s in ("least_loaded", "token_hash", "round_robin")}
+    out = {s: run_strategy(ctx, s) for s in ("least_loaded", "token_hash", "round_robin")}
+    weights = init_moe_weights(CONFIG, seed=1, dtype=torch.float64)
+    buffer = Buffer(timeout_s=ctx.timeout_s)
+    with pytest.raises(ValueError, match="13 physical experts do not split over 4 ranks"):
+        ReplicatedMoELayer(CONFIG, weights, buffer, torch.arange(13) % 8)
+    layer = ReplicatedMoELayer(CONFIG, weights, buffer, torch.arange(12) % 8)
+    # ranks that disagree on the loads would place differently: every rank raises, none hangs
+    skewed = torch.ones(8, dtype=torch.float64)
+    skewed[ctx.rank] = 100.0
+    with pytest.raises(RuntimeError, match="ranks computed different placements"):
+        rebalance_online(layer, weight=skewed)
+    assert torch.equal(layer.phy2log, torch.arange(12) % 8)  # nothing moved
+    return out
 
 
 def run_strategy(ctx, strategy):
