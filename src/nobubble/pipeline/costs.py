@@ -69,11 +69,11 @@ def _per_stage(
     label: str, value: Number | Sequence[Number], num_stages: int, unit: str = "stage"
 ) -> tuple[float, ...]:
     values = (value,) * num_stages if isinstance(value, int | float) else tuple(value)
-    if len(values) == 1:
+    if len(values) == 1 and unit == "rank":  # a one-entry list on the command line
         values = values * num_stages
     if len(values) != num_stages:
-        raise ValueError(f"{label} has {len(values)} entries; give one, or one per {unit} "
-                         f"({num_stages})")  # fmt: skip
+        raise ValueError(f"{label} has {len(values)} entries; give one number, or one per "
+                         f"{unit} ({num_stages})")  # fmt: skip
     return tuple(float(v) for v in values)
 
 
