@@ -8,7 +8,7 @@ from nobubble.cli import main
 from nobubble.pipeline.actions import Schedule
 from nobubble.trace import read_chrome_trace
 
-TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8", "--vocab", "32"]
+TINY = ["--layers", "4", "--hidden", "16", "--heads", "2", "--seq-len", "8", "--vocab", "32"]
 
 
 def test_profile_plan_run_chain(tmp_path, capsys):
@@ -17,7 +17,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
                "--json", *TINY])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert [s["blocks"] for s in out["stages"]] == [[0, 1], [2, 3]]
+    assert [s["blocks"] for s in out["stages"]] == [[0, 1, 2], [3, 4, 5]]
     assert all(s["t_f"] > 0 and s["mem_f"] > 0 for s in out["stages"])
 
     plan = tmp_path / "plan.csv"
@@ -30,11 +30,12 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     best = Schedule.from_csv(plan.read_text())
     assert best.num_ranks == 2 and best.num_microbatches == 4
 
-    trace = tmp_path / "run.json"
+    trace, png = tmp_path / "run.json", tmp_path / "run.png"
     rc = main(["pp", "run", "--schedule-file", str(plan), "--stages", "2", "--steps", "2",
-               "--no-predict", "--trace", str(trace), "--json", *TINY])  # fmt: skip
+               "--no-predict", "--trace", str(trace), "--plot", str(png), "--json", *TINY])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
+    assert png.stat().st_size > 0 and out["plot"] == str(png)
     assert out["num_steps"] == 2 and len(out["losses"]) == 2 and out["sim_makespan_s"] is None
     events, _ = read_chrome_trace(trace)
     ops = [e for e in events if e.cat != "wait"]
@@ -49,7 +50,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "0" in err and "W" in err
     assert main(["pp", "run", "--schedule-file", str(bad), "--stages", "3", *TINY]) == 2
     assert "has 2 ranks but --stages is 3" in capsys.readouterr().err
-    assert main(["pp", "run", "-s", "1f1b", "--stages", "4", *TINY]) == 2
-    assert "2 layers but the schedule has 4 stages" in capsys.readouterr().err
+    assert main(["pp", "run", "-s", "zb-v", "--stages", "4", *TINY]) == 2
+    assert "4 layers but the schedule has 8 stages" in capsys.readouterr().err
     assert main(["pp", "plan", "--profile", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err

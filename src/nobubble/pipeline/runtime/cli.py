@@ -339,10 +339,16 @@ def _print_run(s, files: str) -> None:
 
 
 def _run_torchrun(config, args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
     from nobubble.pipeline.runtime.launch import run_torchrun
     from nobubble.trace import write_chrome_trace
 
-    (res,) = run_torchrun([config], _options(args))
+    try:
+        (res,) = run_torchrun([config], _options(args))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     path = args.trace.with_name(f"{args.trace.stem}.rank{res.rank}{args.trace.suffix}")
     write_chrome_trace(path, res.events)
     if res.rank == 0:
