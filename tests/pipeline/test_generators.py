@@ -91,3 +91,14 @@ def test_bad_requests(kwargs, msg):
     name = args.pop("name")
     with pytest.raises(ValueError, match=msg):
         get_schedule(name, **args)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(SCHEDULE_NAMES), st.integers(1, 8), st.integers(1, 24))
+def test_csv_round_trip_every_generator(name, p, m):
+    from nobubble.pipeline.actions import Schedule
+
+    if name == "interleaved-1f1b":
+        m = p * max(1, m // p)
+    sched = get_schedule(name, num_stages=p, num_microbatches=m)
+    assert Schedule.from_csv(sched.to_csv(), name=sched.name) == sched
