@@ -1,0 +1,1 @@
+"""Where the RL stages run: ``local`` (processes on this machine) or ``ray`` (actors)."""

@@ -1,0 +1,127 @@
+"""The data that flows between the RL stages.
+
+A :class:`Sample` is one response to one prompt. It carries everything the trainer and the
+bookkeeping need: its ids (sample, group, prompt), the tokens, the behaviour log-probs of the
+policy that sampled it, that policy's version, the reward (or the reward's failure) and
+timestamps. A :class:`SampleGroup` is the GRPO group: ``group_size`` samples of one prompt,
+generated whole by one policy version.
+
+Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens (max new tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+__all__ = ["Sample", "SampleGroup", "GroupRequest", "Span"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated response.
+
+    Attributes:
+        sample_id: unique in a run (``group_id * group_size + index``).
+        group_id: the GRPO group it belongs to.
+        prompt_id: index of the prompt in the task's enumerated prompt space.
+        prompt: prompt text.
+        response: decoded response text (up to the first ``<eos>``).
+        tokens: (P + N,) int64, prompt then response (padded after ``<eos>``).
+        response_mask: (N,) bool, generated tokens up to and including ``<eos>``.
+        behaviour_logprobs: (N,) float32, log-probs of the response under the policy that
+            sampled it; 0 where the mask is False.
+        policy_version: version of the weights that generated it.
+        reward: the verified reward, None until scored or when the reward function failed.
+        reward_error: the last error of a reward function that failed after its retries.
+        t_generated: wall-clock time (``time.time()``) when generation finished.
+        t_scored: wall-clock time when the reward was computed (or failed).
+    """
+
+    sample_id: int
+    group_id: int
+    prompt_id: int
+    prompt: str
+    response: str
+    tokens: torch.Tensor
+    response_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    policy_version: int
+    reward: float | None = None
+    reward_error: str | None = None
+    t_generated: float = 0.0
+    t_scored: float | None = None
+
+    @property
+    def reward_failed(self) -> bool:
+        return self.reward_error is not None
+
+    def scored(self, reward: float, t: float) -> Sample:
+        return replace(self, reward=float(reward), reward_error=None, t_scored=t)
+
+    def failed(self, error: str, t: float) -> Sample:
+        return replace(self, reward=None, reward_error=error, t_scored=t)
+
+
+@dataclass(frozen=True)
+class SampleGroup:
+    """A GRPO group: the samples of one prompt, all from one policy version.
+
+    Raises ValueError at construction if the samples disagree on group, prompt or version:
+    that is the invariant "a group is generated whole by one policy version".
+    """
+
+    group_id: int
+    prompt_id: int
+    samples: tuple[Sample, ...]
+    t_admitted: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError(f"group {self.group_id} has no samples")
+        versions = {s.policy_version for s in self.samples}
+        if len(versions) != 1:
+            raise ValueError(f"group {self.group_id} mixes policy versions {sorted(versions)}")
+        if any(s.group_id != self.group_id or s.prompt_id != self.prompt_id for s in self.samples):
+            raise ValueError(f"group {self.group_id}: a sample carries another group or prompt id")
+
+    @property
+    def policy_version(self) -> int:
+        return self.samples[0].policy_version
+
+    @property
+    def sample_ids(self) -> tuple[int, ...]:
+        return tuple(s.sample_id for s in self.samples)
+
+    @property
+    def is_scored(self) -> bool:
+        return all(s.t_scored is not None for s in self.samples)
+
+    @property
+    def reward_failed(self) -> bool:
+        return any(s.reward_failed for s in self.samples)
+
+    def with_samples(self, samples: tuple[Sample, ...]) -> SampleGroup:
+        return replace(self, samples=samples)
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """An admitted group waiting to be generated: ``group_size`` responses to one prompt."""
+
+    group_id: int
+    prompt_id: int
+    prompt: str
+    t_admitted: float
+
+
+@dataclass(frozen=True)
+class Span:
+    """A busy span of one stage worker, for the per-stage timeline (seconds, wall clock)."""
+
+    stage: str
+    name: str
+    start_s: float
+    end_s: float
+    args: dict = field(default_factory=dict)

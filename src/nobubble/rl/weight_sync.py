@@ -1,0 +1,119 @@
+"""Versioned weight publication from the trainer to the generators.
+
+The trainer publishes weights with a version number after every step; a generator picks up
+the newest version between groups (never inside one). Versions only increase: publishing a
+version that is not newer than the last one, or loading an older one, raises
+:class:`WeightVersionError`.
+
+- :class:`WeightSlot` holds the latest :class:`VersionedWeights` in one process (the Ray
+  engine puts the state dict in the object store and hands references around).
+- :class:`SharedWeights` is the local engine's channel: one flat float32 tensor in shared
+  memory plus a version counter, both created by the parent and inherited by the worker
+  processes. The trainer copies its parameters in under a lock and bumps the version; a
+  generator copies them out under the same lock when the version moved. No pickling, no
+  queue: a publish costs one ``memcpy`` of the parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["WeightVersionError", "VersionedWeights", "WeightSlot", "SharedWeights"]
+
+
+class WeightVersionError(RuntimeError):
+    """A weight version went backwards or repeated."""
+
+
+@dataclass(frozen=True)
+class VersionedWeights:
+    """A state dict and the policy version it is."""
+
+    version: int
+    state_dict: dict[str, torch.Tensor]
+
+
+class WeightSlot:
+    """The latest published weights; ``publish`` refuses versions that are not newer."""
+
+    def __init__(self) -> None:
+        self.latest: VersionedWeights | None = None
+
+    @property
+    def version(self) -> int:
+        return -1 if self.latest is None else self.latest.version
+
+    def publish(self, weights: VersionedWeights) -> None:
+        if weights.version <= self.version:
+            raise WeightVersionError(
+                f"published version {weights.version} is not newer than {self.version}"
+            )
+        self.latest = weights
+
+
+def check_newer(old: int, new: int, who: str) -> None:
+    if new < old:
+        raise WeightVersionError(f"{who}: weight version went back from {old} to {new}")
+
+
+class SharedWeights:
+    """A model's parameters in shared memory with a monotonically increasing version.
+
+    Create it in the parent from a model (``SharedWeights(model, mp_context)``), pass it to
+    worker processes as an argument, then ``publish`` in the trainer and ``pull`` in the
+    generators. The version starts at -1 (nothing published).
+    """
+
+    def __init__(self, model: nn.Module, mp_context: Any) -> None:
+        self._names = [n for n, _ in model.state_dict().items()]
+        self._shapes = [tuple(t.shape) for t in model.state_dict().values()]
+        total = sum(t.numel() for t in model.state_dict().values())
+        self._flat = torch.zeros(total, dtype=torch.float32).share_memory_()
+        self._version = mp_context.Value("q", -1, lock=False)
+        self._lock = mp_context.Lock()
+
+    @property
+    def version(self) -> int:
+        return int(self._version.value)
+
+    def publish(self, model: nn.Module, version: int, timeout_s: float = 30.0) -> None:
+        """Copy ``model``'s parameters in as ``version`` (must exceed the current version)."""
+        flat = torch.cat([t.detach().reshape(-1).float() for t in model.state_dict().values()])
+        if not self._lock.acquire(timeout=timeout_s):
+            raise TimeoutError(f"SharedWeights.publish: lock not acquired in {timeout_s}s")
+        try:
+            if version <= self._version.value:
+                raise WeightVersionError(
+                    f"published version {version} is not newer than {self._version.value}"
+                )
+            self._flat.copy_(flat)
+            self._version.value = version
+        finally:
+            self._lock.release()
+
+    def pull(self, model: nn.Module, have: int, timeout_s: float = 30.0) -> int:
+        """Load the published weights into ``model`` if newer than ``have``; returns the
+        version ``model`` now holds."""
+        if self._version.value <= have:
+            return have
+        if not self._lock.acquire(timeout=timeout_s):
+            raise TimeoutError(f"SharedWeights.pull: lock not acquired in {timeout_s}s")
+        try:
+            version = int(self._version.value)
+            flat = self._flat.clone()
+        finally:
+            self._lock.release()
+        check_newer(have, version, "SharedWeights.pull")
+        state, offset = {}, 0
+        for name, shape in zip(self._names, self._shapes):
+            n = 1
+            for s in shape:
+                n *= s
+            state[name] = flat[offset : offset + n].view(shape)
+            offset += n
+        model.load_state_dict(state)
+        return version
