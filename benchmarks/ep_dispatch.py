@@ -1,7 +1,7 @@
 """Benchmark: DeepEP-style Buffer dispatch/combine vs per-pair all-to-all vs all-gather.
 
 Runs ``nobubble ep bench``'s measurement (all three methods in the same processes), prints
-the table and writes ``benchmarks/results/ep_dispatch.json``.
+the table and writes ``benchmarks/results/ep_dispatch.json`` and ``.png``.
 
     python benchmarks/ep_dispatch.py            # 4 ranks, 4096 x 7168 bf16, top-8 of 256
     python benchmarks/ep_dispatch.py --quick    # 4 ranks, 256 x 512, top-8 of 32
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from nobubble.moe.bench import BenchConfig
+from nobubble.moe.bench import BenchConfig, plot_report
 from nobubble.moe.cli import print_report, run_with_progress
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ep_dispatch.json"
@@ -36,7 +36,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     data = report.to_dict() | {"quick": args.quick}
     args.out.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    png = plot_report(data, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {png}")
     if not all(m.correct for m in report.methods):
         raise SystemExit("a method produced wrong results")
 

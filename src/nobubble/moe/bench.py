@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from nobubble.moe.layout import get_dispatch_layout, num_local_experts
 from nobubble.moe.reference import pair_combine, pair_dispatch
 from nobubble.moe.transport import Transport
 
-__all__ = ["BenchConfig", "MethodResult", "BenchReport", "run_bench", "METHODS"]
+__all__ = ["BenchConfig", "MethodResult", "BenchReport", "run_bench", "plot_report", "METHODS"]
 
 METHODS = ("buffer", "per-pair all-to-all", "all-gather")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -137,7 +138,7 @@ def _buffer_round(buf: Buffer, x, topk_idx, copies):
     exact = torch.equal(comb.combined_x, expected)
     bytes_ok = d.payload == int(copies.sum()) * x.shape[1] * x.element_size()
     verdict = "exact" if exact else "MISMATCH"
-    verdict += "; bytes = sum(is_token_in_rank)*H*es" if bytes_ok else "; BYTES WRONG"
+    verdict += ", bytes = logical" if bytes_ok else ", BYTES WRONG"
     return d, c, exact and bytes_ok, verdict
 
 
@@ -245,3 +246,42 @@ def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
             )
         )
     return BenchReport(config, logical, methods)
+
+
+def plot_report(report: dict[str, Any], path: Path) -> Path:
+    """Bar charts of time and bytes per method from :meth:`BenchReport.to_dict` (PNG or SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = report["methods"]
+    names = [m["method"] for m in methods]
+    pos = list(range(len(names)))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for offset, key, label in ((-0.2, "dispatch", "dispatch"), (0.2, "combine", "combine")):
+        ax1.bar(
+            [p + offset for p in pos], [m[f"{key}_ms"] for m in methods], width=0.4, label=label
+        )
+        ax2.bar(
+            [p + offset for p in pos],
+            [m[f"{key}_payload_bytes"] / 1e6 for m in methods],
+            width=0.4,
+            label=label,
+        )
+    ax2.axhline(report["logical_bytes"] / 1e6, color="k", ls="--", lw=1, label="logical")
+    c = report["config"]
+    for ax, ylabel in ((ax1, "ms (slowest rank, median)"), (ax2, "MB moved (all ranks)")):
+        ax.set_xticks(pos, names, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"{c['ranks']} ranks x {c['tokens']} tokens x {c['hidden']} {c['dtype']}, "
+        f"top-{c['topk']} of {c['experts']} experts (gloo, CPU)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 from nobubble.cliutil import (
@@ -46,6 +47,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
     )
+    bench.add_argument("--plot", type=Path, help="also draw times and bytes (PNG or SVG)")
     add_json_flag(bench)
     bench.set_defaults(func=_bench)
 
@@ -118,7 +120,13 @@ def _bench(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         seed=args.seed,
     )
+    if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"--plot {args.plot}: use a .png or .svg file name")
     report = run_with_progress(config)
+    if args.plot is not None:
+        from nobubble.moe.bench import plot_report
+
+        plot_report(report.to_dict(), args.plot)
     if args.json:
         print_json(report.to_dict())
     else:
