@@ -68,7 +68,12 @@ def grpo_advantages(
     centered = groups - groups.mean(dim=1, keepdim=True)  # (G, group_size)
     if group_size == 1:
         return torch.zeros_like(rewards)
-    # A group with equal rewards has centered == 0 exactly, so dividing keeps it at 0.
+    # A group whose rewards are all equal carries no signal. Its mean can still differ from
+    # the rewards in the last bit (e.g. 6 * -2.0 + 1.3087), and dividing that rounding error
+    # by an equally tiny std would turn it into an advantage of order 1: zero such groups.
+    spread = groups.amax(dim=1, keepdim=True) - groups.amin(dim=1, keepdim=True)  # (G, 1)
+    tiny = 16 * torch.finfo(groups.dtype).eps * groups.abs().amax(dim=1, keepdim=True)
+    centered = torch.where(spread <= tiny, torch.zeros_like(centered), centered)
     if scale == "group":
         centered = centered / (groups.std(dim=1, keepdim=True) + eps)
     elif scale == "batch" and rewards.numel() > 1:
