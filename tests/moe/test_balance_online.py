@@ -11,6 +11,7 @@ from nobubble.distributed import spawn
 from nobubble.moe.balance_online import plan_migration, rebalance_online
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.eplb import rebalance_experts
+from nobubble.moe.eplb_incremental import count_moves
 from nobubble.moe.layer import DenseMoE, MoEConfig, init_moe_weights
 from nobubble.moe.replicated_layer import EXPERT_PARAMS, ReplicatedMoELayer
 
@@ -97,6 +98,8 @@ def run_strategy(ctx, strategy):
     # hot experts per the live statistics are not the ones replicated: rebalance, fresh
     result = rebalance_online(layer, opt, incremental=False)
     assert result.num_moved > 0 and not torch.equal(result.new_phy2log, result.old_phy2log)
+    moves = count_moves(result.old_phy2log[None], result.new_phy2log[None], WORLD)
+    assert result.num_moved == int(moves[0])
     own = layer.own_logical_experts
     for name in EXPERT_PARAMS:  # moved weights and Adam moments are the logical expert's
         close(getattr(layer, name).detach(), getattr(dense, name).detach()[own], name)
