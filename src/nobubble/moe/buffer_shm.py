@@ -18,6 +18,8 @@ Everything else (layout, count exchange, handle, autograd) is the parent's.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from typing import Any
 
 import torch
@@ -28,6 +30,30 @@ from nobubble.moe.transport_shm import ShmTransport
 __all__ = ["ShmBuffer"]
 
 _BLOCK_BYTES = 1 << 20  # float32 accumulator block for combine (fits in L2)
+
+
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+if _LIBC is not None:
+    _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def empty_hugepages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty`` whose interior 2 MiB pages are advised as transparent huge pages.
+
+    A fresh 200 MB output costs 50 000 page faults when first written (the kernel zeroes every
+    4 KiB page), which on CPU is several times the cost of the copy itself; with huge pages
+    it is 100 faults. Elsewhere than Linux this is plain ``torch.empty``.
+    """
+    t = torch.empty(shape, dtype=dtype)
+    nbytes = t.numel() * t.element_size()
+    if _LIBC is not None and nbytes >= 2 * _HUGE_PAGE:
+        start = -(-t.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
+        end = (t.data_ptr() + nbytes) // _HUGE_PAGE * _HUGE_PAGE
+        if end > start:
+            _LIBC.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: errors are harmless
+    return t
 
 
 def _offsets(counts: tuple[int, ...]) -> list[int]:
@@ -76,7 +102,7 @@ class ShmBuffer(Buffer):
         send_off = _offsets(handle.num_send_tokens_per_rank)
         recv_off = _offsets(handle.num_recv_tokens_per_rank)
         recv_nbytes = [n * row_bytes for n in handle.num_recv_tokens_per_rank]
-        out = torch.empty((recv_off[-1], *row_shape), dtype=t.dtype, device=t.device)  # (M, *)
+        out = empty_hugepages((recv_off[-1], *row_shape), t.dtype)  # (M, *)
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)
         for j in shm._peers():
@@ -134,7 +160,7 @@ class ShmBuffer(Buffer):
         row_shape = t.shape[1:]
         acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
         num_tokens = handle.num_tokens
-        out = torch.empty((num_tokens, *row_shape), dtype=t.dtype, device=t.device)  # (N, *)
+        out = empty_hugepages((num_tokens, *row_shape), t.dtype)  # (N, *)
         row_numel = max(1, _row_bytes(t) // t.element_size())
         block = max(1, _BLOCK_BYTES // (4 * row_numel))
         acc = torch.empty((min(block, max(num_tokens, 1)), *row_shape), dtype=acc_dtype)
