@@ -20,6 +20,7 @@ Writes benchmarks/results/pp_runtime.json (or pp_runtime_quick.json).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -67,9 +68,9 @@ def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: in
         y = x
         for b in blocks.values():
             y = b(y)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         y.backward(dy)  # the fused baseline on the same blocks
-        tf.append((time.perf_counter() - t0) * 1e3)
+        tf.append((time.thread_time() - t0) * 1e3)
         blocks.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_(True)
         with meter.forward(0, rep):
@@ -77,13 +78,13 @@ def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: in
             for b in blocks.values():
                 y = b(y)
         saved = meter.live_bytes
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         _, groups = stage_backward_input([y], [dy], [x], blocks.parameters())
-        t1 = time.perf_counter()
+        t1 = time.thread_time()
         stash = {id(g): g.untyped_storage().nbytes() for pg in groups for gs in pg["grads"]
                  for g in gs if g is not None}  # fmt: skip
         stage_backward_weight(blocks.parameters(), groups)
-        t2 = time.perf_counter()
+        t2 = time.thread_time()
         meter.backward_weight(0, rep)
         meter._release((0, rep, "F"))
         blocks.zero_grad(set_to_none=True)
@@ -94,6 +95,7 @@ def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: in
     return {
         "t_b": statistics.median(tb), "t_w": statistics.median(tw),
         "fused": statistics.median(tf[1:]), "held_bytes": held, "saved_bytes": saved,
+        "ratio": statistics.median((b + w) / f for b, w, f in zip(tb, tw, tf[1:], strict=True)),
     }  # fmt: skip
 
 
@@ -103,7 +105,8 @@ def split_table(model: GPTConfig, prof: Profile, repeats: int) -> list[dict]:
     rows = [
         {"stage": f"stage {st.stage} (blocks {st.blocks[0]}-{st.blocks[-1]})",
          "method": "deferred linear (ours)", "t_b": st.t_b, "t_w": st.t_w,
-         "fused": st.t_bw_fused, "held_mib": st.mem_w / MiB, "forward_saved_mib": st.mem_f / MiB}
+         "fused": st.t_bw_fused, "ratio": st.bw_ratio, "held_mib": st.mem_w / MiB,
+         "forward_saved_mib": st.mem_f / MiB}
         for st in prof.stages
     ]  # fmt: skip
     # torch's split on stage 0's transformer blocks (input: an activation, not tokens)
@@ -111,7 +114,7 @@ def split_table(model: GPTConfig, prof: Profile, repeats: int) -> list[dict]:
     tc = torch_split_cost(model, blocks, shapes[1], repeats)
     rows.append(
         {"stage": f"blocks {blocks[0]}-{blocks[-1]}", "method": "torch stage_backward_input/weight",
-         "t_b": tc["t_b"], "t_w": tc["t_w"], "fused": tc["fused"],
+         "t_b": tc["t_b"], "t_w": tc["t_w"], "fused": tc["fused"], "ratio": tc["ratio"],
          "held_mib": tc["held_bytes"] / MiB, "forward_saved_mib": tc["saved_bytes"] / MiB}
     )  # fmt: skip
     return rows
@@ -154,14 +157,19 @@ def main() -> int:
     ranges = partition_blocks(model, 2)
     shapes = boundary_shapes(model, ranges, mb_size)
     t_comm = spawn(comm_probe, 2, args=(tuple(shapes[1]),), timeout_s=300)[0]
-    prof = profile_stages(model, 2, microbatch_size=mb_size, repeats=repeats, t_comm=t_comm)
+    # thread CPU time: what the ops cost, not how long other processes kept them waiting
+    prof = profile_stages(
+        model, 2, microbatch_size=mb_size, repeats=repeats, t_comm=t_comm, clock="cpu"
+    )
     split = split_table(model, prof, repeats)
     costs = prof.cost_model()
     # the automatic schedules (zb-2p) are built for the profiled costs; the run uses the same
     schedules = [get_schedule(n, num_stages=2, num_microbatches=num_mb, costs=costs)
                  for n in SCHEDULES]  # fmt: skip
     sims = {s.name: simulate(s, costs) for s in schedules}
+    load_before = os.getloadavg()[0]
     measured = run_schedules(model, schedules, mb_size, steps, rounds, timeout_s=1800)
+    load = (load_before, os.getloadavg()[0])
 
     rows, table = [], []
     base = statistics.median(measured["1f1b"]["step"])
@@ -193,7 +201,8 @@ def main() -> int:
         f"mb {mb_size})",
         ["stage", "method", "T_B", "T_W", "T_B+T_W", "fused BW", "ratio", "held B->W MiB"],
         [[r["stage"], r["method"], r["t_b"], r["t_w"], r["t_b"] + r["t_w"], r["fused"],
-          f"{(r['t_b'] + r['t_w']) / r['fused']:.3f}", r["held_mib"]] for r in split],
+          f"{r['ratio']:.3f}", r["held_mib"]] for r in split],
+        caption="thread CPU time, medians; ratio = median of per-repeat (T_B+T_W)/fused",
     )  # fmt: skip
     print_table(
         f"2 ranks x 1 thread, GPT {model.num_layers} layers h={model.hidden} T={model.seq_len}, "
@@ -201,13 +210,14 @@ def main() -> int:
         ["schedule", "step ms", "sim ms", "speedup", "sim speedup", "error", "bubble",
          "sim bubble", "peak act MiB r0/r1", "sim peak MiB"],
         table,
-        caption=f"T_comm {t_comm:.2f} ms; medians of {len(measured['1f1b']['step'])} steps",
+        caption=f"T_comm {t_comm:.2f} ms; medians of {len(measured['1f1b']['step'])} steps; "
+        f"load average during the run {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs",
     )  # fmt: skip
     name = "pp_runtime_quick" if args.quick else "pp_runtime"
     path = write_json(name, {
         "model": asdict(model),
         "num_microbatches": num_mb, "microbatch_size": mb_size, "ranks": 2,
-        "threads_per_rank": 1, "profile": prof.to_dict(), "bw_split": split, "schedules": rows,
+        "threads_per_rank": 1, "load_average": load, "cpus": os.cpu_count(), "profile": prof.to_dict(), "bw_split": split, "schedules": rows,
     })  # fmt: skip
     print(f"wrote {path}")
     return 0

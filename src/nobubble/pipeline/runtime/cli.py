@@ -14,6 +14,7 @@ its own trace file (merge them with ``nobubble trace merge``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -102,6 +103,8 @@ def _add_launch(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default=None, help="gloo / nccl (default: by device)")
     g.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     g.add_argument("--timeout", type=positive_float, default=300.0, help="seconds, any wait")
+    g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
 
 
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
@@ -136,15 +139,14 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
         with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
             prof = profile_stages(
                 model, num_stages, microbatch_size=args.microbatch_size,
-                device=_device(args.device), repeats=repeats,
+                device=_device(args.device), repeats=repeats, clock=args.clock,
             )  # fmt: skip
             if comm and num_stages > 1:
                 shapes = boundary_shapes(model, partition_blocks(model, num_stages), 1)
                 shape = (args.microbatch_size, *tuple(shapes[1])[1:])
                 t = spawn(comm_probe, 2, args=(shape,), backend=args.backend,
                           device=args.device, timeout_s=args.timeout)[0]  # fmt: skip
-                prof = type(prof)(prof.model, prof.microbatch_size, prof.stages, t,
-                                  prof.activation_bytes)  # fmt: skip
+                prof = dataclasses.replace(prof, t_comm=t)
     finally:
         torch.set_num_threads(threads)
     return prof
@@ -172,7 +174,8 @@ def _profile(args: argparse.Namespace) -> int:
         f"{model.name}: {args.stages} stages, microbatch {args.microbatch_size} (ms, MiB)",
         ["stage", "blocks", "T_F", "T_B", "T_W", "T_B+T_W", "fused BW", "split", "M_F", "M_W"],
         rows,
-        caption=f"T_comm {prof.t_comm:.3f} ms" + (f"; wrote {args.output}" if args.output else ""),
+        caption=f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock"
+        + (f"; wrote {args.output}" if args.output else ""),
     )
     return 0
 

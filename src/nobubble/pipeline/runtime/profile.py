@@ -5,7 +5,9 @@ microbatch of the real shape (stage 0 gets real tokens/features, later stages a 
 activation of their input shape, every stage but the last a random output gradient):
 
 - ``t_f``, ``t_b``, ``t_w``: medians of ``repeats`` timed F, B (input gradient) and W
-  (deferred weight gradient) after ``warmup`` untimed rounds;
+  (deferred weight gradient) after ``warmup`` untimed rounds, by the wall clock or (CPU
+  only, ``clock="cpu"``) by this thread's CPU time, which other processes on a shared
+  machine do not inflate;
 - ``t_bw_fused``: the median of plain autograd backward of the same stage (no split), the
   baseline that T_B + T_W is compared with;
 - ``mem_f``: bytes autograd saves in F; ``mem_w``: bytes W keeps after B (X and dY of the
@@ -48,6 +50,9 @@ class StageProfile:
     t_bw_fused: float
     mem_f: int
     mem_w: int
+    bw_ratio: float
+    """Median over repeats of (T_B + T_W) / fused backward, each pair timed back to back (a
+    load burst on a shared machine hits both sides of a pair alike)."""
 
     @property
     def mem_b(self) -> int:
@@ -55,8 +60,8 @@ class StageProfile:
 
     @property
     def split_overhead(self) -> float:
-        """(T_B + T_W) / fused backward - 1."""
-        return (self.t_b + self.t_w) / self.t_bw_fused - 1.0
+        """(T_B + T_W) / fused backward - 1 (paired median, see ``bw_ratio``)."""
+        return self.bw_ratio - 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class Profile:
     stages: tuple[StageProfile, ...]
     t_comm: float
     activation_bytes: int
+    clock: str = "wall"
+    """How op times were taken: ``wall`` or ``cpu`` (thread CPU time)."""
 
     def cost_model(self, schedule: Schedule | None = None) -> CostModel:
         """The simulator's per-stage costs (ms, bytes). ``schedule`` must have as many stages
@@ -106,6 +113,7 @@ class Profile:
             stages=stages,
             t_comm=float(d["t_comm"]),
             activation_bytes=int(d["activation_bytes"]),
+            clock=str(d.get("clock", "wall")),
         )
 
 
@@ -121,6 +129,7 @@ def profile_stage(
     device: torch.device | str = "cpu",
     repeats: int = 5,
     warmup: int = 1,
+    clock: str = "wall",
 ) -> StageProfile:
     """Time F, B, W and the fused backward of one stage; measure its activation memory.
 
@@ -128,6 +137,7 @@ def profile_stage(
     input of stage 0 / the loss of the last stage).
     """
     device = torch.device(device)
+    clock = _clock(clock, device)
     blocks = build_blocks(model, blocks_range, device)
     batch = model.make_batch(microbatch_size, seed=1, device=device)
     gen = torch.Generator().manual_seed(2)
@@ -144,34 +154,51 @@ def profile_stage(
     mem_f = mem_w = 0
     for rep in range(warmup + repeats):
         attach_store(blocks, stage.store)
-        t0 = time.perf_counter()
+        t0 = clock()
         stage.forward(0, x, targets)
         sync()
-        t1 = time.perf_counter()
+        t1 = clock()
         mem_f = meter.live_bytes
         stage.backward_input(0, dy)
         sync()
-        t2 = time.perf_counter()
+        t2 = clock()
         mem_w = meter.live_bytes
         stage.backward_weight(0)
         sync()
-        t3 = time.perf_counter()
+        t3 = clock()
         attach_store(blocks, None)  # plain autograd: the fused baseline
         out = _plain_forward(blocks, x, model, targets)
         sync()
-        t4 = time.perf_counter()
+        t4 = clock()
         out.backward(dy)
         sync()
-        t5 = time.perf_counter()
+        t5 = clock()
         if rep >= warmup:
             for key, dt in (("f", t1 - t0), ("b", t2 - t1), ("w", t3 - t2), ("fused", t5 - t4)):
                 times[key].append(dt * 1e3)
     attach_store(blocks, stage.store)
     med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = [(b + w) / f for b, w, f in zip(times["b"], times["w"], times["fused"], strict=True)]
     return StageProfile(
         stage=stage_index, blocks=tuple(blocks_range), t_f=med["f"], t_b=med["b"],
         t_w=med["w"], t_bw_fused=med["fused"], mem_f=int(mem_f), mem_w=int(mem_w),
+        bw_ratio=statistics.median(ratios),
     )  # fmt: skip
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def _clock(name: str, device: torch.device):
+    """``wall``: time.perf_counter; ``cpu``: this thread's CPU time (CPU device only), which
+    a busy shared machine does not inflate by descheduling the process."""
+    if name not in CLOCKS:
+        raise ValueError(f"clock={name!r}; choose one of {CLOCKS}")
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"clock='cpu' measures CPU work; use clock='wall' on {device}")
+        return time.thread_time
+    return time.perf_counter
 
 
 def _plain_forward(blocks, x, model: ModelConfig, targets) -> torch.Tensor:
@@ -190,6 +217,7 @@ def profile_stages(
     repeats: int = 5,
     warmup: int = 1,
     t_comm: float = 0.0,
+    clock: str = "wall",
 ) -> Profile:
     """Profile every stage of ``model`` split into ``num_stages`` stages on this process."""
     from nobubble.pipeline.runtime.executor import boundary_shapes
@@ -208,11 +236,12 @@ def profile_stages(
             device=device,
             repeats=repeats,
             warmup=warmup,
+            clock=clock,
         )  # fmt: skip
         for s, r in enumerate(ranges)
     )
     act = max((torch.Size(v).numel() * 4 for v in shapes.values()), default=0)
-    return Profile(model.name, microbatch_size, stages, t_comm, act)
+    return Profile(model.name, microbatch_size, stages, t_comm, act, clock)
 
 
 def measure_comm(ctx: DistContext, shape: torch.Size, *, repeats: int = 10) -> float:
