@@ -152,3 +152,15 @@ def test_meter_holds_forward_then_stash_then_nothing():
     st.backward_weight(0)
     st.backward_full(1)
     assert meter.live_bytes == 0 and meter.peak_bytes == 2 * one
+
+
+def test_device_and_clock_are_checked_options():
+    from nobubble.pipeline.runtime.launch import LaunchOptions
+    from nobubble.pipeline.runtime.profile import profile_stage
+
+    assert LaunchOptions(device="cuda", backend="nccl").backend == "nccl"
+    with pytest.raises(ValueError, match="device='tpu'"):
+        LaunchOptions(device="tpu")
+    with pytest.raises(ValueError, match="clock='cpu' measures CPU work"):
+        profile_stage(TINY_MLP, range(0, 2), stage_index=0, num_stages=2, microbatch_size=2,
+                      input_shape=None, output_shape=None, device="cuda", clock="cpu")  # fmt: skip
