@@ -54,12 +54,12 @@ def _global_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _check_case(ctx, buf: Buffer, case) -> None:
-    name, hidden, num_experts, topk, tokens, dtype, kind = case
+def _check_case(ctx, buf: Buffer, case_index: int) -> None:
+    name, hidden, num_experts, topk, tokens, dtype, kind = CASES[case_index]
     rank, num_ranks = ctx.rank, ctx.world_size
     local = num_experts // num_ranks
     n = tokens[rank % len(tokens)]
-    g = torch.Generator().manual_seed(1000 * rank + hash(name) % 997)
+    g = torch.Generator().manual_seed(1000 * rank + case_index)
     topk_idx, topk_weights = _routing(kind, n, num_experts, topk, g)
     layout = get_dispatch_layout(topk_idx, num_experts, num_ranks)
     in_rank = layout.is_token_in_rank
@@ -111,6 +111,12 @@ def _check_case(ctx, buf: Buffer, case) -> None:
     else:  # within bf16 rounding of the float32 sum
         torch.testing.assert_close(comb.combined_x, ref_y, rtol=2**-8, atol=0)
     assert torch.equal(comb.combined_topk_weights, ref_w), name
+    b1, b2 = (
+        torch.randn(n, hidden, generator=g).to(dtype),
+        torch.randn(n, hidden, generator=g).to(dtype),
+    )
+    with_bias = buf.combine(y, res.handle, bias=(b1, b2)).combined_x
+    assert torch.equal(with_bias, comb.combined_x + b1 + b2), name
 
     # cached dispatch: the handle's layout, no count exchange
     x2 = torch.randn(n, hidden, generator=g).to(dtype)
@@ -214,9 +220,9 @@ def _check_errors(ctx, buf: Buffer) -> None:
 
 def _run_all(ctx) -> str:
     buf = Buffer(num_experts=4 * ctx.world_size, timeout_s=60)
-    for case in CASES:
+    for i, case in enumerate(CASES):
         if case[2] % ctx.world_size == 0:
-            _check_case(ctx, buf, case)
+            _check_case(ctx, buf, i)
     _check_errors(ctx, buf)
     return "ok"
 

@@ -122,7 +122,7 @@ class _Phase:
 def _phase(transport: Transport, fn: Callable[[], Any]) -> tuple[Any, _Phase]:
     """Run ``fn`` after a barrier; time it and read what the transport moved for it."""
     transport.reset_stats()
-    dist.barrier()
+    dist.barrier(group=getattr(transport, "group", None))
     start = time.perf_counter()
     out = fn()
     ms = (time.perf_counter() - start) * 1e3

@@ -157,22 +157,22 @@ def reference_dispatch(
         )
     keys = sorted(rows)
     num_rows = len(keys)
-    recv_topk_idx = torch.full((num_rows, topk), -1, dtype=torch.int64)
-    recv_topk_weights = torch.zeros((num_rows, topk), dtype=torch.float32)
+    recv_topk_idx = torch.full((num_rows, topk), -1, dtype=torch.int64, device=x.device)
+    recv_topk_weights = torch.zeros((num_rows, topk), dtype=torch.float32, device=x.device)
     counts = [0] * local
     for m, key in enumerate(keys):
         for slot, expert, weight in slots[key]:
             recv_topk_idx[m, slot] = expert
             recv_topk_weights[m, slot] = weight
             counts[expert] += 1
-    take = torch.tensor([rows[k] for k in keys], dtype=torch.int64)
+    take = torch.tensor([rows[k] for k in keys], dtype=torch.int64, device=x.device)
     return ReferenceDispatch(
         recv_x=pairs.recv_rows[take],
         recv_topk_idx=recv_topk_idx,
         recv_topk_weights=recv_topk_weights,
         num_recv_tokens_per_expert=counts,
-        recv_src_rank=torch.tensor([k[0] for k in keys], dtype=torch.int64),
-        recv_src_token=torch.tensor([k[1] for k in keys], dtype=torch.int64),
+        recv_src_rank=torch.tensor([k[0] for k in keys], dtype=torch.int64, device=x.device),
+        recv_src_token=torch.tensor([k[1] for k in keys], dtype=torch.int64, device=x.device),
     )
 
 
@@ -199,7 +199,7 @@ def reference_combine(
     back = transport.all_to_all(x, num_send, num_recv, kind="ref_x")
     back_token = transport.all_to_all(recv_src_token, num_send, num_recv, kind="ref_meta")
     acc_dtype = torch.float32 if x.element_size() < 4 and x.is_floating_point() else x.dtype
-    out = torch.zeros((num_tokens, *x.shape[1:]), dtype=acc_dtype)
+    out = torch.zeros((num_tokens, *x.shape[1:]), dtype=acc_dtype, device=x.device)
     for i in range(back.shape[0]):  # rows arrive grouped by source rank, in rank order
         t = int(back_token[i])
         out[t] = out[t] + back[i].to(acc_dtype)
