@@ -98,6 +98,8 @@ def fp8_row_bytes(hidden: int) -> int:
 def pack_fp8(q: Fp8Rows) -> torch.Tensor:
     """``Fp8Rows`` -> one uint8 payload ``[N, H + 4B]`` (values, then scales' bytes)."""
     n = q.data.shape[0]
+    if n == 0:  # empty reductions may carry zero strides, which no byte view accepts
+        return torch.empty(0, fp8_row_bytes(q.hidden), dtype=torch.uint8)
     return torch.cat(
         [q.data.view(torch.uint8), q.scales.view(torch.uint8).view(n, 4 * q.scales.shape[1])],
         dim=1,
@@ -112,7 +114,9 @@ def unpack_fp8(packed: torch.Tensor, hidden: int) -> Fp8Rows:
             f"{packed.dtype} {tuple(packed.shape)}"
         )
     data = packed[:, :hidden].contiguous().view(FP8_DTYPE)  # (N, H)
-    scales = packed[:, hidden:].contiguous().view(torch.float32)  # (N, B)
+    scales = (
+        packed[:, hidden:].clone(memory_format=torch.contiguous_format).view(torch.float32)
+    )  # (N, B), fresh: 4-byte aligned
     return Fp8Rows(data, scales)
 
 

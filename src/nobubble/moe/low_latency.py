@@ -1,0 +1,338 @@
+"""Low-latency mode (decoding): fixed-capacity buffers, expert-major output, no count exchange.
+
+In DeepEP's low-latency mode every rank owns a receive buffer with a fixed slot per
+(source rank, local expert) sized for ``num_max_dispatch_tokens_per_rank`` tokens, so a sender
+can write its rows without first asking how many the others send: the counts travel *with*
+the data (here at the end of each source's slot) and the receiver learns them when the slot
+arrives. One row travels per (token, expert) pair - no deduplication, which would need the
+extra round trip that this mode avoids. The output is expert-major, ready for a grouped GEMM:
+
+- ``recv_x [L, R * T, H]``: rows for local expert ``e`` from source rank ``i`` sit at
+  ``[e, i * T : i * T + recv_layout[e, i]]`` in the source's token order; the rest is padding
+  (uninitialised, as in DeepEP);
+- ``recv_count [L]``: valid rows per local expert.
+
+``low_latency_combine`` sends each expert output row back to its token's rank, which returns
+``sum_k topk_weights[n, k] * out(n, k)`` (float32 accumulation in slot order).
+
+With ``return_recv_hook=True`` dispatch only *sends* (writes into the peers' shared memory or
+starts an asynchronous all-to-all) and returns a hook; the caller computes, then calls the
+hook to receive. Over :class:`~nobubble.moe.transport_shm.ShmTransport` only the valid rows
+move; over ``torch.distributed`` (NCCL / gloo) the fixed-size slots move whole.
+
+Shape legend: ``N`` tokens (``<= T``), ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
+``L = E / R`` local experts, ``T = num_max_dispatch_tokens_per_rank``, ``C = T * min(K, L)``
+rows per source slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nobubble.moe.fp8 import (
+    fp8_row_bytes,
+    pack_fp8,
+    per_token_cast_back,
+    per_token_cast_to_fp8,
+    unpack_fp8,
+)
+from nobubble.moe.layout import check_topk_idx, num_local_experts
+from nobubble.moe.transport import TorchDistTransport, TransportError
+from nobubble.moe.transport_shm import ShmTransport, make_transport
+
+__all__ = ["LowLatencyBuffer", "LowLatencyHandle", "LowLatencyDispatch"]
+
+
+@dataclass(frozen=True, eq=False)
+class LowLatencyHandle:
+    """What combine needs to send expert outputs home and weight them.
+
+    Attributes:
+        num_tokens: ``N`` of this rank.
+        hidden: ``H``.
+        send_token / send_slot: ``[P]`` int64, the (token, top-k slot) of each pair sent, by
+            destination rank, then local expert, then token.
+        send_counts: ``R`` ints, pairs sent to each rank.
+        recv_layout: ``[L, R]`` int64, rows received per (local expert, source rank); filled
+            when the receive completes.
+    """
+
+    num_tokens: int
+    hidden: int
+    send_token: torch.Tensor
+    send_slot: torch.Tensor
+    send_counts: tuple[int, ...]
+    recv_layout: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class LowLatencyDispatch:
+    """What :meth:`LowLatencyBuffer.low_latency_dispatch` returns.
+
+    Attributes:
+        recv_x: ``[L, R * T, H]`` expert-major rows (x's dtype; dequantised with FP8).
+        recv_count: ``[L]`` int64 valid rows per local expert.
+        handle: for :meth:`LowLatencyBuffer.low_latency_combine`.
+        hook: with ``return_recv_hook``, call it to receive (fills ``recv_x``, ``recv_count``
+            and ``handle.recv_layout``); None when the receive already happened.
+    """
+
+    recv_x: torch.Tensor
+    recv_count: torch.Tensor
+    handle: LowLatencyHandle
+    hook: Callable[[], None] | None
+
+
+class LowLatencyBuffer:
+    """Fixed-capacity dispatch / combine for small batches.
+
+    Args:
+        group: the expert-parallel group (``None`` = default).
+        num_max_dispatch_tokens_per_rank: ``T``, the most tokens any rank dispatches at once.
+        hidden: ``H``.
+        num_experts: ``E``, a multiple of the group size.
+        transport: ``"auto"`` (shared memory for gloo on CPU), ``"shm"`` or ``"dist"``; the
+            low-latency buffer owns its transport (its slots must not mix with normal mode's).
+        timeout_s: the longest any wait may take.
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        num_max_dispatch_tokens_per_rank: int,
+        hidden: int,
+        num_experts: int,
+        transport: str = "auto",
+        timeout_s: float = 120.0,
+    ) -> None:
+        for name, value in (
+            ("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
+            ("hidden", hidden),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LowLatencyBuffer: {name}={value!r} must be an int >= 1")
+        self.transport = make_transport(transport, group, timeout_s=timeout_s)
+        self.rank, self.num_ranks = self.transport.rank, self.transport.world_size
+        self.num_local_experts = num_local_experts(num_experts, self.num_ranks)
+        self.num_experts = num_experts
+        self.max_tokens = num_max_dispatch_tokens_per_rank
+        self.hidden = hidden
+        self.timeout_s = timeout_s
+        self.bytes_sent_remote: dict[str, int] = {}
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        self.bytes_sent_remote[kind] = self.bytes_sent_remote.get(kind, 0) + nbytes
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def low_latency_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        *,
+        use_fp8: bool = False,
+        return_recv_hook: bool = False,
+    ) -> LowLatencyDispatch:
+        """Send one row per (token, expert) pair into the owners' fixed-capacity slots.
+
+        Args:
+            x: ``[N, H]`` floating, ``N <= T``.
+            topk_idx: ``[N, K]`` int64 expert ids, -1 = none.
+            use_fp8: send e4m3 values with per-128-channel scales, dequantise on receipt.
+            return_recv_hook: only send now; receive when the returned hook is called.
+        """
+        self._check_input(x, topk_idx)
+        num_tokens, topk = topk_idx.shape
+        local, num_ranks, t_max = self.num_local_experts, self.num_ranks, self.max_tokens
+        row_bytes = fp8_row_bytes(self.hidden) if use_fp8 else self.hidden * x.element_size()
+        payload = pack_fp8(per_token_cast_to_fp8(x)) if use_fp8 else x.contiguous()
+        payload = payload.view(torch.uint8).view(num_tokens, row_bytes)  # (N, row_bytes)
+
+        # pairs by (destination rank, local expert, token): one sort key
+        token = torch.arange(num_tokens).repeat_interleave(topk)  # (N*K,)
+        slot = torch.arange(topk).repeat(num_tokens)  # (N*K,)
+        expert = topk_idx.reshape(-1).long()
+        valid = expert >= 0
+        token, slot, expert = token[valid], slot[valid], expert[valid]
+        order = torch.argsort(expert * (num_tokens + 1) + token, stable=True)
+        token, slot, expert = token[order], slot[order], expert[order]
+        dest = expert // local
+        send_counts = torch.bincount(dest, minlength=num_ranks)  # (R,)
+        per_expert = torch.bincount(expert, minlength=self.num_experts).view(num_ranks, local)
+
+        cap_rows = t_max * min(topk, local)
+        counts_at = -(-cap_rows * row_bytes // 16) * 16  # rows, then [L] int64 counts, aligned
+        slot_bytes = -(-(counts_at + 8 * local) // 16) * 16
+        handle = LowLatencyHandle(
+            num_tokens=num_tokens,
+            hidden=self.hidden,
+            send_token=token,
+            send_slot=slot,
+            send_counts=tuple(int(c) for c in send_counts.tolist()),
+            recv_layout=torch.zeros(local, num_ranks, dtype=torch.int64),
+        )
+        recv_x = torch.empty(local, num_ranks * t_max, self.hidden, dtype=x.dtype)
+        recv_count = torch.zeros(local, dtype=torch.int64)
+        offs = [0, *torch.cumsum(send_counts, 0).tolist()]
+
+        def fill(j: int, dst: torch.Tensor) -> None:
+            rows = token[offs[j] : offs[j + 1]]
+            out = dst[: rows.shape[0] * row_bytes].view(rows.shape[0], row_bytes)
+            torch.index_select(payload, 0, rows, out=out)
+            dst[counts_at : counts_at + 8 * local].view(torch.int64).copy_(per_expert[j])
+
+        receive = self._send(fill, slot_bytes, send_counts, row_bytes)
+
+        def place(i: int, slot_data: torch.Tensor) -> None:
+            counts = slot_data[counts_at : counts_at + 8 * local].view(torch.int64)  # (L,)
+            total = int(counts.sum())
+            if total > cap_rows or bool((counts < 0).any()):
+                raise TransportError(f"low_latency_dispatch: corrupt counts {counts.tolist()}")
+            rows = slot_data[: total * row_bytes].view(total, row_bytes)
+            if use_fp8:
+                values = per_token_cast_back(unpack_fp8(rows, self.hidden), x.dtype)
+            else:
+                values = rows.view(x.dtype).view(total, self.hidden)
+            e_ids = torch.repeat_interleave(torch.arange(local), counts)  # (total,)
+            first = torch.cumsum(counts, 0) - counts  # (L,)
+            j = torch.arange(total) - first[e_ids]
+            dst = e_ids * (num_ranks * t_max) + i * t_max + j
+            recv_x.view(local * num_ranks * t_max, self.hidden).index_copy_(0, dst, values)
+            handle.recv_layout[:, i] = counts
+            recv_count.add_(counts)
+
+        def hook() -> None:
+            receive(place)
+
+        if return_recv_hook:
+            return LowLatencyDispatch(recv_x, recv_count, handle, hook)
+        hook()
+        return LowLatencyDispatch(recv_x, recv_count, handle, None)
+
+    def _send(
+        self,
+        fill: Callable[[int, torch.Tensor], None],
+        slot_bytes: int,
+        send_counts: torch.Tensor,
+        row_bytes: int,
+    ) -> Callable[[Callable[[int, torch.Tensor], None]], None]:
+        """Write every destination's slot; return ``receive(place)`` that hands each source's
+        slot to ``place(source, slot)``."""
+        me, num_ranks = self.rank, self.num_ranks
+        own = torch.empty(slot_bytes, dtype=torch.uint8)
+        fill(me, own)
+        remote_rows = int(send_counts.sum()) - int(send_counts[me])
+        if isinstance(self.transport, ShmTransport):
+            shm = self.transport
+            step = shm.begin([slot_bytes] * num_ranks, kind="ll_dispatch")
+            for j in shm._peers():
+                shm.write_peer(j, step, slot_bytes, lambda d, j=j: fill(j, d), kind="ll_dispatch")
+            self._count("x", remote_rows * row_bytes)
+
+            def receive(place) -> None:
+                place(me, own)
+                for i, data in shm.poll_slots(step, [slot_bytes] * num_ranks, kind="ll_dispatch"):
+                    place(i, data)
+
+            return receive
+        assert isinstance(self.transport, TorchDistTransport)
+        send = torch.empty(num_ranks, slot_bytes, dtype=torch.uint8)  # (R, slot_bytes)
+        for j in range(num_ranks):
+            if j == me:
+                send[j].copy_(own)
+            else:
+                fill(j, send[j])
+        recv = torch.empty_like(send)
+        work = dist.all_to_all_single(recv, send, group=self.transport.group, async_op=True)
+        self._count("x", (num_ranks - 1) * slot_bytes)  # fixed-size slots move whole
+
+        def receive_dist(place) -> None:
+            try:
+                work.wait(timeout=timedelta(seconds=self.timeout_s))
+            except Exception as err:  # the backend's error, with our context
+                raise TransportError(
+                    f"rank {me}: low_latency_dispatch receive failed or timed out: {err}"
+                ) from err
+            for i in range(num_ranks):
+                place(i, recv[i])
+
+        return receive_dist
+
+    def _check_input(self, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"low_latency_dispatch: x must be [N, {self.hidden}], got {shape}")
+        if not x.is_floating_point():
+            raise ValueError(f"low_latency_dispatch: x.dtype={x.dtype}; use bf16 or fp32")
+        check_topk_idx(topk_idx, self.num_experts)
+        if topk_idx.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"low_latency_dispatch: topk_idx has {topk_idx.shape[0]} rows, x {x.shape[0]}"
+            )
+        if x.shape[0] > self.max_tokens:
+            raise ValueError(
+                f"low_latency_dispatch: {x.shape[0]} tokens exceed "
+                f"num_max_dispatch_tokens_per_rank={self.max_tokens}; raise it or split the batch"
+            )
+
+    # -- combine ----------------------------------------------------------------------------
+    def low_latency_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: LowLatencyHandle,
+    ) -> torch.Tensor:
+        """``sum_k topk_weights[n, k] * x_out(n, k)`` for this rank's tokens.
+
+        Args:
+            x: ``[L, R * T, H]`` expert outputs in ``recv_x``'s layout.
+            topk_idx: ``[N, K]`` the dispatch's routing (slots with -1 contribute nothing).
+            topk_weights: ``[N, K]`` floating.
+            handle: the dispatch's handle (after its receive completed).
+        Returns:
+            ``[N, H]`` in x's dtype; float32 products and sums, slots added in order k = 0..K-1.
+        """
+        local, num_ranks, t_max, h = (
+            self.num_local_experts,
+            self.num_ranks,
+            self.max_tokens,
+            self.hidden,
+        )
+        if x.shape != (local, num_ranks * t_max, h):
+            raise ValueError(
+                f"low_latency_combine: x must be [{local}, {num_ranks * t_max}, {h}] (recv_x's "
+                f"layout), got {tuple(x.shape)}"
+            )
+        if topk_weights.shape != topk_idx.shape or topk_idx.shape[0] != handle.num_tokens:
+            raise ValueError(
+                f"low_latency_combine: topk_idx {tuple(topk_idx.shape)} and topk_weights "
+                f"{tuple(topk_weights.shape)} must both be [{handle.num_tokens}, K]"
+            )
+        layout = handle.recv_layout  # (L, R)
+        # rows going back to source i: experts in order, each expert's block for i
+        e_ids = torch.arange(local).repeat(num_ranks).repeat_interleave(layout.t().reshape(-1))
+        first = torch.cumsum(layout.t().reshape(-1), 0) - layout.t().reshape(-1)
+        src_ids = torch.arange(num_ranks).repeat_interleave(layout.sum(dim=0))
+        j = torch.arange(e_ids.shape[0]) - first[src_ids * local + e_ids]
+        pos = e_ids * (num_ranks * t_max) + src_ids * t_max + j  # (sum, )
+        send = x.reshape(local * num_ranks * t_max, h).index_select(0, pos)  # (rows back, H)
+        back = self.transport.all_to_all(
+            send, layout.sum(dim=0).tolist(), list(handle.send_counts), kind="ll_combine"
+        )  # (P, H) aligned with (send_token, send_slot)
+        self._count(
+            "combine", int(send.shape[0] - layout[:, self.rank].sum()) * h * x.element_size()
+        )
+        per_slot = torch.zeros(handle.num_tokens, topk_idx.shape[1], h)  # (N, K, H) float32
+        per_slot[handle.send_token, handle.send_slot] = back.float()
+        weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0)
+        out = torch.zeros(handle.num_tokens, h)
+        for k in range(topk_idx.shape[1]):
+            out = out + weights[:, k : k + 1] * per_slot[:, k]
+        return out.to(x.dtype)
