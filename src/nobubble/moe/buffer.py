@@ -131,6 +131,8 @@ class Buffer:
         transport: moves the rows (default :class:`TorchDistTransport` over ``group``).
         num_experts: default ``E`` for :meth:`dispatch` calls that do not pass it.
         timeout_s: per-collective timeout of the default transport.
+        combine_chunk_bytes: size of the float32 scratch in which combine widens 16-bit rows
+            on CPU (cache-sized chunks are about twice as fast as whole segments).
     """
 
     def __init__(
@@ -140,7 +142,11 @@ class Buffer:
         transport: Transport | None = None,
         num_experts: int | None = None,
         timeout_s: float = 120.0,
+        combine_chunk_bytes: int = 4 << 20,
     ) -> None:
+        if combine_chunk_bytes < 1:
+            raise ValueError(f"Buffer: combine_chunk_bytes={combine_chunk_bytes} must be >= 1")
+        self.combine_chunk_bytes = combine_chunk_bytes
         self.transport: Transport = transport or TorchDistTransport(group, timeout_s=timeout_s)
         self.rank = self.transport.rank
         self.num_ranks = self.transport.world_size
@@ -382,17 +388,29 @@ class Buffer:
 
         Sums run in source-rank order, in float32 for 16-bit inputs, then cast back to t's
         dtype; within one source rank's segment the token indices are distinct, so the result
-        is deterministic on every device.
+        is deterministic on every device. 16-bit rows are widened a few MiB at a time into one
+        scratch buffer on CPU (about twice as fast as widening whole segments).
         """
         back = self.transport.all_to_all(
             t, handle.num_recv_tokens_per_rank, handle.num_send_tokens_per_rank, kind=kind
         )  # (S, *) in send order
-        acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
+        widen = t.is_floating_point() and t.element_size() < 4
+        acc_dtype = torch.float32 if widen else t.dtype
         out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype, device=t.device)
+        chunk, scratch = max(1, back.shape[0]), None
+        if widen and t.device.type == "cpu":  # on GPU one widening kernel per segment is best
+            chunk = max(1, self.combine_chunk_bytes // (4 * max(1, math.prod(t.shape[1:]))))
+            scratch = torch.empty((min(chunk, back.shape[0]), *t.shape[1:]), dtype=acc_dtype)
         start = 0
         for count in handle.num_send_tokens_per_rank:
-            seg = slice(start, start + count)
-            out.index_add_(0, handle.send_token_idx[seg], back[seg].to(acc_dtype))
+            for lo in range(start, start + count, chunk):
+                hi = min(start + count, lo + chunk)
+                rows = back[lo:hi]
+                if scratch is not None:
+                    rows = scratch[: hi - lo].copy_(rows)
+                elif widen:
+                    rows = rows.to(acc_dtype)
+                out.index_add_(0, handle.send_token_idx[lo:hi], rows)
             start += count
         return out.to(t.dtype)
 
