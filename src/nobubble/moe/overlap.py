@@ -1,0 +1,159 @@
+"""Chunked overlap of expert-parallel communication with expert computation.
+
+A MoE layer's step is dispatch -> experts -> combine, and without overlap the experts wait for
+the whole dispatch and the combine waits for all experts. Cutting the tokens into ``C``
+chunks lets the three stages form a pipeline: while the experts compute chunk ``i`` on the
+main thread, a communication thread runs the combine of chunk ``i - 1`` and the dispatch of
+chunk ``i + 1``::
+
+    comm:    D0 D1 C0 D2 C1 D3 C2 ...       (one thread, the same order on every rank)
+    compute:    E0    E1    E2    E3 ...
+
+Collectives of one group must be issued in the same order on every rank; a single
+communication thread fed in a fixed order guarantees it. :func:`overlapped_forward` reuses the
+layer's own pieces (router, :class:`~nobubble.moe.buffer.Buffer`, experts, shared experts) and
+returns the same output as the layer for the same chunks, plus a timeline of what ran where.
+It is a forward pass (prefill / inference step): the backward pass is not overlapped here.
+Unlike ``MoELayer.forward`` it does not all-gather the per-expert load statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from nobubble.moe.buffer import DispatchResult
+from nobubble.moe.layer import MoELayer, apply_experts
+from nobubble.trace import Event
+
+__all__ = ["OverlapResult", "overlapped_forward", "communication_hidden"]
+
+
+@dataclass(frozen=True, eq=False)
+class OverlapResult:
+    """What :func:`overlapped_forward` returns.
+
+    Attributes:
+        out: ``[..., H]`` the layer's output.
+        step_s: wall time of the step on this rank.
+        comm_s: time the communication operations took (sum over dispatch and combine calls).
+        compute_s: time the experts took (sum over chunks).
+        events: one :class:`~nobubble.trace.Event` per operation, lane 0 compute, lane 1
+            communication, microseconds from the step's start.
+    """
+
+    out: torch.Tensor
+    step_s: float
+    comm_s: float
+    compute_s: float
+    events: list[Event]
+
+
+def communication_hidden(sequential: OverlapResult, overlapped: OverlapResult) -> float:
+    """Fraction of the sequential step's communication time that the overlap removed from the
+    step: ``(step_seq - step_overlap) / comm_seq`` (negative if overlap made it slower)."""
+    if sequential.comm_s <= 0:
+        return 0.0
+    return (sequential.step_s - overlapped.step_s) / sequential.comm_s
+
+
+class _Recorder:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.origin = time.perf_counter()
+        self.events: list[Event] = []
+
+    def run(self, name: str, cat: str, lane: int, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        end = time.perf_counter()
+        self.events.append(
+            Event(name, cat, self.rank, 1e6 * (start - self.origin), 1e6 * (end - start), {}, lane)
+        )
+        return out
+
+    def total(self, cat: str) -> float:
+        return sum(e.dur_us for e in self.events if e.cat == cat) / 1e6
+
+
+@torch.no_grad()
+def overlapped_forward(
+    layer: MoELayer,
+    x: torch.Tensor,
+    *,
+    num_chunks: int,
+    overlap: bool = True,
+    timeout_s: float = 300.0,
+) -> OverlapResult:
+    """The layer's forward on ``num_chunks`` token chunks, communication overlapped with experts.
+
+    Args:
+        layer: an expert-parallel :class:`~nobubble.moe.layer.MoELayer`.
+        x: ``[..., H]`` this rank's tokens.
+        num_chunks: ``C >= 1``, the same on every rank (a rank with fewer tokens than chunks
+            sends empty chunks).
+        overlap: False runs the same chunks one stage after another on the main thread (the
+            baseline).
+        timeout_s: the longest the main thread waits for one communication operation.
+    """
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"overlapped_forward: num_chunks={num_chunks!r} must be an int >= 1")
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])  # (N, H)
+    rec = _Recorder(layer.buffer.rank)
+    routing = layer.route(x)
+    bounds = torch.tensor_split(torch.arange(x.shape[0]), num_chunks)
+    chunks = [(x[b], routing.topk_idx[b], routing.topk_weights[b]) for b in bounds]
+    num_experts = layer.config.num_experts
+
+    def dispatch(i: int) -> DispatchResult:
+        cx, ci, cw = chunks[i]
+        return rec.run(
+            f"D{i}",
+            "dispatch",
+            1,
+            lambda: layer.buffer.dispatch(cx, ci, cw, num_experts=num_experts),
+        )
+
+    def experts(res: DispatchResult) -> torch.Tensor:
+        return apply_experts(
+            res.recv_x,
+            res.recv_topk_idx,
+            res.recv_topk_weights,
+            layer.w_gate,
+            layer.w_up,
+            layer.w_down,
+        )  # (M_i, H)
+
+    def combine(i: int, y: torch.Tensor, res: DispatchResult) -> torch.Tensor:
+        return rec.run(
+            f"C{i}", "combine", 1, lambda: layer.buffer.combine(y, res.handle).combined_x
+        )
+
+    outs: list[torch.Tensor] = []
+    if not overlap:
+        for i in range(num_chunks):
+            res = dispatch(i)
+            y = rec.run(f"E{i}", "experts", 0, experts, res)
+            outs.append(combine(i, y, res))
+    else:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-comm") as comm:
+            pending: dict[int, Future] = {0: comm.submit(dispatch, 0)}
+            combines: list[Future] = []
+            for i in range(num_chunks):
+                if i + 1 < num_chunks:  # runs after combine i-1, while experts compute chunk i
+                    pending[i + 1] = comm.submit(dispatch, i + 1)
+                res = pending.pop(i).result(timeout=timeout_s)
+                y = rec.run(f"E{i}", "experts", 0, experts, res)
+                combines.append(comm.submit(combine, i, y, res))
+            outs = [f.result(timeout=timeout_s) for f in combines]
+    out = torch.cat(outs) if outs else x.new_zeros(0, shape[-1])  # (N, H)
+    shared = layer.shared_out(x)
+    if shared is not None:
+        out = out + shared
+    step = time.perf_counter() - rec.origin
+    comm_s = rec.total("dispatch") + rec.total("combine")
+    return OverlapResult(out.reshape(shape), step, comm_s, rec.total("experts"), rec.events)
