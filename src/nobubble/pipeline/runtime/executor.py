@@ -204,6 +204,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _event(
+    name: str,
+    cat: str,
+    rank: int,
+    start: float,
+    end: float,
+    origin: float,
+    args: dict,
+    lane: int = 0,
+) -> Event:
+    """An Event from perf_counter seconds, in microseconds since ``origin``."""
+    return Event(name=name, cat=cat, rank=rank, start_us=(start - origin) * 1e6,
+                 dur_us=(end - start) * 1e6, args=args, lane=lane)  # fmt: skip
+
+
 def _run_step(rank: _Rank, step: int, origin: float, events: list[Event]) -> float:
     ctx, config = rank.ctx, rank.config
     sched = config.schedule
@@ -228,24 +243,15 @@ def _run_step(rank: _Rank, step: int, origin: float, events: list[Event]) -> flo
         received = channel.receive(*need) if need is not None else None
         start = time.perf_counter()
         if need is not None and need[1] != ctx.rank:
-            events.append(
-                Event(
-                    name=f"wait {need[0].kind} {action}", cat=WAIT, rank=ctx.rank,
-                    start_us=(wait_start - origin) * 1e6, dur_us=(start - wait_start) * 1e6,
-                    args={"step": step, "from_rank": need[1]}, lane=1,
-                )
-            )  # fmt: skip
+            args = {"step": step, "from_rank": need[1]}
+            events.append(_event(f"wait {need[0].kind} {action}", WAIT, ctx.rank, wait_start,
+                                 start, origin, args, lane=1))  # fmt: skip
         rank.run_action(channel, action, mbs, received)
         if sync:
             _sync(ctx.device)
-        end = time.perf_counter()
-        events.append(
-            Event(
-                name=str(action), cat=action.op.value, rank=ctx.rank,
-                start_us=(start - origin) * 1e6, dur_us=(end - start) * 1e6,
-                args={"step": step, "stage": action.stage, "microbatch": action.microbatch},
-            )
-        )  # fmt: skip
+        args = {"step": step, "stage": action.stage, "microbatch": action.microbatch}
+        events.append(_event(str(action), action.op.value, ctx.rank, start, time.perf_counter(),
+                             origin, args))  # fmt: skip
     channel.finish()
     return t0
 
