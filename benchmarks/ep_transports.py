@@ -17,6 +17,7 @@ Times are medians over iterations of the slowest rank's time. Writes
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -30,8 +31,17 @@ from _common import write_json  # noqa: E402
 
 from nobubble.cliutil import print_table  # noqa: E402
 from nobubble.distributed import spawn  # noqa: E402
-from nobubble.moe import Buffer, TorchDistTransport  # noqa: E402
+from nobubble.moe import (  # noqa: E402
+    Buffer,
+    MoEConfig,
+    MoELayer,
+    TorchDistTransport,
+    init_moe_weights,
+)
 from nobubble.moe.buffer_shm import ShmBuffer  # noqa: E402
+from nobubble.moe.hierarchical import HierarchicalBuffer  # noqa: E402
+from nobubble.moe.low_latency import LowLatencyBuffer  # noqa: E402
+from nobubble.moe.overlap import overlapped_forward  # noqa: E402
 from nobubble.moe.transport_shm import ShmTransport  # noqa: E402
 
 SECTIONS = ("transports", "hierarchical", "low_latency", "overlap")
@@ -182,6 +192,268 @@ def print_transports(res: dict) -> None:
     )
 
 
+# -- hierarchical ----------------------------------------------------------------------------
+def _hier_rank(ctx, tokens: int, hidden: int, num_experts: int, topk: int, iters: int, p: int):
+    idx, w = _routing(tokens, num_experts, topk, seed=10 + ctx.rank)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(ctx.rank))
+    x = x.to(torch.bfloat16)
+    flat = Buffer(transport=TorchDistTransport(timeout_s=600))
+    hier = HierarchicalBuffer(ranks_per_node=p, timeout_s=600)
+    out = {}
+    for name, buf in (("flat", flat), ("hierarchical", hier)):
+        r = _time_buffer(buf, x, idx, w, num_experts, iters)
+        out[name] = {"dispatch_s": r["dispatch_s"], "combine_s": r["combine_s"]}
+        out[name + "_recv"] = r["recv_x"]
+    assert torch.equal(out.pop("flat_recv"), out.pop("hierarchical_recv"))
+    hier.inter.reset_stats()
+    res = hier.dispatch(x, idx, w, num_experts=num_experts)
+    in_rank = res.handle.is_token_in_rank.view(tokens, -1, p)  # (N, D, P)
+    other = torch.ones(in_rank.shape[1], dtype=torch.bool)
+    other[ctx.rank // p] = False
+    elt = x.element_size()
+    out["pairs_token_other_node"] = int(in_rank.any(dim=2)[:, other].sum())
+    out["inter_bytes_hier"] = hier.inter.stats().bytes_sent_remote["x"]
+    out["inter_bytes_flat"] = int(in_rank[:, other].sum()) * hidden * elt
+    out["formula_holds"] = out["inter_bytes_hier"] == out["pairs_token_other_node"] * hidden * elt
+    return out
+
+
+def run_hierarchical(args) -> dict:
+    tokens = args.tokens // 4 if not args.quick else args.tokens
+    res = spawn(
+        _hier_rank,
+        4,
+        args=(tokens, args.hidden, args.experts, args.topk, args.iters, 2),
+        timeout_s=1800,
+    )
+    return {
+        "shape": {
+            "nodes": 2,
+            "ranks_per_node": 2,
+            "tokens": tokens,
+            "hidden": args.hidden,
+            "experts": args.experts,
+            "topk": args.topk,
+            "dtype": "bf16",
+        },
+        "inter_node_bytes_hierarchical": sum(r["inter_bytes_hier"] for r in res),
+        "inter_node_bytes_flat": sum(r["inter_bytes_flat"] for r in res),
+        "distinct_token_node_pairs": sum(r["pairs_token_other_node"] for r in res),
+        "formula_holds": all(r["formula_holds"] for r in res),
+        "rows": {
+            name: {
+                "dispatch_ms": 1e3 * res[0][name]["dispatch_s"],
+                "combine_ms": 1e3 * res[0][name]["combine_s"],
+            }
+            for name in ("flat", "hierarchical")
+        },
+    }
+
+
+def print_hierarchical(res: dict) -> None:
+    h, f = res["inter_node_bytes_hierarchical"], res["inter_node_bytes_flat"]
+    print_table(
+        "hierarchical dispatch, 2 nodes x 2 ranks (CPU measurement)",
+        ["mode", "inter-node bytes (dispatch)", "dispatch ms", "combine ms"],
+        [
+            [
+                "flat",
+                f,
+                f"{res['rows']['flat']['dispatch_ms']:.1f}",
+                f"{res['rows']['flat']['combine_ms']:.1f}",
+            ],
+            [
+                "hierarchical",
+                h,
+                f"{res['rows']['hierarchical']['dispatch_ms']:.1f}",
+                f"{res['rows']['hierarchical']['combine_ms']:.1f}",
+            ],
+        ],
+        caption=f"{res['shape']}; distinct (token, other node) pairs "
+        f"{res['distinct_token_node_pairs']} x H x 2 B == hierarchical bytes: "
+        f"{res['formula_holds']}; hierarchical/flat = {h / f:.3f}",
+    )
+
+
+# -- low latency -----------------------------------------------------------------------------
+def _ll_rank(ctx, tokens: int, hidden: int, num_experts: int, topk: int, iters: int):
+    idx, w = _routing(tokens, num_experts, topk, seed=20 + ctx.rank)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(ctx.rank))
+    x = x.to(torch.bfloat16)
+    out = {}
+    for transport in ("shm", "dist"):
+        ll = LowLatencyBuffer(
+            num_max_dispatch_tokens_per_rank=tokens,
+            hidden=hidden,
+            num_experts=num_experts,
+            transport=transport,
+            timeout_s=600,
+        )
+        for use_fp8 in (False, True):
+            name = f"low-latency {transport}" + (" fp8" if use_fp8 else " bf16")
+            times_d, times_c = [], []
+            for it in range(iters + 1):
+                ll.bytes_sent_remote.clear()
+                dist.barrier()
+                t0 = time.perf_counter()
+                res = ll.low_latency_dispatch(x, idx, use_fp8=use_fp8)
+                t1 = time.perf_counter()
+                ll.low_latency_combine(res.recv_x, idx, w, res.handle)
+                t2 = time.perf_counter()
+                if it:  # the first call sizes the buffers
+                    times_d.append(_slowest(t1 - t0))
+                    times_c.append(_slowest(t2 - t1))
+            out[name] = {
+                "dispatch_s": statistics.median(times_d),
+                "combine_s": statistics.median(times_c),
+                "dispatch_bytes": ll.bytes_sent_remote["x"],
+            }
+    for name, buf in (
+        ("normal gloo", Buffer(transport=TorchDistTransport(timeout_s=600))),
+        ("normal shm", ShmBuffer(timeout_s=600)),
+    ):
+        r = _time_buffer(buf, x, idx, w, num_experts, iters)
+        buf.transport.reset_stats()
+        buf.dispatch(x, idx, w, num_experts=num_experts)
+        out[name] = {
+            "dispatch_s": r["dispatch_s"],
+            "combine_s": r["combine_s"],
+            "dispatch_bytes": buf.transport.stats().bytes_sent_remote["x"],
+        }
+    return out
+
+
+def run_low_latency(args) -> dict:
+    tokens = 128 if not args.quick else 32
+    res = spawn(
+        _ll_rank,
+        args.ranks,
+        args=(tokens, args.hidden, args.experts, args.topk, 2 * args.iters + 4),
+        timeout_s=1800,
+    )
+    rows = {}
+    for name in res[0]:
+        r0 = res[0][name]
+        rows[name] = {
+            "dispatch_us": 1e6 * r0["dispatch_s"],
+            "combine_us": 1e6 * r0["combine_s"],
+            "dispatch_bytes_all_ranks": sum(r[name]["dispatch_bytes"] for r in res),
+        }
+    fp8_ratio = (
+        rows["low-latency shm fp8"]["dispatch_bytes_all_ranks"]
+        / rows["low-latency shm bf16"]["dispatch_bytes_all_ranks"]
+    )
+    return {
+        "shape": {
+            "ranks": args.ranks,
+            "tokens_per_rank": tokens,
+            "hidden": args.hidden,
+            "experts": args.experts,
+            "topk": args.topk,
+        },
+        "rows": rows,
+        "fp8_over_bf16_bytes": fp8_ratio,
+    }
+
+
+def print_low_latency(res: dict) -> None:
+    print_table(
+        "low-latency vs normal mode (CPU measurement)",
+        ["mode", "dispatch us", "combine us", "dispatch bytes (remote, all ranks)"],
+        [
+            [
+                name,
+                f"{r['dispatch_us']:.0f}",
+                f"{r['combine_us']:.0f}",
+                r["dispatch_bytes_all_ranks"],
+            ]
+            for name, r in res["rows"].items()
+        ],
+        caption=f"{res['shape']}; FP8 / bf16 dispatch bytes = {res['fp8_over_bf16_bytes']:.3f}",
+    )
+
+
+# -- overlap ---------------------------------------------------------------------------------
+def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, transport: str):
+    buf = ShmBuffer(timeout_s=600) if transport == "shm" else Buffer(timeout_s=600)
+    layer = MoELayer(config, init_moe_weights(config, seed=1), buf)
+    x = torch.randn(tokens, config.hidden, generator=torch.Generator().manual_seed(ctx.rank))
+    runs: dict[str, list] = {"sequential": [], "overlapped": []}
+    overlapped_forward(layer, x, num_chunks=chunks, overlap=True)  # warm-up
+    for _ in range(iters):
+        for name in ("sequential", "overlapped"):
+            dist.barrier()
+            r = overlapped_forward(layer, x, num_chunks=chunks, overlap=name == "overlapped")
+            runs[name].append((_slowest(r.step_s), r.comm_s, r.compute_s))
+    med = {
+        name: [statistics.median(v[i] for v in vals) for i in range(3)]
+        for name, vals in runs.items()
+    }
+    return med
+
+
+def run_overlap(args) -> dict:
+    tokens = 1024 if not args.quick else 256
+    config = MoEConfig(
+        hidden=2048 if not args.quick else 512, expert_hidden=256, num_experts=16, topk=4
+    )
+    out = {}
+    for transport in ("gloo", "shm"):
+        res = spawn(
+            _overlap_rank, 2, args=(tokens, config, 4, args.iters, transport), timeout_s=1800
+        )[0]
+        seq, ovl = res["sequential"], res["overlapped"]
+        out[transport] = {
+            "sequential_step_ms": 1e3 * seq[0],
+            "overlapped_step_ms": 1e3 * ovl[0],
+            "sequential_comm_ms": 1e3 * seq[1],
+            "sequential_compute_ms": 1e3 * seq[2],
+            "speedup": seq[0] / ovl[0],
+            "communication_hidden": (seq[0] - ovl[0]) / seq[1] if seq[1] > 0 else 0.0,
+        }
+    return {
+        "shape": {
+            "ranks": 2,
+            "tokens_per_rank": tokens,
+            "hidden": config.hidden,
+            "expert_hidden": config.expert_hidden,
+            "experts": config.num_experts,
+            "topk": config.topk,
+            "chunks": 4,
+            "dtype": "fp32",
+        },
+        "rows": out,
+    }
+
+
+def print_overlap(res: dict) -> None:
+    print_table(
+        "MoE layer forward with chunked overlap (CPU measurement)",
+        [
+            "transport",
+            "sequential ms",
+            "overlapped ms",
+            "comm ms (seq)",
+            "experts ms (seq)",
+            "speedup",
+            "comm hidden",
+        ],
+        [
+            [
+                name,
+                f"{r['sequential_step_ms']:.1f}",
+                f"{r['overlapped_step_ms']:.1f}",
+                f"{r['sequential_comm_ms']:.1f}",
+                f"{r['sequential_compute_ms']:.1f}",
+                f"{r['speedup']:.2f}x",
+                f"{100 * r['communication_hidden']:.0f}%",
+            ]
+            for name, r in res["rows"].items()
+        ],
+        caption=str(res["shape"]),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small shapes, a few seconds")
@@ -201,6 +473,15 @@ def main(argv: list[str] | None = None) -> int:
     if "transports" in sections:
         data["transports"] = run_transports(args, memcpy)
         print_transports(data["transports"])
+    data["load_average"] = os.getloadavg()
+    for name, run, show in (
+        ("hierarchical", run_hierarchical, print_hierarchical),
+        ("low_latency", run_low_latency, print_low_latency),
+        ("overlap", run_overlap, print_overlap),
+    ):
+        if name in sections:
+            data[name] = run(args)
+            show(data[name])
     path = write_json("ep_transports" + ("_quick" if args.quick else ""), data)
     print(f"wrote {path}")
     return 0
