@@ -19,13 +19,14 @@ from nobubble.distributed import RankFailure
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.runtime.executor import TrainConfig
 from nobubble.pipeline.runtime.launch import LaunchOptions, run_local
-from nobubble.pipeline.runtime.models import GPTConfig, build_blocks
+from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, build_blocks
 from nobubble.pipeline.runtime.profile import profile_stages
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
 from nobubble.pipeline.simulate import simulate
 from nobubble.pipeline.validate import ScheduleError
 
 MODEL = GPTConfig(vocab_size=32, seq_len=8, hidden=16, num_heads=2, num_layers=8, seed=5)
+MLP_MODEL = MLPConfig(in_features=8, hidden=16, num_classes=5, num_layers=4, seed=6)
 MICROBATCH_SIZE = 2
 NUM_MICROBATCHES = 4
 NUM_STEPS = 3
@@ -55,15 +56,15 @@ def torch_csv_schedule(num_ranks: int, path) -> Schedule:
     return Schedule.from_csv(path.read_text(), name="torch-csv")
 
 
-def configs(num_ranks: int, tmp_path) -> list[TrainConfig]:
+def configs(num_ranks: int, tmp_path, model=MODEL, names=SCHEDULE_NAMES) -> list[TrainConfig]:
     schedules = [
-        get_schedule(n, num_stages=num_ranks, num_microbatches=NUM_MICROBATCHES)
-        for n in SCHEDULE_NAMES
+        get_schedule(n, num_stages=num_ranks, num_microbatches=NUM_MICROBATCHES) for n in names
     ]
-    schedules.append(torch_csv_schedule(num_ranks, tmp_path / f"torch_{num_ranks}.csv"))
+    if model is MODEL:
+        schedules.append(torch_csv_schedule(num_ranks, tmp_path / f"torch_{num_ranks}.csv"))
     return [
         TrainConfig(
-            model=MODEL,
+            model=model,
             schedule=s,
             microbatch_size=MICROBATCH_SIZE,
             num_steps=NUM_STEPS,
@@ -75,19 +76,19 @@ def configs(num_ranks: int, tmp_path) -> list[TrainConfig]:
     ]
 
 
-def reference_run():
+def reference_run(model):
     """Single process, plain autograd: step-0 gradients, per-step losses, final weights."""
-    blocks = build_blocks(MODEL)
+    blocks = build_blocks(model)
     opt = torch.optim.SGD(blocks.parameters(), lr=LR, momentum=0.9)
     grads, losses = None, []
     for step in range(NUM_STEPS):
-        batch = MODEL.make_batch(MICROBATCH_SIZE * NUM_MICROBATCHES, seed=step)
+        batch = model.make_batch(MICROBATCH_SIZE * NUM_MICROBATCHES, seed=step)
         total = 0.0
         for mb in batch.split(NUM_MICROBATCHES):
             y = mb.inputs
             for blk in blocks.values():
                 y = blk(y)
-            loss = MODEL.loss(y, mb.targets)
+            loss = model.loss(y, mb.targets)
             total += float(loss.detach())
             (loss / NUM_MICROBATCHES).backward()
         if step == 0:
@@ -101,7 +102,7 @@ def reference_run():
 
 @pytest.fixture(scope="module")
 def reference():
-    return reference_run()
+    return {MODEL: reference_run(MODEL), MLP_MODEL: reference_run(MLP_MODEL)}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,8 @@ def results(tmp_path_factory):
     out = {}
     for p in (2, 4):
         cfgs = configs(p, tmp_path_factory.mktemp(f"p{p}"))
+        if p == 2:  # the MLP too, in the same spawn
+            cfgs += configs(2, None, model=MLP_MODEL, names=("1f1b", "zb-h2", "zb-v"))
         out[p] = (cfgs, run_local(cfgs, OPTIONS))
     return out
 
@@ -125,11 +128,11 @@ def _union(per_rank, attr):
 
 @pytest.mark.parametrize("num_ranks", [2, 4])
 def test_every_schedule_matches_single_process(results, reference, num_ranks):
-    ref_grads, ref_losses, ref_params = reference
     cfgs, res = results[num_ranks]
-    assert len(cfgs) == len(SCHEDULE_NAMES) + 1
+    assert len(cfgs) == len(SCHEDULE_NAMES) + 1 + (3 if num_ranks == 2 else 0)
     for cfg, per_rank in zip(cfgs, res, strict=True):
-        name = cfg.schedule.name
+        ref_grads, ref_losses, ref_params = reference[cfg.model]
+        name = f"{cfg.model.name} {cfg.schedule.name}"
         grads, params = _union(per_rank, "grads"), _union(per_rank, "params")
         assert set(grads) == set(ref_grads), name
         for n in ref_grads:
@@ -149,6 +152,7 @@ def test_every_schedule_matches_single_process(results, reference, num_ranks):
 
 def test_measured_peak_memory_ranks_schedules_like_the_simulator(results):
     cfgs, res = results[4]
+    assert {c.model for c in cfgs} == {MODEL}
     profiles = {}
     measured, predicted = {}, {}
     for cfg, per_rank in zip(cfgs, res, strict=True):
