@@ -173,7 +173,9 @@ class Trainer:
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         self.version += 1
-        metrics.update(loss=float(loss), reward=float(rewards.mean()), entropy=float(entropy))
+        metrics.update(
+            loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
+        )
         span = Span(
             "trainer",
             f"train v{self.version - 1}->v{self.version}",

@@ -1,0 +1,60 @@
+"""``nobubble rl``: JSON output, artifacts, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nobubble.cli import main
+
+TINY = ["--steps", "2", "--batch-groups", "2", "--group-size", "4", "--eval-every", "1"]
+
+
+def test_train_json_has_the_promised_fields(tmp_path, capsys):
+    rc = main(
+        [
+            "rl",
+            "train",
+            "--mode",
+            "fully-async",
+            "--max-staleness",
+            "2",
+            *TINY,
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("final_accuracy", "samples_per_s", "staleness_max", "staleness_hist", "idle_ratio"):
+        assert key in out
+    assert out["steps"] == 2 and out["staleness_max"] <= 2
+    assert out["ledger"]["ok"]
+    trace = json.loads((tmp_path / "train_fully-async_fully-async_trace.json").read_text())
+    names = {
+        e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    assert names == {"rollout", "reward", "trainer"}
+    assert (tmp_path / "train_fully-async.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["rl", "train", "--steps", "0"], "--steps: 0 must be > 0"),
+        (["rl", "train", "--mode", "fast"], "invalid choice: 'fast'"),
+        (["rl", "train", "--mode", "sync", "--max-staleness", "3"], "max_staleness=0"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert needle in err and len(err.splitlines()) == 1
