@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -169,6 +170,11 @@ class _Rank:
         else:
             self.optimizer = torch.optim.AdamW(params, lr=config.lr)
         self.shapes = boundary_shapes(config.model, ranges, config.microbatch_size)
+        self.p2p_groups = _direction_groups(ctx)
+
+    def close(self) -> None:
+        for g in self.p2p_groups:
+            dist.destroy_process_group(g)
 
     def named(self, what: str) -> dict[str, torch.Tensor]:
         out = {}
@@ -197,6 +203,16 @@ class _Rank:
         out = outgoing(sched, action)
         if out is not None:
             channel.send(out[0], out[1], produced)
+
+
+def _direction_groups(ctx: DistContext) -> tuple[object, object]:
+    """Two groups over the job's ranks: one for messages to higher ranks, one to lower ranks
+    (collective: every rank creates them in the same order)."""
+    ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else None
+    timeout = timedelta(seconds=ctx.timeout_s)
+    return tuple(
+        dist.new_group(ranks=ranks, timeout=timeout, backend=ctx.backend) for _ in range(2)
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -229,7 +245,7 @@ def _run_step(rank: _Rank, step: int, origin: float, events: list[Event]) -> flo
     mbs = batch.split(num_mb)
     channel = P2PChannel(
         sched, ctx.rank, shapes=rank.shapes, dtype=torch.float32, device=ctx.device,
-        timeout_s=ctx.timeout_s, lookahead=config.lookahead, group=ctx.group,
+        timeout_s=ctx.timeout_s, lookahead=config.lookahead, groups=rank.p2p_groups,
     )  # fmt: skip
     sync = config.sync_device and ctx.device.type == "cuda"
     dist.barrier(group=ctx.group)
@@ -282,6 +298,7 @@ def train_rank(ctx: DistContext, config: TrainConfig) -> RankResult:
             _sync(ctx.device)
         dist.barrier(group=ctx.group)
         step_times.append(time.perf_counter() - t0)
+    rank.close()
     return RankResult(
         rank=ctx.rank,
         schedule=config.schedule.name,

@@ -12,8 +12,11 @@ nothing is sent; the tensor is handed over in memory.
 A sender posts ``isend`` as soon as the tensor exists. A receiver posts ``irecv`` ahead of
 need: before running action i it posts the receives of actions i .. i + lookahead, and from
 each peer it always posts in the order that peer sends (known from the schedule), so the
-matching is the same with tag-matching gloo and order-matching NCCL. Every wait is bounded by
-``timeout_s``; a peer that never sends raises ``TimeoutError`` naming the message.
+matching is the same with tag-matching gloo and order-matching NCCL. Messages towards higher
+ranks and towards lower ranks travel in two separate process groups, so on NCCL (one stream
+per communicator and peer pair) a receive posted early never queues in front of a send the
+peer is waiting for. Every wait is bounded by ``timeout_s``; a peer that never sends raises
+``TimeoutError`` naming the message.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class P2PChannel:
         dtype, device: of activations and gradients.
         timeout_s: limit for every wait.
         lookahead: how many actions ahead receives are posted.
+        groups: two process groups over all ranks, one per direction (to a higher rank, to
+            a lower rank); None uses the default group for both.
     """
 
     def __init__(
@@ -88,13 +93,13 @@ class P2PChannel:
         device: torch.device,
         timeout_s: float,
         lookahead: int = 2,
-        group: object | None = None,
+        groups: tuple[object, object] | None = None,
     ) -> None:
         self.schedule, self.rank = schedule, rank
         self.shapes, self.dtype, self.device = shapes, dtype, device
         self.timeout = timedelta(seconds=timeout_s)
         self.lookahead = lookahead
-        self.group = group
+        self.groups = groups or (None, None)
         self._actions = schedule.rank_actions[rank]
         # per source rank: the keys it sends to us, in its send order
         self._expected: dict[int, deque[MessageKey]] = {}
@@ -108,6 +113,10 @@ class P2PChannel:
         self._posted: dict[MessageKey, tuple[torch.Tensor, dist.Work]] = {}
         self._local: dict[MessageKey, torch.Tensor] = {}
         self._sends: list[tuple[MessageKey, torch.Tensor, dist.Work]] = []
+
+    def _group(self, src: int, dst: int) -> object:
+        """Messages to a higher rank go on ``groups[0]``, to a lower rank on ``groups[1]``."""
+        return self.groups[0] if src < dst else self.groups[1]
 
     def _shape(self, key: MessageKey) -> torch.Size:
         return self.shapes[key.stage] if key.kind == "act" else self.shapes[key.stage + 1]
@@ -129,7 +138,7 @@ class P2PChannel:
         while True:
             k = queue.popleft()
             buf = torch.empty(self._shape(k), dtype=self.dtype, device=self.device)
-            work = dist.irecv(buf, src=src, tag=k.tag(s, m), group=self.group)
+            work = dist.irecv(buf, src=src, tag=k.tag(s, m), group=self._group(src, self.rank))
             self._posted[k] = (buf, work)
             if k == key:
                 return
@@ -151,7 +160,7 @@ class P2PChannel:
             return
         tensor = tensor.contiguous()
         s, m = self.schedule.num_stages, self.schedule.num_microbatches
-        work = dist.isend(tensor, dst=dst, tag=key.tag(s, m), group=self.group)
+        work = dist.isend(tensor, dst=dst, tag=key.tag(s, m), group=self._group(self.rank, dst))
         self._sends.append((key, tensor, work))
 
     def finish(self) -> None:
