@@ -6,8 +6,8 @@ Three tables, one JSON (``benchmarks/results/ilp_scaling.json``):
    per-stage non-uniform costs (first stage x1.25 for the embedding, last x1.5 for the head
    and loss), without and with the ZB-1p memory limit p*M_F. Baseline in the same run: the
    best heuristic (zb-1p, zb-2p, zb-h1, zb-h2, 1f1b) that fits the limit.
-2. scaling: P = 8 with the 1.5B costs, M = 8, 16, 24, limit p*M_F (ZB-1p's), 120 s: solve
-   time, gap, span and bubble against zb-1p.
+2. scaling: P = 8 with the 1.5B costs, M = 8, 16, 24 under p*M_F (ZB-1p's limit), and
+   M = 24 under 6 and 4 M_F, 120 s each: solve time, gap, span and bubble against zb-1p.
 3. memory sweep: p = 3, m = 6 and p = 4, m = 8 (uniform and non-uniform) under limits from
    1 M_F to 2p M_F, against zb-1p run with the same limit (the heuristic's own argument).
    Below p*M_F (a pipeline that cannot hold 1F1B's activations) the heuristic falls far
@@ -114,12 +114,14 @@ def grid(quick: bool, time_limit: float, workers: int, progress: Progress) -> li
 
 
 def scaling(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
-    sizes = [(8, 8)] if quick else [(8, 8), (8, 16), (8, 24)]
+    # (P, M, limit in M_F): ZB-1p's p*M_F as M grows, then tighter limits at M = 24
+    sizes = [(8, 8, 8)] if quick else [(8, 8, 8), (8, 16, 8), (8, 24, 8), (8, 24, 6), (8, 24, 4)]
     task = progress.add_task("scaling P=8", total=len(sizes))
     rows = []
-    for p, m in sizes:
+    for p, m, k in sizes:
         costs = costs_for(p, "uniform")
-        rows.append(ilp_row(costs, p, m, p * costs.mem_f[0], time_limit, workers, f"P={p} M={m}"))
+        label = f"P={p} M={m} {k} M_F"
+        rows.append(ilp_row(costs, p, m, k * costs.mem_f[0], time_limit, workers, label))
         progress.advance(task)
     return rows
 
@@ -209,7 +211,8 @@ def _show(grid_rows, scale_rows, sweep_rows, solver_rows) -> None:
 
     for title, rows in (
         ("grid (60 s limit each)", grid_rows),
-        ("P=8, 1.5B, limit p*M_F", scale_rows),
+        ("P=8, 1.5B, 120 s", scale_rows),
+        ("memory sweep, limit in M_F, heuristic given the same limit", sweep_rows),
     ):
         print_table(
             f"ILP vs best heuristic: {title}",
@@ -266,7 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     parser.add_argument("--plot", type=Path, default=None, help="folder for Gantt PNGs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ilp_scaling.json"))
+    parser.add_argument("--show", type=Path, default=None, help="print the tables of a saved JSON")
     args = parser.parse_args(argv)
+    if args.show is not None:
+        saved = json.loads(args.show.read_text())
+        _show(saved["grid"], saved["scaling"], saved["memory_sweep"], saved["solvers"])
+        return 0
     small = args.time_limit or (10.0 if args.quick else 60.0)
     big = args.big_time_limit or (20.0 if args.quick else 120.0)
     with Progress(console=console(stderr=True), transient=True) as progress:
