@@ -41,7 +41,7 @@ from nobubble.moe import (  # noqa: E402
 from nobubble.moe.buffer_shm import ShmBuffer  # noqa: E402
 from nobubble.moe.hierarchical import HierarchicalBuffer  # noqa: E402
 from nobubble.moe.low_latency import LowLatencyBuffer  # noqa: E402
-from nobubble.moe.overlap import overlapped_forward  # noqa: E402
+from nobubble.moe.overlap import communication_hidden, overlapped_forward  # noqa: E402
 from nobubble.moe.transport_shm import ShmTransport  # noqa: E402
 
 SECTIONS = ("transports", "hierarchical", "low_latency", "overlap")
@@ -79,14 +79,9 @@ def _time_buffer(buf: Buffer, x, idx, w, num_experts: int, iters: int) -> dict:
     buf.combine(res.recv_x, res.handle)
     disp, comb = [], []
     for _ in range(iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        res = buf.dispatch(x, idx, w, num_experts=num_experts)
-        t1 = time.perf_counter()
-        out = buf.combine(res.recv_x, res.handle).combined_x
-        t2 = time.perf_counter()
-        disp.append(_slowest(t1 - t0))
-        comb.append(_slowest(t2 - t1))
+        d, c, res, out = _time_once(buf, x, idx, w, num_experts)
+        disp.append(d)
+        comb.append(c)
     return {
         "dispatch_s": statistics.median(disp),
         "combine_s": statistics.median(comb),
@@ -95,32 +90,55 @@ def _time_buffer(buf: Buffer, x, idx, w, num_experts: int, iters: int) -> dict:
     }
 
 
+def _time_once(buf: Buffer, x, idx, w, num_experts: int):
+    """One dispatch + combine; the slowest rank's times."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    res = buf.dispatch(x, idx, w, num_experts=num_experts)
+    t1 = time.perf_counter()
+    out = buf.combine(res.recv_x, res.handle).combined_x
+    t2 = time.perf_counter()
+    return _slowest(t1 - t0), _slowest(t2 - t1), res, out
+
+
 def _transports_rank(ctx, tokens: int, hidden: int, num_experts: int, topk: int, iters: int):
     idx, w = _routing(tokens, num_experts, topk, seed=ctx.rank)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(99 + ctx.rank))
     x = x.to(torch.bfloat16)
-    out = {}
+    bufs = {
+        "gloo": Buffer(transport=TorchDistTransport(timeout_s=600)),
+        # the plain Buffer over the shared-memory transport
+        "shm-unfused": Buffer(transport=ShmTransport(timeout_s=600)),
+        # gather-on-write / reduce-on-read over shared memory
+        "shm": ShmBuffer(timeout_s=600),
+    }
+    names = list(bufs)
+    times: dict[str, dict[str, list[float]]] = {n: {"d": [], "c": []} for n in names}
     recv = {}
-    for name in ("gloo", "shm-unfused", "shm"):
-        if name == "gloo":
-            buf = Buffer(transport=TorchDistTransport(timeout_s=600))
-        elif name == "shm-unfused":  # the plain Buffer over the shared-memory transport
-            buf = Buffer(transport=ShmTransport(timeout_s=600))
-        else:  # gather-on-write / reduce-on-read over shared memory
-            buf = ShmBuffer(timeout_s=600)
-        transport = buf.transport
-        r = _time_buffer(buf, x, idx, w, num_experts, iters)
-        recv[name] = (r.pop("recv_x"), r.pop("combined"))
-        transport.reset_stats()
+    for buf in bufs.values():  # warm-up: sizes the shared-memory regions
+        _time_once(buf, x, idx, w, num_experts)
+    for it in range(iters):  # round-robin, so that bursts of load hit every transport alike
+        for name in names[it % len(names) :] + names[: it % len(names)]:
+            d, c, res, out = _time_once(bufs[name], x, idx, w, num_experts)
+            times[name]["d"].append(d)
+            times[name]["c"].append(c)
+            recv[name] = (res.recv_x, out)
+            del res, out
+    result = {}
+    for name, buf in bufs.items():
+        buf.transport.reset_stats()
         buf.dispatch(x, idx, w, num_experts=num_experts)
-        r["x_bytes_sent"] = transport.stats().bytes_sent["x"]
-        out[name] = r
-        if isinstance(transport, ShmTransport):
-            transport.close()
-    out["bit_equal"] = all(
+        result[name] = {
+            "dispatch_s": statistics.median(times[name]["d"]),
+            "combine_s": statistics.median(times[name]["c"]),
+            "x_bytes_sent": buf.transport.stats().bytes_sent["x"],
+        }
+        if isinstance(buf.transport, ShmTransport):
+            buf.transport.close()
+    result["bit_equal"] = all(
         torch.equal(recv["gloo"][k], recv[name][k]) for name in recv for k in (0, 1)
     )
-    return out
+    return result
 
 
 def run_transports(args, memcpy: float) -> dict:
@@ -378,18 +396,25 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
     buf = ShmBuffer(timeout_s=600) if transport == "shm" else Buffer(timeout_s=600)
     layer = MoELayer(config, init_moe_weights(config, seed=1), buf)
     x = torch.randn(tokens, config.hidden, generator=torch.Generator().manual_seed(ctx.rank))
-    runs: dict[str, list] = {"sequential": [], "overlapped": []}
-    overlapped_forward(layer, x, num_chunks=chunks, overlap=True)  # warm-up
-    for _ in range(iters):
-        for name in ("sequential", "overlapped"):
+    modes = {
+        "no overlap": (1, False),
+        "chunked sequential": (chunks, False),
+        "chunked overlap": (chunks, True),
+    }
+    runs: dict[str, list] = {name: [] for name in modes}
+    for num_chunks, overlap in modes.values():  # warm-up
+        overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
+    names = list(modes)
+    for it in range(iters):  # round-robin against bursts of load
+        for name in names[it % 3 :] + names[: it % 3]:
+            num_chunks, overlap = modes[name]
             dist.barrier()
-            r = overlapped_forward(layer, x, num_chunks=chunks, overlap=name == "overlapped")
-            runs[name].append((_slowest(r.step_s), r.comm_s, r.compute_s))
-    med = {
-        name: [statistics.median(v[i] for v in vals) for i in range(3)]
+            r = overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
+            runs[name].append((_slowest(r.step_s), r.comm_s, r.compute_s, communication_hidden(r)))
+    return {
+        name: [statistics.median(v[i] for v in vals) for i in range(4)]
         for name, vals in runs.items()
     }
-    return med
 
 
 def run_overlap(args) -> dict:
@@ -402,14 +427,16 @@ def run_overlap(args) -> dict:
         res = spawn(
             _overlap_rank, 2, args=(tokens, config, 4, args.iters, transport), timeout_s=1800
         )[0]
-        seq, ovl = res["sequential"], res["overlapped"]
+        base = res["no overlap"][0]
         out[transport] = {
-            "sequential_step_ms": 1e3 * seq[0],
-            "overlapped_step_ms": 1e3 * ovl[0],
-            "sequential_comm_ms": 1e3 * seq[1],
-            "sequential_compute_ms": 1e3 * seq[2],
-            "speedup": seq[0] / ovl[0],
-            "communication_hidden": (seq[0] - ovl[0]) / seq[1] if seq[1] > 0 else 0.0,
+            name: {
+                "step_ms": 1e3 * v[0],
+                "comm_ms": 1e3 * v[1],
+                "experts_ms": 1e3 * v[2],
+                "communication_hidden": v[3],
+                "speedup_vs_no_overlap": base / v[0],
+            }
+            for name, v in res.items()
         }
     return {
         "shape": {
@@ -428,27 +455,20 @@ def run_overlap(args) -> dict:
 
 def print_overlap(res: dict) -> None:
     print_table(
-        "MoE layer forward with chunked overlap (CPU measurement)",
-        [
-            "transport",
-            "sequential ms",
-            "overlapped ms",
-            "comm ms (seq)",
-            "experts ms (seq)",
-            "speedup",
-            "comm hidden",
-        ],
+        "MoE layer forward step, chunked overlap (CPU measurement)",
+        ["transport", "mode", "step ms", "comm ms", "experts ms", "comm hidden", "speedup"],
         [
             [
-                name,
-                f"{r['sequential_step_ms']:.1f}",
-                f"{r['overlapped_step_ms']:.1f}",
-                f"{r['sequential_comm_ms']:.1f}",
-                f"{r['sequential_compute_ms']:.1f}",
-                f"{r['speedup']:.2f}x",
+                transport,
+                mode,
+                f"{r['step_ms']:.1f}",
+                f"{r['comm_ms']:.1f}",
+                f"{r['experts_ms']:.1f}",
                 f"{100 * r['communication_hidden']:.0f}%",
+                f"{r['speedup_vs_no_overlap']:.2f}x",
             ]
-            for name, r in res["rows"].items()
+            for transport, rows in res["rows"].items()
+            for mode, r in rows.items()
         ],
         caption=str(res["shape"]),
     )
@@ -462,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--iters", type=int, default=5)
     p.add_argument("--sections", default=",".join(SECTIONS))
     args = p.parse_args(argv)
     if args.quick:

@@ -76,7 +76,8 @@ class LowLatencyDispatch:
     """What :meth:`LowLatencyBuffer.low_latency_dispatch` returns.
 
     Attributes:
-        recv_x: ``[L, R * T, H]`` expert-major rows (x's dtype; dequantised with FP8).
+        recv_x: ``[L, R * T, H]`` expert-major rows (x's dtype; dequantised with FP8); a view
+            of the buffer's receive memory, valid until the next dispatch.
         recv_count: ``[L]`` int64 valid rows per local expert.
         handle: for :meth:`LowLatencyBuffer.low_latency_combine`.
         hook: with ``return_recv_hook``, call it to receive (fills ``recv_x``, ``recv_count``
@@ -126,6 +127,15 @@ class LowLatencyBuffer:
         self.hidden = hidden
         self.timeout_s = timeout_s
         self.bytes_sent_remote: dict[str, int] = {}
+        self._recv_x: dict[torch.dtype, torch.Tensor] = {}  # allocated once per dtype
+
+    def _recv_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[L, R * T, H]``, allocated on first use and reused: a dispatch's ``recv_x`` is
+        valid until the next dispatch of the same dtype (as in DeepEP's low-latency mode)."""
+        if dtype not in self._recv_x:
+            shape = (self.num_local_experts, self.num_ranks * self.max_tokens, self.hidden)
+            self._recv_x[dtype] = torch.empty(shape, dtype=dtype)
+        return self._recv_x[dtype]
 
     def _count(self, kind: str, nbytes: int) -> None:
         self.bytes_sent_remote[kind] = self.bytes_sent_remote.get(kind, 0) + nbytes
@@ -177,7 +187,7 @@ class LowLatencyBuffer:
             send_counts=tuple(int(c) for c in send_counts.tolist()),
             recv_layout=torch.zeros(local, num_ranks, dtype=torch.int64),
         )
-        recv_x = torch.empty(local, num_ranks * t_max, self.hidden, dtype=x.dtype)
+        recv_x = self._recv_buffer(x.dtype)
         recv_count = torch.zeros(local, dtype=torch.int64)
         offs = [0, *torch.cumsum(send_counts, 0).tolist()]
 
@@ -329,10 +339,11 @@ class LowLatencyBuffer:
         self._count(
             "combine", int(send.shape[0] - layout[:, self.rank].sum()) * h * x.element_size()
         )
-        per_slot = torch.zeros(handle.num_tokens, topk_idx.shape[1], h)  # (N, K, H) float32
-        per_slot[handle.send_token, handle.send_slot] = back.float()
-        weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0)
-        out = torch.zeros(handle.num_tokens, h)
-        for k in range(topk_idx.shape[1]):
-            out = out + weights[:, k : k + 1] * per_slot[:, k]
+        weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0)  # (N, K)
+        out = torch.zeros(handle.num_tokens, h)  # (N, H) float32
+        for k in range(topk_idx.shape[1]):  # slot order; a token has one row per slot
+            rows = (handle.send_slot == k).nonzero().view(-1)
+            tokens = handle.send_token[rows]
+            contrib = weights[tokens, k].view(-1, 1) * back[rows].float()  # (n_k, H)
+            out.index_add_(0, tokens, contrib)
         return out.to(x.dtype)

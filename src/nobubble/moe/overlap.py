@@ -52,12 +52,18 @@ class OverlapResult:
     events: list[Event]
 
 
-def communication_hidden(sequential: OverlapResult, overlapped: OverlapResult) -> float:
-    """Fraction of the sequential step's communication time that the overlap removed from the
-    step: ``(step_seq - step_overlap) / comm_seq`` (negative if overlap made it slower)."""
-    if sequential.comm_s <= 0:
+def communication_hidden(result: OverlapResult) -> float:
+    """Fraction of a step's communication time that ran while the experts computed.
+
+    The main thread either computes experts or waits; the time it does not compute
+    (``step - compute``) bounds the communication left exposed, so
+    ``hidden = 1 - (step - compute) / comm``, clipped to [0, 1]. A sequential run has
+    ``step >= compute + comm`` and scores 0.
+    """
+    if result.comm_s <= 0:
         return 0.0
-    return (sequential.step_s - overlapped.step_s) / sequential.comm_s
+    exposed = result.step_s - result.compute_s
+    return min(1.0, max(0.0, 1.0 - exposed / result.comm_s))
 
 
 class _Recorder:
