@@ -180,6 +180,7 @@ def test_time_limit_returns_a_feasible_schedule_with_a_gap():
         ({"time_limit_s": 0}, "time_limit_s=0"),
         ({"mem_limit": -1.0}, "mem_limit=-1.0"),
         ({"num_microbatches": 0}, "num_microbatches=0"),
+        ({"num_workers": 0}, "num_workers=0"),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, message):
@@ -193,3 +194,24 @@ def test_interleaved_warm_start_is_refused():
     interleaved = get_schedule("interleaved-1f1b", num_stages=2, num_microbatches=2)
     with pytest.raises(ValueError, match="one stage per rank"):
         solve_optimal(costs, num_stages=2, num_microbatches=2, warm_start=interleaved)
+
+
+def test_warm_start_of_another_shape_is_refused():
+    costs = _costs(2, 1, 1, 1, 0)
+    other = get_schedule("zb-h1", num_stages=2, num_microbatches=3)
+    with pytest.raises(ValueError, match="3 microbatches"):
+        solve_optimal(costs, num_stages=2, num_microbatches=2, warm_start=other)
+
+
+def test_warm_start_alone_is_hinted_and_never_beaten_by_a_worse_answer():
+    # only the given schedule as hint (heuristics off): the result is optimal and no worse
+    costs = _costs(3, 4, 4, 2, 1)
+    hint = get_schedule("zb-h1", num_stages=3, num_microbatches=6)
+    result = solve_optimal(
+        costs, num_stages=3, num_microbatches=6, warm_start=hint, use_heuristics=False,
+        time_limit_s=20, num_workers=2,
+    )  # fmt: skip
+    assert result.heuristic == "zb-h1"
+    assert result.heuristic_objective == simulate(hint, costs).max_span
+    assert result.status == "optimal" and result.objective <= result.heuristic_objective
+    _check_schedule(result, costs, None)

@@ -258,7 +258,9 @@ def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:
 
 
 # -- the solve ----------------------------------------------------------------------------
-def _check_args(costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s) -> None:
+def _check_args(
+    costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
+) -> None:
     for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{label}={value!r} must be a positive integer")
@@ -273,6 +275,16 @@ def _check_args(costs, num_stages, num_microbatches, mem_limit, objective, time_
         raise ValueError(f"time_limit_s={time_limit_s} must be a positive number of seconds")
     if mem_limit is not None and not (mem_limit >= 0 and math.isfinite(mem_limit)):
         raise ValueError(f"mem_limit={mem_limit} must be a finite number >= 0 (or None)")
+    if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 1):
+        raise ValueError(f"num_workers={num_workers!r} must be a positive integer (or None)")
+    if warm_start is not None and (
+        warm_start.num_ranks != num_stages or warm_start.num_microbatches != num_microbatches
+    ):
+        raise ValueError(
+            f"warm_start {warm_start.name!r} has {warm_start.num_ranks} ranks and "
+            f"{warm_start.num_microbatches} microbatches; the problem has {num_stages} and "
+            f"{num_microbatches}"
+        )
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -317,7 +329,10 @@ def solve_optimal(
         memory_encoding: ``"cumulative"`` or ``"reservoir"`` (see :func:`build_cpsat`).
         on_solution: called with ``(objective, bound, seconds)`` at each improving solution.
     """
-    _check_args(costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s)
+    _check_args(
+        costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers,
+        warm_start,
+    )  # fmt: skip
     problem, time_unit, _ = to_int_problem(
         costs, num_microbatches=num_microbatches, mem_limit=mem_limit, objective=objective
     )
