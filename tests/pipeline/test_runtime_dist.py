@@ -195,4 +195,8 @@ def test_bad_schedule_and_model_mismatch_rejected_before_spawn():
     too_many = get_schedule("zb-v", num_stages=8, num_microbatches=8)  # 16 stages, 8 layers
     with pytest.raises(ValueError, match="8 layers but the schedule has 16 stages"):
         run_local([TrainConfig(model=MODEL, schedule=too_many)])
+    ok = TrainConfig(model=MODEL, schedule=get_schedule("1f1b", num_stages=2, num_microbatches=2))
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ValueError, match="needs 2 GPUs"):
+            run_local([ok], LaunchOptions(device="cuda"))
     assert not mp.active_children()
