@@ -144,6 +144,13 @@ def boundary_shapes(
     return shapes
 
 
+def activation_dtype(model: ModelConfig) -> torch.dtype:
+    """The dtype of the activations between blocks (block 0's output, found on ``meta``)."""
+    with torch.device("meta"):
+        first = build_blocks(model, range(1), device="meta")["0"]
+        return first(model.make_batch(1, seed=0, device="meta").inputs).dtype
+
+
 class _Rank:
     """A rank's stages, optimizer and meter for one TrainConfig."""
 
@@ -170,6 +177,7 @@ class _Rank:
         else:
             self.optimizer = torch.optim.AdamW(params, lr=config.lr)
         self.shapes = boundary_shapes(config.model, ranges, config.microbatch_size)
+        self.dtype = activation_dtype(config.model)
         self.p2p_groups = _direction_groups(ctx)
 
     def close(self) -> None:
@@ -244,7 +252,7 @@ def _run_step(rank: _Rank, step: int, origin: float, events: list[Event]) -> flo
     )
     mbs = batch.split(num_mb)
     channel = P2PChannel(
-        sched, ctx.rank, shapes=rank.shapes, dtype=torch.float32, device=ctx.device,
+        sched, ctx.rank, shapes=rank.shapes, dtype=rank.dtype, device=ctx.device,
         timeout_s=ctx.timeout_s, lookahead=config.lookahead, groups=rank.p2p_groups,
     )  # fmt: skip
     sync = config.sync_device and ctx.device.type == "cuda"
