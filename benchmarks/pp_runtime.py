@@ -9,8 +9,9 @@
 3. Train with the three schedules on 2 local ranks, 1 thread each, in one spawn; the
    schedules take turns (``--rounds``) so load bursts on a shared machine hit all alike.
    Median step time (barrier to barrier, first step of each turn dropped) and median
-   makespan (first op start to last op end); measured speedup vs 1f1b next to the
-   predicted one, and measured peak activation memory per rank next to the simulated one.
+   makespan (first op start to last op end); measured speedup vs 1f1b (ratio of medians,
+   and paired: the median over rounds of the ratio within a round) next to the predicted
+   one, and measured peak activation memory per rank next to the simulated one.
 
 Writes benchmarks/results/pp_runtime.json (or pp_runtime_quick.json).
 
@@ -130,9 +131,12 @@ def run_schedules(model, schedules, mb_size, steps, rounds, timeout_s):
                 )  # fmt: skip
             )
     results = run_local(configs, LaunchOptions(timeout_s=timeout_s, threads_per_rank=1))
-    out = {n: {"step": [], "makespan": [], "bubble": [], "peak": None} for n in SCHEDULES}
+    out = {n: {"step": [], "makespan": [], "bubble": [], "peak": None, "turns": []}
+           for n in SCHEDULES}  # fmt: skip
     for cfg, per_rank in zip(configs, results, strict=True):
         o = out[cfg.schedule.name]
+        turn = [max(r.step_times_s[s] for r in per_rank) for s in range(1, steps)]
+        o["turns"].append(statistics.median(turn))  # median step of this turn
         for s in range(1, steps):  # the first step of each turn warms up
             o["step"].append(max(r.step_times_s[s] for r in per_rank))
             makespan, bubble = measured_bubble(per_rank, s)
@@ -153,7 +157,7 @@ def main() -> int:
         num_mb, mb_size, steps, rounds, repeats = 6, 4, 4, args.rounds or 2, 3
     else:
         model = GPTConfig(vocab_size=256, seq_len=128, hidden=256, num_heads=4, num_layers=4)
-        num_mb, mb_size, steps, rounds, repeats = 8, 4, 4, args.rounds or 2, 5
+        num_mb, mb_size, steps, rounds, repeats = 8, 4, 3, args.rounds or 4, 5
     ranges = partition_blocks(model, 2)
     shapes = boundary_shapes(model, ranges, mb_size)
     t_comm = spawn(comm_probe, 2, args=(tuple(shapes[1]),), timeout_s=300)[0]
@@ -178,20 +182,26 @@ def main() -> int:
         m, sim = measured[n], sims[n]
         step, ms = statistics.median(m["step"]), statistics.median(m["makespan"])
         pred = sims["1f1b"].makespan / sim.makespan
+        # paired: 1f1b and this schedule in the same round of turns, median over rounds
+        paired = statistics.median(
+            a / b for a, b in zip(measured["1f1b"]["turns"], m["turns"], strict=True)
+        )
         row = {
             "schedule": n, "steps_measured": len(m["step"]),
             "median_step_s": step, "median_makespan_s": ms,
             "measured_speedup_step": base / step, "measured_speedup_makespan": base_ms / ms,
             "predicted_makespan_s": sim.makespan / 1e3, "predicted_speedup": pred,
             "speedup_error": (base / step) / pred - 1,
+            "paired_speedup": paired, "paired_speedup_error": paired / pred - 1,
             "measured_bubble": statistics.median(m["bubble"]), "predicted_bubble": sim.bubble_rate,
             "peak_activation_mib": [b / MiB for b in m["peak"]],
             "predicted_peak_mib": [b / MiB for b in sim.peak_memory],
         }  # fmt: skip
         rows.append(row)
         table.append([
-            n, step * 1e3, sim.makespan, f"{base / step:.3f}", f"{pred:.3f}",
-            f"{row['speedup_error']:+.1%}", f"{row['measured_bubble']:.1%}",
+            n, step * 1e3, sim.makespan, f"{base / step:.3f}", f"{paired:.3f}", f"{pred:.3f}",
+            f"{row['speedup_error']:+.1%}", f"{row['paired_speedup_error']:+.1%}",
+            f"{row['measured_bubble']:.1%}",
             f"{sim.bubble_rate:.1%}",
             " / ".join(f"{b:.1f}" for b in row["peak_activation_mib"]),
             " / ".join(f"{b:.1f}" for b in row["predicted_peak_mib"]),
@@ -207,10 +217,11 @@ def main() -> int:
     print_table(
         f"2 ranks x 1 thread, GPT {model.num_layers} layers h={model.hidden} T={model.seq_len}, "
         f"M={num_mb}, mb={mb_size}",
-        ["schedule", "step ms", "sim ms", "speedup", "sim speedup", "error", "bubble",
-         "sim bubble", "peak act MiB r0/r1", "sim peak MiB"],
+        ["schedule", "step ms", "sim ms", "speedup", "paired", "sim speedup", "error",
+         "paired error", "bubble", "sim bubble", "peak act MiB r0/r1", "sim peak MiB"],
         table,
-        caption=f"T_comm {t_comm:.2f} ms; medians of {len(measured['1f1b']['step'])} steps; "
+        caption=f"T_comm {t_comm:.2f} ms; medians of {len(measured['1f1b']['step'])} steps "
+        f"in {rounds} rounds of turns (paired: median over rounds of the in-round ratio); "
         f"load average during the run {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs",
     )  # fmt: skip
     name = "pp_runtime_quick" if args.quick else "pp_runtime"
