@@ -103,8 +103,11 @@ class Profile:
     def from_dict(d: dict) -> Profile:
         skip = ("mem_b", "split_overhead")
         stages = tuple(
-            StageProfile(**{**{k: v for k, v in s.items() if k not in skip},
-                            "blocks": tuple(s["blocks"])})
+            StageProfile(**{
+                "bw_ratio": (s["t_b"] + s["t_w"]) / s["t_bw_fused"],  # files without it
+                **{k: v for k, v in s.items() if k not in skip},
+                "blocks": tuple(s["blocks"]),
+            })
             for s in d["stages"]
         )  # fmt: skip
         return Profile(
