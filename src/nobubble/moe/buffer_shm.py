@@ -105,6 +105,7 @@ class ShmBuffer(Buffer):
         out = empty_hugepages((recv_off[-1], *row_shape), t.dtype)  # (M, *)
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)
+        writes = {}
         for j in shm._peers():
             idx = handle.send_token_idx[send_off[j] : send_off[j + 1]]
 
@@ -112,13 +113,16 @@ class ShmBuffer(Buffer):
                 dst = slot.view(t.dtype).view(idx.shape[0], *row_shape)  # (n_j, *)
                 torch.index_select(t, 0, idx, out=dst)
 
-            shm.write_peer(j, step, idx.shape[0] * row_bytes, fill, kind=kind)
+            writes[j] = (idx.shape[0] * row_bytes, fill)
         me = self.rank
         own_idx = handle.send_token_idx[send_off[me] : send_off[me + 1]]
         torch.index_select(t, 0, own_idx, out=out[recv_off[me] : recv_off[me + 1]])
-        for i, slot in shm.poll_slots(step, recv_nbytes, kind=kind):
+
+        def copy_out(i: int, slot: torch.Tensor) -> None:
             rows = recv_off[i + 1] - recv_off[i]
             out[recv_off[i] : recv_off[i + 1]].copy_(slot.view(t.dtype).view(rows, *row_shape))
+
+        shm.exchange(step, writes, recv_nbytes, copy_out, kind=kind)
         sent = send_off[-1] * row_bytes
         own = (send_off[me + 1] - send_off[me]) * row_bytes
         shm._count(kind, sent=sent, remote=sent - own, received=recv_off[-1] * row_bytes)
@@ -136,13 +140,17 @@ class ShmBuffer(Buffer):
         recv_nbytes = [n * row_bytes for n in handle.num_send_tokens_per_rank]
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)
+        writes = {}
         for j in shm._peers():
             seg = flat[back_off[j] * row_bytes : back_off[j + 1] * row_bytes]
-            shm.write_peer(j, step, seg.numel(), lambda slot, seg=seg: slot.copy_(seg), kind=kind)
+            writes[j] = (seg.numel(), lambda slot, seg=seg: slot.copy_(seg))
         me = self.rank
         rows: dict[int, torch.Tensor] = {me: t[back_off[me] : back_off[me + 1]]}
-        for i, slot in shm.poll_slots(step, recv_nbytes, kind=kind):
+
+        def keep(i: int, slot: torch.Tensor) -> None:
             rows[i] = slot.view(t.dtype).view(home_off[i + 1] - home_off[i], *row_shape)
+
+        shm.exchange(step, writes, recv_nbytes, keep, kind=kind)
         out = self._reduce_blocks(t, handle, rows, home_off)
         sent = back_off[-1] * row_bytes
         own = (back_off[me + 1] - back_off[me]) * row_bytes

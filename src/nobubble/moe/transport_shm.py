@@ -265,6 +265,12 @@ class ShmTransport:
                 f"rank {self.rank}/{self.world_size}: {kind} send (call {t}) waiting for rank {j} "
                 "to be ready"
             )
+        self._write_now(j, t, nbytes, fill, kind)
+
+    def _write_now(
+        self, j: int, t: int, nbytes: int, fill: Callable[[torch.Tensor], Any], kind: str
+    ) -> None:
+        ctrl = self._peer_ctrl[j]
         gen, cap = int(ctrl[_GEN]), int(ctrl[_CAP])
         mapped_gen, region = self._peer_data[j]
         if mapped_gen != gen:
@@ -307,6 +313,47 @@ class ShmTransport:
                     )
                 waiting.discard(i)
                 yield i, self._data[i * cap : i * cap + n]
+
+    def exchange(
+        self,
+        t: int,
+        writes: dict[int, tuple[int, Callable[[torch.Tensor], Any]]],
+        recv_nbytes: Sequence[int],
+        on_slot: Callable[[int, torch.Tensor], Any],
+        *,
+        kind: str,
+    ) -> None:
+        """Finish call ``t`` in whatever order the peers allow: write ``writes[j] = (nbytes,
+        fill)`` to each peer as soon as it is ready, and hand each arrived slot to
+        ``on_slot(source, slot)`` - so a descheduled peer does not hold up the others.
+        Raises :class:`TransportError` after ``timeout_s`` without progress."""
+        to_write = dict(writes)
+        to_read = set(self._peers())
+        cap = int(self._ctrl[_CAP])
+        backoff = _Backoff(self.timeout_s)
+        while to_write or to_read:
+            progressed = False
+            for j in [j for j in to_write if self._peer_ctrl[j][_READY] == t]:
+                nbytes, fill = to_write.pop(j)
+                self._write_now(j, t, nbytes, fill, kind)
+                progressed = True
+            for i in [i for i in to_read if self._ctrl[self._done(i)] == t]:
+                n = int(self._ctrl[self._nbytes(i)])
+                if n != recv_nbytes[i]:
+                    raise TransportError(
+                        f"rank {self.rank}: {kind} call {t}: rank {i} sent {n} bytes but "
+                        f"{int(recv_nbytes[i])} were expected; ranks disagree on the splits"
+                    )
+                to_read.discard(i)
+                on_slot(i, self._data[i * cap : i * cap + n])
+                progressed = True
+            if progressed:
+                backoff = _Backoff(self.timeout_s)
+            else:
+                backoff.pause(
+                    f"rank {self.rank}/{self.world_size}: {kind} (call {t}) waiting for rank(s) "
+                    f"{sorted(set(to_write) | to_read)}"
+                )
 
     def send(
         self, segments: Sequence[torch.Tensor], recv_nbytes: Sequence[int], *, kind: str
@@ -359,8 +406,18 @@ class ShmTransport:
         self, segments: list[torch.Tensor], recv_nbytes: list[int], *, kind: str
     ) -> torch.Tensor:
         out = torch.empty(sum(recv_nbytes), dtype=torch.uint8)
-        t = self.send(segments, recv_nbytes, kind=kind)
-        return self.recv(t, segments[self.rank], recv_nbytes, out, kind=kind)
+        offsets = np.cumsum([0, *[int(n) for n in recv_nbytes]])
+        t = self.begin(recv_nbytes, kind=kind)
+        writes = {j: (segments[j].numel(), _copier(segments[j])) for j in self._peers()}
+        out[offsets[self.rank] : offsets[self.rank + 1]].copy_(segments[self.rank].reshape(-1))
+        self.exchange(
+            t,
+            writes,
+            recv_nbytes,
+            lambda i, slot: out[offsets[i] : offsets[i + 1]].copy_(slot),
+            kind=kind,
+        )
+        return out
 
     def all_to_all(
         self,
