@@ -38,7 +38,7 @@ def _problems(p, m, costs, t_comm, limit, objective):
     return brute, model
 
 
-def _solve(problem: IntProblem, memory: str = "cumulative"):
+def _solve(problem: IntProblem, memory: str = "reservoir"):
     built = build_cpsat(problem, memory=memory)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = 20.0
@@ -86,14 +86,19 @@ def test_solver_optimum_equals_exhaustive_search(case):
     assert objective_of(problem, asap_times(problem, best.orders)) == best.value
 
 
-def test_reservoir_encoding_agrees_with_cumulative():
+def test_memory_encodings_agree():
     _, problem = _problems(3, 3, SKEWED, 1, 68, "span")
     values = []
-    for memory in ("cumulative", "reservoir"):
+    for memory in ("reservoir", "cumulative", "both"):
         code, solver, _ = _solve(problem, memory)
         assert code == cp_model.OPTIMAL
         values.append(solver.objective_value)
-    assert values[0] == values[1] == search(_problems(3, 3, SKEWED, 1, 68, "span")[0]).value
+    assert (
+        values[0]
+        == values[1]
+        == values[2]
+        == search(_problems(3, 3, SKEWED, 1, 68, "span")[0]).value
+    )
 
 
 def test_limit_below_one_microbatch_is_infeasible():

@@ -311,7 +311,7 @@ def solve_optimal(
     warm_start: Schedule | None = None,
     use_heuristics: bool = True,
     num_workers: int | None = None,
-    memory_encoding: str = "cumulative",
+    memory_encoding: str = "reservoir",
     on_solution: Callable[[float, float, float], None] | None = None,
 ) -> SolveResult:
     """Find the schedule of least span (or makespan) for p stages and m microbatches.
@@ -326,7 +326,8 @@ def solve_optimal(
         warm_start: a schedule to hint (in addition to the heuristics).
         use_heuristics: also try :data:`HEURISTIC_NAMES` as hints.
         num_workers: CP-SAT search workers (default: the machine's cores, at most 8).
-        memory_encoding: ``"cumulative"`` or ``"reservoir"`` (see :func:`build_cpsat`).
+        memory_encoding: ``"reservoir"``, ``"cumulative"`` or ``"both"`` (see
+            :func:`~nobubble.pipeline.ilp_model.build_cpsat`).
         on_solution: called with ``(objective, bound, seconds)`` at each improving solution.
     """
     _check_args(
