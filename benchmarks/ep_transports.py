@@ -501,14 +501,14 @@ def main(argv: list[str] | None = None) -> int:
         data["transports"] = run_transports(args, memcpy)
         print_transports(data["transports"])
     data["load_average"] = os.getloadavg()
-    for name, run, show in (
+    for section, run, show in (
         ("hierarchical", run_hierarchical, print_hierarchical),
         ("low_latency", run_low_latency, print_low_latency),
         ("overlap", run_overlap, print_overlap),
     ):
-        if name in sections:
-            data[name] = run(args)
-            show(data[name])
+        if section in sections:
+            data[section] = run(args)
+            show(data[section])
     data.pop("machine", None)
     path = write_json(name, data)
     print(f"wrote {path}")
