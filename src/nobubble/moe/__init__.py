@@ -8,14 +8,30 @@ Public names::
     reference_dispatch, reference_combine        # the slow per-pair reference (reference.py)
     softmax_topk, deepseek_v3_topk, update_expert_bias, Routing   # routers (routing.py)
     MoEConfig, MoEWeights, init_moe_weights, MoELayer, DenseMoE   # the layer (layer.py)
+    rebalance_experts, ExpertPlacement            # EPLB placement (eplb.py)
+    rebalance_experts_incremental, IncrementalRebalance, count_moves   # (eplb_incremental.py)
+    route_to_replicas, ReplicaRouter              # logical -> physical experts (replicas.py)
+    ExpertLoadStats                               # live load statistics (load_stats.py)
+    ReplicatedMoELayer                            # MoE layer with redundant experts
+    rebalance_online, plan_migration              # move experts between ranks (balance_online.py)
 """
 
 from __future__ import annotations
 
+from nobubble.moe.balance_online import plan_migration, rebalance_online
 from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
+from nobubble.moe.eplb import ExpertPlacement, rebalance_experts
+from nobubble.moe.eplb_incremental import (
+    IncrementalRebalance,
+    count_moves,
+    rebalance_experts_incremental,
+)
 from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_moe_weights
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
+from nobubble.moe.load_stats import ExpertLoadStats
 from nobubble.moe.reference import reference_combine, reference_dispatch
+from nobubble.moe.replicas import ReplicaRouter, route_to_replicas
+from nobubble.moe.replicated_layer import ReplicatedMoELayer
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.moe.transport import TorchDistTransport, Transport, TransportError, TransportStats
 
@@ -26,19 +42,30 @@ __all__ = [
     "DispatchHandle",
     "DispatchLayout",
     "DispatchResult",
+    "ExpertLoadStats",
+    "ExpertPlacement",
+    "IncrementalRebalance",
     "MoEConfig",
     "MoELayer",
     "MoEWeights",
+    "ReplicaRouter",
+    "ReplicatedMoELayer",
     "Routing",
     "TorchDistTransport",
     "Transport",
     "TransportError",
     "TransportStats",
+    "count_moves",
     "deepseek_v3_topk",
     "get_dispatch_layout",
     "init_moe_weights",
+    "plan_migration",
+    "rebalance_experts",
+    "rebalance_experts_incremental",
+    "rebalance_online",
     "reference_combine",
     "reference_dispatch",
+    "route_to_replicas",
     "softmax_topk",
     "update_expert_bias",
 ]
