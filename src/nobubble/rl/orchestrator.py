@@ -89,19 +89,19 @@ class RunConfig:
     max_staleness: int | None = None
     algo: str = "grpo"
     engine: str = "local"
-    steps: int = 200
+    steps: int = 400
     time_budget_s: float | None = None
     target_accuracy: float | None = None
     seed: int = 0
-    batch_groups: int = 16
-    group_size: int = 8
+    batch_groups: int = 8
+    group_size: int = 32
     eval_every: int = 10
     chunk_groups: int | None = None
     num_rollout_workers: int = 1
     num_reward_workers: int = 1
     threads: int | None = None
     policy: dict = field(default_factory=dict)
-    trainer: dict = field(default_factory=dict)
+    trainer: dict = field(default_factory=lambda: {"lr": 2e-3, "uniform_kl_coef": 0.05})
     rollout: dict = field(default_factory=dict)
     reward: dict = field(default_factory=dict)
     ray_address: str | None = None
@@ -348,7 +348,13 @@ class Orchestrator:
                 break
             self.engine.submit_rollout(self._idle_rollout.pop(0), reqs, self._weights)
         while self._idle_reward and self._pending_reward:
-            self.engine.submit_reward(self._idle_reward.pop(0), [self._pending_reward.pop(0)])
+            # an idle reward worker takes an equal share of everything waiting
+            share = -(-len(self._pending_reward) // len(self._idle_reward))
+            groups, self._pending_reward = (
+                self._pending_reward[:share],
+                self._pending_reward[share:],
+            )
+            self.engine.submit_reward(self._idle_reward.pop(0), groups)
         if not self._trainer_busy and self._version < self.cfg.steps:
             batch = self.buffer.take_batch(self._version)
             if batch is not None:

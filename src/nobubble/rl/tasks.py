@@ -127,9 +127,9 @@ class DigitsTask:
             about the answer (the table is XOR-like) and a random policy learns slowly.
     """
 
-    moduli: tuple[int, ...] = (5, 7)
+    moduli: tuple[int, ...] = (5, 7, 9)
     num_terms: tuple[int, ...] = (3,)
-    differences: tuple[int, ...] | None = (-1, 1)
+    differences: tuple[int, ...] | None = (1,)
     name: str = "digits"
     tokenizer: CharTokenizer = field(default=CharTokenizer("0123456789,:="), init=False)
 

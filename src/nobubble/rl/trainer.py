@@ -18,6 +18,7 @@ Each step reports the staleness of the batch (trainer version - sample version p
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -45,7 +46,11 @@ class TrainerConfig:
         lr: Adam learning rate.
         group_size: responses per prompt, for the group advantages.
         clip: PPO ratio clip epsilon.
-        entropy_coef: weight of the entropy bonus (keeps a tiny policy exploring).
+        entropy_coef: weight of the entropy bonus.
+        uniform_kl_coef: weight of KL(uniform || pi) per token. It keeps a floor under every
+            token's probability, so a group whose samples all agree on a wrong answer still
+            explores; unlike the entropy bonus, its gradient does not vanish as the policy
+            becomes deterministic. Greedy evaluation is unaffected by the floor.
         value_coef: weight of the value loss (``ppo``, ``vtrace``).
         max_grad_norm: gradient clipping.
         delay_s: extra seconds per step (a slower trainer for experiments).
@@ -56,6 +61,7 @@ class TrainerConfig:
     group_size: int = 8
     clip: float = 0.2
     entropy_coef: float = 0.0
+    uniform_kl_coef: float = 0.0
     value_coef: float = 0.5
     max_grad_norm: float = 1.0
     delay_s: float = 0.0
@@ -66,7 +72,7 @@ class TrainerConfig:
         for name in ("lr", "clip", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TrainerConfig.{name}={getattr(self, name)} must be > 0")
-        for name in ("entropy_coef", "value_coef", "delay_s"):
+        for name in ("entropy_coef", "uniform_kl_coef", "value_coef", "delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainerConfig.{name}={getattr(self, name)} must be >= 0")
         if self.group_size < 1:
@@ -165,7 +171,8 @@ class Trainer:
         logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
         loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size)
         entropy = aggregate_loss(-(logp_all.exp() * logp_all).sum(-1), mask)
-        loss = loss - self.cfg.entropy_coef * entropy
+        uniform_kl = aggregate_loss(-logp_all.mean(-1) - math.log(logp_all.shape[-1]), mask)
+        loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)

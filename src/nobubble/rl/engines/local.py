@@ -130,20 +130,20 @@ class LocalEngine:
         self._send("trainer", ("eval",))
 
     def poll(self, timeout_s: float) -> list[Message]:
+        """Messages that arrived within ``timeout_s`` (all that are queued, once one is)."""
         out: list[Message] = []
-        end = time.monotonic() + timeout_s
-        while True:
-            try:
-                item = pickle.loads(
-                    self._outq.get(timeout=0.05 if out else max(0.0, end - time.monotonic()))
-                )
-            except queue.Empty:
-                break
+        raw: list[bytes] = []
+        try:
+            raw.append(self._outq.get(timeout=timeout_s))
+            while True:
+                raw.append(self._outq.get_nowait())
+        except queue.Empty:
+            pass
+        for blob in raw:
+            item = pickle.loads(blob)
             if isinstance(item, tuple) and item[0] == "error":
                 raise WorkerError(f"{item[1]} failed: {item[2]}")
             out.append(item)
-            if len(out) >= 64:
-                break
         if not out:
             self._check_alive()
         return out

@@ -1,0 +1,122 @@
+"""Does asynchrony buy throughput without costing accuracy? sync vs one-step-off vs fully-async.
+
+Every mode trains the same policy on digit completion for the same number of trainer steps
+on the local engine (generator and trainer in separate processes, one torch thread each).
+Reported per run: samples/s (trained samples / wall-clock from the first eval to the last
+step), accuracy on the enumerated eval set at the start and the end, the wall-clock time at
+which accuracy first reached 0.9, staleness and idle ratios, and the busy seconds of
+generation and training (to show that their costs are comparable).
+
+Seeds 0..S-1 run for sync and fully-async (learning claim: mean and spread); one-step-off
+runs on seed 0. The speed-up is samples/s over sync's on the same seed, in the same run.
+
+    python benchmarks/rl_modes.py            # 3 seeds
+    python benchmarks/rl_modes.py --quick    # 1 seed, fewer steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from nobubble.cliutil import print_table
+from nobubble.rl.orchestrator import RunConfig, RunResult, run
+from nobubble.rl.report import plot_runs, write_trace
+
+OUT = Path(__file__).parent / "results"
+IMG = Path(__file__).parent.parent / "docs" / "img"
+
+
+def _row(label: str, r: RunResult, base: RunResult) -> dict:
+    return {
+        "run": label,
+        "steps": r.steps,
+        "wall_s": r.wall_s,
+        "samples_per_s": r.samples_per_s,
+        "speedup": r.samples_per_s / base.samples_per_s,
+        "acc_start": r.initial_accuracy,
+        "acc_final": r.final_accuracy,
+        "t_to_0.9_s": r.time_to_accuracy(0.9),
+        "staleness_max": r.staleness_max,
+        "idle_rollout": r.idle_ratio["rollout"],
+        "idle_trainer": r.idle_ratio["trainer"],
+        "busy_gen_s": r.busy_s["rollout"],
+        "busy_train_s": r.busy_s["trainer"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, fewer steps")
+    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    args = ap.parse_args()
+    seeds = args.seeds or (1 if args.quick else 3)
+    steps = args.steps or (60 if args.quick else RunConfig().steps)
+    runs: dict[str, RunResult] = {}
+    rows = []
+    t_start = time.time()
+    for seed in range(seeds):
+        plan = [("sync", None), ("fully-async", 4)]
+        if seed == 0:
+            plan.insert(1, ("one-step-off", 1))
+        base = None
+        for mode, eta in plan:
+            cfg = RunConfig(mode=mode, max_staleness=eta, steps=steps, seed=seed, eval_every=10)
+            label = f"{mode} s{seed}"
+            print(f"running {label} ({steps} steps) ...", flush=True)
+            res = run(cfg)
+            base = base or res
+            runs[label] = res
+            rows.append(_row(label, res, base))
+            print(
+                f"  {res.samples_per_s:.1f} samples/s, acc {res.initial_accuracy:.3f} -> "
+                f"{res.final_accuracy:.3f}, t(0.9)={res.time_to_accuracy(0.9)}",
+                flush=True,
+            )
+    cols = list(rows[0])
+    print_table(
+        f"rl_modes: digits, {steps} steps, local engine ({time.time() - t_start:.0f}s total)",
+        cols,
+        [[r[c] if r[c] is not None else "-" for c in cols] for r in rows],
+    )
+    summary = {}
+    for mode in ("sync", "fully-async"):
+        acc = [r["acc_final"] for r in rows if r["run"].startswith(mode + " ")]
+        t09 = [r["t_to_0.9_s"] for r in rows if r["run"].startswith(mode + " ")]
+        sps = [r["samples_per_s"] for r in rows if r["run"].startswith(mode + " ")]
+        summary[mode] = {
+            "acc_final_mean": statistics.mean(acc),
+            "acc_final_min": min(acc),
+            "acc_final_max": max(acc),
+            "t_to_0.9_s": t09,
+            "samples_per_s_mean": statistics.mean(sps),
+        }
+    speed = {r["run"]: r["speedup"] for r in rows if not r["run"].startswith("sync")}
+    print("summary:", json.dumps(summary, indent=1))
+    print("speed-up over sync (same seed):", {k: round(v, 2) for k, v in speed.items()})
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = "rl_modes_quick" if args.quick else "rl_modes"
+    (OUT / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "summary": summary,
+                "speedup": speed,
+                "curves": {k: r.to_json()["curve"] for k, r in runs.items()},
+            },
+            indent=1,
+        )
+    )
+    seed0 = {k.split(" ")[0]: v for k, v in runs.items() if k.endswith("s0")}
+    plot_runs(seed0, IMG / "rl_modes.png", title=f"digits, {steps} steps, seed 0")
+    write_trace(runs["fully-async s0"], OUT / "rl_fully_async_trace.json")
+    write_trace(runs["sync s0"], OUT / "rl_sync_trace.json")
+    print(f"wrote {OUT / (name + '.json')} and {IMG / 'rl_modes.png'}")
+
+
+if __name__ == "__main__":
+    main()
