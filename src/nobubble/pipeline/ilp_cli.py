@@ -58,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             action.help = "activation limit per rank in units of M_F (P = ZB-1p's); default none"
     solve.add_argument("--objective", choices=("span", "makespan"), default="span")
     solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
-    solve.add_argument("--workers", type=positive_int, default=None, help="CP-SAT workers")
+    solve.add_argument(
+        "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
+    )
     solve.add_argument("--plot", type=Path, default=None, help="Gantt chart file (.png/.svg)")
     solve.add_argument("--csv", type=Path, default=None, help="write the schedule (torch CSV)")
     add_json_flag(solve)
