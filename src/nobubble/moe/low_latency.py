@@ -49,6 +49,41 @@ from nobubble.moe.transport_shm import ShmTransport, make_transport
 __all__ = ["LowLatencyBuffer", "LowLatencyHandle", "LowLatencyDispatch"]
 
 
+def _sort_pairs(topk_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Valid (token, slot, expert) pairs of ``topk_idx [N, K]``, ``[P]`` each, sorted by
+    expert then token - i.e. by destination rank, local expert, token."""
+    num_tokens, topk = topk_idx.shape
+    token = torch.arange(num_tokens).repeat_interleave(topk)  # (N*K,)
+    slot = torch.arange(topk).repeat(num_tokens)  # (N*K,)
+    expert = topk_idx.reshape(-1).long()
+    valid = expert >= 0
+    token, slot, expert = token[valid], slot[valid], expert[valid]
+    order = torch.argsort(expert * (num_tokens + 1) + token, stable=True)
+    return token[order], slot[order], expert[order]
+
+
+@dataclass(frozen=True)
+class _SlotLayout:
+    """One source's slot: ``cap_rows`` rows of ``row_bytes``, then ``[L]`` int64 counts at
+    ``counts_at`` (16-byte aligned), ``slot_bytes`` in all."""
+
+    cap_rows: int
+    row_bytes: int
+    num_local_experts: int
+    counts_at: int
+    slot_bytes: int
+
+    @staticmethod
+    def make(cap_rows: int, row_bytes: int, num_local_experts: int) -> _SlotLayout:
+        counts_at = -(-cap_rows * row_bytes // 16) * 16
+        slot_bytes = -(-(counts_at + 8 * num_local_experts) // 16) * 16
+        return _SlotLayout(cap_rows, row_bytes, num_local_experts, counts_at, slot_bytes)
+
+    def counts(self, slot: torch.Tensor) -> torch.Tensor:
+        """The ``[L]`` int64 counts inside a flat uint8 slot (a view)."""
+        return slot[self.counts_at : self.counts_at + 8 * self.num_local_experts].view(torch.int64)
+
+
 @dataclass(frozen=True, eq=False)
 class LowLatencyHandle:
     """What combine needs to send expert outputs home and weight them.
@@ -158,27 +193,16 @@ class LowLatencyBuffer:
             return_recv_hook: only send now; receive when the returned hook is called.
         """
         self._check_input(x, topk_idx)
-        num_tokens, topk = topk_idx.shape
+        num_tokens, topk = topk_idx.shape  # (N, K)
         local, num_ranks, t_max = self.num_local_experts, self.num_ranks, self.max_tokens
         row_bytes = fp8_row_bytes(self.hidden) if use_fp8 else self.hidden * x.element_size()
         payload = pack_fp8(per_token_cast_to_fp8(x)) if use_fp8 else x.contiguous()
         payload = payload.view(torch.uint8).view(num_tokens, row_bytes)  # (N, row_bytes)
 
-        # pairs by (destination rank, local expert, token): one sort key
-        token = torch.arange(num_tokens).repeat_interleave(topk)  # (N*K,)
-        slot = torch.arange(topk).repeat(num_tokens)  # (N*K,)
-        expert = topk_idx.reshape(-1).long()
-        valid = expert >= 0
-        token, slot, expert = token[valid], slot[valid], expert[valid]
-        order = torch.argsort(expert * (num_tokens + 1) + token, stable=True)
-        token, slot, expert = token[order], slot[order], expert[order]
-        dest = expert // local
-        send_counts = torch.bincount(dest, minlength=num_ranks)  # (R,)
+        token, slot, expert = _sort_pairs(topk_idx)
+        send_counts = torch.bincount(expert // local, minlength=num_ranks)  # (R,)
         per_expert = torch.bincount(expert, minlength=self.num_experts).view(num_ranks, local)
-
-        cap_rows = t_max * min(topk, local)
-        counts_at = -(-cap_rows * row_bytes // 16) * 16  # rows, then [L] int64 counts, aligned
-        slot_bytes = -(-(counts_at + 8 * local) // 16) * 16
+        lay = _SlotLayout.make(t_max * min(topk, local), row_bytes, local)
         handle = LowLatencyHandle(
             num_tokens=num_tokens,
             hidden=self.hidden,
@@ -195,14 +219,14 @@ class LowLatencyBuffer:
             rows = token[offs[j] : offs[j + 1]]
             out = dst[: rows.shape[0] * row_bytes].view(rows.shape[0], row_bytes)
             torch.index_select(payload, 0, rows, out=out)
-            dst[counts_at : counts_at + 8 * local].view(torch.int64).copy_(per_expert[j])
+            lay.counts(dst).copy_(per_expert[j])
 
-        receive = self._send(fill, slot_bytes, send_counts, row_bytes)
+        receive = self._send(fill, lay.slot_bytes, send_counts, row_bytes)
 
         def place(i: int, slot_data: torch.Tensor) -> None:
-            counts = slot_data[counts_at : counts_at + 8 * local].view(torch.int64)  # (L,)
+            counts = lay.counts(slot_data)  # (L,)
             total = int(counts.sum())
-            if total > cap_rows or bool((counts < 0).any()):
+            if total > lay.cap_rows or bool((counts < 0).any()):
                 raise TransportError(f"low_latency_dispatch: corrupt counts {counts.tolist()}")
             rows = slot_data[: total * row_bytes].view(total, row_bytes)
             if use_fp8:
@@ -210,9 +234,8 @@ class LowLatencyBuffer:
             else:
                 values = rows.view(x.dtype).view(total, self.hidden)
             e_ids = torch.repeat_interleave(torch.arange(local), counts)  # (total,)
-            first = torch.cumsum(counts, 0) - counts  # (L,)
-            j = torch.arange(total) - first[e_ids]
-            dst = e_ids * (num_ranks * t_max) + i * t_max + j
+            j = torch.arange(total) - (torch.cumsum(counts, 0) - counts)[e_ids]
+            dst = e_ids * (num_ranks * t_max) + i * t_max + j  # row in [L * R * T]
             recv_x.view(local * num_ranks * t_max, self.hidden).index_copy_(0, dst, values)
             handle.recv_layout[:, i] = counts
             recv_count.add_(counts)

@@ -85,6 +85,21 @@ class _Recorder:
         return sum(e.dur_us for e in self.events if e.cat == cat) / 1e6
 
 
+def _pipelined(num_chunks: int, dispatch, experts, combine, timeout_s: float) -> list[torch.Tensor]:
+    """Experts on this thread; dispatch i+1 and combine i-1 on one communication thread, in
+    the order D0 D1 C0 D2 C1 ... on every rank."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-comm") as comm:
+        pending: dict[int, Future] = {0: comm.submit(dispatch, 0)}
+        combines: list[Future] = []
+        for i in range(num_chunks):
+            if i + 1 < num_chunks:  # queued after combine i-1: both run while experts compute i
+                pending[i + 1] = comm.submit(dispatch, i + 1)
+            res = pending.pop(i).result(timeout=timeout_s)
+            y = experts(res, i)
+            combines.append(comm.submit(combine, i, y, res))
+        return [f.result(timeout=timeout_s) for f in combines]
+
+
 @torch.no_grad()
 def overlapped_forward(
     layer: MoELayer,
@@ -139,23 +154,20 @@ def overlapped_forward(
             f"C{i}", "combine", 1, lambda: layer.buffer.combine(y, res.handle).combined_x
         )
 
-    outs: list[torch.Tensor] = []
-    if not overlap:
+    if overlap:
+        outs = _pipelined(
+            num_chunks,
+            dispatch,
+            lambda r, i: rec.run(f"E{i}", "experts", 0, experts, r),
+            combine,
+            timeout_s,
+        )
+    else:
+        outs = []
         for i in range(num_chunks):
             res = dispatch(i)
             y = rec.run(f"E{i}", "experts", 0, experts, res)
             outs.append(combine(i, y, res))
-    else:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-comm") as comm:
-            pending: dict[int, Future] = {0: comm.submit(dispatch, 0)}
-            combines: list[Future] = []
-            for i in range(num_chunks):
-                if i + 1 < num_chunks:  # runs after combine i-1, while experts compute chunk i
-                    pending[i + 1] = comm.submit(dispatch, i + 1)
-                res = pending.pop(i).result(timeout=timeout_s)
-                y = rec.run(f"E{i}", "experts", 0, experts, res)
-                combines.append(comm.submit(combine, i, y, res))
-            outs = [f.result(timeout=timeout_s) for f in combines]
     out = torch.cat(outs) if outs else x.new_zeros(0, shape[-1])  # (N, H)
     shared = layer.shared_out(x)
     if shared is not None:

@@ -27,8 +27,10 @@ four ranks) and raises :class:`~nobubble.moe.transport.TransportError` after ``t
 
 The transport implements :class:`~nobubble.moe.transport.Transport` (``all_to_all``,
 ``all_gather``, ``reduce_scatter``, byte counting per kind), so ``Buffer(transport=...)`` uses
-it unchanged. It also offers :meth:`ShmTransport.send` / :meth:`ShmTransport.recv` halves,
-which the low-latency mode uses to compute between them.
+it unchanged. Its steps (:meth:`ShmTransport.begin`, :meth:`ShmTransport.write_peer`,
+:meth:`ShmTransport.poll_slots`, :meth:`ShmTransport.exchange`) are public for the fused
+paths: gather-on-write dispatch, reduce-on-read combine, and the low-latency mode's split of
+send from receive.
 """
 
 from __future__ import annotations
@@ -354,29 +356,6 @@ class ShmTransport:
                     f"rank {self.rank}/{self.world_size}: {kind} (call {t}) waiting for rank(s) "
                     f"{sorted(set(to_write) | to_read)}"
                 )
-
-    def send(
-        self, segments: Sequence[torch.Tensor], recv_nbytes: Sequence[int], *, kind: str
-    ) -> int:
-        """:meth:`begin`, then copy ``segments[j]`` (flat uint8) into every peer ``j``.
-        ``segments[self.rank]`` stays here. Returns the call number for :meth:`recv`."""
-        if len(segments) != self.world_size:
-            raise ValueError(f"send({kind}): {len(segments)} segments for {self.world_size} ranks")
-        t = self.begin(recv_nbytes, kind=kind)
-        for j in self._peers():
-            self.write_peer(j, t, segments[j].numel(), _copier(segments[j]), kind=kind)
-        return t
-
-    def recv(
-        self, t: int, own: torch.Tensor, recv_nbytes: Sequence[int], out: torch.Tensor, *, kind: str
-    ) -> torch.Tensor:
-        """Finish call ``t``: copy each source's slot into ``out`` (flat uint8, sources in rank
-        order, ``recv_nbytes[i]`` bytes each; ``own`` is this rank's own segment)."""
-        offsets = np.cumsum([0, *[int(n) for n in recv_nbytes]])
-        out[offsets[self.rank] : offsets[self.rank + 1]].copy_(own)
-        for i, slot in self.poll_slots(t, recv_nbytes, kind=kind):
-            out[offsets[i] : offsets[i + 1]].copy_(slot)
-        return out
 
     def _grow(self, need: int) -> None:
         """Replace this rank's data region by a bigger one (no sender is using it now: every
