@@ -409,16 +409,43 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
     for num_chunks, overlap in modes.values():  # warm-up
         overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
     names = list(modes)
+    timeline = {}
     for it in range(iters):  # round-robin against bursts of load
         for name in names[it % 3 :] + names[: it % 3]:
             num_chunks, overlap = modes[name]
             dist.barrier()
             r = overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
             runs[name].append((_slowest(r.step_s), r.comm_s, r.compute_s, communication_hidden(r)))
-    return {
+            timeline[name] = [(e.name, e.cat, e.start_us, e.dur_us, e.lane) for e in r.events]
+    medians = {
         name: [statistics.median(v[i] for v in vals) for i in range(4)]
         for name, vals in runs.items()
     }
+    return {"medians": medians, "timeline": timeline}
+
+
+def draw_overlap(timeline: dict, path: Path) -> Path:
+    """Two-lane Gantt (experts / communication) of one step without and with overlap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"dispatch": "tab:blue", "combine": "tab:orange", "experts": "tab:green"}
+    modes = ["no overlap", "chunked overlap"]
+    fig, axes = plt.subplots(len(modes), 1, figsize=(10, 3.2), sharex=True)
+    for ax, mode in zip(axes, modes, strict=True):
+        for name, cat, start, dur, lane in timeline[mode]:
+            ax.barh(lane, dur / 1e3, left=start / 1e3, color=colours[cat], edgecolor="black")
+            ax.text((start + dur / 2) / 1e3, lane, name, ha="center", va="center", fontsize=7)
+        ax.set_yticks([0, 1], ["experts", "comm"])
+        ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
+    axes[-1].set_xlabel("ms from the start of the MoE layer step")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def run_overlap(args) -> dict:
@@ -428,9 +455,13 @@ def run_overlap(args) -> dict:
     )
     out = {}
     for transport in ("gloo", "shm"):
-        res = spawn(
+        rank0 = spawn(
             _overlap_rank, 2, args=(tokens, config, 4, args.iters, transport), timeout_s=1800
         )[0]
+        res = rank0["medians"]
+        if transport == "shm" and not args.quick:
+            img = Path(__file__).resolve().parents[1] / "docs" / "img" / "ep_overlap_timeline.png"
+            print(f"wrote {draw_overlap(rank0['timeline'], img)}")
         base = res["no overlap"][0]
         out[transport] = {
             name: {
