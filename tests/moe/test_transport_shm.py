@@ -168,3 +168,21 @@ def _check_fused(ctx) -> None:
             (grad_plain,) = torch.autograd.grad(want.recv_x, x, gx)
             assert torch.equal(grad_fused, grad_plain), name
     fused.shm.close()
+
+
+def test_full_shared_memory_fails_with_a_message(monkeypatch, tmp_path):
+    """A full /dev/shm must raise when the region is reserved, not SIGBUS on first write
+    (filling the real /dev/shm of a shared machine is not an option in a test)."""
+    import errno
+    import os
+
+    from nobubble.moe import TransportError, transport_shm
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(transport_shm.os, "posix_fallocate", no_space)
+    path = tmp_path / "region"
+    with pytest.raises(TransportError, match="cannot reserve 64.0 MiB.*shm-size"):
+        transport_shm._map(str(path), 64 << 20, create=True)
+    assert not path.exists()

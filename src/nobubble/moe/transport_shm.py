@@ -73,7 +73,27 @@ def _map(path: str, nbytes: int, *, create: bool) -> torch.Tensor:
     """A uint8 tensor backed by a shared file in /dev/shm (created and sized if ``create``)."""
     if not create and not os.path.exists(path):
         raise TransportError(f"shared-memory file {path} is gone: its owner rank exited")
+    if create:
+        _reserve(path, nbytes)
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def _reserve(path: str, nbytes: int) -> None:
+    """Create ``path`` with ``nbytes`` really allocated, so that a full /dev/shm fails here with
+    a message instead of killing a rank with SIGBUS on its first write."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, max(1, nbytes))
+    except OSError as err:
+        _unlink(path)
+        st = os.statvfs(os.path.dirname(path))
+        raise TransportError(
+            f"cannot reserve {nbytes / 2**20:.1f} MiB of shared memory in {os.path.dirname(path)} "
+            f"({err.strerror}; {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free): enlarge it "
+            "(docker run --shm-size=...) or use the 'dist' transport"
+        ) from err
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:
