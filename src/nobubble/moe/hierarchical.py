@@ -162,7 +162,10 @@ class HierarchicalBuffer(Buffer):
         masks = in_rank[send1_token, pairs[:, 0]].to(torch.uint8)  # (S1, P) who needs it there
         ones = [1] * d
         recv1_counts = self.inter.all_to_all(
-            torch.tensor(send1_counts, dtype=torch.int64).view(d, 1), ones, ones, kind="hier_layout"
+            torch.tensor(send1_counts, dtype=torch.int64, device=masks.device).view(d, 1),
+            ones,
+            ones,
+            kind="hier_layout",
         ).view(-1)
         recv1_counts = recv1_counts.tolist()
         recv_masks = self.inter.all_to_all(masks, send1_counts, recv1_counts, kind="hier_meta")
@@ -173,7 +176,7 @@ class HierarchicalBuffer(Buffer):
         num_recv = handle.num_recv_tokens_per_rank
         recv2_counts = [sum(num_recv[s * p + lr] for s in range(d)) for lr in range(p)]
         final_off = _offsets(num_recv)
-        order = torch.empty(final_off[-1], dtype=torch.int64)
+        order = torch.empty(final_off[-1], dtype=torch.int64)  # built on CPU, moved below
         pos = 0
         for lr in range(p):
             for s in range(d):
@@ -187,7 +190,7 @@ class HierarchicalBuffer(Buffer):
             send2_row=send2_row,
             send2_counts=tuple(int(c) for c in send2_counts),
             recv2_counts=tuple(recv2_counts),
-            order=order,
+            order=order.to(send1_token.device),
             node=self.node,
         )
 
@@ -210,7 +213,7 @@ class HierarchicalBuffer(Buffer):
         arrival[plan.order] = t  # (M, *) back in arrival order: by forwarder, then node
         back2 = self.intra.all_to_all(arrival, plan.recv2_counts, plan.send2_counts, kind=kind)
         rows1 = sum(plan.recv1_counts)
-        partial = torch.zeros((rows1, *t.shape[1:]), dtype=acc_dtype)  # (M1, *)
+        partial = torch.zeros((rows1, *t.shape[1:]), dtype=acc_dtype, device=t.device)  # (M1, *)
         off = _offsets(plan.send2_counts)
         for q in range(self.ranks_per_node):  # local-rank order, unique rows per segment
             seg = slice(off[q], off[q + 1])
@@ -218,7 +221,7 @@ class HierarchicalBuffer(Buffer):
         back1 = self.inter.all_to_all(
             partial.to(t.dtype), plan.recv1_counts, plan.send1_counts, kind=kind
         )  # (S1, *) aligned with send1_token
-        out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype)
+        out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype, device=t.device)
         off = _offsets(plan.send1_counts)
         for node in range(self.num_nodes):  # node order
             seg = slice(off[node], off[node + 1])

@@ -53,8 +53,9 @@ def _sort_pairs(topk_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     """Valid (token, slot, expert) pairs of ``topk_idx [N, K]``, ``[P]`` each, sorted by
     expert then token - i.e. by destination rank, local expert, token."""
     num_tokens, topk = topk_idx.shape
-    token = torch.arange(num_tokens).repeat_interleave(topk)  # (N*K,)
-    slot = torch.arange(topk).repeat(num_tokens)  # (N*K,)
+    dev = topk_idx.device
+    token = torch.arange(num_tokens, device=dev).repeat_interleave(topk)  # (N*K,)
+    slot = torch.arange(topk, device=dev).repeat(num_tokens)  # (N*K,)
     expert = topk_idx.reshape(-1).long()
     valid = expert >= 0
     token, slot, expert = token[valid], slot[valid], expert[valid]
@@ -162,15 +163,16 @@ class LowLatencyBuffer:
         self.hidden = hidden
         self.timeout_s = timeout_s
         self.bytes_sent_remote: dict[str, int] = {}
-        self._recv_x: dict[torch.dtype, torch.Tensor] = {}  # allocated once per dtype
+        self._recv_x: dict[tuple, torch.Tensor] = {}  # allocated once per (dtype, device)
 
-    def _recv_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+    def _recv_buffer(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """``[L, R * T, H]``, allocated on first use and reused: a dispatch's ``recv_x`` is
         valid until the next dispatch of the same dtype (as in DeepEP's low-latency mode)."""
-        if dtype not in self._recv_x:
+        key = (dtype, device)
+        if key not in self._recv_x:
             shape = (self.num_local_experts, self.num_ranks * self.max_tokens, self.hidden)
-            self._recv_x[dtype] = torch.empty(shape, dtype=dtype)
-        return self._recv_x[dtype]
+            self._recv_x[key] = torch.empty(shape, dtype=dtype, device=device)
+        return self._recv_x[key]
 
     def _count(self, kind: str, nbytes: int) -> None:
         self.bytes_sent_remote[kind] = self.bytes_sent_remote.get(kind, 0) + nbytes
@@ -194,6 +196,7 @@ class LowLatencyBuffer:
         """
         self._check_input(x, topk_idx)
         num_tokens, topk = topk_idx.shape  # (N, K)
+        dev = x.device
         local, num_ranks, t_max = self.num_local_experts, self.num_ranks, self.max_tokens
         row_bytes = fp8_row_bytes(self.hidden) if use_fp8 else self.hidden * x.element_size()
         payload = pack_fp8(per_token_cast_to_fp8(x)) if use_fp8 else x.contiguous()
@@ -209,10 +212,10 @@ class LowLatencyBuffer:
             send_token=token,
             send_slot=slot,
             send_counts=tuple(int(c) for c in send_counts.tolist()),
-            recv_layout=torch.zeros(local, num_ranks, dtype=torch.int64),
+            recv_layout=torch.zeros(local, num_ranks, dtype=torch.int64, device=dev),
         )
-        recv_x = self._recv_buffer(x.dtype)
-        recv_count = torch.zeros(local, dtype=torch.int64)
+        recv_x = self._recv_buffer(x.dtype, dev)
+        recv_count = torch.zeros(local, dtype=torch.int64, device=dev)
         offs = [0, *torch.cumsum(send_counts, 0).tolist()]
 
         def fill(j: int, dst: torch.Tensor) -> None:
@@ -221,7 +224,7 @@ class LowLatencyBuffer:
             torch.index_select(payload, 0, rows, out=out)
             lay.counts(dst).copy_(per_expert[j])
 
-        receive = self._send(fill, lay.slot_bytes, send_counts, row_bytes)
+        receive = self._send(fill, lay.slot_bytes, send_counts, row_bytes, dev)
 
         def place(i: int, slot_data: torch.Tensor) -> None:
             counts = lay.counts(slot_data)  # (L,)
@@ -233,8 +236,8 @@ class LowLatencyBuffer:
                 values = per_token_cast_back(unpack_fp8(rows, self.hidden), x.dtype)
             else:
                 values = rows.view(x.dtype).view(total, self.hidden)
-            e_ids = torch.repeat_interleave(torch.arange(local), counts)  # (total,)
-            j = torch.arange(total) - (torch.cumsum(counts, 0) - counts)[e_ids]
+            e_ids = torch.repeat_interleave(torch.arange(local, device=dev), counts)  # (total,)
+            j = torch.arange(total, device=dev) - (torch.cumsum(counts, 0) - counts)[e_ids]
             dst = e_ids * (num_ranks * t_max) + i * t_max + j  # row in [L * R * T]
             recv_x.view(local * num_ranks * t_max, self.hidden).index_copy_(0, dst, values)
             handle.recv_layout[:, i] = counts
@@ -254,11 +257,12 @@ class LowLatencyBuffer:
         slot_bytes: int,
         send_counts: torch.Tensor,
         row_bytes: int,
+        dev: torch.device,
     ) -> Callable[[Callable[[int, torch.Tensor], None]], None]:
         """Write every destination's slot; return ``receive(place)`` that hands each source's
         slot to ``place(source, slot)``."""
         me, num_ranks = self.rank, self.num_ranks
-        own = torch.empty(slot_bytes, dtype=torch.uint8)
+        own = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
         fill(me, own)
         remote_rows = int(send_counts.sum()) - int(send_counts[me])
         if isinstance(self.transport, ShmTransport):
@@ -275,7 +279,7 @@ class LowLatencyBuffer:
 
             return receive
         assert isinstance(self.transport, TorchDistTransport)
-        send = torch.empty(num_ranks, slot_bytes, dtype=torch.uint8)  # (R, slot_bytes)
+        send = torch.empty(num_ranks, slot_bytes, dtype=torch.uint8, device=dev)  # (R, bytes)
         for j in range(num_ranks):
             if j == me:
                 send[j].copy_(own)
@@ -350,10 +354,12 @@ class LowLatencyBuffer:
             )
         layout = handle.recv_layout  # (L, R)
         # rows going back to source i: experts in order, each expert's block for i
-        e_ids = torch.arange(local).repeat(num_ranks).repeat_interleave(layout.t().reshape(-1))
+        dev = layout.device
+        e_ids = torch.arange(local, device=dev).repeat(num_ranks)
+        e_ids = e_ids.repeat_interleave(layout.t().reshape(-1))  # by (source, expert)
         first = torch.cumsum(layout.t().reshape(-1), 0) - layout.t().reshape(-1)
-        src_ids = torch.arange(num_ranks).repeat_interleave(layout.sum(dim=0))
-        j = torch.arange(e_ids.shape[0]) - first[src_ids * local + e_ids]
+        src_ids = torch.arange(num_ranks, device=dev).repeat_interleave(layout.sum(dim=0))
+        j = torch.arange(e_ids.shape[0], device=dev) - first[src_ids * local + e_ids]
         pos = e_ids * (num_ranks * t_max) + src_ids * t_max + j  # (sum, )
         send = x.reshape(local * num_ranks * t_max, h).index_select(0, pos)  # (rows back, H)
         back = self.transport.all_to_all(
@@ -363,7 +369,7 @@ class LowLatencyBuffer:
             "combine", int(send.shape[0] - layout[:, self.rank].sum()) * h * x.element_size()
         )
         weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0)  # (N, K)
-        out = torch.zeros(handle.num_tokens, h)  # (N, H) float32
+        out = torch.zeros(handle.num_tokens, h, device=x.device)  # (N, H) float32
         for k in range(topk_idx.shape[1]):  # slot order; a token has one row per slot
             rows = (handle.send_slot == k).nonzero().view(-1)
             tokens = handle.send_token[rows]

@@ -126,7 +126,7 @@ def overlapped_forward(
     x = x.reshape(-1, shape[-1])  # (N, H)
     rec = _Recorder(layer.buffer.rank)
     routing = layer.route(x)
-    bounds = torch.tensor_split(torch.arange(x.shape[0]), num_chunks)
+    bounds = torch.tensor_split(torch.arange(x.shape[0], device=x.device), num_chunks)
     chunks = [(x[b], routing.topk_idx[b], routing.topk_weights[b]) for b in bounds]
     num_experts = layer.config.num_experts
 
