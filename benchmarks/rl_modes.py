@@ -1,14 +1,15 @@
 """Does asynchrony buy throughput without costing accuracy? sync vs one-step-off vs fully-async.
 
-Every mode trains the same policy on digit completion for the same number of trainer steps
-on the local engine (generator and trainer in separate processes, one torch thread each).
+Learning: sync and fully-async (eta = 4) GRPO on digit completion, seeds 0..S-1, each for at
+most ``--budget`` seconds (default 150, within the 5-minute claim; a run stops early once
+accuracy reaches 0.95); one-step-off on seed 0. Throughput: the three modes with a wider
+policy for a fixed number of steps, interleaved round by round, medians. All runs use the
+local engine (generator and trainer in separate processes, one torch thread each).
 Reported per run: samples/s (trained samples / wall-clock from the first eval to the last
 step), accuracy on the enumerated eval set at the start and the end, the wall-clock time at
 which accuracy first reached 0.9, staleness and idle ratios, and the busy seconds of
 generation and training (to show that their costs are comparable).
 
-Seeds 0..S-1 run for sync and fully-async (learning claim: mean and spread); one-step-off
-runs on seed 0. The speed-up is samples/s over sync's on the same seed, in the same run.
 
     python benchmarks/rl_modes.py            # 3 seeds
     python benchmarks/rl_modes.py --quick    # 1 seed, fewer steps
@@ -48,14 +49,78 @@ def _row(label: str, r: RunResult, base: RunResult) -> dict:
     }
 
 
+def throughput(rounds: int, steps: int) -> list[dict]:
+    """samples/s of the three modes with a wider policy (d_model 128), so that the stages'
+    compute, not message passing, fills a step; modes interleaved round by round so that a
+    change in the machine's other load hits all of them alike. Medians are reported."""
+    per_mode: dict[str, list[RunResult]] = {m: [] for m in ("sync", "one-step-off", "fully-async")}
+    for rnd in range(rounds):
+        for mode, eta in (("sync", None), ("one-step-off", 1), ("fully-async", 4)):
+            cfg = RunConfig(
+                mode=mode,
+                max_staleness=eta,
+                steps=steps,
+                seed=rnd,
+                eval_every=steps,
+                policy={"d_model": 128, "n_layer": 2, "n_head": 4},
+            )
+            res = run(cfg)
+            per_mode[mode].append(res)
+            print(
+                f"  throughput round {rnd} {mode}: {res.samples_per_s:.0f} samples/s "
+                f"(gen busy {res.busy_s['rollout']:.1f}s, train busy {res.busy_s['trainer']:.1f}s,"
+                f" wall {res.wall_s:.1f}s)",
+                flush=True,
+            )
+    base = statistics.median(r.samples_per_s for r in per_mode["sync"])
+    rows = []
+    for mode, rs in per_mode.items():
+        sps = statistics.median(r.samples_per_s for r in rs)
+        rows.append(
+            {
+                "mode": mode,
+                "samples_per_s_median": sps,
+                "samples_per_s_all": [r.samples_per_s for r in rs],
+                "speedup": sps / base,
+                "busy_gen_s_median": statistics.median(r.busy_s["rollout"] for r in rs),
+                "busy_train_s_median": statistics.median(r.busy_s["trainer"] for r in rs),
+                "idle_gen_median": statistics.median(r.idle_ratio["rollout"] for r in rs),
+                "idle_train_median": statistics.median(r.idle_ratio["trainer"] for r in rs),
+                "staleness_max": max(r.staleness_max for r in rs),
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, fewer steps")
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--only", choices=("learning", "throughput"), default=None)
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=150.0,
+        help="seconds of training per learning run (stops early at 0.95)",
+    )
     args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = "rl_modes_quick" if args.quick else "rl_modes"
+    if args.only != "learning":
+        rounds, tsteps = (1, 20) if args.quick else (3, 60)
+        trows = throughput(rounds, tsteps)
+        cols = list(trows[0])
+        print_table(
+            f"rl_modes throughput: d_model 128, {tsteps} steps, median of {rounds} rounds",
+            cols,
+            [[r[c] for c in cols] for r in trows],
+        )
+        (OUT / f"{name}_throughput.json").write_text(json.dumps(trows, indent=1))
+        if args.only == "throughput":
+            return
     seeds = args.seeds or (1 if args.quick else 3)
-    steps = args.steps or (60 if args.quick else RunConfig().steps)
+    steps = args.steps or (60 if args.quick else 3000)
     runs: dict[str, RunResult] = {}
     rows = []
     t_start = time.time()
@@ -65,9 +130,17 @@ def main() -> None:
             plan.insert(1, ("one-step-off", 1))
         base = None
         for mode, eta in plan:
-            cfg = RunConfig(mode=mode, max_staleness=eta, steps=steps, seed=seed, eval_every=10)
+            cfg = RunConfig(
+                mode=mode,
+                max_staleness=eta,
+                steps=steps,
+                seed=seed,
+                eval_every=10,
+                time_budget_s=args.budget,
+                target_accuracy=0.95,
+            )
             label = f"{mode} s{seed}"
-            print(f"running {label} ({steps} steps) ...", flush=True)
+            print(f"running {label} (<= {steps} steps, <= {args.budget:.0f}s) ...", flush=True)
             res = run(cfg)
             base = base or res
             runs[label] = res
@@ -79,7 +152,7 @@ def main() -> None:
             )
     cols = list(rows[0])
     print_table(
-        f"rl_modes: digits, {steps} steps, local engine ({time.time() - t_start:.0f}s total)",
+        f"rl_modes learning: digits, <= {args.budget:.0f}s per run, local engine ({time.time() - t_start:.0f}s total)",
         cols,
         [[r[c] if r[c] is not None else "-" for c in cols] for r in rows],
     )
@@ -98,8 +171,6 @@ def main() -> None:
     speed = {r["run"]: r["speedup"] for r in rows if not r["run"].startswith("sync")}
     print("summary:", json.dumps(summary, indent=1))
     print("speed-up over sync (same seed):", {k: round(v, 2) for k, v in speed.items()})
-    OUT.mkdir(parents=True, exist_ok=True)
-    name = "rl_modes_quick" if args.quick else "rl_modes"
     (OUT / f"{name}.json").write_text(
         json.dumps(
             {

@@ -134,6 +134,11 @@ class ExperienceBuffer:
         self._num_live = 0  # groups started and not dropped: N_r before the next admission
         self._ready: dict[int, SampleGroup] = {}
 
+    @property
+    def num_live(self) -> int:
+        """Groups started and not dropped (N_r before the next admission)."""
+        return self._num_live
+
     def can_admit(self, version: int) -> bool:
         """May one more group start now that the trainer has published ``version``?"""
         return self._num_live // self.batch_groups <= version + self.max_staleness

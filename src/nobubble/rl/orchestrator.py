@@ -366,7 +366,7 @@ class Orchestrator:
                 self._eval_pending += evaluate
 
     def _room_for(self, n: int) -> bool:
-        live = self.buffer._num_live  # groups started and not dropped
+        live = self.buffer.num_live
         return (live + n - 1) // self.cfg.batch_groups <= self._version + self.cfg.eta
 
     # -- messages -------------------------------------------------------------------------

@@ -220,7 +220,7 @@ class Trainer:
             value_loss = aggregate_loss((vals - rewards[:, None]).square(), mask)
             return res.loss + self.cfg.value_coef * value_loss, {
                 "clip_fraction": float(res.clip_fraction),
-                "value_loss": float(value_loss),
+                "value_loss": float(value_loss.detach()),
             }
         discounts = mask.t()  # (N, B): the episode ends after the last valid token
         ret = vtrace(
@@ -232,4 +232,4 @@ class Trainer:
         )
         pg = aggregate_loss(-(ret.pg_advantages.t() * logp), mask)
         value_loss = aggregate_loss((vals - ret.vs.t()).square(), mask)
-        return pg + self.cfg.value_coef * value_loss, {"value_loss": float(value_loss)}
+        return pg + self.cfg.value_coef * value_loss, {"value_loss": float(value_loss.detach())}
