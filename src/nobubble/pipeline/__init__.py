@@ -10,6 +10,12 @@ Public API (see each module's docstring):
   ``schedules_auto`` ZB-1p/2p, ``schedules_v`` ZB-V, ``schedules_torch`` torch's own)
 - :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (the seed's table)
 - :mod:`~nobubble.pipeline.plot`: ``ascii_grid``, ``gantt``, ``gantt_grid``, ``write_trace``
+- :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
+- :mod:`~nobubble.pipeline.runtime`: ``run_local``, ``TrainConfig``, ``LaunchOptions``,
+  ``profile_stages`` (execution on a real model across processes)
+
+The solver and the runtime are loaded on first use (PEP 562), so importing the schedules does
+not pull in OR-Tools or torch.distributed.
 """
 
 from __future__ import annotations
@@ -20,6 +26,24 @@ from nobubble.pipeline.costs import CostModel, transformer_memory
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
 from nobubble.pipeline.simulate import SimResult, simulate
 from nobubble.pipeline.validate import ScheduleError, validate
+
+_LAZY = {
+    "solve_optimal": "nobubble.pipeline.ilp",
+    "SolveResult": "nobubble.pipeline.ilp",
+    "run_local": "nobubble.pipeline.runtime.launch",
+    "TrainConfig": "nobubble.pipeline.runtime.executor",
+    "LaunchOptions": "nobubble.pipeline.runtime.launch",
+    "profile_stages": "nobubble.pipeline.runtime.profile",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'nobubble.pipeline' has no attribute {name!r}")
+
 
 __all__ = [
     "Action",
@@ -36,4 +60,5 @@ __all__ = [
     "validate",
     "CompareRow",
     "compare_schedules",
+    *_LAZY,
 ]
