@@ -14,26 +14,37 @@ Public names::
     ExpertLoadStats                               # live load statistics (load_stats.py)
     ReplicatedMoELayer                            # MoE layer with redundant experts
     rebalance_online, plan_migration              # move experts between ranks (balance_online.py)
+    ShmTransport, make_transport, ShmBuffer       # shared-memory intranode fast path
+    HierarchicalBuffer                            # once per node across nodes (hierarchical.py)
+    LowLatencyBuffer                              # fixed-capacity decode mode (low_latency.py)
+    fp8_dispatch                                  # e4m3 dispatch, one scale per 128 channels
+    overlapped_forward                            # chunked comm/compute overlap (overlap.py)
 """
 
 from __future__ import annotations
 
 from nobubble.moe.balance_online import plan_migration, rebalance_online
 from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
+from nobubble.moe.buffer_shm import ShmBuffer
 from nobubble.moe.eplb import ExpertPlacement, rebalance_experts
 from nobubble.moe.eplb_incremental import (
     IncrementalRebalance,
     count_moves,
     rebalance_experts_incremental,
 )
+from nobubble.moe.fp8 import fp8_dispatch
+from nobubble.moe.hierarchical import HierarchicalBuffer
 from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_moe_weights
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
 from nobubble.moe.load_stats import ExpertLoadStats
+from nobubble.moe.low_latency import LowLatencyBuffer
+from nobubble.moe.overlap import overlapped_forward
 from nobubble.moe.reference import reference_combine, reference_dispatch
 from nobubble.moe.replicas import ReplicaRouter, route_to_replicas
 from nobubble.moe.replicated_layer import ReplicatedMoELayer
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.moe.transport import TorchDistTransport, Transport, TransportError, TransportStats
+from nobubble.moe.transport_shm import ShmTransport, make_transport
 
 __all__ = [
     "Buffer",
@@ -44,21 +55,28 @@ __all__ = [
     "DispatchResult",
     "ExpertLoadStats",
     "ExpertPlacement",
+    "HierarchicalBuffer",
     "IncrementalRebalance",
+    "LowLatencyBuffer",
     "MoEConfig",
     "MoELayer",
     "MoEWeights",
     "ReplicaRouter",
     "ReplicatedMoELayer",
     "Routing",
+    "ShmBuffer",
+    "ShmTransport",
     "TorchDistTransport",
     "Transport",
     "TransportError",
     "TransportStats",
     "count_moves",
     "deepseek_v3_topk",
+    "fp8_dispatch",
     "get_dispatch_layout",
     "init_moe_weights",
+    "make_transport",
+    "overlapped_forward",
     "plan_migration",
     "rebalance_experts",
     "rebalance_experts_incremental",
