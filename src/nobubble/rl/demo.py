@@ -18,7 +18,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     from nobubble.rl.orchestrator import run as run_rl
     from nobubble.rl.report import SUMMARY_COLUMNS, plot_runs, summary_row, write_trace
 
-    steps = 15 if quick else 60
+    steps = 15 if quick else 200
     con = console()
     results = {}
     for mode, eta in (("sync", None), ("fully-async", 4)):
