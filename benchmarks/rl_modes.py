@@ -184,8 +184,9 @@ def main() -> None:
     )
     seed0 = {k.split(" ")[0]: v for k, v in runs.items() if k.endswith("s0")}
     plot_runs(seed0, IMG / "rl_modes.png", title=f"digits, {steps} steps, seed 0")
-    write_trace(runs["fully-async s0"], OUT / "rl_fully_async_trace.json")
-    write_trace(runs["sync s0"], OUT / "rl_sync_trace.json")
+    traces = Path("nobubble-out") / "rl"  # several MB each: kept out of the repository
+    write_trace(runs["fully-async s0"], traces / "rl_modes_fully_async_trace.json")
+    write_trace(runs["sync s0"], traces / "rl_modes_sync_trace.json")
     print(f"wrote {OUT / (name + '.json')} and {IMG / 'rl_modes.png'}")
 
 
