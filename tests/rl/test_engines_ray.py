@@ -4,10 +4,9 @@ instance started by the test (one instance for both runs: Ray starts slowly)."""
 from __future__ import annotations
 
 import pytest
+import ray  # the [ray] extra, installed by `make install`
 
 from nobubble.rl.orchestrator import RunConfig, WorkerError, run
-
-ray = pytest.importorskip("ray")  # an installed extra; `make install` puts it in .venv
 
 TINY = dict(
     engine="ray",
