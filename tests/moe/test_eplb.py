@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nobubble.moe.eplb import gpu_loads, rebalance_experts
@@ -117,6 +117,7 @@ def eplb_duplicates(phy2log, num_gpus):
 
 @settings(max_examples=80, deadline=None)
 @given(problems())
+@example((torch.tensor([[0, 0, 0, 9, 8, 21, 9, 14]]), 16, 4, 2, 8))  # tied loads
 def test_equals_eplb_original_or_strictly_lighter(problem):
     """Where EPLB's answer has no duplicates, ours is exactly EPLB's (its greedy never met a
     conflict) unless ours has a strictly lighter heaviest GPU; never a heavier one."""
@@ -131,7 +132,15 @@ def test_equals_eplb_original_or_strictly_lighter(problem):
             row = weight[layer].tolist()
             ours_peak = max(gpu_loads_slow(row, ours.phy2log[layer].tolist(), num_gpus))
             ref_peak = max(gpu_loads_slow(row, ref_phy2log[layer].tolist(), num_gpus))
-            if ours.phy2log[layer].tolist() != ref_phy2log[layer].tolist():
+            if ours.phy2log[layer].tolist() == ref_phy2log[layer].tolist():
+                continue
+            if len(set(row)) < len(row):
+                # Tied loads: EPLB's tie-break between equal experts can dodge a conflict
+                # that a nudge of 0.001 to either one creates (then EPLB doubles an expert
+                # up and the layer is skipped); ours may break the tie the other way and
+                # land on a different placement of the same peak. Never a heavier one.
+                assert ours_peak <= ref_peak * (1 + 1e-9)
+            else:
                 assert ours_peak < ref_peak * (1 - 1e-9)
 
 
