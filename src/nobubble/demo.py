@@ -86,6 +86,33 @@ def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return [*files, path]
 
 
+def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
+    """Run one ``nobubble`` command as the user would; a failure stops the tour."""
+    from nobubble.cli import main
+
+    console().print(f"$ nobubble {' '.join(argv)}")
+    rc = main(argv)
+    if rc != 0:
+        raise RuntimeError(f"demo step {title!r}: `nobubble {' '.join(argv)}` exited {rc}")
+    return artifacts
+
+
+def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """The exact solver against the heuristic where memory is tight (3 M_F per stage)."""
+    png = out / "pipeline" / "ilp_optimal.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["pp", "solve", "-p", "4", "-m", "8", "--model", "1.5B", "--mem-limit", "3"]
+    return _cli_step("ILP", [*argv, "--time-limit", "20", "--plot", str(png)], [png])
+
+
+def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """ZB-H1 on a real GPT split over 2 local processes, measured against the simulator."""
+    trace, png = out / "pipeline" / "run_zb-h1_trace.json", out / "pipeline" / "run_zb-h1.png"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3"]
+    return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
+
+
 def steps() -> list[tuple[str, Callable[[Path, bool, int], list[Path]]]]:
     """The demo's steps, built-in first, then each landed part."""
     out: list[tuple[str, Callable[[Path, bool, int], list[Path]]]] = [
@@ -95,6 +122,11 @@ def steps() -> list[tuple[str, Callable[[Path, bool, int], list[Path]]]]:
     for title, module in PART_STEPS:
         if _exists(module):
             out.append((title, _part_step(module)))
+        if title == "pipeline schedules":
+            if _exists("nobubble.pipeline.ilp"):
+                out.append(("pipeline ILP", _ilp_step))
+            if _exists("nobubble.pipeline.runtime"):
+                out.append(("pipeline runtime", _runtime_step))
     return out
 
 
