@@ -98,7 +98,31 @@ def _from_byte_rows(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return raw.view(like.dtype).reshape(raw.shape[0], *like.shape[1:])
 
 
-class TorchDistTransport:
+class ByteCounting:
+    """Per-kind byte counters shared by every transport (``reset_stats``, ``stats``)."""
+
+    _counters: dict[str, dict[str, int]]
+
+    def reset_stats(self) -> None:
+        self._counters = {"sent": {}, "remote": {}, "received": {}, "calls": {}}
+
+    def stats(self) -> TransportStats:
+        c = self._counters
+        return TransportStats(
+            dict(c["sent"]), dict(c["remote"]), dict(c["received"]), dict(c["calls"])
+        )
+
+    def _count(self, kind: str, sent: int, remote: int, received: int) -> None:
+        for key, value in (
+            ("sent", sent),
+            ("remote", remote),
+            ("received", received),
+            ("calls", 1),
+        ):
+            self._counters[key][kind] = self._counters[key].get(kind, 0) + value
+
+
+class TorchDistTransport(ByteCounting):
     """All-to-all over a ``torch.distributed`` process group, with byte counting and timeouts.
 
     Args:
@@ -120,25 +144,6 @@ class TorchDistTransport:
         self.world_size = dist.get_world_size(group)
         self._counters: dict[str, dict[str, int]] = {}
         self.reset_stats()
-
-    # -- bookkeeping ------------------------------------------------------------------------
-    def reset_stats(self) -> None:
-        self._counters = {"sent": {}, "remote": {}, "received": {}, "calls": {}}
-
-    def stats(self) -> TransportStats:
-        c = self._counters
-        return TransportStats(
-            dict(c["sent"]), dict(c["remote"]), dict(c["received"]), dict(c["calls"])
-        )
-
-    def _count(self, kind: str, sent: int, remote: int, received: int) -> None:
-        for key, value in (
-            ("sent", sent),
-            ("remote", remote),
-            ("received", received),
-            ("calls", 1),
-        ):
-            self._counters[key][kind] = self._counters[key].get(kind, 0) + value
 
     def _wait(self, work: Any, what: str) -> None:
         start = time.monotonic()

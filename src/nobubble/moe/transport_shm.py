@@ -49,10 +49,10 @@ import torch
 import torch.distributed as dist
 
 from nobubble.moe.transport import (
+    ByteCounting,
     TorchDistTransport,
     Transport,
     TransportError,
-    TransportStats,
     _as_byte_rows,
     _from_byte_rows,
 )
@@ -131,7 +131,7 @@ class _Backoff:
         time.sleep(min(1e-3, 1e-6 * (self.spins - 63)))
 
 
-class ShmTransport:
+class ShmTransport(ByteCounting):
     """All-to-all through shared memory between the ranks of one host.
 
     Args:
@@ -238,25 +238,6 @@ class ShmTransport:
         for path in self._pending_unlink:
             _unlink(path)
         self._pending_unlink.clear()
-
-    # -- bookkeeping ------------------------------------------------------------------------
-    def reset_stats(self) -> None:
-        self._counters = {"sent": {}, "remote": {}, "received": {}, "calls": {}}
-
-    def stats(self) -> TransportStats:
-        c = self._counters
-        return TransportStats(
-            dict(c["sent"]), dict(c["remote"]), dict(c["received"]), dict(c["calls"])
-        )
-
-    def _count(self, kind: str, sent: int, remote: int, received: int) -> None:
-        for key, value in (
-            ("sent", sent),
-            ("remote", remote),
-            ("received", received),
-            ("calls", 1),
-        ):
-            self._counters[key][kind] = self._counters[key].get(kind, 0) + value
 
     # -- the steps of one exchange ----------------------------------------------------------
     def begin(self, recv_nbytes: Sequence[int], *, kind: str) -> int:
