@@ -98,6 +98,28 @@ def _from_byte_rows(raw: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return raw.view(like.dtype).reshape(raw.shape[0], *like.shape[1:])
 
 
+def check_splits(
+    send: torch.Tensor,
+    send_splits: Sequence[int],
+    recv_splits: Sequence[int],
+    world_size: int,
+    kind: str,
+) -> tuple[list[int], list[int]]:
+    """The splits of an all-to-all as ints, checked: one per rank, >= 0, sending all rows."""
+    send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
+    if len(send_splits) != world_size or len(recv_splits) != world_size:
+        raise ValueError(
+            f"all_to_all({kind}): {len(send_splits)} send / {len(recv_splits)} recv splits "
+            f"for world_size={world_size}; give one split per rank"
+        )
+    if sum(send_splits) != send.shape[0] or min(send_splits + recv_splits, default=0) < 0:
+        raise ValueError(
+            f"all_to_all({kind}): send splits {send_splits} must be >= 0 and sum to the "
+            f"{send.shape[0]} rows of send"
+        )
+    return send_splits, recv_splits
+
+
 class ByteCounting:
     """Per-kind byte counters shared by every transport (``reset_stats``, ``stats``)."""
 
@@ -166,17 +188,9 @@ class TorchDistTransport(ByteCounting):
         *,
         kind: str,
     ) -> torch.Tensor:
-        send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
-        if len(send_splits) != self.world_size or len(recv_splits) != self.world_size:
-            raise ValueError(
-                f"all_to_all({kind}): {len(send_splits)} send / {len(recv_splits)} recv splits "
-                f"for world_size={self.world_size}; give one split per rank"
-            )
-        if sum(send_splits) != send.shape[0]:
-            raise ValueError(
-                f"all_to_all({kind}): send splits sum to {sum(send_splits)} but send has "
-                f"{send.shape[0]} rows"
-            )
+        send_splits, recv_splits = check_splits(
+            send, send_splits, recv_splits, self.world_size, kind
+        )
         send_bytes = _as_byte_rows(send)  # (S, row_bytes)
         row_bytes = send_bytes.shape[1]
         recv_bytes = torch.empty(

@@ -55,6 +55,7 @@ from nobubble.moe.transport import (
     TransportError,
     _as_byte_rows,
     _from_byte_rows,
+    check_splits,
 )
 
 __all__ = ["ShmTransport", "make_transport", "default_transport_kind", "TRANSPORT_KINDS"]
@@ -408,17 +409,9 @@ class ShmTransport(ByteCounting):
         kind: str,
     ) -> torch.Tensor:
         """Send ``send[offsets[r]:offsets[r+1]]`` to rank r; return the received rows in rank order."""
-        send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
-        if len(send_splits) != self.world_size or len(recv_splits) != self.world_size:
-            raise ValueError(
-                f"all_to_all({kind}): {len(send_splits)} send / {len(recv_splits)} recv splits "
-                f"for world_size={self.world_size}; give one split per rank"
-            )
-        if sum(send_splits) != send.shape[0] or min(send_splits + recv_splits, default=0) < 0:
-            raise ValueError(
-                f"all_to_all({kind}): send splits {send_splits} must be >= 0 and sum to the "
-                f"{send.shape[0]} rows of send"
-            )
+        send_splits, recv_splits = check_splits(
+            send, send_splits, recv_splits, self.world_size, kind
+        )
         self._check_device(send, kind)
         send_bytes = _as_byte_rows(send)  # (S, row_bytes)
         row_bytes = send_bytes.shape[1]
