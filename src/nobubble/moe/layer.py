@@ -211,13 +211,28 @@ class MoELayer(_MoEBase):
         self.w_up = nn.Parameter(weights.w_up[own].clone())  # (L, I, H)
         self.w_down = nn.Parameter(weights.w_down[own].clone())  # (L, H, I)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., H]`` -> ``[..., H]``."""
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])  # (N, H)
-        routing = self.route(x)
+    def dispatch_experts_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        *,
+        num_experts: int,
+        recv_stats: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routed part of the layer: ``x [N, H]`` -> ``(out [N, H], load [num_experts])``.
+
+        Dispatch to the experts ``topk_idx [N, K]`` names (ids in ``[0, num_experts)``, this
+        rank holding its contiguous share), run the local SwiGLU experts weighted by
+        ``topk_weights [N, K]``, combine, and all-gather every expert's received-token count.
+        ``recv_stats`` accumulates the local counts (DeepEP's cumulative stats).
+        """
         res = self.buffer.dispatch(
-            x, routing.topk_idx, routing.topk_weights, num_experts=self.config.num_experts
+            x,
+            topk_idx,
+            topk_weights,
+            num_experts=num_experts,
+            cumulative_local_expert_recv_stats=recv_stats,
         )
         expert_out = apply_experts(
             res.recv_x,
@@ -229,9 +244,18 @@ class MoELayer(_MoEBase):
         )  # (M, H)
         out = self.buffer.combine(expert_out, res.handle).combined_x  # (N, H)
         local_load = torch.tensor(res.handle.num_recv_tokens_per_expert, dtype=torch.int64)
-        self.last_tokens_per_expert = self.buffer.transport.all_gather(
-            local_load.to(x.device), kind="load"
-        )  # (E,) in expert order: rank r holds experts r*L..
+        load = self.buffer.transport.all_gather(local_load.to(x.device), kind="load")  # (E,)
+        return out, load
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> ``[..., H]``."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, H)
+        routing = self.route(x)
+        out, load = self.dispatch_experts_combine(
+            x, routing.topk_idx, routing.topk_weights, num_experts=self.config.num_experts
+        )
+        self.last_tokens_per_expert = load  # (E,) in expert order: rank r holds experts r*L..
         shared = self.shared_out(x)
         if shared is not None:
             out = out + shared

@@ -20,7 +20,7 @@ from torch import nn
 
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.eplb import ExpertPlacement, placement_from_phy2log
-from nobubble.moe.layer import MoEConfig, MoELayer, MoEWeights, apply_experts
+from nobubble.moe.layer import MoEConfig, MoELayer, MoEWeights
 from nobubble.moe.load_stats import ExpertLoadStats, logical_load
 from nobubble.moe.replicas import ReplicaRouter, ReplicaStrategy
 
@@ -118,24 +118,14 @@ class ReplicatedMoELayer(MoELayer):
             token_ids=token_ids,
             replica_load=None if prior is None else prior.double() / self.buffer.num_ranks,
         )  # (N, K) physical ids
-        res = self.buffer.dispatch(
+        out, physical = self.dispatch_experts_combine(
             x,
             phys_idx,
             routing.topk_weights,
             num_experts=self.placement.num_replicas,
-            cumulative_local_expert_recv_stats=self.local_expert_recv_stats,
+            recv_stats=self.local_expert_recv_stats,
         )
-        expert_out = apply_experts(
-            res.recv_x,
-            res.recv_topk_idx,
-            res.recv_topk_weights,
-            self.w_gate,
-            self.w_up,
-            self.w_down,
-        )  # (M, H)
-        out = self.buffer.combine(expert_out, res.handle).combined_x  # (N, H)
-        local = torch.tensor(res.handle.num_recv_tokens_per_expert, dtype=torch.int64)
-        physical = self.buffer.transport.all_gather(local.to(x.device), kind="load").cpu()
+        physical = physical.cpu()
         self.last_physical_load = physical  # (R,)
         self.last_tokens_per_expert = logical_load(physical, self.phy2log, self.config.num_experts)
         shared = self.shared_out(x)
