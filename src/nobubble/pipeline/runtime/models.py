@@ -44,12 +44,27 @@ class Batch:
         return [Batch(x, y) for x, y in zip(xs, ys, strict=True)]
 
 
+class _InputBodyHead:
+    """Block layout shared by the built-in models: block 0 takes the input, blocks
+    ``1..num_layers`` are the body, the last block is the head."""
+
+    num_layers: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_layers + 2
+
+    def block_weight(self, index: int) -> int:
+        """Compute weight used to balance stages: body blocks 1, input/head blocks 0."""
+        return 0 if index in (0, self.num_blocks - 1) else 1
+
+
 # ---------------------------------------------------------------------------------------------
 # GPT
 
 
 @dataclass(frozen=True, kw_only=True)
-class GPTConfig:
+class GPTConfig(_InputBodyHead):
     """A pre-LayerNorm GPT: embedding block, ``num_layers`` transformer blocks, LM-head block."""
 
     vocab_size: int = 256
@@ -71,14 +86,6 @@ class GPTConfig:
     @property
     def name(self) -> str:
         return "gpt"
-
-    @property
-    def num_blocks(self) -> int:
-        return self.num_layers + 2
-
-    def block_weight(self, index: int) -> int:
-        """Compute weight used to balance stages: transformer blocks 1, embedding/head 0."""
-        return 0 if index in (0, self.num_blocks - 1) else 1
 
     def build_block(self, index: int) -> nn.Module:
         if index == 0:
@@ -154,7 +161,7 @@ class LMHead(nn.Module):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MLPConfig:
+class MLPConfig(_InputBodyHead):
     """Input projection, ``num_layers`` residual MLP blocks, classifier head (cross-entropy)."""
 
     in_features: int = 32
@@ -171,13 +178,6 @@ class MLPConfig:
     @property
     def name(self) -> str:
         return "mlp"
-
-    @property
-    def num_blocks(self) -> int:
-        return self.num_layers + 2
-
-    def block_weight(self, index: int) -> int:
-        return 0 if index in (0, self.num_blocks - 1) else 1
 
     def build_block(self, index: int) -> nn.Module:
         if index == 0:
