@@ -104,6 +104,7 @@ def _run(ctx) -> str:
     assert make_transport("auto", timeout_s=30).__class__ is ShmTransport
     _check_buffer(ctx, Buffer(transport=ShmTransport(timeout_s=30, capacity_bytes_per_peer=100)))
     _check_fused(ctx)
+    _check_recycled_outputs(ctx)
     key = shm._key
     shm.close()
     torch.distributed.barrier()
@@ -168,6 +169,30 @@ def _check_fused(ctx) -> None:
             (grad_plain,) = torch.autograd.grad(want.recv_x, x, gx)
             assert torch.equal(grad_fused, grad_plain), name
     fused.shm.close()
+
+
+def _check_recycled_outputs(ctx) -> None:
+    """Outputs the caller still holds are never handed out again; dropped ones are; the torch
+    and the C combine give the same bits."""
+    fused = ShmBuffer(timeout_s=30)
+    torch_path = ShmBuffer(transport=fused.shm, recycle_outputs=0, fused_kernels=False)
+    g = torch.Generator().manual_seed(ctx.rank)
+    idx, w = _routing("random", 600, 8, 3, g)
+    held = []
+    for step in range(3):  # 600 x 1024 bf16 = 1.2 MiB: above the cache's 1 MiB floor
+        x = torch.randn(600, 1024, generator=g).to(torch.bfloat16)
+        res = fused.dispatch(x, idx, w, num_experts=8)
+        out = fused.combine(res.recv_x, res.handle).combined_x
+        want = torch_path.combine(res.recv_x, res.handle).combined_x
+        assert torch.equal(out, want), step
+        held.append((res.recv_x, res.recv_x.clone(), out, out.clone()))
+    for recv, recv_copy, out, out_copy in held:  # nothing held was overwritten
+        assert torch.equal(recv, recv_copy) and torch.equal(out, out_copy)
+    assert fused.outputs.hits == 0
+    del held, res, out
+    res = fused.dispatch(x, idx, w, num_experts=8)
+    fused.combine(res.recv_x, res.handle)
+    assert fused.outputs.hits == 2  # recv_x and the combined output reused dropped memory
 
 
 def test_full_shared_memory_fails_with_a_message(monkeypatch, tmp_path):

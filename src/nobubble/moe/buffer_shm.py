@@ -10,50 +10,32 @@ same over :class:`~nobubble.moe.transport_shm.ShmTransport`:
 - dispatch: ``index_select(x, send_token_idx[seg], out=<peer slot>)`` - the gather *is* the
   write into the peer's shared memory; the receiver copies each slot into ``recv_x`` once.
 - combine: each expert rank copies its rows for a source into that source's slot; the source
-  reduces block by block of tokens (a float32 block that stays in cache), adding the sources
-  in rank order, exactly as :meth:`Buffer.combine_rows` does, so the result is bit-identical.
+  reduces them in one pass with the fused C kernel of :mod:`nobubble.moe.cpu_kernels`
+  (bf16/fp32; other dtypes, or no C compiler: torch, block by block of tokens), adding the
+  sources in rank order in float32, exactly as :meth:`Buffer.combine_rows` does, so the
+  result is bit-identical.
+- outputs (``recv_x``, the combined ``[N, H]``) come from a small caching allocator
+  (:class:`~nobubble.moe.cpu_memory.RecycledOutputs`): memory the caller has dropped is
+  handed out again instead of being unmapped and faulted in anew, as PyTorch's CUDA caching
+  allocator does for DeepEP.
 
 Everything else (layout, count exchange, handle, autograd) is the parent's.
 """
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from typing import Any
 
 import torch
 
+from nobubble.moe import cpu_kernels
 from nobubble.moe.buffer import Buffer, DispatchHandle
+from nobubble.moe.cpu_memory import RecycledOutputs
 from nobubble.moe.transport_shm import ShmTransport
 
 __all__ = ["ShmBuffer"]
 
-_BLOCK_BYTES = 1 << 20  # float32 accumulator block for combine (fits in L2)
-
-
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-if _LIBC is not None:
-    _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-
-
-def empty_hugepages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty`` whose interior 2 MiB pages are advised as transparent huge pages.
-
-    A fresh 200 MB output costs 50 000 page faults when first written (the kernel zeroes every
-    4 KiB page), which on CPU is several times the cost of the copy itself; with huge pages
-    it is 100 faults. Elsewhere than Linux this is plain ``torch.empty``.
-    """
-    t = torch.empty(shape, dtype=dtype)
-    nbytes = t.numel() * t.element_size()
-    if _LIBC is not None and nbytes >= 2 * _HUGE_PAGE:
-        start = -(-t.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
-        end = (t.data_ptr() + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-        if end > start:
-            _LIBC.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: errors are harmless
-    return t
+_BLOCK_BYTES = 1 << 20  # float32 accumulator block of the torch combine path (fits in L2)
 
 
 def _offsets(counts: tuple[int, ...]) -> list[int]:
@@ -72,6 +54,10 @@ class ShmBuffer(Buffer):
         num_experts: default ``E``.
         timeout_s: per-wait timeout of the default transport.
         capacity_bytes_per_peer: initial per-source slot size of the default transport.
+        recycle_outputs: keep up to this many large output buffers for reuse once the caller
+            drops them (0: every output is a fresh allocation).
+        fused_kernels: reduce combine with the compiled C kernel when it is available
+            (``False``: always the torch path; the results are identical).
     """
 
     def __init__(
@@ -82,6 +68,8 @@ class ShmBuffer(Buffer):
         num_experts: int | None = None,
         timeout_s: float = 120.0,
         capacity_bytes_per_peer: int = 1 << 20,
+        recycle_outputs: int = 4,
+        fused_kernels: bool = True,
     ) -> None:
         if transport is not None and not isinstance(transport, ShmTransport):
             raise ValueError(
@@ -93,6 +81,8 @@ class ShmBuffer(Buffer):
         )
         super().__init__(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
         self.shm: ShmTransport = transport
+        self.outputs = RecycledOutputs(max_buffers=recycle_outputs)
+        self.fused_kernels = fused_kernels
 
     def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
         """``[N, *]`` -> ``[M, *]``: each sent row is gathered straight into the peer's slot."""
@@ -102,7 +92,7 @@ class ShmBuffer(Buffer):
         send_off = _offsets(handle.num_send_tokens_per_rank)
         recv_off = _offsets(handle.num_recv_tokens_per_rank)
         recv_nbytes = [n * row_bytes for n in handle.num_recv_tokens_per_rank]
-        out = empty_hugepages((recv_off[-1], *row_shape), t.dtype)  # (M, *)
+        out = self.outputs.empty((recv_off[-1], *row_shape), t.dtype)  # (M, *)
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)
         writes = {}
@@ -166,16 +156,22 @@ class ShmBuffer(Buffer):
     ) -> torch.Tensor:
         """Sum the rows of every source per token: ``out[n] = sum_r rows[r][token == n]``."""
         row_shape = t.shape[1:]
-        acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
         num_tokens = handle.num_tokens
-        out = empty_hugepages((num_tokens, *row_shape), t.dtype)  # (N, *)
+        out = self.outputs.empty((num_tokens, *row_shape), t.dtype)  # (N, *)
+        sources = [
+            handle.send_token_idx[home_off[r] : home_off[r + 1]] for r in range(self.num_ranks)
+        ]
+        if self.fused_kernels and cpu_kernels.combine_reduce(
+            [rows[r] for r in range(self.num_ranks)], sources, num_tokens, out
+        ):
+            return out
+        acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
         row_numel = max(1, _row_bytes(t) // t.element_size())
         block = max(1, _BLOCK_BYTES // (4 * row_numel))
         acc = torch.empty((min(block, max(num_tokens, 1)), *row_shape), dtype=acc_dtype)
         starts = torch.arange(0, num_tokens + block, block)  # block boundaries (last >= N)
         bounds = {}
-        for r in range(self.num_ranks):
-            idx = handle.send_token_idx[home_off[r] : home_off[r + 1]]  # sorted tokens
+        for r, idx in enumerate(sources):  # sorted tokens
             bounds[r] = (idx, torch.searchsorted(idx, starts).tolist())
         for b in range(len(starts) - 1):
             lo_tok, hi_tok = int(starts[b]), min(int(starts[b + 1]), num_tokens)
