@@ -1,17 +1,20 @@
 """Expert-parallel fast paths on CPU: shared memory vs gloo, hierarchical, low-latency, FP8, overlap.
 
-Every section spawns real local ranks (gloo) and runs its baseline in the same processes:
+Every section spawns real local ranks (gloo) and runs its baseline in the same processes
+(the measuring code is ``nobubble.moe.fastpath_bench``, shared with ``nobubble demo``):
 
 - ``transports``: Buffer dispatch + combine, 4 ranks, 4096 x 7168 bf16 tokens, top-8 of 256
-  experts, with gloo's all-to-all and with the shared-memory transport; bandwidth as a
-  fraction of one core's memcpy bandwidth, measured in the same run.
-- ``hierarchical``: 2 "nodes" x 2 ranks; bytes that cross node boundaries, hierarchical vs flat.
+  experts, with gloo's all-to-all and with the shared-memory paths; bandwidth as a fraction
+  of one core's memcpy bandwidth, measured in the same run.
+- ``hierarchical``: 2 "nodes" x 2 ranks, 1024 tokens per rank; bytes that cross node
+  boundaries, hierarchical vs flat.
 - ``low_latency``: 128 tokens per rank, low-latency dispatch + combine vs normal mode, bf16 vs
   FP8 bytes.
 - ``overlap``: MoE layer forward step time with chunked overlap vs without.
 
 Times are medians over iterations of the slowest rank's time. Writes
-``benchmarks/results/ep_transports.json``. ``--quick`` shrinks every shape.
+``benchmarks/results/ep_transports.json`` (a run of some sections keeps the others' figures).
+``--quick`` shrinks every shape.
 """
 
 from __future__ import annotations
@@ -19,494 +22,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from _common import RESULTS, write_json  # noqa: E402
 
-from nobubble.cliutil import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.moe import (  # noqa: E402
-    Buffer,
-    MoEConfig,
-    MoELayer,
-    TorchDistTransport,
-    init_moe_weights,
+from nobubble.moe import MoEConfig  # noqa: E402
+from nobubble.moe.fastpath_bench import (  # noqa: E402
+    SECTIONS,
+    Shape,
+    memcpy_gbps,
+    print_hierarchical,
+    print_low_latency,
+    print_overlap,
+    print_transports,
+    run_hierarchical,
+    run_low_latency,
+    run_overlap,
+    run_transports,
 )
-from nobubble.moe.buffer_shm import ShmBuffer  # noqa: E402
-from nobubble.moe.hierarchical import HierarchicalBuffer  # noqa: E402
-from nobubble.moe.low_latency import LowLatencyBuffer  # noqa: E402
-from nobubble.moe.overlap import communication_hidden, overlapped_forward  # noqa: E402
-from nobubble.moe.transport_shm import ShmTransport  # noqa: E402
 
-SECTIONS = ("transports", "hierarchical", "low_latency", "overlap")
-
-
-def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
-    """One core's copy bandwidth (read + write counted once, as a transport counts bytes)."""
-    torch.set_num_threads(1)
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # fault the pages in
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times) / 1e9
-
-
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
-
-
-def _routing(num_tokens: int, num_experts: int, topk: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(num_tokens, num_experts, generator=g).softmax(dim=1)
-    weights, idx = scores.topk(topk, dim=1)
-    return idx, weights
-
-
-def _time_buffer(buf: Buffer, x, idx, w, num_experts: int, iters: int) -> dict:
-    res = buf.dispatch(x, idx, w, num_experts=num_experts)  # warm-up (grows shm regions)
-    buf.combine(res.recv_x, res.handle)
-    disp, comb = [], []
-    for _ in range(iters):
-        d, c, res, out = _time_once(buf, x, idx, w, num_experts)
-        disp.append(d)
-        comb.append(c)
-    return {
-        "dispatch_s": statistics.median(disp),
-        "combine_s": statistics.median(comb),
-        "recv_x": res.recv_x,
-        "combined": out,
-    }
-
-
-def _time_once(buf: Buffer, x, idx, w, num_experts: int):
-    """One dispatch + combine; the slowest rank's times."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    res = buf.dispatch(x, idx, w, num_experts=num_experts)
-    t1 = time.perf_counter()
-    out = buf.combine(res.recv_x, res.handle).combined_x
-    t2 = time.perf_counter()
-    return _slowest(t1 - t0), _slowest(t2 - t1), res, out
-
-
-def _transports_rank(ctx, tokens: int, hidden: int, num_experts: int, topk: int, iters: int):
-    idx, w = _routing(tokens, num_experts, topk, seed=ctx.rank)
-    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(99 + ctx.rank))
-    x = x.to(torch.bfloat16)
-    bufs = {
-        "gloo": Buffer(transport=TorchDistTransport(timeout_s=600)),
-        # the plain Buffer over the shared-memory transport
-        "shm-unfused": Buffer(transport=ShmTransport(timeout_s=600)),
-        # gather-on-write / reduce-on-read over shared memory
-        "shm": ShmBuffer(timeout_s=600),
-    }
-    names = list(bufs)
-    times: dict[str, dict[str, list[float]]] = {n: {"d": [], "c": []} for n in names}
-    for buf in bufs.values():  # warm-up: sizes the shared-memory regions
-        _time_once(buf, x, idx, w, num_experts)
-    for it in range(iters):  # round-robin, so that bursts of load hit every transport alike
-        for name in names[it % len(names) :] + names[: it % len(names)]:
-            d, c, res, out = _time_once(bufs[name], x, idx, w, num_experts)
-            times[name]["d"].append(d)
-            times[name]["c"].append(c)
-            del res, out  # nothing from one run stays alive during the next
-    _, _, want, want_out = _time_once(bufs["gloo"], x, idx, w, num_experts)
-    bit_equal = True
-    for name in names[1:]:
-        _, _, res, out = _time_once(bufs[name], x, idx, w, num_experts)
-        bit_equal &= torch.equal(res.recv_x, want.recv_x) and torch.equal(out, want_out)
-        del res, out
-    del want, want_out
-    result = {}
-    for name, buf in bufs.items():
-        buf.transport.reset_stats()
-        buf.dispatch(x, idx, w, num_experts=num_experts)
-        result[name] = {
-            "dispatch_s": statistics.median(times[name]["d"]),
-            "combine_s": statistics.median(times[name]["c"]),
-            "x_bytes_sent": buf.transport.stats().bytes_sent["x"],
-        }
-        if isinstance(buf.transport, ShmTransport):
-            buf.transport.close()
-    result["bit_equal"] = bool(bit_equal)
-    return result
-
-
-def run_transports(args, memcpy: float) -> dict:
-    results = spawn(
-        _transports_rank,
-        args.ranks,
-        args=(args.tokens, args.hidden, args.experts, args.topk, args.iters),
-        timeout_s=1800,
-    )
-    rows = {}
-    for name in ("gloo", "shm-unfused", "shm"):
-        r0 = results[0][name]
-        total_bytes = sum(r[name]["x_bytes_sent"] for r in results)
-        t = r0["dispatch_s"] + r0["combine_s"]
-        rows[name] = {
-            "dispatch_ms": 1e3 * r0["dispatch_s"],
-            "combine_ms": 1e3 * r0["combine_s"],
-            "dispatch_plus_combine_ms": 1e3 * t,
-            "bytes_per_direction": total_bytes,
-            "dispatch_gbps_per_rank": total_bytes / args.ranks / r0["dispatch_s"] / 1e9,
-            "combine_gbps_per_rank": total_bytes / args.ranks / r0["combine_s"] / 1e9,
-            "aggregate_gbps": 2 * total_bytes / t / 1e9,
-        }
-        rows[name]["fraction_of_memcpy"] = rows[name]["aggregate_gbps"] / memcpy
-    speedup = rows["gloo"]["dispatch_plus_combine_ms"] / rows["shm"]["dispatch_plus_combine_ms"]
-    return {
-        "shape": {
-            "ranks": args.ranks,
-            "tokens": args.tokens,
-            "hidden": args.hidden,
-            "experts": args.experts,
-            "topk": args.topk,
-            "dtype": "bf16",
-        },
-        "memcpy_gbps_single_core": memcpy,
-        "rows": rows,
-        "speedup_shm_over_gloo": speedup,
-        "bit_equal": all(r["bit_equal"] for r in results),
-    }
-
-
-def print_transports(res: dict) -> None:
-    rows = [
-        [
-            name,
-            f"{r['dispatch_ms']:.1f}",
-            f"{r['combine_ms']:.1f}",
-            f"{r['dispatch_gbps_per_rank']:.2f}",
-            f"{r['combine_gbps_per_rank']:.2f}",
-            f"{r['aggregate_gbps']:.2f}",
-            f"{r['fraction_of_memcpy']:.2f}",
-        ]
-        for name, r in res["rows"].items()
-    ]
-    print_table(
-        "dispatch + combine (CPU measurement)",
-        [
-            "transport",
-            "dispatch ms",
-            "combine ms",
-            "disp GB/s/rank",
-            "comb GB/s/rank",
-            "aggregate GB/s",
-            "x memcpy",
-        ],
-        rows,
-        caption=f"{res['shape']}; single-core memcpy {res['memcpy_gbps_single_core']:.2f} GB/s; "
-        f"shm speedup {res['speedup_shm_over_gloo']:.1f}x; bit-equal: {res['bit_equal']}",
-    )
-
-
-# -- hierarchical ----------------------------------------------------------------------------
-def _hier_rank(ctx, tokens: int, hidden: int, num_experts: int, topk: int, iters: int, p: int):
-    idx, w = _routing(tokens, num_experts, topk, seed=10 + ctx.rank)
-    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(ctx.rank))
-    x = x.to(torch.bfloat16)
-    flat = Buffer(transport=TorchDistTransport(timeout_s=600))
-    hier = HierarchicalBuffer(ranks_per_node=p, timeout_s=600)
-    out = {}
-    for name, buf in (("flat", flat), ("hierarchical", hier)):
-        r = _time_buffer(buf, x, idx, w, num_experts, iters)
-        out[name] = {"dispatch_s": r["dispatch_s"], "combine_s": r["combine_s"]}
-        out[name + "_recv"] = r["recv_x"]
-    assert torch.equal(out.pop("flat_recv"), out.pop("hierarchical_recv"))
-    hier.inter.reset_stats()
-    res = hier.dispatch(x, idx, w, num_experts=num_experts)
-    in_rank = res.handle.is_token_in_rank.view(tokens, -1, p)  # (N, D, P)
-    other = torch.ones(in_rank.shape[1], dtype=torch.bool)
-    other[ctx.rank // p] = False
-    elt = x.element_size()
-    out["pairs_token_other_node"] = int(in_rank.any(dim=2)[:, other].sum())
-    out["inter_bytes_hier"] = hier.inter.stats().bytes_sent_remote["x"]
-    out["inter_bytes_flat"] = int(in_rank[:, other].sum()) * hidden * elt
-    out["formula_holds"] = out["inter_bytes_hier"] == out["pairs_token_other_node"] * hidden * elt
-    return out
-
-
-def run_hierarchical(args) -> dict:
-    tokens = args.tokens // 4 if not args.quick else args.tokens
-    res = spawn(
-        _hier_rank,
-        4,
-        args=(tokens, args.hidden, args.experts, args.topk, args.iters, 2),
-        timeout_s=1800,
-    )
-    return {
-        "shape": {
-            "nodes": 2,
-            "ranks_per_node": 2,
-            "tokens": tokens,
-            "hidden": args.hidden,
-            "experts": args.experts,
-            "topk": args.topk,
-            "dtype": "bf16",
-        },
-        "inter_node_bytes_hierarchical": sum(r["inter_bytes_hier"] for r in res),
-        "inter_node_bytes_flat": sum(r["inter_bytes_flat"] for r in res),
-        "distinct_token_node_pairs": sum(r["pairs_token_other_node"] for r in res),
-        "formula_holds": all(r["formula_holds"] for r in res),
-        "rows": {
-            name: {
-                "dispatch_ms": 1e3 * res[0][name]["dispatch_s"],
-                "combine_ms": 1e3 * res[0][name]["combine_s"],
-            }
-            for name in ("flat", "hierarchical")
-        },
-    }
-
-
-def print_hierarchical(res: dict) -> None:
-    h, f = res["inter_node_bytes_hierarchical"], res["inter_node_bytes_flat"]
-    print_table(
-        "hierarchical dispatch, 2 nodes x 2 ranks (CPU measurement)",
-        ["mode", "inter-node bytes (dispatch)", "dispatch ms", "combine ms"],
-        [
-            [
-                "flat",
-                f,
-                f"{res['rows']['flat']['dispatch_ms']:.1f}",
-                f"{res['rows']['flat']['combine_ms']:.1f}",
-            ],
-            [
-                "hierarchical",
-                h,
-                f"{res['rows']['hierarchical']['dispatch_ms']:.1f}",
-                f"{res['rows']['hierarchical']['combine_ms']:.1f}",
-            ],
-        ],
-        caption=f"{res['shape']}; distinct (token, other node) pairs "
-        f"{res['distinct_token_node_pairs']} x H x 2 B == hierarchical bytes: "
-        f"{res['formula_holds']}; hierarchical/flat = {h / f:.3f}",
-    )
-
-
-# -- low latency -----------------------------------------------------------------------------
-def _ll_rank(ctx, tokens: int, hidden: int, num_experts: int, topk: int, iters: int):
-    idx, w = _routing(tokens, num_experts, topk, seed=20 + ctx.rank)
-    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(ctx.rank))
-    x = x.to(torch.bfloat16)
-    out = {}
-    for transport in ("shm", "dist"):
-        ll = LowLatencyBuffer(
-            num_max_dispatch_tokens_per_rank=tokens,
-            hidden=hidden,
-            num_experts=num_experts,
-            transport=transport,
-            timeout_s=600,
-        )
-        for use_fp8 in (False, True):
-            name = f"low-latency {transport}" + (" fp8" if use_fp8 else " bf16")
-            times_d, times_c = [], []
-            for it in range(iters + 1):
-                ll.bytes_sent_remote.clear()
-                dist.barrier()
-                t0 = time.perf_counter()
-                res = ll.low_latency_dispatch(x, idx, use_fp8=use_fp8)
-                t1 = time.perf_counter()
-                ll.low_latency_combine(res.recv_x, idx, w, res.handle)
-                t2 = time.perf_counter()
-                if it:  # the first call sizes the buffers
-                    times_d.append(_slowest(t1 - t0))
-                    times_c.append(_slowest(t2 - t1))
-            out[name] = {
-                "dispatch_s": statistics.median(times_d),
-                "combine_s": statistics.median(times_c),
-                "dispatch_bytes": ll.bytes_sent_remote["x"],
-            }
-    for name, buf in (
-        ("normal gloo", Buffer(transport=TorchDistTransport(timeout_s=600))),
-        ("normal shm", ShmBuffer(timeout_s=600)),
-    ):
-        r = _time_buffer(buf, x, idx, w, num_experts, iters)
-        buf.transport.reset_stats()
-        buf.dispatch(x, idx, w, num_experts=num_experts)
-        out[name] = {
-            "dispatch_s": r["dispatch_s"],
-            "combine_s": r["combine_s"],
-            "dispatch_bytes": buf.transport.stats().bytes_sent_remote["x"],
-        }
-    return out
-
-
-def run_low_latency(args) -> dict:
-    tokens = 128 if not args.quick else 32
-    res = spawn(
-        _ll_rank,
-        args.ranks,
-        args=(tokens, args.hidden, args.experts, args.topk, 2 * args.iters + 4),
-        timeout_s=1800,
-    )
-    rows = {}
-    for name in res[0]:
-        r0 = res[0][name]
-        rows[name] = {
-            "dispatch_us": 1e6 * r0["dispatch_s"],
-            "combine_us": 1e6 * r0["combine_s"],
-            "dispatch_bytes_all_ranks": sum(r[name]["dispatch_bytes"] for r in res),
-        }
-    fp8_ratio = (
-        rows["low-latency shm fp8"]["dispatch_bytes_all_ranks"]
-        / rows["low-latency shm bf16"]["dispatch_bytes_all_ranks"]
-    )
-    return {
-        "shape": {
-            "ranks": args.ranks,
-            "tokens_per_rank": tokens,
-            "hidden": args.hidden,
-            "experts": args.experts,
-            "topk": args.topk,
-        },
-        "rows": rows,
-        "fp8_over_bf16_bytes": fp8_ratio,
-    }
-
-
-def print_low_latency(res: dict) -> None:
-    print_table(
-        "low-latency vs normal mode (CPU measurement)",
-        ["mode", "dispatch us", "combine us", "dispatch bytes (remote, all ranks)"],
-        [
-            [
-                name,
-                f"{r['dispatch_us']:.0f}",
-                f"{r['combine_us']:.0f}",
-                r["dispatch_bytes_all_ranks"],
-            ]
-            for name, r in res["rows"].items()
-        ],
-        caption=f"{res['shape']}; FP8 / bf16 dispatch bytes = {res['fp8_over_bf16_bytes']:.3f}",
-    )
-
-
-# -- overlap ---------------------------------------------------------------------------------
-def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, transport: str):
-    buf = ShmBuffer(timeout_s=600) if transport == "shm" else Buffer(timeout_s=600)
-    layer = MoELayer(config, init_moe_weights(config, seed=1), buf)
-    x = torch.randn(tokens, config.hidden, generator=torch.Generator().manual_seed(ctx.rank))
-    modes = {
-        "no overlap": (1, False),
-        "chunked sequential": (chunks, False),
-        "chunked overlap": (chunks, True),
-    }
-    runs: dict[str, list] = {name: [] for name in modes}
-    for num_chunks, overlap in modes.values():  # warm-up
-        overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
-    names = list(modes)
-    timeline = {}
-    for it in range(iters):  # round-robin against bursts of load
-        for name in names[it % 3 :] + names[: it % 3]:
-            num_chunks, overlap = modes[name]
-            dist.barrier()
-            r = overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
-            runs[name].append((_slowest(r.step_s), r.comm_s, r.compute_s, communication_hidden(r)))
-            timeline[name] = [(e.name, e.cat, e.start_us, e.dur_us, e.lane) for e in r.events]
-    medians = {
-        name: [statistics.median(v[i] for v in vals) for i in range(4)]
-        for name, vals in runs.items()
-    }
-    return {"medians": medians, "timeline": timeline}
-
-
-def draw_overlap(timeline: dict, path: Path) -> Path:
-    """Two-lane Gantt (experts / communication) of one step without and with overlap."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = {"dispatch": "tab:blue", "combine": "tab:orange", "experts": "tab:green"}
-    modes = ["no overlap", "chunked overlap"]
-    fig, axes = plt.subplots(len(modes), 1, figsize=(10, 3.2), sharex=True)
-    for ax, mode in zip(axes, modes, strict=True):
-        for name, cat, start, dur, lane in timeline[mode]:
-            ax.barh(lane, dur / 1e3, left=start / 1e3, color=colours[cat], edgecolor="black")
-            ax.text((start + dur / 2) / 1e3, lane, name, ha="center", va="center", fontsize=7)
-        ax.set_yticks([0, 1], ["experts", "comm"])
-        ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
-    axes[-1].set_xlabel("ms from the start of the MoE layer step")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def run_overlap(args) -> dict:
-    tokens = 1024 if not args.quick else 256
-    config = MoEConfig(
-        hidden=2048 if not args.quick else 512, expert_hidden=256, num_experts=16, topk=4
-    )
-    out = {}
-    for transport in ("gloo", "shm"):
-        rank0 = spawn(
-            _overlap_rank, 2, args=(tokens, config, 4, args.iters, transport), timeout_s=1800
-        )[0]
-        res = rank0["medians"]
-        if transport == "shm" and not args.quick:
-            img = Path(__file__).resolve().parents[1] / "docs" / "img" / "ep_overlap_timeline.png"
-            print(f"wrote {draw_overlap(rank0['timeline'], img)}")
-        base = res["no overlap"][0]
-        out[transport] = {
-            name: {
-                "step_ms": 1e3 * v[0],
-                "comm_ms": 1e3 * v[1],
-                "experts_ms": 1e3 * v[2],
-                "communication_hidden": v[3],
-                "speedup_vs_no_overlap": base / v[0],
-            }
-            for name, v in res.items()
-        }
-    return {
-        "shape": {
-            "ranks": 2,
-            "tokens_per_rank": tokens,
-            "hidden": config.hidden,
-            "expert_hidden": config.expert_hidden,
-            "experts": config.num_experts,
-            "topk": config.topk,
-            "chunks": 4,
-            "dtype": "fp32",
-        },
-        "rows": out,
-    }
-
-
-def print_overlap(res: dict) -> None:
-    print_table(
-        "MoE layer forward step, chunked overlap (CPU measurement)",
-        ["transport", "mode", "step ms", "comm ms", "experts ms", "comm hidden", "speedup"],
-        [
-            [
-                transport,
-                mode,
-                f"{r['step_ms']:.1f}",
-                f"{r['comm_ms']:.1f}",
-                f"{r['experts_ms']:.1f}",
-                f"{100 * r['communication_hidden']:.0f}%",
-                f"{r['speedup_vs_no_overlap']:.2f}x",
-            ]
-            for transport, rows in res["rows"].items()
-            for mode, r in rows.items()
-        ],
-        caption=str(res["shape"]),
-    )
+PICTURE = Path(__file__).resolve().parents[1] / "docs" / "img" / "ep_overlap_timeline.png"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -518,28 +57,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.hidden, args.iters = 512, 1024, 3
     sections = [s for s in args.sections.split(",") if s]
-    memcpy = memcpy_gbps(256 << 20 if not args.quick else 64 << 20)
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"--sections: unknown {unknown}; choose from {list(SECTIONS)}")
+    shape = Shape(args.ranks, args.tokens, args.hidden, args.experts, args.topk, args.iters)
     name = "ep_transports" + ("_quick" if args.quick else "")
-    previous = RESULTS / f"{name}.json"  # a run of some sections keeps the others' figures
+    previous = RESULTS / f"{name}.json"
     data: dict = json.loads(previous.read_text()) if previous.exists() else {}
     data["quick"] = args.quick
     if "transports" in sections:
-        data["transports"] = run_transports(args, memcpy)
+        memcpy = memcpy_gbps(256 << 20 if not args.quick else 64 << 20)
+        data["transports"] = run_transports(shape, memcpy)
         print_transports(data["transports"])
+    if "hierarchical" in sections:
+        tokens = args.tokens // 4 if not args.quick else args.tokens
+        data["hierarchical"] = run_hierarchical(replace(shape, tokens=tokens))
+        print_hierarchical(data["hierarchical"])
+    if "low_latency" in sections:
+        tokens = 32 if args.quick else 128
+        data["low_latency"] = run_low_latency(
+            replace(shape, tokens=tokens, iters=2 * args.iters + 4)
+        )
+        print_low_latency(data["low_latency"])
+    if "overlap" in sections:
+        hidden = 512 if args.quick else 2048
+        config = MoEConfig(hidden=hidden, expert_hidden=256, num_experts=16, topk=4)
+        tokens = 256 if args.quick else 1024
+        picture = None if args.quick else PICTURE
+        data["overlap"] = run_overlap(tokens, config, iters=args.iters, picture=picture)
+        if picture is not None:
+            print(f"wrote {picture}")
+        print_overlap(data["overlap"])
     data["load_average"] = os.getloadavg()
-    for section, run, show in (
-        ("hierarchical", run_hierarchical, print_hierarchical),
-        ("low_latency", run_low_latency, print_low_latency),
-        ("overlap", run_overlap, print_overlap),
-    ):
-        if section in sections:
-            data[section] = run(args)
-            show(data[section])
     data.pop("machine", None)
     path = write_json(name, data)
     print(f"wrote {path}")

@@ -22,6 +22,7 @@ from nobubble.cliutil import console, nonneg_int, print_table
 PART_STEPS: tuple[tuple[str, str], ...] = (
     ("pipeline schedules", "nobubble.pipeline.demo"),
     ("MoE expert parallelism", "nobubble.moe.demo"),
+    ("MoE fast paths", "nobubble.moe.fastpath_demo"),
     ("MoE load balancing", "nobubble.moe.balance_demo"),
     ("RL", "nobubble.rl.demo"),
 )

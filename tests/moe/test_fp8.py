@@ -107,7 +107,7 @@ def _routing(n: int, num_experts: int, topk: int, g: torch.Generator) -> torch.T
 def _fp8_rank(ctx) -> str:
     hidden, num_experts = 200, 8
     for buf in (Buffer(timeout_s=30), ShmBuffer(timeout_s=30)):
-        for tokens in ((0, 7), (9, 4)):  # a rank with no tokens, then both busy
+        for tokens in ((0, 7, 3, 5), (9, 4, 6, 2)):  # a rank with no tokens, then all busy
             g = torch.Generator().manual_seed(ctx.rank + 10 * tokens[0])
             n = tokens[ctx.rank]
             idx = _routing(n, num_experts, 3, g)
@@ -126,8 +126,11 @@ def _fp8_rank(ctx) -> str:
             assert buf.transport.stats().bytes_sent["x"] == rows * hidden * 2
             combined = buf.combine(res.recv_x, res.handle).combined_x  # combine stays bf16
             assert combined.dtype == torch.bfloat16 and combined.shape == x.shape
+        if isinstance(buf, ShmBuffer):
+            buf.shm.close()
     return "ok"
 
 
-def test_fp8_dispatch_on_two_ranks_equals_quantised_reference():
-    assert spawn(_fp8_rank, 2, timeout_s=120) == ["ok", "ok"]
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fp8_dispatch_equals_quantised_reference(world_size):
+    assert spawn(_fp8_rank, world_size, timeout_s=120) == ["ok"] * world_size
