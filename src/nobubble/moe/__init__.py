@@ -15,6 +15,7 @@ Public names::
     ReplicatedMoELayer                            # MoE layer with redundant experts
     rebalance_online, plan_migration              # move experts between ranks (balance_online.py)
     ShmTransport, make_transport, ShmBuffer       # shared-memory intranode fast path
+    make_buffer                                   # Buffer for a transport kind: auto/shm/dist
     HierarchicalBuffer                            # once per node across nodes (hierarchical.py)
     LowLatencyBuffer                              # fixed-capacity decode mode (low_latency.py)
     fp8_dispatch                                  # e4m3 dispatch, one scale per 128 channels
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from nobubble.moe.balance_online import plan_migration, rebalance_online
 from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
-from nobubble.moe.buffer_shm import ShmBuffer
+from nobubble.moe.buffer_shm import ShmBuffer, make_buffer
 from nobubble.moe.eplb import ExpertPlacement, rebalance_experts
 from nobubble.moe.eplb_incremental import (
     IncrementalRebalance,
@@ -75,6 +76,7 @@ __all__ = [
     "fp8_dispatch",
     "get_dispatch_layout",
     "init_moe_weights",
+    "make_buffer",
     "make_transport",
     "overlapped_forward",
     "plan_migration",

@@ -2,7 +2,8 @@
 
 Three dispatchers move the same routing decision on ``R`` local ranks:
 
-- ``buffer``: :class:`~nobubble.moe.buffer.Buffer` (one copy per (token, rank)).
+- ``buffer``: :class:`~nobubble.moe.buffer.Buffer` (one copy per (token, rank)) - a
+  :class:`~nobubble.moe.buffer_shm.ShmBuffer` on the shared-memory transport.
 - ``per-pair all-to-all``: one copy per (token, expert) pair (:func:`pair_dispatch`).
 - ``all-gather``: every rank gathers every token, keeps those with a local expert; combine is
   a reduce-scatter of a full ``[R * N, H]`` buffer.
@@ -12,6 +13,12 @@ the *logical* bandwidth (the bytes the MoE layer needs moved - Buffer's deduplic
 ``sum(is_token_in_rank) * H * element_size`` per rank - divided by that time, so all three
 methods are measured against the same work), the bytes each method really moved (counted by
 the transport, summed over ranks) and a correctness verdict.
+
+All three move their rows through one transport, chosen by ``BenchConfig.transport``:
+``"shm"`` (:class:`~nobubble.moe.transport_shm.ShmTransport`, shared memory on this host),
+``"dist"`` (:class:`~nobubble.moe.transport.TorchDistTransport`, gloo collectives) or
+``"auto"`` (shared memory for gloo on one CPU host, as :func:`make_buffer` decides); the
+report names the one really used.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import torch.distributed as dist
 
 from nobubble.distributed import spawn
 from nobubble.moe.buffer import Buffer
+from nobubble.moe.buffer_shm import make_buffer
 from nobubble.moe.layout import get_dispatch_layout, num_local_experts
 from nobubble.moe.reference import pair_combine, pair_dispatch
 from nobubble.moe.transport import Transport
+from nobubble.moe.transport_shm import TRANSPORT_KINDS, ShmTransport
 
 __all__ = ["BenchConfig", "MethodResult", "BenchReport", "run_bench", "plot_report", "METHODS"]
 
@@ -62,6 +71,8 @@ class BenchConfig:
     """Limit for the whole run and every collective."""
     seed: int = 0
     """Routing / payload seed."""
+    transport: str = "auto"
+    """auto (shared memory for gloo on one CPU host), shm or dist (gloo collectives)."""
 
     def __post_init__(self) -> None:
         for name in ("ranks", "tokens", "hidden", "experts", "topk", "iters"):
@@ -74,6 +85,10 @@ class BenchConfig:
             raise ValueError(f"--topk {self.topk} exceeds --experts {self.experts}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+        if self.transport not in TRANSPORT_KINDS:
+            raise ValueError(
+                f"--transport {self.transport!r}; choose one of {', '.join(TRANSPORT_KINDS)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -97,16 +112,19 @@ class MethodResult:
 
 @dataclass(frozen=True)
 class BenchReport:
-    """The whole run: config, the logical bytes (Buffer's dedup payload, all ranks), methods."""
+    """The whole run: config, the logical bytes (Buffer's dedup payload, all ranks), the
+    transport really used (``"shm"`` or ``"dist"``, ``config.transport`` resolved), methods."""
 
     config: BenchConfig
     logical_bytes: int
+    transport: str
     methods: list[MethodResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": asdict(self.config),
             "logical_bytes": self.logical_bytes,
+            "transport": self.transport,
             "methods": [asdict(m) for m in self.methods],
         }
 
@@ -187,8 +205,20 @@ def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
     x = torch.randn(n, h, generator=g).to(dtype)  # (N, H)
     topk_idx = torch.randn(n, e, generator=g).topk(config.topk, dim=1).indices  # (N, K)
     copies = get_dispatch_layout(topk_idx, e, ctx.world_size).is_token_in_rank.sum(1)  # (N,)
-    buf = Buffer(num_experts=e, timeout_s=config.timeout_s)
+    buf = make_buffer(config.transport, num_experts=e, timeout_s=config.timeout_s)
     t = buf.transport
+    try:
+        out = _run_methods(ctx, config, progress, buf, x, topk_idx, copies)
+    finally:
+        close = getattr(t, "close", None)
+        if close is not None:
+            close()  # no /dev/shm names left behind
+    out["transport"] = "shm" if isinstance(t, ShmTransport) else "dist"
+    return out
+
+
+def _run_methods(ctx, config: BenchConfig, progress: Any, buf: Buffer, x, topk_idx, copies):
+    e, h, t = config.experts, config.hidden, buf.transport
     rounds = {
         "buffer": lambda: _buffer_round(buf, x, topk_idx, copies),
         "per-pair all-to-all": lambda: _pair_round(t, x, topk_idx, e),
@@ -245,7 +275,7 @@ def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                 verdict=ranks[0]["verdict"] if correct else "MISMATCH on some rank",
             )
         )
-    return BenchReport(config, logical, methods)
+    return BenchReport(config, logical, per_rank[0]["transport"], methods)
 
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:
@@ -271,13 +301,14 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
         )
     ax2.axhline(report["logical_bytes"] / 1e6, color="k", ls="--", lw=1, label="logical")
     c = report["config"]
+    transport = report.get("transport", "dist")  # reports written before the field: gloo
     for ax, ylabel in ((ax1, "ms (slowest rank, median)"), (ax2, "MB moved (all ranks)")):
         ax.set_xticks(pos, names, fontsize=8)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
     fig.suptitle(
         f"{c['ranks']} ranks x {c['tokens']} tokens x {c['hidden']} {c['dtype']}, "
-        f"top-{c['topk']} of {c['experts']} experts (gloo, CPU)",
+        f"top-{c['topk']} of {c['experts']} experts, {transport} transport (CPU)",
         fontsize=10,
     )
     fig.tight_layout()

@@ -31,9 +31,10 @@ import torch
 from nobubble.moe import cpu_kernels
 from nobubble.moe.buffer import Buffer, DispatchHandle
 from nobubble.moe.cpu_memory import RecycledOutputs
-from nobubble.moe.transport_shm import ShmTransport
+from nobubble.moe.transport import TorchDistTransport
+from nobubble.moe.transport_shm import TRANSPORT_KINDS, ShmTransport, make_transport
 
-__all__ = ["ShmBuffer"]
+__all__ = ["ShmBuffer", "make_buffer"]
 
 _BLOCK_BYTES = 1 << 20  # float32 accumulator block of the torch combine path (fits in L2)
 
@@ -193,3 +194,43 @@ def _row_bytes(t: torch.Tensor) -> int:
     for d in t.shape[1:]:
         numel *= d
     return numel * t.element_size()
+
+
+def make_buffer(
+    kind: str = "auto",
+    group: Any = None,
+    *,
+    device: str | torch.device = "cpu",
+    num_experts: int | None = None,
+    timeout_s: float = 120.0,
+) -> Buffer:
+    """The dispatch/combine buffer for transport ``kind``: ``"shm"``, ``"dist"`` or ``"auto"``.
+
+    - ``"shm"``: a :class:`ShmBuffer` over a new :class:`ShmTransport` (all of ``group``'s
+      ranks on this host; gather-on-write dispatch, reduce-on-read combine).
+    - ``"dist"``: a plain :class:`~nobubble.moe.buffer.Buffer` over a
+      :class:`~nobubble.moe.transport.TorchDistTransport` (gloo / NCCL collectives; any
+      number of hosts, any device).
+    - ``"auto"``: what :func:`~nobubble.moe.transport_shm.make_transport` picks - shared
+      memory for gloo on CPU when the whole group is on one host, ``"dist"`` otherwise
+      (``group``'s backend, ``device`` and, for gloo, a host-name exchange decide).
+
+    Every rank of ``group`` must call it with the same arguments (building either transport
+    is a collective). ``num_experts`` is the buffer's default ``E``; ``timeout_s`` bounds every
+    wait for a peer. Whoever builds a :class:`ShmBuffer` closes it with ``buf.shm.close()``
+    when done, so that no ``/dev/shm`` names remain.
+
+    Raises:
+        ValueError: ``kind`` is not one of ``TRANSPORT_KINDS``.
+    """
+    if kind not in TRANSPORT_KINDS:
+        raise ValueError(f"make_buffer: kind={kind!r}; choose one of {TRANSPORT_KINDS}")
+    if kind == "shm":
+        return ShmBuffer(group, num_experts=num_experts, timeout_s=timeout_s)
+    if kind == "dist":
+        transport = TorchDistTransport(group, timeout_s=timeout_s)
+        return Buffer(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
+    chosen = make_transport("auto", group, device=device, timeout_s=timeout_s)
+    if isinstance(chosen, ShmTransport):
+        return ShmBuffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)
+    return Buffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)

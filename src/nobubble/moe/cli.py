@@ -31,7 +31,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "bench",
         help="time Buffer dispatch/combine against per-pair all-to-all and all-gather",
         description="Spawn R local ranks (gloo, one thread each) and time DeepEP-style "
-        "dispatch/combine beside two baselines in the same processes.",
+        "dispatch/combine beside two baselines in the same processes, all three over one "
+        "transport (--transport).",
     )
     bench.add_argument("--ranks", type=positive_int, default=4, help="local ranks (default 4)")
     bench.add_argument("--tokens", type=positive_int, default=4096, help="tokens per rank")
@@ -44,6 +45,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--warmup", type=nonneg_int, default=1, help="untimed iterations (default 1)"
     )
     bench.add_argument("--seed", type=nonneg_int, default=0, help="routing seed")
+    bench.add_argument(
+        "--transport",
+        choices=("auto", "shm", "dist"),
+        default="auto",
+        help="how rows move between ranks: shm = shared memory on this host (ShmBuffer, "
+        "direct writes into the peers' /dev/shm slots); dist = torch.distributed (gloo) "
+        "collectives; auto (default) = shm for gloo on one CPU host, else dist",
+    )
     bench.add_argument(
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
     )
@@ -119,6 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         timeout_s=args.timeout,
         seed=args.seed,
+        transport=args.transport,
     )
     if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"--plot {args.plot}: use a .png or .svg file name")
@@ -160,7 +170,7 @@ def print_report(report: Any) -> None:
     )
     print_table(
         f"ep bench: {c.ranks} ranks x {c.tokens} tokens x {c.hidden} {c.dtype}, top-{c.topk} of "
-        f"{c.experts} experts (median of {c.iters}, slowest rank)",
+        f"{c.experts} experts, {report.transport} transport (median of {c.iters}, slowest rank)",
         [
             "method",
             "dispatch ms",
