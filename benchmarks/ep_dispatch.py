@@ -24,12 +24,32 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small shapes, a few seconds")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--transport",
+        choices=("dist", "shm", "auto"),
+        default="dist",
+        help="row mover for every method (default dist: gloo's collectives, the README table)",
+    )
     args = parser.parse_args()
     if args.quick:
-        config = BenchConfig(ranks=4, tokens=256, hidden=512, experts=32, topk=8, iters=args.iters)
+        config = BenchConfig(
+            ranks=4,
+            tokens=256,
+            hidden=512,
+            experts=32,
+            topk=8,
+            iters=args.iters,
+            transport=args.transport,
+        )
     else:
         config = BenchConfig(
-            ranks=4, tokens=4096, hidden=7168, experts=256, topk=8, iters=args.iters
+            ranks=4,
+            tokens=4096,
+            hidden=7168,
+            experts=256,
+            topk=8,
+            iters=args.iters,
+            transport=args.transport,
         )
     report = run_with_progress(config)
     print_report(report)

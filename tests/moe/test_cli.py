@@ -43,14 +43,11 @@ def test_ep_bench_json(transport, resolved, capsys):
         methods["per-pair all-to-all"]["dispatch_payload_bytes"]
         == ranks * tokens * topk * hidden * 2
     )
-    # all-gather: every rank's rows reach every other rank (the transports agree on remote
-    # bytes; gloo counts a gathered row once per receiver, shared memory once per sender)
+    # all-gather: every rank's rows reach every rank; both transports count a gathered row
+    # once per receiver (this rank included) and once per other rank as remote
     gathered = ranks * (ranks - 1) * tokens * hidden * 2
     assert methods["all-gather"]["dispatch_remote_bytes"] == gathered
-    if resolved == "dist":
-        assert (
-            methods["all-gather"]["dispatch_payload_bytes"] == ranks * ranks * tokens * hidden * 2
-        )
+    assert methods["all-gather"]["dispatch_payload_bytes"] == ranks * ranks * tokens * hidden * 2
 
 
 @pytest.mark.parametrize(

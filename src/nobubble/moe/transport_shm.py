@@ -434,8 +434,10 @@ class ShmTransport(ByteCounting):
         rows = _as_byte_rows(x)  # (n, row_bytes)
         flat = rows.reshape(-1)
         out = self._exchange([flat] * self.world_size, [flat.numel()] * self.world_size, kind=kind)
-        n = flat.numel()
-        self._count(kind, sent=n, remote=n * (self.world_size - 1), received=out.numel())
+        n = flat.numel()  # delivered to every rank, this one included (as TorchDistTransport)
+        self._count(
+            kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
+        )
         return _from_byte_rows(out.view(self.world_size * rows.shape[0], rows.shape[1]), x)
 
     def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
