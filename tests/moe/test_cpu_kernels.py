@@ -12,6 +12,13 @@ from hypothesis import strategies as st
 
 from nobubble.moe import cpu_kernels
 from nobubble.moe.cpu_memory import RecycledOutputs
+from nobubble.moe.fp8 import (
+    fp8_row_bytes,
+    pack_fp8,
+    per_token_cast_back,
+    per_token_cast_to_fp8,
+    unpack_fp8,
+)
 
 
 def _slow_reduce(rows, token_idx, num_tokens, dtype):
@@ -128,6 +135,117 @@ def test_kernel_build_failure_warns_and_falls_back(monkeypatch, tmp_path):
             assert cpu_kernels.load() is None
     finally:
         cpu_kernels.load.cache_clear()
+
+
+def _slow_weighted(rows, row_of, weights, dtype):
+    """Per token, slots in order: float32 product, then float32 add, from +0.0."""
+    n, k = row_of.shape
+    hidden = rows.shape[1]
+    xf = rows.to(torch.float32).numpy()
+    w = weights.numpy()
+    acc = np.zeros((n, hidden), dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(n):
+            for s in range(k):
+                r = int(row_of[t, s])
+                if r >= 0:
+                    acc[t] = acc[t] + w[t, s] * xf[r]  # float32 * float32 rounds first
+    return torch.from_numpy(acc).to(dtype)
+
+
+@needs_cc
+@settings(max_examples=40, deadline=None)
+@given(
+    num_tokens=st.integers(0, 12),
+    topk=st.integers(1, 8),
+    hidden=st.integers(1, 50),
+    seed=st.integers(0, 2**16),
+    bf16=st.booleans(),
+)
+def test_weighted_combine_equals_slow_reference_bit_for_bit(num_tokens, topk, hidden, seed, bf16):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.rand(num_tokens, topk, generator=g) < 0.7
+    row_of = torch.full((num_tokens, topk), -1, dtype=torch.int64)
+    row_of[valid] = torch.randperm(int(valid.sum()), generator=g)  # rows in any order
+    rows = (torch.randn(int(valid.sum()), hidden, generator=g) * 100).to(dtype)
+    weights = torch.rand(num_tokens, topk, generator=g) * 3 - 1  # some negative, some tiny
+    out = torch.full((num_tokens, hidden), 5.0, dtype=dtype)
+    assert cpu_kernels.weighted_combine(rows, row_of, weights, out)
+    want = _slow_weighted(rows, row_of, weights, dtype)
+    assert torch.equal(out.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
+
+
+@needs_cc
+def test_weighted_combine_rounds_each_product_before_adding():
+    """a * b + c with one rounding (a fused multiply-add) differs here from two roundings."""
+    a, b, c = 1 + 2**-12, 1 + 2**-12, -1.0
+    rows = torch.tensor([[b], [c]], dtype=torch.float32)
+    row_of = torch.tensor([[1, 0]])  # slot 0: c (weight 1), slot 1: a * b
+    weights = torch.tensor([[1.0, a]])
+    out = torch.empty(1, 1)
+    assert cpu_kernels.weighted_combine(rows, row_of, weights, out)
+    two_roundings = torch.tensor(a, dtype=torch.float32) * torch.tensor(b) + torch.tensor(c)
+    assert float(out) == float(two_roundings) == 2**-11  # fused would keep 2^-11 + 2^-24
+
+
+def test_weighted_combine_rejects_bad_rows_and_shapes():
+    if cpu_kernels.load() is None:
+        pytest.skip("no C compiler")
+    with pytest.raises(ValueError, match="outside rows' 1"):
+        cpu_kernels.weighted_combine(
+            torch.ones(1, 3), torch.tensor([[0, 1]]), torch.ones(1, 2), torch.empty(1, 3)
+        )
+    with pytest.raises(ValueError, match="disagree"):
+        cpu_kernels.weighted_combine(
+            torch.ones(1, 3), torch.tensor([[0, 0]]), torch.ones(1, 2), torch.empty(2, 3)
+        )
+
+
+def _torch_fp8(x: torch.Tensor) -> torch.Tensor:
+    return pack_fp8(per_token_cast_to_fp8(x))
+
+
+@needs_cc
+@settings(max_examples=40, deadline=None)
+@given(
+    num_tokens=st.integers(0, 5),
+    hidden=st.integers(1, 300),
+    exponent=st.floats(-9, 4),
+    seed=st.integers(0, 2**16),
+    bf16=st.booleans(),
+)
+def test_fp8_kernels_equal_the_torch_casts_bit_for_bit(num_tokens, hidden, exponent, seed, bf16):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=g) * 10**exponent
+    if num_tokens:
+        x[0, : min(hidden, 128)] = 0.0  # an all-zero block: amax clamps to 1e-4
+    x = x.to(dtype)
+    packed = torch.empty(num_tokens, fp8_row_bytes(hidden), dtype=torch.uint8)
+    assert cpu_kernels.fp8_quantize(x, packed)
+    assert torch.equal(packed, _torch_fp8(x))
+    for out_dtype in (torch.bfloat16, torch.float32):
+        out = torch.empty(num_tokens, hidden, dtype=out_dtype)
+        assert cpu_kernels.fp8_dequantize(packed, out)
+        want = per_token_cast_back(unpack_fp8(packed, hidden), out_dtype)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
+@needs_cc
+def test_fp8_cast_equals_torch_on_every_bf16_magnitude_and_random_low_bits():
+    """Blocks whose amax is exactly 448 are cast unscaled: every finite value below 480
+    (all bf16 bit patterns, then the same with random low mantissa bits) against torch."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32) << 16  # every bf16 pattern, as fp32 bits
+    g = torch.Generator().manual_seed(0)
+    for low in (torch.zeros_like(bits), torch.randint(0, 1 << 16, bits.shape, generator=g)):
+        v = (bits | low).view(torch.float32)
+        v = v[v.abs() < 448]  # in range (and finite), so the block max below stays 448
+        v = v[: v.numel() // 127 * 127].view(-1, 127)
+        x = torch.cat([torch.full((v.shape[0], 1), 448.0), v], dim=1).contiguous()  # (n, 128)
+        packed = torch.empty(x.shape[0], fp8_row_bytes(128), dtype=torch.uint8)
+        assert cpu_kernels.fp8_quantize(x, packed)
+        assert torch.equal(packed[:, :128], x.to(torch.float8_e4m3fn).view(torch.uint8))
 
 
 # -- the output cache ------------------------------------------------------------------------

@@ -28,10 +28,17 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load", "combine_reduce", "KERNEL_DTYPES"]
+__all__ = [
+    "load",
+    "combine_reduce",
+    "weighted_combine",
+    "fp8_quantize",
+    "fp8_dequantize",
+    "KERNEL_DTYPES",
+]
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.c")
-_FLAGS = ("-O3", "-march=native", "-std=c99", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-march=native", "-std=c99", "-ffp-contract=off", "-shared", "-fPIC")
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -113,6 +120,14 @@ def load() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype = _I
         fn.argtypes = [_I, _P, _P, _P, _I, _I, *extra]
+    for name, extra in (("weighted_combine_bf16", [_P, _P]), ("weighted_combine_f32", [_P])):
+        fn = getattr(lib, name)
+        fn.restype = _I
+        fn.argtypes = [_I, _I, _I, _P, _I, _P, _P, *extra]
+    lib.fp8_quantize.restype = _I
+    lib.fp8_quantize.argtypes = [_I, _I, _P, _I, _P, _I]
+    lib.fp8_dequantize.restype = _I
+    lib.fp8_dequantize.argtypes = [_I, _I, _P, _I, _P, _P, _I]
     return lib
 
 
@@ -167,4 +182,113 @@ def combine_reduce(
             f"combine_reduce: source {-1 - rc}'s token indices are not ascending, distinct "
             f"and below num_tokens={num_tokens}; pass the handle's send_token_idx segments"
         )
+    return True
+
+
+def weighted_combine(
+    rows: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor, out: torch.Tensor
+) -> bool:
+    """``out[n] = sum_k weights[n, k] * rows[row_of[n, k]]`` in float32, ``k`` ascending.
+
+    Args:
+        rows: ``[P, H]`` contiguous CPU tensor of ``out``'s dtype (bf16 or fp32).
+        row_of: int64 ``[N, K]``, the row of each (token, slot); -1 where the slot routed
+            nowhere (it contributes nothing).
+        weights: float32 ``[N, K]``.
+        out: ``[N, H]`` contiguous, written in full.
+
+    Returns ``False`` (``out`` untouched) when the kernel is unavailable or does not cover
+    these dtypes/layouts. Raises ``ValueError`` for a row index out of range.
+    """
+    lib = load()
+    if (
+        lib is None
+        or out.dtype not in KERNEL_DTYPES
+        or out.device.type != "cpu"
+        or not out.is_contiguous()
+        or rows.dtype != out.dtype
+        or not rows.is_contiguous()
+        or row_of.dtype != torch.int64
+        or not row_of.is_contiguous()
+        or weights.dtype != torch.float32
+        or not weights.is_contiguous()
+    ):
+        return False
+    num_tokens, topk = row_of.shape
+    hidden = out.shape[1]
+    if out.shape[0] != num_tokens or weights.shape != row_of.shape or rows.shape[1:] != (hidden,):
+        raise ValueError(
+            f"weighted_combine: rows {tuple(rows.shape)}, row_of {tuple(row_of.shape)}, weights "
+            f"{tuple(weights.shape)} and out {tuple(out.shape)} disagree; want [P, H], [N, K], "
+            "[N, K], [N, H]"
+        )
+    args = [num_tokens, topk, hidden, rows.data_ptr(), rows.shape[0], row_of.data_ptr()]
+    args += [weights.data_ptr(), out.data_ptr()]
+    if out.dtype == torch.bfloat16:
+        acc = torch.empty(max(1, hidden), dtype=torch.float32)
+        rc = lib.weighted_combine_bf16(*args, acc.data_ptr())
+    else:
+        rc = lib.weighted_combine_f32(*args)
+    if rc != 0:
+        raise ValueError(
+            f"weighted_combine: row_of names a row outside rows' {rows.shape[0]}; pass the "
+            "dispatch handle's (token, slot) rows"
+        )
+    return True
+
+
+@functools.cache
+def _e4m3_table() -> torch.Tensor:
+    """float32 ``[256]``: torch's own decoding of every e4m3fn byte."""
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+
+
+def _fp8_rows_ok(lib, t: torch.Tensor, packed: torch.Tensor, hidden: int) -> bool:
+    return (
+        lib is not None
+        and t.dtype in KERNEL_DTYPES
+        and t.device.type == "cpu"
+        and packed.device.type == "cpu"
+        and t.dim() == 2
+        and t.shape[1] == hidden
+        and t.is_contiguous()
+        and packed.dtype == torch.uint8
+        and packed.dim() == 2
+        and packed.shape[0] == t.shape[0]
+        and packed.stride(1) == 1
+        and packed.shape[1] == hidden + 4 * (-(-hidden // 128))
+    )
+
+
+def fp8_quantize(x: torch.Tensor, packed: torch.Tensor) -> bool:
+    """Quantise ``x [N, H]`` (bf16/fp32) into ``packed [N, H + 4 * ceil(H / 128)]`` uint8:
+    e4m3 values, then one float32 scale per 128 channels, exactly as
+    ``pack_fp8(per_token_cast_to_fp8(x))``. ``False``: not covered, nothing written."""
+    lib = load()
+    if not _fp8_rows_ok(lib, x, packed, x.shape[-1] if x.dim() == 2 else -1):
+        return False
+    n, hidden = x.shape
+    lib.fp8_quantize(
+        n, hidden, x.data_ptr(), int(x.dtype == torch.bfloat16), packed.data_ptr(), packed.stride(0)
+    )
+    return True
+
+
+def fp8_dequantize(packed: torch.Tensor, out: torch.Tensor) -> bool:
+    """Inverse of :func:`fp8_quantize` into ``out [N, H]`` (bf16/fp32), exactly as
+    ``per_token_cast_back(unpack_fp8(packed, H), out.dtype)``. ``False``: not covered."""
+    lib = load()
+    if not _fp8_rows_ok(lib, out, packed, out.shape[-1] if out.dim() == 2 else -1):
+        return False
+    n, hidden = out.shape
+    table = _e4m3_table()
+    lib.fp8_dequantize(
+        n,
+        hidden,
+        packed.data_ptr(),
+        packed.stride(0),
+        table.data_ptr(),
+        out.data_ptr(),
+        int(out.dtype == torch.bfloat16),
+    )
     return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nobubble.moe import cpu_kernels
 from nobubble.moe.buffer import Buffer, DispatchResult
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "pack_fp8",
     "unpack_fp8",
     "fp8_row_bytes",
+    "quantize_rows",
+    "dequantize_rows",
     "fp8_dispatch",
 ]
 
@@ -120,6 +123,32 @@ def unpack_fp8(packed: torch.Tensor, hidden: int) -> Fp8Rows:
     return Fp8Rows(data, scales)
 
 
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """``pack_fp8(per_token_cast_to_fp8(x))`` - in one pass with the C kernel where it covers
+    ``x`` (bf16/fp32 on CPU), bit for bit the same bytes. ``[N, H]`` -> uint8 ``[N, H + 4B]``."""
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.dtype in cpu_kernels.KERNEL_DTYPES:
+        x = x.contiguous()
+        packed = torch.empty(x.shape[0], fp8_row_bytes(x.shape[1]), dtype=torch.uint8)
+        if x.device.type == "cpu" and cpu_kernels.fp8_quantize(x, packed):
+            return packed
+    return pack_fp8(per_token_cast_to_fp8(x))
+
+
+def dequantize_rows(packed: torch.Tensor, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """``per_token_cast_back(unpack_fp8(packed, hidden), dtype)`` - in one pass with the C
+    kernel where it covers the case, bit for bit the same values. -> ``[N, hidden]``."""
+    if (
+        dtype in cpu_kernels.KERNEL_DTYPES
+        and packed.dtype == torch.uint8
+        and packed.dim() == 2
+        and packed.device.type == "cpu"
+    ):
+        out = torch.empty(packed.shape[0], hidden, dtype=dtype)
+        if cpu_kernels.fp8_dequantize(packed, out):
+            return out
+    return per_token_cast_back(unpack_fp8(packed, hidden), dtype)
+
+
 def fp8_dispatch(
     buffer: Buffer,
     x: torch.Tensor,
@@ -141,9 +170,9 @@ def fp8_dispatch(
         A :class:`DispatchResult` whose ``recv_x [M, H]`` is the dequantised payload and whose
         handle serves :meth:`Buffer.combine` in the model dtype.
     """
-    packed = pack_fp8(per_token_cast_to_fp8(x.detach()))  # (N, H + 4B)
+    packed = quantize_rows(x.detach())  # (N, H + 4B)
     res = buffer.dispatch(packed, topk_idx, topk_weights, num_experts=num_experts)
-    recv_x = per_token_cast_back(unpack_fp8(res.recv_x, x.shape[1]), dtype or x.dtype)
+    recv_x = dequantize_rows(res.recv_x, x.shape[1], dtype or x.dtype)  # (M, H)
     return DispatchResult(
         recv_x,
         res.recv_topk_idx,

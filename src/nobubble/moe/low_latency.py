@@ -35,13 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nobubble.moe.fp8 import (
-    fp8_row_bytes,
-    pack_fp8,
-    per_token_cast_back,
-    per_token_cast_to_fp8,
-    unpack_fp8,
-)
+from nobubble.moe import cpu_kernels
+from nobubble.moe.fp8 import dequantize_rows, fp8_row_bytes, quantize_rows
 from nobubble.moe.layout import check_topk_idx, num_local_experts
 from nobubble.moe.transport import TorchDistTransport, TransportError
 from nobubble.moe.transport_shm import ShmTransport, make_transport
@@ -199,7 +194,7 @@ class LowLatencyBuffer:
         dev = x.device
         local, num_ranks, t_max = self.num_local_experts, self.num_ranks, self.max_tokens
         row_bytes = fp8_row_bytes(self.hidden) if use_fp8 else self.hidden * x.element_size()
-        payload = pack_fp8(per_token_cast_to_fp8(x)) if use_fp8 else x.contiguous()
+        payload = quantize_rows(x) if use_fp8 else x.contiguous()
         payload = payload.view(torch.uint8).view(num_tokens, row_bytes)  # (N, row_bytes)
 
         token, slot, expert = _sort_pairs(topk_idx)
@@ -233,7 +228,7 @@ class LowLatencyBuffer:
                 raise TransportError(f"low_latency_dispatch: corrupt counts {counts.tolist()}")
             rows = slot_data[: total * row_bytes].view(total, row_bytes)
             if use_fp8:
-                values = per_token_cast_back(unpack_fp8(rows, self.hidden), x.dtype)
+                values = dequantize_rows(rows, self.hidden, x.dtype)
             else:
                 values = rows.view(x.dtype).view(total, self.hidden)
             e_ids = torch.repeat_interleave(torch.arange(local, device=dev), counts)  # (total,)
@@ -369,6 +364,16 @@ class LowLatencyBuffer:
             "combine", int(send.shape[0] - layout[:, self.rank].sum()) * h * x.element_size()
         )
         weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0)  # (N, K)
+        num_tokens, topk = topk_idx.shape
+        row_of = torch.full((num_tokens * topk,), -1, dtype=torch.int64, device=x.device)
+        row_of[handle.send_token * topk + handle.send_slot] = torch.arange(
+            back.shape[0], device=x.device
+        )
+        out = torch.empty(num_tokens, h, dtype=x.dtype, device=x.device)  # (N, H)
+        if cpu_kernels.weighted_combine(
+            back.contiguous(), row_of.view(num_tokens, topk), weights.contiguous(), out
+        ):
+            return out
         out = torch.zeros(handle.num_tokens, h, device=x.device)  # (N, H) float32
         for k in range(topk_idx.shape[1]):  # slot order; a token has one row per slot
             rows = (handle.send_slot == k).nonzero().view(-1)
