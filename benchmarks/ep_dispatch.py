@@ -31,26 +31,16 @@ def main() -> None:
         help="row mover for every method (default dist: gloo's collectives, the README table)",
     )
     args = parser.parse_args()
-    if args.quick:
-        config = BenchConfig(
-            ranks=4,
-            tokens=256,
-            hidden=512,
-            experts=32,
-            topk=8,
-            iters=args.iters,
-            transport=args.transport,
-        )
-    else:
-        config = BenchConfig(
-            ranks=4,
-            tokens=4096,
-            hidden=7168,
-            experts=256,
-            topk=8,
-            iters=args.iters,
-            transport=args.transport,
-        )
+    tokens, hidden, experts = (256, 512, 32) if args.quick else (4096, 7168, 256)
+    config = BenchConfig(
+        ranks=4,
+        tokens=tokens,
+        hidden=hidden,
+        experts=experts,
+        topk=8,
+        iters=args.iters,
+        transport=args.transport,
+    )
     report = run_with_progress(config)
     print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
