@@ -78,28 +78,25 @@ int64_t combine_reduce_f32(int64_t num_sources, const float *const *rows,
   return 0;
 }
 
-/* weighted_combine_*: low-latency combine's reduction. rows [num_rows, H] are the expert
- * outputs that came home, one per valid (token, slot); row_of [N, K] names the row of slot k of
- * token n (-1: the slot routed nowhere). For every token:
+/* weighted_combine_*: low-latency combine's reduction. row_addr [N, K] holds the address of
+ * the expert output row for slot k of token n (0: the slot routed nowhere) - rows may live
+ * anywhere, e.g. straight in the shared-memory slots they arrived in. For every token:
  *
- *     out[n] = round(((0 + w[n,0] * rows[row_of[n,0]]) + w[n,1] * rows[row_of[n,1]]) + ...)
+ *     out[n] = round(((0 + w[n,0] * row(n,0)) + w[n,1] * row(n,1)) + ...)
  *
  * float32 products and sums, slots in ascending k - the same operations, in the same order, as
  * the torch path (zeros, then index_add_ of weights * rows.float() per slot). The build turns
- * off fused multiply-add contraction so each product is rounded before it is added. Returns 0,
- * or -1 if a row index is out of range.
+ * off fused multiply-add contraction so each product is rounded before it is added.
  */
 int64_t weighted_combine_bf16(int64_t num_tokens, int64_t topk, int64_t hidden,
-                              const uint16_t *rows, int64_t num_rows, const int64_t *row_of,
-                              const float *weights, uint16_t *out, float *acc) {
+                              const int64_t *row_addr, const float *weights, uint16_t *out,
+                              float *acc) {
   for (int64_t n = 0; n < num_tokens; n++) {
     for (int64_t h = 0; h < hidden; h++) acc[h] = 0.0f;
     for (int64_t k = 0; k < topk; k++) {
-      int64_t r = row_of[n * topk + k];
-      if (r < 0) continue;
-      if (r >= num_rows) return -1;
+      const uint16_t *row = (const uint16_t *)(uintptr_t)row_addr[n * topk + k];
+      if (row == 0) continue;
       const float w = weights[n * topk + k];
-      const uint16_t *row = rows + r * hidden;
       for (int64_t h = 0; h < hidden; h++) acc[h] += w * bf16_to_f32(row[h]);
     }
     uint16_t *o = out + n * hidden;
@@ -108,18 +105,15 @@ int64_t weighted_combine_bf16(int64_t num_tokens, int64_t topk, int64_t hidden,
   return 0;
 }
 
-int64_t weighted_combine_f32(int64_t num_tokens, int64_t topk, int64_t hidden, const float *rows,
-                             int64_t num_rows, const int64_t *row_of, const float *weights,
-                             float *out) {
+int64_t weighted_combine_f32(int64_t num_tokens, int64_t topk, int64_t hidden,
+                             const int64_t *row_addr, const float *weights, float *out) {
   for (int64_t n = 0; n < num_tokens; n++) {
     float *o = out + n * hidden;
     for (int64_t h = 0; h < hidden; h++) o[h] = 0.0f;
     for (int64_t k = 0; k < topk; k++) {
-      int64_t r = row_of[n * topk + k];
-      if (r < 0) continue;
-      if (r >= num_rows) return -1;
+      const float *row = (const float *)(uintptr_t)row_addr[n * topk + k];
+      if (row == 0) continue;
       const float w = weights[n * topk + k];
-      const float *row = rows + r * hidden;
       for (int64_t h = 0; h < hidden; h++) o[h] += w * row[h];
     }
   }

@@ -32,6 +32,7 @@ __all__ = [
     "load",
     "combine_reduce",
     "weighted_combine",
+    "weighted_combine_at",
     "fp8_quantize",
     "fp8_dequantize",
     "KERNEL_DTYPES",
@@ -123,7 +124,7 @@ def load() -> ctypes.CDLL | None:
     for name, extra in (("weighted_combine_bf16", [_P, _P]), ("weighted_combine_f32", [_P])):
         fn = getattr(lib, name)
         fn.restype = _I
-        fn.argtypes = [_I, _I, _I, _P, _I, _P, _P, *extra]
+        fn.argtypes = [_I, _I, _I, _P, _P, *extra]
     lib.fp8_quantize.restype = _I
     lib.fp8_quantize.argtypes = [_I, _I, _P, _I, _P, _I]
     lib.fp8_dequantize.restype = _I
@@ -200,40 +201,65 @@ def weighted_combine(
     Returns ``False`` (``out`` untouched) when the kernel is unavailable or does not cover
     these dtypes/layouts. Raises ``ValueError`` for a row index out of range.
     """
+    if not (
+        rows.dtype == out.dtype
+        and rows.is_contiguous()
+        and rows.device.type == "cpu"
+        and row_of.dtype == torch.int64
+    ):
+        return False
+    if rows.dim() != 2 or row_of.dim() != 2 or rows.shape[1:] != out.shape[1:]:
+        raise ValueError(
+            f"weighted_combine: rows {tuple(rows.shape)}, row_of {tuple(row_of.shape)} and out "
+            f"{tuple(out.shape)} disagree; want [P, H], [N, K], [N, H]"
+        )
+    if bool(((row_of < -1) | (row_of >= rows.shape[0])).any()):
+        raise ValueError(
+            f"weighted_combine: row_of names a row outside rows' {rows.shape[0]}; pass the "
+            "dispatch handle's (token, slot) rows"
+        )
+    row_bytes = rows.shape[1] * rows.element_size()
+    addr = torch.where(row_of >= 0, rows.data_ptr() + row_of * row_bytes, 0)  # (N, K)
+    return weighted_combine_at(addr, weights, out, keep_alive=rows)
+
+
+def weighted_combine_at(
+    row_addr: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, keep_alive: object
+) -> bool:
+    """:func:`weighted_combine` over rows given by address: ``row_addr`` int64 ``[N, K]`` holds
+    the ``data_ptr`` of each (token, slot)'s row of ``H`` elements of ``out``'s dtype (0: no row),
+    so the rows may stay where they are (shared-memory slots, several tensors). The caller
+    guarantees every address stays valid for the call; ``keep_alive`` is whatever owns them.
+    """
     lib = load()
     if (
         lib is None
         or out.dtype not in KERNEL_DTYPES
         or out.device.type != "cpu"
+        or out.dim() != 2
         or not out.is_contiguous()
-        or rows.dtype != out.dtype
-        or not rows.is_contiguous()
-        or row_of.dtype != torch.int64
-        or not row_of.is_contiguous()
         or weights.dtype != torch.float32
-        or not weights.is_contiguous()
     ):
         return False
-    num_tokens, topk = row_of.shape
-    hidden = out.shape[1]
-    if out.shape[0] != num_tokens or weights.shape != row_of.shape or rows.shape[1:] != (hidden,):
+    num_tokens, hidden = out.shape
+    if (
+        row_addr.dtype != torch.int64
+        or row_addr.shape != (num_tokens, weights.shape[-1])
+        or (weights.shape != row_addr.shape)
+    ):
         raise ValueError(
-            f"weighted_combine: rows {tuple(rows.shape)}, row_of {tuple(row_of.shape)}, weights "
-            f"{tuple(weights.shape)} and out {tuple(out.shape)} disagree; want [P, H], [N, K], "
+            f"weighted_combine: row_addr {tuple(row_addr.shape)} {row_addr.dtype}, weights "
+            f"{tuple(weights.shape)} and out {tuple(out.shape)} disagree; want int64 [N, K], "
             "[N, K], [N, H]"
         )
-    args = [num_tokens, topk, hidden, rows.data_ptr(), rows.shape[0], row_of.data_ptr()]
-    args += [weights.data_ptr(), out.data_ptr()]
+    row_addr, weights = row_addr.contiguous(), weights.contiguous()
+    topk = row_addr.shape[1]
+    args = [num_tokens, topk, hidden, row_addr.data_ptr(), weights.data_ptr(), out.data_ptr()]
     if out.dtype == torch.bfloat16:
         acc = torch.empty(max(1, hidden), dtype=torch.float32)
-        rc = lib.weighted_combine_bf16(*args, acc.data_ptr())
+        lib.weighted_combine_bf16(*args, acc.data_ptr())
     else:
-        rc = lib.weighted_combine_f32(*args)
-    if rc != 0:
-        raise ValueError(
-            f"weighted_combine: row_of names a row outside rows' {rows.shape[0]}; pass the "
-            "dispatch handle's (token, slot) rows"
-        )
+        lib.weighted_combine_f32(*args)
     return True
 
 

@@ -356,22 +356,27 @@ class LowLatencyBuffer:
         src_ids = torch.arange(num_ranks, device=dev).repeat_interleave(layout.sum(dim=0))
         j = torch.arange(e_ids.shape[0], device=dev) - first[src_ids * local + e_ids]
         pos = e_ids * (num_ranks * t_max) + src_ids * t_max + j  # (sum, )
-        send = x.reshape(local * num_ranks * t_max, h).index_select(0, pos)  # (rows back, H)
+        x_rows = x.reshape(local * num_ranks * t_max, h)  # (L * R * T, H)
+        back_counts = layout.sum(dim=0).tolist()  # rows going back to each source
+        weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0).contiguous()  # (N, K)
+        num_tokens, topk = topk_idx.shape
+        out = torch.empty(num_tokens, h, dtype=x.dtype, device=x.device)  # (N, H)
+        slot_of = handle.send_token * topk + handle.send_slot  # (P,) flat (token, slot)
+        if isinstance(self.transport, ShmTransport) and self._combine_in_place(
+            x_rows, pos, back_counts, handle, slot_of, weights, out
+        ):
+            return out
+        send = x_rows.index_select(0, pos)  # (rows back, H)
         back = self.transport.all_to_all(
-            send, layout.sum(dim=0).tolist(), list(handle.send_counts), kind="ll_combine"
+            send, back_counts, list(handle.send_counts), kind="ll_combine"
         )  # (P, H) aligned with (send_token, send_slot)
         self._count(
             "combine", int(send.shape[0] - layout[:, self.rank].sum()) * h * x.element_size()
         )
-        weights = topk_weights.float().masked_fill(topk_idx < 0, 0.0)  # (N, K)
-        num_tokens, topk = topk_idx.shape
         row_of = torch.full((num_tokens * topk,), -1, dtype=torch.int64, device=x.device)
-        row_of[handle.send_token * topk + handle.send_slot] = torch.arange(
-            back.shape[0], device=x.device
-        )
-        out = torch.empty(num_tokens, h, dtype=x.dtype, device=x.device)  # (N, H)
+        row_of[slot_of] = torch.arange(back.shape[0], device=x.device)
         if cpu_kernels.weighted_combine(
-            back.contiguous(), row_of.view(num_tokens, topk), weights.contiguous(), out
+            back.contiguous(), row_of.view(num_tokens, topk), weights, out
         ):
             return out
         out = torch.zeros(handle.num_tokens, h, device=x.device)  # (N, H) float32
@@ -381,3 +386,58 @@ class LowLatencyBuffer:
             contrib = weights[tokens, k].view(-1, 1) * back[rows].float()  # (n_k, H)
             out.index_add_(0, tokens, contrib)
         return out.to(x.dtype)
+
+    def _combine_in_place(
+        self,
+        x_rows: torch.Tensor,
+        pos: torch.Tensor,
+        back_counts: list[int],
+        handle: LowLatencyHandle,
+        slot_of: torch.Tensor,
+        weights: torch.Tensor,
+        out: torch.Tensor,
+    ) -> bool:
+        """Shared-memory combine without intermediate copies: each expert rank gathers its
+        rows straight into the source's slot, and the source sums them where they arrived
+        (the weighted-combine kernel reads the slots by address). ``False`` where the kernel
+        does not cover the case; nothing has moved then."""
+        if cpu_kernels.load() is None or out.dtype not in cpu_kernels.KERNEL_DTYPES:
+            return False
+        if x_rows.dtype != out.dtype or not x_rows.is_contiguous():
+            return False
+        shm: ShmTransport = self.transport  # type: ignore[assignment]
+        me, h = self.rank, self.hidden
+        row_bytes = h * x_rows.element_size()
+        send_off = [0, *torch.cumsum(torch.tensor(back_counts), 0).tolist()]
+        home = list(handle.send_counts)  # rows coming home from each expert rank
+        home_off = [0, *torch.cumsum(torch.tensor(home), 0).tolist()]
+        recv_nbytes = [n * row_bytes for n in home]
+        step = shm.begin(recv_nbytes, kind="ll_combine")
+        writes = {}
+        for j in shm._peers():
+            idx = pos[send_off[j] : send_off[j + 1]]
+
+            def fill(slot: torch.Tensor, idx: torch.Tensor = idx) -> None:
+                dst = slot.view(x_rows.dtype).view(idx.shape[0], h)  # (n_j, H)
+                torch.index_select(x_rows, 0, idx, out=dst)
+
+            writes[j] = (idx.shape[0] * row_bytes, fill)
+        held = {me: x_rows.index_select(0, pos[send_off[me] : send_off[me + 1]])}  # (n_me, H)
+        shm.exchange(step, writes, recv_nbytes, held.__setitem__, kind="ll_combine")
+        # address of every row that came home, in handle order (source-major)
+        addr = torch.empty(home_off[-1], dtype=torch.int64)  # (P,)
+        for i, rows in held.items():
+            n_i = home_off[i + 1] - home_off[i]
+            addr[home_off[i] : home_off[i + 1]] = rows.data_ptr() + torch.arange(n_i) * row_bytes
+        row_addr = torch.zeros(weights.numel(), dtype=torch.int64)
+        row_addr[slot_of] = addr
+        cpu_kernels.weighted_combine_at(row_addr.view(weights.shape), weights, out, keep_alive=held)
+        remote = (send_off[-1] - back_counts[me]) * row_bytes
+        self._count("combine", remote)
+        shm._count(
+            "ll_combine",
+            sent=send_off[-1] * row_bytes,
+            remote=remote,
+            received=home_off[-1] * row_bytes,
+        )
+        return True
