@@ -90,7 +90,15 @@ CASES = [  # name, tokens by rank, hidden, experts, topk, routing, dtype
 ]
 
 
-def _run(ctx) -> str:
+def _run(ctx, kernels: bool = True) -> str:
+    if not kernels:  # the torch paths the C kernels replace must give the same bits
+        import os
+
+        from nobubble.moe import cpu_kernels
+
+        os.environ["NOBUBBLE_CPU_KERNELS"] = "0"
+        cpu_kernels.load.cache_clear()
+        assert cpu_kernels.load() is None
     for transport in ("shm", "dist"):
         _run_transport(ctx, transport)
     return "ok"
@@ -119,3 +127,30 @@ def _run_transport(ctx, transport: str) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_low_latency_equals_expected_over_shm_and_gloo(world_size):
     assert spawn(_run, world_size, timeout_s=240) == ["ok"] * world_size
+
+
+def test_low_latency_torch_paths_without_the_cpu_kernels():
+    assert spawn(_run, 2, args=(False,), timeout_s=240) == ["ok"] * 2
+
+
+def _misuse(ctx) -> str:
+    buf = LowLatencyBuffer(
+        num_max_dispatch_tokens_per_rank=4, hidden=8, num_experts=4, transport="shm", timeout_s=30
+    )
+    own = torch.tensor([[2 * ctx.rank, 2 * ctx.rank + 1]] * 3)  # only this rank's experts
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(ctx.rank))
+    w = torch.ones(3, 2)
+    res = buf.low_latency_dispatch(x, own, return_recv_hook=True)
+    with pytest.raises(ValueError, match=r"call the dispatch result's hook\(\)"):
+        buf.low_latency_combine(res.recv_x, own, w, res.handle)
+    res.hook()
+    with pytest.raises(ValueError, match=r"must both be \[3, 2\], the dispatch's routing"):
+        buf.low_latency_combine(res.recv_x, own[:, :1], w[:, :1], res.handle)
+    y = buf.low_latency_combine(res.recv_x, own, w, res.handle)  # the right order still works
+    assert torch.equal(y, 2 * x)
+    buf.transport.close()
+    return "ok"
+
+
+def test_combine_before_the_hook_or_with_other_routing_is_refused():
+    assert spawn(_misuse, 2, timeout_s=120) == ["ok"] * 2

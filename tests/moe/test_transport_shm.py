@@ -176,6 +176,12 @@ def _check_fused(ctx) -> None:
 def _check_recycled_outputs(ctx) -> None:
     """Outputs the caller still holds are never handed out again; dropped ones are; the torch
     and the C combine give the same bits."""
+    import shutil
+
+    from nobubble.moe import cpu_kernels
+
+    if shutil.which("cc") or shutil.which("gcc"):  # else both sides would be the torch path
+        assert cpu_kernels.load() is not None
     fused = ShmBuffer(timeout_s=30)
     torch_path = ShmBuffer(transport=fused.shm, recycle_outputs=0, fused_kernels=False)
     g = torch.Generator().manual_seed(ctx.rank)

@@ -13,7 +13,7 @@ same over :class:`~nobubble.moe.transport_shm.ShmTransport`:
   reduces them in one pass with the fused C kernel of :mod:`nobubble.moe.cpu_kernels`
   (bf16/fp32; other dtypes, or no C compiler: torch, block by block of tokens), adding the
   sources in rank order in float32, exactly as :meth:`Buffer.combine_rows` does, so the
-  result is bit-identical.
+  result is bit-identical (a NaN stays NaN; torch writes its bits two ways).
 - outputs (``recv_x``, the combined ``[N, H]``) come from a small caching allocator
   (:class:`~nobubble.moe.cpu_memory.RecycledOutputs`): memory the caller has dropped is
   handed out again instead of being unmapped and faulted in anew, as PyTorch's CUDA caching

@@ -9,7 +9,7 @@
  *
  * summed in float32 in source-rank order - the same additions, in the same order, as
  * Buffer.combine_rows (zeros + index_add_ per source, then .to(dtype)), so the results are
- * bit-identical. One pass: each row is read once, each output row written once, the float32
+ * bit-identical (NaN stays NaN; torch itself writes its bits two ways). One pass: each row is read once, each output row written once, the float32
  * accumulator stays in L1. Returns 0, or -1 - r if source r's tokens were not ascending and
  * distinct (nothing useful is in out then).
  */
@@ -25,11 +25,11 @@ static inline float bf16_to_f32(uint16_t v) {
   return f;
 }
 
-/* Round to nearest even, as c10::BFloat16; NaN becomes the canonical quiet NaN. */
+/* Round to nearest even, as torch's CPU conversion; every NaN becomes 0xffff, as there. */
 static inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
@@ -123,10 +123,10 @@ int64_t weighted_combine_f32(int64_t num_tokens, int64_t topk, int64_t hidden,
 /* fp8_quantize_* / fp8_dequantize_*: FP8 dispatch's casts, one pass each instead of torch's
  * ten. A row of H channels becomes H e4m3 bytes, then 4 bytes of float32 scale per block of
  * 128 channels (the last block may be shorter): amax = max(|x|, 1e-4f) over the block,
- * value = e4m3(x * (448 / amax)), scale = amax / 448 - the same float32 operations as
+ * value = e4m3(x * ((1 / amax) * 448)), scale = amax / 448 - the same float32 operations as
  * nobubble.moe.fp8.per_token_cast_to_fp8 and pack_fp8. Dequantising multiplies the decoded
  * value (table: torch's own decoding of all 256 bytes) by its block's scale and rounds to the
- * output dtype. Inputs are expected finite (a NaN makes its block's amax undefined, as in torch).
+ * output dtype. A NaN in a block makes its amax, scale and every value NaN, as in torch.
  */
 #define FP8_BLOCK 128
 
@@ -175,12 +175,21 @@ int64_t fp8_quantize(int64_t num_tokens, int64_t hidden, const void *x, int64_t 
       const int64_t b1 = b0 + FP8_BLOCK < hidden ? b0 + FP8_BLOCK : hidden;
       float amax = 0.0f;
       for (int64_t c = b0; c < b1; c++) {
-        float v = f32_load(row + c * elt, x_bf16);
-        v = v < 0 ? -v : v;
-        amax = v > amax ? v : amax;
+        uint32_t u;
+        const float v = f32_load(row + c * elt, x_bf16);
+        memcpy(&u, &v, sizeof u);
+        u &= 0x7fffffffu; /* |v|, as torch's abs */
+        if (u > 0x7f800000u) { /* a NaN makes the block's amax NaN, as torch's amax */
+          u = 0x7fc00000u;
+          memcpy(&amax, &u, sizeof amax);
+          break;
+        }
+        float a;
+        memcpy(&a, &u, sizeof a);
+        amax = a > amax ? a : amax;
       }
       amax = amax < min_amax ? min_amax : amax;
-      const float inv = 448.0f / amax;
+      const float inv = (1.0f / amax) * 448.0f; /* torch's 448 / t is t.reciprocal() * 448 */
       for (int64_t c = b0; c < b1; c++) dst[c] = f32_to_e4m3fn(f32_load(row + c * elt, x_bf16) * inv);
       const float scale = amax / 448.0f;
       memcpy(dst + hidden + 4 * blk, &scale, sizeof scale);

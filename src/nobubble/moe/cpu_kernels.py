@@ -41,6 +41,7 @@ __all__ = [
 _SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ("-O3", "-march=native", "-std=c99", "-ffp-contract=off", "-shared", "-fPIC")
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+_MAX_SOURCES = 1024  # MAX_SOURCES in cpu_kernels.c
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -55,9 +56,16 @@ def _cpu_fingerprint() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("NOBUBBLE_CACHE_DIR") or Path.home() / ".cache" / "nobubble"
-    return Path(root) / "kernels"
+def _cache_dir(fallback: Path) -> Path:
+    """``$NOBUBBLE_CACHE_DIR/kernels``, else ``~/.cache/nobubble/kernels``; ``fallback`` where
+    there is no home directory."""
+    root = os.environ.get("NOBUBBLE_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    try:
+        return Path.home() / ".cache" / "nobubble" / "kernels"
+    except RuntimeError:  # no home directory to be found
+        return fallback
 
 
 def _compile(cc: str, target: Path) -> None:
@@ -97,14 +105,14 @@ def load() -> ctypes.CDLL | None:
         _SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode() + _cpu_fingerprint().encode()
     ).hexdigest()[:16]
     name = f"cpu_kernels-{key}.so"
-    fallback = Path(tempfile.gettempdir()) / f"nobubble-kernels-{os.getuid()}" / name
+    tmp_dir = Path(tempfile.gettempdir()) / f"nobubble-kernels-{os.getuid()}"
     try:
-        target = _cache_dir() / name
+        target = _cache_dir(tmp_dir) / name
         if not target.exists():
             try:
                 _compile(cc, target)
-            except PermissionError:  # a read-only home: build in the temporary directory
-                target = fallback
+            except OSError:  # a read-only or full home: build in the temporary directory
+                target = tmp_dir / name
                 if not target.exists():
                     _compile(cc, target)
         lib = ctypes.CDLL(str(target))
@@ -150,9 +158,10 @@ def combine_reduce(
     lib = load()
     if (
         lib is None
+        or len(rows) > _MAX_SOURCES
         or out.dtype not in KERNEL_DTYPES
+        or not _on_cpu(out, *rows, *token_idx)
         or not out.is_contiguous()
-        or out.device.type != "cpu"
         or any(r.dtype != out.dtype or not r.is_contiguous() for r in rows)
         or any(i.dtype != torch.int64 or not i.is_contiguous() for i in token_idx)
     ):
@@ -179,11 +188,28 @@ def combine_reduce(
     else:
         rc = lib.combine_reduce_f32(*args)
     if rc != 0:
+        r = -1 - rc
         raise ValueError(
-            f"combine_reduce: source {-1 - rc}'s token indices are not ascending, distinct "
-            f"and below num_tokens={num_tokens}; pass the handle's send_token_idx segments"
+            f"combine_reduce: source {r}'s token indices are not ascending, distinct and below "
+            f"num_tokens={num_tokens} ({_first_bad(token_idx[r], num_tokens)}); pass the "
+            "handle's send_token_idx segments"
         )
     return True
+
+
+def _first_bad(idx: torch.Tensor, num_tokens: int) -> str:
+    """Where a token index list first breaks 'ascending, distinct, in [0, num_tokens)'."""
+    values = idx.tolist()
+    for k, v in enumerate(values):
+        if not 0 <= v < num_tokens:
+            return f"position {k} holds {v}"
+        if k and v <= values[k - 1]:
+            return f"position {k} holds {v} after {values[k - 1]}"
+    return "no bad position found"
+
+
+def _on_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" for t in tensors)
 
 
 def weighted_combine(
@@ -204,8 +230,8 @@ def weighted_combine(
     if not (
         rows.dtype == out.dtype
         and rows.is_contiguous()
-        and rows.device.type == "cpu"
         and row_of.dtype == torch.int64
+        and _on_cpu(rows, row_of, weights, out)
     ):
         return False
     if rows.dim() != 2 or row_of.dim() != 2 or rows.shape[1:] != out.shape[1:]:
@@ -213,10 +239,13 @@ def weighted_combine(
             f"weighted_combine: rows {tuple(rows.shape)}, row_of {tuple(row_of.shape)} and out "
             f"{tuple(out.shape)} disagree; want [P, H], [N, K], [N, H]"
         )
-    if bool(((row_of < -1) | (row_of >= rows.shape[0])).any()):
+    bad = ((row_of < -1) | (row_of >= rows.shape[0])).nonzero()
+    if bad.numel():
+        n, k = bad[0].tolist()
         raise ValueError(
-            f"weighted_combine: row_of names a row outside rows' {rows.shape[0]}; pass the "
-            "dispatch handle's (token, slot) rows"
+            f"weighted_combine: row_of[{n}, {k}] = {int(row_of[n, k])} is outside rows' "
+            f"{rows.shape[0]} (use -1 for a slot without a row); pass the dispatch handle's "
+            "(token, slot) rows"
         )
     row_bytes = rows.shape[1] * rows.element_size()
     addr = torch.where(row_of >= 0, rows.data_ptr() + row_of * row_bytes, 0)  # (N, K)
@@ -235,7 +264,7 @@ def weighted_combine_at(
     if (
         lib is None
         or out.dtype not in KERNEL_DTYPES
-        or out.device.type != "cpu"
+        or not _on_cpu(out, row_addr, weights)
         or out.dim() != 2
         or not out.is_contiguous()
         or weights.dtype != torch.float32

@@ -125,7 +125,7 @@ def unpack_fp8(packed: torch.Tensor, hidden: int) -> Fp8Rows:
 
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     """``pack_fp8(per_token_cast_to_fp8(x))`` - in one pass with the C kernel where it covers
-    ``x`` (bf16/fp32 on CPU), bit for bit the same bytes. ``[N, H]`` -> uint8 ``[N, H + 4B]``."""
+    ``x`` (bf16/fp32 on CPU), bit for bit the same bytes (NaN blocks: NaN, as in torch). ``[N, H]`` -> uint8 ``[N, H + 4B]``."""
     if isinstance(x, torch.Tensor) and x.dim() == 2 and x.dtype in cpu_kernels.KERNEL_DTYPES:
         x = x.contiguous()
         packed = torch.empty(x.shape[0], fp8_row_bytes(x.shape[1]), dtype=torch.uint8)
@@ -136,7 +136,7 @@ def quantize_rows(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize_rows(packed: torch.Tensor, hidden: int, dtype: torch.dtype) -> torch.Tensor:
     """``per_token_cast_back(unpack_fp8(packed, hidden), dtype)`` - in one pass with the C
-    kernel where it covers the case, bit for bit the same values. -> ``[N, hidden]``."""
+    kernel where it covers the case, bit for bit the same values (a NaN stays NaN). -> ``[N, hidden]``."""
     if (
         dtype in cpu_kernels.KERNEL_DTYPES
         and packed.dtype == torch.uint8

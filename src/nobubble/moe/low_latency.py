@@ -90,8 +90,9 @@ class LowLatencyHandle:
         send_token / send_slot: ``[P]`` int64, the (token, top-k slot) of each pair sent, by
             destination rank, then local expert, then token.
         send_counts: ``R`` ints, pairs sent to each rank.
-        recv_layout: ``[L, R]`` int64, rows received per (local expert, source rank); filled
-            when the receive completes.
+        recv_layout: ``[L, R]`` int64, rows received per (local expert, source rank); -1 until
+            that source's rows have arrived (the receive, or the hook, fills it).
+        topk: ``K`` of the dispatch (combine must pass the same routing).
     """
 
     num_tokens: int
@@ -100,6 +101,11 @@ class LowLatencyHandle:
     send_slot: torch.Tensor
     send_counts: tuple[int, ...]
     recv_layout: torch.Tensor
+    topk: int
+
+    def received(self) -> bool:
+        """Whether every source's rows have arrived (after the receive or the hook)."""
+        return not bool((self.recv_layout < 0).any())
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,7 +213,8 @@ class LowLatencyBuffer:
             send_token=token,
             send_slot=slot,
             send_counts=tuple(int(c) for c in send_counts.tolist()),
-            recv_layout=torch.zeros(local, num_ranks, dtype=torch.int64, device=dev),
+            recv_layout=torch.full((local, num_ranks), -1, dtype=torch.int64, device=dev),
+            topk=topk,
         )
         recv_x = self._recv_buffer(x.dtype, dev)
         recv_count = torch.zeros(local, dtype=torch.int64, device=dev)
@@ -342,10 +349,19 @@ class LowLatencyBuffer:
                 f"low_latency_combine: x must be [{local}, {num_ranks * t_max}, {h}] (recv_x's "
                 f"layout), got {tuple(x.shape)}"
             )
-        if topk_weights.shape != topk_idx.shape or topk_idx.shape[0] != handle.num_tokens:
+        if topk_weights.shape != topk_idx.shape or tuple(topk_idx.shape) != (
+            handle.num_tokens,
+            handle.topk,
+        ):
             raise ValueError(
                 f"low_latency_combine: topk_idx {tuple(topk_idx.shape)} and topk_weights "
-                f"{tuple(topk_weights.shape)} must both be [{handle.num_tokens}, K]"
+                f"{tuple(topk_weights.shape)} must both be [{handle.num_tokens}, {handle.topk}], "
+                "the dispatch's routing"
+            )
+        if not handle.received():
+            raise ValueError(
+                "low_latency_combine: the dispatch's rows have not all arrived; call the "
+                "dispatch result's hook() (return_recv_hook=True) before combining"
             )
         layout = handle.recv_layout  # (L, R)
         # rows going back to source i: experts in order, each expert's block for i
@@ -403,8 +419,14 @@ class LowLatencyBuffer:
         does not cover the case; nothing has moved then."""
         if cpu_kernels.load() is None or out.dtype not in cpu_kernels.KERNEL_DTYPES:
             return False
-        if x_rows.dtype != out.dtype or not x_rows.is_contiguous():
+        if x_rows.dtype != out.dtype or not x_rows.is_contiguous() or x_rows.device.type != "cpu":
             return False
+        if back_counts[self.rank] != handle.send_counts[self.rank]:  # before any peer waits
+            raise TransportError(
+                f"low_latency_combine: rank {self.rank} holds {back_counts[self.rank]} rows for "
+                f"itself but sent itself {handle.send_counts[self.rank]}; the handle does not "
+                "belong to this buffer's last dispatch"
+            )
         shm: ShmTransport = self.transport  # type: ignore[assignment]
         me, h = self.rank, self.hidden
         row_bytes = h * x_rows.element_size()
@@ -431,7 +453,10 @@ class LowLatencyBuffer:
             addr[home_off[i] : home_off[i + 1]] = rows.data_ptr() + torch.arange(n_i) * row_bytes
         row_addr = torch.zeros(weights.numel(), dtype=torch.int64)
         row_addr[slot_of] = addr
-        cpu_kernels.weighted_combine_at(row_addr.view(weights.shape), weights, out, keep_alive=held)
+        if not cpu_kernels.weighted_combine_at(
+            row_addr.view(weights.shape), weights, out, keep_alive=held
+        ):
+            raise RuntimeError("low_latency_combine: the CPU kernel declined checked inputs")
         remote = (send_off[-1] - back_counts[me]) * row_bytes
         self._count("combine", remote)
         shm._count(
