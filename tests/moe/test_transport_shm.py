@@ -219,3 +219,9 @@ def test_full_shared_memory_fails_with_a_message(monkeypatch, tmp_path):
     with pytest.raises(TransportError, match="cannot reserve 64.0 MiB.*shm-size"):
         transport_shm._map(str(path), 64 << 20, create=True)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_bad_recycle_outputs_is_refused_before_any_shared_memory_exists(bad):
+    with pytest.raises(ValueError, match=f"recycle_outputs={bad!r} must be an int >= 0"):
+        ShmBuffer(recycle_outputs=bad)

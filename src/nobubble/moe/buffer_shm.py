@@ -72,6 +72,15 @@ class ShmBuffer(Buffer):
         recycle_outputs: int = 4,
         fused_kernels: bool = True,
     ) -> None:
+        if (
+            isinstance(recycle_outputs, bool)
+            or not isinstance(recycle_outputs, int)
+            or (recycle_outputs < 0)
+        ):
+            raise ValueError(
+                f"ShmBuffer: recycle_outputs={recycle_outputs!r} must be an int >= 0 (0 turns "
+                "output reuse off)"
+            )
         if transport is not None and not isinstance(transport, ShmTransport):
             raise ValueError(
                 f"ShmBuffer: transport is {type(transport).__name__}; it needs a ShmTransport "

@@ -309,14 +309,8 @@ class ShmTransport(ByteCounting):
                 )
                 continue
             for i in ready:
-                n = int(self._ctrl[self._nbytes(i)])
-                if n != recv_nbytes[i]:
-                    raise TransportError(
-                        f"rank {self.rank}: {kind} call {t}: rank {i} sent {n} bytes but "
-                        f"{int(recv_nbytes[i])} were expected; ranks disagree on the splits"
-                    )
                 waiting.discard(i)
-                yield i, self._data[i * cap : i * cap + n]
+                yield i, self._arrived_slot(i, t, recv_nbytes[i], cap, kind)
 
     def exchange(
         self,
@@ -342,14 +336,8 @@ class ShmTransport(ByteCounting):
                 self._write_now(j, t, nbytes, fill, kind)
                 progressed = True
             for i in [i for i in to_read if self._ctrl[self._done(i)] == t]:
-                n = int(self._ctrl[self._nbytes(i)])
-                if n != recv_nbytes[i]:
-                    raise TransportError(
-                        f"rank {self.rank}: {kind} call {t}: rank {i} sent {n} bytes but "
-                        f"{int(recv_nbytes[i])} were expected; ranks disagree on the splits"
-                    )
                 to_read.discard(i)
-                on_slot(i, self._data[i * cap : i * cap + n])
+                on_slot(i, self._arrived_slot(i, t, recv_nbytes[i], cap, kind))
                 progressed = True
             if progressed:
                 backoff = _Backoff(self.timeout_s)
@@ -358,6 +346,17 @@ class ShmTransport(ByteCounting):
                     f"rank {self.rank}/{self.world_size}: {kind} (call {t}) waiting for rank(s) "
                     f"{sorted(set(to_write) | to_read)}"
                 )
+
+    def _arrived_slot(self, i: int, t: int, expected: int, cap: int, kind: str) -> torch.Tensor:
+        """Source ``i``'s slot of call ``t`` (it signalled DONE), checked against the bytes this
+        rank expects from it."""
+        n = int(self._ctrl[self._nbytes(i)])
+        if n != expected:
+            raise TransportError(
+                f"rank {self.rank}: {kind} call {t}: rank {i} sent {n} bytes but "
+                f"{int(expected)} were expected; ranks disagree on the splits"
+            )
+        return self._data[i * cap : i * cap + n]
 
     def _grow(self, need: int) -> None:
         """Replace this rank's data region by a bigger one (no sender is using it now: every
