@@ -77,15 +77,14 @@ class RecycledOutputs:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.min_bytes or self.max_buffers == 0:
             return empty_hugepages(shape, dtype)
-        free = [b for b in self._buffers if _unused(b)]
-        fits = [b for b in free if b.numel() >= nbytes]
+        in_use = [b for b in self._buffers if not _unused(b)]
+        fits = [b for b in self._buffers if b.numel() >= nbytes and not any(b is u for u in in_use)]
         if fits:
             self.hits += 1
             buf = min(fits, key=torch.Tensor.numel)
         else:
             self.misses += 1
-            # unused buffers too small for this request would only hold memory: drop them
-            self._buffers = [b for b in self._buffers if not any(b is f for f in free)]
+            self._buffers = in_use  # the unused ones are all too small: they would only hold memory
             buf = empty_hugepages((nbytes,), torch.uint8)
             if len(self._buffers) < self.max_buffers:
                 self._buffers.append(buf)

@@ -126,10 +126,15 @@ def unpack_fp8(packed: torch.Tensor, hidden: int) -> Fp8Rows:
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     """``pack_fp8(per_token_cast_to_fp8(x))`` - in one pass with the C kernel where it covers
     ``x`` (bf16/fp32 on CPU), bit for bit the same bytes (NaN blocks: NaN, as in torch). ``[N, H]`` -> uint8 ``[N, H + 4B]``."""
-    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.dtype in cpu_kernels.KERNEL_DTYPES:
+    if (
+        isinstance(x, torch.Tensor)
+        and x.dim() == 2
+        and x.dtype in cpu_kernels.KERNEL_DTYPES
+        and x.device.type == "cpu"
+    ):
         x = x.contiguous()
         packed = torch.empty(x.shape[0], fp8_row_bytes(x.shape[1]), dtype=torch.uint8)
-        if x.device.type == "cpu" and cpu_kernels.fp8_quantize(x, packed):
+        if cpu_kernels.fp8_quantize(x, packed):
             return packed
     return pack_fp8(per_token_cast_to_fp8(x))
 
