@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint docs demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,16 +15,25 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[test,ray]'
+	$(BIN)/pip install --quiet -e '.[test,docs,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# ruff, the layer contract (pyproject's [tool.importlinter]) and the type checker
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+# the site's tables are filled from benchmarks/results/*.json, then built with --strict
+docs: $(STAMP)
+	$(BIN)/python scripts/doc_tables.py
+	$(BIN)/mkdocs build --strict
 
 test: lint
+	$(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
@@ -34,4 +43,4 @@ bench: $(STAMP)
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) nobubble-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) nobubble-out site .pytest_cache .ruff_cache .mypy_cache

@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from nobubble.moe.bench import BenchConfig, plot_report
-from nobubble.moe.cli import print_report, run_with_progress
+from nobubble.bench.ep_dispatch import BenchConfig, plot_report
+from nobubble.cli.ep import print_report, run_with_progress
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ep_dispatch.json"
 

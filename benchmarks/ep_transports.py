@@ -1,7 +1,7 @@
 """Expert-parallel fast paths on CPU: shared memory vs gloo, hierarchical, low-latency, FP8, overlap.
 
 Every section spawns real local ranks (gloo) and runs its baseline in the same processes
-(the measuring code is ``nobubble.moe.fastpath_bench``, shared with ``nobubble demo``):
+(the measuring code is ``nobubble.bench.ep_fastpath``, shared with ``nobubble demo``):
 
 - ``transports``: Buffer dispatch + combine, 4 ranks, 4096 x 7168 bf16 tokens, top-8 of 256
   experts, with gloo's all-to-all and with the shared-memory paths; bandwidth as a fraction
@@ -30,20 +30,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, write_json  # noqa: E402
 
-from nobubble.moe import MoEConfig  # noqa: E402
-from nobubble.moe.fastpath_bench import (  # noqa: E402
+from nobubble.bench.ep_fastpath import (  # noqa: E402
     SECTIONS,
     Shape,
     memcpy_gbps,
-    print_hierarchical,
-    print_low_latency,
-    print_overlap,
-    print_transports,
     run_hierarchical,
     run_low_latency,
     run_overlap,
     run_transports,
 )
+from nobubble.cli.ep_tables import (  # noqa: E402
+    print_hierarchical,
+    print_low_latency,
+    print_overlap,
+    print_transports,
+)
+from nobubble.moe import MoEConfig  # noqa: E402
 
 PICTURE = Path(__file__).resolve().parents[1] / "docs" / "img" / "ep_overlap_timeline.png"
 

@@ -3,7 +3,7 @@
 256 logical experts in 8 groups, 4 nodes x 8 GPUs, 32 redundant experts (288 physical, 9 per
 GPU), heavy-tailed loads (Zipf and Pareto popularity, experts shuffled per layer). Baselines
 in the same run: no redundancy (each expert once, in order) and a faithful transcription of
-deepseek-ai/EPLB (``nobubble.moe.eplb_reference``). Then loads drift (each expert's load
+deepseek-ai/EPLB (``nobubble.moe.balance.eplb_reference``). Then loads drift (each expert's load
 times a log-normal factor) and a fresh rebalance is compared with the incremental one, once
 and over a sequence of periodic rebalances.
 
@@ -25,13 +25,13 @@ from rich.progress import Progress
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import time_interleaved, write_json  # noqa: E402
 
-from nobubble.cliutil import print_table  # noqa: E402
-from nobubble.moe.eplb import gpu_loads, load_imbalance, rebalance_experts  # noqa: E402
-from nobubble.moe.eplb_incremental import (  # noqa: E402
+from nobubble.cli.util import print_table  # noqa: E402
+from nobubble.moe.balance.eplb import gpu_loads, load_imbalance, rebalance_experts  # noqa: E402
+from nobubble.moe.balance.eplb_reference import reference_rebalance_experts  # noqa: E402
+from nobubble.moe.balance.incremental import (  # noqa: E402
     count_moves,
     rebalance_experts_incremental,
 )
-from nobubble.moe.eplb_reference import reference_rebalance_experts  # noqa: E402
 
 E, GROUPS, NODES, GPUS, REDUNDANT = 256, 8, 4, 32, 32
 R = E + REDUNDANT
@@ -148,10 +148,10 @@ def online_rank(ctx, rounds: int) -> list[dict]:
     """Two identical replicated layers; one rebalances fresh, one incrementally, same loads."""
     import time
 
-    from nobubble.moe.balance_online import rebalance_online
+    from nobubble.moe.balance.online import rebalance_online
+    from nobubble.moe.balance.replicated_layer import EXPERT_PARAMS, ReplicatedMoELayer
     from nobubble.moe.buffer import Buffer
     from nobubble.moe.layer import MoEConfig, init_moe_weights
-    from nobubble.moe.replicated_layer import EXPERT_PARAMS, ReplicatedMoELayer
 
     cfg = MoEConfig(hidden=ONLINE["hidden"], expert_hidden=ONLINE["expert_hidden"],
                     num_experts=ONLINE["experts"], topk=2)  # fmt: skip

@@ -13,7 +13,7 @@ Three tables, one JSON (``benchmarks/results/ilp_scaling.json``):
    Below p*M_F (a pipeline that cannot hold 1F1B's activations) the heuristic falls far
    behind the optimum.
 4. solvers: the same model (no warm start) in CP-SAT and as the paper's big-M MILP in
-   HiGHS and SCIP (``nobubble.pipeline.ilp_milp``), equal time limit.
+   HiGHS and SCIP (``nobubble.pipeline.ilp.milp``), equal time limit.
 
 ``--plot DIR`` also draws zb-1p and the ILP optimum for p = 4, m = 8 under 3 M_F.
 
@@ -32,11 +32,16 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from nobubble.cliutil import console, print_table
+from nobubble.cli.util import console, print_table
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.ilp import DEFAULT_WORKERS, HEURISTIC_NAMES, solve_optimal, to_int_problem
-from nobubble.pipeline.ilp_milp import solve_milp
-from nobubble.pipeline.ilp_model import build_cpsat
+from nobubble.pipeline.ilp.milp import solve_milp
+from nobubble.pipeline.ilp.model import build_cpsat
+from nobubble.pipeline.ilp.solve import (
+    DEFAULT_WORKERS,
+    HEURISTIC_NAMES,
+    solve_optimal,
+    to_int_problem,
+)
 from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import simulate
 

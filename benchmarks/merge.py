@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import time_interleaved, write_json  # noqa: E402
 
 from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, merge_k_lists_pairwise  # noqa: E402
-from nobubble.cliutil import print_table  # noqa: E402
+from nobubble.cli.util import print_table  # noqa: E402
 
 SIZES = [(10, 10**6), (1000, 10**6), (10**5, 10**6)]
 

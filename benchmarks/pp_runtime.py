@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_json  # noqa: E402
 
-from nobubble.cliutil import print_table  # noqa: E402
+from nobubble.cli.util import print_table  # noqa: E402
 from nobubble.distributed import spawn  # noqa: E402
 from nobubble.pipeline.runtime.bw_split import attach_store  # noqa: E402
 from nobubble.pipeline.runtime.executor import TrainConfig, boundary_shapes  # noqa: E402

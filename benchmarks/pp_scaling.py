@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nobubble.cliutil import print_table
+from nobubble.cli.util import print_table
 from nobubble.pipeline import CostModel, get_schedule, simulate
 from nobubble.pipeline.validate import dep_key, dependencies
 

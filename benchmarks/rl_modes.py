@@ -23,9 +23,9 @@ import statistics
 import time
 from pathlib import Path
 
-from nobubble.cliutil import print_table
-from nobubble.rl.orchestrator import RunConfig, RunResult, run
-from nobubble.rl.report import plot_runs, write_trace
+from nobubble.cli.util import print_table
+from nobubble.rl.system.orchestrator import RunConfig, RunResult, run
+from nobubble.rl.system.report import plot_runs, write_trace
 
 OUT = Path(__file__).parent / "results"
 IMG = Path(__file__).parent.parent / "docs" / "img"

@@ -23,7 +23,7 @@ from _common import time_interleaved, write_json  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
-from nobubble.cliutil import print_table  # noqa: E402
+from nobubble.cli.util import print_table  # noqa: E402
 from nobubble.rl import PrioritizedReplayBuffer  # noqa: E402
 
 BATCH, ALPHA, BETA, EPS = 256, 0.6, 0.4, 1e-6

@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nobubble.cliutil import print_table
+from nobubble.cli.util import print_table
 from nobubble.pipeline import CostModel, get_schedule, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

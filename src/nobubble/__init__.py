@@ -1,6 +1,6 @@
 """nobubble: remove idle time from large-model training.
 
-Parts (see DESIGN.md): ``nobubble.pipeline`` (zero-bubble pipeline schedules, simulator,
+Parts: ``nobubble.pipeline`` (zero-bubble pipeline schedules, simulator,
 runtime), ``nobubble.moe`` (DeepEP-style expert-parallel dispatch/combine), ``nobubble.rl``
 (synchronous and asynchronous RL with off-policy corrections), ``nobubble.algorithms`` (k-way
 merge) and ``nobubble.trace`` (merged per-rank execution traces).

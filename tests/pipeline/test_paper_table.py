@@ -55,7 +55,7 @@ def test_automatic_rows(row, name, column, factor):
 
 @pytest.mark.parametrize(("model", "expected_in_seed_range"), [("1.5B", True), ("6.2B", False)])
 def test_zb2p_throughput_gain_at_p8_m24(model, expected_in_seed_range):
-    """The seed claims ZB gives 15-30% more throughput than 1F1B at P=8, M=24. With the paper's
+    """The commonly quoted claim: ZB gives 15-30% more throughput than 1F1B at P=8, M=24. With the paper's
     costs, the gain implied by the *published* bubble rates is (1 - b_1f1b) / (1 - b_zb2p)
     (same work per step): our compare must reproduce it. 1.5B lands inside the claim (+26%);
     6.2B slightly above it (+30.3%)."""

@@ -13,7 +13,7 @@ from nobubble.pipeline.simulate import simulate
 def test_grid_counts_cells():
     p, m = 4, 8
     sched = get_schedule("zb-h1", num_stages=p, num_microbatches=m)
-    rows = [line.split(": ")[1].split() for line in sched.to_grid().splitlines()]
+    rows = [line.split(": ")[1].split() for line in ascii_grid(sched).splitlines()]
     for r, cells in enumerate(rows):
         assert cells[:r] == ["_"] * r  # rank r waits r slots for its first input
         assert (cells.count("F"), cells.count("B"), cells.count("W")) == (m, m, m)

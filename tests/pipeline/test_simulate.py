@@ -64,7 +64,7 @@ def test_closed_forms(p, extra, f, b, w):
 
 
 def test_seed_1f1b_bubble_ratio():
-    """The seed: P=4, M=8 -> 1F1B bubble (P-1)/M of the ideal time, 37.5%."""
+    """The textbook case: P=4, M=8 -> 1F1B bubble (P-1)/M of the ideal time, 37.5%."""
     r = simulate(get_schedule("1f1b", num_stages=4, num_microbatches=8), CostModel.uniform(4))
     assert r.bubble_time / max(r.busy) == pytest.approx(3 / 8)
 

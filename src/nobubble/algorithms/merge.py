@@ -1,4 +1,4 @@
-"""Merge k sorted sequences: the seed's "合并 K 个升序链表" (LeetCode 23), and a lazy k-way merge.
+"""Merge k sorted sequences: "merge k sorted lists" (LeetCode 23), and a lazy k-way merge.
 
 Three entry points, one contract (ascending, stable: among equal keys the item from the input
 with the lower index comes first, and within one input the original order is kept):

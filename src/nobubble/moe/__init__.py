@@ -24,28 +24,28 @@ Public names::
 
 from __future__ import annotations
 
-from nobubble.moe.balance_online import plan_migration, rebalance_online
-from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
-from nobubble.moe.buffer_shm import ShmBuffer, make_buffer
-from nobubble.moe.eplb import ExpertPlacement, rebalance_experts
-from nobubble.moe.eplb_incremental import (
+from nobubble.moe.balance.eplb import ExpertPlacement, rebalance_experts
+from nobubble.moe.balance.incremental import (
     IncrementalRebalance,
     count_moves,
     rebalance_experts_incremental,
 )
-from nobubble.moe.fp8 import fp8_dispatch
-from nobubble.moe.hierarchical import HierarchicalBuffer
+from nobubble.moe.balance.load_stats import ExpertLoadStats
+from nobubble.moe.balance.online import plan_migration, rebalance_online
+from nobubble.moe.balance.replicas import ReplicaRouter, route_to_replicas
+from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
+from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
+from nobubble.moe.fastpath.fp8 import fp8_dispatch
+from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
+from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
+from nobubble.moe.fastpath.overlap import overlapped_forward
+from nobubble.moe.fastpath.shm_buffer import ShmBuffer, make_buffer
+from nobubble.moe.fastpath.shm_transport import ShmTransport, make_transport
 from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_moe_weights
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
-from nobubble.moe.load_stats import ExpertLoadStats
-from nobubble.moe.low_latency import LowLatencyBuffer
-from nobubble.moe.overlap import overlapped_forward
 from nobubble.moe.reference import reference_combine, reference_dispatch
-from nobubble.moe.replicas import ReplicaRouter, route_to_replicas
-from nobubble.moe.replicated_layer import ReplicatedMoELayer
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.moe.transport import TorchDistTransport, Transport, TransportError, TransportStats
-from nobubble.moe.transport_shm import ShmTransport, make_transport
 
 __all__ = [
     "Buffer",

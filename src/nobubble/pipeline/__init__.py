@@ -8,9 +8,9 @@ Public API (see each module's docstring):
 - :mod:`~nobubble.pipeline.simulate`: ``simulate`` -> ``SimResult``
 - :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES`` (hand-written;
   ``schedules_auto`` ZB-1p/2p, ``schedules_v`` ZB-V, ``schedules_torch`` torch's own)
-- :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (the seed's table)
+- :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (every schedule on the same costs)
 - :mod:`~nobubble.pipeline.plot`: ``ascii_grid``, ``gantt``, ``gantt_grid``, ``write_trace``
-- :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
+- :mod:`~nobubble.pipeline.ilp.solve`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
 - :mod:`~nobubble.pipeline.runtime`: ``run_local``, ``TrainConfig``, ``LaunchOptions``,
   ``profile_stages`` (execution on a real model across processes)
 
@@ -28,8 +28,8 @@ from nobubble.pipeline.simulate import SimResult, simulate
 from nobubble.pipeline.validate import ScheduleError, validate
 
 _LAZY = {
-    "solve_optimal": "nobubble.pipeline.ilp",
-    "SolveResult": "nobubble.pipeline.ilp",
+    "solve_optimal": "nobubble.pipeline.ilp.solve",
+    "SolveResult": "nobubble.pipeline.ilp.solve",
     "run_local": "nobubble.pipeline.runtime.launch",
     "TrainConfig": "nobubble.pipeline.runtime.executor",
     "LaunchOptions": "nobubble.pipeline.runtime.launch",

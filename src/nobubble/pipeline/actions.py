@@ -33,10 +33,6 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nobubble.pipeline.costs import CostModel
 
 __all__ = ["Op", "Action", "Schedule", "ScheduleFormatError"]
 
@@ -287,17 +283,6 @@ class Schedule:
         for acts in self.rank_actions:
             writer.writerow([str(a) for a in acts])
         return out.getvalue()
-
-    def to_grid(self, costs: CostModel | None = None, *, microbatches: bool = False) -> str:
-        """The seed's text grid: one row per rank, one cell per time slot, ``_`` for idle.
-
-        Times come from :func:`nobubble.pipeline.simulate.simulate` with ``costs`` (unit
-        costs T_F = T_B = T_W = 1, T_comm = 0 by default). See
-        :func:`nobubble.pipeline.plot.ascii_grid`.
-        """
-        from nobubble.pipeline.plot import ascii_grid  # plot imports this module
-
-        return ascii_grid(self, costs, microbatches=microbatches)
 
 
 def _parse_cell(cell: str) -> list[Action]:

@@ -1,8 +1,8 @@
-"""The seed's comparison table for one configuration: every schedule on the same costs.
+"""The comparison table for one configuration: every schedule on the same costs.
 
 For P ranks, M microbatches and one cost model, :func:`compare_schedules` generates each of
 our schedules, imports torch's own (``torch.distributed.pipelining``) when this torch has
-them, optionally solves the exact ILP (:mod:`nobubble.pipeline.ilp`, when installed), and
+them, optionally solves the exact ILP (:mod:`nobubble.pipeline.ilp.solve`, when installed), and
 simulates all of them. Throughput is relative to 1F1B, for the same work:
 
 - ``throughput_vs_1f1b = max span(1F1B) / max span(x)``: the paper's measure. Consecutive
@@ -63,7 +63,7 @@ def _ours(name, costs, p, m, mem_limit, num_chunks):
 
 
 def _ilp_row(costs, p, m, mem_limit, time_limit_s) -> tuple[str, str, SimResult | None, str]:
-    from nobubble.pipeline.ilp import solve_optimal
+    from nobubble.pipeline.ilp.solve import solve_optimal
 
     limit = mem_limit if mem_limit is not None else p * costs.mem_f[0]
     res = solve_optimal(costs, num_stages=p, num_microbatches=m, mem_limit=limit,
@@ -88,7 +88,7 @@ def compare_schedules(
 ) -> list[CompareRow]:
     """Simulate every schedule on ``costs`` (per rank). ``mem_limit`` (absolute, unit of
     ``costs.mem_f``) overrides zb-1p/zb-2p's defaults; ``ilp_time_limit_s`` adds the ILP row
-    (ZB-1p's memory limit unless ``mem_limit``) when :mod:`nobubble.pipeline.ilp` exists."""
+    (ZB-1p's memory limit unless ``mem_limit``) when :mod:`nobubble.pipeline.ilp.solve` exists."""
     p, m = num_stages, num_microbatches
     entries: list[tuple[str, str, str, Callable[[], SimResult]]] = []
     for name in names:
@@ -96,7 +96,7 @@ def compare_schedules(
         entries.append((name, "nobubble", kind, lambda n=name: simulate(
             _ours(n, costs, p, m, mem_limit, num_chunks), costs)))  # fmt: skip
     if include_torch:
-        from nobubble.pipeline.schedules_torch import available_torch_schedules, torch_schedule
+        from nobubble.pipeline.schedules.from_torch import available_torch_schedules, torch_schedule
 
         for name in available_torch_schedules():
             entries.append((name, "torch", "torch", lambda n=name: simulate(
@@ -109,7 +109,7 @@ def compare_schedules(
             rows.append((name, source, kind, run(), ""))
         except ValueError as err:  # a size this schedule refuses, or torch's invalid order
             rows.append((name, source, kind, None, str(err)))
-    if ilp_time_limit_s is not None and importlib.util.find_spec("nobubble.pipeline.ilp"):
+    if ilp_time_limit_s is not None and importlib.util.find_spec("nobubble.pipeline.ilp.solve"):
         if on_step:
             on_step("ilp")
         source, kind, result, note = _ilp_row(costs, p, m, mem_limit, ilp_time_limit_s)

@@ -1,7 +1,7 @@
-"""Pictures of a schedule: the seed's text grid, a Gantt chart (PNG/SVG), a Chrome trace.
+"""Pictures of a schedule: the text grid, a Gantt chart (PNG/SVG), a Chrome trace.
 
 - :func:`ascii_grid`: one row per rank, one cell per time slot, the op letter in busy slots
-  and ``_`` in idle ones (``Rank 1: _ F F F B W B B ...``), as the seed draws schedules.
+  and ``_`` in idle ones (``Rank 1: _ F F F B W B B ...``), as schedules are usually drawn on a whiteboard.
 - :func:`gantt`: one row per rank, F / B / W / fused-backward boxes in four colours with
   the microbatch number inside, idle time left white; the title carries the bubble rate.
 - :func:`trace_events` / :func:`write_trace`: the simulated timeline as

@@ -1,0 +1,318 @@
+"""Dispatch / combine benchmark: Buffer against two baselines, in the same processes.
+
+Three dispatchers move the same routing decision on ``R`` local ranks:
+
+- ``buffer``: :class:`~nobubble.moe.buffer.Buffer` (one copy per (token, rank)) - a
+  :class:`~nobubble.moe.fastpath.shm_buffer.ShmBuffer` on the shared-memory transport.
+- ``per-pair all-to-all``: one copy per (token, expert) pair (:func:`pair_dispatch`).
+- ``all-gather``: every rank gathers every token, keeps those with a local expert; combine is
+  a reduce-scatter of a full ``[R * N, H]`` buffer.
+
+Per method and phase the report gives the median over iterations of the slowest rank's time,
+the *logical* bandwidth (the bytes the MoE layer needs moved - Buffer's deduplicated payload,
+``sum(is_token_in_rank) * H * element_size`` per rank - divided by that time, so all three
+methods are measured against the same work), the bytes each method really moved (counted by
+the transport, summed over ranks) and a correctness verdict.
+
+All three move their rows through one transport, chosen by ``BenchConfig.transport``:
+``"shm"`` (:class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`, shared memory on this host),
+``"dist"`` (:class:`~nobubble.moe.transport.TorchDistTransport`, gloo collectives) or
+``"auto"`` (shared memory for gloo on one CPU host, as :func:`make_buffer` decides); the
+report names the one really used.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nobubble.distributed import spawn
+from nobubble.moe.buffer import Buffer
+from nobubble.moe.fastpath.shm_buffer import make_buffer
+from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS, ShmTransport
+from nobubble.moe.layout import get_dispatch_layout, num_local_experts
+from nobubble.moe.reference import pair_combine, pair_dispatch
+from nobubble.moe.transport import Transport
+
+__all__ = ["BenchConfig", "MethodResult", "BenchReport", "run_bench", "plot_report", "METHODS"]
+
+METHODS = ("buffer", "per-pair all-to-all", "all-gather")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """One benchmark run."""
+
+    ranks: int = 4
+    """Local processes (expert-parallel ranks)."""
+    tokens: int = 4096
+    """Tokens per rank."""
+    hidden: int = 7168
+    """Hidden size."""
+    experts: int = 256
+    """Routed experts (a multiple of ranks)."""
+    topk: int = 8
+    """Experts per token."""
+    dtype: str = "bf16"
+    """Payload dtype: bf16 or fp32."""
+    iters: int = 3
+    """Timed iterations per method (after ``warmup``)."""
+    warmup: int = 1
+    """Untimed iterations per method."""
+    timeout_s: float = 1800.0
+    """Limit for the whole run and every collective."""
+    seed: int = 0
+    """Routing / payload seed."""
+    transport: str = "auto"
+    """auto (shared memory for gloo on one CPU host), shm or dist (gloo collectives)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ranks", "tokens", "hidden", "experts", "topk", "iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} {getattr(self, name)} must be >= 1")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup {self.warmup} must be >= 0")
+        num_local_experts(self.experts, self.ranks)
+        if self.topk > self.experts:
+            raise ValueError(f"--topk {self.topk} exceeds --experts {self.experts}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+        if self.transport not in TRANSPORT_KINDS:
+            raise ValueError(
+                f"--transport {self.transport!r}; choose one of {', '.join(TRANSPORT_KINDS)}"
+            )
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """One dispatcher's figures: times in ms (median over iterations of the slowest rank),
+    logical bandwidth per rank in GB/s, bytes summed over ranks for one dispatch / combine."""
+
+    method: str
+    dispatch_ms: float
+    combine_ms: float
+    dispatch_logical_gbps: float
+    combine_logical_gbps: float
+    dispatch_payload_bytes: int
+    dispatch_remote_bytes: int
+    dispatch_metadata_bytes: int
+    combine_payload_bytes: int
+    combine_remote_bytes: int
+    correct: bool
+    verdict: str
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """The whole run: config, the logical bytes (Buffer's dedup payload, all ranks), the
+    transport really used (``"shm"`` or ``"dist"``, ``config.transport`` resolved), methods."""
+
+    config: BenchConfig
+    logical_bytes: int
+    transport: str
+    methods: list[MethodResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "logical_bytes": self.logical_bytes,
+            "transport": self.transport,
+            "methods": [asdict(m) for m in self.methods],
+        }
+
+
+@dataclass(frozen=True)
+class _Phase:
+    ms: float
+    payload: int
+    remote: int
+    metadata: int
+
+
+def _phase(transport: Transport, fn: Callable[[], Any]) -> tuple[Any, _Phase]:
+    """Run ``fn`` after a barrier; time it and read what the transport moved for it."""
+    transport.reset_stats()
+    dist.barrier(group=getattr(transport, "group", None))
+    start = time.perf_counter()
+    out = fn()
+    ms = (time.perf_counter() - start) * 1e3
+    st = transport.stats()
+    payload = st.bytes_sent.get("x", 0)
+    return out, _Phase(ms, payload, st.bytes_sent_remote.get("x", 0), st.total_sent() - payload)
+
+
+def _buffer_round(buf: Buffer, x, topk_idx, copies):
+    res, d = _phase(buf.transport, lambda: buf.dispatch(x, topk_idx))
+    comb, c = _phase(buf.transport, lambda: buf.combine(res.recv_x, res.handle))
+    expected = (x.float() * copies.unsqueeze(1)).to(x.dtype)  # identity experts
+    exact = torch.equal(comb.combined_x, expected)
+    bytes_ok = d.payload == int(copies.sum()) * x.shape[1] * x.element_size()
+    verdict = "exact" if exact else "MISMATCH"
+    verdict += ", bytes = logical" if bytes_ok else ", BYTES WRONG"
+    return d, c, exact and bytes_ok, verdict
+
+
+def _pair_round(t: Transport, x, topk_idx, num_experts: int):
+    pairs, d = _phase(t, lambda: pair_dispatch(x, topk_idx, None, num_experts, t))
+    y, c = _phase(t, lambda: pair_combine(pairs.recv_rows, pairs, x.shape[0], t))
+    slots = (topk_idx >= 0).sum(1, keepdim=True)  # (N, 1)
+    exact = torch.equal(y, (x.float() * slots).to(x.dtype))
+    return d, c, exact, "exact" if exact else "MISMATCH"
+
+
+def _allgather_dispatch(x, topk_idx, t: Transport, num_experts: int):
+    """Gather every rank's tokens, keep rows with an expert on this rank (rank, token order)."""
+    local = num_experts // t.world_size
+    gathered_x = t.all_gather(x, kind="x")  # (R * N, H)
+    gathered_idx = t.all_gather(topk_idx, kind="topk_idx")  # (R * N, K)
+    first = t.rank * local
+    mine = ((gathered_idx >= first) & (gathered_idx < first + local)).any(dim=1)  # (R * N,)
+    rows = mine.nonzero().squeeze(1)  # (M,)
+    return gathered_x.index_select(0, rows), rows
+
+
+def _allgather_round(t: Transport, x, topk_idx, num_experts: int, copies):
+    (recv_x, rows), d = _phase(t, lambda: _allgather_dispatch(x, topk_idx, t, num_experts))
+
+    def combine():
+        full = torch.zeros((t.world_size * x.shape[0], x.shape[1]), dtype=x.dtype)  # (R * N, H)
+        full.index_copy_(0, rows, recv_x)
+        return t.reduce_scatter(full, kind="x")  # (N, H), summed in the payload dtype
+
+    y, c = _phase(t, combine)
+    expected = (x.float() * copies.unsqueeze(1)).to(x.dtype)
+    exact = torch.equal(y, expected)
+    tol = 2**-7 if x.dtype == torch.bfloat16 else 1e-6
+    close = exact or torch.allclose(y.float(), expected.float(), rtol=tol, atol=0)
+    verdict = (
+        "exact" if exact else ("within rounding (sums in payload dtype)" if close else "MISMATCH")
+    )
+    return d, c, close, verdict
+
+
+def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
+    dtype = DTYPES[config.dtype]
+    g = torch.Generator().manual_seed(config.seed * 1000 + ctx.rank)
+    n, h, e = config.tokens, config.hidden, config.experts
+    x = torch.randn(n, h, generator=g).to(dtype)  # (N, H)
+    topk_idx = torch.randn(n, e, generator=g).topk(config.topk, dim=1).indices  # (N, K)
+    copies = get_dispatch_layout(topk_idx, e, ctx.world_size).is_token_in_rank.sum(1)  # (N,)
+    buf = make_buffer(config.transport, num_experts=e, timeout_s=config.timeout_s)
+    t = buf.transport
+    try:
+        out = _run_methods(ctx, config, progress, buf, x, topk_idx, copies)
+    finally:
+        close = getattr(t, "close", None)
+        if close is not None:
+            close()  # no /dev/shm names left behind
+    out["transport"] = "shm" if isinstance(t, ShmTransport) else "dist"
+    return out
+
+
+def _run_methods(ctx, config: BenchConfig, progress: Any, buf: Buffer, x, topk_idx, copies):
+    e, h, t = config.experts, config.hidden, buf.transport
+    rounds = {
+        "buffer": lambda: _buffer_round(buf, x, topk_idx, copies),
+        "per-pair all-to-all": lambda: _pair_round(t, x, topk_idx, e),
+        "all-gather": lambda: _allgather_round(t, x, topk_idx, e, copies),
+    }
+    total, done = len(rounds) * (config.warmup + config.iters), 0
+    out: dict[str, Any] = {"logical_bytes": int(copies.sum()) * h * x.element_size()}
+    for name in METHODS:
+        phases, oks, verdicts = [], [], []
+        for it in range(config.warmup + config.iters):
+            d, c, ok, verdict = rounds[name]()
+            oks.append(ok)
+            verdicts.append(verdict)
+            if it >= config.warmup:
+                phases.append((d, c))
+            done += 1
+            if ctx.rank == 0 and progress is not None:
+                progress.put((name, done, total))
+        out[name] = {"phases": phases, "ok": all(oks), "verdict": verdicts[-1]}
+    return out
+
+
+def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
+    """Spawn ``config.ranks`` processes (one thread each), run every method, gather the report.
+
+    ``progress``: an optional queue from ``multiprocessing.get_context("spawn")`` that rank 0
+    feeds with ``(method, done, total)`` tuples.
+    """
+    per_rank = spawn(_rank_body, config.ranks, args=(config, progress), timeout_s=config.timeout_s)
+    logical = sum(r["logical_bytes"] for r in per_rank)
+    per_rank_logical = logical / config.ranks
+    methods = []
+    for name in METHODS:
+        ranks = [r[name] for r in per_rank]
+        iters = range(len(ranks[0]["phases"]))
+        d_ms = statistics.median(max(r["phases"][i][0].ms for r in ranks) for i in iters)
+        c_ms = statistics.median(max(r["phases"][i][1].ms for r in ranks) for i in iters)
+        first_d = [r["phases"][0][0] for r in ranks]
+        first_c = [r["phases"][0][1] for r in ranks]
+        correct = all(r["ok"] for r in ranks)
+        methods.append(
+            MethodResult(
+                method=name,
+                dispatch_ms=d_ms,
+                combine_ms=c_ms,
+                dispatch_logical_gbps=per_rank_logical / (d_ms / 1e3) / 1e9,
+                combine_logical_gbps=per_rank_logical / (c_ms / 1e3) / 1e9,
+                dispatch_payload_bytes=sum(p.payload for p in first_d),
+                dispatch_remote_bytes=sum(p.remote for p in first_d),
+                dispatch_metadata_bytes=sum(p.metadata for p in first_d),
+                combine_payload_bytes=sum(p.payload for p in first_c),
+                combine_remote_bytes=sum(p.remote for p in first_c),
+                correct=correct,
+                verdict=ranks[0]["verdict"] if correct else "MISMATCH on some rank",
+            )
+        )
+    return BenchReport(config, logical, per_rank[0]["transport"], methods)
+
+
+def plot_report(report: dict[str, Any], path: Path) -> Path:
+    """Bar charts of time and bytes per method from :meth:`BenchReport.to_dict` (PNG or SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = report["methods"]
+    names = [m["method"] for m in methods]
+    pos = list(range(len(names)))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for offset, key, label in ((-0.2, "dispatch", "dispatch"), (0.2, "combine", "combine")):
+        ax1.bar(
+            [p + offset for p in pos], [m[f"{key}_ms"] for m in methods], width=0.4, label=label
+        )
+        ax2.bar(
+            [p + offset for p in pos],
+            [m[f"{key}_payload_bytes"] / 1e6 for m in methods],
+            width=0.4,
+            label=label,
+        )
+    ax2.axhline(report["logical_bytes"] / 1e6, color="k", ls="--", lw=1, label="logical")
+    c = report["config"]
+    transport = report.get("transport", "dist")  # reports written before the field: gloo
+    for ax, ylabel in ((ax1, "ms (slowest rank, median)"), (ax2, "MB moved (all ranks)")):
+        ax.set_xticks(pos, names, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"{c['ranks']} ranks x {c['tokens']} tokens x {c['hidden']} {c['dtype']}, "
+        f"top-{c['topk']} of {c['experts']} experts, {transport} transport (CPU)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,75 @@
+"""The ``nobubble`` command: ``pp`` / ``ep`` / ``rl`` / ``trace`` / ``demo`` sub-commands.
+
+Each part contributes its command group from its own module (``nobubble.cli.pp``,
+``nobubble.cli.ep``, ``nobubble.cli.rl``), which defines ``register(subparsers)``; a group
+appears only once its module exists, so the CLI never shows an empty placeholder. Group
+modules import their heavy dependencies inside the handlers, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from nobubble import __version__
+from nobubble.cli import demo, ep, pp, rl, trace
+from nobubble.cli.util import ArgumentParser, UsageError
+
+# (command, module, one-line help); order is the order shown by --help.
+GROUPS = (
+    ("pp", pp, "pipeline parallelism: schedules, simulation, ILP, runtime"),
+    ("ep", ep, "MoE expert parallelism: dispatch/combine, load balancing"),
+    ("rl", rl, "RL: synchronous and asynchronous training, corrections"),
+    ("trace", trace, "merge and summarise per-rank execution traces"),
+    ("demo", demo, "a short tour of every capability, artifacts in ./nobubble-out"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="nobubble",
+        description="Remove idle time from large-model training: see where GPUs wait, "
+        "pick or compute the schedule that stops the waiting, and run it.",
+    )
+    parser.add_argument("--version", action="version", version=f"nobubble {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    for name, module, help_text in GROUPS:
+        group = sub.add_parser(name, help=help_text, description=help_text)
+        module.register(group)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 1 failure, 2 bad usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        # a group without a sub-command: show that group's help
+        (getattr(args, "group_parser", None) or parser).print_help()
+        return 0 if args.command is None else 2
+    try:
+        rc = func(args)
+    except (UsageError, ValueError) as err:
+        if os.environ.get("NOBUBBLE_DEBUG"):
+            raise
+        print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `nobubble ... --json | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as err:  # anything else is our failure, still shown in one line
+        if os.environ.get("NOBUBBLE_DEBUG"):
+            raise
+        print(
+            f"{parser.prog} {args.command}: failed: {type(err).__name__}: {err} "
+            "(NOBUBBLE_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    return int(rc or 0)

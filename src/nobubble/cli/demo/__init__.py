@@ -1,0 +1,183 @@
+"""``nobubble demo``: a short tour of every capability that has landed.
+
+Each part's step lives in its own module of this package (:mod:`.pipeline`, :mod:`.moe`,
+:mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`) exposing ``run(out_dir: Path, quick:
+bool) -> list[Path]``: it prints what it shows and returns the artifacts it wrote. A step's
+module is imported when the step starts, so ``nobubble demo --help`` loads no torch. Steps run
+in order; the tour ends with a table of step times and the artifacts' locations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nobubble.cli.util import ArgumentParser, console, nonneg_int, print_table
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("nobubble-out"),
+        help="artifact folder (default ./nobubble-out)",
+    )
+    parser.add_argument("--quick", action="store_true", help="smallest sizes in every step")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated step titles to run (e.g. merge,trace)"
+    )
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
+    parser.set_defaults(func=_run)
+
+
+def _merge_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, to_list
+
+    con = console()
+    lists = [[1, 4, 5], [1, 3, 4], [2, 6]]
+    merged = to_list(merge_k_lists([from_list(xs) for xs in lists]))
+    con.print(f"merge_k_lists({lists}) -> {merged}")
+    rng = random.Random(seed)
+    k, n = (100, 10_000) if quick else (1000, 200_000)
+    runs = [sorted(rng.random() for _ in range(n // k)) for _ in range(k)]
+    t0 = time.perf_counter()
+    out_list = list(kmerge(*runs))
+    dt = time.perf_counter() - t0
+    assert out_list == sorted(out_list)
+    con.print(f"kmerge of k={k} sorted runs, N={n:,} items: {dt * 1e3:.1f} ms, output sorted: yes")
+    return []
+
+
+def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Four ranks each write their own trace; merge them into one time-ordered file."""
+    from nobubble.trace import Event, merge_trace_files, summarize, write_chrome_trace
+
+    rng = random.Random(seed)
+    files = []
+    for rank in range(4):
+        t, events = rank * 150.0, []  # later ranks start later: the pipeline fill bubble
+        for i in range(8):
+            dur = rng.uniform(80, 120)
+            events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
+            t += dur + rng.uniform(0, 40)  # waiting for the neighbour
+        files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
+    merged, names = merge_trace_files(files)
+    path = write_chrome_trace(out / "trace" / "merged.json", merged, rank_names=names)
+    print_table(
+        f"merged {len(files)} per-rank traces ({len(merged)} events) -> {path}",
+        ["rank", "events", "span ms", "busy ms", "idle"],
+        [
+            [s.rank, s.num_events, s.span_us / 1e3, s.busy_us / 1e3, f"{s.idle_ratio:.1%}"]
+            for s in summarize(merged)
+        ],
+    )
+    return [*files, path]
+
+
+def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
+    """Run one ``nobubble pp`` command as the user would; a failure stops the tour."""
+    from nobubble.cli import pp
+
+    console().print(f"$ nobubble {' '.join(argv)}")
+    parser = ArgumentParser(prog="nobubble pp")
+    pp.register(parser)
+    args = parser.parse_args(argv[1:])
+    rc = args.func(args)
+    if rc:
+        raise RuntimeError(f"demo step {title!r}: `nobubble {' '.join(argv)}` exited {rc}")
+    return artifacts
+
+
+def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """The exact solver against the heuristic where memory is tight (3 M_F per stage)."""
+    png = out / "pipeline" / "ilp_optimal.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["pp", "solve", "-p", "4", "-m", "8", "--model", "1.5B", "--mem-limit", "3"]
+    return _cli_step("ILP", [*argv, "--time-limit", "20", "--plot", str(png)], [png])
+
+
+def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """ZB-H1 on a real GPT split over 2 local processes, measured against the simulator."""
+    trace, png = out / "pipeline" / "run_zb-h1_trace.json", out / "pipeline" / "run_zb-h1.png"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3"]
+    return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
+
+
+def _pipeline_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.cli.demo import pipeline
+
+    return pipeline.run(out, quick)
+
+
+def _moe_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.cli.demo import moe
+
+    return moe.run(out, quick)
+
+
+def _moe_fastpath_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.cli.demo import moe_fastpath
+
+    return moe_fastpath.run(out, quick)
+
+
+def _moe_balance_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.cli.demo import moe_balance
+
+    return moe_balance.run(out, quick)
+
+
+def _rl_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.cli.demo import rl
+
+    return rl.run(out, quick)
+
+
+Step = Callable[[Path, bool, int], list[Path]]
+
+
+def steps() -> list[tuple[str, Step]]:
+    """The demo's steps in the order they run: (title, run(out_dir, quick, seed) -> artifacts)."""
+    return [
+        ("merge", _merge_step),
+        ("trace", _trace_step),
+        ("pipeline schedules", _pipeline_step),
+        ("pipeline ILP", _ilp_step),
+        ("pipeline runtime", _runtime_step),
+        ("MoE expert parallelism", _moe_step),
+        ("MoE fast paths", _moe_fastpath_step),
+        ("MoE load balancing", _moe_balance_step),
+        ("RL", _rl_step),
+    ]
+
+
+def _run(args: argparse.Namespace) -> int:
+    con = console()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = steps()
+    if args.only:
+        wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        unknown = wanted - {t for t, _ in chosen}
+        if unknown:
+            raise ValueError(
+                f"--only: unknown step(s) {sorted(unknown)}; choose from {[t for t, _ in chosen]}"
+            )
+        chosen = [(t, f) for t, f in chosen if t in wanted]
+    timings = []
+    for i, (title, fn) in enumerate(chosen, 1):
+        con.rule(f"[bold]{i}/{len(chosen)} {title}")
+        t0 = time.perf_counter()
+        artifacts = fn(out, args.quick, args.seed)
+        timings.append((title, time.perf_counter() - t0, artifacts))
+    con.rule("[bold]summary")
+    print_table(
+        f"nobubble demo: artifacts in {out.resolve()}",
+        ["step", "seconds", "artifacts"],
+        [[t, dt, ", ".join(str(p) for p in a) or "-"] for t, dt, a in timings],
+    )
+    return 0

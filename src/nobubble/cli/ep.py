@@ -1,0 +1,180 @@
+"""``nobubble ep``: expert-parallel commands (``bench``; ``balance`` when load balancing is installed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from nobubble.cli import ep_balance
+from nobubble.cli.util import (
+    ArgumentParser,
+    add_json_flag,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    print_json,
+    print_table,
+)
+
+__all__ = ["register"]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(
+        dest="ep_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
+    )
+
+    bench = sub.add_parser(
+        "bench",
+        help="time Buffer dispatch/combine against per-pair all-to-all and all-gather",
+        description="Spawn R local ranks (gloo, one thread each) and time DeepEP-style "
+        "dispatch/combine beside two baselines in the same processes, all three over one "
+        "transport (--transport).",
+    )
+    bench.add_argument("--ranks", type=positive_int, default=4, help="local ranks (default 4)")
+    bench.add_argument("--tokens", type=positive_int, default=4096, help="tokens per rank")
+    bench.add_argument("--hidden", type=positive_int, default=7168, help="hidden size")
+    bench.add_argument("--experts", type=positive_int, default=256, help="routed experts")
+    bench.add_argument("--topk", type=positive_int, default=8, help="experts per token")
+    bench.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="payload dtype")
+    bench.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
+    bench.add_argument(
+        "--warmup", type=nonneg_int, default=1, help="untimed iterations (default 1)"
+    )
+    bench.add_argument("--seed", type=nonneg_int, default=0, help="routing seed")
+    bench.add_argument(
+        "--transport",
+        choices=("auto", "shm", "dist"),
+        default="auto",
+        help="how rows move between ranks: shm = shared memory on this host (ShmBuffer, "
+        "direct writes into the peers' /dev/shm slots); dist = torch.distributed (gloo) "
+        "collectives; auto (default) = shm for gloo on one CPU host, else dist",
+    )
+    bench.add_argument(
+        "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
+    )
+    bench.add_argument("--plot", type=Path, help="also draw times and bytes (PNG or SVG)")
+    add_json_flag(bench)
+    bench.set_defaults(func=_bench)
+
+    ep_balance.register(sub)
+
+
+def run_with_progress(config: Any) -> Any:
+    """Run the benchmark in a worker thread while a progress bar on stderr follows rank 0."""
+    import multiprocessing as mp
+    import queue
+    import threading
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nobubble.bench.ep_dispatch import run_bench
+    from nobubble.cli.util import console
+
+    updates = mp.get_context("spawn").Queue()
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["report"] = run_bench(config, progress=updates)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+    )
+    with Progress(
+        *columns, TimeElapsedColumn(), console=console(stderr=True), transient=True
+    ) as bar:
+        task = bar.add_task(f"starting {config.ranks} ranks", total=None)
+        while thread.is_alive():
+            try:
+                method, done, total = updates.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            bar.update(task, description=method, completed=done, total=total)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["report"]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from nobubble.bench.ep_dispatch import BenchConfig
+
+    config = BenchConfig(
+        ranks=args.ranks,
+        tokens=args.tokens,
+        hidden=args.hidden,
+        experts=args.experts,
+        topk=args.topk,
+        dtype=args.dtype,
+        iters=args.iters,
+        warmup=args.warmup,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        transport=args.transport,
+    )
+    if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"--plot {args.plot}: use a .png or .svg file name")
+    report = run_with_progress(config)
+    if args.plot is not None:
+        from nobubble.bench.ep_dispatch import plot_report
+
+        plot_report(report.to_dict(), args.plot)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print_report(report)
+    return 0 if all(m.correct for m in report.methods) else 1
+
+
+def print_report(report: Any) -> None:
+    """The benchmark table (MB = 1e6 bytes, summed over ranks; GB/s per rank)."""
+    c = report.config
+    mb = 1e6
+    rows = [
+        [
+            m.method,
+            m.dispatch_ms,
+            m.combine_ms,
+            m.dispatch_logical_gbps,
+            m.combine_logical_gbps,
+            m.dispatch_payload_bytes / mb,
+            m.dispatch_remote_bytes / mb,
+            m.dispatch_metadata_bytes / mb,
+            m.combine_payload_bytes / mb,
+            m.verdict,
+        ]
+        for m in report.methods
+    ]
+    base = report.methods[0]
+    ratios = ", ".join(
+        f"{m.method}: dispatch x{m.dispatch_ms / base.dispatch_ms:.2f}, combine x{m.combine_ms / base.combine_ms:.2f}"
+        for m in report.methods[1:]
+    )
+    print_table(
+        f"ep bench: {c.ranks} ranks x {c.tokens} tokens x {c.hidden} {c.dtype}, top-{c.topk} of "
+        f"{c.experts} experts, {report.transport} transport (median of {c.iters}, slowest rank)",
+        [
+            "method",
+            "dispatch ms",
+            "combine ms",
+            "disp GB/s",
+            "comb GB/s",
+            "disp MB",
+            "remote MB",
+            "meta MB",
+            "comb MB",
+            "check",
+        ],
+        rows,
+        caption=f"logical bytes {report.logical_bytes / mb:.1f} MB (sum(is_token_in_rank)*H*es); "
+        f"time relative to buffer - {ratios}",
+    )

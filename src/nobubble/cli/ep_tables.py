@@ -1,0 +1,94 @@
+"""Tables of the MoE fast-path measurements (:mod:`nobubble.bench.ep_fastpath` results)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nobubble.bench.ep_fastpath import TRANSPORT_PATHS
+from nobubble.cli.util import print_table
+
+__all__ = ["print_transports", "print_hierarchical", "print_low_latency", "print_overlap"]
+
+
+def print_transports(res: dict[str, Any]) -> None:
+    print_table(
+        "dispatch + combine (CPU measurement)",
+        [
+            "path",
+            "dispatch ms",
+            "combine ms",
+            "disp GB/s/rank",
+            "comb GB/s/rank",
+            "aggregate GB/s",
+            "x memcpy",
+        ],
+        [
+            [
+                name,
+                f"{r['dispatch_ms']:.1f}",
+                f"{r['combine_ms']:.1f}",
+                f"{r['dispatch_gbps_per_rank']:.2f}",
+                f"{r['combine_gbps_per_rank']:.2f}",
+                f"{r['aggregate_gbps']:.2f}",
+                f"{r['fraction_of_memcpy']:.2f}",
+            ]
+            for name, r in res["rows"].items()
+        ],
+        caption=f"{res['shape']}; single-core memcpy {res['memcpy_gbps_single_core']:.2f} GB/s; "
+        f"shm speedup {res['speedup_shm_over_gloo']:.1f}x; bit-equal: {res['bit_equal']}; "
+        + "; ".join(f"{k}: {v}" for k, v in TRANSPORT_PATHS.items()),
+    )
+
+
+def print_hierarchical(res: dict[str, Any]) -> None:
+    h, f = res["inter_node_bytes_hierarchical"], res["inter_node_bytes_flat"]
+    rows = res["rows"]
+    print_table(
+        "hierarchical dispatch, 2 nodes x 2 ranks (CPU measurement)",
+        ["mode", "inter-node bytes (dispatch)", "dispatch ms", "combine ms"],
+        [
+            [name, b, f"{rows[name]['dispatch_ms']:.1f}", f"{rows[name]['combine_ms']:.1f}"]
+            for name, b in (("flat", f), ("hierarchical", h))
+        ],
+        caption=f"{res['shape']}; distinct (token, other node) pairs "
+        f"{res['distinct_token_node_pairs']} x H x 2 B == hierarchical bytes: "
+        f"{res['formula_holds']}; hierarchical/flat = {h / f:.3f}",
+    )
+
+
+def print_low_latency(res: dict[str, Any]) -> None:
+    print_table(
+        "low-latency vs normal mode (CPU measurement)",
+        ["mode", "dispatch us", "combine us", "dispatch bytes (remote, all ranks)"],
+        [
+            [
+                name,
+                f"{r['dispatch_us']:.0f}",
+                f"{r['combine_us']:.0f}",
+                r["dispatch_bytes_all_ranks"],
+            ]
+            for name, r in res["rows"].items()
+        ],
+        caption=f"{res['shape']}; FP8 / bf16 dispatch bytes = {res['fp8_over_bf16_bytes']:.3f}",
+    )
+
+
+def print_overlap(res: dict[str, Any]) -> None:
+    print_table(
+        "MoE layer forward step, chunked overlap (CPU measurement)",
+        ["transport", "mode", "step ms", "comm ms", "experts ms", "comm hidden", "speedup"],
+        [
+            [
+                transport,
+                mode,
+                f"{r['step_ms']:.1f}",
+                f"{r['comm_ms']:.1f}",
+                f"{r['experts_ms']:.1f}",
+                f"{100 * r['communication_hidden']:.0f}%",
+                f"{r['speedup_vs_no_overlap']:.2f}x",
+            ]
+            for transport, rows in res["rows"].items()
+            for mode, r in rows.items()
+        ],
+        caption=str(res["shape"]),
+    )

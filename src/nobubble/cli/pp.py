@@ -1,0 +1,283 @@
+"""``nobubble pp``: show, simulate, compare, export and validate pipeline schedules.
+
+Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
+rank's share of the model; ``--tcomm``: one transfer between ranks); schedules with several
+chunks per rank split them evenly. ``--model 1.5B`` takes the Zero Bubble paper's measured
+times and memory model for that model. Memory limits are in units of M_F (one
+microbatch's activations on a rank). The ILP (``pp solve``, :mod:`.pp_solve`) and runtime
+(``pp profile/plan/run``, :mod:`.pp_run`) commands live in their own modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nobubble.cli import pp_run, pp_solve
+from nobubble.cli.pp_options import (
+    add_costs,
+    add_shape,
+    costs_from_args,
+    schedule_from_args,
+)
+from nobubble.cli.util import (
+    ArgumentParser,
+    UsageError,
+    add_json_flag,
+    console,
+    positive_float,
+    print_json,
+    print_table,
+)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(
+        dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
+    )
+    _register_show(sub)
+    _register_simulate(sub)
+    _register_compare(sub)
+    _register_export(sub)
+    _register_validate(sub)
+    pp_solve.register(sub)
+    pp_run.register(sub)
+
+
+# -- pp show -------------------------------------------------------------------------------
+def _register_show(sub) -> None:
+    p = sub.add_parser("show", help="print a schedule as a text grid (time slots per rank)")
+    add_shape(p)
+    p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
+    p.add_argument("--csv", type=Path, default=None, help="show this torch CSV instead")
+    add_json_flag(p)
+    p.set_defaults(func=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.costs import CostModel
+    from nobubble.pipeline.plot import ascii_grid
+
+    sched = (
+        _read_csv(args.csv)
+        if args.csv
+        else schedule_from_args(args, CostModel.uniform(args.stages))
+    )
+    if args.json:
+        print_json({"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
+                    "microbatches": sched.num_microbatches,
+                    "stage_to_rank": list(sched.stage_to_rank),
+                    "actions": [[str(a) for a in acts] for acts in sched.rank_actions]})  # fmt: skip
+        return 0
+    con = console()
+    con.print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
+              f"{sched.num_chunks} chunk(s)/rank, unit costs F=B=W=1 (BW=2), _ = idle")  # fmt: skip
+    con.print(ascii_grid(sched, microbatches=args.ids), markup=False)
+    return 0
+
+
+# -- pp simulate ---------------------------------------------------------------------------
+def _register_simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate one schedule: bubble, spans, peak memory")
+    add_shape(p)
+    add_costs(p)
+    p.add_argument("--plot", type=Path, help="write a Gantt chart (.png or .svg)")
+    p.add_argument("--trace", type=Path, help="write a Chrome trace (.json) for Perfetto")
+    add_json_flag(p)
+    p.set_defaults(func=_simulate)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.simulate import simulate
+
+    costs = costs_from_args(args)
+    result = simulate(schedule_from_args(args, costs), costs)
+    files = _write_pictures(result, args.plot, args.trace)
+    if args.json:
+        print_json(
+            result.summary()
+            | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
+        )
+        return 0
+    mf = costs.mem_f[0]
+    rows = [
+        [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
+         result.peak_memory[r] / mf, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
+        for r in range(result.schedule.num_ranks)
+    ]  # fmt: skip
+    print_table(
+        f"{result.schedule.name}: P={args.stages}, M={args.microbatches}",
+        ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
+        rows,
+        caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
+        f"makespan {result.makespan:.4g}" + "".join(f"; wrote {f}" for f in files),
+    )
+    return 0
+
+
+def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
+    from nobubble.pipeline.plot import gantt, write_trace
+
+    files = []
+    if plot is not None:
+        files.append(str(gantt(result, plot)))
+    if trace is not None:
+        files.append(str(write_trace(result, trace)))
+    return files
+
+
+# -- pp export / validate ------------------------------------------------------------------
+def _register_export(sub) -> None:
+    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+    add_shape(p)
+    add_costs(p)
+    p.add_argument("-o", "--output", type=Path, default=None, help="CSV file (default: stdout)")
+    add_json_flag(p)
+    p.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    costs = costs_from_args(args)
+    sched = schedule_from_args(args, costs)
+    text = sched.to_csv()
+    if args.output is None and not args.json:
+        print(text, end="")
+        return 0
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    info = {"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
+            "microbatches": sched.num_microbatches, "actions": sched.num_actions,
+            "output": str(args.output) if args.output else None}  # fmt: skip
+    if args.json:
+        print_json(info | ({} if args.output else {"csv": text}))
+    else:
+        print_table(f"exported {sched.name}", list(info), [list(info.values())])
+    return 0
+
+
+def _read_csv(path: Path):
+    from nobubble.pipeline.actions import Schedule
+
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}") from None
+    return Schedule.from_csv(text, name=path.stem)
+
+
+def _register_validate(sub) -> None:
+    p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
+    p.add_argument("file", type=Path, help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")
+    add_costs(p)
+    add_json_flag(p)
+    p.set_defaults(func=_validate, chunks=None, microbatches=None)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.simulate import simulate
+    from nobubble.pipeline.validate import validate
+
+    sched = _read_csv(args.file)
+    validate(sched)  # ScheduleError is a ValueError: one line, exit 2
+    args.stages = sched.num_ranks
+    costs = costs_from_args(args)
+    result = simulate(sched, costs, check=False)
+    info = {"file": str(args.file), "valid": True, "stages": sched.num_ranks,
+            "chunks": sched.num_chunks, "microbatches": sched.num_microbatches,
+            "actions": sched.num_actions, "split_backward": sched.uses_split_backward,
+            "bubble_rate": result.bubble_rate,
+            "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
+    if args.json:
+        print_json(info)
+    else:
+        print_table(f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
+    return 0
+
+
+def _register_compare(sub) -> None:
+    p = sub.add_parser("compare", help="every schedule on the same costs: bubble, memory, throughput")
+    add_shape(p, schedule=False)
+    add_costs(p)
+    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
+    p.add_argument(
+        "--ilp",
+        type=positive_float,
+        nargs="?",
+        const=30.0,
+        default=None,
+        metavar="SECONDS",
+        help="add the exact ILP row (time limit, default 30 s)",
+    )
+    p.add_argument("--plot", type=Path, help="write every schedule's Gantt chart in one image")
+    add_json_flag(p)
+    p.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from nobubble.pipeline.compare import compare_schedules
+
+    costs = costs_from_args(args)
+    limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
+    with Progress(console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task("simulating", total=None)
+        rows = compare_schedules(
+            costs, num_stages=args.stages, num_microbatches=args.microbatches,
+            include_torch=not args.no_torch, ilp_time_limit_s=args.ilp, mem_limit=limit,
+            num_chunks=args.chunks or 2,
+            on_step=lambda n: bar.update(task, description=f"simulating {n}"),
+        )  # fmt: skip
+    files = []
+    if args.plot is not None:
+        from nobubble.pipeline.plot import gantt_grid
+
+        files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
+    if args.json:
+        print_json({"stages": args.stages, "microbatches": args.microbatches,
+                    "costs": _cost_summary(costs), "rows": [r.as_dict() for r in rows],
+                    "files": files})  # fmt: skip
+        return 0
+    table = []
+    for r in rows:
+        d = r.as_dict()
+        if r.result is None:
+            table.append([r.name, r.source, r.kind, "-", "-", "-", "-", r.note])
+            continue
+        table.append([r.name, r.source, r.kind, f"{d['bubble_rate']:.2%}",
+                      f"{d['peak_memory_vs_1f1b']:.2f}x", f"{d['throughput_vs_1f1b']:.3f}x",
+                      f"{d['throughput_vs_1f1b_flush']:.3f}x", r.note])  # fmt: skip
+    c = _cost_summary(costs)
+    print_table(
+        f"P={args.stages}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
+        f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
+        ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
+        table,
+        caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
+        "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
+        "with flush = 1F1B makespan / makespan" + "".join(f"; wrote {f}" for f in files),
+    )
+    gains = {r.name: r.throughput_vs_1f1b for r in rows if r.throughput_vs_1f1b is not None}
+    if "zb-2p" in gains:
+        gain = gains["zb-2p"] - 1
+        verdict = "inside" if 0.15 <= gain <= 0.30 else "outside"
+        console().print(f"ZB-2p over 1F1B: {gain:+.1%} throughput ({verdict} the commonly quoted 15-30% "
+                        "claim for P=8, M=24)")  # fmt: skip
+    return 0
+
+
+def _cost_summary(costs) -> dict:
+    """Per-rank costs: one number when every rank has the same, else the list."""
+
+    def one_or_all(values):
+        return values[0] if len(set(values)) == 1 else list(values)
+
+    return {"t_f": one_or_all(costs.t_f), "t_b": one_or_all(costs.t_b),
+            "t_w": one_or_all(costs.t_w), "t_comm": costs.t_comm,
+            "mem_f": one_or_all(costs.mem_f)}  # fmt: skip
+
+
+def _fmt_cost(value) -> str:
+    return ",".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"

@@ -1,0 +1,115 @@
+"""Options shared by the ``pp`` commands: pipeline shape, per-rank costs, the schedule.
+
+Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
+rank's share of the model; ``--tcomm``: one transfer between ranks); ``--model 1.5B`` takes
+the Zero Bubble paper's measured times and memory model. Memory limits are in units of M_F.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from nobubble.cli.util import UsageError, nonneg_float, positive_float, positive_int
+
+__all__ = ["PAPER_TIMES", "add_shape", "add_costs", "costs_from_args", "schedule_from_args"]
+
+# measured per-rank times (T_F, T_B, T_W, T_comm in ms) at p = 8/8/16/32, from the paper's table
+PAPER_TIMES = {
+    "1.5B": (18.522, 18.086, 9.337, 0.601),
+    "6.2B": (29.718, 29.444, 19.927, 0.527),
+    "14.6B": (11.347, 11.248, 8.132, 0.377),
+    "28.3B": (10.419, 10.207, 7.715, 0.408),
+}
+
+
+def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
+    if schedule:
+        p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
+    p.add_argument("--stages", "-p", type=positive_int, default=4, help="pipeline ranks P")
+    p.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    p.add_argument("--chunks", "-v", type=positive_int, default=None,
+                   help="chunks per rank (interleaved-1f1b; default 2)")  # fmt: skip
+
+
+def add_costs(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
+    g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
+    g.add_argument("--tf", type=_rank_costs, help="forward time of one microbatch; one value, "
+                   "or one per rank comma-separated (e.g. 20,18,18,24 for embedding/head)")  # fmt: skip
+    g.add_argument("--tb", type=_rank_costs, help="input-gradient backward (B) time (or list)")
+    g.add_argument("--tw", type=_rank_costs, help="weight-gradient backward (W) time (or list)")
+    g.add_argument("--tcomm", type=nonneg_float, help="transfer time between ranks")
+    m = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B shape)")
+    m.add_argument("--hidden", type=positive_int, help="hidden size h (M_F = 34h + 5as)")
+    m.add_argument("--heads", type=positive_int, help="attention heads a")
+    m.add_argument("--seq", type=positive_int, help="sequence length s")
+    m.add_argument("--mem-f", type=positive_float, help="activation memory an F stores")
+    m.add_argument("--mem-b", type=nonneg_float, help="memory a B frees")
+    m.add_argument("--mem-w", type=nonneg_float, help="memory a W frees")
+    p.add_argument("--mem-limit", type=positive_float, default=None,
+                   help="zb-1p/zb-2p activation limit per rank in units of M_F "
+                        "(default P and 2P)")  # fmt: skip
+
+
+def _rank_costs(text: str) -> tuple[float, ...]:
+    """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
+    return tuple(positive_float(part) for part in text.split(","))
+
+
+def costs_from_args(args: argparse.Namespace):
+    """Per-rank CostModel from the flags; contradictory flags are usage errors."""
+    from nobubble.pipeline.costs import PAPER_MODELS, CostModel, transformer_memory
+
+    times = dict(
+        zip(("tf", "tb", "tw", "tcomm"), PAPER_TIMES.get(args.model, (1.0, 1.0, 1.0, 0.0)))
+    )
+    for k in times:
+        if getattr(args, k) is not None:
+            times[k] = getattr(args, k)
+    shape = [args.hidden, args.heads, args.seq]
+    direct = [args.mem_f, args.mem_b, args.mem_w]
+    if any(v is not None for v in shape) and any(v is not None for v in direct):
+        raise UsageError("give the memory either as --hidden/--heads/--seq or as "
+                         "--mem-f/--mem-b/--mem-w, not both")  # fmt: skip
+    if any(v is not None for v in shape):
+        if None in shape:
+            raise UsageError("--hidden, --heads and --seq go together; give all three")
+        mem = transformer_memory(hidden=args.hidden, heads=args.heads, seq=args.seq)
+        mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
+    elif args.mem_f is not None:
+        mem_f, mem_b, mem_w = args.mem_f, args.mem_b, args.mem_w
+        _check_direct_memory(mem_f, mem_b, mem_w)
+    else:
+        if direct[1:] != [None, None]:
+            raise UsageError("--mem-b/--mem-w need --mem-f")
+        h, a, _, s = PAPER_MODELS[args.model or "1.5B"]
+        mem = transformer_memory(hidden=h, heads=a, seq=s)
+        mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
+    return CostModel.from_rank_costs(
+        args.stages, t_f=times["tf"], t_b=times["tb"], t_w=times["tw"], t_comm=times["tcomm"],
+        mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,
+    )  # fmt: skip
+
+
+def _check_direct_memory(mem_f, mem_b, mem_w) -> None:
+    total = (mem_b or 0.0) + (mem_w or 0.0)
+    if mem_b is not None and mem_w is not None and total > mem_f * (1 + 1e-9):
+        raise UsageError(
+            f"--mem-b + --mem-w = {total:g} frees more than --mem-f = {mem_f:g} stores"
+        )
+
+
+def schedule_from_args(args: argparse.Namespace, costs, name: str | None = None):
+    from nobubble.pipeline.schedules import get_schedule
+
+    name = name or args.schedule
+    mem_limit = None
+    if getattr(args, "mem_limit", None) is not None and args.mem_limit < 1:
+        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
+                         "(the unit is M_F); give at least 1")  # fmt: skip
+    if getattr(args, "mem_limit", None) is not None and name in ("zb-1p", "zb-2p"):
+        mem_limit = args.mem_limit * costs.mem_f[0]
+    elif getattr(args, "mem_limit", None) is not None and name == args.schedule:
+        raise UsageError(f"--mem-limit applies to zb-1p / zb-2p, not {name!r}")
+    return get_schedule(name, num_stages=args.stages, num_microbatches=args.microbatches,
+                        costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip

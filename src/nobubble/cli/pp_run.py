@@ -1,0 +1,370 @@
+"""``nobubble pp profile | plan | run``: measure costs, pick a schedule, train with it.
+
+Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`::
+
+    nobubble pp profile --stages 2 --layers 4 --hidden 256 --seq-len 128 -o profile.json
+    nobubble pp plan --profile profile.json --microbatches 8 -o plan.csv
+    nobubble pp run --schedule zb-h1 --stages 2 --microbatches 8 --steps 5
+    nobubble pp run --schedule-file plan.csv --stages 2 --steps 5 --trace run.json
+
+Under ``torchrun`` (RANK/WORLD_SIZE set) ``pp run`` runs as one rank of the job and writes
+its own trace file (merge them with ``nobubble trace merge``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nobubble.cli.util import (
+    UsageError,
+    add_json_flag,
+    console,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    print_json,
+    print_table,
+)
+
+if TYPE_CHECKING:
+    from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.runtime.models import ModelConfig
+
+__all__ = ["register"]
+
+MiB = 1024 * 1024
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``profile``, ``plan`` and ``run`` to the ``pp`` group's sub-parsers."""
+    prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
+    prof.add_argument("--stages", "-p", type=positive_int, default=2, help="stages to split into")
+    prof.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per op")
+    prof.add_argument("--no-comm", action="store_true", help="skip the 2-process T_comm probe")
+    prof.add_argument("-o", "--output", type=Path, default=None, help="write the profile JSON")
+    _add_model(prof)
+    _add_launch(prof)
+    add_json_flag(prof)
+    prof.set_defaults(func=_profile)
+
+    plan = sub.add_parser("plan", help="simulate the schedules on profiled costs, keep the best")
+    plan.add_argument("--profile", type=Path, default=None, help="profile JSON (pp profile -o)")
+    plan.add_argument("--stages", "-p", type=positive_int, default=2, help="ranks P")
+    plan.add_argument("--microbatches", "-m", type=positive_int, default=8, help="M")
+    plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
+                      help="also run the exact solver for this long")  # fmt: skip
+    plan.add_argument("-o", "--output", type=Path, default=Path("plan.csv"),
+                      help="the best schedule as torch CSV")  # fmt: skip
+    _add_model(plan)
+    _add_launch(plan)
+    add_json_flag(plan)
+    plan.set_defaults(func=_plan)
+
+    run = sub.add_parser("run", help="train a model with a schedule on local ranks")
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schedule", "-s", help="schedule name (gpipe, 1f1b, zb-h1, ...)")
+    which.add_argument("--schedule-file", type=Path, help="torch compute-only CSV")
+    run.add_argument("--stages", "-p", type=positive_int, required=True, help="ranks P")
+    run.add_argument("--microbatches", "-m", type=positive_int, default=8, help="M")
+    run.add_argument("--steps", type=positive_int, default=3, help="training steps")
+    run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    run.add_argument("--lr", type=positive_float, default=0.01)
+    run.add_argument("--no-predict", action="store_true", help="skip profiling + simulation")
+    run.add_argument("--trace", type=Path, default=Path("nobubble-out/pp_run_trace.json"),
+                     help="merged Chrome trace to write")  # fmt: skip
+    run.add_argument("--plot", type=Path, default=None,
+                     help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
+    _add_model(run)
+    _add_launch(run)
+    add_json_flag(run)
+    run.set_defaults(func=_run)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--arch", choices=("gpt", "mlp"), default="gpt", help="built-in model")
+    g.add_argument("--layers", type=positive_int, default=4, help="transformer / MLP blocks")
+    g.add_argument("--hidden", type=positive_int, default=64)
+    g.add_argument("--heads", type=positive_int, default=4, help="attention heads (gpt)")
+    g.add_argument("--seq-len", type=positive_int, default=32, help="tokens per sample (gpt)")
+    g.add_argument("--vocab", type=positive_int, default=256, help="vocabulary (gpt)")
+    g.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per mb")
+    g.add_argument("--seed", type=nonneg_int, default=0)
+
+
+def _add_launch(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launch")
+    g.add_argument("--device", default="cpu", help="cpu or cuda (rank r on cuda:r)")
+    g.add_argument("--backend", default=None, help="gloo / nccl (default: by device)")
+    g.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
+    g.add_argument("--timeout", type=positive_float, default=300.0, help="seconds, any wait")
+    g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
+
+
+def model_from_args(args: argparse.Namespace) -> ModelConfig:
+    from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
+
+    if args.arch == "gpt":
+        return GPTConfig(
+            vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
+            num_heads=args.heads, num_layers=args.layers, seed=args.seed,
+        )  # fmt: skip
+    return MLPConfig(hidden=args.hidden, num_layers=args.layers, seed=args.seed)
+
+
+def _options(args: argparse.Namespace):
+    from nobubble.pipeline.runtime.launch import LaunchOptions
+
+    return LaunchOptions(
+        device=args.device, backend=args.backend, timeout_s=args.timeout,
+        threads_per_rank=args.threads,
+    )  # fmt: skip
+
+
+def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = True):
+    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks)."""
+    from nobubble.distributed import spawn
+    from nobubble.pipeline.runtime.executor import boundary_shapes
+    from nobubble.pipeline.runtime.models import partition_blocks
+    from nobubble.pipeline.runtime.profile import comm_probe, profile_stages
+
+    repeats = getattr(args, "repeats", 3)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
+            prof = profile_stages(
+                model, num_stages, microbatch_size=args.microbatch_size,
+                device=_device(args.device), repeats=repeats, clock=args.clock,
+            )  # fmt: skip
+            if comm and num_stages > 1:
+                shapes = boundary_shapes(model, partition_blocks(model, num_stages), 1)
+                shape = (args.microbatch_size, *tuple(shapes[1])[1:])
+                t = spawn(comm_probe, 2, args=(shape,), backend=args.backend,
+                          device=args.device, timeout_s=args.timeout)[0]  # fmt: skip
+                prof = dataclasses.replace(prof, t_comm=t)
+    finally:
+        torch.set_num_threads(threads)
+    return prof
+
+
+def _device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
+
+
+def _profile(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    prof = measure_profile(model, args.stages, args, comm=not args.no_comm)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(prof.to_dict(), indent=2))
+    if args.json:
+        print_json(prof.to_dict())
+        return 0
+    rows = [
+        [s.stage, f"{s.blocks[0]}-{s.blocks[-1]}", s.t_f, s.t_b, s.t_w, s.t_b + s.t_w,
+         s.t_bw_fused, f"{s.split_overhead:+.1%}", s.mem_f / MiB, s.mem_w / MiB]
+        for s in prof.stages
+    ]  # fmt: skip
+    print_table(
+        f"{model.name}: {args.stages} stages, microbatch {args.microbatch_size} (ms, MiB)",
+        ["stage", "blocks", "T_F", "T_B", "T_W", "T_B+T_W", "fused BW", "split", "M_F", "M_W"],
+        rows,
+        caption=f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock"
+        + (f"; wrote {args.output}" if args.output else ""),
+    )
+    return 0
+
+
+def _load_or_measure(args: argparse.Namespace):
+    from nobubble.pipeline.runtime.profile import Profile
+
+    if args.profile is None:
+        return measure_profile(model_from_args(args), args.stages, args)
+    try:
+        return Profile.from_dict(json.loads(args.profile.read_text()))
+    except FileNotFoundError:
+        raise UsageError(
+            f"--profile {args.profile}: no such file; write one with pp profile -o"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UsageError(f"--profile {args.profile}: not a pp profile JSON ({err})") from None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
+    from nobubble.pipeline.simulate import simulate
+
+    prof = _load_or_measure(args)
+    if len(prof.stages) != args.stages:
+        raise UsageError(
+            f"the profile has {len(prof.stages)} stages but --stages is {args.stages}; "
+            f"profile with --stages {args.stages}"
+        )
+    costs = prof.cost_model()
+    rows, best = [], None
+    for name in SCHEDULE_NAMES:
+        sched = get_schedule(name, num_stages=args.stages, num_microbatches=args.microbatches,
+                             costs=costs)  # fmt: skip
+        sim = simulate(sched, costs.for_stages(sched.stage_to_rank))
+        rows.append((sched, sim))
+    if args.ilp is not None:
+        rows.extend(_ilp_rows(costs, args))
+    rows.sort(key=lambda row: row[1].makespan)
+    best = rows[0][0]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(best.to_csv())
+    out = [
+        {"schedule": s.name, "makespan_ms": sim.makespan, "bubble_rate": sim.bubble_rate,
+         "peak_activation_mib": max(sim.peak_memory) / MiB}
+        for s, sim in rows
+    ]  # fmt: skip
+    if args.json:
+        print_json({"best": best.name, "output": str(args.output), "schedules": out})
+        return 0
+    print_table(
+        f"P={args.stages}, M={args.microbatches}, profiled costs ({prof.model})",
+        ["schedule", "makespan ms", "bubble", "peak act MiB"],
+        [[r["schedule"], r["makespan_ms"], f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]]
+         for r in out],
+        caption=f"best: {best.name} -> {args.output}",
+    )  # fmt: skip
+    return 0
+
+
+def _ilp_rows(costs, args):
+    import importlib.util
+
+    if importlib.util.find_spec("nobubble.pipeline.ilp.solve") is None:
+        raise UsageError("--ilp needs nobubble.pipeline.ilp.solve, which is not installed")
+    from nobubble.pipeline.ilp.solve import solve_optimal
+    from nobubble.pipeline.simulate import simulate
+
+    with console(stderr=True).status(f"exact solver ({args.ilp:g} s)"):
+        res = solve_optimal(costs, num_stages=args.stages, num_microbatches=args.microbatches,
+                            objective="makespan", time_limit_s=args.ilp)  # fmt: skip
+    if res.schedule is None:
+        return []
+    sched = res.schedule.renamed(f"ilp-{res.status}")
+    return [(sched, simulate(sched, costs))]
+
+
+def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
+    from nobubble.pipeline.schedules import get_schedule
+
+    if args.schedule is not None:
+        return get_schedule(args.schedule, num_stages=args.stages,
+                            num_microbatches=args.microbatches, costs=costs)  # fmt: skip
+    try:
+        text = args.schedule_file.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"--schedule-file {args.schedule_file}: no such file") from None
+    from nobubble.pipeline.actions import Schedule
+
+    sched = Schedule.from_csv(text, name=args.schedule_file.stem)
+    if sched.num_ranks != args.stages:
+        raise UsageError(
+            f"{args.schedule_file} has {sched.num_ranks} ranks but --stages is {args.stages}; "
+            f"pass --stages {sched.num_ranks}"
+        )
+    return sched
+
+
+def _train_config(args: argparse.Namespace, sched: Schedule):
+    from nobubble.pipeline.runtime.executor import TrainConfig, check_config
+
+    config = TrainConfig(
+        model=model_from_args(args), schedule=sched, microbatch_size=args.microbatch_size,
+        num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
+    )  # fmt: skip
+    check_config(config, sched.num_ranks)  # before profiling or starting anything
+    return config
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _train_config(args, _schedule_from_args(args))
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return _run_torchrun(config, args)
+    from nobubble.pipeline.runtime.launch import merged_events, run_local
+    from nobubble.pipeline.runtime.report import summarize_run
+    from nobubble.trace import write_chrome_trace
+
+    prof = None
+    if not args.no_predict:
+        prof = measure_profile(config.model, config.schedule.num_stages, args)
+        if args.schedule in ("zb-1p", "zb-2p"):  # automatic schedules adapt to the costs
+            config = _train_config(args, _schedule_from_args(args, prof.cost_model()))
+    sched = config.schedule
+    with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
+        (results,) = run_local([config], _options(args))
+    summary = summarize_run(config, results, prof)
+    write_chrome_trace(args.trace, merged_events(results))
+    extra = {"trace": str(args.trace)}
+    if args.plot is not None:
+        from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
+        from nobubble.pipeline.simulate import simulate
+
+        sim = simulate(sched, prof.cost_model(sched)) if prof is not None else None
+        extra["plot"] = str(
+            plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
+        )
+    if args.json:
+        print_json({**summary.to_dict(), **extra})
+        return 0
+    _print_run(summary, ", ".join(f"{k}: {v}" for k, v in extra.items()))
+    return 0
+
+
+def _print_run(s, files: str) -> None:
+    pred = s.sim_makespan_s is not None
+
+    def opt(v, fmt):
+        return fmt(v) if v is not None else "-"
+
+    rows = [
+        ["step makespan (ms)", s.makespan_s * 1e3, opt(s.sim_makespan_s, lambda v: v * 1e3)],
+        ["step time incl. optimizer (ms)", s.step_time_s * 1e3, "-"],
+        ["bubble rate", f"{s.bubble_rate:.1%}", opt(s.sim_bubble_rate, lambda v: f"{v:.1%}")],
+    ]
+    for r, b in enumerate(s.peak_activation_bytes):
+        p = s.sim_peak_activation_bytes[r] / MiB if pred else "-"
+        rows.append([f"peak activations rank {r} (MiB)", b / MiB, p])
+    rows.append(["loss first -> last step", f"{s.losses[0]:.4f} -> {s.losses[-1]:.4f}", "-"])
+    print_table(
+        f"{s.schedule}: {s.num_ranks} ranks, {s.num_stages} stages, M={s.num_microbatches}, "
+        f"median of {s.num_steps} steps",
+        ["", "measured", "simulated"],
+        rows,
+        caption=files,
+    )
+
+
+def _run_torchrun(config, args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from nobubble.pipeline.runtime.launch import run_torchrun
+    from nobubble.trace import write_chrome_trace
+
+    try:
+        (res,) = run_torchrun([config], _options(args))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    path = args.trace.with_name(f"{args.trace.stem}.rank{res.rank}{args.trace.suffix}")
+    write_chrome_trace(path, res.events)
+    if res.rank == 0:
+        med = statistics.median(res.step_times_s)
+        if args.json:
+            print_json({"rank": 0, "median_step_time_s": med, "trace": str(path)})
+        else:
+            console().print(f"rank 0: median step {med * 1e3:.1f} ms; trace {path} (one per rank)")
+    return 0

@@ -1,0 +1,139 @@
+"""``nobubble pp solve``: the exact optimal schedule for given costs (CP-SAT).
+
+Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`::
+
+    nobubble pp solve --stages 4 --microbatches 8 --model 1.5B --mem-limit 4 \\
+        --time-limit 30 --plot solve.png
+
+``--mem-limit`` is in units of M_F (4 = p*M_F for p = 4, ZB-1p's limit); none by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from pathlib import Path
+
+from nobubble.cli.pp_options import add_costs, costs_from_args
+from nobubble.cli.util import (
+    add_json_flag,
+    positive_float,
+    positive_int,
+    print_json,
+    print_table,
+)
+from nobubble.pipeline.costs import CostModel
+
+__all__ = ["register", "costs_and_limit"]
+
+
+def costs_and_limit(args: argparse.Namespace) -> tuple[CostModel, float | None]:
+    """Per-rank costs and the absolute memory limit from the ``pp`` group's cost flags.
+
+    The flags (``--model``, ``--tf/--tb/--tw/--tcomm``, memory, ``--mem-limit`` in units of
+    M_F) are the ones every ``pp`` command takes (:mod:`nobubble.cli.pp_options`).
+    """
+    costs = costs_from_args(args)
+    limit = None if args.mem_limit is None else args.mem_limit * max(costs.mem_f)
+    return costs, limit
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``solve`` to the ``pp`` group's sub-parsers."""
+    solve = sub.add_parser(
+        "solve",
+        help="exact optimal schedule (CP-SAT), warm-started by the heuristics",
+        description="Find the schedule of least span (the paper's cost) or makespan for p "
+        "stages and m microbatches with OR-Tools CP-SAT; report status, bound and gap.",
+    )
+
+    solve.add_argument("--stages", "-p", type=positive_int, default=4, help="pipeline ranks P")
+    solve.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    add_costs(solve)  # --model, --tf/--tb/--tw/--tcomm, memory, --mem-limit (x M_F)
+    for action in solve._actions:
+        if action.dest == "mem_limit":
+            action.help = "activation limit per rank in units of M_F (P = ZB-1p's); default none"
+    solve.add_argument("--objective", choices=("span", "makespan"), default="span")
+    solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
+    solve.add_argument(
+        "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
+    )
+    solve.add_argument("--plot", type=Path, default=None, help="Gantt chart file (.png/.svg)")
+    solve.add_argument("--csv", type=Path, default=None, help="write the schedule (torch CSV)")
+    add_json_flag(solve)
+    solve.set_defaults(func=_solve)
+
+
+def _solve_with_progress(costs, args, mem_limit):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nobubble.cli.util import console
+    from nobubble.pipeline.ilp.solve import solve_optimal
+
+    done = threading.Event()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+        console=console(stderr=True), transient=True,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("solving", total=args.time_limit)
+
+        def tick() -> None:
+            t0 = time.perf_counter()
+            while not done.wait(0.25):
+                progress.update(task, completed=min(args.time_limit, time.perf_counter() - t0))
+
+        def found(objective: float, bound: float, seconds: float) -> None:
+            progress.update(task, description=f"best {objective:.6g}  bound {bound:.6g}")
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            return solve_optimal(
+                costs, num_stages=args.stages, num_microbatches=args.microbatches,
+                mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
+                num_workers=args.workers, on_solution=found,
+            )  # fmt: skip
+        finally:
+            done.set()
+            ticker.join(timeout=1.0)
+
+
+def _solve(args: argparse.Namespace) -> int:
+    costs, mem_limit = costs_and_limit(args)
+    result = _solve_with_progress(costs, args, mem_limit)
+    if result.schedule is not None:
+        if args.plot is not None:
+            from nobubble.pipeline.plot import gantt
+
+            gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
+        if args.csv is not None:
+            args.csv.parent.mkdir(parents=True, exist_ok=True)
+            args.csv.write_text(result.schedule.to_csv())
+    if args.json:
+        data = result.summary()
+        data.update(stages=args.stages, microbatches=args.microbatches, mem_limit=mem_limit)
+        print_json(data)
+        return _exit_code(result.status)
+    rows = []
+    if result.heuristic:
+        rows.append([f"heuristic {result.heuristic}", "-", result.heuristic_objective,
+                     result.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
+    rows.append([
+        "ilp (cp-sat)", result.status, result.objective, result.bubble_rate,
+        result.lower_bound, "-" if result.gap is None else f"{result.gap:.2%}",
+        f"{result.solve_seconds:.1f}",
+    ])  # fmt: skip
+    limit = "none" if mem_limit is None else f"{mem_limit:g}"
+    print_table(
+        f"pp solve: p={args.stages}, m={args.microbatches}, {args.objective}, mem limit {limit}",
+        ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
+        [[("-" if v is None else v) for v in row] for row in rows],
+        caption=result.explanation,
+    )
+    return _exit_code(result.status)
+
+
+def _exit_code(status: str) -> int:
+    """0 when a schedule came back; 1 for infeasible / unknown (the reason is printed)."""
+    return 0 if status in ("optimal", "feasible") else 1

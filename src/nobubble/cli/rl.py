@@ -1,0 +1,221 @@
+"""``nobubble rl``: train with a synchronous or asynchronous schedule, compare the schedules.
+
+``nobubble rl train`` runs one configuration and prints accuracy, samples/s, staleness and
+idle ratios (``--json`` for machine output); it writes a Chrome trace of the stages' busy
+spans and a PNG of the curves. ``nobubble rl compare`` runs the three modes on the same
+budget (``--ablation``: eta = 16 with a slow trainer, naive PPO against decoupled PPO and
+V-trace) and prints a table and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from nobubble.cli.util import (
+    ArgumentParser,
+    add_json_flag,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    print_json,
+    print_table,
+)
+
+MODES = ("sync", "one-step-off", "fully-async")
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(
+        dest="rl_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
+    )
+
+    train = sub.add_parser("train", help="one RL run: sync, one-step-off or fully-async")
+    _common(train)
+    train.add_argument("--mode", choices=MODES, default="sync")
+    train.add_argument(
+        "--max-staleness",
+        type=nonneg_int,
+        default=None,
+        metavar="ETA",
+        help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4)",
+    )
+    train.add_argument("--algo", choices=ALGOS, default="grpo")
+    train.set_defaults(func=_train)
+
+    compare = sub.add_parser("compare", help="the three modes on the same budget: table + plot")
+    _common(compare)
+    compare.add_argument(
+        "--ablation",
+        action="store_true",
+        help="eta=16 with a slow trainer: naive PPO vs decoupled PPO vs V-trace",
+    )
+    compare.set_defaults(func=_compare)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=("digits", "sum"), default="digits")
+    p.add_argument("--engine", choices=("local", "ray"), default="local")
+    p.add_argument(
+        "--address", default=None, help="Ray cluster address (default: start a local Ray)"
+    )
+    p.add_argument("--steps", type=positive_int, default=None, help="trainer steps (default 300)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument(
+        "--time-budget", type=positive_float, default=None, metavar="S", help="stop after S seconds"
+    )
+    p.add_argument(
+        "--target-accuracy",
+        type=positive_float,
+        default=None,
+        help="stop once the eval accuracy reaches this",
+    )
+    p.add_argument("--batch-groups", type=positive_int, default=None, help="groups per step")
+    p.add_argument("--group-size", type=positive_int, default=None, help="responses per prompt")
+    p.add_argument("--eval-every", type=positive_int, default=None, help="steps between evals")
+    p.add_argument("--reward-delay", type=nonneg_float, default=0.0, help="seconds per reward call")
+    p.add_argument(
+        "--reward-failure-rate",
+        type=nonneg_float,
+        default=0.0,
+        help="probability that a reward attempt raises",
+    )
+    p.add_argument(
+        "--trainer-delay",
+        type=nonneg_float,
+        default=0.0,
+        help="extra seconds per trainer step (a slow trainer)",
+    )
+    p.add_argument("--out", type=Path, default=Path("nobubble-out/rl"), help="artifact folder")
+    add_json_flag(p)
+
+
+def _config(args: argparse.Namespace, **over: Any):
+    from nobubble.rl.system.orchestrator import RunConfig
+
+    kw: dict[str, Any] = {
+        "task": args.task,
+        "engine": args.engine,
+        "ray_address": args.address,
+        "seed": args.seed,
+        "time_budget_s": args.time_budget,
+        "target_accuracy": args.target_accuracy,
+    }
+    if args.task != "digits":
+        kw["task_kwargs"] = {}
+    for name in ("steps", "batch_groups", "group_size", "eval_every"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    if args.reward_delay or args.reward_failure_rate:
+        kw["reward"] = {"delay_s": args.reward_delay, "failure_rate": args.reward_failure_rate}
+    trainer = dict(over.pop("trainer", {}))
+    if args.trainer_delay:
+        trainer["delay_s"] = args.trainer_delay
+    if trainer:
+        kw["trainer"] = {**RunConfig().trainer, **trainer}
+    kw.update(over)
+    return RunConfig(**kw)
+
+
+def _run_with_progress(cfg, label: str, *, quiet: bool):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nobubble.cli.util import console
+    from nobubble.rl.system.orchestrator import run
+
+    with Progress(
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        TextColumn("step {task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+        disable=quiet,
+    ) as progress:
+        bar = progress.add_task(label, total=cfg.steps, info="starting workers")
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            info = (
+                f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('max_staleness', 0):.0f}"
+            )
+            progress.update(bar, completed=step, info=info)
+
+        return run(cfg, on_step=on_step)
+
+
+def _artifacts(results: dict, out: Path, stem: str, title: str) -> dict[str, str]:
+    from nobubble.rl.system.report import plot_runs, write_trace
+
+    paths = {"plot": str(plot_runs(results, out / f"{stem}.png", title=title))}
+    for label, r in results.items():
+        paths[f"trace:{label}"] = str(write_trace(r, out / f"{stem}_{label}_trace.json"))
+    return paths
+
+
+def _train(args: argparse.Namespace) -> int:
+    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
+
+    cfg = _config(args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo)
+    label = f"{cfg.mode}" + (f" eta={cfg.eta}" if cfg.mode != "sync" else "")
+    res = _run_with_progress(cfg, label, quiet=args.json)
+    paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
+    if args.json:
+        print_json({**res.to_json(), "artifacts": paths})
+        return 0
+    print_table(
+        f"nobubble rl train: {cfg.task}, {cfg.algo}, {cfg.engine}",
+        SUMMARY_COLUMNS,
+        [summary_row(label, res)],
+    )
+    hist = ", ".join(f"{k}: {v}" for k, v in sorted(res.staleness_hist.items()))
+    print(f"staleness histogram (samples by lag): {hist}")
+    for name, p in paths.items():
+        print(f"{name}: {p}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
+
+    if args.ablation:
+        trainer_delay = args.trainer_delay or 0.3
+        runs = {
+            algo: _config(
+                args,
+                mode="fully-async",
+                max_staleness=16,
+                algo=algo,
+                trainer={"delay_s": trainer_delay},
+                chunk_groups=1,
+            )
+            for algo in ("grpo", "decoupled-ppo", "vtrace")
+        }
+        title = f"ablation: fully-async eta=16, trainer +{trainer_delay}s/step"
+        stem = "ablation"
+    else:
+        runs = {m: _config(args, mode=m) for m in MODES}
+        title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
+    results = {}
+    for label, cfg in runs.items():
+        results[label] = _run_with_progress(cfg, label, quiet=args.json)
+    paths = _artifacts(results, args.out, stem, title)
+    base = results[next(iter(results))].samples_per_s
+    if args.json:
+        print_json(
+            {
+                "runs": {k: r.to_json() for k, r in results.items()},
+                "speedup_vs_first": {k: r.samples_per_s / base for k, r in results.items()},
+                "artifacts": paths,
+            }
+        )
+        return 0
+    rows = [summary_row(k, r) + [f"{r.samples_per_s / base:.2f}x"] for k, r in results.items()]
+    print_table(title, [*SUMMARY_COLUMNS, "speed"], rows)
+    for name, p in paths.items():
+        print(f"{name}: {p}")
+    return 0

@@ -1,0 +1,37 @@
+"""MoE load balancing: where experts live, how tokens pick a replica, when experts move.
+
+- :mod:`.eplb`, :mod:`.packing`: EPLB placement (hierarchical and global), balanced packing;
+  :mod:`.eplb_reference`: a line-by-line transcription of DeepSeek's ``eplb.py`` to test against.
+- :mod:`.incremental`: a new placement that moves as few experts as it can.
+- :mod:`.replicas`: logical -> physical experts (token hash, round robin, least loaded).
+- :mod:`.load_stats`: live per-expert load statistics.
+- :mod:`.replicated_layer`: a MoE layer with redundant experts.
+- :mod:`.online`: move experts between ranks while training.
+"""
+
+from __future__ import annotations
+
+from nobubble.moe.balance.eplb import ExpertPlacement, rebalance_experts
+from nobubble.moe.balance.incremental import (
+    IncrementalRebalance,
+    count_moves,
+    rebalance_experts_incremental,
+)
+from nobubble.moe.balance.load_stats import ExpertLoadStats
+from nobubble.moe.balance.online import plan_migration, rebalance_online
+from nobubble.moe.balance.replicas import ReplicaRouter, route_to_replicas
+from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
+
+__all__ = [
+    "ExpertPlacement",
+    "rebalance_experts",
+    "IncrementalRebalance",
+    "count_moves",
+    "rebalance_experts_incremental",
+    "ExpertLoadStats",
+    "plan_migration",
+    "rebalance_online",
+    "ReplicaRouter",
+    "route_to_replicas",
+    "ReplicatedMoELayer",
+]

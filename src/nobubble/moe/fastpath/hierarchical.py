@@ -1,0 +1,229 @@
+"""Hierarchical dispatch / combine: cross node boundaries once per (token, node), forward inside.
+
+DeepEP's internode kernels send a token over RDMA once per destination *node* - to the GPU
+with the same local index there - and that GPU forwards it over NVLink to the node's GPUs
+that hold the token's experts. Combine runs the other way: the node's partial results are
+reduced inside the node first, and one row per (token, node) crosses back.
+
+:class:`HierarchicalBuffer` does this with two process subgroups per rank: its *rail* (the
+ranks with the same local index on every node, ``dist.new_group``) for the inter-node step,
+and its *node* for the intra-node step (shared memory when the node's ranks share a host,
+else the backend's collectives). Several "nodes" can live on one machine for testing; across
+hosts, ``ranks_per_node`` is the number of ranks per host.
+
+Layout, count exchange and handle come from :class:`~nobubble.moe.buffer.Buffer`; received
+rows are in the same order (source rank, then source token), so every consumer of a
+:class:`~nobubble.moe.buffer.DispatchResult` works unchanged. Dispatch is bit-identical to the
+flat one. Combine sums in a different order - ranks of a node first, then nodes in order
+(float32 for 16-bit inputs, the node partial rounded to the payload dtype before it crosses) -
+so it equals a sum in that order, and the flat sum up to rounding.
+
+Shape legend: ``N`` tokens, ``R`` ranks, ``P`` ranks per node, ``D = R / P`` nodes, ``S1`` rows
+this rank sends across its rail, ``M1`` rows it receives there (to forward), ``S2`` rows it
+forwards inside its node, ``M`` rows it finally receives.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nobubble.moe.buffer import Buffer, DispatchHandle
+from nobubble.moe.fastpath.shm_transport import make_transport
+from nobubble.moe.transport import TorchDistTransport, Transport
+
+__all__ = ["HierarchicalBuffer", "HierarchicalPlan", "node_groups"]
+
+
+@dataclass(frozen=True, eq=False)
+class HierarchicalPlan:
+    """The two-step routes of one dispatch, derived from its handle.
+
+    Attributes:
+        send1_token: ``[S1]`` int64, local token of each row sent on the rail, by destination
+            node then token.
+        send1_counts / recv1_counts: ``D`` ints, rows sent to / received from each node.
+        send2_row: ``[S2]`` int64, the rail-received row behind each forwarded row, by
+            destination local rank then row.
+        send2_counts / recv2_counts: ``P`` ints, rows forwarded to / received from each local
+            rank.
+        order: ``[M]`` int64, final row ``k`` is received row ``order[k]`` (rows arrive by
+            forwarder, then source node; Buffer's order is by source rank).
+        node: this rank's node.
+    """
+
+    send1_token: torch.Tensor
+    send1_counts: tuple[int, ...]
+    recv1_counts: tuple[int, ...]
+    send2_row: torch.Tensor
+    send2_counts: tuple[int, ...]
+    recv2_counts: tuple[int, ...]
+    order: torch.Tensor
+    node: int
+
+    @property
+    def num_inter_node_rows(self) -> int:
+        """Rows that leave this rank's node in one dispatch: distinct (token, other node) pairs."""
+        return sum(self.send1_counts) - self.send1_counts[self.node]
+
+
+def node_groups(group: Any, ranks_per_node: int) -> tuple[Any, Any]:
+    """Create every node group and every rail group (all ranks must call this together) and
+    return this rank's ``(node_group, rail_group)``."""
+    world = dist.get_world_size(group)
+    members = [dist.get_global_rank(group, i) if group is not None else i for i in range(world)]
+    rank = dist.get_rank(group)
+    num_nodes = world // ranks_per_node
+    mine_node = mine_rail = None
+    for n in range(num_nodes):
+        g = dist.new_group(members[n * ranks_per_node : (n + 1) * ranks_per_node])
+        if n == rank // ranks_per_node:
+            mine_node = g
+    for lr in range(ranks_per_node):
+        g = dist.new_group(members[lr::ranks_per_node])
+        if lr == rank % ranks_per_node:
+            mine_rail = g
+    return mine_node, mine_rail
+
+
+def _offsets(counts) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + int(c))
+    return out
+
+
+class HierarchicalBuffer(Buffer):
+    """:class:`Buffer` whose payload crosses nodes once per (token, destination node).
+
+    Args:
+        group: the expert-parallel group (``None`` = default); ranks ``[n*P, (n+1)*P)`` of it
+            form node ``n``.
+        ranks_per_node: ``P``, a divisor of the group size.
+        num_experts: default ``E``.
+        timeout_s: per-collective timeout.
+        intra: transport inside a node: ``"auto"`` (shared memory for gloo on CPU within one
+            host), ``"shm"`` or ``"dist"``.
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        ranks_per_node: int,
+        num_experts: int | None = None,
+        timeout_s: float = 120.0,
+        intra: str = "auto",
+    ) -> None:
+        world = dist.get_world_size(group)
+        if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int):
+            raise ValueError(
+                f"HierarchicalBuffer: ranks_per_node={ranks_per_node!r} must be an int"
+            )
+        if ranks_per_node < 1 or world % ranks_per_node != 0:
+            raise ValueError(
+                f"HierarchicalBuffer: ranks_per_node={ranks_per_node} must divide the group size "
+                f"{world}; use one of {[p for p in range(1, world + 1) if world % p == 0]}"
+            )
+        super().__init__(
+            group, transport=TorchDistTransport(group, timeout_s=timeout_s), num_experts=num_experts
+        )
+        self.ranks_per_node = ranks_per_node
+        self.num_nodes = world // ranks_per_node
+        self.node, self.local_rank = divmod(self.rank, ranks_per_node)
+        node_group, rail_group = node_groups(group, ranks_per_node)
+        self.inter: Transport = TorchDistTransport(rail_group, timeout_s=timeout_s)
+        self.intra: Transport = make_transport(intra, node_group, timeout_s=timeout_s)
+        self._plans: weakref.WeakKeyDictionary[DispatchHandle, HierarchicalPlan] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- routes -----------------------------------------------------------------------------
+    def plan(self, handle: DispatchHandle) -> HierarchicalPlan:
+        """The two-step routes for ``handle`` (computed once, with one small rail exchange)."""
+        plan = self._plans.get(handle)
+        if plan is None:
+            plan = self._make_plan(handle)
+            self._plans[handle] = plan
+        return plan
+
+    def _make_plan(self, handle: DispatchHandle) -> HierarchicalPlan:
+        p, d = self.ranks_per_node, self.num_nodes
+        n = handle.num_tokens
+        in_rank = handle.is_token_in_rank.reshape(n, d, p)  # (N, D, P)
+        in_node = in_rank.any(dim=2)  # (N, D)
+        pairs = in_node.t().nonzero()  # (S1, 2): (node, token), node-major
+        send1_token = pairs[:, 1].contiguous()
+        send1_counts = in_node.sum(dim=0).tolist()
+        masks = in_rank[send1_token, pairs[:, 0]].to(torch.uint8)  # (S1, P) who needs it there
+        ones = [1] * d
+        recv1_counts = self.inter.all_to_all(
+            torch.tensor(send1_counts, dtype=torch.int64, device=masks.device).view(d, 1),
+            ones,
+            ones,
+            kind="hier_layout",
+        ).view(-1)
+        recv1_counts = recv1_counts.tolist()
+        recv_masks = self.inter.all_to_all(masks, send1_counts, recv1_counts, kind="hier_meta")
+        fwd = recv_masks.bool().t().nonzero()  # (S2, 2): (local rank, row), local-rank-major
+        send2_row = fwd[:, 1].contiguous()
+        send2_counts = recv_masks.bool().sum(dim=0).tolist() if recv_masks.numel() else [0] * p
+        # Rows from global source g = s * P + l arrive from forwarder l, in block s.
+        num_recv = handle.num_recv_tokens_per_rank
+        recv2_counts = [sum(num_recv[s * p + lr] for s in range(d)) for lr in range(p)]
+        final_off = _offsets(num_recv)
+        order = torch.empty(final_off[-1], dtype=torch.int64)  # built on CPU, moved below
+        pos = 0
+        for lr in range(p):
+            for s in range(d):
+                g = s * p + lr
+                order[final_off[g] : final_off[g + 1]] = torch.arange(pos, pos + num_recv[g])
+                pos += num_recv[g]
+        return HierarchicalPlan(
+            send1_token=send1_token,
+            send1_counts=tuple(int(c) for c in send1_counts),
+            recv1_counts=tuple(int(c) for c in recv1_counts),
+            send2_row=send2_row,
+            send2_counts=tuple(int(c) for c in send2_counts),
+            recv2_counts=tuple(recv2_counts),
+            order=order.to(send1_token.device),
+            node=self.node,
+        )
+
+    # -- row movers (used by Buffer's autograd functions) -----------------------------------
+    def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
+        """``[N, *]`` -> ``[M, *]``: rail step (once per node), then forward inside the node."""
+        plan = self.plan(handle)
+        send1 = t.index_select(0, plan.send1_token)  # (S1, *)
+        recv1 = self.inter.all_to_all(send1, plan.send1_counts, plan.recv1_counts, kind=kind)
+        send2 = recv1.index_select(0, plan.send2_row)  # (S2, *)
+        recv2 = self.intra.all_to_all(send2, plan.send2_counts, plan.recv2_counts, kind=kind)
+        return recv2.index_select(0, plan.order)  # (M, *) by source rank, token order
+
+    def combine_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
+        """``[M, *]`` -> ``[N, *]``: back to the forwarders, reduce inside the node (local-rank
+        order), one partial per (token, node) across the rail, sum over nodes in order."""
+        plan = self.plan(handle)
+        acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
+        arrival = torch.empty_like(t)
+        arrival[plan.order] = t  # (M, *) back in arrival order: by forwarder, then node
+        back2 = self.intra.all_to_all(arrival, plan.recv2_counts, plan.send2_counts, kind=kind)
+        rows1 = sum(plan.recv1_counts)
+        partial = torch.zeros((rows1, *t.shape[1:]), dtype=acc_dtype, device=t.device)  # (M1, *)
+        off = _offsets(plan.send2_counts)
+        for q in range(self.ranks_per_node):  # local-rank order, unique rows per segment
+            seg = slice(off[q], off[q + 1])
+            partial.index_add_(0, plan.send2_row[seg], back2[seg].to(acc_dtype))
+        back1 = self.inter.all_to_all(
+            partial.to(t.dtype), plan.recv1_counts, plan.send1_counts, kind=kind
+        )  # (S1, *) aligned with send1_token
+        out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype, device=t.device)
+        off = _offsets(plan.send1_counts)
+        for node in range(self.num_nodes):  # node order
+            seg = slice(off[node], off[node + 1])
+            out.index_add_(0, plan.send1_token[seg], back1[seg].to(acc_dtype))
+        return out.to(t.dtype)

@@ -1,0 +1,245 @@
+"""A Buffer whose row movers are fused with the shared-memory writes, as DeepEP's kernels are.
+
+:class:`~nobubble.moe.buffer.Buffer` over any transport gathers the rows to send
+(``index_select``), hands them to the transport (which copies them again), and in combine
+converts every returned row to float32 before a scatter-add into a fresh ``[N, H]`` float32
+tensor. DeepEP's intranode kernels instead read the token rows and write them straight into
+the peer's buffer, and reduce while reading the peers' buffers. :class:`ShmBuffer` does the
+same over :class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`:
+
+- dispatch: ``index_select(x, send_token_idx[seg], out=<peer slot>)`` - the gather *is* the
+  write into the peer's shared memory; the receiver copies each slot into ``recv_x`` once.
+- combine: each expert rank copies its rows for a source into that source's slot; the source
+  reduces them in one pass with the fused C kernel of :mod:`nobubble.moe.fastpath.cpu_kernels`
+  (bf16/fp32; other dtypes, or no C compiler: torch, block by block of tokens), adding the
+  sources in rank order in float32, exactly as :meth:`Buffer.combine_rows` does, so the
+  result is bit-identical (a NaN stays NaN; torch writes its bits two ways).
+- outputs (``recv_x``, the combined ``[N, H]``) come from a small caching allocator
+  (:class:`~nobubble.moe.fastpath.cpu_memory.RecycledOutputs`): memory the caller has dropped is
+  handed out again instead of being unmapped and faulted in anew, as PyTorch's CUDA caching
+  allocator does for DeepEP.
+
+Everything else (layout, count exchange, handle, autograd) is the parent's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
+from nobubble.moe.buffer import Buffer, DispatchHandle
+from nobubble.moe.fastpath.cpu_memory import RecycledOutputs
+from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS, ShmTransport, make_transport
+from nobubble.moe.transport import TorchDistTransport
+
+__all__ = ["ShmBuffer", "make_buffer"]
+
+_BLOCK_BYTES = 1 << 20  # float32 accumulator block of the torch combine path (fits in L2)
+
+
+def _offsets(counts: tuple[int, ...]) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + c)
+    return out
+
+
+class ShmBuffer(Buffer):
+    """:class:`Buffer` with gather-on-write dispatch and reduce-on-read combine over shared memory.
+
+    Args:
+        group: the expert-parallel group (all its ranks on this host).
+        transport: an existing :class:`ShmTransport` (default: a new one over ``group``).
+        num_experts: default ``E``.
+        timeout_s: per-wait timeout of the default transport.
+        capacity_bytes_per_peer: initial per-source slot size of the default transport.
+        recycle_outputs: keep up to this many large output buffers for reuse once the caller
+            drops them (0: every output is a fresh allocation).
+        fused_kernels: reduce combine with the compiled C kernel when it is available
+            (``False``: always the torch path; the results are identical).
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        transport: ShmTransport | None = None,
+        num_experts: int | None = None,
+        timeout_s: float = 120.0,
+        capacity_bytes_per_peer: int = 1 << 20,
+        recycle_outputs: int = 4,
+        fused_kernels: bool = True,
+    ) -> None:
+        if (
+            isinstance(recycle_outputs, bool)
+            or not isinstance(recycle_outputs, int)
+            or (recycle_outputs < 0)
+        ):
+            raise ValueError(
+                f"ShmBuffer: recycle_outputs={recycle_outputs!r} must be an int >= 0 (0 turns "
+                "output reuse off)"
+            )
+        if transport is not None and not isinstance(transport, ShmTransport):
+            raise ValueError(
+                f"ShmBuffer: transport is {type(transport).__name__}; it needs a ShmTransport "
+                "(use Buffer for other transports)"
+            )
+        transport = transport or ShmTransport(
+            group, timeout_s=timeout_s, capacity_bytes_per_peer=capacity_bytes_per_peer
+        )
+        super().__init__(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
+        self.shm: ShmTransport = transport
+        self.outputs = RecycledOutputs(max_buffers=recycle_outputs)
+        self.fused_kernels = fused_kernels
+
+    def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
+        """``[N, *]`` -> ``[M, *]``: each sent row is gathered straight into the peer's slot."""
+        t = t.contiguous()
+        row_shape = t.shape[1:]
+        row_bytes = _row_bytes(t)
+        send_off = _offsets(handle.num_send_tokens_per_rank)
+        recv_off = _offsets(handle.num_recv_tokens_per_rank)
+        recv_nbytes = [n * row_bytes for n in handle.num_recv_tokens_per_rank]
+        out = self.outputs.empty((recv_off[-1], *row_shape), t.dtype)  # (M, *)
+        shm = self.shm
+        step = shm.begin(recv_nbytes, kind=kind)
+        writes = {}
+        for j in shm._peers():
+            idx = handle.send_token_idx[send_off[j] : send_off[j + 1]]
+
+            def fill(slot: torch.Tensor, idx: torch.Tensor = idx) -> None:
+                dst = slot.view(t.dtype).view(idx.shape[0], *row_shape)  # (n_j, *)
+                torch.index_select(t, 0, idx, out=dst)
+
+            writes[j] = (idx.shape[0] * row_bytes, fill)
+        me = self.rank
+        own_idx = handle.send_token_idx[send_off[me] : send_off[me + 1]]
+        torch.index_select(t, 0, own_idx, out=out[recv_off[me] : recv_off[me + 1]])
+
+        def copy_out(i: int, slot: torch.Tensor) -> None:
+            rows = recv_off[i + 1] - recv_off[i]
+            out[recv_off[i] : recv_off[i + 1]].copy_(slot.view(t.dtype).view(rows, *row_shape))
+
+        shm.exchange(step, writes, recv_nbytes, copy_out, kind=kind)
+        sent = send_off[-1] * row_bytes
+        own = (send_off[me + 1] - send_off[me]) * row_bytes
+        shm._count(kind, sent=sent, remote=sent - own, received=recv_off[-1] * row_bytes)
+        return out
+
+    def combine_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
+        """``[M, *]`` -> ``[N, *]``: rows go home through shared memory and are summed per token
+        in source-rank order (float32 for 16-bit inputs), block by block of tokens."""
+        t = t.contiguous()
+        row_shape = t.shape[1:]
+        row_bytes = _row_bytes(t)
+        flat = t.view(-1).view(torch.uint8)  # (M * row_bytes,)
+        back_off = _offsets(handle.num_recv_tokens_per_rank)  # rows of t, by destination
+        home_off = _offsets(handle.num_send_tokens_per_rank)  # rows coming home, by source
+        recv_nbytes = [n * row_bytes for n in handle.num_send_tokens_per_rank]
+        shm = self.shm
+        step = shm.begin(recv_nbytes, kind=kind)
+        writes = {}
+        for j in shm._peers():
+            seg = flat[back_off[j] * row_bytes : back_off[j + 1] * row_bytes]
+            writes[j] = (seg.numel(), lambda slot, seg=seg: slot.copy_(seg))
+        me = self.rank
+        rows: dict[int, torch.Tensor] = {me: t[back_off[me] : back_off[me + 1]]}
+
+        def keep(i: int, slot: torch.Tensor) -> None:
+            rows[i] = slot.view(t.dtype).view(home_off[i + 1] - home_off[i], *row_shape)
+
+        shm.exchange(step, writes, recv_nbytes, keep, kind=kind)
+        out = self._reduce_blocks(t, handle, rows, home_off)
+        sent = back_off[-1] * row_bytes
+        own = (back_off[me + 1] - back_off[me]) * row_bytes
+        shm._count(kind, sent=sent, remote=sent - own, received=home_off[-1] * row_bytes)
+        return out
+
+    def _reduce_blocks(
+        self,
+        t: torch.Tensor,
+        handle: DispatchHandle,
+        rows: dict[int, torch.Tensor],
+        home_off: list[int],
+    ) -> torch.Tensor:
+        """Sum the rows of every source per token: ``out[n] = sum_r rows[r][token == n]``."""
+        row_shape = t.shape[1:]
+        num_tokens = handle.num_tokens
+        out = self.outputs.empty((num_tokens, *row_shape), t.dtype)  # (N, *)
+        sources = [
+            handle.send_token_idx[home_off[r] : home_off[r + 1]] for r in range(self.num_ranks)
+        ]
+        if self.fused_kernels and cpu_kernels.combine_reduce(
+            [rows[r] for r in range(self.num_ranks)], sources, num_tokens, out
+        ):
+            return out
+        acc_dtype = torch.float32 if t.element_size() < 4 and t.is_floating_point() else t.dtype
+        row_numel = max(1, _row_bytes(t) // t.element_size())
+        block = max(1, _BLOCK_BYTES // (4 * row_numel))
+        acc = torch.empty((min(block, max(num_tokens, 1)), *row_shape), dtype=acc_dtype)
+        starts = torch.arange(0, num_tokens + block, block)  # block boundaries (last >= N)
+        bounds = {}
+        for r, idx in enumerate(sources):  # sorted tokens
+            bounds[r] = (idx, torch.searchsorted(idx, starts).tolist())
+        for b in range(len(starts) - 1):
+            lo_tok, hi_tok = int(starts[b]), min(int(starts[b + 1]), num_tokens)
+            if lo_tok >= hi_tok:
+                break
+            a = acc[: hi_tok - lo_tok]
+            a.zero_()
+            for r in range(self.num_ranks):  # rank order, as Buffer.combine_rows
+                idx, cut = bounds[r]
+                lo, hi = cut[b], cut[b + 1]
+                if hi > lo:
+                    a.index_add_(0, idx[lo:hi] - lo_tok, rows[r][lo:hi].to(acc_dtype))
+            out[lo_tok:hi_tok].copy_(a)
+        return out
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    numel = 1
+    for d in t.shape[1:]:
+        numel *= d
+    return numel * t.element_size()
+
+
+def make_buffer(
+    kind: str = "auto",
+    group: Any = None,
+    *,
+    device: str | torch.device = "cpu",
+    num_experts: int | None = None,
+    timeout_s: float = 120.0,
+) -> Buffer:
+    """The dispatch/combine buffer for transport ``kind``: ``"shm"``, ``"dist"`` or ``"auto"``.
+
+    - ``"shm"``: a :class:`ShmBuffer` over a new :class:`ShmTransport` (all of ``group``'s
+      ranks on this host; gather-on-write dispatch, reduce-on-read combine).
+    - ``"dist"``: a plain :class:`~nobubble.moe.buffer.Buffer` over a
+      :class:`~nobubble.moe.transport.TorchDistTransport` (gloo / NCCL collectives; any
+      number of hosts, any device).
+    - ``"auto"``: what :func:`~nobubble.moe.fastpath.shm_transport.make_transport` picks - shared
+      memory for gloo on CPU when the whole group is on one host, ``"dist"`` otherwise
+      (``group``'s backend, ``device`` and, for gloo, a host-name exchange decide).
+
+    Every rank of ``group`` must call it with the same arguments (building either transport
+    is a collective). ``num_experts`` is the buffer's default ``E``; ``timeout_s`` bounds every
+    wait for a peer. Whoever builds a :class:`ShmBuffer` closes it with ``buf.shm.close()``
+    when done, so that no ``/dev/shm`` names remain.
+
+    Raises:
+        ValueError: ``kind`` is not one of ``TRANSPORT_KINDS``.
+    """
+    if kind not in TRANSPORT_KINDS:
+        raise ValueError(f"make_buffer: kind={kind!r}; choose one of {TRANSPORT_KINDS}")
+    if kind == "shm":
+        return ShmBuffer(group, num_experts=num_experts, timeout_s=timeout_s)
+    if kind == "dist":
+        transport = TorchDistTransport(group, timeout_s=timeout_s)
+        return Buffer(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
+    chosen = make_transport("auto", group, device=device, timeout_s=timeout_s)
+    if isinstance(chosen, ShmTransport):
+        return ShmBuffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)
+    return Buffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)

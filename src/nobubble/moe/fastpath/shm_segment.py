@@ -1,0 +1,106 @@
+"""Shared-memory segments in ``/dev/shm`` and the waits on them, for :mod:`.shm_transport`.
+
+A segment is a file in ``/dev/shm`` mapped as a uint8 tensor; its bytes are reserved when it
+is created, so a full ``/dev/shm`` fails with a message instead of a SIGBUS on first write.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nobubble.moe.transport import TransportError
+
+__all__ = [
+    "ALIGN",
+    "round_up",
+    "map_segment",
+    "reserve",
+    "unlink",
+    "store_fence",
+    "Backoff",
+    "copier",
+    "cleanup",
+]
+
+ALIGN = 4096
+
+
+def round_up(n: int, align: int = ALIGN) -> int:
+    return max(align, -(-n // align) * align)
+
+
+def map_segment(path: str, nbytes: int, *, create: bool) -> torch.Tensor:
+    """A uint8 tensor backed by a shared file in /dev/shm (created and sized if ``create``)."""
+    if not create and not os.path.exists(path):
+        raise TransportError(f"shared-memory file {path} is gone: its owner rank exited")
+    if create:
+        reserve(path, nbytes)
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def reserve(path: str, nbytes: int) -> None:
+    """Create ``path`` with ``nbytes`` really allocated, so that a full /dev/shm fails here with
+    a message instead of killing a rank with SIGBUS on its first write."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, max(1, nbytes))
+    except OSError as err:
+        unlink(path)
+        st = os.statvfs(os.path.dirname(path))
+        raise TransportError(
+            f"cannot reserve {nbytes / 2**20:.1f} MiB of shared memory in {os.path.dirname(path)} "
+            f"({err.strerror}; {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free): enlarge it "
+            "(docker run --shm-size=...) or use the 'dist' transport"
+        ) from err
+    finally:
+        os.close(fd)
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def store_fence() -> None:
+    """Order the row copies before the flag store (a locked instruction drains store buffers)."""
+    lock = threading.Lock()
+    lock.acquire()
+    lock.release()
+
+
+class Backoff:
+    """Spin briefly, then sleep with growing pauses; raise after ``timeout_s``."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout_s
+        self.spins = 0
+
+    def pause(self, what: str) -> None:
+        self.spins += 1
+        if self.spins < 64:
+            return
+        now = time.monotonic()
+        if now > self.deadline:
+            raise TransportError(
+                f"{what}: no answer after {now - self.start:.1f}s; a peer rank died, hung or "
+                "issued a different sequence of collectives"
+            )
+        time.sleep(min(1e-3, 1e-6 * (self.spins - 63)))
+
+
+def copier(segment: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+    return lambda slot: slot.copy_(segment.reshape(-1))
+
+
+def cleanup(paths: list[str]) -> None:
+    for path in paths:
+        unlink(path)

@@ -1,0 +1,435 @@
+"""Direct intranode transport: ranks write rows straight into their peers' shared memory.
+
+On a GPU node DeepEP copies tokens over NVLink into the receiving GPU's buffer instead of
+going through NCCL's protocol stack. The CPU host's equivalent of NVLink is shared memory:
+:class:`ShmTransport` gives every rank a receive region in ``/dev/shm`` with one slot per
+source rank, and a sender copies its rows for rank ``j`` directly into its slot of ``j``'s
+region - one copy in, one copy out, no sockets.
+
+Memory (per rank ``j``, created once per group, named by a key that rank 0 broadcasts):
+
+- a *control block*, int64 ``[3 + 3R]``: ``READY`` (the call number ``j`` is ready to receive),
+  ``GEN``/``CAP`` (generation and per-slot capacity of the data region), then per source
+  ``i``: ``DONE[i]`` (the last call whose rows ``i`` finished writing), ``NBYTES[i]`` (how
+  many bytes it wrote) and ``MAPPED[i]`` (the data generation ``i`` has mapped);
+- a *data region* of ``R * CAP`` bytes, slot ``i`` at ``[i * CAP, (i + 1) * CAP)``, sized by
+  ``capacity_bytes_per_peer`` (the largest batch you expect) and grown on demand.
+
+Protocol for call ``t`` (every rank issues the same sequence of calls, as with any
+collective): the receiver grows its region if this call's largest incoming slot does not fit
+(it knows its ``recv_splits``), then publishes ``READY = t``. A sender waits for
+``READY == t`` at each peer, copies its rows into its slot, writes ``NBYTES`` and then
+``DONE = t``. The receiver waits for ``DONE == t`` from each source, checks ``NBYTES``
+against what it expected, and copies the slot out. Each control word has exactly one writer,
+so no atomics are needed; on x86 (total store order) a reader that sees ``DONE == t`` also sees
+the rows written before it. Every wait backs off from spinning to sleeping (two cores may host
+four ranks) and raises :class:`~nobubble.moe.transport.TransportError` after ``timeout_s``.
+
+The transport implements :class:`~nobubble.moe.transport.Transport` (``all_to_all``,
+``all_gather``, ``reduce_scatter``, byte counting per kind), so ``Buffer(transport=...)`` uses
+it unchanged. Its steps (:meth:`ShmTransport.begin`, :meth:`ShmTransport.write_peer`,
+:meth:`ShmTransport.poll_slots`, :meth:`ShmTransport.exchange`) are public for the fused
+paths: gather-on-write dispatch, reduce-on-read combine, and the low-latency mode's split of
+send from receive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nobubble.moe.fastpath.shm_segment import (
+    Backoff,
+    cleanup,
+    copier,
+    map_segment,
+    round_up,
+    store_fence,
+    unlink,
+)
+from nobubble.moe.transport import (
+    ByteCounting,
+    TorchDistTransport,
+    Transport,
+    TransportError,
+    _as_byte_rows,
+    _from_byte_rows,
+    check_splits,
+)
+
+__all__ = ["ShmTransport", "make_transport", "default_transport_kind", "TRANSPORT_KINDS"]
+
+TRANSPORT_KINDS = ("auto", "shm", "dist")
+_READY, _GEN, _CAP, _HEADER = 0, 1, 2, 3
+_SHM_DIR = "/dev/shm"
+
+
+class ShmTransport(ByteCounting):
+    """All-to-all through shared memory between the ranks of one host.
+
+    Args:
+        group: the process group whose ranks exchange rows (``None`` = default group). All its
+            ranks must run on this host; the group is used only to agree on the memory's name.
+        timeout_s: the longest any wait for a peer may take.
+        capacity_bytes_per_peer: initial size of each per-source slot; a call needing more
+            grows the region once (to at least twice the old size).
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        timeout_s: float = 120.0,
+        capacity_bytes_per_peer: int = 1 << 20,
+    ) -> None:
+        if not dist.is_initialized():
+            raise ValueError(
+                "ShmTransport: torch.distributed is not initialised; start the ranks with "
+                "nobubble.distributed.spawn or torchrun first"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"ShmTransport: timeout_s={timeout_s} must be > 0")
+        if capacity_bytes_per_peer < 1:
+            raise ValueError(
+                f"ShmTransport: capacity_bytes_per_peer={capacity_bytes_per_peer} must be >= 1"
+            )
+        self.group = group
+        self.timeout_s = float(timeout_s)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self._seq = 0
+        self._counters: dict[str, dict[str, int]] = {}
+        self.reset_stats()
+        self._key = self._agree_on_key()
+        self._ctrl_t = map_segment(self._ctrl_path(self.rank), 8 * self._ctrl_len, create=True)
+        self._ctrl = self._ctrl_t.numpy().view(np.int64)  # (3 + 3R,)
+        self._ctrl[:] = 0
+        cap = round_up(capacity_bytes_per_peer)
+        self._data = map_segment(self._data_path(self.rank, 0), self.world_size * cap, create=True)
+        self._ctrl[_CAP] = cap
+        self._pending_unlink: list[str] = []
+        self._finalizer = weakref.finalize(
+            self, cleanup, [self._ctrl_path(self.rank), self._data_path(self.rank, 0)]
+        )
+        self._barrier()  # every rank's files exist
+        self._peer_ctrl_t = {
+            j: map_segment(self._ctrl_path(j), 8 * self._ctrl_len, create=False)
+            for j in self._peers()
+        }
+        self._peer_ctrl = {j: t.numpy().view(np.int64) for j, t in self._peer_ctrl_t.items()}
+        self._peer_data: dict[int, tuple[int, torch.Tensor]] = {
+            j: (0, map_segment(self._data_path(j, 0), self.world_size * cap, create=False))
+            for j in self._peers()
+        }
+        self._barrier()  # every rank has mapped every peer: the names can go
+        unlink(self._ctrl_path(self.rank))
+        unlink(self._data_path(self.rank, 0))
+
+    # -- setup ------------------------------------------------------------------------------
+    @property
+    def _ctrl_len(self) -> int:
+        return _HEADER + 3 * self.world_size
+
+    def _done(self, i: int) -> int:
+        return _HEADER + i
+
+    def _nbytes(self, i: int) -> int:
+        return _HEADER + self.world_size + i
+
+    def _mapped(self, i: int) -> int:
+        return _HEADER + 2 * self.world_size + i
+
+    def _ctrl_path(self, rank: int) -> str:
+        return os.path.join(_SHM_DIR, f"nobubble-ep-{self._key}-r{rank}-ctrl")
+
+    def _data_path(self, rank: int, gen: int) -> str:
+        return os.path.join(_SHM_DIR, f"nobubble-ep-{self._key}-r{rank}-g{gen}")
+
+    def _peers(self) -> list[int]:
+        """Other ranks, starting after this one so that senders spread over receivers."""
+        return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
+
+    def _agree_on_key(self) -> str:
+        hosts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
+        if len(set(hosts)) != 1:
+            raise ValueError(
+                f"ShmTransport: the group spans hosts {sorted(set(hosts))}; shared memory works "
+                "within one host - use TorchDistTransport or HierarchicalBuffer across hosts"
+            )
+        key = [uuid.uuid4().hex[:16] if self.rank == 0 else None]
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast_object_list(key, src=src, group=self.group)
+        return str(key[0])
+
+    def _barrier(self) -> None:
+        flag = torch.zeros(1)
+        dist.all_reduce(flag, group=self.group)  # gloo's barrier is an all-reduce as well
+
+    def close(self) -> None:
+        """Remove this rank's shared-memory names (mappings go when the tensors do)."""
+        self._finalizer()
+        for path in self._pending_unlink:
+            unlink(path)
+        self._pending_unlink.clear()
+
+    # -- the steps of one exchange ----------------------------------------------------------
+    def begin(self, recv_nbytes: Sequence[int], *, kind: str) -> int:
+        """Start call ``t``: make room for ``recv_nbytes[i]`` bytes from each source ``i`` and
+        publish READY (this rank has consumed the previous call). Returns ``t``."""
+        if len(recv_nbytes) != self.world_size:
+            raise ValueError(
+                f"begin({kind}): {len(recv_nbytes)} receive sizes for "
+                f"world_size={self.world_size}; give one per rank"
+            )
+        self._seq += 1
+        need = max((int(n) for i, n in enumerate(recv_nbytes) if i != self.rank), default=0)
+        if need > int(self._ctrl[_CAP]):
+            self._grow(need)
+        self._release_old_names()
+        self._ctrl[_READY] = self._seq
+        return self._seq
+
+    def write_peer(
+        self, j: int, t: int, nbytes: int, fill: Callable[[torch.Tensor], Any], *, kind: str
+    ) -> None:
+        """Wait until peer ``j`` is ready for call ``t``, let ``fill`` write ``nbytes`` into this
+        rank's slot of ``j``'s region (a flat uint8 view), then signal ``j``."""
+        ctrl = self._peer_ctrl[j]
+        backoff = Backoff(self.timeout_s)
+        while ctrl[_READY] != t:
+            backoff.pause(
+                f"rank {self.rank}/{self.world_size}: {kind} send (call {t}) waiting for rank {j} "
+                "to be ready"
+            )
+        self._write_now(j, t, nbytes, fill, kind)
+
+    def _write_now(
+        self, j: int, t: int, nbytes: int, fill: Callable[[torch.Tensor], Any], kind: str
+    ) -> None:
+        ctrl = self._peer_ctrl[j]
+        gen, cap = int(ctrl[_GEN]), int(ctrl[_CAP])
+        mapped_gen, region = self._peer_data[j]
+        if mapped_gen != gen:
+            region = map_segment(self._data_path(j, gen), self.world_size * cap, create=False)
+            self._peer_data[j] = (gen, region)
+            ctrl[self._mapped(self.rank)] = gen
+        if nbytes > cap:
+            raise TransportError(
+                f"rank {self.rank}: {kind} call {t}: {nbytes} bytes for rank {j} exceed its slot "
+                f"of {cap}; ranks disagree on the splits"
+            )
+        start = self.rank * cap
+        fill(region[start : start + nbytes])
+        store_fence()
+        ctrl[self._nbytes(self.rank)] = nbytes
+        ctrl[self._done(self.rank)] = t
+
+    def poll_slots(
+        self, t: int, recv_nbytes: Sequence[int], *, kind: str
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(source, slot)`` for every peer as its rows for call ``t`` arrive; ``slot``
+        is a flat uint8 view into this rank's region, valid until the next :meth:`begin`."""
+        cap = int(self._ctrl[_CAP])
+        waiting = set(self._peers())
+        backoff = Backoff(self.timeout_s)
+        while waiting:
+            ready = [i for i in waiting if self._ctrl[self._done(i)] == t]
+            if not ready:
+                backoff.pause(
+                    f"rank {self.rank}/{self.world_size}: {kind} receive (call {t}) waiting for "
+                    f"rank(s) {sorted(waiting)}"
+                )
+                continue
+            for i in ready:
+                waiting.discard(i)
+                yield i, self._arrived_slot(i, t, recv_nbytes[i], cap, kind)
+
+    def exchange(
+        self,
+        t: int,
+        writes: dict[int, tuple[int, Callable[[torch.Tensor], Any]]],
+        recv_nbytes: Sequence[int],
+        on_slot: Callable[[int, torch.Tensor], Any],
+        *,
+        kind: str,
+    ) -> None:
+        """Finish call ``t`` in whatever order the peers allow: write ``writes[j] = (nbytes,
+        fill)`` to each peer as soon as it is ready, and hand each arrived slot to
+        ``on_slot(source, slot)`` - so a descheduled peer does not hold up the others.
+        Raises :class:`TransportError` after ``timeout_s`` without progress."""
+        to_write = dict(writes)
+        to_read = set(self._peers())
+        cap = int(self._ctrl[_CAP])
+        backoff = Backoff(self.timeout_s)
+        while to_write or to_read:
+            progressed = False
+            for j in [j for j in to_write if self._peer_ctrl[j][_READY] == t]:
+                nbytes, fill = to_write.pop(j)
+                self._write_now(j, t, nbytes, fill, kind)
+                progressed = True
+            for i in [i for i in to_read if self._ctrl[self._done(i)] == t]:
+                to_read.discard(i)
+                on_slot(i, self._arrived_slot(i, t, recv_nbytes[i], cap, kind))
+                progressed = True
+            if progressed:
+                backoff = Backoff(self.timeout_s)
+            else:
+                backoff.pause(
+                    f"rank {self.rank}/{self.world_size}: {kind} (call {t}) waiting for rank(s) "
+                    f"{sorted(set(to_write) | to_read)}"
+                )
+
+    def _arrived_slot(self, i: int, t: int, expected: int, cap: int, kind: str) -> torch.Tensor:
+        """Source ``i``'s slot of call ``t`` (it signalled DONE), checked against the bytes this
+        rank expects from it."""
+        n = int(self._ctrl[self._nbytes(i)])
+        if n != expected:
+            raise TransportError(
+                f"rank {self.rank}: {kind} call {t}: rank {i} sent {n} bytes but "
+                f"{int(expected)} were expected; ranks disagree on the splits"
+            )
+        return self._data[i * cap : i * cap + n]
+
+    def _grow(self, need: int) -> None:
+        """Replace this rank's data region by a bigger one (no sender is using it now: every
+        sender finished the previous call before this rank could complete it)."""
+        cap = round_up(max(need, 2 * int(self._ctrl[_CAP])))
+        gen = int(self._ctrl[_GEN]) + 1
+        path = self._data_path(self.rank, gen)
+        self._data = map_segment(path, self.world_size * cap, create=True)
+        for stale in self._pending_unlink:
+            unlink(stale)
+        self._pending_unlink = [path]
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, cleanup, [path])
+        self._ctrl[_CAP] = cap
+        self._ctrl[_GEN] = gen
+
+    def _release_old_names(self) -> None:
+        """Unlink the newest region's name once every peer has mapped it."""
+        gen = int(self._ctrl[_GEN])
+        if self._pending_unlink and all(self._ctrl[self._mapped(i)] == gen for i in self._peers()):
+            for path in self._pending_unlink:
+                unlink(path)
+            self._pending_unlink.clear()
+
+    # -- the Transport interface ------------------------------------------------------------
+    def _exchange(
+        self, segments: list[torch.Tensor], recv_nbytes: list[int], *, kind: str
+    ) -> torch.Tensor:
+        out = torch.empty(sum(recv_nbytes), dtype=torch.uint8)
+        offsets = np.cumsum([0, *[int(n) for n in recv_nbytes]])
+        t = self.begin(recv_nbytes, kind=kind)
+        writes = {j: (segments[j].numel(), copier(segments[j])) for j in self._peers()}
+        out[offsets[self.rank] : offsets[self.rank + 1]].copy_(segments[self.rank].reshape(-1))
+        self.exchange(
+            t,
+            writes,
+            recv_nbytes,
+            lambda i, slot: out[offsets[i] : offsets[i + 1]].copy_(slot),
+            kind=kind,
+        )
+        return out
+
+    def all_to_all(
+        self,
+        send: torch.Tensor,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        *,
+        kind: str,
+    ) -> torch.Tensor:
+        """Send ``send[offsets[r]:offsets[r+1]]`` to rank r; return the received rows in rank order."""
+        send_splits, recv_splits = check_splits(
+            send, send_splits, recv_splits, self.world_size, kind
+        )
+        self._check_device(send, kind)
+        send_bytes = _as_byte_rows(send)  # (S, row_bytes)
+        row_bytes = send_bytes.shape[1]
+        flat = send_bytes.view(-1)  # (S * row_bytes,)
+        bounds = np.cumsum([0, *send_splits]) * row_bytes
+        segments = [flat[bounds[j] : bounds[j + 1]] for j in range(self.world_size)]
+        recv_nbytes = [n * row_bytes for n in recv_splits]
+        out = self._exchange(segments, recv_nbytes, kind=kind)
+        self._count(
+            kind,
+            sent=flat.numel(),
+            remote=flat.numel() - segments[self.rank].numel(),
+            received=out.numel(),
+        )
+        return _from_byte_rows(out.view(sum(recv_splits), row_bytes), send)
+
+    def all_gather(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
+        """``[n, ...]`` on every rank (same n) -> ``[R * n, ...]`` in rank order."""
+        self._check_device(x, kind)
+        rows = _as_byte_rows(x)  # (n, row_bytes)
+        flat = rows.reshape(-1)
+        out = self._exchange([flat] * self.world_size, [flat.numel()] * self.world_size, kind=kind)
+        n = flat.numel()  # delivered to every rank, this one included (as TorchDistTransport)
+        self._count(
+            kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
+        )
+        return _from_byte_rows(out.view(self.world_size * rows.shape[0], rows.shape[1]), x)
+
+    def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
+        """``[R * n, ...]`` on every rank -> this rank's ``[n, ...]`` block, summed in rank order."""
+        if x.shape[0] % self.world_size != 0:
+            raise ValueError(
+                f"reduce_scatter({kind}): {x.shape[0]} rows do not split over {self.world_size} ranks"
+            )
+        self._check_device(x, kind)
+        n = x.shape[0] // self.world_size
+        blocks = self.all_to_all(x, [n] * self.world_size, [n] * self.world_size, kind=kind)
+        blocks = blocks.reshape(self.world_size, n, *x.shape[1:])  # (R, n, ...)
+        out = blocks[0].clone()
+        for i in range(1, self.world_size):
+            out += blocks[i]
+        return out
+
+    def _check_device(self, t: torch.Tensor, kind: str) -> None:
+        if t.device.type != "cpu":
+            raise ValueError(
+                f"ShmTransport.{kind}: tensor on {t.device}; shared memory carries CPU tensors - "
+                "use TorchDistTransport (NCCL) for GPU tensors"
+            )
+
+
+def default_transport_kind(backend: str, device: str | torch.device) -> str:
+    """``"shm"`` for gloo on CPU (one host), ``"dist"`` (NCCL / gloo collectives) otherwise."""
+    return "shm" if backend == "gloo" and torch.device(device).type == "cpu" else "dist"
+
+
+def make_transport(
+    kind: str = "auto",
+    group: Any = None,
+    *,
+    device: str | torch.device = "cpu",
+    timeout_s: float = 120.0,
+    capacity_bytes_per_peer: int = 1 << 20,
+) -> Transport:
+    """Build the transport named ``kind``: ``"shm"``, ``"dist"`` or ``"auto"`` (by backend/device).
+
+    ``"auto"`` also falls back to ``"dist"`` when the group spans several hosts.
+    """
+    if kind not in TRANSPORT_KINDS:
+        raise ValueError(f"make_transport: kind={kind!r}; choose one of {TRANSPORT_KINDS}")
+    if kind == "auto":
+        kind = default_transport_kind(dist.get_backend(group), device)
+        if kind == "shm":
+            hosts: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(hosts, socket.gethostname(), group=group)
+            kind = "shm" if len(set(hosts)) == 1 else "dist"
+    if kind == "shm":
+        return ShmTransport(
+            group, timeout_s=timeout_s, capacity_bytes_per_peer=capacity_bytes_per_peer
+        )
+    return TorchDistTransport(group, timeout_s=timeout_s)

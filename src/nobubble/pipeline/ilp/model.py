@@ -1,0 +1,352 @@
+"""The exact pipeline scheduling problem in integer units, and its CP-SAT model.
+
+This module knows nothing about ``Schedule`` or ``CostModel``: it works on
+:class:`IntProblem` (integer durations, integer memory) and on *stage orders*, one list of
+``(op, microbatch)`` per stage with ``op`` in ``"F" "B" "W"``. :mod:`nobubble.pipeline.ilp.solve`
+converts to and from the public types.
+
+The problem (one stage per rank, the Zero Bubble graph):
+
+- ops ``F[s,i]``, ``B[s,i]``, ``W[s,i]`` for stage s < p, microbatch i < m, with integer
+  durations ``t_f[s]``, ``t_b[s]``, ``t_w[s]``;
+- dependencies: ``F[s,i]`` starts >= ``F[s-1,i]`` end + ``t_comm``; ``B[p-1,i]`` starts >=
+  ``F[p-1,i]`` end; ``B[s,i]`` starts >= ``B[s+1,i]`` end + ``t_comm``; ``W[s,i]`` starts
+  >= ``B[s,i]`` end;
+- one op at a time per stage (NoOverlap of its 3m intervals);
+- activation memory per stage (a reservoir constraint): F adds ``mem_f[s]``, B adds ``mem_b[s]``, W adds ``mem_w[s]``
+  (the last two are usually negative), each at the op's start; the running sum never exceeds
+  ``mem_limit``. Ops on a stage never overlap, so this is the same as: every prefix of the
+  stage's order sums to <= limit. Whether a release is booked at the start or the end of a
+  B/W does not matter, because no F of that stage can run in between.
+
+Objective: ``span`` = max over stages of (end of the stage's last op - ``head[s]``), where
+``head[s] = sum_{s'<s} (t_f[s'] + t_comm)`` is the earliest moment stage s can start its
+first forward; or ``makespan`` = max end. The simulator runs an order as soon as possible,
+so in every schedule whose stages begin with their first-arriving microbatch (every in-order
+schedule, every heuristic, everything the solver returns) the first F of stage s starts
+exactly at ``head[s]`` and ``span`` is the paper's span (last end - first F start). Measured
+from the *actual* first op, a span could also be shortened by starting a stage late on
+purpose (running F1 before F0 so the stage idles before its first op); that does not
+shorten the step, so the model anchors the span at ``head[s]`` and excludes the trick.
+The model fixes ``F[s,0]`` at ``head[s]``: for any model solution, the as-soon-as-possible
+run of its order ends no later on every stage, so min over the model = min over orders of
+the ASAP objective, which is what :func:`asap_times` and the simulator measure.
+
+Symmetry breaking (F, B and W of one stage each in microbatch order) is safe: every
+constraint between two op groups has the form ``x[i] >= y[i] + d`` with the same
+microbatch i on both sides; sorting both groups keeps it (if ``x_i >= y_i + d`` for all i,
+the k-th smallest x is >= the k-th smallest y + d). Relabelling the k-th F (B, W) of each
+stage as microbatch k therefore keeps every dependency, uses the same intervals (durations
+do not depend on the microbatch) and the same memory (the running sum depends only on how
+many F, B, W have started). So an optimal in-order schedule always exists;
+:func:`relabel_in_order` is that relabelling, used to turn heuristic hints into in-order ones.
+With F in order, ``F[s,0]`` is each stage's first op and ``W[s,m-1]`` its last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+__all__ = [
+    "IntProblem",
+    "StageOrder",
+    "CpSatModel",
+    "build_cpsat",
+    "asap_times",
+    "objective_of",
+    "relabel_in_order",
+    "head_starts",
+    "peak_memory",
+]
+
+StageOrder = Sequence[tuple[str, int]]
+"""One stage's ops in execution order: ``[("F", 0), ("F", 1), ("B", 0), ...]``."""
+
+_OPS = ("F", "B", "W")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntProblem:
+    """The scheduling problem in integer units (durations in ticks, memory in mem units).
+
+    Attributes:
+        num_stages: p (one stage per rank).
+        num_microbatches: m.
+        t_f, t_b, t_w: per-stage durations, each a tuple of p ints >= 0.
+        t_comm: transfer time between adjacent stages, int >= 0.
+        mem_f, mem_b, mem_w: per-stage memory change of each op, tuples of p ints.
+        mem_limit: per-stage activation limit in the same units, or None for no limit.
+        objective: ``"span"`` or ``"makespan"``.
+    """
+
+    num_stages: int
+    num_microbatches: int
+    t_f: tuple[int, ...]
+    t_b: tuple[int, ...]
+    t_w: tuple[int, ...]
+    t_comm: int
+    mem_f: tuple[int, ...]
+    mem_b: tuple[int, ...]
+    mem_w: tuple[int, ...]
+    mem_limit: int | None = None
+    objective: str = "span"
+
+    def __post_init__(self) -> None:
+        p, m = self.num_stages, self.num_microbatches
+        if p < 1 or m < 1:
+            raise ValueError(f"num_stages={p}, num_microbatches={m}: both must be >= 1")
+        for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
+            value = tuple(int(v) for v in getattr(self, name))
+            if len(value) != p:
+                raise ValueError(f"{name} has {len(value)} entries; give one per stage ({p})")
+            object.__setattr__(self, name, value)
+        if min(self.t_f + self.t_b + self.t_w) < 0 or self.t_comm < 0:
+            raise ValueError("durations and t_comm must be >= 0")
+        if self.objective not in ("span", "makespan"):
+            raise ValueError(f"objective={self.objective!r}; use 'span' or 'makespan'")
+
+    def duration(self, op: str, stage: int) -> int:
+        return {"F": self.t_f, "B": self.t_b, "W": self.t_w}[op][stage]
+
+    def mem_delta(self, op: str, stage: int) -> int:
+        return {"F": self.mem_f, "B": self.mem_b, "W": self.mem_w}[op][stage]
+
+    def horizon(self) -> int:
+        """An upper bound on any ASAP end time: all ops one after another, every hop paid."""
+        m, p = self.num_microbatches, self.num_stages
+        work = m * (sum(self.t_f) + sum(self.t_b) + sum(self.t_w))
+        return work + 2 * m * p * self.t_comm + 1
+
+
+def head_starts(problem: IntProblem) -> tuple[int, ...]:
+    """ASAP start of each stage's first F: ``sum_{s'<s} (t_f[s'] + t_comm)``."""
+    heads, t = [], 0
+    for s in range(problem.num_stages):
+        heads.append(t)
+        t += problem.t_f[s] + problem.t_comm
+    return tuple(heads)
+
+
+def _dependency(
+    problem: IntProblem, op: str, stage: int, mb: int
+) -> tuple[str, int, int, int] | None:
+    """``(op, stage, microbatch, delay)`` this op waits for, or None (F of stage 0)."""
+    p = problem.num_stages
+    if op == "F":
+        return None if stage == 0 else ("F", stage - 1, mb, problem.t_comm)
+    if op == "B":
+        return ("F", stage, mb, 0) if stage == p - 1 else ("B", stage + 1, mb, problem.t_comm)
+    return ("B", stage, mb, 0)
+
+
+def asap_times(
+    problem: IntProblem, orders: Sequence[StageOrder]
+) -> dict[tuple[str, int, int], int]:
+    """Run ``orders`` as soon as possible; return the start tick of every ``(op, stage, mb)``.
+
+    Raises ValueError on a deadlock (a stage waits for an op that is behind it) or on an
+    order that does not hold each op exactly once.
+    """
+    p, m = problem.num_stages, problem.num_microbatches
+    if len(orders) != p:
+        raise ValueError(f"{len(orders)} stage orders for {p} stages")
+    for s, order in enumerate(orders):
+        if sorted(order) != sorted((op, i) for op in _OPS for i in range(m)):
+            raise ValueError(f"stage {s} order does not hold F, B, W of each microbatch once")
+    start: dict[tuple[str, int, int], int] = {}
+    pos, free = [0] * p, [0] * p
+    remaining = 3 * m * p
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                op, mb = orders[s][pos[s]]
+                dep = _dependency(problem, op, s, mb)
+                ready = 0
+                if dep is not None:
+                    dop, ds, dmb, delay = dep
+                    if (dop, ds, dmb) not in start:
+                        break
+                    ready = start[dop, ds, dmb] + problem.duration(dop, ds) + delay
+                start[op, s, mb] = max(free[s], ready)
+                free[s] = start[op, s, mb] + problem.duration(op, s)
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = [
+                f"stage {s} at {orders[s][pos[s]]}" for s in range(p) if pos[s] < len(orders[s])
+            ]
+            raise ValueError(f"stage orders deadlock: {', '.join(stuck)}")
+    return start
+
+
+def objective_of(
+    problem: IntProblem, start: dict[tuple[str, int, int], int], objective: str | None = None
+) -> int:
+    """Span (max over stages of last end - first F start) or makespan of ASAP start times."""
+    objective = objective or problem.objective
+    ends = [0] * problem.num_stages
+    firsts = [None] * problem.num_stages
+    for (op, s, _mb), t in start.items():
+        ends[s] = max(ends[s], t + problem.duration(op, s))
+        if op == "F":
+            firsts[s] = t if firsts[s] is None else min(firsts[s], t)
+    if objective == "makespan":
+        return max(ends)
+    return max(e - f for e, f in zip(ends, firsts))
+
+
+def peak_memory(problem: IntProblem, orders: Sequence[StageOrder]) -> tuple[int, ...]:
+    """Largest running sum of memory deltas along each stage's order."""
+    peaks = []
+    for s, order in enumerate(orders):
+        level, peak = 0, 0
+        for op, _mb in order:
+            level += problem.mem_delta(op, s)
+            peak = max(peak, level)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def relabel_in_order(orders: Sequence[StageOrder]) -> list[list[tuple[str, int]]]:
+    """Rename the k-th F (B, W) of every stage to microbatch k (see the module docstring)."""
+    out = []
+    for order in orders:
+        seen = dict.fromkeys(_OPS, 0)
+        row = []
+        for op, _mb in order:
+            row.append((op, seen[op]))
+            seen[op] += 1
+        out.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class CpSatModel:
+    """A built CP-SAT model and handles to its variables.
+
+    ``start[(op, s, i)]`` is the start IntVar of op ``op`` of stage s on microbatch i;
+    ``objective`` is the IntVar minimised.
+    """
+
+    model: cp_model.CpModel
+    start: dict[tuple[str, int, int], cp_model.IntVar]
+    objective: cp_model.IntVar
+    problem: IntProblem
+
+
+def build_cpsat(
+    problem: IntProblem, *, memory: str = "reservoir", implied: bool = True
+) -> CpSatModel:
+    """Build the CP-SAT model of ``problem`` (see the module docstring for the formulation).
+
+    ``memory`` picks the encoding of the activation limit: ``"reservoir"`` (the default: a
+    reservoir of the deltas at op starts; exact for any deltas), ``"cumulative"`` (each
+    microbatch holds ``-mem_b`` from its F to its B and ``-mem_w`` from its F to its W; exact
+    when ``mem_b, mem_w <= 0`` and ``mem_f + mem_b + mem_w == 0``, otherwise the reservoir is
+    used) or ``"both"``. Measured (``benchmarks/ilp_scaling.py`` era, 2 workers): the
+    reservoir proves P=8, M=24 under p*M_F optimal in ~30 s where the cumulative stops at a
+    5.5% gap after 120 s, and p=4, m=8 under 3 M_F (per-stage costs) in 2.5 s against no
+    proof in 40 s; adding both is slower than the reservoir alone.
+    ``implied`` adds the precedences the memory limit forces (:func:`_implied_by_memory`);
+    they cut no schedule and help the search.
+    """
+    p, m = problem.num_stages, problem.num_microbatches
+    model = cp_model.CpModel()
+    horizon = problem.horizon()
+    heads = head_starts(problem)
+    start: dict[tuple[str, int, int], cp_model.IntVar] = {}
+    intervals: dict[tuple[str, int, int], cp_model.IntervalVar] = {}
+    for s in range(p):
+        for op in _OPS:
+            dur = problem.duration(op, s)
+            for i in range(m):
+                lo = heads[s] if op == "F" else 0
+                var = model.new_int_var(lo, horizon, f"{op}{s}_{i}")
+                start[op, s, i] = var
+                intervals[op, s, i] = model.new_fixed_size_interval_var(var, dur, f"i{op}{s}_{i}")
+        model.add(start["F", s, 0] == heads[s])  # ASAP first F (exact, see docstring)
+        model.add_no_overlap([intervals[op, s, i] for op in _OPS for i in range(m)])
+
+    def end(op: str, s: int, i: int):
+        return start[op, s, i] + problem.duration(op, s)
+
+    for s in range(p):
+        for op in _OPS:
+            for i in range(m):
+                dep = _dependency(problem, op, s, i)
+                if dep is not None:
+                    dop, ds, dmb, delay = dep
+                    model.add(start[op, s, i] >= end(dop, ds, dmb) + delay)
+                if i > 0:  # symmetry breaking: each op kind in microbatch order
+                    model.add(start[op, s, i] >= end(op, s, i - 1))
+    if problem.mem_limit is not None:
+        for s in range(p):
+            _add_memory(model, problem, s, start, horizon, memory)
+            if implied:
+                for op, j, i in _implied_by_memory(problem, s):
+                    model.add(start["F", s, i] >= end(op, s, j))
+
+    objective = model.new_int_var(0, horizon, "objective")
+    for s in range(p):
+        offset = heads[s] if problem.objective == "span" else 0
+        model.add(objective >= end("W", s, m - 1) - offset)
+    model.minimize(objective)
+    return CpSatModel(model, start, objective, problem)
+
+
+def _add_memory(model, problem: IntProblem, s: int, start, horizon: int, memory: str) -> None:
+    if memory not in ("cumulative", "reservoir", "both"):
+        raise ValueError(f"memory={memory!r}; use 'reservoir', 'cumulative' or 'both'")
+    m, limit = problem.num_microbatches, problem.mem_limit
+    mf, mb, mw = problem.mem_f[s], problem.mem_b[s], problem.mem_w[s]
+    if memory in ("cumulative", "both") and mb <= 0 and mw <= 0 and mf + mb + mw == 0:
+        intervals, demands = [], []
+        for i in range(m):
+            for op, held in (("B", -mb), ("W", -mw)):
+                if held == 0:
+                    continue
+                size = model.new_int_var(0, horizon, f"hold{op}{s}_{i}")
+                intervals.append(
+                    model.new_interval_var(start["F", s, i], size, start[op, s, i], f"m{op}{s}_{i}")
+                )
+                demands.append(held)
+        if intervals:
+            model.add_cumulative(intervals, demands, limit)
+        if memory == "cumulative":
+            return
+    times, deltas = [], []
+    for op, delta in (("F", mf), ("B", mb), ("W", mw)):
+        for i in range(m):
+            times.append(start[op, s, i])
+            deltas.append(delta)
+    low = min(0, sum(min(d, 0) for d in deltas))
+    model.add_reservoir_constraint(times, deltas, low, limit)
+
+
+def _implied_by_memory(problem: IntProblem, s: int) -> list[tuple[str, int, int]]:
+    """``(op, j, i)``: op j (B or W) of stage s must end before F i starts, or F i breaks
+    the limit.
+
+    In order, when F_i starts with nB of the Bs and nW of the Ws done (nW <= nB <= i), the
+    stage holds ``(i+1) mem_f + nB mem_b + nW mem_w`` (mem_b, mem_w < 0). With every B
+    done it still needs ``nW >= ceil(((i+1) mem_f + i mem_b - limit) / -mem_w)``; with
+    nW = nB it needs ``nB >= ceil(((i+1) mem_f - limit) / (-mem_b - mem_w))``. Only valid for
+    the usual signs (mem_b, mem_w < 0), otherwise nothing is implied.
+    """
+    mf, mb, mw, limit = problem.mem_f[s], problem.mem_b[s], problem.mem_w[s], problem.mem_limit
+    if limit is None or mb >= 0 or mw >= 0 or mf <= 0:
+        return []
+    out = []
+    for i in range(problem.num_microbatches):
+        need_w = -(-((i + 1) * mf + i * mb - limit) // -mw)  # ceil division
+        need_b = -(-((i + 1) * mf - limit) // (-mb - mw))
+        if 1 <= need_w <= i:
+            out.append(("W", need_w - 1, i))
+        if 1 <= need_b <= i:
+            out.append(("B", need_b - 1, i))
+    return out

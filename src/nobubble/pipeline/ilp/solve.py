@@ -1,0 +1,420 @@
+"""Exact optimal zero-bubble schedules: a CP-SAT model warm-started by the heuristics.
+
+:func:`solve_optimal` turns a :class:`~nobubble.pipeline.costs.CostModel` (one stage per
+rank) into the integer problem of :mod:`nobubble.pipeline.ilp.model`, hints it with the best
+heuristic schedule that fits the memory limit, solves it with OR-Tools CP-SAT, and returns
+an ordinary :class:`~nobubble.pipeline.actions.Schedule` (per-rank F/B/W order).
+
+Integer units. CP-SAT works on integers, so times are scaled by ``10**k`` with the smallest
+k <= 6 that makes every ``t_f, t_b, t_w, t_comm`` an integer (k = 3 for the paper's
+millisecond costs with three decimals, i.e. microseconds); costs with more digits are
+rounded to ``1e-6`` of their unit (the model is then exact for the rounded costs and within
+``num_ops_on_a_path * 0.5e-6`` of the given ones). Memory is scaled the same way; when it
+must be rounded, F's store is rounded up and the limit down, so a schedule the solver
+accepts always fits the real limit.
+
+The reported ``objective`` is the simulator's (:func:`~nobubble.pipeline.simulate.simulate`
+on the given costs) for the returned schedule: the longest per-rank span for
+``objective="span"`` (the paper's cost), the makespan for ``"makespan"``. When the costs are
+exact in the integer units (always for integer costs) it equals the solver's objective
+exactly. ``lower_bound`` is CP-SAT's proven bound, ``gap = (objective - lower_bound) /
+objective``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.ilp.model import (
+    IntProblem,
+    asap_times,
+    build_cpsat,
+    objective_of,
+    peak_memory,
+    relabel_in_order,
+)
+from nobubble.pipeline.simulate import SimResult, simulate
+
+__all__ = [
+    "SolveResult",
+    "solve_optimal",
+    "HEURISTIC_NAMES",
+    "DEFAULT_WORKERS",
+    "to_int_problem",
+    "stage_orders",
+]
+
+HEURISTIC_NAMES = ("zb-1p", "zb-2p", "zb-h1", "zb-h2", "1f1b")
+"""Heuristic schedules tried as the warm start (the best that fits the memory limit wins)."""
+
+_MAX_DIGITS = 6
+DEFAULT_WORKERS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveResult:
+    """Outcome of :func:`solve_optimal`.
+
+    Attributes:
+        schedule: the best schedule found (None when infeasible / unknown).
+        status: ``"optimal"`` (proven), ``"feasible"`` (time limit hit with a schedule),
+            ``"infeasible"`` (proven: no schedule fits the memory limit) or ``"unknown"``.
+        objective: the simulator's span (or makespan) of ``schedule``, in cost units.
+        lower_bound: the solver's proven lower bound, in cost units.
+        gap: ``(objective - lower_bound) / objective`` (0 when optimal).
+        solve_seconds: wall time of the CP-SAT solve.
+        explanation: one plain sentence on the outcome (why infeasible, what was hinted).
+        objective_kind: ``"span"`` or ``"makespan"``.
+        bubble_rate: the simulator's bubble rate of ``schedule``.
+        peak_memory: per-rank peak activation memory of ``schedule``.
+        heuristic: name of the warm-start schedule ("" when none fitted).
+        heuristic_objective: its simulated objective (None when none fitted).
+        heuristic_bubble_rate: its simulated bubble rate (None when none fitted).
+        time_unit: size of one solver tick in cost units (e.g. 1e-3).
+        simulation: the full :class:`SimResult` of ``schedule``.
+    """
+
+    schedule: Schedule | None
+    status: str
+    objective: float | None
+    lower_bound: float | None
+    gap: float | None
+    solve_seconds: float
+    explanation: str
+    objective_kind: str = "span"
+    bubble_rate: float | None = None
+    peak_memory: tuple[float, ...] = ()
+    heuristic: str = ""
+    heuristic_objective: float | None = None
+    heuristic_bubble_rate: float | None = None
+    time_unit: float = 1.0
+    simulation: SimResult | None = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> dict:
+        """JSON-ready figures."""
+        return {
+            "status": self.status,
+            "objective_kind": self.objective_kind,
+            "objective": self.objective,
+            "bubble_rate": self.bubble_rate,
+            "lower_bound": self.lower_bound,
+            "gap": self.gap,
+            "solve_seconds": self.solve_seconds,
+            "peak_memory": list(self.peak_memory),
+            "heuristic": self.heuristic,
+            "heuristic_objective": self.heuristic_objective,
+            "heuristic_bubble_rate": self.heuristic_bubble_rate,
+            "time_unit": self.time_unit,
+            "explanation": self.explanation,
+            "schedule_csv": self.schedule.to_csv() if self.schedule is not None else None,
+        }
+
+
+# -- integer scaling -----------------------------------------------------------------------
+def _decimal_scale(values: Sequence[float]) -> tuple[int, bool]:
+    """Smallest ``10**k`` (k <= 6) making every value an integer; ``(scale, exact)``."""
+    for k in range(_MAX_DIGITS + 1):
+        scale = 10**k
+        if all(
+            abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values
+        ):
+            return scale, True
+    return 10**_MAX_DIGITS, False
+
+
+def to_int_problem(
+    costs: CostModel,
+    *,
+    num_microbatches: int,
+    mem_limit: float | None,
+    objective: str,
+) -> tuple[IntProblem, float, float]:
+    """Scale ``costs`` to integers; return ``(problem, time_unit, mem_unit)``.
+
+    ``time_unit`` / ``mem_unit`` are the cost-unit sizes of one integer tick.
+    """
+    times = [*costs.t_f, *costs.t_b, *costs.t_w, costs.t_comm]
+    tscale, _ = _decimal_scale(times)
+    mems = [*costs.mem_f, *costs.mem_b, *costs.mem_w] + ([] if mem_limit is None else [mem_limit])
+    mscale, exact = _decimal_scale(mems)
+    if not exact:  # keep ~9 significant digits, rounding towards the safe side
+        mscale = 10 ** max(0, 9 - math.ceil(math.log10(max(abs(v) for v in mems) + 1)))
+
+    def up(v: float) -> int:
+        return math.ceil(v * mscale - 1e-9)
+
+    def down(v: float) -> int:
+        return math.floor(v * mscale + 1e-9)
+
+    problem = IntProblem(
+        num_stages=costs.num_stages,
+        num_microbatches=num_microbatches,
+        t_f=tuple(round(v * tscale) for v in costs.t_f),
+        t_b=tuple(round(v * tscale) for v in costs.t_b),
+        t_w=tuple(round(v * tscale) for v in costs.t_w),
+        t_comm=round(costs.t_comm * tscale),
+        mem_f=tuple(up(v) for v in costs.mem_f),
+        mem_b=tuple(-down(v) for v in costs.mem_b),  # model deltas: B and W free memory
+        mem_w=tuple(-down(v) for v in costs.mem_w),
+        mem_limit=None if mem_limit is None else down(mem_limit),
+        objective=objective,
+    )
+    return problem, 1.0 / tscale, 1.0 / mscale
+
+
+# -- Schedule <-> stage orders ----------------------------------------------------------------
+def stage_orders(schedule: Schedule) -> list[list[tuple[str, int]]]:
+    """Per-stage ``(op, microbatch)`` orders of a one-stage-per-rank schedule.
+
+    A fused backward BW becomes B followed at once by W (same time, same memory).
+    """
+    if schedule.num_chunks != 1 or schedule.stage_to_rank != tuple(range(schedule.num_ranks)):
+        raise ValueError(
+            f"schedule {schedule.name!r} has {schedule.num_chunks} stages per rank; the exact "
+            "solver handles one stage per rank (stage s on rank s)"
+        )
+    orders = []
+    for actions in schedule.rank_actions:
+        row: list[tuple[str, int]] = []
+        for a in actions:
+            if a.op is Op.BW:
+                row += [("B", a.microbatch), ("W", a.microbatch)]
+            else:
+                row.append((a.op.value, a.microbatch))
+        orders.append(row)
+    return orders
+
+
+def _to_schedule(
+    orders: Sequence[Sequence[tuple[str, int]]], num_microbatches: int, name: str
+) -> Schedule:
+    rows = [tuple(Action(s, Op(op), mb) for op, mb in order) for s, order in enumerate(orders)]
+    return Schedule(name, num_microbatches, tuple(range(len(orders))), tuple(rows))
+
+
+def _sim_objective(sim: SimResult, objective: str) -> float:
+    return sim.max_span if objective == "span" else sim.makespan
+
+
+# -- warm start ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Hint:
+    name: str
+    orders: list[list[tuple[str, int]]]
+    int_objective: int
+    sim: SimResult
+
+
+def _candidate_schedules(
+    costs: CostModel, num_stages: int, num_microbatches: int, mem_limit: float | None
+) -> list[Schedule]:
+    from nobubble.pipeline.schedules import get_schedule
+
+    out = []
+    for name in HEURISTIC_NAMES:
+        limit = mem_limit if name in ("zb-1p", "zb-2p") else None
+        try:
+            out.append(
+                get_schedule(
+                    name,
+                    num_stages=num_stages,
+                    num_microbatches=num_microbatches,
+                    costs=costs,
+                    mem_limit=limit,
+                )  # fmt: skip
+            )
+        except (ImportError, ValueError):
+            continue  # a heuristic that cannot make this shape is simply not a candidate
+    return out
+
+
+def _best_hint(
+    problem: IntProblem, costs: CostModel, candidates: Sequence[Schedule]
+) -> _Hint | None:
+    best: _Hint | None = None
+    for schedule in candidates:
+        orders = relabel_in_order(stage_orders(schedule))
+        if problem.mem_limit is not None and max(peak_memory(problem, orders)) > problem.mem_limit:
+            continue
+        value = objective_of(problem, asap_times(problem, orders))
+        if best is None or value < best.int_objective:
+            sim = simulate(_to_schedule(orders, problem.num_microbatches, schedule.name), costs)
+            best = _Hint(schedule.name, orders, value, sim)
+    return best
+
+
+# -- infeasibility ------------------------------------------------------------------------
+def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:
+    if mem_limit is None:
+        return "the solver proved the problem infeasible (unexpected without a memory limit)"
+    worst = max(range(costs.num_stages), key=lambda s: costs.mem_f[s])
+    if mem_limit < costs.mem_f[worst]:
+        return (
+            f"memory limit {mem_limit:g} is below the activation memory of a single microbatch "
+            f"on stage {worst} (M_F = {costs.mem_f[worst]:g}): no schedule can run even one "
+            f"forward there; raise the limit to at least {costs.mem_f[worst]:g}"
+        )
+    return f"no order of F/B/W keeps every stage's activation memory within {mem_limit:g}"
+
+
+# -- the solve ----------------------------------------------------------------------------
+def _check_args(
+    costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
+) -> None:
+    for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{label}={value!r} must be a positive integer")
+    if costs.num_stages != num_stages:
+        raise ValueError(
+            f"costs have {costs.num_stages} stages but num_stages={num_stages}; the exact solver "
+            "needs one cost entry per stage (one stage per rank)"
+        )
+    if objective not in ("span", "makespan"):
+        raise ValueError(f"objective={objective!r}; use 'span' (the paper's cost) or 'makespan'")
+    if not (time_limit_s > 0 and math.isfinite(time_limit_s)):
+        raise ValueError(f"time_limit_s={time_limit_s} must be a positive number of seconds")
+    if mem_limit is not None and not (mem_limit >= 0 and math.isfinite(mem_limit)):
+        raise ValueError(f"mem_limit={mem_limit} must be a finite number >= 0 (or None)")
+    if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 1):
+        raise ValueError(f"num_workers={num_workers!r} must be a positive integer (or None)")
+    if warm_start is not None and (
+        warm_start.num_ranks != num_stages or warm_start.num_microbatches != num_microbatches
+    ):
+        raise ValueError(
+            f"warm_start {warm_start.name!r} has {warm_start.num_ranks} ranks and "
+            f"{warm_start.num_microbatches} microbatches; the problem has {num_stages} and "
+            f"{num_microbatches}"
+        )
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, report: Callable[[float, float, float], None], unit: float) -> None:
+        super().__init__()
+        self._report, self._unit = report, unit
+
+    def on_solution_callback(self) -> None:
+        self._report(
+            self.objective_value * self._unit,
+            self.best_objective_bound * self._unit,
+            self.wall_time,
+        )
+
+
+def solve_optimal(
+    costs: CostModel,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    mem_limit: float | None = None,
+    objective: str = "span",
+    time_limit_s: float = 60.0,
+    warm_start: Schedule | None = None,
+    use_heuristics: bool = True,
+    num_workers: int | None = None,
+    memory_encoding: str = "reservoir",
+    on_solution: Callable[[float, float, float], None] | None = None,
+) -> SolveResult:
+    """Find the schedule of least span (or makespan) for p stages and m microbatches.
+
+    Args:
+        costs: per-stage costs, ``costs.num_stages == num_stages`` (one stage per rank).
+        num_stages: p. num_microbatches: m.
+        mem_limit: per-rank activation-memory limit in ``mem_f`` units (None: no limit);
+            ZB-1p's is ``p * M_F``.
+        objective: ``"span"`` (longest per-rank span, the paper's cost) or ``"makespan"``.
+        time_limit_s: CP-SAT wall-clock limit.
+        warm_start: a schedule to hint (in addition to the heuristics).
+        use_heuristics: also try :data:`HEURISTIC_NAMES` as hints.
+        num_workers: CP-SAT search workers (default :data:`DEFAULT_WORKERS` = 8 even on
+            fewer cores: the portfolio's LNS workers matter more than the core count; on 2
+            cores, 8 workers found a 54% shorter P=8, M=24 schedule under 4 M_F in 60 s
+            than 2 workers in 120 s).
+        memory_encoding: ``"reservoir"``, ``"cumulative"`` or ``"both"`` (see
+            :func:`~nobubble.pipeline.ilp.model.build_cpsat`).
+        on_solution: called with ``(objective, bound, seconds)`` at each improving solution.
+    """
+    _check_args(
+        costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers,
+        warm_start,
+    )  # fmt: skip
+    problem, time_unit, _ = to_int_problem(
+        costs, num_microbatches=num_microbatches, mem_limit=mem_limit, objective=objective
+    )
+    candidates = [] if warm_start is None else [warm_start]
+    if use_heuristics:
+        candidates += _candidate_schedules(costs, num_stages, num_microbatches, mem_limit)
+    hint = _best_hint(problem, costs, candidates)
+
+    built = build_cpsat(problem, memory=memory_encoding)
+    if hint is not None:
+        times = asap_times(problem, hint.orders)
+        for key, var in built.start.items():
+            built.model.add_hint(var, times[key])
+        built.model.add_hint(built.objective, hint.int_objective)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
+    solver.parameters.random_seed = 0
+    callback = None if on_solution is None else _Progress(on_solution, time_unit)
+    t0 = time.perf_counter()
+    code = solver.solve(built.model, callback)
+    seconds = time.perf_counter() - t0
+    return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit)
+
+
+def _result(
+    problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit
+) -> SolveResult:
+    objective = problem.objective
+    heur = {}
+    if hint is not None:
+        heur = {
+            "heuristic": hint.name,
+            "heuristic_objective": _sim_objective(hint.sim, objective),
+            "heuristic_bubble_rate": hint.sim.bubble_rate,
+        }
+    common = {"objective_kind": objective, "solve_seconds": seconds, "time_unit": time_unit, **heur}
+    if code == cp_model.INFEASIBLE:
+        return SolveResult(
+            schedule=None, status="infeasible", objective=None, lower_bound=None, gap=None,
+            explanation=_explain_infeasible(costs, mem_limit), **common,
+        )  # fmt: skip
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(
+            schedule=None, status="unknown", objective=None, lower_bound=None, gap=None,
+            explanation="no schedule found within the time limit; raise --time-limit", **common,
+        )  # fmt: skip
+    p, m = problem.num_stages, problem.num_microbatches
+    orders = []
+    for s in range(p):
+        ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW" for i in range(m))
+        orders.append([(op, i) for _, op, i in ops])
+    value = objective_of(problem, asap_times(problem, orders))
+    source = "cp-sat"
+    if hint is not None and hint.int_objective < value:  # only possible before optimality
+        orders, value, source = hint.orders, hint.int_objective, hint.name
+    status = (
+        "optimal" if code == cp_model.OPTIMAL and value <= solver.objective_value else "feasible"
+    )
+    schedule = _to_schedule(orders, m, f"ilp-{objective}")
+    sim = simulate(schedule, costs)
+    bound = min(solver.best_objective_bound, value) * time_unit
+    obj = _sim_objective(sim, objective)
+    gap = 0.0 if status == "optimal" else max(0.0, (obj - bound) / obj)
+    note = f"{status} after {seconds:.1f} s"
+    if hint is not None:
+        note += f"; warm start {hint.name} ({_sim_objective(hint.sim, objective):.6g})"
+    if source != "cp-sat":
+        note += "; the solver found nothing better than the warm start"
+    return SolveResult(
+        schedule=schedule, status=status, objective=obj, lower_bound=bound, gap=gap,
+        explanation=note, bubble_rate=sim.bubble_rate, peak_memory=sim.peak_memory,
+        simulation=sim, **common,
+    )  # fmt: skip

@@ -1,0 +1,105 @@
+"""The schedule registry: :func:`get_schedule` by name, and what each name means.
+
+All generators return a :class:`~nobubble.pipeline.actions.Schedule` for ``p`` ranks and
+``m`` microbatches; the order on each rank is the whole schedule (times come from the
+simulator).
+
+- ``gpipe``: all forwards, then all fused backwards (memory m * M_F).
+- ``1f1b``: rank r warms up ``p - r - 1`` forwards, then alternates F and fused backward.
+- ``zb-h1`` / ``zb-h2``: the Zero Bubble paper's handcrafted schedules, one generator with a
+  warm-up factor c (1 or 2): rank r warms up ``min(c(p - r - 1), m)`` forwards; then for
+  each microbatch i it runs the next F (if any is left), ``B_i``, and the oldest pending W
+  once ``i >= c * r`` (W lags its B by ``c * r`` microbatches, which fills the tail bubble);
+  leftover Ws run at the end. ZB-H1 keeps 1F1B's memory; ZB-H2 about twice it and removes
+  the warm-up bubble as well.
+- ``interleaved-1f1b``: Megatron's interleaved 1F1B with v chunks per rank (stage
+  ``k * p + r`` on rank r); needs ``m % p == 0``.
+- ``zb-v``: two chunks per rank in a V (:mod:`nobubble.pipeline.schedules.v_shape`).
+- ``zb-1p`` / ``zb-2p``: automatic (:mod:`nobubble.pipeline.schedules.auto`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.schedules.handwritten import (
+    check_sizes,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    zb_handcrafted,
+)
+
+__all__ = [
+    "SCHEDULE_NAMES",
+    "get_schedule",
+    "gpipe",
+    "one_f_one_b",
+    "zb_handcrafted",
+    "interleaved_1f1b",
+]
+
+
+def _auto(name: str, factor: int) -> Callable[..., Schedule]:
+    def make(num_stages, num_microbatches, *, costs=None, mem_limit=None, **_):
+        from nobubble.pipeline.schedules.auto import zb_auto
+
+        return zb_auto(
+            num_stages, num_microbatches, costs=costs, mem_limit=mem_limit,
+            mem_limit_factor=factor, name=name,
+        )  # fmt: skip
+
+    return make
+
+
+def _zb_v(num_stages, num_microbatches, **_):
+    from nobubble.pipeline.schedules.v_shape import zb_v
+
+    return zb_v(num_stages, num_microbatches)
+
+
+_GENERATORS: dict[str, Callable[..., Schedule]] = {
+    "gpipe": lambda p, m, **_: gpipe(p, m),
+    "1f1b": lambda p, m, **_: one_f_one_b(p, m),
+    "interleaved-1f1b": lambda p, m, num_chunks=None, **_: interleaved_1f1b(
+        p, m, num_chunks=2 if num_chunks is None else num_chunks
+    ),
+    "zb-h1": lambda p, m, **_: zb_handcrafted(p, m, warmup_factor=1, split_backward=True),
+    "zb-h2": lambda p, m, **_: zb_handcrafted(p, m, warmup_factor=2, split_backward=True),
+    "zb-1p": _auto("zb-1p", 1),
+    "zb-2p": _auto("zb-2p", 2),
+    "zb-v": _zb_v,
+}
+SCHEDULE_NAMES: tuple[str, ...] = tuple(_GENERATORS)
+
+
+def get_schedule(
+    name: str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    costs: CostModel | None = None,
+    mem_limit: float | None = None,
+    num_chunks: int | None = None,
+) -> Schedule:
+    """Generate schedule ``name`` (one of :data:`SCHEDULE_NAMES`) for ``num_stages`` ranks.
+
+    ``costs`` (per rank) and ``mem_limit`` (activation memory per rank, same unit as the
+    costs' ``mem_f``) steer the automatic schedules ``zb-1p``/``zb-2p`` (default limit p*M_F
+    and 2p*M_F); ``num_chunks`` is v for ``interleaved-1f1b`` (default 2).
+    """
+    key = name.lower()
+    if key not in _GENERATORS:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    if num_chunks is not None and key not in ("interleaved-1f1b", "zb-v"):
+        raise ValueError(f"num_chunks applies to interleaved-1f1b (and zb-v: 2), not {name!r}")
+    if num_chunks is not None and key == "zb-v" and num_chunks != 2:
+        raise ValueError(f"zb-v always has 2 chunks per rank, not {num_chunks}")
+    if mem_limit is not None and key not in ("zb-1p", "zb-2p"):
+        raise ValueError(f"mem_limit applies to zb-1p / zb-2p, not {name!r}")
+    check_sizes(num_stages, num_microbatches)
+    return _GENERATORS[key](
+        num_stages, num_microbatches, costs=costs, mem_limit=mem_limit, num_chunks=num_chunks
+    )

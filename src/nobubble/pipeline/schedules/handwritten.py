@@ -1,0 +1,104 @@
+"""Hand-written schedules: GPipe, 1F1B, interleaved 1F1B, and the Zero Bubble paper's ZB-H1/H2.
+
+Each returns a :class:`~nobubble.pipeline.actions.Schedule` for ``num_stages`` ranks (one
+stage per rank, except interleaved 1F1B) and ``num_microbatches`` microbatches; the registry
+in :mod:`nobubble.pipeline.schedules` describes each one.
+"""
+
+from __future__ import annotations
+
+from nobubble.pipeline.actions import Action, Op, Schedule
+
+__all__ = ["gpipe", "one_f_one_b", "zb_handcrafted", "interleaved_1f1b", "check_sizes"]
+
+
+def check_sizes(num_stages: int, num_microbatches: int) -> None:
+    for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{label}={value!r} must be a positive integer")
+
+
+def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
+    """All forwards, then all backwards in reverse microbatch order."""
+    check_sizes(num_stages, num_microbatches)
+    m = num_microbatches
+    rows = [
+        [Action(r, Op.F, i) for i in range(m)] + [Action(r, Op.BW, i) for i in range(m)]
+        for r in range(num_stages)
+    ]
+    return Schedule("gpipe", m, tuple(range(num_stages)), tuple(map(tuple, rows)))
+
+
+def zb_handcrafted(
+    num_stages: int, num_microbatches: int, *, warmup_factor: int, split_backward: bool
+) -> Schedule:
+    """The paper's warm-up-c generator (module docstring). ``warmup_factor=1`` with a fused
+    backward is 1F1B; with a split backward ZB-H1; ``warmup_factor=2`` split is ZB-H2."""
+    check_sizes(num_stages, num_microbatches)
+    p, m, c = num_stages, num_microbatches, warmup_factor
+    rows = []
+    for r in range(p):
+        num_warmup = min(c * (p - r - 1), m)
+        row = [Action(r, Op.F, i) for i in range(num_warmup)]
+        next_f, next_w = num_warmup, 0
+        for i in range(m):
+            if next_f < m:
+                row.append(Action(r, Op.F, next_f))
+                next_f += 1
+            if not split_backward:
+                row.append(Action(r, Op.BW, i))
+                continue
+            row.append(Action(r, Op.B, i))
+            if i >= c * r:
+                row.append(Action(r, Op.W, next_w))
+                next_w += 1
+        row.extend(Action(r, Op.W, i) for i in range(next_w, m) if split_backward)
+        rows.append(tuple(row))
+    name = "1f1b" if not split_backward else f"zb-h{c}"
+    return Schedule(name, m, tuple(range(p)), tuple(rows))
+
+
+def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
+    return zb_handcrafted(num_stages, num_microbatches, warmup_factor=1, split_backward=False)
+
+
+def interleaved_1f1b(num_stages: int, num_microbatches: int, *, num_chunks: int = 2) -> Schedule:
+    """Megatron's interleaved 1F1B: ``num_chunks`` (v) stages per rank, stage ``k*p + r`` on
+    rank r; microbatches go through in groups of p per chunk. Needs ``m % p == 0``."""
+    check_sizes(num_stages, num_microbatches)
+    p, m, v = num_stages, num_microbatches, num_chunks
+    if not (isinstance(v, int) and v >= 1):
+        raise ValueError(f"num_chunks={v!r} must be a positive integer")
+    if m % p:
+        raise ValueError(
+            f"interleaved-1f1b needs num_microbatches divisible by num_stages; "
+            f"m={m} % p={p} = {m % p} (use m={m + p - m % p})"
+        )
+    total = m * v
+
+    def forward_unit(k: int) -> tuple[int, int]:  # k-th forward of a rank -> (chunk, mb)
+        group, within = divmod(k, p * v)
+        return within // p, group * p + within % p
+
+    def backward_unit(k: int) -> tuple[int, int]:
+        chunk, mb = forward_unit(k)
+        return v - 1 - chunk, mb
+
+    rows = []
+    for r in range(p):
+        num_warmup = total if m == p else min((p - r - 1) * 2 + (v - 1) * p, total)
+        row = []
+        for k in range(num_warmup):
+            chunk, mb = forward_unit(k)
+            row.append(Action(chunk * p + r, Op.F, mb))
+        for k in range(total - num_warmup):
+            chunk, mb = forward_unit(num_warmup + k)
+            row.append(Action(chunk * p + r, Op.F, mb))
+            chunk, mb = backward_unit(k)
+            row.append(Action(chunk * p + r, Op.BW, mb))
+        for k in range(total - num_warmup, total):
+            chunk, mb = backward_unit(k)
+            row.append(Action(chunk * p + r, Op.BW, mb))
+        rows.append(tuple(row))
+    stage_to_rank = tuple(s % p for s in range(p * v))
+    return Schedule("interleaved-1f1b", m, stage_to_rank, tuple(rows))

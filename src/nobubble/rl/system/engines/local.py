@@ -1,0 +1,172 @@
+"""The local engine: every stage worker is its own process on this machine.
+
+Why processes, not threads: the stages are Python loops around small tensor ops (a 64-wide
+transformer on ~10-token sequences); most of their time is Python and dispatch overhead
+under the GIL, not long kernels that release it, so two threads would mostly take turns.
+Two processes with one torch thread each do run at the same time on two cores.
+
+- Processes start with ``spawn`` (no forked torch state); each runs one torch thread
+  (:meth:`RunConfig.torch_threads`). In ``sync`` mode only one stage works at a time, so one
+  core idles - that idle core is the bubble the asynchronous modes remove. (Giving the lone
+  stage two intra-op threads instead was 5x *slower* here: the ops are too small to split
+  and the threads spin against each other and the machine's other load.)
+- Commands and results travel through ``multiprocessing`` queues as pickled bytes (a group's
+  tensors are a few hundred bytes; pickling by value avoids one shared-memory segment per
+  tensor).
+- Weights travel through :class:`~nobubble.rl.system.weight_sync.SharedWeights`: the trainer copies
+  its parameters into one shared-memory tensor and bumps the version, a generator copies
+  them out before a chunk when the version moved.
+- Nothing waits forever: ``poll`` has a timeout, notices a worker that died without a word
+  (exit code) or raised (its traceback), and ``shutdown`` terminates what does not stop.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.policy import CharTransformer
+from nobubble.rl.system.protocol import Message, WorkerError
+from nobubble.rl.system.weight_sync import SharedWeights
+
+__all__ = ["LocalEngine"]
+
+
+def _worker_main(
+    name: str, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights, threads: int
+) -> None:
+    torch.set_num_threads(threads)
+    parent = os.getppid()
+    try:
+        from nobubble.rl.system.engines.worker import StageWorker
+
+        worker = StageWorker(name, cfg)
+        have = -1
+        if worker.kind == "trainer":
+            shared.publish(worker.trainer.model, worker.trainer.version)
+        outq.put(pickle.dumps(Message("ready", name)))
+        while True:
+            try:
+                cmd = pickle.loads(inq.get(timeout=1.0))
+            except queue.Empty:
+                if os.getppid() != parent:  # the driver is gone: do not linger
+                    return
+                continue
+            op = cmd[0]
+            if op == "stop":
+                return
+            if op == "rollout":
+                have = shared.pull(worker.rollout.model, have)
+                worker.rollout.version = have
+                msgs = worker.rollout_cmd(cmd[1])
+            elif op == "reward":
+                msgs = worker.reward_cmd(cmd[1])
+            elif op == "train":
+                msg = worker.train_cmd(cmd[1])
+                shared.publish(worker.trainer.model, worker.trainer.version)
+                msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
+            elif op == "eval":
+                msgs = [worker.eval_cmd()]
+            else:
+                raise ValueError(f"{name}: unknown command {op!r}")
+            for m in msgs:
+                outq.put(pickle.dumps(m))
+    except BaseException as err:  # noqa: BLE001 - every failure must reach the driver
+        outq.put(
+            pickle.dumps(("error", name, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+        )
+
+
+class LocalEngine:
+    """Stage workers as local processes (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._procs: dict[str, Any] = {}
+        self._inq: dict[str, Any] = {}
+        self._outq: Any = None
+        self._shared: SharedWeights | None = None
+
+    def start(self, cfg: RunConfig) -> list[str]:
+        ctx = tmp.get_context("spawn")
+        shared = self._shared = SharedWeights(CharTransformer(cfg.policy_config()), ctx)
+        self._outq = ctx.Queue()
+        names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
+        names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
+        names.append("trainer")
+        threads = cfg.torch_threads()
+        for name in names:
+            self._inq[name] = ctx.Queue()
+            t = 1 if name.startswith("reward") else threads
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(name, cfg, self._inq[name], self._outq, shared, t),
+                daemon=True,
+                name=f"nobubble-rl-{name}",
+            )
+            proc.start()
+            self._procs[name] = proc
+        return names
+
+    def _send(self, worker: str, cmd: tuple) -> None:
+        self._inq[worker].put(pickle.dumps(cmd))
+
+    def submit_rollout(self, worker: str, requests: list, weights: Any) -> None:
+        self._send(worker, ("rollout", requests))
+
+    def submit_reward(self, worker: str, groups: list) -> None:
+        self._send(worker, ("reward", groups))
+
+    def submit_train(self, groups: list, evaluate: bool) -> None:
+        self._send("trainer", ("train", groups, evaluate))
+
+    def submit_eval(self) -> None:
+        self._send("trainer", ("eval",))
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        """Messages that arrived within ``timeout_s`` (all that are queued, once one is)."""
+        out: list[Message] = []
+        raw: list[bytes] = []
+        try:
+            raw.append(self._outq.get(timeout=timeout_s))
+            while True:
+                raw.append(self._outq.get_nowait())
+        except queue.Empty:
+            pass
+        for blob in raw:
+            item = pickle.loads(blob)
+            if isinstance(item, tuple) and item[0] == "error":
+                raise WorkerError(f"{item[1]} failed: {item[2]}")
+            out.append(item)
+        if not out:
+            self._check_alive()
+        return out
+
+    def _check_alive(self) -> None:
+        for name, proc in self._procs.items():
+            if not proc.is_alive():
+                raise WorkerError(
+                    f"{name} died with exit code {proc.exitcode} without reporting an error"
+                )
+
+    def shutdown(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.is_alive():
+                try:
+                    self._send(name, ("stop",))
+                except (OSError, ValueError):
+                    pass
+        end = time.monotonic() + 5.0
+        for proc in self._procs.values():
+            proc.join(timeout=max(0.0, end - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+        self._procs.clear()

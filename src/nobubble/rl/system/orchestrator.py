@@ -1,0 +1,381 @@
+"""One orchestrator for every mode and engine: admission, routing, bookkeeping.
+
+The orchestrator runs in the driver process. It never computes anything heavy; it decides
+*when* each stage may work and moves data between them through an :class:`Engine` (local
+processes, or Ray actors):
+
+1. admission - a new GRPO group may start only while ``floor((N_r - 1) / B) <= version +
+   eta`` (:class:`~nobubble.rl.system.experience.ExperienceBuffer`);
+2. rollout - admitted groups go to an idle generator in chunks; each chunk is sampled with
+   the newest weights the generator holds when the chunk starts (one version per group);
+3. reward - generated groups go to a reward worker; failures are retried there;
+4. buffer - scored groups wait; the trainer takes the B oldest once it is idle;
+5. training - each step produces a new version, which the engine publishes to the
+   generators.
+
+Modes differ only in ``eta`` and chunking: ``sync`` (eta = 0: generation of step i waits for
+the weights of step i, so the stages alternate), ``one-step-off`` (eta = k, default 1, whole
+batches per weight version, as veRL's one-step-off) and ``fully-async`` (eta, default 4,
+smaller chunks so generators pick up new weights between groups, as AReaL).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nobubble.rl.system.config import DEFAULT_STALENESS, ENGINES, MODES, RunConfig
+from nobubble.rl.system.experience import ExperienceBuffer, LedgerSummary
+from nobubble.rl.system.protocol import Engine, Message, WorkerError
+from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
+
+__all__ = [
+    "MODES",
+    "ENGINES",
+    "DEFAULT_STALENESS",
+    "RunConfig",
+    "Message",
+    "Engine",
+    "WorkerError",
+    "CurvePoint",
+    "RunResult",
+    "Orchestrator",
+    "run",
+]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One evaluation: policy version, wall-clock seconds since start, accuracy, rewards."""
+
+    step: int
+    wall_s: float
+    accuracy: float
+    eval_reward: float
+    train_reward: float | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run measured (see :meth:`to_json` for the machine-readable form)."""
+
+    config: dict[str, Any]
+    steps: int
+    wall_s: float
+    trained_samples: int
+    samples_per_s: float
+    initial_accuracy: float
+    final_accuracy: float
+    curve: list[CurvePoint]
+    staleness_hist: dict[int, int]
+    staleness_max: int
+    idle_ratio: dict[str, float]
+    busy_s: dict[str, float]
+    ledger: LedgerSummary
+    fates: dict[int, str]
+    group_versions: dict[int, list[int]]
+    weight_versions: list[int]
+    spans: list[Span]
+    t0: float
+
+    def time_to_accuracy(self, target: float) -> float | None:
+        for p in self.curve:
+            if p.accuracy >= target:
+                return p.wall_s
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "steps": self.steps,
+            "wall_s": self.wall_s,
+            "trained_samples": self.trained_samples,
+            "samples_per_s": self.samples_per_s,
+            "initial_accuracy": self.initial_accuracy,
+            "final_accuracy": self.final_accuracy,
+            "staleness_max": self.staleness_max,
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "idle_ratio": self.idle_ratio,
+            "busy_s": self.busy_s,
+            "ledger": {
+                "generated": self.ledger.generated,
+                "trained": self.ledger.trained,
+                "dropped": self.ledger.dropped,
+                "ok": self.ledger.ok,
+            },
+            "curve": [asdict(p) for p in self.curve],
+        }
+
+
+class Orchestrator:
+    """Drives one run of ``cfg`` on ``engine``; :meth:`run` returns a :class:`RunResult`."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        engine: Engine,
+        *,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.on_step = on_step
+        self.task = cfg.make_task()
+        self.buffer = ExperienceBuffer(batch_groups=cfg.batch_groups, max_staleness=cfg.eta)
+        self._rng = random.Random(cfg.seed)
+        self._prompt_ids = {p: i for i, p in enumerate(self.task.eval_prompts())}
+        self._train_batch: list[SampleGroup] = []
+        self._next_group = 0
+        self._version = 0  # newest version the trainer has published
+        self._weights: Any = None
+        self._idle_rollout: list[str] = []
+        self._idle_reward: list[str] = []
+        self._pending_reward: list[SampleGroup] = []
+        self._in_flight: dict[int, str] = {}  # group id -> stage, until buffered
+        self._trainer_busy = False
+        self._stopping = False
+        self._spans: list[Span] = []
+        self._curve: list[CurvePoint] = []
+        self._staleness: Counter[int] = Counter()
+        self._train_reward: float | None = None
+        self._group_versions: dict[int, list[int]] = {}
+        self._weight_versions: list[int] = [0]
+        self._eval_pending = 0
+        self._t0 = 0.0
+
+    # -- admission and dispatch --------------------------------------------------------
+
+    def _admit(self, n: int) -> list[GroupRequest]:
+        reqs = []
+        while len(reqs) < n and self.buffer.can_admit(self._version):
+            (prompt,) = self.task.sample_prompts(1, self._rng)
+            gid = self._next_group
+            self._next_group += 1
+            self.buffer.admit(gid, self._version)
+            self._in_flight[gid] = "rollout"
+            reqs.append(GroupRequest(gid, self._prompt_ids[prompt], prompt, time.time()))
+        return reqs
+
+    def _dispatch(self) -> None:
+        if self._stopping:
+            return
+        while self._idle_rollout:
+            chunk = self.cfg.chunk
+            # one-step-off and sync switch weights only between whole chunks: wait for room
+            if self.cfg.mode != "fully-async" and not self._room_for(chunk):
+                break
+            reqs = self._admit(chunk)
+            if not reqs:
+                break
+            self.engine.submit_rollout(self._idle_rollout.pop(0), reqs, self._weights)
+        while self._idle_reward and self._pending_reward:
+            # an idle reward worker takes an equal share of everything waiting
+            share = -(-len(self._pending_reward) // len(self._idle_reward))
+            groups, self._pending_reward = (
+                self._pending_reward[:share],
+                self._pending_reward[share:],
+            )
+            self.engine.submit_reward(self._idle_reward.pop(0), groups)
+        if not self._trainer_busy and self._version < self.cfg.steps:
+            batch = self.buffer.take_batch(self._version)
+            if batch is not None:
+                step = self._version + 1
+                evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
+                self.engine.submit_train(batch, evaluate)
+                self._train_batch = batch
+                self._trainer_busy = True
+                self._eval_pending += evaluate
+
+    def _room_for(self, n: int) -> bool:
+        live = self.buffer.num_live
+        return (live + n - 1) // self.cfg.batch_groups <= self._version + self.cfg.eta
+
+    # -- messages -------------------------------------------------------------------------
+
+    def _handle(self, msg: Message) -> None:
+        self._spans.extend(msg.spans)
+        if msg.kind == "ready":
+            if msg.worker.startswith("rollout"):
+                self._idle_rollout.append(msg.worker)
+            elif msg.worker.startswith("reward"):
+                self._idle_reward.append(msg.worker)
+        elif msg.kind == "rollout":
+            self._idle_rollout.append(msg.worker)
+            for g in msg.payload:
+                self.buffer.generated(g)
+                self._group_versions[g.group_id] = [s.policy_version for s in g.samples]
+                self._in_flight[g.group_id] = "reward"
+                self._pending_reward.append(g)
+        elif msg.kind == "reward":
+            self._idle_reward.append(msg.worker)
+            for g in msg.payload:
+                del self._in_flight[g.group_id]
+                self.buffer.put(g)
+        elif msg.kind == "train":
+            self._on_train(msg)
+        elif msg.kind == "eval":
+            self._on_eval(msg.payload)
+
+    def _on_train(self, msg: Message) -> None:
+        res = msg.payload
+        self._trainer_busy = False
+        if res.version <= self._version:
+            raise WorkerError(f"trainer published version {res.version} after {self._version}")
+        self.buffer.mark_trained(self._train_batch, res.version)
+        self._version = res.version
+        self._weights = msg.weights
+        self._weight_versions.append(res.version)
+        for lag in res.staleness:
+            self._staleness[lag] += self.cfg.group_size
+        self._train_reward = res.metrics.get("reward")
+        if self.on_step is not None:
+            self.on_step(res.version, {**res.metrics, "max_staleness": max(res.staleness)})
+        if self._version >= self.cfg.steps:
+            self._stopping = True
+
+    def _on_eval(self, ev: Any) -> None:
+        self._eval_pending = max(0, self._eval_pending - 1)
+        wall = ev.span.end_s - self._t0 if ev.span is not None else time.time() - self._t0
+        self._curve.append(
+            CurvePoint(ev.version, wall, ev.accuracy, ev.mean_reward, self._train_reward)
+        )
+        target = self.cfg.target_accuracy
+        if target is not None and ev.accuracy >= target:
+            self._stopping = True
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        workers = self.engine.start(cfg)
+        try:
+            return self._loop(workers)
+        finally:
+            self.engine.shutdown()
+
+    def _loop(self, workers: list[str]) -> RunResult:
+        cfg = self.cfg
+        waiting = set(workers)
+        deadline = time.monotonic() + cfg.timeout_s
+        while waiting:  # every worker says ready (imports, model build) before the clock starts
+            for msg in self._poll(deadline):
+                waiting.discard(msg.worker)
+                if msg.kind == "ready":
+                    self._handle(msg)
+                else:
+                    raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
+        self._t0 = time.time()
+        self.engine.submit_eval()  # version 0, the starting accuracy
+        self._eval_pending += 1
+        budget_end = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
+        while True:
+            if budget_end is not None and time.monotonic() > budget_end and not self._stopping:
+                self._stopping = True
+            if self._stopping and not self._trainer_busy:
+                break
+            self._dispatch()
+            for msg in self._poll(deadline):
+                self._handle(msg)
+        if not self._curve or self._curve[-1].step != self._version:
+            self.engine.submit_eval()
+            self._eval_pending += 1
+        while self._eval_pending:
+            for msg in self._poll(deadline):
+                if msg.kind in ("eval", "train"):
+                    self._handle(msg)
+                else:
+                    self._spans.extend(msg.spans)
+        return self._result()
+
+    def _poll(self, deadline: float) -> list[Message]:
+        last = time.monotonic()
+        while True:
+            msgs = self.engine.poll(0.5)
+            if msgs:
+                return msgs
+            now = time.monotonic()
+            if now > deadline:
+                raise WorkerError(
+                    f"run exceeded timeout_s={self.cfg.timeout_s}s; raise it if the run is just slow"
+                )
+            if now - last > self.cfg.stall_timeout_s:
+                raise WorkerError(
+                    f"no stage answered for {self.cfg.stall_timeout_s:.0f}s "
+                    f"(in flight: {dict(Counter(self._in_flight.values()))}, trainer busy: "
+                    f"{self._trainer_busy}); a worker is stuck"
+                )
+
+    def _result(self) -> RunResult:
+        cfg = self.cfg
+        self.buffer.close(sorted(self._in_flight))
+        ledger = self.buffer.ledger.summary()
+        curve = sorted(self._curve, key=lambda p: (p.step, p.wall_s))
+        train_spans = [
+            s for s in self._spans if s.stage == "trainer" and s.name.startswith("train")
+        ]
+        end = max((s.end_s for s in train_spans), default=self._t0)
+        wall = max(end - self._t0, 1e-9)
+        busy, idle = _stage_busy(self._spans, self._t0, end)
+        return RunResult(
+            config=cfg.to_dict(),
+            steps=self._version,
+            wall_s=wall,
+            trained_samples=ledger.trained,
+            samples_per_s=ledger.trained / wall,
+            initial_accuracy=curve[0].accuracy if curve else float("nan"),
+            final_accuracy=curve[-1].accuracy if curve else float("nan"),
+            curve=curve,
+            staleness_hist=dict(sorted(self._staleness.items())),
+            staleness_max=max(self._staleness, default=0),
+            idle_ratio=idle,
+            busy_s=busy,
+            ledger=ledger,
+            fates=dict(self.buffer.ledger.fate),
+            group_versions=self._group_versions,
+            weight_versions=self._weight_versions,
+            spans=sorted(self._spans, key=lambda s: s.start_s),
+            t0=self._t0,
+        )
+
+
+def _stage_busy(
+    spans: list[Span], t0: float, end: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Busy seconds and idle ratio per stage over ``[t0, end]`` (union of the stage's
+    workers' spans; evaluation counts as trainer work)."""
+    out_busy, out_idle = {}, {}
+    span_s = max(end - t0, 1e-9)
+    for stage in ("rollout", "reward", "trainer"):
+        ivs = sorted((max(s.start_s, t0), min(s.end_s, end)) for s in spans if s.stage == stage)
+        busy, cur_s, cur_e = 0.0, None, None
+        for a, b in ivs:
+            if b <= a:
+                continue
+            if cur_e is None or a > cur_e:
+                busy += 0.0 if cur_e is None else cur_e - cur_s
+                cur_s, cur_e = a, b
+            else:
+                cur_e = max(cur_e, b)
+        busy += 0.0 if cur_e is None else cur_e - cur_s
+        out_busy[stage] = busy
+        out_idle[stage] = max(0.0, 1.0 - busy / span_s)
+    return out_busy, out_idle
+
+
+def run(
+    cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None
+) -> RunResult:
+    """Run ``cfg`` on its engine (``local`` or ``ray``) and return the result."""
+    if cfg.engine == "ray":
+        from nobubble.rl.system.engines.ray import RayEngine
+
+        engine: Engine = RayEngine()
+    else:
+        from nobubble.rl.system.engines.local import LocalEngine
+
+        engine = LocalEngine()
+    return Orchestrator(cfg, engine, on_step=on_step).run()

@@ -1,0 +1,54 @@
+"""What the orchestrator and its engines say to each other: messages, the engine protocol.
+
+Both :mod:`~nobubble.rl.system.orchestrator` and :mod:`~nobubble.rl.system.engines` import this
+module, so neither imports the other at module level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
+
+__all__ = ["WorkerError", "Message", "Engine"]
+
+
+class WorkerError(RuntimeError):
+    """A stage worker raised or died; the message names the stage and carries its error."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A stage's answer to the orchestrator.
+
+    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``eval``; ``worker``: which
+    worker; ``payload``: groups (rollout, reward), a TrainResult, or an EvalResult;
+    ``spans``: busy spans to add to the timeline; ``weights``: for ``train``, the engine's
+    handle to the published weights (None where the engine publishes itself).
+    """
+
+    kind: str
+    worker: str
+    payload: Any = None
+    spans: tuple[Span, ...] = ()
+    weights: Any = None
+
+
+class Engine(Protocol):
+    """Where the stages run. Every ``submit_*`` returns at once; results come from ``poll``."""
+
+    def start(self, cfg: RunConfig) -> list[str]: ...  # worker names by stage prefix
+
+    def submit_rollout(self, worker: str, requests: list[GroupRequest], weights: Any) -> None: ...
+
+    def submit_reward(self, worker: str, groups: list[SampleGroup]) -> None: ...
+
+    def submit_train(self, groups: list[SampleGroup], evaluate: bool) -> None: ...
+
+    def submit_eval(self) -> None: ...
+
+    def poll(self, timeout_s: float) -> list[Message]: ...  # raises WorkerError
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,122 @@
+"""The rollout stage: turn admitted group requests into sampled groups.
+
+A :class:`RolloutWorker` owns a copy of the policy. ``generate`` samples ``group_size``
+responses for every request with the weights it holds at the call; weights change only
+between calls (``set_weights`` or a pull from shared memory), so every group is generated
+whole by one policy version. All requests of a call are sampled in one batch: on a CPU a
+batch of 128 short sequences costs little more than one of 8.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from nobubble.rl.system.policy import CharTransformer, PolicyConfig, sample
+from nobubble.rl.system.tasks import Task, encode_prompts, response_budgets
+from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
+from nobubble.rl.system.weight_sync import check_newer
+
+__all__ = ["RolloutConfig", "RolloutWorker"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """Sampling settings.
+
+    Attributes:
+        group_size: responses per prompt (GRPO group), >= 1.
+        temperature: sampling temperature, > 0.
+        delay_s: extra seconds per ``generate`` call (a slower generator for experiments).
+    """
+
+    group_size: int = 8
+    temperature: float = 1.0
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"RolloutConfig.group_size={self.group_size} must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"RolloutConfig.temperature={self.temperature} must be > 0")
+        if self.delay_s < 0:
+            raise ValueError(f"RolloutConfig.delay_s={self.delay_s} must be >= 0")
+
+
+class RolloutWorker:
+    """Samples groups with the policy version it holds (-1 until weights arrive)."""
+
+    def __init__(
+        self, *, task: Task, policy: PolicyConfig, cfg: RolloutConfig, seed: int, worker_id: int = 0
+    ) -> None:
+        self.task = task
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.model = CharTransformer(policy).eval()
+        self.version = -1
+        self.generator = torch.Generator().manual_seed(10_000 * seed + worker_id)
+        self._space = {p: i for i, p in enumerate(task.eval_prompts())}
+        self._rng = random.Random(seed)
+
+    def set_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load ``state_dict`` as ``version``; the same version again is a no-op."""
+        check_newer(self.version, version, f"rollout worker {self.worker_id}")
+        if version != self.version:
+            self.model.load_state_dict(state_dict)
+            self.version = version
+
+    def prompt_id(self, prompt: str) -> int:
+        return self._space[prompt]
+
+    def generate(self, requests: list[GroupRequest]) -> tuple[list[SampleGroup], Span]:
+        """Sample every request's group; returns the groups and the busy span."""
+        if self.version < 0:
+            raise RuntimeError(f"rollout worker {self.worker_id}: no weights loaded yet")
+        start = time.time()
+        g = self.cfg.group_size
+        prompts = [r.prompt for r in requests for _ in range(g)]
+        gen = sample(
+            self.model,
+            encode_prompts(self.task, prompts),
+            max_new_tokens=self.task.max_new_tokens,
+            eos_id=self.task.tokenizer.eos_id,
+            pad_id=self.task.tokenizer.pad_id,
+            temperature=self.cfg.temperature,
+            generator=self.generator,
+            budgets=response_budgets(self.task, prompts),
+        )
+        if self.cfg.delay_s:
+            time.sleep(self.cfg.delay_s)
+        now = time.time()
+        p = self.task.prompt_len
+        groups = []
+        for j, req in enumerate(requests):
+            samples = []
+            for i in range(g):
+                row = j * g + i
+                samples.append(
+                    Sample(
+                        sample_id=req.group_id * g + i,
+                        group_id=req.group_id,
+                        prompt_id=req.prompt_id,
+                        prompt=req.prompt,
+                        response=self.task.tokenizer.decode_response(gen.tokens[row, p:].tolist()),
+                        tokens=gen.tokens[row].clone(),
+                        response_mask=gen.response_mask[row].clone(),
+                        behaviour_logprobs=gen.logprobs[row].clone(),
+                        policy_version=self.version,
+                        t_generated=now,
+                    )
+                )
+            groups.append(SampleGroup(req.group_id, req.prompt_id, tuple(samples), req.t_admitted))
+        span = Span(
+            "rollout",
+            f"gen v{self.version} x{len(requests)}",
+            start,
+            now,
+            {"version": self.version, "groups": [r.group_id for r in requests]},
+        )
+        return groups, span

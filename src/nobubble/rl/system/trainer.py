@@ -1,0 +1,235 @@
+"""The training stage: one optimizer step per batch of groups, then a new policy version.
+
+Algorithms (``TrainerConfig.algo``), all built on the losses of :mod:`nobubble.rl.algo.losses`:
+
+- ``grpo``: group-relative advantages, PPO clip with ``pi_old`` := the behaviour policy (the
+  sampler's log-probs). On-policy in ``sync`` mode; in async modes this is the *naive* PPO of
+  the ablation.
+- ``ppo``: actor-critic PPO: advantage ``R - V(s_t)`` from the value head, clip against the
+  behaviour policy, plus a value loss.
+- ``decoupled-ppo``: AReaL's decoupled objective. The trust region is centred on the
+  proximal policy (the trainer's weights before this step), the data are reweighted by
+  ``pi_prox / pi_behav`` (truncated).
+- ``vtrace``: IMPALA's V-trace targets and policy-gradient advantages from the value head,
+  with a value loss.
+
+Each step reports the staleness of the batch (trainer version - sample version per group).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from nobubble.rl.algo.advantages import grpo_advantages
+from nobubble.rl.algo.losses import aggregate_loss, decoupled_ppo_loss, ppo_policy_loss
+from nobubble.rl.algo.staleness import check_group_versions, policy_lag
+from nobubble.rl.algo.vtrace import vtrace
+from nobubble.rl.system.policy import CharTransformer, PolicyConfig, response_logits, sample
+from nobubble.rl.system.tasks import Task, encode_prompts, response_budgets
+from nobubble.rl.system.types import SampleGroup, Span
+
+__all__ = ["ALGOS", "TrainerConfig", "TrainResult", "EvalResult", "Trainer", "evaluate_policy"]
+
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """Optimisation settings.
+
+    Attributes:
+        algo: one of ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace``.
+        lr: Adam learning rate.
+        group_size: responses per prompt, for the group advantages.
+        clip: PPO ratio clip epsilon.
+        entropy_coef: weight of the entropy bonus.
+        uniform_kl_coef: weight of KL(uniform || pi) per token. It keeps a floor under every
+            token's probability, so a group whose samples all agree on a wrong answer still
+            explores; unlike the entropy bonus, its gradient does not vanish as the policy
+            becomes deterministic. Greedy evaluation is unaffected by the floor.
+        value_coef: weight of the value loss (``ppo``, ``vtrace``).
+        max_grad_norm: gradient clipping.
+        delay_s: extra seconds per step (a slower trainer for experiments).
+    """
+
+    algo: str = "grpo"
+    lr: float = 1e-3
+    group_size: int = 8
+    clip: float = 0.2
+    entropy_coef: float = 0.0
+    uniform_kl_coef: float = 0.0
+    value_coef: float = 0.5
+    max_grad_norm: float = 1.0
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
+        for name in ("lr", "clip", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainerConfig.{name}={getattr(self, name)} must be > 0")
+        for name in ("entropy_coef", "uniform_kl_coef", "value_coef", "delay_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainerConfig.{name}={getattr(self, name)} must be >= 0")
+        if self.group_size < 1:
+            raise ValueError(f"TrainerConfig.group_size={self.group_size} must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """One optimizer step.
+
+    Attributes:
+        version: the policy version the step produced (trainer version + 1).
+        staleness: per trained group, ``trainer version - policy version`` before the step.
+        metrics: loss, mean reward, clip fraction, entropy.
+        span: the busy span.
+    """
+
+    version: int
+    staleness: list[int]
+    metrics: dict[str, float]
+    span: Span
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Greedy decoding over the task's whole prompt space."""
+
+    version: int
+    accuracy: float
+    mean_reward: float
+    num_prompts: int
+    span: Span | None = field(default=None, compare=False)
+
+
+@torch.no_grad()
+def evaluate_policy(model: CharTransformer, task: Task, version: int = 0) -> EvalResult:
+    """Exact-match accuracy and mean reward of greedy responses on ``task.eval_prompts()``."""
+    start = time.time()
+    prompts = task.eval_prompts()
+    gen = sample(
+        model,
+        encode_prompts(task, prompts),
+        max_new_tokens=task.max_new_tokens,
+        eos_id=task.tokenizer.eos_id,
+        pad_id=task.tokenizer.pad_id,
+        greedy=True,
+        budgets=response_budgets(task, prompts),
+    )
+    p = task.prompt_len
+    responses = [
+        task.tokenizer.decode_response(gen.tokens[i, p:].tolist()) for i in range(len(prompts))
+    ]
+    correct = sum(r == task.answer(q) for q, r in zip(prompts, responses))
+    reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
+    span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
+    return EvalResult(version, correct / len(prompts), reward, len(prompts), span)
+
+
+class Trainer:
+    """Holds the learner's policy and optimizer; ``version`` counts optimizer steps."""
+
+    def __init__(self, *, task: Task, policy: PolicyConfig, cfg: TrainerConfig, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.task = task
+        self.cfg = cfg
+        self.model = CharTransformer(policy)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.version = 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def evaluate(self) -> EvalResult:
+        self.model.eval()
+        return evaluate_policy(self.model, self.task, self.version)
+
+    def train_step(self, groups: list[SampleGroup]) -> TrainResult:
+        """One step on ``groups`` (each whole, one policy version); returns the new version."""
+        start = time.time()
+        samples = [s for g in groups for s in g.samples]
+        g_size = len(groups[0].samples)
+        if any(len(g.samples) != g_size for g in groups):
+            raise ValueError("every group of a batch must have the same size")
+        versions = [s.policy_version for s in samples]
+        check_group_versions(versions, g_size)
+        staleness = policy_lag([g.policy_version for g in groups], self.version).tolist()
+        tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
+        mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
+        behav = torch.stack([s.behaviour_logprobs for s in samples])  # (B, N)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
+
+        self.model.train()
+        logits, values = response_logits(self.model, tokens, self.task.prompt_len)  # (B, N, V)
+        logp_all = torch.log_softmax(logits.float(), dim=-1)  # (B, N, V)
+        actions = tokens[:, self.task.prompt_len :]  # (B, N)
+        logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
+        loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size)
+        entropy = aggregate_loss(-(logp_all.exp() * logp_all).sum(-1), mask)
+        uniform_kl = aggregate_loss(-logp_all.mean(-1) - math.log(logp_all.shape[-1]), mask)
+        loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.opt.step()
+        if self.cfg.delay_s:
+            time.sleep(self.cfg.delay_s)
+        self.version += 1
+        metrics.update(
+            loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
+        )
+        span = Span(
+            "trainer",
+            f"train v{self.version - 1}->v{self.version}",
+            start,
+            time.time(),
+            {"groups": [g.group_id for g in groups], "max_staleness": max(staleness)},
+        )
+        return TrainResult(self.version, staleness, metrics, span)
+
+    def _loss(
+        self,
+        logp: torch.Tensor,
+        behav: torch.Tensor,
+        values: torch.Tensor,
+        rewards: torch.Tensor,
+        mask: torch.Tensor,
+        g_size: int,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        algo, clip = self.cfg.algo, self.cfg.clip
+        if algo in ("grpo", "decoupled-ppo"):
+            adv = grpo_advantages(rewards, g_size)  # (B,)
+            if algo == "grpo":
+                res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
+            else:
+                prox = logp.detach()  # the weights before this step are the proximal policy
+                res = decoupled_ppo_loss(logp, prox, behav, adv, mask, clip, clip)
+            return res.loss, {"clip_fraction": float(res.clip_fraction)}
+        # value-based: the reward arrives at the last response token, discount 1
+        last = mask.cumsum(1) == mask.sum(1, keepdim=True)
+        step_rewards = torch.where(last & (mask > 0), rewards[:, None], 0.0)  # (B, N)
+        vals = values * mask  # (B, N)
+        if algo == "ppo":
+            adv = (rewards[:, None] - vals).detach()  # Monte-Carlo return minus V(s_t)
+            res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
+            value_loss = aggregate_loss((vals - rewards[:, None]).square(), mask)
+            return res.loss + self.cfg.value_coef * value_loss, {
+                "clip_fraction": float(res.clip_fraction),
+                "value_loss": float(value_loss.detach()),
+            }
+        discounts = mask.t()  # (N, B): the episode ends after the last valid token
+        ret = vtrace(
+            (logp - behav).t() * mask.t(),
+            discounts,
+            step_rewards.t(),
+            vals.t(),
+            torch.zeros(mask.shape[0]),
+        )
+        pg = aggregate_loss(-(ret.pg_advantages.t() * logp), mask)
+        value_loss = aggregate_loss((vals - ret.vs.t()).square(), mask)
+        return pg + self.cfg.value_coef * value_loss, {"value_loss": float(value_loss.detach())}

@@ -1,0 +1,125 @@
+"""Experience buffer: AReaL admission, oldest-first batches, staleness bound, the ledger."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nobubble.rl.system.experience import ExperienceBuffer, Ledger
+from nobubble.rl.system.types import Sample, SampleGroup
+
+
+def _group(gid: int, version: int, size: int = 2, failed: bool = False) -> SampleGroup:
+    samples = tuple(
+        Sample(
+            sample_id=gid * size + i,
+            group_id=gid,
+            prompt_id=0,
+            prompt="p",
+            response="r",
+            tokens=torch.zeros(3, dtype=torch.long),
+            response_mask=torch.ones(1, dtype=torch.bool),
+            behaviour_logprobs=torch.zeros(1),
+            policy_version=version,
+            reward=None if failed else 0.5,
+            reward_error="boom" if failed else None,
+            t_scored=1.0,
+        )
+        for i in range(size)
+    )
+    return SampleGroup(gid, 0, samples)
+
+
+def test_admission_eta0_is_synchronous():
+    buf = ExperienceBuffer(batch_groups=2, max_staleness=0)
+    buf.admit(0, 0)
+    buf.admit(1, 0)
+    assert not buf.can_admit(0)  # group 3 belongs to step 1: wait for version 1
+    assert buf.can_admit(1)
+    with pytest.raises(ValueError, match="refused"):
+        buf.admit(2, 0)
+
+
+def test_admission_formula_matches_areal():
+    """floor((N_r - 1) / B) <= version + eta, checked against the formula directly."""
+    for b in (1, 3, 4):
+        for eta in (0, 1, 4):
+            for version in (0, 2):
+                buf = ExperienceBuffer(batch_groups=b, max_staleness=eta)
+                n = 0
+                while buf.can_admit(version):
+                    buf.admit(n, version)
+                    n += 1
+                # n groups admitted: the n-th passed, the (n+1)-th fails the formula
+                assert (n - 1) // b <= version + eta < n // b
+
+
+def test_mixed_group_is_rejected():
+    g = _group(0, 1)
+    bad = g.samples[0].__class__(**{**g.samples[0].__dict__, "policy_version": 2})
+    with pytest.raises(ValueError, match="mixes policy versions"):
+        SampleGroup(0, 0, (g.samples[1], bad))
+
+
+def test_reward_failure_drops_group_and_frees_admission():
+    buf = ExperienceBuffer(batch_groups=1, max_staleness=0)
+    buf.admit(0, 0)
+    g = _group(0, 0, failed=True)
+    buf.generated(g)
+    assert not buf.can_admit(0)
+    buf.put(g)
+    assert buf.ledger.fate == {0: "dropped:reward_failed", 1: "dropped:reward_failed"}
+    assert buf.can_admit(0)  # the dropped group no longer counts
+
+
+def test_ledger_refuses_second_fate_and_bad_transitions():
+    led = Ledger()
+    led.admit(0)
+    with pytest.raises(ValueError, match="illegal transition"):
+        led.trained(_group(0, 0), 1)
+    led.move(0, led.state(0).__class__.GENERATED, (0, 1))
+    with pytest.raises(ValueError, match="not a stated policy"):
+        led.dropped(0, "because")
+    with pytest.raises(ValueError, match="admitted twice"):
+        led.admit(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    eta=st.integers(0, 4),
+    choices=st.lists(st.integers(0, 9), min_size=5, max_size=120),
+)
+def test_simulated_run_keeps_every_invariant(b, eta, choices):
+    """A random interleaving of generation, scoring and training (one generator that picks
+    up the newest weights per group, groups finishing out of order) against the rules."""
+    buf = ExperienceBuffer(batch_groups=b, max_staleness=eta)
+    version, next_gid = 0, 0
+    in_flight: list[SampleGroup] = []
+    trained_staleness = []
+    for c in choices:
+        if c < 4 and buf.can_admit(version):
+            buf.admit(next_gid, version)
+            g = _group(next_gid, version, failed=(c == 0 and next_gid % 5 == 0))
+            buf.generated(g)
+            in_flight.append(g)
+            next_gid += 1
+        elif c < 7 and in_flight:
+            buf.put(in_flight.pop(c % len(in_flight)))
+        else:
+            batch = buf.take_batch(version)
+            if batch is not None:
+                assert len(batch) == b
+                trained_staleness += [version - g.policy_version for g in batch]
+                oldest = [(g.policy_version, g.group_id) for g in batch]
+                assert oldest == sorted(oldest)
+                version += 1
+                buf.mark_trained(batch, version)
+    buf.close([g.group_id for g in in_flight])
+    assert all(0 <= s <= eta for s in trained_staleness)
+    summary = buf.ledger.summary()
+    assert summary.ok
+    assert summary.trained == len(trained_staleness) * 2
+    assert len(buf.ledger.fate) == next_gid * 2

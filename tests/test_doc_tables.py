@@ -1,0 +1,64 @@
+"""Every table of measured figures in README.md and docs/ is what its benchmark's JSON renders to.
+
+Tables sit between ``<!-- table: NAME -->`` and ``<!-- /table -->``; ``scripts/doc_tables.py``
+renders them from ``benchmarks/results/*.json`` (``make docs``). A figure edited by hand, or a
+benchmark rerun without ``make docs``, fails here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from scripts import doc_tables
+
+TABLES = doc_tables.renderers()
+DOCS = doc_tables.documents()
+TABLE_ROW = re.compile(r"^\|.*\|\s*$")
+MEASURED = re.compile(r"\d+\.\d+\s*(?:ms|s|x|%|GB/s|MiB|MB)|\d+(?:\.\d+)?\s*(?:ms|x)\b")
+
+
+def _where(path) -> str:
+    return str(path.relative_to(doc_tables.ROOT))
+
+
+@pytest.mark.parametrize("path", DOCS, ids=_where)
+def test_generated_tables_match_their_json(path) -> None:
+    problems = doc_tables.stale_blocks(path.read_text(), TABLES, where=_where(path))
+    assert not problems, "\n\n".join(problems) + "\n\nrun `make docs` to regenerate"
+
+
+def test_every_renderer_is_used() -> None:
+    unused = set(TABLES) - doc_tables.used_names(DOCS)
+    assert not unused, f"renderers that no document uses: {sorted(unused)}"
+
+
+def test_a_figure_edited_by_hand_is_caught() -> None:
+    """Change one digit of each generated table: the check must name that table."""
+    checked = 0
+    for path in DOCS:
+        text = path.read_text()
+        for m in doc_tables.BLOCK.finditer(text):
+            body_start = m.start("body")
+            digit = re.search(r"\d", m.group("body"))
+            if digit is None:
+                continue
+            i = body_start + digit.start()
+            edited = text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :]
+            problems = doc_tables.stale_blocks(edited, TABLES, where=_where(path))
+            assert any(repr(m.group("name")) in p for p in problems), (path, m.group("name"))
+            checked += 1
+    assert checked == len([m for p in DOCS for m in doc_tables.BLOCK.finditer(p.read_text())])
+
+
+def test_measured_tables_are_all_generated() -> None:
+    """A table row with a measured figure (ms, s, x, %, GB/s) outside a generated block is a
+    number that no JSON backs."""
+    loose = []
+    for path in DOCS:
+        text = doc_tables.BLOCK.sub("", path.read_text())
+        for line in text.splitlines():
+            if TABLE_ROW.match(line) and MEASURED.search(line):
+                loose.append(f"{_where(path)}: {line.strip()[:100]}")
+    assert not loose, "measured figures outside generated tables:\n" + "\n".join(loose)
