@@ -36,7 +36,7 @@ import torch.distributed as dist
 from nobubble.distributed import spawn
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.shm_buffer import make_buffer
-from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS, ShmTransport
+from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS
 from nobubble.moe.layout import get_dispatch_layout, num_local_experts
 from nobubble.moe.reference import pair_combine, pair_dispatch
 from nobubble.moe.transport import Transport
@@ -210,10 +210,8 @@ def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
     try:
         out = _run_methods(ctx, config, progress, buf, x, topk_idx, copies)
     finally:
-        close = getattr(t, "close", None)
-        if close is not None:
-            close()  # no /dev/shm names left behind
-    out["transport"] = "shm" if isinstance(t, ShmTransport) else "dist"
+        t.close()  # no /dev/shm names left behind
+    out["transport"] = t.kind
     return out
 
 

@@ -180,8 +180,7 @@ def _transports_rank(ctx, shape: Shape) -> dict[str, Any]:
             "x_bytes_sent": buf.transport.stats().bytes_sent["x"],
         }
     for buf in bufs.values():
-        if isinstance(buf.transport, ShmTransport):
-            buf.transport.close()
+        buf.transport.close()
     result["bit_equal"] = bool(bit_equal)
     return result
 
@@ -358,8 +357,7 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
         name: [statistics.median(v[i] for v in vals) for i in range(4)]
         for name, vals in runs.items()
     }
-    if isinstance(buf.transport, ShmTransport):
-        buf.transport.close()
+    buf.transport.close()
     return {"medians": medians, "timeline": timeline}
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +27,13 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
-__all__ = ["Transport", "TorchDistTransport", "TransportError", "TransportStats"]
+__all__ = [
+    "Transport",
+    "PeerWrites",
+    "TorchDistTransport",
+    "TransportError",
+    "TransportStats",
+]
 
 
 class TransportError(RuntimeError):
@@ -57,10 +63,12 @@ class TransportStats:
 
 @runtime_checkable
 class Transport(Protocol):
-    """Moves rows between ranks. ``rank``/``world_size`` describe this rank's group."""
+    """Moves rows between ranks. ``rank``/``world_size`` describe this rank's group; ``kind``
+    names the transport (``"dist"``, ``"shm"``) in reports."""
 
     rank: int
     world_size: int
+    kind: str
 
     def all_to_all(
         self,
@@ -84,6 +92,63 @@ class Transport(Protocol):
     def stats(self) -> TransportStats: ...
 
     def reset_stats(self) -> None: ...
+
+    def close(self) -> None:
+        """Release what the transport holds (shared memory, ...); a no-op where nothing is."""
+        ...
+
+
+@runtime_checkable
+class PeerWrites(Protocol):
+    """The capability of writing rows straight into a peer's receive slot.
+
+    A transport with it (shared memory on one host; NVLink or RDMA would be others) lets the
+    fused paths skip the collective: gather-on-write dispatch, reduce-on-read combine, and the
+    low-latency mode's send without receive. Paths test for the capability with
+    ``isinstance(transport, PeerWrites)``, not for a transport class. Every rank issues the
+    same sequence of calls: ``t = begin(recv_nbytes)``, then ``write_peer`` / ``poll_slots``
+    (or both at once with ``exchange``).
+    """
+
+    rank: int
+    world_size: int
+
+    def peers(self) -> list[int]:
+        """The other ranks of the group."""
+        ...
+
+    def begin(self, recv_nbytes: Sequence[int], *, kind: str) -> int:
+        """Start a call expecting ``recv_nbytes[i]`` bytes from each rank ``i``; returns ``t``."""
+        ...
+
+    def write_peer(
+        self, j: int, t: int, nbytes: int, fill: Callable[[torch.Tensor], Any], *, kind: str
+    ) -> None:
+        """Let ``fill`` write ``nbytes`` into this rank's slot of peer ``j`` (call ``t``)."""
+        ...
+
+    def poll_slots(
+        self, t: int, recv_nbytes: Sequence[int], *, kind: str
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(source, slot)`` as each peer's rows for call ``t`` arrive."""
+        ...
+
+    def exchange(
+        self,
+        t: int,
+        writes: Mapping[int, tuple[int, Callable[[torch.Tensor], Any]]],
+        recv_nbytes: Sequence[int],
+        on_slot: Callable[[int, torch.Tensor], Any],
+        *,
+        kind: str,
+    ) -> None:
+        """Write ``writes[j] = (nbytes, fill)`` and hand arrived slots to ``on_slot`` in
+        whatever order the peers allow."""
+        ...
+
+    def count_bytes(self, kind: str, sent: int, remote: int, received: int) -> None:
+        """Add one call's bytes to the transport's statistics."""
+        ...
 
 
 def _as_byte_rows(x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +199,7 @@ class ByteCounting:
             dict(c["sent"]), dict(c["remote"]), dict(c["received"]), dict(c["calls"])
         )
 
-    def _count(self, kind: str, sent: int, remote: int, received: int) -> None:
+    def count_bytes(self, kind: str, sent: int, remote: int, received: int) -> None:
         for key, value in (
             ("sent", sent),
             ("remote", remote),
@@ -160,6 +225,7 @@ class TorchDistTransport(ByteCounting):
             )
         if not timeout_s > 0:
             raise ValueError(f"TorchDistTransport: timeout_s={timeout_s} must be > 0")
+        self.kind = "dist"
         self.group = group
         self.timeout_s = float(timeout_s)
         self.rank = dist.get_rank(group)
@@ -200,7 +266,7 @@ class TorchDistTransport(ByteCounting):
             recv_bytes, send_bytes, recv_splits, send_splits, group=self.group, async_op=True
         )
         self._wait(work, f"all_to_all({kind})")
-        self._count(
+        self.count_bytes(
             kind,
             sent=send_bytes.numel(),
             remote=(send_bytes.shape[0] - send_splits[self.rank]) * row_bytes,
@@ -218,7 +284,7 @@ class TorchDistTransport(ByteCounting):
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._wait(gather(out, send_bytes, group=self.group, async_op=True), f"all_gather({kind})")
         n = send_bytes.numel()  # delivered to every rank, this one included
-        self._count(
+        self.count_bytes(
             kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
         )
         return _from_byte_rows(out, x)
@@ -236,10 +302,13 @@ class TorchDistTransport(ByteCounting):
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         self._wait(scatter(out, x, group=self.group, async_op=True), f"reduce_scatter({kind})")
         block = out.numel() * out.element_size()
-        self._count(
+        self.count_bytes(
             kind,
             sent=x.numel() * x.element_size(),
             remote=block * (self.world_size - 1),
             received=block,
         )
         return out
+
+    def close(self) -> None:
+        """Nothing to release: the process group belongs to the caller."""

@@ -27,6 +27,7 @@ rows per source slot.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,9 +38,9 @@ import torch.distributed as dist
 
 import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
 from nobubble.moe.fastpath.fp8 import dequantize_rows, fp8_row_bytes, quantize_rows
-from nobubble.moe.fastpath.shm_transport import ShmTransport, make_transport
+from nobubble.moe.fastpath.shm_transport import make_transport
 from nobubble.moe.layout import check_topk_idx, num_local_experts
-from nobubble.moe.transport import TorchDistTransport, TransportError
+from nobubble.moe.transport import PeerWrites, TorchDistTransport, TransportError
 
 __all__ = ["LowLatencyBuffer", "LowLatencyHandle", "LowLatencyDispatch"]
 
@@ -267,11 +268,11 @@ class LowLatencyBuffer:
         own = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
         fill(me, own)
         remote_rows = int(send_counts.sum()) - int(send_counts[me])
-        if isinstance(self.transport, ShmTransport):
+        if isinstance(self.transport, PeerWrites):
             shm = self.transport
             step = shm.begin([slot_bytes] * num_ranks, kind="ll_dispatch")
-            for j in shm._peers():
-                shm.write_peer(j, step, slot_bytes, lambda d, j=j: fill(j, d), kind="ll_dispatch")
+            for j in shm.peers():
+                shm.write_peer(j, step, slot_bytes, functools.partial(fill, j), kind="ll_dispatch")
             self._count("x", remote_rows * row_bytes)
 
             def receive(place) -> None:
@@ -360,7 +361,7 @@ class LowLatencyBuffer:
         num_tokens, topk = topk_idx.shape
         out = torch.empty(num_tokens, h, dtype=x.dtype, device=x.device)  # (N, H)
         slot_of = handle.send_token * topk + handle.send_slot  # (P,) flat (token, slot)
-        if isinstance(self.transport, ShmTransport) and self._combine_in_place(
+        if isinstance(self.transport, PeerWrites) and self._combine_in_place(
             x_rows, pos, back_counts, handle, slot_of, weights, out
         ):
             return out
@@ -443,7 +444,8 @@ class LowLatencyBuffer:
                 f"itself but sent itself {handle.send_counts[self.rank]}; the handle does not "
                 "belong to this buffer's last dispatch"
             )
-        shm: ShmTransport = self.transport  # type: ignore[assignment]
+        shm = self.transport
+        assert isinstance(shm, PeerWrites)
         me, h = self.rank, self.hidden
         row_bytes = h * x_rows.element_size()
         send_off = [0, *torch.cumsum(torch.tensor(back_counts), 0).tolist()]
@@ -452,7 +454,7 @@ class LowLatencyBuffer:
         recv_nbytes = [n * row_bytes for n in home]
         step = shm.begin(recv_nbytes, kind="ll_combine")
         writes = {}
-        for j in shm._peers():
+        for j in shm.peers():
             idx = pos[send_off[j] : send_off[j + 1]]
 
             def fill(slot: torch.Tensor, idx: torch.Tensor = idx) -> None:
@@ -475,7 +477,7 @@ class LowLatencyBuffer:
             raise RuntimeError("low_latency_combine: the CPU kernel declined checked inputs")
         remote = (send_off[-1] - back_counts[me]) * row_bytes
         self._count("combine", remote)
-        shm._count(
+        shm.count_bytes(
             "ll_combine",
             sent=send_off[-1] * row_bytes,
             remote=remote,

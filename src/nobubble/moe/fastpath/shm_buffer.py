@@ -32,7 +32,7 @@ import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
 from nobubble.moe.buffer import Buffer, DispatchHandle
 from nobubble.moe.fastpath.cpu_memory import RecycledOutputs
 from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS, ShmTransport, make_transport
-from nobubble.moe.transport import TorchDistTransport
+from nobubble.moe.transport import PeerWrites, TorchDistTransport, Transport
 
 __all__ = ["ShmBuffer", "make_buffer"]
 
@@ -65,7 +65,7 @@ class ShmBuffer(Buffer):
         self,
         group: Any = None,
         *,
-        transport: ShmTransport | None = None,
+        transport: Transport | None = None,
         num_experts: int | None = None,
         timeout_s: float = 120.0,
         capacity_bytes_per_peer: int = 1 << 20,
@@ -81,16 +81,17 @@ class ShmBuffer(Buffer):
                 f"ShmBuffer: recycle_outputs={recycle_outputs!r} must be an int >= 0 (0 turns "
                 "output reuse off)"
             )
-        if transport is not None and not isinstance(transport, ShmTransport):
+        if transport is not None and not isinstance(transport, PeerWrites):
             raise ValueError(
-                f"ShmBuffer: transport is {type(transport).__name__}; it needs a ShmTransport "
-                "(use Buffer for other transports)"
+                f"ShmBuffer: transport is {type(transport).__name__}; it needs one that writes "
+                "into its peers' memory (PeerWrites, e.g. ShmTransport); use Buffer for others"
             )
         transport = transport or ShmTransport(
             group, timeout_s=timeout_s, capacity_bytes_per_peer=capacity_bytes_per_peer
         )
         super().__init__(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
-        self.shm: ShmTransport = transport
+        assert isinstance(transport, PeerWrites)
+        self.shm: PeerWrites = transport
         self.outputs = RecycledOutputs(max_buffers=recycle_outputs)
         self.fused_kernels = fused_kernels
 
@@ -106,7 +107,7 @@ class ShmBuffer(Buffer):
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)
         writes = {}
-        for j in shm._peers():
+        for j in shm.peers():
             idx = handle.send_token_idx[send_off[j] : send_off[j + 1]]
 
             def fill(slot: torch.Tensor, idx: torch.Tensor = idx) -> None:
@@ -125,7 +126,7 @@ class ShmBuffer(Buffer):
         shm.exchange(step, writes, recv_nbytes, copy_out, kind=kind)
         sent = send_off[-1] * row_bytes
         own = (send_off[me + 1] - send_off[me]) * row_bytes
-        shm._count(kind, sent=sent, remote=sent - own, received=recv_off[-1] * row_bytes)
+        shm.count_bytes(kind, sent=sent, remote=sent - own, received=recv_off[-1] * row_bytes)
         return out
 
     def combine_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
@@ -141,7 +142,7 @@ class ShmBuffer(Buffer):
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)
         writes = {}
-        for j in shm._peers():
+        for j in shm.peers():
             seg = flat[back_off[j] * row_bytes : back_off[j + 1] * row_bytes]
             writes[j] = (seg.numel(), lambda slot, seg=seg: slot.copy_(seg))
         me = self.rank
@@ -154,7 +155,7 @@ class ShmBuffer(Buffer):
         out = self._reduce_blocks(t, handle, rows, home_off)
         sent = back_off[-1] * row_bytes
         own = (back_off[me + 1] - back_off[me]) * row_bytes
-        shm._count(kind, sent=sent, remote=sent - own, received=home_off[-1] * row_bytes)
+        shm.count_bytes(kind, sent=sent, remote=sent - own, received=home_off[-1] * row_bytes)
         return out
 
     def _reduce_blocks(
@@ -240,6 +241,6 @@ def make_buffer(
         transport = TorchDistTransport(group, timeout_s=timeout_s)
         return Buffer(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
     chosen = make_transport("auto", group, device=device, timeout_s=timeout_s)
-    if isinstance(chosen, ShmTransport):
+    if isinstance(chosen, PeerWrites):
         return ShmBuffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)
     return Buffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)

@@ -103,6 +103,7 @@ class ShmTransport(ByteCounting):
             )
         self.group = group
         self.timeout_s = float(timeout_s)
+        self.kind = "shm"
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self._seq = 0
@@ -122,12 +123,12 @@ class ShmTransport(ByteCounting):
         self._barrier()  # every rank's files exist
         self._peer_ctrl_t = {
             j: map_segment(self._ctrl_path(j), 8 * self._ctrl_len, create=False)
-            for j in self._peers()
+            for j in self.peers()
         }
         self._peer_ctrl = {j: t.numpy().view(np.int64) for j, t in self._peer_ctrl_t.items()}
         self._peer_data: dict[int, tuple[int, torch.Tensor]] = {
             j: (0, map_segment(self._data_path(j, 0), self.world_size * cap, create=False))
-            for j in self._peers()
+            for j in self.peers()
         }
         self._barrier()  # every rank has mapped every peer: the names can go
         unlink(self._ctrl_path(self.rank))
@@ -153,7 +154,7 @@ class ShmTransport(ByteCounting):
     def _data_path(self, rank: int, gen: int) -> str:
         return os.path.join(_SHM_DIR, f"nobubble-ep-{self._key}-r{rank}-g{gen}")
 
-    def _peers(self) -> list[int]:
+    def peers(self) -> list[int]:
         """Other ranks, starting after this one so that senders spread over receivers."""
         return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
 
@@ -239,7 +240,7 @@ class ShmTransport(ByteCounting):
         """Yield ``(source, slot)`` for every peer as its rows for call ``t`` arrive; ``slot``
         is a flat uint8 view into this rank's region, valid until the next :meth:`begin`."""
         cap = int(self._ctrl[_CAP])
-        waiting = set(self._peers())
+        waiting = set(self.peers())
         backoff = Backoff(self.timeout_s)
         while waiting:
             ready = [i for i in waiting if self._ctrl[self._done(i)] == t]
@@ -267,7 +268,7 @@ class ShmTransport(ByteCounting):
         ``on_slot(source, slot)`` - so a descheduled peer does not hold up the others.
         Raises :class:`TransportError` after ``timeout_s`` without progress."""
         to_write = dict(writes)
-        to_read = set(self._peers())
+        to_read = set(self.peers())
         cap = int(self._ctrl[_CAP])
         backoff = Backoff(self.timeout_s)
         while to_write or to_read:
@@ -317,7 +318,7 @@ class ShmTransport(ByteCounting):
     def _release_old_names(self) -> None:
         """Unlink the newest region's name once every peer has mapped it."""
         gen = int(self._ctrl[_GEN])
-        if self._pending_unlink and all(self._ctrl[self._mapped(i)] == gen for i in self._peers()):
+        if self._pending_unlink and all(self._ctrl[self._mapped(i)] == gen for i in self.peers()):
             for path in self._pending_unlink:
                 unlink(path)
             self._pending_unlink.clear()
@@ -329,7 +330,7 @@ class ShmTransport(ByteCounting):
         out = torch.empty(sum(recv_nbytes), dtype=torch.uint8)
         offsets = np.cumsum([0, *[int(n) for n in recv_nbytes]])
         t = self.begin(recv_nbytes, kind=kind)
-        writes = {j: (segments[j].numel(), copier(segments[j])) for j in self._peers()}
+        writes = {j: (segments[j].numel(), copier(segments[j])) for j in self.peers()}
         out[offsets[self.rank] : offsets[self.rank + 1]].copy_(segments[self.rank].reshape(-1))
         self.exchange(
             t,
@@ -360,7 +361,7 @@ class ShmTransport(ByteCounting):
         segments = [flat[bounds[j] : bounds[j + 1]] for j in range(self.world_size)]
         recv_nbytes = [n * row_bytes for n in recv_splits]
         out = self._exchange(segments, recv_nbytes, kind=kind)
-        self._count(
+        self.count_bytes(
             kind,
             sent=flat.numel(),
             remote=flat.numel() - segments[self.rank].numel(),
@@ -375,7 +376,7 @@ class ShmTransport(ByteCounting):
         flat = rows.reshape(-1)
         out = self._exchange([flat] * self.world_size, [flat.numel()] * self.world_size, kind=kind)
         n = flat.numel()  # delivered to every rank, this one included (as TorchDistTransport)
-        self._count(
+        self.count_bytes(
             kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
         )
         return _from_byte_rows(out.view(self.world_size * rows.shape[0], rows.shape[1]), x)
