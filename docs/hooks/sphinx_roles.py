@@ -1,0 +1,23 @@
+"""mkdocs hook: render the Sphinx cross-reference roles used in nobubble's docstrings.
+
+The docstrings write references the Sphinx way (``:func:`~nobubble.pipeline.simulate.simulate```);
+mkdocstrings renders them as the role's name followed by inline code. This hook drops the role
+and, as Sphinx does for a leading ``~``, keeps only the last component of the name.
+"""
+
+from __future__ import annotations
+
+import re
+
+_ROLE = re.compile(r":(?:py:)?(?:mod|func|class|meth|attr|data|exc|obj|const):<code>(~?)([^<]*)</code>")
+
+
+def _render(match: re.Match[str]) -> str:
+    tilde, name = match.group(1), match.group(2)
+    if tilde:
+        name = name.rsplit(".", 1)[-1]
+    return f"<code>{name}</code>"
+
+
+def on_page_content(html: str, **_kwargs) -> str:
+    return _ROLE.sub(_render, html)
