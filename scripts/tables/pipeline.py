@@ -1,7 +1,222 @@
-"""Tables of the pipeline docs, rendered from benchmarks/results/*.json."""
+"""Tables of the pipeline docs, rendered from benchmarks/results/*.json.
+
+``docs/pipeline/schedules.md``: the paper's bubble table (``zb_paper_table.json``), the
+comparison at P=8, M=24 (``pp_compare.json``), simulator scaling (``pp_scaling.json``).
+``docs/pipeline/ilp.md``: the ILP grid, P = 8, memory sweep and solver tables
+(``ilp_scaling.json``). ``docs/pipeline/runtime.md``: the B/W split cost and the measured
+speed-ups (``pp_runtime.json``).
+"""
 
 from __future__ import annotations
 
-from scripts.tables import Renderer
+from collections.abc import Sequence
+from typing import Any
 
-TABLES: dict[str, Renderer] = {}
+from scripts.tables import Renderer, f, load, md_table, pct, times
+
+# -- schedules.md ---------------------------------------------------------------------------
+
+_PAPER_COLUMNS = (("1f1b", "1F1B ours / paper"), ("zb-h1", "ZB-H1"), ("zb-h2", "ZB-H2"),
+                  ("zb-1p", "ZB-1p"), ("zb-2p", "ZB-2p"))  # fmt: skip
+
+
+def paper_table() -> str:
+    """Our bubble rate beside the published one, per configuration of the paper."""
+    rows = []
+    for r in load("zb_paper_table.json")["rows"]:
+        s = r["schedules"]
+        cells = [r["model"], r["p"], r["m"]]
+        cells += [f"{s[n]['ours']:.4f} / {s[n]['published']:.4f}" for n, _ in _PAPER_COLUMNS]
+        cells.append(times(s["zb-2p"]["peak_memory_vs_1f1b"]))
+        rows.append(cells)
+    headers = ["model", "p", "m", *(h for _, h in _PAPER_COLUMNS), "ZB-2p memory"]
+    return md_table(headers, rows)
+
+
+def _best(rows: Sequence[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r[key] is not None]
+    return max(values) if values else None
+
+
+def compare_p8_m24() -> str:
+    """Every schedule on the paper's 1.5B and 6.2B costs; the best bubble and throughput of
+    each model in bold."""
+    data = load("pp_compare.json")
+    models = list(data["models"])
+    per_model = {m: {r["schedule"]: r for r in data["models"][m]["rows"]} for m in models}
+    first = data["models"][models[0]]["rows"]
+    best = {
+        m: (
+            min(r["bubble_rate"] for r in per_model[m].values() if r["bubble_rate"] is not None),
+            _best(list(per_model[m].values()), "throughput_vs_1f1b"),
+        )
+        for m in models
+    }
+
+    def bold(text: str, on: bool) -> str:
+        return f"**{text}**" if on else text
+
+    rows = []
+    for row in first:
+        name = row["schedule"]
+        label = f"{name} (v={data['num_chunks']})" if name == "interleaved-1f1b" else name
+        cells: list[object] = []
+        starred = False
+        for m in models:
+            r = per_model[m][name]
+            if r["bubble_rate"] is None:  # torch's invalid order, or a size it refuses
+                cells += ["invalid order" if "invalid" in r["note"] else "not built", "", ""]
+                continue
+            top_bubble = r["bubble_rate"] == best[m][0]
+            top_speed = r["throughput_vs_1f1b"] == best[m][1]
+            starred |= top_bubble or top_speed
+            cells += [
+                bold(pct(r["bubble_rate"], 2), top_bubble),
+                times(r["peak_memory_vs_1f1b"]),
+                bold(times(r["throughput_vs_1f1b"], 3), top_speed),
+            ]
+        if all(per_model[m][name]["bubble_rate"] is None for m in models):
+            cells = [cells[0]] + [""] * (len(cells) - 1)  # say it once
+        rows.append([bold(label, starred), row["source"], *cells])
+    headers = ["schedule", "from"]
+    for m in models:
+        headers += [f"{m} bubble", f"{m} peak mem", f"{m} throughput"]
+    return md_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
+
+
+def _seconds(value: float) -> str:
+    """Seconds as the scaling table writes them: 4 decimals below 0.05 s, else 3."""
+    return f(value, 4 if value < 0.05 else 3)
+
+
+def scaling() -> str:
+    """Simulation CPU time against the number of actions, beside the sweep baseline."""
+    data = load("pp_scaling.json")
+    rows = [
+        [r["p"], r["m"], f"{r['actions']:,}", _seconds(r["simulate_cpu_s"]),
+         f(r["cpu_us_per_action"]), _seconds(r["sweep_baseline_cpu_s"])]
+        for r in data["rows"]
+    ]  # fmt: skip
+    table = md_table(
+        ["p", "m", "actions", "CPU s", "CPU us / action", "sweep baseline CPU s"], rows
+    )
+    load_avg = data["load_average"][0]
+    return (
+        f"{table}\n\nMedian of {data['repeats']} runs; load average {load_avg:.1f} after the run."
+    )
+
+
+def scaling_zb2p() -> str:
+    """Generating and simulating zb-2p at p=32, m=256."""
+    z = load("pp_scaling.json")["zb2p_p32_m256"]
+    row = [f"{z['actions']:,}", f(z["generate_cpu_s"], 2), f(z["simulate_cpu_s"], 2),
+           f(z["total_s"], 1)]  # fmt: skip
+    return md_table(["actions", "generate CPU s", "simulate CPU s", "wall s (both)"], [row])
+
+
+# -- ilp.md ---------------------------------------------------------------------------------
+
+_ILP_HEADERS = ["case", "best heuristic: span ms (bubble)", "ILP status",
+                "ILP span ms (bubble)", "gap", "seconds", "span cut"]  # fmt: skip
+
+
+def _ilp_rows(rows: Sequence[dict[str, Any]]) -> str:
+    out = []
+    for r in rows:
+        ilp = (
+            f"{r['ilp_span']:.3f} ({pct(r['ilp_bubble'], 2)})" if r["ilp_span"] is not None else "-"
+        )
+        out.append([
+            r["case"], f"{r['heuristic']} {r['heuristic_span']:.3f} ({pct(r['heuristic_bubble'], 2)})",
+            r["status"], ilp, pct(r["gap"], 2) if r["gap"] is not None else "-",
+            f(r["solve_seconds"]), pct(r["span_reduction"], 2) if r["span_reduction"] is not None else "-",
+        ])  # fmt: skip
+    return md_table(_ILP_HEADERS, out, align="lrlrrrr")
+
+
+def ilp_grid() -> str:
+    return _ilp_rows(load("ilp_scaling.json")["grid"])
+
+
+def ilp_p8() -> str:
+    return _ilp_rows(load("ilp_scaling.json")["scaling"])
+
+
+def ilp_memory_sweep() -> str:
+    return _ilp_rows(load("ilp_scaling.json")["memory_sweep"])
+
+
+def ilp_solvers() -> str:
+    """The same model in CP-SAT and as the big-M MILP in HiGHS and SCIP."""
+    rows = []
+    for r in load("ilp_scaling.json")["solvers"]:
+        cells: list[object] = [r["case"], r["binaries"]]
+        for solver in ("cpsat", "highs", "scip"):
+            cells.append(f"{f(r[f'{solver}_seconds'])} s {r[f'{solver}_status']}")
+        cells.append(f"{r['cpsat_span']:.3f}")
+        rows.append(cells)
+    headers = ["case", "binaries", "CP-SAT", "HiGHS", "SCIP", "optimum span ms"]
+    return md_table(headers, rows)
+
+
+# -- runtime.md -----------------------------------------------------------------------------
+
+
+def runtime_bw_split() -> str:
+    """T_B, T_W and the fused backward per stage, and the bytes held between B and W."""
+    rows = [
+        [r["stage"], r["method"], f(r["t_b"]), f(r["t_w"]), f(r["t_b"] + r["t_w"]),
+         f(r["fused"]), f(r["ratio"], 3), f(r["forward_saved_mib"], 2), f(r["held_mib"], 2)]
+        for r in load("pp_runtime.json")["bw_split"]
+    ]  # fmt: skip
+    headers = ["stage", "method", "T_B ms", "T_W ms", "T_B+T_W", "fused BW", "ratio",
+               "F saved MiB", "held B->W MiB"]  # fmt: skip
+    return md_table(headers, rows, align="ll" + "r" * (len(headers) - 2))
+
+
+def _mib_pair(values: Sequence[float]) -> str:
+    return " / ".join(f(v) for v in values)
+
+
+def _bubble(value: float) -> str:
+    return pct(max(value, 0.0))  # the simulator's exact zero can come out as -1e-16
+
+
+def runtime_schedules() -> str:
+    """Measured step time, speed-up, bubble and peak memory beside the simulator's."""
+    data = load("pp_runtime.json")
+    rows = []
+    for r in data["schedules"]:
+        error = "-" if r["schedule"] == "1f1b" else f"{100 * r['speedup_error']:+.1f}%"
+        rows.append([
+            r["schedule"], f(1e3 * r["median_step_s"]), f(1e3 * r["predicted_makespan_s"]),
+            f(r["measured_speedup_step"], 3), f(r["paired_speedup"], 3),
+            f(r["predicted_speedup"], 3), error, _bubble(r["measured_bubble"]),
+            _bubble(r["predicted_bubble"]), _mib_pair(r["peak_activation_mib"]),
+            _mib_pair(r["predicted_peak_mib"]),
+        ])  # fmt: skip
+    headers = ["schedule", "step ms", "sim ms", "speed-up", "paired", "sim speed-up", "error",
+               "bubble", "sim bubble", "peak act MiB r0/r1", "simulated"]  # fmt: skip
+    table = md_table(headers, rows)
+    prof = data["profile"]
+    ops = [s[k] for s in prof["stages"] for k in ("t_f", "t_b", "t_w")]
+    load_avg = " -> ".join(f(x) for x in data["load_average"])
+    return (
+        f"{table}\n\nProfiled op costs {f(min(ops))}-{f(max(ops))} ms of CPU time, T_comm "
+        f"{prof['t_comm']:.2f} ms; medians of {data['schedules'][0]['steps_measured']} steps; "
+        f"load average {load_avg} on {data['cpus']} CPUs during the run."
+    )
+
+
+TABLES: dict[str, Renderer] = {
+    "pipeline.paper_table": paper_table,
+    "pipeline.compare_p8_m24": compare_p8_m24,
+    "pipeline.scaling": scaling,
+    "pipeline.scaling_zb2p": scaling_zb2p,
+    "pipeline.ilp_grid": ilp_grid,
+    "pipeline.ilp_p8": ilp_p8,
+    "pipeline.ilp_memory_sweep": ilp_memory_sweep,
+    "pipeline.ilp_solvers": ilp_solvers,
+    "pipeline.runtime_bw_split": runtime_bw_split,
+    "pipeline.runtime_schedules": runtime_schedules,
+}

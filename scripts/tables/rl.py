@@ -1,7 +1,303 @@
-"""Tables of the rl docs, rendered from benchmarks/results/*.json."""
+"""Tables of the RL docs (docs/rl/) and of the k-way merge page (docs/algorithms.md).
+
+Rendered from ``benchmarks/results/*.json`` (``rl_modes.json``, ``rl_modes_throughput.json``,
+``rl_replay.json``, ``merge.json``); the presets table is read from the code that defines the
+presets, :mod:`nobubble.rl.algo.presets`.
+"""
 
 from __future__ import annotations
 
-from scripts.tables import Renderer
+import re
+import textwrap
+from collections.abc import Sequence
+from typing import Any
 
-TABLES: dict[str, Renderer] = {}
+from scripts.tables import Renderer, f, load, md_table, pct, times
+
+
+def _int(value: float) -> str:
+    """A count or rate rounded to an integer, with thousands separators: ``15,942``."""
+    return f"{round(value):,}"
+
+
+def _size(n: int) -> str:
+    """An item count: ``10^6`` for a power of ten from 10^6 on, else ``1,000``."""
+    if n >= 10**6 and 10 ** (len(str(n)) - 1) == n:
+        return f"10^{len(str(n)) - 1}"
+    return f"{n:,}"
+
+
+def _idle(gen: float, train: float) -> str:
+    return f"{pct(gen, 0)} / {pct(train, 0)}"
+
+
+def _staleness_bound(row: dict[str, Any]) -> int | None:
+    """The run's staleness bound, if its JSON records one (``max_staleness``; older files
+    wrote ``eta``)."""
+    for key in ("max_staleness", "eta"):
+        if row.get(key) is not None:
+            return row[key]
+    return None
+
+
+def _prose(*sentences: str) -> str:
+    """Sentences as one paragraph wrapped like the hand-written text around it (never
+    between a number and its unit)."""
+    text = re.sub(r"(\d) (s|µs)\b", "\\1\0\\2", " ".join(sentences))
+    return textwrap.fill(text, width=96, break_on_hyphens=False).replace("\0", " ")
+
+
+def _seconds_list(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.0f} s" for v in values)
+
+
+# --- docs/rl/system.md ------------------------------------------------------------------
+
+
+def modes() -> str:
+    """The learning runs of ``benchmarks/rl_modes.py`` (``rows`` of ``rl_modes.json``), with
+    the per-mode summary below the table."""
+    data = load("rl_modes.json")
+    curves = data.get("curves", {})
+    rows = []
+    for r in data["rows"]:
+        label = r["run"]
+        bound = _staleness_bound(r)
+        if bound is not None and not label.startswith("sync"):
+            label += f" (max_staleness {bound})"
+        final = f(r["acc_final"], 3)
+        best = max((p["accuracy"] for p in curves.get(r["run"], [])), default=r["acc_final"])
+        if best > r["acc_final"]:
+            final += f" ({f(best, 3)})"
+        t09 = r["t_to_0.9_s"]
+        rows.append(
+            [
+                label,
+                r["steps"],
+                f(r["wall_s"], 1),
+                f(r["samples_per_s"], 0),
+                times(r["speedup"]),
+                f(r["acc_start"], 3),
+                final,
+                "-" if t09 is None else f"{f(t09, 1)} s",
+                r["staleness_max"],
+                _idle(r["idle_rollout"], r["idle_trainer"]),
+            ]
+        )
+    headers = [
+        "run",
+        "steps",
+        "wall s",
+        "samples/s",
+        "vs sync",
+        "acc start",
+        "acc final (best)",
+        "t to 0.9",
+        "stale max",
+        "idle gen / train",
+    ]
+    table = md_table(headers, rows)
+
+    parts = []
+    for mode, s in data["summary"].items():
+        reached = [t for t in s["t_to_0.9_s"] if t is not None]
+        if s["acc_final_min"] == s["acc_final_max"]:
+            spread = f"all {len(s['t_to_0.9_s'])} at {f(s['acc_final_min'], 3)}"
+        else:
+            spread = f"min {f(s['acc_final_min'], 3)}, max {f(s['acc_final_max'], 3)}"
+        when = f" ({_seconds_list(reached)})" if reached else ""
+        parts.append(
+            f"{mode}: final accuracy mean {f(s['acc_final_mean'], 3)} ({spread}), "
+            f"{len(reached)} of {len(s['t_to_0.9_s'])} seeds reach 0.9{when}"
+        )
+    first = data["rows"][0]
+    busy = (
+        f"Busy seconds in {first['run']}: generation {first['busy_gen_s']:.0f} s, "
+        f"training {first['busy_train_s']:.0f} s."
+    )
+    return f"{table}\n\n" + _prose("; ".join(parts) + ".", busy)
+
+
+def modes_throughput() -> str:
+    """The throughput part of ``benchmarks/rl_modes.py`` (``rl_modes_throughput.json``)."""
+    rows = [
+        [
+            r["mode"],
+            f(r["samples_per_s_median"], 0),
+            ", ".join(f(v, 0) for v in r["samples_per_s_all"]),
+            times(r["speedup"]),
+            f(r["busy_gen_s_median"], 1),
+            f(r["busy_train_s_median"], 1),
+            _idle(r["idle_gen_median"], r["idle_train_median"]),
+            r["staleness_max"],
+        ]
+        for r in load("rl_modes_throughput.json")
+    ]
+    headers = [
+        "mode",
+        "samples/s (median)",
+        "rounds",
+        "vs sync",
+        "gen busy s",
+        "train busy s",
+        "idle gen / train",
+        "stale max",
+    ]
+    return md_table(headers, rows)
+
+
+# --- docs/rl/algorithms.md --------------------------------------------------------------
+
+
+def replay() -> str:
+    """``benchmarks/rl_replay.py``: sum tree vs linear sampler, with the crossover below."""
+    from nobubble.rl import aggressive
+
+    data = load("rl_replay.json")
+    res = sorted(data["results"], key=lambda r: r["capacity"])
+    caption = (
+        f"Median µs per round over {data['repeats']} rounds, batch {data['batch']}, "
+        "both samplers timed round-robin in the same run:"
+    )
+    table = md_table(
+        ["capacity", "sum tree µs", "linear µs", "speed-up"],
+        [
+            [
+                _int(r["capacity"]),
+                _int(r["sum_tree_us"]),
+                _int(r["linear_us"]),
+                times(r["speedup"], 1),
+            ]
+            for r in res
+        ],
+    )
+    # smallest capacity from which the tree is faster at every larger capacity measured
+    wins = [i for i in range(len(res)) if all(r["speedup"] > 1 for r in res[i:])]
+    lo, hi = res[0], res[-1]
+    growth = (
+        f"From {_int(lo['capacity'])} to {_int(hi['capacity'])} items the tree's time grows "
+        f"{times(hi['sum_tree_us'] / lo['sum_tree_us'], 1)}, the baseline's "
+        f"{times(hi['linear_us'] / lo['linear_us'], 0)}."
+    )
+    preset = aggressive().replay_capacity
+    if not wins:
+        where = "In this run the flat array is faster at every capacity measured."
+    elif wins[0] == 0:
+        where = "In this run the tree is faster at every capacity measured."
+    else:
+        below, cross = res[wins[0] - 1]["capacity"], res[wins[0]]["capacity"]
+        if preset <= below:
+            side = "where the flat array is faster"
+        elif preset >= cross:
+            side = "where the tree is faster"
+        else:
+            side = "between the two"
+        where = (
+            f"In this run the flat array is faster up to {_int(below)} items and the tree from "
+            f"{_int(cross)} on ({times(hi['speedup'], 1)} faster at {_int(hi['capacity'])}); "
+            f"the aggressive preset's {_int(preset)}-sample buffer lies {side}."
+        )
+    return f"{_prose(caption)}\n\n{table}\n\n{_prose(growth, where)}"
+
+
+def _setting(cfg: Any) -> dict[str, str]:
+    """One preset's settings, worded as on the page."""
+    vtrace = (
+        f"on (rho-bar {cfg.vtrace_clip_rho:g}, c-bar {cfg.vtrace_clip_pg_rho:g})"
+        if cfg.use_vtrace
+        else "off"
+    )
+    if cfg.is_correction == "none":
+        behaviour = "none"
+    else:
+        kind = {"truncate": "truncated IS", "mask": "IS band mask"}[cfg.is_correction]
+        behaviour = f"{kind}, {cfg.is_level} level, cap {cfg.is_cap:g}"
+    weighting = {"none": "none", "inverse": "1 / (1 + lag)", "exp": "exp(-lag)"}
+    if cfg.replay_capacity == 0:
+        replay = "none"
+    elif cfg.prioritized_replay:
+        replay = (
+            f"{cfg.replay_capacity} samples, prioritized "
+            f"(alpha {cfg.replay_alpha:g}, beta {cfg.replay_beta:g})"
+        )
+    else:
+        replay = f"{cfg.replay_capacity} samples, uniform"
+    aggregation = {
+        "sync-mean": "synchronous mean",
+        "async": "asynchronous (parameter server)",
+        "local-sgd": f"local SGD (H = {cfg.local_sgd_steps})",
+        "staleness-weighted": "staleness-weighted",
+    }
+    return {
+        "`max_staleness` (policy lag K)": str(cfg.max_staleness),
+        "PPO clip / dual clip": (
+            f"{cfg.clip_low:g}"
+            if cfg.clip_low == cfg.clip_high
+            else f"{cfg.clip_low:g}-{cfg.clip_high:g}"
+        )
+        + f" / {'off' if cfg.dual_clip is None else f'{cfg.dual_clip:.1f}'}",
+        "V-trace": vtrace,
+        "behaviour correction": behaviour,
+        "staleness weighting": weighting[cfg.staleness_weighting],
+        "buffer at weight sync": "cleared" if cfg.clear_buffer_on_sync else "kept",
+        "replay": replay,
+        "gradient aggregation": aggregation[cfg.aggregation],
+    }
+
+
+def presets() -> str:
+    """The settings of ``conservative()`` and ``aggressive()``, read from the presets."""
+    from nobubble.rl import aggressive, conservative
+
+    c, a = _setting(conservative()), _setting(aggressive())
+    return md_table(
+        ["setting", "`conservative()`", "`aggressive()`"],
+        [[k, c[k], a[k]] for k in c],
+        align="lll",
+    )
+
+
+# --- docs/algorithms.md -----------------------------------------------------------------
+
+_METHODS = ("kmerge", "heapq_merge", "sorted_chain", "merge_k_lists", "merge_k_lists_pairwise")
+
+
+def merge_benchmark() -> str:
+    """``benchmarks/merge.py``: median seconds per method, the two ratios to heapq.merge."""
+    data = load("merge.json")
+    res = data["results"]
+    table = md_table(
+        [
+            "k",
+            "N",
+            "kmerge",
+            "heapq.merge",
+            "sorted(chain)",
+            "merge_k_lists",
+            "pairwise",
+            "kmerge / heapq.merge",
+            "merge_k_lists / heapq.merge",
+        ],
+        [
+            [_size(r["k"]), _size(r["n"])]
+            + [f(r["seconds"][m], 3) for m in _METHODS]
+            + [f(r["kmerge_over_heapq"], 3), f(r["merge_k_lists_over_heapq"], 2)]
+            for r in res
+        ],
+    )
+    worst = max(r["kmerge_over_heapq"] for r in res)
+    verdict = "meets" if worst <= 1.05 else "misses"
+    note = (
+        f"Median seconds of {data['repeats']} runs. In this run `kmerge / heapq.merge` is at "
+        f"most {f(worst, 3)}, which {verdict} the goal of <= 1.05."
+    )
+    return f"{table}\n\n{_prose(note)}"
+
+
+TABLES: dict[str, Renderer] = {
+    "rl.modes": modes,
+    "rl.modes_throughput": modes_throughput,
+    "rl.replay": replay,
+    "rl.presets": presets,
+    "merge.benchmark": merge_benchmark,
+}
