@@ -6,6 +6,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
+export NO_MKDOCS_2_WARNING := 1  # mkdocs-material prints an end-of-life banner otherwise
 
 .PHONY: install test lint docs demo bench clean
 

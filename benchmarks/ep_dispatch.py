@@ -33,12 +33,12 @@ def main() -> None:
     args = parser.parse_args()
     tokens, hidden, experts = (256, 512, 32) if args.quick else (4096, 7168, 256)
     config = BenchConfig(
-        ranks=4,
-        tokens=tokens,
+        num_ranks=4,
+        num_tokens=tokens,
         hidden=hidden,
-        experts=experts,
+        num_experts=experts,
         topk=8,
-        iters=args.iters,
+        num_iters=args.iters,
         transport=args.transport,
     )
     report = run_with_progress(config)

@@ -73,7 +73,7 @@ def best_heuristic(
     for name in HEURISTIC_NAMES:
         kw = {"mem_limit": limit} if limit is not None and name in ("zb-1p", "zb-2p") else {}
         sim = simulate(
-            get_schedule(name, num_stages=p, num_microbatches=m, costs=costs, **kw), costs
+            get_schedule(name, num_ranks=p, num_microbatches=m, costs=costs, **kw), costs
         )
         if limit is not None and max(sim.peak_memory) > limit * (1 + 1e-12):
             continue
@@ -160,7 +160,7 @@ def plot_pair(out_dir: Path, time_limit: float, workers: int) -> list[Path]:
     costs = costs_for(p, "uniform")
     limit = 3 * costs.mem_f[0]
     heuristic = simulate(
-        get_schedule("zb-1p", num_stages=p, num_microbatches=m, costs=costs, mem_limit=limit),
+        get_schedule("zb-1p", num_ranks=p, num_microbatches=m, costs=costs, mem_limit=limit),
         costs,
     )
     res = solve_optimal(

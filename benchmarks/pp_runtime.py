@@ -168,7 +168,7 @@ def main() -> int:
     split = split_table(model, prof, repeats)
     costs = prof.cost_model()
     # the automatic schedules (zb-2p) are built for the profiled costs; the run uses the same
-    schedules = [get_schedule(n, num_stages=2, num_microbatches=num_mb, costs=costs)
+    schedules = [get_schedule(n, num_ranks=2, num_microbatches=num_mb, costs=costs)
                  for n in SCHEDULES]  # fmt: skip
     sims = {s.name: simulate(s, costs) for s in schedules}
     load_before = os.getloadavg()[0]

@@ -77,7 +77,7 @@ def main() -> int:
     rows = []
     for p, m in sizes:
         costs = CostModel.uniform(p, t_f=1.0, t_b=1.0, t_w=0.5, t_comm=0.05)
-        sched = get_schedule("zb-h1", num_stages=p, num_microbatches=m)
+        sched = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
         n = sched.num_actions
         ours, ours_cpu = _median_time(lambda s=sched, c=costs: simulate(s, c), repeats)
         base, base_cpu = _median_time(lambda s=sched, c=costs: sweep_simulate(s, c), repeats)
@@ -87,9 +87,9 @@ def main() -> int:
                      "sweep_baseline_cpu_s": base_cpu, "cpu_ratio": base_cpu / ours_cpu})  # fmt: skip
     paper = CostModel.paper(32, t_f=10.402, t_b=10.248, t_w=7.698, t_comm=0.46,
                             hidden=6144, heads=48, seq=1024)  # fmt: skip
-    gen, gen_cpu = _median_time(lambda: get_schedule("zb-2p", num_stages=32, num_microbatches=256,
+    gen, gen_cpu = _median_time(lambda: get_schedule("zb-2p", num_ranks=32, num_microbatches=256,
                                                      costs=paper), repeats)  # fmt: skip
-    sched = get_schedule("zb-2p", num_stages=32, num_microbatches=256, costs=paper)
+    sched = get_schedule("zb-2p", num_ranks=32, num_microbatches=256, costs=paper)
     sim, sim_cpu = _median_time(lambda: simulate(sched, paper), repeats)
     print_table("simulate zb-h1 (median of repeats): CPU time per action, flat = linear in "
                 "actions; baseline = sweep all ranks until nothing moves",

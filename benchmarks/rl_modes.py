@@ -50,7 +50,7 @@ def _row(label: str, r: RunResult, base: RunResult) -> dict:
 
 
 def throughput(rounds: int, steps: int) -> list[dict]:
-    """samples/s of the three modes with a wider policy (d_model 128), so that the stages'
+    """samples/s of the three modes with a wider policy (hidden 128), so that the stages'
     compute, not message passing, fills a step; modes interleaved round by round so that a
     change in the machine's other load hits all of them alike. Medians are reported."""
     per_mode: dict[str, list[RunResult]] = {m: [] for m in ("sync", "one-step-off", "fully-async")}
@@ -62,7 +62,7 @@ def throughput(rounds: int, steps: int) -> list[dict]:
                 steps=steps,
                 seed=rnd,
                 eval_every=steps,
-                policy={"d_model": 128, "n_layer": 2, "n_head": 4},
+                policy={"hidden": 128, "num_layers": 2, "num_heads": 4},
             )
             res = run(cfg)
             per_mode[mode].append(res)
@@ -112,7 +112,7 @@ def main() -> None:
         trows = throughput(rounds, tsteps)
         cols = list(trows[0])
         print_table(
-            f"rl_modes throughput: d_model 128, {tsteps} steps, median of {rounds} rounds",
+            f"rl_modes throughput: hidden 128, {tsteps} steps, median of {rounds} rounds",
             cols,
             [[r[c] for c in cols] for r in trows],
         )

@@ -42,7 +42,7 @@ def run_row(row) -> dict:
     out = {"model": row["model"], "p": p, "m": m, "schedules": {}}
     for name, column, factor in COLUMNS:
         t0 = time.perf_counter()
-        result = simulate(get_schedule(name, num_stages=p, num_microbatches=m, costs=costs), costs)
+        result = simulate(get_schedule(name, num_ranks=p, num_microbatches=m, costs=costs), costs)
         seconds = time.perf_counter() - t0
         published = float(row[column])
         ours = result.bubble_rate

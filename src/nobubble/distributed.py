@@ -67,7 +67,7 @@ class DistContext:
     local_rank: int = 0
     local_world_size: int = 1
     timeout_s: float = 120.0
-    group: Any = field(default=None, compare=False)
+    group: dist.ProcessGroup | None = field(default=None, compare=False)
 
 
 class RankFailure(RuntimeError):

@@ -50,11 +50,19 @@ def test_ep_bench_json(transport, resolved, capsys):
     assert methods["all-gather"]["dispatch_payload_bytes"] == ranks * ranks * tokens * hidden * 2
 
 
+def test_ep_bench_table_names_the_run(capsys):
+    argv = ["ep", "bench", "--ranks", "2", "--tokens", "16", "--hidden", "24", "--experts", "8"]
+    assert main([*argv, "--topk", "2", "--iters", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "ep bench: 2 ranks x 16 tokens x 24 bf16, top-2 of 8 experts" in out
+    assert "median of 1" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
         (["ep", "bench", "--ranks", "4", "--experts", "6"], "num_experts=6"),
-        (["ep", "bench", "--topk", "9", "--experts", "8", "--ranks", "2"], "--topk 9"),
+        (["ep", "bench", "--topk", "9", "--experts", "8", "--ranks", "2"], "topk=9"),
     ],
 )
 def test_ep_bench_bad_usage(argv, needle, capsys):
@@ -80,7 +88,9 @@ def test_ep_bench_bad_transport_exits_2(capsys):
 def test_bench_config_rejects_unknown_transport():
     from nobubble.bench.ep_dispatch import BenchConfig
 
-    with pytest.raises(ValueError, match="--transport 'nvlink'; choose one of auto, shm, dist"):
+    with pytest.raises(
+        ValueError, match="BenchConfig.transport='nvlink'; choose one of auto, shm, dist"
+    ):
         BenchConfig(transport="nvlink")
 
 

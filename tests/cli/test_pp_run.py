@@ -49,7 +49,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "0" in err and "W" in err
     assert main(["pp", "run", "--schedule-file", str(bad), "--stages", "3", *TINY]) == 2
-    assert "has 2 ranks but --stages is 3" in capsys.readouterr().err
+    assert "has 2 ranks but --ranks is 3" in capsys.readouterr().err
     assert main(["pp", "run", "-s", "zb-v", "--stages", "4", *TINY]) == 2
     assert "4 layers but the schedule has 8 stages" in capsys.readouterr().err
     assert main(["pp", "plan", "--profile", str(tmp_path / "none.json")]) == 2

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "ListNode",
@@ -230,7 +230,9 @@ def _kmerge_reverse(its: list[Iterator[Any]], key: Callable[[Any], Any] | None) 
         except StopIteration:
             continue
         heap.append([value if key is None else key(value), -order, value, nxt])
-    heapq._heapify_max(heap)  # type: ignore[attr-defined]
+    # typeshed wants list[SupportsRichComparison]; list is invariant, and the entries are
+    # lists compared element-wise (key, -order, ...).
+    heapq._heapify_max(cast("list[Any]", heap))
     replace = heapq._heapreplace_max  # type: ignore[attr-defined]
     while len(heap) > 1:
         try:

@@ -40,6 +40,7 @@ from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS
 from nobubble.moe.layout import get_dispatch_layout, num_local_experts
 from nobubble.moe.reference import pair_combine, pair_dispatch
 from nobubble.moe.transport import Transport
+from nobubble.validation import check_fields
 
 __all__ = ["BenchConfig", "MethodResult", "BenchReport", "run_bench", "plot_report", "METHODS"]
 
@@ -51,21 +52,21 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 class BenchConfig:
     """One benchmark run."""
 
-    ranks: int = 4
+    num_ranks: int = 4
     """Local processes (expert-parallel ranks)."""
-    tokens: int = 4096
+    num_tokens: int = 4096
     """Tokens per rank."""
     hidden: int = 7168
     """Hidden size."""
-    experts: int = 256
-    """Routed experts (a multiple of ranks)."""
+    num_experts: int = 256
+    """Routed experts (a multiple of ``num_ranks``)."""
     topk: int = 8
     """Experts per token."""
     dtype: str = "bf16"
     """Payload dtype: bf16 or fp32."""
-    iters: int = 3
-    """Timed iterations per method (after ``warmup``)."""
-    warmup: int = 1
+    num_iters: int = 3
+    """Timed iterations per method (after ``num_warmup``)."""
+    num_warmup: int = 1
     """Untimed iterations per method."""
     timeout_s: float = 1800.0
     """Limit for the whole run and every collective."""
@@ -75,19 +76,20 @@ class BenchConfig:
     """auto (shared memory for gloo on one CPU host), shm or dist (gloo collectives)."""
 
     def __post_init__(self) -> None:
-        for name in ("ranks", "tokens", "hidden", "experts", "topk", "iters"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} {getattr(self, name)} must be >= 1")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup {self.warmup} must be >= 0")
-        num_local_experts(self.experts, self.ranks)
-        if self.topk > self.experts:
-            raise ValueError(f"--topk {self.topk} exceeds --experts {self.experts}")
+        names = ("num_ranks", "num_tokens", "hidden", "num_experts", "topk", "num_iters")
+        check_fields("BenchConfig", self, names, ">= 1", integer=True)
+        check_fields("BenchConfig", self, ("num_warmup",), ">= 0", integer=True)
+        num_local_experts(self.num_experts, self.num_ranks)
+        if self.topk > self.num_experts:
+            raise ValueError(
+                f"BenchConfig.topk={self.topk} exceeds num_experts={self.num_experts}; lower topk"
+            )
         if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+            raise ValueError(f"BenchConfig.dtype={self.dtype!r}; choose one of {sorted(DTYPES)}")
         if self.transport not in TRANSPORT_KINDS:
             raise ValueError(
-                f"--transport {self.transport!r}; choose one of {', '.join(TRANSPORT_KINDS)}"
+                f"BenchConfig.transport={self.transport!r}; choose one of "
+                f"{', '.join(TRANSPORT_KINDS)}"
             )
 
 
@@ -201,7 +203,7 @@ def _allgather_round(t: Transport, x, topk_idx, num_experts: int, copies):
 def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
     dtype = DTYPES[config.dtype]
     g = torch.Generator().manual_seed(config.seed * 1000 + ctx.rank)
-    n, h, e = config.tokens, config.hidden, config.experts
+    n, h, e = config.num_tokens, config.hidden, config.num_experts
     x = torch.randn(n, h, generator=g).to(dtype)  # (N, H)
     topk_idx = torch.randn(n, e, generator=g).topk(config.topk, dim=1).indices  # (N, K)
     copies = get_dispatch_layout(topk_idx, e, ctx.world_size).is_token_in_rank.sum(1)  # (N,)
@@ -216,21 +218,21 @@ def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
 
 
 def _run_methods(ctx, config: BenchConfig, progress: Any, buf: Buffer, x, topk_idx, copies):
-    e, h, t = config.experts, config.hidden, buf.transport
+    e, h, t = config.num_experts, config.hidden, buf.transport
     rounds = {
         "buffer": lambda: _buffer_round(buf, x, topk_idx, copies),
         "per-pair all-to-all": lambda: _pair_round(t, x, topk_idx, e),
         "all-gather": lambda: _allgather_round(t, x, topk_idx, e, copies),
     }
-    total, done = len(rounds) * (config.warmup + config.iters), 0
+    total, done = len(rounds) * (config.num_warmup + config.num_iters), 0
     out: dict[str, Any] = {"logical_bytes": int(copies.sum()) * h * x.element_size()}
     for name in METHODS:
         phases, oks, verdicts = [], [], []
-        for it in range(config.warmup + config.iters):
+        for it in range(config.num_warmup + config.num_iters):
             d, c, ok, verdict = rounds[name]()
             oks.append(ok)
             verdicts.append(verdict)
-            if it >= config.warmup:
+            if it >= config.num_warmup:
                 phases.append((d, c))
             done += 1
             if ctx.rank == 0 and progress is not None:
@@ -240,14 +242,16 @@ def _run_methods(ctx, config: BenchConfig, progress: Any, buf: Buffer, x, topk_i
 
 
 def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
-    """Spawn ``config.ranks`` processes (one thread each), run every method, gather the report.
+    """Spawn ``config.num_ranks`` processes (one thread each), run every method, gather the report.
 
     ``progress``: an optional queue from ``multiprocessing.get_context("spawn")`` that rank 0
     feeds with ``(method, done, total)`` tuples.
     """
-    per_rank = spawn(_rank_body, config.ranks, args=(config, progress), timeout_s=config.timeout_s)
+    per_rank = spawn(
+        _rank_body, config.num_ranks, args=(config, progress), timeout_s=config.timeout_s
+    )
     logical = sum(r["logical_bytes"] for r in per_rank)
-    per_rank_logical = logical / config.ranks
+    per_rank_logical = logical / config.num_ranks
     methods = []
     for name in METHODS:
         ranks = [r[name] for r in per_rank]
@@ -299,6 +303,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
         )
     ax2.axhline(report["logical_bytes"] / 1e6, color="k", ls="--", lw=1, label="logical")
     c = report["config"]
+    c = {k.removeprefix("num_"): v for k, v in c.items()}  # reports before the num_ names too
     transport = report.get("transport", "dist")  # reports written before the field: gloo
     for ax, ylabel in ((ax1, "ms (slowest rank, median)"), (ax2, "MB moved (all ranks)")):
         ax.set_xticks(pos, names, fontsize=8)

@@ -92,7 +92,7 @@ def run_with_progress(config: Any) -> Any:
     with Progress(
         *columns, TimeElapsedColumn(), console=console(stderr=True), transient=True
     ) as bar:
-        task = bar.add_task(f"starting {config.ranks} ranks", total=None)
+        task = bar.add_task(f"starting {config.num_ranks} ranks", total=None)
         while thread.is_alive():
             try:
                 method, done, total = updates.get(timeout=0.5)
@@ -109,14 +109,14 @@ def _bench(args: argparse.Namespace) -> int:
     from nobubble.bench.ep_dispatch import BenchConfig
 
     config = BenchConfig(
-        ranks=args.ranks,
-        tokens=args.tokens,
+        num_ranks=args.ranks,
+        num_tokens=args.tokens,
         hidden=args.hidden,
-        experts=args.experts,
+        num_experts=args.experts,
         topk=args.topk,
         dtype=args.dtype,
-        iters=args.iters,
-        warmup=args.warmup,
+        num_iters=args.iters,
+        num_warmup=args.warmup,
         timeout_s=args.timeout,
         seed=args.seed,
         transport=args.transport,
@@ -160,8 +160,9 @@ def print_report(report: Any) -> None:
         for m in report.methods[1:]
     )
     print_table(
-        f"ep bench: {c.ranks} ranks x {c.tokens} tokens x {c.hidden} {c.dtype}, top-{c.topk} of "
-        f"{c.experts} experts, {report.transport} transport (median of {c.iters}, slowest rank)",
+        f"ep bench: {c.num_ranks} ranks x {c.num_tokens} tokens x {c.hidden} {c.dtype}, top-"
+        f"{c.topk} of {c.num_experts} experts, {report.transport} transport (median of "
+        f"{c.num_iters}, slowest rank)",
         [
             "method",
             "dispatch ms",

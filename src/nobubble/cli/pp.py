@@ -60,9 +60,7 @@ def _show(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import ascii_grid
 
     sched = (
-        _read_csv(args.csv)
-        if args.csv
-        else schedule_from_args(args, CostModel.uniform(args.stages))
+        _read_csv(args.csv) if args.csv else schedule_from_args(args, CostModel.uniform(args.ranks))
     )
     if args.json:
         print_json({"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
@@ -107,7 +105,7 @@ def _simulate(args: argparse.Namespace) -> int:
         for r in range(result.schedule.num_ranks)
     ]  # fmt: skip
     print_table(
-        f"{result.schedule.name}: P={args.stages}, M={args.microbatches}",
+        f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}",
         ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
         rows,
         caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
@@ -181,7 +179,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     sched = _read_csv(args.file)
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
-    args.stages = sched.num_ranks
+    args.ranks = sched.num_ranks
     costs = costs_from_args(args)
     result = simulate(sched, costs, check=False)
     info = {"file": str(args.file), "valid": True, "stages": sched.num_ranks,
@@ -197,7 +195,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _register_compare(sub) -> None:
-    p = sub.add_parser("compare", help="every schedule on the same costs: bubble, memory, throughput")
+    p = sub.add_parser(
+        "compare", help="every schedule on the same costs: bubble, memory, throughput"
+    )
     add_shape(p, schedule=False)
     add_costs(p)
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
@@ -225,7 +225,7 @@ def _compare(args: argparse.Namespace) -> int:
     with Progress(console=console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating", total=None)
         rows = compare_schedules(
-            costs, num_stages=args.stages, num_microbatches=args.microbatches,
+            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
             include_torch=not args.no_torch, ilp_time_limit_s=args.ilp, mem_limit=limit,
             num_chunks=args.chunks or 2,
             on_step=lambda n: bar.update(task, description=f"simulating {n}"),
@@ -236,7 +236,7 @@ def _compare(args: argparse.Namespace) -> int:
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
     if args.json:
-        print_json({"stages": args.stages, "microbatches": args.microbatches,
+        print_json({"stages": args.ranks, "microbatches": args.microbatches,
                     "costs": _cost_summary(costs), "rows": [r.as_dict() for r in rows],
                     "files": files})  # fmt: skip
         return 0
@@ -251,7 +251,7 @@ def _compare(args: argparse.Namespace) -> int:
                       f"{d['throughput_vs_1f1b_flush']:.3f}x", r.note])  # fmt: skip
     c = _cost_summary(costs)
     print_table(
-        f"P={args.stages}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
+        f"P={args.ranks}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
         f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
         table,

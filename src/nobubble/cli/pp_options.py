@@ -11,7 +11,14 @@ import argparse
 
 from nobubble.cli.util import UsageError, nonneg_float, positive_float, positive_int
 
-__all__ = ["PAPER_TIMES", "add_shape", "add_costs", "costs_from_args", "schedule_from_args"]
+__all__ = [
+    "PAPER_TIMES",
+    "add_size",
+    "add_shape",
+    "add_costs",
+    "costs_from_args",
+    "schedule_from_args",
+]
 
 # measured per-rank times (T_F, T_B, T_W, T_comm in ms) at p = 8/8/16/32, from the paper's table
 PAPER_TIMES = {
@@ -22,11 +29,19 @@ PAPER_TIMES = {
 }
 
 
+def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4) -> None:
+    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required) and
+    ``--microbatches/-m``."""
+    p.add_argument("--ranks", "--stages", "-p", dest="ranks", type=positive_int, default=ranks,
+                   required=ranks is None, help="pipeline ranks P")  # fmt: skip
+    p.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+
+
 def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
+    """The schedule's name (unless ``schedule=False``), its size, and ``--chunks/-v``."""
     if schedule:
         p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
-    p.add_argument("--stages", "-p", type=positive_int, default=4, help="pipeline ranks P")
-    p.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    add_size(p)
     p.add_argument("--chunks", "-v", type=positive_int, default=None,
                    help="chunks per rank (interleaved-1f1b; default 2)")  # fmt: skip
 
@@ -86,7 +101,7 @@ def costs_from_args(args: argparse.Namespace):
         mem = transformer_memory(hidden=h, heads=a, seq=s)
         mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
     return CostModel.from_rank_costs(
-        args.stages, t_f=times["tf"], t_b=times["tb"], t_w=times["tw"], t_comm=times["tcomm"],
+        args.ranks, t_f=times["tf"], t_b=times["tb"], t_w=times["tw"], t_comm=times["tcomm"],
         mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,
     )  # fmt: skip
 
@@ -111,5 +126,5 @@ def schedule_from_args(args: argparse.Namespace, costs, name: str | None = None)
         mem_limit = args.mem_limit * costs.mem_f[0]
     elif getattr(args, "mem_limit", None) is not None and name == args.schedule:
         raise UsageError(f"--mem-limit applies to zb-1p / zb-2p, not {name!r}")
-    return get_schedule(name, num_stages=args.stages, num_microbatches=args.microbatches,
+    return get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
                         costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip

@@ -2,10 +2,10 @@
 
 Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`::
 
-    nobubble pp profile --stages 2 --layers 4 --hidden 256 --seq-len 128 -o profile.json
+    nobubble pp profile --ranks 2 --layers 4 --hidden 256 --seq-len 128 -o profile.json
     nobubble pp plan --profile profile.json --microbatches 8 -o plan.csv
-    nobubble pp run --schedule zb-h1 --stages 2 --microbatches 8 --steps 5
-    nobubble pp run --schedule-file plan.csv --stages 2 --steps 5 --trace run.json
+    nobubble pp run --schedule zb-h1 --ranks 2 --microbatches 8 --steps 5
+    nobubble pp run --schedule-file plan.csv --ranks 2 --steps 5 --trace run.json
 
 Under ``torchrun`` (RANK/WORLD_SIZE set) ``pp run`` runs as one rank of the job and writes
 its own trace file (merge them with ``nobubble trace merge``).
@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nobubble.cli.pp_options import add_size
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -44,7 +45,15 @@ MiB = 1024 * 1024
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``profile``, ``plan`` and ``run`` to the ``pp`` group's sub-parsers."""
     prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
-    prof.add_argument("--stages", "-p", type=positive_int, default=2, help="stages to split into")
+    prof.add_argument(
+        "--stages",
+        "--ranks",
+        "-p",
+        dest="num_stages",
+        type=positive_int,
+        default=2,
+        help="model stages to split into (one per rank, or ranks x chunks)",
+    )
     prof.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per op")
     prof.add_argument("--no-comm", action="store_true", help="skip the 2-process T_comm probe")
     prof.add_argument("-o", "--output", type=Path, default=None, help="write the profile JSON")
@@ -55,8 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     plan = sub.add_parser("plan", help="simulate the schedules on profiled costs, keep the best")
     plan.add_argument("--profile", type=Path, default=None, help="profile JSON (pp profile -o)")
-    plan.add_argument("--stages", "-p", type=positive_int, default=2, help="ranks P")
-    plan.add_argument("--microbatches", "-m", type=positive_int, default=8, help="M")
+    add_size(plan, ranks=2)
     plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
                       help="also run the exact solver for this long")  # fmt: skip
     plan.add_argument("-o", "--output", type=Path, default=Path("plan.csv"),
@@ -70,8 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     which = run.add_mutually_exclusive_group(required=True)
     which.add_argument("--schedule", "-s", help="schedule name (gpipe, 1f1b, zb-h1, ...)")
     which.add_argument("--schedule-file", type=Path, help="torch compute-only CSV")
-    run.add_argument("--stages", "-p", type=positive_int, required=True, help="ranks P")
-    run.add_argument("--microbatches", "-m", type=positive_int, default=8, help="M")
+    add_size(run, ranks=None)
     run.add_argument("--steps", type=positive_int, default=3, help="training steps")
     run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     run.add_argument("--lr", type=positive_float, default=0.01)
@@ -163,7 +170,7 @@ def _device(device: str) -> str:
 
 def _profile(args: argparse.Namespace) -> int:
     model = model_from_args(args)
-    prof = measure_profile(model, args.stages, args, comm=not args.no_comm)
+    prof = measure_profile(model, args.num_stages, args, comm=not args.no_comm)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(prof.to_dict(), indent=2))
@@ -176,7 +183,7 @@ def _profile(args: argparse.Namespace) -> int:
         for s in prof.stages
     ]  # fmt: skip
     print_table(
-        f"{model.name}: {args.stages} stages, microbatch {args.microbatch_size} (ms, MiB)",
+        f"{model.name}: {args.num_stages} stages, microbatch {args.microbatch_size} (ms, MiB)",
         ["stage", "blocks", "T_F", "T_B", "T_W", "T_B+T_W", "fused BW", "split", "M_F", "M_W"],
         rows,
         caption=f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock"
@@ -189,7 +196,7 @@ def _load_or_measure(args: argparse.Namespace):
     from nobubble.pipeline.runtime.profile import Profile
 
     if args.profile is None:
-        return measure_profile(model_from_args(args), args.stages, args)
+        return measure_profile(model_from_args(args), args.ranks, args)
     try:
         return Profile.from_dict(json.loads(args.profile.read_text()))
     except FileNotFoundError:
@@ -205,15 +212,15 @@ def _plan(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
 
     prof = _load_or_measure(args)
-    if len(prof.stages) != args.stages:
+    if len(prof.stages) != args.ranks:
         raise UsageError(
-            f"the profile has {len(prof.stages)} stages but --stages is {args.stages}; "
-            f"profile with --stages {args.stages}"
+            f"the profile has {len(prof.stages)} stages but --ranks is {args.ranks}; "
+            f"profile with --ranks {args.ranks}"
         )
     costs = prof.cost_model()
     rows, best = [], None
     for name in SCHEDULE_NAMES:
-        sched = get_schedule(name, num_stages=args.stages, num_microbatches=args.microbatches,
+        sched = get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
                              costs=costs)  # fmt: skip
         sim = simulate(sched, costs.for_stages(sched.stage_to_rank))
         rows.append((sched, sim))
@@ -232,7 +239,7 @@ def _plan(args: argparse.Namespace) -> int:
         print_json({"best": best.name, "output": str(args.output), "schedules": out})
         return 0
     print_table(
-        f"P={args.stages}, M={args.microbatches}, profiled costs ({prof.model})",
+        f"P={args.ranks}, M={args.microbatches}, profiled costs ({prof.model})",
         ["schedule", "makespan ms", "bubble", "peak act MiB"],
         [[r["schedule"], r["makespan_ms"], f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]]
          for r in out],
@@ -250,7 +257,7 @@ def _ilp_rows(costs, args):
     from nobubble.pipeline.simulate import simulate
 
     with console(stderr=True).status(f"exact solver ({args.ilp:g} s)"):
-        res = solve_optimal(costs, num_stages=args.stages, num_microbatches=args.microbatches,
+        res = solve_optimal(costs, num_stages=args.ranks, num_microbatches=args.microbatches,
                             objective="makespan", time_limit_s=args.ilp)  # fmt: skip
     if res.schedule is None:
         return []
@@ -262,7 +269,7 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     from nobubble.pipeline.schedules import get_schedule
 
     if args.schedule is not None:
-        return get_schedule(args.schedule, num_stages=args.stages,
+        return get_schedule(args.schedule, num_ranks=args.ranks,
                             num_microbatches=args.microbatches, costs=costs)  # fmt: skip
     try:
         text = args.schedule_file.read_text()
@@ -271,9 +278,9 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     from nobubble.pipeline.actions import Schedule
 
     sched = Schedule.from_csv(text, name=args.schedule_file.stem)
-    if sched.num_ranks != args.stages:
+    if sched.num_ranks != args.ranks:
         raise UsageError(
-            f"{args.schedule_file} has {sched.num_ranks} ranks but --stages is {args.stages}; "
+            f"{args.schedule_file} has {sched.num_ranks} ranks but --ranks is {args.ranks}; "
             f"pass --stages {sched.num_ranks}"
         )
     return sched

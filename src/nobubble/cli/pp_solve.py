@@ -2,7 +2,7 @@
 
 Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`::
 
-    nobubble pp solve --stages 4 --microbatches 8 --model 1.5B --mem-limit 4 \\
+    nobubble pp solve --ranks 4 --microbatches 8 --model 1.5B --mem-limit 4 \\
         --time-limit 30 --plot solve.png
 
 ``--mem-limit`` is in units of M_F (4 = p*M_F for p = 4, ZB-1p's limit); none by default.
@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from nobubble.cli.pp_options import add_costs, costs_from_args
+from nobubble.cli.pp_options import add_costs, add_size, costs_from_args
 from nobubble.cli.util import (
     add_json_flag,
     positive_float,
@@ -48,8 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "stages and m microbatches with OR-Tools CP-SAT; report status, bound and gap.",
     )
 
-    solve.add_argument("--stages", "-p", type=positive_int, default=4, help="pipeline ranks P")
-    solve.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    add_size(solve)
     add_costs(solve)  # --model, --tf/--tb/--tw/--tcomm, memory, --mem-limit (x M_F)
     for action in solve._actions:
         if action.dest == "mem_limit":
@@ -90,7 +89,7 @@ def _solve_with_progress(costs, args, mem_limit):
         ticker.start()
         try:
             return solve_optimal(
-                costs, num_stages=args.stages, num_microbatches=args.microbatches,
+                costs, num_stages=args.ranks, num_microbatches=args.microbatches,
                 mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
                 num_workers=args.workers, on_solution=found,
             )  # fmt: skip
@@ -112,7 +111,7 @@ def _solve(args: argparse.Namespace) -> int:
             args.csv.write_text(result.schedule.to_csv())
     if args.json:
         data = result.summary()
-        data.update(stages=args.stages, microbatches=args.microbatches, mem_limit=mem_limit)
+        data.update(stages=args.ranks, microbatches=args.microbatches, mem_limit=mem_limit)
         print_json(data)
         return _exit_code(result.status)
     rows = []
@@ -126,7 +125,7 @@ def _solve(args: argparse.Namespace) -> int:
     ])  # fmt: skip
     limit = "none" if mem_limit is None else f"{mem_limit:g}"
     print_table(
-        f"pp solve: p={args.stages}, m={args.microbatches}, {args.objective}, mem limit {limit}",
+        f"pp solve: p={args.ranks}, m={args.microbatches}, {args.objective}, mem limit {limit}",
         ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
         [[("-" if v is None else v) for v in row] for row in rows],
         caption=result.explanation,

@@ -3,7 +3,7 @@
 ``nobubble rl train`` runs one configuration and prints accuracy, samples/s, staleness and
 idle ratios (``--json`` for machine output); it writes a Chrome trace of the stages' busy
 spans and a PNG of the curves. ``nobubble rl compare`` runs the three modes on the same
-budget (``--ablation``: eta = 16 with a slow trainer, naive PPO against decoupled PPO and
+budget (``--ablation``: max_staleness = 16 with a slow trainer, naive PPO against decoupled PPO and
 V-trace) and prints a table and a plot.
 """
 
@@ -41,7 +41,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--max-staleness",
         type=nonneg_int,
         default=None,
-        metavar="ETA",
+        metavar="N",
         help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4)",
     )
     train.add_argument("--algo", choices=ALGOS, default="grpo")
@@ -52,7 +52,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     compare.add_argument(
         "--ablation",
         action="store_true",
-        help="eta=16 with a slow trainer: naive PPO vs decoupled PPO vs V-trace",
+        help="max_staleness=16 with a slow trainer: naive PPO vs decoupled PPO vs V-trace",
     )
     compare.set_defaults(func=_compare)
 
@@ -140,9 +140,7 @@ def _run_with_progress(cfg, label: str, *, quiet: bool):
         bar = progress.add_task(label, total=cfg.steps, info="starting workers")
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            info = (
-                f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('max_staleness', 0):.0f}"
-            )
+            info = f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('max_lag', 0):.0f}"
             progress.update(bar, completed=step, info=info)
 
         return run(cfg, on_step=on_step)
@@ -161,7 +159,9 @@ def _train(args: argparse.Namespace) -> int:
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     cfg = _config(args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo)
-    label = f"{cfg.mode}" + (f" eta={cfg.eta}" if cfg.mode != "sync" else "")
+    label = f"{cfg.mode}" + (
+        f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
+    )
     res = _run_with_progress(cfg, label, quiet=args.json)
     paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
     if args.json:
@@ -191,11 +191,11 @@ def _compare(args: argparse.Namespace) -> int:
                 max_staleness=16,
                 algo=algo,
                 trainer={"delay_s": trainer_delay},
-                chunk_groups=1,
+                groups_per_rollout=1,
             )
             for algo in ("grpo", "decoupled-ppo", "vtrace")
         }
-        title = f"ablation: fully-async eta=16, trainer +{trainer_delay}s/step"
+        title = f"ablation: fully-async max_staleness=16, trainer +{trainer_delay}s/step"
         stem = "ablation"
     else:
         runs = {m: _config(args, mode=m) for m in MODES}

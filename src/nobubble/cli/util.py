@@ -13,7 +13,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +39,7 @@ class UsageError(Exception):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error: ``nobubble pp simulate: error: ...`` and exit 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 

@@ -1,25 +1,28 @@
 """MoE expert parallelism: DeepEP-style dispatch / combine, routers, a MoE layer.
 
-Public names::
+Public names, by where they live::
 
+    # the core (this package)
     get_dispatch_layout, DispatchLayout          # who goes where (layout.py)
     Buffer, DispatchResult, CombineResult, DispatchHandle   # dispatch / combine (buffer.py)
-    Transport, TorchDistTransport, TransportStats, TransportError   # the seam (transport.py)
+    Transport, PeerWrites, TorchDistTransport, TransportStats, TransportError  # (transport.py)
     reference_dispatch, reference_combine        # the slow per-pair reference (reference.py)
     softmax_topk, deepseek_v3_topk, update_expert_bias, Routing   # routers (routing.py)
     MoEConfig, MoEWeights, init_moe_weights, MoELayer, DenseMoE   # the layer (layer.py)
-    rebalance_experts, ExpertPlacement            # EPLB placement (eplb.py)
-    rebalance_experts_incremental, IncrementalRebalance, count_moves   # (eplb_incremental.py)
-    route_to_replicas, ReplicaRouter              # logical -> physical experts (replicas.py)
-    ExpertLoadStats                               # live load statistics (load_stats.py)
-    ReplicatedMoELayer                            # MoE layer with redundant experts
-    rebalance_online, plan_migration              # move experts between ranks (balance_online.py)
-    ShmTransport, make_transport, ShmBuffer       # shared-memory intranode fast path
+    # fast paths (fastpath/)
     make_buffer                                   # Buffer for a transport kind: auto/shm/dist
-    HierarchicalBuffer                            # once per node across nodes (hierarchical.py)
-    LowLatencyBuffer                              # fixed-capacity decode mode (low_latency.py)
+    ShmTransport, make_transport, ShmBuffer       # shared memory between ranks of one host
+    HierarchicalBuffer                            # once per node across nodes
+    LowLatencyBuffer                              # fixed-capacity decode mode
     fp8_dispatch                                  # e4m3 dispatch, one scale per 128 channels
-    overlapped_forward                            # chunked comm/compute overlap (overlap.py)
+    overlapped_forward                            # chunked comm/compute overlap
+    # load balancing (balance/)
+    rebalance_experts, ExpertPlacement            # EPLB placement
+    rebalance_experts_incremental, IncrementalRebalance, count_moves   # move few experts
+    route_to_replicas, ReplicaRouter              # logical -> physical experts
+    ExpertLoadStats                               # live load statistics
+    ReplicatedMoELayer                            # MoE layer with redundant experts
+    rebalance_online, plan_migration              # move experts between ranks while training
 """
 
 from __future__ import annotations
@@ -45,7 +48,13 @@ from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_m
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
 from nobubble.moe.reference import reference_combine, reference_dispatch
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
-from nobubble.moe.transport import TorchDistTransport, Transport, TransportError, TransportStats
+from nobubble.moe.transport import (
+    PeerWrites,
+    TorchDistTransport,
+    Transport,
+    TransportError,
+    TransportStats,
+)
 
 __all__ = [
     "Buffer",
@@ -62,6 +71,7 @@ __all__ = [
     "MoEConfig",
     "MoELayer",
     "MoEWeights",
+    "PeerWrites",
     "ReplicaRouter",
     "ReplicatedMoELayer",
     "Routing",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +36,9 @@ from nobubble.moe.layout import (
     num_local_experts,
 )
 from nobubble.moe.transport import TorchDistTransport, Transport
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
 
@@ -137,7 +140,7 @@ class Buffer:
 
     def __init__(
         self,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
         *,
         transport: Transport | None = None,
         num_experts: int | None = None,

@@ -19,6 +19,7 @@ from torch import nn
 
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
+from nobubble.validation import check_fields
 
 __all__ = ["MoEConfig", "MoEWeights", "init_moe_weights", "MoELayer", "DenseMoE", "swiglu"]
 
@@ -51,9 +52,7 @@ class MoEConfig:
     """Aux-loss-free bias step (DeepSeek-V3's gamma)."""
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "expert_hidden", "num_experts", "topk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MoEConfig: {name}={getattr(self, name)} must be >= 1")
+        check_fields("MoEConfig", self, ("hidden", "expert_hidden", "num_experts", "topk"), ">= 1")
         if self.topk > self.num_experts:
             raise ValueError(f"MoEConfig: topk={self.topk} exceeds num_experts={self.num_experts}")
         if self.num_shared_experts < 0:
@@ -144,6 +143,8 @@ def apply_experts(
 class _MoEBase(nn.Module):
     """Router and shared experts, common to the distributed layer and the dense reference."""
 
+    expert_bias: torch.Tensor  # a buffer (register_buffer), for the type checker
+
     def __init__(self, config: MoEConfig, weights: MoEWeights) -> None:
         super().__init__()
         self.config = config
@@ -151,6 +152,8 @@ class _MoEBase(nn.Module):
         self.register_buffer("expert_bias", weights.expert_bias.clone())
         self.shared = None
         if weights.shared_gate is not None:
+            # init_moe_weights sets the three shared tensors together
+            assert weights.shared_up is not None and weights.shared_down is not None
             self.shared = nn.ParameterList(
                 [
                     nn.Parameter(t.clone())
@@ -234,6 +237,8 @@ class MoELayer(_MoEBase):
             num_experts=num_experts,
             cumulative_local_expert_recv_stats=recv_stats,
         )
+        # a fresh (not cached) dispatch with weights returns both
+        assert res.recv_topk_idx is not None and res.recv_topk_weights is not None
         expert_out = apply_experts(
             res.recv_x,
             res.recv_topk_idx,

@@ -77,10 +77,10 @@ def pair_dispatch(
     order = torch.argsort(dest, stable=True)  # pairs grouped by destination, token order within
     token, slot, expert, weight, dest = (t[order] for t in (token, slot, expert, weight, dest))
 
-    num_send = torch.bincount(dest, minlength=num_ranks).view(num_ranks, 1)  # (R, 1)
+    send_counts = torch.bincount(dest, minlength=num_ranks).view(num_ranks, 1)  # (R, 1)
     ones = [1] * num_ranks
-    num_recv = transport.all_to_all(num_send, ones, ones, kind="pair_layout").view(-1).tolist()
-    num_send = num_send.view(-1).tolist()
+    num_recv = transport.all_to_all(send_counts, ones, ones, kind="pair_layout").view(-1).tolist()
+    num_send = send_counts.view(-1).tolist()
     src_rank = torch.full_like(token, transport.rank)
     meta = torch.stack([src_rank, token, slot, expert], dim=1)  # (P, 4)
     recv_meta = transport.all_to_all(meta, num_send, num_recv, kind="pair_meta")  # (Q, 4)
@@ -192,10 +192,10 @@ def reference_combine(
         ``[N, H]`` in x's dtype; sums run in float32 for 16-bit dtypes, in source-rank order.
     """
     num_ranks = transport.world_size
-    num_send = torch.bincount(recv_src_rank, minlength=num_ranks).view(num_ranks, 1)
+    send_counts = torch.bincount(recv_src_rank, minlength=num_ranks).view(num_ranks, 1)
     ones = [1] * num_ranks
-    num_recv = transport.all_to_all(num_send, ones, ones, kind="ref_layout").view(-1).tolist()
-    num_send = num_send.view(-1).tolist()
+    num_recv = transport.all_to_all(send_counts, ones, ones, kind="ref_layout").view(-1).tolist()
+    num_send = send_counts.view(-1).tolist()
     back = transport.all_to_all(x, num_send, num_recv, kind="ref_x")
     back_token = transport.all_to_all(recv_src_token, num_send, num_recv, kind="ref_meta")
     acc_dtype = torch.float32 if x.element_size() < 4 and x.is_floating_point() else x.dtype

@@ -217,7 +217,7 @@ class TorchDistTransport(ByteCounting):
         timeout_s: the longest any single collective may take before :class:`TransportError`.
     """
 
-    def __init__(self, group: Any = None, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float = 120.0) -> None:
         if not dist.is_initialized():
             raise ValueError(
                 "TorchDistTransport: torch.distributed is not initialised; start the ranks with "

@@ -6,11 +6,12 @@ Public API (see each module's docstring):
 - :mod:`~nobubble.pipeline.costs`: ``CostModel`` (per-stage times, T_comm, memory)
 - :mod:`~nobubble.pipeline.validate`: ``validate``, ``ScheduleError``
 - :mod:`~nobubble.pipeline.simulate`: ``simulate`` -> ``SimResult``
-- :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES`` (hand-written;
-  ``schedules_auto`` ZB-1p/2p, ``schedules_v`` ZB-V, ``schedules_torch`` torch's own)
+- :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES`` (``handwritten``
+  GPipe/1F1B/interleaved/ZB-H1/H2, ``auto`` ZB-1p/2p, ``v_shape`` ZB-V, ``from_torch``
+  torch's own)
 - :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (every schedule on the same costs)
 - :mod:`~nobubble.pipeline.plot`: ``ascii_grid``, ``gantt``, ``gantt_grid``, ``write_trace``
-- :mod:`~nobubble.pipeline.ilp.solve`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
+- :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
 - :mod:`~nobubble.pipeline.runtime`: ``run_local``, ``TrainConfig``, ``LaunchOptions``,
   ``profile_stages`` (execution on a real model across processes)
 

@@ -7,14 +7,12 @@ schedules put several stages ("chunks") on each rank, recorded by ``stage_to_ran
 
 Ops (Zero Bubble splits the backward in two):
 
-====  ==============================  =========================  ==================
-Op    what                            torch CSV letter           frees / needs
-====  ==============================  =========================  ==================
-F     forward                         ``F``                      stores activations
-B     input gradient  dX = dY W^T     ``I`` (BACKWARD_INPUT)     on the critical path
-W     weight gradient dW = X^T dY     ``W`` (BACKWARD_WEIGHT)    needs only its own B
-BW    fused backward (B then W)       ``B`` (FULL_BACKWARD)      1F1B, GPipe
-====  ==============================  =========================  ==================
+| Op | what | torch CSV letter | frees / needs |
+|----|------|------------------|---------------|
+| F | forward | ``F`` | stores activations |
+| B | input gradient dX = dY W^T | ``I`` (BACKWARD_INPUT) | on the critical path |
+| W | weight gradient dW = X^T dY | ``W`` (BACKWARD_WEIGHT) | needs only its own B |
+| BW | fused backward (B then W) | ``B`` (FULL_BACKWARD) | 1F1B, GPipe |
 
 ``str(Action(2, Op.B, 0)) == "2I0"``, exactly the form ``torch.distributed.pipelining``
 prints and reads, so :meth:`Schedule.to_csv` / :meth:`Schedule.from_csv` exchange the

@@ -58,7 +58,7 @@ def _ours(name, costs, p, m, mem_limit, num_chunks):
 
     limit = mem_limit if name in ("zb-1p", "zb-2p") else None
     chunks = num_chunks if name == "interleaved-1f1b" else None
-    return get_schedule(name, num_stages=p, num_microbatches=m, costs=costs, mem_limit=limit,
+    return get_schedule(name, num_ranks=p, num_microbatches=m, costs=costs, mem_limit=limit,
                         num_chunks=chunks)  # fmt: skip
 
 
@@ -90,7 +90,8 @@ def compare_schedules(
     ``costs.mem_f``) overrides zb-1p/zb-2p's defaults; ``ilp_time_limit_s`` adds the ILP row
     (ZB-1p's memory limit unless ``mem_limit``) when :mod:`nobubble.pipeline.ilp.solve` exists."""
     p, m = num_stages, num_microbatches
-    entries: list[tuple[str, str, str, Callable[[], SimResult]]] = []
+    # Callable[..., ...]: each runner is a lambda that binds its name as a default argument
+    entries: list[tuple[str, str, str, Callable[..., SimResult]]] = []
     for name in names:
         kind = _KIND.get(name, "hand-written")
         entries.append((name, "nobubble", kind, lambda n=name: simulate(

@@ -77,7 +77,8 @@ def test_split_and_fused_backward_forms():
     ("kwargs", "msg"),
     [
         ({"name": "pipedream"}, "unknown schedule 'pipedream'"),
-        ({"name": "1f1b", "num_stages": 0}, "num_stages=0"),
+        ({"name": "1f1b", "num_ranks": 0}, "num_ranks=0"),
+        ({"name": "1f1b", "num_stages": 3}, "num_ranks=4 and num_stages=3 disagree"),
         ({"name": "1f1b", "num_microbatches": -1}, "num_microbatches=-1"),
         ({"name": "interleaved-1f1b", "num_microbatches": 6}, r"divisible.*use m=8"),
         ({"name": "1f1b", "num_chunks": 2}, "num_chunks applies"),
@@ -87,7 +88,7 @@ def test_split_and_fused_backward_forms():
     ],
 )
 def test_bad_requests(kwargs, msg):
-    args = {"num_stages": 4, "num_microbatches": 8} | kwargs
+    args = {"num_ranks": 4, "num_microbatches": 8} | kwargs
     name = args.pop("name")
     with pytest.raises(ValueError, match=msg):
         get_schedule(name, **args)
@@ -102,3 +103,11 @@ def test_csv_round_trip_every_generator(name, p, m):
         m = p * max(1, m // p)
     sched = get_schedule(name, num_stages=p, num_microbatches=m)
     assert Schedule.from_csv(sched.to_csv(), name=sched.name) == sched
+
+
+def test_num_stages_is_still_accepted_as_the_old_name_of_num_ranks():
+    old = get_schedule("zb-h1", num_stages=3, num_microbatches=6)
+    assert old == get_schedule("zb-h1", num_ranks=3, num_microbatches=6)
+    assert old.num_ranks == 3
+    interleaved = get_schedule("interleaved-1f1b", num_ranks=2, num_microbatches=4)
+    assert (interleaved.num_ranks, interleaved.num_stages) == (2, 4)  # stages = ranks x chunks

@@ -13,7 +13,7 @@ TINY = dict(
     batch_groups=3,
     group_size=4,
     eval_every=2,
-    policy={"d_model": 32},
+    policy={"hidden": 32},
     timeout_s=240,
     stall_timeout_s=90,
 )
@@ -27,7 +27,7 @@ def local_ray():
 
 
 def test_ray_engine_end_to_end(local_ray):
-    cfg = RunConfig(mode="fully-async", max_staleness=2, steps=4, chunk_groups=1, **TINY)
+    cfg = RunConfig(mode="fully-async", max_staleness=2, steps=4, groups_per_rollout=1, **TINY)
     res = run(cfg)
     assert res.steps == 4
     assert all(len(set(v)) == 1 for v in res.group_versions.values())

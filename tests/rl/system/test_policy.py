@@ -16,7 +16,7 @@ from nobubble.rl.system.policy import (
 
 def _model(seed: int = 0, vocab: int = 9, max_len: int = 12) -> CharTransformer:
     torch.manual_seed(seed)
-    return CharTransformer(PolicyConfig(vocab_size=vocab, max_seq_len=max_len, d_model=32))
+    return CharTransformer(PolicyConfig(vocab_size=vocab, max_seq_len=max_len, hidden=32))
 
 
 def test_causal_later_tokens_do_not_change_earlier_logits():
@@ -78,8 +78,8 @@ def test_greedy_is_argmax_of_logits():
 
 
 def test_config_validation_names_the_value():
-    with pytest.raises(ValueError, match="n_head=3"):
-        PolicyConfig(vocab_size=5, max_seq_len=8, d_model=32, n_head=3)
+    with pytest.raises(ValueError, match="num_heads=3"):
+        PolicyConfig(vocab_size=5, max_seq_len=8, hidden=32, num_heads=3)
     with pytest.raises(ValueError, match="vocab_size=0"):
         PolicyConfig(vocab_size=0, max_seq_len=8)
     model = _model()

@@ -14,7 +14,7 @@ from nobubble.rl.system.types import GroupRequest
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "decoupled-ppo", "vtrace"])
 def test_step_raises_logprob_of_better_responses(algo):
-    cfg = RunConfig(algo=algo, group_size=16, policy={"d_model": 32}, trainer={"lr": 3e-3})
+    cfg = RunConfig(algo=algo, group_size=16, policy={"hidden": 32}, trainer={"lr": 3e-3})
     task = cfg.make_task()
     trainer = Trainer(task=task, policy=cfg.policy_config(), cfg=cfg.trainer_config(), seed=0)
     gen = RolloutWorker(task=task, policy=cfg.policy_config(), cfg=cfg.rollout_config(), seed=0)

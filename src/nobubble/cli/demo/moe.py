@@ -74,6 +74,7 @@ def _rank(ctx, num_tokens: int, steps: int) -> dict[str, Any]:
     with torch.no_grad():
         for _ in range(steps):
             layer(_skewed_tokens(num_tokens, config.hidden, g))
+            assert layer.last_tokens_per_expert is not None  # set by the forward
             loads.append(layer.last_tokens_per_expert.tolist())
             layer.update_expert_bias()
     return {
@@ -101,6 +102,7 @@ def _dense_check(results: list[dict[str, Any]]) -> tuple[float, float]:
     y = dense(x)
     y.square().sum().backward()
     out_err = _rel_err(torch.cat([r["y0"] for r in results]), y.detach())
+    assert x.grad is not None and dense.router.grad is not None  # set by the backward
     grad_err = max(
         _rel_err(torch.cat([r["x0_grad"] for r in results]), x.grad),
         _rel_err(sum(r["router_grad"] for r in results), dense.router.grad),

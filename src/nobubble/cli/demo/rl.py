@@ -28,7 +28,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
         )
     base = results["sync"].samples_per_s
     print_table(
-        f"sync vs fully-async (eta=4), {steps} steps each",
+        f"sync vs fully-async (max_staleness=4), {steps} steps each",
         [*SUMMARY_COLUMNS, "speed"],
         [summary_row(k, r) + [f"{r.samples_per_s / base:.2f}x"] for k, r in results.items()],
     )

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nobubble.validation import check_fields
+
 __all__ = ["ExpertLoadStats", "logical_load"]
 
 
@@ -53,10 +55,8 @@ class ExpertLoadStats:
     steps: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        for name in ("num_logical_experts", "num_layers", "window"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ExpertLoadStats: {name}={value!r} must be an integer >= 1")
+        names = ("num_logical_experts", "num_layers", "window")
+        check_fields("ExpertLoadStats", self, names, ">= 1", integer=True)
         shape = (self.window, self.num_layers, self.num_logical_experts)
         self.history = torch.zeros(shape, dtype=torch.float64)  # (W, L, E) ring buffer
         self.cumulative = torch.zeros(shape[1:], dtype=torch.int64)  # (L, E)

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 __all__ = ["replicate_experts", "Packing", "balanced_packing"]
+
+
+class ItemLoads(Protocol):
+    """What :class:`Packing` reads of the loads: ``loads[item]`` (a list, or a lookup)."""
+
+    def __getitem__(self, item: int, /) -> float: ...
 
 
 def replicate_experts(
@@ -50,7 +57,7 @@ class Packing:
     """
 
     def __init__(
-        self, num_packs: int, per_pack: int, loads: Sequence[float], labels: Sequence[int]
+        self, num_packs: int, per_pack: int, loads: ItemLoads, labels: Sequence[int]
     ) -> None:
         self.per_pack = per_pack
         self.loads = loads

@@ -42,6 +42,8 @@ class ReplicatedMoELayer(MoELayer):
         stats_window: steps in the moving average of :attr:`load_stats`.
     """
 
+    local_expert_recv_stats: torch.Tensor  # a buffer (register_buffer), for the type checker
+
     def __init__(
         self,
         config: MoEConfig,

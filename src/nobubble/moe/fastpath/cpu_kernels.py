@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -298,7 +299,9 @@ def _e4m3_table() -> torch.Tensor:
     return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
 
-def _fp8_rows_ok(lib, t: torch.Tensor, packed: torch.Tensor, hidden: int) -> bool:
+def _fp8_rows_ok(
+    lib: ctypes.CDLL | None, t: torch.Tensor, packed: torch.Tensor, hidden: int
+) -> TypeGuard[ctypes.CDLL]:
     return (
         lib is not None
         and t.dtype in KERNEL_DTYPES

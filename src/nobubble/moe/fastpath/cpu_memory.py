@@ -49,6 +49,7 @@ def empty_hugepages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _unused(buf: torch.Tensor) -> bool:
     """True when only ``buf`` itself (plus the temporary storage handle) holds its memory."""
+    assert _USE_COUNT is not None  # without it RecycledOutputs caches nothing
     return _USE_COUNT(buf.untyped_storage()._cdata) <= 2
 
 

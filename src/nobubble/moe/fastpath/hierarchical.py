@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,7 +70,9 @@ class HierarchicalPlan:
         return sum(self.send1_counts) - self.send1_counts[self.node]
 
 
-def node_groups(group: Any, ranks_per_node: int) -> tuple[Any, Any]:
+def node_groups(
+    group: dist.ProcessGroup | None, ranks_per_node: int
+) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
     """Create every node group and every rail group (all ranks must call this together) and
     return this rank's ``(node_group, rail_group)``."""
     world = dist.get_world_size(group)
@@ -112,7 +113,7 @@ class HierarchicalBuffer(Buffer):
 
     def __init__(
         self,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
         *,
         ranks_per_node: int,
         num_experts: int | None = None,
@@ -161,13 +162,16 @@ class HierarchicalBuffer(Buffer):
         send1_counts = in_node.sum(dim=0).tolist()
         masks = in_rank[send1_token, pairs[:, 0]].to(torch.uint8)  # (S1, P) who needs it there
         ones = [1] * d
-        recv1_counts = self.inter.all_to_all(
-            torch.tensor(send1_counts, dtype=torch.int64, device=masks.device).view(d, 1),
-            ones,
-            ones,
-            kind="hier_layout",
-        ).view(-1)
-        recv1_counts = recv1_counts.tolist()
+        recv1_counts = (
+            self.inter.all_to_all(
+                torch.tensor(send1_counts, dtype=torch.int64, device=masks.device).view(d, 1),
+                ones,
+                ones,
+                kind="hier_layout",
+            )
+            .view(-1)
+            .tolist()
+        )
         recv_masks = self.inter.all_to_all(masks, send1_counts, recv1_counts, kind="hier_meta")
         fwd = recv_masks.bool().t().nonzero()  # (S2, 2): (local rank, row), local-rank-major
         send2_row = fwd[:, 1].contiguous()

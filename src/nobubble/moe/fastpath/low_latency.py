@@ -31,7 +31,6 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -143,7 +142,7 @@ class LowLatencyBuffer:
 
     def __init__(
         self,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
         *,
         num_max_dispatch_tokens_per_rank: int,
         hidden: int,

@@ -140,6 +140,8 @@ def overlapped_forward(
         )
 
     def experts(res: DispatchResult) -> torch.Tensor:
+        # a fresh (not cached) dispatch with weights returns both
+        assert res.recv_topk_idx is not None and res.recv_topk_weights is not None
         return apply_experts(
             res.recv_x,
             res.recv_topk_idx,

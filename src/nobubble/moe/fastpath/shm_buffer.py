@@ -24,7 +24,7 @@ Everything else (layout, count exchange, handle, autograd) is the parent's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +33,9 @@ from nobubble.moe.buffer import Buffer, DispatchHandle
 from nobubble.moe.fastpath.cpu_memory import RecycledOutputs
 from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS, ShmTransport, make_transport
 from nobubble.moe.transport import PeerWrites, TorchDistTransport, Transport
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = ["ShmBuffer", "make_buffer"]
 
@@ -63,7 +66,7 @@ class ShmBuffer(Buffer):
 
     def __init__(
         self,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
         *,
         transport: Transport | None = None,
         num_experts: int | None = None,
@@ -208,7 +211,7 @@ def _row_bytes(t: torch.Tensor) -> int:
 
 def make_buffer(
     kind: str = "auto",
-    group: Any = None,
+    group: dist.ProcessGroup | None = None,
     *,
     device: str | torch.device = "cpu",
     num_experts: int | None = None,

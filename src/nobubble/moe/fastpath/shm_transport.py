@@ -85,7 +85,7 @@ class ShmTransport(ByteCounting):
 
     def __init__(
         self,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
         *,
         timeout_s: float = 120.0,
         capacity_bytes_per_peer: int = 1 << 20,
@@ -411,7 +411,7 @@ def default_transport_kind(backend: str, device: str | torch.device) -> str:
 
 def make_transport(
     kind: str = "auto",
-    group: Any = None,
+    group: dist.ProcessGroup | None = None,
     *,
     device: str | torch.device = "cpu",
     timeout_s: float = 120.0,

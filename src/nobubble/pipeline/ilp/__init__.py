@@ -1,8 +1,9 @@
-"""Exact optimal zero-bubble schedules (CP-SAT, with a PuLP/CBC MILP cross-check).
+"""Exact optimal zero-bubble schedules (CP-SAT, cross-checked by the paper's big-M MILP).
 
 - :mod:`.solve`: :func:`solve_optimal` -> :class:`SolveResult`, warm-started by the heuristics.
 - :mod:`.model`: the integer problem, its CP-SAT model, ASAP times and peak memory.
-- :mod:`.milp`: the same problem as a time-indexed MILP, an independent formulation.
+- :mod:`.milp`: the same problem as the paper's big-M MILP (HiGHS, SCIP or CBC), an
+  independent formulation that must reach the same optimum.
 """
 
 from __future__ import annotations

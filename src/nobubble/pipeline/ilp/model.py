@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ortools.sat.python import cp_model
 
@@ -190,14 +191,16 @@ def objective_of(
     """Span (max over stages of last end - first F start) or makespan of ASAP start times."""
     objective = objective or problem.objective
     ends = [0] * problem.num_stages
-    firsts = [None] * problem.num_stages
+    firsts: list[int | None] = [None] * problem.num_stages
     for (op, s, _mb), t in start.items():
         ends[s] = max(ends[s], t + problem.duration(op, s))
         if op == "F":
-            firsts[s] = t if firsts[s] is None else min(firsts[s], t)
+            first = firsts[s]
+            firsts[s] = t if first is None else min(first, t)
     if objective == "makespan":
         return max(ends)
-    return max(e - f for e, f in zip(ends, firsts))
+    # Every stage runs an F for each microbatch, so no entry is still None here.
+    return max(e - f for e, f in zip(ends, cast("list[int]", firsts)))
 
 
 def peak_memory(problem: IntProblem, orders: Sequence[StageOrder]) -> tuple[int, ...]:
@@ -248,10 +251,8 @@ def build_cpsat(
     reservoir of the deltas at op starts; exact for any deltas), ``"cumulative"`` (each
     microbatch holds ``-mem_b`` from its F to its B and ``-mem_w`` from its F to its W; exact
     when ``mem_b, mem_w <= 0`` and ``mem_f + mem_b + mem_w == 0``, otherwise the reservoir is
-    used) or ``"both"``. Measured (``benchmarks/ilp_scaling.py`` era, 2 workers): the
-    reservoir proves P=8, M=24 under p*M_F optimal in ~30 s where the cumulative stops at a
-    5.5% gap after 120 s, and p=4, m=8 under 3 M_F (per-stage costs) in 2.5 s against no
-    proof in 40 s; adding both is slower than the reservoir alone.
+    used) or ``"both"``. The reservoir is the default because it is exact for any deltas;
+    the others are kept to compare against it.
     ``implied`` adds the precedences the memory limit forces (:func:`_implied_by_memory`);
     they cut no schedule and help the search.
     """

@@ -333,9 +333,7 @@ def solve_optimal(
         warm_start: a schedule to hint (in addition to the heuristics).
         use_heuristics: also try :data:`HEURISTIC_NAMES` as hints.
         num_workers: CP-SAT search workers (default :data:`DEFAULT_WORKERS` = 8 even on
-            fewer cores: the portfolio's LNS workers matter more than the core count; on 2
-            cores, 8 workers found a 54% shorter P=8, M=24 schedule under 4 M_F in 60 s
-            than 2 workers in 120 s).
+            fewer cores: the portfolio's LNS workers matter more than the core count).
         memory_encoding: ``"reservoir"``, ``"cumulative"`` or ``"both"`` (see
             :func:`~nobubble.pipeline.ilp.model.build_cpsat`).
         on_solution: called with ``(objective, bound, seconds)`` at each improving solution.
@@ -389,7 +387,7 @@ def _result(
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(
             schedule=None, status="unknown", objective=None, lower_bound=None, gap=None,
-            explanation="no schedule found within the time limit; raise --time-limit", **common,
+            explanation="no schedule found within the time limit; raise time_limit_s", **common,
         )  # fmt: skip
     p, m = problem.num_stages, problem.num_microbatches
     orders = []

@@ -5,6 +5,10 @@
 - :mod:`.stage`: one stage's F / B / W / BW on one rank.
 - :mod:`.p2p`, :mod:`.executor`: a rank walks its actions, activations and gradients move by
   point-to-point send/recv posted early, every wait bounded by a timeout.
-- :mod:`.profile`: measured per-stage costs for the simulator.
-- :mod:`.cli`: ``nobubble pp profile | plan | run``.
+- :mod:`.profile`: measured per-stage costs for the simulator; :mod:`.memory`: the
+  activation bytes autograd and W really keep.
+- :mod:`.launch`: :func:`~nobubble.pipeline.runtime.launch.run_local` on local processes;
+  :mod:`.report`, :mod:`.plot_run`: measured step next to the simulator's prediction.
+
+The command line (``nobubble pp profile | plan | run``) is :mod:`nobubble.cli.pp_run`.
 """

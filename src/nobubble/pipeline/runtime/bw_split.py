@@ -133,7 +133,7 @@ class _DeferredLinear(torch.autograd.Function):
     """``F.linear`` whose backward returns only dX and leaves (X, dY) in a store."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, store, microbatch):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, store, microbatch):
         # The parameters ride on ctx as themselves: a saved tensor may come back from
         # saved-tensor hooks as another Python object, and W must accumulate into the leaf.
         ctx.save_for_backward(x)
@@ -143,7 +143,7 @@ class _DeferredLinear(torch.autograd.Function):
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
+    def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         weight = ctx.weight
         dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None  # (..., in)

@@ -43,6 +43,7 @@ from nobubble.pipeline.runtime.p2p import P2PChannel, incoming, outgoing
 from nobubble.pipeline.runtime.stage import PipelineStage
 from nobubble.pipeline.validate import validate
 from nobubble.trace import Event
+from nobubble.validation import check_fields
 
 __all__ = ["WAIT", "TrainConfig", "RankResult", "train_rank", "train_rank_many", "check_config"]
 
@@ -81,9 +82,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, GPTConfig | MLPConfig):
             raise ValueError(f"model={self.model!r} must be a GPTConfig or MLPConfig")
-        for name in ("microbatch_size", "num_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
+        check_fields("TrainConfig", self, ("microbatch_size", "num_steps"), ">= 1")
         if self.optimizer not in _OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r}; choose one of {_OPTIMIZERS}")
         if not self.lr > 0:
@@ -172,6 +171,7 @@ class _Rank:
             for s in self.stage_ids
         }
         params = [p for b in self.blocks.values() for p in b.parameters()]
+        self.optimizer: torch.optim.Optimizer
         if config.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
         else:
@@ -189,6 +189,7 @@ class _Rank:
         for b in self.blocks.values():
             for name, p in b.named_parameters():
                 t = p.grad if what == "grad" else p
+                assert t is not None, f"{name} has no gradient"  # called after a backward
                 out[name] = t.detach().to("cpu", copy=True)
         return out
 
@@ -201,6 +202,7 @@ class _Rank:
         produced = None
         if action.op is Op.F:
             x = mbs[m].inputs if stage.is_first else received
+            assert x is not None  # a later stage's F always receives an activation
             produced = stage.forward(m, x, mbs[m].targets if stage.is_last else None)
         elif action.op is Op.B:
             produced = stage.backward_input(m, received)
@@ -210,10 +212,11 @@ class _Rank:
             produced = stage.backward_full(m, received)
         out = outgoing(sched, action)
         if out is not None:
+            assert produced is not None  # only stage 0's backward yields None, and sends nothing
             channel.send(out[0], out[1], produced)
 
 
-def _direction_groups(ctx: DistContext) -> tuple[object, object]:
+def _direction_groups(ctx: DistContext) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """Two groups over the job's ranks: one for messages to higher ranks, one to lower ranks
     (collective: every rank creates them in the same order)."""
     ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else None

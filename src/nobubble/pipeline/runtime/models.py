@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nobubble.pipeline.runtime.bw_split import SplitLinear
+from nobubble.validation import check_fields
 
 __all__ = ["Batch", "GPTConfig", "MLPConfig", "ModelConfig", "build_blocks", "partition_blocks"]
 
@@ -75,9 +76,8 @@ class GPTConfig(_InputBodyHead):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name}={getattr(self, name)} must be >= 1")
+        names = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers")
+        check_fields("GPTConfig", self, names, ">= 1")
         if self.hidden % self.num_heads:
             raise ValueError(
                 f"GPTConfig.hidden={self.hidden} is not divisible by num_heads={self.num_heads}"
@@ -171,9 +171,8 @@ class MLPConfig(_InputBodyHead):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("in_features", "hidden", "num_classes", "num_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MLPConfig.{name}={getattr(self, name)} must be >= 1")
+        names = ("in_features", "hidden", "num_classes", "num_layers")
+        check_fields("MLPConfig", self, names, ">= 1")
 
     @property
     def name(self) -> str:

@@ -93,7 +93,7 @@ class P2PChannel:
         device: torch.device,
         timeout_s: float,
         lookahead: int = 2,
-        groups: tuple[object, object] | None = None,
+        groups: tuple[dist.ProcessGroup | None, dist.ProcessGroup | None] | None = None,
     ) -> None:
         self.schedule, self.rank = schedule, rank
         self.shapes, self.dtype, self.device = shapes, dtype, device
@@ -114,7 +114,7 @@ class P2PChannel:
         self._local: dict[MessageKey, torch.Tensor] = {}
         self._sends: list[tuple[MessageKey, torch.Tensor, dist.Work]] = []
 
-    def _group(self, src: int, dst: int) -> object:
+    def _group(self, src: int, dst: int) -> dist.ProcessGroup | None:
         """Messages to a higher rank go on ``groups[0]``, to a lower rank on ``groups[1]``."""
         return self.groups[0] if src < dst else self.groups[1]
 
@@ -139,6 +139,7 @@ class P2PChannel:
             k = queue.popleft()
             buf = torch.empty(self._shape(k), dtype=self.dtype, device=self.device)
             work = dist.irecv(buf, src=src, tag=k.tag(s, m), group=self._group(src, self.rank))
+            assert work is not None  # None only for a rank outside the group; ours span all
             self._posted[k] = (buf, work)
             if k == key:
                 return
@@ -161,6 +162,7 @@ class P2PChannel:
         tensor = tensor.contiguous()
         s, m = self.schedule.num_stages, self.schedule.num_microbatches
         work = dist.isend(tensor, dst=dst, tag=key.tag(s, m), group=self._group(self.rank, dst))
+        assert work is not None  # None only for a rank outside the group; ours span all
         self._sends.append((key, tensor, work))
 
     def finish(self) -> None:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nobubble.pipeline.plot import OP_COLORS
 from nobubble.pipeline.runtime.executor import WAIT, RankResult
 from nobubble.pipeline.simulate import SimResult
 
+if TYPE_CHECKING:
+    from nobubble.pipeline.actions import Op
+
 __all__ = ["plot_measured_vs_simulated"]
 
 
-def _bars(ax, rows: list[list[tuple[float, float, str, object]]], title: str) -> None:
+def _bars(ax, rows: list[list[tuple[float, float, str, Op]]], title: str) -> None:
     for rank, bars in enumerate(rows):
         for start, dur, label, op in bars:
             ax.broken_barh([(start, dur)], (rank - 0.4, 0.8), facecolors=OP_COLORS[op],
@@ -48,6 +52,7 @@ def plot_measured_vs_simulated(
     panels = [(measured, f"measured step {step}")]
     if sim is not None:
         s0 = min(min(s) for s in sim.start if s)
+        assert sched is not None  # sim.schedule
         simulated = [
             [(s - s0, e - s, str(a.microbatch), a.op)
              for a, s, e in zip(acts, sim.start[r], sim.end[r], strict=True)]
@@ -76,7 +81,7 @@ def plot_measured_vs_simulated(
     return path
 
 
-def _op(cat: str):
+def _op(cat: str) -> Op:
     from nobubble.pipeline.actions import Op
 
     return Op(cat)

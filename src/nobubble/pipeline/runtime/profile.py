@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -82,7 +83,7 @@ class Profile:
         if schedule is not None and schedule.num_stages != len(self.stages):
             raise ValueError(
                 f"profile has {len(self.stages)} stages but schedule {schedule.name!r} has "
-                f"{schedule.num_stages}; profile with --stages {schedule.num_stages}"
+                f"{schedule.num_stages}; profile the model in {schedule.num_stages} stages"
             )
         st = self.stages
         return CostModel(
@@ -140,7 +141,7 @@ def profile_stage(
     input of stage 0 / the loss of the last stage).
     """
     device = torch.device(device)
-    clock = _clock(clock, device)
+    now = _clock(clock, device)
     blocks = build_blocks(model, blocks_range, device)
     batch = model.make_batch(microbatch_size, seed=1, device=device)
     gen = torch.Generator().manual_seed(2)
@@ -157,25 +158,25 @@ def profile_stage(
     mem_f = mem_w = 0
     for rep in range(warmup + repeats):
         attach_store(blocks, stage.store)
-        t0 = clock()
+        t0 = now()
         stage.forward(0, x, targets)
         sync()
-        t1 = clock()
+        t1 = now()
         mem_f = meter.live_bytes
         stage.backward_input(0, dy)
         sync()
-        t2 = clock()
+        t2 = now()
         mem_w = meter.live_bytes
         stage.backward_weight(0)
         sync()
-        t3 = clock()
+        t3 = now()
         attach_store(blocks, None)  # plain autograd: the fused baseline
         out = _plain_forward(blocks, x, model, targets)
         sync()
-        t4 = clock()
+        t4 = now()
         out.backward(dy)
         sync()
-        t5 = clock()
+        t5 = now()
         if rep >= warmup:
             for key, dt in (("f", t1 - t0), ("b", t2 - t1), ("w", t3 - t2), ("fused", t5 - t4)):
                 times[key].append(dt * 1e3)
@@ -192,7 +193,7 @@ def profile_stage(
 CLOCKS = ("wall", "cpu")
 
 
-def _clock(name: str, device: torch.device):
+def _clock(name: str, device: torch.device) -> Callable[[], float]:
     """``wall``: time.perf_counter; ``cpu``: this thread's CPU time (CPU device only), which
     a busy shared machine does not inflate by descheduling the process."""
     if name not in CLOCKS:

@@ -78,18 +78,30 @@ SCHEDULE_NAMES: tuple[str, ...] = tuple(_GENERATORS)
 def get_schedule(
     name: str,
     *,
-    num_stages: int,
+    num_ranks: int | None = None,
     num_microbatches: int,
     costs: CostModel | None = None,
     mem_limit: float | None = None,
     num_chunks: int | None = None,
+    num_stages: int | None = None,
 ) -> Schedule:
-    """Generate schedule ``name`` (one of :data:`SCHEDULE_NAMES`) for ``num_stages`` ranks.
+    """Generate schedule ``name`` (one of :data:`SCHEDULE_NAMES`) for ``num_ranks`` ranks.
 
     ``costs`` (per rank) and ``mem_limit`` (activation memory per rank, same unit as the
     costs' ``mem_f``) steer the automatic schedules ``zb-1p``/``zb-2p`` (default limit p*M_F
-    and 2p*M_F); ``num_chunks`` is v for ``interleaved-1f1b`` (default 2).
+    and 2p*M_F); ``num_chunks`` is v for ``interleaved-1f1b`` (default 2). The schedule's
+    ``num_stages`` is ``num_ranks * num_chunks`` (model chunks), its ``num_ranks`` the ranks.
+    ``num_stages`` is the old name of this function's ``num_ranks`` and is still accepted.
     """
+    if num_stages is not None:
+        if num_ranks is not None and num_ranks != num_stages:
+            raise ValueError(
+                f"get_schedule: num_ranks={num_ranks} and num_stages={num_stages} disagree; "
+                "give num_ranks only (num_stages is its old name)"
+            )
+        num_ranks = num_stages
+    if num_ranks is None:
+        raise ValueError("get_schedule: give num_ranks (the pipeline ranks P)")
     key = name.lower()
     if key not in _GENERATORS:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
@@ -99,7 +111,7 @@ def get_schedule(
         raise ValueError(f"zb-v always has 2 chunks per rank, not {num_chunks}")
     if mem_limit is not None and key not in ("zb-1p", "zb-2p"):
         raise ValueError(f"mem_limit applies to zb-1p / zb-2p, not {name!r}")
-    check_sizes(num_stages, num_microbatches)
+    check_sizes(num_ranks, num_microbatches)
     return _GENERATORS[key](
-        num_stages, num_microbatches, costs=costs, mem_limit=mem_limit, num_chunks=num_chunks
+        num_ranks, num_microbatches, costs=costs, mem_limit=mem_limit, num_chunks=num_chunks
     )

@@ -260,7 +260,7 @@ def zb_auto(
     if best is None:
         raise ValueError(
             f"no zero-bubble schedule fits a memory limit of {min(limits):g} per rank "
-            f"(M_F={max(costs.mem_f):g}); raise --mem-limit"
+            f"(M_F={max(costs.mem_f):g}); raise mem_limit"
         )
     label = name or f"zb-{mem_limit_factor}p"
     rows = tuple(tuple(Action(r, op, i) for op, i in order) for r, order in enumerate(best.order))

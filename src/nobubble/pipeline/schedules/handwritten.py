@@ -8,14 +8,15 @@ in :mod:`nobubble.pipeline.schedules` describes each one.
 from __future__ import annotations
 
 from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.validation import check_value
 
 __all__ = ["gpipe", "one_f_one_b", "zb_handcrafted", "interleaved_1f1b", "check_sizes"]
 
 
-def check_sizes(num_stages: int, num_microbatches: int) -> None:
-    for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{label}={value!r} must be a positive integer")
+def check_sizes(num_ranks: int, num_microbatches: int) -> None:
+    """Refuse a pipeline shape that is not two integers >= 1."""
+    check_value("num_ranks", num_ranks, ">= 1", integer=True)
+    check_value("num_microbatches", num_microbatches, ">= 1", integer=True)
 
 
 def gpipe(num_stages: int, num_microbatches: int) -> Schedule:

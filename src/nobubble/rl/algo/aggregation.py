@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -86,16 +86,22 @@ def mean_gradients(
             )
     w = w / w.sum()
     grads = [
-        sum(float(wi) * g[p] for wi, g in zip(w, worker_grads)) for p in range(len(worker_grads[0]))
+        _tensor_sum(float(wi) * g[p] for wi, g in zip(w, worker_grads))
+        for p in range(len(worker_grads[0]))
     ]
     return AggregatedGradients(grads=grads, weights=w)
+
+
+def _tensor_sum(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``sum(terms)`` (``0 + t0 + t1 + ...``): a tensor, as ``terms`` is never empty here."""
+    return cast(torch.Tensor, sum(terms))
 
 
 def sum_gradients(worker_grads: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
     """Sum over workers: the right reduction when each worker's loss is already divided by the
     *global* token (or sequence) count, e.g. ``ppo_policy_loss(..., global_num_tokens=N)``."""
     _check_aligned(worker_grads, "sum_gradients")
-    return [sum(g[p] for g in worker_grads) for p in range(len(worker_grads[0]))]
+    return [_tensor_sum(g[p] for g in worker_grads) for p in range(len(worker_grads[0]))]
 
 
 def staleness_weighted_gradients(
@@ -126,7 +132,9 @@ def average_parameters_(worker_params: Sequence[Sequence[torch.Tensor]]) -> None
                 w[p].copy_(mean)
 
 
-def _wait(work: dist.Work, ctx: DistContext, what: str) -> None:
+def _wait(work: dist.Work | None, ctx: DistContext, what: str) -> None:
+    # torch returns None instead of a Work only on a rank outside the group
+    assert work is not None, f"{what}: rank {ctx.rank} is not in the process group"
     if not work.wait(timeout=timedelta(seconds=ctx.timeout_s)):
         raise TimeoutError(f"{what} did not finish within {ctx.timeout_s}s on rank {ctx.rank}")
 
@@ -174,9 +182,11 @@ def all_reduce_gradients(
             p.grad = torch.zeros_like(p)
     w = 1.0 if weight is None else float(weight)
     scale = w if op == "mean" else 1.0
-    tensors = [p.grad * scale for p in params]
+    tensors = [_grad(p) * scale for p in params]
     if op == "mean":
-        like = params[0].grad if params else torch.empty(0, dtype=torch.float64, device=ctx.device)
+        like = (
+            _grad(params[0]) if params else torch.empty(0, dtype=torch.float64, device=ctx.device)
+        )
         tensors.append(torch.tensor([w], dtype=like.dtype, device=like.device))
     flat = _flat_all_reduce(tensors, ctx, "all_reduce_gradients")
     if op == "mean":
@@ -184,10 +194,15 @@ def all_reduce_gradients(
         if total_w <= 0:
             raise ValueError("all_reduce_gradients: every rank passed weight 0; nothing to average")
         flat = flat[:-1] / total_w
-        _scatter_flat(flat, [p.grad for p in params])
+        _scatter_flat(flat, [_grad(p) for p in params])
         return w / total_w
-    _scatter_flat(flat, [p.grad for p in params])
+    _scatter_flat(flat, [_grad(p) for p in params])
     return 1.0
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None  # all_reduce_gradients zero-fills missing grads first
+    return p.grad
 
 
 def all_reduce_parameters(params: Iterable[torch.Tensor], ctx: DistContext) -> None:
@@ -234,6 +249,7 @@ class LocalSGD:
         if self._ctx is not None:
             all_reduce_parameters(self._params, self._ctx)
         else:
+            assert self._worker_params is not None  # __init__: ctx or worker_params
             average_parameters_(self._worker_params)
         return True
 

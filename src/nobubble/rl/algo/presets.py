@@ -20,6 +20,7 @@ from nobubble.rl.algo.aggregation import AggregationMode
 from nobubble.rl.algo.corrections import ISLevel
 from nobubble.rl.algo.losses import LOSS_AGG_MODES, LossAgg
 from nobubble.rl.algo.staleness import StalenessKind
+from nobubble.validation import check_fields
 
 __all__ = ["RLAlgorithmConfig", "conservative", "aggressive", "get_preset", "PRESET_NAMES"]
 
@@ -99,9 +100,8 @@ class RLAlgorithmConfig:
         _check_choice(self.staleness_weighting, "staleness_weighting", ("inverse", "exp", "none"))
         _check_choice(self.kl_kind, "kl_kind", ("k1", "k2", "k3"))
         _check_choice(self.aggregation, "aggregation", _AGGREGATIONS)
-        for name in ("vtrace_clip_rho", "vtrace_clip_pg_rho", "is_cap"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"RLAlgorithmConfig: {name}={getattr(self, name)} must be > 0")
+        names = ("vtrace_clip_rho", "vtrace_clip_pg_rho", "is_cap")
+        check_fields("RLAlgorithmConfig", self, names, "> 0")
         if self.is_correction == "mask" and self.is_cap <= 1.0:
             raise ValueError(
                 f"RLAlgorithmConfig: is_cap={self.is_cap} is the band's upper edge for "

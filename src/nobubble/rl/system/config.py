@@ -15,6 +15,7 @@ from nobubble.rl.system.reward import RewardConfig
 from nobubble.rl.system.rollout import RolloutConfig
 from nobubble.rl.system.tasks import make_task
 from nobubble.rl.system.trainer import ALGOS, TrainerConfig
+from nobubble.validation import check_fields
 
 __all__ = ["MODES", "ENGINES", "DEFAULT_STALENESS", "RunConfig"]
 
@@ -30,7 +31,8 @@ class RunConfig:
     Attributes:
         task: ``digits`` or ``sum``; ``task_kwargs`` are the task's settings.
         mode: ``sync``, ``one-step-off`` or ``fully-async``.
-        max_staleness: eta (versions a sample may lag); None = the mode's default (0, 1, 4).
+        max_staleness: versions a sample may lag the trainer; None = the mode's default (0, 1,
+            4); :attr:`effective_max_staleness` is the bound in force.
             ``sync`` requires 0.
         algo: ``grpo``, ``ppo``, ``decoupled-ppo`` or ``vtrace``.
         engine: ``local`` (processes on this machine) or ``ray``.
@@ -40,7 +42,7 @@ class RunConfig:
         seed: seeds the policy init, prompts and sampling.
         batch_groups: B, groups per trainer step; group_size: responses per group.
         eval_every: evaluate the trainer's policy every this many steps (and at the end).
-        chunk_groups: groups per generation call (None = B, or B/4 in fully-async).
+        groups_per_rollout: groups per generation call (None = B, or B/4 in fully-async).
         num_rollout_workers, num_reward_workers: processes / actors per stage.
         threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
@@ -61,7 +63,7 @@ class RunConfig:
     batch_groups: int = 8
     group_size: int = 32
     eval_every: int = 10
-    chunk_groups: int | None = None
+    groups_per_rollout: int | None = None
     num_rollout_workers: int = 1
     num_reward_workers: int = 1
     threads: int | None = None
@@ -90,14 +92,16 @@ class RunConfig:
                 f"mode='sync' means max_staleness=0 (got {self.max_staleness}); "
                 "use one-step-off or fully-async for a lag"
             )
-        for name in ("steps", "batch_groups", "group_size", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 1")
-        for name in ("num_rollout_workers", "num_reward_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 1")
-        if self.chunk_groups is not None and not 1 <= self.chunk_groups <= self.batch_groups:
-            raise ValueError(f"chunk_groups={self.chunk_groups} must be in 1..batch_groups")
+        names = ("steps", "batch_groups", "group_size", "eval_every")
+        check_fields("RunConfig", self, names, ">= 1")
+        check_fields("RunConfig", self, ("num_rollout_workers", "num_reward_workers"), ">= 1")
+        if (
+            self.groups_per_rollout is not None
+            and not 1 <= self.groups_per_rollout <= self.batch_groups
+        ):
+            raise ValueError(
+                f"groups_per_rollout={self.groups_per_rollout} must be in 1..batch_groups"
+            )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads={self.threads} must be >= 1")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
@@ -115,13 +119,15 @@ class RunConfig:
         RewardConfig(**self.reward)
 
     @property
-    def eta(self) -> int:
+    def effective_max_staleness(self) -> int:
+        """``max_staleness``, or the mode's default when it is None."""
         return DEFAULT_STALENESS[self.mode] if self.max_staleness is None else self.max_staleness
 
     @property
-    def chunk(self) -> int:
-        if self.chunk_groups is not None:
-            return self.chunk_groups
+    def effective_groups_per_rollout(self) -> int:
+        """``groups_per_rollout``, or the mode's default (B, or B/4 in fully-async)."""
+        if self.groups_per_rollout is not None:
+            return self.groups_per_rollout
         return max(1, self.batch_groups // 4) if self.mode == "fully-async" else self.batch_groups
 
     def torch_threads(self) -> int:
@@ -150,4 +156,8 @@ class RunConfig:
         return RewardConfig(**{"seed": self.seed, **self.reward})
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "eta": self.eta, "chunk_groups": self.chunk}
+        return {
+            **asdict(self),
+            "max_staleness": self.effective_max_staleness,
+            "groups_per_rollout": self.effective_groups_per_rollout,
+        }

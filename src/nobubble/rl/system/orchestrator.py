@@ -5,18 +5,20 @@ The orchestrator runs in the driver process. It never computes anything heavy; i
 processes, or Ray actors):
 
 1. admission - a new GRPO group may start only while ``floor((N_r - 1) / B) <= version +
-   eta`` (:class:`~nobubble.rl.system.experience.ExperienceBuffer`);
-2. rollout - admitted groups go to an idle generator in chunks; each chunk is sampled with
-   the newest weights the generator holds when the chunk starts (one version per group);
+   max_staleness`` (:class:`~nobubble.rl.system.experience.ExperienceBuffer`);
+2. rollout - admitted groups go to an idle generator in requests of ``groups_per_rollout``;
+   each request is sampled with the newest weights the generator holds when it starts (one
+   version per group);
 3. reward - generated groups go to a reward worker; failures are retried there;
 4. buffer - scored groups wait; the trainer takes the B oldest once it is idle;
 5. training - each step produces a new version, which the engine publishes to the
    generators.
 
-Modes differ only in ``eta`` and chunking: ``sync`` (eta = 0: generation of step i waits for
-the weights of step i, so the stages alternate), ``one-step-off`` (eta = k, default 1, whole
-batches per weight version, as veRL's one-step-off) and ``fully-async`` (eta, default 4,
-smaller chunks so generators pick up new weights between groups, as AReaL).
+Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max_staleness =
+0: generation of step i waits for the weights of step i, so the stages alternate),
+``one-step-off`` (max_staleness = k, default 1, whole batches per weight version, as veRL's
+one-step-off) and ``fully-async`` (max_staleness default 4, smaller requests so generators
+pick up new weights between groups, as AReaL).
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ class Orchestrator:
         self.engine = engine
         self.on_step = on_step
         self.task = cfg.make_task()
-        self.buffer = ExperienceBuffer(batch_groups=cfg.batch_groups, max_staleness=cfg.eta)
+        self.buffer = ExperienceBuffer(
+            batch_groups=cfg.batch_groups, max_staleness=cfg.effective_max_staleness
+        )
         self._rng = random.Random(cfg.seed)
         self._prompt_ids = {p: i for i, p in enumerate(self.task.eval_prompts())}
         self._train_batch: list[SampleGroup] = []
@@ -150,7 +154,7 @@ class Orchestrator:
     # -- admission and dispatch --------------------------------------------------------
 
     def _admit(self, n: int) -> list[GroupRequest]:
-        reqs = []
+        reqs: list[GroupRequest] = []
         while len(reqs) < n and self.buffer.can_admit(self._version):
             (prompt,) = self.task.sample_prompts(1, self._rng)
             gid = self._next_group
@@ -164,11 +168,11 @@ class Orchestrator:
         if self._stopping:
             return
         while self._idle_rollout:
-            chunk = self.cfg.chunk
-            # one-step-off and sync switch weights only between whole chunks: wait for room
-            if self.cfg.mode != "fully-async" and not self._room_for(chunk):
+            num_groups = self.cfg.effective_groups_per_rollout
+            # one-step-off and sync switch weights only between whole requests: wait for room
+            if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
                 break
-            reqs = self._admit(chunk)
+            reqs = self._admit(num_groups)
             if not reqs:
                 break
             self.engine.submit_rollout(self._idle_rollout.pop(0), reqs, self._weights)
@@ -192,7 +196,9 @@ class Orchestrator:
 
     def _room_for(self, n: int) -> bool:
         live = self.buffer.num_live
-        return (live + n - 1) // self.cfg.batch_groups <= self._version + self.cfg.eta
+        return (
+            live + n - 1
+        ) // self.cfg.batch_groups <= self._version + self.cfg.effective_max_staleness
 
     # -- messages -------------------------------------------------------------------------
 
@@ -233,7 +239,7 @@ class Orchestrator:
             self._staleness[lag] += self.cfg.group_size
         self._train_reward = res.metrics.get("reward")
         if self.on_step is not None:
-            self.on_step(res.version, {**res.metrics, "max_staleness": max(res.staleness)})
+            self.on_step(res.version, {**res.metrics, "max_lag": max(res.staleness)})
         if self._version >= self.cfg.steps:
             self._stopping = True
 
@@ -351,7 +357,9 @@ def _stage_busy(
     span_s = max(end - t0, 1e-9)
     for stage in ("rollout", "reward", "trainer"):
         ivs = sorted((max(s.start_s, t0), min(s.end_s, end)) for s in spans if s.stage == stage)
-        busy, cur_s, cur_e = 0.0, None, None
+        # cur_s is read only while cur_e is set (the current merged interval)
+        busy, cur_s = 0.0, 0.0
+        cur_e: float | None = None
         for a, b in ivs:
             if b <= a:
                 continue

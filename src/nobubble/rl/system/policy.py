@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nobubble.validation import check_fields
+
 __all__ = [
     "PolicyConfig",
     "CharTransformer",
@@ -35,50 +37,48 @@ class PolicyConfig:
     Attributes:
         vocab_size: number of token ids (from the task's tokenizer).
         max_seq_len: longest prompt + response the model will see.
-        d_model: residual width.
-        n_layer: transformer blocks.
-        n_head: attention heads; must divide ``d_model``.
+        hidden: residual width.
+        num_layers: transformer blocks.
+        num_heads: attention heads; must divide ``hidden``.
     """
 
     vocab_size: int
     max_seq_len: int
-    d_model: int = 64
-    n_layer: int = 2
-    n_head: int = 4
+    hidden: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_seq_len", "d_model", "n_layer", "n_head"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"PolicyConfig.{name}={value!r} must be an integer >= 1")
-        if self.d_model % self.n_head:
+        names = ("vocab_size", "max_seq_len", "hidden", "num_layers", "num_heads")
+        check_fields("PolicyConfig", self, names, ">= 1", integer=True)
+        if self.hidden % self.num_heads:
             raise ValueError(
-                f"PolicyConfig: d_model={self.d_model} is not divisible by n_head={self.n_head}; "
-                "pick n_head that divides d_model"
+                f"PolicyConfig: hidden={self.hidden} is not divisible by num_heads={self.num_heads}; "
+                "pick num_heads that divides hidden"
             )
 
 
 class _Block(nn.Module):
     def __init__(self, cfg: PolicyConfig) -> None:
         super().__init__()
-        self.n_head = cfg.n_head
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.num_heads = cfg.num_heads
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model),
+            nn.Linear(cfg.hidden, 4 * cfg.hidden),
             nn.GELU(),
-            nn.Linear(4 * cfg.d_model, cfg.d_model),
+            nn.Linear(4 * cfg.hidden, cfg.hidden),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        hs = d // self.n_head
-        q = q.view(b, t, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(b, t, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(b, t, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        hs = d // self.num_heads
+        q = q.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
         x = x + self.proj(y)
@@ -96,17 +96,17 @@ class CharTransformer(nn.Module):
     def __init__(self, cfg: PolicyConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
-        self.value_head = nn.Linear(cfg.d_model, 1)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.hidden)
+        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size)
+        self.value_head = nn.Linear(cfg.hidden, 1)
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 # GPT-2: scale residual projections by depth so the residual stream stays O(1)
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.num_layers))
 
     @staticmethod
     def _init(m: nn.Module) -> None:

@@ -31,6 +31,7 @@ from nobubble.rl.algo.vtrace import vtrace
 from nobubble.rl.system.policy import CharTransformer, PolicyConfig, response_logits, sample
 from nobubble.rl.system.tasks import Task, encode_prompts, response_budgets
 from nobubble.rl.system.types import SampleGroup, Span
+from nobubble.validation import check_fields
 
 __all__ = ["ALGOS", "TrainerConfig", "TrainResult", "EvalResult", "Trainer", "evaluate_policy"]
 
@@ -69,12 +70,9 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
-        for name in ("lr", "clip", "max_grad_norm"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TrainerConfig.{name}={getattr(self, name)} must be > 0")
-        for name in ("entropy_coef", "uniform_kl_coef", "value_coef", "delay_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"TrainerConfig.{name}={getattr(self, name)} must be >= 0")
+        check_fields("TrainerConfig", self, ("lr", "clip", "max_grad_norm"), "> 0")
+        names = ("entropy_coef", "uniform_kl_coef", "value_coef", "delay_s")
+        check_fields("TrainerConfig", self, names, ">= 0")
         if self.group_size < 1:
             raise ValueError(f"TrainerConfig.group_size={self.group_size} must be >= 1")
 
@@ -188,7 +186,7 @@ class Trainer:
             f"train v{self.version - 1}->v{self.version}",
             start,
             time.time(),
-            {"groups": [g.group_id for g in groups], "max_staleness": max(staleness)},
+            {"groups": [g.group_id for g in groups], "max_lag": max(staleness)},
         )
         return TrainResult(self.version, staleness, metrics, span)
 

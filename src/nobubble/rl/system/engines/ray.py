@@ -88,7 +88,8 @@ class RayEngine:
             # reward workers mostly wait on verifiers: they take no CPU slot of their own
             cpus = 0 if name.startswith("reward") else 1
             opts = {"num_cpus": cpus, "max_restarts": 0, "name": None}
-            actor = actor_cls.options(**opts).remote(name, cfg, cfg.torch_threads())
+            # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
+            actor: Any = actor_cls.options(**opts).remote(name, cfg, cfg.torch_threads())
             self._actors[name] = actor
             self._pending[actor.ready.remote()] = name
         self._weights = (0, self._actors["trainer"].initial_weights.remote())
@@ -101,6 +102,7 @@ class RayEngine:
         if weights is not None:
             version, (ref,) = weights
             self._weights = (version, ref)
+        assert self._weights is not None  # set by start()
         version, ref = self._weights
         self._submit(worker, self._actors[worker].rollout.remote(requests, version, ref))
 

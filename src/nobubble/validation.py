@@ -1,0 +1,49 @@
+"""Checks of configuration values, with errors that name the value and the rule it breaks.
+
+Every config dataclass validates its fields in ``__post_init__``; the counts and rates they
+hold follow a few rules, checked here in one place::
+
+    check_fields("TrainConfig", self, ("microbatch_size", "num_steps"), ">= 1")
+    # ValueError: TrainConfig.num_steps=0 must be >= 1
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+__all__ = ["Rule", "check_fields", "check_value"]
+
+Rule = Literal[">= 1", "> 0", ">= 0"]
+
+_RULES: dict[str, Callable[[float], bool]] = {
+    ">= 1": lambda v: v >= 1,
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+}
+
+
+def check_value(name: str, value: Any, rule: Rule, *, integer: bool = False) -> None:
+    """Raise ``ValueError("{name}={value!r} must be {rule}")`` unless ``value`` keeps ``rule``.
+
+    ``integer``: the value must also be an ``int`` (``bool`` is refused), and the message
+    says "must be an integer {rule}". NaN and infinity never pass a rule.
+    """
+    if rule not in _RULES:
+        raise ValueError(f"check_value: rule={rule!r}; choose one of {sorted(_RULES)}")
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    is_number = is_int or (isinstance(value, float) and math.isfinite(value))
+    if integer and not is_int:
+        raise ValueError(f"{name}={value!r} must be an integer {rule}")
+    if not is_number or not _RULES[rule](value):
+        kind = "an integer " if integer else ""
+        raise ValueError(f"{name}={value!r} must be {kind}{rule}")
+
+
+def check_fields(
+    owner: str, obj: object, names: Iterable[str], rule: Rule, *, integer: bool = False
+) -> None:
+    """:func:`check_value` on each attribute ``names`` of ``obj``, reported as ``owner.name``."""
+    for name in names:
+        check_value(f"{owner}.{name}", getattr(obj, name), rule, integer=integer)
