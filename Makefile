@@ -23,8 +23,8 @@ install: $(STAMP)
 
 # ruff, the layer contract (pyproject's [tool.importlinter]) and the type checker
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks scripts examples
+	$(BIN)/ruff format --check src tests benchmarks scripts examples
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
@@ -39,6 +39,7 @@ test: lint
 
 demo: $(STAMP)
 	$(BIN)/nobubble demo
+	$(BIN)/python examples/train_gpt.py --ranks 2 --schedule zb-2p --steps 20
 
 bench: $(STAMP)
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done

@@ -12,8 +12,10 @@ Public API (see each module's docstring):
 - :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (every schedule on the same costs)
 - :mod:`~nobubble.pipeline.plot`: ``ascii_grid``, ``gantt``, ``gantt_grid``, ``write_trace``
 - :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
-- :mod:`~nobubble.pipeline.runtime`: ``run_local``, ``TrainConfig``, ``LaunchOptions``,
-  ``profile_stages`` (execution on a real model across processes)
+- :mod:`~nobubble.pipeline.runtime`: ``PipelineRunner`` and ``split_model`` (any schedule on
+  your own modules, from your own loop), ``ModuleSplit`` / ``SplitReport`` (the B/W split of
+  any module); ``run_local``, ``TrainConfig``, ``LaunchOptions``, ``profile_stages`` (the
+  built-in GPT / MLP runs behind ``nobubble pp run``)
 
 The solver and the runtime are loaded on first use (PEP 562), so importing the schedules does
 not pull in OR-Tools or torch.distributed.
@@ -35,6 +37,10 @@ _LAZY = {
     "TrainConfig": "nobubble.pipeline.runtime.executor",
     "LaunchOptions": "nobubble.pipeline.runtime.launch",
     "profile_stages": "nobubble.pipeline.runtime.profile",
+    "PipelineRunner": "nobubble.pipeline.runtime.runner",
+    "split_model": "nobubble.pipeline.runtime.runner",
+    "ModuleSplit": "nobubble.pipeline.runtime.autosplit",
+    "SplitReport": "nobubble.pipeline.runtime.autosplit",
 }
 
 

@@ -1,5 +1,9 @@
 """Execute pipeline schedules on a real PyTorch model across processes.
 
+- :mod:`.runner`: :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`, any schedule on
+  the user's own ``nn.Module`` stages from the user's own loop; :mod:`.autosplit`: the B/W
+  split of any module; :mod:`.messages`: transfers that carry their shape.
+
 - :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
 - :mod:`.bw_split`: the backward split into B (input gradient) and W (weight gradient).
 - :mod:`.stage`: one stage's F / B / W / BW on one rank.

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SplitLinear", "WeightGradStore", "attach_store", "weight_grad"]
+__all__ = ["SplitLinear", "WeightGradStore", "attach_store", "deferred_linear", "weight_grad"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class WeightGradStore:
 
     def __init__(self) -> None:
         self._pending: dict[int, list[_PendingGrad]] = {}
+        self._closed: set[int] = set()  # microbatches whose B is done
         self._recording: int | None = None
 
     @contextmanager
@@ -89,11 +90,28 @@ class WeightGradStore:
         return self._recording
 
     def put(self, microbatch: int, pending: _PendingGrad) -> None:
-        self._pending.setdefault(microbatch, []).append(pending)
+        """Keep one linear's (X, dY) for W. Ignored once B of ``microbatch`` is done: a
+        backward that walks the graph again in W must not defer the same product twice."""
+        if microbatch not in self._closed:
+            self._pending.setdefault(microbatch, []).append(pending)
 
     def close_backward(self, microbatch: int) -> None:
         """Mark B of ``microbatch`` done, so W may run even if no linear deferred anything."""
         self._pending.setdefault(microbatch, [])
+        self._closed.add(microbatch)
+
+    def deferred_params(self, microbatch: int) -> list[nn.Parameter]:
+        """The parameters whose gradient for ``microbatch`` waits in the store."""
+        out: list[nn.Parameter] = []
+        for p in self._pending.get(microbatch, ()):
+            out.append(p.weight)
+            if p.bias is not None:
+                out.append(p.bias)
+        return out
+
+    def pending_flops(self, microbatch: int) -> int:
+        """FLOPs of the pending ``dW = dY^T X`` products of ``microbatch`` (2 * rows * in * out)."""
+        return sum(2 * p.x.numel() * p.dy.shape[-1] for p in self._pending.get(microbatch, ()))
 
     def has_pending(self, microbatch: int) -> bool:
         return microbatch in self._pending
@@ -116,6 +134,7 @@ class WeightGradStore:
         Raises RuntimeError when B of ``microbatch`` has not run (nothing is pending).
         """
         pending = self._pending.pop(microbatch, None)
+        self._closed.discard(microbatch)
         if pending is None:
             raise RuntimeError(
                 f"W of microbatch {microbatch} before its B: no weight gradients are pending"
@@ -133,13 +152,14 @@ class _DeferredLinear(torch.autograd.Function):
     """``F.linear`` whose backward returns only dX and leaves (X, dY) in a store."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, store, microbatch):
+    def forward(ctx, x, weight, bias, store, microbatch, anchor):
         # The parameters ride on ctx as themselves: a saved tensor may come back from
         # saved-tensor hooks as another Python object, and W must accumulate into the leaf.
         ctx.save_for_backward(x)
         ctx.weight, ctx.bias = weight, bias
         ctx.store = store
         ctx.microbatch = microbatch
+        ctx.anchor_shape = None if anchor is None else anchor.shape
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -149,7 +169,8 @@ class _DeferredLinear(torch.autograd.Function):
         dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None  # (..., in)
         if ctx.needs_input_grad[1]:
             ctx.store.put(ctx.microbatch, _PendingGrad(weight, ctx.bias, x, dy))
-        return dx, None, None, None, None
+        anchor_grad = None if ctx.anchor_shape is None else dy.new_zeros(ctx.anchor_shape)
+        return dx, None, None, None, None, anchor_grad
 
 
 class SplitLinear(nn.Linear):
@@ -161,7 +182,22 @@ class SplitLinear(nn.Linear):
         store = self.weight_grad_store
         if store is None or store.recording_microbatch is None or not torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        return _DeferredLinear.apply(x, self.weight, self.bias, store, store.recording_microbatch)
+        return deferred_linear(x, self.weight, self.bias, store, store.recording_microbatch)
+
+
+def deferred_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    store: WeightGradStore,
+    microbatch: int,
+    *,
+    anchor: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` whose backward computes dX and leaves (X, dY) in
+    ``store`` for W. ``anchor``: an extra input that needs a gradient, so that a backward
+    asked for the anchor's gradient runs this node even when ``x`` needs none."""
+    return _DeferredLinear.apply(x, weight, bias, store, microbatch, anchor)
 
 
 def attach_store(module: nn.Module, store: WeightGradStore | None) -> int:

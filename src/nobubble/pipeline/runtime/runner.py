@@ -1,0 +1,317 @@
+"""Train your own model with any schedule: one :class:`PipelineRunner` per rank, your loop.
+
+::
+
+    runner = PipelineRunner(stages, schedule, loss_fn)   # every rank, same arguments
+    for x, y in data:
+        loss = runner.step(x, y)          # the whole batch; split into microbatches here
+        optimizer.step(); optimizer.zero_grad()
+    runner.close()
+
+``stages`` are plain ``nn.Module`` objects, one per pipeline stage of the schedule
+(``schedule.num_stages``: ranks x chunks); a rank keeps those the schedule puts on it
+(:attr:`PipelineRunner.stage_modules`) and may pass ``None`` for the others. Stage ``s``
+takes stage ``s - 1``'s output (one tensor); stage 0 takes a microbatch of ``inputs`` (a
+tensor, or a tuple passed as positional arguments); the last stage's output goes to
+``loss_fn(output, targets)``. Every weight gradient waits for W (:mod:`.autosplit`), so
+zero-bubble schedules really fill their bubbles with W. After ``step`` every parameter's
+``.grad`` is the gradient of the mean microbatch loss, as one process running the whole model
+on the whole batch with gradient accumulation.
+
+The checks that need no communication (stage count, own stages present, world size, the
+batch splitting evenly, targets where the last stage lives) run before any message is sent.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
+from nobubble.pipeline.runtime.messages import ShapedChannel
+from nobubble.pipeline.runtime.p2p import incoming, outgoing
+from nobubble.pipeline.validate import validate
+
+__all__ = ["PipelineRunner", "LossFn", "split_model"]
+
+LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
+Batch = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+class PipelineRunner:
+    """Run ``schedule`` over ``stages`` on this rank, one training step per :meth:`step`.
+
+    Args:
+        stages: one module per stage (``len == schedule.num_stages``); ``None`` where this
+            rank holds no such stage.
+        schedule: any valid :class:`~nobubble.pipeline.actions.Schedule` (generated, an ILP
+            result, or read from torch's CSV) for as many ranks as the group has.
+        loss_fn: ``loss_fn(last stage output, targets microbatch) -> scalar`` (a mean).
+        group: the pipeline's process group (None: the default group).
+        device: where received tensors go (default: the device of this rank's parameters).
+        timeout_s: limit for every wait on another rank.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[nn.Module | None],
+        schedule: Schedule,
+        loss_fn: LossFn,
+        *,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        timeout_s: float = 300.0,
+    ) -> None:
+        validate(schedule)
+        if len(stages) != schedule.num_stages:
+            raise ValueError(
+                f"PipelineRunner: {len(stages)} stage modules for schedule {schedule.name!r} "
+                f"with {schedule.num_stages} stages ({schedule.num_ranks} ranks x "
+                f"{schedule.num_stages // schedule.num_ranks} chunks); pass one module per stage"
+            )
+        if not dist.is_initialized():
+            raise ValueError(
+                "PipelineRunner: torch.distributed is not initialised; start the ranks with "
+                "torchrun or nobubble.distributed.spawn"
+            )
+        self.rank, world = dist.get_rank(group), dist.get_world_size(group)
+        if world != schedule.num_ranks:
+            raise ValueError(
+                f"PipelineRunner: schedule {schedule.name!r} has {schedule.num_ranks} ranks but "
+                f"the group has {world}; build the schedule for {world} ranks"
+            )
+        own = schedule.stages_of(self.rank)
+        missing = [s for s in own if stages[s] is None]
+        if missing:
+            raise ValueError(
+                f"PipelineRunner: rank {self.rank} runs stages {list(own)} but stages "
+                f"{missing} are None; pass those modules on this rank"
+            )
+        self.schedule, self.loss_fn, self.group = schedule, loss_fn, group
+        self.timeout_s = float(timeout_s)
+        self.stage_modules: dict[int, nn.Module] = {s: stages[s] for s in own}  # type: ignore[misc]
+        self.device = torch.device(device) if device is not None else _device(self.stage_modules)
+        self._splits = {s: ModuleSplit(m) for s, m in self.stage_modules.items()}
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        timeout = timedelta(seconds=self.timeout_s)
+        # one group per direction (to higher ranks, to lower ranks), created on every rank
+        self._groups = (dist.new_group(ranks=ranks, timeout=timeout),
+                        dist.new_group(ranks=ranks, timeout=timeout))  # fmt: skip
+        self._last_rank = schedule.rank_of(schedule.num_stages - 1)
+        self._warned = False
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank holds stage 0 (it needs ``inputs``)."""
+        return 0 in self.stage_modules
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank holds the last stage (it needs ``targets``)."""
+        return self.schedule.num_stages - 1 in self.stage_modules
+
+    def step(self, inputs: Batch | None = None, targets: Any = None) -> torch.Tensor:
+        """Forward and backward of one batch; returns the mean microbatch loss on every rank.
+
+        ``inputs`` is used where stage 0 lives, ``targets`` where the last stage lives
+        (other ranks may pass None); both are split into ``schedule.num_microbatches``
+        equal microbatches along dim 0, or given as a list of microbatches (whose shapes may
+        differ: variable sequence lengths). Gradients accumulate into ``.grad``; call the
+        optimizer afterwards.
+        """
+        m = self.schedule.num_microbatches
+        xs = _split("inputs", inputs, m) if self.is_first else None
+        ys = _split("targets", targets, m) if self.is_last else None
+        channel = ShapedChannel(self.schedule, self.rank, device=self.device,
+                                timeout_s=self.timeout_s, groups=self._groups)  # fmt: skip
+        state = _StepState(xs, ys)
+        for action in self.schedule.rank_actions[self.rank]:
+            need = incoming(self.schedule, action)
+            received = channel.receive(*need) if need is not None else None
+            produced = self._run(action, received, state)
+            out = outgoing(self.schedule, action)
+            if out is not None:
+                assert produced is not None  # only stage 0's backward yields None
+                channel.send(out[0], out[1], produced)
+        channel.finish()
+        self._warn_if_not_deferred()
+        loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0, dtype=torch.float32).to(
+            self.device
+        )
+        dist.broadcast(loss, src=_global_rank(self.group, self._last_rank), group=self.group)
+        return loss
+
+    def _run(self, action: Action, received: torch.Tensor | None, state: _StepState):
+        s, mb = action.stage, action.microbatch
+        split = self._splits[s]
+        if action.op is Op.F:
+            return self._forward(s, mb, received, state)
+        if action.op is Op.W:
+            split.backward_weight(mb)
+            return None
+        out, x = state.outputs.pop((s, mb)), state.inputs.pop((s, mb))
+        grad = split.backward_input(mb, out, received, x)
+        if action.op is Op.BW:
+            split.backward_weight(mb)
+        if s > 0 and grad is None:
+            raise RuntimeError(f"stage {s}: its input got no gradient; does its output use it?")
+        return grad
+
+    def _forward(self, s: int, mb: int, received: torch.Tensor | None, state: _StepState):
+        module, split = self.stage_modules[s], self._splits[s]
+        if s == 0:
+            assert state.xs is not None
+            x: Any = state.xs[mb]
+            args = x if isinstance(x, tuple) else (x,)
+            stage_input = None
+        else:
+            assert received is not None
+            stage_input = received.detach().requires_grad_(received.is_floating_point())
+            args = (stage_input,)
+        with split.recording(mb):
+            y = module(*args)
+            if s == self.schedule.num_stages - 1:
+                assert state.ys is not None
+                loss = self.loss_fn(y, state.ys[mb])
+                _check_tensor(s, loss, "loss_fn's result")
+                state.losses.append(float(loss.detach()))
+                y = loss / self.schedule.num_microbatches
+            else:
+                _check_tensor(s, y, "output")
+        state.inputs[(s, mb)], state.outputs[(s, mb)] = stage_input, y
+        return y.detach() if s < self.schedule.num_stages - 1 else None
+
+    def split_report(self) -> dict[int, SplitReport | None]:
+        """Per stage of this rank: how its weight gradients were computed in the last W."""
+        return {s: split.report() for s, split in self._splits.items()}
+
+    def _warn_if_not_deferred(self) -> None:
+        if self._warned or not any(a.op is Op.W for a in self.schedule.rank_actions[self.rank]):
+            return
+        self._warned = True
+        for s, rep in self.split_report().items():
+            if rep is not None and rep.by_linear + rep.by_module_graph < rep.num_params / 2:
+                warnings.warn(
+                    f"stage {s}: {rep.by_stage_graph} of {rep.num_params} parameters get their "
+                    "gradient by walking the whole stage backward again in W; "
+                    "see PipelineRunner.split_report()",
+                    stacklevel=3,
+                )
+
+    def close(self) -> None:
+        """Give the modules back as they were and free the runner's process groups."""
+        for split in self._splits.values():
+            split.close()
+        for g in self._groups:
+            dist.destroy_process_group(g)
+
+
+class _StepState:
+    """Per step: the microbatches, what F keeps for B, the last stage's losses."""
+
+    def __init__(self, xs: list | None, ys: list | None) -> None:
+        self.xs, self.ys = xs, ys
+        self.inputs: dict[tuple[int, int], torch.Tensor | None] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.losses: list[float] = []
+
+
+def _split(name: str, batch: Any, num_microbatches: int) -> list:
+    """``batch`` (a tensor or a tuple of tensors) as ``num_microbatches`` pieces along dim 0;
+    a list is taken as the microbatches themselves (they may differ in shape)."""
+    if batch is None:
+        raise ValueError(
+            f"PipelineRunner.step: {name} is None on a rank that needs it; pass the batch's "
+            f"{name} on the rank holding the {'first' if name == 'inputs' else 'last'} stage"
+        )
+    if isinstance(batch, list):
+        if len(batch) != num_microbatches:
+            raise ValueError(
+                f"PipelineRunner.step: {name} is a list of {len(batch)} microbatches for a "
+                f"schedule of num_microbatches={num_microbatches}; pass one per microbatch"
+            )
+        return batch
+    if isinstance(batch, tuple):
+        parts = [_split(name, t, num_microbatches) for t in batch]
+        return [tuple(p[i] for p in parts) for i in range(num_microbatches)]
+    if not isinstance(batch, torch.Tensor):
+        raise ValueError(f"PipelineRunner.step: {name} is a {type(batch).__name__}; pass a "
+                         "tensor or a tuple of tensors")  # fmt: skip
+    if batch.shape[0] % num_microbatches:
+        raise ValueError(
+            f"PipelineRunner.step: {name} has {batch.shape[0]} rows, not divisible by "
+            f"num_microbatches={num_microbatches}; pad or resize the batch"
+        )
+    return list(batch.chunk(num_microbatches))
+
+
+def _check_tensor(stage: int, value: object, what: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"stage {stage}'s {what} is a {type(value).__name__}; a stage must return one tensor "
+            "(wrap it so that it does)"
+        )
+
+
+def _device(modules: dict[int, nn.Module]) -> torch.device:
+    for m in modules.values():
+        for p in m.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def split_model(
+    model: nn.Sequential | Sequence[nn.Module], num_stages: int, *, balance: str | None = None
+) -> list[nn.Module]:
+    """Cut a sequence of blocks into ``num_stages`` contiguous stages (``nn.Sequential`` each).
+
+    ``balance``: ``None`` gives every stage the same number of blocks (the first stages one
+    more when it does not divide); ``"params"`` cuts where the running parameter count
+    crosses each ``k / num_stages`` of the total. The modules are the model's own (no copy).
+    """
+    blocks = list(model)
+    if not 1 <= num_stages <= len(blocks):
+        raise ValueError(
+            f"split_model: num_stages={num_stages} for {len(blocks)} blocks; use 1..{len(blocks)}"
+        )
+    if balance not in (None, "params"):
+        raise ValueError(f"split_model: balance={balance!r}; use None or 'params'")
+    if balance is None:
+        base, extra = divmod(len(blocks), num_stages)
+        sizes = [base + (s < extra) for s in range(num_stages)]
+    else:
+        weights = [sum(p.numel() for p in b.parameters()) for b in blocks]
+        sizes = _balanced_sizes(weights, num_stages)
+    out: list[nn.Module] = []
+    start = 0
+    for size in sizes:
+        out.append(nn.Sequential(*blocks[start : start + size]))
+        start += size
+    return out
+
+
+def _balanced_sizes(weights: list[int], num_stages: int) -> list[int]:
+    """Contiguous group sizes (each >= 1) whose cuts follow the weights' running total."""
+    total = sum(weights) or 1
+    cuts: list[int] = []
+    running = 0
+    for i, w in enumerate(weights[:-1]):
+        running += w
+        k = len(cuts) + 1
+        left_blocks, left_stages = len(weights) - (i + 1), num_stages - k
+        must_cut = left_blocks == left_stages
+        if len(cuts) < num_stages - 1 and (running >= k * total / num_stages or must_cut):
+            cuts.append(i + 1)
+    bounds = [0, *cuts, len(weights)]
+    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]

@@ -1,0 +1,195 @@
+"""PipelineRunner on a model of torch's own modules, against one process running it whole.
+
+Reference: ``nn.Sequential(*stages)`` in this process, the mean of the microbatch losses,
+one ``backward``; the runner's loss and every parameter's gradient must match (fp32, rtol
+1e-5), for every schedule, on 2 and 4 gloo ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+from nobubble.distributed import RankFailure, spawn
+from nobubble.pipeline import get_schedule
+from nobubble.pipeline.runtime.autosplit import ModuleSplit
+from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
+from tests.pipeline.runtime.torch_model import batch, blocks, loss_fn, stages
+
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2", "zb-2p", "interleaved-1f1b", "zb-v")
+TWO_CHUNKS = ("interleaved-1f1b", "zb-v")
+NUM_MB = 4
+
+
+def _schedule(name: str, num_ranks: int):
+    return get_schedule(name, num_ranks=num_ranks, num_microbatches=NUM_MB)
+
+
+def _reference(num_stages: int, xs: list, ys: list) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss (mean over microbatches) and gradients of one process running every stage."""
+    mods = stages(num_stages)
+    model = nn.Sequential(*mods)
+    loss = sum(loss_fn(model(x), y) for x, y in zip(xs, ys, strict=True)) / len(xs)
+    loss.backward()
+    grads = {f"{s}.{n}": p.grad for s, m in enumerate(mods) for n, p in m.named_parameters()}
+    return float(loss.detach()), grads
+
+
+def _pipeline_rank(ctx, names: tuple[str, ...], xs: list, ys: list) -> dict:
+    out = {}
+    for name in names:
+        sched = _schedule(name, ctx.world_size)
+        runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn)
+        loss = runner.step(list(xs), list(ys))
+        grads = {
+            f"{s}.{n}": p.grad.clone()
+            for s, m in runner.stage_modules.items()
+            for n, p in m.named_parameters()
+        }
+        out[name] = (float(loss), grads, runner.split_report())
+        runner.close()
+    return out
+
+
+def _check(results: list[dict], names, num_ranks: int, xs: list, ys: list) -> None:
+    for name in names:
+        num_stages = _schedule(name, num_ranks).num_stages
+        ref_loss, ref_grads = _reference(num_stages, xs, ys)
+        got: dict[str, torch.Tensor] = {}
+        for r in results:
+            got.update(r[name][1])
+            assert r[name][0] == pytest.approx(ref_loss, rel=1e-6), (name, "loss on every rank")
+            for rep in r[name][2].values():
+                assert rep.by_stage_graph == 0 and rep.deferred_fraction == 1.0, (name, rep)
+        assert set(got) == set(ref_grads), name
+        for key, ref in ref_grads.items():
+            torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4])
+def test_every_schedule_matches_one_process(num_ranks: int) -> None:
+    x, y = batch(8, 6)
+    xs, ys = list(x.chunk(NUM_MB)), list(y.chunk(NUM_MB))
+    results = spawn(_pipeline_rank, num_ranks, args=(SCHEDULES, xs, ys), timeout_s=240)
+    _check(results, SCHEDULES, num_ranks, xs, ys)
+
+
+def test_variable_sequence_lengths_across_microbatches() -> None:
+    """Each microbatch has its own sequence length; the receivers learn each shape."""
+    pairs = [batch(2, seq_len, seed=seq_len) for seq_len in (3, 7, 5, 9)]
+    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    names = ("zb-h1", "zb-v")
+    results = spawn(_pipeline_rank, 2, args=(names, xs, ys), timeout_s=240)
+    _check(results, names, 2, xs, ys)
+
+
+def test_module_split_defers_every_weight_gradient_in_one_process() -> None:
+    """B touches no .grad; W alone gives the plain backward's gradients."""
+    model, ref = nn.Sequential(*blocks(6)), nn.Sequential(*blocks(6))
+    x, y = batch(4, 5)
+    loss_fn(ref(x), y).backward()
+    split = ModuleSplit(model)
+    with split.recording(0):
+        out = loss_fn(model(x), y)
+    split.backward_input(0, out, None, None)
+    assert all(p.grad is None for p in model.parameters())
+    split.backward_weight(0)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+    rep = split.report()
+    assert rep is not None and rep.by_stage_graph == 0
+    assert rep.by_linear + rep.by_module_graph == rep.num_params
+    assert rep.by_linear > 0 and rep.linear_wgrad_flops > 0
+    split.close()
+    assert "forward" not in model[-1][1].__dict__  # the Linear's own forward is back
+
+
+class _Functional(nn.Module):
+    """Uses a child's weight without calling the child: no unit owns the parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.inner.weight.t() + self.inner.bias)
+
+
+def test_a_parameter_no_path_sees_falls_back_to_the_stage_graph() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Functional(), nn.Linear(4, 2))
+    ref = nn.Sequential(_Functional(), nn.Linear(4, 2))
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(3, 4, requires_grad=True)
+    ref(x).sum().backward()
+    split = ModuleSplit(model)
+    xin = x.detach().requires_grad_(True)
+    with split.recording(0):
+        out = model(xin).sum()
+    dx = split.backward_input(0, out, None, xin)
+    split.backward_weight(0)
+    torch.testing.assert_close(dx, x.grad)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    rep = split.report()
+    assert rep is not None and (rep.by_linear, rep.by_stage_graph) == (2, 2)
+
+
+def _bad_rank(ctx, case: str) -> None:
+    sched = _schedule("zb-h1", ctx.world_size)
+    mods: list = stages(2)
+    x, y = batch(8, 4)
+    if case == "count":
+        PipelineRunner(mods[:1], sched, loss_fn)
+    elif case == "missing stage":
+        mods[ctx.rank] = None
+        PipelineRunner(mods, sched, loss_fn)
+    elif case == "no targets":
+        PipelineRunner(mods, sched, loss_fn).step(x, None)
+    elif case == "uneven":
+        PipelineRunner(mods, sched, loss_fn).step(x[:7], y[:7])
+    else:  # a stage that returns a tuple
+        mods[0] = nn.Sequential(mods[0], _Pair())
+        PipelineRunner(mods, sched, loss_fn, timeout_s=20).step(x, y)
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("count", "1 stage modules for schedule 'zb-h1' with 2 stages"),
+        ("missing stage", r"runs stages \[\d\] but stages \[\d\] are None"),
+        ("no targets", "targets is None on a rank that needs it"),
+        ("uneven", "7 rows, not divisible by num_microbatches=4"),
+        ("tuple output", "stage 0's output is a tuple; a stage must return one tensor"),
+    ],
+)
+def test_bad_use_is_refused_with_a_message(case: str, message: str) -> None:
+    with pytest.raises(RankFailure, match=message):
+        spawn(_bad_rank, 2, args=(case,), timeout_s=60)
+
+
+@given(
+    num_blocks=st.integers(1, 12),
+    data=st.data(),
+    balance=st.sampled_from([None, "params"]),
+)
+def test_split_model_cuts_every_block_once_in_order(num_blocks, data, balance) -> None:
+    num_stages = data.draw(st.integers(1, num_blocks))
+    widths = data.draw(st.lists(st.integers(1, 8), min_size=num_blocks, max_size=num_blocks))
+    model = nn.Sequential(*[nn.Linear(w, w) for w in widths])
+    parts = split_model(model, num_stages, balance=balance)
+    assert len(parts) == num_stages and all(len(p) >= 1 for p in parts)
+    assert [m for p in parts for m in p] == list(model)  # the same modules, in order
+
+
+def test_split_model_refuses_more_stages_than_blocks() -> None:
+    with pytest.raises(ValueError, match="num_stages=3 for 2 blocks"):
+        split_model(nn.Sequential(nn.ReLU(), nn.ReLU()), 3)

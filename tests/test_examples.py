@@ -1,0 +1,19 @@
+"""The scripts in examples/ run as a user runs them, on small settings."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_train_gpt_learns_over_two_ranks() -> None:
+    cmd = [sys.executable, str(EXAMPLES / "train_gpt.py"), "--ranks", "2", "--steps", "12"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    m = re.search(r"loss ([\d.]+) -> ([\d.]+) in 12 steps", out.stdout)
+    assert m is not None, out.stdout
+    assert float(m.group(2)) < float(m.group(1)) - 0.5, out.stdout  # it learns
