@@ -208,6 +208,25 @@ def runtime_schedules() -> str:
     )
 
 
+def runner_vs_torch() -> str:
+    """``benchmarks/pp_runner_vs_torch.py``: PipelineRunner against torch's runtime."""
+    data = load("pp_runner_vs_torch.json")
+    rows = [
+        [r["schedule"], f(1e3 * r["torch_step_s"]), f(1e3 * r["nobubble_step_s"]),
+         f(r["nobubble_over_torch"], 3), times(r["torch_speedup_vs_1f1b"], 3),
+         times(r["nobubble_speedup_vs_1f1b"], 3)]
+        for r in data["rows"]
+    ]  # fmt: skip
+    headers = ["schedule", "torch ms", "nobubble ms", "nobubble / torch", "torch vs 1f1b",
+               "nobubble vs 1f1b"]  # fmt: skip
+    return (
+        f"{md_table(headers, rows)}\n\nMedians of {data['steps']} steps per path, the paths "
+        f"alternating; batch {data['batch']} x {data['seq_len']} tokens in "
+        f"{data['microbatches']} microbatches on {data['ranks']} gloo ranks; torch "
+        f"{data['torch']}."
+    )
+
+
 TABLES: dict[str, Renderer] = {
     "pipeline.paper_table": paper_table,
     "pipeline.compare_p8_m24": compare_p8_m24,
@@ -219,4 +238,5 @@ TABLES: dict[str, Renderer] = {
     "pipeline.ilp_solvers": ilp_solvers,
     "pipeline.runtime_bw_split": runtime_bw_split,
     "pipeline.runtime_schedules": runtime_schedules,
+    "pipeline.runner_vs_torch": runner_vs_torch,
 }

@@ -14,8 +14,9 @@ Public API (see each module's docstring):
 - :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
 - :mod:`~nobubble.pipeline.runtime`: ``PipelineRunner`` and ``split_model`` (any schedule on
   your own modules, from your own loop), ``ModuleSplit`` / ``SplitReport`` (the B/W split of
-  any module); ``run_local``, ``TrainConfig``, ``LaunchOptions``, ``profile_stages`` (the
-  built-in GPT / MLP runs behind ``nobubble pp run``)
+  any module), ``to_torch`` (the schedule on torch's own pipeline runtime); ``run_local``,
+  ``TrainConfig``, ``LaunchOptions``, ``profile_stages`` (the built-in GPT / MLP runs behind
+  ``nobubble pp run``)
 
 The solver and the runtime are loaded on first use (PEP 562), so importing the schedules does
 not pull in OR-Tools or torch.distributed.
@@ -41,6 +42,7 @@ _LAZY = {
     "split_model": "nobubble.pipeline.runtime.runner",
     "ModuleSplit": "nobubble.pipeline.runtime.autosplit",
     "SplitReport": "nobubble.pipeline.runtime.autosplit",
+    "to_torch": "nobubble.pipeline.runtime.torch_interop",
 }
 
 

@@ -62,8 +62,14 @@ def _check(results: list[dict], names, num_ranks: int, xs: list, ys: list) -> No
         for r in results:
             got.update(r[name][1])
             assert r[name][0] == pytest.approx(ref_loss, rel=1e-6), (name, "loss on every rank")
+            split_bw = any(a.op.value == "W" for acts in _schedule(name, num_ranks).rank_actions
+                           for a in acts)  # fmt: skip
             for rep in r[name][2].values():
-                assert rep.by_stage_graph == 0 and rep.deferred_fraction == 1.0, (name, rep)
+                assert rep.by_stage_graph == 0, (name, rep)
+                if split_bw:  # every weight gradient waited for W
+                    assert rep.deferred_fraction == 1.0 and rep.by_fused_backward == 0, (name, rep)
+                else:  # fused BW: one walk, the linears' products right after
+                    assert rep.by_linear + rep.by_fused_backward == rep.num_params, (name, rep)
         assert set(got) == set(ref_grads), name
         for key, ref in ref_grads.items():
             torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
@@ -86,29 +92,41 @@ def test_variable_sequence_lengths_across_microbatches() -> None:
     _check(results, names, 2, xs, ys)
 
 
-def test_module_split_defers_every_weight_gradient_in_one_process() -> None:
-    """B touches no .grad; W alone gives the plain backward's gradients."""
+@pytest.mark.parametrize("first_stage", [True, False])
+def test_module_split_defers_every_weight_gradient_in_one_process(first_stage: bool) -> None:
+    """B touches no .grad; W alone gives the plain backward's gradients. A first stage (token
+    ids in) does its whole backward in W; a later stage (activations in) leaves W only the
+    weight side of the nodes where the weights meet the activations."""
     model, ref = nn.Sequential(*blocks(6)), nn.Sequential(*blocks(6))
     x, y = batch(4, 5)
-    loss_fn(ref(x), y).backward()
+    stage_input = None
+    if not first_stage:  # start after the embedding: the stage input is an activation
+        model, ref = model[1:], ref[1:]
+        x = torch.randn(4, 5, model[0].self_attn.embed_dim)
+        stage_input = x.clone().requires_grad_(True)
+    ref_in = x.clone().requires_grad_(not first_stage)
+    loss_fn(ref(ref_in), y).backward()
     split = ModuleSplit(model)
     with split.recording(0):
-        out = loss_fn(model(x), y)
-    split.backward_input(0, out, None, None)
+        out = loss_fn(model(stage_input if stage_input is not None else x), y)
+    dx = split.backward_input(0, out, None, stage_input)
     assert all(p.grad is None for p in model.parameters())
+    if not first_stage:
+        torch.testing.assert_close(dx, ref_in.grad, rtol=1e-5, atol=1e-7)
     split.backward_weight(0)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
     rep = split.report()
-    assert rep is not None and rep.by_stage_graph == 0
-    assert rep.by_linear + rep.by_module_graph == rep.num_params
+    assert rep is not None and rep.by_stage_graph == 0 and rep.deferred_fraction == 1.0
     assert rep.by_linear > 0 and rep.linear_wgrad_flops > 0
+    rest = rep.by_w_walk if first_stage else rep.by_module_graph
+    assert rep.by_linear + rest == rep.num_params
     split.close()
     assert "forward" not in model[-1][1].__dict__  # the Linear's own forward is back
 
 
 class _Functional(nn.Module):
-    """Uses a child's weight without calling the child: no unit owns the parameter."""
+    """Uses a child's weight without calling the child (no linear forward runs)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -118,7 +136,7 @@ class _Functional(nn.Module):
         return torch.tanh(x @ self.inner.weight.t() + self.inner.bias)
 
 
-def test_a_parameter_no_path_sees_falls_back_to_the_stage_graph() -> None:
+def test_a_weight_used_without_its_module_meets_b_at_its_matmul() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(_Functional(), nn.Linear(4, 2))
     ref = nn.Sequential(_Functional(), nn.Linear(4, 2))
@@ -135,7 +153,7 @@ def test_a_parameter_no_path_sees_falls_back_to_the_stage_graph() -> None:
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
     rep = split.report()
-    assert rep is not None and (rep.by_linear, rep.by_stage_graph) == (2, 2)
+    assert rep is not None and (rep.by_linear, rep.by_module_graph, rep.by_stage_graph) == (2, 2, 0)
 
 
 def _bad_rank(ctx, case: str) -> None:
@@ -193,3 +211,46 @@ def test_split_model_cuts_every_block_once_in_order(num_blocks, data, balance) -
 def test_split_model_refuses_more_stages_than_blocks() -> None:
     with pytest.raises(ValueError, match="num_stages=3 for 2 blocks"):
         split_model(nn.Sequential(nn.ReLU(), nn.ReLU()), 3)
+
+
+def _recompute_rank(ctx, names: tuple[str, ...], xs: list, ys: list) -> dict:
+    out = {}
+    for name in names:
+        sched = _schedule(name, ctx.world_size)
+        for recompute in (False, True):
+            mods = stages(sched.num_stages)
+            calls = {"n": 0}
+
+            def count(*_, calls=calls) -> None:
+                calls["n"] += 1
+
+            for m in mods:
+                m.register_forward_hook(count)
+            runner = PipelineRunner(mods, sched, loss_fn, recompute=recompute)
+            loss = runner.step(list(xs), list(ys))
+            grads = {
+                f"{s}.{n}": p.grad.clone()
+                for s, m in runner.stage_modules.items()
+                for n, p in m.named_parameters()
+            }
+            out[(name, recompute)] = (float(loss), grads, runner.peak_activation_bytes,
+                                      calls["n"] / (len(runner.stage_modules) * NUM_MB))  # fmt: skip
+            runner.close()
+    return out
+
+
+def test_recompute_gives_the_same_gradients_with_less_memory_and_one_more_forward() -> None:
+    x, y = batch(8, 6)
+    xs, ys = list(x.chunk(NUM_MB)), list(y.chunk(NUM_MB))
+    names = ("1f1b", "zb-h1", "zb-v")
+    results = spawn(_recompute_rank, 2, args=(names, xs, ys), timeout_s=240)
+    for name in names:
+        ref_loss, ref_grads = _reference(_schedule(name, 2).num_stages, xs, ys)
+        got = {k: v for r in results for k, v in r[(name, True)][1].items()}
+        for key, ref in ref_grads.items():
+            torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
+        for r in results:
+            assert r[(name, True)][0] == pytest.approx(ref_loss, rel=1e-6)
+            assert r[(name, False)][3] == 1.0 and r[(name, True)][3] == 2.0  # forwards per mb
+        # rank 0 keeps microbatches in flight: recompute holds less for backward there
+        assert results[0][(name, True)][2] < results[0][(name, False)][2], name

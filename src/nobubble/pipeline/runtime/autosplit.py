@@ -3,30 +3,35 @@
 :mod:`.bw_split` defers the weight gradient of the runtime's own ``SplitLinear``. A user's
 model has plain ``nn.Linear`` layers, and parameters that are used without any linear
 forward (``nn.MultiheadAttention``'s ``in_proj_weight``, convolutions, embeddings, norms).
-:class:`ModuleSplit` covers all of them, in three ways, cheapest first:
+:class:`ModuleSplit` covers all of them:
 
 1. **linear**: every ``nn.Linear`` whose forward runs gets an instance ``forward`` that goes
    through the deferred linear of :mod:`.bw_split` (the parameters are the module's own, no
    copy): B computes ``dX`` and leaves ``(X, dY)``; W computes ``dW = dY^T X``, ``db``.
-2. **module graph**: every other module that owns parameters (a *unit*: its direct
-   parameters and those of its ``nn.Linear`` children, which such modules often use
-   functionally) records its outputs during F. B asks autograd for the gradient of those
-   outputs (cheap: they lie on the path to the stage input anyway) and keeps the graph; W
-   runs ``torch.autograd.backward(unit outputs, their gradients, inputs=unit parameters)``,
-   which walks the unit's own backward only.
-3. **stage graph**: a parameter that neither path saw (a module that uses a child's weight
-   functionally without owning a parameter itself) gets its gradient in W from the stage
-   output's gradient, walking the stage's backward again. Correct; :meth:`ModuleSplit.report`
-   names how many parameters took this path.
+2. **graph**: every other parameter. B is ``torch.autograd.grad`` with respect to the stage
+   input and an *anchor* (a 0-element leaf every deferred linear takes as an extra input, so
+   that autograd visits every linear): it runs exactly the nodes on the way to those, the
+   *input closure*. Walking up from a parameter's gradient accumulator, the first nodes that
+   lie in the input closure are where its path meets B's (for ``in_proj_weight``, the
+   matmul that also takes the activations). B keeps the gradient arriving at those nodes
+   (a pre-hook) and the graph; W runs ``torch.autograd.grad`` from those nodes' outputs to
+   the parameters, so only the weight side of each meeting node runs again, not the
+   backward of everything between the stage output and the parameter. During W the same
+   nodes get the kept gradients (pre-hooks that replace what arrives), so a gradient that
+   also flows from one meeting node into another is not counted twice.
+3. **stage graph**: a parameter whose path meets B nowhere takes the stage output's gradient
+   as its meeting point: W walks the stage's backward again.
 
-B is ``torch.autograd.grad`` with respect to the stage input, the units' outputs and an
-*anchor* (a 0-element leaf every deferred linear takes as an extra input, so that autograd
-visits every linear, even one whose input needs no gradient): no ``.grad`` is touched in B.
+A stage whose input needs no gradient (the first stage: token ids) has nothing on the
+critical path: its B only marks the microbatch, and its W is one walk of the whole backward
+(linears deferred as above). :meth:`ModuleSplit.report` counts each path. No ``.grad`` is
+touched in B.
 """
 
 from __future__ import annotations
 
 import types
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,22 +39,30 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from nobubble.pipeline.runtime.bw_split import WeightGradStore, deferred_linear
 
 __all__ = ["ModuleSplit", "SplitReport"]
 
+_DEFERRED_NODE = "_DeferredLinearBackward"
+
 
 @dataclass(frozen=True)
 class SplitReport:
-    """Where the weight gradients of one stage were computed (all of them in W).
+    """Where the weight gradients of one stage were computed in its last backward.
 
     Attributes:
         num_params: parameters of the stage that need a gradient.
-        by_linear: of those, deferred through ``nn.Linear`` (no backward walked twice).
-        by_module_graph: from their module's outputs (the module's backward walked again).
+        by_linear: deferred through ``nn.Linear`` (nothing runs twice).
+        by_module_graph: from the nodes where their path meets B's (only those nodes' weight
+            side runs again in W).
         by_stage_graph: from the stage output (the stage's backward walked again).
         linear_wgrad_flops: FLOPs of the deferred ``dW = dY^T X`` products, last microbatch.
+        by_fused_backward: in the same walk as the input gradient (a fused BW action, where
+            nothing waits: 1F1B, GPipe).
+        by_w_walk: in W's one walk of the stage's backward (the stage input needs no
+            gradient, so B had nothing to compute).
     """
 
     num_params: int
@@ -57,31 +70,43 @@ class SplitReport:
     by_module_graph: int
     by_stage_graph: int
     linear_wgrad_flops: int
+    by_fused_backward: int = 0
+    by_w_walk: int = 0
 
     @property
     def deferred_fraction(self) -> float:
-        """Share of parameters whose gradient waits for W (1.0 here: every one)."""
-        done = self.by_linear + self.by_module_graph + self.by_stage_graph
+        """Share of parameters whose gradient waited for W (1.0 after a split B / W)."""
+        done = self.by_linear + self.by_module_graph + self.by_stage_graph + self.by_w_walk
         return done / self.num_params if self.num_params else 1.0
 
 
-@dataclass
-class _Microbatch:
-    """What F and B leave for W: unit outputs and their gradients, the stage output."""
+@dataclass(eq=False)
+class _Group:
+    """Parameters whose paths meet B's at shared nodes; W runs one ``autograd.grad`` for them,
+    asking for these parameters only, so the walk stays on their side of the nodes."""
 
-    unit_outputs: list[tuple[int, list[torch.Tensor]]] = field(default_factory=list)
-    unit_grads: list[tuple[int, list[torch.Tensor], list[torch.Tensor]]] = field(
-        default_factory=list
-    )
-    output: torch.Tensor | None = None
-    grad_output: torch.Tensor | None = None
+    params: list[nn.Parameter]
+    meets: set[Node]
+
+
+@dataclass
+class _Pending:
+    """What B leaves for W's graph path: the groups, the meeting nodes' kept gradients."""
+
+    params: list[nn.Parameter] = field(default_factory=list)
+    groups: list[_Group] = field(default_factory=list)
+    grads: dict[Node, tuple[torch.Tensor | None, ...]] = field(default_factory=dict)
+    by_stage_graph: int = 0
+    keep: list[torch.Tensor] = field(default_factory=list)  # holds the graph alive until W
+    whole: tuple[torch.Tensor, torch.Tensor | None] | None = None  # W walks it all
 
 
 class ModuleSplit:
     """The B/W split of one stage module, keyed by microbatch.
 
     Lifecycle of microbatch m: ``with split.recording(m): y = module(x)`` (F) ->
-    ``split.backward_input(m, y, dy, x)`` (B, returns dX) -> ``split.backward_weight(m)`` (W).
+    ``split.backward_input(m, y, dy, x)`` (B, returns dX) -> ``split.backward_weight(m)`` (W),
+    or F -> ``split.backward_full(m, y, dy, x)`` (BW: both in one walk of the graph).
     ``close()`` restores the module's own ``nn.Linear`` forwards.
     """
 
@@ -92,44 +117,25 @@ class ModuleSplit:
         self._linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
         for lin in self._linears:
             lin.forward = types.MethodType(_split_forward(self), lin)  # type: ignore[method-assign]
-        self._units = [
-            m
-            for m in module.modules()
-            if not isinstance(m, nn.Linear) and any(True for _ in m.parameters(recurse=False))
-        ]
-        self._unit_params = [_unit_params(u) for u in self._units]
-        self._hooks = [
-            u.register_forward_hook(self._unit_hook(i)) for i, u in enumerate(self._units)
-        ]
         self._params = [p for p in module.parameters() if p.requires_grad]
-        self._mbs: dict[int, _Microbatch] = {}
-        self._recording: int | None = None
+        self._recorded: set[int] = set()
+        self._pending: dict[int, _Pending] = {}
         self._last: SplitReport | None = None
-        self._flops = 0
 
     # -- F -----------------------------------------------------------------------------------
     @contextmanager
     def recording(self, microbatch: int) -> Iterator[None]:
         """Run the stage's forward of ``microbatch`` inside this block."""
-        if microbatch in self._mbs:
+        if microbatch in self._recorded:
             raise RuntimeError(f"F of microbatch {microbatch} twice")
-        self._mbs[microbatch] = _Microbatch()
+        self._recorded.add(microbatch)
         with self.store.recording(microbatch):
-            self._recording = microbatch
-            try:
-                yield
-            finally:
-                self._recording = None
+            yield
 
-    def _unit_hook(self, index: int):
-        def hook(module: nn.Module, args: object, output: object) -> None:
-            if self._recording is None or not torch.is_grad_enabled():
-                return
-            outs = [t for t in _tensors(output) if t.requires_grad]
-            if outs:
-                self._mbs[self._recording].unit_outputs.append((index, outs))
-
-        return hook
+    def _take(self, microbatch: int, what: str) -> None:
+        if microbatch not in self._recorded:
+            raise RuntimeError(f"{what} of microbatch {microbatch} before its F")
+        self._recorded.discard(microbatch)
 
     # -- B -----------------------------------------------------------------------------------
     def backward_input(
@@ -140,76 +146,221 @@ class ModuleSplit:
         stage_input: torch.Tensor | None,
     ) -> torch.Tensor | None:
         """Gradient of the stage input (None when it needs none); no ``.grad`` changes."""
-        mb = self._mbs.get(microbatch)
-        if mb is None:
-            raise RuntimeError(f"B of microbatch {microbatch} before its F")
+        self._take(microbatch, "B")
         wants_input = stage_input is not None and stage_input.requires_grad
-        flat = [t for _, outs in mb.unit_outputs for t in outs]
-        inputs = [self.anchor, *flat]
+        if not wants_input:  # nothing upstream waits: W does the one walk
+            self._pending[microbatch] = _Pending(whole=(output, grad_output))
+            return None
+        inputs = [self.anchor]
         if stage_input is not None and wants_input:
             inputs.insert(0, stage_input)
-        seen = self._seen_params(microbatch, mb)
-        stage_graph = [p for p in self._params if id(p) not in seen]
-        retain = bool(flat or stage_graph)
-        grads = torch.autograd.grad(
-            output, inputs, grad_output, retain_graph=retain, allow_unused=True
-        )
-        grad_input = grads[0] if wants_input else None
-        it = iter(grads[(1 if wants_input else 0) + 1 :])
-        for index, outs in mb.unit_outputs:
-            gs = [next(it) for _ in outs]
-            kept = [(o, g) for o, g in zip(outs, gs, strict=True) if g is not None]
-            if kept:
-                mb.unit_grads.append((index, [o for o, _ in kept], [g for _, g in kept]))
-        mb.unit_outputs = []
-        if stage_graph:
-            mb.output, mb.grad_output = output, grad_output
+        pending = self._plan(output, grad_output, inputs)
+        meets = {node for g in pending.groups for node in g.meets}
+        hooks = [node.register_prehook(_keeper(pending.grads, node)) for node in meets]
+        try:
+            grads = torch.autograd.grad(
+                output, inputs, grad_output, retain_graph=bool(pending.params), allow_unused=True
+            )
+        finally:
+            for h in hooks:
+                h.remove()
+        if pending.params:
+            pending.keep = [output]
+            self._pending[microbatch] = pending
         self.store.close_backward(microbatch)
-        return grad_input
+        return grads[0] if wants_input else None
 
-    def _seen_params(self, microbatch: int, mb: _Microbatch) -> set[int]:
-        """Parameters a linear deferred or a recorded unit covers, for ``microbatch``."""
-        seen = {id(p) for p in self.store.deferred_params(microbatch)}
-        for index, _ in mb.unit_outputs:
-            seen.update(id(p) for p in self._unit_params[index])
-        return seen
+    def _plan(
+        self, output: torch.Tensor, grad_output: torch.Tensor | None, inputs: list[torch.Tensor]
+    ) -> _Pending:
+        """The parameters W's graph path must cover and the nodes where their paths meet B's."""
+        root = output.grad_fn
+        pending = _Pending()
+        if root is None:
+            return pending
+        consumers = _consumers(root)
+        closure = _upward_closure([get_gradient_edge(t).node for t in inputs], consumers)
+        for p in self._params:
+            acc = get_gradient_edge(p).node
+            users = consumers.get(acc, [])
+            if not users or all(u.name() == _DEFERRED_NODE for u in users):
+                continue  # unused here, or a linear weight: the store has it
+            hit = _first_hits(acc, consumers, closure)
+            pending.params.append(p)
+            pending.by_stage_graph += not hit  # meets B nowhere: W starts at the output
+            _join(pending.groups, p, hit or {root})
+        if any(root in g.meets for g in pending.groups):  # B may not run the root at all
+            pending.grads[root] = (
+                grad_output if grad_output is not None else torch.ones_like(output),
+            )
+        return pending
+
+    # -- BW ----------------------------------------------------------------------------------
+    def backward_full(
+        self,
+        microbatch: int,
+        output: torch.Tensor,
+        grad_output: torch.Tensor | None,
+        stage_input: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """B and W at once (1F1B's fused backward): one walk of the graph, which accumulates
+        the non-linear parameters' gradients directly; the linears' products follow."""
+        self._take(microbatch, "BW")
+        wants_input = stage_input is not None and stage_input.requires_grad
+        inputs = [self.anchor, *self._params]
+        if stage_input is not None and wants_input:
+            inputs.insert(0, stage_input)
+        torch.autograd.backward(output, grad_output, inputs=inputs)
+        self.anchor.grad = None
+        self.store.close_backward(microbatch)
+        deferred = len({id(p) for p in self.store.deferred_params(microbatch)})
+        self._last = SplitReport(
+            num_params=len(self._params),
+            by_linear=deferred,
+            by_module_graph=0,
+            by_stage_graph=0,
+            linear_wgrad_flops=self.store.pending_flops(microbatch),
+            by_fused_backward=len(self._params) - deferred,
+        )
+        self.store.flush(microbatch)
+        return stage_input.grad if stage_input is not None and wants_input else None
 
     # -- W -----------------------------------------------------------------------------------
     def backward_weight(self, microbatch: int) -> None:
         """Accumulate every weight gradient of ``microbatch`` into ``.grad``."""
-        mb = self._mbs.pop(microbatch, None)
-        if mb is None:
-            raise RuntimeError(f"W of microbatch {microbatch} before its F")
-        deferred = {id(p) for p in self.store.deferred_params(microbatch)}
-        self._flops = self.store.pending_flops(microbatch)
+        whole = self._pending.get(microbatch, _Pending()).whole
+        if whole is not None:
+            del self._pending[microbatch]
+            self._walk_whole(microbatch, *whole)
+            return
+        if not self.store.has_pending(microbatch):
+            raise RuntimeError(f"W of microbatch {microbatch} before its B")
+        linear = {id(p) for p in self.store.deferred_params(microbatch)}
+        flops = self.store.pending_flops(microbatch)
         self.store.flush(microbatch)
-        by_unit: set[int] = set()
-        for index, outs, grads in mb.unit_grads:
-            params = [p for p in self._unit_params[index] if id(p) not in deferred]
-            if params:
-                torch.autograd.backward(outs, grads, inputs=params, retain_graph=True)
-                by_unit.update(id(p) for p in params)
-        rest = [p for p in self._params if id(p) not in deferred and id(p) not in by_unit]
-        if rest and mb.output is not None:
-            torch.autograd.backward(mb.output, mb.grad_output, inputs=rest)
+        pending = self._pending.pop(microbatch, _Pending())
+        for group in pending.groups:
+            _group_backward(group, pending.grads)
         self._last = SplitReport(
             num_params=len(self._params),
-            by_linear=len([p for p in self._params if id(p) in deferred]),
-            by_module_graph=len(by_unit),
-            by_stage_graph=len(rest) if mb.output is not None else 0,
-            linear_wgrad_flops=self._flops,
+            by_linear=len([p for p in self._params if id(p) in linear]),
+            by_module_graph=len(pending.params) - pending.by_stage_graph,
+            by_stage_graph=pending.by_stage_graph,
+            linear_wgrad_flops=flops,
         )
 
+    def _walk_whole(
+        self, microbatch: int, output: torch.Tensor, grad_output: torch.Tensor | None
+    ) -> None:
+        torch.autograd.backward(output, grad_output, inputs=[self.anchor, *self._params])
+        self.anchor.grad = None
+        self.store.close_backward(microbatch)
+        linear = len({id(p) for p in self.store.deferred_params(microbatch)})
+        self._last = SplitReport(
+            num_params=len(self._params),
+            by_linear=linear,
+            by_module_graph=0,
+            by_stage_graph=0,
+            linear_wgrad_flops=self.store.pending_flops(microbatch),
+            by_w_walk=len(self._params) - linear,
+        )
+        self.store.flush(microbatch)
+
     def report(self) -> SplitReport | None:
-        """How the last W computed this stage's gradients (None before the first W)."""
+        """How the last backward computed this stage's gradients (None before the first)."""
         return self._last
 
     def close(self) -> None:
-        """Give the module back as it was: linear forwards and hooks removed."""
+        """Give the module back as it was: its linears' own forwards."""
         for lin in self._linears:
             lin.__dict__.pop("forward", None)
-        for h in self._hooks:
+
+
+def _join(groups: list[_Group], param: nn.Parameter, meets: set[Node]) -> None:
+    """Add ``param`` with its meeting nodes, merging the groups that share one of them."""
+    merged = _Group([param], set(meets))
+    for g in [g for g in groups if g.meets & merged.meets]:
+        groups.remove(g)
+        merged.params = g.params + merged.params
+        merged.meets |= g.meets
+    groups.append(merged)
+
+
+def _group_backward(group: _Group, kept: dict[Node, tuple[torch.Tensor | None, ...]]) -> None:
+    """One group's weight gradients, from the gradients kept at its meeting nodes."""
+    edges, seeds = [], []
+    for node in group.meets:
+        for i, g in enumerate(kept.get(node, ())):
+            if g is not None:
+                edges.append(GradientEdge(node, i))
+                seeds.append(g)
+    if not edges:
+        return  # no gradient reached this group: its parameters do not affect the loss
+    # a walk from one meeting node into another gets the kept gradient there, not twice it
+    hooks = [node.register_prehook(lambda _, g=kept[node]: g) for node in group.meets
+             if node in kept]  # fmt: skip
+    try:
+        dws = torch.autograd.grad(edges, group.params, seeds, retain_graph=True, allow_unused=True)
+    finally:
+        for h in hooks:
             h.remove()
+    with torch.no_grad():
+        for p, dw in zip(group.params, dws, strict=True):
+            if dw is not None:
+                p.grad = dw if p.grad is None else p.grad.add_(dw)
+
+
+def _keeper(store: dict[Node, tuple[torch.Tensor | None, ...]], node: Node):
+    """A pre-hook that keeps the gradients arriving at ``node`` (and lets them pass)."""
+
+    def hook(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        store[node] = tuple(grad_outputs)
+
+    return hook
+
+
+def _consumers(root: Node) -> dict[Node, list[Node]]:
+    """For every node reachable from ``root``: the nodes that feed it gradients."""
+    out: dict[Node, list[Node]] = defaultdict(list)
+    seen, queue = {root}, deque([root])
+    while queue:
+        node = queue.popleft()
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            out[nxt].append(node)
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return out
+
+
+def _upward_closure(starts: list[Node], consumers: dict[Node, list[Node]]) -> set[Node]:
+    """The nodes from which a start is reachable: those a backward to the starts runs."""
+    closure = set(starts)
+    queue = deque(starts)
+    while queue:
+        for user in consumers.get(queue.popleft(), []):
+            if user not in closure:
+                closure.add(user)
+                queue.append(user)
+    return closure
+
+
+def _first_hits(acc: Node, consumers: dict[Node, list[Node]], closure: set[Node]) -> set[Node]:
+    """Walking up from ``acc``, the first nodes that are in ``closure``."""
+    hits: set[Node] = set()
+    seen, queue = {acc}, deque([acc])
+    while queue:
+        for user in consumers.get(queue.popleft(), []):
+            if user in seen:
+                continue
+            seen.add(user)
+            if user in closure:
+                hits.add(user)
+            else:
+                queue.append(user)
+    return hits
 
 
 def _split_forward(split: ModuleSplit):
@@ -221,23 +372,6 @@ def _split_forward(split: ModuleSplit):
         return deferred_linear(x, self.weight, self.bias, store, mb, anchor=split.anchor)
 
     return forward
-
-
-def _unit_params(unit: nn.Module) -> list[nn.Parameter]:
-    """A unit's direct parameters and those of its ``nn.Linear`` children."""
-    params = list(unit.parameters(recurse=False))
-    for child in unit.children():
-        if isinstance(child, nn.Linear):
-            params.extend(child.parameters(recurse=False))
-    return [p for p in params if p.requires_grad]
-
-
-def _tensors(obj: object) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, tuple | list):
-        return [t for item in obj for t in _tensors(item)]
-    return []
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -24,7 +24,6 @@ batch splitting evenly, targets where the last stage lives) run before any messa
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -57,6 +56,14 @@ class PipelineRunner:
         group: the pipeline's process group (None: the default group).
         device: where received tensors go (default: the device of this rank's parameters).
         timeout_s: limit for every wait on another rank.
+        recompute: activation checkpointing: F runs without autograd and keeps only the
+            stage input; B runs the forward again (with the RNG state F had) and then the
+            backward; W uses what B kept, so each microbatch's forward runs twice, not three
+            times.
+
+    After each step, :attr:`peak_activation_bytes` is the most memory this rank held for
+    backward at once (the distinct tensors autograd saved, parameters excluded, and with
+    ``recompute`` the stage inputs), from each forward to the microbatch's W.
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class PipelineRunner:
         group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         timeout_s: float = 300.0,
+        recompute: bool = False,
     ) -> None:
         validate(schedule)
         if len(stages) != schedule.num_stages:
@@ -105,7 +113,12 @@ class PipelineRunner:
         self._groups = (dist.new_group(ranks=ranks, timeout=timeout),
                         dist.new_group(ranks=ranks, timeout=timeout))  # fmt: skip
         self._last_rank = schedule.rank_of(schedule.num_stages - 1)
-        self._warned = False
+        self.recompute = recompute
+        self._param_storages = {
+            p.untyped_storage().data_ptr() for m in self.stage_modules.values()
+            for p in m.parameters()
+        }  # fmt: skip
+        self.peak_activation_bytes = 0
 
     @property
     def is_first(self) -> bool:
@@ -141,7 +154,7 @@ class PipelineRunner:
                 assert produced is not None  # only stage 0's backward yields None
                 channel.send(out[0], out[1], produced)
         channel.finish()
-        self._warn_if_not_deferred()
+        self.peak_activation_bytes = state.peak
         loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0, dtype=torch.float32).to(
             self.device
         )
@@ -155,55 +168,85 @@ class PipelineRunner:
             return self._forward(s, mb, received, state)
         if action.op is Op.W:
             split.backward_weight(mb)
+            state.release((s, mb))
             return None
+        if self.recompute:
+            args, rng = state.saved.pop((s, mb))
+            rng.restore()
+            self._compute(s, mb, args, state, record=True)
         out, x = state.outputs.pop((s, mb)), state.inputs.pop((s, mb))
-        grad = split.backward_input(mb, out, received, x)
         if action.op is Op.BW:
-            split.backward_weight(mb)
+            grad = split.backward_full(mb, out, received, x)
+            state.release((s, mb))
+        else:
+            grad = split.backward_input(mb, out, received, x)
         if s > 0 and grad is None:
             raise RuntimeError(f"stage {s}: its input got no gradient; does its output use it?")
         return grad
 
     def _forward(self, s: int, mb: int, received: torch.Tensor | None, state: _StepState):
-        module, split = self.stage_modules[s], self._splits[s]
         if s == 0:
             assert state.xs is not None
             x: Any = state.xs[mb]
             args = x if isinstance(x, tuple) else (x,)
-            stage_input = None
         else:
             assert received is not None
-            stage_input = received.detach().requires_grad_(received.is_floating_point())
+            args = (received,)
+        if not self.recompute:
+            return self._compute(s, mb, args, state, record=True)
+        rng = _RngState.capture(self.device)
+        with torch.no_grad():
+            y = self._compute(s, mb, args, state, record=False)
+        state.saved[(s, mb)] = (args, rng)
+        state.hold((s, mb), sum(a.untyped_storage().nbytes() for a in args))
+        return y
+
+    def _compute(self, s: int, mb: int, args: Any, state: _StepState, *, record: bool):
+        """The stage's forward (and loss on the last stage); ``record``: with autograd and
+        the B/W split recording, keeping what B needs. Returns what F sends (or None)."""
+        if not record:
+            return self._run_module(s, mb, args, state)
+        stage_input = None
+        if s > 0:
+            stage_input = args[0].detach().requires_grad_(args[0].is_floating_point())
             args = (stage_input,)
-        with split.recording(mb):
-            y = module(*args)
-            if s == self.schedule.num_stages - 1:
-                assert state.ys is not None
-                loss = self.loss_fn(y, state.ys[mb])
-                _check_tensor(s, loss, "loss_fn's result")
-                state.losses.append(float(loss.detach()))
-                y = loss / self.schedule.num_microbatches
-            else:
-                _check_tensor(s, y, "output")
-        state.inputs[(s, mb)], state.outputs[(s, mb)] = stage_input, y
-        return y.detach() if s < self.schedule.num_stages - 1 else None
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self._param_storages:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with (
+            self._splits[s].recording(mb),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        ):
+            y = self._run_module(s, mb, args, state, keep=True)
+        state.inputs[(s, mb)] = stage_input
+        state.hold((s, mb), sum(saved.values()))
+        return None if y is None else y.detach()
+
+    def _run_module(self, s: int, mb: int, args: tuple, state: _StepState, keep: bool = False):
+        """``module(*args)``, then the scaled loss on the last stage (recorded once)."""
+        y = self.stage_modules[s](*args)
+        if s < self.schedule.num_stages - 1:
+            _check_tensor(s, y, "output")
+            if keep:
+                state.outputs[(s, mb)] = y
+            return y
+        assert state.ys is not None
+        loss = self.loss_fn(y, state.ys[mb])
+        _check_tensor(s, loss, "loss_fn's result")
+        if not keep or not self.recompute:  # the recomputed forward's loss is the same one
+            state.losses.append(float(loss.detach()))
+        if keep:
+            state.outputs[(s, mb)] = loss / self.schedule.num_microbatches
+        return None
 
     def split_report(self) -> dict[int, SplitReport | None]:
         """Per stage of this rank: how its weight gradients were computed in the last W."""
         return {s: split.report() for s, split in self._splits.items()}
-
-    def _warn_if_not_deferred(self) -> None:
-        if self._warned or not any(a.op is Op.W for a in self.schedule.rank_actions[self.rank]):
-            return
-        self._warned = True
-        for s, rep in self.split_report().items():
-            if rep is not None and rep.by_linear + rep.by_module_graph < rep.num_params / 2:
-                warnings.warn(
-                    f"stage {s}: {rep.by_stage_graph} of {rep.num_params} parameters get their "
-                    "gradient by walking the whole stage backward again in W; "
-                    "see PipelineRunner.split_report()",
-                    stacklevel=3,
-                )
 
     def close(self) -> None:
         """Give the modules back as they were and free the runner's process groups."""
@@ -220,7 +263,37 @@ class _StepState:
         self.xs, self.ys = xs, ys
         self.inputs: dict[tuple[int, int], torch.Tensor | None] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.saved: dict[tuple[int, int], tuple[tuple, _RngState]] = {}  # recompute: F's args
         self.losses: list[float] = []
+        self._held: dict[tuple[int, int], int] = {}
+        self.live = self.peak = 0
+
+    def hold(self, key: tuple[int, int], nbytes: int) -> None:
+        """(stage, microbatch) now holds ``nbytes`` for backward (replacing what it held)."""
+        self.live += nbytes - self._held.get(key, 0)
+        self._held[key] = nbytes
+        self.peak = max(self.peak, self.live)
+
+    def release(self, key: tuple[int, int]) -> None:
+        self.live -= self._held.pop(key, 0)
+
+
+class _RngState:
+    """The CPU (and current CUDA device's) RNG state, so a recomputed forward draws the same
+    dropout masks as the first one."""
+
+    def __init__(self, cpu: torch.Tensor, cuda: torch.Tensor | None, device: torch.device):
+        self.cpu, self.cuda, self.device = cpu, cuda, device
+
+    @classmethod
+    def capture(cls, device: torch.device) -> _RngState:
+        cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        return cls(torch.get_rng_state(), cuda, device)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def _split(name: str, batch: Any, num_microbatches: int) -> list:

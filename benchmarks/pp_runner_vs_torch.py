@@ -1,0 +1,129 @@
+"""PipelineRunner against torch.distributed.pipelining's runtime, same schedule, same run.
+
+The model is the GPT of ``examples/train_gpt.py`` (plain ``torch.nn``), split over 2 gloo
+ranks. For each schedule, torch's ``_PipelineScheduleRuntime`` (loaded through
+:func:`nobubble.pipeline.to_torch`) and :class:`nobubble.pipeline.PipelineRunner` run
+alternately on the same batch, one step each, ``--steps`` times after a warm-up; the report
+gives each path's median step time, the ratio ``runner / torch`` (below 1: nobubble is
+faster) and each path's speed-up of the zero-bubble schedules over 1F1B. CPU measurements on
+a shared machine: read the ratios, not the milliseconds.
+
+    .venv/bin/python benchmarks/pp_runner_vs_torch.py [--steps 12] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "examples"))
+from _common import write_json  # noqa: E402
+from train_gpt import SEQ, corpus, gpt, loss_fn  # noqa: E402
+
+from nobubble.cli.util import print_table  # noqa: E402
+from nobubble.distributed import spawn  # noqa: E402
+from nobubble.pipeline import PipelineRunner, get_schedule, split_model, to_torch  # noqa: E402
+
+SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
+
+
+def _torch_step(runtime, own, num_stages, x, y) -> None:
+    kwargs = {"target": y} if num_stages - 1 in own else {}
+    runtime.step(*((x,) if 0 in own else ()), **kwargs)
+
+
+def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
+    import torch
+
+    text = corpus()
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text[: 64 * 1024]])
+    g = torch.Generator().manual_seed(0)
+    start = torch.randint(0, len(data) - SEQ - 1, (batch,), generator=g)
+    window = torch.stack([data[s : s + SEQ + 1] for s in start.tolist()])
+    x, y = window[:, :-1], window[:, 1:]
+    out = {}
+    for name in SCHEDULES:
+        sched = get_schedule(name, num_ranks=ctx.world_size, num_microbatches=microbatches)
+        own = sched.stages_of(ctx.rank)
+        torch_stages = split_model(gpt(len(chars)), sched.num_stages)
+        runtime = to_torch(torch_stages, sched, loss_fn)
+        runner = PipelineRunner(split_model(gpt(len(chars)), sched.num_stages), sched, loss_fn)
+        times: dict[str, list[float]] = {"torch": [], "nobubble": []}
+        for i in range(steps + 2):
+            for path in ("torch", "nobubble") if i % 2 == 0 else ("nobubble", "torch"):
+                torch.distributed.barrier()
+                t0 = time.perf_counter()
+                if path == "torch":
+                    _torch_step(runtime, own, sched.num_stages, x, y)
+                else:
+                    runner.step(x, y)
+                torch.distributed.barrier()
+                if i >= 2:  # the first two rounds warm up
+                    times[path].append(time.perf_counter() - t0)
+        runner.close()
+        out[name] = {p: statistics.median(t) for p, t in times.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12, help="timed steps per path and schedule")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="3 steps, for a smoke run")
+    args = ap.parse_args()
+    steps = 3 if args.quick else args.steps
+    per_rank = spawn(rank_main, 2, args=(steps, args.batch, args.microbatches), timeout_s=1800)
+    # a step ends at a barrier: every rank measured the same step; take rank 0's
+    res = per_rank[0]
+    rows = []
+    for name in SCHEDULES:
+        t, n = res[name]["torch"], res[name]["nobubble"]
+        rows.append({
+            "schedule": name,
+            "torch_step_s": t,
+            "nobubble_step_s": n,
+            "nobubble_over_torch": n / t,
+            "torch_speedup_vs_1f1b": res["1f1b"]["torch"] / t,
+            "nobubble_speedup_vs_1f1b": res["1f1b"]["nobubble"] / n,
+        })  # fmt: skip
+    import torch
+
+    path = write_json("pp_runner_vs_torch", {
+        "ranks": 2, "batch": args.batch, "microbatches": args.microbatches, "seq_len": SEQ,
+        "steps": steps, "quick": args.quick, "torch": torch.__version__, "rows": rows,
+    })  # fmt: skip
+    print_table(
+        f"PipelineRunner vs torch's runtime, GPT of examples/train_gpt.py on 2 ranks "
+        f"(median of {steps} steps)",
+        [
+            "schedule",
+            "torch ms",
+            "nobubble ms",
+            "nobubble / torch",
+            "torch vs 1f1b",
+            "nobubble vs 1f1b",
+        ],  # fmt: skip
+        [
+            [
+                r["schedule"],
+                1e3 * r["torch_step_s"],
+                1e3 * r["nobubble_step_s"],
+                f"{r['nobubble_over_torch']:.3f}",
+                f"{r['torch_speedup_vs_1f1b']:.3f}x",
+                f"{r['nobubble_speedup_vs_1f1b']:.3f}x",
+            ]
+            for r in rows
+        ],  # fmt: skip
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
