@@ -9,6 +9,9 @@ Public names, by where they live::
     reference_dispatch, reference_combine        # the slow per-pair reference (reference.py)
     softmax_topk, deepseek_v3_topk, update_expert_bias, Routing   # routers (routing.py)
     MoEConfig, MoEWeights, init_moe_weights, MoELayer, DenseMoE   # the layer (layer.py)
+    GroupedExperts                               # your per-expert modules (experts.py)
+    dp_ep_groups, DataExpertGroups, expert_parameters, non_expert_parameters,
+    sync_gradients                               # data x expert parallelism (parallel.py)
     # fast paths (fastpath/)
     make_buffer                                   # Buffer for a transport kind: auto/shm/dist
     ShmTransport, make_transport, ShmBuffer       # shared memory between ranks of one host
@@ -38,6 +41,7 @@ from nobubble.moe.balance.online import plan_migration, rebalance_online
 from nobubble.moe.balance.replicas import ReplicaRouter, route_to_replicas
 from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
 from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult
+from nobubble.moe.experts import GroupedExperts
 from nobubble.moe.fastpath.fp8 import fp8_dispatch
 from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
 from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
@@ -46,6 +50,13 @@ from nobubble.moe.fastpath.shm_buffer import ShmBuffer, make_buffer
 from nobubble.moe.fastpath.shm_transport import ShmTransport, make_transport
 from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_moe_weights
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
+from nobubble.moe.parallel import (
+    DataExpertGroups,
+    dp_ep_groups,
+    expert_parameters,
+    non_expert_parameters,
+    sync_gradients,
+)
 from nobubble.moe.reference import reference_combine, reference_dispatch
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.moe.transport import (
@@ -59,7 +70,9 @@ from nobubble.moe.transport import (
 __all__ = [
     "Buffer",
     "CombineResult",
+    "DataExpertGroups",
     "DenseMoE",
+    "GroupedExperts",
     "DispatchHandle",
     "DispatchLayout",
     "DispatchResult",
@@ -83,6 +96,10 @@ __all__ = [
     "TransportStats",
     "count_moves",
     "deepseek_v3_topk",
+    "dp_ep_groups",
+    "expert_parameters",
+    "non_expert_parameters",
+    "sync_gradients",
     "fp8_dispatch",
     "get_dispatch_layout",
     "init_moe_weights",

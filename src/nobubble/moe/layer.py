@@ -1,7 +1,9 @@
 """A MoE layer over :class:`Buffer`, and the dense single-process MoE it must equal.
 
-``MoELayer`` (one per rank): router -> top-k -> ``dispatch`` -> SwiGLU experts held by this
-rank, each output row weighted by its top-k weight -> ``combine`` -> plus shared experts.
+``MoELayer`` (one per rank): router -> top-k -> ``dispatch`` -> the experts held by this
+rank (grouped SwiGLU by default, or the user's experts module), each output row weighted by
+its top-k weight -> ``combine`` -> plus shared experts. The router may be the user's module
+too: one that returns logits ``[N, E]`` (top-k by ``config.router``) or a ``Routing``.
 ``DenseMoE`` computes the same function for all ranks' tokens in one process, expert by
 expert; the tests check that outputs and every gradient (router included) agree.
 
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nobubble.moe.buffer import Buffer
+from nobubble.moe.experts import check_expert_output
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.validation import check_fields
 
@@ -145,13 +148,19 @@ class _MoEBase(nn.Module):
 
     expert_bias: torch.Tensor  # a buffer (register_buffer), for the type checker
 
-    def __init__(self, config: MoEConfig, weights: MoEWeights) -> None:
+    def __init__(
+        self, config: MoEConfig, weights: MoEWeights | None, router: nn.Module | None = None
+    ) -> None:
         super().__init__()
+        if weights is None and router is None:
+            raise ValueError(f"{type(self).__name__}: give weights, or a router module")
         self.config = config
-        self.router = nn.Parameter(weights.router.clone())
-        self.register_buffer("expert_bias", weights.expert_bias.clone())
+        self.router_module = router
+        self.router = None if weights is None else nn.Parameter(weights.router.clone())
+        bias = torch.zeros(config.num_experts) if weights is None else weights.expert_bias
+        self.register_buffer("expert_bias", bias.clone())
         self.shared = None
-        if weights.shared_gate is not None:
+        if weights is not None and weights.shared_gate is not None:
             # init_moe_weights sets the three shared tensors together
             assert weights.shared_up is not None and weights.shared_down is not None
             self.shared = nn.ParameterList(
@@ -163,7 +172,23 @@ class _MoEBase(nn.Module):
         self.last_tokens_per_expert: torch.Tensor | None = None
 
     def route(self, x: torch.Tensor) -> Routing:
-        logits = x @ self.router.t()  # (N, E)
+        if self.router_module is not None:
+            decision = self.router_module(x)
+            if isinstance(decision, Routing):
+                return decision
+            if not isinstance(decision, torch.Tensor) or decision.shape != (
+                x.shape[0],
+                self.config.num_experts,
+            ):
+                got = getattr(decision, "shape", type(decision).__name__)
+                raise ValueError(
+                    f"router module {type(self.router_module).__name__} returned {got}; a "
+                    f"router returns logits [N, {self.config.num_experts}] or a Routing"
+                )
+            logits = decision  # (N, E)
+        else:
+            assert self.router is not None  # __init__ requires weights or a router module
+            logits = x @ self.router.t()  # (N, E)
         c = self.config
         if c.router == "softmax":
             return softmax_topk(logits, c.topk)
@@ -196,23 +221,68 @@ class MoELayer(_MoEBase):
 
     Args:
         config: the layer's shape.
-        weights: all experts' weights (this rank keeps its slice).
+        weights: all experts' weights (this rank keeps its slice); may be None when both
+            ``router`` and ``experts`` are given.
         buffer: the expert-parallel :class:`Buffer`.
+        router: the user's router module, ``[N, H] -> logits [N, E]`` or a ``Routing``
+            (default: a ``[E, H]`` router from ``weights``).
+        experts: the user's module for this rank's experts, ``(recv_x [M, H], local ids
+            [M, K], weights [M, K]) -> [M, H]``, e.g. :class:`~nobubble.moe.experts.
+            GroupedExperts` (default: grouped SwiGLU from ``weights``).
+
+    :meth:`expert_parameters` names the routed experts' parameters for
+    :func:`~nobubble.moe.parallel.sync_gradients`.
     """
 
-    def __init__(self, config: MoEConfig, weights: MoEWeights, buffer: Buffer) -> None:
-        super().__init__(config, weights)
+    def __init__(
+        self,
+        config: MoEConfig,
+        weights: MoEWeights | None,
+        buffer: Buffer,
+        *,
+        router: nn.Module | None = None,
+        experts: nn.Module | None = None,
+    ) -> None:
+        super().__init__(config, weights, router)
         if config.num_experts % buffer.num_ranks != 0:
             raise ValueError(
                 f"MoELayer: num_experts={config.num_experts} is not a multiple of "
                 f"{buffer.num_ranks} expert-parallel ranks"
             )
         self.buffer = buffer
-        local = config.num_experts // buffer.num_ranks
-        own = slice(buffer.rank * local, (buffer.rank + 1) * local)
-        self.w_gate = nn.Parameter(weights.w_gate[own].clone())  # (L, I, H)
-        self.w_up = nn.Parameter(weights.w_up[own].clone())  # (L, I, H)
-        self.w_down = nn.Parameter(weights.w_down[own].clone())  # (L, H, I)
+        self.experts = experts
+        if experts is None:
+            if weights is None:
+                raise ValueError("MoELayer: give weights, or an experts module")
+            local = config.num_experts // buffer.num_ranks
+            own = slice(buffer.rank * local, (buffer.rank + 1) * local)
+            self.w_gate = nn.Parameter(weights.w_gate[own].clone())  # (L, I, H)
+            self.w_up = nn.Parameter(weights.w_up[own].clone())  # (L, I, H)
+            self.w_down = nn.Parameter(weights.w_down[own].clone())  # (L, H, I)
+
+    def expert_parameters(self) -> list[nn.Parameter]:
+        """The parameters of this rank's routed experts (not router, not shared experts)."""
+        if self.experts is not None:
+            return list(self.experts.parameters())
+        return [self.w_gate, self.w_up, self.w_down]
+
+    def run_experts(
+        self, recv_x: torch.Tensor, local_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """This rank's experts on the received rows: ``[M, H]`` -> ``[M, H]``.
+
+        The result always joins the autograd graph of ``recv_x``, even when no expert gave
+        it one (no rows, or an expert that skips empty input), so that every rank reaches
+        the collectives in combine's and dispatch's backward.
+        """
+        if self.experts is None:
+            out = apply_experts(recv_x, local_ids, weights, self.w_gate, self.w_up, self.w_down)
+        else:
+            out = self.experts(recv_x, local_ids, weights)
+            check_expert_output(self.experts, recv_x, out)
+        if torch.is_grad_enabled() and recv_x.requires_grad and not out.requires_grad:
+            out = out + recv_x[:0].sum()  # adds 0, links the graph
+        return out
 
     def dispatch_experts_combine(
         self,
@@ -239,13 +309,8 @@ class MoELayer(_MoEBase):
         )
         # a fresh (not cached) dispatch with weights returns both
         assert res.recv_topk_idx is not None and res.recv_topk_weights is not None
-        expert_out = apply_experts(
-            res.recv_x,
-            res.recv_topk_idx,
-            res.recv_topk_weights,
-            self.w_gate,
-            self.w_up,
-            self.w_down,
+        expert_out = self.run_experts(
+            res.recv_x, res.recv_topk_idx, res.recv_topk_weights
         )  # (M, H)
         out = self.buffer.combine(expert_out, res.handle).combined_x  # (N, H)
         local_load = torch.tensor(res.handle.num_recv_tokens_per_expert, dtype=torch.int64)

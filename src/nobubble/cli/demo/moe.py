@@ -77,6 +77,7 @@ def _rank(ctx, num_tokens: int, steps: int) -> dict[str, Any]:
             assert layer.last_tokens_per_expert is not None  # set by the forward
             loads.append(layer.last_tokens_per_expert.tolist())
             layer.update_expert_bias()
+    assert layer.router is not None  # built from weights
     return {
         "x0": x0.detach(),
         "y0": y0.detach(),
@@ -102,10 +103,11 @@ def _dense_check(results: list[dict[str, Any]]) -> tuple[float, float]:
     y = dense(x)
     y.square().sum().backward()
     out_err = _rel_err(torch.cat([r["y0"] for r in results]), y.detach())
-    assert x.grad is not None and dense.router.grad is not None  # set by the backward
+    router = dense.router
+    assert x.grad is not None and router is not None and router.grad is not None
     grad_err = max(
         _rel_err(torch.cat([r["x0_grad"] for r in results]), x.grad),
-        _rel_err(sum(r["router_grad"] for r in results), dense.router.grad),
+        _rel_err(sum(r["router_grad"] for r in results), router.grad),
     )
     return out_err, grad_err
 

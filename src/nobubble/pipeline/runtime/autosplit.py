@@ -206,6 +206,19 @@ class ModuleSplit:
         """B and W at once (1F1B's fused backward): one walk of the graph, which accumulates
         the non-linear parameters' gradients directly; the linears' products follow."""
         self._take(microbatch, "BW")
+        return self._one_walk(microbatch, output, grad_output, stage_input, fused=True)
+
+    def _one_walk(
+        self,
+        microbatch: int,
+        output: torch.Tensor,
+        grad_output: torch.Tensor | None,
+        stage_input: torch.Tensor | None,
+        *,
+        fused: bool,
+    ) -> torch.Tensor | None:
+        """One walk of the whole backward: the input gradient (``stage_input.grad``) and the
+        non-linear parameters' gradients at once, then the deferred linears' products."""
         wants_input = stage_input is not None and stage_input.requires_grad
         inputs = [self.anchor, *self._params]
         if stage_input is not None and wants_input:
@@ -213,14 +226,16 @@ class ModuleSplit:
         torch.autograd.backward(output, grad_output, inputs=inputs)
         self.anchor.grad = None
         self.store.close_backward(microbatch)
-        deferred = len({id(p) for p in self.store.deferred_params(microbatch)})
+        linear = len({id(p) for p in self.store.deferred_params(microbatch)})
+        rest = len(self._params) - linear
         self._last = SplitReport(
             num_params=len(self._params),
-            by_linear=deferred,
+            by_linear=linear,
             by_module_graph=0,
             by_stage_graph=0,
             linear_wgrad_flops=self.store.pending_flops(microbatch),
-            by_fused_backward=len(self._params) - deferred,
+            by_fused_backward=rest if fused else 0,
+            by_w_walk=0 if fused else rest,
         )
         self.store.flush(microbatch)
         return stage_input.grad if stage_input is not None and wants_input else None
@@ -231,7 +246,7 @@ class ModuleSplit:
         whole = self._pending.get(microbatch, _Pending()).whole
         if whole is not None:
             del self._pending[microbatch]
-            self._walk_whole(microbatch, *whole)
+            self._one_walk(microbatch, *whole, None, fused=False)
             return
         if not self.store.has_pending(microbatch):
             raise RuntimeError(f"W of microbatch {microbatch} before its B")
@@ -248,23 +263,6 @@ class ModuleSplit:
             by_stage_graph=pending.by_stage_graph,
             linear_wgrad_flops=flops,
         )
-
-    def _walk_whole(
-        self, microbatch: int, output: torch.Tensor, grad_output: torch.Tensor | None
-    ) -> None:
-        torch.autograd.backward(output, grad_output, inputs=[self.anchor, *self._params])
-        self.anchor.grad = None
-        self.store.close_backward(microbatch)
-        linear = len({id(p) for p in self.store.deferred_params(microbatch)})
-        self._last = SplitReport(
-            num_params=len(self._params),
-            by_linear=linear,
-            by_module_graph=0,
-            by_stage_graph=0,
-            linear_wgrad_flops=self.store.pending_flops(microbatch),
-            by_w_walk=len(self._params) - linear,
-        )
-        self.store.flush(microbatch)
 
     def report(self) -> SplitReport | None:
         """How the last backward computed this stage's gradients (None before the first)."""

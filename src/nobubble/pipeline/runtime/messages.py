@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from nobubble.pipeline.actions import Schedule
-from nobubble.pipeline.runtime.p2p import MessageKey, outgoing
+from nobubble.pipeline.runtime.p2p import MessageKey, outgoing, wait_for
 
 __all__ = ["MAX_DIMS", "ShapedChannel", "DTYPES"]
 
@@ -155,10 +155,4 @@ class ShapedChannel:
             raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages {left}")
 
     def _wait(self, work: dist.Work, what: str) -> None:
-        try:
-            work.wait(self.timeout)
-        except RuntimeError as err:
-            raise TimeoutError(
-                f"rank {self.rank}: no progress {what} within {self.timeout.total_seconds():.0f}s"
-                f" ({err})"
-            ) from err
+        wait_for(work, self.timeout, self.rank, what)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 
-__all__ = ["MessageKey", "P2PChannel", "incoming", "outgoing"]
+__all__ = ["MessageKey", "P2PChannel", "incoming", "outgoing", "wait_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +175,14 @@ class P2PChannel:
             raise RuntimeError(f"rank {self.rank}: step ended with unconsumed messages {left}")
 
     def _wait(self, work: dist.Work, what: str) -> None:
-        try:
-            work.wait(self.timeout)
-        except RuntimeError as err:
-            raise TimeoutError(
-                f"rank {self.rank}: no progress {what} within {self.timeout.total_seconds():.0f}s"
-                f" ({err})"
-            ) from err
+        wait_for(work, self.timeout, self.rank, what)
+
+
+def wait_for(work: dist.Work, timeout: timedelta, rank: int, what: str) -> None:
+    """Wait for ``work``; a timeout or a peer's failure raises TimeoutError naming ``what``."""
+    try:
+        work.wait(timeout)
+    except RuntimeError as err:
+        raise TimeoutError(
+            f"rank {rank}: no progress {what} within {timeout.total_seconds():.0f}s ({err})"
+        ) from err

@@ -1,0 +1,112 @@
+"""Data x expert parallelism: the process groups, which parameters are experts, gradient sync.
+
+Ranks form a ``dp x ep`` grid, ``rank = dp_index * ep + ep_index``: each row of ``ep``
+consecutive ranks is an expert-parallel group (its ranks split the experts and exchange
+tokens), and the ranks with the same ``ep_index`` form a data-parallel group (they hold the
+same experts). Every rank trains on its own batch; the loss is the mean over all ``W = dp *
+ep`` ranks' batch losses. Then, after ``backward``:
+
+- a non-expert parameter is replicated on every rank: its gradient is the sum over all
+  ranks, divided by ``W``;
+- an expert parameter already has the contributions of its whole EP group (dispatch and
+  combine carried them): its gradient is the sum over its DP group, divided by ``W``.
+
+:func:`sync_gradients` applies exactly that; the layer marks which parameters are experts
+(:meth:`~nobubble.moe.layer.MoELayer.expert_parameters`), no name matching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch import nn
+
+from nobubble.moe.layer import MoELayer
+
+__all__ = [
+    "DataExpertGroups",
+    "dp_ep_groups",
+    "expert_parameters",
+    "non_expert_parameters",
+    "sync_gradients",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class DataExpertGroups:
+    """This rank's place in a ``dp x ep`` grid and its two groups (``None``: size 1)."""
+
+    dp: int
+    ep: int
+    dp_rank: int
+    ep_rank: int
+    dp_group: dist.ProcessGroup | None
+    ep_group: dist.ProcessGroup | None
+
+
+def dp_ep_groups(dp: int, ep: int, *, timeout_s: float = 120.0) -> DataExpertGroups:
+    """Build the grid's groups on every rank (a collective: all ranks call it alike)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if dp < 1 or ep < 1 or dp * ep != world:
+        raise ValueError(
+            f"dp_ep_groups: dp={dp} x ep={ep} must equal the world size {world}; "
+            f"pick dp * ep == {world}"
+        )
+    timeout = timedelta(seconds=timeout_s)
+    ep_groups = [dist.new_group([d * ep + i for i in range(ep)], timeout=timeout)
+                 for d in range(dp)]  # fmt: skip
+    dp_groups = [dist.new_group([d * ep + i for d in range(dp)], timeout=timeout)
+                 for i in range(ep)]  # fmt: skip
+    d, i = divmod(rank, ep)
+    return DataExpertGroups(
+        dp=dp, ep=ep, dp_rank=d, ep_rank=i,
+        dp_group=dp_groups[i] if dp > 1 else None, ep_group=ep_groups[d],
+    )  # fmt: skip
+
+
+def _moe_layers(model: nn.Module) -> Iterator[MoELayer]:
+    return (m for m in model.modules() if isinstance(m, MoELayer))
+
+
+def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The routed experts' parameters of every MoE layer in ``model``."""
+    return [p for layer in _moe_layers(model) for p in layer.expert_parameters()]
+
+
+def non_expert_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Every other parameter of ``model`` (routers, shared experts, the dense layers)."""
+    experts = {id(p) for p in expert_parameters(model)}
+    return [p for p in model.parameters() if id(p) not in experts]
+
+
+def sync_gradients(
+    model: nn.Module,
+    dp_group: dist.ProcessGroup | None = None,
+    ep_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Turn each rank's ``.grad`` into the gradient of the mean loss over all ranks.
+
+    ``dp_group``: the ranks holding the same experts (None: no data parallelism);
+    ``ep_group``: this rank's expert-parallel group (None: the default group). The world
+    (every rank of both) is the default group.
+    """
+    world = dist.get_world_size()
+    dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+    ep = dist.get_world_size(ep_group)
+    if dp * ep != world:
+        raise ValueError(
+            f"sync_gradients: dp group of {dp} x ep group of {ep} ranks is not the world of "
+            f"{world}; pass the groups dp_ep_groups built"
+        )
+    for p in non_expert_parameters(model):
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+    for p in expert_parameters(model):
+        if p.grad is not None:
+            if dp_group is not None:
+                dist.all_reduce(p.grad, group=dp_group)
+            p.grad.div_(world)
