@@ -40,6 +40,7 @@ test: lint
 demo: $(STAMP)
 	$(BIN)/nobubble demo
 	$(BIN)/python examples/train_gpt.py --ranks 2 --schedule zb-2p --steps 20
+	$(BIN)/python examples/train_moe.py --ranks 2 --steps 20
 
 bench: $(STAMP)
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
