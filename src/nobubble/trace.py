@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.algorithms.merge import kmerge
+from nobubble.files import write_text
 
 __all__ = [
     "Event",
@@ -134,8 +135,7 @@ def write_chrome_trace(
 ) -> Path:
     """Write ``events`` as a Chrome trace JSON file; returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_chrome_trace(events, rank_names=rank_names)))
+    write_text(path, json.dumps(to_chrome_trace(events, rank_names=rank_names)))
     return path
 
 

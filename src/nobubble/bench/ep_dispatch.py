@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import spawn
+from nobubble.files import save_figure
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.shm_buffer import make_buffer
 from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS
@@ -315,7 +316,6 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
         fontsize=10,
     )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

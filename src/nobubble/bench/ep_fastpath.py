@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import spawn
+from nobubble.files import save_figure
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
 from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
@@ -379,8 +380,7 @@ def draw_overlap(timeline: dict, path: Path) -> Path:
         ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
     axes[-1].set_xlabel("ms from the start of the MoE layer step")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from nobubble.cli import ep_balance
@@ -11,6 +10,7 @@ from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
     nonneg_int,
+    output_file,
     positive_float,
     positive_int,
     print_json,
@@ -55,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
     )
-    bench.add_argument("--plot", type=Path, help="also draw times and bytes (PNG or SVG)")
+    bench.add_argument("--plot", type=output_file, help="also draw times and bytes (PNG or SVG)")
     add_json_flag(bench)
     bench.set_defaults(func=_bench)
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from nobubble.cli.util import (
     add_json_flag,
     nonneg_int,
+    output_file,
     positive_int,
     print_json,
     print_table,
 )
+from nobubble.files import save_figure
 
 __all__ = ["register", "synthetic_loads", "parse_skew"]
 
@@ -55,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, default=1, help="synthetic layers (default 1)")
     p.add_argument("--tokens", type=positive_int, default=100_000, help="synthetic tokens/layer")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed for synthetic loads")
-    p.add_argument("--plot", type=Path, help="draw per-GPU loads before / after (PNG or SVG)")
+    p.add_argument(
+        "--plot", type=output_file, help="draw per-GPU loads before / after (PNG or SVG)"
+    )
     add_json_flag(p)
     p.set_defaults(func=_balance)
 
@@ -253,5 +257,5 @@ def _plot(path: Path, before, after, placement, imbalance: float) -> None:
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -25,10 +25,12 @@ from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     console,
+    output_file,
     positive_float,
     print_json,
     print_table,
 )
+from nobubble.files import write_text
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +82,8 @@ def _register_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one schedule: bubble, spans, peak memory")
     add_shape(p)
     add_costs(p)
-    p.add_argument("--plot", type=Path, help="write a Gantt chart (.png or .svg)")
-    p.add_argument("--trace", type=Path, help="write a Chrome trace (.json) for Perfetto")
+    p.add_argument("--plot", type=output_file, help="write a Gantt chart (.png or .svg)")
+    p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
     add_json_flag(p)
     p.set_defaults(func=_simulate)
 
@@ -130,7 +132,9 @@ def _register_export(sub) -> None:
     p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
     add_shape(p)
     add_costs(p)
-    p.add_argument("-o", "--output", type=Path, default=None, help="CSV file (default: stdout)")
+    p.add_argument(
+        "-o", "--output", type=output_file, default=None, help="CSV file (default: stdout)"
+    )
     add_json_flag(p)
     p.set_defaults(func=_export)
 
@@ -144,7 +148,7 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+        write_text(args.output, text)
     info = {"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
             "microbatches": sched.num_microbatches, "actions": sched.num_actions,
             "output": str(args.output) if args.output else None}  # fmt: skip
@@ -210,7 +214,9 @@ def _register_compare(sub) -> None:
         metavar="SECONDS",
         help="add the exact ILP row (time limit, default 30 s)",
     )
-    p.add_argument("--plot", type=Path, help="write every schedule's Gantt chart in one image")
+    p.add_argument(
+        "--plot", type=output_file, help="write every schedule's Gantt chart in one image"
+    )
     add_json_flag(p)
     p.set_defaults(func=_compare)
 

@@ -27,11 +27,13 @@ from nobubble.cli.util import (
     add_json_flag,
     console,
     nonneg_int,
+    output_file,
     positive_float,
     positive_int,
     print_json,
     print_table,
 )
+from nobubble.files import write_text
 
 if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
@@ -56,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     prof.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per op")
     prof.add_argument("--no-comm", action="store_true", help="skip the 2-process T_comm probe")
-    prof.add_argument("-o", "--output", type=Path, default=None, help="write the profile JSON")
+    prof.add_argument(
+        "-o", "--output", type=output_file, default=None, help="write the profile JSON"
+    )
     _add_model(prof)
     _add_launch(prof)
     add_json_flag(prof)
@@ -67,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_size(plan, ranks=2)
     plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
                       help="also run the exact solver for this long")  # fmt: skip
-    plan.add_argument("-o", "--output", type=Path, default=Path("plan.csv"),
+    plan.add_argument("-o", "--output", type=output_file, default=Path("plan.csv"),
                       help="the best schedule as torch CSV")  # fmt: skip
     _add_model(plan)
     _add_launch(plan)
@@ -83,9 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     run.add_argument("--lr", type=positive_float, default=0.01)
     run.add_argument("--no-predict", action="store_true", help="skip profiling + simulation")
-    run.add_argument("--trace", type=Path, default=Path("nobubble-out/pp_run_trace.json"),
+    run.add_argument("--trace", type=output_file, default=Path("nobubble-out/pp_run_trace.json"),
                      help="merged Chrome trace to write")  # fmt: skip
-    run.add_argument("--plot", type=Path, default=None,
+    run.add_argument("--plot", type=output_file, default=None,
                      help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
     _add_model(run)
     _add_launch(run)
@@ -173,7 +177,7 @@ def _profile(args: argparse.Namespace) -> int:
     prof = measure_profile(model, args.num_stages, args, comm=not args.no_comm)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(prof.to_dict(), indent=2))
+        write_text(args.output, json.dumps(prof.to_dict(), indent=2))
     if args.json:
         print_json(prof.to_dict())
         return 0
@@ -229,7 +233,7 @@ def _plan(args: argparse.Namespace) -> int:
     rows.sort(key=lambda row: row[1].makespan)
     best = rows[0][0]
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(best.to_csv())
+    write_text(args.output, best.to_csv())
     out = [
         {"schedule": s.name, "makespan_ms": sim.makespan, "bubble_rate": sim.bubble_rate,
          "peak_activation_mib": max(sim.peak_memory) / MiB}

@@ -13,16 +13,17 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from pathlib import Path
 
 from nobubble.cli.pp_options import add_costs, add_size, costs_from_args
 from nobubble.cli.util import (
     add_json_flag,
+    output_file,
     positive_float,
     positive_int,
     print_json,
     print_table,
 )
+from nobubble.files import write_text
 from nobubble.pipeline.costs import CostModel
 
 __all__ = ["register", "costs_and_limit"]
@@ -58,8 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     solve.add_argument(
         "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
     )
-    solve.add_argument("--plot", type=Path, default=None, help="Gantt chart file (.png/.svg)")
-    solve.add_argument("--csv", type=Path, default=None, help="write the schedule (torch CSV)")
+    solve.add_argument(
+        "--plot", type=output_file, default=None, help="Gantt chart file (.png/.svg)"
+    )
+    solve.add_argument(
+        "--csv", type=output_file, default=None, help="write the schedule (torch CSV)"
+    )
     add_json_flag(solve)
     solve.set_defaults(func=_solve)
 
@@ -108,7 +113,7 @@ def _solve(args: argparse.Namespace) -> int:
             gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
         if args.csv is not None:
             args.csv.parent.mkdir(parents=True, exist_ok=True)
-            args.csv.write_text(result.schedule.to_csv())
+            write_text(args.csv, result.schedule.to_csv())
     if args.json:
         data = result.summary()
         data.update(stages=args.ranks, microbatches=args.microbatches, mem_limit=mem_limit)

@@ -18,6 +18,7 @@ from nobubble.cli.util import (
     add_json_flag,
     nonneg_float,
     nonneg_int,
+    output_dir,
     positive_float,
     positive_int,
     print_json,
@@ -90,7 +91,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="extra seconds per trainer step (a slow trainer)",
     )
-    p.add_argument("--out", type=Path, default=Path("nobubble-out/rl"), help="artifact folder")
+    p.add_argument(
+        "--out", type=output_dir, default=Path("nobubble-out/rl"), help="artifact folder"
+    )
     add_json_flag(p)
 
 

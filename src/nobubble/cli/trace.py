@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nobubble.cli.util import ArgumentParser, add_json_flag, print_json, print_table
+from nobubble.cli.util import ArgumentParser, add_json_flag, output_file, print_json, print_table
 from nobubble.trace import merge_trace_files, summarize, write_chrome_trace
 
 
@@ -17,7 +17,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     merge = sub.add_parser("merge", help="merge per-rank Chrome trace files into one")
     merge.add_argument("files", nargs="+", type=Path, help="Chrome trace JSON files (one per rank)")
-    merge.add_argument("-o", "--output", type=Path, required=True, help="merged trace to write")
+    merge.add_argument(
+        "-o", "--output", type=output_file, required=True, help="merged trace to write"
+    )
     add_json_flag(merge)
     merge.set_defaults(func=_merge)
 

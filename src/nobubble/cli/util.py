@@ -13,10 +13,13 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
+
+from nobubble.files import check_output_dir, check_output_file
 
 __all__ = [
     "UsageError",
@@ -56,6 +59,22 @@ def _number(kind: type, text: str, *, minimum: float, strict: bool) -> Any:
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise argparse.ArgumentTypeError(f"{text} must be {bound}")
     return value
+
+
+def output_file(text: str) -> Path:
+    """argparse type: a file that can be written (checked before any work starts)."""
+    try:
+        return check_output_file(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def output_dir(text: str) -> Path:
+    """argparse type: a folder that exists or can be created, and is writable."""
+    try:
+        return check_output_dir(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def positive_int(text: str) -> int:

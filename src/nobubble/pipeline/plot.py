@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from nobubble.files import save_figure
 from nobubble.pipeline.actions import Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.simulate import SimResult, simulate
@@ -96,8 +97,7 @@ def gantt(
     ax.set_title(f"{head}   bubble {result.bubble_rate:.1%}, peak memory "
                  f"{result.max_peak_memory_vs_1f1b:.2f}x 1F1B", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    save_figure(fig, path, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -157,7 +157,6 @@ def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "
     handles = [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in Op if op in used]
     fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nobubble.cli.util import ArgumentParser, console, nonneg_int, print_table
+from nobubble.cli.util import ArgumentParser, console, nonneg_int, output_dir, print_table
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
-        type=Path,
+        type=output_dir,
         default=Path("nobubble-out"),
         help="artifact folder (default ./nobubble-out)",
     )

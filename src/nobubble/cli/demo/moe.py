@@ -17,6 +17,7 @@ import torch
 
 from nobubble.cli.util import console, print_table
 from nobubble.distributed import spawn
+from nobubble.files import save_figure, write_text
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, init_moe_weights
 from nobubble.moe.reference import pair_dispatch
@@ -134,7 +135,7 @@ def _plot(loads: list[list[int]], path: Path) -> Path:
     ax2.set_title("per-expert load")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -175,7 +176,8 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     )
     png = _plot(loads, out_dir / "moe" / "load_balance.png")
     summary = out_dir / "moe" / "ep_demo.json"
-    summary.write_text(
+    write_text(
+        summary,
         json.dumps(
             {
                 "ranks": ranks,
@@ -187,7 +189,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     if out_err > 1e-5 or grad_err > 1e-5:
         raise RuntimeError(f"MoE layer disagrees with the dense reference ({out_err}, {grad_err})")

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from nobubble.cli.util import console
+from nobubble.files import write_text
 
 __all__ = ["run"]
 
@@ -70,7 +71,8 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
         float(placement.imbalance(weight)[0]),
     )
     summary = folder / "eplb_demo.json"
-    summary.write_text(
+    write_text(
+        summary,
         json.dumps(
             {
                 "eplb_example_identical": same,
@@ -82,6 +84,6 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     return [png, summary]

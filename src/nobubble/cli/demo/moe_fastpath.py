@@ -29,6 +29,7 @@ from nobubble.cli.ep_tables import (
     print_transports,
 )
 from nobubble.cli.util import console
+from nobubble.files import write_text
 from nobubble.moe.layer import MoEConfig
 
 __all__ = ["run"]
@@ -76,7 +77,8 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     )
     summary = out_dir / "moe" / "fastpaths.json"
     summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(
+    write_text(
+        summary,
         json.dumps(
             {
                 "transports": transports,
@@ -86,7 +88,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     problems = [
         what

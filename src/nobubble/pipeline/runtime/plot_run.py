@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nobubble.files import save_figure
 from nobubble.pipeline.plot import OP_COLORS
 from nobubble.pipeline.runtime.executor import WAIT, RankResult
 from nobubble.pipeline.simulate import SimResult
@@ -75,8 +76,7 @@ def plot_measured_vs_simulated(
                       ncol=len(handles), fontsize=7, frameon=False)  # fmt: skip
     axes[-1, 0].set_xlabel("time (ms)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    save_figure(fig, path, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nobubble.files import save_figure
 from nobubble.rl.system.orchestrator import RunResult
 from nobubble.trace import Event, write_chrome_trace
 
@@ -136,6 +137,6 @@ def plot_runs(results: Mapping[str, RunResult], path: str | Path, *, title: str 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
