@@ -5,8 +5,10 @@ ranks. For each schedule, torch's ``_PipelineScheduleRuntime`` (loaded through
 :func:`nobubble.pipeline.to_torch`) and :class:`nobubble.pipeline.PipelineRunner` run
 alternately on the same batch, one step each, ``--steps`` times after a warm-up; the report
 gives each path's median step time, the ratio ``runner / torch`` (below 1: nobubble is
-faster) and each path's speed-up of the zero-bubble schedules over 1F1B. CPU measurements on
-a shared machine: read the ratios, not the milliseconds.
+faster) and each path's speed-up of the zero-bubble schedules over 1F1B, next to the speed-up the
+simulator predicts from a profile of the same stages (:func:`nobubble.pipeline.runtime.
+profile_modules.profile_modules`, thread CPU time, one microbatch). CPU measurements on a
+shared machine: read the ratios, not the milliseconds.
 
     .venv/bin/python benchmarks/pp_runner_vs_torch.py [--steps 12] [--quick]
 """
@@ -27,7 +29,14 @@ from train_gpt import SEQ, corpus, gpt, loss_fn  # noqa: E402
 
 from nobubble.cli.util import print_table  # noqa: E402
 from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline import PipelineRunner, get_schedule, split_model, to_torch  # noqa: E402
+from nobubble.pipeline import (  # noqa: E402
+    PipelineRunner,
+    get_schedule,
+    simulate,
+    split_model,
+    to_torch,
+)
+from nobubble.pipeline.runtime.profile_modules import profile_modules  # noqa: E402
 
 SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 
@@ -37,7 +46,7 @@ def _torch_step(runtime, own, num_stages, x, y) -> None:
     runtime.step(*((x,) if 0 in own else ()), **kwargs)
 
 
-def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
+def _batch(batch: int):
     import torch
 
     text = corpus()
@@ -46,14 +55,38 @@ def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
     g = torch.Generator().manual_seed(0)
     start = torch.randint(0, len(data) - SEQ - 1, (batch,), generator=g)
     window = torch.stack([data[s : s + SEQ + 1] for s in start.tolist()])
-    x, y = window[:, :-1], window[:, 1:]
+    return len(chars), window[:, :-1], window[:, 1:]
+
+
+def predicted(batch: int, microbatches: int) -> dict[str, float]:
+    """Simulated makespan (ms) of each schedule from a profile of the 2 stages."""
+    import torch
+
+    torch.set_num_threads(1)  # as each rank runs
+    vocab, x, y = _batch(batch)
+    rows = batch // microbatches
+    prof = profile_modules(split_model(gpt(vocab), 2), x[:rows], y[:rows], loss_fn,
+                           repeats=5, clock="cpu")  # fmt: skip
+    costs = prof.cost_model()
+    return {
+        name: simulate(
+            get_schedule(name, num_ranks=2, num_microbatches=microbatches, costs=costs), costs
+        ).makespan  # fmt: skip
+        for name in SCHEDULES
+    }
+
+
+def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
+    import torch
+
+    vocab, x, y = _batch(batch)
     out = {}
     for name in SCHEDULES:
         sched = get_schedule(name, num_ranks=ctx.world_size, num_microbatches=microbatches)
         own = sched.stages_of(ctx.rank)
-        torch_stages = split_model(gpt(len(chars)), sched.num_stages)
+        torch_stages = split_model(gpt(vocab), sched.num_stages)
         runtime = to_torch(torch_stages, sched, loss_fn)
-        runner = PipelineRunner(split_model(gpt(len(chars)), sched.num_stages), sched, loss_fn)
+        runner = PipelineRunner(split_model(gpt(vocab), sched.num_stages), sched, loss_fn)
         times: dict[str, list[float]] = {"torch": [], "nobubble": []}
         for i in range(steps + 2):
             for path in ("torch", "nobubble") if i % 2 == 0 else ("nobubble", "torch"):
@@ -82,16 +115,21 @@ def main() -> None:
     per_rank = spawn(rank_main, 2, args=(steps, args.batch, args.microbatches), timeout_s=1800)
     # a step ends at a barrier: every rank measured the same step; take rank 0's
     res = per_rank[0]
+    sim = predicted(args.batch, args.microbatches)
     rows = []
     for name in SCHEDULES:
         t, n = res[name]["torch"], res[name]["nobubble"]
+        measured, model = res["1f1b"]["nobubble"] / n, sim["1f1b"] / sim[name]
         rows.append({
             "schedule": name,
             "torch_step_s": t,
             "nobubble_step_s": n,
             "nobubble_over_torch": n / t,
             "torch_speedup_vs_1f1b": res["1f1b"]["torch"] / t,
-            "nobubble_speedup_vs_1f1b": res["1f1b"]["nobubble"] / n,
+            "nobubble_speedup_vs_1f1b": measured,
+            "predicted_makespan_ms": sim[name],
+            "predicted_speedup_vs_1f1b": model,
+            "speedup_error": measured / model - 1,
         })  # fmt: skip
     import torch
 
@@ -109,6 +147,8 @@ def main() -> None:
             "nobubble / torch",
             "torch vs 1f1b",
             "nobubble vs 1f1b",
+            "simulated vs 1f1b",
+            "error",
         ],  # fmt: skip
         [
             [
@@ -118,6 +158,8 @@ def main() -> None:
                 f"{r['nobubble_over_torch']:.3f}",
                 f"{r['torch_speedup_vs_1f1b']:.3f}x",
                 f"{r['nobubble_speedup_vs_1f1b']:.3f}x",
+                f"{r['predicted_speedup_vs_1f1b']:.3f}x",
+                f"{r['speedup_error']:+.1%}",
             ]
             for r in rows
         ],  # fmt: skip

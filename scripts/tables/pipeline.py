@@ -214,11 +214,12 @@ def runner_vs_torch() -> str:
     rows = [
         [r["schedule"], f(1e3 * r["torch_step_s"]), f(1e3 * r["nobubble_step_s"]),
          f(r["nobubble_over_torch"], 3), times(r["torch_speedup_vs_1f1b"], 3),
-         times(r["nobubble_speedup_vs_1f1b"], 3)]
+         times(r["nobubble_speedup_vs_1f1b"], 3), times(r["predicted_speedup_vs_1f1b"], 3),
+         f"{100 * r['speedup_error']:+.1f}%"]
         for r in data["rows"]
     ]  # fmt: skip
     headers = ["schedule", "torch ms", "nobubble ms", "nobubble / torch", "torch vs 1f1b",
-               "nobubble vs 1f1b"]  # fmt: skip
+               "nobubble vs 1f1b", "simulated vs 1f1b", "error"]  # fmt: skip
     return (
         f"{md_table(headers, rows)}\n\nMedians of {data['steps']} steps per path, the paths "
         f"alternating; batch {data['batch']} x {data['seq_len']} tokens in "

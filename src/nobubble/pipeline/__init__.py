@@ -14,7 +14,8 @@ Public API (see each module's docstring):
 - :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
 - :mod:`~nobubble.pipeline.runtime`: ``PipelineRunner`` and ``split_model`` (any schedule on
   your own modules, from your own loop), ``ModuleSplit`` / ``SplitReport`` (the B/W split of
-  any module), ``to_torch`` (the schedule on torch's own pipeline runtime); ``run_local``,
+  any module), ``profile_modules`` (their costs for the simulator), ``to_torch`` (the
+  schedule on torch's own pipeline runtime); ``run_local``,
   ``TrainConfig``, ``LaunchOptions``, ``profile_stages`` (the built-in GPT / MLP runs behind
   ``nobubble pp run``)
 
@@ -43,6 +44,7 @@ _LAZY = {
     "ModuleSplit": "nobubble.pipeline.runtime.autosplit",
     "SplitReport": "nobubble.pipeline.runtime.autosplit",
     "to_torch": "nobubble.pipeline.runtime.torch_interop",
+    "profile_modules": "nobubble.pipeline.runtime.profile_modules",
 }
 
 

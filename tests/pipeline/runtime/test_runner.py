@@ -254,3 +254,40 @@ def test_recompute_gives_the_same_gradients_with_less_memory_and_one_more_forwar
             assert r[(name, False)][3] == 1.0 and r[(name, True)][3] == 2.0  # forwards per mb
         # rank 0 keeps microbatches in flight: recompute holds less for backward there
         assert results[0][(name, True)][2] < results[0][(name, False)][2], name
+
+
+def test_profile_modules_measures_what_the_simulator_needs() -> None:
+    from nobubble.pipeline import simulate
+    from nobubble.pipeline.runtime.profile_modules import profile_modules
+
+    x, y = batch(2, 6)
+    prof = profile_modules(stages(2), x, y, loss_fn, repeats=2, warmup=1)
+    assert len(prof.stages) == 2 and prof.model == "user" and prof.microbatch_size == 2
+    first, last = prof.stages
+    assert first.t_f > 0 and first.t_w > 0 and last.t_b > 0 and last.t_w > 0
+    assert first.mem_f > 0 and last.mem_f > 0 and prof.activation_bytes == 2 * 6 * 16 * 4
+    sched = _schedule("zb-h1", 2)
+    assert simulate(sched, prof.cost_model(sched)).makespan > 0
+
+
+def _dropout_rank(ctx) -> list[dict[str, torch.Tensor]]:
+    sched = _schedule("zb-h1", ctx.world_size)
+    x, y = batch(8, 6)
+    out = []
+    for recompute in (False, True):
+        mods = stages(2)
+        mods[0] = nn.Sequential(mods[0], nn.Dropout(0.5))  # random masks in F
+        torch.manual_seed(ctx.rank)
+        runner = PipelineRunner(mods, sched, loss_fn, recompute=recompute)
+        for _ in range(2):  # the second step draws after the first step's recomputes
+            runner.step(x, y)
+        out.append({n: p.grad.clone() for m in runner.stage_modules.values()
+                    for n, p in m.named_parameters()})  # fmt: skip
+        runner.close()
+    return out
+
+
+def test_recompute_draws_the_same_dropout_masks_as_the_first_forward() -> None:
+    for plain, recomputed in spawn(_dropout_rank, 2, timeout_s=240):
+        for name, grad in plain.items():
+            torch.testing.assert_close(recomputed[name], grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -2,7 +2,9 @@
 
 - :mod:`.runner`: :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`, any schedule on
   the user's own ``nn.Module`` stages from the user's own loop; :mod:`.autosplit`: the B/W
-  split of any module; :mod:`.messages`: transfers that carry their shape.
+  split of any module; :mod:`.messages`: transfers that carry their shape;
+  :mod:`.profile_modules`: the user's stages profiled for the simulator; :mod:`.torch_interop`:
+  the schedule on ``torch.distributed.pipelining``'s runtime.
 
 - :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
 - :mod:`.bw_split`: the backward split into B (input gradient) and W (weight gradient).

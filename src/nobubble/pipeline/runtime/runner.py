@@ -170,10 +170,12 @@ class PipelineRunner:
             split.backward_weight(mb)
             state.release((s, mb))
             return None
-        if self.recompute:
+        if self.recompute:  # F's forward again, with the random numbers F drew
             args, rng = state.saved.pop((s, mb))
+            now = _RngState.capture(self.device)
             rng.restore()
             self._compute(s, mb, args, state, record=True)
+            now.restore()  # the stream goes on where it was, not from F's point again
         out, x = state.outputs.pop((s, mb)), state.inputs.pop((s, mb))
         if action.op is Op.BW:
             grad = split.backward_full(mb, out, received, x)
