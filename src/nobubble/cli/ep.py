@@ -8,7 +8,9 @@ from typing import Any
 from nobubble.cli import ep_balance
 from nobubble.cli.util import (
     ArgumentParser,
+    UsageError,
     add_json_flag,
+    check_budget,
     nonneg_int,
     output_file,
     positive_float,
@@ -54,6 +56,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     bench.add_argument(
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
+    )
+    bench.add_argument(
+        "--force", action="store_true", help="run sizes past the machine's process/memory budget"
     )
     bench.add_argument("--plot", type=output_file, help="also draw times and bytes (PNG or SVG)")
     add_json_flag(bench)
@@ -105,7 +110,21 @@ def run_with_progress(config: Any) -> Any:
     return box["report"]
 
 
+MAX_ITERS = 1000
+"""More timed iterations than this add nothing to a median and can run for hours."""
+
+
 def _bench(args: argparse.Namespace) -> int:
+    if args.iters > MAX_ITERS and not args.force:
+        raise UsageError(
+            f"--iters {args.iters} is past the budget of {MAX_ITERS} (a median needs far "
+            "fewer); lower it, or --force"
+        )
+    # per rank: its tokens, the rows it receives (up to one per token and rank it reaches),
+    # the combined output and the baselines' copies: about (topk + 4) token-sized buffers
+    elem = 2 if args.dtype == "bf16" else 4
+    data = args.ranks * args.tokens * args.hidden * elem * (args.topk + 4)
+    check_budget("ep bench", processes=args.ranks, data_bytes=data, force=args.force)
     from nobubble.bench.ep_dispatch import BenchConfig
 
     config = BenchConfig(

@@ -17,6 +17,7 @@ from nobubble.cli import pp_run, pp_solve
 from nobubble.cli.pp_options import (
     add_costs,
     add_shape,
+    check_size,
     costs_from_args,
     schedule_from_args,
 )
@@ -226,6 +227,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     from nobubble.pipeline.compare import compare_schedules
 
+    check_size(args, "compare")
     costs = costs_from_args(args)
     limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
     with Progress(console=console(stderr=True), transient=True) as bar:

@@ -13,9 +13,11 @@ from nobubble.cli.util import UsageError, nonneg_float, positive_float, positive
 
 __all__ = [
     "PAPER_TIMES",
+    "OPS_BUDGET",
     "add_size",
     "add_shape",
     "add_costs",
+    "check_size",
     "costs_from_args",
     "schedule_from_args",
 ]
@@ -29,12 +31,38 @@ PAPER_TIMES = {
 }
 
 
+# Work budgets in ops (one F, B or W of one stage on one microbatch), measured here: a
+# million ops generate and simulate in about 10 s and under 1 GB; `pp compare` builds every
+# schedule (torch's included) and is 50x heavier per op; the exact solver's model grows with
+# the ops and its search is bounded by --time-limit.
+OPS_BUDGET = {"default": 1_000_000, "compare": 20_000, "solve": 50_000}
+
+
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4) -> None:
-    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required) and
-    ``--microbatches/-m``."""
+    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required),
+    ``--microbatches/-m`` and ``--force`` (skip the work budget, see :func:`check_size`)."""
     p.add_argument("--ranks", "--stages", "-p", dest="ranks", type=positive_int, default=ranks,
                    required=ranks is None, help="pipeline ranks P")  # fmt: skip
     p.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+    p.add_argument("--force", action="store_true",
+                   help="run sizes past the work budget (they may take minutes or GBs)")  # fmt: skip
+
+
+def check_size(args: argparse.Namespace, budget: str = "default") -> None:
+    """Refuse, before any work, a pipeline whose op count passes the command's budget."""
+    if getattr(args, "force", False) or None in (
+        getattr(args, n, None) for n in ("ranks", "microbatches")
+    ):
+        return  # forced, or a command whose size comes from a file (pp validate)
+    chunks = getattr(args, "chunks", None) or 2  # at most 2 chunks per rank unless given
+    ops = 3 * args.ranks * chunks * args.microbatches
+    limit = OPS_BUDGET[budget]
+    if ops > limit:
+        raise UsageError(
+            f"--ranks {args.ranks} x --microbatches {args.microbatches} means about {ops:,} ops, "
+            f"past this command's budget of {limit:,} (seconds of work here); use smaller "
+            "sizes, or --force"
+        )
 
 
 def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
@@ -100,6 +128,7 @@ def costs_from_args(args: argparse.Namespace):
         h, a, _, s = PAPER_MODELS[args.model or "1.5B"]
         mem = transformer_memory(hidden=h, heads=a, seq=s)
         mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
+    check_size(args)
     return CostModel.from_rank_costs(
         args.ranks, t_f=times["tf"], t_b=times["tb"], t_w=times["tw"], t_comm=times["tcomm"],
         mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,
@@ -117,6 +146,7 @@ def _check_direct_memory(mem_f, mem_b, mem_w) -> None:
 def schedule_from_args(args: argparse.Namespace, costs, name: str | None = None):
     from nobubble.pipeline.schedules import get_schedule
 
+    check_size(args)
     name = name or args.schedule
     mem_limit = None
     if getattr(args, "mem_limit", None) is not None and args.mem_limit < 1:

@@ -25,6 +25,7 @@ from nobubble.cli.pp_options import add_size
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
+    check_budget,
     console,
     nonneg_int,
     output_file,
@@ -302,6 +303,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
 
 
 def _run(args: argparse.Namespace) -> int:
+    check_budget("pp run", processes=args.ranks, force=args.force)
     config = _train_config(args, _schedule_from_args(args))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _run_torchrun(config, args)

@@ -14,7 +14,7 @@ import argparse
 import threading
 import time
 
-from nobubble.cli.pp_options import add_costs, add_size, costs_from_args
+from nobubble.cli.pp_options import add_costs, add_size, check_size, costs_from_args
 from nobubble.cli.util import (
     add_json_flag,
     output_file,
@@ -104,6 +104,7 @@ def _solve_with_progress(costs, args, mem_limit):
 
 
 def _solve(args: argparse.Namespace) -> int:
+    check_size(args, "solve")
     costs, mem_limit = costs_and_limit(args)
     result = _solve_with_progress(costs, args, mem_limit)
     if result.schedule is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
+    check_budget,
     nonneg_float,
     nonneg_int,
     output_dir,
@@ -91,10 +92,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="extra seconds per trainer step (a slow trainer)",
     )
+    p.add_argument("--force", action="store_true", help="run sizes past the memory budget")
     p.add_argument(
         "--out", type=output_dir, default=Path("nobubble-out/rl"), help="artifact folder"
     )
     add_json_flag(p)
+
+
+# the built-in tasks' sequences (prompt + response) stay under this many tokens and symbols
+_SEQ_BOUND, _VOCAB_BOUND = 64, 32
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    """Refuse a batch whose logits alone (groups x group size x tokens x vocab, fp32, kept for
+    the backward with about 4 more tensors of their size) would not fit, before any work."""
+    groups = args.batch_groups or 8
+    size = args.group_size or 32
+    data = 5 * groups * size * _SEQ_BOUND * _VOCAB_BOUND * 4
+    check_budget("rl", processes=3, data_bytes=data, force=args.force)
 
 
 def _config(args: argparse.Namespace, **over: Any):
@@ -159,6 +174,7 @@ def _artifacts(results: dict, out: Path, stem: str, title: str) -> dict[str, str
 
 
 def _train(args: argparse.Namespace) -> int:
+    _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     cfg = _config(args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo)
@@ -183,6 +199,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     if args.ablation:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,10 @@ from nobubble.files import check_output_dir, check_output_file
 __all__ = [
     "UsageError",
     "ArgumentParser",
+    "check_budget",
+    "memory_bytes",
+    "output_file",
+    "output_dir",
     "positive_int",
     "nonneg_int",
     "positive_float",
@@ -59,6 +64,35 @@ def _number(kind: type, text: str, *, minimum: float, strict: bool) -> Any:
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise argparse.ArgumentTypeError(f"{text} must be {bound}")
     return value
+
+
+PROCESS_BYTES = 400 << 20
+"""What one spawned rank costs before its own data (torch, the interpreter), measured ~350 MB."""
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_budget(what: str, *, processes: int = 1, data_bytes: float = 0.0,
+                 force: bool = False) -> None:  # fmt: skip
+    """Refuse, before any work, a run that would spawn far more processes than this machine
+    has cores, or need more than 80% of its memory (``processes`` ranks plus ``data_bytes``)."""
+    if force:
+        return
+    cores = os.cpu_count() or 1
+    if processes > max(8, 4 * cores):
+        raise UsageError(
+            f"{what}: {processes} processes on {cores} cores is past the budget of "
+            f"{max(8, 4 * cores)}; use fewer ranks, or --force"
+        )
+    need, have = processes * PROCESS_BYTES + data_bytes, 0.8 * memory_bytes()
+    if need > have:
+        raise UsageError(
+            f"{what}: needs about {need / 2**30:.1f} GiB, past 80% of this machine's "
+            f"{memory_bytes() / 2**30:.1f} GiB; use smaller sizes, or --force"
+        )
 
 
 def output_file(text: str) -> Path:
