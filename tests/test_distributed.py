@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +61,48 @@ def test_dead_rank_is_reported():
 def test_bad_world_size():
     with pytest.raises(ValueError, match="world_size=0"):
         spawn(_all_reduce, 0)
+
+
+_LAUNCHER = """
+import os, sys, time
+from pathlib import Path
+from nobubble.distributed import spawn
+
+def rank_main(ctx, folder):
+    Path(folder, f"rank{ctx.rank}.pid").write_text(str(os.getpid()))
+    time.sleep(120)  # "training" until the launcher is killed
+
+if __name__ == "__main__":
+    spawn(rank_main, 2, args=(sys.argv[1],), timeout_s=300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_ranks_die_with_a_killed_launcher(tmp_path) -> None:
+    script = tmp_path / "launcher.py"
+    script.write_text(_LAUNCHER)
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2:
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.2)
+        pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids):
+            assert time.monotonic() < deadline, f"ranks {pids} outlived their launcher"
+            time.sleep(0.1)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

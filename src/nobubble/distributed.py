@@ -15,11 +15,14 @@ device, group, timeout) instead of reading globals. Two ways to get one:
 
 from __future__ import annotations
 
+import ctypes
 import io
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -112,7 +115,19 @@ def context_from_env(
     return DistContext(rank, world, backend, dev, local_rank, local_world, timeout_s)
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this rank process die when the launcher does (Linux: the parent-death signal),
+    so a killed ``nobubble`` command leaves no rank training on behind it."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the launcher died before the signal was armed
+        os._exit(1)
+
+
 def _worker(
+    parent_pid: int,
     rank: int,
     world_size: int,
     port: int,
@@ -124,6 +139,7 @@ def _worker(
     args: tuple,
     results: Any,
 ) -> None:
+    _die_with_parent(parent_pid)
     torch.set_num_threads(threads)
     try:
         dev = torch.device(device)
@@ -188,6 +204,7 @@ def spawn(
         ctx.Process(
             target=_worker,
             args=(
+                os.getpid(),
                 r,
                 world_size,
                 port,
