@@ -35,6 +35,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -147,13 +148,10 @@ class ModuleSplit:
     ) -> torch.Tensor | None:
         """Gradient of the stage input (None when it needs none); no ``.grad`` changes."""
         self._take(microbatch, "B")
-        wants_input = stage_input is not None and stage_input.requires_grad
-        if not wants_input:  # nothing upstream waits: W does the one walk
+        if not _needs_grad(stage_input):  # nothing upstream waits: W does the one walk
             self._pending[microbatch] = _Pending(whole=(output, grad_output))
             return None
-        inputs = [self.anchor]
-        if stage_input is not None and wants_input:
-            inputs.insert(0, stage_input)
+        inputs = [stage_input, self.anchor]
         pending = self._plan(output, grad_output, inputs)
         meets = {node for g in pending.groups for node in g.meets}
         hooks = [node.register_prehook(_keeper(pending.grads, node)) for node in meets]
@@ -168,7 +166,7 @@ class ModuleSplit:
             pending.keep = [output]
             self._pending[microbatch] = pending
         self.store.close_backward(microbatch)
-        return grads[0] if wants_input else None
+        return grads[0]
 
     def _plan(
         self, output: torch.Tensor, grad_output: torch.Tensor | None, inputs: list[torch.Tensor]
@@ -219,9 +217,8 @@ class ModuleSplit:
     ) -> torch.Tensor | None:
         """One walk of the whole backward: the input gradient (``stage_input.grad``) and the
         non-linear parameters' gradients at once, then the deferred linears' products."""
-        wants_input = stage_input is not None and stage_input.requires_grad
         inputs = [self.anchor, *self._params]
-        if stage_input is not None and wants_input:
+        if _needs_grad(stage_input):
             inputs.insert(0, stage_input)
         torch.autograd.backward(output, grad_output, inputs=inputs)
         self.anchor.grad = None
@@ -238,7 +235,7 @@ class ModuleSplit:
             by_w_walk=0 if fused else rest,
         )
         self.store.flush(microbatch)
-        return stage_input.grad if stage_input is not None and wants_input else None
+        return stage_input.grad if _needs_grad(stage_input) else None
 
     # -- W -----------------------------------------------------------------------------------
     def backward_weight(self, microbatch: int) -> None:
@@ -306,6 +303,11 @@ def _group_backward(group: _Group, kept: dict[Node, tuple[torch.Tensor | None, .
         for p, dw in zip(group.params, dws, strict=True):
             if dw is not None:
                 p.grad = dw if p.grad is None else p.grad.add_(dw)
+
+
+def _needs_grad(t: torch.Tensor | None) -> TypeGuard[torch.Tensor]:
+    """Whether ``t`` is a stage input autograd must give a gradient."""
+    return t is not None and t.requires_grad
 
 
 def _keeper(store: dict[Node, tuple[torch.Tensor | None, ...]], node: Node):

@@ -13,14 +13,13 @@ tag-matching gloo and order-matching NCCL; directions travel in two process grou
 
 from __future__ import annotations
 
-from collections import deque
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from nobubble.pipeline.actions import Schedule
-from nobubble.pipeline.runtime.p2p import MessageKey, outgoing, wait_for
+from nobubble.pipeline.runtime.p2p import MessageKey, expected_messages, wait_for
 
 __all__ = ["MAX_DIMS", "ShapedChannel", "DTYPES"]
 
@@ -61,14 +60,7 @@ class ShapedChannel:
         self.schedule, self.rank, self.device = schedule, rank, device
         self.timeout = timedelta(seconds=timeout_s)
         self.groups = groups or (None, None)
-        self._expected: dict[int, deque[MessageKey]] = {}
-        for src, acts in enumerate(schedule.rank_actions):
-            if src == rank:
-                continue
-            for a in acts:
-                out = outgoing(schedule, a)
-                if out is not None and out[1] == rank:
-                    self._expected.setdefault(src, deque()).append(out[0])
+        self._expected = expected_messages(schedule, rank)
         self._header: dict[int, tuple[MessageKey, torch.Tensor, dist.Work]] = {}
         self._arrived: dict[MessageKey, torch.Tensor] = {}
         self._local: dict[MessageKey, torch.Tensor] = {}

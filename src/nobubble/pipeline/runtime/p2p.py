@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 
-__all__ = ["MessageKey", "P2PChannel", "incoming", "outgoing", "wait_for"]
+__all__ = ["MessageKey", "P2PChannel", "expected_messages", "incoming", "outgoing", "wait_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,19 @@ def outgoing(schedule: Schedule, action: Action) -> tuple[MessageKey, int] | Non
     if action.op.is_backward and s > 0:
         return MessageKey("grad", s - 1, m), schedule.rank_of(s - 1)
     return None
+
+
+def expected_messages(schedule: Schedule, rank: int) -> dict[int, deque[MessageKey]]:
+    """Per source rank: the keys it sends to ``rank``, in the order it sends them."""
+    out: dict[int, deque[MessageKey]] = {}
+    for src, acts in enumerate(schedule.rank_actions):
+        if src == rank:
+            continue
+        for a in acts:
+            msg = outgoing(schedule, a)
+            if msg is not None and msg[1] == rank:
+                out.setdefault(src, deque()).append(msg[0])
+    return out
 
 
 def incoming(schedule: Schedule, action: Action) -> tuple[MessageKey, int] | None:
@@ -101,15 +114,7 @@ class P2PChannel:
         self.lookahead = lookahead
         self.groups = groups or (None, None)
         self._actions = schedule.rank_actions[rank]
-        # per source rank: the keys it sends to us, in its send order
-        self._expected: dict[int, deque[MessageKey]] = {}
-        for src, acts in enumerate(schedule.rank_actions):
-            if src == rank:
-                continue
-            for a in acts:
-                out = outgoing(schedule, a)
-                if out is not None and out[1] == rank:
-                    self._expected.setdefault(src, deque()).append(out[0])
+        self._expected = expected_messages(schedule, rank)
         self._posted: dict[MessageKey, tuple[torch.Tensor, dist.Work]] = {}
         self._local: dict[MessageKey, torch.Tensor] = {}
         self._sends: list[tuple[MessageKey, torch.Tensor, dist.Work]] = []

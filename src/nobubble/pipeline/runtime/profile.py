@@ -36,7 +36,7 @@ from nobubble.pipeline.runtime.memory import ActivationMeter
 from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
 from nobubble.pipeline.runtime.stage import PipelineStage
 
-__all__ = ["StageProfile", "Profile", "profile_stages", "measure_comm", "comm_probe"]
+__all__ = ["StageProfile", "Profile", "profile_stages", "measure_comm", "comm_probe", "op_clock"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def profile_stage(
     input of stage 0 / the loss of the last stage).
     """
     device = torch.device(device)
-    now = _clock(clock, device)
+    now = op_clock(clock, device)
     blocks = build_blocks(model, blocks_range, device)
     batch = model.make_batch(microbatch_size, seed=1, device=device)
     gen = torch.Generator().manual_seed(2)
@@ -193,7 +193,7 @@ def profile_stage(
 CLOCKS = ("wall", "cpu")
 
 
-def _clock(name: str, device: torch.device) -> Callable[[], float]:
+def op_clock(name: str, device: torch.device) -> Callable[[], float]:
     """``wall``: time.perf_counter; ``cpu``: this thread's CPU time (CPU device only), which
     a busy shared machine does not inflate by descheduling the process."""
     if name not in CLOCKS:

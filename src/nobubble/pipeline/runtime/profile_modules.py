@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from nobubble.pipeline.runtime.autosplit import ModuleSplit
-from nobubble.pipeline.runtime.profile import Profile, StageProfile, _clock
+from nobubble.pipeline.runtime.profile import Profile, StageProfile, op_clock
 
 __all__ = ["profile_modules"]
 
@@ -45,7 +45,7 @@ def profile_modules(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"profile_modules: repeats={repeats} must be >= 1, warmup={warmup} >= 0")
     device = next((p.device for m in stages for p in m.parameters()), torch.device("cpu"))
-    now = _clock(clock, device)
+    now = op_clock(clock, device)
     gen = torch.Generator().manual_seed(2)
     x: Any = inputs
     profiles, act_bytes = [], 0
