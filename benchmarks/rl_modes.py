@@ -62,7 +62,7 @@ def throughput(rounds: int, steps: int) -> list[dict]:
                 steps=steps,
                 seed=rnd,
                 eval_every=steps,
-                policy={"hidden": 128, "num_layers": 2, "num_heads": 4},
+                policy_kwargs={"hidden": 128, "num_layers": 2, "num_heads": 4},
             )
             res = run(cfg)
             per_mode[mode].append(res)

@@ -13,7 +13,7 @@ TINY = dict(
     batch_groups=3,
     group_size=4,
     eval_every=2,
-    policy={"hidden": 32},
+    policy_kwargs={"hidden": 32},
     timeout_s=240,
     stall_timeout_s=90,
 )

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from nobubble.rl.system.orchestrator import RunConfig, WorkerError, run
-from nobubble.rl.system.reward import RewardConfig, score_group
+from nobubble.rl.system.reward import RewardConfig, Rewarder
+from nobubble.rl.system.task_spec import TaskSpec
 from nobubble.rl.system.tasks import DigitsTask
 from nobubble.rl.system.types import Sample, SampleGroup
 
-TINY = dict(batch_groups=4, group_size=4, eval_every=2, policy={"hidden": 32}, timeout_s=240)
+TINY = dict(batch_groups=4, group_size=4, eval_every=2, policy_kwargs={"hidden": 32}, timeout_s=240)
 
 
 def check_invariants(res, cfg: RunConfig) -> None:
@@ -95,6 +96,10 @@ def _group(responses: list[str]) -> SampleGroup:
         for i, r in enumerate(responses)
     )
     return SampleGroup(0, 0, samples)
+
+
+def score_group(task, group, cfg):
+    return Rewarder(TaskSpec(task), (), cfg).score_group(group)
 
 
 def test_reward_retries_then_records_failure_never_zero():

@@ -14,12 +14,13 @@ from nobubble.rl.system.types import GroupRequest
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "decoupled-ppo", "vtrace"])
 def test_step_raises_logprob_of_better_responses(algo):
-    cfg = RunConfig(algo=algo, group_size=16, policy={"hidden": 32}, trainer={"lr": 3e-3})
+    cfg = RunConfig(algo=algo, group_size=16, policy_kwargs={"hidden": 32}, trainer={"lr": 3e-3})
     task = cfg.make_task()
-    trainer = Trainer(task=task, policy=cfg.policy_config(), cfg=cfg.trainer_config(), seed=0)
-    gen = RolloutWorker(task=task, policy=cfg.policy_config(), cfg=cfg.rollout_config(), seed=0)
+    torch.manual_seed(0)
+    trainer = Trainer(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
     gen.set_weights(0, trainer.state_dict())
-    prompts = task.eval_prompts()[:4]
+    prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])
     # reward: 1 for responses that start with "0", else 0 (independent of the task's reward)
     scored = [

@@ -7,13 +7,15 @@ picklable: both engines build their stage workers from it alone.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from nobubble.rl.system.policy import PolicyConfig
-from nobubble.rl.system.reward import RewardConfig
+from torch import nn
+
+from nobubble.rl.system.policies import build_policy, check_policy_spec
+from nobubble.rl.system.reward import RewardConfig, RewardSource, parse_reward
 from nobubble.rl.system.rollout import RolloutConfig
-from nobubble.rl.system.tasks import make_task
+from nobubble.rl.system.task_spec import TaskSpec, resolve_task
 from nobubble.rl.system.trainer import ALGOS, TrainerConfig
 from nobubble.validation import check_fields
 
@@ -22,6 +24,7 @@ __all__ = ["MODES", "ENGINES", "DEFAULT_STALENESS", "RunConfig"]
 MODES = ("sync", "one-step-off", "fully-async")
 ENGINES = ("local", "ray")
 DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
+FAULTS = ("raise", "exit", "kill")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +32,16 @@ class RunConfig:
     """Everything one RL run needs.
 
     Attributes:
-        task: ``digits`` or ``sum``; ``task_kwargs`` are the task's settings.
+        task: ``digits`` or ``sum`` (built in), ``rg:<name>`` (reasoning-gym), an import
+            path ``module:attr`` / ``file.py:attr`` to a task object, class or factory, or
+            the object itself (see :mod:`~nobubble.rl.system.task_spec`); ``task_kwargs``
+            are the task's settings.
+        policy: ``char`` (built in), ``gpt2`` (Hugging Face, from a config), ``hf:DIR`` (a
+            local checkpoint), an import path to a factory, or the factory itself (see
+            :mod:`~nobubble.rl.system.policies`); ``policy_kwargs`` are its settings.
+        rewards: reward sources summed with weights: ``"task"``, ``"module:fn"``,
+            ``"module:fn=0.5"``, callables or :class:`RewardSource`; empty = the task's.
+        reward_url: a remote reward service (``http://host:port/score``) added to them.
         mode: ``sync``, ``one-step-off`` or ``fully-async``.
         max_staleness: versions a sample may lag the trainer; None = the mode's default (0, 1,
             4); :attr:`effective_max_staleness` is the bound in force.
@@ -47,10 +59,14 @@ class RunConfig:
         threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
         timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
-        fault: tests only - ``"<worker>:<call>:<raise|exit>"`` makes that worker fail.
+        checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps (and at
+            the end); ``resume=True`` continues from the newest one in it.
+        restart_workers: restart a rollout or reward worker that dies and requeue its
+            groups (the ledger records the requeue); False = the run stops with the error.
+        fault: tests only - ``"<worker>:<call>:<raise|exit|kill>"`` makes that worker fail.
     """
 
-    task: str = "digits"
+    task: Any = "digits"
     task_kwargs: dict = field(default_factory=dict)
     mode: str = "sync"
     max_staleness: int | None = None
@@ -67,13 +83,20 @@ class RunConfig:
     num_rollout_workers: int = 1
     num_reward_workers: int = 1
     threads: int | None = None
-    policy: dict = field(default_factory=dict)
+    policy: Any = "char"
+    policy_kwargs: dict = field(default_factory=dict)
+    rewards: tuple = ()
+    reward_url: str | None = None
     trainer: dict = field(default_factory=lambda: {"lr": 2e-3, "uniform_kl_coef": 0.05})
     rollout: dict = field(default_factory=dict)
     reward: dict = field(default_factory=dict)
     ray_address: str | None = None
     timeout_s: float = 900.0
     stall_timeout_s: float = 120.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    restart_workers: bool = False
     fault: str | None = None
 
     def __post_init__(self) -> None:
@@ -110,8 +133,26 @@ class RunConfig:
             raise ValueError(f"target_accuracy={self.target_accuracy} must be in (0, 1]")
         if self.fault is not None:
             parts = self.fault.split(":")
-            if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in ("raise", "exit"):
-                raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<raise|exit>'")
+            if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
+                raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<raise|exit|kill>'")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
+        rewards = tuple(
+            r
+            if isinstance(r, RewardSource)
+            else parse_reward(r)
+            if isinstance(r, str)
+            else RewardSource(*r)
+            if isinstance(r, tuple)
+            else RewardSource(r)
+            for r in self.rewards
+        )
+        object.__setattr__(self, "rewards", rewards)
+        if self.reward_url is not None:
+            self.remote_reward()  # validates the url
+        check_policy_spec(self.policy)
         # build every component config once so bad values fail here, not in a worker
         self.make_task()
         TrainerConfig(group_size=self.group_size, **{"algo": self.algo, **self.trainer})
@@ -135,16 +176,27 @@ class RunConfig:
         makes the 64-wide model's tiny ops slower, not faster, on a busy 2-core machine."""
         return 1 if self.threads is None else self.threads
 
-    def make_task(self):
-        return make_task(self.task, **self.task_kwargs)
+    def make_task(self) -> TaskSpec:
+        return resolve_task(self.task, self.task_kwargs)
 
-    def policy_config(self) -> PolicyConfig:
-        task = self.make_task()
-        return PolicyConfig(
+    def build_policy(self, task: TaskSpec | None = None) -> nn.Module:
+        """A fresh policy model for the run's task (its init follows torch's RNG)."""
+        task = self.make_task() if task is None else task
+        return build_policy(
+            self.policy,
             vocab_size=task.tokenizer.vocab_size,
-            max_seq_len=task.prompt_len + task.max_new_tokens,
-            **self.policy,
+            max_seq_len=task.max_seq_len,
+            kwargs=self.policy_kwargs,
         )
+
+    def remote_reward(self) -> Any:
+        """The remote reward client, or None without ``reward_url``."""
+        if self.reward_url is None:
+            return None
+        from nobubble.rl.system.remote_reward import RemoteReward
+
+        cfg = self.reward_config()
+        return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
 
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(group_size=self.group_size, **{"algo": self.algo, **self.trainer})
@@ -156,8 +208,22 @@ class RunConfig:
         return RewardConfig(**{"seed": self.seed, **self.reward})
 
     def to_dict(self) -> dict[str, Any]:
+        """The resolved config as JSON-ready values (objects by their import name)."""
+        out = {f.name: _describe(getattr(self, f.name)) for f in fields(self)}
+        out["rewards"] = [{"fn": _describe(r.fn), "weight": r.weight} for r in self.rewards]
         return {
-            **asdict(self),
+            **out,
             "max_staleness": self.effective_max_staleness,
             "groups_per_rollout": self.effective_groups_per_rollout,
         }
+
+
+def _describe(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_describe(v) for v in value]
+    target = value if hasattr(value, "__qualname__") else type(value)
+    return f"{target.__module__}:{target.__qualname__}"

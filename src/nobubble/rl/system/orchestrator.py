@@ -131,7 +131,6 @@ class Orchestrator:
             batch_groups=cfg.batch_groups, max_staleness=cfg.effective_max_staleness
         )
         self._rng = random.Random(cfg.seed)
-        self._prompt_ids = {p: i for i, p in enumerate(self.task.eval_prompts())}
         self._train_batch: list[SampleGroup] = []
         self._next_group = 0
         self._version = 0  # newest version the trainer has published
@@ -156,12 +155,12 @@ class Orchestrator:
     def _admit(self, n: int) -> list[GroupRequest]:
         reqs: list[GroupRequest] = []
         while len(reqs) < n and self.buffer.can_admit(self._version):
-            (prompt,) = self.task.sample_prompts(1, self._rng)
+            pid = self._rng.randrange(self.task.num_prompts)
             gid = self._next_group
             self._next_group += 1
             self.buffer.admit(gid, self._version)
             self._in_flight[gid] = "rollout"
-            reqs.append(GroupRequest(gid, self._prompt_ids[prompt], prompt, time.time()))
+            reqs.append(GroupRequest(gid, pid, self.task.prompts[pid], time.time()))
         return reqs
 
     def _dispatch(self) -> None:

@@ -1,9 +1,21 @@
-"""A small character-level causal transformer policy, built from scratch (no downloads).
+"""Policies: the built-in character transformer, any causal LM, and sampling from them.
 
-The model reads a prompt and writes a response one character at a time. It has two heads:
-the language-model head (next-token logits, the policy) and a scalar value head (a baseline
-for V-trace). Sampling returns the tokens with the behaviour log-probabilities of the
-sampled tokens, which every sample carries to the trainer for off-policy corrections.
+A *policy model* here is an ``nn.Module`` whose ``forward(input_ids, attention_mask=None,
+position_ids=None)`` returns ``(logits, values)``: next-token logits and a scalar value per
+position (a baseline for PPO and V-trace).
+
+- :class:`CharTransformer` is the built-in one: a small character-level causal transformer
+  with a policy head and a value head, built from scratch (no downloads).
+- :class:`CausalLMPolicy` turns any causal LM - a Hugging Face ``AutoModelForCausalLM``, or
+  a user module whose forward maps ``input_ids`` (and optionally an attention mask) to
+  logits - into a policy model: it adds a value head that reads the logits, and samples
+  with the LM's KV cache when its forward takes one.
+
+Prompts of different lengths are *left padded*: ``attention_mask`` is 0 on the padding and
+the positions count real tokens only (:func:`position_ids`), so a padded prompt gives the
+same logits as the prompt alone. Sampling returns the tokens with the behaviour
+log-probabilities of the sampled tokens, which every sample carries to the trainer for
+off-policy corrections.
 
 Legend for shapes: ``B`` sequences, ``P`` prompt length, ``N`` response length (max new
 tokens), ``T = P + N``, ``V`` vocabulary, ``D`` model width.
@@ -11,8 +23,10 @@ tokens), ``T = P + N``, ``V`` vocabulary, ``D`` model width.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +37,10 @@ from nobubble.validation import check_fields
 __all__ = [
     "PolicyConfig",
     "CharTransformer",
+    "CausalLMPolicy",
+    "as_policy",
+    "position_ids",
+    "prompt_attention_mask",
     "Generation",
     "sample",
     "response_logits",
@@ -72,14 +90,17 @@ class _Block(nn.Module):
             nn.Linear(4 * cfg.hidden, cfg.hidden),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         hs = d // self.num_heads
         q = q.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if attn_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
         x = x + self.proj(y)
         return x + self.mlp(self.ln2(x))
@@ -88,10 +109,15 @@ class _Block(nn.Module):
 class CharTransformer(nn.Module):
     """Causal transformer with a policy head and a value head.
 
-    ``forward(tokens)`` takes ``tokens`` (B, T) int64 and returns ``(logits, values)``:
-    ``logits`` (B, T, V) float32, where ``logits[:, t]`` scores token ``t + 1``, and
-    ``values`` (B, T) float32, the value estimate of the state after token ``t``.
+    ``forward(tokens, attention_mask=None, position_ids=None)`` takes ``tokens`` (B, T)
+    int64 and returns ``(logits, values)``: ``logits`` (B, T, V) float32, where
+    ``logits[:, t]`` scores token ``t + 1``, and ``values`` (B, T) float32, the value
+    estimate of the state after token ``t``. ``attention_mask`` (B, T), 0 on left padding,
+    hides the padding from every query; ``position_ids`` (B, T) default to
+    :func:`position_ids` of the mask.
     """
+
+    returns_values = True  # forward already gives (logits, values): no wrapper needed
 
     def __init__(self, cfg: PolicyConfig) -> None:
         super().__init__()
@@ -116,19 +142,162 @@ class CharTransformer(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         b, t = tokens.shape
         if t > self.cfg.max_seq_len:
             raise ValueError(
                 f"sequence length {t} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "raise PolicyConfig.max_seq_len"
             )
-        pos = torch.arange(t, device=tokens.device)
-        x = self.tok_emb(tokens) + self.pos_emb(pos)  # (B, T, D)
+        attn = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+            eye = torch.eye(t, dtype=torch.bool, device=tokens.device)
+            causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+            attn = causal & (keys | eye)  # (B, 1, T, T); a pad query sees itself only
+            if position_ids is None:
+                position_ids = _positions(attention_mask)
+        if position_ids is None:
+            position_ids = torch.arange(t, device=tokens.device)[None, :]
+        x = self.tok_emb(tokens) + self.pos_emb(position_ids)  # (B, T, D)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, attn)
         x = self.ln_f(x)
         return self.lm_head(x), self.value_head(x).squeeze(-1)
+
+
+def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) int64 positions that count real tokens only: left padding does not shift them."""
+    return _positions(attention_mask)
+
+
+def prompt_attention_mask(tokens: torch.Tensor, prompt_len: int, pad_id: int) -> torch.Tensor:
+    """(B, T) int64: 0 on the left padding of each prompt (the leading ``pad_id`` tokens of
+    ``tokens[:, :prompt_len]``), 1 elsewhere. Pads after a response stay 1: causal
+    attention never lets a response token see them."""
+    head = (tokens[:, :prompt_len] != pad_id).long().cumsum(1) > 0  # (B, P)
+    tail = torch.ones_like(tokens[:, prompt_len:], dtype=torch.bool)
+    return torch.cat([head, tail], dim=1).long()
+
+
+def _logits_of(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(
+        f"a causal LM's forward returned {type(out).__name__}; return logits (B, T, V), "
+        "a tuple whose first item is the logits, or an object with .logits"
+    )
+
+
+class CausalLMPolicy(nn.Module):
+    """A policy model around any causal LM.
+
+    Args:
+        lm: an ``nn.Module`` whose ``forward(input_ids, ...)`` returns logits (B, T, V), a
+            tuple starting with them, or an object with ``.logits`` (Hugging Face).
+            ``attention_mask`` and ``position_ids`` are passed when its forward names them;
+            a KV cache is used for sampling when it takes ``cache`` or ``past_key_values``
+            and ``use_cache`` (Hugging Face causal LMs do).
+        vocab_size: V, the task tokenizer's ids; an LM with more logits is cut to the
+            first V (fewer raise ValueError on the first forward).
+
+    The value head is a linear layer on the logits: it needs nothing from the LM but its
+    output, so any LM works with PPO and V-trace. With GRPO and decoupled PPO the values
+    go unused.
+    """
+
+    returns_values = True
+
+    def __init__(self, lm: nn.Module, vocab_size: int) -> None:
+        super().__init__()
+        self.lm = lm
+        self.vocab_size = vocab_size
+        self.value_head = nn.Linear(vocab_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        params = inspect.signature(lm.forward).parameters
+        self._names = {n for n in ("attention_mask", "position_ids") if n in params}
+        cache_arg = next((n for n in ("cache", "past_key_values") if n in params), None)
+        self._cache_arg = cache_arg if cache_arg and "use_cache" in params else None
+
+    @property
+    def supports_cache(self) -> bool:
+        return self._cache_arg is not None
+
+    def _call(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+    ) -> Any:
+        kw: dict[str, Any] = {}
+        if attention_mask is not None and "attention_mask" in self._names:
+            kw["attention_mask"] = attention_mask
+        if position_ids is not None and "position_ids" in self._names:
+            kw["position_ids"] = position_ids
+        if self._cache_arg is not None:
+            kw["use_cache"] = False  # a full forward (training, evaluation) keeps no cache
+        return self.lm(input_ids, **kw)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if attention_mask is not None and position_ids is None:
+            position_ids = _positions(attention_mask)
+        logits = self._vocab(_logits_of(self._call(input_ids, attention_mask, position_ids)))
+        return logits, self.value_head(logits.float()).squeeze(-1)
+
+    def _vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The first V logits: an LM with a larger vocabulary samples the tokenizer's ids."""
+        if logits.shape[-1] < self.vocab_size:
+            raise ValueError(
+                f"the LM's logits have {logits.shape[-1]} entries, the task's tokenizer "
+                f"{self.vocab_size}; build the LM with vocab_size={self.vocab_size}"
+            )
+        return logits[..., : self.vocab_size]
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        """Logits (B, V) of the last position and the LM's new KV cache. ``input_ids`` are
+        the tokens not yet in ``cache`` (all of them when ``cache`` is None)."""
+        kw: dict[str, Any] = {"attention_mask": attention_mask, "position_ids": position_ids}
+        assert self._cache_arg is not None  # callers check supports_cache
+        if cache is not None:
+            kw[self._cache_arg] = cache
+        out = self.lm(input_ids, use_cache=True, **kw)
+        new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if new_cache is None:
+            raise TypeError("the LM was asked for a KV cache (use_cache=True) and returned none")
+        return self._vocab(_logits_of(out)[:, -1]), new_cache
+
+
+def as_policy(model: nn.Module, vocab_size: int) -> nn.Module:
+    """``model`` if it already returns ``(logits, values)`` (``returns_values = True``),
+    else the model wrapped in :class:`CausalLMPolicy`."""
+    if getattr(model, "returns_values", False):
+        return model
+    return CausalLMPolicy(model, vocab_size)
 
 
 @dataclass(frozen=True)
@@ -149,7 +318,7 @@ class Generation:
 
 @torch.no_grad()
 def sample(
-    model: CharTransformer,
+    model: nn.Module,
     prompts: torch.Tensor,
     *,
     max_new_tokens: int,
@@ -159,13 +328,17 @@ def sample(
     generator: torch.Generator | None = None,
     greedy: bool = False,
     budgets: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> Generation:
     """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64.
 
-    A sequence stops at its first EOS or after ``budgets[i]`` tokens (``budgets``: (B,)
-    int64, default ``max_new_tokens``, like a request's ``max_tokens``); later positions hold
-    ``pad_id`` and are masked out. ``greedy=True`` takes the argmax (its log-probs are still
-    those of the tempered policy).
+    ``model`` is a policy model (``forward -> (logits, values)``); a
+    :class:`CausalLMPolicy` whose LM takes a KV cache samples incrementally, any other
+    model recomputes the whole prefix per token. ``attention_mask`` (B, P) is 0 on left
+    padding (None: no padding). A sequence stops at its first EOS or after ``budgets[i]``
+    tokens (``budgets``: (B,) int64, default ``max_new_tokens``, like a request's
+    ``max_tokens``); later positions hold ``pad_id`` and are masked out. ``greedy=True``
+    takes the argmax (its log-probs are still those of the tempered policy).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0; use greedy=True for argmax")
@@ -173,12 +346,26 @@ def sample(
     tokens = prompts
     if budgets is None:
         budgets = torch.full((b,), max_new_tokens, dtype=torch.long)
+    if attention_mask is None:
+        attention_mask = torch.ones(b, p, dtype=torch.long)
+    attention_mask = attention_mask.long()
+    padded = not bool(attention_mask.all())
+    use_cache = isinstance(model, CausalLMPolicy) and model.supports_cache
+    cache: Any = None
+    fresh = tokens  # the tokens the cache has not seen yet
     done = budgets <= 0
     mask = torch.zeros(b, max_new_tokens, dtype=torch.bool)
     logprobs = torch.zeros(b, max_new_tokens)
     for i in range(max_new_tokens):
-        logits, _ = model(tokens)
-        logp = torch.log_softmax(logits[:, -1].float() / temperature, dim=-1)  # (B, V)
+        positions = _positions(attention_mask)  # (B, P + i)
+        if use_cache:
+            assert isinstance(model, CausalLMPolicy)
+            n = fresh.shape[1]
+            last, cache = model.step(fresh, attention_mask, positions[:, -n:], cache)
+        else:
+            logits, _ = model(tokens, attention_mask if padded else None, positions)
+            last = logits[:, -1]
+        logp = torch.log_softmax(last.float() / temperature, dim=-1)  # (B, V)
         if greedy:
             nxt = logp.argmax(dim=-1)
         else:
@@ -188,6 +375,8 @@ def sample(
         logprobs[:, i] = torch.where(live, logp.gather(1, nxt[:, None]).squeeze(1), 0.0)
         nxt = torch.where(live, nxt, torch.full_like(nxt, pad_id))
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, P + i + 1)
+        fresh = nxt[:, None]
+        attention_mask = torch.cat([attention_mask, torch.ones(b, 1, dtype=torch.long)], dim=1)
         done = done | (nxt == eos_id) | (budgets <= i + 1)
         if bool(done.all()):
             pad = torch.full((b, max_new_tokens - i - 1), pad_id, dtype=tokens.dtype)
@@ -197,25 +386,37 @@ def sample(
 
 
 def response_logits(
-    model: CharTransformer, tokens: torch.Tensor, prompt_len: int
+    model: nn.Module,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and values at the positions that predict the response tokens.
 
     Args:
         tokens: (B, P + N) int64.
         prompt_len: P.
+        attention_mask: (B, P + N), 0 on left padding (None: no padding).
     Returns:
         logits (B, N, V) float32 scoring ``tokens[:, P:]``; values (B, N) float32, the value
         of the state before each response token.
     """
-    logits, values = model(tokens[:, :-1])  # position t predicts token t + 1
+    if attention_mask is None or bool(attention_mask.all()):
+        logits, values = model(tokens[:, :-1])  # position t predicts token t + 1
+    else:
+        m = attention_mask[:, :-1]
+        logits, values = model(tokens[:, :-1], m, _positions(m))
     return logits[:, prompt_len - 1 :], values[:, prompt_len - 1 :]
 
 
 def response_logprobs(
-    model: CharTransformer, tokens: torch.Tensor, prompt_len: int, temperature: float = 1.0
+    model: nn.Module,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-prob (B, N) float32 of each response token ``tokens[:, P:]`` under ``model``."""
-    logits, _ = response_logits(model, tokens, prompt_len)
+    logits, _ = response_logits(model, tokens, prompt_len, attention_mask)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, N, V)
     return logp.gather(2, tokens[:, prompt_len:, None]).squeeze(2)

@@ -1,9 +1,17 @@
 """The reward stage: verify responses, slowly or unreliably if the experiment says so.
 
-A reward function may be slow (a sandbox, a judge model) and may fail. :func:`score_group`
-calls it for every sample with up to ``max_retries`` retries; a sample whose reward still
-raises is recorded as *failed* with the error text - never scored 0 in silence - and the
-buffer drops its group with the stated reason ``reward_failed``.
+The reward of a sample is a weighted sum of *reward sources* (:class:`RewardSource`):
+
+- ``"task"`` - the task's own ``reward(prompt, response)`` (the default, weight 1);
+- ``"module:fn"`` / ``"file.py:fn"`` or a callable ``fn(prompt, response) -> float``;
+- a remote reward service (``RunConfig.reward_url``), asked once per group in one batch
+  (:class:`~nobubble.rl.system.remote_reward.RemoteReward`).
+
+Every value may be any finite real. :class:`Rewarder` calls the local sources for every
+sample with up to ``max_retries`` retries; a sample whose reward still raises (or is not a
+finite number) is recorded as *failed* with the error text - never scored 0 in silence -
+and the buffer drops its group with the stated reason ``reward_failed``. A remote service
+that fails after its retries fails the whole group the same way.
 
 For experiments, :class:`RewardConfig` adds a delay per call and a failure probability per
 attempt (decided by a seeded hash of sample id and attempt, so runs are reproducible).
@@ -11,21 +19,31 @@ attempt (decided by a seeded hash of sample id and attempt, so runs are reproduc
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from nobubble.rl.system.tasks import Task
+from nobubble.rl.system.imports import is_import_path, load_object
+from nobubble.rl.system.task_spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 
-__all__ = ["RewardConfig", "RewardError", "InjectedRewardFailure", "score_group"]
+__all__ = [
+    "RewardConfig",
+    "RewardError",
+    "InjectedRewardFailure",
+    "RewardSource",
+    "parse_reward",
+    "Rewarder",
+]
 
 RewardFn = Callable[[str, str], float]
 
 
 class RewardError(RuntimeError):
-    """A reward function returned something that is not a finite number in [0, 1]."""
+    """A reward function returned something that is not a finite number."""
 
 
 class InjectedRewardFailure(RuntimeError):
@@ -39,13 +57,15 @@ class RewardConfig:
     Attributes:
         delay_s: seconds each reward call sleeps (a slow verifier), >= 0.
         failure_rate: probability that one attempt raises, in [0, 1].
-        max_retries: retries after a failed attempt, >= 0.
+        max_retries: retries after a failed attempt, >= 0 (the remote service's too).
+        timeout_s: the remote service's limit per request, > 0.
         seed: seed of the injected failures.
     """
 
     delay_s: float = 0.0
     failure_rate: float = 0.0
     max_retries: int = 2
+    timeout_s: float = 10.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -55,52 +75,144 @@ class RewardConfig:
             raise ValueError(f"RewardConfig.failure_rate={self.failure_rate} must be in [0, 1]")
         if self.max_retries < 0:
             raise ValueError(f"RewardConfig.max_retries={self.max_retries} must be >= 0")
+        if not self.timeout_s > 0:
+            raise ValueError(f"RewardConfig.timeout_s={self.timeout_s} must be > 0 seconds")
 
 
-def _attempt(
-    task: Task, cfg: RewardConfig, sample_id: int, attempt: int, prompt: str, response: str
-) -> float:
-    if cfg.delay_s:
-        time.sleep(cfg.delay_s)
-    if (
-        cfg.failure_rate
-        and random.Random(hash((cfg.seed, sample_id, attempt))).random() < cfg.failure_rate
-    ):
-        raise InjectedRewardFailure(f"injected failure (sample {sample_id}, attempt {attempt})")
-    value = task.reward(prompt, response)
-    if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
-        raise RewardError(f"reward {value!r} for sample {sample_id} is not a number in [0, 1]")
+@dataclass(frozen=True)
+class RewardSource:
+    """One weighted term of the reward: ``weight * fn(prompt, response)``.
+
+    ``fn`` is ``"task"`` (the task's reward), an import path, or a picklable callable.
+    """
+
+    fn: str | RewardFn = "task"
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.weight):
+            raise ValueError(f"reward weight {self.weight} must be a finite number")
+        if isinstance(self.fn, str):
+            if self.fn != "task" and not is_import_path(self.fn):
+                raise ValueError(
+                    f"reward {self.fn!r} is neither 'task' nor an import path 'module:fn'"
+                )
+            if self.fn != "task" and not callable(load_object(self.fn, "reward")):
+                raise ValueError(f"reward {self.fn!r} is not callable")
+        elif not callable(self.fn):
+            raise ValueError(f"reward {self.fn!r} is not callable")
+
+    def resolve(self, task: TaskSpec) -> RewardFn:
+        if self.fn == "task":
+            return task.task.reward
+        return load_object(self.fn, "reward") if isinstance(self.fn, str) else self.fn
+
+
+def parse_reward(text: str) -> RewardSource:
+    """``"module:fn"``, ``"module:fn=0.5"``, ``"task"`` or ``"task=2"`` as a source."""
+    fn, sep, weight = text.rpartition("=")
+    if not sep:
+        return RewardSource(text)
+    try:
+        w = float(weight)
+    except ValueError:
+        raise ValueError(f"reward {text!r}: weight {weight!r} is not a number") from None
+    return RewardSource(fn, w)
+
+
+def _finite(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RewardError(f"{what} returned {value!r}, not a finite number")
     return float(value)
 
 
-def score_group(task: Task, group: SampleGroup, cfg: RewardConfig) -> tuple[SampleGroup, Span]:
-    """Score every sample of ``group``; returns the scored group and the busy span.
+class Rewarder:
+    """Scores groups with the run's reward sources (see the module docstring).
 
-    A sample whose reward raises on all ``1 + max_retries`` attempts gets
-    ``reward=None`` and ``reward_error`` = the last error.
+    Args:
+        task: the task (its reward is the source ``"task"``).
+        sources: the local sources; empty means ``("task", 1.0)`` unless ``remote`` is set.
+        remote: a batched scorer ``(prompts, responses) -> (rewards, retries)``, or None.
+        cfg: delays, injected failures, retries.
     """
-    start = time.time()
-    out = []
-    retries = 0
-    for s in group.samples:
-        error = None
-        for attempt in range(cfg.max_retries + 1):
+
+    def __init__(
+        self,
+        task: TaskSpec,
+        sources: tuple[RewardSource, ...],
+        cfg: RewardConfig,
+        remote: Any = None,
+    ) -> None:
+        if not sources and remote is None:
+            sources = (RewardSource(),)
+        self.task = task
+        self.cfg = cfg
+        self.remote = remote
+        self._fns = [(s.resolve(task), s.weight, str(s.fn)) for s in sources]
+
+    def _attempt(self, sample_id: int, attempt: int, prompt: str, response: str) -> float:
+        cfg = self.cfg
+        if cfg.delay_s:
+            time.sleep(cfg.delay_s)
+        if (
+            cfg.failure_rate
+            and random.Random(hash((cfg.seed, sample_id, attempt))).random() < cfg.failure_rate
+        ):
+            raise InjectedRewardFailure(f"injected failure (sample {sample_id}, attempt {attempt})")
+        return sum(w * _finite(fn(prompt, response), name) for fn, w, name in self._fns)
+
+    def score_group(self, group: SampleGroup) -> tuple[SampleGroup, Span]:
+        """Score every sample of ``group``; returns the scored group and the busy span.
+
+        A sample whose local reward raises on all ``1 + max_retries`` attempts gets
+        ``reward=None`` and ``reward_error`` = the last error; a remote service that fails
+        after its retries fails every sample of the group.
+        """
+        start = time.time()
+        cfg = self.cfg
+        values: list[float | None] = []
+        errors: list[str | None] = []
+        retries = 0
+        for s in group.samples:
+            error = None
+            value: float | None = None
+            for attempt in range(cfg.max_retries + 1):
+                try:
+                    value = self._attempt(s.sample_id, attempt, s.prompt, s.response)
+                except Exception as err:  # noqa: BLE001 - any verifier failure is recorded
+                    error = f"{type(err).__name__}: {err}"
+                    retries += attempt < cfg.max_retries
+                    continue
+                break
+            values.append(value)
+            errors.append(
+                None if value is not None else f"{error} (after {cfg.max_retries} retries)"
+            )
+        if self.remote is not None:
             try:
-                value = _attempt(task, cfg, s.sample_id, attempt, s.prompt, s.response)
-            except Exception as err:  # noqa: BLE001 - any verifier failure is recorded, not hidden
-                error = f"{type(err).__name__}: {err}"
-                retries += attempt < cfg.max_retries
-                continue
-            out.append(s.scored(value, time.time()))
-            break
-        else:
-            out.append(s.failed(f"{error} (after {cfg.max_retries} retries)", time.time()))
-    scored = group.with_samples(tuple(out))
-    span = Span(
-        "reward",
-        f"reward g{group.group_id}",
-        start,
-        time.time(),
-        {"group": group.group_id, "retries": retries, "failed": sum(s.reward_failed for s in out)},
-    )
-    return scored, span
+                remote, used = self.remote.score(
+                    [s.prompt for s in group.samples], [s.response for s in group.samples]
+                )
+                retries += used
+                values = [None if v is None else v + r for v, r in zip(values, remote)]
+            except Exception as err:  # noqa: BLE001 - the service's failure is recorded
+                values = [None] * len(values)
+                errors = [e or f"{type(err).__name__}: {err}" for e in errors]
+        now = time.time()
+        out = tuple(
+            s.scored(v, now) if v is not None else s.failed(str(e), now)
+            for s, v, e in zip(group.samples, values, errors)
+        )
+        scored = group.with_samples(out)
+        span = Span(
+            "reward",
+            f"reward g{group.group_id}",
+            start,
+            now,
+            {
+                "group": group.group_id,
+                "retries": retries,
+                "failed": sum(s.reward_failed for s in out),
+            },
+        )
+        return scored, span

@@ -9,14 +9,14 @@ batch of 128 short sequences costs little more than one of 8.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from nobubble.rl.system.policy import CharTransformer, PolicyConfig, sample
-from nobubble.rl.system.tasks import Task, encode_prompts, response_budgets
+from nobubble.rl.system.policy import sample
+from nobubble.rl.system.task_spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
 from nobubble.rl.system.weight_sync import check_newer
 
@@ -50,16 +50,14 @@ class RolloutWorker:
     """Samples groups with the policy version it holds (-1 until weights arrive)."""
 
     def __init__(
-        self, *, task: Task, policy: PolicyConfig, cfg: RolloutConfig, seed: int, worker_id: int = 0
+        self, *, task: TaskSpec, model: nn.Module, cfg: RolloutConfig, seed: int, worker_id: int = 0
     ) -> None:
         self.task = task
         self.cfg = cfg
         self.worker_id = worker_id
-        self.model = CharTransformer(policy).eval()
+        self.model = model.eval()
         self.version = -1
         self.generator = torch.Generator().manual_seed(10_000 * seed + worker_id)
-        self._space = {p: i for i, p in enumerate(task.eval_prompts())}
-        self._rng = random.Random(seed)
 
     def set_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Load ``state_dict`` as ``version``; the same version again is a no-op."""
@@ -68,9 +66,6 @@ class RolloutWorker:
             self.model.load_state_dict(state_dict)
             self.version = version
 
-    def prompt_id(self, prompt: str) -> int:
-        return self._space[prompt]
-
     def generate(self, requests: list[GroupRequest]) -> tuple[list[SampleGroup], Span]:
         """Sample every request's group; returns the groups and the busy span."""
         if self.version < 0:
@@ -78,15 +73,17 @@ class RolloutWorker:
         start = time.time()
         g = self.cfg.group_size
         prompts = [r.prompt for r in requests for _ in range(g)]
+        ids, mask = self.task.encode(prompts)
         gen = sample(
             self.model,
-            encode_prompts(self.task, prompts),
+            ids,
             max_new_tokens=self.task.max_new_tokens,
             eos_id=self.task.tokenizer.eos_id,
             pad_id=self.task.tokenizer.pad_id,
             temperature=self.cfg.temperature,
             generator=self.generator,
-            budgets=response_budgets(self.task, prompts),
+            budgets=self.task.budgets(prompts),
+            attention_mask=mask,
         )
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
@@ -103,7 +100,7 @@ class RolloutWorker:
                         group_id=req.group_id,
                         prompt_id=req.prompt_id,
                         prompt=req.prompt,
-                        response=self.task.tokenizer.decode_response(gen.tokens[row, p:].tolist()),
+                        response=self.task.decode(gen.tokens[row, p:].tolist()),
                         tokens=gen.tokens[row].clone(),
                         response_mask=gen.response_mask[row].clone(),
                         behaviour_logprobs=gen.logprobs[row].clone(),

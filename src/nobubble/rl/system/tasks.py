@@ -1,4 +1,7 @@
-"""Tasks with verifiable rewards and an enumerable evaluation set.
+"""The built-in tasks with verifiable rewards and an enumerable evaluation set.
+
+Any object with the methods of :class:`Task` is a task too (see
+:mod:`~nobubble.rl.system.task_spec`, which fills in what a task leaves out).
 
 - :class:`DigitsTask` - digit completion. The prompt ``"a,b:m,n"`` gives the first two terms
   of an arithmetic sequence modulo ``m`` and asks for the next ``n`` terms, written as one
@@ -8,8 +11,7 @@
   answer is their decimal sum. Dense reward: the correct prefix of the answer's characters.
 
 Every task enumerates its whole prompt space (:meth:`eval_prompts`), so accuracy is exact
-match over all prompts, not a sample. Prompts of one task all have the same length, which
-keeps batches free of padding inside the prompt.
+match over all prompts, not a sample.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from typing import Protocol
-
-import torch
 
 __all__ = ["CharTokenizer", "Task", "DigitsTask", "SumDigitsTask", "make_task", "TASK_NAMES"]
 
@@ -73,33 +73,18 @@ class CharTokenizer:
 
 
 class Task(Protocol):
-    """What the RL stages need from a task."""
+    """The least a task has: prompts, a verifier, room for a response.
 
-    name: str
-    tokenizer: CharTokenizer
-    prompt_len: int  # tokens, <bos> included
-    max_new_tokens: int  # room for the longest response
+    Optional, filled in by :class:`~nobubble.rl.system.task_spec.TaskSpec` when absent:
+    ``prompts()`` (the training pool; default the evaluation set), ``answer(prompt)`` or
+    ``is_correct(prompt, response)`` (accuracy; default reward >= 1), ``tokenizer`` (default
+    characters), ``response_budget(prompt)``, ``name``.
+    """
 
-    def response_budget(self, prompt: str) -> int: ...  # max tokens for this prompt's response
+    max_new_tokens: int  # room for the longest response, <eos> included
 
     def eval_prompts(self) -> list[str]: ...
-    def sample_prompts(self, n: int, rng: random.Random) -> list[str]: ...
-    def answer(self, prompt: str) -> str: ...
-    def reward(self, prompt: str, response: str) -> float: ...
-
-
-def encode_prompts(task: Task, prompts: list[str]) -> torch.Tensor:
-    """(B, prompt_len) int64 token ids of ``prompts``."""
-    return torch.tensor([task.tokenizer.encode(p) for p in prompts], dtype=torch.long)
-
-
-def response_budgets(task: Task, prompts: list[str]) -> torch.Tensor:
-    """(B,) int64 max response tokens of each prompt."""
-    return torch.tensor([task.response_budget(p) for p in prompts], dtype=torch.long)
-
-
-def exact_match(task: Task, prompt: str, response: str) -> bool:
-    return response == task.answer(prompt)
+    def reward(self, prompt: str, response: str) -> float: ...  # any finite real
 
 
 def _prefix_fraction(want: list[str], got: list[str]) -> float:

@@ -23,13 +23,14 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import aggregate_loss, decoupled_ppo_loss, ppo_policy_loss
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag
 from nobubble.rl.algo.vtrace import vtrace
-from nobubble.rl.system.policy import CharTransformer, PolicyConfig, response_logits, sample
-from nobubble.rl.system.tasks import Task, encode_prompts, response_budgets
+from nobubble.rl.system.policy import prompt_attention_mask, response_logits, sample
+from nobubble.rl.system.task_spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import check_fields
 
@@ -106,37 +107,41 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate_policy(model: CharTransformer, task: Task, version: int = 0) -> EvalResult:
-    """Exact-match accuracy and mean reward of greedy responses on ``task.eval_prompts()``."""
+def evaluate_policy(model: nn.Module, task: TaskSpec, version: int = 0) -> EvalResult:
+    """Accuracy (``task.is_correct``) and mean reward of greedy responses on the task's
+    evaluation set."""
     start = time.time()
-    prompts = task.eval_prompts()
+    prompts = task.eval_prompts
+    ids, mask = task.encode(prompts)
     gen = sample(
         model,
-        encode_prompts(task, prompts),
+        ids,
         max_new_tokens=task.max_new_tokens,
         eos_id=task.tokenizer.eos_id,
         pad_id=task.tokenizer.pad_id,
         greedy=True,
-        budgets=response_budgets(task, prompts),
+        budgets=task.budgets(prompts),
+        attention_mask=mask,
     )
     p = task.prompt_len
-    responses = [
-        task.tokenizer.decode_response(gen.tokens[i, p:].tolist()) for i in range(len(prompts))
-    ]
-    correct = sum(r == task.answer(q) for q, r in zip(prompts, responses))
+    responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
+    correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
     reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
     span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
     return EvalResult(version, correct / len(prompts), reward, len(prompts), span)
 
 
 class Trainer:
-    """Holds the learner's policy and optimizer; ``version`` counts optimizer steps."""
+    """Holds the learner's policy and optimizer; ``version`` counts optimizer steps.
 
-    def __init__(self, *, task: Task, policy: PolicyConfig, cfg: TrainerConfig, seed: int) -> None:
-        torch.manual_seed(seed)
+    ``model`` is a policy model (``forward -> (logits, values)``, see
+    :func:`~nobubble.rl.system.policy.as_policy`); the trainer owns it from here on.
+    """
+
+    def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> None:
         self.task = task
         self.cfg = cfg
-        self.model = CharTransformer(policy)
+        self.model = model
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.version = 0
 
@@ -163,7 +168,9 @@ class Trainer:
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
 
         self.model.train()
-        logits, values = response_logits(self.model, tokens, self.task.prompt_len)  # (B, N, V)
+        p = self.task.prompt_len
+        attn = prompt_attention_mask(tokens, p, self.task.tokenizer.pad_id)  # (B, P + N)
+        logits, values = response_logits(self.model, tokens, p, attn)  # (B, N, V)
         logp_all = torch.log_softmax(logits.float(), dim=-1)  # (B, N, V)
         actions = tokens[:, self.task.prompt_len :]  # (B, N)
         logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)

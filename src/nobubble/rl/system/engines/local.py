@@ -33,7 +33,6 @@ import torch
 import torch.multiprocessing as tmp
 
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.policy import CharTransformer
 from nobubble.rl.system.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
@@ -96,7 +95,7 @@ class LocalEngine:
 
     def start(self, cfg: RunConfig) -> list[str]:
         ctx = tmp.get_context("spawn")
-        shared = self._shared = SharedWeights(CharTransformer(cfg.policy_config()), ctx)
+        shared = self._shared = SharedWeights(cfg.build_policy(), ctx)
         self._outq = ctx.Queue()
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]

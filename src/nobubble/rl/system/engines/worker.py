@@ -17,7 +17,7 @@ import torch
 
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.protocol import Message
-from nobubble.rl.system.reward import score_group
+from nobubble.rl.system.reward import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import Trainer
 
@@ -40,18 +40,22 @@ class StageWorker:
         if self.kind == "rollout":
             self.rollout = RolloutWorker(
                 task=self.task,
-                policy=cfg.policy_config(),
+                model=cfg.build_policy(self.task),
                 cfg=cfg.rollout_config(),
                 seed=cfg.seed,
                 worker_id=int(name.split("-")[1]),
             )
         elif self.kind == "trainer":
+            torch.manual_seed(cfg.seed)
             self.trainer = Trainer(
-                task=self.task, policy=cfg.policy_config(), cfg=cfg.trainer_config(), seed=cfg.seed
+                task=self.task, model=cfg.build_policy(self.task), cfg=cfg.trainer_config()
             )
-        elif self.kind != "reward":
+        elif self.kind == "reward":
+            self.rewarder = Rewarder(
+                self.task, cfg.rewards, cfg.reward_config(), remote=cfg.remote_reward()
+            )
+        else:
             raise ValueError(f"unknown worker {name!r}")
-        self.reward_cfg = cfg.reward_config()
 
     def _maybe_fault(self) -> None:
         self.calls += 1
@@ -72,7 +76,7 @@ class StageWorker:
         self._maybe_fault()
         out, spans = [], []
         for g in groups:
-            scored, span = score_group(self.task, g, self.reward_cfg)
+            scored, span = self.rewarder.score_group(g)
             out.append(scored)
             spans.append(span)
         return [Message("reward", self.name, out, tuple(spans))]

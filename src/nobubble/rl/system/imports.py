@@ -1,0 +1,74 @@
+"""Objects named by import path: ``package.module:attr`` or ``path/to/file.py:attr``.
+
+Every user-supplied part of a run (policy factory, task, reward function) may be given as a
+string, so that worker processes and Ray actors rebuild it themselves and nothing depends
+on the driver's ``__main__``. A file path is loaded under a module name derived from its
+absolute path, once per process, so a worker that loads the same file twice gets the same
+object.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["is_import_path", "load_object"]
+
+
+def is_import_path(spec: str) -> bool:
+    """True for ``module:attr`` and ``file.py:attr`` (one colon, both sides non-empty)."""
+    head, sep, tail = spec.rpartition(":")
+    return bool(sep and head and tail) and "/" not in tail and "://" not in spec
+
+
+def _load_file(path: Path) -> Any:
+    name = "nobubble_user_" + "".join(c if c.isalnum() else "_" for c in str(path))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path} cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_object(spec: str, what: str = "object") -> Any:
+    """The object ``spec`` names; ``what`` (e.g. ``"task"``) words the error.
+
+    Raises ValueError naming ``spec`` and the fix when the module or attribute is missing.
+    """
+    if not is_import_path(spec):
+        raise ValueError(
+            f"{what} {spec!r} is not an import path; write 'package.module:attr' or "
+            "'path/to/file.py:attr'"
+        )
+    head, _, attr = spec.rpartition(":")
+    if head.endswith(".py"):
+        path = Path(head).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"{what} {spec!r}: file {head} does not exist")
+        module = _load_file(path)
+    else:
+        try:
+            module = importlib.import_module(head)
+        except ModuleNotFoundError as err:
+            raise ValueError(
+                f"{what} {spec!r}: module {head!r} is not importable ({err}); put it on "
+                "PYTHONPATH or give the file path 'path/to/file.py:attr'"
+            ) from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{what} {spec!r}: {head} has no attribute {attr!r}") from None
+    return obj

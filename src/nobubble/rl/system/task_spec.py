@@ -1,0 +1,171 @@
+"""Any task object as the one interface the stages use: :class:`TaskSpec`.
+
+A *task* is whatever the user brings. It needs:
+
+- ``reward(prompt, response) -> float``: any finite real (the verifier);
+- ``eval_prompts()`` and/or ``prompts()``: the evaluation set and the training pool (each
+  defaults to the other); a sample's ``prompt_id`` is the prompt's index in the pool;
+- ``max_new_tokens``: room for the longest response, ``<eos>`` included;
+- ``is_correct(prompt, response) -> bool`` or ``answer(prompt) -> str``: what accuracy
+  counts (default: reward >= 1).
+
+and may have ``tokenizer`` (``encode(text) -> ids`` with ``<bos>`` first,
+``decode_response(ids)``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``; default: a
+:class:`~nobubble.rl.system.tasks.CharTokenizer` over ``tokenizer_alphabet``, or over every
+character of the prompts), ``response_budget(prompt) -> int`` and ``name``.
+
+:func:`resolve_task` turns a run's ``task`` setting into a :class:`TaskSpec`: a built-in
+name (``digits``, ``sum``), ``rg:<name>`` (a reasoning-gym dataset), an import path to a
+task object, class or factory, or the object itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nobubble.rl.system.imports import is_import_path, load_object
+from nobubble.rl.system.tasks import TASK_NAMES, CharTokenizer, make_task
+
+__all__ = ["TaskSpec", "resolve_task"]
+
+
+def _has(obj: Any, name: str) -> bool:
+    return callable(getattr(obj, name, None))
+
+
+class TaskSpec:
+    """A task with everything the stages need filled in (see the module docstring).
+
+    Raises ValueError at construction naming what the task lacks.
+
+    Attributes:
+        task: the user's object; name: its name.
+        tokenizer: the task's tokenizer, or a character tokenizer built for it.
+        prompts, eval_prompts: the training pool and the evaluation set (lists of text).
+        prompt_len: P, the longest encoded prompt (``<bos>`` included); shorter prompts are
+            left padded to it.
+        max_new_tokens: N.
+    """
+
+    def __init__(self, task: Any, name: str | None = None) -> None:
+        self.task = task
+        self.name = name or str(getattr(task, "name", type(task).__name__))
+        missing = [m for m in ("reward",) if not _has(task, m)]
+        if not (_has(task, "prompts") or _has(task, "eval_prompts")):
+            missing.append("prompts() or eval_prompts()")
+        if not hasattr(task, "max_new_tokens"):
+            missing.append("max_new_tokens")
+        if missing:
+            raise ValueError(
+                f"task {self.name!r} ({type(task).__name__}) lacks {', '.join(missing)}; a task "
+                "needs reward(prompt, response), prompts() or eval_prompts(), max_new_tokens"
+            )
+        pool = list(task.prompts() if _has(task, "prompts") else task.eval_prompts())
+        evals = list(task.eval_prompts() if _has(task, "eval_prompts") else pool)
+        if not pool or not evals:
+            raise ValueError(f"task {self.name!r} has no prompts")
+        if not all(isinstance(p, str) for p in (*pool, *evals)):
+            raise ValueError(f"task {self.name!r}: prompts must be strings")
+        self.prompts: list[str] = pool
+        self.eval_prompts: list[str] = evals
+        self.max_new_tokens = int(task.max_new_tokens)
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"task {self.name!r}: max_new_tokens={self.max_new_tokens} must be >= 1"
+            )
+        tok = getattr(task, "tokenizer", None)
+        if tok is None:
+            alphabet = getattr(task, "tokenizer_alphabet", None)
+            if alphabet is None:
+                alphabet = "".join(sorted({c for p in (*pool, *evals) for c in p}))
+            tok = CharTokenizer(alphabet)
+        self.tokenizer = tok
+        self.prompt_len = max(len(tok.encode(p)) for p in (*pool, *evals))
+        self._budget = _has(task, "response_budget")
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.prompt_len + self.max_new_tokens
+
+    def reward(self, prompt: str, response: str) -> float:
+        """The task's reward; raises ValueError for a value that is not a finite real."""
+        value = self.task.reward(prompt, response)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ValueError(f"task {self.name!r}: reward {value!r} is not a finite number")
+        return float(value)
+
+    def is_correct(self, prompt: str, response: str) -> bool:
+        if _has(self.task, "is_correct"):
+            return bool(self.task.is_correct(prompt, response))
+        if _has(self.task, "answer"):
+            return response == self.task.answer(prompt)
+        return self.reward(prompt, response) >= 1.0
+
+    def response_budget(self, prompt: str) -> int:
+        if self._budget:
+            return min(int(self.task.response_budget(prompt)), self.max_new_tokens)
+        return self.max_new_tokens
+
+    def encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ids (B, P) int64 and their attention mask (B, P) int64."""
+        p, pad = self.prompt_len, self.tokenizer.pad_id
+        ids = torch.full((len(prompts), p), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), p), dtype=torch.long)
+        for i, text in enumerate(prompts):
+            row = self.tokenizer.encode(text)
+            if len(row) > p:
+                raise ValueError(f"prompt {text!r} encodes to {len(row)} tokens, more than P={p}")
+            ids[i, p - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, p - len(row) :] = 1
+        return ids, mask
+
+    def budgets(self, prompts: Sequence[str]) -> torch.Tensor:
+        """(B,) int64 max response tokens of each prompt."""
+        return torch.tensor([self.response_budget(p) for p in prompts], dtype=torch.long)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode_response(ids)
+
+
+def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
+    """The :class:`TaskSpec` of a run's ``task`` setting (see the module docstring).
+
+    ``kwargs`` go to a built-in task, a reasoning-gym dataset's config, or a task class or
+    factory; a task given as a ready object takes none.
+    """
+    kw = dict(kwargs or {})
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, str):
+        if task in TASK_NAMES:
+            return TaskSpec(make_task(task, **kw))
+        if task.startswith("rg:"):
+            from nobubble.rl.system.rg_task import ReasoningGymTask
+
+            return TaskSpec(ReasoningGymTask(task[3:], **kw), name=task)
+        if not is_import_path(task):
+            raise ValueError(
+                f"task {task!r} is unknown; choose {', '.join(TASK_NAMES)}, 'rg:<name>' "
+                "(reasoning-gym) or an import path 'module:attr' / 'file.py:attr'"
+            )
+        obj = load_object(task, "task")
+        name = task.rpartition(":")[2]
+    else:
+        obj, name = task, None
+    if isinstance(obj, type) or (callable(obj) and not _has(obj, "reward")):
+        obj = obj(**kw)  # a task class or factory
+    elif kw:
+        raise ValueError(f"task {task!r} is an object; task_kwargs={kw} apply only to a factory")
+    return TaskSpec(obj, name=getattr(obj, "name", None) or name)
