@@ -16,7 +16,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[test,docs,ray]'
+	$(BIN)/pip install --quiet -e '.[test,docs,ray,hf,rg]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -41,8 +41,10 @@ demo: $(STAMP)
 	$(BIN)/nobubble demo
 	$(BIN)/python examples/train_gpt.py --ranks 2 --schedule zb-2p --steps 20
 	$(BIN)/python examples/train_moe.py --ranks 2 --steps 20
+	$(BIN)/python examples/rl_own_model.py --steps 200
 
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:

@@ -28,3 +28,13 @@ def test_train_moe_expert_parallel_equals_dense_and_learns() -> None:
     assert m is not None and gap is not None, out.stdout
     assert float(m.group(2)) < float(m.group(1)) - 0.3, out.stdout  # it learns
     assert float(gap.group(1)) < 1e-4, out.stdout  # EP training is the dense model's
+
+
+def test_rl_own_model_learns_the_users_task() -> None:
+    cmd = [sys.executable, str(EXAMPLES / "rl_own_model.py"), "--steps", "150"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    m = re.search(r"accuracy ([\d.]+) -> ([\d.]+) in 150 steps.*ledger ok: True", out.stdout)
+    assert m is not None, out.stdout
+    start, end = float(m.group(1)), float(m.group(2))
+    assert end >= max(0.5, 2 * start), out.stdout  # it learns: at least twice its start

@@ -40,6 +40,7 @@ __all__ = [
     "context_from_env",
     "free_port",
     "default_backend",
+    "die_with_parent",
 ]
 
 
@@ -115,9 +116,9 @@ def context_from_env(
     return DistContext(rank, world, backend, dev, local_rank, local_world, timeout_s)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this rank process die when the launcher does (Linux: the parent-death signal),
-    so a killed ``nobubble`` command leaves no rank training on behind it."""
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process die when ``parent_pid`` (its launcher) does (Linux: the
+    parent-death signal), so a killed ``nobubble`` command leaves no worker behind it."""
     if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -139,7 +140,7 @@ def _worker(
     args: tuple,
     results: Any,
 ) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     torch.set_num_threads(threads)
     try:
         dev = torch.device(device)

@@ -68,17 +68,34 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "output folder") 
     return p
 
 
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path`` (same suffix); on success rename it to
-    ``path``, on error remove it. Creates the parent folders."""
+    """Yield a temporary path beside ``path`` (same suffix); on success fsync it, rename it
+    to ``path`` and fsync the folder, on error remove it. Creates the parent folders. A
+    reader sees the old file or the whole new one, even after a crash."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, target)
+        _fsync_dir(target.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

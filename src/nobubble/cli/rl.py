@@ -2,7 +2,9 @@
 
 ``nobubble rl train`` runs one configuration and prints accuracy, samples/s, staleness and
 idle ratios (``--json`` for machine output); it writes a Chrome trace of the stages' busy
-spans and a PNG of the curves. ``nobubble rl compare`` runs the three modes on the same
+spans and a PNG of the curves. ``--task``, ``--policy`` and ``--reward`` take the user's own
+task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``--resume`` make
+a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP. ``nobubble rl compare`` runs the three modes on the same
 budget (``--ablation``: max_staleness = 16 with a slow trainer, naive PPO against decoupled PPO and
 V-trace) and prints a table and a plot.
 """
@@ -10,6 +12,8 @@ V-trace) and prints a table and a plot.
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +51,36 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4)",
     )
     train.add_argument("--algo", choices=ALGOS, default="grpo")
+    ck = train.add_argument_group("checkpoints and recovery")
+    ck.add_argument(
+        "--checkpoint-dir", type=output_dir, default=None, metavar="DIR", help="checkpoint folder"
+    )
+    ck.add_argument(
+        "--checkpoint-every",
+        type=nonneg_int,
+        default=0,
+        metavar="N",
+        help="checkpoint every N steps (and at the last step); 0 = the last step only",
+    )
+    ck.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in DIR"
+    )
+    ck.add_argument(
+        "--restart-workers",
+        action="store_true",
+        help="restart a rollout or reward worker that dies and requeue its groups",
+    )
     train.set_defaults(func=_train)
+
+    server = sub.add_parser(
+        "reward-server", help="serve a reward function over HTTP (POST /score), for --reward-url"
+    )
+    src = server.add_mutually_exclusive_group(required=True)
+    src.add_argument("--reward", metavar="MODULE:FN", help="fn(prompt, response) -> float")
+    src.add_argument("--task", help="serve this task's reward (a name or MODULE:ATTR)")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=nonneg_int, default=8000, help="0 = any free port")
+    server.set_defaults(func=_reward_server)
 
     compare = sub.add_parser("compare", help="the three modes on the same budget: table + plot")
     _common(compare)
@@ -59,8 +92,43 @@ def register(parser: argparse.ArgumentParser) -> None:
     compare.set_defaults(func=_compare)
 
 
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({err.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object like '{{\"k\": 1}}'")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", choices=("digits", "sum"), default="digits")
+    p.add_argument(
+        "--task",
+        default="digits",
+        help="digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR (default digits)",
+    )
+    p.add_argument(
+        "--task-kwargs", type=_json_dict, default={}, metavar="JSON", help="the task's settings"
+    )
+    p.add_argument(
+        "--policy",
+        default="char",
+        help="char | gpt2 (Hugging Face, from a config) | hf:DIR | MODULE:FACTORY (default char)",
+    )
+    p.add_argument(
+        "--policy-kwargs", type=_json_dict, default={}, metavar="JSON", help="the policy's settings"
+    )
+    p.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        metavar="FN[=W]",
+        help="a reward source, repeatable, summed with weights: task | MODULE:FN (default task)",
+    )
+    p.add_argument(
+        "--reward-url", default=None, metavar="URL", help="a remote reward service, POST /score"
+    )
     p.add_argument("--engine", choices=("local", "ray"), default="local")
     p.add_argument(
         "--address", default=None, help="Ray cluster address (default: start a local Ray)"
@@ -117,14 +185,17 @@ def _config(args: argparse.Namespace, **over: Any):
 
     kw: dict[str, Any] = {
         "task": args.task,
+        "task_kwargs": args.task_kwargs,
+        "policy": args.policy,
+        "policy_kwargs": args.policy_kwargs,
+        "rewards": tuple(args.reward),
+        "reward_url": args.reward_url,
         "engine": args.engine,
         "ray_address": args.address,
         "seed": args.seed,
         "time_budget_s": args.time_budget,
         "target_accuracy": args.target_accuracy,
     }
-    if args.task != "digits":
-        kw["task_kwargs"] = {}
     for name in ("steps", "batch_groups", "group_size", "eval_every"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
@@ -177,7 +248,13 @@ def _train(args: argparse.Namespace) -> int:
     _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
-    cfg = _config(args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo)
+    ckpt = {
+        "checkpoint_dir": None if args.checkpoint_dir is None else str(args.checkpoint_dir),
+        "checkpoint_every": args.checkpoint_every,
+        "resume": args.resume,
+        "restart_workers": args.restart_workers,
+    }
+    cfg = _config(args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt)
     label = f"{cfg.mode}" + (
         f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
     )
@@ -239,3 +316,33 @@ def _compare(args: argparse.Namespace) -> int:
     for name, p in paths.items():
         print(f"{name}: {p}")
     return 0
+
+
+def _reward_server(args: argparse.Namespace) -> int:
+    from nobubble.rl.system.reward_server import serve_rewards
+
+    if args.port > 65535:
+        raise ValueError(f"--port {args.port} must be in 0..65535")
+    if args.task is not None:
+        from nobubble.rl.system.task_spec import resolve_task
+
+        fn = resolve_task(args.task).reward
+    else:
+        from nobubble.rl.system.imports import load_object
+
+        fn = load_object(args.reward, "reward")
+        if not callable(fn):
+            raise ValueError(f"reward {args.reward!r} is not callable; name a function")
+    try:
+        server = serve_rewards(fn, host=args.host, port=args.port)
+    except OSError as err:
+        msg = f"cannot listen on {args.host}:{args.port} ({err}); pick another --port"
+        raise ValueError(msg) from None
+    print(server.url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.close()

@@ -22,8 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from nobubble.cli import main as cli_main
 from nobubble.rl.system.remote_reward import RemoteReward, RemoteRewardError
-from nobubble.rl.system.reward_server import main, serve_rewards
+from nobubble.rl.system.reward_server import serve_rewards
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]
@@ -232,13 +233,18 @@ def test_pickle_round_trip_keeps_settings_and_still_scores() -> None:
         (["--reward", "math:pi"], "math:pi"),  # exists, but is not a function
         (["--reward", "no-colon"], "no-colon"),
         (["--task", "digits", "--port", "70000"], "70000"),
+        (["--task", "nope"], "nope"),
         ([], "--reward"),
     ],
 )
 def test_main_with_bad_arguments_returns_2_with_one_line(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(argv) == 2
+    try:
+        rc = cli_main(["rl", "reward-server", *argv])
+    except SystemExit as stop:  # argparse's own usage errors
+        rc = stop.code
+    assert rc == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert named in captured.err

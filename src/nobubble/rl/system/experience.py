@@ -15,6 +15,12 @@ dropped with reason ``"unfinished"``.
 Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED``. The
 :class:`Ledger` records each sample id's fate and refuses a second fate: its invariant is
 "every generated sample is trained exactly once or dropped by a stated policy".
+
+A group whose worker died, or that was in flight when a checkpoint was taken and the run
+resumed from it, is *requeued*: it goes back to ``ADMITTED`` (generated again, with the
+same group and sample ids) and the ledger records the requeue and its reason. Its samples
+still get exactly one fate. Buffer and ledger round-trip through :meth:`state_dict` /
+:meth:`load_state_dict` for checkpoints.
 """
 
 from __future__ import annotations
@@ -25,9 +31,17 @@ from dataclasses import dataclass
 
 from nobubble.rl.system.types import SampleGroup
 
-__all__ = ["GroupState", "Ledger", "LedgerSummary", "ExperienceBuffer", "DROP_REASONS"]
+__all__ = [
+    "GroupState",
+    "Ledger",
+    "LedgerSummary",
+    "ExperienceBuffer",
+    "DROP_REASONS",
+    "REQUEUE_REASONS",
+]
 
 DROP_REASONS = ("stale", "reward_failed", "unfinished")
+REQUEUE_REASONS = ("worker_died", "resumed")
 
 
 class GroupState(enum.Enum):
@@ -49,12 +63,15 @@ _NEXT = {
 
 @dataclass(frozen=True)
 class LedgerSummary:
-    """Counts of samples by fate; ``ok`` when every generated sample has exactly one fate."""
+    """Counts of samples by fate; ``ok`` when every generated sample has exactly one fate.
+
+    ``requeued`` counts groups sent back to generation (a dead worker, a resume)."""
 
     generated: int
     trained: int
     dropped: dict[str, int]
     in_flight: int
+    requeued: int = 0
 
     @property
     def ok(self) -> bool:
@@ -68,6 +85,7 @@ class Ledger:
         self._state: dict[int, GroupState] = {}
         self._sample_ids: dict[int, tuple[int, ...]] = {}
         self.fate: dict[int, str] = {}  # sample id -> "trained@<step>" | "dropped:<reason>"
+        self.requeues: list[tuple[int, str]] = []  # (group id, reason), in order
 
     def state(self, group_id: int) -> GroupState:
         return self._state[group_id]
@@ -97,6 +115,32 @@ class Ledger:
         self.move(group_id, GroupState.DROPPED)
         self._set_fate(self._sample_ids.get(group_id, ()), f"dropped:{reason}")
 
+    def requeue(self, group_id: int, reason: str) -> None:
+        """Send an admitted or generated group (never a scored, trained or dropped one)
+        back to ``ADMITTED``; it will be generated again under the same ids."""
+        if reason not in REQUEUE_REASONS:
+            raise ValueError(f"requeue reason {reason!r} is not one of {REQUEUE_REASONS}")
+        old = self._state.get(group_id)
+        if old not in (GroupState.ADMITTED, GroupState.GENERATED):
+            shown = None if old is None else old.value
+            raise ValueError(f"group {group_id} is {shown}; only groups in flight are requeued")
+        self._state[group_id] = GroupState.ADMITTED
+        self.requeues.append((group_id, reason))
+
+    def state_dict(self) -> dict:
+        return {
+            "state": {g: s.value for g, s in self._state.items()},
+            "sample_ids": dict(self._sample_ids),
+            "fate": dict(self.fate),
+            "requeues": list(self.requeues),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._state = {int(g): GroupState(v) for g, v in state["state"].items()}
+        self._sample_ids = {int(g): tuple(ids) for g, ids in state["sample_ids"].items()}
+        self.fate = {int(k): v for k, v in state["fate"].items()}
+        self.requeues = [(int(g), r) for g, r in state["requeues"]]
+
     def _set_fate(self, sample_ids: tuple[int, ...], fate: str) -> None:
         for sid in sample_ids:
             if sid in self.fate:
@@ -112,7 +156,9 @@ class Ledger:
         in_flight = sum(
             1 for s in self._state.values() if s not in (GroupState.TRAINED, GroupState.DROPPED)
         )
-        return LedgerSummary(generated, fates.get("trained", 0), dropped, in_flight)
+        return LedgerSummary(
+            generated, fates.get("trained", 0), dropped, in_flight, len(self.requeues)
+        )
 
 
 class ExperienceBuffer:
@@ -186,6 +232,22 @@ class ExperienceBuffer:
         for g in batch:
             del self._ready[g.group_id]
         return batch
+
+    def requeue(self, group_id: int, reason: str) -> None:
+        """A group in flight goes back to generation (see :meth:`Ledger.requeue`)."""
+        self.ledger.requeue(group_id, reason)
+
+    def state_dict(self) -> dict:
+        return {
+            "num_live": self._num_live,
+            "ready": list(self._ready.values()),
+            "ledger": self.ledger.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._num_live = int(state["num_live"])
+        self._ready = {g.group_id: g for g in state["ready"]}
+        self.ledger.load_state_dict(state["ledger"])
 
     def mark_trained(self, batch: list[SampleGroup], step: int) -> None:
         for g in batch:

@@ -19,6 +19,13 @@ Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max
 ``one-step-off`` (max_staleness = k, default 1, whole batches per weight version, as veRL's
 one-step-off) and ``fully-async`` (max_staleness default 4, smaller requests so generators
 pick up new weights between groups, as AReaL).
+
+Checkpoints (``RunConfig.checkpoint_dir``, see :mod:`~nobubble.rl.system.checkpoint`) are
+taken at step boundaries: the trainer writes its part with the step, the orchestrator then
+writes the buffer, the ledger and the groups in flight. A resumed run requeues those groups
+(same group and prompt ids), so no sample is lost or trained twice. With
+``restart_workers``, a rollout or reward worker that dies is replaced and its groups are
+requeued the same way; the ledger records every requeue.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from nobubble.rl.system.checkpoint import RESUME_KEYS, CheckpointStore
 from nobubble.rl.system.config import DEFAULT_STALENESS, ENGINES, MODES, RunConfig
 from nobubble.rl.system.experience import ExperienceBuffer, LedgerSummary
 from nobubble.rl.system.protocol import Engine, Message, WorkerError
@@ -47,7 +56,10 @@ __all__ = [
     "RunResult",
     "Orchestrator",
     "run",
+    "train",
 ]
+
+MAX_RESTARTS = 3  # per worker, with restart_workers
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,9 @@ class RunResult:
     weight_versions: list[int]
     spans: list[Span]
     t0: float
+    requeues: list[tuple[int, str]] = field(default_factory=list)
+    restarts: list[str] = field(default_factory=list)
+    resumed_from: str | None = None
 
     def time_to_accuracy(self, target: float) -> float | None:
         for p in self.curve:
@@ -107,8 +122,11 @@ class RunResult:
                 "generated": self.ledger.generated,
                 "trained": self.ledger.trained,
                 "dropped": self.ledger.dropped,
+                "requeued": self.ledger.requeued,
                 "ok": self.ledger.ok,
             },
+            "restarts": self.restarts,
+            "resumed_from": self.resumed_from,
             "curve": [asdict(p) for p in self.curve],
         }
 
@@ -149,6 +167,18 @@ class Orchestrator:
         self._weight_versions: list[int] = [0]
         self._eval_pending = 0
         self._t0 = 0.0
+        # recovery: the request behind every group in flight, what each worker holds, the
+        # groups to generate again first, generator RNG states to hand back after a resume
+        self._requests: dict[int, GroupRequest] = {}
+        self._assigned: dict[str, list[int]] = {}
+        self._requeue: list[GroupRequest] = []
+        self._rollout_rng: dict[str, Any] = {}
+        self._rng_to_send: dict[str, Any] = {}
+        self._restarts: list[str] = []
+        self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        self._checkpoint: dict[int, str] = {}  # step -> folder the trainer writes into
+        self._wall_offset = 0.0
+        self._resumed_from: str | None = None
 
     # -- admission and dispatch --------------------------------------------------------
 
@@ -160,21 +190,35 @@ class Orchestrator:
             self._next_group += 1
             self.buffer.admit(gid, self._version)
             self._in_flight[gid] = "rollout"
-            reqs.append(GroupRequest(gid, pid, self.task.prompts[pid], time.time()))
+            req = GroupRequest(gid, pid, self.task.prompts[pid], time.time())
+            self._requests[gid] = req
+            reqs.append(req)
         return reqs
+
+    def _requeue_group(self, req: GroupRequest, reason: str) -> None:
+        self.buffer.requeue(req.group_id, reason)
+        self._in_flight[req.group_id] = "rollout"
+        self._requests[req.group_id] = req
+        self._requeue.append(req)
 
     def _dispatch(self) -> None:
         if self._stopping:
             return
         while self._idle_rollout:
             num_groups = self.cfg.effective_groups_per_rollout
-            # one-step-off and sync switch weights only between whole requests: wait for room
-            if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
-                break
-            reqs = self._admit(num_groups)
-            if not reqs:
-                break
-            self.engine.submit_rollout(self._idle_rollout.pop(0), reqs, self._weights)
+            if self._requeue:  # already admitted: generated again before anything new
+                reqs, self._requeue = self._requeue[:num_groups], self._requeue[num_groups:]
+            else:
+                # one-step-off and sync switch weights only between whole requests: wait for room
+                if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
+                    break
+                reqs = self._admit(num_groups)
+                if not reqs:
+                    break
+            worker = self._idle_rollout.pop(0)
+            self._assigned[worker] = [r.group_id for r in reqs]
+            rng = self._rng_to_send.pop(worker, None)
+            self.engine.submit_rollout(worker, reqs, self._weights, rng)
         while self._idle_reward and self._pending_reward:
             # an idle reward worker takes an equal share of everything waiting
             share = -(-len(self._pending_reward) // len(self._idle_reward))
@@ -182,13 +226,22 @@ class Orchestrator:
                 self._pending_reward[:share],
                 self._pending_reward[share:],
             )
-            self.engine.submit_reward(self._idle_reward.pop(0), groups)
+            worker = self._idle_reward.pop(0)
+            self._assigned[worker] = [g.group_id for g in groups]
+            self.engine.submit_reward(worker, groups)
         if not self._trainer_busy and self._version < self.cfg.steps:
             batch = self.buffer.take_batch(self._version)
             if batch is not None:
                 step = self._version + 1
                 evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-                self.engine.submit_train(batch, evaluate)
+                ckpt = None
+                every = self.cfg.checkpoint_every
+                if self._store is not None and (
+                    step == self.cfg.steps or (every and step % every == 0)
+                ):
+                    ckpt = str(self._store.new_dir(step))
+                    self._checkpoint[step] = ckpt
+                self.engine.submit_train(batch, evaluate, ckpt)
                 self._train_batch = batch
                 self._trainer_busy = True
                 self._eval_pending += evaluate
@@ -210,6 +263,9 @@ class Orchestrator:
                 self._idle_reward.append(msg.worker)
         elif msg.kind == "rollout":
             self._idle_rollout.append(msg.worker)
+            self._assigned.pop(msg.worker, None)
+            if msg.state is not None:
+                self._rollout_rng[msg.worker] = msg.state
             for g in msg.payload:
                 self.buffer.generated(g)
                 self._group_versions[g.group_id] = [s.policy_version for s in g.samples]
@@ -217,8 +273,10 @@ class Orchestrator:
                 self._pending_reward.append(g)
         elif msg.kind == "reward":
             self._idle_reward.append(msg.worker)
+            self._assigned.pop(msg.worker, None)
             for g in msg.payload:
                 del self._in_flight[g.group_id]
+                del self._requests[g.group_id]
                 self.buffer.put(g)
         elif msg.kind == "train":
             self._on_train(msg)
@@ -241,6 +299,82 @@ class Orchestrator:
             self.on_step(res.version, {**res.metrics, "max_lag": max(res.staleness)})
         if self._version >= self.cfg.steps:
             self._stopping = True
+        ckpt = self._checkpoint.pop(res.version, None)
+        if ckpt is not None and self._store is not None:
+            self._store.commit(Path(ckpt), self._snapshot())
+
+    # -- checkpoints and recovery ---------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The driver's part of a checkpoint, at a step boundary."""
+        return {
+            "config": self.cfg.to_dict(),
+            "version": self._version,
+            "next_group": self._next_group,
+            "rng": self._rng.getstate(),
+            "buffer": self.buffer.state_dict(),
+            "in_flight": [self._requests[g] for g in sorted(self._in_flight)],
+            "curve": list(self._curve),
+            "staleness": dict(self._staleness),
+            "group_versions": dict(self._group_versions),
+            "weight_versions": list(self._weight_versions),
+            "train_reward": self._train_reward,
+            "rollout_rng": dict(self._rollout_rng),
+            "wall_s": time.time() - self._t0,
+        }
+
+    def _check_resume(self) -> None:
+        """Restore the newest checkpoint (``resume``), or refuse to overwrite one."""
+        if self._store is None:
+            return
+        ckpt = self._store.latest()
+        if ckpt is None:
+            return
+        if not self.cfg.resume:
+            raise ValueError(
+                f"checkpoint_dir {self._store.folder} holds a checkpoint ({ckpt.name}); "
+                "resume from it (--resume) or choose an empty folder"
+            )
+        state = self._store.load_state(ckpt)
+        now = self.cfg.to_dict()
+        diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]
+        if diff:
+            shown = ", ".join(f"{k}: {state['config'].get(k)!r} -> {now.get(k)!r}" for k in diff)
+            raise ValueError(f"cannot resume {ckpt}: the run's config changed ({shown})")
+        self._version = state["version"]
+        self._next_group = state["next_group"]
+        self._rng.setstate(state["rng"])
+        self.buffer.load_state_dict(state["buffer"])
+        for req in state["in_flight"]:
+            self._requeue_group(req, "resumed")
+        self._curve = list(state["curve"])
+        self._staleness = Counter(state["staleness"])
+        self._group_versions = dict(state["group_versions"])
+        self._weight_versions = list(state["weight_versions"])
+        self._train_reward = state["train_reward"]
+        self._rollout_rng = dict(state["rollout_rng"])
+        self._rng_to_send = dict(state["rollout_rng"])
+        self._wall_offset = float(state["wall_s"])
+        self._resumed_from = str(ckpt)
+        if self._version >= self.cfg.steps:
+            self._stopping = True
+
+    def _restart(self, err: WorkerError) -> None:
+        """Replace the worker ``err`` blames and requeue the groups it held."""
+        worker = err.worker
+        if worker is None or worker == "trainer" or not self.cfg.restart_workers:
+            raise err
+        if sum(r.split(":")[0] == worker for r in self._restarts) >= MAX_RESTARTS:
+            raise WorkerError(f"{worker} failed {MAX_RESTARTS + 1} times; last: {err}", worker)
+        self._restarts.append(f"{worker}: {str(err).splitlines()[0]}")
+        for idle in (self._idle_rollout, self._idle_reward):
+            if worker in idle:
+                idle.remove(worker)
+        for gid in self._assigned.pop(worker, []):
+            self._pending_reward = [g for g in self._pending_reward if g.group_id != gid]
+            self._requeue_group(self._requests[gid], "worker_died")
+        self._rng_to_send.pop(worker, None)
+        self.engine.restart(worker)
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
@@ -256,6 +390,7 @@ class Orchestrator:
 
     def run(self) -> RunResult:
         cfg = self.cfg
+        self._check_resume()  # before any worker starts: a refusal loses nothing
         workers = self.engine.start(cfg)
         try:
             return self._loop(workers)
@@ -273,9 +408,10 @@ class Orchestrator:
                     self._handle(msg)
                 else:
                     raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
-        self._t0 = time.time()
-        self.engine.submit_eval()  # version 0, the starting accuracy
-        self._eval_pending += 1
+        self._t0 = time.time() - self._wall_offset
+        if self._resumed_from is None:
+            self.engine.submit_eval()  # version 0, the starting accuracy
+            self._eval_pending += 1
         budget_end = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
         while True:
             if budget_end is not None and time.monotonic() > budget_end and not self._stopping:
@@ -299,7 +435,12 @@ class Orchestrator:
     def _poll(self, deadline: float) -> list[Message]:
         last = time.monotonic()
         while True:
-            msgs = self.engine.poll(0.5)
+            try:
+                msgs = self.engine.poll(0.5)
+            except WorkerError as err:
+                self._restart(err)  # re-raises unless the worker may be restarted
+                last = time.monotonic()
+                continue
             if msgs:
                 return msgs
             now = time.monotonic()
@@ -344,6 +485,9 @@ class Orchestrator:
             weight_versions=self._weight_versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
+            requeues=list(self.buffer.ledger.requeues),
+            restarts=list(self._restarts),
+            resumed_from=self._resumed_from,
         )
 
 
@@ -386,3 +530,15 @@ def run(
 
         engine = LocalEngine()
     return Orchestrator(cfg, engine, on_step=on_step).run()
+
+
+def train(
+    cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None
+) -> RunResult:
+    """Train ``cfg``'s policy on its task; the Python API (``nobubble.rl.train``).
+
+    ``on_step(step, metrics)`` is called in the driver after every trainer step. Call it
+    under ``if __name__ == "__main__":``: the local engine starts its workers with
+    ``spawn``, which imports the calling script again in every worker.
+    """
+    return run(cfg, on_step=on_step)

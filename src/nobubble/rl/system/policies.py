@@ -71,7 +71,8 @@ def _pretrained(path: str, vocab_size: int, **kwargs: Any) -> nn.Module:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     except OSError as err:
         raise ValueError(f"policy 'hf:{path}': no local checkpoint there ({err})") from None
-    have = int(model.get_input_embeddings().weight.shape[0])
+    embeddings: Any = model.get_input_embeddings()
+    have = int(embeddings.num_embeddings)
     if have < vocab_size:
         raise ValueError(
             f"policy 'hf:{path}' has {have} token ids, the task's tokenizer {vocab_size}; "

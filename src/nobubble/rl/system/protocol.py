@@ -16,7 +16,14 @@ __all__ = ["WorkerError", "Message", "Engine"]
 
 
 class WorkerError(RuntimeError):
-    """A stage worker raised or died; the message names the stage and carries its error."""
+    """A stage worker raised or died; the message names the stage and carries its error.
+
+    ``worker`` is the worker's name when one worker is to blame (None for a run-level
+    failure such as a timeout)."""
+
+    def __init__(self, message: str, worker: str | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,8 @@ class Message:
     ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``eval``; ``worker``: which
     worker; ``payload``: groups (rollout, reward), a TrainResult, or an EvalResult;
     ``spans``: busy spans to add to the timeline; ``weights``: for ``train``, the engine's
-    handle to the published weights (None where the engine publishes itself).
+    handle to the published weights (None where the engine publishes itself); ``state``:
+    for ``rollout``, the generator's RNG state after the call (checkpoints keep it).
     """
 
     kind: str
@@ -34,6 +42,7 @@ class Message:
     payload: Any = None
     spans: tuple[Span, ...] = ()
     weights: Any = None
+    state: Any = None
 
 
 class Engine(Protocol):
@@ -41,14 +50,27 @@ class Engine(Protocol):
 
     def start(self, cfg: RunConfig) -> list[str]: ...  # worker names by stage prefix
 
-    def submit_rollout(self, worker: str, requests: list[GroupRequest], weights: Any) -> None: ...
+    def submit_rollout(
+        self,
+        worker: str,
+        requests: list[GroupRequest],
+        weights: Any,
+        rng_state: Any = None,  # set the generator's RNG first (a resumed run)
+    ) -> None: ...
 
     def submit_reward(self, worker: str, groups: list[SampleGroup]) -> None: ...
 
-    def submit_train(self, groups: list[SampleGroup], evaluate: bool) -> None: ...
+    def submit_train(
+        self,
+        groups: list[SampleGroup],
+        evaluate: bool,
+        checkpoint: str | None = None,  # a folder: the trainer writes its checkpoint file there
+    ) -> None: ...
 
     def submit_eval(self) -> None: ...
 
     def poll(self, timeout_s: float) -> list[Message]: ...  # raises WorkerError
+
+    def restart(self, worker: str) -> None: ...  # a fresh worker of that name; it says ready
 
     def shutdown(self) -> None: ...

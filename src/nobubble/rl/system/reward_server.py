@@ -15,28 +15,27 @@ For failure experiments :func:`serve_rewards` can delay every answer (``delay_s`
 provoke client timeouts), fail every request (``fail_status``) or fail the first few
 (``fail_first``). From a shell::
 
-    python -m nobubble.rl.system.reward_server --reward my_pkg.verify:score --port 8000
-    python -m nobubble.rl.system.reward_server --task digits
+    nobubble rl reward-server --reward my_pkg.verify:score --port 8000
+    nobubble rl reward-server --task digits
 
 prints the url once and serves until Ctrl-C.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 from nobubble.validation import check_value
 
-__all__ = ["RewardServer", "serve_rewards", "main"]
+__all__ = ["RewardServer", "serve_rewards"]
 
 RewardFn = Callable[[str, str], float]
 
@@ -249,67 +248,3 @@ def _score_all(reward_fn: RewardFn, prompts: list[str], responses: list[str]) ->
             raise ValueError(f"returned {value!r} for pair {i}; return a finite float")
         rewards.append(float(value))
     return rewards
-
-
-class _ArgumentError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _ArgumentError(message)
-
-
-def _parser() -> _Parser:
-    parser = _Parser(
-        prog="python -m nobubble.rl.system.reward_server",
-        description="Serve a reward function over HTTP (POST /score).",
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--reward", help="reward function: 'pkg.module:fn' or 'file.py:fn'")
-    source.add_argument("--task", help="serve a built-in task's reward: digits or sum")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 = any free port")
-    return parser
-
-
-def _resolve_reward(args: argparse.Namespace) -> RewardFn:
-    if args.task is not None:
-        from nobubble.rl.system.tasks import make_task  # imports torch: only when asked
-
-        return make_task(args.task).reward
-    from nobubble.rl.system.imports import load_object
-
-    fn = load_object(args.reward, "reward")
-    if not callable(fn):
-        raise ValueError(f"reward {args.reward!r} is a {type(fn).__name__}, not a function")
-    return cast(RewardFn, fn)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Serve until Ctrl-C. Exit 0 on Ctrl-C, 2 on bad arguments, 1 if it cannot listen."""
-    try:
-        args = _parser().parse_args(argv)
-        if not 0 <= args.port <= 65535:
-            raise _ArgumentError(f"--port {args.port} must be in [0, 65535]")
-        reward_fn = _resolve_reward(args)
-    except (_ArgumentError, ValueError) as err:
-        print(f"reward_server: {err}", file=sys.stderr)
-        return 2
-    try:
-        server = serve_rewards(reward_fn, host=args.host, port=args.port)
-    except OSError as err:
-        print(f"reward_server: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
-        return 1
-    print(server.url, flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        server.close()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,6 +18,8 @@ Two processes with one torch thread each do run at the same time on two cores.
   them out before a chunk when the version moved.
 - Nothing waits forever: ``poll`` has a timeout, notices a worker that died without a word
   (exit code) or raised (its traceback), and ``shutdown`` terminates what does not stop.
+  Workers die with the driver (the parent-death signal), so a killed run leaves none
+  behind. ``restart`` replaces one worker with a fresh process of the same name.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
+from nobubble.distributed import die_with_parent
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
@@ -40,14 +43,21 @@ __all__ = ["LocalEngine"]
 
 
 def _worker_main(
-    name: str, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights, threads: int
+    name: str,
+    cfg: RunConfig,
+    inq: Any,
+    outq: Any,
+    shared: SharedWeights,
+    threads: int,
+    parent: int,
+    incarnation: int,
 ) -> None:
+    die_with_parent(parent)
     torch.set_num_threads(threads)
-    parent = os.getppid()
     try:
         from nobubble.rl.system.engines.worker import StageWorker
 
-        worker = StageWorker(name, cfg)
+        worker = StageWorker(name, cfg, incarnation)
         have = -1
         if worker.kind == "trainer":
             shared.publish(worker.trainer.model, worker.trainer.version)
@@ -65,11 +75,11 @@ def _worker_main(
             if op == "rollout":
                 have = shared.pull(worker.rollout.model, have)
                 worker.rollout.version = have
-                msgs = worker.rollout_cmd(cmd[1])
+                msgs = worker.rollout_cmd(cmd[1], cmd[2])
             elif op == "reward":
                 msgs = worker.reward_cmd(cmd[1])
             elif op == "train":
-                msg = worker.train_cmd(cmd[1])
+                msg = worker.train_cmd(cmd[1], cmd[3])
                 shared.publish(worker.trainer.model, worker.trainer.version)
                 msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
             elif op == "eval":
@@ -92,45 +102,75 @@ class LocalEngine:
         self._inq: dict[str, Any] = {}
         self._outq: Any = None
         self._shared: SharedWeights | None = None
+        self._ctx: Any = None
+        self._cfg: RunConfig | None = None
+        self._incarnation: dict[str, int] = {}
+        self._errors: list[WorkerError] = []
 
     def start(self, cfg: RunConfig) -> list[str]:
-        ctx = tmp.get_context("spawn")
-        shared = self._shared = SharedWeights(cfg.build_policy(), ctx)
+        ctx = self._ctx = tmp.get_context("spawn")
+        self._cfg = cfg
+        self._shared = SharedWeights(cfg.build_policy(), ctx)
         self._outq = ctx.Queue()
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         names.append("trainer")
-        threads = cfg.torch_threads()
         for name in names:
-            self._inq[name] = ctx.Queue()
-            t = 1 if name.startswith("reward") else threads
-            proc = ctx.Process(
-                target=_worker_main,
-                args=(name, cfg, self._inq[name], self._outq, shared, t),
-                daemon=True,
-                name=f"nobubble-rl-{name}",
-            )
-            proc.start()
-            self._procs[name] = proc
+            self._spawn(name)
         return names
+
+    def _spawn(self, name: str) -> None:
+        assert self._cfg is not None and self._ctx is not None  # set by start()
+        cfg = self._cfg
+        incarnation = self._incarnation.get(name, -1) + 1
+        self._incarnation[name] = incarnation
+        self._inq[name] = self._ctx.Queue()
+        threads = 1 if name.startswith("reward") else cfg.torch_threads()
+        args = (name, cfg, self._inq[name], self._outq, self._shared, threads)
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(*args, os.getpid(), incarnation),
+            daemon=True,
+            name=f"nobubble-rl-{name}",
+        )
+        proc.start()
+        self._procs[name] = proc
+
+    def restart(self, worker: str) -> None:
+        """Stop ``worker`` if it still runs and start a fresh process in its place; the new
+        one says ``ready``. Commands queued for the old one are dropped."""
+        if worker == "trainer":
+            raise WorkerError("the trainer is not restarted; resume from a checkpoint", worker)
+        old = self._procs.pop(worker)
+        if old.is_alive():
+            old.terminate()
+        old.join(timeout=5.0)
+        self._spawn(worker)
 
     def _send(self, worker: str, cmd: tuple) -> None:
         self._inq[worker].put(pickle.dumps(cmd))
 
-    def submit_rollout(self, worker: str, requests: list, weights: Any) -> None:
-        self._send(worker, ("rollout", requests))
+    def submit_rollout(
+        self, worker: str, requests: list, weights: Any, rng_state: Any = None
+    ) -> None:
+        self._send(worker, ("rollout", requests, rng_state))
 
     def submit_reward(self, worker: str, groups: list) -> None:
         self._send(worker, ("reward", groups))
 
-    def submit_train(self, groups: list, evaluate: bool) -> None:
-        self._send("trainer", ("train", groups, evaluate))
+    def submit_train(self, groups: list, evaluate: bool, checkpoint: str | None = None) -> None:
+        self._send("trainer", ("train", groups, evaluate, checkpoint))
 
     def submit_eval(self) -> None:
         self._send("trainer", ("eval",))
 
     def poll(self, timeout_s: float) -> list[Message]:
-        """Messages that arrived within ``timeout_s`` (all that are queued, once one is)."""
+        """Messages that arrived within ``timeout_s`` (all that are queued, once one is).
+
+        A worker's error is raised after the messages that arrived with it were returned
+        (on the next call), so no other worker's result is lost with it."""
+        if self._errors:
+            raise self._errors.pop(0)
         out: list[Message] = []
         raw: list[bytes] = []
         try:
@@ -142,9 +182,12 @@ class LocalEngine:
         for blob in raw:
             item = pickle.loads(blob)
             if isinstance(item, tuple) and item[0] == "error":
-                raise WorkerError(f"{item[1]} failed: {item[2]}")
-            out.append(item)
+                self._errors.append(WorkerError(f"{item[1]} failed: {item[2]}", item[1]))
+            else:
+                out.append(item)
         if not out:
+            if self._errors:
+                raise self._errors.pop(0)
             self._check_alive()
         return out
 
@@ -152,7 +195,8 @@ class LocalEngine:
         for name, proc in self._procs.items():
             if not proc.is_alive():
                 raise WorkerError(
-                    f"{name} died with exit code {proc.exitcode} without reporting an error"
+                    f"{name} died with exit code {proc.exitcode} without reporting an error",
+                    name,
                 )
 
     def shutdown(self) -> None:

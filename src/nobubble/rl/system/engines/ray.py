@@ -25,13 +25,13 @@ __all__ = ["RayEngine"]
 class _StageActor:
     """Actor body: a StageWorker plus the Ray plumbing for weights."""
 
-    def __init__(self, name: str, cfg: RunConfig, threads: int) -> None:
+    def __init__(self, name: str, cfg: RunConfig, threads: int, incarnation: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
         from nobubble.rl.system.engines.worker import StageWorker
 
-        self.worker = StageWorker(name, cfg)
+        self.worker = StageWorker(name, cfg, incarnation)
 
     def ready(self) -> list[Message]:
         return [Message("ready", self.worker.name)]
@@ -39,17 +39,22 @@ class _StageActor:
     def initial_weights(self) -> dict:
         return self.worker.state_dict()
 
-    def rollout(self, requests: list, version: int, state_dict: dict) -> list[Message]:
+    def version(self) -> int:
+        return self.worker.trainer.version
+
+    def rollout(
+        self, requests: list, version: int, state_dict: dict, rng_state: Any = None
+    ) -> list[Message]:
         self.worker.rollout.set_weights(version, state_dict)
-        return self.worker.rollout_cmd(requests)
+        return self.worker.rollout_cmd(requests, rng_state)
 
     def reward(self, groups: list) -> list[Message]:
         return self.worker.reward_cmd(groups)
 
-    def train(self, groups: list, evaluate: bool) -> list[Message]:
+    def train(self, groups: list, evaluate: bool, checkpoint: str | None) -> list[Message]:
         import ray
 
-        msg = self.worker.train_cmd(groups)
+        msg = self.worker.train_cmd(groups, checkpoint)
         ref = ray.put(self.worker.state_dict())
         msg = Message(msg.kind, msg.worker, msg.payload, msg.spans, (msg.payload.version, [ref]))
         return [msg, self.worker.eval_cmd()] if evaluate else [msg]
@@ -66,6 +71,9 @@ class RayEngine:
         self._pending: dict[Any, str] = {}
         self._started_ray = False
         self._weights: tuple[int, Any] | None = None
+        self._cfg: RunConfig | None = None
+        self._incarnation: dict[str, int] = {}
+        self._errors: list[WorkerError] = []
 
     def start(self, cfg: RunConfig) -> list[str]:
         import ray
@@ -80,37 +88,71 @@ class RayEngine:
                     log_to_driver=False,
                 )
             self._started_ray = True
-        actor_cls = ray.remote(_StageActor)
+        self._cfg = cfg
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         names.append("trainer")
         for name in names:
-            # reward workers mostly wait on verifiers: they take no CPU slot of their own
-            cpus = 0 if name.startswith("reward") else 1
-            opts = {"num_cpus": cpus, "max_restarts": 0, "name": None}
-            # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
-            actor: Any = actor_cls.options(**opts).remote(name, cfg, cfg.torch_threads())
-            self._actors[name] = actor
-            self._pending[actor.ready.remote()] = name
-        self._weights = (0, self._actors["trainer"].initial_weights.remote())
+            self._spawn(name)
+        trainer = self._actors["trainer"]
+        try:  # a resumed trainer starts at its checkpoint's version
+            version = ray.get(trainer.version.remote(), timeout=cfg.stall_timeout_s)
+        except Exception as err:  # RayActorError, GetTimeoutError
+            msg = f"trainer failed to start: {type(err).__name__}: {err}"
+            raise WorkerError(msg, "trainer") from err
+        self._weights = (version, trainer.initial_weights.remote())
         return names
+
+    def _spawn(self, name: str) -> None:
+        import ray
+
+        assert self._cfg is not None  # set by start()
+        incarnation = self._incarnation.get(name, -1) + 1
+        self._incarnation[name] = incarnation
+        # reward workers mostly wait on verifiers: they take no CPU slot of their own
+        cpus = 0 if name.startswith("reward") else 1
+        opts = {"num_cpus": cpus, "max_restarts": 0, "name": None}
+        # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
+        actor: Any = (
+            ray.remote(_StageActor)
+            .options(**opts)
+            .remote(name, self._cfg, self._cfg.torch_threads(), incarnation)
+        )
+        self._actors[name] = actor
+        self._pending[actor.ready.remote()] = name
+
+    def restart(self, worker: str) -> None:
+        """Kill ``worker``'s actor, forget its pending calls, start a fresh actor."""
+        import ray
+
+        if worker == "trainer":
+            raise WorkerError("the trainer is not restarted; resume from a checkpoint", worker)
+        try:
+            ray.kill(self._actors.pop(worker))
+        except Exception:  # noqa: BLE001 - an actor that already died is fine
+            pass
+        self._pending = {r: w for r, w in self._pending.items() if w != worker}
+        self._spawn(worker)
 
     def _submit(self, worker: str, ref: Any) -> None:
         self._pending[ref] = worker
 
-    def submit_rollout(self, worker: str, requests: list, weights: Any) -> None:
+    def submit_rollout(
+        self, worker: str, requests: list, weights: Any, rng_state: Any = None
+    ) -> None:
         if weights is not None:
             version, (ref,) = weights
             self._weights = (version, ref)
         assert self._weights is not None  # set by start()
         version, ref = self._weights
-        self._submit(worker, self._actors[worker].rollout.remote(requests, version, ref))
+        actor = self._actors[worker]
+        self._submit(worker, actor.rollout.remote(requests, version, ref, rng_state))
 
     def submit_reward(self, worker: str, groups: list) -> None:
         self._submit(worker, self._actors[worker].reward.remote(groups))
 
-    def submit_train(self, groups: list, evaluate: bool) -> None:
-        self._submit("trainer", self._actors["trainer"].train.remote(groups, evaluate))
+    def submit_train(self, groups: list, evaluate: bool, checkpoint: str | None = None) -> None:
+        self._submit("trainer", self._actors["trainer"].train.remote(groups, evaluate, checkpoint))
 
     def submit_eval(self) -> None:
         self._submit("trainer", self._actors["trainer"].evaluate.remote())
@@ -118,6 +160,8 @@ class RayEngine:
     def poll(self, timeout_s: float) -> list[Message]:
         import ray
 
+        if self._errors:  # held back from the last call, which returned other results
+            raise self._errors.pop(0)
         if not self._pending:
             return []
         refs = list(self._pending)
@@ -131,7 +175,11 @@ class RayEngine:
             try:
                 out.extend(ray.get(ref, timeout=60))
             except Exception as err:  # RayTaskError, RayActorError, GetTimeoutError
-                raise WorkerError(f"{name} failed: {type(err).__name__}: {err}") from err
+                error = WorkerError(f"{name} failed: {type(err).__name__}: {err}", name)
+                error.__cause__ = err
+                self._errors.append(error)
+        if not out and self._errors:
+            raise self._errors.pop(0)
         return out
 
     def shutdown(self) -> None:

@@ -4,17 +4,21 @@ A :class:`StageWorker` is what runs inside a local process or a Ray actor. It is
 the (picklable) :class:`~nobubble.rl.system.orchestrator.RunConfig` alone, so both engines start
 identical workers; ``handle`` turns one command into the messages for the orchestrator.
 
-Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit>"`` makes that
-worker raise (or exit the process without a word) on its ``call``-th command.
+Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill>"`` makes
+that worker raise, exit the process without a word, or SIGKILL itself on its ``call``-th
+command - in its first incarnation only, so a restarted worker runs clean.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from nobubble.rl.system.checkpoint import TRAINER_FILE, CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.protocol import Message
 from nobubble.rl.system.reward import Rewarder
@@ -31,9 +35,10 @@ class InjectedFault(RuntimeError):
 class StageWorker:
     """One stage worker: ``rollout-<i>``, ``reward-<i>`` or ``trainer``."""
 
-    def __init__(self, name: str, cfg: RunConfig, seed_offset: int = 0) -> None:
+    def __init__(self, name: str, cfg: RunConfig, incarnation: int = 0) -> None:
         self.name = name
         self.cfg = cfg
+        self.incarnation = incarnation
         self.task = cfg.make_task()
         self.calls = 0
         self.kind = name.split("-")[0]
@@ -50,6 +55,11 @@ class StageWorker:
             self.trainer = Trainer(
                 task=self.task, model=cfg.build_policy(self.task), cfg=cfg.trainer_config()
             )
+            folder = cfg.checkpoint_dir
+            ckpt = CheckpointStore(folder).latest() if cfg.resume and folder else None
+            if ckpt is not None:
+                t = self.trainer
+                t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.opt)
         elif self.kind == "reward":
             self.rewarder = Rewarder(
                 self.task, cfg.rewards, cfg.reward_config(), remote=cfg.remote_reward()
@@ -59,18 +69,23 @@ class StageWorker:
 
     def _maybe_fault(self) -> None:
         self.calls += 1
-        if not self.cfg.fault:
+        if not self.cfg.fault or self.incarnation:
             return
         who, call, how = self.cfg.fault.split(":")
         if who == self.name and int(call) == self.calls:
             if how == "exit":
                 os._exit(3)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             raise InjectedFault(f"{self.name}: injected failure on call {self.calls}")
 
-    def rollout_cmd(self, requests: list[Any]) -> list[Message]:
+    def rollout_cmd(self, requests: list[Any], rng_state: Any = None) -> list[Message]:
         self._maybe_fault()
+        if rng_state is not None:
+            self.rollout.generator.set_state(rng_state)
         groups, span = self.rollout.generate(requests)
-        return [Message("rollout", self.name, groups, (span,))]
+        state = self.rollout.generator.get_state()
+        return [Message("rollout", self.name, groups, (span,), state=state)]
 
     def reward_cmd(self, groups: list[Any]) -> list[Message]:
         self._maybe_fault()
@@ -81,10 +96,14 @@ class StageWorker:
             spans.append(span)
         return [Message("reward", self.name, out, tuple(spans))]
 
-    def train_cmd(self, groups: list[Any], weights: Any = None) -> Message:
+    def train_cmd(self, groups: list[Any], checkpoint: str | None = None) -> Message:
+        """One step; with ``checkpoint`` (a folder), the trainer's checkpoint file too."""
         self._maybe_fault()
         res = self.trainer.train_step(groups)
-        return Message("train", self.name, res, (res.span,), weights)
+        if checkpoint is not None:
+            t = self.trainer
+            save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.opt, t.version)
+        return Message("train", self.name, res, (res.span,))
 
     def eval_cmd(self) -> Message:
         ev = self.trainer.evaluate()
