@@ -132,7 +132,7 @@ def resolve_policy(policy: str, num_groups: int, num_nodes: int) -> str:
     ``num_groups == 1``; other group counts raise instead of silently ignoring the groups.
     """
     if policy not in ("auto", "hierarchical", "global"):
-        raise ValueError(f"policy_kwargs={policy!r}: use 'auto', 'hierarchical' or 'global'")
+        raise ValueError(f"policy={policy!r}: use 'auto', 'hierarchical' or 'global'")
     if policy == "global":
         return "global"
     if num_groups % num_nodes == 0:
