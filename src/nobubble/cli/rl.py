@@ -319,12 +319,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _reward_server(args: argparse.Namespace) -> int:
-    from nobubble.rl.system.reward_server import serve_rewards
+    from nobubble.rl.system.rewards.server import serve_rewards
 
     if args.port > 65535:
         raise ValueError(f"--port {args.port} must be in 0..65535")
     if args.task is not None:
-        from nobubble.rl.system.task_spec import resolve_task
+        from nobubble.rl.system.tasks.spec import resolve_task
 
         fn = resolve_task(args.task).reward
     else:

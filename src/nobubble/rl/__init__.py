@@ -18,9 +18,9 @@ from nobubble.rl.algo import __all__ as _algo_all
 _SYSTEM = {
     "train": "nobubble.rl.system.orchestrator",
     "RunConfig": "nobubble.rl.system.config",
-    "RunResult": "nobubble.rl.system.orchestrator",
-    "RewardSource": "nobubble.rl.system.reward",
-    "TaskSpec": "nobubble.rl.system.task_spec",
+    "RunResult": "nobubble.rl.system.result",
+    "RewardSource": "nobubble.rl.system.rewards",
+    "TaskSpec": "nobubble.rl.system.tasks.spec",
 }
 __all__ = [*_algo_all, *_SYSTEM]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nobubble.rl.system.policy import (
+from nobubble.rl.system.policies import (
     CharTransformer,
     PolicyConfig,
     response_logits,

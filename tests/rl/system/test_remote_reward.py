@@ -23,8 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nobubble.cli import main as cli_main
-from nobubble.rl.system.remote_reward import RemoteReward, RemoteRewardError
-from nobubble.rl.system.reward_server import serve_rewards
+from nobubble.rl.system.rewards.remote import RemoteReward, RemoteRewardError
+from nobubble.rl.system.rewards.server import serve_rewards
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.policy import response_logprobs
+from nobubble.rl.system.policies import response_logprobs
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import Trainer
 from nobubble.rl.system.types import GroupRequest

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from nobubble.rl.system.policies import build_policy
-from nobubble.rl.system.policy import (
+from nobubble.rl.system.policies import (
     CausalLMPolicy,
     CharTransformer,
     PolicyConfig,
+    build_policy,
     response_logprobs,
     sample,
 )
-from nobubble.rl.system.reward import RewardConfig, Rewarder, RewardSource, parse_reward
-from nobubble.rl.system.task_spec import TaskSpec, resolve_task
+from nobubble.rl.system.rewards import RewardConfig, Rewarder, RewardSource, parse_reward
+from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 from nobubble.rl.system.types import Sample, SampleGroup
 
 USER = Path(__file__).parent / "user_files" / "my_rl.py"

@@ -13,9 +13,9 @@ from typing import Any
 from torch import nn
 
 from nobubble.rl.system.policies import build_policy, check_policy_spec
-from nobubble.rl.system.reward import RewardConfig, RewardSource, parse_reward
+from nobubble.rl.system.rewards import RewardConfig, RewardSource, parse_reward
 from nobubble.rl.system.rollout import RolloutConfig
-from nobubble.rl.system.task_spec import TaskSpec, resolve_task
+from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 from nobubble.rl.system.trainer import ALGOS, TrainerConfig
 from nobubble.validation import check_fields
 
@@ -34,7 +34,7 @@ class RunConfig:
     Attributes:
         task: ``digits`` or ``sum`` (built in), ``rg:<name>`` (reasoning-gym), an import
             path ``module:attr`` / ``file.py:attr`` to a task object, class or factory, or
-            the object itself (see :mod:`~nobubble.rl.system.task_spec`); ``task_kwargs``
+            the object itself (see :mod:`~nobubble.rl.system.tasks.spec`); ``task_kwargs``
             are the task's settings.
         policy: ``char`` (built in), ``gpt2`` (Hugging Face, from a config), ``hf:DIR`` (a
             local checkpoint), an import path to a factory, or the factory itself (see
@@ -193,7 +193,7 @@ class RunConfig:
         """The remote reward client, or None without ``reward_url``."""
         if self.reward_url is None:
             return None
-        from nobubble.rl.system.remote_reward import RemoteReward
+        from nobubble.rl.system.rewards.remote import RemoteReward
 
         cfg = self.reward_config()
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)

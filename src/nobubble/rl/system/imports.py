@@ -2,7 +2,8 @@
 
 Every user-supplied part of a run (policy factory, task, reward function) may be given as a
 string, so that worker processes and Ray actors rebuild it themselves and nothing depends
-on the driver's ``__main__``. A file path is loaded under a module name derived from its
+on the driver's ``__main__``. :func:`missing_extra` words the error for an optional
+package that is not installed. A file path is loaded under a module name derived from its
 absolute path, once per process, so a worker that loads the same file twice gets the same
 object.
 """
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_import_path", "load_object"]
+__all__ = ["is_import_path", "load_object", "missing_extra"]
 
 
 def is_import_path(spec: str) -> bool:
@@ -72,3 +73,8 @@ def load_object(spec: str, what: str = "object") -> Any:
         except AttributeError:
             raise ValueError(f"{what} {spec!r}: {head} has no attribute {attr!r}") from None
     return obj
+
+
+def missing_extra(package: str, extra: str) -> ImportError:
+    """The one-line error for an optional package that is not installed."""
+    return ImportError(f"{package} is not installed; pip install 'nobubble[{extra}]'")

@@ -34,14 +34,14 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nobubble.rl.system.checkpoint import RESUME_KEYS, CheckpointStore
 from nobubble.rl.system.config import DEFAULT_STALENESS, ENGINES, MODES, RunConfig
-from nobubble.rl.system.experience import ExperienceBuffer, LedgerSummary
+from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.protocol import Engine, Message, WorkerError
+from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 
 __all__ = [
@@ -60,75 +60,6 @@ __all__ = [
 ]
 
 MAX_RESTARTS = 3  # per worker, with restart_workers
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    """One evaluation: policy version, wall-clock seconds since start, accuracy, rewards."""
-
-    step: int
-    wall_s: float
-    accuracy: float
-    eval_reward: float
-    train_reward: float | None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a run measured (see :meth:`to_json` for the machine-readable form)."""
-
-    config: dict[str, Any]
-    steps: int
-    wall_s: float
-    trained_samples: int
-    samples_per_s: float
-    initial_accuracy: float
-    final_accuracy: float
-    curve: list[CurvePoint]
-    staleness_hist: dict[int, int]
-    staleness_max: int
-    idle_ratio: dict[str, float]
-    busy_s: dict[str, float]
-    ledger: LedgerSummary
-    fates: dict[int, str]
-    group_versions: dict[int, list[int]]
-    weight_versions: list[int]
-    spans: list[Span]
-    t0: float
-    requeues: list[tuple[int, str]] = field(default_factory=list)
-    restarts: list[str] = field(default_factory=list)
-    resumed_from: str | None = None
-
-    def time_to_accuracy(self, target: float) -> float | None:
-        for p in self.curve:
-            if p.accuracy >= target:
-                return p.wall_s
-        return None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "config": self.config,
-            "steps": self.steps,
-            "wall_s": self.wall_s,
-            "trained_samples": self.trained_samples,
-            "samples_per_s": self.samples_per_s,
-            "initial_accuracy": self.initial_accuracy,
-            "final_accuracy": self.final_accuracy,
-            "staleness_max": self.staleness_max,
-            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-            "idle_ratio": self.idle_ratio,
-            "busy_s": self.busy_s,
-            "ledger": {
-                "generated": self.ledger.generated,
-                "trained": self.ledger.trained,
-                "dropped": self.ledger.dropped,
-                "requeued": self.ledger.requeued,
-                "ok": self.ledger.ok,
-            },
-            "restarts": self.restarts,
-            "resumed_from": self.resumed_from,
-            "curve": [asdict(p) for p in self.curve],
-        }
 
 
 class Orchestrator:
@@ -465,7 +396,7 @@ class Orchestrator:
         ]
         end = max((s.end_s for s in train_spans), default=self._t0)
         wall = max(end - self._t0, 1e-9)
-        busy, idle = _stage_busy(self._spans, self._t0, end)
+        busy, idle = stage_busy(self._spans, self._t0, end)
         return RunResult(
             config=cfg.to_dict(),
             steps=self._version,
@@ -489,32 +420,6 @@ class Orchestrator:
             restarts=list(self._restarts),
             resumed_from=self._resumed_from,
         )
-
-
-def _stage_busy(
-    spans: list[Span], t0: float, end: float
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Busy seconds and idle ratio per stage over ``[t0, end]`` (union of the stage's
-    workers' spans; evaluation counts as trainer work)."""
-    out_busy, out_idle = {}, {}
-    span_s = max(end - t0, 1e-9)
-    for stage in ("rollout", "reward", "trainer"):
-        ivs = sorted((max(s.start_s, t0), min(s.end_s, end)) for s in spans if s.stage == stage)
-        # cur_s is read only while cur_e is set (the current merged interval)
-        busy, cur_s = 0.0, 0.0
-        cur_e: float | None = None
-        for a, b in ivs:
-            if b <= a:
-                continue
-            if cur_e is None or a > cur_e:
-                busy += 0.0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = a, b
-            else:
-                cur_e = max(cur_e, b)
-        busy += 0.0 if cur_e is None else cur_e - cur_s
-        out_busy[stage] = busy
-        out_idle[stage] = max(0.0, 1.0 - busy / span_s)
-    return out_busy, out_idle
 
 
 def run(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.files import save_figure
-from nobubble.rl.system.orchestrator import RunResult
+from nobubble.rl.system.result import RunResult
 from nobubble.trace import Event, write_chrome_trace
 
 __all__ = ["STAGES", "trace_events", "write_trace", "plot_runs", "summary_row", "SUMMARY_COLUMNS"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nobubble.rl.system.policy import sample
-from nobubble.rl.system.task_spec import TaskSpec
+from nobubble.rl.system.policies import sample
+from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
 from nobubble.rl.system.weight_sync import check_newer
 

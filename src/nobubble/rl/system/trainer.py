@@ -29,8 +29,8 @@ from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import aggregate_loss, decoupled_ppo_loss, ppo_policy_loss
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag
 from nobubble.rl.algo.vtrace import vtrace
-from nobubble.rl.system.policy import prompt_attention_mask, response_logits, sample
-from nobubble.rl.system.task_spec import TaskSpec
+from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
+from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import check_fields
 
@@ -135,7 +135,7 @@ class Trainer:
     """Holds the learner's policy and optimizer; ``version`` counts optimizer steps.
 
     ``model`` is a policy model (``forward -> (logits, values)``, see
-    :func:`~nobubble.rl.system.policy.as_policy`); the trainer owns it from here on.
+    :func:`~nobubble.rl.system.policies.as_policy`); the trainer owns it from here on.
     """
 
     def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> None:

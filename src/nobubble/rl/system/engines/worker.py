@@ -21,7 +21,7 @@ import torch
 from nobubble.rl.system.checkpoint import TRAINER_FILE, CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.protocol import Message
-from nobubble.rl.system.reward import Rewarder
+from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import Trainer
 

@@ -3,8 +3,8 @@
 ``RunConfig.policy`` picks the model; :func:`build_policy` builds it in every process that
 needs one (the trainer, each generator), from the spec alone:
 
-- ``"char"`` - the built-in :class:`~nobubble.rl.system.policy.CharTransformer`;
-  ``policy_kwargs`` are :class:`~nobubble.rl.system.policy.PolicyConfig` fields (``hidden``,
+- ``"char"`` - the built-in :class:`~nobubble.rl.system.policies.CharTransformer`;
+  ``policy_kwargs`` are :class:`~nobubble.rl.system.policies.PolicyConfig` fields (``hidden``,
   ``num_layers``, ``num_heads``).
 - ``"gpt2"`` - a Hugging Face GPT-2 built from a ``GPT2Config`` (no download);
   ``policy_kwargs`` are config fields (default 2 layers, width 64, 4 heads, no dropout).
@@ -15,7 +15,7 @@ needs one (the trainer, each generator), from the spec alone:
 - a callable - the same factory, passed as an object (it must pickle: a module-level
   function).
 
-Whatever the factory returns is wrapped by :func:`~nobubble.rl.system.policy.as_policy`
+Whatever the factory returns is wrapped by :func:`~nobubble.rl.system.policies.as_policy`
 unless it already returns ``(logits, values)``.
 """
 
@@ -26,17 +26,13 @@ from typing import Any
 
 from torch import nn
 
-from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.policy import CharTransformer, PolicyConfig, as_policy
+from nobubble.rl.system.imports import is_import_path, load_object, missing_extra
+from nobubble.rl.system.policies.causal_lm import as_policy
+from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
 
-__all__ = ["BUILTIN_POLICIES", "build_policy", "check_policy_spec", "missing_extra"]
+__all__ = ["BUILTIN_POLICIES", "build_policy", "check_policy_spec"]
 
 BUILTIN_POLICIES = ("char", "gpt2")
-
-
-def missing_extra(package: str, extra: str) -> ImportError:
-    """The one-line error for an optional package that is not installed."""
-    return ImportError(f"{package} is not installed; pip install 'nobubble[{extra}]'")
 
 
 def _gpt2(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:
@@ -86,14 +82,12 @@ def check_policy_spec(spec: str | Callable[..., nn.Module]) -> None:
     if callable(spec) and not isinstance(spec, str):
         return
     if not isinstance(spec, str):
-        raise ValueError(
-            f"policy_kwargs={spec!r} must be a name, 'hf:DIR', an import path or a callable"
-        )
+        raise ValueError(f"policy={spec!r} must be a name, 'hf:DIR', an import path or a callable")
     if spec in BUILTIN_POLICIES or spec.startswith("hf:"):
         return
     if not is_import_path(spec):
         raise ValueError(
-            f"policy_kwargs={spec!r} is unknown; choose {', '.join(BUILTIN_POLICIES)}, 'hf:DIR' or "
+            f"policy={spec!r} is unknown; choose {', '.join(BUILTIN_POLICIES)}, 'hf:DIR' or "
             "'module:factory'"
         )
     if not callable(load_object(spec, "policy")):

@@ -1,7 +1,7 @@
 """The built-in tasks with verifiable rewards and an enumerable evaluation set.
 
 Any object with the methods of :class:`Task` is a task too (see
-:mod:`~nobubble.rl.system.task_spec`, which fills in what a task leaves out).
+:mod:`~nobubble.rl.system.tasks.spec`, which fills in what a task leaves out).
 
 - :class:`DigitsTask` - digit completion. The prompt ``"a,b:m,n"`` gives the first two terms
   of an arithmetic sequence modulo ``m`` and asks for the next ``n`` terms, written as one
@@ -75,7 +75,7 @@ class CharTokenizer:
 class Task(Protocol):
     """The least a task has: prompts, a verifier, room for a response.
 
-    Optional, filled in by :class:`~nobubble.rl.system.task_spec.TaskSpec` when absent:
+    Optional, filled in by :class:`~nobubble.rl.system.tasks.spec.TaskSpec` when absent:
     ``prompts()`` (the training pool; default the evaluation set), ``answer(prompt)`` or
     ``is_correct(prompt, response)`` (accuracy; default reward >= 1), ``tokenizer`` (default
     characters), ``response_budget(prompt)``, ``name``.

@@ -26,7 +26,7 @@ list, wrong length, a value that is not a finite number). Such an attempt is ret
 (``k = 0, 1, ...``). Any other non-2xx status (4xx: a bad request, i.e. a client or
 deployment bug) is not retried. When no attempt succeeds :class:`RemoteRewardError` is
 raised, naming the url, the number of attempts and the last error - a made-up score is
-never returned. :func:`nobubble.rl.system.reward_server.serve_rewards` is a reference server
+never returned. :func:`nobubble.rl.system.rewards.server.serve_rewards` is a reference server
 that speaks this format.
 """
 

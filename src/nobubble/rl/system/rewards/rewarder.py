@@ -5,7 +5,7 @@ The reward of a sample is a weighted sum of *reward sources* (:class:`RewardSour
 - ``"task"`` - the task's own ``reward(prompt, response)`` (the default, weight 1);
 - ``"module:fn"`` / ``"file.py:fn"`` or a callable ``fn(prompt, response) -> float``;
 - a remote reward service (``RunConfig.reward_url``), asked once per group in one batch
-  (:class:`~nobubble.rl.system.remote_reward.RemoteReward`).
+  (:class:`~nobubble.rl.system.rewards.remote.RemoteReward`).
 
 Every value may be any finite real. :class:`Rewarder` calls the local sources for every
 sample with up to ``max_retries`` retries; a sample whose reward still raises (or is not a
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.task_spec import TaskSpec
+from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 
 __all__ = [

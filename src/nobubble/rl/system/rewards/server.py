@@ -1,6 +1,6 @@
 """A small reference reward server, for tests, demos and as a template for a real one.
 
-It speaks the wire format of :mod:`nobubble.rl.system.remote_reward`::
+It speaks the wire format of :mod:`nobubble.rl.system.rewards.remote`::
 
     POST .../score   {"prompts": [...], "responses": [...]}
     200              {"rewards": [reward_fn(p, r) for p, r in pairs]}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nobubble.rl.system.policies import missing_extra
+from nobubble.rl.system.imports import missing_extra
 
 __all__ = ["ReasoningGymTask"]
 

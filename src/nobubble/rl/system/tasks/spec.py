@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.tasks import TASK_NAMES, CharTokenizer, make_task
+from nobubble.rl.system.tasks.builtin import TASK_NAMES, CharTokenizer, make_task
 
 __all__ = ["TaskSpec", "resolve_task"]
 
@@ -152,7 +152,7 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
         if task in TASK_NAMES:
             return TaskSpec(make_task(task, **kw))
         if task.startswith("rg:"):
-            from nobubble.rl.system.rg_task import ReasoningGymTask
+            from nobubble.rl.system.tasks.rg import ReasoningGymTask
 
             return TaskSpec(ReasoningGymTask(task[3:], **kw), name=task)
         if not is_import_path(task):
