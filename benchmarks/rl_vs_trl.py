@@ -16,8 +16,7 @@ accuracy curve against wall clock.
     python benchmarks/rl_vs_trl.py --only trl --steps 30
     python benchmarks/rl_vs_trl.py --only nobubble
 
-TRL is not a nobubble dependency: ``pip install "trl==1.16.0"`` (pulls accelerate and
-datasets; check that it leaves torch alone).
+TRL is not a nobubble dependency: the ``bench`` extra installs it (``make bench`` does).
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from nobubble.files import write_text
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -378,19 +379,12 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         try:
             import trl  # noqa: F401
         except ImportError as err:
-            runs["trl"] = _missing("trl", err, args.only, 'pip install "trl==1.16.0"')
+            runs["trl"] = _missing("trl", err, args.only, "pip install 'nobubble[bench]'")
         else:
             runs["trl"] = run_trl(args)
     if args.only in ("nobubble", "all"):
         for mode in NOBUBBLE_MODES:
-            try:
-                from nobubble.rl import RunConfig, train  # noqa: F401
-            except ImportError as err:
-                runs[f"nobubble-{mode}"] = _missing(
-                    f"nobubble-{mode}", err, args.only, "nobubble.rl has no train() yet"
-                )
-            else:
-                runs[f"nobubble-{mode}"] = run_nobubble(mode, args)
+            runs[f"nobubble-{mode}"] = run_nobubble(mode, args)
     ratios = {}
     base = runs.get("trl", {}).get("samples_per_s")
     for name, r in runs.items():
@@ -406,16 +400,6 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
     }
     return {"setup": setup, "runs": runs, "ratios": ratios}
-
-
-def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file, so a reader never sees a
-    half-written result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -442,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     result = run_all(args)
-    write_atomic(args.out, result)
+    write_text(args.out, json.dumps(result, indent=2))
     print_summary(result)
     print(f"wrote {args.out}")
 
