@@ -5,8 +5,9 @@ idle ratios (``--json`` for machine output); it writes a Chrome trace of the sta
 spans and a PNG of the curves. ``--task``, ``--policy`` and ``--reward`` take the user's own
 task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``--resume`` make
 a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP. ``nobubble rl compare`` runs the three modes on the same
-budget (``--ablation``: max_staleness = 16 with a slow trainer, naive PPO against decoupled PPO and
-V-trace) and prints a table and a plot.
+budget and prints a table and a plot; ``--ablation`` turns each lag fix (drop > K, age
+weights, KL, replay uniform / prioritized, decoupled PPO, V-trace) on alone and all together
+at each max staleness of ``--etas``, with a slow trainer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,20 @@ from nobubble.cli.util import (
 )
 
 MODES = ("sync", "one-step-off", "fully-async")
-ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace")
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
+PRESETS = ("conservative", "aggressive")
+# the ablation: each lag fix alone, then all of them (the aggressive preset)
+ABLATION: dict[str, dict[str, Any]] = {
+    "naive PPO": {},
+    "drop>K": {"drop_staleness": "quarter"},
+    "age weights": {"trainer": {"staleness_weighting": "inverse"}},
+    "KL to ref": {"trainer": {"kl_coef": 0.1, "kl_refresh_every": 20}},
+    "replay uniform": {"replay": "uniform", "replay_capacity": 64, "replay_groups": 4},
+    "replay prioritized": {"replay": "prioritized", "replay_capacity": 64, "replay_groups": 4},
+    "decoupled PPO": {"algo": "decoupled-ppo"},
+    "V-trace": {"algo": "vtrace"},
+    "all (aggressive)": {"preset": "aggressive"},
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +64,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4)",
     )
-    train.add_argument("--algo", choices=ALGOS, default="grpo")
+    train.add_argument("--algo", choices=ALGOS, default=None, help="default grpo (or the preset's)")
+    _lag_flags(train)
     ck = train.add_argument_group("checkpoints and recovery")
     ck.add_argument(
         "--checkpoint-dir", type=output_dir, default=None, metavar="DIR", help="checkpoint folder"
@@ -87,9 +102,63 @@ def register(parser: argparse.ArgumentParser) -> None:
     compare.add_argument(
         "--ablation",
         action="store_true",
-        help="max_staleness=16 with a slow trainer: naive PPO vs decoupled PPO vs V-trace",
+        help="each lag fix alone and all together, at each --etas, with a slow trainer",
+    )
+    compare.add_argument(
+        "--etas",
+        default="8,16",
+        metavar="LIST",
+        help="max staleness values of the ablation (default 8,16)",
     )
     compare.set_defaults(func=_compare)
+
+
+def _lag_flags(p: argparse.ArgumentParser) -> None:
+    lag = p.add_argument_group("lag control (each overrides --preset)")
+    lag.add_argument("--preset", choices=PRESETS, default=None, help="the source's recipes")
+    lag.add_argument(
+        "--drop-staleness", type=nonneg_int, default=None, metavar="K",
+        help="drop samples older than K versions (default: the staleness bound)",
+    )  # fmt: skip
+    lag.add_argument(
+        "--staleness-weighting", choices=("none", "inverse", "exp"), default=None,
+        help="weight each sample's loss by its age: 1/(1+lag) or 0.5**lag",
+    )  # fmt: skip
+    lag.add_argument(
+        "--kl-coef", type=nonneg_float, default=None, help="KL penalty to a reference policy"
+    )
+    lag.add_argument(
+        "--kl-refresh-every", type=nonneg_int, default=None, metavar="N",
+        help="refresh the KL reference every N steps (0 = the frozen initial policy)",
+    )  # fmt: skip
+    lag.add_argument(
+        "--sync-every", type=nonneg_int, default=0, metavar="N",
+        help="force a full sync every N steps (0 = never)",
+    )  # fmt: skip
+    lag.add_argument("--replay", choices=("none", "uniform", "prioritized"), default=None)
+    lag.add_argument(
+        "--replay-capacity", type=nonneg_int, default=None, metavar="G", help="groups kept"
+    )
+    lag.add_argument(
+        "--replay-groups", type=nonneg_int, default=None, metavar="G",
+        help="groups drawn from the replay per step",
+    )  # fmt: skip
+
+
+def _lag_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The lag-control flags that were given (None = leave to the preset)."""
+    out: dict[str, Any] = {"preset": args.preset, "sync_every": args.sync_every}
+    for name in ("drop_staleness", "replay", "replay_capacity", "replay_groups"):
+        if getattr(args, name) is not None:
+            out[name] = getattr(args, name)
+    trainer = {
+        name: getattr(args, name)
+        for name in ("staleness_weighting", "kl_coef", "kl_refresh_every")
+        if getattr(args, name) is not None
+    }
+    if trainer:
+        out["trainer"] = trainer
+    return out
 
 
 def _json_dict(text: str) -> dict:
@@ -254,7 +323,10 @@ def _train(args: argparse.Namespace) -> int:
         "resume": args.resume,
         "restart_workers": args.restart_workers,
     }
-    cfg = _config(args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt)
+    lag = _lag_settings(args)
+    cfg = _config(
+        args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag
+    )
     label = f"{cfg.mode}" + (
         f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
     )
@@ -280,23 +352,9 @@ def _compare(args: argparse.Namespace) -> int:
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     if args.ablation:
-        trainer_delay = args.trainer_delay or 0.3
-        runs = {
-            algo: _config(
-                args,
-                mode="fully-async",
-                max_staleness=16,
-                algo=algo,
-                trainer={"delay_s": trainer_delay},
-                groups_per_rollout=1,
-            )
-            for algo in ("grpo", "decoupled-ppo", "vtrace")
-        }
-        title = f"ablation: fully-async max_staleness=16, trainer +{trainer_delay}s/step"
-        stem = "ablation"
-    else:
-        runs = {m: _config(args, mode=m) for m in MODES}
-        title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
+        return _ablation(args)
+    runs = {m: _config(args, mode=m) for m in MODES}
+    title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
     results = {}
     for label, cfg in runs.items():
         results[label] = _run_with_progress(cfg, label, quiet=args.json)
@@ -346,3 +404,63 @@ def _reward_server(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.close()
+
+
+def _etas(text: str) -> list[int]:
+    try:
+        etas = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--etas {text!r}: give integers like 8,16") from None
+    if not etas or min(etas) < 1:
+        raise ValueError(f"--etas {text!r}: give staleness bounds >= 1, like 8,16")
+    return etas
+
+
+def _ablation(args: argparse.Namespace) -> int:
+    """Each lag fix alone and all together, at each eta: table, JSON and one plot per eta."""
+    from nobubble.rl.system.report import plot_runs
+
+    etas = _etas(args.etas)
+    delay = args.trainer_delay or 0.3
+    if args.steps is None:
+        args.steps = 150
+    runs = {}
+    for eta in etas:
+        for fix, over in ABLATION.items():
+            over = dict(over)
+            if over.get("drop_staleness") == "quarter":
+                over["drop_staleness"] = max(1, eta // 4)
+            trainer = {"delay_s": delay, **over.pop("trainer", {})}
+            runs[(eta, fix)] = _config(
+                args,
+                mode="fully-async",
+                max_staleness=eta,
+                groups_per_rollout=1,
+                trainer=trainer,
+                **over,
+            )
+    results = {}
+    for (eta, fix), cfg in runs.items():
+        results[(eta, fix)] = _run_with_progress(cfg, f"eta={eta} {fix}", quiet=args.json)
+    paths = {}
+    for eta in etas:
+        mine = {fix: r for (e, fix), r in results.items() if e == eta}
+        title = f"ablation: fully-async, max staleness {eta}, trainer +{delay}s/step"
+        png = plot_runs(mine, args.out / f"ablation_eta{eta}.png", title=title)
+        paths[f"plot:eta{eta}"] = str(png)
+    if args.json:
+        runs_json = {f"eta{e}:{fix}": r.to_json() for (e, fix), r in results.items()}
+        print_json({"runs": runs_json, "artifacts": paths})
+        return 0
+    rows = []
+    for (eta, fix), r in results.items():
+        t90 = r.time_to_accuracy(0.9)
+        rows.append(
+            [fix, eta, f"{r.final_accuracy:.3f}", "-" if t90 is None else f"{t90:.1f}",
+             f"{r.samples_per_s:.0f}", r.ledger.dropped["stale"], r.ledger.reused]
+        )  # fmt: skip
+    cols = ["fix", "eta", "final acc", "time to 0.9 s", "samples/s", "dropped stale", "reused"]
+    print_table(f"ablation ({args.steps} steps, trainer +{delay}s/step)", cols, rows)
+    for name, p in paths.items():
+        print(f"{name}: {p}")
+    return 0

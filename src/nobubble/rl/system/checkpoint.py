@@ -4,9 +4,9 @@ A checkpoint is a folder ``step-<N>-<token>/`` under the run's checkpoint folder
 files, and the one-line pointer ``latest`` that names the newest complete one:
 
 - ``trainer.pt`` - written by the trainer process itself: policy and optimizer state, the
-  weight version, torch's RNG state;
+  weight version, torch's RNG state, the KL reference policy;
 - ``orchestrator.pt`` - written by the driver: the experience buffer (scored groups waiting
-  for the trainer), the ledger, the groups in flight (requeued on resume under their group
+  for the trainer), the replay, the ledger, the groups in flight (requeued on resume under their group
   and prompt ids), the prompt sampler's RNG, each generator's RNG, the curve, and the
   config it was taken under.
 
@@ -61,23 +61,30 @@ def _save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-def save_trainer(path: str | os.PathLike[str], model: Any, opt: Any, version: int) -> Path:
-    """Write the trainer's part of a checkpoint to ``path`` atomically."""
+def save_trainer(
+    path: str | os.PathLike[str], model: Any, opt: Any, version: int, reference: Any = None
+) -> Path:
+    """Write the trainer's part of a checkpoint to ``path`` atomically (``reference``: the
+    KL penalty's reference policy, when there is one)."""
     path = Path(path)
     state = {
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
         "version": version,
         "torch_rng": torch.get_rng_state(),
+        "reference": None if reference is None else reference.state_dict(),
     }
     _save(state, path)
     return path
 
 
-def load_trainer(path: str | os.PathLike[str], model: Any, opt: Any) -> int:
-    """Load ``path`` into ``model`` and ``opt`` (and torch's RNG); returns the version."""
+def load_trainer(path: str | os.PathLike[str], model: Any, opt: Any, reference: Any = None) -> int:
+    """Load ``path`` into ``model``, ``opt``, ``reference`` (and torch's RNG); returns the
+    version."""
     state = torch.load(Path(path), weights_only=False)
     model.load_state_dict(state["model"])
+    if reference is not None and state.get("reference") is not None:
+        reference.load_state_dict(state["reference"])
     opt.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     return int(state["version"])

@@ -13,6 +13,8 @@ from typing import Any
 from torch import nn
 
 from nobubble.rl.system.policies import build_policy, check_policy_spec
+from nobubble.rl.system.presets import resolve_preset
+from nobubble.rl.system.replay import ReplayConfig
 from nobubble.rl.system.rewards import RewardConfig, RewardSource, parse_reward
 from nobubble.rl.system.rollout import RolloutConfig
 from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
@@ -46,7 +48,17 @@ class RunConfig:
         max_staleness: versions a sample may lag the trainer; None = the mode's default (0, 1,
             4); :attr:`effective_max_staleness` is the bound in force.
             ``sync`` requires 0.
-        algo: ``grpo``, ``ppo``, ``decoupled-ppo`` or ``vtrace``.
+        algo: ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace`` or ``vtrace-ppo`` (None =
+            the preset's, else ``grpo``).
+        preset: ``conservative`` or ``aggressive`` (:mod:`~nobubble.rl.system.presets`):
+            fills every lag-control setting left None; explicit settings win.
+        drop_staleness: drop ready groups older than K versions (``dropped:stale``); None =
+            ``max_staleness``.
+        sync_every: force a full sync every N steps (that step trains only groups of the
+            current version; older ready ones are dropped as ``synced``); 0 = never.
+        replay: ``none``, ``uniform`` or ``prioritized`` (None = the preset's, else none);
+            ``replay_capacity`` groups are kept, ``replay_groups`` drawn again per step
+            (:mod:`~nobubble.rl.system.replay`); ``replay_alpha``, ``replay_beta``.
         engine: ``local`` (processes on this machine) or ``ray``.
         steps: trainer steps (stop when reached).
         time_budget_s: stop after this many seconds of training (None = no limit).
@@ -70,7 +82,15 @@ class RunConfig:
     task_kwargs: dict = field(default_factory=dict)
     mode: str = "sync"
     max_staleness: int | None = None
-    algo: str = "grpo"
+    algo: str | None = None
+    preset: str | None = None
+    sync_every: int = 0
+    drop_staleness: int | None = None
+    replay: str | None = None
+    replay_capacity: int | None = None
+    replay_groups: int | None = None
+    replay_alpha: float = 0.6
+    replay_beta: float = 0.4
     engine: str = "local"
     steps: int = 400
     time_budget_s: float | None = None
@@ -102,6 +122,19 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}")
+        presettable = ("algo", "max_staleness", "replay", "replay_capacity", "replay_groups")
+        given = {n: getattr(self, n) for n in presettable}
+        resolved, trainer = resolve_preset(
+            self.preset,
+            mode=self.mode,
+            group_size=self.group_size,
+            batch_groups=self.batch_groups,
+            given=given,
+            trainer=self.trainer,
+        )
+        for name, value in resolved.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "trainer", trainer)
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
@@ -135,6 +168,11 @@ class RunConfig:
             parts = self.fault.split(":")
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
                 raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<raise|exit|kill>'")
+        if self.drop_staleness is not None and self.drop_staleness < 0:
+            raise ValueError(f"drop_staleness={self.drop_staleness} must be >= 0")
+        if self.sync_every < 0:
+            raise ValueError(f"sync_every={self.sync_every} must be >= 0 (0 = never)")
+        self.replay_config()
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
@@ -165,6 +203,13 @@ class RunConfig:
         return DEFAULT_STALENESS[self.mode] if self.max_staleness is None else self.max_staleness
 
     @property
+    def effective_drop_staleness(self) -> int:
+        """``drop_staleness``, or the staleness bound when it is None."""
+        if self.drop_staleness is None:
+            return self.effective_max_staleness
+        return min(self.drop_staleness, self.effective_max_staleness)
+
+    @property
     def effective_groups_per_rollout(self) -> int:
         """``groups_per_rollout``, or the mode's default (B, or B/4 in fully-async)."""
         if self.groups_per_rollout is not None:
@@ -187,6 +232,15 @@ class RunConfig:
             vocab_size=task.tokenizer.vocab_size,
             max_seq_len=task.max_seq_len,
             kwargs=self.policy_kwargs,
+        )
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig(
+            mode=str(self.replay),
+            capacity=int(self.replay_capacity or 0),
+            groups_per_step=int(self.replay_groups or 0),
+            alpha=self.replay_alpha,
+            beta=self.replay_beta,
         )
 
     def remote_reward(self) -> Any:
@@ -215,6 +269,7 @@ class RunConfig:
             **out,
             "max_staleness": self.effective_max_staleness,
             "groups_per_rollout": self.effective_groups_per_rollout,
+            "drop_staleness": self.effective_drop_staleness,
         }
 
 

@@ -12,9 +12,14 @@ would exceed ``max_staleness`` is dropped with reason ``"stale"``; a group with 
 reward is dropped with reason ``"reward_failed"``; groups still in flight at the end are
 dropped with reason ``"unfinished"``.
 
+A step that forces a full sync (``sync_every``) trains only groups of the trainer's current
+version; older ready groups are dropped with reason ``"synced"``.
+
 Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED``. The
 :class:`Ledger` records each sample id's fate and refuses a second fate: its invariant is
-"every generated sample is trained exactly once or dropped by a stated policy".
+"every generated sample is trained once or dropped by a stated policy" - and, with a
+replay, a trained sample may be trained again: the ledger lists every reuse by step, so
+the invariant becomes "trained 1 + k times (k reuses from the replay), or dropped".
 
 A group whose worker died, or that was in flight when a checkpoint was taken and the run
 resumed from it, is *requeued*: it goes back to ``ADMITTED`` (generated again, with the
@@ -40,7 +45,7 @@ __all__ = [
     "REQUEUE_REASONS",
 ]
 
-DROP_REASONS = ("stale", "reward_failed", "unfinished")
+DROP_REASONS = ("stale", "reward_failed", "unfinished", "synced")
 REQUEUE_REASONS = ("worker_died", "resumed")
 
 
@@ -65,13 +70,15 @@ _NEXT = {
 class LedgerSummary:
     """Counts of samples by fate; ``ok`` when every generated sample has exactly one fate.
 
-    ``requeued`` counts groups sent back to generation (a dead worker, a resume)."""
+    ``requeued`` counts groups sent back to generation (a dead worker, a resume);
+    ``reused`` counts sample trainings from the replay (beyond each sample's first)."""
 
     generated: int
     trained: int
     dropped: dict[str, int]
     in_flight: int
     requeued: int = 0
+    reused: int = 0
 
     @property
     def ok(self) -> bool:
@@ -86,6 +93,7 @@ class Ledger:
         self._sample_ids: dict[int, tuple[int, ...]] = {}
         self.fate: dict[int, str] = {}  # sample id -> "trained@<step>" | "dropped:<reason>"
         self.requeues: list[tuple[int, str]] = []  # (group id, reason), in order
+        self.reuse: dict[int, list[int]] = {}  # sample id -> steps it was trained again at
 
     def state(self, group_id: int) -> GroupState:
         return self._state[group_id]
@@ -108,6 +116,13 @@ class Ledger:
     def trained(self, group: SampleGroup, step: int) -> None:
         self.move(group.group_id, GroupState.TRAINED)
         self._set_fate(group.sample_ids, f"trained@{step}")
+
+    def reused(self, group: SampleGroup, step: int) -> None:
+        """``group`` (already trained) was trained again at ``step``, from the replay."""
+        if self._state.get(group.group_id) is not GroupState.TRAINED:
+            raise ValueError(f"group {group.group_id} is reused but was never trained")
+        for sid in group.sample_ids:
+            self.reuse.setdefault(sid, []).append(step)
 
     def dropped(self, group_id: int, reason: str) -> None:
         if reason not in DROP_REASONS:
@@ -133,6 +148,7 @@ class Ledger:
             "sample_ids": dict(self._sample_ids),
             "fate": dict(self.fate),
             "requeues": list(self.requeues),
+            "reuse": {k: list(v) for k, v in self.reuse.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -140,6 +156,7 @@ class Ledger:
         self._sample_ids = {int(g): tuple(ids) for g, ids in state["sample_ids"].items()}
         self.fate = {int(k): v for k, v in state["fate"].items()}
         self.requeues = [(int(g), r) for g, r in state["requeues"]]
+        self.reuse = {int(k): list(v) for k, v in state.get("reuse", {}).items()}
 
     def _set_fate(self, sample_ids: tuple[int, ...], fate: str) -> None:
         for sid in sample_ids:
@@ -156,8 +173,9 @@ class Ledger:
         in_flight = sum(
             1 for s in self._state.values() if s not in (GroupState.TRAINED, GroupState.DROPPED)
         )
+        reused = sum(len(v) for v in self.reuse.values())
         return LedgerSummary(
-            generated, fates.get("trained", 0), dropped, in_flight, len(self.requeues)
+            generated, fates.get("trained", 0), dropped, in_flight, len(self.requeues), reused
         )
 
 
@@ -166,16 +184,24 @@ class ExperienceBuffer:
 
     Args:
         batch_groups: B, groups per training batch (>= 1).
-        max_staleness: versions a sample may lag the trainer (>= 0).
+        max_staleness: versions a sample may lag the trainer (>= 0): the admission bound.
+        drop_staleness: drop ready groups older than this many versions (``"stale"``);
+            None = ``max_staleness``. Smaller than ``max_staleness``, it trades samples for
+            freshness: the source document's "drop samples older than K".
     """
 
-    def __init__(self, *, batch_groups: int, max_staleness: int) -> None:
+    def __init__(
+        self, *, batch_groups: int, max_staleness: int, drop_staleness: int | None = None
+    ) -> None:
         if batch_groups < 1:
             raise ValueError(f"batch_groups={batch_groups} must be >= 1")
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness} must be >= 0 (0 = synchronous)")
+        if drop_staleness is not None and drop_staleness < 0:
+            raise ValueError(f"drop_staleness={drop_staleness} must be >= 0")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
+        self.drop_staleness = max_staleness if drop_staleness is None else drop_staleness
         self.ledger = Ledger()
         self._num_live = 0  # groups started and not dropped: N_r before the next admission
         self._ready: dict[int, SampleGroup] = {}
@@ -216,15 +242,22 @@ class ExperienceBuffer:
     def __len__(self) -> int:
         return len(self._ready)
 
-    def take_batch(self, trainer_version: int) -> list[SampleGroup] | None:
+    def take_batch(self, trainer_version: int, sync: bool = False) -> list[SampleGroup] | None:
         """The B oldest groups fresh enough for ``trainer_version``, or None if too few.
 
-        Groups that would exceed the staleness bound are dropped (reason ``"stale"``).
+        Groups that would exceed the staleness bound are dropped (reason ``"stale"``); with
+        ``sync`` (a forced full sync) every group older than ``trainer_version`` is dropped
+        (reason ``"synced"``), so the batch is on-policy.
         """
-        floor = trainer_version - self.max_staleness
+        floor = trainer_version - self.drop_staleness
         for gid in [g for g, grp in self._ready.items() if grp.policy_version < floor]:
             del self._ready[gid]
             self._drop(gid, "stale")
+        if sync:
+            old = [g for g, grp in self._ready.items() if grp.policy_version < trainer_version]
+            for gid in old:
+                del self._ready[gid]
+                self._drop(gid, "synced")
         if len(self._ready) < self.batch_groups:
             return None
         order = sorted(self._ready.values(), key=lambda g: (g.policy_version, g.group_id))

@@ -37,10 +37,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nobubble.rl.algo.replay import linear_beta
 from nobubble.rl.system.checkpoint import RESUME_KEYS, CheckpointStore
 from nobubble.rl.system.config import DEFAULT_STALENESS, ENGINES, MODES, RunConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.protocol import Engine, Message, WorkerError
+from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 
@@ -77,10 +79,16 @@ class Orchestrator:
         self.on_step = on_step
         self.task = cfg.make_task()
         self.buffer = ExperienceBuffer(
-            batch_groups=cfg.batch_groups, max_staleness=cfg.effective_max_staleness
+            batch_groups=cfg.batch_groups,
+            max_staleness=cfg.effective_max_staleness,
+            drop_staleness=cfg.effective_drop_staleness,
         )
         self._rng = random.Random(cfg.seed)
         self._train_batch: list[SampleGroup] = []
+        rc = cfg.replay_config()
+        self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
+        self._replayed: list[SampleGroup] = []  # drawn from the replay for the step in flight
+        self._step_metrics: list[dict[str, float]] = []
         self._next_group = 0
         self._version = 0  # newest version the trainer has published
         self._weights: Any = None
@@ -161,9 +169,20 @@ class Orchestrator:
             self._assigned[worker] = [g.group_id for g in groups]
             self.engine.submit_reward(worker, groups)
         if not self._trainer_busy and self._version < self.cfg.steps:
-            batch = self.buffer.take_batch(self._version)
+            step = self._version + 1
+            sync = bool(self.cfg.sync_every) and step % self.cfg.sync_every == 0
+            batch = self.buffer.take_batch(self._version, sync=sync)
             if batch is not None:
-                step = self._version + 1
+                weights = None
+                self._replayed = []
+                if self._replay is not None and not sync:
+                    rc = self.cfg.replay_config()
+                    beta = linear_beta(step, self.cfg.steps, rc.beta)
+                    drawn = self._replay.sample(
+                        rc.groups_per_step, self._version, self.cfg.effective_drop_staleness, beta
+                    )
+                    self._replayed = [g for g, _ in drawn]
+                    weights = [1.0] * len(batch) + [w for _, w in drawn]
                 evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
                 ckpt = None
                 every = self.cfg.checkpoint_every
@@ -172,7 +191,7 @@ class Orchestrator:
                 ):
                     ckpt = str(self._store.new_dir(step))
                     self._checkpoint[step] = ckpt
-                self.engine.submit_train(batch, evaluate, ckpt)
+                self.engine.submit_train(batch + self._replayed, evaluate, ckpt, weights)
                 self._train_batch = batch
                 self._trainer_busy = True
                 self._eval_pending += evaluate
@@ -220,6 +239,11 @@ class Orchestrator:
         if res.version <= self._version:
             raise WorkerError(f"trainer published version {res.version} after {self._version}")
         self.buffer.mark_trained(self._train_batch, res.version)
+        for g in self._replayed:
+            self.buffer.ledger.reused(g, res.version)
+        if self._replay is not None:
+            self._replay.add(self._train_batch)
+        self._step_metrics.append({"step": res.version, **res.metrics})
         self._version = res.version
         self._weights = msg.weights
         self._weight_versions.append(res.version)
@@ -251,6 +275,8 @@ class Orchestrator:
             "weight_versions": list(self._weight_versions),
             "train_reward": self._train_reward,
             "rollout_rng": dict(self._rollout_rng),
+            "replay": self._replay,
+            "step_metrics": list(self._step_metrics),
             "wall_s": time.time() - self._t0,
         }
 
@@ -285,6 +311,8 @@ class Orchestrator:
         self._train_reward = state["train_reward"]
         self._rollout_rng = dict(state["rollout_rng"])
         self._rng_to_send = dict(state["rollout_rng"])
+        self._replay = state.get("replay", self._replay)
+        self._step_metrics = list(state.get("step_metrics", []))
         self._wall_offset = float(state["wall_s"])
         self._resumed_from = str(ckpt)
         if self._version >= self.cfg.steps:
@@ -419,6 +447,7 @@ class Orchestrator:
             requeues=list(self.buffer.ledger.requeues),
             restarts=list(self._restarts),
             resumed_from=self._resumed_from,
+            step_metrics=list(self._step_metrics),
         )
 
 

@@ -65,6 +65,7 @@ class Engine(Protocol):
         groups: list[SampleGroup],
         evaluate: bool,
         checkpoint: str | None = None,  # a folder: the trainer writes its checkpoint file there
+        weights: list[float] | None = None,  # per group (replay IS weights); None = all 1
     ) -> None: ...
 
     def submit_eval(self) -> None: ...

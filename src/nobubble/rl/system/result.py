@@ -47,6 +47,7 @@ class RunResult:
     requeues: list[tuple[int, str]] = field(default_factory=list)
     restarts: list[str] = field(default_factory=list)
     resumed_from: str | None = None
+    step_metrics: list[dict[str, float]] = field(default_factory=list)
 
     def time_to_accuracy(self, target: float) -> float | None:
         for p in self.curve:
@@ -72,9 +73,11 @@ class RunResult:
                 "trained": self.ledger.trained,
                 "dropped": self.ledger.dropped,
                 "requeued": self.ledger.requeued,
+                "reused": self.ledger.reused,
                 "ok": self.ledger.ok,
             },
             "restarts": self.restarts,
+            "step_metrics": self.step_metrics,
             "resumed_from": self.resumed_from,
             "curve": [asdict(p) for p in self.curve],
         }

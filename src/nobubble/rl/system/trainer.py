@@ -12,22 +12,39 @@ Algorithms (``TrainerConfig.algo``), all built on the losses of :mod:`nobubble.r
   ``pi_prox / pi_behav`` (truncated).
 - ``vtrace``: IMPALA's V-trace targets and policy-gradient advantages from the value head,
   with a value loss.
+- ``vtrace-ppo``: the source document's "aggressive" objective: V-trace's policy-gradient
+  advantages inside PPO's clipped surrogate (against the behaviour policy), plus the value
+  loss.
+
+Lag controls, each a :class:`TrainerConfig` field: per-sample weights by age
+(``staleness_weighting``: ``1 / (1 + lag)`` or ``0.5 ** lag``) times the replay's IS
+weights, folded into the advantages (for a positive weight ``w``, PPO's clipped loss of
+``w A`` is ``w`` times the loss of ``A``, so this weights every token's loss); and a KL
+penalty to a reference policy (``kl_coef``; the initial policy, frozen, or refreshed every
+``kl_refresh_every`` steps), reported per step as ``kl_ref``.
 
 Each step reports the staleness of the batch (trainer version - sample version per group).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from nobubble.rl.algo.advantages import grpo_advantages
-from nobubble.rl.algo.losses import aggregate_loss, decoupled_ppo_loss, ppo_policy_loss
-from nobubble.rl.algo.staleness import check_group_versions, policy_lag
+from nobubble.rl.algo.losses import (
+    aggregate_loss,
+    decoupled_ppo_loss,
+    kl_penalty,
+    ppo_policy_loss,
+)
+from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import vtrace
 from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
 from nobubble.rl.system.tasks.spec import TaskSpec
@@ -36,7 +53,8 @@ from nobubble.validation import check_fields
 
 __all__ = ["ALGOS", "TrainerConfig", "TrainResult", "EvalResult", "Trainer", "evaluate_policy"]
 
-ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace")
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
+STALENESS_WEIGHTS = ("none", "inverse", "exp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +62,7 @@ class TrainerConfig:
     """Optimisation settings.
 
     Attributes:
-        algo: one of ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace``.
+        algo: one of ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace``, ``vtrace-ppo``.
         lr: Adam learning rate.
         group_size: responses per prompt, for the group advantages.
         clip: PPO ratio clip epsilon.
@@ -55,6 +73,11 @@ class TrainerConfig:
             becomes deterministic. Greedy evaluation is unaffected by the floor.
         value_coef: weight of the value loss (``ppo``, ``vtrace``).
         max_grad_norm: gradient clipping.
+        staleness_weighting: weight of a sample ``lag`` versions old: ``none`` (1),
+            ``inverse`` (``1 / (1 + lag)``) or ``exp`` (``0.5 ** lag``).
+        kl_coef: weight of KL(pi || pi_ref) (k3 estimator) to a reference policy; 0 = off.
+        kl_refresh_every: copy the policy into the reference every N steps; 0 = keep the
+            initial policy frozen.
         delay_s: extra seconds per step (a slower trainer for experiments).
     """
 
@@ -66,14 +89,23 @@ class TrainerConfig:
     uniform_kl_coef: float = 0.0
     value_coef: float = 0.5
     max_grad_norm: float = 1.0
+    staleness_weighting: str = "none"
+    kl_coef: float = 0.0
+    kl_refresh_every: int = 0
     delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
         check_fields("TrainerConfig", self, ("lr", "clip", "max_grad_norm"), "> 0")
-        names = ("entropy_coef", "uniform_kl_coef", "value_coef", "delay_s")
+        names = ("entropy_coef", "uniform_kl_coef", "value_coef", "kl_coef", "delay_s")
         check_fields("TrainerConfig", self, names, ">= 0")
+        check_fields("TrainerConfig", self, ("kl_refresh_every",), ">= 0", integer=True)
+        if self.staleness_weighting not in STALENESS_WEIGHTS:
+            raise ValueError(
+                f"TrainerConfig.staleness_weighting={self.staleness_weighting!r}; use one of "
+                f"{', '.join(STALENESS_WEIGHTS)}"
+            )
         if self.group_size < 1:
             raise ValueError(f"TrainerConfig.group_size={self.group_size} must be >= 1")
 
@@ -142,6 +174,10 @@ class Trainer:
         self.task = task
         self.cfg = cfg
         self.model = model
+        # the KL penalty's reference: a frozen copy of the initial policy (or refreshed)
+        self.reference = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
+        if self.reference is not None:
+            self.reference.requires_grad_(False)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.version = 0
 
@@ -152,8 +188,14 @@ class Trainer:
         self.model.eval()
         return evaluate_policy(self.model, self.task, self.version)
 
-    def train_step(self, groups: list[SampleGroup]) -> TrainResult:
-        """One step on ``groups`` (each whole, one policy version); returns the new version."""
+    def train_step(
+        self, groups: list[SampleGroup], weights: list[float] | None = None
+    ) -> TrainResult:
+        """One step on ``groups`` (each whole, one policy version); returns the new version.
+
+        ``weights``: one per group (a replay's IS weights; None = all 1), multiplied with the
+        staleness weights.
+        """
         start = time.time()
         samples = [s for g in groups for s in g.samples]
         g_size = len(groups[0].samples)
@@ -166,6 +208,13 @@ class Trainer:
         mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
         behav = torch.stack([s.behaviour_logprobs for s in samples])  # (B, N)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
+        lag = torch.tensor(staleness, dtype=torch.float32).repeat_interleave(g_size)  # (B,)
+        kind: Any = self.cfg.staleness_weighting  # checked against STALENESS_WEIGHTS
+        w = staleness_weight(lag, kind)  # (B,)
+        if weights is not None:
+            if len(weights) != len(groups):
+                raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
+            w = w * torch.tensor(weights, dtype=torch.float32).repeat_interleave(g_size)
 
         self.model.train()
         p = self.task.prompt_len
@@ -174,7 +223,15 @@ class Trainer:
         logp_all = torch.log_softmax(logits.float(), dim=-1)  # (B, N, V)
         actions = tokens[:, self.task.prompt_len :]  # (B, N)
         logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
-        loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size)
+        loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size, w)
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits, _ = response_logits(self.reference, tokens, p, attn)
+                ref_all = torch.log_softmax(ref_logits.float(), dim=-1)  # (B, N, V)
+                ref_logp = ref_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
+            kl = aggregate_loss(kl_penalty(logp, ref_logp, "k3"), mask)
+            loss = loss + self.cfg.kl_coef * kl
+            metrics["kl_ref"] = float(kl.detach())
         entropy = aggregate_loss(-(logp_all.exp() * logp_all).sum(-1), mask)
         uniform_kl = aggregate_loss(-logp_all.mean(-1) - math.log(logp_all.shape[-1]), mask)
         loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
@@ -185,6 +242,10 @@ class Trainer:
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         self.version += 1
+        every = self.cfg.kl_refresh_every
+        if self.reference is not None and every and self.version % every == 0:
+            self.reference.load_state_dict(self.model.state_dict())
+        metrics.update(weight_mean=float(w.mean()))
         metrics.update(
             loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
         )
@@ -205,10 +266,12 @@ class Trainer:
         rewards: torch.Tensor,
         mask: torch.Tensor,
         g_size: int,
+        w: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The algorithm's loss; ``w`` (B,) weights every sample (folded into A)."""
         algo, clip = self.cfg.algo, self.cfg.clip
         if algo in ("grpo", "decoupled-ppo"):
-            adv = grpo_advantages(rewards, g_size)  # (B,)
+            adv = grpo_advantages(rewards, g_size) * w  # (B,)
             if algo == "grpo":
                 res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
             else:
@@ -220,7 +283,7 @@ class Trainer:
         step_rewards = torch.where(last & (mask > 0), rewards[:, None], 0.0)  # (B, N)
         vals = values * mask  # (B, N)
         if algo == "ppo":
-            adv = (rewards[:, None] - vals).detach()  # Monte-Carlo return minus V(s_t)
+            adv = (rewards[:, None] - vals).detach() * w[:, None]  # MC return minus V(s_t)
             res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
             value_loss = aggregate_loss((vals - rewards[:, None]).square(), mask)
             return res.loss + self.cfg.value_coef * value_loss, {
@@ -235,6 +298,13 @@ class Trainer:
             vals.t(),
             torch.zeros(mask.shape[0]),
         )
-        pg = aggregate_loss(-(ret.pg_advantages.t() * logp), mask)
+        pg_adv = ret.pg_advantages.t().detach() * w[:, None]  # (B, N)
         value_loss = aggregate_loss((vals - ret.vs.t()).square(), mask)
-        return pg + self.cfg.value_coef * value_loss, {"value_loss": float(value_loss.detach())}
+        metrics = {"value_loss": float(value_loss.detach())}
+        if algo == "vtrace-ppo":
+            res = ppo_policy_loss(logp, behav, pg_adv, mask, clip, clip)
+            metrics["clip_fraction"] = float(res.clip_fraction)
+            pg = res.loss
+        else:
+            pg = aggregate_loss(-(pg_adv * logp), mask)
+        return pg + self.cfg.value_coef * value_loss, metrics

@@ -79,7 +79,7 @@ def _worker_main(
             elif op == "reward":
                 msgs = worker.reward_cmd(cmd[1])
             elif op == "train":
-                msg = worker.train_cmd(cmd[1], cmd[3])
+                msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])
                 shared.publish(worker.trainer.model, worker.trainer.version)
                 msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
             elif op == "eval":
@@ -158,8 +158,14 @@ class LocalEngine:
     def submit_reward(self, worker: str, groups: list) -> None:
         self._send(worker, ("reward", groups))
 
-    def submit_train(self, groups: list, evaluate: bool, checkpoint: str | None = None) -> None:
-        self._send("trainer", ("train", groups, evaluate, checkpoint))
+    def submit_train(
+        self,
+        groups: list,
+        evaluate: bool,
+        checkpoint: str | None = None,
+        weights: list[float] | None = None,
+    ) -> None:
+        self._send("trainer", ("train", groups, evaluate, checkpoint, weights))
 
     def submit_eval(self) -> None:
         self._send("trainer", ("eval",))

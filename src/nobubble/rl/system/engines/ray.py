@@ -51,10 +51,12 @@ class _StageActor:
     def reward(self, groups: list) -> list[Message]:
         return self.worker.reward_cmd(groups)
 
-    def train(self, groups: list, evaluate: bool, checkpoint: str | None) -> list[Message]:
+    def train(
+        self, groups: list, evaluate: bool, checkpoint: str | None, weights: list[float] | None
+    ) -> list[Message]:
         import ray
 
-        msg = self.worker.train_cmd(groups, checkpoint)
+        msg = self.worker.train_cmd(groups, checkpoint, weights)
         ref = ray.put(self.worker.state_dict())
         msg = Message(msg.kind, msg.worker, msg.payload, msg.spans, (msg.payload.version, [ref]))
         return [msg, self.worker.eval_cmd()] if evaluate else [msg]
@@ -151,8 +153,15 @@ class RayEngine:
     def submit_reward(self, worker: str, groups: list) -> None:
         self._submit(worker, self._actors[worker].reward.remote(groups))
 
-    def submit_train(self, groups: list, evaluate: bool, checkpoint: str | None = None) -> None:
-        self._submit("trainer", self._actors["trainer"].train.remote(groups, evaluate, checkpoint))
+    def submit_train(
+        self,
+        groups: list,
+        evaluate: bool,
+        checkpoint: str | None = None,
+        weights: list[float] | None = None,
+    ) -> None:
+        trainer = self._actors["trainer"]
+        self._submit("trainer", trainer.train.remote(groups, evaluate, checkpoint, weights))
 
     def submit_eval(self) -> None:
         self._submit("trainer", self._actors["trainer"].evaluate.remote())

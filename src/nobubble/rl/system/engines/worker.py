@@ -59,7 +59,7 @@ class StageWorker:
             ckpt = CheckpointStore(folder).latest() if cfg.resume and folder else None
             if ckpt is not None:
                 t = self.trainer
-                t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.opt)
+                t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.opt, t.reference)
         elif self.kind == "reward":
             self.rewarder = Rewarder(
                 self.task, cfg.rewards, cfg.reward_config(), remote=cfg.remote_reward()
@@ -96,13 +96,16 @@ class StageWorker:
             spans.append(span)
         return [Message("reward", self.name, out, tuple(spans))]
 
-    def train_cmd(self, groups: list[Any], checkpoint: str | None = None) -> Message:
-        """One step; with ``checkpoint`` (a folder), the trainer's checkpoint file too."""
+    def train_cmd(
+        self, groups: list[Any], checkpoint: str | None = None, weights: list[float] | None = None
+    ) -> Message:
+        """One step (``weights``: per group, e.g. replay IS weights); with ``checkpoint`` (a
+        folder), the trainer's checkpoint file too."""
         self._maybe_fault()
-        res = self.trainer.train_step(groups)
+        res = self.trainer.train_step(groups, weights)
         if checkpoint is not None:
             t = self.trainer
-            save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.opt, t.version)
+            save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.opt, t.version, t.reference)
         return Message("train", self.name, res, (res.span,))
 
     def eval_cmd(self) -> Message:

@@ -1,0 +1,85 @@
+"""The source document's recipes as run settings: ``--preset conservative|aggressive``.
+
+The numbers come from the algorithm toolbox's presets
+(:func:`nobubble.rl.algo.presets.conservative`, :func:`~nobubble.rl.algo.presets.aggressive`);
+this module says what each means for a running system:
+
+- ``conservative``: lag <= 1 (0 in ``sync`` mode), GRPO with PPO clip 0.2, no replay
+  (nothing outlives the weights it came from);
+- ``aggressive``: lag <= 8, V-trace advantages inside PPO's clip (``vtrace-ppo``),
+  ``1 / (1 + lag)`` sample weights, a prioritized replay of 4096 samples from which half a
+  batch is drawn again each step.
+
+:func:`resolve_preset` fills only the settings a run left unset (None); anything given
+explicitly wins. The run's JSON records the resolved values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nobubble.rl.algo.presets import PRESET_NAMES, get_preset
+
+__all__ = ["PRESET_NAMES", "resolve_preset"]
+
+# the settings a preset may fill, and their value when neither the run nor a preset sets them
+DEFAULTS: dict[str, Any] = {
+    "algo": "grpo",
+    "replay": "none",
+    "replay_capacity": 0,
+    "replay_groups": 0,
+}
+
+
+def _preset_values(
+    name: str, mode: str, group_size: int, batch_groups: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(run settings, trainer settings) of the preset ``name``."""
+    p = get_preset(name)
+    trainer: dict[str, Any] = {"clip": p.clip_high, "staleness_weighting": p.staleness_weighting}
+    if p.kl_coef:
+        trainer["kl_coef"] = p.kl_coef
+    run: dict[str, Any] = {"algo": "vtrace-ppo" if p.use_vtrace else "grpo"}
+    if mode == "sync":
+        if p.max_staleness > 1:
+            raise ValueError(
+                f"preset {name!r} trains at lag {p.max_staleness}; use --mode fully-async or "
+                "one-step-off with it"
+            )
+    else:
+        run["max_staleness"] = p.max_staleness
+    if p.replay_capacity:
+        run["replay"] = "prioritized" if p.prioritized_replay else "uniform"
+        run["replay_capacity"] = max(1, p.replay_capacity // group_size)
+        run["replay_groups"] = max(1, batch_groups // 2)
+    else:
+        run["replay"] = "none"
+    return run, trainer
+
+
+def resolve_preset(
+    preset: str | None,
+    *,
+    mode: str,
+    group_size: int,
+    batch_groups: int,
+    given: dict[str, Any],
+    trainer: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run settings ``given`` (None = unset) completed by ``preset`` and the defaults,
+    and the trainer settings ``trainer`` laid over the preset's."""
+    run_over: dict[str, Any] = {}
+    trainer_base: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESET_NAMES:
+            raise ValueError(f"preset={preset!r} is unknown; choose {', '.join(PRESET_NAMES)}")
+        run_over, trainer_base = _preset_values(preset, mode, group_size, batch_groups)
+    out = {}
+    for name, value in given.items():
+        if value is not None:
+            out[name] = value
+        elif name in run_over:
+            out[name] = run_over[name]
+        else:
+            out[name] = DEFAULTS.get(name)
+    return out, {**trainer_base, **trainer}

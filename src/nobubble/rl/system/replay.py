@@ -1,0 +1,113 @@
+"""A replay of past groups in the training loop: uniform or prioritized, bounded by staleness.
+
+After a step, its fresh groups enter the replay (ring of ``capacity`` groups, oldest out).
+Before a step, the orchestrator draws up to ``n`` groups from it to train on again beside
+the fresh batch. Only groups within the run's staleness bound can be drawn: an older one
+is never trained again (it stays in the ledger as trained). Groups stay whole, so GRPO's
+rule "a group is one policy version" holds for replayed groups too.
+
+- ``uniform``: every fresh-enough group is equally likely, IS weight 1.
+- ``prioritized``: by the group's reward variance (a group whose responses all scored the
+  same has zero GRPO advantage and teaches nothing), ``P(i) ~ (p_i + eps) ** alpha``, with
+  the IS weight ``(N P(i)) ** -beta / max`` (Schaul et al., 2016) and ``beta`` annealed
+  linearly to 1 at the last step (:func:`~nobubble.rl.algo.replay.linear_beta`).
+
+Draws are without replacement within one step and seeded, so runs are reproducible; the
+state pickles into checkpoints.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from nobubble.rl.system.types import SampleGroup
+
+__all__ = ["REPLAY_MODES", "ReplayConfig", "GroupReplay"]
+
+REPLAY_MODES = ("none", "uniform", "prioritized")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """Replay settings.
+
+    Attributes:
+        mode: ``none``, ``uniform`` or ``prioritized``.
+        capacity: groups kept (>= 1 when on).
+        groups_per_step: groups drawn per step beside the fresh batch (>= 1 when on).
+        alpha: priority exponent in [0, 1]; beta: IS exponent at step 0, in [0, 1].
+    """
+
+    mode: str = "none"
+    capacity: int = 0
+    groups_per_step: int = 0
+    alpha: float = 0.6
+    beta: float = 0.4
+
+    def __post_init__(self) -> None:
+        if self.mode not in REPLAY_MODES:
+            raise ValueError(f"replay={self.mode!r}; choose one of {', '.join(REPLAY_MODES)}")
+        if self.mode != "none" and (self.capacity < 1 or self.groups_per_step < 1):
+            raise ValueError(
+                f"replay={self.mode!r} needs replay_capacity >= 1 and replay_groups >= 1 "
+                f"(got {self.capacity} and {self.groups_per_step})"
+            )
+        for name in ("alpha", "beta"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"replay_{name}={getattr(self, name)} must be in [0, 1]")
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "none"
+
+
+def _priority(group: SampleGroup) -> float:
+    rewards = torch.tensor([s.reward or 0.0 for s in group.samples], dtype=torch.float64)
+    return float(rewards.var()) if rewards.numel() > 1 else 0.0
+
+
+class GroupReplay:
+    """The replay itself (see the module docstring)."""
+
+    def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
+        self.cfg = cfg
+        self.eps = eps
+        self._items: deque[tuple[SampleGroup, float]] = deque(maxlen=max(1, cfg.capacity))
+        self._rng = random.Random(seed)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, groups: list[SampleGroup]) -> None:
+        for g in groups:
+            self._items.append((g, _priority(g)))
+
+    def sample(
+        self, n: int, trainer_version: int, max_staleness: int, beta: float
+    ) -> list[tuple[SampleGroup, float]]:
+        """Up to ``n`` distinct groups with lag <= ``max_staleness``, with their IS weights."""
+        floor = trainer_version - max_staleness
+        live = [(g, p) for g, p in self._items if g.policy_version >= floor]
+        if not live or n < 1:
+            return []
+        alpha = self.cfg.alpha if self.cfg.mode == "prioritized" else 0.0
+        scores = [(p + self.eps) ** alpha for _, p in live]
+        total = sum(scores)
+        probs = [s / total for s in scores]
+        picked: list[int] = []
+        weights = list(scores)
+        for _ in range(min(n, len(live))):  # without replacement, by weight
+            i = self._rng.choices(range(len(live)), weights=weights)[0]
+            picked.append(i)
+            weights[i] = 0.0
+            if not any(weights):
+                break
+        if alpha == 0.0:
+            return [(live[i][0], 1.0) for i in picked]
+        raw = [(len(live) * probs[i]) ** -beta for i in picked]
+        top = max((len(live) * min(probs)) ** -beta, 1e-12)
+        return [(live[i][0], w / top) for i, w in zip(picked, raw)]
