@@ -337,6 +337,10 @@ def run_nobubble(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             trainer={"lr": args.lr},
             eval_every=EVAL_EVERY,
             seed=args.seed,
+            # whole-batch generation calls: a Hugging Face forward costs ~1.5 ms of Python
+            # per call whatever the batch, so a quarter-batch request (the fully-async
+            # default) makes generation 3x slower here, not fresher
+            groups_per_rollout=args.prompts_per_step,
         )
     )
     return {
@@ -345,6 +349,8 @@ def run_nobubble(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "initial_accuracy": res.initial_accuracy,
         "final_accuracy": res.final_accuracy,
         "curve": [asdict(p) for p in res.curve],
+        "idle_ratio": res.idle_ratio,
+        "staleness_hist": {str(k): v for k, v in res.staleness_hist.items()},
     }
 
 

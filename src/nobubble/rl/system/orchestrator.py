@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -84,10 +84,13 @@ class Orchestrator:
             drop_staleness=cfg.effective_drop_staleness,
         )
         self._rng = random.Random(cfg.seed)
-        self._train_batch: list[SampleGroup] = []
+        # batches at the trainer, oldest first: (fresh groups, groups drawn from the replay).
+        # With a staleness bound >= 1 the next batch is sent while one trains, so the
+        # trainer never waits on the driver's round trip (one step of prefetch).
+        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup]]] = deque()
+        self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         rc = cfg.replay_config()
         self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
-        self._replayed: list[SampleGroup] = []  # drawn from the replay for the step in flight
         self._step_metrics: list[dict[str, float]] = []
         self._next_group = 0
         self._version = 0  # newest version the trainer has published
@@ -96,7 +99,6 @@ class Orchestrator:
         self._idle_reward: list[str] = []
         self._pending_reward: list[SampleGroup] = []
         self._in_flight: dict[int, str] = {}  # group id -> stage, until buffered
-        self._trainer_busy = False
         self._stopping = False
         self._spans: list[Span] = []
         self._curve: list[CurvePoint] = []
@@ -168,33 +170,45 @@ class Orchestrator:
             worker = self._idle_reward.pop(0)
             self._assigned[worker] = [g.group_id for g in groups]
             self.engine.submit_reward(worker, groups)
-        if not self._trainer_busy and self._version < self.cfg.steps:
-            step = self._version + 1
+        while len(self._train_queue) < self._train_depth and self._stepped < self.cfg.steps:
+            trains_at = self._stepped  # the version that will train this batch
+            step = trains_at + 1
             sync = bool(self.cfg.sync_every) and step % self.cfg.sync_every == 0
-            batch = self.buffer.take_batch(self._version, sync=sync)
-            if batch is not None:
-                weights = None
-                self._replayed = []
-                if self._replay is not None and not sync:
-                    rc = self.cfg.replay_config()
-                    beta = linear_beta(step, self.cfg.steps, rc.beta)
-                    drawn = self._replay.sample(
-                        rc.groups_per_step, self._version, self.cfg.effective_drop_staleness, beta
-                    )
-                    self._replayed = [g for g, _ in drawn]
-                    weights = [1.0] * len(batch) + [w for _, w in drawn]
-                evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-                ckpt = None
-                every = self.cfg.checkpoint_every
-                if self._store is not None and (
-                    step == self.cfg.steps or (every and step % every == 0)
-                ):
-                    ckpt = str(self._store.new_dir(step))
-                    self._checkpoint[step] = ckpt
-                self.engine.submit_train(batch + self._replayed, evaluate, ckpt, weights)
-                self._train_batch = batch
-                self._trainer_busy = True
-                self._eval_pending += evaluate
+            if sync and self._train_queue:
+                break  # a full sync needs the weights of the step before it: no prefetch
+            batch = self.buffer.take_batch(trains_at, sync=sync)
+            if batch is None:
+                break
+            weights = None
+            replayed: list[SampleGroup] = []
+            if self._replay is not None and not sync:
+                rc = self.cfg.replay_config()
+                beta = linear_beta(step, self.cfg.steps, rc.beta)
+                drawn = self._replay.sample(
+                    rc.groups_per_step, trains_at, self.cfg.effective_drop_staleness, beta
+                )
+                replayed = [g for g, _ in drawn]
+                weights = [1.0] * len(batch) + [w for _, w in drawn]
+            evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
+            ckpt = None
+            every = self.cfg.checkpoint_every
+            if self._store is not None and (
+                step == self.cfg.steps or (every and step % every == 0)
+            ):
+                ckpt = str(self._store.new_dir(step))
+                self._checkpoint[step] = ckpt
+            self.engine.submit_train(batch + replayed, evaluate, ckpt, weights)
+            self._train_queue.append((batch, replayed))
+            self._eval_pending += evaluate
+
+    @property
+    def _trainer_busy(self) -> bool:
+        return bool(self._train_queue)
+
+    @property
+    def _stepped(self) -> int:
+        """Steps trained or at the trainer: the version after the queued batches."""
+        return self._version + len(self._train_queue)
 
     def _room_for(self, n: int) -> bool:
         live = self.buffer.num_live
@@ -235,14 +249,14 @@ class Orchestrator:
 
     def _on_train(self, msg: Message) -> None:
         res = msg.payload
-        self._trainer_busy = False
         if res.version <= self._version:
             raise WorkerError(f"trainer published version {res.version} after {self._version}")
-        self.buffer.mark_trained(self._train_batch, res.version)
-        for g in self._replayed:
+        batch, replayed = self._train_queue.popleft()
+        self.buffer.mark_trained(batch, res.version)
+        for g in replayed:
             self.buffer.ledger.reused(g, res.version)
         if self._replay is not None:
-            self._replay.add(self._train_batch)
+            self._replay.add(batch)
         self._step_metrics.append({"step": res.version, **res.metrics})
         self._version = res.version
         self._weights = msg.weights
@@ -267,7 +281,7 @@ class Orchestrator:
             "version": self._version,
             "next_group": self._next_group,
             "rng": self._rng.getstate(),
-            "buffer": self.buffer.state_dict(),
+            "buffer": self._buffer_state(),
             "in_flight": [self._requests[g] for g in sorted(self._in_flight)],
             "curve": list(self._curve),
             "staleness": dict(self._staleness),
@@ -279,6 +293,14 @@ class Orchestrator:
             "step_metrics": list(self._step_metrics),
             "wall_s": time.time() - self._t0,
         }
+
+    def _buffer_state(self) -> dict[str, Any]:
+        """The buffer as a checkpoint keeps it: a batch queued at the trainer (prefetched,
+        not trained) is back among the ready groups, so a resumed run trains it."""
+        state = self.buffer.state_dict()
+        queued = [g for batch, _ in self._train_queue for g in batch]
+        state["ready"] = sorted([*state["ready"], *queued], key=lambda g: g.group_id)
+        return state
 
     def _check_resume(self) -> None:
         """Restore the newest checkpoint (``resume``), or refuse to overwrite one."""
