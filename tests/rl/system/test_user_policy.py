@@ -189,3 +189,9 @@ def test_char_transformer_without_padding_is_unchanged():
     a, _ = model(x)
     b, _ = model(x, torch.ones_like(x))
     torch.testing.assert_close(a, b)
+
+
+def test_missing_reasoning_gym_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)
+    with pytest.raises(ImportError, match=r"nobubble\[rg\]"):
+        resolve_task("rg:chain_sum")
