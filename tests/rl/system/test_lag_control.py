@@ -153,7 +153,7 @@ def test_a_forced_sync_trains_only_the_current_version():
 
 def test_presets_fill_only_what_is_unset():
     cfg = RunConfig(mode="fully-async", preset="aggressive", **TINY)
-    assert cfg.algo == "vtrace-ppo" and cfg.effective_max_staleness == 8
+    assert cfg.algo == "decoupled-ppo" and cfg.effective_max_staleness == 8
     assert cfg.replay == "prioritized" and cfg.replay_capacity == 4096 // 4
     assert cfg.trainer["staleness_weighting"] == "inverse" and cfg.trainer["clip"] == 0.2
     mine = RunConfig(

@@ -6,9 +6,17 @@ this module says what each means for a running system:
 
 - ``conservative``: lag <= 1 (0 in ``sync`` mode), GRPO with PPO clip 0.2, no replay
   (nothing outlives the weights it came from);
-- ``aggressive``: lag <= 8, V-trace advantages inside PPO's clip (``vtrace-ppo``),
-  ``1 / (1 + lag)`` sample weights, a prioritized replay of 4096 samples from which half a
-  batch is drawn again each step.
+- ``aggressive``: lag <= 8, decoupled PPO - PPO's clip around the proximal policy, with
+  the behaviour policy corrected by a truncated importance weight (V-trace's rho-bar
+  truncation, the toolbox preset's ``is_correction="truncate"``) - ``1 / (1 + lag)`` sample
+  weights, and a prioritized replay of 4096 samples from which half a batch is drawn again
+  each step.
+
+Why decoupled PPO and not ``vtrace-ppo`` (V-trace advantages inside a clip around the
+behaviour policy): at lag 8 most ratios to a policy 8 versions old fall outside the clip, so
+their gradient is zero. Measured here (digits, trainer +0.3 s per step, seed 0): the preset
+with ``vtrace-ppo`` stayed at 0.0 accuracy for 300 s; with decoupled PPO it reached 0.95 in
+134 s.
 
 :func:`resolve_preset` fills only the settings a run left unset (None); anything given
 explicitly wins. The run's JSON records the resolved values.
@@ -39,7 +47,7 @@ def _preset_values(
     trainer: dict[str, Any] = {"clip": p.clip_high, "staleness_weighting": p.staleness_weighting}
     if p.kl_coef:
         trainer["kl_coef"] = p.kl_coef
-    run: dict[str, Any] = {"algo": "vtrace-ppo" if p.use_vtrace else "grpo"}
+    run: dict[str, Any] = {"algo": "decoupled-ppo" if p.use_vtrace else "grpo"}
     if mode == "sync":
         if p.max_staleness > 1:
             raise ValueError(
