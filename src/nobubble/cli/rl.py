@@ -200,6 +200,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--engine", choices=("local", "ray"), default="local")
     p.add_argument(
+        "--generators", type=positive_int, default=1, metavar="N",
+        help="rollout workers, each holding its own weight version",
+    )  # fmt: skip
+    p.add_argument(
         "--address", default=None, help="Ray cluster address (default: start a local Ray)"
     )
     p.add_argument("--steps", type=positive_int, default=None, help="trainer steps (default 300)")
@@ -246,7 +250,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
     groups = args.batch_groups or 8
     size = args.group_size or 32
     data = 5 * groups * size * _SEQ_BOUND * _VOCAB_BOUND * 4
-    check_budget("rl", processes=3, data_bytes=data, force=args.force)
+    check_budget("rl", processes=2 + args.generators, data_bytes=data, force=args.force)
 
 
 def _config(args: argparse.Namespace, **over: Any):
@@ -260,6 +264,7 @@ def _config(args: argparse.Namespace, **over: Any):
         "rewards": tuple(args.reward),
         "reward_url": args.reward_url,
         "engine": args.engine,
+        "num_rollout_workers": args.generators,
         "ray_address": args.address,
         "seed": args.seed,
         "time_budget_s": args.time_budget,
