@@ -252,7 +252,7 @@ def _check_alive(
         waiting = [r for r in range(len(procs)) if r not in outputs]
         raise RankFailure(
             waiting[0] if waiting else None,
-            f"timed out after {timeout_s:.0f}s waiting for rank(s) {waiting}; "
+            f"timed out after {timeout_s:g}s waiting for rank(s) {waiting}; "
             "raise timeout_s if the job is just slow",
         )
 

@@ -1,11 +1,11 @@
-"""``nobubble ep``: expert-parallel commands (``bench``; ``balance`` when load balancing is installed)."""
+"""``nobubble ep``: expert-parallel commands (``bench``, ``balance``, ``train``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from nobubble.cli import ep_balance
+from nobubble.cli import ep_balance, ep_train
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
@@ -65,6 +65,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     bench.set_defaults(func=_bench)
 
     ep_balance.register(sub)
+    ep_train.register(sub)
 
 
 def run_with_progress(config: Any) -> Any:
