@@ -59,6 +59,8 @@ def test_a_folder_is_not_a_file_and_a_file_is_not_a_folder(tmp_path: Path) -> No
         ["pp", "plan", "-o", "/proc/x.csv"],
         ["pp", "run", "-s", "1f1b", "-p", "2", "--trace", "/proc/x.json"],
         ["ep", "bench", "--plot", "/proc/x.png"],
+        ["ep", "train", "--plot", "/proc/x.png"],
+        ["rl", "train", "--checkpoint-dir", "/proc/x"],
         ["ep", "balance", "--plot", "/proc/x.png"],
         ["rl", "train", "--out", "/proc/x"],
         ["trace", "merge", "a.json", "-o", "/proc/x.json"],

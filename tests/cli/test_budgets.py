@@ -16,6 +16,8 @@ OVERSIZED = [
     (["pp", "solve", "-p", "64", "-m", "512"], "budget of 50,000"),
     (["pp", "run", "-s", "1f1b", "-p", "64"], "64 processes"),
     (["ep", "bench", "--ranks", "64"], "64 processes"),
+    (["ep", "train", "--ranks", "64"], "64 processes"),
+    (["rl", "train", "--generators", "64"], "66 processes"),
     (["ep", "bench", "--tokens", "1000000", "--hidden", "7168"], "GiB, past 80%"),
     (["ep", "bench", "--iters", "1000000000"], "--iters 1000000000"),
     (["rl", "train", "--batch-groups", "1000000"], "GiB, past 80%"),
