@@ -351,7 +351,70 @@ def vs_trl() -> str:
     return f"{table}\n\n{_prose(note)}"
 
 
+def lag() -> str:
+    """The presets against naive PPO under lag, with a slow trainer (``rl_lag.json``)."""
+    data = load("rl_lag.json")
+    setup, rows = data["setup"], data["rows"]
+    table = md_table(
+        ["run", "algo", "max lag", "steps", "final acc", "time to 0.9 s", "samples/s", "reused"],
+        [
+            [
+                r["run"],
+                r["algo"],
+                r["staleness_max"],
+                r["steps"],
+                f(r["final_accuracy"], 3),
+                "-" if r["t_to_0.9_s"] is None else f(r["t_to_0.9_s"]),
+                _int(r["samples_per_s"]),
+                _int(r["reused"]),
+            ]
+            for r in rows
+        ],
+    )
+    budget = setup["budget"]
+
+    def met(prefix: str) -> str:
+        mine = [r for r in rows if r["run"].startswith(prefix)]
+        ok = sum(r["t_to_0.9_s"] is not None and r["t_to_0.9_s"] <= budget for r in mine)
+        return f"{prefix} reached 0.9 within {budget:.0f} s on {ok} of {len(mine)} seeds"
+
+    note = (
+        f"Digits, trainer +{setup['trainer_delay']} s per step, max staleness "
+        f"{setup['max_staleness']} for the aggressive preset and naive PPO; a run stops at "
+        f"0.9 accuracy or after {budget:.0f} s. {met('aggressive')}; {met('conservative')}; "
+        f"{met('naive PPO')}."
+    )
+    return f"{table}\n\n{_prose(note)}"
+
+
+def generators() -> str:
+    """Generator scaling, wait-bound and compute-bound (``rl_generators.json``)."""
+    data = load("rl_generators.json")
+    setup, rows = data["setup"], data["rows"]
+    table = md_table(
+        ["generation", "generators", "samples/s", "vs 1 generator", "trainer idle"],
+        [
+            [
+                "waits (remote)" if r["knob"] == "wait" else "computes (local)",
+                r["generators"],
+                _int(r["samples_per_s"]),
+                times(r["speedup_vs_1"]),
+                pct(r["idle_trainer"], 0),
+            ]
+            for r in rows
+        ],
+    )
+    note = (
+        f"Fully-async, {setup['steps']} steps, medians of {setup['rounds']} interleaved rounds "
+        f"on {setup['cpu_count']} cores. A waiting generator sleeps {setup['wait']} s per "
+        "call; a computing one samples with a policy of width 128."
+    )
+    return f"{table}\n\n{_prose(note)}"
+
+
 TABLES: dict[str, Renderer] = {
+    "rl.lag": lag,
+    "rl.generators": generators,
     "rl.vs_trl": vs_trl,
     "rl.modes": modes,
     "rl.modes_throughput": modes_throughput,
