@@ -71,8 +71,9 @@ class RunConfig:
         threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
         timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
-        checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps (and at
-            the end); ``resume=True`` continues from the newest one in it.
+        checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps and at
+            step ``steps`` (a run stopped early by a time budget or a target keeps the last
+            one before); ``resume=True`` continues from the newest one in it.
         restart_workers: restart a rollout or reward worker that dies and requeue its
             groups (the ledger records the requeue); False = the run stops with the error.
         fault: tests only - ``"<worker>:<call>:<raise|exit|kill>"`` makes that worker fail.
