@@ -134,3 +134,21 @@ def test_resume_refuses_a_changed_config(tmp_path):
     run(cfg)
     with pytest.raises(ValueError, match="seed"):
         run(RunConfig(**{**cfg.__dict__, "seed": 1, "resume": True}))
+
+
+def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_path):
+    """With trainer prefetch, step N+1's folder exists (the trainer writes into it) when
+    step N commits: pruning must keep it, and remove what a killed run left half-written."""
+    store = CheckpointStore(tmp_path, keep=1)
+    leftover = tmp_path / "step-000003-dead00"
+    leftover.mkdir()
+    for step in (1, 2):
+        ckpt = store.new_dir(step)
+        (ckpt / TRAINER_FILE).write_bytes(b"x")
+        nxt = store.new_dir(step + 1)  # prefetched: being written, no state yet
+        store.commit(ckpt, {"step": step})
+        assert nxt.is_dir() and ckpt.is_dir()
+    assert not leftover.exists()
+    latest = store.latest()
+    assert latest is not None and latest.name.startswith("step-000002-")
+    assert not list(tmp_path.glob("step-000001-*"))  # keep=1

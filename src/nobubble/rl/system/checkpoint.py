@@ -140,8 +140,12 @@ class CheckpointStore:
         )
         keep = {newest, *done[-self.keep :]}
         for p in self.folder.glob("step-*"):
-            if p not in keep and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
+            if p in keep or not p.is_dir():
+                continue
+            mine = p.name.endswith(f"-{self._token}")
+            if mine and not (p / STATE_FILE).is_file():
+                continue  # this run's next checkpoint, which the trainer may be writing now
+            shutil.rmtree(p, ignore_errors=True)
 
     @staticmethod
     def load_state(ckpt: Path) -> dict[str, Any]:
