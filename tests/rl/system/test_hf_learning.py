@@ -24,17 +24,18 @@ def test_gpt2_from_a_config_learns_digits_fully_async():
         policy="gpt2",
         policy_kwargs={"n_layer": 2, "n_embd": 64, "n_head": 4},
         mode="fully-async",
-        steps=120,
+        steps=600,
         batch_groups=8,
         group_size=16,
-        eval_every=40,
+        eval_every=20,
+        target_accuracy=0.3,  # stops there: typically after 100-200 steps, about 10 s
         time_budget_s=240,
     )
     res = train(cfg)
     start, end = res.curve[0], res.curve[-1]
     assert res.ledger.ok and res.staleness_max >= 1  # it did run off-policy
     # the start is near 0 accuracy, so "twice the start" is asked of the dense reward too
-    assert end.accuracy >= max(0.2, 2 * start.accuracy), res.curve
+    assert end.accuracy >= max(0.3, 2 * start.accuracy), res.curve
     assert end.eval_reward >= 2 * start.eval_reward, res.curve
 
 
