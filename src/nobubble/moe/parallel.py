@@ -86,14 +86,17 @@ def sync_gradients(
     model: nn.Module,
     dp_group: dist.ProcessGroup | None = None,
     ep_group: dist.ProcessGroup | None = None,
+    *,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """Turn each rank's ``.grad`` into the gradient of the mean loss over all ranks.
 
     ``dp_group``: the ranks holding the same experts (None: no data parallelism);
-    ``ep_group``: this rank's expert-parallel group (None: the default group). The world
-    (every rank of both) is the default group.
+    ``ep_group``: this rank's expert-parallel group (None: the default group). ``group``: the
+    whole ``dp x ep`` grid, every rank of both (None: the default group); inside a pipeline
+    stage it is the stage's grid, a subgroup of the world.
     """
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     ep = dist.get_world_size(ep_group)
     if dp * ep != world:
@@ -103,7 +106,7 @@ def sync_gradients(
         )
     for p in non_expert_parameters(model):
         if p.grad is not None:
-            dist.all_reduce(p.grad)
+            dist.all_reduce(p.grad, group=group)
             p.grad.div_(world)
     for p in expert_parameters(model):
         if p.grad is not None:

@@ -120,16 +120,26 @@ class ModuleSplit:
             lin.forward = types.MethodType(_split_forward(self), lin)  # type: ignore[method-assign]
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._recorded: set[int] = set()
+        self._fused: set[int] = set()  # recorded with split=False
         self._pending: dict[int, _Pending] = {}
         self._last: SplitReport | None = None
 
     # -- F -----------------------------------------------------------------------------------
     @contextmanager
-    def recording(self, microbatch: int) -> Iterator[None]:
-        """Run the stage's forward of ``microbatch`` inside this block."""
+    def recording(self, microbatch: int, *, split: bool = True) -> Iterator[None]:
+        """Run the stage's forward of ``microbatch`` inside this block.
+
+        ``split=False``: the microbatch's backward will be one fused BW, so nothing needs
+        deferring: the linears run torch's own ``F.linear`` and BW is autograd's plain
+        backward (as fast as an unsplit module).
+        """
         if microbatch in self._recorded:
             raise RuntimeError(f"F of microbatch {microbatch} twice")
         self._recorded.add(microbatch)
+        if not split:
+            self._fused.add(microbatch)
+            yield
+            return
         with self.store.recording(microbatch):
             yield
 
@@ -148,6 +158,8 @@ class ModuleSplit:
     ) -> torch.Tensor | None:
         """Gradient of the stage input (None when it needs none); no ``.grad`` changes."""
         self._take(microbatch, "B")
+        if microbatch in self._fused:
+            raise RuntimeError(f"B of microbatch {microbatch}, recorded for a fused BW")
         if not _needs_grad(stage_input):  # nothing upstream waits: W does the one walk
             self._pending[microbatch] = _Pending(whole=(output, grad_output))
             return None
@@ -204,7 +216,26 @@ class ModuleSplit:
         """B and W at once (1F1B's fused backward): one walk of the graph, which accumulates
         the non-linear parameters' gradients directly; the linears' products follow."""
         self._take(microbatch, "BW")
+        if microbatch in self._fused:
+            self._fused.discard(microbatch)
+            return self._plain_walk(output, grad_output, stage_input)
         return self._one_walk(microbatch, output, grad_output, stage_input, fused=True)
+
+    def _plain_walk(
+        self,
+        output: torch.Tensor,
+        grad_output: torch.Tensor | None,
+        stage_input: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Autograd's own backward of a forward recorded with ``split=False``."""
+        inputs = [stage_input, *self._params] if _needs_grad(stage_input) else self._params
+        if inputs:
+            torch.autograd.backward(output, grad_output, inputs=inputs)
+        self._last = SplitReport(
+            num_params=len(self._params), by_linear=0, by_module_graph=0, by_stage_graph=0,
+            linear_wgrad_flops=0, by_fused_backward=len(self._params),
+        )  # fmt: skip
+        return stage_input.grad if _needs_grad(stage_input) else None
 
     def _one_walk(
         self,

@@ -44,8 +44,9 @@ class ShapedChannel:
         rank: this rank.
         device: where received tensors are placed.
         timeout_s: limit for every wait.
-        groups: two process groups over all ranks, one per direction (to a higher rank, to
-            a lower rank); None uses the default group for both.
+        groups: two process groups over the pipeline's ranks, one per direction (to a higher
+            rank, to a lower rank); None uses the default group for both. ``rank`` and the
+            peers are ranks within these groups.
     """
 
     def __init__(
@@ -81,7 +82,9 @@ class ShapedChannel:
             return
         key = queue.popleft()
         buf = torch.empty(2 + MAX_DIMS, dtype=torch.int64, device=self.device)
-        work = dist.irecv(buf, src=src, tag=self._tags(key)[0], group=self._group(src, self.rank))
+        work = dist.irecv(
+            buf, group_src=src, tag=self._tags(key)[0], group=self._group(src, self.rank)
+        )
         assert work is not None  # None only for a rank outside the group; ours span all
         self._header[src] = (key, buf, work)
 
@@ -95,7 +98,7 @@ class ShapedChannel:
         code, ndim, *dims = header.tolist()
         payload = torch.empty(dims[:ndim], dtype=DTYPES[code], device=self.device)
         got = dist.irecv(
-            payload, src=src, tag=self._tags(key)[1], group=self._group(src, self.rank)
+            payload, group_src=src, tag=self._tags(key)[1], group=self._group(src, self.rank)
         )
         assert got is not None
         self._wait(got, f"receiving {what}")
@@ -129,8 +132,8 @@ class ShapedChannel:
         header = header.to(self.device)
         group = self._group(self.rank, dst)
         h_tag, p_tag = self._tags(key)
-        works = [dist.isend(header, dst=dst, tag=h_tag, group=group),
-                 dist.isend(tensor, dst=dst, tag=p_tag, group=group)]  # fmt: skip
+        works = [dist.isend(header, group_dst=dst, tag=h_tag, group=group),
+                 dist.isend(tensor, group_dst=dst, tag=p_tag, group=group)]  # fmt: skip
         assert all(w is not None for w in works)
         self._sends.append((key, [header, tensor], [w for w in works if w is not None]))
 

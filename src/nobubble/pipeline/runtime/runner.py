@@ -53,7 +53,8 @@ class PipelineRunner:
         schedule: any valid :class:`~nobubble.pipeline.actions.Schedule` (generated, an ILP
             result, or read from torch's CSV) for as many ranks as the group has.
         loss_fn: ``loss_fn(last stage output, targets microbatch) -> scalar`` (a mean).
-        group: the pipeline's process group (None: the default group).
+        group: the pipeline's process group (None: the default group); the schedule's ranks
+            are ranks within it, so several pipelines (PP x DP, PP x EP) run side by side.
         device: where received tensors go (default: the device of this rank's parameters).
         timeout_s: limit for every wait on another rank.
         recompute: activation checkpointing: F runs without autograd and keeps only the
@@ -107,11 +108,21 @@ class PipelineRunner:
         self.stage_modules: dict[int, nn.Module] = {s: stages[s] for s in own}  # type: ignore[misc]
         self.device = torch.device(device) if device is not None else _device(self.stage_modules)
         self._splits = {s: ModuleSplit(m) for s, m in self.stage_modules.items()}
+        # (stage, microbatch) whose backward is split into B and W; the others are one BW
+        self._split_backward = {
+            (a.stage, a.microbatch) for a in schedule.rank_actions[self.rank] if a.op is Op.B
+        }
         ranks = dist.get_process_group_ranks(group) if group is not None else None
         timeout = timedelta(seconds=self.timeout_s)
-        # one group per direction (to higher ranks, to lower ranks), created on every rank
-        self._groups = (dist.new_group(ranks=ranks, timeout=timeout),
-                        dist.new_group(ranks=ranks, timeout=timeout))  # fmt: skip
+        # one group per direction (to higher ranks, to lower ranks), created on the pipeline's
+        # ranks only when it is a subgroup: other pipelines (data or expert parallel
+        # neighbours) create theirs at the same time
+        local = ranks is not None
+        up, down = (
+            dist.new_group(ranks=ranks, timeout=timeout, use_local_synchronization=local)
+            for _ in range(2)
+        )
+        self._groups = (up, down)
         self._last_rank = schedule.rank_of(schedule.num_stages - 1)
         self.recompute = recompute
         self._param_storages = {
@@ -221,7 +232,7 @@ class PipelineRunner:
             return t
 
         with (
-            self._splits[s].recording(mb),
+            self._splits[s].recording(mb, split=(s, mb) in self._split_backward),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         ):
             y = self._run_module(s, mb, args, state, keep=True)
