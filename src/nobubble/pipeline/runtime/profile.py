@@ -194,14 +194,22 @@ CLOCKS = ("wall", "cpu")
 
 
 def op_clock(name: str, device: torch.device) -> Callable[[], float]:
-    """``wall``: time.perf_counter; ``cpu``: this thread's CPU time (CPU device only), which
-    a busy shared machine does not inflate by descheduling the process."""
+    """``wall``: time.perf_counter (on CUDA after synchronising the device, so a reading
+    follows the kernels queued before it); ``cpu``: this thread's CPU time (CPU device only),
+    which a busy shared machine does not inflate by descheduling the process."""
     if name not in CLOCKS:
         raise ValueError(f"clock={name!r}; choose one of {CLOCKS}")
     if name == "cpu":
         if device.type != "cpu":
             raise ValueError(f"clock='cpu' measures CPU work; use clock='wall' on {device}")
         return time.thread_time
+    if device.type == "cuda":
+
+        def synced() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return synced
     return time.perf_counter
 
 
