@@ -59,8 +59,8 @@ from nobubble.moe import (
 )
 from nobubble.validation import check_fields
 
-__all__ = ["TrainConfig", "TrainReport", "run_training", "dense_losses", "plot_report",
-           "corpus", "DENSE_TOLERANCE"]  # fmt: skip
+__all__ = ["TrainConfig", "TrainReport", "MoEGPT", "make_batches", "loss_fn", "run_training",
+           "dense_losses", "plot_report", "corpus", "DENSE_TOLERANCE"]  # fmt: skip
 
 DENSE_TOLERANCE = 1e-4
 """Largest ``|loss - dense loss|`` at the last step that counts as equal (fp32)."""
@@ -219,7 +219,8 @@ class MoEGPT(nn.Module):
     """Token + position embedding, ``num_layers`` blocks, a linear head: (B, T) -> (B, T, V).
 
     ``make_moe(weights)`` builds each block's MoE from its layer's full weights (the same on
-    every rank and in the dense model, so all start identical).
+    every rank and in the dense model, so all start identical). ``examples/train_moe.py``
+    trains this model too.
     """
 
     def __init__(

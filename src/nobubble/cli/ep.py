@@ -17,6 +17,7 @@ from nobubble.cli.util import (
     positive_int,
     print_json,
     print_table,
+    run_with_progress_bar,
 )
 
 __all__ = ["register"]
@@ -69,46 +70,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run_with_progress(config: Any) -> Any:
-    """Run the benchmark in a worker thread while a progress bar on stderr follows rank 0."""
-    import multiprocessing as mp
-    import queue
-    import threading
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """Run the benchmark while a progress bar on stderr follows rank 0's methods."""
     from nobubble.bench.ep_dispatch import run_bench
-    from nobubble.cli.util import console
 
-    updates = mp.get_context("spawn").Queue()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["report"] = run_bench(config, progress=updates)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+    return run_with_progress_bar(
+        lambda updates: run_bench(config, progress=updates),
+        label=f"starting {config.num_ranks} ranks",
     )
-    with Progress(
-        *columns, TimeElapsedColumn(), console=console(stderr=True), transient=True
-    ) as bar:
-        task = bar.add_task(f"starting {config.num_ranks} ranks", total=None)
-        while thread.is_alive():
-            try:
-                method, done, total = updates.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            bar.update(task, description=method, completed=done, total=total)
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["report"]
 
 
 MAX_ITERS = 1000

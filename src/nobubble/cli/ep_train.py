@@ -23,6 +23,7 @@ from nobubble.cli.util import (
     positive_int,
     print_json,
     print_table,
+    run_with_progress_bar,
 )
 
 __all__ = ["register"]
@@ -118,48 +119,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _run_with_progress(config: Any, *, quiet: bool) -> Any:
-    """Train in a worker thread while a progress bar on stderr follows rank 0's steps."""
-    import multiprocessing as mp
-    import queue
-    import threading
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """Train while a progress bar on stderr follows rank 0's steps (then the dense run's)."""
     from nobubble.bench.ep_train import run_training
 
-    updates = mp.get_context("spawn").Queue()
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["report"] = run_training(config, progress=updates)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
+    return run_with_progress_bar(
+        lambda updates: run_training(config, progress=updates),
+        label=f"starting {config.num_ranks} ranks",
+        total=config.num_steps,
+        counter="step {task.completed}/{task.total}",
+        info=lambda extra: f"loss {extra[0]:.4f}",
+        quiet=quiet,
     )
-    stderr = console(stderr=True)
-    with Progress(*columns, console=stderr, transient=True, disable=quiet) as bar:
-        task = bar.add_task(f"starting {config.num_ranks} ranks", total=config.num_steps, info="")
-        while thread.is_alive():
-            try:
-                phase, done, total, loss = updates.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            bar.update(
-                task, description=phase, completed=done, total=total, info=f"loss {loss:.4f}"
-            )
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["report"]
 
 
 def _print(report: Any, plot: Path) -> None:

@@ -13,9 +13,9 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -37,7 +37,10 @@ __all__ = [
     "print_table",
     "print_json",
     "console",
+    "run_with_progress_bar",
 ]
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -181,3 +184,56 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "__fspath__"):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def run_with_progress_bar(
+    work: Callable[[Any], T],
+    *,
+    label: str,
+    total: int | None = None,
+    counter: str | None = "{task.completed}/{task.total}",
+    info: Callable[[tuple[Any, ...]], str] | None = None,
+    quiet: bool = False,
+) -> T:
+    """Run ``work(updates)`` in a worker thread while a progress bar on stderr follows it.
+
+    ``updates`` is a queue from ``multiprocessing.get_context("spawn")``, so spawned ranks
+    can feed it; each message is ``(description, done, total, *extra)`` and moves the bar
+    (``info(extra)``, if given, is shown after the ``counter`` column). The bar starts at
+    ``label`` and ``total``, is transient, and ``quiet`` hides it. Whatever ``work`` raises
+    is raised again here, in the caller's thread, so ``main`` prints it as one line.
+    """
+    import multiprocessing as mp
+    import queue
+    import threading
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    updates = mp.get_context("spawn").Queue()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work(updates)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    columns = [TextColumn("{task.description}"), BarColumn()]
+    columns += [TextColumn(counter)] if counter is not None else []
+    columns += [TextColumn("{task.fields[info]}")] if info is not None else []
+    with Progress(*columns, TimeElapsedColumn(), console=console(stderr=True), transient=True,
+                  disable=quiet) as bar:  # fmt: skip
+        task = bar.add_task(label, total=total, info="")
+        while thread.is_alive():
+            try:
+                description, done, steps, *extra = updates.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            shown = info(tuple(extra)) if info is not None else ""
+            bar.update(task, description=description, completed=done, total=steps, info=shown)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

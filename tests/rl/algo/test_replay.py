@@ -188,3 +188,79 @@ def test_extend_beyond_capacity_keeps_the_newest() -> None:
     assert set(s.items) == {"b", "c", "d"}
     by_item = dict(zip(s.items, s.probabilities))
     assert [by_item[k] for k in "bcd"] == pytest.approx([2 / 9, 3 / 9, 4 / 9])
+
+
+# -- sampling among eligible items -----------------------------------------------------------
+def _reference_eligible(priorities, keep, alpha, beta, eps):
+    """P_E and the IS weights written out item by item, over the eligible set only."""
+    scores = {i: (p + eps) ** alpha for i, p in enumerate(priorities) if keep[i]}
+    total = math.fsum(scores.values())
+    prob = {i: s / total for i, s in scores.items()}
+    n = len(prob)
+    raw = {i: (n * q) ** -beta for i, q in prob.items()}
+    top = max(raw.values())
+    return prob, {i: r / top for i, r in raw.items()}
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 50.0), st.booleans()), min_size=1, max_size=24),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 1.0),
+    st.integers(1, 30),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_eligible_draws_follow_the_formula_over_the_eligible_set(
+    entries, alpha, beta, batch_size, replace, seed
+) -> None:
+    priorities = [p for p, _ in entries]
+    keep = [k for _, k in entries]
+    buf = PrioritizedReplayBuffer(len(entries), alpha=alpha, beta=beta, eps=1e-3, seed=seed)
+    buf.extend([(i, k) for i, k in enumerate(keep)], priorities)
+    s = buf.sample(batch_size, eligible=lambda item: item[1], replace=replace)
+    if not any(keep):
+        assert s.indices.size == 0 and s.items == [] and s.weights.numel() == 0
+        return
+    prob, weight = _reference_eligible(priorities, keep, alpha, beta, 1e-3)
+    slots = s.indices.tolist()
+    assert len(slots) == (batch_size if replace else min(batch_size, sum(keep)))
+    assert replace or len(set(slots)) == len(slots)  # distinct without replacement
+    assert all(keep[i] and item == (i, True) for i, item in zip(slots, s.items))
+    assert s.probabilities.tolist() == pytest.approx([prob[i] for i in slots], rel=1e-9)
+    assert s.weights.tolist() == pytest.approx([weight[i] for i in slots], rel=1e-5)
+
+
+def test_eligible_pairs_without_replacement_match_brute_force_enumeration() -> None:
+    """Ordered pairs drawn from 4 eligible of 6 items against every pair's probability,
+    enumerated: P(a, b) = P(a) * P(b) / (1 - P(a)) (successive sampling)."""
+    pr = [3.0, 1.0, 9.0, 0.5, 2.0, 6.0]
+    keep = [True, True, False, True, True, False]
+    buf = PrioritizedReplayBuffer(6, alpha=1.0, eps=1e-9, seed=3)
+    buf.extend(list(range(6)), pr)
+    live = [i for i in range(6) if keep[i]]
+    total = sum(pr[i] for i in live)
+    pairs = [(a, b) for a in live for b in live if a != b]  # 12 ordered pairs, df = 11
+    expect = np.array([pr[a] / total * pr[b] / (total - pr[a]) for a, b in pairs])
+    counts = dict.fromkeys(pairs, 0)
+    for _ in range(20_000):
+        a, b = buf.sample(2, eligible=lambda i: keep[i], replace=False).indices.tolist()
+        counts[(a, b)] += 1
+    observed = np.array([counts[p] for p in pairs])
+    # Upper 0.1% point of chi-square with 11 degrees of freedom (same NIST table): 31.264.
+    assert _chi2_cdf(31.264, 11) == pytest.approx(0.999, abs=2e-6)
+    assert _chi2(observed, expect) < 31.264
+    # with replacement draws among them can repeat an item; the ineligible never appear
+    s = buf.sample(400, eligible=lambda i: keep[i])
+    assert set(s.indices.tolist()) == set(live)
+
+
+def test_the_buffer_pickles_without_its_lock_and_draws_on() -> None:
+    import pickle
+
+    buf = PrioritizedReplayBuffer(8, alpha=0.7, seed=5)
+    buf.extend(list("abcdef"), [1.0, 2.0, 3.0, 0.5, 0.1, 4.0])
+    copy = pickle.loads(pickle.dumps(buf))
+    assert copy.sample(16).indices.tolist() == buf.sample(16).indices.tolist()  # RNG too
+    copy.add("g", 9.0)  # the new lock works
+    assert len(copy) == 7 and len(buf) == 6

@@ -9,6 +9,10 @@ nothing starves). The bias this introduces is corrected with importance-sampling
 normalised by their maximum over the buffer so that ``w <= 1`` (as in OpenAI baselines).
 ``beta`` is annealed towards 1 during training (:func:`linear_beta`).
 
+A sample may also be restricted to the items that pass a test (``eligible``: e.g. only groups
+within a staleness bound) and drawn without replacement; ``N``, ``P`` and the maximum are
+then those of the eligible set (:meth:`PrioritizedReplayBuffer.sample`).
+
 A sum tree stores ``p^alpha`` at its leaves and partial sums above them, so drawing a sample
 (descend by prefix mass) and updating a priority (walk up to the root) are O(log n); a min
 tree beside it gives ``P_min`` in O(1). The trees are 32-ary rather than binary: same
@@ -18,7 +22,7 @@ asymptotics, a quarter of the levels, which is what costs time in numpy.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -165,7 +169,8 @@ class PrioritizedReplayBuffer(Generic[Item]):
 
     Invariant: slot ``i < len(self)`` holds an item and leaf ``i`` of both trees holds
     ``(priority_i + eps)^alpha``; other leaves are empty (0 in the sum tree, inf in the min
-    tree). When full, ``add`` overwrites the oldest slot. All methods are thread-safe.
+    tree). When full, ``add`` overwrites the oldest slot. All methods are thread-safe; the
+    buffer pickles (its lock is dropped and made anew).
 
     Args:
         capacity: maximum number of items, >= 1.
@@ -239,8 +244,31 @@ class PrioritizedReplayBuffer(Generic[Item]):
             self._size = min(self.capacity, self._size + len(items))
             return slots
 
-    def sample(self, batch_size: int, beta: float | None = None) -> ReplaySample[Item]:
-        """Draw ``batch_size`` items i.i.d. (with replacement) with probability ``P(i)``."""
+    def sample(
+        self,
+        batch_size: int,
+        beta: float | None = None,
+        *,
+        eligible: Callable[[Item], bool] | None = None,
+        replace: bool = True,
+    ) -> ReplaySample[Item]:
+        """Draw ``batch_size`` items with probability ``P(i)``, i.i.d. (with replacement).
+
+        ``eligible(item)``: only items for which it is true can be drawn (None: all). Over
+        the eligible set ``E`` (all slots when ``eligible`` is None) a draw has probability
+        and IS weight
+
+            P_E(i) = (p_i + eps)^alpha / sum_{k in E} (p_k + eps)^alpha,  i in E
+            w_i = (|E| * P_E(i))^(-beta) / max_{j in E} (|E| * P_E(j))^(-beta)
+                = (P_E(i) / min_{j in E} P_E(j))^(-beta)
+
+        and ``probabilities`` holds ``P_E`` of each draw. ``replace=False`` draws
+        ``min(batch_size, |E|)`` distinct items by successive sampling (each draw with
+        probability ``P_E`` renormalised over the items not yet drawn); the weights keep
+        the single-draw ``P_E`` above. No eligible item: an empty sample. The unrestricted,
+        with-replacement draw descends the sum tree in O(batch_size * log n); the others
+        cost O(n) (the test runs on every item).
+        """
         beta = self.beta if beta is None else beta
         if batch_size < 1:
             raise ValueError(f"sample: batch_size={batch_size} must be >= 1")
@@ -249,10 +277,13 @@ class PrioritizedReplayBuffer(Generic[Item]):
         with self._lock:
             if self._size == 0:
                 raise ValueError("sample: the buffer is empty; add experience first")
-            total = self._sum.total()
-            idx = self._sum.find_prefix(self._rng.random(batch_size) * total)
-            probs = self._sum.get(idx) / total
-            p_min = self._min.min() / total
+            if eligible is None and replace:
+                total = self._sum.total()
+                idx = self._sum.find_prefix(self._rng.random(batch_size) * total)
+                probs = self._sum.get(idx) / total
+                p_min = self._min.min() / total
+            else:
+                idx, probs, p_min = self._draw_among(batch_size, eligible, replace)
             weights = (probs / p_min) ** (-beta)
             items = [self._items[i] for i in idx.tolist()]
         return ReplaySample(
@@ -261,6 +292,24 @@ class PrioritizedReplayBuffer(Generic[Item]):
             weights=torch.as_tensor(weights, dtype=torch.float32),
             probabilities=probs,
         )
+
+    def _draw_among(
+        self, batch_size: int, eligible: Callable[[Item], bool] | None, replace: bool
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Slots drawn from the eligible set, their ``P_E`` and ``min P_E`` (lock held)."""
+        slots = np.arange(self._size)
+        if eligible is not None:
+            keep = [bool(eligible(self._items[i])) for i in range(self._size)]
+            slots = slots[np.array(keep, dtype=bool)]  # (|E|,)
+        if slots.size == 0:
+            return slots, np.zeros(0), 1.0
+        leaves = self._sum.get(slots)  # (|E|,) (p + eps)^alpha
+        p_e = leaves / leaves.sum()
+        size = batch_size if replace else min(batch_size, slots.size)
+        # numpy's choice without replacement keeps the first distinct values of i.i.d.
+        # draws, renormalising after each round: successive sampling, as documented above
+        pick = self._rng.choice(slots.size, size=size, replace=replace, p=p_e)
+        return slots[pick], p_e[pick], float(p_e.min())
 
     def update_priorities(
         self,
@@ -289,6 +338,17 @@ class PrioritizedReplayBuffer(Generic[Item]):
         """``P(i)`` for slots ``0 .. len(self) - 1``, float64."""
         with self._lock:
             return self._sum.get(np.arange(self._size)) / self._sum.total()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle everything but the lock (a checkpoint holds the buffer, RNG included)."""
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def clear(self) -> None:
         """Drop every item (the conservative preset does this at each weight sync)."""

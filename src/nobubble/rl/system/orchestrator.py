@@ -20,12 +20,12 @@ Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max
 one-step-off) and ``fully-async`` (max_staleness default 4, smaller requests so generators
 pick up new weights between groups, as AReaL).
 
-Checkpoints (``RunConfig.checkpoint_dir``, see :mod:`~nobubble.rl.system.checkpoint`) are
-taken at step boundaries: the trainer writes its part with the step, the orchestrator then
-writes the buffer, the ledger and the groups in flight. A resumed run requeues those groups
-(same group and prompt ids), so no sample is lost or trained twice. With
-``restart_workers``, a rollout or reward worker that dies is replaced and its groups are
-requeued the same way; the ledger records every requeue.
+Checkpoints (``RunConfig.checkpoint_dir``) are taken at step boundaries: the trainer writes
+its part with the step, the orchestrator then writes the buffer, the ledger and the groups
+in flight. A resumed run requeues those groups (same group and prompt ids), so no sample is
+lost or trained twice. With ``restart_workers``, a rollout or reward worker that dies is
+replaced and its groups are requeued the same way. That half of the orchestrator lives in
+:mod:`~nobubble.rl.system.recovery`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
-from nobubble.rl.system.checkpoint import RESUME_KEYS, CheckpointStore
 from nobubble.rl.system.config import DEFAULT_STALENESS, ENGINES, MODES, RunConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.protocol import Engine, Message, WorkerError
+from nobubble.rl.system.recovery import Recovery
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
@@ -61,10 +60,8 @@ __all__ = [
     "train",
 ]
 
-MAX_RESTARTS = 3  # per worker, with restart_workers
 
-
-class Orchestrator:
+class Orchestrator(Recovery):
     """Drives one run of ``cfg`` on ``engine``; :meth:`run` returns a :class:`RunResult`."""
 
     def __init__(
@@ -108,18 +105,7 @@ class Orchestrator:
         self._weight_versions: list[int] = [0]
         self._eval_pending = 0
         self._t0 = 0.0
-        # recovery: the request behind every group in flight, what each worker holds, the
-        # groups to generate again first, generator RNG states to hand back after a resume
-        self._requests: dict[int, GroupRequest] = {}
-        self._assigned: dict[str, list[int]] = {}
-        self._requeue: list[GroupRequest] = []
-        self._rollout_rng: dict[str, Any] = {}
-        self._rng_to_send: dict[str, Any] = {}
-        self._restarts: list[str] = []
-        self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        self._checkpoint: dict[int, str] = {}  # step -> folder the trainer writes into
-        self._wall_offset = 0.0
-        self._resumed_from: str | None = None
+        self._init_recovery(cfg)
 
     # -- admission and dispatch --------------------------------------------------------
 
@@ -135,12 +121,6 @@ class Orchestrator:
             self._requests[gid] = req
             reqs.append(req)
         return reqs
-
-    def _requeue_group(self, req: GroupRequest, reason: str) -> None:
-        self.buffer.requeue(req.group_id, reason)
-        self._in_flight[req.group_id] = "rollout"
-        self._requests[req.group_id] = req
-        self._requeue.append(req)
 
     def _dispatch(self) -> None:
         if self._stopping:
@@ -190,13 +170,7 @@ class Orchestrator:
                 replayed = [g for g, _ in drawn]
                 weights = [1.0] * len(batch) + [w for _, w in drawn]
             evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-            ckpt = None
-            every = self.cfg.checkpoint_every
-            if self._store is not None and (
-                step == self.cfg.steps or (every and step % every == 0)
-            ):
-                ckpt = str(self._store.new_dir(step))
-                self._checkpoint[step] = ckpt
+            ckpt = self._checkpoint_dir(step)
             self.engine.submit_train(batch + replayed, evaluate, ckpt, weights)
             self._train_queue.append((batch, replayed))
             self._eval_pending += evaluate
@@ -268,94 +242,7 @@ class Orchestrator:
             self.on_step(res.version, {**res.metrics, "max_lag": max(res.staleness)})
         if self._version >= self.cfg.steps:
             self._stopping = True
-        ckpt = self._checkpoint.pop(res.version, None)
-        if ckpt is not None and self._store is not None:
-            self._store.commit(Path(ckpt), self._snapshot())
-
-    # -- checkpoints and recovery ---------------------------------------------------------
-
-    def _snapshot(self) -> dict[str, Any]:
-        """The driver's part of a checkpoint, at a step boundary."""
-        return {
-            "config": self.cfg.to_dict(),
-            "version": self._version,
-            "next_group": self._next_group,
-            "rng": self._rng.getstate(),
-            "buffer": self._buffer_state(),
-            "in_flight": [self._requests[g] for g in sorted(self._in_flight)],
-            "curve": list(self._curve),
-            "staleness": dict(self._staleness),
-            "group_versions": dict(self._group_versions),
-            "weight_versions": list(self._weight_versions),
-            "train_reward": self._train_reward,
-            "rollout_rng": dict(self._rollout_rng),
-            "replay": self._replay,
-            "step_metrics": list(self._step_metrics),
-            "wall_s": time.time() - self._t0,
-        }
-
-    def _buffer_state(self) -> dict[str, Any]:
-        """The buffer as a checkpoint keeps it: a batch queued at the trainer (prefetched,
-        not trained) is back among the ready groups, so a resumed run trains it."""
-        state = self.buffer.state_dict()
-        queued = [g for batch, _ in self._train_queue for g in batch]
-        state["ready"] = sorted([*state["ready"], *queued], key=lambda g: g.group_id)
-        return state
-
-    def _check_resume(self) -> None:
-        """Restore the newest checkpoint (``resume``), or refuse to overwrite one."""
-        if self._store is None:
-            return
-        ckpt = self._store.latest()
-        if ckpt is None:
-            return
-        if not self.cfg.resume:
-            raise ValueError(
-                f"checkpoint_dir {self._store.folder} holds a checkpoint ({ckpt.name}); "
-                "resume from it (--resume) or choose an empty folder"
-            )
-        state = self._store.load_state(ckpt)
-        now = self.cfg.to_dict()
-        diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]
-        if diff:
-            shown = ", ".join(f"{k}: {state['config'].get(k)!r} -> {now.get(k)!r}" for k in diff)
-            raise ValueError(f"cannot resume {ckpt}: the run's config changed ({shown})")
-        self._version = state["version"]
-        self._next_group = state["next_group"]
-        self._rng.setstate(state["rng"])
-        self.buffer.load_state_dict(state["buffer"])
-        for req in state["in_flight"]:
-            self._requeue_group(req, "resumed")
-        self._curve = list(state["curve"])
-        self._staleness = Counter(state["staleness"])
-        self._group_versions = dict(state["group_versions"])
-        self._weight_versions = list(state["weight_versions"])
-        self._train_reward = state["train_reward"]
-        self._rollout_rng = dict(state["rollout_rng"])
-        self._rng_to_send = dict(state["rollout_rng"])
-        self._replay = state.get("replay", self._replay)
-        self._step_metrics = list(state.get("step_metrics", []))
-        self._wall_offset = float(state["wall_s"])
-        self._resumed_from = str(ckpt)
-        if self._version >= self.cfg.steps:
-            self._stopping = True
-
-    def _restart(self, err: WorkerError) -> None:
-        """Replace the worker ``err`` blames and requeue the groups it held."""
-        worker = err.worker
-        if worker is None or worker == "trainer" or not self.cfg.restart_workers:
-            raise err
-        if sum(r.split(":")[0] == worker for r in self._restarts) >= MAX_RESTARTS:
-            raise WorkerError(f"{worker} failed {MAX_RESTARTS + 1} times; last: {err}", worker)
-        self._restarts.append(f"{worker}: {str(err).splitlines()[0]}")
-        for idle in (self._idle_rollout, self._idle_reward):
-            if worker in idle:
-                idle.remove(worker)
-        for gid in self._assigned.pop(worker, []):
-            self._pending_reward = [g for g in self._pending_reward if g.group_id != gid]
-            self._requeue_group(self._requests[gid], "worker_died")
-        self._rng_to_send.pop(worker, None)
-        self.engine.restart(worker)
+        self._commit_checkpoint(res.version)
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)

@@ -12,18 +12,19 @@ rule "a group is one policy version" holds for replayed groups too.
   the IS weight ``(N P(i)) ** -beta / max`` (Schaul et al., 2016) and ``beta`` annealed
   linearly to 1 at the last step (:func:`~nobubble.rl.algo.replay.linear_beta`).
 
-Draws are without replacement within one step and seeded, so runs are reproducible; the
-state pickles into checkpoints.
+``N``, ``P`` and the maximum are over the fresh-enough groups only: the sampling is
+:class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s, restricted to them (uniform is
+its ``alpha = 0``). Draws are without replacement within one step and seeded, so runs are
+reproducible; the state pickles into checkpoints.
 """
 
 from __future__ import annotations
 
-import random
-from collections import deque
 from dataclasses import dataclass
 
 import torch
 
+from nobubble.rl.algo.replay import PrioritizedReplayBuffer
 from nobubble.rl.system.types import SampleGroup
 
 __all__ = ["REPLAY_MODES", "ReplayConfig", "GroupReplay"]
@@ -71,43 +72,31 @@ def _priority(group: SampleGroup) -> float:
 
 
 class GroupReplay:
-    """The replay itself (see the module docstring)."""
+    """The replay itself (see the module docstring): a prioritized buffer of whole groups."""
 
     def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
         self.cfg = cfg
         self.eps = eps
-        self._items: deque[tuple[SampleGroup, float]] = deque(maxlen=max(1, cfg.capacity))
-        self._rng = random.Random(seed)
+        alpha = cfg.alpha if cfg.mode == "prioritized" else 0.0
+        self._buffer: PrioritizedReplayBuffer[SampleGroup] = PrioritizedReplayBuffer(
+            max(1, cfg.capacity), alpha=alpha, eps=eps, seed=seed
+        )
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._buffer)
 
     def add(self, groups: list[SampleGroup]) -> None:
         for g in groups:
-            self._items.append((g, _priority(g)))
+            self._buffer.add(g, _priority(g))
 
     def sample(
         self, n: int, trainer_version: int, max_staleness: int, beta: float
     ) -> list[tuple[SampleGroup, float]]:
         """Up to ``n`` distinct groups with lag <= ``max_staleness``, with their IS weights."""
-        floor = trainer_version - max_staleness
-        live = [(g, p) for g, p in self._items if g.policy_version >= floor]
-        if not live or n < 1:
+        if n < 1 or not len(self._buffer):
             return []
-        alpha = self.cfg.alpha if self.cfg.mode == "prioritized" else 0.0
-        scores = [(p + self.eps) ** alpha for _, p in live]
-        total = sum(scores)
-        probs = [s / total for s in scores]
-        picked: list[int] = []
-        weights = list(scores)
-        for _ in range(min(n, len(live))):  # without replacement, by weight
-            i = self._rng.choices(range(len(live)), weights=weights)[0]
-            picked.append(i)
-            weights[i] = 0.0
-            if not any(weights):
-                break
-        if alpha == 0.0:
-            return [(live[i][0], 1.0) for i in picked]
-        raw = [(len(live) * probs[i]) ** -beta for i in picked]
-        top = max((len(live) * min(probs)) ** -beta, 1e-12)
-        return [(live[i][0], w / top) for i, w in zip(picked, raw)]
+        floor = trainer_version - max_staleness
+        drawn = self._buffer.sample(
+            n, beta, eligible=lambda g: g.policy_version >= floor, replace=False
+        )
+        return list(zip(drawn.items, drawn.weights.tolist()))
