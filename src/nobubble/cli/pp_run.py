@@ -378,10 +378,14 @@ def _run_torchrun(config, args: argparse.Namespace) -> int:
             dist.destroy_process_group()
     path = args.trace.with_name(f"{args.trace.stem}.rank{res.rank}{args.trace.suffix}")
     write_chrome_trace(path, res.events)
-    if res.rank == 0:
+    if res.losses is not None:  # the rank of the last stage speaks for the run
         med = statistics.median(res.step_times_s)
         if args.json:
-            print_json({"rank": 0, "median_step_time_s": med, "trace": str(path)})
+            print_json({"rank": res.rank, "median_step_time_s": med, "losses": list(res.losses),
+                        "trace": str(path)})  # fmt: skip
         else:
-            console().print(f"rank 0: median step {med * 1e3:.1f} ms; trace {path} (one per rank)")
+            console().print(
+                f"rank {res.rank} (last stage): median step {med * 1e3:.1f} ms, loss "
+                f"{res.losses[0]:.4f} -> {res.losses[-1]:.4f}; trace {path} (one per rank)"
+            )
     return 0
