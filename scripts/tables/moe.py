@@ -276,6 +276,61 @@ def overlap() -> str:
     )
 
 
+def microbatch_overlap() -> str:
+    """A dense + MoE stage over 2 microbatches, sequential vs overlapped (ep_microbatch_overlap)."""
+    data = load("ep_microbatch_overlap.json")
+    rows = data["rows"]
+    if not all(r["bit_equal"] for r in rows):
+        raise ValueError("ep_microbatch_overlap.json: overlapped outputs differ from sequential")
+    table = md_table(
+        [
+            "layout",
+            "tokens x hidden",
+            "sequential ms",
+            "overlapped ms",
+            "sequential / overlapped",
+            "same, per repeat",
+            "communication ms, seq -> overlapped",
+            "compute ms, seq -> overlapped",
+            "communication hidden",
+        ],
+        [
+            [
+                f"{r['layout']} ({r['ranks']} ranks)",
+                f"{r['tokens_per_microbatch']} x {r['hidden']}",
+                f(r["sequential_step_ms"]),
+                f(r["overlapped_step_ms"]),
+                _bold(times(r["speedup"])),
+                times(r["speedup_paired"]),
+                f"{f(r['sequential_comm_ms'])} -> {f(r['overlapped_comm_ms'])}",
+                f"{f(r['sequential_compute_ms'])} -> {f(r['overlapped_compute_ms'])}",
+                pct(r["communication_hidden"], 0),
+            ]
+            for r in rows
+        ],
+        align="llrrrrrrr",
+    )
+    per_layout = []
+    for layout in dict.fromkeys(r["layout"] for r in rows):
+        mine = [r for r in rows if r["layout"] == layout]
+        share = sorted(r["sequential_comm_ms"] / r["sequential_step_ms"] for r in mine)
+        speed = sorted(r["speedup"] for r in mine)
+        slower = sorted(r["overlapped_compute_ms"] / r["sequential_compute_ms"] for r in mine)
+        per_layout.append(
+            f"{layout}: communication is {pct(share[0], 0)}-{pct(share[-1], 0)} of the "
+            f"sequential step, compute takes {times(slower[0])}-{times(slower[-1])} as long when "
+            f"overlapped, step ratio {times(speed[0])}-{times(speed[-1])}"
+        )
+    c, load_1m = data["config"], data["load_average"][0]
+    return (
+        f"{table}\n\n{data['cpu_count']} cores, {c['threads_per_rank']} torch thread per rank "
+        f"plus its communication thread; medians of {c['repeats']} alternating repeats, slowest "
+        f"rank (per repeat: the median of each repeat's sequential / overlapped); load average "
+        f"{f(data['load_average_before'][0], 1)} before, {f(load_1m, 1)} at the end; overlapped "
+        f"outputs bit-equal to sequential: True. " + "; ".join(per_layout) + "."
+    )
+
+
 # ---------------------------------------------------------------- docs/moe/balance.md
 
 
@@ -400,6 +455,7 @@ TABLES: dict[str, Renderer] = {
     "moe.hierarchical": hierarchical,
     "moe.low_latency": low_latency,
     "moe.overlap": overlap,
+    "moe.microbatch_overlap": microbatch_overlap,
     "moe.eplb_balance": eplb_balance,
     "moe.eplb_incremental": eplb_incremental,
     "moe.eplb_periodic": eplb_periodic,

@@ -20,13 +20,15 @@ Unlike ``MoELayer.forward`` it does not all-gather the per-expert load statistic
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from nobubble.moe.buffer import DispatchResult
-from nobubble.moe.layer import MoELayer, apply_experts
+from nobubble.moe.layer import MoELayer
 from nobubble.trace import Event
 
 __all__ = ["OverlapResult", "overlapped_forward", "communication_hidden"]
@@ -52,13 +54,25 @@ class OverlapResult:
     events: list[Event]
 
 
-def communication_hidden(result: OverlapResult) -> float:
-    """Fraction of a step's communication time that ran while the experts computed.
+class StepTimes(Protocol):
+    """A step's wall time and the time its communication and compute operations took."""
 
-    The main thread either computes experts or waits; the time it does not compute
+    @property
+    def step_s(self) -> float: ...
+    @property
+    def comm_s(self) -> float: ...
+    @property
+    def compute_s(self) -> float: ...
+
+
+def communication_hidden(result: StepTimes) -> float:
+    """Fraction of a step's communication time that ran while the main thread computed.
+
+    The main thread either computes or waits; the time it does not compute
     (``step - compute``) bounds the communication left exposed, so
     ``hidden = 1 - (step - compute) / comm``, clipped to [0, 1]. A sequential run has
-    ``step >= compute + comm`` and scores 0.
+    ``step >= compute + comm`` and scores 0. Takes an :class:`OverlapResult` or a
+    :class:`~nobubble.moe.fastpath.microbatch_overlap.MicrobatchOverlapResult`.
     """
     if result.comm_s <= 0:
         return 0.0
@@ -67,6 +81,8 @@ def communication_hidden(result: OverlapResult) -> float:
 
 
 class _Recorder:
+    """Times operations into :class:`~nobubble.trace.Event` s, microseconds from its creation."""
+
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.origin = time.perf_counter()
@@ -81,18 +97,70 @@ class _Recorder:
         )
         return out
 
-    def total(self, cat: str) -> float:
-        return sum(e.dur_us for e in self.events if e.cat == cat) / 1e6
+    def total(self, *cats: str) -> float:
+        """Seconds spent in operations of the categories ``cats``."""
+        return sum(e.dur_us for e in self.events if e.cat in cats) / 1e6
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.origin
 
 
-def _pipelined(num_chunks: int, dispatch, experts, combine, timeout_s: float) -> list[torch.Tensor]:
+def _dispatch(
+    rec: _Recorder,
+    layer: MoELayer,
+    name: str,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+) -> DispatchResult:
+    """``layer.buffer.dispatch`` of ``x [n, H]``, recorded on the communication lane."""
+    num_experts = layer.config.num_experts
+    return rec.run(
+        name,
+        "dispatch",
+        1,
+        lambda: layer.buffer.dispatch(x, topk_idx, topk_weights, num_experts=num_experts),
+    )
+
+
+def _routed_experts(layer: MoELayer, res: DispatchResult) -> torch.Tensor:
+    """The layer's own experts on the received rows: ``[M, H]`` -> ``[M, H]``."""
+    # a fresh (not cached) dispatch with weights returns both
+    assert res.recv_topk_idx is not None and res.recv_topk_weights is not None
+    return layer.run_experts(res.recv_x, res.recv_topk_idx, res.recv_topk_weights)
+
+
+def _combine(
+    rec: _Recorder, layer: MoELayer, name: str, y: torch.Tensor, res: DispatchResult
+) -> torch.Tensor:
+    """``layer.buffer.combine`` of the expert outputs ``y [M, H]``, on the communication lane."""
+    return rec.run(name, "combine", 1, lambda: layer.buffer.combine(y, res.handle).combined_x)
+
+
+def _pipelined(
+    num_chunks: int,
+    dispatch: Callable[[int], DispatchResult],
+    experts: Callable[[DispatchResult, int], torch.Tensor],
+    combine: Callable[[int, torch.Tensor, DispatchResult], torch.Tensor],
+    timeout_s: float,
+    prepare: Callable[[int], None] | None = None,
+) -> list[torch.Tensor]:
     """Experts on this thread; dispatch i+1 and combine i-1 on one communication thread, in
-    the order D0 D1 C0 D2 C1 ... on every rank."""
+    the order D0 D1 C0 D2 C1 ... on every rank.
+
+    ``prepare(i)``, when given, runs on this thread just before dispatch i is queued (the
+    dense part that produces chunk i's tokens): it computes while dispatch i-1 and combine
+    i-2 are in flight.
+    """
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-comm") as comm:
+        if prepare is not None:
+            prepare(0)
         pending: dict[int, Future] = {0: comm.submit(dispatch, 0)}
         combines: list[Future] = []
         for i in range(num_chunks):
             if i + 1 < num_chunks:  # queued after combine i-1: both run while experts compute i
+                if prepare is not None:
+                    prepare(i + 1)
                 pending[i + 1] = comm.submit(dispatch, i + 1)
             res = pending.pop(i).result(timeout=timeout_s)
             y = experts(res, i)
@@ -128,52 +196,27 @@ def overlapped_forward(
     routing = layer.route(x)
     bounds = torch.tensor_split(torch.arange(x.shape[0], device=x.device), num_chunks)
     chunks = [(x[b], routing.topk_idx[b], routing.topk_weights[b]) for b in bounds]
-    num_experts = layer.config.num_experts
 
     def dispatch(i: int) -> DispatchResult:
-        cx, ci, cw = chunks[i]
-        return rec.run(
-            f"D{i}",
-            "dispatch",
-            1,
-            lambda: layer.buffer.dispatch(cx, ci, cw, num_experts=num_experts),
-        )
+        return _dispatch(rec, layer, f"D{i}", *chunks[i])
 
-    def experts(res: DispatchResult) -> torch.Tensor:
-        # a fresh (not cached) dispatch with weights returns both
-        assert res.recv_topk_idx is not None and res.recv_topk_weights is not None
-        return apply_experts(
-            res.recv_x,
-            res.recv_topk_idx,
-            res.recv_topk_weights,
-            layer.w_gate,
-            layer.w_up,
-            layer.w_down,
-        )  # (M_i, H)
+    def experts(res: DispatchResult, i: int) -> torch.Tensor:
+        return rec.run(f"E{i}", "experts", 0, _routed_experts, layer, res)  # (M_i, H)
 
     def combine(i: int, y: torch.Tensor, res: DispatchResult) -> torch.Tensor:
-        return rec.run(
-            f"C{i}", "combine", 1, lambda: layer.buffer.combine(y, res.handle).combined_x
-        )
+        return _combine(rec, layer, f"C{i}", y, res)
 
     if overlap:
-        outs = _pipelined(
-            num_chunks,
-            dispatch,
-            lambda r, i: rec.run(f"E{i}", "experts", 0, experts, r),
-            combine,
-            timeout_s,
-        )
+        outs = _pipelined(num_chunks, dispatch, experts, combine, timeout_s)
     else:
         outs = []
         for i in range(num_chunks):
             res = dispatch(i)
-            y = rec.run(f"E{i}", "experts", 0, experts, res)
-            outs.append(combine(i, y, res))
+            outs.append(combine(i, experts(res, i), res))
     out = torch.cat(outs) if outs else x.new_zeros(0, shape[-1])  # (N, H)
     shared = layer.shared_out(x)
     if shared is not None:
         out = out + shared
-    step = time.perf_counter() - rec.origin
-    comm_s = rec.total("dispatch") + rec.total("combine")
+    step = rec.elapsed()
+    comm_s = rec.total("dispatch", "combine")
     return OverlapResult(out.reshape(shape), step, comm_s, rec.total("experts"), rec.events)
