@@ -106,3 +106,40 @@ def test_ranks_die_with_a_killed_launcher(tmp_path) -> None:
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def _stop_rank1(ctx: DistContext):
+    dist.barrier()
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # hung: alive, silent
+    dist.barrier()  # rank 0 waits here far longer than the watchdog allows
+    return ctx.rank
+
+
+def test_a_stopped_rank_is_named_by_the_liveness_watchdog():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="rank 1 stopped responding: no heartbeat") as info:
+        spawn(_stop_rank1, 2, timeout_s=120, liveness_s=4)
+    assert info.value.rank == 1
+    assert time.monotonic() - start < 40  # the watchdog, not the 120 s collective timeout
+
+
+def test_liveness_is_checked():
+    with pytest.raises(ValueError, match="liveness_s=0.5"):
+        spawn(_all_reduce, 1, args=(1.0,), liveness_s=0.5)
+
+
+def test_spawn_creates_no_named_semaphore(monkeypatch):
+    """A queue's semaphores outlive a SIGKILLed launcher in /dev/shm; spawn uses pipes."""
+    import multiprocessing.synchronize as mps
+
+    made: list[int] = []
+    original = mps.SemLock.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(mps.SemLock, "__init__", counting)
+    out = spawn(_all_reduce, 2, args=(1.0,), timeout_s=60)
+    assert [o["rank"] for o in out] == [0, 1] and made == []

@@ -7,8 +7,12 @@ device, group, timeout) instead of reading globals. Two ways to get one:
   torch.distributed group in each (gloo on CPU by default; NCCL with ``device="cuda"``), calls
   ``fn(ctx, *args)`` and returns every rank's result. A rank that raises makes ``spawn``
   terminate the others and raise :class:`RankFailure` carrying that rank's traceback; a rank
-  that dies without a word, or a run past ``timeout_s``, is reported the same way. Nothing
-  waits forever.
+  that dies without a word, one whose heartbeat stops (stopped, or wedged holding the
+  interpreter) for ``liveness_s``, or a run past ``timeout_s``, is reported the same way.
+  Nothing waits forever. Results and heartbeats travel through one pipe per rank, so a
+  killed launcher leaves no named semaphore in ``/dev/shm`` behind; ranks ignore SIGINT
+  (the launcher stops them), turn SIGTERM into ``SystemExit`` so their ``finally`` blocks
+  run, and die with the launcher (the parent-death signal).
 - :func:`context_from_env` for processes launched by ``torchrun`` (multi-host capable): it
   reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``.
 """
@@ -19,15 +23,16 @@ import ctypes
 import io
 import multiprocessing as mp
 import os
-import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.connection import wait
 from typing import Any
 
 import torch
@@ -41,7 +46,13 @@ __all__ = [
     "free_port",
     "default_backend",
     "die_with_parent",
+    "LIVENESS_S",
 ]
+
+LIVENESS_S = 30.0
+"""Default seconds without a heartbeat after which :func:`spawn` declares a rank hung."""
+_BEAT_S = 1.0  # how often a rank's heartbeat thread writes
+_STARTUP_S = 90.0  # a rank that never beat (still importing torch) gets this long
 
 
 def default_backend(device: str | torch.device) -> str:
@@ -138,9 +149,19 @@ def _worker(
     threads: int,
     fn: Callable[..., Any],
     args: tuple,
-    results: Any,
+    conn: Any,
 ) -> None:
     die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops us
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    lock = threading.Lock()
+
+    def put(message: tuple) -> None:
+        with lock:
+            conn.send(message)
+
+    threading.Thread(target=_heartbeat, args=(put, rank), daemon=True).start()
     torch.set_num_threads(threads)
     try:
         dev = torch.device(device)
@@ -158,15 +179,32 @@ def _worker(
         out = fn(ctx, *args)
         buf = io.BytesIO()
         torch.save(out, buf)  # tensors and plain objects alike; no shared-memory handles
-        results.put(("ok", rank, buf.getvalue()))
+        put(("ok", rank, buf.getvalue()))
     except BaseException as err:  # noqa: BLE001 - every failure must reach the parent
-        results.put(("err", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+        try:
+            put(("err", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+        except OSError:  # the launcher is gone: nobody to tell
+            pass
     finally:
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
                 pass
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _heartbeat(put: Callable[[tuple], None], rank: int) -> None:
+    """Tell the launcher every ``_BEAT_S`` that this process still runs Python code."""
+    while True:
+        try:
+            put(("beat", rank, b""))
+        except (OSError, ValueError):  # the pipe closed: the launcher is gone or done
+            return
+        time.sleep(_BEAT_S)
 
 
 def spawn(
@@ -178,6 +216,7 @@ def spawn(
     device: str = "cpu",
     timeout_s: float = 120.0,
     threads_per_rank: int = 1,
+    liveness_s: float | None = LIVENESS_S,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``world_size`` local ranks and return their results by rank.
 
@@ -190,16 +229,21 @@ def spawn(
         device: ``"cpu"`` or ``"cuda"`` (rank r uses ``cuda:r``).
         timeout_s: limit for the whole job and for every collective inside it.
         threads_per_rank: ``torch.set_num_threads`` in each rank.
+        liveness_s: a rank that sends no heartbeat for this long (SIGSTOP, a deadlock holding
+            the interpreter) is declared hung, by rank; None turns the watchdog off.
     Raises:
-        RankFailure: a rank raised (its traceback is attached), died, or the job timed out.
+        RankFailure: a rank raised (its traceback is attached), died, stopped responding, or
+            the job timed out.
     """
     if world_size < 1:
         raise ValueError(f"spawn: world_size={world_size} must be >= 1")
     if timeout_s <= 0:
         raise ValueError(f"spawn: timeout_s={timeout_s} must be > 0")
+    if liveness_s is not None and not liveness_s > 2 * _BEAT_S:
+        raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * _BEAT_S:g} (or None)")
     backend = backend or default_backend(device)
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent end, rank end)
     port = free_port()
     procs = [
         ctx.Process(
@@ -215,31 +259,90 @@ def spawn(
                 threads_per_rank,
                 fn,
                 tuple(args),
-                results,
+                pipes[r][1],
             ),
             daemon=True,
         )
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    # SIGINT stays blocked from the exec until the rank ignores it: a Ctrl-C while the ranks
+    # start up reaches the launcher only, not half-started ranks printing tracebacks
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for _, child_end in pipes:
+        child_end.close()  # the rank holds its own copy; EOF then means the rank is gone
+    inbox = _Inbox([parent for parent, _ in pipes])
     outputs: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     ok = False
     try:
         while len(outputs) < world_size:
-            try:
-                status, rank, payload = results.get(timeout=0.2)
-            except queue.Empty:
-                _check_alive(procs, outputs, deadline, timeout_s)
-                continue
-            if status == "err":
-                raise _root_cause(procs, results, outputs, {rank: payload})
-            outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            for status, rank, payload in inbox.receive(0.2):
+                if status == "err":
+                    raise _root_cause(procs, inbox, outputs, {rank: payload})
+                outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            _check_alive(procs, outputs, deadline, timeout_s)
+            _check_heartbeats(inbox, outputs, liveness_s)
         ok = True
     finally:
         _reap(procs, grace_s=5.0 if ok else 0.0)
+        inbox.close()
     return [outputs[r] for r in range(world_size)]
+
+
+class _Inbox:
+    """The launcher's ends of the ranks' pipes: results, errors and heartbeats."""
+
+    def __init__(self, conns: list[Any]) -> None:
+        self.conns = conns
+        self.open = set(range(len(conns)))
+        self.started = time.monotonic()
+        self.last_beat: dict[int, float] = {}
+
+    def receive(self, timeout_s: float) -> list[tuple[str, int, Any]]:
+        """Results and errors that arrived within ``timeout_s`` (heartbeats are noted)."""
+        out: list[tuple[str, int, Any]] = []
+        ready = wait([self.conns[r] for r in self.open], timeout=timeout_s)
+        for r in list(self.open):
+            conn = self.conns[r]
+            if conn not in ready:
+                continue
+            try:
+                while conn.poll():
+                    status, rank, payload = conn.recv()
+                    self.last_beat[rank] = time.monotonic()
+                    if status != "beat":
+                        out.append((status, rank, payload))
+            except (EOFError, OSError):  # the rank exited; its exit code tells how
+                self.open.discard(r)
+        return out
+
+    def silent_for(self, rank: int) -> float:
+        """Seconds since ``rank``'s last message (since the start if it never sent one)."""
+        return time.monotonic() - self.last_beat.get(rank, self.started)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+
+def _check_heartbeats(inbox: _Inbox, outputs: dict[int, Any], liveness_s: float | None) -> None:
+    if liveness_s is None:
+        return
+    for r in sorted(inbox.open - set(outputs)):
+        limit = liveness_s if r in inbox.last_beat else max(liveness_s, _STARTUP_S)
+        silent = inbox.silent_for(r)
+        if silent > limit:
+            raise RankFailure(
+                r,
+                f"rank {r} stopped responding: no heartbeat for {silent:.0f}s (liveness_s="
+                f"{liveness_s:g}); it is stopped (SIGSTOP), swapping, or stuck holding the "
+                "interpreter",
+            )
 
 
 def _check_alive(
@@ -268,20 +371,17 @@ _PEER_SYMPTOMS = (
 
 
 def _root_cause(
-    procs: list[Any], results: Any, outputs: dict[int, Any], errors: dict[int, str]
+    procs: list[Any], inbox: _Inbox, outputs: dict[int, Any], errors: dict[int, str]
 ) -> RankFailure:
     """The failure to show: a rank that died silently, else the first error that is not
     merely a reaction to a dead peer. Other ranks get one second to report theirs."""
     end = time.monotonic() + 1.0
     while time.monotonic() < end:
-        try:
-            status, rank, payload = results.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        if status == "err":
-            errors.setdefault(rank, payload)
-        else:
-            outputs[rank] = None
+        for status, rank, payload in inbox.receive(0.1):
+            if status == "err":
+                errors.setdefault(rank, payload)
+            else:
+                outputs[rank] = None
     for r, p in enumerate(procs):
         if (
             r not in outputs

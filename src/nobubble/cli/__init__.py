@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from nobubble import __version__
@@ -50,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a group without a sub-command: show that group's help
         (getattr(args, "group_parser", None) or parser).print_help()
         return 0 if args.command is None else 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM runs the finally blocks (stopping ranks, removing shared memory), as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         rc = func(args)
     except (UsageError, ValueError) as err:
@@ -57,8 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        if isinstance(err, Terminated):
+            print(f"{parser.prog} {args.command}: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `nobubble ... --json | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -72,4 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return int(rc or 0)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` (stopping ranks and workers,
+    removing shared memory) runs before the command exits with 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
