@@ -23,6 +23,7 @@ import ctypes
 import io
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -33,10 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where it is used: a rank beats before it loads
+    import torch
+    import torch.distributed as dist
 
 __all__ = [
     "DistContext",
@@ -52,11 +54,13 @@ __all__ = [
 LIVENESS_S = 30.0
 """Default seconds without a heartbeat after which :func:`spawn` declares a rank hung."""
 _BEAT_S = 1.0  # how often a rank's heartbeat thread writes
-_STARTUP_S = 90.0  # a rank that never beat (still importing torch) gets this long
+_STARTUP_S = 30.0  # a rank that never beat yet (the interpreter starting) gets this long
 
 
 def default_backend(device: str | torch.device) -> str:
     """NCCL for CUDA devices, gloo otherwise."""
+    import torch
+
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
@@ -108,6 +112,9 @@ def context_from_env(
 
     ``device`` defaults to ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
     """
+    import torch
+    import torch.distributed as dist
+
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if var not in os.environ:
             raise ValueError(
@@ -147,10 +154,11 @@ def _worker(
     device: str,
     timeout_s: float,
     threads: int,
-    fn: Callable[..., Any],
-    args: tuple,
+    job: bytes,
     conn: Any,
 ) -> None:
+    """One rank: heartbeat first, then torch and the job (``pickle`` of ``(fn, args)``), so
+    the launcher hears from the rank while torch imports (seconds on a loaded machine)."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops us
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start
@@ -162,8 +170,12 @@ def _worker(
             conn.send(message)
 
     threading.Thread(target=_heartbeat, args=(put, rank), daemon=True).start()
+    import torch
+    import torch.distributed as dist
+
     torch.set_num_threads(threads)
     try:
+        fn, args = pickle.loads(job)
         dev = torch.device(device)
         if dev.type == "cuda":
             dev = torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
@@ -244,6 +256,7 @@ def spawn(
     backend = backend or default_backend(device)
     ctx = mp.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent end, rank end)
+    job = pickle.dumps((fn, tuple(args)))  # unpickled by the rank after its heartbeat starts
     port = free_port()
     procs = [
         ctx.Process(
@@ -257,8 +270,7 @@ def spawn(
                 device,
                 timeout_s,
                 threads_per_rank,
-                fn,
-                tuple(args),
+                job,
                 pipes[r][1],
             ),
             daemon=True,
@@ -284,7 +296,7 @@ def spawn(
             for status, rank, payload in inbox.receive(0.2):
                 if status == "err":
                     raise _root_cause(procs, inbox, outputs, {rank: payload})
-                outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+                outputs[rank] = _load(payload)
             _check_alive(procs, outputs, deadline, timeout_s)
             _check_heartbeats(inbox, outputs, liveness_s)
         ok = True
@@ -292,6 +304,12 @@ def spawn(
         _reap(procs, grace_s=5.0 if ok else 0.0)
         inbox.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def _load(payload: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(payload), weights_only=False)
 
 
 class _Inbox:
