@@ -254,40 +254,10 @@ def spawn(
     if liveness_s is not None and not liveness_s > 2 * _BEAT_S:
         raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * _BEAT_S:g} (or None)")
     backend = backend or default_backend(device)
-    ctx = mp.get_context("spawn")
-    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent end, rank end)
     job = pickle.dumps((fn, tuple(args)))  # unpickled by the rank after its heartbeat starts
-    port = free_port()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(
-                os.getpid(),
-                r,
-                world_size,
-                port,
-                backend,
-                device,
-                timeout_s,
-                threads_per_rank,
-                job,
-                pipes[r][1],
-            ),
-            daemon=True,
-        )
-        for r in range(world_size)
-    ]
-    # SIGINT stays blocked from the exec until the rank ignores it: a Ctrl-C while the ranks
-    # start up reaches the launcher only, not half-started ranks printing tracebacks
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        for p in procs:
-            p.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for _, child_end in pipes:
-        child_end.close()  # the rank holds its own copy; EOF then means the rank is gone
-    inbox = _Inbox([parent for parent, _ in pipes])
+    settings = (world_size, free_port(), backend, device, timeout_s, threads_per_rank, job)
+    procs, pipes = _start_ranks(settings)
+    inbox = _Inbox(pipes)
     outputs: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     ok = False
@@ -304,6 +274,33 @@ def spawn(
         _reap(procs, grace_s=5.0 if ok else 0.0)
         inbox.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def _start_ranks(settings: tuple) -> tuple[list[Any], list[Any]]:
+    """Start one process per rank; returns them and the launcher's ends of their pipes."""
+    world_size, port, backend, device, timeout_s, threads, job = settings
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (launcher end, rank end)
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(os.getpid(), r, world_size, port, backend, device, timeout_s, threads, job,
+                  pipes[r][1]),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]  # fmt: skip
+    # SIGINT stays blocked from the exec until the rank ignores it: a Ctrl-C while the ranks
+    # start up reaches the launcher only, not half-started ranks printing tracebacks
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for _, rank_end in pipes:
+        rank_end.close()  # the rank holds its own copy; EOF then means the rank is gone
+    return procs, [launcher_end for launcher_end, _ in pipes]
 
 
 def _load(payload: bytes) -> Any:
