@@ -66,3 +66,17 @@ def test_cross_rank_cycle_reported_for_every_stuck_rank():
     rows = [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]]
     with pytest.raises(ScheduleError, match=r"rank 0: 0B0 .*; rank 1: 1F1 waits for F of stage 0"):
         validate(Schedule.from_rank_actions(rows))
+
+
+def test_a_measured_fused_backward_time_replaces_t_b_plus_t_w() -> None:
+    from nobubble.pipeline.actions import Action, Op
+
+    split = CostModel.uniform(2, t_f=1.0, t_b=1.0, t_w=1.0)
+    measured = CostModel(t_f=(1.0, 1.0), t_b=(1.0, 1.0), t_w=(1.0, 1.0), mem_f=(1.0, 1.0),
+                         mem_b=(0.5, 0.5), mem_w=(0.5, 0.5), t_bw=(1.5, 1.25))  # fmt: skip
+    assert split.duration(Action(1, Op.BW, 0)) == 2.0
+    assert measured.duration(Action(1, Op.BW, 0)) == 1.25
+    assert measured.duration(Action(1, Op.B, 0)) == 1.0  # B and W keep their own times
+    with pytest.raises(ValueError, match=r"t_bw\[0\]=0.0 must be finite and > 0"):
+        CostModel(t_f=(1.0,), t_b=(1.0,), t_w=(1.0,), mem_f=(1.0,), mem_b=(0.5,),
+                  mem_w=(0.5,), t_bw=(0.0,))  # fmt: skip

@@ -6,7 +6,9 @@ for limits such as ZB-1p's ``p * M_F``).
 Per stage s (a *virtual* stage: a chunk of a rank's layers when a rank holds several):
 
 - ``t_f[s]``, ``t_b[s]``, ``t_w[s]``: one microbatch's forward, input-gradient backward (B)
-  and weight-gradient backward (W). A fused backward (BW) takes ``t_b + t_w``.
+  and weight-gradient backward (W). A fused backward (BW) takes ``t_b + t_w``, unless
+  ``t_bw[s]`` gives its measured time: splitting a backward in two costs extra on real
+  hardware (a profile measures both), and 1F1B's fused backward does not pay it.
 - ``t_comm``: one activation / gradient transfer between two *ranks* (charged only when the
   producer and consumer stages sit on different ranks).
 - ``mem_f[s]``: activation memory a forward stores; ``mem_b[s]``: what its B frees;
@@ -89,12 +91,15 @@ class CostModel:
     mem_b: tuple[float, ...]
     mem_w: tuple[float, ...]
     t_comm: float = 0.0
+    t_bw: tuple[float, ...] | None = None
+    """A fused backward's time per stage; None: ``t_b + t_w``."""
 
     def __post_init__(self) -> None:
         n = len(self.t_f)
         if n < 1:
             raise ValueError("CostModel needs at least one stage (t_f is empty)")
-        for label in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
+        labels = ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w")
+        for label in labels + (("t_bw",) if self.t_bw is not None else ()):
             values = _per_stage(label, getattr(self, label), n)
             object.__setattr__(self, label, values)
             strict = label.startswith("t_")
@@ -111,7 +116,7 @@ class CostModel:
         return len(self.t_f)
 
     def duration(self, action: Action) -> float:
-        """Time of one action (BW takes t_b + t_w)."""
+        """Time of one action (BW takes ``t_bw``, else t_b + t_w)."""
         s = action.stage
         if action.op is Op.F:
             return self.t_f[s]
@@ -119,7 +124,7 @@ class CostModel:
             return self.t_b[s]
         if action.op is Op.W:
             return self.t_w[s]
-        return self.t_b[s] + self.t_w[s]
+        return self.t_bw[s] if self.t_bw is not None else self.t_b[s] + self.t_w[s]
 
     def memory_delta(self, action: Action) -> float:
         """Change of stored activations when the action runs (+ for F, - for B/W/BW)."""

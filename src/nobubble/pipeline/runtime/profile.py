@@ -78,8 +78,9 @@ class Profile:
     """How op times were taken: ``wall`` or ``cpu`` (thread CPU time)."""
 
     def cost_model(self, schedule: Schedule | None = None) -> CostModel:
-        """The simulator's per-stage costs (ms, bytes). ``schedule`` must have as many stages
-        as were profiled (profile with the schedule's ``num_stages``)."""
+        """The simulator's per-stage costs (ms, bytes), the fused backward's measured time
+        included. ``schedule`` must have as many stages as were profiled (profile with the
+        schedule's ``num_stages``)."""
         if schedule is not None and schedule.num_stages != len(self.stages):
             raise ValueError(
                 f"profile has {len(self.stages)} stages but schedule {schedule.name!r} has "
@@ -91,6 +92,7 @@ class Profile:
             t_w=tuple(s.t_w for s in st), t_comm=self.t_comm,
             mem_f=tuple(float(s.mem_f) for s in st), mem_b=tuple(float(s.mem_b) for s in st),
             mem_w=tuple(float(s.mem_f - s.mem_b) for s in st),
+            t_bw=tuple(s.t_bw_fused for s in st),  # what a fused BW really takes
         )  # fmt: skip
 
     def to_dict(self) -> dict:
