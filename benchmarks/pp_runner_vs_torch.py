@@ -86,7 +86,9 @@ def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
         own = sched.stages_of(ctx.rank)
         torch_stages = split_model(gpt(vocab), sched.num_stages)
         runtime = to_torch(torch_stages, sched, loss_fn)
-        runner = PipelineRunner(split_model(gpt(vocab), sched.num_stages), sched, loss_fn)
+        runner = PipelineRunner(
+            split_model(gpt(vocab), sched.num_stages), sched, loss_fn, static_shapes=True
+        )  # as torch: shapes fixed at the first step
         times: dict[str, list[float]] = {"torch": [], "nobubble": []}
         for i in range(steps + 2):
             for path in ("torch", "nobubble") if i % 2 == 0 else ("nobubble", "torch"):

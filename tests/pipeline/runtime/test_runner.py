@@ -291,3 +291,44 @@ def test_recompute_draws_the_same_dropout_masks_as_the_first_forward() -> None:
     for plain, recomputed in spawn(_dropout_rank, 2, timeout_s=240):
         for name, grad in plain.items():
             torch.testing.assert_close(recomputed[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def _static_rank(ctx, names: tuple[str, ...], xs: list, ys: list, change: bool) -> dict:
+    out = {}
+    for name in names:
+        sched = _schedule(name, ctx.world_size)
+        runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn, static_shapes=True,
+                                timeout_s=30)  # fmt: skip
+        losses = [float(runner.step(list(xs), list(ys))) for _ in range(3)]
+        if change:  # one microbatch longer than in the first steps
+            longer = batch(2, 11, seed=11)
+            runner.step([longer[0], *xs[1:]], [longer[1], *ys[1:]])
+        grads = {f"{s}.{n}": p.grad.clone() / 3 for s, m in runner.stage_modules.items()
+                 for n, p in m.named_parameters()}  # fmt: skip
+        out[name] = (losses, grads)
+        runner.close()
+    return out
+
+
+def test_static_shapes_send_no_headers_after_the_first_step_and_give_the_same_gradients():
+    pairs = [batch(2, seq_len, seed=seq_len) for seq_len in (3, 7, 5, 9)]  # fixed per microbatch
+    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    names = ("1f1b", "zb-h1", "zb-v")
+    results = spawn(_static_rank, 2, args=(names, xs, ys, False), timeout_s=240)
+    for name in names:
+        ref_loss, ref_grads = _reference(_schedule(name, 2).num_stages, xs, ys)
+        got: dict[str, torch.Tensor] = {}
+        for r in results:
+            assert r[name][0] == pytest.approx([ref_loss] * 3, rel=1e-6), name
+            got.update(r[name][1])
+        assert set(got) == set(ref_grads), name
+        for key, ref in ref_grads.items():  # 3 steps accumulated, divided by 3
+            torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
+
+
+def test_static_shapes_refuse_a_shape_that_changed():
+    pairs = [batch(2, seq_len, seed=seq_len) for seq_len in (3, 7, 5, 9)]
+    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    with pytest.raises(RankFailure, match=r"static_shapes: act of stage 1 microbatch 0 is "
+                                          r"torch.float32 \(2, 11, \d+\), but was"):  # fmt: skip
+        spawn(_static_rank, 2, args=(("zb-h1",), xs, ys, True), timeout_s=120)

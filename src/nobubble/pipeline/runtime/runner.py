@@ -34,7 +34,7 @@ from torch import nn
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
-from nobubble.pipeline.runtime.messages import ShapedChannel
+from nobubble.pipeline.runtime.messages import ShapeCache, ShapedChannel
 from nobubble.pipeline.runtime.p2p import incoming, outgoing
 from nobubble.pipeline.validate import validate
 
@@ -61,6 +61,9 @@ class PipelineRunner:
             stage input; B runs the forward again (with the RNG state F had) and then the
             backward; W uses what B kept, so each microbatch's forward runs twice, not three
             times.
+        static_shapes: every step's boundary tensors have the first step's shapes (per
+            microbatch); messages then travel without their shape header, one send per
+            tensor as in torch's runtime. A tensor whose shape changed raises ValueError.
 
     After each step, :attr:`peak_activation_bytes` is the most memory this rank held for
     backward at once (the distinct tensors autograd saved, parameters excluded, and with
@@ -77,6 +80,7 @@ class PipelineRunner:
         device: torch.device | str | None = None,
         timeout_s: float = 300.0,
         recompute: bool = False,
+        static_shapes: bool = False,
     ) -> None:
         validate(schedule)
         if len(stages) != schedule.num_stages:
@@ -130,6 +134,7 @@ class PipelineRunner:
             for p in m.parameters()
         }  # fmt: skip
         self.peak_activation_bytes = 0
+        self._shapes = ShapeCache() if static_shapes else None
 
     @property
     def is_first(self) -> bool:
@@ -154,7 +159,8 @@ class PipelineRunner:
         xs = _split("inputs", inputs, m) if self.is_first else None
         ys = _split("targets", targets, m) if self.is_last else None
         channel = ShapedChannel(self.schedule, self.rank, device=self.device,
-                                timeout_s=self.timeout_s, groups=self._groups)  # fmt: skip
+                                timeout_s=self.timeout_s, groups=self._groups,
+                                shapes=self._shapes)  # fmt: skip
         state = _StepState(xs, ys)
         for action in self.schedule.rank_actions[self.rank]:
             need = incoming(self.schedule, action)
