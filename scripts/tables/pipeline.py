@@ -1,7 +1,8 @@
 """Tables of the pipeline docs, rendered from benchmarks/results/*.json.
 
 ``docs/pipeline/schedules.md``: the paper's bubble table (``zb_paper_table.json``), the
-comparison at P=8, M=24 (``pp_compare.json``), simulator scaling (``pp_scaling.json``).
+comparison at P=8, M=24 (``pp_compare.json``), the V schedules of controllable memory and
+the frontier (``pp_v_memory.json``), simulator scaling (``pp_scaling.json``).
 ``docs/pipeline/ilp.md``: the ILP grid, P = 8, memory sweep and solver tables
 (``ilp_scaling.json``). ``docs/pipeline/runtime.md``: the B/W split cost and the measured
 speed-ups (``pp_runtime.json``).
@@ -228,9 +229,48 @@ def runner_vs_torch() -> str:
     )
 
 
+# -- schedules.md: the V schedules of controllable memory, and the frontier ------------------
+
+_V_NAMES = ("v-min", "v-half", "v-zb", "zb-v", "zb-1p", "1f1b")
+
+
+def v_memory_table() -> str:
+    """Bubble rate and peak activation memory (rank units) of the V schedules beside ZB-V,
+    ZB-1p and 1F1B, per configuration of the paper (``pp_v_memory.json``)."""
+    rows = []
+    for r in load("pp_v_memory.json")["rows"]:
+        s = r["schedules"]
+        cells = [r["model"], r["p"], r["m"]]
+        cells += [f"{pct(s[n]['bubble_rate'])} ({s[n]['peak_memory']:.2f})" for n in _V_NAMES]
+        rows.append(cells)
+    headers = ["model", "p", "m", "V-Min", "V-Half", "V-ZB", "ZB-V", "ZB-1p", "1F1B"]
+    return md_table(headers, rows)
+
+
+def frontier_p8_m24() -> str:
+    """The Pareto-optimal points of the frontier at P=8, M=24, per model."""
+    rows = []
+    for fr in load("pp_v_memory.json")["frontiers"]:
+        points = {q["schedule"]: q for q in fr["points"]}
+        best = sorted((points[n] for n in fr["pareto"]), key=lambda q: q["peak_memory"])
+        rows.append(
+            [
+                fr["model"],
+                f"{fr['seconds']:.1f} s",
+                "; ".join(
+                    f"{q['schedule']} {q['peak_memory']:.2f} / {pct(q['bubble_rate'])}"
+                    for q in best
+                ),
+            ]
+        )
+    return md_table(["model", "time", "Pareto set: schedule memory / bubble"], rows)
+
+
 TABLES: dict[str, Renderer] = {
     "pipeline.paper_table": paper_table,
     "pipeline.compare_p8_m24": compare_p8_m24,
+    "pipeline.v_memory": v_memory_table,
+    "pipeline.frontier_p8_m24": frontier_p8_m24,
     "pipeline.scaling": scaling,
     "pipeline.scaling_zb2p": scaling_zb2p,
     "pipeline.ilp_grid": ilp_grid,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nobubble.cli import pp_run, pp_solve
+from nobubble.cli import pp_frontier, pp_run, pp_solve
 from nobubble.cli.pp_options import (
     add_costs,
     add_shape,
@@ -45,6 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     _register_export(sub)
     _register_validate(sub)
     pp_solve.register(sub)
+    pp_frontier.register(sub)
     pp_run.register(sub)
 
 

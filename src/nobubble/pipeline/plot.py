@@ -4,6 +4,7 @@
   and ``_`` in idle ones (``Rank 1: _ F F F B W B B ...``), as schedules are usually drawn on a whiteboard.
 - :func:`gantt`: one row per rank, F / B / W / fused-backward boxes in four colours with
   the microbatch number inside, idle time left white; the title carries the bubble rate.
+- :func:`frontier_plot`: bubble against peak activation memory, the Pareto set joined.
 - :func:`trace_events` / :func:`write_trace`: the simulated timeline as
   :class:`nobubble.trace.Event` objects (1 time unit = 1 ms) for Perfetto.
 """
@@ -19,7 +20,15 @@ from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.simulate import SimResult, simulate
 from nobubble.trace import Event, write_chrome_trace
 
-__all__ = ["ascii_grid", "gantt", "gantt_grid", "trace_events", "write_trace", "OP_COLORS"]
+__all__ = [
+    "ascii_grid",
+    "gantt",
+    "gantt_grid",
+    "frontier_plot",
+    "trace_events",
+    "write_trace",
+    "OP_COLORS",
+]
 
 OP_COLORS = {Op.F: "#4C72B0", Op.B: "#DD8452", Op.W: "#55A868", Op.BW: "#C44E52"}
 _LETTER = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "B"}
@@ -158,5 +167,47 @@ def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "
     fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     save_figure(fig, path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+_SOURCE_MARKERS = {"nobubble": "o", "torch": "s", "ilp": "D"}
+
+
+def frontier_plot(points, path: str | Path, *, title: str = "") -> Path:
+    """Bubble rate against peak activation memory, one marker per schedule (its source by
+    shape), the Pareto-optimal ones joined by a line. ``points``: a sequence of
+    :class:`~nobubble.pipeline.frontier.FrontierPoint` (memory in rank units)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    drawn = [q for q in points if q.ok]
+    if not drawn:
+        raise ValueError("nothing to draw: no schedule was built")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for source in sorted({q.source for q in drawn}):
+        group = [q for q in drawn if q.source == source]
+        ax.scatter([q.peak_memory for q in group], [100 * q.bubble_rate for q in group],
+                   marker=_SOURCE_MARKERS.get(source, "^"), label=source, alpha=0.8,
+                   zorder=3)  # fmt: skip
+    best = sorted((q for q in drawn if q.pareto), key=lambda q: q.peak_memory)
+    ax.step([q.peak_memory for q in best], [100 * q.bubble_rate for q in best], where="post",
+            color="#C44E52", linewidth=1.2, label="Pareto frontier", zorder=2)  # fmt: skip
+    for q in drawn:
+        ax.annotate(q.name, (q.peak_memory, 100 * q.bubble_rate), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points",
+                    fontweight="bold" if q.pareto else "normal")  # fmt: skip
+    ax.set_xlabel("peak activation memory per rank (microbatches of one rank's activations)")
+    ax.set_ylabel("bubble rate (%)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=130)
     plt.close(fig)
     return path

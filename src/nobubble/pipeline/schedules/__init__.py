@@ -16,6 +16,10 @@ simulator).
   ``k * p + r`` on rank r); needs ``m % p == 0``.
 - ``zb-v``: two chunks per rank in a V (:mod:`nobubble.pipeline.schedules.v_shape`).
 - ``zb-1p`` / ``zb-2p``: automatic (:mod:`nobubble.pipeline.schedules.auto`).
+- ``v-min`` / ``v-half`` / ``v-zb``: V schedules of controllable memory, about (p+4)/3,
+  (p+2)/2 and p microbatches' activations per rank, built from the Controllable Memory
+  paper's building blocks and compacted for ``costs``
+  (:mod:`nobubble.pipeline.schedules.v_memory`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ def _zb_v(num_stages, num_microbatches, **_):
     return zb_v(num_stages, num_microbatches)
 
 
+def _v_memory(name: str) -> Callable[..., Schedule]:
+    def make(num_ranks, num_microbatches, *, costs=None, **_):
+        from nobubble.pipeline.schedules.v_memory import v_memory_schedule
+
+        return v_memory_schedule(name, num_ranks, num_microbatches, costs=costs)
+
+    return make
+
+
 _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "gpipe": lambda p, m, **_: gpipe(p, m),
     "1f1b": lambda p, m, **_: one_f_one_b(p, m),
@@ -71,7 +84,11 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "zb-1p": _auto("zb-1p", 1),
     "zb-2p": _auto("zb-2p", 2),
     "zb-v": _zb_v,
+    "v-min": _v_memory("v-min"),
+    "v-half": _v_memory("v-half"),
+    "v-zb": _v_memory("v-zb"),
 }
+_TWO_CHUNKS = ("zb-v", "v-min", "v-half", "v-zb")
 SCHEDULE_NAMES: tuple[str, ...] = tuple(_GENERATORS)
 
 
@@ -89,7 +106,8 @@ def get_schedule(
 
     ``costs`` (per rank) and ``mem_limit`` (activation memory per rank, same unit as the
     costs' ``mem_f``) steer the automatic schedules ``zb-1p``/``zb-2p`` (default limit p*M_F
-    and 2p*M_F); ``num_chunks`` is v for ``interleaved-1f1b`` (default 2). The schedule's
+    and 2p*M_F); ``num_chunks`` is v for ``interleaved-1f1b`` (default 2); ``costs`` also tune the
+    compaction of ``v-min``/``v-half``/``v-zb``. The schedule's
     ``num_stages`` is ``num_ranks * num_chunks`` (model chunks), its ``num_ranks`` the ranks.
     ``num_stages`` is the old name of this function's ``num_ranks`` and is still accepted.
     """
@@ -105,10 +123,12 @@ def get_schedule(
     key = name.lower()
     if key not in _GENERATORS:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
-    if num_chunks is not None and key not in ("interleaved-1f1b", "zb-v"):
-        raise ValueError(f"num_chunks applies to interleaved-1f1b (and zb-v: 2), not {name!r}")
-    if num_chunks is not None and key == "zb-v" and num_chunks != 2:
-        raise ValueError(f"zb-v always has 2 chunks per rank, not {num_chunks}")
+    if num_chunks is not None and key not in ("interleaved-1f1b", *_TWO_CHUNKS):
+        raise ValueError(
+            f"num_chunks applies to interleaved-1f1b (and the V shapes: 2), not {name!r}"
+        )
+    if num_chunks is not None and key in _TWO_CHUNKS and num_chunks != 2:
+        raise ValueError(f"{key} always has 2 chunks per rank, not {num_chunks}; drop --chunks")
     if mem_limit is not None and key not in ("zb-1p", "zb-2p"):
         raise ValueError(f"mem_limit applies to zb-1p / zb-2p, not {name!r}")
     check_sizes(num_ranks, num_microbatches)

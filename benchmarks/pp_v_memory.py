@@ -1,0 +1,105 @@
+"""V-Min / V-Half / V-ZB on the Zero Bubble paper's 12 configurations, and the frontier.
+
+For each configuration (model, p, m, measured T_F/T_B/T_W/T_comm, the paper's memory model)
+build v-min, v-half, v-zb, zb-v, zb-1p and 1f1b, simulate them, and record the bubble rate
+and the peak activation memory in rank units (one microbatch's activations on a rank; 1F1B:
+p) beside the V schedules' bounds (p+4)/3, (p+2)/2 and p. Then time ``pp frontier``'s
+points for P=8, M=24 on the 1.5B and 6.2B costs and draw docs/img/pp_frontier_p8_m24_*.png.
+
+    .venv/bin/python benchmarks/pp_v_memory.py [--quick] [--json-out PATH] [--no-plots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+from nobubble.cli.util import print_table
+from nobubble.pipeline import CostModel, get_schedule, simulate
+from nobubble.pipeline import frontier as fr
+from nobubble.pipeline.schedules.v_memory import MEMORY_BOUND
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "tests" / "pipeline" / "data" / "zb_iclr_bubble_table.csv"
+NAMES = ("v-min", "v-half", "v-zb", "zb-v", "zb-1p", "1f1b")
+
+
+def _costs(row) -> CostModel:
+    return CostModel.paper(
+        int(row["p"]), t_f=float(row["T_F_ms"]), t_b=float(row["T_B_ms"]),
+        t_w=float(row["T_W_ms"]), t_comm=float(row["T_comm_ms"]),
+        hidden=int(row["hidden"]), heads=int(row["heads"]), seq=int(row["seq"]),
+    )  # fmt: skip
+
+
+def run_row(row) -> dict:
+    p, m = int(row["p"]), int(row["m"])
+    costs = _costs(row)
+    out: dict = {"model": row["model"], "p": p, "m": m, "schedules": {}}
+    for name in NAMES:
+        t0 = time.perf_counter()
+        result = simulate(get_schedule(name, num_ranks=p, num_microbatches=m, costs=costs), costs)
+        bound = MEMORY_BOUND[name](p) if name in MEMORY_BOUND else None
+        peak = max(result.peak_memory) / costs.mem_f[0]
+        out["schedules"][name] = {
+            "bubble_rate": result.bubble_rate, "peak_memory": peak, "memory_bound": bound,
+            "within_bound": bound is None or peak <= bound + 1e-9,
+            "seconds": time.perf_counter() - t0,
+        }  # fmt: skip
+    return out
+
+
+def run_frontier(model: str, plots: bool) -> dict:
+    row = next(r for r in csv.DictReader(TABLE.open())
+               if r["model"] == model and r["p"] == "8" and r["m"] == "24")  # fmt: skip
+    costs = _costs(row)
+    t0 = time.perf_counter()
+    limits = fr.default_mem_limits(8)
+    result = fr.frontier(costs, num_ranks=8, num_microbatches=24,
+                         sources=[partial(fr.generated_points, mem_limits=limits),
+                                  fr.torch_points])  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if plots:
+        from nobubble.pipeline.plot import frontier_plot
+
+        frontier_plot(
+            result.points,
+            ROOT / f"docs/img/pp_frontier_p8_m24_{model}.png",
+            title=f"P=8, M=24, {model} costs: bubble vs peak activation memory",
+        )
+    return {"model": model, "seconds": seconds, "points": [q.as_dict() for q in result.points],
+            "pareto": [q.name for q in result.pareto]}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the p=8 rows")
+    parser.add_argument("--no-plots", action="store_true", help="do not redraw docs/img")
+    parser.add_argument("--json-out", type=Path,
+                        default=ROOT / "benchmarks/results/pp_v_memory.json")  # fmt: skip
+    args = parser.parse_args()
+    rows = list(csv.DictReader(TABLE.open()))
+    if args.quick:
+        rows = [r for r in rows if r["p"] == "8"]
+    results = [run_row(r) for r in rows]
+    print_table("bubble rate (peak activation memory, rank units)", ["model", "p", "m", *NAMES],
+                [[r["model"], r["p"], r["m"], *(f"{r['schedules'][n]['bubble_rate']:.2%} "
+                  f"({r['schedules'][n]['peak_memory']:.2f})" for n in NAMES)]
+                 for r in results])  # fmt: skip
+    frontiers = [run_frontier(model, not args.no_plots) for model in ("1.5B", "6.2B")]
+    for f in frontiers:
+        print(f"frontier {f['model']} P=8 M=24: {f['seconds']:.1f} s, Pareto: {f['pareto']}")
+    all_ok = all(s["within_bound"] for r in results for s in r["schedules"].values())
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps({"all_within_bound": all_ok, "rows": results,
+                                         "frontiers": frontiers}, indent=2))  # fmt: skip
+    print(f"all V schedules within their memory bound: {all_ok}; wrote {args.json_out}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""``nobubble pp frontier``: every schedule as (peak activation memory, bubble), Pareto set.
+
+    nobubble pp frontier -p 8 -m 24 --model 1.5B --out frontier.png
+    nobubble pp frontier -p 4 -m 8 --ilp-seconds 10 --mem-limits 2,3,4 --json
+
+Points: our generators (the V schedules of controllable memory included), ZB's automatic
+scheduler and, with ``--ilp-seconds`` > 0, the exact single-chunk solver at each of
+``--mem-limits`` (rank units: one microbatch's activations on a rank), and torch's own
+schedules. ``--costs FILE`` takes a ``pp profile -o`` JSON instead of ``--model``/``--tf``...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+from nobubble.cli.pp_options import OPS_BUDGET, add_costs, add_size, costs_from_args
+from nobubble.cli.util import (
+    UsageError,
+    add_json_flag,
+    nonneg_float,
+    output_file,
+    positive_float,
+    print_json,
+    print_table,
+)
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "frontier", help="every schedule as (peak memory, bubble); the Pareto-optimal ones"
+    )
+    add_size(p, ranks=8)
+    p.set_defaults(microbatches=24)
+    add_costs(p)
+    p.add_argument(
+        "--costs",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)",
+    )
+    p.add_argument(
+        "--mem-limits",
+        type=_limits,
+        default=None,
+        metavar="L1,L2,...",
+        help="memory limits for the ZB heuristic and solver sweeps, rank units "
+        "(default about p/3 ... 2p)",
+    )
+    p.add_argument(
+        "--ilp-seconds",
+        type=nonneg_float,
+        default=0.0,
+        metavar="S",
+        help="time limit of each exact solve (0: no solver points, the default)",
+    )
+    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
+    p.add_argument("--out", type=output_file, default=None, help="write the picture (.png/.svg)")
+    add_json_flag(p)
+    p.set_defaults(func=_frontier, chunks=None)  # fmt: skip
+
+
+def _limits(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated positive numbers."""
+    return tuple(sorted({positive_float(part) for part in text.split(",")}))
+
+
+def _frontier(args: argparse.Namespace) -> int:
+    from nobubble.pipeline import frontier as fr
+
+    _check_args(args)
+    costs = _costs(args)
+    limits = args.mem_limits or fr.default_mem_limits(args.ranks)
+    sources: list[fr.PointSource] = [partial(fr.generated_points, mem_limits=limits)]
+    if not args.no_torch:
+        sources.append(fr.torch_points)
+    if args.ilp_seconds > 0:
+        if not fr.ilp_available():
+            raise UsageError("--ilp-seconds needs the exact solver (pip install ortools)")
+        sources.append(partial(fr.ilp_points, mem_limits=limits, time_limit_s=args.ilp_seconds))
+    started = time.perf_counter()
+    result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
+                         sources=sources)  # fmt: skip
+    seconds = time.perf_counter() - started
+    files = []
+    if args.out is not None:
+        from nobubble.pipeline.plot import frontier_plot
+
+        title = (f"P={args.ranks}, M={args.microbatches}"
+                 + (f", {args.model}" if args.model else ""))  # fmt: skip
+        files.append(str(frontier_plot(result.points, args.out, title=title)))
+    if args.json:
+        print_json({"stages": args.ranks, "microbatches": args.microbatches,
+                    "memory_unit": "microbatches of one rank's activations",
+                    "points": [q.as_dict() for q in result.points],
+                    "pareto": [q.name for q in result.pareto], "seconds": seconds,
+                    "files": files})  # fmt: skip
+        return 0
+    rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
+    print_table(
+        f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
+        ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
+        [
+            [
+                q.name,
+                q.source,
+                f"{q.peak_memory:.2f}" if q.ok else "-",
+                f"{q.bubble_rate:.2%}" if q.ok else "-",
+                "*" if q.pareto else "",
+                q.note,
+            ]
+            for q in rows
+        ],  # fmt: skip
+        caption="peak memory in microbatches of one rank's activations (1F1B: P); "
+        f"* = Pareto-optimal; {seconds:.1f} s" + "".join(f"; wrote {f}" for f in files),
+    )
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what the frontier cannot do or cannot do in time."""
+    if args.out is not None and args.out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UsageError(f"--out {args.out} must end in .png, .svg or .pdf")
+    if args.mem_limit is not None:
+        raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
+    if args.ranks < 2:
+        raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
+    ops = 3 * args.ranks * 2 * args.microbatches
+    if ops > OPS_BUDGET["compare"] and not args.force:
+        raise UsageError(
+            f"--ranks {args.ranks} x --microbatches {args.microbatches} means about {ops:,} "
+            f"ops per schedule, past this command's budget of {OPS_BUDGET['compare']:,}; use "
+            "smaller sizes, or --force"
+        )
+    if args.ilp_seconds > 0 and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
+        raise UsageError(f"--ilp-seconds: P x M = {args.ranks * args.microbatches} is past the "
+                         "solver's budget; drop --ilp-seconds or use smaller sizes")  # fmt: skip
+    if args.mem_limits and min(args.mem_limits) < 1:
+        raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
+                         "activations (the unit); give limits >= 1")  # fmt: skip
+
+
+def _costs(args: argparse.Namespace):
+    if args.costs is None:
+        return costs_from_args(args)
+    given = [f for f in ("model", "tf", "tb", "tw", "tcomm") if getattr(args, f) is not None]
+    if given:
+        raise UsageError(f"--costs replaces --{given[0]}; give one of them")
+    from nobubble.pipeline.runtime.profile import Profile
+
+    try:
+        prof = Profile.from_dict(json.loads(args.costs.read_text()))
+    except FileNotFoundError:
+        raise UsageError(
+            f"--costs {args.costs}: no such file; write one with pp profile -o"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise UsageError(f"--costs {args.costs}: not a pp profile JSON ({err})") from None
+    costs = prof.cost_model()
+    if costs.num_stages != args.ranks:
+        raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
+                         f"{args.ranks}; pass --ranks {costs.num_stages}")  # fmt: skip
+    return costs
