@@ -6,6 +6,8 @@ Public names, by where they live::
     get_dispatch_layout, DispatchLayout          # who goes where (layout.py)
     Buffer, DispatchResult, CombineResult, DispatchHandle   # dispatch / combine (buffer.py)
     Transport, PeerWrites, TorchDistTransport, TransportStats, TransportError  # (transport.py)
+    PeerFailure, FailureMasking, PHASES          # failed peers: who, in which phase (transport.py)
+    MaskingStats                                  # drops / re-routes of masked ranks (masking.py)
     reference_dispatch, reference_combine        # the slow per-pair reference (reference.py)
     softmax_topk, deepseek_v3_topk, update_expert_bias, Routing   # routers (routing.py)
     MoEConfig, MoEWeights, init_moe_weights, MoELayer, DenseMoE   # the layer (layer.py)
@@ -50,6 +52,7 @@ from nobubble.moe.fastpath.shm_buffer import ShmBuffer, make_buffer
 from nobubble.moe.fastpath.shm_transport import ShmTransport, make_transport
 from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_moe_weights
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
+from nobubble.moe.masking import MaskingStats
 from nobubble.moe.parallel import (
     DataExpertGroups,
     dp_ep_groups,
@@ -60,6 +63,9 @@ from nobubble.moe.parallel import (
 from nobubble.moe.reference import reference_combine, reference_dispatch
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.moe.transport import (
+    PHASES,
+    FailureMasking,
+    PeerFailure,
     PeerWrites,
     TorchDistTransport,
     Transport,
@@ -68,6 +74,7 @@ from nobubble.moe.transport import (
 )
 
 __all__ = [
+    "PHASES",
     "Buffer",
     "CombineResult",
     "DataExpertGroups",
@@ -78,12 +85,15 @@ __all__ = [
     "DispatchResult",
     "ExpertLoadStats",
     "ExpertPlacement",
+    "FailureMasking",
     "HierarchicalBuffer",
     "IncrementalRebalance",
     "LowLatencyBuffer",
+    "MaskingStats",
     "MoEConfig",
     "MoELayer",
     "MoEWeights",
+    "PeerFailure",
     "PeerWrites",
     "ReplicaRouter",
     "ReplicatedMoELayer",

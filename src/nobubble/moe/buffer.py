@@ -6,8 +6,9 @@ all-to-all that sends one copy per (token, expert) pair, a token with several ex
 rank crosses the wire once.
 
 Received rows are grouped by source rank in rank order, and by source token order within a
-source rank. The :class:`DispatchHandle` records that layout; ``dispatch(x, handle=h)`` and
-``combine`` reuse it without exchanging counts again, and the backward passes of both use it.
+source rank. The :class:`~nobubble.moe.handle.DispatchHandle` records that layout;
+``dispatch(x, handle=h)`` and ``combine`` reuse it without exchanging counts again, and the
+backward passes of both use it (the records live in :mod:`nobubble.moe.handle`).
 
 Shape legend: ``N`` tokens on this rank, ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
 ``L = E / R`` local experts, ``S`` rows this rank sends, ``M`` rows it receives.
@@ -18,24 +19,34 @@ them (values and scales), chunked overlap splits them; the transport is an expli
 (shared memory, hierarchical ``ranks_per_node`` routing, low-latency mode plug in there);
 expert-parallel load balancing maps logical to physical experts on ``topk_idx`` before
 ``dispatch`` and reads received counts through ``cumulative_local_expert_recv_stats``.
+
+Failures: a peer that dies or stops answering makes the transport raise
+:class:`~nobubble.moe.transport.PeerFailure`, which names the phase (``layout`` while counts
+and metadata are exchanged, ``dispatch`` for rows going out, ``combine`` for rows coming
+back - gradients included) and the ranks that did not arrive. Over a transport with
+``mask_failed_ranks=True`` the buffer instead goes on without masked ranks: the top-k slots
+they held are re-routed to surviving replicas (:meth:`Buffer.set_replicas`) or dropped, and
+counted (:meth:`Buffer.masking_stats`; :mod:`nobubble.moe.masking`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from nobubble.moe.autograd import CombineFunction, DispatchFunction
+from nobubble.moe.handle import CombineResult, DispatchHandle, DispatchResult
 from nobubble.moe.layout import (
     DispatchLayout,
     check_topk_idx,
     get_dispatch_layout,
     num_local_experts,
 )
-from nobubble.moe.transport import TorchDistTransport, Transport
+from nobubble.moe.masking import MaskingStats, MaskLedger, without_sources
+from nobubble.moe.transport import PeerFailure, TorchDistTransport, Transport
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -43,86 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
 
 _COUNT_HEADER = 3  # per-destination header in the count exchange: rows, topk, hidden
-
-
-@dataclass(frozen=True, eq=False)
-class DispatchHandle:
-    """Everything combine and a cached dispatch need to retrace one dispatch's layout.
-
-    Attributes:
-        rank: this rank in the expert-parallel group.
-        num_ranks: ``R``.
-        num_experts: ``E`` (physical experts when replicas are used).
-        num_tokens: ``N``, tokens this rank dispatched.
-        is_token_in_rank: ``[N, R]`` bool, which ranks received each token.
-        send_token_idx: ``[S]`` int64, the local token behind each sent row, grouped by
-            destination rank in rank order, token order within.
-        num_send_tokens_per_rank: ``R`` ints, rows sent to each rank (deduplicated tokens).
-        num_recv_tokens_per_rank: ``R`` ints, rows received from each source rank.
-        recv_src_idx: ``[M]`` int64, each received row's token index on its source rank.
-        recv_topk_idx: ``[M, K]`` int64, local expert ids of each received row, -1 for slots
-            owned by other ranks or empty.
-        num_recv_tokens_per_expert: ``L`` ints, received (row, slot) pairs per local expert,
-            not rounded to any alignment.
-    """
-
-    rank: int
-    num_ranks: int
-    num_experts: int
-    num_tokens: int
-    is_token_in_rank: torch.Tensor
-    send_token_idx: torch.Tensor
-    num_send_tokens_per_rank: tuple[int, ...]
-    num_recv_tokens_per_rank: tuple[int, ...]
-    recv_src_idx: torch.Tensor
-    recv_topk_idx: torch.Tensor
-    num_recv_tokens_per_expert: tuple[int, ...]
-
-    @property
-    def num_recv_tokens(self) -> int:
-        """``M``, rows this rank received."""
-        return int(self.recv_src_idx.shape[0])
-
-    @property
-    def recv_rank_offsets(self) -> tuple[int, ...]:
-        """``R + 1`` offsets: rows from source rank ``i`` are ``[offsets[i], offsets[i+1])``."""
-        offsets = [0]
-        for n in self.num_recv_tokens_per_rank:
-            offsets.append(offsets[-1] + n)
-        return tuple(offsets)
-
-
-@dataclass(frozen=True, eq=False)
-class DispatchResult:
-    """What :meth:`Buffer.dispatch` returns.
-
-    Attributes:
-        recv_x: ``[M, H]`` received token rows, x's dtype.
-        recv_topk_idx: ``[M, K]`` int64 local expert ids, -1 for other ranks' slots (None for a
-            cached dispatch).
-        recv_topk_weights: ``[M, K]`` weights, 0 on other ranks' slots (None without weights).
-        num_recv_tokens_per_expert: ``L`` ints, rounded up to ``expert_alignment``.
-        handle: the layout, for ``combine`` and cached dispatches.
-    """
-
-    recv_x: torch.Tensor
-    recv_topk_idx: torch.Tensor | None
-    recv_topk_weights: torch.Tensor | None
-    num_recv_tokens_per_expert: list[int]
-    handle: DispatchHandle
-
-
-@dataclass(frozen=True, eq=False)
-class CombineResult:
-    """What :meth:`Buffer.combine` returns.
-
-    Attributes:
-        combined_x: ``[N, H]`` each token's rows from all ranks, summed (plus bias).
-        combined_topk_weights: ``[N, K]`` the summed top-k weights (None when none were given).
-    """
-
-    combined_x: torch.Tensor
-    combined_topk_weights: torch.Tensor | None
+_T = TypeVar("_T")
 
 
 class Buffer:
@@ -136,6 +68,12 @@ class Buffer:
         timeout_s: per-collective timeout of the default transport.
         combine_chunk_bytes: size of the float32 scratch in which combine widens 16-bit rows
             on CPU (cache-sized chunks are about twice as fast as whole segments).
+
+    Failure masking is the transport's choice: over a
+    :class:`~nobubble.moe.transport.FailureMasking` transport built with
+    ``mask_failed_ranks=True`` (``ShmTransport(mask_failed_ranks=True)``), the buffer skips
+    masked ranks as described in :mod:`nobubble.moe.masking`; otherwise a failed peer raises
+    :class:`~nobubble.moe.transport.PeerFailure`.
     """
 
     def __init__(
@@ -156,6 +94,39 @@ class Buffer:
         if num_experts is not None:
             num_local_experts(num_experts, self.num_ranks)
         self.num_experts = num_experts
+        self._mask = MaskLedger(self.rank, self.transport)
+        self.masks_failed_ranks = self._mask.enabled
+        own_movers = (type(self).dispatch_rows, type(self).combine_rows) == (
+            Buffer.dispatch_rows,
+            Buffer.combine_rows,
+        )
+        if self.masks_failed_ranks and not own_movers:
+            raise ValueError(
+                f"{type(self).__name__}: its fused row movers do not support failure masking; "
+                "use Buffer(transport=ShmTransport(mask_failed_ranks=True)) instead"
+            )
+
+    # -- failure masking --------------------------------------------------------------------
+    def set_replicas(self, phy2log: torch.Tensor | None) -> None:
+        """Tell the buffer the expert placement, so that slots on masked ranks go to
+        surviving replicas instead of being dropped.
+
+        Args:
+            phy2log: ``[E]`` int64, the logical expert of each physical expert (EPLB's
+                ``phy2log``; ``ReplicatedMoELayer.phy2log``); None forgets it.
+        """
+        self._mask.set_replicas(phy2log)
+
+    def masking_stats(self) -> MaskingStats:
+        """Masked ranks and the (token, slot) pairs dropped or re-routed so far."""
+        return self._mask.stats()
+
+    def _in_phase(self, phase: str, call: Callable[[], _T]) -> _T:
+        """Run a transport call; a :class:`PeerFailure` from it is attributed to ``phase``."""
+        try:
+            return call()
+        except PeerFailure as err:
+            raise err.in_phase(phase) from err
 
     # -- layout -----------------------------------------------------------------------------
     def get_dispatch_layout(
@@ -275,10 +246,17 @@ class Buffer:
     def _plan(
         self, layout: DispatchLayout, topk_idx: torch.Tensor, num_experts: int, *, hidden: int
     ) -> DispatchHandle:
-        """Exchange counts and routing metadata; no payload moves here."""
+        """Exchange counts and routing metadata; no payload moves here.
+
+        With masking, the mask is read before and after each exchange: slots on ranks masked
+        by then are taken out of the send side (the counts already sent to the survivors do
+        not change), and rows from masked sources out of the receive side.
+        """
         num_ranks, num_tokens, topk = self.num_ranks, topk_idx.shape[0], topk_idx.shape[1]
         local = num_local_experts(num_experts, num_ranks)
         device = topk_idx.device
+        avoid = self._mask.avoid  # re-routes / drops the slots of newly masked ranks
+        topk_idx, layout, masked = avoid(topk_idx, layout, frozenset(), num_experts, reroute=True)
         # (R, 3 + L): per destination, [rows, K, H, slots per expert of that rank]
         header = torch.tensor([topk, hidden], dtype=torch.int64, device=device).expand(num_ranks, 2)
         counts = torch.cat(
@@ -291,24 +269,26 @@ class Buffer:
         )
         ones = [1] * num_ranks
         recv_counts = self.transport.all_to_all(counts, ones, ones, kind="layout")  # (R, 3 + L)
-        self._check_peers_agree(recv_counts, topk, hidden)
+        seen = masked
+        topk_idx, layout, masked = avoid(topk_idx, layout, seen, num_experts)
+        self._check_peers_agree(recv_counts, topk, hidden, masked)
         num_send = tuple(int(v) for v in layout.num_tokens_per_rank.tolist())
-        num_recv = tuple(int(v) for v in recv_counts[:, 0].tolist())
-        expert_counts = recv_counts[:, _COUNT_HEADER:].sum(dim=0)  # (L,)
+        num_recv = [0 if i in masked else int(v) for i, v in enumerate(recv_counts[:, 0].tolist())]
 
         # Sent rows: destination-major, token order within (nonzero is row-major).
         pairs = layout.is_token_in_rank.to(device).t().nonzero()  # (S, 2): (rank, token)
         send_token_idx = pairs[:, 1].contiguous()  # (S,)
         meta = torch.cat([send_token_idx.view(-1, 1), topk_idx[send_token_idx]], dim=1)  # (S, 1+K)
         recv_meta = self.transport.all_to_all(meta, num_send, num_recv, kind="topk_idx")
-        recv_src_idx = recv_meta[:, 0].contiguous()  # (M,)
-        first = self.rank * local
-        global_idx = recv_meta[:, 1:]  # (M, K)
-        is_local = (global_idx >= first) & (global_idx < first + local)
-        recv_topk_idx = torch.where(is_local, global_idx - first, -1)  # (M, K)
-        assert torch.equal(
-            torch.bincount(recv_topk_idx[is_local], minlength=local), expert_counts
-        ), "received expert counts disagree with the exchanged counts"
+        seen = masked
+        topk_idx, layout, masked = avoid(topk_idx, layout, seen, num_experts)
+        if masked != seen:  # masked during this exchange: out of the send and receive sides
+            num_send = tuple(int(v) for v in layout.num_tokens_per_rank.tolist())
+            send_token_idx = layout.is_token_in_rank.to(device).t().nonzero()[:, 1].contiguous()
+            recv_meta, num_recv = without_sources(recv_meta, num_recv, masked - seen)
+        recv_topk_idx, expert_counts = self._local_slots(
+            recv_meta[:, 1:], recv_counts, masked, local
+        )
         return DispatchHandle(
             rank=self.rank,
             num_ranks=num_ranks,
@@ -317,15 +297,40 @@ class Buffer:
             is_token_in_rank=layout.is_token_in_rank,
             send_token_idx=send_token_idx,
             num_send_tokens_per_rank=num_send,
-            num_recv_tokens_per_rank=num_recv,
-            recv_src_idx=recv_src_idx,
+            num_recv_tokens_per_rank=tuple(num_recv),
+            recv_src_idx=recv_meta[:, 0].contiguous(),  # (M,)
             recv_topk_idx=recv_topk_idx,
             num_recv_tokens_per_expert=tuple(int(v) for v in expert_counts.tolist()),
+            topk_idx=topk_idx,
         )
 
-    def _check_peers_agree(self, recv_counts: torch.Tensor, topk: int, hidden: int) -> None:
-        """Every rank sees every rank's (K, H), so all of them raise together on a mismatch."""
-        ks, hs = recv_counts[:, 1].tolist(), recv_counts[:, 2].tolist()
+    def _local_slots(
+        self,
+        global_idx: torch.Tensor,
+        recv_counts: torch.Tensor,
+        masked: frozenset[int],
+        local: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Received rows' ``[M, K]`` global expert ids -> ``(recv_topk_idx [M, K], counts [L])``:
+        local ids (-1 for other ranks' slots) and received (row, slot) pairs per local expert,
+        checked against the counts the ranks still present sent (``recv_counts [R, 3 + L]``)."""
+        present = [i for i in range(self.num_ranks) if i not in masked]
+        expert_counts = recv_counts[present, _COUNT_HEADER:].sum(dim=0)  # (L,)
+        first = self.rank * local
+        is_local = (global_idx >= first) & (global_idx < first + local)  # (M, K)
+        recv_topk_idx = torch.where(is_local, global_idx - first, -1)  # (M, K)
+        assert torch.equal(
+            torch.bincount(recv_topk_idx[is_local], minlength=local), expert_counts
+        ), "received expert counts disagree with the exchanged counts"
+        return recv_topk_idx, expert_counts
+
+    def _check_peers_agree(
+        self, recv_counts: torch.Tensor, topk: int, hidden: int, masked: frozenset[int]
+    ) -> None:
+        """Every rank sees every rank's (K, H), so all of them raise together on a mismatch
+        (masked ranks sent nothing and are left out)."""
+        live = [i for i in range(self.num_ranks) if i not in masked]
+        ks, hs = recv_counts[live, 1].tolist(), recv_counts[live, 2].tolist()
         if any(k != topk for k in ks) or any(h != hidden for h in hs):
             raise ValueError(
                 f"dispatch: ranks disagree on shapes: topk per rank {ks}, hidden per rank {hs}; "
@@ -369,7 +374,9 @@ class Buffer:
                 f"combine: topk_weights must be floating [{handle.num_recv_tokens}, K], got "
                 f"{topk_weights.dtype} {tuple(topk_weights.shape)}"
             )
+        self._mask.begin_combine()
         combined_x, combined_weights = CombineFunction.apply(self, handle, x, topk_weights)
+        self._mask.count_lost_in_flight(handle.topk_idx, handle.num_experts)
         for b in _as_bias_tuple(bias):
             if b.shape != combined_x.shape:
                 raise ValueError(
@@ -382,8 +389,11 @@ class Buffer:
     def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
         """``[N, *]`` -> ``[M, *]``: copy each token row to the ranks in the handle's layout."""
         send = t.index_select(0, handle.send_token_idx)  # (S, *)
-        return self.transport.all_to_all(
-            send, handle.num_send_tokens_per_rank, handle.num_recv_tokens_per_rank, kind=kind
+        return self._in_phase(
+            "dispatch",
+            lambda: self.transport.all_to_all(
+                send, handle.num_send_tokens_per_rank, handle.num_recv_tokens_per_rank, kind=kind
+            ),
         )
 
     def combine_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
@@ -394,9 +404,13 @@ class Buffer:
         is deterministic on every device. 16-bit rows are widened a few MiB at a time into one
         scratch buffer on CPU (about twice as fast as widening whole segments).
         """
-        back = self.transport.all_to_all(
-            t, handle.num_recv_tokens_per_rank, handle.num_send_tokens_per_rank, kind=kind
-        )  # (S, *) in send order
+        back = self._in_phase(
+            "combine",
+            lambda: self.transport.all_to_all(
+                t, handle.num_recv_tokens_per_rank, handle.num_send_tokens_per_rank, kind=kind
+            ),
+        )  # (S, *) in send order; rows of masked sources read as zeros
+        self._mask.note_missing_rows(kind)
         widen = t.is_floating_point() and t.element_size() < 4
         acc_dtype = torch.float32 if widen else t.dtype
         out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype, device=t.device)

@@ -8,7 +8,13 @@ to ``Buffer(transport=...)``.
 
 Every payload travels as raw bytes (a ``uint8`` view of its rows), so any dtype - bf16, FP8,
 int16 - crosses any backend bit for bit. Every wait has a timeout: a peer that died or stopped
-answering raises :class:`TransportError` naming the operation, instead of hanging.
+answering raises :class:`PeerFailure` (a :class:`TransportError`) naming the operation, the
+phase (``layout``, ``dispatch``, ``combine``, ``rebalance``) and the ranks that did not arrive,
+instead of hanging. A collective cannot say who is missing, so :class:`TorchDistTransport`
+keeps a count of the calls each rank entered in a store
+(:class:`~nobubble.moe.arrivals.ArrivalStore`) and reads it on a failure; a transport that
+can also go on without a failed peer implements :class:`FailureMasking` (see
+``docs/moe/failures.md``).
 
 The transport counts what it moves, per ``kind`` label (``"x"``, ``"topk"``, ``"layout"``...),
 in :class:`TransportStats`: the bytes this rank sent (its own rows included, as DeepEP counts
@@ -27,17 +33,110 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from nobubble.moe.arrivals import ArrivalStore
+
 __all__ = [
+    "PHASES",
+    "FailureMasking",
+    "PeerFailure",
     "Transport",
     "PeerWrites",
     "TorchDistTransport",
     "TransportError",
     "TransportStats",
+    "phase_of",
 ]
+
+PHASES = ("layout", "dispatch", "combine", "rebalance")
+_LAYOUT_KINDS = ("layout", "topk_idx")
+_REBALANCE_KINDS = ("placement", "expert_migration", "load", "load_stats")
+
+
+def phase_of(kind: str) -> str:
+    """The phase a transport call of ``kind`` belongs to, when no caller says otherwise.
+
+    Count and metadata exchanges (``layout``, ``topk_idx``, ``*_layout``, ``*_meta``) are the
+    ``layout`` phase; placement, statistics and expert migration the ``rebalance`` phase;
+    kinds naming combine the ``combine`` phase; everything else moves token rows outwards,
+    the ``dispatch`` phase. :class:`~nobubble.moe.buffer.Buffer` names its row movers' phase
+    itself (``combine_rows`` is ``combine`` even for a gradient).
+    """
+    if kind in _LAYOUT_KINDS or kind.endswith(("_layout", "_meta")):
+        return "layout"
+    if kind in _REBALANCE_KINDS:
+        return "rebalance"
+    return "combine" if "combine" in kind else "dispatch"
 
 
 class TransportError(RuntimeError):
     """A collective failed or timed out: a peer rank died, hung, or disagreed on sizes."""
+
+
+class PeerFailure(TransportError):
+    """A call could not complete because peer ranks died or stopped answering.
+
+    Attributes:
+        rank: the rank that raised; ``world_size``: its group's size.
+        phase: one of :data:`PHASES` - where in the step the wait failed.
+        operation: the transport call, e.g. ``"all_to_all(x)"``.
+        failed_ranks: the ranks that did not arrive, sorted; empty when every rank reached
+            the call (one died inside it, or the ranks disagree on the sequence of calls).
+        call: the transport's call number (the same on every rank), or None.
+        waited_s: how long this rank waited; ``timeout_s``: its limit.
+        detail: how the failed ranks were found, and the backend's own error.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        phase: str,
+        operation: str,
+        failed_ranks: Sequence[int],
+        waited_s: float,
+        timeout_s: float,
+        call: int | None = None,
+        detail: str = "",
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.phase, self.operation = phase, operation
+        self.failed_ranks: tuple[int, ...] = tuple(sorted({int(r) for r in failed_ranks}))
+        self.waited_s, self.timeout_s = float(waited_s), float(timeout_s)
+        self.call, self.detail = call, detail
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        call = f", call {self.call}" if self.call is not None else ""
+        who = (
+            f"rank(s) {list(self.failed_ranks)} did not arrive"
+            if self.failed_ranks
+            else "every rank reached this call (one died inside it, or the ranks issued "
+            "different sequences of calls)"
+        )
+        detail = f" [{self.detail}]" if self.detail else ""
+        return (
+            f"rank {self.rank}/{self.world_size}: {self.phase} phase, {self.operation}{call}: "
+            f"{who} after {self.waited_s:.1f}s (timeout {self.timeout_s:g}s): a peer rank died "
+            f"or stopped responding{detail}"
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        names = ("rank", "world_size", "phase", "operation", "failed_ranks", "waited_s")
+        fields = {name: getattr(self, name) for name in names}
+        fields.update(timeout_s=self.timeout_s, call=self.call, detail=self.detail)
+        return fields
+
+    def in_phase(self, phase: str) -> PeerFailure:
+        """The same failure, attributed to ``phase`` (a caller knows the phase better)."""
+        return PeerFailure(**{**self._fields(), "phase": phase})
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only __init__: pickle by fields
+        return (_rebuild_peer_failure, (self._fields(),))
+
+
+def _rebuild_peer_failure(fields: dict[str, Any]) -> PeerFailure:
+    return PeerFailure(**fields)
 
 
 @dataclass(frozen=True)
@@ -151,6 +250,28 @@ class PeerWrites(Protocol):
         ...
 
 
+@runtime_checkable
+class FailureMasking(Protocol):
+    """The capability of going on without failed peers (DeepEP's low-latency mask buffer).
+
+    With ``mask_failed_ranks`` on, a peer that does not answer within the timeout is marked
+    failed in a mask that every rank reads (all survivors agree on it), the current call
+    completes without it (its rows read as zeros) and later calls skip it.
+    :class:`~nobubble.moe.buffer.Buffer` drops or re-routes the top-k slots of masked ranks
+    and counts them.
+    """
+
+    mask_failed_ranks: bool
+
+    def masked_ranks(self) -> frozenset[int]:
+        """Ranks the group has marked failed (never shrinks)."""
+        ...
+
+    def missing_in_last_call(self) -> frozenset[int]:
+        """Sources whose rows did not arrive in this rank's latest call (read as zeros)."""
+        ...
+
+
 def _as_byte_rows(x: torch.Tensor) -> torch.Tensor:
     """``[S, *row]`` of any dtype -> ``[S, row_bytes]`` uint8 view (a copy only if not contiguous)."""
     x = x.contiguous()
@@ -212,12 +333,26 @@ class ByteCounting:
 class TorchDistTransport(ByteCounting):
     """All-to-all over a ``torch.distributed`` process group, with byte counting and timeouts.
 
+    A failed or timed-out collective raises :class:`PeerFailure`. With ``track_arrivals``,
+    every rank records the number of the call it enters in an
+    :class:`~nobubble.moe.arrivals.ArrivalStore` (one store write, microseconds, per call)
+    and on a failure the survivor reads which ranks never reached this call - the ones it
+    names. The store is set up at the first call (one extra broadcast).
+
     Args:
         group: the expert-parallel process group (``None`` = the default group).
-        timeout_s: the longest any single collective may take before :class:`TransportError`.
+        timeout_s: the longest any single collective may take before :class:`PeerFailure`.
+        track_arrivals: record arrivals so that errors name the missing ranks (``False``:
+            errors name the phase only).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        *,
+        timeout_s: float = 120.0,
+        track_arrivals: bool = True,
+    ) -> None:
         if not dist.is_initialized():
             raise ValueError(
                 "TorchDistTransport: torch.distributed is not initialised; start the ranks with "
@@ -230,20 +365,49 @@ class TorchDistTransport(ByteCounting):
         self.timeout_s = float(timeout_s)
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.track_arrivals = track_arrivals
+        self._calls = 0
+        self._arrivals: ArrivalStore | None = None
         self._counters: dict[str, dict[str, int]] = {}
         self.reset_stats()
 
-    def _wait(self, work: Any, what: str) -> None:
+    def _failure(self, what: str, kind: str, waited: float, err: BaseException) -> PeerFailure:
+        cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        failed: tuple[int, ...] = ()
+        how = "arrivals not tracked"
+        if self._arrivals is not None:
+            failed, how = self._arrivals.missing(self._calls)
+        return PeerFailure(
+            rank=self.rank,
+            world_size=self.world_size,
+            phase=phase_of(kind),
+            operation=what,
+            failed_ranks=failed,
+            waited_s=waited,
+            timeout_s=self.timeout_s,
+            call=self._calls,
+            detail=f"{how}; {cause}",
+        )
+
+    def _run(self, launch: Callable[[], Any], what: str, kind: str, device: torch.device) -> None:
+        """Enter call number ``self._calls + 1`` (recorded), launch the collective, wait."""
         start = time.monotonic()
         try:
-            work.wait(timeout=timedelta(seconds=self.timeout_s))
+            if self.track_arrivals and self._arrivals is None:
+                self._arrivals = ArrivalStore.create(
+                    self.group, self.rank, self.world_size, device=device, wait=self._wait
+                )
+            self._calls += 1
+            if self._arrivals is not None:
+                self._arrivals.enter(self._calls)
+            self._wait(launch(), what)
+        except PeerFailure:
+            raise
         except Exception as err:  # gloo/NCCL raise RuntimeError subclasses; keep the cause
-            waited = time.monotonic() - start
-            raise TransportError(
-                f"rank {self.rank}/{self.world_size}: {what} failed after {waited:.1f}s "
-                f"(timeout {self.timeout_s:.0f}s): a peer rank died or stopped responding "
-                f"[{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
-            ) from err
+            raise self._failure(what, kind, time.monotonic() - start, err) from err
+
+    def _wait(self, work: Any, what: str) -> None:
+        work.wait(timeout=timedelta(seconds=self.timeout_s))
 
     # -- collectives ------------------------------------------------------------------------
     def all_to_all(
@@ -262,10 +426,14 @@ class TorchDistTransport(ByteCounting):
         recv_bytes = torch.empty(
             (sum(recv_splits), row_bytes), dtype=torch.uint8, device=send.device
         )  # (M, row_bytes)
-        work = dist.all_to_all_single(
-            recv_bytes, send_bytes, recv_splits, send_splits, group=self.group, async_op=True
+        self._run(
+            lambda: dist.all_to_all_single(
+                recv_bytes, send_bytes, recv_splits, send_splits, group=self.group, async_op=True
+            ),
+            f"all_to_all({kind})",
+            kind,
+            send.device,
         )
-        self._wait(work, f"all_to_all({kind})")
         self.count_bytes(
             kind,
             sent=send_bytes.numel(),
@@ -282,7 +450,12 @@ class TorchDistTransport(ByteCounting):
             device=x.device,
         )  # (R * n, row_bytes)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._wait(gather(out, send_bytes, group=self.group, async_op=True), f"all_gather({kind})")
+        self._run(
+            lambda: gather(out, send_bytes, group=self.group, async_op=True),
+            f"all_gather({kind})",
+            kind,
+            x.device,
+        )
         n = send_bytes.numel()  # delivered to every rank, this one included
         self.count_bytes(
             kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
@@ -300,7 +473,12 @@ class TorchDistTransport(ByteCounting):
             (x.shape[0] // self.world_size, *x.shape[1:]), dtype=x.dtype, device=x.device
         )
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        self._wait(scatter(out, x, group=self.group, async_op=True), f"reduce_scatter({kind})")
+        self._run(
+            lambda: scatter(out, x, group=self.group, async_op=True),
+            f"reduce_scatter({kind})",
+            kind,
+            x.device,
+        )
         block = out.numel() * out.element_size()
         self.count_bytes(
             kind,
@@ -311,4 +489,5 @@ class TorchDistTransport(ByteCounting):
         return out
 
     def close(self) -> None:
-        """Nothing to release: the process group belongs to the caller."""
+        """Drop the arrival store (the process group belongs to the caller)."""
+        self._arrivals = None

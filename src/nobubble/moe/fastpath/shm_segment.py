@@ -2,22 +2,28 @@
 
 A segment is a file in ``/dev/shm`` mapped as a uint8 tensor; its bytes are reserved when it
 is created, so a full ``/dev/shm`` fails with a message instead of a SIGBUS on first write.
+The ranks of a group name their segments by a key they agree on (:func:`agree_on_key`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from nobubble.moe.transport import TransportError
 
 __all__ = [
     "ALIGN",
+    "agree_on_key",
+    "barrier",
     "round_up",
     "map_segment",
     "reserve",
@@ -29,6 +35,28 @@ __all__ = [
 ]
 
 ALIGN = 4096
+
+
+def agree_on_key(group: dist.ProcessGroup | None, rank: int, world_size: int) -> str:
+    """Collective over ``group``: check that all its ranks run on this host, and return the
+    key rank 0 drew for the group's segment names."""
+    hosts: list[Any] = [None] * world_size
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if len(set(hosts)) != 1:
+        raise ValueError(
+            f"ShmTransport: the group spans hosts {sorted(set(hosts))}; shared memory works "
+            "within one host - use TorchDistTransport or HierarchicalBuffer across hosts"
+        )
+    key = [uuid.uuid4().hex[:16] if rank == 0 else None]
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(key, src=src, group=group)
+    return str(key[0])
+
+
+def barrier(group: dist.ProcessGroup | None) -> None:
+    """Every rank of ``group`` has got here."""
+    flag = torch.zeros(1)
+    dist.all_reduce(flag, group=group)  # gloo's barrier is an all-reduce as well
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -77,24 +105,34 @@ def store_fence() -> None:
 
 
 class Backoff:
-    """Spin briefly, then sleep with growing pauses; raise after ``timeout_s``."""
+    """Spin briefly, then sleep with growing pauses, until ``timeout_s`` has passed.
+
+    :meth:`step` returns ``"spin"`` (a busy turn), ``"slept"`` (it slept up to 1 ms: a turn
+    for slower checks, such as liveness) or ``"expired"`` (the deadline has passed: the
+    caller raises or gives up); :meth:`extend` moves the deadline once more.
+    """
 
     def __init__(self, timeout_s: float) -> None:
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
         self.spins = 0
+        self.extended = False
 
-    def pause(self, what: str) -> None:
+    def step(self) -> str:
         self.spins += 1
         if self.spins < 64:
-            return
-        now = time.monotonic()
-        if now > self.deadline:
-            raise TransportError(
-                f"{what}: no answer after {now - self.start:.1f}s; a peer rank died, hung or "
-                "issued a different sequence of collectives"
-            )
+            return "spin"
+        if time.monotonic() > self.deadline:
+            return "expired"
         time.sleep(min(1e-3, 1e-6 * (self.spins - 63)))
+        return "slept"
+
+    def extend(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.extended = True
+
+    def waited(self) -> float:
+        return time.monotonic() - self.start
 
 
 def copier(segment: torch.Tensor) -> Callable[[torch.Tensor], Any]:

@@ -8,10 +8,12 @@ region - one copy in, one copy out, no sockets.
 
 Memory (per rank ``j``, created once per group, named by a key that rank 0 broadcasts):
 
-- a *control block*, int64 ``[3 + 3R]``: ``READY`` (the call number ``j`` is ready to receive),
-  ``GEN``/``CAP`` (generation and per-slot capacity of the data region), then per source
-  ``i``: ``DONE[i]`` (the last call whose rows ``i`` finished writing), ``NBYTES[i]`` (how
-  many bytes it wrote) and ``MAPPED[i]`` (the data generation ``i`` has mapped);
+- a *control block*, int64 ``[4 + 4R]``: ``READY`` (the call number ``j`` is ready to receive),
+  ``GEN``/``CAP`` (generation and per-slot capacity of the data region), ``BEAT`` (``j``'s
+  heartbeat), then per source ``i``: ``DONE[i]`` (the last call whose rows ``i`` finished
+  writing), ``NBYTES[i]`` (how many bytes it wrote), ``MAPPED[i]`` (the data generation
+  ``i`` has mapped), and per rank ``r``: ``VOTES[r]`` (``j`` declared ``r`` failed; see
+  :mod:`.shm_liveness`);
 - a *data region* of ``R * CAP`` bytes, slot ``i`` at ``[i * CAP, (i + 1) * CAP)``, sized by
   ``capacity_bytes_per_peer`` (the largest batch you expect) and grown on demand.
 
@@ -23,7 +25,11 @@ collective): the receiver grows its region if this call's largest incoming slot 
 against what it expected, and copies the slot out. Each control word has exactly one writer,
 so no atomics are needed; on x86 (total store order) a reader that sees ``DONE == t`` also sees
 the rows written before it. Every wait backs off from spinning to sleeping (two cores may host
-four ranks) and raises :class:`~nobubble.moe.transport.TransportError` after ``timeout_s``.
+four ranks) and beats while it sleeps.
+
+Failures: a wait past ``timeout_s`` raises :class:`~nobubble.moe.transport.PeerFailure`
+naming the silent peers, or with ``mask_failed_ranks=True`` masks them and goes on without
+them (:mod:`.shm_mask`, on the heartbeats and votes of :mod:`.shm_liveness`).
 
 The transport implements :class:`~nobubble.moe.transport.Transport` (``all_to_all``,
 ``all_gather``, ``reduce_scatter``, byte counting per kind), so ``Buffer(transport=...)`` uses
@@ -37,7 +43,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -46,8 +51,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from nobubble.moe.fastpath.shm_mask import PeerMask
 from nobubble.moe.fastpath.shm_segment import (
     Backoff,
+    agree_on_key,
+    barrier,
     cleanup,
     copier,
     map_segment,
@@ -68,7 +76,7 @@ from nobubble.moe.transport import (
 __all__ = ["ShmTransport", "make_transport", "default_transport_kind", "TRANSPORT_KINDS"]
 
 TRANSPORT_KINDS = ("auto", "shm", "dist")
-_READY, _GEN, _CAP, _HEADER = 0, 1, 2, 3
+_READY, _GEN, _CAP, _BEAT, _HEADER = 0, 1, 2, 3, 4
 _SHM_DIR = "/dev/shm"
 
 
@@ -81,6 +89,9 @@ class ShmTransport(ByteCounting):
         timeout_s: the longest any wait for a peer may take.
         capacity_bytes_per_peer: initial size of each per-source slot; a call needing more
             grows the region once (to at least twice the old size).
+        mask_failed_ranks: on a timeout, mark the silent peers failed (in a mask all ranks
+            share) and go on without them, instead of raising; see
+            :class:`~nobubble.moe.transport.FailureMasking`.
     """
 
     def __init__(
@@ -89,6 +100,7 @@ class ShmTransport(ByteCounting):
         *,
         timeout_s: float = 120.0,
         capacity_bytes_per_peer: int = 1 << 20,
+        mask_failed_ranks: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise ValueError(
@@ -104,12 +116,13 @@ class ShmTransport(ByteCounting):
         self.group = group
         self.timeout_s = float(timeout_s)
         self.kind = "shm"
+        self.mask_failed_ranks = bool(mask_failed_ranks)
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self._seq = 0
         self._counters: dict[str, dict[str, int]] = {}
         self.reset_stats()
-        self._key = self._agree_on_key()
+        self._key = agree_on_key(self.group, self.rank, self.world_size)
         self._ctrl_t = map_segment(self._ctrl_path(self.rank), 8 * self._ctrl_len, create=True)
         self._ctrl = self._ctrl_t.numpy().view(np.int64)  # (3 + 3R,)
         self._ctrl[:] = 0
@@ -120,24 +133,34 @@ class ShmTransport(ByteCounting):
         self._finalizer = weakref.finalize(
             self, cleanup, [self._ctrl_path(self.rank), self._data_path(self.rank, 0)]
         )
-        self._barrier()  # every rank's files exist
+        barrier(self.group)  # every rank's files exist
         self._peer_ctrl_t = {
             j: map_segment(self._ctrl_path(j), 8 * self._ctrl_len, create=False)
             for j in self.peers()
         }
         self._peer_ctrl = {j: t.numpy().view(np.int64) for j, t in self._peer_ctrl_t.items()}
+        self._mask = PeerMask(
+            self.rank,
+            self.world_size,
+            self._ctrl,
+            self._peer_ctrl,
+            beat=_BEAT,
+            votes=self._vote(0),
+            timeout_s=self.timeout_s,
+            mask_failed_ranks=self.mask_failed_ranks,
+        )
         self._peer_data: dict[int, tuple[int, torch.Tensor]] = {
             j: (0, map_segment(self._data_path(j, 0), self.world_size * cap, create=False))
             for j in self.peers()
         }
-        self._barrier()  # every rank has mapped every peer: the names can go
+        barrier(self.group)  # every rank has mapped every peer: the names can go
         unlink(self._ctrl_path(self.rank))
         unlink(self._data_path(self.rank, 0))
 
     # -- setup ------------------------------------------------------------------------------
     @property
     def _ctrl_len(self) -> int:
-        return _HEADER + 3 * self.world_size
+        return _HEADER + 4 * self.world_size
 
     def _done(self, i: int) -> int:
         return _HEADER + i
@@ -147,6 +170,9 @@ class ShmTransport(ByteCounting):
 
     def _mapped(self, i: int) -> int:
         return _HEADER + 2 * self.world_size + i
+
+    def _vote(self, r: int) -> int:
+        return _HEADER + 3 * self.world_size + r
 
     def _ctrl_path(self, rank: int) -> str:
         return os.path.join(_SHM_DIR, f"nobubble-ep-{self._key}-r{rank}-ctrl")
@@ -158,29 +184,22 @@ class ShmTransport(ByteCounting):
         """Other ranks, starting after this one so that senders spread over receivers."""
         return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
 
-    def _agree_on_key(self) -> str:
-        hosts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
-        if len(set(hosts)) != 1:
-            raise ValueError(
-                f"ShmTransport: the group spans hosts {sorted(set(hosts))}; shared memory works "
-                "within one host - use TorchDistTransport or HierarchicalBuffer across hosts"
-            )
-        key = [uuid.uuid4().hex[:16] if self.rank == 0 else None]
-        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        dist.broadcast_object_list(key, src=src, group=self.group)
-        return str(key[0])
-
-    def _barrier(self) -> None:
-        flag = torch.zeros(1)
-        dist.all_reduce(flag, group=self.group)  # gloo's barrier is an all-reduce as well
-
     def close(self) -> None:
         """Remove this rank's shared-memory names (mappings go when the tensors do)."""
         self._finalizer()
         for path in self._pending_unlink:
             unlink(path)
         self._pending_unlink.clear()
+
+    # -- failures ---------------------------------------------------------------------------
+    def masked_ranks(self) -> frozenset[int]:
+        """Ranks the group has voted failed (never shrinks; empty unless masking is on:
+        every rank of a group must use the same setting)."""
+        return self._mask.masked_ranks()
+
+    def missing_in_last_call(self) -> frozenset[int]:
+        """Sources whose rows did not arrive in this rank's latest call (read as zeros)."""
+        return self._mask.missing
 
     # -- the steps of one exchange ----------------------------------------------------------
     def begin(self, recv_nbytes: Sequence[int], *, kind: str) -> int:
@@ -192,10 +211,11 @@ class ShmTransport(ByteCounting):
                 f"world_size={self.world_size}; give one per rank"
             )
         self._seq += 1
+        masked = self._mask.begin(self._seq, kind)
         need = max((int(n) for i, n in enumerate(recv_nbytes) if i != self.rank), default=0)
         if need > int(self._ctrl[_CAP]):
             self._grow(need)
-        self._release_old_names()
+        self._release_old_names(masked)
         self._ctrl[_READY] = self._seq
         return self._seq
 
@@ -203,14 +223,15 @@ class ShmTransport(ByteCounting):
         self, j: int, t: int, nbytes: int, fill: Callable[[torch.Tensor], Any], *, kind: str
     ) -> None:
         """Wait until peer ``j`` is ready for call ``t``, let ``fill`` write ``nbytes`` into this
-        rank's slot of ``j``'s region (a flat uint8 view), then signal ``j``."""
+        rank's slot of ``j``'s region (a flat uint8 view), then signal ``j``. A masked ``j``
+        is skipped."""
+        if j in self._mask.missing:
+            return
         ctrl = self._peer_ctrl[j]
         backoff = Backoff(self.timeout_s)
         while ctrl[_READY] != t:
-            backoff.pause(
-                f"rank {self.rank}/{self.world_size}: {kind} send (call {t}) waiting for rank {j} "
-                "to be ready"
-            )
+            if self._mask.idle(backoff, {j}, t, kind, "send"):
+                return
         self._write_now(j, t, nbytes, fill, kind)
 
     def _write_now(
@@ -238,17 +259,15 @@ class ShmTransport(ByteCounting):
         self, t: int, recv_nbytes: Sequence[int], *, kind: str
     ) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield ``(source, slot)`` for every peer as its rows for call ``t`` arrive; ``slot``
-        is a flat uint8 view into this rank's region, valid until the next :meth:`begin`."""
+        is a flat uint8 view into this rank's region, valid until the next :meth:`begin`.
+        Masked peers are not yielded (see :meth:`missing_in_last_call`)."""
         cap = int(self._ctrl[_CAP])
-        waiting = set(self.peers())
+        waiting = set(self.peers()) - self._mask.missing
         backoff = Backoff(self.timeout_s)
         while waiting:
             ready = [i for i in waiting if self._ctrl[self._done(i)] == t]
             if not ready:
-                backoff.pause(
-                    f"rank {self.rank}/{self.world_size}: {kind} receive (call {t}) waiting for "
-                    f"rank(s) {sorted(waiting)}"
-                )
+                waiting -= self._mask.idle(backoff, waiting, t, kind, "receive")
                 continue
             for i in ready:
                 waiting.discard(i)
@@ -266,9 +285,10 @@ class ShmTransport(ByteCounting):
         """Finish call ``t`` in whatever order the peers allow: write ``writes[j] = (nbytes,
         fill)`` to each peer as soon as it is ready, and hand each arrived slot to
         ``on_slot(source, slot)`` - so a descheduled peer does not hold up the others.
-        Raises :class:`TransportError` after ``timeout_s`` without progress."""
-        to_write = dict(writes)
-        to_read = set(self.peers())
+        Raises :class:`~nobubble.moe.transport.PeerFailure` after ``timeout_s`` without progress; with masking, masked
+        peers are skipped and ``on_slot`` is not called for them."""
+        to_write = {j: w for j, w in writes.items() if j not in self._mask.missing}
+        to_read = set(self.peers()) - self._mask.missing
         cap = int(self._ctrl[_CAP])
         backoff = Backoff(self.timeout_s)
         while to_write or to_read:
@@ -283,11 +303,10 @@ class ShmTransport(ByteCounting):
                 progressed = True
             if progressed:
                 backoff = Backoff(self.timeout_s)
-            else:
-                backoff.pause(
-                    f"rank {self.rank}/{self.world_size}: {kind} (call {t}) waiting for rank(s) "
-                    f"{sorted(set(to_write) | to_read)}"
-                )
+                continue
+            for j in self._mask.idle(backoff, set(to_write) | to_read, t, kind, "exchange"):
+                to_write.pop(j, None)
+                to_read.discard(j)
 
     def _arrived_slot(self, i: int, t: int, expected: int, cap: int, kind: str) -> torch.Tensor:
         """Source ``i``'s slot of call ``t`` (it signalled DONE), checked against the bytes this
@@ -315,10 +334,11 @@ class ShmTransport(ByteCounting):
         self._ctrl[_CAP] = cap
         self._ctrl[_GEN] = gen
 
-    def _release_old_names(self) -> None:
-        """Unlink the newest region's name once every peer has mapped it."""
+    def _release_old_names(self, masked: frozenset[int]) -> None:
+        """Unlink the newest region's name once every live peer has mapped it."""
         gen = int(self._ctrl[_GEN])
-        if self._pending_unlink and all(self._ctrl[self._mapped(i)] == gen for i in self.peers()):
+        live = [i for i in self.peers() if i not in masked]
+        if self._pending_unlink and all(self._ctrl[self._mapped(i)] == gen for i in live):
             for path in self._pending_unlink:
                 unlink(path)
             self._pending_unlink.clear()
@@ -339,6 +359,8 @@ class ShmTransport(ByteCounting):
             lambda i, slot: out[offsets[i] : offsets[i + 1]].copy_(slot),
             kind=kind,
         )
+        for i in self._mask.missing:  # masked sources: their rows read as zeros
+            out[offsets[i] : offsets[i + 1]].zero_()
         return out
 
     def all_to_all(
@@ -416,13 +438,20 @@ def make_transport(
     device: str | torch.device = "cpu",
     timeout_s: float = 120.0,
     capacity_bytes_per_peer: int = 1 << 20,
+    mask_failed_ranks: bool = False,
 ) -> Transport:
     """Build the transport named ``kind``: ``"shm"``, ``"dist"`` or ``"auto"`` (by backend/device).
 
     ``"auto"`` also falls back to ``"dist"`` when the group spans several hosts.
+    ``mask_failed_ranks`` needs shared memory (``"shm"``, or ``"auto"`` choosing it).
     """
     if kind not in TRANSPORT_KINDS:
         raise ValueError(f"make_transport: kind={kind!r}; choose one of {TRANSPORT_KINDS}")
+    if mask_failed_ranks and kind == "dist":
+        raise ValueError(
+            "make_transport: mask_failed_ranks=True needs kind='shm' (a gloo/NCCL collective "
+            "cannot complete without a dead member); use kind='shm' or mask_failed_ranks=False"
+        )
     if kind == "auto":
         kind = default_transport_kind(dist.get_backend(group), device)
         if kind == "shm":
@@ -431,6 +460,14 @@ def make_transport(
             kind = "shm" if len(set(hosts)) == 1 else "dist"
     if kind == "shm":
         return ShmTransport(
-            group, timeout_s=timeout_s, capacity_bytes_per_peer=capacity_bytes_per_peer
+            group,
+            timeout_s=timeout_s,
+            capacity_bytes_per_peer=capacity_bytes_per_peer,
+            mask_failed_ranks=mask_failed_ranks,
+        )
+    if mask_failed_ranks:
+        raise ValueError(
+            "make_transport: mask_failed_ranks=True, but kind='auto' chose 'dist' (the group "
+            "spans hosts or is not gloo on CPU); masking needs the shared-memory transport"
         )
     return TorchDistTransport(group, timeout_s=timeout_s)
