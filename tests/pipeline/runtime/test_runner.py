@@ -299,14 +299,20 @@ def _static_rank(ctx, names: tuple[str, ...], xs: list, ys: list, change: bool) 
         sched = _schedule(name, ctx.world_size)
         runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn, static_shapes=True,
                                 timeout_s=30)  # fmt: skip
-        losses = [float(runner.step(list(xs), list(ys))) for _ in range(3)]
+        losses, peaks = [], []
+        for _ in range(3):
+            losses.append(float(runner.step(list(xs), list(ys))))
+            peaks.append(runner.peak_activation_bytes)
         if change:  # one microbatch longer than in the first steps
             longer = batch(2, 11, seed=11)
             runner.step([longer[0], *xs[1:]], [longer[1], *ys[1:]])
         grads = {f"{s}.{n}": p.grad.clone() / 3 for s, m in runner.stage_modules.items()
                  for n, p in m.named_parameters()}  # fmt: skip
-        out[name] = (losses, grads)
         runner.close()
+        plain = PipelineRunner(stages(sched.num_stages), sched, loss_fn)  # counts every step
+        plain.step(list(xs), list(ys))
+        out[name] = (losses, grads, peaks, plain.peak_activation_bytes)
+        plain.close()
     return out
 
 
@@ -321,6 +327,7 @@ def test_static_shapes_send_no_headers_after_the_first_step_and_give_the_same_gr
         for r in results:
             assert r[name][0] == pytest.approx([ref_loss] * 3, rel=1e-6), name
             got.update(r[name][1])
+            assert r[name][2] == [r[name][3]] * 3, name  # counted once, the same every step
         assert set(got) == set(ref_grads), name
         for key, ref in ref_grads.items():  # 3 steps accumulated, divided by 3
             torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")

@@ -64,6 +64,8 @@ class PipelineRunner:
         static_shapes: every step's boundary tensors have the first step's shapes (per
             microbatch); messages then travel without their shape header, one send per
             tensor as in torch's runtime. A tensor whose shape changed raises ValueError.
+            The saved activations are counted in the first step only (the same shapes
+            save the same bytes), so later forwards run without saved-tensor hooks.
 
     After each step, :attr:`peak_activation_bytes` is the most memory this rank held for
     backward at once (the distinct tensors autograd saved, parameters excluded, and with
@@ -135,6 +137,7 @@ class PipelineRunner:
         }  # fmt: skip
         self.peak_activation_bytes = 0
         self._shapes = ShapeCache() if static_shapes else None
+        self._saved_bytes: dict[tuple[int, int], int] = {}  # static shapes: from step one
 
     @property
     def is_first(self) -> bool:
@@ -229,21 +232,26 @@ class PipelineRunner:
         if s > 0:
             stage_input = args[0].detach().requires_grad_(args[0].is_floating_point())
             args = (stage_input,)
-        saved: dict[int, int] = {}
+        split = self._splits[s].recording(mb, split=(s, mb) in self._split_backward)
+        known = self._saved_bytes.get((s, mb)) if self._shapes is not None else None
+        if known is not None:  # static shapes: counted in the first step
+            with split:
+                y = self._run_module(s, mb, args, state, keep=True)
+            nbytes = known
+        else:
+            saved: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in self._param_storages:
-                saved[ptr] = t.untyped_storage().nbytes()
-            return t
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in self._param_storages:
+                    saved[ptr] = t.untyped_storage().nbytes()
+                return t
 
-        with (
-            self._splits[s].recording(mb, split=(s, mb) in self._split_backward),
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        ):
-            y = self._run_module(s, mb, args, state, keep=True)
+            with split, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = self._run_module(s, mb, args, state, keep=True)
+            nbytes = self._saved_bytes[(s, mb)] = sum(saved.values())
         state.inputs[(s, mb)] = stage_input
-        state.hold((s, mb), sum(saved.values()))
+        state.hold((s, mb), nbytes)
         return None if y is None else y.detach()
 
     def _run_module(self, s: int, mb: int, args: tuple, state: _StepState, keep: bool = False):
