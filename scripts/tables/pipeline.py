@@ -281,3 +281,27 @@ TABLES: dict[str, Renderer] = {
     "pipeline.runtime_schedules": runtime_schedules,
     "pipeline.runner_vs_torch": runner_vs_torch,
 }
+
+
+# -- schedules.md: DualPipe / DualPipeV -----------------------------------------------------
+
+_DUALPIPE_NAMES = ("dualpipe", "dualpipev", "zb-v", "1f1b")
+
+
+def dualpipe_table() -> str:
+    """DualPipe, DualPipeV, ZB-V and 1F1B on the paper's 12 configurations: bubble rate (peak
+    activation memory in rank units), from ``pp_dualpipe.json``."""
+    rows = []
+    for r in load("pp_dualpipe.json")["rows"]:
+        s = r["schedules"]
+        cells: list[object] = [r["model"], r["p"], r["m"]]
+        cells += [
+            f"{pct(s[n]['bubble_rate'])} ({s[n]['peak_memory']:.2f})" for n in _DUALPIPE_NAMES
+        ]
+        cells.append(s["dualpipev"]["overlapped_cells_per_rank"])
+        rows.append(cells)
+    headers = ["model", "p", "m", "DualPipe (fold)", "DualPipeV", "ZB-V", "1F1B", "F&B cells"]
+    return md_table(headers, rows)
+
+
+TABLES["pipeline.dualpipe"] = dualpipe_table

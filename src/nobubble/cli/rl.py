@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nobubble.cli.rl_env import add_env_arguments, run_env_train
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -34,6 +35,7 @@ from nobubble.cli.util import (
 MODES = ("sync", "one-step-off", "fully-async")
 ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 PRESETS = ("conservative", "aggressive")
+AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
 # the ablation: each lag fix alone, then all of them (the aggressive preset)
 ABLATION: dict[str, dict[str, Any]] = {
     "naive PPO": {},
@@ -66,6 +68,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     train.add_argument("--algo", choices=ALGOS, default=None, help="default grpo (or the preset's)")
     _lag_flags(train)
+    _learner_flags(train)
     ck = train.add_argument_group("checkpoints and recovery")
     ck.add_argument(
         "--checkpoint-dir", type=output_dir, default=None, metavar="DIR", help="checkpoint folder"
@@ -86,6 +89,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="restart a rollout or reward worker that dies and requeue its groups",
     )
     train.set_defaults(func=_train)
+    env = sub.add_parser("actor-learner", help="IMPALA / SEED RL / Sample Factory on a gym env")
+    add_env_arguments(env)
+    env.set_defaults(func=run_env_train)
 
     server = sub.add_parser(
         "reward-server", help="serve a reward function over HTTP (POST /score), for --reward-url"
@@ -142,6 +148,23 @@ def _lag_flags(p: argparse.ArgumentParser) -> None:
     lag.add_argument(
         "--replay-groups", type=nonneg_int, default=None, metavar="G",
         help="groups drawn from the replay per step",
+    )  # fmt: skip
+
+
+def _learner_flags(p: argparse.ArgumentParser) -> None:
+    grp = p.add_argument_group("many learners")
+    grp.add_argument(
+        "--learners", type=positive_int, default=1, metavar="L",
+        help="trainer processes in one gloo group, each on a share of the batch",
+    )  # fmt: skip
+    grp.add_argument(
+        "--aggregation", choices=AGGREGATIONS, default="sync",
+        help="sync: all-reduce; async: applied on learner 0 as they arrive; "
+        "local-sgd: average every H steps; staleness: async, x 1/(1+staleness)",
+    )  # fmt: skip
+    grp.add_argument(
+        "--local-sgd-every", type=positive_int, default=None, metavar="H",
+        help="local-sgd's averaging period in steps (default 4)",
     )  # fmt: skip
 
 
@@ -250,7 +273,8 @@ def _check_sizes(args: argparse.Namespace) -> None:
     groups = args.batch_groups or 8
     size = args.group_size or 32
     data = 5 * groups * size * _SEQ_BOUND * _VOCAB_BOUND * 4
-    check_budget("rl", processes=2 + args.generators, data_bytes=data, force=args.force)
+    processes = 1 + args.generators + getattr(args, "learners", 1)  # compare: one learner
+    check_budget("rl", processes=processes, data_bytes=data, force=args.force)
 
 
 def _config(args: argparse.Namespace, **over: Any):
@@ -329,12 +353,16 @@ def _train(args: argparse.Namespace) -> int:
         "restart_workers": args.restart_workers,
     }
     lag = _lag_settings(args)
+    many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
     cfg = _config(
-        args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag
-    )
+        args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag,
+        **many,
+    )  # fmt: skip
     label = f"{cfg.mode}" + (
         f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
     )
+    if cfg.learners > 1:
+        label += f" learners={cfg.learners} {cfg.aggregation}"
     res = _run_with_progress(cfg, label, quiet=args.json)
     paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
     if args.json:

@@ -20,6 +20,9 @@ simulator).
   (p+2)/2 and p microbatches' activations per rank, built from the Controllable Memory
   paper's building blocks and compacted for ``costs``
   (:mod:`nobubble.pipeline.schedules.v_memory`).
+- ``dualpipev``: DeepSeek's DualPipeV, a V whose steady state overlaps the forward of one
+  microbatch with the backward of another (:mod:`nobubble.pipeline.schedules.dualpipe`,
+  which also builds the bidirectional DualPipe and keeps the overlapped cells).
 """
 
 from __future__ import annotations
@@ -73,6 +76,12 @@ def _v_memory(name: str) -> Callable[..., Schedule]:
     return make
 
 
+def _dualpipev(num_ranks, num_microbatches, **_):
+    from nobubble.pipeline.schedules.dualpipe import dualpipev
+
+    return dualpipev(num_ranks, num_microbatches).schedule
+
+
 _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "gpipe": lambda p, m, **_: gpipe(p, m),
     "1f1b": lambda p, m, **_: one_f_one_b(p, m),
@@ -87,8 +96,9 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "v-min": _v_memory("v-min"),
     "v-half": _v_memory("v-half"),
     "v-zb": _v_memory("v-zb"),
+    "dualpipev": _dualpipev,
 }
-_TWO_CHUNKS = ("zb-v", "v-min", "v-half", "v-zb")
+_TWO_CHUNKS = ("zb-v", "v-min", "v-half", "v-zb", "dualpipev")
 SCHEDULE_NAMES: tuple[str, ...] = tuple(_GENERATORS)
 
 

@@ -21,9 +21,11 @@ from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 from nobubble.rl.system.trainer import ALGOS, TrainerConfig
 from nobubble.validation import check_fields
 
-__all__ = ["MODES", "ENGINES", "DEFAULT_STALENESS", "RunConfig"]
+__all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
 
 MODES = ("sync", "one-step-off", "fully-async")
+AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
+DEFAULT_LOCAL_SGD_EVERY = 4
 ENGINES = ("local", "ray")
 DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 FAULTS = ("raise", "exit", "kill")
@@ -68,6 +70,15 @@ class RunConfig:
         eval_every: evaluate the trainer's policy every this many steps (and at the end).
         groups_per_rollout: groups per generation call (None = B, or B/4 in fully-async).
         num_rollout_workers, num_reward_workers: processes / actors per stage.
+        learners: L trainer processes / actors (``trainer``, ``trainer-1`` ..) in one
+            torch.distributed group (gloo); each batch's groups are split among them, whole
+            (:mod:`~nobubble.rl.system.engines.learners`). At most ``batch_groups``.
+        aggregation: how the L gradients combine: ``sync`` (all-reduce, equal to one
+            learner on the whole batch), ``async`` (applied on learner 0 as they arrive),
+            ``local-sgd`` (each learner steps alone; parameters averaged every
+            ``local_sgd_every`` steps, default 4) or ``staleness`` (as ``async``, each
+            gradient scaled by ``1 / (1 + staleness)``). Anything but ``sync`` needs
+            ``learners >= 2``.
         threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
         timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
@@ -103,6 +114,9 @@ class RunConfig:
     groups_per_rollout: int | None = None
     num_rollout_workers: int = 1
     num_reward_workers: int = 1
+    learners: int = 1
+    aggregation: str = "sync"
+    local_sgd_every: int | None = None
     threads: int | None = None
     policy: Any = "char"
     policy_kwargs: dict = field(default_factory=dict)
@@ -152,6 +166,7 @@ class RunConfig:
         names = ("steps", "batch_groups", "group_size", "eval_every")
         check_fields("RunConfig", self, names, ">= 1")
         check_fields("RunConfig", self, ("num_rollout_workers", "num_reward_workers"), ">= 1")
+        self._check_learners()
         if (
             self.groups_per_rollout is not None
             and not 1 <= self.groups_per_rollout <= self.batch_groups
@@ -197,6 +212,46 @@ class RunConfig:
         TrainerConfig(group_size=self.group_size, **{"algo": self.algo, **self.trainer})
         RolloutConfig(group_size=self.group_size, **self.rollout)
         RewardConfig(**self.reward)
+
+    def _check_learners(self) -> None:
+        if not isinstance(self.learners, int) or self.learners < 1:
+            raise ValueError(f"learners={self.learners!r} must be an integer >= 1")
+        if self.learners > self.batch_groups:
+            raise ValueError(
+                f"learners={self.learners} > batch_groups={self.batch_groups}: every learner "
+                f"needs at least one whole group per step; use --learners <= {self.batch_groups} "
+                "or raise --batch-groups"
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"aggregation={self.aggregation!r} is unknown; choose one of "
+                f"{', '.join(AGGREGATIONS)}"
+            )
+        if self.aggregation != "sync" and self.learners < 2:
+            raise ValueError(
+                f"aggregation={self.aggregation!r} combines several learners; give "
+                "learners >= 2 (or leave aggregation='sync' with one learner)"
+            )
+        if self.local_sgd_every is not None:
+            if self.aggregation != "local-sgd":
+                raise ValueError(
+                    f"local_sgd_every={self.local_sgd_every} applies to aggregation='local-sgd' "
+                    f"only (got {self.aggregation!r}); drop it or use --aggregation local-sgd"
+                )
+            if self.local_sgd_every < 1:
+                raise ValueError(f"local_sgd_every={self.local_sgd_every} must be >= 1")
+        if self.learners > 1 and self.aggregation != "sync" and self.checkpoint_dir:
+            raise ValueError(
+                f"checkpoint_dir with aggregation={self.aggregation!r}: only 'sync' learners "
+                "hold one shared state that a checkpoint can keep; use aggregation='sync' or "
+                "run without checkpoints"
+            )
+
+    @property
+    def effective_local_sgd_every(self) -> int:
+        """``local_sgd_every``, or 4 when it is None (local SGD's H)."""
+        every = self.local_sgd_every
+        return DEFAULT_LOCAL_SGD_EVERY if every is None else every
 
     @property
     def effective_max_staleness(self) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nobubble.rl.system.types import SampleGroup
 
@@ -71,7 +71,8 @@ class LedgerSummary:
     """Counts of samples by fate; ``ok`` when every generated sample has exactly one fate.
 
     ``requeued`` counts groups sent back to generation (a dead worker, a resume);
-    ``reused`` counts sample trainings from the replay (beyond each sample's first)."""
+    ``reused`` counts sample trainings from the replay (beyond each sample's first);
+    ``by_learner``: sample trainings (first ones and reuses) per learner index."""
 
     generated: int
     trained: int
@@ -79,6 +80,7 @@ class LedgerSummary:
     in_flight: int
     requeued: int = 0
     reused: int = 0
+    by_learner: dict[int, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -94,6 +96,8 @@ class Ledger:
         self.fate: dict[int, str] = {}  # sample id -> "trained@<step>" | "dropped:<reason>"
         self.requeues: list[tuple[int, str]] = []  # (group id, reason), in order
         self.reuse: dict[int, list[int]] = {}  # sample id -> steps it was trained again at
+        # group id -> the learner of each training of it: the first, then every reuse
+        self.learners: dict[int, list[int]] = {}
 
     def state(self, group_id: int) -> GroupState:
         return self._state[group_id]
@@ -113,16 +117,20 @@ class Ledger:
         if sample_ids:
             self._sample_ids[group_id] = sample_ids
 
-    def trained(self, group: SampleGroup, step: int) -> None:
+    def trained(self, group: SampleGroup, step: int, learner: int = 0) -> None:
+        """``group`` was trained at ``step`` by learner ``learner`` (0 with one learner)."""
         self.move(group.group_id, GroupState.TRAINED)
         self._set_fate(group.sample_ids, f"trained@{step}")
+        self.learners[group.group_id] = [learner]
 
-    def reused(self, group: SampleGroup, step: int) -> None:
-        """``group`` (already trained) was trained again at ``step``, from the replay."""
+    def reused(self, group: SampleGroup, step: int, learner: int = 0) -> None:
+        """``group`` (already trained) was trained again at ``step``, from the replay, by
+        learner ``learner``."""
         if self._state.get(group.group_id) is not GroupState.TRAINED:
             raise ValueError(f"group {group.group_id} is reused but was never trained")
         for sid in group.sample_ids:
             self.reuse.setdefault(sid, []).append(step)
+        self.learners.setdefault(group.group_id, []).append(learner)
 
     def dropped(self, group_id: int, reason: str) -> None:
         if reason not in DROP_REASONS:
@@ -149,6 +157,7 @@ class Ledger:
             "fate": dict(self.fate),
             "requeues": list(self.requeues),
             "reuse": {k: list(v) for k, v in self.reuse.items()},
+            "learners": {k: list(v) for k, v in self.learners.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -157,6 +166,7 @@ class Ledger:
         self.fate = {int(k): v for k, v in state["fate"].items()}
         self.requeues = [(int(g), r) for g, r in state["requeues"]]
         self.reuse = {int(k): list(v) for k, v in state.get("reuse", {}).items()}
+        self.learners = {int(k): list(v) for k, v in state.get("learners", {}).items()}
 
     def _set_fate(self, sample_ids: tuple[int, ...], fate: str) -> None:
         for sid in sample_ids:
@@ -174,8 +184,18 @@ class Ledger:
             1 for s in self._state.values() if s not in (GroupState.TRAINED, GroupState.DROPPED)
         )
         reused = sum(len(v) for v in self.reuse.values())
+        by_learner: Counter[int] = Counter()
+        for gid, learners in self.learners.items():
+            for learner in learners:
+                by_learner[learner] += len(self._sample_ids.get(gid, ()))
         return LedgerSummary(
-            generated, fates.get("trained", 0), dropped, in_flight, len(self.requeues), reused
+            generated,
+            fates.get("trained", 0),
+            dropped,
+            in_flight,
+            len(self.requeues),
+            reused,
+            dict(sorted(by_learner.items())),
         )
 
 
@@ -282,9 +302,12 @@ class ExperienceBuffer:
         self._ready = {g.group_id: g for g in state["ready"]}
         self.ledger.load_state_dict(state["ledger"])
 
-    def mark_trained(self, batch: list[SampleGroup], step: int) -> None:
+    def mark_trained(
+        self, batch: list[SampleGroup], step: int, trained_by: dict[int, int] | None = None
+    ) -> None:
+        """``batch`` trained at ``step``; ``trained_by``: group id -> learner (None: 0)."""
         for g in batch:
-            self.ledger.trained(g, step)
+            self.ledger.trained(g, step, (trained_by or {}).get(g.group_id, 0))
 
     def close(self, unfinished: list[int]) -> None:
         """End of run: drop every group not trained (``"unfinished"``)."""

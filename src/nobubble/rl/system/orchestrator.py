@@ -12,7 +12,9 @@ processes, or Ray actors):
 3. reward - generated groups go to a reward worker; failures are retried there;
 4. buffer - scored groups wait; the trainer takes the B oldest once it is idle;
 5. training - each step produces a new version, which the engine publishes to the
-   generators.
+   generators. With ``learners > 1`` the engine splits the batch among the learners and
+   answers with one step; the ledger records which learner trained each group
+   (:mod:`~nobubble.rl.system.engines.learners`).
 
 Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max_staleness =
 0: generation of step i waits for the weights of step i, so the stages alternate),
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
-from nobubble.rl.system.config import DEFAULT_STALENESS, ENGINES, MODES, RunConfig
+from nobubble.rl.system.config import AGGREGATIONS, DEFAULT_STALENESS, ENGINES, MODES, RunConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.recovery import Recovery
@@ -48,6 +50,7 @@ from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 __all__ = [
     "MODES",
     "ENGINES",
+    "AGGREGATIONS",
     "DEFAULT_STALENESS",
     "RunConfig",
     "Message",
@@ -226,9 +229,13 @@ class Orchestrator(Recovery):
         if res.version <= self._version:
             raise WorkerError(f"trainer published version {res.version} after {self._version}")
         batch, replayed = self._train_queue.popleft()
-        self.buffer.mark_trained(batch, res.version)
+        by = res.trained_by  # group id -> learner; empty with one learner (all learner 0)
+        missing = {g.group_id for g in batch + replayed} - set(by)
+        if self.cfg.learners > 1 and missing:
+            raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
+        self.buffer.mark_trained(batch, res.version, by)
         for g in replayed:
-            self.buffer.ledger.reused(g, res.version)
+            self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))
         if self._replay is not None:
             self._replay.add(batch)
         self._step_metrics.append({"step": res.version, **res.metrics})

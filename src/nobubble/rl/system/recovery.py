@@ -175,7 +175,7 @@ class Recovery:
     def _restart(self, err: WorkerError) -> None:
         """Replace the worker ``err`` blames and requeue the groups it held."""
         worker = err.worker
-        if worker is None or worker == "trainer" or not self.cfg.restart_workers:
+        if worker is None or worker.startswith("trainer") or not self.cfg.restart_workers:
             raise err
         if sum(r.split(":")[0] == worker for r in self._restarts) >= MAX_RESTARTS:
             raise WorkerError(f"{worker} failed {MAX_RESTARTS + 1} times; last: {err}", worker)

@@ -74,6 +74,7 @@ class RunResult:
                 "dropped": self.ledger.dropped,
                 "requeued": self.ledger.requeued,
                 "reused": self.ledger.reused,
+                "by_learner": {str(k): v for k, v in self.ledger.by_learner.items()},
                 "ok": self.ledger.ok,
             },
             "restarts": self.restarts,

@@ -51,7 +51,15 @@ from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import check_fields
 
-__all__ = ["ALGOS", "TrainerConfig", "TrainResult", "EvalResult", "Trainer", "evaluate_policy"]
+__all__ = [
+    "ALGOS",
+    "TrainerConfig",
+    "TrainResult",
+    "ShardGradients",
+    "EvalResult",
+    "Trainer",
+    "evaluate_policy",
+]
 
 ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
@@ -119,12 +127,34 @@ class TrainResult:
         staleness: per trained group, ``trainer version - policy version`` before the step.
         metrics: loss, mean reward, clip fraction, entropy.
         span: the busy span.
+        trained_by: group id -> index of the learner that trained it (empty: learner 0
+            trained every group; see :mod:`~nobubble.rl.system.engines.learners`).
     """
 
     version: int
     staleness: list[int]
     metrics: dict[str, float]
     span: Span
+    trained_by: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardGradients:
+    """What :meth:`Trainer.compute_gradients` leaves besides the ``.grad`` tensors.
+
+    Attributes:
+        staleness: per group, ``trainer version - policy version``.
+        metrics: loss, reward, entropy, weight mean, the algorithm's diagnostics.
+        num_tokens: response tokens in the shard (the token mean's denominator).
+    """
+
+    staleness: list[int]
+    metrics: dict[str, float]
+    num_tokens: int
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 @dataclass(frozen=True)
@@ -197,6 +227,27 @@ class Trainer:
         staleness weights.
         """
         start = time.time()
+        grads = self.compute_gradients(groups, weights)
+        self.apply_gradients()
+        return self.result(groups, grads, start)
+
+    def result(self, groups: list[SampleGroup], grads: ShardGradients, start: float) -> TrainResult:
+        """The step's :class:`TrainResult` (version, staleness, metrics, busy span)."""
+        span = Span(
+            "trainer",
+            f"train v{self.version - 1}->v{self.version}",
+            start,
+            time.time(),
+            {"groups": [g.group_id for g in groups], "max_lag": max(grads.staleness)},
+        )
+        return TrainResult(self.version, grads.staleness, grads.metrics, span)
+
+    def compute_gradients(
+        self, groups: list[SampleGroup], weights: list[float] | None = None
+    ) -> ShardGradients:
+        """Forward and backward on ``groups``: sets every parameter's ``.grad`` and returns
+        the per-group staleness, the metrics and the number of response tokens (the loss is
+        a token mean over them, so shards combine exactly when weighted by it)."""
         samples = [s for g in groups for s in g.samples]
         g_size = len(groups[0].samples)
         if any(len(g.samples) != g_size for g in groups):
@@ -220,14 +271,15 @@ class Trainer:
         p = self.task.prompt_len
         attn = prompt_attention_mask(tokens, p, self.task.tokenizer.pad_id)  # (B, P + N)
         logits, values = response_logits(self.model, tokens, p, attn)  # (B, N, V)
-        logp_all = torch.log_softmax(logits.float(), dim=-1)  # (B, N, V)
+        # at least fp32 (fp16/bf16 logits are upcast; an fp64 policy stays fp64)
+        logp_all = torch.log_softmax(_upcast(logits), dim=-1)  # (B, N, V)
         actions = tokens[:, self.task.prompt_len :]  # (B, N)
         logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
         loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size, w)
         if self.reference is not None:
             with torch.no_grad():
                 ref_logits, _ = response_logits(self.reference, tokens, p, attn)
-                ref_all = torch.log_softmax(ref_logits.float(), dim=-1)  # (B, N, V)
+                ref_all = torch.log_softmax(_upcast(ref_logits), dim=-1)  # (B, N, V)
                 ref_logp = ref_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
             kl = aggregate_loss(kl_penalty(logp, ref_logp, "k3"), mask)
             loss = loss + self.cfg.kl_coef * kl
@@ -237,26 +289,31 @@ class Trainer:
         loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        metrics.update(weight_mean=float(w.mean()))
+        metrics.update(
+            loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
+        )
+        return ShardGradients(staleness, metrics, int(mask.sum()))
+
+    def clip_gradients(self) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+
+    def apply_gradients(self, *, clip: bool = True) -> None:
+        """Clip the gradients (unless ``clip=False``: already clipped), take the optimizer
+        step and bump the version (a new policy version)."""
+        if clip:
+            self.clip_gradients()
         self.opt.step()
+        self.finish_step()
+
+    def finish_step(self) -> None:
+        """After new parameters: the trainer's delay, the version, the KL reference."""
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         self.version += 1
         every = self.cfg.kl_refresh_every
         if self.reference is not None and every and self.version % every == 0:
             self.reference.load_state_dict(self.model.state_dict())
-        metrics.update(weight_mean=float(w.mean()))
-        metrics.update(
-            loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
-        )
-        span = Span(
-            "trainer",
-            f"train v{self.version - 1}->v{self.version}",
-            start,
-            time.time(),
-            {"groups": [g.group_id for g in groups], "max_lag": max(staleness)},
-        )
-        return TrainResult(self.version, staleness, metrics, span)
 
     def _loss(
         self,

@@ -20,6 +20,11 @@ Two processes with one torch thread each do run at the same time on two cores.
   (exit code) or raised (its traceback), and ``shutdown`` terminates what does not stop.
   Workers die with the driver (the parent-death signal), so a killed run leaves none
   behind. ``restart`` replaces one worker with a fresh process of the same name.
+- ``learners > 1``: the learner processes join one gloo group on a free port of 127.0.0.1
+  before they say ready; the engine splits each batch among them and merges their answers
+  (:mod:`~nobubble.rl.system.engines.learners`). A learner other than 0 in ``async`` /
+  ``staleness`` reads the newest published weights from the shared tensor, as a generator
+  does. A learner's error that only reports a dead peer is blamed on that peer.
 """
 
 from __future__ import annotations
@@ -34,8 +39,14 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
-from nobubble.distributed import die_with_parent
+from nobubble.distributed import die_with_parent, free_port
 from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.engines.learners import (
+    StepCollector,
+    learner_names,
+    looks_like_peer_failure,
+    split_groups,
+)
 from nobubble.rl.system.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
@@ -51,6 +62,7 @@ def _worker_main(
     threads: int,
     parent: int,
     incarnation: int,
+    learner_port: int | None,
 ) -> None:
     die_with_parent(parent)
     torch.set_num_threads(threads)
@@ -59,7 +71,9 @@ def _worker_main(
 
         worker = StageWorker(name, cfg, incarnation)
         have = -1
-        if worker.kind == "trainer":
+        if worker.kind == "trainer" and learner_port is not None:
+            worker.join_learners("127.0.0.1", learner_port)
+        if worker.kind == "trainer" and worker.rank == 0:
             shared.publish(worker.trainer.model, worker.trainer.version)
         outq.put(pickle.dumps(Message("ready", name)))
         while True:
@@ -79,8 +93,12 @@ def _worker_main(
             elif op == "reward":
                 msgs = worker.reward_cmd(cmd[1])
             elif op == "train":
+                if worker.loads_published_weights:
+                    have = shared.pull(worker.trainer.model, have)
+                    worker.trainer.version = have
                 msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])
-                shared.publish(worker.trainer.model, worker.trainer.version)
+                if worker.rank == 0:
+                    shared.publish(worker.trainer.model, worker.trainer.version)
                 msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
             elif op == "eval":
                 msgs = [worker.eval_cmd()]
@@ -106,6 +124,8 @@ class LocalEngine:
         self._cfg: RunConfig | None = None
         self._incarnation: dict[str, int] = {}
         self._errors: list[WorkerError] = []
+        self._learner_port: int | None = None
+        self._collector: StepCollector | None = None
 
     def start(self, cfg: RunConfig) -> list[str]:
         ctx = self._ctx = tmp.get_context("spawn")
@@ -114,7 +134,10 @@ class LocalEngine:
         self._outq = ctx.Queue()
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
-        names.append("trainer")
+        names += learner_names(cfg.learners)
+        if cfg.learners > 1:
+            self._learner_port = free_port()
+            self._collector = StepCollector(cfg.learners)
         for name in names:
             self._spawn(name)
         return names
@@ -127,9 +150,10 @@ class LocalEngine:
         self._inq[name] = self._ctx.Queue()
         threads = 1 if name.startswith("reward") else cfg.torch_threads()
         args = (name, cfg, self._inq[name], self._outq, self._shared, threads)
+        port = self._learner_port if name.startswith("trainer") else None
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(*args, os.getpid(), incarnation),
+            args=(*args, os.getpid(), incarnation, port),
             daemon=True,
             name=f"nobubble-rl-{name}",
         )
@@ -139,8 +163,8 @@ class LocalEngine:
     def restart(self, worker: str) -> None:
         """Stop ``worker`` if it still runs and start a fresh process in its place; the new
         one says ``ready``. Commands queued for the old one are dropped."""
-        if worker == "trainer":
-            raise WorkerError("the trainer is not restarted; resume from a checkpoint", worker)
+        if worker.startswith("trainer"):
+            raise WorkerError(f"{worker} is not restarted; resume from a checkpoint", worker)
         old = self._procs.pop(worker)
         if old.is_alive():
             old.terminate()
@@ -165,7 +189,14 @@ class LocalEngine:
         checkpoint: str | None = None,
         weights: list[float] | None = None,
     ) -> None:
-        self._send("trainer", ("train", groups, evaluate, checkpoint, weights))
+        if self._collector is None:
+            self._send("trainer", ("train", groups, evaluate, checkpoint, weights))
+            return
+        shards = split_groups(groups, weights, self._collector.num_learners)
+        self._collector.expect([[g.group_id for g in shard] for shard, _ in shards])
+        for rank, (name, (shard, w)) in enumerate(zip(learner_names(len(shards)), shards)):
+            first = rank == 0  # learner 0 evaluates and writes the checkpoint
+            self._send(name, ("train", shard, evaluate and first, checkpoint if first else None, w))
 
     def submit_eval(self) -> None:
         self._send("trainer", ("eval",))
@@ -188,14 +219,34 @@ class LocalEngine:
         for blob in raw:
             item = pickle.loads(blob)
             if isinstance(item, tuple) and item[0] == "error":
-                self._errors.append(WorkerError(f"{item[1]} failed: {item[2]}", item[1]))
+                err = WorkerError(f"{item[1]} failed: {item[2]}", item[1])
+                self._errors.append(self._root_cause(err))
             else:
                 out.append(item)
+        if self._collector is not None:
+            out = self._collector.feed(out)
         if not out:
             if self._errors:
                 raise self._errors.pop(0)
             self._check_alive()
         return out
+
+    def _root_cause(self, err: WorkerError, grace_s: float = 2.0) -> WorkerError:
+        """A learner that failed because a peer learner died: blame the dead peer."""
+        if not (err.worker or "").startswith("trainer") or not looks_like_peer_failure(str(err)):
+            return err
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end:
+            for name, proc in self._procs.items():
+                if name.startswith("trainer") and name != err.worker and not proc.is_alive():
+                    first = str(err).splitlines()[0]
+                    return WorkerError(
+                        f"{name} died with exit code {proc.exitcode} without reporting an "
+                        f"error (then {first})",
+                        name,
+                    )
+            time.sleep(0.05)
+        return err
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():

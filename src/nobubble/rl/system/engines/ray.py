@@ -9,6 +9,14 @@ their next chunk (Ray resolves it there), so weights never pass through the driv
 By default a local Ray instance is started (``num_cpus`` = this machine's cores, no
 dashboard); ``RunConfig.ray_address`` joins an existing cluster instead. Ray is imported
 only here. An actor that raises, or dies, ends the run with a :class:`WorkerError`.
+
+With ``learners > 1`` the learner actors form the gloo group: learner 0 picks a free port
+(on 127.0.0.1 for a Ray this engine starts, on its node's address when joining a cluster)
+and every learner joins it before training; a Ray started here gets enough logical CPUs
+for every generator and learner (one each). Each batch is split among the learners and
+their answers merged (:mod:`~nobubble.rl.system.engines.learners`); in ``async`` /
+``staleness`` the driver hands a learner other than 0 the newest published weights with
+its shard.
 """
 
 from __future__ import annotations
@@ -17,6 +25,12 @@ import os
 from typing import Any
 
 from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.engines.learners import (
+    StepCollector,
+    learner_names,
+    looks_like_peer_failure,
+    split_groups,
+)
 from nobubble.rl.system.protocol import Message, WorkerError
 
 __all__ = ["RayEngine"]
@@ -32,6 +46,20 @@ class _StageActor:
         from nobubble.rl.system.engines.worker import StageWorker
 
         self.worker = StageWorker(name, cfg, incarnation)
+
+    def learner_address(self, on_cluster: bool) -> tuple[str, int]:
+        """Where the learners' group meets: a free port on this actor's host."""
+        import socket
+
+        import ray
+
+        host = ray.util.get_node_ip_address() if on_cluster else "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return host, sock.getsockname()[1]
+
+    def join_learners(self, host: str, port: int) -> None:
+        self.worker.join_learners(host, port)
 
     def ready(self) -> list[Message]:
         return [Message("ready", self.worker.name)]
@@ -52,11 +80,24 @@ class _StageActor:
         return self.worker.reward_cmd(groups)
 
     def train(
-        self, groups: list, evaluate: bool, checkpoint: str | None, weights: list[float] | None
+        self,
+        groups: list,
+        evaluate: bool,
+        checkpoint: str | None,
+        weights: list[float] | None,
+        version: int | None = None,
+        state_dict: dict | None = None,
     ) -> list[Message]:
+        """One step; ``version``, ``state_dict``: the published weights a learner other than
+        0 computes on in async / staleness (Ray resolves the reference)."""
         import ray
 
+        if state_dict is not None and version is not None:
+            self.worker.trainer.model.load_state_dict(state_dict)
+            self.worker.trainer.version = version
         msg = self.worker.train_cmd(groups, checkpoint, weights)
+        if msg.kind == "shard":
+            return [msg]
         ref = ray.put(self.worker.state_dict())
         msg = Message(msg.kind, msg.worker, msg.payload, msg.spans, (msg.payload.version, [ref]))
         return [msg, self.worker.eval_cmd()] if evaluate else [msg]
@@ -76,6 +117,7 @@ class RayEngine:
         self._cfg: RunConfig | None = None
         self._incarnation: dict[str, int] = {}
         self._errors: list[WorkerError] = []
+        self._collector: StepCollector | None = None
 
     def start(self, cfg: RunConfig) -> list[str]:
         import ray
@@ -84,8 +126,9 @@ class RayEngine:
             if cfg.ray_address:
                 ray.init(address=cfg.ray_address, log_to_driver=False)
             else:
+                need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
                 ray.init(
-                    num_cpus=os.cpu_count() or 2,
+                    num_cpus=max(os.cpu_count() or 2, need),
                     include_dashboard=False,
                     log_to_driver=False,
                 )
@@ -93,9 +136,12 @@ class RayEngine:
         self._cfg = cfg
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
-        names.append("trainer")
+        names += learner_names(cfg.learners)
+        self._check_cpus(cfg)
         for name in names:
             self._spawn(name)
+        if cfg.learners > 1:
+            self._join_learners(cfg)
         trainer = self._actors["trainer"]
         try:  # a resumed trainer starts at its checkpoint's version
             version = ray.get(trainer.version.remote(), timeout=cfg.stall_timeout_s)
@@ -104,6 +150,39 @@ class RayEngine:
             raise WorkerError(msg, "trainer") from err
         self._weights = (version, trainer.initial_weights.remote())
         return names
+
+    def _check_cpus(self, cfg: RunConfig) -> None:
+        import ray
+
+        need = cfg.num_rollout_workers + cfg.learners
+        have = ray.cluster_resources().get("CPU", 0)
+        if have < need:
+            raise ValueError(
+                f"{cfg.num_rollout_workers} generators + {cfg.learners} learners need {need} "
+                f"CPUs of Ray, the cluster has {have:g}; start Ray with num_cpus >= {need} or "
+                "use fewer generators / learners"
+            )
+
+    def _join_learners(self, cfg: RunConfig) -> None:
+        """Every learner actor joins the gloo group learner 0 chose (bounded waits)."""
+        import ray
+
+        self._collector = StepCollector(cfg.learners)
+        names = learner_names(cfg.learners)
+        timeout = cfg.stall_timeout_s
+        try:
+            where = self._actors["trainer"].learner_address.remote(bool(cfg.ray_address))
+            host, port = ray.get(where, timeout=timeout)
+        except Exception as err:  # RayActorError, GetTimeoutError
+            msg = f"trainer failed to start: {type(err).__name__}: {err}"
+            raise WorkerError(msg, "trainer") from err
+        joins = {n: self._actors[n].join_learners.remote(host, port) for n in names}
+        for name, ref in joins.items():
+            try:
+                ray.get(ref, timeout=timeout)
+            except Exception as err:  # RayActorError, RayTaskError, GetTimeoutError
+                msg = f"{name} failed to join the learners: {type(err).__name__}: {err}"
+                raise WorkerError(msg, name) from err
 
     def _spawn(self, name: str) -> None:
         import ray
@@ -127,8 +206,8 @@ class RayEngine:
         """Kill ``worker``'s actor, forget its pending calls, start a fresh actor."""
         import ray
 
-        if worker == "trainer":
-            raise WorkerError("the trainer is not restarted; resume from a checkpoint", worker)
+        if worker.startswith("trainer"):
+            raise WorkerError(f"{worker} is not restarted; resume from a checkpoint", worker)
         try:
             ray.kill(self._actors.pop(worker))
         except Exception:  # noqa: BLE001 - an actor that already died is fine
@@ -160,8 +239,21 @@ class RayEngine:
         checkpoint: str | None = None,
         weights: list[float] | None = None,
     ) -> None:
-        trainer = self._actors["trainer"]
-        self._submit("trainer", trainer.train.remote(groups, evaluate, checkpoint, weights))
+        if self._collector is None:
+            trainer = self._actors["trainer"]
+            self._submit("trainer", trainer.train.remote(groups, evaluate, checkpoint, weights))
+            return
+        shards = split_groups(groups, weights, self._collector.num_learners)
+        self._collector.expect([[g.group_id for g in shard] for shard, _ in shards])
+        assert self._cfg is not None and self._weights is not None  # set by start()
+        loads = self._cfg.aggregation in ("async", "staleness")
+        for rank, (name, (shard, w)) in enumerate(zip(learner_names(len(shards)), shards)):
+            actor, first = self._actors[name], rank == 0  # learner 0 evaluates, checkpoints
+            version, state = self._weights if loads and not first else (None, None)
+            ref = actor.train.remote(
+                shard, evaluate and first, checkpoint if first else None, w, version, state
+            )
+            self._submit(name, ref)
 
     def submit_eval(self) -> None:
         self._submit("trainer", self._actors["trainer"].evaluate.remote())
@@ -187,9 +279,39 @@ class RayEngine:
                 error = WorkerError(f"{name} failed: {type(err).__name__}: {err}", name)
                 error.__cause__ = err
                 self._errors.append(error)
+        if self._collector is not None:
+            out = self._collector.feed(out)
+            for m in out:
+                if m.kind == "train" and m.weights is not None:  # the newest published
+                    version, (ref,) = m.weights
+                    self._weights = (version, ref)
+        if self._errors:
+            self._blame_peers()
         if not out and self._errors:
             raise self._errors.pop(0)
         return out
+
+    def _blame_peers(self, grace_s: float = 2.0) -> None:
+        """A learner that failed because a peer learner died goes behind the peer's error
+        (waiting ``grace_s`` for the other learners' calls to fail too)."""
+        import ray
+
+        first = self._errors[0]
+        if not (first.worker or "").startswith("trainer") or not looks_like_peer_failure(
+            str(first)
+        ):
+            return
+        refs = [r for r, w in self._pending.items() if w.startswith("trainer")]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
+        for ref in done:
+            name = self._pending.pop(ref)
+            try:
+                ray.get(ref, timeout=grace_s)
+            except Exception as err:  # RayActorError, RayTaskError
+                error = WorkerError(f"{name} failed: {type(err).__name__}: {err}", name)
+                error.__cause__ = err
+                self._errors.append(error)
+        self._errors.sort(key=lambda e: looks_like_peer_failure(str(e)))
 
     def shutdown(self) -> None:
         import ray

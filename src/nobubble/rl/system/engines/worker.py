@@ -4,6 +4,11 @@ A :class:`StageWorker` is what runs inside a local process or a Ray actor. It is
 the (picklable) :class:`~nobubble.rl.system.orchestrator.RunConfig` alone, so both engines start
 identical workers; ``handle`` turns one command into the messages for the orchestrator.
 
+With ``RunConfig.learners > 1`` the trainer stage is several workers (``trainer``,
+``trainer-1`` ..); after :meth:`StageWorker.join_learners` each trains its shard through a
+:class:`~nobubble.rl.system.engines.learners.Learner`, and the ones other than learner 0
+answer ``shard`` messages (see :mod:`~nobubble.rl.system.engines.learners`).
+
 Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill>"`` makes
 that worker raise, exit the process without a word, or SIGKILL itself on its ``call``-th
 command - in its first incarnation only, so a restarted worker runs clean.
@@ -20,6 +25,7 @@ import torch
 
 from nobubble.rl.system.checkpoint import TRAINER_FILE, CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.engines.learners import Learner, join_learner_group, learner_rank
 from nobubble.rl.system.protocol import Message
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
@@ -33,7 +39,7 @@ class InjectedFault(RuntimeError):
 
 
 class StageWorker:
-    """One stage worker: ``rollout-<i>``, ``reward-<i>`` or ``trainer``."""
+    """One stage worker: ``rollout-<i>``, ``reward-<i>``, ``trainer`` or ``trainer-<i>``."""
 
     def __init__(self, name: str, cfg: RunConfig, incarnation: int = 0) -> None:
         self.name = name
@@ -42,6 +48,8 @@ class StageWorker:
         self.task = cfg.make_task()
         self.calls = 0
         self.kind = name.split("-")[0]
+        self.learner: Learner | None = None
+        self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
             self.rollout = RolloutWorker(
                 task=self.task,
@@ -96,13 +104,31 @@ class StageWorker:
             spans.append(span)
         return [Message("reward", self.name, out, tuple(spans))]
 
+    def join_learners(self, host: str, port: int) -> None:
+        """Join the other learners' group at ``host:port`` (``learners > 1``; blocks until
+        all joined, at most ``stall_timeout_s``)."""
+        cfg = self.cfg
+        ctx = join_learner_group(self.rank, cfg.learners, host, port, cfg.stall_timeout_s)
+        self.learner = Learner(self.trainer, ctx, cfg.aggregation, cfg.effective_local_sgd_every)
+
+    @property
+    def loads_published_weights(self) -> bool:
+        """A learner other than 0 in async / staleness: it computes on published weights."""
+        return self.rank > 0 and self.cfg.aggregation in ("async", "staleness")
+
     def train_cmd(
         self, groups: list[Any], checkpoint: str | None = None, weights: list[float] | None = None
     ) -> Message:
         """One step (``weights``: per group, e.g. replay IS weights); with ``checkpoint`` (a
-        folder), the trainer's checkpoint file too."""
+        folder), the trainer's checkpoint file too. A learner other than 0 trains its shard
+        and answers ``shard``."""
         self._maybe_fault()
-        res = self.trainer.train_step(groups, weights)
+        if self.learner is None:
+            res = self.trainer.train_step(groups, weights)
+        else:
+            res = self.learner.step(groups, weights)
+        if self.rank > 0:
+            return Message("shard", self.name, res, (res.span,))
         if checkpoint is not None:
             t = self.trainer
             save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.opt, t.version, t.reference)

@@ -1,0 +1,163 @@
+"""Benchmark: IMPALA, SEED RL and Sample Factory architectures against SB3 PPO on CartPole-v1.
+
+In one run, for each env step delay (0 ms: plain CartPole; 1 ms: a slow simulator), each
+nobubble architecture and Stable-Baselines3 PPO (8 ``DummyVecEnv`` envs, ``n_steps`` 32,
+1 torch thread, its other defaults) train until the greedy mean return over 20 eval
+episodes reaches 475, or the time budget ends. Both sides evaluate with the same rule
+(every 5 s, and whenever the mean of the last 20 training episodes reaches the target) on
+20 fresh envs without the delay, and their wall-clock includes the evaluations. Reported per
+run: wall-clock and env steps to 475, env steps/s over the run; per configuration: the mean
+and spread over seeds. Writes ``benchmarks/results/rl_actor_learner.json``.
+
+    python benchmarks/rl_actor_learner.py                     # 3 seeds x 2 delays, ~15 min
+    python benchmarks/rl_actor_learner.py --seeds 1 --delays 0  # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from _common import write_json  # noqa: E402
+
+from nobubble.rl.actor_learner import EnvRunConfig, train  # noqa: E402
+from nobubble.rl.actor_learner.envs import VectorEnv, make_env  # noqa: E402
+
+TARGET, EVAL_EPISODES, EVAL_EVERY_S = 475.0, 20, 5.0
+ARCHS = ("impala", "seed", "sample-factory")
+
+
+def nobubble_config(arch: str, delay_ms: float, seed: int, max_seconds: float) -> EnvRunConfig:
+    """The tuned settings: 2 actors on plain CartPole; 8 actors (they mostly sleep) at 1 ms."""
+    actors = 2 if delay_ms == 0 else 8
+    return EnvRunConfig(
+        env="CartPole-v1", arch=arch, actors=actors, envs_per_actor=8,
+        env_step_delay_ms=delay_ms, seed=seed, target_return=TARGET, max_seconds=max_seconds,
+        eval_every_s=EVAL_EVERY_S, eval_episodes=EVAL_EPISODES,
+    )  # fmt: skip
+
+
+def run_nobubble(arch: str, delay_ms: float, seed: int, max_seconds: float) -> dict[str, Any]:
+    r = train(nobubble_config(arch, delay_ms, seed, max_seconds))
+    return {
+        "time_to_475_s": r.time_to_target_s, "steps_to_475": r.steps_to_target,
+        "env_steps_per_s": r.env_steps_per_s, "eval_mean_return": r.eval_mean_return,
+        "wall_s": r.wall_s, "env_steps": r.env_steps, "actors": r.actors,
+        "idle_ratio": r.idle_ratio, "max_lag": r.max_lag, "ledger": r.ledger.to_dict(),
+    }  # fmt: skip
+
+
+def greedy_eval(predict: Callable[[np.ndarray], np.ndarray], seed: int) -> float:
+    """Mean return of the first episode of each of 20 envs, greedy actions."""
+    envs = VectorEnv("CartPole-v1", EVAL_EPISODES, 10_000_000 + seed)
+    obs, done = envs.reset(), np.zeros(EVAL_EPISODES, bool)
+    running, returns = np.zeros(EVAL_EPISODES), np.zeros(EVAL_EPISODES)
+    while not done.all():
+        step = envs.step(predict(obs))
+        running += step.rewards * ~done
+        returns = np.where(step.dones & ~done, running, returns)
+        done |= step.dones
+        obs = step.obs
+    return float(returns.mean())
+
+
+def run_sb3(delay_ms: float, seed: int, max_seconds: float) -> dict[str, Any]:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(1)
+    start = time.monotonic()
+    vec = make_vec_env(lambda: make_env("CartPole-v1", delay_ms), n_envs=8, seed=seed)
+    model = PPO("MlpPolicy", vec, n_steps=32, seed=seed, verbose=0, device="cpu")
+    state: dict[str, Any] = {"last_eval": start, "hit": None, "eval": 0.0}
+
+    def predict(obs: np.ndarray) -> np.ndarray:
+        return model.predict(obs, deterministic=True)[0]
+
+    class Stop(BaseCallback):  # type: ignore[misc]
+        def _on_rollout_end(self) -> None:
+            now, eps = time.monotonic(), [e["r"] for e in model.ep_info_buffer]
+            hot = len(eps) >= 20 and np.mean(eps[-20:]) >= TARGET
+            since = now - state["last_eval"]
+            if since >= EVAL_EVERY_S or (hot and since >= EVAL_EVERY_S / 5):
+                state["eval"], state["last_eval"] = greedy_eval(predict, seed), time.monotonic()
+                if state["eval"] >= TARGET:
+                    state["hit"] = (time.monotonic() - start, self.num_timesteps)
+
+        def _on_step(self) -> bool:
+            return state["hit"] is None and time.monotonic() - start < max_seconds
+
+    model.learn(total_timesteps=10_000_000, callback=Stop())
+    wall = time.monotonic() - start
+    hit = state["hit"]
+    return {
+        "time_to_475_s": hit[0] if hit else None, "steps_to_475": hit[1] if hit else None,
+        "env_steps_per_s": model.num_timesteps / wall, "eval_mean_return": state["eval"],
+        "wall_s": wall, "env_steps": model.num_timesteps,
+    }  # fmt: skip
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    times = [r["time_to_475_s"] for r in runs if r["time_to_475_s"] is not None]
+    rates = [r["env_steps_per_s"] for r in runs]
+
+    def spread(xs: list[float]) -> dict[str, float | None]:
+        if not xs:
+            return {"mean": None, "min": None, "max": None, "stdev": None}
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return {"mean": statistics.mean(xs), "min": min(xs), "max": max(xs), "stdev": sd}
+
+    return {
+        "reached": f"{len(times)}/{len(runs)}",
+        "time_to_475_s": spread(times),
+        "env_steps_per_s": spread(rates),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--max-seconds", type=float, default=300.0)
+    parser.add_argument("--out", default="rl_actor_learner")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    for delay in args.delays:
+        for name in (*ARCHS, "sb3-ppo"):
+            runs = []
+            for seed in range(args.seeds):
+                if name == "sb3-ppo":
+                    run = run_sb3(delay, seed, args.max_seconds)
+                else:
+                    run = run_nobubble(name, delay, seed, args.max_seconds)
+                run["seed"] = seed
+                runs.append(run)
+                t = run["time_to_475_s"]
+                print(
+                    f"delay {delay} ms  {name:15s} seed {seed}: "
+                    f"{'not reached' if t is None else f'{t:.1f}s'} "
+                    f"({run['steps_to_475']} steps), {run['env_steps_per_s']:,.0f} steps/s",
+                    flush=True,
+                )
+            results[f"{name}@{delay:g}ms"] = {"summary": summarize(runs), "runs": runs}
+    load = os.getloadavg()
+    path = write_json(args.out, {
+        "env": "CartPole-v1", "target_return": TARGET, "eval_episodes": EVAL_EPISODES,
+        "cpu_count": os.cpu_count(), "load_average_at_end": load, "results": results,
+    })  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

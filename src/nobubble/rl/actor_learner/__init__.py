@@ -1,0 +1,33 @@
+"""Actor-learner RL on gymnasium environments: IMPALA, SEED RL and Sample Factory on one core.
+
+Modules, bottom up: :mod:`.config` (one run), :mod:`.envs` (gymnasium by id or factory, a
+step delay, a vector of envs), :mod:`.model` (the MLP actor-critic), :mod:`.trajectory`,
+:mod:`.ledger`, :mod:`.learner` (V-trace + PPO clip), :mod:`.rollout` (an actor's unroll,
+greedy evaluation), :mod:`.shm` and :mod:`.inference` (central batched inference),
+:mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the loop), :mod:`.result`.
+
+Entry point: ``train(EnvRunConfig(env="CartPole-v1", arch="seed")) -> EnvRunResult``.
+Names are imported on first use, so ``import nobubble.rl.actor_learner`` loads no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES = {
+    "train": "nobubble.rl.actor_learner.run",
+    "EnvRunConfig": "nobubble.rl.actor_learner.config",
+    "ARCHS": "nobubble.rl.actor_learner.config",
+    "EnvRunResult": "nobubble.rl.actor_learner.result",
+    "CurvePoint": "nobubble.rl.actor_learner.result",
+    "ActorFailure": "nobubble.rl.actor_learner.result",
+    "LedgerSummary": "nobubble.rl.actor_learner.ledger",
+}
+__all__ = list(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        return getattr(importlib.import_module(_NAMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

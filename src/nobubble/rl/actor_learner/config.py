@@ -1,0 +1,158 @@
+"""One actor-learner run's configuration: environment, architecture, learner, budget.
+
+:class:`EnvRunConfig` is keyword-only and frozen; ``__post_init__`` refuses bad values with
+a ``ValueError`` that names the value and the fix. The three architectures share every
+field; the ones only one of them reads say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "ARCHS",
+    "Arch",
+    "EnvRunConfig",
+    "PolicyLoss",
+    "envs_per_trajectory",
+    "trajectories_per_update",
+]
+
+Arch = Literal["impala", "seed", "sample-factory"]
+ARCHS: tuple[str, ...] = ("impala", "seed", "sample-factory")
+PolicyLoss = Literal["ppo", "vtrace"]
+_LOSSES = ("ppo", "vtrace")
+_START_METHODS = ("fork", "forkserver", "spawn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvRunConfig:
+    """An actor-learner run on a gymnasium environment."""
+
+    env: str | Callable[[], Any] = "CartPole-v1"
+    """A gymnasium id (``gymnasium.make(env)``) or a zero-argument factory of a
+    ``gymnasium.Env`` (with the ``fork`` start method, any callable; otherwise picklable)."""
+    arch: Arch = "seed"
+    """``impala``: actors hold a policy copy; ``seed``: central batched inference;
+    ``sample-factory``: central inference, two double-buffered env groups per worker."""
+    actors: int = 2
+    """Actor (rollout worker) processes."""
+    envs_per_actor: int = 8
+    """Environments stepped by one actor (split into two groups for sample-factory)."""
+    env_step_delay_ms: float = 0.0
+    """Sleep this long per environment step: a stand-in for a slow simulator or tool."""
+    unroll_length: int = 32
+    """Steps per trajectory (T)."""
+    batch_trajectories: int = 2
+    """Actor unrolls per update, each ``envs_per_actor`` envs x ``unroll_length`` steps (for
+    sample-factory, a worker's two group trajectories count as one unroll)."""
+    epochs: int = 4
+    """Passes over each batch (1 = IMPALA's single V-trace step; >1 = APPO)."""
+    minibatches: int = 2
+    """Minibatches per epoch, split over the batch's environments."""
+    loss: PolicyLoss = "ppo"
+    """``ppo``: PPO clip on V-trace advantages (APPO); ``vtrace``: IMPALA's policy gradient."""
+    learning_rate: float = 2.5e-3
+    gamma: float = 0.99
+    vtrace_lambda: float = 0.95
+    """rlax's trace-cutting lambda (1 = the paper's V-trace)."""
+    clip: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.0
+    max_grad_norm: float = 0.5
+    hidden: int = 64
+    """Width of the actor-critic's two hidden layers."""
+    max_lag: int = 4
+    """Trajectories older than this many policy versions are dropped (ledger: ``lag``)."""
+    inference_deadline_ms: float = 2.0
+    """Central inference (seed, sample-factory) waits at most this long to fill a batch."""
+    seed: int = 0
+    max_env_steps: int = 2_000_000
+    """Stop after this many environment steps (a bound, for tests and benchmarks)."""
+    max_seconds: float = 300.0
+    """Stop after this much wall-clock."""
+    target_return: float | None = 475.0
+    """Stop once the greedy eval mean reaches it (None: run the whole budget)."""
+    eval_episodes: int = 20
+    eval_every_s: float = 5.0
+    """Evaluate at least this often; also whenever the training return reaches the target."""
+    timeout_s: float = 60.0
+    """Longest wait for any actor, queue or lock before the run fails naming who is silent."""
+    torch_threads: int = 1
+    """``torch.set_num_threads`` for the learner (and each impala actor) during the run: tiny
+    MLPs gain nothing from more, and lose a lot on a loaded machine."""
+    start_method: str = "fork"
+    """multiprocessing start method for the actors."""
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check_counts(self)
+        _check_rates(self)
+
+
+def _check_choices(c: EnvRunConfig) -> None:
+    if c.arch not in ARCHS:
+        raise ValueError(f"arch={c.arch!r} is not an architecture; use one of {ARCHS}")
+    if c.loss not in _LOSSES:
+        raise ValueError(f"loss={c.loss!r}; use one of {_LOSSES}")
+    if c.start_method not in _START_METHODS:
+        raise ValueError(f"start_method={c.start_method!r}; use one of {_START_METHODS}")
+    if not (isinstance(c.env, str) and c.env) and not callable(c.env):
+        raise ValueError(f"env={c.env!r}: pass a gymnasium id such as 'CartPole-v1' or a factory")
+
+
+def _check_counts(c: EnvRunConfig) -> None:
+    for name in (
+        "actors", "envs_per_actor", "unroll_length", "batch_trajectories", "epochs",
+        "torch_threads",
+    ):  # fmt: skip
+        value = getattr(c, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    if c.arch == "sample-factory" and (c.envs_per_actor < 2 or c.envs_per_actor % 2):
+        raise ValueError(
+            f"envs_per_actor={c.envs_per_actor}: sample-factory splits each worker's envs into "
+            "two groups; use envs_per_actor >= 2 (an even number)"
+        )
+    per_batch = c.batch_trajectories * c.envs_per_actor
+    if c.minibatches < 1 or c.minibatches > per_batch:
+        raise ValueError(
+            f"minibatches={c.minibatches} must be in [1, {per_batch}] (the environments in one "
+            "batch: batch_trajectories x envs per trajectory)"
+        )
+    if c.max_lag < 0:
+        raise ValueError(f"max_lag={c.max_lag} must be >= 0 (0 = on-policy only)")
+    if c.eval_episodes < 1:
+        raise ValueError(f"eval_episodes={c.eval_episodes} must be >= 1")
+    if c.hidden < 1:
+        raise ValueError(f"hidden={c.hidden} must be >= 1")
+    if c.max_env_steps < 1:
+        raise ValueError(f"max_env_steps={c.max_env_steps} must be >= 1")
+
+
+def _check_rates(c: EnvRunConfig) -> None:
+    positive = ("learning_rate", "max_seconds", "timeout_s", "eval_every_s", "max_grad_norm")
+    for name in positive:
+        if not getattr(c, name) > 0:
+            raise ValueError(f"{name}={getattr(c, name)} must be > 0")
+    for name in ("env_step_delay_ms", "inference_deadline_ms", "entropy_coef", "value_coef"):
+        if getattr(c, name) < 0:
+            raise ValueError(f"{name}={getattr(c, name)} must be >= 0")
+    if not 0.0 <= c.gamma <= 1.0:
+        raise ValueError(f"gamma={c.gamma} must be in [0, 1] (e.g. 0.99)")
+    if not 0.0 <= c.vtrace_lambda <= 1.0:
+        raise ValueError(f"vtrace_lambda={c.vtrace_lambda} must be in [0, 1] (1 = V-trace)")
+    if not 0.0 < c.clip < 1.0:
+        raise ValueError(f"clip={c.clip} must be in (0, 1) (e.g. 0.2)")
+
+
+def envs_per_trajectory(c: EnvRunConfig) -> int:
+    """Environments in one trajectory: a worker's envs, or one group of them (sample-factory)."""
+    return c.envs_per_actor // 2 if c.arch == "sample-factory" else c.envs_per_actor
+
+
+def trajectories_per_update(c: EnvRunConfig) -> int:
+    """Trajectories one update takes: ``batch_trajectories`` unrolls of ``envs_per_actor``."""
+    return c.batch_trajectories * (c.envs_per_actor // envs_per_trajectory(c))

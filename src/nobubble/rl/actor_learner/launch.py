@@ -1,0 +1,151 @@
+"""The actor processes of one run and their channels to the learner, per architecture.
+
+:class:`ActorPool` lifecycle: built (processes started) -> :meth:`receive` /
+:meth:`supervise` while the learner runs -> :meth:`close` (stop flag, drain the channel,
+join with a timeout, terminate stragglers). Invariant: after :meth:`close` no actor process
+is alive and every trajectory an actor sent is either returned by :meth:`receive` or by
+:meth:`close`, so the ledger can account for all of them.
+
+- impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner
+  publishes into and every actor pulls from before each unroll, and one bounded trajectory
+  queue (its bound is the backpressure that keeps the lag small).
+- seed / sample-factory: one pipe and one (seed) or two (sample-factory) shared-memory
+  :class:`~nobubble.rl.actor_learner.shm.EnvSlot` per worker, served by
+  :class:`~nobubble.rl.actor_learner.inference.CentralInference`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import time
+from typing import Any
+
+from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
+from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
+from nobubble.rl.actor_learner.inference import CentralInference
+from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.result import ActorFailure
+from nobubble.rl.actor_learner.shm import EnvSlot
+from nobubble.rl.actor_learner.trajectory import Trajectory
+from nobubble.rl.system.weight_sync import SharedWeights
+
+__all__ = ["ActorPool"]
+
+
+class ActorPool:
+    """Starts ``config.actors`` actor processes for ``config.arch``."""
+
+    def __init__(self, config: EnvRunConfig, model: ActorCritic) -> None:
+        self.config, self.model = config, model
+        ctx: Any = mp.get_context(config.start_method)
+        self.stop, self.errors = ctx.Event(), ctx.Queue()
+        self.names = [f"actor-{i}" for i in range(config.actors)]
+        specs = [
+            ActorSpec(n, i, config, model.obs_dim, model.num_actions, os.getpid())
+            for i, n in enumerate(self.names)
+        ]
+        self.inference: CentralInference | None = None
+        self.weights: SharedWeights | None = None
+        self.published = -1
+        self.last_heard = {n: time.monotonic() for n in self.names}
+        if config.arch == "impala":
+            self.weights = SharedWeights(model, ctx)
+            self.queue = ctx.Queue(maxsize=2 * config.actors)
+            args: list[tuple[Any, ...]] = [
+                (s, self.weights, self.queue, self.stop, self.errors) for s in specs
+            ]
+            target: Any = impala_actor
+        else:
+            groups = 2 if config.arch == "sample-factory" else 1
+            per_group = envs_per_trajectory(config)
+            slots = [[EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)] for _ in specs]
+            pipes = [ctx.Pipe(duplex=True) for _ in specs]
+            self.inference = CentralInference(
+                model, config, self.names, slots, [p[0] for p in pipes]
+            )
+            args = [(s, sl, p[1], self.stop, self.errors) for s, sl, p in zip(specs, slots, pipes)]
+            target = env_worker
+        self.procs = [
+            ctx.Process(target=target, args=a, name=n, daemon=True)
+            for a, n in zip(args, self.names)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def publish(self, version: int) -> None:
+        """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
+        if self.weights is not None:
+            self.weights.publish(self.model, version, timeout_s=self.config.timeout_s)
+        self.published = version
+
+    def receive(self, version: int, poll_s: float = 0.1) -> list[Trajectory]:
+        """Finished trajectories (possibly none) after waiting at most about ``poll_s``."""
+        if self.inference is not None:
+            try:
+                return self.inference.poll(version, poll_s)
+            except ActorFailure as failure:  # a pipe closed: find the process's own report
+                proc = self.procs[self.names.index(failure.actor)]
+                proc.join(timeout=self.config.timeout_s)
+                self.supervise()
+                raise
+        out: list[Trajectory] = []
+        try:
+            out.append(self.queue.get(timeout=poll_s))
+            while True:
+                out.append(self.queue.get_nowait())
+        except queue_module.Empty:
+            pass
+        now = time.monotonic()
+        for t in out:
+            self.last_heard[t.source] = now
+        return out
+
+    def supervise(self) -> None:
+        """Raise :class:`ActorFailure` naming an actor that died or fell silent."""
+        try:
+            name, detail = self.errors.get_nowait()
+            raise ActorFailure(name, detail)
+        except queue_module.Empty:
+            pass
+        for p in self.procs:
+            if p.exitcode is not None:
+                detail = self._error_of(p.name)
+                raise ActorFailure(p.name, detail or f"exited with code {p.exitcode}")
+        silent = self._silent()
+        if silent:
+            raise ActorFailure(silent[0], f"silent for more than {self.config.timeout_s}s")
+
+    def _error_of(self, name: str, wait_s: float = 1.0) -> str | None:
+        """The error an exited actor reported (it may still be in the queue's pipe)."""
+        try:
+            reported, detail = self.errors.get(timeout=wait_s)
+            return detail if reported == name else f"{reported}: {detail}"
+        except queue_module.Empty:
+            return None
+
+    def _silent(self) -> list[str]:
+        if self.inference is not None:
+            return self.inference.silent_actors(self.config.timeout_s)
+        now = time.monotonic()
+        return [n for n, t in self.last_heard.items() if now - t > self.config.timeout_s]
+
+    def close(self, grace_s: float = 5.0) -> list[Trajectory]:
+        """Stop every actor; return the trajectories still in transit."""
+        self.stop.set()
+        leftover: list[Trajectory] = []
+        deadline = time.monotonic() + grace_s
+        while any(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
+            if self.inference is None:  # a full queue would keep its feeder from exiting
+                leftover.extend(self.receive(-1, poll_s=0.05))
+            else:
+                time.sleep(0.02)
+        for p in self.procs:
+            p.join(timeout=0.1)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=grace_s)
+        if self.inference is None:
+            leftover.extend(self.receive(-1, poll_s=0.05))
+        return leftover

@@ -1,0 +1,125 @@
+"""The learner: V-trace targets and a PPO-clip (or plain V-trace) update, versioned.
+
+One update takes a batch of trajectories ``(T, B)`` and, for each epoch and minibatch of
+environments, computes with the *current* parameters
+
+    vs, A = vtrace_from_logits(mu_logits, pi_logits, a, gamma * (1 - done), r, V, V_T)
+    policy loss = PPO clip of pi / mu on A (``loss="ppo"``, APPO)  or  -A log pi ("vtrace")
+    value loss  = 1/2 (vs - V)^2,   entropy bonus  H(pi)
+
+(:mod:`nobubble.rl.algo.vtrace`, :mod:`nobubble.rl.algo.losses`). After each update the
+policy version goes up by one; a trajectory's lag is the version at update time minus the
+version that generated it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from nobubble.rl.actor_learner.config import EnvRunConfig
+from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.trajectory import TrajectoryBatch
+from nobubble.rl.algo.losses import policy_gradient_loss, ppo_policy_loss
+from nobubble.rl.algo.vtrace import vtrace_from_logits
+
+__all__ = ["LearnStats", "Learner", "VTraceTargets", "vtrace_targets"]
+
+
+@dataclass(frozen=True)
+class LearnStats:
+    """Diagnostics of one update (means over its minibatches)."""
+
+    version: int
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    clip_fraction: float
+
+
+@dataclass(frozen=True)
+class VTraceTargets:
+    """V-trace under the current model for a batch ``(T, B)``.
+
+    Attributes:
+        vs, pg_advantages: ``(T, B)`` targets, detached.
+        target_log_probs: ``(T, B)`` log pi(a_t|x_t), with gradient.
+        values: ``(T, B)`` V(x_t), with gradient.
+        logits: ``(T, B, A)`` pi's logits, with gradient (for the entropy).
+    """
+
+    vs: torch.Tensor
+    pg_advantages: torch.Tensor
+    target_log_probs: torch.Tensor
+    values: torch.Tensor
+    logits: torch.Tensor
+
+
+def vtrace_targets(
+    model: ActorCritic, batch: TrajectoryBatch, gamma: float, lambda_: float
+) -> VTraceTargets:
+    """One forward pass over ``obs (T + 1, B, D)`` and V-trace on it (discount 0 at dones)."""
+    logits, values = model(batch.obs)  # (T + 1, B, A), (T + 1, B)
+    out = vtrace_from_logits(
+        behaviour_policy_logits=batch.behaviour_logits,
+        target_policy_logits=logits[:-1],
+        actions=batch.actions,
+        discounts=gamma * (1.0 - batch.dones),
+        rewards=batch.rewards,
+        values=values[:-1],
+        bootstrap_value=values[-1],
+        lambda_=lambda_,
+    )
+    return VTraceTargets(
+        out.vs, out.pg_advantages, out.target_action_log_probs, values[:-1], logits[:-1]
+    )
+
+
+class Learner:
+    """Owns the model, its optimiser and the policy version (starts at 0)."""
+
+    def __init__(self, model: ActorCritic, config: EnvRunConfig) -> None:
+        self.model, self.config = model, config
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5)
+        self.version = 0
+        self._generator = torch.Generator().manual_seed(config.seed)
+
+    def update(self, batch: TrajectoryBatch) -> LearnStats:
+        """Epochs x minibatches of gradient steps on ``batch``; bumps the version once."""
+        c = self.config
+        sums = torch.zeros(4)
+        num_envs = batch.actions.shape[1]
+        for _ in range(c.epochs):
+            order = torch.randperm(num_envs, generator=self._generator)
+            for index in order.chunk(c.minibatches):
+                sums += self._step(batch.columns(index))
+        sums /= c.epochs * c.minibatches
+        self.version += 1
+        p, v, h, clip = sums.tolist()
+        return LearnStats(self.version, p, v, h, clip)
+
+    def _step(self, batch: TrajectoryBatch) -> torch.Tensor:
+        c = self.config
+        targets = vtrace_targets(self.model, batch, c.gamma, c.vtrace_lambda)
+        logp, adv = targets.target_log_probs, targets.pg_advantages
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        behaviour_logp = F.log_softmax(batch.behaviour_logits, -1)  # (T, b, A)
+        behaviour_logp = behaviour_logp.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+        mask = torch.ones_like(logp).T  # (b, T): every step counts
+        if c.loss == "ppo":
+            result = ppo_policy_loss(logp.T, behaviour_logp.T, adv.T, mask, c.clip, c.clip)
+            policy_loss, clip_fraction = result.loss, result.clip_fraction
+        else:
+            policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
+            clip_fraction = torch.zeros(())
+        value_loss = 0.5 * (targets.vs - targets.values).square().mean()
+        logits = targets.logits  # (T, b, A)
+        entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+        loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        return torch.stack([policy_loss, value_loss, entropy, clip_fraction]).detach()

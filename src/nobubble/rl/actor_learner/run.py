@@ -1,0 +1,208 @@
+"""``train(EnvRunConfig) -> EnvRunResult``: the learner's loop, the same for every architecture.
+
+    start the actors (ActorPool)                        # impala: publish version 0
+    until the target, the step budget or the time budget:
+        receive finished trajectories                   # from the queue / central inference
+        once an update's worth is in:
+            drop those older than max_lag (ledger: lag), update on the rest (ledger: used)
+            publish the new version                     # impala only
+        evaluate greedily every eval_every_s, or when the training return reaches the target
+    close the pool; what was in transit is dropped (ledger: shutdown); check the ledger
+
+Every wait inside has a timeout, and :meth:`ActorPool.supervise` turns a dead or silent
+actor into an :class:`ActorFailure` naming it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+import torch
+
+from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
+from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
+from nobubble.rl.actor_learner.launch import ActorPool
+from nobubble.rl.actor_learner.learner import Learner
+from nobubble.rl.actor_learner.ledger import TrajectoryLedger
+from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.result import CurvePoint, EnvRunResult
+from nobubble.rl.actor_learner.rollout import evaluate
+from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
+
+__all__ = ["train"]
+
+Progress = Callable[[CurvePoint], None]
+
+
+class _Run:
+    """The mutable state of one run (the learner's side only)."""
+
+    def __init__(self, config: EnvRunConfig, model: ActorCritic) -> None:
+        self.config = config
+        self.learner = Learner(model, config)
+        self.ledger = TrajectoryLedger()
+        self.pending: list[Trajectory] = []
+        self.lags: Counter[int] = Counter()
+        self.returns: deque[float] = deque(maxlen=20)
+        self.curve: list[CurvePoint] = []
+        self.env_steps = 0
+        self.learn_s = 0.0
+        self.start = time.monotonic()
+        self.last_eval = self.start
+        self.time_to_target: float | None = None
+        self.steps_to_target: int | None = None
+        self.eval_returns: list[float] = []
+        eval_seed = 10_000_000 + config.seed
+        self.eval_envs = VectorEnv(config.env, config.eval_episodes, eval_seed)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def take(self, trajectories: list[Trajectory]) -> None:
+        for t in trajectories:
+            self.ledger.produced(t.key)
+            self.env_steps += t.num_steps
+            self.returns.extend(t.episode_returns)
+        self.pending.extend(trajectories)
+
+    def update_if_ready(self) -> bool:
+        """One update when enough trajectories wait; False when not enough did."""
+        need = trajectories_per_update(self.config)
+        if len(self.pending) < need:
+            return False
+        batch, self.pending = self.pending[:need], self.pending[need:]
+        fresh = []
+        for t in batch:
+            lag = self.learner.version - t.policy_version
+            assert lag >= 0, f"trajectory {t.key} has a version from the future"
+            if lag > self.config.max_lag:
+                self.ledger.dropped(t.key, "lag")
+            else:
+                fresh.append(t)
+                self.lags[lag] += 1
+        if fresh:
+            start = time.perf_counter()
+            self.learner.update(stack_trajectories(fresh))
+            self.learn_s += time.perf_counter() - start
+            for t in fresh:
+                self.ledger.used(t.key)
+        return True
+
+    def train_return(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def maybe_evaluate(self, force: bool = False) -> CurvePoint | None:
+        target, train_return = self.config.target_return, self.train_return()
+        since = time.monotonic() - self.last_eval
+        due = since >= self.config.eval_every_s
+        hot = target is not None and train_return is not None and train_return >= target
+        hot = hot and since >= self.config.eval_every_s / 5  # not after every update
+        if not (force or due or hot):
+            return None
+        self.eval_returns = evaluate(self.learner.model, self.eval_envs, self.config.eval_episodes)
+        self.last_eval = time.monotonic()
+        mean = sum(self.eval_returns) / len(self.eval_returns)
+        point = CurvePoint(self.elapsed(), self.env_steps, train_return, mean)
+        if target is not None and mean >= target and self.time_to_target is None:
+            self.time_to_target, self.steps_to_target = point.wall_s, point.env_steps
+        return point
+
+    def done(self) -> bool:
+        c = self.config
+        return (
+            self.time_to_target is not None
+            or self.env_steps >= c.max_env_steps
+            or self.elapsed() >= c.max_seconds
+        )
+
+
+def train(config: EnvRunConfig, progress: Progress | None = None) -> EnvRunResult:
+    """Train an MLP actor-critic on ``config.env`` with ``config.arch``.
+
+    Args:
+        config: the run.
+        progress: called with each new curve point (after updates and evaluations).
+    Returns:
+        :class:`EnvRunResult`.
+    Raises:
+        ActorFailure: an actor died (its traceback in the message) or fell silent.
+        LedgerError: a trajectory was lost or used twice (a bug, never expected).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.torch_threads)
+    try:
+        return _train(config, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(config: EnvRunConfig, progress: Progress | None) -> EnvRunResult:
+    torch.manual_seed(config.seed)
+    obs_dim, num_actions = env_spaces(config.env)
+    model = ActorCritic(obs_dim, num_actions, config.hidden)
+    run = _Run(config, model)
+    pool = ActorPool(config, model)
+    try:
+        pool.publish(run.learner.version)
+        _loop(run, pool, progress)
+    finally:
+        leftover = pool.close()
+    for t in leftover:
+        run.take([t])
+    for t in run.pending:
+        run.ledger.dropped(t.key, "shutdown")
+    run.pending = []
+    if not run.eval_returns or run.time_to_target is None:
+        point = run.maybe_evaluate(force=True)
+        if point is not None:
+            run.curve.append(point)
+    return _result(run, pool)
+
+
+def _loop(run: _Run, pool: ActorPool, progress: Progress | None) -> None:
+    while not run.done():
+        run.take(pool.receive(run.learner.version))
+        pool.supervise()
+        while run.update_if_ready():
+            if run.learner.version > pool.published:  # all of a batch may have been dropped
+                pool.publish(run.learner.version)
+            point = CurvePoint(run.elapsed(), run.env_steps, run.train_return())
+            run.curve.append(point)
+            if progress is not None:
+                progress(point)
+        evaluated = run.maybe_evaluate()
+        if evaluated is not None:
+            run.curve.append(evaluated)
+            if progress is not None:
+                progress(evaluated)
+
+
+def _result(run: _Run, pool: ActorPool) -> EnvRunResult:
+    c, wall = run.config, run.elapsed()
+    idle = {"learner": max(0.0, 1.0 - run.learn_s / wall)}
+    if pool.inference is not None:
+        idle["inference"] = max(0.0, 1.0 - pool.inference.busy_s / wall)
+    returns = tuple(run.eval_returns)
+    return EnvRunResult(
+        env=c.env if isinstance(c.env, str) else getattr(c.env, "__name__", "custom"),
+        arch=c.arch,
+        actors=c.actors,
+        envs_per_actor=c.envs_per_actor,
+        env_step_delay_ms=c.env_step_delay_ms,
+        seed=c.seed,
+        eval_mean_return=sum(returns) / len(returns) if returns else float("nan"),
+        eval_returns=returns,
+        target_return=c.target_return,
+        time_to_target_s=run.time_to_target,
+        steps_to_target=run.steps_to_target,
+        env_steps=run.env_steps,
+        wall_s=wall,
+        env_steps_per_s=run.env_steps / wall,
+        updates=run.learner.version,
+        idle_ratio=idle,
+        lag_histogram=dict(run.lags),
+        ledger=run.ledger.check(),
+        curve=tuple(run.curve),
+    )

@@ -1,0 +1,62 @@
+"""``add_env_arguments`` / ``run_env_train``: the flags of ``nobubble rl train --env``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nobubble.cli.rl_env import add_env_arguments, run_env_train
+from nobubble.cli.util import ArgumentParser
+
+pytest.importorskip("gymnasium")
+
+
+def _parse(argv: list[str]):  # type: ignore[no-untyped-def]
+    parser = ArgumentParser(prog="nobubble rl train")
+    add_env_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_a_short_run_prints_json_with_the_ledger(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse(
+        ["--env", "CartPole-v1", "--arch", "sample-factory", "--actors", "1",
+         "--envs-per-actor", "4", "--steps", "2000", "--seconds", "30", "--json"]
+    )  # fmt: skip
+    assert run_env_train(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["arch"] == "sample-factory" and out["env_steps"] >= 2000
+    assert out["ledger"]["whole"] is True
+    assert len(out["eval_returns"]) == 20
+
+
+def test_a_short_run_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse(["--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
+                   "--steps", "600", "--seconds", "30"])  # fmt: skip
+    assert run_env_train(args) == 0
+    captured = capsys.readouterr()
+    assert "eval mean return" in captured.out and "ledger" in captured.out
+    assert "training seed on CartPole-v1" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env", "CartPole-v1", "--arch", "a3c"], "arch='a3c' is not an architecture"),
+        (["--env", "NoSuchEnv-v0"], "--env 'NoSuchEnv-v0'"),
+        (["--env", "Pendulum-v1"], "categorical policy needs Discrete"),
+        (["--env", "CartPole-v1", "--loss", "dqn"], "loss='dqn'"),
+    ],
+)
+def test_bad_values_are_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_env_train(_parse(argv)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_negative_count_is_refused_by_the_parser() -> None:
+    with pytest.raises(SystemExit) as e:
+        _parse(["--env", "CartPole-v1", "--actors", "0"])
+    assert e.value.code == 2

@@ -1,0 +1,47 @@
+"""Bad configuration values are refused with a ValueError naming the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"arch": "a3c"}, r"arch='a3c' is not an architecture; use one of"),
+        ({"actors": 0}, r"actors=0 must be an integer >= 1"),
+        ({"envs_per_actor": 0}, r"envs_per_actor=0 must be"),
+        ({"arch": "sample-factory", "envs_per_actor": 3}, r"envs_per_actor=3.*two groups"),
+        ({"minibatches": 99}, r"minibatches=99 must be in \[1, 16\]"),
+        ({"max_lag": -1}, r"max_lag=-1 must be >= 0"),
+        ({"env_step_delay_ms": -1.0}, r"env_step_delay_ms=-1.0 must be >= 0"),
+        ({"gamma": 1.5}, r"gamma=1.5 must be in \[0, 1\]"),
+        ({"loss": "a2c"}, r"loss='a2c'; use one of"),
+        ({"learning_rate": 0.0}, r"learning_rate=0.0 must be > 0"),
+        ({"timeout_s": 0.0}, r"timeout_s=0.0 must be > 0"),
+        ({"env": ""}, r"env='': pass a gymnasium id"),
+        ({"start_method": "thread"}, r"start_method='thread'; use one of"),
+    ],
+)
+def test_bad_values_are_refused_naming_value_and_fix(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EnvRunConfig(**kwargs)
+
+
+def test_an_update_takes_the_same_env_columns_in_every_architecture() -> None:
+    # sample-factory's trajectories are half a worker's envs, so it takes twice as many
+    seed = EnvRunConfig(arch="seed", envs_per_actor=8, batch_trajectories=2)
+    factory = EnvRunConfig(arch="sample-factory", envs_per_actor=8, batch_trajectories=2)
+    assert trajectories_per_update(seed) * 8 == trajectories_per_update(factory) * 4 == 16
+
+
+def test_unknown_env_id_is_refused_before_any_process_starts() -> None:
+    gymnasium = pytest.importorskip("gymnasium")
+    from nobubble.rl.actor_learner.envs import env_spaces
+
+    with pytest.raises(gymnasium.error.Error):
+        env_spaces("NoSuchEnv-v0")
+    with pytest.raises(ValueError, match=r"action space .*Discrete"):
+        env_spaces("Pendulum-v1")

@@ -1,0 +1,75 @@
+"""End-to-end runs on CartPole-v1: each architecture learns, lag stays bounded, the ledger is
+whole, and a dead actor ends the run with its error naming it.
+
+The learning tests stop at a target return of 200 (greedy, 20 episodes; a random policy
+scores about 20) within bounded steps and seconds, so they fail when learning breaks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium")
+
+from nobubble.rl.actor_learner import ActorFailure, EnvRunConfig, train  # noqa: E402
+
+TARGET = 200.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["impala", "seed", "sample-factory"])
+def test_each_architecture_learns_cartpole_to_the_target(arch: str) -> None:
+    config = EnvRunConfig(
+        arch=arch, actors=2, envs_per_actor=8, target_return=TARGET, max_lag=2,
+        max_env_steps=150_000, max_seconds=60.0, eval_every_s=2.0, seed=1,
+    )  # fmt: skip
+    result = train(config)
+    assert result.reached_target, (
+        f"{arch}: eval return {result.eval_mean_return:.0f} < {TARGET} after "
+        f"{result.env_steps} steps / {result.wall_s:.0f}s"
+    )
+    assert result.eval_mean_return >= TARGET
+    assert result.max_lag <= config.max_lag  # lag bounded as configured
+    assert result.ledger.whole
+    assert result.ledger.produced == result.ledger.used + sum(result.ledger.dropped.values())
+    assert sum(result.lag_histogram.values()) == result.ledger.used
+    assert result.env_steps <= config.max_env_steps + 4 * 8 * 32 * config.actors
+    assert 0.0 <= result.idle_ratio["learner"] <= 1.0
+
+
+def test_impala_drops_what_is_older_than_max_lag_and_accounts_for_it() -> None:
+    config = EnvRunConfig(
+        arch="impala", actors=2, envs_per_actor=4, max_lag=0, target_return=None,
+        max_env_steps=6_000, max_seconds=30.0, seed=2,
+    )  # fmt: skip
+    result = train(config)
+    assert set(result.lag_histogram) == {0}  # only on-policy data was used
+    assert result.ledger.dropped["lag"] > 0  # actors ran ahead of the learner
+    assert result.ledger.whole
+
+
+class _Boom(gymnasium.Wrapper):  # type: ignore[misc]
+    """CartPole that raises on its 50th step."""
+
+    def __init__(self) -> None:
+        super().__init__(gymnasium.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == 50:
+            raise RuntimeError("boom: the simulator crashed")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("arch", ["impala", "seed", "sample-factory"])
+def test_a_dead_actor_ends_the_run_with_its_error_naming_it(arch: str) -> None:
+    config = EnvRunConfig(
+        env=_Boom, arch=arch, actors=2, envs_per_actor=2, target_return=None,
+        max_seconds=30.0, timeout_s=20.0,
+    )  # fmt: skip
+    with pytest.raises(ActorFailure, match=r"actor actor-[01] failed: .*RuntimeError: boom") as e:
+        train(config)
+    assert e.value.actor in ("actor-0", "actor-1")
