@@ -78,12 +78,12 @@ def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
-    """Run one ``nobubble pp`` command as the user would; a failure stops the tour."""
-    from nobubble.cli import pp
+    """Run one ``nobubble pp|rl`` command as the user would; a failure stops the tour."""
+    from nobubble.cli import pp, rl
 
     console().print(f"$ nobubble {' '.join(argv)}")
-    parser = ArgumentParser(prog="nobubble pp")
-    pp.register(parser)
+    parser = ArgumentParser(prog=f"nobubble {argv[0]}")
+    {"pp": pp, "rl": rl}[argv[0]].register(parser)
     args = parser.parse_args(argv[1:])
     rc = args.func(args)
     if rc:
@@ -105,6 +105,21 @@ def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
     trace.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3"]
     return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
+
+
+def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Every schedule as (peak activation memory, bubble), the Pareto set drawn."""
+    png = out / "pipeline" / "frontier_p8_m24_1.5B.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B", "--out", str(png)]
+    return _cli_step("frontier", argv, [png])
+
+
+def _actor_learner_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """SEED RL on CartPole-v1: central batched inference, actors only step environments."""
+    argv = ["rl", "actor-learner", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),
+            "--target-return", "150" if quick else "475", "--seconds", "60" if quick else "120"]  # fmt: skip
+    return _cli_step("actor-learner", argv, [])
 
 
 def _pipeline_step(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -147,11 +162,13 @@ def steps() -> list[tuple[str, Step]]:
         ("trace", _trace_step),
         ("pipeline schedules", _pipeline_step),
         ("pipeline ILP", _ilp_step),
+        ("pipeline frontier", _frontier_step),
         ("pipeline runtime", _runtime_step),
         ("MoE expert parallelism", _moe_step),
         ("MoE fast paths", _moe_fastpath_step),
         ("MoE load balancing", _moe_balance_step),
         ("RL", _rl_step),
+        ("RL actor-learner", _actor_learner_step),
     ]
 
 
