@@ -154,11 +154,11 @@ def _worker(
     device: str,
     timeout_s: float,
     threads: int,
-    job: bytes,
+    job: _Job,
     conn: Any,
 ) -> None:
-    """One rank: heartbeat first, then torch and the job (``pickle`` of ``(fn, args)``), so
-    the launcher hears from the rank while torch imports (seconds on a loaded machine)."""
+    """One rank: heartbeat first, then torch and the job (``(fn, args)``, unpickled here),
+    so the launcher hears from the rank while torch imports (seconds on a loaded machine)."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops us
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start
@@ -175,7 +175,7 @@ def _worker(
 
     torch.set_num_threads(threads)
     try:
-        fn, args = pickle.loads(job)
+        fn, args = job.unpack()
         dev = torch.device(device)
         if dev.type == "cuda":
             dev = torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
@@ -203,6 +203,24 @@ def _worker(
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
                 pass
+
+
+class _Job:
+    """``(fn, args)`` that crosses to a rank as bytes and is unpickled only when the rank
+    asks (:meth:`unpack`), not while ``multiprocessing`` starts it. The bytes are made while
+    the process starts (``__reduce__`` runs then), with multiprocessing's own pickler, so
+    queues, pipes and shared tensors in ``args`` cross as they would as plain arguments."""
+
+    def __init__(self, fn: Callable[..., Any] | None, args: tuple, blob: bytes = b"") -> None:
+        self.fn, self.args, self.blob = fn, args, blob
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing.reduction import ForkingPickler
+
+        return (_Job, (None, (), bytes(ForkingPickler.dumps((self.fn, self.args)))))
+
+    def unpack(self) -> tuple[Callable[..., Any], tuple]:
+        return pickle.loads(self.blob)  # noqa: S301 - our own bytes, from the launcher
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -254,7 +272,7 @@ def spawn(
     if liveness_s is not None and not liveness_s > 2 * _BEAT_S:
         raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * _BEAT_S:g} (or None)")
     backend = backend or default_backend(device)
-    job = pickle.dumps((fn, tuple(args)))  # unpickled by the rank after its heartbeat starts
+    job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
     settings = (world_size, free_port(), backend, device, timeout_s, threads_per_rank, job)
     procs, pipes = _start_ranks(settings)
     inbox = _Inbox(pipes)
