@@ -14,6 +14,14 @@ Three tables, one JSON (``benchmarks/results/ilp_scaling.json``):
    behind the optimum.
 4. solvers: the same model (no warm start) in CP-SAT and as the paper's big-M MILP in
    HiGHS and SCIP (``nobubble.pipeline.ilp.milp``), equal time limit.
+5. chunks_grid: two chunks per rank (V and interleaved placements), p = 3, m = 6 and
+   p = 4, m = 8, 1.5B costs split over the chunks, no limit and p*M_F, 60 s each.
+6. chunks_p8: P = 8, M = 24, the paper's 1.5B and 6.2B costs, two chunks per rank, under
+   1F1B's peak (p M_F, against ZB-V), about 1/2 of it (against V-Half) and about 1/3
+   (against V-Min). Each limit is ``max(fraction * p, the baseline's own peak)`` M_F, so the
+   baseline fits and is the warm start; the row records both. ``--chunks-only`` runs just
+   sections 5 and 6 and merges them into the existing JSON; ``--chunk-time-limit`` sets
+   the P = 8 limit (default 600 s).
 
 ``--plot DIR`` also draws zb-1p and the ILP optimum for p = 4, m = 8 under 3 M_F.
 
@@ -210,6 +218,107 @@ def solvers(quick: bool, time_limit: float, workers: int, progress: Progress) ->
     return rows
 
 
+PAPER_6_2B = {"t_f": 29.718, "t_b": 29.444, "t_w": 19.927, "t_comm": 0.527}
+MEMORY_6_2B = {"hidden": 4096, "heads": 32, "seq": 1024}
+CHUNK_LEVELS = (("1x", 1.0, "zb-v"), ("1/2", 0.5, "v-half"), ("1/3", 1 / 3, "v-min"))
+
+
+def chunk_row(costs, p, m, placement, limit, time_limit, workers, label, baseline) -> dict:
+    """One two-chunk solve against ``baseline`` (a schedule name, or None)."""
+    base = None
+    if baseline is not None:
+        base = simulate(get_schedule(baseline, num_ranks=p, num_microbatches=m, costs=costs),
+                        costs)  # fmt: skip
+    res = solve_optimal(
+        costs, num_stages=p, num_microbatches=m, num_chunks=2, placement=placement,
+        mem_limit=limit, time_limit_s=time_limit, num_workers=workers,
+    )  # fmt: skip
+    unit = costs.mem_f[0]
+    return {
+        "case": label, "p": p, "m": m, "placement": placement,
+        "mem_limit_MF": None if limit is None else limit / unit,
+        "baseline": baseline, "baseline_span": None if base is None else base.max_span,
+        "baseline_bubble": None if base is None else base.bubble_rate,
+        "baseline_peak_MF": None if base is None else max(base.peak_memory) / unit,
+        "heuristic": res.heuristic, "heuristic_span": res.heuristic_objective,
+        "heuristic_bubble": res.heuristic_bubble_rate,
+        "status": res.status, "ilp_span": res.objective, "ilp_bubble": res.bubble_rate,
+        "ilp_peak_MF": max(res.peak_memory) / unit if res.peak_memory else None,
+        "lower_bound": res.lower_bound, "gap": res.gap, "solve_seconds": res.solve_seconds,
+        "time_limit_s": time_limit, "workers": workers,
+        # the least bubble any schedule of this placement can have under the limit: work / bound
+        "bubble_lower_bound": None if res.lower_bound is None else max(
+            0.0, 1 - max(res.simulation.busy) / res.lower_bound),
+    }  # fmt: skip
+
+
+def chunks_grid(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
+    shapes = [(2, 4)] if quick else [(3, 6), (4, 8)]
+    cases = [(p, m, pl, lim) for p, m in shapes for pl in ("v", "interleaved")
+             for lim in (False, True)]  # fmt: skip
+    task = progress.add_task("two chunks", total=len(cases))
+    rows = []
+    for p, m, placement, lim in cases:
+        costs = costs_for(p, "uniform")
+        limit = p * costs.mem_f[0] if lim else None
+        label = f"p={p} m={m} {placement} {'p*M_F' if lim else 'no limit'}"
+        baseline = "zb-v" if placement == "v" else None
+        rows.append(chunk_row(costs, p, m, placement, limit, time_limit, workers, label, baseline))
+        progress.advance(task)
+    return rows
+
+
+def chunks_p8(quick: bool, time_limit: float, workers: int, progress: Progress) -> list[dict]:
+    p, m = (4, 8) if quick else (8, 24)
+    models = {"1.5B": (PAPER_1_5B, MEMORY_1_5B), "6.2B": (PAPER_6_2B, MEMORY_6_2B)}
+    task = progress.add_task(f"two chunks P={p}", total=2 * len(CHUNK_LEVELS))
+    rows = []
+    for model, (times_, memory) in models.items():
+        costs = CostModel.paper(p, **times_, **memory)
+        for level, fraction, baseline in CHUNK_LEVELS:
+            base = simulate(get_schedule(baseline, num_ranks=p, num_microbatches=m, costs=costs),
+                            costs)  # fmt: skip
+            units = max(fraction * p, max(base.peak_memory) / costs.mem_f[0])
+            label = f"{model} P={p} M={m} v, {level} 1F1B memory ({units:.3g} M_F)"
+            row = chunk_row(costs, p, m, "v", units * costs.mem_f[0], time_limit, workers,
+                            label, baseline)  # fmt: skip
+            row.update(model=model, level=level)
+            rows.append(row)
+            progress.advance(task)
+    return rows
+
+
+def _show_chunks(rows) -> None:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    print_table(
+        "two chunks per rank: ILP vs the published V schedules",
+        ["case", "baseline", "base bubble", "status", "ilp bubble", "bubble bound", "gap",
+         "seconds"],
+        [[r["case"], r["baseline"] or r["heuristic"],
+          fmt(r["baseline_bubble"] if r["baseline"] else r["heuristic_bubble"], ".2%"),
+          r["status"], fmt(r["ilp_bubble"], ".2%"), fmt(r["bubble_lower_bound"], ".2%"),
+          fmt(r["gap"], ".2%"), fmt(r["solve_seconds"], ".1f")] for r in rows],
+    )  # fmt: skip
+
+
+def run_chunks(args) -> int:
+    """Sections 5 and 6 only, merged into the JSON at ``args.out``."""
+    record = json.loads(args.out.read_text()) if args.out.exists() else {}
+    small = args.time_limit or (10.0 if args.quick else 60.0)
+    big = args.chunk_time_limit or (20.0 if args.quick else 600.0)
+    with Progress(console=console(stderr=True), transient=True) as progress:
+        record["chunks_grid"] = chunks_grid(args.quick, small, args.workers, progress)
+        args.out.write_text(json.dumps(record, indent=2))
+        record["chunks_p8"] = chunks_p8(args.quick, big, args.workers, progress)
+    record["chunks_load_average"] = os.getloadavg()
+    args.out.write_text(json.dumps(record, indent=2))
+    _show_chunks(record["chunks_grid"] + record["chunks_p8"])
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def _show(grid_rows, scale_rows, sweep_rows, solver_rows) -> None:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
@@ -275,7 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None, help="folder for Gantt PNGs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ilp_scaling.json"))
     parser.add_argument("--show", type=Path, default=None, help="print the tables of a saved JSON")
+    parser.add_argument("--chunks-only", action="store_true", help="sections 5 and 6 only")
+    parser.add_argument("--chunk-time-limit", type=float, default=None,
+                        help="P=8 two-chunk limit (s), default 600")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.chunks_only:
+        return run_chunks(args)
     if args.show is not None:
         saved = json.loads(args.show.read_text())
         _show(saved["grid"], saved["scaling"], saved["memory_sweep"], saved["solvers"])

@@ -3,7 +3,7 @@
 ``docs/pipeline/schedules.md``: the paper's bubble table (``zb_paper_table.json``), the
 comparison at P=8, M=24 (``pp_compare.json``), the V schedules of controllable memory and
 the frontier (``pp_v_memory.json``), simulator scaling (``pp_scaling.json``).
-``docs/pipeline/ilp.md``: the ILP grid, P = 8, memory sweep and solver tables
+``docs/pipeline/ilp.md``: the ILP grid, P = 8, memory sweep, solver and two-chunk tables
 (``ilp_scaling.json``). ``docs/pipeline/runtime.md``: the B/W split cost and the measured
 speed-ups (``pp_runtime.json``).
 """
@@ -160,6 +160,39 @@ def ilp_solvers() -> str:
     return md_table(headers, rows)
 
 
+def _span(span: float | None, bubble: float | None) -> str:
+    return "-" if span is None else f"{span:.3f} ({pct(bubble, 2)})"
+
+
+def _ilp_chunk_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """Two chunks per rank: the baseline (or the best warm start), the solver's schedule,
+    its proven bound as a bubble floor, gap and time."""
+    out = []
+    for r in rows:
+        name = r["baseline"] or r["heuristic"] or "-"
+        base = (r["baseline_span"], r["baseline_bubble"]) if r["baseline"] else (
+            r["heuristic_span"], r["heuristic_bubble"])  # fmt: skip
+        limit = "none" if r["mem_limit_MF"] is None else f"{r['mem_limit_MF']:.3g}"
+        out.append([
+            r["case"], limit, f"{name} {_span(*base)}", r["status"],
+            _span(r["ilp_span"], r["ilp_bubble"]),
+            "-" if r["lower_bound"] is None else f"{r['lower_bound']:.3f}",
+            "-" if r["bubble_lower_bound"] is None else pct(r["bubble_lower_bound"], 2),
+            "-" if r["gap"] is None else pct(r["gap"], 2), f(r["solve_seconds"]),
+        ])  # fmt: skip
+    headers = ["case", "limit M_F", "baseline: span ms (bubble)", "ILP status",
+               "ILP span ms (bubble)", "bound ms", "bubble >=", "gap", "seconds"]  # fmt: skip
+    return md_table(headers, out, align="lrrlrrrrr")
+
+
+def ilp_chunks_grid() -> str:
+    return _ilp_chunk_rows(load("ilp_scaling.json")["chunks_grid"])
+
+
+def ilp_chunks_p8() -> str:
+    return _ilp_chunk_rows(load("ilp_scaling.json")["chunks_p8"])
+
+
 # -- runtime.md -----------------------------------------------------------------------------
 
 
@@ -277,6 +310,8 @@ TABLES: dict[str, Renderer] = {
     "pipeline.ilp_p8": ilp_p8,
     "pipeline.ilp_memory_sweep": ilp_memory_sweep,
     "pipeline.ilp_solvers": ilp_solvers,
+    "pipeline.ilp_chunks_grid": ilp_chunks_grid,
+    "pipeline.ilp_chunks_p8": ilp_chunks_p8,
     "pipeline.runtime_bw_split": runtime_bw_split,
     "pipeline.runtime_schedules": runtime_schedules,
     "pipeline.runner_vs_torch": runner_vs_torch,
@@ -305,3 +340,28 @@ def dualpipe_table() -> str:
 
 
 TABLES["pipeline.dualpipe"] = dualpipe_table
+
+
+# -- runtime.md: the optimizer step, synchronous against post-validated -------------------
+
+
+def post_validation_table() -> str:
+    """``benchmarks/pp_post_validation.py``: the optimizer phase after ``runner.step``."""
+    data = load("pp_post_validation.json")
+    rows = [
+        [f(r["max_norm"], 1), r["rank"], f"{r['clipped_steps']}/{r['steps']}",
+         f(1e3 * r["sync_optimizer_s"]), f(1e3 * r["post_optimizer_s"]),
+         f(1e3 * r["sync_step_s"]), f(1e3 * r["post_step_s"])]
+        for r in data["rows"]
+    ]  # fmt: skip
+    headers = ["max_norm", "rank", "steps clipped", "sync optimizer ms",
+               "post-validated optimizer ms", "sync step ms", "post-validated step ms"]  # fmt: skip
+    return (
+        f"{md_table(headers, rows)}\n\nMedians of {data['steps']} steps per path, the paths "
+        f"alternating; {data['schedule']} on {data['ranks']} gloo ranks, batch "
+        f"{data['batch']}; the optimizer phase runs from the end of `runner.step` to a "
+        "confirmed step."
+    )
+
+
+TABLES["pipeline.post_validation"] = post_validation_table

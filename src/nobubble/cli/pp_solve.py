@@ -4,8 +4,11 @@ Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`
 
     nobubble pp solve --ranks 4 --microbatches 8 --model 1.5B --mem-limit 4 \\
         --time-limit 30 --plot solve.png
+    nobubble pp solve -p 4 -m 8 --model 1.5B --chunks 2 --placement v --mem-limit 4
 
 ``--mem-limit`` is in units of M_F (4 = p*M_F for p = 4, ZB-1p's limit); none by default.
+M_F is a whole rank's activations per microbatch, also with ``--chunks 2`` (each chunk
+stores half of it), so the same number means the same memory for every placement.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 
 from nobubble.cli.pp_options import add_costs, add_size, check_size, costs_from_args
 from nobubble.cli.util import (
+    UsageError,
     add_json_flag,
     output_file,
     positive_float,
@@ -55,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         if action.dest == "mem_limit":
             action.help = "activation limit per rank in units of M_F (P = ZB-1p's); default none"
     solve.add_argument("--objective", choices=("span", "makespan"), default="span")
+    solve.add_argument("--chunks", "-v", type=positive_int, default=1,
+                       help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
+    solve.add_argument("--placement", choices=("v", "interleaved"), default=None,
+                       help="with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'")  # fmt: skip
     solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
     solve.add_argument(
         "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
@@ -96,7 +104,8 @@ def _solve_with_progress(costs, args, mem_limit):
             return solve_optimal(
                 costs, num_stages=args.ranks, num_microbatches=args.microbatches,
                 mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
-                num_workers=args.workers, on_solution=found,
+                num_workers=args.workers, on_solution=found, num_chunks=args.chunks,
+                placement=args.placement,
             )  # fmt: skip
         finally:
             done.set()
@@ -104,6 +113,8 @@ def _solve_with_progress(costs, args, mem_limit):
 
 
 def _solve(args: argparse.Namespace) -> int:
+    if args.placement is not None and args.chunks == 1:
+        raise UsageError(f"--placement {args.placement} needs --chunks 2")
     check_size(args, "solve")
     costs, mem_limit = costs_and_limit(args)
     result = _solve_with_progress(costs, args, mem_limit)
@@ -130,8 +141,10 @@ def _solve(args: argparse.Namespace) -> int:
         f"{result.solve_seconds:.1f}",
     ])  # fmt: skip
     limit = "none" if mem_limit is None else f"{mem_limit:g}"
+    shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
     print_table(
-        f"pp solve: p={args.ranks}, m={args.microbatches}, {args.objective}, mem limit {limit}",
+        f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
+        f"mem limit {limit}",
         ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
         [[("-" if v is None else v) for v in row] for row in rows],
         caption=result.explanation,

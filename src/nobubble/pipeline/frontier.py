@@ -7,9 +7,11 @@ For P ranks, M microbatches and one cost model, each *point source* returns poin
 - :func:`torch_points`: ``torch.distributed.pipelining``'s own schedules, when this torch
   has them;
 - :func:`ilp_points`: the exact single-chunk solver (:mod:`nobubble.pipeline.ilp.solve`) at
-  each memory limit, its status and gap recorded. A solver for two chunks per rank plugs in
-  as one more source: any callable ``(costs, num_ranks, num_microbatches) -> list of
-  FrontierPoint`` (:data:`PointSource`).
+  each memory limit, its status and gap recorded; with ``num_chunks=2`` and a placement
+  (``"v"`` or ``"interleaved"``) the two-chunk solver
+  (:mod:`nobubble.pipeline.ilp.solve_chunks`), bound with ``functools.partial`` like any
+  source: a callable ``(costs, num_ranks, num_microbatches) -> list of FrontierPoint``
+  (:data:`PointSource`).
 
 :func:`frontier` runs the sources and marks the Pareto-optimal points: no other point has
 both less (or equal) memory and less (or equal) bubble, one of them strictly.
@@ -176,17 +178,20 @@ def ilp_points(
     *,
     mem_limits: Sequence[float],
     time_limit_s: float,
+    num_chunks: int = 1,
+    placement: str | None = None,
 ) -> list[FrontierPoint]:
-    """The exact single-chunk solver at each memory limit (rank units), ``time_limit_s``
-    each; a limit it proves infeasible, or times out on, is a point with a note."""
+    """The exact solver at each memory limit (rank units), ``time_limit_s`` each; one chunk
+    per rank by default, else ``num_chunks`` in ``placement`` (points ``ilp-v@4``). A limit
+    it proves infeasible, or times out on, is a point with a note."""
     from nobubble.pipeline.ilp.solve import solve_optimal
 
     points = []
     for limit in mem_limits:
-        name = f"ilp@{limit:g}"
+        name = f"ilp@{limit:g}" if num_chunks == 1 else f"ilp-{placement or 'v'}@{limit:g}"
         res = solve_optimal(costs, num_stages=num_ranks, num_microbatches=num_microbatches,
-                            mem_limit=limit * rank_unit(costs),
-                            time_limit_s=time_limit_s)  # fmt: skip
+                            mem_limit=limit * rank_unit(costs), time_limit_s=time_limit_s,
+                            num_chunks=num_chunks, placement=placement)  # fmt: skip
         gap = f", gap {res.gap:.1%}" if res.gap else ""
         note = f"{res.status}{gap}"
         if res.schedule is None:

@@ -175,7 +175,7 @@ def test_time_limit_returns_a_feasible_schedule_with_a_gap():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_stages": 3}, "one cost entry per stage"),
+        ({"num_stages": 3}, "one cost entry per rank"),
         ({"objective": "latency"}, "objective='latency'"),
         ({"time_limit_s": 0}, "time_limit_s=0"),
         ({"mem_limit": -1.0}, "mem_limit=-1.0"),

@@ -26,12 +26,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.ilp.common import (
+    DEFAULT_WORKERS,
+    SolveResult,
+    _decimal_scale,
+    _explain_infeasible,
+    _Hint,
+    _Progress,
+    _sim_objective,
+)
 from nobubble.pipeline.ilp.model import (
     IntProblem,
     asap_times,
@@ -40,7 +48,7 @@ from nobubble.pipeline.ilp.model import (
     peak_memory,
     relabel_in_order,
 )
-from nobubble.pipeline.simulate import SimResult, simulate
+from nobubble.pipeline.simulate import simulate
 
 __all__ = [
     "SolveResult",
@@ -54,81 +62,8 @@ __all__ = [
 HEURISTIC_NAMES = ("zb-1p", "zb-2p", "zb-h1", "zb-h2", "1f1b")
 """Heuristic schedules tried as the warm start (the best that fits the memory limit wins)."""
 
-_MAX_DIGITS = 6
-DEFAULT_WORKERS = 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class SolveResult:
-    """Outcome of :func:`solve_optimal`.
-
-    Attributes:
-        schedule: the best schedule found (None when infeasible / unknown).
-        status: ``"optimal"`` (proven), ``"feasible"`` (time limit hit with a schedule),
-            ``"infeasible"`` (proven: no schedule fits the memory limit) or ``"unknown"``.
-        objective: the simulator's span (or makespan) of ``schedule``, in cost units.
-        lower_bound: the solver's proven lower bound, in cost units.
-        gap: ``(objective - lower_bound) / objective`` (0 when optimal).
-        solve_seconds: wall time of the CP-SAT solve.
-        explanation: one plain sentence on the outcome (why infeasible, what was hinted).
-        objective_kind: ``"span"`` or ``"makespan"``.
-        bubble_rate: the simulator's bubble rate of ``schedule``.
-        peak_memory: per-rank peak activation memory of ``schedule``.
-        heuristic: name of the warm-start schedule ("" when none fitted).
-        heuristic_objective: its simulated objective (None when none fitted).
-        heuristic_bubble_rate: its simulated bubble rate (None when none fitted).
-        time_unit: size of one solver tick in cost units (e.g. 1e-3).
-        simulation: the full :class:`SimResult` of ``schedule``.
-    """
-
-    schedule: Schedule | None
-    status: str
-    objective: float | None
-    lower_bound: float | None
-    gap: float | None
-    solve_seconds: float
-    explanation: str
-    objective_kind: str = "span"
-    bubble_rate: float | None = None
-    peak_memory: tuple[float, ...] = ()
-    heuristic: str = ""
-    heuristic_objective: float | None = None
-    heuristic_bubble_rate: float | None = None
-    time_unit: float = 1.0
-    simulation: SimResult | None = field(default=None, repr=False, compare=False)
-
-    def summary(self) -> dict:
-        """JSON-ready figures."""
-        return {
-            "status": self.status,
-            "objective_kind": self.objective_kind,
-            "objective": self.objective,
-            "bubble_rate": self.bubble_rate,
-            "lower_bound": self.lower_bound,
-            "gap": self.gap,
-            "solve_seconds": self.solve_seconds,
-            "peak_memory": list(self.peak_memory),
-            "heuristic": self.heuristic,
-            "heuristic_objective": self.heuristic_objective,
-            "heuristic_bubble_rate": self.heuristic_bubble_rate,
-            "time_unit": self.time_unit,
-            "explanation": self.explanation,
-            "schedule_csv": self.schedule.to_csv() if self.schedule is not None else None,
-        }
-
 
 # -- integer scaling -----------------------------------------------------------------------
-def _decimal_scale(values: Sequence[float]) -> tuple[int, bool]:
-    """Smallest ``10**k`` (k <= 6) making every value an integer; ``(scale, exact)``."""
-    for k in range(_MAX_DIGITS + 1):
-        scale = 10**k
-        if all(
-            abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values
-        ):
-            return scale, True
-    return 10**_MAX_DIGITS, False
-
-
 def to_int_problem(
     costs: CostModel,
     *,
@@ -178,7 +113,8 @@ def stage_orders(schedule: Schedule) -> list[list[tuple[str, int]]]:
     if schedule.num_chunks != 1 or schedule.stage_to_rank != tuple(range(schedule.num_ranks)):
         raise ValueError(
             f"schedule {schedule.name!r} has {schedule.num_chunks} stages per rank; the exact "
-            "solver handles one stage per rank (stage s on rank s)"
+            "solver handles one stage per rank (stage s on rank s) unless given num_chunks=2 "
+            "and a placement"
         )
     orders = []
     for actions in schedule.rank_actions:
@@ -199,19 +135,7 @@ def _to_schedule(
     return Schedule(name, num_microbatches, tuple(range(len(orders))), tuple(rows))
 
 
-def _sim_objective(sim: SimResult, objective: str) -> float:
-    return sim.max_span if objective == "span" else sim.makespan
-
-
 # -- warm start ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Hint:
-    name: str
-    orders: list[list[tuple[str, int]]]
-    int_objective: int
-    sim: SimResult
-
-
 def _candidate_schedules(
     costs: CostModel, num_stages: int, num_microbatches: int, mem_limit: float | None
 ) -> list[Schedule]:
@@ -251,19 +175,6 @@ def _best_hint(
 
 
 # -- infeasibility ------------------------------------------------------------------------
-def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:
-    if mem_limit is None:
-        return "the solver proved the problem infeasible (unexpected without a memory limit)"
-    worst = max(range(costs.num_stages), key=lambda s: costs.mem_f[s])
-    if mem_limit < costs.mem_f[worst]:
-        return (
-            f"memory limit {mem_limit:g} is below the activation memory of a single microbatch "
-            f"on stage {worst} (M_F = {costs.mem_f[worst]:g}): no schedule can run even one "
-            f"forward there; raise the limit to at least {costs.mem_f[worst]:g}"
-        )
-    return f"no order of F/B/W keeps every stage's activation memory within {mem_limit:g}"
-
-
 # -- the solve ----------------------------------------------------------------------------
 def _check_args(
     costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
@@ -274,7 +185,7 @@ def _check_args(
     if costs.num_stages != num_stages:
         raise ValueError(
             f"costs have {costs.num_stages} stages but num_stages={num_stages}; the exact solver "
-            "needs one cost entry per stage (one stage per rank)"
+            "needs one cost entry per rank (split over its chunks when num_chunks > 1)"
         )
     if objective not in ("span", "makespan"):
         raise ValueError(f"objective={objective!r}; use 'span' (the paper's cost) or 'makespan'")
@@ -294,17 +205,13 @@ def _check_args(
         )
 
 
-class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, report: Callable[[float, float, float], None], unit: float) -> None:
-        super().__init__()
-        self._report, self._unit = report, unit
-
-    def on_solution_callback(self) -> None:
-        self._report(
-            self.objective_value * self._unit,
-            self.best_objective_bound * self._unit,
-            self.wall_time,
-        )
+def _check_chunks(num_chunks: int, placement: str | None) -> None:
+    if not (isinstance(num_chunks, int) and num_chunks >= 1):
+        raise ValueError(f"num_chunks={num_chunks!r} must be a positive integer (1, or 2 for V)")
+    if num_chunks == 1 and placement not in (None, ""):
+        raise ValueError(f"placement={placement!r} needs num_chunks >= 2; give num_chunks=2")
+    if num_chunks > 1 and placement not in (None, "v", "interleaved"):
+        raise ValueError(f"placement={placement!r}; use 'v' or 'interleaved'")
 
 
 def solve_optimal(
@@ -320,6 +227,8 @@ def solve_optimal(
     num_workers: int | None = None,
     memory_encoding: str = "reservoir",
     on_solution: Callable[[float, float, float], None] | None = None,
+    num_chunks: int = 1,
+    placement: str | None = None,
 ) -> SolveResult:
     """Find the schedule of least span (or makespan) for p stages and m microbatches.
 
@@ -337,11 +246,27 @@ def solve_optimal(
         memory_encoding: ``"reservoir"``, ``"cumulative"`` or ``"both"`` (see
             :func:`~nobubble.pipeline.ilp.model.build_cpsat`).
         on_solution: called with ``(objective, bound, seconds)`` at each improving solution.
+        num_chunks: stages per rank; above 1 the costs (per rank) are split evenly over the
+            rank's chunks as the simulator splits them, and the model is
+            :mod:`nobubble.pipeline.ilp.chunks` (``memory_encoding`` is then the reservoir).
+        placement: with ``num_chunks > 1``: ``"v"`` (ZB-V's shape, the default) or
+            ``"interleaved"`` (stage s on rank s % p); warm starts are that placement's
+            schedules (:data:`~nobubble.pipeline.ilp.solve_chunks.CHUNK_HEURISTICS`).
     """
     _check_args(
         costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers,
         warm_start,
     )  # fmt: skip
+    _check_chunks(num_chunks, placement)
+    if num_chunks > 1:
+        from nobubble.pipeline.ilp.solve_chunks import solve_chunked
+
+        return solve_chunked(
+            costs, num_chunks=num_chunks, placement=placement or "v",
+            num_microbatches=num_microbatches, mem_limit=mem_limit, objective=objective,
+            time_limit_s=time_limit_s, warm_start=warm_start, use_heuristics=use_heuristics,
+            num_workers=num_workers, on_solution=on_solution,
+        )  # fmt: skip
     problem, time_unit, _ = to_int_problem(
         costs, num_microbatches=num_microbatches, mem_limit=mem_limit, objective=objective
     )

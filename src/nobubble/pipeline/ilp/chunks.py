@@ -1,0 +1,302 @@
+"""The exact scheduling problem with several stages (chunks) per rank, and its CP-SAT model.
+
+The one-chunk model (:mod:`nobubble.pipeline.ilp.model`) has one stage per rank; here the
+model is cut into ``S = p * v`` stages and rank r holds v of them, placed by
+:func:`placement_map`:
+
+- ``"v"``: chunk c runs down the ranks when c is even and back up when c is odd, so for
+  v = 2 rank r holds stages r and 2p-1-r (ZB-V's shape): the turn at the bottom (stages
+  p-1, p) and the last stage (2p-1, next to stage 0) stay on one rank;
+- ``"interleaved"``: stage s on rank ``s % p`` (Megatron's looped placement).
+
+Semantics, as the simulator's (:mod:`nobubble.pipeline.simulate`):
+
+- ops ``F[s,i]``, ``B[s,i]``, ``W[s,i]`` with integer per-stage durations;
+- ``F[s,i]`` waits for ``F[s-1,i]``, ``B[s,i]`` for ``B[s+1,i]`` (``F[S-1,i]`` on the last
+  stage), ``W[s,i]`` for ``B[s,i]``; ``t_comm`` is paid only when the two stages sit on
+  different ranks (the V turn passes activations and gradients inside a rank for free);
+- one op at a time per *rank* (NoOverlap over all its chunks' ops);
+- activation memory per *rank*, summed over its chunks: a reservoir of the deltas at op
+  starts, at most ``mem_limit`` (ops of a rank never overlap, so this is the running sum
+  along the rank's order, the simulator's peak).
+
+Objective ``span``: max over ranks of (end of its last op - ``head[r]``), ``head[r]`` the
+earliest start of rank r's first forward (stage r: both placements put stages 0..p-1 on
+ranks 0..p-1, which :class:`ChunkProblem` checks); ``makespan``: max end. As in the
+one-chunk model ``F[r,0]`` is fixed at ``head[r]``: any model solution's order, run as soon
+as possible, ends no later on every rank, so the model's optimum is the best ASAP
+(simulated) span over all orders.
+
+Symmetry breaking, re-derived for several chunks: F, B and W of each *stage* run in
+microbatch order. Every constraint between two op groups (op kind, stage) is
+``x[i] >= y[i] + d`` on the same microbatch i (dependencies and their comm delays depend on
+the stages only); sorting both groups keeps it. Durations and memory deltas depend on (op,
+stage) only, so relabelling the k-th op of every group as microbatch k keeps the rank's
+intervals (NoOverlap) and its running memory sum unchanged. The argument never needs two
+groups of one rank to be sorted together, so it holds for any placement: an in-order
+optimum always exists. What does *not* carry over: ordering microbatches *across* chunks
+(a rank may run chunk 1 of microbatch 3 before chunk 0 of microbatch 5), and the one-chunk
+model's memory-implied precedences (they count one stage's ops; a rank's memory now sums
+two stages), so neither is added. ``F[r,0]`` is rank r's first op: every op of the rank on
+microbatch i follows ``F[r,i]`` and F of stage r runs in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+__all__ = [
+    "PLACEMENTS",
+    "ChunkProblem",
+    "RankOrder",
+    "ChunkCpSat",
+    "placement_map",
+    "head_starts",
+    "asap_times",
+    "objective_of",
+    "peak_memory",
+    "relabel_in_order",
+    "build_cpsat",
+]
+
+PLACEMENTS = ("v", "interleaved")
+
+RankOrder = Sequence[tuple[str, int, int]]
+"""One rank's ops in execution order: ``[("F", stage, microbatch), ...]``."""
+
+_OPS = ("F", "B", "W")
+
+
+def placement_map(placement: str, num_ranks: int, num_chunks: int) -> tuple[int, ...]:
+    """``stage_to_rank`` for ``placement`` (module docstring), ``num_ranks * num_chunks``
+    entries; v = 2 gives ``v_stage_to_rank`` / the interleaved map of the generators."""
+    p, v = num_ranks, num_chunks
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}; use 'v' or 'interleaved'")
+    if placement == "interleaved":
+        return tuple(s % p for s in range(p * v))
+    return tuple(s % p if (s // p) % 2 == 0 else p - 1 - s % p for s in range(p * v))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkProblem:
+    """The problem in integer units, per *stage* (``S = len(stage_to_rank)`` entries).
+
+    Attributes:
+        num_ranks: p. num_microbatches: m.
+        stage_to_rank: rank of each stage; stage r must be on rank r for r < p.
+        t_f, t_b, t_w: durations per stage (ticks >= 0). t_comm: transfer between ranks.
+        mem_f, mem_b, mem_w: memory *deltas* per stage (F's store > 0, B/W's frees < 0).
+        mem_limit: per-rank limit on the running sum, or None.
+        objective: ``"span"`` or ``"makespan"``.
+    """
+
+    num_ranks: int
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    t_f: tuple[int, ...]
+    t_b: tuple[int, ...]
+    t_w: tuple[int, ...]
+    t_comm: int
+    mem_f: tuple[int, ...]
+    mem_b: tuple[int, ...]
+    mem_w: tuple[int, ...]
+    mem_limit: int | None = None
+    objective: str = "span"
+
+    def __post_init__(self) -> None:
+        p, m, owner = self.num_ranks, self.num_microbatches, tuple(self.stage_to_rank)
+        if p < 1 or m < 1:
+            raise ValueError(f"num_ranks={p}, num_microbatches={m}: both must be >= 1")
+        if len(owner) < p or owner[:p] != tuple(range(p)) or not set(owner) <= set(range(p)):
+            raise ValueError(
+                f"stage_to_rank={owner}: stages 0..{p - 1} must sit on ranks 0..{p - 1} and "
+                "every stage on a rank < p (use placement_map)"
+            )
+        object.__setattr__(self, "stage_to_rank", owner)
+        for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
+            value = tuple(int(v) for v in getattr(self, name))
+            if len(value) != len(owner):
+                raise ValueError(f"{name} has {len(value)} entries; give one per stage "
+                                 f"({len(owner)})")  # fmt: skip
+            object.__setattr__(self, name, value)
+        if min(self.t_f + self.t_b + self.t_w) < 0 or self.t_comm < 0:
+            raise ValueError("durations and t_comm must be >= 0")
+        if self.objective not in ("span", "makespan"):
+            raise ValueError(f"objective={self.objective!r}; use 'span' or 'makespan'")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_to_rank)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank)
+
+    def delay(self, src: int, dst: int) -> int:
+        """Transfer time from stage ``src`` to ``dst``: t_comm across ranks, 0 inside one."""
+        return 0 if self.stage_to_rank[src] == self.stage_to_rank[dst] else self.t_comm
+
+    def duration(self, op: str, stage: int) -> int:
+        return {"F": self.t_f, "B": self.t_b, "W": self.t_w}[op][stage]
+
+    def mem_delta(self, op: str, stage: int) -> int:
+        return {"F": self.mem_f, "B": self.mem_b, "W": self.mem_w}[op][stage]
+
+    def horizon(self) -> int:
+        """An upper bound on any ASAP end time: all ops one after another, every hop paid."""
+        work = self.num_microbatches * (sum(self.t_f) + sum(self.t_b) + sum(self.t_w))
+        return work + 2 * self.num_microbatches * self.num_stages * self.t_comm + 1
+
+
+def dependencies(problem: ChunkProblem, op: str, s: int, i: int) -> list[tuple[str, int, int]]:
+    """``[(op, stage, delay)]`` that ``op`` of stage s on microbatch i waits for."""
+    if op == "F":
+        return [] if s == 0 else [("F", s - 1, problem.delay(s - 1, s))]
+    if op == "W":
+        return [("B", s, 0)]
+    if s == problem.num_stages - 1:
+        return [("F", s, 0)]
+    return [("B", s + 1, problem.delay(s + 1, s)), ("F", s, 0)]
+
+
+def _earliest(problem: ChunkProblem) -> dict[tuple[str, int], int]:
+    """Earliest start of each (op, stage) for one microbatch alone (critical path)."""
+    out: dict[tuple[str, int], int] = {}
+    order = [("F", s) for s in range(problem.num_stages)]
+    order += [(op, s) for s in reversed(range(problem.num_stages)) for op in ("B", "W")]
+    for op, s in order:
+        out[op, s] = max(
+            (out[d, ds] + problem.duration(d, ds) + delay
+             for d, ds, delay in dependencies(problem, op, s, 0)),
+            default=0,
+        )  # fmt: skip
+    return out
+
+
+def head_starts(problem: ChunkProblem) -> tuple[int, ...]:
+    """Earliest start of each rank's first op, ``F`` of stage r (module docstring)."""
+    earliest = _earliest(problem)
+    return tuple(earliest["F", r] for r in range(problem.num_ranks))
+
+
+def asap_times(problem: ChunkProblem, orders: Sequence[RankOrder]) -> dict[tuple, int]:
+    """Run per-rank ``orders`` as soon as possible: start tick of every ``(op, stage, mb)``.
+
+    Raises ValueError on a deadlock or on an order that does not hold each op once.
+    """
+    p, m = problem.num_ranks, problem.num_microbatches
+    if len(orders) != p:
+        raise ValueError(f"{len(orders)} rank orders for {p} ranks")
+    for r, order in enumerate(orders):
+        want = sorted((op, s, i) for s in problem.stages_of(r) for op in _OPS for i in range(m))
+        if sorted(order) != want:
+            raise ValueError(f"rank {r} order does not hold F, B, W of its stages once each")
+    start: dict[tuple, int] = {}
+    pos, free, progressed = [0] * p, [0] * p, True
+    while progressed:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                op, s, i = orders[r][pos[r]]
+                ready = free[r]
+                deps = dependencies(problem, op, s, i)
+                if any((d, ds, i) not in start for d, ds, _ in deps):
+                    break
+                for d, ds, delay in deps:
+                    ready = max(ready, start[d, ds, i] + problem.duration(d, ds) + delay)
+                start[op, s, i] = ready
+                free[r] = ready + problem.duration(op, s)
+                pos[r] += 1
+                progressed = True
+    stuck = [f"rank {r} at {orders[r][pos[r]]}" for r in range(p) if pos[r] < len(orders[r])]
+    if stuck:
+        raise ValueError(f"rank orders deadlock: {', '.join(stuck)}")
+    return start
+
+
+def objective_of(problem: ChunkProblem, start: dict[tuple, int]) -> int:
+    """Span (anchored at :func:`head_starts`) or makespan of start times."""
+    ends = [0] * problem.num_ranks
+    for (op, s, _i), t in start.items():
+        r = problem.stage_to_rank[s]
+        ends[r] = max(ends[r], t + problem.duration(op, s))
+    if problem.objective == "makespan":
+        return max(ends)
+    return max(e - h for e, h in zip(ends, head_starts(problem)))
+
+
+def peak_memory(problem: ChunkProblem, orders: Sequence[RankOrder]) -> tuple[int, ...]:
+    """Largest running sum of memory deltas along each rank's order."""
+    peaks = []
+    for order in orders:
+        level = peak = 0
+        for op, s, _i in order:
+            level += problem.mem_delta(op, s)
+            peak = max(peak, level)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def relabel_in_order(orders: Sequence[RankOrder]) -> list[list[tuple[str, int, int]]]:
+    """Rename the k-th op of each (op, stage) group to microbatch k (module docstring)."""
+    out = []
+    for order in orders:
+        seen: dict[tuple[str, int], int] = {}
+        row = []
+        for op, s, _i in order:
+            k = seen.get((op, s), 0)
+            row.append((op, s, k))
+            seen[op, s] = k + 1
+        out.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class ChunkCpSat:
+    """A built model: ``start[(op, stage, mb)]`` IntVars and the ``objective`` IntVar."""
+
+    model: cp_model.CpModel
+    start: dict[tuple[str, int, int], cp_model.IntVar]
+    objective: cp_model.IntVar
+    problem: ChunkProblem
+
+
+def build_cpsat(problem: ChunkProblem) -> ChunkCpSat:
+    """The CP-SAT model of ``problem`` (module docstring): intervals, NoOverlap and a memory
+    reservoir per rank, dependencies with comm across ranks, in-order symmetry breaking."""
+    m, horizon = problem.num_microbatches, problem.horizon()
+    model = cp_model.CpModel()
+    earliest, heads = _earliest(problem), head_starts(problem)
+    start: dict[tuple[str, int, int], cp_model.IntVar] = {}
+    per_rank: list[list] = [[] for _ in range(problem.num_ranks)]
+    for s, r in enumerate(problem.stage_to_rank):
+        for op in _OPS:
+            dur = problem.duration(op, s)
+            for i in range(m):
+                # microbatch i of a group follows the i before it: i * dur later at least
+                var = model.new_int_var(earliest[op, s] + i * dur, horizon, f"{op}{s}_{i}")
+                start[op, s, i] = var
+                per_rank[r].append(model.new_fixed_size_interval_var(var, dur, f"i{op}{s}_{i}"))
+    for (op, s, i), var in start.items():
+        for d, ds, delay in dependencies(problem, op, s, i):
+            model.add(var >= start[d, ds, i] + problem.duration(d, ds) + delay)
+        if i > 0:  # symmetry breaking: each (op, stage) in microbatch order
+            model.add(var >= start[op, s, i - 1] + problem.duration(op, s))
+    for r in range(problem.num_ranks):
+        model.add(start["F", r, 0] == heads[r])  # ASAP first op (exact, see docstring)
+        model.add_no_overlap(per_rank[r])
+        if problem.mem_limit is not None:
+            times = [start[op, s, i] for s in problem.stages_of(r) for op in _OPS for i in range(m)]
+            deltas = [problem.mem_delta(op, s) for s in problem.stages_of(r) for op in _OPS
+                      for _ in range(m)]  # fmt: skip
+            low = min(0, sum(d for d in deltas if d < 0))
+            model.add_reservoir_constraint(times, deltas, low, problem.mem_limit)
+    objective = model.new_int_var(0, horizon, "objective")
+    for s, r in enumerate(problem.stage_to_rank):
+        offset = heads[r] if problem.objective == "span" else 0
+        model.add(objective >= start["W", s, m - 1] + problem.duration("W", s) - offset)
+    model.minimize(objective)
+    return ChunkCpSat(model, start, objective, problem)

@@ -1,0 +1,135 @@
+"""What both exact solvers share: the result type, integer scaling, progress, hints.
+
+:mod:`nobubble.pipeline.ilp.solve` (one stage per rank) and
+:mod:`nobubble.pipeline.ilp.solve_chunks` (several) both return :class:`SolveResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.simulate import SimResult
+
+__all__ = ["SolveResult", "DEFAULT_WORKERS"]
+
+_MAX_DIGITS = 6
+DEFAULT_WORKERS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveResult:
+    """Outcome of :func:`~nobubble.pipeline.ilp.solve.solve_optimal`.
+
+    Attributes:
+        schedule: the best schedule found (None when infeasible / unknown).
+        status: ``"optimal"`` (proven), ``"feasible"`` (time limit hit with a schedule),
+            ``"infeasible"`` (proven: no schedule fits the memory limit) or ``"unknown"``.
+        objective: the simulator's span (or makespan) of ``schedule``, in cost units.
+        lower_bound: the solver's proven lower bound, in cost units.
+        gap: ``(objective - lower_bound) / objective`` (0 when optimal).
+        solve_seconds: wall time of the CP-SAT solve.
+        explanation: one plain sentence on the outcome (why infeasible, what was hinted).
+        objective_kind: ``"span"`` or ``"makespan"``.
+        bubble_rate: the simulator's bubble rate of ``schedule``.
+        peak_memory: per-rank peak activation memory of ``schedule``.
+        heuristic: name of the warm-start schedule ("" when none fitted).
+        heuristic_objective: its simulated objective (None when none fitted).
+        heuristic_bubble_rate: its simulated bubble rate (None when none fitted).
+        time_unit: size of one solver tick in cost units (e.g. 1e-3).
+        num_chunks: stages per rank (1, or 2 for V / interleaved).
+        placement: ``""`` for one chunk, else ``"v"`` or ``"interleaved"``.
+        simulation: the full :class:`SimResult` of ``schedule``.
+    """
+
+    schedule: Schedule | None
+    status: str
+    objective: float | None
+    lower_bound: float | None
+    gap: float | None
+    solve_seconds: float
+    explanation: str
+    objective_kind: str = "span"
+    bubble_rate: float | None = None
+    peak_memory: tuple[float, ...] = ()
+    heuristic: str = ""
+    heuristic_objective: float | None = None
+    heuristic_bubble_rate: float | None = None
+    time_unit: float = 1.0
+    num_chunks: int = 1
+    placement: str = ""
+    simulation: SimResult | None = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> dict:
+        """JSON-ready figures."""
+        return {
+            "status": self.status,
+            "objective_kind": self.objective_kind,
+            "objective": self.objective,
+            "bubble_rate": self.bubble_rate,
+            "lower_bound": self.lower_bound,
+            "gap": self.gap,
+            "solve_seconds": self.solve_seconds,
+            "peak_memory": list(self.peak_memory),
+            "heuristic": self.heuristic,
+            "heuristic_objective": self.heuristic_objective,
+            "heuristic_bubble_rate": self.heuristic_bubble_rate,
+            "time_unit": self.time_unit,
+            "num_chunks": self.num_chunks,
+            "placement": self.placement,
+            "explanation": self.explanation,
+            "schedule_csv": self.schedule.to_csv() if self.schedule is not None else None,
+        }
+
+
+def _decimal_scale(values: Sequence[float]) -> tuple[int, bool]:
+    """Smallest ``10**k`` (k <= 6) making every value an integer; ``(scale, exact)``."""
+    for k in range(_MAX_DIGITS + 1):
+        scale = 10**k
+        if all(
+            abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values
+        ):
+            return scale, True
+    return 10**_MAX_DIGITS, False
+
+
+def _sim_objective(sim: SimResult, objective: str) -> float:
+    return sim.max_span if objective == "span" else sim.makespan
+
+
+@dataclass(frozen=True)
+class _Hint:
+    name: str
+    orders: list  # per stage [(op, mb)], or per rank [(op, stage, mb)] with several chunks
+    int_objective: int
+    sim: SimResult
+
+
+def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:
+    if mem_limit is None:
+        return "the solver proved the problem infeasible (unexpected without a memory limit)"
+    worst = max(range(costs.num_stages), key=lambda s: costs.mem_f[s])
+    if mem_limit < costs.mem_f[worst]:
+        return (
+            f"memory limit {mem_limit:g} is below the activation memory of a single microbatch "
+            f"on stage {worst} (M_F = {costs.mem_f[worst]:g}): no schedule can run even one "
+            f"forward there; raise the limit to at least {costs.mem_f[worst]:g}"
+        )
+    return f"no order of F/B/W keeps every stage's activation memory within {mem_limit:g}"
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, report: Callable[[float, float, float], None], unit: float) -> None:
+        super().__init__()
+        self._report, self._unit = report, unit
+
+    def on_solution_callback(self) -> None:
+        self._report(
+            self.objective_value * self._unit,
+            self.best_objective_bound * self._unit,
+            self.wall_time,
+        )

@@ -1,0 +1,230 @@
+"""The exact solver for several chunks per rank (V and interleaved placements).
+
+:func:`solve_chunked` is what :func:`~nobubble.pipeline.ilp.solve.solve_optimal` runs for
+``num_chunks > 1``: per-rank costs are split over the rank's chunks exactly as the simulator
+splits them (:meth:`CostModel.for_stages`), scaled to integers like the one-chunk problem
+(smallest ``10**k``; the paper's 1.5B W of 9.337 ms becomes 4.6685 per chunk, so ticks of
+0.1 us), modelled by :mod:`nobubble.pipeline.ilp.chunks` and hinted with the best schedule
+of the same placement that fits the memory limit: ZB-V, V-Min, V-Half, V-ZB for ``"v"``;
+interleaved 1F1B (fused backward split into B then W) for ``"interleaved"``; and, for
+both, the memory-capped list scheduler of :mod:`nobubble.pipeline.ilp.greedy`. So the
+answer is never worse than the best of them, and a schedule comes back whenever one of
+them fits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from ortools.sat.python import cp_model
+
+from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.ilp import chunks
+from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
+from nobubble.pipeline.ilp.common import (
+    DEFAULT_WORKERS,
+    SolveResult,
+    _decimal_scale,
+    _explain_infeasible,
+    _Hint,
+    _Progress,
+    _sim_objective,
+)
+from nobubble.pipeline.ilp.greedy import greedy_orders
+from nobubble.pipeline.simulate import simulate
+
+__all__ = ["CHUNK_HEURISTICS", "solve_chunked", "to_chunk_problem", "rank_orders"]
+
+CHUNK_HEURISTICS = {"v": ("zb-v", "v-min", "v-half", "v-zb"), "interleaved": ("interleaved-1f1b",)}
+"""Published schedules tried as warm starts per placement (two chunks only)."""
+
+_Orders = list[list[tuple[str, int, int]]]
+
+
+def to_chunk_problem(
+    costs: CostModel,
+    *,
+    stage_to_rank: Sequence[int],
+    num_microbatches: int,
+    mem_limit: float | None,
+    objective: str,
+) -> tuple[ChunkProblem, float]:
+    """Split per-rank ``costs`` over ``stage_to_rank`` and scale to integers; return
+    ``(problem, time_unit)``. Memory rounds F's store up and the frees and limit down."""
+    stage = costs.for_stages(stage_to_rank)
+    tscale, _ = _decimal_scale([*stage.t_f, *stage.t_b, *stage.t_w, stage.t_comm])
+    mems = [*stage.mem_f, *stage.mem_b, *stage.mem_w, *([] if mem_limit is None else [mem_limit])]
+    mscale, exact = _decimal_scale(mems)
+    if not exact:  # keep ~9 significant digits, rounding towards the safe side
+        mscale = 10 ** max(0, 9 - math.ceil(math.log10(max(abs(v) for v in mems) + 1)))
+
+    def up(v: float) -> int:
+        return math.ceil(v * mscale - 1e-9)
+
+    def down(v: float) -> int:
+        return math.floor(v * mscale + 1e-9)
+
+    problem = ChunkProblem(
+        num_ranks=costs.num_stages, num_microbatches=num_microbatches,
+        stage_to_rank=tuple(stage_to_rank),
+        t_f=tuple(round(v * tscale) for v in stage.t_f),
+        t_b=tuple(round(v * tscale) for v in stage.t_b),
+        t_w=tuple(round(v * tscale) for v in stage.t_w),
+        t_comm=round(stage.t_comm * tscale),
+        mem_f=tuple(up(v) for v in stage.mem_f),
+        mem_b=tuple(-down(v) for v in stage.mem_b), mem_w=tuple(-down(v) for v in stage.mem_w),
+        mem_limit=None if mem_limit is None else down(mem_limit), objective=objective,
+    )  # fmt: skip
+    return problem, 1.0 / tscale
+
+
+def rank_orders(schedule: Schedule) -> _Orders:
+    """Per-rank ``(op, stage, mb)`` orders; a fused BW becomes B then W (same time, memory)."""
+    out = []
+    for actions in schedule.rank_actions:
+        row: list[tuple[str, int, int]] = []
+        for a in actions:
+            if a.op is Op.BW:
+                row += [("B", a.stage, a.microbatch), ("W", a.stage, a.microbatch)]
+            else:
+                row.append((a.op.value, a.stage, a.microbatch))
+        out.append(row)
+    return out
+
+
+def _to_schedule(problem: ChunkProblem, orders: _Orders, name: str) -> Schedule:
+    rows = [tuple(Action(s, Op(op), i) for op, s, i in order) for order in orders]
+    return Schedule(name, problem.num_microbatches, problem.stage_to_rank, tuple(rows))
+
+
+def _candidates(costs, problem, placement, warm_start) -> list[tuple[str, _Orders]]:
+    from nobubble.pipeline.schedules import get_schedule
+
+    p, m = problem.num_ranks, problem.num_microbatches
+    out = [] if warm_start is None else [(warm_start.name, rank_orders(warm_start))]
+    names = CHUNK_HEURISTICS[placement] if problem.num_stages == 2 * p else ()
+    if placement == "interleaved" and problem.num_stages > 2 * p:
+        names = ("interleaved-1f1b",)
+    for name in names:
+        chunks_kw = {"num_chunks": problem.num_stages // p} if placement == "interleaved" else {}
+        try:
+            sched = get_schedule(name, num_ranks=p, num_microbatches=m, costs=costs, **chunks_kw)
+        except ValueError:
+            continue  # a shape the generator refuses (interleaved needs m % p == 0)
+        out.append((name, rank_orders(sched)))
+    for priority in ("bfw", "bwf"):
+        orders = greedy_orders(problem, priority=priority)
+        if orders is not None:
+            out.append((f"greedy-{priority}", orders))
+    return out
+
+
+def _best_hint(problem, costs, candidates) -> _Hint | None:
+    best: _Hint | None = None
+    for name, raw in candidates:
+        orders = chunks.relabel_in_order(raw)
+        limit = problem.mem_limit
+        if limit is not None and max(chunks.peak_memory(problem, orders)) > limit:
+            continue
+        value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
+        if best is None or value < best.int_objective:
+            sim = simulate(_to_schedule(problem, orders, name), costs)
+            best = _Hint(name, orders, value, sim)
+    return best
+
+
+def solve_chunked(
+    costs: CostModel,
+    *,
+    num_chunks: int,
+    placement: str,
+    num_microbatches: int,
+    mem_limit: float | None,
+    objective: str,
+    time_limit_s: float,
+    warm_start: Schedule | None,
+    use_heuristics: bool,
+    num_workers: int | None,
+    on_solution: Callable[[float, float, float], None] | None,
+) -> SolveResult:
+    """The exact solve for ``num_chunks`` stages per rank (arguments as
+    :func:`~nobubble.pipeline.ilp.solve.solve_optimal`, already checked there)."""
+    owner = placement_map(placement, costs.num_stages, num_chunks)
+    if warm_start is not None and warm_start.stage_to_rank != owner:
+        raise ValueError(
+            f"warm_start {warm_start.name!r} places stages on ranks {warm_start.stage_to_rank}; "
+            f"placement={placement!r} with {num_chunks} chunks is {owner}; give a schedule of "
+            "that placement"
+        )
+    problem, time_unit = to_chunk_problem(
+        costs, stage_to_rank=owner, num_microbatches=num_microbatches, mem_limit=mem_limit,
+        objective=objective,
+    )  # fmt: skip
+    found = _candidates(costs, problem, placement, warm_start) if use_heuristics else (
+        [] if warm_start is None else [(warm_start.name, rank_orders(warm_start))]
+    )  # fmt: skip
+    hint = _best_hint(problem, costs, found)
+    built = chunks.build_cpsat(problem)
+    if hint is not None:
+        times = chunks.asap_times(problem, hint.orders)
+        for key, var in built.start.items():
+            built.model.add_hint(var, times[key])
+        built.model.add_hint(built.objective, hint.int_objective)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
+    solver.parameters.random_seed = 0
+    callback = None if on_solution is None else _Progress(on_solution, time_unit)
+    t0 = time.perf_counter()
+    code = solver.solve(built.model, callback)
+    seconds = time.perf_counter() - t0
+    return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit,
+                   placement)  # fmt: skip
+
+
+def _result(
+    problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit, placement
+) -> SolveResult:
+    objective = problem.objective
+    common: dict = {"objective_kind": objective, "solve_seconds": seconds,
+                    "time_unit": time_unit, "num_chunks": problem.num_stages //
+                    problem.num_ranks, "placement": placement}  # fmt: skip
+    if hint is not None:
+        common.update(heuristic=hint.name, heuristic_objective=_sim_objective(hint.sim, objective),
+                      heuristic_bubble_rate=hint.sim.bubble_rate)  # fmt: skip
+    if code == cp_model.INFEASIBLE:
+        return SolveResult(schedule=None, status="infeasible", objective=None, lower_bound=None,
+                           gap=None, explanation=_explain_infeasible(costs, mem_limit),
+                           **common)  # fmt: skip
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(schedule=None, status="unknown", objective=None, lower_bound=None,
+                           gap=None, explanation="no schedule found within the time limit; "
+                           "raise time_limit_s", **common)  # fmt: skip
+    orders: _Orders = []
+    for r in range(problem.num_ranks):
+        ops = sorted((solver.value(built.start[op, s, i]), op, s, i)
+                     for s in problem.stages_of(r) for op in "FBW"
+                     for i in range(problem.num_microbatches))  # fmt: skip
+        orders.append([(op, s, i) for _, op, s, i in ops])
+    value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
+    source = "cp-sat"
+    if hint is not None and hint.int_objective < value:  # only possible before optimality
+        orders, value, source = hint.orders, hint.int_objective, hint.name
+    proven = code == cp_model.OPTIMAL and value <= solver.objective_value
+    status = "optimal" if proven else "feasible"
+    schedule = _to_schedule(problem, orders, f"ilp-{placement}-{objective}")
+    sim = simulate(schedule, costs)
+    bound = min(solver.best_objective_bound, value) * time_unit
+    obj = _sim_objective(sim, objective)
+    gap = 0.0 if status == "optimal" else max(0.0, (obj - bound) / obj)
+    note = f"{status} after {seconds:.1f} s ({placement}, {common['num_chunks']} chunks)"
+    if hint is not None:
+        note += f"; warm start {hint.name} ({_sim_objective(hint.sim, objective):.6g})"
+    if source != "cp-sat":
+        note += "; the solver found nothing better than the warm start"
+    return SolveResult(schedule=schedule, status=status, objective=obj, lower_bound=bound,
+                       gap=gap, explanation=note, bubble_rate=sim.bubble_rate,
+                       peak_memory=sim.peak_memory, simulation=sim, **common)  # fmt: skip
