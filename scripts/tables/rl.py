@@ -412,7 +412,31 @@ def generators() -> str:
     return f"{table}\n\n{_prose(note)}"
 
 
+def actor_learner() -> str:
+    """``benchmarks/rl_actor_learner.py``: time to return 475 on CartPole-v1 and env steps/s,
+    each architecture beside Stable-Baselines3 PPO, with and without a 1 ms env step."""
+    data = load("rl_actor_learner.json")
+    rows = []
+    for name, res in data["results"].items():
+        arch, delay = name.split("@")
+        summ, runs = res["summary"], res["runs"]
+        t = summ["time_to_475_s"]
+        rows.append([
+            arch, delay, summ["reached"], f(t["mean"]) + " s", f(t["stdev"]) + " s",
+            ", ".join(f(r["time_to_475_s"]) for r in runs),
+            _int(summ["env_steps_per_s"]["mean"]),
+        ])  # fmt: skip
+    headers = ["architecture", "env step delay", "seeds reaching 475", "time to 475 (mean)",
+               "sd", "per seed (s)", "env steps/s"]  # fmt: skip
+    return (
+        f"{md_table(headers, rows, 'llrrrlr')}\n\n{data['eval_episodes']} greedy evaluation "
+        f"episodes per check; {data['cpu_count']} cores, load average "
+        f"{data['load_average_at_end'][0]:.1f} at the end of the run."
+    )
+
+
 TABLES: dict[str, Renderer] = {
+    "rl.actor_learner": actor_learner,
     "rl.lag": lag,
     "rl.generators": generators,
     "rl.vs_trl": vs_trl,
