@@ -67,9 +67,16 @@ def _stages() -> list[nn.Module]:
     ]
 
 
+def _fp32_only() -> None:
+    """Each rank is a fresh interpreter: TF32 off there too, to compare fp32 with fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def _pipeline_rank(ctx) -> str:
     from nobubble.pipeline import PipelineRunner, get_schedule
 
+    _fp32_only()
     device = ctx.device
     x, y = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)), torch.arange(8) % 4
     reference = _stages()  # CPU, one process, the whole batch
@@ -137,6 +144,7 @@ def check_fp8_casts(device: str) -> str:
 def _moe_rank(ctx) -> str:
     from nobubble.moe import Buffer, DenseMoE, MoEConfig, MoELayer, init_moe_weights
 
+    _fp32_only()
     config = MoEConfig(hidden=32, expert_hidden=48, num_experts=4, topk=2)
     weights = init_moe_weights(config, seed=5)
     x = torch.randn(24, 32, generator=torch.Generator().manual_seed(6))
@@ -198,15 +206,15 @@ CHECKS: tuple[tuple[str, Callable[[str], str]], ...] = (
 
 def run_checks(device: str) -> list[CheckResult]:
     """Every check on ``device``; a failure is recorded and the next check still runs."""
-    torch.backends.cuda.matmul.allow_tf32 = False  # compare fp32 with fp32
-    torch.backends.cudnn.allow_tf32 = False
+    _fp32_only()
     results = []
     for name, fn in CHECKS:
         start = time.perf_counter()
         try:
             detail, status = fn(device), "pass"
         except Exception as err:  # a failing check is a row of the table, not the end
-            detail, status = f"{type(err).__name__}: {str(err).splitlines()[0]}", "fail"
+            first = (str(err).splitlines() or [""])[0]
+            detail, status = f"{type(err).__name__}: {first}", "fail"
         results.append(CheckResult(name, status, time.perf_counter() - start, detail))
         print(f"  {status:4}  {name} ({results[-1].seconds:.1f} s)", file=sys.stderr)
     return results

@@ -170,11 +170,11 @@ def _worker(
             conn.send(message)
 
     threading.Thread(target=_heartbeat, args=(put, rank), daemon=True).start()
-    import torch
-    import torch.distributed as dist
+    try:  # from here on every failure, an import's too, reaches the launcher with its traceback
+        import torch
+        import torch.distributed as dist
 
-    torch.set_num_threads(threads)
-    try:
+        torch.set_num_threads(threads)
         fn, args = job.unpack()
         dev = torch.device(device)
         if dev.type == "cuda":
@@ -198,11 +198,17 @@ def _worker(
         except OSError:  # the launcher is gone: nobody to tell
             pass
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
-                pass
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """Destroy the default group if this rank got as far as creating it."""
+    dist_module = sys.modules.get("torch.distributed")
+    if dist_module is not None and dist_module.is_initialized():
+        try:
+            dist_module.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
+            pass
 
 
 class _Job:

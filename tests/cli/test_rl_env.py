@@ -1,4 +1,4 @@
-"""``add_env_arguments`` / ``run_env_train``: the flags of ``nobubble rl train --env``."""
+"""``add_env_arguments`` / ``run_env_train``: the flags of ``nobubble rl actor-learner``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("gymnasium")
 
 
 def _parse(argv: list[str]):  # type: ignore[no-untyped-def]
-    parser = ArgumentParser(prog="nobubble rl train")
+    parser = ArgumentParser(prog="nobubble rl actor-learner")
     add_env_arguments(parser)
     return parser.parse_args(argv)
 
@@ -60,3 +60,15 @@ def test_a_negative_count_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit) as e:
         _parse(["--env", "CartPole-v1", "--actors", "0"])
     assert e.value.code == 2
+
+
+def test_the_subcommand_is_wired_into_the_cli(capsys) -> None:
+    from nobubble.cli import main
+
+    rc = main(["rl", "actor-learner", "--env", "CartPole-v1", "--arch", "impala", "--actors",
+               "1", "--seconds", "20", "--target-return", "60", "--json"])  # fmt: skip
+    assert rc == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["arch"] == "impala" and out["ledger"]["whole"] is True

@@ -80,3 +80,13 @@ def test_a_measured_fused_backward_time_replaces_t_b_plus_t_w() -> None:
     with pytest.raises(ValueError, match=r"t_bw\[0\]=0.0 must be finite and > 0"):
         CostModel(t_f=(1.0,), t_b=(1.0,), t_w=(1.0,), mem_f=(1.0,), mem_b=(0.5,),
                   mem_w=(0.5,), t_bw=(0.0,))  # fmt: skip
+
+
+def test_a_measured_fused_backward_is_split_over_chunks_like_the_other_times() -> None:
+    from nobubble.pipeline.actions import Action, Op
+
+    ranks = CostModel(t_f=(2.0, 2.0), t_b=(2.0, 2.0), t_w=(2.0, 2.0), mem_f=(1.0, 1.0),
+                      mem_b=(0.5, 0.5), mem_w=(0.5, 0.5), t_bw=(3.0, 2.5))  # fmt: skip
+    v = ranks.for_stages([0, 1, 1, 0])  # two chunks per rank, a V
+    assert v.t_bw == (1.5, 1.25, 1.25, 1.5)
+    assert v.duration(Action(2, Op.BW, 0)) == 1.25

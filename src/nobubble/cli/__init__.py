@@ -81,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        if main_thread:  # None: a handler not set from Python; the default stands in
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     return int(rc or 0)
 
 

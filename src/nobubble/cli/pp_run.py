@@ -33,7 +33,6 @@ from nobubble.cli.util import (
     positive_int,
     print_json,
     print_table,
-    run_with_progress_bar,
 )
 from nobubble.files import write_text
 
@@ -318,11 +317,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.schedule in ("zb-1p", "zb-2p"):  # automatic schedules adapt to the costs
             config = _train_config(args, _schedule_from_args(args, prof.cost_model()))
     sched = config.schedule
-    (results,) = run_with_progress_bar(
-        lambda _: run_local([config], _options(args)),
-        label=f"running {sched.name} on {sched.num_ranks} ranks",
-        counter=None,
-    )
+    # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
+    with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
+        (results,) = run_local([config], _options(args))
     summary = summarize_run(config, results, prof)
     write_chrome_trace(args.trace, merged_events(results))
     extra = {"trace": str(args.trace)}

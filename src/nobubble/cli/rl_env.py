@@ -1,4 +1,4 @@
-"""``nobubble rl train --env ID``: actor-learner RL on a gymnasium environment.
+"""``nobubble rl actor-learner --env ID``: actor-learner RL on a gymnasium environment.
 
 :func:`add_env_arguments` adds the flags to a parser; :func:`run_env_train` runs
 :func:`nobubble.rl.actor_learner.train` with them, shows progress on stderr and prints a
@@ -63,9 +63,10 @@ def _config(args: argparse.Namespace) -> Any:
 def _progress(point: Any) -> None:
     train = "-" if point.train_return is None else f"{point.train_return:.1f}"
     line = f"  {point.wall_s:6.1f}s  {point.env_steps:>9,} steps  train return {train}"
-    if point.eval_return is not None:
-        line += f"  eval {point.eval_return:.1f}"
-        print(line, file=sys.stderr, flush=True)
+    if point.eval_return is None:
+        return  # a progress line per evaluation, not per update
+    line += f"  eval {point.eval_return:.1f}"
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_env_train(args: argparse.Namespace) -> int:
@@ -76,11 +77,11 @@ def run_env_train(args: argparse.Namespace) -> int:
 
         env_spaces(config.env)  # an unknown id or unsupported spaces: a usage error
     except ValueError as err:
-        print(f"nobubble rl train: error: {err}", file=sys.stderr)
+        print(f"nobubble rl actor-learner: error: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # gymnasium's unknown-id errors are not ValueErrors
         if type(err).__module__.startswith("gymnasium"):
-            print(f"nobubble rl train: error: --env {args.env!r}: {err}", file=sys.stderr)
+            print(f"nobubble rl actor-learner: error: --env {args.env!r}: {err}", file=sys.stderr)
             return 2
         raise
     from nobubble.rl.actor_learner import ActorFailure, train
@@ -89,7 +90,7 @@ def run_env_train(args: argparse.Namespace) -> int:
     try:
         result = train(config, progress=_progress)
     except ActorFailure as err:
-        print(f"nobubble rl train: {err}", file=sys.stderr)
+        print(f"nobubble rl actor-learner: {err}", file=sys.stderr)
         return 1
     if args.json:
         print_json(result.to_dict())

@@ -10,8 +10,9 @@ The store is a :class:`torch.distributed.TCPStore` served by rank 0 of the group
 the default group's own store has no public getter), set up at the transport's first call:
 rank 0 opens it on a free port and broadcasts the port and its host name. The server runs on
 a thread of its own, so a rank 0 that hangs still answers; a rank 0 that is gone does not,
-and then the reader names rank 0 (the store's host). Cost: one store write (a few
-microseconds on one host) per collective.
+and then the reader names rank 0 (the store's host). Cost: one store write per
+collective, a synchronous TCP round trip to rank 0's store thread (tens of microseconds on
+loopback, more across hosts); ``track_arrivals=False`` turns it off.
 
 Lifecycle: ``create`` (collective, at the first call) -> ``enter(t)`` before every call ->
 ``missing(t)`` after a failure.

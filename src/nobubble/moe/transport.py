@@ -255,8 +255,8 @@ class FailureMasking(Protocol):
     """The capability of going on without failed peers (DeepEP's low-latency mask buffer).
 
     With ``mask_failed_ranks`` on, a peer that does not answer within the timeout is marked
-    failed in a mask that every rank reads (all survivors agree on it), the current call
-    completes without it (its rows read as zeros) and later calls skip it.
+    failed in a mask that every rank reads (the survivors agree on it by the next call), the
+    current call completes without it (its rows read as zeros) and later calls skip it.
     :class:`~nobubble.moe.buffer.Buffer` drops or re-routes the top-k slots of masked ranks
     and counts them.
     """
@@ -335,7 +335,7 @@ class TorchDistTransport(ByteCounting):
 
     A failed or timed-out collective raises :class:`PeerFailure`. With ``track_arrivals``,
     every rank records the number of the call it enters in an
-    :class:`~nobubble.moe.arrivals.ArrivalStore` (one store write, microseconds, per call)
+    :class:`~nobubble.moe.arrivals.ArrivalStore` (one store write per call: a TCP round trip to rank 0's store)
     and on a failure the survivor reads which ranks never reached this call - the ones it
     names. The store is set up at the first call (one extra broadcast).
 

@@ -172,6 +172,7 @@ class CostModel:
         mem_f: Number | Sequence[Number] = 1.0,
         mem_b: Number | Sequence[Number] | None = None,
         mem_w: Number | Sequence[Number] | None = None,
+        t_bw: Number | Sequence[Number] | None = None,
     ) -> CostModel:
         """Costs given per *rank* (a number, or one entry per rank), split evenly over the
         ``num_chunks`` stages each rank holds. ``stage_to_rank`` defaults to the looped
@@ -200,6 +201,8 @@ class CostModel:
             if mem_w is None:
                 mw = tuple(f - b for f, b in zip(per_rank["mem_f"], mb))
             per_rank["mem_b"], per_rank["mem_w"] = mb, mw
+        if t_bw is not None:  # a measured fused backward splits like the other times
+            per_rank["t_bw"] = _per_stage("t_bw", t_bw, num_ranks, "rank")
         fields = {
             label: tuple(values[r] / num_chunks for r in stage_to_rank)
             for label, values in per_rank.items()
@@ -242,7 +245,7 @@ class CostModel:
         return CostModel.from_rank_costs(
             p, num_chunks=len(stage_to_rank) // p, stage_to_rank=stage_to_rank,
             t_f=self.t_f, t_b=self.t_b, t_w=self.t_w, t_comm=self.t_comm,
-            mem_f=self.mem_f, mem_b=self.mem_b, mem_w=self.mem_w,
+            mem_f=self.mem_f, mem_b=self.mem_b, mem_w=self.mem_w, t_bw=self.t_bw,
         )  # fmt: skip
 
 

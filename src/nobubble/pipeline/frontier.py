@@ -106,7 +106,7 @@ def rank_unit(costs: CostModel) -> float:
 
 
 def default_mem_limits(num_ranks: int) -> tuple[float, ...]:
-    """Limits (rank units) for the sweeps: from (p+4)/3 ... to 2p, about seven of them."""
+    """Limits (rank units) for the sweeps: from about p/3 to 2p, seven of them (at least 1)."""
     p = num_ranks
     limits = {max(1.0, round(x * p, 1)) for x in (1 / 3, 1 / 2, 2 / 3, 3 / 4, 1, 1.5, 2)}
     return tuple(sorted(limits))
@@ -144,8 +144,12 @@ def generated_points(
             continue
         points.append(_point(sched, costs, "nobubble"))
     for limit in mem_limits:
-        sched = get_schedule("zb-1p", num_ranks=num_ranks, num_microbatches=num_microbatches,
-                             costs=costs, mem_limit=limit * rank_unit(costs))  # fmt: skip
+        try:
+            sched = get_schedule("zb-1p", num_ranks=num_ranks, num_microbatches=num_microbatches,
+                                 costs=costs, mem_limit=limit * rank_unit(costs))  # fmt: skip
+        except ValueError as err:  # nothing fits this limit: a point with a note
+            points.append(_missing(f"zb-auto@{limit:g}", "nobubble", str(err), mem_limit=limit))
+            continue
         points.append(_point(sched.renamed(f"zb-auto@{limit:g}"), costs, "nobubble",
                              mem_limit=limit))  # fmt: skip
     return points

@@ -10,8 +10,10 @@ exactly one writer (the owner), so no atomics are needed:
 - ``VOTES[j]``: 1 once the owner has declared rank ``j`` failed.
 
 The *mask* is the union of every rank's votes (the dead rank's block stays mapped and
-readable). Every rank reads the same words, so all survivors agree on it; a vote is never
-withdrawn, so the mask only grows - DeepEP's low-latency mask buffer, on a host. A rank that
+readable). Every rank reads the same words, so the survivors agree on it by their next
+call (within one call, a peer masked late may still be seen by some survivors and not by
+others; the buffer re-reads the mask after each exchange); a vote is never withdrawn, so
+the mask only grows - DeepEP's low-latency mask buffer, on a host. A rank that
 finds itself in the mask (it was too slow and the others went on) must not vote or rejoin.
 """
 

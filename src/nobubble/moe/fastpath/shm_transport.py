@@ -291,6 +291,7 @@ class ShmTransport(ByteCounting):
         to_read = set(self.peers()) - self._mask.missing
         cap = int(self._ctrl[_CAP])
         backoff = Backoff(self.timeout_s)
+        arrived: set[int] = set()
         while to_write or to_read:
             progressed = False
             for j in [j for j in to_write if self._peer_ctrl[j][_READY] == t]:
@@ -300,6 +301,7 @@ class ShmTransport(ByteCounting):
             for i in [i for i in to_read if self._ctrl[self._done(i)] == t]:
                 to_read.discard(i)
                 on_slot(i, self._arrived_slot(i, t, recv_nbytes[i], cap, kind))
+                arrived.add(i)
                 progressed = True
             if progressed:
                 backoff = Backoff(self.timeout_s)
@@ -307,6 +309,9 @@ class ShmTransport(ByteCounting):
             for j in self._mask.idle(backoff, set(to_write) | to_read, t, kind, "exchange"):
                 to_write.pop(j, None)
                 to_read.discard(j)
+        # a peer masked while this rank still had to write to it may have sent its rows
+        # already: they arrived whole, so they are not missing (nor zeroed)
+        self._mask.missing -= arrived
 
     def _arrived_slot(self, i: int, t: int, expected: int, cap: int, kind: str) -> torch.Tensor:
         """Source ``i``'s slot of call ``t`` (it signalled DONE), checked against the bytes this

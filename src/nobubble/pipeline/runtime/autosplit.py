@@ -159,6 +159,7 @@ class ModuleSplit:
         """Gradient of the stage input (None when it needs none); no ``.grad`` changes."""
         self._take(microbatch, "B")
         if microbatch in self._fused:
+            self._fused.discard(microbatch)
             raise RuntimeError(f"B of microbatch {microbatch}, recorded for a fused BW")
         if not _needs_grad(stage_input):  # nothing upstream waits: W does the one walk
             self._pending[microbatch] = _Pending(whole=(output, grad_output))

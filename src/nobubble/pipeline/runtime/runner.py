@@ -165,15 +165,21 @@ class PipelineRunner:
                                 timeout_s=self.timeout_s, groups=self._groups,
                                 shapes=self._shapes)  # fmt: skip
         state = _StepState(xs, ys)
-        for action in self.schedule.rank_actions[self.rank]:
-            need = incoming(self.schedule, action)
-            received = channel.receive(*need) if need is not None else None
-            produced = self._run(action, received, state)
-            out = outgoing(self.schedule, action)
-            if out is not None:
-                assert produced is not None  # only stage 0's backward yields None
-                channel.send(out[0], out[1], produced)
-        channel.finish()
+        try:
+            for action in self.schedule.rank_actions[self.rank]:
+                need = incoming(self.schedule, action)
+                received = channel.receive(*need) if need is not None else None
+                produced = self._run(action, received, state)
+                out = outgoing(self.schedule, action)
+                if out is not None:
+                    assert produced is not None  # only stage 0's backward yields None
+                    channel.send(out[0], out[1], produced)
+            channel.finish()
+        except BaseException:  # the peers' caches may not match ours: learn shapes anew
+            if self._shapes is not None:
+                self._shapes = ShapeCache()
+                self._saved_bytes.clear()
+            raise
         self.peak_activation_bytes = state.peak
         loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0, dtype=torch.float32).to(
             self.device

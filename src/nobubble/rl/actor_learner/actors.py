@@ -69,6 +69,7 @@ def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> None
             raise ActorStopped
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name}: waited {timeout_s}s for {what}")
+        time.sleep(1e-3)  # ready() may not block: do not spin a core
 
 
 def impala_actor(spec: ActorSpec, weights: Any, queue: Any, stop: Any, errors: Any) -> None:

@@ -52,8 +52,9 @@ class ValidationResult:
 def gradient_stats(params: list[nn.Parameter]) -> torch.Tensor:
     """``[2]`` float64: this rank's sum of squared gradients, and its non-finite count."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(2, dtype=torch.float64)
+    if not grads:  # on the parameters' device: NCCL all-reduces device tensors only
+        device = params[0].device if params else torch.device("cpu")
+        return torch.zeros(2, dtype=torch.float64, device=device)
     squares = torch.stack([g.detach().double().square().sum() for g in grads]).sum()
     bad = torch.stack([(~torch.isfinite(g.detach())).sum() for g in grads]).sum().double()
     return torch.stack([squares, bad])
@@ -139,8 +140,12 @@ class PostValidatedOptimizer:
             raise RuntimeError("PostValidatedOptimizer.confirm: no step() to confirm")
         work, stats, copy = self._pending
         self._pending = None
-        if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-            raise TimeoutError(f"the gradient check's all-reduce took over {self.timeout_s:g}s")
+        try:
+            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+                raise TimeoutError(f"the gradient check's all-reduce took over {self.timeout_s:g}s")
+        except BaseException:  # unchecked: put the step back before the error goes up
+            self._restore(copy)
+            raise
         norm, finite, coef = _decide(stats, self.max_norm)
         if finite and coef is None:
             return ValidationResult(norm, True, "kept")
