@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -84,6 +85,39 @@ class SolveResult:
             "explanation": self.explanation,
             "schedule_csv": self.schedule.to_csv() if self.schedule is not None else None,
         }
+
+
+@dataclass(frozen=True)
+class IntScaling:
+    """How one cost model's times and memory become the solver's integer ticks: times by
+    the smallest power of ten that makes them exact; memory too, else ~9 significant digits
+    rounded towards the safe side (a store up, a free and the limit down)."""
+
+    tscale: int
+    mscale: int
+
+    @staticmethod
+    def of(costs: CostModel, mem_limit: float | None) -> IntScaling:
+        tscale, _ = _decimal_scale([*costs.t_f, *costs.t_b, *costs.t_w, costs.t_comm])
+        mems = [
+            *costs.mem_f,
+            *costs.mem_b,
+            *costs.mem_w,
+            *([] if mem_limit is None else [mem_limit]),
+        ]
+        mscale, exact = _decimal_scale(mems)
+        if not exact:
+            mscale = 10 ** max(0, 9 - math.ceil(math.log10(max(abs(v) for v in mems) + 1)))
+        return IntScaling(tscale, mscale)
+
+    def times(self, values: Sequence[float]) -> tuple[int, ...]:
+        return tuple(round(v * self.tscale) for v in values)
+
+    def up(self, v: float) -> int:
+        return math.ceil(v * self.mscale - 1e-9)
+
+    def down(self, v: float) -> int:
+        return math.floor(v * self.mscale + 1e-9)
 
 
 def _decimal_scale(values: Sequence[float]) -> tuple[int, bool]:

@@ -33,8 +33,8 @@ from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
+    IntScaling,
     SolveResult,
-    _decimal_scale,
     _explain_infeasible,
     _Hint,
     _Progress,
@@ -75,33 +75,21 @@ def to_int_problem(
 
     ``time_unit`` / ``mem_unit`` are the cost-unit sizes of one integer tick.
     """
-    times = [*costs.t_f, *costs.t_b, *costs.t_w, costs.t_comm]
-    tscale, _ = _decimal_scale(times)
-    mems = [*costs.mem_f, *costs.mem_b, *costs.mem_w] + ([] if mem_limit is None else [mem_limit])
-    mscale, exact = _decimal_scale(mems)
-    if not exact:  # keep ~9 significant digits, rounding towards the safe side
-        mscale = 10 ** max(0, 9 - math.ceil(math.log10(max(abs(v) for v in mems) + 1)))
-
-    def up(v: float) -> int:
-        return math.ceil(v * mscale - 1e-9)
-
-    def down(v: float) -> int:
-        return math.floor(v * mscale + 1e-9)
-
+    k = IntScaling.of(costs, mem_limit)
     problem = IntProblem(
         num_stages=costs.num_stages,
         num_microbatches=num_microbatches,
-        t_f=tuple(round(v * tscale) for v in costs.t_f),
-        t_b=tuple(round(v * tscale) for v in costs.t_b),
-        t_w=tuple(round(v * tscale) for v in costs.t_w),
-        t_comm=round(costs.t_comm * tscale),
-        mem_f=tuple(up(v) for v in costs.mem_f),
-        mem_b=tuple(-down(v) for v in costs.mem_b),  # model deltas: B and W free memory
-        mem_w=tuple(-down(v) for v in costs.mem_w),
-        mem_limit=None if mem_limit is None else down(mem_limit),
+        t_f=k.times(costs.t_f),
+        t_b=k.times(costs.t_b),
+        t_w=k.times(costs.t_w),
+        t_comm=k.times([costs.t_comm])[0],
+        mem_f=tuple(k.up(v) for v in costs.mem_f),
+        mem_b=tuple(-k.down(v) for v in costs.mem_b),  # model deltas: B and W free memory
+        mem_w=tuple(-k.down(v) for v in costs.mem_w),
+        mem_limit=None if mem_limit is None else k.down(mem_limit),
         objective=objective,
     )
-    return problem, 1.0 / tscale, 1.0 / mscale
+    return problem, 1.0 / k.tscale, 1.0 / k.mscale
 
 
 # -- Schedule <-> stage orders ----------------------------------------------------------------

@@ -14,7 +14,6 @@ them fits.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,8 +25,8 @@ from nobubble.pipeline.ilp import chunks
 from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
+    IntScaling,
     SolveResult,
-    _decimal_scale,
     _explain_infeasible,
     _Hint,
     _Progress,
@@ -55,30 +54,18 @@ def to_chunk_problem(
     """Split per-rank ``costs`` over ``stage_to_rank`` and scale to integers; return
     ``(problem, time_unit)``. Memory rounds F's store up and the frees and limit down."""
     stage = costs.for_stages(stage_to_rank)
-    tscale, _ = _decimal_scale([*stage.t_f, *stage.t_b, *stage.t_w, stage.t_comm])
-    mems = [*stage.mem_f, *stage.mem_b, *stage.mem_w, *([] if mem_limit is None else [mem_limit])]
-    mscale, exact = _decimal_scale(mems)
-    if not exact:  # keep ~9 significant digits, rounding towards the safe side
-        mscale = 10 ** max(0, 9 - math.ceil(math.log10(max(abs(v) for v in mems) + 1)))
-
-    def up(v: float) -> int:
-        return math.ceil(v * mscale - 1e-9)
-
-    def down(v: float) -> int:
-        return math.floor(v * mscale + 1e-9)
-
+    k = IntScaling.of(stage, mem_limit)
     problem = ChunkProblem(
         num_ranks=costs.num_stages, num_microbatches=num_microbatches,
         stage_to_rank=tuple(stage_to_rank),
-        t_f=tuple(round(v * tscale) for v in stage.t_f),
-        t_b=tuple(round(v * tscale) for v in stage.t_b),
-        t_w=tuple(round(v * tscale) for v in stage.t_w),
-        t_comm=round(stage.t_comm * tscale),
-        mem_f=tuple(up(v) for v in stage.mem_f),
-        mem_b=tuple(-down(v) for v in stage.mem_b), mem_w=tuple(-down(v) for v in stage.mem_w),
-        mem_limit=None if mem_limit is None else down(mem_limit), objective=objective,
+        t_f=k.times(stage.t_f), t_b=k.times(stage.t_b), t_w=k.times(stage.t_w),
+        t_comm=k.times([stage.t_comm])[0],
+        mem_f=tuple(k.up(v) for v in stage.mem_f),
+        mem_b=tuple(-k.down(v) for v in stage.mem_b),
+        mem_w=tuple(-k.down(v) for v in stage.mem_w),
+        mem_limit=None if mem_limit is None else k.down(mem_limit), objective=objective,
     )  # fmt: skip
-    return problem, 1.0 / tscale
+    return problem, 1.0 / k.tscale
 
 
 def rank_orders(schedule: Schedule) -> _Orders:
