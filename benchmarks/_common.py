@@ -56,3 +56,37 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
     }
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+# -- the Zero Bubble paper's 12 configurations (tests/pipeline/data) ------------------------
+
+PAPER_TABLE = RESULTS.parents[1] / "tests" / "pipeline" / "data" / "zb_iclr_bubble_table.csv"
+
+
+def paper_rows(quick: bool = False) -> list[dict[str, str]]:
+    """The paper table's rows (``quick``: only the p=8 ones)."""
+    import csv
+
+    rows = list(csv.DictReader(PAPER_TABLE.open()))
+    return [r for r in rows if r["p"] == "8"] if quick else rows
+
+
+def paper_costs(row: dict[str, str]) -> Any:
+    """One row's per-rank costs and memory model (:meth:`CostModel.paper`)."""
+    from nobubble.pipeline import CostModel
+
+    return CostModel.paper(
+        int(row["p"]), t_f=float(row["T_F_ms"]), t_b=float(row["T_B_ms"]),
+        t_w=float(row["T_W_ms"]), t_comm=float(row["T_comm_ms"]),
+        hidden=int(row["hidden"]), heads=int(row["heads"]), seq=int(row["seq"]),
+    )  # fmt: skip
+
+
+def print_bubble_memory(names: tuple[str, ...], results: list[dict[str, Any]]) -> None:
+    """Per configuration and schedule: bubble rate (peak activation memory, rank units)."""
+    from nobubble.cli.util import print_table
+
+    print_table("bubble rate (peak activation memory, rank units)", ["model", "p", "m", *names],
+                [[r["model"], r["p"], r["m"], *(f"{r['schedules'][n]['bubble_rate']:.2%} "
+                  f"({r['schedules'][n]['peak_memory']:.2f})" for n in names)]
+                 for r in results])  # fmt: skip

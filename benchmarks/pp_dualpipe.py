@@ -14,33 +14,26 @@ copies). The F&B cells run back to back: the simulator models no overlap inside 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import sys
 import time
 from pathlib import Path
 
-from nobubble.cli.util import print_table
-from nobubble.pipeline import CostModel, get_schedule, simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import paper_costs, paper_rows, print_bubble_memory  # noqa: E402
+
+from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.schedules.dualpipe import dualpipe, dualpipev
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "tests" / "pipeline" / "data" / "zb_iclr_bubble_table.csv"
 NAMES = ("dualpipe", "dualpipev", "zb-v", "1f1b")
 PARAMS_PER_RANK = {"dualpipe": 2.0, "dualpipev": 1.0, "zb-v": 1.0, "1f1b": 1.0}
-
-
-def _costs(row) -> CostModel:
-    return CostModel.paper(
-        int(row["p"]), t_f=float(row["T_F_ms"]), t_b=float(row["T_B_ms"]),
-        t_w=float(row["T_W_ms"]), t_comm=float(row["T_comm_ms"]),
-        hidden=int(row["hidden"]), heads=int(row["heads"]), seq=int(row["seq"]),
-    )  # fmt: skip
 
 
 def run_row(row) -> dict:
     """One configuration: every schedule's bubble rate, peak memory and cells per rank."""
     p, m = int(row["p"]), int(row["m"])
-    costs = _costs(row)  # one entry per rank: per stage for DualPipe's fold (p stages)
+    costs = paper_costs(row)  # one entry per rank: per stage for DualPipe's fold (p stages)
     out: dict = {"model": row["model"], "p": p, "m": m, "schedules": {}}
     for name in NAMES:
         t0 = time.perf_counter()
@@ -70,14 +63,8 @@ def main() -> int:
     parser.add_argument("--json-out", type=Path,
                         default=ROOT / "benchmarks/results/pp_dualpipe.json")  # fmt: skip
     args = parser.parse_args()
-    rows = list(csv.DictReader(TABLE.open()))
-    if args.quick:
-        rows = [r for r in rows if r["p"] == "8"]
-    results = [run_row(r) for r in rows]
-    print_table("bubble rate (peak activation memory, rank units)", ["model", "p", "m", *NAMES],
-                [[r["model"], r["p"], r["m"], *(f"{r['schedules'][n]['bubble_rate']:.2%} "
-                  f"({r['schedules'][n]['peak_memory']:.2f})" for n in NAMES)]
-                 for r in results])  # fmt: skip
+    results = [run_row(r) for r in paper_rows(args.quick)]
+    print_bubble_memory(NAMES, results)
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     note = ("dualpipe: simulated through its fold (dualpipev on p/2 ranks, m/2 microbatches); "
             "a lower bound on its bubble when T_comm > 0. F&B cells run back to back.")  # fmt: skip

@@ -12,33 +12,26 @@ points for P=8, M=24 on the 1.5B and 6.2B costs and draw docs/img/pp_frontier_p8
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import sys
 import time
 from functools import partial
 from pathlib import Path
 
-from nobubble.cli.util import print_table
-from nobubble.pipeline import CostModel, get_schedule, simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import paper_costs, paper_rows, print_bubble_memory  # noqa: E402
+
 from nobubble.pipeline import frontier as fr
+from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.schedules.v_memory import MEMORY_BOUND
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "tests" / "pipeline" / "data" / "zb_iclr_bubble_table.csv"
 NAMES = ("v-min", "v-half", "v-zb", "zb-v", "zb-1p", "1f1b")
-
-
-def _costs(row) -> CostModel:
-    return CostModel.paper(
-        int(row["p"]), t_f=float(row["T_F_ms"]), t_b=float(row["T_B_ms"]),
-        t_w=float(row["T_W_ms"]), t_comm=float(row["T_comm_ms"]),
-        hidden=int(row["hidden"]), heads=int(row["heads"]), seq=int(row["seq"]),
-    )  # fmt: skip
 
 
 def run_row(row) -> dict:
     p, m = int(row["p"]), int(row["m"])
-    costs = _costs(row)
+    costs = paper_costs(row)
     out: dict = {"model": row["model"], "p": p, "m": m, "schedules": {}}
     for name in NAMES:
         t0 = time.perf_counter()
@@ -54,9 +47,9 @@ def run_row(row) -> dict:
 
 
 def run_frontier(model: str, plots: bool) -> dict:
-    row = next(r for r in csv.DictReader(TABLE.open())
+    row = next(r for r in paper_rows()
                if r["model"] == model and r["p"] == "8" and r["m"] == "24")  # fmt: skip
-    costs = _costs(row)
+    costs = paper_costs(row)
     t0 = time.perf_counter()
     limits = fr.default_mem_limits(8)
     result = fr.frontier(costs, num_ranks=8, num_microbatches=24,
@@ -82,14 +75,8 @@ def main() -> int:
     parser.add_argument("--json-out", type=Path,
                         default=ROOT / "benchmarks/results/pp_v_memory.json")  # fmt: skip
     args = parser.parse_args()
-    rows = list(csv.DictReader(TABLE.open()))
-    if args.quick:
-        rows = [r for r in rows if r["p"] == "8"]
-    results = [run_row(r) for r in rows]
-    print_table("bubble rate (peak activation memory, rank units)", ["model", "p", "m", *NAMES],
-                [[r["model"], r["p"], r["m"], *(f"{r['schedules'][n]['bubble_rate']:.2%} "
-                  f"({r['schedules'][n]['peak_memory']:.2f})" for n in NAMES)]
-                 for r in results])  # fmt: skip
+    results = [run_row(r) for r in paper_rows(args.quick)]
+    print_bubble_memory(NAMES, results)
     frontiers = [run_frontier(model, not args.no_plots) for model in ("1.5B", "6.2B")]
     for f in frontiers:
         print(f"frontier {f['model']} P=8 M=24: {f['seconds']:.1f} s, Pareto: {f['pareto']}")

@@ -12,33 +12,27 @@ published + 0.0005 with peak activation memory within p*M_F / 2p*M_F.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import paper_costs, paper_rows  # noqa: E402
+
 from nobubble.cli.util import print_table
-from nobubble.pipeline import CostModel, get_schedule, simulate
+from nobubble.pipeline import get_schedule, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "tests" / "pipeline" / "data" / "zb_iclr_bubble_table.csv"
 COLUMNS = [("1f1b", "bubble_1f1b", None), ("zb-h1", "bubble_zb_h1", None),
            ("zb-h2", "bubble_zb_h2", None), ("zb-1p", "bubble_zb_1p", 1),
            ("zb-2p", "bubble_zb_2p", 2)]  # fmt: skip
 
 
-def _costs(row) -> CostModel:
-    return CostModel.paper(
-        int(row["p"]), t_f=float(row["T_F_ms"]), t_b=float(row["T_B_ms"]),
-        t_w=float(row["T_W_ms"]), t_comm=float(row["T_comm_ms"]),
-        hidden=int(row["hidden"]), heads=int(row["heads"]), seq=int(row["seq"]),
-    )  # fmt: skip
-
-
 def run_row(row) -> dict:
     p, m = int(row["p"]), int(row["m"])
-    costs = _costs(row)
+    costs = paper_costs(row)
     out = {"model": row["model"], "p": p, "m": m, "schedules": {}}
     for name, column, factor in COLUMNS:
         t0 = time.perf_counter()
@@ -65,10 +59,7 @@ def main() -> int:
         "--json-out", type=Path, default=ROOT / "benchmarks/results/zb_paper_table.json"
     )
     args = parser.parse_args()
-    rows = list(csv.DictReader(TABLE.open()))
-    if args.quick:
-        rows = [r for r in rows if r["p"] == "8"]
-    results = [run_row(r) for r in rows]
+    results = [run_row(r) for r in paper_rows(args.quick)]
     table = []
     for r in results:
         cells = [r["model"], r["p"], r["m"]]
