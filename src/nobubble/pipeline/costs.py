@@ -13,6 +13,11 @@ Per stage s (a *virtual* stage: a chunk of a rank's layers when a rank holds sev
   producer and consumer stages sit on different ranks).
 - ``mem_f[s]``: activation memory a forward stores; ``mem_b[s]``: what its B frees;
   ``mem_w[s]``: what its W frees (a BW frees both). Normally ``mem_b + mem_w == mem_f``.
+- ``recompute_mem[s]`` (activation checkpointing, :meth:`CostModel.with_recompute`): F
+  keeps only this (the stage input) and B runs the forward again before its backward, once
+  per microbatch: B (or BW) takes ``t_f`` longer, holds ``mem_f`` at its start (the
+  recomputed activations, :meth:`CostModel.memory_transient`), ends holding what W needs
+  (``mem_f - mem_b``) plus the input, and W frees both.
 
 The paper's memory model (Korthikanti et al., bytes per token per layer, h hidden, a heads,
 s sequence): F stores ``34h + 5as``, B frees ``2h + 5as``, W frees ``32h``
@@ -25,6 +30,7 @@ chunks, so interleaved and V schedules pay the same compute but more transfers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,13 +99,17 @@ class CostModel:
     t_comm: float = 0.0
     t_bw: tuple[float, ...] | None = None
     """A fused backward's time per stage; None: ``t_b + t_w``."""
+    recompute_mem: tuple[float, ...] | None = None
+    """Activation checkpointing: what F keeps per stage (its input); None: F keeps
+    ``mem_f`` and B does not recompute."""
 
     def __post_init__(self) -> None:
         n = len(self.t_f)
         if n < 1:
             raise ValueError("CostModel needs at least one stage (t_f is empty)")
         labels = ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w")
-        for label in labels + (("t_bw",) if self.t_bw is not None else ()):
+        optional = tuple(k for k in ("t_bw", "recompute_mem") if getattr(self, k) is not None)
+        for label in labels + optional:
             values = _per_stage(label, getattr(self, label), n)
             object.__setattr__(self, label, values)
             strict = label.startswith("t_")
@@ -115,27 +125,51 @@ class CostModel:
     def num_stages(self) -> int:
         return len(self.t_f)
 
+    @property
+    def recomputes(self) -> bool:
+        """Whether B recomputes the forward (activation checkpointing)."""
+        return self.recompute_mem is not None
+
     def duration(self, action: Action) -> float:
-        """Time of one action (BW takes ``t_bw``, else t_b + t_w)."""
-        s = action.stage
-        if action.op is Op.F:
+        """Time of one action (BW takes ``t_bw``, else t_b + t_w; with recompute, B and BW
+        run the forward once more first)."""
+        s, op = action.stage, action.op
+        if op is Op.F:
             return self.t_f[s]
-        if action.op is Op.B:
-            return self.t_b[s]
-        if action.op is Op.W:
+        if op is Op.W:
             return self.t_w[s]
-        return self.t_bw[s] if self.t_bw is not None else self.t_b[s] + self.t_w[s]
+        again = self.t_f[s] if self.recompute_mem is not None else 0.0
+        if op is Op.B:
+            return again + self.t_b[s]
+        fused = self.t_bw[s] if self.t_bw is not None else self.t_b[s] + self.t_w[s]
+        return again + fused
 
     def memory_delta(self, action: Action) -> float:
-        """Change of stored activations when the action runs (+ for F, - for B/W/BW)."""
-        s = action.stage
-        if action.op is Op.F:
-            return self.mem_f[s]
-        if action.op is Op.B:
-            return -self.mem_b[s]
-        if action.op is Op.W:
-            return -self.mem_w[s]
-        return -(self.mem_b[s] + self.mem_w[s])
+        """Change of stored activations when the action runs (+ for F, - for B/W/BW; with
+        recompute, B ends holding more than before it: what W needs was recomputed)."""
+        s, op = action.stage, action.op
+        kept = self.recompute_mem[s] if self.recompute_mem is not None else None
+        if op is Op.F:
+            return self.mem_f[s] if kept is None else kept
+        if op is Op.B:
+            return -self.mem_b[s] if kept is None else self.mem_f[s] - self.mem_b[s]
+        if op is Op.W:
+            return -self.mem_w[s] - (kept or 0.0)
+        return -(self.mem_b[s] + self.mem_w[s]) if kept is None else -kept
+
+    def memory_transient(self, action: Action) -> float:
+        """Memory held during the action above the level before it: with recompute, B and
+        BW hold the recomputed ``mem_f`` before their backward frees any; otherwise 0."""
+        if self.recompute_mem is None or action.op not in (Op.B, Op.BW):
+            return 0.0
+        return self.mem_f[action.stage]
+
+    def with_recompute(self, stage_input_mem: Number | Sequence[Number] = 0.0) -> CostModel:
+        """These costs under activation checkpointing: F keeps ``stage_input_mem`` (one
+        number, or one per stage: the bytes of the stage's input), B recomputes the forward.
+        A no-op on a model that already recomputes, except for the kept memory."""
+        kept = _per_stage("stage_input_mem", stage_input_mem, self.num_stages)
+        return dataclasses.replace(self, recompute_mem=kept)
 
     @staticmethod
     def uniform(
@@ -242,11 +276,15 @@ class CostModel:
                 f"cannot split costs of {p} ranks over {len(stage_to_rank)} stages; "
                 "give per-stage costs"
             )
-        return CostModel.from_rank_costs(
+        split = CostModel.from_rank_costs(
             p, num_chunks=len(stage_to_rank) // p, stage_to_rank=stage_to_rank,
             t_f=self.t_f, t_b=self.t_b, t_w=self.t_w, t_comm=self.t_comm,
             mem_f=self.mem_f, mem_b=self.mem_b, mem_w=self.mem_w, t_bw=self.t_bw,
         )  # fmt: skip
+        if self.recompute_mem is None:
+            return split
+        # every chunk keeps its own input, a whole boundary tensor: not split over chunks
+        return split.with_recompute([self.recompute_mem[r] for r in stage_to_rank])
 
 
 def _check_count(label: str, value: int) -> None:

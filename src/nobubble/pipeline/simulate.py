@@ -14,7 +14,8 @@ Definitions (the Zero Bubble paper's):
   summed over the rank's stages (the busiest rank's work when costs differ per rank);
 - per-rank bubble: ``(span_r - work_r) / span_r``;
 - memory: F adds ``mem_f``, B frees ``mem_b``, W frees ``mem_w``; a rank's peak is the
-  largest running total over its actions. The 1F1B reference of rank r is
+  largest running total over its actions (with recompute, also the level during each B,
+  :meth:`~nobubble.pipeline.costs.CostModel.memory_transient`). The 1F1B reference of rank r is
   ``min(p - r, m) * M_F(r)`` (1F1B keeps p - r microbatches in flight on rank r), where
   ``M_F(r)`` sums ``mem_f`` over the rank's stages.
 """
@@ -191,6 +192,7 @@ def _summarise(
         busy.append(sum(e - s for s, e in zip(start[r], end[r])))
         level = peak = 0.0
         for a in acts:
+            peak = max(peak, level + costs.memory_transient(a))
             level += costs.memory_delta(a)
             peak = max(peak, level)
         peaks.append(peak)

@@ -7,12 +7,12 @@ Entry points (run on each rank, inside :func:`nobubble.distributed.spawn` or und
 - :func:`train_rank_many` ``(ctx, configs) -> list[RankResult]``: several configs in one
   process group (tests run every schedule in one spawn).
 
-Per step: every rank builds the same global batch (``make_batch(seed=data_seed + step)``),
-splits it into ``num_microbatches`` equal microbatches, runs its actions in order (receives
-posted ``lookahead`` actions early, sends posted at once), waits for its sends, then runs the
-optimizer on its own parameters. The last stage scales each microbatch loss by
-``1 / num_microbatches``, so the accumulated gradients are those of the batch-mean loss: the
-same as one process running the whole model with gradient accumulation.
+The built-in models run on :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`, as a
+user's model does: each stage is an ``nn.Sequential`` of its blocks. Per step: every rank
+builds the same global batch (``make_batch(seed=data_seed + step)``), splits it into
+``num_microbatches`` equal microbatches, and calls ``runner.step``; then it runs the
+optimizer on its own parameters. The accumulated gradients are those of the batch-mean
+loss: the same as one process running the whole model with gradient accumulation.
 
 Every op is recorded as a :class:`nobubble.trace.Event` (``start_us`` from a common origin
 taken right after a barrier), so per-rank timelines merge into one Chrome trace.
@@ -21,26 +21,24 @@ taken right after a barrier), so per-rank timelines merge into one Chrome trace.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from nobubble.distributed import DistContext
-from nobubble.pipeline.actions import Action, Op, Schedule
-from nobubble.pipeline.runtime.memory import ActivationMeter
+from nobubble.pipeline.actions import Action, Schedule
 from nobubble.pipeline.runtime.models import (
-    Batch,
     GPTConfig,
     MLPConfig,
     ModelConfig,
     build_blocks,
     partition_blocks,
 )
-from nobubble.pipeline.runtime.p2p import P2PChannel, incoming, outgoing
-from nobubble.pipeline.runtime.stage import PipelineStage
+from nobubble.pipeline.runtime.runner import ActionTiming, PipelineRunner
 from nobubble.pipeline.validate import validate
 from nobubble.trace import Event
 from nobubble.validation import check_fields
@@ -68,14 +66,10 @@ class TrainConfig:
     lr: float = 0.01
     momentum: float = 0.9
     data_seed: int = 0
-    lookahead: int = 2
-    """Receives are posted this many actions ahead of the action that needs them."""
     collect_grads: bool = False
     """Return every parameter's gradient of step 0 (before the optimizer step)."""
     collect_params: bool = False
     """Return every parameter after the last step."""
-    sync_device: bool = True
-    """On CUDA, synchronize after each op so recorded times are the op's."""
     fail_at: str | None = None
     """``"RANK:ACTION"`` (e.g. ``"1:1F2"``): that rank raises before that action (tests)."""
 
@@ -87,8 +81,6 @@ class TrainConfig:
             raise ValueError(f"optimizer={self.optimizer!r}; choose one of {_OPTIMIZERS}")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr} must be > 0")
-        if self.lookahead < 0:
-            raise ValueError(f"lookahead={self.lookahead} must be >= 0")
 
 
 def check_config(config: TrainConfig, world_size: int | None = None) -> tuple[range, ...]:
@@ -143,46 +135,29 @@ def boundary_shapes(
     return shapes
 
 
-def activation_dtype(model: ModelConfig) -> torch.dtype:
-    """The dtype of the activations between blocks (block 0's output, found on ``meta``)."""
-    with torch.device("meta"):
-        first = build_blocks(model, range(1), device="meta")["0"]
-        return first(model.make_batch(1, seed=0, device="meta").inputs).dtype
-
-
 class _Rank:
-    """A rank's stages, optimizer and meter for one TrainConfig."""
+    """A rank's blocks, its :class:`PipelineRunner` and optimizer for one TrainConfig."""
 
     def __init__(self, ctx: DistContext, config: TrainConfig, ranges: tuple[range, ...]) -> None:
         self.ctx, self.config = ctx, config
         sched = config.schedule
         self.stage_ids = sched.stages_of(ctx.rank)
         self.blocks = {s: build_blocks(config.model, ranges[s], ctx.device) for s in self.stage_ids}
-        self.meter = ActivationMeter(list(self.blocks.values()))
-        self.stages = {
-            s: PipelineStage(
-                stage_index=s,
-                num_stages=sched.num_stages,
-                blocks=self.blocks[s],
-                loss_fn=config.model.loss,
-                num_microbatches=sched.num_microbatches,
-                meter=self.meter,
-            )
-            for s in self.stage_ids
-        }
+        modules = [
+            nn.Sequential(OrderedDict(self.blocks[s].items())) if s in self.blocks else None
+            for s in range(sched.num_stages)
+        ]
+        self.tracer = _Tracer(ctx.rank, config.fail_at)
+        self.runner = PipelineRunner(
+            modules, sched, config.model.loss, group=ctx.group, device=ctx.device,
+            timeout_s=ctx.timeout_s, static_shapes=True, observer=self.tracer,
+        )  # fmt: skip
         params = [p for b in self.blocks.values() for p in b.parameters()]
         self.optimizer: torch.optim.Optimizer
         if config.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
         else:
             self.optimizer = torch.optim.AdamW(params, lr=config.lr)
-        self.shapes = boundary_shapes(config.model, ranges, config.microbatch_size)
-        self.dtype = activation_dtype(config.model)
-        self.p2p_groups = _direction_groups(ctx)
-
-    def close(self) -> None:
-        for g in self.p2p_groups:
-            dist.destroy_process_group(g)
 
     def named(self, what: str) -> dict[str, torch.Tensor]:
         out = {}
@@ -193,37 +168,30 @@ class _Rank:
                 out[name] = t.detach().to("cpu", copy=True)
         return out
 
-    def run_action(
-        self, channel: P2PChannel, action: Action, mbs: list[Batch], received: torch.Tensor | None
-    ) -> None:
-        """Compute ``action`` with the tensor it ``received`` and post what it produces."""
-        sched, stage = self.config.schedule, self.stages[action.stage]
-        m = action.microbatch
-        produced = None
-        if action.op is Op.F:
-            x = mbs[m].inputs if stage.is_first else received
-            assert x is not None  # a later stage's F always receives an activation
-            produced = stage.forward(m, x, mbs[m].targets if stage.is_last else None)
-        elif action.op is Op.B:
-            produced = stage.backward_input(m, received)
-        elif action.op is Op.W:
-            stage.backward_weight(m)
-        else:
-            produced = stage.backward_full(m, received)
-        out = outgoing(sched, action)
-        if out is not None:
-            assert produced is not None  # only stage 0's backward yields None, and sends nothing
-            channel.send(out[0], out[1], produced)
 
+class _Tracer:
+    """The runner's observer: every action as an Event (lane 0), every wait for another
+    rank as a ``wait`` Event (lane 1); ``fail_at`` raises before its action (tests)."""
 
-def _direction_groups(ctx: DistContext) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """Two groups over the job's ranks: one for messages to higher ranks, one to lower ranks
-    (collective: every rank creates them in the same order)."""
-    ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else None
-    timeout = timedelta(seconds=ctx.timeout_s)
-    return tuple(
-        dist.new_group(ranks=ranks, timeout=timeout, backend=ctx.backend) for _ in range(2)
-    )
+    def __init__(self, rank: int, fail_at: str | None) -> None:
+        self.rank, self.fail_at = rank, fail_at
+        self.events: list[Event] = []
+        self.step, self.origin = 0, 0.0
+
+    def before(self, action: Action) -> None:
+        if self.fail_at == f"{self.rank}:{action}":
+            raise RuntimeError(f"injected failure on rank {self.rank} before action {action}")
+
+    def after(self, timing: ActionTiming) -> None:
+        action, rank, origin = timing.action, self.rank, self.origin
+        if timing.message is not None and timing.message[1] != rank:
+            key, src = timing.message
+            args = {"step": self.step, "from_rank": src}
+            self.events.append(_event(f"wait {key.kind} {action}", WAIT, rank, timing.wait_start,
+                                      timing.start, origin, args, lane=1))  # fmt: skip
+        args = {"step": self.step, "stage": action.stage, "microbatch": action.microbatch}
+        self.events.append(_event(str(action), action.op.value, rank, timing.start, timing.end,
+                                  origin, args))  # fmt: skip
 
 
 def _sync(device: torch.device) -> None:
@@ -246,41 +214,19 @@ def _event(
                  dur_us=(end - start) * 1e6, args=args, lane=lane)  # fmt: skip
 
 
-def _run_step(rank: _Rank, step: int, origin: float, events: list[Event]) -> float:
+def _run_step(rank: _Rank, step: int) -> tuple[float, float]:
+    """One step's forward and backward; returns (its start time, the mean loss)."""
     ctx, config = rank.ctx, rank.config
-    sched = config.schedule
-    num_mb = sched.num_microbatches
+    num_mb = config.schedule.num_microbatches
     batch = config.model.make_batch(
         config.microbatch_size * num_mb, seed=config.data_seed + step, device=ctx.device
     )
     mbs = batch.split(num_mb)
-    channel = P2PChannel(
-        sched, ctx.rank, shapes=rank.shapes, dtype=rank.dtype, device=ctx.device,
-        timeout_s=ctx.timeout_s, lookahead=config.lookahead, groups=rank.p2p_groups,
-    )  # fmt: skip
-    sync = config.sync_device and ctx.device.type == "cuda"
+    rank.tracer.step = step
     dist.barrier(group=ctx.group)
     t0 = time.perf_counter()
-    for pos, action in enumerate(sched.rank_actions[ctx.rank]):
-        if config.fail_at == f"{ctx.rank}:{action}":
-            raise RuntimeError(f"injected failure on rank {ctx.rank} before action {action}")
-        channel.prefetch(pos)
-        need = incoming(sched, action)
-        wait_start = time.perf_counter()
-        received = channel.receive(*need) if need is not None else None
-        start = time.perf_counter()
-        if need is not None and need[1] != ctx.rank:
-            args = {"step": step, "from_rank": need[1]}
-            events.append(_event(f"wait {need[0].kind} {action}", WAIT, ctx.rank, wait_start,
-                                 start, origin, args, lane=1))  # fmt: skip
-        rank.run_action(channel, action, mbs, received)
-        if sync:
-            _sync(ctx.device)
-        args = {"step": step, "stage": action.stage, "microbatch": action.microbatch}
-        events.append(_event(str(action), action.op.value, ctx.rank, start, time.perf_counter(),
-                             origin, args))  # fmt: skip
-    channel.finish()
-    return t0
+    loss = rank.runner.step([b.inputs for b in mbs], [b.targets for b in mbs])
+    return t0, float(loss)
 
 
 def train_rank(ctx: DistContext, config: TrainConfig) -> RankResult:
@@ -292,32 +238,30 @@ def train_rank(ctx: DistContext, config: TrainConfig) -> RankResult:
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     dist.barrier(group=ctx.group)
-    origin = time.perf_counter()  # ranks leave the barrier together: a common time origin
-    events: list[Event] = []
-    step_times, losses, grads = [], [], None
-    for step in range(config.num_steps):
-        t0 = _run_step(rank, step, origin, events)
-        if step == 0 and config.collect_grads:
-            grads = rank.named("grad")
-        rank.optimizer.step()
-        rank.optimizer.zero_grad(set_to_none=True)
-        if last:
-            stage = rank.stages[config.schedule.num_stages - 1]
-            losses.append(sum(stage.losses.values()) / len(stage.losses))
-            stage.losses.clear()
-        if ctx.device.type == "cuda":
+    rank.tracer.origin = time.perf_counter()  # ranks leave the barrier together: one origin
+    step_times, losses, grads, peak = [], [], None, 0
+    try:
+        for step in range(config.num_steps):
+            t0, loss = _run_step(rank, step)
+            peak = max(peak, rank.runner.peak_activation_bytes)
+            if step == 0 and config.collect_grads:
+                grads = rank.named("grad")
+            rank.optimizer.step()
+            rank.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss)
             _sync(ctx.device)
-        dist.barrier(group=ctx.group)
-        step_times.append(time.perf_counter() - t0)
-    rank.close()
+            dist.barrier(group=ctx.group)
+            step_times.append(time.perf_counter() - t0)
+    finally:
+        rank.runner.close()
     return RankResult(
         rank=ctx.rank,
         schedule=config.schedule.name,
         stages=rank.stage_ids,
         step_times_s=tuple(step_times),
         losses=tuple(losses) if last else None,
-        events=tuple(events),
-        peak_activation_bytes=rank.meter.peak_bytes,
+        events=tuple(rank.tracer.events),
+        peak_activation_bytes=peak,
         device_peak_bytes=(
             torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None
         ),

@@ -1,8 +1,7 @@
 """Point-to-point messages that carry their own shape and dtype, for user models.
 
-:class:`~nobubble.pipeline.runtime.p2p.P2PChannel` needs every boundary's shape before the
-step; a user's model may change shape from one microbatch to the next (variable sequence
-lengths). Here every message is two sends: a header ``int64 [2 + MAX_DIMS]`` (dtype code,
+A user's model may change shape from one microbatch to the next (variable sequence
+lengths), so the receiver cannot know a boundary's shape before the step. Here every message is two sends: a header ``int64 [2 + MAX_DIMS]`` (dtype code,
 number of dims, the dims) and the payload. The receiver takes messages from each source in
 that source's send order (the schedule says which), one at a time: it posts the next
 header, reads the shape, posts the payload. Messages from one source that arrive before

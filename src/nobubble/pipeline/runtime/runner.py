@@ -24,9 +24,11 @@ batch splitting evenly, targets where the last stage lives) run before any messa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -35,13 +37,35 @@ from torch import nn
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
 from nobubble.pipeline.runtime.messages import ShapeCache, ShapedChannel
-from nobubble.pipeline.runtime.p2p import incoming, outgoing
+from nobubble.pipeline.runtime.p2p import MessageKey, incoming, outgoing
 from nobubble.pipeline.validate import validate
 
-__all__ = ["PipelineRunner", "LossFn", "split_model"]
+__all__ = ["PipelineRunner", "LossFn", "split_model", "ActionTiming", "ActionObserver"]
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 Batch = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionTiming:
+    """One action as this rank ran it (``time.perf_counter`` seconds): it waited for its
+    input from ``wait_start`` to ``start`` and computed (and posted its send) until ``end``."""
+
+    action: Action
+    wait_start: float
+    start: float
+    end: float
+    message: tuple[MessageKey, int] | None
+    """The message the action received and the group rank it came from; None if none."""
+
+
+class ActionObserver(Protocol):
+    """Called around every action of :meth:`PipelineRunner.step` (tracing, fault
+    injection, straggler emulation). An exception from either method ends the step."""
+
+    def before(self, action: Action) -> None: ...
+
+    def after(self, timing: ActionTiming) -> None: ...
 
 
 class PipelineRunner:
@@ -66,6 +90,8 @@ class PipelineRunner:
             tensor as in torch's runtime. A tensor whose shape changed raises ValueError.
             The saved activations are counted in the first step only (the same shapes
             save the same bytes), so later forwards run without saved-tensor hooks.
+        observer: told before and after every action (:class:`ActionObserver`); on CUDA
+            the device is synchronised before each end time, so times are the op's.
 
     After each step, :attr:`peak_activation_bytes` is the most memory this rank held for
     backward at once (the distinct tensors autograd saved, parameters excluded, and with
@@ -83,6 +109,7 @@ class PipelineRunner:
         timeout_s: float = 300.0,
         recompute: bool = False,
         static_shapes: bool = False,
+        observer: ActionObserver | None = None,
     ) -> None:
         validate(schedule)
         if len(stages) != schedule.num_stages:
@@ -138,6 +165,7 @@ class PipelineRunner:
         self.peak_activation_bytes = 0
         self._shapes = ShapeCache() if static_shapes else None
         self._saved_bytes: dict[tuple[int, int], int] = {}  # static shapes: from step one
+        self.observer = observer
 
     @property
     def is_first(self) -> bool:
@@ -149,7 +177,7 @@ class PipelineRunner:
         """Whether this rank holds the last stage (it needs ``targets``)."""
         return self.schedule.num_stages - 1 in self.stage_modules
 
-    def step(self, inputs: Batch | None = None, targets: Any = None) -> torch.Tensor:
+    def step(self, inputs: Batch | list[Any] | None = None, targets: Any = None) -> torch.Tensor:
         """Forward and backward of one batch; returns the mean microbatch loss on every rank.
 
         ``inputs`` is used where stage 0 lives, ``targets`` where the last stage lives
@@ -167,13 +195,7 @@ class PipelineRunner:
         state = _StepState(xs, ys)
         try:
             for action in self.schedule.rank_actions[self.rank]:
-                need = incoming(self.schedule, action)
-                received = channel.receive(*need) if need is not None else None
-                produced = self._run(action, received, state)
-                out = outgoing(self.schedule, action)
-                if out is not None:
-                    assert produced is not None  # only stage 0's backward yields None
-                    channel.send(out[0], out[1], produced)
+                self._action(action, channel, state)
             channel.finish()
         except BaseException:  # the peers' caches may not match ours: learn shapes anew
             if self._shapes is not None:
@@ -186,6 +208,25 @@ class PipelineRunner:
         )
         dist.broadcast(loss, src=_global_rank(self.group, self._last_rank), group=self.group)
         return loss
+
+    def _action(self, action: Action, channel: ShapedChannel, state: _StepState) -> None:
+        """Receive what ``action`` needs, run it, send what it produces."""
+        observer = self.observer
+        if observer is not None:
+            observer.before(action)
+        need = incoming(self.schedule, action)
+        wait_start = time.perf_counter()
+        received = channel.receive(*need) if need is not None else None
+        start = time.perf_counter()
+        produced = self._run(action, received, state)
+        out = outgoing(self.schedule, action)
+        if out is not None:
+            assert produced is not None  # only stage 0's backward yields None
+            channel.send(out[0], out[1], produced)
+        if observer is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            observer.after(ActionTiming(action, wait_start, start, time.perf_counter(), need))
 
     def _run(self, action: Action, received: torch.Tensor | None, state: _StepState):
         s, mb = action.stage, action.microbatch
