@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from nobubble.cli import main
 from nobubble.pipeline.actions import Schedule
 from nobubble.trace import read_chrome_trace
@@ -54,3 +56,33 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     assert "4 layers but the schedule has 8 stages" in capsys.readouterr().err
     assert main(["pp", "plan", "--profile", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys):
+    """Under a memory limit no plain schedule meets, ``pp plan --recompute`` picks a
+    checkpointed one; ``pp run --recompute`` trains to the same losses as without it, with
+    fewer activation bytes held on rank 0."""
+    prof, plan = tmp_path / "profile.json", tmp_path / "plan.csv"
+    assert main(["pp", "profile", "--stages", "2", "--no-comm", "--repeats", "1", "-o",
+                 str(prof), *TINY]) == 0  # fmt: skip
+    capsys.readouterr()
+    args = ["pp", "plan", "--profile", str(prof), "--stages", "2", "-m", "4", "-o", str(plan)]
+    assert main([*args, "--recompute", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["schedules"]
+    peak = {(r["schedule"], r["recompute"]): r["peak_activation_mib"] for r in rows}
+    assert peak[("1f1b", True)] < peak[("1f1b", False)]
+    limit = 0.95 * min(v for (_, rec), v in peak.items() if not rec)
+    assert main([*args, "--recompute", "--memory-limit-mib", f"{limit}", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["recompute"] is True and peak[(out["best"], True)] <= limit
+    assert main([*args, "--memory-limit-mib", f"{limit}"]) == 2  # without checkpointing
+    assert "no schedule fits" in capsys.readouterr().err
+
+    runs = {}
+    for flag in ([], ["--recompute"]):
+        rc = main(["pp", "run", "-s", "1f1b", "--stages", "2", "-m", "4", "--steps", "2",
+                   "--no-predict", "--trace", str(tmp_path / "t.json"), "--json", *flag, *TINY])  # fmt: skip
+        assert rc == 0
+        runs[bool(flag)] = json.loads(capsys.readouterr().out)
+    assert runs[True]["losses"] == pytest.approx(runs[False]["losses"], rel=1e-6)
+    assert runs[True]["peak_activation_bytes"][0] < runs[False]["peak_activation_bytes"][0]

@@ -74,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="also run the exact solver for this long")  # fmt: skip
     plan.add_argument("-o", "--output", type=output_file, default=Path("plan.csv"),
                       help="the best schedule as torch CSV")  # fmt: skip
+    plan.add_argument("--recompute", action="store_true",
+                      help="also weigh every schedule with activation checkpointing")  # fmt: skip
+    plan.add_argument("--memory-limit-mib", type=positive_float, default=None, metavar="MIB",
+                      help="keep the fastest whose peak activations per rank fit")  # fmt: skip
     _add_model(plan)
     _add_launch(plan)
     add_json_flag(plan)
@@ -88,6 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     run.add_argument("--lr", type=positive_float, default=0.01)
     run.add_argument("--no-predict", action="store_true", help="skip profiling + simulation")
+    run.add_argument("--recompute", action="store_true",
+                     help="activation checkpointing: F keeps its input, B runs F again")  # fmt: skip
     run.add_argument("--trace", type=output_file, default=Path("nobubble-out/pp_run_trace.json"),
                      help="merged Chrome trace to write")  # fmt: skip
     run.add_argument("--plot", type=output_file, default=None,
@@ -223,32 +229,43 @@ def _plan(args: argparse.Namespace) -> int:
             f"profile with --ranks {args.ranks}"
         )
     costs = prof.cost_model()
-    rows, best = [], None
+    variants = (False, True) if args.recompute else (False,)
+    rows = []
     for name in SCHEDULE_NAMES:
         sched = get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
                              costs=costs)  # fmt: skip
-        sim = simulate(sched, costs.for_stages(sched.stage_to_rank))
-        rows.append((sched, sim))
+        for rec in variants:
+            run_costs = prof.cost_model(recompute=rec).for_stages(sched.stage_to_rank)
+            rows.append((sched, rec, simulate(sched, run_costs)))
     if args.ilp is not None:
-        rows.extend(_ilp_rows(costs, args))
-    rows.sort(key=lambda row: row[1].makespan)
-    best = rows[0][0]
+        rows.extend((sched, False, sim) for sched, sim in _ilp_rows(costs, args))
+    rows.sort(key=lambda row: row[2].makespan)
+    limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
+    fits = [r for r in rows if limit is None or max(r[2].peak_memory) <= limit]
+    if not fits:
+        least = min(max(r[2].peak_memory) for r in rows) / MiB
+        hint = "" if args.recompute else ", or add --recompute"
+        raise UsageError(f"--memory-limit-mib {args.memory_limit_mib:g}: no schedule fits (the "
+                         f"least needs {least:.2f} MiB); raise it{hint}")  # fmt: skip
+    best, best_rec, _ = fits[0]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     write_text(args.output, best.to_csv())
     out = [
-        {"schedule": s.name, "makespan_ms": sim.makespan, "bubble_rate": sim.bubble_rate,
-         "peak_activation_mib": max(sim.peak_memory) / MiB}
-        for s, sim in rows
+        {"schedule": s.name, "recompute": rec, "makespan_ms": sim.makespan,
+         "bubble_rate": sim.bubble_rate, "peak_activation_mib": max(sim.peak_memory) / MiB}
+        for s, rec, sim in rows
     ]  # fmt: skip
+    run_hint = " (run it with --recompute)" if best_rec else ""
     if args.json:
-        print_json({"best": best.name, "output": str(args.output), "schedules": out})
+        print_json({"best": best.name, "recompute": best_rec, "output": str(args.output),
+                    "schedules": out})  # fmt: skip
         return 0
     print_table(
         f"P={args.ranks}, M={args.microbatches}, profiled costs ({prof.model})",
-        ["schedule", "makespan ms", "bubble", "peak act MiB"],
-        [[r["schedule"], r["makespan_ms"], f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]]
-         for r in out],
-        caption=f"best: {best.name} -> {args.output}",
+        ["schedule", "recompute", "makespan ms", "bubble", "peak act MiB"],
+        [[r["schedule"], "yes" if r["recompute"] else "no", r["makespan_ms"],
+          f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]] for r in out],
+        caption=f"best: {best.name}{run_hint} -> {args.output}",
     )  # fmt: skip
     return 0
 
@@ -297,6 +314,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
     config = TrainConfig(
         model=model_from_args(args), schedule=sched, microbatch_size=args.microbatch_size,
         num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
+        recompute=args.recompute,
     )  # fmt: skip
     check_config(config, sched.num_ranks)  # before profiling or starting anything
     return config
@@ -327,7 +345,8 @@ def _run(args: argparse.Namespace) -> int:
         from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
         from nobubble.pipeline.simulate import simulate
 
-        sim = simulate(sched, prof.cost_model(sched)) if prof is not None else None
+        costs = prof.cost_model(sched, recompute=args.recompute) if prof is not None else None
+        sim = simulate(sched, costs) if costs is not None else None
         extra["plot"] = str(
             plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
         )

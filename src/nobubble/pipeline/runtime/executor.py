@@ -70,6 +70,9 @@ class TrainConfig:
     """Return every parameter's gradient of step 0 (before the optimizer step)."""
     collect_params: bool = False
     """Return every parameter after the last step."""
+    recompute: bool = False
+    """Activation checkpointing (``PipelineRunner(recompute=True)``): F keeps its input only,
+    B runs the forward again."""
     fail_at: str | None = None
     """``"RANK:ACTION"`` (e.g. ``"1:1F2"``): that rank raises before that action (tests)."""
 
@@ -151,6 +154,7 @@ class _Rank:
         self.runner = PipelineRunner(
             modules, sched, config.model.loss, group=ctx.group, device=ctx.device,
             timeout_s=ctx.timeout_s, static_shapes=True, observer=self.tracer,
+            recompute=config.recompute,
         )  # fmt: skip
         params = [p for b in self.blocks.values() for p in b.parameters()]
         self.optimizer: torch.optim.Optimizer

@@ -77,23 +77,25 @@ class Profile:
     clock: str = "wall"
     """How op times were taken: ``wall`` or ``cpu`` (thread CPU time)."""
 
-    def cost_model(self, schedule: Schedule | None = None) -> CostModel:
+    def cost_model(self, schedule: Schedule | None = None, *, recompute: bool = False) -> CostModel:
         """The simulator's per-stage costs (ms, bytes), the fused backward's measured time
         included. ``schedule`` must have as many stages as were profiled (profile with the
-        schedule's ``num_stages``)."""
+        schedule's ``num_stages``). ``recompute``: under activation checkpointing, each F
+        keeps one boundary activation (``activation_bytes``) and each B runs F again."""
         if schedule is not None and schedule.num_stages != len(self.stages):
             raise ValueError(
                 f"profile has {len(self.stages)} stages but schedule {schedule.name!r} has "
                 f"{schedule.num_stages}; profile the model in {schedule.num_stages} stages"
             )
         st = self.stages
-        return CostModel(
+        costs = CostModel(
             t_f=tuple(s.t_f for s in st), t_b=tuple(s.t_b for s in st),
             t_w=tuple(s.t_w for s in st), t_comm=self.t_comm,
             mem_f=tuple(float(s.mem_f) for s in st), mem_b=tuple(float(s.mem_b) for s in st),
             mem_w=tuple(float(s.mem_f - s.mem_b) for s in st),
             t_bw=tuple(s.t_bw_fused for s in st),  # what a fused BW really takes
         )  # fmt: skip
+        return costs.with_recompute(float(self.activation_bytes)) if recompute else costs
 
     def to_dict(self) -> dict:
         d = asdict(self)

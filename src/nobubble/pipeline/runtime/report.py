@@ -71,7 +71,7 @@ def summarize_run(
     (losses,) = [r.losses for r in results if r.losses is not None]
     sim_makespan = sim_bubble = sim_peak = None
     if profile is not None:
-        sim = simulate(sched, profile.cost_model(sched))
+        sim = simulate(sched, profile.cost_model(sched, recompute=config.recompute))
         sim_makespan, sim_bubble = sim.makespan / 1e3, sim.bubble_rate  # profile is in ms
         sim_peak = tuple(sim.peak_memory)
     return RunSummary(
