@@ -6,9 +6,12 @@ ranks. For each schedule, torch's ``_PipelineScheduleRuntime`` (loaded through
 alternately on the same batch, one step each, ``--steps`` times after a warm-up; the report
 gives each path's median step time, the ratio ``runner / torch`` (below 1: nobubble is
 faster) and each path's speed-up of the zero-bubble schedules over 1F1B, next to the speed-up the
-simulator predicts from a profile of the same stages (:func:`nobubble.pipeline.runtime.
-profile_modules.profile_modules`, thread CPU time, one microbatch). CPU measurements on a
-shared machine: read the ratios, not the milliseconds.
+simulator predicts twice: from a profile of the same stages taken beforehand
+(:func:`nobubble.pipeline.runtime.profile_modules.profile_modules`, thread CPU time, one
+microbatch), and from the op times the runner measured in the run itself (``OpTimes``, the
+costs re-planning would use). The schedules are built once from the profile, so ranks and
+simulator time the same orders. CPU measurements on a shared machine: read the ratios, not
+the milliseconds.
 
     .venv/bin/python benchmarks/pp_runner_vs_torch.py [--steps 12] [--quick]
 """
@@ -36,6 +39,11 @@ from nobubble.pipeline import (  # noqa: E402
     split_model,
     to_torch,
 )
+from nobubble.pipeline.runtime.profile import (  # noqa: E402
+    OpTimes,
+    costs_from_op_times,
+    measure_comm,
+)
 from nobubble.pipeline.runtime.profile_modules import profile_modules  # noqa: E402
 
 SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
@@ -58,8 +66,8 @@ def _batch(batch: int):
     return len(chars), window[:, :-1], window[:, 1:]
 
 
-def predicted(batch: int, microbatches: int) -> dict[str, float]:
-    """Simulated makespan (ms) of each schedule from a profile of the 2 stages."""
+def profiled_costs(batch: int, microbatches: int):
+    """The simulator's costs from a profile of the 2 stages (one microbatch, CPU time)."""
     import torch
 
     torch.set_num_threads(1)  # as each rank runs
@@ -67,30 +75,33 @@ def predicted(batch: int, microbatches: int) -> dict[str, float]:
     rows = batch // microbatches
     prof = profile_modules(split_model(gpt(vocab), 2), x[:rows], y[:rows], loss_fn,
                            repeats=5, clock="cpu")  # fmt: skip
-    costs = prof.cost_model()
-    return {
-        name: simulate(
-            get_schedule(name, num_ranks=2, num_microbatches=microbatches, costs=costs), costs
-        ).makespan  # fmt: skip
-        for name in SCHEDULES
-    }
+    return prof.cost_model()
 
 
-def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
+def rank_main(ctx, schedules, steps: int, batch: int) -> dict:
     import torch
 
     vocab, x, y = _batch(batch)
-    out = {}
-    for name in SCHEDULES:
-        sched = get_schedule(name, num_ranks=ctx.world_size, num_microbatches=microbatches)
+    rows = batch // schedules[0].num_microbatches
+    hidden = gpt(vocab)[0](x[:rows]).shape  # the boundary activation of one microbatch
+    t_comm = measure_comm(ctx, hidden)
+    out = {"t_comm_ms": t_comm}
+    for sched in schedules:
         own = sched.stages_of(ctx.rank)
         torch_stages = split_model(gpt(vocab), sched.num_stages)
         runtime = to_torch(torch_stages, sched, loss_fn)
+        timer = OpTimes()  # the runner's own op times, for the in-run simulation
         runner = PipelineRunner(
-            split_model(gpt(vocab), sched.num_stages), sched, loss_fn, static_shapes=True
+            split_model(gpt(vocab), sched.num_stages),
+            sched,
+            loss_fn,
+            static_shapes=True,
+            observer=timer,
         )  # as torch: shapes fixed at the first step
         times: dict[str, list[float]] = {"torch": [], "nobubble": []}
         for i in range(steps + 2):
+            if i == 2:
+                timer.clear()  # the first two rounds warm up
             for path in ("torch", "nobubble") if i % 2 == 0 else ("nobubble", "torch"):
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
@@ -99,10 +110,22 @@ def rank_main(ctx, steps: int, batch: int, microbatches: int) -> dict:
                 else:
                     runner.step(x, y)
                 torch.distributed.barrier()
-                if i >= 2:  # the first two rounds warm up
+                if i >= 2:
                     times[path].append(time.perf_counter() - t0)
         runner.close()
-        out[name] = {p: statistics.median(t) for p, t in times.items()}
+        out[sched.name] = {p: statistics.median(t) for p, t in times.items()}
+        out[sched.name]["op_ms"] = timer.medians()
+    return out
+
+
+def _in_run_makespans(per_rank: list[dict], schedules) -> dict[str, float]:
+    """Each schedule simulated with the op times its own runner run measured (ms)."""
+    t_comm = per_rank[0]["t_comm_ms"]
+    out = {}
+    for sched in schedules:
+        merged = {k: v for r in per_rank for k, v in r[sched.name]["op_ms"].items()}
+        costs = costs_from_op_times(merged, sched.num_stages, t_comm=t_comm)
+        out[sched.name] = simulate(sched, costs).makespan
     return out
 
 
@@ -114,14 +137,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 steps, for a smoke run")
     args = ap.parse_args()
     steps = 3 if args.quick else args.steps
-    per_rank = spawn(rank_main, 2, args=(steps, args.batch, args.microbatches), timeout_s=1800)
+    costs = profiled_costs(args.batch, args.microbatches)
+    # the automatic schedules (zb-2p) adapt to the profiled costs: build them once, here, so
+    # that the ranks run and the simulator times the very same orders
+    schedules = [get_schedule(name, num_ranks=2, num_microbatches=args.microbatches,
+                              costs=costs) for name in SCHEDULES]  # fmt: skip
+    per_rank = spawn(rank_main, 2, args=(schedules, steps, args.batch), timeout_s=1800)
     # a step ends at a barrier: every rank measured the same step; take rank 0's
     res = per_rank[0]
-    sim = predicted(args.batch, args.microbatches)
+    sim = {sched.name: simulate(sched, costs).makespan for sched in schedules}
+    in_run = _in_run_makespans(per_rank, schedules)
     rows = []
     for name in SCHEDULES:
         t, n = res[name]["torch"], res[name]["nobubble"]
         measured, model = res["1f1b"]["nobubble"] / n, sim["1f1b"] / sim[name]
+        replayed = in_run["1f1b"] / in_run[name]
         rows.append({
             "schedule": name,
             "torch_step_s": t,
@@ -132,6 +162,10 @@ def main() -> None:
             "predicted_makespan_ms": sim[name],
             "predicted_speedup_vs_1f1b": model,
             "speedup_error": measured / model - 1,
+            "in_run_makespan_ms": in_run[name],
+            "in_run_speedup_vs_1f1b": replayed,
+            "in_run_speedup_error": measured / replayed - 1,
+            "in_run_step_error": n * 1e3 / in_run[name] - 1,
         })  # fmt: skip
     import torch
 
@@ -151,6 +185,9 @@ def main() -> None:
             "nobubble vs 1f1b",
             "simulated vs 1f1b",
             "error",
+            "in-run sim vs 1f1b",
+            "error",
+            "step vs in-run sim",
         ],  # fmt: skip
         [
             [
@@ -162,6 +199,9 @@ def main() -> None:
                 f"{r['nobubble_speedup_vs_1f1b']:.3f}x",
                 f"{r['predicted_speedup_vs_1f1b']:.3f}x",
                 f"{r['speedup_error']:+.1%}",
+                f"{r['in_run_speedup_vs_1f1b']:.3f}x",
+                f"{r['in_run_speedup_error']:+.1%}",
+                f"{r['in_run_step_error']:+.1%}",
             ]
             for r in rows
         ],  # fmt: skip

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from nobubble.distributed import RankFailure, spawn
-from nobubble.pipeline import get_schedule
+from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.runtime.autosplit import ModuleSplit
+from nobubble.pipeline.runtime.p2p import incoming
+from nobubble.pipeline.runtime.profile import OpTimes, costs_from_op_times
 from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
 from tests.pipeline.runtime.torch_model import batch, blocks, loss_fn, stages
 
@@ -293,12 +295,29 @@ def test_recompute_draws_the_same_dropout_masks_as_the_first_forward() -> None:
             torch.testing.assert_close(recomputed[name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+class _Recorder(OpTimes):
+    """OpTimes that also keeps what it was told, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen_before: list[str] = []
+        self.seen_after: list = []
+
+    def before(self, action) -> None:
+        self.seen_before.append(str(action))
+
+    def after(self, timing) -> None:
+        super().after(timing)
+        self.seen_after.append(timing)
+
+
 def _static_rank(ctx, names: tuple[str, ...], xs: list, ys: list, change: bool) -> dict:
     out = {}
     for name in names:
         sched = _schedule(name, ctx.world_size)
+        seen = _Recorder()
         runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn, static_shapes=True,
-                                timeout_s=30)  # fmt: skip
+                                timeout_s=30, observer=seen)  # fmt: skip
         losses, peaks = [], []
         for _ in range(3):
             losses.append(float(runner.step(list(xs), list(ys))))
@@ -311,9 +330,23 @@ def _static_rank(ctx, names: tuple[str, ...], xs: list, ys: list, change: bool) 
         runner.close()
         plain = PipelineRunner(stages(sched.num_stages), sched, loss_fn)  # counts every step
         plain.step(list(xs), list(ys))
-        out[name] = (losses, grads, peaks, plain.peak_activation_bytes)
+        out[name] = (losses, grads, peaks, plain.peak_activation_bytes, seen, seen.medians())
         plain.close()
     return out
+
+
+def _check_observed(sched, rank: int, seen: _Recorder, medians: dict, steps: int) -> None:
+    """The observer saw this rank's actions in schedule order, every step, each with the
+    message the schedule says it receives, and times that run forward."""
+    own = [str(a) for a in sched.rank_actions[rank]]
+    assert seen.seen_before == own * steps
+    assert [str(t.action) for t in seen.seen_after] == own * steps
+    for t in seen.seen_after:
+        assert t.wait_start <= t.start <= t.end
+        need = incoming(sched, t.action)
+        assert t.message == need
+    assert set(medians) == {(a.op.value, a.stage) for a in sched.rank_actions[rank]}
+    assert all(v > 0 for v in medians.values())
 
 
 def test_static_shapes_give_the_same_gradients_and_count_memory_once():
@@ -328,6 +361,11 @@ def test_static_shapes_give_the_same_gradients_and_count_memory_once():
             assert r[name][0] == pytest.approx([ref_loss] * 3, rel=1e-6), name
             got.update(r[name][1])
             assert r[name][2] == [r[name][3]] * 3, name  # counted once, the same every step
+        for rank, r in enumerate(results):
+            _check_observed(_schedule(name, 2), rank, r[name][4], r[name][5], steps=3)
+        merged = {k: v for r in results for k, v in r[name][5].items()}
+        costs = costs_from_op_times(merged, _schedule(name, 2).num_stages)
+        assert simulate(_schedule(name, 2), costs).makespan > 0  # every op has a time
         assert set(got) == set(ref_grads), name
         for key, ref in ref_grads.items():  # 3 steps accumulated, divided by 3
             torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
@@ -339,3 +377,14 @@ def test_static_shapes_refuse_a_shape_that_changed():
     with pytest.raises(RankFailure, match=r"static_shapes: act of stage 1 microbatch 0 is "
                                           r"torch.float32 \(2, 11, \d+\), but was"):  # fmt: skip
         spawn(_static_rank, 2, args=(("zb-h1",), xs, ys, True), timeout_s=120)
+
+
+def test_costs_from_op_times_fill_a_fused_only_stage_and_name_a_missing_one() -> None:
+    medians = {("F", 0): 2.0, ("BW", 0): 6.0, ("F", 1): 3.0, ("B", 1): 4.0, ("W", 1): 1.0}
+    costs = costs_from_op_times(medians, 2, t_comm=0.5)
+    assert (costs.t_f, costs.t_b, costs.t_w) == ((2.0, 3.0), (3.0, 4.0), (3.0, 1.0))
+    assert costs.t_bw == (6.0, 5.0) and costs.t_comm == 0.5
+    with pytest.raises(ValueError, match="no F time for stage 2"):
+        costs_from_op_times(medians, 3)
+    with pytest.raises(ValueError, match="no backward time for stage 1"):
+        costs_from_op_times({("F", 0): 1.0, ("BW", 0): 2.0, ("F", 1): 1.0}, 2)

@@ -29,14 +29,18 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import DistContext
-from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.actions import Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.runtime.bw_split import attach_store
 from nobubble.pipeline.runtime.memory import ActivationMeter
 from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
+from nobubble.pipeline.runtime.runner import ActionTiming
 from nobubble.pipeline.runtime.stage import PipelineStage
 
-__all__ = ["StageProfile", "Profile", "profile_stages", "measure_comm", "comm_probe", "op_clock"]
+__all__ = [
+    "StageProfile", "Profile", "profile_stages", "measure_comm", "comm_probe", "op_clock",
+    "OpTimes", "costs_from_op_times",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -282,3 +286,52 @@ def measure_comm(ctx: DistContext, shape: torch.Size, *, repeats: int = 10) -> f
 def comm_probe(ctx: DistContext, shape: tuple[int, ...], repeats: int = 10) -> float:
     """Module-level spawn target: :func:`measure_comm` for ``shape``."""
     return measure_comm(ctx, torch.Size(shape), repeats=repeats)
+
+
+class OpTimes:
+    """A :class:`~nobubble.pipeline.runtime.runner.PipelineRunner` observer that keeps every
+    action's compute time (ms, wait excluded) per ``(op, stage)``: the costs of the run itself,
+    for the simulator (:func:`costs_from_op_times`) or for re-planning."""
+
+    def __init__(self) -> None:
+        self.times: dict[tuple[str, int], list[float]] = {}
+
+    def before(self, action) -> None:
+        pass
+
+    def after(self, timing: ActionTiming) -> None:
+        key = (timing.action.op.value, timing.action.stage)
+        self.times.setdefault(key, []).append((timing.end - timing.start) * 1e3)
+
+    def medians(self) -> dict[tuple[str, int], float]:
+        """``(op, stage) -> median ms`` of what this rank ran (merge ranks' dicts)."""
+        return {k: statistics.median(v) for k, v in self.times.items()}
+
+    def clear(self) -> None:
+        self.times.clear()
+
+
+def costs_from_op_times(
+    medians: dict[tuple[str, int], float], num_stages: int, *, t_comm: float = 0.0
+) -> CostModel:
+    """A CostModel (ms; unit memory) from measured ``(op, stage) -> ms`` medians of every
+    stage. A stage seen only with fused backwards gets ``t_bw`` and ``t_b = t_w = t_bw / 2``;
+    one seen only split gets ``t_b``, ``t_w`` and no ``t_bw`` (a BW then costs T_B + T_W)."""
+    t_f, t_b, t_w, t_bw = [], [], [], []
+    for s in range(num_stages):
+        if (Op.F.value, s) not in medians:
+            raise ValueError(f"costs_from_op_times: no F time for stage {s}; merge every rank's")
+        bw = medians.get((Op.BW.value, s))
+        b, w = medians.get((Op.B.value, s)), medians.get((Op.W.value, s))
+        if b is None or w is None:
+            if bw is None:
+                raise ValueError(f"costs_from_op_times: no backward time for stage {s}")
+            b = w = bw / 2
+        t_f.append(medians[(Op.F.value, s)])
+        t_b.append(b)
+        t_w.append(w)
+        t_bw.append(bw if bw is not None else b + w)
+    return CostModel(
+        t_f=tuple(t_f), t_b=tuple(t_b), t_w=tuple(t_w), t_bw=tuple(t_bw), t_comm=t_comm,
+        mem_f=(1.0,) * num_stages, mem_b=(0.5,) * num_stages, mem_w=(0.5,) * num_stages,
+    )  # fmt: skip
