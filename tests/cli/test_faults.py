@@ -1,0 +1,180 @@
+"""The fault matrix: a rank or worker killed or stopped mid-run, the launcher killed or
+interrupted, and two runs of one command at once, for ``pp run``, ``ep bench --transport
+shm|dist`` and ``rl train``.
+
+Each case has a bound on the time from the fault to the launcher's exit, and leaves nothing
+behind: no process of the run's session (the launcher starts in a session of its own), and
+no new ``/dev/shm`` segment named by the run (shared-memory transports, multiprocessing
+semaphores). A rank's failure ends the run with exit 1 and one line naming the rank or
+worker; Ctrl-C ends it with exit 130 and ``nobubble X: interrupted``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_signals import _ranks, _session_members
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and /dev/shm")
+
+EP = ["--ranks", "2", "--iters", "100000", "--force", "--tokens", "64", "--hidden", "32",
+      "--experts", "4", "--topk", "2"]  # fmt: skip
+COMMANDS = {
+    "pp run": ["pp", "run", "-s", "1f1b", "-p", "2", "-m", "4", "--steps", "5000",
+               "--layers", "2", "--hidden", "16", "--seq-len", "8", "--no-predict"],
+    "ep bench shm": ["ep", "bench", "--transport", "shm", *EP],
+    "ep bench dist": ["ep", "bench", "--transport", "dist", *EP],
+    "rl train": ["rl", "train", "--mode", "fully-async", "--steps", "100000", "--batch-groups",
+                 "2", "--group-size", "4", "--policy-kwargs", '{"hidden": 16}'],
+}  # fmt: skip
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+class _Run:
+    """One command in its own session, with the run's own output paths."""
+
+    def __init__(self, name: str, tmp: Path) -> None:
+        self.name, self.group = name, name.split()[0]
+        argv = list(COMMANDS[name])
+        if self.group == "pp":
+            argv += ["--trace", str(tmp / "trace.json")]
+        if self.group == "rl":
+            argv += ["--out", str(tmp / "rl")]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nobubble", *argv], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+
+    def wait_for_ranks(self, count: int = 2) -> list[int]:
+        deadline = time.monotonic() + 120
+        while len(ranks := _ranks(self.proc.pid)) < count:
+            assert self.proc.poll() is None, self.proc.communicate()
+            assert time.monotonic() < deadline, f"{self.name}: the ranks never started"
+            time.sleep(0.2)
+        time.sleep(2.0)  # into the work
+        return ranks
+
+    def finish(self, bound_s: float) -> tuple[int, str, float]:
+        """Exit code, stderr and seconds until the launcher exited (at most ``bound_s``)."""
+        start = time.monotonic()
+        try:
+            _, err = self.proc.communicate(timeout=bound_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name}: still running {bound_s:.0f}s after the fault")
+        return self.proc.returncode, err, time.monotonic() - start
+
+    def assert_nothing_left(self) -> None:
+        deadline = time.monotonic() + 10
+        while left := _session_members(self.proc.pid):
+            assert time.monotonic() < deadline, f"{self.name}: left behind {left}"
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _assert_shm_cleaned(before: set[str]) -> None:
+    """Within 10 s, nothing new in /dev/shm (multiprocessing's resource tracker unlinks the
+    semaphores of a launcher killed outright)."""
+    deadline = time.monotonic() + 10
+    while left := _shm() - before:
+        assert time.monotonic() < deadline, f"left in /dev/shm: {sorted(left)}"
+        time.sleep(0.2)
+
+
+def _last_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip() and "resource_tracker" not in x]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_a_killed_rank_or_worker_ends_the_run_naming_it(tmp_path, name) -> None:
+    before = _shm()
+    run = _Run(name, tmp_path)
+    try:
+        os.kill(run.wait_for_ranks()[-1], signal.SIGKILL)
+        code, err, _ = run.finish(bound_s=20)
+        assert code == 1, err
+        line = _last_line(err)
+        assert "died with exit code -9" in line and "Traceback" not in err, err
+        assert line.startswith(f"nobubble {run.group}: failed:"), err
+        run.assert_nothing_left()
+        assert not {n for n in _shm() - before if not n.startswith("sem.")}, "shm left"
+    finally:
+        run.kill()
+
+
+@pytest.mark.parametrize("name", ["ep bench shm", "rl train"])
+def test_ctrl_c_prints_one_line_and_leaves_nothing(tmp_path, name) -> None:
+    before = _shm()
+    run = _Run(name, tmp_path)
+    try:
+        run.wait_for_ranks()
+        run.proc.send_signal(signal.SIGINT)
+        code, err, _ = run.finish(bound_s=15)
+        assert code == 130 and _last_line(err) == f"nobubble {run.group}: interrupted", err
+        assert "Traceback" not in err, err
+        run.assert_nothing_left()
+        _assert_shm_cleaned(before)
+    finally:
+        run.kill()
+
+
+@pytest.mark.parametrize("name", ["ep bench shm", "rl train"])
+def test_a_sigkilled_launcher_takes_its_ranks_and_segments_along(tmp_path, name) -> None:
+    before = _shm()
+    run = _Run(name, tmp_path)
+    try:
+        run.wait_for_ranks()
+        os.kill(run.proc.pid, signal.SIGKILL)  # the launcher alone; its ranks must follow
+        run.finish(bound_s=10)  # stderr closes when the last rank or worker is gone
+        run.assert_nothing_left()
+        _assert_shm_cleaned(before)
+    finally:
+        run.kill()
+
+
+def test_a_stopped_rank_is_named_by_liveness_within_45_s(tmp_path) -> None:
+    run = _Run("ep bench shm", tmp_path)
+    try:
+        stopped = run.wait_for_ranks()[-1]
+        os.kill(stopped, signal.SIGSTOP)
+        code, err, _ = run.finish(bound_s=45)
+        line = _last_line(err)
+        assert code == 1 and "stopped responding" in line and "rank 1" in line, err
+        run.assert_nothing_left()
+    finally:
+        run.kill()
+
+
+def test_two_runs_of_one_command_at_once_do_not_clash(tmp_path) -> None:
+    """Ports and shared-memory names are per run: two shm benchmarks side by side both
+    finish."""
+    argv = ["ep", "bench", "--transport", "shm", "--ranks", "2", "--iters", "3", "--tokens",
+            "64", "--hidden", "32", "--experts", "4", "--topk", "2", "--json"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "nobubble", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
