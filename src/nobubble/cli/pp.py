@@ -6,6 +6,8 @@ chunks per rank split them evenly. ``--model 1.5B`` takes the Zero Bubble paper'
 times and memory model for that model. Memory limits are in units of M_F (one
 microbatch's activations on a rank). The ILP (``pp solve``, :mod:`.pp_solve`) and runtime
 (``pp profile/plan/run``, :mod:`.pp_run`) commands live in their own modules.
+``pp simulate --dispatch static|handshake`` with ``--jitter/--straggler/--seed`` simulates
+one step under a dispatch policy and perturbed durations (:mod:`nobubble.pipeline.dispatch`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 from nobubble.cli import pp_frontier, pp_run, pp_solve
 from nobubble.cli.pp_options import (
     add_costs,
+    add_dispatch,
     add_shape,
     check_size,
     costs_from_args,
+    perturbation_from_args,
     schedule_from_args,
 )
 from nobubble.cli.util import (
@@ -84,6 +88,7 @@ def _register_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one schedule: bubble, spans, peak memory")
     add_shape(p)
     add_costs(p)
+    add_dispatch(p)
     p.add_argument("--plot", type=output_file, help="write a Gantt chart (.png or .svg)")
     p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
     add_json_flag(p)
@@ -94,12 +99,16 @@ def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
 
     costs = costs_from_args(args)
-    result = simulate(schedule_from_args(args, costs), costs)
+    dispatched = args.dispatch is not None or args.jitter > 0 or args.straggler
+    handshake = args.dispatch == "handshake"
+    sched = schedule_from_args(args, costs, limit_elsewhere=handshake)
+    run = _dispatch(args, sched, costs) if dispatched else None
+    result = run.sim if run is not None else simulate(sched, costs)
     files = _write_pictures(result, args.plot, args.trace)
     if args.json:
+        summary = run.summary() if run is not None else result.summary()
         print_json(
-            result.summary()
-            | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
+            summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
         )
         return 0
     mf = costs.mem_f[0]
@@ -109,13 +118,51 @@ def _simulate(args: argparse.Namespace) -> int:
         for r in range(result.schedule.num_ranks)
     ]  # fmt: skip
     print_table(
-        f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}",
+        f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}"
+        + (f", {_describe_run(run, mf)}" if run is not None else ""),
         ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
         rows,
         caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
         f"makespan {result.makespan:.4g}" + "".join(f"; wrote {f}" for f in files),
     )
     return 0
+
+
+def _dispatch(args: argparse.Namespace, sched, costs):
+    """``--dispatch`` and the perturbation flags: one step under that policy."""
+    from nobubble.pipeline.dispatch import plan_peaks, simulate_dispatch
+
+    perturbation = perturbation_from_args(args)
+    if args.dispatch != "handshake":
+        return simulate_dispatch(sched, costs, perturbation=perturbation)
+    mem_limit = None
+    if args.mem_limit is not None:
+        mf = costs.mem_f[0]
+        peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
+        rank = max(range(len(peaks)), key=peaks.__getitem__)
+        if args.mem_limit * mf < peaks[rank] * (1 - 1e-9):
+            raise UsageError(
+                f"--mem-limit {args.mem_limit:g} is below {sched.name}'s peak of "
+                f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
+                "or -s zb-1p / zb-2p, which are built for the limit"
+            )
+        mem_limit = args.mem_limit * mf
+    return simulate_dispatch(
+        sched, costs, policy="handshake", perturbation=perturbation, mem_limit=mem_limit
+    )
+
+
+def _describe_run(run, mem_f: float) -> str:
+    """``handshake, jitter 0.2, straggler 1:1.5, seed 0, limit 4 M_F`` for a table title."""
+    pert = run.perturbation
+    parts = [run.policy]
+    parts += [f"jitter {pert.jitter:g}"] if pert.jitter else []
+    parts += [f"straggler {s}" for s in pert.stragglers]
+    parts += [f"seed {pert.seed}"] if pert.jitter else []
+    if run.policy == "handshake":
+        label = "limit" if len(set(run.limits)) == 1 else "limits up to"
+        parts.append(f"{label} {max(run.limits) / mem_f:.4g} M_F, {run.deviations} deviations")
+    return ", ".join(parts)
 
 
 def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:

@@ -1,15 +1,19 @@
-"""Options shared by the ``pp`` commands: pipeline shape, per-rank costs, the schedule.
+"""Options shared by the ``pp`` commands: pipeline shape, per-rank costs, the schedule, the
+dispatch policy and its perturbations.
 
 Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
 rank's share of the model; ``--tcomm``: one transfer between ranks); ``--model 1.5B`` takes
 the Zero Bubble paper's measured times and memory model. Memory limits are in units of M_F.
+``--dispatch static|handshake`` picks how ranks choose their next op, ``--jitter``,
+``--straggler`` and ``--seed`` perturb the op durations
+(:mod:`nobubble.pipeline.dispatch`).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from nobubble.cli.util import UsageError, nonneg_float, positive_float, positive_int
+from nobubble.cli.util import UsageError, nonneg_float, nonneg_int, positive_float, positive_int
 
 __all__ = [
     "PAPER_TIMES",
@@ -20,7 +24,14 @@ __all__ = [
     "check_size",
     "costs_from_args",
     "schedule_from_args",
+    "DISPATCH_CHOICES",
+    "add_dispatch",
+    "perturbation_from_args",
 ]
+
+# nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
+# imports no pipeline code (a test keeps the two equal)
+DISPATCH_CHOICES = ("static", "handshake")
 
 # measured per-rank times (T_F, T_B, T_W, T_comm in ms) at p = 8/8/16/32, from the paper's table
 PAPER_TIMES = {
@@ -90,8 +101,8 @@ def add_costs(p: argparse.ArgumentParser) -> None:
     m.add_argument("--mem-b", type=nonneg_float, help="memory a B frees")
     m.add_argument("--mem-w", type=nonneg_float, help="memory a W frees")
     p.add_argument("--mem-limit", type=positive_float, default=None,
-                   help="zb-1p/zb-2p activation limit per rank in units of M_F "
-                        "(default P and 2P)")  # fmt: skip
+                   help="zb-1p/zb-2p (and --dispatch handshake) activation limit per rank "
+                        "in units of M_F (default P and 2P; handshake: the order's peak)")  # fmt: skip
 
 
 def _rank_costs(text: str) -> tuple[float, ...]:
@@ -143,7 +154,11 @@ def _check_direct_memory(mem_f, mem_b, mem_w) -> None:
         )
 
 
-def schedule_from_args(args: argparse.Namespace, costs, name: str | None = None):
+def schedule_from_args(
+    args: argparse.Namespace, costs, name: str | None = None, *, limit_elsewhere: bool = False
+):
+    """The schedule ``--schedule`` names; ``--mem-limit`` steers zb-1p / zb-2p and is refused
+    for other schedules unless ``limit_elsewhere`` (the handshake takes it as its limit)."""
     from nobubble.pipeline.schedules import get_schedule
 
     check_size(args)
@@ -154,7 +169,60 @@ def schedule_from_args(args: argparse.Namespace, costs, name: str | None = None)
                          "(the unit is M_F); give at least 1")  # fmt: skip
     if getattr(args, "mem_limit", None) is not None and name in ("zb-1p", "zb-2p"):
         mem_limit = args.mem_limit * costs.mem_f[0]
-    elif getattr(args, "mem_limit", None) is not None and name == args.schedule:
-        raise UsageError(f"--mem-limit applies to zb-1p / zb-2p, not {name!r}")
+    elif (
+        getattr(args, "mem_limit", None) is not None
+        and name == args.schedule
+        and not limit_elsewhere
+    ):
+        raise UsageError(f"--mem-limit applies to zb-1p / zb-2p (and --dispatch handshake), "
+                         f"not {name!r}")  # fmt: skip
     return get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
                         costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
+
+
+def add_dispatch(p: argparse.ArgumentParser) -> None:
+    """``--dispatch``, ``--jitter``, ``--straggler`` (repeatable) and ``--seed``."""
+    g = p.add_argument_group("dispatch policy and perturbations")
+    g.add_argument("--dispatch", choices=DISPATCH_CHOICES, default=None,
+                   help="static: every rank walks the schedule's order (the default); "
+                        "handshake: ranks pick their next op from what has arrived, guided "
+                        "by the order, within --mem-limit (default: the order's peak)")  # fmt: skip
+    g.add_argument("--jitter", type=_jitter, default=0.0, metavar="J",
+                   help="each op's time times a seeded factor in [1-J, 1+J] (0 <= J < 1)")  # fmt: skip
+    g.add_argument("--straggler", type=_straggler, action="append", default=[],
+                   metavar="RANK:FACTOR[:STEPS]",
+                   help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
+                        "N), A-B or A- (default all); repeatable")  # fmt: skip
+    g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the jitter draws")
+
+
+def _jitter(text: str) -> float:
+    """argparse type: a number J with 0 <= J < 1."""
+    value = nonneg_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text} must be >= 0 and < 1 (0.2 draws each op's factor from [0.8, 1.2])"
+        )
+    return value
+
+
+def _straggler(text: str):
+    """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
+    from nobubble.pipeline.dispatch.perturb import parse_straggler
+
+    try:
+        return parse_straggler(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def perturbation_from_args(args: argparse.Namespace):
+    """The Perturbation of ``--jitter/--straggler/--seed``; a straggler on a rank the
+    pipeline does not have is a usage error."""
+    from nobubble.pipeline.dispatch.perturb import Perturbation
+
+    for s in args.straggler:
+        if s.rank >= args.ranks:
+            raise UsageError(f"--straggler {s}: rank {s.rank} is outside ranks 0..{args.ranks - 1} "
+                             "of --ranks; give a rank of the pipeline")  # fmt: skip
+    return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed)

@@ -45,6 +45,7 @@ _LAZY = {
     "SplitReport": "nobubble.pipeline.runtime.autosplit",
     "to_torch": "nobubble.pipeline.runtime.torch_interop",
     "profile_modules": "nobubble.pipeline.runtime.profile_modules",
+    "simulate_dispatch": "nobubble.pipeline.dispatch",
 }
 
 

@@ -1,0 +1,45 @@
+"""Dispatch policies: how each rank picks its next op, simulated under perturbations.
+
+- :mod:`~nobubble.pipeline.dispatch.policy`: :func:`simulate_dispatch` ->
+  :class:`DispatchResult`, for ``static`` (walk the order) and ``handshake`` (pick at run
+  time from what has arrived); :data:`DISPATCH_POLICIES`
+- :mod:`~nobubble.pipeline.dispatch.handshake`: the rule, its deadlock-freedom argument,
+  :class:`HandshakeRule`, :func:`run_handshake` -> :class:`HandshakeRun`, :func:`plan_peaks`
+- :mod:`~nobubble.pipeline.dispatch.perturb`: :class:`Perturbation` (per-op jitter,
+  stragglers, seed), :class:`Straggler`, :func:`parse_straggler`
+- :mod:`~nobubble.pipeline.dispatch.static`: :func:`run_static` (an order with per-op
+  durations), :func:`timeline_result`
+"""
+
+from __future__ import annotations
+
+from nobubble.pipeline.dispatch.handshake import (
+    HandshakeRule,
+    HandshakeRun,
+    plan_peaks,
+    run_handshake,
+)
+from nobubble.pipeline.dispatch.perturb import (
+    OpDurations,
+    Perturbation,
+    Straggler,
+    parse_straggler,
+)
+from nobubble.pipeline.dispatch.policy import DISPATCH_POLICIES, DispatchResult, simulate_dispatch
+from nobubble.pipeline.dispatch.static import run_static, timeline_result
+
+__all__ = [
+    "DISPATCH_POLICIES",
+    "DispatchResult",
+    "simulate_dispatch",
+    "HandshakeRule",
+    "HandshakeRun",
+    "run_handshake",
+    "plan_peaks",
+    "Perturbation",
+    "Straggler",
+    "OpDurations",
+    "parse_straggler",
+    "run_static",
+    "timeline_result",
+]
