@@ -7,6 +7,7 @@ p) beside the V schedules' bounds (p+4)/3, (p+2)/2 and p. Then time ``pp frontie
 points for P=8, M=24 on the 1.5B and 6.2B costs and draw docs/img/pp_frontier_p8_m24_*.png.
 
     .venv/bin/python benchmarks/pp_v_memory.py [--quick] [--json-out PATH] [--no-plots]
+        [--img-dir DIR]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def run_row(row) -> dict:
     return out
 
 
-def run_frontier(model: str, plots: bool) -> dict:
+def run_frontier(model: str, img_dir: Path | None) -> dict:
     row = next(r for r in paper_rows()
                if r["model"] == model and r["p"] == "8" and r["m"] == "24")  # fmt: skip
     costs = paper_costs(row)
@@ -56,12 +57,12 @@ def run_frontier(model: str, plots: bool) -> dict:
                          sources=[partial(fr.generated_points, mem_limits=limits),
                                   fr.torch_points])  # fmt: skip
     seconds = time.perf_counter() - t0
-    if plots:
+    if img_dir is not None:
         from nobubble.pipeline.plot import frontier_plot
 
         frontier_plot(
             result.points,
-            ROOT / f"docs/img/pp_frontier_p8_m24_{model}.png",
+            img_dir / f"pp_frontier_p8_m24_{model}.png",
             title=f"P=8, M=24, {model} costs: bubble vs peak activation memory",
         )
     return {"model": model, "seconds": seconds, "points": [q.as_dict() for q in result.points],
@@ -71,13 +72,16 @@ def run_frontier(model: str, plots: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the p=8 rows")
-    parser.add_argument("--no-plots", action="store_true", help="do not redraw docs/img")
+    parser.add_argument("--no-plots", action="store_true", help="do not draw the frontiers")
+    parser.add_argument("--img-dir", type=Path, default=ROOT / "docs/img",
+                        help="where the frontier PNGs go (default docs/img)")  # fmt: skip
     parser.add_argument("--json-out", type=Path,
                         default=ROOT / "benchmarks/results/pp_v_memory.json")  # fmt: skip
     args = parser.parse_args()
     results = [run_row(r) for r in paper_rows(args.quick)]
     print_bubble_memory(NAMES, results)
-    frontiers = [run_frontier(model, not args.no_plots) for model in ("1.5B", "6.2B")]
+    img_dir = None if args.no_plots else args.img_dir
+    frontiers = [run_frontier(model, img_dir) for model in ("1.5B", "6.2B")]
     for f in frontiers:
         print(f"frontier {f['model']} P=8 M=24: {f['seconds']:.1f} s, Pareto: {f['pareto']}")
     all_ok = all(s["within_bound"] for r in results for s in r["schedules"].values())

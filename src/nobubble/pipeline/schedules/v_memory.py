@@ -17,28 +17,37 @@ the memory. Per rank r (``g`` keeps the four slots distinct modulo 6):
 |---|---|---|---|---|---|---|
 | V-Min | r | 2p-1-r | 2p+g+r | 4p+g-1-r | ~ 4p | about (p+4)/3 |
 | V-Half | 2r | 3p-2-r | 3p-1+g+2r | 6p-2+g-r | ~ 6p | about (p+2)/2 |
-| V-ZB | r | 2p-1-r | 2p+D+r | 4p+D-1-r | ~ 12p | at most p (1F1B's) |
+| V-ZB | 4r | 6p-3-2r | 6p-2+4r | 12p-5-2r | 12p | p (1F1B's) |
 
 V-Min: ``g = 2`` when 3 divides p, else 0; V-Half: ``g = 3`` when p is even, else 0 (the
-paper's offsets). V-ZB stretches V-Min's B side by the largest even ``D`` whose block still
-holds at most 2p chunk activations: the same shape at 1F1B's memory.
+paper's offsets). V-ZB's block is ZB-V's steady state (each W right after its B; the test
+suite checks it against ZB-V's timeline): zero bubble at 1F1B's memory when T_F = T_B = T_W,
+which is what V-ZB stands for.
 
 **Unit.** A *rank unit* is one microbatch's activations on one rank: ``mem_f`` of its two
 chunks together (each chunk stores half of what the rank's layers store).
 
-**Compaction.** The repeated block is valid for any m (every dependency sits in an earlier
-slot), but with real costs (T_F != T_B != T_W, T_comm > 0) and in warm-up / cool-down it
-leaves gaps. :func:`v_memory_schedule` then list-schedules the same ops with the given
-costs: each rank, when free, runs the ready op (inputs arrived) of the earliest block slot,
-fills waits with pending Ws, and never stores more than the block's own peak (measured with
-these costs). A forward of the down chunk starts only if the rank still has room for the up
-chunk of every microbatch it has started (a started microbatch can always finish its
-forward). Three variants (block priority; B first; or backfilling only what ends before the
-next block op's input arrives) and the plain block are simulated, a variant that gets stuck
-is dropped, and the shortest longest-rank span wins: compaction never does worse than the
-block. (The simulator runs the plain block eagerly, which is already the paper's
-"squeeze"; on the paper's costs the list scheduler wins for V-ZB, V-Min and V-Half keep
-the block's order.)
+**From block to schedule** (the paper's repeat, reorder, squeeze). The repeated block is
+valid for any m (every input sits in an earlier slot), but it starts one microbatch per six
+slots, so the warm-up and cool-down are mostly empty slots. *Reordering* walks the ops in
+slot order and moves each op of the warm-up (before rank 0's first down-chunk B) and of the
+cool-down (from rank 0's last down-chunk F on) into the earliest free slot after its inputs
+and after its predecessor of the same kind, provided the rank's peak memory under the costs'
+memory model stays within the cap; a second pass moves only the cool-down's Bs, with the Ws
+placed afresh behind them. *Squeezing* is simply simulating the resulting order with the
+real costs (every op as soon as its inputs are in). For V-ZB the reordering rebuilds ZB-V's
+forward/backward order with other W slots, and ZB-V's own order (the same block with a
+hand-written warm-up that fills the pipeline with forwards first, as the paper's does, and
+its cool-down) is a candidate too.
+
+**Compaction for the costs.** With T_F != T_B != T_W and T_comm > 0 the Ws (which nothing
+waits for) can go elsewhere: each candidate is also run with Ws right after their B until
+the rank's last forward (where memory is tightest), and after it only in idle stretches they
+fit, the rest at the end (:func:`_place_ws`). Every candidate (block, reordered, reordered
+twice, ZB-V for V-ZB; each as is and with Ws placed) is simulated; those above the cap are
+dropped and the shortest longest-rank span wins, so the result is never worse than the
+block (nor, for V-ZB, than ZB-V). The cap is the block's own peak under the costs (for V-ZB,
+the larger of the block's and ZB-V's: both at most 1F1B's p rank units).
 
 Limits: ``num_ranks >= 1``, ``num_microbatches >= 1`` (below about 2p microbatches the block
 is cut short and warm-up dominates).
@@ -46,14 +55,12 @@ is cut short and warm-up dominates).
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.schedules.v_shape import v_stage_to_rank
+from nobubble.pipeline.schedules.v_shape import v_stage_to_rank, zb_v
 from nobubble.pipeline.simulate import simulate
 from nobubble.pipeline.validate import DepKey, dep_key, dependencies, validate
 from nobubble.validation import check_value
@@ -64,6 +71,7 @@ __all__ = [
     "BuildingBlock",
     "building_block",
     "block_schedule",
+    "reordered_schedule",
     "v_memory_schedule",
 ]
 
@@ -76,6 +84,9 @@ MEMORY_BOUND = {
     "v-zb": lambda p: float(p),
 }
 """Peak activation memory per rank, in rank units, that each schedule stays within."""
+
+_EPS = 1e-9
+Slots = list[dict[Action, int]]  # per rank: action -> its unit time slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,89 +107,159 @@ class BuildingBlock:
         return len(self.slots)
 
 
-def _offsets(name: str, p: int, gap: int) -> tuple[tuple[int, int, int, int], ...]:
-    if name == "v-half":
-        return tuple((2 * r, 3 * p - 2 - r, 3 * p - 1 + gap + 2 * r, 6 * p - 2 + gap - r)
-                     for r in range(p))  # fmt: skip
-    return tuple((r, 2 * p - 1 - r, 2 * p + gap + r, 4 * p + gap - 1 - r) for r in range(p))
-
-
 def building_block(name: str, num_ranks: int) -> BuildingBlock:
     """The building block of ``name`` (one of :data:`V_MEMORY_NAMES`) for p ranks."""
     check_value("num_ranks", num_ranks, ">= 1", integer=True)
     p = num_ranks
     if name == "v-min":
-        return BuildingBlock(name, _offsets(name, p, 2 if p % 3 == 0 else 0))
-    if name == "v-half":
-        return BuildingBlock(name, _offsets(name, p, 3 if p % 2 == 0 else 0))
-    if name != "v-zb":
+        g = 2 if p % 3 == 0 else 0
+        rows = [(r, 2 * p - 1 - r, 2 * p + g + r, 4 * p + g - 1 - r) for r in range(p)]
+    elif name == "v-half":
+        g = 3 if p % 2 == 0 else 0
+        rows = [(2 * r, 3 * p - 2 - r, 3 * p - 1 + g + 2 * r, 6 * p - 2 + g - r) for r in range(p)]
+    elif name == "v-zb":
+        rows = [(4 * r, 6 * p - 3 - 2 * r, 6 * p - 2 + 4 * r, 12 * p - 5 - 2 * r) for r in range(p)]
+    else:
         raise ValueError(f"unknown V schedule {name!r}; choose one of {', '.join(V_MEMORY_NAMES)}")
-    # the largest stretch D (even, 2p + D not a multiple of 6) at <= 2p chunk activations
-    best = 2 if p % 3 == 0 else 0
-    for stretch in range(best, 12 * p + 1, 2):
-        if (2 * p + stretch) % PERIOD and _in_flight_peak(_offsets(name, p, stretch)) <= 2 * p:
-            best = stretch
-    return BuildingBlock(name, _offsets(name, p, best))
+    return BuildingBlock(name, tuple(rows))
 
 
-def _block_rank_order(slots: tuple[int, int, int, int], r: int, p: int, m: int) -> list[Action]:
-    """Rank r's ops of m repeated blocks in slot order, each W in the first free slot after
-    its B (Ws in the order of their Bs)."""
-    down, up = r, 2 * p - 1 - r
-    timed: dict[int, Action] = {}
-    for i in range(m):
-        for slot, action in zip(slots, (Action(down, Op.F, i), Action(up, Op.F, i),
-                                        Action(up, Op.B, i), Action(down, Op.B, i))):  # fmt: skip
-            assert slot + PERIOD * i not in timed, "block slots collide modulo 6"
-            timed[slot + PERIOD * i] = action
-    order: list[Action] = []
-    pending: list[Action] = []
-    t, last = 0, max(timed)
+# -- the repeated block, as slots ----------------------------------------------------------
+
+
+def _block_slots(block: BuildingBlock, num_microbatches: int) -> Slots:
+    """The block repeated for m microbatches: F/B at ``slot + 6 i``, each W in the first free
+    slot after its B (Ws in the order of their Bs)."""
+    p = block.num_ranks
+    out: Slots = []
+    for r, (f0, f1, b1, b0) in enumerate(block.slots):
+        down, up = r, 2 * p - 1 - r
+        timed: dict[Action, int] = {}
+        for i in range(num_microbatches):
+            shift = PERIOD * i
+            timed[Action(down, Op.F, i)] = f0 + shift
+            timed[Action(up, Op.F, i)] = f1 + shift
+            timed[Action(up, Op.B, i)] = b1 + shift
+            timed[Action(down, Op.B, i)] = b0 + shift
+        assert len(set(timed.values())) == len(timed), "block slots collide modulo 6"
+        out.append(_with_ws(timed))
+    return out
+
+
+def _with_ws(timed: dict[Action, int]) -> dict[Action, int]:
+    """F/B slots plus each W in the first free slot after its B, in the order of the Bs."""
+    at_slot = {t: a for a, t in timed.items() if a.op is not Op.W}
+    out: dict[Action, int] = {}
+    pending: deque[Action] = deque()
+    t, last = 0, max(at_slot)
     while t <= last or pending:
-        at_slot = timed.get(t)
-        if at_slot is not None:
-            order.append(at_slot)
-            if at_slot.op is Op.B:
-                pending.append(Action(at_slot.stage, Op.W, at_slot.microbatch))
+        a = at_slot.get(t)
+        if a is not None:
+            out[a] = t
+            if a.op is Op.B:
+                pending.append(Action(a.stage, Op.W, a.microbatch))
         elif pending:
-            order.append(pending.pop(0))
+            out[pending.popleft()] = t
         t += 1
-    return order
+    return out
 
 
-def _in_flight_peak(slots: Sequence[tuple[int, int, int, int]]) -> int:
-    """Largest number of chunk activations a rank holds (stored at F, freed at W) over a
-    long run of blocks (m = 3p + 6 reaches the steady state)."""
-    p = len(slots)
-    peak = 0
-    for r in range(p):
-        level = 0
-        for a in _block_rank_order(slots[r], r, p, 3 * p + 6):
-            level += 1 if a.op is Op.F else (-1 if a.op is Op.W else 0)
-            peak = max(peak, level)
-    return peak
+def _to_schedule(name: str, num_microbatches: int, slots: Slots) -> Schedule:
+    rows = tuple(tuple(sorted(rank_slots, key=rank_slots.__getitem__)) for rank_slots in slots)
+    return Schedule(name, num_microbatches, v_stage_to_rank(len(slots)), rows)
 
 
 def block_schedule(block: BuildingBlock, num_microbatches: int) -> Schedule:
     """The building block repeated for m microbatches, uncompacted (valid for any m)."""
     check_value("num_microbatches", num_microbatches, ">= 1", integer=True)
-    p = block.num_ranks
-    rows = tuple(tuple(_block_rank_order(block.slots[r], r, p, num_microbatches)) for r in range(p))
-    return Schedule(block.name, num_microbatches, v_stage_to_rank(p), rows)
+    return _to_schedule(block.name, num_microbatches, _block_slots(block, num_microbatches))
 
 
-@dataclass(frozen=True, slots=True)
-class _Variant:
-    """Switches of the list scheduler (see :func:`_compact` and :func:`_choose`)."""
-
-    pick: str  # "slot": the ready op of the earliest slot; "b-first": a ready B first;
-    # "backfill": the earliest-slot op, else only what ends before its input arrives
-    w_when_idle: bool  # fill any wait with a pending W (else only one that fits the wait)
+# -- reordering (the paper's step after repeating) -----------------------------------------
 
 
-# the three that won somewhere on the paper's configurations (of the six combinations)
-_VARIANTS = (_Variant("slot", False), _Variant("b-first", True), _Variant("backfill", False))
-_EPS = 1e-9
+def reordered_schedule(
+    block: BuildingBlock, num_microbatches: int, costs: CostModel, cap: float, *, passes: int = 2
+) -> Schedule:
+    """The repeated block with its warm-up and cool-down reordered (module docstring).
+
+    Args:
+        costs: per stage (2p entries); only its memory model is used. cap: the peak memory
+            per rank the moves may reach (normally the block's own peak under ``costs``).
+        passes: 1 (every op of the warm-up and cool-down, Ws included) or 2 (then the
+            cool-down's Bs once more, with the Ws placed afresh behind them).
+    """
+    m = num_microbatches
+    slots = _move_earlier(_block_slots(block, m), m, costs, cap, warm_up=True)
+    if passes > 1:
+        fb = [{a: t for a, t in s.items() if a.op is not Op.W} for s in slots]
+        slots = [_with_ws(s) for s in _move_earlier(fb, m, costs, cap, warm_up=False)]
+    return _to_schedule(block.name, m, slots)
+
+
+def _move_earlier(slots: Slots, m: int, costs: CostModel, cap: float, *, warm_up: bool) -> Slots:
+    """One reordering pass over ``slots`` (changed in place and returned): ops in slot order;
+    a movable one goes to the earliest free slot after its inputs and its predecessor of the
+    same kind where the rank's memory stays within ``cap``. ``warm_up=False``: only the
+    cool-down's Bs move (no Ws in ``slots``, so only moves that free memory are allowed)."""
+    p, num_stages = len(slots), 2 * len(slots)
+    owner = v_stage_to_rank(p)
+    where = {a: t for rank_slots in slots for a, t in rank_slots.items()}
+    warm_up_ends = where[Action(0, Op.B, 0)]
+    cool_down_starts = where[Action(0, Op.F, m - 1)]
+    horizon = max(where.values()) + 1
+    levels = [_levels(rank_slots, costs, horizon) for rank_slots in slots]
+    taken: list[set[int]] = [set() for _ in range(p)]
+    for t, r, a in sorted((t, owner[a.stage], a) for a, t in where.items()):
+        movable = (warm_up and t < warm_up_ends) or t >= cool_down_starts
+        if not warm_up:
+            movable = movable and a.op is Op.B and costs.memory_delta(a) <= 0
+            movable = movable and costs.memory_transient(a) <= 0
+        new = t
+        if movable:
+            earliest = 1 + max((where[Action(s, (Op.F, Op.B, Op.W)[k], i)]
+                                for k, s, i in dependencies(a, num_stages)), default=-1)  # fmt: skip
+            if a.microbatch > 0:
+                earliest = max(earliest, where[Action(a.stage, a.op, a.microbatch - 1)] + 1)
+            new = _earliest_slot(a, t, earliest, levels[r], taken[r], costs, cap)
+            for u in range(new, t):
+                levels[r][u] += costs.memory_delta(a)
+        taken[r].add(new)
+        where[a] = slots[r][a] = new
+    return slots
+
+
+def _levels(rank_slots: dict[Action, int], costs: CostModel, horizon: int) -> list[float]:
+    """Memory held after each slot (``horizon`` slots) of one rank."""
+    change = [0.0] * horizon
+    for a, t in rank_slots.items():
+        change[t] += costs.memory_delta(a)
+    level, out = 0.0, []
+    for c in change:
+        level += c
+        out.append(level)
+    return out
+
+
+def _earliest_slot(
+    a: Action, t: int, earliest: int, levels: list[float], taken: set[int], costs: CostModel,
+    cap: float,
+) -> int:  # fmt: skip
+    """The earliest free slot in ``[earliest, t)`` from where ``a`` (now at t) keeps the
+    rank within ``cap``; t if none. Moving earlier adds ``a``'s memory change to the slots
+    it jumps over, so the scan goes backwards and stops at the first slot that overflows."""
+    grow = max(costs.memory_delta(a), costs.memory_transient(a), 0.0)
+    best, held = t, levels[t - 1] if t > 0 else 0.0
+    for u in range(t - 1, max(earliest, 0) - 1, -1):
+        held = max(held, levels[u - 1] if u > 0 else 0.0)
+        if grow > 0 and held + grow > cap * (1 + _EPS):
+            break  # an op that frees memory may always move earlier
+        if u not in taken:
+            best = u
+    return best
+
+
+# -- the schedule for given costs ----------------------------------------------------------
 
 
 def v_memory_schedule(
@@ -190,186 +271,103 @@ def v_memory_schedule(
         name: ``"v-min"``, ``"v-half"`` or ``"v-zb"``.
         num_ranks: p >= 1. num_microbatches: m >= 1.
         costs: per rank (p entries) or per stage (2p); default uniform F = B = W = 1,
-            T_comm = 0, memory split evenly between B and W. The compaction is tuned to
-            them; the order is valid under any costs.
+            T_comm = 0, memory split evenly between B and W. The choice among the
+            candidates is tuned to them; every candidate is valid under any costs.
 
-    Returns the compacted schedule (module docstring), whose peak activation memory per
-    rank is at most the uncompacted block's under ``costs``, which is within
-    :data:`MEMORY_BOUND` rank units.
+    Returns the best candidate under ``costs`` (module docstring), whose peak activation
+    memory per rank is at most the block's (for V-ZB: the block's or ZB-V's) under
+    ``costs``, which is within :data:`MEMORY_BOUND` rank units.
     """
     block = building_block(name, num_ranks)
     plain = block_schedule(block, num_microbatches)
-    p = num_ranks
+    p, m = num_ranks, num_microbatches
     if costs is None:
         costs = CostModel.uniform(p)
     if costs.num_stages not in (p, 2 * p):
         raise ValueError(f"costs have {costs.num_stages} stages; give one per rank ({p}) "
                          f"or one per stage ({2 * p}) for {name}")  # fmt: skip
     costs = costs.for_stages(plain.stage_to_rank)
-    base = simulate(plain, costs)
-    cap = max(base.peak_memory)
-    best, best_span = plain, base.max_span
-    for variant in _VARIANTS:
-        candidate = _compact(plain, costs, cap, variant)
-        if candidate is None:
-            continue
-        result = simulate(candidate, costs)
-        if max(result.peak_memory) <= cap * (1 + 1e-9) and result.max_span < best_span - 1e-9:
-            best, best_span = candidate, result.max_span
+    sources = [plain]
+    if name == "v-zb":
+        sources.append(zb_v(p, m).renamed(name))
+    cap = max(max(simulate(s, costs, check=False).peak_memory) for s in sources)
+    sources += [reordered_schedule(block, m, costs, cap, passes=k) for k in (1, 2)]
+    best, best_span = plain, float("inf")
+    for source in sources:
+        for candidate in (source, _place_ws(source, costs, cap)):
+            result = simulate(candidate, costs, check=False)
+            if max(result.peak_memory) <= cap * (1 + _EPS) and result.max_span < best_span - _EPS:
+                best, best_span = candidate, result.max_span
     validate(best)
     return best
 
 
-class _RankState:
-    """One rank's queues while the list scheduler runs: its F and B ops by chunk, each in
-    block order; its pending Ws (in the order of their Bs); memory and clock."""
+def _place_ws(order: Schedule, costs: CostModel, cap: float) -> Schedule:
+    """``order``'s F/B sequence per rank with its Ws placed anew for ``costs``.
 
-    def __init__(self, rank: int, block_order: Sequence[Action]):
-        self.rank = rank
-        self.slot_of = {a: k for k, a in enumerate(block_order)}  # block order = slot order
-        self.queues = [
-            [a for a in block_order if a.op is op and a.stage == stage]
-            for op in (Op.F, Op.B)
-            for stage in sorted({a.stage for a in block_order})
-        ]
-        self.heads_at = [0] * len(self.queues)
-        self.pending_w: deque[Action] = deque()
-        self.order: list[Action] = []
-        self.clock = 0.0
-        self.memory = 0.0
-        self.started_down = 0  # microbatches whose down-chunk F ran here
-        self.started_up = 0
-
-    def heads(self) -> list[tuple[int, Action]]:
-        return [(k, q[self.heads_at[k]]) for k, q in enumerate(self.queues)
-                if self.heads_at[k] < len(q)]  # fmt: skip
-
-    def done(self) -> bool:
-        return not self.pending_w and all(h == len(q) for h, q in zip(self.heads_at, self.queues))
-
-
-def _compact(plain: Schedule, costs: CostModel, cap: float, variant: _Variant) -> Schedule | None:
-    """List-schedule ``plain``'s ops under ``costs``; None if the scheduler gets stuck.
-
-    Each rank, at its decision time, runs the F/B of the earliest block slot if its inputs
-    are there (and, for an F, memory allows: :func:`_fits`); otherwise it *backfills*: a
-    ready op of a later slot, or a pending W, that ends before that op's input arrives. The
-    ranks decide in time order (a heap), so every input that exists by a rank's decision
-    time is known to it; a rank with nothing to do sleeps until an input it waits for is
-    computed.
+    Until a rank's last forward, each W runs right after its B (memory is tight there); after
+    it, a W runs only in an idle stretch it fits in (before the next op's input arrives),
+    the rest at the end. An op that would take the rank above ``cap`` runs pending Ws first.
+    Ws feed nothing, so filling a stretch on one rank never moves another rank: the ranks
+    advance like :func:`~nobubble.pipeline.simulate.simulate`'s worklist.
     """
-    num_stages, owner = plain.num_stages, plain.stage_to_rank
-    states = [_RankState(r, acts) for r, acts in enumerate(plain.rank_actions)]
+    num_stages, owner, t_comm = order.num_stages, order.stage_to_rank, costs.t_comm
+    rows = [[a for a in acts if a.op is not Op.W] for acts in order.rank_actions]
+    last_f = [max((k for k, a in enumerate(row) if a.op is Op.F), default=-1) for row in rows]
+    states = [_RankClock() for _ in rows]
     end: dict[DepKey, float] = {}
     waiting: dict[DepKey, list[int]] = {}
-    version = [0] * plain.num_ranks
-    heap = [(0.0, 0, r) for r in range(plain.num_ranks)]
-
-    def arrival(a: Action, rank: int) -> tuple[float | None, DepKey | None]:
-        t = 0.0
-        for dep in dependencies(a, num_stages):
-            done = end.get(dep)
-            if done is None:
-                return None, dep
-            t = max(t, done + (costs.t_comm if owner[dep[1]] != rank else 0.0))
-        return t, None
-
-    def wake(rank: int, at: float) -> None:
-        version[rank] += 1
-        heapq.heappush(heap, (at, version[rank], rank))
-
-    while heap:
-        at, ver, r = heapq.heappop(heap)
-        st = states[r]
-        if ver != version[r] or st.done():
-            continue
-        now = max(at, st.clock)
-        heads, missing_keys = [], []  # heads: see _choose
-        for k, a in st.heads():
-            t, missing = arrival(a, r)
-            if missing is not None:
-                missing_keys.append(missing)
-            full = a.op is Op.F and not _fits(st, a, costs, cap)  # only Ws free room here
-            heads.append((st.slot_of[a], k, a, t, full))
-        choice = _choose(st, heads, now, costs, variant)
-        if choice is None:
-            times = [t for _, _, _, t, _ in heads if t is not None and t > now + _EPS]
-            for missing in missing_keys:
-                waiting.setdefault(missing, []).append(r)
-            if times:
-                st.clock = max(st.clock, min(times))  # idle until then, whatever comes
-                wake(r, st.clock)
-            continue
-        k, a = choice
-        produced = _run(st, k, a, now, costs)
-        end[dep_key(a)] = st.clock
-        for q in waiting.pop(produced, ()):
-            wake(q, max(states[q].clock, st.clock))
-        wake(r, st.clock)
-    if not all(s.done() for s in states):
-        return None
-    rows = tuple(tuple(s.order) for s in states)
-    return Schedule(plain.name, plain.num_microbatches, plain.stage_to_rank, rows)
+    ready = deque(range(len(rows)))
+    while ready:
+        r = ready.popleft()
+        st, row = states[r], rows[r]
+        while st.pos < len(row):
+            a = row[st.pos]
+            arrival, blocked = 0.0, None
+            for dep in dependencies(a, num_stages):
+                done = end.get(dep)
+                if done is None:
+                    blocked = dep
+                    break
+                arrival = max(arrival, done + (t_comm if owner[dep[1]] != r else 0.0))
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            need = max(costs.memory_delta(a), costs.memory_transient(a), 0.0)
+            while st.pending and st.memory + need > cap * (1 + _EPS):
+                st.run(st.pending.popleft(), costs)
+            while st.pending and st.clock + costs.duration(st.pending[0]) <= arrival + _EPS:
+                st.run(st.pending.popleft(), costs)
+            st.clock = max(st.clock, arrival)
+            st.run(a, costs)
+            end[dep_key(a)] = st.clock
+            if a.op is Op.B:
+                st.pending.append(Action(a.stage, Op.W, a.microbatch))
+                if st.pos <= last_f[r]:
+                    st.run(st.pending.popleft(), costs)
+            st.pos += 1
+            ready.extend(waiting.pop(dep_key(a), ()))
+    if any(st.pos < len(row) for st, row in zip(states, rows)):
+        return order  # cannot happen for a valid order; keep it as it is
+    for st in states:
+        while st.pending:
+            st.run(st.pending.popleft(), costs)
+    rows_out = tuple(tuple(st.order) for st in states)
+    return Schedule(order.name, order.num_microbatches, owner, rows_out)
 
 
-def _choose(
-    st: _RankState, heads: list, now: float, costs: CostModel, variant: _Variant
-) -> tuple[int, Action] | None:
-    """``(queue index, or -1 for a W; action)`` to run at ``now``, or None to wait.
+class _RankClock:
+    """One rank while :func:`_place_ws` runs: position in its F/B row, clock, memory held,
+    pending Ws (in the order of their Bs) and the order written so far."""
 
-    ``heads``: ``(slot, queue index, action, arrival or None, blocked by memory)`` of the
-    rank's next F/B of each chunk.
-    """
-    ready = [(slot, k, a) for slot, k, a, t, full in heads
-             if t is not None and t <= now + _EPS and not full]  # fmt: skip
-    waits = [t for _, _, _, t, _ in heads if t is not None and t > now + _EPS]
-    deadline = min(waits, default=float("inf"))
-    # a ready F that memory holds back: only this rank's Ws can make room
-    blocked = any(full and t is not None and t <= now + _EPS for _, _, _, t, full in heads)
-    w = (-1, st.pending_w[0]) if st.pending_w else None
-    if variant.pick == "backfill":
-        first = min(heads, key=lambda h: h[0], default=None)
-        if first is not None and not first[4] and first[3] is not None:
-            if first[3] <= now + _EPS:
-                return first[1], first[2]
-            deadline = first[3]
-        fillers = [(k, a) for _, k, a in sorted(ready)] + ([w] if w else [])
-        for k, a in fillers:
-            if now + costs.duration(a) <= deadline + _EPS or (k < 0 and blocked):
-                return k, a
-        return None
-    if ready:
-        b_first = variant.pick == "b-first"
-        slot, k, a = min(ready, key=lambda h: (b_first and h[2].op is not Op.B, h[0]))
-        return k, a
-    if w and (blocked or variant.w_when_idle or now + costs.duration(w[1]) <= deadline + _EPS):
-        return w
-    return None
+    def __init__(self) -> None:
+        self.pos = 0
+        self.clock = 0.0
+        self.memory = 0.0
+        self.pending: deque[Action] = deque()
+        self.order: list[Action] = []
 
-
-def _fits(st: _RankState, f: Action, costs: CostModel, cap: float) -> bool:
-    """Room for this forward, and (for the down chunk) for the up chunk of every microbatch
-    started here, so a started microbatch can always finish its forward on this rank."""
-    down = st.rank
-    mem_up = costs.mem_f[costs.num_stages - 1 - down]
-    outstanding = st.started_down - st.started_up  # down chunk done, up chunk not yet
-    need = costs.mem_f[f.stage] + mem_up * (outstanding + (1 if f.stage == down else -1))
-    return st.memory + need <= cap * (1 + _EPS)
-
-
-def _run(st: _RankState, k: int, a: Action, now: float, costs: CostModel) -> DepKey:
-    """Run ``a`` on its rank at ``now``; returns the key it produces."""
-    if k < 0:
-        st.pending_w.popleft()
-    else:
-        st.heads_at[k] += 1
-    st.clock = now + costs.duration(a)
-    st.memory += costs.memory_delta(a)
-    st.order.append(a)
-    if a.op is Op.B:
-        st.pending_w.append(Action(a.stage, Op.W, a.microbatch))
-    elif a.op is Op.F and a.stage == st.rank:
-        st.started_down += 1
-    elif a.op is Op.F:
-        st.started_up += 1
-    return dep_key(a)
+    def run(self, a: Action, costs: CostModel) -> None:
+        self.clock += costs.duration(a)
+        self.memory += costs.memory_delta(a)
+        self.order.append(a)
