@@ -14,7 +14,7 @@ from ortools.sat.python import cp_model
 
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.simulate import SimResult
+from nobubble.pipeline.simulate import SimResult, simulate
 
 __all__ = ["SolveResult", "DEFAULT_WORKERS"]
 
@@ -167,3 +167,48 @@ class _Progress(cp_model.CpSolverSolutionCallback):
             self.best_objective_bound * self._unit,
             self.wall_time,
         )
+
+
+def unsolved_result(code: int, costs: CostModel, mem_limit: float | None,
+                    common: dict) -> SolveResult | None:  # fmt: skip
+    """The result when CP-SAT ended without a schedule (infeasible, or none in time); None
+    when it has one. ``common``: the fields every result of this solve shares."""
+    if code == cp_model.INFEASIBLE:
+        return SolveResult(schedule=None, status="infeasible", objective=None, lower_bound=None,
+                           gap=None, explanation=_explain_infeasible(costs, mem_limit),
+                           **common)  # fmt: skip
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(schedule=None, status="unknown", objective=None, lower_bound=None,
+                           gap=None, explanation="no schedule found within the time limit; "
+                           "raise time_limit_s", **common)  # fmt: skip
+    return None
+
+
+def solved_result(
+    schedule: Schedule, costs: CostModel, *, proven: bool, bound_ticks: float, time_unit: float,
+    objective: str, hint: _Hint | None, from_hint: bool, seconds: float, where: str, common: dict,
+) -> SolveResult:  # fmt: skip
+    """The result for ``schedule`` (the solver's, or the warm start's when ``from_hint``):
+    simulated, with CP-SAT's bound (``bound_ticks`` in integer ticks of ``time_unit``), the
+    gap, and a note on how it was reached."""
+    status = "optimal" if proven else "feasible"
+    sim = simulate(schedule, costs)
+    bound = bound_ticks * time_unit
+    obj = _sim_objective(sim, objective)
+    gap = 0.0 if proven else max(0.0, (obj - bound) / obj)
+    note = f"{status} after {seconds:.1f} s{where}"
+    if hint is not None:
+        note += f"; warm start {hint.name} ({_sim_objective(hint.sim, objective):.6g})"
+    if from_hint:
+        note += "; the solver found nothing better than the warm start"
+    return SolveResult(schedule=schedule, status=status, objective=obj, lower_bound=bound,
+                       gap=gap, explanation=note, bubble_rate=sim.bubble_rate,
+                       peak_memory=sim.peak_memory, simulation=sim, **common)  # fmt: skip
+
+
+def hint_fields(hint: _Hint | None, objective: str) -> dict:
+    """The warm start's name, objective and bubble rate for a SolveResult (empty: none)."""
+    if hint is None:
+        return {}
+    return {"heuristic": hint.name, "heuristic_objective": _sim_objective(hint.sim, objective),
+            "heuristic_bubble_rate": hint.sim.bubble_rate}  # fmt: skip

@@ -35,10 +35,11 @@ from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
     IntScaling,
     SolveResult,
-    _explain_infeasible,
     _Hint,
     _Progress,
-    _sim_objective,
+    hint_fields,
+    solved_result,
+    unsolved_result,
 )
 from nobubble.pipeline.ilp.model import (
     IntProblem,
@@ -284,48 +285,24 @@ def _result(
     problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit
 ) -> SolveResult:
     objective = problem.objective
-    heur = {}
-    if hint is not None:
-        heur = {
-            "heuristic": hint.name,
-            "heuristic_objective": _sim_objective(hint.sim, objective),
-            "heuristic_bubble_rate": hint.sim.bubble_rate,
-        }
-    common = {"objective_kind": objective, "solve_seconds": seconds, "time_unit": time_unit, **heur}
-    if code == cp_model.INFEASIBLE:
-        return SolveResult(
-            schedule=None, status="infeasible", objective=None, lower_bound=None, gap=None,
-            explanation=_explain_infeasible(costs, mem_limit), **common,
-        )  # fmt: skip
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult(
-            schedule=None, status="unknown", objective=None, lower_bound=None, gap=None,
-            explanation="no schedule found within the time limit; raise time_limit_s", **common,
-        )  # fmt: skip
+    common = {"objective_kind": objective, "solve_seconds": seconds, "time_unit": time_unit,
+              **hint_fields(hint, objective)}  # fmt: skip
+    early = unsolved_result(code, costs, mem_limit, common)
+    if early is not None:
+        return early
     p, m = problem.num_stages, problem.num_microbatches
     orders = []
     for s in range(p):
         ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW" for i in range(m))
         orders.append([(op, i) for _, op, i in ops])
     value = objective_of(problem, asap_times(problem, orders))
-    source = "cp-sat"
-    if hint is not None and hint.int_objective < value:  # only possible before optimality
-        orders, value, source = hint.orders, hint.int_objective, hint.name
-    status = (
-        "optimal" if code == cp_model.OPTIMAL and value <= solver.objective_value else "feasible"
-    )
-    schedule = _to_schedule(orders, m, f"ilp-{objective}")
-    sim = simulate(schedule, costs)
-    bound = min(solver.best_objective_bound, value) * time_unit
-    obj = _sim_objective(sim, objective)
-    gap = 0.0 if status == "optimal" else max(0.0, (obj - bound) / obj)
-    note = f"{status} after {seconds:.1f} s"
-    if hint is not None:
-        note += f"; warm start {hint.name} ({_sim_objective(hint.sim, objective):.6g})"
-    if source != "cp-sat":
-        note += "; the solver found nothing better than the warm start"
-    return SolveResult(
-        schedule=schedule, status=status, objective=obj, lower_bound=bound, gap=gap,
-        explanation=note, bubble_rate=sim.bubble_rate, peak_memory=sim.peak_memory,
-        simulation=sim, **common,
+    from_hint = hint is not None and hint.int_objective < value  # only before optimality
+    if from_hint:
+        orders, value = hint.orders, hint.int_objective
+    return solved_result(
+        _to_schedule(orders, m, f"ilp-{objective}"), costs,
+        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
+        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
+        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds, where="",
+        common=common,
     )  # fmt: skip

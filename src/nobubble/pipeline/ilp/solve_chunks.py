@@ -27,10 +27,11 @@ from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
     IntScaling,
     SolveResult,
-    _explain_infeasible,
     _Hint,
     _Progress,
-    _sim_objective,
+    hint_fields,
+    solved_result,
+    unsolved_result,
 )
 from nobubble.pipeline.ilp.greedy import greedy_orders
 from nobubble.pipeline.simulate import simulate
@@ -176,20 +177,13 @@ def _result(
     problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit, placement
 ) -> SolveResult:
     objective = problem.objective
+    num_chunks = problem.num_stages // problem.num_ranks
     common: dict = {"objective_kind": objective, "solve_seconds": seconds,
-                    "time_unit": time_unit, "num_chunks": problem.num_stages //
-                    problem.num_ranks, "placement": placement}  # fmt: skip
-    if hint is not None:
-        common.update(heuristic=hint.name, heuristic_objective=_sim_objective(hint.sim, objective),
-                      heuristic_bubble_rate=hint.sim.bubble_rate)  # fmt: skip
-    if code == cp_model.INFEASIBLE:
-        return SolveResult(schedule=None, status="infeasible", objective=None, lower_bound=None,
-                           gap=None, explanation=_explain_infeasible(costs, mem_limit),
-                           **common)  # fmt: skip
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult(schedule=None, status="unknown", objective=None, lower_bound=None,
-                           gap=None, explanation="no schedule found within the time limit; "
-                           "raise time_limit_s", **common)  # fmt: skip
+                    "time_unit": time_unit, "num_chunks": num_chunks, "placement": placement,
+                    **hint_fields(hint, objective)}  # fmt: skip
+    early = unsolved_result(code, costs, mem_limit, common)
+    if early is not None:
+        return early
     orders: _Orders = []
     for r in range(problem.num_ranks):
         ops = sorted((solver.value(built.start[op, s, i]), op, s, i)
@@ -197,21 +191,13 @@ def _result(
                      for i in range(problem.num_microbatches))  # fmt: skip
         orders.append([(op, s, i) for _, op, s, i in ops])
     value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
-    source = "cp-sat"
-    if hint is not None and hint.int_objective < value:  # only possible before optimality
-        orders, value, source = hint.orders, hint.int_objective, hint.name
-    proven = code == cp_model.OPTIMAL and value <= solver.objective_value
-    status = "optimal" if proven else "feasible"
-    schedule = _to_schedule(problem, orders, f"ilp-{placement}-{objective}")
-    sim = simulate(schedule, costs)
-    bound = min(solver.best_objective_bound, value) * time_unit
-    obj = _sim_objective(sim, objective)
-    gap = 0.0 if status == "optimal" else max(0.0, (obj - bound) / obj)
-    note = f"{status} after {seconds:.1f} s ({placement}, {common['num_chunks']} chunks)"
-    if hint is not None:
-        note += f"; warm start {hint.name} ({_sim_objective(hint.sim, objective):.6g})"
-    if source != "cp-sat":
-        note += "; the solver found nothing better than the warm start"
-    return SolveResult(schedule=schedule, status=status, objective=obj, lower_bound=bound,
-                       gap=gap, explanation=note, bubble_rate=sim.bubble_rate,
-                       peak_memory=sim.peak_memory, simulation=sim, **common)  # fmt: skip
+    from_hint = hint is not None and hint.int_objective < value  # only before optimality
+    if from_hint:
+        orders, value = hint.orders, hint.int_objective
+    return solved_result(
+        _to_schedule(problem, orders, f"ilp-{placement}-{objective}"), costs,
+        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
+        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
+        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds,
+        where=f" ({placement}, {num_chunks} chunks)", common=common,
+    )  # fmt: skip
