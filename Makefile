@@ -41,6 +41,7 @@ demo: $(STAMP)
 	$(BIN)/nobubble demo
 	$(BIN)/python examples/train_gpt.py --ranks 2 --schedule zb-2p --steps 20
 	$(BIN)/python examples/train_moe.py --ranks 2 --steps 20
+	$(BIN)/python examples/train_pp_ep.py --steps 20
 	$(BIN)/python examples/rl_own_model.py --steps 200
 
 bench: $(STAMP)

@@ -30,6 +30,15 @@ def test_train_moe_expert_parallel_equals_dense_and_learns() -> None:
     assert float(gap.group(1)) < 1e-4, out.stdout  # EP training is the dense model's
 
 
+def test_train_pp_ep_learns_on_four_ranks() -> None:
+    cmd = [sys.executable, str(EXAMPLES / "train_pp_ep.py"), "--steps", "12"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    m = re.search(r"zb-h1: loss ([\d.]+) -> ([\d.]+) in 12 steps", out.stdout)
+    assert m is not None, out.stdout
+    assert float(m.group(2)) < float(m.group(1)) - 0.5, out.stdout  # it learns
+
+
 def test_rl_own_model_learns_the_users_task() -> None:
     cmd = [sys.executable, str(EXAMPLES / "rl_own_model.py"), "--steps", "150"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
