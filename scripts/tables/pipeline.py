@@ -246,15 +246,22 @@ def runtime_schedules() -> str:
 def runner_vs_torch() -> str:
     """``benchmarks/pp_runner_vs_torch.py``: PipelineRunner against torch's runtime."""
     data = load("pp_runner_vs_torch.json")
-    rows = [
-        [r["schedule"], f(1e3 * r["torch_step_s"]), f(1e3 * r["nobubble_step_s"]),
-         f(r["nobubble_over_torch"], 3), times(r["torch_speedup_vs_1f1b"], 3),
-         times(r["nobubble_speedup_vs_1f1b"], 3), times(r["predicted_speedup_vs_1f1b"], 3),
-         f"{100 * r['speedup_error']:+.1f}%"]
-        for r in data["rows"]
-    ]  # fmt: skip
+    in_run = all("in_run_speedup_vs_1f1b" in r for r in data["rows"])  # files before it lack it
+    rows = []
+    for r in data["rows"]:
+        row = [r["schedule"], f(1e3 * r["torch_step_s"]), f(1e3 * r["nobubble_step_s"]),
+               f(r["nobubble_over_torch"], 3), times(r["torch_speedup_vs_1f1b"], 3),
+               times(r["nobubble_speedup_vs_1f1b"], 3), times(r["predicted_speedup_vs_1f1b"], 3),
+               f"{100 * r['speedup_error']:+.1f}%"]  # fmt: skip
+        if in_run:
+            row += [times(r["in_run_speedup_vs_1f1b"], 3),
+                    f"{100 * r['in_run_speedup_error']:+.1f}%",
+                    f"{100 * r['in_run_step_error']:+.1f}%"]  # fmt: skip
+        rows.append(row)
     headers = ["schedule", "torch ms", "nobubble ms", "nobubble / torch", "torch vs 1f1b",
                "nobubble vs 1f1b", "simulated vs 1f1b", "error"]  # fmt: skip
+    if in_run:
+        headers += ["in-run sim vs 1f1b", "error", "step vs in-run sim"]
     return (
         f"{md_table(headers, rows)}\n\nMedians of {data['steps']} steps per path, the paths "
         f"alternating; batch {data['batch']} x {data['seq_len']} tokens in "
