@@ -86,3 +86,33 @@ def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys)
         runs[bool(flag)] = json.loads(capsys.readouterr().out)
     assert runs[True]["losses"] == pytest.approx(runs[False]["losses"], rel=1e-6)
     assert runs[True]["peak_activation_bytes"][0] < runs[False]["peak_activation_bytes"][0]
+
+
+def test_run_handshake_with_a_straggler(tmp_path, capsys):
+    trace = tmp_path / "run.json"
+    rc = main(["pp", "run", "-s", "zb-h1", "--stages", "2", "-m", "4", "--steps", "2",
+               "--no-predict", "--dispatch", "handshake", "--straggler", "1:1.5",
+               "--trace", str(trace), "--json", *TINY])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_steps"] == 2 and len(out["losses"]) == 2
+    events, _ = read_chrome_trace(trace)
+    assert len([e for e in events if e.cat != "wait"]) == 2 * 2 * 4 * 3  # steps x ranks x ops
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--straggler", "1:fast"], "FACTOR 'fast' is not a number"),
+        (["--straggler", "5:1.5"], "straggler rank 5 is outside ranks 0..1"),
+        (["--dispatch", "eager"], "invalid choice: 'eager'"),
+    ],
+)
+def test_bad_dispatch_flags_exit_2_with_one_line(flags, needle, capsys):
+    try:  # argparse's own errors leave by SystemExit(2), the checks after parsing return 2
+        rc = main(["pp", "run", "-s", "zb-h1", "--stages", "2", "--no-predict", *flags, *TINY])
+    except SystemExit as exit_:
+        rc = exit_.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err

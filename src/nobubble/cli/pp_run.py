@@ -98,10 +98,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="merged Chrome trace to write")  # fmt: skip
     run.add_argument("--plot", type=output_file, default=None,
                      help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
+    run.add_argument("--dispatch", choices=("static", "handshake"), default="static",
+                     help="walk the schedule, or pick each op from what has arrived")  # fmt: skip
+    run.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:FACTOR[:STEPS]",
+                     help="really slow one rank: its ops take FACTOR times as long")  # fmt: skip
     _add_model(run)
     _add_launch(run)
     add_json_flag(run)
     run.set_defaults(func=_run)
+
+
+def _straggler(text: str):
+    from nobubble.pipeline.dispatch.perturb import parse_straggler
+
+    try:
+        return parse_straggler(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -314,7 +327,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
     config = TrainConfig(
         model=model_from_args(args), schedule=sched, microbatch_size=args.microbatch_size,
         num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
-        recompute=args.recompute,
+        recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
     )  # fmt: skip
     check_config(config, sched.num_ranks)  # before profiling or starting anything
     return config

@@ -31,6 +31,7 @@ from torch import nn
 
 from nobubble.distributed import DistContext
 from nobubble.pipeline.actions import Action, Schedule
+from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.runtime.models import (
     GPTConfig,
     MLPConfig,
@@ -38,7 +39,7 @@ from nobubble.pipeline.runtime.models import (
     build_blocks,
     partition_blocks,
 )
-from nobubble.pipeline.runtime.runner import ActionTiming, PipelineRunner
+from nobubble.pipeline.runtime.runner import RUNTIME_DISPATCH, ActionTiming, PipelineRunner
 from nobubble.pipeline.validate import validate
 from nobubble.trace import Event
 from nobubble.validation import check_fields
@@ -75,6 +76,11 @@ class TrainConfig:
     B runs the forward again."""
     fail_at: str | None = None
     """``"RANK:ACTION"`` (e.g. ``"1:1F2"``): that rank raises before that action (tests)."""
+    dispatch: str = "static"
+    """``static`` (walk the schedule) or ``handshake`` (pick each op from what has arrived,
+    the schedule as the plan: ``PipelineRunner(dispatch=...)``)."""
+    straggler: Straggler | None = None
+    """A rank really slowed: its ops sleep ``factor - 1`` times their compute time."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, GPTConfig | MLPConfig):
@@ -84,6 +90,8 @@ class TrainConfig:
             raise ValueError(f"optimizer={self.optimizer!r}; choose one of {_OPTIMIZERS}")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr} must be > 0")
+        if self.dispatch not in RUNTIME_DISPATCH:
+            raise ValueError(f"dispatch={self.dispatch!r}; choose one of {RUNTIME_DISPATCH}")
 
 
 def check_config(config: TrainConfig, world_size: int | None = None) -> tuple[range, ...]:
@@ -99,6 +107,10 @@ def check_config(config: TrainConfig, world_size: int | None = None) -> tuple[ra
             f"schedule {sched.name!r} has {sched.num_ranks} ranks but {world_size} processes "
             f"are launched; launch {sched.num_ranks} or build the schedule for {world_size}"
         )
+    slow = config.straggler
+    if slow is not None and slow.rank >= sched.num_ranks:
+        raise ValueError(f"straggler rank {slow.rank} is outside ranks 0..{sched.num_ranks - 1}; "
+                         "give a rank of the pipeline")  # fmt: skip
     return partition_blocks(config.model, sched.num_stages)
 
 
@@ -154,7 +166,7 @@ class _Rank:
         self.runner = PipelineRunner(
             modules, sched, config.model.loss, group=ctx.group, device=ctx.device,
             timeout_s=ctx.timeout_s, static_shapes=True, observer=self.tracer,
-            recompute=config.recompute,
+            recompute=config.recompute, dispatch=config.dispatch, straggler=config.straggler,
         )  # fmt: skip
         params = [p for b in self.blocks.values() for p in b.parameters()]
         self.optimizer: torch.optim.Optimizer

@@ -18,6 +18,9 @@ zero-bubble schedules really fill their bubbles with W. After ``step`` every par
 ``.grad`` is the gradient of the mean microbatch loss, as one process running the whole model
 on the whole batch with gradient accumulation.
 
+``dispatch="handshake"`` lets each rank pick its next op at run time from what has arrived,
+guided by the schedule's order (:mod:`.dispatch`); ``straggler`` really slows one rank.
+
 The checks that need no communication (stage count, own stages present, world size, the
 batch splitting evenly, targets where the last stage lives) run before any message is sent.
 """
@@ -35,15 +38,19 @@ import torch.distributed as dist
 from torch import nn
 
 from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
+from nobubble.pipeline.runtime.dispatch import KeyedChannel, run_dynamic, straggle
 from nobubble.pipeline.runtime.messages import ShapeCache, ShapedChannel
 from nobubble.pipeline.runtime.p2p import MessageKey, incoming, outgoing
 from nobubble.pipeline.validate import validate
 
-__all__ = ["PipelineRunner", "LossFn", "split_model", "ActionTiming", "ActionObserver"]
+__all__ = ["PipelineRunner", "LossFn", "split_model", "ActionTiming", "ActionObserver",
+           "RUNTIME_DISPATCH"]  # fmt: skip
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 Batch = torch.Tensor | tuple[torch.Tensor, ...]
+RUNTIME_DISPATCH = ("static", "handshake")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +99,16 @@ class PipelineRunner:
             save the same bytes), so later forwards run without saved-tensor hooks.
         observer: told before and after every action (:class:`ActionObserver`); on CUDA
             the device is synchronised before each end time, so times are the op's.
+        dispatch: ``"static"`` walks this rank's row of ``schedule``; ``"handshake"`` picks
+            each next op from what has arrived, the row as its plan (:mod:`.dispatch.cursor`:
+            the rule, its memory limit, why it cannot deadlock).
+        straggler: slow this rank, if it is the straggler's (:func:`.dispatch.straggle`).
 
     After each step, :attr:`peak_activation_bytes` is the most memory this rank held for
     backward at once (the distinct tensors autograd saved, parameters excluded, and with
-    ``recompute`` the stage inputs), from each forward to the microbatch's W.
+    ``recompute`` the stage inputs), from each forward to the microbatch's W;
+    :attr:`last_order` the order it ran (its row under ``static``); :attr:`last_deviations`
+    how many of its ops ran before an earlier op of its row.
     """
 
     def __init__(
@@ -110,8 +123,13 @@ class PipelineRunner:
         recompute: bool = False,
         static_shapes: bool = False,
         observer: ActionObserver | None = None,
+        dispatch: str = "static",
+        straggler: Straggler | None = None,
     ) -> None:
         validate(schedule)
+        if dispatch not in RUNTIME_DISPATCH:
+            raise ValueError(f"PipelineRunner: dispatch={dispatch!r}; choose one of "
+                             f"{', '.join(RUNTIME_DISPATCH)}")  # fmt: skip
         if len(stages) != schedule.num_stages:
             raise ValueError(
                 f"PipelineRunner: {len(stages)} stage modules for schedule {schedule.name!r} "
@@ -165,7 +183,9 @@ class PipelineRunner:
         self.peak_activation_bytes = 0
         self._shapes = ShapeCache() if static_shapes else None
         self._saved_bytes: dict[tuple[int, int], int] = {}  # static shapes: from step one
-        self.observer = observer
+        self.observer, self.dispatch, self.straggler = observer, dispatch, straggler
+        self.last_order: tuple[Action, ...] = ()
+        self.last_deviations = self._step_index = 0
 
     @property
     def is_first(self) -> bool:
@@ -189,36 +209,51 @@ class PipelineRunner:
         m = self.schedule.num_microbatches
         xs = _split("inputs", inputs, m) if self.is_first else None
         ys = _split("targets", targets, m) if self.is_last else None
-        channel = ShapedChannel(self.schedule, self.rank, device=self.device,
-                                timeout_s=self.timeout_s, groups=self._groups,
-                                shapes=self._shapes)  # fmt: skip
         state = _StepState(xs, ys)
         try:
-            for action in self.schedule.rank_actions[self.rank]:
-                self._action(action, channel, state)
-            channel.finish()
+            if self.dispatch == "static":
+                channel = ShapedChannel(self.schedule, self.rank, device=self.device,
+                    timeout_s=self.timeout_s, groups=self._groups, shapes=self._shapes)  # fmt: skip
+                order, deviations = list(self.schedule.rank_actions[self.rank]), 0
+                for action in order:
+                    self._action(action, channel, state)
+                channel.finish()
+            else:
+                keyed = KeyedChannel(self.schedule, self.rank, device=self.device,
+                                     timeout_s=self.timeout_s, groups=self._groups)  # fmt: skip
+                order, deviations = run_dynamic(self.schedule, self.rank, keyed,
+                    lambda a, free_since: self._action(a, keyed, state, free_since))  # fmt: skip
+                keyed.finish()
         except BaseException:  # the peers' caches may not match ours: learn shapes anew
             if self._shapes is not None:
                 self._shapes = ShapeCache()
                 self._saved_bytes.clear()
             raise
         self.peak_activation_bytes = state.peak
+        self.last_order, self.last_deviations = tuple(order), deviations
+        self._step_index += 1
         loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0, dtype=torch.float32).to(
             self.device
         )
         dist.broadcast(loss, src=_global_rank(self.group, self._last_rank), group=self.group)
         return loss
 
-    def _action(self, action: Action, channel: ShapedChannel, state: _StepState) -> None:
-        """Receive what ``action`` needs, run it, send what it produces."""
+    def _action(
+        self, action: Action, channel: ShapedChannel | KeyedChannel, state: _StepState,
+        free_since: float | None = None,
+    ) -> None:  # fmt: skip
+        """Receive what ``action`` needs, run it, send what it produces (``free_since``: when
+        the wait began, if before this call: the handshake waits before it chooses)."""
         observer = self.observer
         if observer is not None:
             observer.before(action)
         need = incoming(self.schedule, action)
-        wait_start = time.perf_counter()
+        wait_start = time.perf_counter() if free_since is None else free_since
         received = channel.receive(*need) if need is not None else None
         start = time.perf_counter()
         produced = self._run(action, received, state)
+        if self.straggler is not None:
+            straggle(self.straggler, self.rank, self._step_index, self.device, start)
         out = outgoing(self.schedule, action)
         if out is not None:
             assert produced is not None  # only stage 0's backward yields None
