@@ -9,13 +9,20 @@ episodes reaches 475, or the time budget ends. Both sides evaluate with the same
 run: wall-clock and env steps to 475, env steps/s over the run; per configuration: the mean
 and spread over seeds. Writes ``benchmarks/results/rl_actor_learner.json``.
 
+``--suite envs`` measures the other environments instead
+(``benchmarks/results/rl_actor_learner_envs.json``): Acrobot-v1 to -100 under each
+architecture, guess-the-number to a success rate of 0.8 under seed, and a reasoning-gym
+task over several turns (the reward before and after a fixed budget).
+
     python benchmarks/rl_actor_learner.py                     # 3 seeds x 2 delays, ~15 min
     python benchmarks/rl_actor_learner.py --seeds 1 --delays 0  # quick look
+    python benchmarks/rl_actor_learner.py --suite envs        # 3 seeds each, ~10 min
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -125,13 +132,104 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# -- --suite envs: Acrobot-v1, guess the number, a reasoning-gym task over several turns -----
+
+RG_TASK = "rg:basic_arithmetic"
+RG_OPTIONS = {  # one-digit sums, five answers per question, a higher / lower hint after each
+    "max_turns": 5, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+    "operators": ["+"], "allow_parentheses": False, "allow_negation": False,
+}  # fmt: skip
+RG_RUN = {"epochs": 4, "minibatches": 4, "learning_rate": 3e-3}  # over TEXT_DEFAULTS
+RG_SECONDS, START_EPISODES = 90.0, 400
+
+
+def _spread(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"mean": None, "min": None, "max": None, "stdev": None}
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return {"mean": statistics.mean(xs), "min": min(xs), "max": max(xs), "stdev": sd}
+
+
+def _run_record(r: Any) -> dict[str, Any]:
+    return {
+        "seed": r.seed, "reached": r.reached_target, "time_to_target_s": r.time_to_target_s,
+        "steps_to_target": r.steps_to_target, "eval_mean_return": r.eval_mean_return,
+        "wall_s": r.wall_s, "env_steps": r.env_steps, "env_steps_per_s": r.env_steps_per_s,
+        "idle_ratio": r.idle_ratio, "max_lag": r.max_lag, "ledger": r.ledger.to_dict(),
+        "eval_curve": [[p.wall_s, p.eval_return] for p in r.curve if p.eval_return is not None],
+    }  # fmt: skip
+
+
+def acrobot(seeds: int) -> dict[str, Any]:
+    """Each architecture to a greedy mean of -100 (the spec's threshold), 5 minutes at most."""
+    from nobubble.rl.actor_learner.envs import env_spaces
+    from nobubble.rl.actor_learner.model import build_model
+    from nobubble.rl.actor_learner.rollout import evaluate
+
+    out: dict[str, Any] = {}
+    for arch in ARCHS:
+        runs = []
+        for seed in range(seeds):
+            config = EnvRunConfig(
+                env="Acrobot-v1", arch=arch, actors=2, envs_per_actor=8, seed=seed,
+                target_return=-100.0, max_seconds=300.0, eval_every_s=EVAL_EVERY_S,
+            )  # fmt: skip
+            torch.manual_seed(seed)
+            untrained = build_model(config, *env_spaces(config.env))  # what train() starts from
+            start = evaluate(untrained, VectorEnv("Acrobot-v1", 20, 10_000_000 + seed), 20)
+            run = {"start_return": sum(start) / len(start), **_run_record(train(config))}
+            print(f"Acrobot-v1 {arch:15s} seed {seed}: {run['time_to_target_s']}", flush=True)
+            runs.append(run)
+        times = [r["time_to_target_s"] for r in runs if r["reached"]]
+        out[arch] = {"reached": f"{len(times)}/{len(runs)}", "time_to_target_s": _spread(times),
+                     "runs": runs}  # fmt: skip
+    return out
+
+
+def text_runs(name: str, options: dict[str, Any], seeds: int, **run: Any) -> dict[str, Any]:
+    """seed-architecture runs on a text env: the untrained policy's sampled success, the run."""
+    from nobubble.rl.actor_learner.text.run import policy_success, text_env_config
+
+    runs = []
+    for seed in range(seeds):
+        config = text_env_config(name, dict(options), seed=seed, **run)
+        start = policy_success(config, episodes=START_EPISODES)
+        record = {"start_success_sampled": start, **_run_record(train(config))}
+        print(f"{name} seed {seed}: {start:.2f} -> {record['eval_mean_return']:.2f} "
+              f"({record['time_to_target_s']})", flush=True)  # fmt: skip
+        runs.append(record)
+    return {"options": options, "run": run, "runs": runs}
+
+
+def envs_suite(seeds: int) -> dict[str, Any]:
+    from nobubble.rl.actor_learner.text.guess_number import guess_number_odds
+    from nobubble.rl.actor_learner.text.run import TEXT_DEFAULTS
+
+    guess = text_runs("guess-number", {}, seeds, max_seconds=120.0)
+    times = [r["time_to_target_s"] for r in guess["runs"] if r["reached"]]
+    guess |= {"odds": dataclasses.asdict(guess_number_odds(7, 3)), "time_to_target_s": _spread(times),
+              "reached": f"{len(times)}/{seeds}"}  # fmt: skip
+    rg = text_runs(RG_TASK, RG_OPTIONS, seeds, target_return=None, max_seconds=RG_SECONDS,
+                   **RG_RUN)  # fmt: skip
+    return {
+        "acrobot": acrobot(seeds), "guess_number": guess, "rg": {"task": RG_TASK, **rg},
+        "text_defaults": TEXT_DEFAULTS, "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--max-seconds", type=float, default=300.0)
-    parser.add_argument("--out", default="rl_actor_learner")
+    parser.add_argument("--out", default=None, help="default rl_actor_learner[_envs]")
+    parser.add_argument("--suite", choices=("cartpole", "envs"), default="cartpole")
     args = parser.parse_args()
+    if args.suite == "envs":
+        data = envs_suite(args.seeds)
+        print(f"wrote {write_json(args.out or 'rl_actor_learner_envs', data)}")
+        return
     results: dict[str, Any] = {}
     for delay in args.delays:
         for name in (*ARCHS, "sb3-ppo"):
@@ -152,7 +250,7 @@ def main() -> None:
                 )
             results[f"{name}@{delay:g}ms"] = {"summary": summarize(runs), "runs": runs}
     load = os.getloadavg()
-    path = write_json(args.out, {
+    path = write_json(args.out or "rl_actor_learner", {
         "env": "CartPole-v1", "target_return": TARGET, "eval_episodes": EVAL_EPISODES,
         "cpu_count": os.cpu_count(), "load_average_at_end": load, "results": results,
     })  # fmt: skip

@@ -46,6 +46,12 @@ def test_a_short_run_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["--env", "NoSuchEnv-v0"], "--env 'NoSuchEnv-v0'"),
         (["--env", "Pendulum-v1"], "categorical policy needs Discrete"),
         (["--env", "CartPole-v1", "--loss", "dqn"], "loss='dqn'"),
+        (["--env", "guess-number", "--arch", "a3c"], "arch='a3c' is not an architecture"),
+        (["--env", "guess-number", "--env-option", "high=1"], "high=1 must be an integer >= 2"),
+        (["--env", "guess-number", "--env-option", "turns=3"], "options: high, max_turns"),
+        (["--env", "guess-number", "--env-option", "high"], "--env-option 'high': write KEY="),
+        (["--env", "CartPole-v1", "--env-option", "high=3"], "--env-option is for text envs"),
+        (["--env", "rg:no_such_task"], "reasoning-gym has no task 'no_such_task'"),
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(
@@ -72,3 +78,32 @@ def test_the_subcommand_is_wired_into_the_cli(capsys) -> None:
 
     out = json.loads(capsys.readouterr().out)
     assert out["arch"] == "impala" and out["ledger"]["whole"] is True
+
+
+def test_guess_number_runs_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse(["--env", "guess-number", "--env-option", "high=5", "--env-option",
+                   "max_turns=2", "--actors", "1", "--envs-per-actor", "4", "--steps", "1000",
+                   "--target-return", "none", "--json"])  # fmt: skip
+    assert run_env_train(args) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["env"] == "guess-number" and out["arch"] == "seed"  # a text run's default arch
+    assert out["target_return"] is None and out["env_steps"] >= 1000
+    assert len(out["eval_returns"]) == 100 and set(out["eval_returns"]) <= {0.0, 1.0}
+    assert "training seed on guess-number" in captured.err
+
+
+def test_the_target_defaults_to_the_envs_reward_threshold() -> None:
+    from nobubble.cli.rl_env import _config
+
+    assert _config(_parse(["--env", "Acrobot-v1"])).target_return == -100.0
+    assert _config(_parse(["--env", "CartPole-v1"])).target_return == 475.0
+    assert _config(_parse(["--env", "guess-number"])).target_return == 0.8
+    assert _config(_parse(["--env", "Acrobot-v1", "--target-return", "none"])).target_return is None
+    assert _config(_parse(["--env", "Acrobot-v1", "--target-return", "-80"])).target_return == -80
+
+
+def test_a_bad_target_is_refused_by_the_parser() -> None:
+    with pytest.raises(SystemExit) as e:
+        _parse(["--env", "CartPole-v1", "--target-return", "high"])
+    assert e.value.code == 2

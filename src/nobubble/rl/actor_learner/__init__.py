@@ -1,12 +1,16 @@
-"""Actor-learner RL on gymnasium environments: IMPALA, SEED RL and Sample Factory on one core.
+"""Actor-learner RL on gymnasium and text environments: IMPALA, SEED RL and Sample Factory on
+one core.
 
 Modules, bottom up: :mod:`.config` (one run), :mod:`.envs` (gymnasium by id or factory, a
-step delay, a vector of envs), :mod:`.model` (the MLP actor-critic), :mod:`.trajectory`,
-:mod:`.ledger`, :mod:`.learner` (V-trace + PPO clip), :mod:`.rollout` (an actor's unroll,
-greedy evaluation), :mod:`.shm` and :mod:`.inference` (central batched inference),
-:mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the loop), :mod:`.result`.
+step delay, a vector of envs), :mod:`.model` (the model contract, the MLP actor-critic),
+:mod:`.trajectory`, :mod:`.ledger`, :mod:`.learner` (V-trace + PPO clip), :mod:`.rollout`
+(an actor's unroll, evaluation), :mod:`.shm` and :mod:`.inference` (central batched
+inference), :mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the loop),
+:mod:`.result`. :mod:`.text` adds multi-turn text environments (the model speaks a turn,
+the env replies) and the character policy for them.
 
-Entry point: ``train(EnvRunConfig(env="CartPole-v1", arch="seed")) -> EnvRunResult``.
+Entry point: ``train(EnvRunConfig(env="CartPole-v1", arch="seed")) -> EnvRunResult``, or
+``train(text_run_config(MyTextEnv))``.
 Names are imported on first use, so ``import nobubble.rl.actor_learner`` loads no torch.
 """
 

@@ -80,12 +80,12 @@ def impala_actor(spec: ActorSpec, weights: Any, queue: Any, stop: Any, errors: A
 def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     import torch
 
-    from nobubble.rl.actor_learner.model import ActorCritic
+    from nobubble.rl.actor_learner.model import build_model
     from nobubble.rl.actor_learner.rollout import rollout
 
     torch.set_num_threads(spec.config.torch_threads)
     c = spec.config
-    model = ActorCritic(spec.obs_dim, spec.num_actions, c.hidden)
+    model = build_model(c, spec.obs_dim, spec.num_actions)
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
     envs = VectorEnv(c.env, c.envs_per_actor, c.seed * 1000 + 100 * spec.index, c.env_step_delay_ms)
     obs = envs.reset()  # (K, D)

@@ -29,7 +29,8 @@ _START_METHODS = ("fork", "forkserver", "spawn")
 
 @dataclass(frozen=True, kw_only=True)
 class EnvRunConfig:
-    """An actor-learner run on a gymnasium environment."""
+    """An actor-learner run on a gymnasium environment (a text environment is one too, through
+    :mod:`nobubble.rl.actor_learner.text`)."""
 
     env: str | Callable[[], Any] = "CartPole-v1"
     """A gymnasium id (``gymnasium.make(env)``) or a zero-argument factory of a
@@ -63,7 +64,12 @@ class EnvRunConfig:
     entropy_coef: float = 0.0
     max_grad_norm: float = 0.5
     hidden: int = 64
-    """Width of the actor-critic's two hidden layers."""
+    """Width of the MLP actor-critic's two hidden layers."""
+    model: Callable[[int, int], Any] | None = None
+    """A factory ``(obs_dim, num_actions) -> model`` of the policy the learner trains and the
+    actors run (see :class:`~nobubble.rl.actor_learner.model.PolicyModel`), e.g. the text
+    policy of :mod:`nobubble.rl.actor_learner.text`; None: the MLP actor-critic of width
+    ``hidden``. Picklable unless the start method is ``fork``."""
     max_lag: int = 4
     """Trajectories older than this many policy versions are dropped (ledger: ``lag``)."""
     inference_deadline_ms: float = 2.0
@@ -101,6 +107,11 @@ def _check_choices(c: EnvRunConfig) -> None:
         raise ValueError(f"start_method={c.start_method!r}; use one of {_START_METHODS}")
     if not (isinstance(c.env, str) and c.env) and not callable(c.env):
         raise ValueError(f"env={c.env!r}: pass a gymnasium id such as 'CartPole-v1' or a factory")
+    if c.model is not None and not callable(c.model):
+        raise ValueError(
+            f"model={c.model!r} is not callable; pass a factory (obs_dim, num_actions) -> "
+            "model, or None for the MLP actor-critic"
+        )
 
 
 def _check_counts(c: EnvRunConfig) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-__all__ = ["StepDelay", "VectorEnv", "VectorStep", "make_env", "env_spaces"]
+__all__ = ["StepDelay", "VectorEnv", "VectorStep", "make_env", "env_spaces", "env_label"]
 
 
 class StepDelay(gymnasium.Wrapper):
@@ -42,6 +42,14 @@ def make_env(env: str | Callable[[], Any], delay_ms: float = 0.0) -> Any:
     when ``delay_ms > 0``."""
     made = gymnasium.make(env, disable_env_checker=True) if isinstance(env, str) else env()
     return StepDelay(made, delay_ms) if delay_ms > 0 else made
+
+
+def env_label(env: str | Callable[[], Any]) -> str:
+    """A run's name for ``env``: the gymnasium id, else the factory's ``name`` or
+    ``__name__`` (``"custom"`` when it has neither)."""
+    if isinstance(env, str):
+        return env
+    return str(getattr(env, "name", None) or getattr(env, "__name__", "custom"))
 
 
 def env_spaces(env: str | Callable[[], Any]) -> tuple[int, int]:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.model import ActorCritic, act
+from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.result import ActorFailure
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
@@ -37,7 +37,7 @@ class CentralInference:
 
     def __init__(
         self,
-        model: ActorCritic,
+        model: PolicyModel,
         config: EnvRunConfig,
         names: list[str],
         slots: list[list[EnvSlot]],

@@ -20,12 +20,14 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import time
-from typing import Any
+from typing import Any, cast
+
+from torch import nn
 
 from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
 from nobubble.rl.actor_learner.inference import CentralInference
-from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.model import PolicyModel
 from nobubble.rl.actor_learner.result import ActorFailure
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory
@@ -37,8 +39,9 @@ __all__ = ["ActorPool"]
 class ActorPool:
     """Starts ``config.actors`` actor processes for ``config.arch``."""
 
-    def __init__(self, config: EnvRunConfig, model: ActorCritic) -> None:
+    def __init__(self, config: EnvRunConfig, model: PolicyModel) -> None:
         self.config, self.model = config, model
+        self._module = cast(nn.Module, model)  # every PolicyModel is an nn.Module
         ctx: Any = mp.get_context(config.start_method)
         self.stop, self.errors = ctx.Event(), ctx.Queue()
         self.names = [f"actor-{i}" for i in range(config.actors)]
@@ -51,7 +54,7 @@ class ActorPool:
         self.published = -1
         self.last_heard = {n: time.monotonic() for n in self.names}
         if config.arch == "impala":
-            self.weights = SharedWeights(model, ctx)
+            self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
             args: list[tuple[Any, ...]] = [
                 (s, self.weights, self.queue, self.stop, self.errors) for s in specs
@@ -77,7 +80,7 @@ class ActorPool:
     def publish(self, version: int) -> None:
         """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
         if self.weights is not None:
-            self.weights.publish(self.model, version, timeout_s=self.config.timeout_s)
+            self.weights.publish(self._module, version, timeout_s=self.config.timeout_s)
         self.published = version
 
     def receive(self, version: int, poll_s: float = 0.1) -> list[Trajectory]:

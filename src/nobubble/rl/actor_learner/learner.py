@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.model import PolicyModel
 from nobubble.rl.actor_learner.trajectory import TrajectoryBatch
 from nobubble.rl.algo.losses import policy_gradient_loss, ppo_policy_loss
 from nobubble.rl.algo.vtrace import vtrace_from_logits
@@ -58,7 +58,7 @@ class VTraceTargets:
 
 
 def vtrace_targets(
-    model: ActorCritic, batch: TrajectoryBatch, gamma: float, lambda_: float
+    model: PolicyModel, batch: TrajectoryBatch, gamma: float, lambda_: float
 ) -> VTraceTargets:
     """One forward pass over ``obs (T + 1, B, D)`` and V-trace on it (discount 0 at dones)."""
     logits, values = model(batch.obs)  # (T + 1, B, A), (T + 1, B)
@@ -80,7 +80,7 @@ def vtrace_targets(
 class Learner:
     """Owns the model, its optimiser and the policy version (starts at 0)."""
 
-    def __init__(self, model: ActorCritic, config: EnvRunConfig) -> None:
+    def __init__(self, model: PolicyModel, config: EnvRunConfig) -> None:
         self.model, self.config = model, config
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5)
         self.version = 0

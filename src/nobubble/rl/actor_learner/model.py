@@ -1,6 +1,10 @@
-"""The MLP actor-critic for vector observations and categorical actions.
+"""The models the core runs: what it needs of one, and the MLP actor-critic.
 
-Two separate two-layer tanh MLPs (policy and value), orthogonally initialised with a small
+:class:`PolicyModel` is the contract every model keeps (the MLP here, the text policy of
+:mod:`nobubble.rl.actor_learner.text.policy`); :func:`build_model` makes a run's model from
+its config, in the learner and in every impala actor alike.
+
+The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with a small
 last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the value
 head does not share features that its loss would pull around.
 """
@@ -8,12 +12,55 @@ head does not share features that its loss would pull around.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["ActorCritic", "act"]
+if TYPE_CHECKING:
+    from nobubble.rl.actor_learner.config import EnvRunConfig
+
+__all__ = ["ActorCritic", "PolicyModel", "act", "build_model"]
+
+
+class PolicyModel(Protocol):
+    """What the learner, the actors and central inference need of a model (an ``nn.Module``).
+
+    ``model(obs (..., D)) -> (logits (..., A), value (...))`` and ``model.policy(obs (N, D))
+    -> logits (N, A)``, float32; ``obs_dim`` (D) and ``num_actions`` (A) as the env's spaces
+    give them. The module's parameters are what the optimiser and the impala weight
+    broadcast see, so two models made by the same factory must have the same shapes.
+    """
+
+    obs_dim: int
+    num_actions: int
+
+    def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def policy(self, obs: torch.Tensor) -> torch.Tensor: ...
+    def parameters(self, recurse: bool = True) -> Any: ...
+    def state_dict(self) -> Any: ...
+
+
+def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
+    """``config.model(obs_dim, num_actions)``, or the MLP :class:`ActorCritic`.
+
+    Raises:
+        ValueError: the factory's model disagrees with the env's spaces.
+    """
+    if config.model is None:
+        return ActorCritic(obs_dim, num_actions, config.hidden)
+    model = config.model(obs_dim, num_actions)
+    if (getattr(model, "obs_dim", None), getattr(model, "num_actions", None)) != (
+        obs_dim,
+        num_actions,
+    ):
+        raise ValueError(
+            f"model factory {config.model!r} made a model with obs_dim="
+            f"{getattr(model, 'obs_dim', None)}, num_actions={getattr(model, 'num_actions', None)}"
+            f"; the env has obs_dim={obs_dim}, num_actions={num_actions}"
+        )
+    return model
 
 
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
@@ -47,7 +94,7 @@ class ActorCritic(nn.Module):
 
 @torch.no_grad()
 def act(
-    model: ActorCritic, obs: np.ndarray, generator: torch.Generator | None = None
+    model: PolicyModel, obs: np.ndarray, generator: torch.Generator | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sample actions for a batch of observations.
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from nobubble.rl.actor_learner.ledger import LedgerSummary
 
@@ -48,6 +49,8 @@ class EnvRunResult:
         idle_ratio: per role, the fraction of the run's wall-clock it spent not working
             (``learner``: not in an update; ``inference``: not answering actors, central only).
         lag_histogram: policy lag -> number of trajectories used with it.
+        model: the trained model (the learner's, at the last policy version); not in
+            :meth:`to_dict`.
     """
 
     env: str
@@ -69,6 +72,7 @@ class EnvRunResult:
     lag_histogram: dict[int, int]
     ledger: LedgerSummary
     curve: tuple[CurvePoint, ...]
+    model: Any = field(default=None, repr=False, compare=False)
 
     @property
     def reached_target(self) -> bool:

@@ -1,4 +1,4 @@
-"""Rollouts with a local policy: an IMPALA actor's unroll, and the greedy evaluation."""
+"""Rollouts with a local policy: an IMPALA actor's unroll, and the (greedy) evaluation."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import numpy as np
 import torch
 
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import ActorCritic, act
+from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.trajectory import Trajectory
 
 __all__ = ["rollout", "evaluate"]
 
 
 def rollout(
-    model: ActorCritic,
+    model: PolicyModel,
     envs: VectorEnv,
     obs: np.ndarray,
     unroll_length: int,
@@ -50,17 +50,26 @@ def rollout(
 
 @torch.no_grad()
 def evaluate(
-    model: ActorCritic, envs: VectorEnv, episodes: int, max_steps: int = 100_000
+    model: PolicyModel,
+    envs: VectorEnv,
+    episodes: int,
+    max_steps: int = 100_000,
+    *,
+    generator: torch.Generator | None = None,
 ) -> list[float]:
-    """Mean-free greedy evaluation: the returns of the first episode of each of ``episodes``
-    environments (``envs.num_envs == episodes``), actions ``argmax`` of the logits."""
+    """The returns of the first episode of each of ``episodes`` environments
+    (``envs.num_envs == episodes``): greedy (``argmax`` of the logits), or actions sampled
+    with ``generator`` when one is given."""
     if envs.num_envs != episodes:
         raise ValueError(f"evaluate: {envs.num_envs} envs for {episodes} episodes; make them equal")
     obs = envs.reset()
     returns: list[float | None] = [None] * episodes
     running = np.zeros(episodes)
     for _ in range(max_steps):
-        actions = model.policy(torch.from_numpy(obs)).argmax(-1).numpy()  # (K,)
+        if generator is None:
+            actions = model.policy(torch.from_numpy(obs)).argmax(-1).numpy()  # (K,)
+        else:
+            actions = act(model, obs, generator)[0]
         step = envs.step(actions)
         running += step.rewards
         for k in np.flatnonzero(step.dones):

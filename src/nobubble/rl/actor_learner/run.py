@@ -22,11 +22,11 @@ from collections.abc import Callable
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
-from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
+from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.learner import Learner
 from nobubble.rl.actor_learner.ledger import TrajectoryLedger
-from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.model import PolicyModel, build_model
 from nobubble.rl.actor_learner.result import CurvePoint, EnvRunResult
 from nobubble.rl.actor_learner.rollout import evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
@@ -39,7 +39,7 @@ Progress = Callable[[CurvePoint], None]
 class _Run:
     """The mutable state of one run (the learner's side only)."""
 
-    def __init__(self, config: EnvRunConfig, model: ActorCritic) -> None:
+    def __init__(self, config: EnvRunConfig, model: PolicyModel) -> None:
         self.config = config
         self.learner = Learner(model, config)
         self.ledger = TrajectoryLedger()
@@ -141,7 +141,7 @@ def train(config: EnvRunConfig, progress: Progress | None = None) -> EnvRunResul
 def _train(config: EnvRunConfig, progress: Progress | None) -> EnvRunResult:
     torch.manual_seed(config.seed)
     obs_dim, num_actions = env_spaces(config.env)
-    model = ActorCritic(obs_dim, num_actions, config.hidden)
+    model = build_model(config, obs_dim, num_actions)
     run = _Run(config, model)
     pool = ActorPool(config, model)
     try:
@@ -186,7 +186,7 @@ def _result(run: _Run, pool: ActorPool) -> EnvRunResult:
         idle["inference"] = max(0.0, 1.0 - pool.inference.busy_s / wall)
     returns = tuple(run.eval_returns)
     return EnvRunResult(
-        env=c.env if isinstance(c.env, str) else getattr(c.env, "__name__", "custom"),
+        env=env_label(c.env),
         arch=c.arch,
         actors=c.actors,
         envs_per_actor=c.envs_per_actor,
@@ -205,4 +205,5 @@ def _result(run: _Run, pool: ActorPool) -> EnvRunResult:
         lag_histogram=dict(run.lags),
         ledger=run.ledger.check(),
         curve=tuple(run.curve),
+        model=run.learner.model,
     )

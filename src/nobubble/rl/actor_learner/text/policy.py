@@ -1,0 +1,135 @@
+"""The text policy: the RL system's character transformer, read at the newest token.
+
+:class:`TextActorCritic` keeps the core's model contract
+(:class:`~nobubble.rl.actor_learner.model.PolicyModel`) around
+:class:`~nobubble.rl.system.policies.char.CharTransformer`: an observation is a window of
+``L`` token ids (right-aligned, float32, see :mod:`.tokens`), the transformer runs over it
+and its last position gives the next token's logits - cut to the ``A`` tokens the model may
+say - and the value of the conversation so far. No KV cache: every step re-reads the whole
+window, which is cheap at these lengths and keeps a step a pure function of its observation
+(what central inference and V-trace need).
+
+Only the last position is read, so :func:`last_position` runs the last block for that one
+query (every earlier block, and the last block's keys and values, still see the whole
+window): the same numbers as ``CharTransformer.forward(...)[:, -1]`` (the tests compare
+them) at about a third of the cost for one block, which is what bounds the learner here.
+
+The left padding is a token of its own, visible to attention, not masked: positions then
+count from the right edge, so "the newest token" always sits at position ``L - 1``, and
+the batch runs the transformer's fast causal path instead of a per-row mask.
+
+Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
+from nobubble.validation import check_fields
+
+__all__ = ["TextPolicyConfig", "TextActorCritic", "TextPolicyFactory", "last_position"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextPolicyConfig:
+    """Shape of the character transformer (see :class:`PolicyConfig`)."""
+
+    hidden: int = 16
+    num_layers: int = 1
+    num_heads: int = 2
+
+    def __post_init__(self) -> None:
+        names = ("hidden", "num_layers", "num_heads")
+        check_fields("TextPolicyConfig", self, names, ">= 1", integer=True)
+        if self.hidden % self.num_heads:
+            raise ValueError(
+                f"TextPolicyConfig: hidden={self.hidden} is not divisible by num_heads="
+                f"{self.num_heads}; pick num_heads that divides hidden"
+            )
+
+
+def last_position(lm: CharTransformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lm(tokens)`` at the last position only: ``tokens (N, L)`` int64 -> ``logits (N, V),
+    values (N,)``, computing the last block for the last query alone (no padding mask: the
+    whole window is content, see the module docstring)."""
+    n, t = tokens.shape
+    x = lm.tok_emb(tokens) + lm.pos_emb(torch.arange(t, device=tokens.device))[None]  # (N, L, D)
+    for block in lm.blocks[:-1]:
+        x = block(x)
+    last: Any = lm.blocks[-1]  # a CharTransformer block: ln1, qkv, proj, ln2, mlp
+    d, nh = x.shape[-1], last.num_heads
+    q, k, v = last.qkv(last.ln1(x)).split(d, dim=2)  # (N, L, D) each
+    q = q[:, -1:].reshape(n, 1, nh, d // nh).transpose(1, 2)  # (N, nh, 1, hs)
+    k = k.reshape(n, t, nh, d // nh).transpose(1, 2)  # (N, nh, L, hs)
+    v = v.reshape(n, t, nh, d // nh).transpose(1, 2)  # (N, nh, L, hs)
+    # the last query may see every key, so the causal mask is a no-op for it
+    y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, 1, d)  # (N, 1, D)
+    x = x[:, -1:] + last.proj(y)  # (N, 1, D)
+    x = lm.ln_f(x + last.mlp(last.ln2(x)))[:, 0]  # (N, D)
+    return lm.lm_head(x), lm.value_head(x).squeeze(-1)
+
+
+class TextActorCritic(nn.Module):
+    """``obs (..., L) -> (logits (..., A), value (...))`` from a :class:`CharTransformer`.
+
+    Args:
+        vocab_size: V, the env's vocabulary.
+        max_len: L, the observation window (``obs_dim``).
+        num_actions: A; action ``a`` is token ``first_action_id + a``.
+        first_action_id: the token of action 0.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int,
+        num_actions: int,
+        first_action_id: int,
+        config: TextPolicyConfig | None = None,
+    ) -> None:
+        super().__init__()
+        if first_action_id + num_actions > vocab_size:
+            raise ValueError(
+                f"TextActorCritic: actions {first_action_id}..{first_action_id + num_actions - 1}"
+                f" do not fit the vocabulary of {vocab_size} tokens"
+            )
+        c = config or TextPolicyConfig()
+        self.obs_dim, self.num_actions, self.first_action_id = max_len, num_actions, first_action_id
+        self.lm = CharTransformer(
+            PolicyConfig(
+                vocab_size=vocab_size, max_seq_len=max_len, hidden=c.hidden,
+                num_layers=c.num_layers, num_heads=c.num_heads,
+            )
+        )  # fmt: skip
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lead = obs.shape[:-1]
+        tokens = obs.reshape(-1, self.obs_dim).long()  # (N, L)
+        logits, values = last_position(self.lm, tokens)  # (N, V), (N,)
+        a0 = self.first_action_id
+        logits = logits[:, a0 : a0 + self.num_actions]  # (N, A): the next token, sayable ones
+        return logits.reshape(*lead, self.num_actions), values.reshape(lead)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs (N, L) -> logits (N, A)``."""
+        return self.forward(obs)[0]
+
+
+@dataclass(frozen=True)
+class TextPolicyFactory:
+    """``(obs_dim, num_actions) -> TextActorCritic``: what ``EnvRunConfig.model`` takes."""
+
+    vocab_size: int
+    first_action_id: int
+    config: TextPolicyConfig = TextPolicyConfig()
+
+    def __call__(self, obs_dim: int, num_actions: int) -> TextActorCritic:
+        return TextActorCritic(
+            self.vocab_size, obs_dim, num_actions, self.first_action_id, self.config
+        )

@@ -1,0 +1,117 @@
+"""A reasoning-gym task played over several turns, with a hint after each wrong answer.
+
+    env:   Calculate 4 + 9.
+    model: 10           env: higher
+    model: 14           env: lower
+    model: 13           env: correct        reward 1, done
+
+The opening message is the question of one of the pool's ``size`` entries
+(:class:`ReasoningGymQuestions`; entry ``seed % size`` for an episode drawn from ``seed``); each turn is scored by the dataset's own
+verifier, ``score_answer(turn, entry)``. A turn that scores 1 ends the episode with reward
+1. A wrong turn is answered ``higher`` or ``lower`` when both it and the answer are
+numbers, else ``wrong``; after ``max_turns`` turns the episode ends with the last turn's
+score as the reward (reasoning-gym gives partial credit for some near misses).
+
+The model may say the characters of the dataset's answers (``turn_alphabet``), up to the
+longest answer (``max_turn_chars``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nobubble.rl.actor_learner.text.protocol import TextStep
+from nobubble.rl.system.imports import missing_extra
+
+__all__ = ["ReasoningGymEnv", "ReasoningGymQuestions"]
+
+HINTS = ("higher", "lower", "wrong", "correct")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class ReasoningGymQuestions:
+    """The question pool of reasoning-gym's dataset ``name``, with the characters it uses.
+
+    Made once and shared by every env of a run (generating a pool takes a while); an episode
+    only reads it.
+
+    Args:
+        name: a reasoning-gym dataset (``basic_arithmetic``, ``chain_sum``, ...).
+        size: questions in the pool, generated locally from ``dataset_seed``.
+        **config: the dataset's config (``max_digits=1``, ``operators=["+"]``, ...).
+    """
+
+    def __init__(self, name: str, *, size: int = 500, dataset_seed: int = 0, **config: Any):
+        try:
+            import reasoning_gym
+            from reasoning_gym.factory import DATASETS
+        except ImportError:
+            raise missing_extra("reasoning-gym", "rg") from None
+        if name not in DATASETS:
+            close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
+            hint = f"; did you mean {close}?" if close else ""
+            raise ValueError(f"reasoning-gym has no task {name!r}{hint}")
+        if size < 1:
+            raise ValueError(f"size={size} must be >= 1")
+        try:
+            self.dataset = reasoning_gym.create_dataset(
+                name, size=size, seed=dataset_seed, **config
+            )
+        except (TypeError, AssertionError) as err:
+            raise ValueError(f"rg:{name}: bad config {config} ({err})") from None
+        self.name = f"rg:{name}"
+        self.entries = list(self.dataset)
+        answers = [str(e["answer"]) for e in self.entries]
+        self.turn_alphabet = "".join(sorted(set("".join(answers))))
+        self.max_turn_chars = max(len(a) for a in answers)
+        texts = [e["question"] for e in self.entries] + list(HINTS)
+        self.alphabet = "".join(sorted(set("".join(texts)) | set(self.turn_alphabet)))
+
+
+class ReasoningGymEnv:
+    """A reasoning-gym question pool as a multi-turn :class:`TextEnv`.
+
+    Args:
+        questions: the pool (shared), or a dataset name to make one from ``**pool``.
+        max_turns: answers allowed per question.
+    """
+
+    def __init__(
+        self, questions: ReasoningGymQuestions | str, *, max_turns: int = 4, **pool: Any
+    ) -> None:
+        if isinstance(questions, str):
+            questions = ReasoningGymQuestions(questions, **pool)
+        elif pool:
+            raise ValueError(f"ReasoningGymEnv: {sorted(pool)} given with a ready pool")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns={max_turns!r} must be an integer >= 1")
+        self.questions, self.max_turns = questions, max_turns
+        self.name = questions.name
+        self.alphabet, self.turn_alphabet = questions.alphabet, questions.turn_alphabet
+        self.max_turn_chars = questions.max_turn_chars
+        self.entry: dict[str, Any] = questions.entries[0]
+        self.turns = 0
+
+    def reset(self, seed: int) -> str:
+        entries = self.questions.entries
+        self.entry, self.turns = entries[seed % len(entries)], 0
+        return str(self.entry["question"])
+
+    def step(self, turn: str) -> TextStep:
+        self.turns += 1
+        score = float(self.questions.dataset.score_answer(turn, self.entry))
+        if score >= 1.0:
+            return TextStep("correct", 1.0, True)
+        last = self.turns >= self.max_turns
+        guess, answer = _number(turn), _number(str(self.entry["answer"]))
+        if guess is None or answer is None or guess == answer:
+            hint = "wrong"
+        else:
+            hint = "higher" if answer > guess else "lower"
+        return TextStep(hint, score if last else 0.0, last)
