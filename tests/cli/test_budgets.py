@@ -7,12 +7,18 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from nobubble.cli import main
 
 OVERSIZED = [
     (["pp", "simulate", "-p", "100000", "-m", "100000"], "60,000,000,000 ops"),
     (["pp", "show", "-p", "1000", "-m", "1000"], "past this command's budget"),
     (["pp", "export", "-s", "zb-2p", "-p", "2000", "-m", "200"], "2,400,000 ops"),
     (["pp", "compare", "-p", "32", "-m", "512"], "budget of 20,000"),
+    (["pp", "simulate", "-s", "v-zb", "-p", "100", "-m", "1600"], "ranks x ops"),
+    (["pp", "frontier", "-p", "100", "-m", "30"], "ranks x ops"),
     (["pp", "solve", "-p", "64", "-m", "512"], "budget of 50,000"),
     (["pp", "run", "-s", "1f1b", "-p", "64"], "64 processes"),
     (["ep", "bench", "--ranks", "64"], "64 processes"),
@@ -46,3 +52,41 @@ def test_force_lets_a_run_past_the_budget_start() -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+
+
+SIZED = ["simulate", "show", "export", "compare", "solve", "frontier"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _commands_imported() -> None:
+    """Each command once, so that the timed calls below do not pay for first imports."""
+    for command in SIZED:
+        main(["pp", command, "-p", "1000000", "-m", "1000000"])
+
+
+LOG_SIZE = st.floats(0.3, 6.0).map(lambda e: int(10**e))  # 1 .. a million, log-uniform
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(command=st.sampled_from(SIZED), schedule=st.sampled_from(["1f1b", "zb-2p", "v-zb"]),
+       ranks=LOG_SIZE.filter(lambda n: n >= 2), microbatches=LOG_SIZE)  # fmt: skip
+def test_any_size_past_a_budget_is_refused_at_once_in_one_line(
+    capsys, command: str, schedule: str, ranks: int, microbatches: int
+) -> None:
+    """Sizes drawn up to a million ranks and microbatches: whatever passes the command's
+    estimate of its work is refused before any work (exit 2, one line naming --force, well
+    under 2 s); sizes under every estimate are left to the examples above and the suite."""
+    ops = 3 * ranks * microbatches  # one chunk per rank: the least any command counts
+    v_weight = ranks * ops if command == "frontier" or schedule == "v-zb" else 0
+    budget = {"compare": 20_000, "frontier": 20_000, "solve": 50_000}.get(command, 1_000_000)
+    assume(ops > budget or v_weight > 1_600_000)
+    argv = ["pp", command, "-p", str(ranks), "-m", str(microbatches)]
+    if command in ("simulate", "show", "export"):
+        argv += ["-s", schedule]
+    start = time.perf_counter()
+    assert main(argv) == 2
+    took = time.perf_counter() - start
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--force" in err[0], err
+    assert took < 2, f"{argv}: refused after {took:.1f}s"

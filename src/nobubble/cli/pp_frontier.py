@@ -17,7 +17,13 @@ import time
 from functools import partial
 from pathlib import Path
 
-from nobubble.cli.pp_options import OPS_BUDGET, add_costs, add_size, costs_from_args
+from nobubble.cli.pp_options import (
+    OPS_BUDGET,
+    add_costs,
+    add_size,
+    check_v_memory_size,
+    costs_from_args,
+)
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -138,6 +144,8 @@ def _check_args(args: argparse.Namespace) -> None:
             f"ops per schedule, past this command's budget of {OPS_BUDGET['compare']:,}; use "
             "smaller sizes, or --force"
         )
+    if not args.force:  # the frontier builds V-Min, V-Half and V-ZB
+        check_v_memory_size(args.ranks, args.microbatches, "pp frontier")
     if args.ilp_seconds > 0 and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
         raise UsageError(f"--ilp-seconds: P x M = {args.ranks * args.microbatches} is past the "
                          "solver's budget; drop --ilp-seconds or use smaller sizes")  # fmt: skip

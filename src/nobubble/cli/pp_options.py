@@ -18,6 +18,8 @@ from nobubble.cli.util import UsageError, nonneg_float, nonneg_int, positive_flo
 __all__ = [
     "PAPER_TIMES",
     "OPS_BUDGET",
+    "V_MEMORY_SCHEDULES",
+    "check_v_memory_size",
     "add_size",
     "add_shape",
     "add_costs",
@@ -47,6 +49,11 @@ PAPER_TIMES = {
 # schedule (torch's included) and is 50x heavier per op; the exact solver's model grows with
 # the ops and its search is bounded by --time-limit.
 OPS_BUDGET = {"default": 1_000_000, "compare": 20_000, "solve": 50_000}
+# The controllable-memory V generators search over placements, so their time grows with
+# ranks x ops: 1.6 million ranks x ops run in 10-25 s here (the paper's largest, P=32 M=256:
+# 9 s; P=8 M=3000: 17 s; P=100 M=80, 4.8 million: 49 s).
+V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")
+V_MEMORY_BUDGET = 1_600_000
 
 
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4) -> None:
@@ -73,6 +80,19 @@ def check_size(args: argparse.Namespace, budget: str = "default") -> None:
             f"--ranks {args.ranks} x --microbatches {args.microbatches} means about {ops:,} ops, "
             f"past this command's budget of {limit:,} (seconds of work here); use smaller "
             "sizes, or --force"
+        )
+    if getattr(args, "schedule", None) in V_MEMORY_SCHEDULES:
+        check_v_memory_size(args.ranks, args.microbatches, f"-s {args.schedule}")
+
+
+def check_v_memory_size(ranks: int, microbatches: int, what: str) -> None:
+    """Refuse a V-Min / V-Half / V-ZB generation whose ranks x ops pass its budget."""
+    weight = ranks * 6 * ranks * microbatches
+    if weight > V_MEMORY_BUDGET:
+        raise UsageError(
+            f"{what}: --ranks {ranks} x --microbatches {microbatches} means about {weight:,} "
+            f"ranks x ops for the V generators, past their budget of {V_MEMORY_BUDGET:,}; use "
+            "smaller sizes, another schedule, or --force"
         )
 
 
