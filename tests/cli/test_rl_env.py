@@ -107,3 +107,18 @@ def test_a_bad_target_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit) as e:
         _parse(["--env", "CartPole-v1", "--target-return", "high"])
     assert e.value.code == 2
+
+
+def test_arch_all_runs_each_architecture_on_one_budget_and_draws_them(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "curves.png"
+    args = _parse(["--env", "CartPole-v1", "--arch", "all", "--actors", "1", "--envs-per-actor",
+                   "2", "--steps", "600", "--seconds", "30", "--plot", str(png), "--json"])  # fmt: skip
+    assert run_env_train(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["arch"] for r in out["runs"]] == ["impala", "seed", "sample-factory"]
+    assert all(r["env_steps"] >= 600 and r["ledger"]["whole"] for r in out["runs"])
+    assert out["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert run_env_train(_parse(["--env", "CartPole-v1", "--plot", str(png)])) == 2
+    assert "--plot draws --arch all" in capsys.readouterr().err

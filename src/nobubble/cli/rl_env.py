@@ -24,6 +24,7 @@ from nobubble.cli.util import (
     add_json_flag,
     nonneg_float,
     nonneg_int,
+    output_file,
     positive_float,
     positive_int,
     print_json,
@@ -58,7 +59,15 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         "--env-option", action="append", default=[], metavar="KEY=VALUE",
         help="a text env's option, repeatable: high=9, max_turns=4, a reasoning-gym config",
     )  # fmt: skip
-    parser.add_argument("--arch", default="seed", help=f"one of {', '.join(ENV_ARCHS)}")
+    parser.add_argument("--arch", default="seed",
+                        help=f"one of {', '.join(ENV_ARCHS)}, or 'all': each on the same budget, "
+                        "side by side (a table, and --plot)")  # fmt: skip
+    parser.add_argument(
+        "--plot",
+        type=output_file,
+        default=None,
+        help="with --arch all: return against wall-clock and env steps (PNG/SVG)",
+    )
     parser.add_argument("--actors", type=positive_int, default=None, help="actor processes")
     parser.add_argument("--envs-per-actor", type=positive_int, default=None)
     parser.add_argument(
@@ -137,9 +146,18 @@ def _progress(point: Any) -> None:
 
 
 def run_env_train(args: argparse.Namespace) -> int:
-    """Run one actor-learner training; the exit status."""
+    """Run one actor-learner training (or, with ``--arch all``, one per architecture on the
+    same budget); the exit status."""
+    if args.plot is not None and args.arch != "all":
+        print("nobubble rl actor-learner: error: --plot draws --arch all's comparison; add "
+              "--arch all or drop --plot", file=sys.stderr)  # fmt: skip
+        return 2
+    archs = ENV_ARCHS if args.arch == "all" else (args.arch,)
+    configs = []
     try:
-        config = _config(args)
+        for arch in archs:
+            configs.append(_config(argparse.Namespace(**{**vars(args), "arch": arch})))
+        config = configs[0]
         from nobubble.rl.actor_learner.envs import env_label, env_spaces
 
         env_spaces(config.env)  # an unknown id or unsupported spaces: a usage error
@@ -153,16 +171,49 @@ def run_env_train(args: argparse.Namespace) -> int:
         raise
     from nobubble.rl.actor_learner import ActorFailure, train
 
-    print(f"training {config.arch} on {env_label(config.env)} ...", file=sys.stderr, flush=True)
-    try:
-        result = train(config, progress=_progress)
-    except ActorFailure as err:
-        print(f"nobubble rl actor-learner: {err}", file=sys.stderr)
-        return 1
+    results = []
+    for config in configs:
+        print(f"training {config.arch} on {env_label(config.env)} ...", file=sys.stderr,
+              flush=True)  # fmt: skip
+        try:
+            results.append(train(config, progress=_progress))
+        except ActorFailure as err:
+            print(f"nobubble rl actor-learner: {err}", file=sys.stderr)
+            return 1
+    if args.arch == "all":
+        return _compare(results, args)
     if args.json:
-        print_json(result.to_dict())
+        print_json(results[0].to_dict())
         return 0
-    _table(result)
+    _table(results[0])
+    return 0
+
+
+def _compare(results: list[Any], args: argparse.Namespace) -> int:
+    """The architectures side by side: a table (or JSON) and, with ``--plot``, the curves."""
+    plot = None
+    if args.plot is not None:
+        from nobubble.rl.actor_learner.plot import plot_curves
+
+        plot = str(plot_curves(results, args.plot))
+    if args.json:
+        print_json({"runs": [r.to_dict() for r in results], "plot": plot})
+        return 0
+    rows = [
+        [r.arch, f"{r.eval_mean_return:.4g}",
+         "-" if r.time_to_target_s is None else f"{r.time_to_target_s:.1f}",
+         "-" if r.steps_to_target is None else f"{r.steps_to_target:,}",
+         f"{r.env_steps_per_s:,.0f}", f"{r.idle_ratio.get('learner', 0.0):.0%}", r.max_lag]
+        for r in results
+    ]  # fmt: skip
+    first = results[0]
+    print_table(
+        f"{first.env}: {', '.join(ENV_ARCHS)} on the same budget (seed {first.seed})",
+        ["arch", "eval return", f"s to {first.target_return}", "steps to target", "env steps/s",
+         "learner idle", "max lag"],
+        rows,
+        caption=f"plot: {plot}" if plot else None,
+    )  # fmt: skip
     return 0
 
 
