@@ -115,6 +115,33 @@ def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return _cli_step("frontier", argv, [png])
 
 
+def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
+    import dataclasses
+
+    from nobubble.cli.pp_options import PAPER_TIMES
+    from nobubble.pipeline import CostModel, get_schedule
+    from nobubble.pipeline.costs import PAPER_MODELS
+    from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
+    from nobubble.pipeline.plot import gantt_grid
+
+    p, m = 8, 24
+    tf, tb, tw, tc = PAPER_TIMES["1.5B"]
+    h, a, _, seq = PAPER_MODELS["1.5B"]
+    costs = CostModel.paper(p, t_f=tf, t_b=tb, t_w=tw, t_comm=tc, hidden=h, heads=a, seq=seq)
+    plan = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
+    slow = Perturbation(stragglers=(Straggler(rank=p // 2, factor=1.5),))
+    runs = []
+    for policy in ("static", "handshake"):
+        res = simulate_dispatch(plan, costs, policy=policy, perturbation=slow)
+        name = f"zb-h1 {policy}, rank {p // 2} 1.5x slow ({res.deviations} ops moved)"
+        runs.append(dataclasses.replace(res.sim, schedule=res.sim.schedule.renamed(name)))
+        print(f"  {policy:9} bubble {res.bubble_rate:6.2%}  makespan {res.sim.makespan:7.1f} ms")
+    png = out / "pipeline" / "handshake_straggler_p8_m24.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    return [gantt_grid(runs, png)]
+
+
 def _actor_learner_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """SEED RL on CartPole-v1: central batched inference, actors only step environments."""
     argv = ["rl", "actor-learner", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),
@@ -163,6 +190,7 @@ def steps() -> list[tuple[str, Step]]:
         ("pipeline schedules", _pipeline_step),
         ("pipeline ILP", _ilp_step),
         ("pipeline frontier", _frontier_step),
+        ("pipeline handshake", _handshake_step),
         ("pipeline runtime", _runtime_step),
         ("MoE expert parallelism", _moe_step),
         ("MoE fast paths", _moe_fastpath_step),
