@@ -22,6 +22,7 @@ its shard.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from nobubble.rl.system.config import RunConfig
@@ -124,6 +125,7 @@ class RayEngine:
 
         if not ray.is_initialized():
             if cfg.ray_address:
+                check_ray_address(cfg.ray_address)  # ray.init would wait minutes for a GCS
                 ray.init(address=cfg.ray_address, log_to_driver=False)
             else:
                 need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
@@ -325,3 +327,26 @@ class RayEngine:
         self._pending.clear()
         if self._started_ray:
             ray.shutdown()
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse, within ``timeout_s``, a ``HOST:PORT`` cluster address where no Ray GCS answers:
+    ``ray.init`` itself waits minutes. The GCS speaks gRPC, so it answers an HTTP/2 client
+    preface with a SETTINGS frame; nothing listening, or a listener that says nothing (or
+    something else), is refused. Other forms (``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s) as c:
+            c.sendall(preface)
+            frame = c.recv(9)  # a frame header: 3 bytes length, 1 type (4: SETTINGS), ...
+        reason = None if len(frame) >= 4 and frame[3] == 4 else "it does not speak gRPC"
+    except OSError as err:
+        reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+    if reason is not None:
+        raise WorkerError(
+            f"--address {address}: no Ray cluster answers there within {timeout_s:g}s "
+            f"({reason}); start one with `ray start --head`, or drop --address"
+        )

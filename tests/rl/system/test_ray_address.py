@@ -1,0 +1,53 @@
+"""An unreachable ``--address`` fails within its timeout, naming it; a real GCS passes.
+
+``ray.init(address=...)`` waits minutes for a GCS that never answers, so the Ray engine
+probes the address first (:func:`~nobubble.rl.system.engines.ray.check_ray_address`).
+Loopback only: a closed port, a listener that says nothing, and a local Ray's own GCS.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from nobubble.cli import main
+from nobubble.rl.system.engines.ray import check_ray_address
+from nobubble.rl.system.protocol import WorkerError
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_nothing_listening_is_one_line_naming_the_address(capsys) -> None:
+    port = _closed_port()
+    start = time.monotonic()
+    assert main(["rl", "train", "--engine", "ray", "--address", f"127.0.0.1:{port}",
+                 "--steps", "2"]) == 1  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert time.monotonic() - start < 15
+    assert len(err) == 1 and f"--address 127.0.0.1:{port}: no Ray cluster answers" in err[0]
+
+
+def test_a_silent_listener_is_refused_within_the_timeout() -> None:
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()  # the kernel accepts the connection; nobody ever answers on it
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"within 1s \(no answer\)"):
+            check_ray_address(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=1.0)
+        assert time.monotonic() - start < 3
+
+
+def test_a_real_gcs_passes_the_probe() -> None:
+    ray = pytest.importorskip("ray")
+    ctx = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+                   _node_ip_address="127.0.0.1")  # fmt: skip
+    try:
+        check_ray_address(ctx.address_info["gcs_address"])
+    finally:
+        ray.shutdown()
