@@ -28,6 +28,7 @@ from scripts.tables import ROOT, Renderer
 from scripts.tables import moe as moe_tables
 from scripts.tables import pipeline as pipeline_tables
 from scripts.tables import rl as rl_tables
+from scripts.tables import rl_partial as rl_partial_tables
 from scripts.tables import summary as summary_tables
 
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -36,7 +37,7 @@ BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- /t
 def renderers() -> dict[str, Renderer]:
     """Every table name -> its renderer; a name defined twice is an error."""
     out: dict[str, Renderer] = {}
-    for module in (pipeline_tables, moe_tables, rl_tables, summary_tables):
+    for module in (pipeline_tables, moe_tables, rl_tables, rl_partial_tables, summary_tables):
         for name, fn in module.TABLES.items():
             if name in out:
                 raise ValueError(f"table {name!r} is defined twice")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.cli.rl_env import add_env_arguments, run_env_train
+from nobubble.cli.rl_partial import add_partial_flags, partial_settings
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -67,8 +68,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4)",
     )
     train.add_argument("--algo", choices=ALGOS, default=None, help="default grpo (or the preset's)")
-    _lag_flags(train)
-    _learner_flags(train)
+    for add_flags in (_lag_flags, _learner_flags, add_partial_flags):
+        add_flags(train)
     ck = train.add_argument_group("checkpoints and recovery")
     ck.add_argument(
         "--checkpoint-dir", type=output_dir, default=None, metavar="DIR", help="checkpoint folder"
@@ -356,7 +357,7 @@ def _train(args: argparse.Namespace) -> int:
     many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
     cfg = _config(
         args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag,
-        **many,
+        **many, **partial_settings(args),
     )  # fmt: skip
     label = f"{cfg.mode}" + (
         f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""

@@ -61,6 +61,12 @@ class RunConfig:
         replay: ``none``, ``uniform`` or ``prioritized`` (None = the preset's, else none);
             ``replay_capacity`` groups are kept, ``replay_groups`` drawn again per step
             (:mod:`~nobubble.rl.system.replay`); ``replay_alpha``, ``replay_beta``.
+        partial_rollouts: in-flight weight updates (PipelineRL, AReaL): a generator takes
+            new weights between tokens, not only between groups, and records the version of
+            every token; staleness weights and the drop bound apply per token. This trades
+            GRPO's "one version per group" for fresher tokens (see
+            :mod:`~nobubble.rl.system.partial`). Local engine only; ``weight_check_every``:
+            look for new weights before every this many tokens (default 1).
         engine: ``local`` (processes on this machine) or ``ray``.
         steps: trainer steps (stop when reached).
         time_budget_s: stop after this many seconds of training (None = no limit).
@@ -103,6 +109,8 @@ class RunConfig:
     replay_groups: int | None = None
     replay_alpha: float = 0.6
     replay_beta: float = 0.4
+    partial_rollouts: bool = False
+    weight_check_every: int = 1
     engine: str = "local"
     steps: int = 400
     time_budget_s: float | None = None
@@ -189,6 +197,7 @@ class RunConfig:
         if self.sync_every < 0:
             raise ValueError(f"sync_every={self.sync_every} must be >= 0 (0 = never)")
         self.replay_config()
+        self._check_partial()
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
@@ -209,9 +218,30 @@ class RunConfig:
         check_policy_spec(self.policy)
         # build every component config once so bad values fail here, not in a worker
         self.make_task()
-        TrainerConfig(group_size=self.group_size, **{"algo": self.algo, **self.trainer})
-        RolloutConfig(group_size=self.group_size, **self.rollout)
+        self.trainer_config()
+        self.rollout_config()
         RewardConfig(**self.reward)
+
+    def _check_partial(self) -> None:
+        if not isinstance(self.partial_rollouts, bool):
+            raise ValueError(f"partial_rollouts={self.partial_rollouts!r} must be True or False")
+        if not isinstance(self.weight_check_every, int) or self.weight_check_every < 1:
+            raise ValueError(
+                f"weight_check_every={self.weight_check_every!r} must be an integer >= 1 "
+                "(tokens between looks for new weights; 1 = every token)"
+            )
+        for stage, settings in (("rollout", self.rollout), ("trainer", self.trainer)):
+            if "partial_rollouts" in settings:
+                raise ValueError(
+                    f"{stage}={{'partial_rollouts': ...}}: set RunConfig.partial_rollouts, "
+                    "which sets the generators and the trainer together"
+                )
+        if self.partial_rollouts and self.engine != "local":
+            raise ValueError(
+                f"partial_rollouts with engine={self.engine!r}: the Ray engine hands a "
+                "generator its weights with each request, so it cannot swap them between "
+                "tokens; use engine='local' (shared-memory weights) or drop partial_rollouts"
+            )
 
     def _check_learners(self) -> None:
         if not isinstance(self.learners, int) or self.learners < 1:
@@ -309,10 +339,21 @@ class RunConfig:
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
 
     def trainer_config(self) -> TrainerConfig:
-        return TrainerConfig(group_size=self.group_size, **{"algo": self.algo, **self.trainer})
+        partial = {}
+        if self.partial_rollouts:  # tokens past the drop bound are masked, per token
+            partial = {
+                "partial_rollouts": True,
+                "token_drop_staleness": self.effective_drop_staleness,
+            }
+        return TrainerConfig(
+            group_size=self.group_size, **{"algo": self.algo, **self.trainer, **partial}
+        )
 
     def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(group_size=self.group_size, **self.rollout)
+        partial = {}
+        if self.partial_rollouts:
+            partial = {"partial_rollouts": True, "weight_check_every": self.weight_check_every}
+        return RolloutConfig(group_size=self.group_size, **{**self.rollout, **partial})
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(**{"seed": self.seed, **self.reward})

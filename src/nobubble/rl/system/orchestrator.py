@@ -103,6 +103,7 @@ class Orchestrator(Recovery):
         self._spans: list[Span] = []
         self._curve: list[CurvePoint] = []
         self._staleness: Counter[int] = Counter()
+        self._token_staleness: Counter[int] = Counter()  # trained response tokens by lag
         self._train_reward: float | None = None
         self._group_versions: dict[int, list[int]] = {}
         self._weight_versions: list[int] = [0]
@@ -244,6 +245,7 @@ class Orchestrator(Recovery):
         self._weight_versions.append(res.version)
         for lag in res.staleness:
             self._staleness[lag] += self.cfg.group_size
+        self._token_staleness.update(res.token_staleness)
         self._train_reward = res.metrics.get("reward")
         if self.on_step is not None:
             self.on_step(res.version, {**res.metrics, "max_lag": max(res.staleness)})
@@ -352,6 +354,7 @@ class Orchestrator(Recovery):
             curve=curve,
             staleness_hist=dict(sorted(self._staleness.items())),
             staleness_max=max(self._staleness, default=0),
+            token_staleness_hist=dict(sorted(self._token_staleness.items())),
             idle_ratio=idle,
             busy_s=busy,
             ledger=ledger,

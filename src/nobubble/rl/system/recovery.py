@@ -66,6 +66,7 @@ class Recovery:
     _pending_reward: list[SampleGroup]
     _curve: list[CurvePoint]
     _staleness: Counter[int]
+    _token_staleness: Counter[int]
     _group_versions: dict[int, list[int]]
     _weight_versions: list[int]
     _train_reward: float | None
@@ -117,6 +118,7 @@ class Recovery:
             "in_flight": [self._requests[g] for g in sorted(self._in_flight)],
             "curve": list(self._curve),
             "staleness": dict(self._staleness),
+            "token_staleness": dict(self._token_staleness),
             "group_versions": dict(self._group_versions),
             "weight_versions": list(self._weight_versions),
             "train_reward": self._train_reward,
@@ -160,6 +162,7 @@ class Recovery:
             self._requeue_group(req, "resumed")
         self._curve = list(state["curve"])
         self._staleness = Counter(state["staleness"])
+        self._token_staleness = Counter(state.get("token_staleness", {}))
         self._group_versions = dict(state["group_versions"])
         self._weight_versions = list(state["weight_versions"])
         self._train_reward = state["train_reward"]

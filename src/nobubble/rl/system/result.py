@@ -48,6 +48,7 @@ class RunResult:
     restarts: list[str] = field(default_factory=list)
     resumed_from: str | None = None
     step_metrics: list[dict[str, float]] = field(default_factory=list)
+    token_staleness_hist: dict[int, int] = field(default_factory=dict)  # trained tokens by lag
 
     def time_to_accuracy(self, target: float) -> float | None:
         for p in self.curve:
@@ -66,6 +67,9 @@ class RunResult:
             "final_accuracy": self.final_accuracy,
             "staleness_max": self.staleness_max,
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "token_staleness_hist": {
+                str(k): v for k, v in sorted(self.token_staleness_hist.items())
+            },
             "idle_ratio": self.idle_ratio,
             "busy_s": self.busy_s,
             "ledger": {

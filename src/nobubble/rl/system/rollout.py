@@ -1,10 +1,13 @@
 """The rollout stage: turn admitted group requests into sampled groups.
 
 A :class:`RolloutWorker` owns a copy of the policy. ``generate`` samples ``group_size``
-responses for every request with the weights it holds at the call; weights change only
-between calls (``set_weights`` or a pull from shared memory), so every group is generated
-whole by one policy version. All requests of a call are sampled in one batch: on a CPU a
-batch of 128 short sequences costs little more than one of 8.
+responses for every request with the weights it holds at the call; by default weights change
+only between calls (``set_weights`` or a pull from shared memory), so every group is
+generated whole by one policy version. With ``partial_rollouts`` the worker also takes new
+weights between tokens (:mod:`~nobubble.rl.system.partial`): each sample then records the
+version behind every token (``Sample.token_versions``), and its ``policy_version`` is the
+version that started it. All requests of a call are sampled in one batch: on a CPU a batch
+of 128 short sequences costs little more than one of 8.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
@@ -31,11 +35,19 @@ class RolloutConfig:
         group_size: responses per prompt (GRPO group), >= 1.
         temperature: sampling temperature, > 0.
         delay_s: extra seconds per ``generate`` call (a slower generator for experiments).
+        token_delay_s: extra seconds per decoding step (a slow decoder: one generation then
+            spans trainer steps, the case partial rollouts are for).
+        partial_rollouts: take new weights between tokens, not only between calls.
+        weight_check_every: with ``partial_rollouts``, look for new weights before every
+            this many decoding steps (1 = before every token).
     """
 
     group_size: int = 8
     temperature: float = 1.0
     delay_s: float = 0.0
+    token_delay_s: float = 0.0
+    partial_rollouts: bool = False
+    weight_check_every: int = 1
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -44,10 +56,22 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.temperature={self.temperature} must be > 0")
         if self.delay_s < 0:
             raise ValueError(f"RolloutConfig.delay_s={self.delay_s} must be >= 0")
+        if self.token_delay_s < 0:
+            raise ValueError(f"RolloutConfig.token_delay_s={self.token_delay_s} must be >= 0")
+        if not isinstance(self.weight_check_every, int) or self.weight_check_every < 1:
+            raise ValueError(
+                f"RolloutConfig.weight_check_every={self.weight_check_every!r} must be an "
+                "integer >= 1 (1 = look for new weights before every token)"
+            )
 
 
 class RolloutWorker:
-    """Samples groups with the policy version it holds (-1 until weights arrive)."""
+    """Samples groups with the policy version it holds (-1 until weights arrive).
+
+    With ``cfg.partial_rollouts``, :attr:`pull_weights` (``pull(model, have) -> version``,
+    set by the engine) is asked for newer weights between tokens; :attr:`version` is then
+    the version the worker holds after its last call.
+    """
 
     def __init__(
         self, *, task: TaskSpec, model: nn.Module, cfg: RolloutConfig, seed: int, worker_id: int = 0
@@ -58,6 +82,21 @@ class RolloutWorker:
         self.model = model.eval()
         self.version = -1
         self.generator = torch.Generator().manual_seed(10_000 * seed + worker_id)
+        self.inflight = InFlightWeights(
+            self.model,
+            partial=cfg.partial_rollouts,
+            every_tokens=cfg.weight_check_every,
+            token_delay_s=cfg.token_delay_s,
+        )
+
+    @property
+    def pull_weights(self) -> WeightPull | None:
+        """The weight source between tokens (partial rollouts); None until the engine sets it."""
+        return self.inflight.pull
+
+    @pull_weights.setter
+    def pull_weights(self, pull: WeightPull | None) -> None:
+        self.inflight.pull = pull
 
     def set_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
         """Load ``state_dict`` as ``version``; the same version again is a no-op."""
@@ -74,6 +113,8 @@ class RolloutWorker:
         g = self.cfg.group_size
         prompts = [r.prompt for r in requests for _ in range(g)]
         ids, mask = self.task.encode(prompts)
+        hook = self.inflight
+        hook.begin(self.version)
         gen = sample(
             self.model,
             ids,
@@ -84,7 +125,12 @@ class RolloutWorker:
             generator=self.generator,
             budgets=self.task.budgets(prompts),
             attention_mask=mask,
+            before_token=hook.before_token if hook.active else None,
         )
+        first, self.version = self.version, hook.version
+        steps = hook.step_versions(self.task.max_new_tokens)  # (N,) the version of each step
+        if self.cfg.partial_rollouts:
+            first = int(steps[0])
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         now = time.time()
@@ -104,16 +150,18 @@ class RolloutWorker:
                         tokens=gen.tokens[row].clone(),
                         response_mask=gen.response_mask[row].clone(),
                         behaviour_logprobs=gen.logprobs[row].clone(),
-                        policy_version=self.version,
+                        policy_version=first,
                         t_generated=now,
+                        token_versions=steps.clone() if self.cfg.partial_rollouts else None,
                     )
                 )
             groups.append(SampleGroup(req.group_id, req.prompt_id, tuple(samples), req.t_admitted))
+        versions = f"v{first}" if self.version == first else f"v{first}-v{self.version}"
         span = Span(
             "rollout",
-            f"gen v{self.version} x{len(requests)}",
+            f"gen {versions} x{len(requests)}",
             start,
             now,
-            {"version": self.version, "groups": [r.group_id for r in requests]},
+            {"version": first, "last": self.version, "groups": [r.group_id for r in requests]},
         )
         return groups, span

@@ -23,7 +23,13 @@ weights, folded into the advantages (for a positive weight ``w``, PPO's clipped 
 penalty to a reference policy (``kl_coef``; the initial policy, frozen, or refreshed every
 ``kl_refresh_every`` steps), reported per step as ``kl_ref``.
 
-Each step reports the staleness of the batch (trainer version - sample version per group).
+Each step reports the staleness of the batch (trainer version - sample version per group)
+and of its tokens (``TrainResult.token_staleness``). Staleness weights are per token: with
+partial rollouts (``partial_rollouts``) a response's tokens may come from several versions
+(``Sample.token_versions``), each token is weighted by its own age, and tokens older than
+``token_drop_staleness`` are masked out of the loss. The behaviour log-probs the losses use
+were always per token. Whole-group versioning is asserted unless ``partial_rollouts`` says
+the batch trades it for freshness (:func:`~nobubble.rl.system.partial.check_token_versions`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,12 @@ from nobubble.rl.algo.losses import (
 )
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import vtrace
+from nobubble.rl.system.partial.versions import (
+    check_token_versions,
+    lag_histogram,
+    response_versions,
+    token_lag,
+)
 from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
@@ -87,6 +99,10 @@ class TrainerConfig:
         kl_refresh_every: copy the policy into the reference every N steps; 0 = keep the
             initial policy frozen.
         delay_s: extra seconds per step (a slower trainer for experiments).
+        partial_rollouts: the batches come from partial rollouts: a response's tokens may
+            come from several versions (False: whole-group versioning, asserted).
+        token_drop_staleness: mask out of the loss every token more than this many versions
+            older than the trainer (None = keep all; the run sets it with partial rollouts).
     """
 
     algo: str = "grpo"
@@ -101,6 +117,8 @@ class TrainerConfig:
     kl_coef: float = 0.0
     kl_refresh_every: int = 0
     delay_s: float = 0.0
+    partial_rollouts: bool = False
+    token_drop_staleness: int | None = None
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -116,6 +134,10 @@ class TrainerConfig:
             )
         if self.group_size < 1:
             raise ValueError(f"TrainerConfig.group_size={self.group_size} must be >= 1")
+        if self.token_drop_staleness is not None and self.token_drop_staleness < 0:
+            raise ValueError(
+                f"TrainerConfig.token_drop_staleness={self.token_drop_staleness} must be >= 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -129,6 +151,7 @@ class TrainResult:
         span: the busy span.
         trained_by: group id -> index of the learner that trained it (empty: learner 0
             trained every group; see :mod:`~nobubble.rl.system.engines.learners`).
+        token_staleness: response tokens in the loss by their staleness ``{lag: count}``.
     """
 
     version: int
@@ -136,6 +159,7 @@ class TrainResult:
     metrics: dict[str, float]
     span: Span
     trained_by: dict[int, int] = field(default_factory=dict)
+    token_staleness: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,11 +170,13 @@ class ShardGradients:
         staleness: per group, ``trainer version - policy version``.
         metrics: loss, reward, entropy, weight mean, the algorithm's diagnostics.
         num_tokens: response tokens in the shard (the token mean's denominator).
+        token_staleness: those tokens by their staleness ``{lag: count}``.
     """
 
     staleness: list[int]
     metrics: dict[str, float]
     num_tokens: int
+    token_staleness: dict[int, int] = field(default_factory=dict)
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -240,32 +266,36 @@ class Trainer:
             time.time(),
             {"groups": [g.group_id for g in groups], "max_lag": max(grads.staleness)},
         )
-        return TrainResult(self.version, grads.staleness, grads.metrics, span)
+        return TrainResult(
+            self.version,
+            grads.staleness,
+            grads.metrics,
+            span,
+            token_staleness=grads.token_staleness,
+        )
 
     def compute_gradients(
         self, groups: list[SampleGroup], weights: list[float] | None = None
     ) -> ShardGradients:
         """Forward and backward on ``groups``: sets every parameter's ``.grad`` and returns
         the per-group staleness, the metrics and the number of response tokens (the loss is
-        a token mean over them, so shards combine exactly when weighted by it)."""
+        a token mean over them, so shards combine exactly when weighted by it). A group's
+        staleness is that of its oldest tokens; weights and the token drop are per token."""
         samples = [s for g in groups for s in g.samples]
         g_size = len(groups[0].samples)
         if any(len(g.samples) != g_size for g in groups):
             raise ValueError("every group of a batch must have the same size")
         versions = [s.policy_version for s in samples]
         check_group_versions(versions, g_size)
+        check_token_versions(groups, partial=self.cfg.partial_rollouts)
         staleness = policy_lag([g.policy_version for g in groups], self.version).tolist()
         tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
         mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
         behav = torch.stack([s.behaviour_logprobs for s in samples])  # (B, N)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
-        lag = torch.tensor(staleness, dtype=torch.float32).repeat_interleave(g_size)  # (B,)
-        kind: Any = self.cfg.staleness_weighting  # checked against STALENESS_WEIGHTS
-        w = staleness_weight(lag, kind)  # (B,)
-        if weights is not None:
-            if len(weights) != len(groups):
-                raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
-            w = w * torch.tensor(weights, dtype=torch.float32).repeat_interleave(g_size)
+        if weights is not None and len(weights) != len(groups):
+            raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
+        w, mask, token_staleness = self._token_weights(samples, g_size, weights, mask)
 
         self.model.train()
         p = self.task.prompt_len
@@ -289,11 +319,28 @@ class Trainer:
         loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        metrics.update(weight_mean=float(w.mean()))
+        metrics.update(weight_mean=float((w * mask).sum() / mask.sum().clamp(min=1)))
         metrics.update(
             loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
         )
-        return ShardGradients(staleness, metrics, int(mask.sum()))
+        return ShardGradients(staleness, metrics, int(mask.sum()), token_staleness)
+
+    def _token_weights(
+        self, samples: list, g_size: int, weights: list[float] | None, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+        """Per-token loss weights ``w`` (B, N): the staleness weight of each token's own age
+        times its group's weight (``weights``, one per group); the mask (B, N) without the
+        tokens past ``token_drop_staleness``; the kept tokens by staleness."""
+        lag = token_lag(response_versions(samples), self.version)  # (B, N)
+        drop = self.cfg.token_drop_staleness
+        if drop is not None:
+            mask = mask * (lag <= drop)  # (B, N)
+        kind: Any = self.cfg.staleness_weighting  # checked against STALENESS_WEIGHTS
+        w = staleness_weight(lag.to(torch.float32), kind)  # (B, N)
+        if weights is not None:
+            per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)
+            w = w * per_group.repeat_interleave(g_size)[:, None]
+        return w, mask, lag_histogram(lag, mask)
 
     def clip_gradients(self) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
@@ -325,10 +372,10 @@ class Trainer:
         g_size: int,
         w: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The algorithm's loss; ``w`` (B,) weights every sample (folded into A)."""
+        """The algorithm's loss; ``w`` (B, N) weights every token (folded into A)."""
         algo, clip = self.cfg.algo, self.cfg.clip
         if algo in ("grpo", "decoupled-ppo"):
-            adv = grpo_advantages(rewards, g_size) * w  # (B,)
+            adv = grpo_advantages(rewards, g_size)[:, None] * w  # (B, N)
             if algo == "grpo":
                 res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
             else:
@@ -340,7 +387,7 @@ class Trainer:
         step_rewards = torch.where(last & (mask > 0), rewards[:, None], 0.0)  # (B, N)
         vals = values * mask  # (B, N)
         if algo == "ppo":
-            adv = (rewards[:, None] - vals).detach() * w[:, None]  # MC return minus V(s_t)
+            adv = (rewards[:, None] - vals).detach() * w  # MC return minus V(s_t)
             res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
             value_loss = aggregate_loss((vals - rewards[:, None]).square(), mask)
             return res.loss + self.cfg.value_coef * value_loss, {
@@ -355,7 +402,7 @@ class Trainer:
             vals.t(),
             torch.zeros(mask.shape[0]),
         )
-        pg_adv = ret.pg_advantages.t().detach() * w[:, None]  # (B, N)
+        pg_adv = ret.pg_advantages.t().detach() * w  # (B, N)
         value_loss = aggregate_loss((vals - ret.vs.t()).square(), mask)
         metrics = {"value_loss": float(value_loss.detach())}
         if algo == "vtrace-ppo":

@@ -4,7 +4,9 @@ A :class:`Sample` is one response to one prompt. It carries everything the train
 bookkeeping need: its ids (sample, group, prompt), the tokens, the behaviour log-probs of the
 policy that sampled it, that policy's version, the reward (or the reward's failure) and
 timestamps. A :class:`SampleGroup` is the GRPO group: ``group_size`` samples of one prompt,
-generated whole by one policy version.
+generated whole by one policy version - or, with partial rollouts, started by one version and
+continued by newer ones between tokens (each sample's ``token_versions``; see
+:mod:`~nobubble.rl.system.partial`).
 
 Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens (max new tokens).
 """
@@ -12,6 +14,7 @@ Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens (max new
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -32,11 +35,14 @@ class Sample:
         response_mask: (N,) bool, generated tokens up to and including ``<eos>``.
         behaviour_logprobs: (N,) float32, log-probs of the response under the policy that
             sampled it; 0 where the mask is False.
-        policy_version: version of the weights that generated it.
+        policy_version: version of the weights that generated it (with partial rollouts:
+            that generated its first token, the oldest of ``token_versions``).
         reward: the verified reward, None until scored or when the reward function failed.
         reward_error: the last error of a reward function that failed after its retries.
         t_generated: wall-clock time (``time.time()``) when generation finished.
         t_scored: wall-clock time when the reward was computed (or failed).
+        token_versions: (N,) int64, the weight version that produced each response token,
+            non-decreasing (partial rollouts); None = every token is ``policy_version``.
     """
 
     sample_id: int
@@ -52,10 +58,17 @@ class Sample:
     reward_error: str | None = None
     t_generated: float = 0.0
     t_scored: float | None = None
+    token_versions: torch.Tensor | None = None
 
     @property
     def reward_failed(self) -> bool:
         return self.reward_error is not None
+
+    def versions(self) -> torch.Tensor:
+        """(N,) int64: the version behind each response token."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return torch.full(self.response_mask.shape, self.policy_version, dtype=torch.int64)
 
     def scored(self, reward: float, t: float) -> Sample:
         return replace(self, reward=float(reward), reward_error=None, t_scored=t)
@@ -69,7 +82,9 @@ class SampleGroup:
     """A GRPO group: the samples of one prompt, all from one policy version.
 
     Raises ValueError at construction if the samples disagree on group, prompt or version:
-    that is the invariant "a group is generated whole by one policy version".
+    that is the invariant "a group is generated whole by one policy version" (with partial
+    rollouts: "started by one version"; what each mode asserts about the later tokens is
+    :func:`~nobubble.rl.system.partial.check_token_versions`).
     """
 
     group_id: int
@@ -89,6 +104,16 @@ class SampleGroup:
     @property
     def policy_version(self) -> int:
         return self.samples[0].policy_version
+
+    @cached_property
+    def newest_version(self) -> int:
+        """The newest version behind any response token of the group (= ``policy_version``
+        with whole-group versioning). Cached: the buffer asks at every dispatch."""
+        if all(s.token_versions is None for s in self.samples):
+            return self.policy_version
+        versions = torch.stack([s.versions() for s in self.samples])  # (G, N)
+        mask = torch.stack([s.response_mask for s in self.samples])  # (G, N)
+        return int(torch.where(mask, versions, self.policy_version).max())
 
     @property
     def sample_ids(self) -> tuple[int, ...]:
@@ -126,6 +151,9 @@ class SampleGroup:
             "tokens": torch.stack([s.tokens for s in ss]).numpy(),
             "mask": torch.stack([s.response_mask for s in ss]).numpy(),
             "logp": torch.stack([s.behaviour_logprobs for s in ss]).numpy(),
+            "versions": None
+            if all(s.token_versions is None for s in ss)
+            else torch.stack([s.versions() for s in ss]).numpy(),
         }
         return (_unpack_group, (self.group_id, self.prompt_id, self.t_admitted, packed))
 
@@ -134,6 +162,8 @@ def _unpack_group(group_id: int, prompt_id: int, t_admitted: float, packed: dict
     tokens = torch.from_numpy(packed["tokens"].copy())
     mask = torch.from_numpy(packed["mask"].copy())
     logp = torch.from_numpy(packed["logp"].copy())
+    versions = packed.get("versions")
+    versions = None if versions is None else torch.from_numpy(versions.copy())
     samples = tuple(
         Sample(
             sample_id=sid,
@@ -149,6 +179,7 @@ def _unpack_group(group_id: int, prompt_id: int, t_admitted: float, packed: dict
             reward_error=error,
             t_generated=t_gen,
             t_scored=t_scored,
+            token_versions=None if versions is None else versions[i],
         )
         for i, (sid, prompt, response, version, reward, error, t_gen, t_scored) in enumerate(
             packed["scalars"]

@@ -42,7 +42,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -205,7 +205,9 @@ class Learner:
             _wait(work, self.ctx, "sending a gradient to learner 0")
         name = f"grad on v{t.version} (learner {self.ctx.rank})"
         span = Span("trainer", name, start, time.time(), {"groups": [g.group_id for g in groups]})
-        return TrainResult(t.version, grads.staleness, grads.metrics, span)
+        return TrainResult(
+            t.version, grads.staleness, grads.metrics, span, token_staleness=grads.token_staleness
+        )
 
     def _serve_step(
         self, groups: list[SampleGroup], weights: list[float] | None, start: float
@@ -348,6 +350,10 @@ class StepCollector:
         for key in set.intersection(*(set(r.metrics) for r in results)):
             metrics[key] = sum(n * r.metrics[key] for n, r in zip(sizes, results)) / sum(sizes)
         staleness = [lag for r in results for lag in r.staleness]
-        res = replace(results[0], staleness=staleness, metrics=metrics, trained_by=trained_by)
+        tokens = sum((Counter(r.token_staleness) for r in results), Counter())
+        res = replace(
+            results[0], staleness=staleness, metrics=metrics, trained_by=trained_by,
+            token_staleness=dict(sorted(tokens.items())),
+        )  # fmt: skip
         spans = (*msg.spans, *(s for r in reports for s in r.spans))
         return Message("train", msg.worker, res, spans, msg.weights, msg.state)

@@ -15,7 +15,8 @@ Two processes with one torch thread each do run at the same time on two cores.
   tensor).
 - Weights travel through :class:`~nobubble.rl.system.weight_sync.SharedWeights`: the trainer copies
   its parameters into one shared-memory tensor and bumps the version, a generator copies
-  them out before a chunk when the version moved.
+  them out before a chunk when the version moved. With partial rollouts the generator also
+  reads them between tokens (``RolloutWorker.pull_weights`` is the shared tensor's ``pull``).
 - Nothing waits forever: ``poll`` has a timeout, notices a worker that died without a word
   (exit code) or raised (its traceback), and ``shutdown`` terminates what does not stop.
   Workers die with the driver (the parent-death signal), so a killed run leaves none
@@ -75,6 +76,8 @@ def _worker_main(
             worker.join_learners("127.0.0.1", learner_port)
         if worker.kind == "trainer" and worker.rank == 0:
             shared.publish(worker.trainer.model, worker.trainer.version)
+        if worker.kind == "rollout":
+            worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
         outq.put(pickle.dumps(Message("ready", name)))
         while True:
             try:
@@ -90,6 +93,7 @@ def _worker_main(
                 have = shared.pull(worker.rollout.model, have)
                 worker.rollout.version = have
                 msgs = worker.rollout_cmd(cmd[1], cmd[2])
+                have = worker.rollout.version  # newer if weights arrived between tokens
             elif op == "reward":
                 msgs = worker.reward_cmd(cmd[1])
             elif op == "train":

@@ -9,6 +9,7 @@ tokens), ``T = P + N``, ``V`` vocabulary, ``D`` model width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ def sample(
     greedy: bool = False,
     budgets: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
+    before_token: Callable[[int], bool] | None = None,
 ) -> Generation:
     """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64.
 
@@ -60,6 +62,11 @@ def sample(
     tokens (``budgets``: (B,) int64, default ``max_new_tokens``, like a request's
     ``max_tokens``); later positions hold ``pad_id`` and are masked out. ``greedy=True``
     takes the argmax (its log-probs are still those of the tempered policy).
+
+    ``before_token(i)`` is called before decoding step ``i`` while any sequence is live; it
+    may load new weights into ``model`` (partial rollouts) and then returns True, and the
+    KV cache of the old weights is dropped: the next step recomputes the whole prefix, so
+    each token's log-prob is exactly that of the weights that sampled it.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0; use greedy=True for argmax")
@@ -78,6 +85,8 @@ def sample(
     mask = torch.zeros(b, max_new_tokens, dtype=torch.bool)
     logprobs = torch.zeros(b, max_new_tokens)
     for i in range(max_new_tokens):
+        if before_token is not None and before_token(i):
+            cache, fresh = None, tokens  # keys and values of the old weights: recompute
         positions = _positions(attention_mask)  # (B, P + i)
         if use_cache:
             assert isinstance(model, CausalLMPolicy)
