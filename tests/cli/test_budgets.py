@@ -90,3 +90,10 @@ def test_any_size_past_a_budget_is_refused_at_once_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--force" in err[0], err
     assert took < 2, f"{argv}: refused after {took:.1f}s"
+
+
+def test_the_cli_knows_the_v_generators_by_their_names() -> None:
+    from nobubble.cli.pp_options import V_MEMORY_SCHEDULES
+    from nobubble.pipeline.schedules.v_memory import V_MEMORY_NAMES
+
+    assert V_MEMORY_SCHEDULES == V_MEMORY_NAMES

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_signals import _ranks, _session_members
+from tests.cli.test_signals import _default_sigint, _ranks, _session_members
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and /dev/shm")
 
@@ -53,7 +53,7 @@ class _Run:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nobubble", *argv], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
-            env={**os.environ, "COLUMNS": "200"},
+            env={**os.environ, "COLUMNS": "200"}, preexec_fn=_default_sigint,
         )  # fmt: skip
 
     def wait_for_ranks(self, count: int = 2) -> list[int]:

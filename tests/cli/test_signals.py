@@ -21,6 +21,12 @@ RUN = ["pp", "run", "-s", "1f1b", "-p", "2", "-m", "4", "--steps", "5000", "--la
        "--hidden", "16", "--seq-len", "8", "--no-predict"]  # fmt: skip
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT's default action, even under a suite started in the background
+    (whose shell ignores SIGINT, which stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _session_members(sid: int) -> list[int]:
     """Live (not zombie) processes of session ``sid``."""
     pids = []
@@ -54,7 +60,8 @@ def _ranks(sid: int) -> list[int]:
 def test_a_signalled_launcher_leaves_nothing_behind(tmp_path, sig, code, line) -> None:
     cmd = [sys.executable, "-m", "nobubble", *RUN, "--trace", str(tmp_path / "t.json")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+                            start_new_session=True, env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=_default_sigint)  # fmt: skip
     try:
         deadline = time.monotonic() + 90
         while len(_ranks(proc.pid)) < 2:  # both ranks started (the resource tracker aside)

@@ -186,3 +186,17 @@ def test_bad_arguments_name_the_fix(kwargs, fragment) -> None:
 def test_rule_fields_are_checked(field, value) -> None:
     with pytest.raises(ValueError, match=f"HandshakeRule.{field}"):
         HandshakeRule(**{field: value})
+
+
+def test_recompute_costs_keep_the_simulators_memory_and_the_handshake_refuses_them() -> None:
+    """Static dispatch reports the peak the simulator does, the recompute transient
+    included; the handshake's memory rule (only F adds) does not hold there, so it refuses."""
+    from nobubble.pipeline.simulate import simulate
+
+    plan = get_schedule("1f1b", num_ranks=4, num_microbatches=8)
+    costs = CostModel.uniform(4).with_recompute(0.05)
+    got = simulate_dispatch(plan, costs, policy="static")
+    assert got.sim.peak_memory == simulate(plan, costs).peak_memory
+    assert max(got.sim.peak_memory) > 4 * 0.05  # the rebuilt forward during B is counted
+    with pytest.raises(ValueError, match="recompute"):
+        simulate_dispatch(plan, costs, policy="handshake")

@@ -20,6 +20,7 @@ __all__ = [
     "OPS_BUDGET",
     "V_MEMORY_SCHEDULES",
     "check_v_memory_size",
+    "straggler_arg",
     "add_size",
     "add_shape",
     "add_costs",
@@ -52,7 +53,7 @@ OPS_BUDGET = {"default": 1_000_000, "compare": 20_000, "solve": 50_000}
 # The controllable-memory V generators search over placements, so their time grows with
 # ranks x ops: 1.6 million ranks x ops run in 10-25 s here (the paper's largest, P=32 M=256:
 # 9 s; P=8 M=3000: 17 s; P=100 M=80, 4.8 million: 49 s).
-V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")
+V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_NAMES (tested)
 V_MEMORY_BUDGET = 1_600_000
 
 
@@ -209,7 +210,7 @@ def add_dispatch(p: argparse.ArgumentParser) -> None:
                         "by the order, within --mem-limit (default: the order's peak)")  # fmt: skip
     g.add_argument("--jitter", type=_jitter, default=0.0, metavar="J",
                    help="each op's time times a seeded factor in [1-J, 1+J] (0 <= J < 1)")  # fmt: skip
-    g.add_argument("--straggler", type=_straggler, action="append", default=[],
+    g.add_argument("--straggler", type=straggler_arg, action="append", default=[],
                    metavar="RANK:FACTOR[:STEPS]",
                    help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
                         "N), A-B or A- (default all); repeatable")  # fmt: skip
@@ -226,7 +227,7 @@ def _jitter(text: str) -> float:
     return value
 
 
-def _straggler(text: str):
+def straggler_arg(text: str):
     """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
     from nobubble.pipeline.dispatch.perturb import parse_straggler
 

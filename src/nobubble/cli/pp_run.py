@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nobubble.cli.pp_options import add_size
+from nobubble.cli.pp_options import DISPATCH_CHOICES, add_size, straggler_arg
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -98,23 +98,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="merged Chrome trace to write")  # fmt: skip
     run.add_argument("--plot", type=output_file, default=None,
                      help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
-    run.add_argument("--dispatch", choices=("static", "handshake"), default="static",
+    run.add_argument("--dispatch", choices=DISPATCH_CHOICES, default="static",
                      help="walk the schedule, or pick each op from what has arrived")  # fmt: skip
-    run.add_argument("--straggler", type=_straggler, default=None, metavar="RANK:FACTOR[:STEPS]",
+    run.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR[:STEPS]",
                      help="really slow one rank: its ops take FACTOR times as long")  # fmt: skip
     _add_model(run)
     _add_launch(run)
     add_json_flag(run)
     run.set_defaults(func=_run)
-
-
-def _straggler(text: str):
-    from nobubble.pipeline.dispatch.perturb import parse_straggler
-
-    try:
-        return parse_straggler(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:

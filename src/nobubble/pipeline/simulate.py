@@ -23,6 +23,7 @@ Definitions (the Zero Bubble paper's):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Schedule
@@ -36,7 +37,7 @@ from nobubble.pipeline.validate import (
     validate,
 )
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["SimResult", "simulate", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> Sim
     if check:
         check_complete(schedule)  # order and deadlocks are checked by the run itself
     start, end = _run(schedule, costs)
-    return _summarise(schedule, costs, start, end)
+    return summarize(schedule, costs, start, end)
 
 
 def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[list[float]]]:
@@ -182,9 +183,15 @@ def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[
     return start, end
 
 
-def _summarise(
-    schedule: Schedule, costs: CostModel, start: list[list[float]], end: list[list[float]]
+def summarize(
+    schedule: Schedule,
+    costs: CostModel,
+    start: Sequence[Sequence[float]],
+    end: Sequence[Sequence[float]],
 ) -> SimResult:
+    """The summary of a timeline (``start[r][k]``/``end[r][k]`` of ``rank_actions[r][k]``,
+    ``costs`` one entry per stage): spans, busy time (what the ops really took), bubble rate
+    and peak memory, by the definitions in the module docstring."""
     p, m = schedule.num_ranks, schedule.num_microbatches
     spans, busy, peaks, refs = [], [], [], []
     for r, acts in enumerate(schedule.rank_actions):

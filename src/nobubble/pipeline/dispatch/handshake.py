@@ -316,6 +316,7 @@ def plan_peaks(plan: Schedule, costs: CostModel) -> tuple[float, ...]:
     for acts in plan.rank_actions:
         level = peak = 0.0
         for a in acts:
+            peak = max(peak, level + costs.memory_transient(a))
             level += costs.memory_delta(a)
             peak = max(peak, level)
         peaks.append(peak)

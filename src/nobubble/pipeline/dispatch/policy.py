@@ -113,6 +113,10 @@ def simulate_dispatch(
     if policy == "static" and (mem_limit is not None or rule is not None):
         raise ValueError("mem_limit and rule apply to the handshake policy; the static "
                          "order keeps its own memory")  # fmt: skip
+    if policy == "handshake" and costs.recomputes:
+        raise ValueError("the handshake's memory rule counts F as the only op that adds "
+                         "memory, which recompute breaks (B rebuilds activations); simulate "
+                         "recompute costs with policy='static'")  # fmt: skip
     costs = _per_stage(schedule, costs)
     perturbation = perturbation if perturbation is not None else Perturbation()
     durations = perturbation.durations(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from nobubble.pipeline.actions import Action, Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.simulate import SimResult
+from nobubble.pipeline.simulate import SimResult, summarize
 from nobubble.pipeline.validate import ScheduleError, dep_key, dependencies, validate
 
 __all__ = ["run_static", "timeline_result"]
@@ -86,28 +86,4 @@ def timeline_result(
     busiest one and the bubble rate measures idle time against it, as the simulator does
     for ranks of unequal cost.
     """
-    p, m = schedule.num_ranks, schedule.num_microbatches
-    spans, busy, peaks, refs = [], [], [], []
-    for r, acts in enumerate(schedule.rank_actions):
-        spans.append(max(end[r]) - min(start[r]) if acts else 0.0)
-        busy.append(sum(e - s for s, e in zip(start[r], end[r])))
-        level = peak = 0.0
-        for a in acts:
-            level += costs.memory_delta(a)
-            peak = max(peak, level)
-        peaks.append(peak)
-        refs.append(min(p - r, m) * sum(costs.mem_f[s] for s in schedule.stages_of(r)))
-    max_span = max(spans)
-    return SimResult(
-        schedule=schedule,
-        costs=costs,
-        start=tuple(map(tuple, start)),
-        end=tuple(map(tuple, end)),
-        makespan=max(max(e) for e in end if e) - min(min(s) for s in start if s),
-        spans=tuple(spans),
-        busy=tuple(busy),
-        bubble_rate=(max_span - max(busy)) / max_span if max_span > 0 else 0.0,
-        rank_bubble_rates=tuple((s - b) / s if s > 0 else 0.0 for s, b in zip(spans, busy)),
-        peak_memory=tuple(peaks),
-        peak_memory_1f1b=tuple(refs),
-    )
+    return summarize(schedule, costs, start, end)

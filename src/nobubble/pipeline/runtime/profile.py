@@ -323,6 +323,9 @@ def costs_from_op_times(
             raise ValueError(f"costs_from_op_times: no F time for stage {s}; merge every rank's")
         bw = medians.get((Op.BW.value, s))
         b, w = medians.get((Op.B.value, s)), medians.get((Op.W.value, s))
+        if (b is None) != (w is None):
+            raise ValueError(f"costs_from_op_times: stage {s} has a {'B' if w is None else 'W'} "
+                             "time but no matching one; merge every rank's medians")  # fmt: skip
         if b is None or w is None:
             if bw is None:
                 raise ValueError(f"costs_from_op_times: no backward time for stage {s}")

@@ -19,7 +19,8 @@ zero-bubble schedules really fill their bubbles with W. After ``step`` every par
 on the whole batch with gradient accumulation.
 
 ``dispatch="handshake"`` lets each rank pick its next op at run time from what has arrived,
-guided by the schedule's order (:mod:`.dispatch`); ``straggler`` really slows one rank.
+guided by the schedule's order (:mod:`.dispatch`; ``static_shapes`` applies to ``static``
+only); ``straggler`` really slows one rank.
 
 The checks that need no communication (stage count, own stages present, world size, the
 batch splitting evenly, targets where the last stage lives) run before any message is sent.
@@ -186,6 +187,7 @@ class PipelineRunner:
         self.observer, self.dispatch, self.straggler = observer, dispatch, straggler
         self.last_order: tuple[Action, ...] = ()
         self.last_deviations = self._step_index = 0
+        self._broken = False  # a handshake step failed: no more steps, groups left alone
 
     @property
     def is_first(self) -> bool:
@@ -206,6 +208,8 @@ class PipelineRunner:
         differ: variable sequence lengths). Gradients accumulate into ``.grad``; call the
         optimizer afterwards.
         """
+        if self._broken:  # its receiver threads may still hold posted receives
+            raise RuntimeError("PipelineRunner: a handshake step failed; build a new runner")
         m = self.schedule.num_microbatches
         xs = _split("inputs", inputs, m) if self.is_first else None
         ys = _split("targets", targets, m) if self.is_last else None
@@ -225,6 +229,7 @@ class PipelineRunner:
                     lambda a, free_since: self._action(a, keyed, state, free_since))  # fmt: skip
                 keyed.finish()
         except BaseException:  # the peers' caches may not match ours: learn shapes anew
+            self._broken = self.dispatch != "static"  # receiver threads may still be waiting
             if self._shapes is not None:
                 self._shapes = ShapeCache()
                 self._saved_bytes.clear()
@@ -232,9 +237,7 @@ class PipelineRunner:
         self.peak_activation_bytes = state.peak
         self.last_order, self.last_deviations = tuple(order), deviations
         self._step_index += 1
-        loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0, dtype=torch.float32).to(
-            self.device
-        )
+        loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0).to(self.device)
         dist.broadcast(loss, src=_global_rank(self.group, self._last_rank), group=self.group)
         return loss
 
@@ -358,10 +361,10 @@ class PipelineRunner:
         return {s: split.report() for s, split in self._splits.items()}
 
     def close(self) -> None:
-        """Give the modules back as they were and free the runner's process groups."""
+        """Give the modules back and free the process groups (not after a failed handshake)."""
         for split in self._splits.values():
             split.close()
-        for g in self._groups:
+        for g in self._groups if not self._broken else ():
             dist.destroy_process_group(g)
 
 
@@ -427,19 +430,15 @@ def _split(name: str, batch: Any, num_microbatches: int) -> list:
         raise ValueError(f"PipelineRunner.step: {name} is a {type(batch).__name__}; pass a "
                          "tensor or a tuple of tensors")  # fmt: skip
     if batch.shape[0] % num_microbatches:
-        raise ValueError(
-            f"PipelineRunner.step: {name} has {batch.shape[0]} rows, not divisible by "
-            f"num_microbatches={num_microbatches}; pad or resize the batch"
-        )
+        raise ValueError(f"PipelineRunner.step: {name} has {batch.shape[0]} rows, not divisible "
+                         f"by num_microbatches={num_microbatches}; pad or resize the batch")  # fmt: skip
     return list(batch.chunk(num_microbatches))
 
 
 def _check_tensor(stage: int, value: object, what: str) -> None:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(
-            f"stage {stage}'s {what} is a {type(value).__name__}; a stage must return one tensor "
-            "(wrap it so that it does)"
-        )
+        raise TypeError(f"stage {stage}'s {what} is a {type(value).__name__}; a stage must "
+                        "return one tensor (wrap it so that it does)")  # fmt: skip
 
 
 def _device(modules: dict[int, nn.Module]) -> torch.device:

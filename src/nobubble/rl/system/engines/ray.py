@@ -338,10 +338,16 @@ def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
     if not sep or not port.isdigit() or "://" in address:
         return
     preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+    host = host.strip("[]") or "127.0.0.1"  # [::1]:6379
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s) as c:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as c:
             c.sendall(preface)
-            frame = c.recv(9)  # a frame header: 3 bytes length, 1 type (4: SETTINGS), ...
+            frame = b""
+            while len(frame) < 4:  # a frame header: 3 bytes length, 1 type (4: SETTINGS)
+                more = c.recv(9 - len(frame))
+                if not more:
+                    break
+                frame += more
         reason = None if len(frame) >= 4 and frame[3] == 4 else "it does not speak gRPC"
     except OSError as err:
         reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
