@@ -23,7 +23,7 @@ Definitions (the Zero Bubble paper's):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Schedule
@@ -37,7 +37,7 @@ from nobubble.pipeline.validate import (
     validate,
 )
 
-__all__ = ["SimResult", "simulate", "summarize"]
+__all__ = ["SimResult", "simulate", "summarize", "run_timeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +122,17 @@ def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> Sim
         costs = costs.for_stages(schedule.stage_to_rank)
     if check:
         check_complete(schedule)  # order and deadlocks are checked by the run itself
-    start, end = _run(schedule, costs)
+    start, end = run_timeline(schedule, costs.duration, costs.t_comm)
     return summarize(schedule, costs, start, end)
 
 
-def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[list[float]]]:
-    num_stages, owner, t_comm = schedule.num_stages, schedule.stage_to_rank, costs.t_comm
+def run_timeline(
+    schedule: Schedule, duration: Callable[[Action], float], t_comm: float
+) -> tuple[list[list[float]], list[list[float]]]:
+    """``(start, end)`` per rank and action when each rank runs ``schedule`` in order, each
+    action taking ``duration(action)`` and every transfer between ranks ``t_comm`` (the
+    worklist of the module docstring). Raises ScheduleError when the orders cannot finish."""
+    num_stages, owner = schedule.num_stages, schedule.stage_to_rank
     m = schedule.num_microbatches
 
     def index(key: DepKey) -> int:  # (kind, stage, microbatch) -> slot in a flat table
@@ -141,7 +146,7 @@ def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[
             (
                 tuple((index(d), owner[d[1]] != rank) for d in dependencies(a, num_stages)),
                 index(dep_key(a)),
-                costs.duration(a),
+                duration(a),
             )
             for a in acts
         ]
@@ -157,7 +162,7 @@ def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[
         plan, k, t = plans[rank], pos[rank], free_at[rank]
         starts, ends = start[rank], end[rank]
         while k < len(plan):
-            deps, slot, duration = plan[k]
+            deps, slot, took = plan[k]
             t_start, blocked = t, -1
             for dep, crosses in deps:
                 done_at = finished[dep]
@@ -172,7 +177,7 @@ def _run(schedule: Schedule, costs: CostModel) -> tuple[list[list[float]], list[
                 waiting.setdefault(blocked, []).append(rank)
                 break
             starts[k] = t_start
-            ends[k] = t = finished[slot] = t_start + duration
+            ends[k] = t = finished[slot] = t_start + took
             if slot in waiting:
                 ready.extend(waiting.pop(slot))
             k += 1
