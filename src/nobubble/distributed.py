@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where it is used: a rank beats before it loads
@@ -48,11 +49,14 @@ __all__ = [
     "free_port",
     "default_backend",
     "die_with_parent",
+    "launcher_alive",
+    "worker_context",
     "LIVENESS_S",
 ]
 
 LIVENESS_S = 30.0
 """Default seconds without a heartbeat after which :func:`spawn` declares a rank hung."""
+_PRELOAD = ["torch", "torch.distributed"]  # what the forkserver imports before forking
 _BEAT_S = 1.0  # how often a rank's heartbeat thread writes
 _STARTUP_S = 30.0  # a rank that never beat yet (the interpreter starting) gets this long
 
@@ -136,13 +140,46 @@ def context_from_env(
 
 def die_with_parent(parent_pid: int) -> None:
     """Make this process die when ``parent_pid`` (its launcher) does (Linux: the
-    parent-death signal), so a killed ``nobubble`` command leaves no worker behind it."""
+    parent-death signal), so a killed ``nobubble`` command leaves no worker behind it.
+
+    A process started by ``multiprocessing``'s forkserver has the forkserver as its parent;
+    the forkserver exits when the launcher does, and the signal follows from it."""
     if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the launcher died before the signal was armed
+    if not launcher_alive(parent_pid):  # the launcher died before the signal was armed
         os._exit(1)
+    _release_forkserver()
+
+
+def launcher_alive(parent_pid: int) -> bool:
+    """Whether this process's launcher ``parent_pid`` is still its parent, directly or
+    through the forkserver that forked it."""
+    parent = os.getppid()
+    return parent_pid in (parent, _parent_of(parent))
+
+
+def _release_forkserver() -> None:
+    """Close this process's copy of the forkserver's keep-alive pipe: the server lives while
+    any holder does, so a rank holding it would keep the server, and through the server's
+    death signal itself, alive after its launcher was killed."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and mp.parent_process() is not None:
+        os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent of ``pid`` from ``/proc`` (None when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the fields after "(comm)": state, ppid
 
 
 def _worker(
@@ -243,6 +280,17 @@ def _heartbeat(put: Callable[[tuple], None], rank: int) -> None:
         time.sleep(_BEAT_S)
 
 
+def worker_context() -> Any:
+    """The ``multiprocessing`` context nobubble starts its ranks and workers with: the
+    forkserver, preloaded with torch. A worker is a fork of a process that imported torch once
+    (tens of milliseconds, not the seconds of a fresh interpreter per worker); the server
+    holds no CUDA or thread state, so the fork is safe, and it exits with the launcher. Each
+    worker still unpickles its target by module, as under ``spawn``."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -303,7 +351,7 @@ def spawn(
 def _start_ranks(settings: tuple) -> tuple[list[Any], list[Any]]:
     """Start one process per rank; returns them and the launcher's ends of their pipes."""
     world_size, port, backend, device, timeout_s, threads, job = settings
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (launcher end, rank end)
     procs = [
         ctx.Process(

@@ -40,15 +40,30 @@ def _session_members(sid: int) -> list[int]:
     return pids
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+    except (OSError, IndexError):
+        return 0
+
+
 def _ranks(sid: int) -> list[int]:
-    """The session's spawned ranks: multiprocessing children running ``spawn_main``."""
+    """The session's ranks and workers: multiprocessing children started by ``spawn``
+    (``spawn_main``) or forked by a forkserver (a forkserver's child; the server aside)."""
     out = []
     for pid in _session_members(sid):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
+        cmd = _cmdline(pid)
+        if b"spawn_main" in cmd or (
+            b"forkserver" in cmd and b"forkserver" in _cmdline(_parent(pid))
+        ):
+            out.append(pid)
     return out
 
 

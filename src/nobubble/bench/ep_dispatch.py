@@ -245,7 +245,7 @@ def _run_methods(ctx, config: BenchConfig, progress: Any, buf: Buffer, x, topk_i
 def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
     """Spawn ``config.num_ranks`` processes (one thread each), run every method, gather the report.
 
-    ``progress``: an optional queue from ``multiprocessing.get_context("spawn")`` that rank 0
+    ``progress``: an optional queue from ``nobubble.distributed.worker_context()`` that rank 0
     feeds with ``(method, done, total)`` tuples.
     """
     per_rank = spawn(

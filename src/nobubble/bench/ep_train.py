@@ -431,7 +431,7 @@ class TrainReport:
 def run_training(config: TrainConfig, *, progress: Any = None) -> TrainReport:
     """Spawn ``config.num_ranks`` gloo ranks, train, and (``check_dense``) train dense too.
 
-    ``progress``: an optional queue from ``multiprocessing.get_context("spawn")`` fed with
+    ``progress``: an optional queue from ``nobubble.distributed.worker_context()`` fed with
     ``(phase, done, total, loss)`` tuples by rank 0 and by the dense run.
     Raises :class:`~nobubble.distributed.RankFailure` when a rank fails or times out.
     """

@@ -197,19 +197,20 @@ def run_with_progress_bar(
 ) -> T:
     """Run ``work(updates)`` in a worker thread while a progress bar on stderr follows it.
 
-    ``updates`` is a queue from ``multiprocessing.get_context("spawn")``, so spawned ranks
-    can feed it; each message is ``(description, done, total, *extra)`` and moves the bar
+    ``updates`` is a queue of :func:`nobubble.distributed.worker_context`, so ranks can feed
+    it; each message is ``(description, done, total, *extra)`` and moves the bar
     (``info(extra)``, if given, is shown after the ``counter`` column). The bar starts at
     ``label`` and ``total``, is transient, and ``quiet`` hides it. Whatever ``work`` raises
     is raised again here, in the caller's thread, so ``main`` prints it as one line.
     """
-    import multiprocessing as mp
     import queue
     import threading
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    updates = mp.get_context("spawn").Queue()
+    from nobubble.distributed import worker_context
+
+    updates = worker_context().Queue()
     box: dict[str, Any] = {}
 
     def run() -> None:

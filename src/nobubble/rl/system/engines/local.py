@@ -38,9 +38,9 @@ import traceback
 from typing import Any
 
 import torch
-import torch.multiprocessing as tmp
+import torch.multiprocessing  # noqa: F401 - registers the tensor reductions shared weights use
 
-from nobubble.distributed import die_with_parent, free_port
+from nobubble.distributed import die_with_parent, free_port, launcher_alive, worker_context
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.engines.learners import (
     StepCollector,
@@ -83,7 +83,7 @@ def _worker_main(
             try:
                 cmd = pickle.loads(inq.get(timeout=1.0))
             except queue.Empty:
-                if os.getppid() != parent:  # the driver is gone: do not linger
+                if not launcher_alive(parent):  # the driver is gone: do not linger
                     return
                 continue
             op = cmd[0]
@@ -132,7 +132,7 @@ class LocalEngine:
         self._collector: StepCollector | None = None
 
     def start(self, cfg: RunConfig) -> list[str]:
-        ctx = self._ctx = tmp.get_context("spawn")
+        ctx = self._ctx = worker_context()
         self._cfg = cfg
         self._shared = SharedWeights(cfg.build_policy(), ctx)
         self._outq = ctx.Queue()
