@@ -1,13 +1,28 @@
-"""Benchmark: IMPALA, SEED RL and Sample Factory architectures against SB3 PPO on CartPole-v1.
+"""Benchmark: IMPALA, SEED RL and Sample Factory architectures against SB3 and TorchRL PPO.
 
-In one run, for each env step delay (0 ms: plain CartPole; 1 ms: a slow simulator), each
-nobubble architecture and Stable-Baselines3 PPO (8 ``DummyVecEnv`` envs, ``n_steps`` 32,
-1 torch thread, its other defaults) train until the greedy mean return over 20 eval
-episodes reaches 475, or the time budget ends. Both sides evaluate with the same rule
-(every 5 s, and whenever the mean of the last 20 training episodes reaches the target) on
-20 fresh envs without the delay, and their wall-clock includes the evaluations. Reported per
-run: wall-clock and env steps to 475, env steps/s over the run; per configuration: the mean
-and spread over seeds. Writes ``benchmarks/results/rl_actor_learner.json``.
+In one run, for each env step delay (0 ms: plain CartPole-v1; 1 ms: a slow simulator), each
+nobubble architecture and three peers train until the greedy mean return over 20 eval
+episodes reaches 475, or the time budget ends:
+
+- ``sb3-ppo``: Stable-Baselines3 PPO (8 ``DummyVecEnv`` envs, ``n_steps`` 32, 1 torch
+  thread, its other defaults);
+- ``torchrl-ppo``: TorchRL's PPO parts (``ClipPPOLoss``, ``GAE``) with SB3's settings, 8 envs
+  in a ``SerialEnv`` stepped by torchrl's synchronous ``Collector``;
+- ``torchrl-async-ppo``: the same learner fed by a ``MultiAsyncCollector``, 2 worker
+  processes of 8 envs that keep collecting during updates (a policy lag of an update or
+  more). See ``_torchrl_peer.py``.
+
+All evaluate with the same rule (every 5 s, and whenever the mean of the last 20 training
+episodes reaches the target) on 20 fresh envs without the delay, and their wall-clock
+includes the evaluations. Reported per run: wall-clock and env steps to 475, env steps/s
+over the run; per configuration: the mean and spread over seeds. Writes
+``benchmarks/results/rl_actor_learner.json``.
+
+Sample Factory's own APPO is not measured: ``pip install sample-factory`` (2.1.1, the
+newest) cannot be resolved in this project's environment, because sample-factory requires
+``gymnasium<1.0`` and ``numpy<2`` and this project needs ``gymnasium>=1.0`` and runs on
+numpy 2. TorchRL's asynchronous collector stands in as the asynchronous peer. The peers come
+with the ``bench`` extra (``pip install -e '.[bench]'``); a missing one is skipped.
 
 ``--suite envs`` measures the other environments instead
 (``benchmarks/results/rl_actor_learner_envs.json``): Acrobot-v1 to -100 under each
@@ -16,6 +31,7 @@ task over several turns (the reward before and after a fixed budget).
 
     python benchmarks/rl_actor_learner.py                     # 3 seeds x 2 delays, ~15 min
     python benchmarks/rl_actor_learner.py --seeds 1 --delays 0  # quick look
+    python benchmarks/rl_actor_learner.py --rows torchrl-ppo --out /tmp/trial  # some rows
     python benchmarks/rl_actor_learner.py --suite envs        # 3 seeds each, ~10 min
 """
 
@@ -23,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import importlib.util
 import os
 import statistics
 import sys
@@ -36,12 +54,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _common import write_json  # noqa: E402
+from _torchrl_peer import run_torchrl  # noqa: E402
 
 from nobubble.rl.actor_learner import EnvRunConfig, train  # noqa: E402
 from nobubble.rl.actor_learner.envs import VectorEnv, make_env  # noqa: E402
 
 TARGET, EVAL_EPISODES, EVAL_EVERY_S = 475.0, 20, 5.0
 ARCHS = ("impala", "seed", "sample-factory")
+PEERS = {"sb3-ppo": "stable_baselines3", "torchrl-ppo": "torchrl", "torchrl-async-ppo": "torchrl"}
 
 
 def nobubble_config(arch: str, delay_ms: float, seed: int, max_seconds: float) -> EnvRunConfig:
@@ -113,6 +133,17 @@ def run_sb3(delay_ms: float, seed: int, max_seconds: float) -> dict[str, Any]:
         "env_steps_per_s": model.num_timesteps / wall, "eval_mean_return": state["eval"],
         "wall_s": wall, "env_steps": model.num_timesteps,
     }  # fmt: skip
+
+
+def runner(name: str) -> Callable[[float, int, float], dict[str, Any]]:
+    """The function that runs one seed of row ``name``: (delay_ms, seed, max_seconds)."""
+    if name in ARCHS:
+        return functools.partial(run_nobubble, name)
+    if name == "sb3-ppo":
+        return run_sb3
+    return functools.partial(run_torchrl, asynchronous=name == "torchrl-async-ppo",
+                             greedy_eval=greedy_eval, target=TARGET,
+                             eval_every_s=EVAL_EVERY_S)  # fmt: skip
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,20 +256,24 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--out", default=None, help="default rl_actor_learner[_envs]")
     parser.add_argument("--suite", choices=("cartpole", "envs"), default="cartpole")
+    parser.add_argument("--rows", nargs="+", choices=(*ARCHS, *PEERS), default=[*ARCHS, *PEERS],
+                        help="the CartPole rows to run (default: all)")  # fmt: skip
     args = parser.parse_args()
     if args.suite == "envs":
         data = envs_suite(args.seeds)
         print(f"wrote {write_json(args.out or 'rl_actor_learner_envs', data)}")
         return
+    missing = {PEERS[n] for n in args.rows if n in PEERS and not importlib.util.find_spec(PEERS[n])}
+    if missing:  # a peer comes with the bench extra
+        print(f"skipping the rows of {', '.join(sorted(missing))}, not installed: "
+              "pip install -e '.[bench]'")  # fmt: skip
+    rows = [n for n in args.rows if PEERS.get(n) not in missing]
     results: dict[str, Any] = {}
     for delay in args.delays:
-        for name in (*ARCHS, "sb3-ppo"):
+        for name in rows:
             runs = []
             for seed in range(args.seeds):
-                if name == "sb3-ppo":
-                    run = run_sb3(delay, seed, args.max_seconds)
-                else:
-                    run = run_nobubble(name, delay, seed, args.max_seconds)
+                run = runner(name)(delay, seed, args.max_seconds)
                 run["seed"] = seed
                 runs.append(run)
                 t = run["time_to_475_s"]
