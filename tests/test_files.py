@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from nobubble.files import atomic_path, check_output_dir, check_output_file, write_text
+from nobubble.files import (
+    atomic_path,
+    check_output_dir,
+    check_output_file,
+    claim_output,
+    write_text,
+)
 
 
 def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
@@ -22,6 +30,42 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]  # no temporary left
     write_text(target, "new")
     assert target.read_text() == "new"
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from nobubble.files import write_text
+
+target, size = Path(sys.argv[1]), int(sys.argv[2])
+Path(sys.argv[3]).write_text("ready")
+for i in range(10**9):  # until killed: whole files of one letter, the letter changing
+    write_text(target, "AB"[i % 2] * size)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_a_whole_file(tmp_path: Path) -> None:
+    """SIGKILL a process that keeps rewriting a 4 MB file, at 8 different moments: the file
+    is always one whole version (one letter, full length), never a truncated or mixed one."""
+    script, target, ready = tmp_path / "w.py", tmp_path / "out.txt", tmp_path / "ready"
+    script.write_text(_WRITER)
+    size = 4 << 20
+    for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7):
+        ready.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, str(script), str(target), str(size), str(ready)])
+        try:
+            deadline = time.monotonic() + 60
+            while not target.exists() or not ready.exists():  # one whole file written
+                assert proc.poll() is None and time.monotonic() < deadline, "writer never wrote"
+                time.sleep(0.01)
+            time.sleep(delay)
+            proc.kill()
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        text = target.read_text()
+        assert len(text) == size and set(text) in ({"A"}, {"B"}), (delay, len(text), set(text))
 
 
 @pytest.mark.parametrize(
@@ -75,3 +119,67 @@ def test_every_command_refuses_an_unwritable_output_before_working(argv: list[st
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "/proc" in out.stderr, out.stderr
     assert time.perf_counter() - start < 10  # refused at parse time, no work done
+
+
+def test_a_claim_is_held_for_the_run_and_removed_after(tmp_path: Path) -> None:
+    out, lock = tmp_path / "new" / "t.json", tmp_path / "new" / ".t.json.lock"
+    with claim_output(out) as claimed:
+        assert claimed == out and lock.read_text().strip() == str(os.getpid())
+    assert not lock.exists()
+    with pytest.raises(RuntimeError, match="failed"), claim_output(out):
+        raise RuntimeError("failed")
+    assert not lock.exists()  # also on an exception
+    with claim_output(out):
+        lock.write_text("1\n")  # no longer ours (another run took it over): left alone
+    assert lock.read_text() == "1\n"
+
+
+def test_another_live_runs_claim_is_refused_a_dead_ones_taken_over(tmp_path: Path) -> None:
+    out, lock = tmp_path / "t.json", tmp_path / ".t.json.lock"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        lock.write_text(f"{sleeper.pid}\n")
+        refused = pytest.raises(ValueError, match=rf"another live run \(pid {sleeper.pid}\)")
+        with refused, claim_output(out):
+            pytest.fail("the work ran under another live run's claim")
+        assert lock.read_text() == f"{sleeper.pid}\n"  # the live claim is untouched
+        hour_ago = time.time() - 3600  # written before the process started: its pid reused
+        os.utime(lock, (hour_ago, hour_ago))
+        with claim_output(out):
+            assert lock.read_text().strip() == str(os.getpid())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    lock.write_text(f"{sleeper.pid}\n")  # a finished process: a stale claim
+    with claim_output(out):
+        assert lock.read_text().strip() == str(os.getpid())
+    assert not lock.exists()
+    lock.write_text("")  # a claimant that died before writing its pid
+    with claim_output(out, wait_s=0.1):
+        assert lock.read_text().strip() == str(os.getpid())
+
+
+PP_RUN = ["pp", "run", "-s", "1f1b", "-p", "2", "-m", "4", "--steps", "5000", "--layers", "2",
+          "--hidden", "16", "--seq-len", "8", "--no-predict"]  # fmt: skip
+
+
+def test_a_second_run_onto_a_live_runs_output_is_refused(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    argv = [sys.executable, "-m", "nobubble", *PP_RUN, "--trace", str(trace)]
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / ".t.json.lock").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first run never claimed its trace"
+            time.sleep(0.05)
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(trace) in lines[0], second.stderr
+        assert f"another live run (pid {first.pid})" in lines[0], second.stderr
+        assert first.poll() is None  # the first run goes on
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)

@@ -7,6 +7,10 @@
 - :func:`atomic_path`: write to a temporary file beside the target and rename it over the
   target only once the write finished, so a run killed mid-write leaves the old file (or
   none), never a truncated one. :func:`write_text` and :func:`save_figure` use it.
+- :func:`claim_output`: for the length of a run, hold a claim file ``.<name>.lock`` beside
+  an output (holding the run's pid), so a second run given the same path while the first
+  lives is refused before it starts, instead of the two overwriting each other's output; a
+  claim left by a dead run is taken over.
 """
 
 from __future__ import annotations
@@ -14,12 +18,20 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_output_file", "check_output_dir", "atomic_path", "write_text", "save_figure"]
+__all__ = [
+    "check_output_file",
+    "check_output_dir",
+    "atomic_path",
+    "write_text",
+    "save_figure",
+    "claim_output",
+]
 
 
 def _first_existing(path: Path) -> Path:
@@ -114,3 +126,103 @@ def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
     with atomic_path(target) as tmp:
         fig.savefig(tmp, format=target.suffix.lstrip(".") or None, **kwargs)
     return target
+
+
+def _pid_alive(pid: int, claimed_at: float) -> bool:
+    """Whether ``pid`` is a live process (not a zombie) that could have written a claim at
+    ``claimed_at``: a process started after that (the pid reused) is not the claimant."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        pass
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, IndexError, StopIteration, ValueError):  # no /proc: trust kill
+        return True
+    if fields[0] in ("Z", "X"):
+        return False
+    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return started <= claimed_at + 2.0  # btime has whole seconds
+
+
+def _claimant(lock: Path) -> tuple[int | None, float] | None:
+    """The pid in a claim file (None if not written yet, or not a pid) and when it was
+    written; None if there is no claim file."""
+    try:
+        text, mtime = lock.read_text(), lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    text = text.strip()
+    return (int(text) if text.isdigit() else None), mtime
+
+
+@contextmanager
+def claim_output(path: str | os.PathLike[str], wait_s: float = 2.0) -> Iterator[Path]:
+    """Hold ``<parent>/.<name>.lock`` (this process's pid, created exclusively) while the
+    block runs, so that two runs cannot write one output at once; yields ``path``.
+
+    A claim held by a live process is refused with ValueError naming the path and the pid,
+    before any work; a claim whose process is dead (or whose pid was reused since) is taken
+    over; a claim file still empty after ``wait_s`` (its writer died between creating and
+    writing it) too. The claim is removed on exit, also on an exception, if it is still
+    ours. Creates the parent folders."""
+    target = Path(path)
+    full = Path(os.path.abspath(target))  # ./x and x are one output
+    lock = full.parent / f".{full.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me, deadline = os.getpid(), time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            found = _claimant(lock)
+            if found is None:  # released meanwhile
+                continue
+            pid, mtime = found
+            if pid is None and time.monotonic() < deadline:  # being written
+                time.sleep(0.02)
+                continue
+            if pid is not None and _pid_alive(pid, mtime):
+                raise ValueError(
+                    f"{path} is being written by another live run (pid {pid}); "
+                    "pass another path (or wait for it)"
+                ) from None
+            _remove_stale(lock, pid)
+            continue
+        try:
+            os.write(fd, f"{me}\n".encode())
+        finally:
+            os.close(fd)
+        break
+    try:
+        yield target
+    finally:
+        found = _claimant(lock)
+        if found is not None and found[0] == me:
+            lock.unlink(missing_ok=True)
+
+
+def _remove_stale(lock: Path, pid: int | None) -> None:
+    """Remove a stale claim by renaming it aside first, so that a fresh claim another run
+    made in the meantime is not lost: such a one is put back."""
+    aside = lock.with_name(f"{lock.name}.{os.getpid()}.stale")
+    try:
+        os.rename(lock, aside)
+    except FileNotFoundError:  # another run removed it first
+        return
+    found = _claimant(aside)
+    if found is not None and found[0] != pid:  # not the one we judged: put it back
+        try:
+            os.link(aside, lock)
+        except FileExistsError:
+            pass
+    aside.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ worker; Ctrl-C ends it with exit 130 and ``nobubble X: interrupted``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ class _Run:
 
     def __init__(self, name: str, tmp: Path) -> None:
         self.name, self.group = name, name.split()[0]
+        tmp.mkdir(parents=True, exist_ok=True)
         argv = list(COMMANDS[name])
         if self.group == "pp":
             argv += ["--trace", str(tmp / "trace.json")]
@@ -147,17 +149,27 @@ def test_a_sigkilled_launcher_takes_its_ranks_and_segments_along(tmp_path, name)
         run.kill()
 
 
-def test_a_stopped_rank_is_named_by_liveness_within_45_s(tmp_path) -> None:
-    run = _Run("ep bench shm", tmp_path)
+def test_a_stopped_rank_or_worker_is_named_by_liveness_within_45_s(tmp_path) -> None:
+    """A SIGSTOPped rank (``ep bench``) and a SIGSTOPped RL worker (``rl train``): both runs
+    at once, so that the two liveness waits overlap."""
+    runs = {
+        name: _Run(name, tmp_path / name.replace(" ", "-")) for name in ("ep bench shm", "rl train")
+    }
     try:
-        stopped = run.wait_for_ranks()[-1]
-        os.kill(stopped, signal.SIGSTOP)
-        code, err, _ = run.finish(bound_s=45)
+        stopped = {name: run.wait_for_ranks()[-1] for name, run in runs.items()}
+        for pid in stopped.values():
+            os.kill(pid, signal.SIGSTOP)
+        code, err, _ = runs["ep bench shm"].finish(bound_s=45)
         line = _last_line(err)
         assert code == 1 and "stopped responding" in line and "rank 1" in line, err
-        run.assert_nothing_left()
+        code, err, _ = runs["rl train"].finish(bound_s=45)
+        line = _last_line(err)
+        assert code == 1 and re.search(r"(rollout|reward|trainer)\S* stopped responding", line), err
+        for run in runs.values():
+            run.assert_nothing_left()
     finally:
-        run.kill()
+        for run in runs.values():
+            run.kill()
 
 
 def test_two_runs_of_one_command_at_once_do_not_clash(tmp_path) -> None:

@@ -25,6 +25,7 @@ from nobubble.cli.util import (
     print_table,
     run_with_progress_bar,
 )
+from nobubble.files import claim_output
 
 __all__ = ["register"]
 
@@ -109,8 +110,9 @@ def _train(args: argparse.Namespace) -> int:
     config = _config(args)  # ValueError naming the value: exit 2, before any work
     from nobubble.bench.ep_train import plot_report
 
-    report = _run_with_progress(config, quiet=args.json)
-    plot = plot_report(report, args.plot)
+    with claim_output(args.plot):  # before the ranks start: refuse another live run's plot
+        report = _run_with_progress(config, quiet=args.json)
+        plot = plot_report(report, args.plot)
     if args.json:
         print_json({**report.to_dict(), "plot": str(plot)})
     else:

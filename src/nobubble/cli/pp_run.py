@@ -34,7 +34,7 @@ from nobubble.cli.util import (
     print_json,
     print_table,
 )
-from nobubble.files import write_text
+from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
@@ -223,6 +223,11 @@ def _load_or_measure(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
+    with claim_output(args.output):  # before profiling: refuse another live run's output
+        return _plan_claimed(args)
+
+
+def _plan_claimed(args: argparse.Namespace) -> int:
     from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
     from nobubble.pipeline.simulate import simulate
 
@@ -329,6 +334,11 @@ def _run(args: argparse.Namespace) -> int:
     config = _train_config(args, _schedule_from_args(args))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _run_torchrun(config, args)
+    with claim_output(args.trace):  # before any rank starts: refuse another live run's output
+        return _run_local(config, args)
+
+
+def _run_local(config, args: argparse.Namespace) -> int:
     from nobubble.pipeline.runtime.launch import merged_events, run_local
     from nobubble.pipeline.runtime.report import summarize_run
     from nobubble.trace import write_chrome_trace
@@ -391,13 +401,15 @@ def _run_torchrun(config, args: argparse.Namespace) -> int:
     from nobubble.pipeline.runtime.launch import run_torchrun
     from nobubble.trace import write_chrome_trace
 
-    try:
-        (res,) = run_torchrun([config], _options(args))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    path = args.trace.with_name(f"{args.trace.stem}.rank{res.rank}{args.trace.suffix}")
-    write_chrome_trace(path, res.events)
+    rank = int(os.environ["RANK"])  # each rank its own file, claimed before it starts
+    path = args.trace.with_name(f"{args.trace.stem}.rank{rank}{args.trace.suffix}")
+    with claim_output(path):
+        try:
+            (res,) = run_torchrun([config], _options(args))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        write_chrome_trace(path, res.events)
     if res.losses is not None:  # the rank of the last stage speaks for the run
         med = statistics.median(res.step_times_s)
         if args.json:

@@ -32,6 +32,7 @@ from nobubble.cli.util import (
     print_json,
     print_table,
 )
+from nobubble.files import claim_output
 
 MODES = ("sync", "one-step-off", "fully-async")
 ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
@@ -347,12 +348,8 @@ def _train(args: argparse.Namespace) -> int:
     _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
-    ckpt = {
-        "checkpoint_dir": None if args.checkpoint_dir is None else str(args.checkpoint_dir),
-        "checkpoint_every": args.checkpoint_every,
-        "resume": args.resume,
-        "restart_workers": args.restart_workers,
-    }
+    ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "resume", "restart_workers")}
+    ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
     lag = _lag_settings(args)
     many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
     cfg = _config(
@@ -364,8 +361,9 @@ def _train(args: argparse.Namespace) -> int:
     )
     if cfg.learners > 1:
         label += f" learners={cfg.learners} {cfg.aggregation}"
-    res = _run_with_progress(cfg, label, quiet=args.json)
-    paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
+    with claim_output(args.out):  # before the workers start: refuse another live run's folder
+        res = _run_with_progress(cfg, label, quiet=args.json)
+        paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
     if args.json:
         print_json({**res.to_json(), "artifacts": paths})
         return 0

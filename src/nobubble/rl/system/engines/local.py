@@ -5,8 +5,9 @@ transformer on ~10-token sequences); most of their time is Python and dispatch o
 under the GIL, not long kernels that release it, so two threads would mostly take turns.
 Two processes with one torch thread each do run at the same time on two cores.
 
-- Processes start with ``spawn`` (no forked torch state); each runs one torch thread
-  (:meth:`RunConfig.torch_threads`). In ``sync`` mode only one stage works at a time, so one
+- Processes start from a forkserver preloaded with torch
+  (:func:`~nobubble.distributed.worker_context`; no forked torch state); each runs one torch
+  thread (:meth:`RunConfig.torch_threads`). In ``sync`` mode only one stage works at a time, so one
   core idles - that idle core is the bubble the asynchronous modes remove. (Giving the lone
   stage two intra-op threads instead was 5x *slower* here: the ops are too small to split
   and the threads spin against each other and the machine's other load.)
@@ -18,7 +19,9 @@ Two processes with one torch thread each do run at the same time on two cores.
   them out before a chunk when the version moved. With partial rollouts the generator also
   reads them between tokens (``RolloutWorker.pull_weights`` is the shared tensor's ``pull``).
 - Nothing waits forever: ``poll`` has a timeout, notices a worker that died without a word
-  (exit code) or raised (its traceback), and ``shutdown`` terminates what does not stop.
+  (exit code), raised (its traceback) or fell silent (no heartbeat for
+  :data:`~nobubble.distributed.LIVENESS_S`: :mod:`~nobubble.rl.system.engines.liveness`),
+  and ``shutdown`` terminates what does not stop.
   Workers die with the driver (the parent-death signal), so a killed run leaves none
   behind. ``restart`` replaces one worker with a fresh process of the same name.
 - ``learners > 1``: the learner processes join one gloo group on a free port of 127.0.0.1
@@ -48,6 +51,7 @@ from nobubble.rl.system.engines.learners import (
     looks_like_peer_failure,
     split_groups,
 )
+from nobubble.rl.system.engines.liveness import Heartbeats, start_beating
 from nobubble.rl.system.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
@@ -64,8 +68,10 @@ def _worker_main(
     parent: int,
     incarnation: int,
     learner_port: int | None,
+    beats: tuple[Any, int],
 ) -> None:
     die_with_parent(parent)
+    start_beating(*beats)
     torch.set_num_threads(threads)
     try:
         from nobubble.rl.system.engines.worker import StageWorker
@@ -130,6 +136,7 @@ class LocalEngine:
         self._errors: list[WorkerError] = []
         self._learner_port: int | None = None
         self._collector: StepCollector | None = None
+        self._beats: Heartbeats | None = None
 
     def start(self, cfg: RunConfig) -> list[str]:
         ctx = self._ctx = worker_context()
@@ -139,6 +146,7 @@ class LocalEngine:
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         names += learner_names(cfg.learners)
+        self._beats = Heartbeats(ctx, names)
         if cfg.learners > 1:
             self._learner_port = free_port()
             self._collector = StepCollector(cfg.learners)
@@ -147,7 +155,7 @@ class LocalEngine:
         return names
 
     def _spawn(self, name: str) -> None:
-        assert self._cfg is not None and self._ctx is not None  # set by start()
+        assert self._cfg is not None and self._ctx is not None and self._beats is not None
         cfg = self._cfg
         incarnation = self._incarnation.get(name, -1) + 1
         self._incarnation[name] = incarnation
@@ -157,7 +165,13 @@ class LocalEngine:
         port = self._learner_port if name.startswith("trainer") else None
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(*args, os.getpid(), incarnation, port),
+            args=(
+                *args,
+                os.getpid(),
+                incarnation,
+                port,
+                (self._beats.slots, self._beats.started(name)),
+            ),  # fmt: skip
             daemon=True,
             name=f"nobubble-rl-{name}",
         )
@@ -173,6 +187,9 @@ class LocalEngine:
         if old.is_alive():
             old.terminate()
         old.join(timeout=5.0)
+        if old.is_alive():  # a stopped process holds SIGTERM until continued
+            old.kill()
+            old.join(timeout=2.0)
         self._spawn(worker)
 
     def _send(self, worker: str, cmd: tuple) -> None:
@@ -259,6 +276,16 @@ class LocalEngine:
                     f"{name} died with exit code {proc.exitcode} without reporting an error",
                     name,
                 )
+        beats = self._beats
+        silent = beats.silent(list(self._procs)) if beats is not None else None
+        if beats is not None and silent is not None:
+            name, since = silent
+            raise WorkerError(
+                f"{name} stopped responding: no heartbeat for {since:.0f}s (liveness "
+                f"{beats.liveness_s:g}s); it is stopped (SIGSTOP), swapping, or stuck "
+                "holding the interpreter",
+                name,
+            )
 
     def shutdown(self) -> None:
         for name, proc in self._procs.items():
@@ -272,5 +299,8 @@ class LocalEngine:
             proc.join(timeout=max(0.0, end - time.monotonic()))
             if proc.is_alive():
                 proc.terminate()
+                proc.join(timeout=2.0)
+            if proc.is_alive():  # a stopped process holds SIGTERM until continued
+                proc.kill()
                 proc.join(timeout=2.0)
         self._procs.clear()
