@@ -3,17 +3,18 @@
 The model is the GPT of ``examples/train_gpt.py`` (plain ``torch.nn``), split over 2 gloo
 ranks. For each schedule, torch's ``_PipelineScheduleRuntime`` (loaded through
 :func:`nobubble.pipeline.to_torch`) and :class:`nobubble.pipeline.PipelineRunner` run
-alternately on the same batch, one step each, ``--steps`` times after a warm-up; the report
-gives each path's median step time, the ratio ``runner / torch`` (below 1: nobubble is
-faster) and each path's speed-up of the zero-bubble schedules over 1F1B, next to the speed-up the
-simulator predicts twice: from a profile of the same stages taken beforehand
+alternately on the same batch, one step each, ``--steps`` times after a warm-up. The report
+gives each path's median step time (then the median over ``--rounds`` independent runs in
+fresh processes, each run's ratio listed too), the ratio ``runner / torch`` (below 1:
+nobubble is faster) and each path's speed-up of the zero-bubble schedules over 1F1B, next
+to the speed-up the simulator predicts twice: from a profile of the same stages taken beforehand
 (:func:`nobubble.pipeline.runtime.profile_modules.profile_modules`, thread CPU time, one
 microbatch), and from the op times the runner measured in the run itself (``OpTimes``, the
 costs re-planning would use). The schedules are built once from the profile, so ranks and
 simulator time the same orders. CPU measurements on a shared machine: read the ratios, not
 the milliseconds.
 
-    .venv/bin/python benchmarks/pp_runner_vs_torch.py [--steps 12] [--quick]
+    .venv/bin/python benchmarks/pp_runner_vs_torch.py [--steps 12] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def rank_main(ctx, schedules, steps: int, batch: int) -> dict:
         times: dict[str, list[float]] = {"torch": [], "nobubble": []}
         for i in range(steps + 2):
             if i == 2:
-                timer.clear()  # the first two rounds warm up
+                timer.clear()  # the first two steps warm up
             for path in ("torch", "nobubble") if i % 2 == 0 else ("nobubble", "torch"):
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
@@ -134,18 +135,47 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="timed steps per path and schedule")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="independent runs (fresh processes); the report gives their medians",
+    )
     ap.add_argument("--quick", action="store_true", help="3 steps, for a smoke run")
     args = ap.parse_args()
     steps = 3 if args.quick else args.steps
+    if args.rounds < 1 or steps < 1:
+        ap.error(f"--rounds {args.rounds} and --steps {steps} must be >= 1")
     costs = profiled_costs(args.batch, args.microbatches)
     # the automatic schedules (zb-2p) adapt to the profiled costs: build them once, here, so
     # that the ranks run and the simulator times the very same orders
     schedules = [get_schedule(name, num_ranks=2, num_microbatches=args.microbatches,
                               costs=costs) for name in SCHEDULES]  # fmt: skip
-    per_rank = spawn(rank_main, 2, args=(schedules, steps, args.batch), timeout_s=1800)
+    sim = {sched.name: simulate(sched, costs).makespan for sched in schedules}
+    rounds = []
+    for i in range(args.rounds):
+        per_rank = spawn(rank_main, 2, args=(schedules, steps, args.batch), timeout_s=1800)
+        rounds.append(_round_rows(per_rank, schedules, sim))
+        print(
+            f"round {i + 1}/{args.rounds}: nobubble / torch "
+            + ", ".join(f"{r['schedule']} {r['nobubble_over_torch']:.3f}" for r in rounds[-1])
+        )
+    rows = _median_rows(rounds)
+    import torch
+
+    path = write_json("pp_runner_vs_torch", {
+        "ranks": 2, "batch": args.batch, "microbatches": args.microbatches, "seq_len": SEQ,
+        "steps": steps, "rounds": args.rounds, "quick": args.quick, "torch": torch.__version__,
+        "rows": rows,
+    })  # fmt: skip
+    _print(rows, steps, args.rounds)
+    print(f"wrote {path}")
+
+
+def _round_rows(per_rank: list[dict], schedules, sim: dict[str, float]) -> list[dict]:
+    """One round's row per schedule."""
     # a step ends at a barrier: every rank measured the same step; take rank 0's
     res = per_rank[0]
-    sim = {sched.name: simulate(sched, costs).makespan for sched in schedules}
     in_run = _in_run_makespans(per_rank, schedules)
     rows = []
     for name in SCHEDULES:
@@ -167,15 +197,27 @@ def main() -> None:
             "in_run_speedup_error": measured / replayed - 1,
             "in_run_step_error": n * 1e3 / in_run[name] - 1,
         })  # fmt: skip
-    import torch
+    return rows
 
-    path = write_json("pp_runner_vs_torch", {
-        "ranks": 2, "batch": args.batch, "microbatches": args.microbatches, "seq_len": SEQ,
-        "steps": steps, "quick": args.quick, "torch": torch.__version__, "rows": rows,
-    })  # fmt: skip
+
+def _median_rows(rounds: list[list[dict]]) -> list[dict]:
+    """Per schedule, the median over rounds of every figure; each round's ratio is kept."""
+    out = []
+    for i, name in enumerate(SCHEDULES):
+        mine = [r[i] for r in rounds]
+        row: dict = {"schedule": name}
+        for key, value in mine[0].items():
+            if isinstance(value, float):
+                row[key] = statistics.median(r[key] for r in mine)
+        row["nobubble_over_torch_per_round"] = [r["nobubble_over_torch"] for r in mine]
+        out.append(row)
+    return out
+
+
+def _print(rows: list[dict], steps: int, rounds: int) -> None:
     print_table(
         f"PipelineRunner vs torch's runtime, GPT of examples/train_gpt.py on 2 ranks "
-        f"(median of {steps} steps)",
+        f"(medians of {steps} steps, then of {rounds} rounds)",
         [
             "schedule",
             "torch ms",
@@ -206,7 +248,6 @@ def main() -> None:
             for r in rows
         ],  # fmt: skip
     )
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -262,9 +262,16 @@ def runner_vs_torch() -> str:
                "nobubble vs 1f1b", "simulated vs 1f1b", "error"]  # fmt: skip
     if in_run:
         headers += ["in-run sim vs 1f1b", "error", "step vs in-run sim"]
+    per_round = ""
+    if "rounds" in data:  # files before it hold one run
+        ratios = "; ".join(f"{r['schedule']} " + ", ".join(f(x, 3) for x in
+                           r["nobubble_over_torch_per_round"]) for r in data["rows"])  # fmt: skip
+        per_round = (
+            f", then the median of {data['rounds']} runs (nobubble / torch per run: {ratios})"
+        )
     return (
         f"{md_table(headers, rows)}\n\nMedians of {data['steps']} steps per path, the paths "
-        f"alternating; batch {data['batch']} x {data['seq_len']} tokens in "
+        f"alternating{per_round}; batch {data['batch']} x {data['seq_len']} tokens in "
         f"{data['microbatches']} microbatches on {data['ranks']} gloo ranks; torch "
         f"{data['torch']}."
     )
