@@ -127,6 +127,30 @@ def test_module_split_defers_every_weight_gradient_in_one_process(first_stage: b
     assert "forward" not in model[-1][1].__dict__  # the Linear's own forward is back
 
 
+def test_an_unsplit_first_stage_runs_autograds_own_backward_in_w() -> None:
+    """Recorded with split=False (as the runner records stage 0): B computes nothing, W is
+    the plain backward; a stage whose input needs a gradient cannot be recorded so."""
+    model, ref = nn.Sequential(*blocks(4)), nn.Sequential(*blocks(4))
+    x, y = batch(4, 5)
+    loss_fn(ref(x), y).backward()
+    split = ModuleSplit(model)
+    with split.recording(0, split=False):
+        out = loss_fn(model(x), y)
+    assert split.backward_input(0, out, None, None) is None
+    assert all(p.grad is None for p in model.parameters())
+    split.backward_weight(0)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+    rep = split.report()
+    assert rep is not None and rep.by_w_walk == rep.num_params and rep.deferred_fraction == 1.0
+    act = torch.randn(4, 5, model[1].self_attn.embed_dim, requires_grad=True)
+    with split.recording(1, split=False):
+        out = loss_fn(model[1:](act), y)
+    with pytest.raises(RuntimeError, match="recorded with split=False"):
+        split.backward_input(1, out, None, act)
+    split.close()
+
+
 class _Functional(nn.Module):
     """Uses a child's weight without calling the child (no linear forward runs)."""
 

@@ -23,9 +23,10 @@ forward (``nn.MultiheadAttention``'s ``in_proj_weight``, convolutions, embedding
    as its meeting point: W walks the stage's backward again.
 
 A stage whose input needs no gradient (the first stage: token ids) has nothing on the
-critical path: its B only marks the microbatch, and its W is one walk of the whole backward
-(linears deferred as above). :meth:`ModuleSplit.report` counts each path. No ``.grad`` is
-touched in B.
+critical path: its B only marks the microbatch, and its W is one walk of the whole backward.
+Recorded with ``split=False`` (as the runner records its first stage), that walk is
+autograd's own backward over torch's own linears; recorded split, the linears are deferred
+as above. :meth:`ModuleSplit.report` counts each path. No ``.grad`` is touched in B.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class _Pending:
     by_stage_graph: int = 0
     keep: list[torch.Tensor] = field(default_factory=list)  # holds the graph alive until W
     whole: tuple[torch.Tensor, torch.Tensor | None] | None = None  # W walks it all
+    plain: bool = False  # whole, recorded with split=False: autograd's own backward
 
 
 class ModuleSplit:
@@ -119,6 +121,9 @@ class ModuleSplit:
         for lin in self._linears:
             lin.forward = types.MethodType(_split_forward(self), lin)  # type: ignore[method-assign]
         self._params = [p for p in module.parameters() if p.requires_grad]
+        # each parameter's gradient accumulator; held here, autograd reuses the same node in
+        # every microbatch's graph (looking it up costs more than the rest of the plan)
+        self._accs = [get_gradient_edge(p).node for p in self._params]
         self._recorded: set[int] = set()
         self._fused: set[int] = set()  # recorded with split=False
         self._pending: dict[int, _Pending] = {}
@@ -129,8 +134,9 @@ class ModuleSplit:
     def recording(self, microbatch: int, *, split: bool = True) -> Iterator[None]:
         """Run the stage's forward of ``microbatch`` inside this block.
 
-        ``split=False``: the microbatch's backward will be one fused BW, so nothing needs
-        deferring: the linears run torch's own ``F.linear`` and BW is autograd's plain
+        ``split=False``: nothing needs deferring: the microbatch's backward will be one fused
+        BW, or a B with no input gradient (nothing for B to compute) and a W that walks it
+        all. The linears run torch's own ``F.linear`` and that walk is autograd's plain
         backward (as fast as an unsplit module).
         """
         if microbatch in self._recorded:
@@ -158,12 +164,16 @@ class ModuleSplit:
     ) -> torch.Tensor | None:
         """Gradient of the stage input (None when it needs none); no ``.grad`` changes."""
         self._take(microbatch, "B")
-        if microbatch in self._fused:
-            self._fused.discard(microbatch)
-            raise RuntimeError(f"B of microbatch {microbatch}, recorded for a fused BW")
+        fused = microbatch in self._fused
+        self._fused.discard(microbatch)
         if not _needs_grad(stage_input):  # nothing upstream waits: W does the one walk
-            self._pending[microbatch] = _Pending(whole=(output, grad_output))
+            self._pending[microbatch] = _Pending(whole=(output, grad_output), plain=fused)
             return None
+        if fused:
+            raise RuntimeError(
+                f"B of microbatch {microbatch}, recorded with split=False, needs an input "
+                "gradient: record it split"
+            )
         inputs = [stage_input, self.anchor]
         pending = self._plan(output, grad_output, inputs)
         meets = {node for g in pending.groups for node in g.meets}
@@ -191,8 +201,7 @@ class ModuleSplit:
             return pending
         consumers = _consumers(root)
         closure = _upward_closure([get_gradient_edge(t).node for t in inputs], consumers)
-        for p in self._params:
-            acc = get_gradient_edge(p).node
+        for p, acc in zip(self._params, self._accs, strict=True):
             users = consumers.get(acc, [])
             if not users or all(u.name() == _DEFERRED_NODE for u in users):
                 continue  # unused here, or a linear weight: the store has it
@@ -219,7 +228,7 @@ class ModuleSplit:
         self._take(microbatch, "BW")
         if microbatch in self._fused:
             self._fused.discard(microbatch)
-            return self._plain_walk(output, grad_output, stage_input)
+            return self._plain_walk(output, grad_output, stage_input, in_w=False)
         return self._one_walk(microbatch, output, grad_output, stage_input, fused=True)
 
     def _plain_walk(
@@ -227,14 +236,18 @@ class ModuleSplit:
         output: torch.Tensor,
         grad_output: torch.Tensor | None,
         stage_input: torch.Tensor | None,
+        *,
+        in_w: bool,
     ) -> torch.Tensor | None:
-        """Autograd's own backward of a forward recorded with ``split=False``."""
+        """Autograd's own backward of a forward recorded with ``split=False`` (``in_w``: as
+        W's one walk, the stage input needing no gradient; else as a fused BW)."""
         inputs = [stage_input, *self._params] if _needs_grad(stage_input) else self._params
         if inputs:
             torch.autograd.backward(output, grad_output, inputs=inputs)
+        n = len(self._params)
         self._last = SplitReport(
-            num_params=len(self._params), by_linear=0, by_module_graph=0, by_stage_graph=0,
-            linear_wgrad_flops=0, by_fused_backward=len(self._params),
+            num_params=n, by_linear=0, by_module_graph=0, by_stage_graph=0, linear_wgrad_flops=0,
+            by_fused_backward=0 if in_w else n, by_w_walk=n if in_w else 0,
         )  # fmt: skip
         return stage_input.grad if _needs_grad(stage_input) else None
 
@@ -272,10 +285,13 @@ class ModuleSplit:
     # -- W -----------------------------------------------------------------------------------
     def backward_weight(self, microbatch: int) -> None:
         """Accumulate every weight gradient of ``microbatch`` into ``.grad``."""
-        whole = self._pending.get(microbatch, _Pending()).whole
-        if whole is not None:
+        first = self._pending.get(microbatch, _Pending())
+        if first.whole is not None:
             del self._pending[microbatch]
-            self._one_walk(microbatch, *whole, None, fused=False)
+            if first.plain:
+                self._plain_walk(*first.whole, None, in_w=True)
+            else:
+                self._one_walk(microbatch, *first.whole, None, fused=False)
             return
         if not self.store.has_pending(microbatch):
             raise RuntimeError(f"W of microbatch {microbatch} before its B")

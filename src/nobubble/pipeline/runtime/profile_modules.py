@@ -4,7 +4,8 @@ The stages run one after another in this process on one microbatch, each on the 
 stage's real output (detached), exactly as :class:`~nobubble.pipeline.runtime.runner.
 PipelineRunner` runs them: F inside :class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit`
 recording, B its ``backward_input``, W its ``backward_weight``, and the fused backward as one
-plain autograd walk for comparison. Every stage but the last gets a random output gradient
+plain autograd walk for comparison. The first stage's input needs no gradient (its B has
+nothing to compute) and is recorded unsplit, as the runner records it. Every stage but the last gets a random output gradient
 of its output's shape. Times are medians of ``repeats`` rounds after ``warmup`` (ms, by the
 wall clock or this thread's CPU time); ``mem_f`` counts the distinct tensors autograd saves
 in F (parameters excluded), ``mem_w`` what stays held after B (here: the graph W walks, so
@@ -77,7 +78,7 @@ def _profile_one(s, module, args, targets, loss_fn, dy, now, repeats, warmup) ->
     mem_f = 0
     try:
         for rep in range(warmup + repeats):
-            stage_in = _stage_input(args)
+            stage_in = _stage_input(args, grad=s > 0)
             saved: dict[int, int] = {}
 
             def pack(t: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:
@@ -87,14 +88,17 @@ def _profile_one(s, module, args, targets, loss_fn, dy, now, repeats, warmup) ->
                 return t
 
             t0 = now()
-            with split.recording(rep), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with (
+                split.recording(rep, split=s > 0),
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            ):
                 out = _output(module, stage_in, targets, loss_fn)
             t1 = now()
             split.backward_input(rep, out, dy, stage_in[0] if stage_in[0].requires_grad else None)
             t2 = now()
             split.backward_weight(rep)
             t3 = now()
-            plain_in = _stage_input(args)
+            plain_in = _stage_input(args, grad=s > 0)
             out = _output(module, plain_in, targets, loss_fn)
             t4 = now()
             out.backward(dy)
@@ -117,12 +121,13 @@ def _profile_one(s, module, args, targets, loss_fn, dy, now, repeats, warmup) ->
     )  # fmt: skip
 
 
-def _stage_input(args: tuple) -> tuple:
-    """Fresh leaves for a stage's input: float tensors need a gradient (as a received one)."""
+def _stage_input(args: tuple, *, grad: bool) -> tuple:
+    """Fresh leaves for a stage's input; with ``grad`` (every stage but the first, as the
+    runner has it) its float tensors need a gradient, as a received activation does."""
     return tuple(
-        a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-        for a in args
-    )
+        a.detach().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor)
+        else a for a in args
+    )  # fmt: skip
 
 
 def _output(module: nn.Module, args: tuple, targets: Any, loss_fn) -> torch.Tensor:

@@ -317,7 +317,8 @@ class PipelineRunner:
         if s > 0:
             stage_input = args[0].detach().requires_grad_(args[0].is_floating_point())
             args = (stage_input,)
-        split = self._splits[s].recording(mb, split=(s, mb) in self._split_backward)
+        # stage 0's input needs no gradient: its W walks the whole backward, unsplit
+        split = self._splits[s].recording(mb, split=s > 0 and (s, mb) in self._split_backward)
         known = self._saved_bytes.get((s, mb)) if self._shapes is not None else None
         if known is not None:  # static shapes: counted in the first step
             with split:
