@@ -159,6 +159,24 @@ def test_another_live_runs_claim_is_refused_a_dead_ones_taken_over(tmp_path: Pat
         assert lock.read_text().strip() == str(os.getpid())
 
 
+@pytest.mark.parametrize("extra", [[], ["--ablation", "--etas", "8"]])
+def test_rl_compare_refuses_a_live_runs_folder_before_any_run(tmp_path: Path, extra) -> None:
+    out, lock = tmp_path / "o", tmp_path / ".o.lock"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        lock.write_text(f"{sleeper.pid}\n")
+        argv = [sys.executable, "-m", "nobubble", "rl", "compare", "--steps", "2",
+                "--out", str(out), *extra]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"another live run (pid {sleeper.pid})" in lines[0], done.stderr
+    assert not out.exists()  # nothing ran, nothing was written
+
+
 PP_RUN = ["pp", "run", "-s", "1f1b", "-p", "2", "-m", "4", "--steps", "5000", "--layers", "2",
           "--hidden", "16", "--seq-len", "8", "--no-predict"]  # fmt: skip
 

@@ -132,9 +132,8 @@ def _lag_flags(p: argparse.ArgumentParser) -> None:
         "--staleness-weighting", choices=("none", "inverse", "exp"), default=None,
         help="weight each sample's loss by its age: 1/(1+lag) or 0.5**lag",
     )  # fmt: skip
-    lag.add_argument(
-        "--kl-coef", type=nonneg_float, default=None, help="KL penalty to a reference policy"
-    )
+    lag.add_argument("--kl-coef", type=nonneg_float, default=None,
+                     help="KL penalty to a reference policy")  # fmt: skip
     lag.add_argument(
         "--kl-refresh-every", type=nonneg_int, default=None, metavar="N",
         help="refresh the KL reference every N steps (0 = the frozen initial policy)",
@@ -144,9 +143,8 @@ def _lag_flags(p: argparse.ArgumentParser) -> None:
         help="force a full sync every N steps (0 = never)",
     )  # fmt: skip
     lag.add_argument("--replay", choices=("none", "uniform", "prioritized"), default=None)
-    lag.add_argument(
-        "--replay-capacity", type=nonneg_int, default=None, metavar="G", help="groups kept"
-    )
+    lag.add_argument("--replay-capacity", type=nonneg_int, default=None, metavar="G",
+                     help="groups kept")  # fmt: skip
     lag.add_argument(
         "--replay-groups", type=nonneg_int, default=None, metavar="G",
         help="groups drawn from the replay per step",
@@ -381,10 +379,13 @@ def _train(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     _check_sizes(args)
+    with claim_output(args.out):  # before any run starts: refuse another live run's folder
+        return _ablation(args) if args.ablation else _compare_modes(args)
+
+
+def _compare_modes(args: argparse.Namespace) -> int:
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
-    if args.ablation:
-        return _ablation(args)
     runs = {m: _config(args, mode=m) for m in MODES}
     title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
     results = {}
