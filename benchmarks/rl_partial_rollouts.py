@@ -44,7 +44,7 @@ def config(decoder: str, versioning: str, seed: int, args: argparse.Namespace) -
         steps=1_000_000, time_budget_s=args.budget, eval_every=10, timeout_s=args.budget + 300,
         groups_per_rollout=8 if slow else 1,
         rollout={"token_delay_s": args.token_delay if slow else 0.0},
-        trainer={**RunConfig().trainer, "delay_s": args.trainer_delay},
+        trainer={"delay_s": args.trainer_delay},
         partial_rollouts=versioning == "partial",
     )  # fmt: skip
 

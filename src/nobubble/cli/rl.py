@@ -303,7 +303,7 @@ def _config(args: argparse.Namespace, **over: Any):
     if args.trainer_delay:
         trainer["delay_s"] = args.trainer_delay
     if trainer:
-        kw["trainer"] = {**RunConfig().trainer, **trainer}
+        kw["trainer"] = trainer
     kw.update(over)
     return RunConfig(**kw)
 

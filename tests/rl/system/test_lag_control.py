@@ -170,6 +170,17 @@ def test_presets_fill_only_what_is_unset():
         RunConfig(preset="bold")
 
 
+def test_one_trainer_setting_keeps_the_others():
+    """A run that gives only the trainer's delay keeps the default lr and uniform KL, and
+    the preset's settings; what it gives wins over both."""
+    slow = RunConfig(mode="fully-async", preset="aggressive", trainer={"delay_s": 0.3}, **TINY)
+    t = slow.trainer_config()
+    assert (t.lr, t.uniform_kl_coef, t.delay_s) == (2e-3, 0.05, 0.3)
+    assert t.staleness_weighting == "inverse"
+    mine = RunConfig(trainer={"lr": 0.01, "uniform_kl_coef": 0.0}, **TINY).trainer_config()
+    assert (mine.lr, mine.uniform_kl_coef) == (0.01, 0.0)
+
+
 def test_replay_sync_and_kl_in_a_real_run_keep_the_ledger_whole():
     cfg = RunConfig(
         mode="fully-async", steps=8, max_staleness=3, sync_every=4, replay="uniform",

@@ -14,7 +14,12 @@ from nobubble.rl.system.types import GroupRequest
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "decoupled-ppo", "vtrace"])
 def test_step_raises_logprob_of_better_responses(algo):
-    cfg = RunConfig(algo=algo, group_size=16, policy_kwargs={"hidden": 32}, trainer={"lr": 3e-3})
+    cfg = RunConfig(
+        algo=algo,
+        group_size=16,
+        policy_kwargs={"hidden": 32},
+        trainer={"lr": 3e-3, "uniform_kl_coef": 0.0},
+    )
     task = cfg.make_task()
     torch.manual_seed(0)
     trainer = Trainer(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())

@@ -8,6 +8,7 @@ picklable: both engines build their stage workers from it alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 from torch import nn
@@ -28,6 +29,8 @@ AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
 DEFAULT_LOCAL_SGD_EVERY = 4
 ENGINES = ("local", "ray")
 DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
+# the trainer settings a run starts from; ``RunConfig.trainer`` is laid over them
+TRAINER_DEFAULTS = MappingProxyType({"lr": 2e-3, "uniform_kl_coef": 0.05})
 FAULTS = ("raise", "exit", "kill")
 
 
@@ -93,6 +96,11 @@ class RunConfig:
             one before); ``resume=True`` continues from the newest one in it.
         restart_workers: restart a rollout or reward worker that dies and requeue its
             groups (the ledger records the requeue); False = the run stops with the error.
+        trainer, rollout, reward: settings of each stage (the fields of
+            :class:`~nobubble.rl.system.trainer.TrainerConfig`, ``RolloutConfig``,
+            ``RewardConfig``). ``trainer`` is laid over the preset's and then over
+            :data:`TRAINER_DEFAULTS` (lr 2e-3, uniform KL 0.05): giving one setting keeps
+            the others. The resolved dict is what the run uses and records.
         fault: tests only - ``"<worker>:<call>:<raise|exit|kill>"`` makes that worker fail.
     """
 
@@ -130,7 +138,7 @@ class RunConfig:
     policy_kwargs: dict = field(default_factory=dict)
     rewards: tuple = ()
     reward_url: str | None = None
-    trainer: dict = field(default_factory=lambda: {"lr": 2e-3, "uniform_kl_coef": 0.05})
+    trainer: dict = field(default_factory=lambda: dict(TRAINER_DEFAULTS))
     rollout: dict = field(default_factory=dict)
     reward: dict = field(default_factory=dict)
     ray_address: str | None = None
@@ -157,7 +165,7 @@ class RunConfig:
         )
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "trainer", trainer)
+        object.__setattr__(self, "trainer", {**TRAINER_DEFAULTS, **trainer})
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
