@@ -5,17 +5,19 @@ stage's real output (detached), exactly as :class:`~nobubble.pipeline.runtime.ru
 PipelineRunner` runs them: F inside :class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit`
 recording, B its ``backward_input``, W its ``backward_weight``, and the fused backward as one
 plain autograd walk for comparison. The first stage's input needs no gradient (its B has
-nothing to compute) and is recorded unsplit, as the runner records it. Every stage but the last gets a random output gradient
-of its output's shape. Times are medians of ``repeats`` rounds after ``warmup`` (ms, by the
-wall clock or this thread's CPU time); ``mem_f`` counts the distinct tensors autograd saves
-in F (parameters excluded), ``mem_w`` what stays held after B (here: the graph W walks, so
-``mem_f`` unless the stage has only linears). The result is the same :class:`~nobubble.
-pipeline.runtime.profile.Profile` the built-in models produce, so ``profile.cost_model()``
-feeds :func:`~nobubble.pipeline.simulate.simulate` and ``pp plan``.
+nothing to compute) and is recorded unsplit, as the runner records it. Every stage but the
+last gets a random output gradient of its output's shape. Times are medians of ``repeats``
+rounds after ``warmup`` (ms, by the wall clock or this thread's CPU time); ``mem_f`` counts
+the distinct tensors autograd saves in F (parameters excluded; counted in one more, untimed
+round, since the hook that counts them slows F), ``mem_w`` what stays held after B (here:
+the graph W walks, so ``mem_f`` unless the stage has only linears). The result is the same
+:class:`~nobubble.pipeline.runtime.profile.Profile` the built-in models produce, so
+``profile.cost_model()`` feeds :func:`~nobubble.pipeline.simulate.simulate` and ``pp plan``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,7 +79,9 @@ def _profile_one(s, module, args, targets, loss_fn, dy, now, repeats, warmup) ->
     times: dict[str, list[float]] = {"f": [], "b": [], "w": [], "fused": []}
     mem_f = 0
     try:
-        for rep in range(warmup + repeats):
+        # pass -1 counts what F saves (a hook per saved tensor: not timed); the rest time
+        for rep in range(-1, warmup + repeats):
+            mb = rep + 1
             stage_in = _stage_input(args, grad=s > 0)
             saved: dict[int, int] = {}
 
@@ -87,24 +91,23 @@ def _profile_one(s, module, args, targets, loss_fn, dy, now, repeats, warmup) ->
                     saved[ptr] = t.untyped_storage().nbytes()
                 return t
 
+            hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
             t0 = now()
-            with (
-                split.recording(rep, split=s > 0),
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-            ):
+            with split.recording(mb, split=s > 0), hooks if rep < 0 else contextlib.nullcontext():
                 out = _output(module, stage_in, targets, loss_fn)
             t1 = now()
-            split.backward_input(rep, out, dy, stage_in[0] if stage_in[0].requires_grad else None)
+            split.backward_input(mb, out, dy, stage_in[0] if stage_in[0].requires_grad else None)
             t2 = now()
-            split.backward_weight(rep)
+            split.backward_weight(mb)
             t3 = now()
             plain_in = _stage_input(args, grad=s > 0)
             out = _output(module, plain_in, targets, loss_fn)
             t4 = now()
             out.backward(dy)
             t5 = now()
-            mem_f = sum(saved.values())
-            if rep >= warmup:
+            if rep < 0:
+                mem_f = sum(saved.values())
+            elif rep >= warmup:
                 for key, dt in (("f", t1 - t0), ("b", t2 - t1), ("w", t3 - t2), ("fused", t5 - t4)):
                     times[key].append(dt * 1e3)
     finally:
