@@ -32,6 +32,7 @@ task over several turns (the reward before and after a fixed budget).
     python benchmarks/rl_actor_learner.py                     # 3 seeds x 2 delays, ~15 min
     python benchmarks/rl_actor_learner.py --seeds 1 --delays 0  # quick look
     python benchmarks/rl_actor_learner.py --rows torchrl-ppo --out /tmp/trial  # some rows
+    python benchmarks/rl_actor_learner.py --delays 1 --merge  # redo one delay's rows, keep the rest
     python benchmarks/rl_actor_learner.py --suite envs        # 3 seeds each, ~10 min
 """
 
@@ -41,6 +42,7 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -53,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _common import write_json  # noqa: E402
+from _common import RESULTS, write_json  # noqa: E402
 from _torchrl_peer import run_torchrl  # noqa: E402
 
 from nobubble.rl.actor_learner import EnvRunConfig, train  # noqa: E402
@@ -65,15 +67,27 @@ PEERS = {"sb3-ppo": "stable_baselines3", "torchrl-ppo": "torchrl", "torchrl-asyn
 
 
 def nobubble_config(arch: str, delay_ms: float, seed: int, max_seconds: float) -> EnvRunConfig:
-    """The tuned settings: 2 actors x 8 envs on plain CartPole; at 1 ms, 8 actors x 8 envs
+    """The tuned settings: 2 actors x 8 envs on plain CartPole. At 1 ms, 8 actors x 8 envs
     (they mostly sleep), and for SEED RL 16 x 4 - its actors wait for the central inference
     after every vector step, so shorter vector steps from more actors keep its batches full
-    (8 x 8: 20.8 / 31.0 s to 475 on seeds 0 / 1; 16 x 4: 15.5 / 25.7 s)."""
+    (8 x 8: 20.8 / 31.0 s to 475 on seeds 0 / 1; 16 x 4: 15.5 / 25.7 s). With that many
+    actors the learner has time to spare, and the default batch (2 unrolls) wastes samples:
+    SEED RL with 16 actors dropped 277 of 526 trajectories as more than 4 versions old
+    (seed 0, 20.8 s to 475). So at 1 ms SEED RL takes 8 unrolls per update in 4 minibatches
+    (no drops; 5.2 / 10.3 / 20.8 s on seeds 0-2), and IMPALA, whose actors run their own
+    policy copies, 10 epochs in 4 minibatches on its 2-unroll batches (11.0 / 11.5 / 16.2 s;
+    8-unroll batches: 21.1 / 21.6 / 16.3 s). Sample Factory keeps the defaults (10 x 4 epochs
+    or 8 unrolls made it slower: its central inference shares the cores with the learner)."""
     actors, envs = (2, 8) if delay_ms == 0 else (16, 4) if arch == "seed" else (8, 8)
+    learner: dict[str, int] = {}
+    if delay_ms > 0 and arch == "seed":
+        learner = {"batch_trajectories": 8, "minibatches": 4}
+    elif delay_ms > 0 and arch == "impala":
+        learner = {"epochs": 10, "minibatches": 4}
     return EnvRunConfig(
         env="CartPole-v1", arch=arch, actors=actors, envs_per_actor=envs,
         env_step_delay_ms=delay_ms, seed=seed, target_return=TARGET, max_seconds=max_seconds,
-        eval_every_s=EVAL_EVERY_S, eval_episodes=EVAL_EPISODES,
+        eval_every_s=EVAL_EVERY_S, eval_episodes=EVAL_EPISODES, **learner,
     )  # fmt: skip
 
 
@@ -261,6 +275,8 @@ def main() -> None:
     parser.add_argument("--suite", choices=("cartpole", "envs"), default="cartpole")
     parser.add_argument("--rows", nargs="+", choices=(*ARCHS, *PEERS), default=[*ARCHS, *PEERS],
                         help="the CartPole rows to run (default: all)")  # fmt: skip
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the stored rows this run does not redo (e.g. --delays 1)")  # fmt: skip
     args = parser.parse_args()
     if args.suite == "envs":
         data = envs_suite(args.seeds)
@@ -288,7 +304,12 @@ def main() -> None:
                 )
             results[f"{name}@{delay:g}ms"] = {"summary": summarize(runs), "runs": runs}
     load = os.getloadavg()
-    path = write_json(args.out or "rl_actor_learner", {
+    name = args.out or "rl_actor_learner"
+    if args.merge:  # the rows of another run stay; each delay's rows come from one run
+        stored = RESULTS / f"{name}.json"
+        old = json.loads(stored.read_text())["results"] if stored.exists() else {}
+        results = {**old, **results}
+    path = write_json(name, {
         "env": "CartPole-v1", "target_return": TARGET, "eval_episodes": EVAL_EPISODES,
         "cpu_count": os.cpu_count(), "load_average_at_end": load, "results": results,
     })  # fmt: skip
