@@ -29,6 +29,7 @@ from scripts.tables import moe as moe_tables
 from scripts.tables import pipeline as pipeline_tables
 from scripts.tables import rl as rl_tables
 from scripts.tables import rl_partial as rl_partial_tables
+from scripts.tables import rl_scaling as rl_scaling_tables
 from scripts.tables import summary as summary_tables
 
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -37,7 +38,9 @@ BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- /t
 def renderers() -> dict[str, Renderer]:
     """Every table name -> its renderer; a name defined twice is an error."""
     out: dict[str, Renderer] = {}
-    for module in (pipeline_tables, moe_tables, rl_tables, rl_partial_tables, summary_tables):
+    modules = (pipeline_tables, moe_tables, rl_tables, rl_partial_tables, rl_scaling_tables,
+               summary_tables)  # fmt: skip
+    for module in modules:
         for name, fn in module.TABLES.items():
             if name in out:
                 raise ValueError(f"table {name!r} is defined twice")
