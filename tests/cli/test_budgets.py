@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from nobubble.cli import main
@@ -16,9 +18,10 @@ OVERSIZED = [
     (["pp", "simulate", "-p", "100000", "-m", "100000"], "60,000,000,000 ops"),
     (["pp", "show", "-p", "1000", "-m", "1000"], "past this command's budget"),
     (["pp", "export", "-s", "zb-2p", "-p", "2000", "-m", "200"], "2,400,000 ops"),
-    (["pp", "compare", "-p", "32", "-m", "512"], "budget of 20,000"),
-    (["pp", "simulate", "-s", "v-zb", "-p", "100", "-m", "1600"], "ranks x ops"),
-    (["pp", "frontier", "-p", "100", "-m", "30"], "ranks x ops"),
+    (["pp", "compare", "-p", "32", "-m", "512"], "budget of 10,000"),
+    (["pp", "export", "-s", "v-zb", "-p", "2", "-m", "66666"], "799,992 ops for the V"),
+    (["pp", "simulate", "-s", "v-zb", "-p", "40", "-m", "200"], "ranks x ops"),
+    (["pp", "frontier", "-p", "200", "-m", "8"], "ranks x ops"),
     (["pp", "solve", "-p", "64", "-m", "512"], "budget of 50,000"),
     (["pp", "run", "-s", "1f1b", "-p", "64"], "64 processes"),
     (["ep", "bench", "--ranks", "64"], "64 processes"),
@@ -78,9 +81,9 @@ def test_any_size_past_a_budget_is_refused_at_once_in_one_line(
     estimate of its work is refused before any work (exit 2, one line naming --force, well
     under 2 s); sizes under every estimate are left to the examples above and the suite."""
     ops = 3 * ranks * microbatches  # one chunk per rank: the least any command counts
-    v_weight = ranks * ops if command == "frontier" or schedule == "v-zb" else 0
-    budget = {"compare": 20_000, "frontier": 20_000, "solve": 50_000}.get(command, 1_000_000)
-    assume(ops > budget or v_weight > 1_600_000)
+    v = command == "frontier" or (command in ("simulate", "show", "export") and schedule == "v-zb")
+    budget = {"compare": 10_000, "frontier": 10_000, "solve": 50_000}.get(command, 1_000_000)
+    assume(ops > budget or (v and (2 * ops > 200_000 or ranks * 2 * ops > 1_600_000)))
     argv = ["pp", command, "-p", str(ranks), "-m", str(microbatches)]
     if command in ("simulate", "show", "export"):
         argv += ["-s", schedule]
@@ -97,3 +100,68 @@ def test_the_cli_knows_the_v_generators_by_their_names() -> None:
     from nobubble.pipeline.schedules.v_memory import V_MEMORY_NAMES
 
     assert V_MEMORY_SCHEDULES == V_MEMORY_NAMES
+
+
+def _run_measured(argv: list[str], timeout_s: float, err: Path) -> tuple[int, float, int]:
+    """``nobubble *argv`` in a child, its output into ``err``: (exit status, seconds, the
+    child's peak resident bytes, from its own rusage)."""
+    start = time.monotonic()
+    with err.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "nobubble", *argv],
+                                stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() - start > timeout_s:
+            proc.kill()
+            os.wait4(proc.pid, 0)
+            proc.returncode = -9
+            pytest.fail(f"{argv}: still running after {timeout_s:.0f}s")
+        time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    return proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024  # KiB on Linux
+
+
+def _largest_accepted(command: str, schedule: str, ranks: int) -> int:
+    """The most microbatches ``command`` takes at ``ranks`` without --force (the op budget,
+    and for the V generators theirs)."""
+    budget = {"compare": 10_000, "frontier": 10_000, "solve": 50_000}.get(command, 1_000_000)
+    most = budget // (6 * ranks)  # 3 ops x 2 chunks per rank, as check_size counts
+    if command == "frontier" or (command in ("simulate", "show", "export") and schedule == "v-zb"):
+        most = min(most, 200_000 // (6 * ranks), 1_600_000 // (6 * ranks * ranks))
+    return most
+
+
+ACCEPTED_LIMIT_S, ACCEPTED_LIMIT_BYTES = 30.0, 2 * 2**30
+
+
+@settings(max_examples=2, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@example(command="simulate", schedule="1f1b", ranks=2, share=1.0)
+@example(command="show", schedule="zb-2p", ranks=16, share=1.0)
+@example(command="export", schedule="v-zb", ranks=8, share=1.0)
+@example(command="compare", schedule="1f1b", ranks=4, share=1.0)
+@example(command="solve", schedule="1f1b", ranks=4, share=1.0)
+@example(command="frontier", schedule="1f1b", ranks=4, share=1.0)
+@given(command=st.sampled_from(SIZED), schedule=st.sampled_from(["1f1b", "zb-2p", "v-zb"]),
+       ranks=st.integers(2, 64), share=st.floats(0.0, 1.0))  # fmt: skip
+def test_any_size_under_the_budget_finishes_within_30_s_and_2_gb(
+    tmp_path: Path, command: str, schedule: str, ranks: int, share: float
+) -> None:
+    """The other half: sizes the command takes (drawn log-uniformly up to the largest one,
+    which the examples run for every command) finish within 30 s and 2 GB, exit 0. The
+    solver's search time is the user's own (``--time-limit``, 5 s here), not a size; a
+    search that finds no schedule in it ends with exit 1 and says so."""
+    largest = _largest_accepted(command, schedule, ranks)
+    assume(largest >= 1)
+    microbatches = max(1, round(largest**share))
+    argv = ["pp", command, "-p", str(ranks), "-m", str(microbatches)]
+    if command in ("simulate", "show", "export"):
+        argv += ["-s", schedule]
+    if command == "solve":  # its search runs to the time limit the user gives, not a size
+        argv += ["--time-limit", "5"]
+    code, took, peak = _run_measured(argv, ACCEPTED_LIMIT_S, tmp_path / "err.txt")
+    err = (tmp_path / "err.txt").read_text()
+    assert code == 0 or (command == "solve" and "within the time limit" in err), (argv, err)
+    assert took < ACCEPTED_LIMIT_S and peak < ACCEPTED_LIMIT_BYTES, (argv, took, peak)

@@ -6,7 +6,8 @@ Each case has a bound on the time from the fault to the launcher's exit, and lea
 behind: no process of the run's session (the launcher starts in a session of its own), and
 no new ``/dev/shm`` segment named by the run (shared-memory transports, multiprocessing
 semaphores). A rank's failure ends the run with exit 1 and one line naming the rank or
-worker; Ctrl-C ends it with exit 130 and ``nobubble X: interrupted``.
+worker; Ctrl-C ends it with exit 130 and ``nobubble X: interrupted``, SIGTERM with 143
+and ``nobubble X: terminated``.
 """
 
 from __future__ import annotations
@@ -119,15 +120,18 @@ def test_a_killed_rank_or_worker_ends_the_run_naming_it(tmp_path, name) -> None:
         run.kill()
 
 
+@pytest.mark.parametrize(("sig", "code", "word"), [
+    (signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"),
+])  # fmt: skip
 @pytest.mark.parametrize("name", ["ep bench shm", "rl train"])
-def test_ctrl_c_prints_one_line_and_leaves_nothing(tmp_path, name) -> None:
+def test_ctrl_c_or_sigterm_prints_one_line_and_leaves_nothing(tmp_path, name, sig, code, word):
     before = _shm()
     run = _Run(name, tmp_path)
     try:
         run.wait_for_ranks()
-        run.proc.send_signal(signal.SIGINT)
-        code, err, _ = run.finish(bound_s=15)
-        assert code == 130 and _last_line(err) == f"nobubble {run.group}: interrupted", err
+        run.proc.send_signal(sig)
+        got, err, _ = run.finish(bound_s=15)
+        assert got == code and _last_line(err) == f"nobubble {run.group}: {word}", err
         assert "Traceback" not in err, err
         run.assert_nothing_left()
         _assert_shm_cleaned(before)

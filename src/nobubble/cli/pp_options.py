@@ -45,16 +45,18 @@ PAPER_TIMES = {
 }
 
 
-# Work budgets in ops (one F, B or W of one stage on one microbatch), measured here: a
-# million ops generate and simulate in about 10 s and under 1 GB; `pp compare` builds every
-# schedule (torch's included) and is 50x heavier per op; the exact solver's model grows with
-# the ops and its search is bounded by --time-limit.
-OPS_BUDGET = {"default": 1_000_000, "compare": 20_000, "solve": 50_000}
-# The controllable-memory V generators search over placements, so their time grows with
-# ranks x ops: 1.6 million ranks x ops run in 10-25 s here (the paper's largest, P=32 M=256:
-# 9 s; P=8 M=3000: 17 s; P=100 M=80, 4.8 million: 49 s).
+# Work budgets in ops (one F, B or W of one stage on one microbatch), measured here so that
+# the largest size each command takes finishes within 30 s and 2 GB (tests/cli/
+# test_budgets.py): a million ops generate and simulate in 2-11 s and under 250 MB; `pp
+# compare` and `pp frontier` build every schedule and grow faster than linearly with M
+# (P=2 at 20,000 ops: 23 s and 28 s; at 10,000: 8 s and 10 s); the exact solver's model
+# grows with the ops and its search is bounded by --time-limit.
+OPS_BUDGET = {"default": 1_000_000, "compare": 10_000, "solve": 50_000}
+# The controllable-memory V generators search over placements: their time grows with ranks x
+# ops at many ranks and with the ops alone at few (P=8 M=4166, 1.6 million ranks x ops: 18 s;
+# P=2 M=66666, 800,000 ops: 63 s; P=2 M=16666, 200,000 ops: 16 s). Both bounds hold.
 V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_NAMES (tested)
-V_MEMORY_BUDGET = 1_600_000
+V_MEMORY_BUDGET, V_MEMORY_OPS = 1_600_000, 200_000
 
 
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4) -> None:
@@ -87,8 +89,15 @@ def check_size(args: argparse.Namespace, budget: str = "default") -> None:
 
 
 def check_v_memory_size(ranks: int, microbatches: int, what: str) -> None:
-    """Refuse a V-Min / V-Half / V-ZB generation whose ranks x ops pass its budget."""
-    weight = ranks * 6 * ranks * microbatches
+    """Refuse a V-Min / V-Half / V-ZB generation whose ranks x ops or ops pass its budgets."""
+    ops = 6 * ranks * microbatches  # 2 chunks per rank
+    if ops > V_MEMORY_OPS:
+        raise UsageError(
+            f"{what}: --ranks {ranks} x --microbatches {microbatches} means {ops:,} ops for "
+            f"the V generators, past their budget of {V_MEMORY_OPS:,}; use smaller sizes, "
+            "another schedule, or --force"
+        )
+    weight = ranks * ops
     if weight > V_MEMORY_BUDGET:
         raise UsageError(
             f"{what}: --ranks {ranks} x --microbatches {microbatches} means about {weight:,} "
