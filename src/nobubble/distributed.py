@@ -52,13 +52,15 @@ __all__ = [
     "launcher_alive",
     "worker_context",
     "LIVENESS_S",
+    "BEAT_S",
+    "STARTUP_S",
 ]
 
 LIVENESS_S = 30.0
 """Default seconds without a heartbeat after which :func:`spawn` declares a rank hung."""
 _PRELOAD = ["torch", "torch.distributed"]  # what the forkserver imports before forking
-_BEAT_S = 1.0  # how often a rank's heartbeat thread writes
-_STARTUP_S = 30.0  # a rank that never beat yet (the interpreter starting) gets this long
+BEAT_S = 1.0  # how often a rank's heartbeat thread writes
+STARTUP_S = 30.0  # a rank that never beat yet (the interpreter starting) gets this long
 
 
 def default_backend(device: str | torch.device) -> str:
@@ -271,13 +273,13 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _heartbeat(put: Callable[[tuple], None], rank: int) -> None:
-    """Tell the launcher every ``_BEAT_S`` that this process still runs Python code."""
+    """Tell the launcher every ``BEAT_S`` that this process still runs Python code."""
     while True:
         try:
             put(("beat", rank, b""))
         except (OSError, ValueError):  # the pipe closed: the launcher is gone or done
             return
-        time.sleep(_BEAT_S)
+        time.sleep(BEAT_S)
 
 
 def worker_context() -> Any:
@@ -323,8 +325,8 @@ def spawn(
         raise ValueError(f"spawn: world_size={world_size} must be >= 1")
     if timeout_s <= 0:
         raise ValueError(f"spawn: timeout_s={timeout_s} must be > 0")
-    if liveness_s is not None and not liveness_s > 2 * _BEAT_S:
-        raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * _BEAT_S:g} (or None)")
+    if liveness_s is not None and not liveness_s > 2 * BEAT_S:
+        raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
     backend = backend or default_backend(device)
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
     settings = (world_size, free_port(), backend, device, timeout_s, threads_per_rank, job)
@@ -421,7 +423,7 @@ def _check_heartbeats(inbox: _Inbox, outputs: dict[int, Any], liveness_s: float 
     if liveness_s is None:
         return
     for r in sorted(inbox.open - set(outputs)):
-        limit = liveness_s if r in inbox.last_beat else max(liveness_s, _STARTUP_S)
+        limit = liveness_s if r in inbox.last_beat else max(liveness_s, STARTUP_S)
         silent = inbox.silent_for(r)
         if silent > limit:
             raise RankFailure(

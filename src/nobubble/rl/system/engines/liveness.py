@@ -14,12 +14,12 @@ import threading
 import time
 from typing import Any
 
-from nobubble.distributed import LIVENESS_S
+from nobubble.distributed import BEAT_S, LIVENESS_S, STARTUP_S
 
 __all__ = ["BEAT_S", "Heartbeats", "start_beating"]
 
-BEAT_S = 1.0  # seconds between two beats of a worker
-STARTUP_S = 30.0  # a worker that never beat yet (still starting) gets at least this long
+# BEAT_S: seconds between two beats of a worker; STARTUP_S: a worker that never beat yet
+# (still starting) gets at least this long - the ranks' own settings (nobubble.distributed)
 
 
 class Heartbeats:
