@@ -202,6 +202,7 @@ def _worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops us
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    sys.unraisablehook = _exit_if_unraisable_exit
     lock = threading.Lock()
 
     def put(message: tuple) -> None:
@@ -270,6 +271,15 @@ class _Job:
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def _exit_if_unraisable_exit(unraisable: Any) -> None:
+    """A SIGTERM that lands in a callback Python cannot raise from (a weakref callback of
+    the import lock, a ``__del__``) would be printed as "Exception ignored" with a traceback
+    and lost; the rank exits with its code instead. Anything else: Python's own report."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        os._exit(unraisable.exc_value.code if isinstance(unraisable.exc_value.code, int) else 1)
+    sys.__unraisablehook__(unraisable)
 
 
 def _heartbeat(put: Callable[[tuple], None], rank: int) -> None:
