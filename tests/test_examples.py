@@ -47,3 +47,18 @@ def test_rl_own_model_learns_the_users_task() -> None:
     assert m is not None, out.stdout
     start, end = float(m.group(1)), float(m.group(2))
     assert end >= max(0.5, 2 * start), out.stdout  # it learns: at least twice its start
+
+
+def test_pp_replan_moves_layers_off_a_straggler() -> None:
+    cmd = [sys.executable, str(EXAMPLES / "pp_replan.py"), "--steps", "8", "--straggler", "1:3:3-"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    first = re.search(r"step (\d+): .*re-planned to \((\d+), (\d+)\)", out.stdout)
+    assert first is not None, out.stdout
+    step, kept, slow = (int(g) for g in first.groups())
+    # rank 1 turns 3x slow at step 3: noticed in steps 3 and 4 (patience 2), and the cut moves
+    # layers off it (the even cut (6, 7) holds six blocks and the thin head there)
+    assert step <= 5, out.stdout
+    assert slow < 7 and kept + slow == 13, out.stdout
+    last = re.findall(r"layers \((\d+), (\d+)\)", out.stdout)[-1]
+    assert int(last[1]) < 7, out.stdout

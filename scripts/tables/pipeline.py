@@ -6,11 +6,13 @@ the frontier (``pp_v_memory.json``), simulator scaling (``pp_scaling.json``).
 ``docs/pipeline/ilp.md``: the ILP grid, P = 8, memory sweep, solver and two-chunk tables
 (``ilp_scaling.json``). ``docs/pipeline/runtime.md``: the B/W split cost and the measured
 speed-ups (``pp_runtime.json``). ``docs/pipeline/handshake.md``: the handshake dispatch
-policy against the static orders (``pp_handshake.json``).
+policy against the static orders (``pp_handshake.json``). ``docs/pipeline/replan.md``: the
+static cut against the re-planned one under a straggler (``pp_replan.json``).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -442,3 +444,48 @@ def handshake_table() -> str:
 
 
 TABLES["pipeline.handshake"] = handshake_table
+
+
+def replan_table() -> str:
+    """``benchmarks/pp_replan.py``: the static cut against the re-planned one under a
+    straggler that starts mid-run, one row per slow-down factor (medians over rounds). The
+    share recovered is given on step time and on throughput (1 / step time), each beside
+    what a perfect re-cut could win (one rank ``f`` times slower among ``p``)."""
+    data = load("pp_replan.json")
+    p = data["ranks"]
+    rows, early = [], 0
+    for run in data["runs"]:
+        rounds, factor, start = run["rounds"], run["factor"], run["start"]
+        before = [r["before_ms"] for r in rounds]
+        static = [r["static"]["after_ms"] for r in rounds]
+        moved = [r["replanned"]["after_ms"] for r in rounds]
+        on_time = [(s - m) / (s - b) for b, s, m in zip(before, static, moved, strict=True)]
+        on_rate = [(1 / m - 1 / s) / (1 / b - 1 / s)
+                   for b, s, m in zip(before, static, moved, strict=True)]  # fmt: skip
+        early += sum(1 for r in rounds for k in r["replanned"]["replanned_at"] if k < start)
+        delays = ", ".join("-" if r["replan_delay_steps"] is None else str(r["replan_delay_steps"])
+                           for r in rounds)  # fmt: skip
+
+        def share(values: list[float]) -> str:
+            return (f"{pct(statistics.median(values), 0)} "
+                    f"({pct(min(values), 0)} to {pct(max(values), 0)})")  # fmt: skip
+
+        rows.append([
+            f"{factor:g}x", len(rounds), f(statistics.median(before), 0),
+            f(statistics.median(static), 0), f(statistics.median(moved), 0),
+            share(on_time), pct((factor - p / (p - 1 + 1 / factor)) / (factor - 1), 0),
+            share(on_rate), pct((p - 1) / p, 0), delays,
+            ", ".join(str(c) for c in sorted({tuple(r["replanned"]["sizes"][-1])
+                                              for r in rounds})),
+        ])  # fmt: skip
+    table = md_table(["rank 1 slow", "rounds", "before ms", "static after ms",
+                      "re-planned after ms", "recovered, step time", "ceiling",
+                      "recovered, throughput", "ceiling", "re-planned after (steps)",
+                      "final cut"], rows)  # fmt: skip
+    return (
+        f"{table}\n\nMedians over rounds, the range in brackets; {p} gloo ranks. "
+        f"Re-plans before the straggler began (noise read as drift): {early}."
+    )
+
+
+TABLES["pipeline.replan"] = replan_table

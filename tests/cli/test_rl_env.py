@@ -122,3 +122,22 @@ def test_arch_all_runs_each_architecture_on_one_budget_and_draws_them(
     assert out["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run_env_train(_parse(["--env", "CartPole-v1", "--plot", str(png)])) == 2
     assert "--plot draws --arch all" in capsys.readouterr().err
+
+
+def test_rl_train_and_compare_with_an_env_route_to_the_actor_learner(capsys) -> None:
+    from nobubble.cli import main
+    from nobubble.cli.rl_env import route_env_commands
+
+    assert route_env_commands(["rl", "train", "--env", "X", "--arch", "seed"]) == [
+        "rl", "actor-learner", "--env", "X", "--arch", "seed"]  # fmt: skip
+    assert route_env_commands(["rl", "compare", "--env=X"]) == [
+        "rl", "actor-learner", "--arch", "all", "--env=X"]  # fmt: skip
+    assert route_env_commands(["rl", "compare", "--env", "X", "--arch", "seed"])[2:4] == [
+        "--env", "X"]  # fmt: skip
+    for unchanged in (["rl", "train", "--task", "copy"], ["pp", "run", "--env", "X"], ["rl"]):
+        assert route_env_commands(unchanged) == unchanged
+    # routed for real: the actor-learner's own checks answer, before any process starts
+    assert main(["rl", "train", "--env", "CartPole-v1", "--arch", "a3c"]) == 2
+    assert "arch='a3c' is not an architecture" in capsys.readouterr().err
+    assert main(["rl", "compare", "--env", "NoSuchEnv-v0"]) == 2
+    assert "--env 'NoSuchEnv-v0'" in capsys.readouterr().err

@@ -58,7 +58,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         dest="rl_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
     )
 
-    train = sub.add_parser("train", help="one RL run: sync, one-step-off or fully-async")
+    train = sub.add_parser("train", help="one RL run: sync, one-step-off or fully-async",
+                           epilog="--env ID runs rl actor-learner instead")  # fmt: skip
     _common(train)
     train.add_argument("--mode", choices=MODES, default="sync")
     train.add_argument(
@@ -105,19 +106,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--port", type=nonneg_int, default=8000, help="0 = any free port")
     server.set_defaults(func=_reward_server)
 
-    compare = sub.add_parser("compare", help="the three modes on the same budget: table + plot")
+    compare = sub.add_parser("compare", help="the three modes on the same budget: table + plot",
+                             epilog="--env ID: the three actor-learner architectures")  # fmt: skip
     _common(compare)
     compare.add_argument(
         "--ablation",
         action="store_true",
         help="each lag fix alone and all together, at each --etas, with a slow trainer",
     )
-    compare.add_argument(
-        "--etas",
-        default="8,16",
-        metavar="LIST",
-        help="max staleness values of the ablation (default 8,16)",
-    )
+    compare.add_argument("--etas", default="8,16", metavar="LIST",
+                         help="max staleness values of the ablation (default 8,16)")  # fmt: skip
     compare.set_defaults(func=_compare)
 
 

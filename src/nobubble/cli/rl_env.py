@@ -1,5 +1,7 @@
 """``nobubble rl actor-learner --env ID``: actor-learner RL on a gymnasium or text environment.
 
+``rl train --env ID`` and ``rl compare --env ID`` route here (:func:`route_env_commands`).
+
 ``--env`` is a gymnasium id (``CartPole-v1``, ``Acrobot-v1``) or a built-in multi-turn text
 environment: ``guess-number`` or ``rg:<task>`` (a reasoning-gym task over several turns),
 configured by ``--env-option KEY=VALUE`` (``high=9``, ``max_turns=4``, a dataset's config).
@@ -31,9 +33,31 @@ from nobubble.cli.util import (
     print_table,
 )
 
-__all__ = ["add_env_arguments", "run_env_train", "parse_env_options", "target_return", "ENV_ARCHS"]
+__all__ = [
+    "add_env_arguments",
+    "run_env_train",
+    "parse_env_options",
+    "target_return",
+    "route_env_commands",
+    "ENV_ARCHS",
+]
 
 ENV_ARCHS = ("impala", "seed", "sample-factory")
+
+
+def route_env_commands(argv: list[str]) -> list[str]:
+    """``rl train --env ID ...`` is ``rl actor-learner --env ID ...``, and ``rl compare --env
+    ID ...`` is ``rl actor-learner --arch all --env ID ...`` (every architecture on one budget):
+    an environment, not a task, picks the actor-learner system. Any other command is
+    returned unchanged."""
+    if len(argv) < 2 or argv[0] != "rl" or argv[1] not in ("train", "compare"):
+        return argv
+    rest = argv[2:]
+    if not any(a == "--env" or a.startswith("--env=") for a in rest):
+        return argv
+    has_arch = any(a == "--arch" or a.startswith("--arch=") for a in rest)
+    extra = ["--arch", "all"] if argv[1] == "compare" and not has_arch else []
+    return ["rl", "actor-learner", *extra, *rest]
 
 
 def target_return(text: str) -> float | str:

@@ -15,6 +15,8 @@
   activation bytes autograd and W really keep.
 - :mod:`.launch`: :func:`~nobubble.pipeline.runtime.launch.run_local` on local processes;
   :mod:`.report`, :mod:`.plot_run`: measured step next to the simulator's prediction.
+- :mod:`.elastic`: :class:`~nobubble.pipeline.runtime.elastic.ReplanningPipeline`, the layers
+  re-cut over the ranks from live per-rank costs while training.
 
 The command line (``nobubble pp profile | plan | run``) is :mod:`nobubble.cli.pp_run`.
 """

@@ -1,0 +1,341 @@
+"""A pipeline that re-plans itself while it trains: live per-rank costs, a new cut of the
+layers and a new order at a step boundary, every rank switching together.
+
+::
+
+    pipe = ReplanningPipeline(layers, schedule, loss_fn, lambda ps: torch.optim.AdamW(ps))
+    for x, y in data:
+        loss = pipe.step(x, y)        # forward, backward, optimizer step; maybe a re-plan
+
+Each step every rank times its own ops (compute only, waits excluded; a straggler's slowness
+shows up here) and the ranks all-reduce those times. From them each rank derives every rank's
+*speed* (ms per unit of layer cost, :mod:`.partition`). When a speed drifts more than
+``threshold`` from the one the current cut was planned for and a better cut is at least
+``min_gain`` faster, every rank computes the same new cut from the same numbers (no leader),
+moves the layers that change owner (:mod:`.migrate`: weights, buffers, optimizer state),
+and builds the next step's :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`. With
+``plan`` the order is re-planned too: ``plan(costs)`` (a heuristic, or the ILP with a time
+limit) runs on rank 0 with the predicted per-stage costs, and its schedule is broadcast.
+
+A runner's first step is warm-up and not measured. A straggler that starts at step ``k``
+shows in steps ``k`` and ``k + 1`` (``patience=2``: one slow step is not a trend), and the
+cut changes before step ``k + 2``. Training is the single-process model's: the same gradients (the runner's
+guarantee) and the same optimizer state, wherever each layer lives.
+
+Limits: one stage per rank (a schedule with ``num_stages == num_ranks``); every rank holds
+a replica of every layer (only the owner's is trained; a layer's weights travel when it
+moves); the optimizer is rebuilt by ``optimizer`` over the new parameters, with the state
+and the param-group settings (learning rate, ...) of the old one carried over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.dispatch.perturb import Straggler
+from nobubble.pipeline.runtime.elastic.migrate import move_layers, owners
+from nobubble.pipeline.runtime.elastic.partition import (
+    balanced_sizes,
+    replan_decision,
+    speed_drift,
+    speeds_from_times,
+)
+from nobubble.pipeline.runtime.runner import ActionTiming, LossFn, PipelineRunner
+
+__all__ = ["ReplanningPipeline", "StepRecord", "OptimizerFactory"]
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+_FIELDS = 5  # per rank: compute ms, step ms, and per microbatch F, backward (B or BW), W ms
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One training step as every rank saw it."""
+
+    step: int
+    step_ms: float
+    """Wall time of the slowest rank's step (forward, backward, optimizer)."""
+    compute_ms: tuple[float, ...]
+    """Per rank: the time its ops computed (waits excluded)."""
+    sizes: tuple[int, ...]
+    """The layers per rank this step ran with."""
+    replanned_to: tuple[int, ...] | None
+    """The cut the next step runs with, when this step's measurements changed it."""
+
+
+class ReplanningPipeline:
+    """Train ``layers`` (in pipeline order, the whole model, on every rank) with
+    ``schedule``, re-cutting the layers over the ranks when their measured speeds drift.
+
+    Args:
+        layers: the model's blocks, the same on every rank (same construction and seed).
+        schedule: one stage per rank; its ranks are the group's.
+        loss_fn: as :class:`PipelineRunner`'s.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer`` over this rank's params.
+        layer_costs: each layer's nominal cost (equal when None): what a cut balances.
+        sizes: the first cut (layers per rank; default: balanced for equal speeds).
+        plan: ``plan(costs) -> Schedule`` for the new cut's predicted per-stage costs (ms),
+            run on rank 0 at every re-plan; None keeps ``schedule``.
+        threshold, min_gain, patience: re-plan when a rank's speed moved more than
+            ``threshold`` (relative) in ``patience`` steps in a row and the new cut is
+            predicted at least ``min_gain`` faster.
+        replan: False measures and records but never re-plans (the static baseline).
+        straggler: really slow one rank (steps counted from this pipeline's first step).
+        **runner_options: passed to every :class:`PipelineRunner` (``timeout_s``,
+            ``dispatch``, ``recompute``, ``device``).
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        schedule: Schedule,
+        loss_fn: LossFn,
+        optimizer: OptimizerFactory,
+        *,
+        layer_costs: Sequence[float] | None = None,
+        sizes: Sequence[int] | None = None,
+        plan: Callable[[CostModel], Schedule] | None = None,
+        threshold: float = 0.2,
+        min_gain: float = 0.05,
+        patience: int = 2,
+        replan: bool = True,
+        group: dist.ProcessGroup | None = None,
+        straggler: Straggler | None = None,
+        **runner_options: Any,
+    ) -> None:
+        p = schedule.num_ranks
+        if schedule.num_stages != p:
+            raise ValueError(
+                f"ReplanningPipeline: schedule {schedule.name!r} has {schedule.num_stages} "
+                f"stages on {p} ranks; re-planning cuts one stage per rank: use a 1-chunk "
+                "schedule (1f1b, zb-h1, zb-2p, ...)"
+            )
+        self.layers = list(layers)
+        self.costs = tuple(float(c) for c in layer_costs) if layer_costs is not None else (
+            (1.0,) * len(self.layers))  # fmt: skip
+        if len(self.costs) != len(self.layers):
+            raise ValueError(f"ReplanningPipeline: {len(self.costs)} layer_costs for "
+                             f"{len(self.layers)} layers; give one cost per layer")  # fmt: skip
+        first = balanced_sizes(self.costs, (1.0,) * p) if sizes is None else tuple(sizes)
+        if len(first) != p or sum(first) != len(self.layers) or min(first) < 1:
+            raise ValueError(f"ReplanningPipeline: sizes {list(first)} must be {p} counts "
+                             f">= 1 summing to {len(self.layers)} layers")  # fmt: skip
+        if not (threshold >= 0 and 0 <= min_gain < 1 and patience >= 1):
+            raise ValueError(f"ReplanningPipeline: threshold={threshold!r} must be >= 0, "
+                             f"min_gain={min_gain!r} in [0, 1) and patience={patience!r} "
+                             ">= 1")  # fmt: skip
+        self.schedule, self.loss_fn, self.group = schedule, loss_fn, group
+        self._factory, self._plan, self.replan = optimizer, plan, replan
+        self.threshold, self.min_gain = threshold, min_gain
+        self.straggler, self._options = straggler, runner_options
+        self.sizes: tuple[int, ...] = first
+        self.history: list[StepRecord] = []
+        self.patience = int(patience)
+        self._steady: deque[tuple[float, ...]] = deque(maxlen=5)  # speeds of steady steps
+        self._drifted: list[tuple[float, ...]] = []  # speeds of the drifted steps in a row
+        self._warm = True  # the runner's first step: not measured
+        self._ops: dict[Op, list[float]] = {}
+        self._steps = 0
+        self.runner = self._build()
+        self.optimizer = self._factory(self._own_params())
+
+    @property
+    def rank(self) -> int:
+        return self.runner.rank
+
+    def own_layers(self) -> list[int]:
+        """The indices of the layers this rank holds now."""
+        return [i for i, r in enumerate(owners(self.sizes)) if r == self.rank]
+
+    def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor:
+        """One training step (the runner's forward and backward, the optimizer step), then
+        the collective check that may re-plan. Returns the mean microbatch loss."""
+        self._ops = {}
+        start = time.perf_counter()
+        loss = self.runner.step(inputs, targets)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        mine = self._measure((time.perf_counter() - start) * 1e3)
+        table = torch.zeros(self.schedule.num_ranks, _FIELDS, dtype=torch.float64)
+        table[self.rank] = torch.tensor(mine, dtype=torch.float64)
+        table = table.to(self.runner.device)
+        dist.all_reduce(table, group=self.group)
+        rows = table.cpu().tolist()
+        compute = tuple(r[0] for r in rows)
+        speeds = speeds_from_times(compute, self.sizes, self.costs)
+        new = self._decide(speeds)
+        self.history.append(StepRecord(self._steps, max(r[1] for r in rows), compute,
+                                       self.sizes, new))  # fmt: skip
+        self._steps += 1
+        if new is not None:
+            self._switch(new, rows)
+        return loss
+
+    def repartition(self, sizes: Sequence[int], schedule: Schedule | None = None) -> None:
+        """Move to the cut ``sizes`` (and ``schedule``) now, at a step boundary (a
+        collective: every rank calls it with the same arguments)."""
+        new = tuple(sizes)
+        if len(new) != len(self.sizes) or sum(new) != len(self.layers) or min(new) < 1:
+            raise ValueError(f"repartition: sizes {list(new)} must be {len(self.sizes)} "
+                             f"counts >= 1 summing to {len(self.layers)}")  # fmt: skip
+        state = {
+            p: self.optimizer.state[p] for p in self._own_params() if p in self.optimizer.state
+        }
+        kept = move_layers(self.layers, self.sizes, new, state, rank=self.rank, group=self.group)
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+        ]
+        self.runner.close()
+        self.sizes = new
+        if schedule is not None:
+            self.schedule = schedule
+        self.runner = self._build()
+        self._warm = True
+        self.optimizer = self._factory(self._own_params())
+        for p in self._own_params():
+            if p in kept:
+                self.optimizer.state[p] = kept[p]
+        if len(groups) == len(self.optimizer.param_groups):
+            for settings, g in zip(groups, self.optimizer.param_groups, strict=True):
+                g.update(settings)
+
+    def layer_state(self) -> list[dict[str, torch.Tensor]]:
+        """Every layer's ``state_dict`` as its owner holds it, on every rank (a collective:
+        each owner broadcasts its layers)."""
+        out = []
+        for i, owner in enumerate(owners(self.sizes)):
+            src = owner if self.group is None else dist.get_global_rank(self.group, owner)
+            state = {k: v.detach().clone() for k, v in self.layers[i].state_dict().items()}
+            for v in state.values():
+                dist.broadcast(v, src=src, group=self.group)
+            out.append(state)
+        return out
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _build(self) -> PipelineRunner:
+        stages: list[nn.Module | None] = [None] * len(self.sizes)
+        start = 0
+        for r, size in enumerate(self.sizes):
+            if r == dist.get_rank(self.group):
+                stages[r] = nn.Sequential(*self.layers[start : start + size])
+            start += size
+        return PipelineRunner(stages, self.schedule, self.loss_fn, group=self.group,
+                              observer=self, straggler=self._shifted_straggler(),
+                              **self._options)  # fmt: skip
+
+    def _own_params(self) -> list[nn.Parameter]:
+        return [p for i in self.own_layers() for p in self.layers[i].parameters()]
+
+    def _shifted_straggler(self) -> Straggler | None:
+        """The straggler in the new runner's step count (it counts from 0)."""
+        s, k = self.straggler, self._steps
+        if s is None or (s.last_step is not None and s.last_step < k):
+            return None
+        last = None if s.last_step is None else s.last_step - k
+        return dataclasses.replace(s, first_step=max(0, s.first_step - k), last_step=last)
+
+    def before(self, action: Action) -> None:  # the runner's observer
+        pass
+
+    def after(self, timing: ActionTiming) -> None:
+        op = Op.B if timing.action.op is Op.BW else timing.action.op
+        self._ops.setdefault(op, []).append((timing.end - timing.start) * 1e3)
+
+    def _measure(self, step_ms: float) -> list[float]:
+        """This rank's row: its ops' compute ms, step ms, and per microbatch F, backward,
+        W ms. The optimizer step is not counted as compute: it scales with the parameters
+        held, not with the layer cost the cut balances, and its noise hid the drift."""
+        # each op kind's count x its median: one descheduled op (a GC pause, a noisy
+        # neighbour) does not read as a slower rank
+        compute = sum(len(v) * statistics.median(v) for v in self._ops.values())
+        per = [
+            sum(v) / len(v) if v else 0.0
+            for v in (self._ops.get(o, []) for o in (Op.F, Op.B, Op.W))
+        ]
+        return [compute, step_ms, *per]
+
+    def _decide(self, speeds: tuple[float, ...]) -> tuple[int, ...] | None:
+        """The cut for the next step, or None to keep this one.
+
+        A runner's first step is warm-up (buffers, shapes) and is not used. The planned
+        speeds are the per-rank median of the last steps that did not drift; a re-plan needs
+        ``patience`` drifted steps in a row, and uses their median."""
+        if self._warm:
+            self._warm = False
+            return None
+        planned = self._planned()
+        if planned is None or speed_drift(planned, speeds) <= self.threshold:
+            self._steady.append(speeds)
+            self._drifted.clear()
+            return None
+        self._drifted.append(speeds)
+        if len(self._drifted) < self.patience or not self.replan:
+            return None
+        measured = _median_rows(self._drifted)
+        d = replan_decision(self.sizes, self.costs, planned, measured,
+                            threshold=self.threshold, min_gain=self.min_gain)  # fmt: skip
+        self._steady.clear()
+        self._steady.append(measured)  # the speeds the new cut (or the kept one) is for
+        self._drifted.clear()
+        return d.sizes if d.replan else None
+
+    def _planned(self) -> tuple[float, ...] | None:
+        return _median_rows(self._steady) if self._steady else None
+
+    def _switch(self, new: tuple[int, ...], rows: list[list[float]]) -> None:
+        schedule = None
+        if self._plan is not None:
+            box: list[Any] = [self._plan(self._predicted_costs(new, rows)) if self.rank == 0
+                              else None]  # fmt: skip
+            dist.broadcast_object_list(box, src=_global(self.group, 0), group=self.group,
+                                       device=self.runner.device)  # fmt: skip
+            schedule = box[0]
+            if (schedule.num_ranks, schedule.num_stages, schedule.num_microbatches) != (
+                    self.schedule.num_ranks, self.schedule.num_stages,
+                    self.schedule.num_microbatches):  # fmt: skip
+                raise ValueError(f"ReplanningPipeline: plan returned {schedule.name!r} for "
+                                 f"{schedule.num_ranks} ranks / {schedule.num_microbatches} "
+                                 "microbatches; return one for the pipeline's own")  # fmt: skip
+        self.repartition(new, schedule)
+
+    def _predicted_costs(self, new: tuple[int, ...], rows: list[list[float]]) -> CostModel:
+        """Per-stage costs (ms per microbatch) of the cut ``new``: each rank's measured F, B,
+        W times scaled by how much layer cost it holds now against before."""
+
+        def held(sizes: Sequence[int]) -> list[float]:
+            out, start = [], 0
+            for size in sizes:
+                out.append(sum(self.costs[start : start + size]))
+                start += size
+            return out
+
+        old, now = held(self.sizes), held(new)
+        scale = [n / o for n, o in zip(now, old, strict=True)]
+        t = [[max(rows[r][2 + k] * scale[r], 1e-6) for r in range(len(new))] for k in range(3)]
+        return CostModel(t_f=tuple(t[0]), t_b=tuple(t[1]), t_w=tuple(t[2]),
+                         mem_f=(1.0,) * len(new), mem_b=(0.5,) * len(new),
+                         mem_w=(0.5,) * len(new))  # fmt: skip
+
+
+def _median_rows(rows: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
+    return tuple(statistics.median(col) for col in zip(*rows, strict=True))
+
+
+def _global(group: dist.ProcessGroup | None, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
