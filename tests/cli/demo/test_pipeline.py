@@ -23,3 +23,17 @@ def test_handshake_step_draws_static_and_handshake_under_a_straggler(tmp_path, c
     bubbles = {parts[0]: float(parts[2].rstrip("%")) for parts in lines}
     assert set(bubbles) == {"static", "handshake"}
     assert bubbles["handshake"] <= bubbles["static"]  # the straggler's waits are filled
+
+
+def test_replan_step_moves_layers_off_the_slow_rank_and_draws_it(tmp_path, capsys) -> None:
+    from nobubble.cli.demo import steps
+    from nobubble.cli.demo.pipeline_replan import run
+
+    assert "pipeline re-planning" in [name for name, _ in steps()]
+    (png,) = run(tmp_path, quick=True)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "yes" in out  # a re-plan happened
+    assert "(6, 7)" in out  # the even cut first: six blocks, then six and the head
+    last = [line for line in out.splitlines() if line.strip().startswith(("│ 7", "| 7"))]
+    assert last and "(6, 7)" not in last[0], out  # rank 1 holds fewer layers at the end

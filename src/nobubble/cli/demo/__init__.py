@@ -1,10 +1,11 @@
 """``nobubble demo``: a short tour of every capability that has landed.
 
-Each part's step lives in its own module of this package (:mod:`.pipeline`, :mod:`.moe`,
-:mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`) exposing ``run(out_dir: Path, quick:
-bool) -> list[Path]``: it prints what it shows and returns the artifacts it wrote. A step's
-module is imported when the step starts, so ``nobubble demo --help`` loads no torch. Steps run
-in order; the tour ends with a table of step times and the artifacts' locations.
+Each part's step lives in its own module of this package (:mod:`.pipeline`,
+:mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`)
+exposing ``run(out_dir: Path, quick: bool) -> list[Path]``: it prints what it shows and
+returns the artifacts it wrote. A step's module is imported when the step starts, so
+``nobubble demo --help`` loads no torch. Steps run in order; the tour ends with a table of
+step times and the artifacts' locations.
 """
 
 from __future__ import annotations
@@ -155,6 +156,12 @@ def _pipeline_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return pipeline.run(out, quick)
 
 
+def _replan_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    from nobubble.cli.demo import pipeline_replan
+
+    return pipeline_replan.run(out, quick)
+
+
 def _moe_step(out: Path, quick: bool, seed: int) -> list[Path]:
     from nobubble.cli.demo import moe
 
@@ -192,6 +199,7 @@ def steps() -> list[tuple[str, Step]]:
         ("pipeline frontier", _frontier_step),
         ("pipeline handshake", _handshake_step),
         ("pipeline runtime", _runtime_step),
+        ("pipeline re-planning", _replan_step),
         ("MoE expert parallelism", _moe_step),
         ("MoE fast paths", _moe_fastpath_step),
         ("MoE load balancing", _moe_balance_step),
