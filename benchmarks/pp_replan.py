@@ -7,9 +7,10 @@ proportion to each op). Two runs alternate, ``--rounds`` times each: ``Replannin
 with ``replan=False`` (the static cut, the baseline) and with re-planning on.
 
 Per run: the median step before the straggler (steps 3 to start-1), after it (the last
-half of the steps), and the step at which the cut changed. Lost throughput is the static
-run's slow-down; recovered is the share of it the re-planned run wins back:
-``(static_after - replanned_after) / (static_after - before)``, where ``before`` pools both
+``(steps - start) // 2`` steps), the step at which the cut changed and what the switch cost
+(``replan_ms``). The static run's slow-down is the loss; the share of it the re-planned run
+wins back is given on step time, ``(static_after - replanned_after) / (static_after -
+before)``, and on throughput (the same with 1 / step time), where ``before`` pools both
 runs' steps before the straggler (the same configuration then), per round, median over
 rounds. JSON: ``benchmarks/results/pp_replan.json``; ``--plot`` draws the step times.
 
@@ -63,7 +64,8 @@ def rank_main(ctx, replan: bool, args: dict) -> dict:
     pipe.close()
     return {"step_ms": [r.step_ms for r in pipe.history],
             "sizes": [list(r.sizes) for r in pipe.history],
-            "replanned_at": [r.step for r in pipe.history if r.replanned_to]}  # fmt: skip
+            "replanned_at": [r.step for r in pipe.history if r.replanned_to],
+            "replan_ms": [r.replan_ms for r in pipe.history if r.replanned_to]}  # fmt: skip
 
 
 def _summary(run: dict, start: int, steps: int) -> dict:
@@ -87,15 +89,20 @@ def _rounds(a: argparse.Namespace, args: dict) -> list[dict]:
         # before the straggler both runs are the same configuration: their pooled median
         pooled = pair["static"]["step_ms"][3 : a.start] + pair["replanned"]["step_ms"][3 : a.start]
         pair["before_ms"] = statistics.median(pooled)
-        lost = pair["static"]["after_ms"] - pair["before_ms"]
-        won = pair["static"]["after_ms"] - pair["replanned"]["after_ms"]
-        pair["recovered"] = won / lost if lost > 0 else None
+        before, static = pair["before_ms"], pair["static"]["after_ms"]
+        moved = pair["replanned"]["after_ms"]
+        slowed = static > before  # else the straggler cost nothing to win back
+        pair["recovered_step_time"] = (static - moved) / (static - before) if slowed else None
+        pair["recovered_throughput"] = (
+            (1 / moved - 1 / static) / (1 / before - 1 / static) if slowed else None)  # fmt: skip
         first = [s for s in pair["replanned"]["replanned_at"] if s >= a.start]
         pair["replan_delay_steps"] = first[0] - a.start + 1 if first else None
         rounds.append(pair)
-        print(f"factor {args['factor']:g} round {k}: recovered {_pct(pair['recovered'])} of the "
-              f"lost throughput, re-planned {pair['replan_delay_steps']} step(s) after the "
-              "straggler began", file=sys.stderr)  # fmt: skip
+        print(f"factor {args['factor']:g} round {k}: recovered "
+              f"{_pct(pair['recovered_step_time'])} of the step-time loss, "
+              f"{_pct(pair['recovered_throughput'])} of the throughput loss; re-planned "
+              f"{pair['replan_delay_steps']} step(s) after the straggler began",
+              file=sys.stderr)  # fmt: skip
     return rounds
 
 
@@ -125,16 +132,19 @@ def main(argv: list[str] | None = None) -> int:
         args = {k: getattr(a, k) for k in ("layers", "width", "batch", "steps", "start")}
         args["factor"] = factor
         rounds = _rounds(a, args)
-        known = [r["recovered"] for r in rounds if r["recovered"] is not None]
-        runs.append({**args, "rounds": rounds,
-                     "recovered_median": statistics.median(known) if known else None})  # fmt: skip
+        run = {**args, "rounds": rounds}
+        for key in ("recovered_step_time", "recovered_throughput"):
+            known = [r[key] for r in rounds if r[key] is not None]
+            run[f"{key}_median"] = statistics.median(known) if known else None
+        runs.append(run)
         rows = [[k, f"{r['before_ms']:.0f}", f"{r['static']['after_ms']:.0f}",
-                 f"{r['replanned']['after_ms']:.0f}", _pct(r["recovered"]),
-                 r["replan_delay_steps"], r["replanned"]["sizes"][-1]]
-                for k, r in enumerate(rounds)]  # fmt: skip
+                 f"{r['replanned']['after_ms']:.0f}", _pct(r["recovered_step_time"]),
+                 _pct(r["recovered_throughput"]), r["replan_delay_steps"],
+                 r["replanned"]["sizes"][-1]] for k, r in enumerate(rounds)]  # fmt: skip
         print_table(f"static cut vs re-planned, rank 1 {factor:g}x slow from step {a.start}",
                     ["round", "before ms", "static after ms", "re-planned after ms",
-                     "recovered", "re-plan after (steps)", "final cut"], rows)  # fmt: skip
+                     "recovered (step time)", "recovered (throughput)",
+                     "re-plan after (steps)", "final cut"], rows)  # fmt: skip
     record = {"ranks": a.ranks, "schedule": "zb-h1", "runs": runs}
     if not a.quick:
         print(f"wrote {write_json('pp_replan', record)}")
@@ -164,7 +174,8 @@ def _plot(record: dict, path: Path) -> None:
         ax.set_xlabel("step")
         ax.set_ylabel("step time (ms), median of rounds")
         ax.set_title(f"rank 1 {run['factor']:g}x slow from step {run['start']}: "
-                     f"{_pct(run['recovered_median'])} of the loss recovered", fontsize=10)  # fmt: skip
+                     f"{_pct(run['recovered_step_time_median'])} of the step-time loss "
+                     "recovered", fontsize=10)  # fmt: skip
         ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

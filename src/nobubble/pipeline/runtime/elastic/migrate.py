@@ -37,6 +37,7 @@ def move_layers(
     *,
     rank: int,
     group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
 ) -> dict[nn.Parameter, dict[str, Any]]:
     """Hand every layer whose owner changes from ``old_sizes`` to ``new_sizes`` to its new
     owner (a collective: every rank of ``group`` calls it with the same sizes).
@@ -44,12 +45,15 @@ def move_layers(
     ``optimizer_state`` maps this rank's parameters to their optimizer state (a dict of
     tensors and numbers, as ``torch.optim.Optimizer.state``); the returned map holds the state
     of every parameter this rank owns afterwards: kept for layers that stayed, received for
-    layers that came in. Gradients do not move: call it after the optimizer step.
+    layers that came in. Gradients do not move: call it after the optimizer step. A layer
+    without parameters or buffers (an activation) moves without a message. ``device``: where
+    the optimizer state travels through (the process group's device; default: the layer's).
     """
     before, after = owners(old_sizes), owners(new_sizes)
     if len(before) != len(layers) or len(after) != len(layers):
         raise ValueError(f"move_layers: cuts {list(old_sizes)} -> {list(new_sizes)} do not "
-                         f"cover the {len(layers)} layers")  # fmt: skip
+                         f"cover the {len(layers)} layers; give layer counts per rank that "
+                         f"sum to {len(layers)}")  # fmt: skip
     kept = {p: s for p, s in optimizer_state.items()}
     for i, layer in enumerate(layers):
         src, dst = before[i], after[i]
@@ -57,12 +61,15 @@ def move_layers(
             continue
         params = list(layer.parameters())
         tensors = list(layer.state_dict(keep_vars=False).values())
+        if not params and not tensors:  # both ranks know: nothing to send
+            continue
+        via = device if device is not None else _device(layer)
         if rank == src:
             peer = _global(group, dst)
             for t in tensors:
                 dist.send(t.detach().contiguous(), peer, group=group)
             states = [_portable(kept.pop(p, {})) for p in params]
-            dist.send_object_list([states], dst=peer, group=group, device=_device(layer))
+            dist.send_object_list([states], dst=peer, group=group, device=via)
         else:
             peer = _global(group, src)
             with torch.no_grad():
@@ -71,7 +78,7 @@ def move_layers(
                     dist.recv(buf, peer, group=group)
                     t.copy_(buf)
             box: list[Any] = [None]
-            dist.recv_object_list(box, src=peer, group=group, device=_device(layer))
+            dist.recv_object_list(box, src=peer, group=group, device=via)
             for p, state in zip(params, box[0], strict=True):
                 if state:
                     kept[p] = _placed(state, p.device)

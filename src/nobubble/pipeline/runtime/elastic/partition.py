@@ -28,10 +28,11 @@ def _check(costs: Sequence[float], speeds: Sequence[float]) -> None:
     if len(costs) < len(speeds):
         raise ValueError(f"partition: {len(costs)} layers for {len(speeds)} ranks; every rank "
                          "needs at least one layer: use fewer ranks or more layers")  # fmt: skip
-    for name, values in (("cost", costs), ("speed", speeds)):
-        bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    for name, values in (("layer cost", costs), ("rank speed", speeds)):
+        bad = [(i, v) for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)]
         if bad:
-            raise ValueError(f"partition: {name} {bad[0]!r} must be finite and > 0")
+            raise ValueError(f"partition: {name} {bad[0][0]} is {bad[0][1]!r}; it must be "
+                             "finite and > 0")  # fmt: skip
 
 
 def bottleneck(sizes: Sequence[int], costs: Sequence[float], speeds: Sequence[float]) -> float:
@@ -53,8 +54,9 @@ def balanced_sizes(
     """The contiguous cut of ``costs`` (one per layer, in pipeline order) into
     ``len(speeds)`` stages of at least one layer each with the least :func:`bottleneck`.
 
-    Among cuts within 1e-9 (relative) of the least, ``prefer`` (the current cut) is kept when
-    it is one of them; otherwise the first in order of the cut points. O(p L^2) time.
+    ``prefer`` (the current cut) is kept when its bottleneck is within 1e-9 (relative) of the
+    least; otherwise the DP's cut, which gives each rank the earliest start that reaches the
+    least bottleneck of the ranks before it. O(p L^2) time.
     """
     _check(costs, speeds)
     p, n = len(speeds), len(costs)
@@ -91,21 +93,25 @@ def speeds_from_times(
     """Each rank's speed (ms per unit of cost) from its measured compute time in one step
     (``times_ms[r]``, waits excluded) and the layers it held (``sizes``)."""
     if len(times_ms) != len(sizes):
-        raise ValueError(f"speeds_from_times: {len(times_ms)} times for {len(sizes)} ranks")
-    out, start = [], 0
+        raise ValueError(f"speeds_from_times: {len(times_ms)} times for {len(sizes)} ranks; "
+                         "give one time per rank")  # fmt: skip
+    out: list[float] = []
+    start = 0
     for t, size in zip(times_ms, sizes, strict=True):
         held = sum(costs[start : start + size])
         start += size
         if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"speeds_from_times: time {t!r} ms must be finite and > 0")
+            raise ValueError(f"speeds_from_times: rank {len(out)}'s time is {t!r} ms; it must "
+                             "be finite and > 0 (a rank that ran no op has no speed)")  # fmt: skip
         out.append(t / held)
     return tuple(out)
 
 
 def speed_drift(planned: Sequence[float], measured: Sequence[float]) -> float:
     """The largest relative change of a rank's speed: ``max_r |measured / planned - 1|``."""
-    if len(planned) != len(measured):
-        raise ValueError(f"speed_drift: {len(planned)} planned speeds, {len(measured)} measured")
+    if len(planned) != len(measured) or not planned:
+        raise ValueError(f"speed_drift: {len(planned)} planned speeds, {len(measured)} measured;"
+                         " give one of each per rank")  # fmt: skip
     return max(abs(m / q - 1) for m, q in zip(measured, planned, strict=True))
 
 

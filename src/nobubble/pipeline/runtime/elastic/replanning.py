@@ -9,23 +9,27 @@ layers and a new order at a step boundary, every rank switching together.
 
 Each step every rank times its own ops (compute only, waits excluded; a straggler's slowness
 shows up here) and the ranks all-reduce those times. From them each rank derives every rank's
-*speed* (ms per unit of layer cost, :mod:`.partition`). When a speed drifts more than
-``threshold`` from the one the current cut was planned for and a better cut is at least
-``min_gain`` faster, every rank computes the same new cut from the same numbers (no leader),
-moves the layers that change owner (:mod:`.migrate`: weights, buffers, optimizer state),
-and builds the next step's :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`. With
-``plan`` the order is re-planned too: ``plan(costs)`` (a heuristic, or the ILP with a time
-limit) runs on rank 0 with the predicted per-stage costs, and its schedule is broadcast.
+*speed* (ms per unit of layer cost, :mod:`.partition`), and :class:`~.policy.ReplanPolicy`
+decides: when a speed drifts more than ``threshold`` from the one the current cut was planned
+for and a better cut is at least ``min_gain`` faster, every rank computes the same new cut
+from the same numbers (no leader), moves the layers that change owner (:mod:`.migrate`:
+weights, buffers, optimizer state), and builds the next step's
+:class:`~nobubble.pipeline.runtime.runner.PipelineRunner`. With ``plan`` the order is
+re-planned too: ``plan(costs)`` (a heuristic, or the ILP with a time limit) runs on rank 0
+with the predicted per-stage costs, and its schedule (or its error) is broadcast.
 
-A runner's first step is warm-up and not measured. A straggler that starts at step ``k``
+A runner's first step is warm-up and not measured. A straggler that starts at step ``k >= 1``
 shows in steps ``k`` and ``k + 1`` (``patience=2``: one slow step is not a trend), and the
-cut changes before step ``k + 2``. Training is the single-process model's: the same gradients (the runner's
-guarantee) and the same optimizer state, wherever each layer lives.
+cut changes before step ``k + 2``; a rank slow from the start counts as drift from the equal
+speeds the first cut assumes. Training is the single-process model's: the same gradients
+(the runner's guarantee) and the same optimizer state, wherever each layer lives.
 
 Limits: one stage per rank (a schedule with ``num_stages == num_ranks``); every rank holds
 a replica of every layer (only the owner's is trained; a layer's weights travel when it
 moves); the optimizer is rebuilt by ``optimizer`` over the new parameters, with the state
-and the param-group settings (learning rate, ...) of the old one carried over.
+and the param-group settings (learning rate, ...) of the old one carried over, by position
+(a warning when the factory makes another number of groups). A learning-rate scheduler
+must be rebuilt over ``pipe.optimizer`` after a re-plan (``StepRecord.replanned_to``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections import deque
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,12 +50,8 @@ from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.runtime.elastic.migrate import move_layers, owners
-from nobubble.pipeline.runtime.elastic.partition import (
-    balanced_sizes,
-    replan_decision,
-    speed_drift,
-    speeds_from_times,
-)
+from nobubble.pipeline.runtime.elastic.partition import balanced_sizes, speeds_from_times
+from nobubble.pipeline.runtime.elastic.policy import ReplanPolicy
 from nobubble.pipeline.runtime.runner import ActionTiming, LossFn, PipelineRunner
 
 __all__ = ["ReplanningPipeline", "StepRecord", "OptimizerFactory"]
@@ -73,6 +73,8 @@ class StepRecord:
     """The layers per rank this step ran with."""
     replanned_to: tuple[int, ...] | None
     """The cut the next step runs with, when this step's measurements changed it."""
+    replan_ms: float = 0.0
+    """Wall time of the switch after this step (moving layers, the new runner), when any."""
 
 
 class ReplanningPipeline:
@@ -132,20 +134,13 @@ class ReplanningPipeline:
         if len(first) != p or sum(first) != len(self.layers) or min(first) < 1:
             raise ValueError(f"ReplanningPipeline: sizes {list(first)} must be {p} counts "
                              f">= 1 summing to {len(self.layers)} layers")  # fmt: skip
-        if not (threshold >= 0 and 0 <= min_gain < 1 and patience >= 1):
-            raise ValueError(f"ReplanningPipeline: threshold={threshold!r} must be >= 0, "
-                             f"min_gain={min_gain!r} in [0, 1) and patience={patience!r} "
-                             ">= 1")  # fmt: skip
+        self.policy = ReplanPolicy(self.costs, threshold=threshold, min_gain=min_gain,
+                                   patience=patience, replan=replan)  # fmt: skip
         self.schedule, self.loss_fn, self.group = schedule, loss_fn, group
-        self._factory, self._plan, self.replan = optimizer, plan, replan
-        self.threshold, self.min_gain = threshold, min_gain
+        self._factory, self._plan = optimizer, plan
         self.straggler, self._options = straggler, runner_options
         self.sizes: tuple[int, ...] = first
         self.history: list[StepRecord] = []
-        self.patience = int(patience)
-        self._steady: deque[tuple[float, ...]] = deque(maxlen=5)  # speeds of steady steps
-        self._drifted: list[tuple[float, ...]] = []  # speeds of the drifted steps in a row
-        self._warm = True  # the runner's first step: not measured
         self._ops: dict[Op, list[float]] = {}
         self._steps = 0
         self.runner = self._build()
@@ -174,13 +169,16 @@ class ReplanningPipeline:
         dist.all_reduce(table, group=self.group)
         rows = table.cpu().tolist()
         compute = tuple(r[0] for r in rows)
-        speeds = speeds_from_times(compute, self.sizes, self.costs)
-        new = self._decide(speeds)
-        self.history.append(StepRecord(self._steps, max(r[1] for r in rows), compute,
-                                       self.sizes, new))  # fmt: skip
+        new = self.policy.observe(self.sizes, speeds_from_times(compute, self.sizes, self.costs))
+        record = StepRecord(self._steps, max(r[1] for r in rows), compute, self.sizes, new)
         self._steps += 1
         if new is not None:
+            switch_start = time.perf_counter()
             self._switch(new, rows)
+            record = dataclasses.replace(
+                record, replan_ms=(time.perf_counter() - switch_start) * 1e3
+            )
+        self.history.append(record)
         return loss
 
     def repartition(self, sizes: Sequence[int], schedule: Schedule | None = None) -> None:
@@ -193,7 +191,8 @@ class ReplanningPipeline:
         state = {
             p: self.optimizer.state[p] for p in self._own_params() if p in self.optimizer.state
         }
-        kept = move_layers(self.layers, self.sizes, new, state, rank=self.rank, group=self.group)
+        kept = move_layers(self.layers, self.sizes, new, state, rank=self.rank, group=self.group,
+                           device=self.runner.device)  # fmt: skip
         groups = [
             {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
         ]
@@ -202,7 +201,7 @@ class ReplanningPipeline:
         if schedule is not None:
             self.schedule = schedule
         self.runner = self._build()
-        self._warm = True
+        self.policy.restart()
         self.optimizer = self._factory(self._own_params())
         for p in self._own_params():
             if p in kept:
@@ -210,6 +209,12 @@ class ReplanningPipeline:
         if len(groups) == len(self.optimizer.param_groups):
             for settings, g in zip(groups, self.optimizer.param_groups, strict=True):
                 g.update(settings)
+        else:
+            warnings.warn(f"ReplanningPipeline: the optimizer factory made "
+                          f"{len(self.optimizer.param_groups)} param groups after the re-plan "
+                          f"and {len(groups)} before; their settings (learning rate, ...) "
+                          "were not carried over: make the groups independent of which "
+                          "layers a rank holds", RuntimeWarning, stacklevel=2)  # fmt: skip
 
     def layer_state(self) -> list[dict[str, torch.Tensor]]:
         """Every layer's ``state_dict`` as its owner holds it, on every rank (a collective:
@@ -270,42 +275,21 @@ class ReplanningPipeline:
         ]
         return [compute, step_ms, *per]
 
-    def _decide(self, speeds: tuple[float, ...]) -> tuple[int, ...] | None:
-        """The cut for the next step, or None to keep this one.
-
-        A runner's first step is warm-up (buffers, shapes) and is not used. The planned
-        speeds are the per-rank median of the last steps that did not drift; a re-plan needs
-        ``patience`` drifted steps in a row, and uses their median."""
-        if self._warm:
-            self._warm = False
-            return None
-        planned = self._planned()
-        if planned is None or speed_drift(planned, speeds) <= self.threshold:
-            self._steady.append(speeds)
-            self._drifted.clear()
-            return None
-        self._drifted.append(speeds)
-        if len(self._drifted) < self.patience or not self.replan:
-            return None
-        measured = _median_rows(self._drifted)
-        d = replan_decision(self.sizes, self.costs, planned, measured,
-                            threshold=self.threshold, min_gain=self.min_gain)  # fmt: skip
-        self._steady.clear()
-        self._steady.append(measured)  # the speeds the new cut (or the kept one) is for
-        self._drifted.clear()
-        return d.sizes if d.replan else None
-
-    def _planned(self) -> tuple[float, ...] | None:
-        return _median_rows(self._steady) if self._steady else None
-
     def _switch(self, new: tuple[int, ...], rows: list[list[float]]) -> None:
         schedule = None
         if self._plan is not None:
-            box: list[Any] = [self._plan(self._predicted_costs(new, rows)) if self.rank == 0
-                              else None]  # fmt: skip
+            box: list[Any] = [None]
+            if self.rank == 0:  # its error reaches every rank, not only rank 0
+                try:
+                    box[0] = self._plan(self._predicted_costs(new, rows))
+                except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+                    box[0] = f"{type(err).__name__}: {err}"
             dist.broadcast_object_list(box, src=_global(self.group, 0), group=self.group,
                                        device=self.runner.device)  # fmt: skip
             schedule = box[0]
+            if not isinstance(schedule, Schedule):
+                raise RuntimeError(f"ReplanningPipeline: plan() failed on rank 0 for the cut "
+                                   f"{list(new)}: {schedule}")  # fmt: skip
             if (schedule.num_ranks, schedule.num_stages, schedule.num_microbatches) != (
                     self.schedule.num_ranks, self.schedule.num_stages,
                     self.schedule.num_microbatches):  # fmt: skip
@@ -331,10 +315,6 @@ class ReplanningPipeline:
         return CostModel(t_f=tuple(t[0]), t_b=tuple(t[1]), t_w=tuple(t[2]),
                          mem_f=(1.0,) * len(new), mem_b=(0.5,) * len(new),
                          mem_w=(0.5,) * len(new))  # fmt: skip
-
-
-def _median_rows(rows: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
-    return tuple(statistics.median(col) for col in zip(*rows, strict=True))
 
 
 def _global(group: dist.ProcessGroup | None, group_rank: int) -> int:

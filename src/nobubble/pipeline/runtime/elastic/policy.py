@@ -1,0 +1,102 @@
+"""When to re-cut: the re-plan policy over the stream of measured per-rank speeds (pure).
+
+:class:`ReplanPolicy` is fed every step's speeds (ms per unit of layer cost, one per rank,
+:func:`~.partition.speeds_from_times`) and answers the cut the next step should run with,
+or None to keep the current one:
+
+- a cut's first step is warm-up (shapes, buffers, caches) and is not used;
+- the *planned* speeds are those the current cut was made for: equal speeds (at the measured
+  mean) for the first cut, the measured ones after a re-plan, then the per-rank median of
+  the last ``window`` steady steps;
+- a step *drifts* when some rank's speed is more than ``threshold`` (relative) away from its
+  planned one; after ``patience`` drifted steps in a row their median is the measured speed,
+  and the cut changes when the best cut for it is at least ``min_gain`` faster
+  (:func:`~.partition.replan_decision`). Either way those speeds become the new plan, so a
+  slowness not worth a move is not reconsidered every step.
+
+So a rank that turns slow at step ``k`` (``k >= 1``: step 0 is the first cut's warm-up)
+shows in steps ``k`` and ``k + 1`` with ``patience=2``, and the new cut runs from step
+``k + 2``. Every rank runs its own copy on the same all-reduced numbers and reaches the same
+answer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+from nobubble.pipeline.runtime.elastic.partition import replan_decision, speed_drift
+
+__all__ = ["ReplanPolicy"]
+
+
+class ReplanPolicy:
+    """The re-plan decision over a run's steps (see the module docstring).
+
+    Args:
+        costs: each layer's nominal cost, in pipeline order.
+        threshold: relative speed change that counts as drift (>= 0).
+        min_gain: least relative gain of the new cut's bottleneck, in [0, 1).
+        patience: drifted steps in a row before a decision (>= 1).
+        replan: False observes and never answers a new cut (the static baseline).
+        window: steady steps whose median is the plan (>= 1).
+    """
+
+    def __init__(
+        self,
+        costs: Sequence[float],
+        *,
+        threshold: float = 0.2,
+        min_gain: float = 0.05,
+        patience: int = 2,
+        replan: bool = True,
+        window: int = 5,
+    ) -> None:
+        if not (threshold >= 0 and 0 <= min_gain < 1 and patience >= 1 and window >= 1):
+            raise ValueError(f"ReplanPolicy: threshold={threshold!r} must be >= 0, "
+                             f"min_gain={min_gain!r} in [0, 1), patience={patience!r} and "
+                             f"window={window!r} >= 1")  # fmt: skip
+        self.costs = tuple(float(c) for c in costs)
+        self.threshold, self.min_gain, self.replan = threshold, min_gain, replan
+        self.patience = int(patience)
+        self._steady: deque[tuple[float, ...]] = deque(maxlen=int(window))
+        self._drifted: deque[tuple[float, ...]] = deque(maxlen=self.patience)
+        self._warm = True
+
+    def restart(self) -> None:
+        """A new cut or runner starts: its first step is warm-up."""
+        self._warm = True
+        self._drifted.clear()
+
+    def planned(self, speeds: Sequence[float]) -> tuple[float, ...]:
+        """The speeds the current cut is planned for (equal at ``speeds``' mean at first)."""
+        if self._steady:
+            return _median_rows(self._steady)
+        return (statistics.fmean(speeds),) * len(speeds)
+
+    def observe(self, sizes: Sequence[int], speeds: Sequence[float]) -> tuple[int, ...] | None:
+        """One step's measured speeds under the cut ``sizes``: the next step's cut, or None."""
+        speeds = tuple(speeds)
+        if self._warm:
+            self._warm = False
+            return None
+        planned = self.planned(speeds)
+        if speed_drift(planned, speeds) <= self.threshold:
+            self._steady.append(speeds)
+            self._drifted.clear()
+            return None
+        self._drifted.append(speeds)
+        if len(self._drifted) < self.patience or not self.replan:
+            return None
+        measured = _median_rows(self._drifted)
+        d = replan_decision(sizes, self.costs, planned, measured,
+                            threshold=self.threshold, min_gain=self.min_gain)  # fmt: skip
+        self._steady.clear()
+        self._steady.append(measured)  # the speeds the new cut (or the kept one) is for
+        self._drifted.clear()
+        return d.sizes if d.replan else None
+
+
+def _median_rows(rows: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
+    return tuple(statistics.median(col) for col in zip(*rows, strict=True))
