@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 
-__all__ = ["MessageKey", "expected_messages", "incoming", "outgoing", "wait_for"]
+__all__ = ["MessageKey", "expected_messages", "incoming", "outgoing", "wait_for", "global_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +86,9 @@ def wait_for(work: dist.Work, timeout: timedelta, rank: int, what: str) -> None:
         raise TimeoutError(
             f"rank {rank}: no progress {what} within {timeout.total_seconds():.0f}s ({err})"
         ) from err
+
+
+def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group`` (itself for the default group), as
+    torch's collectives and point-to-point calls take it."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)

@@ -43,7 +43,7 @@ from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
 from nobubble.pipeline.runtime.dispatch import KeyedChannel, run_dynamic, straggle
 from nobubble.pipeline.runtime.messages import ShapeCache, ShapedChannel
-from nobubble.pipeline.runtime.p2p import MessageKey, incoming, outgoing
+from nobubble.pipeline.runtime.p2p import MessageKey, global_rank, incoming, outgoing
 from nobubble.pipeline.validate import validate
 
 __all__ = ["PipelineRunner", "LossFn", "split_model", "ActionTiming", "ActionObserver",
@@ -238,7 +238,7 @@ class PipelineRunner:
         self.last_order, self.last_deviations = tuple(order), deviations
         self._step_index += 1
         loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0).to(self.device)
-        dist.broadcast(loss, src=_global_rank(self.group, self._last_rank), group=self.group)
+        dist.broadcast(loss, src=global_rank(self.group, self._last_rank), group=self.group)
         return loss
 
     def _action(
@@ -447,10 +447,6 @@ def _device(modules: dict[int, nn.Module]) -> torch.device:
         for p in m.parameters():
             return p.device
     return torch.device("cpu")
-
-
-def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
 def split_model(

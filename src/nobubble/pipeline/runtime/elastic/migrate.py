@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nobubble.pipeline.runtime.p2p import global_rank
+
 __all__ = ["owners", "move_layers"]
 
 
@@ -65,13 +67,13 @@ def move_layers(
             continue
         via = device if device is not None else _device(layer)
         if rank == src:
-            peer = _global(group, dst)
+            peer = global_rank(group, dst)
             for t in tensors:
                 dist.send(t.detach().contiguous(), peer, group=group)
             states = [_portable(kept.pop(p, {})) for p in params]
             dist.send_object_list([states], dst=peer, group=group, device=via)
         else:
-            peer = _global(group, src)
+            peer = global_rank(group, src)
             with torch.no_grad():
                 for t in tensors:
                     buf = torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -106,7 +108,3 @@ def _device(layer: nn.Module) -> torch.device:
     for t in layer.state_dict().values():
         return t.device
     return torch.device("cpu")
-
-
-def _global(group: dist.ProcessGroup | None, group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["balanced_sizes", "bottleneck", "speeds_from_times", "speed_drift",
+__all__ = ["balanced_sizes", "bottleneck", "held_costs", "speeds_from_times", "speed_drift",
            "ReplanDecision", "replan_decision"]  # fmt: skip
 
 
@@ -41,11 +41,7 @@ def bottleneck(sizes: Sequence[int], costs: Sequence[float], speeds: Sequence[fl
     if sum(sizes) != len(costs) or len(sizes) != len(speeds) or min(sizes, default=0) < 1:
         raise ValueError(f"bottleneck: sizes {list(sizes)} must be {len(speeds)} counts >= 1 "
                          f"summing to {len(costs)} layers")  # fmt: skip
-    worst, start = 0.0, 0
-    for size, speed in zip(sizes, speeds, strict=True):
-        worst = max(worst, speed * sum(costs[start : start + size]))
-        start += size
-    return worst
+    return max(speed * c for speed, c in zip(speeds, held_costs(sizes, costs), strict=True))
 
 
 def balanced_sizes(
@@ -95,15 +91,19 @@ def speeds_from_times(
     if len(times_ms) != len(sizes):
         raise ValueError(f"speeds_from_times: {len(times_ms)} times for {len(sizes)} ranks; "
                          "give one time per rank")  # fmt: skip
-    out: list[float] = []
-    start = 0
-    for t, size in zip(times_ms, sizes, strict=True):
-        held = sum(costs[start : start + size])
-        start += size
+    for r, t in enumerate(times_ms):
         if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"speeds_from_times: rank {len(out)}'s time is {t!r} ms; it must "
-                             "be finite and > 0 (a rank that ran no op has no speed)")  # fmt: skip
-        out.append(t / held)
+            raise ValueError(f"speeds_from_times: rank {r}'s time is {t!r} ms; it must be "
+                             "finite and > 0 (a rank that ran no op has no speed)")  # fmt: skip
+    return tuple(t / c for t, c in zip(times_ms, held_costs(sizes, costs), strict=True))
+
+
+def held_costs(sizes: Sequence[int], costs: Sequence[float]) -> tuple[float, ...]:
+    """The layer cost each rank holds under the contiguous cut ``sizes``."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(sum(costs[start : start + size]))
+        start += size
     return tuple(out)
 
 

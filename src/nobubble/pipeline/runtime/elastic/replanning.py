@@ -50,8 +50,13 @@ from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.runtime.elastic.migrate import move_layers, owners
-from nobubble.pipeline.runtime.elastic.partition import balanced_sizes, speeds_from_times
+from nobubble.pipeline.runtime.elastic.partition import (
+    balanced_sizes,
+    held_costs,
+    speeds_from_times,
+)
 from nobubble.pipeline.runtime.elastic.policy import ReplanPolicy
+from nobubble.pipeline.runtime.p2p import global_rank
 from nobubble.pipeline.runtime.runner import ActionTiming, LossFn, PipelineRunner
 
 __all__ = ["ReplanningPipeline", "StepRecord", "OptimizerFactory"]
@@ -221,7 +226,7 @@ class ReplanningPipeline:
         each owner broadcasts its layers)."""
         out = []
         for i, owner in enumerate(owners(self.sizes)):
-            src = owner if self.group is None else dist.get_global_rank(self.group, owner)
+            src = global_rank(self.group, owner)
             state = {k: v.detach().clone() for k, v in self.layers[i].state_dict().items()}
             for v in state.values():
                 dist.broadcast(v, src=src, group=self.group)
@@ -284,7 +289,7 @@ class ReplanningPipeline:
                     box[0] = self._plan(self._predicted_costs(new, rows))
                 except Exception as err:  # noqa: BLE001 - re-raised on every rank below
                     box[0] = f"{type(err).__name__}: {err}"
-            dist.broadcast_object_list(box, src=_global(self.group, 0), group=self.group,
+            dist.broadcast_object_list(box, src=global_rank(self.group, 0), group=self.group,
                                        device=self.runner.device)  # fmt: skip
             schedule = box[0]
             if not isinstance(schedule, Schedule):
@@ -302,20 +307,9 @@ class ReplanningPipeline:
         """Per-stage costs (ms per microbatch) of the cut ``new``: each rank's measured F, B,
         W times scaled by how much layer cost it holds now against before."""
 
-        def held(sizes: Sequence[int]) -> list[float]:
-            out, start = [], 0
-            for size in sizes:
-                out.append(sum(self.costs[start : start + size]))
-                start += size
-            return out
-
-        old, now = held(self.sizes), held(new)
+        old, now = held_costs(self.sizes, self.costs), held_costs(new, self.costs)
         scale = [n / o for n, o in zip(now, old, strict=True)]
         t = [[max(rows[r][2 + k] * scale[r], 1e-6) for r in range(len(new))] for k in range(3)]
         return CostModel(t_f=tuple(t[0]), t_b=tuple(t[1]), t_w=tuple(t[2]),
                          mem_f=(1.0,) * len(new), mem_b=(0.5,) * len(new),
                          mem_w=(0.5,) * len(new))  # fmt: skip
-
-
-def _global(group: dist.ProcessGroup | None, group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
