@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 export NO_MKDOCS_2_WARNING := 1  # mkdocs-material prints an end-of-life banner otherwise
 
-.PHONY: install test lint docs demo bench clean
+.PHONY: install test test-long test-explore lint docs demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,9 +33,19 @@ docs: $(STAMP)
 	$(BIN)/python scripts/doc_tables.py
 	$(BIN)/mkdocs build --strict
 
+# two tiers (tests/conftest.py): `make test` is CI's - unit, property, distributed-correctness
+# and smoke tests, nothing timed; `make test-long` holds what takes minutes or reads a clock
+# (learning to a target, the full fault matrix, accepted-size budgets, solver proofs)
 test: lint
 	$(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not long" --durations=25
+
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -m long --durations=25
+
+# the property tests with fresh random examples, 500 each where a test does not set its own
+test-explore: $(STAMP)
+	HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -m "property and not long" --durations=10
 
 demo: $(STAMP)
 	$(BIN)/nobubble demo

@@ -4,10 +4,10 @@ Each FFN is a MoE layer (DeepSeek-V3 group-limited routing, one shared expert, a
 bias updates); its routed experts are split over the ranks, and every rank trains on its
 own batch of the standard library's docstrings. ``sync_gradients`` turns each rank's
 gradients into those of the mean loss over all ranks, so training equals one process
-running the dense model (every expert) on all the ranks' batches at once. The model
-(embedding, attention blocks with a MoE FFN each, a head) and the data come from
-``nobubble.bench.ep_train``, which ``nobubble ep train`` runs; this script is its training
-loop without the extras (dp groups, replicas, online EPLB):
+running the dense model (every expert; each MoE the token-by-token ``ReferenceMoE``) on
+all the ranks' batches at once. The model (embedding, attention blocks with a MoE FFN each,
+a head) and the data come from ``nobubble.bench.ep_train``, which ``nobubble ep train``
+runs; this script is its training loop without the extras (dp groups, replicas, online EPLB):
 
     python examples/train_moe.py --ranks 2 --steps 30
 """
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> tuple[list[float], list[float]]:
     if args.no_check:
         return ep, []
     vocab, windows = make_batches(config)
-    dense = dense_losses(config, vocab, windows)  # DenseMoE, all ranks' batches, one process
+    dense = dense_losses(config, vocab, windows)  # ReferenceMoE: all ranks' batches, one process
     gap = max(abs(a - b) for a, b in zip(ep, dense, strict=True))
     print(f"dense single process: loss {dense[0]:.4f} -> {dense[-1]:.4f}; "
           f"largest difference {gap:.2e}")  # fmt: skip

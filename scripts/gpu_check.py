@@ -7,8 +7,8 @@
 
 Each check compares the device against an independent CPU computation (fp32, TF32 off):
 the pipeline runner's gradients against one process, the FP8 casts against the CPU
-kernels' bytes, the MoE layer against the dense reference, and the collectives of a world
-of one (NCCL on CUDA) against their identity. Paths that need two or more GPUs are listed
+kernels' bytes, the MoE layer against the token-by-token reference MoE, and the collectives
+of a world of one (NCCL on CUDA) against their identity. Paths that need two or more GPUs are listed
 as skipped, with the reason. Not part of ``make test`` (CI has no GPU); the test suite runs
 ``--dry-run`` and the CPU rehearsal, so the script itself stays runnable.
 """
@@ -142,15 +142,15 @@ def check_fp8_casts(device: str) -> str:
 
 
 def _moe_rank(ctx) -> str:
-    from nobubble.moe import Buffer, DenseMoE, MoEConfig, MoELayer, init_moe_weights
+    from nobubble.moe import Buffer, MoEConfig, MoELayer, ReferenceMoE, init_moe_weights
 
     _fp32_only()
     config = MoEConfig(hidden=32, expert_hidden=48, num_experts=4, topk=2)
     weights = init_moe_weights(config, seed=5)
     x = torch.randn(24, 32, generator=torch.Generator().manual_seed(6))
-    dense = DenseMoE(config, weights)  # CPU, every expert in one process
+    reference = ReferenceMoE(config, weights)  # CPU, every expert, token by token
     x_ref = x.clone().requires_grad_(True)
-    out_ref = dense(x_ref)
+    out_ref = reference(x_ref)
     out_ref.square().sum().backward()
     layer = MoELayer(config, weights, Buffer(num_experts=4, timeout_s=60)).to(ctx.device)
     x_dev = x.to(ctx.device).requires_grad_(True)
@@ -161,8 +161,8 @@ def _moe_rank(ctx) -> str:
         _close("input grad", x_dev.grad, x_ref.grad, 1e-3),
     ]
     for name in ("w_gate", "w_up", "w_down"):
-        errs.append(_close(name, getattr(layer, name).grad, getattr(dense, name).grad, 1e-3))
-    return f"forward and backward vs the dense CPU reference: max diff {max(errs):.2g}"
+        errs.append(_close(name, getattr(layer, name).grad, getattr(reference, name).grad, 1e-3))
+    return f"forward and backward vs the CPU reference MoE: max diff {max(errs):.2g}"
 
 
 def check_moe_layer(device: str) -> str:

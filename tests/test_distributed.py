@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import DistContext, RankFailure, spawn
+from tests.support.wait import wait_for
 
 
 def _all_reduce(ctx: DistContext, scale: float):
@@ -44,13 +44,11 @@ def test_spawn_runs_real_collectives():
 
 
 def test_failing_rank_stops_everyone_with_its_error():
-    t0 = time.monotonic()
     with pytest.raises(
         RankFailure, match="rank 1 failed: RuntimeError: boom from rank one"
-    ) as info:
-        spawn(_raise_on_rank1, 2, timeout_s=60)
+    ) as info:  # rank 1's own error, not the launcher's timeout
+        spawn(_raise_on_rank1, 2, timeout_s=150)
     assert info.value.rank == 1 and "Traceback" in info.value.remote_traceback
-    assert time.monotonic() - t0 < 30
 
 
 def test_dead_rank_is_reported():
@@ -92,17 +90,14 @@ def test_ranks_die_with_a_killed_launcher(tmp_path) -> None:
     script.write_text(_LAUNCHER)
     launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path)])
     try:
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("rank*.pid"))) < 2:
-            assert time.monotonic() < deadline, "the ranks never started"
-            time.sleep(0.2)
+        wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, timeout_s=300,
+                 what="the ranks start")  # fmt: skip
         pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
         launcher.send_signal(signal.SIGKILL)
-        launcher.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids):
-            assert time.monotonic() < deadline, f"ranks {pids} outlived their launcher"
-            time.sleep(0.1)
+        launcher.wait(timeout=60)
+        # the parent-death signal is immediate: the guard only turns a survivor into a failure
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout_s=60,
+                 what=f"ranks {pids} die with their launcher")  # fmt: skip
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -116,12 +111,12 @@ def _stop_rank1(ctx: DistContext):
     return ctx.rank
 
 
+@pytest.mark.long  # the watchdog's real window (liveness_s=4) on a real stopped rank
 def test_a_stopped_rank_is_named_by_the_liveness_watchdog():
-    start = time.monotonic()
+    # named by the watchdog ("no heartbeat"), not by the 300 s collective timeout
     with pytest.raises(RankFailure, match="rank 1 stopped responding: no heartbeat") as info:
-        spawn(_stop_rank1, 2, timeout_s=120, liveness_s=4)
+        spawn(_stop_rank1, 2, timeout_s=300, liveness_s=4)
     assert info.value.rank == 1
-    assert time.monotonic() - start < 40  # the watchdog, not the 120 s collective timeout
 
 
 def test_liveness_is_checked():

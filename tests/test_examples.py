@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -49,6 +51,7 @@ def test_rl_own_model_learns_the_users_task() -> None:
     assert end >= max(0.5, 2 * start), out.stdout  # it learns: at least twice its start
 
 
+@pytest.mark.long  # timing-driven: the cut follows measured step times
 def test_pp_replan_moves_layers_off_a_straggler() -> None:
     cmd = [sys.executable, str(EXAMPLES / "pp_replan.py"), "--steps", "8", "--straggler", "1:3:3-"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -8,7 +8,7 @@ import pytest
 
 from nobubble.cli.ep_balance import register
 from nobubble.cli.util import ArgumentParser
-from tests.moe.balance.test_eplb import EPLB_PHY2LOG, EPLB_WEIGHT
+from tests.moe.balance.eplb_cases import EPLB_PHY2LOG, EPLB_WEIGHT
 
 
 def run_balance(argv, capsys):

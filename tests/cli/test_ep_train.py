@@ -21,11 +21,11 @@ def train(argv, tmp_path, capsys):
 
 
 def test_two_ranks_learn_and_equal_the_dense_model(tmp_path, capsys):
-    rc, r = train(["--ranks", "2", "--steps", "20", "--check-dense"], tmp_path, capsys)
+    rc, r = train(["--ranks", "2", "--steps", "8", "--check-dense"], tmp_path, capsys)
     assert rc == 0 and (r["dp"], r["ep"]) == (1, 2)
     losses = r["losses"]
-    assert len(losses) == len(r["rank_imbalance"]) == len(r["dense_losses"]) == 20
-    assert losses[-1] < losses[0] - 1.0  # about 4.65 -> 3.2 on the stdlib's docstrings
+    assert len(losses) == len(r["rank_imbalance"]) == len(r["dense_losses"]) == 8
+    assert losses[-1] < losses[0] - 0.5  # about 4.65 -> 3.95 on the stdlib's docstrings
     assert r["final_loss"] == losses[-1]
     assert r["dense_last_abs_diff"] < 1e-4 and r["dense_ok"] is True
     assert r["dense_max_abs_diff"] < 1e-4  # every step, not only the last
@@ -35,12 +35,12 @@ def test_two_ranks_learn_and_equal_the_dense_model(tmp_path, capsys):
 def test_dp_x_ep_with_replicas_and_online_moves_equals_dense(tmp_path, capsys):
     """4 ranks as dp 2 x ep 2, two redundant experts re-placed every 4 steps: the experts and
     their Adam state move between ranks, and training still equals the dense model."""
-    argv = ["--ranks", "4", "--ep", "2", "--steps", "12", "--redundant", "2"]
+    argv = ["--ranks", "4", "--ep", "2", "--steps", "8", "--redundant", "2"]
     rc, r = train([*argv, "--rebalance-every", "4", "--check-dense"], tmp_path, capsys)
     assert rc == 0 and (r["dp"], r["ep"]) == (2, 2)
     assert r["dense_max_abs_diff"] < 1e-4
     assert r["losses"][-1] < r["losses"][0]
-    assert [x["step"] for x in r["rebalances"]] == [4, 4, 8, 8, 12, 12]  # 2 layers each time
+    assert [x["step"] for x in r["rebalances"]] == [4, 4, 8, 8]  # 2 layers each time
     assert sum(x["moved"] for x in r["rebalances"]) > 0
 
 

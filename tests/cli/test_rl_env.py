@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
+import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 
 from nobubble.cli.rl_env import add_env_arguments, run_env_train
 from nobubble.cli.util import ArgumentParser
-
-pytest.importorskip("gymnasium")
 
 
 def _parse(argv: list[str]):  # type: ignore[no-untyped-def]

@@ -1,4 +1,7 @@
-"""Buffer.dispatch / combine on 1, 2 and 4 gloo ranks against the per-pair reference.
+"""Buffer.dispatch / combine on 1, 2 and 4 gloo ranks against the all-gather reference.
+
+The reference (:mod:`nobubble.moe.reference`) uses plain ``torch.distributed.all_gather`` and
+never the buffer's transport, so a bug in ``Transport.all_to_all`` fails these checks too.
 
 All checks for one world size run inside one spawn (process start-up dominates the cost).
 """
@@ -19,7 +22,7 @@ from nobubble.moe import (
     reference_combine,
     reference_dispatch,
 )
-from nobubble.moe.reference import pair_dispatch
+from nobubble.moe.baseline import pair_dispatch
 
 # name, hidden, num_experts, topk, tokens by rank (cycled), dtype, routing
 CASES = [
@@ -91,21 +94,21 @@ def _check_case(ctx, buf: Buffer, case_index: int) -> None:
     assert (comb.combined_x[~reached] == 0).all(), name
     assert torch.equal(comb.combined_topk_weights[reached], (w * (topk_idx >= 0))[reached]), name
 
-    # random payload: bit-equal to the per-pair reference
+    # random payload: bit-equal to the reference
     x = torch.randn(n, hidden, generator=g).to(dtype)
     res = buf.dispatch(x, topk_idx, topk_weights, num_experts=num_experts)
-    ref = reference_dispatch(x, topk_idx, topk_weights, num_experts, buf.transport)
+    ref = reference_dispatch(x, topk_idx, topk_weights, num_experts)
     assert torch.equal(res.recv_x, ref.recv_x), name
     assert torch.equal(res.recv_topk_idx, ref.recv_topk_idx), name
     assert torch.equal(res.recv_topk_weights, ref.recv_topk_weights), name
     assert res.num_recv_tokens_per_expert == ref.num_recv_tokens_per_expert, name
     assert torch.equal(res.handle.recv_src_idx, ref.recv_src_token), name
+    per_source = torch.tensor(res.handle.num_recv_tokens_per_rank)  # (R,)
+    assert torch.equal(torch.arange(num_ranks).repeat_interleave(per_source), ref.recv_src_rank)
     y = (res.recv_x.float() * 1.5 + torch.randn(res.recv_x.shape, generator=g)).to(dtype)
     comb = buf.combine(y, res.handle, topk_weights=res.recv_topk_weights)
-    ref_y = reference_combine(y, ref.recv_src_rank, ref.recv_src_token, n, buf.transport)
-    ref_w = reference_combine(
-        ref.recv_topk_weights, ref.recv_src_rank, ref.recv_src_token, n, buf.transport
-    )
+    ref_y = reference_combine(y, ref.recv_src_rank, ref.recv_src_token, n)
+    ref_w = reference_combine(ref.recv_topk_weights, ref.recv_src_rank, ref.recv_src_token, n)
     if dtype == torch.float32:
         assert torch.equal(comb.combined_x, ref_y), name
     else:  # within bf16 rounding of the float32 sum
@@ -123,9 +126,7 @@ def _check_case(ctx, buf: Buffer, case_index: int) -> None:
     buf.transport.reset_stats()
     cached = buf.dispatch(x2, handle=res.handle)
     assert "layout" not in buf.transport.stats().calls, name
-    assert torch.equal(
-        cached.recv_x, reference_dispatch(x2, topk_idx, None, num_experts, buf.transport).recv_x
-    )
+    assert torch.equal(cached.recv_x, reference_dispatch(x2, topk_idx, None, num_experts).recv_x)
 
     # per-pair baseline moves one copy per valid slot
     buf.transport.reset_stats()
@@ -157,13 +158,13 @@ def _check_autograd(buf, name, x, topk_idx, topk_weights, num_experts, g) -> Non
     n = x.shape[0]
     xg, wg = x.clone().requires_grad_(), topk_weights.clone().requires_grad_()
     res = buf.dispatch(xg, topk_idx, wg, num_experts=num_experts)
-    ref = reference_dispatch(x, topk_idx, topk_weights, num_experts, buf.transport)
+    ref = reference_dispatch(x, topk_idx, topk_weights, num_experts)
     gx, gw = (
         torch.randn(res.recv_x.shape, generator=g),
         torch.randn(res.recv_topk_weights.shape, generator=g),
     )
     ((res.recv_x * gx).sum() + (res.recv_topk_weights * gw).sum()).backward()
-    src = (ref.recv_src_rank, ref.recv_src_token, n, buf.transport)
+    src = (ref.recv_src_rank, ref.recv_src_token, n)
     assert torch.equal(xg.grad, reference_combine(gx, *src)), name
     assert torch.equal(wg.grad, reference_combine(gw * (ref.recv_topk_idx >= 0), *src)), name
 
@@ -175,12 +176,8 @@ def _check_autograd(buf, name, x, topk_idx, topk_weights, num_experts, g) -> Non
         torch.randn(n, topk_idx.shape[1], generator=g),
     )
     ((comb.combined_x * gc).sum() + (comb.combined_topk_weights * gcw).sum()).backward()
-    assert torch.equal(
-        y.grad, reference_dispatch(gc, topk_idx, None, num_experts, buf.transport).recv_x
-    )
-    assert torch.equal(
-        wr.grad, reference_dispatch(gcw, topk_idx, None, num_experts, buf.transport).recv_x
-    )
+    assert torch.equal(y.grad, reference_dispatch(gc, topk_idx, None, num_experts).recv_x)
+    assert torch.equal(wr.grad, reference_dispatch(gcw, topk_idx, None, num_experts).recv_x)
 
 
 def _check_errors(ctx, buf: Buffer) -> None:

@@ -30,15 +30,15 @@ def _dispatch_with_a_casualty(ctx, how: str):
     return "unreachable"
 
 
-@pytest.mark.parametrize("how", ["dies", "hangs"])
+@pytest.mark.parametrize(
+    "how",
+    ["dies", pytest.param("hangs", marks=pytest.mark.long)],  # hangs: waits out a timeout
+)
 def test_peer_failure_raises_transport_error(how):
-    start = time.monotonic()
-    with pytest.raises(RankFailure) as info:
-        spawn(_dispatch_with_a_casualty, 2, args=(how,), timeout_s=60)
-    elapsed = time.monotonic() - start
+    with pytest.raises(RankFailure) as info:  # the transport's error, not spawn's timeout
+        spawn(_dispatch_with_a_casualty, 2, args=(how,), timeout_s=300)
     err = info.value
     assert err.rank == 0, str(err)
     assert "PeerFailure" in str(err) and "peer rank died or stopped responding" in str(err)
     assert "layout phase, all_to_all(layout)" in str(err)
     assert "rank(s) [1] did not arrive" in str(err)  # the survivor names the missing rank
-    assert elapsed < 40, elapsed

@@ -15,6 +15,9 @@ The data encode their source and stay exact in float32: integer token rows, weig
 ``torch.equal``. Survivors save what they saw to files (the dead rank never reports, so
 ``spawn`` cannot return normally); the lowest survivor raises ``_AllReported`` once every
 reporter's file is there, which ends the job.
+
+``make test`` checks who fails, where, and what each survivor computes; how soon (a failure
+within the timeout, a masked step that does not wait) is the long tier's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from nobubble.distributed import RankFailure, spawn
 from nobubble.moe import Buffer, PeerFailure, ShmTransport
+from tests.support.wait import wait_for
 
 TIMEOUT_S = 5.0
 WORLD, DEAD = 4, 2
@@ -103,11 +107,8 @@ def _casualty(how: str) -> None:
 def _finish(ctx, outdir: str, payload: dict, reporters: list[int]) -> str:
     torch.save(payload, Path(outdir) / f"rank{ctx.rank}.pt")
     if ctx.rank == min(reporters):
-        deadline = time.monotonic() + 30
-        while not all((Path(outdir) / f"rank{r}.pt").exists() for r in reporters):
-            if time.monotonic() > deadline:
-                raise TimeoutError("not every reporter saved its result")
-            time.sleep(0.05)
+        wait_for(lambda: all((Path(outdir) / f"rank{r}.pt").exists() for r in reporters),
+                 timeout_s=150, what="every reporter saves its result")  # fmt: skip
         raise _AllReported("all reporters saved their results")
     return "reported"
 
@@ -143,10 +144,8 @@ def _run(ctx, kind: str, how: str, where: str, masking: bool, phy2log: list[int]
 
 
 def _spawn(tmp_path, kind, how, where, masking, phy2log=IDENTITY) -> dict[int, dict]:
-    start = time.monotonic()
     with pytest.raises(RankFailure, match="all reporters saved their results"):
-        spawn(_run, WORLD, args=(kind, how, where, masking, phy2log, str(tmp_path)), timeout_s=50)
-    assert time.monotonic() - start < 50
+        spawn(_run, WORLD, args=(kind, how, where, masking, phy2log, str(tmp_path)), timeout_s=250)
     return {int(p.stem[4:]): torch.load(p, weights_only=False) for p in tmp_path.glob("*.pt")}
 
 
@@ -154,9 +153,9 @@ def _spawn(tmp_path, kind, how, where, masking, phy2log=IDENTITY) -> dict[int, d
     "kind,how,where",
     [
         ("dist", "dies", "dispatch"),
-        ("dist", "hangs", "combine"),
-        ("shm", "dies", "combine"),
-        ("shm", "hangs", "dispatch"),
+        pytest.param("dist", "hangs", "combine", marks=pytest.mark.long),
+        pytest.param("shm", "dies", "combine", marks=pytest.mark.long),
+        pytest.param("shm", "hangs", "dispatch", marks=pytest.mark.long),
     ],
 )
 def test_every_survivor_names_the_dead_rank_and_phase(tmp_path, kind, how, where):
@@ -170,15 +169,16 @@ def test_every_survivor_names_the_dead_rank_and_phase(tmp_path, kind, how, where
         assert failure["failed_ranks"] == (DEAD,), failure["message"]
         assert failure["phase"] == phase, failure["message"]
         assert f"{phase} phase" in failure["message"] and f"[{DEAD}]" in failure["message"]
-        assert failure["elapsed"] < TIMEOUT_S + 3.0, failure  # within the timeout (+ slack)
 
 
 @pytest.mark.parametrize(
     "how,where,phy2log",
     [
-        ("dies", "combine", IDENTITY),  # rows in flight are lost; step 3 drops at dispatch
+        # rows in flight are lost; step 3 drops at dispatch
+        pytest.param("dies", "combine", IDENTITY, marks=pytest.mark.long),
         ("dies", "dispatch", REPLICATED),  # dropped while planning; step 3 uses the replicas
-        ("hangs", "combine", IDENTITY),  # masked while asleep; it may not rejoin
+        # masked while asleep; it may not rejoin
+        pytest.param("hangs", "combine", IDENTITY, marks=pytest.mark.long),
     ],
 )
 def test_masking_survivors_finish_the_step_with_the_counted_drop(tmp_path, how, where, phy2log):
@@ -197,18 +197,34 @@ def test_masking_survivors_finish_the_step_with_the_counted_drop(tmp_path, how, 
         s2 = steps[1]["stats"]
         assert s2.masked_ranks == (DEAD,) and s2.num_dropped == lost and s2.num_rerouted == 0
         assert s2.num_dropped_in_flight == (lost if where == "combine" else 0)
-        assert steps[1]["elapsed"] < TIMEOUT_S + 3.0
         # step 3: the mask is known before planning: no wait, re-routed or dropped up front
         expected, lost3 = _reference(3, r, phy2log, {DEAD}, reroute)
         assert torch.equal(steps[2]["out"], expected), r
         s3 = steps[2]["stats"]
         rerouted = _reference(3, r, phy2log, {DEAD}, reroute=False)[1] - lost3
         assert (s3.num_dropped - s2.num_dropped, s3.num_rerouted) == (lost3, rerouted)
-        assert steps[2]["elapsed"] < 1.0
+        assert s3.masked_ranks == (DEAD,) and s3.num_dropped_in_flight == s2.num_dropped_in_flight
     if how == "hangs":  # woke up after the others went on without it: refused, not rejoined
         failure = seen[DEAD]["failure"]
         assert failure is not None and failure["failed_ranks"] == (DEAD,), failure
         assert "masked by its peers" in failure["message"]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(("kind", "masking"), [("dist", False), ("shm", True)])
+def test_a_failure_is_seen_within_the_timeout_and_a_masked_step_does_not_wait(
+    tmp_path, kind, masking
+):
+    """Timing (the long tier): the survivors give up, or mask, within the timeout (+3 s of
+    slack); once the mask is known, a step takes under a second."""
+    seen = _spawn(tmp_path, kind, "dies", "dispatch", masking=masking)
+    for r in [r for r in range(WORLD) if r != DEAD]:
+        steps, failure = seen[r]["steps"], seen[r]["failure"]
+        if not masking:
+            assert failure is not None and failure["elapsed"] < TIMEOUT_S + 3.0, failure
+            continue
+        assert steps[1]["elapsed"] < TIMEOUT_S + 3.0, steps[1]["elapsed"]
+        assert steps[2]["elapsed"] < 1.0, steps[2]["elapsed"]
 
 
 def test_reroute_and_drop_on_a_small_placement():

@@ -58,7 +58,7 @@ def test_deepseek_v3_matches_brute_force(case):
     idx, w = _brute_v3(logits.tolist(), topk, n_groups, topk_groups, bias.tolist(), 2.5)
     assert r.topk_idx.tolist() == idx
     torch.testing.assert_close(
-        r.topk_weights, torch.tensor(w, dtype=torch.float32).reshape(num_tokens, topk)
+        r.topk_weights, torch.tensor(w, dtype=torch.float64).reshape(num_tokens, topk)
     )
 
 

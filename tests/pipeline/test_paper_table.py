@@ -5,26 +5,11 @@ Data: tests/pipeline/data/zb_iclr_bubble_table.csv (source named in data/README.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import pytest
 
-from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import simulate
-
-TABLE = Path(__file__).parent / "data" / "zb_iclr_bubble_table.csv"
-ROWS = list(csv.DictReader(TABLE.open()))
-
-
-def paper_costs(row) -> CostModel:
-    return CostModel.paper(
-        int(row["p"]),
-        t_f=float(row["T_F_ms"]), t_b=float(row["T_B_ms"]), t_w=float(row["T_W_ms"]),
-        t_comm=float(row["T_comm_ms"]),
-        hidden=int(row["hidden"]), heads=int(row["heads"]), seq=int(row["seq"]),
-    )  # fmt: skip
+from tests.pipeline.paper_table import ROWS, paper_costs
 
 
 def _ids(row):

@@ -35,11 +35,11 @@ import torch.distributed as dist
 
 from nobubble.distributed import spawn
 from nobubble.files import save_figure
+from nobubble.moe.baseline import pair_combine, pair_dispatch
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.shm_buffer import make_buffer
 from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS
 from nobubble.moe.layout import get_dispatch_layout, num_local_experts
-from nobubble.moe.reference import pair_combine, pair_dispatch
 from nobubble.moe.transport import Transport
 from nobubble.validation import check_fields
 

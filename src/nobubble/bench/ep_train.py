@@ -7,7 +7,9 @@ each expert-parallel row splits the routed experts and exchanges tokens through 
 library's docstrings (text that ships with Python). After ``backward``,
 :func:`~nobubble.moe.parallel.sync_gradients` turns each rank's gradients into those of the
 mean loss over all ranks, so a step equals one process running the dense model (every expert)
-on all ranks' batches at once - which ``check_dense`` runs, step for step.
+on all ranks' batches at once - which ``check_dense`` runs, step for step, with the
+token-by-token :class:`~nobubble.moe.reference_layer.ReferenceMoE` (no code shared with
+:class:`~nobubble.moe.layer.MoELayer`) as every block's MoE.
 
 With redundant experts the MoE layers are :class:`~nobubble.moe.balance.replicated_layer.
 ReplicatedMoELayer` s (``P = (E + redundant) / ep`` physical experts per rank); with
@@ -45,11 +47,11 @@ from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe import (
     Buffer,
-    DenseMoE,
     ExpertLoadStats,
     MoEConfig,
     MoELayer,
     MoEWeights,
+    ReferenceMoE,
     ReplicatedMoELayer,
     dp_ep_groups,
     init_moe_weights,
@@ -355,9 +357,10 @@ def _rebalance(model: MoEGPT, opt: torch.optim.Optimizer, stats: ExpertLoadStats
 def dense_losses(
     config: TrainConfig, vocab: int, windows: torch.Tensor, progress: Any = None
 ) -> list[float]:
-    """The same training in one process: every expert, all ranks' batches together, fp32."""
+    """The same training in one process: every expert, all ranks' batches together, fp32;
+    each MoE is the token-by-token :class:`~nobubble.moe.reference_layer.ReferenceMoE`."""
     moe = config.moe_config()
-    model = MoEGPT(config, vocab, lambda w: DenseMoE(moe, w))
+    model = MoEGPT(config, vocab, lambda w: ReferenceMoE(moe, w))
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr)
     out = []
     for step in range(config.num_steps):

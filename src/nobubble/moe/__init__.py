@@ -8,9 +8,10 @@ Public names, by where they live::
     Transport, PeerWrites, TorchDistTransport, TransportStats, TransportError  # (transport.py)
     PeerFailure, FailureMasking, PHASES          # failed peers: who, in which phase (transport.py)
     MaskingStats                                  # drops / re-routes of masked ranks (masking.py)
-    reference_dispatch, reference_combine        # the slow per-pair reference (reference.py)
+    reference_dispatch, reference_combine        # the slow all-gather reference (reference.py)
     softmax_topk, deepseek_v3_topk, update_expert_bias, Routing   # routers (routing.py)
-    MoEConfig, MoEWeights, init_moe_weights, MoELayer, DenseMoE   # the layer (layer.py)
+    MoEConfig, MoEWeights, init_moe_weights, MoELayer   # the layer (layer.py)
+    ReferenceMoE, reference_moe_forward          # the slow token-by-token layer (reference_layer.py)
     GroupedExperts                               # your per-expert modules (experts.py)
     dp_ep_groups, DataExpertGroups, expert_parameters, non_expert_parameters,
     sync_gradients                               # data x expert parallelism (parallel.py)
@@ -50,7 +51,7 @@ from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
 from nobubble.moe.fastpath.overlap import overlapped_forward
 from nobubble.moe.fastpath.shm_buffer import ShmBuffer, make_buffer
 from nobubble.moe.fastpath.shm_transport import ShmTransport, make_transport
-from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, MoEWeights, init_moe_weights
+from nobubble.moe.layer import MoEConfig, MoELayer, MoEWeights, init_moe_weights
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout
 from nobubble.moe.masking import MaskingStats
 from nobubble.moe.parallel import (
@@ -61,6 +62,7 @@ from nobubble.moe.parallel import (
     sync_gradients,
 )
 from nobubble.moe.reference import reference_combine, reference_dispatch
+from nobubble.moe.reference_layer import ReferenceMoE, reference_moe_forward
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.moe.transport import (
     PHASES,
@@ -78,7 +80,6 @@ __all__ = [
     "Buffer",
     "CombineResult",
     "DataExpertGroups",
-    "DenseMoE",
     "GroupedExperts",
     "DispatchHandle",
     "DispatchLayout",
@@ -95,6 +96,7 @@ __all__ = [
     "MoEWeights",
     "PeerFailure",
     "PeerWrites",
+    "ReferenceMoE",
     "ReplicaRouter",
     "ReplicatedMoELayer",
     "Routing",
@@ -122,6 +124,7 @@ __all__ = [
     "rebalance_online",
     "reference_combine",
     "reference_dispatch",
+    "reference_moe_forward",
     "route_to_replicas",
     "softmax_topk",
     "update_expert_bias",

@@ -1,11 +1,12 @@
-"""A MoE layer over :class:`Buffer`, and the dense single-process MoE it must equal.
+"""A MoE layer over :class:`Buffer`.
 
 ``MoELayer`` (one per rank): router -> top-k -> ``dispatch`` -> the experts held by this
 rank (grouped SwiGLU by default, or the user's experts module), each output row weighted by
 its top-k weight -> ``combine`` -> plus shared experts. The router may be the user's module
 too: one that returns logits ``[N, E]`` (top-k by ``config.router``) or a ``Routing``.
-``DenseMoE`` computes the same function for all ranks' tokens in one process, expert by
-expert; the tests check that outputs and every gradient (router included) agree.
+Its reference is :class:`~nobubble.moe.reference_layer.ReferenceMoE`, the same function for
+all ranks' tokens in one process, token by token, sharing no code with this module; the
+tests check that outputs and every gradient (router included) agree.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``I`` expert hidden, ``E`` experts, ``L`` local
 experts, ``K`` top-k, ``M`` rows received by this rank.
@@ -24,7 +25,7 @@ from nobubble.moe.experts import check_expert_output
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
 from nobubble.validation import check_fields
 
-__all__ = ["MoEConfig", "MoEWeights", "init_moe_weights", "MoELayer", "DenseMoE", "swiglu"]
+__all__ = ["MoEConfig", "MoEWeights", "init_moe_weights", "MoELayer", "swiglu"]
 
 ROUTERS = ("softmax", "deepseek_v3")
 
@@ -143,13 +144,34 @@ def apply_experts(
     return out
 
 
-class _MoEBase(nn.Module):
-    """Router and shared experts, common to the distributed layer and the dense reference."""
+class MoELayer(nn.Module):
+    """Expert-parallel MoE: this rank holds experts ``[rank * L, (rank + 1) * L)``.
+
+    Args:
+        config: the layer's shape.
+        weights: all experts' weights (this rank keeps its slice); may be None when both
+            ``router`` and ``experts`` are given.
+        buffer: the expert-parallel :class:`Buffer`.
+        router: the user's router module, ``[N, H] -> logits [N, E]`` or a ``Routing``
+            (default: a ``[E, H]`` router from ``weights``).
+        experts: the user's module for this rank's experts, ``(recv_x [M, H], local ids
+            [M, K], weights [M, K]) -> [M, H]``, e.g. :class:`~nobubble.moe.experts.
+            GroupedExperts` (default: grouped SwiGLU from ``weights``).
+
+    :meth:`expert_parameters` names the routed experts' parameters for
+    :func:`~nobubble.moe.parallel.sync_gradients`.
+    """
 
     expert_bias: torch.Tensor  # a buffer (register_buffer), for the type checker
 
     def __init__(
-        self, config: MoEConfig, weights: MoEWeights | None, router: nn.Module | None = None
+        self,
+        config: MoEConfig,
+        weights: MoEWeights | None,
+        buffer: Buffer,
+        *,
+        router: nn.Module | None = None,
+        experts: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if weights is None and router is None:
@@ -170,8 +192,24 @@ class _MoEBase(nn.Module):
                 ]
             )
         self.last_tokens_per_expert: torch.Tensor | None = None
+        if config.num_experts % buffer.num_ranks != 0:
+            raise ValueError(
+                f"MoELayer: num_experts={config.num_experts} is not a multiple of "
+                f"{buffer.num_ranks} expert-parallel ranks"
+            )
+        self.buffer = buffer
+        self.experts = experts
+        if experts is None:
+            if weights is None:
+                raise ValueError("MoELayer: give weights, or an experts module")
+            local = config.num_experts // buffer.num_ranks
+            own = slice(buffer.rank * local, (buffer.rank + 1) * local)
+            self.w_gate = nn.Parameter(weights.w_gate[own].clone())  # (L, I, H)
+            self.w_up = nn.Parameter(weights.w_up[own].clone())  # (L, I, H)
+            self.w_down = nn.Parameter(weights.w_down[own].clone())  # (L, H, I)
 
     def route(self, x: torch.Tensor) -> Routing:
+        """``x [N, H]`` -> top-k experts ``[N, K]`` and weights ``[N, K]`` by ``config.router``."""
         if self.router_module is not None:
             decision = self.router_module(x)
             if isinstance(decision, Routing):
@@ -202,6 +240,7 @@ class _MoEBase(nn.Module):
         )
 
     def shared_out(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The shared experts on ``x [N, H]``: ``[N, H]`` (None without shared experts)."""
         return None if self.shared is None else swiglu(x, *self.shared)
 
     @torch.no_grad()
@@ -214,51 +253,6 @@ class _MoEBase(nn.Module):
         )
         self.expert_bias.copy_(new)
         return self.expert_bias
-
-
-class MoELayer(_MoEBase):
-    """Expert-parallel MoE: this rank holds experts ``[rank * L, (rank + 1) * L)``.
-
-    Args:
-        config: the layer's shape.
-        weights: all experts' weights (this rank keeps its slice); may be None when both
-            ``router`` and ``experts`` are given.
-        buffer: the expert-parallel :class:`Buffer`.
-        router: the user's router module, ``[N, H] -> logits [N, E]`` or a ``Routing``
-            (default: a ``[E, H]`` router from ``weights``).
-        experts: the user's module for this rank's experts, ``(recv_x [M, H], local ids
-            [M, K], weights [M, K]) -> [M, H]``, e.g. :class:`~nobubble.moe.experts.
-            GroupedExperts` (default: grouped SwiGLU from ``weights``).
-
-    :meth:`expert_parameters` names the routed experts' parameters for
-    :func:`~nobubble.moe.parallel.sync_gradients`.
-    """
-
-    def __init__(
-        self,
-        config: MoEConfig,
-        weights: MoEWeights | None,
-        buffer: Buffer,
-        *,
-        router: nn.Module | None = None,
-        experts: nn.Module | None = None,
-    ) -> None:
-        super().__init__(config, weights, router)
-        if config.num_experts % buffer.num_ranks != 0:
-            raise ValueError(
-                f"MoELayer: num_experts={config.num_experts} is not a multiple of "
-                f"{buffer.num_ranks} expert-parallel ranks"
-            )
-        self.buffer = buffer
-        self.experts = experts
-        if experts is None:
-            if weights is None:
-                raise ValueError("MoELayer: give weights, or an experts module")
-            local = config.num_experts // buffer.num_ranks
-            own = slice(buffer.rank * local, (buffer.rank + 1) * local)
-            self.w_gate = nn.Parameter(weights.w_gate[own].clone())  # (L, I, H)
-            self.w_up = nn.Parameter(weights.w_up[own].clone())  # (L, I, H)
-            self.w_down = nn.Parameter(weights.w_down[own].clone())  # (L, H, I)
 
     def expert_parameters(self) -> list[nn.Parameter]:
         """The parameters of this rank's routed experts (not router, not shared experts)."""
@@ -326,30 +320,6 @@ class MoELayer(_MoEBase):
             x, routing.topk_idx, routing.topk_weights, num_experts=self.config.num_experts
         )
         self.last_tokens_per_expert = load  # (E,) in expert order: rank r holds experts r*L..
-        shared = self.shared_out(x)
-        if shared is not None:
-            out = out + shared
-        return out.reshape(shape)
-
-
-class DenseMoE(_MoEBase):
-    """The same MoE in one process with every expert: the reference for :class:`MoELayer`."""
-
-    def __init__(self, config: MoEConfig, weights: MoEWeights) -> None:
-        super().__init__(config, weights)
-        self.w_gate = nn.Parameter(weights.w_gate.clone())  # (E, I, H)
-        self.w_up = nn.Parameter(weights.w_up.clone())  # (E, I, H)
-        self.w_down = nn.Parameter(weights.w_down.clone())  # (E, H, I)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])  # (N, H)
-        routing = self.route(x)
-        out = apply_experts(
-            x, routing.topk_idx, routing.topk_weights, self.w_gate, self.w_up, self.w_down
-        )
-        valid = routing.topk_idx[routing.topk_idx >= 0]
-        self.last_tokens_per_expert = torch.bincount(valid, minlength=self.config.num_experts)
         shared = self.shared_out(x)
         if shared is not None:
             out = out + shared

@@ -1,125 +1,45 @@
-"""Slow, obviously-correct dispatch and combine that the tests compare :class:`Buffer` against.
+"""Slow, obviously-correct dispatch and combine that the tests compare the fast paths against.
 
-The reference does what a MoE layer does without DeepEP: it sends one message per
-(token, expert) pair through one ``all_to_all_single`` (so a token with three experts on one
-rank travels three times), then deduplicates on the receiver by (source rank, source token).
-Combine sends each received row back to its source rank and adds the rows up one at a time,
-in source-rank order. :func:`pair_dispatch` / :func:`pair_combine` are also the "plain
-all-to-all" baseline of ``nobubble ep bench``.
+The reference shares no code with what it checks: it never touches a
+:class:`~nobubble.moe.transport.Transport`, the layout code or the buffer, only plain
+``torch.distributed.all_gather`` on a process group. Every rank gathers *everything* - every
+rank's tokens, expert ids and weights - and then picks out, in Python loops, the rows that
+belong to it. A bug in a transport's ``all_to_all``, in the layout or in the buffer's
+bookkeeping therefore cannot hide in the reference too. (The plain all-to-all baseline of
+``nobubble ep bench`` lives in :mod:`nobubble.moe.baseline`; it does go through a transport.)
 
-Shape legend: ``N`` tokens, ``H`` hidden, ``K`` top-k, ``P`` (token, expert) pairs sent,
-``Q`` pairs received, ``M`` distinct (source rank, token) rows received, ``L`` local experts.
+- :func:`reference_dispatch`: rank ``r`` keeps every token, from any rank, that has at least
+  one expert in ``[r * L, (r + 1) * L)``, once, sorted by (source rank, source token) -
+  :class:`~nobubble.moe.handle.DispatchResult`'s layout.
+- :func:`reference_combine`: every rank gathers every rank's rows with their (source rank,
+  source token) labels; each rank adds up the rows labelled with its own rank one at a time,
+  in the order of the ranks that hold them (float32 for 16-bit rows), as the buffer does.
+
+Shape legend: ``N`` tokens on this rank, ``H`` hidden (any trailing shape), ``K`` top-k,
+``E`` experts, ``R`` ranks, ``L = E / R`` local experts, ``M`` rows this rank receives.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from nobubble.moe.transport import Transport
-
-__all__ = [
-    "PairDispatch",
-    "ReferenceDispatch",
-    "pair_dispatch",
-    "pair_combine",
-    "reference_dispatch",
-    "reference_combine",
-]
-
-
-@dataclass(frozen=True, eq=False)
-class PairDispatch:
-    """One row per (token, expert) pair, as a plain all-to-all delivers them.
-
-    Attributes:
-        recv_rows: ``[Q, H]`` one copy of the token per pair, grouped by source rank.
-        recv_src_rank, recv_src_token, recv_slot, recv_expert: ``[Q]`` int64 each: where the
-            pair came from, which top-k slot, which (global) expert.
-        recv_topk_weights: ``[Q]`` the pair's weight (zeros when none were given).
-        send_token: ``[P]`` int64, the local token of each sent pair (send order).
-        num_send_per_rank, num_recv_per_rank: ``R`` ints, pairs sent to / received from each rank.
-    """
-
-    recv_rows: torch.Tensor
-    recv_src_rank: torch.Tensor
-    recv_src_token: torch.Tensor
-    recv_slot: torch.Tensor
-    recv_expert: torch.Tensor
-    recv_topk_weights: torch.Tensor
-    send_token: torch.Tensor
-    num_send_per_rank: list[int]
-    num_recv_per_rank: list[int]
-
-
-def pair_dispatch(
-    x: torch.Tensor,
-    topk_idx: torch.Tensor,
-    topk_weights: torch.Tensor | None,
-    num_experts: int,
-    transport: Transport,
-) -> PairDispatch:
-    """Send ``x[n]`` once for every valid slot ``topk_idx[n, k]`` to the expert's rank."""
-    num_ranks = transport.world_size
-    experts_per_rank = num_experts // num_ranks
-    num_tokens, topk = topk_idx.shape
-    device = x.device
-    token = torch.arange(num_tokens, device=device).repeat_interleave(topk)  # (N*K,)
-    slot = torch.arange(topk, device=device).repeat(num_tokens)  # (N*K,)
-    expert = topk_idx.reshape(-1).long()  # (N*K,)
-    if topk_weights is None:
-        topk_weights = torch.zeros(num_tokens, topk, device=device)
-    weight = topk_weights.reshape(-1).float()
-    valid = expert >= 0
-    token, slot, expert, weight = token[valid], slot[valid], expert[valid], weight[valid]
-    dest = expert // experts_per_rank
-    order = torch.argsort(dest, stable=True)  # pairs grouped by destination, token order within
-    token, slot, expert, weight, dest = (t[order] for t in (token, slot, expert, weight, dest))
-
-    send_counts = torch.bincount(dest, minlength=num_ranks).view(num_ranks, 1)  # (R, 1)
-    ones = [1] * num_ranks
-    num_recv = transport.all_to_all(send_counts, ones, ones, kind="pair_layout").view(-1).tolist()
-    num_send = send_counts.view(-1).tolist()
-    src_rank = torch.full_like(token, transport.rank)
-    meta = torch.stack([src_rank, token, slot, expert], dim=1)  # (P, 4)
-    recv_meta = transport.all_to_all(meta, num_send, num_recv, kind="pair_meta")  # (Q, 4)
-    recv_weight = transport.all_to_all(weight, num_send, num_recv, kind="pair_weights")  # (Q,)
-    recv_rows = transport.all_to_all(x[token], num_send, num_recv, kind="x")  # (Q, H)
-    return PairDispatch(
-        recv_rows=recv_rows,
-        recv_src_rank=recv_meta[:, 0],
-        recv_src_token=recv_meta[:, 1],
-        recv_slot=recv_meta[:, 2],
-        recv_expert=recv_meta[:, 3],
-        recv_topk_weights=recv_weight,
-        send_token=token,
-        num_send_per_rank=num_send,
-        num_recv_per_rank=num_recv,
-    )
-
-
-def pair_combine(
-    pair_rows: torch.Tensor, pairs: PairDispatch, num_tokens: int, transport: Transport
-) -> torch.Tensor:
-    """Return every pair's row to its token's rank and sum per token (float32 accumulation)."""
-    back = transport.all_to_all(
-        pair_rows, pairs.num_recv_per_rank, pairs.num_send_per_rank, kind="x"
-    )  # (P, H)
-    acc = torch.zeros((num_tokens, *pair_rows.shape[1:]), dtype=torch.float32, device=back.device)
-    acc.index_add_(0, pairs.send_token, back.float())
-    return acc.to(pair_rows.dtype)
+__all__ = ["ReferenceDispatch", "reference_dispatch", "reference_combine"]
 
 
 @dataclass(frozen=True, eq=False)
 class ReferenceDispatch:
-    """The reference's answer in :class:`~nobubble.moe.buffer.DispatchResult`'s layout.
+    """The reference's answer in :class:`~nobubble.moe.handle.DispatchResult`'s layout.
 
     Attributes:
-        recv_x: ``[M, H]`` rows sorted by (source rank, source token).
-        recv_topk_idx: ``[M, K]`` local expert ids, -1 elsewhere.
-        recv_topk_weights: ``[M, K]`` float32, 0 elsewhere.
-        num_recv_tokens_per_expert: ``L`` ints.
+        recv_x: ``[M, H]`` x's dtype, rows sorted by (source rank, source token).
+        recv_topk_idx: ``[M, K]`` int64 local expert ids, -1 on other ranks' and empty slots.
+        recv_topk_weights: ``[M, K]`` the weights' dtype (float32 when none were given), 0 on
+            other ranks' and empty slots.
+        num_recv_tokens_per_expert: ``L`` ints, received (row, slot) pairs per local expert.
         recv_src_rank, recv_src_token: ``[M]`` int64, where each row came from.
     """
 
@@ -131,49 +51,108 @@ class ReferenceDispatch:
     recv_src_token: torch.Tensor
 
 
+def _gather_rows(t: torch.Tensor, group: dist.ProcessGroup | None) -> list[torch.Tensor]:
+    """Every rank's ``[n_r, *]`` tensor, on every rank: ``R`` tensors in rank order.
+
+    The row counts are gathered first, then every tensor padded to the longest (at least one
+    row, so that no rank gathers an empty tensor) and gathered as bytes, so any dtype
+    crosses any backend unchanged; the padding is cut off again.
+    """
+    world = dist.get_world_size(group)
+    count = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    num_rows = [int(c.item()) for c in counts]
+    longest = max(1, *num_rows)
+    row_shape = tuple(t.shape[1:])
+    flat = t.detach().contiguous().reshape(t.shape[0], math.prod(row_shape))  # (n, F)
+    as_bytes = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat  # (n, F * bytes)
+    padded = torch.zeros((longest, as_bytes.shape[1]), dtype=torch.uint8, device=t.device)
+    padded[: t.shape[0]] = as_bytes
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    out = []
+    for r in range(world):
+        rows = gathered[r][: num_rows[r]].view(t.dtype)  # (n_r, F)
+        out.append(rows.reshape(num_rows[r], *row_shape))
+    return out
+
+
 def reference_dispatch(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
     topk_weights: torch.Tensor | None,
     num_experts: int,
-    transport: Transport,
+    group: dist.ProcessGroup | None = None,
 ) -> ReferenceDispatch:
-    """Per-pair all-to-all, then keep one row per distinct (source rank, source token)."""
-    pairs = pair_dispatch(x, topk_idx, topk_weights, num_experts, transport)
-    local = num_experts // transport.world_size
-    first = transport.rank * local
-    topk = topk_idx.shape[1]
-    rows: dict[tuple[int, int], int] = {}  # (src rank, src token) -> pair index of first copy
-    slots: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
-    for q in range(pairs.recv_rows.shape[0]):
-        key = (int(pairs.recv_src_rank[q]), int(pairs.recv_src_token[q]))
-        rows.setdefault(key, q)
-        slots.setdefault(key, []).append(
-            (
-                int(pairs.recv_slot[q]),
-                int(pairs.recv_expert[q]) - first,
-                float(pairs.recv_topk_weights[q]),
-            )
+    """Gather every rank's tokens; keep, once, each one with an expert on this rank.
+
+    Every rank of ``group`` must call it together (six ``all_gather`` calls each).
+
+    Args:
+        x: ``[N, H]`` token rows, any dtype.
+        topk_idx: ``[N, K]`` integer global expert ids, -1 = no expert.
+        topk_weights: ``[N, K]`` floating weights, or None.
+        num_experts: ``E``, a multiple of the group size; rank ``r`` owns experts
+            ``[r * L, (r + 1) * L)``.
+        group: the expert-parallel process group (None = the default group).
+    Returns:
+        :class:`ReferenceDispatch`, on x's device.
+    """
+    num_ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+    if num_experts < 1 or num_experts % num_ranks != 0:
+        raise ValueError(
+            f"reference_dispatch: num_experts={num_experts} must be a positive multiple of the "
+            f"group size {num_ranks}"
         )
-    keys = sorted(rows)
-    num_rows = len(keys)
-    recv_topk_idx = torch.full((num_rows, topk), -1, dtype=torch.int64, device=x.device)
-    recv_topk_weights = torch.zeros((num_rows, topk), dtype=torch.float32, device=x.device)
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"reference_dispatch: topk_idx.shape={tuple(topk_idx.shape)} must be "
+            f"[{x.shape[0]}, K] (one row per token of x)"
+        )
+    local = num_experts // num_ranks
+    weight_dtype = topk_weights.dtype if topk_weights is not None else torch.float32
+    if topk_weights is None:
+        topk_weights = torch.zeros(topk_idx.shape, dtype=weight_dtype, device=x.device)
+    all_x = _gather_rows(x, group)  # R x (N_r, H)
+    all_idx = _gather_rows(topk_idx.long(), group)  # R x (N_r, K)
+    all_w = _gather_rows(topk_weights, group)  # R x (N_r, K)
+
+    kept = _rows_with_local_experts(all_idx, first=rank * local, num_local=local)
+    topk = topk_idx.shape[1]
+    recv_topk_idx = torch.full((len(kept), topk), -1, dtype=torch.int64, device=x.device)
+    recv_topk_weights = torch.zeros((len(kept), topk), dtype=weight_dtype, device=x.device)
     counts = [0] * local
-    for m, key in enumerate(keys):
-        for slot, expert, weight in slots[key]:
-            recv_topk_idx[m, slot] = expert
-            recv_topk_weights[m, slot] = weight
-            counts[expert] += 1
-    take = torch.tensor([rows[k] for k in keys], dtype=torch.int64, device=x.device)
+    for m, (src, token, local_ids) in enumerate(kept):
+        for k, expert in enumerate(local_ids):
+            if expert >= 0:
+                recv_topk_idx[m, k] = expert
+                recv_topk_weights[m, k] = all_w[src][token, k]
+                counts[expert] += 1
+    rows = [all_x[src][token] for src, token, _ in kept]
     return ReferenceDispatch(
-        recv_x=pairs.recv_rows[take],
+        recv_x=torch.stack(rows) if rows else x.new_empty((0, *x.shape[1:])),
         recv_topk_idx=recv_topk_idx,
         recv_topk_weights=recv_topk_weights,
         num_recv_tokens_per_expert=counts,
-        recv_src_rank=torch.tensor([k[0] for k in keys], dtype=torch.int64, device=x.device),
-        recv_src_token=torch.tensor([k[1] for k in keys], dtype=torch.int64, device=x.device),
+        recv_src_rank=torch.tensor([s for s, _, _ in kept], dtype=torch.int64, device=x.device),
+        recv_src_token=torch.tensor([t for _, t, _ in kept], dtype=torch.int64, device=x.device),
     )
+
+
+def _rows_with_local_experts(
+    all_idx: list[torch.Tensor], *, first: int, num_local: int
+) -> list[tuple[int, int, list[int]]]:
+    """``(source rank, source token, local expert id per slot or -1)`` for every token, of any
+    rank, with a slot in ``[first, first + num_local)``; source rank order, then token order
+    (the buffer's layout). ``all_idx``: ``R`` tensors ``[N_r, K]`` of global expert ids."""
+    kept = []
+    for src, idx in enumerate(all_idx):
+        for token, experts in enumerate(idx.tolist()):
+            local_ids = [e - first if first <= e < first + num_local else -1 for e in experts]
+            if any(e >= 0 for e in local_ids):
+                kept.append((src, token, local_ids))
+    return kept
 
 
 def reference_combine(
@@ -181,26 +160,39 @@ def reference_combine(
     recv_src_rank: torch.Tensor,
     recv_src_token: torch.Tensor,
     num_tokens: int,
-    transport: Transport,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
-    """Send row ``m`` back to ``recv_src_rank[m]``; each rank adds its rows one by one.
+    """Gather every rank's rows with their labels; add up, one by one, the rows of this rank.
+
+    Every rank of ``group`` must call it together (six ``all_gather`` calls each).
 
     Args:
-        x: ``[M, H]`` rows in :func:`reference_dispatch`'s order (sorted by source rank).
+        x: ``[M, H]`` rows (any trailing shape), e.g. expert outputs in
+            :func:`reference_dispatch`'s order; the order does not matter, the labels do.
+        recv_src_rank, recv_src_token: ``[M]`` integer, the (rank, token) each row belongs to.
         num_tokens: ``N`` of this rank.
+        group: the expert-parallel process group (None = the default group).
     Returns:
-        ``[N, H]`` in x's dtype; sums run in float32 for 16-bit dtypes, in source-rank order.
+        ``[N, H]`` in x's dtype: per token, the sum of its rows in the order of the ranks that
+        hold them (row order within a rank), accumulated in float32 for 16-bit dtypes; tokens
+        without rows are 0.
     """
-    num_ranks = transport.world_size
-    send_counts = torch.bincount(recv_src_rank, minlength=num_ranks).view(num_ranks, 1)
-    ones = [1] * num_ranks
-    num_recv = transport.all_to_all(send_counts, ones, ones, kind="ref_layout").view(-1).tolist()
-    num_send = send_counts.view(-1).tolist()
-    back = transport.all_to_all(x, num_send, num_recv, kind="ref_x")
-    back_token = transport.all_to_all(recv_src_token, num_send, num_recv, kind="ref_meta")
-    acc_dtype = torch.float32 if x.element_size() < 4 and x.is_floating_point() else x.dtype
+    if recv_src_rank.shape != (x.shape[0],) or recv_src_token.shape != (x.shape[0],):
+        raise ValueError(
+            f"reference_combine: recv_src_rank / recv_src_token must be [{x.shape[0]}] (one per "
+            f"row of x), got {tuple(recv_src_rank.shape)} / {tuple(recv_src_token.shape)}"
+        )
+    num_ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+    all_x = _gather_rows(x, group)  # R x (M_r, H)
+    all_src_rank = _gather_rows(recv_src_rank.long(), group)  # R x (M_r,)
+    all_src_token = _gather_rows(recv_src_token.long(), group)  # R x (M_r,)
+    widen = x.is_floating_point() and x.element_size() < 4
+    acc_dtype = torch.float32 if widen else x.dtype
     out = torch.zeros((num_tokens, *x.shape[1:]), dtype=acc_dtype, device=x.device)
-    for i in range(back.shape[0]):  # rows arrive grouped by source rank, in rank order
-        t = int(back_token[i])
-        out[t] = out[t] + back[i].to(acc_dtype)
+    for holder in range(num_ranks):  # the rank that computed the rows, in rank order
+        owners, tokens = all_src_rank[holder].tolist(), all_src_token[holder].tolist()
+        for m in range(len(owners)):
+            if owners[m] == rank:
+                t = tokens[m]
+                out[t] = out[t] + all_x[holder][m].to(acc_dtype)
     return out.to(x.dtype)

@@ -41,10 +41,15 @@ def _check_logits(logits: torch.Tensor, topk: int) -> None:
         raise ValueError(f"router: topk={topk} must be in [1, num_experts={logits.shape[1]}]")
 
 
+def _scores_dtype(logits: torch.Tensor) -> torch.dtype:
+    """Scores run in float32 at least (bf16/fp16 logits), in float64 for float64 logits."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
 def softmax_topk(logits: torch.Tensor, topk: int, *, normalize: bool = False) -> Routing:
     """Softmax over experts, keep the top-k probabilities (renormalised when ``normalize``)."""
     _check_logits(logits, topk)
-    scores = logits.float().softmax(dim=-1)  # (N, E)
+    scores = logits.to(_scores_dtype(logits)).softmax(dim=-1)  # (N, E)
     topk_weights, topk_idx = scores.topk(topk, dim=-1)  # (N, K)
     if normalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
@@ -84,12 +89,12 @@ def deepseek_v3_topk(
             f"router: topk={topk} exceeds the {topk_groups * per_group} experts in "
             f"topk_groups={topk_groups} groups of {per_group}; raise topk_groups"
         )
-    scores = logits.float().sigmoid()  # (N, E)
+    scores = logits.to(_scores_dtype(logits)).sigmoid()  # (N, E)
     biased = scores.detach()
     if bias is not None:
         if bias.shape != (num_experts,):
             raise ValueError(f"router: bias.shape={tuple(bias.shape)} must be ({num_experts},)")
-        biased = biased + bias.float()
+        biased = biased + bias.to(scores.dtype)
     if n_groups > 1:
         grouped = biased.view(num_tokens, n_groups, per_group)  # (N, G, E/G)
         group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)  # (N, G)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -236,16 +237,24 @@ class Schedule:
         ``(0F7;7B3)OVERLAP_F_B`` (DualPipeV) is read as its sub-actions in order.
         """
         rows: list[list[Action]] = []
-        for line_no, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-            actions = []
-            for cell in row:
-                if not cell.strip() or _TORCH_NON_COMPUTE.match(cell):
-                    continue
-                try:
-                    actions.extend(_parse_cell(cell))
-                except ScheduleFormatError as err:
-                    raise ScheduleFormatError(f"CSV line {line_no}: {err}") from None
-            rows.append(actions)
+        reader = csv.reader(io.StringIO(text))
+        line_no = 0
+        try:
+            for line_no, row in enumerate(reader, start=1):
+                actions = []
+                for cell in row:
+                    if not cell.strip() or _TORCH_NON_COMPUTE.match(cell):
+                        continue
+                    try:
+                        actions.extend(_parse_cell(cell))
+                    except ScheduleFormatError as err:
+                        raise ScheduleFormatError(f"CSV line {line_no}: {err}") from None
+                rows.append(actions)
+        except csv.Error as err:  # a lone carriage return, a cell past the field limit
+            raise ScheduleFormatError(
+                f"CSV line {line_no + 1}: {err}; expected rows of cells like 0F0,0I0,0W0 "
+                "separated by newlines"
+            ) from None
         while rows and not rows[-1]:
             rows.pop()  # trailing blank lines
         if not rows:
@@ -304,7 +313,9 @@ def _infer_stage_to_rank(rows: Sequence[Sequence[Action]]) -> tuple[int, ...]:
                     "a stage must run on exactly one rank"
                 )
     num_stages = 1 + max(owner, default=-1)
-    missing = [s for s in range(num_stages) if s not in owner]
-    if missing:
-        raise ScheduleFormatError(f"stages {missing} have no actions; cannot infer their rank")
+    if len(owner) < num_stages:  # name the first few: a stage index of 10**9 is 10**9 gaps
+        first = list(itertools.islice((s for s in range(num_stages) if s not in owner), 5))
+        more = num_stages - len(owner) - len(first)
+        listed = ", ".join(map(str, first)) + (f" and {more:,} more" if more else "")
+        raise ScheduleFormatError(f"stages {listed} have no actions; cannot infer their rank")
     return tuple(owner[s] for s in range(num_stages))

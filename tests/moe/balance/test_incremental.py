@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from nobubble.moe.balance.eplb import gpu_loads, rebalance_experts
 from nobubble.moe.balance.incremental import count_moves, rebalance_experts_incremental
-
-from .test_eplb import check_invariants, problems
+from tests.moe.balance.eplb_cases import check_invariants, problems
 
 
 def moves_slow(old_row, new_row, num_gpus):

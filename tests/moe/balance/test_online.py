@@ -1,6 +1,7 @@
-"""A MoE layer with replicas on 4 gloo ranks equals the dense layer without replicas -
-forward, gradients, live statistics and Adam steps - before and after an online rebalance
-that moves experts (weights and optimizer state) between ranks."""
+"""A MoE layer with replicas on 4 gloo ranks equals the token-by-token reference MoE
+(``nobubble.moe.reference_layer``, no code shared) - forward, every replica's own gradient,
+the logical experts' gradients, live statistics and Adam steps - before and after an online
+rebalance that moves experts (weights and optimizer state) between ranks."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from nobubble.moe.balance.incremental import count_moves
 from nobubble.moe.balance.online import plan_migration, rebalance_online
 from nobubble.moe.balance.replicated_layer import EXPERT_PARAMS, ReplicatedMoELayer
 from nobubble.moe.buffer import Buffer
-from nobubble.moe.layer import DenseMoE, MoEConfig, init_moe_weights
+from nobubble.moe.layer import MoEConfig, init_moe_weights
+from nobubble.moe.reference_layer import ReferenceMoE
+from tests.moe.replica_probe import RecordingReplicaRouter
 
 WORLD = 4
 TOKENS = 12  # per rank
@@ -38,29 +41,42 @@ def batch(step: int):
 
 
 def close(a, b, what):
+    """Float64 on both sides, but the layer's router scores in float32: routing weights carry
+    float32 rounding, and so does everything they touch."""
     assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), f"{what}: max err {(a - b).abs().max()}"
 
 
-def check_step(ctx, layer, dense, step):
-    """Forward + backward on both; outputs, expert grads, router grads and stats agree."""
+def check_step(ctx, layer, reference, step):
+    """Forward + backward on both; outputs, expert grads (per replica, then per logical
+    expert), router grads and stats agree."""
     x, dy = batch(step)
-    for p in (*layer.parameters(), *dense.parameters()):
+    for p in (*layer.parameters(), *reference.parameters()):
         p.grad = None
     out = layer(x[ctx.rank])
     (out * dy[ctx.rank]).sum().backward()
-    layer.sync_replica_grads()
-    ref = dense(x.reshape(-1, CONFIG.hidden))  # every rank's tokens, no replicas
+    # every rank's tokens, each slot on the replica the layer sent it to
+    served = layer.buffer.transport.all_gather(layer.replica_router.chosen[-1], kind="test")
+    ref = reference(x.reshape(-1, CONFIG.hidden), phy2log=layer.phy2log, physical_idx=served)
     (ref * dy.reshape(-1, CONFIG.hidden)).sum().backward()
     close(out, ref.view(WORLD, TOKENS, -1)[ctx.rank], f"step {step} forward")
+    for i, name in enumerate(EXPERT_PARAMS):  # before the sync: each replica's own tokens
+        mine = getattr(layer, name).grad
+        per_rank = mine.shape[0]
+        replicas = reference.last_replica_weights[i].grad  # (R, ...)
+        want = replicas[ctx.rank * per_rank : (ctx.rank + 1) * per_rank]
+        close(mine, want, f"step {step} {name} per replica")
+    layer.sync_replica_grads()
     own = layer.own_logical_experts
     for name in EXPERT_PARAMS:  # each replica's grad = its logical expert's full grad
-        close(getattr(layer, name).grad, getattr(dense, name).grad[own], f"step {step} {name}")
+        close(getattr(layer, name).grad, getattr(reference, name).grad[own], f"step {step} {name}")
     router_grads = layer.buffer.transport.all_gather(layer.router.grad[None], kind="test")
-    close(router_grads.sum(0), dense.router.grad, f"step {step} router grad")
+    close(router_grads.sum(0), reference.router.grad, f"step {step} router grad")
     load = layer.collect_load_stats()  # live statistics, gathered over ranks
-    assert torch.equal(load, dense.last_tokens_per_expert), (load, dense.last_tokens_per_expert)
+    want_load = reference.last_tokens_per_expert
+    assert torch.equal(load, want_load), (load, want_load)
+    assert torch.equal(layer.last_physical_load, reference.last.tokens_per_replica)
     # DeepSeek-V3's aux-loss-free balancing sees the same logical load through the replicas
-    assert torch.equal(layer.update_expert_bias(), dense.update_expert_bias())
+    assert torch.equal(layer.update_expert_bias(), reference.update_expert_bias())
 
 
 def run_rank(ctx):
@@ -88,13 +104,14 @@ def run_strategy(ctx, strategy):
     layer = ReplicatedMoELayer(
         CONFIG, weights, Buffer(timeout_s=ctx.timeout_s), phy2log, strategy=strategy
     )
-    dense = DenseMoE(CONFIG, weights)
+    layer.replica_router = RecordingReplicaRouter(layer.replica_router)
+    reference = ReferenceMoE(CONFIG, weights)
     opt = torch.optim.Adam([getattr(layer, n) for n in EXPERT_PARAMS], lr=1e-2)
-    dense_opt = torch.optim.Adam([getattr(dense, n) for n in EXPERT_PARAMS], lr=1e-2)
+    ref_opt = torch.optim.Adam([getattr(reference, n) for n in EXPERT_PARAMS], lr=1e-2)
     for step in range(2):
-        check_step(ctx, layer, dense, step)
+        check_step(ctx, layer, reference, step)
         opt.step()
-        dense_opt.step()
+        ref_opt.step()
     # hot experts per the live statistics are not the ones replicated: rebalance, fresh
     result = rebalance_online(layer, opt, incremental=False)
     assert result.num_moved > 0 and not torch.equal(result.new_phy2log, result.old_phy2log)
@@ -102,17 +119,18 @@ def run_strategy(ctx, strategy):
     assert result.num_moved == int(moves[0])
     own = layer.own_logical_experts
     for name in EXPERT_PARAMS:  # moved weights and Adam moments are the logical expert's
-        close(getattr(layer, name).detach(), getattr(dense, name).detach()[own], name)
+        close(getattr(layer, name).detach(), getattr(reference, name).detach()[own], name)
         for key in ("exp_avg", "exp_avg_sq"):
             mine = opt.state[getattr(layer, name)][key]
-            theirs = dense_opt.state[getattr(dense, name)][key][own]
+            theirs = ref_opt.state[getattr(reference, name)][key][own]
             close(mine, theirs, f"{name} {key}")
     for step in range(2, 4):  # carry on training with the new placement
-        check_step(ctx, layer, dense, step)
+        check_step(ctx, layer, reference, step)
         opt.step()
-        dense_opt.step()
+        ref_opt.step()
     for name in EXPERT_PARAMS:
-        close(getattr(layer, name).detach(), getattr(dense, name).detach()[own], f"end {name}")
+        want = getattr(reference, name).detach()[own]
+        close(getattr(layer, name).detach(), want, f"end {name}")
     return {
         "moved": result.num_moved,
         "bytes": result.bytes_moved,
@@ -122,7 +140,7 @@ def run_strategy(ctx, strategy):
     }
 
 
-def test_replicated_layer_equals_dense_across_online_rebalance():
+def test_replicated_layer_equals_the_reference_across_online_rebalance():
     """One job (4 ranks), all three replica-routing strategies; the checks run in the ranks."""
     by_rank = spawn(run_rank, WORLD, timeout_s=240)
     for strategy in ("least_loaded", "token_hash", "round_robin"):

@@ -1,5 +1,5 @@
 """Chunked overlap on 2 and 4 gloo ranks: the same output as the sequential chunked forward
-(bit for bit), as MoELayer and as the dense single-process MoE, over Buffer and ShmBuffer."""
+(bit for bit), as MoELayer and as the token-by-token reference MoE, over Buffer and ShmBuffer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, DenseMoE, MoEConfig, MoELayer, init_moe_weights
+from nobubble.moe import Buffer, MoEConfig, MoELayer, ReferenceMoE, init_moe_weights
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
 from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 
@@ -37,14 +37,14 @@ def _body(ctx, xs):
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_overlap_matches_layer_and_dense(world_size):
+def test_overlap_matches_layer_and_reference(world_size):
     g = torch.Generator().manual_seed(11)
     xs = [torch.randn(TOKENS[r], CONFIG.hidden, generator=g) for r in range(world_size)]
     results = spawn(_body, world_size, args=(xs,), timeout_s=240)
     with torch.no_grad():
-        dense = DenseMoE(CONFIG, init_moe_weights(CONFIG, seed=3))(torch.cat(xs))
+        reference = ReferenceMoE(CONFIG, init_moe_weights(CONFIG, seed=3))(torch.cat(xs))
     for name in ("gloo", "shm"):
         got = torch.cat([r[name][0] for r in results])
         plain = torch.cat([r[name][1] for r in results])
-        torch.testing.assert_close(got, dense, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
-"""ShmTransport on 2 and 4 gloo ranks: bit-equal to gloo's all-to-all and to the per-pair
-reference through Buffer, with region growth, empty splits, edge-case routing and timeouts."""
+"""ShmTransport on 2 and 4 gloo ranks: bit-equal to gloo's all-to-all and, through Buffer, to
+the all-gather reference (which never uses shared memory), with region growth, empty splits,
+edge-case routing and timeouts."""
 
 from __future__ import annotations
 
@@ -87,14 +88,14 @@ def _check_buffer(ctx, buf: Buffer) -> None:
         res = buf.dispatch(x, topk_idx, topk_weights, num_experts=num_experts)
         in_rank = res.handle.is_token_in_rank
         assert buf.transport.stats().bytes_sent["x"] == int(in_rank.sum()) * hidden * 4, name
-        ref = reference_dispatch(x, topk_idx, topk_weights, num_experts, buf.transport)
+        ref = reference_dispatch(x, topk_idx, topk_weights, num_experts)
         assert torch.equal(res.recv_x, ref.recv_x), name
         assert torch.equal(res.recv_topk_idx, ref.recv_topk_idx), name
         assert torch.equal(res.recv_topk_weights, ref.recv_topk_weights), name
         assert res.num_recv_tokens_per_expert == ref.num_recv_tokens_per_expert, name
         y = torch.randn(res.recv_x.shape, generator=g)
         comb = buf.combine(y, res.handle)
-        want = reference_combine(y, ref.recv_src_rank, ref.recv_src_token, n, buf.transport)
+        want = reference_combine(y, ref.recv_src_rank, ref.recv_src_token, n)
         assert torch.equal(comb.combined_x, want), name
     del world
 
@@ -130,10 +131,10 @@ def _silent_peer(ctx) -> str:
 
 
 def test_silent_peer_times_out_with_a_clear_error():
-    start = time.monotonic()
+    # rank 0 gives up with the transport's "waiting for rank" (its 1.5 s timeout), long
+    # before rank 1 wakes (30 s) or spawn's own timeout (300 s)
     with pytest.raises(RankFailure, match="waiting for rank"):
-        spawn(_silent_peer, 2, timeout_s=60)
-    assert time.monotonic() - start < 25
+        spawn(_silent_peer, 2, timeout_s=300)
 
 
 def test_default_transport_per_backend_and_bad_kind():

@@ -1,8 +1,8 @@
 """DualPipeV on PipelineRunner: loss and every gradient equal one process running the whole
 model (torch modules, fp32), on 2 and 4 gloo ranks.
 
-The reference is test_runner.py's: ``nn.Sequential(*stages)`` in this process, the mean of
-the microbatch losses, one ``backward``. The F&B cells run back to back (F, then the fused
+The reference is :func:`nobubble.pipeline.reference.reference_step`: ``nn.Sequential(*stages)``
+in this process, the mean of the microbatch losses, one ``backward``. The F&B cells run back to back (F, then the fused
 backward); the runner has no overlap of the two yet. m = 2p: the reference's minimum, with
 every phase present.
 """
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from nobubble.distributed import spawn
+from nobubble.pipeline.reference import reference_step
 from nobubble.pipeline.runtime.runner import PipelineRunner
 from nobubble.pipeline.schedules import get_schedule
-from tests.pipeline.runtime.test_runner import _reference
 from tests.pipeline.runtime.torch_model import batch, loss_fn, stages
 
 
@@ -44,7 +44,7 @@ def test_dualpipev_matches_one_process(num_ranks: int, sizes: tuple[int, ...]) -
         data[m] = (list(x.chunk(m)), list(y.chunk(m)))
     results = spawn(_dualpipev_rank, num_ranks, args=(sizes, data), timeout_s=240)
     for m in sizes:
-        ref_loss, ref_grads = _reference(2 * num_ranks, *data[m])
+        ref_loss, ref_grads = reference_step(stages(2 * num_ranks), *data[m], loss_fn)
         got: dict[str, torch.Tensor] = {}
         for r in results:
             assert r[m][0] == pytest.approx(ref_loss, rel=1e-6), (m, "loss on every rank")

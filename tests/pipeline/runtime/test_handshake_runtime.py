@@ -18,11 +18,11 @@ from nobubble.distributed import spawn
 from nobubble.pipeline import get_schedule
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
+from nobubble.pipeline.reference import reference_step
 from nobubble.pipeline.runtime.dispatch import PlanCursor, plan_levels
 from nobubble.pipeline.runtime.p2p import MessageKey, outgoing
 from nobubble.pipeline.runtime.runner import PipelineRunner
 from nobubble.pipeline.validate import validate
-from tests.pipeline.runtime.test_runner import _reference
 from tests.pipeline.runtime.torch_model import batch, loss_fn, stages
 
 NAMES = ("zb-h1", "zb-2p")
@@ -96,7 +96,7 @@ def test_handshake_matches_one_process(num_ranks: int, straggler: Straggler | No
     results = spawn(_handshake_rank, num_ranks, args=(xs, ys, straggler), timeout_s=240)
     for name in NAMES:
         plan = get_schedule(name, num_ranks=num_ranks, num_microbatches=NUM_MB)
-        ref_loss, ref_grads = _reference(plan.num_stages, xs, ys)
+        ref_loss, ref_grads = reference_step(stages(plan.num_stages), xs, ys, loss_fn)
         got: dict[str, torch.Tensor] = {}
         for r in results:
             assert r[name][0] == pytest.approx(ref_loss, rel=1e-6), name

@@ -1,7 +1,7 @@
 """PipelineRunner on a model of torch's own modules, against one process running it whole.
 
-Reference: ``nn.Sequential(*stages)`` in this process, the mean of the microbatch losses,
-one ``backward``; the runner's loss and every parameter's gradient must match (fp32, rtol
+Reference: :func:`nobubble.pipeline.reference.reference_step`, ``nn.Sequential(*stages)`` in
+this process, the mean of the microbatch losses, one ``backward``; the runner's loss and every parameter's gradient must match (fp32, rtol
 1e-5), for every schedule, on 2 and 4 gloo ranks.
 """
 
@@ -14,75 +14,30 @@ from hypothesis import strategies as st
 from torch import nn
 
 from nobubble.distributed import RankFailure, spawn
-from nobubble.pipeline import get_schedule, simulate
+from nobubble.pipeline import simulate
+from nobubble.pipeline.reference import reference_step
 from nobubble.pipeline.runtime.autosplit import ModuleSplit
 from nobubble.pipeline.runtime.p2p import incoming
 from nobubble.pipeline.runtime.profile import OpTimes, costs_from_op_times
 from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
+from tests.pipeline.runtime.runner_check import (
+    NUM_MB,
+    check_against_reference,
+    pipeline_rank,
+    schedule,
+)
 from tests.pipeline.runtime.torch_model import batch, blocks, loss_fn, stages
 
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2", "zb-2p", "interleaved-1f1b", "zb-v")
 TWO_CHUNKS = ("interleaved-1f1b", "zb-v")
-NUM_MB = 4
-
-
-def _schedule(name: str, num_ranks: int):
-    return get_schedule(name, num_ranks=num_ranks, num_microbatches=NUM_MB)
-
-
-def _reference(num_stages: int, xs: list, ys: list) -> tuple[float, dict[str, torch.Tensor]]:
-    """Loss (mean over microbatches) and gradients of one process running every stage."""
-    mods = stages(num_stages)
-    model = nn.Sequential(*mods)
-    loss = sum(loss_fn(model(x), y) for x, y in zip(xs, ys, strict=True)) / len(xs)
-    loss.backward()
-    grads = {f"{s}.{n}": p.grad for s, m in enumerate(mods) for n, p in m.named_parameters()}
-    return float(loss.detach()), grads
-
-
-def _pipeline_rank(ctx, names: tuple[str, ...], xs: list, ys: list) -> dict:
-    out = {}
-    for name in names:
-        sched = _schedule(name, ctx.world_size)
-        runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn)
-        loss = runner.step(list(xs), list(ys))
-        grads = {
-            f"{s}.{n}": p.grad.clone()
-            for s, m in runner.stage_modules.items()
-            for n, p in m.named_parameters()
-        }
-        out[name] = (float(loss), grads, runner.split_report())
-        runner.close()
-    return out
-
-
-def _check(results: list[dict], names, num_ranks: int, xs: list, ys: list) -> None:
-    for name in names:
-        num_stages = _schedule(name, num_ranks).num_stages
-        ref_loss, ref_grads = _reference(num_stages, xs, ys)
-        got: dict[str, torch.Tensor] = {}
-        for r in results:
-            got.update(r[name][1])
-            assert r[name][0] == pytest.approx(ref_loss, rel=1e-6), (name, "loss on every rank")
-            split_bw = any(a.op.value == "W" for acts in _schedule(name, num_ranks).rank_actions
-                           for a in acts)  # fmt: skip
-            for rep in r[name][2].values():
-                assert rep.by_stage_graph == 0, (name, rep)
-                if split_bw:  # every weight gradient waited for W
-                    assert rep.deferred_fraction == 1.0 and rep.by_fused_backward == 0, (name, rep)
-                else:  # fused BW: one walk, the linears' products right after
-                    assert rep.by_linear + rep.by_fused_backward == rep.num_params, (name, rep)
-        assert set(got) == set(ref_grads), name
-        for key, ref in ref_grads.items():
-            torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4])
 def test_every_schedule_matches_one_process(num_ranks: int) -> None:
     x, y = batch(8, 6)
     xs, ys = list(x.chunk(NUM_MB)), list(y.chunk(NUM_MB))
-    results = spawn(_pipeline_rank, num_ranks, args=(SCHEDULES, xs, ys), timeout_s=240)
-    _check(results, SCHEDULES, num_ranks, xs, ys)
+    results = spawn(pipeline_rank, num_ranks, args=(SCHEDULES, xs, ys), timeout_s=240)
+    check_against_reference(results, SCHEDULES, num_ranks, xs, ys)
 
 
 def test_variable_sequence_lengths_across_microbatches() -> None:
@@ -90,8 +45,8 @@ def test_variable_sequence_lengths_across_microbatches() -> None:
     pairs = [batch(2, seq_len, seed=seq_len) for seq_len in (3, 7, 5, 9)]
     xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
     names = ("zb-h1", "zb-v")
-    results = spawn(_pipeline_rank, 2, args=(names, xs, ys), timeout_s=240)
-    _check(results, names, 2, xs, ys)
+    results = spawn(pipeline_rank, 2, args=(names, xs, ys), timeout_s=240)
+    check_against_reference(results, names, 2, xs, ys)
 
 
 @pytest.mark.parametrize("first_stage", [True, False])
@@ -183,7 +138,7 @@ def test_a_weight_used_without_its_module_meets_b_at_its_matmul() -> None:
 
 
 def _bad_rank(ctx, case: str) -> None:
-    sched = _schedule("zb-h1", ctx.world_size)
+    sched = schedule("zb-h1", ctx.world_size)
     mods: list = stages(2)
     x, y = batch(8, 4)
     if case == "count":
@@ -242,7 +197,7 @@ def test_split_model_refuses_more_stages_than_blocks() -> None:
 def _recompute_rank(ctx, names: tuple[str, ...], xs: list, ys: list) -> dict:
     out = {}
     for name in names:
-        sched = _schedule(name, ctx.world_size)
+        sched = schedule(name, ctx.world_size)
         for recompute in (False, True):
             mods = stages(sched.num_stages)
             calls = {"n": 0}
@@ -271,7 +226,7 @@ def test_recompute_gives_the_same_gradients_with_less_memory_and_one_more_forwar
     names = ("1f1b", "zb-h1", "zb-v")
     results = spawn(_recompute_rank, 2, args=(names, xs, ys), timeout_s=240)
     for name in names:
-        ref_loss, ref_grads = _reference(_schedule(name, 2).num_stages, xs, ys)
+        ref_loss, ref_grads = reference_step(stages(schedule(name, 2).num_stages), xs, ys, loss_fn)
         got = {k: v for r in results for k, v in r[(name, True)][1].items()}
         for key, ref in ref_grads.items():
             torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")
@@ -292,12 +247,12 @@ def test_profile_modules_measures_what_the_simulator_needs() -> None:
     first, last = prof.stages
     assert first.t_f > 0 and first.t_w > 0 and last.t_b > 0 and last.t_w > 0
     assert first.mem_f > 0 and last.mem_f > 0 and prof.activation_bytes == 2 * 6 * 16 * 4
-    sched = _schedule("zb-h1", 2)
+    sched = schedule("zb-h1", 2)
     assert simulate(sched, prof.cost_model(sched)).makespan > 0
 
 
 def _dropout_rank(ctx) -> list[dict[str, torch.Tensor]]:
-    sched = _schedule("zb-h1", ctx.world_size)
+    sched = schedule("zb-h1", ctx.world_size)
     x, y = batch(8, 6)
     out = []
     for recompute in (False, True):
@@ -338,7 +293,7 @@ class _Recorder(OpTimes):
 def _static_rank(ctx, names: tuple[str, ...], xs: list, ys: list, change: bool) -> dict:
     out = {}
     for name in names:
-        sched = _schedule(name, ctx.world_size)
+        sched = schedule(name, ctx.world_size)
         seen = _Recorder()
         runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn, static_shapes=True,
                                 timeout_s=30, observer=seen)  # fmt: skip
@@ -379,17 +334,17 @@ def test_static_shapes_give_the_same_gradients_and_count_memory_once():
     names = ("1f1b", "zb-h1", "zb-v")
     results = spawn(_static_rank, 2, args=(names, xs, ys, False), timeout_s=240)
     for name in names:
-        ref_loss, ref_grads = _reference(_schedule(name, 2).num_stages, xs, ys)
+        ref_loss, ref_grads = reference_step(stages(schedule(name, 2).num_stages), xs, ys, loss_fn)
         got: dict[str, torch.Tensor] = {}
         for r in results:
             assert r[name][0] == pytest.approx([ref_loss] * 3, rel=1e-6), name
             got.update(r[name][1])
             assert r[name][2] == [r[name][3]] * 3, name  # counted once, the same every step
         for rank, r in enumerate(results):
-            _check_observed(_schedule(name, 2), rank, r[name][4], r[name][5], steps=3)
+            _check_observed(schedule(name, 2), rank, r[name][4], r[name][5], steps=3)
         merged = {k: v for r in results for k, v in r[name][5].items()}
-        costs = costs_from_op_times(merged, _schedule(name, 2).num_stages)
-        assert simulate(_schedule(name, 2), costs).makespan > 0  # every op has a time
+        costs = costs_from_op_times(merged, schedule(name, 2).num_stages)
+        assert simulate(schedule(name, 2), costs).makespan > 0  # every op has a time
         assert set(got) == set(ref_grads), name
         for key, ref in ref_grads.items():  # 3 steps accumulated, divided by 3
             torch.testing.assert_close(got[key], ref, rtol=1e-5, atol=1e-7, msg=f"{name} {key}")

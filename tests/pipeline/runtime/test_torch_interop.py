@@ -11,9 +11,9 @@ import torch
 
 from nobubble.distributed import spawn
 from nobubble.pipeline import CostModel, get_schedule, solve_optimal
+from nobubble.pipeline.reference import reference_step
 from nobubble.pipeline.runtime.runner import PipelineRunner
 from nobubble.pipeline.runtime.torch_interop import to_torch
-from tests.pipeline.runtime.test_runner import _reference
 from tests.pipeline.runtime.torch_model import batch, loss_fn, stages
 
 NUM_MB = 4
@@ -53,7 +53,7 @@ def test_torch_runtime_and_runner_give_the_single_process_gradients() -> None:
     scheds = _schedules()
     results = spawn(_both_paths, 2, args=(scheds, xs, ys), timeout_s=240)
     for name, sched in scheds.items():
-        _, ref = _reference(sched.num_stages, xs, ys)
+        _, ref = reference_step(stages(sched.num_stages), xs, ys, loss_fn)
         for path in ("torch", "nobubble"):
             got = {k: v for r in results for k, v in r[(name, path)].items()}
             assert set(got) == set(ref), (name, path)

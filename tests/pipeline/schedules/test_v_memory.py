@@ -26,7 +26,7 @@ from nobubble.pipeline.schedules.v_memory import (
 )
 from nobubble.pipeline.simulate import simulate
 from nobubble.pipeline.validate import validate
-from tests.pipeline.test_paper_table import ROWS, paper_costs
+from tests.pipeline.paper_table import ROWS, paper_costs
 
 BOUND = {"v-min": lambda p: (p + 4) / 3, "v-half": lambda p: (p + 2) / 2, "v-zb": float}
 

@@ -4,27 +4,26 @@ from __future__ import annotations
 
 import itertools
 
+import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("gymnasium")
-
-from nobubble.rl.actor_learner.config import EnvRunConfig  # noqa: E402
-from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces  # noqa: E402
-from nobubble.rl.actor_learner.model import build_model  # noqa: E402
-from nobubble.rl.actor_learner.text.guess_number import (  # noqa: E402
+from nobubble.rl.actor_learner.config import EnvRunConfig
+from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
+from nobubble.rl.actor_learner.model import build_model
+from nobubble.rl.actor_learner.text.guess_number import (
     GuessNumber,
     guess_number_odds,
 )
-from nobubble.rl.actor_learner.text.policy import (  # noqa: E402
+from nobubble.rl.actor_learner.text.policy import (
     TextActorCritic,
     TextPolicyConfig,
     last_position,
 )
-from nobubble.rl.actor_learner.text.protocol import TextStep, check_text_env  # noqa: E402
-from nobubble.rl.actor_learner.text.run import text_env_config, text_run_config  # noqa: E402
-from nobubble.rl.actor_learner.text.tokens import TextVocabulary, TokenEnv  # noqa: E402
+from nobubble.rl.actor_learner.text.protocol import TextStep, check_text_env
+from nobubble.rl.actor_learner.text.run import text_env_config, text_run_config
+from nobubble.rl.actor_learner.text.tokens import TextVocabulary, TokenEnv
 
 
 def _say(env: TokenEnv, text: str) -> tuple[float, bool]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
+import reasoning_gym  # noqa: F401 - the [rg] extra, installed by make
 
-pytest.importorskip("gymnasium")
-pytest.importorskip("reasoning_gym")
-
-from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv, ReasoningGymQuestions  # noqa: E402
-from nobubble.rl.actor_learner.text.run import text_env_config  # noqa: E402
-from nobubble.rl.actor_learner.text.tokens import TokenEnv  # noqa: E402
+from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv, ReasoningGymQuestions
+from nobubble.rl.actor_learner.text.run import text_env_config
+from nobubble.rl.actor_learner.text.tokens import TokenEnv
 
 SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"
     "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
@@ -68,7 +67,7 @@ def test_unknown_tasks_and_bad_configs_are_refused_naming_them() -> None:
         text_env_config("rg:basic_arithmetic", {"max_turns": 0, "size": 5})
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     """One-digit sums over five turns, under seed, for 60k token steps (about 30 s): the
     trained policy's reward is well above the untrained one's (about 0.07: it rarely says

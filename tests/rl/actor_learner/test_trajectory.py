@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import numpy as np
-import pytest
 import torch
 
-pytest.importorskip("gymnasium")
-
-from nobubble.rl.actor_learner.envs import VectorEnv  # noqa: E402
-from nobubble.rl.actor_learner.model import ActorCritic, act  # noqa: E402
-from nobubble.rl.actor_learner.rollout import rollout  # noqa: E402
-from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder  # noqa: E402
+from nobubble.rl.actor_learner.envs import VectorEnv
+from nobubble.rl.actor_learner.model import ActorCritic, act
+from nobubble.rl.actor_learner.rollout import rollout
+from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
 
 
 def test_builder_from_the_message_stream_equals_the_local_rollout() -> None:

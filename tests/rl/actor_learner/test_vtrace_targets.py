@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import math
 
+import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import torch
 
-pytest.importorskip("gymnasium")
-
-from nobubble.rl.actor_learner.envs import VectorEnv  # noqa: E402
-from nobubble.rl.actor_learner.learner import vtrace_targets  # noqa: E402
-from nobubble.rl.actor_learner.model import ActorCritic  # noqa: E402
-from nobubble.rl.actor_learner.rollout import rollout  # noqa: E402
-from nobubble.rl.actor_learner.trajectory import stack_trajectories  # noqa: E402
+from nobubble.rl.actor_learner.envs import VectorEnv
+from nobubble.rl.actor_learner.learner import vtrace_targets
+from nobubble.rl.actor_learner.model import ActorCritic
+from nobubble.rl.actor_learner.rollout import rollout
+from nobubble.rl.actor_learner.trajectory import stack_trajectories
 
 
 def _reference(rhos, discounts, rewards, values, bootstrap, lam):  # type: ignore[no-untyped-def]

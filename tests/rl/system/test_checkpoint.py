@@ -60,6 +60,7 @@ def _step(ckpt: Path) -> int:
     return int(pointer.read_text().split("-")[1]) if pointer.is_file() else 0
 
 
+@pytest.mark.long  # the fault matrix: kills at random moments of a real run
 def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
     ref_dir, out = tmp_path / "ref", tmp_path / "out"
     subprocess.run(_cmd(ref_dir, out), check=True, capture_output=True, timeout=300)

@@ -1,5 +1,5 @@
-"""The Ray engine: the same short end-to-end run as the local engine, on a local Ray
-instance started by the test (one instance for both runs: Ray starts slowly)."""
+"""The Ray engine: the same short end-to-end run as the local engine, on the test run's one
+local Ray instance (``ray_session`` in tests/conftest.py: Ray starts slowly)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,7 @@ TINY = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def test_ray_engine_end_to_end(local_ray):
+def test_ray_engine_end_to_end(ray_session):
     cfg = RunConfig(mode="fully-async", max_staleness=2, steps=4, groups_per_rollout=1, **TINY)
     res = run(cfg)
     assert res.steps == 4
@@ -39,6 +32,6 @@ def test_ray_engine_end_to_end(local_ray):
     assert ray.is_initialized()  # the engine leaves a Ray it did not start running
 
 
-def test_ray_actor_failure_ends_the_run(local_ray):
+def test_ray_actor_failure_ends_the_run(ray_session):
     with pytest.raises(WorkerError, match="trainer failed.*InjectedFault"):
         run(RunConfig(mode="sync", steps=4, fault="trainer:2:raise", **TINY))

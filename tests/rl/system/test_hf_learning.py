@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(600)
 USER = Path(__file__).parent / "user_files" / "my_rl.py"
 
 
+@pytest.mark.long
 def test_gpt2_from_a_config_learns_digits_fully_async():
     cfg = RunConfig(
         task="nobubble.rl.system.tasks:DigitsTask",

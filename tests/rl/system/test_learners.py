@@ -3,13 +3,13 @@ asynchronous aggregations learn, the ledger stays whole, bad values and dead lea
 reported.
 
 The exactness test runs the learners' code on two gloo ranks (:func:`nobubble.distributed.spawn`)
-against a plain :class:`Trainer` on the concatenated batches, in float64; the other tests
-are short runs of the local engine.
+against a plain single-process loop on the concatenated batches, in float64: the reference
+objective (``trainer_reference``, built on :mod:`nobubble.rl.algo.reference`, no
+:class:`Trainer` code), its gradient clipped, Adam. The other tests are short runs of the
+local engine.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
@@ -22,6 +22,7 @@ from nobubble.rl.system.protocol import Message
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import Trainer, TrainResult
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
+from tests.rl.system.trainer_reference import reference_train_step
 
 TINY = dict(batch_groups=4, group_size=4, eval_every=2, policy_kwargs={"hidden": 32}, timeout_s=240)
 EXACT = RunConfig(group_size=8, batch_groups=5, policy_kwargs={"hidden": 32})
@@ -61,15 +62,28 @@ def _sync_learner(ctx: DistContext, cfg: RunConfig, batches: list[list[SampleGro
     return learner.trainer.state_dict()
 
 
+def _reference_run(cfg: RunConfig, batches: list[list[SampleGroup]]) -> tuple[dict, dict]:
+    """The parameters before and after one process steps the reference objective on each
+    whole batch (version = step index, as a trainer's); the same initial policy as the
+    learners'."""
+    task = cfg.make_task()
+    torch.manual_seed(cfg.seed)
+    model = cfg.build_policy(task).double()
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    train_cfg = cfg.trainer_config()
+    opt = torch.optim.Adam(model.parameters(), lr=train_cfg.lr)
+    for version, batch in enumerate(batches):
+        reference_train_step(model, opt, batch, train_cfg, task, version)
+    return start, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def test_sync_learners_equal_one_learner_on_the_whole_batch():
     """2 learners on shards of 3 + 2 groups (unequal token counts) for 3 steps hold the
-    parameters of one plain Trainer stepped on the 5 groups, within 1e-6 in float64."""
+    parameters of a single process stepping the reference objective on the 5 groups, within
+    1e-6 in float64 (the trainer builds its advantages in float32, the reference in
+    float64)."""
     batches = _batches(EXACT)
-    reference = _fp64_trainer(EXACT)
-    start = reference.state_dict()
-    for batch in batches:
-        reference.train_step(batch)
-    expected = reference.state_dict()
+    start, expected = _reference_run(EXACT, batches)
     ranks = spawn(_sync_learner, 2, args=(EXACT, batches), timeout_s=180)
     moved = max((expected[k] - start[k]).abs().max().item() for k in expected)
     assert moved > 1e-3  # the steps did move the policy
@@ -133,12 +147,12 @@ def test_bad_learner_settings_are_refused_before_any_work(over, match):
 def test_the_cli_refuses_bad_learners_with_exit_2(capsys):
     from nobubble.cli import main
 
-    start = time.monotonic()
     assert main(["rl", "train", "--learners", "5", "--batch-groups", "4"]) == 2
-    assert "learners=5 > batch_groups=4" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "learners=5 > batch_groups=4" in err and out == ""  # refused before any work
     assert main(["rl", "train", "--learners", "2", "--local-sgd-every", "3"]) == 2
-    assert "--aggregation local-sgd" in capsys.readouterr().err
-    assert time.monotonic() - start < 30
+    out, err = capsys.readouterr()
+    assert "--aggregation local-sgd" in err and out == ""
 
 
 def check_ledger(res, cfg: RunConfig) -> None:
@@ -190,17 +204,16 @@ def test_ledger_is_whole_with_two_learners(aggregation):
         ("trainer-1:2:kill", "trainer-1 died with exit code -9"),
     ],
 )
-def test_a_failing_learner_is_named_within_the_timeout(fault, match):
-    start = time.monotonic()
-    with pytest.raises(WorkerError, match=match):
+def test_a_failing_learner_is_named_not_timed_out(fault, match):
+    with pytest.raises(WorkerError, match=match):  # the learner's own error, not a stall
         run(
             RunConfig(
-                mode="one-step-off", steps=6, learners=2, fault=fault, stall_timeout_s=30, **TINY
+                mode="one-step-off", steps=6, learners=2, fault=fault, stall_timeout_s=60, **TINY
             )
         )
-    assert time.monotonic() - start < 90
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("aggregation", ["staleness"])  # async: the same path, unweighted
 def test_two_asynchronous_learners_learn_digits(aggregation):
@@ -225,23 +238,18 @@ def test_two_asynchronous_learners_learn_digits(aggregation):
 
 
 @pytest.mark.timeout(300)
-def test_two_learners_on_the_ray_engine():
+def test_two_learners_on_the_ray_engine(ray_session):
     """Ray actors form the group; async learner 1 computes on weights handed over by Ray."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # 1 generator + 2
-    try:
-        cfg = RunConfig(
-            engine="ray",
-            mode="one-step-off",
-            steps=4,
-            learners=2,
-            aggregation="async",
-            stall_timeout_s=90,
-            **{**TINY, "batch_groups": 3},
-        )
-        res = run(cfg)
-        assert res.steps == 4
-        check_ledger(res, cfg)
-        assert res.ledger.by_learner == {0: 2 * 4 * 4, 1: 1 * 4 * 4}  # shards of 2 + 1 groups
-    finally:
-        ray.shutdown()
+    cfg = RunConfig(
+        engine="ray",
+        mode="one-step-off",
+        steps=4,
+        learners=2,
+        aggregation="async",
+        stall_timeout_s=90,
+        **{**TINY, "batch_groups": 3},
+    )
+    res = run(cfg)
+    assert res.steps == 4
+    check_ledger(res, cfg)
+    assert res.ledger.by_learner == {0: 2 * 4 * 4, 1: 1 * 4 * 4}  # shards of 2 + 1 groups

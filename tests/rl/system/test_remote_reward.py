@@ -13,7 +13,6 @@ import pickle
 import re
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -95,13 +94,13 @@ def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -
 
 
 def test_backoff_doubles_between_attempts() -> None:
+    slept: list[float] = []
     with serve_rewards(length_gain, fail_status=503) as server:
-        reward = RemoteReward(server.url, max_retries=2, backoff_s=0.1)
-        start = time.perf_counter()
-        with pytest.raises(RemoteRewardError, match="3 attempts"):
+        reward = RemoteReward(server.url, max_retries=3, backoff_s=0.1, sleep=slept.append)
+        with pytest.raises(RemoteRewardError, match="4 attempts"):
             reward(PROMPTS, RESPONSES)
-        elapsed = time.perf_counter() - start
-    assert elapsed >= 0.1 + 0.2  # backoff_s * 2**0, then backoff_s * 2**1
+        assert server.requests == 4
+    assert slept == pytest.approx([0.1, 0.2, 0.4])  # backoff_s * 2**(a - 1) before attempt a
 
 
 def test_client_timeout_is_an_error() -> None:

@@ -1,8 +1,8 @@
 """``nobubble demo`` step for MoE expert parallelism.
 
 Four local ranks (two with ``quick``) run a DeepSeek-V3-routed :class:`MoELayer` through
-:class:`Buffer`: the first step's output and gradients are checked against the dense
-single-process MoE, the bytes dispatch moves are compared with a per-pair all-to-all, and
+:class:`Buffer`: the first step's output and gradients are checked against the token-by-token
+reference MoE in one process (:class:`~nobubble.moe.reference_layer.ReferenceMoE`), the bytes dispatch moves are compared with a per-pair all-to-all, and
 the auxiliary-loss-free bias is updated after every step on a skewed token stream, which
 flattens the expert load. Writes ``moe/load_balance.png`` and ``moe/ep_demo.json``.
 """
@@ -18,9 +18,10 @@ import torch
 from nobubble.cli.util import console, print_table
 from nobubble.distributed import spawn
 from nobubble.files import save_figure, write_text
+from nobubble.moe.baseline import pair_dispatch
 from nobubble.moe.buffer import Buffer
-from nobubble.moe.layer import DenseMoE, MoEConfig, MoELayer, init_moe_weights
-from nobubble.moe.reference import pair_dispatch
+from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
+from nobubble.moe.reference_layer import ReferenceMoE
 
 __all__ = ["run"]
 
@@ -96,16 +97,17 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
-def _dense_check(results: list[dict[str, Any]]) -> tuple[float, float]:
-    """Largest relative difference to the dense MoE: (output, gradients of input and router)."""
+def _reference_check(results: list[dict[str, Any]]) -> tuple[float, float]:
+    """Largest relative difference to the reference MoE: (output, gradients of input and
+    router)."""
     config = _config()
-    dense = DenseMoE(config, _weights(config))
+    reference = ReferenceMoE(config, _weights(config))
     x = torch.cat([r["x0"] for r in results]).requires_grad_()
-    y = dense(x)
+    y = reference(x)
     y.square().sum().backward()
     out_err = _rel_err(torch.cat([r["y0"] for r in results]), y.detach())
-    router = dense.router
-    assert x.grad is not None and router is not None and router.grad is not None
+    router = reference.router
+    assert x.grad is not None and router.grad is not None
     grad_err = max(
         _rel_err(torch.cat([r["x0_grad"] for r in results]), x.grad),
         _rel_err(sum(r["router_grad"] for r in results), router.grad),
@@ -146,7 +148,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     con = console()
     con.print(f"MoE layer (DeepSeek-V3 routing, 16 experts, top-4) on {ranks} gloo ranks")
     results = spawn(_rank, ranks, args=(num_tokens, steps), timeout_s=600)
-    out_err, grad_err = _dense_check(results)
+    out_err, grad_err = _reference_check(results)
     print_table(
         "dispatch on the first step",
         ["rank", "rows sent per rank", "rows received per rank", "buffer bytes", "per-pair bytes"],
@@ -165,7 +167,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     total_pair = sum(r["pair_bytes"] for r in results)
     con.print(
         f"dispatch moved {total_buffer:,} B vs {total_pair:,} B for a per-pair all-to-all "
-        f"({total_pair / total_buffer:.2f}x); vs dense single-process MoE: "
+        f"({total_pair / total_buffer:.2f}x); vs the token-by-token reference MoE: "
         f"max relative diff: output {out_err:.1e}, input/router grads {grad_err:.1e}"
     )
     loads = results[0]["loads"]
@@ -192,5 +194,5 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
         + "\n",
     )
     if out_err > 1e-5 or grad_err > 1e-5:
-        raise RuntimeError(f"MoE layer disagrees with the dense reference ({out_err}, {grad_err})")
+        raise RuntimeError(f"MoE layer disagrees with the reference MoE ({out_err}, {grad_err})")
     return [png, summary]

@@ -140,7 +140,8 @@ def replan_decision(
 ) -> ReplanDecision:
     """Re-cut when some rank's speed moved more than ``threshold`` (relative) from the speed
     the current cut was planned for, and the best cut at the measured speeds is at least
-    ``min_gain`` (relative) faster than the current one. ``sizes`` is kept otherwise."""
+    ``min_gain`` (relative) faster than the current one, and strictly faster (so that
+    ``min_gain=0`` never moves layers for nothing). ``sizes`` is kept otherwise."""
     if not (threshold >= 0 and 0 <= min_gain < 1):
         raise ValueError(f"replan_decision: threshold={threshold!r} must be >= 0 and "
                          f"min_gain={min_gain!r} in [0, 1)")  # fmt: skip
@@ -152,6 +153,6 @@ def replan_decision(
         return ReplanDecision(False, tuple(sizes), drift, now, now)
     best = balanced_sizes(costs, measured, prefer=sizes)
     then = bottleneck(best, costs, measured)
-    if then > now * (1 - min_gain):
+    if then >= now or then > now * (1 - min_gain):
         return ReplanDecision(False, tuple(sizes), drift, now, now)
     return ReplanDecision(True, best, drift, now, then)

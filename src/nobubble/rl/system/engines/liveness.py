@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nobubble.distributed import BEAT_S, LIVENESS_S, STARTUP_S
@@ -30,28 +31,32 @@ class Heartbeats:
             with them when they start).
         names: every worker that will ever run (a restarted one reuses its slot).
         liveness_s: silence, in seconds, after which a worker counts as hung; None = never.
+        clock: the engine's clock, the one the workers write (``time.monotonic``); a test
+            gives its own to step time by hand.
     """
 
-    def __init__(self, ctx: Any, names: list[str], liveness_s: float | None = LIVENESS_S) -> None:
+    def __init__(self, ctx: Any, names: list[str], liveness_s: float | None = LIVENESS_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if liveness_s is not None and not liveness_s > 2 * BEAT_S:
             raise ValueError(f"liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
         self.slots = ctx.Array("d", len(names), lock=False)  # last beat per worker, 0 = none
         self.index = {name: i for i, name in enumerate(names)}
         self.liveness_s = liveness_s
+        self._clock = clock
         self._started: dict[str, float] = {}
 
     def started(self, name: str) -> int:
         """Note that ``name`` (re)starts now; returns its slot for the worker to write."""
         i = self.index[name]
         self.slots[i] = 0.0
-        self._started[name] = time.monotonic()
+        self._started[name] = self._clock()
         return i
 
     def silent(self, names: list[str]) -> tuple[str, float] | None:
         """The first of ``names`` silent for longer than allowed, and for how long."""
         if self.liveness_s is None:
             return None
-        now = time.monotonic()
+        now = self._clock()
         for name in names:
             last = self.slots[self.index[name]]
             limit = self.liveness_s if last else max(self.liveness_s, STARTUP_S)

@@ -123,9 +123,10 @@ class RayEngine:
     def start(self, cfg: RunConfig) -> list[str]:
         import ray
 
+        if cfg.ray_address:  # probed even when Ray is up: the user named this cluster
+            check_ray_address(cfg.ray_address)  # ray.init would wait minutes for a GCS
         if not ray.is_initialized():
             if cfg.ray_address:
-                check_ray_address(cfg.ray_address)  # ray.init would wait minutes for a GCS
                 ray.init(address=cfg.ray_address, log_to_driver=False)
             else:
                 need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
@@ -133,6 +134,7 @@ class RayEngine:
                     num_cpus=max(os.cpu_count() or 2, need),
                     include_dashboard=False,
                     log_to_driver=False,
+                    _node_ip_address="127.0.0.1",  # loopback only: Ray may bind another
                 )
             self._started_ray = True
         self._cfg = cfg

@@ -38,7 +38,8 @@ import math
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from nobubble.validation import check_value
@@ -70,13 +71,16 @@ class RemoteReward:
             ``http://127.0.0.1:8000/score``.
         timeout_s: seconds each socket operation of one attempt may take, > 0.
         max_retries: further attempts after a failed one, >= 0 (``max_retries + 1`` in all).
-        backoff_s: base of the exponential sleep between attempts, >= 0.
+        backoff_s: base of the exponential sleep between attempts, >= 0: ``backoff_s *
+            2**(a - 1)`` before attempt ``a`` (a = 1, 2, ...).
+        sleep: how to wait between attempts (``time.sleep``; a test passes its own).
     """
 
     url: str
     timeout_s: float = 10.0
     max_retries: int = 2
     backoff_s: float = 0.05
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_url(self.url)
@@ -108,7 +112,7 @@ class RemoteReward:
         last_error = ""
         for attempt in range(num_attempts):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                self.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 raw = _post(self.url, body, self.timeout_s)
                 return _parse_rewards(raw, len(prompts)), attempt
