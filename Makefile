@@ -38,7 +38,7 @@ docs: $(STAMP)
 # (learning to a target, the full fault matrix, accepted-size budgets, solver proofs)
 test: lint
 	$(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
-	$(BIN)/python -m pytest -m "not long" --durations=25
+	$(BIN)/python -m pytest -m "not long" -n 2 --dist loadgroup --durations=25
 
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -m long --durations=25

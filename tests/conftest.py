@@ -27,6 +27,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            # with pytest-xdist (make test: -n 2 --dist loadgroup), every Ray test runs on one
+            # worker, so the run starts Ray once
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")

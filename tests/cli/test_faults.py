@@ -104,7 +104,7 @@ def _last_line(err: str) -> str:
 
 def test_a_killed_rank_of_pp_run_ends_the_run_naming_it(tmp_path) -> None:
     """The fast tier's case of the matrix: the same checks, a hang guard for the bound."""
-    _killed_rank_case(tmp_path, "pp run", bound_s=150)
+    _killed_rank_case(tmp_path, "pp run", bound_s=150, check_shm=False)
 
 
 @pytest.mark.long
@@ -113,7 +113,8 @@ def test_a_killed_rank_or_worker_ends_the_run_naming_it(tmp_path, name) -> None:
     _killed_rank_case(tmp_path, name, bound_s=20)
 
 
-def _killed_rank_case(tmp_path: Path, name: str, bound_s: float) -> None:
+def _killed_rank_case(tmp_path: Path, name: str, bound_s: float, check_shm: bool = True) -> None:
+    """``check_shm`` False: /dev/shm is not compared (other tests of a parallel run write it)."""
     before = _shm()
     run = _Run(name, tmp_path)
     try:
@@ -124,7 +125,8 @@ def _killed_rank_case(tmp_path: Path, name: str, bound_s: float) -> None:
         assert "died with exit code -9" in line and "Traceback" not in err, err
         assert line.startswith(f"nobubble {run.group}: failed:"), err
         run.assert_nothing_left()
-        assert not {n for n in _shm() - before if not n.startswith("sem.")}, "shm left"
+        if check_shm:
+            assert not {n for n in _shm() - before if not n.startswith("sem.")}, "shm left"
     finally:
         run.kill()
 

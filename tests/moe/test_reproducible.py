@@ -31,6 +31,8 @@ from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
 from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
 from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 
+pytestmark = pytest.mark.xdist_group("moe-reproducible")  # its module fixtures run once
+
 MODES = ("normal", "shm", "hierarchical", "low_latency", "fp8")
 SHM_MODES = ("shm", "low_latency", "fp8")  # modes whose receive order depends on arrival
 WORLD = 4

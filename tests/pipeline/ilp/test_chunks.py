@@ -48,19 +48,21 @@ def test_placements_match_the_generators():
         placement_map("w", 4, 2)
 
 
+_PROOF = pytest.mark.long  # the solver proves optimality: seconds each, the long tier
+
 TINY = [
     # (placement, m, t_f, t_b, t_w per rank, t_comm, limit in rank units of M_F, objective)
     ("v", 1, (6, 4), (4, 6), (2, 4), 1, None, "span"),
     ("v", 2, (6, 4), (4, 6), (2, 4), 1, None, "span"),
     ("v", 2, (6, 4), (4, 6), (2, 4), 1, 1, "span"),
     ("v", 3, 4, 4, 2, 1, None, "span"),
-    ("v", 3, (6, 4), (4, 6), (2, 4), 1, 1.25, "span"),
+    pytest.param(("v", 3, (6, 4), (4, 6), (2, 4), 1, 1.25, "span"), marks=_PROOF),
     ("v", 2, (6, 4), (4, 6), (2, 4), 0, 1, "makespan"),
     ("interleaved", 1, (6, 4), (4, 6), (2, 4), 1, None, "span"),
     ("interleaved", 2, (6, 4), (4, 6), (2, 4), 1, None, "span"),
     ("interleaved", 2, (6, 4), (4, 6), (2, 4), 1, 1, "span"),
     ("interleaved", 3, 4, 4, 2, 1, None, "span"),
-    ("interleaved", 3, (6, 4), (4, 6), (2, 4), 1, 1.25, "span"),
+    pytest.param(("interleaved", 3, (6, 4), (4, 6), (2, 4), 1, 1.25, "span"), marks=_PROOF),
 ]
 
 

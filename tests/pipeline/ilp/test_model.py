@@ -55,12 +55,16 @@ def _orders(solver, built, p, m):
     return out
 
 
+_PROOF = pytest.mark.long  # the solver proves optimality: seconds each, the long tier
+
+LIMITED = (2, 3, UNIFORM, 1, 68, "span")
+
 CASES = [
     # (p, m, costs, t_comm, mem limit, objective)
     (2, 1, UNIFORM, 1, None, "span"),
     (2, 2, UNIFORM, 1, None, "span"),
     (2, 3, UNIFORM, 1, None, "span"),
-    (2, 3, UNIFORM, 1, 68, "span"),  # two microbatches' activations
+    pytest.param(LIMITED, marks=_PROOF),  # two microbatches' activations
     (2, 3, SKEWED, 2, None, "makespan"),
     (2, 3, SKEWED, 0, 34, "span"),  # one microbatch in flight at a time
     (3, 3, UNIFORM, 1, None, "span"),
@@ -157,7 +161,7 @@ def test_span_is_anchored_at_the_earliest_first_forward():
 def test_big_m_milp_reaches_the_same_optimum(solver):
     from nobubble.pipeline.ilp.milp import solve_milp
 
-    for case in (CASES[3], CASES[8]):  # p=2 m=3 with limit; p=3 m=3 skewed with limit
+    for case in (LIMITED, CASES[8]):  # p=2 m=3 with limit; p=3 m=3 skewed with limit
         brute, problem = _problems(*case)
         result = solve_milp(problem, solver=solver, time_limit_s=20)
         assert result.status == "optimal"

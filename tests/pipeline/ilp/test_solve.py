@@ -54,6 +54,8 @@ def _check_schedule(result, costs, limit):
     return sim
 
 
+_PROOF = pytest.mark.long  # the solver proves optimality: seconds each, the long tier
+
 TINY = [
     # (p, m, t_f, t_b, t_w, t_comm, limit in M_F, objective)
     (2, 1, 3, 2, 1, 1, None, "span"),
@@ -62,7 +64,7 @@ TINY = [
     (2, 3, (3, 5), (4, 2), (1, 3), 1, None, "makespan"),
     (2, 3, (3, 5), (4, 2), (1, 3), 0, 1, "span"),
     (3, 3, 4, 4, 2, 1, None, "span"),
-    (3, 3, (4, 6, 3), (5, 3, 6), (2, 3, 1), 1, 2, "span"),
+    pytest.param((3, 3, (4, 6, 3), (5, 3, 6), (2, 3, 1), 1, 2, "span"), marks=_PROOF),
 ]
 
 

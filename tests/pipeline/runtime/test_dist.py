@@ -24,6 +24,8 @@ from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
 from nobubble.pipeline.simulate import simulate
 from nobubble.pipeline.validate import ScheduleError
 
+pytestmark = pytest.mark.xdist_group("pipeline-dist")  # its module fixtures run once
+
 MODEL = GPTConfig(vocab_size=32, seq_len=8, hidden=16, num_heads=2, num_layers=8, seed=5)
 MLP_MODEL = MLPConfig(in_features=8, hidden=16, num_classes=5, num_layers=4, seed=6)
 MICROBATCH_SIZE = 2
