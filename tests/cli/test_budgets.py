@@ -48,6 +48,20 @@ def test_oversized_runs_are_refused_before_any_work(argv: list[str], needle: str
     assert out.stdout == "", out.stdout  # no progress, no table: nothing ran
 
 
+@pytest.mark.long
+def test_oversized_runs_are_refused_within_2_s(capsys) -> None:
+    """The timed half (the long tier): each refusal above, in process, under 2 s once the
+    command's modules are imported (the interpreter's own start-up is not the command's)."""
+    for argv, _ in OVERSIZED:
+        main(argv)  # first imports
+    capsys.readouterr()
+    for argv, _ in OVERSIZED:
+        start = time.perf_counter()
+        assert main(argv) == 2
+        took = time.perf_counter() - start
+        assert took < 2, f"{argv}: refused after {took:.1f}s"
+
+
 def test_force_lets_a_run_past_the_budget_start() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "nobubble", "pp", "simulate", "-s", "1f1b", "-p", "200", "-m",

@@ -79,7 +79,8 @@ def test_bad_arguments_exit_2_in_one_line(argv, message, capsys):
     assert len(err.strip().splitlines()) == 1 and message in err, err
 
 
-def test_a_timeout_reaches_the_user(capsys):
-    assert main(["ep", "train", "--ranks", "2", "--timeout", "0.5", "--json"]) == 1
+def test_a_timeout_reaches_the_user(tmp_path, capsys):
+    plot = str(tmp_path / "p.png")
+    assert main(["ep", "train", "--ranks", "2", "--timeout", "0.5", "--plot", plot, "--json"]) == 1
     err = capsys.readouterr().err
     assert "timed out" in err and len(err.strip().splitlines()) == 1, err

@@ -34,9 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, GroupedExperts, MoEConfig, MoELayer, softmax_topk
+from nobubble.moe import Buffer, GroupedExperts, MoEConfig, MoELayer
 from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 from nobubble.moe.layer import swiglu
+from nobubble.moe.reference_layer import reference_route
+
+pytestmark = pytest.mark.xdist_group("moe-bf16")  # its module fixtures run once
 
 H, INNER, E, K = 32, 24, 8, 2
 TOKENS = (12, 9)
@@ -120,16 +123,23 @@ def _rank(ctx, xs, gys) -> dict:
 
 
 def _dense_fp32(xs, gys) -> dict:
-    """The reference: every expert in one process, float32."""
+    """The reference: every expert in one process, float32, token by token - the per-token
+    routing of :mod:`nobubble.moe.reference_layer` and the user's own expert modules called
+    on one row at a time (no top-k, grouping or dispatch code of the layer)."""
     router = Fp32Router()
-    experts = GroupedExperts(SwiGLUExpert, E)  # rank 0 of 1: all experts
+    experts = [SwiGLUExpert(e) for e in range(E)]
     x = torch.cat(xs).requires_grad_()
-    routing = softmax_topk(router(x), K)
-    y = experts(x, routing.topk_idx, routing.topk_weights)
+    logits = router(x)  # (N, E)
+    rows, chosen = [], []
+    for t in range(x.shape[0]):
+        idx, weights = reference_route(logits[t], CONFIG)  # K experts, (K,)
+        rows.append(sum(w * experts[e](x[t : t + 1])[0] for e, w in zip(idx, weights)))
+        chosen.append(idx)
+    y = torch.stack(rows)  # (N, H)
     (y * torch.cat(gys)).sum().backward()
     grads = {
         f"{e}.{name}": p.grad
-        for e, expert in enumerate(experts.experts)
+        for e, expert in enumerate(experts)
         for name, p in expert.named_parameters()
     }
     return {
@@ -137,7 +147,7 @@ def _dense_fp32(xs, gys) -> dict:
         "x_grad": x.grad,
         "router_grad": router.weight.grad,
         "expert_grads": grads,
-        "topk_idx": routing.topk_idx,
+        "topk_idx": torch.tensor(chosen),
     }
 
 

@@ -119,3 +119,19 @@ def test_bias_update_sign():
 def test_bad_router_input(call, needle):
     with pytest.raises(ValueError, match=needle):
         call()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scored"),
+    [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+     (torch.float32, torch.float32), (torch.float64, torch.float64)],
+)  # fmt: skip
+def test_routers_score_in_float32_at_least_and_float64_for_float64(dtype, scored):
+    logits = torch.randn(5, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
+    soft = softmax_topk(logits, 2)
+    v3 = deepseek_v3_topk(logits, 2, n_groups=2, bias=torch.zeros(8))
+    for r in (soft, v3):
+        assert r.scores.dtype == r.topk_weights.dtype == scored
+    # the choice is the float32 (or float64) one: bf16 scores would tie where these do not
+    want = logits.to(scored).softmax(-1).topk(2, dim=-1)
+    assert torch.equal(soft.topk_idx, want.indices) and torch.equal(soft.topk_weights, want.values)

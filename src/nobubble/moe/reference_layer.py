@@ -25,8 +25,8 @@ Deliberately this module imports nothing from ``nobubble.moe``: a mistake in the
 routing, slot weighting or shared experts cannot cancel out against itself in a comparison.
 Ties between scores are broken by expert id here and arbitrarily by ``torch.topk`` there:
 compare on random float weights, where ties do not occur. The math runs in the dtype of the
-inputs; nobubble's routers score in float32, so in float64 the two agree to float32 precision
-wherever a routing weight is involved.
+inputs, float32 at least (bf16 logits score in float32), as nobubble's routers do: in float64
+the two agree to ~1e-12.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``I`` expert hidden, ``E`` logical experts, ``R``
 physical experts (replicas), ``K`` top-k, ``S`` shared width (shared experts x ``I``).
@@ -110,6 +110,7 @@ def reference_route(
     the order they were chosen (highest score first); equal scores go to the lower id.
     """
     num_experts, k = rule.num_experts, rule.topk
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (E,) bf16: float32
     if rule.router == "softmax":
         z = torch.exp(logits - logits.max().detach())  # (E,) shifted: exp cannot overflow
         p = z / z.sum()  # (E,)
@@ -117,8 +118,8 @@ def reference_route(
         chosen = sorted(range(num_experts), key=lambda e: -prob[e])[:k]
         return chosen, p[chosen]  # (K,)
     s = torch.sigmoid(logits)  # (E,) 1 / (1 + exp(-l))
-    steer = [0.0] * num_experts if bias is None else bias.tolist()
-    b = [v + steer[e] for e, v in enumerate(s.tolist())]  # biased: selection only
+    biased = s.detach() if bias is None else s.detach() + bias.to(s.dtype)  # (E,) choice only
+    b = biased.tolist()
     per_group = num_experts // rule.n_groups
     group_score = []
     for g in range(rule.n_groups):

@@ -252,7 +252,7 @@ class Schedule:
                 rows.append(actions)
         except csv.Error as err:  # a lone carriage return, a cell past the field limit
             raise ScheduleFormatError(
-                f"CSV line {line_no + 1}: {err}; expected rows of cells like 0F0,0I0,0W0 "
+                f"CSV line {reader.line_num}: {err}; expected rows of cells like 0F0,0I0,0W0 "
                 "separated by newlines"
             ) from None
         while rows and not rows[-1]:
@@ -317,5 +317,6 @@ def _infer_stage_to_rank(rows: Sequence[Sequence[Action]]) -> tuple[int, ...]:
         first = list(itertools.islice((s for s in range(num_stages) if s not in owner), 5))
         more = num_stages - len(owner) - len(first)
         listed = ", ".join(map(str, first)) + (f" and {more:,} more" if more else "")
-        raise ScheduleFormatError(f"stages {listed} have no actions; cannot infer their rank")
+        which = f"stage {listed} has" if len(first) == 1 and not more else f"stages {listed} have"
+        raise ScheduleFormatError(f"{which} no actions; cannot infer their rank")
     return tuple(owner[s] for s in range(num_stages))

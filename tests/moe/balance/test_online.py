@@ -41,8 +41,7 @@ def batch(step: int):
 
 
 def close(a, b, what):
-    """Float64 on both sides, but the layer's router scores in float32: routing weights carry
-    float32 rounding, and so does everything they touch."""
+    """Float64 on both sides (the routers score in the logits' dtype); sums in other orders."""
     assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), f"{what}: max err {(a - b).abs().max()}"
 
 

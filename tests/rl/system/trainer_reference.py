@@ -34,7 +34,6 @@ from nobubble.rl.algo.reference import (
     staleness_weight_ref,
     vtrace_ref,
 )
-from nobubble.rl.system.policies import prompt_attention_mask, response_logits
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.trainer import TrainerConfig
 from nobubble.rl.system.types import Sample, SampleGroup
@@ -47,9 +46,23 @@ def policy_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``log pi(v | s_t)`` for every vocabulary entry ``(B, N, V)`` and ``V(s_t)`` ``(B, N)``,
     float64, at the positions that predict the response tokens ``tokens[:, P:]``."""
-    p = task.prompt_len
-    attn = prompt_attention_mask(tokens, p, task.tokenizer.pad_id)  # (B, P + N)
-    logits, values = response_logits(model, tokens, p, attn)  # (B, N, V), (B, N)
+    p, pad = task.prompt_len, task.tokenizer.pad_id
+    num_seqs, length = tokens.shape
+    inputs = tokens[:, :-1]  # (B, P + N - 1): position t predicts token t + 1
+    lead = []  # left padding of each prompt: its leading pad tokens
+    for b in range(num_seqs):
+        row = tokens[b, :p].tolist()
+        lead.append(next((i for i, t in enumerate(row) if t != pad), p))
+    if any(lead):  # the pads are masked out and do not count as positions
+        mask = torch.ones(num_seqs, length - 1, dtype=torch.long)
+        positions = torch.zeros(num_seqs, length - 1, dtype=torch.long)
+        for b, n in enumerate(lead):
+            mask[b, :n] = 0
+            positions[b, n:] = torch.arange(length - 1 - n)
+        logits, values = model(inputs, mask, positions)
+    else:
+        logits, values = model(inputs)
+    logits, values = logits[:, p - 1 :], values[:, p - 1 :]  # (B, N, V), (B, N)
     return torch.log_softmax(logits.double(), dim=-1), values.double()
 
 

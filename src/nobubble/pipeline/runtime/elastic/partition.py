@@ -5,7 +5,8 @@ about the time of its slowest stage: ``max_r speed_r * sum(cost of rank r's laye
 ``cost`` is each layer's nominal cost (any unit; equal when the layers are alike) and
 ``speed_r`` the time rank ``r`` takes per unit of it (measured: a 1.5x straggler has a 1.5x
 speed). :func:`balanced_sizes` finds the cut with the least such bottleneck (exact, dynamic
-programming over cut points); :func:`speeds_from_times` turns measured per-rank compute times
+programming over cut points; it lives in :mod:`nobubble.pipeline.partition`, shared with the
+planner, and is re-exported here); :func:`speeds_from_times` turns measured per-rank compute times
 into speeds; :func:`replan_decision` says whether a new cut is worth moving layers for.
 
 Pure functions, no torch: the same answer on every rank from the same numbers, so every rank
@@ -18,69 +19,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nobubble.pipeline.partition import balanced_sizes, bottleneck, held_costs
+from nobubble.pipeline.partition import check_costs_and_speeds as _check
+
 __all__ = ["balanced_sizes", "bottleneck", "held_costs", "speeds_from_times", "speed_drift",
            "ReplanDecision", "replan_decision"]  # fmt: skip
-
-
-def _check(costs: Sequence[float], speeds: Sequence[float]) -> None:
-    if not speeds:
-        raise ValueError("partition: no ranks (speeds is empty); give one speed per rank")
-    if len(costs) < len(speeds):
-        raise ValueError(f"partition: {len(costs)} layers for {len(speeds)} ranks; every rank "
-                         "needs at least one layer: use fewer ranks or more layers")  # fmt: skip
-    for name, values in (("layer cost", costs), ("rank speed", speeds)):
-        bad = [(i, v) for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)]
-        if bad:
-            raise ValueError(f"partition: {name} {bad[0][0]} is {bad[0][1]!r}; it must be "
-                             "finite and > 0")  # fmt: skip
-
-
-def bottleneck(sizes: Sequence[int], costs: Sequence[float], speeds: Sequence[float]) -> float:
-    """``max_r speeds[r] * sum(costs of rank r's layers)`` for the cut ``sizes`` (layers per
-    rank, in order)."""
-    if sum(sizes) != len(costs) or len(sizes) != len(speeds) or min(sizes, default=0) < 1:
-        raise ValueError(f"bottleneck: sizes {list(sizes)} must be {len(speeds)} counts >= 1 "
-                         f"summing to {len(costs)} layers")  # fmt: skip
-    return max(speed * c for speed, c in zip(speeds, held_costs(sizes, costs), strict=True))
-
-
-def balanced_sizes(
-    costs: Sequence[float], speeds: Sequence[float], *, prefer: Sequence[int] | None = None
-) -> tuple[int, ...]:
-    """The contiguous cut of ``costs`` (one per layer, in pipeline order) into
-    ``len(speeds)`` stages of at least one layer each with the least :func:`bottleneck`.
-
-    ``prefer`` (the current cut) is kept when its bottleneck is within 1e-9 (relative) of the
-    least; otherwise the DP's cut, which gives each rank the earliest start that reaches the
-    least bottleneck of the ranks before it. O(p L^2) time.
-    """
-    _check(costs, speeds)
-    p, n = len(speeds), len(costs)
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    # best[r][j]: least bottleneck of layers 0..j-1 on ranks 0..r; cut[r][j]: where rank r starts
-    best = [[math.inf] * (n + 1) for _ in range(p)]
-    cut = [[0] * (n + 1) for _ in range(p)]
-    for j in range(1, n + 1):
-        best[0][j] = speeds[0] * prefix[j]
-    for r in range(1, p):
-        for j in range(r + 1, n + 1):
-            for i in range(r, j):  # rank r holds layers i..j-1
-                value = max(best[r - 1][i], speeds[r] * (prefix[j] - prefix[i]))
-                if value < best[r][j] * (1 - 1e-12):
-                    best[r][j], cut[r][j] = value, i
-    sizes, j = [], n
-    for r in range(p - 1, 0, -1):
-        i = cut[r][j]
-        sizes.append(j - i)
-        j = i
-    sizes.append(j)
-    found = tuple(reversed(sizes))
-    fits = prefer is not None and len(prefer) == p and sum(prefer) == n and min(prefer) >= 1
-    if fits and bottleneck(prefer, costs, speeds) <= best[p - 1][n] * (1 + 1e-9):  # type: ignore[arg-type]
-        return tuple(prefer)  # type: ignore[arg-type]
-    return found
 
 
 def speeds_from_times(
@@ -96,15 +39,6 @@ def speeds_from_times(
             raise ValueError(f"speeds_from_times: rank {r}'s time is {t!r} ms; it must be "
                              "finite and > 0 (a rank that ran no op has no speed)")  # fmt: skip
     return tuple(t / c for t, c in zip(times_ms, held_costs(sizes, costs), strict=True))
-
-
-def held_costs(sizes: Sequence[int], costs: Sequence[float]) -> tuple[float, ...]:
-    """The layer cost each rank holds under the contiguous cut ``sizes``."""
-    out, start = [], 0
-    for size in sizes:
-        out.append(sum(costs[start : start + size]))
-        start += size
-    return tuple(out)
 
 
 def speed_drift(planned: Sequence[float], measured: Sequence[float]) -> float:

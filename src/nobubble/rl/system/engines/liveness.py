@@ -31,11 +31,11 @@ class Heartbeats:
             with them when they start).
         names: every worker that will ever run (a restarted one reuses its slot).
         liveness_s: silence, in seconds, after which a worker counts as hung; None = never.
-        clock: the engine's clock, the one the workers write (``time.monotonic``); a test
-            gives its own to step time by hand.
+        clock: the engine's clock, the one the workers write (:func:`start_beating` writes
+            ``time.monotonic``); a test gives its own, steps it by hand and writes the slots.
     """
 
-    def __init__(self, ctx: Any, names: list[str], liveness_s: float | None = LIVENESS_S,
+    def __init__(self, ctx: Any, names: list[str], liveness_s: float | None = LIVENESS_S, *,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if liveness_s is not None and not liveness_s > 2 * BEAT_S:
             raise ValueError(f"liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")

@@ -1,0 +1,410 @@
+"""The planner: per-block costs -> cut x schedule x microbatch count x recompute -> :class:`Plan`.
+
+A model is a list of blocks, each measured once (:class:`BlockCosts`: F, B, W times for one
+microbatch, the bytes F saves, the bytes of its output). A stage's costs are the sums of its
+blocks' (:func:`stage_costs`), except on the first stage, whose input needs no gradient: its B
+has nothing to compute and its whole backward runs in W (as the runtime records it,
+:mod:`nobubble.pipeline.runtime.autosplit`).
+
+:func:`plan_from_costs` weighs every candidate by simulating it
+(:func:`~nobubble.pipeline.simulate.simulate`) and keeps the fastest predicted step whose peak
+activation memory per rank fits ``memory_limit``:
+
+- cuts: the exact min-bottleneck cut on F + B + W per block
+  (:func:`~nobubble.pipeline.partition.balanced_sizes`) and its neighbourhood (each cut point
+  moved by -2, -1, +1, +2 alone), or every contiguous cut when there are at most
+  ``max_exhaustive_cuts`` of them;
+- schedules: by name from the registry, cost-dependent ones built with the candidate's costs;
+  ``"auto"`` is 1F1B, ZB-H1 and ZB-2p, plus interleaved 1F1B and ZB-V (2 stages per rank)
+  when there are at least ``2 * num_ranks`` blocks;
+- microbatch counts, and recompute (all stages or none; see :func:`plan_from_costs`).
+
+1F1B on the min-bottleneck cut is always weighed, so the plan is never predicted slower than
+it (among plans that fit). Pure and deterministic: the same costs give the same plan on every
+rank, and a plan round-trips through JSON (:meth:`Plan.to_json`, :meth:`Plan.from_json`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.partition import balanced_sizes
+from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
+from nobubble.pipeline.simulate import simulate
+
+__all__ = ["BlockCosts", "Candidate", "Plan", "plan_from_costs", "stage_costs", "candidate_cuts"]
+
+AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
+AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
+TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v", "v-min", "v-half", "v-zb", "dualpipev")
+_TINY_MS = 1e-6
+"""The simulator needs every op time > 0: the first stage's empty B, a parameterless W."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCosts:
+    """One block's costs for one microbatch, measured once (times in ms, memory in bytes)."""
+
+    forward: float
+    """F: the block's forward."""
+    backward_input: float
+    """B: the gradient of the block's input."""
+    backward_weight: float
+    """W: the gradients of the block's parameters."""
+    activation_bytes: float
+    """What F saves for the backward."""
+    boundary_bytes: float
+    """The block's output tensor: what crosses a cut placed after it."""
+    backward_fused: float | None = None
+    """A fused backward (B and W in one walk) as measured; None: ``B + W``."""
+    freed_by_backward_input: float = 0.0
+    """Of ``activation_bytes``, what B frees (the rest W frees); 0 when W walks the block's
+    whole graph, as :func:`~nobubble.pipeline.runtime.profile_modules` finds for most."""
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward_input", "backward_weight", "activation_bytes",
+                     "boundary_bytes", "backward_fused", "freed_by_backward_input"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"BlockCosts.{name}={value!r} must be finite and >= 0; "
+                                 "pass the measured time (ms) or size (bytes)")  # fmt: skip
+        if self.freed_by_backward_input > self.activation_bytes:
+            raise ValueError(f"BlockCosts.freed_by_backward_input={self.freed_by_backward_input}"
+                             f" exceeds activation_bytes={self.activation_bytes}; B can free "
+                             "at most what F saved")  # fmt: skip
+
+    @property
+    def total_ms(self) -> float:
+        """F + B + W: the block's weight in the min-bottleneck cut."""
+        return self.forward + self.backward_input + self.backward_weight
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One weighed configuration and its prediction.
+
+    ``cuts[k]`` is the first block of stage ``k + 1`` (``num_stages - 1`` entries, increasing);
+    ``recompute`` has one flag per stage; ``predicted_peak_bytes`` one peak per rank.
+    """
+
+    cuts: tuple[int, ...]
+    schedule: str
+    num_microbatches: int
+    recompute: tuple[bool, ...]
+    predicted_step_ms: float
+    predicted_peak_bytes: tuple[float, ...]
+    fits: bool
+
+    def sort_key(self) -> tuple:
+        """Faster first; ties: fewer microbatches, schedule name, cuts, no recompute first."""
+        return (self.predicted_step_ms, self.num_microbatches, self.schedule, self.cuts,
+                self.recompute)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The chosen configuration (see :class:`Candidate` for the fields' meaning) for a model
+    of ``num_blocks`` blocks on ``num_ranks`` ranks, and every candidate weighed, best first."""
+
+    num_blocks: int
+    num_ranks: int
+    cuts: tuple[int, ...]
+    schedule: str
+    num_microbatches: int
+    recompute: tuple[bool, ...]
+    predicted_step_ms: float
+    predicted_peak_bytes: tuple[float, ...]
+    candidates: tuple[Candidate, ...]
+
+    def stage_sizes(self) -> tuple[int, ...]:
+        """Blocks per stage, in pipeline order (``len(cuts) + 1`` entries)."""
+        return sizes_from_cuts(self.cuts, self.num_blocks)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Plan:
+        d = json.loads(text)
+
+        def cand(c: dict) -> Candidate:
+            return Candidate(
+                cuts=tuple(c["cuts"]), schedule=c["schedule"],
+                num_microbatches=c["num_microbatches"], recompute=tuple(c["recompute"]),
+                predicted_step_ms=c["predicted_step_ms"],
+                predicted_peak_bytes=tuple(c["predicted_peak_bytes"]), fits=c["fits"],
+            )  # fmt: skip
+
+        chosen = cand({**d, "fits": True})
+        return Plan(
+            num_blocks=d["num_blocks"], num_ranks=d["num_ranks"], cuts=chosen.cuts,
+            schedule=chosen.schedule, num_microbatches=chosen.num_microbatches,
+            recompute=chosen.recompute, predicted_step_ms=chosen.predicted_step_ms,
+            predicted_peak_bytes=chosen.predicted_peak_bytes,
+            candidates=tuple(cand(c) for c in d["candidates"]),
+        )  # fmt: skip
+
+
+def sizes_from_cuts(cuts: Sequence[int], num_blocks: int) -> tuple[int, ...]:
+    """Blocks per stage of the cut ``cuts`` (first block of each stage after the first)."""
+    bounds = (0, *cuts, num_blocks)
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+def cuts_from_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(itertools.accumulate(sizes))[:-1]
+
+
+def stage_costs(
+    blocks: Sequence[BlockCosts],
+    cuts: Sequence[int],
+    *,
+    first_stage_input_grad: bool = False,
+    comm_ms_per_byte: float = 0.0,
+    scale: float = 1.0,
+    recompute: bool = False,
+    input_bytes: float = 0.0,
+) -> CostModel:
+    """The simulator's per-stage costs of ``blocks`` cut at ``cuts``: sums of the blocks'.
+
+    Args:
+        first_stage_input_grad: False (token ids, the usual case): stage 0 computes no input
+            gradient, so its B is empty and its W is its whole backward (B + W of its blocks),
+            freeing all its activations.
+        comm_ms_per_byte: ms per byte of a boundary transfer; the simulator has one transfer
+            time, so the largest boundary tensor of the cut sets it.
+        scale: microbatch rows / profiled rows; times and bytes scale linearly with it.
+        recompute: every stage keeps only its input (``input_bytes`` for stage 0, the previous
+            block's ``boundary_bytes`` otherwise) and B runs F again.
+    """
+    sizes = sizes_from_cuts(cuts, len(blocks))
+    assert min(sizes) >= 1, f"cuts {tuple(cuts)} leave a stage empty"
+    fields: dict[str, list[float]] = {k: [] for k in ("t_f", "t_b", "t_w", "t_bw", "mem_f",
+                                                      "mem_b", "mem_w", "kept")}  # fmt: skip
+    start = 0
+    for s, size in enumerate(sizes):
+        held = blocks[start : start + size]
+        b = sum(x.backward_input for x in held) * scale
+        w = sum(x.backward_weight for x in held) * scale
+        fused = sum(x.backward_input + x.backward_weight if x.backward_fused is None
+                    else x.backward_fused for x in held) * scale  # fmt: skip
+        mem_f = sum(x.activation_bytes for x in held) * scale
+        mem_b = sum(x.freed_by_backward_input for x in held) * scale
+        if s == 0 and not first_stage_input_grad:  # nothing to B; W walks the whole backward
+            b, w, mem_b = 0.0, b + w, 0.0
+        fields["t_f"].append(max(sum(x.forward for x in held) * scale, _TINY_MS))
+        fields["t_b"].append(max(b, _TINY_MS))
+        fields["t_w"].append(max(w, _TINY_MS))
+        fields["t_bw"].append(max(fused, _TINY_MS))
+        fields["mem_f"].append(mem_f)
+        fields["mem_b"].append(mem_b)
+        fields["mem_w"].append(mem_f - mem_b)
+        fields["kept"].append((input_bytes if s == 0 else blocks[start - 1].boundary_bytes) * scale)
+        start += size
+    boundary = max((blocks[c - 1].boundary_bytes for c in cuts), default=0.0) * scale
+    kept = tuple(fields.pop("kept"))
+    costs = CostModel(
+        t_comm=comm_ms_per_byte * boundary, **{k: tuple(v) for k, v in fields.items()}
+    )
+    return costs.with_recompute(kept) if recompute else costs
+
+
+def candidate_cuts(
+    blocks: Sequence[BlockCosts], num_stages: int, *, max_exhaustive_cuts: int = 200
+) -> tuple[tuple[int, ...], ...]:
+    """The cuts to weigh, the min-bottleneck (F + B + W) cut first: every contiguous cut when
+    there are at most ``max_exhaustive_cuts``, else that cut and each single cut point of it
+    moved by -2, -1, +1 or +2 (where the stages stay non-empty)."""
+    n = len(blocks)
+    dp = cuts_from_sizes(balanced_sizes([max(b.total_ms, _TINY_MS) for b in blocks],
+                                        [1.0] * num_stages))  # fmt: skip
+    others: Iterable[tuple[int, ...]]
+    if math.comb(n - 1, num_stages - 1) <= max_exhaustive_cuts:
+        others = itertools.combinations(range(1, n), num_stages - 1)
+    else:
+        others = _neighbourhood(dp, n)
+    seen = {dp: None}
+    for cut in others:
+        seen.setdefault(tuple(cut), None)
+    return tuple(seen)
+
+
+def _neighbourhood(cuts: tuple[int, ...], num_blocks: int) -> Iterator[tuple[int, ...]]:
+    bounds = (0, *cuts, num_blocks)
+    for k in range(len(cuts)):
+        for delta in (-2, -1, 1, 2):
+            moved = cuts[k] + delta
+            if bounds[k] < moved < bounds[k + 2]:  # stages k and k + 1 keep >= 1 block
+                yield cuts[:k] + (moved,) + cuts[k + 1 :]
+
+
+def plan_from_costs(
+    blocks: Sequence[BlockCosts],
+    *,
+    num_ranks: int,
+    batch_size: int | None = None,
+    num_microbatches: int | Sequence[int] | None = None,
+    microbatch_size: int | None = None,
+    schedules: str | Sequence[str] = "auto",
+    recompute: bool | str = "auto",
+    memory_limit: float | None = None,
+    first_stage_input_grad: bool = False,
+    comm_ms_per_byte: float = 0.0,
+    input_bytes: float = 0.0,
+    max_exhaustive_cuts: int = 200,
+) -> Plan:
+    """Choose the cut, schedule, microbatch count and recompute for ``blocks`` on
+    ``num_ranks`` ranks: the fastest predicted step whose peak fits ``memory_limit``.
+
+    Args:
+        blocks: one :class:`BlockCosts` per block, in pipeline order (ms, bytes per microbatch
+            of ``microbatch_size`` rows).
+        batch_size: rows per step; with it, each microbatch count ``m`` scales the block
+            costs linearly to ``batch_size / m`` rows (``microbatch_size`` is then required
+            when more than one count is weighed).
+        num_microbatches: a count or counts to weigh; None: the divisors of ``batch_size``
+            from ``num_ranks`` to ``4 * num_ranks``, the largest four at most (kept small:
+            each count multiplies the search).
+        schedules: registry names, or ``"auto"`` (see the module docstring).
+        recompute: False, True (every stage recomputes) or ``"auto"`` (both weighed). The
+            simulator's cost model recomputes all stages or none, so ``Plan.recompute`` is
+            per stage but uniform for now.
+        memory_limit: peak activation bytes allowed per rank; None: no limit.
+        first_stage_input_grad: whether the model's input needs a gradient (see
+            :func:`stage_costs`); ``comm_ms_per_byte``, ``input_bytes``: likewise.
+        max_exhaustive_cuts: weigh every contiguous cut when there are at most this many.
+
+    Raises:
+        ValueError: bad input (before any search), or no candidate fits ``memory_limit``.
+    """
+    counts, names, flags = _check_inputs(
+        blocks, num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
+        recompute, memory_limit, comm_ms_per_byte, input_bytes,
+    )  # fmt: skip
+    options = dict(first_stage_input_grad=first_stage_input_grad,
+                   comm_ms_per_byte=comm_ms_per_byte, input_bytes=input_bytes)  # fmt: skip
+    found: dict[tuple, Candidate] = {}
+    for chunks in sorted({2 if n in TWO_CHUNK_SCHEDULES else 1 for n in names} | {1}):
+        num_stages = chunks * num_ranks
+        all_cuts = candidate_cuts(blocks, num_stages, max_exhaustive_cuts=max_exhaustive_cuts)
+        tried = tuple(n for n in names if (2 if n in TWO_CHUNK_SCHEDULES else 1) == chunks)
+        for m, rc, cut in itertools.product(counts, flags, all_cuts):
+            weighed = tried
+            if chunks == 1 and "1f1b" not in names and cut == all_cuts[0]:
+                weighed = ("1f1b", *tried)  # 1F1B on the min-bottleneck cut: the floor to beat
+            scale = 1.0 if batch_size is None or microbatch_size is None \
+                else batch_size / m / microbatch_size  # fmt: skip
+            for name in weighed:
+                cand = _weigh(blocks, cut, name, num_ranks, m, rc, scale, memory_limit, options)
+                if cand is not None:
+                    found[(cand.cuts, name, m, rc)] = cand
+    ranked = tuple(sorted(found.values(), key=Candidate.sort_key))
+    fitting = [c for c in ranked if c.fits]
+    if not fitting:
+        least = min(ranked, key=lambda c: max(c.predicted_peak_bytes))
+        raise ValueError(f"plan: no candidate fits memory_limit={memory_limit:g} bytes per rank;"
+                         f" the smallest predicted peak is {max(least.predicted_peak_bytes):g} "
+                         f"bytes ({least.schedule}, cuts {least.cuts}, m={least.num_microbatches}"
+                         f", recompute={least.recompute[0]}); allow recompute, use more ranks "
+                         "or more microbatches, or raise memory_limit")  # fmt: skip
+    best = fitting[0]
+    return Plan(
+        num_blocks=len(blocks), num_ranks=num_ranks, cuts=best.cuts, schedule=best.schedule,
+        num_microbatches=best.num_microbatches, recompute=best.recompute,
+        predicted_step_ms=best.predicted_step_ms,
+        predicted_peak_bytes=best.predicted_peak_bytes, candidates=ranked,
+    )  # fmt: skip
+
+
+def _weigh(blocks, cut, name, num_ranks, m, rc, scale, memory_limit, options) -> Candidate | None:
+    costs = stage_costs(blocks, cut, scale=scale, recompute=rc, **options)
+    try:
+        schedule = get_schedule(name, num_ranks=num_ranks, num_microbatches=m, costs=costs)
+    except ValueError:  # this (p, m) is outside the generator's domain (e.g. m % p != 0)
+        return None
+    result = simulate(schedule, costs)
+    peak = tuple(float(x) for x in result.peak_memory)
+    fits = memory_limit is None or max(peak) <= memory_limit
+    return Candidate(cuts=tuple(cut), schedule=name, num_microbatches=m,
+                     recompute=(rc,) * len(costs.t_f), predicted_step_ms=float(result.makespan),
+                     predicted_peak_bytes=peak, fits=fits)  # fmt: skip
+
+
+def _check_inputs(blocks, num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
+                  recompute, memory_limit, comm_ms_per_byte, input_bytes):  # fmt: skip
+    if len(blocks) == 0:
+        raise ValueError("plan: no blocks; pass one BlockCosts per block of the model")
+    for i, b in enumerate(blocks):
+        if not isinstance(b, BlockCosts):
+            raise ValueError(f"plan: block {i} is a {type(b).__name__}, not BlockCosts")
+    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= len(blocks)):
+        raise ValueError(f"plan: num_ranks={num_ranks!r} for {len(blocks)} blocks; every rank "
+                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
+    names = _schedule_names(schedules, num_ranks, len(blocks))
+    counts = _microbatch_counts(num_ranks, batch_size, num_microbatches)
+    if len(counts) > 1 and batch_size is not None and microbatch_size is None:
+        raise ValueError(f"plan: {len(counts)} microbatch counts {counts} to weigh but no "
+                         "microbatch_size; give the rows the block costs were measured at, "
+                         "or one num_microbatches")  # fmt: skip
+    if len(counts) > 1 and batch_size is None:
+        raise ValueError(f"plan: microbatch counts {counts} without batch_size cannot be "
+                         "compared (each count would be a different batch); give batch_size "
+                         "and microbatch_size, or one num_microbatches")  # fmt: skip
+    if microbatch_size is not None and not (isinstance(microbatch_size, int)
+                                            and microbatch_size >= 1):  # fmt: skip
+        raise ValueError(f"plan: microbatch_size={microbatch_size!r} must be an integer >= 1")
+    if recompute not in (True, False, "auto"):
+        raise ValueError(f"plan: recompute={recompute!r}; use False, True or 'auto'")
+    flags = (False, True) if recompute == "auto" else (bool(recompute),)
+    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
+        raise ValueError(f"plan: memory_limit={memory_limit!r} must be > 0 bytes per rank; "
+                         "pass None for no limit")  # fmt: skip
+    for label, value in (("comm_ms_per_byte", comm_ms_per_byte), ("input_bytes", input_bytes)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"plan: {label}={value!r} must be finite and >= 0")
+    return counts, names, flags
+
+
+def _schedule_names(schedules: str | Sequence[str], num_ranks: int, num_blocks: int):
+    if schedules == "auto":
+        two = AUTO_TWO_CHUNK_SCHEDULES if num_blocks >= 2 * num_ranks else ()
+        return (*AUTO_SCHEDULES, *two)
+    names = (schedules,) if isinstance(schedules, str) else tuple(schedules)
+    if not names:
+        raise ValueError("plan: schedules is empty; name at least one or pass 'auto'")
+    for name in names:
+        if name not in SCHEDULE_NAMES:
+            raise ValueError(f"plan: unknown schedule {name!r}; choose from "
+                             f"{', '.join(SCHEDULE_NAMES)} or 'auto'")  # fmt: skip
+        if name in TWO_CHUNK_SCHEDULES and num_blocks < 2 * num_ranks:
+            raise ValueError(f"plan: {name} holds 2 stages per rank: {2 * num_ranks} blocks "
+                             f"needed, {num_blocks} given; drop it or use fewer ranks")  # fmt: skip
+    return tuple(dict.fromkeys(names))
+
+
+def _microbatch_counts(num_ranks: int, batch_size: int | None, given) -> tuple[int, ...]:
+    if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"plan: batch_size={batch_size!r} must be an integer >= 1")
+    if given is None:
+        if batch_size is None:
+            raise ValueError("plan: give num_microbatches, or batch_size to choose it")
+        counts = [m for m in range(num_ranks, 4 * num_ranks + 1) if batch_size % m == 0][-4:]
+        if not counts:
+            raise ValueError(f"plan: batch_size={batch_size} has no divisor from {num_ranks} "
+                             f"to {4 * num_ranks} (num_ranks to 4 * num_ranks) to use as the "
+                             "microbatch count; use a batch that one divides, or pass "
+                             "num_microbatches")  # fmt: skip
+        return tuple(counts)
+    counts = [given] if isinstance(given, int) else list(given)
+    if not counts or any(not (isinstance(m, int) and m >= 1) for m in counts):
+        raise ValueError(f"plan: num_microbatches={given!r} must be integers >= 1")
+    bad = [m for m in counts if batch_size is not None and batch_size % m]
+    if bad:
+        raise ValueError(f"plan: batch_size={batch_size} is not divisible by num_microbatches "
+                         f"{bad}; use counts that divide the batch")  # fmt: skip
+    return tuple(sorted(set(counts)))

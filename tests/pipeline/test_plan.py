@@ -1,0 +1,163 @@
+"""The planner on synthetic block costs (no torch): brute force, determinism, JSON, refusals."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nobubble.pipeline import get_schedule, simulate
+from nobubble.pipeline.partition import balanced_sizes
+from nobubble.pipeline.plan import (
+    BlockCosts,
+    Plan,
+    candidate_cuts,
+    cuts_from_sizes,
+    plan_from_costs,
+    stage_costs,
+)
+
+
+def block(f: float, b: float | None = None, w: float | None = None, act: float = 100.0):
+    """A block whose B and W default to its F (the paper's T_F = T_B = T_W)."""
+    return BlockCosts(f, f if b is None else b, f if w is None else w, act, 10.0)
+
+
+def step_ms(blocks, cuts, name, m, *, recompute=False):
+    costs = stage_costs(blocks, cuts, recompute=recompute)
+    schedule = get_schedule(name, num_ranks=len(cuts) + 1, num_microbatches=m, costs=costs)
+    return simulate(schedule, costs).makespan
+
+
+blocks_strategy = st.lists(
+    st.builds(block, st.floats(0.1, 10), st.floats(0.1, 10), st.floats(0.1, 10)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(blocks=blocks_strategy, num_ranks=st.integers(1, 4), m=st.integers(1, 8))
+def test_cut_equals_brute_force_over_all_contiguous_cuts(blocks, num_ranks, m):
+    if num_ranks > len(blocks):
+        return
+    plan = plan_from_costs(
+        blocks, num_ranks=num_ranks, num_microbatches=m, schedules=["1f1b"], recompute=False
+    )
+    # brute force: every way to choose num_ranks - 1 cut points among the block boundaries
+    every = itertools.combinations(range(1, len(blocks)), num_ranks - 1)
+    best = min(every, key=lambda cuts: (step_ms(blocks, cuts, "1f1b", m), cuts))
+    assert plan.predicted_step_ms == step_ms(blocks, best, "1f1b", m)
+    assert plan.cuts == best
+
+
+def test_neighbourhood_is_each_cut_point_moved_by_one_or_two():
+    blocks = [block(1.0)] * 40
+    dp = cuts_from_sizes(balanced_sizes([3.0] * 40, [1.0] * 4))
+    assert dp == (10, 20, 30)
+    got = candidate_cuts(blocks, 4, max_exhaustive_cuts=0)
+    assert got[0] == dp
+    moved = {dp[:k] + (dp[k] + d,) + dp[k + 1 :] for k in range(3) for d in (-2, -1, 1, 2)}
+    assert set(got) == {dp} | moved and len(got) == 13
+
+
+def test_neighbourhood_keeps_stages_non_empty():
+    got = candidate_cuts([block(1.0)] * 4, 3, max_exhaustive_cuts=0)
+    assert all(0 < a < b < 4 for a, b in got)
+
+
+def test_first_stage_backward_is_all_weight_gradient():
+    blocks = [block(1.0, 2.0, 3.0, act=50.0), block(1.0, 2.0, 3.0, act=50.0)]
+    costs = stage_costs(blocks, (1,))
+    assert costs.t_b[0] < 1e-3 and costs.t_w[0] == 5.0  # stage 0: B empty, W = B + W
+    assert costs.mem_b[0] == 0.0 and costs.mem_w[0] == 50.0
+    assert costs.t_b[1] == 2.0 and costs.t_w[1] == 3.0  # later stages: as measured
+    with_grad = stage_costs(blocks, (1,), first_stage_input_grad=True)
+    assert with_grad.t_b[0] == 2.0 and with_grad.t_w[0] == 3.0
+
+
+def test_stage_costs_sum_blocks_and_scale():
+    blocks = [block(1.0, act=10.0), block(2.0, act=20.0), block(4.0, act=40.0)]
+    costs = stage_costs(blocks, (2,), scale=0.5, comm_ms_per_byte=0.1)
+    assert costs.t_f == (1.5, 2.0) and costs.mem_f == (15.0, 20.0)
+    assert costs.t_comm == pytest.approx(0.1 * 10.0 * 0.5)
+    rc = stage_costs(blocks, (2,), recompute=True, input_bytes=3.0)
+    assert rc.recompute_mem == (3.0, 10.0)  # stage input: the model input, then a boundary
+
+
+def test_plan_is_deterministic_and_round_trips_json():
+    blocks = [block(1.0 + (i * 7 % 5)) for i in range(8)]
+    a = plan_from_costs(blocks, num_ranks=2, batch_size=16, microbatch_size=2)
+    b = plan_from_costs(blocks, num_ranks=2, batch_size=16, microbatch_size=2)
+    assert a == b
+    assert Plan.from_json(a.to_json()) == a
+    assert sum(a.stage_sizes()) == 8 and len(a.stage_sizes()) == len(a.cuts) + 1
+    assert a.candidates[0].predicted_step_ms == a.predicted_step_ms
+
+
+def test_heavier_block_moves_the_cut():
+    blocks = [block(1.0)] * 8
+    before = plan_from_costs(blocks, num_ranks=2, num_microbatches=4, schedules="1f1b")
+    assert before.cuts == (4,)
+    heavier = [*blocks[:1], block(3.0), *blocks[2:]]
+    after = plan_from_costs(heavier, num_ranks=2, num_microbatches=4, schedules="1f1b")
+    assert after.cuts != before.cuts and after.cuts[0] < 4
+
+
+def test_memory_limit_picks_a_plan_that_fits():
+    blocks = [block(1.0 + i % 3, act=100.0) for i in range(8)]
+    free = plan_from_costs(blocks, num_ranks=2, num_microbatches=8)
+    limit = max(free.predicted_peak_bytes) * 0.7
+    tight = plan_from_costs(blocks, num_ranks=2, num_microbatches=8, memory_limit=limit)
+    assert max(tight.predicted_peak_bytes) <= limit
+    assert (tight.cuts, tight.schedule, tight.recompute) != (free.cuts, free.schedule,
+                                                              free.recompute)  # fmt: skip
+    assert tight.predicted_step_ms >= free.predicted_step_ms
+
+
+@settings(max_examples=15, deadline=None)
+@given(blocks=blocks_strategy, num_ranks=st.integers(2, 3), m=st.sampled_from([4, 6]))
+def test_never_slower_than_1f1b_on_the_dp_cut(blocks, num_ranks, m):
+    if num_ranks > len(blocks):
+        return
+    dp = cuts_from_sizes(balanced_sizes([b.total_ms for b in blocks], [1.0] * num_ranks))
+    for schedules in ("auto", ["zb-2p"]):
+        plan = plan_from_costs(blocks, num_ranks=num_ranks, num_microbatches=m,
+                               schedules=schedules, recompute=False)  # fmt: skip
+        assert plan.predicted_step_ms <= step_ms(blocks, dp, "1f1b", m)
+
+
+BAD = [
+    (dict(blocks=[]), "no blocks"),
+    (dict(num_ranks=0), "num_ranks=0"),
+    (dict(num_ranks=5), "num_ranks=5 for 4 blocks"),
+    (dict(num_microbatches=None, batch_size=11), "batch_size=11 has no divisor"),
+    (dict(num_microbatches=3, batch_size=8), "not divisible by num_microbatches [3]"),
+    (dict(num_microbatches=None), "give num_microbatches, or batch_size"),
+    (dict(schedules=["1f1b", "zb-9"]), "unknown schedule 'zb-9'"),
+    (dict(schedules="zb-v", num_ranks=3), "zb-v holds 2 stages per rank"),
+    (dict(memory_limit=0.0), "memory_limit=0.0 must be > 0"),
+    (dict(memory_limit=1.0), "no candidate fits memory_limit=1 bytes"),
+    (dict(recompute="sometimes"), "recompute='sometimes'"),
+    (dict(num_microbatches=[2, 4], batch_size=8), "no microbatch_size"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_refused_with_its_name(change, message):
+    kwargs = dict(blocks=[block(1.0)] * 4, num_ranks=2, num_microbatches=4)
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan_from_costs(**kwargs)
+
+
+def test_negative_cost_is_refused():
+    with pytest.raises(ValueError, match=r"BlockCosts.backward_input=-1.0 must be finite"):
+        BlockCosts(1.0, -1.0, 1.0, 0.0, 0.0)
+
+
+def test_smallest_peak_is_named_when_nothing_fits():
+    with pytest.raises(ValueError, match=r"smallest predicted peak is \d+.*allow recompute"):
+        plan_from_costs([block(1.0)] * 4, num_ranks=2, num_microbatches=4, memory_limit=1.0)
