@@ -62,11 +62,14 @@ class ArrivalStore:
         *,
         device: torch.device,
         wait: Callable[[Any, str], None],
+        connect_timeout_s: float = _READ_TIMEOUT_S,
     ) -> ArrivalStore:
         """Collective over ``group``: rank 0 serves a store, everyone connects to it.
 
         ``device`` carries the broadcast (NCCL needs a CUDA tensor); ``wait(work, what)`` is
-        the transport's bounded wait.
+        the transport's bounded wait; ``connect_timeout_s`` bounds a client's connection (the
+        transport's own timeout: a loaded machine may take seconds to accept it), after which
+        reads wait at most ``_READ_TIMEOUT_S``.
         """
         timeout = timedelta(seconds=_READ_TIMEOUT_S)
         server = None
@@ -89,7 +92,9 @@ class ArrivalStore:
         host = bytes(int(c) for c in info[1:] if c).decode()
         # Same host: the loopback address always works; else rank 0's name must resolve.
         address = "127.0.0.1" if host == socket.gethostname() else host
-        client = dist.TCPStore(address, port, None, False, timeout=timeout)
+        connect = timedelta(seconds=max(connect_timeout_s, _READ_TIMEOUT_S))
+        client = dist.TCPStore(address, port, None, False, timeout=connect)
+        client.set_timeout(timeout)
         return cls(client, rank, world_size)
 
     def enter(self, call: int) -> None:

@@ -395,8 +395,9 @@ class TorchDistTransport(ByteCounting):
         try:
             if self.track_arrivals and self._arrivals is None:
                 self._arrivals = ArrivalStore.create(
-                    self.group, self.rank, self.world_size, device=device, wait=self._wait
-                )
+                    self.group, self.rank, self.world_size, device=device, wait=self._wait,
+                    connect_timeout_s=self.timeout_s,
+                )  # fmt: skip
             self._calls += 1
             if self._arrivals is not None:
                 self._arrivals.enter(self._calls)

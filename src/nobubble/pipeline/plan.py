@@ -37,7 +37,16 @@ from nobubble.pipeline.partition import balanced_sizes
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
 from nobubble.pipeline.simulate import simulate
 
-__all__ = ["BlockCosts", "Candidate", "Plan", "plan_from_costs", "stage_costs", "candidate_cuts"]
+__all__ = [
+    "BlockCosts",
+    "Candidate",
+    "Plan",
+    "plan_from_costs",
+    "stage_costs",
+    "candidate_cuts",
+    "schedule_names",
+    "microbatch_counts",
+]
 
 AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
@@ -345,8 +354,8 @@ def _check_inputs(blocks, num_ranks, batch_size, num_microbatches, microbatch_si
     if not (isinstance(num_ranks, int) and 1 <= num_ranks <= len(blocks)):
         raise ValueError(f"plan: num_ranks={num_ranks!r} for {len(blocks)} blocks; every rank "
                          "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
-    names = _schedule_names(schedules, num_ranks, len(blocks))
-    counts = _microbatch_counts(num_ranks, batch_size, num_microbatches)
+    names = schedule_names(schedules, num_ranks, len(blocks))
+    counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
     if len(counts) > 1 and batch_size is not None and microbatch_size is None:
         raise ValueError(f"plan: {len(counts)} microbatch counts {counts} to weigh but no "
                          "microbatch_size; give the rows the block costs were measured at, "
@@ -370,7 +379,10 @@ def _check_inputs(blocks, num_ranks, batch_size, num_microbatches, microbatch_si
     return counts, names, flags
 
 
-def _schedule_names(schedules: str | Sequence[str], num_ranks: int, num_blocks: int):
+def schedule_names(
+    schedules: str | Sequence[str], num_ranks: int, num_blocks: int
+) -> tuple[str, ...]:
+    """The schedule names to weigh (``"auto"`` or the given ones, checked), before any work."""
     if schedules == "auto":
         two = AUTO_TWO_CHUNK_SCHEDULES if num_blocks >= 2 * num_ranks else ()
         return (*AUTO_SCHEDULES, *two)
@@ -387,7 +399,9 @@ def _schedule_names(schedules: str | Sequence[str], num_ranks: int, num_blocks: 
     return tuple(dict.fromkeys(names))
 
 
-def _microbatch_counts(num_ranks: int, batch_size: int | None, given) -> tuple[int, ...]:
+def microbatch_counts(num_ranks: int, batch_size: int | None, given) -> tuple[int, ...]:
+    """The microbatch counts to weigh: ``given``, or the divisors of ``batch_size`` the
+    planner tries (see :func:`plan_from_costs`); checked before any work."""
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"plan: batch_size={batch_size!r} must be an integer >= 1")
     if given is None:

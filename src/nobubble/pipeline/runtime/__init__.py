@@ -5,6 +5,8 @@
   split of any module; :mod:`.messages`: transfers that carry their shape;
   :mod:`.profile_modules`: the user's stages profiled for the simulator; :mod:`.torch_interop`:
   the schedule on ``torch.distributed.pipelining``'s runtime.
+- :mod:`.planning`: :func:`~nobubble.pipeline.runtime.planning.plan`, the cut, schedule,
+  microbatch count and recompute chosen for the user's own blocks from their measured costs.
 
 - :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
 - :mod:`.bw_split`: the backward split into B (input gradient) and W (weight gradient).

@@ -1,0 +1,201 @@
+"""Plan for your own model: profile each block once, then let the planner cut and schedule it.
+
+The planner (:func:`~nobubble.pipeline.plan.plan_from_costs`) is pure and takes per-block
+costs; this module measures them on the user's own ``nn.Module`` blocks and turns its answer
+back into things the runtime takes:
+
+- :func:`profile_blocks`: one :class:`~nobubble.pipeline.plan.BlockCosts` per block, measured
+  by :func:`~nobubble.pipeline.runtime.profile_modules.profile_modules` with every block as a
+  one-block stage (one way of timing F / B / W, shared with the per-stage profile);
+- :func:`plan`: checks the input, profiles one microbatch, plans, and returns a
+  :class:`ModelPlan`: the :class:`~nobubble.pipeline.plan.Plan` plus the costs it was made
+  from, so that :func:`schedule_of` rebuilds the very schedule the planner weighed (a
+  cost-dependent order such as ZB-2p differs with the costs) on every rank, from its JSON;
+- :func:`stages_of`: the user's own modules grouped into one ``nn.Sequential`` per stage.
+
+Typical use (rank 0 or the launching process plans; every rank runs the same plan)::
+
+    p = plan(blocks, inputs, targets, loss_fn, num_ranks=2)
+    runner = PipelineRunner(stages_of(p, blocks), schedule_of(p), loss_fn,
+                            recompute=p.recompute[0])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.plan import (
+    BlockCosts,
+    Plan,
+    microbatch_counts,
+    plan_from_costs,
+    schedule_names,
+    stage_costs,
+)
+from nobubble.pipeline.runtime.profile_modules import profile_modules
+from nobubble.pipeline.schedules import get_schedule
+
+__all__ = ["ModelPlan", "plan", "profile_blocks", "schedule_of", "stages_of"]
+
+LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPlan(Plan):
+    """A :class:`~nobubble.pipeline.plan.Plan` and what it was planned from, so the chosen
+    schedule can be rebuilt exactly (:func:`schedule_of`); round-trips through JSON."""
+
+    block_costs: tuple[BlockCosts, ...] = ()
+    """The profile: one entry per block, for ``microbatch_size`` rows."""
+    batch_size: int = 0
+    """Rows per step."""
+    microbatch_size: int = 0
+    """Rows the blocks were profiled at."""
+    input_bytes: float = 0.0
+    """Bytes of the model's input for ``microbatch_size`` rows (kept by recompute)."""
+
+    @staticmethod
+    def from_json(text: str) -> ModelPlan:
+        base, d = Plan.from_json(text), json.loads(text)
+        return ModelPlan(
+            **{f.name: getattr(base, f.name) for f in fields(Plan)},
+            block_costs=tuple(BlockCosts(**c) for c in d["block_costs"]),
+            batch_size=d["batch_size"], microbatch_size=d["microbatch_size"],
+            input_bytes=d["input_bytes"],
+        )  # fmt: skip
+
+
+def profile_blocks(
+    blocks: Sequence[nn.Module],
+    sample_input: torch.Tensor,
+    *,
+    targets: Any = None,
+    loss_fn: LossFn | None = None,
+    repeats: int = 3,
+) -> list[BlockCosts]:
+    """Each block's costs for one microbatch, ``sample_input`` (``(rows, ...)``), on the blocks'
+    own device: the output of block ``i`` feeds block ``i + 1``.
+
+    Block 0's input needs no gradient (token ids, usually), so its backward is all W, as the
+    runner records it. With ``loss_fn``, the last block's costs include ``loss_fn(output,
+    targets)``, as :func:`profile_modules` counts it; without, the last block gets a random
+    output gradient like the others. ``activation_bytes`` is what F saves for backward
+    (parameters excluded), ``boundary_bytes`` the block's output.
+
+    Raises:
+        ValueError: no blocks, or a block whose output is not one tensor (before any timing).
+    """
+    if len(blocks) == 0:
+        raise ValueError("profile_blocks: no blocks; pass the model as a list of modules")
+    device = next((p.device for m in blocks for p in m.parameters()), torch.device("cpu"))
+    x = sample_input.to(device)
+    boundary = []
+    with torch.no_grad():  # check every output before timing anything
+        y = x
+        for i, block in enumerate(blocks):
+            y = block(y)
+            if not isinstance(y, torch.Tensor):
+                raise ValueError(f"profile_blocks: block {i} ({type(block).__name__}) returns a "
+                                 f"{type(y).__name__}, not one tensor; wrap it so that it "
+                                 "returns its output tensor only")  # fmt: skip
+            boundary.append(y.numel() * y.element_size())
+    if loss_fn is None:  # the last block gets a random output gradient: the loss <y, dy>
+        gen = torch.Generator().manual_seed(3)
+        targets, loss_fn = torch.randn(y.shape, generator=gen).to(device, y.dtype), _dot
+    elif isinstance(targets, torch.Tensor):
+        targets = targets.to(device)
+    prof = profile_modules(list(blocks), x, targets, loss_fn, repeats=repeats, warmup=1)
+    return [
+        BlockCosts(
+            forward=s.t_f, backward_input=s.t_b, backward_weight=s.t_w,
+            activation_bytes=float(s.mem_f), boundary_bytes=float(nbytes),
+            backward_fused=s.t_bw_fused, freed_by_backward_input=float(s.mem_b),
+        )
+        for s, nbytes in zip(prof.stages, boundary, strict=True)
+    ]  # fmt: skip
+
+
+def _dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return (y * dy).sum()
+
+
+def plan(
+    blocks: Sequence[nn.Module],
+    inputs: torch.Tensor,
+    targets: Any,
+    loss_fn: LossFn,
+    *,
+    num_ranks: int,
+    memory_limit: float | None = None,
+    num_microbatches: int | Sequence[int] | None = None,
+    schedules: str | Sequence[str] = "auto",
+    recompute: bool | str = "auto",
+) -> ModelPlan:
+    """The cut, schedule, microbatch count and recompute for ``blocks`` on ``num_ranks`` ranks,
+    from the blocks' costs measured on this process (see :func:`plan_from_costs` for the
+    search and the arguments).
+
+    ``inputs`` (``(batch, ...)``) and ``targets`` are one step's batch. The blocks are profiled
+    once on the smallest microbatch weighed (``batch / max(num_microbatches)`` rows), the last
+    block with ``loss_fn`` included; the planner scales the costs linearly to the other
+    microbatch sizes. The model's input needs no gradient.
+
+    Raises:
+        ValueError: no blocks, ``num_ranks`` outside ``1..len(blocks)``, a batch that no
+            allowed microbatch count divides, an unknown schedule (all before profiling); a
+            block whose output is not one tensor (before timing); no plan fits
+            ``memory_limit``.
+    """
+    if len(blocks) == 0:
+        raise ValueError("plan: no blocks; pass the model as a list of modules")
+    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= len(blocks)):
+        raise ValueError(f"plan: num_ranks={num_ranks!r} for {len(blocks)} blocks; every rank "
+                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
+    batch_size = int(inputs.shape[0])
+    schedule_names(schedules, num_ranks, len(blocks))
+    counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
+    microbatch_size = batch_size // max(counts)
+    sample = inputs[:microbatch_size]
+    sample_targets = targets[:microbatch_size] if isinstance(targets, torch.Tensor) else targets
+    costs = profile_blocks(blocks, sample, targets=sample_targets, loss_fn=loss_fn)
+    input_bytes = float(sample.numel() * sample.element_size())
+    p = plan_from_costs(
+        costs, num_ranks=num_ranks, batch_size=batch_size, num_microbatches=counts,
+        microbatch_size=microbatch_size, schedules=schedules, recompute=recompute,
+        memory_limit=memory_limit, first_stage_input_grad=False, input_bytes=input_bytes,
+    )  # fmt: skip
+    return ModelPlan(
+        **{f.name: getattr(p, f.name) for f in fields(Plan)}, block_costs=tuple(costs),
+        batch_size=batch_size, microbatch_size=microbatch_size, input_bytes=input_bytes,
+    )  # fmt: skip
+
+
+def schedule_of(p: ModelPlan) -> Schedule:
+    """The schedule ``p`` chose, built from the same stage costs the planner simulated."""
+    costs = stage_costs(
+        p.block_costs, p.cuts, first_stage_input_grad=False, input_bytes=p.input_bytes,
+        scale=p.batch_size / p.num_microbatches / p.microbatch_size, recompute=p.recompute[0],
+    )  # fmt: skip
+    return get_schedule(
+        p.schedule, num_ranks=p.num_ranks, num_microbatches=p.num_microbatches, costs=costs
+    )
+
+
+def stages_of(p: Plan, blocks: Sequence[nn.Module]) -> list[nn.Sequential]:
+    """``blocks`` grouped by ``p.stage_sizes()``: one ``nn.Sequential`` per stage, holding the
+    user's own module objects (not copies)."""
+    if len(blocks) != p.num_blocks:
+        raise ValueError(f"stages_of: the plan is for {p.num_blocks} blocks, {len(blocks)} "
+                         "given; pass the blocks it was planned for")  # fmt: skip
+    out, start = [], 0
+    for size in p.stage_sizes():
+        out.append(nn.Sequential(*blocks[start : start + size]))
+        start += size
+    return out

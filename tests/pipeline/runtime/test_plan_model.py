@@ -1,0 +1,148 @@
+"""plan() on the user's own modules: the profile per block, the refusals, the cut following the
+costs, the stages holding the user's modules, and the example a user runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from nobubble.pipeline.runtime.planning import (
+    ModelPlan,
+    plan,
+    profile_blocks,
+    schedule_of,
+    stages_of,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+WIDTH, SEQ, NUM_BLOCKS = 256, 128, 6
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: timings on a shared 2-core machine are steadier."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def mlp_block(hidden: int) -> nn.Module:
+    """(B, T, WIDTH) -> (B, T, WIDTH); compute grows linearly with ``hidden``."""
+    return nn.Sequential(nn.Linear(WIDTH, hidden), nn.GELU(), nn.Linear(hidden, WIDTH))
+
+
+def model(heavy: int | None = None) -> list[nn.Module]:
+    """NUM_BLOCKS blocks of width WIDTH; block ``heavy`` (if any) is 3x wider inside."""
+    torch.manual_seed(0)
+    return [mlp_block(3 * WIDTH if i == heavy else WIDTH) for i in range(NUM_BLOCKS)]
+
+
+def batch(rows: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(rows, SEQ, WIDTH, generator=g), torch.randn(rows, SEQ, WIDTH, generator=g)
+
+
+class Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+def test_profile_blocks_gives_each_block_its_costs() -> None:
+    x, _ = batch(2)
+    costs = profile_blocks(model(), x, repeats=2)
+    assert len(costs) == NUM_BLOCKS
+    for c in costs:
+        assert c.forward > 0 and c.backward_input + c.backward_weight > 0
+        assert c.boundary_bytes == x.numel() * 4  # fp32 (2, SEQ, WIDTH) out of every block
+        assert c.activation_bytes > 0
+
+
+def test_a_block_returning_a_tuple_is_refused_before_profiling(monkeypatch) -> None:
+    import nobubble.pipeline.runtime.planning.model as pm
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("profiled before checking the outputs")
+
+    monkeypatch.setattr(pm, "profile_modules", no_timing)
+    blocks = [*model()[:2], Pair(), *model()[2:]]
+    x, y = batch()
+    with pytest.raises(ValueError, match=r"block 2 \(Pair\) returns a tuple"):
+        profile_blocks(blocks, x)
+    with pytest.raises(ValueError, match=r"block 2 \(Pair\) returns a tuple"):
+        plan(blocks, x, y, nn.functional.mse_loss, num_ranks=2)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "num_ranks", "rows", "message"),
+    [
+        ([], 1, 16, "no blocks"),
+        (None, 7, 16, "num_ranks=7 for 6 blocks"),
+        (None, 0, 16, "num_ranks=0 for 6 blocks"),
+        (None, 2, 11, "batch_size=11 has no divisor"),
+    ],
+)
+def test_plan_refuses_bad_input_before_profiling(monkeypatch, blocks, num_ranks, rows, message):
+    import nobubble.pipeline.runtime.planning.model as pm
+
+    monkeypatch.setattr(pm, "profile_blocks", lambda *a, **k: pytest.fail("profiled"))
+    x, y = batch(rows)
+    with pytest.raises(ValueError, match=message):
+        plan(model() if blocks is None else blocks, x, y, nn.functional.mse_loss,
+             num_ranks=num_ranks)  # fmt: skip
+
+
+def test_plan_refuses_a_microbatch_count_that_does_not_divide_the_batch() -> None:
+    x, y = batch(16)
+    with pytest.raises(ValueError, match=r"batch_size=16 is not divisible .*\[3\]"):
+        plan(model(), x, y, nn.functional.mse_loss, num_ranks=2, num_microbatches=3)
+
+
+def one_f_one_b_cut(blocks: list[nn.Module]) -> int:
+    x, y = batch()
+    p = plan(blocks, x, y, nn.functional.mse_loss, num_ranks=2, num_microbatches=4,
+             schedules=["1f1b"], recompute=False)  # fmt: skip
+    return p.cuts[0]
+
+
+@pytest.mark.long  # the cut follows measured times: a busy machine moves it
+def test_the_cut_moves_toward_a_block_made_3x_wider() -> None:
+    uniform = one_f_one_b_cut(model())
+    # the last block 3x wider weighs about as much as two others: the cut moves toward it
+    assert one_f_one_b_cut(model(heavy=NUM_BLOCKS - 1)) > uniform
+    # block 1 3x wider (block 0 is the lightest: its input needs no gradient) leaves stage 0
+    # near half the step with one block fewer or the same: cuts (2,) and (3,) predict within
+    # a few percent of each other, so only "not away from it" is robust to timing noise
+    assert one_f_one_b_cut(model(heavy=1)) <= uniform
+
+
+def test_stages_hold_the_users_own_modules_and_the_plan_round_trips() -> None:
+    blocks = model()
+    x, y = batch()
+    p = plan(blocks, x, y, nn.functional.mse_loss, num_ranks=2, num_microbatches=[2, 4])
+    stages = stages_of(p, blocks)
+    assert [len(s) for s in stages] == list(p.stage_sizes())
+    assert [m for s in stages for m in s] == blocks
+    assert all(a is b for a, b in zip((m for s in stages for m in s), blocks, strict=True))
+    assert p.microbatch_size == 4 and p.batch_size == 16  # profiled at the smaller microbatch
+    again = ModelPlan.from_json(p.to_json())
+    assert again == p and schedule_of(again) == schedule_of(p)
+    assert schedule_of(p).num_microbatches == p.num_microbatches
+    with pytest.raises(ValueError, match="plan is for 6 blocks, 3 given"):
+        stages_of(p, blocks[:3])
+
+
+def test_the_example_plans_and_runs() -> None:
+    cmd = [sys.executable, str(EXAMPLES / "plan_own_model.py")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"plan: cuts \([\d, ]+\), [\w-]+, \d+ microbatches, recompute \w+, "
+                     r"predicted step [\d.]+ ms", out.stdout), out.stdout  # fmt: skip
+    assert re.search(r"ran the plan on 2 ranks: loss [\d.]+", out.stdout), out.stdout
