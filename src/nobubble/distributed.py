@@ -176,9 +176,12 @@ def _worker(
         if dev.type == "cuda":
             dev = torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
             torch.cuda.set_device(dev)
+        # the launcher serves the rendezvous store on ``port`` (bound there, so no other run
+        # can take the port between choosing and binding it); every rank is a client
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=timeout_s))
         dist.init_process_group(
             backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            store=store,
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -295,7 +298,8 @@ def spawn(
         raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
     backend = backend or default_backend(device)
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
-    settings = (world_size, free_port(), backend, device, timeout_s, threads_per_rank, job)
+    store = _rendezvous_store(timeout_s)  # held until the ranks are reaped
+    settings = (world_size, store.port, backend, device, timeout_s, threads_per_rank, job)
     procs, pipes = _start_ranks(settings)
     inbox = _Inbox(pipes)
     outputs: dict[int, Any] = {}
@@ -314,6 +318,16 @@ def spawn(
         _reap(procs, grace_s=5.0 if ok else 0.0)
         inbox.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def _rendezvous_store(timeout_s: float) -> Any:
+    """The ranks' rendezvous: a ``TCPStore`` served by the launcher on a port the kernel picks
+    and this process keeps bound - two runs started at once can never meet on one port (a
+    port found free, released, then bound by rank 0 could be taken in between)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)  # fmt: skip
 
 
 def _start_ranks(settings: tuple) -> tuple[list[Any], list[Any]]:
