@@ -10,7 +10,8 @@ from torch import nn
 
 from nobubble.distributed import spawn
 from nobubble.pipeline import PipelineRunner
-from nobubble.pipeline.runtime.planning import ModelPlan, plan, schedule_of, stages_of
+from nobubble.pipeline.plan import Plan
+from nobubble.pipeline.runtime.planning import plan, stages_of
 
 VOCAB, HIDDEN, SEQ, BATCH = 256, 64, 32, 16
 
@@ -27,9 +28,9 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def rank_main(ctx, plan_json: str, ids: torch.Tensor) -> float:
-    p = ModelPlan.from_json(plan_json)
+    p = Plan.from_json(plan_json)
     stages = stages_of(p, model())  # the plan's cut of this rank's copy of the model
-    runner = PipelineRunner(stages, schedule_of(p), loss_fn, recompute=p.recompute[0])
+    runner = PipelineRunner(stages, p.schedule(), loss_fn, recompute=p.recompute[0])
     loss = float(runner.step(ids[:, :-1], ids[:, 1:]))  # the mean loss, on every rank
     runner.close()
     return loss
@@ -38,7 +39,7 @@ def rank_main(ctx, plan_json: str, ids: torch.Tensor) -> float:
 if __name__ == "__main__":
     ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
     p = plan(model(), ids[:, :-1], ids[:, 1:], loss_fn, num_ranks=2)
-    print(f"plan: cuts {p.cuts}, {p.schedule}, {p.num_microbatches} microbatches, recompute "
+    print(f"plan: cuts {p.cuts}, {p.schedule_name}, {p.num_microbatches} microbatches, recompute "
           f"{p.recompute[0]}, predicted step {p.predicted_step_ms:.1f} ms")  # fmt: skip
     loss = spawn(rank_main, 2, args=(p.to_json(), ids))[0]
     print(f"ran the plan on 2 ranks: loss {loss:.3f}")

@@ -112,7 +112,7 @@ def test_memory_limit_picks_a_plan_that_fits():
     limit = max(free.predicted_peak_bytes) * 0.7
     tight = plan_from_costs(blocks, num_ranks=2, num_microbatches=8, memory_limit=limit)
     assert max(tight.predicted_peak_bytes) <= limit
-    assert (tight.cuts, tight.schedule, tight.recompute) != (free.cuts, free.schedule,
+    assert (tight.cuts, tight.schedule_name, tight.recompute) != (free.cuts, free.schedule_name,
                                                               free.recompute)  # fmt: skip
     assert tight.predicted_step_ms >= free.predicted_step_ms
 

@@ -174,6 +174,11 @@ class MoELayer(nn.Module):
         experts: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if config.num_experts % buffer.num_ranks != 0:
+            raise ValueError(
+                f"MoELayer: num_experts={config.num_experts} is not a multiple of "
+                f"{buffer.num_ranks} expert-parallel ranks"
+            )
         if weights is None and router is None:
             raise ValueError(f"{type(self).__name__}: give weights, or a router module")
         self.config = config
@@ -192,11 +197,6 @@ class MoELayer(nn.Module):
                 ]
             )
         self.last_tokens_per_expert: torch.Tensor | None = None
-        if config.num_experts % buffer.num_ranks != 0:
-            raise ValueError(
-                f"MoELayer: num_experts={config.num_experts} is not a multiple of "
-                f"{buffer.num_ranks} expert-parallel ranks"
-            )
         self.buffer = buffer
         self.experts = experts
         if experts is None:

@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
+from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.partition import balanced_sizes
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
@@ -44,6 +45,8 @@ __all__ = [
     "plan_from_costs",
     "stage_costs",
     "candidate_cuts",
+    "Setting",
+    "check_ranks",
     "schedule_names",
     "microbatch_counts",
 ]
@@ -116,23 +119,77 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
-    """The chosen configuration (see :class:`Candidate` for the fields' meaning) for a model
-    of ``num_blocks`` blocks on ``num_ranks`` ranks, and every candidate weighed, best first."""
+class Setting:
+    """What a plan was made from, besides the costs: enough to rebuild its stage costs and
+    so its schedule (a cost-dependent order such as ZB-2p is only reproducible from them)."""
 
-    num_blocks: int
     num_ranks: int
-    cuts: tuple[int, ...]
-    schedule: str
-    num_microbatches: int
-    recompute: tuple[bool, ...]
-    predicted_step_ms: float
-    predicted_peak_bytes: tuple[float, ...]
+    batch_size: int | None = None
+    """Rows per step (None: the costs are for the microbatch as it is)."""
+    microbatch_size: int | None = None
+    """Rows the block costs were measured at."""
+    first_stage_input_grad: bool = False
+    comm_ms_per_byte: float = 0.0
+    input_bytes: float = 0.0
+
+    def scale(self, num_microbatches: int) -> float:
+        """Rows of one of ``num_microbatches`` microbatches / rows profiled."""
+        if self.batch_size is None or self.microbatch_size is None:
+            return 1.0
+        return self.batch_size / num_microbatches / self.microbatch_size
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The chosen :class:`Candidate` for ``blocks`` (the block costs it was planned from) in
+    ``setting``, and every candidate weighed, best first. The chosen one's fields read as
+    the plan's own (``p.cuts``, ``p.num_microbatches``, ...); :meth:`schedule` rebuilds the
+    very schedule the planner simulated."""
+
+    blocks: tuple[BlockCosts, ...]
+    setting: Setting
+    chosen: Candidate
     candidates: tuple[Candidate, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_ranks(self) -> int:
+        return self.setting.num_ranks
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        return self.chosen.cuts
+
+    @property
+    def schedule_name(self) -> str:
+        return self.chosen.schedule
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.chosen.num_microbatches
+
+    @property
+    def recompute(self) -> tuple[bool, ...]:
+        return self.chosen.recompute
+
+    @property
+    def predicted_step_ms(self) -> float:
+        return self.chosen.predicted_step_ms
+
+    @property
+    def predicted_peak_bytes(self) -> tuple[float, ...]:
+        return self.chosen.predicted_peak_bytes
 
     def stage_sizes(self) -> tuple[int, ...]:
         """Blocks per stage, in pipeline order (``len(cuts) + 1`` entries)."""
         return sizes_from_cuts(self.cuts, self.num_blocks)
+
+    def schedule(self) -> Schedule:
+        """The chosen schedule, built from the stage costs the planner simulated."""
+        return _build(self.blocks, self.chosen, self.setting)[1]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -142,20 +199,12 @@ class Plan:
         d = json.loads(text)
 
         def cand(c: dict) -> Candidate:
-            return Candidate(
-                cuts=tuple(c["cuts"]), schedule=c["schedule"],
-                num_microbatches=c["num_microbatches"], recompute=tuple(c["recompute"]),
-                predicted_step_ms=c["predicted_step_ms"],
-                predicted_peak_bytes=tuple(c["predicted_peak_bytes"]), fits=c["fits"],
-            )  # fmt: skip
+            return Candidate(**{**c, "cuts": tuple(c["cuts"]), "recompute": tuple(c["recompute"]),
+                                "predicted_peak_bytes": tuple(c["predicted_peak_bytes"])})  # fmt: skip
 
-        chosen = cand({**d, "fits": True})
         return Plan(
-            num_blocks=d["num_blocks"], num_ranks=d["num_ranks"], cuts=chosen.cuts,
-            schedule=chosen.schedule, num_microbatches=chosen.num_microbatches,
-            recompute=chosen.recompute, predicted_step_ms=chosen.predicted_step_ms,
-            predicted_peak_bytes=chosen.predicted_peak_bytes,
-            candidates=tuple(cand(c) for c in d["candidates"]),
+            blocks=tuple(BlockCosts(**b) for b in d["blocks"]), setting=Setting(**d["setting"]),
+            chosen=cand(d["chosen"]), candidates=tuple(cand(c) for c in d["candidates"]),
         )  # fmt: skip
 
 
@@ -295,8 +344,8 @@ def plan_from_costs(
         blocks, num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
         recompute, memory_limit, comm_ms_per_byte, input_bytes,
     )  # fmt: skip
-    options = dict(first_stage_input_grad=first_stage_input_grad,
-                   comm_ms_per_byte=comm_ms_per_byte, input_bytes=input_bytes)  # fmt: skip
+    setting = Setting(num_ranks, batch_size, microbatch_size, first_stage_input_grad,
+                      comm_ms_per_byte, input_bytes)  # fmt: skip
     found: dict[tuple, Candidate] = {}
     for chunks in sorted({2 if n in TWO_CHUNK_SCHEDULES else 1 for n in names} | {1}):
         num_stages = chunks * num_ranks
@@ -306,10 +355,9 @@ def plan_from_costs(
             weighed = tried
             if chunks == 1 and "1f1b" not in names and cut == all_cuts[0]:
                 weighed = ("1f1b", *tried)  # 1F1B on the min-bottleneck cut: the floor to beat
-            scale = 1.0 if batch_size is None or microbatch_size is None \
-                else batch_size / m / microbatch_size  # fmt: skip
+            costs = _stage_costs(blocks, cut, m, rc, setting)  # one per (cut, m, recompute)
             for name in weighed:
-                cand = _weigh(blocks, cut, name, num_ranks, m, rc, scale, memory_limit, options)
+                cand = _weigh(costs, cut, name, num_ranks, m, rc, memory_limit)
                 if cand is not None:
                     found[(cand.cuts, name, m, rc)] = cand
     ranked = tuple(sorted(found.values(), key=Candidate.sort_key))
@@ -321,17 +369,27 @@ def plan_from_costs(
                          f"bytes ({least.schedule}, cuts {least.cuts}, m={least.num_microbatches}"
                          f", recompute={least.recompute[0]}); allow recompute, use more ranks "
                          "or more microbatches, or raise memory_limit")  # fmt: skip
-    best = fitting[0]
-    return Plan(
-        num_blocks=len(blocks), num_ranks=num_ranks, cuts=best.cuts, schedule=best.schedule,
-        num_microbatches=best.num_microbatches, recompute=best.recompute,
-        predicted_step_ms=best.predicted_step_ms,
-        predicted_peak_bytes=best.predicted_peak_bytes, candidates=ranked,
+    return Plan(blocks=tuple(blocks), setting=setting, chosen=fitting[0], candidates=ranked)
+
+
+def _stage_costs(blocks: Sequence[BlockCosts], cut: Sequence[int], num_microbatches: int,
+                 recompute: bool, setting: Setting) -> CostModel:  # fmt: skip
+    return stage_costs(
+        blocks, cut, first_stage_input_grad=setting.first_stage_input_grad,
+        comm_ms_per_byte=setting.comm_ms_per_byte, input_bytes=setting.input_bytes,
+        scale=setting.scale(num_microbatches), recompute=recompute,
     )  # fmt: skip
 
 
-def _weigh(blocks, cut, name, num_ranks, m, rc, scale, memory_limit, options) -> Candidate | None:
-    costs = stage_costs(blocks, cut, scale=scale, recompute=rc, **options)
+def _build(blocks: Sequence[BlockCosts], cand: Candidate,
+           setting: Setting) -> tuple[CostModel, Schedule]:  # fmt: skip
+    """``cand``'s stage costs and its schedule, built from them as the search built it."""
+    costs = _stage_costs(blocks, cand.cuts, cand.num_microbatches, cand.recompute[0], setting)
+    return costs, get_schedule(cand.schedule, num_ranks=setting.num_ranks,
+                               num_microbatches=cand.num_microbatches, costs=costs)  # fmt: skip
+
+
+def _weigh(costs: CostModel, cut, name, num_ranks, m, rc, memory_limit) -> Candidate | None:
     try:
         schedule = get_schedule(name, num_ranks=num_ranks, num_microbatches=m, costs=costs)
     except ValueError:  # this (p, m) is outside the generator's domain (e.g. m % p != 0)
@@ -346,14 +404,10 @@ def _weigh(blocks, cut, name, num_ranks, m, rc, scale, memory_limit, options) ->
 
 def _check_inputs(blocks, num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
                   recompute, memory_limit, comm_ms_per_byte, input_bytes):  # fmt: skip
-    if len(blocks) == 0:
-        raise ValueError("plan: no blocks; pass one BlockCosts per block of the model")
     for i, b in enumerate(blocks):
         if not isinstance(b, BlockCosts):
             raise ValueError(f"plan: block {i} is a {type(b).__name__}, not BlockCosts")
-    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= len(blocks)):
-        raise ValueError(f"plan: num_ranks={num_ranks!r} for {len(blocks)} blocks; every rank "
-                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
+    check_ranks(num_ranks, len(blocks))
     names = schedule_names(schedules, num_ranks, len(blocks))
     counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
     if len(counts) > 1 and batch_size is not None and microbatch_size is None:
@@ -377,6 +431,15 @@ def _check_inputs(blocks, num_ranks, batch_size, num_microbatches, microbatch_si
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"plan: {label}={value!r} must be finite and >= 0")
     return counts, names, flags
+
+
+def check_ranks(num_ranks: int, num_blocks: int) -> None:
+    """At least one block, and at least one block per rank (before any work)."""
+    if num_blocks == 0:
+        raise ValueError("plan: no blocks; pass the model as a list of blocks")
+    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= num_blocks):
+        raise ValueError(f"plan: num_ranks={num_ranks!r} for {num_blocks} blocks; every rank "
+                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
 
 
 def schedule_names(

@@ -13,11 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.planning import (
-    ModelPlan,
     plan,
     profile_blocks,
-    schedule_of,
     stages_of,
 )
 
@@ -131,10 +130,10 @@ def test_stages_hold_the_users_own_modules_and_the_plan_round_trips() -> None:
     assert [len(s) for s in stages] == list(p.stage_sizes())
     assert [m for s in stages for m in s] == blocks
     assert all(a is b for a, b in zip((m for s in stages for m in s), blocks, strict=True))
-    assert p.microbatch_size == 4 and p.batch_size == 16  # profiled at the smaller microbatch
-    again = ModelPlan.from_json(p.to_json())
-    assert again == p and schedule_of(again) == schedule_of(p)
-    assert schedule_of(p).num_microbatches == p.num_microbatches
+    assert (p.setting.microbatch_size, p.setting.batch_size) == (4, 16)  # the smaller one profiled
+    again = Plan.from_json(p.to_json())
+    assert again == p and again.schedule() == p.schedule()
+    assert p.schedule().num_microbatches == p.num_microbatches
     with pytest.raises(ValueError, match="plan is for 6 blocks, 3 given"):
         stages_of(p, blocks[:3])
 

@@ -2,7 +2,8 @@
 
 Four local ranks (two with ``quick``) run a DeepSeek-V3-routed :class:`MoELayer` through
 :class:`Buffer`: the first step's output and gradients are checked against the token-by-token
-reference MoE in one process (:class:`~nobubble.moe.reference_layer.ReferenceMoE`), the bytes dispatch moves are compared with a per-pair all-to-all, and
+reference MoE in one process (:class:`~nobubble.moe.reference_layer.ReferenceMoE`), the bytes
+dispatch moves are compared with a per-pair all-to-all, and
 the auxiliary-loss-free bias is updated after every step on a skewed token stream, which
 flattens the expert load. Writes ``moe/load_balance.png`` and ``moe/ep_demo.json``.
 """

@@ -167,6 +167,13 @@ def _ppo_token(
     return loss
 
 
+def _aggregate(rows: Rows, logp: torch.Tensor, agg: str, norm_length: float | None) -> torch.Tensor:
+    """:func:`aggregate_ref` of per-token losses of ``logp [B, N]`` (``norm_length`` default
+    ``N``); a zero attached to ``logp``'s graph when no token counts."""
+    length = logp.shape[1] if norm_length is None else norm_length
+    return aggregate_ref(rows, agg=agg, norm_length=length, zero=logp.sum() * 0.0)
+
+
 def ppo_clip_loss_ref(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -197,8 +204,7 @@ def ppo_clip_loss_ref(
             loss = _ppo_token(ratio, _at(advantages, b, t), clip_low, clip_high, dual_clip)
             row.append(_at(weights, b, t) * loss)
         rows.append(row)
-    length = logp.shape[1] if norm_length is None else norm_length
-    return aggregate_ref(rows, agg=agg, norm_length=length, zero=logp.sum() * 0.0)
+    return _aggregate(rows, logp, agg, norm_length)
 
 
 def decoupled_ppo_loss_ref(
@@ -239,8 +245,7 @@ def decoupled_ppo_loss_ref(
             loss = _ppo_token(ratio, _at(advantages, b, t), clip_low, clip_high, dual_clip)
             row.append(w * loss)
         rows.append(row)
-    length = logp.shape[1] if norm_length is None else norm_length
-    return aggregate_ref(rows, agg=agg, norm_length=length, zero=logp.sum() * 0.0)
+    return _aggregate(rows, logp, agg, norm_length)
 
 
 def policy_gradient_loss_ref(
@@ -257,8 +262,7 @@ def policy_gradient_loss_ref(
         [-_at(weights, b, t) * _at(advantages, b, t) * lp for t, lp in seq]
         for b, seq in enumerate(_tokens(logp, mask))
     ]
-    length = logp.shape[1] if norm_length is None else norm_length
-    return aggregate_ref(rows, agg=agg, norm_length=length, zero=logp.sum() * 0.0)
+    return _aggregate(rows, logp, agg, norm_length)
 
 
 def kl_ref(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:

@@ -7,69 +7,40 @@ back into things the runtime takes:
 - :func:`profile_blocks`: one :class:`~nobubble.pipeline.plan.BlockCosts` per block, measured
   by :func:`~nobubble.pipeline.runtime.profile_modules.profile_modules` with every block as a
   one-block stage (one way of timing F / B / W, shared with the per-stage profile);
-- :func:`plan`: checks the input, profiles one microbatch, plans, and returns a
-  :class:`ModelPlan`: the :class:`~nobubble.pipeline.plan.Plan` plus the costs it was made
-  from, so that :func:`schedule_of` rebuilds the very schedule the planner weighed (a
-  cost-dependent order such as ZB-2p differs with the costs) on every rank, from its JSON;
+- :func:`plan`: checks the input, profiles one microbatch and plans; the
+  :class:`~nobubble.pipeline.plan.Plan` keeps the costs it was made from, so that
+  ``p.schedule()`` rebuilds the very schedule the planner weighed (a cost-dependent order
+  such as ZB-2p differs with the costs) on every rank, from its JSON;
 - :func:`stages_of`: the user's own modules grouped into one ``nn.Sequential`` per stage.
 
 Typical use (rank 0 or the launching process plans; every rank runs the same plan)::
 
     p = plan(blocks, inputs, targets, loss_fn, num_ranks=2)
-    runner = PipelineRunner(stages_of(p, blocks), schedule_of(p), loss_fn,
+    runner = PipelineRunner(stages_of(p, blocks), p.schedule(), loss_fn,
                             recompute=p.recompute[0])
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import nn
 
-from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.plan import (
     BlockCosts,
     Plan,
+    check_ranks,
     microbatch_counts,
     plan_from_costs,
     schedule_names,
-    stage_costs,
 )
 from nobubble.pipeline.runtime.profile_modules import profile_modules
-from nobubble.pipeline.schedules import get_schedule
 
-__all__ = ["ModelPlan", "plan", "profile_blocks", "schedule_of", "stages_of"]
+__all__ = ["plan", "profile_blocks", "stages_of"]
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelPlan(Plan):
-    """A :class:`~nobubble.pipeline.plan.Plan` and what it was planned from, so the chosen
-    schedule can be rebuilt exactly (:func:`schedule_of`); round-trips through JSON."""
-
-    block_costs: tuple[BlockCosts, ...] = ()
-    """The profile: one entry per block, for ``microbatch_size`` rows."""
-    batch_size: int = 0
-    """Rows per step."""
-    microbatch_size: int = 0
-    """Rows the blocks were profiled at."""
-    input_bytes: float = 0.0
-    """Bytes of the model's input for ``microbatch_size`` rows (kept by recompute)."""
-
-    @staticmethod
-    def from_json(text: str) -> ModelPlan:
-        base, d = Plan.from_json(text), json.loads(text)
-        return ModelPlan(
-            **{f.name: getattr(base, f.name) for f in fields(Plan)},
-            block_costs=tuple(BlockCosts(**c) for c in d["block_costs"]),
-            batch_size=d["batch_size"], microbatch_size=d["microbatch_size"],
-            input_bytes=d["input_bytes"],
-        )  # fmt: skip
 
 
 def profile_blocks(
@@ -137,7 +108,7 @@ def plan(
     num_microbatches: int | Sequence[int] | None = None,
     schedules: str | Sequence[str] = "auto",
     recompute: bool | str = "auto",
-) -> ModelPlan:
+) -> Plan:
     """The cut, schedule, microbatch count and recompute for ``blocks`` on ``num_ranks`` ranks,
     from the blocks' costs measured on this process (see :func:`plan_from_costs` for the
     search and the arguments).
@@ -153,11 +124,7 @@ def plan(
             block whose output is not one tensor (before timing); no plan fits
             ``memory_limit``.
     """
-    if len(blocks) == 0:
-        raise ValueError("plan: no blocks; pass the model as a list of modules")
-    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= len(blocks)):
-        raise ValueError(f"plan: num_ranks={num_ranks!r} for {len(blocks)} blocks; every rank "
-                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
+    check_ranks(num_ranks, len(blocks))
     batch_size = int(inputs.shape[0])
     schedule_names(schedules, num_ranks, len(blocks))
     counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
@@ -166,26 +133,11 @@ def plan(
     sample_targets = targets[:microbatch_size] if isinstance(targets, torch.Tensor) else targets
     costs = profile_blocks(blocks, sample, targets=sample_targets, loss_fn=loss_fn)
     input_bytes = float(sample.numel() * sample.element_size())
-    p = plan_from_costs(
+    return plan_from_costs(
         costs, num_ranks=num_ranks, batch_size=batch_size, num_microbatches=counts,
         microbatch_size=microbatch_size, schedules=schedules, recompute=recompute,
         memory_limit=memory_limit, first_stage_input_grad=False, input_bytes=input_bytes,
     )  # fmt: skip
-    return ModelPlan(
-        **{f.name: getattr(p, f.name) for f in fields(Plan)}, block_costs=tuple(costs),
-        batch_size=batch_size, microbatch_size=microbatch_size, input_bytes=input_bytes,
-    )  # fmt: skip
-
-
-def schedule_of(p: ModelPlan) -> Schedule:
-    """The schedule ``p`` chose, built from the same stage costs the planner simulated."""
-    costs = stage_costs(
-        p.block_costs, p.cuts, first_stage_input_grad=False, input_bytes=p.input_bytes,
-        scale=p.batch_size / p.num_microbatches / p.microbatch_size, recompute=p.recompute[0],
-    )  # fmt: skip
-    return get_schedule(
-        p.schedule, num_ranks=p.num_ranks, num_microbatches=p.num_microbatches, costs=costs
-    )
 
 
 def stages_of(p: Plan, blocks: Sequence[nn.Module]) -> list[nn.Sequential]:
