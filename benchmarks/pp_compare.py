@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_json  # noqa: E402
 
-from nobubble.cli.pp_options import PAPER_TIMES  # noqa: E402
+from nobubble.cli.pp.options import PAPER_TIMES  # noqa: E402
 from nobubble.cli.util import print_table  # noqa: E402
 from nobubble.pipeline import CostModel  # noqa: E402
 from nobubble.pipeline.compare import compare_schedules  # noqa: E402

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from nobubble.distributed import spawn
-from nobubble.pipeline import PipelineRunner
+from nobubble.pipeline import PipelineRunner, split_model
 from nobubble.pipeline.plan import Plan
-from nobubble.pipeline.runtime.planning import plan, stages_of
+from nobubble.pipeline.runtime.planning import plan
 
 VOCAB, HIDDEN, SEQ, BATCH = 256, 64, 32, 16
 
@@ -29,7 +29,7 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def rank_main(ctx, plan_json: str, ids: torch.Tensor) -> float:
     p = Plan.from_json(plan_json)
-    stages = stages_of(p, model())  # the plan's cut of this rank's copy of the model
+    stages = split_model(model(), p.num_stages, balance=p)  # the plan's cut of this copy
     runner = PipelineRunner(stages, p.schedule(), loss_fn, recompute=p.recompute[0])
     loss = float(runner.step(ids[:, :-1], ids[:, 1:]))  # the mean loss, on every rank
     runner.close()

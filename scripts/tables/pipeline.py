@@ -492,3 +492,74 @@ def replan_table() -> str:
 
 
 TABLES["pipeline.replan"] = replan_table
+
+
+# -- plan.md --------------------------------------------------------------------------------
+
+
+def _row(rows: list[dict], label: str) -> dict:
+    return next(r for r in rows if label in r["labels"])
+
+
+def plan_table() -> str:
+    """``benchmarks/pp_plan.py``: per model, the plan's measured step against the exhaustive
+    best, the naive default, ``balance="params"`` and torch's runtime running the plan, with
+    the plan's predicted step (medians over the rounds, ms)."""
+    data = load("pp_plan.json")
+    rows = []
+    for model, res in data["models"].items():
+        runs = res["rows"]
+        plan, naive = _row(runs, "plan"), _row(runs, "naive (split_model) 1f1b")
+        params, best = _row(runs, "params 1f1b"), _row(runs, res["exhaustive_best"])
+        ms = plan["measured_step_ms"]
+        rows.append([
+            model, res["blocks"], f"{plan['sizes']} {plan['schedule']}",
+            f(ms, 0), f(plan["predicted_step_ms"], 0),
+            f"{best['sizes']} {best['schedule']}: {f(best['measured_step_ms'], 0)}",
+            times(ms / best["measured_step_ms"]),
+            f"{naive['sizes']}: {f(naive['measured_step_ms'], 0)}", times(res["naive_over_plan"]),
+            f"{params['sizes']}: {f(params['measured_step_ms'], 0)}",
+            f(plan["torch_step_ms"], 0) if "torch_step_ms" in plan else "-",
+        ])  # fmt: skip
+    headers = ["model", "blocks", "plan (blocks per stage, schedule)", "plan ms", "predicted",
+               "exhaustive best, ms", "plan / best", "naive 1F1B, ms", "naive / plan",
+               "params 1F1B, ms", "torch runs the plan, ms"]  # fmt: skip
+    return md_table(headers, rows, "l" + "r" * (len(headers) - 1))
+
+
+def plan_prediction_table() -> str:
+    """``benchmarks/pp_plan.py``: measured over predicted step time, the plan's rows and the
+    median over every configuration run; the memory-limited plan's peak against its limit."""
+    data = load("pp_plan.json")
+    rows = []
+    for model, res in data["models"].items():
+        runs = res["rows"]
+        plan, limited = _row(runs, "plan"), _row(runs, "memory-limited plan")
+        ratios = sorted(r["measured_over_predicted"] for r in runs)
+        rows.append([
+            model, f(plan["measured_over_predicted"], 2),
+            f(limited["measured_over_predicted"], 2), f(statistics.median(ratios), 2),
+            f"{f(ratios[0], 2)} to {f(ratios[-1], 2)}",
+            f"{limited['sizes']} {limited['schedule']}",
+            f"{max(limited['measured_peak_bytes']) / 2**20:.1f} / "
+            f"{res['memory_limit_bytes'] / 2**20:.1f}",
+        ])  # fmt: skip
+    headers = ["model", "plan: measured / predicted", "memory-limited plan: measured / predicted",
+               "median, all rows", "range, all rows", "memory-limited plan",
+               "its peak / limit, MiB"]  # fmt: skip
+    return md_table(headers, rows)
+
+
+def plan_wider_table() -> str:
+    """``benchmarks/pp_plan.py``: the transformer's plan as is and with its last layer's
+    feed-forward 3x wider (re-profiled, re-planned)."""
+    w = load("pp_plan.json")["wider"]
+    rows = [[label, f"{w[label]['sizes']} {w[label]['schedule']}"]
+            for label in ("as is", "last layer 3x wider")]  # fmt: skip
+    rows.append(["the cut moved", "yes" if w["cut_moved"] else "no"])
+    return md_table(["transformer (1F1B, ZB-H1, ZB-2p weighed)", "plan"], rows, "ll")
+
+
+TABLES["pipeline.plan"] = plan_table
+TABLES["pipeline.plan_prediction"] = plan_prediction_table
+TABLES["pipeline.plan_wider"] = plan_wider_table

@@ -101,7 +101,7 @@ def test_any_size_past_a_budget_is_refused_before_any_work_in_one_line(
 
 
 def test_the_cli_knows_the_v_generators_by_their_names() -> None:
-    from nobubble.cli.pp_options import V_MEMORY_SCHEDULES
+    from nobubble.cli.pp.options import V_MEMORY_SCHEDULES
     from nobubble.pipeline.schedules.v_memory import V_MEMORY_NAMES
 
     assert V_MEMORY_SCHEDULES == V_MEMORY_NAMES

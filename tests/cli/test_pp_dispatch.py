@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nobubble.cli import main
-from nobubble.cli.pp_options import DISPATCH_CHOICES
+from nobubble.cli.pp.options import DISPATCH_CHOICES
 from nobubble.pipeline.dispatch import DISPATCH_POLICIES
 
 BASE = ["pp", "simulate", "-s", "zb-h1", "-p", "6", "-m", "8", "--tw", "0.5", "--tcomm", "0.05"]

@@ -43,14 +43,14 @@ blocks_strategy = st.lists(
 def test_cut_equals_brute_force_over_all_contiguous_cuts(blocks, num_ranks, m):
     if num_ranks > len(blocks):
         return
-    plan = plan_from_costs(
-        blocks, num_ranks=num_ranks, num_microbatches=m, schedules=["1f1b"], recompute=False
-    )
+    plan = plan_from_costs(blocks, num_ranks=num_ranks, num_microbatches=m, schedules=["1f1b"],
+                           recompute=False, tolerance=0.0)  # fmt: skip
     # brute force: every way to choose num_ranks - 1 cut points among the block boundaries
-    every = itertools.combinations(range(1, len(blocks)), num_ranks - 1)
-    best = min(every, key=lambda cuts: (step_ms(blocks, cuts, "1f1b", m), cuts))
-    assert plan.predicted_step_ms == step_ms(blocks, best, "1f1b", m)
-    assert plan.cuts == best
+    every = {cuts: step_ms(blocks, cuts, "1f1b", m)
+             for cuts in itertools.combinations(range(1, len(blocks)), num_ranks - 1)}  # fmt: skip
+    best = min(every.values())
+    assert plan.predicted_step_ms == best
+    assert every[plan.cuts] == best  # one of the fastest cuts (ties: the least peak memory)
 
 
 def test_neighbourhood_is_each_cut_point_moved_by_one_or_two():
@@ -87,6 +87,39 @@ def test_stage_costs_sum_blocks_and_scale():
     assert rc.recompute_mem == (3.0, 10.0)  # stage input: the model input, then a boundary
 
 
+def test_the_runtimes_cost_is_added_to_every_action_unscaled():
+    blocks = [block(1.0), block(2.0), block(3.0)]
+    bare = stage_costs(blocks, (1,), scale=2.0)
+    paid = stage_costs(blocks, (1,), scale=2.0, op_overhead_ms=0.25)
+    for field in ("t_f", "t_b", "t_w", "t_bw"):
+        assert [b + 0.25 for b in getattr(bare, field)] == list(getattr(paid, field))
+    assert (paid.mem_f, paid.t_comm) == (bare.mem_f, bare.t_comm)
+    # a schedule of more actions pays it more often: ZB-H1 splits every backward in two
+    plain = plan_from_costs(blocks, num_ranks=2, num_microbatches=4, schedules=["zb-h1"])
+    costly = plan_from_costs(blocks, num_ranks=2, num_microbatches=4, schedules=["zb-h1"],
+                             op_overhead_ms=0.25)  # fmt: skip
+    assert costly.predicted_step_ms > plain.predicted_step_ms
+    assert (
+        costly.setting.op_overhead_ms
+        == 0.25
+        == Plan.from_json(costly.to_json()).setting.op_overhead_ms
+    )
+
+
+def test_within_the_tolerance_the_least_memory_wins():
+    blocks = [block(1.0 + (i * 5 % 3)) for i in range(6)]
+    exact = plan_from_costs(blocks, num_ranks=2, num_microbatches=8, tolerance=0.0)
+    assert exact.chosen == exact.candidates[0]  # no tolerance: the fastest prediction
+    loose = plan_from_costs(blocks, num_ranks=2, num_microbatches=8, tolerance=0.5)
+    fastest = exact.predicted_step_ms
+    dp_1f1b = next(c for c in loose.candidates if c.schedule == "1f1b"
+                   and c.cuts == candidate_cuts(blocks, 2)[0])  # fmt: skip
+    bound = min(fastest * 1.5, dp_1f1b.predicted_step_ms)
+    near = [c for c in loose.candidates if c.predicted_step_ms <= bound]
+    assert loose.predicted_step_ms <= bound  # never slower than 1F1B on the min-bottleneck cut
+    assert max(loose.predicted_peak_bytes) == min(max(c.predicted_peak_bytes) for c in near)
+
+
 def test_plan_is_deterministic_and_round_trips_json():
     blocks = [block(1.0 + (i * 7 % 5)) for i in range(8)]
     a = plan_from_costs(blocks, num_ranks=2, batch_size=16, microbatch_size=2)
@@ -95,6 +128,32 @@ def test_plan_is_deterministic_and_round_trips_json():
     assert Plan.from_json(a.to_json()) == a
     assert sum(a.stage_sizes()) == 8 and len(a.stage_sizes()) == len(a.cuts) + 1
     assert a.candidates[0].predicted_step_ms == a.predicted_step_ms
+
+
+def test_weigh_and_simulate_rebuild_every_candidate():
+    blocks = [block(1.0 + (i * 3 % 4)) for i in range(6)]
+    p = plan_from_costs(blocks, num_ranks=2, batch_size=8, microbatch_size=1,
+                        memory_limit=1e9)  # fmt: skip
+    for c in p.candidates:
+        again = p.weigh(c.cuts, c.schedule, num_microbatches=c.num_microbatches,
+                        recompute=c.recompute[0])  # fmt: skip
+        assert again == c
+        assert p.simulate(c).makespan == c.predicted_step_ms
+    assert p.simulate().makespan == p.predicted_step_ms
+    # a cut the search need not have kept: 8 one-row microbatches are the profiled size
+    assert p.weigh((3,), "1f1b", num_microbatches=8).predicted_step_ms == step_ms(
+        blocks, (3,), "1f1b", 8
+    )
+
+
+@pytest.mark.parametrize("cuts, schedule, message", [
+    ((0,), "1f1b", "leave a stage"), ((4, 2), "1f1b", "leave a stage"),
+    ((2, 4), "1f1b", "needs 2 stages"), ((3,), "zb-v", "needs 4 stages"),
+])  # fmt: skip
+def test_weigh_refuses_a_cut_that_does_not_fit(cuts, schedule, message):
+    p = plan_from_costs([block(1.0)] * 6, num_ranks=2, num_microbatches=4)
+    with pytest.raises(ValueError, match=message):
+        p.weigh(cuts, schedule)
 
 
 def test_heavier_block_moves_the_cut():
@@ -142,6 +201,7 @@ BAD = [
     (dict(memory_limit=1.0), "no candidate fits memory_limit=1 bytes"),
     (dict(recompute="sometimes"), "recompute='sometimes'"),
     (dict(num_microbatches=[2, 4], batch_size=8), "no microbatch_size"),
+    (dict(op_overhead_ms=-0.1), "op_overhead_ms=-0.1 must be finite and >= 0"),
 ]
 
 

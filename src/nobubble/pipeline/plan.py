@@ -20,7 +20,8 @@ activation memory per rank fits ``memory_limit``:
 - microbatch counts, and recompute (all stages or none; see :func:`plan_from_costs`).
 
 1F1B on the min-bottleneck cut is always weighed, so the plan is never predicted slower than
-it (among plans that fit). Pure and deterministic: the same costs give the same plan on every
+it (among plans that fit). A prediction is not exact: of the candidates within ``tolerance``
+(2%) of the fastest, the one with the least peak memory is chosen. Pure and deterministic: the same costs give the same plan on every
 rank, and a plan round-trips through JSON (:meth:`Plan.to_json`, :meth:`Plan.from_json`).
 """
 
@@ -35,8 +36,9 @@ from dataclasses import asdict, dataclass
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.partition import balanced_sizes
-from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
-from nobubble.pipeline.simulate import simulate
+from nobubble.pipeline.plan_inputs import TWO_CHUNK_SCHEDULES, check_inputs
+from nobubble.pipeline.schedules import get_schedule
+from nobubble.pipeline.simulate import SimResult, simulate
 
 __all__ = [
     "BlockCosts",
@@ -46,14 +48,8 @@ __all__ = [
     "stage_costs",
     "candidate_cuts",
     "Setting",
-    "check_ranks",
-    "schedule_names",
-    "microbatch_counts",
 ]
 
-AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
-AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
-TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v", "v-min", "v-half", "v-zb", "dualpipev")
 _TINY_MS = 1e-6
 """The simulator needs every op time > 0: the first stage's empty B, a parameterless W."""
 
@@ -131,6 +127,11 @@ class Setting:
     first_stage_input_grad: bool = False
     comm_ms_per_byte: float = 0.0
     input_bytes: float = 0.0
+    memory_limit: float | None = None
+    """Peak activation bytes allowed per rank (None: no limit)."""
+    op_overhead_ms: float = 0.0
+    """The runtime's fixed cost of one action (dispatch, hand-over, wake-up), added to every
+    F, B, W and BW (:func:`~nobubble.pipeline.runtime.planning.measure_runtime` measures it)."""
 
     def scale(self, num_microbatches: int) -> float:
         """Rows of one of ``num_microbatches`` microbatches / rows profiled."""
@@ -160,6 +161,11 @@ class Plan:
         return self.setting.num_ranks
 
     @property
+    def num_stages(self) -> int:
+        """Stages of the chosen cut: ``num_ranks``, or twice it for a V or interleaved plan."""
+        return len(self.chosen.cuts) + 1
+
+    @property
     def cuts(self) -> tuple[int, ...]:
         return self.chosen.cuts
 
@@ -187,9 +193,52 @@ class Plan:
         """Blocks per stage, in pipeline order (``len(cuts) + 1`` entries)."""
         return sizes_from_cuts(self.cuts, self.num_blocks)
 
-    def schedule(self) -> Schedule:
-        """The chosen schedule, built from the stage costs the planner simulated."""
-        return _build(self.blocks, self.chosen, self.setting)[1]
+    def schedule(self, candidate: Candidate | None = None) -> Schedule:
+        """The chosen schedule (or ``candidate``'s), built from the stage costs the planner
+        simulated for it."""
+        return _build(self.blocks, self.chosen if candidate is None else candidate,
+                      self.setting)[1]  # fmt: skip
+
+    def simulate(self, candidate: Candidate | None = None) -> SimResult:
+        """The simulated step of the chosen candidate (or ``candidate``): the timeline behind
+        its prediction (bubble, per-op times, a Gantt chart)."""
+        costs, sched = _build(self.blocks, self.chosen if candidate is None else candidate,
+                              self.setting)  # fmt: skip
+        return simulate(sched, costs)
+
+    def weigh(
+        self,
+        cuts: Sequence[int],
+        schedule: str,
+        *,
+        num_microbatches: int | None = None,
+        recompute: bool = False,
+    ) -> Candidate:
+        """The prediction for any configuration of these blocks in this setting (the naive
+        equal-count cut, a schedule picked by name, ...), simulated as the search does;
+        ``num_microbatches`` defaults to the plan's.
+
+        Raises:
+            ValueError: cuts that are not increasing block indices leaving every stage a
+                block, or a schedule outside its generator's domain.
+        """
+        cuts = tuple(int(c) for c in cuts)
+        sizes = sizes_from_cuts(cuts, self.num_blocks)
+        if min(sizes) < 1:
+            raise ValueError(f"Plan.weigh: cuts {cuts} leave a stage of {self.num_blocks} "
+                             "blocks empty; give increasing cut points in 1..num_blocks-1")  # fmt: skip
+        m = self.num_microbatches if num_microbatches is None else num_microbatches
+        costs = _stage_costs(self.blocks, cuts, m, recompute, self.setting)
+        chunks = 2 if schedule in TWO_CHUNK_SCHEDULES else 1
+        if len(sizes) != chunks * self.num_ranks:
+            raise ValueError(f"Plan.weigh: {schedule} on {self.num_ranks} ranks needs "
+                             f"{chunks * self.num_ranks} stages; cuts {cuts} make {len(sizes)}")  # fmt: skip
+        cand = _weigh(costs, cuts, schedule, self.num_ranks, m, recompute,
+                      self.setting.memory_limit)  # fmt: skip
+        if cand is None:
+            raise ValueError(f"Plan.weigh: {schedule} cannot run {m} microbatches on "
+                             f"{self.num_ranks} ranks")  # fmt: skip
+        return cand
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -227,6 +276,7 @@ def stage_costs(
     scale: float = 1.0,
     recompute: bool = False,
     input_bytes: float = 0.0,
+    op_overhead_ms: float = 0.0,
 ) -> CostModel:
     """The simulator's per-stage costs of ``blocks`` cut at ``cuts``: sums of the blocks'.
 
@@ -239,6 +289,8 @@ def stage_costs(
         scale: microbatch rows / profiled rows; times and bytes scale linearly with it.
         recompute: every stage keeps only its input (``input_bytes`` for stage 0, the previous
             block's ``boundary_bytes`` otherwise) and B runs F again.
+        op_overhead_ms: the runtime's fixed cost per action, added to every F, B, W and BW
+            (not scaled: it does not grow with the rows).
     """
     sizes = sizes_from_cuts(cuts, len(blocks))
     assert min(sizes) >= 1, f"cuts {tuple(cuts)} leave a stage empty"
@@ -255,10 +307,11 @@ def stage_costs(
         mem_b = sum(x.freed_by_backward_input for x in held) * scale
         if s == 0 and not first_stage_input_grad:  # nothing to B; W walks the whole backward
             b, w, mem_b = 0.0, b + w, 0.0
-        fields["t_f"].append(max(sum(x.forward for x in held) * scale, _TINY_MS))
-        fields["t_b"].append(max(b, _TINY_MS))
-        fields["t_w"].append(max(w, _TINY_MS))
-        fields["t_bw"].append(max(fused, _TINY_MS))
+        o = op_overhead_ms
+        fields["t_f"].append(max(sum(x.forward for x in held) * scale, _TINY_MS) + o)
+        fields["t_b"].append(max(b, _TINY_MS) + o)
+        fields["t_w"].append(max(w, _TINY_MS) + o)
+        fields["t_bw"].append(max(fused, _TINY_MS) + o)
         fields["mem_f"].append(mem_f)
         fields["mem_b"].append(mem_b)
         fields["mem_w"].append(mem_f - mem_b)
@@ -314,6 +367,8 @@ def plan_from_costs(
     first_stage_input_grad: bool = False,
     comm_ms_per_byte: float = 0.0,
     input_bytes: float = 0.0,
+    op_overhead_ms: float = 0.0,
+    tolerance: float = 0.02,
     max_exhaustive_cuts: int = 200,
 ) -> Plan:
     """Choose the cut, schedule, microbatch count and recompute for ``blocks`` on
@@ -334,23 +389,32 @@ def plan_from_costs(
             per stage but uniform for now.
         memory_limit: peak activation bytes allowed per rank; None: no limit.
         first_stage_input_grad: whether the model's input needs a gradient (see
-            :func:`stage_costs`); ``comm_ms_per_byte``, ``input_bytes``: likewise.
+            :func:`stage_costs`); ``comm_ms_per_byte``, ``input_bytes``,
+            ``op_overhead_ms``: likewise.
+        tolerance: candidates predicted within this fraction of the fastest count as fast
+            (a prediction is not exact); of those that fit, the one with the least peak
+            memory is chosen (then the fastest).
         max_exhaustive_cuts: weigh every contiguous cut when there are at most this many.
 
     Raises:
         ValueError: bad input (before any search), or no candidate fits ``memory_limit``.
     """
-    counts, names, flags = _check_inputs(
-        blocks, num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
-        recompute, memory_limit, comm_ms_per_byte, input_bytes,
+    for i, b in enumerate(blocks):
+        if not isinstance(b, BlockCosts):
+            raise ValueError(f"plan: block {i} is a {type(b).__name__}, not BlockCosts")
+    counts, names, flags = check_inputs(
+        len(blocks), num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
+        recompute, memory_limit, comm_ms_per_byte, input_bytes, op_overhead_ms, tolerance,
     )  # fmt: skip
     setting = Setting(num_ranks, batch_size, microbatch_size, first_stage_input_grad,
-                      comm_ms_per_byte, input_bytes)  # fmt: skip
+                      comm_ms_per_byte, input_bytes, memory_limit, op_overhead_ms)  # fmt: skip
     found: dict[tuple, Candidate] = {}
+    dp_cut: tuple[int, ...] = ()
     for chunks in sorted({2 if n in TWO_CHUNK_SCHEDULES else 1 for n in names} | {1}):
         num_stages = chunks * num_ranks
         all_cuts = candidate_cuts(blocks, num_stages, max_exhaustive_cuts=max_exhaustive_cuts)
         tried = tuple(n for n in names if (2 if n in TWO_CHUNK_SCHEDULES else 1) == chunks)
+        dp_cut = all_cuts[0] if chunks == 1 else dp_cut
         for m, rc, cut in itertools.product(counts, flags, all_cuts):
             weighed = tried
             if chunks == 1 and "1f1b" not in names and cut == all_cuts[0]:
@@ -361,6 +425,14 @@ def plan_from_costs(
                 if cand is not None:
                     found[(cand.cuts, name, m, rc)] = cand
     ranked = tuple(sorted(found.values(), key=Candidate.sort_key))
+    chosen = _choose(ranked, dp_cut, tolerance, memory_limit)
+    return Plan(blocks=tuple(blocks), setting=setting, chosen=chosen, candidates=ranked)
+
+
+def _choose(ranked: tuple[Candidate, ...], dp_cut: tuple[int, ...], tolerance: float,
+            memory_limit: float | None) -> Candidate:  # fmt: skip
+    """Of the candidates that fit and are predicted within ``tolerance`` of the fastest (and
+    no slower than 1F1B on the min-bottleneck cut ``dp_cut``), the one with the least peak."""
     fitting = [c for c in ranked if c.fits]
     if not fitting:
         least = min(ranked, key=lambda c: max(c.predicted_peak_bytes))
@@ -369,7 +441,13 @@ def plan_from_costs(
                          f"bytes ({least.schedule}, cuts {least.cuts}, m={least.num_microbatches}"
                          f", recompute={least.recompute[0]}); allow recompute, use more ranks "
                          "or more microbatches, or raise memory_limit")  # fmt: skip
-    return Plan(blocks=tuple(blocks), setting=setting, chosen=fitting[0], candidates=ranked)
+    # within the tolerance of the fastest, and never slower than 1F1B on the min-bottleneck cut
+    floor = min((c.predicted_step_ms for c in fitting if c.schedule == "1f1b"
+                 and c.cuts == dp_cut), default=math.inf)  # fmt: skip
+    bound = min(fitting[0].predicted_step_ms * (1 + tolerance), floor)
+    fast = [c for c in fitting if c.predicted_step_ms <= bound] or fitting[:1]
+    chosen = min(fast, key=lambda c: (max(c.predicted_peak_bytes), c.sort_key()))
+    return chosen
 
 
 def _stage_costs(blocks: Sequence[BlockCosts], cut: Sequence[int], num_microbatches: int,
@@ -377,6 +455,7 @@ def _stage_costs(blocks: Sequence[BlockCosts], cut: Sequence[int], num_microbatc
     return stage_costs(
         blocks, cut, first_stage_input_grad=setting.first_stage_input_grad,
         comm_ms_per_byte=setting.comm_ms_per_byte, input_bytes=setting.input_bytes,
+        op_overhead_ms=setting.op_overhead_ms,
         scale=setting.scale(num_microbatches), recompute=recompute,
     )  # fmt: skip
 
@@ -400,88 +479,3 @@ def _weigh(costs: CostModel, cut, name, num_ranks, m, rc, memory_limit) -> Candi
     return Candidate(cuts=tuple(cut), schedule=name, num_microbatches=m,
                      recompute=(rc,) * len(costs.t_f), predicted_step_ms=float(result.makespan),
                      predicted_peak_bytes=peak, fits=fits)  # fmt: skip
-
-
-def _check_inputs(blocks, num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
-                  recompute, memory_limit, comm_ms_per_byte, input_bytes):  # fmt: skip
-    for i, b in enumerate(blocks):
-        if not isinstance(b, BlockCosts):
-            raise ValueError(f"plan: block {i} is a {type(b).__name__}, not BlockCosts")
-    check_ranks(num_ranks, len(blocks))
-    names = schedule_names(schedules, num_ranks, len(blocks))
-    counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
-    if len(counts) > 1 and batch_size is not None and microbatch_size is None:
-        raise ValueError(f"plan: {len(counts)} microbatch counts {counts} to weigh but no "
-                         "microbatch_size; give the rows the block costs were measured at, "
-                         "or one num_microbatches")  # fmt: skip
-    if len(counts) > 1 and batch_size is None:
-        raise ValueError(f"plan: microbatch counts {counts} without batch_size cannot be "
-                         "compared (each count would be a different batch); give batch_size "
-                         "and microbatch_size, or one num_microbatches")  # fmt: skip
-    if microbatch_size is not None and not (isinstance(microbatch_size, int)
-                                            and microbatch_size >= 1):  # fmt: skip
-        raise ValueError(f"plan: microbatch_size={microbatch_size!r} must be an integer >= 1")
-    if recompute not in (True, False, "auto"):
-        raise ValueError(f"plan: recompute={recompute!r}; use False, True or 'auto'")
-    flags = (False, True) if recompute == "auto" else (bool(recompute),)
-    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
-        raise ValueError(f"plan: memory_limit={memory_limit!r} must be > 0 bytes per rank; "
-                         "pass None for no limit")  # fmt: skip
-    for label, value in (("comm_ms_per_byte", comm_ms_per_byte), ("input_bytes", input_bytes)):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"plan: {label}={value!r} must be finite and >= 0")
-    return counts, names, flags
-
-
-def check_ranks(num_ranks: int, num_blocks: int) -> None:
-    """At least one block, and at least one block per rank (before any work)."""
-    if num_blocks == 0:
-        raise ValueError("plan: no blocks; pass the model as a list of blocks")
-    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= num_blocks):
-        raise ValueError(f"plan: num_ranks={num_ranks!r} for {num_blocks} blocks; every rank "
-                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
-
-
-def schedule_names(
-    schedules: str | Sequence[str], num_ranks: int, num_blocks: int
-) -> tuple[str, ...]:
-    """The schedule names to weigh (``"auto"`` or the given ones, checked), before any work."""
-    if schedules == "auto":
-        two = AUTO_TWO_CHUNK_SCHEDULES if num_blocks >= 2 * num_ranks else ()
-        return (*AUTO_SCHEDULES, *two)
-    names = (schedules,) if isinstance(schedules, str) else tuple(schedules)
-    if not names:
-        raise ValueError("plan: schedules is empty; name at least one or pass 'auto'")
-    for name in names:
-        if name not in SCHEDULE_NAMES:
-            raise ValueError(f"plan: unknown schedule {name!r}; choose from "
-                             f"{', '.join(SCHEDULE_NAMES)} or 'auto'")  # fmt: skip
-        if name in TWO_CHUNK_SCHEDULES and num_blocks < 2 * num_ranks:
-            raise ValueError(f"plan: {name} holds 2 stages per rank: {2 * num_ranks} blocks "
-                             f"needed, {num_blocks} given; drop it or use fewer ranks")  # fmt: skip
-    return tuple(dict.fromkeys(names))
-
-
-def microbatch_counts(num_ranks: int, batch_size: int | None, given) -> tuple[int, ...]:
-    """The microbatch counts to weigh: ``given``, or the divisors of ``batch_size`` the
-    planner tries (see :func:`plan_from_costs`); checked before any work."""
-    if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"plan: batch_size={batch_size!r} must be an integer >= 1")
-    if given is None:
-        if batch_size is None:
-            raise ValueError("plan: give num_microbatches, or batch_size to choose it")
-        counts = [m for m in range(num_ranks, 4 * num_ranks + 1) if batch_size % m == 0][-4:]
-        if not counts:
-            raise ValueError(f"plan: batch_size={batch_size} has no divisor from {num_ranks} "
-                             f"to {4 * num_ranks} (num_ranks to 4 * num_ranks) to use as the "
-                             "microbatch count; use a batch that one divides, or pass "
-                             "num_microbatches")  # fmt: skip
-        return tuple(counts)
-    counts = [given] if isinstance(given, int) else list(given)
-    if not counts or any(not (isinstance(m, int) and m >= 1) for m in counts):
-        raise ValueError(f"plan: num_microbatches={given!r} must be integers >= 1")
-    bad = [m for m in counts if batch_size is not None and batch_size % m]
-    if bad:
-        raise ValueError(f"plan: batch_size={batch_size} is not divisible by num_microbatches "
-                         f"{bad}; use counts that divide the batch")  # fmt: skip
-    return tuple(sorted(set(counts)))

@@ -13,12 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from nobubble.pipeline import split_model
 from nobubble.pipeline.plan import Plan
-from nobubble.pipeline.runtime.planning import (
-    plan,
-    profile_blocks,
-    stages_of,
-)
+from nobubble.pipeline.runtime.planning import measure_runtime, plan, profile_blocks
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 WIDTH, SEQ, NUM_BLOCKS = 256, 128, 6
@@ -126,7 +123,7 @@ def test_stages_hold_the_users_own_modules_and_the_plan_round_trips() -> None:
     blocks = model()
     x, y = batch()
     p = plan(blocks, x, y, nn.functional.mse_loss, num_ranks=2, num_microbatches=[2, 4])
-    stages = stages_of(p, blocks)
+    stages = split_model(blocks, p.num_stages, balance=p)
     assert [len(s) for s in stages] == list(p.stage_sizes())
     assert [m for s in stages for m in s] == blocks
     assert all(a is b for a, b in zip((m for s in stages for m in s), blocks, strict=True))
@@ -134,8 +131,8 @@ def test_stages_hold_the_users_own_modules_and_the_plan_round_trips() -> None:
     again = Plan.from_json(p.to_json())
     assert again == p and again.schedule() == p.schedule()
     assert p.schedule().num_microbatches == p.num_microbatches
-    with pytest.raises(ValueError, match="plan is for 6 blocks, 3 given"):
-        stages_of(p, blocks[:3])
+    with pytest.raises(ValueError, match=rf"cuts 6 blocks into {p.num_stages} stages, not 3"):
+        split_model(blocks[:3], 2, balance=p)
 
 
 def test_the_example_plans_and_runs() -> None:
@@ -145,3 +142,12 @@ def test_the_example_plans_and_runs() -> None:
     assert re.search(r"plan: cuts \([\d, ]+\), [\w-]+, \d+ microbatches, recompute \w+, "
                      r"predicted step [\d.]+ ms", out.stdout), out.stdout  # fmt: skip
     assert re.search(r"ran the plan on 2 ranks: loss [\d.]+", out.stdout), out.stdout
+
+
+def test_the_runtime_probe_measures_a_cost_per_action_and_per_byte() -> None:
+    costs = measure_runtime(2, (4, 64), steps=3)
+    assert 0 < costs.op_overhead_ms < 1e3 and costs.comm_ms_per_byte >= 0
+    with pytest.raises(ValueError, match="num_ranks=1; a pipeline needs >= 2"):
+        measure_runtime(1)
+    with pytest.raises(ValueError, match=r"boundary_shape=\(\)"):
+        measure_runtime(2, ())

@@ -1,7 +1,7 @@
 """``nobubble demo``: a short tour of every capability that has landed.
 
 Each part's step lives in its own module of this package (:mod:`.pipeline`,
-:mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`)
+:mod:`.pipeline_plan`, :mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`)
 exposing ``run(out_dir: Path, quick: bool) -> list[Path]``: it prints what it shows and
 returns the artifacts it wrote. A step's module is imported when the step starts, so
 ``nobubble demo --help`` loads no torch. Steps run in order; the tour ends with a table of
@@ -108,6 +108,16 @@ def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
 
 
+def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """A model of torch's own modules planned by ``pp plan --model MODULE:FACTORY``: the chosen
+    cut, schedule, microbatches and recompute beside the naive equal-block 1F1B."""
+    plan, png = out / "pipeline" / "plan.json", out / "pipeline" / "plan.png"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["pp", "plan", "--model", "nobubble.cli.demo.pipeline_plan:factory", "--ranks", "2",
+            "--seed", str(seed), "--out", str(plan), "--plot", str(png)]  # fmt: skip
+    return _cli_step("planning", argv, [plan, png])
+
+
 def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """Every schedule as (peak activation memory, bubble), the Pareto set drawn."""
     png = out / "pipeline" / "frontier_p8_m24_1.5B.png"
@@ -120,7 +130,7 @@ def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
     import dataclasses
 
-    from nobubble.cli.pp_options import PAPER_TIMES
+    from nobubble.cli.pp.options import PAPER_TIMES
     from nobubble.pipeline import CostModel, get_schedule
     from nobubble.pipeline.costs import PAPER_MODELS
     from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
@@ -199,6 +209,7 @@ def steps() -> list[tuple[str, Step]]:
         ("pipeline frontier", _frontier_step),
         ("pipeline handshake", _handshake_step),
         ("pipeline runtime", _runtime_step),
+        ("pipeline planning", _plan_step),
         ("pipeline re-planning", _replan_step),
         ("MoE expert parallelism", _moe_step),
         ("MoE fast paths", _moe_fastpath_step),

@@ -20,5 +20,5 @@
 - :mod:`.elastic`: :class:`~nobubble.pipeline.runtime.elastic.ReplanningPipeline`, the layers
   re-cut over the ranks from live per-rank costs while training.
 
-The command line (``nobubble pp profile | plan | run``) is :mod:`nobubble.cli.pp_run`.
+The command line (``nobubble pp profile | plan | run``) is :mod:`nobubble.cli.pp.run`.
 """

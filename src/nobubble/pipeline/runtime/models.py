@@ -14,12 +14,14 @@ plain ``nn.Linear`` until a stage attaches a weight-gradient store to it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nobubble.pipeline.partition import equal_sizes
 from nobubble.pipeline.runtime.bw_split import SplitLinear
 from nobubble.validation import check_fields
 
@@ -231,8 +233,10 @@ def build_blocks(
 def partition_blocks(config: ModelConfig, num_stages: int) -> tuple[range, ...]:
     """Contiguous block ranges, one per stage, balancing the weighted (transformer) blocks.
 
-    Weight-0 blocks (embedding, head) join the first / last stage. Raises ValueError when the
-    model has fewer weighted blocks than stages.
+    The weighted blocks are cut by :func:`~nobubble.pipeline.partition.equal_sizes` (the
+    first stages one more when it does not divide); the weight-0 blocks (embedding, head)
+    join the first / last stage. Raises ValueError when the model has fewer weighted blocks
+    than stages.
     """
     weighted = [i for i in range(config.num_blocks) if config.block_weight(i) > 0]
     if num_stages < 1:
@@ -242,17 +246,12 @@ def partition_blocks(config: ModelConfig, num_stages: int) -> tuple[range, ...]:
             f"the {config.name} model has {len(weighted)} layers but the schedule has "
             f"{num_stages} stages; use at least {num_stages} layers (--layers) or fewer stages"
         )
-    base, extra = divmod(len(weighted), num_stages)
-    bounds, pos = [], 0
-    for s in range(num_stages):
-        pos += base + (1 if s < extra else 0)
-        bounds.append(pos)
-    ranges, start = [], 0
-    for s, end_pos in enumerate(bounds):
-        end = config.num_blocks if s == num_stages - 1 else weighted[end_pos - 1] + 1
-        ranges.append(range(start, end))
-        start = end
-    return tuple(ranges)
+    assert weighted == list(range(weighted[0], weighted[-1] + 1))  # one run: the body
+    sizes = list(equal_sizes(len(weighted), num_stages))  # the weighted blocks' cut
+    sizes[0] += weighted[0]  # the weight-0 blocks before them join the first stage
+    sizes[-1] += config.num_blocks - 1 - weighted[-1]  # those after them, the last
+    starts = (0, *itertools.accumulate(sizes))
+    return tuple(range(a, b) for a, b in itertools.pairwise(starts))
 
 
 def num_parameters(blocks: nn.Module) -> int:

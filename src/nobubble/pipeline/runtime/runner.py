@@ -28,8 +28,9 @@ batch splitting evenly, targets where the last stage lives) run before any messa
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -40,6 +41,8 @@ from torch import nn
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
+from nobubble.pipeline.partition import stage_sizes
+from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
 from nobubble.pipeline.runtime.dispatch import KeyedChannel, run_dynamic, straggle
 from nobubble.pipeline.runtime.messages import ShapeCache, ShapedChannel
@@ -450,46 +453,45 @@ def _device(modules: dict[int, nn.Module]) -> torch.device:
 
 
 def split_model(
-    model: nn.Sequential | Sequence[nn.Module], num_stages: int, *, balance: str | None = None
+    model: nn.Sequential | Sequence[nn.Module],
+    num_stages: int,
+    *,
+    balance: str | Plan | Sequence[float] | None = None,
 ) -> list[nn.Module]:
-    """Cut a sequence of blocks into ``num_stages`` contiguous stages (``nn.Sequential`` each).
+    """Cut the blocks of ``model`` (in pipeline order) into ``num_stages`` contiguous stages,
+    an ``nn.Sequential`` each of the model's own modules (no copy); the one way nobubble cuts.
 
-    ``balance``: ``None`` gives every stage the same number of blocks (the first stages one
-    more when it does not divide); ``"params"`` cuts where the running parameter count
-    crosses each ``k / num_stages`` of the total. The modules are the model's own (no copy).
+    ``balance``: ``None``: equal block counts (the first stages one more when it does not
+    divide); ``"params"``: the cut whose stage with the most parameters has the fewest (exact
+    min-max over every contiguous cut); one cost per block (floats >= 0, e.g. measured ms):
+    the least-bottleneck cut for those costs (both by
+    :func:`~nobubble.pipeline.partition.stage_sizes`); a
+    :class:`~nobubble.pipeline.plan.Plan` of these blocks: its ``stage_sizes()``
+    (``num_stages`` must be their count). Bad input raises ValueError before any cut.
     """
     blocks = list(model)
     if not 1 <= num_stages <= len(blocks):
         raise ValueError(
             f"split_model: num_stages={num_stages} for {len(blocks)} blocks; use 1..{len(blocks)}"
         )
-    if balance not in (None, "params"):
-        raise ValueError(f"split_model: balance={balance!r}; use None or 'params'")
-    if balance is None:
-        base, extra = divmod(len(blocks), num_stages)
-        sizes = [base + (s < extra) for s in range(num_stages)]
-    else:
-        weights = [sum(p.numel() for p in b.parameters()) for b in blocks]
-        sizes = _balanced_sizes(weights, num_stages)
-    out: list[nn.Module] = []
-    start = 0
-    for size in sizes:
-        out.append(nn.Sequential(*blocks[start : start + size]))
-        start += size
-    return out
+    if isinstance(balance, Plan):
+        sizes = balance.stage_sizes()
+        if (len(sizes), sum(sizes)) != (num_stages, len(blocks)):
+            raise ValueError(f"split_model: the plan cuts {sum(sizes)} blocks into {len(sizes)} "
+                             f"stages, not {len(blocks)} into num_stages={num_stages}; pass the "
+                             f"blocks it planned and num_stages={len(sizes)}")  # fmt: skip
+        return _cut(blocks, sizes)
+    costs: list[float] | None = None
+    if isinstance(balance, str) and balance == "params":  # a block's cost: its parameters
+        costs = [float(sum(p.numel() for p in b.parameters())) for b in blocks]
+    elif isinstance(balance, Iterable) and not isinstance(balance, str):
+        costs = [float(c) for c in balance]
+    elif balance is not None:
+        raise ValueError(f"split_model: balance={balance!r}; use None, 'params', a Plan or "
+                         "one cost per block")  # fmt: skip
+    return _cut(blocks, stage_sizes(len(blocks), num_stages, costs))
 
 
-def _balanced_sizes(weights: list[int], num_stages: int) -> list[int]:
-    """Contiguous group sizes (each >= 1) whose cuts follow the weights' running total."""
-    total = sum(weights) or 1
-    cuts: list[int] = []
-    running = 0
-    for i, w in enumerate(weights[:-1]):
-        running += w
-        k = len(cuts) + 1
-        left_blocks, left_stages = len(weights) - (i + 1), num_stages - k
-        must_cut = left_blocks == left_stages
-        if len(cuts) < num_stages - 1 and (running >= k * total / num_stages or must_cut):
-            cuts.append(i + 1)
-    bounds = [0, *cuts, len(weights)]
-    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+def _cut(blocks: list[nn.Module], sizes: Sequence[int]) -> list[nn.Module]:
+    starts = (0, *itertools.accumulate(sizes))
+    return [nn.Sequential(*blocks[a:b]) for a, b in itertools.pairwise(starts)]

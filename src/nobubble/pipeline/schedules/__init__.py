@@ -23,10 +23,18 @@ simulator).
 - ``dualpipev``: DeepSeek's DualPipeV, a V whose steady state overlaps the forward of one
   microbatch with the backward of another (:mod:`nobubble.pipeline.schedules.dualpipe`,
   which also builds the bidirectional DualPipe and keeps the overlapped cells).
+
+The order of ``zb-1p``, ``zb-2p``, ``v-min``, ``v-half`` and ``v-zb``
+(:data:`COST_DEPENDENT_SCHEDULES`) depends on ``costs``; the others ignore them. Asked for
+one of those without ``costs``, :func:`get_schedule` tunes it for unit costs (F = B = W = 1)
+and warns (:class:`UnitCostsWarning`, with one message per name, so Python's default filter
+shows it once per calling line); pass measured costs, or ``CostModel.uniform(num_ranks)`` to
+mean unit costs.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 from nobubble.pipeline.actions import Schedule
@@ -41,6 +49,8 @@ from nobubble.pipeline.schedules.handwritten import (
 
 __all__ = [
     "SCHEDULE_NAMES",
+    "COST_DEPENDENT_SCHEDULES",
+    "UnitCostsWarning",
     "get_schedule",
     "gpipe",
     "one_f_one_b",
@@ -100,6 +110,25 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
 }
 _TWO_CHUNKS = ("zb-v", "v-min", "v-half", "v-zb", "dualpipev")
 SCHEDULE_NAMES: tuple[str, ...] = tuple(_GENERATORS)
+COST_DEPENDENT_SCHEDULES: tuple[str, ...] = ("zb-1p", "zb-2p", "v-min", "v-half", "v-zb")
+"""The schedules whose order changes with ``costs`` (the others' order is fixed by p and m)."""
+
+
+class UnitCostsWarning(UserWarning):
+    """A schedule of :data:`COST_DEPENDENT_SCHEDULES` was generated without ``costs``, so its
+    order is tuned for unit costs (F = B = W = 1), which real stages rarely have."""
+
+
+def _unit_costs_message(name: str) -> str:
+    """The warning for ``name``: the same text every time, so the default filter shows it
+    once per calling line."""
+    return (
+        f"get_schedule({name!r}) without costs: its order is tuned for unit costs "
+        "(F = B = W = 1, no communication). Pass measured ones, costs=profile.cost_model() "
+        "with profile = nobubble.pipeline.runtime.profile_modules.profile_modules(stages, "
+        "inputs, targets, loss_fn), or let the planner nobubble.pipeline.runtime.planning.plan"
+        " choose (Plan.schedule()); pass costs=CostModel.uniform(num_ranks) to mean unit costs"
+    )
 
 
 def get_schedule(
@@ -117,7 +146,8 @@ def get_schedule(
     ``costs`` (per rank) and ``mem_limit`` (activation memory per rank, same unit as the
     costs' ``mem_f``) steer the automatic schedules ``zb-1p``/``zb-2p`` (default limit p*M_F
     and 2p*M_F); ``num_chunks`` is v for ``interleaved-1f1b`` (default 2); ``costs`` also tune the
-    compaction of ``v-min``/``v-half``/``v-zb``. The schedule's
+    compaction of ``v-min``/``v-half``/``v-zb``; without them those five are tuned for unit
+    costs and a :class:`UnitCostsWarning` says so. The schedule's
     ``num_stages`` is ``num_ranks * num_chunks`` (model chunks), its ``num_ranks`` the ranks.
     ``num_stages`` is the old name of this function's ``num_ranks`` and is still accepted.
     """
@@ -142,6 +172,8 @@ def get_schedule(
     if mem_limit is not None and key not in ("zb-1p", "zb-2p"):
         raise ValueError(f"mem_limit applies to zb-1p / zb-2p, not {name!r}")
     check_sizes(num_ranks, num_microbatches)
+    if costs is None and key in COST_DEPENDENT_SCHEDULES:
+        warnings.warn(_unit_costs_message(key), UnitCostsWarning, stacklevel=2)
     return _GENERATORS[key](
         num_ranks, num_microbatches, costs=costs, mem_limit=mem_limit, num_chunks=num_chunks
     )

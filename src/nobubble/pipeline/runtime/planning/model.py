@@ -1,8 +1,7 @@
 """Plan for your own model: profile each block once, then let the planner cut and schedule it.
 
 The planner (:func:`~nobubble.pipeline.plan.plan_from_costs`) is pure and takes per-block
-costs; this module measures them on the user's own ``nn.Module`` blocks and turns its answer
-back into things the runtime takes:
+costs; this module measures them on the user's own ``nn.Module`` blocks:
 
 - :func:`profile_blocks`: one :class:`~nobubble.pipeline.plan.BlockCosts` per block, measured
   by :func:`~nobubble.pipeline.runtime.profile_modules.profile_modules` with every block as a
@@ -11,13 +10,14 @@ back into things the runtime takes:
   :class:`~nobubble.pipeline.plan.Plan` keeps the costs it was made from, so that
   ``p.schedule()`` rebuilds the very schedule the planner weighed (a cost-dependent order
   such as ZB-2p differs with the costs) on every rank, from its JSON;
-- :func:`stages_of`: the user's own modules grouped into one ``nn.Sequential`` per stage.
+- the user's own modules are grouped into stages by the one cutting function,
+  ``split_model(blocks, p.num_stages, balance=p)``.
 
 Typical use (rank 0 or the launching process plans; every rank runs the same plan)::
 
     p = plan(blocks, inputs, targets, loss_fn, num_ranks=2)
-    runner = PipelineRunner(stages_of(p, blocks), p.schedule(), loss_fn,
-                            recompute=p.recompute[0])
+    runner = PipelineRunner(split_model(blocks, p.num_stages, balance=p), p.schedule(),
+                            loss_fn, recompute=p.recompute[0])
 """
 
 from __future__ import annotations
@@ -28,17 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from nobubble.pipeline.plan import (
-    BlockCosts,
-    Plan,
-    check_ranks,
-    microbatch_counts,
-    plan_from_costs,
-    schedule_names,
-)
+from nobubble.pipeline.plan import BlockCosts, Plan, plan_from_costs
+from nobubble.pipeline.plan_inputs import check_ranks, microbatch_counts, schedule_names
 from nobubble.pipeline.runtime.profile_modules import profile_modules
 
-__all__ = ["plan", "profile_blocks", "stages_of"]
+__all__ = ["plan", "profile_blocks"]
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
@@ -108,6 +102,8 @@ def plan(
     num_microbatches: int | Sequence[int] | None = None,
     schedules: str | Sequence[str] = "auto",
     recompute: bool | str = "auto",
+    op_overhead_ms: float = 0.0,
+    comm_ms_per_byte: float = 0.0,
 ) -> Plan:
     """The cut, schedule, microbatch count and recompute for ``blocks`` on ``num_ranks`` ranks,
     from the blocks' costs measured on this process (see :func:`plan_from_costs` for the
@@ -116,7 +112,10 @@ def plan(
     ``inputs`` (``(batch, ...)``) and ``targets`` are one step's batch. The blocks are profiled
     once on the smallest microbatch weighed (``batch / max(num_microbatches)`` rows), the last
     block with ``loss_fn`` included; the planner scales the costs linearly to the other
-    microbatch sizes. The model's input needs no gradient.
+    microbatch sizes. The model's input needs no gradient. ``op_overhead_ms`` and
+    ``comm_ms_per_byte`` are the runtime's own costs, which a block profile cannot see
+    (:func:`~nobubble.pipeline.runtime.planning.measure_runtime` measures them; 0: compute
+    only, which predicts short ops optimistically).
 
     Raises:
         ValueError: no blocks, ``num_ranks`` outside ``1..len(blocks)``, a batch that no
@@ -137,17 +136,5 @@ def plan(
         costs, num_ranks=num_ranks, batch_size=batch_size, num_microbatches=counts,
         microbatch_size=microbatch_size, schedules=schedules, recompute=recompute,
         memory_limit=memory_limit, first_stage_input_grad=False, input_bytes=input_bytes,
+        op_overhead_ms=op_overhead_ms, comm_ms_per_byte=comm_ms_per_byte,
     )  # fmt: skip
-
-
-def stages_of(p: Plan, blocks: Sequence[nn.Module]) -> list[nn.Sequential]:
-    """``blocks`` grouped by ``p.stage_sizes()``: one ``nn.Sequential`` per stage, holding the
-    user's own module objects (not copies)."""
-    if len(blocks) != p.num_blocks:
-        raise ValueError(f"stages_of: the plan is for {p.num_blocks} blocks, {len(blocks)} "
-                         "given; pass the blocks it was planned for")  # fmt: skip
-    out, start = [], 0
-    for size in p.stage_sizes():
-        out.append(nn.Sequential(*blocks[start : start + size]))
-        start += size
-    return out

@@ -6,6 +6,11 @@ Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`
     nobubble pp plan --profile profile.json --microbatches 8 -o plan.csv
     nobubble pp run --schedule zb-h1 --ranks 2 --microbatches 8 --steps 5
     nobubble pp run --schedule-file plan.csv --ranks 2 --steps 5 --trace run.json
+    nobubble pp plan --model my_model.py:factory --ranks 2 --out plan.json
+    nobubble pp run --plan plan.json --model my_model.py:factory --steps 5
+
+The built-in models are ``--model gpt|mlp`` (or ``--arch``); ``--model MODULE:FACTORY``
+plans and runs a model of the user's own (:mod:`nobubble.cli.pp.plan`).
 
 Under ``torchrun`` (RANK/WORLD_SIZE set) ``pp run`` runs as one rank of the job and writes
 its own trace file (merge them with ``nobubble trace merge``).
@@ -21,12 +26,14 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nobubble.cli.pp_options import DISPATCH_CHOICES, add_size, straggler_arg
+from nobubble.cli.pp.options import DISPATCH_CHOICES, add_size, straggler_arg
+from nobubble.cli.pp.plan import BUILTIN_MODELS, is_user_model, plan_user_model, run_user_plan
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     check_budget,
     console,
+    nonneg_float,
     nonneg_int,
     output_file,
     positive_float,
@@ -43,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 MiB = 1024 * 1024
+DEFAULT_MICROBATCHES = 8
+"""``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,27 +76,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json_flag(prof)
     prof.set_defaults(func=_profile)
 
-    plan = sub.add_parser("plan", help="simulate the schedules on profiled costs, keep the best")
+    plan = sub.add_parser("plan", help="choose a schedule (built-in model) or a whole plan "
+                          "(--model MODULE:FACTORY: cut, schedule, microbatches, recompute)")  # fmt: skip
     plan.add_argument("--profile", type=Path, default=None, help="profile JSON (pp profile -o)")
-    add_size(plan, ranks=2)
+    add_size(plan, ranks=2, microbatches=None)
     plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
                       help="also run the exact solver for this long")  # fmt: skip
-    plan.add_argument("-o", "--output", type=output_file, default=Path("plan.csv"),
-                      help="the best schedule as torch CSV")  # fmt: skip
+    plan.add_argument("-o", "--output", "--out", type=output_file, default=None,
+                      help="the best schedule as torch CSV (default plan.csv); with --model "
+                           "MODULE:FACTORY the plan's JSON (default plan.json)")  # fmt: skip
+    plan.add_argument("--plot", type=output_file, default=None,
+                      help="--model MODULE:FACTORY: the Gantt chart of the plan above the naive "
+                           "1F1B (default: the --out file as .png)")  # fmt: skip
     plan.add_argument("--recompute", action="store_true",
                       help="also weigh every schedule with activation checkpointing")  # fmt: skip
     plan.add_argument("--memory-limit-mib", type=positive_float, default=None, metavar="MIB",
                       help="keep the fastest whose peak activations per rank fit")  # fmt: skip
+    plan.add_argument("--overhead-ms", type=nonneg_float, default=None, metavar="MS",
+                      help="--model MODULE:FACTORY: the runtime's cost per action (default: "
+                           "measured on --ranks local ranks; 0: compute only)")  # fmt: skip
     _add_model(plan)
     _add_launch(plan)
     add_json_flag(plan)
     plan.set_defaults(func=_plan)
 
-    run = sub.add_parser("run", help="train a model with a schedule on local ranks")
+    run = sub.add_parser("run", help="train a model with a schedule or a plan on local ranks")
     which = run.add_mutually_exclusive_group(required=True)
     which.add_argument("--schedule", "-s", help="schedule name (gpipe, 1f1b, zb-h1, ...)")
     which.add_argument("--schedule-file", type=Path, help="torch compute-only CSV")
-    add_size(run, ranks=None)
+    which.add_argument("--plan", type=Path,
+                       help="plan JSON of pp plan --model MODULE:FACTORY (with that --model)")  # fmt: skip
+    add_size(run, ranks=None, ranks_required=False, microbatches=None)
     run.add_argument("--steps", type=positive_int, default=3, help="training steps")
     run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     run.add_argument("--lr", type=positive_float, default=0.01)
@@ -110,7 +129,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--arch", choices=("gpt", "mlp"), default="gpt", help="built-in model")
+    g.add_argument("--model", default=None, metavar="gpt|mlp|MODULE:FACTORY",
+                   help="a built-in model, or a factory returning (blocks, inputs, targets, "
+                        "loss_fn): package.module:factory or path/to/file.py:factory")  # fmt: skip
+    g.add_argument("--arch", choices=BUILTIN_MODELS, default="gpt", help="built-in model")
     g.add_argument("--layers", type=positive_int, default=4, help="transformer / MLP blocks")
     g.add_argument("--hidden", type=positive_int, default=64)
     g.add_argument("--heads", type=positive_int, default=4, help="attention heads (gpt)")
@@ -131,9 +153,11 @@ def _add_launch(p: argparse.ArgumentParser) -> None:
 
 
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags."""
     from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
 
-    if args.arch == "gpt":
+    arch = args.model if args.model in BUILTIN_MODELS else args.arch
+    if arch == "gpt":
         return GPTConfig(
             vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
             num_heads=args.heads, num_layers=args.layers, seed=args.seed,
@@ -184,6 +208,9 @@ def _device(device: str) -> str:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if is_user_model(args.model):
+        raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
+                         "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
     model = model_from_args(args)
     prof = measure_profile(model, args.num_stages, args, comm=not args.no_comm)
     if args.output is not None:
@@ -223,6 +250,13 @@ def _load_or_measure(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if is_user_model(args.model):
+        return plan_user_model(args)
+    if args.plot is not None:
+        raise UsageError("--plot applies to --model MODULE:FACTORY; draw a built-in model's "
+                         "schedule with pp simulate --plot")  # fmt: skip
+    args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+    args.output = args.output or Path("plan.csv")
     with claim_output(args.output):  # before profiling: refuse another live run's output
         return _plan_claimed(args)
 
@@ -297,9 +331,13 @@ def _ilp_rows(costs, args):
 
 
 def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
+    """``--schedule`` for ``costs`` (None: unit costs, until a profile measures them), or
+    ``--schedule-file``."""
+    from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.schedules import get_schedule
 
     if args.schedule is not None:
+        costs = costs if costs is not None else CostModel.uniform(args.ranks)
         return get_schedule(args.schedule, num_ranks=args.ranks,
                             num_microbatches=args.microbatches, costs=costs)  # fmt: skip
     try:
@@ -330,6 +368,14 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.plan is not None:
+        return run_user_plan(args)
+    if is_user_model(args.model):
+        raise UsageError("--model MODULE:FACTORY runs a plan: give --plan plan.json (write one "
+                         "with pp plan --model MODULE:FACTORY --out plan.json)")  # fmt: skip
+    if args.ranks is None:
+        raise UsageError("--ranks is required with --schedule or --schedule-file")
+    args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
     check_budget("pp run", processes=args.ranks, force=args.force)
     config = _train_config(args, _schedule_from_args(args))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -346,7 +392,9 @@ def _run_local(config, args: argparse.Namespace) -> int:
     prof = None
     if not args.no_predict:
         prof = measure_profile(config.model, config.schedule.num_stages, args)
-        if args.schedule in ("zb-1p", "zb-2p"):  # automatic schedules adapt to the costs
+        from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
+
+        if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
             config = _train_config(args, _schedule_from_args(args, prof.cost_model()))
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up

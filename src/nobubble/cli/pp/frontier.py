@@ -17,7 +17,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from nobubble.cli.pp_options import (
+from nobubble.cli.pp.options import (
     OPS_BUDGET,
     add_costs,
     add_size,

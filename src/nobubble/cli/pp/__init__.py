@@ -4,8 +4,8 @@ Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch thr
 rank's share of the model; ``--tcomm``: one transfer between ranks); schedules with several
 chunks per rank split them evenly. ``--model 1.5B`` takes the Zero Bubble paper's measured
 times and memory model for that model. Memory limits are in units of M_F (one
-microbatch's activations on a rank). The ILP (``pp solve``, :mod:`.pp_solve`) and runtime
-(``pp profile/plan/run``, :mod:`.pp_run`) commands live in their own modules.
+microbatch's activations on a rank). The ILP (``pp solve``, :mod:`.solve`) and runtime
+(``pp profile/plan/run``, :mod:`.run`) commands live in their own modules.
 ``pp simulate --dispatch static|handshake`` with ``--jitter/--straggler/--seed`` simulates
 one step under a dispatch policy and perturbed durations (:mod:`nobubble.pipeline.dispatch`).
 """
@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nobubble.cli import pp_frontier, pp_run, pp_solve
-from nobubble.cli.pp_options import (
+from nobubble.cli.pp import frontier as pp_frontier
+from nobubble.cli.pp import run as pp_run
+from nobubble.cli.pp import solve as pp_solve
+from nobubble.cli.pp.options import (
     add_costs,
     add_dispatch,
     add_shape,

@@ -59,12 +59,21 @@ V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_
 V_MEMORY_BUDGET, V_MEMORY_OPS = 1_600_000, 200_000
 
 
-def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4) -> None:
-    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required),
-    ``--microbatches/-m`` and ``--force`` (skip the work budget, see :func:`check_size`)."""
+def add_size(
+    p: argparse.ArgumentParser,
+    *,
+    ranks: int | None = 4,
+    ranks_required: bool | None = None,
+    microbatches: int | None = 8,
+) -> None:
+    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required unless
+    ``ranks_required=False``), ``--microbatches/-m`` (``microbatches=None``: the command
+    decides) and ``--force`` (skip the work budget, see :func:`check_size`)."""
+    required = ranks is None if ranks_required is None else ranks_required
     p.add_argument("--ranks", "--stages", "-p", dest="ranks", type=positive_int, default=ranks,
-                   required=ranks is None, help="pipeline ranks P")  # fmt: skip
-    p.add_argument("--microbatches", "-m", type=positive_int, default=8, help="microbatches M")
+                   required=required, help="pipeline ranks P")  # fmt: skip
+    p.add_argument("--microbatches", "-m", type=positive_int, default=microbatches,
+                   help="microbatches M")  # fmt: skip
     p.add_argument("--force", action="store_true",
                    help="run sizes past the work budget (they may take minutes or GBs)")  # fmt: skip
 

@@ -17,7 +17,7 @@ import argparse
 import threading
 import time
 
-from nobubble.cli.pp_options import add_costs, add_size, check_size, costs_from_args
+from nobubble.cli.pp.options import add_costs, add_size, check_size, costs_from_args
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -37,7 +37,7 @@ def costs_and_limit(args: argparse.Namespace) -> tuple[CostModel, float | None]:
     """Per-rank costs and the absolute memory limit from the ``pp`` group's cost flags.
 
     The flags (``--model``, ``--tf/--tb/--tw/--tcomm``, memory, ``--mem-limit`` in units of
-    M_F) are the ones every ``pp`` command takes (:mod:`nobubble.cli.pp_options`).
+    M_F) are the ones every ``pp`` command takes (:mod:`nobubble.cli.pp.options`).
     """
     costs = costs_from_args(args)
     limit = None if args.mem_limit is None else args.mem_limit * max(costs.mem_f)

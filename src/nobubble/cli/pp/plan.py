@@ -1,0 +1,417 @@
+"""``nobubble pp plan | run --model MODULE:FACTORY``: plan a model of your own, then run it.
+
+FACTORY (``package.module:factory`` or ``path/to/file.py:factory``) takes no arguments and
+returns ``(blocks, inputs, targets, loss_fn)``: the model as modules in pipeline order (each
+takes one tensor and returns one), one step's batch, and ``loss_fn(output, targets)``, a
+mean over the rows::
+
+    nobubble pp plan --model my_model.py:factory --ranks 2 [--memory-limit-mib 64] [-m 8] \\
+        --out plan.json [--plot plan.png]
+    nobubble pp run --plan plan.json --model my_model.py:factory --steps 5
+
+``pp plan`` is a thin layer over :func:`nobubble.pipeline.runtime.planning.plan`, which
+profiles each block once in this process and chooses the cut, schedule, microbatch count
+and recompute: the command chooses nothing itself. It prints the chosen plan, the next
+candidates and, beside them, the naive plan (equal block counts, 1F1B, the same
+microbatches, no recompute), draws the chosen schedule above the naive one on one time axis
+and writes the plan's JSON. ``pp run`` starts one local process per rank; each seeds torch
+and calls the factory (so every rank builds the same weights), keeps its stages of the
+plan's cut (:func:`~nobubble.pipeline.runtime.runner.split_model`) and runs
+``plan.schedule()`` with the plan's recompute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nobubble.cli.util import (
+    UsageError,
+    check_budget,
+    console,
+    print_json,
+    print_table,
+)
+from nobubble.files import claim_output, write_text
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from nobubble.distributed import DistContext
+    from nobubble.pipeline.plan import Candidate, Plan
+    from nobubble.pipeline.simulate import SimResult
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "UserModel",
+    "is_user_model",
+    "load_user_model",
+    "plan_user_model",
+    "run_user_plan",
+]
+
+MiB = 1024 * 1024
+BUILTIN_MODELS = ("gpt", "mlp")
+"""``--model`` values that name a built-in model (:mod:`nobubble.pipeline.runtime.models`)."""
+TOP_CANDIDATES = 8
+"""Rows of the plan table: the chosen plan, then the next fastest candidates."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UserModel:
+    """What a ``--model MODULE:FACTORY`` factory returns, checked."""
+
+    blocks: list[nn.Module]
+    """The model in pipeline order; each block takes one tensor and returns one."""
+    inputs: torch.Tensor
+    """One step's input batch ``(batch, ...)``."""
+    targets: Any
+    """One step's targets (split along dim 0 with the inputs when a tensor)."""
+    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor]
+    """``loss_fn(last block's output, targets) -> scalar``, a mean over the rows."""
+
+
+def is_user_model(spec: str | None) -> bool:
+    """Whether ``--model`` names the user's factory rather than a built-in model."""
+    return spec is not None and spec not in BUILTIN_MODELS
+
+
+def load_user_model(spec: str, *, seed: int) -> UserModel:
+    """Import the factory ``spec`` names, seed torch with ``seed``, call it, check its answer.
+
+    Every rank calls this with the same ``seed``, so every rank builds the same weights.
+    Raises UsageError (one line, exit 2) when ``spec`` does not import, is not callable,
+    the factory raises, or it does not return ``(blocks, inputs, targets, loss_fn)``.
+    """
+    import torch
+
+    from nobubble.rl.system.imports import is_import_path, load_object
+
+    if not is_import_path(spec):
+        raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
+                         "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
+    try:
+        factory = load_object(spec, "--model")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    except Exception as err:  # the user's module raised while it was imported
+        raise UsageError(f"--model {spec!r}: importing it raised {type(err).__name__}: "
+                         f"{err}".replace("\n", " ")) from err  # fmt: skip
+    if not callable(factory):
+        raise UsageError(f"--model {spec!r} is not a function (its type is "
+                         f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
+                         "targets, loss_fn)")  # fmt: skip
+    torch.manual_seed(seed)
+    try:
+        out = factory()
+    except Exception as err:  # the user's factory failed: say so, in one line
+        raise UsageError(f"--model {spec!r}: the factory raised {type(err).__name__}: "
+                         f"{err}".replace("\n", " ")) from err  # fmt: skip
+    return _checked(spec, out)
+
+
+def _checked(spec: str, out: Any) -> UserModel:
+    from torch import Tensor, nn
+
+    def bad(what: str) -> UsageError:
+        return UsageError(f"--model {spec!r}: the factory returned {what}; return (blocks, "
+                          "inputs, targets, loss_fn): a list of nn.Module, the input batch "
+                          "tensor, the targets and loss_fn(output, targets)")  # fmt: skip
+
+    if not (isinstance(out, tuple | list) and len(out) == 4):
+        size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
+        raise bad(f"a {type(out).__name__}{size}")
+    blocks, inputs, targets, loss_fn = out
+    if not isinstance(blocks, list | tuple | nn.Sequential | nn.ModuleList):
+        raise bad(f"blocks as a {type(blocks).__name__}, not a list of modules")
+    if not len(blocks):
+        raise bad("no blocks")
+    odd = [i for i, b in enumerate(blocks) if not isinstance(b, nn.Module)]
+    if odd:
+        raise bad(f"block {odd[0]} as a {type(blocks[odd[0]]).__name__}, not an nn.Module")
+    if not isinstance(inputs, Tensor):
+        raise bad(f"inputs as a {type(inputs).__name__}, not a tensor")
+    if not callable(loss_fn):
+        raise bad(f"loss_fn as a {type(loss_fn).__name__}, not a function")
+    return UserModel(list(blocks), inputs, targets, loss_fn)
+
+
+def _absolute(spec: str) -> str:
+    """``spec`` with a file path made absolute: the ranks may start in another folder."""
+    head, _, attr = spec.rpartition(":")
+    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec
+
+
+# -- pp plan --model MODULE:FACTORY --------------------------------------------------------
+def plan_user_model(args: argparse.Namespace) -> int:
+    """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
+    for flag, given in (("--profile", args.profile), ("--ilp", args.ilp)):
+        if given is not None:
+            raise UsageError(f"{flag} applies to the built-in models (--model gpt|mlp); a model "
+                             "of your own is profiled block by block here")  # fmt: skip
+    out = args.output if args.output is not None else Path("plan.json")
+    plot = args.plot if args.plot is not None else out.with_suffix(".png")
+    with claim_output(out):  # before profiling: refuse another live run's output
+        model = load_user_model(args.model, seed=args.seed)
+        limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
+        p = _make_plan(model, args, limit)
+        naive = _naive(p)
+        rows = [_row(p, c) for c in _shown(p)]
+        _draw(p, rows[0][0], naive, plot)
+        write_text(out, p.to_json())
+    if args.json:
+        print_json({"output": str(out), "plot": str(plot), "chosen": rows[0][1],
+                    "candidates": [r for _, r in rows], "naive_1f1b": naive[1]})  # fmt: skip
+        return 0
+    _print_plan(p, rows, naive[1], args, f"wrote {out}, {plot}")
+    return 0
+
+
+def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) -> Plan:
+    import torch
+
+    from nobubble.pipeline.runtime.planning import RuntimeCosts, measure_runtime, plan
+
+    device = "cuda:0" if args.device == "cuda" else args.device
+    blocks = [b.to(device) for b in model.blocks]
+    runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
+    if runtime is None and args.ranks >= 2:
+        with console(stderr=True).status(f"measuring the runtime's cost on {args.ranks} ranks"):
+            runtime = measure_runtime(args.ranks, _boundary_shape(blocks[0], model.inputs),
+                                      device=args.device,
+                                      timeout_s=args.timeout)  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)  # profile as each rank will run: --threads threads
+    try:
+        with console(stderr=True).status(f"profiling {len(blocks)} blocks, planning "
+                                         f"{args.ranks} ranks"):  # fmt: skip
+            return plan(
+                blocks, model.inputs, model.targets, model.loss_fn, num_ranks=args.ranks,
+                memory_limit=limit, num_microbatches=args.microbatches,
+                op_overhead_ms=runtime.op_overhead_ms if runtime else 0.0,
+                comm_ms_per_byte=runtime.comm_ms_per_byte if runtime else 0.0,
+            )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _boundary_shape(first: nn.Module, inputs: torch.Tensor) -> tuple[int, ...]:
+    """The first block's output for one row: a boundary tensor's shape, for the probe."""
+    import torch
+
+    device = next((q.device for q in first.parameters()), inputs.device)
+    with torch.no_grad():
+        return tuple(first(inputs[:1].to(device)).shape)
+
+
+def _shown(p: Plan) -> list[Candidate]:
+    """The chosen candidate, then the fastest others (those that do not fit included)."""
+    return [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
+
+
+def _row(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
+    sim = p.simulate(c)
+    return sim, _describe(p, c, sim)
+
+
+def _describe(p: Plan, c: Candidate, sim: SimResult) -> dict:
+    """One row of the table (and of ``--json``)."""
+    from nobubble.pipeline.plan import sizes_from_cuts
+
+    return {
+        "stage_sizes": list(sizes_from_cuts(c.cuts, p.num_blocks)), "schedule": c.schedule,
+        "num_microbatches": c.num_microbatches, "recompute": c.recompute[0],
+        "predicted_step_ms": c.predicted_step_ms, "bubble_rate": sim.bubble_rate,
+        "peak_mib_per_rank": [b / MiB for b in c.predicted_peak_bytes], "fits": c.fits,
+    }  # fmt: skip
+
+
+def _naive(p: Plan) -> tuple[SimResult, dict]:
+    """1F1B on equal block counts per rank, the plan's microbatches, no recompute."""
+    from nobubble.pipeline.partition import equal_sizes
+    from nobubble.pipeline.plan import cuts_from_sizes
+
+    cand = p.weigh(cuts_from_sizes(equal_sizes(p.num_blocks, p.num_ranks)), "1f1b")
+    sim = p.simulate(cand)
+    return sim, _describe(p, cand, sim)
+
+
+def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: Path) -> Path:
+    """The chosen plan's simulated step above the naive plan's, on one time axis."""
+    from nobubble.pipeline.plot import gantt_grid
+
+    def titled(sim: SimResult, who: str, sizes: Sequence[int], recompute: bool) -> SimResult:
+        name = (f"{who}: {sim.schedule.name}, stages {'+'.join(map(str, sizes))}, "
+                f"m={sim.schedule.num_microbatches}{', recompute' if recompute else ''}")  # fmt: skip
+        return dataclasses.replace(sim, schedule=sim.schedule.renamed(name))
+
+    return gantt_grid([titled(chosen_sim, "plan", p.stage_sizes(), p.recompute[0]),
+                       titled(naive[0], "naive", naive[1]["stage_sizes"], False)], path)  # fmt: skip
+
+
+def _print_plan(p: Plan, rows: list, naive: dict, args: argparse.Namespace, files: str) -> None:
+    naive_ms = naive["predicted_step_ms"]
+    limited = args.memory_limit_mib is not None
+
+    def cells(label: str, r: dict) -> list:
+        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
+                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
+                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
+                f"{naive_ms / r['predicted_step_ms']:.2f}x",
+                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
+
+    table = [cells("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)]
+    table.append(cells("naive", naive))
+    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
+               "peak MiB per rank", "vs naive", *(["fits"] if limited else [])]  # fmt: skip
+    console().print(  # the factory's name as written: no markup, no :emoji: codes
+        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
+        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
+        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
+        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
+        markup=False, emoji=False,
+    )  # fmt: skip
+    print_table(
+        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
+        columns,
+        table,
+        caption="predicted by the simulator from each block's costs, profiled once here "
+        f"({args.threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
+        f"recompute; {files}",
+    )
+
+
+# -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
+def run_user_plan(args: argparse.Namespace) -> int:
+    """``pp run --plan``: the plan on local ranks, each building the model from the factory."""
+    from nobubble.distributed import spawn
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        raise UsageError("pp run --plan starts its own local ranks; run it without torchrun")
+    p = _read_plan(args.plan)
+    _check_run_args(args, p)
+    check_budget("pp run", processes=p.num_ranks, force=args.force)
+    spec = _absolute(args.model)
+    model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
+    _check_model_fits(args, p, model)
+    settings = (spec, args.seed, p.to_json(), args.steps, args.optimizer, args.lr, args.dispatch)
+    with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
+        results = spawn(_rank_main, p.num_ranks, args=settings, backend=args.backend,
+                        device=args.device, timeout_s=args.timeout,
+                        threads_per_rank=args.threads)  # fmt: skip
+    losses = results[0]["losses"]
+    step_ms = [max(r["step_s"][i] for r in results) * 1e3 for i in range(args.steps)]
+    measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
+    if args.json:
+        print_json({"schedule": p.schedule_name, "num_ranks": p.num_ranks,
+                    "stage_sizes": list(p.stage_sizes()), "num_microbatches": p.num_microbatches,
+                    "recompute": p.recompute[0], "losses": losses, "step_ms": step_ms,
+                    "median_step_ms": measured, "predicted_step_ms": p.predicted_step_ms})  # fmt: skip
+        return 0
+    print_table(
+        f"{args.plan}: {p.schedule_name}, stages {'+'.join(map(str, p.stage_sizes()))}, "
+        f"m={p.num_microbatches}, recompute {'on' if p.recompute[0] else 'off'}, "
+        f"{p.num_ranks} ranks",
+        ["step", "loss", "step ms", "predicted ms"],
+        [
+            [i, f"{loss:.6g}", ms, p.predicted_step_ms]
+            for i, (loss, ms) in enumerate(zip(losses, step_ms, strict=True))
+        ],  # fmt: skip
+        caption=f"median step {measured:.4g} ms"
+        + (" (after the first)" if len(step_ms) > 1 else "")
+        + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
+    )
+    return 0
+
+
+def _read_plan(path: Path) -> Plan:
+    import json
+
+    from nobubble.pipeline.plan import Plan
+
+    try:
+        return Plan.from_json(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--plan {path}: no such file; write one with pp plan --model "
+                         "MODULE:FACTORY --out plan.json") from None  # fmt: skip
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise UsageError(f"--plan {path}: not a plan JSON (pp plan --model ... --out): "
+                         f"{type(err).__name__}: {err}") from None  # fmt: skip
+
+
+def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
+    if not is_user_model(args.model):
+        raise UsageError("--plan runs a plan of your own model: give the factory it was made "
+                         "from, --model MODULE:FACTORY")  # fmt: skip
+    if args.ranks is not None and args.ranks != p.num_ranks:
+        raise UsageError(f"--ranks {args.ranks}, but {args.plan} is a plan for {p.num_ranks} "
+                         "ranks; drop --ranks (the plan sets it) or plan again")  # fmt: skip
+    if args.microbatches is not None and args.microbatches != p.num_microbatches:
+        raise UsageError(f"--microbatches {args.microbatches}, but {args.plan} runs "
+                         f"{p.num_microbatches}; drop -m (the plan sets it) or plan again")  # fmt: skip
+    given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
+                                   ("--straggler", args.straggler)) if on]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)}: not with --plan (the plan sets recompute; "
+                         "plotting and stragglers are for the built-in models)")  # fmt: skip
+
+
+def _check_model_fits(args: argparse.Namespace, p: Plan, model: UserModel) -> None:
+    if len(model.blocks) != p.num_blocks:
+        raise UsageError(f"{args.plan} is a plan for {p.num_blocks} blocks but --model "
+                         f"{args.model} returns {len(model.blocks)}; plan this model again "
+                         "(pp plan --model ...)")  # fmt: skip
+    batch = int(model.inputs.shape[0])
+    if batch % p.num_microbatches:
+        raise UsageError(f"--model {args.model}: a batch of {batch} rows does not split into "
+                         f"the plan's {p.num_microbatches} microbatches; plan again for this "
+                         "batch")  # fmt: skip
+    if p.setting.batch_size not in (None, batch):
+        console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
+                                   f"{p.setting.batch_size} rows, this one has {batch}; the "
+                                   "prediction is for the planned batch")  # fmt: skip
+
+
+def _rank_main(ctx: DistContext, spec: str, seed: int, plan_json: str, steps: int,
+               optimizer: str, lr: float, dispatch: str) -> dict:  # fmt: skip
+    """One rank: build the model from the factory, keep this rank's stages, run ``steps``."""
+    import time
+
+    import torch
+
+    from nobubble.pipeline.plan import Plan
+    from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
+
+    p = Plan.from_json(plan_json)
+    model = load_user_model(spec, seed=seed)  # same seed on every rank: the same weights
+    sched = p.schedule()
+    stages = [s.to(ctx.device) if sched.rank_of(k) == ctx.rank else s
+              for k, s in enumerate(split_model(model.blocks, p.num_stages, balance=p))]  # fmt: skip
+    runner = PipelineRunner(stages, sched, model.loss_fn, recompute=p.recompute[0],
+                            timeout_s=ctx.timeout_s, dispatch=dispatch)  # fmt: skip
+    params = [q for m in runner.stage_modules.values() for q in m.parameters()]
+    make = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
+    opt = make(params, lr=lr) if params else None
+    targets = model.targets
+    if isinstance(targets, torch.Tensor):
+        targets = targets.to(ctx.device)
+    inputs = model.inputs.to(ctx.device)
+    losses, step_s = [], []
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            loss = runner.step(inputs, targets)
+            step_s.append(time.perf_counter() - start)
+            losses.append(float(loss))
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+    finally:
+        runner.close()
+    return {"losses": losses, "step_s": step_s}

@@ -1,0 +1,103 @@
+"""The planner's input checks: every argument of :func:`~nobubble.pipeline.plan.plan_from_costs`
+(and of :func:`~nobubble.pipeline.runtime.planning.plan`, which runs them before profiling)
+refused with a message naming the value and the fix, before any search."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from nobubble.pipeline.schedules import SCHEDULE_NAMES
+
+__all__ = ["check_inputs", "check_ranks", "schedule_names", "microbatch_counts",
+           "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES"]  # fmt: skip
+
+AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
+AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
+TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v", "v-min", "v-half", "v-zb", "dualpipev")
+
+
+def check_inputs(num_blocks, num_ranks, batch_size, num_microbatches, microbatch_size,
+                 schedules, recompute, memory_limit, comm_ms_per_byte, input_bytes,
+                 op_overhead_ms, tolerance):  # fmt: skip
+    """Every argument of :func:`~nobubble.pipeline.plan.plan_from_costs` but the blocks,
+    checked; returns the microbatch counts, schedule names and recompute flags to weigh."""
+    check_ranks(num_ranks, num_blocks)
+    names = schedule_names(schedules, num_ranks, num_blocks)
+    counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
+    if len(counts) > 1 and batch_size is not None and microbatch_size is None:
+        raise ValueError(f"plan: {len(counts)} microbatch counts {counts} to weigh but no "
+                         "microbatch_size; give the rows the block costs were measured at, "
+                         "or one num_microbatches")  # fmt: skip
+    if len(counts) > 1 and batch_size is None:
+        raise ValueError(f"plan: microbatch counts {counts} without batch_size cannot be "
+                         "compared (each count would be a different batch); give batch_size "
+                         "and microbatch_size, or one num_microbatches")  # fmt: skip
+    if microbatch_size is not None and not (isinstance(microbatch_size, int)
+                                            and microbatch_size >= 1):  # fmt: skip
+        raise ValueError(f"plan: microbatch_size={microbatch_size!r} must be an integer >= 1")
+    if recompute not in (True, False, "auto"):
+        raise ValueError(f"plan: recompute={recompute!r}; use False, True or 'auto'")
+    flags = (False, True) if recompute == "auto" else (bool(recompute),)
+    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
+        raise ValueError(f"plan: memory_limit={memory_limit!r} must be > 0 bytes per rank; "
+                         "pass None for no limit")  # fmt: skip
+    for label, value in (("comm_ms_per_byte", comm_ms_per_byte), ("input_bytes", input_bytes),
+                         ("op_overhead_ms", op_overhead_ms), ("tolerance", tolerance)):  # fmt: skip
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"plan: {label}={value!r} must be finite and >= 0")
+    return counts, names, flags
+
+
+def check_ranks(num_ranks: int, num_blocks: int) -> None:
+    """At least one block, and at least one block per rank (before any work)."""
+    if num_blocks == 0:
+        raise ValueError("plan: no blocks; pass the model as a list of blocks")
+    if not (isinstance(num_ranks, int) and 1 <= num_ranks <= num_blocks):
+        raise ValueError(f"plan: num_ranks={num_ranks!r} for {num_blocks} blocks; every rank "
+                         "needs at least one block: use 1..len(blocks) ranks")  # fmt: skip
+
+
+def schedule_names(
+    schedules: str | Sequence[str], num_ranks: int, num_blocks: int
+) -> tuple[str, ...]:
+    """The schedule names to weigh (``"auto"`` or the given ones, checked), before any work."""
+    if schedules == "auto":
+        two = AUTO_TWO_CHUNK_SCHEDULES if num_blocks >= 2 * num_ranks else ()
+        return (*AUTO_SCHEDULES, *two)
+    names = (schedules,) if isinstance(schedules, str) else tuple(schedules)
+    if not names:
+        raise ValueError("plan: schedules is empty; name at least one or pass 'auto'")
+    for name in names:
+        if name not in SCHEDULE_NAMES:
+            raise ValueError(f"plan: unknown schedule {name!r}; choose from "
+                             f"{', '.join(SCHEDULE_NAMES)} or 'auto'")  # fmt: skip
+        if name in TWO_CHUNK_SCHEDULES and num_blocks < 2 * num_ranks:
+            raise ValueError(f"plan: {name} holds 2 stages per rank: {2 * num_ranks} blocks "
+                             f"needed, {num_blocks} given; drop it or use fewer ranks")  # fmt: skip
+    return tuple(dict.fromkeys(names))
+
+
+def microbatch_counts(num_ranks: int, batch_size: int | None, given) -> tuple[int, ...]:
+    """The microbatch counts to weigh: ``given``, or the divisors of ``batch_size`` the
+    planner tries (see :func:`plan_from_costs`); checked before any work."""
+    if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"plan: batch_size={batch_size!r} must be an integer >= 1")
+    if given is None:
+        if batch_size is None:
+            raise ValueError("plan: give num_microbatches, or batch_size to choose it")
+        counts = [m for m in range(num_ranks, 4 * num_ranks + 1) if batch_size % m == 0][-4:]
+        if not counts:
+            raise ValueError(f"plan: batch_size={batch_size} has no divisor from {num_ranks} "
+                             f"to {4 * num_ranks} (num_ranks to 4 * num_ranks) to use as the "
+                             "microbatch count; use a batch that one divides, or pass "
+                             "num_microbatches")  # fmt: skip
+        return tuple(counts)
+    counts = [given] if isinstance(given, int) else list(given)
+    if not counts or any(not (isinstance(m, int) and m >= 1) for m in counts):
+        raise ValueError(f"plan: num_microbatches={given!r} must be integers >= 1")
+    bad = [m for m in counts if batch_size is not None and batch_size % m]
+    if bad:
+        raise ValueError(f"plan: batch_size={batch_size} is not divisible by num_microbatches "
+                         f"{bad}; use counts that divide the batch")  # fmt: skip
+    return tuple(sorted(set(counts)))
