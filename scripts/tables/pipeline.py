@@ -497,6 +497,11 @@ TABLES["pipeline.replan"] = replan_table
 # -- plan.md --------------------------------------------------------------------------------
 
 
+def _config(row: dict) -> str:
+    """Blocks per stage and schedule (and recompute, when on) of a pp_plan row."""
+    return f"{row['sizes']} {row['schedule']}" + (" + recompute" if row["recompute"] else "")
+
+
 def _row(rows: list[dict], label: str) -> dict:
     return next(r for r in rows if label in r["labels"])
 
@@ -513,7 +518,7 @@ def plan_table() -> str:
         params, best = _row(runs, "params 1f1b"), _row(runs, res["exhaustive_best"])
         ms = plan["measured_step_ms"]
         rows.append([
-            model, res["blocks"], f"{plan['sizes']} {plan['schedule']}",
+            model, res["blocks"], _config(plan),
             f(ms, 0), f(plan["predicted_step_ms"], 0),
             f"{best['sizes']} {best['schedule']}: {f(best['measured_step_ms'], 0)}",
             times(ms / best["measured_step_ms"]),
@@ -540,7 +545,7 @@ def plan_prediction_table() -> str:
             model, f(plan["measured_over_predicted"], 2),
             f(limited["measured_over_predicted"], 2), f(statistics.median(ratios), 2),
             f"{f(ratios[0], 2)} to {f(ratios[-1], 2)}",
-            f"{limited['sizes']} {limited['schedule']}",
+            _config(limited),
             f"{max(limited['measured_peak_bytes']) / 2**20:.1f} / "
             f"{res['memory_limit_bytes'] / 2**20:.1f}",
         ])  # fmt: skip

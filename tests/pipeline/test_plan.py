@@ -149,11 +149,28 @@ def test_weigh_and_simulate_rebuild_every_candidate():
 @pytest.mark.parametrize("cuts, schedule, message", [
     ((0,), "1f1b", "leave a stage"), ((4, 2), "1f1b", "leave a stage"),
     ((2, 4), "1f1b", "needs 2 stages"), ((3,), "zb-v", "needs 4 stages"),
+    ((3,), "nope", "unknown schedule 'nope'"), ((1, 2, 3), "zb-v", "zb-v holds 2 stages"),
 ])  # fmt: skip
 def test_weigh_refuses_a_cut_that_does_not_fit(cuts, schedule, message):
-    p = plan_from_costs([block(1.0)] * 6, num_ranks=2, num_microbatches=4)
+    p = plan_from_costs([block(1.0)] * (3 if schedule == "zb-v" and len(cuts) == 3 else 6),
+                        num_ranks=2, num_microbatches=4)  # fmt: skip
     with pytest.raises(ValueError, match=message):
         p.weigh(cuts, schedule)
+
+
+def test_weigh_refuses_a_microbatch_count_the_batch_cannot_take():
+    p = plan_from_costs([block(1.0)] * 4, num_ranks=2, batch_size=8, num_microbatches=4,
+                        microbatch_size=2)  # fmt: skip
+    with pytest.raises(ValueError, match=r"not divisible by num_microbatches \[3\]"):
+        p.weigh((2,), "1f1b", num_microbatches=3)
+    with pytest.raises(ValueError, match="must be integers >= 1"):
+        p.weigh((2,), "1f1b", num_microbatches=0)
+
+
+def test_one_rank_weighs_no_two_stage_schedules():
+    p = plan_from_costs([block(1.0)] * 4, num_ranks=1, num_microbatches=2)
+    assert {c.schedule for c in p.candidates} == {"1f1b", "zb-h1", "zb-2p"}
+    assert p.cuts == ()
 
 
 def test_heavier_block_moves_the_cut():

@@ -7,8 +7,8 @@ has nothing to compute and its whole backward runs in W (as the runtime records 
 :mod:`nobubble.pipeline.runtime.autosplit`).
 
 :func:`plan_from_costs` weighs every candidate by simulating it
-(:func:`~nobubble.pipeline.simulate.simulate`) and keeps the fastest predicted step whose peak
-activation memory per rank fits ``memory_limit``:
+(:func:`~nobubble.pipeline.simulate.simulate`) and keeps a fast predicted step whose peak
+activation memory per rank fits ``memory_limit`` (see the tolerance below):
 
 - cuts: the exact min-bottleneck cut on F + B + W per block
   (:func:`~nobubble.pipeline.partition.balanced_sizes`) and its neighbourhood (each cut point
@@ -36,7 +36,12 @@ from dataclasses import asdict, dataclass
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.partition import balanced_sizes
-from nobubble.pipeline.plan_inputs import TWO_CHUNK_SCHEDULES, check_inputs
+from nobubble.pipeline.plan_inputs import (
+    TWO_CHUNK_SCHEDULES,
+    check_inputs,
+    microbatch_counts,
+    schedule_names,
+)
 from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import SimResult, simulate
 
@@ -222,22 +227,23 @@ class Plan:
             ValueError: cuts that are not increasing block indices leaving every stage a
                 block, or a schedule outside its generator's domain.
         """
+        schedule_names([schedule], self.num_ranks, self.num_blocks)  # a known name, or why not
         cuts = tuple(int(c) for c in cuts)
         sizes = sizes_from_cuts(cuts, self.num_blocks)
         if min(sizes) < 1:
             raise ValueError(f"Plan.weigh: cuts {cuts} leave a stage of {self.num_blocks} "
                              "blocks empty; give increasing cut points in 1..num_blocks-1")  # fmt: skip
         m = self.num_microbatches if num_microbatches is None else num_microbatches
+        microbatch_counts(self.num_ranks, self.setting.batch_size, m)  # >= 1, divides the batch
         costs = _stage_costs(self.blocks, cuts, m, recompute, self.setting)
         chunks = 2 if schedule in TWO_CHUNK_SCHEDULES else 1
         if len(sizes) != chunks * self.num_ranks:
             raise ValueError(f"Plan.weigh: {schedule} on {self.num_ranks} ranks needs "
                              f"{chunks * self.num_ranks} stages; cuts {cuts} make {len(sizes)}")  # fmt: skip
+        get_schedule(schedule, num_ranks=self.num_ranks, num_microbatches=m, costs=costs)  # or why
         cand = _weigh(costs, cuts, schedule, self.num_ranks, m, recompute,
                       self.setting.memory_limit)  # fmt: skip
-        if cand is None:
-            raise ValueError(f"Plan.weigh: {schedule} cannot run {m} microbatches on "
-                             f"{self.num_ranks} ranks")  # fmt: skip
+        assert cand is not None
         return cand
 
     def to_json(self) -> str:
@@ -372,7 +378,8 @@ def plan_from_costs(
     max_exhaustive_cuts: int = 200,
 ) -> Plan:
     """Choose the cut, schedule, microbatch count and recompute for ``blocks`` on
-    ``num_ranks`` ranks: the fastest predicted step whose peak fits ``memory_limit``.
+    ``num_ranks`` ranks: of the candidates whose peak fits ``memory_limit`` and whose step is
+    predicted within ``tolerance`` of the fastest, the one with the least peak.
 
     Args:
         blocks: one :class:`BlockCosts` per block, in pipeline order (ms, bytes per microbatch
@@ -445,7 +452,7 @@ def _choose(ranked: tuple[Candidate, ...], dp_cut: tuple[int, ...], tolerance: f
     floor = min((c.predicted_step_ms for c in fitting if c.schedule == "1f1b"
                  and c.cuts == dp_cut), default=math.inf)  # fmt: skip
     bound = min(fitting[0].predicted_step_ms * (1 + tolerance), floor)
-    fast = [c for c in fitting if c.predicted_step_ms <= bound] or fitting[:1]
+    fast = [c for c in fitting if c.predicted_step_ms <= bound]  # holds fitting[0]
     chosen = min(fast, key=lambda c: (max(c.predicted_peak_bytes), c.sort_key()))
     return chosen
 

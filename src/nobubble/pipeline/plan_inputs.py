@@ -7,14 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from nobubble.pipeline.schedules import SCHEDULE_NAMES
+from nobubble.pipeline.schedules import SCHEDULE_NAMES, V_SCHEDULES
 
 __all__ = ["check_inputs", "check_ranks", "schedule_names", "microbatch_counts",
            "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES"]  # fmt: skip
 
 AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
-TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v", "v-min", "v-half", "v-zb", "dualpipev")
+TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", *V_SCHEDULES)
+"""Two stages per rank: interleaved 1F1B (as the planner runs it) and the V schedules."""
 
 
 def check_inputs(num_blocks, num_ranks, batch_size, num_microbatches, microbatch_size,
@@ -62,8 +63,8 @@ def schedule_names(
     schedules: str | Sequence[str], num_ranks: int, num_blocks: int
 ) -> tuple[str, ...]:
     """The schedule names to weigh (``"auto"`` or the given ones, checked), before any work."""
-    if schedules == "auto":
-        two = AUTO_TWO_CHUNK_SCHEDULES if num_blocks >= 2 * num_ranks else ()
+    if schedules == "auto":  # two stages per rank where each holds a block, on 2+ ranks
+        two = AUTO_TWO_CHUNK_SCHEDULES if num_blocks >= 2 * num_ranks and num_ranks > 1 else ()
         return (*AUTO_SCHEDULES, *two)
     names = (schedules,) if isinstance(schedules, str) else tuple(schedules)
     if not names:

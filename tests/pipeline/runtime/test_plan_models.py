@@ -5,6 +5,7 @@ causal, and a plan of the Llama runs on two ranks to the loss of the whole model
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,23 @@ def test_a_plan_of_the_llama_runs_on_two_ranks_to_the_whole_models_loss() -> Non
     assert losses[0] == losses[1]
     assert losses[0] == pytest.approx(expected, rel=1e-5)
     assert isinstance(blocks[-1], nn.Linear)
+
+
+def _peak(ctx, plan_json: str) -> int:
+    p = Plan.from_json(plan_json)
+    blocks, x, y, loss_fn = _models().uneven(widths=(64, 128, 256, 512, 1024, 1024), batch=256)
+    runner = PipelineRunner(split_model(blocks, p.num_stages, balance=p), p.schedule(), loss_fn)
+    runner.step(x, y)
+    runner.close()
+    return runner.peak_activation_bytes
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zb-2p"])
+def test_the_predicted_peak_is_the_runners_measured_peak(schedule: str) -> None:
+    """Bytes, not times: the planner's peak per rank equals what the runner counts, for fused
+    and for split backwards (W's store holds a microbatch until its W)."""
+    blocks, x, y, loss_fn = _models().uneven(widths=(64, 128, 256, 512, 1024, 1024), batch=256)
+    p = plan(blocks, x, y, loss_fn, num_ranks=2, num_microbatches=8, recompute=False)
+    p = replace(p, chosen=p.weigh((4,), schedule))  # the last rank: two blocks, split B / W
+    measured = spawn(_peak, 2, args=(p.to_json(),), timeout_s=120)
+    assert measured == [int(b) for b in p.predicted_peak_bytes]

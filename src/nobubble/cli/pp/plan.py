@@ -183,7 +183,8 @@ def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) 
     runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
     if runtime is None and args.ranks >= 2:
         with console(stderr=True).status(f"measuring the runtime's cost on {args.ranks} ranks"):
-            runtime = measure_runtime(args.ranks, _boundary_shape(blocks[0], model.inputs),
+            rows = max(1, len(model.inputs) // (args.microbatches or 4 * args.ranks))
+            runtime = measure_runtime(args.ranks, _boundary_shape(blocks[0], model.inputs[:rows]),
                                       device=args.device,
                                       timeout_s=args.timeout)  # fmt: skip
     threads = torch.get_num_threads()
@@ -202,12 +203,14 @@ def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) 
 
 
 def _boundary_shape(first: nn.Module, inputs: torch.Tensor) -> tuple[int, ...]:
-    """The first block's output for one row: a boundary tensor's shape, for the probe."""
+    """The first block's output for one microbatch, ``inputs``: a boundary tensor's shape, for
+    the probe (a block that returns no tensor is refused by the planner, naming it)."""
     import torch
 
     device = next((q.device for q in first.parameters()), inputs.device)
     with torch.no_grad():
-        return tuple(first(inputs[:1].to(device)).shape)
+        out = first(inputs.to(device))
+    return tuple(out.shape) if isinstance(out, torch.Tensor) else (len(inputs), 1)
 
 
 def _shown(p: Plan) -> list[Candidate]:

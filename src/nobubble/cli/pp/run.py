@@ -94,7 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="keep the fastest whose peak activations per rank fit")  # fmt: skip
     plan.add_argument("--overhead-ms", type=nonneg_float, default=None, metavar="MS",
                       help="--model MODULE:FACTORY: the runtime's cost per action (default: "
-                           "measured on --ranks local ranks; 0: compute only)")  # fmt: skip
+                           "measured on --ranks local ranks, with the cost per byte moved; "
+                           "given, transfers cost 0; 0: compute only)")  # fmt: skip
     _add_model(plan)
     _add_launch(plan)
     add_json_flag(plan)

@@ -50,6 +50,7 @@ from nobubble.pipeline.schedules.handwritten import (
 __all__ = [
     "SCHEDULE_NAMES",
     "COST_DEPENDENT_SCHEDULES",
+    "V_SCHEDULES",
     "UnitCostsWarning",
     "get_schedule",
     "gpipe",
@@ -108,7 +109,8 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "v-zb": _v_memory("v-zb"),
     "dualpipev": _dualpipev,
 }
-_TWO_CHUNKS = ("zb-v", "v-min", "v-half", "v-zb", "dualpipev")
+V_SCHEDULES: tuple[str, ...] = ("zb-v", "v-min", "v-half", "v-zb", "dualpipev")
+"""The schedules of two stages per rank in a V (``num_chunks`` is 2)."""
 SCHEDULE_NAMES: tuple[str, ...] = tuple(_GENERATORS)
 COST_DEPENDENT_SCHEDULES: tuple[str, ...] = ("zb-1p", "zb-2p", "v-min", "v-half", "v-zb")
 """The schedules whose order changes with ``costs`` (the others' order is fixed by p and m)."""
@@ -163,11 +165,11 @@ def get_schedule(
     key = name.lower()
     if key not in _GENERATORS:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
-    if num_chunks is not None and key not in ("interleaved-1f1b", *_TWO_CHUNKS):
+    if num_chunks is not None and key not in ("interleaved-1f1b", *V_SCHEDULES):
         raise ValueError(
             f"num_chunks applies to interleaved-1f1b (and the V shapes: 2), not {name!r}"
         )
-    if num_chunks is not None and key in _TWO_CHUNKS and num_chunks != 2:
+    if num_chunks is not None and key in V_SCHEDULES and num_chunks != 2:
         raise ValueError(f"{key} always has 2 chunks per rank, not {num_chunks}; drop --chunks")
     if mem_limit is not None and key not in ("zb-1p", "zb-2p"):
         raise ValueError(f"mem_limit applies to zb-1p / zb-2p, not {name!r}")

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from nobubble.pipeline.plan import BlockCosts, Plan, plan_from_costs
-from nobubble.pipeline.plan_inputs import check_ranks, microbatch_counts, schedule_names
+from nobubble.pipeline.plan_inputs import check_inputs, check_ranks, microbatch_counts
 from nobubble.pipeline.runtime.profile_modules import profile_modules
 
 __all__ = ["plan", "profile_blocks"]
@@ -52,7 +52,9 @@ def profile_blocks(
     runner records it. With ``loss_fn``, the last block's costs include ``loss_fn(output,
     targets)``, as :func:`profile_modules` counts it; without, the last block gets a random
     output gradient like the others. ``activation_bytes`` is what F saves for backward
-    (parameters excluded), ``boundary_bytes`` the block's output.
+    (parameters excluded), ``boundary_bytes`` the block's output. B frees none of it: the
+    runner holds a microbatch's activations until its W (W's store keeps each linear's input
+    and output gradient), and counts its peak so (``PipelineRunner.peak_activation_bytes``).
 
     Raises:
         ValueError: no blocks, or a block whose output is not one tensor (before any timing).
@@ -81,7 +83,7 @@ def profile_blocks(
         BlockCosts(
             forward=s.t_f, backward_input=s.t_b, backward_weight=s.t_w,
             activation_bytes=float(s.mem_f), boundary_bytes=float(nbytes),
-            backward_fused=s.t_bw_fused, freed_by_backward_input=float(s.mem_b),
+            backward_fused=s.t_bw_fused, freed_by_backward_input=0.0,
         )
         for s, nbytes in zip(prof.stages, boundary, strict=True)
     ]  # fmt: skip
@@ -125,9 +127,10 @@ def plan(
     """
     check_ranks(num_ranks, len(blocks))
     batch_size = int(inputs.shape[0])
-    schedule_names(schedules, num_ranks, len(blocks))
     counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
     microbatch_size = batch_size // max(counts)
+    check_inputs(len(blocks), num_ranks, batch_size, counts, microbatch_size, schedules,
+                 recompute, memory_limit, comm_ms_per_byte, 0.0, op_overhead_ms, 0.0)  # fmt: skip
     sample = inputs[:microbatch_size]
     sample_targets = targets[:microbatch_size] if isinstance(targets, torch.Tensor) else targets
     costs = profile_blocks(blocks, sample, targets=sample_targets, loss_fn=loss_fn)

@@ -16,6 +16,7 @@ byte. Both feed :func:`~nobubble.pipeline.runtime.planning.plan`.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -74,32 +75,28 @@ def measure_runtime(
     sched = get_schedule("1f1b", num_ranks=num_ranks, num_microbatches=m)
     # every action one unit: F = 1 and the fused BW = B + W = 1
     unit = simulate(sched, CostModel.uniform(num_ranks, t_b=0.5, t_w=0.5)).makespan
-    nbytes = 4 * _numel(boundary_shape)
+    nbytes = 4 * math.prod(int(d) for d in boundary_shape)
     return RuntimeCosts(op_overhead_ms=step_ms / unit,
                         comm_ms_per_byte=max(boundary_ms - tiny_ms, 0.0) / nbytes)  # fmt: skip
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _probe(ctx: DistContext, m: int, steps: int, shape: tuple[int, ...]) -> tuple:
     """One rank: the median step of 1F1B over near-empty stages, then two transfers."""
     torch.manual_seed(0)
     p = ctx.world_size
-    stages = [nn.Linear(_WIDTH, _WIDTH) for _ in range(p)]
+    device = torch.device(ctx.device)
+    stages = [nn.Linear(_WIDTH, _WIDTH).to(device) for _ in range(p)]
     sched = get_schedule("1f1b", num_ranks=p, num_microbatches=m)
     runner = PipelineRunner(stages, sched, nn.functional.mse_loss, static_shapes=True,
-                            timeout_s=ctx.timeout_s)  # fmt: skip
-    x, y = torch.randn(m, _WIDTH), torch.randn(m, _WIDTH)
+                            timeout_s=ctx.timeout_s, device=device)  # fmt: skip
+    x, y = torch.randn(m, _WIDTH, device=device), torch.randn(m, _WIDTH, device=device)
     times = []
     for _ in range(steps + 1):  # the first step learns the shapes
         dist.barrier()
         t0 = time.perf_counter()
         runner.step(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         dist.barrier()
         times.append((time.perf_counter() - t0) * 1e3)
     runner.close()
