@@ -13,6 +13,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
 
 MAX_RANKS, MAX_MICROBATCHES = 4, 8
@@ -22,7 +23,12 @@ MAX_RANKS, MAX_MICROBATCHES = 4, 8
 def generated(name: str, num_ranks: int, num_microbatches: int) -> Schedule | None:
     """The registry's schedule, or None where the generator refuses the size."""
     try:
-        return get_schedule(name, num_ranks=num_ranks, num_microbatches=num_microbatches)
+        return get_schedule(
+            name,
+            num_ranks=num_ranks,
+            num_microbatches=num_microbatches,
+            costs=CostModel.uniform(num_ranks),
+        )
     except ValueError:
         return None
 

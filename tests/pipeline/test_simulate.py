@@ -134,7 +134,9 @@ def test_recompute_memory_and_time_counted_from_live_tensors(name):
     p, m, x = 4, 8, 0.05
     chunks = 2 if name == "interleaved-1f1b" else 1
     kwargs = {"num_chunks": chunks} if chunks > 1 else {}
-    sched = get_schedule(name, num_stages=p, num_microbatches=m, **kwargs)
+    sched = get_schedule(
+        name, num_stages=p, num_microbatches=m, costs=CostModel.uniform(p), **kwargs
+    )
     plain = CostModel.from_rank_costs(p, num_chunks=chunks, t_f=1.0, t_b=1.2, t_w=0.7,
                                       mem_f=1.0, mem_b=0.4, mem_w=0.6)  # fmt: skip
     rec = plain.with_recompute(x)

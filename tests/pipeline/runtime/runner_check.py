@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nobubble.pipeline import get_schedule
+from nobubble.pipeline import CostModel, get_schedule
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.reference import reference_step
 from nobubble.pipeline.runtime.runner import PipelineRunner
@@ -20,7 +20,9 @@ NUM_MB = 4
 
 
 def schedule(name: str, num_ranks: int) -> Schedule:
-    return get_schedule(name, num_ranks=num_ranks, num_microbatches=NUM_MB)
+    return get_schedule(
+        name, num_ranks=num_ranks, num_microbatches=NUM_MB, costs=CostModel.uniform(num_ranks)
+    )
 
 
 def pipeline_rank(ctx, names: tuple[str, ...], xs: list, ys: list) -> dict:

@@ -16,6 +16,7 @@ import torch
 
 from nobubble.distributed import RankFailure
 from nobubble.pipeline.actions import Schedule
+from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.runtime.executor import TrainConfig
 from nobubble.pipeline.runtime.launch import LaunchOptions, run_local
 from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, build_blocks
@@ -59,7 +60,13 @@ def torch_csv_schedule(num_ranks: int, path) -> Schedule:
 
 def configs(num_ranks: int, tmp_path, model=MODEL, names=SCHEDULE_NAMES) -> list[TrainConfig]:
     schedules = [
-        get_schedule(n, num_stages=num_ranks, num_microbatches=NUM_MICROBATCHES) for n in names
+        get_schedule(
+            n,
+            num_stages=num_ranks,
+            num_microbatches=NUM_MICROBATCHES,
+            costs=CostModel.uniform(num_ranks),
+        )
+        for n in names
     ]
     if model is MODEL:
         schedules.append(torch_csv_schedule(num_ranks, tmp_path / f"torch_{num_ranks}.csv"))

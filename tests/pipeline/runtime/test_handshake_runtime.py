@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.pipeline import get_schedule
+from nobubble.pipeline import CostModel, get_schedule
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.reference import reference_step
@@ -62,7 +62,9 @@ def test_cursors_never_stick_and_run_valid_orders(name: str, num_ranks: int) -> 
     for num_mb in (1, 2, 4, 6, 12):
         if name == "interleaved-1f1b" and num_mb % num_ranks:
             continue  # it needs m divisible by p
-        plan = get_schedule(name, num_ranks=num_ranks, num_microbatches=num_mb)
+        plan = get_schedule(
+            name, num_ranks=num_ranks, num_microbatches=num_mb, costs=CostModel.uniform(num_ranks)
+        )
         for seed in range(5):
             validate(_drive(plan, seed))
 
@@ -95,7 +97,9 @@ def test_handshake_matches_one_process(num_ranks: int, straggler: Straggler | No
     xs, ys = list(x.chunk(NUM_MB)), list(y.chunk(NUM_MB))
     results = spawn(_handshake_rank, num_ranks, args=(xs, ys, straggler), timeout_s=240)
     for name in NAMES:
-        plan = get_schedule(name, num_ranks=num_ranks, num_microbatches=NUM_MB)
+        plan = get_schedule(
+            name, num_ranks=num_ranks, num_microbatches=NUM_MB, costs=CostModel.uniform(num_ranks)
+        )
         ref_loss, ref_grads = reference_step(stages(plan.num_stages), xs, ys, loss_fn)
         got: dict[str, torch.Tensor] = {}
         for r in results:

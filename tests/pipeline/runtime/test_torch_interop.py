@@ -22,7 +22,10 @@ NUM_MB = 4
 def _schedules():
     ilp = solve_optimal(CostModel.uniform(2, t_f=2, t_b=2, t_w=1), num_stages=2,
                         num_microbatches=NUM_MB, time_limit_s=20).schedule  # fmt: skip
-    named = {n: get_schedule(n, num_ranks=2, num_microbatches=NUM_MB) for n in ("zb-h1", "zb-2p")}
+    named = {
+        n: get_schedule(n, num_ranks=2, num_microbatches=NUM_MB, costs=CostModel.uniform(2))
+        for n in ("zb-h1", "zb-2p")
+    }
     return {**named, "zb-v": get_schedule("zb-v", num_ranks=2, num_microbatches=NUM_MB), "ilp": ilp}
 
 

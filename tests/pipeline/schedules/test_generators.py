@@ -17,7 +17,7 @@ from nobubble.pipeline.validate import validate
 @given(st.sampled_from(SCHEDULE_NAMES), st.integers(1, 16), st.integers(1, 64))
 def test_every_generator_valid(name, p, m):
     try:
-        sched = get_schedule(name, num_stages=p, num_microbatches=m)
+        sched = get_schedule(name, num_stages=p, num_microbatches=m, costs=CostModel.uniform(p))
     except ValueError as err:  # the only refusal: interleaved with m % p != 0
         assert name == "interleaved-1f1b" and m % p and "divisible" in str(err)
         return
@@ -83,7 +83,10 @@ def test_split_and_fused_backward_forms():
         ({"name": "interleaved-1f1b", "num_microbatches": 6}, r"divisible.*use m=8"),
         ({"name": "1f1b", "num_chunks": 2}, "num_chunks applies"),
         ({"name": "zb-h1", "mem_limit": 3.0}, "mem_limit applies"),
-        ({"name": "zb-1p", "mem_limit": 0.5}, "below one microbatch"),
+        (
+            {"name": "zb-1p", "mem_limit": 0.5, "costs": CostModel.uniform(4)},
+            "below one microbatch",
+        ),
         ({"name": "zb-v", "num_chunks": 3}, "2 chunks"),
     ],
 )
@@ -101,7 +104,7 @@ def test_csv_round_trip_every_generator(name, p, m):
 
     if name == "interleaved-1f1b":
         m = p * max(1, m // p)
-    sched = get_schedule(name, num_stages=p, num_microbatches=m)
+    sched = get_schedule(name, num_stages=p, num_microbatches=m, costs=CostModel.uniform(p))
     assert Schedule.from_csv(sched.to_csv(), name=sched.name) == sched
 
 
