@@ -240,11 +240,8 @@ class Plan:
         if len(sizes) != chunks * self.num_ranks:
             raise ValueError(f"Plan.weigh: {schedule} on {self.num_ranks} ranks needs "
                              f"{chunks * self.num_ranks} stages; cuts {cuts} make {len(sizes)}")  # fmt: skip
-        get_schedule(schedule, num_ranks=self.num_ranks, num_microbatches=m, costs=costs)  # or why
-        cand = _weigh(costs, cuts, schedule, self.num_ranks, m, recompute,
-                      self.setting.memory_limit)  # fmt: skip
-        assert cand is not None
-        return cand
+        built = get_schedule(schedule, num_ranks=self.num_ranks, num_microbatches=m, costs=costs)
+        return _candidate(schedule, built, costs, cuts, m, recompute, self.setting.memory_limit)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -428,9 +425,13 @@ def plan_from_costs(
                 weighed = ("1f1b", *tried)  # 1F1B on the min-bottleneck cut: the floor to beat
             costs = _stage_costs(blocks, cut, m, rc, setting)  # one per (cut, m, recompute)
             for name in weighed:
-                cand = _weigh(costs, cut, name, num_ranks, m, rc, memory_limit)
-                if cand is not None:
-                    found[(cand.cuts, name, m, rc)] = cand
+                try:
+                    built = get_schedule(name, num_ranks=num_ranks, num_microbatches=m,
+                                         costs=costs)  # fmt: skip
+                except ValueError:  # (p, m) outside the generator's domain (m % p != 0)
+                    continue
+                found[(tuple(cut), name, m, rc)] = _candidate(name, built, costs, cut, m, rc,
+                                                              memory_limit)  # fmt: skip
     ranked = tuple(sorted(found.values(), key=Candidate.sort_key))
     chosen = _choose(ranked, dp_cut, tolerance, memory_limit)
     return Plan(blocks=tuple(blocks), setting=setting, chosen=chosen, candidates=ranked)
@@ -475,11 +476,9 @@ def _build(blocks: Sequence[BlockCosts], cand: Candidate,
                                num_microbatches=cand.num_microbatches, costs=costs)  # fmt: skip
 
 
-def _weigh(costs: CostModel, cut, name, num_ranks, m, rc, memory_limit) -> Candidate | None:
-    try:
-        schedule = get_schedule(name, num_ranks=num_ranks, num_microbatches=m, costs=costs)
-    except ValueError:  # this (p, m) is outside the generator's domain (e.g. m % p != 0)
-        return None
+def _candidate(name: str, schedule: Schedule, costs: CostModel, cut, m, rc,
+               memory_limit) -> Candidate:  # fmt: skip
+    """``schedule`` (registry ``name``, built from ``costs``) simulated: its prediction."""
     result = simulate(schedule, costs)
     peak = tuple(float(x) for x in result.peak_memory)
     fits = memory_limit is None or max(peak) <= memory_limit
