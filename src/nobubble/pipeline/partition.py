@@ -18,11 +18,12 @@ the built-in models' ``partition_blocks`` (:mod:`nobubble.pipeline.runtime.model
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
 __all__ = ["balanced_sizes", "bottleneck", "held_costs", "check_costs_and_speeds", "equal_sizes",
-           "stage_sizes"]  # fmt: skip
+           "stage_sizes", "stage_ranges"]  # fmt: skip
 
 
 def check_costs_and_speeds(costs: Sequence[float], speeds: Sequence[float]) -> None:
@@ -70,11 +71,13 @@ def balanced_sizes(
 
 def held_costs(sizes: Sequence[int], costs: Sequence[float]) -> tuple[float, ...]:
     """The layer cost each rank holds under the contiguous cut ``sizes``."""
-    out, start = [], 0
-    for size in sizes:
-        out.append(sum(costs[start : start + size]))
-        start += size
-    return tuple(out)
+    return tuple(sum(costs[r.start : r.stop]) for r in stage_ranges(sizes))
+
+
+def stage_ranges(sizes: Sequence[int]) -> tuple[range, ...]:
+    """The block indices of each stage of the contiguous cut ``sizes`` (blocks per stage)."""
+    starts = (0, *itertools.accumulate(sizes))
+    return tuple(range(a, b) for a, b in itertools.pairwise(starts))
 
 
 def equal_sizes(num_blocks: int, num_stages: int) -> tuple[int, ...]:

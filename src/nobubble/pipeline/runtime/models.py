@@ -14,14 +14,13 @@ plain ``nn.Linear`` until a stage attaches a weight-gradient store to it.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nobubble.pipeline.partition import equal_sizes
+from nobubble.pipeline.partition import equal_sizes, stage_ranges
 from nobubble.pipeline.runtime.bw_split import SplitLinear
 from nobubble.validation import check_fields
 
@@ -250,8 +249,7 @@ def partition_blocks(config: ModelConfig, num_stages: int) -> tuple[range, ...]:
     sizes = list(equal_sizes(len(weighted), num_stages))  # the weighted blocks' cut
     sizes[0] += weighted[0]  # the weight-0 blocks before them join the first stage
     sizes[-1] += config.num_blocks - 1 - weighted[-1]  # those after them, the last
-    starts = (0, *itertools.accumulate(sizes))
-    return tuple(range(a, b) for a, b in itertools.pairwise(starts))
+    return stage_ranges(sizes)
 
 
 def num_parameters(blocks: nn.Module) -> int:

@@ -28,7 +28,6 @@ batch splitting evenly, targets where the last stage lives) run before any messa
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from torch import nn
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
-from nobubble.pipeline.partition import stage_sizes
+from nobubble.pipeline.partition import stage_ranges, stage_sizes
 from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
 from nobubble.pipeline.runtime.dispatch import KeyedChannel, run_dynamic, straggle
@@ -493,5 +492,4 @@ def split_model(
 
 
 def _cut(blocks: list[nn.Module], sizes: Sequence[int]) -> list[nn.Module]:
-    starts = (0, *itertools.accumulate(sizes))
-    return [nn.Sequential(*blocks[a:b]) for a, b in itertools.pairwise(starts)]
+    return [nn.Sequential(*blocks[r.start : r.stop]) for r in stage_ranges(sizes)]
