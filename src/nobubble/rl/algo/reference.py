@@ -231,21 +231,20 @@ def decoupled_ppo_loss_ref(
     With ``behav_weight_mode="mask"`` a token whose ``pi_prox / pi_behav`` exceeds the cap is
     left out altogether (it counts in no denominator) instead of being truncated.
     """
-    rows: Rows = []
+    assert behav_weight_mode in ("truncate", "mask"), f"unknown mode {behav_weight_mode!r}"
+    weights = torch.zeros(logp.shape, dtype=torch.float64)
+    kept = mask.detach().clone()
     for b, seq in enumerate(_tokens(logp, mask)):
-        row = []
-        for t, lp in seq:
+        for t, _ in seq:
             w = math.exp(float(prox_logp[b, t]) - float(behav_logp[b, t]))
             if behav_weight_cap is not None and w > behav_weight_cap:
                 if behav_weight_mode == "mask":
-                    continue
-                assert behav_weight_mode == "truncate", f"unknown mode {behav_weight_mode!r}"
+                    kept[b, t] = 0  # counts in no denominator
                 w = behav_weight_cap
-            ratio = torch.exp(lp - float(prox_logp[b, t]))
-            loss = _ppo_token(ratio, _at(advantages, b, t), clip_low, clip_high, dual_clip)
-            row.append(w * loss)
-        rows.append(row)
-    return _aggregate(rows, logp, agg, norm_length)
+            weights[b, t] = w
+    # PPO's clip with the trust region at prox (r = pi / pi_prox), each token weighted by w
+    return ppo_clip_loss_ref(logp, prox_logp, advantages, kept, clip_low, clip_high, dual_clip,
+                             agg, weights=weights, norm_length=norm_length)  # fmt: skip
 
 
 def policy_gradient_loss_ref(
