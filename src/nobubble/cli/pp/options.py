@@ -22,6 +22,7 @@ __all__ = [
     "check_v_memory_size",
     "straggler_arg",
     "add_size",
+    "launch_device",
     "add_shape",
     "add_costs",
     "check_size",
@@ -57,6 +58,11 @@ OPS_BUDGET = {"default": 1_000_000, "compare": 10_000, "solve": 50_000}
 # P=2 M=66666, 800,000 ops: 63 s; P=2 M=16666, 200,000 ops: 16 s). Both bounds hold.
 V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_NAMES (tested)
 V_MEMORY_BUDGET, V_MEMORY_OPS = 1_600_000, 200_000
+
+
+def launch_device(device: str) -> str:
+    """``--device`` as the launching process uses it: ``cuda`` is its first GPU."""
+    return "cuda:0" if device == "cuda" else device
 
 
 def add_size(

@@ -176,9 +176,10 @@ def plan_user_model(args: argparse.Namespace) -> int:
 def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) -> Plan:
     import torch
 
+    from nobubble.cli.pp.options import launch_device
     from nobubble.pipeline.runtime.planning import RuntimeCosts, measure_runtime, plan
 
-    device = "cuda:0" if args.device == "cuda" else args.device
+    device = launch_device(args.device)
     blocks = [b.to(device) for b in model.blocks]
     runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
     if runtime is None and args.ranks >= 2:

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nobubble.cli.pp.options import DISPATCH_CHOICES, add_size, straggler_arg
+from nobubble.cli.pp.options import DISPATCH_CHOICES, add_size, launch_device, straggler_arg
 from nobubble.cli.pp.plan import BUILTIN_MODELS, is_user_model, plan_user_model, run_user_plan
 from nobubble.cli.util import (
     UsageError,
@@ -191,7 +191,7 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
         with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
             prof = profile_stages(
                 model, num_stages, microbatch_size=args.microbatch_size,
-                device=_device(args.device), repeats=repeats, clock=args.clock,
+                device=launch_device(args.device), repeats=repeats, clock=args.clock,
             )  # fmt: skip
             if comm and num_stages > 1:
                 shapes = boundary_shapes(model, partition_blocks(model, num_stages), 1)
@@ -202,10 +202,6 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
     finally:
         torch.set_num_threads(threads)
     return prof
-
-
-def _device(device: str) -> str:
-    return "cuda:0" if device == "cuda" else device
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -277,6 +277,8 @@ def measure_comm(ctx: DistContext, shape: torch.Size, *, repeats: int = 10) -> f
         elif ctx.rank == 1:
             dist.recv(buf, 0, group=ctx.group)
             dist.send(buf, 0, group=ctx.group)
+        if buf.is_cuda:  # NCCL returns once the transfer is queued: wait for it
+            torch.cuda.synchronize(buf.device)
         times.append((time.perf_counter() - start) * 1e3 / 2)
     result = torch.tensor([statistics.median(times[1:])], dtype=torch.float64)
     dist.broadcast(result, 0, group=ctx.group)
