@@ -36,7 +36,7 @@ def _row(key: str, run: dict) -> dict:
         "eta": int(eta.removeprefix("eta")),
         "steps": run["steps"],
         "wall_s": run["wall_s"],
-        "final_accuracy": run["final_accuracy"],
+        "final_accuracy": run["outcome"]["final_accuracy"],
         "best_accuracy": max((acc for _, acc in curve), default=0.0),
         "t_to_0.9_s": t90,
         "samples_per_s": run["samples_per_s"],

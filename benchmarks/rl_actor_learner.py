@@ -86,7 +86,7 @@ def nobubble_config(arch: str, delay_ms: float, seed: int, max_seconds: float) -
         learner = {"epochs": 10, "minibatches": 4}
     return EnvRunConfig(
         env="CartPole-v1", arch=arch, actors=actors, envs_per_actor=envs,
-        env_step_delay_ms=delay_ms, seed=seed, target_return=TARGET, max_seconds=max_seconds,
+        env_step_delay_ms=delay_ms, seed=seed, target_return=TARGET, time_budget_s=max_seconds,
         eval_every_s=EVAL_EVERY_S, eval_episodes=EVAL_EPISODES, **learner,
     )  # fmt: skip
 
@@ -97,7 +97,7 @@ def run_nobubble(arch: str, delay_ms: float, seed: int, max_seconds: float) -> d
         "time_to_475_s": r.time_to_target_s, "steps_to_475": r.steps_to_target,
         "env_steps_per_s": r.env_steps_per_s, "eval_mean_return": r.eval_mean_return,
         "wall_s": r.wall_s, "env_steps": r.env_steps, "actors": r.actors,
-        "idle_ratio": r.idle_ratio, "max_lag": r.max_lag, "ledger": r.ledger.to_dict(),
+        "idle_ratio": r.idle_ratio, "max_staleness": r.staleness_max, "ledger": r.ledger.to_json(),
     }  # fmt: skip
 
 
@@ -203,7 +203,7 @@ def _run_record(r: Any) -> dict[str, Any]:
         "seed": r.seed, "reached": r.reached_target, "time_to_target_s": r.time_to_target_s,
         "steps_to_target": r.steps_to_target, "eval_mean_return": r.eval_mean_return,
         "wall_s": r.wall_s, "env_steps": r.env_steps, "env_steps_per_s": r.env_steps_per_s,
-        "idle_ratio": r.idle_ratio, "max_lag": r.max_lag, "ledger": r.ledger.to_dict(),
+        "idle_ratio": r.idle_ratio, "max_staleness": r.staleness_max, "ledger": r.ledger.to_json(),
         "eval_curve": [[p.wall_s, p.eval_return] for p in r.curve if p.eval_return is not None],
     }  # fmt: skip
 
@@ -220,7 +220,7 @@ def acrobot(seeds: int) -> dict[str, Any]:
         for seed in range(seeds):
             config = EnvRunConfig(
                 env="Acrobot-v1", arch=arch, actors=2, envs_per_actor=8, seed=seed,
-                target_return=-100.0, max_seconds=300.0, eval_every_s=EVAL_EVERY_S,
+                target_return=-100.0, time_budget_s=300.0, eval_every_s=EVAL_EVERY_S,
             )  # fmt: skip
             torch.manual_seed(seed)
             untrained = build_model(config, *env_spaces(config.env))  # what train() starts from
@@ -253,11 +253,11 @@ def envs_suite(seeds: int) -> dict[str, Any]:
     from nobubble.rl.actor_learner.text.guess_number import guess_number_odds
     from nobubble.rl.actor_learner.text.run import TEXT_DEFAULTS
 
-    guess = text_runs("guess-number", {}, seeds, max_seconds=120.0)
+    guess = text_runs("guess-number", {}, seeds, time_budget_s=120.0)
     times = [r["time_to_target_s"] for r in guess["runs"] if r["reached"]]
     guess |= {"odds": dataclasses.asdict(guess_number_odds(7, 3)), "time_to_target_s": _spread(times),
               "reached": f"{len(times)}/{seeds}"}  # fmt: skip
-    rg = text_runs(RG_TASK, RG_OPTIONS, seeds, target_return=None, max_seconds=RG_SECONDS,
+    rg = text_runs(RG_TASK, RG_OPTIONS, seeds, target_return=None, time_budget_s=RG_SECONDS,
                    **RG_RUN)  # fmt: skip
     return {
         "acrobot": acrobot(seeds), "guess_number": guess, "rg": {"task": RG_TASK, **rg},

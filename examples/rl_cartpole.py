@@ -19,13 +19,13 @@ def main() -> None:
     args = parser.parse_args()
     config = EnvRunConfig(
         env="CartPole-v1", arch=args.arch, actors=2, envs_per_actor=8,
-        target_return=args.target, max_seconds=args.seconds,
+        target_return=args.target, time_budget_s=args.seconds,
     )  # fmt: skip
     result = train(config, progress=lambda p: p.eval_return and print(f"eval {p.eval_return:.0f}"))
     print(
         f"{args.arch}: eval return {result.eval_mean_return:.1f} after {result.env_steps} steps "
         f"in {result.wall_s:.1f}s ({result.env_steps_per_s:,.0f} steps/s); "
-        f"max lag {result.max_lag}; ledger whole: {result.ledger.whole}"
+        f"max lag {result.staleness_max}; ledger whole: {result.ledger.ok}"
     )
 
 

@@ -28,8 +28,10 @@ def test_train_json_has_the_promised_fields(tmp_path, capsys):
     )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("final_accuracy", "samples_per_s", "staleness_max", "staleness_hist", "idle_ratio"):
-        assert key in out
+    from nobubble.rl.system.result import RESULT_KEYS
+
+    assert set(out) == {*RESULT_KEYS, "artifacts"}  # the same keys as an --env run
+    assert 0 <= out["outcome"]["final_accuracy"] <= 1
     assert out["steps"] == 2 and out["staleness_max"] <= 2
     assert out["ledger"]["ok"]
     trace = json.loads((tmp_path / "train_fully-async_fully-async_trace.json").read_text())

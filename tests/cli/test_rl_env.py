@@ -1,4 +1,4 @@
-"""``add_env_arguments`` / ``run_env_train``: the flags of ``nobubble rl actor-learner``."""
+"""``nobubble rl train|compare --env``: the environment producer behind the one RL command."""
 
 from __future__ import annotations
 
@@ -7,32 +7,43 @@ import json
 import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 
-from nobubble.cli.rl_env import add_env_arguments, run_env_train
-from nobubble.cli.util import ArgumentParser
+from nobubble.cli import main
+from nobubble.rl.system.result import RESULT_KEYS
 
 
-def _parse(argv: list[str]):  # type: ignore[no-untyped-def]
-    parser = ArgumentParser(prog="nobubble rl actor-learner")
-    add_env_arguments(parser)
-    return parser.parse_args(argv)
+def _train(tmp_path, *argv: str) -> int:  # type: ignore[no-untyped-def]
+    """The exit status of ``nobubble rl train ARGV`` (argparse's refusals exit too)."""
+    try:
+        return main(["rl", "train", *argv, "--out", str(tmp_path / "out")])
+    except SystemExit as e:
+        return int(e.code or 0)
 
 
-def test_a_short_run_prints_json_with_the_ledger(capsys: pytest.CaptureFixture[str]) -> None:
-    args = _parse(
-        ["--env", "CartPole-v1", "--arch", "sample-factory", "--actors", "1",
-         "--envs-per-actor", "4", "--steps", "2000", "--seconds", "30", "--json"]
-    )  # fmt: skip
-    assert run_env_train(args) == 0
+def test_a_short_run_prints_json_with_every_runs_keys(tmp_path, capsys) -> None:
+    rc = _train(tmp_path, "--env", "CartPole-v1", "--arch", "sample-factory", "--actors", "1",
+                "--envs-per-actor", "4", "--env-steps", "2000", "--time-budget", "30",
+                "--max-staleness", "2", "--json")  # fmt: skip
+    assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["arch"] == "sample-factory" and out["env_steps"] >= 2000
-    assert out["ledger"]["whole"] is True
-    assert len(out["eval_returns"]) == 20
+    assert set(out) == {*RESULT_KEYS, "artifacts"}  # the same keys as a --task run
+    assert out["details"]["arch"] == "sample-factory" and out["details"]["env_steps"] >= 2000
+    assert out["ledger"]["ok"] is True and out["staleness_max"] <= 2
+    assert out["config"]["max_staleness"] == 2 and out["config"]["time_budget_s"] == 30
+    assert len(out["outcome"]["eval_returns"]) == 20
+    assert (tmp_path / "out" / "train_sample-factory.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_short_run_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
-    args = _parse(["--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
-                   "--steps", "600", "--seconds", "30"])  # fmt: skip
-    assert run_env_train(args) == 0
+def test_steps_are_learner_updates_on_the_env_path_too(tmp_path, capsys) -> None:
+    rc = _train(tmp_path, "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
+                "--steps", "3", "--target-return", "none", "--json")  # fmt: skip
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 3
+
+
+def test_a_short_run_prints_a_table(tmp_path, capsys) -> None:
+    rc = _train(tmp_path, "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
+                "--env-steps", "600", "--time-budget", "30")  # fmt: skip
+    assert rc == 0
     captured = capsys.readouterr()
     assert "eval mean return" in captured.out and "ledger" in captured.out
     assert "training seed on CartPole-v1" in captured.err
@@ -41,102 +52,73 @@ def test_a_short_run_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--env", "CartPole-v1", "--arch", "a3c"], "arch='a3c' is not an architecture"),
+        (["--env", "CartPole-v1", "--arch", "a3c"], "invalid choice: 'a3c'"),
         (["--env", "NoSuchEnv-v0"], "--env 'NoSuchEnv-v0'"),
         (["--env", "Pendulum-v1"], "categorical policy needs Discrete"),
-        (["--env", "CartPole-v1", "--loss", "dqn"], "loss='dqn'"),
-        (["--env", "guess-number", "--arch", "a3c"], "arch='a3c' is not an architecture"),
+        (["--env", "CartPole-v1", "--loss", "dqn"], "invalid choice: 'dqn'"),
         (["--env", "guess-number", "--env-option", "high=1"], "high=1 must be an integer >= 2"),
         (["--env", "guess-number", "--env-option", "turns=3"], "options: high, max_turns"),
         (["--env", "guess-number", "--env-option", "high"], "--env-option 'high': write KEY="),
         (["--env", "CartPole-v1", "--env-option", "high=3"], "--env-option is for text envs"),
         (["--env", "rg:no_such_task"], "reasoning-gym has no task 'no_such_task'"),
+        (["--env", "CartPole-v1", "--actors", "0"], "--actors"),
+        (["--env", "CartPole-v1", "--target-return", "high"], "'high' is not a number"),
+        # a flag the chosen producer would ignore names both
+        (["--env", "CartPole-v1", "--mode", "fully-async"], "--mode is not read with --env"),
+        (["--env", "CartPole-v1", "--group-size", "4"], "--group-size is not read with --env"),
+        (["--env", "CartPole-v1", "--resume"], "--resume is not read with --env"),
+        (["--env", "CartPole-v1", "--task", "digits"], "--task and --env pick two producers"),
+        (["--env", "CartPole-v1", "--engine", "ray"], "--engine ray runs --task only"),
+        (["--task", "digits", "--actors", "2"], "--actors is not read with --task"),
+        (["--env-steps", "100"], "--env-steps is not read with --task"),
     ],
 )
-def test_bad_values_are_one_line_and_exit_2(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert run_env_train(_parse(argv)) == 2
+def test_bad_values_are_one_line_and_exit_2(tmp_path, argv, message, capsys) -> None:
+    assert _train(tmp_path, *argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
 
-def test_a_negative_count_is_refused_by_the_parser() -> None:
-    with pytest.raises(SystemExit) as e:
-        _parse(["--env", "CartPole-v1", "--actors", "0"])
-    assert e.value.code == 2
+def test_the_target_defaults_to_the_envs_reward_threshold(tmp_path) -> None:
+    from nobubble.cli.rl import register
+    from nobubble.cli.rl_env import env_config
+    from nobubble.cli.util import ArgumentParser
+
+    parser = ArgumentParser(prog="nobubble rl")
+    register(parser)
+
+    def target(*argv: str) -> float | None:
+        return env_config(parser.parse_args(["train", *argv]), "seed").target_return
+
+    assert target("--env", "Acrobot-v1") == -100.0
+    assert target("--env", "CartPole-v1") == 475.0
+    assert target("--env", "guess-number") == 0.8
+    assert target("--env", "Acrobot-v1", "--target-return", "none") is None
+    assert target("--env", "Acrobot-v1", "--target-return", "-80") == -80
 
 
-def test_the_subcommand_is_wired_into_the_cli(capsys) -> None:
-    from nobubble.cli import main
-
-    rc = main(["rl", "actor-learner", "--env", "CartPole-v1", "--arch", "impala", "--actors",
-               "1", "--seconds", "20", "--target-return", "60", "--json"])  # fmt: skip
+def test_guess_number_runs_from_the_command_line(tmp_path, capsys) -> None:
+    rc = _train(tmp_path, "--env", "guess-number", "--env-option", "high=5", "--env-option",
+                "max_turns=2", "--actors", "1", "--envs-per-actor", "4", "--env-steps", "1000",
+                "--target-return", "none", "--json")  # fmt: skip
     assert rc == 0
-    import json
-
-    out = json.loads(capsys.readouterr().out)
-    assert out["arch"] == "impala" and out["ledger"]["whole"] is True
-
-
-def test_guess_number_runs_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
-    args = _parse(["--env", "guess-number", "--env-option", "high=5", "--env-option",
-                   "max_turns=2", "--actors", "1", "--envs-per-actor", "4", "--steps", "1000",
-                   "--target-return", "none", "--json"])  # fmt: skip
-    assert run_env_train(args) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
-    assert out["env"] == "guess-number" and out["arch"] == "seed"  # a text run's default arch
-    assert out["target_return"] is None and out["env_steps"] >= 1000
-    assert len(out["eval_returns"]) == 100 and set(out["eval_returns"]) <= {0.0, 1.0}
+    assert out["details"]["env"] == "guess-number" and out["details"]["arch"] == "seed"
+    assert out["outcome"]["target_return"] is None and out["details"]["env_steps"] >= 1000
+    returns = out["outcome"]["eval_returns"]
+    assert len(returns) == 100 and set(returns) <= {0.0, 1.0}
     assert "training seed on guess-number" in captured.err
 
 
-def test_the_target_defaults_to_the_envs_reward_threshold() -> None:
-    from nobubble.cli.rl_env import _config
-
-    assert _config(_parse(["--env", "Acrobot-v1"])).target_return == -100.0
-    assert _config(_parse(["--env", "CartPole-v1"])).target_return == 475.0
-    assert _config(_parse(["--env", "guess-number"])).target_return == 0.8
-    assert _config(_parse(["--env", "Acrobot-v1", "--target-return", "none"])).target_return is None
-    assert _config(_parse(["--env", "Acrobot-v1", "--target-return", "-80"])).target_return == -80
-
-
-def test_a_bad_target_is_refused_by_the_parser() -> None:
-    with pytest.raises(SystemExit) as e:
-        _parse(["--env", "CartPole-v1", "--target-return", "high"])
-    assert e.value.code == 2
-
-
-def test_arch_all_runs_each_architecture_on_one_budget_and_draws_them(
-    tmp_path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    png = tmp_path / "curves.png"
-    args = _parse(["--env", "CartPole-v1", "--arch", "all", "--actors", "1", "--envs-per-actor",
-                   "2", "--steps", "600", "--seconds", "30", "--plot", str(png), "--json"])  # fmt: skip
-    assert run_env_train(args) == 0
+def test_compare_runs_each_architecture_on_one_budget_and_draws_them(tmp_path, capsys) -> None:
+    rc = main(["rl", "compare", "--env", "CartPole-v1", "--actors", "1", "--envs-per-actor", "2",
+               "--env-steps", "600", "--time-budget", "30", "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["arch"] for r in out["runs"]] == ["impala", "seed", "sample-factory"]
-    assert all(r["env_steps"] >= 600 and r["ledger"]["whole"] for r in out["runs"])
-    assert out["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert run_env_train(_parse(["--env", "CartPole-v1", "--plot", str(png)])) == 2
-    assert "--plot draws --arch all" in capsys.readouterr().err
-
-
-def test_rl_train_and_compare_with_an_env_route_to_the_actor_learner(capsys) -> None:
-    from nobubble.cli import main
-    from nobubble.cli.rl_env import route_env_commands
-
-    assert route_env_commands(["rl", "train", "--env", "X", "--arch", "seed"]) == [
-        "rl", "actor-learner", "--env", "X", "--arch", "seed"]  # fmt: skip
-    assert route_env_commands(["rl", "compare", "--env=X"]) == [
-        "rl", "actor-learner", "--arch", "all", "--env=X"]  # fmt: skip
-    assert route_env_commands(["rl", "compare", "--env", "X", "--arch", "seed"])[2:4] == [
-        "--env", "X"]  # fmt: skip
-    for unchanged in (["rl", "train", "--task", "copy"], ["pp", "run", "--env", "X"], ["rl"]):
-        assert route_env_commands(unchanged) == unchanged
-    # routed for real: the actor-learner's own checks answer, before any process starts
-    assert main(["rl", "train", "--env", "CartPole-v1", "--arch", "a3c"]) == 2
-    assert "arch='a3c' is not an architecture" in capsys.readouterr().err
-    assert main(["rl", "compare", "--env", "NoSuchEnv-v0"]) == 2
-    assert "--env 'NoSuchEnv-v0'" in capsys.readouterr().err
+    assert list(out["runs"]) == ["impala", "seed", "sample-factory"]
+    runs = out["runs"].values()
+    assert all(r["details"]["env_steps"] >= 600 and r["ledger"]["ok"] for r in runs)
+    png = tmp_path / "compare.png"
+    assert out["runs"]["seed"]["artifacts"]["plot"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 from nobubble import __version__
 from nobubble.cli import demo, ep, pp, rl, trace
-from nobubble.cli.rl_env import route_env_commands
 from nobubble.cli.util import ArgumentParser, UsageError
 
 # (command, module, one-line help); order is the order shown by --help.
@@ -47,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 1 failure, 2 bad usage)."""
     parser = build_parser()
-    args = parser.parse_args(route_env_commands(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(None if argv is None else list(argv))
     func = getattr(args, "func", None)
     if func is None:
         # a group without a sub-command: show that group's help

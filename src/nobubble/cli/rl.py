@@ -1,10 +1,15 @@
 """``nobubble rl``: train with a synchronous or asynchronous schedule, compare the schedules.
 
-``nobubble rl train`` runs one configuration and prints accuracy, samples/s, staleness and
-idle ratios (``--json`` for machine output); it writes a Chrome trace of the stages' busy
-spans and a PNG of the curves. ``--task``, ``--policy`` and ``--reward`` take the user's own
-task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``--resume`` make
-a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP. ``nobubble rl compare`` runs the three modes on the same
+``nobubble rl train`` runs one configuration of one of two producers: a task (``--task``,
+LLM-style groups; the default) or an environment (``--env``, :mod:`nobubble.cli.rl_env`).
+The flags both have mean the same on both (``--max-staleness``, ``--time-budget``,
+``--steps`` = learner updates, ``--seed``, ``--out``, ``--json``), and so do the JSON's
+top-level keys; a flag of the other producer is refused. It prints accuracy (or return),
+samples/s, staleness and idle ratios and writes a PNG of the curves (tasks: also a Chrome
+trace of the stages' busy spans). ``--task``, ``--policy`` and ``--reward`` take the user's
+own task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``--resume``
+make a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP.
+``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
 budget and prints a table and a plot; ``--ablation`` turns each lag fix (drop > K, age
 weights, KL, replay uniform / prioritized, decoupled PPO, V-trace) on alone and all together
 at each max staleness of ``--etas``, with a slow trainer.
@@ -18,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.rl_env import add_env_arguments, run_env_train
+from nobubble.cli.rl_env import add_env_arguments, check_producer_flags, run_env
 from nobubble.cli.rl_partial import add_partial_flags, partial_settings
 from nobubble.cli.util import (
     ArgumentParser,
@@ -38,18 +43,6 @@ MODES = ("sync", "one-step-off", "fully-async")
 ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 PRESETS = ("conservative", "aggressive")
 AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
-# the ablation: each lag fix alone, then all of them (the aggressive preset)
-ABLATION: dict[str, dict[str, Any]] = {
-    "naive PPO": {},
-    "drop>K": {"drop_staleness": "quarter"},
-    "age weights": {"trainer": {"staleness_weighting": "inverse"}},
-    "KL to ref": {"trainer": {"kl_coef": 0.1, "kl_refresh_every": 20}},
-    "replay uniform": {"replay": "uniform", "replay_capacity": 64, "replay_groups": 4},
-    "replay prioritized": {"replay": "prioritized", "replay_capacity": 64, "replay_groups": 4},
-    "decoupled PPO": {"algo": "decoupled-ppo"},
-    "V-trace": {"algo": "vtrace"},
-    "all (aggressive)": {"preset": "aggressive"},
-}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -58,17 +51,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         dest="rl_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
     )
 
-    train = sub.add_parser("train", help="one RL run: sync, one-step-off or fully-async",
-                           epilog="--env ID runs rl actor-learner instead")  # fmt: skip
+    train = sub.add_parser("train", help="one RL run on a task or an environment")
     _common(train)
+    add_env_arguments(train)
     train.add_argument("--mode", choices=MODES, default="sync")
-    train.add_argument(
-        "--max-staleness",
-        type=nonneg_int,
-        default=None,
-        metavar="N",
-        help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4)",
-    )
     train.add_argument("--algo", choices=ALGOS, default=None, help="default grpo (or the preset's)")
     for add_flags in (_lag_flags, _learner_flags, add_partial_flags):
         add_flags(train)
@@ -91,10 +77,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="restart a rollout or reward worker that dies and requeue its groups",
     )
-    train.set_defaults(func=_train)
-    env = sub.add_parser("actor-learner", help="IMPALA / SEED RL / Sample Factory on a gym env")
-    add_env_arguments(env)
-    env.set_defaults(func=run_env_train)
+    train.set_defaults(func=_train, producer_parser=train)
 
     server = sub.add_parser(
         "reward-server", help="serve a reward function over HTTP (POST /score), for --reward-url"
@@ -106,9 +89,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--port", type=nonneg_int, default=8000, help="0 = any free port")
     server.set_defaults(func=_reward_server)
 
-    compare = sub.add_parser("compare", help="the three modes on the same budget: table + plot",
-                             epilog="--env ID: the three actor-learner architectures")  # fmt: skip
+    compare = sub.add_parser("compare", help="the three modes (--env: architectures) on the "
+                             "same budget: table + plot")  # fmt: skip
     _common(compare)
+    add_env_arguments(compare, arch=False)
     compare.add_argument(
         "--ablation",
         action="store_true",
@@ -116,7 +100,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     compare.add_argument("--etas", default="8,16", metavar="LIST",
                          help="max staleness values of the ablation (default 8,16)")  # fmt: skip
-    compare.set_defaults(func=_compare)
+    compare.set_defaults(func=_compare, producer_parser=compare)
 
 
 def _lag_flags(p: argparse.ArgumentParser) -> None:
@@ -195,9 +179,15 @@ def _json_dict(text: str) -> dict:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
-        default="digits",
-        help="digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR (default digits)",
+        default=None,
+        help="digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR (default "
+        "digits, unless --env)",
     )
+    p.add_argument(
+        "--max-staleness", type=nonneg_int, default=None, metavar="N",
+        help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4; "
+        "--env 4)",
+    )  # fmt: skip
     p.add_argument(
         "--task-kwargs", type=_json_dict, default={}, metavar="JSON", help="the task's settings"
     )
@@ -227,7 +217,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--address", default=None, help="Ray cluster address (default: start a local Ray)"
     )
-    p.add_argument("--steps", type=positive_int, default=None, help="trainer steps (default 300)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="learner updates (default: tasks 300; --env: the other budgets)")  # fmt: skip
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument(
         "--time-budget", type=positive_float, default=None, metavar="S", help="stop after S seconds"
@@ -279,7 +270,7 @@ def _config(args: argparse.Namespace, **over: Any):
     from nobubble.rl.system.orchestrator import RunConfig
 
     kw: dict[str, Any] = {
-        "task": args.task,
+        "task": args.task or "digits",
         "task_kwargs": args.task_kwargs,
         "policy": args.policy,
         "policy_kwargs": args.policy_kwargs,
@@ -341,6 +332,10 @@ def _artifacts(results: dict, out: Path, stem: str, title: str) -> dict[str, str
 
 
 def _train(args: argparse.Namespace) -> int:
+    check_producer_flags(args, args.producer_parser)
+    if args.env is not None:
+        with claim_output(args.out):
+            return run_env(args, compare=False)
     _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
@@ -376,8 +371,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    _check_sizes(args)
+    check_producer_flags(args, args.producer_parser)
+    if args.env is None:
+        if args.max_staleness is not None:
+            raise ValueError("--max-staleness is not read by rl compare --task: each mode "
+                             "takes its own bound (--ablation: --etas); drop it")  # fmt: skip
+        _check_sizes(args)
     with claim_output(args.out):  # before any run starts: refuse another live run's folder
+        if args.env is not None:
+            return run_env(args, compare=True)
         return _ablation(args) if args.ablation else _compare_modes(args)
 
 
@@ -449,27 +451,18 @@ def _etas(text: str) -> list[int]:
 
 def _ablation(args: argparse.Namespace) -> int:
     """Each lag fix alone and all together, at each eta: table, JSON and one plot per eta."""
+    from nobubble.rl.system.presets import ablation
     from nobubble.rl.system.report import plot_runs
 
     etas = _etas(args.etas)
     delay = args.trainer_delay or 0.3
     if args.steps is None:
         args.steps = 150
-    runs = {}
-    for eta in etas:
-        for fix, over in ABLATION.items():
-            over = dict(over)
-            if over.get("drop_staleness") == "quarter":
-                over["drop_staleness"] = max(1, eta // 4)
-            trainer = {"delay_s": delay, **over.pop("trainer", {})}
-            runs[(eta, fix)] = _config(
-                args,
-                mode="fully-async",
-                max_staleness=eta,
-                groups_per_rollout=1,
-                trainer=trainer,
-                **over,
-            )
+    runs = {
+        (eta, fix): _config(args, **settings)
+        for eta in etas
+        for fix, settings in ablation(eta, delay).items()
+    }
     results = {}
     for (eta, fix), cfg in runs.items():
         results[(eta, fix)] = _run_with_progress(cfg, f"eta={eta} {fix}", quiet=args.json)

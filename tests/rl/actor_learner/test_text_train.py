@@ -21,7 +21,7 @@ from nobubble.rl.actor_learner.text.run import policy_success, text_env_config
 
 @pytest.mark.long
 def test_guess_the_number_learns_from_chance_to_0_8_under_seed() -> None:
-    config = text_env_config("guess-number", arch="seed", seed=0, max_seconds=40.0)
+    config = text_env_config("guess-number", arch="seed", seed=0, time_budget_s=40.0)
     odds = guess_number_odds(7, 3)
     start = policy_success(config, episodes=400)  # the untrained policy train() starts from
     assert 0.12 <= start <= odds.random_guess, start  # near chance
@@ -32,16 +32,16 @@ def test_guess_the_number_learns_from_chance_to_0_8_under_seed() -> None:
     )
     assert result.eval_mean_return >= 0.8 > odds.blind_best
     assert len(result.eval_returns) == 100
-    assert result.ledger.whole and result.max_lag <= config.max_lag
+    assert result.ledger.ok and result.staleness_max <= config.max_staleness
 
 
 @pytest.mark.parametrize("arch", ["impala", "sample-factory"])
 def test_the_other_architectures_run_a_text_env_end_to_end(arch: str) -> None:
     config = text_env_config(
         "guess-number", arch=arch, actors=1, envs_per_actor=4, max_env_steps=1_500,
-        target_return=None, eval_episodes=8, max_seconds=30.0,
+        target_return=None, eval_episodes=8, time_budget_s=30.0,
     )  # fmt: skip
     result = train(config)
     assert result.env == "guess-number" and result.env_steps >= 1_500
-    assert result.updates >= 1 and result.ledger.whole
+    assert result.steps >= 1 and result.ledger.ok
     assert all(r in (0.0, 1.0) for r in result.eval_returns)  # a return is a success

@@ -22,22 +22,22 @@ TARGET = 200.0
 @pytest.mark.parametrize("arch", ["impala", "seed", "sample-factory"])
 def test_each_architecture_raises_the_training_return_within_20k_steps(arch: str) -> None:
     config = EnvRunConfig(
-        arch=arch, actors=2, envs_per_actor=8, target_return=None, max_lag=2,
-        max_env_steps=20_000, max_seconds=600.0, seed=1,  # the seconds: a hang guard only
+        arch=arch, actors=2, envs_per_actor=8, target_return=None, max_staleness=2,
+        max_env_steps=20_000, time_budget_s=600.0, seed=1,  # the seconds: a hang guard only
     )  # fmt: skip
     result = train(config)
     returns = [p.train_return for p in result.curve if p.train_return is not None]
     assert result.env_steps >= 20_000, "stopped by the hang guard, not by the step bound"
     assert returns[-1] >= 2 * returns[0], returns
-    assert result.max_lag <= config.max_lag and result.ledger.whole
+    assert result.staleness_max <= config.max_staleness and result.ledger.ok
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("arch", ["impala", "seed", "sample-factory"])
 def test_each_architecture_learns_cartpole_to_the_target(arch: str) -> None:
     config = EnvRunConfig(
-        arch=arch, actors=2, envs_per_actor=8, target_return=TARGET, max_lag=2,
-        max_env_steps=150_000, max_seconds=60.0, eval_every_s=2.0, seed=1,
+        arch=arch, actors=2, envs_per_actor=8, target_return=TARGET, max_staleness=2,
+        max_env_steps=150_000, time_budget_s=60.0, eval_every_s=2.0, seed=1,
     )  # fmt: skip
     result = train(config)
     assert result.reached_target, (
@@ -45,23 +45,23 @@ def test_each_architecture_learns_cartpole_to_the_target(arch: str) -> None:
         f"{result.env_steps} steps / {result.wall_s:.0f}s"
     )
     assert result.eval_mean_return >= TARGET
-    assert result.max_lag <= config.max_lag  # lag bounded as configured
-    assert result.ledger.whole
-    assert result.ledger.produced == result.ledger.used + sum(result.ledger.dropped.values())
-    assert sum(result.lag_histogram.values()) == result.ledger.used
+    assert result.staleness_max <= config.max_staleness  # lag bounded as configured
+    assert result.ledger.ok
+    assert result.ledger.generated == result.ledger.trained + sum(result.ledger.dropped.values())
+    assert sum(result.staleness_hist.values()) == result.ledger.trained
     assert result.env_steps <= config.max_env_steps + 4 * 8 * 32 * config.actors
     assert 0.0 <= result.idle_ratio["learner"] <= 1.0
 
 
 def test_impala_drops_what_is_older_than_max_lag_and_accounts_for_it() -> None:
     config = EnvRunConfig(
-        arch="impala", actors=2, envs_per_actor=4, max_lag=0, target_return=None,
-        max_env_steps=6_000, max_seconds=30.0, seed=2,
+        arch="impala", actors=2, envs_per_actor=4, max_staleness=0, target_return=None,
+        max_env_steps=6_000, time_budget_s=30.0, seed=2,
     )  # fmt: skip
     result = train(config)
-    assert set(result.lag_histogram) == {0}  # only on-policy data was used
-    assert result.ledger.dropped["lag"] > 0  # actors ran ahead of the learner
-    assert result.ledger.whole
+    assert set(result.staleness_hist) == {0}  # only on-policy data was used
+    assert result.ledger.dropped["stale"] > 0  # actors ran ahead of the learner
+    assert result.ledger.ok
 
 
 class _Boom(gymnasium.Wrapper):  # type: ignore[misc]
@@ -82,7 +82,7 @@ class _Boom(gymnasium.Wrapper):  # type: ignore[misc]
 def test_a_dead_actor_ends_the_run_with_its_error_naming_it(arch: str) -> None:
     config = EnvRunConfig(
         env=_Boom, arch=arch, actors=2, envs_per_actor=2, target_return=None,
-        max_seconds=30.0, timeout_s=20.0,
+        time_budget_s=30.0, timeout_s=20.0,
     )  # fmt: skip
     with pytest.raises(ActorFailure, match=r"actor actor-[01] failed: .*RuntimeError: boom") as e:
         train(config)

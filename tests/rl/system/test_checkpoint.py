@@ -95,7 +95,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
         break
     assert kills == KILLS and steps_at_kill[-1] < STEPS, steps_at_kill
     result = json.loads(stdout)
-    assert result["resumed_from"] is not None and result["steps"] == STEPS
+    assert result["details"]["resumed_from"] is not None and result["steps"] == STEPS
     assert result["ledger"]["ok"]
 
     state, trainer = _final(ckpt)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl.system.experience import ExperienceBuffer, Ledger
+from nobubble.rl.system.experience import ExperienceBuffer, GroupState, Ledger, LedgerError
 from nobubble.rl.system.types import Sample, SampleGroup
 
 
@@ -84,6 +84,44 @@ def test_ledger_refuses_second_fate_and_bad_transitions():
         led.dropped(0, "because")
     with pytest.raises(ValueError, match="admitted twice"):
         led.admit(0)
+
+
+def _arrive(led: Ledger, gid: int, source: str, seq: int) -> None:
+    """An environment trajectory: one group of one sample, numbered by its source."""
+    led.admit(gid, source=(source, seq))
+    led.move(gid, GroupState.GENERATED, (gid,))
+    led.move(gid, GroupState.SCORED)
+
+
+def test_numbered_sources_make_a_whole_ledger_when_each_has_one_fate():
+    led = Ledger()
+    for seq in range(4):
+        _arrive(led, seq, "actor-0", seq)
+    led.trained(_group(0, 0, size=1), 1)
+    led.trained(_group(1, 0, size=1), 1)
+    led.dropped(2, "stale")
+    led.dropped(3, "unfinished")
+    summary = led.check()
+    assert (summary.generated, summary.trained, summary.ok) == (4, 2, True)
+    assert summary.dropped == {"stale": 1, "reward_failed": 0, "unfinished": 1, "synced": 0}
+
+
+def test_a_group_in_flight_or_a_gap_in_a_source_breaks_the_ledger():
+    led = Ledger()
+    _arrive(led, 0, "a", 0)
+    with pytest.raises(LedgerError, match="neither trained nor dropped"):
+        led.check()
+    led.trained(_group(0, 0, size=1), 1)
+    _arrive(led, 1, "a", 2)  # the source's trajectory 1 never arrived
+    led.trained(_group(1, 0, size=1), 1)
+    assert not led.summary().ok and led.summary().gaps == ("a",)
+    with pytest.raises(LedgerError, match="gaps"):
+        led.check()
+    with pytest.raises(LedgerError, match="illegal transition trained -> trained"):
+        led.trained(_group(1, 0, size=1), 2)
+    restored = Ledger()
+    restored.load_state_dict(led.state_dict())
+    assert restored.summary() == led.summary()  # sources survive a checkpoint
 
 
 @settings(max_examples=60, deadline=None)

@@ -198,11 +198,9 @@ def test_replay_sync_and_kl_in_a_real_run_keep_the_ledger_whole():
 
 
 def test_ablation_configs_are_valid():
-    from nobubble.cli.rl import ABLATION
+    from nobubble.rl.system.presets import ablation
 
-    for over in ABLATION.values():
-        over = dict(over)
-        if over.get("drop_staleness") == "quarter":
-            over["drop_staleness"] = 2
-        trainer = {"delay_s": 0.3, **over.pop("trainer", {})}
-        RunConfig(mode="fully-async", max_staleness=8, trainer=trainer, **over)
+    grid = ablation(8, 0.3)
+    for settings in grid.values():
+        RunConfig(**settings)
+    assert grid["drop>K"]["drop_staleness"] == 2 and len(grid) == 9

@@ -155,9 +155,11 @@ def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
 
 def _actor_learner_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """SEED RL on CartPole-v1: central batched inference, actors only step environments."""
-    argv = ["rl", "actor-learner", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),
-            "--target-return", "150" if quick else "475", "--seconds", "60" if quick else "120"]  # fmt: skip
-    return _cli_step("actor-learner", argv, [])
+    png = out / "rl" / "train_seed.png"
+    argv = ["rl", "train", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),
+            "--target-return", "150" if quick else "475", "--time-budget", "60" if quick else "120",
+            "--out", str(png.parent)]  # fmt: skip
+    return _cli_step("actor-learner", argv, [png])
 
 
 def _pipeline_step(out: Path, quick: bool, seed: int) -> list[Path]:

@@ -8,7 +8,7 @@ field; the ones only one of them reads say so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "Arch",
     "EnvRunConfig",
     "PolicyLoss",
+    "config_json",
     "envs_per_trajectory",
     "trajectories_per_update",
 ]
@@ -70,14 +71,16 @@ class EnvRunConfig:
     actors run (see :class:`~nobubble.rl.actor_learner.model.PolicyModel`), e.g. the text
     policy of :mod:`nobubble.rl.actor_learner.text`; None: the MLP actor-critic of width
     ``hidden``. Picklable unless the start method is ``fork``."""
-    max_lag: int = 4
-    """Trajectories older than this many policy versions are dropped (ledger: ``lag``)."""
+    max_staleness: int = 4
+    """Trajectories older than this many policy versions are dropped (ledger: ``stale``)."""
     inference_deadline_ms: float = 2.0
     """Central inference (seed, sample-factory) waits at most this long to fill a batch."""
     seed: int = 0
+    steps: int | None = None
+    """Stop after this many learner updates (None: no bound but the others)."""
     max_env_steps: int = 2_000_000
     """Stop after this many environment steps (a bound, for tests and benchmarks)."""
-    max_seconds: float = 300.0
+    time_budget_s: float = 300.0
     """Stop after this much wall-clock."""
     target_return: float | None = 475.0
     """Stop once the greedy eval mean reaches it (None: run the whole budget)."""
@@ -133,18 +136,20 @@ def _check_counts(c: EnvRunConfig) -> None:
             f"minibatches={c.minibatches} must be in [1, {per_batch}] (the environments in one "
             "batch: batch_trajectories x envs per trajectory)"
         )
-    if c.max_lag < 0:
-        raise ValueError(f"max_lag={c.max_lag} must be >= 0 (0 = on-policy only)")
+    if c.max_staleness < 0:
+        raise ValueError(f"max_staleness={c.max_staleness} must be >= 0 (0 = on-policy only)")
     if c.eval_episodes < 1:
         raise ValueError(f"eval_episodes={c.eval_episodes} must be >= 1")
     if c.hidden < 1:
         raise ValueError(f"hidden={c.hidden} must be >= 1")
+    if c.steps is not None and (not isinstance(c.steps, int) or c.steps < 1):
+        raise ValueError(f"steps={c.steps!r} must be an integer >= 1 (learner updates) or None")
     if c.max_env_steps < 1:
         raise ValueError(f"max_env_steps={c.max_env_steps} must be >= 1")
 
 
 def _check_rates(c: EnvRunConfig) -> None:
-    positive = ("learning_rate", "max_seconds", "timeout_s", "eval_every_s", "max_grad_norm")
+    positive = ("learning_rate", "time_budget_s", "timeout_s", "eval_every_s", "max_grad_norm")
     for name in positive:
         if not getattr(c, name) > 0:
             raise ValueError(f"{name}={getattr(c, name)} must be > 0")
@@ -167,3 +172,14 @@ def envs_per_trajectory(c: EnvRunConfig) -> int:
 def trajectories_per_update(c: EnvRunConfig) -> int:
     """Trajectories one update takes: ``batch_trajectories`` unrolls of ``envs_per_actor``."""
     return c.batch_trajectories * (c.envs_per_actor // envs_per_trajectory(c))
+
+
+def config_json(c: EnvRunConfig) -> dict[str, Any]:
+    """``c``'s fields as JSON values (a factory by its qualified name)."""
+    out: dict[str, Any] = {}
+    for f in fields(c):
+        value = getattr(c, f.name)
+        if callable(value):
+            value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', value)}"
+        out[f.name] = value
+    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nobubble.rl.actor_learner.ledger import LedgerSummary
+from nobubble.rl.system.experience import LedgerSummary
+from nobubble.rl.system.result import run_json
 
 __all__ = ["CurvePoint", "EnvRunResult", "ActorFailure"]
 
@@ -46,11 +47,14 @@ class EnvRunResult:
         time_to_target_s, steps_to_target: wall-clock and env steps when an evaluation first
             reached the target (None: not reached).
         env_steps_per_s: env steps received by the learner / wall-clock of the run.
+        trained_samples: env steps (transitions) the learner trained on.
+        steps: learner updates (the last policy version).
         idle_ratio: per role, the fraction of the run's wall-clock it spent not working
             (``learner``: not in an update; ``inference``: not answering actors, central only).
-        lag_histogram: policy lag -> number of trajectories used with it.
+        staleness_hist: policy lag -> number of trajectories trained with it.
+        config: the run's settings (factories by name), for the JSON.
         model: the trained model (the learner's, at the last policy version); not in
-            :meth:`to_dict`.
+            :meth:`to_json`.
     """
 
     env: str
@@ -67,11 +71,13 @@ class EnvRunResult:
     env_steps: int
     wall_s: float
     env_steps_per_s: float
-    updates: int
+    trained_samples: int
+    steps: int
     idle_ratio: dict[str, float]
-    lag_histogram: dict[int, int]
+    staleness_hist: dict[int, int]
     ledger: LedgerSummary
     curve: tuple[CurvePoint, ...]
+    config: dict[str, Any] = field(default_factory=dict)
     model: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -79,29 +85,34 @@ class EnvRunResult:
         return self.time_to_target_s is not None
 
     @property
-    def max_lag(self) -> int:
-        return max(self.lag_histogram, default=0)
+    def staleness_max(self) -> int:
+        return max(self.staleness_hist, default=0)
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "env": self.env,
-            "arch": self.arch,
-            "actors": self.actors,
-            "envs_per_actor": self.envs_per_actor,
-            "env_step_delay_ms": self.env_step_delay_ms,
-            "seed": self.seed,
-            "eval_mean_return": self.eval_mean_return,
-            "eval_returns": list(self.eval_returns),
-            "target_return": self.target_return,
-            "reached_target": self.reached_target,
-            "time_to_target_s": self.time_to_target_s,
-            "steps_to_target": self.steps_to_target,
-            "env_steps": self.env_steps,
-            "wall_s": self.wall_s,
-            "env_steps_per_s": self.env_steps_per_s,
-            "updates": self.updates,
-            "idle_ratio": dict(self.idle_ratio),
-            "lag_histogram": {str(k): v for k, v in sorted(self.lag_histogram.items())},
-            "ledger": self.ledger.to_dict(),
-            "curve": [[p.wall_s, p.env_steps, p.train_return, p.eval_return] for p in self.curve],
-        }
+    def to_json(self) -> dict[str, Any]:
+        """The run as JSON, with the top-level keys of every RL run
+        (:data:`~nobubble.rl.system.result.RESULT_KEYS`): the eval return is its
+        ``outcome``, a curve point is ``[wall_s, env_steps, train_return, eval_return]``."""
+        return run_json(
+            config=self.config,
+            steps=self.steps,
+            wall_s=self.wall_s,
+            trained_samples=self.trained_samples,
+            staleness_hist=self.staleness_hist,
+            idle_ratio=dict(self.idle_ratio),
+            ledger=self.ledger,
+            curve=[[p.wall_s, p.env_steps, p.train_return, p.eval_return] for p in self.curve],
+            outcome={
+                "eval_mean_return": self.eval_mean_return,
+                "eval_returns": list(self.eval_returns),
+                "target_return": self.target_return,
+                "reached_target": self.reached_target,
+                "time_to_target_s": self.time_to_target_s,
+                "steps_to_target": self.steps_to_target,
+            },
+            details={
+                "env": self.env,
+                "arch": self.arch,
+                "env_steps": self.env_steps,
+                "env_steps_per_s": self.env_steps_per_s,
+            },
+        )

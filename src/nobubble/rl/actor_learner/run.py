@@ -1,13 +1,17 @@
 """``train(EnvRunConfig) -> EnvRunResult``: the learner's loop, the same for every architecture.
 
     start the actors (ActorPool)                        # impala: publish version 0
-    until the target, the step budget or the time budget:
+    until the target, the update, env-step or time budget:
         receive finished trajectories                   # from the queue / central inference
         once an update's worth is in:
-            drop those older than max_lag (ledger: lag), update on the rest (ledger: used)
+            drop those older than max_staleness (ledger: stale), train on the rest
             publish the new version                     # impala only
         evaluate greedily every eval_every_s, or when the training return reaches the target
-    close the pool; what was in transit is dropped (ledger: shutdown); check the ledger
+    close the pool; what was in transit is dropped (ledger: unfinished); check the ledger
+
+The ledger is the LLM system's (:class:`~nobubble.rl.system.experience.Ledger`): a trajectory
+is one group of one sample, admitted on arrival under its ``(source, seq)`` key so that a
+trajectory lost in transit shows as a gap.
 
 Every wait inside has a timeout, and :meth:`ActorPool.supervise` turns a dead or silent
 actor into an :class:`ActorFailure` naming it.
@@ -18,22 +22,30 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
-from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
+from nobubble.rl.actor_learner.config import EnvRunConfig, config_json, trajectories_per_update
 from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.learner import Learner
-from nobubble.rl.actor_learner.ledger import TrajectoryLedger
 from nobubble.rl.actor_learner.model import PolicyModel, build_model
 from nobubble.rl.actor_learner.result import CurvePoint, EnvRunResult
 from nobubble.rl.actor_learner.rollout import evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
+from nobubble.rl.system.experience import GroupState, Ledger
 
 __all__ = ["train"]
 
 Progress = Callable[[CurvePoint], None]
+
+
+class _Entry(NamedTuple):
+    """A trajectory as the ledger sees it: one group of one sample."""
+
+    group_id: int
+    sample_ids: tuple[int, ...]
 
 
 class _Run:
@@ -42,12 +54,14 @@ class _Run:
     def __init__(self, config: EnvRunConfig, model: PolicyModel) -> None:
         self.config = config
         self.learner = Learner(model, config)
-        self.ledger = TrajectoryLedger()
+        self.ledger = Ledger()
+        self.ids: dict[tuple[str, int], int] = {}  # trajectory key -> its group id
         self.pending: list[Trajectory] = []
         self.lags: Counter[int] = Counter()
         self.returns: deque[float] = deque(maxlen=20)
         self.curve: list[CurvePoint] = []
         self.env_steps = 0
+        self.trained_steps = 0  # env steps in trained trajectories
         self.learn_s = 0.0
         self.start = time.monotonic()
         self.last_eval = self.start
@@ -62,7 +76,10 @@ class _Run:
 
     def take(self, trajectories: list[Trajectory]) -> None:
         for t in trajectories:
-            self.ledger.produced(t.key)
+            gid = self.ids[t.key] = len(self.ids)
+            self.ledger.admit(gid, source=t.key)
+            self.ledger.move(gid, GroupState.GENERATED, (gid,))
+            self.ledger.move(gid, GroupState.SCORED)  # an env's rewards come with its steps
             self.env_steps += t.num_steps
             self.returns.extend(t.episode_returns)
         self.pending.extend(trajectories)
@@ -77,8 +94,8 @@ class _Run:
         for t in batch:
             lag = self.learner.version - t.policy_version
             assert lag >= 0, f"trajectory {t.key} has a version from the future"
-            if lag > self.config.max_lag:
-                self.ledger.dropped(t.key, "lag")
+            if lag > self.config.max_staleness:
+                self.ledger.dropped(self.ids[t.key], "stale")
             else:
                 fresh.append(t)
                 self.lags[lag] += 1
@@ -87,7 +104,9 @@ class _Run:
             self.learner.update(stack_trajectories(fresh))
             self.learn_s += time.perf_counter() - start
             for t in fresh:
-                self.ledger.used(t.key)
+                self.trained_steps += t.num_steps
+                gid = self.ids[t.key]
+                self.ledger.trained(_Entry(gid, (gid,)), self.learner.version)
         return True
 
     def train_return(self) -> float | None:
@@ -114,7 +133,8 @@ class _Run:
         return (
             self.time_to_target is not None
             or self.env_steps >= c.max_env_steps
-            or self.elapsed() >= c.max_seconds
+            or (c.steps is not None and self.learner.version >= c.steps)
+            or self.elapsed() >= c.time_budget_s
         )
 
 
@@ -128,7 +148,7 @@ def train(config: EnvRunConfig, progress: Progress | None = None) -> EnvRunResul
         :class:`EnvRunResult`.
     Raises:
         ActorFailure: an actor died (its traceback in the message) or fell silent.
-        LedgerError: a trajectory was lost or used twice (a bug, never expected).
+        LedgerError: a trajectory was lost or trained twice (a bug, never expected).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(config.torch_threads)
@@ -152,7 +172,7 @@ def _train(config: EnvRunConfig, progress: Progress | None) -> EnvRunResult:
     for t in leftover:
         run.take([t])
     for t in run.pending:
-        run.ledger.dropped(t.key, "shutdown")
+        run.ledger.dropped(run.ids[t.key], "unfinished")
     run.pending = []
     if not run.eval_returns or run.time_to_target is None:
         point = run.maybe_evaluate(force=True)
@@ -200,10 +220,12 @@ def _result(run: _Run, pool: ActorPool) -> EnvRunResult:
         env_steps=run.env_steps,
         wall_s=wall,
         env_steps_per_s=run.env_steps / wall,
-        updates=run.learner.version,
+        trained_samples=run.trained_steps,
+        steps=run.learner.version,
         idle_ratio=idle,
-        lag_histogram=dict(run.lags),
+        staleness_hist=dict(run.lags),
         ledger=run.ledger.check(),
         curve=tuple(run.curve),
+        config=config_json(c),
         model=run.learner.model,
     )

@@ -17,7 +17,8 @@ A step that forces a full sync (``sync_every``) trains only groups of the traine
 version; older ready groups are dropped with reason ``"synced"``.
 
 Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED``. The
-:class:`Ledger` records each sample id's fate and refuses a second fate: its invariant is
+:class:`Ledger` (the one ledger of both producers: a text group here, an environment
+trajectory in :mod:`nobubble.rl.actor_learner`, which is one group of one sample) records each sample id's fate and refuses a second fate: its invariant is
 "every generated sample is trained once or dropped by a stated policy" - and, with a
 replay, a trained sample may be trained again: the ledger lists every reuse by step, so
 the invariant becomes "trained 1 + k times (k reuses from the replay), or dropped".
@@ -25,7 +26,9 @@ the invariant becomes "trained 1 + k times (k reuses from the replay), or droppe
 A group whose worker died, or that was in flight when a checkpoint was taken and the run
 resumed from it, is *requeued*: it goes back to ``ADMITTED`` (generated again, with the
 same group and sample ids) and the ledger records the requeue and its reason. Its samples
-still get exactly one fate. Buffer and ledger round-trip through :meth:`state_dict` /
+still get exactly one fate. A group admitted with a ``source=(name, seq)`` (an actor's
+trajectory, numbered from 0 by the actor that made it) is also checked for gaps: a source
+whose numbers skip one lost a trajectory in transit. Buffer and ledger round-trip through :meth:`state_dict` /
 :meth:`load_state_dict` for checkpoints.
 """
 
@@ -34,12 +37,14 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from nobubble.rl.system.types import SampleGroup
 
 __all__ = [
     "GroupState",
     "Ledger",
+    "LedgerError",
     "LedgerSummary",
     "ExperienceBuffer",
     "DROP_REASONS",
@@ -48,6 +53,21 @@ __all__ = [
 
 DROP_REASONS = ("stale", "reward_failed", "unfinished", "synced")
 REQUEUE_REASONS = ("worker_died", "resumed")
+
+
+class LedgerError(ValueError):
+    """A sample given a second fate, an illegal move, or a run whose samples are not all
+    accounted for (a bug, never expected)."""
+
+
+class Tracked(Protocol):
+    """What the ledger needs of a trained group: its id and its samples' ids."""
+
+    @property
+    def group_id(self) -> int: ...
+
+    @property
+    def sample_ids(self) -> tuple[int, ...]: ...
 
 
 class GroupState(enum.Enum):
@@ -73,7 +93,8 @@ class LedgerSummary:
 
     ``requeued`` counts groups sent back to generation (a dead worker, a resume);
     ``reused`` counts sample trainings from the replay (beyond each sample's first);
-    ``by_learner``: sample trainings (first ones and reuses) per learner index."""
+    ``by_learner``: sample trainings (first ones and reuses) per learner index;
+    ``gaps``: sources whose numbered groups skip a number (lost in transit)."""
 
     generated: int
     trained: int
@@ -82,10 +103,24 @@ class LedgerSummary:
     requeued: int = 0
     reused: int = 0
     by_learner: dict[int, int] = field(default_factory=dict)
+    gaps: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.in_flight == 0 and self.trained + sum(self.dropped.values()) == self.generated
+        whole = self.trained + sum(self.dropped.values()) == self.generated
+        return self.in_flight == 0 and whole and not self.gaps
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "generated": self.generated,
+            "trained": self.trained,
+            "dropped": dict(self.dropped),
+            "requeued": self.requeued,
+            "reused": self.reused,
+            "by_learner": {str(k): v for k, v in self.by_learner.items()},
+            "gaps": list(self.gaps),
+            "ok": self.ok,
+        }
 
 
 class Ledger:
@@ -99,43 +134,48 @@ class Ledger:
         self.reuse: dict[int, list[int]] = {}  # sample id -> steps it was trained again at
         # group id -> the learner of each training of it: the first, then every reuse
         self.learners: dict[int, list[int]] = {}
+        self.sources: dict[str, list[int]] = {}  # source -> the numbers of its groups
 
     def state(self, group_id: int) -> GroupState:
         return self._state[group_id]
 
-    def admit(self, group_id: int) -> None:
+    def admit(self, group_id: int, source: tuple[str, int] | None = None) -> None:
+        """``group_id`` starts; ``source=(name, seq)``: the ``seq``-th group that ``name``
+        made (the gap check)."""
         if group_id in self._state:
-            raise ValueError(f"group {group_id} admitted twice")
+            raise LedgerError(f"group {group_id} admitted twice")
         self._state[group_id] = GroupState.ADMITTED
+        if source is not None:
+            self.sources.setdefault(source[0], []).append(source[1])
 
     def move(self, group_id: int, new: GroupState, sample_ids: tuple[int, ...] = ()) -> None:
         old = self._state.get(group_id)
         if old is None:
-            raise ValueError(f"group {group_id} was never admitted")
+            raise LedgerError(f"group {group_id} was never admitted")
         if new not in _NEXT[old]:
-            raise ValueError(f"group {group_id}: illegal transition {old.value} -> {new.value}")
+            raise LedgerError(f"group {group_id}: illegal transition {old.value} -> {new.value}")
         self._state[group_id] = new
         if sample_ids:
             self._sample_ids[group_id] = sample_ids
 
-    def trained(self, group: SampleGroup, step: int, learner: int = 0) -> None:
+    def trained(self, group: Tracked, step: int, learner: int = 0) -> None:
         """``group`` was trained at ``step`` by learner ``learner`` (0 with one learner)."""
         self.move(group.group_id, GroupState.TRAINED)
         self._set_fate(group.sample_ids, f"trained@{step}")
         self.learners[group.group_id] = [learner]
 
-    def reused(self, group: SampleGroup, step: int, learner: int = 0) -> None:
+    def reused(self, group: Tracked, step: int, learner: int = 0) -> None:
         """``group`` (already trained) was trained again at ``step``, from the replay, by
         learner ``learner``."""
         if self._state.get(group.group_id) is not GroupState.TRAINED:
-            raise ValueError(f"group {group.group_id} is reused but was never trained")
+            raise LedgerError(f"group {group.group_id} is reused but was never trained")
         for sid in group.sample_ids:
             self.reuse.setdefault(sid, []).append(step)
         self.learners.setdefault(group.group_id, []).append(learner)
 
     def dropped(self, group_id: int, reason: str) -> None:
         if reason not in DROP_REASONS:
-            raise ValueError(f"drop reason {reason!r} is not a stated policy {DROP_REASONS}")
+            raise LedgerError(f"drop reason {reason!r} is not a stated policy {DROP_REASONS}")
         self.move(group_id, GroupState.DROPPED)
         self._set_fate(self._sample_ids.get(group_id, ()), f"dropped:{reason}")
 
@@ -143,11 +183,11 @@ class Ledger:
         """Send an admitted or generated group (never a scored, trained or dropped one)
         back to ``ADMITTED``; it will be generated again under the same ids."""
         if reason not in REQUEUE_REASONS:
-            raise ValueError(f"requeue reason {reason!r} is not one of {REQUEUE_REASONS}")
+            raise LedgerError(f"requeue reason {reason!r} is not one of {REQUEUE_REASONS}")
         old = self._state.get(group_id)
         if old not in (GroupState.ADMITTED, GroupState.GENERATED):
             shown = None if old is None else old.value
-            raise ValueError(f"group {group_id} is {shown}; only groups in flight are requeued")
+            raise LedgerError(f"group {group_id} is {shown}; only groups in flight are requeued")
         self._state[group_id] = GroupState.ADMITTED
         self.requeues.append((group_id, reason))
 
@@ -159,6 +199,7 @@ class Ledger:
             "requeues": list(self.requeues),
             "reuse": {k: list(v) for k, v in self.reuse.items()},
             "learners": {k: list(v) for k, v in self.learners.items()},
+            "sources": {k: list(v) for k, v in self.sources.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -168,11 +209,12 @@ class Ledger:
         self.requeues = [(int(g), r) for g, r in state["requeues"]]
         self.reuse = {int(k): list(v) for k, v in state.get("reuse", {}).items()}
         self.learners = {int(k): list(v) for k, v in state.get("learners", {}).items()}
+        self.sources = {k: list(v) for k, v in state.get("sources", {}).items()}
 
     def _set_fate(self, sample_ids: tuple[int, ...], fate: str) -> None:
         for sid in sample_ids:
             if sid in self.fate:
-                raise ValueError(f"sample {sid} already {self.fate[sid]}; cannot also be {fate}")
+                raise LedgerError(f"sample {sid} already {self.fate[sid]}; cannot also be {fate}")
             self.fate[sid] = fate
 
     def summary(self) -> LedgerSummary:
@@ -197,7 +239,20 @@ class Ledger:
             len(self.requeues),
             reused,
             dict(sorted(by_learner.items())),
+            tuple(s for s, seqs in self.sources.items() if sorted(seqs) != list(range(len(seqs)))),
         )
+
+    def check(self) -> LedgerSummary:
+        """The summary, after asserting that every sample has exactly one fate and no
+        source has a gap (raises :class:`LedgerError`)."""
+        summary = self.summary()
+        if summary.in_flight:
+            raise LedgerError(f"{summary.in_flight} groups neither trained nor dropped")
+        if summary.gaps:
+            raise LedgerError(f"sources {list(summary.gaps)} have gaps in their group numbers")
+        if not summary.ok:
+            raise LedgerError(f"samples unaccounted for: {summary}")
+        return summary
 
 
 class ExperienceBuffer:

@@ -20,6 +20,9 @@ with ``vtrace-ppo`` stayed at 0.0 accuracy for 300 s; with decoupled PPO it reac
 
 :func:`resolve_preset` fills only the settings a run left unset (None); anything given
 explicitly wins. The run's JSON records the resolved values.
+
+:func:`ablation` is ``rl compare --ablation``'s grid: each lag fix alone, then all of them
+(the aggressive preset), as :class:`RunConfig` settings at one staleness bound.
 """
 
 from __future__ import annotations
@@ -91,3 +94,31 @@ def resolve_preset(
         else:
             out[name] = DEFAULTS.get(name)
     return out, {**trainer_base, **trainer}
+
+
+# each lag fix alone, then all of them; "quarter": a quarter of the staleness bound
+_ABLATION: dict[str, dict[str, Any]] = {
+    "naive PPO": {},
+    "drop>K": {"drop_staleness": "quarter"},
+    "age weights": {"trainer": {"staleness_weighting": "inverse"}},
+    "KL to ref": {"trainer": {"kl_coef": 0.1, "kl_refresh_every": 20}},
+    "replay uniform": {"replay": "uniform", "replay_capacity": 64, "replay_groups": 4},
+    "replay prioritized": {"replay": "prioritized", "replay_capacity": 64, "replay_groups": 4},
+    "decoupled PPO": {"algo": "decoupled-ppo"},
+    "V-trace": {"algo": "vtrace"},
+    "all (aggressive)": {"preset": "aggressive"},
+}
+
+
+def ablation(max_staleness: int, trainer_delay_s: float) -> dict[str, dict[str, Any]]:
+    """Fix name -> the fully-async settings that turn it on (``RunConfig`` keywords) at
+    ``max_staleness``, with a trainer slowed by ``trainer_delay_s`` per step."""
+    out = {}
+    for fix, over in _ABLATION.items():
+        over = dict(over)
+        if over.get("drop_staleness") == "quarter":
+            over["drop_staleness"] = max(1, max_staleness // 4)
+        trainer = {"delay_s": trainer_delay_s, **over.pop("trainer", {})}
+        out[fix] = {"mode": "fully-async", "max_staleness": max_staleness,
+                    "groups_per_rollout": 1, "trainer": trainer, **over}  # fmt: skip
+    return out

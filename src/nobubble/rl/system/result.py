@@ -8,7 +8,7 @@ from typing import Any
 from nobubble.rl.system.experience import LedgerSummary
 from nobubble.rl.system.types import Span
 
-__all__ = ["CurvePoint", "RunResult", "stage_busy"]
+__all__ = ["CurvePoint", "RESULT_KEYS", "RunResult", "run_json", "stage_busy"]
 
 
 @dataclass(frozen=True)
@@ -57,35 +57,71 @@ class RunResult:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "config": self.config,
-            "steps": self.steps,
-            "wall_s": self.wall_s,
-            "trained_samples": self.trained_samples,
-            "samples_per_s": self.samples_per_s,
-            "initial_accuracy": self.initial_accuracy,
-            "final_accuracy": self.final_accuracy,
-            "staleness_max": self.staleness_max,
-            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-            "token_staleness_hist": {
-                str(k): v for k, v in sorted(self.token_staleness_hist.items())
+        """The run as JSON, with the top-level keys of every RL run (:data:`RESULT_KEYS`, the
+        environment path's too): the task's accuracies are its ``outcome``."""
+        return run_json(
+            config=self.config,
+            steps=self.steps,
+            wall_s=self.wall_s,
+            trained_samples=self.trained_samples,
+            staleness_hist=self.staleness_hist,
+            idle_ratio=self.idle_ratio,
+            ledger=self.ledger,
+            curve=[asdict(p) for p in self.curve],
+            outcome={
+                "initial_accuracy": self.initial_accuracy,
+                "final_accuracy": self.final_accuracy,
             },
-            "idle_ratio": self.idle_ratio,
-            "busy_s": self.busy_s,
-            "ledger": {
-                "generated": self.ledger.generated,
-                "trained": self.ledger.trained,
-                "dropped": self.ledger.dropped,
-                "requeued": self.ledger.requeued,
-                "reused": self.ledger.reused,
-                "by_learner": {str(k): v for k, v in self.ledger.by_learner.items()},
-                "ok": self.ledger.ok,
+            details={
+                "token_staleness_hist": {
+                    str(k): v for k, v in sorted(self.token_staleness_hist.items())
+                },
+                "busy_s": self.busy_s,
+                "restarts": self.restarts,
+                "step_metrics": self.step_metrics,
+                "resumed_from": self.resumed_from,
             },
-            "restarts": self.restarts,
-            "step_metrics": self.step_metrics,
-            "resumed_from": self.resumed_from,
-            "curve": [asdict(p) for p in self.curve],
-        }
+        )
+
+
+RESULT_KEYS = (
+    "config", "steps", "wall_s", "trained_samples", "samples_per_s", "staleness_hist",
+    "staleness_max", "idle_ratio", "ledger", "curve", "outcome", "details",
+)  # fmt: skip
+"""The top-level keys of an RL run's JSON, whichever producer made it: ``steps`` are learner
+updates, ``staleness_hist`` counts trained samples by lag, ``outcome`` holds what the run
+reached (accuracy, or eval return and time to target), ``details`` the producer's own."""
+
+
+def run_json(
+    *,
+    config: dict[str, Any],
+    steps: int,
+    wall_s: float,
+    trained_samples: int,
+    staleness_hist: dict[int, int],
+    idle_ratio: dict[str, float],
+    ledger: LedgerSummary,
+    curve: list[Any],
+    outcome: dict[str, Any],
+    details: dict[str, Any],
+) -> dict[str, Any]:
+    """One RL run as JSON, keys :data:`RESULT_KEYS` (``samples_per_s`` and
+    ``staleness_max`` derived here)."""
+    return {
+        "config": config,
+        "steps": steps,
+        "wall_s": wall_s,
+        "trained_samples": trained_samples,
+        "samples_per_s": trained_samples / wall_s if wall_s > 0 else 0.0,
+        "staleness_hist": {str(k): v for k, v in sorted(staleness_hist.items())},
+        "staleness_max": max(staleness_hist, default=0),
+        "idle_ratio": idle_ratio,
+        "ledger": ledger.to_json(),
+        "curve": curve,
+        "outcome": outcome,
+        "details": details,
+    }
 
 
 def stage_busy(

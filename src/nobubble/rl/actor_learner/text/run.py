@@ -51,7 +51,7 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "target_return": 0.8,
     "eval_episodes": 100,
     "eval_every_s": 3.0,
-    "max_seconds": 120.0,
+    "time_budget_s": 120.0,
 }
 """What :func:`text_run_config` sets unless told otherwise."""
 
