@@ -44,3 +44,37 @@ def test_builder_from_the_message_stream_equals_the_local_rollout() -> None:
             np.testing.assert_array_equal(getattr(g, name), getattr(e, name), err_msg=name)
         assert g.episode_returns == e.episode_returns
     assert sum(len(t.episode_returns) for t in got) > 0
+
+
+def test_the_learner_refuses_a_trajectory_whose_weights_are_not_its_version() -> None:
+    """An actor that acted with weights other than the version it reports is named."""
+    import dataclasses
+
+    import pytest
+
+    from nobubble.rl.actor_learner.config import EnvRunConfig
+    from nobubble.rl.actor_learner.result import ActorFailure
+    from nobubble.rl.actor_learner.run import _Run
+    from nobubble.rl.system.weight_sync import weight_digest
+
+    config = EnvRunConfig(actors=1, envs_per_actor=2, batch_trajectories=1, minibatches=1,
+                          eval_episodes=2, unroll_length=4)  # fmt: skip
+    torch.manual_seed(0)
+    model = ActorCritic(4, 2, 8)
+    run = _Run(config, model)
+    gen, envs = torch.Generator().manual_seed(0), VectorEnv("CartPole-v1", 2, seed=1)
+    good, obs = rollout(model, envs, envs.reset(), 4, version=0, generator=gen,
+                        source="actor-0", seq=0, digest=weight_digest(model))  # fmt: skip
+    run.take([good])
+    assert run.update_if_ready() and run.learner.version == 1  # the right digest trains
+    other = ActorCritic(4, 2, 8)  # a policy that is not version 1
+    bad, _ = rollout(other, envs, obs, 4, version=1, generator=gen, source="actor-0", seq=1,
+                     digest=weight_digest(other))  # fmt: skip
+    run.take([bad])
+    with pytest.raises(ActorFailure, match="actor actor-0 failed: actor-0 sampled with weights"):
+        run.update_if_ready()
+    forged = dataclasses.replace(bad, seq=2, weight_digests=((9, "0" * 16),))
+    run.take([forged])
+    run.pending = [forged]
+    with pytest.raises(ActorFailure, match="claims version 9, never published"):
+        run.update_if_ready()

@@ -35,3 +35,9 @@ def test_ray_engine_end_to_end(ray_session):
 def test_ray_actor_failure_ends_the_run(ray_session):
     with pytest.raises(WorkerError, match="trainer failed.*InjectedFault"):
         run(RunConfig(mode="sync", steps=4, fault="trainer:2:raise", **TINY))
+
+
+def test_ray_a_generator_sampling_with_stale_weights_is_caught(ray_session):
+    """On Ray the weights travel through the object store; the digests are checked alike."""
+    with pytest.raises(WorkerError, match="rollout-0 .*weights other than the version it"):
+        run(RunConfig(mode="sync", steps=5, fault="rollout-0:2:stale", **TINY))

@@ -76,6 +76,42 @@ def test_a_failing_worker_ends_the_run_with_its_error(fault, match):
         run(RunConfig(mode="one-step-off", steps=6, fault=fault, stall_timeout_s=60, **TINY))
 
 
+def test_a_digest_names_the_values_and_published_weights_check_the_claims():
+    import multiprocessing as mp
+
+    from nobubble.rl.system.weight_sync import (
+        PublishedWeights,
+        SharedWeights,
+        WeightVersionError,
+        weight_digest,
+    )
+
+    torch.manual_seed(0)
+    trainer, generator = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    shared = SharedWeights(trainer, mp.get_context("fork"))
+    shared.publish(trainer, 1)
+    assert shared.pull(generator, 0) == 1  # a copy through shared memory hashes the same
+    assert weight_digest(generator) == weight_digest(trainer)
+    with torch.no_grad():
+        generator.bias[0] += 1e-6  # one value one ulp-ish away: another digest
+    assert weight_digest(generator) != weight_digest(trainer)
+    published = PublishedWeights()
+    published.publish({1: weight_digest(trainer)})
+    published.check([(1, weight_digest(trainer))], "rollout-0")
+    with pytest.raises(WeightVersionError, match="rollout-0 sampled with weights"):
+        published.check([(1, weight_digest(generator))], "rollout-0")
+    with pytest.raises(WeightVersionError, match="claims version 2, never published"):
+        published.check([(2, weight_digest(trainer))], "rollout-0")
+    with pytest.raises(WeightVersionError, match="published twice"):
+        published.publish({1: weight_digest(generator)})
+
+
+def test_a_generator_sampling_with_other_weights_than_its_version_is_caught():
+    """rollout-0 keeps its weights from its 2nd call on while reporting the new versions."""
+    with pytest.raises(WorkerError, match="rollout-0 .*weights other than the version it"):
+        run(RunConfig(mode="sync", steps=5, fault="rollout-0:2:stale", **TINY))
+
+
 def _group(responses: list[str]) -> SampleGroup:
     samples = tuple(
         Sample(

@@ -82,6 +82,7 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
 
     from nobubble.rl.actor_learner.model import build_model
     from nobubble.rl.actor_learner.rollout import rollout
+    from nobubble.rl.system.weight_sync import weight_digest
 
     torch.set_num_threads(spec.config.torch_threads)
     c = spec.config
@@ -91,12 +92,14 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     obs = envs.reset()  # (K, D)
     version = -1
     _wait(stop, lambda: weights.version >= 0, c.timeout_s, "the first weights", spec.name)
-    seq = 0
+    seq, digest = 0, (-1, "")
     while not stop.is_set():
         version = weights.pull(model, version, timeout_s=c.timeout_s)
+        if digest[0] != version:  # hash the weights this actor holds, once per version
+            digest = (version, weight_digest(model))
         trajectory, obs = rollout(
             model, envs, obs, c.unroll_length, version=version, generator=generator,
-            source=spec.name, seq=seq,
+            source=spec.name, seq=seq, digest=digest[1],
         )  # fmt: skip
         _put(queue, trajectory, stop, c.timeout_s, spec.name)
         seq += 1

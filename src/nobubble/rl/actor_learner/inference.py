@@ -21,6 +21,7 @@ from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.result import ActorFailure
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
+from nobubble.rl.system.weight_sync import weight_digest
 
 __all__ = ["CentralInference"]
 
@@ -62,6 +63,7 @@ class CentralInference:
         ]
         self.last_heard = [time.monotonic()] * len(conns)
         self.busy_s = 0.0
+        self._digest = (-1, "")  # (version, digest) of the weights inference last used
         self.num_batches = 0
         self.num_requests = 0
 
@@ -108,13 +110,16 @@ class CentralInference:
                 finished.append(trajectory)
             observations.append(obs)
         actions, logits = act(self.model, np.concatenate(observations), self._generator)
+        if self._digest[0] != version:
+            self._digest = (version, weight_digest(self.model))
         offset = 0
         for a, g in ready:
             k = self.slots[a][g].num_envs
             self.slots[a][g].write_actions(actions[offset : offset + k])
             self.builders[a][g].record(
-                actions[offset : offset + k], logits[offset : offset + k], version
-            )
+                actions[offset : offset + k], logits[offset : offset + k], version,
+                self._digest[1],
+            )  # fmt: skip
             offset += k
             self.conns[a].send_bytes(bytes([g]))
         self.busy_s += time.perf_counter() - start

@@ -22,8 +22,10 @@ def rollout(
     generator: torch.Generator,
     source: str,
     seq: int,
+    digest: str = "",
 ) -> tuple[Trajectory, np.ndarray]:
-    """``T`` steps of ``K`` envs from ``obs (K, D)`` with ``model`` (policy ``version``).
+    """``T`` steps of ``K`` envs from ``obs (K, D)`` with ``model`` (policy ``version``,
+    whose weights hash to ``digest``).
 
     Returns:
         The trajectory and the observation ``(K, D)`` to start the next one from.
@@ -43,8 +45,9 @@ def rollout(
         returns.extend(step.episode_returns)
     all_obs[T] = obs
     trajectory = Trajectory(
-        source, seq, version, all_obs, actions, logits, rewards, dones, tuple(returns)
-    )
+        source, seq, version, all_obs, actions, logits, rewards, dones, tuple(returns),
+        ((version, digest),),
+    )  # fmt: skip
     return trajectory, obs
 
 

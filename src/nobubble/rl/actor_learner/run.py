@@ -9,7 +9,9 @@
         evaluate greedily every eval_every_s, or when the training return reaches the target
     close the pool; what was in transit is dropped (ledger: unfinished); check the ledger
 
-The ledger is the LLM system's (:class:`~nobubble.rl.system.experience.Ledger`): a trajectory
+Every trained trajectory's weight digests are checked against the ones the learner
+published (:class:`~nobubble.rl.system.weight_sync.PublishedWeights`). The ledger is the LLM
+system's (:class:`~nobubble.rl.system.experience.Ledger`): a trajectory
 is one group of one sample, admitted on arrival under its ``(source, seq)`` key so that a
 trajectory lost in transit shows as a gap.
 
@@ -31,10 +33,11 @@ from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.learner import Learner
 from nobubble.rl.actor_learner.model import PolicyModel, build_model
-from nobubble.rl.actor_learner.result import CurvePoint, EnvRunResult
+from nobubble.rl.actor_learner.result import ActorFailure, CurvePoint, EnvRunResult
 from nobubble.rl.actor_learner.rollout import evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
 from nobubble.rl.system.experience import GroupState, Ledger
+from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError, weight_digest
 
 __all__ = ["train"]
 
@@ -54,6 +57,8 @@ class _Run:
     def __init__(self, config: EnvRunConfig, model: PolicyModel) -> None:
         self.config = config
         self.learner = Learner(model, config)
+        self.published = PublishedWeights()  # the digest of every version the learner made
+        self.published.publish({self.learner.version: weight_digest(model)})
         self.ledger = Ledger()
         self.ids: dict[tuple[str, int], int] = {}  # trajectory key -> its group id
         self.pending: list[Trajectory] = []
@@ -99,10 +104,16 @@ class _Run:
             else:
                 fresh.append(t)
                 self.lags[lag] += 1
+        for t in fresh:  # each acted with the weights of the versions it claims
+            try:
+                self.published.check(t.weight_digests, t.source)
+            except WeightVersionError as err:
+                raise ActorFailure(t.source.split("/")[0], str(err)) from None
         if fresh:
             start = time.perf_counter()
             self.learner.update(stack_trajectories(fresh))
             self.learn_s += time.perf_counter() - start
+            self.published.publish({self.learner.version: weight_digest(self.learner.model)})
             for t in fresh:
                 self.trained_steps += t.num_steps
                 gid = self.ids[t.key]

@@ -31,6 +31,9 @@ class Trajectory:
         rewards: ``(T, K)`` float32.
         dones: ``(T, K)`` bool, the episode ended at step t (no bootstrap across it).
         episode_returns: returns of the episodes that ended inside this unroll.
+        weight_digests: ``(version, digest)`` of every policy version that chose one of its
+            actions, as the actor (or central inference) hashed the weights it used
+            (:func:`~nobubble.rl.system.weight_sync.weight_digest`); the learner checks them.
     """
 
     source: str
@@ -42,6 +45,7 @@ class Trajectory:
     rewards: np.ndarray
     dones: np.ndarray
     episode_returns: tuple[float, ...]
+    weight_digests: tuple[tuple[int, str], ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:
@@ -126,6 +130,7 @@ class TrajectoryBuilder:
         self.dones = np.zeros((T, K), dtype=bool)
         self.t, self.version = 0, -1
         self.returns: list[float] = []
+        self.claims: dict[int, str] = {}  # version -> digest of the weights that acted
 
     def observe(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> Trajectory | None:
         """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)``."""
@@ -141,16 +146,20 @@ class TrajectoryBuilder:
             self.obs[self.T] = obs
             finished = Trajectory(
                 self.source, self._seq, self.version, self.obs, self.actions, self.logits,
-                self.rewards, self.dones, tuple(self.returns),
+                self.rewards, self.dones, tuple(self.returns), tuple(sorted(self.claims.items())),
             )  # fmt: skip
             self._seq += 1
             self._new()
         self.obs[self.t] = obs
         return finished
 
-    def record(self, actions: np.ndarray, logits: np.ndarray, version: int) -> None:
-        """The actions ``(K,)`` and logits ``(K, A)`` chosen by policy ``version``."""
+    def record(
+        self, actions: np.ndarray, logits: np.ndarray, version: int, digest: str = ""
+    ) -> None:
+        """The actions ``(K,)`` and logits ``(K, A)`` chosen by policy ``version``, whose
+        weights hash to ``digest``."""
         self.actions[self.t], self.logits[self.t] = actions, logits
         self.version = version if self.version < 0 else min(self.version, version)
+        self.claims[version] = digest
         self.t += 1
         self._pending = True

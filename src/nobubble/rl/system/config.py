@@ -31,7 +31,7 @@ ENGINES = ("local", "ray")
 DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 # the trainer settings a run starts from; ``RunConfig.trainer`` is laid over them
 TRAINER_DEFAULTS = MappingProxyType({"lr": 2e-3, "uniform_kl_coef": 0.05})
-FAULTS = ("raise", "exit", "kill")
+FAULTS = ("raise", "exit", "kill", "stale")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +101,8 @@ class RunConfig:
             ``RewardConfig``). ``trainer`` is laid over the preset's and then over
             :data:`TRAINER_DEFAULTS` (lr 2e-3, uniform KL 0.05): giving one setting keeps
             the others. The resolved dict is what the run uses and records.
-        fault: tests only - ``"<worker>:<call>:<raise|exit|kill>"`` makes that worker fail.
+        fault: tests only - ``"<worker>:<call>:<raise|exit|kill|stale>"`` makes that worker
+            fail (``stale``: a rollout worker keeps sampling with the weights it holds).
     """
 
     task: Any = "digits"
@@ -199,7 +200,9 @@ class RunConfig:
         if self.fault is not None:
             parts = self.fault.split(":")
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
-                raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<raise|exit|kill>'")
+                raise ValueError(
+                    f"fault={self.fault!r}; use '<worker>:<call>:<raise|exit|kill|stale>'"
+                )
         if self.drop_staleness is not None and self.drop_staleness < 0:
             raise ValueError(f"drop_staleness={self.drop_staleness} must be >= 0")
         if self.sync_every < 0:

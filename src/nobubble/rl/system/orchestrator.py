@@ -46,6 +46,7 @@ from nobubble.rl.system.recovery import Recovery
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
+from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError
 
 __all__ = [
     "MODES",
@@ -106,7 +107,7 @@ class Orchestrator(Recovery):
         self._token_staleness: Counter[int] = Counter()  # trained response tokens by lag
         self._train_reward: float | None = None
         self._group_versions: dict[int, list[int]] = {}
-        self._weight_versions: list[int] = [0]
+        self._published = PublishedWeights()  # versions in order, each one's digest
         self._eval_pending = 0
         self._t0 = 0.0
         self._init_recovery(cfg)
@@ -234,6 +235,12 @@ class Orchestrator(Recovery):
         missing = {g.group_id for g in batch + replayed} - set(by)
         if self.cfg.learners > 1 and missing:
             raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
+        self._published.publish(res.weight_digests)
+        for g in batch:  # every trained group sampled with the weights of its versions
+            try:
+                self._published.check(g.weight_digests, f"{g.generator} (group {g.group_id})")
+            except WeightVersionError as err:
+                raise WorkerError(str(err), g.generator or None) from None
         self.buffer.mark_trained(batch, res.version, by)
         for g in replayed:
             self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))
@@ -242,7 +249,7 @@ class Orchestrator(Recovery):
         self._step_metrics.append({"step": res.version, **res.metrics})
         self._version = res.version
         self._weights = msg.weights
-        self._weight_versions.append(res.version)
+        self._published.versions.append(res.version)
         for lag in res.staleness:
             self._staleness[lag] += self.cfg.group_size
         self._token_staleness.update(res.token_staleness)
@@ -360,7 +367,7 @@ class Orchestrator(Recovery):
             ledger=ledger,
             fates=dict(self.buffer.ledger.fate),
             group_versions=self._group_versions,
-            weight_versions=self._weight_versions,
+            weight_versions=list(self._published.versions),
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),

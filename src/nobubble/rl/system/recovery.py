@@ -37,6 +37,7 @@ from nobubble.rl.system.protocol import Engine, WorkerError
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint
 from nobubble.rl.system.types import GroupRequest, SampleGroup
+from nobubble.rl.system.weight_sync import PublishedWeights
 
 __all__ = ["MAX_RESTARTS", "Recovery"]
 
@@ -68,7 +69,7 @@ class Recovery:
     _staleness: Counter[int]
     _token_staleness: Counter[int]
     _group_versions: dict[int, list[int]]
-    _weight_versions: list[int]
+    _published: PublishedWeights
     _train_reward: float | None
     _step_metrics: list[dict[str, float]]
 
@@ -120,7 +121,7 @@ class Recovery:
             "staleness": dict(self._staleness),
             "token_staleness": dict(self._token_staleness),
             "group_versions": dict(self._group_versions),
-            "weight_versions": list(self._weight_versions),
+            "published": self._published.state_dict(),
             "train_reward": self._train_reward,
             "rollout_rng": dict(self._rollout_rng),
             "replay": self._replay,
@@ -164,7 +165,7 @@ class Recovery:
         self._staleness = Counter(state["staleness"])
         self._token_staleness = Counter(state.get("token_staleness", {}))
         self._group_versions = dict(state["group_versions"])
-        self._weight_versions = list(state["weight_versions"])
+        self._published.load_state_dict(state["published"])
         self._train_reward = state["train_reward"]
         self._rollout_rng = dict(state["rollout_rng"])
         self._rng_to_send = dict(state["rollout_rng"])

@@ -81,6 +81,7 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.model = model.eval()
         self.version = -1
+        self.stale_weights: dict[str, torch.Tensor] | None = None  # test hook, see go_stale
         self.generator = torch.Generator().manual_seed(10_000 * seed + worker_id)
         self.inflight = InFlightWeights(
             self.model,
@@ -105,10 +106,17 @@ class RolloutWorker:
             self.model.load_state_dict(state_dict)
             self.version = version
 
+    def go_stale(self) -> None:
+        """Test hook: from now on sample with the weights held now, whatever version the
+        worker reports (the bug that weight digests catch)."""
+        self.stale_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
+
     def generate(self, requests: list[GroupRequest]) -> tuple[list[SampleGroup], Span]:
         """Sample every request's group; returns the groups and the busy span."""
         if self.version < 0:
             raise RuntimeError(f"rollout worker {self.worker_id}: no weights loaded yet")
+        if self.stale_weights is not None:
+            self.model.load_state_dict(self.stale_weights)
         start = time.time()
         g = self.cfg.group_size
         prompts = [r.prompt for r in requests for _ in range(g)]
@@ -131,6 +139,7 @@ class RolloutWorker:
         steps = hook.step_versions(self.task.max_new_tokens)  # (N,) the version of each step
         if self.cfg.partial_rollouts:
             first = int(steps[0])
+        claims = hook.claims(steps if self.cfg.partial_rollouts else torch.tensor([first]))
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         now = time.time()
@@ -155,7 +164,16 @@ class RolloutWorker:
                         token_versions=steps.clone() if self.cfg.partial_rollouts else None,
                     )
                 )
-            groups.append(SampleGroup(req.group_id, req.prompt_id, tuple(samples), req.t_admitted))
+            groups.append(
+                SampleGroup(
+                    req.group_id,
+                    req.prompt_id,
+                    tuple(samples),
+                    req.t_admitted,
+                    claims,
+                    f"rollout-{self.worker_id}",
+                )  # fmt: skip
+            )
         versions = f"v{first}" if self.version == first else f"v{first}-v{self.version}"
         span = Span(
             "rollout",

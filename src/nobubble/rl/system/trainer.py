@@ -152,6 +152,9 @@ class TrainResult:
         trained_by: group id -> index of the learner that trained it (empty: learner 0
             trained every group; see :mod:`~nobubble.rl.system.engines.learners`).
         token_staleness: response tokens in the loss by their staleness ``{lag: count}``.
+        weight_digests: version -> digest of the weights the step started from and made
+            (filled by the stage worker; see :class:`~nobubble.rl.system.weight_sync.
+            PublishedWeights`).
     """
 
     version: int
@@ -160,6 +163,7 @@ class TrainResult:
     span: Span
     trained_by: dict[int, int] = field(default_factory=dict)
     token_staleness: dict[int, int] = field(default_factory=dict)
+    weight_digests: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,11 @@ class SampleGroup:
     prompt_id: int
     samples: tuple[Sample, ...]
     t_admitted: float = 0.0
+    weight_digests: tuple[tuple[int, str], ...] = ()
+    """``(version, digest)`` of every weight version its tokens were sampled with, as the
+    generator hashed them (:func:`~nobubble.rl.system.weight_sync.weight_digest`)."""
+    generator: str = ""
+    """The rollout worker that sampled it (``rollout-0``)."""
 
     def __post_init__(self) -> None:
         if not self.samples:
@@ -155,6 +160,7 @@ class SampleGroup:
             if all(s.token_versions is None for s in ss)
             else torch.stack([s.versions() for s in ss]).numpy(),
         }
+        packed["digests"] = (self.weight_digests, self.generator)
         return (_unpack_group, (self.group_id, self.prompt_id, self.t_admitted, packed))
 
 
@@ -185,7 +191,8 @@ def _unpack_group(group_id: int, prompt_id: int, t_admitted: float, packed: dict
             packed["scalars"]
         )
     )
-    return SampleGroup(group_id, prompt_id, samples, t_admitted)
+    digests, generator = packed.get("digests", ((), ""))
+    return SampleGroup(group_id, prompt_id, samples, t_admitted, tuple(digests), generator)
 
 
 @dataclass(frozen=True)

@@ -12,21 +12,91 @@ version that is not newer than the last one, or loading an older one, raises
   processes. The trainer copies its parameters in under a lock and bumps the version; a
   generator copies them out under the same lock when the version moved. No pickling, no
   queue: a publish costs one ``memcpy`` of the parameters.
+
+Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
+A generator records the digest of the weights it sampled with beside the version it
+reports (``SampleGroup.weight_digests``, an environment ``Trajectory``'s too); the learner
+records the digest of every version it publishes (:class:`PublishedWeights`), and each
+trained group's claims are checked against them (:meth:`PublishedWeights.check`): a
+generator that sampled with other weights than the version it reports is an error.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["WeightVersionError", "VersionedWeights", "WeightSlot", "SharedWeights"]
+__all__ = [
+    "WeightVersionError",
+    "VersionedWeights",
+    "WeightSlot",
+    "SharedWeights",
+    "PublishedWeights",
+    "weight_digest",
+]
 
 
 class WeightVersionError(RuntimeError):
-    """A weight version went backwards or repeated."""
+    """A weight version went backwards or repeated, or a sample's weights are not the
+    version it claims."""
+
+
+def weight_digest(model: Any) -> str:
+    """16 hex digits of BLAKE2b over ``model``'s state dict (an ``nn.Module``'s) as float32,
+    in order: equal for two copies of the same weights (a version and a generator's load)."""
+    h = hashlib.blake2b(digest_size=8)
+    for t in model.state_dict().values():
+        h.update(t.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+Claims = Iterable[tuple[int, str]]  # (version, digest) pairs a generator sampled with
+
+
+class PublishedWeights:
+    """The learner's record of what it published: versions in order and each one's digest.
+
+    :meth:`publish` takes the digests a train step reports (the version it started from and
+    the one it made); :meth:`check` compares a trained sample's ``(version, digest)`` claims
+    with them and raises :class:`WeightVersionError` naming ``who`` on any difference or on a
+    version never published."""
+
+    def __init__(self, versions: list[int] | None = None) -> None:
+        self.versions: list[int] = [0] if versions is None else list(versions)
+        self.digests: dict[int, str] = {}
+
+    def publish(self, digests: dict[int, str]) -> None:
+        for version, digest in digests.items():
+            known = self.digests.setdefault(version, digest)
+            if known != digest:
+                raise WeightVersionError(
+                    f"version {version} was published twice with different weights "
+                    f"({known} then {digest})"
+                )
+
+    def check(self, claims: Claims, who: str) -> None:
+        for version, digest in claims:
+            known = self.digests.get(version)
+            if known is None:
+                raise WeightVersionError(f"{who} claims version {version}, never published")
+            if known != digest:
+                raise WeightVersionError(
+                    f"{who} sampled with weights {digest} as version {version}, but version "
+                    f"{version} is {known}: a generator used weights other than the version "
+                    "it reports"
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"versions": list(self.versions), "digests": dict(self.digests)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.versions = list(state["versions"])
+        self.digests = {int(k): v for k, v in state["digests"].items()}
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,19 @@ With ``RunConfig.learners > 1`` the trainer stage is several workers (``trainer`
 :class:`~nobubble.rl.system.engines.learners.Learner`, and the ones other than learner 0
 answer ``shard`` messages (see :mod:`~nobubble.rl.system.engines.learners`).
 
-Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill>"`` makes
-that worker raise, exit the process without a word, or SIGKILL itself on its ``call``-th
-command - in its first incarnation only, so a restarted worker runs clean.
+Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill|stale>"``
+makes that worker raise, exit the process without a word, SIGKILL itself, or (a rollout
+worker) keep sampling with the weights it holds while reporting the new versions, on its
+``call``-th command - in its first incarnation only, so a restarted worker runs clean.
+
+A trainer's ``train`` message carries the digests of the version it started from and of the
+one it made (``TrainResult.weight_digests``), for the orchestrator's
+:class:`~nobubble.rl.system.weight_sync.PublishedWeights`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -30,6 +36,7 @@ from nobubble.rl.system.protocol import Message
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import Trainer
+from nobubble.rl.system.weight_sync import weight_digest
 
 __all__ = ["StageWorker", "InjectedFault"]
 
@@ -49,6 +56,7 @@ class StageWorker:
         self.calls = 0
         self.kind = name.split("-")[0]
         self.learner: Learner | None = None
+        self._digest: tuple[int, str] | None = None  # (version, digest) of the trainer's model
         self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
             self.rollout = RolloutWorker(
@@ -85,6 +93,9 @@ class StageWorker:
                 os._exit(3)
             if how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if how == "stale":
+                self.rollout.go_stale()
+                return
             raise InjectedFault(f"{self.name}: injected failure on call {self.calls}")
 
     def rollout_cmd(self, requests: list[Any], rng_state: Any = None) -> list[Message]:
@@ -123,16 +134,25 @@ class StageWorker:
         folder), the trainer's checkpoint file too. A learner other than 0 trains its shard
         and answers ``shard``."""
         self._maybe_fault()
+        before = self._trainer_digest()
         if self.learner is None:
             res = self.trainer.train_step(groups, weights)
         else:
             res = self.learner.step(groups, weights)
         if self.rank > 0:
             return Message("shard", self.name, res, (res.span,))
+        res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
         if checkpoint is not None:
             t = self.trainer
             save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.opt, t.version, t.reference)
         return Message("train", self.name, res, (res.span,))
+
+    def _trainer_digest(self) -> tuple[int, str]:
+        """(version, digest) of the trainer's weights, hashed once per version."""
+        version = self.trainer.version
+        if self._digest is None or self._digest[0] != version:
+            self._digest = (version, weight_digest(self.trainer.model))
+        return self._digest
 
     def eval_cmd(self) -> Message:
         ev = self.trainer.evaluate()

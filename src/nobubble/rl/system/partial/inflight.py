@@ -14,6 +14,8 @@ Lifecycle of one generation call: :meth:`begin` (the version the model holds) ->
 recomputes its KV cache from the whole prefix, as AReaL does, so every token's log-prob is
 exactly that of the version recorded for it) -> :meth:`step_versions`. Invariant: the
 recorded versions never decrease (:func:`~nobubble.rl.system.weight_sync.check_newer`).
+Each version the model takes is hashed once (:attr:`digests`,
+:func:`~nobubble.rl.system.weight_sync.weight_digest`): what the generator's samples claim.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from nobubble.rl.system.weight_sync import check_newer
+from nobubble.rl.system.weight_sync import check_newer, weight_digest
 
 __all__ = ["WeightPull", "InFlightWeights"]
 
@@ -54,6 +56,7 @@ class InFlightWeights:
         self.version = -1
         self.num_updates = 0  # weight swaps inside a generation, over this object's life
         self._steps: list[int] = []
+        self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
 
     @property
     def active(self) -> bool:
@@ -69,6 +72,15 @@ class InFlightWeights:
             )
         self.version = version
         self._steps = []
+        self._note()
+
+    def _note(self) -> None:
+        if self.version not in self.digests:
+            self.digests[self.version] = weight_digest(self.model)
+
+    def claims(self, versions: torch.Tensor) -> tuple[tuple[int, str], ...]:
+        """``(version, digest)`` for each distinct version in ``versions``."""
+        return tuple((v, self.digests[v]) for v in sorted(set(versions.tolist())))
 
     def before_token(self, step: int) -> bool:
         """Called before decoding step ``step``; True when the model's weights changed.
@@ -83,6 +95,8 @@ class InFlightWeights:
             changed = new != self.version
             self.num_updates += changed and step > 0
             self.version = new
+            if changed:
+                self._note()
         self._steps.append(self.version)
         if self.token_delay_s:
             time.sleep(self.token_delay_s)
