@@ -151,7 +151,7 @@ def modes_throughput() -> str:
 
 def replay() -> str:
     """``benchmarks/rl_replay.py``: sum tree vs linear sampler, with the crossover below."""
-    from nobubble.rl import aggressive
+    from nobubble.rl.algo import aggressive
 
     data = load("rl_replay.json")
     res = sorted(data["results"], key=lambda r: r["capacity"])
@@ -247,7 +247,7 @@ def _setting(cfg: Any) -> dict[str, str]:
 
 def presets() -> str:
     """The settings of ``conservative()`` and ``aggressive()``, read from the presets."""
-    from nobubble.rl import aggressive, conservative
+    from nobubble.rl.algo import aggressive, conservative
 
     c, a = _setting(conservative()), _setting(aggressive())
     return md_table(

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from nobubble.rl import RLAlgorithmConfig, aggressive, conservative, get_preset
+from nobubble.rl.algo import RLAlgorithmConfig, aggressive, conservative, get_preset
 
 
 def test_conservative_matches_the_seed() -> None:

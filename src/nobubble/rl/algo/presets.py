@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nobubble.rl.algo.aggregation import AggregationMode
-from nobubble.rl.algo.corrections import ISLevel
 from nobubble.rl.algo.losses import LOSS_AGG_MODES, LossAgg
 from nobubble.rl.algo.staleness import StalenessKind
 from nobubble.validation import check_fields
@@ -56,7 +55,7 @@ class RLAlgorithmConfig:
     """V-trace lambda (rlax); 1 = the paper's V-trace."""
     is_correction: Literal["none", "truncate", "mask"] = "none"
     """Behaviour-policy correction: truncated IS weights, band masking, or none."""
-    is_level: ISLevel = "token"
+    is_level: Literal["token", "sequence", "geometric"] = "token"
     """Ratio level for the correction: token, sequence or geometric mean."""
     is_cap: float = 2.0
     """Truncation cap for IS weights (also the band's upper edge for "mask")."""
