@@ -34,7 +34,6 @@ from nobubble.distributed import DistContext
 from nobubble.rl.algo.staleness import StalenessKind, staleness_weight
 
 __all__ = [
-    "AggregationMode",
     "all_reduce_gradients",
     "all_reduce_parameters",
     "broadcast_parameters",
@@ -47,8 +46,6 @@ __all__ = [
     "AsyncApplyResult",
     "run_async_parameter_server",
 ]
-
-AggregationMode = Literal["sync-mean", "async", "local-sgd", "staleness-weighted"]
 
 
 def _wait(work: dist.Work | None, ctx: DistContext, what: str) -> None:
