@@ -1,5 +1,6 @@
 """Gradient aggregation over torch.distributed (3 gloo ranks): sync mean == one learner,
-staleness weights, local SGD H=1 == sync, asynchronous apply replayed in-process; the
+staleness weights, local SGD H=1 == sync, asynchronous apply (the learners' transport and
+parameter server) replayed in-process; the
 parameter server by hand; global token normalisation summed over workers == one learner."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from nobubble.rl.algo import (
     ParameterServer,
     all_reduce_gradients,
     ppo_policy_loss,
-    run_async_parameter_server,
     staleness_weight,
 )
+from nobubble.rl.algo.aggregation import VersionedInbox, recv_versioned, send_versioned
 
 DIM, BATCH, LR = 4, 12, 0.1
 
@@ -125,6 +126,33 @@ def _async_grad(params: list[torch.Tensor], worker: int, step: int) -> list[torc
     return _grads(model, x[s], y[s])
 
 
+def _async_server(ctx: DistContext, steps: int) -> object:
+    """Asynchronous apply over the toolbox's transport (the learners' async path, as a loop):
+    rank 0 applies the workers' gradients in arrival order and answers each worker with the
+    newest parameters; a worker returns the versions it computed on, rank 0 its log of
+    ``(worker, base version, PushResult)`` and the final parameters."""
+    params = [p.detach() for p in _model().parameters()]
+    if ctx.rank:
+        versions = []
+        for step in range(steps):
+            version, current = recv_versioned(ctx, params, 0)
+            versions.append(version)
+            send_versioned(ctx, _async_grad(current, ctx.rank, step), version, 0)
+        return versions
+    server = ParameterServer(params, lr=LR, staleness_kind="inverse")
+    inbox = VersionedInbox(ctx, params, (1, 2), per_source=steps)
+    log: list[tuple] = []
+    for w in (1, 2):
+        send_versioned(ctx, server.pull()[1], server.version, w)
+    for _ in range(2 * steps):
+        w, base, grad = inbox.get()
+        log.append((w, base, server.push(grad, base)))
+        if [x[0] for x in log].count(w) < steps:
+            send_versioned(ctx, server.pull()[1], server.version, w)
+    inbox.close()
+    return log, [p.detach().clone() for p in server.params]
+
+
 def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
     out: dict[str, object] = {}
     for mode in ("sync", "local1", "local2", "weighted"):
@@ -146,8 +174,7 @@ def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
             if mode.startswith("local"):
                 local.after_step()
         out[mode] = [p.detach().clone() for p in model.parameters()]
-    initial = [p.detach() for p in _model().parameters()]
-    out["async"] = run_async_parameter_server(ctx, initial, _async_grad, num_pushes=steps, lr=LR)
+    out["async"] = _async_server(ctx, steps)
     return out
 
 
@@ -181,20 +208,19 @@ def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
 
 def _check_async_log(results: list[dict[str, object]], steps: int) -> None:
     """Replay the server's arrival order in-process: same staleness, weights and params."""
-    log = results[0]["async"]
-    assert sorted(log.workers) == [1] * steps + [2] * steps
+    log, params = results[0]["async"]
+    assert sorted(w for w, _, _ in log) == [1] * steps + [2] * steps
     for w in (1, 2):
-        mine = [b for b, who in zip(log.base_versions, log.workers) if who == w]
-        assert results[w]["async"].base_versions == mine
+        assert results[w]["async"] == [base for who, base, _ in log if who == w]
     replay = ParameterServer(_model().parameters(), lr=LR, staleness_kind="inverse")
     history = {0: replay.pull()[1]}
     done = {1: 0, 2: 0}
-    for w, base, push in zip(log.workers, log.base_versions, log.pushes):
+    for w, base, push in log:
         again = replay.push(_async_grad(history[base], w, done[w]), base)
         assert again == push and push.weight == pytest.approx(1 / (1 + push.staleness))
         history[again.version] = replay.pull()[1]
         done[w] += 1
-    _assert_params_close(log.params, [p.detach() for p in replay.params])
+    _assert_params_close(params, [p.detach() for p in replay.params])
 
 
 def test_bad_input() -> None:
@@ -203,7 +229,5 @@ def test_bad_input() -> None:
         LocalSGD([torch.zeros(1)], sync_every=0, ctx=ctx)
     with pytest.raises(ValueError, match="op='max'"):
         all_reduce_gradients([], ctx, op="max")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="world_size=1"):
-        run_async_parameter_server(
-            DistContext(0, 1, "gloo", torch.device("cpu")), [], _async_grad, num_pushes=1
-        )
+    with pytest.raises(ValueError, match="base_version=1 is newer"):
+        ParameterServer([torch.zeros(1)]).push([torch.zeros(1)], 1)

@@ -15,7 +15,6 @@ from nobubble.rl.algo.aggregation import (
     LocalSGD,
     ParameterServer,
     all_reduce_gradients,
-    run_async_parameter_server,
 )
 from nobubble.rl.algo.losses import (
     PolicyLossResult,
@@ -49,7 +48,6 @@ __all__ = [
     "all_reduce_gradients",
     "LocalSGD",
     "ParameterServer",
-    "run_async_parameter_server",
     "RLAlgorithmConfig",
     "conservative",
     "aggressive",

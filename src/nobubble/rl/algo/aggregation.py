@@ -8,9 +8,10 @@ The ways to combine the gradients of W learners, as the running system's learner
   learner on the combined batch. A per-rank ``weight`` of ``staleness_weight(lag)`` gives
   the **staleness-weighted** mean.
 - **asynchronous apply**: a :class:`ParameterServer` applies each gradient as soon as it
-  arrives; it was computed on parameters ``staleness`` versions old. Gradients and
-  parameters travel as versioned messages (:func:`send_versioned`, :func:`recv_versioned`,
-  :class:`VersionedInbox`); :func:`run_async_parameter_server` is the whole loop.
+  arrives; it was computed on parameters ``staleness`` versions old. Gradients (and
+  parameters) travel as versioned messages: :func:`send_versioned`, :func:`recv_versioned`,
+  and :class:`VersionedInbox` on the server, which takes them in arrival order. (Tested on
+  gloo; NCCL needs a build that allows point-to-point calls from several threads.)
 - **local SGD**: each worker takes H local optimizer steps, then parameters are averaged
   (:class:`LocalSGD`); H = 1 with plain SGD is the synchronous mean.
 
@@ -43,8 +44,6 @@ __all__ = [
     "send_versioned",
     "recv_versioned",
     "VersionedInbox",
-    "AsyncApplyResult",
-    "run_async_parameter_server",
 ]
 
 
@@ -335,84 +334,3 @@ class VersionedInbox:
     def close(self) -> None:
         for thread in self._threads:
             thread.join(timeout=self.ctx.timeout_s)
-
-
-@dataclass(frozen=True)
-class AsyncApplyResult:
-    """Outcome of :func:`run_async_parameter_server` on one rank.
-
-    Attributes:
-        pushes: rank 0: every push in the order the server applied it; workers: empty.
-        workers: rank 0: the worker rank of each push.
-        base_versions: rank 0: the version each push was computed on; workers: theirs.
-        params: rank 0: the final parameters; workers: empty.
-    """
-
-    pushes: list[PushResult]
-    workers: list[int]
-    base_versions: list[int]
-    params: list[torch.Tensor]
-
-
-def run_async_parameter_server(
-    ctx: DistContext,
-    params: Sequence[torch.Tensor],
-    compute_grad: Callable[[list[torch.Tensor], int, int], Sequence[torch.Tensor]],
-    *,
-    num_pushes: int,
-    lr: float = 0.1,
-    staleness_kind: StalenessKind = "inverse",
-    max_staleness: int | None = None,
-) -> AsyncApplyResult:
-    """Asynchronous apply over torch.distributed: rank 0 serves, ranks 1.. compute gradients.
-
-    Each worker ``num_pushes`` times: receives ``(version, parameters)``, calls
-    ``compute_grad(params, worker_rank, step)``, sends ``(version, gradient)`` back. The server
-    applies gradients in arrival order (a :class:`VersionedInbox`) through a
-    :class:`ParameterServer` (staleness weights, ``max_staleness`` drops) and answers that
-    worker with the newest parameters. Tested on gloo; NCCL needs a build that allows
-    point-to-point calls from several threads.
-
-    Args:
-        ctx: process-group context, ``world_size >= 2``.
-        params: initial parameters (rank 0's copy is used).
-        compute_grad: run on each worker; returns gradients shaped like ``params``.
-        num_pushes: gradients per worker, >= 1.
-    Returns:
-        :class:`AsyncApplyResult` (rank 0 holds the log and the final parameters).
-    """
-    if ctx.world_size < 2:
-        raise ValueError(f"run_async_parameter_server: world_size={ctx.world_size}; need >= 2")
-    if num_pushes < 1:
-        raise ValueError(f"run_async_parameter_server: num_pushes={num_pushes} must be >= 1")
-    params = [p.detach().to(ctx.device) for p in params]
-    log = AsyncApplyResult(pushes=[], workers=[], base_versions=[], params=[])
-    if ctx.rank != 0:
-        for step in range(num_pushes):
-            version, current = recv_versioned(ctx, params, 0)
-            log.base_versions.append(version)
-            grads = compute_grad(current, ctx.rank, step)
-            send_versioned(ctx, [g.to(p.dtype) for g, p in zip(grads, params)], version, 0)
-        return log
-    server = ParameterServer(
-        params, lr=lr, staleness_kind=staleness_kind, max_staleness=max_staleness
-    )
-
-    def publish(worker: int) -> None:
-        version, current = server.pull()
-        send_versioned(ctx, current, version, worker)
-
-    workers = range(1, ctx.world_size)
-    inbox = VersionedInbox(ctx, params, workers, num_pushes)
-    for w in workers:
-        publish(w)
-    for _ in range(len(workers) * num_pushes):
-        w, base_version, grad = inbox.get()
-        log.pushes.append(server.push(grad, base_version))
-        log.workers.append(w)
-        log.base_versions.append(base_version)
-        if log.workers.count(w) < num_pushes:
-            publish(w)
-    inbox.close()
-    log.params.extend(p.detach().clone() for p in server.params)
-    return log
