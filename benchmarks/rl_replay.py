@@ -24,7 +24,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
 from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.rl import PrioritizedReplayBuffer  # noqa: E402
+from nobubble.rl.algo import PrioritizedReplayBuffer  # noqa: E402
 
 BATCH, ALPHA, BETA, EPS = 256, 0.6, 0.4, 1e-6
 CAPACITIES = [10**3, 10**4, 10**5, 10**6]

@@ -151,7 +151,7 @@ def modes_throughput() -> str:
 
 def replay() -> str:
     """``benchmarks/rl_replay.py``: sum tree vs linear sampler, with the crossover below."""
-    from nobubble.rl import aggressive
+    from nobubble.rl.algo import aggressive
 
     data = load("rl_replay.json")
     res = sorted(data["results"], key=lambda r: r["capacity"])
@@ -202,16 +202,6 @@ def replay() -> str:
 
 def _setting(cfg: Any) -> dict[str, str]:
     """One preset's settings, worded as on the page."""
-    vtrace = (
-        f"on (rho-bar {cfg.vtrace_clip_rho:g}, c-bar {cfg.vtrace_clip_pg_rho:g})"
-        if cfg.use_vtrace
-        else "off"
-    )
-    if cfg.is_correction == "none":
-        behaviour = "none"
-    else:
-        kind = {"truncate": "truncated IS", "mask": "IS band mask"}[cfg.is_correction]
-        behaviour = f"{kind}, {cfg.is_level} level, cap {cfg.is_cap:g}"
     weighting = {"none": "none", "inverse": "1 / (1 + lag)", "exp": "exp(-lag)"}
     if cfg.replay_capacity == 0:
         replay = "none"
@@ -222,32 +212,24 @@ def _setting(cfg: Any) -> dict[str, str]:
         )
     else:
         replay = f"{cfg.replay_capacity} samples, uniform"
-    aggregation = {
-        "sync-mean": "synchronous mean",
-        "async": "asynchronous (parameter server)",
-        "local-sgd": f"local SGD (H = {cfg.local_sgd_steps})",
-        "staleness-weighted": "staleness-weighted",
-    }
+    clip = (
+        f"{cfg.clip_low:g}"
+        if cfg.clip_low == cfg.clip_high
+        else f"{cfg.clip_low:g}-{cfg.clip_high:g}"
+    )
     return {
         "`max_staleness` (policy lag K)": str(cfg.max_staleness),
-        "PPO clip / dual clip": (
-            f"{cfg.clip_low:g}"
-            if cfg.clip_low == cfg.clip_high
-            else f"{cfg.clip_low:g}-{cfg.clip_high:g}"
-        )
-        + f" / {'off' if cfg.dual_clip is None else f'{cfg.dual_clip:.1f}'}",
-        "V-trace": vtrace,
-        "behaviour correction": behaviour,
+        "PPO clip": clip,
+        "behaviour correction": "V-trace's truncated IS" if cfg.use_vtrace else "none",
         "staleness weighting": weighting[cfg.staleness_weighting],
         "buffer at weight sync": "cleared" if cfg.clear_buffer_on_sync else "kept",
         "replay": replay,
-        "gradient aggregation": aggregation[cfg.aggregation],
     }
 
 
 def presets() -> str:
     """The settings of ``conservative()`` and ``aggressive()``, read from the presets."""
-    from nobubble.rl import aggressive, conservative
+    from nobubble.rl.algo import aggressive, conservative
 
     c, a = _setting(conservative()), _setting(aggressive())
     return md_table(

@@ -1,18 +1,16 @@
 """Asynchronous RL and the algorithmic corrections it needs.
 
-- :mod:`nobubble.rl.algo`: the algorithm toolbox (advantages, losses, V-trace, corrections,
-  staleness, replay, aggregation, presets); its names are re-exported here.
 - :mod:`nobubble.rl.system`: the running system (tasks, policy, rollout, reward, trainer,
-  experience buffer, weight sync, orchestrator, engines) built on the toolbox. Its entry
-  point is :func:`train` (``train(RunConfig(...)) -> RunResult``), exported here.
+  experience buffer, weight sync, orchestrator, engines). Its entry point is :func:`train`
+  (``train(RunConfig(...)) -> RunResult``); this package exports only the entry points.
+- :mod:`nobubble.rl.algo`: the algorithm toolbox the system is built on (advantages,
+  losses, V-trace, staleness, replay, aggregation, presets), imported from there
+  (``from nobubble.rl.algo import ppo_policy_loss``).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from nobubble.rl.algo import *  # noqa: F403  (the toolbox is this package's public API)
-from nobubble.rl.algo import __all__ as _algo_all
 
 # the running system's entry points, imported on first use (``import nobubble.rl`` stays light)
 _SYSTEM = {
@@ -22,7 +20,7 @@ _SYSTEM = {
     "RewardSource": "nobubble.rl.system.rewards",
     "TaskSpec": "nobubble.rl.system.tasks.spec",
 }
-__all__ = [*_algo_all, *_SYSTEM]
+__all__ = list(_SYSTEM)
 
 
 def __getattr__(name: str) -> Any:

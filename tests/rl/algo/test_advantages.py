@@ -9,7 +9,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl import gae, grpo_advantages
+from nobubble.rl.algo import grpo_advantages
 
 EPS = 1e-6
 
@@ -121,59 +121,3 @@ def test_grpo_bad_input() -> None:
         grpo_advantages(torch.zeros(4), 2, scale="std")
     with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
         grpo_advantages(torch.zeros(2, 2), 2)
-
-
-def _gae_brute(rewards, values, bootstrap, discounts, lam):
-    T = len(rewards)
-    v = list(values) + [bootstrap]
-    deltas = [rewards[t] + discounts[t] * v[t + 1] - v[t] for t in range(T)]
-    adv = []
-    for t in range(T):
-        total, weight = 0.0, 1.0
-        for s in range(t, T):
-            total += weight * deltas[s]
-            weight *= discounts[s] * lam
-        adv.append(total)
-    return adv
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    st.integers(1, 8),
-    st.floats(0.0, 1.0),
-    st.integers(0, 2**31 - 1),
-)
-def test_gae_matches_explicit_sum(T, lam, seed) -> None:
-    g = torch.Generator().manual_seed(seed)
-    B = 3
-    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
-    values = torch.randn(T, B, generator=g, dtype=torch.float64)
-    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
-    discounts = 0.9 * (torch.rand(T, B, generator=g, dtype=torch.float64) > 0.2)
-    out = gae(rewards, values, bootstrap, discounts, lambda_=lam)
-    for b in range(B):
-        expect = _gae_brute(
-            rewards[:, b].tolist(),
-            values[:, b].tolist(),
-            bootstrap[b].item(),
-            discounts[:, b].tolist(),
-            lam,
-        )
-        assert out.advantages[:, b].tolist() == pytest.approx(expect, abs=1e-9)
-    torch.testing.assert_close(out.returns, out.advantages + values)
-
-
-def test_gae_lambda_one_is_discounted_return_minus_value() -> None:
-    rewards = torch.tensor([[1.0], [1.0], [1.0]])
-    values = torch.tensor([[0.0], [0.5], [2.0]])
-    out = gae(rewards, values, torch.tensor([4.0]), 0.5, lambda_=1.0)
-    assert out.returns[:, 0].tolist() == pytest.approx(
-        [1 + 0.5 + 0.25 + 0.125 * 4, 1 + 0.5 + 0.25 * 4, 1 + 2.0]
-    )
-
-
-def test_gae_bad_input() -> None:
-    with pytest.raises(ValueError, match="lambda_=2"):
-        gae(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(1), 0.9, lambda_=2)
-    with pytest.raises(ValueError, match="bootstrap_value"):
-        gae(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2), 0.9)

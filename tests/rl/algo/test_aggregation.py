@@ -1,5 +1,7 @@
-"""Gradient aggregation: sync mean == one learner, staleness weights, local SGD H=1 == sync,
-asynchronous apply; in-process and over torch.distributed (2 gloo ranks)."""
+"""Gradient aggregation over torch.distributed (3 gloo ranks): sync mean == one learner,
+staleness weights, local SGD H=1 == sync, asynchronous apply (the learners' transport and
+parameter server) replayed in-process; the
+parameter server by hand; global token normalisation summed over workers == one learner."""
 
 from __future__ import annotations
 
@@ -7,17 +9,14 @@ import pytest
 import torch
 
 from nobubble.distributed import DistContext, spawn
-from nobubble.rl import (
+from nobubble.rl.algo import (
     LocalSGD,
     ParameterServer,
     all_reduce_gradients,
-    mean_gradients,
     ppo_policy_loss,
-    run_async_parameter_server,
     staleness_weight,
-    staleness_weighted_gradients,
-    sum_gradients,
 )
+from nobubble.rl.algo.aggregation import VersionedInbox, recv_versioned, send_versioned
 
 DIM, BATCH, LR = 4, 12, 0.1
 
@@ -57,58 +56,9 @@ def _one_learner(steps: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _sync_in_process(num_workers: int, steps: int) -> list[torch.Tensor]:
-    model = _model()
-    for step in range(steps):
-        x, y = _data(step)
-        worker_grads = [
-            _grads(model, x[s], y[s])
-            for s in (_shard(x, w, num_workers) for w in range(num_workers))
-        ]
-        agg = mean_gradients(worker_grads)
-        with torch.no_grad():
-            for p, g in zip(model.parameters(), agg.grads):
-                p -= LR * g
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def _local_sgd_in_process(num_workers: int, steps: int, sync_every: int) -> list[torch.Tensor]:
-    models = [_model() for _ in range(num_workers)]
-    opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in models]
-    local = LocalSGD(sync_every=sync_every, worker_params=[list(m.parameters()) for m in models])
-    for step in range(steps):
-        x, y = _data(step)
-        for w, (m, opt) in enumerate(zip(models, opts)):
-            s = _shard(x, w, num_workers)
-            _grads(m, x[s], y[s])
-            opt.step()
-        local.after_step()
-    return [p.detach().clone() for p in models[0].parameters()]
-
-
 def _assert_params_close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-10)
-
-
-def test_sync_mean_equals_one_learner_on_combined_batch() -> None:
-    _assert_params_close(_sync_in_process(3, steps=4), _one_learner(4))
-
-
-def test_local_sgd_h1_equals_synchronous_and_h2_does_not() -> None:
-    sync = _sync_in_process(3, steps=4)
-    _assert_params_close(_local_sgd_in_process(3, 4, sync_every=1), sync)
-    h2 = _local_sgd_in_process(3, 4, sync_every=2)
-    assert max((a - b).abs().max().item() for a, b in zip(h2, sync)) > 1e-6
-
-
-def test_staleness_weighting_gives_stated_weights() -> None:
-    grads = [[torch.tensor([1.0, 0.0])], [torch.tensor([0.0, 1.0])], [torch.tensor([1.0, 1.0])]]
-    agg = staleness_weighted_gradients(grads, staleness=[0, 1, 3])
-    # raw 1/(1+s) = [1, 1/2, 1/4], normalised by 7/4 -> [4/7, 2/7, 1/7]
-    assert agg.weights.tolist() == pytest.approx([4 / 7, 2 / 7, 1 / 7])
-    assert agg.grads[0].tolist() == pytest.approx([5 / 7, 3 / 7])
-    assert mean_gradients(grads).weights.tolist() == pytest.approx([1 / 3] * 3)
 
 
 def test_token_mean_with_global_count_summed_over_workers_equals_one_learner() -> None:
@@ -129,12 +79,12 @@ def test_token_mean_with_global_count_summed_over_workers_equals_one_learner() -
         ppo_policy_loss(logp, old[rows], adv[rows], mask[rows], **kw).loss.backward()
         return [theta.grad]
 
-    full = grad(slice(0, B))
+    full = grad(slice(0, B))[0]
     shards = (slice(0, 3), slice(3, 6))
-    exact = sum_gradients([grad(s, global_num_tokens=mask.sum()) for s in shards])
-    torch.testing.assert_close(exact[0], full[0])
-    biased = mean_gradients([grad(s) for s in shards])
-    assert (biased.grads[0] - full[0]).abs().max().item() > 1e-3
+    exact = sum(grad(s, global_num_tokens=mask.sum())[0] for s in shards)
+    torch.testing.assert_close(exact, full)
+    biased = sum(grad(s)[0] for s in shards) / len(shards)
+    assert (biased - full).abs().max().item() > 1e-3
 
 
 def test_parameter_server_async_apply_by_hand() -> None:
@@ -176,12 +126,39 @@ def _async_grad(params: list[torch.Tensor], worker: int, step: int) -> list[torc
     return _grads(model, x[s], y[s])
 
 
+def _async_server(ctx: DistContext, steps: int) -> object:
+    """Asynchronous apply over the toolbox's transport (the learners' async path, as a loop):
+    rank 0 applies the workers' gradients in arrival order and answers each worker with the
+    newest parameters; a worker returns the versions it computed on, rank 0 its log of
+    ``(worker, base version, PushResult)`` and the final parameters."""
+    params = [p.detach() for p in _model().parameters()]
+    if ctx.rank:
+        versions = []
+        for step in range(steps):
+            version, current = recv_versioned(ctx, params, 0)
+            versions.append(version)
+            send_versioned(ctx, _async_grad(current, ctx.rank, step), version, 0)
+        return versions
+    server = ParameterServer(params, lr=LR, staleness_kind="inverse")
+    inbox = VersionedInbox(ctx, params, (1, 2), per_source=steps)
+    log: list[tuple] = []
+    for w in (1, 2):
+        send_versioned(ctx, server.pull()[1], server.version, w)
+    for _ in range(2 * steps):
+        w, base, grad = inbox.get()
+        log.append((w, base, server.push(grad, base)))
+        if [x[0] for x in log].count(w) < steps:
+            send_versioned(ctx, server.pull()[1], server.version, w)
+    inbox.close()
+    return log, [p.detach().clone() for p in server.params]
+
+
 def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
     out: dict[str, object] = {}
-    for mode in ("sync", "local1", "weighted"):
+    for mode in ("sync", "local1", "local2", "weighted"):
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        local = LocalSGD(model.parameters(), sync_every=1, ctx=ctx)
+        local = LocalSGD(model.parameters(), sync_every=2 if mode == "local2" else 1, ctx=ctx)
         for step in range(steps):
             x, y = _data(step)
             s = _shard(x, ctx.rank, ctx.world_size)
@@ -194,16 +171,15 @@ def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
                 out["weighted_grads"] = [p.grad.clone() for p in model.parameters()]
                 break
             opt.step()
-            if mode == "local1":
+            if mode.startswith("local"):
                 local.after_step()
         out[mode] = [p.detach().clone() for p in model.parameters()]
-    initial = [p.detach() for p in _model().parameters()]
-    out["async"] = run_async_parameter_server(ctx, initial, _async_grad, num_pushes=steps, lr=LR)
+    out["async"] = _async_server(ctx, steps)
     return out
 
 
 def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
-    steps, world = 3, 3
+    steps, world = 4, 3
     results = spawn(
         _distributed_worker, world, args=(steps,), backend="gloo", device="cpu", timeout_s=120
     )
@@ -211,6 +187,8 @@ def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
     for r in results:
         _assert_params_close(r["sync"], reference)
         _assert_params_close(r["local1"], reference)
+        _assert_params_close(r["local2"], results[0]["local2"])  # averaged after step 4
+        assert max((a - b).abs().max().item() for a, b in zip(r["local2"], reference)) > 1e-6
     # staleness-weighted all-reduce: rank r has staleness r -> raw 1, 1/2, 1/3 -> 6/11, 3/11, 2/11
     assert [r["weight"] for r in results] == pytest.approx([6 / 11, 3 / 11, 2 / 11])
     model = _model()
@@ -218,7 +196,11 @@ def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
     shard_grads = [
         _grads(model, x[_shard(x, w, world)], y[_shard(x, w, world)]) for w in range(world)
     ]
-    expected = staleness_weighted_gradients(shard_grads, staleness=[0, 1, 2]).grads
+    raw = [1.0, 1 / 2, 1 / 3]  # 1 / (1 + staleness)
+    expected = [
+        sum(w * g[p] for w, g in zip(raw, shard_grads)) / sum(raw)
+        for p in range(len(shard_grads[0]))
+    ]
     for r in results:
         _assert_params_close(r["weighted_grads"], expected)
     _check_async_log(results, steps)
@@ -226,28 +208,26 @@ def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
 
 def _check_async_log(results: list[dict[str, object]], steps: int) -> None:
     """Replay the server's arrival order in-process: same staleness, weights and params."""
-    log = results[0]["async"]
-    assert sorted(log.workers) == [1] * steps + [2] * steps
+    log, params = results[0]["async"]
+    assert sorted(w for w, _, _ in log) == [1] * steps + [2] * steps
     for w in (1, 2):
-        mine = [b for b, who in zip(log.base_versions, log.workers) if who == w]
-        assert results[w]["async"].base_versions == mine
+        assert results[w]["async"] == [base for who, base, _ in log if who == w]
     replay = ParameterServer(_model().parameters(), lr=LR, staleness_kind="inverse")
     history = {0: replay.pull()[1]}
     done = {1: 0, 2: 0}
-    for w, base, push in zip(log.workers, log.base_versions, log.pushes):
+    for w, base, push in log:
         again = replay.push(_async_grad(history[base], w, done[w]), base)
         assert again == push and push.weight == pytest.approx(1 / (1 + push.staleness))
         history[again.version] = replay.pull()[1]
         done[w] += 1
-    _assert_params_close(log.params, [p.detach() for p in replay.params])
+    _assert_params_close(params, [p.detach() for p in replay.params])
 
 
 def test_bad_input() -> None:
-    with pytest.raises(ValueError, match="worker 1 has gradient shapes"):
-        mean_gradients([[torch.zeros(2)], [torch.zeros(3)]])
-    with pytest.raises(ValueError, match="weights="):
-        mean_gradients([[torch.zeros(2)]], [-1.0])
+    ctx = DistContext(0, 2, "gloo", torch.device("cpu"))
     with pytest.raises(ValueError, match="sync_every=0"):
-        LocalSGD(sync_every=0, worker_params=[[torch.zeros(1)]])
-    with pytest.raises(ValueError, match="2 staleness values for 1 workers"):
-        staleness_weighted_gradients([[torch.zeros(1)]], [0, 1])
+        LocalSGD([torch.zeros(1)], sync_every=0, ctx=ctx)
+    with pytest.raises(ValueError, match="op='max'"):
+        all_reduce_gradients([], ctx, op="max")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="base_version=1 is newer"):
+        ParameterServer([torch.zeros(1)]).push([torch.zeros(1)], 1)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl import (
+from nobubble.rl.algo.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
     decoupled_ppo_loss,

@@ -10,14 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl import (
-    MinTree,
-    PrioritizedReplayBuffer,
-    SumTree,
-    linear_beta,
-    priority_from_advantages,
-    priority_from_reward_variance,
-)
+from nobubble.rl.algo.replay import MinTree, PrioritizedReplayBuffer, SumTree, linear_beta
 
 # Upper 0.1% point of the chi-square distribution with 15 degrees of freedom: 37.697.
 # Source: NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.4, "Critical
@@ -141,15 +134,7 @@ def test_sum_tree_matches_prefix_sums(capacity, updates, seed, fanout) -> None:
         assert tree.find_prefix(mass).tolist() == expect.tolist()
 
 
-def test_priority_helpers() -> None:
-    adv = torch.tensor([[1.0, -3.0, 5.0], [-2.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert priority_from_advantages(adv, mask).tolist() == [2.0, 2.0]
-    assert priority_from_advantages(torch.tensor([-1.5, 2.0])).tolist() == [1.5, 2.0]
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    assert priority_from_reward_variance(r, 2).tolist() == pytest.approx(
-        [0.5, 0.5, 0.5, 0.5, 0.0, 0.0]
-    )
+def test_linear_beta_anneals_to_one() -> None:
     assert (
         linear_beta(0, 10) == 0.4
         and linear_beta(5, 10) == pytest.approx(0.7)

@@ -1,4 +1,4 @@
-"""Staleness weights, drop-older-than-K, sync steps and GRPO group versions."""
+"""Staleness weights, policy lag and GRPO group versions."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl import (
-    check_group_versions,
-    fresh_mask,
-    is_sync_step,
-    policy_lag,
-    staleness_weight,
-    summarize_staleness,
-)
+from nobubble.rl.algo import check_group_versions, policy_lag, staleness_weight
 
 
 def test_stated_weights() -> None:
@@ -39,19 +32,8 @@ def test_weights_in_unit_interval_and_decreasing(a, b, kind) -> None:
     )
 
 
-def test_drop_older_than_k() -> None:
-    versions = [5, 4, 3, 1, 5]
-    assert policy_lag(versions, 5).tolist() == [0, 1, 2, 4, 0]
-    assert fresh_mask(versions, 5, max_staleness=1).tolist() == [True, True, False, False, True]
-    assert fresh_mask(versions, 5, max_staleness=0).tolist() == [True, False, False, False, True]
-    s = summarize_staleness(versions, 5, max_staleness=2)
-    assert (s.num_samples, s.num_fresh, s.max_lag) == (5, 4, 4)
-    assert s.mean_lag == pytest.approx(7 / 5)
-
-
-def test_sync_every_n_steps() -> None:
-    assert [s for s in range(1, 10) if is_sync_step(s, 3)] == [3, 6, 9]
-    assert all(is_sync_step(s, 1) for s in range(1, 5))
+def test_policy_lag_is_current_minus_sample_version() -> None:
+    assert policy_lag([5, 4, 3, 1, 5], 5).tolist() == [0, 1, 2, 4, 0]
 
 
 def test_grpo_groups_must_share_a_version() -> None:
@@ -67,10 +49,6 @@ def test_bad_input() -> None:
         staleness_weight(-1)
     with pytest.raises(ValueError, match="kind='linear'"):
         staleness_weight(1, "linear")
-    with pytest.raises(ValueError, match="max_staleness=-1"):
-        fresh_mask([1], 1, -1)
-    with pytest.raises(ValueError, match="sync_every=0"):
-        is_sync_step(1, 0)
     with pytest.raises(ValueError, match="group_size=4"):
         check_group_versions([1, 1, 1], 4)
     assert math.isclose(staleness_weight(0.0), 1.0)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nobubble.rl
-from nobubble.rl import gae, vtrace, vtrace_from_logits
+from nobubble.rl.algo import vtrace, vtrace_from_logits
 
 
 def test_scalable_agent_published_case() -> None:
@@ -148,10 +148,26 @@ def test_bad_input_names_the_value() -> None:
         vtrace(x, x, x, x, torch.zeros(B), clip_rho_threshold=0)
 
 
+def _gae_brute(rewards, values, bootstrap, discounts, lam):
+    """GAE as Schulman et al. (2016) sum it: A_t = sum_s (prod gamma lambda) delta_s."""
+    T = len(rewards)
+    v = list(values) + [bootstrap]
+    deltas = [rewards[t] + discounts[t] * v[t + 1] - v[t] for t in range(T)]
+    adv = []
+    for t in range(T):
+        total, weight = 0.0, 1.0
+        for s in range(t, T):
+            total += weight * deltas[s]
+            weight *= discounts[s] * lam
+        adv.append(total)
+    return adv
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 8), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
 def test_on_policy_vtrace_is_gae(T, lam, seed) -> None:
-    # With rho = 1 everywhere, c_t = lambda and V-trace's vs - V is GAE(lambda)'s advantage.
+    # With rho = 1 everywhere, c_t = lambda: V-trace's pg_advantages are GAE(lambda)'s
+    # advantages and vs their returns (advantage + value), GAE's explicit sum.
     g = torch.Generator().manual_seed(seed)
     B = 2
     rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
@@ -161,8 +177,16 @@ def test_on_policy_vtrace_is_gae(T, lam, seed) -> None:
     out = vtrace(
         torch.zeros(T, B, dtype=torch.float64), discounts, rewards, values, bootstrap, lambda_=lam
     )
-    expected = gae(rewards, values, bootstrap, discounts, lambda_=lam)
-    torch.testing.assert_close(out.vs, expected.returns)
+    for b in range(B):
+        expect = _gae_brute(
+            rewards[:, b].tolist(),
+            values[:, b].tolist(),
+            bootstrap[b].item(),
+            discounts[:, b].tolist(),
+            lam,
+        )
+        assert out.pg_advantages[:, b].tolist() == pytest.approx(expect, abs=1e-9)
+    torch.testing.assert_close(out.vs, out.pg_advantages + values)
 
 
 def test_no_jax_or_tensorflow_import() -> None:

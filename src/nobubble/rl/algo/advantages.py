@@ -1,4 +1,7 @@
-"""Advantage estimators: GRPO's group-relative advantage and GAE for value-based runs.
+"""GRPO's group-relative advantage.
+
+(GAE is V-trace on-policy: :func:`~nobubble.rl.algo.vtrace.vtrace` with ``log_rhos = 0`` and
+``lambda_`` = GAE's lambda returns GAE's advantages as ``pg_advantages``.)
 
 GRPO (Shao et al., 2024, DeepSeekMath) scores each response against the other responses to
 the same prompt, so it needs no value function:
@@ -10,21 +13,15 @@ group ``[1, 0, 0, 1]`` gives ``+-0.866``. ``scale="batch"`` divides by the batch
 (REINFORCE++-style), ``scale="none"`` keeps only the mean-centering (Dr. GRPO, Liu et al.,
 2025). A group whose rewards are all equal, or that has one member, carries no signal: its
 advantages are exactly 0.
-
-GAE (Schulman et al., 2016) is written the way the paper writes it, time-major ``[T, B]``:
-
-    delta_t = r_t + gamma_t * V(x_{t+1}) - V(x_t)
-    A_t     = delta_t + gamma_t * lambda * A_{t+1}
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-__all__ = ["GRPOScale", "GAEReturns", "grpo_advantages", "gae"]
+__all__ = ["GRPOScale", "grpo_advantages"]
 
 GRPOScale = Literal["group", "batch", "none"]
 _SCALES = ("group", "batch", "none")
@@ -79,60 +76,3 @@ def grpo_advantages(
     elif scale == "batch" and rewards.numel() > 1:
         centered = centered / (rewards.std() + eps)
     return centered.reshape(-1)
-
-
-@dataclass(frozen=True)
-class GAEReturns:
-    """GAE output, time-major.
-
-    Attributes:
-        advantages: ``[T, B, ...]`` generalized advantage estimates, no gradient.
-        returns: ``[T, B, ...]`` value targets ``advantages + values``, no gradient.
-    """
-
-    advantages: torch.Tensor
-    returns: torch.Tensor
-
-
-def gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-    discounts: torch.Tensor | float,
-    lambda_: float = 0.95,
-) -> GAEReturns:
-    """Generalized advantage estimation (Schulman et al., 2016), time-major.
-
-    Args:
-        rewards: ``[T, B, ...]`` float, r_t.
-        values: ``[T, B, ...]`` float, V(x_t).
-        bootstrap_value: ``[B, ...]`` float, V(x_T).
-        discounts: ``[T, B, ...]`` or a float: gamma_t, 0 where the episode ended at t.
-        lambda_: GAE lambda in [0, 1].
-    Returns:
-        :class:`GAEReturns` with detached tensors.
-    """
-    if not 0.0 <= lambda_ <= 1.0:
-        raise ValueError(f"gae: lambda_={lambda_} must be in [0, 1]")
-    if values.shape != rewards.shape or bootstrap_value.shape != values.shape[1:]:
-        raise ValueError(
-            f"gae: rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and "
-            f"bootstrap_value {tuple(bootstrap_value.shape)} must be [T, B, ...], [T, B, ...] "
-            "and [B, ...]"
-        )
-    with torch.no_grad():
-        rewards, values, bootstrap_value = (
-            rewards.detach(),
-            values.detach(),
-            bootstrap_value.detach(),
-        )
-        discounts = torch.as_tensor(discounts, dtype=values.dtype, device=values.device)
-        discounts = discounts.expand_as(values)
-        next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])  # [T, B, ...]
-        deltas = rewards + discounts * next_values - values
-        advantages = torch.empty_like(values)
-        running = torch.zeros_like(bootstrap_value)
-        for t in reversed(range(values.shape[0])):
-            running = deltas[t] + discounts[t] * lambda_ * running
-            advantages[t] = running
-        return GAEReturns(advantages=advantages, returns=advantages + values)

@@ -1,20 +1,22 @@
-"""Gradient aggregation across learner workers, in-process and over torch.distributed.
+"""Gradient aggregation across learner workers over torch.distributed.
 
-There are four common ways to combine the gradients of W learner workers:
+The ways to combine the gradients of W learners, as the running system's learners use them
+(:mod:`nobubble.rl.system.engines.learners`, ``RunConfig.aggregation``):
 
-- **synchronous mean**: wait for all W gradients and average them. With equal per-worker
-  batches (or losses normalised by the global token count and *summed*), this is exactly one
-  learner on the combined batch.
-- **asynchronous apply**: apply each gradient as soon as it arrives (:class:`ParameterServer`
-  in-process, :func:`run_async_parameter_server` across ranks); it was computed on
-  parameters ``staleness`` versions old.
+- **synchronous mean**: :func:`all_reduce_gradients`. With each rank weighted by its token
+  count (or losses normalised by the global token count and *summed*), this is exactly one
+  learner on the combined batch. A per-rank ``weight`` of ``staleness_weight(lag)`` gives
+  the **staleness-weighted** mean.
+- **asynchronous apply**: a :class:`ParameterServer` applies each gradient as soon as it
+  arrives; it was computed on parameters ``staleness`` versions old. Gradients (and
+  parameters) travel as versioned messages: :func:`send_versioned`, :func:`recv_versioned`,
+  and :class:`VersionedInbox` on the server, which takes them in arrival order. (Tested on
+  gloo; NCCL needs a build that allows point-to-point calls from several threads.)
 - **local SGD**: each worker takes H local optimizer steps, then parameters are averaged
   (:class:`LocalSGD`); H = 1 with plain SGD is the synchronous mean.
-- **staleness-weighted**: scale each gradient by ``w = 1 / (1 + staleness)``.
 
-In-process functions take ``worker_grads``: a sequence over workers of sequences over
-parameters (aligned, same shapes). Distributed functions take a :class:`DistContext`, use its
-group and device, and wait at most ``ctx.timeout_s`` for each collective.
+Every function takes a :class:`DistContext`, uses its group and device, and waits at most
+``ctx.timeout_s`` for each collective or point-to-point transfer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal, cast
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -33,103 +35,16 @@ from nobubble.distributed import DistContext
 from nobubble.rl.algo.staleness import StalenessKind, staleness_weight
 
 __all__ = [
-    "AggregationMode",
-    "AggregatedGradients",
-    "PushResult",
-    "mean_gradients",
-    "sum_gradients",
-    "staleness_weighted_gradients",
-    "average_parameters_",
     "all_reduce_gradients",
     "all_reduce_parameters",
+    "broadcast_parameters",
     "LocalSGD",
     "ParameterServer",
-    "AsyncApplyResult",
-    "run_async_parameter_server",
+    "PushResult",
+    "send_versioned",
+    "recv_versioned",
+    "VersionedInbox",
 ]
-
-AggregationMode = Literal["sync-mean", "async", "local-sgd", "staleness-weighted"]
-
-
-@dataclass(frozen=True)
-class AggregatedGradients:
-    """Combined gradients and the weight each worker received (weights sum to 1)."""
-
-    grads: list[torch.Tensor]
-    weights: torch.Tensor
-
-
-def _check_aligned(worker_grads: Sequence[Sequence[torch.Tensor]], who: str) -> None:
-    if not worker_grads:
-        raise ValueError(f"{who}: no worker gradients; pass one list of tensors per worker")
-    shapes = [tuple(g.shape) for g in worker_grads[0]]
-    for w, grads in enumerate(worker_grads):
-        if [tuple(g.shape) for g in grads] != shapes:
-            raise ValueError(
-                f"{who}: worker {w} has gradient shapes {[tuple(g.shape) for g in grads]}, "
-                f"worker 0 has {shapes}; all workers must hold the same parameters"
-            )
-
-
-def mean_gradients(
-    worker_grads: Sequence[Sequence[torch.Tensor]], weights: Sequence[float] | None = None
-) -> AggregatedGradients:
-    """Synchronous (weighted) mean: ``sum_i w_i g_i / sum_i w_i`` per parameter."""
-    _check_aligned(worker_grads, "mean_gradients")
-    w = torch.ones(len(worker_grads), dtype=torch.float64)
-    if weights is not None:
-        w = torch.as_tensor(weights, dtype=torch.float64)
-        if w.shape != (len(worker_grads),) or (w < 0).any() or w.sum() <= 0:
-            raise ValueError(
-                f"mean_gradients: weights={list(weights)} must be {len(worker_grads)} "
-                "non-negative numbers, not all 0"
-            )
-    w = w / w.sum()
-    grads = [
-        _tensor_sum(float(wi) * g[p] for wi, g in zip(w, worker_grads))
-        for p in range(len(worker_grads[0]))
-    ]
-    return AggregatedGradients(grads=grads, weights=w)
-
-
-def _tensor_sum(terms: Iterable[torch.Tensor]) -> torch.Tensor:
-    """``sum(terms)`` (``0 + t0 + t1 + ...``): a tensor, as ``terms`` is never empty here."""
-    return cast(torch.Tensor, sum(terms))
-
-
-def sum_gradients(worker_grads: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
-    """Sum over workers: the right reduction when each worker's loss is already divided by the
-    *global* token (or sequence) count, e.g. ``ppo_policy_loss(..., global_num_tokens=N)``."""
-    _check_aligned(worker_grads, "sum_gradients")
-    return [_tensor_sum(g[p] for g in worker_grads) for p in range(len(worker_grads[0]))]
-
-
-def staleness_weighted_gradients(
-    worker_grads: Sequence[Sequence[torch.Tensor]],
-    staleness: Sequence[int],
-    kind: StalenessKind = "inverse",
-) -> AggregatedGradients:
-    """Mean weighted by ``staleness_weight(s_i, kind)``, normalised to sum to 1.
-
-    E.g. staleness ``[0, 1, 3]`` with ``"inverse"`` gives raw weights ``[1, 1/2, 1/4]``,
-    normalised ``[4/7, 2/7, 1/7]``.
-    """
-    if len(staleness) != len(worker_grads):
-        raise ValueError(
-            f"staleness_weighted_gradients: {len(staleness)} staleness values for "
-            f"{len(worker_grads)} workers"
-        )
-    return mean_gradients(worker_grads, [staleness_weight(s, kind) for s in staleness])
-
-
-def average_parameters_(worker_params: Sequence[Sequence[torch.Tensor]]) -> None:
-    """Set every worker's parameters to the mean over workers, in place (local SGD sync)."""
-    _check_aligned(worker_params, "average_parameters_")
-    with torch.no_grad():
-        for p in range(len(worker_params[0])):
-            mean = torch.stack([w[p] for w in worker_params]).mean(dim=0)
-            for w in worker_params:
-                w[p].copy_(mean)
 
 
 def _wait(work: dist.Work | None, ctx: DistContext, what: str) -> None:
@@ -139,19 +54,28 @@ def _wait(work: dist.Work | None, ctx: DistContext, what: str) -> None:
         raise TimeoutError(f"{what} did not finish within {ctx.timeout_s}s on rank {ctx.rank}")
 
 
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])  # (sum of numels,)
+
+
+def _unflat(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view_as(t))  # (numel,) -> t.shape
+        offset += t.numel()
+    return out
+
+
 def _flat_all_reduce(tensors: list[torch.Tensor], ctx: DistContext, what: str) -> torch.Tensor:
     """All-reduce (SUM) the concatenation of ``tensors`` in one collective; return the sum."""
-    flat = torch.cat([t.reshape(-1) for t in tensors]).to(ctx.device)  # (sum of numels,)
+    flat = _flat(tensors).to(ctx.device)  # (sum of numels,)
     _wait(dist.all_reduce(flat, group=ctx.group, async_op=True), ctx, what)
     return flat
 
 
 def _scatter_flat(flat: torch.Tensor, targets: list[torch.Tensor]) -> None:
-    offset = 0
-    for t in targets:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))  # (numel,) -> t.shape
-        offset += n
+    for t, part in zip(targets, _unflat(flat, targets)):
+        t.copy_(part)
 
 
 def all_reduce_gradients(
@@ -213,44 +137,34 @@ def all_reduce_parameters(params: Iterable[torch.Tensor], ctx: DistContext) -> N
         _scatter_flat(flat / ctx.world_size, params)
 
 
+def broadcast_parameters(params: Sequence[torch.Tensor], ctx: DistContext, src: int = 0) -> None:
+    """Set parameters to rank ``src``'s, in place (one flat broadcast): a common start."""
+    with torch.no_grad():
+        flat = _flat(params).to(ctx.device)  # (sum of numels,)
+        _wait(dist.broadcast(flat, src, group=ctx.group, async_op=True), ctx, "broadcast")
+        _scatter_flat(flat, list(params))
+
+
 class LocalSGD:
     """Average parameters across ranks every ``sync_every`` (H) optimizer steps.
 
     Call :meth:`after_step` after each local ``optimizer.step()``; it returns True when it
-    averaged. With ``ctx=None`` it works on ``worker_params`` in-process instead.
+    averaged.
     """
 
-    def __init__(
-        self,
-        params: Iterable[torch.Tensor] | None = None,
-        *,
-        sync_every: int,
-        ctx: DistContext | None = None,
-        worker_params: Sequence[Sequence[torch.Tensor]] | None = None,
-    ) -> None:
+    def __init__(self, params: Iterable[torch.Tensor], *, sync_every: int, ctx: DistContext):
         if sync_every < 1:
             raise ValueError(f"LocalSGD: sync_every={sync_every} must be >= 1 (1 = synchronous)")
-        if (ctx is None) == (worker_params is None):
-            raise ValueError(
-                "LocalSGD: pass either ctx (distributed) or worker_params (in-process)"
-            )
-        if ctx is not None and params is None:
-            raise ValueError("LocalSGD: distributed mode needs this rank's params")
         self.sync_every = sync_every
-        self._params = list(params) if params is not None else []
+        self._params = list(params)
         self._ctx = ctx
-        self._worker_params = worker_params
         self.num_local_steps = 0
 
     def after_step(self) -> bool:
         self.num_local_steps += 1
         if self.num_local_steps % self.sync_every:
             return False
-        if self._ctx is not None:
-            all_reduce_parameters(self._params, self._ctx)
-        else:
-            assert self._worker_params is not None  # __init__: ctx or worker_params
-            average_parameters_(self._worker_params)
+        all_reduce_parameters(self._params, self._ctx)
         return True
 
 
@@ -326,165 +240,97 @@ class ParameterServer:
             return PushResult(True, staleness, weight, self.version)
 
 
-@dataclass(frozen=True)
-class AsyncApplyResult:
-    """Outcome of :func:`run_async_parameter_server` on one rank.
-
-    Attributes:
-        pushes: rank 0: every push in the order the server applied it; workers: empty.
-        workers: rank 0: the worker rank of each push.
-        base_versions: rank 0: the version each push was computed on; workers: theirs.
-        params: rank 0: the final parameters; workers: empty.
-    """
-
-    pushes: list[PushResult]
-    workers: list[int]
-    base_versions: list[int]
-    params: list[torch.Tensor]
+_TAG_VERSION, _TAG_TENSORS = 11, 12
 
 
-_TAG_HEADER, _TAG_PAYLOAD = 11, 12
-
-
-def _send(tensors: list[torch.Tensor], dst: int, ctx: DistContext, what: str) -> None:
-    works = [
-        dist.isend(t, dst, group=ctx.group, tag=tag)
-        for t, tag in zip(tensors, (_TAG_HEADER, _TAG_PAYLOAD))
-    ]
-    for w in works:
-        _wait(w, ctx, what)
-
-
-def _recv_payload(like: torch.Tensor, src: int, ctx: DistContext, what: str) -> torch.Tensor:
-    buf = torch.empty_like(like)
-    _wait(dist.irecv(buf, src, group=ctx.group, tag=_TAG_PAYLOAD), ctx, what)
-    return buf
-
-
-def run_async_parameter_server(
-    ctx: DistContext,
-    params: Sequence[torch.Tensor],
-    compute_grad: Callable[[list[torch.Tensor], int, int], Sequence[torch.Tensor]],
-    *,
-    num_pushes: int,
-    lr: float = 0.1,
-    staleness_kind: StalenessKind = "inverse",
-    max_staleness: int | None = None,
-) -> AsyncApplyResult:
-    """Asynchronous apply over torch.distributed: rank 0 serves, ranks 1.. compute gradients.
-
-    Each worker ``num_pushes`` times: receives ``(version, parameters)``, calls
-    ``compute_grad(params, worker_rank, step)``, sends ``(version, gradient)`` back. The server
-    applies gradients in arrival order through a :class:`ParameterServer` (staleness weights,
-    ``max_staleness`` drops) and answers that worker with the newest parameters. The server
-    receives from each worker in its own thread (no any-source receive) and every wait is
-    bounded by ``ctx.timeout_s``. Tested on gloo; NCCL needs a build that allows
-    point-to-point calls from several threads.
-
-    Args:
-        ctx: process-group context, ``world_size >= 2``.
-        params: initial parameters (rank 0's copy is used).
-        compute_grad: run on each worker; returns gradients shaped like ``params``.
-        num_pushes: gradients per worker, >= 1.
-    Returns:
-        :class:`AsyncApplyResult` (rank 0 holds the log and the final parameters).
-    """
-    if ctx.world_size < 2:
-        raise ValueError(f"run_async_parameter_server: world_size={ctx.world_size}; need >= 2")
-    if num_pushes < 1:
-        raise ValueError(f"run_async_parameter_server: num_pushes={num_pushes} must be >= 1")
-    params = [p.detach().to(ctx.device) for p in params]
-    if ctx.rank != 0:
-        return _async_worker(ctx, params, compute_grad, num_pushes)
-    server = ParameterServer(
-        params, lr=lr, staleness_kind=staleness_kind, max_staleness=max_staleness
-    )
-    return _async_server(ctx, server, num_pushes)
-
-
-def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1) for t in tensors])  # (sum of numels,)
-
-
-def _unflat(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for t in like:
-        out.append(flat[offset : offset + t.numel()].view_as(t))  # (numel,) -> t.shape
-        offset += t.numel()
-    return out
-
-
-def _async_worker(
-    ctx: DistContext,
-    params: list[torch.Tensor],
-    compute_grad: Callable[[list[torch.Tensor], int, int], Sequence[torch.Tensor]],
-    num_pushes: int,
-) -> AsyncApplyResult:
-    header = torch.zeros(1, dtype=torch.int64, device=ctx.device)
-    flat_like = _flat(params)
-    versions = []
-    for step in range(num_pushes):
-        _wait(dist.irecv(header, 0, group=ctx.group, tag=_TAG_HEADER), ctx, "receiving params")
-        current = _unflat(_recv_payload(flat_like, 0, ctx, "receiving params"), params)
-        versions.append(int(header.item()))
-        grads = compute_grad(current, ctx.rank, step)
-        _send([header.clone(), _flat(grads).to(flat_like.dtype)], 0, ctx, "sending a gradient")
-    return AsyncApplyResult(pushes=[], workers=[], base_versions=versions, params=[])
-
-
-def _receive_loop(
-    ctx: DistContext, worker: int, num_pushes: int, flat_like: torch.Tensor, inbox: queue.Queue
+def send_versioned(
+    ctx: DistContext, tensors: Sequence[torch.Tensor], version: int, dst: int
 ) -> None:
-    """Thread body: receive ``num_pushes`` (version, gradient) messages from ``worker``."""
-    try:
-        for _ in range(num_pushes):
-            header = torch.zeros(1, dtype=torch.int64, device=ctx.device)
-            what = f"receiving a gradient from rank {worker}"
-            _wait(dist.irecv(header, worker, group=ctx.group, tag=_TAG_HEADER), ctx, what)
-            inbox.put((worker, int(header.item()), _recv_payload(flat_like, worker, ctx, what)))
-    except BaseException as err:  # noqa: BLE001 - handed to the server loop, which raises it
-        inbox.put((worker, -1, err))
-
-
-def _async_server(ctx: DistContext, server: ParameterServer, num_pushes: int) -> AsyncApplyResult:
-    def publish(worker: int) -> None:
-        version, current = server.pull()
-        header = torch.tensor([version], dtype=torch.int64, device=ctx.device)
-        _send([header, _flat(current)], worker, ctx, f"sending params to rank {worker}")
-
-    # One receiving thread per worker turns point-to-point receives into an arrival-ordered
-    # inbox; gloo's pending receives only complete inside wait(), so they cannot be polled.
-    workers = list(range(1, ctx.world_size))
-    flat_like = _flat(server.params)
-    inbox: queue.Queue = queue.Queue()
-    threads = [
-        threading.Thread(
-            target=_receive_loop, args=(ctx, w, num_pushes, flat_like, inbox), daemon=True
-        )
-        for w in workers
+    """Send ``version`` and ``tensors`` (one flat message) to rank ``dst``: a gradient and the
+    version of the parameters it was computed on, or parameters and their version. The
+    receiver's ``like`` must match ``tensors`` in shapes and dtype."""
+    header = torch.tensor([version], dtype=torch.int64, device=ctx.device)
+    works = [
+        dist.isend(header, dst, group=ctx.group, tag=_TAG_VERSION),
+        dist.isend(_flat(tensors).to(ctx.device), dst, group=ctx.group, tag=_TAG_TENSORS),
     ]
-    for w, t in zip(workers, threads):
-        publish(w)
-        t.start()
-    remaining = dict.fromkeys(workers, num_pushes)
-    log = AsyncApplyResult(pushes=[], workers=[], base_versions=[], params=[])
-    for _ in range(len(workers) * num_pushes):
+    for work in works:
+        _wait(work, ctx, f"sending to rank {dst}")
+
+
+def recv_versioned(
+    ctx: DistContext, like: Sequence[torch.Tensor], src: int
+) -> tuple[int, list[torch.Tensor]]:
+    """Receive what :func:`send_versioned` sent from rank ``src``: ``(version, tensors)``,
+    the tensors shaped like ``like``."""
+    what = f"receiving from rank {src}"
+    header = torch.zeros(1, dtype=torch.int64, device=ctx.device)
+    _wait(dist.irecv(header, src, group=ctx.group, tag=_TAG_VERSION), ctx, what)
+    flat = torch.empty_like(_flat(like), device=ctx.device)  # (sum of numels,)
+    _wait(dist.irecv(flat, src, group=ctx.group, tag=_TAG_TENSORS), ctx, what)
+    return int(header.item()), _unflat(flat, like)
+
+
+class VersionedInbox:
+    """Versioned messages from the ranks ``sources`` in arrival order, ``per_source`` each.
+
+    One receiving thread per source turns point-to-point receives into one queue: gloo's
+    pending receives complete only inside ``wait()``, so they cannot be polled. Lifecycle:
+    the threads start at construction; :meth:`get` (waiting) and :meth:`arrived` (not
+    waiting) return each message once; :meth:`close` joins the threads. A failed receive is raised by :meth:`get`, naming its rank.
+    """
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        like: Sequence[torch.Tensor],
+        sources: Iterable[int],
+        per_source: int = 1,
+    ) -> None:
+        self.ctx = ctx
+        self._inbox: queue.Queue = queue.Queue()
+        self._owing = dict.fromkeys(sources, per_source)
+        self._threads = [
+            threading.Thread(target=self._receive, args=(like, src, per_source), daemon=True)
+            for src in self._owing
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _receive(self, like: Sequence[torch.Tensor], src: int, num: int) -> None:
         try:
-            w, base_version, grad = inbox.get(timeout=ctx.timeout_s)
+            for _ in range(num):
+                self._inbox.put((src, *recv_versioned(self.ctx, like, src)))
+        except BaseException as err:  # noqa: BLE001 - handed to get(), which raises it
+            self._inbox.put((src, -1, err))
+
+    def get(self) -> tuple[int, int, list[torch.Tensor]]:
+        """The next ``(source, version, tensors)``. Raises TimeoutError after ``ctx.timeout_s``
+        without a message, naming the ranks that still owe one."""
+        try:
+            return self._take(self._inbox.get(timeout=self.ctx.timeout_s))
         except queue.Empty:
+            owing = [r for r, n in self._owing.items() if n]
             raise TimeoutError(
-                f"parameter server: no gradient from ranks "
-                f"{[w for w, n in remaining.items() if n]} within {ctx.timeout_s}s"
+                f"rank {self.ctx.rank}: no message from ranks {owing} within {self.ctx.timeout_s}s"
             ) from None
-        if isinstance(grad, BaseException):
-            raise RuntimeError(f"parameter server: receiving from rank {w} failed") from grad
-        log.pushes.append(server.push(_unflat(grad, server.params), base_version))
-        log.workers.append(w)
-        log.base_versions.append(base_version)
-        remaining[w] -= 1
-        if remaining[w]:
-            publish(w)
-    for t in threads:
-        t.join(timeout=ctx.timeout_s)
-    log.params.extend(p.detach().clone() for p in server.params)
-    return log
+
+    def arrived(self) -> list[tuple[int, int, list[torch.Tensor]]]:
+        """The messages that have arrived and were not taken yet, without waiting."""
+        out = []
+        while not self._inbox.empty():
+            out.append(self._take(self._inbox.get_nowait()))
+        return out
+
+    def _take(self, item: tuple[int, int, Any]) -> tuple[int, int, list[torch.Tensor]]:
+        src, version, tensors = item
+        if isinstance(tensors, BaseException):
+            raise RuntimeError(f"rank {self.ctx.rank}: receiving from rank {src} failed") from (
+                tensors
+            )
+        self._owing[src] -= 1
+        return src, version, tensors
+
+    def close(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=self.ctx.timeout_s)

@@ -35,8 +35,6 @@ __all__ = [
     "ReplaySample",
     "PrioritizedReplayBuffer",
     "linear_beta",
-    "priority_from_advantages",
-    "priority_from_reward_variance",
 ]
 
 Item = TypeVar("Item")
@@ -364,38 +362,3 @@ def linear_beta(step: int, total_steps: int, beta0: float = 0.4) -> float:
     if total_steps < 1:
         raise ValueError(f"linear_beta: total_steps={total_steps} must be >= 1")
     return beta0 + (1.0 - beta0) * min(1.0, max(step, 0) / total_steps)
-
-
-def priority_from_advantages(
-    advantages: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Per-sample priority = mean ``|A|`` over its valid tokens.
-
-    Args:
-        advantages: ``(B,)`` or ``(B, T)``; mask: ``(B, T)`` for the 2-D case.
-    Returns:
-        ``(B,)`` float, detached.
-    """
-    a = advantages.detach().abs()
-    if a.dim() == 1:
-        return a
-    if mask is None:
-        return a.mean(dim=1)
-    m = mask.to(a.dtype)
-    return (a * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
-
-
-def priority_from_reward_variance(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Per-sample priority = unbiased variance of its GRPO group's rewards.
-
-    A group whose responses all got the same reward has zero GRPO advantage and teaches
-    nothing; groups with spread are replayed more. ``rewards``: ``(G * group_size,)``;
-    returns ``(G * group_size,)`` (each member gets its group's variance).
-    """
-    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(
-            f"priority_from_reward_variance: need 1-D rewards with a group_size >= 2 that "
-            f"divides {rewards.numel()}, got shape {tuple(rewards.shape)}, group_size={group_size}"
-        )
-    var = rewards.detach().reshape(-1, group_size).var(dim=1)  # (G,)
-    return var.repeat_interleave(group_size)

@@ -8,7 +8,7 @@ this module says what each means for a running system:
   (nothing outlives the weights it came from);
 - ``aggressive``: lag <= 8, decoupled PPO - PPO's clip around the proximal policy, with
   the behaviour policy corrected by a truncated importance weight (V-trace's rho-bar
-  truncation, the toolbox preset's ``is_correction="truncate"``) - ``1 / (1 + lag)`` sample
+  truncation, the toolbox preset's ``use_vtrace``) - ``1 / (1 + lag)`` sample
   weights, and a prioritized replay of 4096 samples from which half a batch is drawn again
   each step.
 

@@ -48,6 +48,7 @@ from nobubble.rl.algo.losses import (
     aggregate_loss,
     decoupled_ppo_loss,
     kl_penalty,
+    policy_gradient_loss,
     ppo_policy_loss,
 )
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
@@ -414,5 +415,5 @@ class Trainer:
             metrics["clip_fraction"] = float(res.clip_fraction)
             pg = res.loss
         else:
-            pg = aggregate_loss(-(pg_adv * logp), mask)
+            pg = policy_gradient_loss(logp, pg_adv, mask)
         return pg + self.cfg.value_coef * value_loss, metrics

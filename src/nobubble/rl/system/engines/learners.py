@@ -20,8 +20,10 @@ by ``RunConfig.aggregation``, all with the toolbox of :mod:`nobubble.rl.algo.agg
 - ``async``: learner 0 is a parameter server
   (:class:`~nobubble.rl.algo.aggregation.ParameterServer`, Adam at the trainer's lr). The
   other learners load the newest *published* weights, compute and clip their gradient and
-  send it to learner 0 (gloo ``isend``); learner 0 computes its own shard meanwhile and
-  applies every gradient in arrival order, at full weight. A push's staleness is the number
+  send it to learner 0 (:func:`~nobubble.rl.algo.aggregation.send_versioned`); learner 0
+  computes its own shard meanwhile (a
+  :class:`~nobubble.rl.algo.aggregation.VersionedInbox` receives) and applies every
+  gradient in arrival order, at full weight. A push's staleness is the number
   of server updates between the parameters it was computed on and its application.
 - ``staleness``: as ``async``, each push scaled by ``1 / (1 + staleness)`` (Adam normalises
   the update, so the scale mostly tempers the first moments of a stale push).
@@ -39,19 +41,23 @@ unit of publication while the gradients inside it never wait for each other.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections import Counter, deque
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nobubble.distributed import DistContext, default_backend
-from nobubble.rl.algo.aggregation import LocalSGD, ParameterServer, all_reduce_gradients
+from nobubble.rl.algo.aggregation import (
+    LocalSGD,
+    ParameterServer,
+    VersionedInbox,
+    all_reduce_gradients,
+    broadcast_parameters,
+    send_versioned,
+)
 from nobubble.rl.system.protocol import Message, WorkerError
 from nobubble.rl.system.trainer import Trainer, TrainResult
 from nobubble.rl.system.types import SampleGroup, Span
@@ -66,7 +72,6 @@ __all__ = [
     "looks_like_peer_failure",
 ]
 
-_TAG_HEADER, _TAG_GRAD = 21, 22
 # what a learner raises when a *peer* went away: a symptom, not the cause
 _PEER_SYMPTOMS = ("Connection reset", "Connection closed", "Broken pipe", "pair.cc")
 
@@ -103,11 +108,6 @@ def split_groups(
         out.append((groups[start:end], None if weights is None else weights[start:end]))
         start = end
     return out
-
-
-def _wait(work: Any, ctx: DistContext, what: str) -> None:
-    if not work.wait(timeout=timedelta(seconds=ctx.timeout_s)):
-        raise TimeoutError(f"{what} did not finish within {ctx.timeout_s}s on learner {ctx.rank}")
 
 
 def join_learner_group(
@@ -147,7 +147,7 @@ class Learner:
         self.ctx = ctx
         self.aggregation = aggregation
         self.params = [p for p in trainer.model.parameters() if p.requires_grad]
-        self._broadcast_parameters()
+        broadcast_parameters(self.params, ctx)  # every learner starts from learner 0's
         self._server: ParameterServer | None = None
         self._local_sgd: LocalSGD | None = None
         if aggregation in ("async", "staleness") and ctx.rank == 0:
@@ -161,13 +161,6 @@ class Learner:
             self._server_version_at = {trainer.version: 0}
         elif aggregation == "local-sgd":
             self._local_sgd = LocalSGD(self.params, sync_every=local_sgd_every, ctx=ctx)
-
-    def _broadcast_parameters(self) -> None:
-        """Every learner starts from learner 0's parameters (one flat broadcast)."""
-        with torch.no_grad():
-            flat = torch.nn.utils.parameters_to_vector(self.params)  # (num params,)
-            _wait(dist.broadcast(flat, 0, async_op=True), self.ctx, "broadcasting parameters")
-            torch.nn.utils.vector_to_parameters(flat, self.params)
 
     def step(self, groups: list[SampleGroup], weights: list[float] | None) -> TrainResult:
         start = time.time()
@@ -198,11 +191,7 @@ class Learner:
         t = self.trainer
         grads = t.compute_gradients(groups, weights)
         t.clip_gradients()
-        flat = torch.cat([g.reshape(-1) for g in _grads(self.params)])  # (num params,)
-        header = torch.tensor([t.version], dtype=torch.int64)
-        works = [dist.isend(header, 0, tag=_TAG_HEADER), dist.isend(flat, 0, tag=_TAG_GRAD)]
-        for work in works:
-            _wait(work, self.ctx, "sending a gradient to learner 0")
+        send_versioned(self.ctx, _grads(self.params), t.version, 0)
         name = f"grad on v{t.version} (learner {self.ctx.rank})"
         span = Span("trainer", name, start, time.time(), {"groups": [g.group_id for g in groups]})
         return TrainResult(
@@ -216,32 +205,17 @@ class Learner:
         learner, applied in arrival order; then one new published version."""
         server, t = self._server, self.trainer
         assert server is not None  # built for async / staleness on learner 0
-        inbox: queue.Queue = queue.Queue()
-        like = torch.cat([p.detach().reshape(-1) for p in self.params])  # (num params,)
-        threads = [
-            threading.Thread(target=_receive_push, args=(self.ctx, r, like, inbox), daemon=True)
-            for r in range(1, self.ctx.world_size)
-        ]
-        for thread in threads:
-            thread.start()
+        inbox = VersionedInbox(self.ctx, self.params, range(1, self.ctx.world_size))
         base = server.version
         grads = t.compute_gradients(groups, weights)
         t.clip_gradients()
         pushes: list[tuple[int, int, float]] = []  # (learner, staleness, weight) in order
-        while not inbox.empty():  # what arrived while this learner computed goes first
-            self._apply(inbox.get_nowait(), pushes)
+        for item in inbox.arrived():  # what arrived while this learner computed goes first
+            self._apply(item, pushes)
         self._apply((0, base, [g.clone() for g in _grads(self.params)]), pushes)
         while len(pushes) < self.ctx.world_size:
-            try:
-                item = inbox.get(timeout=self.ctx.timeout_s)
-            except queue.Empty:
-                missing = sorted(set(range(self.ctx.world_size)) - {p[0] for p in pushes})
-                raise TimeoutError(
-                    f"learner 0: no gradient from learners {missing} within {self.ctx.timeout_s}s"
-                ) from None
-            self._apply(item, pushes)
-        for thread in threads:
-            thread.join(timeout=self.ctx.timeout_s)
+            self._apply(inbox.get(), pushes)
+        inbox.close()
         with torch.no_grad():  # the model mirrors the server, which learner 0 publishes
             for p, q in zip(self.params, server.params):
                 p.copy_(q)
@@ -257,38 +231,17 @@ class Learner:
         res.span.args["pushes"] = pushes
         return res
 
-    def _apply(self, item: tuple[int, int, Any], pushes: list[tuple[int, int, float]]) -> None:
+    def _apply(
+        self, item: tuple[int, int, list[torch.Tensor]], pushes: list[tuple[int, int, float]]
+    ) -> None:
         """One push: ``(learner, version, gradient)``; learner 0 gives a server version, the
-        others the published version they computed on (or an error from the receiver)."""
+        others the published version they computed on."""
         server = self._server
         assert server is not None  # learner 0 in async / staleness
-        learner, version, grad = item
-        if isinstance(grad, BaseException):
-            raise RuntimeError(f"learner 0: receiving from learner {learner} failed") from grad
-        if learner == 0:
-            base, grads = version, grad
-        else:
-            base = self._server_version_at[version]
-            grads, offset = [], 0
-            for p in self.params:
-                grads.append(grad[offset : offset + p.numel()].view_as(p))  # (numel,) -> shape
-                offset += p.numel()
+        learner, version, grads = item
+        base = version if learner == 0 else self._server_version_at[version]
         res = server.push(grads, base)
         pushes.append((learner, res.staleness, res.weight))
-
-
-def _receive_push(ctx: DistContext, src: int, like: torch.Tensor, inbox: queue.Queue) -> None:
-    """Thread body: receive learner ``src``'s push of this batch into ``inbox`` (gloo's
-    receives complete only inside ``wait``, so each sender gets a thread)."""
-    try:
-        header = torch.zeros(1, dtype=torch.int64)
-        what = f"receiving a gradient from learner {src}"
-        _wait(dist.irecv(header, src, tag=_TAG_HEADER), ctx, what)
-        buf = torch.empty_like(like)
-        _wait(dist.irecv(buf, src, tag=_TAG_GRAD), ctx, what)
-        inbox.put((src, int(header.item()), buf))
-    except BaseException as err:  # noqa: BLE001 - handed to the serving loop, which raises it
-        inbox.put((src, -1, err))
 
 
 class StepCollector:
