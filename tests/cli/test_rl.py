@@ -9,6 +9,7 @@ import pytest
 from nobubble.cli import main
 
 TINY = ["--steps", "2", "--batch-groups", "2", "--group-size", "4", "--eval-every", "1"]
+BAD = "tests/rl/system/user_files/bad_rewards.py"
 
 
 def test_train_json_has_the_promised_fields(tmp_path, capsys):
@@ -50,6 +51,8 @@ def test_train_json_has_the_promised_fields(tmp_path, capsys):
         (["rl", "train", "--steps", "0"], "--steps: 0 must be > 0"),
         (["rl", "train", "--mode", "fast"], "invalid choice: 'fast'"),
         (["rl", "train", "--mode", "sync", "--max-staleness", "3"], "max_staleness=0"),
+        (["rl", "train", "--reward", f"{BAD}:no_arguments"], "must take (prompt, response)"),
+        (["rl", "reward-server", "--reward", f"{BAD}:no_arguments"], "must take (prompt, resp"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
@@ -60,3 +63,19 @@ def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("reward", "needle"),
+    [
+        (["--reward-failure-rate", "1"], "InjectedRewardFailure: injected failure"),
+        (["--reward", f"{BAD}:nan_reward"], "returned nan, not a finite number"),
+        (["--reward", f"{BAD}:text_reward"], "returned 'good', not a finite number"),
+    ],
+)
+def test_a_reward_that_never_succeeds_ends_the_run_with_one_line(reward, needle, tmp_path, capsys):
+    argv = ["rl", "train", "--steps", "50", "--batch-groups", "2", "--group-size", "2"]
+    rc = main([*argv, *reward, "--out", str(tmp_path), "--json"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert "all of the last 8 groups failed" in err and needle in err

@@ -420,10 +420,10 @@ def _reward_server(args: argparse.Namespace) -> int:
         fn = resolve_task(args.task).reward
     else:
         from nobubble.rl.system.imports import load_object
+        from nobubble.rl.system.rewards.rewarder import check_reward_fn
 
         fn = load_object(args.reward, "reward")
-        if not callable(fn):
-            raise ValueError(f"reward {args.reward!r} is not callable; name a function")
+        check_reward_fn(fn, args.reward)
     try:
         server = serve_rewards(fn, host=args.host, port=args.port)
     except OSError as err:

@@ -1,4 +1,4 @@
-"""The toolbox's losses, advantages, V-trace and weights against :mod:`nobubble.rl.algo.reference`.
+"""The toolbox's losses, advantages, V-trace and weights against `tests/rl/algo/reference.py`.
 
 The reference writes each formula one element at a time and shares no code with the
 package; here both run on hand-chosen float64 tensors (clipping on both sides, negative and
@@ -25,7 +25,9 @@ from nobubble.rl.algo.losses import (
     policy_gradient_loss,
     ppo_policy_loss,
 )
-from nobubble.rl.algo.reference import (
+from nobubble.rl.algo.staleness import staleness_weight
+from nobubble.rl.algo.vtrace import vtrace
+from tests.rl.algo.reference import (
     aggregate_ref,
     decoupled_ppo_loss_ref,
     grpo_advantages_ref,
@@ -35,8 +37,6 @@ from nobubble.rl.algo.reference import (
     staleness_weight_ref,
     vtrace_ref,
 )
-from nobubble.rl.algo.staleness import staleness_weight
-from nobubble.rl.algo.vtrace import vtrace
 
 F64 = torch.float64
 TOL = {"rtol": 1e-12, "atol": 1e-12}  # float64 throughout: only summation order differs
@@ -395,3 +395,13 @@ def test_vtrace_property(shape, bars, lambda_, data) -> None:
 def test_staleness_property(lag, kind, half_life) -> None:
     expected = staleness_weight_ref(lag, kind, half_life)
     assert staleness_weight(lag, kind, half_life=half_life) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_references_share_no_code_with_what_they_check() -> None:
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).parent / "reference.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not [m for m in imported if m.startswith(("nobubble", "tests"))], imported

@@ -4,7 +4,7 @@ reported.
 
 The exactness test runs the learners' code on two gloo ranks (:func:`nobubble.distributed.spawn`)
 against a plain single-process loop on the concatenated batches, in float64: the reference
-objective (``trainer_reference``, built on :mod:`nobubble.rl.algo.reference`, no
+objective (``trainer_reference``, built on `tests/rl/algo/reference.py`, no
 :class:`Trainer` code), its gradient clipped, Adam. The other tests are short runs of the
 local engine.
 """

@@ -153,6 +153,29 @@ def test_flaky_reward_succeeds_on_retry():
     assert span.args["retries"] > 0
 
 
+def test_a_reward_failing_group_after_group_ends_the_run_by_count_or_by_time():
+    import dataclasses
+    import time
+
+    from nobubble.rl.system.rewards.rewarder import RewardFailure, RewardWatch
+
+    task = DigitsTask(moduli=(7,))
+    failed, _ = score_group(task, _group(["4"]), RewardConfig(failure_rate=1.0, max_retries=0))
+    ok, _ = score_group(task, _group(["4"]), RewardConfig())
+    watch = RewardWatch(RewardConfig(give_up_groups=3), "task")
+    for group in (failed, failed, ok, failed, failed):  # a scored group resets the count
+        watch.record(group)
+    with pytest.raises(RewardFailure, match=r"reward task: all of the last 3 groups failed"):
+        watch.record(failed)
+    # a service that never answers: the streak's clock starts at its first group's admission
+    watch = RewardWatch(RewardConfig(give_up_groups=100, give_up_s=60.0), "http://x")
+    watch.record(dataclasses.replace(failed, t_admitted=time.time() - 30.0))
+    watch.record(failed)  # 30 s: not yet
+    watch = RewardWatch(RewardConfig(give_up_groups=100, give_up_s=60.0), "http://x")
+    with pytest.raises(RewardFailure, match=r"last 1 groups failed, 6\ds without a scored"):
+        watch.record(dataclasses.replace(failed, t_admitted=time.time() - 61.0))
+
+
 def test_bad_run_config_names_the_value():
     with pytest.raises(ValueError, match="mode='fast'"):
         RunConfig(mode="fast")

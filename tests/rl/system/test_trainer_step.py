@@ -1,5 +1,5 @@
 """One trainer step, on a hand-built batch: its loss and gradient are the reference
-formulas' (:mod:`nobubble.rl.algo.reference`, applied in ``trainer_reference``), and a few
+formulas' (`tests/rl/algo/reference.py`, applied in ``trainer_reference``), and a few
 steps move the policy the way each algorithm says."""
 
 from __future__ import annotations

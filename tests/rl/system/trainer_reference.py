@@ -1,5 +1,5 @@
 """What one :class:`~nobubble.rl.system.trainer.Trainer` step should compute, written with
-the reference formulas of :mod:`nobubble.rl.algo.reference` (shared by the trainer and the
+the reference formulas of `tests/rl/algo/reference.py` (shared by the trainer and the
 learner tests; no ``Trainer`` code runs here).
 
 From the policy's own log-probs ``logp`` (B, N) of the response tokens, the objective is
@@ -24,7 +24,10 @@ import math
 import torch
 from torch import nn
 
-from nobubble.rl.algo.reference import (
+from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.trainer import TrainerConfig
+from nobubble.rl.system.types import Sample, SampleGroup
+from tests.rl.algo.reference import (
     aggregate_ref,
     decoupled_ppo_loss_ref,
     grpo_advantages_ref,
@@ -34,9 +37,6 @@ from nobubble.rl.algo.reference import (
     staleness_weight_ref,
     vtrace_ref,
 )
-from nobubble.rl.system.tasks.spec import TaskSpec
-from nobubble.rl.system.trainer import TrainerConfig
-from nobubble.rl.system.types import Sample, SampleGroup
 
 __all__ = ["policy_logprobs", "reference_loss", "reference_train_step"]
 

@@ -4,8 +4,8 @@ GRPO advantages, policy losses (PPO with dual clip, decoupled PPO with its trunc
 behaviour weight, plain PG, KL penalties), V-trace (GAE is its on-policy case), policy lag
 and staleness weights, prioritized replay, gradient aggregation over torch.distributed and
 the two presets (conservative, aggressive). Each module's ``__all__`` has its result types
-and helpers too; :mod:`nobubble.rl.algo.reference` holds the slow references the tests
-check these against.
+and helpers too; the slow references the tests check these against live beside the tests
+(``tests/rl/algo/reference.py``, written from the papers' formulas, sharing no code).
 """
 
 from __future__ import annotations

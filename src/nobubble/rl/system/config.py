@@ -32,6 +32,7 @@ DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 # the trainer settings a run starts from; ``RunConfig.trainer`` is laid over them
 TRAINER_DEFAULTS = MappingProxyType({"lr": 2e-3, "uniform_kl_coef": 0.05})
 FAULTS = ("raise", "exit", "kill", "stale")
+_FAULTS = "|".join(FAULTS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,9 +201,7 @@ class RunConfig:
         if self.fault is not None:
             parts = self.fault.split(":")
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
-                raise ValueError(
-                    f"fault={self.fault!r}; use '<worker>:<call>:<raise|exit|kill|stale>'"
-                )
+                raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<{_FAULTS}>'")
         if self.drop_staleness is not None and self.drop_staleness < 0:
             raise ValueError(f"drop_staleness={self.drop_staleness} must be >= 0")
         if self.sync_every < 0:

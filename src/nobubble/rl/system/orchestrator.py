@@ -45,6 +45,7 @@ from nobubble.rl.system.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.recovery import Recovery
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
+from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError
 
@@ -108,6 +109,7 @@ class Orchestrator(Recovery):
         self._train_reward: float | None = None
         self._group_versions: dict[int, list[int]] = {}
         self._published = PublishedWeights()  # versions in order, each one's digest
+        self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
         self._eval_pending = 0
         self._t0 = 0.0
         self._init_recovery(cfg)
@@ -220,7 +222,8 @@ class Orchestrator(Recovery):
             for g in msg.payload:
                 del self._in_flight[g.group_id]
                 del self._requests[g.group_id]
-                self.buffer.put(g)
+                self.buffer.put(g)  # a failed reward: dropped, "reward_failed"
+                self._reward_watch.record(g)  # a reward that never succeeds ends the run
         elif msg.kind == "train":
             self._on_train(msg)
         elif msg.kind == "eval":
@@ -375,6 +378,13 @@ class Orchestrator(Recovery):
             resumed_from=self._resumed_from,
             step_metrics=list(self._step_metrics),
         )
+
+
+def _reward_label(cfg: RunConfig) -> str:
+    """The run's reward sources, as the user named them."""
+    names = [str(d["fn"]) for d in cfg.to_dict()["rewards"]]
+    names += [cfg.reward_url] if cfg.reward_url else []
+    return " + ".join(names or ["task"])
 
 
 def run(

@@ -15,10 +15,18 @@ that fails after its retries fails the whole group the same way.
 
 For experiments, :class:`RewardConfig` adds a delay per call and a failure probability per
 attempt (decided by a seeded hash of sample id and attempt, so runs are reproducible).
+
+A reward that can never succeed ends the run: :class:`RewardWatch` raises
+:class:`RewardFailure` once ``give_up_groups`` groups in a row failed, or failures went on
+for ``give_up_s`` seconds without a scored group, naming the source, the count and the last
+error (verl and OpenRLHF stop on a failing reward model too; an endless run of dropped
+groups learns nothing). A reward function is checked to take ``(prompt, response)`` before
+any process starts.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import time
@@ -33,6 +41,9 @@ from nobubble.rl.system.types import SampleGroup, Span
 __all__ = [
     "RewardConfig",
     "RewardError",
+    "RewardFailure",
+    "RewardWatch",
+    "check_reward_fn",
     "InjectedRewardFailure",
     "RewardSource",
     "parse_reward",
@@ -44,6 +55,10 @@ RewardFn = Callable[[str, str], float]
 
 class RewardError(RuntimeError):
     """A reward function returned something that is not a finite number."""
+
+
+class RewardFailure(RuntimeError):
+    """Every reward attempt of many groups in a row failed: the run cannot learn."""
 
 
 class InjectedRewardFailure(RuntimeError):
@@ -60,6 +75,8 @@ class RewardConfig:
         max_retries: retries after a failed attempt, >= 0 (the remote service's too).
         timeout_s: the remote service's limit per request, > 0.
         seed: seed of the injected failures.
+        give_up_groups: end the run once this many groups in a row failed, >= 1.
+        give_up_s: end the run once groups have failed for this long with none scored, > 0.
     """
 
     delay_s: float = 0.0
@@ -67,6 +84,8 @@ class RewardConfig:
     max_retries: int = 2
     timeout_s: float = 10.0
     seed: int = 0
+    give_up_groups: int = 8
+    give_up_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.delay_s >= 0:
@@ -77,6 +96,50 @@ class RewardConfig:
             raise ValueError(f"RewardConfig.max_retries={self.max_retries} must be >= 0")
         if not self.timeout_s > 0:
             raise ValueError(f"RewardConfig.timeout_s={self.timeout_s} must be > 0 seconds")
+        if not isinstance(self.give_up_groups, int) or self.give_up_groups < 1:
+            raise ValueError(f"RewardConfig.give_up_groups={self.give_up_groups!r} must be >= 1")
+        if not self.give_up_s > 0:
+            raise ValueError(f"RewardConfig.give_up_s={self.give_up_s} must be > 0 seconds")
+
+
+class RewardWatch:
+    """Counts groups whose reward failed in a row; :meth:`record` raises
+    :class:`RewardFailure` when the run should stop (see :class:`RewardConfig`). The
+    streak's clock starts when its first group was admitted (``SampleGroup.t_admitted``,
+    wall-clock), so a service that never answers is given up on ``give_up_s`` after the
+    first request it left unanswered."""
+
+    def __init__(self, cfg: RewardConfig, source: str) -> None:
+        self.cfg, self.source = cfg, source
+        self.streak = 0
+        self._since = 0.0  # wall-clock start of the current streak
+
+    def record(self, group: SampleGroup) -> None:
+        if not group.reward_failed:
+            self.streak = 0
+            return
+        now = time.time()
+        if self.streak == 0:
+            self._since = group.t_admitted if 0 < group.t_admitted <= now else now
+        self.streak += 1
+        if self.streak >= self.cfg.give_up_groups or now - self._since >= self.cfg.give_up_s:
+            error = next(s.reward_error for s in group.samples if s.reward_failed)
+            raise RewardFailure(
+                f"reward {self.source}: all of the last {self.streak} groups failed, "
+                f"{now - self._since:.0f}s without a scored one; last error: {error}"
+            )
+
+
+def check_reward_fn(fn: Any, name: str) -> None:
+    """Refuse a reward that cannot be called as ``fn(prompt, response)`` (ValueError)."""
+    if not callable(fn):
+        raise ValueError(f"reward {name!r} is not callable; name a function")
+    try:
+        inspect.signature(fn).bind("prompt", "response")
+    except TypeError as err:
+        raise ValueError(f"reward {name!r} must take (prompt, response): {err}") from None
+    except ValueError:
+        pass  # a builtin without a signature: judged when called
 
 
 @dataclass(frozen=True)
@@ -97,10 +160,10 @@ class RewardSource:
                 raise ValueError(
                     f"reward {self.fn!r} is neither 'task' nor an import path 'module:fn'"
                 )
-            if self.fn != "task" and not callable(load_object(self.fn, "reward")):
-                raise ValueError(f"reward {self.fn!r} is not callable")
-        elif not callable(self.fn):
-            raise ValueError(f"reward {self.fn!r} is not callable")
+            if self.fn != "task":
+                check_reward_fn(load_object(self.fn, "reward"), self.fn)
+        else:
+            check_reward_fn(self.fn, getattr(self.fn, "__name__", repr(self.fn)))
 
     def resolve(self, task: TaskSpec) -> RewardFn:
         if self.fn == "task":
