@@ -58,7 +58,7 @@ import torch  # noqa: E402
 from _common import RESULTS, write_json  # noqa: E402
 from _torchrl_peer import run_torchrl  # noqa: E402
 
-from nobubble.rl.actor_learner import EnvRunConfig, train  # noqa: E402
+from nobubble.rl import EnvRunConfig, train  # noqa: E402
 from nobubble.rl.actor_learner.envs import VectorEnv, make_env  # noqa: E402
 
 TARGET, EVAL_EPISODES, EVAL_EVERY_S = 475.0, 20, 5.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from nobubble.rl.actor_learner import EnvRunConfig, train
+from nobubble.rl import EnvRunConfig, train
 
 
 def main() -> None:
@@ -21,11 +21,16 @@ def main() -> None:
         env="CartPole-v1", arch=args.arch, actors=2, envs_per_actor=8,
         target_return=args.target, time_budget_s=args.seconds,
     )  # fmt: skip
-    result = train(config, progress=lambda p: p.eval_return and print(f"eval {p.eval_return:.0f}"))
+
+    def show(version: int, metrics: dict[str, float]) -> None:
+        if "eval_return" in metrics:
+            print(f"version {version}: eval {metrics['eval_return']:.0f}")
+
+    result = train(config, on_step=show)
     print(
         f"{args.arch}: eval return {result.eval_mean_return:.1f} after {result.env_steps} steps "
         f"in {result.wall_s:.1f}s ({result.env_steps_per_s:,.0f} steps/s); "
-        f"max lag {result.staleness_max}; ledger whole: {result.ledger.ok}"
+        f"max staleness {result.staleness_max}; ledger ok: {result.ledger.ok}"
     )
 
 

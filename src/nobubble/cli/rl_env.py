@@ -152,12 +152,13 @@ def _reward_threshold(env_id: str) -> float | None:
     return None if threshold is None else float(threshold)
 
 
-def _progress(point: Any) -> None:
-    if point.eval_return is None:
+def _progress(version: int, metrics: dict[str, float]) -> None:
+    if "eval_return" not in metrics:
         return  # a progress line per evaluation, not per update
-    train = "-" if point.train_return is None else f"{point.train_return:.3g}"
-    print(f"  {point.wall_s:6.1f}s  {point.env_steps:>9,} steps  train return {train}  "
-          f"eval {point.eval_return:.3g}", file=sys.stderr, flush=True)  # fmt: skip
+    train = f"{metrics['train_return']:.3g}" if "train_return" in metrics else "-"
+    print(f"  {metrics['wall_s']:6.1f}s  {metrics['env_steps']:>9,} steps  version {version}  "
+          f"train return {train}  eval {metrics['eval_return']:.3g}", file=sys.stderr,
+          flush=True)  # fmt: skip
 
 
 def run_env(args: argparse.Namespace, *, compare: bool) -> int:
@@ -175,7 +176,7 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
         if type(err).__module__.startswith("gymnasium"):
             raise ValueError(f"--env {args.env!r}: {err}") from None
         raise
-    from nobubble.rl.actor_learner import ActorFailure, train
+    from nobubble.rl import ActorFailure, train
     from nobubble.rl.actor_learner.plot import plot_curves
 
     results = []
@@ -183,7 +184,7 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
         print(f"training {config.arch} on {env_label(config.env)} ...", file=sys.stderr,
               flush=True)  # fmt: skip
         try:
-            results.append(train(config, progress=_progress))
+            results.append(train(config, on_step=_progress))
         except ActorFailure as err:
             print(f"nobubble rl: {err}", file=sys.stderr)
             return 1

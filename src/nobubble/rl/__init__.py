@@ -1,8 +1,15 @@
 """Asynchronous RL and the algorithmic corrections it needs.
 
+One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of experience:
+
 - :mod:`nobubble.rl.system`: the running system (tasks, policy, rollout, reward, trainer,
-  experience buffer, weight sync, orchestrator, engines). Its entry point is :func:`train`
-  (``train(RunConfig(...)) -> RunResult``); this package exports only the entry points.
+  experience buffer and its ledger, weight sync, orchestrator, engines):
+  ``train(RunConfig(...)) -> RunResult``;
+- :mod:`nobubble.rl.actor_learner`: environments (gymnasium, multi-turn text) under IMPALA,
+  SEED RL or Sample Factory, on the same ledger and weight versions:
+  ``train(EnvRunConfig(...)) -> EnvRunResult``.
+
+This package exports only the entry points.
 - :mod:`nobubble.rl.algo`: the algorithm toolbox the system is built on (advantages,
   losses, V-trace, staleness, replay, aggregation, presets), imported from there
   (``from nobubble.rl.algo import ppo_policy_loss``).
@@ -14,9 +21,14 @@ from typing import Any
 
 # the running system's entry points, imported on first use (``import nobubble.rl`` stays light)
 _SYSTEM = {
-    "train": "nobubble.rl.system.orchestrator",
+    "train": "nobubble.rl.entry",
     "RunConfig": "nobubble.rl.system.config",
     "RunResult": "nobubble.rl.system.result",
+    "EnvRunConfig": "nobubble.rl.actor_learner.config",
+    "EnvRunResult": "nobubble.rl.actor_learner.result",
+    "ActorFailure": "nobubble.rl.actor_learner.result",
+    "WorkerError": "nobubble.rl.system.protocol",
+    "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",
     "TaskSpec": "nobubble.rl.system.tasks.spec",
 }

@@ -8,7 +8,7 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import torch
 
-from nobubble.rl.actor_learner import EnvRunConfig, train
+from nobubble.rl import EnvRunConfig, train
 from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
 from nobubble.rl.actor_learner.model import build_model
 from nobubble.rl.actor_learner.rollout import evaluate

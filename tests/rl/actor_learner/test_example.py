@@ -17,6 +17,6 @@ def test_the_cartpole_example_reaches_a_small_target() -> None:
            "--seconds", "60"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
-    m = re.search(r"eval return ([\d.]+) after \d+ steps.*ledger whole: True", out.stdout)
+    m = re.search(r"eval return ([\d.]+) after \d+ steps.*ledger ok: True", out.stdout)
     assert m is not None, out.stdout
     assert float(m.group(1)) >= 150, out.stdout

@@ -73,7 +73,7 @@ def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     trained policy's reward is well above the untrained one's (about 0.07: it rarely says
     the sum). Both are sampled over 400 episodes, which is finer than the greedy eval (a
     greedy policy moves in steps of whole strategies)."""
-    from nobubble.rl.actor_learner import train
+    from nobubble.rl import train
     from nobubble.rl.actor_learner.envs import VectorEnv
     from nobubble.rl.actor_learner.rollout import evaluate
     from nobubble.rl.actor_learner.text.run import policy_success

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium
 import pytest
 
-from nobubble.rl.actor_learner import ActorFailure, EnvRunConfig, train
+from nobubble.rl import ActorFailure, EnvRunConfig, train
 
 TARGET = 200.0
 

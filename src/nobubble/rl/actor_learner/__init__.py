@@ -9,8 +9,9 @@ inference), :mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the 
 :mod:`.result`. :mod:`.text` adds multi-turn text environments (the model speaks a turn,
 the env replies) and the character policy for them.
 
-Entry point: ``train(EnvRunConfig(env="CartPole-v1", arch="seed")) -> EnvRunResult``, or
-``train(text_run_config(MyTextEnv))``.
+Entry point: :func:`nobubble.rl.train` (``train(EnvRunConfig(env="CartPole-v1",
+arch="seed")) -> EnvRunResult``, or ``train(text_run_config(MyTextEnv))``), which calls
+:func:`.run.run`.
 Names are imported on first use, so ``import nobubble.rl.actor_learner`` loads no torch.
 """
 
@@ -20,7 +21,7 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "train": "nobubble.rl.actor_learner.run",
+    "run": "nobubble.rl.actor_learner.run",
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
     "ARCHS": "nobubble.rl.actor_learner.config",
     "EnvRunResult": "nobubble.rl.actor_learner.result",

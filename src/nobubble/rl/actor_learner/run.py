@@ -1,4 +1,5 @@
-"""``train(EnvRunConfig) -> EnvRunResult``: the learner's loop, the same for every architecture.
+"""``run(EnvRunConfig) -> EnvRunResult``: the learner's loop, the same for every architecture
+(the environment producer behind :func:`nobubble.rl.train`).
 
     start the actors (ActorPool)                        # impala: publish version 0
     until the target, the update, env-step or time budget:
@@ -39,9 +40,9 @@ from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
 from nobubble.rl.system.experience import GroupState, Ledger
 from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError, weight_digest
 
-__all__ = ["train"]
+__all__ = ["run"]
 
-Progress = Callable[[CurvePoint], None]
+OnStep = Callable[[int, dict[str, float]], None]
 
 
 class _Entry(NamedTuple):
@@ -149,12 +150,15 @@ class _Run:
         )
 
 
-def train(config: EnvRunConfig, progress: Progress | None = None) -> EnvRunResult:
-    """Train an MLP actor-critic on ``config.env`` with ``config.arch``.
+def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> EnvRunResult:
+    """Train ``config.model`` (default: an MLP actor-critic) on ``config.env`` with
+    ``config.arch``.
 
     Args:
         config: the run.
-        progress: called with each new curve point (after updates and evaluations).
+        on_step: called as ``on_step(version, metrics)`` after each update and evaluation;
+            ``metrics`` has ``wall_s``, ``env_steps`` and, when known, ``train_return`` and
+            (on evaluations) ``eval_return``.
     Returns:
         :class:`EnvRunResult`.
     Raises:
@@ -164,12 +168,12 @@ def train(config: EnvRunConfig, progress: Progress | None = None) -> EnvRunResul
     threads = torch.get_num_threads()
     torch.set_num_threads(config.torch_threads)
     try:
-        return _train(config, progress)
+        return _train(config, on_step)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(config: EnvRunConfig, progress: Progress | None) -> EnvRunResult:
+def _train(config: EnvRunConfig, on_step: OnStep | None) -> EnvRunResult:
     torch.manual_seed(config.seed)
     obs_dim, num_actions = env_spaces(config.env)
     model = build_model(config, obs_dim, num_actions)
@@ -177,7 +181,7 @@ def _train(config: EnvRunConfig, progress: Progress | None) -> EnvRunResult:
     pool = ActorPool(config, model)
     try:
         pool.publish(run.learner.version)
-        _loop(run, pool, progress)
+        _loop(run, pool, on_step)
     finally:
         leftover = pool.close()
     for t in leftover:
@@ -192,22 +196,23 @@ def _train(config: EnvRunConfig, progress: Progress | None) -> EnvRunResult:
     return _result(run, pool)
 
 
-def _loop(run: _Run, pool: ActorPool, progress: Progress | None) -> None:
+def _loop(run: _Run, pool: ActorPool, on_step: OnStep | None) -> None:
+    def add(point: CurvePoint) -> None:
+        run.curve.append(point)
+        if on_step is not None:
+            metrics = {k: v for k, v in vars(point).items() if v is not None}
+            on_step(run.learner.version, metrics)
+
     while not run.done():
         run.take(pool.receive(run.learner.version))
         pool.supervise()
         while run.update_if_ready():
             if run.learner.version > pool.published:  # all of a batch may have been dropped
                 pool.publish(run.learner.version)
-            point = CurvePoint(run.elapsed(), run.env_steps, run.train_return())
-            run.curve.append(point)
-            if progress is not None:
-                progress(point)
+            add(CurvePoint(run.elapsed(), run.env_steps, run.train_return()))
         evaluated = run.maybe_evaluate()
         if evaluated is not None:
-            run.curve.append(evaluated)
-            if progress is not None:
-                progress(evaluated)
+            add(evaluated)
 
 
 def _result(run: _Run, pool: ActorPool) -> EnvRunResult:

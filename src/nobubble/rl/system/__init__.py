@@ -7,5 +7,5 @@ any task, reasoning-gym), :mod:`.policies` (the char transformer, any causal LM,
 (weighted sources, a remote service), :mod:`.trainer`; :mod:`.experience` (admission control and
 the sample ledger); :mod:`.engines` (local processes or Ray actors) driven by
 :mod:`.orchestrator`, which returns a :mod:`.result`; :mod:`.report` draws a finished run. Entry point:
-:func:`nobubble.rl.train` (:func:`nobubble.rl.system.orchestrator.train`).
+:func:`nobubble.rl.train` (:func:`nobubble.rl.system.orchestrator.run`).
 """

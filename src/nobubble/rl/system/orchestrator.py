@@ -62,7 +62,6 @@ __all__ = [
     "RunResult",
     "Orchestrator",
     "run",
-    "train",
 ]
 
 
@@ -400,15 +399,3 @@ def run(
 
         engine = LocalEngine()
     return Orchestrator(cfg, engine, on_step=on_step).run()
-
-
-def train(
-    cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None
-) -> RunResult:
-    """Train ``cfg``'s policy on its task; the Python API (``nobubble.rl.train``).
-
-    ``on_step(step, metrics)`` is called in the driver after every trainer step. Call it
-    under ``if __name__ == "__main__":``: the local engine starts its workers with
-    ``spawn``, which imports the calling script again in every worker.
-    """
-    return run(cfg, on_step=on_step)
