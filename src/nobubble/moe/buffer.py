@@ -137,13 +137,11 @@ class Buffer:
                     "'dist') for the intra-node step; the buffer builds the node and rail groups"
                 )
             self.transport: Transport = TorchDistTransport(group, timeout_s=timeout_s)
-            hierarchical = HierarchicalRows(
-                group, topology, intra=cast(str, transport), timeout_s=timeout_s
-            )
+            hierarchical = HierarchicalRows(group, topology, intra=transport, timeout_s=timeout_s)
         elif hasattr(transport, "all_to_all"):  # a transport object
             self.transport = cast(Transport, transport)
         else:
-            self.transport = make_transport(cast(str, transport), group, timeout_s=timeout_s)
+            self.transport = make_transport(transport, group, timeout_s=timeout_s)
         self.topology = topology
         self.rank = self.transport.rank
         self.num_ranks = self.transport.world_size
