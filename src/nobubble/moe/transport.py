@@ -339,15 +339,12 @@ class TorchDistTransport(ByteCounting):
             detail=f"{how}; {cause}",
         )
 
-    def _run(self, launch: Callable[[], Any], what: str, kind: str, device: torch.device) -> None:
-        """Enter call number ``self._calls + 1`` (recorded), launch the collective, wait."""
-        self._start(launch, what, kind, device)()
-
     def _start(
         self, launch: Callable[[], Any], what: str, kind: str, device: torch.device
     ) -> Callable[[], None]:
         """Enter call number ``self._calls + 1`` (recorded) and launch the collective; the
-        returned function waits for it. Either step raises :class:`PeerFailure`."""
+        returned function waits for it (``_start(...)()`` runs it to the end). Either step
+        raises :class:`PeerFailure`."""
         start = time.monotonic()
         try:
             if self.track_arrivals and self._arrivals is None:
@@ -433,12 +430,12 @@ class TorchDistTransport(ByteCounting):
             device=x.device,
         )  # (R * n, row_bytes)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._run(
+        self._start(
             lambda: gather(out, send_bytes, group=self.group, async_op=True),
             f"all_gather({kind})",
             kind,
             x.device,
-        )
+        )()
         n = send_bytes.numel()  # delivered to every rank, this one included
         self.count_bytes(
             kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
@@ -456,12 +453,12 @@ class TorchDistTransport(ByteCounting):
             (x.shape[0] // self.world_size, *x.shape[1:]), dtype=x.dtype, device=x.device
         )
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        self._run(
+        self._start(
             lambda: scatter(out, x, group=self.group, async_op=True),
             f"reduce_scatter({kind})",
             kind,
             x.device,
-        )
+        )()
         block = out.numel() * out.element_size()
         self.count_bytes(
             kind,
