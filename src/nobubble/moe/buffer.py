@@ -103,6 +103,12 @@ class Buffer:
             reuse once the caller drops them (0: every output is a fresh allocation).
         fused_kernels: with peer writes, reduce combine with the compiled C kernel when it is
             available (``False``: always the torch path; the results are identical).
+
+    Attributes:
+        transport: the transport (counts, statistics; the payload too unless ``topology``).
+        path: the row movers chosen: ``"peer_writes"``, ``"collective"`` or ``"hierarchical"``.
+        hierarchical: with ``topology``, the hierarchical row movers (rail ``inter`` and node
+            ``intra`` transports, per-handle ``plan``); else None.
     """
 
     def __init__(
@@ -151,8 +157,6 @@ class Buffer:
         self._mask = MaskLedger(self.rank, self.transport)
         self.masks_failed_ranks = self._mask.enabled
         self.hierarchical = hierarchical
-        """The hierarchical row movers (rail ``inter`` and node ``intra`` transports, per-handle
-        ``plan``) when ``topology`` is given, else None."""
         self.path = "collective"
         self._rows: RowMover = self._choose_rows(hierarchical, recycle_outputs, fused_kernels)
         self._low_latency: dict[int, LowLatencyMode] = {}  # per E
