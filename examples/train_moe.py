@@ -30,21 +30,21 @@ SIZES = dict(hidden=32, expert_hidden=32, num_experts=8, topk=2, num_layers=2, s
 def rank_main(ctx, config: TrainConfig) -> list[float]:
     """Expert-parallel training on this rank's batches; returns its loss per step."""
     vocab, windows = make_batches(config)  # (steps, ranks, batch, seq_len + 1) char ids
-    buffer = Buffer(timeout_s=120)  # dispatch / combine over the world: one EP group
-    moe = config.moe_config()
-    model = MoEGPT(config, vocab, lambda weights: MoELayer(moe, weights, buffer))
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    losses = []
-    for step in range(config.num_steps):
-        batch = windows[step, ctx.rank]  # (B, T + 1)
-        loss = loss_fn(model(batch[:, :-1]), batch[:, 1:])
-        loss.backward()
-        sync_gradients(model)  # expert parallelism only: dp_group None, ep_group the world
-        opt.step()
-        opt.zero_grad()
-        for layer in model.moe_layers():
-            layer.update_expert_bias()  # aux-loss-free balancing from this step's loads
-        losses.append(float(loss.detach()))
+    with Buffer(timeout_s=120) as buffer:  # dispatch / combine over the world: one EP group
+        moe = config.moe_config()
+        model = MoEGPT(config, vocab, lambda weights: MoELayer(moe, weights, buffer))
+        opt = torch.optim.AdamW(model.parameters(), lr=config.lr)
+        losses = []
+        for step in range(config.num_steps):
+            batch = windows[step, ctx.rank]  # (B, T + 1)
+            loss = loss_fn(model(batch[:, :-1]), batch[:, 1:])
+            loss.backward()
+            sync_gradients(model)  # expert parallelism only: dp_group None, ep_group the world
+            opt.step()
+            opt.zero_grad()
+            for layer in model.moe_layers():
+                layer.update_expert_bias()  # aux-loss-free balancing from this step's loads
+            losses.append(float(loss.detach()))
     return losses
 
 

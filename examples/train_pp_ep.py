@@ -59,22 +59,24 @@ def rank_main(ctx, config: TrainConfig, schedule_name: str, microbatches: int) -
     pipelines = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     ep_group, pipeline = ep_groups[stage], pipelines[ep_rank]
     vocab, windows = make_batches(config)  # (steps, pipelines, batch, seq_len + 1) char ids
-    buffer = Buffer(ep_group, timeout_s=120)
-    model = MoEGPT(config, vocab, lambda weights: MoELayer(config.moe_config(), weights, buffer))
-    module = First(model) if stage == 0 else Last(model)  # the blocks of the other stage idle
-    schedule = get_schedule(schedule_name, num_ranks=2, num_microbatches=microbatches)
-    stages: list[nn.Module | None] = [module if s == stage else None for s in range(2)]
-    runner = PipelineRunner(stages, schedule, loss_fn, group=pipeline, timeout_s=120)
-    opt = torch.optim.AdamW(module.parameters(), lr=config.lr)
-    losses = []
-    for step in range(config.num_steps):
-        batch = windows[step, ep_rank]  # pipeline p = ep_rank trains on its own batch
-        loss = runner.step(batch[:, :-1] if stage == 0 else None,
-                           batch[:, 1:] if stage == 1 else None)  # fmt: skip
-        sync_gradients(module, None, ep_group, group=ep_group)  # both pipelines, one model
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss))
+    with Buffer(ep_group, timeout_s=120) as buffer:  # shared memory released at the end
+        model = MoEGPT(
+            config, vocab, lambda weights: MoELayer(config.moe_config(), weights, buffer)
+        )
+        module = First(model) if stage == 0 else Last(model)  # the blocks of the other stage idle
+        schedule = get_schedule(schedule_name, num_ranks=2, num_microbatches=microbatches)
+        stages: list[nn.Module | None] = [module if s == stage else None for s in range(2)]
+        runner = PipelineRunner(stages, schedule, loss_fn, group=pipeline, timeout_s=120)
+        opt = torch.optim.AdamW(module.parameters(), lr=config.lr)
+        losses = []
+        for step in range(config.num_steps):
+            batch = windows[step, ep_rank]  # pipeline p = ep_rank trains on its own batch
+            loss = runner.step(batch[:, :-1] if stage == 0 else None,
+                               batch[:, 1:] if stage == 1 else None)  # fmt: skip
+            sync_gradients(module, None, ep_group, group=ep_group)  # both pipelines, one model
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss))
     runner.close()
     return losses
 

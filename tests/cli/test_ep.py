@@ -50,6 +50,22 @@ def test_ep_bench_json(transport, resolved, capsys):
     assert methods["all-gather"]["dispatch_payload_bytes"] == ranks * ranks * tokens * hidden * 2
 
 
+def test_ep_bench_compares_transports_through_one_buffer(capsys):
+    argv = ["ep", "bench", "--ranks", "2", "--tokens", "16", "--hidden", "24", "--experts", "8"]
+    argv += ["--topk", "2", "--iters", "1", "--warmup", "0", "--transport", "shm,dist"]
+    assert main([*argv, "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)["transports"]
+    assert [r["transport"] for r in reports] == ["shm", "dist"]
+    for r in reports:  # the same Buffer moves the same logical bytes over either transport
+        buffer = r["methods"][0]
+        assert buffer["method"] == "buffer" and buffer["correct"]
+        assert buffer["dispatch_payload_bytes"] == r["logical_bytes"]
+    assert reports[0]["logical_bytes"] == reports[1]["logical_bytes"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Buffer over each transport" in out and "dispatch vs first" in out
+
+
 def test_ep_bench_table_names_the_run(capsys):
     argv = ["ep", "bench", "--ranks", "2", "--tokens", "16", "--hidden", "24", "--experts", "8"]
     assert main([*argv, "--topk", "2", "--iters", "1", "--warmup", "0"]) == 0

@@ -15,19 +15,15 @@ from pathlib import Path
 import torch
 
 from nobubble.distributed import DistContext, context_from_env
-from nobubble.moe import Buffer
-from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
+from nobubble.moe import Buffer, Topology
 
 HIDDEN, NUM_EXPERTS, TOPK, TOKENS = 16, 8, 3, 12
 
 
 def ep_round(ctx: DistContext, ranks_per_node: int) -> dict:
     """Tokens seeded by rank; each expert scales its rows by ``1 + expert id / 8``."""
-    if ranks_per_node < ctx.world_size:
-        buf: Buffer = HierarchicalBuffer(ranks_per_node=ranks_per_node,
-                                         num_experts=NUM_EXPERTS, timeout_s=60, intra="dist")  # fmt: skip
-    else:
-        buf = Buffer(num_experts=NUM_EXPERTS, timeout_s=60)
+    topology = Topology(ranks_per_node=ranks_per_node) if ranks_per_node < ctx.world_size else None
+    buf = Buffer(None, NUM_EXPERTS, transport="dist", topology=topology, timeout_s=60)
     g = torch.Generator().manual_seed(100 + ctx.rank)
     x = torch.randn(TOKENS, HIDDEN, generator=g)  # (N, H)
     idx = torch.rand(TOKENS, NUM_EXPERTS, generator=g).topk(TOPK, dim=1).indices  # (N, K)
@@ -39,7 +35,7 @@ def ep_round(ctx: DistContext, ranks_per_node: int) -> dict:
     weight = (res.recv_topk_weights * scale * (res.recv_topk_idx >= 0)).sum(dim=1, keepdim=True)
     out = buf.combine(res.recv_x * weight, res.handle).combined_x  # (N, H)
     return {"rank": ctx.rank, "world": ctx.world_size, "out": out,
-            "recv_rows": res.recv_x.shape[0], "kind": type(buf).__name__}  # fmt: skip
+            "recv_rows": res.recv_x.shape[0], "kind": buf.path}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_two_torchrun_agents_on_loopback_run_the_hierarchical_path(tmp_path: Pat
     for a, out in zip(agents, outs, strict=True):
         assert a.returncode == 0, out[-3000:]
     launched = _results(tmp_path, 2)
-    assert [r["kind"] for r in launched] == ["HierarchicalBuffer"] * 2  # one node per agent
+    assert [r["kind"] for r in launched] == ["hierarchical"] * 2  # one node per agent
     _same(launched, spawn(ep_round, 2, args=(1,), timeout_s=TIMEOUT_S))
 
 

@@ -1,6 +1,6 @@
 """A MoE layer trained in bf16 through dispatch and combine, against the same layer computed in
 float32 in one process: outputs, input gradients and every weight gradient within bf16
-tolerance, over gloo (``Buffer``) and shared memory (``ShmBuffer``), on 2 ranks.
+tolerance, over gloo (``transport="dist"``) and shared memory (``"shm"``), on 2 ranks.
 
 The two runs differ in arithmetic precision only. Parameters and inputs are drawn in float32
 and rounded to bf16 values once, so both runs start from the same numbers; the router
@@ -35,7 +35,6 @@ from torch import nn
 
 from nobubble.distributed import spawn
 from nobubble.moe import Buffer, GroupedExperts, MoEConfig, MoELayer
-from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 from nobubble.moe.layer import swiglu
 from nobubble.moe.reference_layer import reference_route
 
@@ -116,9 +115,9 @@ def _rank(ctx, xs, gys) -> dict:
     out = {}
     for kind in ("dist", "shm"):
         for dtype in (torch.float32, torch.bfloat16):
-            buf = Buffer(timeout_s=60) if kind == "dist" else ShmBuffer(timeout_s=60)
+            buf = Buffer(transport=kind, timeout_s=60)
             out[kind, dtype] = _layer_step(ctx, buf, dtype, xs[ctx.rank], gys[ctx.rank])
-            buf.transport.close()
+            buf.close()
     return out
 
 

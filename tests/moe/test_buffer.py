@@ -15,14 +15,10 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import spawn
-from nobubble.moe import (
-    Buffer,
-    deepseek_v3_topk,
-    get_dispatch_layout,
-    reference_combine,
-    reference_dispatch,
-)
+from nobubble.moe import Buffer, reference_combine, reference_dispatch
 from nobubble.moe.baseline import pair_dispatch
+from nobubble.moe.layout import get_dispatch_layout
+from nobubble.moe.routing import deepseek_v3_topk
 
 # name, hidden, num_experts, topk, tokens by rank (cycled), dtype, routing
 CASES = [
@@ -198,7 +194,7 @@ def _check_errors(ctx, buf: Buffer) -> None:
         bad.append(
             (lambda: buf.dispatch(x, idx, num_experts=4 * r + 1), f"num_experts={4 * r + 1}")
         )
-        bad.append((lambda: Buffer(num_experts=r + 1), f"num_experts={r + 1}"))
+        bad.append((lambda: Buffer(num_experts=r + 1, transport="dist"), f"num_experts={r + 1}"))
     for fn, needle in bad:
         with pytest.raises(ValueError, match=needle):
             fn()
@@ -217,7 +213,13 @@ def _check_errors(ctx, buf: Buffer) -> None:
 
 def _run_all(ctx) -> str:
     # a tiny combine scratch (3 rows of the bf16 case) so chunked widening crosses chunks
-    buf = Buffer(num_experts=4 * ctx.world_size, timeout_s=60, combine_chunk_bytes=3 * 56 * 4)
+    buf = Buffer(
+        num_experts=4 * ctx.world_size,
+        transport="dist",  # the collective path, whose combine widens in chunks
+        timeout_s=60,
+        combine_chunk_bytes=3 * 56 * 4,
+    )
+    assert buf.path == "collective"
     for i, case in enumerate(CASES):
         if case[2] % ctx.world_size == 0:
             _check_case(ctx, buf, i)

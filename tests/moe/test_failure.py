@@ -18,7 +18,7 @@ TIMEOUT_S = 6.0
 
 
 def _dispatch_with_a_casualty(ctx, how: str):
-    buf = Buffer(num_experts=4, timeout_s=TIMEOUT_S)
+    buf = Buffer(num_experts=4, transport="dist", timeout_s=TIMEOUT_S)  # gloo collectives
     x = torch.ones(4, 8) * ctx.rank
     idx = torch.tensor([[0, 3]] * 4)
     buf.combine(buf.dispatch(x, idx).recv_x, buf.dispatch(x, idx).handle)  # healthy round first

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.moe import get_dispatch_layout
+from nobubble.moe.layout import get_dispatch_layout
 
 
 def _loop_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int):

@@ -118,7 +118,7 @@ def _run(ctx, kind: str, how: str, where: str, masking: bool, phy2log: list[int]
         transport = ShmTransport(timeout_s=TIMEOUT_S, mask_failed_ranks=masking)
         buf = Buffer(transport=transport, num_experts=NUM_PHYSICAL)
     else:
-        buf = Buffer(num_experts=NUM_PHYSICAL, timeout_s=TIMEOUT_S)
+        buf = Buffer(num_experts=NUM_PHYSICAL, transport="dist", timeout_s=TIMEOUT_S)
     if phy2log != IDENTITY:
         buf.set_replicas(torch.tensor(phy2log))
     reporters = [r for r in range(WORLD) if r != DEAD or (how == "hangs" and masking)]

@@ -28,23 +28,22 @@ from nobubble.moe import (
     MoEConfig,
     MoELayer,
     ReferenceMoE,
-    ReplicatedMoELayer,
-    TransportStats,
-    deepseek_v3_topk,
     init_moe_weights,
     reference_layer,
-    reference_moe_forward,
     softmax_topk,
-    update_expert_bias,
 )
 from nobubble.moe.balance.replicas import STRATEGIES
+from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
 from nobubble.moe.layer import apply_experts
 from nobubble.moe.reference_layer import (
     reference_bias_update,
     reference_expert,
+    reference_moe_forward,
     reference_route,
     reference_tokens_per_expert,
 )
+from nobubble.moe.routing import deepseek_v3_topk, update_expert_bias
+from nobubble.moe.transport import TransportStats
 from tests.moe.replica_probe import RecordingReplicaRouter
 
 EXACT = {"rtol": 1e-12, "atol": 1e-12}

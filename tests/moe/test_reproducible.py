@@ -26,10 +26,9 @@ import pytest
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, fp8_dispatch
-from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
-from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
-from nobubble.moe.fastpath.shm_buffer import ShmBuffer
+from nobubble.moe import Buffer
+from nobubble.moe.fastpath.fp8 import fp8_dispatch
+from nobubble.moe.fastpath.hierarchical import Topology
 
 pytestmark = pytest.mark.xdist_group("moe-reproducible")  # its module fixtures run once
 
@@ -157,18 +156,21 @@ def _fp8_round(buf: Buffer, rank: int, rep: int, dtype: torch.dtype) -> Tensors:
 
 
 def _low_latency_round(
-    buf: LowLatencyBuffer, rank: int, rep: int, dtype: torch.dtype, use_fp8: bool
+    buf: Buffer, rank: int, rep: int, dtype: torch.dtype, use_fp8: bool
 ) -> Tensors:
     x, idx, w = _inputs(rank, dtype)
     _pause(rank, rep, 0)
-    res = buf.low_latency_dispatch(x, idx, use_fp8=use_fp8, return_recv_hook=True)
+    res = buf.low_latency_dispatch(
+        x, idx, num_max_dispatch_tokens_per_rank=T_MAX, use_fp8=use_fp8, return_recv_hook=True
+    )
     assert res.hook is not None
     res.hook()
     layout = res.handle.recv_layout  # (L, R)
     out = res.recv_x.clone()  # (L, R * T, H); padding rows are never read
     valid: Tensors = []
-    for e in range(buf.num_local_experts):
-        out[e] = out[e] * (1 + rank * buf.num_local_experts + e)
+    local = NUM_EXPERTS // WORLD
+    for e in range(local):
+        out[e] = out[e] * (1 + rank * local + e)
         for i in range(WORLD):  # only valid rows: the padding is uninitialised memory
             rows = res.recv_x[e, i * T_MAX : i * T_MAX + int(layout[e, i])]
             valid.append((f"recv_x[{e},{i}]", rows))
@@ -181,34 +183,25 @@ def _round(mode: str, rank: int, rep: int, orders: list[list[int]]) -> str:
     """One seeded round of ``mode`` with fresh buffers; returns its hash on this rank."""
     out: Tensors = []
     if mode == "low_latency":
-        ll = LowLatencyBuffer(
-            num_max_dispatch_tokens_per_rank=T_MAX,
-            hidden=HIDDEN,
-            num_experts=NUM_EXPERTS,
-            transport="shm",
-            timeout_s=60,
-        )
-        _log_arrivals(ll.transport, orders)
-        for dtype, use_fp8 in LL_ROUNDS:
-            out += _low_latency_round(ll, rank, rep, dtype, use_fp8)
-        ll.transport.close()
+        with Buffer(None, NUM_EXPERTS, transport="shm", timeout_s=60) as ll:
+            _log_arrivals(ll.transport, orders)
+            for dtype, use_fp8 in LL_ROUNDS:
+                out += _low_latency_round(ll, rank, rep, dtype, use_fp8)
         return _digest(out)
     buf: Buffer
     if mode == "normal":
-        buf = Buffer(timeout_s=60)
+        buf = Buffer(transport="dist", timeout_s=60)
     elif mode == "hierarchical":
-        buf = HierarchicalBuffer(ranks_per_node=1, timeout_s=60)  # 4 nodes x 1 rank
+        buf = Buffer(topology=Topology(ranks_per_node=1), timeout_s=60)  # 4 nodes x 1 rank
     else:  # shm, fp8
-        buf = ShmBuffer(timeout_s=60)
-        _log_arrivals(buf.shm, orders)
+        buf = Buffer(transport="shm", timeout_s=60)
+        _log_arrivals(buf.transport, orders)
     if mode == "fp8":  # FP8 dispatch over the host's default buffer, bf16 combine
         out += _fp8_round(buf, rank, rep, torch.bfloat16)
     else:
         for dtype in (torch.float32, torch.bfloat16):
             out += _buffer_round(buf, rank, rep, dtype)
-    buf.transport.close()  # ShmBuffer: its shared-memory regions
-    if isinstance(buf, HierarchicalBuffer):
-        buf.intra.close()
+    buf.close()  # its shared-memory regions (the node's, with a topology)
     return _digest(out)
 
 

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.moe import deepseek_v3_topk, softmax_topk, update_expert_bias
+from nobubble.moe import softmax_topk
+from nobubble.moe.routing import deepseek_v3_topk, update_expert_bias
 
 
 def _brute_v3(logits, topk, n_groups, topk_groups, bias, route_scale):

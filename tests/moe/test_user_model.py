@@ -14,16 +14,8 @@ import torch
 from torch import nn
 
 from nobubble.distributed import RankFailure, spawn
-from nobubble.moe import (
-    Buffer,
-    GroupedExperts,
-    MoEConfig,
-    MoELayer,
-    dp_ep_groups,
-    expert_parameters,
-    non_expert_parameters,
-    sync_gradients,
-)
+from nobubble.moe import Buffer, GroupedExperts, MoEConfig, MoELayer, dp_ep_groups, sync_gradients
+from nobubble.moe.parallel import expert_parameters, non_expert_parameters
 
 H, INNER, E, K, CLASSES, ROWS, STEPS, LR = 12, 16, 8, 2, 5, 6, 5, 0.2
 CONFIG = MoEConfig(hidden=H, expert_hidden=INNER, num_experts=E, topk=K)

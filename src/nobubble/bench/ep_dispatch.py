@@ -2,8 +2,8 @@
 
 Three dispatchers move the same routing decision on ``R`` local ranks:
 
-- ``buffer``: :class:`~nobubble.moe.buffer.Buffer` (one copy per (token, rank)) - a
-  :class:`~nobubble.moe.fastpath.shm_buffer.ShmBuffer` on the shared-memory transport.
+- ``buffer``: :class:`~nobubble.moe.buffer.Buffer` (one copy per (token, rank)), with the
+  fast path its transport declares (gather-on-write / reduce-on-read over shared memory).
 - ``per-pair all-to-all``: one copy per (token, expert) pair (:func:`pair_dispatch`).
 - ``all-gather``: every rank gathers every token, keeps those with a local expert; combine is
   a reduce-scatter of a full ``[R * N, H]`` buffer.
@@ -17,8 +17,9 @@ the transport, summed over ranks) and a correctness verdict.
 All three move their rows through one transport, chosen by ``BenchConfig.transport``:
 ``"shm"`` (:class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`, shared memory on this host),
 ``"dist"`` (:class:`~nobubble.moe.transport.TorchDistTransport`, gloo collectives) or
-``"auto"`` (shared memory for gloo on one CPU host, as :func:`make_buffer` decides); the
-report names the one really used.
+``"auto"`` (shared memory for gloo on one CPU host, as ``Buffer(transport="auto")``
+decides); the report names the one really used. :func:`compare_transports` runs the whole
+benchmark once per transport kind, so that the same ``Buffer`` is compared across them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,20 @@ from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe.baseline import pair_combine, pair_dispatch
 from nobubble.moe.buffer import Buffer
-from nobubble.moe.fastpath.shm_buffer import make_buffer
 from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS
 from nobubble.moe.layout import get_dispatch_layout, num_local_experts
 from nobubble.moe.transport import Transport
 from nobubble.validation import check_fields
 
-__all__ = ["BenchConfig", "MethodResult", "BenchReport", "run_bench", "plot_report", "METHODS"]
+__all__ = [
+    "BenchConfig",
+    "MethodResult",
+    "BenchReport",
+    "run_bench",
+    "compare_transports",
+    "plot_report",
+    "METHODS",
+]
 
 METHODS = ("buffer", "per-pair all-to-all", "all-gather")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -208,14 +216,10 @@ def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
     x = torch.randn(n, h, generator=g).to(dtype)  # (N, H)
     topk_idx = torch.randn(n, e, generator=g).topk(config.topk, dim=1).indices  # (N, K)
     copies = get_dispatch_layout(topk_idx, e, ctx.world_size).is_token_in_rank.sum(1)  # (N,)
-    buf = make_buffer(config.transport, num_experts=e, timeout_s=config.timeout_s)
-    t = buf.transport
-    try:
+    with Buffer(None, e, transport=config.transport, timeout_s=config.timeout_s) as buf:
         out = _run_methods(ctx, config, progress, buf, x, topk_idx, copies)
-    finally:
-        t.close()  # no /dev/shm names left behind
-    out["transport"] = t.kind
-    return out
+        out["transport"] = buf.transport.kind
+    return out  # the buffer is closed: no shared memory left behind
 
 
 def _run_methods(ctx, config: BenchConfig, progress: Any, buf: Buffer, x, topk_idx, copies):
@@ -279,6 +283,19 @@ def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
             )
         )
     return BenchReport(config, logical, per_rank[0]["transport"], methods)
+
+
+def compare_transports(
+    config: BenchConfig, kinds: tuple[str, ...], *, progress: Any = None
+) -> list[BenchReport]:
+    """:func:`run_bench` once per transport kind in ``kinds`` (the same ``Buffer`` over each),
+    in order; ``config.transport`` is replaced by each kind in turn."""
+    for kind in kinds:
+        if kind not in TRANSPORT_KINDS:
+            raise ValueError(
+                f"compare_transports: kind={kind!r}; choose from {', '.join(TRANSPORT_KINDS)}"
+            )
+    return [run_bench(replace(config, transport=kind), progress=progress) for kind in kinds]
 
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:

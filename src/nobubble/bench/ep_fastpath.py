@@ -4,8 +4,9 @@ Used by ``benchmarks/ep_transports.py`` (full DeepEP-sized shapes) and by the fa
 ``nobubble demo`` (small shapes). Every section spawns real local gloo ranks:
 
 - ``transports``: Buffer dispatch + combine with gloo's all-to-all, with the shared-memory
-  transport, and with the fused :class:`~nobubble.moe.fastpath.shm_buffer.ShmBuffer` (with and without
-  its C kernel and recycled outputs); bandwidth as a fraction of one core's memcpy bandwidth.
+  transport's collective path, and with its fused peer-write path
+  (:class:`~nobubble.moe.fastpath.shm_rows.ShmRows`, with and without its C kernel and
+  recycled outputs); bandwidth as a fraction of one core's memcpy bandwidth.
 - ``hierarchical``: 2 "nodes" x 2 ranks; bytes that cross node boundaries, hierarchical vs flat.
 - ``low_latency``: low-latency dispatch + combine vs normal mode, bf16 vs FP8 bytes.
 - ``overlap``: MoE layer forward step time with chunked overlap vs without.
@@ -29,13 +30,11 @@ import torch.distributed as dist
 from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe.buffer import Buffer
-from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
-from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
+from nobubble.moe.fastpath.hierarchical import Topology
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
-from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 from nobubble.moe.fastpath.shm_transport import ShmTransport
 from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
-from nobubble.moe.transport import TorchDistTransport
+from nobubble.moe.transport import Capabilities, TorchDistTransport
 
 __all__ = [
     "SECTIONS",
@@ -52,9 +51,9 @@ __all__ = [
 SECTIONS = ("transports", "hierarchical", "low_latency", "overlap")
 TRANSPORT_PATHS = {
     "gloo": "Buffer over gloo all-to-all (baseline)",
-    "shm-unfused": "Buffer over ShmTransport",
-    "shm-fused-torch": "ShmBuffer, torch reduce, fresh outputs",
-    "shm": "ShmBuffer: fused copies + C combine kernel + recycled outputs",
+    "shm-unfused": "Buffer over ShmTransport's all-to-all (no peer writes declared)",
+    "shm-fused-torch": "Buffer over shm, peer writes, torch reduce, fresh outputs",
+    "shm": "Buffer over shm: fused copies + C combine kernel + recycled outputs",
 }
 
 
@@ -148,11 +147,13 @@ def _transports_rank(ctx, shape: Shape) -> dict[str, Any]:
     idx, w = _routing(shape.tokens, shape.experts, shape.topk, seed=ctx.rank)
     x = _tokens(shape.tokens, shape.hidden, seed=99 + ctx.rank)
     shm = ShmTransport(timeout_s=600)
+    unfused = ShmTransport(timeout_s=600)
+    unfused.capabilities = Capabilities()  # declares no peer writes: the collective path
     bufs = {
         "gloo": Buffer(transport=TorchDistTransport(timeout_s=600)),
-        "shm-unfused": Buffer(transport=ShmTransport(timeout_s=600)),
-        "shm-fused-torch": ShmBuffer(transport=shm, recycle_outputs=0, fused_kernels=False),
-        "shm": ShmBuffer(transport=shm),
+        "shm-unfused": Buffer(transport=unfused),
+        "shm-fused-torch": Buffer(transport=shm, recycle_outputs=0, fused_kernels=False),
+        "shm": Buffer(transport=shm),
     }
     names = list(bufs)
     times: dict[str, dict[str, list[float]]] = {n: {"d": [], "c": []} for n in names}
@@ -181,7 +182,7 @@ def _transports_rank(ctx, shape: Shape) -> dict[str, Any]:
             "x_bytes_sent": buf.transport.stats().bytes_sent["x"],
         }
     for buf in bufs.values():
-        buf.transport.close()
+        buf.close()
     result["bit_equal"] = bool(bit_equal)
     return result
 
@@ -220,7 +221,8 @@ def _hier_rank(ctx, shape: Shape, ranks_per_node: int) -> dict[str, Any]:
     idx, w = _routing(tokens, shape.experts, shape.topk, seed=10 + ctx.rank)
     x = _tokens(tokens, hidden, seed=ctx.rank)
     flat = Buffer(transport=TorchDistTransport(timeout_s=600))
-    hier = HierarchicalBuffer(ranks_per_node=p, timeout_s=600)
+    hier = Buffer(topology=Topology(ranks_per_node=p), timeout_s=600)
+    assert hier.hierarchical is not None
     out: dict[str, Any] = {}
     recv = {}
     for name, buf in (("flat", flat), ("hierarchical", hier)):
@@ -228,16 +230,17 @@ def _hier_rank(ctx, shape: Shape, ranks_per_node: int) -> dict[str, Any]:
         out[name] = {"dispatch_s": r["dispatch_s"], "combine_s": r["combine_s"]}
         recv[name] = r["recv_x"]
     out["bit_equal_dispatch"] = bool(torch.equal(recv["flat"], recv["hierarchical"]))
-    hier.inter.reset_stats()
+    hier.hierarchical.inter.reset_stats()
     res = hier.dispatch(x, idx, w, num_experts=shape.experts)
     in_rank = res.handle.is_token_in_rank.view(tokens, -1, p)  # (N, D, P)
     other = torch.ones(in_rank.shape[1], dtype=torch.bool)
     other[ctx.rank // p] = False
     elt = x.element_size()
     out["pairs_token_other_node"] = int(in_rank.any(dim=2)[:, other].sum())
-    out["inter_bytes_hier"] = hier.inter.stats().bytes_sent_remote["x"]
+    out["inter_bytes_hier"] = hier.hierarchical.inter.stats().bytes_sent_remote["x"]
     out["inter_bytes_flat"] = int(in_rank[:, other].sum()) * hidden * elt
     out["formula_holds"] = out["inter_bytes_hier"] == out["pairs_token_other_node"] * hidden * elt
+    hier.close()
     return out
 
 
@@ -268,21 +271,17 @@ def _ll_rank(ctx, shape: Shape) -> dict[str, Any]:
     x = _tokens(tokens, hidden, seed=ctx.rank)
     out = {}
     for transport in ("shm", "dist"):
-        ll = LowLatencyBuffer(
-            num_max_dispatch_tokens_per_rank=tokens,
-            hidden=hidden,
-            num_experts=shape.experts,
-            transport=transport,
-            timeout_s=600,
-        )
+        ll = Buffer(None, shape.experts, transport=transport, timeout_s=600)
         for use_fp8 in (False, True):
             name = f"low-latency {transport}" + (" fp8" if use_fp8 else " bf16")
             times_d, times_c = [], []
             for it in range(iters + 1):
-                ll.bytes_sent_remote.clear()
+                ll.transport.reset_stats()
                 dist.barrier()
                 t0 = time.perf_counter()
-                res = ll.low_latency_dispatch(x, idx, use_fp8=use_fp8)
+                res = ll.low_latency_dispatch(
+                    x, idx, num_max_dispatch_tokens_per_rank=tokens, use_fp8=use_fp8
+                )
                 t1 = time.perf_counter()
                 ll.low_latency_combine(res.recv_x, idx, w, res.handle)
                 t2 = time.perf_counter()
@@ -292,11 +291,12 @@ def _ll_rank(ctx, shape: Shape) -> dict[str, Any]:
             out[name] = {
                 "dispatch_s": statistics.median(times_d),
                 "combine_s": statistics.median(times_c),
-                "dispatch_bytes": ll.bytes_sent_remote["x"],
+                "dispatch_bytes": ll.transport.stats().bytes_sent_remote["ll_dispatch"],
             }
+        ll.close()
     for name, buf in (
         ("normal gloo", Buffer(transport=TorchDistTransport(timeout_s=600))),
-        ("normal shm", ShmBuffer(timeout_s=600)),
+        ("normal shm", Buffer(transport="shm", timeout_s=600)),
     ):
         r = _time_buffer(buf, x, idx, w, shape.experts, iters)
         buf.transport.reset_stats()
@@ -306,6 +306,7 @@ def _ll_rank(ctx, shape: Shape) -> dict[str, Any]:
             "combine_s": r["combine_s"],
             "dispatch_bytes": buf.transport.stats().bytes_sent_remote["x"],
         }
+        buf.close()
     return out
 
 
@@ -338,7 +339,7 @@ _OVERLAP_MODES = {
 
 
 def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, transport: str):
-    buf = ShmBuffer(timeout_s=600) if transport == "shm" else Buffer(timeout_s=600)
+    buf = Buffer(transport="shm" if transport == "shm" else "dist", timeout_s=600)
     layer = MoELayer(config, init_moe_weights(config, seed=1), buf)
     x = torch.randn(tokens, config.hidden, generator=torch.Generator().manual_seed(ctx.rank))
     modes = {name: (c or chunks, ov) for name, (c, ov) in _OVERLAP_MODES.items()}
@@ -358,7 +359,7 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
         name: [statistics.median(v[i] for v in vals) for i in range(4)]
         for name, vals in runs.items()
     }
-    buf.transport.close()
+    buf.close()
     return {"medians": medians, "timeline": timeline}
 
 

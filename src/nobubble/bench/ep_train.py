@@ -47,18 +47,18 @@ from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe import (
     Buffer,
-    ExpertLoadStats,
     MoEConfig,
     MoELayer,
-    MoEWeights,
     ReferenceMoE,
-    ReplicatedMoELayer,
     dp_ep_groups,
     init_moe_weights,
-    rebalance_experts,
-    rebalance_online,
     sync_gradients,
 )
+from nobubble.moe.balance.eplb import rebalance_experts
+from nobubble.moe.balance.load_stats import ExpertLoadStats
+from nobubble.moe.balance.online import rebalance_online
+from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
+from nobubble.moe.layer import MoEWeights
 from nobubble.validation import check_fields
 
 __all__ = ["TrainConfig", "TrainReport", "MoEGPT", "make_batches", "loss_fn", "run_training",

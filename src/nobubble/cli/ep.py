@@ -34,7 +34,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="time Buffer dispatch/combine against per-pair all-to-all and all-gather",
         description="Spawn R local ranks (gloo, one thread each) and time DeepEP-style "
         "dispatch/combine beside two baselines in the same processes, all three over one "
-        "transport (--transport).",
+        "transport (--transport); several transports (--transport shm,dist) run one after "
+        "the other and are compared through the same Buffer.",
     )
     bench.add_argument("--ranks", type=positive_int, default=4, help="local ranks (default 4)")
     bench.add_argument("--tokens", type=positive_int, default=4096, help="tokens per rank")
@@ -49,11 +50,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     bench.add_argument("--seed", type=nonneg_int, default=0, help="routing seed")
     bench.add_argument(
         "--transport",
-        choices=("auto", "shm", "dist"),
-        default="auto",
-        help="how rows move between ranks: shm = shared memory on this host (ShmBuffer, "
-        "direct writes into the peers' /dev/shm slots); dist = torch.distributed (gloo) "
-        "collectives; auto (default) = shm for gloo on one CPU host, else dist",
+        type=_transport_kinds,
+        default=("auto",),
+        help="how rows move between ranks, one kind or a comma list to compare: shm = shared "
+        "memory on this host (Buffer's peer-write path: direct writes into the peers' "
+        "/dev/shm slots); dist = torch.distributed (gloo) collectives; auto (default) = shm "
+        "for gloo on one CPU host, else dist",
     )
     bench.add_argument(
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
@@ -67,6 +69,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     ep_balance.register(sub)
     ep_train.register(sub)
+
+
+def _transport_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in ("auto", "shm", "dist")]
+    if not kinds or bad or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give auto, shm or dist, or a comma list of distinct kinds (shm,dist)"
+        )
+    return kinds
 
 
 def run_with_progress(config: Any) -> Any:
@@ -107,10 +119,14 @@ def _bench(args: argparse.Namespace) -> int:
         num_warmup=args.warmup,
         timeout_s=args.timeout,
         seed=args.seed,
-        transport=args.transport,
+        transport=args.transport[0],
     )
     if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"--plot {args.plot}: use a .png or .svg file name")
+    if len(args.transport) > 1:
+        if args.plot is not None:
+            raise UsageError("--plot draws one transport; give --transport one kind with it")
+        return _compare(config, args.transport, as_json=args.json)
     report = run_with_progress(config)
     if args.plot is not None:
         from nobubble.bench.ep_dispatch import plot_report
@@ -167,3 +183,31 @@ def print_report(report: Any) -> None:
         caption=f"logical bytes {report.logical_bytes / mb:.1f} MB (sum(is_token_in_rank)*H*es); "
         f"time relative to buffer - {ratios}",
     )
+
+
+def _compare(config: Any, kinds: tuple[str, ...], *, as_json: bool) -> int:
+    """Run the benchmark once per transport kind and compare Buffer's times across them."""
+    from dataclasses import replace
+
+    reports = [run_with_progress(replace(config, transport=kind)) for kind in kinds]
+    if as_json:
+        print_json({"transports": [r.to_dict() for r in reports]})
+    else:
+        for report in reports:
+            print_report(report)
+        first = reports[0].methods[0]
+        print_table(
+            "ep bench: Buffer over each transport (median, slowest rank)",
+            ["transport", "dispatch ms", "combine ms", "dispatch vs first", "combine vs first"],
+            [
+                [
+                    r.transport,
+                    r.methods[0].dispatch_ms,
+                    r.methods[0].combine_ms,
+                    f"x{r.methods[0].dispatch_ms / first.dispatch_ms:.2f}",
+                    f"x{r.methods[0].combine_ms / first.combine_ms:.2f}",
+                ]
+                for r in reports
+            ],
+        )
+    return 0 if all(m.correct for r in reports for m in r.methods) else 1

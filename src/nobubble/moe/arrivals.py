@@ -16,19 +16,115 @@ loopback, more across hosts); ``track_arrivals=False`` turns it off.
 
 Lifecycle: ``create`` (collective, at the first call) -> ``enter(t)`` before every call ->
 ``missing(t)`` after a failure.
+
+The errors a transport raises live here too (:class:`TransportError`, :class:`PeerFailure`
+naming the phase of :data:`PHASES` and the ranks that did not arrive);
+:mod:`nobubble.moe.transport` re-exports them.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["ArrivalStore"]
+PHASES = ("layout", "dispatch", "combine", "rebalance")
+_LAYOUT_KINDS = ("layout", "topk_idx")
+_REBALANCE_KINDS = ("placement", "expert_migration", "load", "load_stats")
+
+
+def phase_of(kind: str) -> str:
+    """The phase a transport call of ``kind`` belongs to, when no caller says otherwise.
+
+    Count and metadata exchanges (``layout``, ``topk_idx``, ``*_layout``, ``*_meta``) are the
+    ``layout`` phase; placement, statistics and expert migration the ``rebalance`` phase;
+    kinds naming combine the ``combine`` phase; everything else moves token rows outwards,
+    the ``dispatch`` phase. :class:`~nobubble.moe.buffer.Buffer` names its row movers' phase
+    itself (``combine_rows`` is ``combine`` even for a gradient).
+    """
+    if kind in _LAYOUT_KINDS or kind.endswith(("_layout", "_meta")):
+        return "layout"
+    if kind in _REBALANCE_KINDS:
+        return "rebalance"
+    return "combine" if "combine" in kind else "dispatch"
+
+
+class TransportError(RuntimeError):
+    """A collective failed or timed out: a peer rank died, hung, or disagreed on sizes."""
+
+
+class PeerFailure(TransportError):
+    """A call could not complete because peer ranks died or stopped answering.
+
+    Attributes:
+        rank: the rank that raised; ``world_size``: its group's size.
+        phase: one of :data:`PHASES` - where in the step the wait failed.
+        operation: the transport call, e.g. ``"all_to_all(x)"``.
+        failed_ranks: the ranks that did not arrive, sorted; empty when every rank reached
+            the call (one died inside it, or the ranks disagree on the sequence of calls).
+        call: the transport's call number (the same on every rank), or None.
+        waited_s: how long this rank waited; ``timeout_s``: its limit.
+        detail: how the failed ranks were found, and the backend's own error.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        phase: str,
+        operation: str,
+        failed_ranks: Sequence[int],
+        waited_s: float,
+        timeout_s: float,
+        call: int | None = None,
+        detail: str = "",
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.phase, self.operation = phase, operation
+        self.failed_ranks: tuple[int, ...] = tuple(sorted({int(r) for r in failed_ranks}))
+        self.waited_s, self.timeout_s = float(waited_s), float(timeout_s)
+        self.call, self.detail = call, detail
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        call = f", call {self.call}" if self.call is not None else ""
+        who = (
+            f"rank(s) {list(self.failed_ranks)} did not arrive"
+            if self.failed_ranks
+            else "every rank reached this call (one died inside it, or the ranks issued "
+            "different sequences of calls)"
+        )
+        detail = f" [{self.detail}]" if self.detail else ""
+        return (
+            f"rank {self.rank}/{self.world_size}: {self.phase} phase, {self.operation}{call}: "
+            f"{who} after {self.waited_s:.1f}s (timeout {self.timeout_s:g}s): a peer rank died "
+            f"or stopped responding{detail}"
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        names = ("rank", "world_size", "phase", "operation", "failed_ranks", "waited_s")
+        fields = {name: getattr(self, name) for name in names}
+        fields.update(timeout_s=self.timeout_s, call=self.call, detail=self.detail)
+        return fields
+
+    def in_phase(self, phase: str) -> PeerFailure:
+        """The same failure, attributed to ``phase`` (a caller knows the phase better)."""
+        return PeerFailure(**{**self._fields(), "phase": phase})
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only __init__: pickle by fields
+        return (_rebuild_peer_failure, (self._fields(),))
+
+
+def _rebuild_peer_failure(fields: dict[str, Any]) -> PeerFailure:
+    return PeerFailure(**fields)
+
+
+__all__ = ["ArrivalStore", "PHASES", "PeerFailure", "TransportError", "phase_of"]
 
 _HOST_CHARS = 255  # longest host name (RFC 1123)
 _READ_TIMEOUT_S = 5.0  # a store read after a failure: the server is local to rank 0

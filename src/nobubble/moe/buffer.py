@@ -1,30 +1,42 @@
-"""DeepEP-style expert-parallel dispatch and combine (normal / throughput mode).
+"""DeepEP-style expert-parallel dispatch and combine: one :class:`Buffer` for every transport and mode.
 
 A :class:`Buffer` sends each token once to every rank that holds at least one of its top-k
 experts (``dispatch``), and sums the rows that come back (``combine``). Compared with a plain
 all-to-all that sends one copy per (token, expert) pair, a token with several experts on one
-rank crosses the wire once.
+rank crosses the wire once. ``low_latency_dispatch`` / ``low_latency_combine`` are the
+decoding mode (fixed-capacity slots, one row per (token, expert), no count exchange;
+:mod:`nobubble.moe.fastpath.low_latency`).
 
 Received rows are grouped by source rank in rank order, and by source token order within a
 source rank. The :class:`~nobubble.moe.handle.DispatchHandle` records that layout;
 ``dispatch(x, handle=h)`` and ``combine`` reuse it without exchanging counts again, and the
 backward passes of both use it (the records live in :mod:`nobubble.moe.handle`).
 
-Shape legend: ``N`` tokens on this rank, ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
-``L = E / R`` local experts, ``S`` rows this rank sends, ``M`` rows it receives.
+How rows move is chosen once, in the constructor, from what the transport declares
+(:class:`~nobubble.moe.transport.Capabilities`), never from its class:
 
-Extension points (later work): the payload moves through :meth:`Buffer.dispatch_rows` /
-:meth:`Buffer.combine_rows`, which take any row-aligned tensor - an FP8 payload is two of
-them (values and scales), chunked overlap splits them; the transport is an explicit object
-(shared memory, hierarchical ``ranks_per_node`` routing, low-latency mode plug in there);
-expert-parallel load balancing maps logical to physical experts on ``topk_idx`` before
-``dispatch`` and reads received counts through ``cumulative_local_expert_recv_stats``.
+- ``topology=Topology(ranks_per_node=P)``: rows cross nodes once per (token, node)
+  (:class:`~nobubble.moe.fastpath.hierarchical.HierarchicalRows`);
+- ``peer_writes`` (shared memory on one host): gather-on-write dispatch and reduce-on-read
+  combine (:class:`~nobubble.moe.fastpath.shm_rows.ShmRows`);
+- otherwise, and whenever the transport masks failed ranks: the transport's ``all_to_all``.
+
+Every path returns the same rows in the same order (combine sums in the same order, bit for
+bit, except hierarchical, which sums inside a node first).
+
+Shape legend: ``N`` tokens on this rank, ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
+``L = E / R`` local experts, ``S`` rows this rank sends, ``M`` rows it receives,
+``T = num_max_dispatch_tokens_per_rank``.
+
+Lifecycle: ``Buffer(...)`` (a collective over ``group``) -> dispatch / combine ... ->
+``close()`` (or leave a ``with`` block), which releases what the transport holds (shared
+memory); every later call raises ``ValueError``.
 
 Failures: a peer that dies or stops answering makes the transport raise
 :class:`~nobubble.moe.transport.PeerFailure`, which names the phase (``layout`` while counts
 and metadata are exchanged, ``dispatch`` for rows going out, ``combine`` for rows coming
-back - gradients included) and the ranks that did not arrive. Over a transport with
-``mask_failed_ranks=True`` the buffer instead goes on without masked ranks: the top-k slots
+back - gradients included) and the ranks that did not arrive. Over a transport that declares
+``masks_failed_ranks`` the buffer instead goes on without masked ranks: the top-k slots
 they held are re-routed to surviving replicas (:meth:`Buffer.set_replicas`) or dropped, and
 counted (:meth:`Buffer.masking_stats`; :mod:`nobubble.moe.masking`).
 """
@@ -33,62 +45,110 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 
 from nobubble.moe.autograd import CombineFunction, DispatchFunction
-from nobubble.moe.handle import CombineResult, DispatchHandle, DispatchResult
+from nobubble.moe.fastpath.hierarchical import HierarchicalRows, Topology
+from nobubble.moe.fastpath.low_latency import LowLatencyDispatch, LowLatencyHandle, LowLatencyMode
+from nobubble.moe.fastpath.shm_rows import ShmRows
+from nobubble.moe.fastpath.shm_transport import make_transport
+from nobubble.moe.handle import CombineResult, DispatchHandle, DispatchResult, exchange_plan
 from nobubble.moe.layout import (
     DispatchLayout,
     check_topk_idx,
     get_dispatch_layout,
     num_local_experts,
 )
-from nobubble.moe.masking import MaskingStats, MaskLedger, without_sources
-from nobubble.moe.transport import PeerFailure, TorchDistTransport, Transport
+from nobubble.moe.masking import MaskingStats, MaskLedger
+from nobubble.moe.rows import CollectiveRows, RowMover
+from nobubble.moe.transport import (
+    PeerFailure,
+    PeerWrites,
+    TorchDistTransport,
+    Transport,
+    capabilities_of,
+)
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult"]
+__all__ = ["Buffer", "DispatchHandle", "DispatchResult", "CombineResult", "Topology"]
 
-_COUNT_HEADER = 3  # per-destination header in the count exchange: rows, topk, hidden
 _T = TypeVar("_T")
 
 
 class Buffer:
-    """Expert-parallel communication buffer for one process group.
+    """Expert-parallel communication buffer for one process group (DeepEP's ``Buffer``).
+
+    Building one is a collective: every rank of ``group`` calls it with the same arguments.
 
     Args:
         group: the expert-parallel ``torch.distributed`` group (``None`` = default group);
-            ignored when ``transport`` is given.
-        transport: moves the rows (default :class:`TorchDistTransport` over ``group``).
-        num_experts: default ``E`` for :meth:`dispatch` calls that do not pass it.
-        timeout_s: per-collective timeout of the default transport.
-        combine_chunk_bytes: size of the float32 scratch in which combine widens 16-bit rows
-            on CPU (cache-sized chunks are about twice as fast as whole segments).
+            unused when ``transport`` is a :class:`~nobubble.moe.transport.Transport`.
+        num_experts: default ``E`` for calls that do not pass it (a multiple of the size).
+        transport: a kind - ``"auto"`` (shared memory for gloo on one CPU host, else
+            ``torch.distributed`` collectives), ``"shm"`` or ``"dist"`` - or a transport
+            object (e.g. ``ShmTransport(group, mask_failed_ranks=True)``); the buffer reads
+            its declared capabilities to choose its fast paths.
+        topology: :class:`Topology` of the group's nodes for hierarchical routing (rows cross
+            nodes once per (token, node)); then ``transport`` is the kind used inside a node,
+            and counts and the low-latency mode go over ``torch.distributed``.
+        timeout_s: the longest any wait for a peer may take (transports built here).
+        combine_chunk_bytes: size of the float32 scratch in which the collective path's
+            combine widens 16-bit rows on CPU (cache-sized chunks are about twice as fast).
+        recycle_outputs: with peer writes, keep up to this many large output buffers for
+            reuse once the caller drops them (0: every output is a fresh allocation).
+        fused_kernels: with peer writes, reduce combine with the compiled C kernel when it is
+            available (``False``: always the torch path; the results are identical).
 
-    Failure masking is the transport's choice: over a
-    :class:`~nobubble.moe.transport.FailureMasking` transport built with
-    ``mask_failed_ranks=True`` (``ShmTransport(mask_failed_ranks=True)``), the buffer skips
-    masked ranks as described in :mod:`nobubble.moe.masking`; otherwise a failed peer raises
-    :class:`~nobubble.moe.transport.PeerFailure`.
+    Attributes:
+        transport: the transport (counts, statistics; the payload too unless ``topology``).
+        path: the row movers chosen: ``"peer_writes"``, ``"collective"`` or ``"hierarchical"``.
+        hierarchical: with ``topology``, the hierarchical row movers (rail ``inter`` and node
+            ``intra`` transports, per-handle ``plan``); else None.
     """
 
     def __init__(
         self,
         group: dist.ProcessGroup | None = None,
-        *,
-        transport: Transport | None = None,
         num_experts: int | None = None,
+        *,
+        transport: str | Transport = "auto",
+        topology: Topology | None = None,
         timeout_s: float = 120.0,
         combine_chunk_bytes: int = 4 << 20,
+        recycle_outputs: int = 4,
+        fused_kernels: bool = True,
     ) -> None:
         if combine_chunk_bytes < 1:
             raise ValueError(f"Buffer: combine_chunk_bytes={combine_chunk_bytes} must be >= 1")
+        if (
+            isinstance(recycle_outputs, bool)
+            or not isinstance(recycle_outputs, int)
+            or (recycle_outputs < 0)
+        ):
+            raise ValueError(
+                f"Buffer: recycle_outputs={recycle_outputs!r} must be an int >= 0 (0 turns "
+                "output reuse off)"
+            )
         self.combine_chunk_bytes = combine_chunk_bytes
-        self.transport: Transport = transport or TorchDistTransport(group, timeout_s=timeout_s)
+        hierarchical = None
+        if topology is not None:
+            if hasattr(transport, "all_to_all"):
+                raise ValueError(
+                    "Buffer: with topology=, pass transport as a kind ('auto', 'shm' or "
+                    "'dist') for the intra-node step; the buffer builds the node and rail groups"
+                )
+            self.transport: Transport = TorchDistTransport(group, timeout_s=timeout_s)
+            hierarchical = HierarchicalRows(group, topology, intra=transport, timeout_s=timeout_s)
+        elif hasattr(transport, "all_to_all"):  # a transport object
+            self.transport = cast(Transport, transport)
+        else:
+            self.transport = make_transport(transport, group, timeout_s=timeout_s)
+        self.topology = topology
         self.rank = self.transport.rank
         self.num_ranks = self.transport.world_size
         if num_experts is not None:
@@ -96,15 +156,61 @@ class Buffer:
         self.num_experts = num_experts
         self._mask = MaskLedger(self.rank, self.transport)
         self.masks_failed_ranks = self._mask.enabled
-        own_movers = (type(self).dispatch_rows, type(self).combine_rows) == (
-            Buffer.dispatch_rows,
-            Buffer.combine_rows,
-        )
-        if self.masks_failed_ranks and not own_movers:
-            raise ValueError(
-                f"{type(self).__name__}: its fused row movers do not support failure masking; "
-                "use Buffer(transport=ShmTransport(mask_failed_ranks=True)) instead"
+        self.hierarchical = hierarchical
+        self.path = "collective"
+        self._rows: RowMover = self._choose_rows(hierarchical, recycle_outputs, fused_kernels)
+        self._low_latency: dict[int, LowLatencyMode] = {}  # per E
+        self._closed = False
+
+    def _choose_rows(
+        self, hierarchical: HierarchicalRows | None, recycle_outputs: int, fused_kernels: bool
+    ) -> RowMover:
+        """The row movers for this transport: hierarchical, fused peer writes (not while
+        masking failed ranks: only the collective path goes on without them), or collective;
+        ``self.path`` names the choice (``"hierarchical"``, ``"peer_writes"``, ``"collective"``)."""
+        if hierarchical is not None:
+            self.path = "hierarchical"
+            return hierarchical
+        caps = capabilities_of(self.transport)
+        if caps.peer_writes and not self.masks_failed_ranks:
+            self.path = "peer_writes"
+            return ShmRows(
+                cast(PeerWrites, self.transport),
+                recycle_outputs=recycle_outputs,
+                fused_kernels=fused_kernels,
             )
+        return CollectiveRows(self.transport, self._mask, self.combine_chunk_bytes)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release what the buffer's transports hold (shared memory: names and mappings).
+
+        Idempotent. A transport passed in by the caller is closed too (the buffer owns it
+        from then on). Call it on every rank, after the last dispatch / combine.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.transport.close()
+        if self.hierarchical is not None:
+            self.hierarchical.close()
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_usable(self, op: str) -> None:
+        if self._closed:
+            raise ValueError(f"{op}: the Buffer is closed; build a new one")
+        for mode in self._low_latency.values():
+            mode.check_idle(op)
 
     # -- failure masking --------------------------------------------------------------------
     def set_replicas(self, phy2log: torch.Tensor | None) -> None:
@@ -170,6 +276,7 @@ class Buffer:
         Returns:
             :class:`DispatchResult`.
         """
+        self._check_usable("dispatch")
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"dispatch: x must be a [num_tokens, hidden] tensor, got {shape}")
@@ -192,7 +299,9 @@ class Buffer:
                 f"dispatch: layout.is_token_in_rank.shape={tuple(layout.is_token_in_rank.shape)} "
                 f"does not match {x.shape[0]} tokens x {self.num_ranks} ranks"
             )
-        handle = self._plan(layout, topk_idx.long(), num_experts, hidden=x.shape[1])
+        handle = exchange_plan(
+            self.transport, self._mask, layout, topk_idx.long(), num_experts, hidden=x.shape[1]
+        )
         recv_x, recv_topk_weights = DispatchFunction.apply(self, handle, x, topk_weights)
         counts = handle.num_recv_tokens_per_expert
         if cumulative_local_expert_recv_stats is not None:
@@ -243,100 +352,6 @@ class Buffer:
             )
         stats.add_(torch.tensor(counts, dtype=stats.dtype, device=stats.device))
 
-    def _plan(
-        self, layout: DispatchLayout, topk_idx: torch.Tensor, num_experts: int, *, hidden: int
-    ) -> DispatchHandle:
-        """Exchange counts and routing metadata; no payload moves here.
-
-        With masking, the mask is read before and after each exchange: slots on ranks masked
-        by then are taken out of the send side (the counts already sent to the survivors do
-        not change), and rows from masked sources out of the receive side.
-        """
-        num_ranks, num_tokens, topk = self.num_ranks, topk_idx.shape[0], topk_idx.shape[1]
-        local = num_local_experts(num_experts, num_ranks)
-        device = topk_idx.device
-        avoid = self._mask.avoid  # re-routes / drops the slots of newly masked ranks
-        topk_idx, layout, masked = avoid(topk_idx, layout, frozenset(), num_experts, reroute=True)
-        # (R, 3 + L): per destination, [rows, K, H, slots per expert of that rank]
-        header = torch.tensor([topk, hidden], dtype=torch.int64, device=device).expand(num_ranks, 2)
-        counts = torch.cat(
-            [
-                layout.num_tokens_per_rank.to(device, torch.int64).view(num_ranks, 1),
-                header,
-                layout.num_tokens_per_expert.to(device, torch.int64).view(num_ranks, local),
-            ],
-            dim=1,
-        )
-        ones = [1] * num_ranks
-        recv_counts = self.transport.all_to_all(counts, ones, ones, kind="layout")  # (R, 3 + L)
-        seen = masked
-        topk_idx, layout, masked = avoid(topk_idx, layout, seen, num_experts)
-        self._check_peers_agree(recv_counts, topk, hidden, masked)
-        num_send = tuple(int(v) for v in layout.num_tokens_per_rank.tolist())
-        num_recv = [0 if i in masked else int(v) for i, v in enumerate(recv_counts[:, 0].tolist())]
-
-        # Sent rows: destination-major, token order within (nonzero is row-major).
-        pairs = layout.is_token_in_rank.to(device).t().nonzero()  # (S, 2): (rank, token)
-        send_token_idx = pairs[:, 1].contiguous()  # (S,)
-        meta = torch.cat([send_token_idx.view(-1, 1), topk_idx[send_token_idx]], dim=1)  # (S, 1+K)
-        recv_meta = self.transport.all_to_all(meta, num_send, num_recv, kind="topk_idx")
-        seen = masked
-        topk_idx, layout, masked = avoid(topk_idx, layout, seen, num_experts)
-        if masked != seen:  # masked during this exchange: out of the send and receive sides
-            num_send = tuple(int(v) for v in layout.num_tokens_per_rank.tolist())
-            send_token_idx = layout.is_token_in_rank.to(device).t().nonzero()[:, 1].contiguous()
-            recv_meta, num_recv = without_sources(recv_meta, num_recv, masked - seen)
-        recv_topk_idx, expert_counts = self._local_slots(
-            recv_meta[:, 1:], recv_counts, masked, local
-        )
-        return DispatchHandle(
-            rank=self.rank,
-            num_ranks=num_ranks,
-            num_experts=num_experts,
-            num_tokens=num_tokens,
-            is_token_in_rank=layout.is_token_in_rank,
-            send_token_idx=send_token_idx,
-            num_send_tokens_per_rank=num_send,
-            num_recv_tokens_per_rank=tuple(num_recv),
-            recv_src_idx=recv_meta[:, 0].contiguous(),  # (M,)
-            recv_topk_idx=recv_topk_idx,
-            num_recv_tokens_per_expert=tuple(int(v) for v in expert_counts.tolist()),
-            topk_idx=topk_idx,
-        )
-
-    def _local_slots(
-        self,
-        global_idx: torch.Tensor,
-        recv_counts: torch.Tensor,
-        masked: frozenset[int],
-        local: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Received rows' ``[M, K]`` global expert ids -> ``(recv_topk_idx [M, K], counts [L])``:
-        local ids (-1 for other ranks' slots) and received (row, slot) pairs per local expert,
-        checked against the counts the ranks still present sent (``recv_counts [R, 3 + L]``)."""
-        present = [i for i in range(self.num_ranks) if i not in masked]
-        expert_counts = recv_counts[present, _COUNT_HEADER:].sum(dim=0)  # (L,)
-        first = self.rank * local
-        is_local = (global_idx >= first) & (global_idx < first + local)  # (M, K)
-        recv_topk_idx = torch.where(is_local, global_idx - first, -1)  # (M, K)
-        assert torch.equal(
-            torch.bincount(recv_topk_idx[is_local], minlength=local), expert_counts
-        ), "received expert counts disagree with the exchanged counts"
-        return recv_topk_idx, expert_counts
-
-    def _check_peers_agree(
-        self, recv_counts: torch.Tensor, topk: int, hidden: int, masked: frozenset[int]
-    ) -> None:
-        """Every rank sees every rank's (K, H), so all of them raise together on a mismatch
-        (masked ranks sent nothing and are left out)."""
-        live = [i for i in range(self.num_ranks) if i not in masked]
-        ks, hs = recv_counts[live, 1].tolist(), recv_counts[live, 2].tolist()
-        if any(k != topk for k in ks) or any(h != hidden for h in hs):
-            raise ValueError(
-                f"dispatch: ranks disagree on shapes: topk per rank {ks}, hidden per rank {hs}; "
-                "every rank must dispatch the same K and H"
-            )
-
     # -- combine ----------------------------------------------------------------------------
     def combine(
         self,
@@ -357,6 +372,7 @@ class Buffer:
         Returns:
             :class:`CombineResult`.
         """
+        self._check_usable("combine")
         if not isinstance(handle, DispatchHandle) or handle.num_ranks != self.num_ranks:
             raise ValueError("combine: handle does not come from a dispatch on this group")
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != handle.num_recv_tokens:
@@ -388,48 +404,80 @@ class Buffer:
     # -- row movers (used by the autograd functions) ----------------------------------------
     def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
         """``[N, *]`` -> ``[M, *]``: copy each token row to the ranks in the handle's layout."""
-        send = t.index_select(0, handle.send_token_idx)  # (S, *)
-        return self._in_phase(
-            "dispatch",
-            lambda: self.transport.all_to_all(
-                send, handle.num_send_tokens_per_rank, handle.num_recv_tokens_per_rank, kind=kind
-            ),
-        )
+        return self._in_phase("dispatch", lambda: self._rows.dispatch_rows(t, handle, kind=kind))
 
     def combine_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
-        """``[M, *]`` -> ``[N, *]``: return rows to their source ranks and sum them per token.
+        """``[M, *]`` -> ``[N, *]``: return rows to their source ranks and sum them per token,
+        source ranks in rank order, in float32 for 16-bit inputs (deterministic everywhere)."""
+        return self._in_phase("combine", lambda: self._rows.combine_rows(t, handle, kind=kind))
 
-        Sums run in source-rank order, in float32 for 16-bit inputs, then cast back to t's
-        dtype; within one source rank's segment the token indices are distinct, so the result
-        is deterministic on every device. 16-bit rows are widened a few MiB at a time into one
-        scratch buffer on CPU (about twice as fast as widening whole segments).
+    # -- low-latency mode -------------------------------------------------------------------
+    def low_latency_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        *,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int | None = None,
+        use_fp8: bool = False,
+        return_recv_hook: bool = False,
+    ) -> LowLatencyDispatch:
+        """Send one row per (token, expert) pair into the owners' fixed-capacity slots.
+
+        Args:
+            x: ``[N, H]`` floating, ``N <= T``.
+            topk_idx: ``[N, K]`` int64 expert ids, -1 = none.
+            num_max_dispatch_tokens_per_rank: ``T``, the most tokens any rank dispatches at
+                once (every rank passes the same).
+            num_experts: ``E`` (default: the buffer's).
+            use_fp8: send e4m3 values with per-128-channel scales, dequantise on receipt.
+            return_recv_hook: only send now; receive when the returned hook is called (no
+                other call on this buffer in between).
+        Returns:
+            :class:`~nobubble.moe.fastpath.low_latency.LowLatencyDispatch`: ``recv_x
+            [L, R * T, H]`` expert-major (valid until the next low-latency dispatch),
+            ``recv_count [L]``, the handle and the hook.
         """
-        back = self._in_phase(
-            "combine",
-            lambda: self.transport.all_to_all(
-                t, handle.num_recv_tokens_per_rank, handle.num_send_tokens_per_rank, kind=kind
-            ),
-        )  # (S, *) in send order; rows of masked sources read as zeros
-        self._mask.note_missing_rows(kind)
-        widen = t.is_floating_point() and t.element_size() < 4
-        acc_dtype = torch.float32 if widen else t.dtype
-        out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype, device=t.device)
-        chunk, scratch = max(1, back.shape[0]), None
-        if widen and t.device.type == "cpu":  # on GPU one widening kernel per segment is best
-            chunk = max(1, self.combine_chunk_bytes // (4 * max(1, math.prod(t.shape[1:]))))
-            scratch = torch.empty((min(chunk, back.shape[0]), *t.shape[1:]), dtype=acc_dtype)
-        start = 0
-        for count in handle.num_send_tokens_per_rank:
-            for lo in range(start, start + count, chunk):
-                hi = min(start + count, lo + chunk)
-                rows = back[lo:hi]
-                if scratch is not None:
-                    rows = scratch[: hi - lo].copy_(rows)
-                elif widen:
-                    rows = rows.to(acc_dtype)
-                out.index_add_(0, handle.send_token_idx[lo:hi], rows)
-            start += count
-        return out.to(t.dtype)
+        self._check_usable("low_latency_dispatch")
+        return self._low_latency_mode(self._num_experts(num_experts)).dispatch(
+            x,
+            topk_idx,
+            num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank,
+            use_fp8=use_fp8,
+            return_recv_hook=return_recv_hook,
+        )
+
+    def low_latency_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: LowLatencyHandle,
+    ) -> torch.Tensor:
+        """``sum_k topk_weights[n, k] * x_out(n, k)`` for this rank's tokens.
+
+        Args:
+            x: ``[L, R * T, H]`` expert outputs in ``recv_x``'s layout.
+            topk_idx: ``[N, K]`` the dispatch's routing (slots with -1 contribute nothing).
+            topk_weights: ``[N, K]`` floating.
+            handle: the dispatch's handle (after its receive completed).
+        Returns:
+            ``[N, H]`` in x's dtype; float32 products and sums, slots added in order k = 0..K-1.
+        """
+        if self._closed:
+            raise ValueError("low_latency_combine: the Buffer is closed; build a new one")
+        num_experts = getattr(handle, "num_experts", None)
+        if num_experts is None:
+            raise ValueError(
+                f"low_latency_combine: handle is {type(handle).__name__}; pass the handle of a "
+                "low_latency_dispatch result"
+            )
+        return self._low_latency_mode(num_experts).combine(x, topk_idx, topk_weights, handle)
+
+    def _low_latency_mode(self, num_experts: int) -> LowLatencyMode:
+        if num_experts not in self._low_latency:
+            self._low_latency[num_experts] = LowLatencyMode(self.transport, num_experts)
+        return self._low_latency[num_experts]
 
 
 def _as_bias_tuple(

@@ -27,11 +27,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 
 from nobubble.moe.layout import DispatchLayout, get_dispatch_layout, num_local_experts
-from nobubble.moe.transport import FailureMasking, Transport
+from nobubble.moe.transport import FailureMasking, Transport, capabilities_of
 
 __all__ = [
     "MaskLedger",
@@ -168,14 +169,16 @@ class MaskLedger:
 
     Args:
         rank: the buffer's rank.
-        transport: masking is on when it is a :class:`FailureMasking` transport with
-            ``mask_failed_ranks`` set; otherwise :meth:`masked` is always empty.
+        transport: masking is on when it declares ``Capabilities(masks_failed_ranks=True)``
+            (a :class:`FailureMasking` transport with masking on); otherwise :meth:`masked`
+            is always empty.
     """
 
     def __init__(self, rank: int, transport: Transport) -> None:
         self.rank, self.num_ranks = rank, transport.world_size
-        self._transport = transport if isinstance(transport, FailureMasking) else None
-        self.enabled = self._transport is not None and bool(self._transport.mask_failed_ranks)
+        masking = capabilities_of(transport).masks_failed_ranks
+        self._transport = cast(FailureMasking, transport) if masking else None
+        self.enabled = masking
         self._phy2log: torch.Tensor | None = None
         self._stats = MaskingStats()
         self._reported: frozenset[int] = frozenset()

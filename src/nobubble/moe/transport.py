@@ -16,6 +16,10 @@ keeps a count of the calls each rank entered in a store
 can also go on without a failed peer implements :class:`FailureMasking` (see
 ``docs/moe/failures.md``).
 
+A transport declares what it can do beyond the three collectives in a frozen
+:class:`Capabilities` record (its ``capabilities`` attribute); the buffer picks its fast paths
+from that record, never from the transport's class.
+
 The transport counts what it moves, per ``kind`` label (``"x"``, ``"topk"``, ``"layout"``...),
 in :class:`TransportStats`: the bytes this rank sent (its own rows included, as DeepEP counts
 them), the part of them that left the rank, and the number of collective calls.
@@ -28,15 +32,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from nobubble.moe.arrivals import ArrivalStore
+from nobubble.moe.arrivals import (
+    PHASES,
+    ArrivalStore,
+    PeerFailure,
+    TransportError,
+    phase_of,
+)
 
 __all__ = [
     "PHASES",
+    "Capabilities",
     "FailureMasking",
     "PeerFailure",
     "Transport",
@@ -46,97 +57,6 @@ __all__ = [
     "TransportStats",
     "phase_of",
 ]
-
-PHASES = ("layout", "dispatch", "combine", "rebalance")
-_LAYOUT_KINDS = ("layout", "topk_idx")
-_REBALANCE_KINDS = ("placement", "expert_migration", "load", "load_stats")
-
-
-def phase_of(kind: str) -> str:
-    """The phase a transport call of ``kind`` belongs to, when no caller says otherwise.
-
-    Count and metadata exchanges (``layout``, ``topk_idx``, ``*_layout``, ``*_meta``) are the
-    ``layout`` phase; placement, statistics and expert migration the ``rebalance`` phase;
-    kinds naming combine the ``combine`` phase; everything else moves token rows outwards,
-    the ``dispatch`` phase. :class:`~nobubble.moe.buffer.Buffer` names its row movers' phase
-    itself (``combine_rows`` is ``combine`` even for a gradient).
-    """
-    if kind in _LAYOUT_KINDS or kind.endswith(("_layout", "_meta")):
-        return "layout"
-    if kind in _REBALANCE_KINDS:
-        return "rebalance"
-    return "combine" if "combine" in kind else "dispatch"
-
-
-class TransportError(RuntimeError):
-    """A collective failed or timed out: a peer rank died, hung, or disagreed on sizes."""
-
-
-class PeerFailure(TransportError):
-    """A call could not complete because peer ranks died or stopped answering.
-
-    Attributes:
-        rank: the rank that raised; ``world_size``: its group's size.
-        phase: one of :data:`PHASES` - where in the step the wait failed.
-        operation: the transport call, e.g. ``"all_to_all(x)"``.
-        failed_ranks: the ranks that did not arrive, sorted; empty when every rank reached
-            the call (one died inside it, or the ranks disagree on the sequence of calls).
-        call: the transport's call number (the same on every rank), or None.
-        waited_s: how long this rank waited; ``timeout_s``: its limit.
-        detail: how the failed ranks were found, and the backend's own error.
-    """
-
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        phase: str,
-        operation: str,
-        failed_ranks: Sequence[int],
-        waited_s: float,
-        timeout_s: float,
-        call: int | None = None,
-        detail: str = "",
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.phase, self.operation = phase, operation
-        self.failed_ranks: tuple[int, ...] = tuple(sorted({int(r) for r in failed_ranks}))
-        self.waited_s, self.timeout_s = float(waited_s), float(timeout_s)
-        self.call, self.detail = call, detail
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        call = f", call {self.call}" if self.call is not None else ""
-        who = (
-            f"rank(s) {list(self.failed_ranks)} did not arrive"
-            if self.failed_ranks
-            else "every rank reached this call (one died inside it, or the ranks issued "
-            "different sequences of calls)"
-        )
-        detail = f" [{self.detail}]" if self.detail else ""
-        return (
-            f"rank {self.rank}/{self.world_size}: {self.phase} phase, {self.operation}{call}: "
-            f"{who} after {self.waited_s:.1f}s (timeout {self.timeout_s:g}s): a peer rank died "
-            f"or stopped responding{detail}"
-        )
-
-    def _fields(self) -> dict[str, Any]:
-        names = ("rank", "world_size", "phase", "operation", "failed_ranks", "waited_s")
-        fields = {name: getattr(self, name) for name in names}
-        fields.update(timeout_s=self.timeout_s, call=self.call, detail=self.detail)
-        return fields
-
-    def in_phase(self, phase: str) -> PeerFailure:
-        """The same failure, attributed to ``phase`` (a caller knows the phase better)."""
-        return PeerFailure(**{**self._fields(), "phase": phase})
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only __init__: pickle by fields
-        return (_rebuild_peer_failure, (self._fields(),))
-
-
-def _rebuild_peer_failure(fields: dict[str, Any]) -> PeerFailure:
-    return PeerFailure(**fields)
 
 
 @dataclass(frozen=True)
@@ -160,10 +80,40 @@ class TransportStats:
         return sum(self.bytes_sent.values())
 
 
-@runtime_checkable
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport can do beyond ``all_to_all`` / ``all_gather`` / ``reduce_scatter``.
+
+    :class:`~nobubble.moe.buffer.Buffer` reads this record to choose its fast paths; a
+    transport without a ``capabilities`` attribute has none of them.
+
+    Attributes:
+        peer_writes: it implements :class:`PeerWrites` (rows go straight into a peer's
+            receive slot): gather-on-write dispatch, reduce-on-read combine, and the
+            low-latency mode's send without receive.
+        split_all_to_all: it has ``all_to_all_start`` (launch now, wait later), which the
+            low-latency mode's receive hook uses when rows cannot be written into peers.
+        masks_failed_ranks: it implements :class:`FailureMasking` and has masking turned on:
+            a failed peer is masked instead of raising.
+    """
+
+    peer_writes: bool = False
+    split_all_to_all: bool = False
+    masks_failed_ranks: bool = False
+
+
+NO_CAPABILITIES = Capabilities()
+
+
+def capabilities_of(transport: object) -> Capabilities:
+    """The transport's declared :class:`Capabilities` (none when it declares none)."""
+    return getattr(transport, "capabilities", NO_CAPABILITIES)
+
+
 class Transport(Protocol):
     """Moves rows between ranks. ``rank``/``world_size`` describe this rank's group; ``kind``
-    names the transport (``"dist"``, ``"shm"``) in reports."""
+    names the transport (``"dist"``, ``"shm"``) in reports; ``capabilities`` (optional)
+    declares its fast paths (:class:`Capabilities`)."""
 
     rank: int
     world_size: int
@@ -197,14 +147,13 @@ class Transport(Protocol):
         ...
 
 
-@runtime_checkable
 class PeerWrites(Protocol):
     """The capability of writing rows straight into a peer's receive slot.
 
     A transport with it (shared memory on one host; NVLink or RDMA would be others) lets the
     fused paths skip the collective: gather-on-write dispatch, reduce-on-read combine, and the
-    low-latency mode's send without receive. Paths test for the capability with
-    ``isinstance(transport, PeerWrites)``, not for a transport class. Every rank issues the
+    low-latency mode's send without receive. A transport with these methods declares
+    ``Capabilities(peer_writes=True)``; the paths read that record. Every rank issues the
     same sequence of calls: ``t = begin(recv_nbytes)``, then ``write_peer`` / ``poll_slots``
     (or both at once with ``exchange``).
     """
@@ -250,9 +199,9 @@ class PeerWrites(Protocol):
         ...
 
 
-@runtime_checkable
 class FailureMasking(Protocol):
-    """The capability of going on without failed peers (DeepEP's low-latency mask buffer).
+    """The capability of going on without failed peers (DeepEP's low-latency mask buffer),
+    declared as ``Capabilities(masks_failed_ranks=True)`` when it is turned on.
 
     With ``mask_failed_ranks`` on, a peer that does not answer within the timeout is marked
     failed in a mask that every rank reads (the survivors agree on it by the next call), the
@@ -361,6 +310,7 @@ class TorchDistTransport(ByteCounting):
         if not timeout_s > 0:
             raise ValueError(f"TorchDistTransport: timeout_s={timeout_s} must be > 0")
         self.kind = "dist"
+        self.capabilities = Capabilities(split_all_to_all=True)
         self.group = group
         self.timeout_s = float(timeout_s)
         self.rank = dist.get_rank(group)
@@ -389,8 +339,12 @@ class TorchDistTransport(ByteCounting):
             detail=f"{how}; {cause}",
         )
 
-    def _run(self, launch: Callable[[], Any], what: str, kind: str, device: torch.device) -> None:
-        """Enter call number ``self._calls + 1`` (recorded), launch the collective, wait."""
+    def _start(
+        self, launch: Callable[[], Any], what: str, kind: str, device: torch.device
+    ) -> Callable[[], None]:
+        """Enter call number ``self._calls + 1`` (recorded) and launch the collective; the
+        returned function waits for it (``_start(...)()`` runs it to the end). Either step
+        raises :class:`PeerFailure`."""
         start = time.monotonic()
         try:
             if self.track_arrivals and self._arrivals is None:
@@ -401,11 +355,19 @@ class TorchDistTransport(ByteCounting):
             self._calls += 1
             if self._arrivals is not None:
                 self._arrivals.enter(self._calls)
-            self._wait(launch(), what)
+            work = launch()
         except PeerFailure:
             raise
         except Exception as err:  # gloo/NCCL raise RuntimeError subclasses; keep the cause
             raise self._failure(what, kind, time.monotonic() - start, err) from err
+
+        def wait() -> None:
+            try:
+                self._wait(work, what)
+            except Exception as err:
+                raise self._failure(what, kind, time.monotonic() - start, err) from err
+
+        return wait
 
     def _wait(self, work: Any, what: str) -> None:
         work.wait(timeout=timedelta(seconds=self.timeout_s))
@@ -419,6 +381,18 @@ class TorchDistTransport(ByteCounting):
         *,
         kind: str,
     ) -> torch.Tensor:
+        return self.all_to_all_start(send, send_splits, recv_splits, kind=kind)()
+
+    def all_to_all_start(
+        self,
+        send: torch.Tensor,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        *,
+        kind: str,
+    ) -> Callable[[], torch.Tensor]:
+        """Launch :meth:`all_to_all` now; the returned function waits (within ``timeout_s``)
+        and returns the received rows. Nothing else may run on the group in between."""
         send_splits, recv_splits = check_splits(
             send, send_splits, recv_splits, self.world_size, kind
         )
@@ -427,7 +401,7 @@ class TorchDistTransport(ByteCounting):
         recv_bytes = torch.empty(
             (sum(recv_splits), row_bytes), dtype=torch.uint8, device=send.device
         )  # (M, row_bytes)
-        self._run(
+        wait = self._start(
             lambda: dist.all_to_all_single(
                 recv_bytes, send_bytes, recv_splits, send_splits, group=self.group, async_op=True
             ),
@@ -441,7 +415,12 @@ class TorchDistTransport(ByteCounting):
             remote=(send_bytes.shape[0] - send_splits[self.rank]) * row_bytes,
             received=recv_bytes.numel(),
         )
-        return _from_byte_rows(recv_bytes, send)
+
+        def finish() -> torch.Tensor:
+            wait()
+            return _from_byte_rows(recv_bytes, send)
+
+        return finish
 
     def all_gather(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
         send_bytes = _as_byte_rows(x)
@@ -451,12 +430,12 @@ class TorchDistTransport(ByteCounting):
             device=x.device,
         )  # (R * n, row_bytes)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._run(
+        self._start(
             lambda: gather(out, send_bytes, group=self.group, async_op=True),
             f"all_gather({kind})",
             kind,
             x.device,
-        )
+        )()
         n = send_bytes.numel()  # delivered to every rank, this one included
         self.count_bytes(
             kind, sent=n * self.world_size, remote=n * (self.world_size - 1), received=out.numel()
@@ -474,12 +453,12 @@ class TorchDistTransport(ByteCounting):
             (x.shape[0] // self.world_size, *x.shape[1:]), dtype=x.dtype, device=x.device
         )
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        self._run(
+        self._start(
             lambda: scatter(out, x, group=self.group, async_op=True),
             f"reduce_scatter({kind})",
             kind,
             x.device,
-        )
+        )()
         block = out.numel() * out.element_size()
         self.count_bytes(
             kind,

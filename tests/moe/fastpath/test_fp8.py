@@ -21,7 +21,6 @@ from nobubble.moe.fastpath.fp8 import (
     per_token_cast_to_fp8,
     unpack_fp8,
 )
-from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 
 _CODES = torch.arange(256, dtype=torch.int64)
 _VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -106,7 +105,7 @@ def _routing(n: int, num_experts: int, topk: int, g: torch.Generator) -> torch.T
 
 def _fp8_rank(ctx) -> str:
     hidden, num_experts = 200, 8
-    for buf in (Buffer(timeout_s=30), ShmBuffer(timeout_s=30)):
+    for buf in (Buffer(transport="dist", timeout_s=30), Buffer(transport="shm", timeout_s=30)):
         for tokens in ((0, 7, 3, 5), (9, 4, 6, 2)):  # a rank with no tokens, then all busy
             g = torch.Generator().manual_seed(ctx.rank + 10 * tokens[0])
             n = tokens[ctx.rank]
@@ -126,8 +125,7 @@ def _fp8_rank(ctx) -> str:
             assert buf.transport.stats().bytes_sent["x"] == rows * hidden * 2
             combined = buf.combine(res.recv_x, res.handle).combined_x  # combine stays bf16
             assert combined.dtype == torch.bfloat16 and combined.shape == x.shape
-        if isinstance(buf, ShmBuffer):
-            buf.shm.close()
+        buf.close()
     return "ok"
 
 

@@ -1,4 +1,4 @@
-"""HierarchicalBuffer on 2 ranks (2 nodes x 1) and 4 ranks (2 nodes x 2): dispatch bit-equal to
+"""Buffer(topology=Topology(ranks_per_node=P)) on 2 ranks (2 nodes x 1) and 4 ranks (2 nodes x 2): dispatch bit-equal to
 the all-gather reference (no transport involved), combine equal to a sum in node order
 computed from per-rank contributions, inter-node bytes = distinct (token, other node) pairs x
 H x element size."""
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.moe import reference_combine, reference_dispatch
-from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
+from nobubble.moe import Buffer, Topology, reference_combine, reference_dispatch
 
 
 def _routing(kind: str, n: int, num_experts: int, topk: int, g: torch.Generator):
@@ -39,14 +38,16 @@ def _node_order_sum(y, ref, n, rank: int, world: int, ranks_per_node: int) -> to
     return out
 
 
-def _check(ctx, buf: HierarchicalBuffer, case) -> None:
+def _check(ctx, buf: Buffer, case) -> None:
+    hier = buf.hierarchical
+    assert hier is not None and buf.path == "hierarchical"
     name, tokens, hidden, num_experts, topk, kind, dtype = case
-    p = buf.ranks_per_node
+    p = hier.ranks_per_node
     g = torch.Generator().manual_seed(17 * ctx.rank + len(name))
     n = tokens[ctx.rank % len(tokens)]
     idx, w = _routing(kind, n, num_experts, topk, g)
     x = torch.randn(n, hidden, generator=g).to(dtype)
-    buf.inter.reset_stats()
+    hier.inter.reset_stats()
     res = buf.dispatch(x, idx, w, num_experts=num_experts)
     ref = reference_dispatch(x, idx, w, num_experts)
     assert torch.equal(res.recv_x, ref.recv_x), name
@@ -58,9 +59,9 @@ def _check(ctx, buf: HierarchicalBuffer, case) -> None:
     other = torch.ones(in_rank.shape[1], dtype=torch.bool)
     other[ctx.rank // p] = False
     pairs = int(in_rank.any(dim=2)[:, other].sum())  # distinct (token, other node)
-    inter_bytes = buf.inter.stats().bytes_sent_remote["x"]
+    inter_bytes = hier.inter.stats().bytes_sent_remote["x"]
     assert inter_bytes == pairs * hidden * x.element_size(), name
-    assert buf.plan(res.handle).num_inter_node_rows == pairs
+    assert hier.plan(res.handle).num_inter_node_rows == pairs
     flat_bytes = int(in_rank[:, other].sum()) * hidden * x.element_size()
     assert inter_bytes <= flat_bytes, name
 
@@ -91,11 +92,11 @@ CASES = [  # name, tokens by rank, hidden, experts, topk, routing, dtype
 
 
 def _run(ctx, ranks_per_node: int) -> dict:
-    buf = HierarchicalBuffer(ranks_per_node=ranks_per_node, timeout_s=60)
-    for case in CASES:
-        _check(ctx, buf, case)
+    with Buffer(topology=Topology(ranks_per_node=ranks_per_node), timeout_s=60) as buf:
+        for case in CASES:
+            _check(ctx, buf, case)
     with pytest.raises(ValueError, match="ranks_per_node=3"):
-        HierarchicalBuffer(ranks_per_node=3)
+        Buffer(topology=Topology(ranks_per_node=3))
     return {"rank": ctx.rank}
 
 

@@ -1,4 +1,4 @@
-"""HierarchicalBuffer with 4 nodes (4 ranks, 1 per node): a token whose experts live on three
+"""Buffer(topology=Topology(ranks_per_node=1)) with 4 nodes (4 ranks, 1 per node): a token whose experts live on three
 remote nodes is sent over the rail to all three, and dispatch, combine and autograd equal the
 all-gather reference bit for bit.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.moe import reference_combine, reference_dispatch
-from nobubble.moe.fastpath.hierarchical import HierarchicalBuffer
+from nobubble.moe import Buffer, Topology, reference_combine, reference_dispatch
+from nobubble.moe.fastpath.hierarchical import HierarchicalRows
 
 NUM_NODES = 4  # = ranks: 1 rank per node
 HIDDEN, NUM_EXPERTS, TOPK = 24, 16, 4
@@ -52,7 +52,9 @@ def _encoded(rank: int, n: int) -> torch.Tensor:
     return 1000.0 * rank + token + torch.arange(HIDDEN, dtype=torch.float32) / 64  # (N, H)
 
 
-def _check(ctx, buf: HierarchicalBuffer, tokens: tuple[int, ...], dtype: torch.dtype) -> dict:
+def _check(
+    ctx, buf: Buffer, hier: HierarchicalRows, tokens: tuple[int, ...], dtype: torch.dtype
+) -> dict:
     rank = ctx.rank
     n = tokens[rank]
     g = torch.Generator().manual_seed(31 * rank + len(tokens) + n)
@@ -61,7 +63,7 @@ def _check(ctx, buf: HierarchicalBuffer, tokens: tuple[int, ...], dtype: torch.d
     x = _encoded(rank, n) if dtype == torch.float32 else torch.randn(n, HIDDEN, generator=g)
     x = x.to(dtype)
 
-    buf.inter.reset_stats()
+    hier.inter.reset_stats()
     res = buf.dispatch(x, idx, w, num_experts=NUM_EXPERTS)
     ref = reference_dispatch(x, idx, w, NUM_EXPERTS)
     assert torch.equal(res.recv_x, ref.recv_x)
@@ -70,13 +72,13 @@ def _check(ctx, buf: HierarchicalBuffer, tokens: tuple[int, ...], dtype: torch.d
     assert res.num_recv_tokens_per_expert == ref.num_recv_tokens_per_expert
 
     # the fan-out, from the buffer's own counters
-    plan = buf.plan(res.handle)
+    plan = hier.plan(res.handle)
     in_node = res.handle.is_token_in_rank  # (N, D): one rank per node
     remote = in_node.clone()
-    remote[:, buf.node] = False
+    remote[:, hier.node] = False
     pairs = int(remote.sum())  # distinct (token, other node)
     assert plan.num_inter_node_rows == pairs
-    assert buf.inter.stats().bytes_sent_remote.get("x", 0) == pairs * HIDDEN * x.element_size()
+    assert hier.inter.stats().bytes_sent_remote.get("x", 0) == pairs * HIDDEN * x.element_size()
     off = [0]
     for c in plan.send1_counts:
         off.append(off[-1] + c)
@@ -131,10 +133,10 @@ CASES = [  # tokens by rank, dtype
 
 
 def _run(ctx) -> list[dict]:
-    buf = HierarchicalBuffer(ranks_per_node=1, timeout_s=60)
-    assert (buf.num_nodes, buf.node) == (NUM_NODES, ctx.rank)
-    out = [_check(ctx, buf, tokens, dtype) for tokens, dtype in CASES]
-    buf.intra.close()
+    with Buffer(topology=Topology(ranks_per_node=1), timeout_s=60) as buf:
+        hier = buf.hierarchical
+        assert hier is not None and (hier.num_nodes, hier.node) == (NUM_NODES, ctx.rank)
+        out = [_check(ctx, buf, hier, tokens, dtype) for tokens, dtype in CASES]
     return out
 
 

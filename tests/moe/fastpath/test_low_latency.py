@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import spawn
+from nobubble.moe import Buffer
 from nobubble.moe.fastpath.fp8 import fp8_row_bytes, per_token_cast_back, per_token_cast_to_fp8
-from nobubble.moe.fastpath.low_latency import LowLatencyBuffer
 
 T_MAX = 6
 
@@ -31,7 +31,7 @@ def _expert_fn(rows: torch.Tensor, global_expert: int) -> torch.Tensor:
     return rows * (1 + global_expert)
 
 
-def _check(ctx, buf: LowLatencyBuffer, case, use_fp8: bool, hook: bool) -> None:
+def _check(ctx, buf: Buffer, case, use_fp8: bool, hook: bool) -> None:
     name, tokens, hidden, num_experts, topk, kind, dtype = case
     world, local = ctx.world_size, num_experts // ctx.world_size
     g = torch.Generator().manual_seed(13 * ctx.rank + len(name))
@@ -41,10 +41,19 @@ def _check(ctx, buf: LowLatencyBuffer, case, use_fp8: bool, hook: bool) -> None:
     w = torch.rand(n, topk, generator=g)
     every: list = [None] * world
     dist.all_gather_object(every, (x, idx))
-    buf.bytes_sent_remote.clear()
-    res = buf.low_latency_dispatch(x, idx, use_fp8=use_fp8, return_recv_hook=hook)
+    buf.transport.reset_stats()
+    res = buf.low_latency_dispatch(
+        x,
+        idx,
+        num_max_dispatch_tokens_per_rank=T_MAX,
+        num_experts=num_experts,
+        use_fp8=use_fp8,
+        return_recv_hook=hook,
+    )
     if hook:
         _ = torch.randn(64, 64) @ torch.randn(64, 64)  # compute between send and receive
+        with pytest.raises(ValueError, match=r"has not received yet; call its result's hook"):
+            buf.dispatch(x, idx, num_experts=num_experts)  # would reuse the pending slots
         res.hook()
     sent_rows = 0
     for e in range(local):
@@ -64,8 +73,11 @@ def _check(ctx, buf: LowLatencyBuffer, case, use_fp8: bool, hook: bool) -> None:
         if j != ctx.rank:
             sent_rows += int(((idx >= j * local) & (idx < (j + 1) * local)).sum())
     row_bytes = fp8_row_bytes(hidden) if use_fp8 else hidden * x.element_size()
-    if buf.transport.__class__.__name__ == "ShmTransport":  # only valid rows move
-        assert buf.bytes_sent_remote["x"] == sent_rows * row_bytes, name
+    sent = buf.transport.stats().bytes_sent_remote["ll_dispatch"]
+    if buf.transport.kind == "shm":  # only valid rows move
+        assert sent == sent_rows * row_bytes, name
+    else:  # fixed-size slots move whole
+        assert sent >= sent_rows * row_bytes, name
 
     out = torch.empty_like(res.recv_x)
     for e in range(local):
@@ -105,23 +117,17 @@ def _run(ctx, kernels: bool = True) -> str:
 
 
 def _run_transport(ctx, transport: str) -> None:
-    bufs = {}
-    for case in CASES:
-        key = (case[2], case[3])
-        if key not in bufs:
-            bufs[key] = LowLatencyBuffer(
+    with Buffer(transport=transport, timeout_s=60) as buf:  # one buffer: every H, E and T
+        for case in CASES:
+            _check(ctx, buf, case, use_fp8=False, hook=False)
+            _check(ctx, buf, case, use_fp8=case[6] == torch.bfloat16, hook=True)
+        with pytest.raises(ValueError, match="num_max_dispatch_tokens_per_rank=6"):
+            buf.low_latency_dispatch(
+                torch.zeros(7, 16),
+                torch.zeros(7, 2, dtype=torch.int64),
                 num_max_dispatch_tokens_per_rank=T_MAX,
-                hidden=case[2],
-                num_experts=case[3],
-                transport=transport,
-                timeout_s=60,
+                num_experts=8,
             )
-        buf = bufs[key]
-        _check(ctx, buf, case, use_fp8=False, hook=False)
-        _check(ctx, buf, case, use_fp8=case[6] == torch.bfloat16, hook=True)
-    buf = next(iter(bufs.values()))
-    with pytest.raises(ValueError, match="num_max_dispatch_tokens_per_rank=6"):
-        buf.low_latency_dispatch(torch.zeros(7, 16), torch.zeros(7, 2, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -134,13 +140,13 @@ def test_low_latency_torch_paths_without_the_cpu_kernels():
 
 
 def _misuse(ctx) -> str:
-    buf = LowLatencyBuffer(
-        num_max_dispatch_tokens_per_rank=4, hidden=8, num_experts=4, transport="shm", timeout_s=30
-    )
+    buf = Buffer(None, 4, transport="shm", timeout_s=30)
     own = torch.tensor([[2 * ctx.rank, 2 * ctx.rank + 1]] * 3)  # only this rank's experts
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(ctx.rank))
     w = torch.ones(3, 2)
-    res = buf.low_latency_dispatch(x, own, return_recv_hook=True)
+    res = buf.low_latency_dispatch(
+        x, own, num_max_dispatch_tokens_per_rank=4, return_recv_hook=True
+    )
     with pytest.raises(ValueError, match=r"call the dispatch result's hook\(\)"):
         buf.low_latency_combine(res.recv_x, own, w, res.handle)
     res.hook()
@@ -148,7 +154,7 @@ def _misuse(ctx) -> str:
         buf.low_latency_combine(res.recv_x, own[:, :1], w[:, :1], res.handle)
     y = buf.low_latency_combine(res.recv_x, own, w, res.handle)  # the right order still works
     assert torch.equal(y, 2 * x)
-    buf.transport.close()
+    buf.close()
     return "ok"
 
 

@@ -1,5 +1,5 @@
 """Chunked overlap on 2 and 4 gloo ranks: the same output as the sequential chunked forward
-(bit for bit), as MoELayer and as the token-by-token reference MoE, over Buffer and ShmBuffer."""
+(bit for bit), as MoELayer and as the token-by-token reference MoE, over Buffer on gloo and on shared memory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch
 from nobubble.distributed import spawn
 from nobubble.moe import Buffer, MoEConfig, MoELayer, ReferenceMoE, init_moe_weights
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
-from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 
 CONFIG = MoEConfig(hidden=12, expert_hidden=8, num_experts=8, topk=2, num_shared_experts=1)
 TOKENS = (9, 0, 7, 2)  # rank 1 has no tokens; rank 3 fewer tokens than chunks
@@ -18,7 +17,10 @@ TOKENS = (9, 0, 7, 2)  # rank 1 has no tokens; rank 3 fewer tokens than chunks
 def _body(ctx, xs):
     x = xs[ctx.rank]
     out = {}
-    for name, buf in (("gloo", Buffer(timeout_s=60)), ("shm", ShmBuffer(timeout_s=60))):
+    for name, buf in (
+        ("gloo", Buffer(transport="dist", timeout_s=60)),
+        ("shm", Buffer(transport="shm", timeout_s=60)),
+    ):
         layer = MoELayer(CONFIG, init_moe_weights(CONFIG, seed=3), buf)
         with torch.no_grad():
             plain = layer(x)

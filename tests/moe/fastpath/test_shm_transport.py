@@ -12,12 +12,12 @@ import torch
 
 from nobubble.distributed import RankFailure, spawn
 from nobubble.moe import Buffer, TorchDistTransport, reference_combine, reference_dispatch
-from nobubble.moe.fastpath.shm_buffer import ShmBuffer
 from nobubble.moe.fastpath.shm_transport import (
     ShmTransport,
     default_transport_kind,
     make_transport,
 )
+from nobubble.moe.transport import Capabilities
 
 
 def _encoded_rows(src: int, dst: int, n: int, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -105,7 +105,11 @@ def _run(ctx) -> str:
     ref = TorchDistTransport(timeout_s=30)
     _check_all_to_all(ctx, shm, ref)
     assert make_transport("auto", timeout_s=30).__class__ is ShmTransport
-    _check_buffer(ctx, Buffer(transport=ShmTransport(timeout_s=30, capacity_bytes_per_peer=100)))
+    unfused = ShmTransport(timeout_s=30, capacity_bytes_per_peer=100)
+    unfused.capabilities = Capabilities()  # declares no fast path: the collective path over shm
+    with Buffer(transport=unfused) as buf:
+        assert buf.path == "collective"
+        _check_buffer(ctx, buf)
     _check_fused(ctx)
     _check_recycled_outputs(ctx)
     key = shm._key
@@ -146,8 +150,9 @@ def test_default_transport_per_backend_and_bad_kind():
 
 
 def _check_fused(ctx) -> None:
-    fused = ShmBuffer(timeout_s=30, capacity_bytes_per_peer=100)
+    fused = Buffer(transport=ShmTransport(timeout_s=30, capacity_bytes_per_peer=100))
     plain = Buffer(transport=TorchDistTransport(timeout_s=30))
+    assert fused.path == "peer_writes"
     for dtype in (torch.float32, torch.bfloat16):
         for name, tokens, hidden, num_experts, topk, kind in [
             ("zero-tokens-holes", (0, 6, 5, 8), 12, 8, 2, "holes"),
@@ -171,7 +176,7 @@ def _check_fused(ctx) -> None:
             (grad_fused,) = torch.autograd.grad(got.recv_x, x, gx)
             (grad_plain,) = torch.autograd.grad(want.recv_x, x, gx)
             assert torch.equal(grad_fused, grad_plain), name
-    fused.shm.close()
+    fused.close()
 
 
 def _check_recycled_outputs(ctx) -> None:
@@ -183,8 +188,9 @@ def _check_recycled_outputs(ctx) -> None:
 
     if shutil.which("cc") or shutil.which("gcc"):  # else both sides would be the torch path
         assert cpu_kernels.load() is not None
-    fused = ShmBuffer(timeout_s=30)
-    torch_path = ShmBuffer(transport=fused.shm, recycle_outputs=0, fused_kernels=False)
+    fused = Buffer(transport="shm", timeout_s=30)
+    torch_path = Buffer(transport=fused.transport, recycle_outputs=0, fused_kernels=False)
+    outputs = fused._rows.outputs  # type: ignore[attr-defined]  # ShmRows' recycled outputs
     g = torch.Generator().manual_seed(ctx.rank)
     idx, w = _routing("random", 600, 8, 3, g)
     held = []
@@ -197,11 +203,12 @@ def _check_recycled_outputs(ctx) -> None:
         held.append((res.recv_x, res.recv_x.clone(), out, out.clone()))
     for recv, recv_copy, out, out_copy in held:  # nothing held was overwritten
         assert torch.equal(recv, recv_copy) and torch.equal(out, out_copy)
-    assert fused.outputs.hits == 0
+    assert outputs.hits == 0
     del held, res, out
     res = fused.dispatch(x, idx, w, num_experts=8)
     fused.combine(res.recv_x, res.handle)
-    assert fused.outputs.hits == 2  # recv_x and the combined output reused dropped memory
+    fused.close()
+    assert outputs.hits == 2  # recv_x and the combined output reused dropped memory
 
 
 def test_full_shared_memory_fails_with_a_message(monkeypatch, tmp_path):
@@ -221,9 +228,3 @@ def test_full_shared_memory_fails_with_a_message(monkeypatch, tmp_path):
     with pytest.raises(TransportError, match="cannot reserve 64.0 MiB.*shm-size"):
         shm_segment.map_segment(str(path), 64 << 20, create=True)
     assert not path.exists()
-
-
-@pytest.mark.parametrize("bad", [-1, 1.5, True])
-def test_bad_recycle_outputs_is_refused_before_any_shared_memory_exists(bad):
-    with pytest.raises(ValueError, match=f"recycle_outputs={bad!r} must be an int >= 0"):
-        ShmBuffer(recycle_outputs=bad)

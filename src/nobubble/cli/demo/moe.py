@@ -57,7 +57,7 @@ def _weights(config: MoEConfig):
 
 def _rank(ctx, num_tokens: int, steps: int) -> dict[str, Any]:
     config = _config()
-    buf = Buffer(timeout_s=120)
+    buf = Buffer(transport="dist", timeout_s=120)  # gloo collectives, as the bench's default
     layer = MoELayer(config, _weights(config), buf)
     g = torch.Generator().manual_seed(ctx.rank)
     x0 = _skewed_tokens(num_tokens, config.hidden, g).requires_grad_()

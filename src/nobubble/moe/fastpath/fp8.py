@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
-from nobubble.moe.buffer import Buffer, DispatchResult
+from nobubble.moe.handle import DispatchResult
+
+if TYPE_CHECKING:
+    from nobubble.moe.buffer import Buffer
 
 __all__ = [
     "FP8_BLOCK",

@@ -5,13 +5,14 @@ with the same local index there - and that GPU forwards it over NVLink to the no
 that hold the token's experts. Combine runs the other way: the node's partial results are
 reduced inside the node first, and one row per (token, node) crosses back.
 
-:class:`HierarchicalBuffer` does this with two process subgroups per rank: its *rail* (the
+``Buffer(group, num_experts, topology=Topology(ranks_per_node=P))`` does this with
+:class:`HierarchicalRows`, its row movers, over two process subgroups per rank: its *rail* (the
 ranks with the same local index on every node, ``dist.new_group``) for the inter-node step,
-and its *node* for the intra-node step (shared memory when the node's ranks share a host,
-else the backend's collectives). Several "nodes" can live on one machine for testing; across
+and its *node* for the intra-node step (the buffer's ``transport`` kind: shared memory when
+the node's ranks share a host, else the backend's collectives). Several "nodes" can live on one machine for testing; across
 hosts, ``ranks_per_node`` is the number of ranks per host.
 
-Layout, count exchange and handle come from :class:`~nobubble.moe.buffer.Buffer`; received
+Layout, count exchange and handle are the buffer's, as for every transport; received
 rows are in the same order (source rank, then source token), so every consumer of a
 :class:`~nobubble.moe.buffer.DispatchResult` works unchanged. Dispatch is bit-identical to the
 flat one. Combine sums in a different order - ranks of a node first, then nodes in order
@@ -31,11 +32,28 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from nobubble.moe.buffer import Buffer, DispatchHandle
 from nobubble.moe.fastpath.shm_transport import make_transport
+from nobubble.moe.handle import DispatchHandle
 from nobubble.moe.transport import TorchDistTransport, Transport
 
-__all__ = ["HierarchicalBuffer", "HierarchicalPlan", "node_groups"]
+__all__ = ["Topology", "HierarchicalRows", "HierarchicalPlan", "node_groups"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How the expert-parallel group's ranks sit on nodes.
+
+    Attributes:
+        ranks_per_node: ``P``; ranks ``[n*P, (n+1)*P)`` of the group form node ``n`` (it must
+            divide the group size; across hosts, the ranks per host).
+    """
+
+    ranks_per_node: int
+
+    def __post_init__(self) -> None:
+        p = self.ranks_per_node
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"Topology: ranks_per_node={p!r} must be an int >= 1")
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,50 +116,49 @@ def _offsets(counts) -> list[int]:
     return out
 
 
-class HierarchicalBuffer(Buffer):
-    """:class:`Buffer` whose payload crosses nodes once per (token, destination node).
+class HierarchicalRows:
+    """Row movers whose payload crosses nodes once per (token, destination node).
 
     Args:
-        group: the expert-parallel group (``None`` = default); ranks ``[n*P, (n+1)*P)`` of it
-            form node ``n``.
-        ranks_per_node: ``P``, a divisor of the group size.
-        num_experts: default ``E``.
+        group: the expert-parallel group (``None`` = default).
+        topology: its nodes; ``topology.ranks_per_node`` must divide the group size.
+        intra: transport kind inside a node: ``"auto"`` (shared memory for gloo on CPU within
+            one host), ``"shm"`` or ``"dist"``.
         timeout_s: per-collective timeout.
-        intra: transport inside a node: ``"auto"`` (shared memory for gloo on CPU within one
-            host), ``"shm"`` or ``"dist"``.
+
+    Building it is a collective over ``group`` (it creates every node and rail group).
     """
 
     def __init__(
         self,
-        group: dist.ProcessGroup | None = None,
+        group: dist.ProcessGroup | None,
+        topology: Topology,
         *,
-        ranks_per_node: int,
-        num_experts: int | None = None,
-        timeout_s: float = 120.0,
-        intra: str = "auto",
+        intra: str,
+        timeout_s: float,
     ) -> None:
         world = dist.get_world_size(group)
-        if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int):
+        p = topology.ranks_per_node
+        if world % p != 0:
             raise ValueError(
-                f"HierarchicalBuffer: ranks_per_node={ranks_per_node!r} must be an int"
+                f"Buffer: topology.ranks_per_node={p} must divide the group size {world}; use "
+                f"one of {[q for q in range(1, world + 1) if world % q == 0]}"
             )
-        if ranks_per_node < 1 or world % ranks_per_node != 0:
-            raise ValueError(
-                f"HierarchicalBuffer: ranks_per_node={ranks_per_node} must divide the group size "
-                f"{world}; use one of {[p for p in range(1, world + 1) if world % p == 0]}"
-            )
-        super().__init__(
-            group, transport=TorchDistTransport(group, timeout_s=timeout_s), num_experts=num_experts
-        )
-        self.ranks_per_node = ranks_per_node
-        self.num_nodes = world // ranks_per_node
-        self.node, self.local_rank = divmod(self.rank, ranks_per_node)
-        node_group, rail_group = node_groups(group, ranks_per_node)
+        self.rank = dist.get_rank(group)
+        self.ranks_per_node = p
+        self.num_nodes = world // p
+        self.node, self.local_rank = divmod(self.rank, p)
+        node_group, rail_group = node_groups(group, p)
         self.inter: Transport = TorchDistTransport(rail_group, timeout_s=timeout_s)
         self.intra: Transport = make_transport(intra, node_group, timeout_s=timeout_s)
         self._plans: weakref.WeakKeyDictionary[DispatchHandle, HierarchicalPlan] = (
             weakref.WeakKeyDictionary()
         )
+
+    def close(self) -> None:
+        """Close both step transports (the intra-node one may hold shared memory)."""
+        self.inter.close()
+        self.intra.close()
 
     # -- routes -----------------------------------------------------------------------------
     def plan(self, handle: DispatchHandle) -> HierarchicalPlan:
@@ -198,7 +215,7 @@ class HierarchicalBuffer(Buffer):
             node=self.node,
         )
 
-    # -- row movers (used by Buffer's autograd functions) -----------------------------------
+    # -- row movers (used by the buffer's autograd functions) -------------------------------
     def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
         """``[N, *]`` -> ``[M, *]``: rail step (once per node), then forward inside the node."""
         plan = self.plan(handle)

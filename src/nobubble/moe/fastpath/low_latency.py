@@ -17,8 +17,14 @@ extra round trip that this mode avoids. The output is expert-major, ready for a 
 
 With ``return_recv_hook=True`` dispatch only *sends* (writes into the peers' shared memory or
 starts an asynchronous all-to-all) and returns a hook; the caller computes, then calls the
-hook to receive. Over :class:`~nobubble.moe.fastpath.shm_transport.ShmTransport` only the valid rows
-move; over ``torch.distributed`` (NCCL / gloo) the fixed-size slots move whole.
+hook to receive; no other call may use the buffer in between. Which way the rows go is the
+transport's declared :class:`~nobubble.moe.transport.Capabilities`: with ``peer_writes``
+(shared memory) only the valid rows move; with ``split_all_to_all`` (``torch.distributed``,
+NCCL / gloo) the fixed-size slots move whole in an asynchronous all-to-all; any other
+transport moves them at once and the hook only places them.
+
+:class:`LowLatencyMode` is the engine behind :meth:`nobubble.moe.buffer.Buffer.low_latency_dispatch`
+and :meth:`~nobubble.moe.buffer.Buffer.low_latency_combine`; it shares the buffer's transport.
 
 Shape legend: ``N`` tokens (``<= T``), ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
 ``L = E / R`` local experts, ``T = num_max_dispatch_tokens_per_rank``, ``C = T * min(K, L)``
@@ -30,18 +36,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 
 import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
 from nobubble.moe.fastpath.fp8 import dequantize_rows, fp8_row_bytes, quantize_rows
-from nobubble.moe.fastpath.shm_transport import make_transport
 from nobubble.moe.layout import check_topk_idx, num_local_experts
-from nobubble.moe.transport import PeerWrites, TorchDistTransport, TransportError
+from nobubble.moe.transport import PeerWrites, Transport, TransportError, capabilities_of
 
-__all__ = ["LowLatencyBuffer", "LowLatencyHandle", "LowLatencyDispatch"]
+__all__ = ["LowLatencyMode", "LowLatencyHandle", "LowLatencyDispatch"]
 
 
 def _sort_pairs(topk_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,6 +97,7 @@ class LowLatencyHandle:
         recv_layout: ``[L, R]`` int64, rows received per (local expert, source rank); -1 until
             that source's rows have arrived (the receive, or the hook, fills it).
         topk: ``K`` of the dispatch (combine must pass the same routing).
+        max_tokens: ``T`` of the dispatch; num_experts: its ``E``.
     """
 
     num_tokens: int
@@ -102,6 +107,8 @@ class LowLatencyHandle:
     send_counts: tuple[int, ...]
     recv_layout: torch.Tensor
     topk: int
+    max_tokens: int
+    num_experts: int
 
     def received(self) -> bool:
         """Whether every source's rows have arrived (after the receive or the hook)."""
@@ -110,13 +117,13 @@ class LowLatencyHandle:
 
 @dataclass(frozen=True, eq=False)
 class LowLatencyDispatch:
-    """What :meth:`LowLatencyBuffer.low_latency_dispatch` returns.
+    """What :meth:`~nobubble.moe.buffer.Buffer.low_latency_dispatch` returns.
 
     Attributes:
         recv_x: ``[L, R * T, H]`` expert-major rows (x's dtype; dequantised with FP8); a view
             of the buffer's receive memory, valid until the next dispatch.
         recv_count: ``[L]`` int64 valid rows per local expert.
-        handle: for :meth:`LowLatencyBuffer.low_latency_combine`.
+        handle: for :meth:`~nobubble.moe.buffer.Buffer.low_latency_combine`.
         hook: with ``return_recv_hook``, call it to receive (fills ``recv_x``, ``recv_count``
             and ``handle.recv_layout``); None when the receive already happened.
     """
@@ -127,79 +134,65 @@ class LowLatencyDispatch:
     hook: Callable[[], None] | None
 
 
-class LowLatencyBuffer:
-    """Fixed-capacity dispatch / combine for small batches.
+class LowLatencyMode:
+    """Fixed-capacity dispatch / combine for small batches over one transport.
 
     Args:
-        group: the expert-parallel group (``None`` = default).
-        num_max_dispatch_tokens_per_rank: ``T``, the most tokens any rank dispatches at once.
-        hidden: ``H``.
+        transport: the buffer's transport (its capabilities choose how rows move).
         num_experts: ``E``, a multiple of the group size.
-        transport: ``"auto"`` (shared memory for gloo on CPU), ``"shm"`` or ``"dist"``; the
-            low-latency buffer owns its transport (its slots must not mix with normal mode's).
-        timeout_s: the longest any wait may take.
+
+    Lifecycle: ``IDLE -> (dispatch with return_recv_hook) PENDING -> (hook) IDLE``; while a
+    receive is pending, every other call on the transport is refused (:meth:`check_idle`),
+    since it would reuse the slots the pending rows sit in.
     """
 
-    def __init__(
-        self,
-        group: dist.ProcessGroup | None = None,
-        *,
-        num_max_dispatch_tokens_per_rank: int,
-        hidden: int,
-        num_experts: int,
-        transport: str = "auto",
-        timeout_s: float = 120.0,
-    ) -> None:
-        for name, value in (
-            ("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
-            ("hidden", hidden),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"LowLatencyBuffer: {name}={value!r} must be an int >= 1")
-        self.transport = make_transport(transport, group, timeout_s=timeout_s)
-        self.rank, self.num_ranks = self.transport.rank, self.transport.world_size
+    def __init__(self, transport: Transport, num_experts: int) -> None:
+        self.transport = transport
+        self.rank, self.num_ranks = transport.rank, transport.world_size
         self.num_local_experts = num_local_experts(num_experts, self.num_ranks)
         self.num_experts = num_experts
-        self.max_tokens = num_max_dispatch_tokens_per_rank
-        self.hidden = hidden
-        self.timeout_s = timeout_s
-        self.bytes_sent_remote: dict[str, int] = {}
-        self._recv_x: dict[tuple, torch.Tensor] = {}  # allocated once per (dtype, device)
+        self._pending = False
+        self._recv_x: dict[tuple, torch.Tensor] = {}  # allocated once per (dtype, device, T, H)
 
-    def _recv_buffer(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def check_idle(self, op: str) -> None:
+        """Refuse ``op`` while a dispatch's receive hook has not been called."""
+        if self._pending:
+            raise ValueError(
+                f"{op}: a low_latency_dispatch(return_recv_hook=True) has not received yet; "
+                "call its result's hook() first"
+            )
+
+    def _recv_buffer(
+        self, dtype: torch.dtype, device: torch.device, max_tokens: int, hidden: int
+    ) -> torch.Tensor:
         """``[L, R * T, H]``, allocated on first use and reused: a dispatch's ``recv_x`` is
         valid until the next dispatch of the same dtype (as in DeepEP's low-latency mode)."""
-        key = (dtype, device)
+        key = (dtype, device, max_tokens, hidden)
         if key not in self._recv_x:
-            shape = (self.num_local_experts, self.num_ranks * self.max_tokens, self.hidden)
+            shape = (self.num_local_experts, self.num_ranks * max_tokens, hidden)
             self._recv_x[key] = torch.empty(shape, dtype=dtype, device=device)
         return self._recv_x[key]
 
-    def _count(self, kind: str, nbytes: int) -> None:
-        self.bytes_sent_remote[kind] = self.bytes_sent_remote.get(kind, 0) + nbytes
-
     # -- dispatch ---------------------------------------------------------------------------
-    def low_latency_dispatch(
+    def dispatch(
         self,
         x: torch.Tensor,
         topk_idx: torch.Tensor,
         *,
+        num_max_dispatch_tokens_per_rank: int,
         use_fp8: bool = False,
         return_recv_hook: bool = False,
     ) -> LowLatencyDispatch:
-        """Send one row per (token, expert) pair into the owners' fixed-capacity slots.
-
-        Args:
-            x: ``[N, H]`` floating, ``N <= T``.
-            topk_idx: ``[N, K]`` int64 expert ids, -1 = none.
-            use_fp8: send e4m3 values with per-128-channel scales, dequantise on receipt.
-            return_recv_hook: only send now; receive when the returned hook is called.
-        """
-        self._check_input(x, topk_idx)
+        """Send one row per (token, expert) pair into the owners' fixed-capacity slots
+        (arguments as :meth:`nobubble.moe.buffer.Buffer.low_latency_dispatch`)."""
+        t_max = num_max_dispatch_tokens_per_rank
+        self._check_input(x, topk_idx, t_max)
+        self.check_idle("low_latency_dispatch")
         num_tokens, topk = topk_idx.shape  # (N, K)
+        hidden = x.shape[1]
         dev = x.device
-        local, num_ranks, t_max = self.num_local_experts, self.num_ranks, self.max_tokens
-        row_bytes = fp8_row_bytes(self.hidden) if use_fp8 else self.hidden * x.element_size()
+        local, num_ranks = self.num_local_experts, self.num_ranks
+        row_bytes = fp8_row_bytes(hidden) if use_fp8 else hidden * x.element_size()
         payload = quantize_rows(x) if use_fp8 else x.contiguous()
         payload = payload.view(torch.uint8).view(num_tokens, row_bytes)  # (N, row_bytes)
 
@@ -209,14 +202,16 @@ class LowLatencyBuffer:
         lay = _SlotLayout.make(t_max * min(topk, local), row_bytes, local)
         handle = LowLatencyHandle(
             num_tokens=num_tokens,
-            hidden=self.hidden,
+            hidden=hidden,
             send_token=token,
             send_slot=slot,
             send_counts=tuple(int(c) for c in send_counts.tolist()),
             recv_layout=torch.full((local, num_ranks), -1, dtype=torch.int64, device=dev),
             topk=topk,
+            max_tokens=t_max,
+            num_experts=self.num_experts,
         )
-        recv_x = self._recv_buffer(x.dtype, dev)
+        recv_x = self._recv_buffer(x.dtype, dev, t_max, hidden)
         recv_count = torch.zeros(local, dtype=torch.int64, device=dev)
         offs = [0, *torch.cumsum(send_counts, 0).tolist()]
 
@@ -235,19 +230,21 @@ class LowLatencyBuffer:
                 raise TransportError(f"low_latency_dispatch: corrupt counts {counts.tolist()}")
             rows = slot_data[: total * row_bytes].view(total, row_bytes)
             if use_fp8:
-                values = dequantize_rows(rows, self.hidden, x.dtype)
+                values = dequantize_rows(rows, hidden, x.dtype)
             else:
-                values = rows.view(x.dtype).view(total, self.hidden)
+                values = rows.view(x.dtype).view(total, hidden)
             e_ids = torch.repeat_interleave(torch.arange(local, device=dev), counts)  # (total,)
             j = torch.arange(total, device=dev) - (torch.cumsum(counts, 0) - counts)[e_ids]
             dst = e_ids * (num_ranks * t_max) + i * t_max + j  # row in [L * R * T]
-            recv_x.view(local * num_ranks * t_max, self.hidden).index_copy_(0, dst, values)
+            recv_x.view(local * num_ranks * t_max, hidden).index_copy_(0, dst, values)
             handle.recv_layout[:, i] = counts
             recv_count.add_(counts)
 
         def hook() -> None:
+            self._pending = False
             receive(place)
 
+        self._pending = True
         if return_recv_hook:
             return LowLatencyDispatch(recv_x, recv_count, handle, hook)
         hook()
@@ -266,13 +263,14 @@ class LowLatencyBuffer:
         me, num_ranks = self.rank, self.num_ranks
         own = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
         fill(me, own)
-        remote_rows = int(send_counts.sum()) - int(send_counts[me])
-        if isinstance(self.transport, PeerWrites):
-            shm = self.transport
+        caps = capabilities_of(self.transport)
+        if caps.peer_writes:
+            shm = cast(PeerWrites, self.transport)
             step = shm.begin([slot_bytes] * num_ranks, kind="ll_dispatch")
             for j in shm.peers():
                 shm.write_peer(j, step, slot_bytes, functools.partial(fill, j), kind="ll_dispatch")
-            self._count("x", remote_rows * row_bytes)
+            remote = (int(send_counts.sum()) - int(send_counts[me])) * row_bytes
+            shm.count_bytes("ll_dispatch", sent=remote, remote=remote, received=0)
 
             def receive(place) -> None:
                 place(me, own)
@@ -280,33 +278,38 @@ class LowLatencyBuffer:
                     place(i, data)
 
             return receive
-        assert isinstance(self.transport, TorchDistTransport)
         send = torch.empty(num_ranks, slot_bytes, dtype=torch.uint8, device=dev)  # (R, bytes)
         for j in range(num_ranks):
             if j == me:
                 send[j].copy_(own)
             else:
                 fill(j, send[j])
-        recv = torch.empty_like(send)
-        work = dist.all_to_all_single(recv, send, group=self.transport.group, async_op=True)
-        self._count("x", (num_ranks - 1) * slot_bytes)  # fixed-size slots move whole
+        ones = [1] * num_ranks  # fixed-size slots move whole
+        finish: Callable[[], torch.Tensor]
+        if caps.split_all_to_all:
+            finish = cast(Any, self.transport).all_to_all_start(
+                send, ones, ones, kind="ll_dispatch"
+            )
+        else:
+            recv = self.transport.all_to_all(send, ones, ones, kind="ll_dispatch")
+            finish = lambda: recv  # noqa: E731 - moved already; the hook only places
 
-        def receive_dist(place) -> None:
-            try:
-                work.wait(timeout=timedelta(seconds=self.timeout_s))
-            except Exception as err:  # the backend's error, with our context
-                raise TransportError(
-                    f"rank {me}: low_latency_dispatch receive failed or timed out: {err}"
-                ) from err
+        def receive_all(place) -> None:
+            recv = finish()  # (R, bytes)
             for i in range(num_ranks):
                 place(i, recv[i])
 
-        return receive_dist
+        return receive_all
 
-    def _check_input(self, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden:
+    def _check_input(self, x: torch.Tensor, topk_idx: torch.Tensor, max_tokens: int) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(
+                f"low_latency_dispatch: num_max_dispatch_tokens_per_rank={max_tokens!r} must be "
+                "an int >= 1"
+            )
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"low_latency_dispatch: x must be [N, {self.hidden}], got {shape}")
+            raise ValueError(f"low_latency_dispatch: x must be [N, hidden], got {shape}")
         if not x.is_floating_point():
             raise ValueError(f"low_latency_dispatch: x.dtype={x.dtype}; use bf16 or fp32")
         check_topk_idx(topk_idx, self.num_experts)
@@ -314,36 +317,28 @@ class LowLatencyBuffer:
             raise ValueError(
                 f"low_latency_dispatch: topk_idx has {topk_idx.shape[0]} rows, x {x.shape[0]}"
             )
-        if x.shape[0] > self.max_tokens:
+        if x.shape[0] > max_tokens:
             raise ValueError(
                 f"low_latency_dispatch: {x.shape[0]} tokens exceed "
-                f"num_max_dispatch_tokens_per_rank={self.max_tokens}; raise it or split the batch"
+                f"num_max_dispatch_tokens_per_rank={max_tokens}; raise it or split the batch"
             )
 
     # -- combine ----------------------------------------------------------------------------
-    def low_latency_combine(
+    def combine(
         self,
         x: torch.Tensor,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
         handle: LowLatencyHandle,
     ) -> torch.Tensor:
-        """``sum_k topk_weights[n, k] * x_out(n, k)`` for this rank's tokens.
-
-        Args:
-            x: ``[L, R * T, H]`` expert outputs in ``recv_x``'s layout.
-            topk_idx: ``[N, K]`` the dispatch's routing (slots with -1 contribute nothing).
-            topk_weights: ``[N, K]`` floating.
-            handle: the dispatch's handle (after its receive completed).
-        Returns:
-            ``[N, H]`` in x's dtype; float32 products and sums, slots added in order k = 0..K-1.
-        """
+        """``sum_k topk_weights[n, k] * x_out(n, k)`` for this rank's tokens (arguments as
+        :meth:`nobubble.moe.buffer.Buffer.low_latency_combine`)."""
         self._check_combine_args(x, topk_idx, topk_weights, handle)
         local, num_ranks, t_max, h = (
             self.num_local_experts,
             self.num_ranks,
-            self.max_tokens,
-            self.hidden,
+            handle.max_tokens,
+            handle.hidden,
         )
         layout = handle.recv_layout  # (L, R)
         # rows going back to source i: experts in order, each expert's block for i
@@ -360,7 +355,7 @@ class LowLatencyBuffer:
         num_tokens, topk = topk_idx.shape
         out = torch.empty(num_tokens, h, dtype=x.dtype, device=x.device)  # (N, H)
         slot_of = handle.send_token * topk + handle.send_slot  # (P,) flat (token, slot)
-        if isinstance(self.transport, PeerWrites) and self._combine_in_place(
+        if capabilities_of(self.transport).peer_writes and self._combine_in_place(
             x_rows, pos, back_counts, handle, slot_of, weights, out
         ):
             return out
@@ -368,9 +363,6 @@ class LowLatencyBuffer:
         back = self.transport.all_to_all(
             send, back_counts, list(handle.send_counts), kind="ll_combine"
         )  # (P, H) aligned with (send_token, send_slot)
-        self._count(
-            "combine", int(send.shape[0] - layout[:, self.rank].sum()) * h * x.element_size()
-        )
         row_of = torch.full((num_tokens * topk,), -1, dtype=torch.int64, device=x.device)
         row_of[slot_of] = torch.arange(back.shape[0], device=x.device)
         if cpu_kernels.weighted_combine(
@@ -393,11 +385,16 @@ class LowLatencyBuffer:
         handle: LowLatencyHandle,
     ) -> None:
         """Refuse a combine whose shapes are not the dispatch's, or whose rows have not arrived."""
+        if not isinstance(handle, LowLatencyHandle):
+            raise ValueError(
+                f"low_latency_combine: handle is {type(handle).__name__}; pass the handle of a "
+                "low_latency_dispatch result"
+            )
         local, num_ranks, t_max, h = (
             self.num_local_experts,
             self.num_ranks,
-            self.max_tokens,
-            self.hidden,
+            handle.max_tokens,
+            handle.hidden,
         )
         if x.shape != (local, num_ranks * t_max, h):
             raise ValueError(
@@ -443,9 +440,8 @@ class LowLatencyBuffer:
                 f"itself but sent itself {handle.send_counts[self.rank]}; the handle does not "
                 "belong to this buffer's last dispatch"
             )
-        shm = self.transport
-        assert isinstance(shm, PeerWrites)
-        me, h = self.rank, self.hidden
+        shm = cast(PeerWrites, self.transport)
+        me, h = self.rank, handle.hidden
         row_bytes = h * x_rows.element_size()
         send_off = [0, *torch.cumsum(torch.tensor(back_counts), 0).tolist()]
         home = list(handle.send_counts)  # rows coming home from each expert rank
@@ -475,7 +471,6 @@ class LowLatencyBuffer:
         ):
             raise RuntimeError("low_latency_combine: the CPU kernel declined checked inputs")
         remote = (send_off[-1] - back_counts[me]) * row_bytes
-        self._count("combine", remote)
         shm.count_bytes(
             "ll_combine",
             sent=send_off[-1] * row_bytes,

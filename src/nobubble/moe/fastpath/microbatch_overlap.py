@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from nobubble.moe.buffer import DispatchResult
 from nobubble.moe.fastpath.overlap import (
     _combine,
     _dispatch,
@@ -37,9 +37,12 @@ from nobubble.moe.fastpath.overlap import (
     _Recorder,
     _routed_experts,
 )
-from nobubble.moe.layer import MoELayer
+from nobubble.moe.handle import DispatchResult
 from nobubble.moe.routing import Routing
 from nobubble.trace import Event
+
+if TYPE_CHECKING:  # the layer (and its Buffer) sit above the fast paths
+    from nobubble.moe.layer import MoELayer
 
 __all__ = ["MicrobatchOverlapResult", "microbatch_overlapped_forward"]
 

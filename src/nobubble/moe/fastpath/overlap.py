@@ -23,13 +23,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from nobubble.moe.buffer import DispatchResult
-from nobubble.moe.layer import MoELayer
+from nobubble.moe.handle import DispatchResult
 from nobubble.trace import Event
+
+if TYPE_CHECKING:  # the layer (and its Buffer) sit above the fast paths
+    from nobubble.moe.layer import MoELayer
 
 __all__ = ["OverlapResult", "overlapped_forward", "communication_hidden"]
 

@@ -45,7 +45,7 @@ def agree_on_key(group: dist.ProcessGroup | None, rank: int, world_size: int) ->
     if len(set(hosts)) != 1:
         raise ValueError(
             f"ShmTransport: the group spans hosts {sorted(set(hosts))}; shared memory works "
-            "within one host - use TorchDistTransport or HierarchicalBuffer across hosts"
+            "within one host - use transport='dist' (or a Topology) across hosts"
         )
     key = [uuid.uuid4().hex[:16] if rank == 0 else None]
     src = dist.get_global_rank(group, 0) if group is not None else 0

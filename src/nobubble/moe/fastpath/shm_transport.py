@@ -65,6 +65,7 @@ from nobubble.moe.fastpath.shm_segment import (
 )
 from nobubble.moe.transport import (
     ByteCounting,
+    Capabilities,
     TorchDistTransport,
     Transport,
     TransportError,
@@ -117,6 +118,10 @@ class ShmTransport(ByteCounting):
         self.timeout_s = float(timeout_s)
         self.kind = "shm"
         self.mask_failed_ranks = bool(mask_failed_ranks)
+        self.capabilities = Capabilities(
+            peer_writes=True, masks_failed_ranks=self.mask_failed_ranks
+        )
+        self._closed = False
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self._seq = 0
@@ -185,21 +190,37 @@ class ShmTransport(ByteCounting):
         return [(self.rank + d) % self.world_size for d in range(1, self.world_size)]
 
     def close(self) -> None:
-        """Remove this rank's shared-memory names (mappings go when the tensors do)."""
+        """Release this rank's shared memory: remove its names from ``/dev/shm`` and drop its
+        mappings of every segment, its own and its peers' (the pages go once no rank maps
+        them). Idempotent; every later call raises ``ValueError``. A caller that closes while
+        its peers still exchange leaves them waiting until their timeout."""
         self._finalizer()
         for path in self._pending_unlink:
             unlink(path)
         self._pending_unlink.clear()
+        if self._closed:
+            return
+        self._closed = True
+        # the only references to the mapped tensors (and the numpy views over them)
+        del self._mask, self._ctrl, self._ctrl_t, self._data
+        del self._peer_ctrl, self._peer_ctrl_t, self._peer_data
+
+    def _check_open(self, kind: str) -> None:
+        if self._closed:
+            raise ValueError(
+                f"ShmTransport.{kind}: the transport is closed (its shared memory is released); "
+                "build a new Buffer / ShmTransport"
+            )
 
     # -- failures ---------------------------------------------------------------------------
     def masked_ranks(self) -> frozenset[int]:
         """Ranks the group has voted failed (never shrinks; empty unless masking is on:
         every rank of a group must use the same setting)."""
-        return self._mask.masked_ranks()
+        return frozenset() if self._closed else self._mask.masked_ranks()
 
     def missing_in_last_call(self) -> frozenset[int]:
         """Sources whose rows did not arrive in this rank's latest call (read as zeros)."""
-        return self._mask.missing
+        return frozenset() if self._closed else self._mask.missing
 
     # -- the steps of one exchange ----------------------------------------------------------
     def begin(self, recv_nbytes: Sequence[int], *, kind: str) -> int:
@@ -210,6 +231,7 @@ class ShmTransport(ByteCounting):
                 f"begin({kind}): {len(recv_nbytes)} receive sizes for "
                 f"world_size={self.world_size}; give one per rank"
             )
+        self._check_open(kind)
         self._seq += 1
         masked = self._mask.begin(self._seq, kind)
         need = max((int(n) for i, n in enumerate(recv_nbytes) if i != self.rank), default=0)

@@ -1,43 +1,39 @@
-"""A Buffer whose row movers are fused with the shared-memory writes, as DeepEP's kernels are.
+"""Row movers fused with the shared-memory writes, as DeepEP's kernels are.
 
-:class:`~nobubble.moe.buffer.Buffer` over any transport gathers the rows to send
+Over a plain transport :class:`~nobubble.moe.buffer.Buffer` gathers the rows to send
 (``index_select``), hands them to the transport (which copies them again), and in combine
 converts every returned row to float32 before a scatter-add into a fresh ``[N, H]`` float32
 tensor. DeepEP's intranode kernels instead read the token rows and write them straight into
-the peer's buffer, and reduce while reading the peers' buffers. :class:`ShmBuffer` does the
-same over :class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`:
+the peer's buffer, and reduce while reading the peers' buffers. :class:`ShmRows` does the
+same over a transport that declares ``Capabilities(peer_writes=True)`` (such as
+:class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`); the buffer picks it from that
+record:
 
 - dispatch: ``index_select(x, send_token_idx[seg], out=<peer slot>)`` - the gather *is* the
   write into the peer's shared memory; the receiver copies each slot into ``recv_x`` once.
 - combine: each expert rank copies its rows for a source into that source's slot; the source
   reduces them in one pass with the fused C kernel of :mod:`nobubble.moe.fastpath.cpu_kernels`
   (bf16/fp32; other dtypes, or no C compiler: torch, block by block of tokens), adding the
-  sources in rank order in float32, exactly as :meth:`Buffer.combine_rows` does, so the
+  sources in rank order in float32, exactly as the buffer's collective path does, so the
   result is bit-identical (a NaN stays NaN; torch writes its bits two ways).
 - outputs (``recv_x``, the combined ``[N, H]``) come from a small caching allocator
   (:class:`~nobubble.moe.fastpath.cpu_memory.RecycledOutputs`): memory the caller has dropped is
   handed out again instead of being unmapped and faulted in anew, as PyTorch's CUDA caching
   allocator does for DeepEP.
 
-Everything else (layout, count exchange, handle, autograd) is the parent's.
+Everything else (layout, count exchange, handle, autograd) is the buffer's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
-from nobubble.moe.buffer import Buffer, DispatchHandle
 from nobubble.moe.fastpath.cpu_memory import RecycledOutputs
-from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS, ShmTransport, make_transport
-from nobubble.moe.transport import PeerWrites, TorchDistTransport, Transport
+from nobubble.moe.handle import DispatchHandle
+from nobubble.moe.transport import PeerWrites
 
-if TYPE_CHECKING:
-    import torch.distributed as dist
-
-__all__ = ["ShmBuffer", "make_buffer"]
+__all__ = ["ShmRows"]
 
 _BLOCK_BYTES = 1 << 20  # float32 accumulator block of the torch combine path (fits in L2)
 
@@ -49,52 +45,20 @@ def _offsets(counts: tuple[int, ...]) -> list[int]:
     return out
 
 
-class ShmBuffer(Buffer):
-    """:class:`Buffer` with gather-on-write dispatch and reduce-on-read combine over shared memory.
+class ShmRows:
+    """Gather-on-write dispatch and reduce-on-read combine over a peer-writing transport.
 
     Args:
-        group: the expert-parallel group (all its ranks on this host).
-        transport: an existing :class:`ShmTransport` (default: a new one over ``group``).
-        num_experts: default ``E``.
-        timeout_s: per-wait timeout of the default transport.
-        capacity_bytes_per_peer: initial per-source slot size of the default transport.
+        transport: declares ``Capabilities(peer_writes=True)`` (has :class:`PeerWrites`'s steps).
         recycle_outputs: keep up to this many large output buffers for reuse once the caller
             drops them (0: every output is a fresh allocation).
         fused_kernels: reduce combine with the compiled C kernel when it is available
             (``False``: always the torch path; the results are identical).
     """
 
-    def __init__(
-        self,
-        group: dist.ProcessGroup | None = None,
-        *,
-        transport: Transport | None = None,
-        num_experts: int | None = None,
-        timeout_s: float = 120.0,
-        capacity_bytes_per_peer: int = 1 << 20,
-        recycle_outputs: int = 4,
-        fused_kernels: bool = True,
-    ) -> None:
-        if (
-            isinstance(recycle_outputs, bool)
-            or not isinstance(recycle_outputs, int)
-            or (recycle_outputs < 0)
-        ):
-            raise ValueError(
-                f"ShmBuffer: recycle_outputs={recycle_outputs!r} must be an int >= 0 (0 turns "
-                "output reuse off)"
-            )
-        if transport is not None and not isinstance(transport, PeerWrites):
-            raise ValueError(
-                f"ShmBuffer: transport is {type(transport).__name__}; it needs one that writes "
-                "into its peers' memory (PeerWrites, e.g. ShmTransport); use Buffer for others"
-            )
-        transport = transport or ShmTransport(
-            group, timeout_s=timeout_s, capacity_bytes_per_peer=capacity_bytes_per_peer
-        )
-        super().__init__(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
-        assert isinstance(transport, PeerWrites)
-        self.shm: PeerWrites = transport
+    def __init__(self, transport: PeerWrites, *, recycle_outputs: int, fused_kernels: bool) -> None:
+        self.shm = transport
+        self.rank, self.num_ranks = transport.rank, transport.world_size
         self.outputs = RecycledOutputs(max_buffers=recycle_outputs)
         self.fused_kernels = fused_kernels
 
@@ -193,7 +157,7 @@ class ShmBuffer(Buffer):
                 break
             a = acc[: hi_tok - lo_tok]
             a.zero_()
-            for r in range(self.num_ranks):  # rank order, as Buffer.combine_rows
+            for r in range(self.num_ranks):  # rank order, as the buffer's collective path
                 idx, cut = bounds[r]
                 lo, hi = cut[b], cut[b + 1]
                 if hi > lo:
@@ -207,43 +171,3 @@ def _row_bytes(t: torch.Tensor) -> int:
     for d in t.shape[1:]:
         numel *= d
     return numel * t.element_size()
-
-
-def make_buffer(
-    kind: str = "auto",
-    group: dist.ProcessGroup | None = None,
-    *,
-    device: str | torch.device = "cpu",
-    num_experts: int | None = None,
-    timeout_s: float = 120.0,
-) -> Buffer:
-    """The dispatch/combine buffer for transport ``kind``: ``"shm"``, ``"dist"`` or ``"auto"``.
-
-    - ``"shm"``: a :class:`ShmBuffer` over a new :class:`ShmTransport` (all of ``group``'s
-      ranks on this host; gather-on-write dispatch, reduce-on-read combine).
-    - ``"dist"``: a plain :class:`~nobubble.moe.buffer.Buffer` over a
-      :class:`~nobubble.moe.transport.TorchDistTransport` (gloo / NCCL collectives; any
-      number of hosts, any device).
-    - ``"auto"``: what :func:`~nobubble.moe.fastpath.shm_transport.make_transport` picks - shared
-      memory for gloo on CPU when the whole group is on one host, ``"dist"`` otherwise
-      (``group``'s backend, ``device`` and, for gloo, a host-name exchange decide).
-
-    Every rank of ``group`` must call it with the same arguments (building either transport
-    is a collective). ``num_experts`` is the buffer's default ``E``; ``timeout_s`` bounds every
-    wait for a peer. Whoever builds a :class:`ShmBuffer` closes it with ``buf.shm.close()``
-    when done, so that no ``/dev/shm`` names remain.
-
-    Raises:
-        ValueError: ``kind`` is not one of ``TRANSPORT_KINDS``.
-    """
-    if kind not in TRANSPORT_KINDS:
-        raise ValueError(f"make_buffer: kind={kind!r}; choose one of {TRANSPORT_KINDS}")
-    if kind == "shm":
-        return ShmBuffer(group, num_experts=num_experts, timeout_s=timeout_s)
-    if kind == "dist":
-        transport = TorchDistTransport(group, timeout_s=timeout_s)
-        return Buffer(group, transport=transport, num_experts=num_experts, timeout_s=timeout_s)
-    chosen = make_transport("auto", group, device=device, timeout_s=timeout_s)
-    if isinstance(chosen, PeerWrites):
-        return ShmBuffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)
-    return Buffer(group, transport=chosen, num_experts=num_experts, timeout_s=timeout_s)
