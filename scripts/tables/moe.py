@@ -102,8 +102,8 @@ def ep_dispatch_runs() -> str:
 TRANSPORT_ROWS = (
     ("gloo", "Buffer over gloo all-to-all (baseline)"),
     ("shm-unfused", "Buffer over ShmTransport"),
-    ("shm-fused-torch", "ShmBuffer, torch reduce, fresh outputs"),
-    ("shm", "ShmBuffer (fused copies, C combine kernel, recycled outputs)"),
+    ("shm-fused-torch", "Buffer over shm, torch reduce, fresh outputs"),
+    ("shm", "Buffer over shm (fused copies, C combine kernel, recycled outputs)"),
 )
 
 
@@ -197,7 +197,7 @@ LOW_LATENCY_ROWS = (
     ("low-latency dist bf16", "low-latency dist bf16"),
     ("low-latency dist fp8", "low-latency dist fp8"),
     ("normal gloo", "normal gloo"),
-    ("normal shm", "normal shm (ShmBuffer)"),
+    ("normal shm", "normal shm (Buffer over shm)"),
 )
 
 
