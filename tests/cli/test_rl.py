@@ -52,12 +52,33 @@ def test_train_json_has_the_promised_fields(tmp_path, capsys):
         (["rl", "train", "--mode", "fast"], "invalid choice: 'fast'"),
         (["rl", "train", "--mode", "sync", "--max-staleness", "3"], "max_staleness=0"),
         (["rl", "train", "--reward", f"{BAD}:no_arguments"], "must take (prompt, response)"),
+        # a flag that would be ignored, or can never act, is refused naming it
+        (["rl", "train", "--group-size", "1"], "group_size=1 with algo='grpo'"),
+        (
+            [
+                "rl",
+                "train",
+                "--mode",
+                "fully-async",
+                "--max-staleness",
+                "2",
+                "--drop-staleness",
+                "10",
+            ],
+            "drop_staleness=10 > max_staleness=2",
+        ),  # fmt: skip
+        (["rl", "train", "--replay-groups", "2"], "replay_groups / replay_capacity are read"),
+        (["rl", "train", "--address", "127.0.0.1:1"], "ray_address is read only with engine"),
+        (["rl", "compare", "--etas", "4,8"], "--etas is read only with --ablation"),
+        (["rl", "train", "--resume", "--checkpoint-dir", "{tmp}/empty"], "holds no checkpoint"),
+        (["rl", "train", "--resume", "--resume-or-start"], "not allowed with argument"),
         (["rl", "reward-server", "--reward", f"{BAD}:no_arguments"], "must take (prompt, resp"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
+def test_bad_input_is_one_line_exit_2(argv, needle, capsys, tmp_path):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     try:
-        rc = main(argv)
+        rc = main([*argv, "--out", str(tmp_path / "out")] if argv[1] != "reward-server" else argv)
     except SystemExit as e:
         rc = e.code
     err = capsys.readouterr().err.strip()

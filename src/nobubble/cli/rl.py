@@ -69,9 +69,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="checkpoint every N steps (and at the last step); 0 = the last step only",
     )
-    ck.add_argument(
+    resume = ck.add_mutually_exclusive_group()
+    resume.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in DIR"
     )
+    resume.add_argument("--resume-or-start", action="store_true",
+                        help="continue from the newest checkpoint in DIR, or start fresh when "
+                        "there is none (a job that is restarted after a kill)")  # fmt: skip
     ck.add_argument(
         "--restart-workers",
         action="store_true",
@@ -340,6 +344,7 @@ def _train(args: argparse.Namespace) -> int:
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "resume", "restart_workers")}
+    ckpt["resume"] = "or-start" if args.resume_or_start else args.resume
     ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
     lag = _lag_settings(args)
     many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
@@ -373,6 +378,8 @@ def _train(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     check_producer_flags(args, args.producer_parser)
     if args.env is None:
+        if args.etas != args.producer_parser.get_default("etas") and not args.ablation:
+            raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
         if args.max_staleness is not None:
             raise ValueError("--max-staleness is not read by rl compare --task: each mode "
                              "takes its own bound (--ablation: --etas); drop it")  # fmt: skip

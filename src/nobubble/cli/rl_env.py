@@ -37,7 +37,8 @@ TASK_ONLY = (
     "reward_failure_rate", "trainer_delay", "mode", "algo", "preset", "drop_staleness",
     "staleness_weighting", "kl_coef", "kl_refresh_every", "sync_every", "replay",
     "replay_capacity", "replay_groups", "learners", "aggregation", "local_sgd_every",
-    "partial_rollouts", "checkpoint_dir", "checkpoint_every", "resume", "restart_workers",
+    "partial_rollouts", "checkpoint_dir", "checkpoint_every", "resume", "resume_or_start",
+    "restart_workers",
     "ablation", "etas",
 )  # fmt: skip
 

@@ -71,7 +71,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     kills, steps_at_kill = 0, []
     while True:
         proc = subprocess.Popen(
-            [*_cmd(ckpt, out), *(["--resume"] if kills else [])],
+            [*_cmd(ckpt, out), *(["--resume-or-start"] if kills else [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: the kill takes the workers too

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from nobubble.rl.system.checkpoint import CheckpointStore
 from nobubble.rl.system.policies import build_policy, check_policy_spec
 from nobubble.rl.system.presets import resolve_preset
 from nobubble.rl.system.replay import ReplayConfig
@@ -94,7 +95,8 @@ class RunConfig:
         timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
         checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps and at
             step ``steps`` (a run stopped early by a time budget or a target keeps the last
-            one before); ``resume=True`` continues from the newest one in it.
+            one before); ``resume=True`` continues from the newest one in it (refused when
+            there is none), ``resume="or-start"`` too, or starts fresh on an empty folder.
         restart_workers: restart a rollout or reward worker that dies and requeue its
             groups (the ledger records the requeue); False = the run stops with the error.
         trainer, rollout, reward: settings of each stage (the fields of
@@ -148,7 +150,7 @@ class RunConfig:
     stall_timeout_s: float = 120.0
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
-    resume: bool = False
+    resume: bool | str = False
     restart_workers: bool = False
     fault: str | None = None
 
@@ -212,6 +214,7 @@ class RunConfig:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
+        self._check_contradictions(given)
         rewards = tuple(
             r
             if isinstance(r, RewardSource)
@@ -252,6 +255,36 @@ class RunConfig:
                 "generator its weights with each request, so it cannot swap them between "
                 "tokens; use engine='local' (shared-memory weights) or drop partial_rollouts"
             )
+
+    def _check_contradictions(self, given: dict[str, Any]) -> None:
+        """Settings that would be ignored or can never act: refused, naming both (``given``:
+        the presettable fields as the caller set them, before the preset filled the rest)."""
+        if self.resume not in (False, True, "or-start"):
+            raise ValueError(f"resume={self.resume!r}; use False, True or 'or-start'")
+        if self.resume is True and CheckpointStore(str(self.checkpoint_dir)).latest() is None:
+            raise ValueError(
+                f"resume: {self.checkpoint_dir} holds no checkpoint; start without --resume, "
+                "or use --resume-or-start to resume only when there is one"
+            )
+        if self.group_size == 1 and self.algo in ("grpo", "decoupled-ppo"):
+            raise ValueError(
+                f"group_size=1 with algo={self.algo!r}: the group advantage (reward minus the "
+                "group's mean) is always 0, nothing is learned; use group_size >= 2"
+            )
+        drop = self.drop_staleness
+        if drop is not None and drop > self.effective_max_staleness:
+            raise ValueError(
+                f"drop_staleness={self.drop_staleness} > max_staleness="
+                f"{self.effective_max_staleness}: no buffered sample is that old, the drop "
+                "never acts; make it <= max_staleness (or leave it out)"
+            )
+        if self.replay in (None, "none") and (given["replay_groups"] or given["replay_capacity"]):
+            raise ValueError(
+                "replay_groups / replay_capacity are read only with a replay; set replay="
+                "'uniform' or 'prioritized', or leave them out"
+            )
+        if self.ray_address is not None and self.engine != "ray":
+            raise ValueError(f"ray_address is read only with engine='ray' (got {self.engine!r})")
 
     def _check_learners(self) -> None:
         if not isinstance(self.learners, int) or self.learners < 1:

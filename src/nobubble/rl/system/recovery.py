@@ -142,7 +142,7 @@ class Recovery:
         if self._store is None:
             return
         ckpt = self._store.latest()
-        if ckpt is None:
+        if ckpt is None:  # resume=True on an empty folder: refused by RunConfig
             return
         if not self.cfg.resume:
             raise ValueError(
