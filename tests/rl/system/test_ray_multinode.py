@@ -129,92 +129,101 @@ def _local() -> dict[str, Any]:
     return {"steps": res.steps, "sockets": seen}
 
 
-def _cluster() -> dict[str, Any]:
-    """Learn, die, recover, strand on one cluster of nodes on 127.0.0.1 (module docstring)."""
-    from ray.cluster_utils import Cluster
+class _Cluster:
+    """Learn, die, recover, strand on one cluster of nodes on 127.0.0.1 (module docstring);
+    each scenario writes what it saw into ``report``."""
 
-    from nobubble.rl.system.config import RunConfig
-    from nobubble.rl.system.engines.ray import RayEngine
-    from nobubble.rl.system.orchestrator import Orchestrator
-    from nobubble.rl.system.protocol import WorkerError
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
 
-    head = {**NODE, "resources": {"learner": 1}, "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args={**head, "_system_config": HEALTH})
-    generator = {**NODE, "resources": {"generator": 1}}
-    try:
-        second = cluster.add_node(**generator)
-        base = {**RUN, "ray_address": cluster.address, "ray_resources": PLACE}
-        report: dict[str, Any] = {"head": cluster.head_node.node_id, "second": second.node_id}
+        # the head has a CPU to spare: without ray_resources, Ray could put the generator there
+        head = {**NODE, "num_cpus": 2, "resources": {"learner": 1}, "include_dashboard": False}
+        self.cluster = Cluster(
+            initialize_head=True, head_node_args={**head, "_system_config": HEALTH}
+        )
+        self.nodes = {"head": self.cluster.head_node}
+        self.report: dict[str, Any] = {"head": self.cluster.head_node.node_id}
+        self.killed_at: float | None = None  # when the last raylet was killed
 
-        def raylet_of(node: Any) -> int:
-            return node.all_processes["raylet"][0].process.pid
+    def add_generator_node(self, name: str) -> None:
+        self.nodes[name] = self.cluster.add_node(**NODE, resources={"generator": 1})
+        self.report[name] = self.nodes[name].node_id
 
-        def run(steps: int, on_step: Any = None, **more: Any) -> tuple[Any, RayEngine]:
-            engine = RayEngine()
-            cfg = RunConfig(**{**base, "steps": steps, **more})
-            return Orchestrator(cfg, engine, on_step=on_step).run(), engine
+    def kill_raylet(self, name: str) -> None:
+        self.killed_at = time.monotonic()
+        os.kill(self.nodes[name].all_processes["raylet"][0].process.pid, signal.SIGKILL)
 
+    def run(self, steps: int, on_step: Any = None, **more: Any) -> dict[str, Any]:
+        """One run on the cluster: what it ended with (``error``: a WorkerError's text)."""
+        from nobubble.rl.system.config import RunConfig
+        from nobubble.rl.system.engines.ray import RayEngine
+        from nobubble.rl.system.orchestrator import Orchestrator
+        from nobubble.rl.system.protocol import WorkerError
+
+        engine = RayEngine()
+        base = {**RUN, "ray_address": self.cluster.address, "ray_resources": PLACE}
+        try:
+            res = Orchestrator(
+                RunConfig(**{**base, "steps": steps, **more}), engine, on_step=on_step
+            ).run()
+        except WorkerError as err:  # seconds since the kill: for the record, not checked
+            since = None if self.killed_at is None else time.monotonic() - self.killed_at
+            return {"error": str(err), "worker": err.worker, "seconds_after_kill": since}
+        return {
+            "steps": res.steps,
+            "curve": [[p.step, p.accuracy, p.eval_reward] for p in res.curve],
+            "ledger_ok": res.ledger.ok,
+            "restarts": res.restarts,
+            "requeues": [reason for _, reason in res.requeues],
+            "placement": {w: node for w, (node, _) in engine.placement.items()},
+        }
+
+    def at_step_3(self, *actions: Any) -> Any:
+        def on_step(step: int, _: dict[str, float]) -> None:
+            if step == 3:
+                for act in actions:
+                    act()
+
+        return on_step
+
+    def scenarios(self) -> dict[str, Any]:
+        report = self.report
+        self.add_generator_node("second")
         seen: dict[str, list[str]] = {}
 
         def look(step: int, _: dict[str, float]) -> None:
             if step == 1:
                 seen.update(sockets(os.getpid()))
 
-        res, engine = run(400, look, target_accuracy=0.5, time_budget_s=150)
-        report["learn"] = {
-            "sockets": seen,
-            "placement": {w: node for w, (node, _) in engine.placement.items()},
-            "curve": [[p.step, p.accuracy, p.eval_reward] for p in res.curve],
-            "ledger_ok": res.ledger.ok,
-        }
+        report["learn"] = self.run(400, look, target_accuracy=0.5, time_budget_s=150)
+        report["sockets"] = seen
         try:  # a resource no node offers is refused before any actor starts
-            run(4, ray_resources={"rollout": {"tpu": 1}})
+            self.run(4, ray_resources={"rollout": {"tpu": 1}})
         except ValueError as err:
             report["refused"] = str(err)
-
-        def kill_second(step: int, _: dict[str, float]) -> None:
-            if step == 3:
-                report["killed_at"] = time.monotonic()
-                os.kill(raylet_of(second), signal.SIGKILL)
-
-        try:
-            run(400, kill_second)
-        except WorkerError as err:
-            took = time.monotonic() - report.pop("killed_at")
-            report["killed"] = {"error": str(err), "worker": err.worker, "seconds": took}
-
-        third = cluster.add_node(**generator)
-        nodes: dict[str, Any] = {"third": third.node_id}
-
-        def kill_third(step: int, _: dict[str, float]) -> None:
-            if step == 3:
-                os.kill(raylet_of(third), signal.SIGKILL)
-                nodes["fourth"] = cluster.add_node(**generator)  # the generator's new home
-
-        res, engine = run(8, kill_third, restart_workers=True)
-        report["restarted"] = {
-            **nodes,
-            "fourth": nodes["fourth"].node_id,
-            "steps": res.steps,
-            "restarts": res.restarts,
-            "requeues": [reason for _, reason in res.requeues],
-            "ledger_ok": res.ledger.ok,
-            "placement": {w: node for w, (node, _) in engine.placement.items()},
-        }
-
-        def kill_fourth(step: int, _: dict[str, float]) -> None:
-            if step == 3:
-                os.kill(raylet_of(nodes["fourth"]), signal.SIGKILL)
-
-        try:
-            run(8, kill_fourth, restart_workers=True)
-        except WorkerError as err:
-            report["stranded"] = str(err)
+        report["killed"] = self.run(400, self.at_step_3(lambda: self.kill_raylet("second")))
+        self.add_generator_node("third")
+        again = self.at_step_3(
+            lambda: self.kill_raylet("third"), lambda: self.add_generator_node("fourth")
+        )
+        report["restarted"] = self.run(8, again, restart_workers=True)
+        if "fourth" in self.nodes:  # the restart got as far as the kill
+            strand = self.at_step_3(lambda: self.kill_raylet("fourth"))
+            report["stranded"] = self.run(8, strand, restart_workers=True)
         return report
-    finally:
+
+    def shutdown(self) -> None:
         import ray
 
         ray.shutdown()  # a run that failed to start may leave the driver connected
+        self.cluster.shutdown()
+
+
+def _cluster() -> dict[str, Any]:
+    cluster = _Cluster()
+    try:
+        return cluster.scenarios()
+    finally:
         cluster.shutdown()
 
 
@@ -258,7 +267,7 @@ def cluster() -> dict[str, Any]:
 
 @pytest.mark.long
 def test_every_process_of_the_cluster_listens_and_talks_on_loopback_only(cluster):
-    seen = cluster["learn"]["sockets"]
+    seen = cluster["sockets"]
     names = {s.split()[0] for s in seen["listen"]}
     assert {"gcs_server", "raylet"} <= names, seen
     # two raylets (head and second node), each with its node manager and object manager port
@@ -269,8 +278,8 @@ def test_every_process_of_the_cluster_listens_and_talks_on_loopback_only(cluster
 @pytest.mark.long
 def test_generators_run_on_the_second_node_the_learner_on_the_head_and_it_learns(cluster):
     learn = cluster["learn"]
-    assert learn["placement"]["rollout-0"] == cluster["second"]
-    assert learn["placement"]["trainer"] == cluster["head"]
+    assert learn["placement"]["rollout-0"] == cluster["second"], learn
+    assert learn["placement"]["trainer"] == cluster["head"], learn
     (_, acc0, reward0), (_, acc, reward) = learn["curve"][0], learn["curve"][-1]
     assert acc >= max(0.5, 2 * acc0) and reward >= 2 * reward0, learn["curve"]
     assert learn["ledger_ok"]
@@ -287,14 +296,16 @@ def test_a_killed_raylet_ends_the_run_naming_the_generator_and_its_node(cluster)
 @pytest.mark.long
 def test_restart_workers_moves_the_generator_to_a_live_node(cluster):
     again = cluster["restarted"]
-    assert again["steps"] == 8 and again["ledger_ok"], again
-    assert again["restarts"][0].startswith(f"rollout-0: rollout-0 failed on node {again['third']}")
+    assert again.get("steps") == 8 and again["ledger_ok"], again
+    assert again["restarts"][0].startswith(
+        f"rollout-0: rollout-0 failed on node {cluster['third']}"
+    )
     assert "worker_died" in again["requeues"], again
-    assert again["placement"]["rollout-0"] == again["fourth"], again
+    assert again["placement"]["rollout-0"] == cluster["fourth"], again
     assert again["placement"]["trainer"] == cluster["head"], again
     # and with no node left that offers a generator, the error says which and why
-    stranded = cluster["stranded"]
-    assert stranded.startswith(f"rollout-0 cannot start (it ran on node {again['fourth']}"), (
+    stranded = cluster["stranded"]["error"]
+    assert stranded.startswith(f"rollout-0 cannot start (it ran on node {cluster['fourth']}"), (
         stranded
     )
     assert "live nodes offer 0" in stranded
