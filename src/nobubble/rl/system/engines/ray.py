@@ -49,7 +49,7 @@ from nobubble.rl.system.engines.learners import (
 )
 from nobubble.rl.system.protocol import Message, WorkerError
 
-__all__ = ["RayEngine"]
+__all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
 class _StageActor:
@@ -151,18 +151,12 @@ class RayEngine:
         if cfg.ray_address:  # probed even when Ray is up: the user named this cluster
             check_ray_address(cfg.ray_address)  # ray.init would wait minutes for a GCS
         if not ray.is_initialized():
-            with _loopback_stays_loopback(cfg.ray_address):
-                if cfg.ray_address:
+            if cfg.ray_address:
+                with _loopback_stays_loopback(cfg.ray_address):
                     ray.init(address=cfg.ray_address, log_to_driver=False)
-                else:
-                    need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
-                    ray.init(
-                        address="local",  # a new instance, not the latest `ray start`
-                        num_cpus=max(os.cpu_count() or 2, need),
-                        include_dashboard=False,
-                        log_to_driver=False,
-                        _node_ip_address="127.0.0.1",
-                    )
+            else:
+                need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
+                start_local_ray(num_cpus=max(os.cpu_count() or 2, need))
             self._started_ray = True
         self._cfg = cfg
         try:
@@ -405,6 +399,22 @@ class RayEngine:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """Start a Ray instance on this machine, on 127.0.0.1 only (every process of it listens
+    there; see the module docstring), no dashboard, workers' output not echoed: the Ray the
+    engine starts when no cluster is named, and the one a test run shares."""
+    import ray
+
+    with _loopback_stays_loopback(None):
+        ray.init(
+            address="local",  # a new instance, not the latest `ray start` on this machine
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
+        )
 
 
 def _stage(worker: str) -> str:
