@@ -35,15 +35,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
-    """The test run's one local Ray instance, pinned to 127.0.0.1 (Ray starts slowly, and
-    may bind another address when left to choose). Four logical CPUs: a generator and two
-    learners fit, with one to spare."""
+    """The test run's one local Ray instance, every process of it on 127.0.0.1 (Ray starts
+    slowly, and binds every interface unless kept on loopback: the engine's
+    ``start_local_ray``). Four logical CPUs: a generator and two learners fit, with one to
+    spare."""
     import ray  # the [ray] extra: make installs it, so a missing one fails loudly
+
+    from nobubble.rl.system.engines.ray import start_local_ray
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1")  # fmt: skip
+    start_local_ray(num_cpus=4)
     try:
         yield ray
     finally:

@@ -34,6 +34,7 @@ DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 TRAINER_DEFAULTS = MappingProxyType({"lr": 2e-3, "uniform_kl_coef": 0.05})
 FAULTS = ("raise", "exit", "kill", "stale")
 _FAULTS = "|".join(FAULTS)
+RAY_STAGES = ("rollout", "reward", "trainer")  # the keys of RunConfig.ray_resources
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +93,11 @@ class RunConfig:
             ``learners >= 2``.
         threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
+        ray_resources: where the Ray engine places each stage: ``{stage: {resource: amount}}``
+            with stage ``rollout``, ``reward`` or ``trainer``; every actor of that stage asks
+            for those custom node resources, so it runs only on a node started with them
+            (``ray start --resources '{"generator": 4}'``). E.g. ``{"rollout": {"generator":
+            1}, "trainer": {"learner": 1}}``. Empty = anywhere.
         timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
         checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps and at
             step ``steps`` (a run stopped early by a time budget or a target keeps the last
@@ -146,6 +152,7 @@ class RunConfig:
     rollout: dict = field(default_factory=dict)
     reward: dict = field(default_factory=dict)
     ray_address: str | None = None
+    ray_resources: dict = field(default_factory=dict)
     timeout_s: float = 900.0
     stall_timeout_s: float = 120.0
     checkpoint_dir: str | None = None
@@ -187,6 +194,7 @@ class RunConfig:
         check_fields("RunConfig", self, names, ">= 1")
         check_fields("RunConfig", self, ("num_rollout_workers", "num_reward_workers"), ">= 1")
         self._check_learners()
+        self._check_ray_resources()
         if (
             self.groups_per_rollout is not None
             and not 1 <= self.groups_per_rollout <= self.batch_groups
@@ -285,6 +293,27 @@ class RunConfig:
             )
         if self.ray_address is not None and self.engine != "ray":
             raise ValueError(f"ray_address is read only with engine='ray' (got {self.engine!r})")
+
+    def _check_ray_resources(self) -> None:
+        for stage, wants in self.ray_resources.items():
+            if stage not in RAY_STAGES or not isinstance(wants, dict):
+                raise ValueError(
+                    f"ray_resources[{stage!r}]={wants!r}: give {{stage: {{resource: amount}}}} "
+                    f"with stage one of {', '.join(RAY_STAGES)}"
+                )
+            for name, amount in wants.items():
+                if name in ("CPU", "GPU", "memory") or not (
+                    isinstance(amount, int | float) and amount > 0
+                ):
+                    raise ValueError(
+                        f"ray_resources[{stage!r}][{name!r}]={amount!r}: give a custom resource "
+                        "(CPUs are one per generator / learner) and a number > 0"
+                    )
+        if self.ray_resources and self.engine != "ray":
+            raise ValueError(
+                f"ray_resources with engine={self.engine!r}: they place Ray actors on nodes; "
+                "use engine='ray' or drop ray_resources"
+            )
 
     def _check_learners(self) -> None:
         if not isinstance(self.learners, int) or self.learners < 1:

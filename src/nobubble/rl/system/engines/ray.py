@@ -7,8 +7,21 @@ store and returns the reference, which the orchestrator hands to the rollout act
 their next chunk (Ray resolves it there), so weights never pass through the driver.
 
 By default a local Ray instance is started (``num_cpus`` = this machine's cores, no
-dashboard); ``RunConfig.ray_address`` joins an existing cluster instead. Ray is imported
-only here. An actor that raises, or dies, ends the run with a :class:`WorkerError`.
+dashboard); ``RunConfig.ray_address`` joins an existing cluster instead, and
+``RunConfig.ray_resources`` places each stage on the nodes that offer its custom resources
+(generators on some nodes, learners on others). Ray is imported only here. An actor that
+raises, or dies - alone or with its node - ends the run with a :class:`WorkerError` that
+names the worker and the node it ran on (or, with ``restart_workers``, a fresh actor
+replaces it, on a live node that offers the stage's resources).
+
+Loopback stays loopback. Ray replaces ``127.0.0.1`` - as a node address or as the address
+of the cluster to join - by the machine's outward interface address
+(``ray._private.services.resolve_ip_for_localhost``; ray-project/ray#26293, #59110), so a
+Ray "started on 127.0.0.1" listens on every interface. Ray 2.x has one switch that keeps
+loopback: with ``ray_constants.ENABLE_RAY_CLUSTER`` off (the environment variable
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` at import) the local node address is 127.0.0.1. The
+engine turns it off while ``ray.init`` runs, when it starts Ray itself or joins a cluster on
+a loopback address; the processes Ray starts get the node address on their command line.
 
 With ``learners > 1`` the learner actors form the gloo group: learner 0 picks a free port
 (on 127.0.0.1 for a Ray this engine starts, on its node's address when joining a cluster)
@@ -23,6 +36,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from nobubble.rl.system.config import RunConfig
@@ -34,7 +49,7 @@ from nobubble.rl.system.engines.learners import (
 )
 from nobubble.rl.system.protocol import Message, WorkerError
 
-__all__ = ["RayEngine"]
+__all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
 class _StageActor:
@@ -63,7 +78,11 @@ class _StageActor:
         self.worker.join_learners(host, port)
 
     def ready(self) -> list[Message]:
-        return [Message("ready", self.worker.name)]
+        """Ready, with the node this actor runs on: ``(node id, node address)``."""
+        import ray
+
+        node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
+        return [Message("ready", self.worker.name, node)]
 
     def initial_weights(self) -> dict:
         return self.worker.state_dict()
@@ -108,9 +127,14 @@ class _StageActor:
 
 
 class RayEngine:
-    """Stage workers as Ray actors (see the module docstring)."""
+    """Stage workers as Ray actors (see the module docstring).
+
+    ``placement``: the node each worker runs on, ``{worker: (node id, node address)}``,
+    filled as the workers say ready (a restarted worker's new node replaces the old).
+    """
 
     def __init__(self) -> None:
+        self.placement: dict[str, tuple[str, str]] = {}
         self._actors: dict[str, Any] = {}
         self._pending: dict[Any, str] = {}
         self._started_ray = False
@@ -119,6 +143,7 @@ class RayEngine:
         self._incarnation: dict[str, int] = {}
         self._errors: list[WorkerError] = []
         self._collector: StepCollector | None = None
+        self._starting: set[str] = set()  # spawned, not ready yet
 
     def start(self, cfg: RunConfig) -> list[str]:
         import ray
@@ -127,21 +152,26 @@ class RayEngine:
             check_ray_address(cfg.ray_address)  # ray.init would wait minutes for a GCS
         if not ray.is_initialized():
             if cfg.ray_address:
-                ray.init(address=cfg.ray_address, log_to_driver=False)
+                with _loopback_stays_loopback(cfg.ray_address):
+                    ray.init(address=cfg.ray_address, log_to_driver=False)
             else:
                 need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 2, need),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    _node_ip_address="127.0.0.1",  # loopback only: Ray may bind another
-                )
+                start_local_ray(num_cpus=max(os.cpu_count() or 2, need))
             self._started_ray = True
         self._cfg = cfg
+        try:
+            return self._start_actors(cfg)
+        except BaseException:  # the orchestrator shuts down only an engine that started
+            self.shutdown()
+            raise
+
+    def _start_actors(self, cfg: RunConfig) -> list[str]:
+        import ray
+
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         names += learner_names(cfg.learners)
-        self._check_cpus(cfg)
+        self._check_cluster(cfg, names)
         for name in names:
             self._spawn(name)
         if cfg.learners > 1:
@@ -155,17 +185,38 @@ class RayEngine:
         self._weights = (version, trainer.initial_weights.remote())
         return names
 
-    def _check_cpus(self, cfg: RunConfig) -> None:
+    def _check_cluster(self, cfg: RunConfig, names: list[str]) -> None:
+        """Refuse a run the cluster's live nodes cannot hold: an actor Ray cannot place
+        would wait forever."""
         import ray
 
+        have = ray.cluster_resources()
         need = cfg.num_rollout_workers + cfg.learners
-        have = ray.cluster_resources().get("CPU", 0)
-        if have < need:
+        if have.get("CPU", 0) < need:
             raise ValueError(
                 f"{cfg.num_rollout_workers} generators + {cfg.learners} learners need {need} "
-                f"CPUs of Ray, the cluster has {have:g}; start Ray with num_cpus >= {need} or "
-                "use fewer generators / learners"
+                f"CPUs of Ray, the cluster has {have.get('CPU', 0):g}; start Ray with "
+                f"num_cpus >= {need} or use fewer generators / learners"
             )
+        for stage in cfg.ray_resources:
+            short = _shortfall(cfg, stage, sum(_stage(n) == stage for n in names), have)
+            if short:
+                raise ValueError(f"ray_resources[{stage!r}]: {short}")
+
+    def _check_placeable(self) -> None:
+        """A worker still waiting to start whose stage's resources no live node offers any
+        more (its node died, say) will never start: say so now, naming it and its node."""
+        import ray
+
+        assert self._cfg is not None  # set by start()
+        cfg, have = self._cfg, ray.cluster_resources()  # live nodes only
+        for worker in sorted(self._starting):
+            stage = _stage(worker)
+            count = sum(_stage(w) == stage for w in self._actors)
+            short = _shortfall(cfg, stage, count, have) if stage in cfg.ray_resources else None
+            if short:  # not restartable (worker=None): no restart could place it either
+                gone = f" (it ran on {self._where(worker)})" if worker in self.placement else ""
+                raise WorkerError(f"{worker} cannot start{gone}: {short}")
 
     def _join_learners(self, cfg: RunConfig) -> None:
         """Every learner actor joins the gloo group learner 0 chose (bounded waits)."""
@@ -196,7 +247,8 @@ class RayEngine:
         self._incarnation[name] = incarnation
         # reward workers mostly wait on verifiers: they take no CPU slot of their own
         cpus = 0 if name.startswith("reward") else 1
-        opts = {"num_cpus": cpus, "max_restarts": 0, "name": None}
+        resources = self._cfg.ray_resources.get(_stage(name), {})
+        opts = {"num_cpus": cpus, "resources": resources, "max_restarts": 0, "name": None}
         # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
         actor: Any = (
             ray.remote(_StageActor)
@@ -205,6 +257,7 @@ class RayEngine:
         )
         self._actors[name] = actor
         self._pending[actor.ready.remote()] = name
+        self._starting.add(name)
 
     def restart(self, worker: str) -> None:
         """Kill ``worker``'s actor, forget its pending calls, start a fresh actor."""
@@ -274,15 +327,21 @@ class RayEngine:
         if done:
             more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             done = list(dict.fromkeys([*done, *more]))
+        elif self._starting:
+            self._check_placeable()
         out: list[Message] = []
         for ref in done:
             name = self._pending.pop(ref)
             try:
-                out.extend(ray.get(ref, timeout=60))
+                answers = ray.get(ref, timeout=60)
             except Exception as err:  # RayTaskError, RayActorError, GetTimeoutError
-                error = WorkerError(f"{name} failed: {type(err).__name__}: {err}", name)
-                error.__cause__ = err
-                self._errors.append(error)
+                self._errors.append(self._failure(name, err))
+                continue
+            for m in answers:
+                if m.kind == "ready":
+                    self.placement[m.worker] = m.payload
+                    self._starting.discard(m.worker)
+            out.extend(answers)
         if self._collector is not None:
             out = self._collector.feed(out)
             for m in out:
@@ -312,10 +371,19 @@ class RayEngine:
             try:
                 ray.get(ref, timeout=grace_s)
             except Exception as err:  # RayActorError, RayTaskError
-                error = WorkerError(f"{name} failed: {type(err).__name__}: {err}", name)
-                error.__cause__ = err
-                self._errors.append(error)
+                self._errors.append(self._failure(name, err))
         self._errors.sort(key=lambda e: looks_like_peer_failure(str(e)))
+
+    def _where(self, worker: str) -> str:
+        node = self.placement.get(worker)
+        return "an unknown node" if node is None else f"node {node[0]} ({node[1]})"
+
+    def _failure(self, worker: str, err: Exception) -> WorkerError:
+        """``worker``'s call raised ``err``: the error names the worker and its node."""
+        on = f" on {self._where(worker)}" if worker in self.placement else ""
+        error = WorkerError(f"{worker} failed{on}: {type(err).__name__}: {err}", worker)
+        error.__cause__ = err
+        return error
 
     def shutdown(self) -> None:
         import ray
@@ -327,8 +395,63 @@ class RayEngine:
                 pass
         self._actors.clear()
         self._pending.clear()
+        self._starting.clear()
         if self._started_ray:
             ray.shutdown()
+            self._started_ray = False
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """Start a Ray instance on this machine, on 127.0.0.1 only (every process of it listens
+    there; see the module docstring), no dashboard, workers' output not echoed: the Ray the
+    engine starts when no cluster is named, and the one a test run shares."""
+    import ray
+
+    with _loopback_stays_loopback(None):
+        ray.init(
+            address="local",  # a new instance, not the latest `ray start` on this machine
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
+        )
+
+
+def _stage(worker: str) -> str:
+    """``rollout-1`` -> ``rollout``, ``trainer-2`` -> ``trainer``: the key of ray_resources."""
+    return worker.split("-")[0]
+
+
+def _shortfall(cfg: RunConfig, stage: str, count: int, have: dict[str, float]) -> str | None:
+    """What ``count`` actors of ``stage`` lack of ``cfg.ray_resources[stage]`` on the live
+    nodes (``have``: ``ray.cluster_resources()``), or None when the nodes hold them."""
+    for resource, amount in cfg.ray_resources[stage].items():
+        if have.get(resource, 0) < count * amount:
+            return (
+                f"{count} {stage} actors x {amount:g} {resource!r} need {count * amount:g}, "
+                f"the cluster's live nodes offer {have.get(resource, 0):g}; start nodes with "
+                f"`ray start --resources '{{\"{resource}\": N}}'` or ask for less"
+            )
+    return None
+
+
+@contextmanager
+def _loopback_stays_loopback(address: str | None) -> Iterator[None]:
+    """While ``ray.init`` runs: keep 127.0.0.1 (the node address of a Ray started here, or
+    the host of ``address``) from being replaced by the machine's outward address (see the
+    module docstring). Other addresses are left alone."""
+    from ray._private import ray_constants
+
+    host = None if address is None else address.rpartition(":")[0].strip("[]")
+    pin = host in (None, "127.0.0.1", "localhost", "::1")
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if pin and saved is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if pin and saved is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
