@@ -8,7 +8,7 @@ gives each path's median step time (then the median over ``--rounds`` independen
 fresh processes, each run's ratio listed too), the ratio ``runner / torch`` (below 1:
 nobubble is faster) and each path's speed-up of the zero-bubble schedules over 1F1B, next
 to the speed-up the simulator predicts twice: from a profile of the same stages taken beforehand
-(:func:`nobubble.pipeline.runtime.profile_modules.profile_modules`, thread CPU time, one
+(:func:`nobubble.pipeline.runtime.profile.profile_modules`, thread CPU time, one
 microbatch), and from the op times the runner measured in the run itself (``OpTimes``, the
 costs re-planning would use). The schedules are built once from the profile, so ranks and
 simulator time the same orders. CPU measurements on a shared machine: read the ratios, not
@@ -44,8 +44,8 @@ from nobubble.pipeline.runtime.profile import (  # noqa: E402
     OpTimes,
     costs_from_op_times,
     measure_comm,
+    profile_modules,
 )
-from nobubble.pipeline.runtime.profile_modules import profile_modules  # noqa: E402
 
 SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 

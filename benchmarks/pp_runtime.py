@@ -35,10 +35,8 @@ from _common import write_json  # noqa: E402
 
 from nobubble.cli.util import print_table  # noqa: E402
 from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline.runtime.bw_split import attach_store  # noqa: E402
 from nobubble.pipeline.runtime.executor import TrainConfig, boundary_shapes  # noqa: E402
 from nobubble.pipeline.runtime.launch import LaunchOptions, run_local  # noqa: E402
-from nobubble.pipeline.runtime.memory import ActivationMeter  # noqa: E402
 from nobubble.pipeline.runtime.models import GPTConfig, build_blocks, partition_blocks  # noqa: E402
 from nobubble.pipeline.runtime.profile import Profile, comm_probe, profile_stages  # noqa: E402
 from nobubble.pipeline.runtime.report import measured_bubble  # noqa: E402
@@ -58,11 +56,10 @@ def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: in
     )
 
     blocks = build_blocks(model, blocks_range)
-    attach_store(blocks, None)
     gen = torch.Generator().manual_seed(3)
     x0 = torch.randn(x_shape, generator=gen)
     dy = torch.randn(x_shape, generator=gen)
-    meter = ActivationMeter(blocks)
+    params = {p.untyped_storage().data_ptr() for p in blocks.parameters()}
     tb, tw, tf, held, saved = [], [], [], 0, 0
     for rep in range(repeats + 1):
         x = x0.clone().requires_grad_(True)
@@ -74,11 +71,18 @@ def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: in
         tf.append((time.thread_time() - t0) * 1e3)
         blocks.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_(True)
-        with meter.forward(0, rep):
+        seen: dict[int, int] = {}  # the distinct storages autograd saves (parameters excluded)
+
+        def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in params:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = x
             for b in blocks.values():
                 y = b(y)
-        saved = meter.live_bytes
+        saved = sum(seen.values())
         t0 = time.thread_time()
         _, groups = stage_backward_input([y], [dy], [x], blocks.parameters())
         t1 = time.thread_time()
@@ -86,8 +90,6 @@ def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: in
                  for g in gs if g is not None}  # fmt: skip
         stage_backward_weight(blocks.parameters(), groups)
         t2 = time.thread_time()
-        meter.backward_weight(0, rep)
-        meter._release((0, rep, "F"))
         blocks.zero_grad(set_to_none=True)
         if rep:
             tb.append((t1 - t0) * 1e3)

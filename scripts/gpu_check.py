@@ -111,7 +111,7 @@ def check_pipeline_runner(device: str) -> str:
 
 def check_profile_clock(device: str) -> str:
     """Stage profiles with a clock that waits for the device's kernels."""
-    from nobubble.pipeline.runtime.profile_modules import profile_modules
+    from nobubble.pipeline.runtime.profile import profile_modules
 
     stages = [m.to(device) for m in _stages()]
     x, y = torch.randn(8, 16).to(device), (torch.arange(8) % 4).to(device)

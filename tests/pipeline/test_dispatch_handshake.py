@@ -19,6 +19,7 @@ from nobubble.pipeline.dispatch import (
     HandshakeRule,
     Perturbation,
     Straggler,
+    choose_op,
     plan_peaks,
     run_handshake,
     run_static,
@@ -200,3 +201,23 @@ def test_recompute_costs_keep_the_simulators_memory_and_the_handshake_refuses_th
     assert max(got.sim.peak_memory) > 4 * 0.05  # the rebuilt forward during B is counted
     with pytest.raises(ValueError, match="recompute"):
         simulate_dispatch(plan, costs, policy="handshake")
+
+
+def test_the_rule_runs_the_head_else_b_then_the_next_f_then_w() -> None:
+    """choose_op, the one rule the simulator and the runtime call, on a hand-made plan row."""
+    F, B, W = Op.F, Op.B, Op.W
+    ops = [F, B, W, F, F, W, B]  # head 0; the next F is position 3 (0 not done: the head)
+    done = [False] * len(ops)
+
+    def only(*ok: int):
+        return lambda j: j in ok
+
+    assert choose_op(ops, 0, 0, done, only(0, 1, 2, 3, 6)) == 0  # the head, when runnable
+    assert choose_op(ops, 0, 3, done, only(2, 3, 5, 6)) == 6  # B first, wherever it is
+    assert choose_op(ops, 0, 3, done, only(2, 3, 4, 5)) == 3  # then the plan's next F
+    assert choose_op(ops, 0, 3, done, only(2, 4, 5)) == 2  # not a later F; then the first W
+    assert choose_op(ops, 0, 3, done, only()) is None  # nothing: wait
+    assert choose_op(ops, 0, 3, done, only(2, 6), window=3) == 2  # B at 6 is past the window
+    assert choose_op(ops, 0, 3, done, only(2, 6), in_time=lambda j: j != 6) == 2  # B overruns
+    done[6] = True
+    assert choose_op(ops, 0, 3, done, only(2, 6)) == 2  # a position that ran is not rerun

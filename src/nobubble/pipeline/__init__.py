@@ -44,7 +44,7 @@ _LAZY = {
     "ModuleSplit": "nobubble.pipeline.runtime.autosplit",
     "SplitReport": "nobubble.pipeline.runtime.autosplit",
     "to_torch": "nobubble.pipeline.runtime.torch_interop",
-    "profile_modules": "nobubble.pipeline.runtime.profile_modules",
+    "profile_modules": "nobubble.pipeline.runtime.profile",
     "simulate_dispatch": "nobubble.pipeline.dispatch",
 }
 

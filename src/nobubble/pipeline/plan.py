@@ -77,7 +77,7 @@ class BlockCosts:
     """A fused backward (B and W in one walk) as measured; None: ``B + W``."""
     freed_by_backward_input: float = 0.0
     """Of ``activation_bytes``, what B frees (the rest W frees); 0 when W walks the block's
-    whole graph, as :func:`~nobubble.pipeline.runtime.profile_modules` finds for most."""
+    whole graph, as :func:`~nobubble.pipeline.runtime.profile.profile_modules` finds for most."""
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward_input", "backward_weight", "activation_bytes",

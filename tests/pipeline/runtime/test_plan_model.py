@@ -62,12 +62,12 @@ def test_profile_blocks_gives_each_block_its_costs() -> None:
 
 
 def test_a_block_returning_a_tuple_is_refused_before_profiling(monkeypatch) -> None:
-    import nobubble.pipeline.runtime.planning.model as pm
+    import nobubble.pipeline.runtime.profile as prof
 
     def no_timing(*args, **kwargs):
         raise AssertionError("profiled before checking the outputs")
 
-    monkeypatch.setattr(pm, "profile_modules", no_timing)
+    monkeypatch.setattr(prof, "_time_module", no_timing)
     blocks = [*model()[:2], Pair(), *model()[2:]]
     x, y = batch()
     with pytest.raises(ValueError, match=r"block 2 \(Pair\) returns a tuple"):

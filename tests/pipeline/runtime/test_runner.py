@@ -239,7 +239,7 @@ def test_recompute_gives_the_same_gradients_with_less_memory_and_one_more_forwar
 
 def test_profile_modules_measures_what_the_simulator_needs() -> None:
     from nobubble.pipeline import simulate
-    from nobubble.pipeline.runtime.profile_modules import profile_modules
+    from nobubble.pipeline.runtime.profile import profile_modules
 
     x, y = batch(2, 6)
     prof = profile_modules(stages(2), x, y, loss_fn, repeats=2, warmup=1)

@@ -4,7 +4,8 @@
   :class:`DispatchResult`, for ``static`` (walk the order) and ``handshake`` (pick at run
   time from what has arrived); :data:`DISPATCH_POLICIES`
 - :mod:`~nobubble.pipeline.dispatch.handshake`: the rule, its deadlock-freedom argument,
-  :class:`HandshakeRule`, :func:`run_handshake` -> :class:`HandshakeRun`, :func:`plan_peaks`
+  :func:`choose_op` (the rule itself, which the runtime calls too), :class:`HandshakeRule`,
+  :func:`run_handshake` -> :class:`HandshakeRun`, :func:`plan_peaks`
 - :mod:`~nobubble.pipeline.dispatch.perturb`: :class:`Perturbation` (per-op jitter,
   stragglers, seed), :class:`Straggler`, :func:`parse_straggler`
 - :mod:`~nobubble.pipeline.dispatch.static`: :func:`run_static` (an order with per-op
@@ -16,6 +17,7 @@ from __future__ import annotations
 from nobubble.pipeline.dispatch.handshake import (
     HandshakeRule,
     HandshakeRun,
+    choose_op,
     plan_peaks,
     run_handshake,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "simulate_dispatch",
     "HandshakeRule",
     "HandshakeRun",
+    "choose_op",
     "run_handshake",
     "plan_peaks",
     "Perturbation",

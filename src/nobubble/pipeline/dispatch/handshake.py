@@ -57,10 +57,51 @@ from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.validate import dep_key, dependencies
 
-__all__ = ["HandshakeRule", "HandshakeRun", "run_handshake", "plan_peaks"]
+__all__ = ["HandshakeRule", "HandshakeRun", "run_handshake", "plan_peaks", "choose_op"]
 
 _EPS = 1e-9  # relative slack of time and memory comparisons (sums of floats)
 _PRIORITY = {Op.B: 0, Op.BW: 0, Op.F: 1, Op.W: 2}  # deviations: B first, then F, then W
+
+
+def choose_op(
+    ops: Sequence[Op],
+    head: int,
+    next_f: int,
+    done: Sequence[bool],
+    runnable: Callable[[int], bool],
+    *,
+    window: int | None = None,
+    in_time: Callable[[int], bool] | None = None,
+) -> int | None:
+    """The rule (module docstring), one free rank's choice: the plan position it starts
+    now, or None (wait). The simulator and the runtime
+    (:mod:`nobubble.pipeline.runtime.dispatch.cursor`) both call it.
+
+    Args:
+        ops: the rank's plan, the op of each position.
+        head: the first position not run; ``next_f``: the first F not run (``len(ops)``
+            when none is left); ``done[j]``: position j ran.
+        runnable: whether position j may start now (its dependencies ran, its input
+            arrived, it fits the memory limit).
+        window: how many positions past the head a deviation may come from (None: all).
+        in_time: whether a deviation at position j is expected to end before the head's
+            input comes, or the rank may overrun it (None: always; the runtime has no
+            duration estimates). Asked only after the head proved not runnable.
+    """
+    if runnable(head):
+        return head
+    stop = len(ops) if window is None else min(len(ops), head + 1 + window)
+    best, best_rank = None, len(_PRIORITY)
+    for j in range(head + 1, stop):
+        op = ops[j]
+        if done[j] or (op is Op.F and j != next_f):
+            continue
+        rank = _PRIORITY[op]
+        if rank < best_rank and runnable(j) and (in_time is None or in_time(j)):
+            best, best_rank = j, rank
+            if rank == 0:
+                break
+    return best
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +185,7 @@ class _Pipeline:
     ) -> None:  # fmt: skip
         p = plan.num_ranks
         self.ops = _plan_ops(plan, costs)
+        self.row_ops = [[op.action.op for op in row] for row in self.ops]
         self.t_comm, self.limits, self.duration, self.rule = costs.t_comm, limits, duration, rule
         num_slots = 3 * plan.num_stages * plan.num_microbatches
         self.end_at: list[float | None] = [None] * num_slots  # real end, known at commit
@@ -208,28 +250,22 @@ class _Pipeline:
         return margin is not None and bool(near) and self.slowdown[r] > max(near) * (1 + margin)
 
     def choose(self, r: int, t: float) -> int | None:
-        """The rule (module docstring): the plan position rank r starts now, or None."""
+        """The rule (:func:`choose_op`): the plan position rank r starts now, or None."""
         row, k = self.ops[r], self.head[r]
-        if self.runnable(r, row[k], t):
-            return k
-        eta = self.input_eta(row[k], t)
-        assert eta is not None, f"rank {r}: head {row[k].action} has its inputs but no memory"
-        deadline = math.inf if self.is_bottleneck(r) else eta * (1 + _EPS)
-        best, best_rank = None, len(_PRIORITY)
-        for j in range(k + 1, min(len(row), k + 1 + self.rule.window)):
-            op = row[j]
-            if self.done[r][j] or (op.action.op is Op.F and j != self.next_f[r]):
-                continue
-            rank = _PRIORITY[op.action.op]
-            if (
-                rank < best_rank
-                and self.runnable(r, op, t)
-                and t + op.nominal * self.slowdown[r] <= deadline
-            ):
-                best, best_rank = j, rank
-                if rank == 0:
-                    break
-        return best
+        deadline: list[float] = []  # the head's input eta, found once it is not runnable
+
+        def in_time(j: int) -> bool:
+            if not deadline:
+                eta = self.input_eta(row[k], t)
+                assert eta is not None, (
+                    f"rank {r}: head {row[k].action} has its inputs but no memory"
+                )
+                deadline.append(math.inf if self.is_bottleneck(r) else eta * (1 + _EPS))
+            return t + row[j].nominal * self.slowdown[r] <= deadline[0]
+
+        return choose_op(self.row_ops[r], k, self.next_f[r], self.done[r],
+                         lambda j: self.runnable(r, row[j], t), window=self.rule.window,
+                         in_time=in_time)  # fmt: skip
 
     def commit(self, r: int, k: int, t: float) -> None:
         """Start plan position k on rank r at time t; announce it to its consumers."""

@@ -2,19 +2,18 @@
 
 - :mod:`.runner`: :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`, any schedule on
   the user's own ``nn.Module`` stages from the user's own loop; :mod:`.autosplit`: the B/W
-  split of any module; :mod:`.messages`: transfers that carry their shape;
-  :mod:`.profile_modules`: the user's stages profiled for the simulator; :mod:`.torch_interop`:
+  split of any module (the one stage executor: F, B, W, fused BW, recompute, for the runner
+  and the profiler); :mod:`.messages`: transfers that carry their shape; :mod:`.torch_interop`:
   the schedule on ``torch.distributed.pipelining``'s runtime.
 - :mod:`.planning`: :func:`~nobubble.pipeline.runtime.planning.plan`, the cut, schedule,
   microbatch count and recompute chosen for the user's own blocks from their measured costs.
 
 - :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
-- :mod:`.bw_split`: the backward split into B (input gradient) and W (weight gradient).
-- :mod:`.stage`: one stage's F / B / W / BW on one rank.
+- :mod:`.bw_split`: the deferred linear: B computes dX, W computes dW from the kept (X, dY).
 - :mod:`.p2p`, :mod:`.executor`: a rank walks its actions, activations and gradients move by
   point-to-point send/recv posted early, every wait bounded by a timeout.
-- :mod:`.profile`: measured per-stage costs for the simulator; :mod:`.memory`: the
-  activation bytes autograd and W really keep.
+- :mod:`.profile`: the one profiler, per module (a stage or a block) on the runner's path:
+  costs for the simulator, ``pp profile | run | plan`` and the planner.
 - :mod:`.launch`: :func:`~nobubble.pipeline.runtime.launch.run_local` on local processes;
   :mod:`.report`, :mod:`.plot_run`: measured step next to the simulator's prediction.
 - :mod:`.elastic`: :class:`~nobubble.pipeline.runtime.elastic.ReplanningPipeline`, the layers

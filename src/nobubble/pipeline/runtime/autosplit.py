@@ -1,8 +1,9 @@
 """B/W split of any ``nn.Module``: B computes input gradients only, W every weight gradient.
 
-:mod:`.bw_split` defers the weight gradient of the runtime's own ``SplitLinear``. A user's
-model has plain ``nn.Linear`` layers, and parameters that are used without any linear
-forward (``nn.MultiheadAttention``'s ``in_proj_weight``, convolutions, embeddings, norms).
+:class:`ModuleSplit` is the runtime's one stage executor: the runner, the profiler and the
+built-in models all run F, B, W and the fused BW through it. A model has ``nn.Linear``
+layers, and parameters that are used without any linear forward
+(``nn.MultiheadAttention``'s ``in_proj_weight``, convolutions, embeddings, norms).
 :class:`ModuleSplit` covers all of them:
 
 1. **linear**: every ``nn.Linear`` whose forward runs gets an instance ``forward`` that goes

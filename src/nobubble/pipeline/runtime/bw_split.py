@@ -8,11 +8,10 @@ instead of class-level global state.
 
 How it works:
 
-- :class:`SplitLinear` is an ``nn.Linear``. Without a store (the reference model, or
-  inference) it is exactly ``F.linear``.
-- A stage attaches its :class:`WeightGradStore` (:func:`attach_store`) and runs each forward
-  inside ``store.recording(microbatch)``. Every linear call then goes through
-  :class:`_DeferredLinear`, whose autograd node remembers (store, microbatch).
+- A stage runs each forward inside ``store.recording(microbatch)`` and its linears call
+  :func:`deferred_linear` (:class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit` gives
+  every ``nn.Linear`` of a module such a forward), whose autograd node remembers (store,
+  microbatch).
 - B = ``torch.autograd.backward`` on the stage output. Each linear node computes only
   ``dX`` and hands ``(X, dY)`` to the store. Everything else in the graph (attention,
   LayerNorm, GELU, their small parameter gradients) runs as usual. The graph is freed.
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SplitLinear", "WeightGradStore", "attach_store", "deferred_linear", "weight_grad"]
+__all__ = ["WeightGradStore", "deferred_linear", "weight_grad"]
 
 
 @dataclass(frozen=True)
@@ -120,14 +119,6 @@ class WeightGradStore:
     def pending_microbatches(self) -> tuple[int, ...]:
         return tuple(sorted(self._pending))
 
-    def pending_bytes(self, microbatch: int) -> int:
-        """Bytes of the distinct tensors (X and dY) held for ``microbatch``."""
-        seen: dict[int, int] = {}
-        for p in self._pending.get(microbatch, ()):
-            for t in (p.x, p.dy):
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return sum(seen.values())
-
     def flush(self, microbatch: int) -> int:
         """Compute and accumulate the weight gradients of ``microbatch``; returns how many.
 
@@ -173,18 +164,6 @@ class _DeferredLinear(torch.autograd.Function):
         return dx, None, None, None, None, anchor_grad
 
 
-class SplitLinear(nn.Linear):
-    """``nn.Linear`` that defers its weight gradient while its stage records a microbatch."""
-
-    weight_grad_store: WeightGradStore | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        store = self.weight_grad_store
-        if store is None or store.recording_microbatch is None or not torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        return deferred_linear(x, self.weight, self.bias, store, store.recording_microbatch)
-
-
 def deferred_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -198,13 +177,3 @@ def deferred_linear(
     ``store`` for W. ``anchor``: an extra input that needs a gradient, so that a backward
     asked for the anchor's gradient runs this node even when ``x`` needs none."""
     return _DeferredLinear.apply(x, weight, bias, store, microbatch, anchor)
-
-
-def attach_store(module: nn.Module, store: WeightGradStore | None) -> int:
-    """Make every SplitLinear in ``module`` defer into ``store`` (None: plain); returns count."""
-    count = 0
-    for m in module.modules():
-        if isinstance(m, SplitLinear):
-            m.weight_grad_store = store
-            count += 1
-    return count

@@ -8,8 +8,8 @@ Block contract: ``block(x) -> y``; the first block takes the model input (token 
 ``(B, T) int64`` for the GPT, features ``(B, D) float`` for the MLP), every later block takes
 the previous block's float output. ``loss(output, targets)`` is the mean over the batch.
 
-All linear layers are :class:`~nobubble.pipeline.runtime.bw_split.SplitLinear`, which is a
-plain ``nn.Linear`` until a stage attaches a weight-gradient store to it.
+The blocks are plain modules: the runner (and the profiler, on the same path) splits their
+backward with :class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit`, as any user's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from nobubble.pipeline.partition import equal_sizes, stage_ranges
-from nobubble.pipeline.runtime.bw_split import SplitLinear
 from nobubble.validation import check_fields
 
 __all__ = ["Batch", "GPTConfig", "MLPConfig", "ModelConfig", "build_blocks", "partition_blocks"]
@@ -126,11 +125,11 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.ln1 = nn.LayerNorm(hidden)
-        self.qkv = SplitLinear(hidden, 3 * hidden)
-        self.proj = SplitLinear(hidden, hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
         self.ln2 = nn.LayerNorm(hidden)
-        self.fc = SplitLinear(hidden, 4 * hidden)
-        self.fc_out = SplitLinear(4 * hidden, hidden)
+        self.fc = nn.Linear(hidden, 4 * hidden)
+        self.fc_out = nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -151,7 +150,7 @@ class LMHead(nn.Module):
     def __init__(self, hidden: int, vocab_size: int) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
-        self.out = SplitLinear(hidden, vocab_size, bias=False)
+        self.out = nn.Linear(hidden, vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.ln(x))
@@ -181,9 +180,9 @@ class MLPConfig(_InputBodyHead):
 
     def build_block(self, index: int) -> nn.Module:
         if index == 0:
-            return SplitLinear(self.in_features, self.hidden)
+            return nn.Linear(self.in_features, self.hidden)
         if index == self.num_blocks - 1:
-            return SplitLinear(self.hidden, self.num_classes)
+            return nn.Linear(self.hidden, self.num_classes)
         return ResidualMLP(self.hidden)
 
     def make_batch(self, batch_size: int, seed: int, device: torch.device | str = "cpu") -> Batch:
@@ -202,8 +201,8 @@ class ResidualMLP(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
-        self.fc1 = SplitLinear(hidden, 4 * hidden)
-        self.fc2 = SplitLinear(4 * hidden, hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))

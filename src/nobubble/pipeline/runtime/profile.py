@@ -1,17 +1,26 @@
-"""Measure what the simulator needs: per-stage T_F, T_B, T_W, T_comm and activation memory.
+"""The one profiler: F, B, W, fused BW and memory of each module, timed on the runner's path.
 
-Each stage of a model split into ``num_stages`` stages is run alone on this process with a
-microbatch of the real shape (stage 0 gets real tokens/features, later stages a random
-activation of their input shape, every stage but the last a random output gradient):
+:func:`profile_modules` runs a list of modules one after another in this process on one
+microbatch, each on the previous one's real output (detached), exactly as :class:`~nobubble.
+pipeline.runtime.runner.PipelineRunner` runs its stages: F inside :class:`~nobubble.pipeline.
+runtime.autosplit.ModuleSplit` recording, B its ``backward_input``, W its
+``backward_weight``, and the fused backward as one plain autograd walk for comparison. The
+modules are whatever the caller weighs: the stages of a cut (``pp profile``, ``pp run``'s
+prediction, ``pp plan``: :func:`profile_stages` for the built-in models) or single blocks
+(the planner: :meth:`Profile.block_costs`). The first module's input needs no gradient (its
+B has nothing to compute) and is recorded unsplit, as the runner records it. Every module
+but the last gets a random output gradient of its output's shape; the last one's output goes
+to ``loss_fn(output, targets)`` (no ``loss_fn``: a random output gradient too).
 
-- ``t_f``, ``t_b``, ``t_w``: medians of ``repeats`` timed F, B (input gradient) and W
-  (deferred weight gradient) after ``warmup`` untimed rounds, by the wall clock or (CPU
-  only, ``clock="cpu"``) by this thread's CPU time, which other processes on a shared
-  machine do not inflate;
-- ``t_bw_fused``: the median of plain autograd backward of the same stage (no split), the
+- ``t_f``, ``t_b``, ``t_w``: medians of ``repeats`` timed F, B and W after ``warmup`` untimed
+  rounds, by the wall clock or (CPU only, ``clock="cpu"``) this thread's CPU time, which
+  other processes on a shared machine do not inflate;
+- ``t_bw_fused``: the median of plain autograd backward of the same module (no split), the
   baseline that T_B + T_W is compared with;
-- ``mem_f``: bytes autograd saves in F; ``mem_w``: bytes W keeps after B (X and dY of the
-  linears); ``mem_b = mem_f - mem_w`` is what B frees (see :mod:`.memory`).
+- ``mem_f``: the distinct tensors autograd saves in F (parameters excluded; counted in one
+  more, untimed round, since the hook that counts them slows F); ``mem_w``: what stays held
+  after B (the graph W walks, so ``mem_f`` unless the module has only linears);
+- ``out_bytes``: the module's output, what crosses a cut placed after it.
 
 ``t_comm`` is the one-way time of one boundary activation between two ranks, measured by
 :func:`measure_comm` (ping-pong over the real process group, half the round trip).
@@ -20,32 +29,36 @@ Times are in milliseconds, memory in bytes.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from nobubble.distributed import DistContext
 from nobubble.pipeline.actions import Op, Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.runtime.bw_split import attach_store
-from nobubble.pipeline.runtime.memory import ActivationMeter
+from nobubble.pipeline.plan import BlockCosts
+from nobubble.pipeline.runtime.autosplit import ModuleSplit
 from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
 from nobubble.pipeline.runtime.runner import ActionTiming
-from nobubble.pipeline.runtime.stage import PipelineStage
 
 __all__ = [
-    "StageProfile", "Profile", "profile_stages", "measure_comm", "comm_probe", "op_clock",
+    "StageProfile", "Profile", "profile_modules", "profile_stages", "measure_comm", "comm_probe", "op_clock",
     "OpTimes", "costs_from_op_times",
 ]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class StageProfile:
-    """Measured costs of one stage for one microbatch (ms, bytes)."""
+    """Measured costs of one profiled module (a stage or a block) for one microbatch (ms,
+    bytes)."""
 
     stage: int
     blocks: tuple[int, ...]
@@ -58,6 +71,8 @@ class StageProfile:
     bw_ratio: float
     """Median over repeats of (T_B + T_W) / fused backward, each pair timed back to back (a
     load burst on a shared machine hits both sides of a pair alike)."""
+    out_bytes: int = 0
+    """The module's output (before the loss on the last one): what a cut after it sends."""
 
     @property
     def mem_b(self) -> int:
@@ -71,7 +86,7 @@ class StageProfile:
 
 @dataclass(frozen=True)
 class Profile:
-    """A model's measured per-stage costs and the inter-rank transfer time."""
+    """A model's measured costs per profiled module and the inter-rank transfer time."""
 
     model: str
     microbatch_size: int
@@ -101,6 +116,20 @@ class Profile:
         )  # fmt: skip
         return costs.with_recompute(float(self.activation_bytes)) if recompute else costs
 
+    def block_costs(self) -> list[BlockCosts]:
+        """The planner's view (:func:`~nobubble.pipeline.plan.plan_from_costs`), one
+        :class:`~nobubble.pipeline.plan.BlockCosts` per profiled module. B frees none of F's
+        bytes: the runner holds a microbatch's activations until its W (W's store keeps each
+        linear's input and output gradient) and counts its peak so."""
+        return [
+            BlockCosts(
+                forward=s.t_f, backward_input=s.t_b, backward_weight=s.t_w,
+                activation_bytes=float(s.mem_f), boundary_bytes=float(s.out_bytes),
+                backward_fused=s.t_bw_fused, freed_by_backward_input=0.0,
+            )
+            for s in self.stages
+        ]  # fmt: skip
+
     def to_dict(self) -> dict:
         d = asdict(self)
         for s, st in zip(d["stages"], self.stages, strict=True):
@@ -129,75 +158,6 @@ class Profile:
         )
 
 
-def profile_stage(
-    model: ModelConfig,
-    blocks_range: range,
-    *,
-    stage_index: int,
-    num_stages: int,
-    microbatch_size: int,
-    input_shape: torch.Size | None,
-    output_shape: torch.Size | None,
-    device: torch.device | str = "cpu",
-    repeats: int = 5,
-    warmup: int = 1,
-    clock: str = "wall",
-) -> StageProfile:
-    """Time F, B, W and the fused backward of one stage; measure its activation memory.
-
-    ``input_shape`` / ``output_shape``: the stage's activation shapes (None for the model
-    input of stage 0 / the loss of the last stage).
-    """
-    device = torch.device(device)
-    now = op_clock(clock, device)
-    blocks = build_blocks(model, blocks_range, device)
-    batch = model.make_batch(microbatch_size, seed=1, device=device)
-    gen = torch.Generator().manual_seed(2)
-    x = batch.inputs if input_shape is None else torch.randn(input_shape, generator=gen).to(device)
-    dy = None if output_shape is None else torch.randn(output_shape, generator=gen).to(device)
-    targets = batch.targets if output_shape is None else None
-    meter = ActivationMeter(blocks)
-    stage = PipelineStage(
-        stage_index=stage_index, num_stages=num_stages, blocks=blocks,
-        loss_fn=model.loss, num_microbatches=1, meter=meter,
-    )  # fmt: skip
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times: dict[str, list[float]] = {"f": [], "b": [], "w": [], "fused": []}
-    mem_f = mem_w = 0
-    for rep in range(warmup + repeats):
-        attach_store(blocks, stage.store)
-        t0 = now()
-        stage.forward(0, x, targets)
-        sync()
-        t1 = now()
-        mem_f = meter.live_bytes
-        stage.backward_input(0, dy)
-        sync()
-        t2 = now()
-        mem_w = meter.live_bytes
-        stage.backward_weight(0)
-        sync()
-        t3 = now()
-        attach_store(blocks, None)  # plain autograd: the fused baseline
-        out = _plain_forward(blocks, x, model, targets)
-        sync()
-        t4 = now()
-        out.backward(dy)
-        sync()
-        t5 = now()
-        if rep >= warmup:
-            for key, dt in (("f", t1 - t0), ("b", t2 - t1), ("w", t3 - t2), ("fused", t5 - t4)):
-                times[key].append(dt * 1e3)
-    attach_store(blocks, stage.store)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    ratios = [(b + w) / f for b, w, f in zip(times["b"], times["w"], times["fused"], strict=True)]
-    return StageProfile(
-        stage=stage_index, blocks=tuple(blocks_range), t_f=med["f"], t_b=med["b"],
-        t_w=med["w"], t_bw_fused=med["fused"], mem_f=int(mem_f), mem_w=int(mem_w),
-        bw_ratio=statistics.median(ratios),
-    )  # fmt: skip
-
-
 CLOCKS = ("wall", "cpu")
 
 
@@ -221,11 +181,134 @@ def op_clock(name: str, device: torch.device) -> Callable[[], float]:
     return time.perf_counter
 
 
-def _plain_forward(blocks, x, model: ModelConfig, targets) -> torch.Tensor:
-    y = x if not x.is_floating_point() else x.detach().requires_grad_(True)
-    for b in blocks.values():
-        y = b(y)
-    return model.loss(y, targets) if targets is not None else y
+def profile_modules(
+    modules: Sequence[nn.Module],
+    inputs: Any,
+    targets: Any = None,
+    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    t_comm: float = 0.0,
+    clock: str = "wall",
+) -> Profile:
+    """Costs of each of ``modules`` on one microbatch (``inputs``, a tensor or a tuple of
+    positional arguments, for module 0; ``targets`` for ``loss_fn`` after the last), on the
+    modules' own device. ``t_comm`` (ms) is taken as given (measure it with
+    :func:`measure_comm` on real ranks). The modules keep their parameters; their ``.grad``
+    is cleared afterwards.
+
+    Raises:
+        ValueError: no modules, ``repeats`` < 1 or ``warmup`` < 0, an unknown ``clock``, or a
+            module whose output is not one tensor (all before any timing).
+    """
+    if len(modules) == 0:
+        raise ValueError("profile_modules: no modules; pass the model as a list of modules")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"profile_modules: repeats={repeats} must be >= 1, warmup={warmup} >= 0")
+    device = next((p.device for m in modules for p in m.parameters()), torch.device("cpu"))
+    now = op_clock(clock, device)
+    args = _to(inputs if isinstance(inputs, tuple) else (inputs,), device)
+    stage_args, outputs = [], []
+    with torch.no_grad():  # check every output before timing anything
+        x = args
+        for i, module in enumerate(modules):
+            y = module(*x)
+            if not isinstance(y, torch.Tensor):
+                raise ValueError(f"profile_modules: block {i} ({type(module).__name__}) returns "
+                                 f"a {type(y).__name__}, not one tensor; wrap it so that it "
+                                 "returns its output tensor only")  # fmt: skip
+            stage_args.append(x)
+            outputs.append(y)
+            x = (y,)
+    gen = torch.Generator().manual_seed(2)
+    if loss_fn is None:  # the last module gets a random output gradient: the loss <y, dy>
+        targets, loss_fn = torch.randn(y.shape, generator=gen).to(device, y.dtype), _dot
+    elif isinstance(targets, torch.Tensor):
+        targets = targets.to(device)
+    profiles = []
+    for s, (module, x, y) in enumerate(zip(modules, stage_args, outputs, strict=True)):
+        last = s == len(modules) - 1
+        dy = None if last else torch.randn(y.shape, generator=gen).to(y.device, y.dtype)
+        timed = _time_module(s, module, x, targets if last else None, loss_fn, dy, now,
+                             repeats, warmup)  # fmt: skip
+        profiles.append(replace(timed, out_bytes=y.numel() * y.element_size()))
+    act = max((p.out_bytes for p in profiles[:-1]), default=0)
+    return Profile("user", int(args[0].shape[0]), tuple(profiles), t_comm, act, clock)
+
+
+def _to(args: tuple, device: torch.device) -> tuple:
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return (y * dy).sum()
+
+
+def _time_module(s, module, args, targets, loss_fn, dy, now, repeats, warmup) -> StageProfile:
+    """Module ``s`` through :class:`ModuleSplit`, as the runner runs stage ``s``."""
+    split = ModuleSplit(module)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    times: dict[str, list[float]] = {"f": [], "b": [], "w": [], "fused": []}
+    mem_f = 0
+    try:
+        # pass -1 counts what F saves (a hook per saved tensor: not timed); the rest time
+        for rep in range(-1, warmup + repeats):
+            mb = rep + 1
+            stage_in = _stage_input(args, grad=s > 0)
+            saved: dict[int, int] = {}
+
+            def pack(t: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in params:
+                    saved[ptr] = t.untyped_storage().nbytes()
+                return t
+
+            hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+            t0 = now()
+            with split.recording(mb, split=s > 0), hooks if rep < 0 else contextlib.nullcontext():
+                out = _output(module, stage_in, targets, loss_fn)
+            t1 = now()
+            split.backward_input(mb, out, dy, stage_in[0] if stage_in[0].requires_grad else None)
+            t2 = now()
+            split.backward_weight(mb)
+            t3 = now()
+            plain_in = _stage_input(args, grad=s > 0)
+            out = _output(module, plain_in, targets, loss_fn)
+            t4 = now()
+            out.backward(dy)
+            t5 = now()
+            if rep < 0:
+                mem_f = sum(saved.values())
+            elif rep >= warmup:
+                for key, dt in (("f", t1 - t0), ("b", t2 - t1), ("w", t3 - t2), ("fused", t5 - t4)):
+                    times[key].append(dt * 1e3)
+    finally:
+        split.close()
+        module.zero_grad(set_to_none=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = [(b + w) / f for b, w, f in zip(times["b"], times["w"], times["fused"], strict=True)]
+    report = split.report()
+    only_linear = report is not None and report.by_linear == report.num_params
+    return StageProfile(
+        stage=s, blocks=(s,), t_f=med["f"], t_b=med["b"], t_w=med["w"],
+        t_bw_fused=med["fused"], mem_f=int(mem_f), mem_w=0 if only_linear else int(mem_f),
+        bw_ratio=statistics.median(ratios),
+    )  # fmt: skip
+
+
+def _stage_input(args: tuple, *, grad: bool) -> tuple:
+    """Fresh leaves for a stage's input; with ``grad`` (every stage but the first, as the
+    runner has it) its float tensors need a gradient, as a received activation does."""
+    return tuple(
+        a.detach().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor)
+        else a for a in args
+    )  # fmt: skip
+
+
+def _output(module: nn.Module, args: tuple, targets: Any, loss_fn) -> torch.Tensor:
+    y = module(*args)
+    return y if targets is None else loss_fn(y, targets)
 
 
 def profile_stages(
@@ -239,29 +322,17 @@ def profile_stages(
     t_comm: float = 0.0,
     clock: str = "wall",
 ) -> Profile:
-    """Profile every stage of ``model`` split into ``num_stages`` stages on this process."""
-    from nobubble.pipeline.runtime.executor import boundary_shapes
-
+    """:func:`profile_modules` on the built-in ``model`` split into ``num_stages`` stages,
+    each an ``nn.Sequential`` of its blocks as ``pp run`` builds it, on a real microbatch."""
+    device = torch.device(device)
+    op_clock(clock, device)  # an impossible clock fails before anything is built
     ranges = partition_blocks(model, num_stages)
-    shapes = boundary_shapes(model, ranges, microbatch_size)
-    stages = tuple(
-        profile_stage(
-            model,
-            r,
-            stage_index=s,
-            num_stages=num_stages,
-            microbatch_size=microbatch_size,
-            input_shape=shapes.get(s),
-            output_shape=shapes.get(s + 1),
-            device=device,
-            repeats=repeats,
-            warmup=warmup,
-            clock=clock,
-        )  # fmt: skip
-        for s, r in enumerate(ranges)
-    )
-    act = max((torch.Size(v).numel() * 4 for v in shapes.values()), default=0)
-    return Profile(model.name, microbatch_size, stages, t_comm, act, clock)
+    stages = [nn.Sequential(OrderedDict(build_blocks(model, r, device).items())) for r in ranges]
+    batch = model.make_batch(microbatch_size, seed=1, device=device)
+    prof = profile_modules(stages, batch.inputs, batch.targets, model.loss, repeats=repeats,
+                           warmup=warmup, t_comm=t_comm, clock=clock)  # fmt: skip
+    named = tuple(replace(st, blocks=tuple(r)) for st, r in zip(prof.stages, ranges, strict=True))
+    return replace(prof, model=model.name, stages=named)
 
 
 def measure_comm(ctx: DistContext, shape: torch.Size, *, repeats: int = 10) -> float:

@@ -127,7 +127,7 @@ def _unit_costs_message(name: str) -> str:
     return (
         f"get_schedule({name!r}) without costs: its order is tuned for unit costs "
         "(F = B = W = 1, no communication). Pass measured ones, costs=profile.cost_model() "
-        "with profile = nobubble.pipeline.runtime.profile_modules.profile_modules(stages, "
+        "with profile = nobubble.pipeline.runtime.profile.profile_modules(stages, "
         "inputs, targets, loss_fn), or let the planner nobubble.pipeline.runtime.planning.plan"
         " choose (Plan.schedule()); pass costs=CostModel.uniform(num_ranks) to mean unit costs"
     )

@@ -1,8 +1,9 @@
 """One rank's choice of its next op at run time: the handshake rule, without estimates.
 
-The simulator's rule (:mod:`nobubble.pipeline.dispatch.handshake`) also asks whether a
-deviation is expected to end before the head's input comes; the runtime has no duration
-estimates, so it takes the simple form. Each time the rank is free:
+The rule is the simulator's, one pure function both call
+(:func:`nobubble.pipeline.dispatch.handshake.choose_op`); the simulator also asks whether a
+deviation is expected to end before the head's input comes, while the runtime has no
+duration estimates, so it takes the simple form. Each time the rank is free:
 
 1. the **head** of its plan (its first plan op not run), when it is runnable;
 2. else the first runnable **B** (or fused BW) further along the plan (its gradient came
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.dispatch.handshake import choose_op
 from nobubble.pipeline.runtime.p2p import MessageKey, incoming
 from nobubble.pipeline.validate import dep_key, dependencies
 
@@ -76,6 +78,7 @@ class PlanCursor:
     def __init__(self, plan: Schedule, rank: int, limit: int | None = None) -> None:
         self.plan, self.rank = plan, rank
         self.row = plan.rank_actions[rank]
+        self.ops = [a.op for a in self.row]
         peak = plan_levels(plan)[rank]
         if limit is not None and limit < peak:
             raise ValueError(
@@ -109,17 +112,10 @@ class PlanCursor:
         return a.op is not Op.F or self.level + 1 <= self.limit
 
     def choose(self, has: HasMessage) -> int | None:
-        """The plan position to run now, or None (wait for an arrival)."""
-        k = self.head
-        if self.runnable(k, has):
-            return k
-        later = [j for j in range(k + 1, len(self.row)) if not self.done[j]]
-        for wanted in ((Op.B, Op.BW), (Op.F,), (Op.W,)):
-            for j in later:
-                op = self.row[j].op
-                if op in wanted and (op is not Op.F or j == self.next_f) and self.runnable(j, has):
-                    return j
-        return None
+        """The plan position to run now, or None (wait for an arrival): the handshake rule,
+        :func:`~nobubble.pipeline.dispatch.handshake.choose_op`, without estimates."""
+        return choose_op(self.ops, self.head, self.next_f, self.done,
+                         lambda j: self.runnable(j, has))  # fmt: skip
 
     def commit(self, k: int) -> Action:
         """Mark plan position ``k`` as run; returns its action."""

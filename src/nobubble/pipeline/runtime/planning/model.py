@@ -4,8 +4,8 @@ The planner (:func:`~nobubble.pipeline.plan.plan_from_costs`) is pure and takes 
 costs; this module measures them on the user's own ``nn.Module`` blocks:
 
 - :func:`profile_blocks`: one :class:`~nobubble.pipeline.plan.BlockCosts` per block, measured
-  by :func:`~nobubble.pipeline.runtime.profile_modules.profile_modules` with every block as a
-  one-block stage (one way of timing F / B / W, shared with the per-stage profile);
+  by the one profiler, :func:`~nobubble.pipeline.runtime.profile.profile_modules`, with every
+  block as a one-block stage (:meth:`~nobubble.pipeline.runtime.profile.Profile.block_costs`);
 - :func:`plan`: checks the input, profiles one microbatch and plans; the
   :class:`~nobubble.pipeline.plan.Plan` keeps the costs it was made from, so that
   ``p.schedule()`` rebuilds the very schedule the planner weighed (a cost-dependent order
@@ -30,7 +30,7 @@ from torch import nn
 
 from nobubble.pipeline.plan import BlockCosts, Plan, plan_from_costs
 from nobubble.pipeline.plan_inputs import check_inputs, check_ranks, microbatch_counts
-from nobubble.pipeline.runtime.profile_modules import profile_modules
+from nobubble.pipeline.runtime.profile import profile_modules
 
 __all__ = ["plan", "profile_blocks"]
 
@@ -61,36 +61,8 @@ def profile_blocks(
     """
     if len(blocks) == 0:
         raise ValueError("profile_blocks: no blocks; pass the model as a list of modules")
-    device = next((p.device for m in blocks for p in m.parameters()), torch.device("cpu"))
-    x = sample_input.to(device)
-    boundary = []
-    with torch.no_grad():  # check every output before timing anything
-        y = x
-        for i, block in enumerate(blocks):
-            y = block(y)
-            if not isinstance(y, torch.Tensor):
-                raise ValueError(f"profile_blocks: block {i} ({type(block).__name__}) returns a "
-                                 f"{type(y).__name__}, not one tensor; wrap it so that it "
-                                 "returns its output tensor only")  # fmt: skip
-            boundary.append(y.numel() * y.element_size())
-    if loss_fn is None:  # the last block gets a random output gradient: the loss <y, dy>
-        gen = torch.Generator().manual_seed(3)
-        targets, loss_fn = torch.randn(y.shape, generator=gen).to(device, y.dtype), _dot
-    elif isinstance(targets, torch.Tensor):
-        targets = targets.to(device)
-    prof = profile_modules(list(blocks), x, targets, loss_fn, repeats=repeats, warmup=1)
-    return [
-        BlockCosts(
-            forward=s.t_f, backward_input=s.t_b, backward_weight=s.t_w,
-            activation_bytes=float(s.mem_f), boundary_bytes=float(nbytes),
-            backward_fused=s.t_bw_fused, freed_by_backward_input=0.0,
-        )
-        for s, nbytes in zip(prof.stages, boundary, strict=True)
-    ]  # fmt: skip
-
-
-def _dot(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    return (y * dy).sum()
+    prof = profile_modules(list(blocks), sample_input, targets, loss_fn, repeats=repeats)
+    return prof.block_costs()
 
 
 def plan(

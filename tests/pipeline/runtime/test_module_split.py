@@ -1,19 +1,22 @@
-"""B/W split and stage execution on one process, checked against plain autograd."""
+"""The stage executor (ModuleSplit: F, B, W, BW) on the built-in models' stages in one
+process, checked against plain autograd; the deferred linear; the models' split."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
+from torch import nn
 
-from nobubble.pipeline.runtime.bw_split import SplitLinear, WeightGradStore, attach_store
-from nobubble.pipeline.runtime.memory import ActivationMeter
+from nobubble.pipeline.runtime.autosplit import ModuleSplit
+from nobubble.pipeline.runtime.bw_split import WeightGradStore, deferred_linear
 from nobubble.pipeline.runtime.models import (
     GPTConfig,
     MLPConfig,
     build_blocks,
     partition_blocks,
 )
-from nobubble.pipeline.runtime.stage import PipelineStage
 
 TINY_GPT = GPTConfig(vocab_size=32, seq_len=8, hidden=16, num_heads=2, num_layers=4, seed=3)
 TINY_MLP = MLPConfig(in_features=8, hidden=16, num_classes=5, num_layers=4, seed=4)
@@ -31,40 +34,38 @@ def reference_grads(config, batch, num_microbatches):
 
 
 def run_stages(config, batch, num_stages, num_microbatches, order):
-    """Run the stages in one process; ``order`` is "fused" or "deferred" (all B, then W)."""
+    """Run the stages in one process through ModuleSplit, as the runner does (stage 0
+    recorded unsplit, the loss scaled by ``1 / m``); ``order`` is "fused" (BW) or "deferred"
+    (every B, then every W)."""
     ranges = partition_blocks(config, num_stages)
     blocks = [build_blocks(config, r) for r in ranges]
-    stages = [
-        PipelineStage(
-            stage_index=s,
-            num_stages=num_stages,
-            blocks=blocks[s],
-            loss_fn=config.loss,
-            num_microbatches=num_microbatches,
-            meter=ActivationMeter(blocks[s]),  # saved-tensor hooks must not change gradients
-        )
-        for s in range(num_stages)
-    ]
+    splits = [ModuleSplit(nn.Sequential(OrderedDict(b.items()))) for b in blocks]
     mbs = batch.split(num_microbatches)
+    held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
     for m, mb in enumerate(mbs):
         x = mb.inputs
-        for st in stages:
-            x = st.forward(m, x, mb.targets if st.is_last else None)
+        for s, split in enumerate(splits):
+            stage_in = None if s == 0 else x.detach().requires_grad_(True)
+            with split.recording(m, split=s > 0 and order == "deferred"):
+                y = split.module(x if stage_in is None else stage_in)
+                if s == num_stages - 1:
+                    y = config.loss(y, mb.targets) / num_microbatches
+            held[s, m] = (y, stage_in)
+            x = y.detach()
     for m in reversed(range(num_microbatches)):
         grad = None
-        for st in reversed(stages):
-            if order == "fused":
-                grad = st.backward_full(m, grad)
-            else:
-                grad = st.backward_input(m, grad)
+        for s in reversed(range(num_stages)):
+            y, stage_in = held.pop((s, m))
+            run = splits[s].backward_full if order == "fused" else splits[s].backward_input
+            grad = run(m, y, grad, stage_in)
     if order == "deferred":
         for m in range(num_microbatches):
-            for st in stages:
-                st.backward_weight(m)
+            for split in splits:
+                split.backward_weight(m)
     grads = {}
     for b in blocks:
         grads.update({n: p.grad for n, p in b.named_parameters()})
-    return grads, stages
+    return grads, splits
 
 
 @pytest.mark.parametrize("config", [TINY_GPT, TINY_MLP], ids=["gpt", "mlp"])
@@ -72,22 +73,20 @@ def run_stages(config, batch, num_stages, num_microbatches, order):
 def test_stage_gradients_equal_plain_autograd(config, order):
     batch = config.make_batch(8, seed=11)
     ref = reference_grads(config, batch, 4)
-    got, stages = run_stages(config, batch, 3, 4, order)
+    got, splits = run_stages(config, batch, 3, 4, order)
     assert set(got) == set(ref)
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=name)
-    assert all(not st.store.pending_microbatches for st in stages)
+    assert all(not split.store.pending_microbatches for split in splits)
 
 
-def test_split_linear_defers_only_weight_gradient():
+def test_deferred_linear_defers_only_weight_gradient():
     torch.manual_seed(0)
-    lin = SplitLinear(5, 3)
+    lin = nn.Linear(5, 3)
     x = torch.randn(4, 2, 5, requires_grad=True)  # (B, T, in)
     dy = torch.randn(4, 2, 3)
     store = WeightGradStore()
-    attach_store(lin, store)
-    with store.recording(7):
-        y = lin(x)
+    y = deferred_linear(x, lin.weight, lin.bias, store, 7)
     y.backward(dy)
     assert lin.weight.grad is None and lin.bias.grad is None  # B left dW, db for later
     torch.testing.assert_close(x.grad, dy @ lin.weight.detach())
@@ -101,17 +100,12 @@ def test_split_linear_defers_only_weight_gradient():
 
 def test_stage_rejects_out_of_order_ops():
     ranges = partition_blocks(TINY_MLP, 2)
-    st = PipelineStage(
-        stage_index=1,
-        num_stages=2,
-        blocks=build_blocks(TINY_MLP, ranges[1]),
-        loss_fn=TINY_MLP.loss,
-        num_microbatches=1,
-    )
+    split = ModuleSplit(nn.Sequential(OrderedDict(build_blocks(TINY_MLP, ranges[1]).items())))
+    y = torch.zeros(1, requires_grad=True)
     with pytest.raises(RuntimeError, match="B of microbatch 0 before its F"):
-        st.backward_input(0)
+        split.backward_input(0, y, None, None)
     with pytest.raises(RuntimeError, match="W of microbatch 0 before its B"):
-        st.backward_weight(0)
+        split.backward_weight(0)
 
 
 def test_partition_balances_layers_and_rejects_too_many_stages():
@@ -129,38 +123,12 @@ def test_subset_blocks_equal_full_model_blocks():
         torch.testing.assert_close(p, dict(full.named_parameters())[name], rtol=0, atol=0)
 
 
-def test_meter_holds_forward_then_stash_then_nothing():
-    ranges = partition_blocks(TINY_GPT, 1)
-    blocks = build_blocks(TINY_GPT, ranges[0])
-    meter = ActivationMeter(blocks)
-    st = PipelineStage(
-        stage_index=0,
-        num_stages=1,
-        blocks=blocks,
-        loss_fn=TINY_GPT.loss,
-        num_microbatches=2,
-        meter=meter,
-    )
-    batch = TINY_GPT.make_batch(4, seed=1).split(2)
-    st.forward(0, batch[0].inputs, batch[0].targets)
-    one = meter.live_bytes
-    st.forward(1, batch[1].inputs, batch[1].targets)
-    assert meter.live_bytes == 2 * one > 0
-    st.backward_input(0)
-    stash = meter.live_bytes - one
-    assert 0 < stash < one  # W keeps (X, dY) of the linears only
-    st.backward_weight(0)
-    st.backward_full(1)
-    assert meter.live_bytes == 0 and meter.peak_bytes == 2 * one
-
-
 def test_device_and_clock_are_checked_options():
     from nobubble.pipeline.runtime.launch import LaunchOptions
-    from nobubble.pipeline.runtime.profile import profile_stage
+    from nobubble.pipeline.runtime.profile import profile_stages
 
     assert LaunchOptions(device="cuda", backend="nccl").backend == "nccl"
     with pytest.raises(ValueError, match="device='tpu'"):
         LaunchOptions(device="tpu")
     with pytest.raises(ValueError, match="clock='cpu' measures CPU work"):
-        profile_stage(TINY_MLP, range(0, 2), stage_index=0, num_stages=2, microbatch_size=2,
-                      input_shape=None, output_shape=None, device="cuda", clock="cpu")  # fmt: skip
+        profile_stages(TINY_MLP, 2, microbatch_size=2, device="cuda", clock="cpu")
