@@ -194,7 +194,6 @@ class RunConfig:
         check_fields("RunConfig", self, names, ">= 1")
         check_fields("RunConfig", self, ("num_rollout_workers", "num_reward_workers"), ">= 1")
         self._check_learners()
-        self._check_ray_resources()
         if (
             self.groups_per_rollout is not None
             and not 1 <= self.groups_per_rollout <= self.batch_groups
@@ -223,6 +222,7 @@ class RunConfig:
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
         self._check_contradictions(given)
+        self._check_ray_resources()
         rewards = tuple(
             r
             if isinstance(r, RewardSource)
@@ -238,10 +238,8 @@ class RunConfig:
             self.remote_reward()  # validates the url
         check_policy_spec(self.policy)
         # build every component config once so bad values fail here, not in a worker
-        self.make_task()
-        self.trainer_config()
-        self.rollout_config()
-        RewardConfig(**self.reward)
+        for build in (self.make_task, self.trainer_config, self.rollout_config, self.reward_config):
+            build()
 
     def _check_partial(self) -> None:
         if not isinstance(self.partial_rollouts, bool):
