@@ -1,9 +1,10 @@
 """The actor processes: an IMPALA actor with its own policy, an env-only worker for central
 inference (seed: one env group, sample-factory: two, double buffered).
 
-Every actor dies with its parent (:func:`nobubble.distributed.die_with_parent`), waits on
-nothing without a timeout, and on any error puts ``(name, traceback)`` on the error queue
-before exiting non-zero, so the learner can end the run naming it.
+Every actor dies with its parent (:func:`nobubble.distributed.die_with_parent`), beats into
+its heartbeat slot (:func:`nobubble.distributed.start_beating`, so a stopped one is named),
+waits on nothing without a timeout, and on any error puts ``(name, traceback)`` on the error
+queue before exiting non-zero, so the learner can end the run naming it.
 
 The env-only worker's protocol, per env group ``g`` with shared-memory slot ``slots[g]``:
 the worker writes ``obs``, ``reward`` and ``done`` into the slot and sends the byte ``g``;
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from nobubble.distributed import die_with_parent
+from nobubble.distributed import die_with_parent, start_beating
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.shm import EnvSlot
@@ -37,7 +38,8 @@ class ActorStopped(Exception):
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """What an actor process needs to know about itself."""
+    """What an actor process needs to know about itself; ``heartbeat`` is its
+    ``(slots, index)`` for :func:`~nobubble.distributed.start_beating`."""
 
     name: str
     index: int
@@ -45,11 +47,13 @@ class ActorSpec:
     obs_dim: int
     num_actions: int
     parent_pid: int
+    heartbeat: tuple[Any, int]
 
 
 def _guard(spec: ActorSpec, errors: Any, body: Any, *args: Any) -> None:
     """Run ``body`` in a child process: die with the parent, report any error by name."""
     die_with_parent(spec.parent_pid)
+    start_beating(*spec.heartbeat)
     try:
         body(spec, *args)
     except ActorStopped:

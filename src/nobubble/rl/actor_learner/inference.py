@@ -61,20 +61,17 @@ class CentralInference:
             ]
             for a, group in enumerate(slots)
         ]
-        self.last_heard = [time.monotonic()] * len(conns)
         self.busy_s = 0.0
         self._digest = (-1, "")  # (version, digest) of the weights inference last used
         self.num_batches = 0
         self.num_requests = 0
 
     def _drain(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
-        now = time.monotonic()
         for conn in ready_conns:
             a = self._actor_of[id(conn)]
             try:
                 while conn.poll():
                     ready.append((a, conn.recv_bytes()[0]))
-                    self.last_heard[a] = now
             except (EOFError, OSError):
                 raise ActorFailure(self.names[a], "closed its pipe (its process ended)") from None
 
@@ -126,8 +123,3 @@ class CentralInference:
         self.num_batches += 1
         self.num_requests += len(ready)
         return finished
-
-    def silent_actors(self, timeout_s: float) -> list[str]:
-        """Workers not heard from for ``timeout_s`` seconds."""
-        now = time.monotonic()
-        return [n for n, t in zip(self.names, self.last_heard) if now - t > timeout_s]

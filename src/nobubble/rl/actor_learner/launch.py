@@ -2,9 +2,14 @@
 
 :class:`ActorPool` lifecycle: built (processes started) -> :meth:`receive` /
 :meth:`supervise` while the learner runs -> :meth:`close` (stop flag, drain the channel,
-join with a timeout, terminate stragglers). Invariant: after :meth:`close` no actor process
-is alive and every trajectory an actor sent is either returned by :meth:`receive` or by
-:meth:`close`, so the ledger can account for all of them.
+then :func:`~nobubble.distributed.reap`: SIGTERM, SIGKILL for a stopped actor or a
+straggler). Invariant: after :meth:`close` no actor process is alive and every trajectory an
+actor sent is either returned by :meth:`receive` or by :meth:`close`, so the ledger can
+account for all of them.
+
+Supervision is the one of every nobubble process (:mod:`nobubble.distributed.liveness`): each
+actor beats into its slot of a :class:`~nobubble.distributed.Heartbeats`, and one silent for
+:data:`~nobubble.distributed.LIVENESS_S` is named by :meth:`supervise`.
 
 - impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner
   publishes into and every actor pulls from before each unroll, and one bounded trajectory
@@ -24,6 +29,7 @@ from typing import Any, cast
 
 from torch import nn
 
+from nobubble.distributed import LIVENESS_S, Heartbeats, reap
 from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
 from nobubble.rl.actor_learner.inference import CentralInference
@@ -37,22 +43,27 @@ __all__ = ["ActorPool"]
 
 
 class ActorPool:
-    """Starts ``config.actors`` actor processes for ``config.arch``."""
+    """Starts ``config.actors`` actor processes for ``config.arch``; ``liveness_s``: silence
+    after which :meth:`supervise` names an actor (None: never)."""
 
-    def __init__(self, config: EnvRunConfig, model: PolicyModel) -> None:
+    def __init__(
+        self, config: EnvRunConfig, model: PolicyModel, liveness_s: float | None = LIVENESS_S
+    ) -> None:
         self.config, self.model = config, model
         self._module = cast(nn.Module, model)  # every PolicyModel is an nn.Module
         ctx: Any = mp.get_context(config.start_method)
         self.stop, self.errors = ctx.Event(), ctx.Queue()
         self.names = [f"actor-{i}" for i in range(config.actors)]
+        self.beats = Heartbeats(ctx, self.names, liveness_s)
         specs = [
-            ActorSpec(n, i, config, model.obs_dim, model.num_actions, os.getpid())
+            ActorSpec(n, i, config, model.obs_dim, model.num_actions, os.getpid(),
+                      self.beats.beat_args(n))
             for i, n in enumerate(self.names)
-        ]
+        ]  # fmt: skip
         self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
         self.published = -1
-        self.last_heard = {n: time.monotonic() for n in self.names}
+        self._hung: set[str] = set()  # named by supervise: close does not wait for them
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
@@ -100,9 +111,6 @@ class ActorPool:
                 out.append(self.queue.get_nowait())
         except queue_module.Empty:
             pass
-        now = time.monotonic()
-        for t in out:
-            self.last_heard[t.source] = now
         return out
 
     def supervise(self) -> None:
@@ -116,9 +124,10 @@ class ActorPool:
             if p.exitcode is not None:
                 detail = self._error_of(p.name)
                 raise ActorFailure(p.name, detail or f"exited with code {p.exitcode}")
-        silent = self._silent()
-        if silent:
-            raise ActorFailure(silent[0], f"silent for more than {self.config.timeout_s}s")
+        hung = self.beats.hung(self.names)  # every one is alive: an exit was raised above
+        if hung is not None:
+            self._hung.add(hung[0])
+            raise ActorFailure(*hung)
 
     def _error_of(self, name: str, wait_s: float = 1.0) -> str | None:
         """The error an exited actor reported (it may still be in the queue's pipe)."""
@@ -128,27 +137,18 @@ class ActorPool:
         except queue_module.Empty:
             return None
 
-    def _silent(self) -> list[str]:
-        if self.inference is not None:
-            return self.inference.silent_actors(self.config.timeout_s)
-        now = time.monotonic()
-        return [n for n, t in self.last_heard.items() if now - t > self.config.timeout_s]
-
     def close(self, grace_s: float = 5.0) -> list[Trajectory]:
         """Stop every actor; return the trajectories still in transit."""
         self.stop.set()
         leftover: list[Trajectory] = []
         deadline = time.monotonic() + grace_s
-        while any(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
+        waited = [p for p in self.procs if p.name not in self._hung]
+        while any(p.is_alive() for p in waited) and time.monotonic() < deadline:
             if self.inference is None:  # a full queue would keep its feeder from exiting
                 leftover.extend(self.receive(-1, poll_s=0.05))
             else:
                 time.sleep(0.02)
-        for p in self.procs:
-            p.join(timeout=0.1)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=grace_s)
+        reap(self.procs, grace_s=0.1)  # a stopped actor (SIGSTOP) is killed at once
         if self.inference is None:
             leftover.extend(self.receive(-1, poll_s=0.05))
         return leftover

@@ -20,8 +20,9 @@ Two processes with one torch thread each do run at the same time on two cores.
   reads them between tokens (``RolloutWorker.pull_weights`` is the shared tensor's ``pull``).
 - Nothing waits forever: ``poll`` has a timeout, notices a worker that died without a word
   (exit code), raised (its traceback) or fell silent (no heartbeat for
-  :data:`~nobubble.distributed.LIVENESS_S`: :mod:`~nobubble.rl.system.engines.liveness`),
-  and ``shutdown`` terminates what does not stop.
+  :data:`~nobubble.distributed.LIVENESS_S`: :mod:`~nobubble.distributed.liveness`, the
+  supervisor of spawn's ranks too), and ``shutdown`` ends what does not stop (a stopped
+  process with SIGKILL: :func:`~nobubble.distributed.reap`).
   Workers die with the driver (the parent-death signal), so a killed run leaves none
   behind. ``restart`` replaces one worker with a fresh process of the same name.
 - ``learners > 1``: the learner processes join one gloo group on a free port of 127.0.0.1
@@ -43,7 +44,15 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions shared weights use
 
-from nobubble.distributed import die_with_parent, free_port, launcher_alive, worker_context
+from nobubble.distributed import (
+    Heartbeats,
+    die_with_parent,
+    free_port,
+    launcher_alive,
+    reap,
+    start_beating,
+    worker_context,
+)
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.engines.learners import (
     StepCollector,
@@ -51,7 +60,6 @@ from nobubble.rl.system.engines.learners import (
     looks_like_peer_failure,
     split_groups,
 )
-from nobubble.rl.system.engines.liveness import Heartbeats, start_beating
 from nobubble.rl.system.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
@@ -170,7 +178,7 @@ class LocalEngine:
                 os.getpid(),
                 incarnation,
                 port,
-                (self._beats.slots, self._beats.started(name)),
+                self._beats.beat_args(name),
             ),  # fmt: skip
             daemon=True,
             name=f"nobubble-rl-{name}",
@@ -183,13 +191,7 @@ class LocalEngine:
         one says ``ready``. Commands queued for the old one are dropped."""
         if worker.startswith("trainer"):
             raise WorkerError(f"{worker} is not restarted; resume from a checkpoint", worker)
-        old = self._procs.pop(worker)
-        if old.is_alive():
-            old.terminate()
-        old.join(timeout=5.0)
-        if old.is_alive():  # a stopped process holds SIGTERM until continued
-            old.kill()
-            old.join(timeout=2.0)
+        reap([self._procs.pop(worker)], grace_s=0.0, term_s=5.0)
         self._spawn(worker)
 
     def _send(self, worker: str, cmd: tuple) -> None:
@@ -276,16 +278,9 @@ class LocalEngine:
                     f"{name} died with exit code {proc.exitcode} without reporting an error",
                     name,
                 )
-        beats = self._beats
-        silent = beats.silent(list(self._procs)) if beats is not None else None
-        if beats is not None and silent is not None:
-            name, since = silent
-            raise WorkerError(
-                f"{name} stopped responding: no heartbeat for {since:.0f}s (liveness "
-                f"{beats.liveness_s:g}s); it is stopped (SIGSTOP), swapping, or stuck "
-                "holding the interpreter",
-                name,
-            )
+        hung = self._beats.hung(list(self._procs)) if self._beats is not None else None
+        if hung is not None:
+            raise WorkerError(hung[1], hung[0])
 
     def shutdown(self) -> None:
         for name, proc in self._procs.items():
@@ -294,13 +289,5 @@ class LocalEngine:
                     self._send(name, ("stop",))
                 except (OSError, ValueError):
                     pass
-        end = time.monotonic() + 5.0
-        for proc in self._procs.values():
-            proc.join(timeout=max(0.0, end - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2.0)
-            if proc.is_alive():  # a stopped process holds SIGTERM until continued
-                proc.kill()
-                proc.join(timeout=2.0)
+        reap(list(self._procs.values()), grace_s=5.0)
         self._procs.clear()

@@ -1,5 +1,6 @@
-"""The local engine's heartbeats: a beating worker is not reported, a stopped one is, by name,
-once it has been silent for ``liveness_s``.
+"""The one supervisor's heartbeats (spawn's ranks, the RL local engine's workers, the
+actor-learner's actors): a beating process is not reported, a stopped one is, by name, once
+it has been silent for ``liveness_s``; :func:`reap` ends a stopped one.
 
 The rule is checked on a hand-stepped clock (no wall-clock time); the long tier also stops a
 real worker with SIGSTOP and times how soon it is named.
@@ -14,8 +15,14 @@ import time
 
 import pytest
 
-from nobubble.distributed import STARTUP_S, worker_context
-from nobubble.rl.system.engines.liveness import BEAT_S, Heartbeats, start_beating
+from nobubble.distributed import (
+    BEAT_S,
+    STARTUP_S,
+    Heartbeats,
+    reap,
+    start_beating,
+    worker_context,
+)
 from tests.support.wait import wait_for
 
 
@@ -113,3 +120,49 @@ def test_a_worker_that_never_beat_gets_the_startup_grace() -> None:
 def test_a_liveness_too_short_for_the_beat_is_refused(liveness_s: float) -> None:
     with pytest.raises(ValueError, match=f"liveness_s={liveness_s}"):
         Heartbeats(worker_context(), ["a"], liveness_s=liveness_s)
+
+
+def test_the_hung_message_names_the_process_and_its_silence() -> None:
+    clock = _Clock()
+    beats = Heartbeats(worker_context(), ["actor-0", "actor-1"], liveness_s=30.0, clock=clock)
+    for name in ("actor-0", "actor-1"):
+        beats.slots[beats.started(name)] = clock.now
+    clock.now += 30.0
+    assert beats.hung(["actor-0", "actor-1"]) is None
+    beats.slots[beats.index["actor-0"]] = clock.now  # actor-0 beats on, actor-1 does not
+    clock.now += 1.0
+    name, message = beats.hung(["actor-0", "actor-1"]) or ("", "")
+    assert name == "actor-1"
+    assert message.startswith("actor-1 stopped responding: no heartbeat for 31s (liveness_s=30)")
+
+
+def _sleep_exiting_3_on_sigterm(seconds: float) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(3))  # like a rank: a Python handler
+    time.sleep(seconds)
+
+
+def _state(pid: int | None) -> str:
+    return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SIGSTOP, /proc")
+def test_reap_kills_a_stopped_process_and_terminates_a_running_one() -> None:
+    """A stopped process cannot run its SIGTERM handler until continued: reap SIGKILLs it at
+    once; a running one gets SIGTERM (its handler exits 3). Nothing is left alive."""
+    ctx = worker_context()
+    procs = [ctx.Process(target=_sleep_exiting_3_on_sigterm, args=(120,), daemon=True)
+             for _ in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    stopped, running = procs
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        wait_for(lambda: _state(stopped.pid) == "T", timeout_s=60, what="the process stopped")
+        reap(procs, grace_s=0.0, term_s=60.0)
+        assert not stopped.is_alive() and stopped.exitcode == -signal.SIGKILL
+        # 3 from its handler, or -SIGTERM if the signal came before the handler was set
+        assert not running.is_alive() and running.exitcode in (3, -signal.SIGTERM)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()

@@ -1,98 +1,36 @@
-"""Process-group context and a local spawner that never hangs.
+"""A local spawner that never hangs: :func:`spawn` starts ``world_size`` local processes, one
+per rank, initialises a torch.distributed group in each (gloo on CPU by default; NCCL with
+``device="cuda"``), calls ``fn(ctx, *args)`` and returns every rank's result.
 
-Distributed code in nobubble receives a :class:`DistContext` (rank, world size, backend,
-device, group, timeout) instead of reading globals. Two ways to get one:
-
-- :func:`spawn` starts ``world_size`` local processes, one per rank, initialises a
-  torch.distributed group in each (gloo on CPU by default; NCCL with ``device="cuda"``), calls
-  ``fn(ctx, *args)`` and returns every rank's result. A rank that raises makes ``spawn``
-  terminate the others and raise :class:`RankFailure` carrying that rank's traceback; a rank
-  that dies without a word, one whose heartbeat stops (stopped, or wedged holding the
-  interpreter) for ``liveness_s``, or a run past ``timeout_s``, is reported the same way.
-  Nothing waits forever. Results and heartbeats travel through one pipe per rank, so a
-  killed launcher leaves no named semaphore in ``/dev/shm`` behind; ranks ignore SIGINT
-  (the launcher stops them), turn SIGTERM into ``SystemExit`` so their ``finally`` blocks
-  run, and die with the launcher (the parent-death signal).
-- :func:`context_from_env` for processes launched by ``torchrun`` (multi-host capable): it
-  reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``.
+A rank that raises makes ``spawn`` terminate the others and raise :class:`RankFailure`
+carrying that rank's traceback; a rank that dies without a word, one whose heartbeat stops
+(stopped, or wedged holding the interpreter) for ``liveness_s``, or a run past ``timeout_s``,
+is reported the same way. Nothing waits forever. Results travel through one pipe per rank,
+so a killed launcher leaves no named semaphore in ``/dev/shm`` behind; heartbeats are the
+shared slots of :mod:`nobubble.distributed.liveness`, written from before torch is imported.
+Ranks ignore SIGINT (the launcher stops them), turn SIGTERM into ``SystemExit`` so their
+``finally`` blocks run, and die with the launcher (the parent-death signal).
 """
 
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import os
 import pickle
 import signal
-import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nobubble.lifetime import die_with_parent, launcher_alive
+from nobubble.distributed.context import DistContext, default_backend, worker_context
+from nobubble.distributed.liveness import BEAT_S, LIVENESS_S, Heartbeats, reap, start_beating
+from nobubble.lifetime import die_with_parent
 
-if TYPE_CHECKING:  # torch is imported where it is used: a rank beats before it loads
-    import torch
-    import torch.distributed as dist
-
-__all__ = [
-    "DistContext",
-    "RankFailure",
-    "spawn",
-    "context_from_env",
-    "free_port",
-    "default_backend",
-    "die_with_parent",
-    "launcher_alive",
-    "worker_context",
-    "LIVENESS_S",
-    "BEAT_S",
-    "STARTUP_S",
-]
-
-LIVENESS_S = 30.0
-"""Default seconds without a heartbeat after which :func:`spawn` declares a rank hung."""
-_PRELOAD = ["torch", "torch.distributed"]  # what the forkserver imports before forking
-BEAT_S = 1.0  # how often a rank's heartbeat thread writes
-STARTUP_S = 30.0  # a rank that never beat yet (the interpreter starting) gets this long
-
-
-def default_backend(device: str | torch.device) -> str:
-    """NCCL for CUDA devices, gloo otherwise."""
-    import torch
-
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
-@dataclass(frozen=True)
-class DistContext:
-    """Everything a rank needs to talk to its peers.
-
-    Attributes:
-        rank: this process's global rank.
-        world_size: number of ranks.
-        backend: torch.distributed backend (``"gloo"``, ``"nccl"``).
-        device: the device this rank computes on (``cpu``, ``cuda:LOCAL_RANK``).
-        local_rank: rank within this host.
-        local_world_size: ranks on this host.
-        timeout_s: the limit for any single collective or point-to-point wait.
-        group: the process group (``None`` = the default group).
-    """
-
-    rank: int
-    world_size: int
-    backend: str
-    device: torch.device
-    local_rank: int = 0
-    local_world_size: int = 1
-    timeout_s: float = 120.0
-    group: dist.ProcessGroup | None = field(default=None, compare=False)
+__all__ = ["RankFailure", "spawn"]
 
 
 class RankFailure(RuntimeError):
@@ -102,42 +40,6 @@ class RankFailure(RuntimeError):
         self.rank = rank
         self.remote_traceback = remote_traceback
         super().__init__(message)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def context_from_env(
-    *, device: str | None = None, backend: str | None = None, timeout_s: float = 300.0
-) -> DistContext:
-    """Initialise the default group from torchrun's environment and describe it.
-
-    ``device`` defaults to ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
-    """
-    import torch
-    import torch.distributed as dist
-
-    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if var not in os.environ:
-            raise ValueError(
-                f"context_from_env: {var} is not set; launch with torchrun or use nobubble's spawn()"
-            )
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if device is None:
-        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    backend = backend or default_backend(dev)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    return DistContext(rank, world, backend, dev, local_rank, local_world, timeout_s)
 
 
 def _worker(
@@ -151,6 +53,7 @@ def _worker(
     threads: int,
     job: _Job,
     conn: Any,
+    beats: tuple[Any, int],
 ) -> None:
     """One rank: heartbeat first, then torch and the job (``(fn, args)``, unpickled here),
     so the launcher hears from the rank while torch imports (seconds on a loaded machine)."""
@@ -159,13 +62,8 @@ def _worker(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.unraisablehook = _exit_if_unraisable_exit
-    lock = threading.Lock()
-
-    def put(message: tuple) -> None:
-        with lock:
-            conn.send(message)
-
-    threading.Thread(target=_heartbeat, args=(put, rank), daemon=True).start()
+    start_beating(*beats)
+    put = conn.send  # only this thread writes the pipe
     try:  # from here on every failure, an import's too, reaches the launcher with its traceback
         import torch
         import torch.distributed as dist
@@ -241,27 +139,6 @@ def _exit_if_unraisable_exit(unraisable: Any) -> None:
     sys.__unraisablehook__(unraisable)
 
 
-def _heartbeat(put: Callable[[tuple], None], rank: int) -> None:
-    """Tell the launcher every ``BEAT_S`` that this process still runs Python code."""
-    while True:
-        try:
-            put(("beat", rank, b""))
-        except (OSError, ValueError):  # the pipe closed: the launcher is gone or done
-            return
-        time.sleep(BEAT_S)
-
-
-def worker_context() -> Any:
-    """The ``multiprocessing`` context nobubble starts its ranks and workers with: the
-    forkserver, preloaded with torch. A worker is a fork of a process that imported torch once
-    (tens of milliseconds, not the seconds of a fresh interpreter per worker); the server
-    holds no CUDA or thread state, so the fork is safe, and it exits with the launcher. Each
-    worker still unpickles its target by module, as under ``spawn``."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -299,8 +176,10 @@ def spawn(
     backend = backend or default_backend(device)
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
     store = _rendezvous_store(timeout_s)  # held until the ranks are reaped
+    ctx = worker_context()
+    beats = Heartbeats(ctx, [f"rank {r}" for r in range(world_size)], liveness_s)
     settings = (world_size, store.port, backend, device, timeout_s, threads_per_rank, job)
-    procs, pipes = _start_ranks(settings)
+    procs, pipes = _start_ranks(ctx, settings, beats)
     inbox = _Inbox(pipes)
     outputs: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
@@ -312,10 +191,10 @@ def spawn(
                     raise _root_cause(procs, inbox, outputs, {rank: payload})
                 outputs[rank] = _load(payload)
             _check_alive(procs, outputs, deadline, timeout_s)
-            _check_heartbeats(inbox, outputs, liveness_s)
+            _check_heartbeats(beats, procs, outputs)
         ok = True
     finally:
-        _reap(procs, grace_s=5.0 if ok else 0.0)
+        reap(procs, grace_s=5.0 if ok else 0.0)
         inbox.close()
     return [outputs[r] for r in range(world_size)]
 
@@ -330,16 +209,15 @@ def _rendezvous_store(timeout_s: float) -> Any:
                          wait_for_workers=False)  # fmt: skip
 
 
-def _start_ranks(settings: tuple) -> tuple[list[Any], list[Any]]:
+def _start_ranks(ctx: Any, settings: tuple, beats: Heartbeats) -> tuple[list[Any], list[Any]]:
     """Start one process per rank; returns them and the launcher's ends of their pipes."""
     world_size, port, backend, device, timeout_s, threads, job = settings
-    ctx = worker_context()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (launcher end, rank end)
     procs = [
         ctx.Process(
             target=_worker,
             args=(os.getpid(), r, world_size, port, backend, device, timeout_s, threads, job,
-                  pipes[r][1]),
+                  pipes[r][1], beats.beat_args(f"rank {r}")),
             daemon=True,
         )
         for r in range(world_size)
@@ -364,16 +242,14 @@ def _load(payload: bytes) -> Any:
 
 
 class _Inbox:
-    """The launcher's ends of the ranks' pipes: results, errors and heartbeats."""
+    """The launcher's ends of the ranks' pipes: results and errors."""
 
     def __init__(self, conns: list[Any]) -> None:
         self.conns = conns
         self.open = set(range(len(conns)))
-        self.started = time.monotonic()
-        self.last_beat: dict[int, float] = {}
 
     def receive(self, timeout_s: float) -> list[tuple[str, int, Any]]:
-        """Results and errors that arrived within ``timeout_s`` (heartbeats are noted)."""
+        """Results and errors that arrived within ``timeout_s``."""
         out: list[tuple[str, int, Any]] = []
         ready = wait([self.conns[r] for r in self.open], timeout=timeout_s)
         for r in list(self.open):
@@ -382,36 +258,23 @@ class _Inbox:
                 continue
             try:
                 while conn.poll():
-                    status, rank, payload = conn.recv()
-                    self.last_beat[rank] = time.monotonic()
-                    if status != "beat":
-                        out.append((status, rank, payload))
+                    out.append(conn.recv())
             except (EOFError, OSError):  # the rank exited; its exit code tells how
                 self.open.discard(r)
         return out
-
-    def silent_for(self, rank: int) -> float:
-        """Seconds since ``rank``'s last message (since the start if it never sent one)."""
-        return time.monotonic() - self.last_beat.get(rank, self.started)
 
     def close(self) -> None:
         for conn in self.conns:
             conn.close()
 
 
-def _check_heartbeats(inbox: _Inbox, outputs: dict[int, Any], liveness_s: float | None) -> None:
-    if liveness_s is None:
-        return
-    for r in sorted(inbox.open - set(outputs)):
-        limit = liveness_s if r in inbox.last_beat else max(liveness_s, STARTUP_S)
-        silent = inbox.silent_for(r)
-        if silent > limit:
-            raise RankFailure(
-                r,
-                f"rank {r} stopped responding: no heartbeat for {silent:.0f}s (liveness_s="
-                f"{liveness_s:g}); it is stopped (SIGSTOP), swapping, or stuck holding the "
-                "interpreter",
-            )
+def _check_heartbeats(beats: Heartbeats, procs: list[Any], outputs: dict[int, Any]) -> None:
+    """Raise for a rank that is running, has not reported, and stopped beating."""
+    waiting = [f"rank {r}" for r, p in enumerate(procs) if r not in outputs and p.is_alive()]
+    hung = beats.hung(waiting)
+    if hung is not None:
+        name, message = hung
+        raise RankFailure(int(name.split()[1]), message)
 
 
 def _check_alive(
@@ -463,18 +326,3 @@ def _root_cause(
     rank = causes[0] if causes else next(iter(errors))
     first_line = errors[rank].splitlines()[0] if errors[rank] else "unknown error"
     return RankFailure(rank, f"rank {rank} failed: {first_line}", errors[rank])
-
-
-def _reap(procs: list[Any], grace_s: float) -> None:
-    """Give ranks ``grace_s`` to exit cleanly, then terminate and finally kill stragglers."""
-    end = time.monotonic() + grace_s
-    for p in procs:
-        p.join(timeout=max(0.0, end - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=2.0)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=2.0)

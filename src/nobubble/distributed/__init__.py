@@ -1,0 +1,54 @@
+"""Process-group context, a local spawner that never hangs, and the one supervisor of every
+process nobubble starts.
+
+Distributed code in nobubble receives a :class:`DistContext` (rank, world size, backend,
+device, group, timeout) instead of reading globals. Two ways to get one:
+
+- :func:`spawn` starts ``world_size`` local processes, one per rank, and returns every
+  rank's result, or raises :class:`RankFailure` naming the rank that raised, died, stopped
+  beating for ``liveness_s``, or outlived ``timeout_s`` (:mod:`nobubble.distributed.ranks`).
+- :func:`context_from_env` for processes launched by ``torchrun`` (multi-host capable): it
+  reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``.
+
+Supervision (:mod:`nobubble.distributed.liveness`) is the same for spawn's ranks, the RL
+local engine's workers and the actor-learner's actors: each writes its heartbeat into a
+shared slot (:func:`start_beating`), the launcher names one silent for ``liveness_s``
+(:class:`Heartbeats`, default :data:`LIVENESS_S`), and :func:`reap` ends them all - a stopped
+one with SIGKILL - so nothing is left running.
+"""
+
+from nobubble.distributed.context import (
+    DistContext,
+    context_from_env,
+    default_backend,
+    free_port,
+    worker_context,
+)
+from nobubble.distributed.liveness import (
+    BEAT_S,
+    LIVENESS_S,
+    STARTUP_S,
+    Heartbeats,
+    reap,
+    start_beating,
+)
+from nobubble.distributed.ranks import RankFailure, spawn
+from nobubble.lifetime import die_with_parent, launcher_alive
+
+__all__ = [
+    "DistContext",
+    "RankFailure",
+    "spawn",
+    "context_from_env",
+    "free_port",
+    "default_backend",
+    "die_with_parent",
+    "launcher_alive",
+    "worker_context",
+    "LIVENESS_S",
+    "BEAT_S",
+    "STARTUP_S",
+    "Heartbeats",
+    "start_beating",
+    "reap",
+]

@@ -1,0 +1,108 @@
+"""What a rank knows about its process group, and how nobubble starts its processes.
+
+:class:`DistContext` is handed to distributed code instead of globals; :func:`context_from_env`
+builds one under ``torchrun``; :func:`worker_context` is the ``multiprocessing`` context every
+rank and worker of nobubble starts from.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported where it is used: a rank beats before it loads
+    import torch
+    import torch.distributed as dist
+
+__all__ = [
+    "DistContext",
+    "context_from_env",
+    "default_backend",
+    "free_port",
+    "worker_context",
+]
+
+_PRELOAD = ["torch", "torch.distributed"]  # what the forkserver imports before forking
+
+
+def default_backend(device: str | torch.device) -> str:
+    """NCCL for CUDA devices, gloo otherwise."""
+    import torch
+
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Everything a rank needs to talk to its peers.
+
+    Attributes:
+        rank: this process's global rank.
+        world_size: number of ranks.
+        backend: torch.distributed backend (``"gloo"``, ``"nccl"``).
+        device: the device this rank computes on (``cpu``, ``cuda:LOCAL_RANK``).
+        local_rank: rank within this host.
+        local_world_size: ranks on this host.
+        timeout_s: the limit for any single collective or point-to-point wait.
+        group: the process group (``None`` = the default group).
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    local_rank: int = 0
+    local_world_size: int = 1
+    timeout_s: float = 120.0
+    group: dist.ProcessGroup | None = field(default=None, compare=False)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def context_from_env(
+    *, device: str | None = None, backend: str | None = None, timeout_s: float = 300.0
+) -> DistContext:
+    """Initialise the default group from torchrun's environment and describe it.
+
+    ``device`` defaults to ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            raise ValueError(
+                f"context_from_env: {var} is not set; launch with torchrun or use nobubble's spawn()"
+            )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if device is None:
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    backend = backend or default_backend(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistContext(rank, world, backend, dev, local_rank, local_world, timeout_s)
+
+
+def worker_context() -> Any:
+    """The ``multiprocessing`` context nobubble starts its ranks and workers with: the
+    forkserver, preloaded with torch. A worker is a fork of a process that imported torch once
+    (tens of milliseconds, not the seconds of a fresh interpreter per worker); the server
+    holds no CUDA or thread state, so the fork is safe, and it exits with the launcher. Each
+    worker still unpickles its target by module, as under ``spawn``."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
