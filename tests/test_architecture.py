@@ -70,6 +70,24 @@ def test_no_library_module_parses_arguments_or_prints() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def test_benchmarks_import_no_cli_and_edit_no_sys_path() -> None:
+    """``benchmarks/`` is a package run as ``python -m benchmarks.NAME``: its scripts import
+    each other as ``benchmarks.NAME``, never ``nobubble.cli``, and never touch ``sys.path``."""
+    scripts = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
+    assert len(scripts) > 20, scripts
+    offenders = []
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path}:{node.lineno} imports {n}" for n in names
+                          if n == "nobubble.cli" or n.startswith("nobubble.cli.")]  # fmt: skip
+            if (isinstance(node, ast.Attribute) and node.attr == "path"
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys"):  # fmt: skip
+                offenders.append(f"{path}:{node.lineno} uses sys.path")
+    assert not offenders, "\n".join(offenders)
+
+
 _PROBE = """
 import sys
 from nobubble.cli import main
