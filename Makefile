@@ -56,7 +56,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
-	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
+	for f in benchmarks/[!_]*.py; do $(BIN)/python -m benchmarks.$$(basename $$f .py) || exit 1; done
 
 clean:
 	rm -rf $(VENV) nobubble-out site .pytest_cache .ruff_cache .mypy_cache

@@ -84,7 +84,7 @@ def paper_costs(row: dict[str, str]) -> Any:
 
 def print_bubble_memory(names: tuple[str, ...], results: list[dict[str, Any]]) -> None:
     """Per configuration and schedule: bubble rate (peak activation memory, rank units)."""
-    from nobubble.cli.util import print_table
+    from nobubble.bench.output import print_table
 
     print_table("bubble rate (peak activation memory, rank units)", ["model", "p", "m", *names],
                 [[r["model"], r["p"], r["m"], *(f"{r['schedules'][n]['bubble_rate']:.2%} "

@@ -3,8 +3,8 @@
 Runs ``nobubble ep bench``'s measurement (all three methods in the same processes), prints
 the table and writes ``benchmarks/results/ep_dispatch.json`` and ``.png``.
 
-    python benchmarks/ep_dispatch.py            # 4 ranks, 4096 x 7168 bf16, top-8 of 256
-    python benchmarks/ep_dispatch.py --quick    # 4 ranks, 256 x 512, top-8 of 32
+    python -m benchmarks.ep_dispatch            # 4 ranks, 4096 x 7168 bf16, top-8 of 256
+    python -m benchmarks.ep_dispatch --quick    # 4 ranks, 256 x 512, top-8 of 32
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from nobubble.bench.ep_dispatch import BenchConfig, plot_report
-from nobubble.cli.ep import print_report, run_with_progress
+from nobubble.bench.ep_dispatch import BenchConfig, plot_report, run_with_progress
+from nobubble.bench.ep_tables import print_dispatch_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ep_dispatch.json"
 
@@ -42,7 +42,7 @@ def main() -> None:
         transport=args.transport,
     )
     report = run_with_progress(config)
-    print_report(report)
+    print_dispatch_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     data = report.to_dict() | {"quick": args.quick}
     args.out.write_text(json.dumps(data, indent=2) + "\n")

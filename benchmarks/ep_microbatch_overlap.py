@@ -18,8 +18,8 @@ each; a step's time is that of the slowest rank; ``speedup`` is the ratio of the
 ``benchmarks/results/ep_microbatch_overlap.json`` (medians, sequential / overlapped ratio,
 hidden-communication fraction, the machine's cores and load).
 
-    python benchmarks/ep_microbatch_overlap.py            # 3 sizes x 2 layouts, ~3-6 min here
-    python benchmarks/ep_microbatch_overlap.py --quick    # smoke run, one small size, no file
+    python -m benchmarks.ep_microbatch_overlap            # 3 sizes x 2 layouts, ~3-6 min here
+    python -m benchmarks.ep_microbatch_overlap --quick    # smoke run, one small size, no file
 """
 
 from __future__ import annotations
@@ -27,20 +27,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+import torch.distributed as dist
+from torch import nn
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
-
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.moe import Buffer, MoEConfig, MoELayer, dp_ep_groups, init_moe_weights  # noqa: E402
-from nobubble.moe.fastpath.microbatch_overlap import microbatch_overlapped_forward  # noqa: E402
-from nobubble.moe.fastpath.overlap import communication_hidden  # noqa: E402
+from benchmarks._common import write_json
+from nobubble.distributed import spawn
+from nobubble.moe import Buffer, MoEConfig, MoELayer, dp_ep_groups, init_moe_weights
+from nobubble.moe.fastpath.microbatch_overlap import microbatch_overlapped_forward
+from nobubble.moe.fastpath.overlap import communication_hidden
 
 NAME = "ep_microbatch_overlap"
 SIZES = ((512, 512), (1024, 1024), (2048, 1024))  # (tokens per microbatch per rank, hidden)

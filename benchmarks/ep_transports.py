@@ -22,15 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import RESULTS, write_json  # noqa: E402
-
-from nobubble.bench.ep_fastpath import (  # noqa: E402
+from benchmarks._common import RESULTS, write_json
+from nobubble.bench.ep_fastpath import (
     SECTIONS,
     Shape,
     memcpy_gbps,
@@ -39,13 +35,13 @@ from nobubble.bench.ep_fastpath import (  # noqa: E402
     run_overlap,
     run_transports,
 )
-from nobubble.cli.ep_tables import (  # noqa: E402
+from nobubble.bench.ep_tables import (
     print_hierarchical,
     print_low_latency,
     print_overlap,
     print_transports,
 )
-from nobubble.moe import MoEConfig  # noqa: E402
+from nobubble.moe import MoEConfig
 
 PICTURE = Path(__file__).resolve().parents[1] / "docs" / "img" / "ep_overlap_timeline.png"
 

@@ -7,7 +7,7 @@ deepseek-ai/EPLB (``nobubble.moe.balance.eplb_reference``). Then loads drift (ea
 times a log-normal factor) and a fresh rebalance is compared with the incremental one, once
 and over a sequence of periodic rebalances.
 
-    python benchmarks/eplb_balance.py [--quick]
+    python -m benchmarks.eplb_balance [--quick]
 
 Writes ``benchmarks/results/eplb_balance[_quick].json`` and ``docs/img/eplb_*.png``.
 """
@@ -15,20 +15,17 @@ Writes ``benchmarks/results/eplb_balance[_quick].json`` and ``docs/img/eplb_*.pn
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from rich.progress import Progress
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_interleaved, write_json  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.moe.balance.eplb import gpu_loads, load_imbalance, rebalance_experts  # noqa: E402
-from nobubble.moe.balance.eplb_reference import reference_rebalance_experts  # noqa: E402
-from nobubble.moe.balance.incremental import (  # noqa: E402
+from benchmarks._common import time_interleaved, write_json
+from nobubble.bench.output import print_table
+from nobubble.moe.balance.eplb import gpu_loads, load_imbalance, rebalance_experts
+from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
+from nobubble.moe.balance.incremental import (
     count_moves,
     rebalance_experts_incremental,
 )

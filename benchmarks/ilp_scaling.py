@@ -40,7 +40,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from nobubble.cli.util import console, print_table
+from nobubble.bench.output import console, print_table
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp.milp import solve_milp
 from nobubble.pipeline.ilp.model import build_cpsat

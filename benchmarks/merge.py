@@ -5,7 +5,7 @@ same inputs in the same run; the table reports median seconds over repeats and t
 the issue asks about (kmerge / heapq.merge must be <= 1.05). Writes
 benchmarks/results/merge.json.
 
-    python benchmarks/merge.py [--quick] [--repeats R]
+    python -m benchmarks.merge [--quick] [--repeats R]
 """
 
 from __future__ import annotations
@@ -13,16 +13,12 @@ from __future__ import annotations
 import argparse
 import heapq
 import random
-import sys
 from collections import deque
 from itertools import chain
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_interleaved, write_json  # noqa: E402
-
-from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, merge_k_lists_pairwise  # noqa: E402
-from nobubble.cli.util import print_table  # noqa: E402
+from benchmarks._common import time_interleaved, write_json
+from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, merge_k_lists_pairwise
+from nobubble.bench.output import print_table
 
 SIZES = [(10, 10**6), (1000, 10**6), (10**5, 10**6)]
 

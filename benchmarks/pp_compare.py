@@ -8,37 +8,23 @@ activation memory and throughput are relative to 1F1B (throughput = 1F1B's max s
 schedule's; ``throughput_vs_1f1b_flush`` = the makespan ratio). Deterministic simulator
 output: no timing, a few seconds to run.
 
-    .venv/bin/python benchmarks/pp_compare.py     # writes benchmarks/results/pp_compare.json
+    .venv/bin/python -m benchmarks.pp_compare     # writes benchmarks/results/pp_compare.json
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
-
-from nobubble.cli.pp.options import PAPER_TIMES  # noqa: E402
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.pipeline import CostModel  # noqa: E402
-from nobubble.pipeline.compare import compare_schedules  # noqa: E402
-from nobubble.pipeline.costs import PAPER_MODELS  # noqa: E402
+from benchmarks._common import write_json
+from nobubble.bench.output import print_table
+from nobubble.pipeline import CostModel
+from nobubble.pipeline.compare import compare_schedules
+from nobubble.pipeline.costs import PAPER_TIMES
 
 P, M = 8, 24
 CHUNKS = 2  # v of interleaved-1f1b, the CLI's default
 MODELS = ("1.5B", "6.2B")
-
-
-def paper_costs(model: str, p: int) -> CostModel:
-    """``--model MODEL``'s costs: the paper's measured times and its memory model."""
-    t_f, t_b, t_w, t_comm = PAPER_TIMES[model]
-    hidden, heads, _, seq = PAPER_MODELS[model]
-    return CostModel.paper(
-        p, t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm, hidden=hidden, heads=heads, seq=seq
-    )
 
 
 def _torch_version() -> str | None:
@@ -53,7 +39,7 @@ def main() -> int:
     parser.parse_args()
     models = {}
     for model in MODELS:
-        costs = paper_costs(model, P)
+        costs = CostModel.paper_model(model, P)  # `--model MODEL`'s costs
         rows = [r.as_dict() for r in compare_schedules(costs, num_stages=P, num_microbatches=M,
                                                        num_chunks=CHUNKS)]  # fmt: skip
         models[model] = {"costs": dict(zip(("t_f", "t_b", "t_w", "t_comm"), PAPER_TIMES[model])),

@@ -8,20 +8,17 @@ the bubble rate, the peak activation memory in rank units (one microbatch's acti
 one rank's share of the model; 1F1B: p) and the parameters per rank (DualPipe holds two
 copies). The F&B cells run back to back: the simulator models no overlap inside a cell.
 
-    .venv/bin/python benchmarks/pp_dualpipe.py [--quick] [--json-out PATH]
+    .venv/bin/python -m benchmarks.pp_dualpipe [--quick] [--json-out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import paper_costs, paper_rows, print_bubble_memory  # noqa: E402
-
+from benchmarks._common import paper_costs, paper_rows, print_bubble_memory
 from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.schedules.dualpipe import dualpipe, dualpipev
 

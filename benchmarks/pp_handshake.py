@@ -15,7 +15,7 @@ The issue's goal, checked per row: with a perturbation (jitter, middle straggler
 handshake's bubble is at most the static order's; without, within 0.005 of it. Peak memory
 is checked against the limit on every run.
 
-    .venv/bin/python benchmarks/pp_handshake.py [--quick] [--json-out PATH]
+    .venv/bin/python -m benchmarks.pp_handshake [--quick] [--json-out PATH]
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import paper_costs, paper_rows  # noqa: E402
-
-from nobubble.cli.util import print_table
+from benchmarks._common import paper_costs, paper_rows
+from nobubble.bench.output import print_table
 from nobubble.pipeline import get_schedule
 from nobubble.pipeline.dispatch import HandshakeRule, Perturbation, Straggler, simulate_dispatch
 

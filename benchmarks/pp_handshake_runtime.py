@@ -16,30 +16,26 @@ first is dropped. Per policy:
 
 Writes benchmarks/results/pp_handshake_runtime.json.
 
-    python benchmarks/pp_handshake_runtime.py [--ranks 2 4] [--rounds 5] [--quick]
+    python -m benchmarks.pp_handshake_runtime [--ranks 2 4] [--rounds 5] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline.actions import Action, Op, Schedule  # noqa: E402
-from nobubble.pipeline.dispatch import parse_straggler, simulate_dispatch  # noqa: E402
-from nobubble.pipeline.runtime.executor import WAIT, TrainConfig, boundary_shapes  # noqa: E402
-from nobubble.pipeline.runtime.launch import LaunchOptions, run_local  # noqa: E402
-from nobubble.pipeline.runtime.models import GPTConfig, partition_blocks  # noqa: E402
-from nobubble.pipeline.runtime.profile import comm_probe, costs_from_op_times  # noqa: E402
-from nobubble.pipeline.runtime.report import measured_bubble  # noqa: E402
-from nobubble.pipeline.schedules import get_schedule  # noqa: E402
-from nobubble.pipeline.validate import validate  # noqa: E402
+from benchmarks._common import write_json
+from nobubble.bench.output import print_table
+from nobubble.distributed import spawn
+from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.dispatch import parse_straggler, simulate_dispatch
+from nobubble.pipeline.runtime.executor import WAIT, TrainConfig, boundary_shapes
+from nobubble.pipeline.runtime.launch import LaunchOptions, run_local
+from nobubble.pipeline.runtime.models import GPTConfig, partition_blocks
+from nobubble.pipeline.runtime.profile import comm_probe, costs_from_op_times
+from nobubble.pipeline.runtime.report import measured_bubble
+from nobubble.pipeline.schedules import get_schedule
+from nobubble.pipeline.validate import validate
 
 POLICIES = ("static", "handshake")
 

@@ -22,29 +22,23 @@ report gives the plan's step over the exhaustive best and over the naive default
 ``benchmarks/results/pp_plan.json``, the docs' table from it. CPU times on a shared machine:
 read the ratios and medians.
 
-    .venv/bin/python benchmarks/pp_plan.py [--rounds 5] [--steps 2] [--quick]
+    .venv/bin/python -m benchmarks.pp_plan [--rounds 5] [--steps 2] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "examples"))
-import plan_models  # noqa: E402
-from _common import write_json  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline import PipelineRunner, split_model, to_torch  # noqa: E402
-from nobubble.pipeline.plan import Plan, plan_from_costs, sizes_from_cuts  # noqa: E402
-from nobubble.pipeline.runtime.planning import measure_runtime, plan  # noqa: E402
+from benchmarks._common import write_json
+from examples import plan_models
+from nobubble.bench.output import print_table
+from nobubble.distributed import spawn
+from nobubble.pipeline import PipelineRunner, split_model, to_torch
+from nobubble.pipeline.plan import Plan, plan_from_costs, sizes_from_cuts
+from nobubble.pipeline.runtime.planning import measure_runtime, plan
 
 MODELS = ("transformer", "llama", "uneven")
 NAMED = ("1f1b", "zb-h1", "zb-2p")

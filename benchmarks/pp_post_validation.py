@@ -10,28 +10,22 @@ checks afterwards (``PostValidatedOptimizer.step`` + ``confirm``). The two alter
 by step on two copies of the model; the report gives, per rank, the median time from the
 end of ``runner.step`` to a confirmed step (the optimizer phase) and the step time.
 
-    .venv/bin/python benchmarks/pp_post_validation.py [--steps 12] [--quick]
+    .venv/bin/python -m benchmarks.pp_post_validation [--steps 12] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "examples"))
-from _common import write_json  # noqa: E402
-from pp_runner_vs_torch import _batch  # noqa: E402
-from train_gpt import gpt, loss_fn  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline import PipelineRunner, get_schedule, split_model  # noqa: E402
-from nobubble.pipeline.runtime.optim import (  # noqa: E402
+from benchmarks._common import write_json
+from benchmarks.pp_runner_vs_torch import _batch
+from examples.train_gpt import gpt, loss_fn
+from nobubble.bench.output import print_table
+from nobubble.distributed import spawn
+from nobubble.pipeline import PipelineRunner, get_schedule, split_model
+from nobubble.pipeline.runtime.optim import (
     PostValidatedOptimizer,
     synchronous_step,
 )

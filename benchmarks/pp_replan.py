@@ -14,7 +14,7 @@ before)``, and on throughput (the same with 1 / step time), where ``before`` poo
 runs' steps before the straggler (the same configuration then), per round, median over
 rounds. JSON: ``benchmarks/results/pp_replan.json``; ``--plot`` draws the step times.
 
-    .venv/bin/python benchmarks/pp_replan.py [--ranks 2] [--factors 1.5 2] [--rounds 5] [--quick]
+    .venv/bin/python -m benchmarks.pp_replan [--ranks 2] [--factors 1.5 2] [--rounds 5] [--quick]
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline import get_schedule  # noqa: E402
-from nobubble.pipeline.dispatch.perturb import Straggler  # noqa: E402
-from nobubble.pipeline.runtime.elastic import ReplanningPipeline  # noqa: E402
+from benchmarks._common import write_json
+from nobubble.bench.output import print_table
+from nobubble.distributed import spawn
+from nobubble.pipeline import get_schedule
+from nobubble.pipeline.dispatch.perturb import Straggler
+from nobubble.pipeline.runtime.elastic import ReplanningPipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 

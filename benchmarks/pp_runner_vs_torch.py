@@ -14,33 +14,27 @@ costs re-planning would use). The schedules are built once from the profile, so 
 simulator time the same orders. CPU measurements on a shared machine: read the ratios, not
 the milliseconds.
 
-    .venv/bin/python benchmarks/pp_runner_vs_torch.py [--steps 12] [--rounds 3] [--quick]
+    .venv/bin/python -m benchmarks.pp_runner_vs_torch [--steps 12] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "examples"))
-from _common import write_json  # noqa: E402
-from train_gpt import SEQ, corpus, gpt, loss_fn  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline import (  # noqa: E402
+from benchmarks._common import write_json
+from examples.train_gpt import SEQ, corpus, gpt, loss_fn
+from nobubble.bench.output import print_table
+from nobubble.distributed import spawn
+from nobubble.pipeline import (
     PipelineRunner,
     get_schedule,
     simulate,
     split_model,
     to_torch,
 )
-from nobubble.pipeline.runtime.profile import (  # noqa: E402
+from nobubble.pipeline.runtime.profile import (
     OpTimes,
     costs_from_op_times,
     measure_comm,

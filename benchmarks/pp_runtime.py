@@ -15,7 +15,7 @@
 
 Writes benchmarks/results/pp_runtime.json (or pp_runtime_quick.json).
 
-    python benchmarks/pp_runtime.py [--quick]
+    python -m benchmarks.pp_runtime [--quick]
 """
 
 from __future__ import annotations
@@ -23,25 +23,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.distributed import spawn  # noqa: E402
-from nobubble.pipeline.runtime.executor import TrainConfig, boundary_shapes  # noqa: E402
-from nobubble.pipeline.runtime.launch import LaunchOptions, run_local  # noqa: E402
-from nobubble.pipeline.runtime.models import GPTConfig, build_blocks, partition_blocks  # noqa: E402
-from nobubble.pipeline.runtime.profile import Profile, comm_probe, profile_stages  # noqa: E402
-from nobubble.pipeline.runtime.report import measured_bubble  # noqa: E402
-from nobubble.pipeline.schedules import get_schedule  # noqa: E402
-from nobubble.pipeline.simulate import simulate  # noqa: E402
+from benchmarks._common import write_json
+from nobubble.bench.output import print_table
+from nobubble.distributed import spawn
+from nobubble.pipeline.runtime.executor import TrainConfig, boundary_shapes
+from nobubble.pipeline.runtime.launch import LaunchOptions, run_local
+from nobubble.pipeline.runtime.models import GPTConfig, build_blocks, partition_blocks
+from nobubble.pipeline.runtime.profile import Profile, comm_probe, profile_stages
+from nobubble.pipeline.runtime.report import measured_bubble
+from nobubble.pipeline.schedules import get_schedule
+from nobubble.pipeline.simulate import simulate
 
 SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 MiB = 1024 * 1024

@@ -7,7 +7,7 @@ sweeps over all ranks again and again, advancing each as far as it can, until no
 (its cost grows with the number of sweeps). Also times the issue's target: zb-2p for
 p = 32, m = 256 generated and simulated (< 3 s).
 
-    .venv/bin/python benchmarks/pp_scaling.py [--quick] [--repeats N]
+    .venv/bin/python -m benchmarks.pp_scaling [--quick] [--repeats N]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nobubble.cli.util import print_table
+from nobubble.bench.output import print_table
 from nobubble.pipeline import CostModel, get_schedule, simulate
 from nobubble.pipeline.validate import dep_key, dependencies
 

@@ -6,7 +6,7 @@ and the peak activation memory in rank units (one microbatch's activations on a 
 p) beside the V schedules' bounds (p+4)/3, (p+2)/2 and p. Then time ``pp frontier``'s
 points for P=8, M=24 on the 1.5B and 6.2B costs and draw docs/img/pp_frontier_p8_m24_*.png.
 
-    .venv/bin/python benchmarks/pp_v_memory.py [--quick] [--json-out PATH] [--no-plots]
+    .venv/bin/python -m benchmarks.pp_v_memory [--quick] [--json-out PATH] [--no-plots]
         [--img-dir DIR]
 """
 
@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import paper_costs, paper_rows, print_bubble_memory  # noqa: E402
-
+from benchmarks._common import paper_costs, paper_rows, print_bubble_memory
 from nobubble.pipeline import frontier as fr
 from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.schedules.v_memory import MEMORY_BOUND

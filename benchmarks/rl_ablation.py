@@ -7,8 +7,8 @@ per step (one group per generation call, so the generator runs ahead to the boun
 command itself runs (``--json``); this script keeps one row per run and the accuracy curves,
 in ``benchmarks/results/rl_ablation.json``, and copies the command's plots to ``docs/img``.
 
-    python benchmarks/rl_ablation.py                  # 150 steps per run, about 20 minutes here
-    python benchmarks/rl_ablation.py --steps 20 --etas 8 --quick
+    python -m benchmarks.rl_ablation                  # 150 steps per run, about 20 minutes here
+    python -m benchmarks.rl_ablation --steps 20 --etas 8 --quick
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
+from benchmarks._common import write_json
 
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 

@@ -29,11 +29,11 @@ with the ``bench`` extra (``pip install -e '.[bench]'``); a missing one is skipp
 architecture, guess-the-number to a success rate of 0.8 under seed, and a reasoning-gym
 task over several turns (the reward before and after a fixed budget).
 
-    python benchmarks/rl_actor_learner.py                     # 3 seeds x 2 delays, ~15 min
-    python benchmarks/rl_actor_learner.py --seeds 1 --delays 0  # quick look
-    python benchmarks/rl_actor_learner.py --rows torchrl-ppo --out /tmp/trial  # some rows
-    python benchmarks/rl_actor_learner.py --delays 1 --merge  # redo one delay's rows, keep the rest
-    python benchmarks/rl_actor_learner.py --suite envs        # 3 seeds each, ~10 min
+    python -m benchmarks.rl_actor_learner                     # 3 seeds x 2 delays, ~15 min
+    python -m benchmarks.rl_actor_learner --seeds 1 --delays 0  # quick look
+    python -m benchmarks.rl_actor_learner --rows torchrl-ppo --out /tmp/trial  # some rows
+    python -m benchmarks.rl_actor_learner --delays 1 --merge  # redo one delay's rows, keep the rest
+    python -m benchmarks.rl_actor_learner --suite envs        # 3 seeds each, ~10 min
 """
 
 from __future__ import annotations
@@ -45,21 +45,17 @@ import importlib.util
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import RESULTS, write_json  # noqa: E402
-from _torchrl_peer import run_torchrl  # noqa: E402
-
-from nobubble.rl import EnvRunConfig, train  # noqa: E402
-from nobubble.rl.actor_learner.envs import VectorEnv, make_env  # noqa: E402
+from benchmarks._common import RESULTS, write_json
+from benchmarks._torchrl_peer import run_torchrl
+from nobubble.rl import EnvRunConfig, train
+from nobubble.rl.actor_learner.envs import VectorEnv, make_env
 
 TARGET, EVAL_EPISODES, EVAL_EVERY_S = 475.0, 20, 5.0
 ARCHS = ("impala", "seed", "sample-factory")

@@ -13,8 +13,8 @@ Generation is made the bottleneck two ways, each a knob of the run:
 Modes are interleaved round by round and medians reported (the machine is shared). Writes
 ``benchmarks/results/rl_generators.json``.
 
-    python benchmarks/rl_generators.py
-    python benchmarks/rl_generators.py --rounds 1 --steps 20
+    python -m benchmarks.rl_generators
+    python -m benchmarks.rl_generators --rounds 1 --steps 20
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ at 0.9 accuracy or after ``--budget`` seconds (300). Runs:
 
 Writes ``benchmarks/results/rl_lag.json`` (time to 0.9, final accuracy, samples/s per run).
 
-    python benchmarks/rl_lag.py                 # 3 seeds, about 20-35 minutes here
-    python benchmarks/rl_lag.py --seeds 0 --budget 120
+    python -m benchmarks.rl_lag                 # 3 seeds, about 20-35 minutes here
+    python -m benchmarks.rl_lag --seeds 0 --budget 120
 """
 
 from __future__ import annotations

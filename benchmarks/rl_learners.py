@@ -10,20 +10,16 @@ each mode learns, not whether two learners are faster.
 Writes ``benchmarks/results/rl_learners.json``: per run the steps, time to 0.9, final and
 best accuracy, samples/s, the ledger's samples per learner and the push staleness.
 
-    python benchmarks/rl_learners.py                         # seeds 1 and 2, about 15 minutes
-    python benchmarks/rl_learners.py --seeds 1 --modes async --budget 60 --quick
+    python -m benchmarks.rl_learners                         # seeds 1 and 2, about 15 minutes
+    python -m benchmarks.rl_learners --seeds 1 --modes async --budget 60 --quick
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
-
-from nobubble.rl import RunConfig, train  # noqa: E402
+from benchmarks._common import write_json
+from nobubble.rl import RunConfig, train
 
 MODES = ("one learner", "sync", "async", "staleness", "local-sgd")
 

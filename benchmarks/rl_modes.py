@@ -11,8 +11,8 @@ which accuracy first reached 0.9, staleness and idle ratios, and the busy second
 generation and training (to show that their costs are comparable).
 
 
-    python benchmarks/rl_modes.py            # 3 seeds
-    python benchmarks/rl_modes.py --quick    # 1 seed, fewer steps
+    python -m benchmarks.rl_modes            # 3 seeds
+    python -m benchmarks.rl_modes --quick    # 1 seed, fewer steps
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nobubble.cli.util import print_table
+from nobubble.bench.output import print_table
 from nobubble.rl.system.orchestrator import RunConfig, RunResult, run
 from nobubble.rl.system.report import plot_runs, write_trace
 

@@ -18,8 +18,8 @@ them``), the per-group one, and how many generate calls took new weights mid-res
 Whole-group and partial runs alternate, seed by seed (the machine is shared). Writes
 ``benchmarks/results/rl_partial_rollouts.json``.
 
-    python benchmarks/rl_partial_rollouts.py                  # 3 seeds x 2 decoders x 2, ~35 min
-    python benchmarks/rl_partial_rollouts.py --seeds 0 --budget 30
+    python -m benchmarks.rl_partial_rollouts                  # 3 seeds x 2 decoders x 2, ~35 min
+    python -m benchmarks.rl_partial_rollouts --seeds 0 --budget 30
 """
 
 from __future__ import annotations

@@ -7,24 +7,21 @@ timed in the same run, round-robin, for growing capacities; the table reports me
 microseconds per round and the speed-up. Writes benchmarks/results/rl_replay.json and
 docs/img/rl_replay_scaling.png.
 
-    python benchmarks/rl_replay.py [--quick] [--repeats R]
+    python -m benchmarks.rl_replay [--quick] [--repeats R]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.progress import Progress
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import time_interleaved, write_json  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-
-from nobubble.cli.util import print_table  # noqa: E402
-from nobubble.rl.algo import PrioritizedReplayBuffer  # noqa: E402
+from benchmarks._common import time_interleaved, write_json
+from nobubble.bench.output import print_table
+from nobubble.rl.algo import PrioritizedReplayBuffer
 
 BATCH, ALPHA, BETA, EPS = 256, 0.6, 0.4, 1e-6
 CAPACITIES = [10**3, 10**4, 10**5, 10**6]

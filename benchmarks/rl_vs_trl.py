@@ -12,9 +12,9 @@ training to the end of the last step, periodic evaluations included (as nobubble
 them); the same without the evaluations (TRL); accuracy at the start and the end, and the
 accuracy curve against wall clock.
 
-    python benchmarks/rl_vs_trl.py                      # TRL, nobubble sync and fully-async
-    python benchmarks/rl_vs_trl.py --only trl --steps 30
-    python benchmarks/rl_vs_trl.py --only nobubble
+    python -m benchmarks.rl_vs_trl                      # TRL, nobubble sync and fully-async
+    python -m benchmarks.rl_vs_trl --only trl --steps 30
+    python -m benchmarks.rl_vs_trl --only nobubble
 
 TRL is not a nobubble dependency: the ``bench`` extra installs it (``make bench`` does).
 """
@@ -35,11 +35,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.rl_tasks import ReverseTask, reverse3
 from nobubble.files import write_text
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-from rl_tasks import ReverseTask, reverse3  # noqa: E402
 
 TASK_SPEC = f"{BENCH / 'rl_tasks.py'}:reverse3"  # absolute, so any working directory works
 NOBUBBLE_MODES = ("sync", "fully-async")
@@ -409,7 +408,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_summary(result: dict[str, Any]) -> None:
-    from nobubble.cli.util import print_table
+    from nobubble.bench.output import print_table
 
     rows = [
         [

@@ -6,7 +6,7 @@ rates (the baseline, read from tests/pipeline/data/zb_iclr_bubble_table.csv in t
 Pass criteria (the issue's): 1F1B/ZB-H1/ZB-H2 within 0.0005 of published; ZB-1p/ZB-2p at most
 published + 0.0005 with peak activation memory within p*M_F / 2p*M_F.
 
-    .venv/bin/python benchmarks/zb_paper_table.py [--quick] [--json-out PATH]
+    .venv/bin/python -m benchmarks.zb_paper_table [--quick] [--json-out PATH]
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import paper_costs, paper_rows  # noqa: E402
-
-from nobubble.cli.util import print_table
+from benchmarks._common import paper_costs, paper_rows
+from nobubble.bench.output import print_table
 from nobubble.pipeline import get_schedule, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,6 +18,9 @@ import nobubble
 PACKAGE = Path(nobubble.__file__).parent
 HEAVY = ("torch", "ray", "ortools", "matplotlib", "numpy")
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_MODULES_PER_FOLDER = 500, 80, 15
+# The one library module that draws with rich: the table printer and progress bar shared by the
+# command line and the scripts in benchmarks/ (which import no nobubble.cli)
+RICH_OUTPUT = PACKAGE / "bench" / "output.py"
 
 
 def _modules() -> list[Path]:
@@ -55,7 +58,8 @@ def test_no_library_module_parses_arguments_or_prints() -> None:
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
                 names.append(getattr(node, "module", None) or "")
                 for name in names:
-                    if name.split(".")[0] in ("argparse", "rich"):
+                    top = name.split(".")[0]
+                    if top == "argparse" or (top == "rich" and path != RICH_OUTPUT):
                         offenders.append(f"{path}:{node.lineno} imports {name}")
             if (
                 isinstance(node, ast.Call)
@@ -63,6 +67,24 @@ def test_no_library_module_parses_arguments_or_prints() -> None:
                 and node.func.id == "print"
             ):
                 offenders.append(f"{path}:{node.lineno} calls print()")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_benchmarks_import_no_cli_and_edit_no_sys_path() -> None:
+    """``benchmarks/`` is a package run as ``python -m benchmarks.NAME``: its scripts import
+    each other as ``benchmarks.NAME``, never ``nobubble.cli``, and never touch ``sys.path``."""
+    scripts = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
+    assert len(scripts) > 20, scripts
+    offenders = []
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path}:{node.lineno} imports {n}" for n in names
+                          if n == "nobubble.cli" or n.startswith("nobubble.cli.")]  # fmt: skip
+            if (isinstance(node, ast.Attribute) and node.attr == "path"
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys"):  # fmt: skip
+                offenders.append(f"{path}:{node.lineno} uses sys.path")
     assert not offenders, "\n".join(offenders)
 
 

@@ -20,8 +20,8 @@ DEEPEP_LOW_LATENCY_EP8_US = (77, 114)  # low-latency kernels, EP8, FP8 dispatch:
 
 # benchmarks/ep_dispatch.py runs, one row each: (label, JSON under benchmarks/results/).
 EP_DISPATCH_RUNS = (
-    ("`benchmarks/ep_dispatch.py`", "ep_dispatch.json"),
-    ("`benchmarks/ep_dispatch.py --transport shm`", "ep_dispatch_shm.json"),
+    ("`python -m benchmarks.ep_dispatch`", "ep_dispatch.json"),
+    ("`python -m benchmarks.ep_dispatch --transport shm`", "ep_dispatch_shm.json"),
 )
 EP_DISPATCH_METHODS = ("buffer", "per-pair all-to-all", "all-gather")
 ELEMENT_SIZE = {"bf16": 2, "fp32": 4}  # bytes per element of the benchmarks' payload dtypes
@@ -49,7 +49,7 @@ def _config(config: dict[str, Any], key: str) -> Any:
 
 
 def ep_dispatch_runs() -> str:
-    """`nobubble ep bench`'s three dispatchers, one row per stored benchmarks/ep_dispatch.py run."""
+    """`nobubble ep bench`'s three dispatchers, one row per stored benchmarks.ep_dispatch run."""
     rows, shapes, bytes_lines = [], [], []
     for label, name in EP_DISPATCH_RUNS:
         data = load(name)

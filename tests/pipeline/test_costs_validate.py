@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nobubble.pipeline.actions import Schedule
-from nobubble.pipeline.costs import CostModel, transformer_memory
+from nobubble.pipeline.costs import PAPER_TIMES, CostModel, transformer_memory
 from nobubble.pipeline.validate import ScheduleError, validate
+from tests.pipeline.paper_table import ROWS, paper_costs
 
 
 def test_paper_memory_model():
@@ -14,6 +15,21 @@ def test_paper_memory_model():
     assert mem.mem_f == 34 * 2304 + 5 * 24 * 1024
     assert mem.mem_b + mem.mem_w == mem.mem_f
     assert mem.mem_w == 32 * 2304
+
+
+@pytest.mark.parametrize("model", ["1.5B", "6.2B", "14.6B", "28.3B"])
+def test_paper_model_is_the_papers_first_row(model):
+    """``CostModel.paper_model`` (``--model``) equals the paper table's first row of that model:
+    its measured times (smallest m) and its shape, read from the CSV."""
+    row = next(r for r in ROWS if r["model"] == model)
+    assert PAPER_TIMES[model] == tuple(float(row[k]) for k in ("T_F_ms", "T_B_ms", "T_W_ms",
+                                                                "T_comm_ms"))  # fmt: skip
+    assert CostModel.paper_model(model, int(row["p"])) == paper_costs(row)
+
+
+def test_paper_model_names_the_choices():
+    with pytest.raises(ValueError, match=r"model='1B' .* choose from 1.5B, 6.2B, 14.6B, 28.3B"):
+        CostModel.paper_model("1B", 8)
 
 
 def test_from_rank_costs_splits_over_chunks():

@@ -1,5 +1,8 @@
 """Measuring code shared by ``benchmarks/`` and ``nobubble demo`` / ``nobubble ep bench``.
 
-Each module runs a baseline and the path it measures in the same processes and returns frozen
-result objects or plain dicts ready for JSON; printing them is the command line's job.
+Each measuring module runs a baseline and the path it measures in the same processes and
+returns frozen result objects or plain dicts ready for JSON. How those are shown to a person
+lives here too, so that the command line and the benchmark scripts print them the same way
+(one copy): :mod:`~nobubble.bench.output` (tables, progress bar) and
+:mod:`~nobubble.bench.ep_tables` (the MoE measurements' tables).
 """

@@ -48,6 +48,7 @@ __all__ = [
     "MethodResult",
     "BenchReport",
     "run_bench",
+    "run_with_progress",
     "compare_transports",
     "plot_report",
     "METHODS",
@@ -283,6 +284,16 @@ def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
             )
         )
     return BenchReport(config, logical, per_rank[0]["transport"], methods)
+
+
+def run_with_progress(config: BenchConfig) -> BenchReport:
+    """:func:`run_bench` while a progress bar on stderr follows rank 0's methods."""
+    from nobubble.bench.output import run_with_progress_bar
+
+    return run_with_progress_bar(
+        lambda updates: run_bench(config, progress=updates),
+        label=f"starting {config.num_ranks} ranks",
+    )
 
 
 def compare_transports(

@@ -17,7 +17,6 @@ from nobubble.cli.util import (
     positive_int,
     print_json,
     print_table,
-    run_with_progress_bar,
 )
 
 __all__ = ["register"]
@@ -81,16 +80,6 @@ def _transport_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def run_with_progress(config: Any) -> Any:
-    """Run the benchmark while a progress bar on stderr follows rank 0's methods."""
-    from nobubble.bench.ep_dispatch import run_bench
-
-    return run_with_progress_bar(
-        lambda updates: run_bench(config, progress=updates),
-        label=f"starting {config.num_ranks} ranks",
-    )
-
-
 MAX_ITERS = 1000
 """More timed iterations than this add nothing to a median and can run for hours."""
 
@@ -106,7 +95,8 @@ def _bench(args: argparse.Namespace) -> int:
     elem = 2 if args.dtype == "bf16" else 4
     data = args.ranks * args.tokens * args.hidden * elem * (args.topk + 4)
     check_budget("ep bench", processes=args.ranks, data_bytes=data, force=args.force)
-    from nobubble.bench.ep_dispatch import BenchConfig
+    from nobubble.bench.ep_dispatch import BenchConfig, run_with_progress
+    from nobubble.bench.ep_tables import print_dispatch_report
 
     config = BenchConfig(
         num_ranks=args.ranks,
@@ -135,66 +125,23 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print_report(report)
+        print_dispatch_report(report)
     return 0 if all(m.correct for m in report.methods) else 1
-
-
-def print_report(report: Any) -> None:
-    """The benchmark table (MB = 1e6 bytes, summed over ranks; GB/s per rank)."""
-    c = report.config
-    mb = 1e6
-    rows = [
-        [
-            m.method,
-            m.dispatch_ms,
-            m.combine_ms,
-            m.dispatch_logical_gbps,
-            m.combine_logical_gbps,
-            m.dispatch_payload_bytes / mb,
-            m.dispatch_remote_bytes / mb,
-            m.dispatch_metadata_bytes / mb,
-            m.combine_payload_bytes / mb,
-            m.verdict,
-        ]
-        for m in report.methods
-    ]
-    base = report.methods[0]
-    ratios = ", ".join(
-        f"{m.method}: dispatch x{m.dispatch_ms / base.dispatch_ms:.2f}, combine x{m.combine_ms / base.combine_ms:.2f}"
-        for m in report.methods[1:]
-    )
-    print_table(
-        f"ep bench: {c.num_ranks} ranks x {c.num_tokens} tokens x {c.hidden} {c.dtype}, top-"
-        f"{c.topk} of {c.num_experts} experts, {report.transport} transport (median of "
-        f"{c.num_iters}, slowest rank)",
-        [
-            "method",
-            "dispatch ms",
-            "combine ms",
-            "disp GB/s",
-            "comb GB/s",
-            "disp MB",
-            "remote MB",
-            "meta MB",
-            "comb MB",
-            "check",
-        ],
-        rows,
-        caption=f"logical bytes {report.logical_bytes / mb:.1f} MB (sum(is_token_in_rank)*H*es); "
-        f"time relative to buffer - {ratios}",
-    )
 
 
 def _compare(config: Any, kinds: tuple[str, ...], *, as_json: bool) -> int:
     """Run the benchmark once per transport kind and compare Buffer's times across them."""
     from dataclasses import replace
 
+    from nobubble.bench.ep_dispatch import run_with_progress
+    from nobubble.bench.ep_tables import print_dispatch_report
+
     reports = [run_with_progress(replace(config, transport=kind)) for kind in kinds]
     if as_json:
         print_json({"transports": [r.to_dict() for r in reports]})
     else:
         for report in reports:
-            print_report(report)
+            print_dispatch_report(report)
         first = reports[0].methods[0]
         print_table(
             "ep bench: Buffer over each transport (median, slowest rank)",

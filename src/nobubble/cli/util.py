@@ -1,4 +1,5 @@
-"""Shared pieces of the command line: argument types, errors, table/JSON output.
+"""Shared pieces of the command line: argument types, errors, table/JSON output (the tables
+and the progress bar are :mod:`nobubble.bench.output`'s, re-exported here).
 
 Every command prints a human table by default and machine JSON with ``--json``. A user
 mistake raises :class:`UsageError` (or ``ValueError`` from a config's validation); ``main``
@@ -13,13 +14,10 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
-from rich.console import Console
-from rich.table import Table
-
+from nobubble.bench.output import console, print_table, run_with_progress_bar
 from nobubble.files import check_output_dir, check_output_file
 
 __all__ = [
@@ -39,8 +37,6 @@ __all__ = [
     "console",
     "run_with_progress_bar",
 ]
-
-T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -140,38 +136,6 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def console(stderr: bool = False) -> Console:
-    """A rich console (no colour codes when not a terminal)."""
-    stream = sys.stderr if stderr else sys.stdout
-    # Piped output gets a wide page instead of rich's 80 columns, so tables stay readable.
-    width = None if stream.isatty() else 160
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
-
-
-def print_table(
-    title: str | None,
-    columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    *,
-    caption: str | None = None,
-) -> None:
-    """Print a table; floats are shown with 4 significant decimals."""
-    table = Table(title=title, caption=caption, show_lines=False)
-    for i, c in enumerate(columns):
-        table.add_column(str(c), justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*[_fmt(v) for v in row])
-    console().print(table)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-            return f"{v:.4g}"
-        return f"{v:.4f}"
-    return str(v)
-
-
 def print_json(data: Any) -> None:
     """Print ``data`` as JSON on stdout (one document)."""
     json.dump(data, sys.stdout, indent=2, default=_json_default)
@@ -184,57 +148,3 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "__fspath__"):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def run_with_progress_bar(
-    work: Callable[[Any], T],
-    *,
-    label: str,
-    total: int | None = None,
-    counter: str | None = "{task.completed}/{task.total}",
-    info: Callable[[tuple[Any, ...]], str] | None = None,
-    quiet: bool = False,
-) -> T:
-    """Run ``work(updates)`` in a worker thread while a progress bar on stderr follows it.
-
-    ``updates`` is a queue of :func:`nobubble.distributed.worker_context`, so ranks can feed
-    it; each message is ``(description, done, total, *extra)`` and moves the bar
-    (``info(extra)``, if given, is shown after the ``counter`` column). The bar starts at
-    ``label`` and ``total``, is transient, and ``quiet`` hides it. Whatever ``work`` raises
-    is raised again here, in the caller's thread, so ``main`` prints it as one line.
-    """
-    import queue
-    import threading
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from nobubble.distributed import worker_context
-
-    updates = worker_context().Queue()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = work(updates)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    columns = [TextColumn("{task.description}"), BarColumn()]
-    columns += [TextColumn(counter)] if counter is not None else []
-    columns += [TextColumn("{task.fields[info]}")] if info is not None else []
-    with Progress(*columns, TimeElapsedColumn(), console=console(stderr=True), transient=True,
-                  disable=quiet) as bar:  # fmt: skip
-        task = bar.add_task(label, total=total, info="")
-        while thread.is_alive():
-            try:
-                description, done, steps, *extra = updates.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            shown = info(tuple(extra)) if info is not None else ""
-            bar.update(task, description=description, completed=done, total=steps, info=shown)
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]

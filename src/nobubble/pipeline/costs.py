@@ -37,7 +37,13 @@ from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Op
 
-__all__ = ["CostModel", "MemoryPerMicrobatch", "transformer_memory", "PAPER_MODELS"]
+__all__ = [
+    "CostModel",
+    "MemoryPerMicrobatch",
+    "transformer_memory",
+    "PAPER_MODELS",
+    "PAPER_TIMES",
+]
 
 Number = float | int
 
@@ -70,6 +76,15 @@ PAPER_MODELS: dict[str, tuple[int, int, int, int]] = {
     "6.2B": (4096, 32, 32, 1024),
     "14.6B": (5120, 40, 48, 1024),
     "28.3B": (6144, 48, 64, 1024),
+}
+
+# measured per-rank times (T_F, T_B, T_W, T_comm in ms) of the same four models at
+# p = 8/8/16/32, from the paper's table
+PAPER_TIMES: dict[str, tuple[float, float, float, float]] = {
+    "1.5B": (18.522, 18.086, 9.337, 0.601),
+    "6.2B": (29.718, 29.444, 19.927, 0.527),
+    "14.6B": (11.347, 11.248, 8.132, 0.377),
+    "28.3B": (10.419, 10.207, 7.715, 0.408),
 }
 
 
@@ -263,6 +278,23 @@ class CostModel:
             num_ranks, num_chunks=num_chunks, stage_to_rank=stage_to_rank,
             t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm,
             mem_f=mem.mem_f, mem_b=mem.mem_b, mem_w=mem.mem_w,
+        )  # fmt: skip
+
+    @staticmethod
+    def paper_model(model: str, num_ranks: int) -> CostModel:
+        """One of the paper's four models (``PAPER_MODELS``: ``"1.5B"``, ``"6.2B"``,
+        ``"14.6B"``, ``"28.3B"``) on ``num_ranks`` ranks: its measured per-rank times
+        (``PAPER_TIMES``) and its memory model (:meth:`paper`)."""
+        if model not in PAPER_TIMES:
+            raise ValueError(
+                f"model={model!r} is not one of the paper's models; choose from "
+                f"{', '.join(PAPER_TIMES)}"
+            )
+        t_f, t_b, t_w, t_comm = PAPER_TIMES[model]
+        hidden, heads, _, seq = PAPER_MODELS[model]
+        return CostModel.paper(
+            num_ranks, t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm,
+            hidden=hidden, heads=heads, seq=seq,
         )  # fmt: skip
 
     def for_stages(self, stage_to_rank: Sequence[int]) -> CostModel:

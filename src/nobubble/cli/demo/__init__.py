@@ -130,16 +130,12 @@ def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
     import dataclasses
 
-    from nobubble.cli.pp.options import PAPER_TIMES
     from nobubble.pipeline import CostModel, get_schedule
-    from nobubble.pipeline.costs import PAPER_MODELS
     from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
     from nobubble.pipeline.plot import gantt_grid
 
     p, m = 8, 24
-    tf, tb, tw, tc = PAPER_TIMES["1.5B"]
-    h, a, _, seq = PAPER_MODELS["1.5B"]
-    costs = CostModel.paper(p, t_f=tf, t_b=tb, t_w=tw, t_comm=tc, hidden=h, heads=a, seq=seq)
+    costs = CostModel.paper_model("1.5B", p)
     plan = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
     slow = Perturbation(stragglers=(Straggler(rank=p // 2, factor=1.5),))
     runs = []

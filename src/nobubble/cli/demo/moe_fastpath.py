@@ -22,7 +22,7 @@ from nobubble.bench.ep_fastpath import (
     run_overlap,
     run_transports,
 )
-from nobubble.cli.ep_tables import (
+from nobubble.bench.ep_tables import (
     print_hierarchical,
     print_low_latency,
     print_overlap,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 
 from nobubble.cli.util import UsageError, nonneg_float, nonneg_int, positive_float, positive_int
+from nobubble.pipeline.costs import PAPER_TIMES
 
 __all__ = [
-    "PAPER_TIMES",
     "OPS_BUDGET",
     "V_MEMORY_SCHEDULES",
     "check_v_memory_size",
@@ -36,15 +36,6 @@ __all__ = [
 # nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
 # imports no pipeline code (a test keeps the two equal)
 DISPATCH_CHOICES = ("static", "handshake")
-
-# measured per-rank times (T_F, T_B, T_W, T_comm in ms) at p = 8/8/16/32, from the paper's table
-PAPER_TIMES = {
-    "1.5B": (18.522, 18.086, 9.337, 0.601),
-    "6.2B": (29.718, 29.444, 19.927, 0.527),
-    "14.6B": (11.347, 11.248, 8.132, 0.377),
-    "28.3B": (10.419, 10.207, 7.715, 0.408),
-}
-
 
 # Work budgets in ops (one F, B or W of one stage on one microbatch), measured here so that
 # the largest size each command takes finishes within 30 s and 2 GB (tests/cli/

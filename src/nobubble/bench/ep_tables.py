@@ -1,13 +1,67 @@
-"""Tables of the MoE fast-path measurements (:mod:`nobubble.bench.ep_fastpath` results)."""
+"""Tables of the MoE measurements: ``ep bench``'s report (:mod:`nobubble.bench.ep_dispatch`)
+and the fast-path sections (:mod:`nobubble.bench.ep_fastpath` results)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from nobubble.bench.ep_fastpath import TRANSPORT_PATHS
-from nobubble.cli.util import print_table
+from nobubble.bench.output import print_table
 
-__all__ = ["print_transports", "print_hierarchical", "print_low_latency", "print_overlap"]
+__all__ = [
+    "print_dispatch_report",
+    "print_transports",
+    "print_hierarchical",
+    "print_low_latency",
+    "print_overlap",
+]
+
+
+def print_dispatch_report(report: Any) -> None:
+    """``ep bench``'s table of one :class:`~nobubble.bench.ep_dispatch.BenchReport` (MB = 1e6
+    bytes, summed over ranks; GB/s per rank)."""
+    c = report.config
+    mb = 1e6
+    rows = [
+        [
+            m.method,
+            m.dispatch_ms,
+            m.combine_ms,
+            m.dispatch_logical_gbps,
+            m.combine_logical_gbps,
+            m.dispatch_payload_bytes / mb,
+            m.dispatch_remote_bytes / mb,
+            m.dispatch_metadata_bytes / mb,
+            m.combine_payload_bytes / mb,
+            m.verdict,
+        ]
+        for m in report.methods
+    ]
+    base = report.methods[0]
+    ratios = ", ".join(
+        f"{m.method}: dispatch x{m.dispatch_ms / base.dispatch_ms:.2f}, combine x{m.combine_ms / base.combine_ms:.2f}"
+        for m in report.methods[1:]
+    )
+    print_table(
+        f"ep bench: {c.num_ranks} ranks x {c.num_tokens} tokens x {c.hidden} {c.dtype}, top-"
+        f"{c.topk} of {c.num_experts} experts, {report.transport} transport (median of "
+        f"{c.num_iters}, slowest rank)",
+        [
+            "method",
+            "dispatch ms",
+            "combine ms",
+            "disp GB/s",
+            "comb GB/s",
+            "disp MB",
+            "remote MB",
+            "meta MB",
+            "comb MB",
+            "check",
+        ],
+        rows,
+        caption=f"logical bytes {report.logical_bytes / mb:.1f} MB (sum(is_token_in_rank)*H*es); "
+        f"time relative to buffer - {ratios}",
+    )
 
 
 def print_transports(res: dict[str, Any]) -> None:

@@ -1,0 +1,105 @@
+"""What the measuring code shows a person: rich tables on stdout, a progress bar on stderr.
+
+One copy for everything that prints results: the command line (:mod:`nobubble.cli.util`
+re-exports these), ``nobubble demo`` and the scripts in ``benchmarks/``. Piped output gets a
+wide page (160 columns) instead of rich's 80, so tables stay readable in logs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["console", "print_table", "run_with_progress_bar"]
+
+T = TypeVar("T")
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console (no colour codes when not a terminal)."""
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output gets a wide page instead of rich's 80 columns, so tables stay readable.
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+def print_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    caption: str | None = None,
+) -> None:
+    """Print a table; floats are shown with 4 significant decimals."""
+    table = Table(title=title, caption=caption, show_lines=False)
+    for i, c in enumerate(columns):
+        table.add_column(str(c), justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*[_fmt(v) for v in row])
+    console().print(table)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.4g}"
+        return f"{v:.4f}"
+    return str(v)
+
+
+def run_with_progress_bar(
+    work: Callable[[Any], T],
+    *,
+    label: str,
+    total: int | None = None,
+    counter: str | None = "{task.completed}/{task.total}",
+    info: Callable[[tuple[Any, ...]], str] | None = None,
+    quiet: bool = False,
+) -> T:
+    """Run ``work(updates)`` in a worker thread while a progress bar on stderr follows it.
+
+    ``updates`` is a queue of :func:`nobubble.distributed.worker_context`, so ranks can feed
+    it; each message is ``(description, done, total, *extra)`` and moves the bar
+    (``info(extra)``, if given, is shown after the ``counter`` column). The bar starts at
+    ``label`` and ``total``, is transient, and ``quiet`` hides it. Whatever ``work`` raises
+    is raised again here, in the caller's thread, so ``main`` prints it as one line.
+    """
+    import queue
+    import threading
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nobubble.distributed import worker_context
+
+    updates = worker_context().Queue()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work(updates)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    columns = [TextColumn("{task.description}"), BarColumn()]
+    columns += [TextColumn(counter)] if counter is not None else []
+    columns += [TextColumn("{task.fields[info]}")] if info is not None else []
+    with Progress(*columns, TimeElapsedColumn(), console=console(stderr=True), transient=True,
+                  disable=quiet) as bar:  # fmt: skip
+        task = bar.add_task(label, total=total, info="")
+        while thread.is_alive():
+            try:
+                description, done, steps, *extra = updates.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            shown = info(tuple(extra)) if info is not None else ""
+            bar.update(task, description=description, completed=done, total=steps, info=shown)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
