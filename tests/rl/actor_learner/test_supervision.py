@@ -21,7 +21,7 @@ import gymnasium
 import pytest
 
 from nobubble.distributed import BEAT_S, LIVENESS_S
-from nobubble.rl.actor_learner import ActorFailure, EnvRunConfig, train
+from nobubble.rl import ActorFailure, EnvRunConfig, train
 from nobubble.rl.actor_learner.envs import env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.model import build_model
