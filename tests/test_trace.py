@@ -127,3 +127,12 @@ def test_chrome_trace_has_complete_events_only():
         "tid": 0,
         "args": {"mb": 0},
     }
+
+
+@pytest.mark.parametrize(("ts", "dur"), [(1e308, 1.0), (0.0, 1e308), (float("nan"), 1.0)])
+def test_a_trace_with_timestamps_past_any_real_clock_is_refused_on_load(tmp_path, ts, dur):
+    path = tmp_path / "rank0.json"
+    event = {"name": "F0", "ph": "X", "pid": 0, "tid": 0, "ts": ts, "dur": dur}
+    path.write_text(json.dumps({"traceEvents": [event]}))
+    with pytest.raises(ValueError, match="not a finite number|is not finite"):
+        read_chrome_trace(path)

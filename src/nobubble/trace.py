@@ -14,7 +14,6 @@ index (:class:`TraceFormatError`).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from nobubble.algorithms.merge import kmerge
 from nobubble.files import write_text
+from nobubble.validation import finite
 
 __all__ = [
     "Event",
@@ -59,14 +59,14 @@ class Event:
     lane: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.dur_us, int | float) and math.isfinite(self.dur_us)):
+        if not (isinstance(self.dur_us, int | float) and finite(self.dur_us)):
             raise ValueError(f"event {self.name!r}: dur_us={self.dur_us!r} is not a finite number")
         if self.dur_us < 0:
             raise ValueError(
                 f"event {self.name!r} on rank {self.rank}: negative duration {self.dur_us} us; "
                 "record end >= start"
             )
-        if not (isinstance(self.start_us, int | float) and math.isfinite(self.start_us)):
+        if not (isinstance(self.start_us, int | float) and finite(self.start_us)):
             raise ValueError(f"event {self.name!r}: start_us={self.start_us!r} is not finite")
 
     @property

@@ -81,3 +81,24 @@ def test_nobubble_ep_balance_one_line_error_exit_2(tmp_path, capsys):
     assert "num_replicas=15 is not a multiple of num_gpus=8" in err
     rc = main(["ep", "balance", "--experts", "12", "--gpus", "4", "--weights", str(tmp_path / "x")])
     assert rc == 2 and "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("weights", "needle"),
+    [
+        ("1e308 1 2 3", "a load is not a finite number"),
+        ("nan 1 2 3", "a load is not a finite number"),
+        ("0 0 0 0", "a row's loads are all zero"),
+        ("", "no numbers"),
+    ],
+)
+def test_weights_that_cannot_be_balanced_are_refused(weights, needle, tmp_path, capsys):
+    from nobubble.cli import main
+
+    path = tmp_path / "w.txt"
+    path.write_text(weights)
+    rc = main(["ep", "balance", "--experts", "4", "--gpus", "2", "--weights", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and needle in err
+    rc = main(["ep", "balance", "--experts", "4", "--gpus", "2", "--skew", "zipf:1e308"])
+    assert rc == 2 and "finite number > 0" in capsys.readouterr().err

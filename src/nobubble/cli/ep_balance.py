@@ -21,6 +21,7 @@ from nobubble.cli.util import (
     print_table,
 )
 from nobubble.files import save_figure
+from nobubble.validation import MAX_REAL, finite
 
 __all__ = ["register", "synthetic_loads", "parse_skew"]
 
@@ -71,8 +72,8 @@ def parse_skew(text: str) -> tuple[str, float]:
         param = float(value)
     except ValueError:
         param = float("nan")
-    if kind not in ("zipf", "pareto") or not param > 0:
-        raise ValueError(f"--skew {text!r}: use zipf:S or pareto:A with a number > 0")
+    if kind not in ("zipf", "pareto") or not (finite(param) and param > 0):
+        raise ValueError(f"--skew {text!r}: use zipf:S or pareto:A with a finite number > 0")
     return kind, param
 
 
@@ -121,6 +122,12 @@ def _read_weights(path: Path):
         raise ValueError(
             f"--weights {path}: rows must be numbers of equal length ({err})"
         ) from None
+    if weight.numel() == 0:
+        raise ValueError(f"--weights {path}: no numbers; give one row of expert loads per layer")
+    if not (weight.isfinite().all() and weight.abs().max() <= MAX_REAL):
+        raise ValueError(f"--weights {path}: a load is not a finite number (NaN, inf, 1e308)")
+    if not weight.sum(-1).gt(0).all():
+        raise ValueError(f"--weights {path}: a row's loads are all zero; nothing to balance")
     return weight
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from nobubble.cli.util import nonneg_float, positive_int, print_json, print_table
+from nobubble.validation import finite
 
 __all__ = ["ENV_ARCHS", "add_env_arguments", "check_producer_flags", "run_env"]
 
@@ -51,7 +51,7 @@ def _target_return(text: str) -> float | str:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'none'") from None
-    if not math.isfinite(value):
+    if not finite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 

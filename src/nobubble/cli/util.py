@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, NoReturn
 
 from nobubble.bench.output import console, print_table, run_with_progress_bar
 from nobubble.files import check_output_dir, check_output_file
+from nobubble.validation import finite
 
 __all__ = [
     "UsageError",
@@ -57,7 +57,7 @@ def _number(kind: type, text: str, *, minimum: float, strict: bool) -> Any:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a{'n integer' if kind is int else ' number'}"
         ) from None
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float) and not finite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     if value < minimum or (strict and value == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"

@@ -31,11 +31,11 @@ chunks, so interleaved and V schedules pay the same compute but more transfers.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Op
+from nobubble.validation import finite
 
 __all__ = [
     "CostModel",
@@ -129,10 +129,10 @@ class CostModel:
             object.__setattr__(self, label, values)
             strict = label.startswith("t_")
             for s, v in enumerate(values):
-                if not math.isfinite(v) or v < 0 or (strict and v == 0):
+                if not finite(v) or v < 0 or (strict and v == 0):
                     bound = "> 0" if strict else ">= 0"
                     raise ValueError(f"{label}[{s}]={v} must be finite and {bound}")
-        if not (math.isfinite(self.t_comm) and self.t_comm >= 0):
+        if not (finite(self.t_comm) and self.t_comm >= 0):
             raise ValueError(f"t_comm={self.t_comm} must be finite and >= 0")
         object.__setattr__(self, "t_comm", float(self.t_comm))
 

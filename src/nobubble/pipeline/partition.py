@@ -22,6 +22,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from nobubble.validation import finite
+
 __all__ = ["balanced_sizes", "bottleneck", "held_costs", "check_costs_and_speeds", "equal_sizes",
            "stage_sizes", "stage_ranges"]  # fmt: skip
 
@@ -35,7 +37,7 @@ def check_costs_and_speeds(costs: Sequence[float], speeds: Sequence[float]) -> N
         raise ValueError(f"partition: {len(costs)} layers for {len(speeds)} ranks; every rank "
                          "needs at least one layer: use fewer ranks or more layers")  # fmt: skip
     for name, values in (("layer cost", costs), ("rank speed", speeds)):
-        bad = [(i, v) for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)]
+        bad = [(i, v) for i, v in enumerate(values) if not (finite(v) and v > 0)]
         if bad:
             raise ValueError(f"partition: {name} {bad[0][0]} is {bad[0][1]!r}; it must be "
                              "finite and > 0")  # fmt: skip
@@ -114,7 +116,7 @@ def stage_sizes(
         raise ValueError(f"stage_sizes: {len(costs)} costs for {num_blocks} blocks; give one "
                          "cost per block, in pipeline order")  # fmt: skip
     for i, c in enumerate(costs):
-        if not (math.isfinite(c) and c >= 0):
+        if not (finite(c) and c >= 0):
             raise ValueError(f"stage_sizes: block {i}'s cost is {c!r}; every cost must be "
                              "finite and >= 0 (a parameter count, a time)")  # fmt: skip
     if not any(costs):

@@ -44,6 +44,7 @@ from nobubble.pipeline.plan_inputs import (
 )
 from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import SimResult, simulate
+from nobubble.validation import finite
 
 __all__ = [
     "BlockCosts",
@@ -83,7 +84,7 @@ class BlockCosts:
         for name in ("forward", "backward_input", "backward_weight", "activation_bytes",
                      "boundary_bytes", "backward_fused", "freed_by_backward_input"):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
+            if value is not None and not (finite(value) and value >= 0):
                 raise ValueError(f"BlockCosts.{name}={value!r} must be finite and >= 0; "
                                  "pass the measured time (ms) or size (bytes)")  # fmt: skip
         if self.freed_by_backward_input > self.activation_bytes:

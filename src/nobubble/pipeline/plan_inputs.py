@@ -4,10 +4,10 @@ refused with a message naming the value and the fix, before any search."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, V_SCHEDULES
+from nobubble.validation import finite
 
 __all__ = ["check_inputs", "check_ranks", "schedule_names", "microbatch_counts",
            "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES"]  # fmt: skip
@@ -40,12 +40,12 @@ def check_inputs(num_blocks, num_ranks, batch_size, num_microbatches, microbatch
     if recompute not in (True, False, "auto"):
         raise ValueError(f"plan: recompute={recompute!r}; use False, True or 'auto'")
     flags = (False, True) if recompute == "auto" else (bool(recompute),)
-    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
+    if memory_limit is not None and not (finite(memory_limit) and memory_limit > 0):
         raise ValueError(f"plan: memory_limit={memory_limit!r} must be > 0 bytes per rank; "
                          "pass None for no limit")  # fmt: skip
     for label, value in (("comm_ms_per_byte", comm_ms_per_byte), ("input_bytes", input_bytes),
                          ("op_overhead_ms", op_overhead_ms), ("tolerance", tolerance)):  # fmt: skip
-        if not (math.isfinite(value) and value >= 0):
+        if not (finite(value) and value >= 0):
             raise ValueError(f"plan: {label}={value!r} must be finite and >= 0")
     return counts, names, flags
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.validate import dep_key, dependencies
+from nobubble.validation import finite
 
 __all__ = ["HandshakeRule", "HandshakeRun", "run_handshake", "plan_peaks", "choose_op"]
 
@@ -124,7 +125,7 @@ class HandshakeRule:
                 f"HandshakeRule.profile_weight={self.profile_weight!r} must be in [0, 1]"
             )
         margin = self.bottleneck_margin
-        if margin is not None and not (math.isfinite(margin) and margin >= 0):
+        if margin is not None and not (finite(margin) and margin >= 0):
             raise ValueError(f"HandshakeRule.bottleneck_margin={margin!r} must be >= 0 or None")
 
 

@@ -20,12 +20,12 @@ a seed names one set of durations on every machine and Python version that keeps
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 
 from nobubble.pipeline.actions import Action, Op
 from nobubble.pipeline.costs import CostModel
+from nobubble.validation import finite
 
 __all__ = ["Straggler", "Perturbation", "OpDurations", "parse_straggler"]
 
@@ -46,7 +46,7 @@ class Straggler:
     def __post_init__(self) -> None:
         if not (isinstance(self.rank, int) and self.rank >= 0):
             raise ValueError(f"Straggler.rank={self.rank!r} must be an integer >= 0")
-        if not (math.isfinite(self.factor) and self.factor > 0):
+        if not (finite(self.factor) and self.factor > 0):
             raise ValueError(
                 f"Straggler.factor={self.factor!r} must be finite and > 0 (1.5: 50% slower)"
             )
@@ -90,7 +90,7 @@ def parse_straggler(text: str) -> Straggler:
         raise ValueError(
             f"straggler {text!r}: FACTOR {parts[1]!r} is not a number; {form}"
         ) from None
-    if not (math.isfinite(factor) and factor > 0):
+    if not (finite(factor) and factor > 0):
         raise ValueError(
             f"straggler {text!r}: FACTOR {parts[1]} must be finite and > 0 (1.5: 50% slower)"
         )
@@ -130,7 +130,7 @@ class Perturbation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stragglers", tuple(self.stragglers))
-        if not (math.isfinite(self.jitter) and 0 <= self.jitter < 1):
+        if not (finite(self.jitter) and 0 <= self.jitter < 1):
             raise ValueError(
                 f"jitter={self.jitter!r} must be >= 0 and < 1 (0.2 draws factors in [0.8, 1.2])"
             )

@@ -23,7 +23,6 @@ objective``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -50,6 +49,7 @@ from nobubble.pipeline.ilp.model import (
     relabel_in_order,
 )
 from nobubble.pipeline.simulate import simulate
+from nobubble.validation import finite
 
 __all__ = [
     "SolveResult",
@@ -178,9 +178,9 @@ def _check_args(
         )
     if objective not in ("span", "makespan"):
         raise ValueError(f"objective={objective!r}; use 'span' (the paper's cost) or 'makespan'")
-    if not (time_limit_s > 0 and math.isfinite(time_limit_s)):
+    if not (time_limit_s > 0 and finite(time_limit_s)):
         raise ValueError(f"time_limit_s={time_limit_s} must be a positive number of seconds")
-    if mem_limit is not None and not (mem_limit >= 0 and math.isfinite(mem_limit)):
+    if mem_limit is not None and not (mem_limit >= 0 and finite(mem_limit)):
         raise ValueError(f"mem_limit={mem_limit} must be a finite number >= 0 (or None)")
     if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 1):
         raise ValueError(f"num_workers={num_workers!r} must be a positive integer (or None)")

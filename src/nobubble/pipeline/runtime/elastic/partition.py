@@ -15,12 +15,12 @@ switches to the same cut at the same step boundary without a message.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nobubble.pipeline.partition import balanced_sizes, bottleneck, held_costs
 from nobubble.pipeline.partition import check_costs_and_speeds as _check
+from nobubble.validation import finite
 
 __all__ = ["balanced_sizes", "bottleneck", "held_costs", "speeds_from_times", "speed_drift",
            "ReplanDecision", "replan_decision"]  # fmt: skip
@@ -35,7 +35,7 @@ def speeds_from_times(
         raise ValueError(f"speeds_from_times: {len(times_ms)} times for {len(sizes)} ranks; "
                          "give one time per rank")  # fmt: skip
     for r, t in enumerate(times_ms):
-        if not (math.isfinite(t) and t > 0):
+        if not (finite(t) and t > 0):
             raise ValueError(f"speeds_from_times: rank {r}'s time is {t!r} ms; it must be "
                              "finite and > 0 (a rank that ran no op has no speed)")  # fmt: skip
     return tuple(t / c for t, c in zip(times_ms, held_costs(sizes, costs), strict=True))

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nobubble.validation import finite
+
 __all__ = ["PostValidatedOptimizer", "ValidationResult", "synchronous_step", "gradient_stats"]
 
 
@@ -115,7 +117,7 @@ class PostValidatedOptimizer:
         group: dist.ProcessGroup | None = None,
         timeout_s: float = 300.0,
     ) -> None:
-        if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
+        if max_norm is not None and not (finite(max_norm) and max_norm > 0):
             raise ValueError(f"PostValidatedOptimizer: max_norm={max_norm} must be > 0 (or None)")
         if not timeout_s > 0:
             raise ValueError(f"PostValidatedOptimizer: timeout_s={timeout_s} must be > 0")

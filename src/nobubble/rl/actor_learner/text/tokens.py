@@ -22,7 +22,6 @@ at position ``max_len - 1``. Episodes longer than ``max_episode_steps`` tokens a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 
 from nobubble.rl.actor_learner.text.protocol import TextEnv, check_text_env
 from nobubble.rl.system.tasks.builtin import CharTokenizer
+from nobubble.validation import finite
 
 __all__ = ["END_OF_TURN", "TextVocabulary", "TokenEnv", "TextEnvFactory"]
 
@@ -129,7 +129,7 @@ class TokenEnv(gymnasium.Env):
             answer = self.text_env.step(turn)
             self._message(answer.reply)
             reward, done = float(answer.reward), bool(answer.done)
-            if not math.isfinite(reward):
+            if not finite(reward):
                 raise ValueError(
                     f"text env {type(self.text_env).__name__} gave reward {reward} for turn "
                     f"{turn!r}; a reward must be a finite number"

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import time
 import urllib.error
 import urllib.request
@@ -42,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from nobubble.validation import check_value
+from nobubble.validation import check_value, finite
 
 __all__ = ["RemoteReward", "RemoteRewardError"]
 
@@ -224,7 +223,7 @@ def _as_finite(value: object) -> float | None:
         reward = float(value)
     except OverflowError:  # an int too large for a float
         return None
-    return reward if math.isfinite(reward) else None
+    return reward if finite(reward) else None
 
 
 def _excerpt(raw: bytes) -> str:

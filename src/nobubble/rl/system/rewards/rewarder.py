@@ -27,7 +27,6 @@ any process starts.
 from __future__ import annotations
 
 import inspect
-import math
 import random
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import Any
 from nobubble.rl.system.imports import is_import_path, load_object
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
+from nobubble.validation import finite
 
 __all__ = [
     "RewardConfig",
@@ -153,7 +153,7 @@ class RewardSource:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.weight):
+        if not finite(self.weight):
             raise ValueError(f"reward weight {self.weight} must be a finite number")
         if isinstance(self.fn, str):
             if self.fn != "task" and not is_import_path(self.fn):
@@ -184,7 +184,7 @@ def parse_reward(text: str) -> RewardSource:
 
 
 def _finite(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
         raise RewardError(f"{what} returned {value!r}, not a finite number")
     return float(value)
 

@@ -24,7 +24,6 @@ prints the url once and serves until Ctrl-C.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
 
-from nobubble.validation import check_value
+from nobubble.validation import check_value, finite
 
 __all__ = ["RewardServer", "serve_rewards"]
 
@@ -244,7 +243,7 @@ def _score_all(reward_fn: RewardFn, prompts: list[str], responses: list[str]) ->
         value = reward_fn(prompt, response)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"returned {value!r} for pair {i}; return a float")
-        if not math.isfinite(value):
+        if not finite(value):
             raise ValueError(f"returned {value!r} for pair {i}; return a finite float")
         rewards.append(float(value))
     return rewards

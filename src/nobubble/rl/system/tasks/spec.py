@@ -21,7 +21,6 @@ task object, class or factory, or the object itself.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 
 from nobubble.rl.system.imports import is_import_path, load_object
 from nobubble.rl.system.tasks.builtin import TASK_NAMES, CharTokenizer, make_task
+from nobubble.validation import finite
 
 __all__ = ["TaskSpec", "resolve_task"]
 
@@ -98,11 +98,7 @@ class TaskSpec:
     def reward(self, prompt: str, response: str) -> float:
         """The task's reward; raises ValueError for a value that is not a finite real."""
         value = self.task.reward(prompt, response)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
             raise ValueError(f"task {self.name!r}: reward {value!r} is not a finite number")
         return float(value)
 
