@@ -58,6 +58,33 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["pp", "profile", "--device", "tpu"], "device 'tpu' is not a torch device"),
+        (["pp", "run", "-s", "1f1b", "--ranks", "2", "--backend", "bogus"], "'bogus' is unknown"),
+        (["pp", "plan", "--ranks", "2", "--backend", "gloo", "--device", "meta"], "cpu or cuda"),
+    ],
+)
+def test_a_device_or_backend_this_machine_lacks_is_refused_before_any_rank(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_cuda_is_refused_where_torch_sees_no_gpu(capsys):
+    import torch
+
+    if torch.cuda.is_available():  # a GPU machine: more ranks than GPUs
+        assert main(["pp", "run", "-s", "1f1b", "--ranks", "999", "--device", "cuda"]) == 2
+        assert "999 ranks need 999 GPUs" in capsys.readouterr().err
+        return
+    assert main(["pp", "profile", "--device", "cuda"]) == 2
+    assert "use cpu" in capsys.readouterr().err
+    assert main(["pp", "run", "-s", "1f1b", "--ranks", "2", "--backend", "nccl"]) == 2
+    assert "nccl" in capsys.readouterr().err
+
+
 def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys):
     """Under a memory limit no plain schedule meets, ``pp plan --recompute`` picks a
     checkpointed one; ``pp run --recompute`` trains to the same losses as without it, with

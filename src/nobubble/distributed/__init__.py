@@ -19,6 +19,7 @@ one with SIGKILL - so nothing is left running.
 
 from nobubble.distributed.context import (
     DistContext,
+    check_device,
     context_from_env,
     default_backend,
     free_port,
@@ -42,6 +43,7 @@ __all__ = [
     "context_from_env",
     "free_port",
     "default_backend",
+    "check_device",
     "die_with_parent",
     "launcher_alive",
     "worker_context",

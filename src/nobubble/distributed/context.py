@@ -36,6 +36,41 @@ def default_backend(device: str | torch.device) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+BACKENDS = ("gloo", "nccl", "mpi")
+
+
+def check_device(device: str, backend: str | None = None, *, ranks: int = 1) -> None:
+    """Refuse, before any process starts, a device or backend that this torch build or this
+    machine does not have (ValueError naming it and what there is)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device {device!r} is not a torch device; use cpu or cuda") from None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: nobubble runs on cpu or cuda")
+    if kind == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have == 0:
+            build = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
+            raise ValueError(f"device {device!r}: this torch ({torch.__version__}) {build}; "
+                             "use cpu")  # fmt: skip
+        if ranks > have:
+            raise ValueError(f"device {device!r}: {ranks} ranks need {ranks} GPUs, {have} seen")
+    if backend is None:
+        return
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
+    available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
+                 "mpi": dist.is_mpi_available}[backend]()  # fmt: skip
+    if not available:
+        raise ValueError(f"backend {backend!r} is not in this torch build ({torch.__version__})")
+    if backend == "nccl" and kind != "cuda":
+        raise ValueError("backend 'nccl' runs on GPUs; use --device cuda or backend gloo")
+
+
 @dataclass(frozen=True)
 class DistContext:
     """Everything a rank needs to talk to its peers.

@@ -26,7 +26,7 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
-from nobubble.distributed.context import DistContext, default_backend, worker_context
+from nobubble.distributed.context import DistContext, check_device, default_backend, worker_context
 from nobubble.distributed.liveness import BEAT_S, LIVENESS_S, Heartbeats, reap, start_beating
 from nobubble.lifetime import die_with_parent
 
@@ -173,6 +173,7 @@ def spawn(
         raise ValueError(f"spawn: timeout_s={timeout_s} must be > 0")
     if liveness_s is not None and not liveness_s > 2 * BEAT_S:
         raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
+    check_device(device, backend, ranks=world_size)  # before any rank starts
     backend = backend or default_backend(device)
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
     store = _rendezvous_store(timeout_s)  # held until the ranks are reaped

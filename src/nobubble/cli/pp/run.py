@@ -204,7 +204,18 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
     return prof
 
 
+def _check_launch(args: argparse.Namespace, ranks: int | None) -> None:
+    """``--device`` / ``--backend`` against this torch build and machine, before any work."""
+    from nobubble.distributed import check_device
+
+    try:
+        check_device(args.device, args.backend, ranks=ranks or 1)
+    except ValueError as err:
+        raise UsageError(f"--device/--backend: {err}") from None
+
+
 def _profile(args: argparse.Namespace) -> int:
+    _check_launch(args, None)
     if is_user_model(args.model):
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
@@ -247,6 +258,7 @@ def _load_or_measure(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
+    _check_launch(args, args.ranks)
     if is_user_model(args.model):
         return plan_user_model(args)
     if args.plot is not None:
@@ -365,6 +377,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
 
 
 def _run(args: argparse.Namespace) -> int:
+    _check_launch(args, args.ranks)
     if args.plan is not None:
         return run_user_plan(args)
     if is_user_model(args.model):
