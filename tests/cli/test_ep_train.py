@@ -66,7 +66,7 @@ def test_online_rebalancing_lowers_the_rank_load_imbalance(tmp_path, capsys):
         (["--experts", "9"], "n_groups=2 must divide num_experts=9"),
         (["--topk", "5"], "topk=5 exceeds the 4 experts a token can reach"),
         (["--steps", "0"], "0 must be > 0"),
-        (["--plot", "loss.txt"], "use a .png or .svg"),
+        (["--plot", "loss.txt"], "a figure is written as .png, .svg, .pdf"),
         (["--plot", "/proc/x.png"], "cannot create files in /proc"),
         (["--ranks", "64"], "64 processes"),
     ],

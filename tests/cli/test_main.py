@@ -28,10 +28,13 @@ def test_bad_arguments_exit_2_with_one_line():
     r = run("no-such-command")
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "invalid choice" in r.stderr
-    r = run("trace", "merge", "missing.json", "-o", "x.json")
-    assert r.returncode == 2
-    assert r.stderr.strip() == "nobubble trace: error: missing.json: no such file"
-    assert "Traceback" not in r.stderr
+    for path, needle in [("missing.json", "missing.json: no such file"),
+                         ("/", "/ is a folder; give a file"),
+                         ("/dev/null", "/dev/null is not a regular file")]:  # fmt: skip
+        for command in ("merge", "summary"):
+            r = run("trace", command, path, *(["-o", "x.json"] if command == "merge" else []))
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert needle in r.stderr and "Traceback" not in r.stderr
 
 
 def test_trace_merge_json(tmp_path, capsys):

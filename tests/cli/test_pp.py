@@ -73,7 +73,7 @@ def test_show_grid(capsys):
         (["pp", "simulate", "--mem-f", "1", "--mem-b", "2", "--mem-w", "2"], "frees more"),
         (["pp", "simulate", "-s", "interleaved-1f1b", "-p", "4", "-m", "6"], "divisible"),
         (["pp", "simulate", "-s", "zb-1p", "--mem-limit", "0.5"], "below one microbatch"),
-        (["pp", "simulate", "--plot", "x.gif"], "must end in"),
+        (["pp", "simulate", "--plot", "x.gif"], "a figure is written as .png, .svg, .pdf"),
         (["pp", "validate", "does-not-exist.csv"], "cannot read"),
     ],
 )

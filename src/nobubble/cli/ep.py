@@ -12,7 +12,7 @@ from nobubble.cli.util import (
     add_json_flag,
     check_budget,
     nonneg_int,
-    output_file,
+    plot_file,
     positive_float,
     positive_int,
     print_json,
@@ -62,7 +62,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--force", action="store_true", help="run sizes past the machine's process/memory budget"
     )
-    bench.add_argument("--plot", type=output_file, help="also draw times and bytes (PNG or SVG)")
+    bench.add_argument("--plot", type=plot_file, help="also draw times and bytes (PNG or SVG)")
     add_json_flag(bench)
     bench.set_defaults(func=_bench)
 
@@ -111,8 +111,6 @@ def _bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         transport=args.transport[0],
     )
-    if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"--plot {args.plot}: use a .png or .svg file name")
     if len(args.transport) > 1:
         if args.plot is not None:
             raise UsageError("--plot draws one transport; give --transport one kind with it")

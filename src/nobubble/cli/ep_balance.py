@@ -15,7 +15,7 @@ from pathlib import Path
 from nobubble.cli.util import (
     add_json_flag,
     nonneg_int,
-    output_file,
+    plot_file,
     positive_int,
     print_json,
     print_table,
@@ -58,9 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, default=1, help="synthetic layers (default 1)")
     p.add_argument("--tokens", type=positive_int, default=100_000, help="synthetic tokens/layer")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed for synthetic loads")
-    p.add_argument(
-        "--plot", type=output_file, help="draw per-GPU loads before / after (PNG or SVG)"
-    )
+    p.add_argument("--plot", type=plot_file, help="draw per-GPU loads before / after (PNG or SVG)")
     add_json_flag(p)
     p.set_defaults(func=_balance)
 

@@ -18,7 +18,7 @@ from nobubble.cli.util import (
     check_budget,
     console,
     nonneg_int,
-    output_file,
+    plot_file,
     positive_float,
     positive_int,
     print_json,
@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before giving up")
     p.add_argument(
         "--plot",
-        type=output_file,
+        type=plot_file,
         default=Path("nobubble-out/ep_train.png"),
         help="loss and imbalance against step (PNG or SVG; default nobubble-out/ep_train.png)",
     )
@@ -103,8 +103,6 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    if args.plot.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"--plot {args.plot}: use a .png or .svg file name")
     # per rank: the model, its Adam state and activations are a few MB; the windows are tiny
     check_budget("ep train", processes=args.ranks, data_bytes=0, force=args.force)
     config = _config(args)  # ValueError naming the value: exit 2, before any work

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from nobubble.cli.util import ArgumentParser, add_json_flag, output_file, print_json, print_table
+from nobubble.cli.util import (
+    ArgumentParser,
+    add_json_flag,
+    input_file,
+    output_file,
+    print_json,
+    print_table,
+)
 from nobubble.trace import merge_trace_files, summarize, write_chrome_trace
 
 
@@ -16,7 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
     merge = sub.add_parser("merge", help="merge per-rank Chrome trace files into one")
-    merge.add_argument("files", nargs="+", type=Path, help="Chrome trace JSON files (one per rank)")
+    merge.add_argument("files", nargs="+", type=input_file,
+                       help="Chrome trace JSON files (one per rank)")  # fmt: skip
     merge.add_argument(
         "-o", "--output", type=output_file, required=True, help="merged trace to write"
     )
@@ -24,7 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     merge.set_defaults(func=_merge)
 
     summary = sub.add_parser("summary", help="busy / idle time per rank of a trace file")
-    summary.add_argument("files", nargs="+", type=Path, help="Chrome trace JSON files")
+    summary.add_argument("files", nargs="+", type=input_file, help="Chrome trace JSON files")
     add_json_flag(summary)
     summary.set_defaults(func=_summary)
 

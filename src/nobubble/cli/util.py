@@ -25,7 +25,9 @@ __all__ = [
     "ArgumentParser",
     "check_budget",
     "memory_bytes",
+    "input_file",
     "output_file",
+    "plot_file",
     "output_dir",
     "positive_int",
     "nonneg_int",
@@ -94,12 +96,41 @@ def check_budget(what: str, *, processes: int = 1, data_bytes: float = 0.0,
         )
 
 
+def input_file(text: str) -> Path:
+    """argparse type: a regular file that exists and can be read (not a folder, not
+    ``/dev/null``'s kind of device)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file")
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file; give a file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not readable")
+    return path
+
+
 def output_file(text: str) -> Path:
     """argparse type: a file that can be written (checked before any work starts)."""
     try:
         return check_output_file(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def plot_file(text: str) -> Path:
+    """argparse type: a figure file that can be written, its format from a suffix matplotlib
+    writes (checked before any work, not after the run)."""
+    path = output_file(text)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"{text}: a figure is written as {', '.join(FIGURE_SUFFIXES)}; give one of them"
+        )
+    return path
 
 
 def output_dir(text: str) -> Path:

@@ -33,6 +33,7 @@ from nobubble.cli.util import (
     add_json_flag,
     console,
     output_file,
+    plot_file,
     positive_float,
     print_json,
     print_table,
@@ -91,7 +92,7 @@ def _register_simulate(sub) -> None:
     add_shape(p)
     add_costs(p)
     add_dispatch(p)
-    p.add_argument("--plot", type=output_file, help="write a Gantt chart (.png or .svg)")
+    p.add_argument("--plot", type=plot_file, help="write a Gantt chart (.png or .svg)")
     p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
     add_json_flag(p)
     p.set_defaults(func=_simulate)
@@ -265,9 +266,7 @@ def _register_compare(sub) -> None:
         metavar="SECONDS",
         help="add the exact ILP row (time limit, default 30 s)",
     )
-    p.add_argument(
-        "--plot", type=output_file, help="write every schedule's Gantt chart in one image"
-    )
+    p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
     add_json_flag(p)
     p.set_defaults(func=_compare)
 

@@ -36,6 +36,7 @@ from nobubble.cli.util import (
     nonneg_float,
     nonneg_int,
     output_file,
+    plot_file,
     positive_float,
     positive_int,
     print_json,
@@ -85,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("-o", "--output", "--out", type=output_file, default=None,
                       help="the best schedule as torch CSV (default plan.csv); with --model "
                            "MODULE:FACTORY the plan's JSON (default plan.json)")  # fmt: skip
-    plan.add_argument("--plot", type=output_file, default=None,
+    plan.add_argument("--plot", type=plot_file, default=None,
                       help="--model MODULE:FACTORY: the Gantt chart of the plan above the naive "
                            "1F1B (default: the --out file as .png)")  # fmt: skip
     plan.add_argument("--recompute", action="store_true",
@@ -116,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="activation checkpointing: F keeps its input, B runs F again")  # fmt: skip
     run.add_argument("--trace", type=output_file, default=Path("nobubble-out/pp_run_trace.json"),
                      help="merged Chrome trace to write")  # fmt: skip
-    run.add_argument("--plot", type=output_file, default=None,
+    run.add_argument("--plot", type=plot_file, default=None,
                      help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
     run.add_argument("--dispatch", choices=DISPATCH_CHOICES, default="static",
                      help="walk the schedule, or pick each op from what has arrived")  # fmt: skip

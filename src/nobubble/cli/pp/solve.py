@@ -22,6 +22,7 @@ from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     output_file,
+    plot_file,
     positive_float,
     positive_int,
     print_json,
@@ -67,9 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     solve.add_argument(
         "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
     )
-    solve.add_argument(
-        "--plot", type=output_file, default=None, help="Gantt chart file (.png/.svg)"
-    )
+    solve.add_argument("--plot", type=plot_file, default=None, help="Gantt chart file (.png/.svg)")
     solve.add_argument(
         "--csv", type=output_file, default=None, help="write the schedule (torch CSV)"
     )
