@@ -64,6 +64,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["pp", "profile", "--device", "tpu"], "device 'tpu' is not a torch device"),
         (["pp", "run", "-s", "1f1b", "--ranks", "2", "--backend", "bogus"], "'bogus' is unknown"),
         (["pp", "plan", "--ranks", "2", "--backend", "gloo", "--device", "meta"], "cpu or cuda"),
+        (["pp", "profile", "--threads", "100000"], "--threads 100000 is past this machine's"),
     ],
 )
 def test_a_device_or_backend_this_machine_lacks_is_refused_before_any_rank(argv, needle, capsys):

@@ -71,6 +71,9 @@ def test_a_short_run_prints_a_table(tmp_path, capsys) -> None:
         (["--env", "CartPole-v1", "--engine", "ray"], "--engine ray runs --task only"),
         (["--task", "digits", "--actors", "2"], "--actors is not read with --task"),
         (["--env-steps", "100"], "--env-steps is not read with --task"),
+        # sizes past the machine's budget, refused before any actor starts
+        (["--env", "CartPole-v1", "--actors", "1000"], "1001 processes on"),
+        (["--env", "CartPole-v1", "--envs-per-actor", "1000000"], "GiB, past 80% of"),
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(tmp_path, argv, message, capsys) -> None:

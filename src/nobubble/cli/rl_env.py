@@ -170,6 +170,11 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
 
     if args.engine != "local":
         raise ValueError(f"--engine {args.engine} runs --task only; --env runs local processes")
+    from nobubble.cli.util import check_budget
+
+    actors, envs = args.actors or 2, args.envs_per_actor or 8
+    # an env with its slot and trajectory buffers: ~50 kB (CartPole); a text env more
+    check_budget("rl", processes=1 + actors, data_bytes=actors * envs * 50e3, force=args.force)
     configs = [env_config(args, arch) for arch in (ENV_ARCHS if compare else (args.arch,))]
     try:
         env_spaces(configs[0].env)  # an unknown id or unsupported spaces: a usage error

@@ -206,9 +206,14 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
 
 
 def _check_launch(args: argparse.Namespace, ranks: int | None) -> None:
-    """``--device`` / ``--backend`` against this torch build and machine, before any work."""
+    """``--device`` / ``--backend`` against this torch build and machine, and ``--threads``
+    against its cores (unless ``--force``), before any work."""
     from nobubble.distributed import check_device
 
+    cores = os.cpu_count() or 1
+    if args.threads > cores and not getattr(args, "force", False):
+        raise UsageError(f"--threads {args.threads} is past this machine's {cores} cores; use "
+                         f"at most {cores} (or --force)")  # fmt: skip
     try:
         check_device(args.device, args.backend, ranks=ranks or 1)
     except ValueError as err:
