@@ -10,6 +10,7 @@ from nobubble.cli import main
 
 TINY = ["--steps", "2", "--batch-groups", "2", "--group-size", "4", "--eval-every", "1"]
 BAD = "tests/rl/system/user_files/bad_rewards.py"
+MINE = "tests/rl/system/user_files/my_rl.py"
 
 
 def test_train_json_has_the_promised_fields(tmp_path, capsys):
@@ -72,6 +73,13 @@ def test_train_json_has_the_promised_fields(tmp_path, capsys):
         (["rl", "compare", "--etas", "4,8"], "--etas is read only with --ablation"),
         (["rl", "train", "--resume", "--checkpoint-dir", "{tmp}/empty"], "holds no checkpoint"),
         (["rl", "train", "--resume", "--resume-or-start"], "not allowed with argument"),
+        # a factory's unknown settings are named with the ones it takes
+        (["rl", "train", "--task-kwargs", '{"bogus": 1}'], "DigitsTask takes no 'bogus'; it"),
+        (["rl", "train", "--policy-kwargs", '{"bogus": 1}'], "PolicyConfig takes no 'bogus'"),
+        (
+            ["rl", "train", "--policy", f"{MINE}:make_gru", "--policy-kwargs", '{"bogus": 1}'],
+            "make_gru takes no 'bogus'",
+        ),  # fmt: skip
         (["rl", "reward-server", "--reward", f"{BAD}:no_arguments"], "must take (prompt, resp"),
     ],
 )

@@ -5,18 +5,37 @@ string, so that worker processes and Ray actors rebuild it themselves and nothin
 on the driver's ``__main__``. :func:`missing_extra` words the error for an optional
 package that is not installed. A file path is loaded under a module name derived from its
 absolute path, once per process, so a worker that loads the same file twice gets the same
-object.
+object. :func:`check_kwargs` names the keys a factory does not take, and the ones it does,
+before it is called.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_import_path", "load_object", "missing_extra"]
+__all__ = ["check_kwargs", "is_import_path", "load_object", "missing_extra"]
+
+
+def check_kwargs(fn: Any, kwargs: dict[str, Any], what: str) -> None:
+    """Refuse keys of ``kwargs`` that ``fn`` (a function or class) does not take, naming
+    them and the ones it does (ValueError); a ``**kwargs`` catch-all takes every key."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: judged when called
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    named = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = sorted(set(kwargs) - set(named))
+    if unknown:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ValueError(f"{what}: {name} takes no {', '.join(map(repr, unknown))}; it takes "
+                         f"{', '.join(named) or 'no settings'}")  # fmt: skip
 
 
 def is_import_path(spec: str) -> bool:

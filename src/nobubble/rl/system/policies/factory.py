@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from nobubble.rl.system.imports import is_import_path, load_object, missing_extra
+from nobubble.rl.system.imports import check_kwargs, is_import_path, load_object, missing_extra
 from nobubble.rl.system.policies.causal_lm import as_policy
 from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
 
@@ -105,6 +105,7 @@ def build_policy(
     sequences of up to ``max_seq_len`` tokens."""
     kw = dict(kwargs or {})
     if spec == "char":
+        check_kwargs(PolicyConfig, kw, "policy_kwargs")
         model: nn.Module = CharTransformer(
             PolicyConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, **kw)
         )
@@ -115,6 +116,7 @@ def build_policy(
     else:
         check_policy_spec(spec)
         factory = load_object(spec, "policy") if isinstance(spec, str) else spec
+        check_kwargs(factory, {"vocab_size": 0, "max_seq_len": 0, **kw}, "policy_kwargs")
         model = factory(vocab_size=vocab_size, max_seq_len=max_seq_len, **kw)
         if not isinstance(model, nn.Module):
             raise ValueError(f"policy {spec!r} returned {type(model).__name__}, not an nn.Module")

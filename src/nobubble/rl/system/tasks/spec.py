@@ -26,8 +26,14 @@ from typing import Any
 
 import torch
 
-from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.tasks.builtin import TASK_NAMES, CharTokenizer, make_task
+from nobubble.rl.system.imports import check_kwargs, is_import_path, load_object
+from nobubble.rl.system.tasks.builtin import (
+    TASK_NAMES,
+    CharTokenizer,
+    DigitsTask,
+    SumDigitsTask,
+    make_task,
+)
 from nobubble.validation import finite
 
 __all__ = ["TaskSpec", "resolve_task"]
@@ -146,6 +152,7 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
         return task
     if isinstance(task, str):
         if task in TASK_NAMES:
+            check_kwargs({"digits": DigitsTask, "sum": SumDigitsTask}[task], kw, "task_kwargs")
             return TaskSpec(make_task(task, **kw))
         if task.startswith("rg:"):
             from nobubble.rl.system.tasks.rg import ReasoningGymTask
@@ -161,6 +168,7 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
     else:
         obj, name = task, None
     if isinstance(obj, type) or (callable(obj) and not _has(obj, "reward")):
+        check_kwargs(obj, kw, "task_kwargs")
         obj = obj(**kw)  # a task class or factory
     elif kw:
         raise ValueError(f"task {task!r} is an object; task_kwargs={kw} apply only to a factory")
