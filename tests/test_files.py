@@ -110,7 +110,7 @@ def test_a_folder_is_not_a_file_and_a_file_is_not_a_folder(tmp_path: Path) -> No
         ["rl", "train", "--checkpoint-dir", "/proc/x"],
         ["ep", "balance", "--plot", "/proc/x.png"],
         ["rl", "train", "--out", "/proc/x"],
-        ["trace", "merge", "a.json", "-o", "/proc/x.json"],
+        ["trace", "merge", "pyproject.toml", "-o", "/proc/x.json"],  # an input that exists
         ["demo", "--out", "/proc/x"],
     ],
 )
