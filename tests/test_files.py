@@ -71,6 +71,43 @@ def test_a_writer_killed_mid_write_leaves_a_whole_file(tmp_path: Path) -> None:
         assert len(text) == size and set(text) in ({"A"}, {"B"}), (delay, len(text), set(text))
 
 
+_STUCK_WRITER = """
+import sys, time
+from pathlib import Path
+from nobubble.files import atomic_path
+
+with atomic_path(Path(sys.argv[1])) as tmp:
+    tmp.write_text("half of it")
+    Path(sys.argv[2]).write_text(str(tmp))
+    time.sleep(600)  # killed here, mid-write: no cleanup runs
+"""
+
+
+def test_the_next_write_removes_what_a_killed_writer_left(tmp_path: Path) -> None:
+    script, target, ready = tmp_path / "w.py", tmp_path / "trace.json", tmp_path / "ready"
+    script.write_text(_STUCK_WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(target), str(ready)])
+    try:
+        wait_for(ready.exists, timeout_s=120, what="the writer starts", poll_s=0.05)
+        left = Path(ready.read_text())
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left.exists() and not target.exists()  # the killed write's temporary is left
+    write_text(tmp_path / "other.json", "x")  # another target's write leaves it alone
+    assert left.exists()
+    with atomic_path(target) as mine:  # the next write to the target removes it
+        mine.write_text("mine")
+        assert not left.exists()
+        write_text(target, "meanwhile")  # a live writer's temporary is never swept
+        assert mine.exists()
+    assert target.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json", "ready", "trace.json",
+                                                          "w.py"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("path", "message"),
     [

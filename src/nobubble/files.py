@@ -97,10 +97,14 @@ def _fsync_dir(folder: Path) -> None:
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (same suffix); on success fsync it, rename it
     to ``path`` and fsync the folder, on error remove it. Creates the parent folders. A
-    reader sees the old file or the whole new one, even after a crash."""
+    reader sees the old file or the whole new one, even after a crash. The temporary is
+    named ``.NAME.PID-RANDOM.tmpSUFFIX``: a writer killed mid-way (SIGKILL runs no cleanup)
+    leaves one, which the next write to ``path`` removes once its pid is gone."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    _sweep_dead_temporaries(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}-",
+                               suffix=f".tmp{target.suffix}", dir=target.parent)  # fmt: skip
     os.close(fd)
     try:
         yield Path(tmp)
@@ -111,6 +115,22 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _sweep_dead_temporaries(target: Path) -> None:
+    """Remove the temporaries of ``target`` whose writer is no longer running."""
+    head, tail = f".{target.name}.", f".tmp{target.suffix}"
+    for entry in target.parent.iterdir():
+        name = entry.name
+        if not (name.startswith(head) and name.endswith(tail)):
+            continue
+        pid = name[len(head) :].split("-", 1)[0]
+        try:
+            written = entry.stat().st_mtime
+        except FileNotFoundError:  # its writer renamed or removed it meanwhile
+            continue
+        if pid.isdigit() and not _pid_alive(int(pid), written):
+            entry.unlink(missing_ok=True)
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
