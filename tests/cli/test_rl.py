@@ -108,3 +108,26 @@ def test_a_reward_that_never_succeeds_ends_the_run_with_one_line(reward, needle,
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1, err
     assert "all of the last 8 groups failed" in err and needle in err
+
+
+def test_a_live_runs_output_is_refused_before_torch_is_imported(tmp_path):
+    """The claim comes first: a second ``rl train`` on a live run's folder is refused without
+    the seconds of start-up (torch, the task, the policy) the run would spend first."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"])  # the live run holding the folder
+    try:
+        (tmp_path / ".out.lock").write_text(f"{sleeper.pid}\n")
+        code = ("import sys; from nobubble.cli import main; "
+                f"rc = main(['rl', 'train', '--out', {str(out)!r}]); "
+                "print(rc, 'torch' in sys.modules)")  # fmt: skip
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr)
+    assert f"another live run (pid {sleeper.pid})" in r.stderr

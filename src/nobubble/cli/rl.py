@@ -337,9 +337,12 @@ def _artifacts(results: dict, out: Path, stem: str, title: str) -> dict[str, str
 
 def _train(args: argparse.Namespace) -> int:
     check_producer_flags(args, args.producer_parser)
-    if args.env is not None:
-        with claim_output(args.out):
-            return run_env(args, compare=False)
+    # the output first, before torch is imported: another live run's folder is refused at once
+    with claim_output(args.out):
+        return run_env(args, compare=False) if args.env is not None else _train_task(args)
+
+
+def _train_task(args: argparse.Namespace) -> int:
     _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
@@ -357,9 +360,8 @@ def _train(args: argparse.Namespace) -> int:
     )
     if cfg.learners > 1:
         label += f" learners={cfg.learners} {cfg.aggregation}"
-    with claim_output(args.out):  # before the workers start: refuse another live run's folder
-        res = _run_with_progress(cfg, label, quiet=args.json)
-        paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
+    res = _run_with_progress(cfg, label, quiet=args.json)
+    paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
     if args.json:
         print_json({**res.to_json(), "artifacts": paths})
         return 0
