@@ -65,6 +65,8 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["pp", "run", "-s", "1f1b", "--ranks", "2", "--backend", "bogus"], "'bogus' is unknown"),
         (["pp", "plan", "--ranks", "2", "--backend", "gloo", "--device", "meta"], "cpu or cuda"),
         (["pp", "profile", "--threads", "100000"], "--threads 100000 is past this machine's"),
+        (["pp", "profile", "--layers", "1000000"], "GiB, past 80% of this machine's"),
+        (["pp", "run", "-s", "1f1b", "--ranks", "2", "--microbatch-size", "10000000"], "GiB, pa"),
     ],
 )
 def test_a_device_or_backend_this_machine_lacks_is_refused_before_any_rank(argv, needle, capsys):

@@ -218,6 +218,24 @@ def _check_launch(args: argparse.Namespace, ranks: int | None) -> None:
         check_device(args.device, args.backend, ranks=ranks or 1)
     except ValueError as err:
         raise UsageError(f"--device/--backend: {err}") from None
+    if not is_user_model(args.model):  # a built-in model's size, before it is built
+        check_budget("pp", processes=ranks or 1, data_bytes=_builtin_bytes(args, ranks or 1),
+                     force=getattr(args, "force", False))  # fmt: skip
+
+
+def _builtin_bytes(args: argparse.Namespace, ranks: int) -> float:
+    """About what the built-in model of the size flags holds: weights, gradients and AdamW
+    state (16 bytes a parameter) and ~``ranks`` microbatches of fp32 activations in flight
+    (~40 hidden-sized tensors a token and layer for the GPT, plus the logits)."""
+    h, layers, mb = args.hidden, args.layers, args.microbatch_size
+    arch = args.model if args.model in BUILTIN_MODELS else args.arch
+    if arch == "gpt":
+        params = 12 * h * h * layers + 2 * args.vocab * h
+        activations = mb * args.seq_len * (40 * h * layers + 3 * args.vocab) * 4
+    else:
+        params = h * h * layers
+        activations = mb * 10 * h * layers * 4
+    return 16.0 * params + ranks * activations
 
 
 def _profile(args: argparse.Namespace) -> int:
