@@ -12,8 +12,16 @@ the Zero Bubble paper's measured times and memory model. Memory limits are in un
 from __future__ import annotations
 
 import argparse
+import os
 
-from nobubble.cli.util import UsageError, nonneg_float, nonneg_int, positive_float, positive_int
+from nobubble.cli.util import (
+    UsageError,
+    check_budget,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 from nobubble.pipeline.costs import PAPER_TIMES
 
 __all__ = [
@@ -23,6 +31,8 @@ __all__ = [
     "straggler_arg",
     "add_size",
     "launch_device",
+    "check_launch",
+    "builtin_bytes",
     "add_shape",
     "add_costs",
     "check_size",
@@ -262,3 +272,36 @@ def perturbation_from_args(args: argparse.Namespace):
             raise UsageError(f"--straggler {s}: rank {s.rank} is outside ranks 0..{args.ranks - 1} "
                              "of --ranks; give a rank of the pipeline")  # fmt: skip
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed)
+
+
+def check_launch(args: argparse.Namespace, ranks: int | None, arch: str | None) -> None:
+    """``--device`` / ``--backend`` against this torch build and machine, and ``--threads``
+    against its cores (unless ``--force``), and a built-in model's size (``arch``: ``gpt`` or
+    ``mlp``; None for a model of the user's own), before any work."""
+    from nobubble.distributed import check_device
+
+    cores = os.cpu_count() or 1
+    if args.threads > cores and not getattr(args, "force", False):
+        raise UsageError(f"--threads {args.threads} is past this machine's {cores} cores; use "
+                         f"at most {cores} (or --force)")  # fmt: skip
+    try:
+        check_device(args.device, args.backend, ranks=ranks or 1)
+    except ValueError as err:
+        raise UsageError(f"--device/--backend: {err}") from None
+    if arch is not None:  # a built-in model's size, before it is built
+        check_budget("pp", processes=ranks or 1, data_bytes=builtin_bytes(args, ranks or 1, arch),
+                     force=getattr(args, "force", False))  # fmt: skip
+
+
+def builtin_bytes(args: argparse.Namespace, ranks: int, arch: str) -> float:
+    """About what the built-in model of the size flags holds: weights, gradients and AdamW
+    state (16 bytes a parameter) and ~``ranks`` microbatches of fp32 activations in flight
+    (~40 hidden-sized tensors a token and layer for the GPT, plus the logits)."""
+    h, layers, mb = args.hidden, args.layers, args.microbatch_size
+    if arch == "gpt":
+        params = 12 * h * h * layers + 2 * args.vocab * h
+        activations = mb * args.seq_len * (40 * h * layers + 3 * args.vocab) * 4
+    else:
+        params = h * h * layers
+        activations = mb * 10 * h * layers * 4
+    return 16.0 * params + ranks * activations

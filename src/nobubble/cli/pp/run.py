@@ -26,7 +26,13 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nobubble.cli.pp.options import DISPATCH_CHOICES, add_size, launch_device, straggler_arg
+from nobubble.cli.pp.options import (
+    DISPATCH_CHOICES,
+    add_size,
+    check_launch,
+    launch_device,
+    straggler_arg,
+)
 from nobubble.cli.pp.plan import BUILTIN_MODELS, is_user_model, plan_user_model, run_user_plan
 from nobubble.cli.util import (
     UsageError,
@@ -205,41 +211,15 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
     return prof
 
 
-def _check_launch(args: argparse.Namespace, ranks: int | None) -> None:
-    """``--device`` / ``--backend`` against this torch build and machine, and ``--threads``
-    against its cores (unless ``--force``), before any work."""
-    from nobubble.distributed import check_device
-
-    cores = os.cpu_count() or 1
-    if args.threads > cores and not getattr(args, "force", False):
-        raise UsageError(f"--threads {args.threads} is past this machine's {cores} cores; use "
-                         f"at most {cores} (or --force)")  # fmt: skip
-    try:
-        check_device(args.device, args.backend, ranks=ranks or 1)
-    except ValueError as err:
-        raise UsageError(f"--device/--backend: {err}") from None
-    if not is_user_model(args.model):  # a built-in model's size, before it is built
-        check_budget("pp", processes=ranks or 1, data_bytes=_builtin_bytes(args, ranks or 1),
-                     force=getattr(args, "force", False))  # fmt: skip
-
-
-def _builtin_bytes(args: argparse.Namespace, ranks: int) -> float:
-    """About what the built-in model of the size flags holds: weights, gradients and AdamW
-    state (16 bytes a parameter) and ~``ranks`` microbatches of fp32 activations in flight
-    (~40 hidden-sized tensors a token and layer for the GPT, plus the logits)."""
-    h, layers, mb = args.hidden, args.layers, args.microbatch_size
-    arch = args.model if args.model in BUILTIN_MODELS else args.arch
-    if arch == "gpt":
-        params = 12 * h * h * layers + 2 * args.vocab * h
-        activations = mb * args.seq_len * (40 * h * layers + 3 * args.vocab) * 4
-    else:
-        params = h * h * layers
-        activations = mb * 10 * h * layers * 4
-    return 16.0 * params + ranks * activations
+def _builtin_arch(args: argparse.Namespace) -> str | None:
+    """``gpt`` or ``mlp``; None for a model of the user's own."""
+    if is_user_model(args.model):
+        return None
+    return args.model if args.model in BUILTIN_MODELS else args.arch
 
 
 def _profile(args: argparse.Namespace) -> int:
-    _check_launch(args, None)
+    check_launch(args, None, _builtin_arch(args))
     if is_user_model(args.model):
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
@@ -282,7 +262,7 @@ def _load_or_measure(args: argparse.Namespace):
 
 
 def _plan(args: argparse.Namespace) -> int:
-    _check_launch(args, args.ranks)
+    check_launch(args, args.ranks, _builtin_arch(args))
     if is_user_model(args.model):
         return plan_user_model(args)
     if args.plot is not None:
@@ -401,7 +381,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
 
 
 def _run(args: argparse.Namespace) -> int:
-    _check_launch(args, args.ranks)
+    check_launch(args, args.ranks, _builtin_arch(args))
     if args.plan is not None:
         return run_user_plan(args)
     if is_user_model(args.model):
