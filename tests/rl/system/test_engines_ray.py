@@ -37,6 +37,7 @@ def test_ray_actor_failure_ends_the_run(ray_session):
         run(RunConfig(mode="sync", steps=4, fault="trainer:2:raise", **TINY))
 
 
+@pytest.mark.long  # the check is the orchestrator's, proven on the local engine in the fast tier
 def test_ray_a_generator_sampling_with_stale_weights_is_caught(ray_session):
     """On Ray the weights travel through the object store; the digests are checked alike."""
     with pytest.raises(WorkerError, match="rollout-0 .*weights other than the version it"):

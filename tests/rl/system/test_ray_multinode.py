@@ -251,6 +251,7 @@ def _child(scenario: str, timeout_s: float) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.long  # ~12 s of a Ray of its own; the cluster tests (long) check the sockets too
 def test_the_engines_own_ray_listens_and_talks_on_loopback_only():
     report = _child("local", timeout_s=240)
     assert report["steps"] == 2
