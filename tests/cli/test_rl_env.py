@@ -67,8 +67,9 @@ def test_a_short_run_prints_a_table(tmp_path, capsys) -> None:
         (["--env", "CartPole-v1", "--mode", "fully-async"], "--mode is not read with --env"),
         (["--env", "CartPole-v1", "--group-size", "4"], "--group-size is not read with --env"),
         (["--env", "CartPole-v1", "--resume"], "--resume is not read with --env"),
+        (["--env", "CartPole-v1", "--token-delay", "1"], "--token-delay is not read with --env"),
         (["--env", "CartPole-v1", "--task", "digits"], "--task and --env pick two producers"),
-        (["--env", "CartPole-v1", "--engine", "ray"], "--engine ray runs --task only"),
+        (["--env", "CartPole-v1", "--engine", "ray"], "--engine is not read with --env"),
         (["--task", "digits", "--actors", "2"], "--actors is not read with --task"),
         (["--env-steps", "100"], "--env-steps is not read with --task"),
         # sizes past the machine's budget, refused before any actor starts

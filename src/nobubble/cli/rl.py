@@ -320,7 +320,9 @@ def _run_with_progress(cfg, label: str, *, quiet: bool):
         bar = progress.add_task(label, total=cfg.steps, info="starting workers")
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            info = f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('max_lag', 0):.0f}"
+            info = (
+                f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('staleness_max', 0):.0f}"
+            )
             progress.update(bar, completed=step, info=info)
 
         return run(cfg, on_step=on_step)
@@ -346,7 +348,7 @@ def _train_task(args: argparse.Namespace) -> int:
     _check_sizes(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
-    ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "resume", "restart_workers")}
+    ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "restart_workers")}
     ckpt["resume"] = "or-start" if args.resume_or_start else args.resume
     ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
     lag = _lag_settings(args)

@@ -6,7 +6,7 @@ configured by ``--env-option KEY=VALUE`` (``high=9``, ``max_turns=4``, a dataset
 The flags both producers have (``--max-staleness``, ``--time-budget``, ``--steps`` = learner
 updates, ``--seed``, ``--out``, ``--json``) are ``rl train``'s own; :func:`add_env_arguments`
 adds the environment's, and :func:`check_producer_flags` refuses a flag of the other
-producer. :func:`run_env` runs :func:`nobubble.rl.actor_learner.train` (``rl compare``: every
+producer. :func:`run_env` runs :func:`nobubble.rl.train` (``rl compare``: every
 architecture on the same budget), shows progress on stderr and prints a table or ``--json``
 (the keys of every RL run, :data:`nobubble.rl.system.result.RESULT_KEYS`). The target
 return defaults to the gymnasium spec's ``reward_threshold`` (475 for CartPole-v1, -100 for
@@ -17,30 +17,21 @@ naming it and exit status 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.util import nonneg_float, positive_int, print_json, print_table
+from nobubble.cli.util import check_budget, nonneg_float, positive_int, print_json, print_table
 from nobubble.validation import finite
 
 __all__ = ["ENV_ARCHS", "add_env_arguments", "check_producer_flags", "run_env"]
 
 ENV_ARCHS = ("impala", "seed", "sample-factory")
-# the flags only the environment producer reads, and only the task producer (argparse dests)
-ENV_ONLY = ("env_option", "arch", "actors", "envs_per_actor", "env_step_delay_ms", "loss",
-            "env_steps", "target_return")  # fmt: skip
-TASK_ONLY = (
-    "task_kwargs", "policy", "policy_kwargs", "reward", "reward_url", "generators", "address",
-    "target_accuracy", "batch_groups", "group_size", "eval_every", "reward_delay",
-    "reward_failure_rate", "trainer_delay", "mode", "algo", "preset", "drop_staleness",
-    "staleness_weighting", "kl_coef", "kl_refresh_every", "sync_every", "replay",
-    "replay_capacity", "replay_groups", "learners", "aggregation", "local_sgd_every",
-    "partial_rollouts", "checkpoint_dir", "checkpoint_every", "resume", "resume_or_start",
-    "restart_workers",
-    "ablation", "etas",
-)  # fmt: skip
+# the flags both producers read; every other flag belongs to one producer (argparse dests)
+SHARED = ("task", "env", "max_staleness", "steps", "seed", "time_budget", "out", "json", "force")
+_NOT_FLAGS = ("func", "producer_parser", "group_parser", "env_dests", "command", "rl_command")
 
 
 def _target_return(text: str) -> float | str:
@@ -57,35 +48,59 @@ def _target_return(text: str) -> float | str:
 
 
 def add_env_arguments(parser: argparse.ArgumentParser, *, arch: bool = True) -> None:
-    """The environment producer's flags (``arch``: one architecture is chosen, not all)."""
+    """The environment producer's flags (``arch``: one architecture is chosen, not all); their
+    dests are recorded (``env_dests``) so that :func:`check_producer_flags` knows them."""
     g = parser.add_argument_group("environment producer (with --env; IMPALA, SEED RL, "
                                   "Sample Factory)")  # fmt: skip
+    dests: list[str] = []
+
+    def add(*flags: str, **kw: Any) -> None:
+        dests.append(g.add_argument(*flags, **kw).dest)
+
     g.add_argument("--env", default=None, metavar="ID",
                    help="gymnasium id (CartPole-v1, Acrobot-v1) or a text env: guess-number, "
                    "rg:<task>; instead of --task")  # fmt: skip
-    g.add_argument(
-        "--env-option", action="append", default=[], metavar="KEY=VALUE",
+    add(
+        "--env-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="a text env's option, repeatable: high=9, max_turns=4, a reasoning-gym config",
-    )  # fmt: skip
+    )
     if arch:
-        g.add_argument("--arch", choices=ENV_ARCHS, default="seed",
-                       help="where inference runs: impala (in each actor), seed (central), "
-                       "sample-factory (central, double-buffered envs)")  # fmt: skip
-    g.add_argument("--actors", type=positive_int, default=None, help="actor processes (2)")
-    g.add_argument("--envs-per-actor", type=positive_int, default=None, metavar="N")
-    g.add_argument(
-        "--env-step-delay-ms", type=nonneg_float, default=None, metavar="MS",
+        add("--arch", choices=ENV_ARCHS, default="seed",
+            help="where inference runs: impala (in each actor), seed (central), sample-factory "
+            "(central, double-buffered envs)")  # fmt: skip
+    add("--actors", type=positive_int, default=None, help="actor processes (2)")
+    add("--envs-per-actor", type=positive_int, default=None, metavar="N")
+    add(
+        "--env-step-delay-ms",
+        type=nonneg_float,
+        default=None,
+        metavar="MS",
         help="sleep per env step, a stand-in for a slow simulator",
-    )  # fmt: skip
-    g.add_argument("--loss", choices=("ppo", "vtrace"), default=None,
-                   help="ppo (APPO, the default) or vtrace (IMPALA)")  # fmt: skip
-    g.add_argument("--env-steps", type=positive_int, default=None, metavar="N",
-                   help="stop after N environment steps")  # fmt: skip
-    g.add_argument(
-        "--target-return", type=_target_return, default=None,
+    )
+    add(
+        "--loss",
+        choices=("ppo", "vtrace"),
+        default=None,
+        help="ppo (APPO, the default) or vtrace (IMPALA)",
+    )
+    add(
+        "--env-steps",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="stop after N environment steps",
+    )
+    add(
+        "--target-return",
+        type=_target_return,
+        default=None,
         help="stop when the greedy eval mean reaches it ('none': never); default: the env's "
         "reward threshold (CartPole-v1 475, Acrobot-v1 -100; text envs: success 0.8)",
-    )  # fmt: skip
+    )
+    parser.set_defaults(env_dests=tuple(dests))
 
 
 def check_producer_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -93,8 +108,10 @@ def check_producer_flags(args: argparse.Namespace, parser: argparse.ArgumentPars
     env = args.env is not None
     if env and args.task is not None:
         raise ValueError("--task and --env pick two producers; give one of them")
-    other = TASK_ONLY if env else ENV_ONLY
-    given = [d for d in other if hasattr(args, d) and getattr(args, d) != parser.get_default(d)]
+    env_only = set(args.env_dests)
+    task_only = set(vars(args)) - env_only - set(SHARED) - set(_NOT_FLAGS)
+    other = sorted(task_only if env else env_only)
+    given = [d for d in other if getattr(args, d) != parser.get_default(d)]
     if given:
         flag = "--" + given[0].replace("_", "-")
         chosen = f"--env {args.env}" if env else "--task"
@@ -168,14 +185,11 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
     starts."""
     from nobubble.rl.actor_learner.envs import env_label, env_spaces
 
-    if args.engine != "local":
-        raise ValueError(f"--engine {args.engine} runs --task only; --env runs local processes")
-    from nobubble.cli.util import check_budget
-
     actors, envs = args.actors or 2, args.envs_per_actor or 8
     # an env with its slot and trajectory buffers: ~50 kB (CartPole); a text env more
     check_budget("rl", processes=1 + actors, data_bytes=actors * envs * 50e3, force=args.force)
-    configs = [env_config(args, arch) for arch in (ENV_ARCHS if compare else (args.arch,))]
+    first = env_config(args, ENV_ARCHS[0] if compare else args.arch)
+    configs = [dataclasses.replace(first, arch=a) for a in ENV_ARCHS] if compare else [first]
     try:
         env_spaces(configs[0].env)  # an unknown id or unsupported spaces: a usage error
     except Exception as err:
@@ -236,7 +250,7 @@ def _table(r: Any) -> None:
         ["env steps/s", f"{r.env_steps_per_s:,.0f}"],
         ["learner updates (policy version)", r.steps],
         ["idle ratio", ", ".join(f"{k} {v:.0%}" for k, v in r.idle_ratio.items())],
-        ["staleness histogram (trajectories)", lags or "-"],
+        ["staleness histogram (env steps)", lags or "-"],
         ["ledger", f"{r.ledger.trained} trained, dropped {dropped or 'none'}, ok: {r.ledger.ok}"],
     ]
     print_table(f"{r.arch} on {r.env} ({r.actors} x {r.envs_per_actor} envs)", ["", ""], rows)

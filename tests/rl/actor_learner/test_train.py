@@ -48,12 +48,12 @@ def test_each_architecture_learns_cartpole_to_the_target(arch: str) -> None:
     assert result.staleness_max <= config.max_staleness  # lag bounded as configured
     assert result.ledger.ok
     assert result.ledger.generated == result.ledger.trained + sum(result.ledger.dropped.values())
-    assert sum(result.staleness_hist.values()) == result.ledger.trained
+    assert sum(result.staleness_hist.values()) == result.trained_samples  # env steps by lag
     assert result.env_steps <= config.max_env_steps + 4 * 8 * 32 * config.actors
     assert 0.0 <= result.idle_ratio["learner"] <= 1.0
 
 
-def test_impala_drops_what_is_older_than_max_lag_and_accounts_for_it() -> None:
+def test_impala_drops_what_is_older_than_max_staleness_and_accounts_for_it() -> None:
     config = EnvRunConfig(
         arch="impala", actors=2, envs_per_actor=4, max_staleness=0, target_return=None,
         max_env_steps=6_000, time_budget_s=30.0, seed=2,

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from nobubble.rl.system.config import describe_value
+
 __all__ = [
     "ARCHS",
     "Arch",
@@ -175,11 +177,5 @@ def trajectories_per_update(c: EnvRunConfig) -> int:
 
 
 def config_json(c: EnvRunConfig) -> dict[str, Any]:
-    """``c``'s fields as JSON values (a factory by its qualified name)."""
-    out: dict[str, Any] = {}
-    for f in fields(c):
-        value = getattr(c, f.name)
-        if callable(value):
-            value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', value)}"
-        out[f.name] = value
-    return out
+    """``c``'s fields as JSON values (a factory by its ``module:qualname``)."""
+    return {f.name: describe_value(getattr(c, f.name)) for f in fields(c)}

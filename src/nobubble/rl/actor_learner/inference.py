@@ -21,7 +21,6 @@ from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.result import ActorFailure
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
-from nobubble.rl.system.weight_sync import weight_digest
 
 __all__ = ["CentralInference"]
 
@@ -62,7 +61,6 @@ class CentralInference:
             for a, group in enumerate(slots)
         ]
         self.busy_s = 0.0
-        self._digest = (-1, "")  # (version, digest) of the weights inference last used
         self.num_batches = 0
         self.num_requests = 0
 
@@ -92,8 +90,9 @@ class CentralInference:
             self._drain(more, ready)
         return ready
 
-    def poll(self, version: int, poll_s: float = 0.1) -> list[Trajectory]:
-        """Answer one batch of requests with policy ``version``; the trajectories it finished."""
+    def poll(self, version: int, digest: str, poll_s: float = 0.1) -> list[Trajectory]:
+        """Answer one batch of requests with policy ``version`` (the learner's model, whose
+        published digest is ``digest``); the trajectories it finished."""
         ready = self._gather(poll_s)
         if not ready:
             return []
@@ -107,15 +106,13 @@ class CentralInference:
                 finished.append(trajectory)
             observations.append(obs)
         actions, logits = act(self.model, np.concatenate(observations), self._generator)
-        if self._digest[0] != version:
-            self._digest = (version, weight_digest(self.model))
         offset = 0
         for a, g in ready:
             k = self.slots[a][g].num_envs
             self.slots[a][g].write_actions(actions[offset : offset + k])
             self.builders[a][g].record(
                 actions[offset : offset + k], logits[offset : offset + k], version,
-                self._digest[1],
+                digest,
             )  # fmt: skip
             offset += k
             self.conns[a].send_bytes(bytes([g]))

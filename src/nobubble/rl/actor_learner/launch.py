@@ -94,11 +94,13 @@ class ActorPool:
             self.weights.publish(self._module, version, timeout_s=self.config.timeout_s)
         self.published = version
 
-    def receive(self, version: int, poll_s: float = 0.1) -> list[Trajectory]:
-        """Finished trajectories (possibly none) after waiting at most about ``poll_s``."""
+    def receive(self, version: int, digest: str = "", poll_s: float = 0.1) -> list[Trajectory]:
+        """Finished trajectories (possibly none) after waiting at most about ``poll_s``;
+        ``digest``: the learner's published digest of ``version`` (central inference acts with
+        the learner's own model)."""
         if self.inference is not None:
             try:
-                return self.inference.poll(version, poll_s)
+                return self.inference.poll(version, digest, poll_s)
             except ActorFailure as failure:  # a pipe closed: find the process's own report
                 proc = self.procs[self.names.index(failure.actor)]
                 proc.join(timeout=self.config.timeout_s)

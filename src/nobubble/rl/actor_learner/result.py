@@ -51,7 +51,7 @@ class EnvRunResult:
         steps: learner updates (the last policy version).
         idle_ratio: per role, the fraction of the run's wall-clock it spent not working
             (``learner``: not in an update; ``inference``: not answering actors, central only).
-        staleness_hist: policy lag -> number of trajectories trained with it.
+        staleness_hist: policy lag -> env steps trained with it (summing to ``trained_samples``).
         config: the run's settings (factories by name), for the JSON.
         model: the trained model (the learner's, at the last policy version); not in
             :meth:`to_json`.

@@ -104,7 +104,7 @@ class _Run:
                 self.ledger.dropped(self.ids[t.key], "stale")
             else:
                 fresh.append(t)
-                self.lags[lag] += 1
+                self.lags[lag] += t.num_steps  # trained env steps by lag, as trained_samples
         for t in fresh:  # each acted with the weights of the versions it claims
             try:
                 self.published.check(t.weight_digests, t.source)
@@ -204,7 +204,8 @@ def _loop(run: _Run, pool: ActorPool, on_step: OnStep | None) -> None:
             on_step(run.learner.version, metrics)
 
     while not run.done():
-        run.take(pool.receive(run.learner.version))
+        version = run.learner.version
+        run.take(pool.receive(version, run.published.digests[version]))
         pool.supervise()
         while run.update_if_ready():
             if run.learner.version > pool.published:  # all of a batch may have been dropped

@@ -23,7 +23,7 @@ from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 from nobubble.rl.system.trainer import ALGOS, TrainerConfig
 from nobubble.validation import check_fields
 
-__all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
+__all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig", "describe_value"]
 
 MODES = ("sync", "one-step-off", "fully-async")
 AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
@@ -430,8 +430,8 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as JSON-ready values (objects by their import name)."""
-        out = {f.name: _describe(getattr(self, f.name)) for f in fields(self)}
-        out["rewards"] = [{"fn": _describe(r.fn), "weight": r.weight} for r in self.rewards]
+        out = {f.name: describe_value(getattr(self, f.name)) for f in fields(self)}
+        out["rewards"] = [{"fn": describe_value(r.fn), "weight": r.weight} for r in self.rewards]
         return {
             **out,
             "max_staleness": self.effective_max_staleness,
@@ -440,12 +440,14 @@ class RunConfig:
         }
 
 
-def _describe(value: Any) -> Any:
+def describe_value(value: Any) -> Any:
+    """``value`` as a JSON value: numbers and strings as they are, containers item by item,
+    an object (a factory, a callable) by its ``module:qualname``."""
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, dict):
-        return {str(k): _describe(v) for k, v in value.items()}
+        return {str(k): describe_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_describe(v) for v in value]
+        return [describe_value(v) for v in value]
     target = value if hasattr(value, "__qualname__") else type(value)
     return f"{target.__module__}:{target.__qualname__}"

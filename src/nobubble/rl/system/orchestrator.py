@@ -39,7 +39,14 @@ from collections.abc import Callable
 from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
-from nobubble.rl.system.config import AGGREGATIONS, DEFAULT_STALENESS, ENGINES, MODES, RunConfig
+from nobubble.rl.system.config import (
+    AGGREGATIONS,
+    DEFAULT_STALENESS,
+    ENGINES,
+    MODES,
+    RunConfig,
+    describe_value,
+)
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.recovery import Recovery
@@ -107,7 +114,7 @@ class Orchestrator(Recovery):
         self._token_staleness: Counter[int] = Counter()  # trained response tokens by lag
         self._train_reward: float | None = None
         self._group_versions: dict[int, list[int]] = {}
-        self._published = PublishedWeights()  # versions in order, each one's digest
+        self._published = PublishedWeights()  # each published version's digest
         self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
         self._eval_pending = 0
         self._t0 = 0.0
@@ -251,13 +258,12 @@ class Orchestrator(Recovery):
         self._step_metrics.append({"step": res.version, **res.metrics})
         self._version = res.version
         self._weights = msg.weights
-        self._published.versions.append(res.version)
         for lag in res.staleness:
             self._staleness[lag] += self.cfg.group_size
         self._token_staleness.update(res.token_staleness)
         self._train_reward = res.metrics.get("reward")
         if self.on_step is not None:
-            self.on_step(res.version, {**res.metrics, "max_lag": max(res.staleness)})
+            self.on_step(res.version, {**res.metrics, "staleness_max": max(res.staleness)})
         if self._version >= self.cfg.steps:
             self._stopping = True
         self._commit_checkpoint(res.version)
@@ -357,19 +363,17 @@ class Orchestrator(Recovery):
             steps=self._version,
             wall_s=wall,
             trained_samples=ledger.trained,
-            samples_per_s=ledger.trained / wall,
             initial_accuracy=curve[0].accuracy if curve else float("nan"),
             final_accuracy=curve[-1].accuracy if curve else float("nan"),
             curve=curve,
             staleness_hist=dict(sorted(self._staleness.items())),
-            staleness_max=max(self._staleness, default=0),
             token_staleness_hist=dict(sorted(self._token_staleness.items())),
             idle_ratio=idle,
             busy_s=busy,
             ledger=ledger,
             fates=dict(self.buffer.ledger.fate),
             group_versions=self._group_versions,
-            weight_versions=list(self._published.versions),
+            weight_versions=self._published.versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),
@@ -381,7 +385,7 @@ class Orchestrator(Recovery):
 
 def _reward_label(cfg: RunConfig) -> str:
     """The run's reward sources, as the user named them."""
-    names = [str(d["fn"]) for d in cfg.to_dict()["rewards"]]
+    names = [str(describe_value(r.fn)) for r in cfg.rewards]
     names += [cfg.reward_url] if cfg.reward_url else []
     return " + ".join(names or ["task"])
 

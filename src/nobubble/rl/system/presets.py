@@ -31,7 +31,7 @@ from typing import Any
 
 from nobubble.rl.algo.presets import PRESET_NAMES, get_preset
 
-__all__ = ["PRESET_NAMES", "resolve_preset"]
+__all__ = ["PRESET_NAMES", "ablation", "resolve_preset"]
 
 # the settings a preset may fill, and their value when neither the run nor a preset sets them
 DEFAULTS: dict[str, Any] = {

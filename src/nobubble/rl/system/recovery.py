@@ -165,6 +165,11 @@ class Recovery:
         self._staleness = Counter(state["staleness"])
         self._token_staleness = Counter(state.get("token_staleness", {}))
         self._group_versions = dict(state["group_versions"])
+        if "published" not in state:
+            raise ValueError(
+                "the checkpoint was written before weight digests were recorded; start a new "
+                "run in an empty checkpoint folder"
+            )
         self._published.load_state_dict(state["published"])
         self._train_reward = state["train_reward"]
         self._rollout_rng = dict(state["rollout_rng"])

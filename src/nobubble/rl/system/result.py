@@ -30,12 +30,10 @@ class RunResult:
     steps: int
     wall_s: float
     trained_samples: int
-    samples_per_s: float
     initial_accuracy: float
     final_accuracy: float
     curve: list[CurvePoint]
     staleness_hist: dict[int, int]
-    staleness_max: int
     idle_ratio: dict[str, float]
     busy_s: dict[str, float]
     ledger: LedgerSummary
@@ -49,6 +47,14 @@ class RunResult:
     resumed_from: str | None = None
     step_metrics: list[dict[str, float]] = field(default_factory=list)
     token_staleness_hist: dict[int, int] = field(default_factory=dict)  # trained tokens by lag
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.trained_samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def staleness_max(self) -> int:
+        return max(self.staleness_hist, default=0)
 
     def time_to_accuracy(self, target: float) -> float | None:
         for p in self.curve:

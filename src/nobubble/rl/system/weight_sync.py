@@ -59,16 +59,20 @@ Claims = Iterable[tuple[int, str]]  # (version, digest) pairs a generator sample
 
 
 class PublishedWeights:
-    """The learner's record of what it published: versions in order and each one's digest.
+    """The learner's record of what it published: each version's digest.
 
     :meth:`publish` takes the digests a train step reports (the version it started from and
     the one it made); :meth:`check` compares a trained sample's ``(version, digest)`` claims
     with them and raises :class:`WeightVersionError` naming ``who`` on any difference or on a
     version never published."""
 
-    def __init__(self, versions: list[int] | None = None) -> None:
-        self.versions: list[int] = [0] if versions is None else list(versions)
+    def __init__(self) -> None:
         self.digests: dict[int, str] = {}
+
+    @property
+    def versions(self) -> list[int]:
+        """The published versions, oldest first."""
+        return sorted(self.digests)
 
     def publish(self, digests: dict[int, str]) -> None:
         for version, digest in digests.items():
@@ -92,10 +96,9 @@ class PublishedWeights:
                 )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"versions": list(self.versions), "digests": dict(self.digests)}
+        return {"digests": dict(self.digests)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.versions = list(state["versions"])
         self.digests = {int(k): v for k, v in state["digests"].items()}
 
 

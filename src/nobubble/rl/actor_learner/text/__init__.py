@@ -7,7 +7,7 @@ token-level gymnasium env), :mod:`.policy` (the character transformer as the cor
 turns, with hints), :mod:`.run` (:func:`text_run_config`, the built-in names).
 
 Entry point: ``train(text_run_config(MyTextEnv))`` with
-:func:`nobubble.rl.actor_learner.train`. Names are imported on first use.
+:func:`nobubble.rl.train`. Names are imported on first use.
 """
 
 from __future__ import annotations

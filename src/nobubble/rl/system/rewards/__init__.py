@@ -14,6 +14,7 @@ from nobubble.rl.system.rewards.rewarder import (
     RewardConfig,
     Rewarder,
     RewardError,
+    RewardFailure,
     RewardSource,
     parse_reward,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "RewardConfig",
     "RewardError",
     "InjectedRewardFailure",
+    "RewardFailure",
     "RewardSource",
     "parse_reward",
     "Rewarder",

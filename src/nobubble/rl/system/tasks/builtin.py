@@ -20,6 +20,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nobubble.rl.system.imports import check_kwargs
+
 __all__ = ["CharTokenizer", "Task", "DigitsTask", "SumDigitsTask", "make_task", "TASK_NAMES"]
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -214,9 +216,10 @@ TASK_NAMES = ("digits", "sum")
 
 
 def make_task(name: str, **kwargs) -> DigitsTask | SumDigitsTask:
-    """The task called ``name`` (``digits`` or ``sum``) with its keyword settings."""
-    if name == "digits":
-        return DigitsTask(**kwargs)
-    if name == "sum":
-        return SumDigitsTask(**kwargs)
-    raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    """The task called ``name`` (``digits`` or ``sum``) with its keyword settings (an
+    unknown one is named with those it takes)."""
+    classes = {"digits": DigitsTask, "sum": SumDigitsTask}
+    if name not in classes:
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    check_kwargs(classes[name], kwargs, "task_kwargs")
+    return classes[name](**kwargs)

@@ -30,8 +30,6 @@ from nobubble.rl.system.imports import check_kwargs, is_import_path, load_object
 from nobubble.rl.system.tasks.builtin import (
     TASK_NAMES,
     CharTokenizer,
-    DigitsTask,
-    SumDigitsTask,
     make_task,
 )
 from nobubble.validation import finite
@@ -152,7 +150,6 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
         return task
     if isinstance(task, str):
         if task in TASK_NAMES:
-            check_kwargs({"digits": DigitsTask, "sum": SumDigitsTask}[task], kw, "task_kwargs")
             return TaskSpec(make_task(task, **kw))
         if task.startswith("rg:"):
             from nobubble.rl.system.tasks.rg import ReasoningGymTask
