@@ -18,8 +18,8 @@ All three move their rows through one transport, chosen by ``BenchConfig.transpo
 ``"shm"`` (:class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`, shared memory on this host),
 ``"dist"`` (:class:`~nobubble.moe.transport.TorchDistTransport`, gloo collectives) or
 ``"auto"`` (shared memory for gloo on one CPU host, as ``Buffer(transport="auto")``
-decides); the report names the one really used. :func:`compare_transports` runs the whole
-benchmark once per transport kind, so that the same ``Buffer`` is compared across them.
+decides); the report names the one really used. ``ep bench --transport shm,dist`` runs it
+once per kind, so that the same ``Buffer`` is compared across them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ __all__ = [
     "BenchReport",
     "run_bench",
     "run_with_progress",
-    "compare_transports",
     "plot_report",
     "METHODS",
 ]
@@ -294,19 +293,6 @@ def run_with_progress(config: BenchConfig) -> BenchReport:
         lambda updates: run_bench(config, progress=updates),
         label=f"starting {config.num_ranks} ranks",
     )
-
-
-def compare_transports(
-    config: BenchConfig, kinds: tuple[str, ...], *, progress: Any = None
-) -> list[BenchReport]:
-    """:func:`run_bench` once per transport kind in ``kinds`` (the same ``Buffer`` over each),
-    in order; ``config.transport`` is replaced by each kind in turn."""
-    for kind in kinds:
-        if kind not in TRANSPORT_KINDS:
-            raise ValueError(
-                f"compare_transports: kind={kind!r}; choose from {', '.join(TRANSPORT_KINDS)}"
-            )
-    return [run_bench(replace(config, transport=kind), progress=progress) for kind in kinds]
 
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:

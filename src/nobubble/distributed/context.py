@@ -59,6 +59,9 @@ def check_device(device: str, backend: str | None = None, *, ranks: int = 1) -> 
                              "use cpu")  # fmt: skip
         if ranks > have:
             raise ValueError(f"device {device!r}: {ranks} ranks need {ranks} GPUs, {have} seen")
+        index = torch.device(device).index
+        if index is not None and index >= have:
+            raise ValueError(f"device {device!r}: this machine has GPUs 0..{have - 1}")
     if backend is None:
         return
     if backend not in BACKENDS:

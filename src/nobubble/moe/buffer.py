@@ -464,8 +464,7 @@ class Buffer:
         Returns:
             ``[N, H]`` in x's dtype; float32 products and sums, slots added in order k = 0..K-1.
         """
-        if self._closed:
-            raise ValueError("low_latency_combine: the Buffer is closed; build a new one")
+        self._check_usable("low_latency_combine")  # no combine while a receive is pending
         num_experts = getattr(handle, "num_experts", None)
         if num_experts is None:
             raise ValueError(
@@ -475,6 +474,11 @@ class Buffer:
         return self._low_latency_mode(num_experts).combine(x, topk_idx, topk_weights, handle)
 
     def _low_latency_mode(self, num_experts: int) -> LowLatencyMode:
+        if self.masks_failed_ranks:
+            raise ValueError(
+                "low-latency mode does not mask failed ranks; use dispatch/combine with a "
+                "transport that masks them, or a transport without masking"
+            )
         if num_experts not in self._low_latency:
             self._low_latency[num_experts] = LowLatencyMode(self.transport, num_experts)
         return self._low_latency[num_experts]

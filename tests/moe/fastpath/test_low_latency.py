@@ -147,7 +147,9 @@ def _misuse(ctx) -> str:
     res = buf.low_latency_dispatch(
         x, own, num_max_dispatch_tokens_per_rank=4, return_recv_hook=True
     )
-    with pytest.raises(ValueError, match=r"call the dispatch result's hook\(\)"):
+    with pytest.raises(
+        ValueError, match=r"low_latency_combine: .* call its result's hook\(\) first"
+    ):
         buf.low_latency_combine(res.recv_x, own, w, res.handle)
     res.hook()
     with pytest.raises(ValueError, match=r"must both be \[3, 2\], the dispatch's routing"):

@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from nobubble.distributed import context_from_env, spawn
 from nobubble.pipeline.runtime.executor import (
     WAIT,
@@ -58,17 +56,6 @@ def _world_size(configs: Sequence[TrainConfig]) -> int:
     return world
 
 
-def _check_devices(options: LaunchOptions, world: int) -> None:
-    if not options.device.startswith("cuda"):
-        return
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if available < world:
-        raise ValueError(
-            f"device='cuda' needs {world} GPUs (one per rank) but {available} are visible; "
-            "use --device cpu or fewer ranks"
-        )
-
-
 def run_local(
     configs: Sequence[TrainConfig], options: LaunchOptions | None = None
 ) -> list[list[RankResult]]:
@@ -79,7 +66,6 @@ def run_local(
     """
     options = options or LaunchOptions()
     world = _world_size(configs)
-    _check_devices(options, world)
     by_rank = spawn(
         train_rank_many, world, args=(list(configs),), backend=options.backend,
         device=options.device, timeout_s=options.timeout_s,
