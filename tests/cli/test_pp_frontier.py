@@ -47,7 +47,7 @@ def test_frontier_table(capsys):
      (["--mem-limit", "3"], "--mem-limits (plural)"),
      (["-p", "64", "-m", "512"], "budget"),
      (["--costs", "no-such-profile.json"], "no such file"),
-     (["--out", "frontier.gif"], "must end in"),
+     (["--out", "frontier.gif"], "a figure is written as .png, .svg, .pdf"),
      (["--out", "."], "is a folder")],
 )  # fmt: skip
 def test_frontier_bad_input_one_line_exit_2(capsys, argv, message):

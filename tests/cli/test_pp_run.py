@@ -66,6 +66,8 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["pp", "plan", "--ranks", "2", "--backend", "gloo", "--device", "meta"], "cpu or cuda"),
         (["pp", "profile", "--threads", "100000"], "--threads 100000 is past this machine's"),
         (["pp", "profile", "--layers", "1000000"], "GiB, past 80% of this machine's"),
+        (["pp", "profile", "--arch", "mlp", "--hidden", "20000", "--layers", "40"], "GiB, past"),
+        (["pp", "plan", "--profile", "/"], "--profile /: is a folder"),
         (["pp", "run", "-s", "1f1b", "--ranks", "2", "--microbatch-size", "10000000"], "GiB, pa"),
     ],
 )

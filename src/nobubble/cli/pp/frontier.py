@@ -28,7 +28,7 @@ from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     nonneg_float,
-    output_file,
+    plot_file,
     positive_float,
     print_json,
     print_table,
@@ -67,7 +67,7 @@ def register(sub) -> None:
         help="time limit of each exact solve (0: no solver points, the default)",
     )
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument("--out", type=output_file, default=None, help="write the picture (.png/.svg)")
+    p.add_argument("--out", type=plot_file, default=None, help="write the picture (.png/.svg/.pdf)")
     add_json_flag(p)
     p.set_defaults(func=_frontier, chunks=None)  # fmt: skip
 
@@ -131,8 +131,6 @@ def _frontier(args: argparse.Namespace) -> int:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what the frontier cannot do or cannot do in time."""
-    if args.out is not None and args.out.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UsageError(f"--out {args.out} must end in .png, .svg or .pdf")
     if args.mem_limit is not None:
         raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
     if args.ranks < 2:

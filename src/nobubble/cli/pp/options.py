@@ -301,7 +301,7 @@ def builtin_bytes(args: argparse.Namespace, ranks: int, arch: str) -> float:
     if arch == "gpt":
         params = 12 * h * h * layers + 2 * args.vocab * h
         activations = mb * args.seq_len * (40 * h * layers + 3 * args.vocab) * 4
-    else:
-        params = h * h * layers
+    else:  # a residual MLP block: h -> 4h -> h
+        params = 8 * h * h * layers
         activations = mb * 10 * h * layers * 4
     return 16.0 * params + ranks * activations

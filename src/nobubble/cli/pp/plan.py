@@ -341,8 +341,9 @@ def _read_plan(path: Path) -> Plan:
 
     try:
         return Plan.from_json(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--plan {path}: no such file; write one with pp plan --model "
+    except OSError as err:  # missing, a folder, unreadable
+        what = "no such file" if isinstance(err, FileNotFoundError) else err.strerror or str(err)
+        raise UsageError(f"--plan {path}: {what}; write one with pp plan --model "
                          "MODULE:FACTORY --out plan.json") from None  # fmt: skip
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise UsageError(f"--plan {path}: not a plan JSON (pp plan --model ... --out): "

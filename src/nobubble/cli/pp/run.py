@@ -37,7 +37,6 @@ from nobubble.cli.pp.plan import BUILTIN_MODELS, is_user_model, plan_user_model,
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
-    check_budget,
     console,
     nonneg_float,
     nonneg_int,
@@ -164,7 +163,7 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags."""
     from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
 
-    arch = args.model if args.model in BUILTIN_MODELS else args.arch
+    arch = _builtin_arch(args)
     if arch == "gpt":
         return GPTConfig(
             vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
@@ -211,6 +210,13 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
     return prof
 
 
+def _why(err: OSError) -> str:
+    """An input file's read error in words: ``no such file``, ``is a folder``, ..."""
+    if isinstance(err, FileNotFoundError):
+        return "no such file"
+    return "is a folder" if isinstance(err, IsADirectoryError) else (err.strerror or str(err))
+
+
 def _builtin_arch(args: argparse.Namespace) -> str | None:
     """``gpt`` or ``mlp``; None for a model of the user's own."""
     if is_user_model(args.model):
@@ -253,9 +259,9 @@ def _load_or_measure(args: argparse.Namespace):
         return measure_profile(model_from_args(args), args.ranks, args)
     try:
         return Profile.from_dict(json.loads(args.profile.read_text()))
-    except FileNotFoundError:
+    except OSError as err:  # missing, a folder, unreadable
         raise UsageError(
-            f"--profile {args.profile}: no such file; write one with pp profile -o"
+            f"--profile {args.profile}: {_why(err)}; write one with pp profile -o"
         ) from None
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise UsageError(f"--profile {args.profile}: not a pp profile JSON ({err})") from None
@@ -355,8 +361,8 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
                             num_microbatches=args.microbatches, costs=costs)  # fmt: skip
     try:
         text = args.schedule_file.read_text()
-    except FileNotFoundError:
-        raise UsageError(f"--schedule-file {args.schedule_file}: no such file") from None
+    except OSError as err:  # missing, a folder, unreadable
+        raise UsageError(f"--schedule-file {args.schedule_file}: {_why(err)}") from None
     from nobubble.pipeline.actions import Schedule
 
     sched = Schedule.from_csv(text, name=args.schedule_file.stem)
@@ -390,7 +396,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.ranks is None:
         raise UsageError("--ranks is required with --schedule or --schedule-file")
     args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-    check_budget("pp run", processes=args.ranks, force=args.force)
     config = _train_config(args, _schedule_from_args(args))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _run_torchrun(config, args)

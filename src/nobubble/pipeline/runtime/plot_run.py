@@ -40,8 +40,8 @@ def plot_measured_vs_simulated(
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"plot file {path} must end in .png or .svg")
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
     sched = sim.schedule if sim is not None else None
     evs = [[e for e in r.events if e.args.get("step") == step and e.cat != WAIT] for r in results]
     t0 = min(e.start_us for row in evs for e in row)
