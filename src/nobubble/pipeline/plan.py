@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.partition import balanced_sizes
+from nobubble.pipeline.partition import balanced_sizes, stage_ranges
 from nobubble.pipeline.plan_inputs import (
     TWO_CHUNK_SCHEDULES,
     check_inputs,
@@ -300,9 +300,8 @@ def stage_costs(
     assert min(sizes) >= 1, f"cuts {tuple(cuts)} leave a stage empty"
     fields: dict[str, list[float]] = {k: [] for k in ("t_f", "t_b", "t_w", "t_bw", "mem_f",
                                                       "mem_b", "mem_w", "kept")}  # fmt: skip
-    start = 0
-    for s, size in enumerate(sizes):
-        held = blocks[start : start + size]
+    for s, r in enumerate(stage_ranges(sizes)):
+        held = blocks[r.start : r.stop]
         b = sum(x.backward_input for x in held) * scale
         w = sum(x.backward_weight for x in held) * scale
         fused = sum(x.backward_input + x.backward_weight if x.backward_fused is None
@@ -319,8 +318,9 @@ def stage_costs(
         fields["mem_f"].append(mem_f)
         fields["mem_b"].append(mem_b)
         fields["mem_w"].append(mem_f - mem_b)
-        fields["kept"].append((input_bytes if s == 0 else blocks[start - 1].boundary_bytes) * scale)
-        start += size
+        fields["kept"].append(
+            (input_bytes if s == 0 else blocks[r.start - 1].boundary_bytes) * scale
+        )
     boundary = max((blocks[c - 1].boundary_bytes for c in cuts), default=0.0) * scale
     kept = tuple(fields.pop("kept"))
     costs = CostModel(
