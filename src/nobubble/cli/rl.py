@@ -10,9 +10,8 @@ trace of the stages' busy spans). ``--task``, ``--policy`` and ``--reward`` take
 own task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``--resume``
 make a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP.
 ``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
-budget and prints a table and a plot; ``--ablation`` turns each lag fix (drop > K, age
-weights, KL, replay uniform / prioritized, decoupled PPO, V-trace) on alone and all together
-at each max staleness of ``--etas``, with a slow trainer.
+budget and prints a table and a plot; ``--ablation`` turns each lag fix on alone and all
+together at each max staleness of ``--etas`` (:func:`nobubble.rl.system.presets.ablation`).
 """
 
 from __future__ import annotations
