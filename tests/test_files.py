@@ -232,6 +232,7 @@ def test_a_second_run_onto_a_live_runs_output_is_refused(tmp_path: Path) -> None
             return (tmp_path / ".t.json.lock").exists()
 
         wait_for(claimed, timeout_s=300, what="the first run claims its trace")
+        os.killpg(first.pid, signal.SIGSTOP)  # alive and holding its claim, not computing
         second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert second.returncode == 2, second.stderr
         lines = second.stderr.strip().splitlines()

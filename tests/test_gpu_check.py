@@ -39,6 +39,7 @@ def test_dry_run_lists_every_check_and_the_skip_list() -> None:
         assert name in out.stdout and why in out.stdout
 
 
+@pytest.mark.long  # every GPU check on the CPU (30 s); each check's code is tested on its own
 def test_cpu_rehearsal_runs_every_check(tmp_path: Path) -> None:
     report = tmp_path / "gpu_check.json"
     out = _run("--device", "cpu", "--json", str(report))

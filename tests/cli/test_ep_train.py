@@ -32,6 +32,7 @@ def test_two_ranks_learn_and_equal_the_dense_model(tmp_path, capsys):
     assert all(x >= 1.0 for x in r["rank_imbalance"] + r["expert_imbalance"])
 
 
+@pytest.mark.long  # 25 s; tests/moe/balance/test_online.py checks the same moves in the library
 def test_dp_x_ep_with_replicas_and_online_moves_equals_dense(tmp_path, capsys):
     """4 ranks as dp 2 x ep 2, two redundant experts re-placed every 4 steps: the experts and
     their Adam state move between ranks, and training still equals the dense model."""

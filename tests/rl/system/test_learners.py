@@ -237,6 +237,7 @@ def test_two_asynchronous_learners_learn_digits(aggregation):
     assert res.ledger.ok and set(res.ledger.by_learner) == {0, 1}
 
 
+@pytest.mark.long  # the local engine covers the learners, test_engines_ray the Ray engine
 @pytest.mark.timeout(300)
 def test_two_learners_on_the_ray_engine(ray_session):
     """Ray actors form the group; async learner 1 computes on weights handed over by Ray."""
