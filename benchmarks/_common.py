@@ -56,17 +56,31 @@ def time_interleaved(
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def write_json(name: str, data: Result | dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>.json`` with machine facts attached."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    body = data.to_json() if isinstance(data, Record) else data
-    body = {
-        "machine": {"python": platform.python_version(), "processor": platform.machine()},
-        **{k: v for k, v in body.items() if k != "machine"},
-    }
-    path.write_text(json.dumps(body, indent=2))
+def write_record(path: Path, kind: Any, data: Any, *, indent: int = 2) -> Path:
+    """Write ``data`` to ``path`` as the JSON of its record ``kind`` (a :class:`Result`, or
+    ``list[Row]`` for a bare list), checked on the way: a key the record lacks, or a field the
+    data lacks, is a ValueError naming it. The data is then kept in ``<path>.unmatched.json``,
+    so a long run's figures are not lost to a schema slip."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        record = decode(kind, data, path.stem)
+    except ValueError as e:
+        keep = path.with_suffix(".unmatched.json")
+        keep.write_text(json.dumps(data, indent=indent, default=str))
+        e.add_note(f"the figures are kept in {keep}; fix the record or the benchmark")
+        raise
+    tmp = path.with_suffix(".json.tmp")  # then renamed: a reader never sees half a file
+    tmp.write_text(json.dumps(encode(record), indent=indent) + "\n")
+    tmp.replace(path)
     return path
+
+
+def write_json(name: str, kind: Any, data: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/<name>.json`` through its record ``kind``
+    (:func:`write_record`) with machine facts attached."""
+    machine = {"python": platform.python_version(), "processor": platform.machine()}
+    body = {"machine": machine, **{k: v for k, v in data.items() if k != "machine"}}
+    return write_record(RESULTS / f"{name}.json", kind, body)
 
 
 # -- typed results: the JSON schema of each benchmark, as dataclasses ----------------------
@@ -159,7 +173,7 @@ def decode(kind: Any, value: Any, where: str) -> Any:
     if isinstance(kind, type) and issubclass(kind, Record):
         return _decode_record(kind, value, where)
     if origin is list:
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):  # a tuple (os.getloadavg()) is written as one
             raise ValueError(f"{where}: expected a list, got {value!r:.60}")
         return [decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:

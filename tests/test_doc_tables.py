@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from benchmarks._common import RESULTS, decode, encode
+from benchmarks._common import RESULTS, decode, encode, write_record
 from scripts import doc_tables
 
 TABLES = doc_tables.renderers()
@@ -92,3 +92,17 @@ def test_a_renamed_key_is_refused_with_its_path() -> None:
     data["schedules"][1]["paired_speedup_renamed"] = data["schedules"][1].pop("paired_speedup")
     with pytest.raises(ValueError, match=r"pp_runtime\.schedules\[1\].*paired_speedup_renamed"):
         decode(RECORDS["pp_runtime"], data, "pp_runtime")
+
+
+def test_a_benchmark_writes_through_its_record(tmp_path) -> None:
+    """``write_record`` writes what loads back; data that does not fit its record is refused,
+    naming the key, and kept beside the target so that a long run's figures survive."""
+    data = json.loads((RESULTS / "merge.json").read_text())
+    kind = RECORDS["merge"]
+    path = write_record(tmp_path / "merge.json", kind, data)
+    assert json.loads(path.read_text()) == data
+    data["results"][0]["kmerge_seconds"] = data["results"][0].pop("seconds")
+    with pytest.raises(ValueError, match=r"merge\.results\[0\].*kmerge_seconds"):
+        write_record(tmp_path / "merge.json", kind, data)
+    assert json.loads((tmp_path / "merge.unmatched.json").read_text()) == data
+    assert "kmerge_seconds" not in (tmp_path / "merge.json").read_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchmarks._common import Record, Result, load_result
+from benchmarks._common import Record, Result, load_result, optional
 from benchmarks.records import Renderer, f, md_table, pct
 
 
@@ -106,9 +106,9 @@ class IlpScaling(Result):
     scaling: list[IlpRow]
     memory_sweep: list[IlpSweepRow]
     solvers: list[SolverRow]
-    chunks_grid: list[ChunkRow]
-    chunks_p8: list[ChunkModelRow]
-    chunks_load_average: list[float]
+    chunks_grid: list[ChunkRow] | None = optional()  # sections 5 and 6: ``--chunks-only`` adds them
+    chunks_p8: list[ChunkModelRow] | None = optional()
+    chunks_load_average: list[float] | None = optional()
 
 
 FILES = {"ilp_scaling": IlpScaling}
@@ -182,12 +182,18 @@ def _ilp_chunk_rows(rows: Sequence[ChunkRow]) -> str:
     return md_table(headers, out, align="lrrlrrrrr")
 
 
+def _chunks(rows: Sequence[ChunkRow] | None) -> str:
+    if rows is None:
+        raise ValueError("ilp_scaling.json lacks the two-chunk sections: run it with --chunks-only")
+    return _ilp_chunk_rows(rows)
+
+
 def ilp_chunks_grid() -> str:
-    return _ilp_chunk_rows(_data().chunks_grid)
+    return _chunks(_data().chunks_grid)
 
 
 def ilp_chunks_p8() -> str:
-    return _ilp_chunk_rows(_data().chunks_p8)
+    return _chunks(_data().chunks_p8)
 
 
 TABLES: dict[str, Renderer] = {

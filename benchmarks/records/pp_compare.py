@@ -44,7 +44,7 @@ class PpCompare(Result):
     p: int
     m: int
     num_chunks: int
-    torch: str
+    torch: str | None  # torch's version, None where it is not installed
     models: dict[str, ModelCompare]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from benchmarks._common import Record, Result, load_result
+from benchmarks._common import Record, Result, load_result, optional
 from benchmarks.records import Renderer, f, md_table, pct
 
 
@@ -33,6 +33,7 @@ class StageProfile(Record):
     mem_f: int
     mem_w: int
     bw_ratio: float
+    out_bytes: int | None = optional()  # files before the field lack it
     mem_b: int
     split_overhead: float
 
