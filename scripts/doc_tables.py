@@ -86,10 +86,15 @@ def render_text(text: str, tables: dict[str, Renderer], *, where: str = "") -> s
 
 
 def stale_blocks(text: str, tables: dict[str, Renderer], *, where: str = "") -> list[str]:
-    """A unified diff per marked block of ``text`` that differs from its rendering."""
+    """A unified diff per marked block of ``text`` that differs from its rendering, or why
+    the block cannot be rendered (its results file does not load through its record)."""
     out = []
     for m in BLOCK.finditer(text):
-        want = render_text(m.group(0), tables, where=where)
+        try:
+            want = render_text(m.group(0), tables, where=where)
+        except (ValueError, FileNotFoundError) as e:  # a results file its record refuses
+            out.append(f"{where}: table {m.group('name')!r} cannot be rendered: {e}")
+            continue
         if want != m.group(0):
             diff = difflib.unified_diff(
                 m.group(0).splitlines(), want.splitlines(), "committed", "from JSON", lineterm=""
