@@ -21,10 +21,11 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 RESULTS = Path(__file__).resolve().parent / "results"
 R = TypeVar("R", bound="Record")
+T = TypeVar("T")
 
 
 def time_median(
-    fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None
+    fn: Callable[..., Any], repeats: int, setup: Callable[[], Any] | None = None
 ) -> float:
     """Median wall time of ``fn(setup())`` (or ``fn()``) over ``repeats`` runs, seconds."""
     times = []
@@ -37,7 +38,7 @@ def time_median(
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], Any]],
+    fns: dict[str, Callable[..., Any]],
     repeats: int,
     setups: dict[str, Callable[[], Any]] | None = None,
 ) -> dict[str, float]:
@@ -112,11 +113,11 @@ class Record:
     def from_json(cls: type[R], data: Any) -> R:
         """The record of ``data``; ValueError naming the path of an unknown, missing or
         mistyped key."""
-        return decode(cls, data, cls.__name__)  # type: ignore[no-any-return]
+        return decode(cls, data, cls.__name__)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object, keys in field order (``from_json``'s inverse)."""
-        return encode(self)  # type: ignore[no-any-return]
+        return encode(self)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,7 +133,7 @@ class Result(Record):
     machine: Machine | None = optional()
 
 
-def load_result(kind: Any, name: str) -> Any:
+def load_result(kind: type[T], name: str) -> T:
     """``benchmarks/results/<name>.json`` decoded as ``kind`` (a :class:`Result` or, for a
     file holding a bare list, ``list[Row]``)."""
     path = RESULTS / f"{name}.json"
@@ -142,7 +143,7 @@ def load_result(kind: Any, name: str) -> Any:
 
 
 @cache
-def _fields(kind: type) -> list[tuple[str, str, Any, bool]]:
+def _fields(kind: Any) -> list[tuple[str, str, Any, bool]]:
     """(attribute, JSON key, type, optional) per field of a record class."""
     hints = get_type_hints(kind)
     return [(f.name, f.metadata.get("json", f.name), hints[f.name],
@@ -199,8 +200,9 @@ def decode(kind: Any, value: Any, where: str) -> Any:
 def encode(value: Any) -> Any:
     """A record (or list, dict, scalar of them) as plain JSON data."""
     if isinstance(value, Record):
+        kind: Any = type(value)
         return {key: encode(getattr(value, name))
-                for name, key, _, opt in _fields(type(value))
+                for name, key, _, opt in _fields(kind)
                 if not (opt and getattr(value, name) is None)}  # fmt: skip
     if isinstance(value, list | tuple):
         return [encode(v) for v in value]

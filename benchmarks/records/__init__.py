@@ -9,8 +9,9 @@
   ``<!-- table: NAME -->`` marker in README.md or docs/) -> the function rendering it as
   Markdown from the record.
 
-These modules import nothing heavy (no torch, no nobubble), so ``scripts/doc_tables.py`` can
-import them all. This ``__init__`` holds the Markdown formatting they share.
+These modules import nothing heavy at module level (no torch, no nobubble), so
+``scripts/doc_tables.py`` imports them all cheaply. This ``__init__`` holds the Markdown
+formatting they share.
 """
 
 from __future__ import annotations

@@ -176,10 +176,10 @@ def transports() -> str:
     rows: list[list[object]] = []
     for key, label in TRANSPORT_ROWS:
         r = data.rows[key]
-        cells = [label, f(r.dispatch_ms), f(r.combine_ms), f(r.dispatch_gbps_per_rank, 2),
+        cells: list[object] = [label, f(r.dispatch_ms), f(r.combine_ms), f(r.dispatch_gbps_per_rank, 2),
                  f(r.combine_gbps_per_rank, 2), f(r.aggregate_gbps, 2),
                  f(r.fraction_of_memcpy, 2)]  # fmt: skip
-        rows.append([_bold(c) for c in cells] if key == "shm" else cells)
+        rows.append([_bold(str(c)) for c in cells] if key == "shm" else cells)
     d, c = DEEPEP_INTRANODE_EP8_GBPS
     rows.append(["DeepEP intranode EP8, H800 NVLink (published)", "", "", d, c, "", ""])
     table = md_table(

@@ -33,6 +33,8 @@ def _paper_row() -> list[str]:
 def _ilp_row() -> list[str]:
     best = max(load_result(IlpScaling, "ilp_scaling").memory_sweep,
                key=lambda r: r.span_reduction or 0.0)  # fmt: skip
+    if best.span_reduction is None:
+        raise ValueError("ilp_scaling.json: the ILP found no schedule in the memory sweep")
     return [
         "exact solver (CP-SAT)",
         f"span, P={best.p}, M={best.m}, memory limit {best.mem_limit_MF} M_F",
@@ -61,6 +63,8 @@ def _runtime_row() -> list[str]:
 
 def _moe_row() -> list[str]:
     tr = load_result(EpTransports, "ep_transports").transports
+    if tr is None:
+        raise ValueError("ep_transports.json lacks transports: run benchmarks.ep_transports")
     s = tr.shape
     return [
         "MoE dispatch + combine",
