@@ -10,9 +10,10 @@ the table and writes ``benchmarks/results/ep_dispatch.json`` and ``.png``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from benchmarks._common import write_record
+from benchmarks.records.ep_dispatch import EpDispatch
 from nobubble.bench.ep_dispatch import BenchConfig, plot_report, run_with_progress
 from nobubble.bench.ep_tables import print_dispatch_report
 
@@ -45,7 +46,7 @@ def main() -> None:
     print_dispatch_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     data = report.to_dict() | {"quick": args.quick}
-    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    write_record(args.out, EpDispatch, data)
     png = plot_report(data, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {png}")
     if not all(m.correct for m in report.methods):

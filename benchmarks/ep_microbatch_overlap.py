@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from benchmarks._common import write_json
+from benchmarks.records.ep_microbatch_overlap import EpMicrobatchOverlap
 from nobubble.distributed import spawn
 from nobubble.moe import Buffer, MoEConfig, MoELayer, dp_ep_groups, init_moe_weights
 from nobubble.moe.fastpath.microbatch_overlap import microbatch_overlapped_forward
@@ -174,7 +175,7 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "rows": rows,
     }
-    print(f"wrote {write_json(NAME, data)}")
+    print(f"wrote {write_json(NAME, EpMicrobatchOverlap, data)}")
 
 
 if __name__ == "__main__":

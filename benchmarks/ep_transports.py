@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks._common import RESULTS, write_json
+from benchmarks.records.ep_transports import EpTransports
 from nobubble.bench.ep_fastpath import (
     SECTIONS,
     Shape,
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print_overlap(data["overlap"])
     data["load_average"] = os.getloadavg()
     data.pop("machine", None)
-    path = write_json(name, data)
+    path = write_json(name, EpTransports, data)
     print(f"wrote {path}")
     return 0
 

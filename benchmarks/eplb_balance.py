@@ -22,6 +22,7 @@ import torch
 from rich.progress import Progress
 
 from benchmarks._common import time_interleaved, write_json
+from benchmarks.records.eplb_balance import EplbBalance
 from nobubble.bench.output import print_table
 from nobubble.moe.balance.eplb import gpu_loads, load_imbalance, rebalance_experts
 from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
@@ -298,6 +299,7 @@ def main() -> None:
     images = plot(static, per, suffix)
     path = write_json(
         f"eplb_balance{suffix}",
+        EplbBalance,
         {
             "config": {"experts": E, "groups": GROUPS, "nodes": NODES, "gpus": GPUS,
                        "redundant": REDUNDANT, "layers": layers},

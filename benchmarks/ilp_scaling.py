@@ -40,6 +40,8 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from benchmarks._common import write_record
+from benchmarks.records.ilp_scaling import IlpScaling
 from nobubble.bench.output import console, print_table
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp.milp import solve_milp
@@ -310,10 +312,10 @@ def run_chunks(args) -> int:
     big = args.chunk_time_limit or (20.0 if args.quick else 600.0)
     with Progress(console=console(stderr=True), transient=True) as progress:
         record["chunks_grid"] = chunks_grid(args.quick, small, args.workers, progress)
-        args.out.write_text(json.dumps(record, indent=2))
+        write_record(args.out, IlpScaling, record)
         record["chunks_p8"] = chunks_p8(args.quick, big, args.workers, progress)
     record["chunks_load_average"] = os.getloadavg()
-    args.out.write_text(json.dumps(record, indent=2))
+    write_record(args.out, IlpScaling, record)
     _show_chunks(record["chunks_grid"] + record["chunks_p8"])
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "grid": grid_rows, "scaling": scale_rows, "memory_sweep": sweep_rows,
         "solvers": solver_rows,
     }  # fmt: skip
-    args.out.write_text(json.dumps(record, indent=2))
+    write_record(args.out, IlpScaling, record)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -17,6 +17,7 @@ from collections import deque
 from itertools import chain
 
 from benchmarks._common import time_interleaved, write_json
+from benchmarks.records.merge import MergeResult
 from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, merge_k_lists_pairwise
 from nobubble.bench.output import print_table
 
@@ -104,7 +105,7 @@ def main() -> None:
         ],
         rows,
     )
-    path = write_json("merge", {"repeats": args.repeats, "results": out})
+    path = write_json("merge", MergeResult, {"repeats": args.repeats, "results": out})
     print(f"wrote {path}")
 
 

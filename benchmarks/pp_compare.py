@@ -17,6 +17,7 @@ import argparse
 import importlib.metadata
 
 from benchmarks._common import write_json
+from benchmarks.records.pp_compare import PpCompare
 from nobubble.bench.output import print_table
 from nobubble.pipeline import CostModel
 from nobubble.pipeline.compare import compare_schedules
@@ -57,8 +58,8 @@ def main() -> int:
         for r in rows:
             if r["note"]:
                 print(f"{r['schedule']}: {r['note']}")
-    path = write_json("pp_compare", {"p": P, "m": M, "num_chunks": CHUNKS,
-                                     "torch": _torch_version(), "models": models})  # fmt: skip
+    path = write_json("pp_compare", PpCompare, {"p": P, "m": M, "num_chunks": CHUNKS,
+                                                "torch": _torch_version(), "models": models})  # fmt: skip
     print(f"wrote {path}")
     return 0
 

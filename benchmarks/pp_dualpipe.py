@@ -14,11 +14,11 @@ copies). The F&B cells run back to back: the simulator models no overlap inside 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from benchmarks._common import paper_costs, paper_rows, print_bubble_memory
+from benchmarks._common import paper_costs, paper_rows, print_bubble_memory, write_record
+from benchmarks.records.pp_dualpipe import PpDualpipe
 from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.schedules.dualpipe import dualpipe, dualpipev
 
@@ -65,7 +65,7 @@ def main() -> int:
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     note = ("dualpipe: simulated through its fold (dualpipev on p/2 ranks, m/2 microbatches); "
             "a lower bound on its bubble when T_comm > 0. F&B cells run back to back.")  # fmt: skip
-    args.json_out.write_text(json.dumps({"note": note, "rows": results}, indent=2) + "\n")
+    write_record(args.json_out, PpDualpipe, {"note": note, "rows": results})
     print(f"wrote {args.json_out}")
     return 0
 

@@ -21,14 +21,14 @@ is checked against the limit on every run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks._common import paper_costs, paper_rows
+from benchmarks._common import paper_costs, paper_rows, write_record
+from benchmarks.records.pp_handshake import PpHandshake
 from nobubble.bench.output import print_table
 from nobubble.pipeline import get_schedule
 from nobubble.pipeline.dispatch import HandshakeRule, Perturbation, Straggler, simulate_dispatch
@@ -125,7 +125,7 @@ def main() -> int:
         "all_goals_met": all(r["goal_met"] for r in rows), "rows": rows,
     }  # fmt: skip
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(data, indent=2) + "\n")
+    write_record(args.json_out, PpHandshake, data)
     print(f"wrote {args.json_out}")
     return 0 if data["all_goals_met"] else 1
 

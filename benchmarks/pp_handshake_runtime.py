@@ -25,6 +25,7 @@ import argparse
 import statistics
 
 from benchmarks._common import write_json
+from benchmarks.records.pp_handshake_runtime import PpHandshakeRuntime
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
 from nobubble.pipeline.actions import Action, Op, Schedule
@@ -145,7 +146,7 @@ def main() -> None:
         rows,
     )
     name = "pp_handshake_runtime" + ("_quick" if args.quick else "")
-    path = write_json(name, {"model": model.__dict__ | {"name": model.name}, "t_comm_ms": t_comm,
+    path = write_json(name, PpHandshakeRuntime, {"model": model.__dict__ | {"name": model.name}, "t_comm_ms": t_comm,
                              "microbatches": args.microbatches, "rounds": args.rounds,
                              "steps_per_turn": args.steps, "runs": out})  # fmt: skip
     print(f"wrote {path}")

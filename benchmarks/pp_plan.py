@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 
 from benchmarks._common import write_json
+from benchmarks.records.pp_plan import PpPlan
 from examples import plan_models
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
@@ -236,7 +237,7 @@ def main() -> None:
     wider = wider_layer_moves_cut()
     import torch
 
-    path = write_json("pp_plan" + ("_quick" if args.quick else ""), {
+    path = write_json("pp_plan" + ("_quick" if args.quick else ""), PpPlan, {
         "ranks": 2, "microbatches": MICROBATCHES, "rounds": rounds, "steps": steps,
         "quick": args.quick, "torch": torch.__version__, "models": results, "wider": wider,
     })  # fmt: skip

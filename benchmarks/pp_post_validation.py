@@ -21,6 +21,7 @@ import time
 
 from benchmarks._common import write_json
 from benchmarks.pp_runner_vs_torch import _batch
+from benchmarks.records.pp_post_validation import PpPostValidation
 from examples.train_gpt import gpt, loss_fn
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
@@ -86,7 +87,7 @@ def main() -> None:
         for res in spawn(rank_main, 2, args=(steps, args.batch, max_norm), timeout_s=1800):
             rows.append(_row(res, max_norm))
     if not args.quick:
-        path = write_json("pp_post_validation", {"ranks": 2, "schedule": "zb-h1",
+        path = write_json("pp_post_validation", PpPostValidation, {"ranks": 2, "schedule": "zb-h1",
                                                  "batch": args.batch, "steps": steps,
                                                  "rows": rows})  # fmt: skip
         print(f"wrote {path}")

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from benchmarks._common import write_json
+from benchmarks.records.pp_replan import PpReplan
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
 from nobubble.pipeline import get_schedule
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                      "re-plan after (steps)", "final cut"], rows)  # fmt: skip
     record = {"ranks": a.ranks, "schedule": "zb-h1", "runs": runs}
     if not a.quick:
-        print(f"wrote {write_json('pp_replan', record)}")
+        print(f"wrote {write_json('pp_replan', PpReplan, record)}")
         if a.plot:
             _plot(record, a.plot)
             print(f"wrote {a.plot}")

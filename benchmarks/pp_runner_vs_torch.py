@@ -24,6 +24,7 @@ import statistics
 import time
 
 from benchmarks._common import write_json
+from benchmarks.records.pp_runner_vs_torch import PpRunnerVsTorch
 from examples.train_gpt import SEQ, corpus, gpt, loss_fn
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
@@ -157,7 +158,7 @@ def main() -> None:
     rows = _median_rows(rounds)
     import torch
 
-    path = write_json("pp_runner_vs_torch", {
+    path = write_json("pp_runner_vs_torch", PpRunnerVsTorch, {
         "ranks": 2, "batch": args.batch, "microbatches": args.microbatches, "seq_len": SEQ,
         "steps": steps, "rounds": args.rounds, "quick": args.quick, "torch": torch.__version__,
         "rows": rows,

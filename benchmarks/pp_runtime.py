@@ -29,6 +29,7 @@ from dataclasses import asdict
 import torch
 
 from benchmarks._common import write_json
+from benchmarks.records.pp_runtime import PpRuntime
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
 from nobubble.pipeline.runtime.executor import TrainConfig, boundary_shapes
@@ -223,7 +224,7 @@ def main() -> int:
         f"load average during the run {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs",
     )  # fmt: skip
     name = "pp_runtime_quick" if args.quick else "pp_runtime"
-    path = write_json(name, {
+    path = write_json(name, PpRuntime, {
         "model": asdict(model),
         "num_microbatches": num_mb, "microbatch_size": mb_size, "ranks": 2,
         "threads_per_rank": 1, "load_average": load, "cpus": os.cpu_count(), "profile": prof.to_dict(), "bw_split": split, "schedules": rows,

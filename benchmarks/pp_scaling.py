@@ -13,12 +13,13 @@ p = 32, m = 256 generated and simulated (< 3 s).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+from benchmarks._common import write_record
+from benchmarks.records.pp_scaling import PpScaling
 from nobubble.bench.output import print_table
 from nobubble.pipeline import CostModel, get_schedule, simulate
 from nobubble.pipeline.validate import dep_key, dependencies
@@ -106,11 +107,11 @@ def main() -> int:
         f"{sim_cpu:.3f} s; CPU us/action max/min over >= 1000 actions = {spread:.2f}"
     )
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({"rows": rows, "zb2p_p32_m256": {
+    write_record(args.json_out, PpScaling, {"rows": rows, "zb2p_p32_m256": {
         "generate_s": gen, "simulate_s": sim, "total_s": gen + sim, "generate_cpu_s": gen_cpu,
         "simulate_cpu_s": sim_cpu, "actions": sched.num_actions},
         "cpu_us_per_action_max_over_min": spread, "repeats": repeats,
-        "load_average": os.getloadavg()}, indent=2))  # fmt: skip
+        "load_average": os.getloadavg()})  # fmt: skip
     print(f"wrote {args.json_out}")
     return 0
 

@@ -13,12 +13,12 @@ points for P=8, M=24 on the 1.5B and 6.2B costs and draw docs/img/pp_frontier_p8
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from functools import partial
 from pathlib import Path
 
-from benchmarks._common import paper_costs, paper_rows, print_bubble_memory
+from benchmarks._common import paper_costs, paper_rows, print_bubble_memory, write_record
+from benchmarks.records.pp_v_memory import PpVMemory
 from nobubble.pipeline import frontier as fr
 from nobubble.pipeline import get_schedule, simulate
 from nobubble.pipeline.schedules.v_memory import MEMORY_BOUND
@@ -83,8 +83,8 @@ def main() -> int:
         print(f"frontier {f['model']} P=8 M=24: {f['seconds']:.1f} s, Pareto: {f['pareto']}")
     all_ok = all(s["within_bound"] for r in results for s in r["schedules"].values())
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({"all_within_bound": all_ok, "rows": results,
-                                         "frontiers": frontiers}, indent=2))  # fmt: skip
+    write_record(args.json_out, PpVMemory, {"all_within_bound": all_ok, "rows": results,
+                                              "frontiers": frontiers})  # fmt: skip
     print(f"all V schedules within their memory bound: {all_ok}; wrote {args.json_out}")
     return 0 if all_ok else 1
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks._common import write_json
+from benchmarks.records.rl_ablation import RlAblation
 
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
@@ -73,7 +74,7 @@ def main() -> None:
               f"best {r['best_accuracy']:.3f} to 0.9 {t90:>6} {r['samples_per_s']:.0f}/s")  # fmt: skip
     setup = {"steps": args.steps, "etas": args.etas, "seed": args.seed, "trainer_delay_s": 0.3,
              "task": "digits", "mode": "fully-async"}  # fmt: skip
-    path = write_json("rl_ablation_quick" if args.quick else "rl_ablation",
+    path = write_json("rl_ablation_quick" if args.quick else "rl_ablation", RlAblation,
                       {"setup": setup, "rows": rows})  # fmt: skip
     print(f"wrote {path}")
 

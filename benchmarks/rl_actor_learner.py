@@ -54,6 +54,7 @@ import torch
 
 from benchmarks._common import RESULTS, write_json
 from benchmarks._torchrl_peer import run_torchrl
+from benchmarks.records.rl_actor_learner import RlActorLearner, RlActorLearnerEnvs
 from nobubble.rl import EnvRunConfig, train
 from nobubble.rl.actor_learner.envs import VectorEnv, make_env
 
@@ -276,7 +277,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.suite == "envs":
         data = envs_suite(args.seeds)
-        print(f"wrote {write_json(args.out or 'rl_actor_learner_envs', data)}")
+        print(f"wrote {write_json(args.out or 'rl_actor_learner_envs', RlActorLearnerEnvs, data)}")
         return
     missing = {PEERS[n] for n in args.rows if n in PEERS and not importlib.util.find_spec(PEERS[n])}
     if missing:  # a peer comes with the bench extra
@@ -305,7 +306,7 @@ def main() -> None:
         stored = RESULTS / f"{name}.json"
         old = json.loads(stored.read_text())["results"] if stored.exists() else {}
         results = {**old, **results}
-    path = write_json(name, {
+    path = write_json(name, RlActorLearner, {
         "env": "CartPole-v1", "target_return": TARGET, "eval_episodes": EVAL_EPISODES,
         "cpu_count": os.cpu_count(), "load_average_at_end": load, "results": results,
     })  # fmt: skip

@@ -20,13 +20,13 @@ Modes are interleaved round by round and medians reported (the machine is shared
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
 from typing import Any
 
-from nobubble.files import write_text
+from benchmarks._common import write_record
+from benchmarks.records.rl_generators import RlGenerators
 from nobubble.rl import RunConfig, train
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_generators.json"
@@ -81,7 +81,7 @@ def main() -> None:
                 }
             )
     setup = {**{k: v for k, v in vars(args).items() if k != "out"}, "cpu_count": os.cpu_count()}
-    write_text(args.out, json.dumps({"setup": setup, "rows": rows}, indent=2))
+    write_record(args.out, RlGenerators, {"setup": setup, "rows": rows})
     print(f"wrote {args.out}")
 
 

@@ -18,11 +18,11 @@ Writes ``benchmarks/results/rl_lag.json`` (time to 0.9, final accuracy, samples/
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from nobubble.files import write_text
+from benchmarks._common import write_record
+from benchmarks.records.rl_lag import RlLag
 from nobubble.rl import RunConfig, train
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_lag.json"
@@ -79,7 +79,7 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     setup = {k: v for k, v in vars(args).items() if k != "out"}
-    write_text(args.out, json.dumps({"setup": setup, "rows": rows}, indent=2))
+    write_record(args.out, RlLag, {"setup": setup, "rows": rows})
     print(f"wrote {args.out}")
 
 

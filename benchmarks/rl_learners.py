@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks._common import write_json
+from benchmarks.records.rl_learners import RlLearners
 from nobubble.rl import RunConfig, train
 
 MODES = ("one learner", "sync", "async", "staleness", "local-sgd")
@@ -67,7 +68,7 @@ def main() -> None:
                   f"{r['final_accuracy']:.3f} {r['samples_per_s']:.0f}/s", flush=True)  # fmt: skip
     setup = {"seeds": args.seeds, "budget_s": args.budget, "mode": "fully-async",
              "max_staleness": 4, "task": "digits"}  # fmt: skip
-    path = write_json("rl_learners_quick" if args.quick else "rl_learners",
+    path = write_json("rl_learners_quick" if args.quick else "rl_learners", RlLearners,
                       {"setup": setup, "rows": rows})  # fmt: skip
     print(f"wrote {path}")
 

@@ -23,6 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks._common import write_record
+from benchmarks.records.rl_modes import RlModes, ThroughputRow
 from nobubble.bench.output import print_table
 from nobubble.rl.system.orchestrator import RunConfig, RunResult, run
 from nobubble.rl.system.report import plot_runs, write_trace
@@ -116,7 +118,7 @@ def main() -> None:
             cols,
             [[r[c] for c in cols] for r in trows],
         )
-        (OUT / f"{name}_throughput.json").write_text(json.dumps(trows, indent=1))
+        write_record(OUT / f"{name}_throughput.json", list[ThroughputRow], trows, indent=1)
         if args.only == "throughput":
             return
     seeds = args.seeds or (1 if args.quick else 3)
@@ -171,16 +173,16 @@ def main() -> None:
     speed = {r["run"]: r["speedup"] for r in rows if not r["run"].startswith("sync")}
     print("summary:", json.dumps(summary, indent=1))
     print("speed-up over sync (same seed):", {k: round(v, 2) for k, v in speed.items()})
-    (OUT / f"{name}.json").write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "summary": summary,
-                "speedup": speed,
-                "curves": {k: r.to_json()["curve"] for k, r in runs.items()},
-            },
-            indent=1,
-        )
+    write_record(
+        OUT / f"{name}.json",
+        RlModes,
+        {
+            "rows": rows,
+            "summary": summary,
+            "speedup": speed,
+            "curves": {k: r.to_json()["curve"] for k, r in runs.items()},
+        },
+        indent=1,
     )
     seed0 = {k.split(" ")[0]: v for k, v in runs.items() if k.endswith("s0")}
     plot_runs(seed0, IMG / "rl_modes.png", title=f"digits, {steps} steps, seed 0")

@@ -25,11 +25,11 @@ Whole-group and partial runs alternate, seed by seed (the machine is shared). Wr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from nobubble.files import write_text
+from benchmarks._common import write_record
+from benchmarks.records.rl_partial_rollouts import RlPartialRollouts
 from nobubble.rl import RunConfig, train
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_partial_rollouts.json"
@@ -98,7 +98,7 @@ def main() -> None:
     setup.update(
         task="digits", mode="fully-async", algo="grpo", groups_per_rollout={"fast": 1, "slow": 8}
     )
-    write_text(args.out, json.dumps({"setup": setup, "rows": rows}, indent=2))
+    write_record(args.out, RlPartialRollouts, {"setup": setup, "rows": rows})
     print(f"wrote {args.out}")
 
 

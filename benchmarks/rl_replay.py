@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from benchmarks._common import time_interleaved, write_json
+from benchmarks.records.rl_replay import RlReplay
 from nobubble.bench.output import print_table
 from nobubble.rl.algo import PrioritizedReplayBuffer
 
@@ -121,7 +122,7 @@ def main() -> None:
             for r in rows
         ],
     )
-    path = write_json("rl_replay", {"batch": BATCH, "repeats": repeats, "results": rows})
+    path = write_json("rl_replay", RlReplay, {"batch": BATCH, "repeats": repeats, "results": rows})
     print(f"wrote {path} and {plot(rows)}")
 
 

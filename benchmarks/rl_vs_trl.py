@@ -22,7 +22,6 @@ TRL is not a nobubble dependency: the ``bench`` extra installs it (``make bench`
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -35,8 +34,9 @@ from typing import Any
 
 import torch
 
+from benchmarks._common import write_record
+from benchmarks.records.rl_vs_trl import RlVsTrl
 from benchmarks.rl_tasks import ReverseTask, reverse3
-from nobubble.files import write_text
 
 BENCH = Path(__file__).resolve().parent
 
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     result = run_all(args)
-    write_text(args.out, json.dumps(result, indent=2))
+    write_record(args.out, RlVsTrl, result)
     print_summary(result)
     print(f"wrote {args.out}")
 

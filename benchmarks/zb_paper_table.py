@@ -12,12 +12,12 @@ published + 0.0005 with peak activation memory within p*M_F / 2p*M_F.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from benchmarks._common import paper_costs, paper_rows
+from benchmarks._common import paper_costs, paper_rows, write_record
+from benchmarks.records.zb_paper_table import ZbPaperTable
 from nobubble.bench.output import print_table
 from nobubble.pipeline import get_schedule, simulate
 
@@ -75,7 +75,7 @@ def main() -> int:
     print(f"all rows within tolerance: {all_ok}; worst |diff| of 1F1B/ZB-H1/ZB-H2: {worst:.2e}; "
           f"ZB-2p generate+simulate median {statistics.median(secs):.3f} s, max {max(secs):.3f} s")  # fmt: skip
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({"all_ok": all_ok, "rows": results}, indent=2))
+    write_record(args.json_out, ZbPaperTable, {"all_ok": all_ok, "rows": results})
     print(f"wrote {args.json_out}")
     return 0 if all_ok else 1
 

@@ -6,8 +6,11 @@ A generated table sits between two markers::
     | ... the rendered table ... |
     <!-- /table -->
 
-``NAME`` is a renderer in :mod:`scripts.tables` (one module per part). ``python
-scripts/doc_tables.py`` rewrites every marked block from the JSON (``make docs`` runs it);
+``NAME`` is declared beside the record of the benchmark whose JSON it renders
+(``TABLES`` in ``benchmarks/records/<benchmark>.py``; the few tables no one benchmark owns are
+in :mod:`scripts.tables`); this script only discovers them and splices their text into the
+marked blocks. ``python scripts/doc_tables.py`` rewrites every marked block from the JSON
+(``make docs`` runs it);
 ``--check`` rewrites nothing and exits 1 naming each block that differs from what its JSON
 renders to (the test suite runs the same check), so a figure edited by hand, or a benchmark
 rerun without regenerating the docs, fails the build.
@@ -17,34 +20,51 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
+import pkgutil
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `scripts` importable
+if __package__ in (None, ""):  # run as a script: make `scripts` and `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.tables import ROOT, Renderer
-from scripts.tables import moe as moe_tables
-from scripts.tables import pipeline as pipeline_tables
-from scripts.tables import rl as rl_tables
-from scripts.tables import rl_partial as rl_partial_tables
-from scripts.tables import rl_scaling as rl_scaling_tables
-from scripts.tables import summary as summary_tables
+import benchmarks.records
+from benchmarks.records import Renderer
+from scripts.tables import presets, summary
 
+ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.\-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
 
+def _modules() -> list[ModuleType]:
+    """Every module that declares tables: one per benchmark record, then scripts.tables'."""
+    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.records.__path__))
+    records = [importlib.import_module(f"benchmarks.records.{n}") for n in names]
+    return [*records, summary, presets]
+
+
 def renderers() -> dict[str, Renderer]:
-    """Every table name -> its renderer; a name defined twice is an error."""
+    """Every table name -> its renderer; a name declared twice is an error."""
     out: dict[str, Renderer] = {}
-    modules = (pipeline_tables, moe_tables, rl_tables, rl_partial_tables, rl_scaling_tables,
-               summary_tables)  # fmt: skip
-    for module in modules:
+    for module in _modules():
         for name, fn in module.TABLES.items():
             if name in out:
-                raise ValueError(f"table {name!r} is defined twice")
+                raise ValueError(f"table {name!r} is declared twice (again in {module.__name__})")
             out[name] = fn
+    return out
+
+
+def result_records() -> dict[str, Any]:
+    """Every ``benchmarks/results/<stem>.json`` a record claims -> that record's type."""
+    out: dict[str, Any] = {}
+    for module in _modules():
+        for stem, kind in getattr(module, "FILES", {}).items():
+            if stem in out:
+                raise ValueError(f"results file {stem!r} is claimed twice ({module.__name__})")
+            out[stem] = kind
     return out
 
 
@@ -66,10 +86,15 @@ def render_text(text: str, tables: dict[str, Renderer], *, where: str = "") -> s
 
 
 def stale_blocks(text: str, tables: dict[str, Renderer], *, where: str = "") -> list[str]:
-    """A unified diff per marked block of ``text`` that differs from its rendering."""
+    """A unified diff per marked block of ``text`` that differs from its rendering, or why
+    the block cannot be rendered (its results file does not load through its record)."""
     out = []
     for m in BLOCK.finditer(text):
-        want = render_text(m.group(0), tables, where=where)
+        try:
+            want = render_text(m.group(0), tables, where=where)
+        except (ValueError, FileNotFoundError) as e:  # a results file its record refuses
+            out.append(f"{where}: table {m.group('name')!r} cannot be rendered: {e}")
+            continue
         if want != m.group(0):
             diff = difflib.unified_diff(
                 m.group(0).splitlines(), want.splitlines(), "committed", "from JSON", lineterm=""

@@ -1,19 +1,24 @@
 """Every table of measured figures in README.md and docs/ is what its benchmark's JSON renders to.
 
 Tables sit between ``<!-- table: NAME -->`` and ``<!-- /table -->``; ``scripts/doc_tables.py``
-renders them from ``benchmarks/results/*.json`` (``make docs``). A figure edited by hand, or a
-benchmark rerun without ``make docs``, fails here.
+renders them from ``benchmarks/results/*.json`` through each benchmark's record (``make docs``).
+A figure edited by hand, a benchmark rerun without ``make docs``, or a results file whose keys
+no longer match its record, fails here.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
+from benchmarks._common import RESULTS, decode, encode, write_record
 from scripts import doc_tables
 
 TABLES = doc_tables.renderers()
+RECORDS = doc_tables.result_records()
+RESULT_FILES = sorted(RESULTS.glob("*.json"))
 DOCS = doc_tables.documents()
 TABLE_ROW = re.compile(r"^\|.*\|\s*$")
 MEASURED = re.compile(r"\d+\.\d+\s*(?:ms|s|x|%|GB/s|MiB|MB)|\d+(?:\.\d+)?\s*(?:ms|x)\b")
@@ -62,3 +67,42 @@ def test_measured_tables_are_all_generated() -> None:
             if TABLE_ROW.match(line) and MEASURED.search(line):
                 loose.append(f"{_where(path)}: {line.strip()[:100]}")
     assert not loose, "measured figures outside generated tables:\n" + "\n".join(loose)
+
+
+def test_every_results_file_has_a_record() -> None:
+    stems = {p.stem for p in RESULT_FILES}
+    assert stems == set(RECORDS), (
+        f"results files without a record: {sorted(stems - set(RECORDS))}; "
+        f"records without a file: {sorted(set(RECORDS) - stems)}"
+    )
+
+
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.name)
+def test_a_results_file_loads_through_its_record_unchanged(path) -> None:
+    """Every key of the file is a field of its record and every field a key: decoding and
+    encoding again gives the file back (as JSON objects, key order aside)."""
+    data = json.loads(path.read_text())
+    record = decode(RECORDS[path.stem], data, path.stem)
+    assert encode(record) == data
+
+
+def test_a_renamed_key_is_refused_with_its_path() -> None:
+    """The record checks keys both ways: one renamed key in a row names that row and key."""
+    data = json.loads((RESULTS / "pp_runtime.json").read_text())
+    data["schedules"][1]["paired_speedup_renamed"] = data["schedules"][1].pop("paired_speedup")
+    with pytest.raises(ValueError, match=r"pp_runtime\.schedules\[1\].*paired_speedup_renamed"):
+        decode(RECORDS["pp_runtime"], data, "pp_runtime")
+
+
+def test_a_benchmark_writes_through_its_record(tmp_path) -> None:
+    """``write_record`` writes what loads back; data that does not fit its record is refused,
+    naming the key, and kept beside the target so that a long run's figures survive."""
+    data = json.loads((RESULTS / "merge.json").read_text())
+    kind = RECORDS["merge"]
+    path = write_record(tmp_path / "merge.json", kind, data)
+    assert json.loads(path.read_text()) == data
+    data["results"][0]["kmerge_seconds"] = data["results"][0].pop("seconds")
+    with pytest.raises(ValueError, match=r"merge\.results\[0\].*kmerge_seconds"):
+        write_record(tmp_path / "merge.json", kind, data)
+    assert json.loads((tmp_path / "merge.unmatched.json").read_text()) == data
+    assert "kmerge_seconds" not in (tmp_path / "merge.json").read_text()
