@@ -1,31 +1,18 @@
-"""The learner: the policy, its optimizer and its version; the loss is a choice; the
-gradients of L learners are aggregated.
+"""The learner of both producers: the policy, its Adam optimizer and its version; the loss
+is a choice; the gradients of L learners are aggregated.
 
-One class serves both producers. The loss (a :class:`Loss`) turns a batch into a scalar on
-the current parameters: the LLM producer's GRPO / PPO / V-trace family
+The loss (a :class:`Loss`) is the LLM producer's GRPO / PPO / V-trace family
 (:class:`~nobubble.rl.system.trainer.GroupLoss`) or the environment producer's V-trace /
 APPO (:class:`~nobubble.rl.actor_learner.loss.VTraceLoss`), both built on
-:mod:`nobubble.rl.algo.losses`. :meth:`Learner.update` takes one or more minibatches, one
-optimizer step each, and makes **one** new policy version.
-
-Alone (no :meth:`Learner.join`), a step is forward, backward, clip, Adam. After
-:meth:`Learner.join` this learner is one of ``ctx.world_size`` in one torch.distributed
-group, each with its own shard of the batch, and the gradients combine by ``aggregation``
-(``RunConfig.aggregation``; the toolbox of :mod:`nobubble.rl.algo.aggregation`):
-
-- ``sync``: all-reduce with each learner weighted by its shard's ``num_tokens``. Every loss
-  term is a token mean, so ``sum_r n_r grad(mean_r) / sum_r n_r = grad(mean over the
-  batch)``: every learner steps its own Adam on the same gradient and holds the parameters
-  of one learner trained on the whole batch (equal up to rounding).
-- ``async``: learner 0 is a :class:`~nobubble.rl.algo.aggregation.ParameterServer` (Adam at
-  the learner's lr). The others compute and clip a gradient on the weights they hold (the
-  engine loads the newest published ones and sets ``version``) and send it to learner 0,
-  which applies its own and every push in arrival order, at full weight, then makes one
-  new version. A push's staleness is the number of server updates between the parameters
-  it was computed on and its application.
-- ``staleness``: as ``async``, each push scaled by ``1 / (1 + staleness)``.
-- ``local-sgd``: every learner steps its own Adam on its shard;
-  :class:`~nobubble.rl.algo.aggregation.LocalSGD` averages the parameters every H steps.
+:mod:`nobubble.rl.algo.losses`. :meth:`Learner.update` takes one optimizer step per
+minibatch and makes **one** new version. After :meth:`Learner.join` the learner is one of
+``ctx.world_size``, each on its own shard, combined by ``RunConfig.aggregation``
+(:mod:`nobubble.rl.algo.aggregation`): ``sync`` all-reduces the gradients weighted by each
+shard's ``num_tokens`` (every loss term is a token mean, so this is one learner on the whole
+batch); ``async`` / ``staleness`` make learner 0 a parameter server that applies its own
+gradient and every other learner's push in arrival order (``staleness``: each scaled by
+``1 / (1 + staleness)``), then makes one version; ``local-sgd`` steps each learner alone and
+averages the parameters every H steps.
 """
 
 from __future__ import annotations

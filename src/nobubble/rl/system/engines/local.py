@@ -111,7 +111,7 @@ def _worker_main(
             elif op == "reward":
                 msgs = worker.reward_cmd(cmd[1])
             elif op == "train":
-                if worker.loads_published_weights:
+                if worker.learner.pushes_gradients:  # it computes on published weights
                     have = shared.pull(worker.learner.model, have)
                     worker.learner.version = have
                 msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])

@@ -122,11 +122,6 @@ class StageWorker:
         ctx = join_learner_group(self.rank, cfg.learners, host, port, cfg.stall_timeout_s)
         self.learner.join(ctx, cfg.aggregation, cfg.effective_local_sgd_every)
 
-    @property
-    def loads_published_weights(self) -> bool:
-        """A learner other than 0 in async / staleness: it computes on published weights."""
-        return self.rank > 0 and self.cfg.aggregation in ("async", "staleness")
-
     def train_cmd(
         self, groups: list[Any], checkpoint: str | None = None, weights: list[float] | None = None
     ) -> Message:
