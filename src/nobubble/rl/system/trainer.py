@@ -1,35 +1,18 @@
-"""The training stage: one optimizer step per batch of groups, then a new policy version.
+"""The LLM producer's loss (:class:`GroupLoss`) for the one
+:class:`~nobubble.rl.system.learner.Learner`, its settings and its step results.
 
-Algorithms (``TrainerConfig.algo``), all built on the losses of :mod:`nobubble.rl.algo.losses`:
+Algorithms (``TrainerConfig.algo``), all from :mod:`nobubble.rl.algo.losses`: ``grpo``
+(group-relative advantages, PPO clip against the behaviour policy: the *naive* PPO of the
+ablation in async modes), ``ppo`` (advantage ``R - V(s_t)``, value loss), ``decoupled-ppo``
+(AReaL: the trust region around the proximal policy, the weights before this step, data
+reweighted by the truncated ``pi_prox / pi_behav``), ``vtrace`` (IMPALA's targets and
+advantages, value loss) and ``vtrace-ppo`` (V-trace advantages inside PPO's clip).
 
-- ``grpo``: group-relative advantages, PPO clip with ``pi_old`` := the behaviour policy (the
-  sampler's log-probs). On-policy in ``sync`` mode; in async modes this is the *naive* PPO of
-  the ablation.
-- ``ppo``: actor-critic PPO: advantage ``R - V(s_t)`` from the value head, clip against the
-  behaviour policy, plus a value loss.
-- ``decoupled-ppo``: AReaL's decoupled objective. The trust region is centred on the
-  proximal policy (the trainer's weights before this step), the data are reweighted by
-  ``pi_prox / pi_behav`` (truncated).
-- ``vtrace``: IMPALA's V-trace targets and policy-gradient advantages from the value head,
-  with a value loss.
-- ``vtrace-ppo``: the source document's "aggressive" objective: V-trace's policy-gradient
-  advantages inside PPO's clipped surrogate (against the behaviour policy), plus the value
-  loss.
-
-Lag controls, each a :class:`TrainerConfig` field: per-sample weights by age
-(``staleness_weighting``: ``1 / (1 + lag)`` or ``0.5 ** lag``) times the replay's IS
-weights, folded into the advantages (for a positive weight ``w``, PPO's clipped loss of
-``w A`` is ``w`` times the loss of ``A``, so this weights every token's loss); and a KL
-penalty to a reference policy (``kl_coef``; the initial policy, frozen, or refreshed every
-``kl_refresh_every`` steps), reported per step as ``kl_ref``.
-
-Each step reports the staleness of the batch (trainer version - sample version per group)
-and of its tokens (``TrainResult.token_staleness``). Staleness weights are per token: with
-partial rollouts (``partial_rollouts``) a response's tokens may come from several versions
-(``Sample.token_versions``), each token is weighted by its own age, and tokens older than
-``token_drop_staleness`` are masked out of the loss. The behaviour log-probs the losses use
-were always per token. Whole-group versioning is asserted unless ``partial_rollouts`` says
-the batch trades it for freshness (:func:`~nobubble.rl.system.partial.check_token_versions`).
+Lag controls are per token (with partial rollouts a response's tokens may come from several
+versions): staleness weights times the replay's IS weights, folded into the advantages (for
+``w > 0`` PPO's clipped loss of ``w A`` is ``w`` times that of ``A``); tokens older than
+``token_drop_staleness`` masked out; a KL penalty to a reference policy. Whole-group
+versioning is asserted unless ``partial_rollouts``.
 """
 
 from __future__ import annotations
