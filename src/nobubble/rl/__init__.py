@@ -27,7 +27,7 @@ _SYSTEM = {
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
     "EnvRunResult": "nobubble.rl.actor_learner.result",
     "ActorFailure": "nobubble.rl.actor_learner.result",
-    "WorkerError": "nobubble.rl.system.protocol",
+    "WorkerError": "nobubble.rl.system.engines.protocol",
     "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",
     "TaskSpec": "nobubble.rl.system.tasks.spec",

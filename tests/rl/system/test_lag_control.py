@@ -17,7 +17,7 @@ from nobubble.rl.system.experience import ExperienceBuffer, Ledger
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.replay import GroupReplay, ReplayConfig
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import Trainer
+from nobubble.rl.system.trainer import GroupBatch, group_learner
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup
 
 TINY = dict(batch_groups=2, group_size=4, eval_every=5, policy_kwargs={"hidden": 16}, timeout_s=240)
@@ -27,7 +27,7 @@ def _setup(**trainer):
     cfg = RunConfig(group_size=8, policy_kwargs={"hidden": 16}, trainer=trainer)
     task = cfg.make_task()
     torch.manual_seed(0)
-    tr = Trainer(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
+    tr = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
     gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
     gen.set_weights(0, tr.state_dict())
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(task.prompts[:2])])
@@ -45,7 +45,7 @@ def test_age_and_is_weights_scale_each_samples_loss():
     groups[1] = groups[1].with_samples(
         tuple(Sample(**{**s.__dict__, "policy_version": 2}) for s in groups[1].samples)
     )
-    tr.opt = torch.optim.SGD(tr.model.parameters(), lr=0.1)
+    tr.optimizer = torch.optim.SGD(tr.model.parameters(), lr=0.1)
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     is_weights = [0.5, 2.0]
 
@@ -63,21 +63,21 @@ def test_age_and_is_weights_scale_each_samples_loss():
     log_all = torch.log_softmax(logits[:, task.prompt_len - 1 :], -1)
     uniform_kl = -log_all.mean(-1) - torch.log(torch.tensor(float(log_all.shape[-1])))
     loss = (-(adv[:, None] * logp) * mask).sum() / mask.sum()
-    loss = loss + tr.cfg.uniform_kl_coef * (uniform_kl * mask).sum() / mask.sum()
+    loss = loss + tr.loss.cfg.uniform_kl_coef * (uniform_kl * mask).sum() / mask.sum()
     grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
     expected = {
         n: before[n] - (0.0 if g is None else 0.1 * g)
         for (n, _), g in zip(model.named_parameters(), grads)
     }
 
-    tr.train_step(groups, is_weights)
+    tr.update([GroupBatch(groups, is_weights)])
     for name, want in expected.items():
         torch.testing.assert_close(tr.model.state_dict()[name], want, rtol=1e-5, atol=1e-6)
 
 
 def test_kl_to_the_reference_is_zero_at_start_and_resets_on_refresh():
     _, tr, groups = _setup(lr=0.05, kl_coef=0.1, kl_refresh_every=2)
-    kls = [tr.train_step(groups).metrics["kl_ref"] for _ in range(4)]
+    kls = [tr.update([GroupBatch(groups)]).metrics["kl_ref"] for _ in range(4)]
     assert kls[0] == pytest.approx(0.0, abs=1e-7)  # the reference is the initial policy
     assert kls[1] > 1e-6  # the policy moved away
     assert kls[2] == pytest.approx(0.0, abs=1e-7)  # refreshed after step 2

@@ -5,7 +5,7 @@ reported.
 The exactness test runs the learners' code on two gloo ranks (:func:`nobubble.distributed.spawn`)
 against a plain single-process loop on the concatenated batches, in float64: the reference
 objective (``trainer_reference``, built on `tests/rl/algo/reference.py`, no
-:class:`Trainer` code), its gradient clipped, Adam. The other tests are short runs of the
+:class:`Learner` code), its gradient clipped, Adam. The other tests are short runs of the
 local engine.
 """
 
@@ -16,11 +16,12 @@ import torch
 
 from nobubble.distributed import DistContext, spawn
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import Learner, StepCollector, split_groups
+from nobubble.rl.system.engines.learners import StepCollector, split_groups
+from nobubble.rl.system.engines.protocol import Message
+from nobubble.rl.system.learner import Learner
 from nobubble.rl.system.orchestrator import WorkerError, run
-from nobubble.rl.system.protocol import Message
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import Trainer, TrainResult
+from nobubble.rl.system.trainer import GroupBatch, GroupLoss, TrainResult, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from tests.rl.system.trainer_reference import reference_train_step
 
@@ -48,18 +49,19 @@ def _batches(cfg: RunConfig) -> list[list[SampleGroup]]:
     return [scored[i * b : (i + 1) * b] for i in range(NUM_STEPS)]
 
 
-def _fp64_trainer(cfg: RunConfig) -> Trainer:
+def _fp64_learner(cfg: RunConfig) -> Learner[GroupLoss]:
     task = cfg.make_task()
     torch.manual_seed(cfg.seed)
-    return Trainer(task=task, model=cfg.build_policy(task).double(), cfg=cfg.trainer_config())
+    return group_learner(task=task, model=cfg.build_policy(task).double(), cfg=cfg.trainer_config())
 
 
 def _sync_learner(ctx: DistContext, cfg: RunConfig, batches: list[list[SampleGroup]]) -> dict:
-    learner = Learner(_fp64_trainer(cfg), ctx, "sync", 1)
+    learner = _fp64_learner(cfg)
+    learner.join(ctx, "sync", 1)
     for batch in batches:
         shard, weights = split_groups(batch, None, ctx.world_size)[ctx.rank]
-        learner.step(shard, weights)
-    return learner.trainer.state_dict()
+        learner.update([GroupBatch(shard, weights)])
+    return learner.state_dict()
 
 
 def _reference_run(cfg: RunConfig, batches: list[list[SampleGroup]]) -> tuple[dict, dict]:

@@ -23,7 +23,7 @@ from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.partial import InFlightWeights, check_token_versions
 from nobubble.rl.system.policies import prompt_attention_mask, response_logprobs
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import Trainer, TrainerConfig
+from nobubble.rl.system.trainer import GroupBatch, TrainerConfig, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightVersionError
 
@@ -149,9 +149,9 @@ def test_losses_use_each_tokens_staleness_and_behaviour_logprob():
         partial_rollouts=True, token_drop_staleness=1,
     )  # fmt: skip
     torch.manual_seed(0)
-    trainer = Trainer(task=task, model=cfg.build_policy(task), cfg=tcfg)
+    trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=tcfg)
     trainer.version = 2
-    grads = trainer.compute_gradients(groups)
+    grads = trainer.compute_gradients(GroupBatch(groups))
     got = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
     samples = [s for g in groups for s in g.samples]
@@ -178,14 +178,14 @@ def test_the_default_mode_still_asserts_whole_groups():
     cfg = RunConfig(policy_kwargs=SMALL, group_size=4, partial_rollouts=True)
     task, _, groups, _ = _generate(cfg, _policies(cfg, 3), num_groups=1)
     groups = _scored(groups)
-    whole = Trainer(task=task, model=cfg.build_policy(task), cfg=TrainerConfig(group_size=4))
+    whole = group_learner(task=task, model=cfg.build_policy(task), cfg=TrainerConfig(group_size=4))
     whole.version = 2
     with pytest.raises(ValueError, match="whole-group versioning is the default mode's rule"):
-        whole.compute_gradients(groups)
+        whole.compute_gradients(GroupBatch(groups))
     partial = TrainerConfig(group_size=4, partial_rollouts=True)
-    ok = Trainer(task=task, model=cfg.build_policy(task), cfg=partial)
+    ok = group_learner(task=task, model=cfg.build_policy(task), cfg=partial)
     ok.version = 2
-    ok.compute_gradients(groups)  # the same batch is legal in the partial mode
+    ok.compute_gradients(GroupBatch(groups))  # the same batch is legal in the partial mode
     g = groups[0]
     first, *rest = g.samples
     back = g.with_samples((replace(first, token_versions=torch.tensor([0, 2, 1])), *rest))

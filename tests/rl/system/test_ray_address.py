@@ -12,8 +12,8 @@ import socket
 import pytest
 
 from nobubble.cli import main
+from nobubble.rl.system.engines.protocol import WorkerError
 from nobubble.rl.system.engines.ray import check_ray_address
-from nobubble.rl.system.protocol import WorkerError
 
 
 def _closed_port() -> int:

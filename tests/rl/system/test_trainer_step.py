@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.learner import Learner
 from nobubble.rl.system.policies import response_logprobs
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import ALGOS, Trainer
+from nobubble.rl.system.trainer import ALGOS, GroupBatch, GroupLoss, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from tests.rl.system.trainer_reference import reference_loss
 
@@ -21,14 +22,14 @@ from tests.rl.system.trainer_reference import reference_loss
 # decoupled cap 5), 1.82, 1.28 (above 1 + clip), 1, 0.86, 0.67 (below 1 - clip) and 0.41
 BEHAVIOUR_SHIFTS = (-2.0, -0.6, -0.25, 0.0, 0.15, 0.4, 0.9)
 # the trainer's rewards, advantages and staleness weights are float32 (``Sample.reward`` is a
-# float, ``Trainer`` builds them in float32); everything else is float64 on both sides
+# float, ``GroupLoss`` builds them in float32); everything else is float64 on both sides
 FLOAT32_INPUTS = {"rtol": 1e-6, "atol": 1e-9}
 
 
-def _scored_groups(cfg: RunConfig, trainer: Trainer) -> list[SampleGroup]:
+def _scored_groups(cfg: RunConfig, trainer: Learner[GroupLoss]) -> list[SampleGroup]:
     """Four groups sampled by the trainer's policy, scored 1 for a response that starts
     with "0" (independent of the task's reward)."""
-    task = trainer.task
+    task = trainer.loss.task
     gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
     gen.set_weights(0, trainer.state_dict())
     prompts = task.eval_prompts[:4]
@@ -77,14 +78,14 @@ def test_each_step_has_the_reference_loss_and_gradient(algo):
     torch.manual_seed(0)
     model = cfg.build_policy(task).double()
     initial = copy.deepcopy(model)  # the KL reference: the initial policy, frozen
-    trainer = Trainer(task=task, model=model, cfg=cfg.trainer_config())
+    trainer = group_learner(task=task, model=model, cfg=cfg.trainer_config())
     groups = _shift_behaviour(_scored_groups(cfg, trainer))
     rewards = [s.reward for g in groups for s in g.samples]
     assert 0.0 in rewards and 1.0 in rewards, "the batch needs both kinds of response"
     params = list(trainer.model.parameters())
     for version in range(3):
-        got = trainer.compute_gradients(groups)
-        expected = reference_loss(model, groups, trainer.cfg, task, version, kl_model=initial)
+        got = trainer.compute_gradients(GroupBatch(groups))
+        expected = reference_loss(model, groups, trainer.loss.cfg, task, version, kl_model=initial)
         expected_grads = torch.autograd.grad(expected, params, allow_unused=True)
         loss = torch.tensor(got.metrics["loss"], dtype=torch.float64)
         torch.testing.assert_close(loss, expected.detach(), **FLOAT32_INPUTS)
@@ -109,7 +110,7 @@ def test_step_raises_logprob_of_better_responses(algo):
     )
     task = cfg.make_task()
     torch.manual_seed(0)
-    trainer = Trainer(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
+    trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
     gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
     gen.set_weights(0, trainer.state_dict())
     prompts = task.eval_prompts[:4]
@@ -125,8 +126,8 @@ def test_step_raises_logprob_of_better_responses(algo):
     assert good.any() and (~good).any(), "the batch needs both kinds of response"
     before = response_logprobs(trainer.model, tokens, task.prompt_len)[:, 0].detach()
     for _ in range(3):
-        res = trainer.train_step(scored)
+        trainer.update([GroupBatch(scored)])
     after = response_logprobs(trainer.model, tokens, task.prompt_len)[:, 0].detach()
-    assert res.version == 3
+    assert trainer.version == 3
     delta = after - before
     assert delta[good].mean() > delta[~good].mean()

@@ -1,6 +1,6 @@
-"""What one :class:`~nobubble.rl.system.trainer.Trainer` step should compute, written with
-the reference formulas of `tests/rl/algo/reference.py` (shared by the trainer and the
-learner tests; no ``Trainer`` code runs here).
+"""What one learner step on :class:`~nobubble.rl.system.trainer.GroupLoss` should compute,
+written with the reference formulas of `tests/rl/algo/reference.py` (shared by the trainer
+and the learner tests; no ``Learner`` or ``GroupLoss`` code runs here).
 
 From the policy's own log-probs ``logp`` (B, N) of the response tokens, the objective is
 

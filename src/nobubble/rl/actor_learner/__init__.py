@@ -3,7 +3,7 @@ one core.
 
 Modules, bottom up: :mod:`.config` (one run), :mod:`.envs` (gymnasium by id or factory, a
 step delay, a vector of envs), :mod:`.model` (the model contract, the MLP actor-critic),
-:mod:`.trajectory`, :mod:`.learner` (V-trace + PPO clip), :mod:`.rollout`
+:mod:`.trajectory`, :mod:`.loss` (V-trace + PPO clip), :mod:`.rollout`
 (an actor's unroll, evaluation), :mod:`.shm` and :mod:`.inference` (central batched
 inference), :mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the loop),
 :mod:`.result`. :mod:`.text` adds multi-turn text environments (the model speaks a turn,

@@ -32,7 +32,7 @@ import torch
 from nobubble.rl.actor_learner.config import EnvRunConfig, config_json, trajectories_per_update
 from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
-from nobubble.rl.actor_learner.learner import Learner
+from nobubble.rl.actor_learner.loss import env_learner, minibatches
 from nobubble.rl.actor_learner.model import PolicyModel, build_model
 from nobubble.rl.actor_learner.result import ActorFailure, CurvePoint, EnvRunResult
 from nobubble.rl.actor_learner.rollout import evaluate
@@ -57,7 +57,8 @@ class _Run:
 
     def __init__(self, config: EnvRunConfig, model: PolicyModel) -> None:
         self.config = config
-        self.learner = Learner(model, config)
+        self.learner = env_learner(model, config)
+        self.shuffle = torch.Generator().manual_seed(config.seed)  # the minibatches' order
         self.published = PublishedWeights()  # the digest of every version the learner made
         self.published.publish({self.learner.version: weight_digest(model)})
         self.ledger = Ledger()
@@ -112,7 +113,8 @@ class _Run:
                 raise ActorFailure(t.source.split("/")[0], str(err)) from None
         if fresh:
             start = time.perf_counter()
-            self.learner.update(stack_trajectories(fresh))
+            stacked = stack_trajectories(fresh)
+            self.learner.update(minibatches(stacked, self.config, self.shuffle))
             self.learn_s += time.perf_counter() - start
             self.published.publish({self.learner.version: weight_digest(self.learner.model)})
             for t in fresh:

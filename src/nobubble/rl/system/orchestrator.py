@@ -47,8 +47,8 @@ from nobubble.rl.system.config import (
     RunConfig,
     describe_value,
 )
+from nobubble.rl.system.engines.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
-from nobubble.rl.system.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.recovery import Recovery
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy

@@ -32,8 +32,8 @@ from typing import Any
 
 from nobubble.rl.system.checkpoint import RESUME_KEYS, CheckpointStore
 from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.engines.protocol import Engine, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
-from nobubble.rl.system.protocol import Engine, WorkerError
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint
 from nobubble.rl.system.types import GroupRequest, SampleGroup

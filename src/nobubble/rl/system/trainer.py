@@ -1,35 +1,18 @@
-"""The training stage: one optimizer step per batch of groups, then a new policy version.
+"""The LLM producer's loss (:class:`GroupLoss`) for the one
+:class:`~nobubble.rl.system.learner.Learner`, its settings and its step results.
 
-Algorithms (``TrainerConfig.algo``), all built on the losses of :mod:`nobubble.rl.algo.losses`:
+Algorithms (``TrainerConfig.algo``), all from :mod:`nobubble.rl.algo.losses`: ``grpo``
+(group-relative advantages, PPO clip against the behaviour policy: the *naive* PPO of the
+ablation in async modes), ``ppo`` (advantage ``R - V(s_t)``, value loss), ``decoupled-ppo``
+(AReaL: the trust region around the proximal policy, the weights before this step, data
+reweighted by the truncated ``pi_prox / pi_behav``), ``vtrace`` (IMPALA's targets and
+advantages, value loss) and ``vtrace-ppo`` (V-trace advantages inside PPO's clip).
 
-- ``grpo``: group-relative advantages, PPO clip with ``pi_old`` := the behaviour policy (the
-  sampler's log-probs). On-policy in ``sync`` mode; in async modes this is the *naive* PPO of
-  the ablation.
-- ``ppo``: actor-critic PPO: advantage ``R - V(s_t)`` from the value head, clip against the
-  behaviour policy, plus a value loss.
-- ``decoupled-ppo``: AReaL's decoupled objective. The trust region is centred on the
-  proximal policy (the trainer's weights before this step), the data are reweighted by
-  ``pi_prox / pi_behav`` (truncated).
-- ``vtrace``: IMPALA's V-trace targets and policy-gradient advantages from the value head,
-  with a value loss.
-- ``vtrace-ppo``: the source document's "aggressive" objective: V-trace's policy-gradient
-  advantages inside PPO's clipped surrogate (against the behaviour policy), plus the value
-  loss.
-
-Lag controls, each a :class:`TrainerConfig` field: per-sample weights by age
-(``staleness_weighting``: ``1 / (1 + lag)`` or ``0.5 ** lag``) times the replay's IS
-weights, folded into the advantages (for a positive weight ``w``, PPO's clipped loss of
-``w A`` is ``w`` times the loss of ``A``, so this weights every token's loss); and a KL
-penalty to a reference policy (``kl_coef``; the initial policy, frozen, or refreshed every
-``kl_refresh_every`` steps), reported per step as ``kl_ref``.
-
-Each step reports the staleness of the batch (trainer version - sample version per group)
-and of its tokens (``TrainResult.token_staleness``). Staleness weights are per token: with
-partial rollouts (``partial_rollouts``) a response's tokens may come from several versions
-(``Sample.token_versions``), each token is weighted by its own age, and tokens older than
-``token_drop_staleness`` are masked out of the loss. The behaviour log-probs the losses use
-were always per token. Whole-group versioning is asserted unless ``partial_rollouts`` says
-the batch trades it for freshness (:func:`~nobubble.rl.system.partial.check_token_versions`).
+Lag controls are per token (with partial rollouts a response's tokens may come from several
+versions): staleness weights times the replay's IS weights, folded into the advantages (for
+``w > 0`` PPO's clipped loss of ``w A`` is ``w`` times that of ``A``); tokens older than
+``token_drop_staleness`` masked out; a KL penalty to a reference policy. Whole-group
+versioning is asserted unless ``partial_rollouts``.
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -53,6 +36,7 @@ from nobubble.rl.algo.losses import (
 )
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import vtrace
+from nobubble.rl.system.learner import Learner, ShardGradients
 from nobubble.rl.system.partial.versions import (
     check_token_versions,
     lag_histogram,
@@ -68,10 +52,12 @@ __all__ = [
     "ALGOS",
     "TrainerConfig",
     "TrainResult",
-    "ShardGradients",
     "EvalResult",
-    "Trainer",
+    "GroupBatch",
+    "GroupLoss",
     "evaluate_policy",
+    "group_learner",
+    "train_result",
 ]
 
 ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
@@ -167,23 +153,6 @@ class TrainResult:
     weight_digests: dict[int, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class ShardGradients:
-    """What :meth:`Trainer.compute_gradients` leaves besides the ``.grad`` tensors.
-
-    Attributes:
-        staleness: per group, ``trainer version - policy version``.
-        metrics: loss, reward, entropy, weight mean, the algorithm's diagnostics.
-        num_tokens: response tokens in the shard (the token mean's denominator).
-        token_staleness: those tokens by their staleness ``{lag: count}``.
-    """
-
-    staleness: list[int]
-    metrics: dict[str, float]
-    num_tokens: int
-    token_staleness: dict[int, int] = field(default_factory=dict)
-
-
 def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
@@ -224,68 +193,40 @@ def evaluate_policy(model: nn.Module, task: TaskSpec, version: int = 0) -> EvalR
     return EvalResult(version, correct / len(prompts), reward, len(prompts), span)
 
 
-class Trainer:
-    """Holds the learner's policy and optimizer; ``version`` counts optimizer steps.
+class GroupBatch(NamedTuple):
+    """A batch for :class:`GroupLoss`: whole groups (each one policy version, unless partial
+    rollouts) and optionally one weight per group (a replay's IS weights; None = all 1,
+    multiplied with the staleness weights)."""
 
-    ``model`` is a policy model (``forward -> (logits, values)``, see
-    :func:`~nobubble.rl.system.policies.as_policy`); the trainer owns it from here on.
+    groups: list[SampleGroup]
+    weights: list[float] | None = None
+
+
+class GroupLoss:
+    """The LLM producer's loss (``TrainerConfig.algo``) on a :class:`GroupBatch`, for the
+    :class:`~nobubble.rl.system.learner.Learner`; holds the KL penalty's reference policy
+    (a frozen copy of the initial ``model``, refreshed every ``kl_refresh_every`` versions).
     """
 
     def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> None:
-        self.task = task
-        self.cfg = cfg
-        self.model = model
-        # the KL penalty's reference: a frozen copy of the initial policy (or refreshed)
+        self.task, self.cfg = task, cfg
         self.reference = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
-        self.version = 0
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    def after_step(self, model: nn.Module, version: int) -> None:
+        every = self.cfg.kl_refresh_every
+        if self.reference is not None and every and version % every == 0:
+            self.reference.load_state_dict(model.state_dict())
 
-    def evaluate(self) -> EvalResult:
-        self.model.eval()
-        return evaluate_policy(self.model, self.task, self.version)
-
-    def train_step(
-        self, groups: list[SampleGroup], weights: list[float] | None = None
-    ) -> TrainResult:
-        """One step on ``groups`` (each whole, one policy version); returns the new version.
-
-        ``weights``: one per group (a replay's IS weights; None = all 1), multiplied with the
-        staleness weights.
-        """
-        start = time.time()
-        grads = self.compute_gradients(groups, weights)
-        self.apply_gradients()
-        return self.result(groups, grads, start)
-
-    def result(self, groups: list[SampleGroup], grads: ShardGradients, start: float) -> TrainResult:
-        """The step's :class:`TrainResult` (version, staleness, metrics, busy span)."""
-        span = Span(
-            "trainer",
-            f"train v{self.version - 1}->v{self.version}",
-            start,
-            time.time(),
-            {"groups": [g.group_id for g in groups], "max_lag": max(grads.staleness)},
-        )
-        return TrainResult(
-            self.version,
-            grads.staleness,
-            grads.metrics,
-            span,
-            token_staleness=grads.token_staleness,
-        )
-
-    def compute_gradients(
-        self, groups: list[SampleGroup], weights: list[float] | None = None
-    ) -> ShardGradients:
-        """Forward and backward on ``groups``: sets every parameter's ``.grad`` and returns
-        the per-group staleness, the metrics and the number of response tokens (the loss is
-        a token mean over them, so shards combine exactly when weighted by it). A group's
-        staleness is that of its oldest tokens; weights and the token drop are per token."""
+    def __call__(
+        self, model: nn.Module, batch: GroupBatch, version: int
+    ) -> tuple[torch.Tensor, ShardGradients]:
+        """The loss on ``batch`` and the per-group staleness, the metrics and the number of
+        response tokens (the loss is a token mean over them, so shards combine exactly when
+        weighted by it). A group's staleness is that of its oldest tokens; weights and the
+        token drop are per token."""
+        groups, weights = batch
         samples = [s for g in groups for s in g.samples]
         g_size = len(groups[0].samples)
         if any(len(g.samples) != g_size for g in groups):
@@ -293,22 +234,22 @@ class Trainer:
         versions = [s.policy_version for s in samples]
         check_group_versions(versions, g_size)
         check_token_versions(groups, partial=self.cfg.partial_rollouts)
-        staleness = policy_lag([g.policy_version for g in groups], self.version).tolist()
+        staleness = policy_lag([g.policy_version for g in groups], version).tolist()
         tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
         mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
         behav = torch.stack([s.behaviour_logprobs for s in samples])  # (B, N)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
         if weights is not None and len(weights) != len(groups):
             raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
-        w, mask, token_staleness = self._token_weights(samples, g_size, weights, mask)
+        w, mask, token_staleness = self._token_weights(samples, g_size, weights, mask, version)
 
-        self.model.train()
+        model.train()
         p = self.task.prompt_len
         attn = prompt_attention_mask(tokens, p, self.task.tokenizer.pad_id)  # (B, P + N)
-        logits, values = response_logits(self.model, tokens, p, attn)  # (B, N, V)
+        logits, values = response_logits(model, tokens, p, attn)  # (B, N, V)
         # at least fp32 (fp16/bf16 logits are upcast; an fp64 policy stays fp64)
         logp_all = torch.log_softmax(_upcast(logits), dim=-1)  # (B, N, V)
-        actions = tokens[:, self.task.prompt_len :]  # (B, N)
+        actions = tokens[:, p:]  # (B, N)
         logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
         loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size, w)
         if self.reference is not None:
@@ -322,21 +263,24 @@ class Trainer:
         entropy = aggregate_loss(-(logp_all.exp() * logp_all).sum(-1), mask)
         uniform_kl = aggregate_loss(-logp_all.mean(-1) - math.log(logp_all.shape[-1]), mask)
         loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
         metrics.update(weight_mean=float((w * mask).sum() / mask.sum().clamp(min=1)))
         metrics.update(
             loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
         )
-        return ShardGradients(staleness, metrics, int(mask.sum()), token_staleness)
+        return loss, ShardGradients(staleness, metrics, int(mask.sum()), token_staleness)
 
     def _token_weights(
-        self, samples: list, g_size: int, weights: list[float] | None, mask: torch.Tensor
+        self,
+        samples: list,
+        g_size: int,
+        weights: list[float] | None,
+        mask: torch.Tensor,
+        version: int,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
         """Per-token loss weights ``w`` (B, N): the staleness weight of each token's own age
         times its group's weight (``weights``, one per group); the mask (B, N) without the
         tokens past ``token_drop_staleness``; the kept tokens by staleness."""
-        lag = token_lag(response_versions(samples), self.version)  # (B, N)
+        lag = token_lag(response_versions(samples), version)  # (B, N)
         drop = self.cfg.token_drop_staleness
         if drop is not None:
             mask = mask * (lag <= drop)  # (B, N)
@@ -346,26 +290,6 @@ class Trainer:
             per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)
             w = w * per_group.repeat_interleave(g_size)[:, None]
         return w, mask, lag_histogram(lag, mask)
-
-    def clip_gradients(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-
-    def apply_gradients(self, *, clip: bool = True) -> None:
-        """Clip the gradients (unless ``clip=False``: already clipped), take the optimizer
-        step and bump the version (a new policy version)."""
-        if clip:
-            self.clip_gradients()
-        self.opt.step()
-        self.finish_step()
-
-    def finish_step(self) -> None:
-        """After new parameters: the trainer's delay, the version, the KL reference."""
-        if self.cfg.delay_s:
-            time.sleep(self.cfg.delay_s)
-        self.version += 1
-        every = self.cfg.kl_refresh_every
-        if self.reference is not None and every and self.version % every == 0:
-            self.reference.load_state_dict(self.model.state_dict())
 
     def _loss(
         self,
@@ -417,3 +341,32 @@ class Trainer:
         else:
             pg = policy_gradient_loss(logp, pg_adv, mask)
         return pg + self.cfg.value_coef * value_loss, metrics
+
+
+def group_learner(*, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> Learner[GroupLoss]:
+    """The LLM producer's :class:`~nobubble.rl.system.learner.Learner`: ``model`` (a policy,
+    ``forward -> (logits, values)``, see :func:`~nobubble.rl.system.policies.as_policy`)
+    trained on :class:`GroupLoss` with Adam at ``cfg.lr``."""
+    loss = GroupLoss(task=task, model=model, cfg=cfg)
+    return Learner(model, loss, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, delay_s=cfg.delay_s)
+
+
+def train_result(
+    learner: Learner[GroupLoss], groups: list[SampleGroup], shard: ShardGradients, start: float
+) -> TrainResult:
+    """A step's :class:`TrainResult` (version, staleness, metrics, busy span); a learner that
+    pushed its gradient to learner 0 reports the version it computed on."""
+    v, ids = learner.version, [g.group_id for g in groups]
+    args: dict[str, Any]
+    if learner.pushes_gradients:
+        rank = learner.ctx.rank if learner.ctx is not None else 0
+        name, args = f"grad on v{v} (learner {rank})", {"groups": ids}
+    else:
+        name, args = f"train v{v - 1}->v{v}", {"groups": ids, "max_lag": max(shard.staleness)}
+        if shard.pushes:
+            args["pushes"] = shard.pushes
+    span = Span("trainer", name, start, time.time(), args)
+    trained_by = {} if learner.ctx is None else dict.fromkeys(ids, learner.ctx.rank)
+    return TrainResult(
+        v, shard.staleness, shard.metrics, span, trained_by, token_staleness=shard.token_staleness
+    )

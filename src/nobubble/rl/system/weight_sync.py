@@ -5,13 +5,11 @@ the newest version between groups (never inside one). Versions only increase: pu
 version that is not newer than the last one, or loading an older one, raises
 :class:`WeightVersionError`.
 
-- :class:`WeightSlot` holds the latest :class:`VersionedWeights` in one process (the Ray
-  engine puts the state dict in the object store and hands references around).
-- :class:`SharedWeights` is the local engine's channel: one flat float32 tensor in shared
-  memory plus a version counter, both created by the parent and inherited by the worker
-  processes. The trainer copies its parameters in under a lock and bumps the version; a
-  generator copies them out under the same lock when the version moved. No pickling, no
-  queue: a publish costs one ``memcpy`` of the parameters.
+The Ray engine puts the state dict in the object store and hands references around;
+:class:`SharedWeights` is the local engine's channel: one flat float32 tensor in shared
+memory plus a version counter, created by the parent and inherited by the workers. The
+trainer copies its parameters in under a lock and bumps the version; a generator copies
+them out under the same lock when the version moved: one ``memcpy`` a publish.
 
 Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
 A generator records the digest of the weights it sampled with beside the version it
@@ -25,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,8 +30,6 @@ from torch import nn
 
 __all__ = [
     "WeightVersionError",
-    "VersionedWeights",
-    "WeightSlot",
     "SharedWeights",
     "PublishedWeights",
     "weight_digest",
@@ -100,32 +95,6 @@ class PublishedWeights:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.digests = {int(k): v for k, v in state["digests"].items()}
-
-
-@dataclass(frozen=True)
-class VersionedWeights:
-    """A state dict and the policy version it is."""
-
-    version: int
-    state_dict: dict[str, torch.Tensor]
-
-
-class WeightSlot:
-    """The latest published weights; ``publish`` refuses versions that are not newer."""
-
-    def __init__(self) -> None:
-        self.latest: VersionedWeights | None = None
-
-    @property
-    def version(self) -> int:
-        return -1 if self.latest is None else self.latest.version
-
-    def publish(self, weights: VersionedWeights) -> None:
-        if weights.version <= self.version:
-            raise WeightVersionError(
-                f"published version {weights.version} is not newer than {self.version}"
-            )
-        self.latest = weights
 
 
 def check_newer(old: int, new: int, who: str) -> None:

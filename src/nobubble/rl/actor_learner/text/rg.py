@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from nobubble.rl.actor_learner.text.protocol import TextStep
-from nobubble.rl.system.imports import missing_extra
+from nobubble.rl.system.tasks.rg import rg_dataset
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymQuestions"]
 
@@ -48,23 +48,7 @@ class ReasoningGymQuestions:
     """
 
     def __init__(self, name: str, *, size: int = 500, dataset_seed: int = 0, **config: Any):
-        try:
-            import reasoning_gym
-            from reasoning_gym.factory import DATASETS
-        except ImportError:
-            raise missing_extra("reasoning-gym", "rg") from None
-        if name not in DATASETS:
-            close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
-            hint = f"; did you mean {close}?" if close else ""
-            raise ValueError(f"reasoning-gym has no task {name!r}{hint}")
-        if size < 1:
-            raise ValueError(f"size={size} must be >= 1")
-        try:
-            self.dataset = reasoning_gym.create_dataset(
-                name, size=size, seed=dataset_seed, **config
-            )
-        except (TypeError, AssertionError) as err:
-            raise ValueError(f"rg:{name}: bad config {config} ({err})") from None
+        self.dataset = rg_dataset(name, size, dataset_seed, config)
         self.name = f"rg:{name}"
         self.entries = list(self.dataset)
         answers = [str(e["answer"]) for e in self.entries]

@@ -60,7 +60,7 @@ from nobubble.rl.system.engines.learners import (
     looks_like_peer_failure,
     split_groups,
 )
-from nobubble.rl.system.protocol import Message, WorkerError
+from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["LocalEngine"]
@@ -89,7 +89,7 @@ def _worker_main(
         if worker.kind == "trainer" and learner_port is not None:
             worker.join_learners("127.0.0.1", learner_port)
         if worker.kind == "trainer" and worker.rank == 0:
-            shared.publish(worker.trainer.model, worker.trainer.version)
+            shared.publish(worker.learner.model, worker.learner.version)
         if worker.kind == "rollout":
             worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
         outq.put(pickle.dumps(Message("ready", name)))
@@ -111,12 +111,12 @@ def _worker_main(
             elif op == "reward":
                 msgs = worker.reward_cmd(cmd[1])
             elif op == "train":
-                if worker.loads_published_weights:
-                    have = shared.pull(worker.trainer.model, have)
-                    worker.trainer.version = have
+                if worker.learner.pushes_gradients:  # it computes on published weights
+                    have = shared.pull(worker.learner.model, have)
+                    worker.learner.version = have
                 msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])
                 if worker.rank == 0:
-                    shared.publish(worker.trainer.model, worker.trainer.version)
+                    shared.publish(worker.learner.model, worker.learner.version)
                 msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
             elif op == "eval":
                 msgs = [worker.eval_cmd()]

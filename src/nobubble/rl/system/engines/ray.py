@@ -47,7 +47,7 @@ from nobubble.rl.system.engines.learners import (
     looks_like_peer_failure,
     split_groups,
 )
-from nobubble.rl.system.protocol import Message, WorkerError
+from nobubble.rl.system.engines.protocol import Message, WorkerError
 
 __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
@@ -88,7 +88,7 @@ class _StageActor:
         return self.worker.state_dict()
 
     def version(self) -> int:
-        return self.worker.trainer.version
+        return self.worker.learner.version
 
     def rollout(
         self, requests: list, version: int, state_dict: dict, rng_state: Any = None
@@ -113,8 +113,8 @@ class _StageActor:
         import ray
 
         if state_dict is not None and version is not None:
-            self.worker.trainer.model.load_state_dict(state_dict)
-            self.worker.trainer.version = version
+            self.worker.learner.model.load_state_dict(state_dict)
+            self.worker.learner.version = version
         msg = self.worker.train_cmd(groups, checkpoint, weights)
         if msg.kind == "shard":
             return [msg]

@@ -4,9 +4,9 @@ A :class:`StageWorker` is what runs inside a local process or a Ray actor. It is
 the (picklable) :class:`~nobubble.rl.system.orchestrator.RunConfig` alone, so both engines start
 identical workers; ``handle`` turns one command into the messages for the orchestrator.
 
-With ``RunConfig.learners > 1`` the trainer stage is several workers (``trainer``,
-``trainer-1`` ..); after :meth:`StageWorker.join_learners` each trains its shard through a
-:class:`~nobubble.rl.system.engines.learners.Learner`, and the ones other than learner 0
+The trainer stage holds the one :class:`~nobubble.rl.system.learner.Learner`. With
+``RunConfig.learners > 1`` it is several workers (``trainer``, ``trainer-1`` ..); after
+:meth:`StageWorker.join_learners` each trains its shard, and the ones other than learner 0
 answer ``shard`` messages (see :mod:`~nobubble.rl.system.engines.learners`).
 
 Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill|stale>"``
@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,11 @@ import torch
 
 from nobubble.rl.system.checkpoint import TRAINER_FILE, CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import Learner, join_learner_group, learner_rank
-from nobubble.rl.system.protocol import Message
+from nobubble.rl.system.engines.learners import join_learner_group, learner_rank
+from nobubble.rl.system.engines.protocol import Message
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import Trainer
+from nobubble.rl.system.trainer import GroupBatch, evaluate_policy, group_learner, train_result
 from nobubble.rl.system.weight_sync import weight_digest
 
 __all__ = ["StageWorker", "InjectedFault"]
@@ -55,7 +56,6 @@ class StageWorker:
         self.task = cfg.make_task()
         self.calls = 0
         self.kind = name.split("-")[0]
-        self.learner: Learner | None = None
         self._digest: tuple[int, str] | None = None  # (version, digest) of the trainer's model
         self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
@@ -68,14 +68,14 @@ class StageWorker:
             )
         elif self.kind == "trainer":
             torch.manual_seed(cfg.seed)
-            self.trainer = Trainer(
+            self.learner = group_learner(
                 task=self.task, model=cfg.build_policy(self.task), cfg=cfg.trainer_config()
             )
             folder = cfg.checkpoint_dir
             ckpt = CheckpointStore(folder).latest() if cfg.resume and folder else None
             if ckpt is not None:
-                t = self.trainer
-                t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.opt, t.reference)
+                t, ref = self.learner, self.learner.loss.reference
+                t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.optimizer, ref)
         elif self.kind == "reward":
             self.rewarder = Rewarder(
                 self.task, cfg.rewards, cfg.reward_config(), remote=cfg.remote_reward()
@@ -120,12 +120,7 @@ class StageWorker:
         all joined, at most ``stall_timeout_s``)."""
         cfg = self.cfg
         ctx = join_learner_group(self.rank, cfg.learners, host, port, cfg.stall_timeout_s)
-        self.learner = Learner(self.trainer, ctx, cfg.aggregation, cfg.effective_local_sgd_every)
-
-    @property
-    def loads_published_weights(self) -> bool:
-        """A learner other than 0 in async / staleness: it computes on published weights."""
-        return self.rank > 0 and self.cfg.aggregation in ("async", "staleness")
+        self.learner.join(ctx, cfg.aggregation, cfg.effective_local_sgd_every)
 
     def train_cmd(
         self, groups: list[Any], checkpoint: str | None = None, weights: list[float] | None = None
@@ -134,29 +129,28 @@ class StageWorker:
         folder), the trainer's checkpoint file too. A learner other than 0 trains its shard
         and answers ``shard``."""
         self._maybe_fault()
-        before = self._trainer_digest()
-        if self.learner is None:
-            res = self.trainer.train_step(groups, weights)
-        else:
-            res = self.learner.step(groups, weights)
+        before, start = self._trainer_digest(), time.time()
+        shard = self.learner.update([GroupBatch(groups, weights)])
+        res = train_result(self.learner, groups, shard, start)
         if self.rank > 0:
             return Message("shard", self.name, res, (res.span,))
         res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
         if checkpoint is not None:
-            t = self.trainer
-            save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.opt, t.version, t.reference)
+            t, ref = self.learner, self.learner.loss.reference
+            save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.optimizer, t.version, ref)
         return Message("train", self.name, res, (res.span,))
 
     def _trainer_digest(self) -> tuple[int, str]:
         """(version, digest) of the trainer's weights, hashed once per version."""
-        version = self.trainer.version
+        version = self.learner.version
         if self._digest is None or self._digest[0] != version:
-            self._digest = (version, weight_digest(self.trainer.model))
+            self._digest = (version, weight_digest(self.learner.model))
         return self._digest
 
     def eval_cmd(self) -> Message:
-        ev = self.trainer.evaluate()
+        self.learner.model.eval()
+        ev = evaluate_policy(self.learner.model, self.task, self.learner.version)
         return Message("eval", self.name, ev, (ev.span,) if ev.span else ())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.trainer.state_dict()
+        return self.learner.state_dict()

@@ -13,7 +13,27 @@ from typing import Any
 
 from nobubble.rl.system.imports import missing_extra
 
-__all__ = ["ReasoningGymTask"]
+__all__ = ["ReasoningGymTask", "rg_dataset"]
+
+
+def rg_dataset(name: str, size: int, seed: int, config: dict[str, Any]) -> Any:
+    """reasoning-gym's dataset ``name``: ``size`` questions generated locally from ``seed``
+    with the dataset's ``config``; a ValueError names an unknown dataset or a bad config."""
+    try:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        raise missing_extra("reasoning-gym", "rg") from None
+    if name not in DATASETS:
+        close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
+        hint = f"; did you mean {close}?" if close else ""
+        raise ValueError(f"reasoning-gym has no task {name!r}{hint}")
+    if size < 1:
+        raise ValueError(f"size={size} must be >= 1")
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
+    except (TypeError, AssertionError) as err:
+        raise ValueError(f"rg:{name}: bad config {config} ({err})") from None
 
 
 class ReasoningGymTask:
@@ -37,24 +57,10 @@ class ReasoningGymTask:
         max_new_tokens: int | None = None,
         **config: Any,
     ) -> None:
-        try:
-            import reasoning_gym
-            from reasoning_gym.factory import DATASETS
-        except ImportError:
-            raise missing_extra("reasoning-gym", "rg") from None
-        if name not in DATASETS:
-            close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
-            raise ValueError(
-                f"reasoning-gym has no task {name!r}"
-                + (f"; did you mean {close}?" if close else "")
-            )
         if size < 1 or eval_size < 1:
             raise ValueError(f"size={size} and eval_size={eval_size} must be >= 1")
-        try:
-            self._train = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
-            self._eval = reasoning_gym.create_dataset(name, size=eval_size, seed=seed + 1, **config)
-        except TypeError as err:
-            raise ValueError(f"rg:{name}: bad config {config} ({err})") from None
+        self._train = rg_dataset(name, size, seed, config)
+        self._eval = rg_dataset(name, eval_size, seed + 1, config)
         self.name = f"rg:{name}"
         self._entries: dict[str, tuple[Any, Any]] = {}  # question -> (entry, its dataset)
         for ds in (self._eval, self._train):

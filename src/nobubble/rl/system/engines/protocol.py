@@ -1,6 +1,6 @@
 """What the orchestrator and its engines say to each other: messages, the engine protocol.
 
-Both :mod:`~nobubble.rl.system.orchestrator` and :mod:`~nobubble.rl.system.engines` import this
+Both :mod:`~nobubble.rl.system.orchestrator` and the engines import this
 module, so neither imports the other at module level.
 """
 

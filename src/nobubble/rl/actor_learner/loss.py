@@ -1,4 +1,4 @@
-"""The learner: V-trace targets and a PPO-clip (or plain V-trace) update, versioned.
+"""The environment producer's loss: V-trace targets and a PPO-clip (or plain V-trace) loss.
 
 One update takes a batch of trajectories ``(T, B)`` and, for each epoch and minibatch of
 environments, computes with the *current* parameters
@@ -7,36 +7,29 @@ environments, computes with the *current* parameters
     policy loss = PPO clip of pi / mu on A (``loss="ppo"``, APPO)  or  -A log pi ("vtrace")
     value loss  = 1/2 (vs - V)^2,   entropy bonus  H(pi)
 
-(:mod:`nobubble.rl.algo.vtrace`, :mod:`nobubble.rl.algo.losses`). After each update the
-policy version goes up by one; a trajectory's lag is the version at update time minus the
-version that generated it.
+(:mod:`nobubble.rl.algo.vtrace`, :mod:`nobubble.rl.algo.losses`). The learner
+(:func:`env_learner`) takes one optimizer step per minibatch and makes one new policy
+version per update; a trajectory's lag is the version at update time minus the version that
+generated it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.model import PolicyModel
 from nobubble.rl.actor_learner.trajectory import TrajectoryBatch
 from nobubble.rl.algo.losses import policy_gradient_loss, ppo_policy_loss
 from nobubble.rl.algo.vtrace import vtrace_from_logits
+from nobubble.rl.system.learner import Learner, ShardGradients
 
-__all__ = ["LearnStats", "Learner", "VTraceTargets", "vtrace_targets"]
-
-
-@dataclass(frozen=True)
-class LearnStats:
-    """Diagnostics of one update (means over its minibatches)."""
-
-    version: int
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    clip_fraction: float
+__all__ = ["VTraceLoss", "VTraceTargets", "env_learner", "minibatches", "vtrace_targets"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +51,7 @@ class VTraceTargets:
 
 
 def vtrace_targets(
-    model: PolicyModel, batch: TrajectoryBatch, gamma: float, lambda_: float
+    model: nn.Module, batch: TrajectoryBatch, gamma: float, lambda_: float
 ) -> VTraceTargets:
     """One forward pass over ``obs (T + 1, B, D)`` and V-trace on it (discount 0 at dones)."""
     logits, values = model(batch.obs)  # (T + 1, B, A), (T + 1, B)
@@ -77,32 +70,23 @@ def vtrace_targets(
     )
 
 
-class Learner:
-    """Owns the model, its optimiser and the policy version (starts at 0)."""
+class VTraceLoss:
+    """The environment producer's loss (``EnvRunConfig.loss``: ``ppo`` = APPO, ``vtrace``)
+    on a :class:`TrajectoryBatch` ``(T, b)``, for the
+    :class:`~nobubble.rl.system.learner.Learner`: advantages normalised per minibatch,
+    every step counts."""
 
-    def __init__(self, model: PolicyModel, config: EnvRunConfig) -> None:
-        self.model, self.config = model, config
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=1e-5)
-        self.version = 0
-        self._generator = torch.Generator().manual_seed(config.seed)
+    def __init__(self, config: EnvRunConfig) -> None:
+        self.config = config
 
-    def update(self, batch: TrajectoryBatch) -> LearnStats:
-        """Epochs x minibatches of gradient steps on ``batch``; bumps the version once."""
+    def after_step(self, model: nn.Module, version: int) -> None:
+        pass
+
+    def __call__(
+        self, model: nn.Module, batch: TrajectoryBatch, version: int
+    ) -> tuple[torch.Tensor, ShardGradients]:
         c = self.config
-        sums = torch.zeros(4)
-        num_envs = batch.actions.shape[1]
-        for _ in range(c.epochs):
-            order = torch.randperm(num_envs, generator=self._generator)
-            for index in order.chunk(c.minibatches):
-                sums += self._step(batch.columns(index))
-        sums /= c.epochs * c.minibatches
-        self.version += 1
-        p, v, h, clip = sums.tolist()
-        return LearnStats(self.version, p, v, h, clip)
-
-    def _step(self, batch: TrajectoryBatch) -> torch.Tensor:
-        c = self.config
-        targets = vtrace_targets(self.model, batch, c.gamma, c.vtrace_lambda)
+        targets = vtrace_targets(model, batch, c.gamma, c.vtrace_lambda)
         logp, adv = targets.target_log_probs, targets.pg_advantages
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         behaviour_logp = F.log_softmax(batch.behaviour_logits, -1)  # (T, b, A)
@@ -118,8 +102,30 @@ class Learner:
         logits = targets.logits  # (T, b, A)
         entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
-        self.optimizer.step()
-        return torch.stack([policy_loss, value_loss, entropy, clip_fraction]).detach()
+        terms = torch.stack([policy_loss, value_loss, entropy, clip_fraction]).tolist()
+        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "clip_fraction"), terms))
+        return loss, ShardGradients([], metrics, mask.numel())
+
+
+def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner[VTraceLoss]:
+    """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam,
+    ``eps=1e-5``)."""
+    return Learner(
+        model,
+        VTraceLoss(config),
+        lr=config.learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        adam_eps=1e-5,
+    )
+
+
+def minibatches(
+    batch: TrajectoryBatch, config: EnvRunConfig, generator: torch.Generator
+) -> Iterator[TrajectoryBatch]:
+    """``config.epochs`` passes over ``batch``, each in ``config.minibatches`` random
+    column (environment) subsets: one optimizer step each, one version in all."""
+    num_envs = batch.actions.shape[1]
+    for _ in range(config.epochs):
+        order = torch.randperm(num_envs, generator=generator)
+        for index in order.chunk(config.minibatches):
+            yield batch.columns(index)
