@@ -223,7 +223,8 @@ class Channel:
             assert work is not None  # None only for a rank outside the group; ours span all
             wait_for(work, self.timeout, self.rank, f"receiving a header from rank {src}")
             kind, stage, mb, code, ndim, *dims = buf.tolist()
-            key, dtype, shape = MessageKey(_KINDS[kind], stage, mb), DTYPES[code], dims[:ndim]
+            key, dtype = MessageKey(_KINDS[kind], stage, mb), DTYPES[code]
+            shape = torch.Size(dims[:ndim])
             if nxt not in (None, key):
                 raise RuntimeError(f"rank {self.rank}: rank {src} sent {key} where its schedule "
                                    f"row sends {nxt}")  # fmt: skip
