@@ -123,6 +123,8 @@ def _elastic_rank(ctx, batches: list) -> tuple[list[float], list[dict]]:
     sched = get_schedule("zb-h1", num_ranks=ctx.world_size, num_microbatches=4)
     replan = Replanner(blocks(8), sched, _adamw, replan=False)
     runner = PipelineRunner(replan.stages(), sched, loss_fn, hooks=[replan])
+    with pytest.raises(ValueError, match="1 stage modules for schedule"):
+        runner.restage(replan.stages()[:1])  # refused before anything changed
     losses = []
     for k, (x, y) in enumerate(batches):
         losses.append(float(runner.step(x, y)))
