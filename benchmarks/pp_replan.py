@@ -2,9 +2,9 @@
 
 The model is ``--layers`` equal blocks (``nn.Linear`` + ``nn.GELU``) and a head, ZB-H1 with
 8 microbatches on ``--ranks`` gloo ranks. From step ``--start`` on, rank 1 really runs
-``--factors`` times slower (``nobubble.pipeline.dispatch.perturb.Straggler``: it sleeps in
-proportion to each op). Two runs alternate, ``--rounds`` times each: ``ReplanningPipeline``
-with ``replan=False`` (the static cut, the baseline) and with re-planning on.
+``--factors`` times slower (``StragglerObserver(Straggler(...))``: it sleeps in proportion
+to each op). Two runs alternate, ``--rounds`` times each: the runner with a ``Replanner``
+hook with ``replan=False`` (the static cut, the baseline) and with re-planning on.
 
 Per run: the median step before the straggler (steps 3 to start-1), after it (the last
 ``(steps - start) // 2`` steps), the step at which the cut changed and what the switch cost
@@ -30,7 +30,9 @@ from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
 from nobubble.pipeline import get_schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
-from nobubble.pipeline.runtime.elastic import ReplanningPipeline
+from nobubble.pipeline.runtime.elastic import Replanner
+from nobubble.pipeline.runtime.hooks import StragglerObserver
+from nobubble.pipeline.runtime.runner import PipelineRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,18 +55,22 @@ def rank_main(ctx, replan: bool, args: dict) -> dict:
     straggler = Straggler(1, args["factor"], first_step=args["start"])
     blocks = _blocks(args["layers"], args["width"])
     costs = [1.0] * args["layers"] + [0.05]  # the head is a thin layer
-    pipe = ReplanningPipeline(blocks, sched, nn.functional.mse_loss,
-                              lambda ps: torch.optim.Adam(ps, lr=1e-3), layer_costs=costs,
-                              replan=replan, straggler=straggler)  # fmt: skip
+    planner = Replanner(blocks, sched, lambda ps: torch.optim.Adam(ps, lr=1e-3),
+                        layer_costs=costs, replan=replan)  # fmt: skip
+    runner = PipelineRunner(planner.stages(), sched, nn.functional.mse_loss, hooks=[planner],
+                            observer=StragglerObserver(straggler))  # fmt: skip
     g = torch.Generator().manual_seed(1)
     for _ in range(args["steps"]):
         x = torch.randn(args["batch"], args["width"], generator=g)
-        pipe.step(x, x[:, :1])
-    pipe.close()
-    return {"step_ms": [r.step_ms for r in pipe.history],
-            "sizes": [list(r.sizes) for r in pipe.history],
-            "replanned_at": [r.step for r in pipe.history if r.replanned_to],
-            "replan_ms": [r.replan_ms for r in pipe.history if r.replanned_to]}  # fmt: skip
+        runner.step(x, x[:, :1])
+        planner.optimizer.step()
+        planner.optimizer.zero_grad(set_to_none=True)
+    runner.close()
+    history = planner.history
+    return {"step_ms": [r.step_ms for r in history],
+            "sizes": [list(r.sizes) for r in history],
+            "replanned_at": [r.step for r in history if r.replanned_to],
+            "replan_ms": [r.replan_ms for r in history if r.replanned_to]}  # fmt: skip
 
 
 def _summary(run: dict, start: int, steps: int) -> dict:

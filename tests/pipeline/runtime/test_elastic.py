@@ -1,4 +1,4 @@
-"""Re-planning while training (``nobubble.pipeline.runtime.elastic``).
+"""Re-planning while training (``nobubble.pipeline.runtime.elastic``, the runner's hook).
 
 References: brute force over every contiguous cut for the partition; one process training the
 whole model (torch's own modules, AdamW, the same batches) for a pipeline whose layers move
@@ -17,10 +17,11 @@ from torch import nn
 
 from nobubble.distributed import spawn
 from nobubble.pipeline import get_schedule
-from nobubble.pipeline.runtime.elastic import ReplanningPipeline, balanced_sizes, replan_decision
+from nobubble.pipeline.runtime.elastic import Replanner, balanced_sizes, replan_decision
 from nobubble.pipeline.runtime.elastic.migrate import owners
 from nobubble.pipeline.runtime.elastic.partition import bottleneck, speeds_from_times
 from nobubble.pipeline.runtime.elastic.policy import ReplanPolicy
+from nobubble.pipeline.runtime.runner import PipelineRunner
 from tests.pipeline.runtime.torch_model import batch, blocks, loss_fn
 
 positive = st.floats(0.1, 10.0, allow_nan=False)
@@ -106,7 +107,7 @@ def test_bad_arguments_are_refused_before_any_process_group(kwargs, message) -> 
     name = kwargs.pop("schedule", "zb-h1")
     sched = get_schedule(name, num_ranks=2, num_microbatches=4)
     with pytest.raises(ValueError, match=message):
-        ReplanningPipeline(blocks(8), sched, loss_fn, torch.optim.SGD, **kwargs)
+        Replanner(blocks(8), sched, torch.optim.SGD, **kwargs)
 
 
 def _adamw(params) -> torch.optim.Optimizer:
@@ -120,16 +121,23 @@ MOVES = {1: ((6, 2), None), 3: ((2, 6), "zb-2p")}  # after step k: the new cut (
 
 def _elastic_rank(ctx, batches: list) -> tuple[list[float], list[dict]]:
     sched = get_schedule("zb-h1", num_ranks=ctx.world_size, num_microbatches=4)
-    pipe = ReplanningPipeline(blocks(8), sched, loss_fn, _adamw, replan=False)
+    replan = Replanner(blocks(8), sched, _adamw, replan=False)
+    runner = PipelineRunner(replan.stages(), sched, loss_fn, hooks=[replan])
+    with pytest.raises(ValueError, match="1 stage modules for schedule"):
+        runner.restage(replan.stages()[:1])  # refused before anything changed
     losses = []
     for k, (x, y) in enumerate(batches):
-        losses.append(float(pipe.step(x, y)))
+        losses.append(float(runner.step(x, y)))
+        replan.optimizer.step()
+        replan.optimizer.zero_grad(set_to_none=True)
         if k in MOVES:
             sizes, name = MOVES[k]
             new = None if name is None else get_schedule(name, num_ranks=2, num_microbatches=4)
-            pipe.repartition(sizes, new)
-    state = pipe.layer_state()
-    pipe.close()
+            replan.repartition(runner, sizes, new)
+    assert [r.sizes for r in replan.history] == [(4, 4), (4, 4), (6, 2), (6, 2), (2, 6)]
+    assert runner.schedule.name.startswith("zb-2p") and runner.stage_modules
+    state = replan.layer_state()
+    runner.close()
     return losses, state
 
 

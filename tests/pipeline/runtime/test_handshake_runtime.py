@@ -19,8 +19,9 @@ from nobubble.pipeline import CostModel, get_schedule
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.reference import reference_step
-from nobubble.pipeline.runtime.dispatch import PlanCursor, plan_levels
-from nobubble.pipeline.runtime.p2p import MessageKey, outgoing
+from nobubble.pipeline.runtime.channel import MessageKey, outgoing
+from nobubble.pipeline.runtime.cursor import PlanCursor, plan_levels
+from nobubble.pipeline.runtime.hooks import StragglerObserver
 from nobubble.pipeline.runtime.runner import PipelineRunner
 from nobubble.pipeline.validate import validate
 from tests.pipeline.runtime.torch_model import batch, loss_fn, stages
@@ -81,8 +82,9 @@ def _handshake_rank(ctx, xs: list, ys: list, straggler: Straggler | None) -> dic
     out = {}
     for name in NAMES:
         sched = get_schedule(name, num_ranks=ctx.world_size, num_microbatches=NUM_MB)
+        slow = [StragglerObserver(straggler)] if straggler is not None else []
         runner = PipelineRunner(stages(sched.num_stages), sched, loss_fn, dispatch="handshake",
-                                straggler=straggler)  # fmt: skip
+                                observer=slow)  # fmt: skip
         loss = runner.step(list(xs), list(ys))
         grads = {f"{s}.{n}": p.grad.clone() for s, m in runner.stage_modules.items()
                  for n, p in m.named_parameters()}  # fmt: skip

@@ -4,12 +4,17 @@ Two ranks train a small model for 4 steps in which the gradients are kept, clipp
 global norm exceeds ``max_norm``), and made non-finite on one rank. The post-validated
 run's weights must equal the synchronous run's bit for bit after every step, for SGD with
 momentum and for AdamW. The synchronous step itself is checked against the global-norm
-clipping written out here.
+clipping written out here. As a runner hook (``PipelineRunner(hooks=[post])``, the example
+``examples/pp_post_validation.py``) the same equality holds step by step.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +97,16 @@ def test_bad_settings_are_refused() -> None:
         PostValidatedOptimizer(opt, [], max_norm=0)
     with pytest.raises(ValueError, match="max_norm=inf"):
         PostValidatedOptimizer(opt, [], max_norm=math.inf)
+
+
+def test_the_runner_hook_example_equals_the_synchronous_step() -> None:
+    """``examples/pp_post_validation.py``: ``PipelineRunner(hooks=[post])`` on 2 ranks, the
+    loop calling only ``post.step()``, against the synchronous step in the same run."""
+    example = Path(__file__).resolve().parents[3] / "examples" / "pp_post_validation.py"
+    out = subprocess.run([sys.executable, str(example), "--steps", "6"], capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    steps = re.findall(r"synchronous (\w+), post-validated (\w+), weights equal: (\w+)", out.stdout)
+    assert len(steps) == 6, out.stdout
+    assert all(sync == post and equal == "True" for sync, post, equal in steps), out.stdout
+    assert {sync for sync, _, _ in steps} == {"kept", "clipped"}, out.stdout  # both paths ran

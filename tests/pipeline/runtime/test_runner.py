@@ -17,7 +17,7 @@ from nobubble.distributed import RankFailure, spawn
 from nobubble.pipeline import simulate
 from nobubble.pipeline.reference import reference_step
 from nobubble.pipeline.runtime.autosplit import ModuleSplit
-from nobubble.pipeline.runtime.p2p import incoming
+from nobubble.pipeline.runtime.channel import incoming
 from nobubble.pipeline.runtime.profile import OpTimes, costs_from_op_times
 from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
 from tests.pipeline.runtime.runner_check import (

@@ -1,7 +1,7 @@
 """``nobubble demo`` step for re-planning: rank 1 turns 3x slow mid-run, layers move off it.
 
 Two local gloo ranks train 12 blocks (``nn.Linear(256, 256)`` + GELU) and a head with ZB-H1
-through :class:`~nobubble.pipeline.runtime.elastic.ReplanningPipeline`; from step 3 rank 1
+through :class:`~nobubble.pipeline.runtime.elastic.Replanner`; from step 3 rank 1
 really runs 3 times slower. The step prints each step's time and cut, and draws step time
 against step with the re-plan marked (``pipeline/replan_steps.png``).
 """
@@ -21,24 +21,29 @@ def _train(ctx, steps: int) -> list[tuple[int, float, tuple[int, ...], bool]]:
 
     from nobubble.pipeline import get_schedule
     from nobubble.pipeline.dispatch.perturb import Straggler
-    from nobubble.pipeline.runtime.elastic import ReplanningPipeline
+    from nobubble.pipeline.runtime.elastic import Replanner
+    from nobubble.pipeline.runtime.hooks import StragglerObserver
+    from nobubble.pipeline.runtime.runner import PipelineRunner
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     layers = [nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(12)]
     schedule = get_schedule("zb-h1", num_ranks=ctx.world_size, num_microbatches=8)
-    pipe = ReplanningPipeline([*layers, nn.Linear(256, 1)], schedule, nn.functional.mse_loss,
-                              lambda params: torch.optim.Adam(params, lr=1e-3),
-                              layer_costs=[1.0] * 12 + [0.01],
-                              straggler=Straggler(1, _FACTOR, first_step=_START))  # fmt: skip
+    replan = Replanner([*layers, nn.Linear(256, 1)], schedule,
+                       lambda params: torch.optim.Adam(params, lr=1e-3),
+                       layer_costs=[1.0] * 12 + [0.01])  # fmt: skip
+    runner = PipelineRunner(replan.stages(), schedule, nn.functional.mse_loss, hooks=[replan],
+                            observer=StragglerObserver(Straggler(1, _FACTOR, first_step=_START)))  # fmt: skip
     data = torch.Generator().manual_seed(1)
     try:
         for _ in range(steps):
             x = torch.randn(256, 256, generator=data)
-            pipe.step(x, x[:, :1])
+            runner.step(x, x[:, :1])
+            replan.optimizer.step()
+            replan.optimizer.zero_grad(set_to_none=True)
     finally:
-        pipe.close()
-    return [(r.step, r.step_ms, r.sizes, r.replanned_to is not None) for r in pipe.history]
+        runner.close()
+    return [(r.step, r.step_ms, r.sizes, r.replanned_to is not None) for r in replan.history]
 
 
 def run(out_dir: Path, quick: bool) -> list[Path]:

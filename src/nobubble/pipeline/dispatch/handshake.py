@@ -76,7 +76,7 @@ def choose_op(
 ) -> int | None:
     """The rule (module docstring), one free rank's choice: the plan position it starts
     now, or None (wait). The simulator and the runtime
-    (:mod:`nobubble.pipeline.runtime.dispatch.cursor`) both call it.
+    (:mod:`nobubble.pipeline.runtime.cursor`) both call it.
 
     Args:
         ops: the rank's plan, the op of each position.

@@ -10,14 +10,21 @@
 
 - :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
 - :mod:`.bw_split`: the deferred linear: B computes dX, W computes dW from the kept (X, dY).
-- :mod:`.p2p`, :mod:`.executor`: a rank walks its actions, activations and gradients move by
-  point-to-point send/recv posted early, every wait bounded by a timeout.
+- :mod:`.executor`: the built-in models on the runner, one config per run, traced.
 - :mod:`.profile`: the one profiler, per module (a stage or a block) on the runner's path:
   costs for the simulator, ``pp profile | run | plan`` and the planner.
 - :mod:`.launch`: :func:`~nobubble.pipeline.runtime.launch.run_local` on local processes;
   :mod:`.report`, :mod:`.plot_run`: measured step next to the simulator's prediction.
-- :mod:`.elastic`: :class:`~nobubble.pipeline.runtime.elastic.ReplanningPipeline`, the layers
-  re-cut over the ranks from live per-rank costs while training.
+- :mod:`.channel`: the one point-to-point channel (static order or handshake, headers with
+  key and shape, none once static shapes are known); :mod:`.cursor`: the one loop of a
+  rank's step (static = the row's fixed order, or the handshake rule).
+- :mod:`.hooks`: what the runner calls besides the stages: ``observer=`` around every
+  action (:class:`~nobubble.pipeline.runtime.hooks.StragglerObserver`, a really slow rank)
+  and ``hooks=`` around every step:
+  :class:`~nobubble.pipeline.runtime.optim.PostValidatedOptimizer` (the optimizer step
+  without its wait for the global gradient check) and
+  :class:`~nobubble.pipeline.runtime.elastic.Replanner` (the layers re-cut over the ranks
+  from live per-rank costs while training).
 
 The command line (``nobubble pp profile | plan | run``) is :mod:`nobubble.cli.pp.run`.
 """

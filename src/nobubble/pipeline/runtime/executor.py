@@ -32,6 +32,7 @@ from torch import nn
 from nobubble.distributed import DistContext
 from nobubble.pipeline.actions import Action, Schedule
 from nobubble.pipeline.dispatch.perturb import Straggler
+from nobubble.pipeline.runtime.hooks import ActionObserver, ActionTiming, StragglerObserver
 from nobubble.pipeline.runtime.models import (
     GPTConfig,
     MLPConfig,
@@ -39,7 +40,7 @@ from nobubble.pipeline.runtime.models import (
     build_blocks,
     partition_blocks,
 )
-from nobubble.pipeline.runtime.runner import RUNTIME_DISPATCH, ActionTiming, PipelineRunner
+from nobubble.pipeline.runtime.runner import RUNTIME_DISPATCH, PipelineRunner
 from nobubble.pipeline.validate import validate
 from nobubble.trace import Event
 from nobubble.validation import check_fields
@@ -80,7 +81,8 @@ class TrainConfig:
     """``static`` (walk the schedule) or ``handshake`` (pick each op from what has arrived,
     the schedule as the plan: ``PipelineRunner(dispatch=...)``)."""
     straggler: Straggler | None = None
-    """A rank really slowed: its ops sleep ``factor - 1`` times their compute time."""
+    """A rank really slowed: its ops sleep ``factor - 1`` times their compute time
+    (:class:`~nobubble.pipeline.runtime.hooks.StragglerObserver`, before the tracer)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, GPTConfig | MLPConfig):
@@ -163,10 +165,13 @@ class _Rank:
             for s in range(sched.num_stages)
         ]
         self.tracer = _Tracer(ctx.rank, config.fail_at)
+        observers: list[ActionObserver] = [self.tracer]
+        if config.straggler is not None:  # first: the tracer times the slowed op
+            observers.insert(0, StragglerObserver(config.straggler))
         self.runner = PipelineRunner(
             modules, sched, config.model.loss, group=ctx.group, device=ctx.device,
-            timeout_s=ctx.timeout_s, static_shapes=True, observer=self.tracer,
-            recompute=config.recompute, dispatch=config.dispatch, straggler=config.straggler,
+            timeout_s=ctx.timeout_s, static_shapes=True, observer=observers,
+            recompute=config.recompute, dispatch=config.dispatch,
         )  # fmt: skip
         params = [p for b in self.blocks.values() for p in b.parameters()]
         self.optimizer: torch.optim.Optimizer

@@ -46,8 +46,8 @@ from nobubble.pipeline.actions import Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.plan import BlockCosts
 from nobubble.pipeline.runtime.autosplit import ModuleSplit
+from nobubble.pipeline.runtime.hooks import ActionTiming
 from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
-from nobubble.pipeline.runtime.runner import ActionTiming
 
 __all__ = [
     "StageProfile", "Profile", "profile_modules", "profile_stages", "measure_comm", "comm_probe", "op_clock",

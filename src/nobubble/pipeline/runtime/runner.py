@@ -19,8 +19,10 @@ zero-bubble schedules really fill their bubbles with W. After ``step`` every par
 on the whole batch with gradient accumulation.
 
 ``dispatch="handshake"`` lets each rank pick its next op at run time from what has arrived,
-guided by the schedule's order (:mod:`.dispatch`; ``static_shapes`` applies to ``static``
-only); ``straggler`` really slows one rank.
+guided by the schedule's order (:mod:`.cursor`; ``static_shapes`` applies to ``static``
+only). Both run the same loop over the same :class:`~.channel.Channel`. ``observer`` and
+``hooks`` (:mod:`.hooks`) add tracing, a really slow rank
+(:class:`~.hooks.StragglerObserver`), post-validated optimizer steps and re-planning.
 
 The checks that need no communication (stage count, own stages present, world size, the
 batch splitting evenly, targets where the last stage lives) run before any message is sent.
@@ -30,52 +32,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from nobubble.pipeline.actions import Action, Op, Schedule
-from nobubble.pipeline.dispatch.perturb import Straggler
 from nobubble.pipeline.partition import stage_ranges, stage_sizes
 from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.autosplit import ModuleSplit, SplitReport
-from nobubble.pipeline.runtime.dispatch import KeyedChannel, run_dynamic, straggle
-from nobubble.pipeline.runtime.messages import ShapeCache, ShapedChannel
-from nobubble.pipeline.runtime.p2p import MessageKey, global_rank, incoming, outgoing
+from nobubble.pipeline.runtime.channel import Channel, ShapeCache, global_rank, incoming, outgoing
+from nobubble.pipeline.runtime.cursor import dispatch_loop
+from nobubble.pipeline.runtime.hooks import ActionObserver, ActionTiming, StepHook
 from nobubble.pipeline.validate import validate
 
 __all__ = ["PipelineRunner", "LossFn", "split_model", "ActionTiming", "ActionObserver",
-           "RUNTIME_DISPATCH"]  # fmt: skip
+           "StepHook", "RUNTIME_DISPATCH"]  # fmt: skip
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 Batch = torch.Tensor | tuple[torch.Tensor, ...]
 RUNTIME_DISPATCH = ("static", "handshake")
-
-
-@dataclass(frozen=True, slots=True)
-class ActionTiming:
-    """One action as this rank ran it (``time.perf_counter`` seconds): it waited for its
-    input from ``wait_start`` to ``start`` and computed (and posted its send) until ``end``."""
-
-    action: Action
-    wait_start: float
-    start: float
-    end: float
-    message: tuple[MessageKey, int] | None
-    """The message the action received and the group rank it came from; None if none."""
-
-
-class ActionObserver(Protocol):
-    """Called around every action of :meth:`PipelineRunner.step` (tracing, fault
-    injection, straggler emulation). An exception from either method ends the step."""
-
-    def before(self, action: Action) -> None: ...
-
-    def after(self, timing: ActionTiming) -> None: ...
 
 
 class PipelineRunner:
@@ -100,12 +78,14 @@ class PipelineRunner:
             tensor as in torch's runtime. A tensor whose shape changed raises ValueError.
             The saved activations are counted in the first step only (the same shapes
             save the same bytes), so later forwards run without saved-tensor hooks.
-        observer: told before and after every action (:class:`ActionObserver`); on CUDA
-            the device is synchronised before each end time, so times are the op's.
+        observer: one :class:`~.hooks.ActionObserver` or a list, told before and after
+            every action, in order (:mod:`.hooks`); on CUDA the device is synchronised
+            before each end time, so times are the op's.
         dispatch: ``"static"`` walks this rank's row of ``schedule``; ``"handshake"`` picks
-            each next op from what has arrived, the row as its plan (:mod:`.dispatch.cursor`:
-            the rule, its memory limit, why it cannot deadlock).
-        straggler: slow this rank, if it is the straggler's (:func:`.dispatch.straggle`).
+            each next op from what has arrived, the row as its plan (:mod:`.cursor`: the
+            rule, its memory limit, why it cannot deadlock).
+        hooks: :class:`~.hooks.StepHook` objects called at the start of every step
+            (:class:`~.optim.PostValidatedOptimizer`, :class:`~.elastic.Replanner`).
 
     After each step, :attr:`peak_activation_bytes` is the most memory this rank held for
     backward at once (the distinct tensors autograd saved, parameters excluded, and with
@@ -125,26 +105,56 @@ class PipelineRunner:
         timeout_s: float = 300.0,
         recompute: bool = False,
         static_shapes: bool = False,
-        observer: ActionObserver | None = None,
+        observer: ActionObserver | Sequence[ActionObserver] | None = None,
         dispatch: str = "static",
-        straggler: Straggler | None = None,
+        hooks: Sequence[StepHook] = (),
     ) -> None:
-        validate(schedule)
         if dispatch not in RUNTIME_DISPATCH:
             raise ValueError(f"PipelineRunner: dispatch={dispatch!r}; choose one of "
                              f"{', '.join(RUNTIME_DISPATCH)}")  # fmt: skip
+        if not dist.is_initialized():
+            raise ValueError(
+                "PipelineRunner: torch.distributed is not initialised; start the ranks with "
+                "torchrun or nobubble.distributed.spawn"
+            )
+        self.rank, self.group = dist.get_rank(group), group
+        self.loss_fn, self.timeout_s, self.recompute = loss_fn, float(timeout_s), recompute
+        self.dispatch, self.static_shapes = dispatch, static_shapes
+        self._splits: dict[int, ModuleSplit] = {}
+        self._set_stages(stages, schedule)
+        self.device = torch.device(device) if device is not None else _device(self.stage_modules)
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        timeout = timedelta(seconds=self.timeout_s)
+        # one group per direction (to higher ranks, to lower ranks), created on the pipeline's
+        # ranks only when it is a subgroup: other pipelines (data or expert parallel
+        # neighbours) create theirs at the same time
+        local = ranks is not None
+        up, down = (
+            dist.new_group(ranks=ranks, timeout=timeout, use_local_synchronization=local)
+            for _ in range(2)
+        )
+        self._groups = (up, down)
+        self.peak_activation_bytes = 0
+        observers = () if observer is None else observer
+        self.observers: tuple[ActionObserver, ...] = (
+            tuple(observers) if isinstance(observers, Sequence) else (observers,)
+        )
+        self.hooks = tuple(hooks)
+        # a hook that also watches actions (a Replanner) is told after the observers
+        self.observers += tuple(h for h in self.hooks if isinstance(h, ActionObserver))
+        self.last_order: tuple[Action, ...] = ()
+        self.last_deviations = self._step_index = 0
+        self._broken = False  # a step failed: no more steps, groups left alone
+
+    def _set_stages(self, stages: Sequence[nn.Module | None], schedule: Schedule) -> None:
+        validate(schedule)
         if len(stages) != schedule.num_stages:
             raise ValueError(
                 f"PipelineRunner: {len(stages)} stage modules for schedule {schedule.name!r} "
                 f"with {schedule.num_stages} stages ({schedule.num_ranks} ranks x "
                 f"{schedule.num_stages // schedule.num_ranks} chunks); pass one module per stage"
             )
-        if not dist.is_initialized():
-            raise ValueError(
-                "PipelineRunner: torch.distributed is not initialised; start the ranks with "
-                "torchrun or nobubble.distributed.spawn"
-            )
-        self.rank, world = dist.get_rank(group), dist.get_world_size(group)
+        world = dist.get_world_size(self.group)
         if world != schedule.num_ranks:
             raise ValueError(
                 f"PipelineRunner: schedule {schedule.name!r} has {schedule.num_ranks} ranks but "
@@ -157,39 +167,32 @@ class PipelineRunner:
                 f"PipelineRunner: rank {self.rank} runs stages {list(own)} but stages "
                 f"{missing} are None; pass those modules on this rank"
             )
-        self.schedule, self.loss_fn, self.group = schedule, loss_fn, group
-        self.timeout_s = float(timeout_s)
+        for split in self._splits.values():
+            split.close()
+        self.schedule = schedule
         self.stage_modules: dict[int, nn.Module] = {s: stages[s] for s in own}  # type: ignore[misc]
-        self.device = torch.device(device) if device is not None else _device(self.stage_modules)
         self._splits = {s: ModuleSplit(m) for s, m in self.stage_modules.items()}
         # (stage, microbatch) whose backward is split into B and W; the others are one BW
         self._split_backward = {
             (a.stage, a.microbatch) for a in schedule.rank_actions[self.rank] if a.op is Op.B
         }
-        ranks = dist.get_process_group_ranks(group) if group is not None else None
-        timeout = timedelta(seconds=self.timeout_s)
-        # one group per direction (to higher ranks, to lower ranks), created on the pipeline's
-        # ranks only when it is a subgroup: other pipelines (data or expert parallel
-        # neighbours) create theirs at the same time
-        local = ranks is not None
-        up, down = (
-            dist.new_group(ranks=ranks, timeout=timeout, use_local_synchronization=local)
-            for _ in range(2)
-        )
-        self._groups = (up, down)
         self._last_rank = schedule.rank_of(schedule.num_stages - 1)
-        self.recompute = recompute
         self._param_storages = {
             p.untyped_storage().data_ptr() for m in self.stage_modules.values()
             for p in m.parameters()
         }  # fmt: skip
-        self.peak_activation_bytes = 0
-        self._shapes = ShapeCache() if static_shapes else None
+        self._shapes = ShapeCache() if self.static_shapes else None
         self._saved_bytes: dict[tuple[int, int], int] = {}  # static shapes: from step one
-        self.observer, self.dispatch, self.straggler = observer, dispatch, straggler
-        self.last_order: tuple[Action, ...] = ()
-        self.last_deviations = self._step_index = 0
-        self._broken = False  # a handshake step failed: no more steps, groups left alone
+
+    def restage(self, stages: Sequence[nn.Module | None], schedule: Schedule | None = None) -> None:
+        """Run ``stages`` (and ``schedule``, else the current one) from the next step: a new
+        cut of the model over the same ranks (a re-plan, :class:`~.elastic.Replanner`).
+        Between steps, on every rank. The process groups, device, observers, hooks and step
+        count stay; boundary shapes are learnt anew. Bad stages raise ValueError as in the
+        constructor, before anything changes."""
+        if self._broken:
+            raise RuntimeError("PipelineRunner.restage: a step failed; build a new runner")
+        self._set_stages(stages, schedule if schedule is not None else self.schedule)
 
     @property
     def is_first(self) -> bool:
@@ -211,62 +214,53 @@ class PipelineRunner:
         optimizer afterwards.
         """
         if self._broken:  # its receiver threads may still hold posted receives
-            raise RuntimeError("PipelineRunner: a handshake step failed; build a new runner")
+            raise RuntimeError("PipelineRunner: a step failed; build a new runner")
+        for hook in self.hooks:
+            hook.before_step(self)
         m = self.schedule.num_microbatches
         xs = _split("inputs", inputs, m) if self.is_first else None
         ys = _split("targets", targets, m) if self.is_last else None
         state = _StepState(xs, ys)
+        fixed = self.dispatch == "static"
         try:
-            if self.dispatch == "static":
-                channel = ShapedChannel(self.schedule, self.rank, device=self.device,
-                    timeout_s=self.timeout_s, groups=self._groups, shapes=self._shapes)  # fmt: skip
-                order, deviations = list(self.schedule.rank_actions[self.rank]), 0
-                for action in order:
-                    self._action(action, channel, state)
-                channel.finish()
-            else:
-                keyed = KeyedChannel(self.schedule, self.rank, device=self.device,
-                                     timeout_s=self.timeout_s, groups=self._groups)  # fmt: skip
-                order, deviations = run_dynamic(self.schedule, self.rank, keyed,
-                    lambda a, free_since: self._action(a, keyed, state, free_since))  # fmt: skip
-                keyed.finish()
-        except BaseException:  # the peers' caches may not match ours: learn shapes anew
-            self._broken = self.dispatch != "static"  # receiver threads may still be waiting
-            if self._shapes is not None:
-                self._shapes = ShapeCache()
-                self._saved_bytes.clear()
+            channel = Channel(self.schedule, self.rank, device=self.device, ordered=fixed,
+                              timeout_s=self.timeout_s, groups=self._groups,
+                              shapes=self._shapes if fixed else None)  # fmt: skip
+            order, deviations = dispatch_loop(self.schedule, self.rank, channel,
+                lambda a, free_since: self._action(a, channel, state, free_since), fixed=fixed)  # fmt: skip
+            channel.finish()
+        except BaseException:
+            self._broken = True  # receiver threads may still be waiting on posted receives
             raise
         self.peak_activation_bytes = state.peak
         self.last_order, self.last_deviations = tuple(order), deviations
         self._step_index += 1
         loss = torch.tensor(sum(state.losses) / m if self.is_last else 0.0).to(self.device)
         dist.broadcast(loss, src=global_rank(self.group, self._last_rank), group=self.group)
+        for hook in self.hooks:
+            hook.after_step(self)
         return loss
 
     def _action(
-        self, action: Action, channel: ShapedChannel | KeyedChannel, state: _StepState,
-        free_since: float | None = None,
-    ) -> None:  # fmt: skip
-        """Receive what ``action`` needs, run it, send what it produces (``free_since``: when
-        the wait began, if before this call: the handshake waits before it chooses)."""
-        observer = self.observer
-        if observer is not None:
+        self, action: Action, channel: Channel, state: _StepState, free_since: float
+    ) -> None:
+        """Take what ``action`` needs from the mailbox, run it, tell the observers, send what
+        it produces (``free_since``: when the rank's wait for this op began)."""
+        for observer in self.observers:
             observer.before(action)
         need = incoming(self.schedule, action)
-        wait_start = time.perf_counter() if free_since is None else free_since
         received = channel.receive(*need) if need is not None else None
         start = time.perf_counter()
         produced = self._run(action, received, state)
-        if self.straggler is not None:
-            straggle(self.straggler, self.rank, self._step_index, self.device, start)
+        if self.observers and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for observer in self.observers:  # each sees the end after those before it
+            observer.after(ActionTiming(action, free_since, start, time.perf_counter(), need,
+                                        rank=self.rank, step=self._step_index))  # fmt: skip
         out = outgoing(self.schedule, action)
         if out is not None:
             assert produced is not None  # only stage 0's backward yields None
             channel.send(out[0], out[1], produced)
-        if observer is not None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            observer.after(ActionTiming(action, wait_start, start, time.perf_counter(), need))
 
     def _run(self, action: Action, received: torch.Tensor | None, state: _StepState):
         s, mb = action.stage, action.microbatch
@@ -364,7 +358,7 @@ class PipelineRunner:
         return {s: split.report() for s, split in self._splits.items()}
 
     def close(self) -> None:
-        """Give the modules back and free the process groups (not after a failed handshake)."""
+        """Give the modules back and free the process groups (not after a failed step)."""
         for split in self._splits.values():
             split.close()
         for g in self._groups if not self._broken else ():

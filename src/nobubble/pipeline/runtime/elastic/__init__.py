@@ -5,11 +5,12 @@
 - :mod:`.policy`: :class:`~.policy.ReplanPolicy`, when to re-cut from the stream of measured
   speeds (pure).
 - :mod:`.migrate`: a layer's weights, buffers and optimizer state to its new owner.
-- :mod:`.replanning`: :class:`~.replanning.ReplanningPipeline`, the training loop's object.
+- :mod:`.replanning`: :class:`~.replanning.Replanner`, the runner's hook that re-plans
+  between steps (``PipelineRunner(..., hooks=[replanner])``).
 """
 
 from nobubble.pipeline.runtime.elastic.partition import balanced_sizes, replan_decision
 from nobubble.pipeline.runtime.elastic.policy import ReplanPolicy
-from nobubble.pipeline.runtime.elastic.replanning import ReplanningPipeline, StepRecord
+from nobubble.pipeline.runtime.elastic.replanning import Replanner, StepRecord
 
-__all__ = ["ReplanningPipeline", "ReplanPolicy", "StepRecord", "balanced_sizes", "replan_decision"]
+__all__ = ["Replanner", "ReplanPolicy", "StepRecord", "balanced_sizes", "replan_decision"]

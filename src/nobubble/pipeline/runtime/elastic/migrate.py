@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nobubble.pipeline.runtime.p2p import global_rank
+from nobubble.pipeline.runtime.channel import global_rank
 
 __all__ = ["owners", "move_layers"]
 

@@ -1,24 +1,36 @@
-"""A pipeline that re-plans itself while it trains: live per-rank costs, a new cut of the
-layers and a new order at a step boundary, every rank switching together.
+"""Re-planning while training, as a hook of the runner: live per-rank costs, a new cut of
+the layers and a new order between two steps, every rank switching together.
 
 ::
 
-    pipe = ReplanningPipeline(layers, schedule, loss_fn, lambda ps: torch.optim.AdamW(ps))
+    replan = Replanner(layers, schedule, lambda ps: torch.optim.AdamW(ps))
+    runner = PipelineRunner(replan.stages(), schedule, loss_fn, hooks=[replan])
     for x, y in data:
-        loss = pipe.step(x, y)        # forward, backward, optimizer step; maybe a re-plan
+        loss = runner.step(x, y)      # before it: maybe a re-plan; after it: the measurement
+        replan.optimizer.step()
+        replan.optimizer.zero_grad(set_to_none=True)
+    runner.close()
 
 Each step every rank times its own ops (compute only, waits excluded; a straggler's slowness
-shows up here) and the ranks all-reduce those times. From them each rank derives every rank's
-*speed* (ms per unit of layer cost, :mod:`.partition`), and :class:`~.policy.ReplanPolicy`
-decides: when a speed drifts more than ``threshold`` from the one the current cut was planned
-for and a better cut is at least ``min_gain`` faster, every rank computes the same new cut
-from the same numbers (no leader), moves the layers that change owner (:mod:`.migrate`:
-weights, buffers, optimizer state), and builds the next step's
-:class:`~nobubble.pipeline.runtime.runner.PipelineRunner`. With ``plan`` the order is
-re-planned too: ``plan(costs)`` (a heuristic, or the ILP with a time limit) runs on rank 0
-with the predicted per-stage costs, and its schedule (or its error) is broadcast.
+shows up here: :class:`Replanner` watches the runner's actions after its observers, so a
+:class:`~nobubble.pipeline.runtime.hooks.StragglerObserver` there slows what it measures)
+and, at the step's end (:meth:`Replanner.after_step`), the ranks all-reduce those times.
+From them each rank derives every rank's *speed* (ms per unit of layer cost,
+:mod:`.partition`), and :class:`~.policy.ReplanPolicy` decides: when a speed drifts more than
+``threshold`` from the one the current cut was planned for and a better cut is at least
+``min_gain`` faster, every rank computes the same new cut from the same numbers (no leader).
+At the start of the next step (:meth:`Replanner.before_step`, after the user's optimizer
+step, so the weights and optimizer state that move are the updated ones) the layers that
+change owner move (:mod:`.migrate`: weights, buffers, optimizer state), the optimizer is
+rebuilt over the new parameters, and the runner is re-staged
+(:meth:`~nobubble.pipeline.runtime.runner.PipelineRunner.restage`). The runner itself is not
+rebuilt: its process groups, observers and step count stay; what must change are its stage
+modules (new stage boundaries), their B/W splits and the boundary shapes it learnt. With
+``plan`` the order is re-planned too: ``plan(costs)`` (a heuristic, or the ILP with a time
+limit) runs on rank 0 with the predicted per-stage costs, and its schedule (or its error)
+is broadcast.
 
-A runner's first step is warm-up and not measured. A straggler that starts at step ``k >= 1``
+A cut's first step is warm-up and not counted. A straggler that starts at step ``k >= 1``
 shows in steps ``k`` and ``k + 1`` (``patience=2``: one slow step is not a trend), and the
 cut changes before step ``k + 2``; a rank slow from the start counts as drift from the equal
 speeds the first cut assumes. Training is the single-process model's: the same gradients
@@ -28,8 +40,9 @@ Limits: one stage per rank (a schedule with ``num_stages == num_ranks``); every 
 a replica of every layer (only the owner's is trained; a layer's weights travel when it
 moves); the optimizer is rebuilt by ``optimizer`` over the new parameters, with the state
 and the param-group settings (learning rate, ...) of the old one carried over, by position
-(a warning when the factory makes another number of groups). A learning-rate scheduler
-must be rebuilt over ``pipe.optimizer`` after a re-plan (``StepRecord.replanned_to``).
+(a warning when the factory makes another number of groups): use ``replan.optimizer``,
+which changes at a re-plan (``StepRecord.replanned_to``), and rebuild a learning-rate
+scheduler over it then.
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ from torch import nn
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.dispatch.perturb import Straggler
+from nobubble.pipeline.runtime.channel import global_rank
 from nobubble.pipeline.runtime.elastic.migrate import move_layers, owners
 from nobubble.pipeline.runtime.elastic.partition import (
     balanced_sizes,
@@ -56,10 +69,10 @@ from nobubble.pipeline.runtime.elastic.partition import (
     speeds_from_times,
 )
 from nobubble.pipeline.runtime.elastic.policy import ReplanPolicy
-from nobubble.pipeline.runtime.p2p import global_rank
-from nobubble.pipeline.runtime.runner import ActionTiming, LossFn, PipelineRunner
+from nobubble.pipeline.runtime.hooks import ActionTiming
+from nobubble.pipeline.runtime.runner import PipelineRunner
 
-__all__ = ["ReplanningPipeline", "StepRecord", "OptimizerFactory"]
+__all__ = ["Replanner", "StepRecord", "OptimizerFactory"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 _FIELDS = 5  # per rank: compute ms, step ms, and per microbatch F, backward (B or BW), W ms
@@ -71,7 +84,8 @@ class StepRecord:
 
     step: int
     step_ms: float
-    """Wall time of the slowest rank's step (forward, backward, optimizer)."""
+    """Wall time of the slowest rank's runner step (forward and backward; the optimizer
+    step is the loop's, between steps)."""
     compute_ms: tuple[float, ...]
     """Per rank: the time its ops computed (waits excluded)."""
     sizes: tuple[int, ...]
@@ -79,36 +93,36 @@ class StepRecord:
     replanned_to: tuple[int, ...] | None
     """The cut the next step runs with, when this step's measurements changed it."""
     replan_ms: float = 0.0
-    """Wall time of the switch after this step (moving layers, the new runner), when any."""
+    """Wall time of the switch after this step (moving layers, re-staging the runner),
+    filled in when the next step starts."""
 
 
-class ReplanningPipeline:
-    """Train ``layers`` (in pipeline order, the whole model, on every rank) with
-    ``schedule``, re-cutting the layers over the ranks when their measured speeds drift.
+class Replanner:
+    """A :class:`~nobubble.pipeline.runtime.hooks.StepHook` (and action observer) that
+    re-cuts ``layers`` (in pipeline order, the whole model, on every rank) over the ranks
+    when their measured speeds drift (module docstring).
 
     Args:
         layers: the model's blocks, the same on every rank (same construction and seed).
-        schedule: one stage per rank; its ranks are the group's.
-        loss_fn: as :class:`PipelineRunner`'s.
+        schedule: the runner's schedule: one stage per rank; its ranks are the group's.
         optimizer: ``optimizer(params) -> torch.optim.Optimizer`` over this rank's params.
         layer_costs: each layer's nominal cost (equal when None): what a cut balances.
         sizes: the first cut (layers per rank; default: balanced for equal speeds).
         plan: ``plan(costs) -> Schedule`` for the new cut's predicted per-stage costs (ms),
-            run on rank 0 at every re-plan; None keeps ``schedule``.
+            run on rank 0 at every re-plan; None keeps the runner's schedule.
         threshold, min_gain, patience: re-plan when a rank's speed moved more than
             ``threshold`` (relative) in ``patience`` steps in a row and the new cut is
             predicted at least ``min_gain`` faster.
         replan: False measures and records but never re-plans (the static baseline).
-        straggler: really slow one rank (steps counted from this pipeline's first step).
-        **runner_options: passed to every :class:`PipelineRunner` (``timeout_s``,
-            ``dispatch``, ``recompute``, ``device``).
+        group: the runner's process group (None: the default group).
+
+    Bad arguments raise ValueError before any process group is touched.
     """
 
     def __init__(
         self,
         layers: Sequence[nn.Module],
         schedule: Schedule,
-        loss_fn: LossFn,
         optimizer: OptimizerFactory,
         *,
         layer_costs: Sequence[float] | None = None,
@@ -119,13 +133,11 @@ class ReplanningPipeline:
         patience: int = 2,
         replan: bool = True,
         group: dist.ProcessGroup | None = None,
-        straggler: Straggler | None = None,
-        **runner_options: Any,
     ) -> None:
         p = schedule.num_ranks
         if schedule.num_stages != p:
             raise ValueError(
-                f"ReplanningPipeline: schedule {schedule.name!r} has {schedule.num_stages} "
+                f"Replanner: schedule {schedule.name!r} has {schedule.num_stages} "
                 f"stages on {p} ranks; re-planning cuts one stage per rank: use a 1-chunk "
                 "schedule (1f1b, zb-h1, zb-2p, ...)"
             )
@@ -133,62 +145,74 @@ class ReplanningPipeline:
         self.costs = tuple(float(c) for c in layer_costs) if layer_costs is not None else (
             (1.0,) * len(self.layers))  # fmt: skip
         if len(self.costs) != len(self.layers):
-            raise ValueError(f"ReplanningPipeline: {len(self.costs)} layer_costs for "
+            raise ValueError(f"Replanner: {len(self.costs)} layer_costs for "
                              f"{len(self.layers)} layers; give one cost per layer")  # fmt: skip
         first = balanced_sizes(self.costs, (1.0,) * p) if sizes is None else tuple(sizes)
         if len(first) != p or sum(first) != len(self.layers) or min(first) < 1:
-            raise ValueError(f"ReplanningPipeline: sizes {list(first)} must be {p} counts "
+            raise ValueError(f"Replanner: sizes {list(first)} must be {p} counts "
                              f">= 1 summing to {len(self.layers)} layers")  # fmt: skip
         self.policy = ReplanPolicy(self.costs, threshold=threshold, min_gain=min_gain,
                                    patience=patience, replan=replan)  # fmt: skip
-        self.schedule, self.loss_fn, self.group = schedule, loss_fn, group
+        self.schedule, self.group = schedule, group
         self._factory, self._plan = optimizer, plan
-        self.straggler, self._options = straggler, runner_options
         self.sizes: tuple[int, ...] = first
         self.history: list[StepRecord] = []
         self._ops: dict[Op, list[float]] = {}
-        self._steps = 0
-        self.runner = self._build()
+        self._steps, self._start = 0, 0.0
+        self._pending: tuple[tuple[int, ...], list[list[float]]] | None = None
+        self.rank = dist.get_rank(group)
         self.optimizer = self._factory(self._own_params())
-
-    @property
-    def rank(self) -> int:
-        return self.runner.rank
 
     def own_layers(self) -> list[int]:
         """The indices of the layers this rank holds now."""
         return [i for i, r in enumerate(owners(self.sizes)) if r == self.rank]
 
-    def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor:
-        """One training step (the runner's forward and backward, the optimizer step), then
-        the collective check that may re-plan. Returns the mean microbatch loss."""
+    def stages(self) -> list[nn.Module | None]:
+        """The runner's stages for the current cut: this rank's an ``nn.Sequential`` of its
+        layers (the layer objects themselves), the others None."""
+        out: list[nn.Module | None] = [None] * len(self.sizes)
+        start = 0
+        for r, size in enumerate(self.sizes):
+            if r == self.rank:
+                out[r] = nn.Sequential(*self.layers[start : start + size])
+            start += size
+        return out
+
+    def before_step(self, runner: PipelineRunner) -> None:
+        """The runner's hook at a step's start: the switch the last step decided, if any."""
+        if self._pending is not None:
+            new, rows = self._pending
+            self._pending = None
+            switch_start = time.perf_counter()
+            self._switch(runner, new, rows)
+            self.history[-1] = dataclasses.replace(
+                self.history[-1], replan_ms=(time.perf_counter() - switch_start) * 1e3
+            )
         self._ops = {}
-        start = time.perf_counter()
-        loss = self.runner.step(inputs, targets)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        mine = self._measure((time.perf_counter() - start) * 1e3)
+        self._start = time.perf_counter()
+
+    def after_step(self, runner: PipelineRunner) -> None:
+        """The runner's hook at a step's end: every rank's times all-reduced, the policy's
+        decision recorded (and carried out at the next step's start)."""
+        mine = self._measure((time.perf_counter() - self._start) * 1e3)
         table = torch.zeros(self.schedule.num_ranks, _FIELDS, dtype=torch.float64)
         table[self.rank] = torch.tensor(mine, dtype=torch.float64)
-        table = table.to(self.runner.device)
+        table = table.to(runner.device)
         dist.all_reduce(table, group=self.group)
         rows = table.cpu().tolist()
         compute = tuple(r[0] for r in rows)
         new = self.policy.observe(self.sizes, speeds_from_times(compute, self.sizes, self.costs))
-        record = StepRecord(self._steps, max(r[1] for r in rows), compute, self.sizes, new)
+        self.history.append(StepRecord(self._steps, max(r[1] for r in rows), compute,
+                                       self.sizes, new))  # fmt: skip
         self._steps += 1
         if new is not None:
-            switch_start = time.perf_counter()
-            self._switch(new, rows)
-            record = dataclasses.replace(
-                record, replan_ms=(time.perf_counter() - switch_start) * 1e3
-            )
-        self.history.append(record)
-        return loss
+            self._pending = (new, rows)
 
-    def repartition(self, sizes: Sequence[int], schedule: Schedule | None = None) -> None:
-        """Move to the cut ``sizes`` (and ``schedule``) now, at a step boundary (a
-        collective: every rank calls it with the same arguments)."""
+    def repartition(
+        self, runner: PipelineRunner, sizes: Sequence[int], schedule: Schedule | None = None
+    ) -> None:
+        """Move to the cut ``sizes`` (and ``schedule``) now, between steps (a collective:
+        every rank calls it with the same arguments): layers, optimizer state, the runner."""
         new = tuple(sizes)
         if len(new) != len(self.sizes) or sum(new) != len(self.layers) or min(new) < 1:
             raise ValueError(f"repartition: sizes {list(new)} must be {len(self.sizes)} "
@@ -197,15 +221,14 @@ class ReplanningPipeline:
             p: self.optimizer.state[p] for p in self._own_params() if p in self.optimizer.state
         }
         kept = move_layers(self.layers, self.sizes, new, state, rank=self.rank, group=self.group,
-                           device=self.runner.device)  # fmt: skip
+                           device=runner.device)  # fmt: skip
         groups = [
             {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
         ]
-        self.runner.close()
         self.sizes = new
         if schedule is not None:
             self.schedule = schedule
-        self.runner = self._build()
+        runner.restage(self.stages(), self.schedule)
         self.policy.restart()
         self.optimizer = self._factory(self._own_params())
         for p in self._own_params():
@@ -215,7 +238,7 @@ class ReplanningPipeline:
             for settings, g in zip(groups, self.optimizer.param_groups, strict=True):
                 g.update(settings)
         else:
-            warnings.warn(f"ReplanningPipeline: the optimizer factory made "
+            warnings.warn(f"Replanner: the optimizer factory made "
                           f"{len(self.optimizer.param_groups)} param groups after the re-plan "
                           f"and {len(groups)} before; their settings (learning rate, ...) "
                           "were not carried over: make the groups independent of which "
@@ -233,32 +256,10 @@ class ReplanningPipeline:
             out.append(state)
         return out
 
-    def close(self) -> None:
-        self.runner.close()
-
     # -- internals ----------------------------------------------------------------------
-
-    def _build(self) -> PipelineRunner:
-        stages: list[nn.Module | None] = [None] * len(self.sizes)
-        start = 0
-        for r, size in enumerate(self.sizes):
-            if r == dist.get_rank(self.group):
-                stages[r] = nn.Sequential(*self.layers[start : start + size])
-            start += size
-        return PipelineRunner(stages, self.schedule, self.loss_fn, group=self.group,
-                              observer=self, straggler=self._shifted_straggler(),
-                              **self._options)  # fmt: skip
 
     def _own_params(self) -> list[nn.Parameter]:
         return [p for i in self.own_layers() for p in self.layers[i].parameters()]
-
-    def _shifted_straggler(self) -> Straggler | None:
-        """The straggler in the new runner's step count (it counts from 0)."""
-        s, k = self.straggler, self._steps
-        if s is None or (s.last_step is not None and s.last_step < k):
-            return None
-        last = None if s.last_step is None else s.last_step - k
-        return dataclasses.replace(s, first_step=max(0, s.first_step - k), last_step=last)
 
     def before(self, action: Action) -> None:  # the runner's observer
         pass
@@ -280,7 +281,9 @@ class ReplanningPipeline:
         ]
         return [compute, step_ms, *per]
 
-    def _switch(self, new: tuple[int, ...], rows: list[list[float]]) -> None:
+    def _switch(
+        self, runner: PipelineRunner, new: tuple[int, ...], rows: list[list[float]]
+    ) -> None:
         schedule = None
         if self._plan is not None:
             box: list[Any] = [None]
@@ -290,18 +293,18 @@ class ReplanningPipeline:
                 except Exception as err:  # noqa: BLE001 - re-raised on every rank below
                     box[0] = f"{type(err).__name__}: {err}"
             dist.broadcast_object_list(box, src=global_rank(self.group, 0), group=self.group,
-                                       device=self.runner.device)  # fmt: skip
+                                       device=runner.device)  # fmt: skip
             schedule = box[0]
             if not isinstance(schedule, Schedule):
-                raise RuntimeError(f"ReplanningPipeline: plan() failed on rank 0 for the cut "
+                raise RuntimeError(f"Replanner: plan() failed on rank 0 for the cut "
                                    f"{list(new)}: {schedule}")  # fmt: skip
             if (schedule.num_ranks, schedule.num_stages, schedule.num_microbatches) != (
                     self.schedule.num_ranks, self.schedule.num_stages,
                     self.schedule.num_microbatches):  # fmt: skip
-                raise ValueError(f"ReplanningPipeline: plan returned {schedule.name!r} for "
+                raise ValueError(f"Replanner: plan returned {schedule.name!r} for "
                                  f"{schedule.num_ranks} ranks / {schedule.num_microbatches} "
                                  "microbatches; return one for the pipeline's own")  # fmt: skip
-        self.repartition(new, schedule)
+        self.repartition(runner, new, schedule)
 
     def _predicted_costs(self, new: tuple[int, ...], rows: list[list[float]]) -> CostModel:
         """Per-stage costs (ms per microbatch) of the cut ``new``: each rank's measured F, B,

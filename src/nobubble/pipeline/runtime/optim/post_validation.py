@@ -14,9 +14,22 @@ early idles until the slowest rank's ends, and only then steps. The Zero Bubble 
    value is not finite.
 
 So the result equals the synchronous step's exactly (:func:`synchronous_step` is that
-reference), and the rank's wait overlaps its own optimizer step. Call ``confirm`` before
-the parameters are used again (before the next forward). The copy costs one parameter set
-plus one optimizer state of memory; a rollback costs one more step.
+reference), and the rank's wait overlaps its own optimizer step. ``confirm`` must run
+before the parameters are used again (before the next forward) and before the gradients
+are zeroed (a rollback steps again with them). As a runner hook,
+``PipelineRunner(..., hooks=[post])``, the runner does both at the start of every step
+(:meth:`PostValidatedOptimizer.before_step`, the result in ``post.last``), so the loop
+only calls ``post.step()``, and ``post.confirm()`` once after the last step. The copy
+costs one parameter set plus one optimizer state of memory; a rollback costs one more step.
+
+::
+
+    post = PostValidatedOptimizer(optimizer, params, max_norm=1.0)
+    runner = PipelineRunner(stages, schedule, loss_fn, hooks=[post])
+    for x, y in data:
+        runner.step(x, y)  # first: confirm the last step, zero the gradients
+        post.step()        # steps at once; the global check travels meanwhile
+    post.confirm()
 """
 
 from __future__ import annotations
@@ -124,6 +137,18 @@ class PostValidatedOptimizer:
         self.optimizer, self.params = optimizer, list(params)
         self.max_norm, self.group, self.timeout_s = max_norm, group, float(timeout_s)
         self._pending: tuple[dist.Work, torch.Tensor, dict] | None = None
+        self.last: ValidationResult | None = None
+        """What the runner's :meth:`before_step` confirmed last (None before that)."""
+
+    def before_step(self, runner: object) -> None:
+        """The runner hook (:class:`~nobubble.pipeline.runtime.hooks.StepHook`): confirm the
+        pending step, if any, into :attr:`last`, then zero the gradients (set to None)."""
+        if self._pending is not None:
+            self.last = self.confirm()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def after_step(self, runner: object) -> None:
+        """The runner hook's end of step: nothing (the loop calls :meth:`step`)."""
 
     def step(self) -> None:
         """Start the global check, keep a copy, and step with the gradients as they are."""

@@ -1,6 +1,9 @@
-"""One rank's choice of its next op at run time: the handshake rule, without estimates.
+"""The one loop of a rank's step: poll, choose the next op, run it; static or handshake.
 
-The rule is the simulator's, one pure function both call
+Static dispatch is this loop with a fixed order: the choice is always the head of the rank's
+row, run when its input is here (:func:`dispatch_loop` with ``fixed=True``). The handshake
+(``PipelineRunner(dispatch="handshake")``) chooses at run time. Its rule is the
+simulator's, one pure function both call
 (:func:`nobubble.pipeline.dispatch.handshake.choose_op`); the simulator also asks whether a
 deviation is expected to end before the head's input comes, while the runtime has no
 duration estimates, so it takes the simple form. Each time the rank is free:
@@ -14,7 +17,7 @@ duration estimates, so it takes the simple form. Each time the rank is free:
 
 *Runnable*: the op's dependencies on this rank ran (a W its B, a B its F, the F after a V
 schedule's turn the F before it) and the tensor it needs from another rank is in the
-mailbox (:class:`~.channel.KeyedChannel`); an F must also fit the limit.
+mailbox (:class:`~.channel.Channel`); an F must also fit the limit.
 
 *Memory*, in microbatch units, kept simple: an F holds one unit until its microbatch's W
 (or BW) ends, B frees nothing; the level is F's run minus W's and BW's run. The limit is the
@@ -43,10 +46,10 @@ from typing import Protocol
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.dispatch.handshake import choose_op
-from nobubble.pipeline.runtime.p2p import MessageKey, incoming
+from nobubble.pipeline.runtime.channel import MessageKey, incoming
 from nobubble.pipeline.validate import dep_key, dependencies
 
-__all__ = ["PlanCursor", "plan_levels", "run_dynamic", "memory_units"]
+__all__ = ["PlanCursor", "plan_levels", "dispatch_loop", "memory_units"]
 
 HasMessage = Callable[[MessageKey, int], bool]
 
@@ -73,10 +76,13 @@ class PlanCursor:
 
     Lifecycle of a plan op: *planned* -> *runnable* (dependencies ran, tensor arrived,
     memory fits) -> *run* (:meth:`commit`). Invariant: ``level <= limit`` after every commit.
+    ``fixed``: only the head is ever chosen (static dispatch: the row's own order).
     """
 
-    def __init__(self, plan: Schedule, rank: int, limit: int | None = None) -> None:
-        self.plan, self.rank = plan, rank
+    def __init__(
+        self, plan: Schedule, rank: int, limit: int | None = None, *, fixed: bool = False
+    ) -> None:
+        self.plan, self.rank, self.fixed = plan, rank, fixed
         self.row = plan.rank_actions[rank]
         self.ops = [a.op for a in self.row]
         peak = plan_levels(plan)[rank]
@@ -113,7 +119,10 @@ class PlanCursor:
 
     def choose(self, has: HasMessage) -> int | None:
         """The plan position to run now, or None (wait for an arrival): the handshake rule,
-        :func:`~nobubble.pipeline.dispatch.handshake.choose_op`, without estimates."""
+        :func:`~nobubble.pipeline.dispatch.handshake.choose_op`, without estimates; with
+        ``fixed`` the head or None."""
+        if self.fixed:
+            return self.head if self.runnable(self.head, has) else None
         return choose_op(self.ops, self.head, self.next_f, self.done,
                          lambda j: self.runnable(j, has))  # fmt: skip
 
@@ -133,7 +142,7 @@ class PlanCursor:
         return a
 
 
-class _Channel(Protocol):  # the part of KeyedChannel the loop uses
+class _Channel(Protocol):  # the part of Channel the loop uses
     def poll(self) -> bool: ...
 
     def wait(self) -> None: ...
@@ -141,19 +150,20 @@ class _Channel(Protocol):  # the part of KeyedChannel the loop uses
     def has(self, key: MessageKey, src: int) -> bool: ...
 
 
-def run_dynamic(
+def dispatch_loop(
     plan: Schedule,
     rank: int,
     channel: _Channel,
     perform: Callable[[Action, float], None],
     *,
+    fixed: bool = False,
     limit: int | None = None,
 ) -> tuple[list[Action], int]:
-    """One step of rank ``rank`` under the handshake: poll, choose, run, until the plan is
-    done. ``perform(action, free_since)`` receives (from the mailbox), runs and sends one
-    op; ``free_since`` is when the rank became free (its wait began). Returns the order run
-    and how many ops ran as deviations."""
-    cursor = PlanCursor(plan, rank, limit)
+    """One step of rank ``rank``: poll, choose, run, until its row of the plan is done
+    (``fixed``: in the row's order). ``perform(action, free_since)`` receives (from the
+    mailbox), runs and sends one op; ``free_since`` is when the rank became free (its wait
+    began). Returns the order run and how many ops ran as deviations."""
+    cursor = PlanCursor(plan, rank, limit, fixed=fixed)
     order: list[Action] = []
     free_since = time.perf_counter()
     while not cursor.finished:
