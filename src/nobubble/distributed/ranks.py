@@ -187,10 +187,14 @@ def spawn(
     ok = False
     try:
         while len(outputs) < world_size:
+            errors: dict[int, str] = {}
             for status, rank, payload in inbox.receive(0.2):
-                if status == "err":
-                    raise _root_cause(procs, inbox, outputs, {rank: payload})
-                outputs[rank] = _load(payload)
+                if status == "err":  # every error of the batch: the first may be a symptom
+                    errors.setdefault(rank, payload)
+                else:
+                    outputs[rank] = _load(payload)
+            if errors:
+                raise _root_cause(procs, inbox, outputs, errors)
             _check_alive(procs, outputs, deadline, timeout_s)
             _check_heartbeats(beats, procs, outputs)
         ok = True

@@ -46,6 +46,9 @@ _LAZY = {
     "to_torch": "nobubble.pipeline.runtime.torch_interop",
     "profile_modules": "nobubble.pipeline.runtime.profile",
     "simulate_dispatch": "nobubble.pipeline.dispatch",
+    "StragglerObserver": "nobubble.pipeline.runtime.hooks",
+    "Replanner": "nobubble.pipeline.runtime.elastic",
+    "PostValidatedOptimizer": "nobubble.pipeline.runtime.optim",
 }
 
 
