@@ -60,7 +60,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
     )
     bench.add_argument(
-        "--force", action="store_true", help="run sizes past the machine's process/memory budget"
+        "--force",
+        action="store_true",
+        help="run past the process, memory and --iters/--warmup budgets",
     )
     bench.add_argument("--plot", type=plot_file, help="also draw times and bytes (PNG or SVG)")
     add_json_flag(bench)

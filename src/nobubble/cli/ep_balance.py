@@ -61,7 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=positive_int, default=100_000, help="synthetic tokens/layer")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed for synthetic loads")
     p.add_argument("--plot", type=plot_file, help="draw per-GPU loads before / after (PNG or SVG)")
-    p.add_argument("--force", action="store_true", help="place more experts than the budget")
+    p.add_argument(
+        "--force", action="store_true", help="place more layer x expert slots than the budget"
+    )
     add_json_flag(p)
     p.set_defaults(func=_balance, parser=p)
 

@@ -80,7 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=Path("nobubble-out/ep_train.png"),
         help="loss and imbalance against step (PNG or SVG; default nobubble-out/ep_train.png)",
     )
-    p.add_argument("--force", action="store_true", help="run past the machine's process budget")
+    p.add_argument(
+        "--force", action="store_true", help="run past the process, memory and --steps budgets"
+    )
     add_json_flag(p)
     p.set_defaults(func=_train)
 

@@ -247,7 +247,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="extra seconds per trainer step (a slow trainer)",
     )
-    p.add_argument("--force", action="store_true", help="run sizes past the memory budget")
+    p.add_argument(
+        "--force", action="store_true", help="run past the process, memory and --steps budgets"
+    )
     p.add_argument(
         "--out", type=output_dir, default=Path("nobubble-out/rl"), help="artifact folder"
     )
