@@ -16,6 +16,7 @@ reason, and are checked to reach the work.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -471,7 +472,7 @@ def test_valid_and_documented_inputs_reach_the_work(tripwires, capsys, argv):
 TIMED = [
     ([*EB, "--warmup", BIG], "--warmup"),
     (["ep", "balance", "--experts", BIG, "--gpus", "8"], "--force"),
-    ([*ET, "--rebalance-every", "1"], "--redundant"),
+    ([*ET, "--experts", str(10**6)], "--force"),
     ([*RT, "--policy-kwargs", '{"hidden": 1e9}'], "hidden"),
     ([*RT, *ENV, "--actors", "1000"], "processes"),
     ([*RS, "--reward", "{tmp}/nb_rewards.py:no_args"], "(prompt, response)"),
@@ -504,3 +505,18 @@ def test_a_real_command_refuses_within_2_s_and_leaves_no_process(tmp_path, argv,
     from tests.cli.session_procs import session_members
 
     assert session_members(proc.pid) == []
+
+
+@pytest.mark.long
+def test_an_unreachable_ray_address_is_one_line_with_no_blank_line_before_it(tmp_path):
+    """Refused at the run's start by the Ray engine's probe (exit 1, see ENDED_AT_RUN_TIME):
+    stderr holds exactly the one line - no blank line left by a progress bar off a terminal."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    argv = ["rl", "train", "--engine", "ray", "--address", f"127.0.0.1:{port}", "--steps", "2"]
+    out = subprocess.run([sys.executable, "-m", "nobubble", *argv], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("nobubble rl: failed:"), out
+    assert f"--address 127.0.0.1:{port}: no Ray cluster answers" in out.stderr

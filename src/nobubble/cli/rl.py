@@ -293,15 +293,17 @@ def _run_with_progress(cfg, label: str, *, quiet: bool):
     from nobubble.cli.util import console
     from nobubble.rl.system.orchestrator import run
 
+    err = console(stderr=True)
+    # off a terminal a bar draws nothing but a blank line, before an error's one line too
     with Progress(
         TextColumn(f"[bold]{label}[/]"),
         BarColumn(),
         TextColumn("step {task.completed}/{task.total}"),
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
-        console=console(stderr=True),
+        console=err,
         transient=True,
-        disable=quiet,
+        disable=quiet or not err.is_terminal,
     ) as progress:
         bar = progress.add_task(label, total=cfg.steps, info="starting workers")
 
