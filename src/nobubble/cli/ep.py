@@ -60,7 +60,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=positive_float, default=1800.0, help="seconds before giving up"
     )
     bench.add_argument(
-        "--force", action="store_true", help="run sizes past the machine's process/memory budget"
+        "--force",
+        action="store_true",
+        help="run past the process, memory and --iters/--warmup budgets",
     )
     bench.add_argument("--plot", type=plot_file, help="also draw times and bytes (PNG or SVG)")
     add_json_flag(bench)
@@ -85,19 +87,18 @@ MAX_ITERS = 1000
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.iters > MAX_ITERS and not args.force:
-        raise UsageError(
-            f"--iters {args.iters} is past the budget of {MAX_ITERS} (a median needs far "
-            "fewer); lower it, or --force"
-        )
-    # per rank: its tokens, the rows it receives (up to one per token and rank it reaches),
-    # the combined output and the baselines' copies: about (topk + 4) token-sized buffers
-    elem = 2 if args.dtype == "bf16" else 4
-    data = args.ranks * args.tokens * args.hidden * elem * (args.topk + 4)
-    check_budget("ep bench", processes=args.ranks, data_bytes=data, force=args.force)
     from nobubble.bench.ep_dispatch import BenchConfig, run_with_progress
     from nobubble.bench.ep_tables import print_dispatch_report
 
+    if args.ranks == 1:
+        raise UsageError("--ranks 1: one rank dispatches to itself, nothing moves and there is "
+                         "nothing to time; give --ranks 2 or more")  # fmt: skip
+    for flag, count in (("--iters", args.iters), ("--warmup", args.warmup)):
+        if count > MAX_ITERS and not args.force:
+            raise UsageError(
+                f"{flag} {count} is past the budget of {MAX_ITERS} (a median needs far "
+                "fewer); lower it, or --force"
+            )
     config = BenchConfig(
         num_ranks=args.ranks,
         num_tokens=args.tokens,
@@ -110,7 +111,13 @@ def _bench(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         seed=args.seed,
         transport=args.transport[0],
-    )
+    )  # ValueError naming a bad combination, before the budget's estimate of it
+    # per rank: its tokens, the rows it receives (up to one per token and rank it reaches),
+    # the combined output and the baselines' copies: about (topk + 4) token-sized buffers;
+    # and a few int64 counts and maps per expert
+    elem = 2 if args.dtype == "bf16" else 4
+    data = args.ranks * (args.tokens * args.hidden * elem * (args.topk + 4) + 64 * args.experts)
+    check_budget("ep bench", processes=args.ranks, data_bytes=data, force=args.force)
     if len(args.transport) > 1:
         if args.plot is not None:
             raise UsageError("--plot draws one transport; give --transport one kind with it")

@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 
 from nobubble.cli.util import (
+    UsageError,
     add_json_flag,
+    input_file,
     nonneg_int,
     plot_file,
     positive_int,
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     src.add_argument(
         "--weights",
-        type=Path,
+        type=input_file,
         help="loads file: JSON list (or list of lists, one per layer) "
         "or text with one whitespace/comma separated row per layer",
     )
@@ -59,8 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=positive_int, default=100_000, help="synthetic tokens/layer")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed for synthetic loads")
     p.add_argument("--plot", type=plot_file, help="draw per-GPU loads before / after (PNG or SVG)")
+    p.add_argument(
+        "--force", action="store_true", help="place more layer x expert slots than the budget"
+    )
     add_json_flag(p)
-    p.set_defaults(func=_balance)
+    p.set_defaults(func=_balance, parser=p)
 
 
 def parse_skew(text: str) -> tuple[str, float]:
@@ -90,7 +95,8 @@ def synthetic_loads(
     rows = []
     for _ in range(num_layers):
         if kind == "zipf":
-            pop = rng.permutation(1.0 / np.arange(1, num_experts + 1) ** param)
+            with np.errstate(over="ignore"):  # a huge skew: every rank past the first is 0
+                pop = rng.permutation(1.0 / np.arange(1, num_experts + 1) ** param)
         else:
             pop = rng.pareto(param, num_experts) + 1.0
         rows.append(pop / pop.sum() * tokens)
@@ -98,25 +104,34 @@ def synthetic_loads(
 
 
 def _read_weights(path: Path):
+    """(L, E) float64 loads from ``path``: JSON (a list, or a list of lists) or text rows."""
     import torch
 
     try:
         text = path.read_text()
-    except OSError as err:
-        raise ValueError(f"--weights {path}: cannot read ({err.strerror or err})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--weights {path}: cannot read ({err})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        data = [
-            [float(x) for x in line.replace(",", " ").split()]
-            for line in text.splitlines()
-            if line.strip()
-        ]
+        try:
+            data = [
+                [float(x) for x in line.replace(",", " ").split()]
+                for line in text.splitlines()
+                if line.strip()
+            ]
+        except ValueError as err:
+            raise ValueError(
+                f"--weights {path}: not JSON, and a row is not numbers ({err})"
+            ) from None
+    if not isinstance(data, list):
+        raise ValueError(f"--weights {path}: give a JSON list of loads (or a list of lists, one "
+                         f"per layer), not a {type(data).__name__}")  # fmt: skip
     if data and not isinstance(data[0], list):
         data = [data]
     try:
         weight = torch.tensor(data, dtype=torch.float64)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RuntimeError) as err:
         raise ValueError(
             f"--weights {path}: rows must be numbers of equal length ({err})"
         ) from None
@@ -124,15 +139,47 @@ def _read_weights(path: Path):
         raise ValueError(f"--weights {path}: no numbers; give one row of expert loads per layer")
     if not (weight.isfinite().all() and weight.abs().max() <= MAX_REAL):
         raise ValueError(f"--weights {path}: a load is not a finite number (NaN, inf, 1e308)")
+    if (weight < 0).any():
+        raise ValueError(f"--weights {path}: a load is negative; loads count tokens, >= 0")
     if not weight.sum(-1).gt(0).all():
         raise ValueError(f"--weights {path}: a row's loads are all zero; nothing to balance")
     return weight
+
+
+MAX_SLOTS = 10_000_000
+"""Most layers x physical experts one run places: EPLB's packing is a Python loop over them
+(about a microsecond each), and the report holds every slot."""
+
+
+def _check_problem(args: argparse.Namespace) -> None:
+    """Refuse, before any loads are made, a placement EPLB cannot do (its own ValueError), a
+    flag the chosen load source ignores, and a problem past :data:`MAX_SLOTS`."""
+    from nobubble.moe.balance.eplb import check_config
+
+    check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,
+                 args.gpus, args.policy)  # fmt: skip
+    if args.weights is not None:
+        for flag in ("layers", "tokens", "seed"):
+            if getattr(args, flag) != args.parser.get_default(flag):
+                raise UsageError(f"--{flag} shapes synthetic loads; --weights gives the loads, "
+                                 f"drop --{flag}")  # fmt: skip
+        return
+    if not finite(args.tokens):
+        raise UsageError(f"--tokens {args.tokens}: past {MAX_REAL:g}, not a count of tokens")
+    slots = args.layers * (args.experts + args.redundant)
+    if slots > MAX_SLOTS and not args.force:
+        raise UsageError(
+            f"ep balance: --layers {args.layers:,} x {args.experts + args.redundant:,} physical "
+            f"experts = {slots:,} placements, past the budget of {MAX_SLOTS:,}; use fewer, or "
+            "--force"
+        )
 
 
 def _balance(args: argparse.Namespace) -> int:
     from nobubble.moe.balance.eplb import gpu_loads, rebalance_experts
     from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
 
+    _check_problem(args)
     if args.weights is not None:
         weight = _read_weights(args.weights)
         if weight.shape[1] != args.experts:

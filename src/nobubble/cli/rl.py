@@ -17,17 +17,22 @@ together at each max staleness of ``--etas`` (:func:`nobubble.rl.system.presets.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
+from nobubble.cli.preflight import (
+    check_task_run,
+    import_run_objects,
+    json_object,
+    load_user_object,
+    probability,
+)
 from nobubble.cli.rl_env import add_env_arguments, check_producer_flags, run_env
 from nobubble.cli.rl_partial import add_partial_flags, partial_settings
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
-    check_budget,
     nonneg_float,
     nonneg_int,
     output_dir,
@@ -169,16 +174,6 @@ def _lag_settings(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _json_dict(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({err.msg})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object like '{{\"k\": 1}}'")
-    return value
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
@@ -192,7 +187,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--env 4)",
     )  # fmt: skip
     p.add_argument(
-        "--task-kwargs", type=_json_dict, default={}, metavar="JSON", help="the task's settings"
+        "--task-kwargs", type=json_object, default={}, metavar="JSON", help="the task's settings"
     )
     p.add_argument(
         "--policy",
@@ -200,7 +195,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="char | gpt2 (Hugging Face, from a config) | hf:DIR | MODULE:FACTORY (default char)",
     )
     p.add_argument(
-        "--policy-kwargs", type=_json_dict, default={}, metavar="JSON", help="the policy's settings"
+        "--policy-kwargs",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="the policy's settings",
     )
     p.add_argument(
         "--reward",
@@ -238,7 +237,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reward-delay", type=nonneg_float, default=0.0, help="seconds per reward call")
     p.add_argument(
         "--reward-failure-rate",
-        type=nonneg_float,
+        type=probability,
         default=0.0,
         help="probability that a reward attempt raises",
     )
@@ -248,25 +247,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="extra seconds per trainer step (a slow trainer)",
     )
-    p.add_argument("--force", action="store_true", help="run sizes past the memory budget")
+    p.add_argument(
+        "--force", action="store_true", help="run past the process, memory and --steps budgets"
+    )
     p.add_argument(
         "--out", type=output_dir, default=Path("nobubble-out/rl"), help="artifact folder"
     )
     add_json_flag(p)
-
-
-# the built-in tasks' sequences (prompt + response) stay under this many tokens and symbols
-_SEQ_BOUND, _VOCAB_BOUND = 64, 32
-
-
-def _check_sizes(args: argparse.Namespace) -> None:
-    """Refuse a batch whose logits alone (groups x group size x tokens x vocab, fp32, kept for
-    the backward with about 4 more tensors of their size) would not fit, before any work."""
-    groups = args.batch_groups or 8
-    size = args.group_size or 32
-    data = 5 * groups * size * _SEQ_BOUND * _VOCAB_BOUND * 4
-    processes = 1 + args.generators + getattr(args, "learners", 1)  # compare: one learner
-    check_budget("rl", processes=processes, data_bytes=data, force=args.force)
 
 
 def _config(args: argparse.Namespace, **over: Any):
@@ -306,15 +293,17 @@ def _run_with_progress(cfg, label: str, *, quiet: bool):
     from nobubble.cli.util import console
     from nobubble.rl.system.orchestrator import run
 
+    err = console(stderr=True)
+    # off a terminal a bar draws nothing but a blank line, before an error's one line too
     with Progress(
         TextColumn(f"[bold]{label}[/]"),
         BarColumn(),
         TextColumn("step {task.completed}/{task.total}"),
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
-        console=console(stderr=True),
+        console=err,
         transient=True,
-        disable=quiet,
+        disable=quiet or not err.is_terminal,
     ) as progress:
         bar = progress.add_task(label, total=cfg.steps, info="starting workers")
 
@@ -344,7 +333,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _train_task(args: argparse.Namespace) -> int:
-    _check_sizes(args)
+    import_run_objects(args)
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "restart_workers")}
@@ -356,6 +345,7 @@ def _train_task(args: argparse.Namespace) -> int:
         args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag,
         **many, **partial_settings(args),
     )  # fmt: skip
+    check_task_run(args, cfg)
     label = f"{cfg.mode}" + (
         f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
     )
@@ -386,7 +376,7 @@ def _compare(args: argparse.Namespace) -> int:
         if args.max_staleness is not None:
             raise ValueError("--max-staleness is not read by rl compare --task: each mode "
                              "takes its own bound (--ablation: --etas); drop it")  # fmt: skip
-        _check_sizes(args)
+        import_run_objects(args)
     with claim_output(args.out):  # before any run starts: refuse another live run's folder
         if args.env is not None:
             return run_env(args, compare=True)
@@ -397,6 +387,7 @@ def _compare_modes(args: argparse.Namespace) -> int:
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
     runs = {m: _config(args, mode=m) for m in MODES}
+    check_task_run(args, runs["sync"])
     title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
     results = {}
     for label, cfg in runs.items():
@@ -427,12 +418,12 @@ def _reward_server(args: argparse.Namespace) -> int:
     if args.task is not None:
         from nobubble.rl.system.tasks.spec import resolve_task
 
+        import_run_objects(args)
         fn = resolve_task(args.task).reward
     else:
-        from nobubble.rl.system.imports import load_object
         from nobubble.rl.system.rewards.rewarder import check_reward_fn
 
-        fn = load_object(args.reward, "reward")
+        fn = load_user_object("--reward", args.reward, "reward")
         check_reward_fn(fn, args.reward)
     try:
         server = serve_rewards(fn, host=args.host, port=args.port)
@@ -473,6 +464,7 @@ def _ablation(args: argparse.Namespace) -> int:
         for eta in etas
         for fix, settings in ablation(eta, delay).items()
     }
+    check_task_run(args, next(iter(runs.values())))
     results = {}
     for (eta, fix), cfg in runs.items():
         results[(eta, fix)] = _run_with_progress(cfg, f"eta={eta} {fix}", quiet=args.json)

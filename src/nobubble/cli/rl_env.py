@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nobubble.cli.preflight import ENV_UPDATE_S, check_steps
 from nobubble.cli.util import check_budget, nonneg_float, positive_int, print_json, print_table
 from nobubble.validation import finite
 
@@ -189,6 +190,9 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
     # an env with its slot and trajectory buffers: ~50 kB (CartPole); a text env more
     check_budget("rl", processes=1 + actors, data_bytes=actors * envs * 50e3, force=args.force)
     first = env_config(args, ENV_ARCHS[0] if compare else args.arch)
+    if first.steps is not None and args.time_budget is None:
+        check_steps("rl", "--steps", first.steps, ENV_UPDATE_S, hint=", give --time-budget S",
+                    force=args.force)  # fmt: skip
     configs = [dataclasses.replace(first, arch=a) for a in ENV_ARCHS] if compare else [first]
     try:
         env_spaces(configs[0].env)  # an unknown id or unsupported spaces: a usage error

@@ -185,3 +185,11 @@ def test_bad_run_config_names_the_value():
         RunConfig(algo="sgd")
     with pytest.raises(ValueError, match="fault="):
         RunConfig(fault="trainer")
+
+
+@pytest.mark.parametrize("field", ["time_budget_s", "timeout_s", "stall_timeout_s"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e308, 0.0])
+def test_a_limit_that_is_no_limit_is_refused_naming_it(field, value):
+    """inf, NaN and 1e308 seconds are refused like 0 (they never stop, or overflow a deadline)."""
+    with pytest.raises(ValueError, match=rf"RunConfig.{field}=.* must be > 0"):
+        RunConfig(**{field: value})

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from nobubble.rl.system.config import describe_value
+from nobubble.validation import check_fields
 
 __all__ = [
     "ARCHS",
@@ -151,13 +152,11 @@ def _check_counts(c: EnvRunConfig) -> None:
 
 
 def _check_rates(c: EnvRunConfig) -> None:
+    # check_value refuses NaN, inf and 1e308 too (a time budget of inf is no budget)
     positive = ("learning_rate", "time_budget_s", "timeout_s", "eval_every_s", "max_grad_norm")
-    for name in positive:
-        if not getattr(c, name) > 0:
-            raise ValueError(f"{name}={getattr(c, name)} must be > 0")
-    for name in ("env_step_delay_ms", "inference_deadline_ms", "entropy_coef", "value_coef"):
-        if getattr(c, name) < 0:
-            raise ValueError(f"{name}={getattr(c, name)} must be >= 0")
+    check_fields("EnvRunConfig", c, positive, "> 0")
+    nonneg = ("env_step_delay_ms", "inference_deadline_ms", "entropy_coef", "value_coef")
+    check_fields("EnvRunConfig", c, nonneg, ">= 0")
     if not 0.0 <= c.gamma <= 1.0:
         raise ValueError(f"gamma={c.gamma} must be in [0, 1] (e.g. 0.99)")
     if not 0.0 <= c.vtrace_lambda <= 1.0:

@@ -21,7 +21,7 @@ from nobubble.rl.system.rewards import RewardConfig, RewardSource, parse_reward
 from nobubble.rl.system.rollout import RolloutConfig
 from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 from nobubble.rl.system.trainer import ALGOS, TrainerConfig
-from nobubble.validation import check_fields
+from nobubble.validation import check_fields, check_value
 
 __all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig", "describe_value"]
 
@@ -203,8 +203,9 @@ class RunConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads={self.threads} must be >= 1")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ValueError(f"time_budget_s={self.time_budget_s} must be > 0")
+        if self.time_budget_s is not None:  # NaN, inf and 1e308 are no budget: refused
+            check_value("RunConfig.time_budget_s", self.time_budget_s, "> 0")
+        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy={self.target_accuracy} must be in (0, 1]")
         if self.fault is not None:

@@ -1,0 +1,167 @@
+"""Checks that ``ep`` and ``rl`` commands make before any work, beside :mod:`~nobubble.cli.util`'s.
+
+- :func:`check_steps`: a count of steps or iterations whose least possible time (the count
+  times the fastest step such a run ever takes) is past a wall-clock limit is refused,
+  naming the estimate and ``--force``; a run stopped by its own time budget is not.
+- :func:`load_user_object`: a user's module (``--task``, ``--policy``, ``--reward``) is
+  imported here, in the driver, and whatever its import raises (a ``SyntaxError``, the
+  module's own ``RuntimeError``) is one line naming the flag, not a traceback or exit 1.
+- :func:`check_policy_size`: the policy is built on PyTorch's ``meta`` device (no memory is
+  allocated), so settings it refuses fail here, and its parameter count sizes the memory
+  budget (weights, gradients and Adam's two moments in every process that holds a copy).
+- :func:`check_task_run`: an RL run on a task - its batch, processes, policy and steps.
+- :func:`probability` and :func:`json_object`: argparse types (a rate in ``[0, 1]``, a
+  JSON object of settings).
+
+Each raises :class:`~nobubble.cli.util.UsageError` (or ``ValueError`` from a config): one line
+on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from nobubble.cli.util import UsageError, check_budget, nonneg_float
+
+__all__ = [
+    "ENV_UPDATE_S",
+    "TASK_STEP_S",
+    "WALL_BUDGET_S",
+    "check_policy_size",
+    "check_steps",
+    "check_task_run",
+    "import_run_objects",
+    "json_object",
+    "load_user_object",
+    "probability",
+]
+
+WALL_BUDGET_S = 24 * 3600.0
+"""The longest run a command starts without ``--force`` (or a time budget that stops it)."""
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:,.0f} s"
+
+
+def check_steps(what: str, flag: str, steps: int, seconds_per_step: float, *,
+                limit_s: float = WALL_BUDGET_S, limit: str = "the budget of 24 h",
+                hint: str = "", force: bool = False) -> None:  # fmt: skip
+    """Refuse ``steps`` when ``steps x seconds_per_step`` (the fastest step such a run takes,
+    so the estimate is a lower bound) is past ``limit_s`` (worded ``limit``); ``hint``
+    names another way out (``", or --time-budget S"``)."""
+    least = steps * seconds_per_step
+    if force or least <= limit_s:
+        return
+    raise UsageError(
+        f"{what}: {flag} {steps:,} takes at least {_duration(least)} "
+        f"({seconds_per_step * 1e3:g} ms a step), past {limit}; lower {flag}{hint}, or --force"
+    )
+
+
+def load_user_object(flag: str, spec: str, what: str) -> Any:
+    """The object ``spec`` (``module:attr`` or ``file.py:attr``) names, imported now; a
+    missing module or name is the loader's ValueError, anything the import itself raises
+    becomes one line naming ``flag``."""
+    from nobubble.rl.system.imports import load_object
+
+    try:
+        return load_object(spec, what)
+    except ValueError:
+        raise
+    except Exception as err:  # the user's module ran and failed: show what it raised
+        text = " ".join(str(err).split())
+        raise UsageError(
+            f"{flag} {spec}: importing it raised {type(err).__name__}: {text}; fix the module"
+        ) from None
+
+
+def import_run_objects(args: argparse.Namespace) -> None:
+    """Import the user modules an RL run names (``--task``, ``--policy``, each ``--reward``)
+    before anything else reads them (see :func:`load_user_object`)."""
+    from nobubble.rl.system.imports import is_import_path
+
+    task, policy = getattr(args, "task", None), getattr(args, "policy", None)
+    specs = [("--task", task, "task")] if task and not task.startswith("rg:") else []
+    if policy and not policy.startswith("hf:"):
+        specs.append(("--policy", policy, "policy"))
+    for text in getattr(args, "reward", None) or []:
+        fn, sep, _ = text.rpartition("=")
+        specs.append(("--reward", fn if sep else text, "reward"))
+    for flag, spec, what in specs:
+        if is_import_path(spec):
+            load_user_object(flag, spec, what)
+
+
+def check_policy_size(cfg: Any, *, copies: int, force: bool) -> None:
+    """Build ``cfg``'s policy (a :class:`~nobubble.rl.system.config.RunConfig`) on the meta
+    device: refuse settings it cannot be built with, and a model whose ``copies`` copies
+    (trainer, generators, KL reference) of weights, gradients and Adam state pass the
+    memory budget. A local Hugging Face checkpoint (``hf:DIR``) is sized by its files."""
+    import torch
+
+    if isinstance(cfg.policy, str) and cfg.policy.startswith("hf:"):
+        return
+    task = cfg.make_task()
+    settings = json.dumps(cfg.policy_kwargs)
+    try:
+        with torch.device("meta"):
+            model = cfg.build_policy(task)
+    except (UsageError, ValueError):
+        raise
+    except Exception as err:
+        text = " ".join(str(err).split())
+        raise UsageError(f"--policy {cfg.policy} with --policy-kwargs {settings}: building it "
+                         f"raised {type(err).__name__}: {text}") from None  # fmt: skip
+    params = sum(p.numel() for p in model.parameters())
+    try:
+        check_budget("rl", processes=1, data_bytes=16.0 * params * copies, force=force)
+    except UsageError as err:
+        raise UsageError(f"{err} (the policy has {params:,} parameters with --policy-kwargs "
+                         f"{settings})") from None  # fmt: skip
+
+
+# the built-in tasks' sequences (prompt + response) stay under this many tokens and symbols
+_SEQ_BOUND, _VOCAB_BOUND = 64, 32
+TASK_STEP_S = 0.01
+"""The fastest learner step of an RL run on a task (a tiny policy, a tiny batch): 10 ms."""
+ENV_UPDATE_S = 0.01
+"""The fastest learner update of an environment run (512 env steps, 4 epochs): 10 ms."""
+
+
+def check_task_run(args: argparse.Namespace, cfg: Any) -> None:
+    """``rl train|compare`` on a task (``cfg``: a run's RunConfig), before any work: a batch
+    whose logits alone (groups x group size x tokens x vocab, fp32, kept for the backward
+    with about 4 more tensors of their size) would not fit, the processes, the policy's size
+    (:func:`check_policy_size`), and ``--steps`` unless ``--time-budget`` stops the run."""
+    data = 5 * cfg.batch_groups * cfg.group_size * _SEQ_BOUND * _VOCAB_BOUND * 4
+    processes = 1 + cfg.num_rollout_workers + cfg.learners
+    check_budget("rl", processes=processes, data_bytes=data, force=args.force)
+    check_policy_size(cfg, copies=processes, force=args.force)
+    if args.time_budget is None:
+        check_steps("rl", "--steps", cfg.steps, TASK_STEP_S, hint=", give --time-budget S",
+                    force=args.force)  # fmt: skip
+
+
+def probability(text: str) -> float:
+    """argparse type: a number in ``[0, 1]``."""
+    value = nonneg_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text} is a probability; give a number in [0, 1]")
+    return value
+
+
+def json_object(text: str) -> dict:
+    """argparse type: a JSON object (``'{"hidden": 128}'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({err.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object like '{{\"k\": 1}}'")
+    return value
