@@ -89,8 +89,9 @@ def run_with_progress_bar(
     columns = [TextColumn("{task.description}"), BarColumn()]
     columns += [TextColumn(counter)] if counter is not None else []
     columns += [TextColumn("{task.fields[info]}")] if info is not None else []
-    with Progress(*columns, TimeElapsedColumn(), console=console(stderr=True), transient=True,
-                  disable=quiet) as bar:  # fmt: skip
+    err = console(stderr=True)  # off a terminal a bar draws only a blank line: none there
+    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True,
+                  disable=quiet or not err.is_terminal) as bar:  # fmt: skip
         task = bar.add_task(label, total=total, info="")
         while thread.is_alive():
             try:
