@@ -194,10 +194,12 @@ def claim_output(path: str | os.PathLike[str], wait_s: float = 2.0) -> Iterator[
     before any work; a claim whose process is dead (or whose pid was reused since) is taken
     over; a claim file still empty after ``wait_s`` (its writer died between creating and
     writing it) too. The claim is removed on exit, also on an exception, if it is still
-    ours. Creates the parent folders."""
+    ours. Creates the parent folders, and removes those it created that are still empty on
+    exit (a run refused inside the claim leaves nothing behind)."""
     target = Path(path)
     full = Path(os.path.abspath(target))  # ./x and x are one output
     lock = full.parent / f".{full.name}.lock"
+    created = [d for d in [lock.parent, *lock.parent.parents] if not d.exists()]
     lock.parent.mkdir(parents=True, exist_ok=True)
     me, deadline = os.getpid(), time.monotonic() + wait_s
     while True:
@@ -229,6 +231,11 @@ def claim_output(path: str | os.PathLike[str], wait_s: float = 2.0) -> Iterator[
         found = _claimant(lock)
         if found is not None and found[0] == me:
             lock.unlink(missing_ok=True)
+        for folder in created:  # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the output is in it), or another run's now
+                break
 
 
 def _remove_stale(lock: Path, pid: int | None) -> None:

@@ -152,8 +152,14 @@ def read_chrome_trace(path: str | Path) -> tuple[list[Event], dict[int, str]]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path} is a folder; give a trace file") from None
+    except UnicodeDecodeError:
+        raise TraceFormatError(f"{path}: not UTF-8 text, so not a JSON trace") from None
+    except json.JSONDecodeError as err:
         raise TraceFormatError(f"{path}: not JSON ({err})") from None
+    except RecursionError:  # [[[[...]]]]: Python's parser gives up, as any reader would
+        raise TraceFormatError(f"{path}: JSON nested too deeply to be a trace") from None
     raw = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(raw, list):
         raise TraceFormatError(f"{path}: expected a list of events or an object with 'traceEvents'")

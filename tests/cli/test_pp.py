@@ -74,7 +74,7 @@ def test_show_grid(capsys):
         (["pp", "simulate", "-s", "interleaved-1f1b", "-p", "4", "-m", "6"], "divisible"),
         (["pp", "simulate", "-s", "zb-1p", "--mem-limit", "0.5"], "below one microbatch"),
         (["pp", "simulate", "--plot", "x.gif"], "a figure is written as .png, .svg, .pdf"),
-        (["pp", "validate", "does-not-exist.csv"], "cannot read"),
+        (["pp", "validate", "does-not-exist.csv"], "does-not-exist.csv: no such file"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, fragment, capsys):

@@ -31,6 +31,7 @@ __all__ = [
     "output_dir",
     "positive_int",
     "nonneg_int",
+    "seed_int",
     "positive_float",
     "nonneg_float",
     "add_json_flag",
@@ -149,6 +150,18 @@ def positive_int(text: str) -> int:
 def nonneg_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     return _number(int, text, minimum=0, strict=False)
+
+
+SEED_LIMIT = 2**63
+"""Seeds are below this: torch.manual_seed takes a 64-bit integer and no more."""
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a random seed, an integer >= 0 and < 2**63 (what torch can take)."""
+    value = nonneg_int(text)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text} must be < 2**63 (a 64-bit seed)")
+    return value
 
 
 def positive_float(text: str) -> float:

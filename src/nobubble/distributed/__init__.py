@@ -20,6 +20,7 @@ one with SIGKILL - so nothing is left running.
 from nobubble.distributed.context import (
     DistContext,
     check_device,
+    check_device_name,
     context_from_env,
     default_backend,
     free_port,
@@ -44,6 +45,7 @@ __all__ = [
     "free_port",
     "default_backend",
     "check_device",
+    "check_device_name",
     "die_with_parent",
     "launcher_alive",
     "worker_context",

@@ -7,11 +7,15 @@ rank and worker of nobubble starts from.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import multiprocessing as mp
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where it is used: a rank beats before it loads
@@ -39,18 +43,42 @@ def default_backend(device: str | torch.device) -> str:
 BACKENDS = ("gloo", "nccl", "mpi")
 
 
+def check_device_name(device: str | torch.device, backend: str | None = None) -> None:
+    """The half of :func:`check_device` that needs no torch (it runs in milliseconds, before
+    a command imports anything heavy): ``device`` is ``cpu`` or ``cuda`` (``cuda:N``) and
+    ``backend`` one torch.distributed knows."""
+    if not re.fullmatch(r"(cpu|cuda)(:\d+)?", str(device)):
+        raise ValueError(f"device {device!r}: nobubble runs on cpu or cuda (cuda:N)")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
+    if _gpu_build() is False:  # the same words as check_device's, seconds earlier
+        version = importlib.metadata.version("torch")
+        if str(device).startswith("cuda"):
+            raise ValueError(f"device {device!r}: this torch ({version}) has no CUDA; use cpu")
+        if backend == "nccl":
+            raise ValueError(f"backend 'nccl' is not in this torch build ({version})")
+
+
+def _gpu_build() -> bool | None:
+    """Whether the installed torch was built for GPUs (its CUDA or ROCm library is there),
+    found without importing it; None when that cannot be told."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    if not lib.is_dir():
+        return None
+    return any(lib.glob("libtorch_cuda*")) or any(lib.glob("libtorch_hip*"))
+
+
 def check_device(device: str, backend: str | None = None, *, ranks: int = 1) -> None:
     """Refuse, before any process starts, a device or backend that this torch build or this
     machine does not have (ValueError naming it and what there is)."""
     import torch
     import torch.distributed as dist
 
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ValueError(f"device {device!r} is not a torch device; use cpu or cuda") from None
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: nobubble runs on cpu or cuda")
+    check_device_name(device, backend)
+    kind = torch.device(device).type
     if kind == "cuda":
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if have == 0:
@@ -64,8 +92,6 @@ def check_device(device: str, backend: str | None = None, *, ranks: int = 1) -> 
             raise ValueError(f"device {device!r}: this machine has GPUs 0..{have - 1}")
     if backend is None:
         return
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
     available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
                  "mpi": dist.is_mpi_available}[backend]()  # fmt: skip
     if not available:

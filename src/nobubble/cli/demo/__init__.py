@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nobubble.cli.util import ArgumentParser, console, nonneg_int, output_dir, print_table
+from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only", default=None, help="comma-separated step titles to run (e.g. merge,trace)"
     )
-    parser.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     parser.set_defaults(func=_run)
 
 
@@ -220,16 +220,19 @@ def steps() -> list[tuple[str, Step]]:
 def _run(args: argparse.Namespace) -> int:
     con = console()
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     chosen = steps()
-    if args.only:
+    if args.only is not None:  # checked before the artifact folder is made
         wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        if not wanted:
+            raise ValueError(f"--only {args.only!r} names no step; choose from "
+                             f"{[t for t, _ in chosen]}")  # fmt: skip
         unknown = wanted - {t for t, _ in chosen}
         if unknown:
             raise ValueError(
                 f"--only: unknown step(s) {sorted(unknown)}; choose from {[t for t, _ in chosen]}"
             )
         chosen = [(t, f) for t, f in chosen if t in wanted]
+    out.mkdir(parents=True, exist_ok=True)
     timings = []
     for i, (title, fn) in enumerate(chosen, 1):
         con.rule(f"[bold]{i}/{len(chosen)} {title}")

@@ -22,9 +22,11 @@ from nobubble.cli.pp.options import (
     add_costs,
     add_dispatch,
     add_shape,
+    check_mem_limit,
     check_size,
     costs_from_args,
     perturbation_from_args,
+    read_schedule_csv,
     schedule_from_args,
 )
 from nobubble.cli.util import (
@@ -32,6 +34,7 @@ from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     console,
+    input_file,
     output_file,
     plot_file,
     positive_float,
@@ -61,18 +64,35 @@ def _register_show(sub) -> None:
     p = sub.add_parser("show", help="print a schedule as a text grid (time slots per rank)")
     add_shape(p)
     p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
-    p.add_argument("--csv", type=Path, default=None, help="show this torch CSV instead")
+    p.add_argument("--csv", type=input_file, default=None,
+                   help="show this torch CSV instead (it sets the schedule and its shape)")  # fmt: skip
     add_json_flag(p)
-    p.set_defaults(func=_show)
+    # None: not given, so that --csv can refuse a shape it would ignore
+    p.set_defaults(func=_show, **dict.fromkeys(SHOW_SHAPE, None))
+
+
+SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
+              "chunks": ("-v", None)}  # fmt: skip
+"""``pp show``'s shape flags and their defaults, applied when no ``--csv`` is given."""
 
 
 def _show(args: argparse.Namespace) -> int:
     from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.plot import ascii_grid
+    from nobubble.pipeline.validate import validate
 
-    sched = (
-        _read_csv(args.csv) if args.csv else schedule_from_args(args, CostModel.uniform(args.ranks))
-    )
+    if args.csv is not None:
+        given = [flag for dest, (flag, _) in SHOW_SHAPE.items() if getattr(args, dest) is not None]
+        if given or args.force:
+            raise UsageError(f"--csv {args.csv} sets the schedule and its shape; drop "
+                             f"{', '.join(given + ['--force'] * args.force)}")  # fmt: skip
+        sched = read_schedule_csv(args.csv)
+        validate(sched)  # before a grid is drawn: a broken file is one line, exit 2
+    else:
+        for dest, (_, default) in SHOW_SHAPE.items():
+            setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
+        check_size(args)  # before the costs, whose size is the ranks'
+        sched = schedule_from_args(args, CostModel.uniform(args.ranks))
     if args.json:
         print_json({"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
                     "microbatches": sched.num_microbatches,
@@ -102,7 +122,8 @@ def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
 
     costs = costs_from_args(args)
-    dispatched = args.dispatch is not None or args.jitter > 0 or args.straggler
+    dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
+                  or args.seed is not None)  # fmt: skip
     handshake = args.dispatch == "handshake"
     sched = schedule_from_args(args, costs, limit_elsewhere=handshake)
     run = _dispatch(args, sched, costs) if dispatched else None
@@ -211,19 +232,10 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_csv(path: Path):
-    from nobubble.pipeline.actions import Schedule
-
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read {path}: {err.strerror}") from None
-    return Schedule.from_csv(text, name=path.stem)
-
-
 def _register_validate(sub) -> None:
     p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
-    p.add_argument("file", type=Path, help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")
+    p.add_argument("file", type=input_file,
+                   help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
     add_costs(p)
     add_json_flag(p)
     p.set_defaults(func=_validate, chunks=None, microbatches=None)
@@ -233,7 +245,10 @@ def _validate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
     from nobubble.pipeline.validate import validate
 
-    sched = _read_csv(args.file)
+    if args.mem_limit is not None:
+        raise UsageError(f"--mem-limit {args.mem_limit:g}: pp validate simulates the file's own "
+                         "order, which no limit changes; drop it")  # fmt: skip
+    sched = read_schedule_csv(args.file)
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
     costs = costs_from_args(args)
@@ -277,6 +292,7 @@ def _compare(args: argparse.Namespace) -> int:
     from nobubble.pipeline.compare import compare_schedules
 
     check_size(args, "compare")
+    check_mem_limit(args)
     costs = costs_from_args(args)
     limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
     with Progress(console=console(stderr=True), transient=True) as bar:

@@ -12,10 +12,8 @@ schedules. ``--costs FILE`` takes a ``pp profile -o`` JSON instead of ``--model`
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from functools import partial
-from pathlib import Path
 
 from nobubble.cli.pp.options import (
     OPS_BUDGET,
@@ -23,10 +21,13 @@ from nobubble.cli.pp.options import (
     add_size,
     check_v_memory_size,
     costs_from_args,
+    profile_from_json,
+    read_profile_json,
 )
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
+    input_file,
     nonneg_float,
     plot_file,
     positive_float,
@@ -46,7 +47,7 @@ def register(sub) -> None:
     add_costs(p)
     p.add_argument(
         "--costs",
-        type=Path,
+        type=input_file,
         default=None,
         metavar="FILE",
         help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)",
@@ -158,16 +159,7 @@ def _costs(args: argparse.Namespace):
     given = [f for f in ("model", "tf", "tb", "tw", "tcomm") if getattr(args, f) is not None]
     if given:
         raise UsageError(f"--costs replaces --{given[0]}; give one of them")
-    from nobubble.pipeline.runtime.profile import Profile
-
-    try:
-        prof = Profile.from_dict(json.loads(args.costs.read_text()))
-    except FileNotFoundError:
-        raise UsageError(
-            f"--costs {args.costs}: no such file; write one with pp profile -o"
-        ) from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise UsageError(f"--costs {args.costs}: not a pp profile JSON ({err})") from None
+    prof = profile_from_json(read_profile_json(args.costs, "--costs"), args.costs, "--costs")
     costs = prof.cost_model()
     if costs.num_stages != args.ranks:
         raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+from typing import Any
 
 from nobubble.cli.util import (
     UsageError,
@@ -21,8 +23,10 @@ from nobubble.cli.util import (
     nonneg_int,
     positive_float,
     positive_int,
+    seed_int,
 )
 from nobubble.pipeline.costs import PAPER_TIMES
+from nobubble.validation import MAX_REAL, finite
 
 __all__ = [
     "OPS_BUDGET",
@@ -31,7 +35,20 @@ __all__ = [
     "straggler_arg",
     "add_size",
     "launch_device",
+    "BUILTIN_MODELS",
+    "MODEL_DEFAULTS",
+    "add_model",
+    "add_launch",
+    "changed_model_flags",
     "check_launch",
+    "check_devices",
+    "check_time",
+    "check_seconds",
+    "step_seconds",
+    "check_mem_limit",
+    "read_schedule_csv",
+    "read_profile_json",
+    "profile_from_json",
     "builtin_bytes",
     "add_shape",
     "add_costs",
@@ -210,9 +227,7 @@ def schedule_from_args(
     check_size(args)
     name = name or args.schedule
     mem_limit = None
-    if getattr(args, "mem_limit", None) is not None and args.mem_limit < 1:
-        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
-                         "(the unit is M_F); give at least 1")  # fmt: skip
+    check_mem_limit(args)
     if getattr(args, "mem_limit", None) is not None and name in ("zb-1p", "zb-2p"):
         mem_limit = args.mem_limit * costs.mem_f[0]
     elif (
@@ -224,6 +239,62 @@ def schedule_from_args(
                          f"not {name!r}")  # fmt: skip
     return get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
                         costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
+
+
+def check_mem_limit(args: argparse.Namespace) -> None:
+    """``--mem-limit`` (in units of M_F) holds at least one microbatch's activations."""
+    if getattr(args, "mem_limit", None) is not None and args.mem_limit < 1:
+        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
+                         "(the unit is M_F); give at least 1")  # fmt: skip
+
+
+def read_schedule_csv(path: Path, flag: str = ""):
+    """The Schedule of a torch-format CSV file (``flag``: how the user gave it, for errors)."""
+    from nobubble.pipeline.actions import Schedule
+
+    where = f"{flag} {path}".strip()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise UsageError(f"{where}: not UTF-8 text; give a torch-format CSV schedule") from None
+    except OSError as err:  # a race with the argparse check: removed, made unreadable
+        raise UsageError(f"{where}: cannot read it ({err.strerror})") from None
+    return Schedule.from_csv(text, name=path.stem)
+
+
+def read_profile_json(path: Path, flag: str) -> Any:
+    """The JSON of a ``pp profile -o`` file, parsed without torch (so that a file that is no
+    JSON is refused at once); :func:`profile_from_json` makes it a Profile."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except OSError as err:  # a race with the argparse check: removed, made unreadable
+        raise UsageError(f"{flag} {path}: cannot read it ({err.strerror})") from None
+    except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, nested past reason
+        raise UsageError(f"{flag} {path}: not a pp profile JSON ({err}); write one with pp "
+                         "profile -o") from None  # fmt: skip
+    stages = data.get("stages") if isinstance(data, dict) else None
+    for i, stage in enumerate(stages if isinstance(stages, list) else []):
+        for key, value in stage.items() if isinstance(stage, dict) else ():
+            if isinstance(value, int | float) and not finite(value):
+                raise UsageError(f"{flag} {path}: stage {i} {key}={value!r} must be finite "
+                                 f"(at most {MAX_REAL:g}); profile again with pp profile -o")  # fmt: skip
+    return data
+
+
+def profile_from_json(data: Any, path: Path, flag: str):
+    """:func:`read_profile_json`'s data as a Profile (imports torch); a JSON that is not a
+    profile, or whose costs are not finite, is a usage error naming the file."""
+    from nobubble.pipeline.runtime.profile import Profile
+
+    try:
+        prof = Profile.from_dict(data)
+        prof.cost_model()  # the costs' own checks: finite, >= 0
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
+        raise UsageError(f"{flag} {path}: not a pp profile JSON ({type(err).__name__}: "
+                         f"{err})") from None  # fmt: skip
+    return prof
 
 
 def add_dispatch(p: argparse.ArgumentParser) -> None:
@@ -239,7 +310,8 @@ def add_dispatch(p: argparse.ArgumentParser) -> None:
                    metavar="RANK:FACTOR[:STEPS]",
                    help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
                         "N), A-B or A- (default all); repeatable")  # fmt: skip
-    g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the jitter draws")
+    g.add_argument("--seed", type=nonneg_int, default=None, help="seed of the jitter draws "
+                   "(default 0)")  # fmt: skip
 
 
 def _jitter(text: str) -> float:
@@ -271,26 +343,134 @@ def perturbation_from_args(args: argparse.Namespace):
         if s.rank >= args.ranks:
             raise UsageError(f"--straggler {s}: rank {s.rank} is outside ranks 0..{args.ranks - 1} "
                              "of --ranks; give a rank of the pipeline")  # fmt: skip
-    return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed)
+    if args.seed is not None and not args.jitter:
+        raise UsageError(f"--seed {args.seed} seeds the --jitter draws, and there are none; "
+                         "add --jitter J or drop --seed")  # fmt: skip
+    return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler),
+                        seed=args.seed or 0)  # fmt: skip
+
+
+BUILTIN_MODELS = ("gpt", "mlp")
+"""``--model`` values that name a built-in model (:mod:`nobubble.pipeline.runtime.models`)."""
+MODEL_DEFAULTS = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32,
+                  "vocab": 256, "microbatch_size": 2, "seed": 0}  # fmt: skip
+"""The built-in model's size flags (``--seq-len`` for ``seq_len``) and their defaults."""
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    """The model: ``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags."""
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None, metavar="gpt|mlp|MODULE:FACTORY",
+                   help="a built-in model, or a factory returning (blocks, inputs, targets, "
+                        "loss_fn): package.module:factory or path/to/file.py:factory")  # fmt: skip
+    g.add_argument("--arch", choices=BUILTIN_MODELS, help="built-in model")
+    g.add_argument("--layers", type=positive_int, help="transformer / MLP blocks")
+    g.add_argument("--hidden", type=positive_int)
+    g.add_argument("--heads", type=positive_int, help="attention heads (gpt)")
+    g.add_argument("--seq-len", type=positive_int, help="tokens per sample (gpt)")
+    g.add_argument("--vocab", type=positive_int, help="vocabulary (gpt)")
+    g.add_argument("--microbatch-size", type=positive_int, help="samples per mb")
+    g.add_argument("--seed", type=seed_int)
+    p.set_defaults(**MODEL_DEFAULTS)
+
+
+def changed_model_flags(args: argparse.Namespace) -> list[str]:
+    """The model flags given with a value other than their default (``--model`` any)."""
+    changed = [f"--{dest.replace('_', '-')}" for dest, default in MODEL_DEFAULTS.items()
+               if getattr(args, dest) != default]  # fmt: skip
+    return (["--model"] if args.model is not None else []) + changed
+
+
+def add_launch(p: argparse.ArgumentParser) -> None:
+    """Where and how the ranks run: ``--device``, ``--backend``, ``--threads``, ``--timeout``,
+    ``--clock``."""
+    g = p.add_argument_group("launch")
+    g.add_argument("--device", default="cpu", help="cpu or cuda (rank r on cuda:r)")
+    g.add_argument("--backend", default=None, help="gloo / nccl (default: by device)")
+    g.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
+    g.add_argument("--timeout", type=positive_float, default=300.0, help="seconds, any wait")
+    g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
 
 
 def check_launch(args: argparse.Namespace, ranks: int | None, arch: str | None) -> None:
-    """``--device`` / ``--backend`` against this torch build and machine, and ``--threads``
-    against its cores (unless ``--force``), and a built-in model's size (``arch``: ``gpt`` or
-    ``mlp``; None for a model of the user's own), before any work."""
-    from nobubble.distributed import check_device
+    """Everything about a launch that needs no torch, before any work: ``--device`` /
+    ``--backend`` by name, ``--threads`` against the cores (unless ``--force``), a built-in
+    model's shape, memory and time (``arch``: ``gpt`` or ``mlp``; None for a model of the
+    user's own). What this torch build and machine have is :func:`check_devices`'s."""
+    from nobubble.distributed import check_device_name
 
     cores = os.cpu_count() or 1
-    if args.threads > cores and not getattr(args, "force", False):
+    force = getattr(args, "force", False)
+    if args.threads > cores and not force:
         raise UsageError(f"--threads {args.threads} is past this machine's {cores} cores; use "
                          f"at most {cores} (or --force)")  # fmt: skip
+    try:
+        check_device_name(args.device, args.backend)
+    except ValueError as err:
+        raise UsageError(f"--device/--backend: {err}") from None
+    if arch is None:
+        return
+    if arch == "gpt" and args.hidden % args.heads:  # GPTConfig's rule, said in flags
+        raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}; "
+                         "give --hidden a multiple of --heads")  # fmt: skip
+    check_budget("pp", processes=ranks or 1, data_bytes=builtin_bytes(args, ranks or 1, arch),
+                 force=force)  # fmt: skip
+    check_time(args, ranks or 1, arch)
+
+
+def check_devices(args: argparse.Namespace, ranks: int | None) -> None:
+    """``--device`` / ``--backend`` against this torch build and machine (imports torch)."""
+    from nobubble.distributed import check_device
+
     try:
         check_device(args.device, args.backend, ranks=ranks or 1)
     except ValueError as err:
         raise UsageError(f"--device/--backend: {err}") from None
-    if arch is not None:  # a built-in model's size, before it is built
-        check_budget("pp", processes=ranks or 1, data_bytes=builtin_bytes(args, ranks or 1, arch),
-                     force=getattr(args, "force", False))  # fmt: skip
+
+
+TIME_BUDGET_S = 3600.0
+"""The longest a ``pp profile | run`` may be estimated to take without ``--force``."""
+FLOPS_PER_S = 1e9
+"""What the estimate takes one rank to do: a slow CPU thread's fp32 multiply-adds x 2."""
+OP_OVERHEAD_S = 1e-3
+"""The runtime's own cost per scheduled action (sends, waits, bookkeeping: 0.2-1 ms here)."""
+
+
+def check_time(args: argparse.Namespace, ranks: int, arch: str) -> None:
+    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
+    on the built-in model passes :data:`TIME_BUDGET_S`: each step runs every microbatch
+    forward and backward (6 FLOPs a parameter and token) and 3 actions per rank; each repeat
+    of the profiler runs one microbatch forward, split backward and fused backward."""
+    h, layers, mb = args.hidden, args.layers, args.microbatch_size
+    if arch == "gpt":
+        params, tokens = 12 * h * h * layers + 2 * args.vocab * h, mb * args.seq_len
+    else:
+        params, tokens = 8 * h * h * layers, mb
+    force = getattr(args, "force", False)
+    if getattr(args, "steps", None) is not None:
+        step_s = step_seconds(params, tokens, args.microbatches or 1, ranks)
+        check_seconds("--steps", args.steps, args.steps * step_s, "step", force=force)
+    elif getattr(args, "repeats", None) is not None:  # F, split B+W and fused BW, + warm-up
+        repeat_s = 2 * 6.0 * params * tokens / FLOPS_PER_S + 4 * OP_OVERHEAD_S
+        check_seconds("--repeats", args.repeats, (args.repeats + 1) * repeat_s, "repeat",
+                      force=force)  # fmt: skip
+
+
+def step_seconds(params: int, tokens: int, microbatches: int, ranks: int) -> float:
+    """About one training step: ``microbatches`` of ``tokens`` tokens forward and backward
+    through ``params`` parameters (6 FLOPs each), and 3 actions a microbatch per rank."""
+    return microbatches * (6.0 * params * tokens / FLOPS_PER_S + 3 * ranks * OP_OVERHEAD_S)
+
+
+def check_seconds(flag: str, value: int, seconds: float, what: str, *, force: bool) -> None:
+    """Refuse ``flag value`` when its estimated ``seconds`` pass :data:`TIME_BUDGET_S`."""
+    if seconds > TIME_BUDGET_S and not force:
+        raise UsageError(
+            f"{flag} {value}: about {seconds:,.0f} s ({seconds / value:.2g} s a {what} for this "
+            f"model's size), past the budget of {TIME_BUDGET_S:,.0f} s; use fewer, or a "
+            "smaller model, or --force"
+        )
 
 
 def builtin_bytes(args: argparse.Namespace, ranks: int, arch: str) -> float:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nobubble.cli.pp.options import BUILTIN_MODELS, check_devices, check_seconds, step_seconds
 from nobubble.cli.util import (
     UsageError,
     check_budget,
@@ -57,8 +58,6 @@ __all__ = [
 ]
 
 MiB = 1024 * 1024
-BUILTIN_MODELS = ("gpt", "mlp")
-"""``--model`` values that name a built-in model (:mod:`nobubble.pipeline.runtime.models`)."""
 TOP_CANDIDATES = 8
 """Rows of the plan table: the chosen plan, then the next fastest candidates."""
 
@@ -158,6 +157,7 @@ def plan_user_model(args: argparse.Namespace) -> int:
     out = args.output if args.output is not None else Path("plan.json")
     plot = args.plot if args.plot is not None else out.with_suffix(".png")
     with claim_output(out):  # before profiling: refuse another live run's output
+        check_devices(args, args.ranks)
         model = load_user_model(args.model, seed=args.seed)
         limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
         p = _make_plan(model, args, limit)
@@ -304,6 +304,12 @@ def run_user_plan(args: argparse.Namespace) -> int:
     spec = _absolute(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
     _check_model_fits(args, p, model)
+    params = sum(q.numel() for b in model.blocks for q in b.parameters())
+    inputs = model.inputs  # token ids (B, T): B x T tokens; features (B, D): B rows
+    tokens = inputs.numel() if not inputs.is_floating_point() else len(inputs)
+    step_s = step_seconds(params, tokens // p.num_microbatches, p.num_microbatches, p.num_ranks)
+    check_seconds("--steps", args.steps, args.steps * step_s, "step", force=args.force)
+    check_devices(args, p.num_ranks)
     settings = (spec, args.seed, p.to_json(), args.steps, args.optimizer, args.lr, args.dispatch)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         results = spawn(_rank_main, p.num_ranks, args=settings, backend=args.backend,

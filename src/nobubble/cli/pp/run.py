@@ -19,6 +19,7 @@ its own trace file (merge them with ``nobubble trace merge``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,9 +29,17 @@ from typing import TYPE_CHECKING
 
 from nobubble.cli.pp.options import (
     DISPATCH_CHOICES,
+    add_launch,
+    add_model,
     add_size,
+    changed_model_flags,
+    check_devices,
     check_launch,
+    check_size,
     launch_device,
+    profile_from_json,
+    read_profile_json,
+    read_schedule_csv,
     straggler_arg,
 )
 from nobubble.cli.pp.plan import BUILTIN_MODELS, is_user_model, plan_user_model, run_user_plan
@@ -38,8 +47,8 @@ from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     console,
+    input_file,
     nonneg_float,
-    nonneg_int,
     output_file,
     plot_file,
     positive_float,
@@ -77,14 +86,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     prof.add_argument(
         "-o", "--output", type=output_file, default=None, help="write the profile JSON"
     )
-    _add_model(prof)
-    _add_launch(prof)
+    prof.add_argument("--force", action="store_true",
+                      help="run sizes past the memory and time budgets")  # fmt: skip
+    add_model(prof)
+    add_launch(prof)
     add_json_flag(prof)
     prof.set_defaults(func=_profile)
 
     plan = sub.add_parser("plan", help="choose a schedule (built-in model) or a whole plan "
                           "(--model MODULE:FACTORY: cut, schedule, microbatches, recompute)")  # fmt: skip
-    plan.add_argument("--profile", type=Path, default=None, help="profile JSON (pp profile -o)")
+    plan.add_argument("--profile", type=input_file, default=None,
+                      help="profile JSON (pp profile -o); it sets the model")  # fmt: skip
     add_size(plan, ranks=2, microbatches=None)
     plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
                       help="also run the exact solver for this long")  # fmt: skip
@@ -102,16 +114,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="--model MODULE:FACTORY: the runtime's cost per action (default: "
                            "measured on --ranks local ranks, with the cost per byte moved; "
                            "given, transfers cost 0; 0: compute only)")  # fmt: skip
-    _add_model(plan)
-    _add_launch(plan)
+    add_model(plan)
+    add_launch(plan)
     add_json_flag(plan)
     plan.set_defaults(func=_plan)
 
     run = sub.add_parser("run", help="train a model with a schedule or a plan on local ranks")
     which = run.add_mutually_exclusive_group(required=True)
     which.add_argument("--schedule", "-s", help="schedule name (gpipe, 1f1b, zb-h1, ...)")
-    which.add_argument("--schedule-file", type=Path, help="torch compute-only CSV")
-    which.add_argument("--plan", type=Path,
+    which.add_argument("--schedule-file", type=input_file, help="torch compute-only CSV")
+    which.add_argument("--plan", type=input_file,
                        help="plan JSON of pp plan --model MODULE:FACTORY (with that --model)")  # fmt: skip
     add_size(run, ranks=None, ranks_required=False, microbatches=None)
     run.add_argument("--steps", type=positive_int, default=3, help="training steps")
@@ -128,35 +140,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="walk the schedule, or pick each op from what has arrived")  # fmt: skip
     run.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR[:STEPS]",
                      help="really slow one rank: its ops take FACTOR times as long")  # fmt: skip
-    _add_model(run)
-    _add_launch(run)
+    add_model(run)
+    add_launch(run)
     add_json_flag(run)
     run.set_defaults(func=_run)
-
-
-def _add_model(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, metavar="gpt|mlp|MODULE:FACTORY",
-                   help="a built-in model, or a factory returning (blocks, inputs, targets, "
-                        "loss_fn): package.module:factory or path/to/file.py:factory")  # fmt: skip
-    g.add_argument("--arch", choices=BUILTIN_MODELS, default="gpt", help="built-in model")
-    g.add_argument("--layers", type=positive_int, default=4, help="transformer / MLP blocks")
-    g.add_argument("--hidden", type=positive_int, default=64)
-    g.add_argument("--heads", type=positive_int, default=4, help="attention heads (gpt)")
-    g.add_argument("--seq-len", type=positive_int, default=32, help="tokens per sample (gpt)")
-    g.add_argument("--vocab", type=positive_int, default=256, help="vocabulary (gpt)")
-    g.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per mb")
-    g.add_argument("--seed", type=nonneg_int, default=0)
-
-
-def _add_launch(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("launch")
-    g.add_argument("--device", default="cpu", help="cpu or cuda (rank r on cuda:r)")
-    g.add_argument("--backend", default=None, help="gloo / nccl (default: by device)")
-    g.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
-    g.add_argument("--timeout", type=positive_float, default=300.0, help="seconds, any wait")
-    g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
 
 
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
@@ -210,13 +197,6 @@ def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = T
     return prof
 
 
-def _why(err: OSError) -> str:
-    """An input file's read error in words: ``no such file``, ``is a folder``, ..."""
-    if isinstance(err, FileNotFoundError):
-        return "no such file"
-    return "is a folder" if isinstance(err, IsADirectoryError) else (err.strerror or str(err))
-
-
 def _builtin_arch(args: argparse.Namespace) -> str | None:
     """``gpt`` or ``mlp``; None for a model of the user's own."""
     if is_user_model(args.model):
@@ -225,15 +205,17 @@ def _builtin_arch(args: argparse.Namespace) -> str | None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    check_launch(args, None, _builtin_arch(args))
     if is_user_model(args.model):
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
-    model = model_from_args(args)
-    prof = measure_profile(model, args.num_stages, args, comm=not args.no_comm)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        write_text(args.output, json.dumps(prof.to_dict(), indent=2))
+    check_launch(args, None, _builtin_arch(args))
+    claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
+    with claim:  # before torch: refuse another live run's output
+        check_devices(args, None)
+        model = model_from_args(args)
+        prof = measure_profile(model, args.num_stages, args, comm=not args.no_comm)
+        if args.output is not None:
+            write_text(args.output, json.dumps(prof.to_dict(), indent=2))
     if args.json:
         print_json(prof.to_dict())
         return 0
@@ -252,39 +234,39 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_or_measure(args: argparse.Namespace):
-    from nobubble.pipeline.runtime.profile import Profile
-
+def _load_or_measure(args: argparse.Namespace, data):
     if args.profile is None:
         return measure_profile(model_from_args(args), args.ranks, args)
-    try:
-        return Profile.from_dict(json.loads(args.profile.read_text()))
-    except OSError as err:  # missing, a folder, unreadable
-        raise UsageError(
-            f"--profile {args.profile}: {_why(err)}; write one with pp profile -o"
-        ) from None
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise UsageError(f"--profile {args.profile}: not a pp profile JSON ({err})") from None
+    return profile_from_json(data, args.profile, "--profile")
 
 
 def _plan(args: argparse.Namespace) -> int:
-    check_launch(args, args.ranks, _builtin_arch(args))
     if is_user_model(args.model):
+        check_launch(args, args.ranks, None)
         return plan_user_model(args)
-    if args.plot is not None:
-        raise UsageError("--plot applies to --model MODULE:FACTORY; draw a built-in model's "
-                         "schedule with pp simulate --plot")  # fmt: skip
+    for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
+        if given is not None:
+            raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
+                             "plan is drawn by pp simulate --plot and measures its own costs")  # fmt: skip
+    if args.profile is not None and changed_model_flags(args):
+        raise UsageError(f"--profile {args.profile} sets the model; drop "
+                         f"{', '.join(changed_model_flags(args))} (or profile that model "
+                         "with pp profile -o)")  # fmt: skip
     args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+    check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
+    check_launch(args, args.ranks, _builtin_arch(args))
+    data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
     args.output = args.output or Path("plan.csv")
-    with claim_output(args.output):  # before profiling: refuse another live run's output
-        return _plan_claimed(args)
+    with claim_output(args.output):  # before torch: refuse another live run's output
+        check_devices(args, args.ranks)
+        return _plan_claimed(args, data)
 
 
-def _plan_claimed(args: argparse.Namespace) -> int:
+def _plan_claimed(args: argparse.Namespace, data) -> int:
     from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
     from nobubble.pipeline.simulate import simulate
 
-    prof = _load_or_measure(args)
+    prof = _load_or_measure(args, data)
     if len(prof.stages) != args.ranks:
         raise UsageError(
             f"the profile has {len(prof.stages)} stages but --ranks is {args.ranks}; "
@@ -356,21 +338,21 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     from nobubble.pipeline.schedules import get_schedule
 
     if args.schedule is not None:
+        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+        check_size(args)  # before the schedule is generated
         costs = costs if costs is not None else CostModel.uniform(args.ranks)
         return get_schedule(args.schedule, num_ranks=args.ranks,
                             num_microbatches=args.microbatches, costs=costs)  # fmt: skip
-    try:
-        text = args.schedule_file.read_text()
-    except OSError as err:  # missing, a folder, unreadable
-        raise UsageError(f"--schedule-file {args.schedule_file}: {_why(err)}") from None
-    from nobubble.pipeline.actions import Schedule
-
-    sched = Schedule.from_csv(text, name=args.schedule_file.stem)
+    sched = read_schedule_csv(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
             f"{args.schedule_file} has {sched.num_ranks} ranks but --ranks is {args.ranks}; "
             f"pass --stages {sched.num_ranks}"
         )
+    if args.microbatches not in (None, sched.num_microbatches):
+        raise UsageError(f"-m {args.microbatches}, but {args.schedule_file} runs "
+                         f"{sched.num_microbatches} microbatches; drop -m (the file sets it)")  # fmt: skip
+    args.microbatches = sched.num_microbatches
     return sched
 
 
@@ -387,20 +369,22 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
 
 
 def _run(args: argparse.Namespace) -> int:
-    check_launch(args, args.ranks, _builtin_arch(args))
     if args.plan is not None:
+        check_launch(args, args.ranks, None)
         return run_user_plan(args)
     if is_user_model(args.model):
         raise UsageError("--model MODULE:FACTORY runs a plan: give --plan plan.json (write one "
                          "with pp plan --model MODULE:FACTORY --out plan.json)")  # fmt: skip
     if args.ranks is None:
         raise UsageError("--ranks is required with --schedule or --schedule-file")
-    args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-    config = _train_config(args, _schedule_from_args(args))
+    sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
+    check_launch(args, args.ranks, _builtin_arch(args))  # sizes, steps: with M known
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _run_torchrun(config, args)
-    with claim_output(args.trace):  # before any rank starts: refuse another live run's output
-        return _run_local(config, args)
+        check_devices(args, args.ranks)
+        return _run_torchrun(_train_config(args, sched), args)
+    with claim_output(args.trace):  # before torch: refuse another live run's output
+        check_devices(args, args.ranks)
+        return _run_local(_train_config(args, sched), args)
 
 
 def _run_local(config, args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ stores half of it), so the same number means the same memory for every placement
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -115,6 +116,10 @@ def _solve(args: argparse.Namespace) -> int:
     if args.placement is not None and args.chunks == 1:
         raise UsageError(f"--placement {args.placement} needs --chunks 2")
     check_size(args, "solve")
+    cores = os.cpu_count() or 1
+    if args.workers is not None and args.workers > max(8, cores) and not args.force:
+        raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
+                         f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
     costs, mem_limit = costs_and_limit(args)
     result = _solve_with_progress(costs, args, mem_limit)
     if result.schedule is not None:
