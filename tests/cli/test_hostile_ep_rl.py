@@ -137,6 +137,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         ([*ET, "--plot", "/dev/null"], "/dev/null"),
     ],
     "rl train": [
+        ([*RT, "--engine", "ray", "--address", "127.0.0.1:1"], "no Ray cluster answers"),
         ([*RT, "--steps", BIG], "--force"),
         ([*RT, "--policy-kwargs", '{"hidden": 1e9}'], "hidden"),
         ([*RT, "--policy-kwargs", '{"hidden": 1000000}'], "--force"),
@@ -276,11 +277,6 @@ VALID: dict[str, list[tuple[list[str], str]]] = {
 
 ENDED_AT_RUN_TIME = [
     # hostile, and refused once the run starts (exit 1, one line), by design; their tests:
-    (
-        [*RT, "--engine", "ray", "--address", "127.0.0.1:1"],
-        "the Ray engine probes the address "
-        "first and ends with exit 1 naming it: tests/rl/system/test_ray_address.py",
-    ),
     (
         [*RT, "--reward-failure-rate", "1"],
         "every reward attempt fails: the reward watch ends "
@@ -509,14 +505,14 @@ def test_a_real_command_refuses_within_2_s_and_leaves_no_process(tmp_path, argv,
 
 @pytest.mark.long
 def test_an_unreachable_ray_address_is_one_line_with_no_blank_line_before_it(tmp_path):
-    """Refused at the run's start by the Ray engine's probe (exit 1, see ENDED_AT_RUN_TIME):
-    stderr holds exactly the one line - no blank line left by a progress bar off a terminal."""
+    """Refused before any work by the Ray engine's probe (exit 2): stderr holds exactly the
+    one line - no blank line left by a progress bar off a terminal."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
     argv = ["rl", "train", "--engine", "ray", "--address", f"127.0.0.1:{port}", "--steps", "2"]
     out = subprocess.run([sys.executable, "-m", "nobubble", *argv], capture_output=True,
                          text=True, timeout=120, cwd=tmp_path)  # fmt: skip
-    assert out.returncode == 1 and out.stdout == "", out
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("nobubble rl: failed:"), out
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("nobubble rl: error:"), out
     assert f"--address 127.0.0.1:{port}: no Ray cluster answers" in out.stderr

@@ -138,7 +138,8 @@ def check_task_run(args: argparse.Namespace, cfg: Any) -> None:
     """``rl train|compare`` on a task (``cfg``: a run's RunConfig), before any work: a batch
     whose logits alone (groups x group size x tokens x vocab, fp32, kept for the backward
     with about 4 more tensors of their size) would not fit, the processes, the policy's size
-    (:func:`check_policy_size`), and ``--steps`` unless ``--time-budget`` stops the run."""
+    (:func:`check_policy_size`), ``--steps`` unless ``--time-budget`` stops the run, and that
+    a Ray cluster answers at ``--address``."""
     data = 5 * cfg.batch_groups * cfg.group_size * _SEQ_BOUND * _VOCAB_BOUND * 4
     processes = 1 + cfg.num_rollout_workers + cfg.learners
     check_budget("rl", processes=processes, data_bytes=data, force=args.force)
@@ -146,6 +147,14 @@ def check_task_run(args: argparse.Namespace, cfg: Any) -> None:
     if args.time_budget is None:
         check_steps("rl", "--steps", cfg.steps, TASK_STEP_S, hint=", give --time-budget S",
                     force=args.force)  # fmt: skip
+    if cfg.engine == "ray" and cfg.ray_address:  # a cluster that is not there is bad input
+        from nobubble.rl.system.engines.protocol import WorkerError
+        from nobubble.rl.system.engines.ray import check_ray_address
+
+        try:
+            check_ray_address(cfg.ray_address)
+        except WorkerError as err:
+            raise UsageError(str(err)) from None
 
 
 def probability(text: str) -> float:
