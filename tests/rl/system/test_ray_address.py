@@ -24,8 +24,8 @@ def _closed_port() -> int:
 
 def test_nothing_listening_is_one_line_naming_the_address(capsys) -> None:
     port = _closed_port()
-    assert main(["rl", "train", "--engine", "ray", "--address", f"127.0.0.1:{port}",
-                 "--steps", "2"]) == 2  # fmt: skip: bad input, refused before any work
+    argv = ["rl", "train", "--engine", "ray", "--address", f"127.0.0.1:{port}", "--steps", "2"]
+    assert main(argv) == 2  # bad input: refused before any work
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--address 127.0.0.1:{port}: no Ray cluster answers" in err[0]
 
