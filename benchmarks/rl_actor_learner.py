@@ -197,8 +197,8 @@ def _spread(xs: list[float]) -> dict[str, float | None]:
 
 def _run_record(r: Any) -> dict[str, Any]:
     return {
-        "seed": r.seed, "reached": r.reached_target, "time_to_target_s": r.time_to_target_s,
-        "steps_to_target": r.steps_to_target, "eval_mean_return": r.eval_mean_return,
+        "seed": r.config["seed"], "reached": r.reached_target,
+        "time_to_target_s": r.time_to_target_s, "steps_to_target": r.steps_to_target, "eval_mean_return": r.eval_mean_return,
         "wall_s": r.wall_s, "env_steps": r.env_steps, "env_steps_per_s": r.env_steps_per_s,
         "idle_ratio": r.idle_ratio, "max_staleness": r.staleness_max, "ledger": r.ledger.to_json(),
         "eval_curve": [[p.wall_s, p.eval_return] for p in r.curve if p.eval_return is not None],

@@ -7,7 +7,7 @@ One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of 
   ``train(RunConfig(...)) -> RunResult``;
 - :mod:`nobubble.rl.actor_learner`: environments (gymnasium, multi-turn text) under IMPALA,
   SEED RL or Sample Factory, on the same ledger and weight versions:
-  ``train(EnvRunConfig(...)) -> EnvRunResult``.
+  ``train(EnvRunConfig(...)) -> RunResult``.
 
 This package exports only the entry points.
 - :mod:`nobubble.rl.algo`: the algorithm toolbox the system is built on (advantages,
@@ -25,8 +25,7 @@ _SYSTEM = {
     "RunConfig": "nobubble.rl.system.config",
     "RunResult": "nobubble.rl.system.result",
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
-    "EnvRunResult": "nobubble.rl.actor_learner.result",
-    "ActorFailure": "nobubble.rl.actor_learner.result",
+    "ActorFailure": "nobubble.rl.system.engines.protocol",
     "WorkerError": "nobubble.rl.system.engines.protocol",
     "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",

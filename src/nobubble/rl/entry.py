@@ -4,8 +4,8 @@ A :class:`~nobubble.rl.system.config.RunConfig` trains a policy on a task (group
 responses, rewards from verifiers; sync, one-step-off or fully-async, on the local engine or
 Ray); an :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an
 environment (IMPALA, SEED RL or Sample Factory). Both keep one ledger, prove their weight
-versions and return a result whose ``to_json()`` has the same top-level keys
-(:data:`~nobubble.rl.system.result.RESULT_KEYS`).
+versions and return one result type, :class:`~nobubble.rl.system.result.RunResult`, whose
+``to_json()`` has the same top-level keys (:data:`~nobubble.rl.system.result.RESULT_KEYS`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nobubble.rl.actor_learner.config import EnvRunConfig
-    from nobubble.rl.actor_learner.result import EnvRunResult
     from nobubble.rl.system.config import RunConfig
     from nobubble.rl.system.result import RunResult
 
@@ -26,7 +25,7 @@ def train(
     config: RunConfig | EnvRunConfig,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
-) -> RunResult | EnvRunResult:
+) -> RunResult:
     """Train ``config``'s policy; returns what the run measured.
 
     Args:

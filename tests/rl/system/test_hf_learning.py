@@ -37,7 +37,7 @@ def test_gpt2_from_a_config_learns_digits_fully_async():
     assert res.ledger.ok and res.staleness_max >= 1  # it did run off-policy
     # the start is near 0 accuracy, so "twice the start" is asked of the dense reward too
     assert end.accuracy >= max(0.3, 2 * start.accuracy), res.curve
-    assert end.eval_reward >= 2 * start.eval_reward, res.curve
+    assert end.eval_return >= 2 * start.eval_return, res.curve
 
 
 def test_user_files_train_through_the_cli(tmp_path):

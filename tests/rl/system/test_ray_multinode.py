@@ -171,7 +171,7 @@ class _Cluster:
             return {"error": str(err), "worker": err.worker, "seconds_after_kill": since}
         return {
             "steps": res.steps,
-            "curve": [[p.step, p.accuracy, p.eval_reward] for p in res.curve],
+            "curve": [[p.step, p.accuracy, p.eval_return] for p in res.curve],
             "ledger_ok": res.ledger.ok,
             "restarts": res.restarts,
             "requeues": [reason for _, reason in res.requeues],

@@ -5,12 +5,12 @@ Modules, bottom up: :mod:`.config` (one run), :mod:`.envs` (gymnasium by id or f
 step delay, a vector of envs), :mod:`.model` (the model contract, the MLP actor-critic),
 :mod:`.trajectory`, :mod:`.loss` (V-trace + PPO clip), :mod:`.rollout`
 (an actor's unroll, evaluation), :mod:`.shm` and :mod:`.inference` (central batched
-inference), :mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the loop),
-:mod:`.result`. :mod:`.text` adds multi-turn text environments (the model speaks a turn,
-the env replies) and the character policy for them.
+inference), :mod:`.actors` and :mod:`.launch` (the processes), :mod:`.run` (the loop; it
+returns the one :class:`~nobubble.rl.system.result.RunResult`). :mod:`.text` adds multi-turn
+text environments (the model speaks a turn, the env replies) and the character policy for them.
 
 Entry point: :func:`nobubble.rl.train` (``train(EnvRunConfig(env="CartPole-v1",
-arch="seed")) -> EnvRunResult``, or ``train(text_run_config(MyTextEnv))``), which calls
+arch="seed")) -> RunResult``, or ``train(text_run_config(MyTextEnv))``), which calls
 :func:`.run.run`.
 Names are imported on first use, so ``import nobubble.rl.actor_learner`` loads no torch.
 """
@@ -24,9 +24,7 @@ _NAMES = {
     "run": "nobubble.rl.actor_learner.run",
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
     "ARCHS": "nobubble.rl.actor_learner.config",
-    "EnvRunResult": "nobubble.rl.actor_learner.result",
-    "CurvePoint": "nobubble.rl.actor_learner.result",
-    "ActorFailure": "nobubble.rl.actor_learner.result",
+    "ActorFailure": "nobubble.rl.system.engines.protocol",
     "LedgerSummary": "nobubble.rl.system.experience",
 }
 __all__ = list(_NAMES)

@@ -18,9 +18,9 @@ import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.model import PolicyModel, act
-from nobubble.rl.actor_learner.result import ActorFailure
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
+from nobubble.rl.system.engines.protocol import ActorFailure
 
 __all__ = ["CentralInference"]
 

@@ -34,9 +34,9 @@ from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
 from nobubble.rl.actor_learner.inference import CentralInference
 from nobubble.rl.actor_learner.model import PolicyModel
-from nobubble.rl.actor_learner.result import ActorFailure
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory
+from nobubble.rl.system.engines.protocol import ActorFailure
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["ActorPool"]

@@ -1,7 +1,7 @@
 """The architectures side by side: return against wall-clock and against env steps.
 
-:func:`plot_curves` draws the learning curves of :class:`~nobubble.rl.actor_learner.result.
-EnvRunResult` s (one line per run, the target as a dashed line) into one PNG or SVG, written
+:func:`plot_curves` draws the learning curves of :class:`~nobubble.rl.system.result.
+RunResult` s (one line per run, the target as a dashed line) into one PNG or SVG, written
 atomically (matplotlib, Agg backend).
 """
 
@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nobubble.files import save_figure
-from nobubble.rl.actor_learner.result import EnvRunResult
+from nobubble.rl.system.result import RunResult
 
 __all__ = ["plot_curves"]
 
 
-def plot_curves(results: Sequence[EnvRunResult], path: str | Path) -> Path:
+def plot_curves(results: Sequence[RunResult], path: str | Path) -> Path:
     """Two panels, return vs seconds and vs env steps: per run, the mean of its last 20
     training episodes as a line and its greedy evaluations as dots."""
     import matplotlib

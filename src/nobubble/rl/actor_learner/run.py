@@ -1,4 +1,4 @@
-"""``run(EnvRunConfig) -> EnvRunResult``: the learner's loop, the same for every architecture
+"""``run(EnvRunConfig) -> RunResult``: the learner's loop, the same for every architecture
 (the environment producer behind :func:`nobubble.rl.train`).
 
     start the actors (ActorPool)                        # impala: publish version 0
@@ -34,10 +34,11 @@ from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.loss import env_learner, minibatches
 from nobubble.rl.actor_learner.model import PolicyModel, build_model
-from nobubble.rl.actor_learner.result import ActorFailure, CurvePoint, EnvRunResult
 from nobubble.rl.actor_learner.rollout import evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
+from nobubble.rl.system.engines.protocol import ActorFailure
 from nobubble.rl.system.experience import GroupState, Ledger
+from nobubble.rl.system.result import CurvePoint, RunResult
 from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError, weight_digest
 
 __all__ = ["run"]
@@ -137,7 +138,9 @@ class _Run:
         self.eval_returns = evaluate(self.learner.model, self.eval_envs, self.config.eval_episodes)
         self.last_eval = time.monotonic()
         mean = sum(self.eval_returns) / len(self.eval_returns)
-        point = CurvePoint(self.elapsed(), self.env_steps, train_return, mean)
+        point = CurvePoint(
+            self.learner.version, self.elapsed(), train_return, mean, env_steps=self.env_steps
+        )
         if target is not None and mean >= target and self.time_to_target is None:
             self.time_to_target, self.steps_to_target = point.wall_s, point.env_steps
         return point
@@ -152,7 +155,7 @@ class _Run:
         )
 
 
-def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> EnvRunResult:
+def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
     """Train ``config.model`` (default: an MLP actor-critic) on ``config.env`` with
     ``config.arch``.
 
@@ -162,7 +165,7 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> EnvRunResult:
             ``metrics`` has ``wall_s``, ``env_steps`` and, when known, ``train_return`` and
             (on evaluations) ``eval_return``.
     Returns:
-        :class:`EnvRunResult`.
+        :class:`~nobubble.rl.system.result.RunResult`.
     Raises:
         ActorFailure: an actor died (its traceback in the message) or fell silent.
         LedgerError: a trajectory was lost or trained twice (a bug, never expected).
@@ -175,7 +178,7 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> EnvRunResult:
         torch.set_num_threads(threads)
 
 
-def _train(config: EnvRunConfig, on_step: OnStep | None) -> EnvRunResult:
+def _train(config: EnvRunConfig, on_step: OnStep | None) -> RunResult:
     torch.manual_seed(config.seed)
     obs_dim, num_actions = env_spaces(config.env)
     model = build_model(config, obs_dim, num_actions)
@@ -202,7 +205,8 @@ def _loop(run: _Run, pool: ActorPool, on_step: OnStep | None) -> None:
     def add(point: CurvePoint) -> None:
         run.curve.append(point)
         if on_step is not None:
-            metrics = {k: v for k, v in vars(point).items() if v is not None}
+            named = ("wall_s", "env_steps", "train_return", "eval_return")
+            metrics = {k: getattr(point, k) for k in named if getattr(point, k) is not None}
             on_step(run.learner.version, metrics)
 
     while not run.done():
@@ -212,39 +216,37 @@ def _loop(run: _Run, pool: ActorPool, on_step: OnStep | None) -> None:
         while run.update_if_ready():
             if run.learner.version > pool.published:  # all of a batch may have been dropped
                 pool.publish(run.learner.version)
-            add(CurvePoint(run.elapsed(), run.env_steps, run.train_return()))
+            version, train_return = run.learner.version, run.train_return()
+            add(CurvePoint(version, run.elapsed(), train_return, env_steps=run.env_steps))
         evaluated = run.maybe_evaluate()
         if evaluated is not None:
             add(evaluated)
 
 
-def _result(run: _Run, pool: ActorPool) -> EnvRunResult:
+def _result(run: _Run, pool: ActorPool) -> RunResult:
     c, wall = run.config, run.elapsed()
     idle = {"learner": max(0.0, 1.0 - run.learn_s / wall)}
     if pool.inference is not None:
         idle["inference"] = max(0.0, 1.0 - pool.inference.busy_s / wall)
     returns = tuple(run.eval_returns)
-    return EnvRunResult(
+    return RunResult(
+        config=config_json(c),
+        steps=run.learner.version,
+        wall_s=wall,
+        trained_samples=run.trained_steps,
+        curve=run.curve,
+        staleness_hist=dict(run.lags),
+        idle_ratio=idle,
+        ledger=run.ledger.check(),
         env=env_label(c.env),
         arch=c.arch,
         actors=c.actors,
         envs_per_actor=c.envs_per_actor,
-        env_step_delay_ms=c.env_step_delay_ms,
-        seed=c.seed,
         eval_mean_return=sum(returns) / len(returns) if returns else float("nan"),
         eval_returns=returns,
         target_return=c.target_return,
         time_to_target_s=run.time_to_target,
         steps_to_target=run.steps_to_target,
         env_steps=run.env_steps,
-        wall_s=wall,
-        env_steps_per_s=run.env_steps / wall,
-        trained_samples=run.trained_steps,
-        steps=run.learner.version,
-        idle_ratio=idle,
-        staleness_hist=dict(run.lags),
-        ledger=run.ledger.check(),
-        curve=tuple(run.curve),
-        config=config_json(c),
         model=run.learner.model,
     )

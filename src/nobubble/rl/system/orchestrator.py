@@ -272,7 +272,13 @@ class Orchestrator(Recovery):
         self._eval_pending = max(0, self._eval_pending - 1)
         wall = ev.span.end_s - self._t0 if ev.span is not None else time.time() - self._t0
         self._curve.append(
-            CurvePoint(ev.version, wall, ev.accuracy, ev.mean_reward, self._train_reward)
+            CurvePoint(
+                ev.version,
+                wall,
+                train_return=self._train_reward,
+                eval_return=ev.mean_reward,
+                accuracy=ev.accuracy,
+            )
         )
         target = self.cfg.target_accuracy
         if target is not None and ev.accuracy >= target:

@@ -1,84 +1,152 @@
-"""What a finished RL run measured: :class:`RunResult`, its curve, busy and idle time."""
+"""What a finished RL run measured: one :class:`RunResult` and one :class:`CurvePoint` for
+both producers (a task's groups of responses, an environment's trajectories)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from nobubble.rl.system.experience import LedgerSummary
 from nobubble.rl.system.types import Span
 
-__all__ = ["CurvePoint", "RESULT_KEYS", "RunResult", "run_json", "stage_busy"]
+__all__ = ["CurvePoint", "RESULT_KEYS", "RunResult", "stage_busy"]
 
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """One evaluation: policy version, wall-clock seconds since start, accuracy, rewards."""
+    """One point of a learning curve, after a learner update or an evaluation.
+
+    Attributes:
+        step: learner updates so far (the policy version).
+        wall_s: seconds since the run started (an env run: actor start-up included).
+        train_return: mean return of recent training data (a task: the last update's mean
+            reward; an env: the last 20 finished episodes); None: none yet.
+        eval_return: mean evaluation return (a task: mean reward on the eval prompts; an
+            env: greedy episodes), on evaluation points only.
+        accuracy: a task's evaluations only: the share of eval prompts solved.
+        env_steps: an env run's points only: env steps the learner had received.
+    """
 
     step: int
     wall_s: float
-    accuracy: float
-    eval_reward: float
-    train_reward: float | None
+    train_return: float | None = None
+    eval_return: float | None = None
+    accuracy: float | None = None
+    env_steps: int | None = None
+
+    def to_json(self) -> dict[str, Any] | list[Any]:
+        """A task's point as ``{step, wall_s, accuracy, eval_reward, train_reward}``, an env
+        run's as ``[wall_s, env_steps, train_return, eval_return]``."""
+        if self.env_steps is not None:
+            return [self.wall_s, self.env_steps, self.train_return, self.eval_return]
+        return {
+            "step": self.step,
+            "wall_s": self.wall_s,
+            "accuracy": self.accuracy,
+            "eval_reward": self.eval_return,
+            "train_reward": self.train_return,
+        }
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run measured (see :meth:`to_json` for the machine-readable form)."""
+    """What a run measured, whichever producer made it (:meth:`to_json`: the JSON form).
+
+    Every run fills the fields without a default: ``steps`` are learner updates,
+    ``trained_samples`` what the learner trained on (task samples or env steps),
+    ``staleness_hist`` policy lag -> trained samples (summing to ``trained_samples``),
+    ``idle_ratio`` per stage or role the fraction of the run's wall-clock it did not work.
+
+    A task run (``env`` None) adds:
+        initial_accuracy, final_accuracy: at the first and last evaluation.
+        busy_s: busy seconds per stage; spans: every stage's work, seconds since the epoch,
+            from ``t0`` on.
+        fates, group_versions, weight_versions, requeues: the ledger's view per group, the
+            policy versions each group was sampled with, the versions published, the groups
+            sent again (group id, reason).
+        restarts, resumed_from, step_metrics, token_staleness_hist: workers restarted, the
+            checkpoint resumed from, the learner's metrics per update, trained tokens by lag.
+
+    An env run (``env`` set) adds:
+        env, arch, actors, envs_per_actor: what ran where (the env's label, the
+            architecture, actor processes and envs in each).
+        eval_mean_return, eval_returns: the last evaluation (mean greedy return, per episode).
+        target_return, time_to_target_s, steps_to_target: the target, and wall-clock and env
+            steps when an evaluation first reached it (None: not reached).
+        env_steps: env steps the learner received.
+        model: the trained model (the learner's, at the last policy version); not in
+            :meth:`to_json`.
+    """
 
     config: dict[str, Any]
     steps: int
     wall_s: float
     trained_samples: int
-    initial_accuracy: float
-    final_accuracy: float
     curve: list[CurvePoint]
     staleness_hist: dict[int, int]
     idle_ratio: dict[str, float]
-    busy_s: dict[str, float]
     ledger: LedgerSummary
-    fates: dict[int, str]
-    group_versions: dict[int, list[int]]
-    weight_versions: list[int]
-    spans: list[Span]
-    t0: float
+    # a task run
+    initial_accuracy: float | None = None
+    final_accuracy: float | None = None
+    busy_s: dict[str, float] = field(default_factory=dict)
+    fates: dict[int, str] = field(default_factory=dict)
+    group_versions: dict[int, list[int]] = field(default_factory=dict)
+    weight_versions: list[int] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    t0: float = 0.0
     requeues: list[tuple[int, str]] = field(default_factory=list)
     restarts: list[str] = field(default_factory=list)
     resumed_from: str | None = None
     step_metrics: list[dict[str, float]] = field(default_factory=list)
-    token_staleness_hist: dict[int, int] = field(default_factory=dict)  # trained tokens by lag
+    token_staleness_hist: dict[int, int] = field(default_factory=dict)
+    # an env run
+    env: str | None = None
+    arch: str | None = None
+    actors: int | None = None
+    envs_per_actor: int | None = None
+    eval_mean_return: float | None = None
+    eval_returns: tuple[float, ...] = ()
+    target_return: float | None = None
+    time_to_target_s: float | None = None
+    steps_to_target: int | None = None
+    env_steps: int | None = None
+    model: Any = field(default=None, repr=False, compare=False)
 
     @property
     def samples_per_s(self) -> float:
         return self.trained_samples / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def env_steps_per_s(self) -> float | None:
+        """Env steps received by the learner / the run's wall-clock (None: a task run)."""
+        if self.env_steps is None:
+            return None
+        return self.env_steps / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
     def staleness_max(self) -> int:
         return max(self.staleness_hist, default=0)
 
+    @property
+    def reached_target(self) -> bool:
+        return self.time_to_target_s is not None
+
     def time_to_accuracy(self, target: float) -> float | None:
         for p in self.curve:
-            if p.accuracy >= target:
+            if p.accuracy is not None and p.accuracy >= target:
                 return p.wall_s
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """The run as JSON, with the top-level keys of every RL run (:data:`RESULT_KEYS`, the
-        environment path's too): the task's accuracies are its ``outcome``."""
-        return run_json(
-            config=self.config,
-            steps=self.steps,
-            wall_s=self.wall_s,
-            trained_samples=self.trained_samples,
-            staleness_hist=self.staleness_hist,
-            idle_ratio=self.idle_ratio,
-            ledger=self.ledger,
-            curve=[asdict(p) for p in self.curve],
-            outcome={
+        """The run as JSON, keys :data:`RESULT_KEYS` whichever producer made it: a task's
+        ``outcome`` is its accuracies, an env run's its eval return and time to target."""
+        if self.env is None:
+            outcome: dict[str, Any] = {
                 "initial_accuracy": self.initial_accuracy,
                 "final_accuracy": self.final_accuracy,
-            },
-            details={
+            }
+            details: dict[str, Any] = {
                 "token_staleness_hist": {
                     str(k): v for k, v in sorted(self.token_staleness_hist.items())
                 },
@@ -86,8 +154,36 @@ class RunResult:
                 "restarts": self.restarts,
                 "step_metrics": self.step_metrics,
                 "resumed_from": self.resumed_from,
-            },
-        )
+            }
+        else:
+            outcome = {
+                "eval_mean_return": self.eval_mean_return,
+                "eval_returns": list(self.eval_returns),
+                "target_return": self.target_return,
+                "reached_target": self.reached_target,
+                "time_to_target_s": self.time_to_target_s,
+                "steps_to_target": self.steps_to_target,
+            }
+            details = {
+                "env": self.env,
+                "arch": self.arch,
+                "env_steps": self.env_steps,
+                "env_steps_per_s": self.env_steps_per_s,
+            }
+        return {
+            "config": self.config,
+            "steps": self.steps,
+            "wall_s": self.wall_s,
+            "trained_samples": self.trained_samples,
+            "samples_per_s": self.samples_per_s,
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "staleness_max": self.staleness_max,
+            "idle_ratio": dict(self.idle_ratio),
+            "ledger": self.ledger.to_json(),
+            "curve": [p.to_json() for p in self.curve],
+            "outcome": outcome,
+            "details": details,
+        }
 
 
 RESULT_KEYS = (
@@ -97,37 +193,6 @@ RESULT_KEYS = (
 """The top-level keys of an RL run's JSON, whichever producer made it: ``steps`` are learner
 updates, ``staleness_hist`` counts trained samples by lag, ``outcome`` holds what the run
 reached (accuracy, or eval return and time to target), ``details`` the producer's own."""
-
-
-def run_json(
-    *,
-    config: dict[str, Any],
-    steps: int,
-    wall_s: float,
-    trained_samples: int,
-    staleness_hist: dict[int, int],
-    idle_ratio: dict[str, float],
-    ledger: LedgerSummary,
-    curve: list[Any],
-    outcome: dict[str, Any],
-    details: dict[str, Any],
-) -> dict[str, Any]:
-    """One RL run as JSON, keys :data:`RESULT_KEYS` (``samples_per_s`` and
-    ``staleness_max`` derived here)."""
-    return {
-        "config": config,
-        "steps": steps,
-        "wall_s": wall_s,
-        "trained_samples": trained_samples,
-        "samples_per_s": trained_samples / wall_s if wall_s > 0 else 0.0,
-        "staleness_hist": {str(k): v for k, v in sorted(staleness_hist.items())},
-        "staleness_max": max(staleness_hist, default=0),
-        "idle_ratio": idle_ratio,
-        "ledger": ledger.to_json(),
-        "curve": curve,
-        "outcome": outcome,
-        "details": details,
-    }
 
 
 def stage_busy(

@@ -1,4 +1,5 @@
-"""What the orchestrator and its engines say to each other: messages, the engine protocol.
+"""What the orchestrator and its engines say to each other: messages, the engine protocol,
+and the failures a run reports (a stage worker's, an environment actor's).
 
 Both :mod:`~nobubble.rl.system.orchestrator` and the engines import this
 module, so neither imports the other at module level.
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 
-__all__ = ["WorkerError", "Message", "Engine"]
+__all__ = ["ActorFailure", "WorkerError", "Message", "Engine"]
 
 
 class WorkerError(RuntimeError):
@@ -24,6 +25,16 @@ class WorkerError(RuntimeError):
     def __init__(self, message: str, worker: str | None = None) -> None:
         super().__init__(message)
         self.worker = worker
+
+
+class ActorFailure(RuntimeError):
+    """An environment actor process died or fell silent; the message names it and gives its
+    error's last line, ``traceback`` holds the whole report."""
+
+    def __init__(self, actor: str, detail: str) -> None:
+        lines = [line for line in detail.strip().splitlines() if line.strip()]
+        super().__init__(f"actor {actor} failed: {lines[-1] if lines else detail}")
+        self.actor, self.traceback = actor, detail
 
 
 @dataclass(frozen=True)
