@@ -39,7 +39,7 @@ from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
 from nobubble.pipeline import PipelineRunner, split_model, to_torch
 from nobubble.pipeline.plan import Plan, plan_from_costs, sizes_from_cuts
-from nobubble.pipeline.runtime.planning import measure_runtime, plan
+from nobubble.pipeline.runtime.planning import RuntimeCosts, plan_model
 
 MODELS = ("transformer", "llama", "uneven")
 NAMED = ("1f1b", "zb-h1", "zb-2p")
@@ -147,19 +147,7 @@ def bench_model(model: str, rounds: int, steps: int) -> dict:
     torch.set_num_threads(1)  # as each rank runs
     blocks, x, y, loss_fn = getattr(plan_models, model)()
     t0 = time.perf_counter()
-    with torch.no_grad():  # one microbatch's boundary tensor, for the transfer probe
-        shape = blocks[0](x[: len(x) // MICROBATCHES]).shape
-    runtime = measure_runtime(2, shape)
-    p = plan(
-        blocks,
-        x,
-        y,
-        loss_fn,
-        num_ranks=2,
-        num_microbatches=MICROBATCHES,
-        op_overhead_ms=runtime.op_overhead_ms,
-        comm_ms_per_byte=runtime.comm_ms_per_byte,
-    )
+    p = plan_model(blocks, x, y, loss_fn, num_ranks=2, num_microbatches=MICROBATCHES)
     plan_s = time.perf_counter() - t0
     limit = 0.75 * max(p.predicted_peak_bytes)
     s = p.setting
@@ -190,8 +178,8 @@ def bench_model(model: str, rounds: int, steps: int) -> dict:
     mem_row = next(r for r in rows if "memory-limited plan" in r["labels"])
     return {
         "blocks": p.num_blocks, "block_total_ms": [b.total_ms for b in p.blocks],
-        "plan_seconds": plan_s, "op_overhead_ms": runtime.op_overhead_ms,
-        "comm_ms_per_byte": runtime.comm_ms_per_byte, "plan": {"sizes": list(p.stage_sizes()),
+        "plan_seconds": plan_s, "op_overhead_ms": p.setting.op_overhead_ms,
+        "comm_ms_per_byte": p.setting.comm_ms_per_byte, "plan": {"sizes": list(p.stage_sizes()),
                                          "schedule": p.schedule_name},
         "rows": rows, "exhaustive_best": best["labels"][0],
         "plan_over_best": plan_row["measured_step_ms"] / best["measured_step_ms"],
@@ -207,15 +195,13 @@ def wider_layer_moves_cut() -> dict:
     import torch
 
     torch.set_num_threads(1)
-    blocks, x, _, _ = plan_models.transformer()
-    with torch.no_grad():
-        runtime = measure_runtime(2, blocks[0](x[: len(x) // MICROBATCHES]).shape)
-    out = {}
+    out: dict = {}
+    costs = None  # measured with the first plan, reused for the second
     for label, kwargs in (("as is", {}), ("last layer 3x wider", {"wider": 3})):
         blocks, x, y, loss_fn = plan_models.transformer(**kwargs)
-        p = plan(blocks, x, y, loss_fn, num_ranks=2, num_microbatches=MICROBATCHES,
-                 schedules=NAMED, op_overhead_ms=runtime.op_overhead_ms,
-                 comm_ms_per_byte=runtime.comm_ms_per_byte)  # fmt: skip
+        p = plan_model(blocks, x, y, loss_fn, num_ranks=2, num_microbatches=MICROBATCHES,
+                       schedules=NAMED, runtime=costs)  # fmt: skip
+        costs = costs or RuntimeCosts(p.setting.op_overhead_ms, p.setting.comm_ms_per_byte)
         out[label] = {"sizes": list(p.stage_sizes()), "schedule": p.schedule_name}
     out["cut_moved"] = out["as is"]["sizes"] != out["last layer 3x wider"]["sizes"]
     return out

@@ -15,7 +15,13 @@ from torch import nn
 
 from nobubble.pipeline import split_model
 from nobubble.pipeline.plan import Plan
-from nobubble.pipeline.runtime.planning import measure_runtime, plan, profile_blocks
+from nobubble.pipeline.runtime.planning import (
+    RuntimeCosts,
+    measure_runtime,
+    plan,
+    plan_model,
+    profile_blocks,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 WIDTH, SEQ, NUM_BLOCKS = 256, 128, 6
@@ -151,3 +157,56 @@ def test_the_runtime_probe_measures_a_cost_per_action_and_per_byte() -> None:
         measure_runtime(1)
     with pytest.raises(ValueError, match=r"boundary_shape=\(\)"):
         measure_runtime(2, ())
+
+
+class ThreadsSeen(nn.Module):
+    """A block that records the intra-op thread count each forward runs with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return self.linear(x)
+
+
+def test_plan_model_plans_with_the_given_runtime_costs_and_threads() -> None:
+    blocks = [ThreadsSeen(), *model()[1:]]
+    x, y = batch()
+    phases: list[str] = []
+    given = RuntimeCosts(op_overhead_ms=0.25, comm_ms_per_byte=3e-7)
+    p = plan_model(blocks, x, y, nn.functional.mse_loss, num_ranks=2, num_microbatches=4,
+                   runtime=given, threads=2, progress=phases.append)  # fmt: skip
+    assert (p.setting.op_overhead_ms, p.setting.comm_ms_per_byte) == (0.25, 3e-7)
+    assert (p.setting.batch_size, p.setting.microbatch_size) == (16, 4)
+    assert blocks[0].seen and set(blocks[0].seen) == {2}  # profiled with 2 threads
+    assert torch.get_num_threads() == 1  # the fixture's count, restored
+    assert phases == ["profiling 6 blocks, planning 2 ranks"]  # given costs: nothing measured
+    one = plan_model(model(), x, y, nn.functional.mse_loss, num_ranks=1, num_microbatches=4)
+    assert (one.setting.op_overhead_ms, one.setting.comm_ms_per_byte) == (0.0, 0.0)
+
+
+def test_plan_model_measures_the_runtime_on_a_microbatchs_boundary(monkeypatch) -> None:
+    import nobubble.pipeline.runtime.planning.model as pm
+
+    shapes = []
+
+    def recording(num_ranks, boundary_shape, **kwargs):
+        shapes.append((num_ranks, tuple(boundary_shape)))
+        return measure_runtime(num_ranks, boundary_shape, **kwargs)
+
+    monkeypatch.setattr(pm, "measure_runtime", recording)
+    blocks = [nn.Linear(WIDTH, 8), nn.Linear(8, WIDTH)]  # the boundary is (rows, SEQ, 8)
+    x, y = batch()
+    phases: list[str] = []
+    p = plan_model(blocks, x, y, nn.functional.mse_loss, num_ranks=2, num_microbatches=8,
+                   progress=phases.append)  # fmt: skip
+    assert shapes == [(2, (2, SEQ, 8))]  # 16 rows / 8 microbatches
+    assert 0 < p.setting.op_overhead_ms < 1e3 and p.setting.comm_ms_per_byte >= 0
+    assert phases == ["measuring the runtime's cost on 2 ranks",
+                      "profiling 2 blocks, planning 2 ranks"]  # fmt: skip
+    with pytest.raises(ValueError, match="num_ranks=3 for 2 blocks"):
+        plan_model(blocks, x, y, nn.functional.mse_loss, num_ranks=3)
+    assert len(shapes) == 1  # refused before measuring

@@ -9,9 +9,9 @@ mean over the rows::
         --out plan.json [--plot plan.png]
     nobubble pp run --plan plan.json --model my_model.py:factory --steps 5
 
-``pp plan`` is a thin layer over :func:`nobubble.pipeline.runtime.planning.plan`, which
-profiles each block once in this process and chooses the cut, schedule, microbatch count
-and recompute: the command chooses nothing itself. It prints the chosen plan, the next
+``pp plan`` is a thin layer over :func:`nobubble.pipeline.runtime.planning.plan_model`,
+which measures the runtime's own costs, profiles each block once in this process and chooses
+the cut, schedule, microbatch count and recompute: the command chooses nothing itself. It prints the chosen plan, the next
 candidates and, beside them, the naive plan (equal block counts, 1F1B, the same
 microbatches, no recompute), draws the chosen schedule above the naive one on one time axis
 and writes the plan's JSON. ``pp run`` starts one local process per rank; each seeds torch
@@ -174,44 +174,18 @@ def plan_user_model(args: argparse.Namespace) -> int:
 
 
 def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) -> Plan:
-    import torch
-
     from nobubble.cli.pp.options import launch_device
-    from nobubble.pipeline.runtime.planning import RuntimeCosts, measure_runtime, plan
+    from nobubble.pipeline.runtime.planning import RuntimeCosts, plan_model
 
     device = launch_device(args.device)
-    blocks = [b.to(device) for b in model.blocks]
     runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
-    if runtime is None and args.ranks >= 2:
-        with console(stderr=True).status(f"measuring the runtime's cost on {args.ranks} ranks"):
-            rows = max(1, len(model.inputs) // (args.microbatches or 4 * args.ranks))
-            runtime = measure_runtime(args.ranks, _boundary_shape(blocks[0], model.inputs[:rows]),
-                                      device=args.device,
-                                      timeout_s=args.timeout)  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)  # profile as each rank will run: --threads threads
-    try:
-        with console(stderr=True).status(f"profiling {len(blocks)} blocks, planning "
-                                         f"{args.ranks} ranks"):  # fmt: skip
-            return plan(
-                blocks, model.inputs, model.targets, model.loss_fn, num_ranks=args.ranks,
-                memory_limit=limit, num_microbatches=args.microbatches,
-                op_overhead_ms=runtime.op_overhead_ms if runtime else 0.0,
-                comm_ms_per_byte=runtime.comm_ms_per_byte if runtime else 0.0,
-            )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _boundary_shape(first: nn.Module, inputs: torch.Tensor) -> tuple[int, ...]:
-    """The first block's output for one microbatch, ``inputs``: a boundary tensor's shape, for
-    the probe (a block that returns no tensor is refused by the planner, naming it)."""
-    import torch
-
-    device = next((q.device for q in first.parameters()), inputs.device)
-    with torch.no_grad():
-        out = first(inputs.to(device))
-    return tuple(out.shape) if isinstance(out, torch.Tensor) else (len(inputs), 1)
+    with console(stderr=True).status("planning") as status:
+        return plan_model(
+            [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
+            num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
+            runtime=runtime, device=args.device, threads=args.threads, timeout_s=args.timeout,
+            progress=status.update,
+        )  # fmt: skip
 
 
 def _shown(p: Plan) -> list[Candidate]:

@@ -10,6 +10,10 @@ costs; this module measures them on the user's own ``nn.Module`` blocks:
   :class:`~nobubble.pipeline.plan.Plan` keeps the costs it was made from, so that
   ``p.schedule()`` rebuilds the very schedule the planner weighed (a cost-dependent order
   such as ZB-2p differs with the costs) on every rank, from its JSON;
+- :func:`plan_model`: measure, then plan: the runtime's own costs on local ranks
+  (:func:`~nobubble.pipeline.runtime.planning.measure_runtime`, unless given), then
+  :func:`plan` with a chosen intra-op thread count; ``nobubble pp plan --model`` and
+  ``benchmarks/pp_plan.py`` both plan through it;
 - the user's own modules are grouped into stages by the one cutting function,
   ``split_model(blocks, p.num_stages, balance=p)``.
 
@@ -30,9 +34,10 @@ from torch import nn
 
 from nobubble.pipeline.plan import BlockCosts, Plan, plan_from_costs
 from nobubble.pipeline.plan_inputs import check_inputs, check_ranks, microbatch_counts
+from nobubble.pipeline.runtime.planning.probe import RuntimeCosts, measure_runtime
 from nobubble.pipeline.runtime.profile import profile_modules
 
-__all__ = ["plan", "profile_blocks"]
+__all__ = ["plan", "plan_model", "profile_blocks"]
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
@@ -113,3 +118,76 @@ def plan(
         memory_limit=memory_limit, first_stage_input_grad=False, input_bytes=input_bytes,
         op_overhead_ms=op_overhead_ms, comm_ms_per_byte=comm_ms_per_byte,
     )  # fmt: skip
+
+
+def plan_model(
+    blocks: Sequence[nn.Module],
+    inputs: torch.Tensor,
+    targets: Any,
+    loss_fn: LossFn,
+    *,
+    num_ranks: int,
+    num_microbatches: int | Sequence[int] | None = None,
+    memory_limit: float | None = None,
+    schedules: str | Sequence[str] = "auto",
+    runtime: RuntimeCosts | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    timeout_s: float = 120.0,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Measure, then plan: the runtime's costs on ``num_ranks`` local ranks, then :func:`plan`.
+
+    Args:
+        blocks, inputs, targets, loss_fn: as :func:`plan` takes them; the blocks are profiled
+            on their own device (place them first).
+        num_ranks, num_microbatches, memory_limit, schedules: as :func:`plan`.
+        runtime: the runtime's own costs; None measures them with :func:`measure_runtime`
+            on ``num_ranks`` local ranks (``device``, ``timeout_s``) for a boundary tensor of
+            the first block's output on one microbatch (``batch / num_microbatches`` rows,
+            ``4 * num_ranks`` microbatches when not given), or takes them as zero on 1 rank.
+        threads: intra-op threads while profiling (as each rank will run; restored after);
+            None keeps the current count.
+        progress: called with a one-line description as each phase starts.
+
+    Returns:
+        The :class:`~nobubble.pipeline.plan.Plan`; its ``setting`` keeps the runtime costs
+        it was weighed with (``op_overhead_ms``, ``comm_ms_per_byte``).
+
+    Raises:
+        ValueError: ``num_ranks`` outside ``1..len(blocks)`` (before measuring), and what
+            :func:`plan` and :func:`measure_runtime` raise.
+    """
+    check_ranks(num_ranks, len(blocks))
+    say = progress if progress is not None else (lambda _: None)
+    if runtime is None and num_ranks >= 2:
+        say(f"measuring the runtime's cost on {num_ranks} ranks")
+        if isinstance(num_microbatches, int):
+            m = num_microbatches
+        else:
+            m = max(num_microbatches) if num_microbatches else 4 * num_ranks
+        rows = max(1, len(inputs) // m)
+        runtime = measure_runtime(num_ranks, _boundary_shape(blocks[0], inputs[:rows]),
+                                  device=device, timeout_s=timeout_s)  # fmt: skip
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        say(f"profiling {len(blocks)} blocks, planning {num_ranks} ranks")
+        return plan(
+            blocks, inputs, targets, loss_fn, num_ranks=num_ranks, memory_limit=memory_limit,
+            num_microbatches=num_microbatches, schedules=schedules,
+            op_overhead_ms=runtime.op_overhead_ms if runtime else 0.0,
+            comm_ms_per_byte=runtime.comm_ms_per_byte if runtime else 0.0,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+
+
+def _boundary_shape(first: nn.Module, inputs: torch.Tensor) -> tuple[int, ...]:
+    """The first block's output for one microbatch, ``inputs``: a boundary tensor's shape, for
+    the probe (a block that returns no tensor is refused by :func:`plan`, naming it)."""
+    device = next((q.device for q in first.parameters()), inputs.device)
+    with torch.no_grad():
+        out = first(inputs.to(device))
+    return tuple(out.shape) if isinstance(out, torch.Tensor) else (len(inputs), 1)
