@@ -238,3 +238,15 @@ def test_negative_cost_is_refused():
 def test_smallest_peak_is_named_when_nothing_fits():
     with pytest.raises(ValueError, match=r"smallest predicted peak is \d+.*allow recompute"):
         plan_from_costs([block(1.0)] * 4, num_ranks=2, num_microbatches=4, memory_limit=1.0)
+
+
+@pytest.mark.parametrize(("num_blocks", "num_ranks", "cuts"), [(6, 2, (3,)), (7, 3, (3, 5))])
+def test_naive_is_1f1b_on_equal_block_counts(num_blocks, num_ranks, cuts):
+    blocks = [block(1.0 + i) for i in range(num_blocks)]  # uneven: the plan's cut is not equal
+    plan = plan_from_costs(blocks, num_ranks=num_ranks, num_microbatches=6, recompute="auto")
+    naive = plan.naive()
+    # equal counts, the first stages one block more when they do not divide (7 = 3 + 2 + 2)
+    assert (naive.cuts, naive.schedule, naive.num_microbatches) == (cuts, "1f1b", 6)
+    assert not any(naive.recompute)
+    assert naive.predicted_step_ms == step_ms(blocks, cuts, "1f1b", 6)
+    assert naive.predicted_step_ms >= plan.predicted_step_ms

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.partition import balanced_sizes, stage_ranges
+from nobubble.pipeline.partition import balanced_sizes, equal_sizes, stage_ranges
 from nobubble.pipeline.plan_inputs import (
     TWO_CHUNK_SCHEDULES,
     check_inputs,
@@ -243,6 +243,11 @@ class Plan:
                              f"{chunks * self.num_ranks} stages; cuts {cuts} make {len(sizes)}")  # fmt: skip
         built = get_schedule(schedule, num_ranks=self.num_ranks, num_microbatches=m, costs=costs)
         return _candidate(schedule, built, costs, cuts, m, recompute, self.setting.memory_limit)
+
+    def naive(self) -> Candidate:
+        """The baseline beside the plan: 1F1B on equal block counts per rank, the plan's
+        microbatches, no recompute (weighed as :meth:`weigh` does)."""
+        return self.weigh(cuts_from_sizes(equal_sizes(self.num_blocks, self.num_ranks)), "1f1b")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

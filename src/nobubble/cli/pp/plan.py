@@ -211,13 +211,8 @@ def _describe(p: Plan, c: Candidate, sim: SimResult) -> dict:
 
 
 def _naive(p: Plan) -> tuple[SimResult, dict]:
-    """1F1B on equal block counts per rank, the plan's microbatches, no recompute."""
-    from nobubble.pipeline.partition import equal_sizes
-    from nobubble.pipeline.plan import cuts_from_sizes
-
-    cand = p.weigh(cuts_from_sizes(equal_sizes(p.num_blocks, p.num_ranks)), "1f1b")
-    sim = p.simulate(cand)
-    return sim, _describe(p, cand, sim)
+    """The naive plan's row (:meth:`~nobubble.pipeline.plan.Plan.naive`)."""
+    return _row(p, p.naive())
 
 
 def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: Path) -> Path:

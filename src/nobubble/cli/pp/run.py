@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import statistics
@@ -36,7 +35,6 @@ from nobubble.cli.pp.options import (
     check_devices,
     check_launch,
     check_size,
-    launch_device,
     profile_from_json,
     read_profile_json,
     read_schedule_csv,
@@ -169,32 +167,17 @@ def _options(args: argparse.Namespace):
 
 
 def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = True):
-    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks)."""
-    from nobubble.distributed import spawn
-    from nobubble.pipeline.runtime.executor import boundary_shapes
-    from nobubble.pipeline.runtime.models import partition_blocks
-    from nobubble.pipeline.runtime.profile import comm_probe, profile_stages
+    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks):
+    :func:`~nobubble.pipeline.runtime.profile.profile_model` with the launch flags."""
+    from nobubble.pipeline.runtime.profile import profile_model
 
-    repeats = getattr(args, "repeats", 3)
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
-            prof = profile_stages(
-                model, num_stages, microbatch_size=args.microbatch_size,
-                device=launch_device(args.device), repeats=repeats, clock=args.clock,
-            )  # fmt: skip
-            if comm and num_stages > 1:
-                shapes = boundary_shapes(model, partition_blocks(model, num_stages), 1)
-                shape = (args.microbatch_size, *tuple(shapes[1])[1:])
-                t = spawn(comm_probe, 2, args=(shape,), backend=args.backend,
-                          device=args.device, timeout_s=args.timeout)[0]  # fmt: skip
-                prof = dataclasses.replace(prof, t_comm=t)
-    finally:
-        torch.set_num_threads(threads)
-    return prof
+    with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
+        return profile_model(
+            model, num_stages, microbatch_size=args.microbatch_size,
+            device=args.device, backend=args.backend,
+            repeats=getattr(args, "repeats", 3), clock=args.clock, threads=args.threads,
+            comm=comm, timeout_s=args.timeout,
+        )  # fmt: skip
 
 
 def _builtin_arch(args: argparse.Namespace) -> str | None:
