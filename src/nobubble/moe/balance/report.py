@@ -17,6 +17,7 @@ import torch
 from nobubble.files import save_figure
 from nobubble.moe.balance.eplb import (
     ExpertPlacement,
+    Policy,
     check_config,
     duplicate_gpus,
     gpu_loads,
@@ -83,7 +84,7 @@ def balance_report(
     num_groups: int,
     num_nodes: int,
     num_gpus: int,
-    policy: str = "auto",
+    policy: Policy = "auto",
 ) -> BalanceReport:
     """Place ``E + num_redundant`` physical experts for loads ``weight (L, E)`` with
     :func:`~nobubble.moe.balance.eplb.rebalance_experts` and measure it against no redundancy
