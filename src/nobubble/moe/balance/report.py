@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from nobubble.files import save_figure
+from nobubble.moe.balance import eplb
 from nobubble.moe.balance.eplb import (
     ExpertPlacement,
     Policy,
@@ -22,7 +23,6 @@ from nobubble.moe.balance.eplb import (
     duplicate_gpus,
     gpu_loads,
     load_imbalance,
-    rebalance_experts,
 )
 from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
 from nobubble.moe.balance.loads import static_gpu_loads
@@ -96,8 +96,9 @@ def balance_report(
     num_experts = weight.shape[1]
     num_replicas = num_experts + num_redundant
     check_config(num_experts, num_replicas, num_groups, num_nodes, num_gpus, policy)
-    placement = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
-                                  policy=policy)  # fmt: skip
+    # looked up on its module at each call, so a wrapper installed there (a test's) applies
+    placement = eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
+                                       policy=policy)  # fmt: skip
     hier = placement.policy == "hierarchical"
     ref_phy2log, _, _ = reference_rebalance_experts(
         weight, num_replicas, num_groups if hier else 1, num_nodes if hier else 1, num_gpus
