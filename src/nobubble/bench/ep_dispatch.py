@@ -101,6 +101,15 @@ class BenchConfig:
                 f"{', '.join(TRANSPORT_KINDS)}"
             )
 
+    def data_bytes(self) -> int:
+        """The run's memory past its processes'. Per rank: its tokens, the rows it receives
+        (up to one per token and rank it reaches), the combined output and the baselines'
+        copies: about ``topk + 4`` token-sized buffers; and a few int64 counts and maps per
+        expert."""
+        elem = 2 if self.dtype == "bf16" else 4
+        per_rank = self.num_tokens * self.hidden * elem * (self.topk + 4) + 64 * self.num_experts
+        return self.num_ranks * per_rank
+
 
 @dataclass(frozen=True)
 class MethodResult:

@@ -31,7 +31,6 @@ Shape legend: ``S`` steps, ``W`` ranks, ``B`` sequences per rank, ``T`` sequence
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nobubble.bench.ep_train_data import VOCAB_BOUND, corpus, make_batches
 from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe import (
@@ -62,10 +62,12 @@ from nobubble.moe.layer import MoEWeights
 from nobubble.validation import check_fields
 
 __all__ = ["TrainConfig", "TrainReport", "MoEGPT", "make_batches", "loss_fn", "run_training",
-           "dense_losses", "plot_report", "corpus", "DENSE_TOLERANCE"]  # fmt: skip
+           "dense_losses", "plot_report", "corpus", "DENSE_TOLERANCE", "STEP_S"]  # fmt: skip
 
 DENSE_TOLERANCE = 1e-4
 """Largest ``|loss - dense loss|`` at the last step that counts as equal (fp32)."""
+STEP_S = 0.01
+"""The fastest training step of the smallest run (4 ranks, a 2-layer model of width 32)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,44 +162,23 @@ class TrainConfig:
         """Whether the MoE layers hold physical experts (replicas, or moving experts)."""
         return self.num_redundant > 0 or self.rebalance_every > 0
 
+    def data_bytes(self) -> float:
+        """The run's memory past its processes': every physical expert's weights with their
+        gradients and Adam's two moments (16 bytes a parameter; the dense reference holds them
+        once more), and each rank's activations (fp32, ~16 hidden-sized and 3 topk x
+        expert-sized tensors a token and layer, and the logits)."""
+        c = self
+        experts = c.num_layers * (c.num_experts + c.num_redundant) * 3 * c.hidden * c.expert_hidden
+        weights = 16.0 * experts * (2 if c.check_dense else 1)
+        per_token = c.num_layers * (16 * c.hidden + 3 * c.topk * c.expert_hidden) + 3 * VOCAB_BOUND
+        return weights + 4.0 * c.num_ranks * c.batch_size * c.seq_len * per_token
+
     def moe_config(self) -> MoEConfig:
         return MoEConfig(
             hidden=self.hidden, expert_hidden=self.expert_hidden, num_experts=self.num_experts,
             topk=self.topk, num_shared_experts=1, router="deepseek_v3", n_groups=self.n_groups,
             topk_groups=self.topk_groups, bias_update_rate=self.bias_update_rate,
         )  # fmt: skip
-
-
-# -- data -------------------------------------------------------------------------------------
-def corpus() -> str:
-    """Docstrings of a few standard-library modules and their members (about 100 KB)."""
-    import collections
-    import functools
-    import itertools
-    import json
-    import pathlib
-    import re
-
-    parts = []
-    for mod in (collections, functools, itertools, json, pathlib, re):
-        parts.append(inspect.getdoc(mod) or "")
-        parts += [inspect.getdoc(obj) or "" for _, obj in inspect.getmembers(mod)]
-    return "\n".join(p for p in parts if p)
-
-
-def make_batches(config: TrainConfig) -> tuple[int, torch.Tensor]:
-    """The vocabulary size and every step's windows, ``(S, W, B, T + 1)`` int64 char ids."""
-    text = corpus()
-    chars = sorted(set(text))
-    index = {c: i for i, c in enumerate(chars)}
-    data = torch.tensor([index[c] for c in text])
-    g = torch.Generator().manual_seed(config.seed + 1)
-    c = config
-    # one draw per step, so a longer run starts with the same batches as a shorter one
-    high, shape = len(data) - c.seq_len - 1, (c.num_ranks, c.batch_size)
-    start = torch.stack([torch.randint(0, high, shape, generator=g) for _ in range(c.num_steps)])
-    offsets = torch.arange(c.seq_len + 1)
-    return len(chars), data[start.unsqueeze(-1) + offsets]  # (S, W, B) -> (S, W, B, T + 1)
 
 
 # -- the model --------------------------------------------------------------------------------

@@ -112,12 +112,8 @@ def _bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         transport=args.transport[0],
     )  # ValueError naming a bad combination, before the budget's estimate of it
-    # per rank: its tokens, the rows it receives (up to one per token and rank it reaches),
-    # the combined output and the baselines' copies: about (topk + 4) token-sized buffers;
-    # and a few int64 counts and maps per expert
-    elem = 2 if args.dtype == "bf16" else 4
-    data = args.ranks * (args.tokens * args.hidden * elem * (args.topk + 4) + 64 * args.experts)
-    check_budget("ep bench", processes=args.ranks, data_bytes=data, force=args.force)
+    check_budget("ep bench", processes=args.ranks, data_bytes=config.data_bytes(),
+                 force=args.force)  # fmt: skip
     if len(args.transport) > 1:
         if args.plot is not None:
             raise UsageError("--plot draws one transport; give --transport one kind with it")

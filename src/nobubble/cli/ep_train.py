@@ -106,28 +106,13 @@ def _config(args: argparse.Namespace) -> Any:
     )
 
 
-STEP_S = 0.01
-"""The fastest training step of the smallest run (4 ranks, a 2-layer model of width 32)."""
-VOCAB_BOUND = 128
-"""The character vocabulary of the training text stays under this many symbols."""
-
-
-def _data_bytes(c: Any) -> float:
-    """The run's memory past its processes': every physical expert's weights with their
-    gradients and Adam's two moments (16 bytes a parameter; the dense reference holds them
-    once more), and each rank's activations (fp32, ~16 hidden-sized and 3 topk x
-    expert-sized tensors a token and layer, and the logits)."""
-    experts = c.num_layers * (c.num_experts + c.num_redundant) * 3 * c.hidden * c.expert_hidden
-    weights = 16.0 * experts * (2 if c.check_dense else 1)
-    per_token = c.num_layers * (16 * c.hidden + 3 * c.topk * c.expert_hidden) + 3 * VOCAB_BOUND
-    return weights + 4.0 * c.num_ranks * c.batch_size * c.seq_len * per_token
-
-
 def _check_run(args: argparse.Namespace, config: Any) -> None:
-    """Refuse, before any rank starts: the processes, the memory (:func:`_data_bytes`), steps
-    that cannot end within ``--timeout`` (the whole job's limit), and an online EPLB with one
+    """Refuse, before any rank starts: the processes, the memory (``config.data_bytes()``),
+    steps that cannot end within ``--timeout`` (the whole job's limit), and an online EPLB with one
     expert-parallel rank (every expert lives on it: nothing can move)."""
-    check_budget("ep train", processes=args.ranks, data_bytes=_data_bytes(config),
+    from nobubble.bench.ep_train import STEP_S
+
+    check_budget("ep train", processes=args.ranks, data_bytes=config.data_bytes(),
                  force=args.force)  # fmt: skip
     check_steps("ep train", "--steps", args.steps, STEP_S, limit_s=args.timeout,
                 limit=f"--timeout {args.timeout:g} s, the whole run's limit",

@@ -23,10 +23,10 @@ EPLB_EXAMPLE = [
 
 def run(out_dir: Path, quick: bool) -> list[Path]:
     """Print a short showcase; write ``moe/eplb_placement.png`` and ``moe/eplb_demo.json``."""
-    from nobubble.cli.ep_balance import _plot, _static_loads
-    from nobubble.moe.balance.eplb import rebalance_experts
+    from nobubble.moe.balance.eplb import load_imbalance, rebalance_experts
     from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
     from nobubble.moe.balance.incremental import rebalance_experts_incremental
+    from nobubble.moe.balance.report import balance_report, plot_balance
 
     con = console()
     example = rebalance_experts(torch.tensor(EPLB_EXAMPLE), 16, 4, 2, 8)
@@ -40,13 +40,11 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     layers = 2 if quick else 8
     rng = np.random.default_rng(0)
     weight = torch.tensor(rng.pareto(2.0, (layers, 256)) + 1.0) * 1000  # (L, 256)
-    placement = rebalance_experts(weight, 288, 8, 4, 32)
-    ref_phy2log = reference_rebalance_experts(weight, 288, 8, 4, 32)[0]
-    per_gpu = ref_phy2log.view(layers, 32, 9).sort(-1).values
-    ref_dups = int((per_gpu[..., 1:] == per_gpu[..., :-1]).any(-1).sum())
-    before = _static_loads(weight, 32)
-    imb_before = float((before.max(-1).values / before.mean(-1)).mean())
-    imb_after = float(placement.imbalance(weight).mean())
+    report = balance_report(weight, num_redundant=32, num_groups=8, num_nodes=4, num_gpus=32)
+    placement = report.placement
+    ref_dups = int(report.reference_duplicate_gpus.sum())
+    imb_before = float(load_imbalance(report.before).mean())
+    imb_after = float(load_imbalance(report.after).mean())
     con.print(
         f"DeepSeek-V3-like (256 experts + 32 redundant, 32 GPUs / 4 nodes, Pareto(2) loads, "
         f"{layers} layers): max/mean GPU load {imb_before:.2f} -> {imb_after:.3f}; GPUs holding "
@@ -63,13 +61,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     folder = out_dir / "moe"
     folder.mkdir(parents=True, exist_ok=True)
     png = folder / "eplb_placement.png"
-    _plot(
-        png,
-        before[0],
-        placement.gpu_loads(weight)[0],
-        placement,
-        float(placement.imbalance(weight)[0]),
-    )
+    plot_balance(report, png)
     summary = folder / "eplb_demo.json"
     write_text(
         summary,

@@ -11,25 +11,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypedDict
 
 from nobubble.cli.util import console, print_table
 from nobubble.pipeline.compare import compare_schedules
-from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.costs import PAPER_TIMES, CostModel
 from nobubble.pipeline.plot import ascii_grid, gantt_grid
 from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import simulate
-
-
-class _RankTimes(TypedDict):
-    t_f: float
-    t_b: float
-    t_w: float
-    t_comm: float
-
-
-# the paper's measured per-rank times for the 1.5B model at p=8, m=24 (ms)
-_COSTS_1_5B: _RankTimes = {"t_f": 18.522, "t_b": 18.086, "t_w": 9.337, "t_comm": 0.601}
 
 
 def run(out_dir: Path, quick: bool) -> list[Path]:
@@ -41,11 +29,11 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
                   f"bubble {result.bubble_rate:.1%}, idle / work {result.bubble_time / max(result.busy):.1%}")  # fmt: skip
         con.print(ascii_grid(result), markup=False)
     p, m = (8, 24)
-    costs = CostModel.paper(p, **_COSTS_1_5B, hidden=2304, heads=24, seq=1024)
+    costs = CostModel.paper_model("1.5B", p)
+    t_f, t_b, t_w, t_comm = PAPER_TIMES["1.5B"]  # the paper's measured per-rank times (ms)
     rows = compare_schedules(costs, num_stages=p, num_microbatches=m, include_torch=not quick)
     print_table(
-        f"P={p}, M={m}, 1.5B costs (T_F={_COSTS_1_5B['t_f']} T_B={_COSTS_1_5B['t_b']} "
-        f"T_W={_COSTS_1_5B['t_w']} T_comm={_COSTS_1_5B['t_comm']} ms)",
+        f"P={p}, M={m}, 1.5B costs (T_F={t_f} T_B={t_b} T_W={t_w} T_comm={t_comm} ms)",
         ["schedule", "from", "bubble", "peak mem vs 1F1B", "throughput vs 1F1B"],
         [[r.name, r.source, f"{r.result.bubble_rate:.2%}",
           f"{r.result.max_peak_memory_vs_1f1b:.2f}x", f"{r.throughput_vs_1f1b:.3f}x"]

@@ -7,6 +7,8 @@
 - :mod:`.load_stats`: live per-expert load statistics.
 - :mod:`.replicated_layer`: a MoE layer with redundant experts.
 - :mod:`.online`: move experts between ranks while training.
+- :mod:`.loads`: synthetic and file-read expert loads; :mod:`.report`: one placement measured
+  against no redundancy and the original EPLB (``nobubble ep balance``), and its picture.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ __all__ = [
     "placement_from_phy2log",
     "gpu_loads",
     "load_imbalance",
+    "duplicate_gpus",
     "balanced_packing",
     "Packing",
     "replicate_experts",
@@ -98,9 +99,7 @@ class ExpertPlacement:
 
     def duplicate_gpus(self) -> torch.Tensor:
         """(L,) int64: how many GPUs hold some logical expert more than once (0 here)."""
-        per_gpu = self.phy2log.view(self.num_layers, self.num_gpus, -1)  # (L, G, R/G)
-        srt = per_gpu.sort(-1).values
-        return (srt[..., 1:] == srt[..., :-1]).any(-1).sum(-1)
+        return duplicate_gpus(self.phy2log, self.num_gpus)
 
 
 def gpu_loads(weight: torch.Tensor, phy2log: torch.Tensor, num_gpus: int) -> torch.Tensor:
@@ -116,6 +115,14 @@ def gpu_loads(weight: torch.Tensor, phy2log: torch.Tensor, num_gpus: int) -> tor
     logcnt.scatter_add_(1, phy2log, torch.ones_like(phy2log, dtype=torch.float64))
     per_replica = (weight / logcnt.clamp_min(1)).gather(1, phy2log)  # (L, R)
     return per_replica.view(num_layers, num_gpus, -1).sum(-1)  # (L, G)
+
+
+def duplicate_gpus(phy2log: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """``phy2log (L, R)`` -> ``(L,)`` int64: GPUs that hold some logical expert more than once
+    (physical experts ``g * R/G .. (g+1) * R/G - 1`` live on GPU ``g``)."""
+    per_gpu = phy2log.view(phy2log.shape[0], num_gpus, -1)  # (L, G, R/G)
+    srt = per_gpu.sort(-1).values
+    return (srt[..., 1:] == srt[..., :-1]).any(-1).sum(-1)
 
 
 def load_imbalance(loads: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,182 @@
+"""The MoE layer through :class:`~nobubble.moe.buffer.Buffer` on a few local gloo ranks, checked
+against the token-by-token reference MoE: what ``nobubble demo``'s expert-parallel step shows.
+
+A DeepSeek-V3-routed :class:`~nobubble.moe.layer.MoELayer` (16 experts, top-4, one shared
+expert) runs one step with gradients, which :func:`run_layer_check` compares with
+:class:`~nobubble.moe.reference_layer.ReferenceMoE` in one process on all ranks' tokens; the
+bytes dispatch moves are measured beside a per-pair all-to-all; then the auxiliary-loss-free
+bias is updated after every step on a skewed token stream (experts 0-2 favoured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nobubble.distributed import spawn
+from nobubble.files import save_figure
+from nobubble.moe.baseline import pair_dispatch
+from nobubble.moe.buffer import Buffer
+from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
+from nobubble.moe.reference_layer import ReferenceMoE
+
+__all__ = ["LayerCheck", "run_layer_check", "plot_loads"]
+
+
+@dataclass(frozen=True)
+class LayerCheck:
+    """What :func:`run_layer_check` measured."""
+
+    sent_rows: list[list[int]]
+    """Per rank: rows its first dispatch sent to each rank."""
+    recv_rows: list[list[int]]
+    """Per rank: rows its first dispatch received from each rank."""
+    buffer_bytes: list[int]
+    """Per rank: bytes Buffer's dispatch sent."""
+    pair_bytes: list[int]
+    """Per rank: bytes a per-pair all-to-all sends for the same routing."""
+    loads: list[list[int]]
+    """Rank 0's tokens per expert at every bias-updated step, ``(steps, E)``."""
+    max_rel_output_diff: float
+    """Largest relative difference of the first step's output to the reference MoE."""
+    max_rel_grad_diff: float
+    """Largest relative difference of the input and router gradients to the reference's."""
+
+
+def run_layer_check(num_ranks: int, num_tokens: int, steps: int, *,
+                    timeout_s: float = 600) -> LayerCheck:  # fmt: skip
+    """Spawn ``num_ranks`` gloo ranks with ``num_tokens`` tokens each; see the module."""
+    results = spawn(_rank, num_ranks, args=(num_tokens, steps), timeout_s=timeout_s)
+    out_err, grad_err = _reference_check(results)
+    return LayerCheck(
+        sent_rows=[r["sent_rows"] for r in results],
+        recv_rows=[r["recv_rows"] for r in results],
+        buffer_bytes=[r["buffer_bytes"] for r in results],
+        pair_bytes=[r["pair_bytes"] for r in results],
+        loads=results[0]["loads"],
+        max_rel_output_diff=out_err,
+        max_rel_grad_diff=grad_err,
+    )
+
+
+def _config() -> MoEConfig:
+    return MoEConfig(
+        hidden=32,
+        expert_hidden=16,
+        num_experts=16,
+        topk=4,
+        num_shared_experts=1,
+        router="deepseek_v3",
+        n_groups=4,
+        topk_groups=2,
+        route_scale=2.5,
+        bias_update_rate=0.02,
+    )
+
+
+def _skewed_tokens(num_tokens: int, hidden: int, g: torch.Generator) -> torch.Tensor:
+    """Tokens that share a common direction: the router's favourite experts get most of them."""
+    common = torch.ones(hidden) / hidden**0.5
+    return torch.randn(num_tokens, hidden, generator=g) + 3.0 * common
+
+
+def _weights(config: MoEConfig):
+    w = init_moe_weights(config, seed=7)
+    common = torch.ones(config.hidden) / config.hidden**0.5
+    w.router[:3] += 1.5 * common  # experts 0-2 like the common direction
+    return w
+
+
+def _rank(ctx, num_tokens: int, steps: int) -> dict[str, Any]:
+    """One rank: a first step with gradients, its dispatch bytes beside a per-pair all-to-all,
+    then ``steps`` bias-updated steps on the skewed stream."""
+    config = _config()
+    buf = Buffer(transport="dist", timeout_s=120)  # gloo collectives, as the bench's default
+    layer = MoELayer(config, _weights(config), buf)
+    g = torch.Generator().manual_seed(ctx.rank)
+    x0 = _skewed_tokens(num_tokens, config.hidden, g).requires_grad_()
+    y0 = layer(x0)
+    y0.square().sum().backward()
+    buf.transport.reset_stats()
+    res = buf.dispatch(
+        x0.detach(), layer.route(x0.detach()).topk_idx, num_experts=config.num_experts
+    )
+    buffer_bytes = buf.transport.stats().bytes_sent["x"]
+    buf.transport.reset_stats()
+    pair_dispatch(
+        x0.detach(), layer.route(x0.detach()).topk_idx, None, config.num_experts, buf.transport
+    )
+    pair_bytes = buf.transport.stats().bytes_sent["x"]
+    loads = []
+    with torch.no_grad():
+        for _ in range(steps):
+            layer(_skewed_tokens(num_tokens, config.hidden, g))
+            assert layer.last_tokens_per_expert is not None  # set by the forward
+            loads.append(layer.last_tokens_per_expert.tolist())
+            layer.update_expert_bias()
+    assert layer.router is not None  # built from weights
+    return {
+        "x0": x0.detach(),
+        "y0": y0.detach(),
+        "x0_grad": x0.grad,
+        "router_grad": layer.router.grad,
+        "sent_rows": list(res.handle.num_send_tokens_per_rank),
+        "recv_rows": list(res.handle.num_recv_tokens_per_rank),
+        "buffer_bytes": buffer_bytes,
+        "pair_bytes": pair_bytes,
+        "loads": loads,
+    }
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def _reference_check(results: list[dict[str, Any]]) -> tuple[float, float]:
+    """Largest relative difference to the reference MoE: (output, gradients of input and
+    router)."""
+    config = _config()
+    reference = ReferenceMoE(config, _weights(config))
+    x = torch.cat([r["x0"] for r in results]).requires_grad_()
+    y = reference(x)
+    y.square().sum().backward()
+    out_err = _rel_err(torch.cat([r["y0"] for r in results]), y.detach())
+    router = reference.router
+    assert x.grad is not None and router.grad is not None
+    grad_err = max(
+        _rel_err(torch.cat([r["x0_grad"] for r in results]), x.grad),
+        _rel_err(sum(r["router_grad"] for r in results), router.grad),
+    )
+    return out_err, grad_err
+
+
+def plot_loads(loads: list[list[int]], path: Path) -> Path:
+    """Draw max / mean expert load against step and the per-expert load at the first and last
+    step (``loads``: ``(steps, E)`` tokens per expert)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = torch.tensor(loads, dtype=torch.float64)  # (steps, E)
+    imbalance = (t.max(dim=1).values / t.mean(dim=1)).tolist()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot(range(1, len(imbalance) + 1), imbalance, marker=".")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("max / mean expert load")
+    ax1.set_title("aux-loss-free bias update")
+    e = list(range(t.shape[1]))
+    ax2.bar([i - 0.2 for i in e], t[0].tolist(), width=0.4, label="step 1")
+    ax2.bar([i + 0.2 for i in e], t[-1].tolist(), width=0.4, label=f"step {len(loads)}")
+    ax2.set_xlabel("expert")
+    ax2.set_ylabel("tokens")
+    ax2.legend()
+    ax2.set_title("per-expert load")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_figure(fig, path, dpi=110)
+    plt.close(fig)
+    return path
