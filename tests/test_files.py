@@ -20,6 +20,8 @@ from nobubble.files import (
 )
 from tests.support.wait import wait_for
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
     target = tmp_path / "trace.json"
@@ -151,10 +153,14 @@ def test_a_folder_is_not_a_file_and_a_file_is_not_a_folder(tmp_path: Path) -> No
         ["demo", "--out", "/proc/x"],
     ],
 )
-def test_every_command_refuses_an_unwritable_output_before_working(argv: list[str]) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "nobubble", *argv], capture_output=True, text=True, timeout=300
-    )
+def test_every_command_refuses_an_unwritable_output_before_working(
+    argv: list[str], tmp_path: Path
+) -> None:
+    argv = [str(ROOT / a) if a == "pyproject.toml" else a for a in argv]
+    out = subprocess.run(  # in its own folder: the other, default outputs are claimed there
+        [sys.executable, "-m", "nobubble", *argv], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "/proc" in out.stderr, out.stderr
     assert out.stdout == "", out.stdout  # refused before any work: no progress, no table

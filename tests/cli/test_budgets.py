@@ -38,10 +38,13 @@ OVERSIZED = [
 
 
 @pytest.mark.parametrize(("argv", "needle"), OVERSIZED, ids=[" ".join(a) for a, _ in OVERSIZED])
-def test_oversized_runs_are_refused_before_any_work(argv: list[str], needle: str) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "nobubble", *argv], capture_output=True, text=True, timeout=300
-    )
+def test_oversized_runs_are_refused_before_any_work(
+    argv: list[str], needle: str, tmp_path: Path
+) -> None:
+    out = subprocess.run(  # in its own folder: a default output is claimed before the budget
+        [sys.executable, "-m", "nobubble", *argv], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "--force" in lines[0], out.stderr

@@ -217,3 +217,22 @@ def test_warm_start_alone_is_hinted_and_never_beaten_by_a_worse_answer():
     assert result.heuristic_objective == simulate(hint, costs).max_span
     assert result.status == "optimal" and result.objective <= result.heuristic_objective
     _check_schedule(result, costs, None)
+
+
+def test_no_solution_of_its_own_in_time_returns_the_warm_start_as_feasible():
+    """A limit too short for CP-SAT to find a schedule (it reports UNKNOWN): the warm start
+    fits the limits, so it is the answer - valid, feasible, not claimed optimal."""
+    costs = CostModel.paper(
+        6, t_f=18.522, t_b=18.086, t_w=9.337, t_comm=0.601, hidden=2304, heads=24, seq=1024
+    )
+    limit = 6 * costs.mem_f[0]
+    result = solve_optimal(
+        costs, num_stages=6, num_microbatches=12, mem_limit=limit, time_limit_s=0.001,
+        num_workers=1,
+    )  # fmt: skip
+    assert result.status == "feasible" and result.schedule is not None
+    validate(result.schedule)
+    assert result.objective == pytest.approx(result.heuristic_objective)
+    assert 0.0 <= result.lower_bound <= result.objective and result.gap > 0
+    assert max(simulate(result.schedule, costs).peak_memory) <= limit
+    assert "nothing better than the warm start" in result.explanation

@@ -23,6 +23,7 @@ objective``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -287,10 +288,20 @@ def _result(
     objective = problem.objective
     common = {"objective_kind": objective, "solve_seconds": seconds, "time_unit": time_unit,
               **hint_fields(hint, objective)}  # fmt: skip
+    p, m = problem.num_stages, problem.num_microbatches
+    if code == cp_model.UNKNOWN and hint is not None:
+        # no schedule of CP-SAT's own in time: the warm start fits the limits, so it is the
+        # answer (feasible), against the bound CP-SAT proved so far (0 if none)
+        bound = solver.best_objective_bound
+        bound = min(bound, hint.int_objective) if math.isfinite(bound) and bound > 0 else 0.0
+        return solved_result(
+            _to_schedule(hint.orders, m, f"ilp-{problem.objective}"), costs, proven=False,
+            bound_ticks=bound, time_unit=time_unit, objective=problem.objective, hint=hint,
+            from_hint=True, seconds=seconds, where="", common=common,
+        )  # fmt: skip
     early = unsolved_result(code, costs, mem_limit, common)
     if early is not None:
         return early
-    p, m = problem.num_stages, problem.num_microbatches
     orders = []
     for s in range(p):
         ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW" for i in range(m))
