@@ -31,7 +31,10 @@ from typing import Any
 
 from nobubble.rl.algo.presets import PRESET_NAMES, get_preset
 
-__all__ = ["PRESET_NAMES", "ablation", "resolve_preset"]
+__all__ = ["ALGOS", "PRESET_NAMES", "ablation", "resolve_preset"]
+
+# the policy-gradient algorithms a run may name (the trainer implements each)
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 
 # the settings a preset may fill, and their value when neither the run nor a preset sets them
 DEFAULTS: dict[str, Any] = {
