@@ -58,7 +58,30 @@ _NAMES = {
     "aggressive": "nobubble.rl.algo.presets",
     "get_preset": "nobubble.rl.algo.presets",
 }
-__all__ = list(_NAMES)
+__all__ = [
+    "grpo_advantages",
+    "PolicyLossResult",
+    "aggregate_loss",
+    "ppo_policy_loss",
+    "decoupled_ppo_loss",
+    "policy_gradient_loss",
+    "kl_penalty",
+    "VTraceReturns",
+    "vtrace",
+    "vtrace_from_logits",
+    "policy_lag",
+    "staleness_weight",
+    "check_group_versions",
+    "PrioritizedReplayBuffer",
+    "linear_beta",
+    "all_reduce_gradients",
+    "LocalSGD",
+    "ParameterServer",
+    "RLAlgorithmConfig",
+    "conservative",
+    "aggressive",
+    "get_preset",
+]
 
 
 def __getattr__(name: str) -> Any:
