@@ -229,6 +229,11 @@ class RunConfig:
             raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
         self._check_contradictions(given)
         self._check_ray_resources()
+        self._check_components()
+
+    def _check_components(self) -> None:
+        """Parse the rewards and build each component's config once, so bad values fail here,
+        not in a worker; these import torch, so they come after every flag check."""
         from nobubble.rl.system.policies import check_policy_spec
         from nobubble.rl.system.rewards import RewardSource, parse_reward
 
@@ -246,7 +251,6 @@ class RunConfig:
         if self.reward_url is not None:
             self.remote_reward()  # validates the url
         check_policy_spec(self.policy)
-        # build every component config once so bad values fail here, not in a worker
         for build in (self.make_task, self.trainer_config, self.rollout_config, self.reward_config):
             build()
 
