@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from nobubble.rl.algo.staleness import StalenessKind
 from nobubble.validation import check_fields
-
-if TYPE_CHECKING:
-    from nobubble.rl.algo.staleness import StalenessKind
 
 __all__ = ["RLAlgorithmConfig", "conservative", "aggressive", "get_preset", "PRESET_NAMES"]
 
