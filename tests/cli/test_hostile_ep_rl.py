@@ -516,3 +516,53 @@ def test_an_unreachable_ray_address_is_one_line_with_no_blank_line_before_it(tmp
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("nobubble rl: error:"), out
     assert f"--address 127.0.0.1:{port}: no Ray cluster answers" in out.stderr
+
+
+RL_FLAG_CONTRADICTIONS = [
+    ([*RT, "--group-size", "1"], "group_size=1"),
+    ([*RT, "--replay-groups", "2"], "replay_groups"),
+    (
+        [*RT, "--mode", "fully-async", "--max-staleness", "2", "--drop-staleness", "10"],
+        "drop_staleness=10",
+    ),  # fmt: skip
+    ([*RT, "--resume", "--checkpoint-dir", "{tmp}"], "holds no checkpoint"),
+    ([*RT, "--engine", "local", "--address", "127.0.0.1:1"], "ray_address"),
+    ([*RC, "--group-size", "1"], "group_size=1"),
+]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(
+    ("argv", "needle"), RL_FLAG_CONTRADICTIONS, ids=[" ".join(a) for a, _ in RL_FLAG_CONTRADICTIONS]
+)
+def test_rl_flag_contradictions_are_refused_within_2_s_of_the_command(tmp_path, argv, needle):
+    """Checked before torch is imported, so the whole ``python -m nobubble`` - interpreter
+    start-up included - takes under 2 s (torch's import alone takes ~3 s here)."""
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "nobubble", *_argv(argv, tmp_path)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    took = time.monotonic() - start
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and out.stdout == "", out
+    assert needle in lines[0], lines[0]
+    assert took < 2, f"{argv}: refused after {took:.1f}s"
+
+
+def test_the_rl_cli_and_configs_import_no_torch_and_refuse_a_contradiction_without_it():
+    """What ``rl train|compare`` read before their flag checks loads no torch, and a
+    contradictory :class:`RunConfig` is refused before it would import any."""
+    code = (
+        "import nobubble.cli.rl, nobubble.rl.system.config, nobubble.rl.actor_learner.config, sys\n"
+        "assert 'torch' not in sys.modules, 'torch imported by the modules'\n"
+        "from nobubble.rl.system.config import RunConfig\n"
+        "try:\n"
+        "    RunConfig(group_size=1)\n"
+        "except ValueError as err:\n"
+        "    assert 'group_size=1' in str(err), err\n"
+        "else:\n"
+        "    raise AssertionError('group_size=1 was accepted')\n"
+        "assert 'torch' not in sys.modules, 'torch imported by the refusal'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr

@@ -257,7 +257,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, **over: Any):
-    from nobubble.rl.system.orchestrator import RunConfig
+    from nobubble.rl.system.config import RunConfig
 
     kw: dict[str, Any] = {
         "task": args.task or "digits",
@@ -334,8 +334,6 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_task(args: argparse.Namespace) -> int:
     import_run_objects(args)
-    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
-
     ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "restart_workers")}
     ckpt["resume"] = "or-start" if args.resume_or_start else args.resume
     ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
@@ -345,7 +343,9 @@ def _train_task(args: argparse.Namespace) -> int:
         args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag,
         **many, **partial_settings(args),
     )  # fmt: skip
-    check_task_run(args, cfg)
+    check_task_run(args, cfg)  # the config's checks first: they import no torch, this does
+    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
+
     label = f"{cfg.mode}" + (
         f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
     )
@@ -384,10 +384,10 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _compare_modes(args: argparse.Namespace) -> int:
-    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
-
     runs = {m: _config(args, mode=m) for m in MODES}
     check_task_run(args, runs["sync"])
+    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
+
     title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
     results = {}
     for label, cfg in runs.items():

@@ -183,9 +183,7 @@ def _progress(version: int, metrics: dict[str, float]) -> None:
 def run_env(args: argparse.Namespace, *, compare: bool) -> int:
     """``rl train --env`` (one architecture) or ``rl compare --env`` (all three on the same
     budget); the exit status. Every config is built and the env checked before any actor
-    starts."""
-    from nobubble.rl.actor_learner.envs import env_label, env_spaces
-
+    starts; the flags and the config are checked before torch and gymnasium are imported."""
     actors, envs = args.actors or 2, args.envs_per_actor or 8
     # an env with its slot and trajectory buffers: ~50 kB (CartPole); a text env more
     check_budget("rl", processes=1 + actors, data_bytes=actors * envs * 50e3, force=args.force)
@@ -194,6 +192,8 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
         check_steps("rl", "--steps", first.steps, ENV_UPDATE_S, hint=", give --time-budget S",
                     force=args.force)  # fmt: skip
     configs = [dataclasses.replace(first, arch=a) for a in ENV_ARCHS] if compare else [first]
+    from nobubble.rl.actor_learner.envs import env_label, env_spaces
+
     try:
         env_spaces(configs[0].env)  # an unknown id or unsupported spaces: a usage error
     except Exception as err:

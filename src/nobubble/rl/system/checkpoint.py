@@ -14,7 +14,8 @@ Every file is written atomically (a temporary file, fsync, rename), and ``latest
 only after both files of a checkpoint exist, so a crash at any point leaves the previous
 checkpoint whole. ``<token>`` is new for every driver process: a trainer left over from a
 killed run can never write into the folder of the run that resumed. The two newest
-checkpoints are kept.
+checkpoints are kept. Torch is imported by the functions that read and write the files, so
+the driver checks ``resume`` (:meth:`CheckpointStore.latest`) before torch loads.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import secrets
 import shutil
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from nobubble.files import atomic_path, write_text
 
@@ -57,6 +56,8 @@ RESUME_KEYS = (
 
 
 def _save(obj: Any, path: Path) -> None:
+    import torch
+
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
 
@@ -66,6 +67,8 @@ def save_trainer(
 ) -> Path:
     """Write the trainer's part of a checkpoint to ``path`` atomically (``reference``: the
     KL penalty's reference policy, when there is one)."""
+    import torch
+
     path = Path(path)
     state = {
         "model": model.state_dict(),
@@ -81,6 +84,8 @@ def save_trainer(
 def load_trainer(path: str | os.PathLike[str], model: Any, opt: Any, reference: Any = None) -> int:
     """Load ``path`` into ``model``, ``opt``, ``reference`` (and torch's RNG); returns the
     version."""
+    import torch
+
     state = torch.load(Path(path), weights_only=False)
     model.load_state_dict(state["model"])
     if reference is not None and state.get("reference") is not None:
@@ -149,4 +154,6 @@ class CheckpointStore:
 
     @staticmethod
     def load_state(ckpt: Path) -> dict[str, Any]:
+        import torch
+
         return torch.load(ckpt / STATE_FILE, weights_only=False)

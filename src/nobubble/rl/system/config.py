@@ -3,25 +3,30 @@
 :class:`RunConfig` is keyword-only, frozen and validated when built, so a bad value fails in
 the driver with a message naming it, never later inside a worker process or actor. It is
 picklable: both engines build their stage workers from it alone.
+
+Importing this module loads no torch: the settings are checked first (names, values,
+contradictions), and only then are the components that need torch (rewards, policy, task,
+trainer, rollout) imported and built, so a bad flag is refused in the time Python starts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.checkpoint import CheckpointStore
-from nobubble.rl.system.policies import build_policy, check_policy_spec
-from nobubble.rl.system.presets import resolve_preset
+from nobubble.rl.system.presets import ALGOS, resolve_preset
 from nobubble.rl.system.replay import ReplayConfig
-from nobubble.rl.system.rewards import RewardConfig, RewardSource, parse_reward
-from nobubble.rl.system.rollout import RolloutConfig
-from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
-from nobubble.rl.system.trainer import ALGOS, TrainerConfig
 from nobubble.validation import check_fields, check_value
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nobubble.rl.system.rewards import RewardConfig
+    from nobubble.rl.system.rollout import RolloutConfig
+    from nobubble.rl.system.tasks.spec import TaskSpec
+    from nobubble.rl.system.trainer import TrainerConfig
 
 __all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig", "describe_value"]
 
@@ -224,6 +229,14 @@ class RunConfig:
             raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
         self._check_contradictions(given)
         self._check_ray_resources()
+        self._check_components()
+
+    def _check_components(self) -> None:
+        """Parse the rewards and build each component's config once, so bad values fail here,
+        not in a worker; these import torch, so they come after every flag check."""
+        from nobubble.rl.system.policies import check_policy_spec
+        from nobubble.rl.system.rewards import RewardSource, parse_reward
+
         rewards = tuple(
             r
             if isinstance(r, RewardSource)
@@ -238,7 +251,6 @@ class RunConfig:
         if self.reward_url is not None:
             self.remote_reward()  # validates the url
         check_policy_spec(self.policy)
-        # build every component config once so bad values fail here, not in a worker
         for build in (self.make_task, self.trainer_config, self.rollout_config, self.reward_config):
             build()
 
@@ -379,10 +391,14 @@ class RunConfig:
         return 1 if self.threads is None else self.threads
 
     def make_task(self) -> TaskSpec:
+        from nobubble.rl.system.tasks.spec import resolve_task
+
         return resolve_task(self.task, self.task_kwargs)
 
     def build_policy(self, task: TaskSpec | None = None) -> nn.Module:
         """A fresh policy model for the run's task (its init follows torch's RNG)."""
+        from nobubble.rl.system.policies import build_policy
+
         task = self.make_task() if task is None else task
         return build_policy(
             self.policy,
@@ -410,6 +426,8 @@ class RunConfig:
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
 
     def trainer_config(self) -> TrainerConfig:
+        from nobubble.rl.system.trainer import TrainerConfig
+
         partial = {}
         if self.partial_rollouts:  # tokens past the drop bound are masked, per token
             partial = {
@@ -421,12 +439,16 @@ class RunConfig:
         )
 
     def rollout_config(self) -> RolloutConfig:
+        from nobubble.rl.system.rollout import RolloutConfig
+
         partial = {}
         if self.partial_rollouts:
             partial = {"partial_rollouts": True, "weight_check_every": self.weight_check_every}
         return RolloutConfig(group_size=self.group_size, **{**self.rollout, **partial})
 
     def reward_config(self) -> RewardConfig:
+        from nobubble.rl.system.rewards import RewardConfig
+
         return RewardConfig(**{"seed": self.seed, **self.reward})
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nobubble.rl.algo.presets import PRESET_NAMES, get_preset
+__all__ = ["ALGOS", "ablation", "resolve_preset"]
 
-__all__ = ["PRESET_NAMES", "ablation", "resolve_preset"]
+# the policy-gradient algorithms a run may name (the trainer implements each)
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 
 # the settings a preset may fill, and their value when neither the run nor a preset sets them
 DEFAULTS: dict[str, Any] = {
@@ -46,6 +47,8 @@ def _preset_values(
     name: str, mode: str, group_size: int, batch_groups: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(run settings, trainer settings) of the preset ``name``."""
+    from nobubble.rl.algo.presets import get_preset
+
     p = get_preset(name)
     trainer: dict[str, Any] = {"clip": p.clip_high, "staleness_weighting": p.staleness_weighting}
     if p.kl_coef:
@@ -78,10 +81,13 @@ def resolve_preset(
     trainer: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The run settings ``given`` (None = unset) completed by ``preset`` and the defaults,
-    and the trainer settings ``trainer`` laid over the preset's."""
+    and the trainer settings ``trainer`` laid over the preset's. Without a preset it loads no
+    torch (the toolbox :mod:`nobubble.rl.algo` does), so a run's flags are checked first."""
     run_over: dict[str, Any] = {}
     trainer_base: dict[str, Any] = {}
     if preset is not None:
+        from nobubble.rl.algo.presets import PRESET_NAMES
+
         if preset not in PRESET_NAMES:
             raise ValueError(f"preset={preset!r} is unknown; choose {', '.join(PRESET_NAMES)}")
         run_over, trainer_base = _preset_values(preset, mode, group_size, batch_groups)

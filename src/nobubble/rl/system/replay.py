@@ -15,17 +15,17 @@ rule "a group is one policy version" holds for replayed groups too.
 ``N``, ``P`` and the maximum are over the fresh-enough groups only: the sampling is
 :class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s, restricted to them (uniform is
 its ``alpha = 0``). Draws are without replacement within one step and seeded, so runs are
-reproducible; the state pickles into checkpoints.
+reproducible; the state pickles into checkpoints. :class:`ReplayConfig` loads no torch (the
+driver checks it before torch loads); the replay itself imports it when built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from nobubble.rl.algo.replay import PrioritizedReplayBuffer
-from nobubble.rl.system.types import SampleGroup
+if TYPE_CHECKING:
+    from nobubble.rl.system.types import SampleGroup
 
 __all__ = ["REPLAY_MODES", "ReplayConfig", "GroupReplay"]
 
@@ -67,6 +67,8 @@ class ReplayConfig:
 
 
 def _priority(group: SampleGroup) -> float:
+    import torch
+
     rewards = torch.tensor([s.reward or 0.0 for s in group.samples], dtype=torch.float64)
     return float(rewards.var()) if rewards.numel() > 1 else 0.0
 
@@ -75,6 +77,8 @@ class GroupReplay:
     """The replay itself (see the module docstring): a prioritized buffer of whole groups."""
 
     def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
+        from nobubble.rl.algo.replay import PrioritizedReplayBuffer
+
         self.cfg = cfg
         self.eps = eps
         alpha = cfg.alpha if cfg.mode == "prioritized" else 0.0

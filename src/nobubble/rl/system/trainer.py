@@ -44,6 +44,7 @@ from nobubble.rl.system.partial.versions import (
     token_lag,
 )
 from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
+from nobubble.rl.system.presets import ALGOS
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import check_fields
@@ -60,7 +61,6 @@ __all__ = [
     "train_result",
 ]
 
-ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
 
 
