@@ -13,11 +13,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.preflight import check_steps
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     check_budget,
+    check_steps,
     console,
     nonneg_int,
     plot_file,

@@ -1,8 +1,7 @@
 """Checks that ``ep`` and ``rl`` commands make before any work, beside :mod:`~nobubble.cli.util`'s.
 
-- :func:`check_steps`: a count of steps or iterations whose least possible time (the count
-  times the fastest step such a run ever takes) is past a wall-clock limit is refused,
-  naming the estimate and ``--force``; a run stopped by its own time budget is not.
+- step counts: :func:`~nobubble.cli.util.check_steps` with the fastest step of each run
+  (``TASK_STEP_S``, ``ENV_UPDATE_S``); a run stopped by its own time budget is not bounded.
 - :func:`load_user_object`: a user's module (``--task``, ``--policy``, ``--reward``) is
   imported here, in the driver, and whatever its import raises (a ``SyntaxError``, the
   module's own ``RuntimeError``) is one line naming the flag, not a traceback or exit 1.
@@ -23,45 +22,18 @@ import argparse
 import json
 from typing import Any
 
-from nobubble.cli.util import UsageError, check_budget, nonneg_float
+from nobubble.cli.util import UsageError, check_budget, check_steps, nonneg_float
 
 __all__ = [
     "ENV_UPDATE_S",
     "TASK_STEP_S",
-    "WALL_BUDGET_S",
     "check_policy_size",
-    "check_steps",
     "check_task_run",
     "import_run_objects",
     "json_object",
     "load_user_object",
     "probability",
 ]
-
-WALL_BUDGET_S = 24 * 3600.0
-"""The longest run a command starts without ``--force`` (or a time budget that stops it)."""
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0)):
-        if seconds >= size:
-            return f"{seconds / size:,.1f} {unit}"
-    return f"{seconds:,.0f} s"
-
-
-def check_steps(what: str, flag: str, steps: int, seconds_per_step: float, *,
-                limit_s: float = WALL_BUDGET_S, limit: str = "the budget of 24 h",
-                hint: str = "", force: bool = False) -> None:  # fmt: skip
-    """Refuse ``steps`` when ``steps x seconds_per_step`` (the fastest step such a run takes,
-    so the estimate is a lower bound) is past ``limit_s`` (worded ``limit``); ``hint``
-    names another way out (``", or --time-budget S"``)."""
-    least = steps * seconds_per_step
-    if force or least <= limit_s:
-        return
-    raise UsageError(
-        f"{what}: {flag} {steps:,} takes at least {_duration(least)} "
-        f"({seconds_per_step * 1e3:g} ms a step), past {limit}; lower {flag}{hint}, or --force"
-    )
 
 
 def load_user_object(flag: str, spec: str, what: str) -> Any:

@@ -23,8 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.preflight import ENV_UPDATE_S, check_steps
-from nobubble.cli.util import check_budget, nonneg_float, positive_int, print_json, print_table
+from nobubble.cli.preflight import ENV_UPDATE_S
+from nobubble.cli.util import (
+    check_budget,
+    check_steps,
+    nonneg_float,
+    positive_int,
+    print_json,
+    print_table,
+)
 from nobubble.validation import finite
 
 __all__ = ["ENV_ARCHS", "add_env_arguments", "check_producer_flags", "run_env"]

@@ -24,6 +24,8 @@ __all__ = [
     "UsageError",
     "ArgumentParser",
     "check_budget",
+    "check_steps",
+    "WALL_BUDGET_S",
     "memory_bytes",
     "input_file",
     "output_file",
@@ -95,6 +97,38 @@ def check_budget(what: str, *, processes: int = 1, data_bytes: float = 0.0,
             f"{what}: needs about {need / 2**30:.1f} GiB, past 80% of this machine's "
             f"{memory_bytes() / 2**30:.1f} GiB; use smaller sizes, or --force"
         )
+
+
+WALL_BUDGET_S = 24 * 3600.0
+"""The longest run a command starts without ``--force`` (or a time budget that stops it)."""
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:,.0f} s"
+
+
+def check_steps(what: str, flag: str, steps: int, seconds_per_step: float, *,
+                limit_s: float = WALL_BUDGET_S, limit: str = "the budget of 24 h",
+                hint: str = "", bound: str = "at least", unit: str = "step",
+                force: bool = False) -> None:  # fmt: skip
+    """The one time budget of a count (steps, repeats, iterations): refuse ``steps`` when
+    ``steps x seconds_per_step`` is past ``limit_s`` (worded ``limit``), naming the estimate
+    and ``--force``. ``bound`` says what the estimate is (``"at least"``: the fastest step
+    such a run takes; ``"about"``: a model's estimate); ``hint`` names another way out
+    (``", give --time-budget S"``)."""
+    seconds = steps * seconds_per_step
+    if force or seconds <= limit_s:
+        return
+    each = (
+        f"{seconds_per_step * 1e3:.3g} ms" if seconds_per_step < 1 else f"{seconds_per_step:.3g} s"
+    )
+    raise UsageError(
+        f"{what + ': ' if what else ''}{flag} {steps} takes {bound} {_duration(seconds)} ({each} a {unit}), "
+        f"past {limit}; lower {flag}{hint}, or --force"
+    )
 
 
 def input_file(text: str) -> Path:

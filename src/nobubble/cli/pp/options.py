@@ -19,6 +19,7 @@ from typing import Any
 from nobubble.cli.util import (
     UsageError,
     check_budget,
+    check_steps,
     nonneg_float,
     nonneg_int,
     positive_float,
@@ -465,12 +466,9 @@ def step_seconds(params: int, tokens: int, microbatches: int, ranks: int) -> flo
 
 def check_seconds(flag: str, value: int, seconds: float, what: str, *, force: bool) -> None:
     """Refuse ``flag value`` when its estimated ``seconds`` pass :data:`TIME_BUDGET_S`."""
-    if seconds > TIME_BUDGET_S and not force:
-        raise UsageError(
-            f"{flag} {value}: about {seconds:,.0f} s ({seconds / value:.2g} s a {what} for this "
-            f"model's size), past the budget of {TIME_BUDGET_S:,.0f} s; use fewer, or a "
-            "smaller model, or --force"
-        )
+    check_steps("", flag, value, seconds / value, limit_s=TIME_BUDGET_S,
+                limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
+                bound="about", unit=what, force=force)  # fmt: skip
 
 
 def builtin_bytes(args: argparse.Namespace, ranks: int, arch: str) -> float:
