@@ -1,7 +1,8 @@
 """MoE load balancing: where experts live, how tokens pick a replica, when experts move.
 
 - :mod:`.eplb`, :mod:`.packing`: EPLB placement (hierarchical and global), balanced packing;
-  :mod:`.eplb_reference`: a line-by-line transcription of DeepSeek's ``eplb.py`` to test against.
+  :mod:`.eplb_reference`: a line-by-line transcription of DeepSeek's ``eplb.py`` to test against;
+  :mod:`.problem`: the checks of a placement problem, without torch (the command line's).
 - :mod:`.incremental`: a new placement that moves as few experts as it can.
 - :mod:`.replicas`: logical -> physical experts (token hash, round robin, least loaded).
 - :mod:`.load_stats`: live per-expert load statistics.
