@@ -34,14 +34,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig
 from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe.baseline import pair_combine, pair_dispatch
 from nobubble.moe.buffer import Buffer
-from nobubble.moe.fastpath.shm_transport import TRANSPORT_KINDS
-from nobubble.moe.layout import get_dispatch_layout, num_local_experts
+from nobubble.moe.layout import get_dispatch_layout
 from nobubble.moe.transport import Transport
-from nobubble.validation import check_fields
 
 __all__ = [
     "BenchConfig",
@@ -54,61 +53,7 @@ __all__ = [
 ]
 
 METHODS = ("buffer", "per-pair all-to-all", "all-gather")
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-@dataclass(frozen=True, kw_only=True)
-class BenchConfig:
-    """One benchmark run."""
-
-    num_ranks: int = 4
-    """Local processes (expert-parallel ranks)."""
-    num_tokens: int = 4096
-    """Tokens per rank."""
-    hidden: int = 7168
-    """Hidden size."""
-    num_experts: int = 256
-    """Routed experts (a multiple of ``num_ranks``)."""
-    topk: int = 8
-    """Experts per token."""
-    dtype: str = "bf16"
-    """Payload dtype: bf16 or fp32."""
-    num_iters: int = 3
-    """Timed iterations per method (after ``num_warmup``)."""
-    num_warmup: int = 1
-    """Untimed iterations per method."""
-    timeout_s: float = 1800.0
-    """Limit for the whole run and every collective."""
-    seed: int = 0
-    """Routing / payload seed."""
-    transport: str = "auto"
-    """auto (shared memory for gloo on one CPU host), shm or dist (gloo collectives)."""
-
-    def __post_init__(self) -> None:
-        names = ("num_ranks", "num_tokens", "hidden", "num_experts", "topk", "num_iters")
-        check_fields("BenchConfig", self, names, ">= 1", integer=True)
-        check_fields("BenchConfig", self, ("num_warmup",), ">= 0", integer=True)
-        num_local_experts(self.num_experts, self.num_ranks)
-        if self.topk > self.num_experts:
-            raise ValueError(
-                f"BenchConfig.topk={self.topk} exceeds num_experts={self.num_experts}; lower topk"
-            )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"BenchConfig.dtype={self.dtype!r}; choose one of {sorted(DTYPES)}")
-        if self.transport not in TRANSPORT_KINDS:
-            raise ValueError(
-                f"BenchConfig.transport={self.transport!r}; choose one of "
-                f"{', '.join(TRANSPORT_KINDS)}"
-            )
-
-    def data_bytes(self) -> int:
-        """The run's memory past its processes'. Per rank: its tokens, the rows it receives
-        (up to one per token and rank it reaches), the combined output and the baselines'
-        copies: about ``topk + 4`` token-sized buffers; and a few int64 counts and maps per
-        expert."""
-        elem = 2 if self.dtype == "bf16" else 4
-        per_rank = self.num_tokens * self.hidden * elem * (self.topk + 4) + 64 * self.num_experts
-        return self.num_ranks * per_rank
+DTYPES = dict(zip(DTYPE_NAMES, (torch.bfloat16, torch.float32), strict=True))
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,9 @@ import torch
 if TYPE_CHECKING:
     from nobubble.bench.ep_train import TrainConfig
 
-__all__ = ["VOCAB_BOUND", "corpus", "make_batches"]
+from nobubble.bench.ep_config import VOCAB_BOUND
 
-VOCAB_BOUND = 128
-"""The character vocabulary of :func:`corpus` stays under this many symbols."""
+__all__ = ["VOCAB_BOUND", "corpus", "make_batches"]
 
 
 def corpus() -> str:

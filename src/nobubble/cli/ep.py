@@ -87,8 +87,7 @@ MAX_ITERS = 1000
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from nobubble.bench.ep_dispatch import BenchConfig, run_with_progress
-    from nobubble.bench.ep_tables import print_dispatch_report
+    from nobubble.bench.ep_config import BenchConfig  # no torch: refusals come before it
 
     if args.ranks == 1:
         raise UsageError("--ranks 1: one rank dispatches to itself, nothing moves and there is "
@@ -118,6 +117,9 @@ def _bench(args: argparse.Namespace) -> int:
         if args.plot is not None:
             raise UsageError("--plot draws one transport; give --transport one kind with it")
         return _compare(config, args.transport, as_json=args.json)
+    from nobubble.bench.ep_dispatch import run_with_progress
+    from nobubble.bench.ep_tables import print_dispatch_report
+
     report = run_with_progress(config)
     if args.plot is not None:
         from nobubble.bench.ep_dispatch import plot_report

@@ -81,8 +81,7 @@ def parse_skew(text: str) -> tuple[str, float]:
 def _check_problem(args: argparse.Namespace) -> None:
     """Refuse, before any loads are made, a placement EPLB cannot do (its own ValueError), a
     flag the chosen load source ignores, and a problem past :data:`MAX_SLOTS`."""
-    from nobubble.moe.balance.eplb import check_config
-    from nobubble.moe.balance.report import MAX_SLOTS
+    from nobubble.moe.balance.problem import MAX_SLOTS, check_config  # no torch
 
     check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,
                  args.gpus, args.policy)  # fmt: skip
@@ -104,10 +103,10 @@ def _check_problem(args: argparse.Namespace) -> None:
 
 
 def _balance(args: argparse.Namespace) -> int:
+    _check_problem(args)  # before torch is imported (by the two modules below)
     from nobubble.moe.balance.loads import read_loads, synthetic_loads
     from nobubble.moe.balance.report import balance_report, plot_balance
 
-    _check_problem(args)
     if args.weights is not None:
         try:
             weight = read_loads(args.weights)

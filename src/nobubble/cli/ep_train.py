@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from nobubble.bench.ep_train import TrainConfig
+    from nobubble.bench.ep_config import TrainConfig  # no torch: refusals come before it
 
     return TrainConfig(
         num_ranks=args.ranks,
@@ -110,7 +110,7 @@ def _check_run(args: argparse.Namespace, config: Any) -> None:
     """Refuse, before any rank starts: the processes, the memory (``config.data_bytes()``),
     steps that cannot end within ``--timeout`` (the whole job's limit), and an online EPLB with one
     expert-parallel rank (every expert lives on it: nothing can move)."""
-    from nobubble.bench.ep_train import STEP_S
+    from nobubble.bench.ep_config import STEP_S
 
     check_budget("ep train", processes=args.ranks, data_bytes=config.data_bytes(),
                  force=args.force)  # fmt: skip

@@ -17,15 +17,32 @@ The public names (everything else is importable from its module, e.g.
 
 from __future__ import annotations
 
-from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult, Topology
-from nobubble.moe.experts import GroupedExperts
-from nobubble.moe.fastpath.shm_transport import ShmTransport
-from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
-from nobubble.moe.parallel import dp_ep_groups, sync_gradients
-from nobubble.moe.reference import reference_combine, reference_dispatch
-from nobubble.moe.reference_layer import ReferenceMoE
-from nobubble.moe.routing import softmax_topk
-from nobubble.moe.transport import PeerFailure, TorchDistTransport, Transport, TransportError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nobubble.moe.buffer import Buffer, CombineResult, DispatchHandle, DispatchResult, Topology
+    from nobubble.moe.experts import GroupedExperts
+    from nobubble.moe.fastpath.shm_transport import ShmTransport
+    from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
+    from nobubble.moe.parallel import dp_ep_groups, sync_gradients
+    from nobubble.moe.reference import reference_combine, reference_dispatch
+    from nobubble.moe.reference_layer import ReferenceMoE
+    from nobubble.moe.routing import softmax_topk
+    from nobubble.moe.transport import PeerFailure, TorchDistTransport, Transport, TransportError
+
+# Each public name's module, imported on first use: ``import nobubble.moe.<module>`` for a
+# torch-free module (``layout``, ``balance.policy``) then imports no torch (command-line checks).
+_HOMES = {
+    "Buffer": "buffer", "Topology": "buffer", "DispatchResult": "buffer",
+    "CombineResult": "buffer", "DispatchHandle": "buffer", "GroupedExperts": "experts",
+    "ShmTransport": "fastpath.shm_transport", "MoEConfig": "layer", "MoELayer": "layer",
+    "init_moe_weights": "layer", "dp_ep_groups": "parallel", "sync_gradients": "parallel",
+    "reference_combine": "reference", "reference_dispatch": "reference",
+    "ReferenceMoE": "reference_layer", "softmax_topk": "routing", "PeerFailure": "transport",
+    "TorchDistTransport": "transport", "Transport": "transport", "TransportError": "transport",
+}  # fmt: skip
+
 
 __all__ = [
     "Buffer",
@@ -49,3 +66,10 @@ __all__ = [
     "dp_ep_groups",
     "sync_gradients",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The public name ``name``, from its module (imported now if it was not yet)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

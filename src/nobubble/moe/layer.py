@@ -22,54 +22,10 @@ from torch import nn
 
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.experts import check_expert_output
+from nobubble.moe.layout import MoEConfig
 from nobubble.moe.routing import Routing, deepseek_v3_topk, softmax_topk, update_expert_bias
-from nobubble.validation import check_fields
 
 __all__ = ["MoEConfig", "MoEWeights", "init_moe_weights", "MoELayer", "swiglu"]
-
-ROUTERS = ("softmax", "deepseek_v3")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MoEConfig:
-    """Shape and routing of one MoE layer."""
-
-    hidden: int
-    """``H``, model width."""
-    expert_hidden: int
-    """``I``, intermediate width of one routed expert."""
-    num_experts: int
-    """``E``, routed experts (a multiple of the expert-parallel ranks)."""
-    topk: int
-    """``K``, routed experts per token."""
-    num_shared_experts: int = 0
-    """Shared experts every token goes through (fused into one SwiGLU of width S * I)."""
-    router: str = "softmax"
-    """``"softmax"`` (top-k of softmax) or ``"deepseek_v3"`` (group-limited sigmoid gating)."""
-    n_groups: int = 1
-    """DeepSeek-V3 expert groups."""
-    topk_groups: int = 1
-    """DeepSeek-V3 groups each token may use."""
-    route_scale: float = 1.0
-    """DeepSeek-V3 weight scale after normalisation."""
-    bias_update_rate: float = 0.001
-    """Aux-loss-free bias step (DeepSeek-V3's gamma)."""
-
-    def __post_init__(self) -> None:
-        check_fields("MoEConfig", self, ("hidden", "expert_hidden", "num_experts", "topk"), ">= 1")
-        if self.topk > self.num_experts:
-            raise ValueError(f"MoEConfig: topk={self.topk} exceeds num_experts={self.num_experts}")
-        if self.num_shared_experts < 0:
-            raise ValueError(
-                f"MoEConfig: num_shared_experts={self.num_shared_experts} must be >= 0"
-            )
-        if self.router not in ROUTERS:
-            raise ValueError(f"MoEConfig: router={self.router!r}; choose one of {ROUTERS}")
-        if self.num_experts % self.n_groups != 0 or not 1 <= self.topk_groups <= self.n_groups:
-            raise ValueError(
-                f"MoEConfig: n_groups={self.n_groups} must divide num_experts={self.num_experts} "
-                f"and 1 <= topk_groups={self.topk_groups} <= n_groups"
-            )
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,16 +5,29 @@ Experts are laid out contiguously by rank: rank ``r`` owns experts
 rank once (DeepEP's deduplication), so ``num_tokens_per_rank`` counts tokens, not
 (token, expert) pairs, while ``num_tokens_per_expert`` counts top-k slots.
 
+The static shape of expert parallelism lives here too - :class:`MoEConfig` (one layer's
+shape and routing), :func:`num_local_experts`, the router and transport kinds - and imports
+no torch (torch is imported by the two functions that count tensors), so that the command line
+refuses a bad shape before it pays for ``import torch``.
+
 Shape legend: ``N`` tokens on this rank, ``K`` top-k slots, ``E`` experts, ``R`` ranks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from nobubble.validation import check_fields
 
-__all__ = ["DispatchLayout", "get_dispatch_layout", "check_topk_idx", "num_local_experts"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DispatchLayout", "get_dispatch_layout", "check_topk_idx", "num_local_experts",
+           "MoEConfig", "ROUTERS", "TRANSPORT_KINDS"]  # fmt: skip
+
+ROUTERS = ("softmax", "deepseek_v3")
+TRANSPORT_KINDS = ("auto", "shm", "dist")
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,6 +53,48 @@ class DispatchLayout:
         return int(self.num_tokens_per_expert.shape[0])
 
 
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """Shape and routing of one MoE layer."""
+
+    hidden: int
+    """``H``, model width."""
+    expert_hidden: int
+    """``I``, intermediate width of one routed expert."""
+    num_experts: int
+    """``E``, routed experts (a multiple of the expert-parallel ranks)."""
+    topk: int
+    """``K``, routed experts per token."""
+    num_shared_experts: int = 0
+    """Shared experts every token goes through (fused into one SwiGLU of width S * I)."""
+    router: str = "softmax"
+    """``"softmax"`` (top-k of softmax) or ``"deepseek_v3"`` (group-limited sigmoid gating)."""
+    n_groups: int = 1
+    """DeepSeek-V3 expert groups."""
+    topk_groups: int = 1
+    """DeepSeek-V3 groups each token may use."""
+    route_scale: float = 1.0
+    """DeepSeek-V3 weight scale after normalisation."""
+    bias_update_rate: float = 0.001
+    """Aux-loss-free bias step (DeepSeek-V3's gamma)."""
+
+    def __post_init__(self) -> None:
+        check_fields("MoEConfig", self, ("hidden", "expert_hidden", "num_experts", "topk"), ">= 1")
+        if self.topk > self.num_experts:
+            raise ValueError(f"MoEConfig: topk={self.topk} exceeds num_experts={self.num_experts}")
+        if self.num_shared_experts < 0:
+            raise ValueError(
+                f"MoEConfig: num_shared_experts={self.num_shared_experts} must be >= 0"
+            )
+        if self.router not in ROUTERS:
+            raise ValueError(f"MoEConfig: router={self.router!r}; choose one of {ROUTERS}")
+        if self.num_experts % self.n_groups != 0 or not 1 <= self.topk_groups <= self.n_groups:
+            raise ValueError(
+                f"MoEConfig: n_groups={self.n_groups} must divide num_experts={self.num_experts} "
+                f"and 1 <= topk_groups={self.topk_groups} <= n_groups"
+            )
+
+
 def num_local_experts(num_experts: int, num_ranks: int) -> int:
     """Experts per rank; raises ValueError unless ``num_experts`` is a positive multiple of ranks."""
     if num_ranks < 1:
@@ -54,6 +109,8 @@ def num_local_experts(num_experts: int, num_ranks: int) -> int:
 
 def check_topk_idx(topk_idx: torch.Tensor, num_experts: int, *, name: str = "topk_idx") -> None:
     """Raise ValueError unless ``topk_idx`` is an ``[N, K]`` integer tensor with values in [-1, E)."""
+    import torch
+
     if not isinstance(topk_idx, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(topk_idx).__name__}")
     if topk_idx.dtype not in (torch.int64, torch.int32):
@@ -80,6 +137,8 @@ def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
     Returns:
         A :class:`DispatchLayout` on ``topk_idx``'s device.
     """
+    import torch
+
     experts_per_rank = num_local_experts(num_experts, num_ranks)
     check_topk_idx(topk_idx, num_experts)
     topk_idx = topk_idx.long()

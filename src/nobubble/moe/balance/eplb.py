@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from nobubble.moe.balance.packing import Packing, balanced_packing, replicate_experts
+from nobubble.moe.balance.problem import Policy, check_config, resolve_policy
 
 __all__ = [
     "Policy",
@@ -47,8 +47,6 @@ __all__ = [
     "resolve_policy",
     "check_config",
 ]
-
-Policy = Literal["auto", "hierarchical", "global"]
 
 
 @dataclass(frozen=True)
@@ -130,77 +128,6 @@ def load_imbalance(loads: torch.Tensor) -> torch.Tensor:
     loads = loads.double()
     mean = loads.mean(-1)
     return torch.where(mean > 0, loads.max(-1).values / mean.clamp_min(1e-300), 1.0)
-
-
-def resolve_policy(policy: str, num_groups: int, num_nodes: int) -> str:
-    """Turn ``policy`` ("auto", "hierarchical", "global") into the one that will run.
-
-    "auto" is hierarchical when ``num_groups % num_nodes == 0`` (EPLB's rule) and global when
-    ``num_groups == 1``; other group counts raise instead of silently ignoring the groups.
-    """
-    if policy not in ("auto", "hierarchical", "global"):
-        raise ValueError(f"policy={policy!r}: use 'auto', 'hierarchical' or 'global'")
-    if policy == "global":
-        return "global"
-    if num_groups % num_nodes == 0:
-        return "hierarchical"
-    if policy == "auto" and num_groups == 1:
-        return "global"
-    raise ValueError(
-        f"num_groups={num_groups} is not a multiple of num_nodes={num_nodes}: the hierarchical "
-        "policy keeps each expert group on one node; pick a group count divisible by the "
-        "node count, or policy='global' to ignore the groups"
-    )
-
-
-def check_config(
-    num_logical_experts: int,
-    num_replicas: int,
-    num_groups: int,
-    num_nodes: int,
-    num_gpus: int,
-    policy: str = "auto",
-) -> str:
-    """Validate a placement problem; returns the policy that will run. Raises ValueError."""
-    for name, value in (
-        ("num_logical_experts", num_logical_experts),
-        ("num_replicas", num_replicas),
-        ("num_groups", num_groups),
-        ("num_nodes", num_nodes),
-        ("num_gpus", num_gpus),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
-    if num_gpus % num_nodes:
-        raise ValueError(
-            f"num_gpus={num_gpus} is not a multiple of num_nodes={num_nodes}: every node needs "
-            "the same number of GPUs"
-        )
-    if num_replicas % num_gpus:
-        raise ValueError(
-            f"num_replicas={num_replicas} is not a multiple of num_gpus={num_gpus}: every GPU "
-            f"holds the same number of physical experts; use a multiple of {num_gpus}"
-        )
-    if num_replicas < num_logical_experts:
-        raise ValueError(
-            f"num_replicas={num_replicas} is fewer than the {num_logical_experts} logical "
-            "experts: every expert needs at least one replica"
-        )
-    if num_logical_experts % num_groups:
-        raise ValueError(
-            f"num_logical_experts={num_logical_experts} is not a multiple of "
-            f"num_groups={num_groups}: groups must be of equal size"
-        )
-    resolved = resolve_policy(policy, num_groups, num_nodes)
-    nodes = num_nodes if resolved == "hierarchical" else 1
-    per_gpu, per_node = num_replicas // num_gpus, num_logical_experts // nodes
-    if per_gpu > per_node:
-        raise ValueError(
-            f"each GPU holds {per_gpu} physical experts but its node has only {per_node} "
-            "logical experts, so some GPU would hold one expert twice; use fewer replicas "
-            f"(at most {per_node * num_gpus})"
-        )
-    return resolved
 
 
 def place_layer(

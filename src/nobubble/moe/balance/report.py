@@ -26,12 +26,9 @@ from nobubble.moe.balance.eplb import (
 )
 from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
 from nobubble.moe.balance.loads import static_gpu_loads
+from nobubble.moe.balance.problem import MAX_SLOTS
 
 __all__ = ["MAX_SLOTS", "BalanceReport", "balance_report", "plot_balance"]
-
-MAX_SLOTS = 10_000_000
-"""Most layers x physical experts one run places: EPLB's packing is a Python loop over them
-(about a microsecond each), and the report holds every slot."""
 
 
 @dataclass(frozen=True)

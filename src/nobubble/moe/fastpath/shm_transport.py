@@ -63,6 +63,7 @@ from nobubble.moe.fastpath.shm_segment import (
     store_fence,
     unlink,
 )
+from nobubble.moe.layout import TRANSPORT_KINDS
 from nobubble.moe.transport import (
     ByteCounting,
     Capabilities,
@@ -76,7 +77,6 @@ from nobubble.moe.transport import (
 
 __all__ = ["ShmTransport", "make_transport", "default_transport_kind", "TRANSPORT_KINDS"]
 
-TRANSPORT_KINDS = ("auto", "shm", "dist")
 _READY, _GEN, _CAP, _BEAT, _HEADER = 0, 1, 2, 3, 4
 _SHM_DIR = "/dev/shm"
 

@@ -1,0 +1,191 @@
+"""The configs of the expert-parallel benchmarks, without torch: ``ep bench``'s
+:class:`BenchConfig` and ``ep train``'s :class:`TrainConfig`.
+
+The command line builds them (and checks their budgets with ``data_bytes()``) before it imports
+torch, so that a bad flag is refused at once; :mod:`.ep_dispatch` and :mod:`.ep_train`, which
+run them, re-export them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nobubble.moe.layout import TRANSPORT_KINDS, MoEConfig, num_local_experts
+from nobubble.validation import check_fields
+
+__all__ = ["BenchConfig", "TrainConfig", "DTYPE_NAMES", "STEP_S", "VOCAB_BOUND"]
+
+DTYPE_NAMES = ("bf16", "fp32")
+"""``ep bench``'s payload dtypes (:data:`.ep_dispatch.DTYPES` maps them to torch's)."""
+STEP_S = 0.01
+"""The fastest training step of the smallest run (4 ranks, a 2-layer model of width 32)."""
+VOCAB_BOUND = 128
+"""The character vocabulary of :func:`corpus` stays under this many symbols."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """One benchmark run."""
+
+    num_ranks: int = 4
+    """Local processes (expert-parallel ranks)."""
+    num_tokens: int = 4096
+    """Tokens per rank."""
+    hidden: int = 7168
+    """Hidden size."""
+    num_experts: int = 256
+    """Routed experts (a multiple of ``num_ranks``)."""
+    topk: int = 8
+    """Experts per token."""
+    dtype: str = "bf16"
+    """Payload dtype: bf16 or fp32."""
+    num_iters: int = 3
+    """Timed iterations per method (after ``num_warmup``)."""
+    num_warmup: int = 1
+    """Untimed iterations per method."""
+    timeout_s: float = 1800.0
+    """Limit for the whole run and every collective."""
+    seed: int = 0
+    """Routing / payload seed."""
+    transport: str = "auto"
+    """auto (shared memory for gloo on one CPU host), shm or dist (gloo collectives)."""
+
+    def __post_init__(self) -> None:
+        names = ("num_ranks", "num_tokens", "hidden", "num_experts", "topk", "num_iters")
+        check_fields("BenchConfig", self, names, ">= 1", integer=True)
+        check_fields("BenchConfig", self, ("num_warmup",), ">= 0", integer=True)
+        num_local_experts(self.num_experts, self.num_ranks)
+        if self.topk > self.num_experts:
+            raise ValueError(
+                f"BenchConfig.topk={self.topk} exceeds num_experts={self.num_experts}; lower topk"
+            )
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(
+                f"BenchConfig.dtype={self.dtype!r}; choose one of {sorted(DTYPE_NAMES)}"
+            )
+        if self.transport not in TRANSPORT_KINDS:
+            raise ValueError(
+                f"BenchConfig.transport={self.transport!r}; choose one of "
+                f"{', '.join(TRANSPORT_KINDS)}"
+            )
+
+    def data_bytes(self) -> int:
+        """The run's memory past its processes'. Per rank: its tokens, the rows it receives
+        (up to one per token and rank it reaches), the combined output and the baselines'
+        copies: about ``topk + 4`` token-sized buffers; and a few int64 counts and maps per
+        expert."""
+        elem = 2 if self.dtype == "bf16" else 4
+        per_rank = self.num_tokens * self.hidden * elem * (self.topk + 4) + 64 * self.num_experts
+        return self.num_ranks * per_rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run (defaults: 4 ranks x 20 steps in well under a minute on 2 CPU cores)."""
+
+    num_ranks: int = 4
+    """``R`` local gloo processes."""
+    ep: int = 0
+    """Expert-parallel ranks per group (``dp = R / ep``); 0: ``gcd(R, num_experts)``."""
+    num_steps: int = 20
+    """Optimizer steps."""
+    num_experts: int = 8
+    """``E`` routed experts per MoE layer (a multiple of ``ep`` and of ``n_groups``)."""
+    topk: int = 2
+    """Routed experts per token."""
+    n_groups: int = 2
+    """DeepSeek-V3 expert groups."""
+    topk_groups: int = 1
+    """Groups a token may route to."""
+    num_redundant: int = 0
+    """Extra physical experts (replicas of hot ones) per layer, a multiple of ``ep``."""
+    rebalance_every: int = 0
+    """Online EPLB every this many steps (0: never)."""
+    hidden: int = 32
+    """Model width."""
+    expert_hidden: int = 32
+    """Intermediate width of one expert."""
+    num_heads: int = 4
+    """Attention heads."""
+    num_layers: int = 2
+    """Transformer blocks (one MoE FFN each)."""
+    seq_len: int = 32
+    """``T`` characters per sequence."""
+    batch_size: int = 8
+    """``B`` sequences per rank and step."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    bias_update_rate: float = 1e-3
+    """Aux-loss-free bias step (DeepSeek-V3's gamma)."""
+    seed: int = 0
+    """Model and data seed."""
+    check_dense: bool = False
+    """Also train the dense single-process model on all ranks' batches and compare losses."""
+    timeout_s: float = 600.0
+    """Limit for the whole job and every collective in it."""
+
+    def __post_init__(self) -> None:
+        counts = ("num_ranks", "num_steps", "num_experts", "topk", "n_groups", "topk_groups",
+                  "hidden", "expert_hidden", "num_heads", "num_layers", "seq_len",
+                  "batch_size")  # fmt: skip
+        check_fields("TrainConfig", self, counts, ">= 1", integer=True)
+        check_fields("TrainConfig", self, ("ep", "num_redundant", "rebalance_every", "seed"),
+                     ">= 0", integer=True)  # fmt: skip
+        check_fields("TrainConfig", self, ("lr", "timeout_s"), "> 0")
+        check_fields("TrainConfig", self, ("bias_update_rate",), ">= 0")
+        ep, ranks = self.expert_parallel, self.num_ranks
+        if ranks % ep:
+            raise ValueError(
+                f"TrainConfig: ep={ep} does not divide num_ranks={ranks}; pick a divisor"
+            )
+        if self.num_experts % ep or self.num_redundant % ep:
+            raise ValueError(
+                f"TrainConfig: num_experts={self.num_experts} and num_redundant="
+                f"{self.num_redundant} must be multiples of ep={ep}; change them or ep"
+            )
+        if self.num_redundant > self.num_experts * (ep - 1):
+            raise ValueError(
+                f"TrainConfig: num_redundant={self.num_redundant} is past "
+                f"{self.num_experts * (ep - 1)}, one replica of every expert on every other "
+                f"expert-parallel rank; use fewer"
+            )
+        if self.hidden % self.num_heads:
+            raise ValueError(
+                f"TrainConfig: hidden={self.hidden} is not a multiple of num_heads={self.num_heads}"
+            )
+        self.moe_config()  # routing constraints, with MoEConfig's messages
+        reachable = self.num_experts // self.n_groups * self.topk_groups
+        if self.topk > reachable:
+            raise ValueError(
+                f"TrainConfig: topk={self.topk} exceeds the {reachable} experts a token can "
+                f"reach in topk_groups={self.topk_groups} of {self.n_groups} groups; lower topk"
+            )
+
+    @property
+    def expert_parallel(self) -> int:
+        """``ep``, resolved."""
+        return self.ep or math.gcd(self.num_ranks, self.num_experts)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the MoE layers hold physical experts (replicas, or moving experts)."""
+        return self.num_redundant > 0 or self.rebalance_every > 0
+
+    def data_bytes(self) -> float:
+        """The run's memory past its processes': every physical expert's weights with their
+        gradients and Adam's two moments (16 bytes a parameter; the dense reference holds them
+        once more), and each rank's activations (fp32, ~16 hidden-sized and 3 topk x
+        expert-sized tensors a token and layer, and the logits)."""
+        c = self
+        experts = c.num_layers * (c.num_experts + c.num_redundant) * 3 * c.hidden * c.expert_hidden
+        weights = 16.0 * experts * (2 if c.check_dense else 1)
+        per_token = c.num_layers * (16 * c.hidden + 3 * c.topk * c.expert_hidden) + 3 * VOCAB_BOUND
+        return weights + 4.0 * c.num_ranks * c.batch_size * c.seq_len * per_token
+
+    def moe_config(self) -> MoEConfig:
+        return MoEConfig(
+            hidden=self.hidden, expert_hidden=self.expert_hidden, num_experts=self.num_experts,
+            topk=self.topk, num_shared_experts=1, router="deepseek_v3", n_groups=self.n_groups,
+            topk_groups=self.topk_groups, bias_update_rate=self.bias_update_rate,
+        )  # fmt: skip
