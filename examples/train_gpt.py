@@ -11,32 +11,17 @@ the same model from one seed, keeps its stages, and runs the same loop:
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
-import inspect
-import itertools
-import json
-import pathlib
-import re
 import statistics
 import time
 
 import torch
 from torch import nn
 
+from nobubble.bench.ep_train import corpus  # the standard library's docstrings, ~100 KB
 from nobubble.distributed import spawn
 from nobubble.pipeline import PipelineRunner, get_schedule, split_model
 
 SEQ, HIDDEN, HEADS, LAYERS = 64, 64, 4, 6  # 8 blocks: up to 8 stages (zb-v on 4 ranks)
-
-
-def corpus() -> str:
-    """Docstrings of a few standard-library modules and their members (about 100 KB)."""
-    parts = []
-    for mod in (collections, functools, itertools, json, pathlib, re):
-        parts.append(inspect.getdoc(mod) or "")
-        parts += [inspect.getdoc(obj) or "" for _, obj in inspect.getmembers(mod)]
-    return "\n".join(p for p in parts if p)
 
 
 class CausalBlock(nn.Module):
