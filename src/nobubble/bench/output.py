@@ -8,13 +8,14 @@ wide page (160 columns) instead of rich's 80, so tables stay readable in logs.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["console", "print_table", "run_with_progress_bar"]
+__all__ = ["console", "print_table", "progress_bar", "run_with_progress_bar"]
 
 T = TypeVar("T")
 
@@ -51,6 +52,30 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+@contextmanager
+def progress_bar(
+    label: str,
+    *,
+    total: int | None,
+    counter: str | None = "{task.completed}/{task.total}",
+    info: bool = False,
+    quiet: bool = False,
+) -> Iterator[tuple[Any, Any]]:
+    """The one progress bar: transient, on stderr, after ``label`` the ``counter`` column and
+    (``info``) a free ``info`` field; none when ``quiet`` or off a terminal (there a bar
+    draws only a blank line, before an error's one line too). Yields ``(progress, task)``
+    for ``progress.update(task, completed=..., info=...)``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn("{task.description}"), BarColumn()]
+    columns += [TextColumn(counter)] if counter is not None else []
+    columns += [TextColumn("{task.fields[info]}")] if info else []
+    err = console(stderr=True)
+    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True,
+                  disable=quiet or not err.is_terminal) as bar:  # fmt: skip
+        yield bar, bar.add_task(label, total=total, info="")
+
+
 def run_with_progress_bar(
     work: Callable[[Any], T],
     *,
@@ -71,8 +96,6 @@ def run_with_progress_bar(
     import queue
     import threading
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from nobubble.distributed import worker_context
 
     updates = worker_context().Queue()
@@ -86,13 +109,8 @@ def run_with_progress_bar(
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    columns = [TextColumn("{task.description}"), BarColumn()]
-    columns += [TextColumn(counter)] if counter is not None else []
-    columns += [TextColumn("{task.fields[info]}")] if info is not None else []
-    err = console(stderr=True)  # off a terminal a bar draws only a blank line: none there
-    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True,
-                  disable=quiet or not err.is_terminal) as bar:  # fmt: skip
-        task = bar.add_task(label, total=total, info="")
+    with progress_bar(label, total=total, counter=counter, info=info is not None,
+                      quiet=quiet) as (bar, task):  # fmt: skip
         while thread.is_alive():
             try:
                 description, done, steps, *extra = updates.get(timeout=0.5)

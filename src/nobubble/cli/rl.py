@@ -288,24 +288,12 @@ def _config(args: argparse.Namespace, **over: Any):
 
 
 def _run_with_progress(cfg, label: str, *, quiet: bool):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from nobubble.cli.util import console
+    from nobubble.bench.output import progress_bar
     from nobubble.rl.system.orchestrator import run
 
-    err = console(stderr=True)
-    # off a terminal a bar draws nothing but a blank line, before an error's one line too
-    with Progress(
-        TextColumn(f"[bold]{label}[/]"),
-        BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=quiet or not err.is_terminal,
-    ) as progress:
-        bar = progress.add_task(label, total=cfg.steps, info="starting workers")
+    with progress_bar(label, total=cfg.steps, counter="step {task.completed}/{task.total}",
+                      info=True, quiet=quiet) as (progress, bar):  # fmt: skip
+        progress.update(bar, info="starting workers")
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             info = (

@@ -287,16 +287,14 @@ def _register_compare(sub) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
-
+    from nobubble.bench.output import progress_bar
     from nobubble.pipeline.compare import compare_schedules
 
     check_size(args, "compare")
     check_mem_limit(args)
     costs = costs_from_args(args)
     limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
-    with Progress(console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("simulating", total=None)
+    with progress_bar("simulating", total=None, counter=None) as (bar, task):
         rows = compare_schedules(
             costs, num_stages=args.ranks, num_microbatches=args.microbatches,
             include_torch=not args.no_torch, ilp_time_limit_s=args.ilp, mem_limit=limit,

@@ -78,17 +78,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _solve_with_progress(costs, args, mem_limit):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from nobubble.cli.util import console
+    from nobubble.bench.output import progress_bar
     from nobubble.pipeline.ilp.solve import solve_optimal
 
     done = threading.Event()
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-        console=console(stderr=True), transient=True,
-    ) as progress:  # fmt: skip
-        task = progress.add_task("solving", total=args.time_limit)
+    with progress_bar("solving", total=args.time_limit, counter=None) as (progress, task):
 
         def tick() -> None:
             t0 = time.perf_counter()
