@@ -443,11 +443,7 @@ def check_time(args: argparse.Namespace, ranks: int, arch: str) -> None:
     on the built-in model passes :data:`TIME_BUDGET_S`: each step runs every microbatch
     forward and backward (6 FLOPs a parameter and token) and 3 actions per rank; each repeat
     of the profiler runs one microbatch forward, split backward and fused backward."""
-    h, layers, mb = args.hidden, args.layers, args.microbatch_size
-    if arch == "gpt":
-        params, tokens = 12 * h * h * layers + 2 * args.vocab * h, mb * args.seq_len
-    else:
-        params, tokens = 8 * h * h * layers, mb
+    params, tokens = _builtin_size(args, arch)
     force = getattr(args, "force", False)
     if getattr(args, "steps", None) is not None:
         step_s = step_seconds(params, tokens, args.microbatches or 1, ranks)
@@ -475,11 +471,19 @@ def builtin_bytes(args: argparse.Namespace, ranks: int, arch: str) -> float:
     """About what the built-in model of the size flags holds: weights, gradients and AdamW
     state (16 bytes a parameter) and ~``ranks`` microbatches of fp32 activations in flight
     (~40 hidden-sized tensors a token and layer for the GPT, plus the logits)."""
+    params, tokens = _builtin_size(args, arch)
+    h, layers = args.hidden, args.layers
+    if arch == "gpt":
+        activations = tokens * (40 * h * layers + 3 * args.vocab) * 4
+    else:
+        activations = tokens * 10 * h * layers * 4
+    return 16.0 * params + ranks * activations
+
+
+def _builtin_size(args: argparse.Namespace, arch: str) -> tuple[int, int]:
+    """The built-in model's (parameters, tokens of one microbatch): the GPT's 12 h^2 a layer
+    plus its embedding and head, or the MLP's h -> 4h -> h residual blocks (8 h^2 a layer)."""
     h, layers, mb = args.hidden, args.layers, args.microbatch_size
     if arch == "gpt":
-        params = 12 * h * h * layers + 2 * args.vocab * h
-        activations = mb * args.seq_len * (40 * h * layers + 3 * args.vocab) * 4
-    else:  # a residual MLP block: h -> 4h -> h
-        params = 8 * h * h * layers
-        activations = mb * 10 * h * layers * 4
-    return 16.0 * params + ranks * activations
+        return 12 * h * h * layers + 2 * args.vocab * h, mb * args.seq_len
+    return 8 * h * h * layers, mb
