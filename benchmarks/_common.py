@@ -171,7 +171,7 @@ def decode(kind: Any, value: Any, where: str) -> Any:
     origin, args = get_origin(kind), get_args(kind)
     if kind is Any:
         return value
-    if isinstance(kind, type) and issubclass(kind, Record):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):  # a Record or a library result
         return _decode_record(kind, value, where)
     if origin is list:
         if not isinstance(value, list | tuple):  # a tuple (os.getloadavg()) is written as one
@@ -199,7 +199,7 @@ def decode(kind: Any, value: Any, where: str) -> Any:
 
 def encode(value: Any) -> Any:
     """A record (or list, dict, scalar of them) as plain JSON data."""
-    if isinstance(value, Record):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind: Any = type(value)
         return {key: encode(getattr(value, name))
                 for name, key, _, opt in _fields(kind)

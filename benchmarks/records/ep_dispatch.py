@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from benchmarks._common import Record, Result, json_key, load_result, optional
 from benchmarks.records import Renderer, f, md_table, times
+from nobubble.bench.ep_config import MethodResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,22 +38,7 @@ class LegacyDispatchConfig(DispatchConfig):
     num_warmup: int = json_key("warmup")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DispatchMethod(Record):
-    """One dispatcher's median times (ms), rates and bytes moved, all ranks."""
-
-    method: str
-    dispatch_ms: float
-    combine_ms: float
-    dispatch_logical_gbps: float
-    combine_logical_gbps: float
-    dispatch_payload_bytes: int
-    dispatch_remote_bytes: int
-    dispatch_metadata_bytes: int
-    combine_payload_bytes: int
-    combine_remote_bytes: int
-    correct: bool
-    verdict: str
+DispatchMethod = MethodResult  # the row ep bench writes: the library's own result
 
 
 @dataclass(frozen=True, kw_only=True)

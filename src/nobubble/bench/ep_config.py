@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from nobubble.moe.layout import TRANSPORT_KINDS, MoEConfig, num_local_experts
 from nobubble.validation import check_fields
 
-__all__ = ["BenchConfig", "TrainConfig", "DTYPE_NAMES", "STEP_S", "VOCAB_BOUND"]
+__all__ = ["BenchConfig", "MethodResult", "TrainConfig", "DTYPE_NAMES", "STEP_S", "VOCAB_BOUND"]
 
 DTYPE_NAMES = ("bf16", "fp32")
 """``ep bench``'s payload dtypes (:data:`.ep_dispatch.DTYPES` maps them to torch's)."""
@@ -189,3 +189,23 @@ class TrainConfig:
             topk=self.topk, num_shared_experts=1, router="deepseek_v3", n_groups=self.n_groups,
             topk_groups=self.topk_groups, bias_update_rate=self.bias_update_rate,
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """``ep bench``'s figures for one dispatcher (also its JSON schema: torch-free, so the
+    docs tables load it): times in ms (median over iterations of the slowest rank), logical
+    bandwidth per rank in GB/s, bytes summed over ranks for one dispatch / combine."""
+
+    method: str
+    dispatch_ms: float
+    combine_ms: float
+    dispatch_logical_gbps: float
+    combine_logical_gbps: float
+    dispatch_payload_bytes: int
+    dispatch_remote_bytes: int
+    dispatch_metadata_bytes: int
+    combine_payload_bytes: int
+    combine_remote_bytes: int
+    correct: bool
+    verdict: str

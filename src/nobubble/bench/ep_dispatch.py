@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig
+from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, MethodResult
 from nobubble.distributed import spawn
 from nobubble.files import save_figure
 from nobubble.moe.baseline import pair_combine, pair_dispatch
@@ -54,25 +54,6 @@ __all__ = [
 
 METHODS = ("buffer", "per-pair all-to-all", "all-gather")
 DTYPES = dict(zip(DTYPE_NAMES, (torch.bfloat16, torch.float32), strict=True))
-
-
-@dataclass(frozen=True)
-class MethodResult:
-    """One dispatcher's figures: times in ms (median over iterations of the slowest rank),
-    logical bandwidth per rank in GB/s, bytes summed over ranks for one dispatch / combine."""
-
-    method: str
-    dispatch_ms: float
-    combine_ms: float
-    dispatch_logical_gbps: float
-    combine_logical_gbps: float
-    dispatch_payload_bytes: int
-    dispatch_remote_bytes: int
-    dispatch_metadata_bytes: int
-    combine_payload_bytes: int
-    combine_remote_bytes: int
-    correct: bool
-    verdict: str
 
 
 @dataclass(frozen=True)
