@@ -126,3 +126,22 @@ def test_compare_runs_each_architecture_on_one_budget_and_draws_them(tmp_path, c
     png = tmp_path / "compare.png"
     assert out["runs"]["seed"]["artifacts"]["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_prints_one_row_per_architecture_and_the_seed(capsys) -> None:
+    from nobubble.cli.rl_env import ENV_ARCHS, _compare_table
+    from nobubble.rl.system.experience import LedgerSummary
+    from nobubble.rl.system.result import RunResult
+
+    ledger = LedgerSummary(generated=8, trained=8, dropped={}, in_flight=0)
+    results = [
+        RunResult(config={"seed": 3}, steps=2, wall_s=4.0, trained_samples=8, curve=[],
+                  staleness_hist={1: 8}, idle_ratio={"learner": 0.5}, ledger=ledger,
+                  env="CartPole-v1", arch=arch, eval_mean_return=42.0, target_return=475.0,
+                  env_steps=400)
+        for arch in ENV_ARCHS
+    ]  # fmt: skip
+    _compare_table(results)
+    out = capsys.readouterr().out
+    assert "(seed 3)" in out and all(arch in out for arch in ENV_ARCHS)
+    assert out.count("100") == 3  # env steps/s of each

@@ -208,7 +208,7 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
             raise ValueError(f"--env {args.env!r}: {err}") from None
         raise
     from nobubble.rl import ActorFailure, train
-    from nobubble.rl.actor_learner.plot import plot_curves
+    from nobubble.rl.system.report import plot_runs
 
     results = []
     for config in configs:
@@ -220,7 +220,10 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
             print(f"nobubble rl: {err}", file=sys.stderr)
             return 1
     stem = "compare" if compare else f"train_{configs[0].arch}"
-    paths = {"plot": str(plot_curves(results, Path(args.out) / f"{stem}.png"))}
+    curves = {f"{r.arch} ({r.env_steps_per_s:,.0f} steps/s)": r for r in results}
+    title = (f"{results[0].env}, the same budget: lines, the mean of the last 20 training "
+             "episodes; dots, greedy evaluations")  # fmt: skip
+    paths = {"plot": str(plot_runs(curves, Path(args.out) / f"{stem}.png", title=title))}
     if args.json:
         runs = {r.arch: {**r.to_json(), "artifacts": paths} for r in results}
         print_json({"runs": runs} if compare else runs[results[0].arch])
@@ -243,7 +246,7 @@ def _compare_table(results: list[Any]) -> None:
     ]  # fmt: skip
     first = results[0]
     print_table(
-        f"{first.env}: {', '.join(ENV_ARCHS)} on the same budget (seed {first.seed})",
+        f"{first.env}: {', '.join(ENV_ARCHS)} on the same budget (seed {first.config['seed']})",
         ["arch", "eval return", f"s to {first.target_return}", "steps to target", "env steps/s",
          "learner idle", "max staleness"],
         rows,

@@ -11,17 +11,35 @@ from nobubble.rl.system.result import RESULT_KEYS, CurvePoint, RunResult
 LEDGER = LedgerSummary(generated=12, trained=8, dropped={"stale": 4}, in_flight=0)
 
 
-def test_a_task_run_prints_accuracy_points_and_its_own_outcome() -> None:
+def _task_run() -> RunResult:
     curve = [
         CurvePoint(0, 0.5, train_return=None, eval_return=0.1, accuracy=0.25),
         CurvePoint(3, 4.0, train_return=0.5, eval_return=0.75, accuracy=0.5),
     ]
-    r = RunResult(
+    return RunResult(
         config={"mode": "sync"}, steps=3, wall_s=4.0, trained_samples=8, curve=curve,
         staleness_hist={1: 6, 0: 2}, idle_ratio={"rollout": 0.5}, ledger=LEDGER,
         initial_accuracy=0.25, final_accuracy=0.5, busy_s={"rollout": 2.0},
         token_staleness_hist={0: 20},
     )  # fmt: skip
+
+
+def _env_run() -> RunResult:
+    curve = [
+        CurvePoint(1, 2.0, train_return=None, env_steps=256),
+        CurvePoint(2, 5.0, train_return=20.0, eval_return=500.0, env_steps=1024),
+    ]
+    return RunResult(
+        config={"arch": "seed"}, steps=2, wall_s=8.0, trained_samples=8, curve=curve,
+        staleness_hist={0: 8}, idle_ratio={"learner": 0.75}, ledger=LEDGER,
+        env="CartPole-v1", arch="seed", actors=2, envs_per_actor=8, eval_mean_return=500.0,
+        eval_returns=(500.0, 500.0), target_return=475.0, time_to_target_s=5.0,
+        steps_to_target=1024, env_steps=1024,
+    )  # fmt: skip
+
+
+def test_a_task_run_prints_accuracy_points_and_its_own_outcome() -> None:
+    r = _task_run()
     out = r.to_json()
     assert tuple(out) == RESULT_KEYS
     assert out["curve"] == [
@@ -39,17 +57,7 @@ def test_a_task_run_prints_accuracy_points_and_its_own_outcome() -> None:
 
 
 def test_an_env_run_prints_list_points_and_its_eval_return() -> None:
-    curve = [
-        CurvePoint(1, 2.0, train_return=None, env_steps=256),
-        CurvePoint(2, 5.0, train_return=20.0, eval_return=500.0, env_steps=1024),
-    ]
-    r = RunResult(
-        config={"arch": "seed"}, steps=2, wall_s=8.0, trained_samples=8, curve=curve,
-        staleness_hist={0: 8}, idle_ratio={"learner": 0.75}, ledger=LEDGER,
-        env="CartPole-v1", arch="seed", actors=2, envs_per_actor=8, eval_mean_return=500.0,
-        eval_returns=(500.0, 500.0), target_return=475.0, time_to_target_s=5.0,
-        steps_to_target=1024, env_steps=1024,
-    )  # fmt: skip
+    r = _env_run()
     out = r.to_json()
     assert tuple(out) == RESULT_KEYS
     assert out["curve"] == [[2.0, 256, None, None], [5.0, 1024, 20.0, 500.0]]
@@ -63,3 +71,11 @@ def test_an_env_run_prints_list_points_and_its_eval_return() -> None:
     assert out["samples_per_s"] == 1.0 and r.staleness_max == 0
     assert r.time_to_accuracy(0.0) is None  # an env run has no accuracy
     assert math.isclose(r.idle_ratio["learner"], 0.75)
+
+
+def test_one_plot_draws_either_producers_runs(tmp_path) -> None:
+    from nobubble.rl.system.report import plot_runs
+
+    for label, run in (("task", _task_run()), ("env", _env_run())):
+        png = plot_runs({label: run, f"{label} again": run}, tmp_path / f"{label}.png")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
