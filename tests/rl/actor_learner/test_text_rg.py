@@ -6,9 +6,10 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import reasoning_gym  # noqa: F401 - the [rg] extra, installed by make
 
-from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv, ReasoningGymQuestions
+from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv
 from nobubble.rl.actor_learner.text.run import text_env_config
 from nobubble.rl.actor_learner.text.tokens import TokenEnv
+from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
 SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"
     "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
@@ -17,12 +18,12 @@ SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"
 
 
 @pytest.fixture(scope="module")
-def questions() -> ReasoningGymQuestions:
-    return ReasoningGymQuestions("basic_arithmetic", size=40, **SUMS)
+def questions() -> ReasoningGymPool:
+    return ReasoningGymPool("basic_arithmetic", size=40, **SUMS)
 
 
 def test_a_wrong_answer_gets_a_hint_and_the_right_one_ends_the_episode(
-    questions: ReasoningGymQuestions,
+    questions: ReasoningGymPool,
 ) -> None:
     env = ReasoningGymEnv(questions, max_turns=3)
     seed = next(i for i, e in enumerate(questions.entries) if int(e["answer"]) >= 1)
@@ -36,7 +37,7 @@ def test_a_wrong_answer_gets_a_hint_and_the_right_one_ends_the_episode(
 
 
 def test_out_of_turns_the_reward_is_the_verifiers_score_of_the_last_answer(
-    questions: ReasoningGymQuestions,
+    questions: ReasoningGymPool,
 ) -> None:
     env = ReasoningGymEnv(questions, max_turns=2)
     env.reset(seed=1)
@@ -49,10 +50,11 @@ def test_out_of_turns_the_reward_is_the_verifiers_score_of_the_last_answer(
 
 
 def test_the_alphabets_cover_every_question_answer_and_hint(
-    questions: ReasoningGymQuestions,
+    questions: ReasoningGymPool,
 ) -> None:
-    assert set(questions.turn_alphabet) <= set("0123456789") and questions.max_turn_chars == 2
-    token_env = TokenEnv(ReasoningGymEnv(questions), max_len=80)
+    env = ReasoningGymEnv(questions)
+    assert set(env.turn_alphabet) <= set("0123456789") and env.max_turn_chars == 2
+    token_env = TokenEnv(env, max_len=80)
     for seed in range(40):  # every question encodes without an unknown character
         obs, _ = token_env.reset(seed=seed)
         assert obs.any()
@@ -60,9 +62,9 @@ def test_the_alphabets_cover_every_question_answer_and_hint(
 
 def test_unknown_tasks_and_bad_configs_are_refused_naming_them() -> None:
     with pytest.raises(ValueError, match=r"reasoning-gym has no task 'basic_arith'.*did you mean"):
-        ReasoningGymQuestions("basic_arith")
+        ReasoningGymPool("basic_arith")
     with pytest.raises(ValueError, match=r"rg:basic_arithmetic: bad config"):
-        ReasoningGymQuestions("basic_arithmetic", min_digits=0)
+        ReasoningGymPool("basic_arithmetic", min_digits=0)
     with pytest.raises(ValueError, match=r"max_turns=0 must be an integer >= 1"):
         text_env_config("rg:basic_arithmetic", {"max_turns": 0, "size": 5})
 

@@ -5,11 +5,12 @@
     model: 14           env: lower
     model: 13           env: correct        reward 1, done
 
-The opening message is the question of one of the pool's ``size`` entries
-(:class:`ReasoningGymQuestions`; entry ``seed % size`` for an episode drawn from ``seed``); each turn is scored by the dataset's own
-verifier, ``score_answer(turn, entry)``. A turn that scores 1 ends the episode with reward
-1. A wrong turn is answered ``higher`` or ``lower`` when both it and the answer are
-numbers, else ``wrong``; after ``max_turns`` turns the episode ends with the last turn's
+The opening message is the question of one of the pool's entries
+(:class:`~nobubble.rl.system.tasks.rg.ReasoningGymPool`, the task producer's pool too;
+entry ``seed % size`` for an episode drawn from ``seed``); each turn is scored by the
+dataset's own verifier, ``score_answer(turn, entry)``. A turn that scores 1 ends the episode
+with reward 1. A wrong turn is answered ``higher`` or ``lower`` when both it and the answer
+are numbers, else ``wrong``; after ``max_turns`` turns the episode ends with the last turn's
 score as the reward (reasoning-gym gives partial credit for some near misses).
 
 The model may say the characters of the dataset's answers (``turn_alphabet``), up to the
@@ -21,9 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from nobubble.rl.actor_learner.text.protocol import TextStep
-from nobubble.rl.system.tasks.rg import rg_dataset
+from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
-__all__ = ["ReasoningGymEnv", "ReasoningGymQuestions"]
+__all__ = ["ReasoningGymEnv"]
 
 HINTS = ("higher", "lower", "wrong", "correct")
 
@@ -35,51 +36,30 @@ def _number(text: str) -> float | None:
         return None
 
 
-class ReasoningGymQuestions:
-    """The question pool of reasoning-gym's dataset ``name``, with the characters it uses.
-
-    Made once and shared by every env of a run (generating a pool takes a while); an episode
-    only reads it.
-
-    Args:
-        name: a reasoning-gym dataset (``basic_arithmetic``, ``chain_sum``, ...).
-        size: questions in the pool, generated locally from ``dataset_seed``.
-        **config: the dataset's config (``max_digits=1``, ``operators=["+"]``, ...).
-    """
-
-    def __init__(self, name: str, *, size: int = 500, dataset_seed: int = 0, **config: Any):
-        self.dataset = rg_dataset(name, size, dataset_seed, config)
-        self.name = f"rg:{name}"
-        self.entries = list(self.dataset)
-        answers = [str(e["answer"]) for e in self.entries]
-        self.turn_alphabet = "".join(sorted(set("".join(answers))))
-        self.max_turn_chars = max(len(a) for a in answers)
-        texts = [e["question"] for e in self.entries] + list(HINTS)
-        self.alphabet = "".join(sorted(set("".join(texts)) | set(self.turn_alphabet)))
-
-
 class ReasoningGymEnv:
     """A reasoning-gym question pool as a multi-turn :class:`TextEnv`.
 
     Args:
-        questions: the pool (shared), or a dataset name to make one from ``**pool``.
+        questions: the pool (made once and shared by every env of a run: generating one
+            takes a while; an episode only reads it), or a dataset name to make one from
+            ``**pool`` (``size``, ``seed`` and the dataset's config).
         max_turns: answers allowed per question.
     """
 
     def __init__(
-        self, questions: ReasoningGymQuestions | str, *, max_turns: int = 4, **pool: Any
+        self, questions: ReasoningGymPool | str, *, max_turns: int = 4, **pool: Any
     ) -> None:
         if isinstance(questions, str):
-            questions = ReasoningGymQuestions(questions, **pool)
+            questions = ReasoningGymPool(questions, **pool)
         elif pool:
             raise ValueError(f"ReasoningGymEnv: {sorted(pool)} given with a ready pool")
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns={max_turns!r} must be an integer >= 1")
         self.questions, self.max_turns = questions, max_turns
-        self.name = questions.name
-        self.alphabet, self.turn_alphabet = questions.alphabet, questions.turn_alphabet
-        self.max_turn_chars = questions.max_turn_chars
-        self.entry: dict[str, Any] = questions.entries[0]
+        self.name, self.turn_alphabet = questions.name, questions.answer_chars
+        self.max_turn_chars = max(len(a) for a in questions.answers)
+        self.alphabet = "".join(sorted(set(questions.chars + "".join(HINTS))))
+        self.entry = questions.entries[0]
         self.turns = 0
 
     def reset(self, seed: int) -> str:
@@ -89,7 +69,7 @@ class ReasoningGymEnv:
 
     def step(self, turn: str) -> TextStep:
         self.turns += 1
-        score = float(self.questions.dataset.score_answer(turn, self.entry))
+        score = self.questions.score(self.entry, turn)
         if score >= 1.0:
             return TextStep("correct", 1.0, True)
         last = self.turns >= self.max_turns

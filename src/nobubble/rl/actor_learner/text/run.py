@@ -93,7 +93,7 @@ def is_text_env(name: str) -> bool:
 def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any) -> EnvRunConfig:
     """The run on a built-in text env: ``guess-number`` (:class:`GuessNumber`; options
     ``high``, ``max_turns``) or ``rg:<task>`` (:class:`~.rg.ReasoningGymEnv`; options
-    ``max_turns``, ``size`` and the dataset's config).
+    ``max_turns``, ``size``, ``seed`` and the dataset's config).
 
     Raises:
         ValueError: an unknown name or option (the message names it).
@@ -108,10 +108,11 @@ def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any
             functools.partial(GuessNumber, **options), max_len=48, name=name, **run
         )
     if name.startswith("rg:"):
-        from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv, ReasoningGymQuestions
+        from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv
+        from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
         turns = {"max_turns": options.pop("max_turns")} if "max_turns" in options else {}
-        questions = ReasoningGymQuestions(name[3:], **options)  # one pool for every env
+        questions = ReasoningGymPool(name[3:], **options)  # one pool for every env
         make = functools.partial(ReasoningGymEnv, questions, **turns)
         return text_run_config(make, max_len=80, name=name, **run)
     raise ValueError(f"env={name!r} is not a text env; use one of {TEXT_ENV_NAMES}")

@@ -1,10 +1,13 @@
 """reasoning-gym's procedural tasks as nobubble tasks (``--task rg:<name>``).
 
 reasoning-gym generates questions with verifiable answers from a seed, locally: nothing is
-downloaded. :class:`ReasoningGymTask` draws a training pool of ``size`` questions (seed
-``seed``) and a held-out evaluation set of ``eval_size`` (seed ``seed + 1``) and scores a
-response with the dataset's own verifier, ``score_answer(answer, entry)`` (1.0 when right).
-Any other keyword is the dataset's config (``min_digits=1`` for ``chain_sum``, ...).
+downloaded. :class:`ReasoningGymPool` is such a set of questions - the one pool code of both
+producers: :class:`ReasoningGymTask` draws a training pool of ``size`` questions (seed
+``seed``) and a held-out evaluation set of ``eval_size`` (seed ``seed + 1``); the
+environment producer's :class:`~nobubble.rl.actor_learner.text.rg.ReasoningGymEnv` asks one
+pool's questions over several turns. A response is scored with the dataset's own verifier,
+``score_answer(answer, entry)`` (1.0 when right). Any other keyword is the dataset's config
+(``min_digits=1`` for ``chain_sum``, ...).
 """
 
 from __future__ import annotations
@@ -12,28 +15,54 @@ from __future__ import annotations
 from typing import Any
 
 from nobubble.rl.system.imports import missing_extra
+from nobubble.validation import check_value
 
-__all__ = ["ReasoningGymTask", "rg_dataset"]
+__all__ = ["ReasoningGymPool", "ReasoningGymTask"]
 
 
-def rg_dataset(name: str, size: int, seed: int, config: dict[str, Any]) -> Any:
-    """reasoning-gym's dataset ``name``: ``size`` questions generated locally from ``seed``
-    with the dataset's ``config``; a ValueError names an unknown dataset or a bad config."""
-    try:
-        import reasoning_gym
-        from reasoning_gym.factory import DATASETS
-    except ImportError:
-        raise missing_extra("reasoning-gym", "rg") from None
-    if name not in DATASETS:
-        close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
-        hint = f"; did you mean {close}?" if close else ""
-        raise ValueError(f"reasoning-gym has no task {name!r}{hint}")
-    if size < 1:
-        raise ValueError(f"size={size} must be >= 1")
-    try:
-        return reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
-    except (TypeError, AssertionError) as err:
-        raise ValueError(f"rg:{name}: bad config {config} ({err})") from None
+def _chars(texts: list[str]) -> str:
+    return "".join(sorted(set("".join(texts))))
+
+
+class ReasoningGymPool:
+    """``size`` questions of reasoning-gym's dataset ``name``, generated locally from ``seed``
+    with the dataset's ``config``.
+
+    Attributes:
+        name: ``rg:<name>``.
+        dataset: the reasoning-gym dataset; entries: its entries (question, answer,
+            metadata), in order; answers: each entry's answer as text.
+        answer_chars, chars: the characters of the answers, and of the questions and the
+            answers, sorted.
+    Raises:
+        ValueError: an unknown dataset (with the names close to it), a bad config, a size < 1.
+        ImportError: the ``rg`` extra is not installed.
+    """
+
+    def __init__(self, name: str, *, size: int = 500, seed: int = 0, **config: Any) -> None:
+        try:
+            import reasoning_gym
+            from reasoning_gym.factory import DATASETS
+        except ImportError:
+            raise missing_extra("reasoning-gym", "rg") from None
+        if name not in DATASETS:
+            close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
+            hint = f"; did you mean {close}?" if close else ""
+            raise ValueError(f"reasoning-gym has no task {name!r}{hint}")
+        check_value("size", size, ">= 1", integer=True)
+        try:
+            self.dataset = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
+        except (TypeError, AssertionError) as err:
+            raise ValueError(f"rg:{name}: bad config {config} ({err})") from None
+        self.name = f"rg:{name}"
+        self.entries: list[dict[str, Any]] = list(self.dataset)
+        self.answers = [str(e["answer"]) for e in self.entries]
+        self.answer_chars = _chars(self.answers)
+        self.chars = _chars([e["question"] for e in self.entries] + self.answers)
+
+    def score(self, entry: dict[str, Any], response: str) -> float:
+        """The dataset's verifier on ``response`` to ``entry`` (1.0 when right)."""
+        return float(self.dataset.score_answer(response, entry))
 
 
 class ReasoningGymTask:
@@ -57,22 +86,19 @@ class ReasoningGymTask:
         max_new_tokens: int | None = None,
         **config: Any,
     ) -> None:
-        if size < 1 or eval_size < 1:
-            raise ValueError(f"size={size} and eval_size={eval_size} must be >= 1")
-        self._train = rg_dataset(name, size, seed, config)
-        self._eval = rg_dataset(name, eval_size, seed + 1, config)
-        self.name = f"rg:{name}"
-        self._entries: dict[str, tuple[Any, Any]] = {}  # question -> (entry, its dataset)
-        for ds in (self._eval, self._train):
-            for entry in ds:
-                self._entries[entry["question"]] = (entry, ds)
-        self._pool = [e["question"] for e in self._train]
-        self._evals = [e["question"] for e in self._eval]
-        answers = [str(e["answer"]) for e, _ in self._entries.values()]
-        self.max_new_tokens = max_new_tokens or max(len(a) for a in answers) + 1
-        self.tokenizer_alphabet = "".join(
-            sorted({c for text in (*self._entries, *answers) for c in text})
+        check_value("eval_size", eval_size, ">= 1", integer=True)
+        pools = (
+            ReasoningGymPool(name, size=eval_size, seed=seed + 1, **config),
+            ReasoningGymPool(name, size=size, seed=seed, **config),
         )
+        self.name = pools[0].name
+        # question -> (entry, its pool); a question in both is scored as the training pool's
+        self._entries = {e["question"]: (e, pool) for pool in pools for e in pool.entries}
+        self._evals = [e["question"] for e in pools[0].entries]
+        self._pool = [e["question"] for e in pools[1].entries]
+        answers = pools[0].answers + pools[1].answers
+        self.max_new_tokens = max_new_tokens or max(len(a) for a in answers) + 1
+        self.tokenizer_alphabet = _chars([pools[0].chars, pools[1].chars])
 
     def prompts(self) -> list[str]:
         return list(self._pool)
@@ -84,8 +110,8 @@ class ReasoningGymTask:
         return str(self._entries[prompt][0]["answer"])
 
     def reward(self, prompt: str, response: str) -> float:
-        entry, ds = self._entries[prompt]
-        return float(ds.score_answer(response, entry))
+        entry, pool = self._entries[prompt]
+        return pool.score(entry, response)
 
     def is_correct(self, prompt: str, response: str) -> bool:
         return self.reward(prompt, response) >= 1.0
