@@ -15,7 +15,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
         ({"envs_per_actor": 0}, r"envs_per_actor=0 must be"),
         ({"arch": "sample-factory", "envs_per_actor": 3}, r"envs_per_actor=3.*two groups"),
         ({"minibatches": 99}, r"minibatches=99 must be in \[1, 16\]"),
-        ({"max_staleness": -1}, r"max_staleness=-1 must be >= 0"),
+        ({"max_staleness": -1}, r"max_staleness=-1 must be an integer >= 0"),
         ({"env_step_delay_ms": -1.0}, r"env_step_delay_ms=-1.0 must be >= 0"),
         ({"gamma": 1.5}, r"gamma=1.5 must be in \[0, 1\]"),
         ({"loss": "a2c"}, r"loss='a2c'; use one of"),

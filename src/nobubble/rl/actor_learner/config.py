@@ -121,13 +121,12 @@ def _check_choices(c: EnvRunConfig) -> None:
 
 
 def _check_counts(c: EnvRunConfig) -> None:
-    for name in (
-        "actors", "envs_per_actor", "unroll_length", "batch_trajectories", "epochs",
-        "torch_threads",
-    ):  # fmt: skip
-        value = getattr(c, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    counts = ("actors", "envs_per_actor", "unroll_length", "batch_trajectories", "epochs",
+              "torch_threads", "eval_episodes", "hidden", "max_env_steps")  # fmt: skip
+    check_fields("EnvRunConfig", c, counts, ">= 1", integer=True)
+    check_fields("EnvRunConfig", c, ("max_staleness",), ">= 0", integer=True)  # 0: on-policy
+    if c.steps is not None:  # learner updates; None: no bound but the others
+        check_fields("EnvRunConfig", c, ("steps",), ">= 1", integer=True)
     if c.arch == "sample-factory" and (c.envs_per_actor < 2 or c.envs_per_actor % 2):
         raise ValueError(
             f"envs_per_actor={c.envs_per_actor}: sample-factory splits each worker's envs into "
@@ -139,16 +138,6 @@ def _check_counts(c: EnvRunConfig) -> None:
             f"minibatches={c.minibatches} must be in [1, {per_batch}] (the environments in one "
             "batch: batch_trajectories x envs per trajectory)"
         )
-    if c.max_staleness < 0:
-        raise ValueError(f"max_staleness={c.max_staleness} must be >= 0 (0 = on-policy only)")
-    if c.eval_episodes < 1:
-        raise ValueError(f"eval_episodes={c.eval_episodes} must be >= 1")
-    if c.hidden < 1:
-        raise ValueError(f"hidden={c.hidden} must be >= 1")
-    if c.steps is not None and (not isinstance(c.steps, int) or c.steps < 1):
-        raise ValueError(f"steps={c.steps!r} must be an integer >= 1 (learner updates) or None")
-    if c.max_env_steps < 1:
-        raise ValueError(f"max_env_steps={c.max_env_steps} must be >= 1")
 
 
 def _check_rates(c: EnvRunConfig) -> None:
