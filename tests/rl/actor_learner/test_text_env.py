@@ -146,7 +146,9 @@ def test_a_text_env_that_misses_parts_is_refused_naming_them() -> None:
 def test_last_position_equals_the_full_forward_at_the_last_token() -> None:
     torch.manual_seed(0)
     for layers in (1, 2):
-        policy = TextActorCritic(20, 12, 5, 2, TextPolicyConfig(hidden=16, num_layers=layers))
+        policy = TextActorCritic(
+            TextPolicyConfig(hidden=16, num_layers=layers).for_env(20, 12), 5, 2
+        )
         tokens = torch.randint(0, 20, (7, 12))
         logits, values = policy.lm(tokens)  # (7, 12, 20), (7, 12)
         fast_logits, fast_values = last_position(policy.lm, tokens)
@@ -171,11 +173,15 @@ def test_text_config_builds_a_policy_that_fits_the_env() -> None:
 
 
 def test_a_model_factory_that_disagrees_with_the_env_is_refused() -> None:
-    config = EnvRunConfig(model=lambda obs_dim, num_actions: TextActorCritic(20, 8, 3, 2))
+    config = EnvRunConfig(
+        model=lambda obs_dim, num_actions: TextActorCritic(TextPolicyConfig().for_env(20, 8), 3, 2)
+    )
     with pytest.raises(ValueError, match=r"obs_dim=8, num_actions=3; the env has obs_dim=4"):
         build_model(config, 4, 2)
     with pytest.raises(ValueError, match=r"model=3 is not callable"):
         EnvRunConfig(model=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"hidden=10 is not divisible by num_heads=3"):
+        text_env_config("guess-number", policy=TextPolicyConfig(hidden=10, num_heads=3))
 
 
 @pytest.mark.parametrize(

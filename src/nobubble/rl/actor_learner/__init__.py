@@ -11,26 +11,6 @@ text environments (the model speaks a turn, the env replies) and the character p
 
 Entry point: :func:`nobubble.rl.train` (``train(EnvRunConfig(env="CartPole-v1",
 arch="seed")) -> RunResult``, or ``train(text_run_config(MyTextEnv))``), which calls
-:func:`.run.run`.
-Names are imported on first use, so ``import nobubble.rl.actor_learner`` loads no torch.
+:func:`.run.run`; ``EnvRunConfig`` and ``ActorFailure`` are exported by :mod:`nobubble.rl`.
+Importing this package loads no torch.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_NAMES = {
-    "run": "nobubble.rl.actor_learner.run",
-    "EnvRunConfig": "nobubble.rl.actor_learner.config",
-    "ARCHS": "nobubble.rl.actor_learner.config",
-    "ActorFailure": "nobubble.rl.system.engines.protocol",
-    "LedgerSummary": "nobubble.rl.system.experience",
-}
-__all__ = list(_NAMES)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,8 +61,6 @@ class CentralInference:
             for a, group in enumerate(slots)
         ]
         self.busy_s = 0.0
-        self.num_batches = 0
-        self.num_requests = 0
 
     def _drain(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
         for conn in ready_conns:
@@ -117,6 +115,4 @@ class CentralInference:
             offset += k
             self.conns[a].send_bytes(bytes([g]))
         self.busy_s += time.perf_counter() - start
-        self.num_batches += 1
-        self.num_requests += len(ready)
         return finished

@@ -189,8 +189,7 @@ def _train(config: EnvRunConfig, on_step: OnStep | None) -> RunResult:
         _loop(run, pool, on_step)
     finally:
         leftover = pool.close()
-    for t in leftover:
-        run.take([t])
+    run.take(leftover)
     for t in run.pending:
         run.ledger.dropped(run.ids[t.key], "unfinished")
     run.pending = []

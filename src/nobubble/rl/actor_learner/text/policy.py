@@ -23,7 +23,7 @@ Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -31,27 +31,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
-from nobubble.validation import check_fields
 
 __all__ = ["TextPolicyConfig", "TextActorCritic", "TextPolicyFactory", "last_position"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextPolicyConfig:
-    """Shape of the character transformer (see :class:`PolicyConfig`)."""
+    """Shape of the character transformer: :class:`PolicyConfig`'s fields that the env does
+    not fix (the vocabulary and the window do); checked as a :class:`PolicyConfig` when
+    :meth:`for_env` makes one."""
 
     hidden: int = 16
     num_layers: int = 1
     num_heads: int = 2
 
-    def __post_init__(self) -> None:
-        names = ("hidden", "num_layers", "num_heads")
-        check_fields("TextPolicyConfig", self, names, ">= 1", integer=True)
-        if self.hidden % self.num_heads:
-            raise ValueError(
-                f"TextPolicyConfig: hidden={self.hidden} is not divisible by num_heads="
-                f"{self.num_heads}; pick num_heads that divides hidden"
-            )
+    def for_env(self, vocab_size: int, max_len: int) -> PolicyConfig:
+        """The transformer for ``vocab_size`` tokens and a window of ``max_len``."""
+        return PolicyConfig(vocab_size=vocab_size, max_seq_len=max_len, **asdict(self))
 
 
 def last_position(lm: CharTransformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,34 +75,22 @@ class TextActorCritic(nn.Module):
     """``obs (..., L) -> (logits (..., A), value (...))`` from a :class:`CharTransformer`.
 
     Args:
-        vocab_size: V, the env's vocabulary.
-        max_len: L, the observation window (``obs_dim``).
+        config: the transformer: V, its ``vocab_size``, is the env's vocabulary; L, its
+            ``max_seq_len``, the observation window (``obs_dim``).
         num_actions: A; action ``a`` is token ``first_action_id + a``.
         first_action_id: the token of action 0.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        max_len: int,
-        num_actions: int,
-        first_action_id: int,
-        config: TextPolicyConfig | None = None,
-    ) -> None:
+    def __init__(self, config: PolicyConfig, num_actions: int, first_action_id: int) -> None:
         super().__init__()
-        if first_action_id + num_actions > vocab_size:
+        if first_action_id + num_actions > config.vocab_size:
             raise ValueError(
                 f"TextActorCritic: actions {first_action_id}..{first_action_id + num_actions - 1}"
-                f" do not fit the vocabulary of {vocab_size} tokens"
+                f" do not fit the vocabulary of {config.vocab_size} tokens"
             )
-        c = config or TextPolicyConfig()
-        self.obs_dim, self.num_actions, self.first_action_id = max_len, num_actions, first_action_id
-        self.lm = CharTransformer(
-            PolicyConfig(
-                vocab_size=vocab_size, max_seq_len=max_len, hidden=c.hidden,
-                num_layers=c.num_layers, num_heads=c.num_heads,
-            )
-        )  # fmt: skip
+        self.obs_dim, self.num_actions = config.max_seq_len, num_actions
+        self.first_action_id = first_action_id
+        self.lm = CharTransformer(config)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lead = obs.shape[:-1]
@@ -123,13 +107,13 @@ class TextActorCritic(nn.Module):
 
 @dataclass(frozen=True)
 class TextPolicyFactory:
-    """``(obs_dim, num_actions) -> TextActorCritic``: what ``EnvRunConfig.model`` takes."""
+    """``(obs_dim, num_actions) -> TextActorCritic``: what ``EnvRunConfig.model`` takes
+    (``obs_dim`` is the window ``config.max_seq_len``)."""
 
-    vocab_size: int
+    config: PolicyConfig
     first_action_id: int
-    config: TextPolicyConfig = TextPolicyConfig()
 
     def __call__(self, obs_dim: int, num_actions: int) -> TextActorCritic:
         return TextActorCritic(
-            self.vocab_size, obs_dim, num_actions, self.first_action_id, self.config
+            replace(self.config, max_seq_len=obs_dim), num_actions, self.first_action_id
         )

@@ -81,7 +81,8 @@ def text_run_config(
     label = name or getattr(env, "__name__", None) or type(env).__name__
     factory = TextEnvFactory(env, max_len, label)
     vocab = factory.vocabulary()
-    model = TextPolicyFactory(vocab.vocab_size, vocab.first_action_id, policy or TextPolicyConfig())
+    shape = (policy or TextPolicyConfig()).for_env(vocab.vocab_size, max_len)
+    model = TextPolicyFactory(shape, vocab.first_action_id)
     return EnvRunConfig(**{**TEXT_DEFAULTS, **run, "env": factory, "model": model})
 
 

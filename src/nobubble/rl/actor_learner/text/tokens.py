@@ -160,6 +160,4 @@ class TextEnvFactory:
 
     def vocabulary(self) -> TextVocabulary:
         """The vocabulary of the env ``make`` builds (made once, to read its alphabets)."""
-        env = self.make()
-        check_text_env(env)
-        return TextVocabulary(env.turn_alphabet, env.alphabet)
+        return self().vocab
