@@ -13,7 +13,7 @@ from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.loss import VTraceLoss, env_learner, minibatches
 from nobubble.rl.actor_learner.model import ActorCritic
 from nobubble.rl.actor_learner.rollout import rollout
-from nobubble.rl.actor_learner.trajectory import stack_trajectories
+from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder, stack_trajectories
 
 
 def test_an_update_is_one_version_of_epochs_times_minibatches_adam_steps() -> None:
@@ -22,7 +22,9 @@ def test_an_update_is_one_version_of_epochs_times_minibatches_adam_steps() -> No
     model = ActorCritic(4, 2, 8)
     envs = VectorEnv("CartPole-v1", 4, seed=1)
     gen = torch.Generator().manual_seed(0)
-    traj, _ = rollout(model, envs, envs.reset(), 8, version=0, generator=gen, source="s", seq=0)
+    builder, obs = TrajectoryBuilder("s", 8, 4, 4, 2), envs.reset()
+    builder.observe(obs)
+    traj, _ = rollout(model, envs, builder, obs, version=0, generator=gen)
     batch = stack_trajectories([traj])
     initial = copy.deepcopy(model)
 

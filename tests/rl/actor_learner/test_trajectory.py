@@ -1,4 +1,5 @@
-"""Central inference's trajectory builder makes the same trajectory as a local rollout."""
+"""One trajectory builder for every architecture: an impala actor's unroll and central
+inference's message stream both equal a plain loop written out here."""
 
 from __future__ import annotations
 
@@ -12,38 +13,60 @@ from nobubble.rl.actor_learner.rollout import rollout
 from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
 
 
-def test_builder_from_the_message_stream_equals_the_local_rollout() -> None:
+def _plain_unrolls(model: ActorCritic, T: int, K: int, num: int) -> list[dict]:
+    """The reference: ``num`` unrolls of ``T`` steps of ``K`` CartPoles, step by step."""
+    envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
+    obs, out = envs.reset(), []
+    for _ in range(num):
+        steps: dict[str, list] = {"obs": [obs], "actions": [], "behaviour_logits": [],
+                                  "rewards": [], "dones": [], "episode_returns": []}  # fmt: skip
+        for _ in range(T):
+            actions, logits = act(model, obs, gen)
+            step = envs.step(actions)
+            obs = step.obs
+            for name, value in zip(steps, (obs, actions, logits, step.rewards, step.dones)):
+                steps[name].append(value)
+            steps["episode_returns"].extend(step.episode_returns)
+        out.append({k: tuple(v) if k == "episode_returns" else np.stack(v) for k, v in
+                    steps.items()})  # fmt: skip
+    return out
+
+
+def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> None:
     torch.manual_seed(0)
     model = ActorCritic(4, 2, 8)
     T, K = 12, 3
-    local_envs = VectorEnv("CartPole-v1", K, seed=5)
-    obs = local_envs.reset()
-    expected = []
-    gen = torch.Generator().manual_seed(3)
-    for seq in range(3):
-        t, obs = rollout(model, local_envs, obs, T, version=seq, generator=gen, source="s", seq=seq)
-        expected.append(t)
+    expected = _plain_unrolls(model, T, K, 3)
+
+    # an impala actor: rollout steps its own envs
+    envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
+    builder = TrajectoryBuilder("s", T, K, 4, 2)
+    obs = envs.reset()
+    builder.observe(obs)
+    local = []
+    for version in range(3):
+        t, obs = rollout(model, envs, builder, obs, version=version, generator=gen)
+        local.append(t)
 
     # the same env stream, seen as (obs, reward, done) messages answered by inference
     envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
     builder = TrajectoryBuilder("s", T, K, 4, 2)
     obs, reward, done = envs.reset(), np.zeros(K, np.float32), np.zeros(K, bool)
-    got = []
+    streamed = []
     for step in range(3 * T + 1):
         finished = builder.observe(obs, reward, done)
         if finished is not None:
-            got.append(finished)
+            streamed.append(finished)
         actions, logits = act(model, obs, gen)
         builder.record(actions, logits, version=step // T)
         out = envs.step(actions)
         obs, reward, done = out.obs, out.rewards, out.dones
-    assert [t.seq for t in got] == [0, 1, 2]
-    for g, e in zip(got, expected):
-        assert g.policy_version == e.policy_version
-        for name in ("obs", "actions", "behaviour_logits", "rewards", "dones"):
-            np.testing.assert_array_equal(getattr(g, name), getattr(e, name), err_msg=name)
-        assert g.episode_returns == e.episode_returns
-    assert sum(len(t.episode_returns) for t in got) > 0
+    for got in (local, streamed):
+        assert [t.seq for t in got] == [0, 1, 2] and [t.policy_version for t in got] == [0, 1, 2]
+        for g, e in zip(got, expected):
+            for name, want in e.items():
+                np.testing.assert_array_equal(getattr(g, name), want, err_msg=name)
+    assert sum(len(e["episode_returns"]) for e in expected) > 0
 
 
 def test_the_learner_refuses_a_trajectory_whose_weights_are_not_its_version() -> None:
@@ -63,12 +86,14 @@ def test_the_learner_refuses_a_trajectory_whose_weights_are_not_its_version() ->
     model = ActorCritic(4, 2, 8)
     run = _Run(config, model)
     gen, envs = torch.Generator().manual_seed(0), VectorEnv("CartPole-v1", 2, seed=1)
-    good, obs = rollout(model, envs, envs.reset(), 4, version=0, generator=gen,
-                        source="actor-0", seq=0, digest=weight_digest(model))  # fmt: skip
+    builder, obs = TrajectoryBuilder("actor-0", 4, 2, 4, 2), envs.reset()
+    builder.observe(obs)
+    good, obs = rollout(model, envs, builder, obs, version=0, generator=gen,
+                        digest=weight_digest(model))  # fmt: skip
     run.take([good])
     assert run.update_if_ready() and run.learner.version == 1  # the right digest trains
     other = ActorCritic(4, 2, 8)  # a policy that is not version 1
-    bad, _ = rollout(other, envs, obs, 4, version=1, generator=gen, source="actor-0", seq=1,
+    bad, _ = rollout(other, envs, builder, obs, version=1, generator=gen,
                      digest=weight_digest(other))  # fmt: skip
     run.take([bad])
     with pytest.raises(ActorFailure, match="actor actor-0 failed: actor-0 sampled with weights"):

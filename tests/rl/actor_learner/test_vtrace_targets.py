@@ -18,7 +18,7 @@ from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.loss import vtrace_targets
 from nobubble.rl.actor_learner.model import ActorCritic
 from nobubble.rl.actor_learner.rollout import rollout
-from nobubble.rl.actor_learner.trajectory import stack_trajectories
+from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder, stack_trajectories
 
 
 def _reference(rhos, discounts, rewards, values, bootstrap, lam):  # type: ignore[no-untyped-def]
@@ -51,9 +51,11 @@ def test_vtrace_targets_equal_the_papers_sums_on_recorded_trajectories(lam: floa
             p.add_(0.5 * torch.randn_like(p))
     envs = VectorEnv("CartPole-v1", num_envs=3, seed=1)
     obs, gen = envs.reset(), torch.Generator().manual_seed(0)
+    builder = TrajectoryBuilder("a", 40, 3, 4, 2)
+    builder.observe(obs)
     trajectories = []
-    for seq in range(2):
-        t, obs = rollout(actor, envs, obs, 40, version=0, generator=gen, source="a", seq=seq)
+    for _ in range(2):
+        t, obs = rollout(actor, envs, builder, obs, version=0, generator=gen)
         trajectories.append(t)
     batch = stack_trajectories(trajectories)  # (T, B) = (40, 6)
     assert batch.dones.sum() > 0, "episodes should end inside the unroll"

@@ -86,6 +86,7 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
 
     from nobubble.rl.actor_learner.model import build_model
     from nobubble.rl.actor_learner.rollout import rollout
+    from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
     from nobubble.rl.system.weight_sync import weight_digest
 
     torch.set_num_threads(spec.config.torch_threads)
@@ -93,20 +94,22 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     model = build_model(c, spec.obs_dim, spec.num_actions)
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
     envs = VectorEnv(c.env, c.envs_per_actor, c.seed * 1000 + 100 * spec.index, c.env_step_delay_ms)
+    builder = TrajectoryBuilder(
+        spec.name, c.unroll_length, c.envs_per_actor, spec.obs_dim, spec.num_actions
+    )
     obs = envs.reset()  # (K, D)
+    builder.observe(obs)
     version = -1
     _wait(stop, lambda: weights.version >= 0, c.timeout_s, "the first weights", spec.name)
-    seq, digest = 0, (-1, "")
+    digest = (-1, "")
     while not stop.is_set():
         version = weights.pull(model, version, timeout_s=c.timeout_s)
         if digest[0] != version:  # hash the weights this actor holds, once per version
             digest = (version, weight_digest(model))
         trajectory, obs = rollout(
-            model, envs, obs, c.unroll_length, version=version, generator=generator,
-            source=spec.name, seq=seq, digest=digest[1],
-        )  # fmt: skip
+            model, envs, builder, obs, version=version, generator=generator, digest=digest[1]
+        )
         _put(queue, trajectory, stop, c.timeout_s, spec.name)
-        seq += 1
 
 
 def _put(queue: Any, item: Any, stop: Any, timeout_s: float, name: str) -> None:

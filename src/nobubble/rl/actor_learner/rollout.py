@@ -1,4 +1,9 @@
-"""Rollouts with a local policy: an IMPALA actor's unroll, and the (greedy) evaluation."""
+"""Rollouts with a local policy: an IMPALA actor's unroll, and the (greedy) evaluation.
+
+An unroll is assembled by the same :class:`~nobubble.rl.actor_learner.trajectory.
+TrajectoryBuilder` that central inference uses for its actors' streams, so the three
+architectures' trajectories are made by one piece of code.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import torch
 
 from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.model import PolicyModel, act
-from nobubble.rl.actor_learner.trajectory import Trajectory
+from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
 
 __all__ = ["rollout", "evaluate"]
 
@@ -15,40 +20,28 @@ __all__ = ["rollout", "evaluate"]
 def rollout(
     model: PolicyModel,
     envs: VectorEnv,
+    builder: TrajectoryBuilder,
     obs: np.ndarray,
-    unroll_length: int,
     *,
     version: int,
     generator: torch.Generator,
-    source: str,
-    seq: int,
     digest: str = "",
 ) -> tuple[Trajectory, np.ndarray]:
-    """``T`` steps of ``K`` envs from ``obs (K, D)`` with ``model`` (policy ``version``,
-    whose weights hash to ``digest``).
+    """Step ``envs`` from ``obs (K, D)`` (the last observation ``builder`` saw: after
+    ``envs.reset()``, ``builder.observe(obs)``) with ``model`` (policy ``version``, whose
+    weights hash to ``digest``) until ``builder`` finishes a trajectory of ``T`` steps.
 
     Returns:
         The trajectory and the observation ``(K, D)`` to start the next one from.
     """
-    T, K = unroll_length, envs.num_envs
-    all_obs = np.empty((T + 1, K, obs.shape[1]), dtype=np.float32)
-    actions = np.empty((T, K), dtype=np.int64)
-    logits = np.empty((T, K, model.num_actions), dtype=np.float32)
-    rewards = np.empty((T, K), dtype=np.float32)
-    dones = np.empty((T, K), dtype=bool)
-    returns: list[float] = []
-    for t in range(T):
-        all_obs[t] = obs
-        actions[t], logits[t] = act(model, obs, generator)
-        step = envs.step(actions[t])
-        obs, rewards[t], dones[t] = step.obs, step.rewards, step.dones
-        returns.extend(step.episode_returns)
-    all_obs[T] = obs
-    trajectory = Trajectory(
-        source, seq, version, all_obs, actions, logits, rewards, dones, tuple(returns),
-        ((version, digest),),
-    )  # fmt: skip
-    return trajectory, obs
+    while True:
+        actions, logits = act(model, obs, generator)
+        builder.record(actions, logits, version, digest)
+        step = envs.step(actions)
+        obs = step.obs
+        trajectory = builder.observe(step.obs, step.rewards, step.dones)
+        if trajectory is not None:
+            return trajectory, obs
 
 
 @torch.no_grad()

@@ -3,8 +3,8 @@
 Shapes (time-major, as V-trace takes them): ``T`` steps, ``K`` environments, ``D``
 observation features, ``A`` actions. A trajectory holds ``T + 1`` observations, the last
 one only to bootstrap the value. :class:`TrajectoryBuilder` assembles one from a stream of
-(observation, reward, done) messages and the actions central inference chose for them, which
-is how the seed and sample-factory learners see their actors.
+(observation, reward, done) messages and the actions chosen for them: how the seed and
+sample-factory learners see their actors, and how an impala actor unrolls its own envs.
 """
 
 from __future__ import annotations
@@ -132,9 +132,13 @@ class TrajectoryBuilder:
         self.returns: list[float] = []
         self.claims: dict[int, str] = {}  # version -> digest of the weights that acted
 
-    def observe(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> Trajectory | None:
-        """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)``."""
+    def observe(
+        self, obs: np.ndarray, reward: np.ndarray | None = None, done: np.ndarray | None = None
+    ) -> Trajectory | None:
+        """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)``
+        (none before the first action)."""
         if self._pending:
+            assert reward is not None and done is not None, f"{self.source}: no reward, done"
             self.rewards[self.t - 1], self.dones[self.t - 1] = reward, done
             self._running += reward
             for k in np.flatnonzero(done):
