@@ -129,7 +129,8 @@ def test_compare_runs_each_architecture_on_one_budget_and_draws_them(tmp_path, c
 
 
 def test_compare_prints_one_row_per_architecture_and_the_seed(capsys) -> None:
-    from nobubble.cli.rl_env import ENV_ARCHS, _compare_table
+    from nobubble.cli.rl_env import _compare_table
+    from nobubble.rl.actor_learner.config import ARCHS
     from nobubble.rl.system.experience import LedgerSummary
     from nobubble.rl.system.result import RunResult
 
@@ -139,9 +140,9 @@ def test_compare_prints_one_row_per_architecture_and_the_seed(capsys) -> None:
                   staleness_hist={1: 8}, idle_ratio={"learner": 0.5}, ledger=ledger,
                   env="CartPole-v1", arch=arch, eval_mean_return=42.0, target_return=475.0,
                   env_steps=400)
-        for arch in ENV_ARCHS
+        for arch in ARCHS
     ]  # fmt: skip
     _compare_table(results)
     out = capsys.readouterr().out
-    assert "(seed 3)" in out and all(arch in out for arch in ENV_ARCHS)
+    assert "(seed 3)" in out and all(arch in out for arch in ARCHS)
     assert out.count("100") == 3  # env steps/s of each

@@ -32,11 +32,11 @@ from nobubble.cli.util import (
     print_json,
     print_table,
 )
+from nobubble.rl.actor_learner.config import ARCHS, LOSSES  # torch-free, as the flags need
 from nobubble.validation import finite
 
-__all__ = ["ENV_ARCHS", "add_env_arguments", "check_producer_flags", "run_env"]
+__all__ = ["add_env_arguments", "check_producer_flags", "run_env"]
 
-ENV_ARCHS = ("impala", "seed", "sample-factory")
 # the flags both producers read; every other flag belongs to one producer (argparse dests)
 SHARED = ("task", "env", "max_staleness", "steps", "seed", "time_budget", "out", "json", "force")
 _NOT_FLAGS = ("func", "producer_parser", "group_parser", "env_dests", "command", "rl_command")
@@ -76,7 +76,7 @@ def add_env_arguments(parser: argparse.ArgumentParser, *, arch: bool = True) -> 
         help="a text env's option, repeatable: high=9, max_turns=4, a reasoning-gym config",
     )
     if arch:
-        add("--arch", choices=ENV_ARCHS, default="seed",
+        add("--arch", choices=ARCHS, default="seed",
             help="where inference runs: impala (in each actor), seed (central), sample-factory "
             "(central, double-buffered envs)")  # fmt: skip
     add("--actors", type=positive_int, default=None, help="actor processes (2)")
@@ -90,7 +90,7 @@ def add_env_arguments(parser: argparse.ArgumentParser, *, arch: bool = True) -> 
     )
     add(
         "--loss",
-        choices=("ppo", "vtrace"),
+        choices=LOSSES,
         default=None,
         help="ppo (APPO, the default) or vtrace (IMPALA)",
     )
@@ -194,11 +194,11 @@ def run_env(args: argparse.Namespace, *, compare: bool) -> int:
     actors, envs = args.actors or 2, args.envs_per_actor or 8
     # an env with its slot and trajectory buffers: ~50 kB (CartPole); a text env more
     check_budget("rl", processes=1 + actors, data_bytes=actors * envs * 50e3, force=args.force)
-    first = env_config(args, ENV_ARCHS[0] if compare else args.arch)
+    first = env_config(args, ARCHS[0] if compare else args.arch)
     if first.steps is not None and args.time_budget is None:
         check_steps("rl", "--steps", first.steps, ENV_UPDATE_S, hint=", give --time-budget S",
                     force=args.force)  # fmt: skip
-    configs = [dataclasses.replace(first, arch=a) for a in ENV_ARCHS] if compare else [first]
+    configs = [dataclasses.replace(first, arch=a) for a in ARCHS] if compare else [first]
     from nobubble.rl.actor_learner.envs import env_label, env_spaces
 
     try:
@@ -246,7 +246,7 @@ def _compare_table(results: list[Any]) -> None:
     ]  # fmt: skip
     first = results[0]
     print_table(
-        f"{first.env}: {', '.join(ENV_ARCHS)} on the same budget (seed {first.config['seed']})",
+        f"{first.env}: {', '.join(ARCHS)} on the same budget (seed {first.config['seed']})",
         ["arch", "eval return", f"s to {first.target_return}", "steps to target", "env steps/s",
          "learner idle", "max staleness"],
         rows,

@@ -18,6 +18,7 @@ __all__ = [
     "ARCHS",
     "Arch",
     "EnvRunConfig",
+    "LOSSES",
     "PolicyLoss",
     "config_json",
     "envs_per_trajectory",
@@ -27,7 +28,7 @@ __all__ = [
 Arch = Literal["impala", "seed", "sample-factory"]
 ARCHS: tuple[str, ...] = ("impala", "seed", "sample-factory")
 PolicyLoss = Literal["ppo", "vtrace"]
-_LOSSES = ("ppo", "vtrace")
+LOSSES: tuple[str, ...] = ("ppo", "vtrace")
 _START_METHODS = ("fork", "forkserver", "spawn")
 
 
@@ -107,8 +108,8 @@ class EnvRunConfig:
 def _check_choices(c: EnvRunConfig) -> None:
     if c.arch not in ARCHS:
         raise ValueError(f"arch={c.arch!r} is not an architecture; use one of {ARCHS}")
-    if c.loss not in _LOSSES:
-        raise ValueError(f"loss={c.loss!r}; use one of {_LOSSES}")
+    if c.loss not in LOSSES:
+        raise ValueError(f"loss={c.loss!r}; use one of {LOSSES}")
     if c.start_method not in _START_METHODS:
         raise ValueError(f"start_method={c.start_method!r}; use one of {_START_METHODS}")
     if not (isinstance(c.env, str) and c.env) and not callable(c.env):
