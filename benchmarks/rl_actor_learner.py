@@ -207,9 +207,8 @@ def _run_record(r: Any) -> dict[str, Any]:
 
 def acrobot(seeds: int) -> dict[str, Any]:
     """Each architecture to a greedy mean of -100 (the spec's threshold), 5 minutes at most."""
-    from nobubble.rl.actor_learner.envs import env_spaces
-    from nobubble.rl.actor_learner.model import build_model
-    from nobubble.rl.actor_learner.rollout import evaluate
+    from nobubble.rl.actor_learner.model import initial_model
+    from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
 
     out: dict[str, Any] = {}
     for arch in ARCHS:
@@ -219,9 +218,7 @@ def acrobot(seeds: int) -> dict[str, Any]:
                 env="Acrobot-v1", arch=arch, actors=2, envs_per_actor=8, seed=seed,
                 target_return=-100.0, time_budget_s=300.0, eval_every_s=EVAL_EVERY_S,
             )  # fmt: skip
-            torch.manual_seed(seed)
-            untrained = build_model(config, *env_spaces(config.env))  # what train() starts from
-            start = evaluate(untrained, VectorEnv("Acrobot-v1", 20, 10_000_000 + seed), 20)
+            start = evaluate(initial_model(config), eval_envs(config), config.eval_episodes)
             run = {"start_return": sum(start) / len(start), **_run_record(train(config))}
             print(f"Acrobot-v1 {arch:15s} seed {seed}: {run['time_to_target_s']}", flush=True)
             runs.append(run)

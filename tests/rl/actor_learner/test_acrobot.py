@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
-import torch
 
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
-from nobubble.rl.actor_learner.model import build_model
-from nobubble.rl.actor_learner.rollout import evaluate
+from nobubble.rl.actor_learner.model import initial_model
+from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
 
 
 @pytest.mark.long
@@ -20,9 +18,7 @@ def test_acrobot_learns_from_the_initial_policy_to_minus_100() -> None:
         env="Acrobot-v1", arch="seed", actors=2, envs_per_actor=8, target_return=-100.0,
         time_budget_s=30.0, eval_every_s=2.0, seed=0,
     )  # fmt: skip
-    torch.manual_seed(config.seed)  # the initialisation train() starts from
-    untrained = build_model(config, *env_spaces(config.env))
-    start = evaluate(untrained, VectorEnv("Acrobot-v1", 20, seed=10_000_000), 20)
+    start = evaluate(initial_model(config), eval_envs(config), config.eval_episodes)
     start_mean = sum(start) / len(start)
     result = train(config)
     assert result.eval_mean_return >= -100.0, (

@@ -76,8 +76,7 @@ def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     the sum). Both are sampled over 400 episodes, which is finer than the greedy eval (a
     greedy policy moves in steps of whole strategies)."""
     from nobubble.rl import train
-    from nobubble.rl.actor_learner.envs import VectorEnv
-    from nobubble.rl.actor_learner.rollout import evaluate
+    from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
     from nobubble.rl.actor_learner.text.run import policy_success
 
     options = {"max_turns": 5, **SUMS}
@@ -93,5 +92,6 @@ def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     end = policy_success(config, result.model, episodes=400)
     assert end >= max(2 * start, start + 0.06), f"reward {start:.2f} -> {end:.2f} (sampled)"
     # the model that comes back is the one the final evaluation saw (same envs, greedy)
-    eval_envs = VectorEnv(config.env, config.eval_episodes, 10_000_000 + config.seed)
-    assert evaluate(result.model, eval_envs, config.eval_episodes) == list(result.eval_returns)
+    assert evaluate(result.model, eval_envs(config), config.eval_episodes) == list(
+        result.eval_returns
+    )

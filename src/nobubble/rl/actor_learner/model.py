@@ -2,7 +2,8 @@
 
 :class:`PolicyModel` is the contract every model keeps (the MLP here, the text policy of
 :mod:`nobubble.rl.actor_learner.text.policy`); :func:`build_model` makes a run's model from
-its config, in the learner and in every impala actor alike.
+its config, in the learner and in every impala actor alike (:func:`initial_model`: the
+learner's, seeded).
 
 The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with a small
 last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the value
@@ -21,7 +22,7 @@ from torch import nn
 if TYPE_CHECKING:
     from nobubble.rl.actor_learner.config import EnvRunConfig
 
-__all__ = ["ActorCritic", "PolicyModel", "act", "build_model"]
+__all__ = ["ActorCritic", "PolicyModel", "act", "build_model", "initial_model"]
 
 
 class PolicyModel(Protocol):
@@ -61,6 +62,15 @@ def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
             f"; the env has obs_dim={obs_dim}, num_actions={num_actions}"
         )
     return model
+
+
+def initial_model(config: EnvRunConfig) -> Any:
+    """The untrained model ``train(config)`` starts from: :func:`build_model` for
+    ``config.env``'s spaces after ``torch.manual_seed(config.seed)``."""
+    from nobubble.rl.actor_learner.envs import env_spaces
+
+    torch.manual_seed(config.seed)
+    return build_model(config, *env_spaces(config.env))
 
 
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:

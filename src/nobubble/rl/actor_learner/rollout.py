@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
 
-__all__ = ["rollout", "evaluate"]
+__all__ = ["rollout", "eval_envs", "evaluate"]
 
 
 def rollout(
@@ -42,6 +43,12 @@ def rollout(
         trajectory = builder.observe(step.obs, step.rewards, step.dones)
         if trajectory is not None:
             return trajectory, obs
+
+
+def eval_envs(config: EnvRunConfig) -> VectorEnv:
+    """The envs a run evaluates on: ``config.eval_episodes`` of ``config.env``, seeded apart
+    from every actor's (``10_000_000 + config.seed``), without the step delay."""
+    return VectorEnv(config.env, config.eval_episodes, 10_000_000 + config.seed)
 
 
 @torch.no_grad()

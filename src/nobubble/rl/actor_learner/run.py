@@ -30,11 +30,11 @@ from typing import NamedTuple
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig, config_json, trajectories_per_update
-from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
+from nobubble.rl.actor_learner.envs import env_label
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.loss import env_learner, minibatches
-from nobubble.rl.actor_learner.model import PolicyModel, build_model
-from nobubble.rl.actor_learner.rollout import evaluate
+from nobubble.rl.actor_learner.model import PolicyModel, initial_model
+from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
 from nobubble.rl.system.engines.protocol import ActorFailure
 from nobubble.rl.system.experience import GroupState, Ledger
@@ -76,8 +76,7 @@ class _Run:
         self.time_to_target: float | None = None
         self.steps_to_target: int | None = None
         self.eval_returns: list[float] = []
-        eval_seed = 10_000_000 + config.seed
-        self.eval_envs = VectorEnv(config.env, config.eval_episodes, eval_seed)
+        self.eval_envs = eval_envs(config)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -179,9 +178,7 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
 
 
 def _train(config: EnvRunConfig, on_step: OnStep | None) -> RunResult:
-    torch.manual_seed(config.seed)
-    obs_dim, num_actions = env_spaces(config.env)
-    model = build_model(config, obs_dim, num_actions)
+    model = initial_model(config)
     run = _Run(config, model)
     pool = ActorPool(config, model)
     try:

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
-from nobubble.rl.actor_learner.model import PolicyModel, build_model
+from nobubble.rl.actor_learner.envs import VectorEnv
+from nobubble.rl.actor_learner.model import PolicyModel, initial_model
 from nobubble.rl.actor_learner.rollout import evaluate
 from nobubble.rl.actor_learner.text.guess_number import GuessNumber
 from nobubble.rl.actor_learner.text.policy import TextPolicyConfig, TextPolicyFactory
@@ -133,9 +133,7 @@ def policy_success(
     ``model`` None: the untrained model ``train(config)`` starts from (same seed, same
     initialisation), i.e. the success rate a run starts at.
     """
-    if model is None:
-        torch.manual_seed(config.seed)
-        model = build_model(config, *env_spaces(config.env))
+    model = initial_model(config) if model is None else model
     envs = VectorEnv(config.env, episodes, seed)
     generator = None if greedy else torch.Generator().manual_seed(seed)
     returns = evaluate(model, envs, episodes, generator=generator)
