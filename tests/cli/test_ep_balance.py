@@ -64,7 +64,7 @@ def test_balance_table_and_plot(tmp_path, capsys):
         (["--experts", "12", "--gpus", "8", "--redundant", "3"], "not a multiple of num_gpus=8"),
         (["--experts", "12", "--gpus", "8", "--nodes", "2", "--groups", "3", "--redundant", "4"],
          "num_groups=3 is not a multiple of num_nodes=2"),
-        (["--experts", "12", "--gpus", "4", "--skew", "zipf"], "--skew 'zipf'"),
+        (["--experts", "12", "--gpus", "4", "--skew", "zipf"], "skew='zipf'"),
     ],
 )  # fmt: skip
 def test_balance_bad_config_raises_value_error(argv, needle, capsys):
