@@ -11,12 +11,15 @@ step times and the artifacts' locations.
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
+from nobubble.cli.util import console, output_dir, print_table, seed_int
+
+Step = Callable[[Path, bool, int], list[Path]]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -79,14 +82,14 @@ def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
-    """Run one ``nobubble pp|rl`` command as the user would; a failure stops the tour."""
-    from nobubble.cli import pp, rl
+    """Run one ``nobubble`` command as the user would (its artifacts' folders made first);
+    a failure, printed by the command in its one line, stops the tour."""
+    from nobubble.cli import main
 
+    for path in artifacts:
+        path.parent.mkdir(parents=True, exist_ok=True)
     console().print(f"$ nobubble {' '.join(argv)}")
-    parser = ArgumentParser(prog=f"nobubble {argv[0]}")
-    {"pp": pp, "rl": rl}[argv[0]].register(parser)
-    args = parser.parse_args(argv[1:])
-    rc = args.func(args)
+    rc = main(argv)
     if rc:
         raise RuntimeError(f"demo step {title!r}: `nobubble {' '.join(argv)}` exited {rc}")
     return artifacts
@@ -95,7 +98,6 @@ def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
 def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """The exact solver against the heuristic where memory is tight (3 M_F per stage)."""
     png = out / "pipeline" / "ilp_optimal.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "solve", "-p", "4", "-m", "8", "--model", "1.5B", "--mem-limit", "3"]
     return _cli_step("ILP", [*argv, "--time-limit", "20", "--plot", str(png)], [png])
 
@@ -103,7 +105,6 @@ def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
 def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """ZB-H1 on a real GPT split over 2 local processes, measured against the simulator."""
     trace, png = out / "pipeline" / "run_zb-h1_trace.json", out / "pipeline" / "run_zb-h1.png"
-    trace.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3"]
     return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
 
@@ -112,7 +113,6 @@ def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """A model of torch's own modules planned by ``pp plan --model MODULE:FACTORY``: the chosen
     cut, schedule, microbatches and recompute beside the naive equal-block 1F1B."""
     plan, png = out / "pipeline" / "plan.json", out / "pipeline" / "plan.png"
-    plan.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "plan", "--model", "nobubble.cli.demo.pipeline_plan:factory", "--ranks", "2",
             "--seed", str(seed), "--out", str(plan), "--plot", str(png)]  # fmt: skip
     return _cli_step("planning", argv, [plan, png])
@@ -121,7 +121,6 @@ def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
 def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """Every schedule as (peak activation memory, bubble), the Pareto set drawn."""
     png = out / "pipeline" / "frontier_p8_m24_1.5B.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B", "--out", str(png)]
     return _cli_step("frontier", argv, [png])
 
@@ -158,43 +157,14 @@ def _actor_learner_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return _cli_step("actor-learner", argv, [png])
 
 
-def _pipeline_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import pipeline
+def _module_step(name: str) -> Step:
+    """The step of module ``nobubble.cli.demo.<name>``, imported when the step starts (so
+    ``--help`` loads no torch): its ``run(out_dir, quick)``."""
 
-    return pipeline.run(out, quick)
+    def step(out: Path, quick: bool, seed: int) -> list[Path]:
+        return importlib.import_module(f"{__name__}.{name}").run(out, quick)
 
-
-def _replan_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import pipeline_replan
-
-    return pipeline_replan.run(out, quick)
-
-
-def _moe_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import moe
-
-    return moe.run(out, quick)
-
-
-def _moe_fastpath_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import moe_fastpath
-
-    return moe_fastpath.run(out, quick)
-
-
-def _moe_balance_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import moe_balance
-
-    return moe_balance.run(out, quick)
-
-
-def _rl_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import rl
-
-    return rl.run(out, quick)
-
-
-Step = Callable[[Path, bool, int], list[Path]]
+    return step
 
 
 def steps() -> list[tuple[str, Step]]:
@@ -202,17 +172,17 @@ def steps() -> list[tuple[str, Step]]:
     return [
         ("merge", _merge_step),
         ("trace", _trace_step),
-        ("pipeline schedules", _pipeline_step),
+        ("pipeline schedules", _module_step("pipeline")),
         ("pipeline ILP", _ilp_step),
         ("pipeline frontier", _frontier_step),
         ("pipeline handshake", _handshake_step),
         ("pipeline runtime", _runtime_step),
         ("pipeline planning", _plan_step),
-        ("pipeline re-planning", _replan_step),
-        ("MoE expert parallelism", _moe_step),
-        ("MoE fast paths", _moe_fastpath_step),
-        ("MoE load balancing", _moe_balance_step),
-        ("RL", _rl_step),
+        ("pipeline re-planning", _module_step("pipeline_replan")),
+        ("MoE expert parallelism", _module_step("moe")),
+        ("MoE fast paths", _module_step("moe_fastpath")),
+        ("MoE load balancing", _module_step("moe_balance")),
+        ("RL", _module_step("rl")),
         ("RL actor-learner", _actor_learner_step),
     ]
 
@@ -222,15 +192,12 @@ def _run(args: argparse.Namespace) -> int:
     out: Path = args.out
     chosen = steps()
     if args.only is not None:  # checked before the artifact folder is made
-        wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        wanted, names = {w.strip() for w in args.only.split(",")} - {""}, [t for t, _ in chosen]
         if not wanted:
-            raise ValueError(f"--only {args.only!r} names no step; choose from "
-                             f"{[t for t, _ in chosen]}")  # fmt: skip
-        unknown = wanted - {t for t, _ in chosen}
-        if unknown:
-            raise ValueError(
-                f"--only: unknown step(s) {sorted(unknown)}; choose from {[t for t, _ in chosen]}"
-            )
+            raise ValueError(f"--only {args.only!r} names no step; choose from {names}")
+        if wanted - set(names):
+            raise ValueError(f"--only: unknown step(s) {sorted(wanted - set(names))}; "
+                             f"choose from {names}")  # fmt: skip
         chosen = [(t, f) for t, f in chosen if t in wanted]
     out.mkdir(parents=True, exist_ok=True)
     timings = []
