@@ -92,6 +92,7 @@ def test_nobubble_ep_balance_one_line_error_exit_2(tmp_path, capsys):
         ("nan 1 2 3", "a load is not a finite number"),
         ("0 0 0 0", "a row's loads are all zero"),
         ("", "no numbers"),
+        ("1 2 3", "has 3 experts per row, num_experts is 4"),
     ],
 )
 def test_weights_that_cannot_be_balanced_are_refused(weights, needle, tmp_path, capsys):
