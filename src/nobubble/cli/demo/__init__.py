@@ -1,11 +1,12 @@
 """``nobubble demo``: a short tour of every capability that has landed.
 
-Each part's step lives in its own module of this package (:mod:`.pipeline`,
-:mod:`.pipeline_plan`, :mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`)
-exposing ``run(out_dir: Path, quick: bool) -> list[Path]``: it prints what it shows and
-returns the artifacts it wrote. A step's module is imported when the step starts, so
-``nobubble demo --help`` loads no torch. Steps run in order; the tour ends with a table of
-step times and the artifacts' locations.
+A step runs a ``nobubble`` command as a user would (:func:`_cli_step`) or, where no command
+shows it, the ``run(out_dir: Path, quick: bool) -> list[Path]`` of its own module here
+(:mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`;
+:mod:`.pipeline_plan` is the model ``pp plan`` plans), which prints what it shows and returns
+the artifacts it wrote. A step's module is imported when the step starts, so ``nobubble demo
+--help`` loads no torch. Steps run in order; the tour ends with a table of step times and the
+artifacts' locations.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nobubble.cli.util import console, output_dir, print_table, seed_int
+from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
 
 Step = Callable[[Path, bool, int], list[Path]]
 
@@ -56,8 +57,9 @@ def _merge_step(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """Four ranks each write their own trace; merge them into one time-ordered file."""
-    from nobubble.trace import Event, merge_trace_files, summarize, write_chrome_trace
+    """Four ranks each write their own trace; ``nobubble trace merge`` makes one time-ordered
+    file of them and prints each rank's busy and idle time."""
+    from nobubble.trace import Event, write_chrome_trace
 
     rng = random.Random(seed)
     files = []
@@ -68,31 +70,36 @@ def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
             events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
             t += dur + rng.uniform(0, 40)  # waiting for the neighbour
         files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
-    merged, names = merge_trace_files(files)
-    path = write_chrome_trace(out / "trace" / "merged.json", merged, rank_names=names)
-    print_table(
-        f"merged {len(files)} per-rank traces ({len(merged)} events) -> {path}",
-        ["rank", "events", "span ms", "busy ms", "idle"],
-        [
-            [s.rank, s.num_events, s.span_us / 1e3, s.busy_us / 1e3, f"{s.idle_ratio:.1%}"]
-            for s in summarize(merged)
-        ],
-    )
-    return [*files, path]
+    merged = out / "trace" / "merged.json"
+    return [*files, *_cli_step("trace", ["trace", "merge", *map(str, files), "-o", str(merged)],
+                               [merged])]  # fmt: skip
 
 
 def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
-    """Run one ``nobubble`` command as the user would (its artifacts' folders made first);
-    a failure, printed by the command in its one line, stops the tour."""
-    from nobubble.cli import main
+    """Run one ``nobubble pp|rl|trace`` command as the user would (its artifacts' folders
+    made first); a failure stops the tour."""
+    from nobubble.cli import pp, rl, trace
 
     for path in artifacts:
         path.parent.mkdir(parents=True, exist_ok=True)
     console().print(f"$ nobubble {' '.join(argv)}")
-    rc = main(argv)
+    parser = ArgumentParser(prog=f"nobubble {argv[0]}")
+    {"pp": pp, "rl": rl, "trace": trace}[argv[0]].register(parser)
+    args = parser.parse_args(argv[1:])
+    rc = args.func(args)
     if rc:
         raise RuntimeError(f"demo step {title!r}: `nobubble {' '.join(argv)}` exited {rc}")
     return artifacts
+
+
+def _schedules_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """1F1B's grid beside ZB-H1's (P=4, M=8, unit costs: W fills the bubbles), then every
+    schedule at P=8, M=24 on the paper's 1.5B costs, their Gantt charts in one image."""
+    for name in ("1f1b", "zb-h1"):
+        _cli_step("pipeline schedules", ["pp", "show", "-s", name, "-p", "4", "-m", "8"], [])
+    png = out / "pipeline_gantt.png"
+    argv = ["pp", "compare", "-p", "8", "-m", "24", "--model", "1.5B", "--plot", str(png)]
+    return _cli_step("pipeline schedules", [*argv, *(["--no-torch"] if quick else [])], [png])
 
 
 def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -172,7 +179,7 @@ def steps() -> list[tuple[str, Step]]:
     return [
         ("merge", _merge_step),
         ("trace", _trace_step),
-        ("pipeline schedules", _module_step("pipeline")),
+        ("pipeline schedules", _schedules_step),
         ("pipeline ILP", _ilp_step),
         ("pipeline frontier", _frontier_step),
         ("pipeline handshake", _handshake_step),
