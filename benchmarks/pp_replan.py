@@ -4,7 +4,8 @@ The model is ``--layers`` equal blocks (``nn.Linear`` + ``nn.GELU``) and a head,
 8 microbatches on ``--ranks`` gloo ranks. From step ``--start`` on, rank 1 really runs
 ``--factors`` times slower (``StragglerObserver(Straggler(...))``: it sleeps in proportion
 to each op). Two runs alternate, ``--rounds`` times each: the runner with a ``Replanner``
-hook with ``replan=False`` (the static cut, the baseline) and with re-planning on.
+hook with ``replan=False`` (the static cut, the baseline) and with re-planning on; the run is
+:func:`nobubble.bench.pp_replan.run_replan`, which ``nobubble demo`` shows too.
 
 Per run: the median step before the straggler (steps 3 to start-1), after it (the last
 ``(steps - start) // 2`` steps), the step at which the cut changed and what the switch cost
@@ -27,50 +28,9 @@ from pathlib import Path
 from benchmarks._common import write_json
 from benchmarks.records.pp_replan import PpReplan
 from nobubble.bench.output import print_table
-from nobubble.distributed import spawn
-from nobubble.pipeline import get_schedule
-from nobubble.pipeline.dispatch.perturb import Straggler
-from nobubble.pipeline.runtime.elastic import Replanner
-from nobubble.pipeline.runtime.hooks import StragglerObserver
-from nobubble.pipeline.runtime.runner import PipelineRunner
+from nobubble.bench.pp_replan import ReplanSetup, run_replan
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _blocks(layers: int, width: int):
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    body = [nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(layers)]
-    return [*body, nn.Linear(width, 1)]
-
-
-def rank_main(ctx, replan: bool, args: dict) -> dict:
-    import torch
-    from torch import nn
-
-    torch.set_num_threads(1)
-    sched = get_schedule("zb-h1", num_ranks=ctx.world_size, num_microbatches=8)
-    straggler = Straggler(1, args["factor"], first_step=args["start"])
-    blocks = _blocks(args["layers"], args["width"])
-    costs = [1.0] * args["layers"] + [0.05]  # the head is a thin layer
-    planner = Replanner(blocks, sched, lambda ps: torch.optim.Adam(ps, lr=1e-3),
-                        layer_costs=costs, replan=replan)  # fmt: skip
-    runner = PipelineRunner(planner.stages(), sched, nn.functional.mse_loss, hooks=[planner],
-                            observer=StragglerObserver(straggler))  # fmt: skip
-    g = torch.Generator().manual_seed(1)
-    for _ in range(args["steps"]):
-        x = torch.randn(args["batch"], args["width"], generator=g)
-        runner.step(x, x[:, :1])
-        planner.optimizer.step()
-        planner.optimizer.zero_grad(set_to_none=True)
-    runner.close()
-    history = planner.history
-    return {"step_ms": [r.step_ms for r in history],
-            "sizes": [list(r.sizes) for r in history],
-            "replanned_at": [r.step for r in history if r.replanned_to],
-            "replan_ms": [r.replan_ms for r in history if r.replanned_to]}  # fmt: skip
 
 
 def _summary(run: dict, start: int, steps: int) -> dict:
@@ -89,7 +49,7 @@ def _rounds(a: argparse.Namespace, args: dict) -> list[dict]:
     for k in range(a.rounds):
         pair = {}
         for replan in (False, True) if k % 2 == 0 else (True, False):
-            res = spawn(rank_main, a.ranks, args=(replan, args), timeout_s=1800)[0]
+            res = run_replan(ReplanSetup(num_ranks=a.ranks, replan=replan, **args)).to_dict()
             pair["replanned" if replan else "static"] = res | _summary(res, a.start, a.steps)
         # before the straggler both runs are the same configuration: their pooled median
         pooled = pair["static"]["step_ms"][3 : a.start] + pair["replanned"]["step_ms"][3 : a.start]

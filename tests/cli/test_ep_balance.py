@@ -64,7 +64,7 @@ def test_balance_table_and_plot(tmp_path, capsys):
         (["--experts", "12", "--gpus", "8", "--redundant", "3"], "not a multiple of num_gpus=8"),
         (["--experts", "12", "--gpus", "8", "--nodes", "2", "--groups", "3", "--redundant", "4"],
          "num_groups=3 is not a multiple of num_nodes=2"),
-        (["--experts", "12", "--gpus", "4", "--skew", "zipf"], "--skew 'zipf'"),
+        (["--experts", "12", "--gpus", "4", "--skew", "zipf"], "skew='zipf'"),
     ],
 )  # fmt: skip
 def test_balance_bad_config_raises_value_error(argv, needle, capsys):
@@ -92,6 +92,7 @@ def test_nobubble_ep_balance_one_line_error_exit_2(tmp_path, capsys):
         ("nan 1 2 3", "a load is not a finite number"),
         ("0 0 0 0", "a row's loads are all zero"),
         ("", "no numbers"),
+        ("1 2 3", "has 3 experts per row, num_experts is 4"),
     ],
 )
 def test_weights_that_cannot_be_balanced_are_refused(weights, needle, tmp_path, capsys):

@@ -154,6 +154,11 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig: hidden={self.hidden} is not a multiple of num_heads={self.num_heads}"
             )
+        if self.rebalance_every and ep == 1:
+            raise ValueError(
+                f"TrainConfig: rebalance_every={self.rebalance_every} with ep 1: every expert "
+                "is on every rank and no placement differs; use ep 2 or more, or rebalance_every=0"
+            )
         self.moe_config()  # routing constraints, with MoEConfig's messages
         reachable = self.num_experts // self.n_groups * self.topk_groups
         if self.topk > reachable:

@@ -48,6 +48,7 @@ __all__ = [
     "BenchReport",
     "run_bench",
     "run_with_progress",
+    "run_transports",
     "plot_report",
     "METHODS",
 ]
@@ -228,6 +229,14 @@ def run_with_progress(config: BenchConfig) -> BenchReport:
         lambda updates: run_bench(config, progress=updates),
         label=f"starting {config.num_ranks} ranks",
     )
+
+
+def run_transports(config: BenchConfig, kinds: tuple[str, ...] | None = None) -> list[BenchReport]:
+    """:func:`run_with_progress` once per transport kind (default: ``config.transport``), one
+    after the other, so that the same :class:`Buffer` is compared across transports."""
+    from dataclasses import replace
+
+    return [run_with_progress(replace(config, transport=k)) for k in kinds or (config.transport,)]
 
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:

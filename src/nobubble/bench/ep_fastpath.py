@@ -46,6 +46,7 @@ __all__ = [
     "run_low_latency",
     "run_overlap",
     "draw_overlap",
+    "fastpath_problems",
 ]
 
 SECTIONS = ("transports", "hierarchical", "low_latency", "overlap")
@@ -425,3 +426,22 @@ def run_overlap(
         },
         "rows": out,
     }
+
+
+def fastpath_problems(results: dict[str, Any]) -> list[str]:
+    """What is wrong in ``results`` (section name -> that section's ``run_*`` result; absent
+    sections are not checked): shared memory not bit-equal to gloo, hierarchical dispatch not
+    equal to flat or not moving the distinct (token, node) pairs' bytes, FP8 not halving the
+    bytes. Empty when every fast path agrees with its baseline."""
+    checks = {
+        "transports": [("shared-memory results differ from gloo's", "bit_equal")],
+        "hierarchical": [("hierarchical dispatch differs from flat", "bit_equal_dispatch"),
+                         ("hierarchical bytes != distinct (token, node) pairs x H x 2",
+                          "formula_holds")],
+    }  # fmt: skip
+    problems = [what for section, rules in checks.items() if section in results
+                for what, key in rules if not results[section][key]]  # fmt: skip
+    low = results.get("low_latency")
+    if low is not None and low["fp8_over_bf16_bytes"] >= 0.6:
+        problems.append("FP8 does not halve the bytes")
+    return problems

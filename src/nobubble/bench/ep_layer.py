@@ -45,6 +45,23 @@ class LayerCheck:
     max_rel_grad_diff: float
     """Largest relative difference of the input and router gradients to the reference's."""
 
+    @property
+    def imbalance(self) -> list[float]:
+        """Max / mean expert load at every step of :attr:`loads`."""
+        return [max(step) / (sum(step) / len(step)) for step in self.loads]
+
+    def summary(self) -> dict[str, Any]:
+        """The headline figures (``nobubble demo`` writes them as ``moe/ep_demo.json``):
+        bytes summed over ranks, the largest differences to the reference, the imbalance."""
+        return {
+            "ranks": len(self.buffer_bytes),
+            "buffer_bytes": sum(self.buffer_bytes),
+            "per_pair_bytes": sum(self.pair_bytes),
+            "max_rel_output_diff": self.max_rel_output_diff,
+            "max_rel_grad_diff": self.max_rel_grad_diff,
+            "imbalance": self.imbalance,
+        }
+
 
 def run_layer_check(num_ranks: int, num_tokens: int, steps: int, *,
                     timeout_s: float = 600) -> LayerCheck:  # fmt: skip

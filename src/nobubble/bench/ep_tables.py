@@ -10,6 +10,7 @@ from nobubble.bench.output import print_table
 
 __all__ = [
     "print_dispatch_report",
+    "print_transport_comparison",
     "print_transports",
     "print_hierarchical",
     "print_low_latency",
@@ -62,6 +63,23 @@ def print_dispatch_report(report: Any) -> None:
         caption=f"logical bytes {report.logical_bytes / mb:.1f} MB (sum(is_token_in_rank)*H*es); "
         f"time relative to buffer - {ratios}",
     )
+
+
+def print_transport_comparison(reports: list[Any]) -> None:
+    """``ep bench --transport shm,dist``: Buffer's times over each transport of ``reports``
+    (:class:`~nobubble.bench.ep_dispatch.BenchReport`, ``buffer`` first in each), relative
+    to the first transport."""
+    first = reports[0].methods[0]
+    print_table(
+        "ep bench: Buffer over each transport (median, slowest rank)",
+        ["transport", "dispatch ms", "combine ms", "dispatch vs first", "combine vs first"],
+        [
+            [r.transport, b.dispatch_ms, b.combine_ms, f"x{b.dispatch_ms / first.dispatch_ms:.2f}",
+             f"x{b.combine_ms / first.combine_ms:.2f}"]
+            for r in reports
+            for b in r.methods[:1]
+        ],
+    )  # fmt: skip
 
 
 def print_transports(res: dict[str, Any]) -> None:

@@ -60,7 +60,8 @@ from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
 from nobubble.moe.layer import MoEWeights
 
 __all__ = ["TrainConfig", "TrainReport", "MoEGPT", "make_batches", "loss_fn", "run_training",
-           "dense_losses", "plot_report", "corpus", "DENSE_TOLERANCE", "STEP_S"]  # fmt: skip
+           "run_with_progress", "dense_losses", "plot_report", "corpus", "DENSE_TOLERANCE",
+           "STEP_S"]  # fmt: skip
 
 DENSE_TOLERANCE = 1e-4
 """Largest ``|loss - dense loss|`` at the last step that counts as equal (fp32)."""
@@ -320,6 +321,21 @@ def run_training(config: TrainConfig, *, progress: Any = None) -> TrainReport:
         rebalances=first["rebalances"], seconds=seconds, dense_losses=dense,
         dense_abs_diff=None if dense is None else [abs(a - b) for a, b in zip(losses, dense)],
     )  # fmt: skip
+
+
+def run_with_progress(config: TrainConfig, *, quiet: bool = False) -> TrainReport:
+    """:func:`run_training` while a progress bar on stderr follows rank 0's steps (then the
+    dense run's); ``quiet`` hides the bar."""
+    from nobubble.bench.output import run_with_progress_bar
+
+    return run_with_progress_bar(
+        lambda updates: run_training(config, progress=updates),
+        label=f"starting {config.num_ranks} ranks",
+        total=config.num_steps,
+        counter="step {task.completed}/{task.total}",
+        info=lambda extra: f"loss {extra[0]:.4f}",
+        quiet=quiet,
+    )
 
 
 def plot_report(report: TrainReport, path: str | Path) -> Path:

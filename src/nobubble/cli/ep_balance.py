@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import argparse
 
+from nobubble.cli.flags import add_run_flags
 from nobubble.cli.util import (
     UsageError,
-    add_json_flag,
     input_file,
     nonneg_int,
-    plot_file,
     positive_int,
     print_json,
     print_table,
 )
 from nobubble.validation import MAX_REAL, finite
 
-__all__ = ["register", "parse_skew"]
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,30 +57,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, default=1, help="synthetic layers (default 1)")
     p.add_argument("--tokens", type=positive_int, default=100_000, help="synthetic tokens/layer")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed for synthetic loads")
-    p.add_argument("--plot", type=plot_file, help="draw per-GPU loads before / after (PNG or SVG)")
-    p.add_argument(
-        "--force", action="store_true", help="place more layer x expert slots than the budget"
-    )
-    add_json_flag(p)
+    add_run_flags(p, plot="draw per-GPU loads before / after (PNG or SVG)",
+                  force="place more layer x expert slots than the budget")  # fmt: skip
     p.set_defaults(func=_balance, parser=p)
 
 
-def parse_skew(text: str) -> tuple[str, float]:
-    """``"zipf:1.2"`` -> ``("zipf", 1.2)``; ValueError naming the accepted forms."""
-    kind, _, value = text.partition(":")
-    try:
-        param = float(value)
-    except ValueError:
-        param = float("nan")
-    if kind not in ("zipf", "pareto") or not (finite(param) and param > 0):
-        raise ValueError(f"--skew {text!r}: use zipf:S or pareto:A with a finite number > 0")
-    return kind, param
-
-
 def _check_problem(args: argparse.Namespace) -> None:
-    """Refuse, before any loads are made, a placement EPLB cannot do (its own ValueError), a
-    flag the chosen load source ignores, and a problem past :data:`MAX_SLOTS`."""
-    from nobubble.moe.balance.problem import MAX_SLOTS, check_config  # no torch
+    """Refuse, before any loads are made (and torch is imported), a placement EPLB cannot
+    do and a skew it cannot draw (the library's ValueErrors), a flag the chosen load source
+    ignores, and a problem past :data:`MAX_SLOTS`."""
+    from nobubble.moe.balance.problem import MAX_SLOTS, check_config, parse_skew  # no torch
 
     check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,
                  args.gpus, args.policy)  # fmt: skip
@@ -91,6 +76,7 @@ def _check_problem(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} shapes synthetic loads; --weights gives the loads, "
                                  f"drop --{flag}")  # fmt: skip
         return
+    parse_skew(args.skew)
     if not finite(args.tokens):
         raise UsageError(f"--tokens {args.tokens}: past {MAX_REAL:g}, not a count of tokens")
     slots = args.layers * (args.experts + args.redundant)
@@ -104,21 +90,11 @@ def _check_problem(args: argparse.Namespace) -> None:
 
 def _balance(args: argparse.Namespace) -> int:
     _check_problem(args)  # before torch is imported (by the two modules below)
-    from nobubble.moe.balance.loads import read_loads, synthetic_loads
+    from nobubble.moe.balance.loads import expert_loads
     from nobubble.moe.balance.report import balance_report, plot_balance
 
-    if args.weights is not None:
-        try:
-            weight = read_loads(args.weights)
-        except ValueError as err:
-            raise ValueError(f"--weights {err}") from None
-        if weight.shape[1] != args.experts:
-            raise ValueError(
-                f"--weights has {weight.shape[1]} experts per row, --experts is {args.experts}"
-            )
-    else:
-        kind, param = parse_skew(args.skew)
-        weight = synthetic_loads(kind, param, args.layers, args.experts, args.tokens, args.seed)
+    weight = expert_loads(args.experts, path=args.weights, skew=args.skew,
+                          num_layers=args.layers, tokens=args.tokens, seed=args.seed)  # fmt: skip
     result = balance_report(weight, num_redundant=args.redundant, num_groups=args.groups,
                             num_nodes=args.nodes, num_gpus=args.gpus, policy=args.policy)  # fmt: skip
     report = result.to_dict()

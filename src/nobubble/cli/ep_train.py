@@ -13,19 +13,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from nobubble.cli.flags import Flag, add_config_flags, add_run_flags, config_from_flags
 from nobubble.cli.util import (
-    UsageError,
-    add_json_flag,
     check_budget,
     check_steps,
     console,
     nonneg_int,
-    plot_file,
     positive_float,
     positive_int,
     print_json,
     print_table,
-    run_with_progress_bar,
 )
 from nobubble.files import claim_output
 
@@ -34,122 +31,62 @@ __all__ = ["register"]
 MAX_ROWS = 30
 """Longer runs print this many evenly spaced steps (the JSON has all of them)."""
 
+TRAIN_FLAGS: tuple[Flag, ...] = (
+    ("--ranks", "num_ranks", positive_int, "local ranks R"),
+    ("--steps", "num_steps", positive_int, "training steps"),
+    ("--ep", "ep", positive_int,
+     "expert-parallel ranks per group, dp = R / ep (default: gcd(R, --experts))"),
+    ("--experts", "num_experts", positive_int, "routed experts per layer"),
+    ("--topk", "topk", positive_int, "experts per token"),
+    ("--redundant", "num_redundant", nonneg_int,
+     "extra physical experts per layer (replicas of hot ones), a multiple of ep"),
+    ("--rebalance-every", "rebalance_every", positive_int,
+     "online EPLB every K steps: re-place replicas, move weights and Adam state (default: never)"),
+    ("--check-dense", "check_dense", bool,
+     "also train the dense model in one process on all ranks' batches; compare losses"),
+    ("--batch", "batch_size", positive_int, "sequences per rank and step"),
+    ("--lr", "lr", positive_float, "AdamW learning rate"),
+    ("--seed", "seed", nonneg_int, "model and data seed"),
+    ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
+)  # fmt: skip
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train`` to the ``ep`` group's sub-command parsers ``sub``."""
+    from nobubble.bench.ep_config import TrainConfig
+
     p = sub.add_parser(
         "train",
         help="train a small MoE-GPT with expert parallelism; loss and load imbalance per step",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    p.add_argument("--ranks", type=positive_int, default=4, help="local ranks R (default 4)")
-    p.add_argument("--steps", type=positive_int, default=20, help="training steps (default 20)")
-    p.add_argument(
-        "--ep",
-        type=positive_int,
-        default=None,
-        help="expert-parallel ranks per group, dp = R / ep (default: gcd(R, --experts))",
-    )
-    p.add_argument("--experts", type=positive_int, default=8, help="routed experts per layer")
-    p.add_argument("--topk", type=positive_int, default=2, help="experts per token (default 2)")
-    p.add_argument(
-        "--redundant",
-        type=nonneg_int,
-        default=0,
-        help="extra physical experts per layer (replicas of hot ones), a multiple of ep",
-    )
-    p.add_argument(
-        "--rebalance-every",
-        type=positive_int,
-        default=None,
-        metavar="K",
-        help="online EPLB every K steps: re-place replicas, move weights and Adam state",
-    )
-    p.add_argument(
-        "--check-dense",
-        action="store_true",
-        help="also train the dense model in one process on all ranks' batches; compare losses",
-    )
-    p.add_argument("--batch", type=positive_int, default=8, help="sequences per rank and step")
-    p.add_argument("--lr", type=positive_float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="model and data seed")
-    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before giving up")
-    p.add_argument(
-        "--plot",
-        type=plot_file,
-        default=Path("nobubble-out/ep_train.png"),
-        help="loss and imbalance against step (PNG or SVG; default nobubble-out/ep_train.png)",
-    )
-    p.add_argument(
-        "--force", action="store_true", help="run past the process, memory and --steps budgets"
-    )
-    add_json_flag(p)
+    add_config_flags(p, TrainConfig, TRAIN_FLAGS)
+    add_run_flags(p, plot_default=Path("nobubble-out/ep_train.png"),
+                  plot="loss and imbalance against step (PNG or SVG; default "
+                  "nobubble-out/ep_train.png)",
+                  force="run past the process, memory and --steps budgets")  # fmt: skip
     p.set_defaults(func=_train)
 
 
-def _config(args: argparse.Namespace) -> Any:
-    from nobubble.bench.ep_config import TrainConfig  # no torch: refusals come before it
-
-    return TrainConfig(
-        num_ranks=args.ranks,
-        ep=args.ep or 0,
-        num_steps=args.steps,
-        num_experts=args.experts,
-        topk=args.topk,
-        num_redundant=args.redundant,
-        rebalance_every=args.rebalance_every or 0,
-        batch_size=args.batch,
-        lr=args.lr,
-        seed=args.seed,
-        check_dense=args.check_dense,
-        timeout_s=args.timeout,
-    )
-
-
-def _check_run(args: argparse.Namespace, config: Any) -> None:
-    """Refuse, before any rank starts: the processes, the memory (``config.data_bytes()``),
-    steps that cannot end within ``--timeout`` (the whole job's limit), and an online EPLB with one
-    expert-parallel rank (every expert lives on it: nothing can move)."""
-    from nobubble.bench.ep_config import STEP_S
-
-    check_budget("ep train", processes=args.ranks, data_bytes=config.data_bytes(),
-                 force=args.force)  # fmt: skip
-    check_steps("ep train", "--steps", args.steps, STEP_S, limit_s=args.timeout,
-                limit=f"--timeout {args.timeout:g} s, the whole run's limit",
-                hint=", raise --timeout", force=args.force)  # fmt: skip
-    if args.rebalance_every and config.expert_parallel == 1:
-        raise UsageError(f"--rebalance-every {args.rebalance_every} with ep 1: every expert is "
-                         "on every rank and no placement differs; give --ep 2 or more, or drop "
-                         "--rebalance-every")  # fmt: skip
-
-
 def _train(args: argparse.Namespace) -> int:
-    config = _config(args)  # ValueError naming the value: exit 2, before any work
-    _check_run(args, config)
-    from nobubble.bench.ep_train import plot_report
+    from nobubble.bench.ep_config import STEP_S, TrainConfig  # no torch: refusals before it
+
+    config = config_from_flags(TrainConfig, TRAIN_FLAGS, args)  # ValueError: exit 2
+    check_budget("ep train", processes=config.num_ranks, data_bytes=config.data_bytes(),
+                 force=args.force)  # fmt: skip
+    check_steps("ep train", "--steps", config.num_steps, STEP_S, limit_s=config.timeout_s,
+                limit=f"--timeout {config.timeout_s:g} s, the whole run's limit",
+                hint=", raise --timeout", force=args.force)  # fmt: skip
+    from nobubble.bench.ep_train import plot_report, run_with_progress
 
     with claim_output(args.plot):  # before the ranks start: refuse another live run's plot
-        report = _run_with_progress(config, quiet=args.json)
+        report = run_with_progress(config, quiet=args.json)
         plot = plot_report(report, args.plot)
     if args.json:
         print_json({**report.to_dict(), "plot": str(plot)})
     else:
         _print(report, plot)
     return 1 if report.dense_ok is False else 0
-
-
-def _run_with_progress(config: Any, *, quiet: bool) -> Any:
-    """Train while a progress bar on stderr follows rank 0's steps (then the dense run's)."""
-    from nobubble.bench.ep_train import run_training
-
-    return run_with_progress_bar(
-        lambda updates: run_training(config, progress=updates),
-        label=f"starting {config.num_ranks} ranks",
-        total=config.num_steps,
-        counter="step {task.completed}/{task.total}",
-        info=lambda extra: f"loss {extra[0]:.4f}",
-        quiet=quiet,
-    )
 
 
 def _print(report: Any, plot: Path) -> None:

@@ -23,3 +23,24 @@ def test_fastpath_demo_step(tmp_path):
         rows = s["overlap"]["rows"][transport]
         assert set(rows) == {"no overlap", "chunked sequential", "chunked overlap"}
         assert rows["no overlap"]["communication_hidden"] == 0.0
+
+
+def test_fastpath_problems_names_each_broken_check():
+    from nobubble.bench.ep_fastpath import fastpath_problems
+
+    good = {
+        "transports": {"bit_equal": True},
+        "hierarchical": {"bit_equal_dispatch": True, "formula_holds": True},
+        "low_latency": {"fp8_over_bf16_bytes": 0.52},
+    }
+    assert fastpath_problems(good) == [] and fastpath_problems({}) == []
+    bad = {
+        "transports": {"bit_equal": False},
+        "hierarchical": {"bit_equal_dispatch": True, "formula_holds": False},
+        "low_latency": {"fp8_over_bf16_bytes": 1.0},
+    }
+    assert fastpath_problems(bad) == [
+        "shared-memory results differ from gloo's",
+        "hierarchical bytes != distinct (token, node) pairs x H x 2",
+        "FP8 does not halve the bytes",
+    ]

@@ -1,12 +1,13 @@
-"""The pipeline demo step runs and writes its Gantt chart."""
+"""The pipeline demo steps run and write their charts."""
 
 from __future__ import annotations
 
-from nobubble.cli.demo.pipeline import run
-
 
 def test_demo_writes_png(tmp_path, capsys):
-    paths = run(tmp_path, quick=True)
+    from nobubble.cli.demo import _schedules_step, steps
+
+    assert ("pipeline schedules", _schedules_step) in steps()
+    paths = _schedules_step(tmp_path, True, 0)
     assert [p.name for p in paths] == ["pipeline_gantt.png"]
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out

@@ -1,22 +1,26 @@
 """``nobubble demo``: a short tour of every capability that has landed.
 
-Each part's step lives in its own module of this package (:mod:`.pipeline`,
-:mod:`.pipeline_plan`, :mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`)
-exposing ``run(out_dir: Path, quick: bool) -> list[Path]``: it prints what it shows and
-returns the artifacts it wrote. A step's module is imported when the step starts, so
-``nobubble demo --help`` loads no torch. Steps run in order; the tour ends with a table of
-step times and the artifacts' locations.
+A step runs a ``nobubble`` command as a user would (:func:`_cli_step`) or, where no command
+shows it, the ``run(out_dir: Path, quick: bool) -> list[Path]`` of its own module here
+(:mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`;
+:mod:`.pipeline_plan` is the model ``pp plan`` plans), which prints what it shows and returns
+the artifacts it wrote. A step's module is imported when the step starts, so ``nobubble demo
+--help`` loads no torch. Steps run in order; the tour ends with a table of step times and the
+artifacts' locations.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
+
+Step = Callable[[Path, bool, int], list[Path]]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +57,9 @@ def _merge_step(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """Four ranks each write their own trace; merge them into one time-ordered file."""
-    from nobubble.trace import Event, merge_trace_files, summarize, write_chrome_trace
+    """Four ranks each write their own trace; ``nobubble trace merge`` makes one time-ordered
+    file of them and prints each rank's busy and idle time."""
+    from nobubble.trace import Event, write_chrome_trace
 
     rng = random.Random(seed)
     files = []
@@ -65,26 +70,21 @@ def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
             events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
             t += dur + rng.uniform(0, 40)  # waiting for the neighbour
         files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
-    merged, names = merge_trace_files(files)
-    path = write_chrome_trace(out / "trace" / "merged.json", merged, rank_names=names)
-    print_table(
-        f"merged {len(files)} per-rank traces ({len(merged)} events) -> {path}",
-        ["rank", "events", "span ms", "busy ms", "idle"],
-        [
-            [s.rank, s.num_events, s.span_us / 1e3, s.busy_us / 1e3, f"{s.idle_ratio:.1%}"]
-            for s in summarize(merged)
-        ],
-    )
-    return [*files, path]
+    merged = out / "trace" / "merged.json"
+    return [*files, *_cli_step("trace", ["trace", "merge", *map(str, files), "-o", str(merged)],
+                               [merged])]  # fmt: skip
 
 
 def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
-    """Run one ``nobubble pp|rl`` command as the user would; a failure stops the tour."""
-    from nobubble.cli import pp, rl
+    """Run one ``nobubble pp|rl|trace`` command as the user would (its artifacts' folders
+    made first); a failure stops the tour."""
+    from nobubble.cli import pp, rl, trace
 
+    for path in artifacts:
+        path.parent.mkdir(parents=True, exist_ok=True)
     console().print(f"$ nobubble {' '.join(argv)}")
     parser = ArgumentParser(prog=f"nobubble {argv[0]}")
-    {"pp": pp, "rl": rl}[argv[0]].register(parser)
+    {"pp": pp, "rl": rl, "trace": trace}[argv[0]].register(parser)
     args = parser.parse_args(argv[1:])
     rc = args.func(args)
     if rc:
@@ -92,10 +92,19 @@ def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
     return artifacts
 
 
+def _schedules_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """1F1B's grid beside ZB-H1's (P=4, M=8, unit costs: W fills the bubbles), then every
+    schedule at P=8, M=24 on the paper's 1.5B costs, their Gantt charts in one image."""
+    for name in ("1f1b", "zb-h1"):
+        _cli_step("pipeline schedules", ["pp", "show", "-s", name, "-p", "4", "-m", "8"], [])
+    png = out / "pipeline_gantt.png"
+    argv = ["pp", "compare", "-p", "8", "-m", "24", "--model", "1.5B", "--plot", str(png)]
+    return _cli_step("pipeline schedules", [*argv, *(["--no-torch"] if quick else [])], [png])
+
+
 def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """The exact solver against the heuristic where memory is tight (3 M_F per stage)."""
     png = out / "pipeline" / "ilp_optimal.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "solve", "-p", "4", "-m", "8", "--model", "1.5B", "--mem-limit", "3"]
     return _cli_step("ILP", [*argv, "--time-limit", "20", "--plot", str(png)], [png])
 
@@ -103,7 +112,6 @@ def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
 def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """ZB-H1 on a real GPT split over 2 local processes, measured against the simulator."""
     trace, png = out / "pipeline" / "run_zb-h1_trace.json", out / "pipeline" / "run_zb-h1.png"
-    trace.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3"]
     return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
 
@@ -112,7 +120,6 @@ def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """A model of torch's own modules planned by ``pp plan --model MODULE:FACTORY``: the chosen
     cut, schedule, microbatches and recompute beside the naive equal-block 1F1B."""
     plan, png = out / "pipeline" / "plan.json", out / "pipeline" / "plan.png"
-    plan.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "plan", "--model", "nobubble.cli.demo.pipeline_plan:factory", "--ranks", "2",
             "--seed", str(seed), "--out", str(plan), "--plot", str(png)]  # fmt: skip
     return _cli_step("planning", argv, [plan, png])
@@ -121,7 +128,6 @@ def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
 def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """Every schedule as (peak activation memory, bubble), the Pareto set drawn."""
     png = out / "pipeline" / "frontier_p8_m24_1.5B.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
     argv = ["pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B", "--out", str(png)]
     return _cli_step("frontier", argv, [png])
 
@@ -158,43 +164,14 @@ def _actor_learner_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return _cli_step("actor-learner", argv, [png])
 
 
-def _pipeline_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import pipeline
+def _module_step(name: str) -> Step:
+    """The step of module ``nobubble.cli.demo.<name>``, imported when the step starts (so
+    ``--help`` loads no torch): its ``run(out_dir, quick)``."""
 
-    return pipeline.run(out, quick)
+    def step(out: Path, quick: bool, seed: int) -> list[Path]:
+        return importlib.import_module(f"{__name__}.{name}").run(out, quick)
 
-
-def _replan_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import pipeline_replan
-
-    return pipeline_replan.run(out, quick)
-
-
-def _moe_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import moe
-
-    return moe.run(out, quick)
-
-
-def _moe_fastpath_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import moe_fastpath
-
-    return moe_fastpath.run(out, quick)
-
-
-def _moe_balance_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import moe_balance
-
-    return moe_balance.run(out, quick)
-
-
-def _rl_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.cli.demo import rl
-
-    return rl.run(out, quick)
-
-
-Step = Callable[[Path, bool, int], list[Path]]
+    return step
 
 
 def steps() -> list[tuple[str, Step]]:
@@ -202,17 +179,17 @@ def steps() -> list[tuple[str, Step]]:
     return [
         ("merge", _merge_step),
         ("trace", _trace_step),
-        ("pipeline schedules", _pipeline_step),
+        ("pipeline schedules", _schedules_step),
         ("pipeline ILP", _ilp_step),
         ("pipeline frontier", _frontier_step),
         ("pipeline handshake", _handshake_step),
         ("pipeline runtime", _runtime_step),
         ("pipeline planning", _plan_step),
-        ("pipeline re-planning", _replan_step),
-        ("MoE expert parallelism", _moe_step),
-        ("MoE fast paths", _moe_fastpath_step),
-        ("MoE load balancing", _moe_balance_step),
-        ("RL", _rl_step),
+        ("pipeline re-planning", _module_step("pipeline_replan")),
+        ("MoE expert parallelism", _module_step("moe")),
+        ("MoE fast paths", _module_step("moe_fastpath")),
+        ("MoE load balancing", _module_step("moe_balance")),
+        ("RL", _module_step("rl")),
         ("RL actor-learner", _actor_learner_step),
     ]
 
@@ -222,15 +199,12 @@ def _run(args: argparse.Namespace) -> int:
     out: Path = args.out
     chosen = steps()
     if args.only is not None:  # checked before the artifact folder is made
-        wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        wanted, names = {w.strip() for w in args.only.split(",")} - {""}, [t for t, _ in chosen]
         if not wanted:
-            raise ValueError(f"--only {args.only!r} names no step; choose from "
-                             f"{[t for t, _ in chosen]}")  # fmt: skip
-        unknown = wanted - {t for t, _ in chosen}
-        if unknown:
-            raise ValueError(
-                f"--only: unknown step(s) {sorted(unknown)}; choose from {[t for t, _ in chosen]}"
-            )
+            raise ValueError(f"--only {args.only!r} names no step; choose from {names}")
+        if wanted - set(names):
+            raise ValueError(f"--only: unknown step(s) {sorted(wanted - set(names))}; "
+                             f"choose from {names}")  # fmt: skip
         chosen = [(t, f) for t, f in chosen if t in wanted]
     out.mkdir(parents=True, exist_ok=True)
     timings = []

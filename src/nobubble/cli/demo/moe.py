@@ -26,45 +26,23 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     con = console()
     con.print(f"MoE layer (DeepSeek-V3 routing, 16 experts, top-4) on {ranks} gloo ranks")
     check = run_layer_check(ranks, num_tokens, steps, timeout_s=600)
-    out_err, grad_err = check.max_rel_output_diff, check.max_rel_grad_diff
     print_table(
         "dispatch on the first step",
         ["rank", "rows sent per rank", "rows received per rank", "buffer bytes", "per-pair bytes"],
-        [
-            [r, str(check.sent_rows[r]), str(check.recv_rows[r]), check.buffer_bytes[r],
-             check.pair_bytes[r]]
-            for r in range(ranks)
-        ],
+        [[r, str(check.sent_rows[r]), str(check.recv_rows[r]), check.buffer_bytes[r],
+          check.pair_bytes[r]] for r in range(ranks)],
     )  # fmt: skip
-    total_buffer, total_pair = sum(check.buffer_bytes), sum(check.pair_bytes)
+    s = check.summary()
     con.print(
-        f"dispatch moved {total_buffer:,} B vs {total_pair:,} B for a per-pair all-to-all "
-        f"({total_pair / total_buffer:.2f}x); vs the token-by-token reference MoE: "
-        f"max relative diff: output {out_err:.1e}, input/router grads {grad_err:.1e}"
+        f"dispatch moved {s['buffer_bytes']:,} B vs {s['per_pair_bytes']:,} B for a per-pair "
+        f"all-to-all ({s['per_pair_bytes'] / s['buffer_bytes']:.2f}x); vs the token-by-token "
+        f"reference MoE: max relative diff: output {s['max_rel_output_diff']:.1e}, "
+        f"input/router grads {s['max_rel_grad_diff']:.1e}\n"
+        f"expert load max/mean: step 1 {s['imbalance'][0]:.2f} -> step {steps} "
+        f"{s['imbalance'][-1]:.2f} (bias updated by rate * sign(mean - load) after each step)"
     )
-    loads = check.loads
-    imbalance = [max(step) / (sum(step) / len(step)) for step in loads]
-    con.print(
-        f"expert load max/mean: step 1 {imbalance[0]:.2f} -> step {steps} {imbalance[-1]:.2f} "
-        "(bias updated by rate * sign(mean - load) after each step)"
-    )
-    png = plot_loads(loads, out_dir / "moe" / "load_balance.png")
-    summary = out_dir / "moe" / "ep_demo.json"
-    write_text(
-        summary,
-        json.dumps(
-            {
-                "ranks": ranks,
-                "buffer_bytes": total_buffer,
-                "per_pair_bytes": total_pair,
-                "max_rel_output_diff": out_err,
-                "max_rel_grad_diff": grad_err,
-                "imbalance": imbalance,
-            },
-            indent=2,
-        )
-        + "\n",
-    )
-    if out_err > 1e-5 or grad_err > 1e-5:
-        raise RuntimeError(f"MoE layer disagrees with the reference MoE ({out_err}, {grad_err})")
+    png = plot_loads(check.loads, out_dir / "moe" / "load_balance.png")
+    summary = write_text(out_dir / "moe" / "ep_demo.json", json.dumps(s, indent=2) + "\n")
+    if max(s["max_rel_output_diff"], s["max_rel_grad_diff"]) > 1e-5:
+        raise RuntimeError(f"MoE layer disagrees with the reference MoE: {s}")
     return [png, summary]

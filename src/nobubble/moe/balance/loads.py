@@ -11,12 +11,25 @@ from pathlib import Path
 
 import torch
 
+from nobubble.moe.balance.problem import SKEW_KINDS, parse_skew
 from nobubble.validation import MAX_REAL
 
-__all__ = ["SKEW_KINDS", "synthetic_loads", "read_loads", "static_gpu_loads"]
+__all__ = ["SKEW_KINDS", "expert_loads", "synthetic_loads", "read_loads", "static_gpu_loads"]
 
-SKEW_KINDS = ("zipf", "pareto")
-"""The heavy tails :func:`synthetic_loads` draws."""
+
+def expert_loads(num_experts: int, *, path: Path | None = None, skew: str = "zipf:1.0",
+                 num_layers: int = 1, tokens: int = 100_000, seed: int = 0) -> torch.Tensor:  # fmt: skip
+    """(L, E) float64 loads to balance: read from ``path`` (:func:`read_loads`, which must
+    hold ``num_experts`` loads a row), else synthetic (:func:`synthetic_loads` of ``skew`` as
+    :func:`~.problem.parse_skew` reads it). Raises ValueError naming the file or the skew."""
+    if path is None:
+        kind, param = parse_skew(skew)
+        return synthetic_loads(kind, param, num_layers, num_experts, tokens, seed)
+    weight = read_loads(path)
+    if weight.shape[1] != num_experts:
+        raise ValueError(f"{path} has {weight.shape[1]} experts per row, num_experts is "
+                         f"{num_experts}; give one load per expert")  # fmt: skip
+    return weight
 
 
 def synthetic_loads(

@@ -9,12 +9,29 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["Policy", "resolve_policy", "check_config", "MAX_SLOTS"]
+from nobubble.validation import finite
+
+__all__ = ["Policy", "resolve_policy", "check_config", "parse_skew", "SKEW_KINDS", "MAX_SLOTS"]
 
 Policy = Literal["auto", "hierarchical", "global"]
 MAX_SLOTS = 10_000_000
 """Most layers x physical experts one run places: EPLB's packing is a Python loop over them
 (about a microsecond each), and the report holds every slot."""
+SKEW_KINDS = ("zipf", "pareto")
+"""The heavy tails of synthetic loads (:func:`~.loads.synthetic_loads`)."""
+
+
+def parse_skew(text: str) -> tuple[str, float]:
+    """``"zipf:1.2"`` -> ``("zipf", 1.2)``: a heavy tail of :data:`SKEW_KINDS` and its
+    parameter (Zipf's exponent S, Pareto's tail index A); ValueError naming the forms."""
+    kind, _, value = text.partition(":")
+    try:
+        param = float(value)
+    except ValueError:
+        param = float("nan")
+    if kind not in SKEW_KINDS or not (finite(param) and param > 0):
+        raise ValueError(f"skew={text!r}: use zipf:S or pareto:A with a finite number > 0")
+    return kind, param
 
 
 def resolve_policy(policy: str, num_groups: int, num_nodes: int) -> str:
