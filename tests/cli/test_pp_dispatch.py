@@ -77,7 +77,7 @@ def test_table_names_the_policy_and_the_plot_draws_it(tmp_path, capsys) -> None:
         (["--straggler", "1:-2"], "FACTOR -2 must be finite and > 0"),
         (["--straggler", "1:inf"], "FACTOR inf must be finite"),
         (["--straggler", "1:1.5:0"], "STEPS '0'"),
-        (["--straggler", "6:1.5"], "--straggler 6:1.5: rank 6 is outside ranks 0..5"),
+        (["--straggler", "6:1.5"], "straggler rank 6 is outside ranks 0..5"),
         (["--dispatch", "eager"], "invalid choice: 'eager'"),
         (["--seed", "-1"], "must be >= 0"),
         (["--dispatch", "handshake", "--mem-limit", "2"], "below zb-h1's peak of 6 M_F on rank 0"),

@@ -22,9 +22,9 @@ from nobubble.cli.pp.options import (
     add_costs,
     add_dispatch,
     add_shape,
-    check_mem_limit,
     check_size,
     costs_from_args,
+    mem_limit_from_args,
     perturbation_from_args,
     read_schedule_csv,
     schedule_from_args,
@@ -159,18 +159,17 @@ def _dispatch(args: argparse.Namespace, sched, costs):
     perturbation = perturbation_from_args(args)
     if args.dispatch != "handshake":
         return simulate_dispatch(sched, costs, perturbation=perturbation)
-    mem_limit = None
-    if args.mem_limit is not None:
-        mf = costs.mem_f[0]
+    mem_limit = mem_limit_from_args(args, costs)
+    if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
+        mf = max(costs.mem_f)
         peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
         rank = max(range(len(peaks)), key=peaks.__getitem__)
-        if args.mem_limit * mf < peaks[rank] * (1 - 1e-9):
+        if mem_limit < peaks[rank] * (1 - 1e-9):
             raise UsageError(
                 f"--mem-limit {args.mem_limit:g} is below {sched.name}'s peak of "
                 f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
                 "or -s zb-1p / zb-2p, which are built for the limit"
             )
-        mem_limit = args.mem_limit * mf
     return simulate_dispatch(
         sched, costs, policy="handshake", perturbation=perturbation, mem_limit=mem_limit
     )
@@ -251,8 +250,7 @@ def _validate(args: argparse.Namespace) -> int:
     sched = read_schedule_csv(args.file)
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
-    costs = costs_from_args(args)
-    result = simulate(sched, costs, check=False)
+    result = simulate(sched, costs_from_args(args), check=False)
     info = {"file": str(args.file), "valid": True, "stages": sched.num_ranks,
             "chunks": sched.num_chunks, "microbatches": sched.num_microbatches,
             "actions": sched.num_actions, "split_backward": sched.uses_split_backward,
@@ -291,9 +289,8 @@ def _compare(args: argparse.Namespace) -> int:
     from nobubble.pipeline.compare import compare_schedules
 
     check_size(args, "compare")
-    check_mem_limit(args)
     costs = costs_from_args(args)
-    limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
+    limit = mem_limit_from_args(args, costs)
     with progress_bar("simulating", total=None, counter=None) as (bar, task):
         rows = compare_schedules(
             costs, num_stages=args.ranks, num_microbatches=args.microbatches,

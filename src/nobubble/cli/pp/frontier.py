@@ -19,7 +19,7 @@ from nobubble.cli.pp.options import (
     OPS_BUDGET,
     add_costs,
     add_size,
-    check_v_memory_size,
+    check_size,
     costs_from_args,
     profile_from_json,
     read_profile_json,
@@ -42,8 +42,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "frontier", help="every schedule as (peak memory, bubble); the Pareto-optimal ones"
     )
-    add_size(p, ranks=8)
-    p.set_defaults(microbatches=24)
+    add_size(p, ranks=8, microbatches=24)
     add_costs(p)
     p.add_argument(
         "--costs",
@@ -70,7 +69,7 @@ def register(sub) -> None:
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
     p.add_argument("--out", type=plot_file, default=None, help="write the picture (.png/.svg/.pdf)")
     add_json_flag(p)
-    p.set_defaults(func=_frontier, chunks=None)  # fmt: skip
+    p.set_defaults(func=_frontier)
 
 
 def _limits(text: str) -> tuple[float, ...]:
@@ -136,15 +135,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
     if args.ranks < 2:
         raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
-    ops = 3 * args.ranks * 2 * args.microbatches
-    if ops > OPS_BUDGET["compare"] and not args.force:
-        raise UsageError(
-            f"--ranks {args.ranks} x --microbatches {args.microbatches} means about {ops:,} "
-            f"ops per schedule, past this command's budget of {OPS_BUDGET['compare']:,}; use "
-            "smaller sizes, or --force"
-        )
-    if not args.force:  # the frontier builds V-Min, V-Half and V-ZB
-        check_v_memory_size(args.ranks, args.microbatches, "pp frontier")
+    check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
     if args.ilp_seconds > 0 and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
         raise UsageError(f"--ilp-seconds: P x M = {args.ranks * args.microbatches} is past the "
                          "solver's budget; drop --ilp-seconds or use smaller sizes")  # fmt: skip

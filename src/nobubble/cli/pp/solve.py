@@ -18,7 +18,13 @@ import os
 import threading
 import time
 
-from nobubble.cli.pp.options import add_costs, add_size, check_size, costs_from_args
+from nobubble.cli.pp.options import (
+    add_costs,
+    add_shape,
+    check_size,
+    costs_from_args,
+    mem_limit_from_args,
+)
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -30,20 +36,8 @@ from nobubble.cli.util import (
     print_table,
 )
 from nobubble.files import write_text
-from nobubble.pipeline.costs import CostModel
 
-__all__ = ["register", "costs_and_limit"]
-
-
-def costs_and_limit(args: argparse.Namespace) -> tuple[CostModel, float | None]:
-    """Per-rank costs and the absolute memory limit from the ``pp`` group's cost flags.
-
-    The flags (``--model``, ``--tf/--tb/--tw/--tcomm``, memory, ``--mem-limit`` in units of
-    M_F) are the ones every ``pp`` command takes (:mod:`nobubble.cli.pp.options`).
-    """
-    costs = costs_from_args(args)
-    limit = None if args.mem_limit is None else args.mem_limit * max(costs.mem_f)
-    return costs, limit
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,14 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "stages and m microbatches with OR-Tools CP-SAT; report status, bound and gap.",
     )
 
-    add_size(solve)
-    add_costs(solve)  # --model, --tf/--tb/--tw/--tcomm, memory, --mem-limit (x M_F)
-    for action in solve._actions:
-        if action.dest == "mem_limit":
-            action.help = "activation limit per rank in units of M_F (P = ZB-1p's); default none"
+    add_shape(solve, schedule=False, chunks=1,
+              chunks_help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
+    add_costs(solve, mem_limit_help="activation limit per rank in units of M_F (P = ZB-1p's); "
+              "default none")  # fmt: skip
     solve.add_argument("--objective", choices=("span", "makespan"), default="span")
-    solve.add_argument("--chunks", "-v", type=positive_int, default=1,
-                       help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
     solve.add_argument("--placement", choices=("v", "interleaved"), default=None,
                        help="with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'")  # fmt: skip
     solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
@@ -114,7 +105,8 @@ def _solve(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers > max(8, cores) and not args.force:
         raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
                          f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
-    costs, mem_limit = costs_and_limit(args)
+    costs = costs_from_args(args)
+    mem_limit = mem_limit_from_args(args, costs, below_one=True)
     result = _solve_with_progress(costs, args, mem_limit)
     if result.schedule is not None:
         if args.plot is not None:
