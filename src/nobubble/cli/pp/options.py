@@ -21,7 +21,6 @@ from nobubble.cli.util import (
     check_budget,
     check_steps,
     nonneg_float,
-    nonneg_int,
     positive_float,
     positive_int,
     seed_int,
@@ -90,12 +89,13 @@ def add_size(
     ranks_required: bool | None = None,
     microbatches: int | None = 8,
 ) -> None:
-    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required unless
-    ``ranks_required=False``), ``--microbatches/-m`` (``microbatches=None``: the command
-    decides) and ``--force`` (skip the work budget, see :func:`check_size`)."""
+    """``--ranks/-p`` (``ranks=None`` makes it required unless ``ranks_required=False``),
+    ``--microbatches/-m`` (``microbatches=None``: the command decides) and ``--force`` (skip
+    the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule with
+    ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
     required = ranks is None if ranks_required is None else ranks_required
-    p.add_argument("--ranks", "--stages", "-p", dest="ranks", type=positive_int, default=ranks,
-                   required=required, help="pipeline ranks P")  # fmt: skip
+    p.add_argument("--ranks", "-p", type=positive_int, default=ranks, required=required,
+                   help="pipeline ranks P")  # fmt: skip
     p.add_argument("--microbatches", "-m", type=positive_int, default=microbatches,
                    help="microbatches M")  # fmt: skip
     p.add_argument("--force", action="store_true",
@@ -296,7 +296,7 @@ def add_dispatch(p: argparse.ArgumentParser) -> None:
                    metavar="RANK:FACTOR[:STEPS]",
                    help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
                         "N), A-B or A- (default all); repeatable")  # fmt: skip
-    g.add_argument("--seed", type=nonneg_int, default=None, help="seed of the jitter draws "
+    g.add_argument("--seed", type=seed_int, default=None, help="seed of the jitter draws "
                    "(default 0)")  # fmt: skip
 
 

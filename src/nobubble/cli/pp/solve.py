@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
-import time
 
 from nobubble.cli.pp.options import (
     add_costs,
@@ -69,32 +67,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _solve_with_progress(costs, args, mem_limit):
+    """The solver under a bar that moves at each solution it finds (elapsed time beside)."""
     from nobubble.bench.output import progress_bar
     from nobubble.pipeline.ilp.solve import solve_optimal
 
-    done = threading.Event()
     with progress_bar("solving", total=args.time_limit, counter=None) as (progress, task):
 
-        def tick() -> None:
-            t0 = time.perf_counter()
-            while not done.wait(0.25):
-                progress.update(task, completed=min(args.time_limit, time.perf_counter() - t0))
-
         def found(objective: float, bound: float, seconds: float) -> None:
-            progress.update(task, description=f"best {objective:.6g}  bound {bound:.6g}")
+            progress.update(task, completed=min(args.time_limit, seconds),
+                            description=f"best {objective:.6g}  bound {bound:.6g}")  # fmt: skip
 
-        ticker = threading.Thread(target=tick, daemon=True)
-        ticker.start()
-        try:
-            return solve_optimal(
-                costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-                mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
-                num_workers=args.workers, on_solution=found, num_chunks=args.chunks,
-                placement=args.placement,
-            )  # fmt: skip
-        finally:
-            done.set()
-            ticker.join(timeout=1.0)
+        return solve_optimal(
+            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
+            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
+            num_workers=args.workers, on_solution=found, num_chunks=args.chunks,
+            placement=args.placement,
+        )  # fmt: skip
 
 
 def _solve(args: argparse.Namespace) -> int:
