@@ -235,7 +235,7 @@ def _register_validate(sub) -> None:
     p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
     p.add_argument("file", type=input_file,
                    help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
-    add_costs(p)
+    add_costs(p, mem_limit_help=None)  # it simulates the file's own order
     add_json_flag(p)
     p.set_defaults(func=_validate, chunks=None, microbatches=None)
 
@@ -244,9 +244,6 @@ def _validate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
     from nobubble.pipeline.validate import validate
 
-    if args.mem_limit is not None:
-        raise UsageError(f"--mem-limit {args.mem_limit:g}: pp validate simulates the file's own "
-                         "order, which no limit changes; drop it")  # fmt: skip
     sched = read_schedule_csv(args.file)
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
@@ -270,15 +267,8 @@ def _register_compare(sub) -> None:
     add_shape(p, schedule=False)
     add_costs(p)
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument(
-        "--ilp",
-        type=positive_float,
-        nargs="?",
-        const=30.0,
-        default=None,
-        metavar="SECONDS",
-        help="add the exact ILP row (time limit, default 30 s)",
-    )
+    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
+                   metavar="SECONDS", help="add the exact ILP row (time limit, default 30 s)")  # fmt: skip
     p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
     add_json_flag(p)
     p.set_defaults(func=_compare)

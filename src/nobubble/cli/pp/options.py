@@ -161,11 +161,12 @@ def add_shape(
 def add_costs(
     p: argparse.ArgumentParser,
     *,
-    mem_limit_help: str = "zb-1p/zb-2p (and --dispatch handshake) activation limit per rank "
-    "in units of M_F (default P and 2P; handshake: the order's peak)",
+    mem_limit_help: str | None = "zb-1p/zb-2p (and --dispatch handshake) activation limit "
+    "per rank in units of M_F (default P and 2P; handshake: the order's peak)",
 ) -> None:
     """Per-rank times (``--model``, ``--tf/--tb/--tw/--tcomm``), memory per microbatch (a
-    transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F."""
+    transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F (none when
+    ``mem_limit_help`` is None: a command that no limit changes)."""
     g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
     g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
     g.add_argument("--tf", type=_rank_costs, help="forward time of one microbatch; one value, "
@@ -180,7 +181,8 @@ def add_costs(
     m.add_argument("--mem-f", type=positive_float, help="activation memory an F stores")
     m.add_argument("--mem-b", type=nonneg_float, help="memory a B frees")
     m.add_argument("--mem-w", type=nonneg_float, help="memory a W frees")
-    p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
+    if mem_limit_help is not None:
+        p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
 
 
 def _rank_costs(text: str) -> tuple[float, ...]:

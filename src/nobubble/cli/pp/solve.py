@@ -55,13 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     solve.add_argument("--placement", choices=("v", "interleaved"), default=None,
                        help="with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'")  # fmt: skip
     solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
-    solve.add_argument(
-        "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
-    )
+    solve.add_argument("--workers", type=positive_int, default=None,
+                       help="CP-SAT workers (default 8)")  # fmt: skip
     solve.add_argument("--plot", type=plot_file, default=None, help="Gantt chart file (.png/.svg)")
-    solve.add_argument(
-        "--csv", type=output_file, default=None, help="write the schedule (torch CSV)"
-    )
+    solve.add_argument("--csv", type=output_file, default=None,
+                       help="write the schedule (torch CSV)")  # fmt: skip
     add_json_flag(solve)
     solve.set_defaults(func=_solve)
 
