@@ -1,13 +1,8 @@
 """``nobubble pp``: show, simulate, compare, export and validate pipeline schedules.
 
-Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
-rank's share of the model; ``--tcomm``: one transfer between ranks); schedules with several
-chunks per rank split them evenly. ``--model 1.5B`` takes the Zero Bubble paper's measured
-times and memory model for that model. Memory limits are in units of M_F (one
-microbatch's activations on a rank). The ILP (``pp solve``, :mod:`.solve`) and runtime
-(``pp profile/plan/run``, :mod:`.run`) commands live in their own modules.
-``pp simulate --dispatch static|handshake`` with ``--jitter/--straggler/--seed`` simulates
-one step under a dispatch policy and perturbed durations (:mod:`nobubble.pipeline.dispatch`).
+The shared flags (shape, per-rank costs, ``--mem-limit`` in units of M_F, the dispatch
+policy and its perturbations) are :mod:`.options`'; the exact solver (``pp solve``),
+the frontier and the runtime (``pp profile/plan/run``) have their own modules.
 """
 
 from __future__ import annotations
