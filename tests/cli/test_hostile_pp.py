@@ -143,7 +143,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--trace /dev/null", "not a regular file"),
             ("--trace /proc/x.json", "cannot create files in /proc"),
             ("-s zb-1p --mem-limit 0.5", "--mem-limit 0.5 is below one microbatch"),
-            ("-s 1f1b --mem-limit 4", "--mem-limit applies to zb-1p / zb-2p"),
+            ("-s 1f1b --mem-limit 4", "mem_limit applies to zb-1p / zb-2p, not '1f1b'"),
             ("--dispatch handshake --mem-limit 1", "is below zb-h1's peak"),
             ("-s bogus", "unknown schedule 'bogus'"),
             ("--seed 5", "--seed 5 seeds the --jitter draws"),
@@ -169,7 +169,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("-o /dev/null", "not a regular file"),
             ("-o {file}/x.csv", "is a file, not a folder"),
             ("-s bogus", "unknown schedule 'bogus'"),
-            ("-s 1f1b --mem-limit 4", "--mem-limit applies to zb-1p / zb-2p"),
+            ("-s 1f1b --mem-limit 4", "mem_limit applies to zb-1p / zb-2p, not '1f1b'"),
         ],
     ),
     "pp validate": _with("pp validate", SCHEDULE_FILES)

@@ -217,22 +217,16 @@ def mem_limit_from_args(
     return args.mem_limit * max(costs.mem_f)
 
 
-def schedule_from_args(
-    args: argparse.Namespace, costs, name: str | None = None, *, limit_elsewhere: bool = False
-):
-    """The schedule ``--schedule`` names; ``--mem-limit`` steers zb-1p / zb-2p and is refused
-    for other schedules unless ``limit_elsewhere`` (the handshake takes it as its limit)."""
+def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool = False):
+    """The schedule ``--schedule`` names; ``--mem-limit`` steers zb-1p / zb-2p (which the
+    registry refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
     from nobubble.pipeline.schedules import get_schedule
 
     check_size(args)
-    name = name or args.schedule
     mem_limit = mem_limit_from_args(args, costs)
-    if mem_limit is not None and name not in ("zb-1p", "zb-2p"):
-        if name == args.schedule and not limit_elsewhere:
-            raise UsageError(f"--mem-limit applies to zb-1p / zb-2p (and --dispatch handshake), "
-                             f"not {name!r}")  # fmt: skip
+    if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
         mem_limit = None
-    return get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
+    return get_schedule(args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
                         costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
 
 
