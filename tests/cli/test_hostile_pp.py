@@ -136,7 +136,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--straggler 1:1e308", "FACTOR 1e308 must be finite"),
             ("--straggler 9:2", "rank 9 is outside ranks 0..3"),
             ("--straggler x", "expected RANK:FACTOR"),
-            ("--jitter 1", "1 must be >= 0 and < 1"),
+            ("--jitter 1", "jitter=1.0 must be >= 0 and < 1"),
             ("--jitter nan", "'nan' is not a finite number"),
             ("--seed -1", "-1 must be >= 0"),
             ("--dispatch bogus", "invalid choice: 'bogus'"),

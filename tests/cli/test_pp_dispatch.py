@@ -69,7 +69,7 @@ def test_table_names_the_policy_and_the_plot_draws_it(tmp_path, capsys) -> None:
     ("flags", "fragment"),
     [
         (["--jitter", "-0.1"], "argument --jitter: -0.1 must be >= 0"),
-        (["--jitter", "1"], "argument --jitter: 1 must be >= 0 and < 1"),
+        (["--jitter", "1"], "jitter=1.0 must be >= 0 and < 1"),
         (["--jitter", "nan"], "'nan' is not a finite number"),
         (["--straggler", "3"], "expected RANK:FACTOR[:STEPS]"),
         (["--straggler", "a:1.5"], "RANK 'a' is not an integer"),

@@ -286,7 +286,7 @@ def add_dispatch(p: argparse.ArgumentParser) -> None:
                    help="static: every rank walks the schedule's order (the default); "
                         "handshake: ranks pick their next op from what has arrived, guided "
                         "by the order, within --mem-limit (default: the order's peak)")  # fmt: skip
-    g.add_argument("--jitter", type=_jitter, default=0.0, metavar="J",
+    g.add_argument("--jitter", type=nonneg_float, default=0.0, metavar="J",
                    help="each op's time times a seeded factor in [1-J, 1+J] (0 <= J < 1)")  # fmt: skip
     g.add_argument("--straggler", type=straggler_arg, action="append", default=[],
                    metavar="RANK:FACTOR[:STEPS]",
@@ -294,16 +294,6 @@ def add_dispatch(p: argparse.ArgumentParser) -> None:
                         "N), A-B or A- (default all); repeatable")  # fmt: skip
     g.add_argument("--seed", type=seed_int, default=None, help="seed of the jitter draws "
                    "(default 0)")  # fmt: skip
-
-
-def _jitter(text: str) -> float:
-    """argparse type: a number J with 0 <= J < 1."""
-    value = nonneg_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(
-            f"{text} must be >= 0 and < 1 (0.2 draws each op's factor from [0.8, 1.2])"
-        )
-    return value
 
 
 def straggler_arg(text: str):
