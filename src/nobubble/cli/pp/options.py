@@ -122,26 +122,16 @@ def check_size(
             "sizes, or --force"
         )
     if v_memory or getattr(args, "schedule", None) in V_MEMORY_SCHEDULES:
-        what = f"-s {args.schedule}" if not v_memory else "the V schedules"
-        _check_v_memory_size(args.ranks, args.microbatches, what)
-
-
-def _check_v_memory_size(ranks: int, microbatches: int, what: str) -> None:
-    """Refuse a V-Min / V-Half / V-ZB generation whose ranks x ops or ops pass its budgets."""
-    ops = 6 * ranks * microbatches  # 2 chunks per rank
-    if ops > V_MEMORY_OPS:
-        raise UsageError(
-            f"{what}: --ranks {ranks} x --microbatches {microbatches} means {ops:,} ops for "
-            f"the V generators, past their budget of {V_MEMORY_OPS:,}; use smaller sizes, "
-            "another schedule, or --force"
-        )
-    weight = ranks * ops
-    if weight > V_MEMORY_BUDGET:
-        raise UsageError(
-            f"{what}: --ranks {ranks} x --microbatches {microbatches} means about {weight:,} "
-            f"ranks x ops for the V generators, past their budget of {V_MEMORY_BUDGET:,}; use "
-            "smaller sizes, another schedule, or --force"
-        )
+        what = "the V schedules" if v_memory else f"-s {args.schedule}"
+        v_ops = 6 * args.ranks * args.microbatches  # 2 chunks per rank
+        for amount, bound, unit in ((v_ops, V_MEMORY_OPS, "ops"),
+                                    (args.ranks * v_ops, V_MEMORY_BUDGET, "ranks x ops")):  # fmt: skip
+            if amount > bound:
+                raise UsageError(
+                    f"{what}: --ranks {args.ranks} x --microbatches {args.microbatches} means "
+                    f"about {amount:,} {unit} for the V generators, past their budget of "
+                    f"{bound:,}; use smaller sizes, another schedule, or --force"
+                )
 
 
 def add_shape(
