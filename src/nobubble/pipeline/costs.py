@@ -327,11 +327,7 @@ class CostModel:
         if model is not None and model not in PAPER_TIMES:
             raise ValueError(f"model={model!r} is not one of the paper's models; choose from "
                              f"{', '.join(PAPER_TIMES)}")  # fmt: skip
-        times = dict(
-            zip(("t_f", "t_b", "t_w", "t_comm"), PAPER_TIMES.get(model or "", (1, 1, 1, 0)))
-        )
-        given = {"t_f": t_f, "t_b": t_b, "t_w": t_w, "t_comm": t_comm}
-        times.update({k: v for k, v in given.items() if v is not None})
+        d_f, d_b, d_w, d_comm = PAPER_TIMES.get(model or "", (1.0, 1.0, 1.0, 0.0))
         shape = {"hidden": hidden, "heads": heads, "seq": seq}
         if any(v is not None for v in shape.values()):
             if mem_f is not None or mem_b is not None or mem_w is not None:
@@ -349,8 +345,9 @@ class CostModel:
             mem = transformer_memory(hidden=hidden, heads=heads, seq=seq)  # type: ignore[arg-type]
             mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
         return CostModel.from_rank_costs(
-            num_ranks, t_f=times["t_f"], t_b=times["t_b"], t_w=times["t_w"],
-            t_comm=times["t_comm"], mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,  # type: ignore[arg-type]
+            num_ranks, t_f=d_f if t_f is None else t_f, t_b=d_b if t_b is None else t_b,
+            t_w=d_w if t_w is None else t_w, t_comm=d_comm if t_comm is None else t_comm,
+            mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def for_stages(self, stage_to_rank: Sequence[int]) -> CostModel:
