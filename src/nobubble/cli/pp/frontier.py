@@ -42,7 +42,8 @@ def register(sub) -> None:
     p = sub.add_parser("frontier", help="every schedule as (peak memory, bubble); the "
                        "Pareto-optimal ones")  # fmt: skip
     add_size(p, ranks=8, microbatches=24)
-    add_costs(p)
+    # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
+    add_costs(p, mem_limit_help=argparse.SUPPRESS)
     p.add_argument("--costs", type=input_file, default=None, metavar="FILE",
                    help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)")  # fmt: skip
     p.add_argument("--mem-limits", type=_limits, default=None, metavar="L1,L2,...",
