@@ -69,7 +69,7 @@ def test_table_names_the_policy_and_the_plot_draws_it(tmp_path, capsys) -> None:
     ("flags", "fragment"),
     [
         (["--jitter", "-0.1"], "argument --jitter: -0.1 must be >= 0"),
-        (["--jitter", "1"], "argument --jitter: 1 must be >= 0 and < 1"),
+        (["--jitter", "1"], "jitter=1.0 must be >= 0 and < 1"),
         (["--jitter", "nan"], "'nan' is not a finite number"),
         (["--straggler", "3"], "expected RANK:FACTOR[:STEPS]"),
         (["--straggler", "a:1.5"], "RANK 'a' is not an integer"),
@@ -77,11 +77,14 @@ def test_table_names_the_policy_and_the_plot_draws_it(tmp_path, capsys) -> None:
         (["--straggler", "1:-2"], "FACTOR -2 must be finite and > 0"),
         (["--straggler", "1:inf"], "FACTOR inf must be finite"),
         (["--straggler", "1:1.5:0"], "STEPS '0'"),
-        (["--straggler", "6:1.5"], "--straggler 6:1.5: rank 6 is outside ranks 0..5"),
+        (["--straggler", "6:1.5"], "straggler rank 6 is outside ranks 0..5"),
         (["--dispatch", "eager"], "invalid choice: 'eager'"),
         (["--seed", "-1"], "must be >= 0"),
         (["--dispatch", "handshake", "--mem-limit", "2"], "below zb-h1's peak of 6 M_F on rank 0"),
-        (["--dispatch", "static", "--mem-limit", "8"], "--mem-limit applies to zb-1p / zb-2p"),
+        (
+            ["--dispatch", "static", "--mem-limit", "8"],
+            "mem_limit applies to zb-1p / zb-2p, not 'zb-h1'",
+        ),
     ],
 )
 def test_bad_values_exit_2_with_one_line(flags, fragment, capsys) -> None:

@@ -23,7 +23,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     assert all(s["t_f"] > 0 and s["mem_f"] > 0 for s in out["stages"])
 
     plan = tmp_path / "plan.csv"
-    rc = main(["pp", "plan", "--profile", str(prof), "--stages", "2", "-m", "4", "-o",
+    rc = main(["pp", "plan", "--profile", str(prof), "--ranks", "2", "-m", "4", "-o",
                str(plan), "--json"])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -33,7 +33,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     assert best.num_ranks == 2 and best.num_microbatches == 4
 
     trace, png = tmp_path / "run.json", tmp_path / "run.png"
-    rc = main(["pp", "run", "--schedule-file", str(plan), "--stages", "2", "--steps", "2",
+    rc = main(["pp", "run", "--schedule-file", str(plan), "--ranks", "2", "--steps", "2",
                "--no-predict", "--trace", str(trace), "--plot", str(png), "--json", *TINY])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -47,12 +47,12 @@ def test_profile_plan_run_chain(tmp_path, capsys):
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0I0\n1F0,1I0,1W0\n")  # 0W0 missing
-    assert main(["pp", "run", "--schedule-file", str(bad), "--stages", "2", *TINY]) == 2
+    assert main(["pp", "run", "--schedule-file", str(bad), "--ranks", "2", *TINY]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "0" in err and "W" in err
-    assert main(["pp", "run", "--schedule-file", str(bad), "--stages", "3", *TINY]) == 2
+    assert main(["pp", "run", "--schedule-file", str(bad), "--ranks", "3", *TINY]) == 2
     assert "has 2 ranks but --ranks is 3" in capsys.readouterr().err
-    assert main(["pp", "run", "-s", "zb-v", "--stages", "4", *TINY]) == 2
+    assert main(["pp", "run", "-s", "zb-v", "--ranks", "4", *TINY]) == 2
     assert "4 layers but the schedule has 8 stages" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:  # refused by the argument's type, in argparse
         main(["pp", "plan", "--profile", str(tmp_path / "none.json")])
@@ -103,7 +103,7 @@ def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys)
     assert main(["pp", "profile", "--stages", "2", "--no-comm", "--repeats", "1", "-o",
                  str(prof), *TINY]) == 0  # fmt: skip
     capsys.readouterr()
-    args = ["pp", "plan", "--profile", str(prof), "--stages", "2", "-m", "4", "-o", str(plan)]
+    args = ["pp", "plan", "--profile", str(prof), "--ranks", "2", "-m", "4", "-o", str(plan)]
     assert main([*args, "--recompute", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["schedules"]
     peak = {(r["schedule"], r["recompute"]): r["peak_activation_mib"] for r in rows}
@@ -117,7 +117,7 @@ def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys)
 
     runs = {}
     for flag in ([], ["--recompute"]):
-        rc = main(["pp", "run", "-s", "1f1b", "--stages", "2", "-m", "4", "--steps", "2",
+        rc = main(["pp", "run", "-s", "1f1b", "--ranks", "2", "-m", "4", "--steps", "2",
                    "--no-predict", "--trace", str(tmp_path / "t.json"), "--json", *flag, *TINY])  # fmt: skip
         assert rc == 0
         runs[bool(flag)] = json.loads(capsys.readouterr().out)
@@ -127,7 +127,7 @@ def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys)
 
 def test_run_handshake_with_a_straggler(tmp_path, capsys):
     trace = tmp_path / "run.json"
-    rc = main(["pp", "run", "-s", "zb-h1", "--stages", "2", "-m", "4", "--steps", "2",
+    rc = main(["pp", "run", "-s", "zb-h1", "--ranks", "2", "-m", "4", "--steps", "2",
                "--no-predict", "--dispatch", "handshake", "--straggler", "1:1.5",
                "--trace", str(trace), "--json", *TINY])  # fmt: skip
     assert rc == 0
@@ -147,7 +147,7 @@ def test_run_handshake_with_a_straggler(tmp_path, capsys):
 )
 def test_bad_dispatch_flags_exit_2_with_one_line(flags, needle, capsys):
     try:  # argparse's own errors leave by SystemExit(2), the checks after parsing return 2
-        rc = main(["pp", "run", "-s", "zb-h1", "--stages", "2", "--no-predict", *flags, *TINY])
+        rc = main(["pp", "run", "-s", "zb-h1", "--ranks", "2", "--no-predict", *flags, *TINY])
     except SystemExit as exit_:
         rc = exit_.code
     assert rc == 2

@@ -38,6 +38,37 @@ def test_from_rank_costs_splits_over_chunks():
     assert c.mem_f == (2.0,) * 4 and c.mem_b == (1.0,) * 4
 
 
+def test_from_settings_defaults_to_the_papers_model_and_takes_overrides():
+    """Against the paper's own rows (:meth:`CostModel.paper_model`) and a shape given by hand."""
+    assert CostModel.from_settings(4, model="6.2B") == CostModel.paper_model("6.2B", 4)
+    times = dict(zip(("t_f", "t_b", "t_w", "t_comm"), PAPER_TIMES["1.5B"]))
+    mem = transformer_memory(hidden=64, heads=4, seq=8)
+    got = CostModel.from_settings(2, t_f=[3.0, 5.0], t_comm=0.5, hidden=64, heads=4, seq=8)
+    assert got == CostModel.from_rank_costs(
+        2, t_f=(3.0, 5.0), t_b=1.0, t_w=1.0, t_comm=0.5,
+        mem_f=mem.mem_f, mem_b=mem.mem_b, mem_w=mem.mem_w,
+    )  # fmt: skip
+    assert CostModel.from_settings(2, model="1.5B", t_w=2.0).t_w == (2.0, 2.0)
+    assert CostModel.from_settings(2, model="1.5B").t_f == (times["t_f"],) * 2
+    assert CostModel.from_settings(1, mem_f=4.0, mem_w=1.0).mem_b == (3.0,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"model": "1B"}, "model='1B' is not one of the paper's models"),
+        ({"hidden": 64, "mem_f": 2.0}, "not both"),
+        ({"hidden": 64}, r"give all three \(hidden=64, heads=None, seq=None\)"),
+        ({"mem_w": 1.0}, "mem_b=None/mem_w=1.0 need mem_f"),
+        ({"mem_f": 1.0, "mem_b": 1.0, "mem_w": 0.5}, "mem_w = 1.5 on rank 0 frees more than"),
+        ({"t_f": [1.0, 2.0, 3.0]}, "t_f has 3 entries"),
+    ],
+)
+def test_from_settings_refuses_contradictions(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        CostModel.from_settings(2, **kwargs)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "msg"),
     [

@@ -17,65 +17,40 @@ from nobubble.trace import merge_trace_files, summarize, write_chrome_trace
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(group_parser=parser)
-    sub = parser.add_subparsers(
-        dest="trace_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
-    )
-
+    sub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND",
+                                parser_class=ArgumentParser)  # fmt: skip
     merge = sub.add_parser("merge", help="merge per-rank Chrome trace files into one")
     merge.add_argument("files", nargs="+", type=input_file,
                        help="Chrome trace JSON files (one per rank)")  # fmt: skip
-    merge.add_argument(
-        "-o", "--output", type=output_file, required=True, help="merged trace to write"
-    )
-    add_json_flag(merge)
-    merge.set_defaults(func=_merge)
-
+    merge.add_argument("-o", "--output", type=output_file, required=True,
+                       help="merged trace to write")  # fmt: skip
     summary = sub.add_parser("summary", help="busy / idle time per rank of a trace file")
     summary.add_argument("files", nargs="+", type=input_file, help="Chrome trace JSON files")
-    add_json_flag(summary)
-    summary.set_defaults(func=_summary)
-
-
-def _rows(events):
-    return [
-        {
-            "rank": s.rank,
-            "events": s.num_events,
-            "span_ms": s.span_us / 1e3,
-            "busy_ms": s.busy_us / 1e3,
-            "idle_ratio": s.idle_ratio,
-        }
-        for s in summarize(events)
-    ]
-
-
-def _print(rows, title: str) -> None:
-    print_table(
-        title,
-        ["rank", "events", "span ms", "busy ms", "idle"],
-        [
-            [r["rank"], r["events"], r["span_ms"], r["busy_ms"], f"{r['idle_ratio']:.1%}"]
-            for r in rows
-        ],
-    )
+    for p, func in ((merge, _merge), (summary, _summary)):
+        add_json_flag(p)
+        p.set_defaults(func=func)
 
 
 def _merge(args: argparse.Namespace) -> int:
     events, names = merge_trace_files(args.files)
     write_chrome_trace(args.output, events, rank_names=names)
-    rows = _rows(events)
-    if args.json:
-        print_json({"output": str(args.output), "num_events": len(events), "ranks": rows})
-    else:
-        _print(rows, f"merged {len(args.files)} files, {len(events)} events -> {args.output}")
-    return 0
+    title = f"merged {len(args.files)} files, {len(events)} events -> {args.output}"
+    return _report(args, events, title, {"output": str(args.output)})
 
 
 def _summary(args: argparse.Namespace) -> int:
     events, _ = merge_trace_files(args.files)
-    rows = _rows(events)
+    return _report(args, events, f"{len(events)} events", {})
+
+
+def _report(args: argparse.Namespace, events, title: str, extra: dict) -> int:
+    """Per-rank busy and idle time of ``events``: a table, or JSON with ``extra`` first."""
+    ranks = [{"rank": s.rank, "events": s.num_events, "span_ms": s.span_us / 1e3,
+              "busy_ms": s.busy_us / 1e3, "idle_ratio": s.idle_ratio}
+             for s in summarize(events)]  # fmt: skip
     if args.json:
-        print_json({"num_events": len(events), "ranks": rows})
-    else:
-        _print(rows, f"{len(events)} events")
+        print_json(extra | {"num_events": len(events), "ranks": ranks})
+        return 0
+    print_table(title, ["rank", "events", "span ms", "busy ms", "idle"],
+                [[*list(r.values())[:4], f"{r['idle_ratio']:.1%}"] for r in ranks])  # fmt: skip
     return 0

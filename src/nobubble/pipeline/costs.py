@@ -249,6 +249,10 @@ class CostModel:
                 mb = tuple(f - w for f, w in zip(per_rank["mem_f"], mw))
             if mem_w is None:
                 mw = tuple(f - b for f, b in zip(per_rank["mem_f"], mb))
+            for r, (f, b, w) in enumerate(zip(per_rank["mem_f"], mb, mw)):
+                if mem_b is not None and mem_w is not None and b + w > f * (1 + 1e-9):
+                    raise ValueError(f"mem_b + mem_w = {b + w:g} on rank {r} frees more than "
+                                     f"mem_f = {f:g} stores; give at most mem_f in all")  # fmt: skip
             per_rank["mem_b"], per_rank["mem_w"] = mb, mw
         if t_bw is not None:  # a measured fused backward splits like the other times
             per_rank["t_bw"] = _per_stage("t_bw", t_bw, num_ranks, "rank")
@@ -295,6 +299,55 @@ class CostModel:
         return CostModel.paper(
             num_ranks, t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm,
             hidden=hidden, heads=heads, seq=seq,
+        )  # fmt: skip
+
+    @staticmethod
+    def from_settings(
+        num_ranks: int,
+        *,
+        model: str | None = None,
+        t_f: Number | Sequence[Number] | None = None,
+        t_b: Number | Sequence[Number] | None = None,
+        t_w: Number | Sequence[Number] | None = None,
+        t_comm: float | None = None,
+        hidden: int | None = None,
+        heads: int | None = None,
+        seq: int | None = None,
+        mem_f: float | None = None,
+        mem_b: float | None = None,
+        mem_w: float | None = None,
+    ) -> CostModel:
+        """Per-rank costs from partial settings (what the ``pp`` commands' flags give), each
+        None taking its default. Times: ``model``'s measured ones (``PAPER_TIMES``; without
+        a model 1, 1, 1 and 0), each one given overriding. Memory: a transformer shape
+        (``hidden``, ``heads`` and ``seq`` together, :func:`transformer_memory`), or
+        ``mem_f`` with the optional ``mem_b`` / ``mem_w`` it frees (:meth:`from_rank_costs`),
+        or neither: ``model``'s shape (the 1.5B's without a model). Raises ValueError for an
+        unknown model and for settings that contradict each other."""
+        if model is not None and model not in PAPER_TIMES:
+            raise ValueError(f"model={model!r} is not one of the paper's models; choose from "
+                             f"{', '.join(PAPER_TIMES)}")  # fmt: skip
+        d_f, d_b, d_w, d_comm = PAPER_TIMES.get(model or "", (1.0, 1.0, 1.0, 0.0))
+        shape = {"hidden": hidden, "heads": heads, "seq": seq}
+        if any(v is not None for v in shape.values()):
+            if mem_f is not None or mem_b is not None or mem_w is not None:
+                raise ValueError("give the memory either as hidden/heads/seq or as "
+                                 "mem_f/mem_b/mem_w, not both")  # fmt: skip
+            if None in shape.values():
+                got = ", ".join(f"{k}={v}" for k, v in shape.items())
+                raise ValueError(f"hidden, heads and seq go together; give all three ({got})")
+        elif mem_f is None:
+            if mem_b is not None or mem_w is not None:
+                raise ValueError(f"mem_b={mem_b}/mem_w={mem_w} need mem_f (what they free is "
+                                 "part of what F stores); give mem_f too")  # fmt: skip
+            hidden, heads, _, seq = PAPER_MODELS[model or "1.5B"]
+        if hidden is not None:
+            mem = transformer_memory(hidden=hidden, heads=heads, seq=seq)  # type: ignore[arg-type]
+            mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
+        return CostModel.from_rank_costs(
+            num_ranks, t_f=d_f if t_f is None else t_f, t_b=d_b if t_b is None else t_b,
+            t_w=d_w if t_w is None else t_w, t_comm=d_comm if t_comm is None else t_comm,
+            mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def for_stages(self, stage_to_rank: Sequence[int]) -> CostModel:

@@ -1,13 +1,8 @@
 """``nobubble pp``: show, simulate, compare, export and validate pipeline schedules.
 
-Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
-rank's share of the model; ``--tcomm``: one transfer between ranks); schedules with several
-chunks per rank split them evenly. ``--model 1.5B`` takes the Zero Bubble paper's measured
-times and memory model for that model. Memory limits are in units of M_F (one
-microbatch's activations on a rank). The ILP (``pp solve``, :mod:`.solve`) and runtime
-(``pp profile/plan/run``, :mod:`.run`) commands live in their own modules.
-``pp simulate --dispatch static|handshake`` with ``--jitter/--straggler/--seed`` simulates
-one step under a dispatch policy and perturbed durations (:mod:`nobubble.pipeline.dispatch`).
+The shared flags (shape, per-rank costs, ``--mem-limit`` in units of M_F, the dispatch
+policy and its perturbations) are :mod:`.options`'; the exact solver (``pp solve``),
+the frontier and the runtime (``pp profile/plan/run``) have their own modules.
 """
 
 from __future__ import annotations
@@ -22,9 +17,9 @@ from nobubble.cli.pp.options import (
     add_costs,
     add_dispatch,
     add_shape,
-    check_mem_limit,
     check_size,
     costs_from_args,
+    mem_limit_from_args,
     perturbation_from_args,
     read_schedule_csv,
     schedule_from_args,
@@ -159,18 +154,17 @@ def _dispatch(args: argparse.Namespace, sched, costs):
     perturbation = perturbation_from_args(args)
     if args.dispatch != "handshake":
         return simulate_dispatch(sched, costs, perturbation=perturbation)
-    mem_limit = None
-    if args.mem_limit is not None:
-        mf = costs.mem_f[0]
+    mem_limit = mem_limit_from_args(args, costs)
+    if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
+        mf = max(costs.mem_f)
         peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
         rank = max(range(len(peaks)), key=peaks.__getitem__)
-        if args.mem_limit * mf < peaks[rank] * (1 - 1e-9):
+        if mem_limit < peaks[rank] * (1 - 1e-9):
             raise UsageError(
                 f"--mem-limit {args.mem_limit:g} is below {sched.name}'s peak of "
                 f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
                 "or -s zb-1p / zb-2p, which are built for the limit"
             )
-        mem_limit = args.mem_limit * mf
     return simulate_dispatch(
         sched, costs, policy="handshake", perturbation=perturbation, mem_limit=mem_limit
     )
@@ -236,7 +230,7 @@ def _register_validate(sub) -> None:
     p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
     p.add_argument("file", type=input_file,
                    help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
-    add_costs(p)
+    add_costs(p, mem_limit_help=None)  # it simulates the file's own order
     add_json_flag(p)
     p.set_defaults(func=_validate, chunks=None, microbatches=None)
 
@@ -245,14 +239,10 @@ def _validate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
     from nobubble.pipeline.validate import validate
 
-    if args.mem_limit is not None:
-        raise UsageError(f"--mem-limit {args.mem_limit:g}: pp validate simulates the file's own "
-                         "order, which no limit changes; drop it")  # fmt: skip
     sched = read_schedule_csv(args.file)
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
-    costs = costs_from_args(args)
-    result = simulate(sched, costs, check=False)
+    result = simulate(sched, costs_from_args(args), check=False)
     info = {"file": str(args.file), "valid": True, "stages": sched.num_ranks,
             "chunks": sched.num_chunks, "microbatches": sched.num_microbatches,
             "actions": sched.num_actions, "split_backward": sched.uses_split_backward,
@@ -272,15 +262,8 @@ def _register_compare(sub) -> None:
     add_shape(p, schedule=False)
     add_costs(p)
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument(
-        "--ilp",
-        type=positive_float,
-        nargs="?",
-        const=30.0,
-        default=None,
-        metavar="SECONDS",
-        help="add the exact ILP row (time limit, default 30 s)",
-    )
+    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
+                   metavar="SECONDS", help="add the exact ILP row (time limit, default 30 s)")  # fmt: skip
     p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
     add_json_flag(p)
     p.set_defaults(func=_compare)
@@ -291,9 +274,8 @@ def _compare(args: argparse.Namespace) -> int:
     from nobubble.pipeline.compare import compare_schedules
 
     check_size(args, "compare")
-    check_mem_limit(args)
     costs = costs_from_args(args)
-    limit = args.mem_limit * costs.mem_f[0] if args.mem_limit is not None else None
+    limit = mem_limit_from_args(args, costs)
     with progress_bar("simulating", total=None, counter=None) as (bar, task):
         rows = compare_schedules(
             costs, num_stages=args.ranks, num_microbatches=args.microbatches,

@@ -1,10 +1,10 @@
 """``nobubble pp frontier``: every schedule as (peak activation memory, bubble), Pareto set.
 
-    nobubble pp frontier -p 8 -m 24 --model 1.5B --out frontier.png
-    nobubble pp frontier -p 4 -m 8 --ilp-seconds 10 --mem-limits 2,3,4 --json
+    nobubble pp frontier -p 8 -m 24 --model 1.5B --plot frontier.png
+    nobubble pp frontier -p 4 -m 8 --ilp 10 --mem-limits 2,3,4 --json
 
 Points: our generators (the V schedules of controllable memory included), ZB's automatic
-scheduler and, with ``--ilp-seconds`` > 0, the exact single-chunk solver at each of
+scheduler and, with ``--ilp`` > 0, the exact single-chunk solver at each of
 ``--mem-limits`` (rank units: one microbatch's activations on a rank), and torch's own
 schedules. ``--costs FILE`` takes a ``pp profile -o`` JSON instead of ``--model``/``--tf``...
 """
@@ -19,7 +19,7 @@ from nobubble.cli.pp.options import (
     OPS_BUDGET,
     add_costs,
     add_size,
-    check_v_memory_size,
+    check_size,
     costs_from_args,
     profile_from_json,
     read_profile_json,
@@ -39,38 +39,24 @@ __all__ = ["register"]
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "frontier", help="every schedule as (peak memory, bubble); the Pareto-optimal ones"
-    )
-    add_size(p, ranks=8)
-    p.set_defaults(microbatches=24)
-    add_costs(p)
-    p.add_argument(
-        "--costs",
-        type=input_file,
-        default=None,
-        metavar="FILE",
-        help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)",
-    )
-    p.add_argument(
-        "--mem-limits",
-        type=_limits,
-        default=None,
-        metavar="L1,L2,...",
-        help="memory limits for the ZB heuristic and solver sweeps, rank units "
-        "(default about p/3 ... 2p)",
-    )
-    p.add_argument(
-        "--ilp-seconds",
-        type=nonneg_float,
-        default=0.0,
-        metavar="S",
-        help="time limit of each exact solve (0: no solver points, the default)",
-    )
+    p = sub.add_parser("frontier", help="every schedule as (peak memory, bubble); the "
+                       "Pareto-optimal ones")  # fmt: skip
+    add_size(p, ranks=8, microbatches=24)
+    # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
+    add_costs(p, mem_limit_help=argparse.SUPPRESS)
+    p.add_argument("--costs", type=input_file, default=None, metavar="FILE",
+                   help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)")  # fmt: skip
+    p.add_argument("--mem-limits", type=_limits, default=None, metavar="L1,L2,...",
+                   help="memory limits for the ZB heuristic and solver sweeps, rank units "
+                        "(default about p/3 ... 2p)")  # fmt: skip
+    p.add_argument("--ilp", "--ilp-seconds", dest="ilp", type=nonneg_float, default=0.0,
+                   metavar="SECONDS", help="time limit of each exact solve (0: no solver "
+                   "points, the default)")  # fmt: skip
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument("--out", type=plot_file, default=None, help="write the picture (.png/.svg/.pdf)")
+    p.add_argument("--plot", "--out", dest="plot", type=plot_file, default=None,
+                   help="write the picture (.png/.svg/.pdf)")  # fmt: skip
     add_json_flag(p)
-    p.set_defaults(func=_frontier, chunks=None)  # fmt: skip
+    p.set_defaults(func=_frontier)
 
 
 def _limits(text: str) -> tuple[float, ...]:
@@ -87,21 +73,21 @@ def _frontier(args: argparse.Namespace) -> int:
     sources: list[fr.PointSource] = [partial(fr.generated_points, mem_limits=limits)]
     if not args.no_torch:
         sources.append(fr.torch_points)
-    if args.ilp_seconds > 0:
+    if args.ilp > 0:
         if not fr.ilp_available():
-            raise UsageError("--ilp-seconds needs the exact solver (pip install ortools)")
-        sources.append(partial(fr.ilp_points, mem_limits=limits, time_limit_s=args.ilp_seconds))
+            raise UsageError("--ilp needs the exact solver (pip install ortools)")
+        sources.append(partial(fr.ilp_points, mem_limits=limits, time_limit_s=args.ilp))
     started = time.perf_counter()
     result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
                          sources=sources)  # fmt: skip
     seconds = time.perf_counter() - started
     files = []
-    if args.out is not None:
+    if args.plot is not None:
         from nobubble.pipeline.plot import frontier_plot
 
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
-        files.append(str(frontier_plot(result.points, args.out, title=title)))
+        files.append(str(frontier_plot(result.points, args.plot, title=title)))
     if args.json:
         print_json({"stages": args.ranks, "microbatches": args.microbatches,
                     "memory_unit": "microbatches of one rank's activations",
@@ -136,18 +122,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
     if args.ranks < 2:
         raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
-    ops = 3 * args.ranks * 2 * args.microbatches
-    if ops > OPS_BUDGET["compare"] and not args.force:
-        raise UsageError(
-            f"--ranks {args.ranks} x --microbatches {args.microbatches} means about {ops:,} "
-            f"ops per schedule, past this command's budget of {OPS_BUDGET['compare']:,}; use "
-            "smaller sizes, or --force"
-        )
-    if not args.force:  # the frontier builds V-Min, V-Half and V-ZB
-        check_v_memory_size(args.ranks, args.microbatches, "pp frontier")
-    if args.ilp_seconds > 0 and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
-        raise UsageError(f"--ilp-seconds: P x M = {args.ranks * args.microbatches} is past the "
-                         "solver's budget; drop --ilp-seconds or use smaller sizes")  # fmt: skip
+    check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
+    if args.ilp > 0 and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
+        raise UsageError(f"--ilp: P x M = {args.ranks * args.microbatches} is past the "
+                         "solver's budget; drop --ilp or use smaller sizes")  # fmt: skip
     if args.mem_limits and min(args.mem_limits) < 1:
         raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
                          "activations (the unit); give limits >= 1")  # fmt: skip

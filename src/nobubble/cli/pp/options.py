@@ -21,7 +21,6 @@ from nobubble.cli.util import (
     check_budget,
     check_steps,
     nonneg_float,
-    nonneg_int,
     positive_float,
     positive_int,
     seed_int,
@@ -32,7 +31,6 @@ from nobubble.validation import MAX_REAL, finite
 __all__ = [
     "OPS_BUDGET",
     "V_MEMORY_SCHEDULES",
-    "check_v_memory_size",
     "straggler_arg",
     "add_size",
     "launch_device",
@@ -46,7 +44,7 @@ __all__ = [
     "check_time",
     "check_seconds",
     "step_seconds",
-    "check_mem_limit",
+    "mem_limit_from_args",
     "read_schedule_csv",
     "read_profile_json",
     "profile_from_json",
@@ -91,20 +89,25 @@ def add_size(
     ranks_required: bool | None = None,
     microbatches: int | None = 8,
 ) -> None:
-    """``--ranks/-p`` (old spelling ``--stages``; ``ranks=None`` makes it required unless
-    ``ranks_required=False``), ``--microbatches/-m`` (``microbatches=None``: the command
-    decides) and ``--force`` (skip the work budget, see :func:`check_size`)."""
+    """``--ranks/-p`` (``ranks=None`` makes it required unless ``ranks_required=False``),
+    ``--microbatches/-m`` (``microbatches=None``: the command decides) and ``--force`` (skip
+    the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule with
+    ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
     required = ranks is None if ranks_required is None else ranks_required
-    p.add_argument("--ranks", "--stages", "-p", dest="ranks", type=positive_int, default=ranks,
-                   required=required, help="pipeline ranks P")  # fmt: skip
+    p.add_argument("--ranks", "-p", type=positive_int, default=ranks, required=required,
+                   help="pipeline ranks P")  # fmt: skip
     p.add_argument("--microbatches", "-m", type=positive_int, default=microbatches,
                    help="microbatches M")  # fmt: skip
     p.add_argument("--force", action="store_true",
                    help="run sizes past the work budget (they may take minutes or GBs)")  # fmt: skip
 
 
-def check_size(args: argparse.Namespace, budget: str = "default") -> None:
-    """Refuse, before any work, a pipeline whose op count passes the command's budget."""
+def check_size(
+    args: argparse.Namespace, budget: str = "default", *, v_memory: bool = False
+) -> None:
+    """Refuse, before any work, a pipeline whose op count passes the command's budget (and
+    the V generators' budgets when ``-s`` names one of them, or ``v_memory``: the command
+    builds them all)."""
     if getattr(args, "force", False) or None in (
         getattr(args, n, None) for n in ("ranks", "microbatches")
     ):
@@ -118,38 +121,42 @@ def check_size(args: argparse.Namespace, budget: str = "default") -> None:
             f"past this command's budget of {limit:,} (seconds of work here); use smaller "
             "sizes, or --force"
         )
-    if getattr(args, "schedule", None) in V_MEMORY_SCHEDULES:
-        check_v_memory_size(args.ranks, args.microbatches, f"-s {args.schedule}")
+    if v_memory or getattr(args, "schedule", None) in V_MEMORY_SCHEDULES:
+        what = "the V schedules" if v_memory else f"-s {args.schedule}"
+        v_ops = 6 * args.ranks * args.microbatches  # 2 chunks per rank
+        for amount, bound, unit in ((v_ops, V_MEMORY_OPS, "ops"),
+                                    (args.ranks * v_ops, V_MEMORY_BUDGET, "ranks x ops")):  # fmt: skip
+            if amount > bound:
+                raise UsageError(
+                    f"{what}: --ranks {args.ranks} x --microbatches {args.microbatches} means "
+                    f"about {amount:,} {unit} for the V generators, past their budget of "
+                    f"{bound:,}; use smaller sizes, another schedule, or --force"
+                )
 
 
-def check_v_memory_size(ranks: int, microbatches: int, what: str) -> None:
-    """Refuse a V-Min / V-Half / V-ZB generation whose ranks x ops or ops pass its budgets."""
-    ops = 6 * ranks * microbatches  # 2 chunks per rank
-    if ops > V_MEMORY_OPS:
-        raise UsageError(
-            f"{what}: --ranks {ranks} x --microbatches {microbatches} means {ops:,} ops for "
-            f"the V generators, past their budget of {V_MEMORY_OPS:,}; use smaller sizes, "
-            "another schedule, or --force"
-        )
-    weight = ranks * ops
-    if weight > V_MEMORY_BUDGET:
-        raise UsageError(
-            f"{what}: --ranks {ranks} x --microbatches {microbatches} means about {weight:,} "
-            f"ranks x ops for the V generators, past their budget of {V_MEMORY_BUDGET:,}; use "
-            "smaller sizes, another schedule, or --force"
-        )
-
-
-def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
+def add_shape(
+    p: argparse.ArgumentParser,
+    *,
+    schedule: bool = True,
+    chunks: int | None = None,
+    chunks_help: str = "chunks per rank (interleaved-1f1b; default 2)",
+) -> None:
     """The schedule's name (unless ``schedule=False``), its size, and ``--chunks/-v``."""
     if schedule:
         p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
     add_size(p)
-    p.add_argument("--chunks", "-v", type=positive_int, default=None,
-                   help="chunks per rank (interleaved-1f1b; default 2)")  # fmt: skip
+    p.add_argument("--chunks", "-v", type=positive_int, default=chunks, help=chunks_help)
 
 
-def add_costs(p: argparse.ArgumentParser) -> None:
+def add_costs(
+    p: argparse.ArgumentParser,
+    *,
+    mem_limit_help: str | None = "zb-1p/zb-2p (and --dispatch handshake) activation limit "
+    "per rank in units of M_F (default P and 2P; handshake: the order's peak)",
+) -> None:
+    """Per-rank times (``--model``, ``--tf/--tb/--tw/--tcomm``), memory per microbatch (a
+    transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F (none when
+    ``mem_limit_help`` is None: a command that no limit changes)."""
     g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
     g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
     g.add_argument("--tf", type=_rank_costs, help="forward time of one microbatch; one value, "
@@ -164,9 +171,8 @@ def add_costs(p: argparse.ArgumentParser) -> None:
     m.add_argument("--mem-f", type=positive_float, help="activation memory an F stores")
     m.add_argument("--mem-b", type=nonneg_float, help="memory a B frees")
     m.add_argument("--mem-w", type=nonneg_float, help="memory a W frees")
-    p.add_argument("--mem-limit", type=positive_float, default=None,
-                   help="zb-1p/zb-2p (and --dispatch handshake) activation limit per rank "
-                        "in units of M_F (default P and 2P; handshake: the order's peak)")  # fmt: skip
+    if mem_limit_help is not None:
+        p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
 
 
 def _rank_costs(text: str) -> tuple[float, ...]:
@@ -175,78 +181,43 @@ def _rank_costs(text: str) -> tuple[float, ...]:
 
 
 def costs_from_args(args: argparse.Namespace):
-    """Per-rank CostModel from the flags; contradictory flags are usage errors."""
-    from nobubble.pipeline.costs import PAPER_MODELS, CostModel, transformer_memory
+    """Per-rank :meth:`CostModel.from_settings <nobubble.pipeline.costs.CostModel.from_settings>`
+    of the cost and memory flags (which refuses contradictory ones), within the work budget."""
+    from nobubble.pipeline.costs import CostModel
 
-    times = dict(
-        zip(("tf", "tb", "tw", "tcomm"), PAPER_TIMES.get(args.model, (1.0, 1.0, 1.0, 0.0)))
-    )
-    for k in times:
-        if getattr(args, k) is not None:
-            times[k] = getattr(args, k)
-    shape = [args.hidden, args.heads, args.seq]
-    direct = [args.mem_f, args.mem_b, args.mem_w]
-    if any(v is not None for v in shape) and any(v is not None for v in direct):
-        raise UsageError("give the memory either as --hidden/--heads/--seq or as "
-                         "--mem-f/--mem-b/--mem-w, not both")  # fmt: skip
-    if any(v is not None for v in shape):
-        if None in shape:
-            raise UsageError("--hidden, --heads and --seq go together; give all three")
-        mem = transformer_memory(hidden=args.hidden, heads=args.heads, seq=args.seq)
-        mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
-    elif args.mem_f is not None:
-        mem_f, mem_b, mem_w = args.mem_f, args.mem_b, args.mem_w
-        _check_direct_memory(mem_f, mem_b, mem_w)
-    else:
-        if direct[1:] != [None, None]:
-            raise UsageError("--mem-b/--mem-w need --mem-f")
-        h, a, _, s = PAPER_MODELS[args.model or "1.5B"]
-        mem = transformer_memory(hidden=h, heads=a, seq=s)
-        mem_f, mem_b, mem_w = mem.mem_f, mem.mem_b, mem.mem_w
     check_size(args)
-    return CostModel.from_rank_costs(
-        args.ranks, t_f=times["tf"], t_b=times["tb"], t_w=times["tw"], t_comm=times["tcomm"],
-        mem_f=mem_f, mem_b=mem_b, mem_w=mem_w,
+    return CostModel.from_settings(
+        args.ranks, model=args.model, t_f=args.tf, t_b=args.tb, t_w=args.tw, t_comm=args.tcomm,
+        hidden=args.hidden, heads=args.heads, seq=args.seq,
+        mem_f=args.mem_f, mem_b=args.mem_b, mem_w=args.mem_w,
     )  # fmt: skip
 
 
-def _check_direct_memory(mem_f, mem_b, mem_w) -> None:
-    total = (mem_b or 0.0) + (mem_w or 0.0)
-    if mem_b is not None and mem_w is not None and total > mem_f * (1 + 1e-9):
-        raise UsageError(
-            f"--mem-b + --mem-w = {total:g} frees more than --mem-f = {mem_f:g} stores"
-        )
+def mem_limit_from_args(
+    args: argparse.Namespace, costs, *, below_one: bool = False
+) -> float | None:
+    """``--mem-limit`` (in units of M_F, a rank's activations of one microbatch) in the
+    costs' memory unit; None when not given. A limit below 1 is refused unless
+    ``below_one`` (the exact solver explains why it is infeasible)."""
+    if getattr(args, "mem_limit", None) is None:
+        return None
+    if args.mem_limit < 1 and not below_one:
+        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
+                         "(the unit is M_F); give at least 1")  # fmt: skip
+    return args.mem_limit * max(costs.mem_f)
 
 
-def schedule_from_args(
-    args: argparse.Namespace, costs, name: str | None = None, *, limit_elsewhere: bool = False
-):
-    """The schedule ``--schedule`` names; ``--mem-limit`` steers zb-1p / zb-2p and is refused
-    for other schedules unless ``limit_elsewhere`` (the handshake takes it as its limit)."""
+def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool = False):
+    """The schedule ``--schedule`` names; ``--mem-limit`` steers zb-1p / zb-2p (which the
+    registry refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
     from nobubble.pipeline.schedules import get_schedule
 
     check_size(args)
-    name = name or args.schedule
-    mem_limit = None
-    check_mem_limit(args)
-    if getattr(args, "mem_limit", None) is not None and name in ("zb-1p", "zb-2p"):
-        mem_limit = args.mem_limit * costs.mem_f[0]
-    elif (
-        getattr(args, "mem_limit", None) is not None
-        and name == args.schedule
-        and not limit_elsewhere
-    ):
-        raise UsageError(f"--mem-limit applies to zb-1p / zb-2p (and --dispatch handshake), "
-                         f"not {name!r}")  # fmt: skip
-    return get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
+    mem_limit = mem_limit_from_args(args, costs)
+    if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
+        mem_limit = None
+    return get_schedule(args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
                         costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
-
-
-def check_mem_limit(args: argparse.Namespace) -> None:
-    """``--mem-limit`` (in units of M_F) holds at least one microbatch's activations."""
-    if getattr(args, "mem_limit", None) is not None and args.mem_limit < 1:
-        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
-                         "(the unit is M_F); give at least 1")  # fmt: skip
 
 
 def read_schedule_csv(path: Path, flag: str = ""):
@@ -305,24 +276,14 @@ def add_dispatch(p: argparse.ArgumentParser) -> None:
                    help="static: every rank walks the schedule's order (the default); "
                         "handshake: ranks pick their next op from what has arrived, guided "
                         "by the order, within --mem-limit (default: the order's peak)")  # fmt: skip
-    g.add_argument("--jitter", type=_jitter, default=0.0, metavar="J",
+    g.add_argument("--jitter", type=nonneg_float, default=0.0, metavar="J",
                    help="each op's time times a seeded factor in [1-J, 1+J] (0 <= J < 1)")  # fmt: skip
     g.add_argument("--straggler", type=straggler_arg, action="append", default=[],
                    metavar="RANK:FACTOR[:STEPS]",
                    help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
                         "N), A-B or A- (default all); repeatable")  # fmt: skip
-    g.add_argument("--seed", type=nonneg_int, default=None, help="seed of the jitter draws "
+    g.add_argument("--seed", type=seed_int, default=None, help="seed of the jitter draws "
                    "(default 0)")  # fmt: skip
-
-
-def _jitter(text: str) -> float:
-    """argparse type: a number J with 0 <= J < 1."""
-    value = nonneg_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(
-            f"{text} must be >= 0 and < 1 (0.2 draws each op's factor from [0.8, 1.2])"
-        )
-    return value
 
 
 def straggler_arg(text: str):
@@ -336,14 +297,10 @@ def straggler_arg(text: str):
 
 
 def perturbation_from_args(args: argparse.Namespace):
-    """The Perturbation of ``--jitter/--straggler/--seed``; a straggler on a rank the
-    pipeline does not have is a usage error."""
+    """The Perturbation of ``--jitter/--straggler/--seed`` (the simulation refuses a
+    straggler on a rank the pipeline does not have)."""
     from nobubble.pipeline.dispatch.perturb import Perturbation
 
-    for s in args.straggler:
-        if s.rank >= args.ranks:
-            raise UsageError(f"--straggler {s}: rank {s.rank} is outside ranks 0..{args.ranks - 1} "
-                             "of --ranks; give a rank of the pipeline")  # fmt: skip
     if args.seed is not None and not args.jitter:
         raise UsageError(f"--seed {args.seed} seeds the --jitter draws, and there are none; "
                          "add --jitter J or drop --seed")  # fmt: skip

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
-import time
 
-from nobubble.cli.pp.options import add_costs, add_size, check_size, costs_from_args
+from nobubble.cli.pp.options import (
+    add_costs,
+    add_shape,
+    check_size,
+    costs_from_args,
+    mem_limit_from_args,
+)
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -30,20 +34,8 @@ from nobubble.cli.util import (
     print_table,
 )
 from nobubble.files import write_text
-from nobubble.pipeline.costs import CostModel
 
-__all__ = ["register", "costs_and_limit"]
-
-
-def costs_and_limit(args: argparse.Namespace) -> tuple[CostModel, float | None]:
-    """Per-rank costs and the absolute memory limit from the ``pp`` group's cost flags.
-
-    The flags (``--model``, ``--tf/--tb/--tw/--tcomm``, memory, ``--mem-limit`` in units of
-    M_F) are the ones every ``pp`` command takes (:mod:`nobubble.cli.pp.options`).
-    """
-    costs = costs_from_args(args)
-    limit = None if args.mem_limit is None else args.mem_limit * max(costs.mem_f)
-    return costs, limit
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,55 +47,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         "stages and m microbatches with OR-Tools CP-SAT; report status, bound and gap.",
     )
 
-    add_size(solve)
-    add_costs(solve)  # --model, --tf/--tb/--tw/--tcomm, memory, --mem-limit (x M_F)
-    for action in solve._actions:
-        if action.dest == "mem_limit":
-            action.help = "activation limit per rank in units of M_F (P = ZB-1p's); default none"
+    add_shape(solve, schedule=False, chunks=1,
+              chunks_help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
+    add_costs(solve, mem_limit_help="activation limit per rank in units of M_F (P = ZB-1p's); "
+              "default none")  # fmt: skip
     solve.add_argument("--objective", choices=("span", "makespan"), default="span")
-    solve.add_argument("--chunks", "-v", type=positive_int, default=1,
-                       help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
     solve.add_argument("--placement", choices=("v", "interleaved"), default=None,
                        help="with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'")  # fmt: skip
     solve.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
-    solve.add_argument(
-        "--workers", type=positive_int, default=None, help="CP-SAT workers (default 8)"
-    )
+    solve.add_argument("--workers", type=positive_int, default=None,
+                       help="CP-SAT workers (default 8)")  # fmt: skip
     solve.add_argument("--plot", type=plot_file, default=None, help="Gantt chart file (.png/.svg)")
-    solve.add_argument(
-        "--csv", type=output_file, default=None, help="write the schedule (torch CSV)"
-    )
+    solve.add_argument("--csv", type=output_file, default=None,
+                       help="write the schedule (torch CSV)")  # fmt: skip
     add_json_flag(solve)
     solve.set_defaults(func=_solve)
 
 
 def _solve_with_progress(costs, args, mem_limit):
+    """The solver under a bar that moves at each solution it finds (elapsed time beside)."""
     from nobubble.bench.output import progress_bar
     from nobubble.pipeline.ilp.solve import solve_optimal
 
-    done = threading.Event()
     with progress_bar("solving", total=args.time_limit, counter=None) as (progress, task):
 
-        def tick() -> None:
-            t0 = time.perf_counter()
-            while not done.wait(0.25):
-                progress.update(task, completed=min(args.time_limit, time.perf_counter() - t0))
-
         def found(objective: float, bound: float, seconds: float) -> None:
-            progress.update(task, description=f"best {objective:.6g}  bound {bound:.6g}")
+            progress.update(task, completed=min(args.time_limit, seconds),
+                            description=f"best {objective:.6g}  bound {bound:.6g}")  # fmt: skip
 
-        ticker = threading.Thread(target=tick, daemon=True)
-        ticker.start()
-        try:
-            return solve_optimal(
-                costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-                mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
-                num_workers=args.workers, on_solution=found, num_chunks=args.chunks,
-                placement=args.placement,
-            )  # fmt: skip
-        finally:
-            done.set()
-            ticker.join(timeout=1.0)
+        return solve_optimal(
+            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
+            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
+            num_workers=args.workers, on_solution=found, num_chunks=args.chunks,
+            placement=args.placement,
+        )  # fmt: skip
 
 
 def _solve(args: argparse.Namespace) -> int:
@@ -114,7 +91,8 @@ def _solve(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers > max(8, cores) and not args.force:
         raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
                          f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
-    costs, mem_limit = costs_and_limit(args)
+    costs = costs_from_args(args)
+    mem_limit = mem_limit_from_args(args, costs, below_one=True)
     result = _solve_with_progress(costs, args, mem_limit)
     if result.schedule is not None:
         if args.plot is not None:
