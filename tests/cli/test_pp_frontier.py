@@ -17,7 +17,7 @@ def _json(capsys, argv):
 def test_frontier_json_points_and_pareto(capsys, tmp_path):
     png = tmp_path / "f.png"
     out = _json(capsys, ["pp", "frontier", "-p", "4", "-m", "8", "--model", "1.5B",
-                         "--no-torch", "--mem-limits", "2,4", "--out", str(png), "--json"])  # fmt: skip
+                         "--no-torch", "--mem-limits", "2,4", "--plot", str(png), "--json"])  # fmt: skip
     names = {q["schedule"] for q in out["points"]}
     assert {"1f1b", "zb-v", "v-min", "v-half", "v-zb", "zb-auto@2", "zb-auto@4"} <= names
     drawn = [q for q in out["points"] if q["peak_memory"] is not None]
@@ -47,8 +47,8 @@ def test_frontier_table(capsys):
      (["--mem-limit", "3"], "--mem-limits (plural)"),
      (["-p", "64", "-m", "512"], "budget"),
      (["--costs", "no-such-profile.json"], "no such file"),
-     (["--out", "frontier.gif"], "a figure is written as .png, .svg, .pdf"),
-     (["--out", "."], "is a folder")],
+     (["--plot", "frontier.gif"], "a figure is written as .png, .svg, .pdf"),
+     (["--plot", "."], "is a folder")],
 )  # fmt: skip
 def test_frontier_bad_input_one_line_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:

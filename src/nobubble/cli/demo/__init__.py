@@ -128,7 +128,7 @@ def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
 def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """Every schedule as (peak activation memory, bubble), the Pareto set drawn."""
     png = out / "pipeline" / "frontier_p8_m24_1.5B.png"
-    argv = ["pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B", "--out", str(png)]
+    argv = ["pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B", "--plot", str(png)]
     return _cli_step("frontier", argv, [png])
 
 

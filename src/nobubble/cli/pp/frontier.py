@@ -49,11 +49,11 @@ def register(sub) -> None:
     p.add_argument("--mem-limits", type=_limits, default=None, metavar="L1,L2,...",
                    help="memory limits for the ZB heuristic and solver sweeps, rank units "
                         "(default about p/3 ... 2p)")  # fmt: skip
-    p.add_argument("--ilp", "--ilp-seconds", dest="ilp", type=nonneg_float, default=0.0,
+    p.add_argument("--ilp", dest="ilp", type=nonneg_float, default=0.0,
                    metavar="SECONDS", help="time limit of each exact solve (0: no solver "
                    "points, the default)")  # fmt: skip
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument("--plot", "--out", dest="plot", type=plot_file, default=None,
+    p.add_argument("--plot", dest="plot", type=plot_file, default=None,
                    help="write the picture (.png/.svg/.pdf)")  # fmt: skip
     add_json_flag(p)
     p.set_defaults(func=_frontier)
