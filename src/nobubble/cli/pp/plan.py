@@ -150,10 +150,9 @@ def _absolute(spec: str) -> str:
 # -- pp plan --model MODULE:FACTORY --------------------------------------------------------
 def plan_user_model(args: argparse.Namespace) -> int:
     """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
-    for flag, given in (("--profile", args.profile), ("--ilp", args.ilp)):
-        if given is not None:
-            raise UsageError(f"{flag} applies to the built-in models (--model gpt|mlp); a model "
-                             "of your own is profiled block by block here")  # fmt: skip
+    if args.profile is not None:
+        raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a model "
+                         "of your own is profiled block by block here")  # fmt: skip
     out = args.output if args.output is not None else Path("plan.json")
     plot = args.plot if args.plot is not None else out.with_suffix(".png")
     with claim_output(out):  # before profiling: refuse another live run's output
@@ -184,7 +183,7 @@ def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) 
             [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
             num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
             runtime=runtime, device=args.device, threads=args.threads, timeout_s=args.timeout,
-            progress=status.update,
+            ilp_time_limit_s=args.ilp, clock=args.clock, progress=status.update,
         )  # fmt: skip
 
 

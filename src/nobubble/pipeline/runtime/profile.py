@@ -6,9 +6,9 @@ pipeline.runtime.runner.PipelineRunner` runs its stages: F inside :class:`~nobub
 runtime.autosplit.ModuleSplit` recording, B its ``backward_input``, W its
 ``backward_weight``, and the fused backward as one plain autograd walk for comparison. The
 modules are whatever the caller weighs: the stages of a cut (``pp profile``, ``pp run``'s
-prediction, ``pp plan``: :func:`profile_stages`, or :func:`profile_model` with ``t_comm`` measured, for
-the built-in models) or single blocks
-(the planner: :meth:`Profile.block_costs`). The first module's input needs no gradient (its
+prediction: :func:`profile_stages`, or :func:`profile_model` with ``t_comm`` measured, for
+the built-in models) or single blocks (the planner, for the user's models and the built-in
+ones alike: :meth:`Profile.block_costs`). The first module's input needs no gradient (its
 B has nothing to compute) and is recorded unsplit, as the runner records it. Every module
 but the last gets a random output gradient of its output's shape; the last one's output goes
 to ``loss_fn(output, targets)`` (no ``loss_fn``: a random output gradient too).
@@ -354,8 +354,7 @@ def profile_model(
     measured between 2 local ranks (``device``, ``backend``, ``timeout_s``) on stage 1's
     input for one microbatch (``(microbatch_size, ...)``); otherwise ``t_comm`` is 0.
 
-    ``pp profile``, ``pp plan`` (built-in models) and ``pp run``'s prediction profile
-    through it.
+    ``pp profile`` and ``pp run``'s prediction profile through it.
 
     Raises:
         ValueError: what :func:`profile_stages` raises (an impossible ``clock``, a bad cut).
