@@ -1,19 +1,11 @@
-"""Plan a built-in model (the GPT and the MLP of :mod:`~nobubble.pipeline.runtime.models`)
-through the one planner, :func:`~nobubble.pipeline.plan.plan_from_costs`.
-
-``pp run`` cuts a built-in model by :func:`~nobubble.pipeline.runtime.models.partition_blocks`
-(a schedule file carries no cut), so the planner's cut is pinned to that one
-(:func:`builtin_cuts`): it weighs every schedule of the registry, with and without
-recompute, and the exact solver's schedule, on the cut the run will build. The costs come
-from either
-
-- :func:`plan_builtin`: the model's blocks, each profiled once by the one profiler with the
-  runtime's own costs measured on local ranks (:func:`~nobubble.pipeline.runtime.planning.
-  plan_model`, as a model of the user's own is planned), or
-- :func:`plan_from_profile`: a stage profile (``pp profile -o``), each profiled stage a
-  block. A two-chunk schedule (interleaved, V) needs each stage cut in two, which the
-  profile did not time: it sees each stage as two equal halves, the boundary between them
-  as large as the stage's input (the first stage's: its output).
+"""Plan a built-in model (:mod:`~nobubble.pipeline.runtime.models`) through the one planner,
+its cut pinned to the one ``pp run`` builds (:func:`builtin_cuts`; a schedule file carries
+no cut): every schedule of the registry, with and without recompute, and the exact solver's,
+weighed on that cut. The costs come from the model's blocks, each profiled once
+(:func:`plan_builtin`, through :func:`~nobubble.pipeline.runtime.planning.plan_model` as a
+model of the user's own), or from a stage profile (:func:`plan_from_profile`, ``pp profile
+-o``), each stage a block; a two-chunk schedule sees each stage as two equal halves, the
+boundary between them as large as the stage's input (the first stage's: its output).
 """
 
 from __future__ import annotations
