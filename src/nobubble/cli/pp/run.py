@@ -170,11 +170,11 @@ def _options(args: argparse.Namespace):
 
 def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = True):
     """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks):
-    :func:`~nobubble.pipeline.runtime.profile.profile_model` with the launch flags."""
-    from nobubble.pipeline.runtime.profile import profile_model
+    :func:`~nobubble.pipeline.runtime.profile.profile_stages` with the launch flags."""
+    from nobubble.pipeline.runtime.profile import profile_stages
 
     with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
-        return profile_model(
+        return profile_stages(
             model, num_stages, microbatch_size=args.microbatch_size,
             device=args.device, backend=args.backend,
             repeats=getattr(args, "repeats", 3), clock=args.clock, threads=args.threads,
