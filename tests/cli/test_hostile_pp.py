@@ -255,7 +255,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--profile {profile} --layers 8", "--profile {profile} sets the model"),
             ("--profile {profile} --arch mlp", "--profile {profile} sets the model"),
             ("--profile {profile_huge}", "must be finite"),
-            ("--profile {profile} -p 4", "the profile has 2 stages but --ranks is 4"),
+            ("--profile {profile} -p 4", "the profile has 2 stages but num_ranks is 4"),
             ("--plot x.png", "--plot applies to --model MODULE:FACTORY"),
             ("--overhead-ms 5", "--overhead-ms applies to --model MODULE:FACTORY"),
             ("--overhead-ms 1e308", "'1e308' is not a finite number"),

@@ -44,6 +44,21 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     assert len(ops) == 2 * best.num_actions and {e.rank for e in ops} == {0, 1}
 
 
+def test_plan_measures_a_builtin_models_blocks_and_weighs_the_exact_solver(tmp_path, capsys):
+    """Without --profile, pp plan profiles the model block by block (the planner of --model
+    MODULE:FACTORY) and weighs every schedule, the V ones on the 4-stage cut pp run builds."""
+    plan = tmp_path / "plan.csv"
+    rc = main(["pp", "plan", "--ranks", "2", "-m", "4", "--ilp", "5", "-o", str(plan),
+               "--json", *TINY])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [r["schedule"] for r in out["schedules"]]
+    assert {"1f1b", "zb-h1", "zb-v"} <= set(names) and any(n.startswith("ilp-") for n in names)
+    assert out["best"] == names[0] and out["recompute"] is False
+    best = Schedule.from_csv(plan.read_text())
+    assert best.num_ranks == 2 and best.num_microbatches == 4
+
+
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0I0\n1F0,1I0,1W0\n")  # 0W0 missing
@@ -113,7 +128,8 @@ def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys)
     out = json.loads(capsys.readouterr().out)
     assert out["recompute"] is True and peak[(out["best"], True)] <= limit
     assert main([*args, "--memory-limit-mib", f"{limit}"]) == 2  # without checkpointing
-    assert "no schedule fits" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no candidate fits" in err and "allow recompute" in err
 
     runs = {}
     for flag in ([], ["--recompute"]):

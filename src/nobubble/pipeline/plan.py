@@ -27,20 +27,26 @@ rank, and a plan round-trips through JSON (:meth:`Plan.to_json`, :meth:`Plan.fro
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
-from nobubble.pipeline.partition import balanced_sizes, equal_sizes, stage_ranges
+from nobubble.pipeline.partition import equal_sizes, stage_ranges
 from nobubble.pipeline.plan_inputs import (
-    TWO_CHUNK_SCHEDULES,
+    TINY_MS,
+    candidate_cuts,
     check_inputs,
+    chunks_of,
+    cuts_from_sizes,
     microbatch_counts,
+    pinned_cuts,
     schedule_names,
+    sizes_from_cuts,
 )
 from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import SimResult, simulate
@@ -53,11 +59,10 @@ __all__ = [
     "plan_from_costs",
     "stage_costs",
     "candidate_cuts",
+    "sizes_from_cuts",
+    "cuts_from_sizes",
     "Setting",
 ]
-
-_TINY_MS = 1e-6
-"""The simulator needs every op time > 0: the first stage's empty B, a parameterless W."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +118,15 @@ class Candidate:
     predicted_step_ms: float
     predicted_peak_bytes: tuple[float, ...]
     fits: bool
+    actions: str | None = None
+    """The schedule as torch's CSV when its name does not rebuild it (the exact solver's,
+    ``ilp-optimal`` or ``ilp-feasible``); None: rebuilt from the registry by name."""
 
     def sort_key(self) -> tuple:
-        """Faster first; ties: fewer microbatches, schedule name, cuts, no recompute first."""
-        return (self.predicted_step_ms, self.num_microbatches, self.schedule, self.cuts,
-                self.recompute)  # fmt: skip
+        """Faster first; ties: the least peak, fewer microbatches, schedule name, cuts, no
+        recompute first."""
+        return (self.predicted_step_ms, max(self.predicted_peak_bytes), self.num_microbatches,
+                self.schedule, self.cuts, self.recompute)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +246,7 @@ class Plan:
         m = self.num_microbatches if num_microbatches is None else num_microbatches
         microbatch_counts(self.num_ranks, self.setting.batch_size, m)  # >= 1, divides the batch
         costs = _stage_costs(self.blocks, cuts, m, recompute, self.setting)
-        chunks = 2 if schedule in TWO_CHUNK_SCHEDULES else 1
+        chunks = chunks_of(schedule)
         if len(sizes) != chunks * self.num_ranks:
             raise ValueError(f"Plan.weigh: {schedule} on {self.num_ranks} ranks needs "
                              f"{chunks * self.num_ranks} stages; cuts {cuts} make {len(sizes)}")  # fmt: skip
@@ -264,16 +273,6 @@ class Plan:
             blocks=tuple(BlockCosts(**b) for b in d["blocks"]), setting=Setting(**d["setting"]),
             chosen=cand(d["chosen"]), candidates=tuple(cand(c) for c in d["candidates"]),
         )  # fmt: skip
-
-
-def sizes_from_cuts(cuts: Sequence[int], num_blocks: int) -> tuple[int, ...]:
-    """Blocks per stage of the cut ``cuts`` (first block of each stage after the first)."""
-    bounds = (0, *cuts, num_blocks)
-    return tuple(b - a for a, b in itertools.pairwise(bounds))
-
-
-def cuts_from_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(itertools.accumulate(sizes))[:-1]
 
 
 def stage_costs(
@@ -316,10 +315,10 @@ def stage_costs(
         if s == 0 and not first_stage_input_grad:  # nothing to B; W walks the whole backward
             b, w, mem_b = 0.0, b + w, 0.0
         o = op_overhead_ms
-        fields["t_f"].append(max(sum(x.forward for x in held) * scale, _TINY_MS) + o)
-        fields["t_b"].append(max(b, _TINY_MS) + o)
-        fields["t_w"].append(max(w, _TINY_MS) + o)
-        fields["t_bw"].append(max(fused, _TINY_MS) + o)
+        fields["t_f"].append(max(sum(x.forward for x in held) * scale, TINY_MS) + o)
+        fields["t_b"].append(max(b, TINY_MS) + o)
+        fields["t_w"].append(max(w, TINY_MS) + o)
+        fields["t_bw"].append(max(fused, TINY_MS) + o)
         fields["mem_f"].append(mem_f)
         fields["mem_b"].append(mem_b)
         fields["mem_w"].append(mem_f - mem_b)
@@ -332,35 +331,6 @@ def stage_costs(
         t_comm=comm_ms_per_byte * boundary, **{k: tuple(v) for k, v in fields.items()}
     )
     return costs.with_recompute(kept) if recompute else costs
-
-
-def candidate_cuts(
-    blocks: Sequence[BlockCosts], num_stages: int, *, max_exhaustive_cuts: int = 200
-) -> tuple[tuple[int, ...], ...]:
-    """The cuts to weigh, the min-bottleneck (F + B + W) cut first: every contiguous cut when
-    there are at most ``max_exhaustive_cuts``, else that cut and each single cut point of it
-    moved by -2, -1, +1 or +2 (where the stages stay non-empty)."""
-    n = len(blocks)
-    dp = cuts_from_sizes(balanced_sizes([max(b.total_ms, _TINY_MS) for b in blocks],
-                                        [1.0] * num_stages))  # fmt: skip
-    others: Iterable[tuple[int, ...]]
-    if math.comb(n - 1, num_stages - 1) <= max_exhaustive_cuts:
-        others = itertools.combinations(range(1, n), num_stages - 1)
-    else:
-        others = _neighbourhood(dp, n)
-    seen = {dp: None}
-    for cut in others:
-        seen.setdefault(tuple(cut), None)
-    return tuple(seen)
-
-
-def _neighbourhood(cuts: tuple[int, ...], num_blocks: int) -> Iterator[tuple[int, ...]]:
-    bounds = (0, *cuts, num_blocks)
-    for k in range(len(cuts)):
-        for delta in (-2, -1, 1, 2):
-            moved = cuts[k] + delta
-            if bounds[k] < moved < bounds[k + 2]:  # stages k and k + 1 keep >= 1 block
-                yield cuts[:k] + (moved,) + cuts[k + 1 :]
 
 
 def plan_from_costs(
@@ -379,6 +349,8 @@ def plan_from_costs(
     op_overhead_ms: float = 0.0,
     tolerance: float = 0.02,
     max_exhaustive_cuts: int = 200,
+    cuts: Sequence[Sequence[int]] | None = None,
+    ilp_time_limit_s: float | None = None,
 ) -> Plan:
     """Choose the cut, schedule, microbatch count and recompute for ``blocks`` on
     ``num_ranks`` ranks: of the candidates whose peak fits ``memory_limit`` and whose step is
@@ -405,6 +377,10 @@ def plan_from_costs(
             (a prediction is not exact); of those that fit, the one with the least peak
             memory is chosen (then the fastest).
         max_exhaustive_cuts: weigh every contiguous cut when there are at most this many.
+        cuts: weigh only these (pinned) cuts of ``num_ranks`` or ``2 * num_ranks`` stages, not
+            :func:`candidate_cuts`; the first of one stage per rank is the min-bottleneck's.
+        ilp_time_limit_s: also weigh the exact solver's least-makespan schedule (no recompute)
+            on that first cut, searching this long for each microbatch count.
 
     Raises:
         ValueError: bad input (before any search), or no candidate fits ``memory_limit``.
@@ -415,32 +391,41 @@ def plan_from_costs(
     counts, names, flags = check_inputs(
         len(blocks), num_ranks, batch_size, num_microbatches, microbatch_size, schedules,
         recompute, memory_limit, comm_ms_per_byte, input_bytes, op_overhead_ms, tolerance,
+        ilp_time_limit_s=ilp_time_limit_s,
     )  # fmt: skip
     setting = Setting(num_ranks, batch_size, microbatch_size, first_stage_input_grad,
                       comm_ms_per_byte, input_bytes, memory_limit, op_overhead_ms)  # fmt: skip
-    found: dict[tuple, Candidate] = {}
+    given = None if cuts is None else pinned_cuts(cuts, names, num_ranks, len(blocks))
+    found: list[Candidate | None] = []
     dp_cut: tuple[int, ...] = ()
-    for chunks in sorted({2 if n in TWO_CHUNK_SCHEDULES else 1 for n in names} | {1}):
-        num_stages = chunks * num_ranks
-        all_cuts = candidate_cuts(blocks, num_stages, max_exhaustive_cuts=max_exhaustive_cuts)
-        tried = tuple(n for n in names if (2 if n in TWO_CHUNK_SCHEDULES else 1) == chunks)
+    for chunks in sorted({chunks_of(n) for n in names} | {1}):
+        all_cuts = given[chunks] if given is not None else candidate_cuts(
+            blocks, chunks * num_ranks, max_exhaustive_cuts=max_exhaustive_cuts)  # fmt: skip
+        tried = tuple(n for n in names if chunks_of(n) == chunks)
         dp_cut = all_cuts[0] if chunks == 1 else dp_cut
         for m, rc, cut in itertools.product(counts, flags, all_cuts):
             weighed = tried
             if chunks == 1 and "1f1b" not in names and cut == all_cuts[0]:
                 weighed = ("1f1b", *tried)  # 1F1B on the min-bottleneck cut: the floor to beat
-            costs = _stage_costs(blocks, cut, m, rc, setting)  # one per (cut, m, recompute)
-            for name in weighed:
-                try:
-                    built = get_schedule(name, num_ranks=num_ranks, num_microbatches=m,
-                                         costs=costs)  # fmt: skip
-                except ValueError:  # (p, m) outside the generator's domain (m % p != 0)
-                    continue
-                found[(tuple(cut), name, m, rc)] = _candidate(name, built, costs, cut, m, rc,
-                                                              memory_limit)  # fmt: skip
-    ranked = tuple(sorted(found.values(), key=Candidate.sort_key))
+            found.extend(_weighed(blocks, cut, m, rc, weighed, setting))
+    if ilp_time_limit_s is not None:  # the exact solver's schedule on the first cut
+        found.extend(_exact(blocks, dp_cut, m, setting, ilp_time_limit_s) for m in counts)
+    ranked = tuple(sorted((c for c in found if c is not None), key=Candidate.sort_key))
     chosen = _choose(ranked, dp_cut, tolerance, memory_limit)
     return Plan(blocks=tuple(blocks), setting=setting, chosen=chosen, candidates=ranked)
+
+
+def _weighed(blocks: Sequence[BlockCosts], cut: tuple[int, ...], m: int, rc: bool,
+             names: Sequence[str], setting: Setting) -> Iterator[Candidate]:  # fmt: skip
+    """Each of ``names`` on ``cut`` with ``m`` microbatches and recompute ``rc``, simulated."""
+    costs = _stage_costs(blocks, cut, m, rc, setting)  # one per (cut, m, recompute)
+    for name in names:
+        try:
+            built = get_schedule(name, num_ranks=setting.num_ranks, num_microbatches=m,
+                                 costs=costs)  # fmt: skip
+        except ValueError:  # (p, m) outside the generator's domain (m % p != 0)
+            continue
+        yield _candidate(name, built, costs, cut, m, rc, setting.memory_limit)
 
 
 def _choose(ranked: tuple[Candidate, ...], dp_cut: tuple[int, ...], tolerance: float,
@@ -478,8 +463,25 @@ def _build(blocks: Sequence[BlockCosts], cand: Candidate,
            setting: Setting) -> tuple[CostModel, Schedule]:  # fmt: skip
     """``cand``'s stage costs and its schedule, built from them as the search built it."""
     costs = _stage_costs(blocks, cand.cuts, cand.num_microbatches, cand.recompute[0], setting)
+    if cand.actions is not None:
+        return costs, Schedule.from_csv(cand.actions, name=cand.schedule)
     return costs, get_schedule(cand.schedule, num_ranks=setting.num_ranks,
                                num_microbatches=cand.num_microbatches, costs=costs)  # fmt: skip
+
+
+def _exact(blocks: Sequence[BlockCosts], cut: tuple[int, ...], m: int, setting: Setting,
+           seconds: float) -> Candidate | None:  # fmt: skip
+    """The exact solver's least-makespan schedule on ``cut`` (None: none found in time)."""
+    from nobubble.pipeline.ilp.solve import solve_optimal
+
+    costs = _stage_costs(blocks, cut, m, False, setting)
+    res = solve_optimal(costs, num_stages=setting.num_ranks, num_microbatches=m,
+                        objective="makespan", time_limit_s=seconds)  # fmt: skip
+    if res.schedule is None:
+        return None
+    sched = res.schedule.renamed(f"ilp-{res.status}")
+    cand = _candidate(sched.name, sched, costs, cut, m, False, setting.memory_limit)
+    return dataclasses.replace(cand, actions=sched.to_csv())
 
 
 def _candidate(name: str, schedule: Schedule, costs: CostModel, cut, m, rc,

@@ -1,16 +1,25 @@
-"""The planner's input checks: every argument of :func:`~nobubble.pipeline.plan.plan_from_costs`
+"""The planner's inputs: every argument of :func:`~nobubble.pipeline.plan.plan_from_costs`
 (and of :func:`~nobubble.pipeline.runtime.planning.plan`, which runs them before profiling)
-refused with a message naming the value and the fix, before any search."""
+refused with a message naming the value and the fix, before any search; and the cuts it
+weighs (:func:`candidate_cuts`, or the pinned ones :func:`pinned_cuts` checks)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
+from nobubble.pipeline.partition import balanced_sizes
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, V_SCHEDULES
 from nobubble.validation import finite
 
-__all__ = ["check_inputs", "check_ranks", "schedule_names", "microbatch_counts",
+__all__ = ["check_inputs", "check_ranks", "schedule_names", "microbatch_counts", "pinned_cuts",
+           "candidate_cuts", "sizes_from_cuts", "cuts_from_sizes", "chunks_of",
            "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES"]  # fmt: skip
+
+TINY_MS = 1e-6
+"""The simulator needs every op time > 0: the first stage's empty B, a parameterless W."""
 
 AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
@@ -18,9 +27,14 @@ TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", *V_SCHEDULES)
 """Two stages per rank: interleaved 1F1B (as the planner runs it) and the V schedules."""
 
 
+def chunks_of(name: str) -> int:
+    """Stages per rank of schedule ``name`` as the planner runs it: 2 or 1."""
+    return 2 if name in TWO_CHUNK_SCHEDULES else 1
+
+
 def check_inputs(num_blocks, num_ranks, batch_size, num_microbatches, microbatch_size,
                  schedules, recompute, memory_limit, comm_ms_per_byte, input_bytes,
-                 op_overhead_ms, tolerance):  # fmt: skip
+                 op_overhead_ms, tolerance, *, ilp_time_limit_s=None):  # fmt: skip
     """Every argument of :func:`~nobubble.pipeline.plan.plan_from_costs` but the blocks,
     checked; returns the microbatch counts, schedule names and recompute flags to weigh."""
     check_ranks(num_ranks, num_blocks)
@@ -47,6 +61,9 @@ def check_inputs(num_blocks, num_ranks, batch_size, num_microbatches, microbatch
                          ("op_overhead_ms", op_overhead_ms), ("tolerance", tolerance)):  # fmt: skip
         if not (finite(value) and value >= 0):
             raise ValueError(f"plan: {label}={value!r} must be finite and >= 0")
+    if ilp_time_limit_s is not None and not (finite(ilp_time_limit_s) and ilp_time_limit_s > 0):
+        raise ValueError(f"plan: ilp_time_limit_s={ilp_time_limit_s!r} must be > 0 seconds; "
+                         "pass None to skip the exact solver")  # fmt: skip
     return counts, names, flags
 
 
@@ -102,3 +119,66 @@ def microbatch_counts(num_ranks: int, batch_size: int | None, given) -> tuple[in
         raise ValueError(f"plan: batch_size={batch_size} is not divisible by num_microbatches "
                          f"{bad}; use counts that divide the batch")  # fmt: skip
     return tuple(sorted(set(counts)))
+
+
+def pinned_cuts(
+    cuts: Sequence[Sequence[int]], names: Sequence[str], num_ranks: int, num_blocks: int
+) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """The given ``cuts`` by stages per rank (1 or 2), checked: increasing block indices in
+    ``1..num_blocks-1`` making ``num_ranks`` or ``2 * num_ranks`` stages, a one-stage-per-rank
+    cut among them and one for every schedule of ``names``."""
+    by_chunks: dict[int, list[tuple[int, ...]]] = {1: [], 2: []}
+    for cut in cuts:
+        cut = tuple(int(c) for c in cut)
+        bounds = (0, *cut, num_blocks)
+        chunks, rest = divmod(len(cut) + 1, num_ranks)
+        if rest or chunks not in by_chunks or any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"plan: cuts {cut} for {num_blocks} blocks on {num_ranks} ranks; "
+                             f"give {num_ranks - 1} (or {2 * num_ranks - 1}) increasing block "
+                             f"indices in 1..{num_blocks - 1}")  # fmt: skip
+        by_chunks[chunks].append(cut)
+    for chunks in {1, *(chunks_of(n) for n in names)}:
+        if not by_chunks[chunks]:
+            raise ValueError(f"plan: no cut of {chunks * num_ranks} stages among cuts "
+                             f"{[tuple(c) for c in cuts]}; give one, or drop the schedules "
+                             "that run that many")  # fmt: skip
+    return {k: tuple(dict.fromkeys(v)) for k, v in by_chunks.items() if v}
+
+
+def sizes_from_cuts(cuts: Sequence[int], num_blocks: int) -> tuple[int, ...]:
+    """Blocks per stage of the cut ``cuts`` (first block of each stage after the first)."""
+    bounds = (0, *cuts, num_blocks)
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+def cuts_from_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(itertools.accumulate(sizes))[:-1]
+
+
+def candidate_cuts(
+    blocks: Sequence[Any], num_stages: int, *, max_exhaustive_cuts: int = 200
+) -> tuple[tuple[int, ...], ...]:
+    """The cuts to weigh, the min-bottleneck (F + B + W) cut first: every contiguous cut when
+    there are at most ``max_exhaustive_cuts``, else that cut and each single cut point of it
+    moved by -2, -1, +1 or +2 (where the stages stay non-empty)."""
+    n = len(blocks)
+    dp = cuts_from_sizes(balanced_sizes([max(b.total_ms, TINY_MS) for b in blocks],
+                                        [1.0] * num_stages))  # fmt: skip
+    others: Iterable[tuple[int, ...]]
+    if math.comb(n - 1, num_stages - 1) <= max_exhaustive_cuts:
+        others = itertools.combinations(range(1, n), num_stages - 1)
+    else:
+        others = _neighbourhood(dp, n)
+    seen = {dp: None}
+    for cut in others:
+        seen.setdefault(tuple(cut), None)
+    return tuple(seen)
+
+
+def _neighbourhood(cuts: tuple[int, ...], num_blocks: int) -> Iterator[tuple[int, ...]]:
+    bounds = (0, *cuts, num_blocks)
+    for k in range(len(cuts)):
+        for delta in (-2, -1, 1, 2):
+            moved = cuts[k] + delta
+            if bounds[k] < moved < bounds[k + 2]:  # stages k and k + 1 keep >= 1 block
+                yield cuts[:k] + (moved,) + cuts[k + 1 :]

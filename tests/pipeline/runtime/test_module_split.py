@@ -134,20 +134,21 @@ def test_device_and_clock_are_checked_options():
         profile_stages(TINY_MLP, 2, microbatch_size=2, device="cuda", clock="cpu")
 
 
-def test_profile_model_adds_the_measured_transfer_and_restores_threads():
+def test_profile_stages_adds_the_measured_transfer_and_restores_threads():
     from nobubble.pipeline.runtime.models import partition_blocks
-    from nobubble.pipeline.runtime.profile import profile_model
+    from nobubble.pipeline.runtime.profile import profile_stages
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        prof = profile_model(TINY_MLP, 2, microbatch_size=2, repeats=1, threads=1, timeout_s=60)
+        prof = profile_stages(TINY_MLP, 2, microbatch_size=2, repeats=1, threads=1, comm=True,
+                              timeout_s=60)  # fmt: skip
         assert torch.get_num_threads() == 2  # profiled with 1 thread, the count restored
     finally:
         torch.set_num_threads(before)
     ranges = partition_blocks(TINY_MLP, 2)
     assert [tuple(s.blocks) for s in prof.stages] == [tuple(r) for r in ranges]
     assert prof.model == TINY_MLP.name and prof.t_comm > 0  # one-way time between 2 ranks
-    quiet = profile_model(TINY_MLP, 2, microbatch_size=2, repeats=1, comm=False)
-    one = profile_model(TINY_MLP, 1, microbatch_size=2, repeats=1)  # no boundary: no probe
+    quiet = profile_stages(TINY_MLP, 2, microbatch_size=2, repeats=1)
+    one = profile_stages(TINY_MLP, 1, microbatch_size=2, repeats=1, comm=True)  # no boundary
     assert (quiet.t_comm, one.t_comm, len(one.stages)) == (0.0, 0.0, 1)

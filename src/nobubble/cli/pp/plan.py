@@ -11,22 +11,21 @@ mean over the rows::
 
 ``pp plan`` is a thin layer over :func:`nobubble.pipeline.runtime.planning.plan_model`,
 which measures the runtime's own costs, profiles each block once in this process and chooses
-the cut, schedule, microbatch count and recompute: the command chooses nothing itself. It prints the chosen plan, the next
-candidates and, beside them, the naive plan (equal block counts, 1F1B, the same
-microbatches, no recompute), draws the chosen schedule above the naive one on one time axis
-and writes the plan's JSON. ``pp run`` starts one local process per rank; each seeds torch
-and calls the factory (so every rank builds the same weights), keeps its stages of the
-plan's cut (:func:`~nobubble.pipeline.runtime.runner.split_model`) and runs
-``plan.schedule()`` with the plan's recompute.
+the cut, schedule, microbatch count and recompute: the command chooses nothing itself. It
+prints the chosen plan, the next candidates and, beside them, the naive plan (equal block
+counts, 1F1B, the same microbatches, no recompute), draws the chosen schedule above the
+naive one on one time axis and writes the plan's JSON. ``pp run --plan`` trains with it on local ranks, each calling the
+factory (:func:`nobubble.pipeline.runtime.planning.train.train_plan`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,16 +40,12 @@ from nobubble.cli.util import (
 from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-    from nobubble.distributed import DistContext
     from nobubble.pipeline.plan import Candidate, Plan
+    from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.simulate import SimResult
 
 __all__ = [
     "BUILTIN_MODELS",
-    "UserModel",
     "is_user_model",
     "load_user_model",
     "plan_user_model",
@@ -60,20 +55,6 @@ __all__ = [
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8
 """Rows of the plan table: the chosen plan, then the next fastest candidates."""
-
-
-@dataclasses.dataclass(frozen=True)
-class UserModel:
-    """What a ``--model MODULE:FACTORY`` factory returns, checked."""
-
-    blocks: list[nn.Module]
-    """The model in pipeline order; each block takes one tensor and returns one."""
-    inputs: torch.Tensor
-    """One step's input batch ``(batch, ...)``."""
-    targets: Any
-    """One step's targets (split along dim 0 with the inputs when a tensor)."""
-    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor]
-    """``loss_fn(last block's output, targets) -> scalar``, a mean over the rows."""
 
 
 def is_user_model(spec: str | None) -> bool:
@@ -138,6 +119,8 @@ def _checked(spec: str, out: Any) -> UserModel:
         raise bad(f"inputs as a {type(inputs).__name__}, not a tensor")
     if not callable(loss_fn):
         raise bad(f"loss_fn as a {type(loss_fn).__name__}, not a function")
+    from nobubble.pipeline.runtime.planning.train import UserModel
+
     return UserModel(list(blocks), inputs, targets, loss_fn)
 
 
@@ -150,10 +133,9 @@ def _absolute(spec: str) -> str:
 # -- pp plan --model MODULE:FACTORY --------------------------------------------------------
 def plan_user_model(args: argparse.Namespace) -> int:
     """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
-    for flag, given in (("--profile", args.profile), ("--ilp", args.ilp)):
-        if given is not None:
-            raise UsageError(f"{flag} applies to the built-in models (--model gpt|mlp); a model "
-                             "of your own is profiled block by block here")  # fmt: skip
+    if args.profile is not None:
+        raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a model "
+                         "of your own is profiled block by block here")  # fmt: skip
     out = args.output if args.output is not None else Path("plan.json")
     plot = args.plot if args.plot is not None else out.with_suffix(".png")
     with claim_output(out):  # before profiling: refuse another live run's output
@@ -184,7 +166,7 @@ def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) 
             [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
             num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
             runtime=runtime, device=args.device, threads=args.threads, timeout_s=args.timeout,
-            progress=status.update,
+            ilp_time_limit_s=args.ilp, clock=args.clock, progress=status.update,
         )  # fmt: skip
 
 
@@ -263,7 +245,7 @@ def _print_plan(p: Plan, rows: list, naive: dict, args: argparse.Namespace, file
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
 def run_user_plan(args: argparse.Namespace) -> int:
     """``pp run --plan``: the plan on local ranks, each building the model from the factory."""
-    from nobubble.distributed import spawn
+    from nobubble.pipeline.runtime.planning.train import train_plan
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         raise UsageError("pp run --plan starts its own local ranks; run it without torchrun")
@@ -279,13 +261,12 @@ def run_user_plan(args: argparse.Namespace) -> int:
     step_s = step_seconds(params, tokens // p.num_microbatches, p.num_microbatches, p.num_ranks)
     check_seconds("--steps", args.steps, args.steps * step_s, "step", force=args.force)
     check_devices(args, p.num_ranks)
-    settings = (spec, args.seed, p.to_json(), args.steps, args.optimizer, args.lr, args.dispatch)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
-        results = spawn(_rank_main, p.num_ranks, args=settings, backend=args.backend,
-                        device=args.device, timeout_s=args.timeout,
-                        threads_per_rank=args.threads)  # fmt: skip
-    losses = results[0]["losses"]
-    step_ms = [max(r["step_s"][i] for r in results) * 1e3 for i in range(args.steps)]
+        run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
+                         steps=args.steps, optimizer=args.optimizer, lr=args.lr,
+                         dispatch=args.dispatch, backend=args.backend, device=args.device,
+                         timeout_s=args.timeout, threads=args.threads)  # fmt: skip
+    losses, step_ms = list(run.losses), list(run.step_ms)
     measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
     if args.json:
         print_json({"schedule": p.schedule_name, "num_ranks": p.num_ranks,
@@ -356,42 +337,3 @@ def _check_model_fits(args: argparse.Namespace, p: Plan, model: UserModel) -> No
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
                                    "prediction is for the planned batch")  # fmt: skip
-
-
-def _rank_main(ctx: DistContext, spec: str, seed: int, plan_json: str, steps: int,
-               optimizer: str, lr: float, dispatch: str) -> dict:  # fmt: skip
-    """One rank: build the model from the factory, keep this rank's stages, run ``steps``."""
-    import time
-
-    import torch
-
-    from nobubble.pipeline.plan import Plan
-    from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
-
-    p = Plan.from_json(plan_json)
-    model = load_user_model(spec, seed=seed)  # same seed on every rank: the same weights
-    sched = p.schedule()
-    stages = [s.to(ctx.device) if sched.rank_of(k) == ctx.rank else s
-              for k, s in enumerate(split_model(model.blocks, p.num_stages, balance=p))]  # fmt: skip
-    runner = PipelineRunner(stages, sched, model.loss_fn, recompute=p.recompute[0],
-                            timeout_s=ctx.timeout_s, dispatch=dispatch)  # fmt: skip
-    params = [q for m in runner.stage_modules.values() for q in m.parameters()]
-    make = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
-    opt = make(params, lr=lr) if params else None
-    targets = model.targets
-    if isinstance(targets, torch.Tensor):
-        targets = targets.to(ctx.device)
-    inputs = model.inputs.to(ctx.device)
-    losses, step_s = [], []
-    try:
-        for _ in range(steps):
-            start = time.perf_counter()
-            loss = runner.step(inputs, targets)
-            step_s.append(time.perf_counter() - start)
-            losses.append(float(loss))
-            if opt is not None:
-                opt.step()
-                opt.zero_grad()
-    finally:
-        runner.close()
-    return {"losses": losses, "step_s": step_s}

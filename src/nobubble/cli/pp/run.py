@@ -2,7 +2,7 @@
 
 Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`::
 
-    nobubble pp profile --ranks 2 --layers 4 --hidden 256 --seq-len 128 -o profile.json
+    nobubble pp profile --stages 2 --layers 4 --hidden 256 --seq-len 128 -o profile.json
     nobubble pp plan --profile profile.json --microbatches 8 -o plan.csv
     nobubble pp run --schedule zb-h1 --ranks 2 --microbatches 8 --steps 5
     nobubble pp run --schedule-file plan.csv --ranks 2 --steps 5 --trace run.json
@@ -35,6 +35,7 @@ from nobubble.cli.pp.options import (
     check_devices,
     check_launch,
     check_size,
+    launch_device,
     profile_from_json,
     read_profile_json,
     read_schedule_csv,
@@ -58,6 +59,7 @@ from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.models import ModelConfig
 
 __all__ = ["register"]
@@ -72,8 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
     prof.add_argument(
         "--stages",
-        "--ranks",
-        "-p",
         dest="num_stages",
         type=positive_int,
         default=2,
@@ -168,11 +168,11 @@ def _options(args: argparse.Namespace):
 
 def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = True):
     """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks):
-    :func:`~nobubble.pipeline.runtime.profile.profile_model` with the launch flags."""
-    from nobubble.pipeline.runtime.profile import profile_model
+    :func:`~nobubble.pipeline.runtime.profile.profile_stages` with the launch flags."""
+    from nobubble.pipeline.runtime.profile import profile_stages
 
     with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
-        return profile_model(
+        return profile_stages(
             model, num_stages, microbatch_size=args.microbatch_size,
             device=args.device, backend=args.backend,
             repeats=getattr(args, "repeats", 3), clock=args.clock, threads=args.threads,
@@ -217,12 +217,6 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_or_measure(args: argparse.Namespace, data):
-    if args.profile is None:
-        return measure_profile(model_from_args(args), args.ranks, args)
-    return profile_from_json(data, args.profile, "--profile")
-
-
 def _plan(args: argparse.Namespace) -> int:
     if is_user_model(args.model):
         check_launch(args, args.ranks, None)
@@ -239,79 +233,52 @@ def _plan(args: argparse.Namespace) -> int:
     check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
     check_launch(args, args.ranks, _builtin_arch(args))
     data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
-    args.output = args.output or Path("plan.csv")
-    with claim_output(args.output):  # before torch: refuse another live run's output
+    out = args.output or Path("plan.csv")
+    with claim_output(out):  # before torch: refuse another live run's output
         check_devices(args, args.ranks)
-        return _plan_claimed(args, data)
-
-
-def _plan_claimed(args: argparse.Namespace, data) -> int:
-    from nobubble.pipeline.schedules import SCHEDULE_NAMES, get_schedule
-    from nobubble.pipeline.simulate import simulate
-
-    prof = _load_or_measure(args, data)
-    if len(prof.stages) != args.ranks:
-        raise UsageError(
-            f"the profile has {len(prof.stages)} stages but --ranks is {args.ranks}; "
-            f"profile with --ranks {args.ranks}"
-        )
-    costs = prof.cost_model()
-    variants = (False, True) if args.recompute else (False,)
-    rows = []
-    for name in SCHEDULE_NAMES:
-        sched = get_schedule(name, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                             costs=costs)  # fmt: skip
-        for rec in variants:
-            run_costs = prof.cost_model(recompute=rec).for_stages(sched.stage_to_rank)
-            rows.append((sched, rec, simulate(sched, run_costs)))
-    if args.ilp is not None:
-        rows.extend((sched, False, sim) for sched, sim in _ilp_rows(costs, args))
-    rows.sort(key=lambda row: row[2].makespan)
-    limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-    fits = [r for r in rows if limit is None or max(r[2].peak_memory) <= limit]
-    if not fits:
-        least = min(max(r[2].peak_memory) for r in rows) / MiB
-        hint = "" if args.recompute else ", or add --recompute"
-        raise UsageError(f"--memory-limit-mib {args.memory_limit_mib:g}: no schedule fits (the "
-                         f"least needs {least:.2f} MiB); raise it{hint}")  # fmt: skip
-    best, best_rec, _ = fits[0]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.output, best.to_csv())
-    out = [
-        {"schedule": s.name, "recompute": rec, "makespan_ms": sim.makespan,
-         "bubble_rate": sim.bubble_rate, "peak_activation_mib": max(sim.peak_memory) / MiB}
-        for s, rec, sim in rows
+        p, model = _plan_builtin(args, data)
+        write_text(out, p.schedule().to_csv())
+    rows = [
+        {"schedule": c.schedule, "recompute": c.recompute[0], "makespan_ms": c.predicted_step_ms,
+         "bubble_rate": p.simulate(c).bubble_rate,
+         "peak_activation_mib": max(c.predicted_peak_bytes) / MiB}
+        for c in p.candidates
     ]  # fmt: skip
-    run_hint = " (run it with --recompute)" if best_rec else ""
     if args.json:
-        print_json({"best": best.name, "recompute": best_rec, "output": str(args.output),
-                    "schedules": out})  # fmt: skip
+        print_json({"best": p.schedule_name, "recompute": p.recompute[0], "output": str(out),
+                    "schedules": rows})  # fmt: skip
         return 0
     print_table(
-        f"P={args.ranks}, M={args.microbatches}, profiled costs ({prof.model})",
+        f"P={args.ranks}, M={args.microbatches}, profiled costs ({model})",
         ["schedule", "recompute", "makespan ms", "bubble", "peak act MiB"],
         [[r["schedule"], "yes" if r["recompute"] else "no", r["makespan_ms"],
-          f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]] for r in out],
-        caption=f"best: {best.name}{run_hint} -> {args.output}",
+          f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]] for r in rows],
+        caption=f"best: {p.schedule_name}"
+        + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
     )  # fmt: skip
     return 0
 
 
-def _ilp_rows(costs, args):
-    import importlib.util
+def _plan_builtin(args: argparse.Namespace, data) -> tuple[Plan, str]:
+    """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``)
+    or :func:`~nobubble.pipeline.runtime.planning.plan_builtin`, and the model's name."""
+    from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
 
-    if importlib.util.find_spec("nobubble.pipeline.ilp.solve") is None:
-        raise UsageError("--ilp needs nobubble.pipeline.ilp.solve, which is not installed")
-    from nobubble.pipeline.ilp.solve import solve_optimal
-    from nobubble.pipeline.simulate import simulate
-
-    with console(stderr=True).status(f"exact solver ({args.ilp:g} s)"):
-        res = solve_optimal(costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-                            objective="makespan", time_limit_s=args.ilp)  # fmt: skip
-    if res.schedule is None:
-        return []
-    sched = res.schedule.renamed(f"ilp-{res.status}")
-    return [(sched, simulate(sched, costs))]
+    limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
+    with console(stderr=True).status("planning") as status:
+        if data is not None:
+            prof = profile_from_json(data, args.profile, "--profile")
+            return plan_from_profile(
+                prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
+                recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
+            ), prof.model  # fmt: skip
+        model = model_from_args(args)
+        return plan_builtin(
+            model, num_ranks=args.ranks, num_microbatches=args.microbatches,
+            microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
+            ilp_time_limit_s=args.ilp, device=launch_device(args.device), threads=args.threads,
+            clock=args.clock, timeout_s=args.timeout, progress=status.update,
+        ), model.name  # fmt: skip
 
 
 def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
@@ -330,7 +297,7 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     if sched.num_ranks != args.ranks:
         raise UsageError(
             f"{args.schedule_file} has {sched.num_ranks} ranks but --ranks is {args.ranks}; "
-            f"pass --stages {sched.num_ranks}"
+            f"pass --ranks {sched.num_ranks}"
         )
     if args.microbatches not in (None, sched.num_microbatches):
         raise UsageError(f"-m {args.microbatches}, but {args.schedule_file} runs "

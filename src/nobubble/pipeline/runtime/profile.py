@@ -6,9 +6,8 @@ pipeline.runtime.runner.PipelineRunner` runs its stages: F inside :class:`~nobub
 runtime.autosplit.ModuleSplit` recording, B its ``backward_input``, W its
 ``backward_weight``, and the fused backward as one plain autograd walk for comparison. The
 modules are whatever the caller weighs: the stages of a cut (``pp profile``, ``pp run``'s
-prediction, ``pp plan``: :func:`profile_stages`, or :func:`profile_model` with ``t_comm`` measured, for
-the built-in models) or single blocks
-(the planner: :meth:`Profile.block_costs`). The first module's input needs no gradient (its
+prediction: :func:`profile_stages`, for the built-in models) or single blocks (the planner, for the user's models and the built-in
+ones alike: :meth:`Profile.block_costs`). The first module's input needs no gradient (its
 B has nothing to compute) and is recorded unsplit, as the runner records it. Every module
 but the last gets a random output gradient of its output's shape; the last one's output goes
 to ``loss_fn(output, targets)`` (no ``loss_fn``: a random output gradient too).
@@ -51,7 +50,7 @@ from nobubble.pipeline.runtime.hooks import ActionTiming
 from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
 
 __all__ = [
-    "StageProfile", "Profile", "profile_modules", "profile_stages", "profile_model",
+    "StageProfile", "Profile", "profile_modules", "profile_stages",
     "measure_comm", "comm_probe", "op_clock", "OpTimes", "costs_from_op_times",
 ]  # fmt: skip
 
@@ -322,63 +321,45 @@ def profile_stages(
     warmup: int = 1,
     t_comm: float = 0.0,
     clock: str = "wall",
-) -> Profile:
-    """:func:`profile_modules` on the built-in ``model`` split into ``num_stages`` stages,
-    each an ``nn.Sequential`` of its blocks as ``pp run`` builds it, on a real microbatch."""
-    device = torch.device(device)
-    op_clock(clock, device)  # an impossible clock fails before anything is built
-    ranges = partition_blocks(model, num_stages)
-    stages = [nn.Sequential(OrderedDict(build_blocks(model, r, device).items())) for r in ranges]
-    batch = model.make_batch(microbatch_size, seed=1, device=device)
-    prof = profile_modules(stages, batch.inputs, batch.targets, model.loss, repeats=repeats,
-                           warmup=warmup, t_comm=t_comm, clock=clock)  # fmt: skip
-    named = tuple(replace(st, blocks=tuple(r)) for st, r in zip(prof.stages, ranges, strict=True))
-    return replace(prof, model=model.name, stages=named)
-
-
-def profile_model(
-    model: ModelConfig,
-    num_stages: int,
-    *,
-    microbatch_size: int,
-    device: str = "cpu",
-    backend: str | None = None,
-    repeats: int = 3,
-    clock: str = "wall",
     threads: int | None = None,
-    comm: bool = True,
+    comm: bool = False,
+    backend: str | None = None,
     timeout_s: float = 120.0,
 ) -> Profile:
-    """:func:`profile_stages` with ``threads`` intra-op threads (as each rank runs; restored
-    after; None keeps the count), then, when ``comm`` and ``num_stages > 1``, ``t_comm``
-    measured between 2 local ranks (``device``, ``backend``, ``timeout_s``) on stage 1's
-    input for one microbatch (``(microbatch_size, ...)``); otherwise ``t_comm`` is 0.
-
-    ``pp profile``, ``pp plan`` (built-in models) and ``pp run``'s prediction profile
-    through it.
+    """:func:`profile_modules` on the built-in ``model`` split into ``num_stages`` stages,
+    each an ``nn.Sequential`` of its blocks as ``pp run`` builds it, on a real microbatch,
+    with ``threads`` intra-op threads (as each rank runs; restored after; None keeps the
+    count). With ``comm`` and ``num_stages > 1``, ``t_comm`` is measured between 2 local
+    ranks (``device``, ``backend``, ``timeout_s``) on stage 1's input for one microbatch;
+    otherwise it is taken as given. ``pp profile`` and ``pp run``'s prediction profile here.
 
     Raises:
-        ValueError: what :func:`profile_stages` raises (an impossible ``clock``, a bad cut).
+        ValueError: an impossible ``clock`` or a bad cut (before anything is built).
         RankFailure: a probe rank failed or did not answer within ``timeout_s``.
     """
     from nobubble.distributed import spawn
     from nobubble.pipeline.runtime.executor import boundary_shapes
 
+    device = torch.device(device)
+    op_clock(clock, device)  # an impossible clock fails before anything is built
+    ranges = partition_blocks(model, num_stages)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        prof = profile_stages(model, num_stages, microbatch_size=microbatch_size, device=device,
-                              repeats=repeats, clock=clock)  # fmt: skip
+        stages = [nn.Sequential(OrderedDict(build_blocks(model, r, device).items()))
+                  for r in ranges]  # fmt: skip
+        batch = model.make_batch(microbatch_size, seed=1, device=device)
+        prof = profile_modules(stages, batch.inputs, batch.targets, model.loss, repeats=repeats,
+                               warmup=warmup, clock=clock)  # fmt: skip
     finally:
         torch.set_num_threads(before)
-    if not comm or num_stages < 2:
-        return prof
-    shapes = boundary_shapes(model, partition_blocks(model, num_stages), 1)
-    shape = (microbatch_size, *tuple(shapes[1])[1:])  # (microbatch_size, ...) into stage 1
-    t = spawn(comm_probe, 2, args=(shape,), backend=backend, device=device,
-              timeout_s=timeout_s)[0]  # fmt: skip
-    return replace(prof, t_comm=t)
+    if comm and num_stages > 1:  # (microbatch_size, ...) into stage 1
+        shape = (microbatch_size, *tuple(boundary_shapes(model, ranges, 1)[1])[1:])
+        t_comm = spawn(comm_probe, 2, args=(shape,), backend=backend, device=str(device),
+                       timeout_s=timeout_s)[0]  # fmt: skip
+    named = tuple(replace(st, blocks=tuple(r)) for st, r in zip(prof.stages, ranges, strict=True))
+    return replace(prof, model=model.name, stages=named, t_comm=t_comm)
 
 
 def measure_comm(ctx: DistContext, shape: torch.Size, *, repeats: int = 10) -> float:

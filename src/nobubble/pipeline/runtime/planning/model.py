@@ -49,6 +49,7 @@ def profile_blocks(
     targets: Any = None,
     loss_fn: LossFn | None = None,
     repeats: int = 3,
+    clock: str = "wall",
 ) -> list[BlockCosts]:
     """Each block's costs for one microbatch, ``sample_input`` (``(rows, ...)``), on the blocks'
     own device: the output of block ``i`` feeds block ``i + 1``.
@@ -66,7 +67,8 @@ def profile_blocks(
     """
     if len(blocks) == 0:
         raise ValueError("profile_blocks: no blocks; pass the model as a list of modules")
-    prof = profile_modules(list(blocks), sample_input, targets, loss_fn, repeats=repeats)
+    prof = profile_modules(list(blocks), sample_input, targets, loss_fn, repeats=repeats,
+                           clock=clock)  # fmt: skip
     return prof.block_costs()
 
 
@@ -83,6 +85,10 @@ def plan(
     recompute: bool | str = "auto",
     op_overhead_ms: float = 0.0,
     comm_ms_per_byte: float = 0.0,
+    cuts: Sequence[Sequence[int]] | None = None,
+    tolerance: float = 0.02,
+    ilp_time_limit_s: float | None = None,
+    clock: str = "wall",
 ) -> Plan:
     """The cut, schedule, microbatch count and recompute for ``blocks`` on ``num_ranks`` ranks,
     from the blocks' costs measured on this process (see :func:`plan_from_costs` for the
@@ -94,7 +100,8 @@ def plan(
     microbatch sizes. The model's input needs no gradient. ``op_overhead_ms`` and
     ``comm_ms_per_byte`` are the runtime's own costs, which a block profile cannot see
     (:func:`~nobubble.pipeline.runtime.planning.measure_runtime` measures them; 0: compute
-    only, which predicts short ops optimistically).
+    only, which predicts short ops optimistically). ``cuts``, ``tolerance`` and
+    ``ilp_time_limit_s`` go to the search; ``clock`` to the profiler.
 
     Raises:
         ValueError: no blocks, ``num_ranks`` outside ``1..len(blocks)``, a batch that no
@@ -107,16 +114,18 @@ def plan(
     counts = microbatch_counts(num_ranks, batch_size, num_microbatches)
     microbatch_size = batch_size // max(counts)
     check_inputs(len(blocks), num_ranks, batch_size, counts, microbatch_size, schedules,
-                 recompute, memory_limit, comm_ms_per_byte, 0.0, op_overhead_ms, 0.0)  # fmt: skip
+                 recompute, memory_limit, comm_ms_per_byte, 0.0, op_overhead_ms, tolerance,
+                 ilp_time_limit_s=ilp_time_limit_s)  # fmt: skip
     sample = inputs[:microbatch_size]
     sample_targets = targets[:microbatch_size] if isinstance(targets, torch.Tensor) else targets
-    costs = profile_blocks(blocks, sample, targets=sample_targets, loss_fn=loss_fn)
+    costs = profile_blocks(blocks, sample, targets=sample_targets, loss_fn=loss_fn, clock=clock)
     input_bytes = float(sample.numel() * sample.element_size())
     return plan_from_costs(
         costs, num_ranks=num_ranks, batch_size=batch_size, num_microbatches=counts,
         microbatch_size=microbatch_size, schedules=schedules, recompute=recompute,
         memory_limit=memory_limit, first_stage_input_grad=False, input_bytes=input_bytes,
-        op_overhead_ms=op_overhead_ms, comm_ms_per_byte=comm_ms_per_byte,
+        op_overhead_ms=op_overhead_ms, comm_ms_per_byte=comm_ms_per_byte, cuts=cuts,
+        tolerance=tolerance, ilp_time_limit_s=ilp_time_limit_s,
     )  # fmt: skip
 
 
@@ -130,9 +139,14 @@ def plan_model(
     num_microbatches: int | Sequence[int] | None = None,
     memory_limit: float | None = None,
     schedules: str | Sequence[str] = "auto",
+    recompute: bool | str = "auto",
+    cuts: Sequence[Sequence[int]] | None = None,
+    tolerance: float = 0.02,
+    ilp_time_limit_s: float | None = None,
     runtime: RuntimeCosts | None = None,
     device: str = "cpu",
     threads: int | None = None,
+    clock: str = "wall",
     timeout_s: float = 120.0,
     progress: Callable[[str], None] | None = None,
 ) -> Plan:
@@ -141,7 +155,8 @@ def plan_model(
     Args:
         blocks, inputs, targets, loss_fn: as :func:`plan` takes them; the blocks are profiled
             on their own device (place them first).
-        num_ranks, num_microbatches, memory_limit, schedules: as :func:`plan`.
+        num_ranks, num_microbatches, memory_limit, schedules, recompute, cuts, tolerance,
+            ilp_time_limit_s, clock: as :func:`plan`.
         runtime: the runtime's own costs; None measures them with :func:`measure_runtime`
             on ``num_ranks`` local ranks (``device``, ``timeout_s``) for a boundary tensor of
             the first block's output on one microbatch (``batch / num_microbatches`` rows,
@@ -176,7 +191,8 @@ def plan_model(
         say(f"profiling {len(blocks)} blocks, planning {num_ranks} ranks")
         return plan(
             blocks, inputs, targets, loss_fn, num_ranks=num_ranks, memory_limit=memory_limit,
-            num_microbatches=num_microbatches, schedules=schedules,
+            num_microbatches=num_microbatches, schedules=schedules, recompute=recompute,
+            cuts=cuts, tolerance=tolerance, ilp_time_limit_s=ilp_time_limit_s, clock=clock,
             op_overhead_ms=runtime.op_overhead_ms if runtime else 0.0,
             comm_ms_per_byte=runtime.comm_ms_per_byte if runtime else 0.0,
         )  # fmt: skip

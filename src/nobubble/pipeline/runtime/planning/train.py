@@ -1,0 +1,107 @@
+"""Train a model of the user's own with a plan on local ranks: each rank builds the model
+(``build()``, which seeds torch, so every rank holds the same weights), keeps its stages of
+the plan's cut (:func:`~nobubble.pipeline.runtime.runner.split_model`) and runs
+``plan.schedule()`` with the plan's recompute for ``steps`` steps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nobubble.distributed import DistContext, spawn
+from nobubble.pipeline.plan import Plan
+from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
+
+__all__ = ["UserModel", "PlanRun", "train_plan"]
+
+
+@dataclass(frozen=True)
+class UserModel:
+    """A model of the user's own, as its factory returns it: ``(blocks, inputs, targets,
+    loss_fn)``."""
+
+    blocks: list[nn.Module]
+    """The model in pipeline order; each block takes one tensor and returns one."""
+    inputs: torch.Tensor
+    """One step's input batch ``(batch, ...)``."""
+    targets: Any
+    """One step's targets (split along dim 0 with the inputs when a tensor)."""
+    loss_fn: Callable[[torch.Tensor, Any], torch.Tensor]
+    """``loss_fn(last block's output, targets) -> scalar``, a mean over the rows."""
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """What :func:`train_plan` measured."""
+
+    losses: tuple[float, ...]
+    """Each step's mean loss."""
+    step_ms: tuple[float, ...]
+    """Each step's time on the slowest rank (ms)."""
+
+
+def train_plan(
+    plan: Plan,
+    build: Callable[[], UserModel],
+    *,
+    steps: int,
+    optimizer: str = "sgd",
+    lr: float = 0.01,
+    dispatch: str = "static",
+    backend: str | None = None,
+    device: str = "cpu",
+    timeout_s: float = 120.0,
+    threads: int = 1,
+) -> PlanRun:
+    """``steps`` steps of ``plan`` on ``plan.num_ranks`` local ranks; ``build`` (picklable,
+    e.g. a ``functools.partial`` of a module-level function) runs on every rank.
+
+    Raises:
+        ValueError: ``steps`` < 1 or an unknown ``optimizer``.
+        RankFailure: a rank failed or did not answer within ``timeout_s``.
+    """
+    if not (isinstance(steps, int) and steps >= 1) or optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"train_plan: steps={steps!r} must be >= 1 and optimizer="
+                         f"{optimizer!r} 'sgd' or 'adamw'")  # fmt: skip
+    results = spawn(_rank_main, plan.num_ranks, args=(build, plan.to_json(), steps, optimizer,
+                    lr, dispatch), backend=backend, device=device, timeout_s=timeout_s,
+                    threads_per_rank=threads)  # fmt: skip
+    step_ms = tuple(max(r[1][i] for r in results) * 1e3 for i in range(steps))
+    return PlanRun(losses=tuple(results[0][0]), step_ms=step_ms)
+
+
+def _rank_main(ctx: DistContext, build: Callable[[], UserModel], plan_json: str, steps: int,
+               optimizer: str, lr: float, dispatch: str) -> tuple[list[float], list[float]]:  # fmt: skip
+    """One rank: build the model, keep this rank's stages, run ``steps``; (losses, step s)."""
+    p = Plan.from_json(plan_json)
+    model = build()
+    sched = p.schedule()
+    stages = [s.to(ctx.device) if sched.rank_of(k) == ctx.rank else s
+              for k, s in enumerate(split_model(model.blocks, p.num_stages, balance=p))]  # fmt: skip
+    runner = PipelineRunner(stages, sched, model.loss_fn, recompute=p.recompute[0],
+                            timeout_s=ctx.timeout_s, dispatch=dispatch)  # fmt: skip
+    params = [q for m in runner.stage_modules.values() for q in m.parameters()]
+    make = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
+    opt = make(params, lr=lr) if params else None
+    targets = model.targets
+    if isinstance(targets, torch.Tensor):
+        targets = targets.to(ctx.device)
+    inputs = model.inputs.to(ctx.device)
+    losses, step_s = [], []
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            loss = runner.step(inputs, targets)
+            step_s.append(time.perf_counter() - start)
+            losses.append(float(loss))
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+    finally:
+        runner.close()
+    return losses, step_s
