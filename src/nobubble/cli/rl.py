@@ -47,6 +47,7 @@ from nobubble.rl.system.config import (
     AGGREGATIONS,
     ALGOS,
     MODES,
+    STALENESS_WEIGHTS,
     RewardConfig,
     RunConfig,
     TrainerConfig,
@@ -125,7 +126,7 @@ def _lag_flags(p: argparse.ArgumentParser) -> None:
         help="drop samples older than K versions (default: the staleness bound)",
     )  # fmt: skip
     lag.add_argument(
-        "--staleness-weighting", choices=("none", "inverse", "exp"), default=None,
+        "--staleness-weighting", choices=STALENESS_WEIGHTS, default=None,
         help="weight each sample's loss by its age: 1/(1+lag) or 0.5**lag",
     )  # fmt: skip
     lag.add_argument("--kl-coef", type=nonneg_float, default=None,
@@ -167,18 +168,9 @@ def _learner_flags(p: argparse.ArgumentParser) -> None:
 def _lag_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The lag-control flags that were given (None = leave to the preset): the run's
     settings and the trainer's."""
-    run = {
-        name: getattr(args, name)
-        for name in (
-            "max_staleness",
-            "algo",
-            "drop_staleness",
-            "replay",
-            "replay_capacity",
-            "replay_groups",
-        )  # fmt: skip
-        if getattr(args, name) is not None
-    }
+    names = ("max_staleness", "algo", "drop_staleness", "replay", "replay_capacity",
+             "replay_groups")  # fmt: skip
+    run = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if run.get("replay") == "none":  # over a preset's replay: none of its sizes either
         run = {"replay_capacity": 0, "replay_groups": 0, **run}
     trainer = {

@@ -18,17 +18,15 @@ from nobubble.rl.system.config.run import (
     RunConfig,
     describe_value,
 )
-from nobubble.rl.system.config.stages import ALGOS, RewardConfig, RolloutConfig, TrainerConfig
+from nobubble.rl.system.config.stages import (
+    ALGOS,
+    STALENESS_WEIGHTS,
+    RewardConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 
 __all__ = [
-    "ALGOS",
-    "AGGREGATIONS",
-    "DEFAULT_STALENESS",
-    "ENGINES",
-    "MODES",
-    "RewardConfig",
-    "RolloutConfig",
-    "RunConfig",
-    "TrainerConfig",
-    "describe_value",
-]
+    "RunConfig", "TrainerConfig", "RolloutConfig", "RewardConfig", "describe_value",
+    "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
+]  # fmt: skip

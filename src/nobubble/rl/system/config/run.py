@@ -4,9 +4,10 @@
 the driver with a message naming it, never later inside a worker process or actor. It is
 picklable: both engines build their stage workers from it alone.
 
-Importing this module loads no torch: the settings are checked first (names, values,
-contradictions), and only then are the components that need torch (rewards, policy, task,
-trainer, rollout) imported and built, so a bad flag is refused in the time Python starts.
+Importing this module loads no torch: the settings, the stage settings
+(:mod:`~nobubble.rl.system.config.stages`) included, are checked first (names, values,
+contradictions), and only then are the components that need torch (reward sources, policy,
+task) imported and built, so a bad flag is refused in the time Python starts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
     from nobubble.rl.system.rewards import RewardSource
     from nobubble.rl.system.tasks.spec import TaskSpec
+    from nobubble.validation import Rule
 
 __all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig", "describe_value"]
 
@@ -176,16 +178,23 @@ class RunConfig:
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
             )
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0")
+        optional: tuple[tuple[str, Rule], ...] = (
+            ("max_staleness", ">= 0"), ("drop_staleness", ">= 0"), ("threads", ">= 1"),
+            ("time_budget_s", "> 0"),
+        )  # fmt: skip
+        for name, rule in optional:  # None = the default; NaN, inf, 1e308 s are no budget
+            if getattr(self, name) is not None:
+                check_value(f"RunConfig.{name}", getattr(self, name), rule)
         if self.mode == "sync" and self.max_staleness not in (None, 0):
             raise ValueError(
                 f"mode='sync' means max_staleness=0 (got {self.max_staleness}); "
                 "use one-step-off or fully-async for a lag"
             )
-        names = ("steps", "batch_groups", "group_size", "eval_every")
-        check_fields("RunConfig", self, names, ">= 1")
-        check_fields("RunConfig", self, ("num_rollout_workers", "num_reward_workers"), ">= 1")
+        names = ("steps", "batch_groups", "group_size", "eval_every", "num_rollout_workers",
+                 "num_reward_workers", "learners")  # fmt: skip
+        check_fields("RunConfig", self, names, ">= 1", integer=True)
+        check_fields("RunConfig", self, ("sync_every", "checkpoint_every"), ">= 0", integer=True)
+        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
         self._check_learners()
         if (
             self.groups_per_rollout is not None
@@ -194,26 +203,15 @@ class RunConfig:
             raise ValueError(
                 f"groups_per_rollout={self.groups_per_rollout} must be in 1..batch_groups"
             )
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads={self.threads} must be >= 1")
-        if self.time_budget_s is not None:  # NaN, inf and 1e308 are no budget: refused
-            check_value("RunConfig.time_budget_s", self.time_budget_s, "> 0")
-        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy={self.target_accuracy} must be in (0, 1]")
         if self.fault is not None:
             parts = self.fault.split(":")
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
                 raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<{_FAULTS}>'")
-        if self.drop_staleness is not None and self.drop_staleness < 0:
-            raise ValueError(f"drop_staleness={self.drop_staleness} must be >= 0")
-        if self.sync_every < 0:
-            raise ValueError(f"sync_every={self.sync_every} must be >= 0 (0 = never)")
         self.replay_config()
         self._check_stages()
         self._check_partial()
-        if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
         self._check_contradictions()
@@ -309,8 +307,6 @@ class RunConfig:
             )
 
     def _check_learners(self) -> None:
-        if not isinstance(self.learners, int) or self.learners < 1:
-            raise ValueError(f"learners={self.learners!r} must be an integer >= 1")
         if self.learners > self.batch_groups:
             raise ValueError(
                 f"learners={self.learners} > batch_groups={self.batch_groups}: every learner "
