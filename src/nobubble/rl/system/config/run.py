@@ -246,7 +246,8 @@ class RunConfig:
                         f"{stage}.{name}={getattr(cfg, name)!r} is the run's setting (the "
                         f"stages share it); give RunConfig({run_name}=...) instead"
                     )
-        self.trainer_config(), self.rollout_config(), self.reward_config()
+        for build in (self.trainer_config, self.rollout_config, self.reward_config):
+            build()
 
     def _check_partial(self) -> None:
         if self.partial_rollouts and self.engine != "local":
