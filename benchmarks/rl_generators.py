@@ -28,6 +28,7 @@ from typing import Any
 from benchmarks._common import write_record
 from benchmarks.records.rl_generators import RlGenerators
 from nobubble.rl import RunConfig, train
+from nobubble.rl.system.config import RolloutConfig
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_generators.json"
 GENERATORS = (1, 2, 4)
@@ -39,7 +40,7 @@ def config(knob: str, generators: int, args: argparse.Namespace) -> RunConfig:
         num_rollout_workers=generators, groups_per_rollout=2, seed=0,
     )  # fmt: skip
     if knob == "wait":
-        return RunConfig(group_size=16, rollout={"delay_s": args.wait}, **common)
+        return RunConfig(group_size=16, rollout=RolloutConfig(delay_s=args.wait), **common)
     return RunConfig(
         group_size=64, policy_kwargs={"hidden": 128, "num_layers": 2, "num_heads": 4}, **common
     )

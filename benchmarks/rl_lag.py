@@ -18,12 +18,15 @@ Writes ``benchmarks/results/rl_lag.json`` (time to 0.9, final accuracy, samples/
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import write_record
 from benchmarks.records.rl_lag import RlLag
 from nobubble.rl import RunConfig, train
+from nobubble.rl.system.config import TrainerConfig
+from nobubble.rl.system.config.presets import PRESETS, aggressive, conservative
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_lag.json"
 
@@ -33,15 +36,13 @@ def runs(args: argparse.Namespace) -> dict[str, RunConfig]:
         steps=100_000, time_budget_s=args.budget, target_accuracy=0.9, eval_every=10,
         timeout_s=args.budget + 300,
     )  # fmt: skip
-    slow = {"delay_s": args.trainer_delay}
+    slow = TrainerConfig(delay_s=args.trainer_delay)
     out = {}
     for seed in args.seeds:
-        out[f"aggressive s{seed}"] = RunConfig(
-            mode="fully-async", preset="aggressive", max_staleness=args.max_staleness,
-            trainer=slow, seed=seed, **common,
-        )  # fmt: skip
-        out[f"conservative s{seed}"] = RunConfig(
-            mode="one-step-off", preset="conservative", trainer=slow, seed=seed, **common
+        fast = aggressive(RunConfig(mode="fully-async", trainer=slow, seed=seed, **common))
+        out[f"aggressive s{seed}"] = replace(fast, max_staleness=args.max_staleness)
+        out[f"conservative s{seed}"] = conservative(
+            RunConfig(mode="one-step-off", trainer=slow, seed=seed, **common)
         )
     out[f"naive PPO s{args.seeds[0]}"] = RunConfig(
         mode="fully-async", algo="grpo", max_staleness=args.max_staleness,
@@ -64,7 +65,7 @@ def main() -> None:
         rows.append(
             {
                 "run": name,
-                "preset": cfg.preset,
+                "preset": next((p for p in PRESETS if name.startswith(p)), None),
                 "algo": cfg.algo,
                 "max_staleness": cfg.effective_max_staleness,
                 "steps": res.steps,

@@ -31,6 +31,7 @@ from typing import Any
 from benchmarks._common import write_record
 from benchmarks.records.rl_partial_rollouts import RlPartialRollouts
 from nobubble.rl import RunConfig, train
+from nobubble.rl.system.config import RolloutConfig, TrainerConfig
 
 OUT = Path(__file__).resolve().parent / "results" / "rl_partial_rollouts.json"
 DECODERS = ("fast", "slow")
@@ -43,8 +44,8 @@ def config(decoder: str, versioning: str, seed: int, args: argparse.Namespace) -
         mode="fully-async", max_staleness=args.max_staleness, algo="grpo", seed=seed,
         steps=1_000_000, time_budget_s=args.budget, eval_every=10, timeout_s=args.budget + 300,
         groups_per_rollout=8 if slow else 1,
-        rollout={"token_delay_s": args.token_delay if slow else 0.0},
-        trainer={"delay_s": args.trainer_delay},
+        rollout=RolloutConfig(token_delay_s=args.token_delay if slow else 0.0),
+        trainer=TrainerConfig(delay_s=args.trainer_delay),
         partial_rollouts=versioning == "partial",
     )  # fmt: skip
 

@@ -323,6 +323,7 @@ def run_nobubble(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Train with nobubble's public RL API in ``mode`` (``sync`` or ``fully-async``), the same
     task, policy and batch as :func:`run_trl`."""
     from nobubble.rl import RunConfig, train
+    from nobubble.rl.system.config import TrainerConfig
 
     res = train(
         RunConfig(
@@ -333,7 +334,7 @@ def run_nobubble(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             steps=args.steps,
             batch_groups=args.prompts_per_step,
             group_size=args.group_size,
-            trainer={"lr": args.lr, "uniform_kl_coef": 0.0},  # as TRL's GRPO
+            trainer=TrainerConfig(lr=args.lr, uniform_kl_coef=0.0),  # as TRL's GRPO
             eval_every=EVAL_EVERY,
             seed=args.seed,
             # whole-batch generation calls: a Hugging Face forward costs ~1.5 ms of Python

@@ -57,7 +57,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     cfg = RunConfig(task=Reverse(), policy=TinyLM, mode="fully-async", steps=args.steps,
-                    batch_groups=8, group_size=16, eval_every=25, trainer={"lr": 2e-3})  # fmt: skip
+                    batch_groups=8, group_size=16, eval_every=25)  # fmt: skip
     res = train(cfg)
     print(f"accuracy {res.initial_accuracy:.2f} -> {res.final_accuracy:.2f} in {res.steps} steps,"
           f" {res.samples_per_s:.0f} samples/s, ledger ok: {res.ledger.ok}")  # fmt: skip

@@ -131,3 +131,31 @@ def test_a_live_runs_output_is_refused_before_torch_is_imported(tmp_path):
         sleeper.wait()
     assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr)
     assert f"another live run (pid {sleeper.pid})" in r.stderr
+
+
+def test_preset_then_the_flags_given_with_it():
+    """``--preset`` is applied first and the lag flags given with it are laid over its
+    config, so they win - even one that names the default (``--staleness-weighting none``)
+    or turns the preset's replay off (its sizes go with it)."""
+    from nobubble.cli import build_parser
+    from nobubble.cli.rl import _train_config
+
+    def config(*flags: str):
+        return _train_config(build_parser().parse_args(["rl", "train", *TINY, *flags]))
+
+    fast = ["--mode", "fully-async", "--preset", "aggressive"]
+    cfg = config(*fast)
+    assert (cfg.algo, cfg.effective_max_staleness, cfg.replay) == (
+        "decoupled-ppo",
+        8,
+        "prioritized",
+    )
+    assert cfg.trainer.staleness_weighting == "inverse"
+    mine = config(*fast, "--max-staleness", "3", "--algo", "grpo", "--replay", "none",
+                  "--staleness-weighting", "none", "--trainer-delay", "0.1")  # fmt: skip
+    assert (mine.algo, mine.effective_max_staleness, mine.replay) == ("grpo", 3, "none")
+    assert (mine.replay_capacity, mine.replay_groups) == (0, 0)
+    assert mine.trainer.staleness_weighting == "none" and mine.trainer.delay_s == 0.1
+    assert config(*fast, "--drop-staleness", "6").effective_drop_staleness == 6  # bound 8
+    cons = config("--mode", "one-step-off", "--preset", "conservative")
+    assert (cons.algo, cons.effective_max_staleness, cons.replay) == ("grpo", 1, "none")

@@ -11,13 +11,14 @@ own task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``-
 make a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP.
 ``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
 budget and prints a table and a plot; ``--ablation`` turns each lag fix on alone and all
-together at each max staleness of ``--etas`` (:func:`nobubble.rl.system.presets.ablation`).
+together at each max staleness of ``--etas`` (:func:`nobubble.rl.system.config.presets.ablation`).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,16 @@ from nobubble.cli.util import (
     print_table,
 )
 from nobubble.files import claim_output
-
-MODES = ("sync", "one-step-off", "fully-async")
-ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
-PRESETS = ("conservative", "aggressive")
-AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
+from nobubble.rl.system.config import (
+    AGGREGATIONS,
+    ALGOS,
+    MODES,
+    STALENESS_WEIGHTS,
+    RewardConfig,
+    RunConfig,
+    TrainerConfig,
+)
+from nobubble.rl.system.config.presets import PRESETS
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -113,13 +119,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _lag_flags(p: argparse.ArgumentParser) -> None:
     lag = p.add_argument_group("lag control (each overrides --preset)")
-    lag.add_argument("--preset", choices=PRESETS, default=None, help="the source's recipes")
+    lag.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                     help="the source's recipes")  # fmt: skip
     lag.add_argument(
         "--drop-staleness", type=nonneg_int, default=None, metavar="K",
         help="drop samples older than K versions (default: the staleness bound)",
     )  # fmt: skip
     lag.add_argument(
-        "--staleness-weighting", choices=("none", "inverse", "exp"), default=None,
+        "--staleness-weighting", choices=STALENESS_WEIGHTS, default=None,
         help="weight each sample's loss by its age: 1/(1+lag) or 0.5**lag",
     )  # fmt: skip
     lag.add_argument("--kl-coef", type=nonneg_float, default=None,
@@ -158,20 +165,20 @@ def _learner_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _lag_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The lag-control flags that were given (None = leave to the preset)."""
-    out: dict[str, Any] = {"preset": args.preset, "sync_every": args.sync_every}
-    for name in ("drop_staleness", "replay", "replay_capacity", "replay_groups"):
-        if getattr(args, name) is not None:
-            out[name] = getattr(args, name)
+def _lag_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The lag-control flags that were given (None = leave to the preset): the run's
+    settings and the trainer's."""
+    names = ("max_staleness", "algo", "drop_staleness", "replay", "replay_capacity",
+             "replay_groups")  # fmt: skip
+    run = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if run.get("replay") == "none":  # over a preset's replay: none of its sizes either
+        run = {"replay_capacity": 0, "replay_groups": 0, **run}
     trainer = {
         name: getattr(args, name)
         for name in ("staleness_weighting", "kl_coef", "kl_refresh_every")
         if getattr(args, name) is not None
     }
-    if trainer:
-        out["trainer"] = trainer
-    return out
+    return run, trainer
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -256,9 +263,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_json_flag(p)
 
 
-def _config(args: argparse.Namespace, **over: Any):
-    from nobubble.rl.system.config import RunConfig
-
+def _config(
+    args: argparse.Namespace, trainer: dict[str, Any] | None = None, **over: Any
+) -> RunConfig:
+    """The run the common flags describe, with ``over`` (``RunConfig`` fields) and the
+    trainer settings ``trainer`` laid over them."""
     kw: dict[str, Any] = {
         "task": args.task or "digits",
         "task_kwargs": args.task_kwargs,
@@ -276,18 +285,28 @@ def _config(args: argparse.Namespace, **over: Any):
     for name in ("steps", "batch_groups", "group_size", "eval_every"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
-    if args.reward_delay or args.reward_failure_rate:
-        kw["reward"] = {"delay_s": args.reward_delay, "failure_rate": args.reward_failure_rate}
-    trainer = dict(over.pop("trainer", {}))
-    if args.trainer_delay:
-        trainer["delay_s"] = args.trainer_delay
-    if trainer:
-        kw["trainer"] = trainer
-    kw.update(over)
-    return RunConfig(**kw)
+    kw["reward"] = RewardConfig(delay_s=args.reward_delay, failure_rate=args.reward_failure_rate)
+    kw["trainer"] = TrainerConfig(delay_s=args.trainer_delay, **(trainer or {}))
+    return RunConfig(**{**kw, **over})
 
 
-def _run_with_progress(cfg, label: str, *, quiet: bool):
+def _train_config(args: argparse.Namespace) -> RunConfig:
+    """``rl train``'s run: the flags, with ``--preset`` applied before the lag-control flags
+    given with it, so that those win."""
+    ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "restart_workers")}
+    ckpt["resume"] = "or-start" if args.resume_or_start else args.resume
+    ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
+    many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
+    base = {"mode": args.mode, "sync_every": args.sync_every, **ckpt, **many,
+            **partial_settings(args)}  # fmt: skip
+    lag, trainer = _lag_settings(args)
+    if args.preset is None:
+        return _config(args, trainer, **base, **lag)
+    cfg = PRESETS[args.preset](_config(args, **base))
+    return replace(cfg, **lag, trainer=replace(cfg.trainer, **trainer))
+
+
+def _run_with_progress(cfg: RunConfig, label: str, *, quiet: bool):
     from nobubble.bench.output import progress_bar
     from nobubble.rl.system.orchestrator import run
 
@@ -322,15 +341,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_task(args: argparse.Namespace) -> int:
     import_run_objects(args)
-    ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "restart_workers")}
-    ckpt["resume"] = "or-start" if args.resume_or_start else args.resume
-    ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
-    lag = _lag_settings(args)
-    many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
-    cfg = _config(
-        args, mode=args.mode, max_staleness=args.max_staleness, algo=args.algo, **ckpt, **lag,
-        **many, **partial_settings(args),
-    )  # fmt: skip
+    cfg = _train_config(args)
     check_task_run(args, cfg)  # the config's checks first: they import no torch, this does
     from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
 
@@ -440,18 +451,15 @@ def _etas(text: str) -> list[int]:
 
 def _ablation(args: argparse.Namespace) -> int:
     """Each lag fix alone and all together, at each eta: table, JSON and one plot per eta."""
-    from nobubble.rl.system.presets import ablation
+    from nobubble.rl.system.config.presets import ablation
     from nobubble.rl.system.report import plot_runs
 
     etas = _etas(args.etas)
     delay = args.trainer_delay or 0.3
     if args.steps is None:
         args.steps = 150
-    runs = {
-        (eta, fix): _config(args, **settings)
-        for eta in etas
-        for fix, settings in ablation(eta, delay).items()
-    }
+    base = _config(args)
+    runs = {(eta, fix): cfg for eta in etas for fix, cfg in ablation(base, eta, delay).items()}
     check_task_run(args, next(iter(runs.values())))
     results = {}
     for (eta, fix), cfg in runs.items():

@@ -43,5 +43,7 @@ def partial_settings(args: argparse.Namespace) -> dict[str, Any]:
     elif args.weight_check_every != 1:
         raise ValueError("--weight-check-every applies to --partial-rollouts; add that flag")
     if args.token_delay:
-        out["rollout"] = {"token_delay_s": args.token_delay}
+        from nobubble.rl.system.config import RolloutConfig
+
+        out["rollout"] = RolloutConfig(token_delay_s=args.token_delay)
     return out

@@ -8,11 +8,14 @@ presets' documented values.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from nobubble.rl.algo.advantages import grpo_advantages
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import RunConfig, TrainerConfig
+from nobubble.rl.system.config.presets import aggressive, conservative
 from nobubble.rl.system.experience import ExperienceBuffer, Ledger
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.replay import GroupReplay, ReplayConfig
@@ -24,7 +27,7 @@ TINY = dict(batch_groups=2, group_size=4, eval_every=5, policy_kwargs={"hidden":
 
 
 def _setup(**trainer):
-    cfg = RunConfig(group_size=8, policy_kwargs={"hidden": 16}, trainer=trainer)
+    cfg = RunConfig(group_size=8, policy_kwargs={"hidden": 16}, trainer=TrainerConfig(**trainer))
     task = cfg.make_task()
     torch.manual_seed(0)
     tr = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
@@ -151,40 +154,44 @@ def test_a_forced_sync_trains_only_the_current_version():
     assert buf.ledger.fate[0] == "dropped:synced"
 
 
-def test_presets_fill_only_what_is_unset():
-    cfg = RunConfig(mode="fully-async", preset="aggressive", **TINY)
+def test_a_preset_returns_its_config_and_settings_laid_over_it_win():
+    base = RunConfig(mode="fully-async", **TINY)
+    cfg = aggressive(base)
     assert cfg.algo == "decoupled-ppo" and cfg.effective_max_staleness == 8
     assert cfg.replay == "prioritized" and cfg.replay_capacity == 4096 // 4
-    assert cfg.trainer["staleness_weighting"] == "inverse" and cfg.trainer["clip"] == 0.2
-    mine = RunConfig(
-        mode="fully-async", preset="aggressive", max_staleness=4, algo="grpo", replay="none",
-        trainer={"clip": 0.1}, **{k: v for k, v in TINY.items()},
+    assert cfg.replay_groups == 1  # half of batch_groups=2
+    assert cfg.trainer.staleness_weighting == "inverse" and cfg.trainer.clip == 0.2
+    assert replace(cfg, algo="decoupled-ppo") == cfg and base.algo == "grpo"  # base untouched
+    mine = replace(
+        cfg, max_staleness=4, algo="grpo", replay="none", replay_capacity=0, replay_groups=0,
+        trainer=replace(cfg.trainer, clip=0.1),
     )  # fmt: skip
     assert (mine.algo, mine.effective_max_staleness, mine.replay) == ("grpo", 4, "none")
-    assert mine.trainer["clip"] == 0.1 and mine.to_dict()["preset"] == "aggressive"
-    cons = RunConfig(mode="one-step-off", preset="conservative", **TINY)
+    assert mine.trainer_config().clip == 0.1 and mine.trainer.staleness_weighting == "inverse"
+    cons = conservative(RunConfig(mode="one-step-off", **TINY))
     assert (cons.algo, cons.effective_max_staleness, cons.replay) == ("grpo", 1, "none")
+    assert cons.trainer.staleness_weighting == "none"
     with pytest.raises(ValueError, match="lag 8"):
-        RunConfig(mode="sync", preset="aggressive")
-    with pytest.raises(ValueError, match="preset='bold'"):
-        RunConfig(preset="bold")
+        aggressive(RunConfig(mode="sync"))
+    with pytest.raises(TypeError, match="preset"):
+        RunConfig(preset="aggressive")  # type: ignore[call-arg]  # a preset is a function
 
 
 def test_one_trainer_setting_keeps_the_others():
     """A run that gives only the trainer's delay keeps the default lr and uniform KL, and
     the preset's settings; what it gives wins over both."""
-    slow = RunConfig(mode="fully-async", preset="aggressive", trainer={"delay_s": 0.3}, **TINY)
+    slow = aggressive(RunConfig(mode="fully-async", trainer=TrainerConfig(delay_s=0.3), **TINY))
     t = slow.trainer_config()
     assert (t.lr, t.uniform_kl_coef, t.delay_s) == (2e-3, 0.05, 0.3)
     assert t.staleness_weighting == "inverse"
-    mine = RunConfig(trainer={"lr": 0.01, "uniform_kl_coef": 0.0}, **TINY).trainer_config()
+    mine = RunConfig(trainer=TrainerConfig(lr=0.01, uniform_kl_coef=0.0), **TINY).trainer_config()
     assert (mine.lr, mine.uniform_kl_coef) == (0.01, 0.0)
 
 
 def test_replay_sync_and_kl_in_a_real_run_keep_the_ledger_whole():
     cfg = RunConfig(
         mode="fully-async", steps=8, max_staleness=3, sync_every=4, replay="uniform",
-        replay_capacity=8, replay_groups=2, trainer={"kl_coef": 0.05, "lr": 2e-3}, **TINY,
+        replay_capacity=8, replay_groups=2, trainer=TrainerConfig(kl_coef=0.05), **TINY,
     )  # fmt: skip
     res = run(cfg)
     assert res.ledger.ok and res.ledger.reused > 0
@@ -198,9 +205,11 @@ def test_replay_sync_and_kl_in_a_real_run_keep_the_ledger_whole():
 
 
 def test_ablation_configs_are_valid():
-    from nobubble.rl.system.presets import ablation
+    from nobubble.rl.system.config.presets import ablation
 
-    grid = ablation(8, 0.3)
-    for settings in grid.values():
-        RunConfig(**settings)
-    assert grid["drop>K"]["drop_staleness"] == 2 and len(grid) == 9
+    grid = ablation(RunConfig(**TINY), 8, 0.3)
+    assert grid["drop>K"].drop_staleness == 2 and len(grid) == 9
+    assert all(c.mode == "fully-async" and c.effective_max_staleness == 8 for c in grid.values())
+    assert all(c.trainer.delay_s == 0.3 for c in grid.values())
+    assert grid["all (aggressive)"].algo == "decoupled-ppo"
+    assert grid["all (aggressive)"].trainer.staleness_weighting == "inverse"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nobubble.rl.system.config import RewardConfig
 from nobubble.rl.system.orchestrator import RunConfig, WorkerError, run
-from nobubble.rl.system.rewards import RewardConfig, Rewarder
+from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.tasks import DigitsTask
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import Sample, SampleGroup
@@ -49,7 +50,7 @@ def test_modes_keep_the_invariants(mode, eta):
         max_staleness=eta,
         steps=5,
         groups_per_rollout=1 if eta == 2 else None,
-        reward={"failure_rate": 0.1, "max_retries": 0} if eta == 2 else {},
+        reward=RewardConfig(failure_rate=0.1 if eta == 2 else 0.0, max_retries=0),
         **TINY,
     )
     res = run(cfg)

@@ -17,13 +17,13 @@ import torch
 
 from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import ppo_policy_loss
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import RolloutConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.partial import InFlightWeights, check_token_versions
 from nobubble.rl.system.policies import prompt_attention_mask, response_logprobs
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import GroupBatch, TrainerConfig, group_learner
+from nobubble.rl.system.trainer import GroupBatch, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightVersionError
 
@@ -213,8 +213,10 @@ def test_groups_keep_token_versions_through_pickle_and_the_stale_drop():
 def test_partial_rollouts_config_and_flags():
     with pytest.raises(ValueError, match="Ray engine"):
         RunConfig(partial_rollouts=True, engine="ray")
-    with pytest.raises(ValueError, match="set RunConfig.partial_rollouts"):
-        RunConfig(rollout={"partial_rollouts": True})
+    with pytest.raises(ValueError, match=r"give RunConfig\(partial_rollouts=...\)"):
+        RunConfig(rollout=RolloutConfig(partial_rollouts=True))
+    with pytest.raises(ValueError, match="give a RolloutConfig"):
+        RunConfig(rollout={"token_delay_s": 0.1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight_check_every"):
         RunConfig(partial_rollouts=True, weight_check_every=0)
     cfg = RunConfig(mode="fully-async", max_staleness=4, drop_staleness=2, partial_rollouts=True)
@@ -228,8 +230,8 @@ def test_partial_rollouts_on_the_local_engine_keep_the_ledger():
     responses are half written. Every sample still has exactly one fate."""
     cfg = RunConfig(
         mode="fully-async", max_staleness=2, steps=5, groups_per_rollout=1,
-        partial_rollouts=True, rollout={"token_delay_s": 0.05},
-        trainer={"lr": 2e-3, "delay_s": 0.05}, batch_groups=3, group_size=4, eval_every=5,
+        partial_rollouts=True, rollout=RolloutConfig(token_delay_s=0.05),
+        trainer=TrainerConfig(delay_s=0.05), batch_groups=3, group_size=4, eval_every=5,
         policy_kwargs=SMALL, timeout_s=240,
     )  # fmt: skip
     res = run(cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import RewardConfig, RunConfig
 from nobubble.rl.system.orchestrator import WorkerError, run
 from nobubble.rl.system.rewards.server import serve_rewards
 from nobubble.rl.system.tasks import DigitsTask
@@ -54,7 +54,7 @@ def test_remote_reward_failures_are_retried_then_recorded():
     with serve_rewards(DigitsTask().reward, fail_status=500) as server:
         cfg = RunConfig(
             mode="sync", steps=3, reward_url=server.url, time_budget_s=3.0,
-            reward={"max_retries": 2, "give_up_groups": 100}, **TINY,
+            reward=RewardConfig(max_retries=2, give_up_groups=100), **TINY,
         )  # fmt: skip
         res = run(cfg)
         served = server.requests

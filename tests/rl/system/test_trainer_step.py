@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import ALGOS, RunConfig, TrainerConfig
 from nobubble.rl.system.learner import Learner
 from nobubble.rl.system.policies import response_logprobs
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import ALGOS, GroupBatch, GroupLoss, group_learner
+from nobubble.rl.system.trainer import GroupBatch, GroupLoss, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from tests.rl.system.trainer_reference import reference_loss
 
@@ -66,13 +66,13 @@ def test_each_step_has_the_reference_loss_and_gradient(algo):
         algo=algo,
         group_size=8,
         policy_kwargs={"hidden": 32},
-        trainer={
-            "lr": 1e-2,
-            "kl_coef": 0.1,
-            "staleness_weighting": "inverse",
-            "entropy_coef": 0.01,
-            "uniform_kl_coef": 0.05,
-        },
+        trainer=TrainerConfig(
+            lr=1e-2,
+            kl_coef=0.1,
+            staleness_weighting="inverse",
+            entropy_coef=0.01,
+            uniform_kl_coef=0.05,
+        ),  # fmt: skip
     )
     task = cfg.make_task()
     torch.manual_seed(0)
@@ -106,7 +106,7 @@ def test_step_raises_logprob_of_better_responses(algo):
         algo=algo,
         group_size=16,
         policy_kwargs={"hidden": 32},
-        trainer={"lr": 3e-3, "uniform_kl_coef": 0.0},
+        trainer=TrainerConfig(lr=3e-3, uniform_kl_coef=0.0),
     )
     task = cfg.make_task()
     torch.manual_seed(0)

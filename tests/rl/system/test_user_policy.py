@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nobubble.rl.system.config import RewardConfig
 from nobubble.rl.system.policies import (
     CausalLMPolicy,
     CharTransformer,
@@ -21,7 +22,7 @@ from nobubble.rl.system.policies import (
     response_logprobs,
     sample,
 )
-from nobubble.rl.system.rewards import RewardConfig, Rewarder, RewardSource, parse_reward
+from nobubble.rl.system.rewards import Rewarder, RewardSource, parse_reward
 from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 from nobubble.rl.system.types import Sample, SampleGroup
 

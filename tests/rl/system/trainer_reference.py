@@ -24,8 +24,8 @@ import math
 import torch
 from torch import nn
 
+from nobubble.rl.system.config import TrainerConfig
 from nobubble.rl.system.tasks.spec import TaskSpec
-from nobubble.rl.system.trainer import TrainerConfig
 from nobubble.rl.system.types import Sample, SampleGroup
 from tests.rl.algo.reference import (
     aggregate_ref,

@@ -6,7 +6,7 @@
                                    weighting, large (prioritized) replay buffer.
 
 :class:`RLAlgorithmConfig` holds exactly the recipe's settings, which the running system
-turns into run settings (``RunConfig(preset=...)``); :func:`conservative` and
+turns into run settings (:mod:`nobubble.rl.system.config.presets`); :func:`conservative` and
 :func:`aggressive` return filled-in instances and accept keyword overrides, which are
 validated like any other value.
 """

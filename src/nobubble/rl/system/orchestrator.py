@@ -39,14 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
-from nobubble.rl.system.config import (
-    AGGREGATIONS,
-    DEFAULT_STALENESS,
-    ENGINES,
-    MODES,
-    RunConfig,
-    describe_value,
-)
+from nobubble.rl.system.config import RunConfig, describe_value
 from nobubble.rl.system.engines.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.recovery import Recovery
@@ -56,20 +49,7 @@ from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError
 
-__all__ = [
-    "MODES",
-    "ENGINES",
-    "AGGREGATIONS",
-    "DEFAULT_STALENESS",
-    "RunConfig",
-    "Message",
-    "Engine",
-    "WorkerError",
-    "CurvePoint",
-    "RunResult",
-    "Orchestrator",
-    "run",
-]
+__all__ = ["Orchestrator", "run"]
 
 
 class Orchestrator(Recovery):
@@ -391,7 +371,7 @@ class Orchestrator(Recovery):
 
 def _reward_label(cfg: RunConfig) -> str:
     """The run's reward sources, as the user named them."""
-    names = [str(describe_value(r.fn)) for r in cfg.rewards]
+    names = [str(describe_value(r.fn)) for r in cfg.reward_sources()]
     names += [cfg.reward_url] if cfg.reward_url else []
     return " + ".join(names or ["task"])
 

@@ -13,56 +13,18 @@ of 128 short sequences costs little more than one of 8.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from nobubble.rl.system.config.stages import RolloutConfig
 from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
 from nobubble.rl.system.weight_sync import check_newer
 
-__all__ = ["RolloutConfig", "RolloutWorker"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    """Sampling settings.
-
-    Attributes:
-        group_size: responses per prompt (GRPO group), >= 1.
-        temperature: sampling temperature, > 0.
-        delay_s: extra seconds per ``generate`` call (a slower generator for experiments).
-        token_delay_s: extra seconds per decoding step (a slow decoder: one generation then
-            spans trainer steps, the case partial rollouts are for).
-        partial_rollouts: take new weights between tokens, not only between calls.
-        weight_check_every: with ``partial_rollouts``, look for new weights before every
-            this many decoding steps (1 = before every token).
-    """
-
-    group_size: int = 8
-    temperature: float = 1.0
-    delay_s: float = 0.0
-    token_delay_s: float = 0.0
-    partial_rollouts: bool = False
-    weight_check_every: int = 1
-
-    def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"RolloutConfig.group_size={self.group_size} must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError(f"RolloutConfig.temperature={self.temperature} must be > 0")
-        if self.delay_s < 0:
-            raise ValueError(f"RolloutConfig.delay_s={self.delay_s} must be >= 0")
-        if self.token_delay_s < 0:
-            raise ValueError(f"RolloutConfig.token_delay_s={self.token_delay_s} must be >= 0")
-        if not isinstance(self.weight_check_every, int) or self.weight_check_every < 1:
-            raise ValueError(
-                f"RolloutConfig.weight_check_every={self.weight_check_every!r} must be an "
-                "integer >= 1 (1 = look for new weights before every token)"
-            )
+__all__ = ["RolloutWorker"]
 
 
 class RolloutWorker:

@@ -1,5 +1,6 @@
 """The LLM producer's loss (:class:`GroupLoss`) for the one
-:class:`~nobubble.rl.system.learner.Learner`, its settings and its step results.
+:class:`~nobubble.rl.system.learner.Learner` and its step results (its settings:
+:class:`~nobubble.rl.system.config.stages.TrainerConfig`).
 
 Algorithms (``TrainerConfig.algo``), all from :mod:`nobubble.rl.algo.losses`: ``grpo``
 (group-relative advantages, PPO clip against the behaviour policy: the *naive* PPO of the
@@ -36,6 +37,7 @@ from nobubble.rl.algo.losses import (
 )
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import vtrace
+from nobubble.rl.system.config.stages import TrainerConfig
 from nobubble.rl.system.learner import Learner, ShardGradients
 from nobubble.rl.system.partial.versions import (
     check_token_versions,
@@ -44,14 +46,10 @@ from nobubble.rl.system.partial.versions import (
     token_lag,
 )
 from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
-from nobubble.rl.system.presets import ALGOS
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
-from nobubble.validation import check_fields
 
 __all__ = [
-    "ALGOS",
-    "TrainerConfig",
     "TrainResult",
     "EvalResult",
     "GroupBatch",
@@ -60,71 +58,6 @@ __all__ = [
     "group_learner",
     "train_result",
 ]
-
-STALENESS_WEIGHTS = ("none", "inverse", "exp")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """Optimisation settings.
-
-    Attributes:
-        algo: one of ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace``, ``vtrace-ppo``.
-        lr: Adam learning rate.
-        group_size: responses per prompt, for the group advantages.
-        clip: PPO ratio clip epsilon.
-        entropy_coef: weight of the entropy bonus.
-        uniform_kl_coef: weight of KL(uniform || pi) per token. It keeps a floor under every
-            token's probability, so a group whose samples all agree on a wrong answer still
-            explores; unlike the entropy bonus, its gradient does not vanish as the policy
-            becomes deterministic. Greedy evaluation is unaffected by the floor.
-        value_coef: weight of the value loss (``ppo``, ``vtrace``).
-        max_grad_norm: gradient clipping.
-        staleness_weighting: weight of a sample ``lag`` versions old: ``none`` (1),
-            ``inverse`` (``1 / (1 + lag)``) or ``exp`` (``0.5 ** lag``).
-        kl_coef: weight of KL(pi || pi_ref) (k3 estimator) to a reference policy; 0 = off.
-        kl_refresh_every: copy the policy into the reference every N steps; 0 = keep the
-            initial policy frozen.
-        delay_s: extra seconds per step (a slower trainer for experiments).
-        partial_rollouts: the batches come from partial rollouts: a response's tokens may
-            come from several versions (False: whole-group versioning, asserted).
-        token_drop_staleness: mask out of the loss every token more than this many versions
-            older than the trainer (None = keep all; the run sets it with partial rollouts).
-    """
-
-    algo: str = "grpo"
-    lr: float = 1e-3
-    group_size: int = 8
-    clip: float = 0.2
-    entropy_coef: float = 0.0
-    uniform_kl_coef: float = 0.0
-    value_coef: float = 0.5
-    max_grad_norm: float = 1.0
-    staleness_weighting: str = "none"
-    kl_coef: float = 0.0
-    kl_refresh_every: int = 0
-    delay_s: float = 0.0
-    partial_rollouts: bool = False
-    token_drop_staleness: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.algo not in ALGOS:
-            raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
-        check_fields("TrainerConfig", self, ("lr", "clip", "max_grad_norm"), "> 0")
-        names = ("entropy_coef", "uniform_kl_coef", "value_coef", "kl_coef", "delay_s")
-        check_fields("TrainerConfig", self, names, ">= 0")
-        check_fields("TrainerConfig", self, ("kl_refresh_every",), ">= 0", integer=True)
-        if self.staleness_weighting not in STALENESS_WEIGHTS:
-            raise ValueError(
-                f"TrainerConfig.staleness_weighting={self.staleness_weighting!r}; use one of "
-                f"{', '.join(STALENESS_WEIGHTS)}"
-            )
-        if self.group_size < 1:
-            raise ValueError(f"TrainerConfig.group_size={self.group_size} must be >= 1")
-        if self.token_drop_staleness is not None and self.token_drop_staleness < 0:
-            raise ValueError(
-                f"TrainerConfig.token_drop_staleness={self.token_drop_staleness} must be >= 0"
-            )
 
 
 @dataclass(frozen=True)
@@ -284,7 +217,7 @@ class GroupLoss:
         drop = self.cfg.token_drop_staleness
         if drop is not None:
             mask = mask * (lag <= drop)  # (B, N)
-        kind: Any = self.cfg.staleness_weighting  # checked against STALENESS_WEIGHTS
+        kind: Any = self.cfg.staleness_weighting  # checked by TrainerConfig
         w = staleness_weight(lag.to(torch.float32), kind)  # (B, N)
         if weights is not None:
             per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)

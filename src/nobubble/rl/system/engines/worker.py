@@ -78,7 +78,7 @@ class StageWorker:
                 t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.optimizer, ref)
         elif self.kind == "reward":
             self.rewarder = Rewarder(
-                self.task, cfg.rewards, cfg.reward_config(), remote=cfg.remote_reward()
+                self.task, cfg.reward_sources(), cfg.reward_config(), remote=cfg.remote_reward()
             )
         else:
             raise ValueError(f"unknown worker {name!r}")

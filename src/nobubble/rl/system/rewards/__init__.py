@@ -11,7 +11,6 @@ from __future__ import annotations
 from nobubble.rl.system.rewards.remote import RemoteReward, RemoteRewardError
 from nobubble.rl.system.rewards.rewarder import (
     InjectedRewardFailure,
-    RewardConfig,
     Rewarder,
     RewardError,
     RewardFailure,
@@ -21,7 +20,6 @@ from nobubble.rl.system.rewards.rewarder import (
 from nobubble.rl.system.rewards.server import RewardServer, serve_rewards
 
 __all__ = [
-    "RewardConfig",
     "RewardError",
     "InjectedRewardFailure",
     "RewardFailure",

@@ -33,13 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nobubble.rl.system.config.stages import RewardConfig
 from nobubble.rl.system.imports import is_import_path, load_object
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import finite
 
 __all__ = [
-    "RewardConfig",
     "RewardError",
     "RewardFailure",
     "RewardWatch",
@@ -63,43 +63,6 @@ class RewardFailure(RuntimeError):
 
 class InjectedRewardFailure(RuntimeError):
     """A failure injected by ``RewardConfig.failure_rate`` (stands for a crashed verifier)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RewardConfig:
-    """How the reward stage behaves.
-
-    Attributes:
-        delay_s: seconds each reward call sleeps (a slow verifier), >= 0.
-        failure_rate: probability that one attempt raises, in [0, 1].
-        max_retries: retries after a failed attempt, >= 0 (the remote service's too).
-        timeout_s: the remote service's limit per request, > 0.
-        seed: seed of the injected failures.
-        give_up_groups: end the run once this many groups in a row failed, >= 1.
-        give_up_s: end the run once groups have failed for this long with none scored, > 0.
-    """
-
-    delay_s: float = 0.0
-    failure_rate: float = 0.0
-    max_retries: int = 2
-    timeout_s: float = 10.0
-    seed: int = 0
-    give_up_groups: int = 8
-    give_up_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if not self.delay_s >= 0:
-            raise ValueError(f"RewardConfig.delay_s={self.delay_s} must be >= 0 seconds")
-        if not 0.0 <= self.failure_rate <= 1.0:
-            raise ValueError(f"RewardConfig.failure_rate={self.failure_rate} must be in [0, 1]")
-        if self.max_retries < 0:
-            raise ValueError(f"RewardConfig.max_retries={self.max_retries} must be >= 0")
-        if not self.timeout_s > 0:
-            raise ValueError(f"RewardConfig.timeout_s={self.timeout_s} must be > 0 seconds")
-        if not isinstance(self.give_up_groups, int) or self.give_up_groups < 1:
-            raise ValueError(f"RewardConfig.give_up_groups={self.give_up_groups!r} must be >= 1")
-        if not self.give_up_s > 0:
-            raise ValueError(f"RewardConfig.give_up_s={self.give_up_s} must be > 0 seconds")
 
 
 class RewardWatch:

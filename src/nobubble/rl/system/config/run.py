@@ -4,29 +4,28 @@
 the driver with a message naming it, never later inside a worker process or actor. It is
 picklable: both engines build their stage workers from it alone.
 
-Importing this module loads no torch: the settings are checked first (names, values,
-contradictions), and only then are the components that need torch (rewards, policy, task,
-trainer, rollout) imported and built, so a bad flag is refused in the time Python starts.
+Importing this module loads no torch: the settings, the stage settings
+(:mod:`~nobubble.rl.system.config.stages`) included, are checked first (names, values,
+contradictions), and only then are the components that need torch (reward sources, policy,
+task) imported and built, so a bad flag is refused in the time Python starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from types import MappingProxyType
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.checkpoint import CheckpointStore
-from nobubble.rl.system.presets import ALGOS, resolve_preset
+from nobubble.rl.system.config.stages import RewardConfig, RolloutConfig, TrainerConfig
 from nobubble.rl.system.replay import ReplayConfig
 from nobubble.validation import check_fields, check_value
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from nobubble.rl.system.rewards import RewardConfig
-    from nobubble.rl.system.rollout import RolloutConfig
+    from nobubble.rl.system.rewards import RewardSource
     from nobubble.rl.system.tasks.spec import TaskSpec
-    from nobubble.rl.system.trainer import TrainerConfig
+    from nobubble.validation import Rule
 
 __all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig", "describe_value"]
 
@@ -35,11 +34,18 @@ AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
 DEFAULT_LOCAL_SGD_EVERY = 4
 ENGINES = ("local", "ray")
 DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
-# the trainer settings a run starts from; ``RunConfig.trainer`` is laid over them
-TRAINER_DEFAULTS = MappingProxyType({"lr": 2e-3, "uniform_kl_coef": 0.05})
 FAULTS = ("raise", "exit", "kill", "stale")
 _FAULTS = "|".join(FAULTS)
 RAY_STAGES = ("rollout", "reward", "trainer")  # the keys of RunConfig.ray_resources
+# the stage settings the run fills in from its own fields (stage -> {stage field: run field})
+RUN_OWNED = {
+    "trainer": {"algo": "algo", "group_size": "group_size", "partial_rollouts":
+                "partial_rollouts", "token_drop_staleness": "drop_staleness"},
+    "rollout": {"group_size": "group_size", "partial_rollouts": "partial_rollouts",
+                "weight_check_every": "weight_check_every"},
+    "reward": {"seed": "seed"},
+}  # fmt: skip
+STAGE_TYPES = {"trainer": TrainerConfig, "rollout": RolloutConfig, "reward": RewardConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,15 +67,14 @@ class RunConfig:
         max_staleness: versions a sample may lag the trainer; None = the mode's default (0, 1,
             4); :attr:`effective_max_staleness` is the bound in force.
             ``sync`` requires 0.
-        algo: ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace`` or ``vtrace-ppo`` (None =
-            the preset's, else ``grpo``).
-        preset: ``conservative`` or ``aggressive`` (:mod:`~nobubble.rl.system.presets`):
-            fills every lag-control setting left None; explicit settings win.
+        algo: ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace`` or ``vtrace-ppo``. A preset
+            (:mod:`~nobubble.rl.system.config.presets`) is a function that returns a config
+            with its lag-control settings: ``aggressive(RunConfig(...))``.
         drop_staleness: drop ready groups older than K versions (``dropped:stale``); None =
             ``max_staleness``.
         sync_every: force a full sync every N steps (that step trains only groups of the
             current version; older ready ones are dropped as ``synced``); 0 = never.
-        replay: ``none``, ``uniform`` or ``prioritized`` (None = the preset's, else none);
+        replay: ``none``, ``uniform`` or ``prioritized``;
             ``replay_capacity`` groups are kept, ``replay_groups`` drawn again per step
             (:mod:`~nobubble.rl.system.replay`); ``replay_alpha``, ``replay_beta``.
         partial_rollouts: in-flight weight updates (PipelineRL, AReaL): a generator takes
@@ -110,11 +115,12 @@ class RunConfig:
             there is none), ``resume="or-start"`` too, or starts fresh on an empty folder.
         restart_workers: restart a rollout or reward worker that dies and requeue its
             groups (the ledger records the requeue); False = the run stops with the error.
-        trainer, rollout, reward: settings of each stage (the fields of
-            :class:`~nobubble.rl.system.trainer.TrainerConfig`, ``RolloutConfig``,
-            ``RewardConfig``). ``trainer`` is laid over the preset's and then over
-            :data:`TRAINER_DEFAULTS` (lr 2e-3, uniform KL 0.05): giving one setting keeps
-            the others. The resolved dict is what the run uses and records.
+        trainer, rollout, reward: the settings of each stage
+            (:mod:`~nobubble.rl.system.config.stages`): ``TrainerConfig(delay_s=0.3)`` keeps
+            every other default. The settings the run owns (:data:`RUN_OWNED`: ``algo``,
+            ``group_size``, ``partial_rollouts``, ``weight_check_every``, the drop bound,
+            ``seed``) are filled in by :meth:`trainer_config`, :meth:`rollout_config` and
+            :meth:`reward_config`, and refused when a stage config sets them.
         fault: tests only - ``"<worker>:<call>:<raise|exit|kill|stale>"`` makes that worker
             fail (``stale``: a rollout worker keeps sampling with the weights it holds).
     """
@@ -123,13 +129,12 @@ class RunConfig:
     task_kwargs: dict = field(default_factory=dict)
     mode: str = "sync"
     max_staleness: int | None = None
-    algo: str | None = None
-    preset: str | None = None
+    algo: str = "grpo"
     sync_every: int = 0
     drop_staleness: int | None = None
-    replay: str | None = None
-    replay_capacity: int | None = None
-    replay_groups: int | None = None
+    replay: str = "none"
+    replay_capacity: int = 0
+    replay_groups: int = 0
     replay_alpha: float = 0.6
     replay_beta: float = 0.4
     partial_rollouts: bool = False
@@ -153,9 +158,9 @@ class RunConfig:
     policy_kwargs: dict = field(default_factory=dict)
     rewards: tuple = ()
     reward_url: str | None = None
-    trainer: dict = field(default_factory=lambda: dict(TRAINER_DEFAULTS))
-    rollout: dict = field(default_factory=dict)
-    reward: dict = field(default_factory=dict)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     ray_address: str | None = None
     ray_resources: dict = field(default_factory=dict)
     timeout_s: float = 900.0
@@ -169,35 +174,27 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}")
-        presettable = ("algo", "max_staleness", "replay", "replay_capacity", "replay_groups")
-        given = {n: getattr(self, n) for n in presettable}
-        resolved, trainer = resolve_preset(
-            self.preset,
-            mode=self.mode,
-            group_size=self.group_size,
-            batch_groups=self.batch_groups,
-            given=given,
-            trainer=self.trainer,
-        )
-        for name, value in resolved.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "trainer", {**TRAINER_DEFAULTS, **trainer})
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
             )
-        if self.algo not in ALGOS:
-            raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0")
+        optional: tuple[tuple[str, Rule], ...] = (
+            ("max_staleness", ">= 0"), ("drop_staleness", ">= 0"), ("threads", ">= 1"),
+            ("time_budget_s", "> 0"),
+        )  # fmt: skip
+        for name, rule in optional:  # None = the default; NaN, inf, 1e308 s are no budget
+            if getattr(self, name) is not None:
+                check_value(f"RunConfig.{name}", getattr(self, name), rule)
         if self.mode == "sync" and self.max_staleness not in (None, 0):
             raise ValueError(
                 f"mode='sync' means max_staleness=0 (got {self.max_staleness}); "
                 "use one-step-off or fully-async for a lag"
             )
-        names = ("steps", "batch_groups", "group_size", "eval_every")
-        check_fields("RunConfig", self, names, ">= 1")
-        check_fields("RunConfig", self, ("num_rollout_workers", "num_reward_workers"), ">= 1")
+        names = ("steps", "batch_groups", "group_size", "eval_every", "num_rollout_workers",
+                 "num_reward_workers", "learners")  # fmt: skip
+        check_fields("RunConfig", self, names, ">= 1", integer=True)
+        check_fields("RunConfig", self, ("sync_every", "checkpoint_every"), ">= 0", integer=True)
+        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
         self._check_learners()
         if (
             self.groups_per_rollout is not None
@@ -206,28 +203,18 @@ class RunConfig:
             raise ValueError(
                 f"groups_per_rollout={self.groups_per_rollout} must be in 1..batch_groups"
             )
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads={self.threads} must be >= 1")
-        if self.time_budget_s is not None:  # NaN, inf and 1e308 are no budget: refused
-            check_value("RunConfig.time_budget_s", self.time_budget_s, "> 0")
-        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy={self.target_accuracy} must be in (0, 1]")
         if self.fault is not None:
             parts = self.fault.split(":")
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
                 raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<{_FAULTS}>'")
-        if self.drop_staleness is not None and self.drop_staleness < 0:
-            raise ValueError(f"drop_staleness={self.drop_staleness} must be >= 0")
-        if self.sync_every < 0:
-            raise ValueError(f"sync_every={self.sync_every} must be >= 0 (0 = never)")
         self.replay_config()
+        self._check_stages()
         self._check_partial()
-        if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 0")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
-        self._check_contradictions(given)
+        self._check_contradictions()
         self._check_ray_resources()
         self._check_components()
 
@@ -235,39 +222,34 @@ class RunConfig:
         """Parse the rewards and build each component's config once, so bad values fail here,
         not in a worker; these import torch, so they come after every flag check."""
         from nobubble.rl.system.policies import check_policy_spec
-        from nobubble.rl.system.rewards import RewardSource, parse_reward
 
-        rewards = tuple(
-            r
-            if isinstance(r, RewardSource)
-            else parse_reward(r)
-            if isinstance(r, str)
-            else RewardSource(*r)
-            if isinstance(r, tuple)
-            else RewardSource(r)
-            for r in self.rewards
-        )
-        object.__setattr__(self, "rewards", rewards)
+        self.reward_sources()
         if self.reward_url is not None:
             self.remote_reward()  # validates the url
         check_policy_spec(self.policy)
-        for build in (self.make_task, self.trainer_config, self.rollout_config, self.reward_config):
+        self.make_task()
+
+    def _check_stages(self) -> None:
+        """Each stage's settings are its config class and leave the run's own to the run;
+        each stage config is then built with them, which checks every value."""
+        for stage, owned in RUN_OWNED.items():
+            cfg, kind = getattr(self, stage), STAGE_TYPES[stage]
+            if not isinstance(cfg, kind):
+                raise ValueError(
+                    f"{stage}={cfg!r}: give a {kind.__name__}(...) (nobubble.rl.system.config), "
+                    f"e.g. {stage}={kind.__name__}(delay_s=0.1)"
+                )
+            default = kind()
+            for name, run_name in owned.items():
+                if getattr(cfg, name) != getattr(default, name):
+                    raise ValueError(
+                        f"{stage}.{name}={getattr(cfg, name)!r} is the run's setting (the "
+                        f"stages share it); give RunConfig({run_name}=...) instead"
+                    )
+        for build in (self.trainer_config, self.rollout_config, self.reward_config):
             build()
 
     def _check_partial(self) -> None:
-        if not isinstance(self.partial_rollouts, bool):
-            raise ValueError(f"partial_rollouts={self.partial_rollouts!r} must be True or False")
-        if not isinstance(self.weight_check_every, int) or self.weight_check_every < 1:
-            raise ValueError(
-                f"weight_check_every={self.weight_check_every!r} must be an integer >= 1 "
-                "(tokens between looks for new weights; 1 = every token)"
-            )
-        for stage, settings in (("rollout", self.rollout), ("trainer", self.trainer)):
-            if "partial_rollouts" in settings:
-                raise ValueError(
-                    f"{stage}={{'partial_rollouts': ...}}: set RunConfig.partial_rollouts, "
-                    "which sets the generators and the trainer together"
-                )
         if self.partial_rollouts and self.engine != "local":
             raise ValueError(
                 f"partial_rollouts with engine={self.engine!r}: the Ray engine hands a "
@@ -275,9 +257,8 @@ class RunConfig:
                 "tokens; use engine='local' (shared-memory weights) or drop partial_rollouts"
             )
 
-    def _check_contradictions(self, given: dict[str, Any]) -> None:
-        """Settings that would be ignored or can never act: refused, naming both (``given``:
-        the presettable fields as the caller set them, before the preset filled the rest)."""
+    def _check_contradictions(self) -> None:
+        """Settings that would be ignored or can never act: refused, naming both."""
         if self.resume not in (False, True, "or-start"):
             raise ValueError(f"resume={self.resume!r}; use False, True or 'or-start'")
         if self.resume is True and CheckpointStore(str(self.checkpoint_dir)).latest() is None:
@@ -297,7 +278,7 @@ class RunConfig:
                 f"{self.effective_max_staleness}: no buffered sample is that old, the drop "
                 "never acts; make it <= max_staleness (or leave it out)"
             )
-        if self.replay in (None, "none") and (given["replay_groups"] or given["replay_capacity"]):
+        if self.replay == "none" and (self.replay_groups or self.replay_capacity):
             raise ValueError(
                 "replay_groups / replay_capacity are read only with a replay; set replay="
                 "'uniform' or 'prioritized', or leave them out"
@@ -327,8 +308,6 @@ class RunConfig:
             )
 
     def _check_learners(self) -> None:
-        if not isinstance(self.learners, int) or self.learners < 1:
-            raise ValueError(f"learners={self.learners!r} must be an integer >= 1")
         if self.learners > self.batch_groups:
             raise ValueError(
                 f"learners={self.learners} > batch_groups={self.batch_groups}: every learner "
@@ -409,9 +388,9 @@ class RunConfig:
 
     def replay_config(self) -> ReplayConfig:
         return ReplayConfig(
-            mode=str(self.replay),
-            capacity=int(self.replay_capacity or 0),
-            groups_per_step=int(self.replay_groups or 0),
+            mode=self.replay,
+            capacity=self.replay_capacity,
+            groups_per_step=self.replay_groups,
             alpha=self.replay_alpha,
             beta=self.replay_beta,
         )
@@ -426,37 +405,47 @@ class RunConfig:
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
 
     def trainer_config(self) -> TrainerConfig:
-        from nobubble.rl.system.trainer import TrainerConfig
-
-        partial = {}
-        if self.partial_rollouts:  # tokens past the drop bound are masked, per token
-            partial = {
-                "partial_rollouts": True,
-                "token_drop_staleness": self.effective_drop_staleness,
-            }
-        return TrainerConfig(
-            group_size=self.group_size, **{"algo": self.algo, **self.trainer, **partial}
-        )
+        """``trainer`` with the run's settings; with partial rollouts, tokens past the drop
+        bound are masked out of the loss, per token."""
+        drop = self.effective_drop_staleness if self.partial_rollouts else None
+        return replace(self.trainer, algo=self.algo, group_size=self.group_size,
+                       partial_rollouts=self.partial_rollouts, token_drop_staleness=drop)  # fmt: skip
 
     def rollout_config(self) -> RolloutConfig:
-        from nobubble.rl.system.rollout import RolloutConfig
-
-        partial = {}
-        if self.partial_rollouts:
-            partial = {"partial_rollouts": True, "weight_check_every": self.weight_check_every}
-        return RolloutConfig(group_size=self.group_size, **{**self.rollout, **partial})
+        """``rollout`` with the run's settings."""
+        return replace(self.rollout, group_size=self.group_size, partial_rollouts=self.
+                       partial_rollouts, weight_check_every=self.weight_check_every)  # fmt: skip
 
     def reward_config(self) -> RewardConfig:
-        from nobubble.rl.system.rewards import RewardConfig
+        """``reward`` with the run's seed (the seed of the injected failures)."""
+        return replace(self.reward, seed=self.seed)
 
-        return RewardConfig(**{"seed": self.seed, **self.reward})
+    def reward_sources(self) -> tuple[RewardSource, ...]:
+        """``rewards`` as sources: a string is parsed (``"module:fn=0.5"``), a tuple is
+        ``(fn, weight)``, a callable has weight 1."""
+        from nobubble.rl.system.rewards import RewardSource, parse_reward
+
+        return tuple(
+            r
+            if isinstance(r, RewardSource)
+            else parse_reward(r)
+            if isinstance(r, str)
+            else RewardSource(*r)
+            if isinstance(r, tuple)
+            else RewardSource(r)
+            for r in self.rewards
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as JSON-ready values (objects by their import name)."""
         out = {f.name: describe_value(getattr(self, f.name)) for f in fields(self)}
-        out["rewards"] = [{"fn": describe_value(r.fn), "weight": r.weight} for r in self.rewards]
+        rewards = [{"fn": describe_value(r.fn), "weight": r.weight} for r in self.reward_sources()]
         return {
             **out,
+            "trainer": asdict(self.trainer_config()),
+            "rollout": asdict(self.rollout_config()),
+            "reward": asdict(self.reward_config()),
+            "rewards": rewards,
             "max_staleness": self.effective_max_staleness,
             "groups_per_rollout": self.effective_groups_per_rollout,
             "drop_staleness": self.effective_drop_staleness,

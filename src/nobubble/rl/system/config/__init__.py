@@ -1,0 +1,32 @@
+"""One RL run's configuration, typed and torch-free.
+
+- :mod:`.run` - :class:`RunConfig`, everything one run needs, validated when built;
+- :mod:`.stages` - the settings of each stage (:class:`TrainerConfig`,
+  :class:`RolloutConfig`, :class:`RewardConfig`) that ``RunConfig.trainer`` / ``.rollout`` /
+  ``.reward`` hold;
+- :mod:`.presets` - the recipes as functions that return a config
+  (``aggressive(RunConfig(...))``) and the lag-fix ablation grid.
+"""
+
+from __future__ import annotations
+
+from nobubble.rl.system.config.run import (
+    AGGREGATIONS,
+    DEFAULT_STALENESS,
+    ENGINES,
+    MODES,
+    RunConfig,
+    describe_value,
+)
+from nobubble.rl.system.config.stages import (
+    ALGOS,
+    STALENESS_WEIGHTS,
+    RewardConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "RunConfig", "TrainerConfig", "RolloutConfig", "RewardConfig", "describe_value",
+    "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
+]  # fmt: skip
