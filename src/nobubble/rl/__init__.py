@@ -9,7 +9,9 @@ One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of 
   SEED RL or Sample Factory, on the same ledger and weight versions:
   ``train(EnvRunConfig(...)) -> RunResult``.
 
-This package exports only the entry points.
+This package exports only the entry points, the task run's typed stage settings
+(``TrainerConfig``, ``RolloutConfig``, ``RewardConfig``) and its presets, functions that return
+a config (``aggressive(RunConfig(mode="fully-async"))``).
 - :mod:`nobubble.rl.algo`: the algorithm toolbox the system is built on (advantages,
   losses, V-trace, staleness, replay, aggregation, presets), imported from there
   (``from nobubble.rl.algo import ppo_policy_loss``).
@@ -23,6 +25,11 @@ from typing import Any
 _SYSTEM = {
     "train": "nobubble.rl.entry",
     "RunConfig": "nobubble.rl.system.config",
+    "TrainerConfig": "nobubble.rl.system.config",
+    "RolloutConfig": "nobubble.rl.system.config",
+    "RewardConfig": "nobubble.rl.system.config",
+    "conservative": "nobubble.rl.system.config.presets",
+    "aggressive": "nobubble.rl.system.config.presets",
     "RunResult": "nobubble.rl.system.result",
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
     "ActorFailure": "nobubble.rl.system.engines.protocol",
