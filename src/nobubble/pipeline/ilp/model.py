@@ -69,8 +69,50 @@ StageOrder = Sequence[tuple[str, int]]
 _OPS = ("F", "B", "W")
 
 
+class PerStageCosts:
+    """Per-stage lookups shared by :class:`IntProblem` and the several-chunk problem
+    (:class:`~nobubble.pipeline.ilp.chunks.ChunkProblem`): both hold ``t_f, t_b, t_w,
+    mem_f, mem_b, mem_w`` with one entry per stage, ``t_comm`` and ``num_microbatches``."""
+
+    num_microbatches: int
+    t_f: tuple[int, ...]
+    t_b: tuple[int, ...]
+    t_w: tuple[int, ...]
+    t_comm: int
+    mem_f: tuple[int, ...]
+    mem_b: tuple[int, ...]
+    mem_w: tuple[int, ...]
+    objective: str
+
+    def duration(self, op: str, stage: int) -> int:
+        return {"F": self.t_f, "B": self.t_b, "W": self.t_w}[op][stage]
+
+    def mem_delta(self, op: str, stage: int) -> int:
+        return {"F": self.mem_f, "B": self.mem_b, "W": self.mem_w}[op][stage]
+
+    def horizon(self) -> int:
+        """An upper bound on any ASAP end time: all ops one after another, every hop paid."""
+        m, num_stages = self.num_microbatches, len(self.t_f)
+        work = m * (sum(self.t_f) + sum(self.t_b) + sum(self.t_w))
+        return work + 2 * m * num_stages * self.t_comm + 1
+
+
+def check_per_stage(problem: PerStageCosts, num_stages: int) -> None:
+    """Make ``problem``'s (a frozen dataclass's) per-stage fields int tuples of
+    ``num_stages`` entries; refuse negative durations and an unknown objective."""
+    for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
+        value = tuple(int(v) for v in getattr(problem, name))
+        if len(value) != num_stages:
+            raise ValueError(f"{name} has {len(value)} entries; give one per stage ({num_stages})")
+        object.__setattr__(problem, name, value)
+    if min(problem.t_f + problem.t_b + problem.t_w) < 0 or problem.t_comm < 0:
+        raise ValueError("durations and t_comm must be >= 0")
+    if problem.objective not in ("span", "makespan"):
+        raise ValueError(f"objective={problem.objective!r}; use 'span' or 'makespan'")
+
+
 @dataclass(frozen=True, kw_only=True)
-class IntProblem:
+class IntProblem(PerStageCosts):
     """The scheduling problem in integer units (durations in ticks, memory in mem units).
 
     Attributes:
@@ -99,27 +141,7 @@ class IntProblem:
         p, m = self.num_stages, self.num_microbatches
         if p < 1 or m < 1:
             raise ValueError(f"num_stages={p}, num_microbatches={m}: both must be >= 1")
-        for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
-            value = tuple(int(v) for v in getattr(self, name))
-            if len(value) != p:
-                raise ValueError(f"{name} has {len(value)} entries; give one per stage ({p})")
-            object.__setattr__(self, name, value)
-        if min(self.t_f + self.t_b + self.t_w) < 0 or self.t_comm < 0:
-            raise ValueError("durations and t_comm must be >= 0")
-        if self.objective not in ("span", "makespan"):
-            raise ValueError(f"objective={self.objective!r}; use 'span' or 'makespan'")
-
-    def duration(self, op: str, stage: int) -> int:
-        return {"F": self.t_f, "B": self.t_b, "W": self.t_w}[op][stage]
-
-    def mem_delta(self, op: str, stage: int) -> int:
-        return {"F": self.mem_f, "B": self.mem_b, "W": self.mem_w}[op][stage]
-
-    def horizon(self) -> int:
-        """An upper bound on any ASAP end time: all ops one after another, every hop paid."""
-        m, p = self.num_microbatches, self.num_stages
-        work = m * (sum(self.t_f) + sum(self.t_b) + sum(self.t_w))
-        return work + 2 * m * p * self.t_comm + 1
+        check_per_stage(self, p)
 
 
 def head_starts(problem: IntProblem) -> tuple[int, ...]:

@@ -24,7 +24,6 @@ objective``.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
@@ -33,11 +32,11 @@ from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
-    IntScaling,
     SolveResult,
     _Hint,
-    _Progress,
     hint_fields,
+    run_cpsat,
+    scaled_costs,
     solved_result,
     unsolved_result,
 )
@@ -49,6 +48,7 @@ from nobubble.pipeline.ilp.model import (
     peak_memory,
     relabel_in_order,
 )
+from nobubble.pipeline.ilp.solve_chunks import rank_orders
 from nobubble.pipeline.simulate import simulate
 from nobubble.validation import finite
 
@@ -77,20 +77,11 @@ def to_int_problem(
 
     ``time_unit`` / ``mem_unit`` are the cost-unit sizes of one integer tick.
     """
-    k = IntScaling.of(costs, mem_limit)
+    fields, k = scaled_costs(costs, mem_limit)
     problem = IntProblem(
-        num_stages=costs.num_stages,
-        num_microbatches=num_microbatches,
-        t_f=k.times(costs.t_f),
-        t_b=k.times(costs.t_b),
-        t_w=k.times(costs.t_w),
-        t_comm=k.times([costs.t_comm])[0],
-        mem_f=tuple(k.up(v) for v in costs.mem_f),
-        mem_b=tuple(-k.down(v) for v in costs.mem_b),  # model deltas: B and W free memory
-        mem_w=tuple(-k.down(v) for v in costs.mem_w),
-        mem_limit=None if mem_limit is None else k.down(mem_limit),
-        objective=objective,
-    )
+        num_stages=costs.num_stages, num_microbatches=num_microbatches, objective=objective,
+        **fields,
+    )  # fmt: skip
     return problem, 1.0 / k.tscale, 1.0 / k.mscale
 
 
@@ -106,16 +97,7 @@ def stage_orders(schedule: Schedule) -> list[list[tuple[str, int]]]:
             "solver handles one stage per rank (stage s on rank s) unless given num_chunks=2 "
             "and a placement"
         )
-    orders = []
-    for actions in schedule.rank_actions:
-        row: list[tuple[str, int]] = []
-        for a in actions:
-            if a.op is Op.BW:
-                row += [("B", a.microbatch), ("W", a.microbatch)]
-            else:
-                row.append((a.op.value, a.microbatch))
-        orders.append(row)
-    return orders
+    return [[(op, mb) for op, _stage, mb in row] for row in rank_orders(schedule)]
 
 
 def _to_schedule(
@@ -266,19 +248,11 @@ def solve_optimal(
     hint = _best_hint(problem, costs, candidates)
 
     built = build_cpsat(problem, memory=memory_encoding)
-    if hint is not None:
-        times = asap_times(problem, hint.orders)
-        for key, var in built.start.items():
-            built.model.add_hint(var, times[key])
-        built.model.add_hint(built.objective, hint.int_objective)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
-    solver.parameters.random_seed = 0
-    callback = None if on_solution is None else _Progress(on_solution, time_unit)
-    t0 = time.perf_counter()
-    code = solver.solve(built.model, callback)
-    seconds = time.perf_counter() - t0
+    times = None if hint is None else asap_times(problem, hint.orders)
+    solver, code, seconds = run_cpsat(
+        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit,
+    )  # fmt: skip
     return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit)
 
 
