@@ -13,7 +13,7 @@ Memory (per rank ``j``, created once per group, named by a key that rank 0 broad
   heartbeat), then per source ``i``: ``DONE[i]`` (the last call whose rows ``i`` finished
   writing), ``NBYTES[i]`` (how many bytes it wrote), ``MAPPED[i]`` (the data generation
   ``i`` has mapped), and per rank ``r``: ``VOTES[r]`` (``j`` declared ``r`` failed; see
-  :mod:`.shm_liveness`);
+  :mod:`.shm_mask`);
 - a *data region* of ``R * CAP`` bytes, slot ``i`` at ``[i * CAP, (i + 1) * CAP)``, sized by
   ``capacity_bytes_per_peer`` (the largest batch you expect) and grown on demand.
 
@@ -29,7 +29,7 @@ four ranks) and beats while it sleeps.
 
 Failures: a wait past ``timeout_s`` raises :class:`~nobubble.moe.transport.PeerFailure`
 naming the silent peers, or with ``mask_failed_ranks=True`` masks them and goes on without
-them (:mod:`.shm_mask`, on the heartbeats and votes of :mod:`.shm_liveness`).
+them (:mod:`.shm_mask`, on the heartbeats and votes in the control blocks).
 
 The transport implements :class:`~nobubble.moe.transport.Transport` (``all_to_all``,
 ``all_gather``, ``reduce_scatter``, byte counting per kind), so ``Buffer(transport=...)`` uses
