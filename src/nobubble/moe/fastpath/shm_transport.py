@@ -103,30 +103,18 @@ class ShmTransport(ByteCounting):
         capacity_bytes_per_peer: int = 1 << 20,
         mask_failed_ranks: bool = False,
     ) -> None:
-        if not dist.is_initialized():
-            raise ValueError(
-                "ShmTransport: torch.distributed is not initialised; start the ranks with "
-                "nobubble.distributed.spawn or torchrun first"
-            )
-        if not timeout_s > 0:
-            raise ValueError(f"ShmTransport: timeout_s={timeout_s} must be > 0")
         if capacity_bytes_per_peer < 1:
             raise ValueError(
                 f"ShmTransport: capacity_bytes_per_peer={capacity_bytes_per_peer} must be >= 1"
             )
-        self.group = group
-        self.timeout_s = float(timeout_s)
+        self._join("ShmTransport", group, timeout_s)
         self.kind = "shm"
         self.mask_failed_ranks = bool(mask_failed_ranks)
         self.capabilities = Capabilities(
             peer_writes=True, masks_failed_ranks=self.mask_failed_ranks
         )
         self._closed = False
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
         self._seq = 0
-        self._counters: dict[str, dict[str, int]] = {}
-        self.reset_stats()
         self._key = agree_on_key(self.group, self.rank, self.world_size)
         self._ctrl_t = map_segment(self._ctrl_path(self.rank), 8 * self._ctrl_len, create=True)
         self._ctrl = self._ctrl_t.numpy().view(np.int64)  # (3 + 3R,)
@@ -432,12 +420,8 @@ class ShmTransport(ByteCounting):
 
     def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
         """``[R * n, ...]`` on every rank -> this rank's ``[n, ...]`` block, summed in rank order."""
-        if x.shape[0] % self.world_size != 0:
-            raise ValueError(
-                f"reduce_scatter({kind}): {x.shape[0]} rows do not split over {self.world_size} ranks"
-            )
+        n = self._block_rows(x, kind)
         self._check_device(x, kind)
-        n = x.shape[0] // self.world_size
         blocks = self.all_to_all(x, [n] * self.world_size, [n] * self.world_size, kind=kind)
         blocks = blocks.reshape(self.world_size, n, *x.shape[1:])  # (R, n, ...)
         out = blocks[0].clone()
