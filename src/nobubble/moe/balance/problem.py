@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from nobubble.validation import check_value
+
 __all__ = ["Policy", "resolve_policy", "check_config", "MAX_SLOTS"]
 
 Policy = Literal["auto", "hierarchical", "global"]
@@ -54,8 +56,7 @@ def check_config(
         ("num_nodes", num_nodes),
         ("num_gpus", num_gpus),
     ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        check_value(name, value, ">= 1", integer=True)
     if num_gpus % num_nodes:
         raise ValueError(
             f"num_gpus={num_gpus} is not a multiple of num_nodes={num_nodes}: every node needs "

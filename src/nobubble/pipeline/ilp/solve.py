@@ -50,7 +50,7 @@ from nobubble.pipeline.ilp.model import (
 )
 from nobubble.pipeline.ilp.solve_chunks import rank_orders
 from nobubble.pipeline.simulate import simulate
-from nobubble.validation import finite
+from nobubble.validation import check_value, finite
 
 __all__ = [
     "SolveResult",
@@ -151,9 +151,8 @@ def _best_hint(
 def _check_args(
     costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
 ) -> None:
-    for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{label}={value!r} must be a positive integer")
+    check_value("num_stages", num_stages, ">= 1", integer=True)
+    check_value("num_microbatches", num_microbatches, ">= 1", integer=True)
     if costs.num_stages != num_stages:
         raise ValueError(
             f"costs have {costs.num_stages} stages but num_stages={num_stages}; the exact solver "
@@ -165,8 +164,8 @@ def _check_args(
         raise ValueError(f"time_limit_s={time_limit_s} must be a positive number of seconds")
     if mem_limit is not None and not (mem_limit >= 0 and finite(mem_limit)):
         raise ValueError(f"mem_limit={mem_limit} must be a finite number >= 0 (or None)")
-    if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 1):
-        raise ValueError(f"num_workers={num_workers!r} must be a positive integer (or None)")
+    if num_workers is not None:
+        check_value("num_workers", num_workers, ">= 1", integer=True)
     if warm_start is not None and (
         warm_start.num_ranks != num_stages or warm_start.num_microbatches != num_microbatches
     ):
