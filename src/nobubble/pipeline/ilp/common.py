@@ -212,6 +212,43 @@ def run_cpsat(
     return solver, code, time.perf_counter() - t0
 
 
+def cpsat_result(
+    problem, costs: CostModel, solver: cp_model.CpSolver, code: int, hint: _Hint | None, *,
+    orders_of: Callable[[cp_model.CpSolver], list], value_of: Callable[[list], int],
+    to_schedule: Callable[[list], Schedule], seconds: float, time_unit: float,
+    mem_limit: float | None, where: str, common: dict,
+) -> SolveResult:  # fmt: skip
+    """The result of a CP-SAT solve of ``problem``: the solver's schedule (``orders_of`` reads
+    its orders, ``value_of`` their integer objective, ``to_schedule`` makes the schedule), or
+    the warm start's when it is better (only before optimality), or, when CP-SAT found no
+    schedule of its own in time, the warm start (it fits the limits, so it is the answer,
+    feasible) against the bound proved so far (0 if none); else infeasible / unknown."""
+    objective = problem.objective
+    if code == cp_model.UNKNOWN and hint is not None:
+        bound = solver.best_objective_bound
+        bound = min(bound, hint.int_objective) if math.isfinite(bound) and bound > 0 else 0.0
+        return solved_result(
+            to_schedule(hint.orders), costs, proven=False, bound_ticks=bound,
+            time_unit=time_unit, objective=objective, hint=hint, from_hint=True,
+            seconds=seconds, where=where, common=common,
+        )  # fmt: skip
+    early = unsolved_result(code, costs, mem_limit, common)
+    if early is not None:
+        return early
+    orders = orders_of(solver)
+    value = value_of(orders)
+    from_hint = hint is not None and hint.int_objective < value  # only before optimality
+    if from_hint:
+        orders, value = hint.orders, hint.int_objective
+    return solved_result(
+        to_schedule(orders), costs,
+        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
+        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
+        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds, where=where,
+        common=common,
+    )  # fmt: skip
+
+
 def unsolved_result(code: int, costs: CostModel, mem_limit: float | None,
                     common: dict) -> SolveResult | None:  # fmt: skip
     """The result when CP-SAT ended without a schedule (infeasible, or none in time); None

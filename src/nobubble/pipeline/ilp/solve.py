@@ -23,10 +23,7 @@ objective``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-
-from ortools.sat.python import cp_model
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
@@ -34,11 +31,10 @@ from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
     SolveResult,
     _Hint,
+    cpsat_result,
     hint_fields,
     run_cpsat,
     scaled_costs,
-    solved_result,
-    unsolved_result,
 )
 from nobubble.pipeline.ilp.model import (
     IntProblem,
@@ -258,35 +254,21 @@ def solve_optimal(
 def _result(
     problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit
 ) -> SolveResult:
-    objective = problem.objective
-    common = {"objective_kind": objective, "solve_seconds": seconds, "time_unit": time_unit,
-              **hint_fields(hint, objective)}  # fmt: skip
+    common = {"objective_kind": problem.objective, "solve_seconds": seconds,
+              "time_unit": time_unit, **hint_fields(hint, problem.objective)}  # fmt: skip
     p, m = problem.num_stages, problem.num_microbatches
-    if code == cp_model.UNKNOWN and hint is not None:
-        # no schedule of CP-SAT's own in time: the warm start fits the limits, so it is the
-        # answer (feasible), against the bound CP-SAT proved so far (0 if none)
-        bound = solver.best_objective_bound
-        bound = min(bound, hint.int_objective) if math.isfinite(bound) and bound > 0 else 0.0
-        return solved_result(
-            _to_schedule(hint.orders, m, f"ilp-{problem.objective}"), costs, proven=False,
-            bound_ticks=bound, time_unit=time_unit, objective=problem.objective, hint=hint,
-            from_hint=True, seconds=seconds, where="", common=common,
-        )  # fmt: skip
-    early = unsolved_result(code, costs, mem_limit, common)
-    if early is not None:
-        return early
-    orders = []
-    for s in range(p):
-        ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW" for i in range(m))
-        orders.append([(op, i) for _, op, i in ops])
-    value = objective_of(problem, asap_times(problem, orders))
-    from_hint = hint is not None and hint.int_objective < value  # only before optimality
-    if from_hint:
-        orders, value = hint.orders, hint.int_objective
-    return solved_result(
-        _to_schedule(orders, m, f"ilp-{objective}"), costs,
-        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
-        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
-        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds, where="",
-        common=common,
+
+    def orders_of(solver) -> list:
+        orders = []
+        for s in range(p):
+            ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW"
+                         for i in range(m))  # fmt: skip
+            orders.append([(op, i) for _, op, i in ops])
+        return orders
+
+    return cpsat_result(
+        problem, costs, solver, code, hint, orders_of=orders_of,
+        value_of=lambda orders: objective_of(problem, asap_times(problem, orders)),
+        to_schedule=lambda orders: _to_schedule(orders, m, f"ilp-{problem.objective}"),
+        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit, where="", common=common,
     )  # fmt: skip

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ortools.sat.python import cp_model
-
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp import chunks
@@ -25,11 +23,10 @@ from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
 from nobubble.pipeline.ilp.common import (
     SolveResult,
     _Hint,
+    cpsat_result,
     hint_fields,
     run_cpsat,
     scaled_costs,
-    solved_result,
-    unsolved_result,
 )
 from nobubble.pipeline.ilp.greedy import greedy_orders
 from nobubble.pipeline.simulate import simulate
@@ -165,23 +162,20 @@ def _result(
     common: dict = {"objective_kind": objective, "solve_seconds": seconds,
                     "time_unit": time_unit, "num_chunks": num_chunks, "placement": placement,
                     **hint_fields(hint, objective)}  # fmt: skip
-    early = unsolved_result(code, costs, mem_limit, common)
-    if early is not None:
-        return early
-    orders: _Orders = []
-    for r in range(problem.num_ranks):
-        ops = sorted((solver.value(built.start[op, s, i]), op, s, i)
-                     for s in problem.stages_of(r) for op in "FBW"
-                     for i in range(problem.num_microbatches))  # fmt: skip
-        orders.append([(op, s, i) for _, op, s, i in ops])
-    value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
-    from_hint = hint is not None and hint.int_objective < value  # only before optimality
-    if from_hint:
-        orders, value = hint.orders, hint.int_objective
-    return solved_result(
-        _to_schedule(problem, orders, f"ilp-{placement}-{objective}"), costs,
-        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
-        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
-        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds,
+
+    def orders_of(solver) -> _Orders:
+        orders: _Orders = []
+        for r in range(problem.num_ranks):
+            ops = sorted((solver.value(built.start[op, s, i]), op, s, i)
+                         for s in problem.stages_of(r) for op in "FBW"
+                         for i in range(problem.num_microbatches))  # fmt: skip
+            orders.append([(op, s, i) for _, op, s, i in ops])
+        return orders
+
+    return cpsat_result(
+        problem, costs, solver, code, hint, orders_of=orders_of,
+        value_of=lambda orders: chunks.objective_of(problem, chunks.asap_times(problem, orders)),
+        to_schedule=lambda orders: _to_schedule(problem, orders, f"ilp-{placement}-{objective}"),
+        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit,
         where=f" ({placement}, {num_chunks} chunks)", common=common,
     )  # fmt: skip
