@@ -42,7 +42,6 @@ send from receive.
 from __future__ import annotations
 
 import os
-import socket
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -58,6 +57,7 @@ from nobubble.moe.fastpath.shm_segment import (
     barrier,
     cleanup,
     copier,
+    group_hosts,
     map_segment,
     round_up,
     store_fence,
@@ -115,7 +115,7 @@ class ShmTransport(ByteCounting):
         )
         self._closed = False
         self._seq = 0
-        self._key = agree_on_key(self.group, self.rank, self.world_size)
+        self._key = agree_on_key(self.group, self.rank)
         self._ctrl_t = map_segment(self._ctrl_path(self.rank), 8 * self._ctrl_len, create=True)
         self._ctrl = self._ctrl_t.numpy().view(np.int64)  # (3 + 3R,)
         self._ctrl[:] = 0
@@ -466,9 +466,7 @@ def make_transport(
     if kind == "auto":
         kind = default_transport_kind(dist.get_backend(group), device)
         if kind == "shm":
-            hosts: list[Any] = [None] * dist.get_world_size(group)
-            dist.all_gather_object(hosts, socket.gethostname(), group=group)
-            kind = "shm" if len(set(hosts)) == 1 else "dist"
+            kind = "shm" if len(group_hosts(group)) == 1 else "dist"
     if kind == "shm":
         return ShmTransport(
             group,

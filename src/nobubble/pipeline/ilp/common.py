@@ -194,7 +194,7 @@ def run_cpsat(
     num_workers: int | None,
     on_solution: Callable[[float, float, float], None] | None,
     time_unit: float,
-) -> tuple[cp_model.CpSolver, int, float]:
+) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus, float]:
     """Hint ``built`` (a model with ``model``, ``start`` and ``objective``) with the warm start
     (``hint_times``: its ASAP start tick of every op) and solve it; return ``(solver, status
     code, seconds)``. Seeded, so a run repeats."""
@@ -237,9 +237,9 @@ def cpsat_result(
         return early
     orders = orders_of(solver)
     value = value_of(orders)
-    from_hint = hint is not None and hint.int_objective < value  # only before optimality
-    if from_hint:
-        orders, value = hint.orders, hint.int_objective
+    from_hint = False
+    if hint is not None and hint.int_objective < value:  # only before optimality
+        orders, value, from_hint = hint.orders, hint.int_objective, True
     return solved_result(
         to_schedule(orders), costs,
         proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
