@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from nobubble.pipeline.ilp.model import PerStageCosts, check_per_stage
+from nobubble.pipeline.ilp.model import PerStageCosts
 
 __all__ = [
     "PLACEMENTS",
@@ -85,29 +85,13 @@ def placement_map(placement: str, num_ranks: int, num_chunks: int) -> tuple[int,
 
 @dataclass(frozen=True, kw_only=True)
 class ChunkProblem(PerStageCosts):
-    """The problem in integer units, per *stage* (``S = len(stage_to_rank)`` entries).
-
-    Attributes:
-        num_ranks: p. num_microbatches: m.
-        stage_to_rank: rank of each stage; stage r must be on rank r for r < p.
-        t_f, t_b, t_w: durations per stage (ticks >= 0). t_comm: transfer between ranks.
-        mem_f, mem_b, mem_w: memory *deltas* per stage (F's store > 0, B/W's frees < 0).
-        mem_limit: per-rank limit on the running sum, or None.
-        objective: ``"span"`` or ``"makespan"``.
-    """
+    """The problem in integer units, per *stage* (``S = len(stage_to_rank)`` entries of
+    every per-stage field, :class:`~nobubble.pipeline.ilp.model.PerStageCosts`): ``num_ranks``
+    p, ``stage_to_rank`` the rank of each stage (stage r must be on rank r for r < p);
+    ``t_comm`` is paid between ranks only, ``mem_limit`` holds per rank."""
 
     num_ranks: int
-    num_microbatches: int
     stage_to_rank: tuple[int, ...]
-    t_f: tuple[int, ...]
-    t_b: tuple[int, ...]
-    t_w: tuple[int, ...]
-    t_comm: int
-    mem_f: tuple[int, ...]
-    mem_b: tuple[int, ...]
-    mem_w: tuple[int, ...]
-    mem_limit: int | None = None
-    objective: str = "span"
 
     def __post_init__(self) -> None:
         p, m, owner = self.num_ranks, self.num_microbatches, tuple(self.stage_to_rank)
@@ -119,7 +103,7 @@ class ChunkProblem(PerStageCosts):
                 "every stage on a rank < p (use placement_map)"
             )
         object.__setattr__(self, "stage_to_rank", owner)
-        check_per_stage(self, len(owner))
+        self._check_per_stage(len(owner))
 
     @property
     def num_stages(self) -> int:

@@ -69,10 +69,20 @@ StageOrder = Sequence[tuple[str, int]]
 _OPS = ("F", "B", "W")
 
 
+@dataclass(frozen=True, kw_only=True)
 class PerStageCosts:
-    """Per-stage lookups shared by :class:`IntProblem` and the several-chunk problem
-    (:class:`~nobubble.pipeline.ilp.chunks.ChunkProblem`): both hold ``t_f, t_b, t_w,
-    mem_f, mem_b, mem_w`` with one entry per stage, ``t_comm`` and ``num_microbatches``."""
+    """The integer costs both exact problems hold, one entry per stage, and their lookups
+    (:class:`IntProblem`, one stage per rank, and the several-chunk
+    :class:`~nobubble.pipeline.ilp.chunks.ChunkProblem`).
+
+    Attributes:
+        num_microbatches: m.
+        t_f, t_b, t_w: per-stage durations (ticks >= 0). t_comm: transfer between ranks.
+        mem_f, mem_b, mem_w: per-stage memory *deltas* of each op (F's store > 0, B/W's
+            frees usually < 0), in mem units.
+        mem_limit: per-rank limit on the running sum in the same units, or None.
+        objective: ``"span"`` or ``"makespan"``.
+    """
 
     num_microbatches: int
     t_f: tuple[int, ...]
@@ -82,7 +92,22 @@ class PerStageCosts:
     mem_f: tuple[int, ...]
     mem_b: tuple[int, ...]
     mem_w: tuple[int, ...]
-    objective: str
+    mem_limit: int | None = None
+    objective: str = "span"
+
+    def _check_per_stage(self, num_stages: int) -> None:
+        """Make the per-stage fields int tuples of ``num_stages`` entries; refuse negative
+        durations and an unknown objective."""
+        for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
+            value = tuple(int(v) for v in getattr(self, name))
+            if len(value) != num_stages:
+                raise ValueError(f"{name} has {len(value)} entries; give one per stage "
+                                 f"({num_stages})")  # fmt: skip
+            object.__setattr__(self, name, value)
+        if min(self.t_f + self.t_b + self.t_w) < 0 or self.t_comm < 0:
+            raise ValueError("durations and t_comm must be >= 0")
+        if self.objective not in ("span", "makespan"):
+            raise ValueError(f"objective={self.objective!r}; use 'span' or 'makespan'")
 
     def duration(self, op: str, stage: int) -> int:
         return {"F": self.t_f, "B": self.t_b, "W": self.t_w}[op][stage]
@@ -97,51 +122,19 @@ class PerStageCosts:
         return work + 2 * m * num_stages * self.t_comm + 1
 
 
-def check_per_stage(problem: PerStageCosts, num_stages: int) -> None:
-    """Make ``problem``'s (a frozen dataclass's) per-stage fields int tuples of
-    ``num_stages`` entries; refuse negative durations and an unknown objective."""
-    for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
-        value = tuple(int(v) for v in getattr(problem, name))
-        if len(value) != num_stages:
-            raise ValueError(f"{name} has {len(value)} entries; give one per stage ({num_stages})")
-        object.__setattr__(problem, name, value)
-    if min(problem.t_f + problem.t_b + problem.t_w) < 0 or problem.t_comm < 0:
-        raise ValueError("durations and t_comm must be >= 0")
-    if problem.objective not in ("span", "makespan"):
-        raise ValueError(f"objective={problem.objective!r}; use 'span' or 'makespan'")
-
-
 @dataclass(frozen=True, kw_only=True)
 class IntProblem(PerStageCosts):
-    """The scheduling problem in integer units (durations in ticks, memory in mem units).
-
-    Attributes:
-        num_stages: p (one stage per rank).
-        num_microbatches: m.
-        t_f, t_b, t_w: per-stage durations, each a tuple of p ints >= 0.
-        t_comm: transfer time between adjacent stages, int >= 0.
-        mem_f, mem_b, mem_w: per-stage memory change of each op, tuples of p ints.
-        mem_limit: per-stage activation limit in the same units, or None for no limit.
-        objective: ``"span"`` or ``"makespan"``.
-    """
+    """The scheduling problem in integer units (durations in ticks, memory in mem units),
+    one stage per rank: ``num_stages`` p, every per-stage field (:class:`PerStageCosts`) a
+    tuple of p ints, ``t_comm`` between adjacent stages, ``mem_limit`` per stage."""
 
     num_stages: int
-    num_microbatches: int
-    t_f: tuple[int, ...]
-    t_b: tuple[int, ...]
-    t_w: tuple[int, ...]
-    t_comm: int
-    mem_f: tuple[int, ...]
-    mem_b: tuple[int, ...]
-    mem_w: tuple[int, ...]
-    mem_limit: int | None = None
-    objective: str = "span"
 
     def __post_init__(self) -> None:
         p, m = self.num_stages, self.num_microbatches
         if p < 1 or m < 1:
             raise ValueError(f"num_stages={p}, num_microbatches={m}: both must be >= 1")
-        check_per_stage(self, p)
+        self._check_per_stage(p)
 
 
 def head_starts(problem: IntProblem) -> tuple[int, ...]:
