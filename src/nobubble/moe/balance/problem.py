@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from nobubble.validation import check_value
-
 __all__ = ["Policy", "resolve_policy", "check_config", "MAX_SLOTS"]
 
 Policy = Literal["auto", "hierarchical", "global"]
@@ -56,7 +54,8 @@ def check_config(
         ("num_nodes", num_nodes),
         ("num_gpus", num_gpus),
     ):
-        check_value(name, value, ">= 1", integer=True)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
     if num_gpus % num_nodes:
         raise ValueError(
             f"num_gpus={num_gpus} is not a multiple of num_nodes={num_nodes}: every node needs "
