@@ -22,10 +22,10 @@ from nobubble.pipeline.dispatch import (
     choose_op,
     plan_peaks,
     run_handshake,
-    run_static,
     simulate_dispatch,
 )
 from nobubble.pipeline.schedules import get_schedule
+from nobubble.pipeline.simulate import run_timeline
 from nobubble.pipeline.validate import validate
 
 PLANS = ("1f1b", "zb-h1", "zb-h2", "zb-2p", "zb-v")
@@ -142,7 +142,7 @@ def test_replaying_the_executed_order_is_never_later() -> None:
     plan = get_schedule("zb-2p", num_ranks=3, num_microbatches=6, costs=costs)
     durations = Perturbation(jitter=0.4, seed=3).durations(costs, plan.stage_to_rank, 6)
     run = run_handshake(plan, costs, limits=plan_peaks(plan, costs), duration=durations.of)
-    start, _ = run_static(run.schedule, durations.of, costs.t_comm)
+    start, _ = run_timeline(run.schedule, durations.of, costs.t_comm)
     for r in range(3):
         assert all(a <= b + 1e-9 for a, b in zip(start[r], run.start[r]))
 

@@ -53,7 +53,7 @@ from nobubble.moe import (
     init_moe_weights,
     sync_gradients,
 )
-from nobubble.moe.balance.eplb import rebalance_experts
+from nobubble.moe.balance.eplb import load_imbalance, rebalance_experts
 from nobubble.moe.balance.load_stats import ExpertLoadStats
 from nobubble.moe.balance.online import rebalance_online
 from nobubble.moe.balance.replicated_layer import ReplicatedMoELayer
@@ -165,11 +165,9 @@ def _global_loads(model: MoEGPT, grid: Any) -> tuple[torch.Tensor, torch.Tensor]
 def _imbalance(physical: torch.Tensor, ep: int) -> tuple[float, float]:
     """Mean over layers of max / mean rank load and of max / mean physical-expert load."""
     num_layers, dp, total = physical.shape
-    ranks = physical.reshape(num_layers, dp * ep, total // ep).sum(-1).double()  # (L, W)
-    experts = physical.reshape(num_layers, -1).double()  # (L, dp * P_total)
-    rank_imb = (ranks.max(-1).values / ranks.mean(-1)).mean()
-    expert_imb = (experts.max(-1).values / experts.mean(-1)).mean()
-    return float(rank_imb), float(expert_imb)
+    ranks = physical.reshape(num_layers, dp * ep, total // ep).sum(-1)  # (L, W)
+    experts = physical.reshape(num_layers, -1)  # (L, dp * P_total)
+    return float(load_imbalance(ranks).mean()), float(load_imbalance(experts).mean())
 
 
 def _rank_train(ctx, config: TrainConfig, vocab: int, windows: torch.Tensor, progress: Any):

@@ -256,9 +256,32 @@ def check_splits(
 
 
 class ByteCounting:
-    """Per-kind byte counters shared by every transport (``reset_stats``, ``stats``)."""
+    """What every transport shares: its group (checked), the timeout, and the per-kind byte
+    counters (``reset_stats``, ``stats``)."""
 
     _counters: dict[str, dict[str, int]]
+
+    def _join(self, name: str, group: dist.ProcessGroup | None, timeout_s: float) -> None:
+        """Check torch.distributed is up and ``timeout_s > 0``; set ``group``, ``timeout_s``,
+        ``rank``, ``world_size`` and zero the counters (``name`` prefixes the errors)."""
+        if not dist.is_initialized():
+            raise ValueError(
+                f"{name}: torch.distributed is not initialised; start the ranks with "
+                "nobubble.distributed.spawn or torchrun first"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"{name}: timeout_s={timeout_s} must be > 0")
+        self.group, self.timeout_s = group, float(timeout_s)
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.reset_stats()
+
+    def _block_rows(self, x: torch.Tensor, kind: str) -> int:
+        """Rows of each rank's block of a reduce-scatter of ``x``; refuses an uneven split."""
+        if x.shape[0] % self.world_size != 0:
+            raise ValueError(
+                f"reduce_scatter({kind}): {x.shape[0]} rows do not split over {self.world_size} ranks"
+            )
+        return x.shape[0] // self.world_size
 
     def reset_stats(self) -> None:
         self._counters = {"sent": {}, "remote": {}, "received": {}, "calls": {}}
@@ -302,24 +325,12 @@ class TorchDistTransport(ByteCounting):
         timeout_s: float = 120.0,
         track_arrivals: bool = True,
     ) -> None:
-        if not dist.is_initialized():
-            raise ValueError(
-                "TorchDistTransport: torch.distributed is not initialised; start the ranks with "
-                "nobubble.distributed.spawn or torchrun first"
-            )
-        if not timeout_s > 0:
-            raise ValueError(f"TorchDistTransport: timeout_s={timeout_s} must be > 0")
+        self._join("TorchDistTransport", group, timeout_s)
         self.kind = "dist"
         self.capabilities = Capabilities(split_all_to_all=True)
-        self.group = group
-        self.timeout_s = float(timeout_s)
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
         self.track_arrivals = track_arrivals
         self._calls = 0
         self._arrivals: ArrivalStore | None = None
-        self._counters: dict[str, dict[str, int]] = {}
-        self.reset_stats()
 
     def _failure(self, what: str, kind: str, waited: float, err: BaseException) -> PeerFailure:
         cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -443,10 +454,7 @@ class TorchDistTransport(ByteCounting):
         return _from_byte_rows(out, x)
 
     def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
-        if x.shape[0] % self.world_size != 0:
-            raise ValueError(
-                f"reduce_scatter({kind}): {x.shape[0]} rows do not split over {self.world_size} ranks"
-            )
+        self._block_rows(x, kind)
         # A sum cannot travel as bytes: reduce in the tensor's own dtype.
         x = x.contiguous()
         out = torch.empty(

@@ -37,11 +37,11 @@ def _drive(plan: Schedule, seed: int) -> Schedule:
     in_flight: list[tuple[MessageKey, int]] = []  # sent, not yet arrived
     mailbox: set[tuple[MessageKey, int]] = set()
     order: list[list] = [[] for _ in cursors]
-    while not all(c.finished for c in cursors):
+    while not all(c.progress.finished for c in cursors):
         if in_flight and rng.random() < 0.5:
             mailbox.add(in_flight.pop(rng.randrange(len(in_flight))))
             continue
-        moves = [(r, k) for r, c in enumerate(cursors) if not c.finished
+        moves = [(r, k) for r, c in enumerate(cursors) if not c.progress.finished
                  for k in [c.choose(lambda key, src, r=r: (key, r) in mailbox)] if k is not None]  # fmt: skip
         assert moves or in_flight, "stuck: no rank can run and nothing is on the way"
         if not moves:

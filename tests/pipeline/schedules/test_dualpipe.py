@@ -102,7 +102,7 @@ def test_below_2p_microbatches_torch_refuses_and_ours_drops_the_missing_ones():
 
 
 def test_bad_sizes_are_refused_with_the_fix():
-    with pytest.raises(ValueError, match="num_ranks=0 must be a positive integer"):
+    with pytest.raises(ValueError, match="num_ranks=0 must be an integer >= 1"):
         dualpipev(0, 4)
     with pytest.raises(ValueError, match="num_ranks=3: use 4 ranks, or dualpipev"):
         dualpipe(3, 6)

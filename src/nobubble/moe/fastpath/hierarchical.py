@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
@@ -107,13 +108,6 @@ def node_groups(
         if lr == rank % ranks_per_node:
             mine_rail = g
     return mine_node, mine_rail
-
-
-def _offsets(counts) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + int(c))
-    return out
 
 
 class HierarchicalRows:
@@ -196,7 +190,7 @@ class HierarchicalRows:
         # Rows from global source g = s * P + l arrive from forwarder l, in block s.
         num_recv = handle.num_recv_tokens_per_rank
         recv2_counts = [sum(num_recv[s * p + lr] for s in range(d)) for lr in range(p)]
-        final_off = _offsets(num_recv)
+        final_off = list(accumulate(num_recv, initial=0))
         order = torch.empty(final_off[-1], dtype=torch.int64)  # built on CPU, moved below
         pos = 0
         for lr in range(p):
@@ -235,7 +229,7 @@ class HierarchicalRows:
         back2 = self.intra.all_to_all(arrival, plan.recv2_counts, plan.send2_counts, kind=kind)
         rows1 = sum(plan.recv1_counts)
         partial = torch.zeros((rows1, *t.shape[1:]), dtype=acc_dtype, device=t.device)  # (M1, *)
-        off = _offsets(plan.send2_counts)
+        off = list(accumulate(plan.send2_counts, initial=0))
         for q in range(self.ranks_per_node):  # local-rank order, unique rows per segment
             seg = slice(off[q], off[q + 1])
             partial.index_add_(0, plan.send2_row[seg], back2[seg].to(acc_dtype))
@@ -243,7 +237,7 @@ class HierarchicalRows:
             partial.to(t.dtype), plan.recv1_counts, plan.send1_counts, kind=kind
         )  # (S1, *) aligned with send1_token
         out = torch.zeros((handle.num_tokens, *t.shape[1:]), dtype=acc_dtype, device=t.device)
-        off = _offsets(plan.send1_counts)
+        off = list(accumulate(plan.send1_counts, initial=0))
         for node in range(self.num_nodes):  # node order
             seg = slice(off[node], off[node + 1])
             out.index_add_(0, plan.send1_token[seg], back1[seg].to(acc_dtype))

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from nobubble.moe.fastpath.overlap import (
+    StepTimes,
     _combine,
     _dispatch,
     _pipelined,
@@ -39,7 +40,6 @@ from nobubble.moe.fastpath.overlap import (
 )
 from nobubble.moe.handle import DispatchResult
 from nobubble.moe.routing import Routing
-from nobubble.trace import Event
 
 if TYPE_CHECKING:  # the layer (and its Buffer) sit above the fast paths
     from nobubble.moe.layer import MoELayer
@@ -50,25 +50,15 @@ COMPUTE_CATS = ("dense", "experts", "shared")
 """Event categories of the main thread's compute (lane 0)."""
 
 
-@dataclass(frozen=True, eq=False)
-class MicrobatchOverlapResult:
-    """What :func:`microbatch_overlapped_forward` returns.
-
-    Attributes:
-        outs: one ``[..., H]`` tensor per microbatch, ``layer(pre(x_i))``.
-        step_s: wall time of the whole stage (all microbatches) on this rank.
-        comm_s: time the dispatch and combine calls took (sum over microbatches).
-        compute_s: time the dense parts, routed experts and shared experts took (sum).
-        events: one :class:`~nobubble.trace.Event` per operation, microseconds from the
-            step's start: lane 0 compute (``P{i}`` dense + routing, ``E{i}`` routed experts,
-            ``S{i}`` shared experts), lane 1 communication (``D{i}``, ``C{i}``).
-    """
+@dataclass(frozen=True, eq=False, kw_only=True)
+class MicrobatchOverlapResult(StepTimes):
+    """What :func:`microbatch_overlapped_forward` returns: ``outs``, one ``[..., H]`` tensor
+    per microbatch (``layer(pre(x_i))``), and the :class:`~.overlap.StepTimes` of the whole
+    stage (all microbatches). Compute is the dense parts, routed experts and shared experts;
+    events: lane 0 compute (``P{i}`` dense + routing, ``E{i}`` routed experts, ``S{i}``
+    shared experts), lane 1 communication (``D{i}``, ``C{i}``)."""
 
     outs: list[torch.Tensor]
-    step_s: float
-    comm_s: float
-    compute_s: float
-    events: list[Event]
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,4 +160,7 @@ def microbatch_overlapped_forward(
         outs.append((out if s is None else out + s).reshape(p.shape))  # (..., H)
     step = rec.elapsed()
     comm_s = rec.total("dispatch", "combine")
-    return MicrobatchOverlapResult(outs, step, comm_s, rec.total(*COMPUTE_CATS), rec.events)
+    return MicrobatchOverlapResult(
+        outs=outs, step_s=step, comm_s=comm_s, compute_s=rec.total(*COMPUTE_CATS),
+        events=rec.events,
+    )  # fmt: skip

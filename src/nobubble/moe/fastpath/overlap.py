@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,38 +33,35 @@ from nobubble.trace import Event
 if TYPE_CHECKING:  # the layer (and its Buffer) sit above the fast paths
     from nobubble.moe.layer import MoELayer
 
-__all__ = ["OverlapResult", "overlapped_forward", "communication_hidden"]
+__all__ = ["StepTimes", "OverlapResult", "overlapped_forward", "communication_hidden"]
 
 
-@dataclass(frozen=True, eq=False)
-class OverlapResult:
-    """What :func:`overlapped_forward` returns.
+@dataclass(frozen=True, eq=False, kw_only=True)
+class StepTimes:
+    """A step's wall time, the time its communication and compute operations took, and
+    what ran where (the result of both overlaps, :class:`OverlapResult` and
+    :class:`~nobubble.moe.fastpath.microbatch_overlap.MicrobatchOverlapResult`).
 
     Attributes:
-        out: ``[..., H]`` the layer's output.
         step_s: wall time of the step on this rank.
         comm_s: time the communication operations took (sum over dispatch and combine calls).
-        compute_s: time the experts took (sum over chunks).
+        compute_s: time the compute operations took (sum).
         events: one :class:`~nobubble.trace.Event` per operation, lane 0 compute, lane 1
             communication, microseconds from the step's start.
     """
 
-    out: torch.Tensor
     step_s: float
     comm_s: float
     compute_s: float
     events: list[Event]
 
 
-class StepTimes(Protocol):
-    """A step's wall time and the time its communication and compute operations took."""
+@dataclass(frozen=True, eq=False, kw_only=True)
+class OverlapResult(StepTimes):
+    """What :func:`overlapped_forward` returns: ``out``, ``[..., H]`` the layer's output, and
+    the :class:`StepTimes` (compute: the experts, summed over chunks)."""
 
-    @property
-    def step_s(self) -> float: ...
-    @property
-    def comm_s(self) -> float: ...
-    @property
-    def compute_s(self) -> float: ...
+    out: torch.Tensor
 
 
 def communication_hidden(result: StepTimes) -> float:
@@ -73,8 +70,7 @@ def communication_hidden(result: StepTimes) -> float:
     The main thread either computes or waits; the time it does not compute
     (``step - compute``) bounds the communication left exposed, so
     ``hidden = 1 - (step - compute) / comm``, clipped to [0, 1]. A sequential run has
-    ``step >= compute + comm`` and scores 0. Takes an :class:`OverlapResult` or a
-    :class:`~nobubble.moe.fastpath.microbatch_overlap.MicrobatchOverlapResult`.
+    ``step >= compute + comm`` and scores 0.
     """
     if result.comm_s <= 0:
         return 0.0
@@ -221,4 +217,7 @@ def overlapped_forward(
         out = out + shared
     step = rec.elapsed()
     comm_s = rec.total("dispatch", "combine")
-    return OverlapResult(out.reshape(shape), step, comm_s, rec.total("experts"), rec.events)
+    return OverlapResult(
+        out=out.reshape(shape), step_s=step, comm_s=comm_s, compute_s=rec.total("experts"),
+        events=rec.events,
+    )  # fmt: skip

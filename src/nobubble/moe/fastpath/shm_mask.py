@@ -2,7 +2,7 @@
 silent peers: name them in a :class:`~nobubble.moe.transport.PeerFailure`, or mask them.
 
 A wait that passes ``timeout_s`` names exactly the peers whose READY or DONE never came -
-those that also stopped beating (:mod:`.shm_liveness`; a peer still beating is itself
+those that also stopped beating (a peer still beating is itself
 waiting for someone else, so the wait is extended once, by ``timeout_s``, for it to time out
 on its own) - and raises :class:`~nobubble.moe.transport.PeerFailure` with them as
 ``failed_ranks``. With ``mask_failed_ranks=True`` it votes them failed instead; every rank
@@ -14,19 +14,41 @@ masked raises: it cannot rejoin.
 Lifecycle per call ``t``: :meth:`PeerMask.begin` (the peers masked so far are skipped) ->
 :meth:`PeerMask.idle` on every idle turn of a wait (peers masked now join the skipped ones)
 -> :attr:`PeerMask.missing` read at the end (the sources whose rows did not arrive).
+
+Every rank of a :class:`~nobubble.moe.fastpath.shm_transport.ShmTransport` owns a control
+block that all its peers have mapped. Two parts of it serve failure handling, each word with
+exactly one writer (the owner), so no atomics are needed:
+
+- ``BEAT``: the monotonic clock (microseconds, the same clock for every process of a host)
+  when the owner last idled in a wait. A peer that is waiting for someone else keeps beating;
+  one that died, hangs in user code or computes past the timeout does not.
+- ``VOTES[j]``: 1 once the owner has declared rank ``j`` failed.
+
+The *mask* is the union of every rank's votes (the dead rank's block stays mapped and
+readable). Every rank reads the same words, so the survivors agree on it by their next
+call (within one call, a peer masked late may still be seen by some survivors and not by
+others; the buffer re-reads the mask after each exchange); a vote is never withdrawn, so
+the mask only grows - DeepEP's low-latency mask buffer, on a host. A rank that
+finds itself in the mask (it was too slow and the others went on) must not vote or rejoin.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from nobubble.moe.fastpath.shm_liveness import PeerLiveness
 from nobubble.moe.fastpath.shm_segment import Backoff
 from nobubble.moe.transport import PeerFailure, phase_of
 
 __all__ = ["PeerMask"]
 
 _STALE_S = 1.0  # a waiting rank beats every millisecond or so; one second without is silence
+
+
+def _now_us() -> int:
+    """``CLOCK_MONOTONIC`` in microseconds: one clock for every process of this host."""
+    return time.monotonic_ns() // 1000
 
 
 class PeerMask:
@@ -60,19 +82,28 @@ class PeerMask:
         self.timeout_s = timeout_s
         self.mask_failed_ranks = mask_failed_ranks
         self.missing: frozenset[int] = frozenset()
-        self._live = PeerLiveness(
-            rank,
-            world_size,
-            own,
-            peers,
-            beat=beat,
-            votes=votes,
-            stale_s=min(_STALE_S, timeout_s / 4),
-        )
+        self._own, self._peers = own, peers
+        self._beat, self._votes = beat, votes
+        self._stale_us = int(min(_STALE_S, timeout_s / 4) * 1e6)
+        self._blocks = [own if r == rank else peers[r] for r in range(world_size)]
+        self._beat_now()
+
+    def _beat_now(self) -> None:
+        """This rank is alive and waiting in a call."""
+        self._own[self._beat] = _now_us()
+
+    def _is_stale(self, j: int) -> bool:
+        """Rank ``j`` has not idled in a wait lately: it is not waiting on others."""
+        return _now_us() - int(self._peers[j][self._beat]) > self._stale_us
 
     def masked_ranks(self) -> frozenset[int]:
-        """Ranks the group has voted failed (empty unless masking is on)."""
-        return self._live.masked() if self.mask_failed_ranks else frozenset()
+        """Ranks the group has voted failed (empty unless masking is on; one read of
+        ``R * R`` words)."""
+        if not self.mask_failed_ranks:
+            return frozenset()
+        lo, hi = self._votes, self._votes + self.world_size
+        votes = np.stack([block[lo:hi] for block in self._blocks])  # (R voters, R ranks)
+        return frozenset(int(j) for j in np.flatnonzero(votes.any(axis=0)))
 
     def begin(self, t: int, kind: str) -> frozenset[int]:
         """Start call ``t``: raise if this rank is masked, skip the masked peers, beat.
@@ -80,7 +111,7 @@ class PeerMask:
         masked = self.masked_ranks()
         self._check_not_masked(masked, kind, t)
         self.missing = masked - {self.rank}
-        self._live.beat()
+        self._beat_now()
         return masked
 
     def idle(self, backoff: Backoff, waiting: set[int], t: int, kind: str, op: str) -> set[int]:
@@ -93,19 +124,20 @@ class PeerMask:
         state = backoff.step()
         if state == "spin":
             return set()
-        self._live.beat()
+        self._beat_now()
         masked = self.masked_ranks()
         self._check_not_masked(masked, kind, t)
         if waiting & masked:
             return self._skip(set(waiting & masked))
         if state == "slept":
             return set()
-        silent = {j for j in waiting if self._live.is_stale(j)}
+        silent = {j for j in waiting if self._is_stale(j)}
         if not silent and not backoff.extended:
             backoff.extend(self.timeout_s)  # all of them wait for someone else: give them time
             return set()
         if self.mask_failed_ranks and silent:
-            self._live.vote(silent)
+            for j in silent:  # declare them failed (this rank is not masked itself)
+                self._own[self._votes + j] = 1
             return self._skip(silent)
         beating = sorted(waiting - silent)
         detail = f"{kind} {op} (call {t}) waiting for rank(s) {sorted(waiting)}" + (

@@ -26,6 +26,8 @@ Everything else (layout, count exchange, handle, autograd) is the buffer's.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 import nobubble.moe.fastpath.cpu_kernels as cpu_kernels
@@ -36,13 +38,6 @@ from nobubble.moe.transport import PeerWrites
 __all__ = ["ShmRows"]
 
 _BLOCK_BYTES = 1 << 20  # float32 accumulator block of the torch combine path (fits in L2)
-
-
-def _offsets(counts: tuple[int, ...]) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return out
 
 
 class ShmRows:
@@ -67,8 +62,8 @@ class ShmRows:
         t = t.contiguous()
         row_shape = t.shape[1:]
         row_bytes = _row_bytes(t)
-        send_off = _offsets(handle.num_send_tokens_per_rank)
-        recv_off = _offsets(handle.num_recv_tokens_per_rank)
+        send_off = list(accumulate(handle.num_send_tokens_per_rank, initial=0))
+        recv_off = list(accumulate(handle.num_recv_tokens_per_rank, initial=0))
         recv_nbytes = [n * row_bytes for n in handle.num_recv_tokens_per_rank]
         out = self.outputs.empty((recv_off[-1], *row_shape), t.dtype)  # (M, *)
         shm = self.shm
@@ -103,8 +98,9 @@ class ShmRows:
         row_shape = t.shape[1:]
         row_bytes = _row_bytes(t)
         flat = t.view(-1).view(torch.uint8)  # (M * row_bytes,)
-        back_off = _offsets(handle.num_recv_tokens_per_rank)  # rows of t, by destination
-        home_off = _offsets(handle.num_send_tokens_per_rank)  # rows coming home, by source
+        # rows of t by destination; rows coming home by source
+        back_off = list(accumulate(handle.num_recv_tokens_per_rank, initial=0))
+        home_off = list(accumulate(handle.num_send_tokens_per_rank, initial=0))
         recv_nbytes = [n * row_bytes for n in handle.num_send_tokens_per_rank]
         shm = self.shm
         step = shm.begin(recv_nbytes, kind=kind)

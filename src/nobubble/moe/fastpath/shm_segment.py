@@ -23,6 +23,7 @@ from nobubble.moe.transport import TransportError
 __all__ = [
     "ALIGN",
     "agree_on_key",
+    "group_hosts",
     "barrier",
     "round_up",
     "map_segment",
@@ -37,14 +38,20 @@ __all__ = [
 ALIGN = 4096
 
 
-def agree_on_key(group: dist.ProcessGroup | None, rank: int, world_size: int) -> str:
+def group_hosts(group: dist.ProcessGroup | None) -> set[str]:
+    """Collective over ``group``: the host names its ranks run on."""
+    hosts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    return set(hosts)
+
+
+def agree_on_key(group: dist.ProcessGroup | None, rank: int) -> str:
     """Collective over ``group``: check that all its ranks run on this host, and return the
     key rank 0 drew for the group's segment names."""
-    hosts: list[Any] = [None] * world_size
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
-    if len(set(hosts)) != 1:
+    hosts = group_hosts(group)
+    if len(hosts) != 1:
         raise ValueError(
-            f"ShmTransport: the group spans hosts {sorted(set(hosts))}; shared memory works "
+            f"ShmTransport: the group spans hosts {sorted(hosts)}; shared memory works "
             "within one host - use transport='dist' (or a Topology) across hosts"
         )
     key = [uuid.uuid4().hex[:16] if rank == 0 else None]

@@ -13,7 +13,7 @@ Memory (per rank ``j``, created once per group, named by a key that rank 0 broad
   heartbeat), then per source ``i``: ``DONE[i]`` (the last call whose rows ``i`` finished
   writing), ``NBYTES[i]`` (how many bytes it wrote), ``MAPPED[i]`` (the data generation
   ``i`` has mapped), and per rank ``r``: ``VOTES[r]`` (``j`` declared ``r`` failed; see
-  :mod:`.shm_liveness`);
+  :mod:`.shm_mask`);
 - a *data region* of ``R * CAP`` bytes, slot ``i`` at ``[i * CAP, (i + 1) * CAP)``, sized by
   ``capacity_bytes_per_peer`` (the largest batch you expect) and grown on demand.
 
@@ -29,7 +29,7 @@ four ranks) and beats while it sleeps.
 
 Failures: a wait past ``timeout_s`` raises :class:`~nobubble.moe.transport.PeerFailure`
 naming the silent peers, or with ``mask_failed_ranks=True`` masks them and goes on without
-them (:mod:`.shm_mask`, on the heartbeats and votes of :mod:`.shm_liveness`).
+them (:mod:`.shm_mask`, on the heartbeats and votes in the control blocks).
 
 The transport implements :class:`~nobubble.moe.transport.Transport` (``all_to_all``,
 ``all_gather``, ``reduce_scatter``, byte counting per kind), so ``Buffer(transport=...)`` uses
@@ -42,7 +42,6 @@ send from receive.
 from __future__ import annotations
 
 import os
-import socket
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -58,6 +57,7 @@ from nobubble.moe.fastpath.shm_segment import (
     barrier,
     cleanup,
     copier,
+    group_hosts,
     map_segment,
     round_up,
     store_fence,
@@ -103,31 +103,19 @@ class ShmTransport(ByteCounting):
         capacity_bytes_per_peer: int = 1 << 20,
         mask_failed_ranks: bool = False,
     ) -> None:
-        if not dist.is_initialized():
-            raise ValueError(
-                "ShmTransport: torch.distributed is not initialised; start the ranks with "
-                "nobubble.distributed.spawn or torchrun first"
-            )
-        if not timeout_s > 0:
-            raise ValueError(f"ShmTransport: timeout_s={timeout_s} must be > 0")
         if capacity_bytes_per_peer < 1:
             raise ValueError(
                 f"ShmTransport: capacity_bytes_per_peer={capacity_bytes_per_peer} must be >= 1"
             )
-        self.group = group
-        self.timeout_s = float(timeout_s)
+        self._join("ShmTransport", group, timeout_s)
         self.kind = "shm"
         self.mask_failed_ranks = bool(mask_failed_ranks)
         self.capabilities = Capabilities(
             peer_writes=True, masks_failed_ranks=self.mask_failed_ranks
         )
         self._closed = False
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
         self._seq = 0
-        self._counters: dict[str, dict[str, int]] = {}
-        self.reset_stats()
-        self._key = agree_on_key(self.group, self.rank, self.world_size)
+        self._key = agree_on_key(self.group, self.rank)
         self._ctrl_t = map_segment(self._ctrl_path(self.rank), 8 * self._ctrl_len, create=True)
         self._ctrl = self._ctrl_t.numpy().view(np.int64)  # (3 + 3R,)
         self._ctrl[:] = 0
@@ -432,12 +420,8 @@ class ShmTransport(ByteCounting):
 
     def reduce_scatter(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
         """``[R * n, ...]`` on every rank -> this rank's ``[n, ...]`` block, summed in rank order."""
-        if x.shape[0] % self.world_size != 0:
-            raise ValueError(
-                f"reduce_scatter({kind}): {x.shape[0]} rows do not split over {self.world_size} ranks"
-            )
+        n = self._block_rows(x, kind)
         self._check_device(x, kind)
-        n = x.shape[0] // self.world_size
         blocks = self.all_to_all(x, [n] * self.world_size, [n] * self.world_size, kind=kind)
         blocks = blocks.reshape(self.world_size, n, *x.shape[1:])  # (R, n, ...)
         out = blocks[0].clone()
@@ -482,9 +466,7 @@ def make_transport(
     if kind == "auto":
         kind = default_transport_kind(dist.get_backend(group), device)
         if kind == "shm":
-            hosts: list[Any] = [None] * dist.get_world_size(group)
-            dist.all_gather_object(hosts, socket.gethostname(), group=group)
-            kind = "shm" if len(set(hosts)) == 1 else "dist"
+            kind = "shm" if len(group_hosts(group)) == 1 else "dist"
     if kind == "shm":
         return ShmTransport(
             group,

@@ -8,8 +8,9 @@
   :func:`run_handshake` -> :class:`HandshakeRun`, :func:`plan_peaks`
 - :mod:`~nobubble.pipeline.dispatch.perturb`: :class:`Perturbation` (per-op jitter,
   stragglers, seed), :class:`Straggler`, :func:`parse_straggler`
-- :mod:`~nobubble.pipeline.dispatch.static`: :func:`run_static` (an order with per-op
-  durations), :func:`timeline_result`
+
+The static walk is the simulator's own (:func:`~nobubble.pipeline.simulate.run_timeline`
+with a duration per op, summarised by :func:`~nobubble.pipeline.simulate.summarize`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from nobubble.pipeline.dispatch.perturb import (
     parse_straggler,
 )
 from nobubble.pipeline.dispatch.policy import DISPATCH_POLICIES, DispatchResult, simulate_dispatch
-from nobubble.pipeline.dispatch.static import run_static, timeline_result
 
 __all__ = [
     "DISPATCH_POLICIES",
@@ -43,6 +43,4 @@ __all__ = [
     "Straggler",
     "OpDurations",
     "parse_straggler",
-    "run_static",
-    "timeline_result",
 ]

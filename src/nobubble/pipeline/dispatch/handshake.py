@@ -58,7 +58,7 @@ from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.validate import dep_key, dependencies
 from nobubble.validation import finite
 
-__all__ = ["HandshakeRule", "HandshakeRun", "run_handshake", "plan_peaks", "choose_op"]
+__all__ = ["HandshakeRule", "HandshakeRun", "run_handshake", "plan_peaks", "choose_op", "PlanRow"]
 
 _EPS = 1e-9  # relative slack of time and memory comparisons (sums of floats)
 _PRIORITY = {Op.B: 0, Op.BW: 0, Op.F: 1, Op.W: 2}  # deviations: B first, then F, then W
@@ -103,6 +103,46 @@ def choose_op(
             if rank == 0:
                 break
     return best
+
+
+class PlanRow:
+    """One rank's progress through its plan row, the state :func:`choose_op` reads: which
+    positions ran (``done``), the ``head`` (the first not run), ``next_f`` (the first F not
+    run) and how many ran as ``deviations`` (not at the head). The simulator's ranks and the
+    runtime's :class:`~nobubble.pipeline.runtime.cursor.PlanCursor` each keep one."""
+
+    def __init__(self, ops: Sequence[Op]) -> None:
+        self.ops = list(ops)
+        self.done = [False] * len(self.ops)
+        self.head = self.deviations = 0
+        self.next_f = self._first_f(0)
+
+    @property
+    def finished(self) -> bool:
+        return self.head == len(self.ops)
+
+    def _first_f(self, k: int) -> int:
+        while k < len(self.ops) and (self.done[k] or self.ops[k] is not Op.F):
+            k += 1
+        return k
+
+    def choose(
+        self, runnable: Callable[[int], bool], *, window: int | None = None,
+        in_time: Callable[[int], bool] | None = None,
+    ) -> int | None:  # fmt: skip
+        """:func:`choose_op` on this row."""
+        return choose_op(self.ops, self.head, self.next_f, self.done, runnable, window=window,
+                         in_time=in_time)  # fmt: skip
+
+    def mark(self, k: int) -> None:
+        """Position ``k`` ran."""
+        assert not self.done[k], k
+        self.deviations += k != self.head
+        self.done[k] = True
+        while self.head < len(self.ops) and self.done[self.head]:
+            self.head += 1
+        if k == self.next_f:
+            self.next_f = self._first_f(k + 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,7 +226,7 @@ class _Pipeline:
     ) -> None:  # fmt: skip
         p = plan.num_ranks
         self.ops = _plan_ops(plan, costs)
-        self.row_ops = [[op.action.op for op in row] for row in self.ops]
+        self.rows = [PlanRow([op.action.op for op in row]) for row in self.ops]
         self.t_comm, self.limits, self.duration, self.rule = costs.t_comm, limits, duration, rule
         num_slots = 3 * plan.num_stages * plan.num_microbatches
         self.end_at: list[float | None] = [None] * num_slots  # real end, known at commit
@@ -197,9 +237,6 @@ class _Pipeline:
                 for dep, crosses, _ in op.deps:
                     if crosses:
                         self.consumers[dep].add(r)
-        self.done = [[False] * len(row) for row in self.ops]
-        self.head = [0] * p  # first plan position not run
-        self.next_f = [self._first_f(r, 0) for r in range(p)]  # first plan F not run
         self.level, self.free_at, self.slowdown = [0.0] * p, [0.0] * p, [1.0] * p
         self.last: list[_PlannedOp | None] = [None] * p
         self.order: list[list[Action]] = [[] for _ in range(p)]
@@ -207,13 +244,6 @@ class _Pipeline:
         self.end: list[list[float]] = [[] for _ in range(p)]
         self.events: list[tuple[float, int, int]] = []  # (time, sequence, rank) wake-ups
         self._seq = 0
-        self.deviations = 0
-
-    def _first_f(self, r: int, k: int) -> int:
-        row = self.ops[r]
-        while k < len(row) and (self.done[r][k] or row[k].action.op is not Op.F):
-            k += 1
-        return k
 
     def wake(self, rank: int, t: float) -> None:
         heapq.heappush(self.events, (t, self._seq, rank))
@@ -252,7 +282,7 @@ class _Pipeline:
 
     def choose(self, r: int, t: float) -> int | None:
         """The rule (:func:`choose_op`): the plan position rank r starts now, or None."""
-        row, k = self.ops[r], self.head[r]
+        row, k = self.ops[r], self.rows[r].head
         deadline: list[float] = []  # the head's input eta, found once it is not runnable
 
         def in_time(j: int) -> bool:
@@ -264,14 +294,13 @@ class _Pipeline:
                 deadline.append(math.inf if self.is_bottleneck(r) else eta * (1 + _EPS))
             return t + row[j].nominal * self.slowdown[r] <= deadline[0]
 
-        return choose_op(self.row_ops[r], k, self.next_f[r], self.done[r],
-                         lambda j: self.runnable(r, row[j], t), window=self.rule.window,
-                         in_time=in_time)  # fmt: skip
+        return self.rows[r].choose(lambda j: self.runnable(r, row[j], t),
+                                   window=self.rule.window, in_time=in_time)  # fmt: skip
 
     def commit(self, r: int, k: int, t: float) -> None:
         """Start plan position k on rank r at time t; announce it to its consumers."""
         op = self.ops[r][k]
-        self.deviations += k != self.head[r]
+        self.rows[r].mark(k)
         previous = self.last[r]
         if previous is not None:  # it has ended (r is free): fold it into the estimate
             took = self.end[r][-1] - self.start[r][-1]
@@ -282,11 +311,6 @@ class _Pipeline:
         self.end_at[op.slot], self.eta_at[op.slot] = end, t + op.nominal * self.slowdown[r]
         self.level[r] += op.memory
         assert self.level[r] <= self.limits[r] * (1 + _EPS), (op.action, self.level[r])
-        self.done[r][k] = True
-        while self.head[r] < len(self.done[r]) and self.done[r][self.head[r]]:
-            self.head[r] += 1
-        if k == self.next_f[r]:
-            self.next_f[r] = self._first_f(r, k + 1)
         self.order[r].append(op.action)
         self.start[r].append(t)
         self.end[r].append(end)
@@ -300,13 +324,13 @@ class _Pipeline:
             self.wake(r, 0.0)
         while self.events:
             t, _, r = heapq.heappop(self.events)
-            if self.free_at[r] > t or self.head[r] == len(self.ops[r]):
+            if self.free_at[r] > t or self.rows[r].finished:
                 continue  # busy (it wakes when its op ends), or finished
             k = self.choose(r, t)
             if k is not None:
                 self.commit(r, k, t)
-        stuck = {r: str(self.ops[r][self.head[r]].action) for r in range(len(self.ops))
-                 if self.head[r] < len(self.ops[r])}  # fmt: skip
+        stuck = {r: str(self.ops[r][row.head].action) for r, row in enumerate(self.rows)
+                 if not row.finished}  # fmt: skip
         assert not stuck, f"handshake stuck at heads {stuck} (limits below the plan's peak?)"
 
 
@@ -344,7 +368,7 @@ def run_handshake(
     rows = tuple(map(tuple, state.order))
     executed = Schedule(f"{plan.name}+handshake", plan.num_microbatches, plan.stage_to_rank, rows)
     times = (tuple(map(tuple, state.start)), tuple(map(tuple, state.end)))
-    return HandshakeRun(executed, *times, deviations=state.deviations)
+    return HandshakeRun(executed, *times, deviations=sum(row.deviations for row in state.rows))
 
 
 def plan_peaks(plan: Schedule, costs: CostModel) -> tuple[float, ...]:

@@ -1,7 +1,9 @@
 """One entry point for both dispatch policies: :func:`simulate_dispatch` -> :class:`DispatchResult`.
 
-- ``static``: every rank walks the schedule's order (:mod:`.static`); a perturbation changes
-  the durations, never the order.
+- ``static``: every rank walks the schedule's order, the simulator's worklist with a
+  duration per op (:func:`~nobubble.pipeline.simulate.run_timeline`; unperturbed, the same
+  timeline as :func:`~nobubble.pipeline.simulate.simulate` to the last bit); a perturbation
+  changes the durations, never the order.
 - ``handshake``: every rank picks its next op at run time from what has arrived, guided by
   the schedule's order, under a per-rank memory limit (:mod:`.handshake`); the order it
   really ran is returned as a schedule that validates and replays.
@@ -21,8 +23,7 @@ from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.dispatch.handshake import HandshakeRule, plan_peaks, run_handshake
 from nobubble.pipeline.dispatch.perturb import Perturbation
-from nobubble.pipeline.dispatch.static import run_static, timeline_result
-from nobubble.pipeline.simulate import SimResult
+from nobubble.pipeline.simulate import SimResult, run_timeline, summarize
 from nobubble.pipeline.validate import check_complete, validate
 
 __all__ = ["DISPATCH_POLICIES", "DispatchResult", "simulate_dispatch"]
@@ -125,8 +126,8 @@ def simulate_dispatch(
     peaks = plan_peaks(schedule, costs)
     if policy == "static":
         check_complete(schedule)
-        start, end = run_static(schedule, durations.of, costs.t_comm)
-        sim = timeline_result(schedule, costs, start, end)
+        start, end = run_timeline(schedule, durations.of, costs.t_comm)
+        sim = summarize(schedule, costs, start, end)
         return DispatchResult(policy, schedule, sim, perturbation, peaks, step)
     validate(schedule)  # the deadlock-freedom argument starts from a valid plan
     limits = _limits(mem_limit, peaks)
@@ -134,7 +135,7 @@ def simulate_dispatch(
         schedule, costs, limits=limits, duration=durations.of, rule=rule or HandshakeRule()
     )
     validate(run.schedule)
-    sim = timeline_result(run.schedule, costs, run.start, run.end)
+    sim = summarize(run.schedule, costs, run.start, run.end)
     return DispatchResult(policy, schedule, sim, perturbation, limits, step, run.deviations)
 
 

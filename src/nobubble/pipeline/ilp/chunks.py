@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from nobubble.pipeline.ilp.model import PerStageCosts
+
 __all__ = [
     "PLACEMENTS",
     "ChunkProblem",
@@ -82,30 +84,14 @@ def placement_map(placement: str, num_ranks: int, num_chunks: int) -> tuple[int,
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkProblem:
-    """The problem in integer units, per *stage* (``S = len(stage_to_rank)`` entries).
-
-    Attributes:
-        num_ranks: p. num_microbatches: m.
-        stage_to_rank: rank of each stage; stage r must be on rank r for r < p.
-        t_f, t_b, t_w: durations per stage (ticks >= 0). t_comm: transfer between ranks.
-        mem_f, mem_b, mem_w: memory *deltas* per stage (F's store > 0, B/W's frees < 0).
-        mem_limit: per-rank limit on the running sum, or None.
-        objective: ``"span"`` or ``"makespan"``.
-    """
+class ChunkProblem(PerStageCosts):
+    """The problem in integer units, per *stage* (``S = len(stage_to_rank)`` entries of
+    every per-stage field, :class:`~nobubble.pipeline.ilp.model.PerStageCosts`): ``num_ranks``
+    p, ``stage_to_rank`` the rank of each stage (stage r must be on rank r for r < p);
+    ``t_comm`` is paid between ranks only, ``mem_limit`` holds per rank."""
 
     num_ranks: int
-    num_microbatches: int
     stage_to_rank: tuple[int, ...]
-    t_f: tuple[int, ...]
-    t_b: tuple[int, ...]
-    t_w: tuple[int, ...]
-    t_comm: int
-    mem_f: tuple[int, ...]
-    mem_b: tuple[int, ...]
-    mem_w: tuple[int, ...]
-    mem_limit: int | None = None
-    objective: str = "span"
 
     def __post_init__(self) -> None:
         p, m, owner = self.num_ranks, self.num_microbatches, tuple(self.stage_to_rank)
@@ -117,16 +103,7 @@ class ChunkProblem:
                 "every stage on a rank < p (use placement_map)"
             )
         object.__setattr__(self, "stage_to_rank", owner)
-        for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
-            value = tuple(int(v) for v in getattr(self, name))
-            if len(value) != len(owner):
-                raise ValueError(f"{name} has {len(value)} entries; give one per stage "
-                                 f"({len(owner)})")  # fmt: skip
-            object.__setattr__(self, name, value)
-        if min(self.t_f + self.t_b + self.t_w) < 0 or self.t_comm < 0:
-            raise ValueError("durations and t_comm must be >= 0")
-        if self.objective not in ("span", "makespan"):
-            raise ValueError(f"objective={self.objective!r}; use 'span' or 'makespan'")
+        self._check_per_stage(len(owner))
 
     @property
     def num_stages(self) -> int:
@@ -138,17 +115,6 @@ class ChunkProblem:
     def delay(self, src: int, dst: int) -> int:
         """Transfer time from stage ``src`` to ``dst``: t_comm across ranks, 0 inside one."""
         return 0 if self.stage_to_rank[src] == self.stage_to_rank[dst] else self.t_comm
-
-    def duration(self, op: str, stage: int) -> int:
-        return {"F": self.t_f, "B": self.t_b, "W": self.t_w}[op][stage]
-
-    def mem_delta(self, op: str, stage: int) -> int:
-        return {"F": self.mem_f, "B": self.mem_b, "W": self.mem_w}[op][stage]
-
-    def horizon(self) -> int:
-        """An upper bound on any ASAP end time: all ops one after another, every hop paid."""
-        work = self.num_microbatches * (sum(self.t_f) + sum(self.t_b) + sum(self.t_w))
-        return work + 2 * self.num_microbatches * self.num_stages * self.t_comm + 1
 
 
 def dependencies(problem: ChunkProblem, op: str, s: int, i: int) -> list[tuple[str, int, int]]:

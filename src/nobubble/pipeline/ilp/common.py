@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -120,6 +121,21 @@ class IntScaling:
         return math.floor(v * self.mscale + 1e-9)
 
 
+def scaled_costs(costs: CostModel, mem_limit: float | None) -> tuple[dict, IntScaling]:
+    """The problem fields of per-stage ``costs`` in integer ticks, and the scaling used: F's
+    store rounded up, the frees (negative deltas) and the limit down."""
+    k = IntScaling.of(costs, mem_limit)
+    fields = {
+        "t_f": k.times(costs.t_f), "t_b": k.times(costs.t_b), "t_w": k.times(costs.t_w),
+        "t_comm": k.times([costs.t_comm])[0],
+        "mem_f": tuple(k.up(v) for v in costs.mem_f),
+        "mem_b": tuple(-k.down(v) for v in costs.mem_b),  # model deltas: B and W free memory
+        "mem_w": tuple(-k.down(v) for v in costs.mem_w),
+        "mem_limit": None if mem_limit is None else k.down(mem_limit),
+    }  # fmt: skip
+    return fields, k
+
+
 def _decimal_scale(values: Sequence[float]) -> tuple[int, bool]:
     """Smallest ``10**k`` (k <= 6) making every value an integer; ``(scale, exact)``."""
     for k in range(_MAX_DIGITS + 1):
@@ -167,6 +183,70 @@ class _Progress(cp_model.CpSolverSolutionCallback):
             self.best_objective_bound * self._unit,
             self.wall_time,
         )
+
+
+def run_cpsat(
+    built,
+    hint: _Hint | None,
+    hint_times: dict | None,
+    *,
+    time_limit_s: float,
+    num_workers: int | None,
+    on_solution: Callable[[float, float, float], None] | None,
+    time_unit: float,
+) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus, float]:
+    """Hint ``built`` (a model with ``model``, ``start`` and ``objective``) with the warm start
+    (``hint_times``: its ASAP start tick of every op) and solve it; return ``(solver, status
+    code, seconds)``. Seeded, so a run repeats."""
+    if hint is not None and hint_times is not None:
+        for key, var in built.start.items():
+            built.model.add_hint(var, hint_times[key])
+        built.model.add_hint(built.objective, hint.int_objective)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
+    solver.parameters.random_seed = 0
+    callback = None if on_solution is None else _Progress(on_solution, time_unit)
+    t0 = time.perf_counter()
+    code = solver.solve(built.model, callback)
+    return solver, code, time.perf_counter() - t0
+
+
+def cpsat_result(
+    problem, costs: CostModel, solver: cp_model.CpSolver, code: int, hint: _Hint | None, *,
+    orders_of: Callable[[cp_model.CpSolver], list], value_of: Callable[[list], int],
+    to_schedule: Callable[[list], Schedule], seconds: float, time_unit: float,
+    mem_limit: float | None, where: str, common: dict,
+) -> SolveResult:  # fmt: skip
+    """The result of a CP-SAT solve of ``problem``: the solver's schedule (``orders_of`` reads
+    its orders, ``value_of`` their integer objective, ``to_schedule`` makes the schedule), or
+    the warm start's when it is better (only before optimality), or, when CP-SAT found no
+    schedule of its own in time, the warm start (it fits the limits, so it is the answer,
+    feasible) against the bound proved so far (0 if none); else infeasible / unknown."""
+    objective = problem.objective
+    if code == cp_model.UNKNOWN and hint is not None:
+        bound = solver.best_objective_bound
+        bound = min(bound, hint.int_objective) if math.isfinite(bound) and bound > 0 else 0.0
+        return solved_result(
+            to_schedule(hint.orders), costs, proven=False, bound_ticks=bound,
+            time_unit=time_unit, objective=objective, hint=hint, from_hint=True,
+            seconds=seconds, where=where, common=common,
+        )  # fmt: skip
+    early = unsolved_result(code, costs, mem_limit, common)
+    if early is not None:
+        return early
+    orders = orders_of(solver)
+    value = value_of(orders)
+    from_hint = False
+    if hint is not None and hint.int_objective < value:  # only before optimality
+        orders, value, from_hint = hint.orders, hint.int_objective, True
+    return solved_result(
+        to_schedule(orders), costs,
+        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
+        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
+        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds, where=where,
+        common=common,
+    )  # fmt: skip
 
 
 def unsolved_result(code: int, costs: CostModel, mem_limit: float | None,

@@ -70,20 +70,20 @@ _OPS = ("F", "B", "W")
 
 
 @dataclass(frozen=True, kw_only=True)
-class IntProblem:
-    """The scheduling problem in integer units (durations in ticks, memory in mem units).
+class PerStageCosts:
+    """The integer costs both exact problems hold, one entry per stage, and their lookups
+    (:class:`IntProblem`, one stage per rank, and the several-chunk
+    :class:`~nobubble.pipeline.ilp.chunks.ChunkProblem`).
 
     Attributes:
-        num_stages: p (one stage per rank).
         num_microbatches: m.
-        t_f, t_b, t_w: per-stage durations, each a tuple of p ints >= 0.
-        t_comm: transfer time between adjacent stages, int >= 0.
-        mem_f, mem_b, mem_w: per-stage memory change of each op, tuples of p ints.
-        mem_limit: per-stage activation limit in the same units, or None for no limit.
+        t_f, t_b, t_w: per-stage durations (ticks >= 0). t_comm: transfer between ranks.
+        mem_f, mem_b, mem_w: per-stage memory *deltas* of each op (F's store > 0, B/W's
+            frees usually < 0), in mem units.
+        mem_limit: per-rank limit on the running sum in the same units, or None.
         objective: ``"span"`` or ``"makespan"``.
     """
 
-    num_stages: int
     num_microbatches: int
     t_f: tuple[int, ...]
     t_b: tuple[int, ...]
@@ -95,14 +95,14 @@ class IntProblem:
     mem_limit: int | None = None
     objective: str = "span"
 
-    def __post_init__(self) -> None:
-        p, m = self.num_stages, self.num_microbatches
-        if p < 1 or m < 1:
-            raise ValueError(f"num_stages={p}, num_microbatches={m}: both must be >= 1")
+    def _check_per_stage(self, num_stages: int) -> None:
+        """Make the per-stage fields int tuples of ``num_stages`` entries; refuse negative
+        durations and an unknown objective."""
         for name in ("t_f", "t_b", "t_w", "mem_f", "mem_b", "mem_w"):
             value = tuple(int(v) for v in getattr(self, name))
-            if len(value) != p:
-                raise ValueError(f"{name} has {len(value)} entries; give one per stage ({p})")
+            if len(value) != num_stages:
+                raise ValueError(f"{name} has {len(value)} entries; give one per stage "
+                                 f"({num_stages})")  # fmt: skip
             object.__setattr__(self, name, value)
         if min(self.t_f + self.t_b + self.t_w) < 0 or self.t_comm < 0:
             raise ValueError("durations and t_comm must be >= 0")
@@ -117,9 +117,24 @@ class IntProblem:
 
     def horizon(self) -> int:
         """An upper bound on any ASAP end time: all ops one after another, every hop paid."""
-        m, p = self.num_microbatches, self.num_stages
+        m, num_stages = self.num_microbatches, len(self.t_f)
         work = m * (sum(self.t_f) + sum(self.t_b) + sum(self.t_w))
-        return work + 2 * m * p * self.t_comm + 1
+        return work + 2 * m * num_stages * self.t_comm + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntProblem(PerStageCosts):
+    """The scheduling problem in integer units (durations in ticks, memory in mem units),
+    one stage per rank: ``num_stages`` p, every per-stage field (:class:`PerStageCosts`) a
+    tuple of p ints, ``t_comm`` between adjacent stages, ``mem_limit`` per stage."""
+
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        p, m = self.num_stages, self.num_microbatches
+        if p < 1 or m < 1:
+            raise ValueError(f"num_stages={p}, num_microbatches={m}: both must be >= 1")
+        self._check_per_stage(p)
 
 
 def head_starts(problem: IntProblem) -> tuple[int, ...]:

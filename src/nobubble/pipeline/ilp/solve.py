@@ -23,23 +23,18 @@ objective``.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Sequence
-
-from ortools.sat.python import cp_model
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
-    IntScaling,
     SolveResult,
     _Hint,
-    _Progress,
+    cpsat_result,
     hint_fields,
-    solved_result,
-    unsolved_result,
+    run_cpsat,
+    scaled_costs,
 )
 from nobubble.pipeline.ilp.model import (
     IntProblem,
@@ -49,8 +44,9 @@ from nobubble.pipeline.ilp.model import (
     peak_memory,
     relabel_in_order,
 )
+from nobubble.pipeline.ilp.solve_chunks import rank_orders
 from nobubble.pipeline.simulate import simulate
-from nobubble.validation import finite
+from nobubble.validation import check_value, finite
 
 __all__ = [
     "SolveResult",
@@ -77,20 +73,11 @@ def to_int_problem(
 
     ``time_unit`` / ``mem_unit`` are the cost-unit sizes of one integer tick.
     """
-    k = IntScaling.of(costs, mem_limit)
+    fields, k = scaled_costs(costs, mem_limit)
     problem = IntProblem(
-        num_stages=costs.num_stages,
-        num_microbatches=num_microbatches,
-        t_f=k.times(costs.t_f),
-        t_b=k.times(costs.t_b),
-        t_w=k.times(costs.t_w),
-        t_comm=k.times([costs.t_comm])[0],
-        mem_f=tuple(k.up(v) for v in costs.mem_f),
-        mem_b=tuple(-k.down(v) for v in costs.mem_b),  # model deltas: B and W free memory
-        mem_w=tuple(-k.down(v) for v in costs.mem_w),
-        mem_limit=None if mem_limit is None else k.down(mem_limit),
-        objective=objective,
-    )
+        num_stages=costs.num_stages, num_microbatches=num_microbatches, objective=objective,
+        **fields,
+    )  # fmt: skip
     return problem, 1.0 / k.tscale, 1.0 / k.mscale
 
 
@@ -106,16 +93,7 @@ def stage_orders(schedule: Schedule) -> list[list[tuple[str, int]]]:
             "solver handles one stage per rank (stage s on rank s) unless given num_chunks=2 "
             "and a placement"
         )
-    orders = []
-    for actions in schedule.rank_actions:
-        row: list[tuple[str, int]] = []
-        for a in actions:
-            if a.op is Op.BW:
-                row += [("B", a.microbatch), ("W", a.microbatch)]
-            else:
-                row.append((a.op.value, a.microbatch))
-        orders.append(row)
-    return orders
+    return [[(op, mb) for op, _stage, mb in row] for row in rank_orders(schedule)]
 
 
 def _to_schedule(
@@ -169,9 +147,8 @@ def _best_hint(
 def _check_args(
     costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
 ) -> None:
-    for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{label}={value!r} must be a positive integer")
+    check_value("num_stages", num_stages, ">= 1", integer=True)
+    check_value("num_microbatches", num_microbatches, ">= 1", integer=True)
     if costs.num_stages != num_stages:
         raise ValueError(
             f"costs have {costs.num_stages} stages but num_stages={num_stages}; the exact solver "
@@ -183,8 +160,8 @@ def _check_args(
         raise ValueError(f"time_limit_s={time_limit_s} must be a positive number of seconds")
     if mem_limit is not None and not (mem_limit >= 0 and finite(mem_limit)):
         raise ValueError(f"mem_limit={mem_limit} must be a finite number >= 0 (or None)")
-    if num_workers is not None and not (isinstance(num_workers, int) and num_workers >= 1):
-        raise ValueError(f"num_workers={num_workers!r} must be a positive integer (or None)")
+    if num_workers is not None:
+        check_value("num_workers", num_workers, ">= 1", integer=True)
     if warm_start is not None and (
         warm_start.num_ranks != num_stages or warm_start.num_microbatches != num_microbatches
     ):
@@ -266,54 +243,32 @@ def solve_optimal(
     hint = _best_hint(problem, costs, candidates)
 
     built = build_cpsat(problem, memory=memory_encoding)
-    if hint is not None:
-        times = asap_times(problem, hint.orders)
-        for key, var in built.start.items():
-            built.model.add_hint(var, times[key])
-        built.model.add_hint(built.objective, hint.int_objective)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
-    solver.parameters.random_seed = 0
-    callback = None if on_solution is None else _Progress(on_solution, time_unit)
-    t0 = time.perf_counter()
-    code = solver.solve(built.model, callback)
-    seconds = time.perf_counter() - t0
+    times = None if hint is None else asap_times(problem, hint.orders)
+    solver, code, seconds = run_cpsat(
+        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit,
+    )  # fmt: skip
     return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit)
 
 
 def _result(
     problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit
 ) -> SolveResult:
-    objective = problem.objective
-    common = {"objective_kind": objective, "solve_seconds": seconds, "time_unit": time_unit,
-              **hint_fields(hint, objective)}  # fmt: skip
+    common = {"objective_kind": problem.objective, "solve_seconds": seconds,
+              "time_unit": time_unit, **hint_fields(hint, problem.objective)}  # fmt: skip
     p, m = problem.num_stages, problem.num_microbatches
-    if code == cp_model.UNKNOWN and hint is not None:
-        # no schedule of CP-SAT's own in time: the warm start fits the limits, so it is the
-        # answer (feasible), against the bound CP-SAT proved so far (0 if none)
-        bound = solver.best_objective_bound
-        bound = min(bound, hint.int_objective) if math.isfinite(bound) and bound > 0 else 0.0
-        return solved_result(
-            _to_schedule(hint.orders, m, f"ilp-{problem.objective}"), costs, proven=False,
-            bound_ticks=bound, time_unit=time_unit, objective=problem.objective, hint=hint,
-            from_hint=True, seconds=seconds, where="", common=common,
-        )  # fmt: skip
-    early = unsolved_result(code, costs, mem_limit, common)
-    if early is not None:
-        return early
-    orders = []
-    for s in range(p):
-        ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW" for i in range(m))
-        orders.append([(op, i) for _, op, i in ops])
-    value = objective_of(problem, asap_times(problem, orders))
-    from_hint = hint is not None and hint.int_objective < value  # only before optimality
-    if from_hint:
-        orders, value = hint.orders, hint.int_objective
-    return solved_result(
-        _to_schedule(orders, m, f"ilp-{objective}"), costs,
-        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
-        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
-        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds, where="",
-        common=common,
+
+    def orders_of(solver) -> list:
+        orders = []
+        for s in range(p):
+            ops = sorted((solver.value(built.start[op, s, i]), op, i) for op in "FBW"
+                         for i in range(m))  # fmt: skip
+            orders.append([(op, i) for _, op, i in ops])
+        return orders
+
+    return cpsat_result(
+        problem, costs, solver, code, hint, orders_of=orders_of,
+        value_of=lambda orders: objective_of(problem, asap_times(problem, orders)),
+        to_schedule=lambda orders: _to_schedule(orders, m, f"ilp-{problem.objective}"),
+        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit, where="", common=common,
     )  # fmt: skip

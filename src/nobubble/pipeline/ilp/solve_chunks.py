@@ -14,24 +14,19 @@ them fits.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-
-from ortools.sat.python import cp_model
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.ilp import chunks
 from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
 from nobubble.pipeline.ilp.common import (
-    DEFAULT_WORKERS,
-    IntScaling,
     SolveResult,
     _Hint,
-    _Progress,
+    cpsat_result,
     hint_fields,
-    solved_result,
-    unsolved_result,
+    run_cpsat,
+    scaled_costs,
 )
 from nobubble.pipeline.ilp.greedy import greedy_orders
 from nobubble.pipeline.simulate import simulate
@@ -55,16 +50,10 @@ def to_chunk_problem(
     """Split per-rank ``costs`` over ``stage_to_rank`` and scale to integers; return
     ``(problem, time_unit)``. Memory rounds F's store up and the frees and limit down."""
     stage = costs.for_stages(stage_to_rank)
-    k = IntScaling.of(stage, mem_limit)
+    fields, k = scaled_costs(stage, mem_limit)
     problem = ChunkProblem(
         num_ranks=costs.num_stages, num_microbatches=num_microbatches,
-        stage_to_rank=tuple(stage_to_rank),
-        t_f=k.times(stage.t_f), t_b=k.times(stage.t_b), t_w=k.times(stage.t_w),
-        t_comm=k.times([stage.t_comm])[0],
-        mem_f=tuple(k.up(v) for v in stage.mem_f),
-        mem_b=tuple(-k.down(v) for v in stage.mem_b),
-        mem_w=tuple(-k.down(v) for v in stage.mem_w),
-        mem_limit=None if mem_limit is None else k.down(mem_limit), objective=objective,
+        stage_to_rank=tuple(stage_to_rank), objective=objective, **fields,
     )  # fmt: skip
     return problem, 1.0 / k.tscale
 
@@ -156,19 +145,11 @@ def solve_chunked(
     )  # fmt: skip
     hint = _best_hint(problem, costs, found)
     built = chunks.build_cpsat(problem)
-    if hint is not None:
-        times = chunks.asap_times(problem, hint.orders)
-        for key, var in built.start.items():
-            built.model.add_hint(var, times[key])
-        built.model.add_hint(built.objective, hint.int_objective)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = num_workers or DEFAULT_WORKERS
-    solver.parameters.random_seed = 0
-    callback = None if on_solution is None else _Progress(on_solution, time_unit)
-    t0 = time.perf_counter()
-    code = solver.solve(built.model, callback)
-    seconds = time.perf_counter() - t0
+    times = None if hint is None else chunks.asap_times(problem, hint.orders)
+    solver, code, seconds = run_cpsat(
+        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit,
+    )  # fmt: skip
     return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit,
                    placement)  # fmt: skip
 
@@ -181,23 +162,20 @@ def _result(
     common: dict = {"objective_kind": objective, "solve_seconds": seconds,
                     "time_unit": time_unit, "num_chunks": num_chunks, "placement": placement,
                     **hint_fields(hint, objective)}  # fmt: skip
-    early = unsolved_result(code, costs, mem_limit, common)
-    if early is not None:
-        return early
-    orders: _Orders = []
-    for r in range(problem.num_ranks):
-        ops = sorted((solver.value(built.start[op, s, i]), op, s, i)
-                     for s in problem.stages_of(r) for op in "FBW"
-                     for i in range(problem.num_microbatches))  # fmt: skip
-        orders.append([(op, s, i) for _, op, s, i in ops])
-    value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
-    from_hint = hint is not None and hint.int_objective < value  # only before optimality
-    if from_hint:
-        orders, value = hint.orders, hint.int_objective
-    return solved_result(
-        _to_schedule(problem, orders, f"ilp-{placement}-{objective}"), costs,
-        proven=code == cp_model.OPTIMAL and value <= solver.objective_value,
-        bound_ticks=min(solver.best_objective_bound, value), time_unit=time_unit,
-        objective=objective, hint=hint, from_hint=from_hint, seconds=seconds,
+
+    def orders_of(solver) -> _Orders:
+        orders: _Orders = []
+        for r in range(problem.num_ranks):
+            ops = sorted((solver.value(built.start[op, s, i]), op, s, i)
+                         for s in problem.stages_of(r) for op in "FBW"
+                         for i in range(problem.num_microbatches))  # fmt: skip
+            orders.append([(op, s, i) for _, op, s, i in ops])
+        return orders
+
+    return cpsat_result(
+        problem, costs, solver, code, hint, orders_of=orders_of,
+        value_of=lambda orders: chunks.objective_of(problem, chunks.asap_times(problem, orders)),
+        to_schedule=lambda orders: _to_schedule(problem, orders, f"ilp-{placement}-{objective}"),
+        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit,
         where=f" ({placement}, {num_chunks} chunks)", common=common,
     )  # fmt: skip

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from nobubble.pipeline.actions import Action, Op, Schedule
-from nobubble.pipeline.dispatch.handshake import choose_op
+from nobubble.pipeline.dispatch.handshake import PlanRow
 from nobubble.pipeline.runtime.channel import MessageKey, incoming
 from nobubble.pipeline.validate import dep_key, dependencies
 
@@ -84,7 +84,7 @@ class PlanCursor:
     ) -> None:
         self.plan, self.rank, self.fixed = plan, rank, fixed
         self.row = plan.rank_actions[rank]
-        self.ops = [a.op for a in self.row]
+        self.progress = PlanRow([a.op for a in self.row])
         peak = plan_levels(plan)[rank]
         if limit is not None and limit < peak:
             raise ValueError(
@@ -92,20 +92,8 @@ class PlanCursor:
                 f"the plan {plan.name!r} there; give at least its peak"
             )
         self.limit = peak if limit is None else limit
-        self.done = [False] * len(self.row)
         self.ran: set[tuple[int, int, int]] = set()
-        self.head = 0
-        self.next_f = self._first_f(0)
-        self.level = self.deviations = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.head == len(self.row)
-
-    def _first_f(self, k: int) -> int:
-        while k < len(self.row) and (self.done[k] or self.row[k].op is not Op.F):
-            k += 1
-        return k
+        self.level = 0
 
     def runnable(self, k: int, has: HasMessage) -> bool:
         a, plan = self.row[k], self.plan
@@ -121,24 +109,18 @@ class PlanCursor:
         """The plan position to run now, or None (wait for an arrival): the handshake rule,
         :func:`~nobubble.pipeline.dispatch.handshake.choose_op`, without estimates; with
         ``fixed`` the head or None."""
+        head = self.progress.head
         if self.fixed:
-            return self.head if self.runnable(self.head, has) else None
-        return choose_op(self.ops, self.head, self.next_f, self.done,
-                         lambda j: self.runnable(j, has))  # fmt: skip
+            return head if self.runnable(head, has) else None
+        return self.progress.choose(lambda j: self.runnable(j, has))
 
     def commit(self, k: int) -> Action:
         """Mark plan position ``k`` as run; returns its action."""
         a = self.row[k]
-        assert not self.done[k], a
-        self.deviations += k != self.head
-        self.done[k] = True
+        self.progress.mark(k)
         self.ran.add(dep_key(a))
         self.level += memory_units(a.op)
         assert self.level <= self.limit, (a, self.level, self.limit)
-        while self.head < len(self.row) and self.done[self.head]:
-            self.head += 1
-        if k == self.next_f:
-            self.next_f = self._first_f(k + 1)
         return a
 
 
@@ -166,7 +148,7 @@ def dispatch_loop(
     cursor = PlanCursor(plan, rank, limit, fixed=fixed)
     order: list[Action] = []
     free_since = time.perf_counter()
-    while not cursor.finished:
+    while not cursor.progress.finished:
         channel.poll()
         k = cursor.choose(channel.has)
         if k is None:
@@ -176,4 +158,4 @@ def dispatch_loop(
         perform(action, free_since)
         order.append(action)
         free_since = time.perf_counter()
-    return order, cursor.deviations
+    return order, cursor.progress.deviations

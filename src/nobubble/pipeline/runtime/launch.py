@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from nobubble.distributed import context_from_env, spawn
 from nobubble.pipeline.runtime.executor import (
-    WAIT,
     RankResult,
     TrainConfig,
     check_config,
@@ -23,7 +22,7 @@ from nobubble.pipeline.runtime.executor import (
 )
 from nobubble.trace import Event, merge_timelines
 
-__all__ = ["LaunchOptions", "run_local", "run_torchrun", "merged_events", "step_makespans"]
+__all__ = ["LaunchOptions", "run_local", "run_torchrun", "merged_events"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,16 +92,3 @@ def run_torchrun(
 def merged_events(results: Sequence[RankResult]) -> list[Event]:
     """All ranks' events of one config merged by start time."""
     return list(merge_timelines([r.events for r in results]))
-
-
-def step_makespans(results: Sequence[RankResult]) -> list[float]:
-    """Per step: last op end minus first op start over all ranks (seconds)."""
-    spans: dict[int, list[float]] = {}
-    for r in results:
-        for e in r.events:
-            if e.cat == WAIT:
-                continue
-            lo_hi = spans.setdefault(int(e.args["step"]), [e.start_us, e.end_us])
-            lo_hi[0] = min(lo_hi[0], e.start_us)
-            lo_hi[1] = max(lo_hi[1], e.end_us)
-    return [(hi - lo) / 1e6 for _, (lo, hi) in sorted(spans.items())]

@@ -249,7 +249,3 @@ def partition_blocks(config: ModelConfig, num_stages: int) -> tuple[range, ...]:
     sizes[0] += weighted[0]  # the weight-0 blocks before them join the first stage
     sizes[-1] += config.num_blocks - 1 - weighted[-1]  # those after them, the last
     return stage_ranges(sizes)
-
-
-def num_parameters(blocks: nn.Module) -> int:
-    return sum(p.numel() for p in blocks.parameters())

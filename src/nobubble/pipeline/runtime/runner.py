@@ -56,6 +56,36 @@ Batch = torch.Tensor | tuple[torch.Tensor, ...]
 RUNTIME_DISPATCH = ("static", "handshake")
 
 
+def own_stage_modules(
+    who: str, stages: Sequence[nn.Module | None], schedule: Schedule,
+    group: dist.ProcessGroup | None,
+) -> dict[int, nn.Module]:  # fmt: skip
+    """This rank's modules of ``stages`` (one entry per stage of ``schedule``, None where
+    another rank holds it), after checking the schedule, the count, the group's size and
+    that none of this rank's is None (``who`` starts the errors)."""
+    validate(schedule)
+    if len(stages) != schedule.num_stages:
+        raise ValueError(
+            f"{who}: {len(stages)} stage modules for schedule {schedule.name!r} "
+            f"with {schedule.num_stages} stages ({schedule.num_ranks} ranks x "
+            f"{schedule.num_stages // schedule.num_ranks} chunks); pass one module per stage"
+        )
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world != schedule.num_ranks:
+        raise ValueError(
+            f"{who}: schedule {schedule.name!r} has {schedule.num_ranks} ranks but "
+            f"the group has {world}; build the schedule for {world} ranks"
+        )
+    own = schedule.stages_of(rank)
+    missing = [s for s in own if stages[s] is None]
+    if missing:
+        raise ValueError(
+            f"{who}: rank {rank} runs stages {list(own)} but stages "
+            f"{missing} are None; pass those modules on this rank"
+        )
+    return {s: m for s in own if (m := stages[s]) is not None}
+
+
 class PipelineRunner:
     """Run ``schedule`` over ``stages`` on this rank, one training step per :meth:`step`.
 
@@ -147,30 +177,11 @@ class PipelineRunner:
         self._broken = False  # a step failed: no more steps, groups left alone
 
     def _set_stages(self, stages: Sequence[nn.Module | None], schedule: Schedule) -> None:
-        validate(schedule)
-        if len(stages) != schedule.num_stages:
-            raise ValueError(
-                f"PipelineRunner: {len(stages)} stage modules for schedule {schedule.name!r} "
-                f"with {schedule.num_stages} stages ({schedule.num_ranks} ranks x "
-                f"{schedule.num_stages // schedule.num_ranks} chunks); pass one module per stage"
-            )
-        world = dist.get_world_size(self.group)
-        if world != schedule.num_ranks:
-            raise ValueError(
-                f"PipelineRunner: schedule {schedule.name!r} has {schedule.num_ranks} ranks but "
-                f"the group has {world}; build the schedule for {world} ranks"
-            )
-        own = schedule.stages_of(self.rank)
-        missing = [s for s in own if stages[s] is None]
-        if missing:
-            raise ValueError(
-                f"PipelineRunner: rank {self.rank} runs stages {list(own)} but stages "
-                f"{missing} are None; pass those modules on this rank"
-            )
+        modules = own_stage_modules("PipelineRunner", stages, schedule, self.group)
         for split in self._splits.values():
             split.close()
         self.schedule = schedule
-        self.stage_modules: dict[int, nn.Module] = {s: stages[s] for s in own}  # type: ignore[misc]
+        self.stage_modules: dict[int, nn.Module] = modules
         self._splits = {s: ModuleSplit(m) for s, m in self.stage_modules.items()}
         # (stage, microbatch) whose backward is split into B and W; the others are one BW
         self._split_backward = {

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import nn
 
 from nobubble.pipeline.actions import Schedule
-from nobubble.pipeline.validate import validate
 
 __all__ = ["to_torch"]
 
@@ -45,18 +44,10 @@ def to_torch(
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-    validate(schedule)
-    if len(stages) != schedule.num_stages:
-        raise ValueError(
-            f"to_torch: {len(stages)} stage modules for schedule {schedule.name!r} with "
-            f"{schedule.num_stages} stages; pass one module per stage"
-        )
-    rank = dist.get_rank(group)
-    own = schedule.stages_of(rank)
-    missing = [s for s in own if stages[s] is None]
-    if missing:
-        raise ValueError(f"to_torch: rank {rank} runs stages {list(own)} but {missing} are None")
-    modules: dict[int, nn.Module] = {s: m for s in own if (m := stages[s]) is not None}
+    from nobubble.pipeline.runtime.runner import own_stage_modules
+
+    modules = own_stage_modules("to_torch", stages, schedule, group)
+    own = tuple(modules)
     if device is None:
         first = next((p for m in modules.values() for p in m.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")

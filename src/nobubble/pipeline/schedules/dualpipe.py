@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.schedules.handwritten import check_sizes
 from nobubble.pipeline.schedules.v_shape import v_stage_to_rank
 
 __all__ = ["OverlappedSchedule", "DualPipe", "Direction", "dualpipev", "dualpipe"]
@@ -221,17 +222,11 @@ def _flatten(
     return tuple(actions), tuple(pairs)
 
 
-def _check_positive(label: str, value: object) -> None:
-    if not (isinstance(value, int) and value >= 1):
-        raise ValueError(f"{label}={value!r} must be a positive integer")
-
-
 def dualpipev(num_ranks: int, num_microbatches: int) -> OverlappedSchedule:
     """DualPipeV for ``num_ranks`` ranks (2 * num_ranks stages in a V) and
     ``num_microbatches``; any sizes >= 1 (below 2p microbatches the missing ones are
     dropped, see the module docstring). Returns the schedule and its F&B cells."""
-    _check_positive("num_ranks", num_ranks)
-    _check_positive("num_microbatches", num_microbatches)
+    check_sizes(num_ranks, num_microbatches)
     p, m = num_ranks, num_microbatches
     n = max(m, 2 * p)
     rows = [_flatten(_dualpipev_rank(p, r, n), m) for r in range(p)]
@@ -273,8 +268,7 @@ class DualPipe:
 def dualpipe(num_ranks: int, num_microbatches: int) -> DualPipe:
     """DualPipe for an even ``num_ranks`` p and an even ``num_microbatches`` m (m/2 per
     direction); the fold of :func:`dualpipev` ``(p/2, m/2)``."""
-    _check_positive("num_ranks", num_ranks)
-    _check_positive("num_microbatches", num_microbatches)
+    check_sizes(num_ranks, num_microbatches)
     p, m = num_ranks, num_microbatches
     if p % 2:
         raise ValueError(

@@ -68,8 +68,7 @@ def interleaved_1f1b(num_stages: int, num_microbatches: int, *, num_chunks: int 
     rank r; microbatches go through in groups of p per chunk. Needs ``m % p == 0``."""
     check_sizes(num_stages, num_microbatches)
     p, m, v = num_stages, num_microbatches, num_chunks
-    if not (isinstance(v, int) and v >= 1):
-        raise ValueError(f"num_chunks={v!r} must be a positive integer")
+    check_value("num_chunks", v, ">= 1", integer=True)
     if m % p:
         raise ValueError(
             f"interleaved-1f1b needs num_microbatches divisible by num_stages; "

@@ -23,6 +23,7 @@ valid).
 from __future__ import annotations
 
 from nobubble.pipeline.actions import Action, Op, Schedule
+from nobubble.pipeline.schedules.handwritten import check_sizes
 
 __all__ = ["zb_v", "v_stage_to_rank"]
 
@@ -85,9 +86,7 @@ def _rank_order(p: int, r: int, n: int) -> list[Action]:
 
 def zb_v(num_stages: int, num_microbatches: int) -> Schedule:
     """ZB-V for ``num_stages`` ranks (2 * num_stages stages) and ``num_microbatches``."""
-    for label, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{label}={value!r} must be a positive integer")
+    check_sizes(num_stages, num_microbatches)
     p, m = num_stages, num_microbatches
     n = max(m, 2 * p - 1)
     rows = tuple(tuple(a for a in _rank_order(p, r, n) if a.microbatch < m) for r in range(p))
