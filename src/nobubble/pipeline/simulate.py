@@ -37,7 +37,7 @@ from nobubble.pipeline.validate import (
     validate,
 )
 
-__all__ = ["SimResult", "simulate", "summarize", "run_timeline"]
+__all__ = ["SimResult", "simulate", "summarize", "run_timeline", "per_stage_costs", "plan_peaks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,18 +112,43 @@ def simulate(schedule: Schedule, costs: CostModel, *, check: bool = True) -> Sim
     Raises :class:`~nobubble.pipeline.validate.ScheduleError` if the schedule is invalid:
     incomplete (checked first when ``check=True``) or stuck (always detected by the run).
     """
-    if costs.num_stages != schedule.num_stages:
-        if costs.num_stages != schedule.num_ranks:
-            raise ValueError(
-                f"costs have {costs.num_stages} stages but schedule {schedule.name!r} has "
-                f"{schedule.num_stages} stages on {schedule.num_ranks} ranks; give one cost "
-                "per stage or per rank"
-            )
-        costs = costs.for_stages(schedule.stage_to_rank)
+    costs = per_stage_costs(schedule, costs)
     if check:
         check_complete(schedule)  # order and deadlocks are checked by the run itself
     start, end = run_timeline(schedule, costs.duration, costs.t_comm)
     return summarize(schedule, costs, start, end)
+
+
+def per_stage_costs(schedule: Schedule, costs: CostModel) -> CostModel:
+    """``costs`` with one entry per stage of ``schedule``: as given, or each rank's split
+    over its chunks (:meth:`~nobubble.pipeline.costs.CostModel.for_stages`).
+
+    Raises:
+        ValueError: ``costs`` has neither one entry per stage nor one per rank.
+    """
+    if costs.num_stages == schedule.num_stages:
+        return costs
+    if costs.num_stages != schedule.num_ranks:
+        raise ValueError(
+            f"costs have {costs.num_stages} stages but schedule {schedule.name!r} has "
+            f"{schedule.num_stages} stages on {schedule.num_ranks} ranks; give one cost "
+            "per stage or per rank"
+        )
+    return costs.for_stages(schedule.stage_to_rank)
+
+
+def plan_peaks(plan: Schedule, costs: CostModel) -> tuple[float, ...]:
+    """Each rank's peak activation memory when it runs ``plan`` in order (``costs`` one entry
+    per stage)."""
+    peaks = []
+    for acts in plan.rank_actions:
+        level = peak = 0.0
+        for a in acts:
+            peak = max(peak, level + costs.memory_transient(a))
+            level += costs.memory_delta(a)
+            peak = max(peak, level)
+        peaks.append(peak)
+    return tuple(peaks)
 
 
 def run_timeline(
@@ -198,16 +223,10 @@ def summarize(
     ``costs`` one entry per stage): spans, busy time (what the ops really took), bubble rate
     and peak memory, by the definitions in the module docstring."""
     p, m = schedule.num_ranks, schedule.num_microbatches
-    spans, busy, peaks, refs = [], [], [], []
+    spans, busy, refs = [], [], []
     for r, acts in enumerate(schedule.rank_actions):
         spans.append(max(end[r]) - min(start[r]) if acts else 0.0)
         busy.append(sum(e - s for s, e in zip(start[r], end[r])))
-        level = peak = 0.0
-        for a in acts:
-            peak = max(peak, level + costs.memory_transient(a))
-            level += costs.memory_delta(a)
-            peak = max(peak, level)
-        peaks.append(peak)
         rank_mem_f = sum(costs.mem_f[s] for s in schedule.stages_of(r))
         refs.append(min(p - r, m) * rank_mem_f)
     max_span = max(spans)
@@ -221,6 +240,6 @@ def summarize(
         busy=tuple(busy),
         bubble_rate=(max_span - max(busy)) / max_span if max_span > 0 else 0.0,
         rank_bubble_rates=tuple((s - b) / s if s > 0 else 0.0 for s, b in zip(spans, busy)),
-        peak_memory=tuple(peaks),
+        peak_memory=plan_peaks(schedule, costs),
         peak_memory_1f1b=tuple(refs),
     )

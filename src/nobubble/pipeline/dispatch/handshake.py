@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.simulate import plan_peaks
 from nobubble.pipeline.validate import dep_key, dependencies
 from nobubble.validation import finite
 
@@ -369,16 +370,3 @@ def run_handshake(
     executed = Schedule(f"{plan.name}+handshake", plan.num_microbatches, plan.stage_to_rank, rows)
     times = (tuple(map(tuple, state.start)), tuple(map(tuple, state.end)))
     return HandshakeRun(executed, *times, deviations=sum(row.deviations for row in state.rows))
-
-
-def plan_peaks(plan: Schedule, costs: CostModel) -> tuple[float, ...]:
-    """Each rank's peak activation memory when it runs ``plan`` in order."""
-    peaks = []
-    for acts in plan.rank_actions:
-        level = peak = 0.0
-        for a in acts:
-            peak = max(peak, level + costs.memory_transient(a))
-            level += costs.memory_delta(a)
-            peak = max(peak, level)
-        peaks.append(peak)
-    return tuple(peaks)

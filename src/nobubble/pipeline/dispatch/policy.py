@@ -23,7 +23,7 @@ from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.dispatch.handshake import HandshakeRule, plan_peaks, run_handshake
 from nobubble.pipeline.dispatch.perturb import Perturbation
-from nobubble.pipeline.simulate import SimResult, run_timeline, summarize
+from nobubble.pipeline.simulate import SimResult, per_stage_costs, run_timeline, summarize
 from nobubble.pipeline.validate import check_complete, validate
 
 __all__ = ["DISPATCH_POLICIES", "DispatchResult", "simulate_dispatch"]
@@ -118,7 +118,7 @@ def simulate_dispatch(
         raise ValueError("the handshake's memory rule counts F as the only op that adds "
                          "memory, which recompute breaks (B rebuilds activations); simulate "
                          "recompute costs with policy='static'")  # fmt: skip
-    costs = _per_stage(schedule, costs)
+    costs = per_stage_costs(schedule, costs)
     perturbation = perturbation if perturbation is not None else Perturbation()
     durations = perturbation.durations(
         costs, schedule.stage_to_rank, schedule.num_microbatches, step=step
@@ -137,18 +137,6 @@ def simulate_dispatch(
     validate(run.schedule)
     sim = summarize(run.schedule, costs, run.start, run.end)
     return DispatchResult(policy, schedule, sim, perturbation, limits, step, run.deviations)
-
-
-def _per_stage(schedule: Schedule, costs: CostModel) -> CostModel:
-    if costs.num_stages == schedule.num_stages:
-        return costs
-    if costs.num_stages != schedule.num_ranks:
-        raise ValueError(
-            f"costs have {costs.num_stages} stages but schedule {schedule.name!r} has "
-            f"{schedule.num_stages} stages on {schedule.num_ranks} ranks; give one cost "
-            "per stage or per rank"
-        )
-    return costs.for_stages(schedule.stage_to_rank)
 
 
 def _limits(

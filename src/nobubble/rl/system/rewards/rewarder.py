@@ -31,13 +31,15 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nobubble.rl.system.config.stages import RewardConfig
 from nobubble.rl.system.imports import is_import_path, load_object
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import finite
+
+if TYPE_CHECKING:
+    from nobubble.rl.system.config.stages import RewardConfig
 
 __all__ = [
     "RewardError",
