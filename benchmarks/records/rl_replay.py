@@ -54,7 +54,8 @@ def _where(res: list[ReplayRow], preset: int) -> str:
 
 def replay() -> str:
     """Sum tree vs linear sampler, with the crossover below."""
-    from nobubble.rl.algo import aggressive
+    from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.system.config.presets import aggressive
 
     data = load_result(RlReplay, "rl_replay")
     res = sorted(data.results, key=lambda r: r.capacity)
@@ -73,7 +74,8 @@ def replay() -> str:
         f"{times(hi.sum_tree_us / lo.sum_tree_us, 1)}, the baseline's "
         f"{times(hi.linear_us / lo.linear_us, 0)}."
     )
-    where = _where(res, aggressive().replay_capacity)
+    cfg = aggressive(RunConfig(mode="fully-async"))  # its replay, in samples
+    where = _where(res, cfg.replay_capacity * cfg.group_size)
     return f"{prose(caption)}\n\n{table}\n\n{prose(growth, where)}"
 
 

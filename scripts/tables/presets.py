@@ -1,5 +1,6 @@
 """The RL presets table of docs/rl/algorithms.md, read from the code that defines the presets
-(:mod:`nobubble.rl.algo.presets`), not from a benchmark."""
+(:mod:`nobubble.rl.system.config.presets`), not from a benchmark: each preset applied to the
+default ``RunConfig`` in the mode it is meant for, and the settings it returned."""
 
 from __future__ import annotations
 
@@ -7,38 +8,45 @@ from typing import Any
 
 from benchmarks.records import Renderer, md_table
 
+ALGO = {
+    "grpo": "GRPO (no behaviour correction)",
+    "decoupled-ppo": "decoupled PPO (V-trace's truncated IS on pi_prox / pi_behav)",
+}
+WEIGHTING = {"none": "none", "inverse": "1 / (1 + lag)", "exp": "0.5 ** lag"}
+
 
 def _setting(cfg: Any) -> dict[str, str]:
     """One preset's settings, worded as on the page."""
-    weighting = {"none": "none", "inverse": "1 / (1 + lag)", "exp": "exp(-lag)"}
-    if cfg.replay_capacity == 0:
-        replay = "none"
-    elif cfg.prioritized_replay:
-        replay = (
-            f"{cfg.replay_capacity} samples, prioritized "
-            f"(alpha {cfg.replay_alpha:g}, beta {cfg.replay_beta:g})"
-        )
+    if cfg.replay == "none":
+        replay, draw = "none", "-"
     else:
-        replay = f"{cfg.replay_capacity} samples, uniform"
-    same = cfg.clip_low == cfg.clip_high
-    clip = f"{cfg.clip_low:g}" if same else f"{cfg.clip_low:g}-{cfg.clip_high:g}"
+        replay = (
+            f"{cfg.replay_capacity * cfg.group_size} samples ({cfg.replay_capacity} groups of "
+            f"{cfg.group_size}), {cfg.replay} (alpha {cfg.replay_alpha:g}, "
+            f"beta {cfg.replay_beta:g})"
+        )
+        draw = f"{cfg.replay_groups} of {cfg.batch_groups} groups"
     return {
-        "`max_staleness` (policy lag K)": str(cfg.max_staleness),
-        "PPO clip": clip,
-        "behaviour correction": "V-trace's truncated IS" if cfg.use_vtrace else "none",
-        "staleness weighting": weighting[cfg.staleness_weighting],
-        "buffer at weight sync": "cleared" if cfg.clear_buffer_on_sync else "kept",
+        "`max_staleness` (policy lag K)": str(cfg.effective_max_staleness),
+        "`algo`": ALGO.get(cfg.algo, cfg.algo),
+        "PPO clip": f"{cfg.trainer.clip:g}",
+        "staleness weighting": WEIGHTING[cfg.trainer.staleness_weighting],
+        "KL to a reference": f"{cfg.trainer.kl_coef:g}" if cfg.trainer.kl_coef else "none",
         "replay": replay,
+        "drawn again per batch": draw,
     }
 
 
 def presets() -> str:
-    """The settings of ``conservative()`` and ``aggressive()``, read from the presets."""
-    from nobubble.rl.algo import aggressive, conservative
+    """The settings ``conservative(cfg)`` and ``aggressive(cfg)`` return for the default
+    ``RunConfig`` (batch 8 groups of 32) in one-step-off and fully-async mode."""
+    from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.system.config.presets import aggressive, conservative
 
-    c, a = _setting(conservative()), _setting(aggressive())
+    c = _setting(conservative(RunConfig(mode="one-step-off")))
+    a = _setting(aggressive(RunConfig(mode="fully-async")))
     return md_table(
-        ["setting", "`conservative()`", "`aggressive()`"],
+        ["setting", "`conservative(cfg)`", "`aggressive(cfg)`"],
         [[k, c[k], a[k]] for k in c],
         align="lll",
     )

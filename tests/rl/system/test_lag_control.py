@@ -2,20 +2,18 @@
 in the loop, the presets, and the ledger that proves every sample's fate with reuse.
 
 References are written independently of the code under test: the gradient of a weighted
-GRPO loss by hand, sampling frequencies against the prioritized-replay formula, the
-presets' documented values.
+GRPO loss by hand, sampling frequencies against the prioritized-replay formula. The presets'
+own tests are in ``test_presets.py``.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 import torch
 
 from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.system.config import RunConfig, TrainerConfig
-from nobubble.rl.system.config.presets import aggressive, conservative
+from nobubble.rl.system.config.presets import aggressive
 from nobubble.rl.system.experience import ExperienceBuffer, Ledger
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.replay import GroupReplay, ReplayConfig
@@ -154,29 +152,6 @@ def test_a_forced_sync_trains_only_the_current_version():
     assert buf.ledger.fate[0] == "dropped:synced"
 
 
-def test_a_preset_returns_its_config_and_settings_laid_over_it_win():
-    base = RunConfig(mode="fully-async", **TINY)
-    cfg = aggressive(base)
-    assert cfg.algo == "decoupled-ppo" and cfg.effective_max_staleness == 8
-    assert cfg.replay == "prioritized" and cfg.replay_capacity == 4096 // 4
-    assert cfg.replay_groups == 1  # half of batch_groups=2
-    assert cfg.trainer.staleness_weighting == "inverse" and cfg.trainer.clip == 0.2
-    assert replace(cfg, algo="decoupled-ppo") == cfg and base.algo == "grpo"  # base untouched
-    mine = replace(
-        cfg, max_staleness=4, algo="grpo", replay="none", replay_capacity=0, replay_groups=0,
-        trainer=replace(cfg.trainer, clip=0.1),
-    )  # fmt: skip
-    assert (mine.algo, mine.effective_max_staleness, mine.replay) == ("grpo", 4, "none")
-    assert mine.trainer_config().clip == 0.1 and mine.trainer.staleness_weighting == "inverse"
-    cons = conservative(RunConfig(mode="one-step-off", **TINY))
-    assert (cons.algo, cons.effective_max_staleness, cons.replay) == ("grpo", 1, "none")
-    assert cons.trainer.staleness_weighting == "none"
-    with pytest.raises(ValueError, match="lag 8"):
-        aggressive(RunConfig(mode="sync"))
-    with pytest.raises(TypeError, match="preset"):
-        RunConfig(preset="aggressive")  # type: ignore[call-arg]  # a preset is a function
-
-
 def test_one_trainer_setting_keeps_the_others():
     """A run that gives only the trainer's delay keeps the default lr and uniform KL, and
     the preset's settings; what it gives wins over both."""
@@ -202,14 +177,3 @@ def test_replay_sync_and_kl_in_a_real_run_keep_the_ledger_whole():
     }  # fmt: skip
     for versions in res.group_versions.values():
         assert len(set(versions)) == 1  # GRPO: a group is one policy version
-
-
-def test_ablation_configs_are_valid():
-    from nobubble.rl.system.config.presets import ablation
-
-    grid = ablation(RunConfig(**TINY), 8, 0.3)
-    assert grid["drop>K"].drop_staleness == 2 and len(grid) == 9
-    assert all(c.mode == "fully-async" and c.effective_max_staleness == 8 for c in grid.values())
-    assert all(c.trainer.delay_s == 0.3 for c in grid.values())
-    assert grid["all (aggressive)"].algo == "decoupled-ppo"
-    assert grid["all (aggressive)"].trainer.staleness_weighting == "inverse"

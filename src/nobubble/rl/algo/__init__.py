@@ -2,8 +2,8 @@
 
 GRPO advantages, policy losses (PPO with dual clip, decoupled PPO with its truncated
 behaviour weight, plain PG, KL penalties), V-trace (GAE is its on-policy case), policy lag
-and staleness weights, prioritized replay, gradient aggregation over torch.distributed and
-the two presets (conservative, aggressive). Each module's ``__all__`` has its result types
+and staleness weights, prioritized replay and gradient aggregation over torch.distributed.
+Each module's ``__all__`` has its result types
 and helpers too; the slow references the tests check these against live beside the tests
 (``tests/rl/algo/reference.py``, written from the papers' formulas, sharing no code).
 """
@@ -24,7 +24,6 @@ from nobubble.rl.algo.losses import (
     policy_gradient_loss,
     ppo_policy_loss,
 )
-from nobubble.rl.algo.presets import RLAlgorithmConfig, aggressive, conservative, get_preset
 from nobubble.rl.algo.replay import PrioritizedReplayBuffer, linear_beta
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import VTraceReturns, vtrace, vtrace_from_logits
@@ -48,8 +47,4 @@ __all__ = [
     "all_reduce_gradients",
     "LocalSGD",
     "ParameterServer",
-    "RLAlgorithmConfig",
-    "conservative",
-    "aggressive",
-    "get_preset",
 ]

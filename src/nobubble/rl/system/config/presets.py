@@ -1,17 +1,14 @@
 """The source document's recipes as functions that return a run config:
 ``aggressive(RunConfig(...))``, ``nobubble rl train --preset conservative|aggressive``.
 
-The numbers come from the algorithm toolbox's presets
-(:func:`nobubble.rl.algo.presets.conservative`, :func:`~nobubble.rl.algo.presets.aggressive`);
-this module says what each means for a running system:
+Each recipe's numbers are stated once, in its function:
 
-- ``conservative``: lag <= 1 (0 in ``sync`` mode), GRPO with PPO clip 0.2, no replay
-  (nothing outlives the weights it came from);
-- ``aggressive``: lag <= 8, decoupled PPO - PPO's clip around the proximal policy, with
-  the behaviour policy corrected by a truncated importance weight (V-trace's rho-bar
-  truncation, the toolbox preset's ``use_vtrace``) - ``1 / (1 + lag)`` sample
-  weights, and a prioritized replay of 4096 samples from which half a batch is drawn again
-  each step.
+- ``conservative`` (accuracy first): lag <= 1 (0 in ``sync`` mode), GRPO with PPO clip 0.2,
+  no replay (nothing outlives the weights it came from);
+- ``aggressive`` (throughput first): lag <= 8, decoupled PPO - PPO's clip around the
+  proximal policy, with the behaviour policy corrected by a truncated importance weight
+  (V-trace's rho-bar truncation) - ``1 / (1 + lag)`` sample weights, and a prioritized
+  replay of 4096 samples from which half a batch is drawn again each step.
 
 Why decoupled PPO and not ``vtrace-ppo`` (V-trace advantages inside a clip around the
 behaviour policy): at lag 8 most ratios to a policy 8 versions old fall outside the clip, so
@@ -39,40 +36,47 @@ from nobubble.rl.system.config.run import RunConfig
 __all__ = ["PRESETS", "ablation", "aggressive", "conservative"]
 
 
-def _preset(name: str, cfg: RunConfig) -> RunConfig:
-    """``cfg`` with the toolbox preset ``name``'s settings (it imports torch)."""
-    from nobubble.rl.algo.presets import get_preset
-
-    p = get_preset(name)
-    run: dict[str, Any] = {"algo": "decoupled-ppo" if p.use_vtrace else "grpo"}
-    if cfg.mode == "sync":
-        if p.max_staleness > 1:
-            raise ValueError(
-                f"preset {name!r} trains at lag {p.max_staleness}; use --mode fully-async or "
-                "one-step-off with it"
-            )
-    else:
-        run["max_staleness"] = p.max_staleness
-    if p.replay_capacity:
-        run["replay"] = "prioritized" if p.prioritized_replay else "uniform"
-        run["replay_capacity"] = max(1, p.replay_capacity // cfg.group_size)
-        run["replay_groups"] = max(1, cfg.batch_groups // 2)
-    else:
-        run.update(replay="none", replay_capacity=0, replay_groups=0)
-    trainer = replace(cfg.trainer, clip=p.clip_high, staleness_weighting=p.staleness_weighting,
-                      kl_coef=p.kl_coef or cfg.trainer.kl_coef)  # fmt: skip
-    return replace(cfg, trainer=trainer, **run)
-
-
 def conservative(cfg: RunConfig) -> RunConfig:
     """Accuracy first: ``cfg`` at lag <= 1 (0 in sync mode), GRPO with clip 0.2, no replay."""
-    return _preset("conservative", cfg)
+    return _lag_control(cfg, "conservative", max_staleness=1, algo="grpo", clip=0.2,
+                        staleness_weighting="none", kl_coef=0.0, replay="none",
+                        replay_samples=0, replay_draw=0.0)  # fmt: skip
 
 
 def aggressive(cfg: RunConfig) -> RunConfig:
-    """Throughput first: ``cfg`` at lag <= 8, decoupled PPO, ``1 / (1 + lag)`` weights and a
-    prioritized replay of 4096 samples (refused in sync mode)."""
-    return _preset("aggressive", cfg)
+    """Throughput first: ``cfg`` at lag <= 8, decoupled PPO with clip 0.2, ``1 / (1 + lag)``
+    weights and a prioritized replay of 4096 samples, half a batch drawn from it again per
+    step (refused in sync mode)."""
+    return _lag_control(cfg, "aggressive", max_staleness=8, algo="decoupled-ppo", clip=0.2,
+                        staleness_weighting="inverse", kl_coef=0.0, replay="prioritized",
+                        replay_samples=4096, replay_draw=0.5)  # fmt: skip
+
+
+def _lag_control(
+    cfg: RunConfig, name: str, *, max_staleness: int, algo: str, clip: float,
+    staleness_weighting: str, kl_coef: float, replay: str, replay_samples: int,
+    replay_draw: float,
+) -> RunConfig:  # fmt: skip
+    """``cfg`` with recipe ``name``'s lag controls. ``replay_samples``: the replay's size in
+    samples (kept as whole groups of ``cfg.group_size``); ``replay_draw``: the fraction of a
+    batch's groups drawn from it again per step; ``kl_coef`` 0 adds no KL penalty of the
+    recipe's (the config's own is kept)."""
+    run: dict[str, Any] = {"algo": algo}
+    if cfg.mode != "sync":
+        run["max_staleness"] = max_staleness
+    elif max_staleness > 1:
+        raise ValueError(
+            f"preset {name!r} trains at lag {max_staleness}; use --mode fully-async or "
+            "one-step-off with it"
+        )
+    if replay == "none":
+        run.update(replay="none", replay_capacity=0, replay_groups=0)
+    else:
+        run.update(replay=replay, replay_capacity=max(1, replay_samples // cfg.group_size),
+                   replay_groups=max(1, int(cfg.batch_groups * replay_draw)))  # fmt: skip
+    trainer = replace(cfg.trainer, clip=clip, staleness_weighting=staleness_weighting,
+                      kl_coef=kl_coef or cfg.trainer.kl_coef)  # fmt: skip
+    return replace(cfg, trainer=trainer, **run)
 
 
 PRESETS: dict[str, Callable[[RunConfig], RunConfig]] = {
