@@ -11,9 +11,9 @@ One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of 
 
 This package exports only the entry points, the task run's typed stage settings
 (``TrainerConfig``, ``RolloutConfig``, ``RewardConfig``) and its presets, functions that return
-a config (``aggressive(RunConfig(mode="fully-async"))``).
-- :mod:`nobubble.rl.algo`: the algorithm toolbox the system is built on (advantages,
-  losses, V-trace, staleness, replay, aggregation, presets), imported from there
+a config (``aggressive(RunConfig(mode="fully-async"))``). The algorithm toolbox the system is
+built on, :mod:`nobubble.rl.algo` (advantages, losses, V-trace, staleness, replay,
+aggregation), is imported from there
   (``from nobubble.rl.algo import ppo_policy_loss``).
 """
 
