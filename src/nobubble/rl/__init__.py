@@ -14,7 +14,7 @@ This package exports only the entry points, the task run's typed stage settings
 a config (``aggressive(RunConfig(mode="fully-async"))``). The algorithm toolbox the system is
 built on, :mod:`nobubble.rl.algo` (advantages, losses, V-trace, staleness, replay,
 aggregation), is imported from there
-  (``from nobubble.rl.algo import ppo_policy_loss``).
+(``from nobubble.rl.algo import ppo_policy_loss``).
 """
 
 from __future__ import annotations
