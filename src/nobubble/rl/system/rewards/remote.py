@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from nobubble.validation import check_value, finite
 
-__all__ = ["RemoteReward", "RemoteRewardError"]
+__all__ = ["RemoteReward", "RemoteRewardError", "reward_value"]
 
 _EXAMPLE_URL = "http://127.0.0.1:8000/score"
 _EXCERPT_CHARS = 200  # how much of a bad answer an error message quotes
@@ -209,21 +209,20 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
         )
     rewards = []
     for i, value in enumerate(values):
-        reward = _as_finite(value)
+        reward = reward_value(value)
         if reward is None:
             raise _Retryable(f"malformed answer: rewards[{i}]={value!r} is not a finite number")
         rewards.append(reward)
     return rewards
 
 
-def _as_finite(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def reward_value(value: object) -> float | None:
+    """``value`` as a reward: a finite real (an ``int`` or ``float``, not a ``bool``) as a
+    float, else None (what the client takes from the service, and the server from its
+    reward function)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
         return None
-    try:
-        reward = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return reward if finite(reward) else None
+    return float(value)
 
 
 def _excerpt(raw: bytes) -> str:
