@@ -158,7 +158,9 @@ def test_last_only_equals_the_full_forward_at_the_last_token() -> None:
         obs = tokens.float().reshape(7, 1, 12).expand(7, 3, 12)  # (T, B, L): time-major
         out_logits, out_values = policy(obs)
         assert out_logits.shape == (7, 3, 5) and out_values.shape == (7, 3)
-        torch.testing.assert_close(out_logits[:, 0], policy.lm(tokens)[0][:, -1, 2:7])  # the sayable tokens
+        torch.testing.assert_close(
+            out_logits[:, 0], policy.lm(tokens)[0][:, -1, 2:7]
+        )  # the sayable tokens
 
 
 def test_text_config_builds_a_policy_that_fits_the_env() -> None:
