@@ -41,9 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from nobubble.validation import check_value, finite
+from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.validation import check_value
 
-__all__ = ["RemoteReward", "RemoteRewardError", "reward_value"]
+__all__ = ["RemoteReward", "RemoteRewardError"]
 
 _EXAMPLE_URL = "http://127.0.0.1:8000/score"
 _EXCERPT_CHARS = 200  # how much of a bad answer an error message quotes
@@ -214,15 +215,6 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
             raise _Retryable(f"malformed answer: rewards[{i}]={value!r} is not a finite number")
         rewards.append(reward)
     return rewards
-
-
-def reward_value(value: object) -> float | None:
-    """``value`` as a reward: a finite real (an ``int`` or ``float``, not a ``bool``) as a
-    float, else None (what the client takes from the service, and the server from its
-    reward function)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
-        return None
-    return float(value)
 
 
 def _excerpt(raw: bytes) -> str:

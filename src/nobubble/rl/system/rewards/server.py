@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
 
-from nobubble.rl.system.rewards.remote import reward_value
+from nobubble.rl.system.tasks.spec import reward_value
 from nobubble.validation import check_value
 
 __all__ = ["RewardServer", "serve_rewards"]
