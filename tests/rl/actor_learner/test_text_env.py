@@ -16,11 +16,7 @@ from nobubble.rl.actor_learner.text.guess_number import (
     GuessNumber,
     guess_number_odds,
 )
-from nobubble.rl.actor_learner.text.policy import (
-    TextActorCritic,
-    TextPolicyConfig,
-    last_position,
-)
+from nobubble.rl.actor_learner.text.policy import TextActorCritic, TextPolicyConfig
 from nobubble.rl.actor_learner.text.protocol import TextStep, check_text_env
 from nobubble.rl.actor_learner.text.run import text_env_config, text_run_config
 from nobubble.rl.actor_learner.text.tokens import TextVocabulary, TokenEnv
@@ -143,7 +139,7 @@ def test_a_text_env_that_misses_parts_is_refused_naming_them() -> None:
         text_run_config(Half)
 
 
-def test_last_position_equals_the_full_forward_at_the_last_token() -> None:
+def test_last_only_equals_the_full_forward_at_the_last_token() -> None:
     torch.manual_seed(0)
     for layers in (1, 2):
         policy = TextActorCritic(
@@ -151,13 +147,20 @@ def test_last_position_equals_the_full_forward_at_the_last_token() -> None:
         )
         tokens = torch.randint(0, 20, (7, 12))
         logits, values = policy.lm(tokens)  # (7, 12, 20), (7, 12)
-        fast_logits, fast_values = last_position(policy.lm, tokens)
+        fast_logits, fast_values = policy.lm(tokens, last_only=True)
+        torch.testing.assert_close(fast_logits, logits[:, -1])
+        torch.testing.assert_close(fast_values, values[:, -1])
+        mask = (torch.arange(12) >= torch.arange(7)[:, None]).long()  # row i: i left pads
+        logits, values = policy.lm(tokens, mask)
+        fast_logits, fast_values = policy.lm(tokens, mask, last_only=True)
         torch.testing.assert_close(fast_logits, logits[:, -1])
         torch.testing.assert_close(fast_values, values[:, -1])
         obs = tokens.float().reshape(7, 1, 12).expand(7, 3, 12)  # (T, B, L): time-major
         out_logits, out_values = policy(obs)
         assert out_logits.shape == (7, 3, 5) and out_values.shape == (7, 3)
-        torch.testing.assert_close(out_logits[:, 0], logits[:, -1, 2:7])  # the sayable tokens
+        torch.testing.assert_close(
+            out_logits[:, 0], policy.lm(tokens)[0][:, -1, 2:7]
+        )  # the sayable tokens
 
 
 def test_text_config_builds_a_policy_that_fits_the_env() -> None:

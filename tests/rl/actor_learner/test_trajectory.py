@@ -17,6 +17,7 @@ def _plain_unrolls(model: ActorCritic, T: int, K: int, num: int) -> list[dict]:
     """The reference: ``num`` unrolls of ``T`` steps of ``K`` CartPoles, step by step."""
     envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
     obs, out = envs.reset(), []
+    running = np.zeros(K)  # (K,) each env's return so far
     for _ in range(num):
         steps: dict[str, list] = {"obs": [obs], "actions": [], "behaviour_logits": [],
                                   "rewards": [], "dones": [], "episode_returns": []}  # fmt: skip
@@ -26,7 +27,9 @@ def _plain_unrolls(model: ActorCritic, T: int, K: int, num: int) -> list[dict]:
             obs = step.obs
             for name, value in zip(steps, (obs, actions, logits, step.rewards, step.dones)):
                 steps[name].append(value)
-            steps["episode_returns"].extend(step.episode_returns)
+            running += step.rewards
+            steps["episode_returns"].extend(float(running[k]) for k in np.flatnonzero(step.dones))
+            running[step.dones] = 0.0
         out.append({k: tuple(v) if k == "episode_returns" else np.stack(v) for k, v in
                     steps.items()})  # fmt: skip
     return out

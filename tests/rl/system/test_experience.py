@@ -79,7 +79,7 @@ def test_ledger_refuses_second_fate_and_bad_transitions():
     led.admit(0)
     with pytest.raises(ValueError, match="illegal transition"):
         led.trained(_group(0, 0), 1)
-    led.move(0, led.state(0).__class__.GENERATED, (0, 1))
+    led.move(0, GroupState.GENERATED, (0, 1))
     with pytest.raises(ValueError, match="not a stated policy"):
         led.dropped(0, "because")
     with pytest.raises(ValueError, match="admitted twice"):

@@ -14,7 +14,7 @@ import torch
 from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.system.config import RunConfig, TrainerConfig
 from nobubble.rl.system.config.presets import aggressive
-from nobubble.rl.system.experience import ExperienceBuffer, Ledger
+from nobubble.rl.system.experience import ExperienceBuffer, GroupState, Ledger
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.replay import GroupReplay, ReplayConfig
 from nobubble.rl.system.rollout import RolloutWorker
@@ -130,8 +130,8 @@ def test_ledger_records_reuse_and_refuses_reuse_before_training():
     ledger.admit(0)
     with pytest.raises(ValueError, match="never trained"):
         ledger.reused(g, 1)
-    ledger.move(0, ledger.state(0).__class__.GENERATED, g.sample_ids)
-    ledger.move(0, ledger.state(0).__class__.SCORED)
+    ledger.move(0, GroupState.GENERATED, g.sample_ids)
+    ledger.move(0, GroupState.SCORED)
     ledger.trained(g, 1)
     ledger.reused(g, 2)
     ledger.reused(g, 3)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from nobubble.rl.system.experience import LedgerSummary
-from nobubble.rl.system.result import RESULT_KEYS, CurvePoint, RunResult
+from nobubble.rl.system.result import RESULT_KEYS, CurvePoint, RunResult, stage_busy
+from nobubble.rl.system.types import Span
 
 LEDGER = LedgerSummary(generated=12, trained=8, dropped={"stale": 4}, in_flight=0)
 
@@ -79,3 +82,15 @@ def test_one_plot_draws_either_producers_runs(tmp_path) -> None:
     for label, run in (("task", _task_run()), ("env", _env_run())):
         png = plot_runs({label: run, f"{label} again": run}, tmp_path / f"{label}.png")
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stage_busy_is_the_union_of_each_stages_spans_within_the_run():
+    spans = [
+        Span("rollout", "g0", 99.0, 102.0),  # starts before the run: 2 s inside it
+        Span("rollout", "g1", 101.0, 103.0),  # overlaps the first: 1 s more
+        Span("reward", "r0", 105.0, 107.0),  # ends after the run: 0.5 s inside it
+        Span("trainer", "t0", 90.0, 95.0),  # before the run
+    ]
+    busy, idle = stage_busy(spans, 100.0, 105.5)
+    assert busy == pytest.approx({"rollout": 3.0, "reward": 0.5, "trainer": 0.0})
+    assert idle == pytest.approx({"rollout": 1 - 3 / 5.5, "reward": 1 - 0.5 / 5.5, "trainer": 1.0})

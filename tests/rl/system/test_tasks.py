@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -42,9 +40,7 @@ def test_digits_eval_set_is_the_whole_space():
         a, b = (int(x) for x in p.split(":")[0].split(","))
         m = int(p.split(":")[1][0])
         assert (b - a) % m in (1, m - 1)
-    rng = random.Random(0)
-    assert set(task.sample_prompts(200, rng)) <= set(prompts)
-    assert all(len(task.tokenizer.encode(p)) == task.prompt_len for p in prompts)
+    assert all(len(task.tokenizer.encode(p)) == 1 + len("a,b:m,n") for p in prompts)
 
 
 @given(st.text(alphabet="0123456789", max_size=5))

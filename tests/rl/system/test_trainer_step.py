@@ -96,7 +96,7 @@ def test_each_step_has_the_reference_loss_and_gradient(algo):
         assert any(p.grad is not None and p.grad.abs().max() > 1e-4 for p in params)
         if algo in ("grpo", "ppo", "vtrace-ppo"):  # the batch reaches PPO's clip
             assert got.metrics["clip_fraction"] > 0  # (decoupled PPO's is this step's weights)
-        trainer.apply_gradients()
+        trainer.update([GroupBatch(groups)])  # the same gradient, clipped, one Adam step
     assert trainer.version == 3
 
 

@@ -3,8 +3,7 @@
 :class:`VectorEnv` steps ``K`` environments in one process and resets each one the moment
 its episode ends (terminated or truncated), so the observation it returns for a finished
 environment is the first of the next episode, and the ``done`` flag tells the learner not to
-bootstrap across it. It also sums rewards per episode, so whoever steps it can report the
-returns of the episodes that finished. :class:`StepDelay` sleeps on every step: a stand-in
+bootstrap across it. :class:`StepDelay` sleeps on every step: a stand-in
 for a slow simulator or a tool call, the case asynchrony exists for.
 
 Truncation (CartPole's 500-step limit) is treated as an episode end without bootstrap, as
@@ -82,13 +81,11 @@ class VectorStep:
         obs: ``(K, D)`` float32, the next observation (the reset one where ``done``).
         rewards: ``(K,)`` float32.
         dones: ``(K,)`` bool, the episode ended (terminated or truncated) on this step.
-        episode_returns: returns of the episodes that ended on this step.
     """
 
     obs: np.ndarray
     rewards: np.ndarray
     dones: np.ndarray
-    episode_returns: tuple[float, ...]
 
 
 class VectorEnv:
@@ -101,7 +98,6 @@ class VectorEnv:
             raise ValueError(f"VectorEnv: num_envs={num_envs} must be >= 1")
         self.envs = [make_env(env, delay_ms) for _ in range(num_envs)]
         self.seed = seed
-        self._returns = np.zeros(num_envs, dtype=np.float64)  # (K,) running episode sums
 
     @property
     def num_envs(self) -> int:
@@ -109,7 +105,6 @@ class VectorEnv:
 
     def reset(self) -> np.ndarray:
         """Reset all with seeds ``seed, seed + 1, ...``; ``(K, D)`` float32."""
-        self._returns[:] = 0.0
         obs = [e.reset(seed=self.seed + i)[0] for i, e in enumerate(self.envs)]
         return np.stack(obs).astype(np.float32)  # (K, D)
 
@@ -117,18 +112,13 @@ class VectorEnv:
         """Step environment ``k`` with ``actions[k]`` (``(K,)`` int)."""
         obs, rewards = [], np.empty(self.num_envs, dtype=np.float32)
         dones = np.zeros(self.num_envs, dtype=bool)
-        finished: list[float] = []
         for k, env in enumerate(self.envs):
-            o, r, terminated, truncated, _ = env.step(int(actions[k]))
-            rewards[k] = r
-            self._returns[k] += r
+            o, rewards[k], terminated, truncated, _ = env.step(int(actions[k]))
             if terminated or truncated:
                 dones[k] = True
-                finished.append(float(self._returns[k]))
-                self._returns[k] = 0.0
                 o, _ = env.reset()
             obs.append(o)
-        return VectorStep(np.stack(obs).astype(np.float32), rewards, dones, tuple(finished))
+        return VectorStep(np.stack(obs).astype(np.float32), rewards, dones)
 
     def close(self) -> None:
         for env in self.envs:

@@ -26,7 +26,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.model import PolicyModel
 from nobubble.rl.actor_learner.trajectory import TrajectoryBatch
 from nobubble.rl.algo.losses import policy_gradient_loss, ppo_policy_loss
-from nobubble.rl.algo.vtrace import vtrace_from_logits
+from nobubble.rl.algo.vtrace import VTraceFromLogitsReturns, vtrace_from_logits
 from nobubble.rl.system.learner import Learner, ShardGradients
 
 __all__ = ["VTraceLoss", "VTraceTargets", "env_learner", "minibatches", "vtrace_targets"]
@@ -37,15 +37,14 @@ class VTraceTargets:
     """V-trace under the current model for a batch ``(T, B)``.
 
     Attributes:
-        vs, pg_advantages: ``(T, B)`` targets, detached.
-        target_log_probs: ``(T, B)`` log pi(a_t|x_t), with gradient.
+        vtrace: the targets ``vs``, ``pg_advantages`` (detached) and the actions'
+            log-probs under both policies (the learner's, ``target_action_log_probs``, with
+            gradient).
         values: ``(T, B)`` V(x_t), with gradient.
         logits: ``(T, B, A)`` pi's logits, with gradient (for the entropy).
     """
 
-    vs: torch.Tensor
-    pg_advantages: torch.Tensor
-    target_log_probs: torch.Tensor
+    vtrace: VTraceFromLogitsReturns
     values: torch.Tensor
     logits: torch.Tensor
 
@@ -65,9 +64,7 @@ def vtrace_targets(
         bootstrap_value=values[-1],
         lambda_=lambda_,
     )
-    return VTraceTargets(
-        out.vs, out.pg_advantages, out.target_action_log_probs, values[:-1], logits[:-1]
-    )
+    return VTraceTargets(out, values[:-1], logits[:-1])
 
 
 class VTraceLoss:
@@ -87,10 +84,9 @@ class VTraceLoss:
     ) -> tuple[torch.Tensor, ShardGradients]:
         c = self.config
         targets = vtrace_targets(model, batch, c.gamma, c.vtrace_lambda)
-        logp, adv = targets.target_log_probs, targets.pg_advantages
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        behaviour_logp = F.log_softmax(batch.behaviour_logits, -1)  # (T, b, A)
-        behaviour_logp = behaviour_logp.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+        out = targets.vtrace
+        logp, behaviour_logp = out.target_action_log_probs, out.behaviour_action_log_probs
+        adv = (out.pg_advantages - out.pg_advantages.mean()) / (out.pg_advantages.std() + 1e-8)
         mask = torch.ones_like(logp).T  # (b, T): every step counts
         if c.loss == "ppo":
             result = ppo_policy_loss(logp.T, behaviour_logp.T, adv.T, mask, c.clip, c.clip)
@@ -98,7 +94,7 @@ class VTraceLoss:
         else:
             policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
             clip_fraction = torch.zeros(())
-        value_loss = 0.5 * (targets.vs - targets.values).square().mean()
+        value_loss = 0.5 * (out.vs - targets.values).square().mean()
         logits = targets.logits  # (T, b, A)
         entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy

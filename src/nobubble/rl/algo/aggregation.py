@@ -36,7 +36,6 @@ from nobubble.rl.algo.staleness import StalenessKind, staleness_weight
 
 __all__ = [
     "all_reduce_gradients",
-    "all_reduce_parameters",
     "broadcast_parameters",
     "LocalSGD",
     "ParameterServer",
@@ -129,14 +128,6 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad
 
 
-def all_reduce_parameters(params: Iterable[torch.Tensor], ctx: DistContext) -> None:
-    """Set parameters to their mean over ranks (local SGD's periodic averaging)."""
-    params = list(params)
-    with torch.no_grad():
-        flat = _flat_all_reduce([p.detach() for p in params], ctx, "all_reduce_parameters")
-        _scatter_flat(flat / ctx.world_size, params)
-
-
 def broadcast_parameters(params: Sequence[torch.Tensor], ctx: DistContext, src: int = 0) -> None:
     """Set parameters to rank ``src``'s, in place (one flat broadcast): a common start."""
     with torch.no_grad():
@@ -164,7 +155,9 @@ class LocalSGD:
         self.num_local_steps += 1
         if self.num_local_steps % self.sync_every:
             return False
-        all_reduce_parameters(self._params, self._ctx)
+        with torch.no_grad():  # every parameter set to its mean over the ranks
+            flat = _flat_all_reduce(self._params, self._ctx, "LocalSGD parameter averaging")
+            _scatter_flat(flat / self._ctx.world_size, self._params)
         return True
 
 

@@ -217,38 +217,22 @@ def ppo_policy_loss(
     mask = _check_mask(logp, mask, who)
     old_logp = _per_token(old_logp, logp, "old_logp", who).detach()
     advantages = _per_token(advantages, logp, "advantages", who).detach()
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    loss_mat, is_clipped, is_dual = _clipped_surrogate(
+        ratio, advantages, clip_low, clip_high, dual_clip
+    )
     if weights is not None:
         weights = _per_token(weights.detach(), logp, "weights", who)
-    norm = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
-    return _clipped_loss(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        (clip_low, clip_high, dual_clip),
-        agg,
-        weights,
-        norm | {"norm_length": norm_length},
-    )
-
-
-def _clipped_loss(
-    logp: torch.Tensor,
-    anchor_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: tuple[float, float, float | None],
-    agg: LossAgg,
-    weights: torch.Tensor | None,
-    norm: dict,
-) -> PolicyLossResult:
-    """PPO's clipped loss around ``anchor_logp``, times optional per-token ``weights``."""
-    log_ratio = logp - anchor_logp
-    ratio = torch.exp(log_ratio)
-    loss_mat, is_clipped, is_dual = _clipped_surrogate(ratio, advantages, *clip)
-    if weights is not None:
         loss_mat = loss_mat * weights
-    loss = aggregate_loss(loss_mat, mask, agg, **norm)
+    loss = aggregate_loss(
+        loss_mat,
+        mask,
+        agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
     with torch.no_grad():
         return PolicyLossResult(
             loss=loss,
@@ -301,20 +285,23 @@ def decoupled_ppo_loss(
     mask = _check_mask(logp, mask, who)
     prox_logp = _per_token(prox_logp, logp, "prox_logp", who).detach()
     behav_logp = _per_token(behav_logp, logp, "behav_logp", who).detach()
-    advantages = _per_token(advantages, logp, "advantages", who).detach()
+    advantages = _per_token(advantages, logp, "advantages", who)
     behav_weight, mask = _behaviour_weight(
         prox_logp, behav_logp, mask, behav_weight_cap, behav_weight_mode, who
     )
-    norm = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
-    return _clipped_loss(
+    return ppo_policy_loss(
         logp,
         prox_logp,
         advantages,
         mask,
-        (clip_low, clip_high, dual_clip),
+        clip_low,
+        clip_high,
+        dual_clip,
         agg,
-        behav_weight,
-        norm | {"norm_length": norm_length},
+        weights=behav_weight,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
     )
 
 

@@ -78,22 +78,19 @@ def staleness_weight(
         raise ValueError(f"staleness_weight: kind={kind!r}; use one of {_KINDS}")
     if half_life <= 0:
         raise ValueError(f"staleness_weight: half_life={half_life} must be > 0")
-    if isinstance(gap, torch.Tensor):
-        g = gap.to(torch.get_default_dtype()) if not gap.is_floating_point() else gap
-        if g.numel() and g.min().item() < 0:
-            raise ValueError(f"staleness_weight: gap must be >= 0, got min {g.min().item()}")
-        if kind == "inverse":
-            return 1.0 / (1.0 + g)
-        if kind == "exp":
-            return torch.pow(0.5, g / half_life)
-        return torch.ones_like(g)
-    if gap < 0:
-        raise ValueError(f"staleness_weight: gap={gap} must be >= 0 (current - sample version)")
+    g = gap if isinstance(gap, torch.Tensor) else torch.tensor(float(gap), dtype=torch.float64)
+    g = g if g.is_floating_point() else g.to(torch.get_default_dtype())
+    if g.numel() and g.min().item() < 0:
+        raise ValueError(
+            f"staleness_weight: gap={g.min().item()} must be >= 0 (current - sample version)"
+        )
     if kind == "inverse":
-        return 1.0 / (1.0 + gap)
-    if kind == "exp":
-        return 0.5 ** (gap / half_life)
-    return 1.0
+        w = 1.0 / (1.0 + g)
+    elif kind == "exp":
+        w = torch.pow(0.5, g / half_life)
+    else:
+        w = torch.ones_like(g)
+    return w if isinstance(gap, torch.Tensor) else float(w)
 
 
 def check_group_versions(versions: Sequence[int] | torch.Tensor, group_size: int) -> torch.Tensor:

@@ -136,9 +136,6 @@ class Ledger:
         self.learners: dict[int, list[int]] = {}
         self.sources: dict[str, list[int]] = {}  # source -> the numbers of its groups
 
-    def state(self, group_id: int) -> GroupState:
-        return self._state[group_id]
-
     def admit(self, group_id: int, source: tuple[str, int] | None = None) -> None:
         """``group_id`` starts; ``source=(name, seq)``: the ``seq``-th group that ``name``
         made (the gap check)."""
@@ -314,9 +311,6 @@ class ExperienceBuffer:
     def _drop(self, group_id: int, reason: str) -> None:
         self.ledger.dropped(group_id, reason)
         self._num_live -= 1
-
-    def __len__(self) -> int:
-        return len(self._ready)
 
     def take_batch(self, trainer_version: int, sync: bool = False) -> list[SampleGroup] | None:
         """The B oldest groups fresh enough for ``trainer_version``, or None if too few.

@@ -152,12 +152,6 @@ class Learner(Generic[LossT]):
     def clip_gradients(self) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
 
-    def apply_gradients(self) -> None:
-        """Clip, take the optimizer step and make a new version."""
-        self.clip_gradients()
-        self.optimizer.step()
-        self.finish_step()
-
     def finish_step(self) -> None:
         """After new parameters: the delay, the version, the loss's ``after_step``."""
         if self.delay_s:

@@ -86,9 +86,6 @@ class GroupReplay:
             max(1, cfg.capacity), alpha=alpha, eps=eps, seed=seed
         )
 
-    def __len__(self) -> int:
-        return len(self._buffer)
-
     def add(self, groups: list[SampleGroup]) -> None:
         for g in groups:
             self._buffer.add(g, _priority(g))

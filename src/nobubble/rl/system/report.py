@@ -15,39 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.files import save_figure
-from nobubble.rl.system.result import RunResult
-from nobubble.trace import Event, write_chrome_trace
+from nobubble.rl.system.result import STAGES, RunResult, span_events
+from nobubble.trace import write_chrome_trace
 
-__all__ = ["STAGES", "trace_events", "write_trace", "plot_runs", "summary_row", "SUMMARY_COLUMNS"]
-
-STAGES = ("rollout", "reward", "trainer")
-
-
-def trace_events(result: RunResult) -> list[Event]:
-    """The run's spans as trace events (microseconds since the run started)."""
-    events = []
-    for s in result.spans:
-        if s.end_s < result.t0:
-            continue
-        start = max(s.start_s, result.t0)
-        events.append(
-            Event(
-                name=s.name,
-                cat=s.stage,
-                rank=STAGES.index(s.stage),
-                start_us=(start - result.t0) * 1e6,
-                dur_us=max(0.0, s.end_s - start) * 1e6,
-                args={k: v for k, v in s.args.items() if isinstance(v, int | float | str)},
-            )
-        )
-    events.sort(key=lambda e: e.start_us)
-    return events
+__all__ = ["write_trace", "plot_runs", "summary_row", "SUMMARY_COLUMNS"]
 
 
 def write_trace(result: RunResult, path: str | Path) -> Path:
     """Write the per-stage busy/idle timeline of ``result`` as a Chrome trace."""
     return write_chrome_trace(
-        path, trace_events(result), rank_names={i: s for i, s in enumerate(STAGES)}
+        path, span_events(result.spans, result.t0), rank_names=dict(enumerate(STAGES))
     )
 
 

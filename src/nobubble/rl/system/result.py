@@ -3,13 +3,18 @@ both producers (a task's groups of responses, an environment's trajectories)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from nobubble.rl.system.experience import LedgerSummary
 from nobubble.rl.system.types import Span
+from nobubble.trace import Event, summarize
 
-__all__ = ["CurvePoint", "RESULT_KEYS", "RunResult", "stage_busy"]
+__all__ = ["CurvePoint", "RESULT_KEYS", "RunResult", "STAGES", "span_events", "stage_busy"]
+
+STAGES = ("rollout", "reward", "trainer")
+"""The stages of a task run, in the order its timelines show them."""
 
 
 @dataclass(frozen=True)
@@ -195,27 +200,34 @@ updates, ``staleness_hist`` counts trained samples by lag, ``outcome`` holds wha
 reached (accuracy, or eval return and time to target), ``details`` the producer's own."""
 
 
+def span_events(spans: list[Span], t0: float, end: float = math.inf) -> list[Event]:
+    """The stages' busy spans within ``[t0, end]`` as trace events, in start order: one rank
+    per stage of :data:`STAGES`, microseconds since ``t0``."""
+    events = []
+    for s in spans:
+        if s.end_s < t0 or s.stage not in STAGES:
+            continue
+        start = max(s.start_s, t0)
+        events.append(
+            Event(
+                name=s.name,
+                cat=s.stage,
+                rank=STAGES.index(s.stage),
+                start_us=(start - t0) * 1e6,
+                dur_us=max(0.0, min(s.end_s, end) - start) * 1e6,
+                args={k: v for k, v in s.args.items() if isinstance(v, int | float | str)},
+            )
+        )
+    events.sort(key=lambda e: e.start_us)
+    return events
+
+
 def stage_busy(
     spans: list[Span], t0: float, end: float
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Busy seconds and idle ratio per stage over ``[t0, end]`` (union of the stage's
-    workers' spans; evaluation counts as trainer work)."""
-    out_busy, out_idle = {}, {}
+    """Busy seconds and idle ratio per stage over ``[t0, end]``: the union of the stage's
+    workers' spans (:func:`nobubble.trace.summarize`; evaluation counts as trainer work)."""
+    busy_us = {r.rank: r.busy_us for r in summarize(span_events(spans, t0, end))}
+    busy = {stage: busy_us.get(rank, 0.0) / 1e6 for rank, stage in enumerate(STAGES)}
     span_s = max(end - t0, 1e-9)
-    for stage in ("rollout", "reward", "trainer"):
-        ivs = sorted((max(s.start_s, t0), min(s.end_s, end)) for s in spans if s.stage == stage)
-        # cur_s is read only while cur_e is set (the current merged interval)
-        busy, cur_s = 0.0, 0.0
-        cur_e: float | None = None
-        for a, b in ivs:
-            if b <= a:
-                continue
-            if cur_e is None or a > cur_e:
-                busy += 0.0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = a, b
-            else:
-                cur_e = max(cur_e, b)
-        busy += 0.0 if cur_e is None else cur_e - cur_s
-        out_busy[stage] = busy
-        out_idle[stage] = max(0.0, 1.0 - busy / span_s)
-    return out_busy, out_idle
+    return busy, {stage: max(0.0, 1.0 - b / span_s) for stage, b in busy.items()}

@@ -125,10 +125,6 @@ class SampleGroup:
         return tuple(s.sample_id for s in self.samples)
 
     @property
-    def is_scored(self) -> bool:
-        return all(s.t_scored is not None for s in self.samples)
-
-    @property
     def reward_failed(self) -> bool:
         return any(s.reward_failed for s in self.samples)
 

@@ -9,10 +9,11 @@ say - and the value of the conversation so far. No KV cache: every step re-reads
 window, which is cheap at these lengths and keeps a step a pure function of its observation
 (what central inference and V-trace need).
 
-Only the last position is read, so :func:`last_position` runs the last block for that one
-query (every earlier block, and the last block's keys and values, still see the whole
-window): the same numbers as ``CharTransformer.forward(...)[:, -1]`` (the tests compare
-them) at about a third of the cost for one block, which is what bounds the learner here.
+Only the last position is read, so the transformer runs with ``last_only=True``: its last
+block for that one query (every earlier block, and the last block's keys and values, still
+see the whole window), the same numbers as ``CharTransformer.forward(...)[:, -1]`` (the
+tests compare them) at about a third of the cost for one block, which is what bounds the
+learner here.
 
 The left padding is a token of its own, visible to attention, not masked: positions then
 count from the right edge, so "the newest token" always sits at position ``L - 1``, and
@@ -24,15 +25,13 @@ Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
 
-__all__ = ["TextPolicyConfig", "TextActorCritic", "TextPolicyFactory", "last_position"]
+__all__ = ["TextPolicyConfig", "TextActorCritic", "TextPolicyFactory"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,27 +47,6 @@ class TextPolicyConfig:
     def for_env(self, vocab_size: int, max_len: int) -> PolicyConfig:
         """The transformer for ``vocab_size`` tokens and a window of ``max_len``."""
         return PolicyConfig(vocab_size=vocab_size, max_seq_len=max_len, **asdict(self))
-
-
-def last_position(lm: CharTransformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lm(tokens)`` at the last position only: ``tokens (N, L)`` int64 -> ``logits (N, V),
-    values (N,)``, computing the last block for the last query alone (no padding mask: the
-    whole window is content, see the module docstring)."""
-    n, t = tokens.shape
-    x = lm.tok_emb(tokens) + lm.pos_emb(torch.arange(t, device=tokens.device))[None]  # (N, L, D)
-    for block in lm.blocks[:-1]:
-        x = block(x)
-    last: Any = lm.blocks[-1]  # a CharTransformer block: ln1, qkv, proj, ln2, mlp
-    d, nh = x.shape[-1], last.num_heads
-    q, k, v = last.qkv(last.ln1(x)).split(d, dim=2)  # (N, L, D) each
-    q = q[:, -1:].reshape(n, 1, nh, d // nh).transpose(1, 2)  # (N, nh, 1, hs)
-    k = k.reshape(n, t, nh, d // nh).transpose(1, 2)  # (N, nh, L, hs)
-    v = v.reshape(n, t, nh, d // nh).transpose(1, 2)  # (N, nh, L, hs)
-    # the last query may see every key, so the causal mask is a no-op for it
-    y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, 1, d)  # (N, 1, D)
-    x = x[:, -1:] + last.proj(y)  # (N, 1, D)
-    x = lm.ln_f(x + last.mlp(last.ln2(x)))[:, 0]  # (N, D)
-    return lm.lm_head(x), lm.value_head(x).squeeze(-1)
 
 
 class TextActorCritic(nn.Module):
@@ -95,7 +73,7 @@ class TextActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lead = obs.shape[:-1]
         tokens = obs.reshape(-1, self.obs_dim).long()  # (N, L)
-        logits, values = last_position(self.lm, tokens)  # (N, V), (N,)
+        logits, values = self.lm(tokens, last_only=True)  # (N, V), (N,)
         a0 = self.first_action_id
         logits = logits[:, a0 : a0 + self.num_actions]  # (N, A): the next token, sayable ones
         return logits.reshape(*lead, self.num_actions), values.reshape(lead)

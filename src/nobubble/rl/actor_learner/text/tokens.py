@@ -31,7 +31,7 @@ import numpy as np
 
 from nobubble.rl.actor_learner.text.protocol import TextEnv, check_text_env
 from nobubble.rl.system.tasks.builtin import CharTokenizer
-from nobubble.validation import finite
+from nobubble.rl.system.tasks.spec import reward_value
 
 __all__ = ["END_OF_TURN", "TextVocabulary", "TokenEnv", "TextEnvFactory"]
 
@@ -128,12 +128,13 @@ class TokenEnv(gymnasium.Env):
             self.transcript.append(("model", turn))
             answer = self.text_env.step(turn)
             self._message(answer.reply)
-            reward, done = float(answer.reward), bool(answer.done)
-            if not finite(reward):
+            checked = reward_value(answer.reward)
+            if checked is None:
                 raise ValueError(
-                    f"text env {type(self.text_env).__name__} gave reward {reward} for turn "
-                    f"{turn!r}; a reward must be a finite number"
+                    f"text env {type(self.text_env).__name__} gave reward {answer.reward!r} for "
+                    f"turn {turn!r}; a reward must be a finite number"
                 )
+            reward, done = checked, bool(answer.done)
         truncated = not done and self._steps >= self.max_episode_steps
         return self._obs(), reward, done, truncated, {}
 

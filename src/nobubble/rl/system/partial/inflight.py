@@ -54,7 +54,6 @@ class InFlightWeights:
         self.token_delay_s = token_delay_s
         self.pull: WeightPull | None = None
         self.version = -1
-        self.num_updates = 0  # weight swaps inside a generation, over this object's life
         self._steps: list[int] = []
         self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
 
@@ -93,7 +92,6 @@ class InFlightWeights:
             new = self.pull(self.model, self.version)
             check_newer(self.version, new, "in-flight weight update")
             changed = new != self.version
-            self.num_updates += changed and step > 0
             self.version = new
             if changed:
                 self._note()

@@ -64,18 +64,25 @@ class _Block(nn.Module):
             nn.Linear(4 * cfg.hidden, cfg.hidden),
         )
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """``x`` (B, T, D) -> (B, T, D); ``last_only``: the last position's output alone,
+        (B, 1, D), from its one query over every key (the causal mask hides none from it)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        hs = d // self.num_heads
-        q = q.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if last_only:
+            q, x = q[:, -1:], x[:, -1:]
+            attn_mask = None if attn_mask is None else attn_mask[:, :, -1:]
+        tq, hs = q.shape[1], d // self.num_heads
+        q = q.reshape(b, tq, self.num_heads, hs).transpose(1, 2)  # (B, nh, Tq, hs)
         k = k.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(b, t, self.num_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         if attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=not last_only)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, D)
+        y = y.transpose(1, 2).reshape(b, tq, d)  # (B, Tq, D)
         x = x + self.proj(y)
         return x + self.mlp(self.ln2(x))
 
@@ -88,7 +95,10 @@ class CharTransformer(nn.Module):
     ``logits[:, t]`` scores token ``t + 1``, and ``values`` (B, T) float32, the value
     estimate of the state after token ``t``. ``attention_mask`` (B, T), 0 on left padding,
     hides the padding from every query; ``position_ids`` (B, T) default to
-    :func:`position_ids` of the mask.
+    :func:`position_ids` of the mask. ``last_only=True`` gives the last position alone,
+    ``logits`` (B, V) and ``values`` (B,), running the last block for that one query (every
+    earlier block, and the last one's keys and values, still see the whole sequence): the
+    same numbers as ``[:, -1]`` of the full forward at a fraction of the last block's cost.
     """
 
     returns_values = True  # forward already gives (logits, values): no wrapper needed
@@ -121,6 +131,8 @@ class CharTransformer(nn.Module):
         tokens: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        *,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         b, t = tokens.shape
         if t > self.cfg.max_seq_len:
@@ -139,7 +151,7 @@ class CharTransformer(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(t, device=tokens.device)[None, :]
         x = self.tok_emb(tokens) + self.pos_emb(position_ids)  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, attn)
-        x = self.ln_f(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn, last_only=last_only and i == len(self.blocks) - 1)
+        x = self.ln_f(x[:, -1] if last_only else x)  # (B, D) or (B, T, D)
         return self.lm_head(x), self.value_head(x).squeeze(-1)

@@ -41,7 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from nobubble.validation import check_value, finite
+from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.validation import check_value
 
 __all__ = ["RemoteReward", "RemoteRewardError"]
 
@@ -209,21 +210,11 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
         )
     rewards = []
     for i, value in enumerate(values):
-        reward = _as_finite(value)
+        reward = reward_value(value)
         if reward is None:
             raise _Retryable(f"malformed answer: rewards[{i}]={value!r} is not a finite number")
         rewards.append(reward)
     return rewards
-
-
-def _as_finite(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        reward = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return reward if finite(reward) else None
 
 
 def _excerpt(raw: bytes) -> str:

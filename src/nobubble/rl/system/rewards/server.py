@@ -32,7 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
 
-from nobubble.validation import check_value, finite
+from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.validation import check_value
 
 __all__ = ["RewardServer", "serve_rewards"]
 
@@ -241,9 +242,8 @@ def _score_all(reward_fn: RewardFn, prompts: list[str], responses: list[str]) ->
     rewards = []
     for i, (prompt, response) in enumerate(zip(prompts, responses)):
         value = reward_fn(prompt, response)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"returned {value!r} for pair {i}; return a float")
-        if not finite(value):
+        reward = reward_value(value)
+        if reward is None:
             raise ValueError(f"returned {value!r} for pair {i}; return a finite float")
-        rewards.append(float(value))
+        rewards.append(reward)
     return rewards

@@ -16,7 +16,6 @@ match over all prompts, not a sample.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,10 +133,6 @@ class DigitsTask:
         return sorted({d % m for d in self.differences})
 
     @property
-    def prompt_len(self) -> int:
-        return 1 + len("a,b:m,n")
-
-    @property
     def max_new_tokens(self) -> int:
         return max(self.num_terms)
 
@@ -154,11 +149,6 @@ class DigitsTask:
             for a in range(m)
             for d in self._diffs(m)
         ]
-
-    def sample_prompts(self, n: int, rng: random.Random) -> list[str]:
-        """``n`` prompts drawn uniformly from :meth:`eval_prompts`."""
-        space = self.eval_prompts()
-        return [rng.choice(space) for _ in range(n)]
 
     def answer(self, prompt: str) -> str:
         first, rest = prompt.split(":")
@@ -189,10 +179,6 @@ class SumDigitsTask:
             raise ValueError(f"num_digits={self.num_digits} must be in 1..4 (10**L eval prompts)")
 
     @property
-    def prompt_len(self) -> int:
-        return 1 + self.num_digits + 1
-
-    @property
     def max_new_tokens(self) -> int:
         return len(str(9 * self.num_digits)) + 1  # the longest sum and its <eos>
 
@@ -201,9 +187,6 @@ class SumDigitsTask:
 
     def eval_prompts(self) -> list[str]:
         return [f"{i:0{self.num_digits}d}=" for i in range(10**self.num_digits)]
-
-    def sample_prompts(self, n: int, rng: random.Random) -> list[str]:
-        return [f"{rng.randrange(10**self.num_digits):0{self.num_digits}d}=" for _ in range(n)]
 
     def answer(self, prompt: str) -> str:
         return str(sum(int(c) for c in prompt[:-1]))

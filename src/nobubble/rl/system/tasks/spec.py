@@ -34,7 +34,15 @@ from nobubble.rl.system.tasks.builtin import (
 )
 from nobubble.validation import finite
 
-__all__ = ["TaskSpec", "resolve_task"]
+__all__ = ["TaskSpec", "resolve_task", "reward_value"]
+
+
+def reward_value(value: object) -> float | None:
+    """``value`` as a reward: a finite real (an ``int`` or ``float``, not a ``bool``) as a
+    float, else None (a task's, a reward service's and a reward function's alike)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
+        return None
+    return float(value)
 
 
 def _has(obj: Any, name: str) -> bool:
@@ -102,9 +110,10 @@ class TaskSpec:
     def reward(self, prompt: str, response: str) -> float:
         """The task's reward; raises ValueError for a value that is not a finite real."""
         value = self.task.reward(prompt, response)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
+        reward = reward_value(value)
+        if reward is None:
             raise ValueError(f"task {self.name!r}: reward {value!r} is not a finite number")
-        return float(value)
+        return reward
 
     def is_correct(self, prompt: str, response: str) -> bool:
         if _has(self.task, "is_correct"):
