@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.tasks.spec import TaskSpec, reward_value
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import finite
 
@@ -149,9 +149,10 @@ def parse_reward(text: str) -> RewardSource:
 
 
 def _finite(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
+    reward = reward_value(value)
+    if reward is None:
         raise RewardError(f"{what} returned {value!r}, not a finite number")
-    return float(value)
+    return reward
 
 
 class Rewarder:
