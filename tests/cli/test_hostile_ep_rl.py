@@ -177,6 +177,8 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         ([*RT, *ENV, "--envs-per-actor", str(10**6)], "GiB"),
         ([*RT, *ENV, "--steps", HUGE], "--force"),
         ([*RT, *ENV, "--group-size", "4"], "--group-size"),
+        ([*RT, *ENV, "--mode", "fully-async"], "--mode is not read with --env"),
+        ([*RT, "--weight-check-every", "2"], "--partial-rollouts"),
         ([*RT, "--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
     ],
     "rl compare": [
