@@ -5,6 +5,11 @@ a flag left out keeps the config's own default (not restated here), and
 :func:`config_from_flags` builds the config, whose ``__post_init__`` is the only check of a
 value or a combination (its ValueError is the one-line error, exit 2). The ``ep`` commands
 declare theirs this way.
+
+The ``rl`` commands declare theirs with :func:`add_path_flags`, whose fields may be paths into
+a sub-config (``trainer.delay_s``) and whose flags may repeat; :func:`flags_given` collects
+the given ones and :func:`apply_flags` builds a config from them or lays them over one,
+naming the flag in the config's error.
 """
 
 from __future__ import annotations
