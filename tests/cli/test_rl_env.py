@@ -84,15 +84,17 @@ def test_bad_values_are_one_line_and_exit_2(tmp_path, argv, message, capsys) -> 
 
 
 def test_the_target_defaults_to_the_envs_reward_threshold(tmp_path) -> None:
-    from nobubble.cli.rl import register
-    from nobubble.cli.rl_env import env_config
+    from nobubble.cli.rl import SHARED_FLAGS, register
+    from nobubble.cli.rl_env import env_configs
     from nobubble.cli.util import ArgumentParser
 
     parser = ArgumentParser(prog="nobubble rl")
     register(parser)
 
     def target(*argv: str) -> float | None:
-        return env_config(parser.parse_args(["train", *argv]), "seed").target_return
+        args = parser.parse_args(["train", *argv])
+        (config,) = env_configs(args, SHARED_FLAGS, compare=False)
+        return config.target_return
 
     assert target("--env", "Acrobot-v1") == -100.0
     assert target("--env", "CartPole-v1") == 475.0
@@ -129,7 +131,7 @@ def test_compare_runs_each_architecture_on_one_budget_and_draws_them(tmp_path, c
 
 
 def test_compare_prints_one_row_per_architecture_and_the_seed(capsys) -> None:
-    from nobubble.cli.rl_env import _compare_table
+    from nobubble.cli.rl import render_runs
     from nobubble.rl.actor_learner.config import ARCHS
     from nobubble.rl.system.experience import LedgerSummary
     from nobubble.rl.system.result import RunResult
@@ -142,7 +144,8 @@ def test_compare_prints_one_row_per_architecture_and_the_seed(capsys) -> None:
                   env_steps=400)
         for arch in ARCHS
     ]  # fmt: skip
-    _compare_table(results)
+    render_runs("CartPole-v1 (seed 3)", {r.arch: r for r in results}, {}, as_json=False,
+                compare=True)  # fmt: skip
     out = capsys.readouterr().out
     assert "(seed 3)" in out and all(arch in out for arch in ARCHS)
     assert out.count("100") == 3  # env steps/s of each

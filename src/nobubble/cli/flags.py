@@ -5,18 +5,25 @@ a flag left out keeps the config's own default (not restated here), and
 :func:`config_from_flags` builds the config, whose ``__post_init__`` is the only check of a
 value or a combination (its ValueError is the one-line error, exit 2). The ``ep`` commands
 declare theirs this way.
+
+The ``rl`` commands declare theirs with :func:`add_path_flags`, whose fields may be paths into
+a sub-config (``trainer.delay_s``) and whose flags may repeat; :func:`flags_given` collects
+the given ones and :func:`apply_flags` builds a config from them or lays them over one,
+naming the flag in the config's error.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, fields
+import re
+from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nobubble.cli.util import add_json_flag, plot_file
 
-__all__ = ["Flag", "add_config_flags", "config_from_flags", "add_run_flags"]
+__all__ = ["Flag", "add_config_flags", "config_from_flags", "add_run_flags", "add_path_flags",
+           "flags_given", "apply_flags"]  # fmt: skip
 
 Flag = tuple[str, str, Any, str]
 """``(flag, config field, argparse type | tuple of choices | bool, help)``."""
@@ -53,3 +60,69 @@ def add_run_flags(parser: argparse.ArgumentParser, *, plot: str, force: str,
     parser.add_argument("--plot", type=plot_file, default=plot_default, help=plot)
     parser.add_argument("--force", action="store_true", help=force)
     add_json_flag(parser)
+
+
+def add_path_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None:
+    """As :func:`add_config_flags` on ``parser`` (or an argument group), where a flag's field
+    may be a path into a sub-config (``"trainer.delay_s"``: the field ``delay_s`` of the
+    config's ``trainer``), stored under that path, and the kind ``list`` makes the flag
+    repeatable (:func:`flags_given` collects its values into a tuple)."""
+    for flag, path, kind, text in flags:
+        if kind is not bool and "default" not in text:
+            text += f" (default {_field_default(config, path)})"
+        how: dict[str, Any] = (
+            {"action": "store_true"} if kind is bool
+            else {"action": "append", "metavar": flag.lstrip("-").upper().replace("-", "_")}
+            if kind is list
+            else {"choices": kind} if isinstance(kind, tuple)
+            else {"type": kind, "metavar": flag.lstrip("-").upper().replace("-", "_")}
+        )  # fmt: skip
+        parser.add_argument(flag, dest=path, default=None, help=text, **how)
+
+
+def flags_given(flags: tuple[Flag, ...], args: argparse.Namespace) -> dict[str, Any]:
+    """``{field path: value}`` of the flags on the command line (None = left out)."""
+    given = {}
+    for _, path, _, _ in flags:
+        value = getattr(args, path, None)
+        if value is not None:
+            given[path] = tuple(value) if isinstance(value, list) else value
+    return given
+
+
+def apply_flags(config: Any, given: dict[str, Any], flags: tuple[Flag, ...] = ()) -> Any:
+    """``config`` (a config class or a function that builds one, or a config to lay the
+    values over) with ``given``'s values (:func:`flags_given`), a path's in its sub-config. The configs' own checks are the
+    only ones: their ValueError is re-raised naming the flag of ``flags`` it is about."""
+    try:
+        return _apply(config, given)
+    except ValueError as err:
+        text = str(err)
+        for flag, path, _, _ in flags:
+            name = re.escape(path.rpartition(".")[2])
+            if path in given and flag not in text and re.search(rf"(?<![\w-]){name}=", text):
+                raise ValueError(f"{flag} {given[path]}: {text}") from None
+        raise
+
+
+def _apply(config: Any, given: dict[str, Any]) -> Any:
+    top = {k: v for k, v in given.items() if "." not in k}
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in given.items():
+        if "." in path:
+            head, rest = path.split(".", 1)
+            nested.setdefault(head, {})[rest] = value
+    built = is_dataclass(config) and not isinstance(config, type)
+    for head, values in nested.items():
+        sub = getattr(config, head) if built else _field_default(config, head)
+        top[head] = _apply(sub, values)
+    return replace(config, **top) if built else config(**top)
+
+
+def _field_default(config: type, path: str) -> Any:
+    """The default of the field at ``path`` of the config class ``config`` (a sub-config's
+    path goes through the sub-config its field makes by default)."""
+    head, _, rest = path.partition(".")
+    (f,) = [f for f in fields(config) if f.name == head]
+    value = f.default_factory() if f.default_factory is not MISSING else f.default
+    return _field_default(type(value), rest) if rest else value

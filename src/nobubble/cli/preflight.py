@@ -8,9 +8,9 @@
 - :func:`check_policy_size`: the policy is built on PyTorch's ``meta`` device (no memory is
   allocated), so settings it refuses fail here, and its parameter count sizes the memory
   budget (weights, gradients and Adam's two moments in every process that holds a copy).
-- :func:`check_task_run`: an RL run on a task - its batch, processes, policy and steps.
-- :func:`probability` and :func:`json_object`: argparse types (a rate in ``[0, 1]``, a
-  JSON object of settings).
+- :func:`check_run`: an RL run on a task (its batch, processes, policy, steps, Ray address)
+  or an environment (its actors, envs, steps, the env itself).
+- :func:`json_object`: an argparse type (a JSON object of settings).
 
 Each raises :class:`~nobubble.cli.util.UsageError` (or ``ValueError`` from a config): one line
 on stderr, exit status 2.
@@ -22,17 +22,16 @@ import argparse
 import json
 from typing import Any
 
-from nobubble.cli.util import UsageError, check_budget, check_steps, nonneg_float
+from nobubble.cli.util import UsageError, check_budget, check_steps
 
 __all__ = [
     "ENV_UPDATE_S",
     "TASK_STEP_S",
     "check_policy_size",
-    "check_task_run",
+    "check_run",
     "import_run_objects",
     "json_object",
     "load_user_object",
-    "probability",
 ]
 
 
@@ -53,16 +52,16 @@ def load_user_object(flag: str, spec: str, what: str) -> Any:
         ) from None
 
 
-def import_run_objects(args: argparse.Namespace) -> None:
+def import_run_objects(task: str | None = None, policy: str | None = None,
+                       rewards: tuple[str, ...] = ()) -> None:  # fmt: skip
     """Import the user modules an RL run names (``--task``, ``--policy``, each ``--reward``)
     before anything else reads them (see :func:`load_user_object`)."""
     from nobubble.rl.system.imports import is_import_path
 
-    task, policy = getattr(args, "task", None), getattr(args, "policy", None)
     specs = [("--task", task, "task")] if task and not task.startswith("rg:") else []
     if policy and not policy.startswith("hf:"):
         specs.append(("--policy", policy, "policy"))
-    for text in getattr(args, "reward", None) or []:
+    for text in rewards:
         fn, sep, _ = text.rpartition("=")
         specs.append(("--reward", fn if sep else text, "reward"))
     for flag, spec, what in specs:
@@ -106,19 +105,30 @@ ENV_UPDATE_S = 0.01
 """The fastest learner update of an environment run (512 env steps, 4 epochs): 10 ms."""
 
 
-def check_task_run(args: argparse.Namespace, cfg: Any) -> None:
-    """``rl train|compare`` on a task (``cfg``: a run's RunConfig), before any work: a batch
-    whose logits alone (groups x group size x tokens x vocab, fp32, kept for the backward
-    with about 4 more tensors of their size) would not fit, the processes, the policy's size
-    (:func:`check_policy_size`), ``--steps`` unless ``--time-budget`` stops the run, and that
-    a Ray cluster answers at ``--address``."""
+def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
+    """An RL run (``cfg``: a task's RunConfig or an EnvRunConfig), before any work: its
+    processes and memory, and its ``--steps`` unless a given time budget (``timed``) stops
+    it; then :func:`_check_task_run` or :func:`_check_env_run`."""
+    if hasattr(cfg, "task"):
+        _check_task_run(cfg, force=force)
+        step_s = TASK_STEP_S
+    else:
+        _check_env_run(cfg, force=force)
+        step_s = ENV_UPDATE_S
+    if cfg.steps is not None and not timed:
+        check_steps("rl", "--steps", cfg.steps, step_s, hint=", give --time-budget S",
+                    force=force)  # fmt: skip
+
+
+def _check_task_run(cfg: Any, *, force: bool) -> None:
+    """A batch whose logits alone (groups x group size x tokens x vocab, fp32, kept for the
+    backward with about 4 more tensors of their size) would not fit, the processes, the
+    policy's size (:func:`check_policy_size`) and that a Ray cluster answers at
+    ``--address``."""
     data = 5 * cfg.batch_groups * cfg.group_size * _SEQ_BOUND * _VOCAB_BOUND * 4
     processes = 1 + cfg.num_rollout_workers + cfg.learners
-    check_budget("rl", processes=processes, data_bytes=data, force=args.force)
-    check_policy_size(cfg, copies=processes, force=args.force)
-    if args.time_budget is None:
-        check_steps("rl", "--steps", cfg.steps, TASK_STEP_S, hint=", give --time-budget S",
-                    force=args.force)  # fmt: skip
+    check_budget("rl", processes=processes, data_bytes=data, force=force)
+    check_policy_size(cfg, copies=processes, force=force)
     if cfg.engine == "ray" and cfg.ray_address:  # a cluster that is not there is bad input
         from nobubble.rl.system.engines.protocol import WorkerError
         from nobubble.rl.system.engines.ray import check_ray_address
@@ -129,12 +139,20 @@ def check_task_run(args: argparse.Namespace, cfg: Any) -> None:
             raise UsageError(str(err)) from None
 
 
-def probability(text: str) -> float:
-    """argparse type: a number in ``[0, 1]``."""
-    value = nonneg_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"{text} is a probability; give a number in [0, 1]")
-    return value
+def _check_env_run(cfg: Any, *, force: bool) -> None:
+    """The actor processes and their envs (~50 kB each with their slot and trajectory
+    buffers, CartPole), and an env whose id is unknown or whose spaces the policy cannot
+    take (a gymnasium error is a usage error naming ``--env``)."""
+    data = cfg.actors * cfg.envs_per_actor * 50e3
+    check_budget("rl", processes=1 + cfg.actors, data_bytes=data, force=force)
+    from nobubble.rl.actor_learner.envs import env_spaces
+
+    try:
+        env_spaces(cfg.env)
+    except Exception as err:
+        if type(err).__module__.startswith("gymnasium"):
+            raise ValueError(f"--env {cfg.env!r}: {err}") from None
+        raise
 
 
 def json_object(text: str) -> dict:

@@ -2,35 +2,36 @@
 
 ``nobubble rl train`` runs one configuration of one of two producers: a task (``--task``,
 LLM-style groups; the default) or an environment (``--env``, :mod:`nobubble.cli.rl_env`).
-The flags both have mean the same on both (``--max-staleness``, ``--time-budget``,
-``--steps`` = learner updates, ``--seed``, ``--out``, ``--json``), and so do the JSON's
-top-level keys; a flag of the other producer is refused. It prints accuracy (or return),
-samples/s, staleness and idle ratios and writes a PNG of the curves (tasks: also a Chrome
-trace of the stages' busy spans). ``--task``, ``--policy`` and ``--reward`` take the user's
-own task, model factory and verifiers by import path; ``--checkpoint-dir`` / ``--resume``
-make a run survive a kill; ``nobubble rl reward-server`` serves a reward function over HTTP.
+Every flag is a field of the producer's config (:class:`~nobubble.rl.system.config.RunConfig`
+and its stage configs, :class:`~nobubble.rl.actor_learner.config.EnvRunConfig`), declared in
+the tables below (:mod:`nobubble.cli.flags`); the flags both have (:data:`SHARED_FLAGS`:
+``--max-staleness``, ``--time-budget``, ``--steps`` = learner updates, ``--seed``, and
+``--out``, ``--json``, ``--force``) mean the same on both, and a flag of the other producer
+is refused. The config's own checks are the only checks of a value or a combination.
 ``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
-budget and prints a table and a plot; ``--ablation`` turns each lag fix on alone and all
-together at each max staleness of ``--etas`` (:func:`nobubble.rl.system.config.presets.ablation`).
+budget; ``--ablation`` turns each lag fix on alone and all together at each max staleness of
+``--etas`` (:func:`nobubble.rl.system.config.presets.ablation`). Both commands run their
+configs through one loop (:func:`_run`) and print them with one renderer
+(:func:`render_runs`): a table (accuracy or return, samples/s, staleness, idle ratios, the
+ledger) or ``--json`` (:data:`~nobubble.rl.system.result.RESULT_KEYS` per run), a PNG of the
+curves and, for tasks, a Chrome trace of the stages' busy spans. ``--checkpoint-dir`` /
+``--resume`` make a task run survive a kill; ``nobubble rl reward-server`` serves a reward
+function over HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.preflight import (
-    check_task_run,
-    import_run_objects,
-    json_object,
-    load_user_object,
-    probability,
-)
-from nobubble.cli.rl_env import add_env_arguments, check_producer_flags, run_env
-from nobubble.cli.rl_partial import add_partial_flags, partial_settings
+from nobubble.cli.flags import Flag, add_path_flags, apply_flags, flags_given
+from nobubble.cli.preflight import check_run, import_run_objects, json_object, load_user_object
+from nobubble.cli.rl_env import ENV_FLAGS, env_configs
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -46,56 +47,144 @@ from nobubble.files import claim_output
 from nobubble.rl.system.config import (
     AGGREGATIONS,
     ALGOS,
+    ENGINES,
     MODES,
     STALENESS_WEIGHTS,
-    RewardConfig,
     RunConfig,
-    TrainerConfig,
 )
 from nobubble.rl.system.config.presets import PRESETS
+
+__all__ = ["register", "render_runs", "task_config"]
+
+
+def _folder(text: str) -> str:
+    return str(output_dir(text))
+
+
+SHARED_FLAGS: tuple[Flag, ...] = (
+    ("--max-staleness", "max_staleness", nonneg_int,
+     "versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4; --env 4)"),
+    ("--steps", "steps", positive_int, "learner updates (default: tasks 400; --env: no bound "
+     "but the others)"),
+    ("--seed", "seed", nonneg_int, "seeds the policy, the prompts or envs and sampling (default 0)"),
+    ("--time-budget", "time_budget_s", positive_float,
+     "stop after S seconds (default: tasks none; --env 300)"),
+)  # fmt: skip
+"""The flags both producers read, each a field of both configs."""
+
+TASK_FLAGS: tuple[Flag, ...] = (
+    ("--task", "task", str, "digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR "
+     "(default digits)"),
+    ("--task-kwargs", "task_kwargs", json_object, "the task's settings, a JSON object"),
+    ("--policy", "policy", str, "char | gpt2 (Hugging Face, from a config) | hf:DIR | "
+     "MODULE:FACTORY (default char)"),
+    ("--policy-kwargs", "policy_kwargs", json_object, "the policy's settings, a JSON object"),
+    ("--reward", "rewards", list, "a reward source, repeatable, summed with weights: task | "
+     "MODULE:FN[=W] (default task)"),
+    ("--reward-url", "reward_url", str, "a remote reward service, POST /score (default none)"),
+    ("--engine", "engine", ENGINES, "where the stages run"),
+    ("--generators", "num_rollout_workers", positive_int,
+     "rollout workers, each holding its own weight version"),
+    ("--address", "ray_address", str, "Ray cluster address (default: start a local Ray)"),
+    ("--target-accuracy", "target_accuracy", positive_float,
+     "stop once the eval accuracy reaches this (default: never)"),
+    ("--batch-groups", "batch_groups", positive_int, "groups per step"),
+    ("--group-size", "group_size", positive_int, "responses per prompt"),
+    ("--eval-every", "eval_every", positive_int, "steps between evals"),
+    ("--reward-delay", "reward.delay_s", nonneg_float, "seconds per reward call"),
+    ("--reward-failure-rate", "reward.failure_rate", nonneg_float,
+     "probability that a reward attempt raises"),
+    ("--trainer-delay", "trainer.delay_s", nonneg_float,
+     "extra seconds per trainer step (a slow trainer)"),
+)  # fmt: skip
+"""The task producer's flags of ``rl train`` and ``rl compare``."""
+
+TRAIN_GROUPS: dict[str, tuple[Flag, ...]] = {
+    "schedule": (
+        ("--mode", "mode", MODES, "when the trainer waits for rollouts"),
+        ("--algo", "algo", ALGOS, "the policy gradient (or the preset's)"),
+    ),
+    "lag control (each overrides --preset)": (
+        ("--drop-staleness", "drop_staleness", nonneg_int,
+         "drop samples older than K versions (default: the staleness bound)"),
+        ("--staleness-weighting", "trainer.staleness_weighting", STALENESS_WEIGHTS,
+         "weight each sample's loss by its age: 1/(1+lag) or 0.5**lag"),
+        ("--kl-coef", "trainer.kl_coef", nonneg_float, "KL penalty to a reference policy"),
+        ("--kl-refresh-every", "trainer.kl_refresh_every", nonneg_int,
+         "refresh the KL reference every N steps (0 = the frozen initial policy)"),
+        ("--sync-every", "sync_every", nonneg_int, "force a full sync every N steps (0 = never)"),
+        ("--replay", "replay", ("none", "uniform", "prioritized"), "replay of trained groups"),
+        ("--replay-capacity", "replay_capacity", nonneg_int, "groups kept"),
+        ("--replay-groups", "replay_groups", nonneg_int, "groups drawn from the replay per step"),
+    ),
+    "many learners": (
+        ("--learners", "learners", positive_int,
+         "trainer processes in one gloo group, each on a share of the batch"),
+        ("--aggregation", "aggregation", AGGREGATIONS, "sync: all-reduce; async: applied on "
+         "learner 0 as they arrive; local-sgd: average every H steps; staleness: async, x "
+         "1/(1+staleness) (default sync)"),
+        ("--local-sgd-every", "local_sgd_every", positive_int,
+         "local-sgd's averaging period in steps (default 4)"),
+    ),
+    "in-flight weight updates (partial rollouts; local engine)": (
+        ("--partial-rollouts", "partial_rollouts", bool, "generators take new weights between "
+         "tokens; trades one version per GRPO group for fresher tokens"),
+        ("--weight-check-every", "weight_check_every", positive_int,
+         "with --partial-rollouts, look for new weights every N tokens"),
+        ("--token-delay", "rollout.token_delay_s", nonneg_float,
+         "extra seconds per generated token (a slow decoder)"),
+    ),
+    "checkpoints and recovery": (
+        ("--checkpoint-dir", "checkpoint_dir", _folder, "checkpoint folder (default none)"),
+        ("--checkpoint-every", "checkpoint_every", nonneg_int,
+         "checkpoint every N steps (and at the last step); 0 = the last step only"),
+        ("--restart-workers", "restart_workers", bool,
+         "restart a rollout or reward worker that dies and requeue its groups"),
+    ),
+}  # fmt: skip
+"""``rl train``'s own task flags, by help section."""
+
+TRAIN_FLAGS = tuple(f for group in TRAIN_GROUPS.values() for f in group) + (
+    ("--resume", "resume", bool, "continue from the newest checkpoint in DIR"),
+)
+# the settings a preset makes: the flags that set them are laid over the preset's config
+PRESET_OWNED = {"max_staleness", "algo", "drop_staleness", "replay", "replay_capacity",
+                "replay_groups", "trainer.staleness_weighting", "trainer.kl_coef",
+                "trainer.kl_refresh_every"}  # fmt: skip
+# flags of one producer that are not config fields: (flag, dest)
+TASK_ONLY = (("--preset", "preset"), ("--ablation", "ablation"), ("--etas", "etas"))
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(group_parser=parser)
-    sub = parser.add_subparsers(
-        dest="rl_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
-    )
-
+    sub = parser.add_subparsers(dest="rl_command", metavar="SUBCOMMAND",
+                                parser_class=ArgumentParser)  # fmt: skip
     train = sub.add_parser("train", help="one RL run on a task or an environment")
-    _common(train)
-    add_env_arguments(train)
-    train.add_argument("--mode", choices=MODES, default="sync")
-    train.add_argument("--algo", choices=ALGOS, default=None, help="default grpo (or the preset's)")
-    for add_flags in (_lag_flags, _learner_flags, add_partial_flags):
-        add_flags(train)
-    ck = train.add_argument_group("checkpoints and recovery")
-    ck.add_argument(
-        "--checkpoint-dir", type=output_dir, default=None, metavar="DIR", help="checkpoint folder"
-    )
-    ck.add_argument(
-        "--checkpoint-every",
-        type=nonneg_int,
-        default=0,
-        metavar="N",
-        help="checkpoint every N steps (and at the last step); 0 = the last step only",
-    )
-    resume = ck.add_mutually_exclusive_group()
-    resume.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint in DIR"
-    )
-    resume.add_argument("--resume-or-start", action="store_true",
-                        help="continue from the newest checkpoint in DIR, or start fresh when "
-                        "there is none (a job that is restarted after a kill)")  # fmt: skip
-    ck.add_argument(
-        "--restart-workers",
-        action="store_true",
-        help="restart a rollout or reward worker that dies and requeue its groups",
-    )
-    train.set_defaults(func=_train, producer_parser=train)
+    _producer_flags(train, arch=True)
+    for title, flags in TRAIN_GROUPS.items():
+        add_path_flags(train.add_argument_group(title), RunConfig, flags)
+    train.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                       help="the source's lag-control recipes, applied before the flags")  # fmt: skip
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_const", const=True, default=None,
+                        help="continue from the newest checkpoint in DIR")  # fmt: skip
+    resume.add_argument("--resume-or-start", action="store_const", const="or-start",
+                        dest="resume", help="continue from the newest checkpoint in DIR, or "
+                        "start fresh when there is none (a job restarted after a kill)")  # fmt: skip
+    train.set_defaults(func=_train)
 
-    server = sub.add_parser(
-        "reward-server", help="serve a reward function over HTTP (POST /score), for --reward-url"
-    )
+    compare = sub.add_parser("compare", help="the three modes (--env: architectures) on the "
+                             "same budget: table + plot")  # fmt: skip
+    _producer_flags(compare, arch=False)
+    compare.add_argument("--ablation", action="store_const", const=True, default=None,
+                         help="each lag fix alone and all together, at each --etas, with a "
+                         "slow trainer")  # fmt: skip
+    compare.add_argument("--etas", default=None, metavar="LIST",
+                         help="max staleness values of the ablation (default 8,16)")  # fmt: skip
+    compare.set_defaults(func=_compare)
+
+    server = sub.add_parser("reward-server", help="serve a reward function over HTTP (POST "
+                            "/score), for --reward-url")  # fmt: skip
     src = server.add_mutually_exclusive_group(required=True)
     src.add_argument("--reward", metavar="MODULE:FN", help="fn(prompt, response) -> float")
     src.add_argument("--task", help="serve this task's reward (a name or MODULE:ATTR)")
@@ -103,310 +192,252 @@ def register(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--port", type=nonneg_int, default=8000, help="0 = any free port")
     server.set_defaults(func=_reward_server)
 
-    compare = sub.add_parser("compare", help="the three modes (--env: architectures) on the "
-                             "same budget: table + plot")  # fmt: skip
-    _common(compare)
-    add_env_arguments(compare, arch=False)
-    compare.add_argument(
-        "--ablation",
-        action="store_true",
-        help="each lag fix alone and all together, at each --etas, with a slow trainer",
-    )
-    compare.add_argument("--etas", default="8,16", metavar="LIST",
-                         help="max staleness values of the ablation (default 8,16)")  # fmt: skip
-    compare.set_defaults(func=_compare, producer_parser=compare)
 
+def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
+    """The flags ``rl train`` and ``rl compare`` share: both producers', the task's, the
+    environment's (``arch``: one architecture is chosen, not all)."""
+    add_path_flags(p, RunConfig, SHARED_FLAGS)
+    add_path_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
+    from nobubble.rl.actor_learner.config import EnvRunConfig
 
-def _lag_flags(p: argparse.ArgumentParser) -> None:
-    lag = p.add_argument_group("lag control (each overrides --preset)")
-    lag.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                     help="the source's recipes")  # fmt: skip
-    lag.add_argument(
-        "--drop-staleness", type=nonneg_int, default=None, metavar="K",
-        help="drop samples older than K versions (default: the staleness bound)",
-    )  # fmt: skip
-    lag.add_argument(
-        "--staleness-weighting", choices=STALENESS_WEIGHTS, default=None,
-        help="weight each sample's loss by its age: 1/(1+lag) or 0.5**lag",
-    )  # fmt: skip
-    lag.add_argument("--kl-coef", type=nonneg_float, default=None,
-                     help="KL penalty to a reference policy")  # fmt: skip
-    lag.add_argument(
-        "--kl-refresh-every", type=nonneg_int, default=None, metavar="N",
-        help="refresh the KL reference every N steps (0 = the frozen initial policy)",
-    )  # fmt: skip
-    lag.add_argument(
-        "--sync-every", type=nonneg_int, default=0, metavar="N",
-        help="force a full sync every N steps (0 = never)",
-    )  # fmt: skip
-    lag.add_argument("--replay", choices=("none", "uniform", "prioritized"), default=None)
-    lag.add_argument("--replay-capacity", type=nonneg_int, default=None, metavar="G",
-                     help="groups kept")  # fmt: skip
-    lag.add_argument(
-        "--replay-groups", type=nonneg_int, default=None, metavar="G",
-        help="groups drawn from the replay per step",
-    )  # fmt: skip
-
-
-def _learner_flags(p: argparse.ArgumentParser) -> None:
-    grp = p.add_argument_group("many learners")
-    grp.add_argument(
-        "--learners", type=positive_int, default=1, metavar="L",
-        help="trainer processes in one gloo group, each on a share of the batch",
-    )  # fmt: skip
-    grp.add_argument(
-        "--aggregation", choices=AGGREGATIONS, default="sync",
-        help="sync: all-reduce; async: applied on learner 0 as they arrive; "
-        "local-sgd: average every H steps; staleness: async, x 1/(1+staleness)",
-    )  # fmt: skip
-    grp.add_argument(
-        "--local-sgd-every", type=positive_int, default=None, metavar="H",
-        help="local-sgd's averaging period in steps (default 4)",
-    )  # fmt: skip
-
-
-def _lag_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The lag-control flags that were given (None = leave to the preset): the run's
-    settings and the trainer's."""
-    names = ("max_staleness", "algo", "drop_staleness", "replay", "replay_capacity",
-             "replay_groups")  # fmt: skip
-    run = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    if run.get("replay") == "none":  # over a preset's replay: none of its sizes either
-        run = {"replay_capacity": 0, "replay_groups": 0, **run}
-    trainer = {
-        name: getattr(args, name)
-        for name in ("staleness_weighting", "kl_coef", "kl_refresh_every")
-        if getattr(args, name) is not None
-    }
-    return run, trainer
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--task",
-        default=None,
-        help="digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR (default "
-        "digits, unless --env)",
-    )
-    p.add_argument(
-        "--max-staleness", type=nonneg_int, default=None, metavar="N",
-        help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4; "
-        "--env 4)",
-    )  # fmt: skip
-    p.add_argument(
-        "--task-kwargs", type=json_object, default={}, metavar="JSON", help="the task's settings"
-    )
-    p.add_argument(
-        "--policy",
-        default="char",
-        help="char | gpt2 (Hugging Face, from a config) | hf:DIR | MODULE:FACTORY (default char)",
-    )
-    p.add_argument(
-        "--policy-kwargs",
-        type=json_object,
-        default={},
-        metavar="JSON",
-        help="the policy's settings",
-    )
-    p.add_argument(
-        "--reward",
-        action="append",
-        default=[],
-        metavar="FN[=W]",
-        help="a reward source, repeatable, summed with weights: task | MODULE:FN (default task)",
-    )
-    p.add_argument(
-        "--reward-url", default=None, metavar="URL", help="a remote reward service, POST /score"
-    )
-    p.add_argument("--engine", choices=("local", "ray"), default="local")
-    p.add_argument(
-        "--generators", type=positive_int, default=1, metavar="N",
-        help="rollout workers, each holding its own weight version",
-    )  # fmt: skip
-    p.add_argument(
-        "--address", default=None, help="Ray cluster address (default: start a local Ray)"
-    )
-    p.add_argument("--steps", type=positive_int, default=None,
-                   help="learner updates (default: tasks 300; --env: the other budgets)")  # fmt: skip
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument(
-        "--time-budget", type=positive_float, default=None, metavar="S", help="stop after S seconds"
-    )
-    p.add_argument(
-        "--target-accuracy",
-        type=positive_float,
-        default=None,
-        help="stop once the eval accuracy reaches this",
-    )
-    p.add_argument("--batch-groups", type=positive_int, default=None, help="groups per step")
-    p.add_argument("--group-size", type=positive_int, default=None, help="responses per prompt")
-    p.add_argument("--eval-every", type=positive_int, default=None, help="steps between evals")
-    p.add_argument("--reward-delay", type=nonneg_float, default=0.0, help="seconds per reward call")
-    p.add_argument(
-        "--reward-failure-rate",
-        type=probability,
-        default=0.0,
-        help="probability that a reward attempt raises",
-    )
-    p.add_argument(
-        "--trainer-delay",
-        type=nonneg_float,
-        default=0.0,
-        help="extra seconds per trainer step (a slow trainer)",
-    )
-    p.add_argument(
-        "--force", action="store_true", help="run past the process, memory and --steps budgets"
-    )
-    p.add_argument(
-        "--out", type=output_dir, default=Path("nobubble-out/rl"), help="artifact folder"
-    )
+    g = p.add_argument_group("environment producer (with --env; IMPALA, SEED RL, Sample Factory)")
+    g.add_argument("--env", default=None, metavar="ID",
+                   help="gymnasium id (CartPole-v1, Acrobot-v1) or a text env: guess-number, "
+                   "rg:<task>; instead of --task")  # fmt: skip
+    g.add_argument("--env-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="a text env's option, repeatable: high=9, max_turns=4, a reasoning-gym "
+                   "config")  # fmt: skip
+    add_path_flags(g, EnvRunConfig, ENV_FLAGS if arch else ENV_FLAGS[1:])
+    p.add_argument("--force", action="store_true",
+                   help="run past the process, memory and --steps budgets")  # fmt: skip
+    p.add_argument("--out", type=output_dir, default=Path("nobubble-out/rl"),
+                   help="artifact folder (default nobubble-out/rl)")  # fmt: skip
     add_json_flag(p)
 
 
-def _config(
-    args: argparse.Namespace, trainer: dict[str, Any] | None = None, **over: Any
-) -> RunConfig:
-    """The run the common flags describe, with ``over`` (``RunConfig`` fields) and the
-    trainer settings ``trainer`` laid over them."""
-    kw: dict[str, Any] = {
-        "task": args.task or "digits",
-        "task_kwargs": args.task_kwargs,
-        "policy": args.policy,
-        "policy_kwargs": args.policy_kwargs,
-        "rewards": tuple(args.reward),
-        "reward_url": args.reward_url,
-        "engine": args.engine,
-        "num_rollout_workers": args.generators,
-        "ray_address": args.address,
-        "seed": args.seed,
-        "time_budget_s": args.time_budget,
-        "target_accuracy": args.target_accuracy,
-    }
-    for name in ("steps", "batch_groups", "group_size", "eval_every"):
-        if getattr(args, name) is not None:
-            kw[name] = getattr(args, name)
-    kw["reward"] = RewardConfig(delay_s=args.reward_delay, failure_rate=args.reward_failure_rate)
-    kw["trainer"] = TrainerConfig(delay_s=args.trainer_delay, **(trainer or {}))
-    return RunConfig(**{**kw, **over})
+def _check_producer(args: argparse.Namespace) -> bool:
+    """Whether the run is on an environment; a flag the chosen producer would not read is
+    refused (ValueError naming it)."""
+    env = args.env is not None
+    if env and args.task is not None:
+        raise ValueError("--task and --env pick two producers; give one of them")
+    task_only = [(f, d) for f, d, _, _ in TASK_FLAGS + TRAIN_FLAGS] + list(TASK_ONLY)
+    other = task_only if env else [(f, d) for f, d, _, _ in ENV_FLAGS] + [("--env-option",
+                                                                         "env_option")]  # fmt: skip
+    for flag, dest in other:
+        if getattr(args, dest, None) is not None:
+            chosen = f"--env {args.env}" if env else "--task"
+            raise ValueError(f"{flag} is not read with {chosen}; drop {flag}")
+    return env
 
 
-def _train_config(args: argparse.Namespace) -> RunConfig:
-    """``rl train``'s run: the flags, with ``--preset`` applied before the lag-control flags
-    given with it, so that those win."""
-    ckpt = {k: getattr(args, k) for k in ("checkpoint_every", "restart_workers")}
-    ckpt["resume"] = "or-start" if args.resume_or_start else args.resume
-    ckpt["checkpoint_dir"] = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
-    many = {k: getattr(args, k) for k in ("learners", "aggregation", "local_sgd_every")}
-    base = {"mode": args.mode, "sync_every": args.sync_every, **ckpt, **many,
-            **partial_settings(args)}  # fmt: skip
-    lag, trainer = _lag_settings(args)
-    if args.preset is None:
-        return _config(args, trainer, **base, **lag)
-    cfg = PRESETS[args.preset](_config(args, **base))
-    return replace(cfg, **lag, trainer=replace(cfg.trainer, **trainer))
-
-
-def _run_with_progress(cfg: RunConfig, label: str, *, quiet: bool):
-    from nobubble.bench.output import progress_bar
-    from nobubble.rl.system.orchestrator import run
-
-    with progress_bar(label, total=cfg.steps, counter="step {task.completed}/{task.total}",
-                      info=True, quiet=quiet) as (progress, bar):  # fmt: skip
-        progress.update(bar, info="starting workers")
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            info = (
-                f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('staleness_max', 0):.0f}"
-            )
-            progress.update(bar, completed=step, info=info)
-
-        return run(cfg, on_step=on_step)
-
-
-def _artifacts(results: dict, out: Path, stem: str, title: str) -> dict[str, str]:
-    from nobubble.rl.system.report import plot_runs, write_trace
-
-    paths = {"plot": str(plot_runs(results, out / f"{stem}.png", title=title))}
-    for label, r in results.items():
-        paths[f"trace:{label}"] = str(write_trace(r, out / f"{stem}_{label}_trace.json"))
-    return paths
+def task_config(args: argparse.Namespace, flags: tuple[Flag, ...] = ()) -> RunConfig:
+    """The task run the flags describe (``flags``: the command's own beyond the shared and
+    task tables); ``--preset`` is applied first and the flags that set what it sets
+    (:data:`PRESET_OWNED`) are laid over its config, so that they win."""
+    table = SHARED_FLAGS + TASK_FLAGS + flags
+    given = flags_given(table, args)
+    import_run_objects(given.get("task"), given.get("policy"), given.get("rewards", ()))
+    if given.get("replay") == "none":  # over a preset's replay: none of its sizes either
+        given = {"replay_capacity": 0, "replay_groups": 0, **given}
+    preset = getattr(args, "preset", None)
+    if preset is None:
+        return apply_flags(RunConfig, given, table)
+    base = {k: v for k, v in given.items() if k not in PRESET_OWNED}
+    lag = {k: v for k, v in given.items() if k in PRESET_OWNED}
+    return apply_flags(PRESETS[preset](apply_flags(RunConfig, base, table)), lag, table)
 
 
 def _train(args: argparse.Namespace) -> int:
-    check_producer_flags(args, args.producer_parser)
+    env = _check_producer(args)
     # the output first, before torch is imported: another live run's folder is refused at once
     with claim_output(args.out):
-        return run_env(args, compare=False) if args.env is not None else _train_task(args)
+        if env:
+            (config,) = env_configs(args, SHARED_FLAGS, compare=False)
+            label = config.arch
+        else:
+            if args.weight_check_every is not None and not args.partial_rollouts:
+                raise ValueError("--weight-check-every applies to --partial-rollouts; add it")
+            config = task_config(args, TRAIN_FLAGS)
+            label = config.mode
+        check_run(config, force=args.force, timed=args.time_budget_s is not None)
+        return _run(args, {label: config}, stem=f"train_{label}", title=_title(config, args.env))
 
 
-def _train_task(args: argparse.Namespace) -> int:
-    import_run_objects(args)
-    cfg = _train_config(args)
-    check_task_run(args, cfg)  # the config's checks first: they import no torch, this does
-    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
-
-    label = f"{cfg.mode}" + (
-        f" max_staleness={cfg.effective_max_staleness}" if cfg.mode != "sync" else ""
-    )
-    if cfg.learners > 1:
-        label += f" learners={cfg.learners} {cfg.aggregation}"
-    res = _run_with_progress(cfg, label, quiet=args.json)
-    paths = _artifacts({cfg.mode: res}, args.out, f"train_{cfg.mode}", label)
-    if args.json:
-        print_json({**res.to_json(), "artifacts": paths})
-        return 0
-    print_table(
-        f"nobubble rl train: {cfg.task}, {cfg.algo}, {cfg.engine}",
-        SUMMARY_COLUMNS,
-        [summary_row(label, res)],
-    )
-    hist = ", ".join(f"{k}: {v}" for k, v in sorted(res.staleness_hist.items()))
-    print(f"staleness histogram (samples by lag): {hist}")
-    for name, p in paths.items():
-        print(f"{name}: {p}")
-    return 0
+def _title(cfg: Any, env: str | None) -> str:
+    if not isinstance(cfg, RunConfig):
+        return f"{cfg.arch} on {env} ({cfg.actors} x {cfg.envs_per_actor} envs)"
+    title = f"nobubble rl train: {cfg.task}, {cfg.mode}, {cfg.algo}, {cfg.engine}"
+    if cfg.mode != "sync":
+        title += f", max_staleness={cfg.effective_max_staleness}"
+    return title + (f", learners={cfg.learners} {cfg.aggregation}" if cfg.learners > 1 else "")
 
 
 def _compare(args: argparse.Namespace) -> int:
-    check_producer_flags(args, args.producer_parser)
-    if args.env is None:
-        if args.etas != args.producer_parser.get_default("etas") and not args.ablation:
-            raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
-        if args.max_staleness is not None:
-            raise ValueError("--max-staleness is not read by rl compare --task: each mode "
-                             "takes its own bound (--ablation: --etas); drop it")  # fmt: skip
-        import_run_objects(args)
+    env = _check_producer(args)
+    if not env and args.etas is not None and not args.ablation:
+        raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
+    if not env and args.max_staleness is not None:
+        raise ValueError("--max-staleness is not read by rl compare --task: each mode takes "
+                         "its own bound (--ablation: --etas); drop it")  # fmt: skip
     with claim_output(args.out):  # before any run starts: refuse another live run's folder
-        if args.env is not None:
-            return run_env(args, compare=True)
-        return _ablation(args) if args.ablation else _compare_modes(args)
+        if env:
+            configs = env_configs(args, SHARED_FLAGS, compare=True)
+            runs = {c.arch: c for c in configs}
+            title = f"{args.env}: {', '.join(runs)} on the same budget (seed {configs[0].seed})"
+        elif args.ablation:
+            runs, title = _ablation(args)
+        else:
+            base = task_config(args)
+            runs = {m: apply_flags(base, {"mode": m}) for m in MODES}
+            title = "sync vs one-step-off vs fully-async (same steps)"
+        first = next(iter(runs.values()))
+        check_run(first, force=args.force, timed=args.time_budget_s is not None)
+        groups = None
+        if args.ablation:  # one plot per staleness bound
+            groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")]
+                      for e in _etas(args.etas)}  # fmt: skip
+        stem = "ablation" if args.ablation else "compare"
+        return _run(args, runs, stem=stem, title=title, groups=groups)
 
 
-def _compare_modes(args: argparse.Namespace) -> int:
-    runs = {m: _config(args, mode=m) for m in MODES}
-    check_task_run(args, runs["sync"])
-    from nobubble.rl.system.report import SUMMARY_COLUMNS, summary_row
+def _etas(text: str | None) -> list[int]:
+    text = "8,16" if text is None else text
+    try:
+        etas = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--etas {text!r}: give integers like 8,16") from None
+    if not etas or min(etas) < 1:
+        raise ValueError(f"--etas {text!r}: give staleness bounds >= 1, like 8,16")
+    return etas
 
-    title, stem = "sync vs one-step-off vs fully-async (same steps)", "compare"
+
+def _ablation(args: argparse.Namespace) -> tuple[dict[str, RunConfig], str]:
+    """Each lag fix alone and all together at each eta, with a slow trainer (default 0.3 s a
+    step) and 150 steps unless the flags say otherwise."""
+    from nobubble.rl.system.config.presets import ablation
+
+    etas = _etas(args.etas)
+    base = task_config(args)
+    base = base if args.steps is not None else apply_flags(base, {"steps": 150})
+    delay = base.trainer.delay_s or 0.3
+    runs = {f"eta{eta}:{fix}": cfg for eta in etas
+            for fix, cfg in ablation(base, eta, delay).items()}  # fmt: skip
+    return runs, f"ablation ({base.steps} steps, fully-async, trainer +{delay}s/step)"
+
+
+def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title: str,
+         groups: dict[str, list[str]] | None = None) -> int:  # fmt: skip
+    """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
+    group of labels, default all; task runs alone: a trace each) and render them."""
+    from nobubble.rl import ActorFailure, train
+    from nobubble.rl.system.report import plot_runs, write_trace
+
     results = {}
-    for label, cfg in runs.items():
-        results[label] = _run_with_progress(cfg, label, quiet=args.json)
-    paths = _artifacts(results, args.out, stem, title)
-    base = results[next(iter(results))].samples_per_s
-    if args.json:
-        print_json(
-            {
-                "runs": {k: r.to_json() for k, r in results.items()},
-                "speedup_vs_first": {k: r.samples_per_s / base for k, r in results.items()},
-                "artifacts": paths,
-            }
-        )
-        return 0
-    rows = [summary_row(k, r) + [f"{r.samples_per_s / base:.2f}x"] for k, r in results.items()]
-    print_table(title, [*SUMMARY_COLUMNS, "speed"], rows)
+    for label, cfg in configs.items():
+        with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
+            try:
+                results[label] = train(cfg, on_step=_progress(cfg, label, args.json, bar))
+            except ActorFailure as err:
+                print(f"nobubble rl: {err}", file=sys.stderr)
+                return 1
+    groups = groups or {"": list(results)}
+    paths = {}
+    for name, labels in groups.items():
+        png = args.out / f"{stem}{'_' + name if name else ''}.png"
+        curves = {_curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels}
+        paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
+    if groups == {"": list(results)}:
+        for label, r in results.items():
+            if r.env is None:
+                trace = args.out / f"{stem}_{label}_trace.json"
+                paths[f"trace:{label}"] = str(write_trace(r, trace))
+    render_runs(title, results, paths, as_json=args.json, compare=args.rl_command == "compare")
+    return 0
+
+
+def _curve_label(label: str, r: Any) -> str:
+    return label if r.env is None else f"{label} ({r.env_steps_per_s:,.0f} steps/s)"
+
+
+def _progress(cfg: Any, label: str, quiet: bool,
+              bar: ExitStack) -> Callable[[int, dict[str, float]], None]:  # fmt: skip
+    """The ``on_step`` of a run: a task run's progress bar (on a terminal; entered on
+    ``bar``), an env run's line per evaluation on stderr."""
+    if not isinstance(cfg, RunConfig):
+        from nobubble.rl.actor_learner.envs import env_label
+
+        print(f"training {cfg.arch} on {env_label(cfg.env)} ...", file=sys.stderr, flush=True)
+        return _env_progress
+    from nobubble.bench.output import progress_bar
+
+    progress, task = bar.enter_context(progress_bar(
+        label, total=cfg.steps, counter="step {task.completed}/{task.total}", info=True,
+        quiet=quiet))  # fmt: skip
+    progress.update(task, info="starting workers")
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        info = f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('staleness_max', 0):.0f}"
+        progress.update(task, completed=step, info=info)
+
+    return on_step
+
+
+def _env_progress(version: int, metrics: dict[str, float]) -> None:
+    if "eval_return" not in metrics:
+        return  # a line per evaluation, not per update
+    train = f"{metrics['train_return']:.3g}" if "train_return" in metrics else "-"
+    print(f"  {metrics['wall_s']:6.1f}s  {metrics['env_steps']:>9,} steps  version {version}  "
+          f"train return {train}  eval {metrics['eval_return']:.3g}", file=sys.stderr,
+          flush=True)  # fmt: skip
+
+
+def render_runs(title: str, results: dict[str, Any], paths: dict[str, str], *, as_json: bool,
+                compare: bool) -> None:  # fmt: skip
+    """Print runs (label -> :class:`~nobubble.rl.system.result.RunResult`) of either
+    producer: JSON (one run: its :data:`RESULT_KEYS` and ``artifacts``; a comparison:
+    ``runs`` by label, each with the ``artifacts``, ``speedup_vs_first`` and ``artifacts``)
+    or a table with a row per run, then (one run) its staleness histogram, and the artifacts."""
+    base = next(iter(results.values())).samples_per_s or 1.0
+    if as_json:
+        runs = {k: {**r.to_json(), "artifacts": paths} for k, r in results.items()}
+        speedup = {k: r.samples_per_s / base for k, r in results.items()}
+        doc = {"runs": runs, "speedup_vs_first": speedup, "artifacts": paths} if compare else (
+            next(iter(runs.values())))  # fmt: skip
+        print_json(doc)
+        return
+    rows = [_row(k, r) for k, r in results.items()]
+    if compare:
+        rows = [{**row, "speed": f"{r.samples_per_s / base:.2f}x"}
+                for row, r in zip(rows, results.values(), strict=True)]  # fmt: skip
+    print_table(title, list(rows[0]), [list(row.values()) for row in rows])
+    if not compare:
+        (r,) = results.values()
+        hist = ", ".join(f"{k}: {v}" for k, v in sorted(r.staleness_hist.items()))
+        print(f"staleness histogram (trained samples by lag): {hist or '-'}")
     for name, p in paths.items():
         print(f"{name}: {p}")
-    return 0
+
+
+def _row(label: str, r: Any) -> dict[str, Any]:
+    """One run's table row, by column: a task's accuracies, an env run's return and steps."""
+    if r.env is None:
+        target = r.config.get("target_accuracy") or 0.9
+        to_target = r.time_to_accuracy(target)
+        outcome = {"samples/s": f"{r.samples_per_s:,.0f}", "acc start": r.initial_accuracy,
+                   "acc final": r.final_accuracy}  # fmt: skip
+    else:
+        target, to_target = r.target_return, r.time_to_target_s
+        outcome = {"env steps/s": f"{r.env_steps_per_s:,.0f}", "env steps": f"{r.env_steps:,}",
+                   "eval mean return": f"{r.eval_mean_return:.4g}"}  # fmt: skip
+    dropped = sum(r.ledger.dropped.values()) - r.ledger.dropped.get("unfinished", 0)
+    return {
+        "run": label, "updates": r.steps, "wall s": f"{r.wall_s:.1f}", **outcome,
+        f"s to {target}": "-" if to_target is None else f"{to_target:.1f}",
+        "stale max": r.staleness_max,
+        f"idle {'/'.join(r.idle_ratio)}": "/".join(f"{v:.0%}" for v in r.idle_ratio.values()),
+        "dropped": dropped, "ledger": "ok" if r.ledger.ok else "FAIL",
+    }  # fmt: skip
 
 
 def _reward_server(args: argparse.Namespace) -> int:
@@ -417,7 +448,7 @@ def _reward_server(args: argparse.Namespace) -> int:
     if args.task is not None:
         from nobubble.rl.system.tasks.spec import resolve_task
 
-        import_run_objects(args)
+        import_run_objects(args.task)
         fn = resolve_task(args.task).reward
     else:
         from nobubble.rl.system.rewards.rewarder import check_reward_fn
@@ -437,52 +468,3 @@ def _reward_server(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.close()
-
-
-def _etas(text: str) -> list[int]:
-    try:
-        etas = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--etas {text!r}: give integers like 8,16") from None
-    if not etas or min(etas) < 1:
-        raise ValueError(f"--etas {text!r}: give staleness bounds >= 1, like 8,16")
-    return etas
-
-
-def _ablation(args: argparse.Namespace) -> int:
-    """Each lag fix alone and all together, at each eta: table, JSON and one plot per eta."""
-    from nobubble.rl.system.config.presets import ablation
-    from nobubble.rl.system.report import plot_runs
-
-    etas = _etas(args.etas)
-    delay = args.trainer_delay or 0.3
-    if args.steps is None:
-        args.steps = 150
-    base = _config(args)
-    runs = {(eta, fix): cfg for eta in etas for fix, cfg in ablation(base, eta, delay).items()}
-    check_task_run(args, next(iter(runs.values())))
-    results = {}
-    for (eta, fix), cfg in runs.items():
-        results[(eta, fix)] = _run_with_progress(cfg, f"eta={eta} {fix}", quiet=args.json)
-    paths = {}
-    for eta in etas:
-        mine = {fix: r for (e, fix), r in results.items() if e == eta}
-        title = f"ablation: fully-async, max staleness {eta}, trainer +{delay}s/step"
-        png = plot_runs(mine, args.out / f"ablation_eta{eta}.png", title=title)
-        paths[f"plot:eta{eta}"] = str(png)
-    if args.json:
-        runs_json = {f"eta{e}:{fix}": r.to_json() for (e, fix), r in results.items()}
-        print_json({"runs": runs_json, "artifacts": paths})
-        return 0
-    rows = []
-    for (eta, fix), r in results.items():
-        t90 = r.time_to_accuracy(0.9)
-        rows.append(
-            [fix, eta, f"{r.final_accuracy:.3f}", "-" if t90 is None else f"{t90:.1f}",
-             f"{r.samples_per_s:.0f}", r.ledger.dropped["stale"], r.ledger.reused]
-        )  # fmt: skip
-    cols = ["fix", "eta", "final acc", "time to 0.9 s", "samples/s", "dropped stale", "reused"]
-    print_table(f"ablation ({args.steps} steps, trainer +{delay}s/step)", cols, rows)
-    for name, p in paths.items():
-        print(f"{name}: {p}")
-    return 0

@@ -265,16 +265,14 @@ def test_cli_flags_refuse_what_the_mode_cannot_do(argv, needle, capsys):
 
 
 def test_cli_flags_reach_the_run_config():
-    import argparse
+    from nobubble.cli import build_parser
+    from nobubble.cli.rl import TRAIN_FLAGS, task_config
 
-    from nobubble.cli.rl_partial import add_partial_flags, partial_settings
+    def config(*flags: str) -> RunConfig:
+        args = build_parser().parse_args(["rl", "train", "--mode", "fully-async", *flags])
+        return task_config(args, TRAIN_FLAGS)
 
-    parser = argparse.ArgumentParser()
-    add_partial_flags(parser)
-    args = parser.parse_args(
-        ["--partial-rollouts", "--weight-check-every", "2", "--token-delay", "0.1"]
-    )
-    cfg = RunConfig(mode="fully-async", **partial_settings(args))
+    cfg = config("--partial-rollouts", "--weight-check-every", "2", "--token-delay", "0.1")
     assert cfg.rollout_config().weight_check_every == 2
     assert cfg.rollout_config().token_delay_s == 0.1 and cfg.trainer_config().partial_rollouts
-    assert partial_settings(parser.parse_args([])) == {}
+    assert config() == RunConfig(mode="fully-async")
