@@ -72,7 +72,7 @@ BIG_MODEL = [  # the built-in model's size: refused by the memory or time budget
     ("--microbatch-size 10000000", "--force"),
     ("--vocab 1000000000", "--force"),
     ("--threads 100000", "--threads 100000 is past this machine's"),
-    ("--heads 3", "--hidden 64 is not divisible by --heads 3"),
+    ("--heads 3", "hidden=64 is not divisible by num_heads=3; give hidden a multiple"),
     ("--seed 100000000000000000000000000000", "--seed"),
 ]
 LAUNCH = [  # a device or backend this machine or torch build does not have
@@ -299,6 +299,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--plan {garbage} --model {userpy}:factory", "not a plan JSON"),
             ("--model {userpy}:factory -s 1f1b -p 2", "--model MODULE:FACTORY runs a plan"),
             ("-s 1f1b -p 2 --optimizer bogus", "invalid choice: 'bogus'"),
+            ("-s 1f1b -p 2 --arch mlp --heads 4", "--heads: not a setting of MLPConfig"),
             ("-s 1f1b -p 2 --dispatch bogus", "invalid choice: 'bogus'"),
             ("-s 1f1b --schedule-file {csv} -p 2", "not allowed with argument"),
         ],

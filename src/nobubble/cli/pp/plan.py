@@ -29,7 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nobubble.cli.pp.options import BUILTIN_MODELS, check_devices, check_seconds, step_seconds
+from nobubble.cli.pp.options import (
+    BUILTIN_MODELS,
+    check_devices,
+    check_seconds,
+    is_user_model,
+    step_seconds,
+)
+from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
     check_budget,
@@ -45,8 +52,6 @@ if TYPE_CHECKING:
     from nobubble.pipeline.simulate import SimResult
 
 __all__ = [
-    "BUILTIN_MODELS",
-    "is_user_model",
     "load_user_model",
     "plan_user_model",
     "run_user_plan",
@@ -55,11 +60,6 @@ __all__ = [
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8
 """Rows of the plan table: the chosen plan, then the next fastest candidates."""
-
-
-def is_user_model(spec: str | None) -> bool:
-    """Whether ``--model`` names the user's factory rather than a built-in model."""
-    return spec is not None and spec not in BUILTIN_MODELS
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
@@ -71,18 +71,12 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
     """
     import torch
 
-    from nobubble.rl.system.imports import is_import_path, load_object
+    from nobubble.rl.system.imports import is_import_path
 
     if not is_import_path(spec):
         raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
                          "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
-    try:
-        factory = load_object(spec, "--model")
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    except Exception as err:  # the user's module raised while it was imported
-        raise UsageError(f"--model {spec!r}: importing it raised {type(err).__name__}: "
-                         f"{err}".replace("\n", " ")) from err  # fmt: skip
+    factory = load_user_object("--model", spec, "--model")
     if not callable(factory):
         raise UsageError(f"--model {spec!r} is not a function (its type is "
                          f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
