@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from nobubble.pipeline.simulate import SimResult
 
 __all__ = [
+    "describe",
+    "print_candidates",
     "load_user_model",
     "plan_user_model",
     "run_user_plan",
@@ -137,15 +139,30 @@ def plan_user_model(args: argparse.Namespace) -> int:
         model = load_user_model(args.model, seed=args.seed)
         limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
         p = _make_plan(model, args, limit)
-        naive = _naive(p)
-        rows = [_row(p, c) for c in _shown(p)]
+        naive = describe(p, p.naive())
+        rows = [describe(p, c) for c in _shown(p)]
         _draw(p, rows[0][0], naive, plot)
         write_text(out, p.to_json())
     if args.json:
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0][1],
                     "candidates": [r for _, r in rows], "naive_1f1b": naive[1]})  # fmt: skip
         return 0
-    _print_plan(p, rows, naive[1], args, f"wrote {out}, {plot}")
+    naive_ms = naive[1]["predicted_step_ms"]
+    console().print(  # the factory's name as written: no markup, no :emoji: codes
+        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
+        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
+        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
+        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
+        markup=False, emoji=False,
+    )  # fmt: skip
+    print_candidates(
+        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
+        [("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)],
+        naive=naive[1], limited=args.memory_limit_mib is not None,
+        caption="predicted by the simulator from each block's costs, profiled once here "
+        f"({args.threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
+        f"recompute; wrote {out}, {plot}",
+    )  # fmt: skip
     return 0
 
 
@@ -169,16 +186,12 @@ def _shown(p: Plan) -> list[Candidate]:
     return [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
 
 
-def _row(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
-    sim = p.simulate(c)
-    return sim, _describe(p, c, sim)
-
-
-def _describe(p: Plan, c: Candidate, sim: SimResult) -> dict:
-    """One row of the table (and of ``--json``)."""
+def describe(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
+    """A candidate's simulated step and its row of the table (and of ``--json``)."""
     from nobubble.pipeline.plan import sizes_from_cuts
 
-    return {
+    sim = p.simulate(c)
+    return sim, {
         "stage_sizes": list(sizes_from_cuts(c.cuts, p.num_blocks)), "schedule": c.schedule,
         "num_microbatches": c.num_microbatches, "recompute": c.recompute[0],
         "predicted_step_ms": c.predicted_step_ms, "bubble_rate": sim.bubble_rate,
@@ -186,9 +199,25 @@ def _describe(p: Plan, c: Candidate, sim: SimResult) -> dict:
     }  # fmt: skip
 
 
-def _naive(p: Plan) -> tuple[SimResult, dict]:
-    """The naive plan's row (:meth:`~nobubble.pipeline.plan.Plan.naive`)."""
-    return _row(p, p.naive())
+def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | None,
+                     limited: bool, caption: str) -> None:  # fmt: skip
+    """The table of a plan's candidates (each row :func:`describe`'s, after its label), and
+    the ``naive`` plan's row and each one's speed-up over it; ``limited``: whether it fits."""
+    naive_ms = naive["predicted_step_ms"] if naive is not None else None
+
+    def cells(label: str, r: dict) -> list:
+        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
+                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
+                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
+                *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
+                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
+
+    table = [cells(label, r) for label, r in rows]
+    table += [cells("naive", naive)] if naive is not None else []
+    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
+               "peak MiB per rank", *(["vs naive"] if naive_ms else []),
+               *(["fits"] if limited else [])]  # fmt: skip
+    print_table(title, columns, table, caption=caption)
 
 
 def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: Path) -> Path:
@@ -202,38 +231,6 @@ def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: P
 
     return gantt_grid([titled(chosen_sim, "plan", p.stage_sizes(), p.recompute[0]),
                        titled(naive[0], "naive", naive[1]["stage_sizes"], False)], path)  # fmt: skip
-
-
-def _print_plan(p: Plan, rows: list, naive: dict, args: argparse.Namespace, files: str) -> None:
-    naive_ms = naive["predicted_step_ms"]
-    limited = args.memory_limit_mib is not None
-
-    def cells(label: str, r: dict) -> list:
-        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
-                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
-                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
-                f"{naive_ms / r['predicted_step_ms']:.2f}x",
-                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
-
-    table = [cells("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)]
-    table.append(cells("naive", naive))
-    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
-               "peak MiB per rank", "vs naive", *(["fits"] if limited else [])]  # fmt: skip
-    console().print(  # the factory's name as written: no markup, no :emoji: codes
-        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
-        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
-        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
-        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
-        markup=False, emoji=False,
-    )  # fmt: skip
-    print_table(
-        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
-        columns,
-        table,
-        caption="predicted by the simulator from each block's costs, profiled once here "
-        f"({args.threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
-        f"recompute; {files}",
-    )
 
 
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------

@@ -43,7 +43,7 @@ from nobubble.cli.pp.options import (
     read_schedule_csv,
     straggler_arg,
 )
-from nobubble.cli.pp.plan import plan_user_model, run_user_plan
+from nobubble.cli.pp.plan import describe, plan_user_model, print_candidates, run_user_plan
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -226,21 +226,16 @@ def _plan(args: argparse.Namespace) -> int:
         check_devices(args, args.ranks)
         p, name = _plan_builtin(args, data, model)
         write_text(out, p.schedule().to_csv())
-    rows = [
-        {"schedule": c.schedule, "recompute": c.recompute[0], "makespan_ms": c.predicted_step_ms,
-         "bubble_rate": p.simulate(c).bubble_rate,
-         "peak_activation_mib": max(c.predicted_peak_bytes) / MiB}
-        for c in p.candidates
-    ]  # fmt: skip
+    rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
         print_json({"best": p.schedule_name, "recompute": p.recompute[0], "output": str(out),
                     "schedules": rows})  # fmt: skip
         return 0
-    print_table(
+    print_candidates(
         f"P={args.ranks}, M={args.microbatches}, profiled costs ({name})",
-        ["schedule", "recompute", "makespan ms", "bubble", "peak act MiB"],
-        [[r["schedule"], "yes" if r["recompute"] else "no", r["makespan_ms"],
-          f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]] for r in rows],
+        [("chosen" if c == p.chosen else str(i + 1), r)
+         for i, (c, r) in enumerate(zip(p.candidates, rows, strict=True))],
+        naive=None, limited=args.memory_limit_mib is not None,
         caption=f"best: {p.schedule_name}"
         + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
     )  # fmt: skip
