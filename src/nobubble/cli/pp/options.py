@@ -223,7 +223,7 @@ def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool
     if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
         mem_limit = None
     return get_schedule(args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                        costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
+                        costs=costs, mem_limit=mem_limit, num_chunks=getattr(args, "chunks", None))  # fmt: skip
 
 
 def read_schedule_csv(path: Path, flag: str = ""):

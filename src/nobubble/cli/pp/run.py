@@ -41,6 +41,7 @@ from nobubble.cli.pp.options import (
     profile_from_json,
     read_profile_json,
     read_schedule_csv,
+    schedule_from_args,
     straggler_arg,
 )
 from nobubble.cli.pp.plan import describe, plan_user_model, print_candidates, run_user_plan
@@ -269,14 +270,11 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     """``--schedule`` for ``costs`` (None: unit costs, until a profile measures them), or
     ``--schedule-file``."""
     from nobubble.pipeline.costs import CostModel
-    from nobubble.pipeline.schedules import get_schedule
 
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        check_size(args)  # before the schedule is generated
-        costs = costs if costs is not None else CostModel.uniform(args.ranks)
-        return get_schedule(args.schedule, num_ranks=args.ranks,
-                            num_microbatches=args.microbatches, costs=costs)  # fmt: skip
+        check_size(args)  # before the unit costs, whose size is the ranks'
+        return schedule_from_args(args, costs or CostModel.uniform(args.ranks))
     sched = read_schedule_csv(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
