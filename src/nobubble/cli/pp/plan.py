@@ -93,31 +93,18 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
 
 
 def _checked(spec: str, out: Any) -> UserModel:
-    from torch import Tensor, nn
-
-    def bad(what: str) -> UsageError:
-        return UsageError(f"--model {spec!r}: the factory returned {what}; return (blocks, "
-                          "inputs, targets, loss_fn): a list of nn.Module, the input batch "
-                          "tensor, the targets and loss_fn(output, targets)")  # fmt: skip
-
-    if not (isinstance(out, tuple | list) and len(out) == 4):
-        size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
-        raise bad(f"a {type(out).__name__}{size}")
-    blocks, inputs, targets, loss_fn = out
-    if not isinstance(blocks, list | tuple | nn.Sequential | nn.ModuleList):
-        raise bad(f"blocks as a {type(blocks).__name__}, not a list of modules")
-    if not len(blocks):
-        raise bad("no blocks")
-    odd = [i for i, b in enumerate(blocks) if not isinstance(b, nn.Module)]
-    if odd:
-        raise bad(f"block {odd[0]} as a {type(blocks[odd[0]]).__name__}, not an nn.Module")
-    if not isinstance(inputs, Tensor):
-        raise bad(f"inputs as a {type(inputs).__name__}, not a tensor")
-    if not callable(loss_fn):
-        raise bad(f"loss_fn as a {type(loss_fn).__name__}, not a function")
+    """The factory's answer as a UserModel (which checks its parts)."""
     from nobubble.pipeline.runtime.planning.train import UserModel
 
-    return UserModel(list(blocks), inputs, targets, loss_fn)
+    try:
+        if not (isinstance(out, tuple | list) and len(out) == 4):
+            size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
+            raise ValueError(f"a {type(out).__name__}{size}")
+        return UserModel(*out)
+    except ValueError as err:
+        raise UsageError(f"--model {spec!r}: the factory returned {err}; return (blocks, "
+                         "inputs, targets, loss_fn): a list of nn.Module, the input batch "
+                         "tensor, the targets and loss_fn(output, targets)") from None  # fmt: skip
 
 
 def _absolute(spec: str) -> str:
@@ -315,15 +302,11 @@ def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
 
 
 def _check_model_fits(args: argparse.Namespace, p: Plan, model: UserModel) -> None:
-    if len(model.blocks) != p.num_blocks:
-        raise UsageError(f"{args.plan} is a plan for {p.num_blocks} blocks but --model "
-                         f"{args.model} returns {len(model.blocks)}; plan this model again "
-                         "(pp plan --model ...)")  # fmt: skip
+    try:
+        model.check_plan(p)
+    except ValueError as err:
+        raise UsageError(f"--plan {args.plan}, --model {args.model}: {err}") from None
     batch = int(model.inputs.shape[0])
-    if batch % p.num_microbatches:
-        raise UsageError(f"--model {args.model}: a batch of {batch} rows does not split into "
-                         f"the plan's {p.num_microbatches} microbatches; plan again for this "
-                         "batch")  # fmt: skip
     if p.setting.batch_size not in (None, batch):
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
