@@ -428,7 +428,7 @@ def check_time(args: argparse.Namespace, ranks: int, model: ModelConfig) -> None
     on the built-in model passes :data:`TIME_BUDGET_S`: each step runs every microbatch
     forward and backward (6 FLOPs a parameter and token) and 3 actions per rank; each repeat
     of the profiler runs one microbatch forward, split backward and fused backward."""
-    params, tokens = _builtin_size(model, args.microbatch_size)
+    params, tokens = model.num_parameters, args.microbatch_size * model.tokens_per_sample
     force = getattr(args, "force", False)
     if getattr(args, "steps", None) is not None:
         step_s = step_seconds(params, tokens, args.microbatches or 1, ranks)
@@ -458,19 +458,8 @@ def builtin_bytes(model: ModelConfig, microbatch_size: int, ranks: int) -> float
     tensors a token and layer for the GPT, plus the logits)."""
     from nobubble.pipeline.runtime.models import GPTConfig
 
-    params, tokens = _builtin_size(model, microbatch_size)
+    params, tokens = model.num_parameters, microbatch_size * model.tokens_per_sample
     per_token = 10 * model.hidden * model.num_layers
     if isinstance(model, GPTConfig):
         per_token = 40 * model.hidden * model.num_layers + 3 * model.vocab_size
     return 16.0 * params + ranks * tokens * per_token * 4
-
-
-def _builtin_size(model: ModelConfig, microbatch_size: int) -> tuple[int, int]:
-    """The built-in model's (parameters, tokens of one microbatch): the GPT's 12 h^2 a layer
-    plus its embedding and head, or the MLP's h -> 4h -> h residual blocks (8 h^2 a layer)."""
-    from nobubble.pipeline.runtime.models import GPTConfig
-
-    h, layers = model.hidden, model.num_layers
-    if isinstance(model, GPTConfig):
-        return 12 * h * h * layers + 2 * model.vocab_size * h, microbatch_size * model.seq_len
-    return 8 * h * h * layers, microbatch_size

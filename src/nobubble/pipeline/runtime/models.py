@@ -90,6 +90,17 @@ class GPTConfig(_InputBodyHead):
     def name(self) -> str:
         return "gpt"
 
+    @property
+    def num_parameters(self) -> int:
+        """Every block's parameters, counted without building them: the embeddings, each
+        layer's 12 h^2 + 13 h (two LayerNorms, qkv, proj, fc, fc_out) and the head."""
+        h, layers, vocab = self.hidden, self.num_layers, self.vocab_size
+        return (vocab + self.seq_len) * h + layers * (12 * h * h + 13 * h) + 2 * h + h * vocab
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
     def build_block(self, index: int) -> nn.Module:
         from nobubble.pipeline.runtime.layers import Embedding, LMHead, TransformerBlock
 
@@ -135,6 +146,19 @@ class MLPConfig(_InputBodyHead):
     @property
     def name(self) -> str:
         return "mlp"
+
+    @property
+    def num_parameters(self) -> int:
+        """Every block's parameters: the input projection, each residual block's
+        8 h^2 + 7 h (LayerNorm, fc1, fc2) and the classifier."""
+        h, classes = self.hidden, self.num_classes
+        return (
+            (self.in_features + 1) * h + self.num_layers * (8 * h * h + 7 * h) + (h + 1) * classes
+        )
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return 1
 
     def build_block(self, index: int) -> nn.Module:
         from torch import nn
