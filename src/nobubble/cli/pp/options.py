@@ -350,13 +350,11 @@ def is_user_model(spec: str | None) -> bool:
     return spec is not None and spec not in BUILTIN_MODELS
 
 
-def model_from_args(args: argparse.Namespace) -> ModelConfig | None:
+def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
-    by the config itself (torch-free); None for ``--model MODULE:FACTORY``."""
+    by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
     from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
 
-    if is_user_model(args.model):
-        return None
     gpt = (args.model or args.arch) == "gpt"
     return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
 

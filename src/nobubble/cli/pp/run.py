@@ -177,7 +177,6 @@ def _profile(args: argparse.Namespace) -> int:
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
     model = model_from_args(args)
-    assert model is not None
     check_launch(args, None, model)
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
     with claim:  # before torch: refuse another live run's output
@@ -257,7 +256,7 @@ def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None) -> 
                 prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
                 recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
             ), prof.model  # fmt: skip
-        assert model is not None
+        assert model is not None  # no --profile
         return plan_builtin(
             model, num_ranks=args.ranks, num_microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
@@ -311,7 +310,6 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--ranks is required with --schedule or --schedule-file")
     sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
     model = model_from_args(args)
-    assert model is not None
     check_launch(args, args.ranks, model)  # sizes, steps: with M known
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         check_devices(args, args.ranks)
