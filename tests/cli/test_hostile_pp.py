@@ -270,6 +270,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--model nosuch_module_xyz:factory", "nosuch_module_xyz"),
             ("--model {broken}:factory", "SyntaxError"),
             ("--model {userpy}:factory --profile {profile}", "--profile applies to the built-in"),
+            ("--model {userpy}:factory --layers 8", "--layers: the built-in models' flags"),
         ],
     ),
     "pp run": _with("pp run -s 1f1b -p 2", BIG_MODEL + LAUNCH)
@@ -297,6 +298,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("-s 1f1b -p 2 --straggler 1:1e308", "FACTOR 1e308 must be finite"),
             ("-s 1f1b -p 2 --straggler 5:2", "5"),
             ("--plan {garbage} --model {userpy}:factory", "not a plan JSON"),
+            ("--plan {garbage} --model {userpy}:factory --arch mlp", "--arch: the built-in"),
             ("--model {userpy}:factory -s 1f1b -p 2", "--model MODULE:FACTORY runs a plan"),
             ("-s 1f1b -p 2 --optimizer bogus", "invalid choice: 'bogus'"),
             ("-s 1f1b -p 2 --arch mlp --heads 4", "--heads: not a setting of MLPConfig"),

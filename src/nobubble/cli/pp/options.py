@@ -44,6 +44,7 @@ __all__ = [
     "is_user_model",
     "model_from_args",
     "given_model_flags",
+    "check_factory_flags",
     "add_launch",
     "check_launch",
     "check_devices",
@@ -366,6 +367,14 @@ def given_model_flags(args: argparse.Namespace) -> list[str]:
     given += [f"--{dest.replace('_', '-')}" for dest, default in RUN_DEFAULTS.items()
               if getattr(args, dest) != default]  # fmt: skip
     return (["--model"] if args.model is not None else []) + given
+
+
+def check_factory_flags(args: argparse.Namespace) -> None:
+    """Refuse the built-in model's flags beside ``--model MODULE:FACTORY``, whose factory
+    builds its own model (``--seed`` seeds it)."""
+    if odd := [f for f in given_model_flags(args) if f not in ("--model", "--seed")]:
+        raise UsageError(f"{', '.join(odd)}: the built-in models' flags; --model {args.model} "
+                         "builds its own model, drop them")  # fmt: skip
 
 
 def add_launch(p: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ from nobubble.cli.pp.options import (
     add_model,
     add_size,
     check_devices,
+    check_factory_flags,
     check_launch,
     check_size,
     given_model_flags,
@@ -206,6 +207,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     if is_user_model(args.model):
+        check_factory_flags(args)
         check_launch(args, args.ranks, None)
         return plan_user_model(args)
     for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
@@ -301,6 +303,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule, model: ModelConfig)
 
 def _run(args: argparse.Namespace) -> int:
     if args.plan is not None:
+        check_factory_flags(args)
         check_launch(args, args.ranks, None)
         return run_user_plan(args)
     if is_user_model(args.model):
