@@ -504,6 +504,7 @@ SUBPROCESS_CASES = [
     "pp show -p 1000000000 -m 1",
     "pp run -s 1f1b -p 2 --steps 1000000000",
     "pp profile --heads 3",
+    "pp plan --arch mlp --vocab 8",
     "pp run -s 1f1b -p 2 --trace {locked}",
     "trace summary {trace_huge}",
 ]
