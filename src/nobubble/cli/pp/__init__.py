@@ -213,7 +213,6 @@ def _export(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         write_text(args.output, text)
     info = {"schedule": sched.name, **_shape(sched),
             "output": str(args.output) if args.output else None}  # fmt: skip
