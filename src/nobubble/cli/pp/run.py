@@ -275,7 +275,9 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
         check_size(args)  # before the unit costs, whose size is the ranks'
-        return schedule_from_args(args, costs or CostModel.uniform(args.ranks))
+        return schedule_from_args(
+            args, costs if costs is not None else CostModel.uniform(args.ranks)
+        )
     sched = read_schedule_csv(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
