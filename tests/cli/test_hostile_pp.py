@@ -72,7 +72,7 @@ BIG_MODEL = [  # the built-in model's size: refused by the memory or time budget
     ("--microbatch-size 10000000", "--force"),
     ("--vocab 1000000000", "--force"),
     ("--threads 100000", "--threads 100000 is past this machine's"),
-    ("--heads 3", "--hidden 64 is not divisible by --heads 3"),
+    ("--heads 3", "hidden=64 is not divisible by num_heads=3; give hidden a multiple"),
     ("--seed 100000000000000000000000000000", "--seed"),
 ]
 LAUNCH = [  # a device or backend this machine or torch build does not have
@@ -270,6 +270,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--model nosuch_module_xyz:factory", "nosuch_module_xyz"),
             ("--model {broken}:factory", "SyntaxError"),
             ("--model {userpy}:factory --profile {profile}", "--profile applies to the built-in"),
+            ("--model {userpy}:factory --layers 8", "--layers: the built-in models' flags"),
         ],
     ),
     "pp run": _with("pp run -s 1f1b -p 2", BIG_MODEL + LAUNCH)
@@ -297,8 +298,10 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("-s 1f1b -p 2 --straggler 1:1e308", "FACTOR 1e308 must be finite"),
             ("-s 1f1b -p 2 --straggler 5:2", "5"),
             ("--plan {garbage} --model {userpy}:factory", "not a plan JSON"),
+            ("--plan {garbage} --model {userpy}:factory --arch mlp", "--arch: the built-in"),
             ("--model {userpy}:factory -s 1f1b -p 2", "--model MODULE:FACTORY runs a plan"),
             ("-s 1f1b -p 2 --optimizer bogus", "invalid choice: 'bogus'"),
+            ("-s 1f1b -p 2 --arch mlp --heads 4", "--heads: not a setting of MLPConfig"),
             ("-s 1f1b -p 2 --dispatch bogus", "invalid choice: 'bogus'"),
             ("-s 1f1b --schedule-file {csv} -p 2", "not allowed with argument"),
         ],
@@ -501,6 +504,7 @@ SUBPROCESS_CASES = [
     "pp show -p 1000000000 -m 1",
     "pp run -s 1f1b -p 2 --steps 1000000000",
     "pp profile --heads 3",
+    "pp plan --arch mlp --vocab 8",
     "pp run -s 1f1b -p 2 --trace {locked}",
     "trace summary {trace_huge}",
 ]

@@ -27,7 +27,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
                str(plan), "--json"])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    makespans = [s["makespan_ms"] for s in out["schedules"]]
+    makespans = [s["predicted_step_ms"] for s in out["schedules"]]
     assert makespans == sorted(makespans) and out["best"] == out["schedules"][0]["schedule"]
     best = Schedule.from_csv(plan.read_text())
     assert best.num_ranks == 2 and best.num_microbatches == 4
@@ -121,7 +121,7 @@ def test_plan_weighs_recompute_and_run_trains_the_same_with_it(tmp_path, capsys)
     args = ["pp", "plan", "--profile", str(prof), "--ranks", "2", "-m", "4", "-o", str(plan)]
     assert main([*args, "--recompute", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["schedules"]
-    peak = {(r["schedule"], r["recompute"]): r["peak_activation_mib"] for r in rows}
+    peak = {(r["schedule"], r["recompute"]): max(r["peak_mib_per_rank"]) for r in rows}
     assert peak[("1f1b", True)] < peak[("1f1b", False)]
     limit = 0.95 * min(v for (_, rec), v in peak.items() if not rec)
     assert main([*args, "--recompute", "--memory-limit-mib", f"{limit}", "--json"]) == 0

@@ -4,7 +4,7 @@ A command's flags map one to one onto its library config's fields (:func:`add_co
 a flag left out keeps the config's own default (not restated here), and
 :func:`config_from_flags` builds the config, whose ``__post_init__`` is the only check of a
 value or a combination (its ValueError is the one-line error, exit 2). The ``ep`` commands
-declare theirs this way.
+and ``pp profile | plan | run``'s built-in model declare theirs this way.
 
 The ``rl`` commands declare theirs with :func:`add_path_flags`, whose fields may be paths into
 a sub-config (``trainer.delay_s``) and whose flags may repeat; :func:`flags_given` collects
@@ -20,7 +20,7 @@ from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.util import add_json_flag, plot_file
+from nobubble.cli.util import UsageError, add_json_flag, plot_file
 
 __all__ = ["Flag", "add_config_flags", "config_from_flags", "add_run_flags", "add_path_flags",
            "flags_given", "apply_flags"]  # fmt: skip
@@ -30,7 +30,7 @@ Flag = tuple[str, str, Any, str]
 
 
 def add_config_flags(
-    parser: argparse.ArgumentParser, config: type, flags: tuple[Flag, ...]
+    parser: argparse._ActionsContainer, config: type, flags: tuple[Flag, ...]
 ) -> None:
     """Declare ``flags`` on ``parser``, each storing into its ``config`` field; the help
     names the config's default unless it already says what the default is."""
@@ -48,8 +48,12 @@ def add_config_flags(
 
 def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Namespace,
                       **extra: Any) -> Any:  # fmt: skip
-    """``config(**the given flags, **extra)``: a ValueError naming a bad value or combination."""
+    """``config(**the given flags, **extra)``: a ValueError naming a bad value or combination,
+    a UsageError for a flag given that is not one of ``config``'s fields (another config's)."""
+    names = {f.name for f in fields(config)}
     given = {f: getattr(args, f) for _, f, _, _ in flags if getattr(args, f) is not None}
+    if odd := [flag for flag, f, _, _ in flags if f in given and f not in names]:
+        raise UsageError(f"{', '.join(odd)}: not a setting of {config.__name__}; drop it")
     return config(**given, **extra)
 
 

@@ -1,5 +1,5 @@
 """Shared pieces of the command line: argument types, errors, table/JSON output (the tables
-and the progress bar are :mod:`nobubble.bench.output`'s, re-exported here).
+are :mod:`nobubble.bench.output`'s, re-exported here).
 
 Every command prints a human table by default and machine JSON with ``--json``. A user
 mistake raises :class:`UsageError` (or ``ValueError`` from a config's validation); ``main``
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nobubble.bench.output import console, print_table, run_with_progress_bar
+from nobubble.bench.output import console, print_table
 from nobubble.files import check_output_dir, check_output_file
 from nobubble.validation import finite
 
@@ -25,8 +25,6 @@ __all__ = [
     "ArgumentParser",
     "check_budget",
     "check_steps",
-    "WALL_BUDGET_S",
-    "memory_bytes",
     "input_file",
     "output_file",
     "plot_file",
@@ -40,7 +38,6 @@ __all__ = [
     "print_table",
     "print_json",
     "console",
-    "run_with_progress_bar",
 ]
 
 

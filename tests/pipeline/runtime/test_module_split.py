@@ -152,3 +152,11 @@ def test_profile_stages_adds_the_measured_transfer_and_restores_threads():
     quiet = profile_stages(TINY_MLP, 2, microbatch_size=2, repeats=1)
     one = profile_stages(TINY_MLP, 1, microbatch_size=2, repeats=1, comm=True)  # no boundary
     assert (quiet.t_comm, one.t_comm, len(one.stages)) == (0.0, 0.0, 1)
+
+
+@pytest.mark.parametrize("config", [TINY_GPT, TINY_MLP, GPTConfig(), MLPConfig(hidden=24)])
+def test_a_configs_parameter_count_is_its_built_models(config) -> None:
+    """``num_parameters`` (counted without torch, for the command line's budgets) equals the
+    parameters of the blocks ``build_blocks`` builds."""
+    built = sum(p.numel() for p in build_blocks(config).parameters())
+    assert config.num_parameters == built

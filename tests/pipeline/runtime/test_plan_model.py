@@ -210,3 +210,36 @@ def test_plan_model_measures_the_runtime_on_a_microbatchs_boundary(monkeypatch) 
     with pytest.raises(ValueError, match="num_ranks=3 for 2 blocks"):
         plan_model(blocks, x, y, nn.functional.mse_loss, num_ranks=3)
     assert len(shapes) == 1  # refused before measuring
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        (({"a": nn.Linear(2, 2)}, torch.zeros(4, 2)), "blocks: a dict; give a non-empty list"),
+        (([], torch.zeros(4, 2)), "blocks: no blocks"),
+        (([nn.Linear(2, 2), "relu"], torch.zeros(4, 2)), "block 1 is a str; give an nn.Module"),
+        (([nn.Linear(2, 2)], [[0.0, 0.0]]), "inputs: a list; give the batch as a tensor"),
+    ],
+)
+def test_a_user_model_refuses_parts_that_are_not_a_model(parts, message) -> None:
+    from nobubble.pipeline.runtime.planning import UserModel
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        UserModel(*parts, torch.zeros(4), nn.functional.mse_loss)
+    with pytest.raises(ValueError, match=re.escape("loss_fn: a str; give a function")):
+        UserModel([nn.Linear(2, 2)], torch.zeros(4, 2), torch.zeros(4), "mse")
+
+
+def test_a_user_model_refuses_a_plan_made_for_another_model() -> None:
+    from nobubble.pipeline.plan import BlockCosts, plan_from_costs
+    from nobubble.pipeline.runtime.planning import UserModel
+
+    costs = BlockCosts(forward=1.0, backward_input=1.0, backward_weight=1.0,
+                       activation_bytes=1e3, boundary_bytes=1e2)  # fmt: skip
+    p = plan_from_costs([costs] * 4, num_ranks=2, num_microbatches=4)
+    blocks = [nn.Linear(2, 2) for _ in range(4)]
+    UserModel(blocks, torch.zeros(8, 2), torch.zeros(8, 2), nn.functional.mse_loss).check_plan(p)
+    with pytest.raises(ValueError, match="a plan for 4 blocks, but the model returns 3"):
+        UserModel(blocks[:3], torch.zeros(8, 2), None, nn.functional.mse_loss).check_plan(p)
+    with pytest.raises(ValueError, match="a batch of 6 rows does not split into the plan's 4"):
+        UserModel(blocks, torch.zeros(6, 2), None, nn.functional.mse_loss).check_plan(p)

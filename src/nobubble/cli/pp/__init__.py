@@ -89,8 +89,7 @@ def _show(args: argparse.Namespace) -> int:
         check_size(args)  # before the costs, whose size is the ranks'
         sched = schedule_from_args(args, CostModel.uniform(args.ranks))
     if args.json:
-        print_json({"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
-                    "microbatches": sched.num_microbatches,
+        print_json({"schedule": sched.name, **_shape(sched),
                     "stage_to_rank": list(sched.stage_to_rank),
                     "actions": [[str(a) for a in acts] for acts in sched.rank_actions]})  # fmt: skip
         return 0
@@ -214,16 +213,20 @@ def _export(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         write_text(args.output, text)
-    info = {"schedule": sched.name, "stages": sched.num_ranks, "chunks": sched.num_chunks,
-            "microbatches": sched.num_microbatches, "actions": sched.num_actions,
+    info = {"schedule": sched.name, **_shape(sched),
             "output": str(args.output) if args.output else None}  # fmt: skip
     if args.json:
         print_json(info | ({} if args.output else {"csv": text}))
     else:
         print_table(f"exported {sched.name}", list(info), [list(info.values())])
     return 0
+
+
+def _shape(sched) -> dict:
+    """A schedule's size, as ``pp show | export | validate`` report it."""
+    return {"stages": sched.num_ranks, "chunks": sched.num_chunks,
+            "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
 def _register_validate(sub) -> None:
@@ -243,10 +246,8 @@ def _validate(args: argparse.Namespace) -> int:
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
     result = simulate(sched, costs_from_args(args), check=False)
-    info = {"file": str(args.file), "valid": True, "stages": sched.num_ranks,
-            "chunks": sched.num_chunks, "microbatches": sched.num_microbatches,
-            "actions": sched.num_actions, "split_backward": sched.uses_split_backward,
-            "bubble_rate": result.bubble_rate,
+    info = {"file": str(args.file), "valid": True, **_shape(sched),
+            "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
     if args.json:
         print_json(info)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nobubble.cli.flags import Flag, add_config_flags, config_from_flags
 from nobubble.cli.util import (
     UsageError,
     check_budget,
@@ -28,6 +29,9 @@ from nobubble.cli.util import (
 from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.validation import MAX_REAL, finite
 
+if TYPE_CHECKING:
+    from nobubble.pipeline.runtime.models import ModelConfig
+
 __all__ = [
     "OPS_BUDGET",
     "V_MEMORY_SCHEDULES",
@@ -35,10 +39,13 @@ __all__ = [
     "add_size",
     "launch_device",
     "BUILTIN_MODELS",
-    "MODEL_DEFAULTS",
+    "MODEL_FLAGS",
     "add_model",
+    "is_user_model",
+    "model_from_args",
+    "given_model_flags",
+    "check_factory_flags",
     "add_launch",
-    "changed_model_flags",
     "check_launch",
     "check_devices",
     "check_time",
@@ -217,7 +224,7 @@ def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool
     if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
         mem_limit = None
     return get_schedule(args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                        costs=costs, mem_limit=mem_limit, num_chunks=args.chunks)  # fmt: skip
+                        costs=costs, mem_limit=mem_limit, num_chunks=getattr(args, "chunks", None))  # fmt: skip
 
 
 def read_schedule_csv(path: Path, flag: str = ""):
@@ -310,33 +317,64 @@ def perturbation_from_args(args: argparse.Namespace):
 
 BUILTIN_MODELS = ("gpt", "mlp")
 """``--model`` values that name a built-in model (:mod:`nobubble.pipeline.runtime.models`)."""
-MODEL_DEFAULTS = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32,
-                  "vocab": 256, "microbatch_size": 2, "seed": 0}  # fmt: skip
-"""The built-in model's size flags (``--seq-len`` for ``seq_len``) and their defaults."""
+MODEL_FLAGS: tuple[Flag, ...] = (
+    ("--layers", "num_layers", positive_int, "transformer / MLP blocks"),
+    ("--hidden", "hidden", positive_int, "hidden size"),
+    ("--heads", "num_heads", positive_int, "attention heads (gpt)"),
+    ("--seq-len", "seq_len", positive_int, "tokens per sample (gpt)"),
+    ("--vocab", "vocab_size", positive_int, "vocabulary (gpt)"),
+)
+"""The built-in model's size flags: :class:`~nobubble.pipeline.runtime.models.GPTConfig`'s
+fields (:class:`~nobubble.pipeline.runtime.models.MLPConfig` has the first two), and its
+defaults."""
+RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}
+"""The other model flags' defaults (``--seed`` seeds the weights, the data and a factory)."""
 
 
 def add_model(p: argparse.ArgumentParser) -> None:
     """The model: ``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags."""
+    from nobubble.pipeline.runtime.models import GPTConfig
+
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None, metavar="gpt|mlp|MODULE:FACTORY",
                    help="a built-in model, or a factory returning (blocks, inputs, targets, "
                         "loss_fn): package.module:factory or path/to/file.py:factory")  # fmt: skip
-    g.add_argument("--arch", choices=BUILTIN_MODELS, help="built-in model")
-    g.add_argument("--layers", type=positive_int, help="transformer / MLP blocks")
-    g.add_argument("--hidden", type=positive_int)
-    g.add_argument("--heads", type=positive_int, help="attention heads (gpt)")
-    g.add_argument("--seq-len", type=positive_int, help="tokens per sample (gpt)")
-    g.add_argument("--vocab", type=positive_int, help="vocabulary (gpt)")
-    g.add_argument("--microbatch-size", type=positive_int, help="samples per mb")
-    g.add_argument("--seed", type=seed_int)
-    p.set_defaults(**MODEL_DEFAULTS)
+    g.add_argument("--arch", choices=BUILTIN_MODELS, help="built-in model (default gpt)")
+    add_config_flags(g, GPTConfig, MODEL_FLAGS)
+    g.add_argument("--microbatch-size", type=positive_int, help="samples per mb (default 2)")
+    g.add_argument("--seed", type=seed_int, help="weights, data and factory seed (default 0)")
+    p.set_defaults(**RUN_DEFAULTS)
 
 
-def changed_model_flags(args: argparse.Namespace) -> list[str]:
-    """The model flags given with a value other than their default (``--model`` any)."""
-    changed = [f"--{dest.replace('_', '-')}" for dest, default in MODEL_DEFAULTS.items()
-               if getattr(args, dest) != default]  # fmt: skip
-    return (["--model"] if args.model is not None else []) + changed
+def is_user_model(spec: str | None) -> bool:
+    """Whether ``--model`` names the user's factory rather than a built-in model."""
+    return spec is not None and spec not in BUILTIN_MODELS
+
+
+def model_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
+    by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
+    from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
+
+    gpt = (args.model or args.arch) == "gpt"
+    return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
+
+
+def given_model_flags(args: argparse.Namespace) -> list[str]:
+    """The model flags given (``--arch``, ``--microbatch-size``, ``--seed``: other than their
+    default)."""
+    given = [flag for flag, field, _, _ in MODEL_FLAGS if getattr(args, field) is not None]
+    given += [f"--{dest.replace('_', '-')}" for dest, default in RUN_DEFAULTS.items()
+              if getattr(args, dest) != default]  # fmt: skip
+    return (["--model"] if args.model is not None else []) + given
+
+
+def check_factory_flags(args: argparse.Namespace) -> None:
+    """Refuse the built-in model's flags beside ``--model MODULE:FACTORY``, whose factory
+    builds its own model (``--seed`` seeds it)."""
+    if odd := [f for f in given_model_flags(args) if f not in ("--model", "--seed")]:
+        raise UsageError(f"{', '.join(odd)}: the built-in models' flags; --model {args.model} "
+                         "builds its own model, drop them")  # fmt: skip
 
 
 def add_launch(p: argparse.ArgumentParser) -> None:
@@ -351,11 +389,11 @@ def add_launch(p: argparse.ArgumentParser) -> None:
                    help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
 
 
-def check_launch(args: argparse.Namespace, ranks: int | None, arch: str | None) -> None:
+def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None) -> None:
     """Everything about a launch that needs no torch, before any work: ``--device`` /
     ``--backend`` by name, ``--threads`` against the cores (unless ``--force``), a built-in
-    model's shape, memory and time (``arch``: ``gpt`` or ``mlp``; None for a model of the
-    user's own). What this torch build and machine have is :func:`check_devices`'s."""
+    ``model``'s memory and time (None: a model of the user's own, or a profile's). What this
+    torch build and machine have is :func:`check_devices`'s."""
     from nobubble.distributed import check_device_name
 
     cores = os.cpu_count() or 1
@@ -367,14 +405,11 @@ def check_launch(args: argparse.Namespace, ranks: int | None, arch: str | None) 
         check_device_name(args.device, args.backend)
     except ValueError as err:
         raise UsageError(f"--device/--backend: {err}") from None
-    if arch is None:
+    if model is None:
         return
-    if arch == "gpt" and args.hidden % args.heads:  # GPTConfig's rule, said in flags
-        raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}; "
-                         "give --hidden a multiple of --heads")  # fmt: skip
-    check_budget("pp", processes=ranks or 1, data_bytes=builtin_bytes(args, ranks or 1, arch),
-                 force=force)  # fmt: skip
-    check_time(args, ranks or 1, arch)
+    data = builtin_bytes(model, args.microbatch_size, ranks or 1)
+    check_budget("pp", processes=ranks or 1, data_bytes=data, force=force)
+    check_time(args, ranks or 1, model)
 
 
 def check_devices(args: argparse.Namespace, ranks: int | None) -> None:
@@ -395,12 +430,12 @@ OP_OVERHEAD_S = 1e-3
 """The runtime's own cost per scheduled action (sends, waits, bookkeeping: 0.2-1 ms here)."""
 
 
-def check_time(args: argparse.Namespace, ranks: int, arch: str) -> None:
+def check_time(args: argparse.Namespace, ranks: int, model: ModelConfig) -> None:
     """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
     on the built-in model passes :data:`TIME_BUDGET_S`: each step runs every microbatch
     forward and backward (6 FLOPs a parameter and token) and 3 actions per rank; each repeat
     of the profiler runs one microbatch forward, split backward and fused backward."""
-    params, tokens = _builtin_size(args, arch)
+    params, tokens = model.num_parameters, args.microbatch_size * model.tokens_per_sample
     force = getattr(args, "force", False)
     if getattr(args, "steps", None) is not None:
         step_s = step_seconds(params, tokens, args.microbatches or 1, ranks)
@@ -424,23 +459,14 @@ def check_seconds(flag: str, value: int, seconds: float, what: str, *, force: bo
                 bound="about", unit=what, force=force)  # fmt: skip
 
 
-def builtin_bytes(args: argparse.Namespace, ranks: int, arch: str) -> float:
-    """About what the built-in model of the size flags holds: weights, gradients and AdamW
-    state (16 bytes a parameter) and ~``ranks`` microbatches of fp32 activations in flight
-    (~40 hidden-sized tensors a token and layer for the GPT, plus the logits)."""
-    params, tokens = _builtin_size(args, arch)
-    h, layers = args.hidden, args.layers
-    if arch == "gpt":
-        activations = tokens * (40 * h * layers + 3 * args.vocab) * 4
-    else:
-        activations = tokens * 10 * h * layers * 4
-    return 16.0 * params + ranks * activations
+def builtin_bytes(model: ModelConfig, microbatch_size: int, ranks: int) -> float:
+    """About what the built-in ``model`` holds: weights, gradients and AdamW state (16 bytes
+    a parameter) and ~``ranks`` microbatches of fp32 activations in flight (~40 hidden-sized
+    tensors a token and layer for the GPT, plus the logits)."""
+    from nobubble.pipeline.runtime.models import GPTConfig
 
-
-def _builtin_size(args: argparse.Namespace, arch: str) -> tuple[int, int]:
-    """The built-in model's (parameters, tokens of one microbatch): the GPT's 12 h^2 a layer
-    plus its embedding and head, or the MLP's h -> 4h -> h residual blocks (8 h^2 a layer)."""
-    h, layers, mb = args.hidden, args.layers, args.microbatch_size
-    if arch == "gpt":
-        return 12 * h * h * layers + 2 * args.vocab * h, mb * args.seq_len
-    return 8 * h * h * layers, mb
+    params, tokens = model.num_parameters, microbatch_size * model.tokens_per_sample
+    per_token = 10 * model.hidden * model.num_layers
+    if isinstance(model, GPTConfig):
+        per_token = 40 * model.hidden * model.num_layers + 3 * model.vocab_size
+    return 16.0 * params + ranks * tokens * per_token * 4

@@ -29,7 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nobubble.cli.pp.options import BUILTIN_MODELS, check_devices, check_seconds, step_seconds
+from nobubble.cli.pp.options import (
+    BUILTIN_MODELS,
+    check_devices,
+    check_seconds,
+    is_user_model,
+    step_seconds,
+)
+from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
     check_budget,
@@ -45,8 +52,8 @@ if TYPE_CHECKING:
     from nobubble.pipeline.simulate import SimResult
 
 __all__ = [
-    "BUILTIN_MODELS",
-    "is_user_model",
+    "describe",
+    "print_candidates",
     "load_user_model",
     "plan_user_model",
     "run_user_plan",
@@ -55,11 +62,6 @@ __all__ = [
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8
 """Rows of the plan table: the chosen plan, then the next fastest candidates."""
-
-
-def is_user_model(spec: str | None) -> bool:
-    """Whether ``--model`` names the user's factory rather than a built-in model."""
-    return spec is not None and spec not in BUILTIN_MODELS
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
@@ -71,18 +73,12 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
     """
     import torch
 
-    from nobubble.rl.system.imports import is_import_path, load_object
+    from nobubble.rl.system.imports import is_import_path
 
     if not is_import_path(spec):
         raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
                          "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
-    try:
-        factory = load_object(spec, "--model")
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    except Exception as err:  # the user's module raised while it was imported
-        raise UsageError(f"--model {spec!r}: importing it raised {type(err).__name__}: "
-                         f"{err}".replace("\n", " ")) from err  # fmt: skip
+    factory = load_user_object("--model", spec, "--model")
     if not callable(factory):
         raise UsageError(f"--model {spec!r} is not a function (its type is "
                          f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
@@ -97,31 +93,18 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
 
 
 def _checked(spec: str, out: Any) -> UserModel:
-    from torch import Tensor, nn
-
-    def bad(what: str) -> UsageError:
-        return UsageError(f"--model {spec!r}: the factory returned {what}; return (blocks, "
-                          "inputs, targets, loss_fn): a list of nn.Module, the input batch "
-                          "tensor, the targets and loss_fn(output, targets)")  # fmt: skip
-
-    if not (isinstance(out, tuple | list) and len(out) == 4):
-        size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
-        raise bad(f"a {type(out).__name__}{size}")
-    blocks, inputs, targets, loss_fn = out
-    if not isinstance(blocks, list | tuple | nn.Sequential | nn.ModuleList):
-        raise bad(f"blocks as a {type(blocks).__name__}, not a list of modules")
-    if not len(blocks):
-        raise bad("no blocks")
-    odd = [i for i, b in enumerate(blocks) if not isinstance(b, nn.Module)]
-    if odd:
-        raise bad(f"block {odd[0]} as a {type(blocks[odd[0]]).__name__}, not an nn.Module")
-    if not isinstance(inputs, Tensor):
-        raise bad(f"inputs as a {type(inputs).__name__}, not a tensor")
-    if not callable(loss_fn):
-        raise bad(f"loss_fn as a {type(loss_fn).__name__}, not a function")
+    """The factory's answer as a UserModel (which checks its parts)."""
     from nobubble.pipeline.runtime.planning.train import UserModel
 
-    return UserModel(list(blocks), inputs, targets, loss_fn)
+    try:
+        if not (isinstance(out, tuple | list) and len(out) == 4):
+            size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
+            raise ValueError(f"a {type(out).__name__}{size}")
+        return UserModel(*out)
+    except ValueError as err:
+        raise UsageError(f"--model {spec!r}: the factory returned {err}; return (blocks, "
+                         "inputs, targets, loss_fn): a list of nn.Module, the input batch "
+                         "tensor, the targets and loss_fn(output, targets)") from None  # fmt: skip
 
 
 def _absolute(spec: str) -> str:
@@ -143,15 +126,30 @@ def plan_user_model(args: argparse.Namespace) -> int:
         model = load_user_model(args.model, seed=args.seed)
         limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
         p = _make_plan(model, args, limit)
-        naive = _naive(p)
-        rows = [_row(p, c) for c in _shown(p)]
+        naive = describe(p, p.naive())
+        rows = [describe(p, c) for c in _shown(p)]
         _draw(p, rows[0][0], naive, plot)
         write_text(out, p.to_json())
     if args.json:
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0][1],
                     "candidates": [r for _, r in rows], "naive_1f1b": naive[1]})  # fmt: skip
         return 0
-    _print_plan(p, rows, naive[1], args, f"wrote {out}, {plot}")
+    naive_ms = naive[1]["predicted_step_ms"]
+    console().print(  # the factory's name as written: no markup, no :emoji: codes
+        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
+        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
+        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
+        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
+        markup=False, emoji=False,
+    )  # fmt: skip
+    print_candidates(
+        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
+        [("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)],
+        naive=naive[1], limited=args.memory_limit_mib is not None,
+        caption="predicted by the simulator from each block's costs, profiled once here "
+        f"({args.threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
+        f"recompute; wrote {out}, {plot}",
+    )  # fmt: skip
     return 0
 
 
@@ -175,16 +173,12 @@ def _shown(p: Plan) -> list[Candidate]:
     return [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
 
 
-def _row(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
-    sim = p.simulate(c)
-    return sim, _describe(p, c, sim)
-
-
-def _describe(p: Plan, c: Candidate, sim: SimResult) -> dict:
-    """One row of the table (and of ``--json``)."""
+def describe(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
+    """A candidate's simulated step and its row of the table (and of ``--json``)."""
     from nobubble.pipeline.plan import sizes_from_cuts
 
-    return {
+    sim = p.simulate(c)
+    return sim, {
         "stage_sizes": list(sizes_from_cuts(c.cuts, p.num_blocks)), "schedule": c.schedule,
         "num_microbatches": c.num_microbatches, "recompute": c.recompute[0],
         "predicted_step_ms": c.predicted_step_ms, "bubble_rate": sim.bubble_rate,
@@ -192,9 +186,25 @@ def _describe(p: Plan, c: Candidate, sim: SimResult) -> dict:
     }  # fmt: skip
 
 
-def _naive(p: Plan) -> tuple[SimResult, dict]:
-    """The naive plan's row (:meth:`~nobubble.pipeline.plan.Plan.naive`)."""
-    return _row(p, p.naive())
+def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | None,
+                     limited: bool, caption: str) -> None:  # fmt: skip
+    """The table of a plan's candidates (each row :func:`describe`'s, after its label), and
+    the ``naive`` plan's row and each one's speed-up over it; ``limited``: whether it fits."""
+    naive_ms = naive["predicted_step_ms"] if naive is not None else None
+
+    def cells(label: str, r: dict) -> list:
+        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
+                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
+                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
+                *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
+                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
+
+    table = [cells(label, r) for label, r in rows]
+    table += [cells("naive", naive)] if naive is not None else []
+    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
+               "peak MiB per rank", *(["vs naive"] if naive_ms else []),
+               *(["fits"] if limited else [])]  # fmt: skip
+    print_table(title, columns, table, caption=caption)
 
 
 def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: Path) -> Path:
@@ -208,38 +218,6 @@ def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: P
 
     return gantt_grid([titled(chosen_sim, "plan", p.stage_sizes(), p.recompute[0]),
                        titled(naive[0], "naive", naive[1]["stage_sizes"], False)], path)  # fmt: skip
-
-
-def _print_plan(p: Plan, rows: list, naive: dict, args: argparse.Namespace, files: str) -> None:
-    naive_ms = naive["predicted_step_ms"]
-    limited = args.memory_limit_mib is not None
-
-    def cells(label: str, r: dict) -> list:
-        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
-                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
-                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
-                f"{naive_ms / r['predicted_step_ms']:.2f}x",
-                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
-
-    table = [cells("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)]
-    table.append(cells("naive", naive))
-    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
-               "peak MiB per rank", "vs naive", *(["fits"] if limited else [])]  # fmt: skip
-    console().print(  # the factory's name as written: no markup, no :emoji: codes
-        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
-        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
-        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
-        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
-        markup=False, emoji=False,
-    )  # fmt: skip
-    print_table(
-        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
-        columns,
-        table,
-        caption="predicted by the simulator from each block's costs, profiled once here "
-        f"({args.threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
-        f"recompute; {files}",
-    )
 
 
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
@@ -324,15 +302,11 @@ def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
 
 
 def _check_model_fits(args: argparse.Namespace, p: Plan, model: UserModel) -> None:
-    if len(model.blocks) != p.num_blocks:
-        raise UsageError(f"{args.plan} is a plan for {p.num_blocks} blocks but --model "
-                         f"{args.model} returns {len(model.blocks)}; plan this model again "
-                         "(pp plan --model ...)")  # fmt: skip
+    try:
+        model.check_plan(p)
+    except ValueError as err:
+        raise UsageError(f"--plan {args.plan}, --model {args.model}: {err}") from None
     batch = int(model.inputs.shape[0])
-    if batch % p.num_microbatches:
-        raise UsageError(f"--model {args.model}: a batch of {batch} rows does not split into "
-                         f"the plan's {p.num_microbatches} microbatches; plan again for this "
-                         "batch")  # fmt: skip
     if p.setting.batch_size not in (None, batch):
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "

@@ -31,17 +31,21 @@ from nobubble.cli.pp.options import (
     add_launch,
     add_model,
     add_size,
-    changed_model_flags,
     check_devices,
+    check_factory_flags,
     check_launch,
     check_size,
+    given_model_flags,
+    is_user_model,
     launch_device,
+    model_from_args,
     profile_from_json,
     read_profile_json,
     read_schedule_csv,
+    schedule_from_args,
     straggler_arg,
 )
-from nobubble.cli.pp.plan import BUILTIN_MODELS, is_user_model, plan_user_model, run_user_plan
+from nobubble.cli.pp.plan import describe, plan_user_model, print_candidates, run_user_plan
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -60,6 +64,7 @@ from nobubble.files import claim_output, write_text
 if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Plan
+    from nobubble.pipeline.runtime.launch import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
 
 __all__ = ["register"]
@@ -144,20 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run)
 
 
-def model_from_args(args: argparse.Namespace) -> ModelConfig:
-    """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags."""
-    from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
-
-    arch = _builtin_arch(args)
-    if arch == "gpt":
-        return GPTConfig(
-            vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
-            num_heads=args.heads, num_layers=args.layers, seed=args.seed,
-        )  # fmt: skip
-    return MLPConfig(hidden=args.hidden, num_layers=args.layers, seed=args.seed)
-
-
-def _options(args: argparse.Namespace):
+def _options(args: argparse.Namespace) -> LaunchOptions:
     from nobubble.pipeline.runtime.launch import LaunchOptions
 
     return LaunchOptions(
@@ -166,37 +158,33 @@ def _options(args: argparse.Namespace):
     )  # fmt: skip
 
 
-def measure_profile(model: ModelConfig, num_stages: int, args, *, comm: bool = True):
-    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks):
-    :func:`~nobubble.pipeline.runtime.profile.profile_stages` with the launch flags."""
+def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
+                    microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
+    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks),
+    under a spinner: :func:`~nobubble.pipeline.runtime.profile.profile_stages` where
+    ``launch`` runs the ranks."""
     from nobubble.pipeline.runtime.profile import profile_stages
 
     with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
         return profile_stages(
-            model, num_stages, microbatch_size=args.microbatch_size,
-            device=args.device, backend=args.backend,
-            repeats=getattr(args, "repeats", 3), clock=args.clock, threads=args.threads,
-            comm=comm, timeout_s=args.timeout,
+            model, num_stages, microbatch_size=microbatch_size, device=launch.device,
+            backend=launch.backend, repeats=repeats, clock=clock,
+            threads=launch.threads_per_rank, comm=comm, timeout_s=launch.timeout_s,
         )  # fmt: skip
-
-
-def _builtin_arch(args: argparse.Namespace) -> str | None:
-    """``gpt`` or ``mlp``; None for a model of the user's own."""
-    if is_user_model(args.model):
-        return None
-    return args.model if args.model in BUILTIN_MODELS else args.arch
 
 
 def _profile(args: argparse.Namespace) -> int:
     if is_user_model(args.model):
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
-    check_launch(args, None, _builtin_arch(args))
+    model = model_from_args(args)
+    check_launch(args, None, model)
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
     with claim:  # before torch: refuse another live run's output
         check_devices(args, None)
-        model = model_from_args(args)
-        prof = measure_profile(model, args.num_stages, args, comm=not args.no_comm)
+        prof = measure_profile(model, args.num_stages, _options(args),
+                               microbatch_size=args.microbatch_size, clock=args.clock,
+                               repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
         if args.output is not None:
             write_text(args.output, json.dumps(prof.to_dict(), indent=2))
     if args.json:
@@ -219,49 +207,47 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     if is_user_model(args.model):
+        check_factory_flags(args)
         check_launch(args, args.ranks, None)
         return plan_user_model(args)
     for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
         if given is not None:
             raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
                              "plan is drawn by pp simulate --plot and measures its own costs")  # fmt: skip
-    if args.profile is not None and changed_model_flags(args):
+    if args.profile is not None and given_model_flags(args):
         raise UsageError(f"--profile {args.profile} sets the model; drop "
-                         f"{', '.join(changed_model_flags(args))} (or profile that model "
+                         f"{', '.join(given_model_flags(args))} (or profile that model "
                          "with pp profile -o)")  # fmt: skip
     args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
     check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
-    check_launch(args, args.ranks, _builtin_arch(args))
+    model = model_from_args(args) if args.profile is None else None
+    check_launch(args, args.ranks, model)
     data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
     out = args.output or Path("plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
         check_devices(args, args.ranks)
-        p, model = _plan_builtin(args, data)
+        p, name = _plan_builtin(args, data, model)
         write_text(out, p.schedule().to_csv())
-    rows = [
-        {"schedule": c.schedule, "recompute": c.recompute[0], "makespan_ms": c.predicted_step_ms,
-         "bubble_rate": p.simulate(c).bubble_rate,
-         "peak_activation_mib": max(c.predicted_peak_bytes) / MiB}
-        for c in p.candidates
-    ]  # fmt: skip
+    rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
         print_json({"best": p.schedule_name, "recompute": p.recompute[0], "output": str(out),
                     "schedules": rows})  # fmt: skip
         return 0
-    print_table(
-        f"P={args.ranks}, M={args.microbatches}, profiled costs ({model})",
-        ["schedule", "recompute", "makespan ms", "bubble", "peak act MiB"],
-        [[r["schedule"], "yes" if r["recompute"] else "no", r["makespan_ms"],
-          f"{r['bubble_rate']:.1%}", r["peak_activation_mib"]] for r in rows],
+    print_candidates(
+        f"P={args.ranks}, M={args.microbatches}, profiled costs ({name})",
+        [("chosen" if c == p.chosen else str(i + 1), r)
+         for i, (c, r) in enumerate(zip(p.candidates, rows, strict=True))],
+        naive=None, limited=args.memory_limit_mib is not None,
         caption=f"best: {p.schedule_name}"
         + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
     )  # fmt: skip
     return 0
 
 
-def _plan_builtin(args: argparse.Namespace, data) -> tuple[Plan, str]:
-    """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``)
-    or :func:`~nobubble.pipeline.runtime.planning.plan_builtin`, and the model's name."""
+def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None) -> tuple[Plan, str]:
+    """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``'s
+    ``data``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
+    model's name."""
     from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
 
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
@@ -272,7 +258,7 @@ def _plan_builtin(args: argparse.Namespace, data) -> tuple[Plan, str]:
                 prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
                 recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
             ), prof.model  # fmt: skip
-        model = model_from_args(args)
+        assert model is not None  # no --profile
         return plan_builtin(
             model, num_ranks=args.ranks, num_microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
@@ -285,14 +271,13 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     """``--schedule`` for ``costs`` (None: unit costs, until a profile measures them), or
     ``--schedule-file``."""
     from nobubble.pipeline.costs import CostModel
-    from nobubble.pipeline.schedules import get_schedule
 
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        check_size(args)  # before the schedule is generated
-        costs = costs if costs is not None else CostModel.uniform(args.ranks)
-        return get_schedule(args.schedule, num_ranks=args.ranks,
-                            num_microbatches=args.microbatches, costs=costs)  # fmt: skip
+        check_size(args)  # before the unit costs, whose size is the ranks'
+        return schedule_from_args(
+            args, costs if costs is not None else CostModel.uniform(args.ranks)
+        )
     sched = read_schedule_csv(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
@@ -306,11 +291,11 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
     return sched
 
 
-def _train_config(args: argparse.Namespace, sched: Schedule):
+def _train_config(args: argparse.Namespace, sched: Schedule, model: ModelConfig):
     from nobubble.pipeline.runtime.executor import TrainConfig, check_config
 
     config = TrainConfig(
-        model=model_from_args(args), schedule=sched, microbatch_size=args.microbatch_size,
+        model=model, schedule=sched, microbatch_size=args.microbatch_size,
         num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
         recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
     )  # fmt: skip
@@ -320,6 +305,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule):
 
 def _run(args: argparse.Namespace) -> int:
     if args.plan is not None:
+        check_factory_flags(args)
         check_launch(args, args.ranks, None)
         return run_user_plan(args)
     if is_user_model(args.model):
@@ -328,13 +314,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.ranks is None:
         raise UsageError("--ranks is required with --schedule or --schedule-file")
     sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
-    check_launch(args, args.ranks, _builtin_arch(args))  # sizes, steps: with M known
+    model = model_from_args(args)
+    check_launch(args, args.ranks, model)  # sizes, steps: with M known
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         check_devices(args, args.ranks)
-        return _run_torchrun(_train_config(args, sched), args)
+        return _run_torchrun(_train_config(args, sched, model), args)
     with claim_output(args.trace):  # before torch: refuse another live run's output
         check_devices(args, args.ranks)
-        return _run_local(_train_config(args, sched), args)
+        return _run_local(_train_config(args, sched, model), args)
 
 
 def _run_local(config, args: argparse.Namespace) -> int:
@@ -344,11 +331,13 @@ def _run_local(config, args: argparse.Namespace) -> int:
 
     prof = None
     if not args.no_predict:
-        prof = measure_profile(config.model, config.schedule.num_stages, args)
+        prof = measure_profile(config.model, config.schedule.num_stages, _options(args),
+                               microbatch_size=config.microbatch_size, clock=args.clock)  # fmt: skip
         from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
 
         if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
-            config = _train_config(args, _schedule_from_args(args, prof.cost_model()))
+            sched = _schedule_from_args(args, prof.cost_model())
+            config = _train_config(args, sched, config.model)
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):

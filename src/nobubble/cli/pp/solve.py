@@ -100,7 +100,6 @@ def _solve(args: argparse.Namespace) -> int:
 
             gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
         if args.csv is not None:
-            args.csv.parent.mkdir(parents=True, exist_ok=True)
             write_text(args.csv, result.schedule.to_csv())
     if args.json:
         data = result.summary()

@@ -8,7 +8,8 @@
 - :mod:`.planning`: :func:`~nobubble.pipeline.runtime.planning.plan`, the cut, schedule,
   microbatch count and recompute chosen for the user's own blocks from their measured costs.
 
-- :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages.
+- :mod:`.models`: a small GPT and a residual MLP as lists of blocks, split into stages (their
+  configs import no torch; the layers are :mod:`.layers`).
 - :mod:`.bw_split`: the deferred linear: B computes dX, W computes dW from the kept (X, dY).
 - :mod:`.executor`: the built-in models on the runner, one config per run, traced.
 - :mod:`.profile`: the one profiler, per module (a stage or a block) on the runner's path:

@@ -8,20 +8,24 @@ Block contract: ``block(x) -> y``; the first block takes the model input (token 
 ``(B, T) int64`` for the GPT, features ``(B, D) float`` for the MLP), every later block takes
 the previous block's float output. ``loss(output, targets)`` is the mean over the batch.
 
-The blocks are plain modules: the runner (and the profiler, on the same path) splits their
-backward with :class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit`, as any user's.
+The blocks are plain modules (:mod:`~nobubble.pipeline.runtime.layers`): the runner (and
+the profiler, on the same path) splits their backward with
+:class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit`, as any user's. This module imports
+torch only inside the functions that build or run a model, so that the command line checks a
+config (``pp profile | plan | run``'s size flags) before it imports torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
 from nobubble.pipeline.partition import equal_sizes, stage_ranges
 from nobubble.validation import check_fields
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = ["Batch", "GPTConfig", "MLPConfig", "ModelConfig", "build_blocks", "partition_blocks"]
 
@@ -79,15 +83,27 @@ class GPTConfig(_InputBodyHead):
         names = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers")
         check_fields("GPTConfig", self, names, ">= 1")
         if self.hidden % self.num_heads:
-            raise ValueError(
-                f"GPTConfig.hidden={self.hidden} is not divisible by num_heads={self.num_heads}"
-            )
+            raise ValueError(f"GPTConfig.hidden={self.hidden} is not divisible by num_heads="
+                             f"{self.num_heads}; give hidden a multiple of num_heads")  # fmt: skip
 
     @property
     def name(self) -> str:
         return "gpt"
 
+    @property
+    def num_parameters(self) -> int:
+        """Every block's parameters, counted without building them: the embeddings, each
+        layer's 12 h^2 + 13 h (two LayerNorms, qkv, proj, fc, fc_out) and the head."""
+        h, layers, vocab = self.hidden, self.num_layers, self.vocab_size
+        return (vocab + self.seq_len) * h + layers * (12 * h * h + 13 * h) + 2 * h + h * vocab
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
     def build_block(self, index: int) -> nn.Module:
+        from nobubble.pipeline.runtime.layers import Embedding, LMHead, TransformerBlock
+
         if index == 0:
             return Embedding(self.vocab_size, self.seq_len, self.hidden)
         if index == self.num_blocks - 1:
@@ -96,64 +112,17 @@ class GPTConfig(_InputBodyHead):
 
     def make_batch(self, batch_size: int, seed: int, device: torch.device | str = "cpu") -> Batch:
         """Random token sequences; the target is the input shifted by one."""
+        import torch
+
         gen = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, self.vocab_size, (batch_size, self.seq_len + 1), generator=gen)
         return Batch(tokens[:, :-1].to(device), tokens[:, 1:].to(device))  # (B, T) each
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy; logits (B, T, V), targets (B, T) int64."""
+        import torch.nn.functional as F
+
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-class Embedding(nn.Module):
-    """Token + learned position embedding: (B, T) int64 -> (B, T, H)."""
-
-    def __init__(self, vocab_size: int, seq_len: int, hidden: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab_size, hidden)
-        self.pos = nn.Embedding(seq_len, hidden)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.tok(idx) + self.pos(pos)  # (B, T, H)
-
-
-class TransformerBlock(nn.Module):
-    """Pre-LN block: x + attn(ln1(x)); x + mlp(ln2(x)). (B, T, H) -> (B, T, H)."""
-
-    def __init__(self, hidden: int, num_heads: int) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.ln1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.ln2 = nn.LayerNorm(hidden)
-        self.fc = nn.Linear(hidden, 4 * hidden)
-        self.fc_out = nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
-        nh = self.num_heads
-        q = q.view(b, t, nh, h // nh).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(b, t, nh, h // nh).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(b, t, nh, h // nh).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(b, t, h)  # (B, T, H)
-        x = x + self.proj(y)
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
-
-
-class LMHead(nn.Module):
-    """Final LayerNorm and vocabulary projection: (B, T, H) -> (B, T, V)."""
-
-    def __init__(self, hidden: int, vocab_size: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, vocab_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +147,24 @@ class MLPConfig(_InputBodyHead):
     def name(self) -> str:
         return "mlp"
 
+    @property
+    def num_parameters(self) -> int:
+        """Every block's parameters: the input projection, each residual block's
+        8 h^2 + 7 h (LayerNorm, fc1, fc2) and the classifier."""
+        h, classes = self.hidden, self.num_classes
+        return (
+            (self.in_features + 1) * h + self.num_layers * (8 * h * h + 7 * h) + (h + 1) * classes
+        )
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return 1
+
     def build_block(self, index: int) -> nn.Module:
+        from torch import nn
+
+        from nobubble.pipeline.runtime.layers import ResidualMLP
+
         if index == 0:
             return nn.Linear(self.in_features, self.hidden)
         if index == self.num_blocks - 1:
@@ -186,26 +172,17 @@ class MLPConfig(_InputBodyHead):
         return ResidualMLP(self.hidden)
 
     def make_batch(self, batch_size: int, seed: int, device: torch.device | str = "cpu") -> Batch:
+        import torch
+
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(batch_size, self.in_features, generator=gen)  # (B, D)
         y = torch.randint(0, self.num_classes, (batch_size,), generator=gen)  # (B,)
         return Batch(x.to(device), y.to(device))
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
         return F.cross_entropy(logits, targets)
-
-
-class ResidualMLP(nn.Module):
-    """x + fc2(gelu(fc1(ln(x)))): (B, H) -> (B, H)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, 4 * hidden)
-        self.fc2 = nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
 ModelConfig = GPTConfig | MLPConfig
@@ -219,6 +196,9 @@ def build_blocks(
     Each block is initialised from ``(config.seed, index)`` alone, so any subset equals the
     same blocks of the full model.
     """
+    import torch
+    from torch import nn
+
     indices = range(config.num_blocks) if indices is None else indices
     blocks = nn.ModuleDict()
     for i in indices:

@@ -34,6 +34,34 @@ class UserModel:
     loss_fn: Callable[[torch.Tensor, Any], torch.Tensor]
     """``loss_fn(last block's output, targets) -> scalar``, a mean over the rows."""
 
+    def __post_init__(self) -> None:
+        blocks = self.blocks
+        if not isinstance(blocks, list | tuple | nn.Sequential | nn.ModuleList) or not blocks:
+            what = f"a {type(blocks).__name__}" if blocks else "no blocks"
+            raise ValueError(f"blocks: {what}; give a non-empty list of nn.Module")
+        odd = [i for i, b in enumerate(blocks) if not isinstance(b, nn.Module)]
+        if odd:
+            raise ValueError(
+                f"block {odd[0]} is a {type(blocks[odd[0]]).__name__}; give an nn.Module"
+            )
+        if not isinstance(self.inputs, torch.Tensor):
+            raise ValueError(f"inputs: a {type(self.inputs).__name__}; give the batch as a tensor")
+        if not callable(self.loss_fn):
+            raise ValueError(f"loss_fn: a {type(self.loss_fn).__name__}; give a function "
+                             "loss_fn(output, targets)")  # fmt: skip
+        object.__setattr__(self, "blocks", list(blocks))
+
+    def check_plan(self, plan: Plan) -> None:
+        """Raise ValueError when ``plan`` was not made for this model: another block count,
+        or a batch that does not split into the plan's microbatches."""
+        if len(self.blocks) != plan.num_blocks:
+            raise ValueError(f"a plan for {plan.num_blocks} blocks, but the model returns "
+                             f"{len(self.blocks)}; plan this model again")  # fmt: skip
+        batch = int(self.inputs.shape[0])
+        if batch % plan.num_microbatches:
+            raise ValueError(f"a batch of {batch} rows does not split into the plan's "
+                             f"{plan.num_microbatches} microbatches; plan again for this batch")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class PlanRun:
