@@ -1,5 +1,5 @@
-"""The one supervisor of every process nobubble starts: heartbeats in shared slots, and a
-shutdown that leaves nothing running.
+"""The one supervisor's (:mod:`nobubble.distributed.supervisor`) heartbeats in shared slots,
+and a shutdown that leaves nothing running.
 
 Heartbeats: one shared slot of time per process, no lock. A process's daemon thread
 (:func:`start_beating`) writes ``time.monotonic()`` (one clock for every process of the

@@ -75,9 +75,9 @@ def test_the_learner_refuses_a_trajectory_whose_weights_are_not_its_version() ->
 
     import pytest
 
+    from nobubble.distributed import WorkerError
     from nobubble.rl.actor_learner.config import EnvRunConfig
     from nobubble.rl.actor_learner.run import _Run
-    from nobubble.distributed import WorkerError
     from nobubble.rl.system.weight_sync import weight_digest
 
     config = EnvRunConfig(actors=1, envs_per_actor=2, batch_trajectories=1, minibatches=1,
