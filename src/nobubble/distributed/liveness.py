@@ -66,11 +66,6 @@ class Heartbeats:
         self._started[name] = self._clock()
         return i
 
-    def beat_args(self, name: str) -> tuple[Any, int]:
-        """:meth:`started` and the ``(slots, index)`` to hand the process for
-        :func:`start_beating`."""
-        return self.slots, self.started(name)
-
     def silent(self, names: Sequence[str]) -> tuple[str, float] | None:
         """The first of ``names`` silent for longer than allowed, and for how long."""
         if self.liveness_s is None:

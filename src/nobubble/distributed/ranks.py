@@ -27,7 +27,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from nobubble.distributed.context import DistContext, check_device, default_backend, worker_context
-from nobubble.distributed.liveness import BEAT_S, LIVENESS_S, reap
+from nobubble.distributed.liveness import LIVENESS_S, reap
 from nobubble.distributed.supervisor import Supervisor, Ward, WorkerError, supervised
 
 __all__ = ["RankFailure", "spawn"]
@@ -166,14 +166,12 @@ def spawn(
         raise ValueError(f"spawn: world_size={world_size} must be >= 1")
     if timeout_s <= 0:
         raise ValueError(f"spawn: timeout_s={timeout_s} must be > 0")
-    if liveness_s is not None and not liveness_s > 2 * BEAT_S:
-        raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
     check_device(device, backend, ranks=world_size)  # before any rank starts
     backend = backend or default_backend(device)
+    ctx = worker_context()
+    supervisor = Supervisor(ctx, [f"rank {r}" for r in range(world_size)], liveness_s)  # checks it
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
     store = _rendezvous_store(timeout_s)  # held until the ranks are reaped
-    ctx = worker_context()
-    supervisor = Supervisor(ctx, [f"rank {r}" for r in range(world_size)], liveness_s)
     settings = (world_size, store.port, backend, device, timeout_s, threads_per_rank)
     inbox = _Inbox(_start_ranks(ctx, settings, job, supervisor), supervisor)
     deadline = time.monotonic() + timeout_s

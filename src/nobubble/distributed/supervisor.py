@@ -134,8 +134,7 @@ class Supervisor:
         self.finished.discard(name)
         self.failed.discard(name)
         self._reported.pop(name, None)
-        slots, index = self.beats.beat_args(name)
-        return Ward(name, self._pid, slots, index)
+        return Ward(name, self._pid, self.beats.slots, self.beats.started(name))
 
     @property
     def pending(self) -> list[str]:
