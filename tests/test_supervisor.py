@@ -1,7 +1,8 @@
 """The one supervisor (:mod:`nobubble.distributed.supervisor`) on real processes: a worker's
 own error is named before a peer's reaction to it, whichever arrives first; a worker killed
 in silence is named by its exit code before a peer's reaction; a worker that reported and
-exited 1 is named for its report, not for its exit; one that finished is not a failure.
+exited 1 is named for its report, not for its exit; one that left with exit code 0 is not a
+failure (the others speak for it).
 
 Each child runs under :func:`supervised` and reports through its own pipe, as spawn's ranks do.
 """
@@ -113,17 +114,18 @@ def test_a_reported_error_is_named_for_its_report_not_its_exit() -> None:
         run.close()
 
 
-def test_a_finished_worker_is_not_a_failure() -> None:
-    run = _Run({"rank 0": ("finish", 0.0)})
+def test_a_worker_that_finished_or_left_with_exit_code_0_is_not_a_failure() -> None:
+    run = _Run({"rank 0": ("finish", 0.0), "rank 1": ("wait", 0.0)})
     try:
         proc = run.supervisor.procs["rank 0"]
         proc.join(timeout=120)
-        run.supervisor.finish("rank 0")
-        assert run.supervisor.failure(run.receive) is None
-        run.supervisor.finished.clear()  # unfinished, it ended without a word
+        assert proc.exitcode == 0
+        assert run.supervisor.failure(run.receive) is None  # rank 1 may still speak for it
+        run.supervisor.procs["rank 1"].kill()
+        run.supervisor.procs["rank 1"].join(timeout=60)
         failure = run.supervisor.failure(run.receive)
         assert (
-            failure is not None and str(failure) == "rank 0 died with exit code 0 before reporting"
+            failure is not None and str(failure) == "rank 1 died with exit code -9 before reporting"
         )
     finally:
         run.close()

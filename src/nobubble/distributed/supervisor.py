@@ -9,8 +9,8 @@ error report ``"Type: message\\n<traceback>"`` through the caller's channel and 
 In the launcher (:class:`Supervisor`): the reports the caller heard, the processes' exit
 codes and their heartbeats become one :class:`WorkerError` naming the worker:
 
-- a process that ended without finishing and without a report: ``"<name> died with exit
-  code <code> before reporting"``;
+- a process that ended with a non-zero exit code without finishing or reporting: ``"<name>
+  died with exit code <code> before reporting"``;
 - a reported error: ``"<name> failed: <its first line>"``, the whole report in
   ``remote_traceback``;
 - a process silent for ``liveness_s``: ``"<name> stopped responding: no heartbeat ..."``.
@@ -202,11 +202,13 @@ class Supervisor:
         return name not in self.finished and name not in self.failed
 
     def _ended(self) -> list[str]:
-        """Processes gone without finishing, reporting or being named."""
+        """Processes gone with a non-zero exit code (a signal's is negative) without
+        finishing, reporting or being named. Exit code 0 is a process that chose to leave
+        (a rank that vanished on purpose): the others, or a timeout, speak for it."""
         return [
             n
             for n, p in self.procs.items()
-            if self._watched(n) and n not in self._reported and not p.is_alive()
+            if self._watched(n) and n not in self._reported and p.exitcode not in (0, None)
         ]
 
     def _named(self, err: WorkerError) -> WorkerError:
