@@ -90,9 +90,9 @@ def supervised(ward: Ward, report: Callable[[str], None], body: Callable[..., An
                *args: Any) -> Any:  # fmt: skip
     """In a supervised process: die with the launcher, beat, return ``body(*args)``.
 
-    On any error (``SystemExit`` too) ``report(text)`` sends ``"Type: message\\n<traceback>"``
-    (it must have delivered it when it returns: flush a queue) and the process exits 1 at
-    once - a queue's feeder thread holding unread items would keep a normal exit waiting."""
+    On any error (``SystemExit`` from SIGTERM too) ``report(text)`` sends ``"Type:
+    message\\n<traceback>"`` (it must have delivered it when it returns: flush a queue) and
+    the process exits 1 - a normal exit, so finalizers still unlink shared memory."""
     die_with_parent(ward.parent_pid)
     start_beating(ward.slots, ward.index)
     try:
@@ -102,7 +102,7 @@ def supervised(ward: Ward, report: Callable[[str], None], body: Callable[..., An
             report(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
         except (OSError, ValueError):  # the launcher is gone: nobody to tell
             pass
-        os._exit(1)
+        raise SystemExit(1) from None
 
 
 class Supervisor:
