@@ -10,11 +10,14 @@ device, group, timeout) instead of reading globals. Two ways to get one:
 - :func:`context_from_env` for processes launched by ``torchrun`` (multi-host capable): it
   reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``.
 
-Supervision (:mod:`nobubble.distributed.liveness`) is the same for spawn's ranks, the RL
-local engine's workers and the actor-learner's actors: each writes its heartbeat into a
-shared slot (:func:`start_beating`), the launcher names one silent for ``liveness_s``
-(:class:`Heartbeats`, default :data:`LIVENESS_S`), and :func:`reap` ends them all - a stopped
-one with SIGKILL - so nothing is left running.
+Supervision (:mod:`nobubble.distributed.supervisor`) is the same for spawn's ranks, the RL
+local engine's workers and the actor-learner's actors: each runs under :func:`supervised`
+(dies with the launcher, writes its heartbeat into a shared slot of
+:mod:`~nobubble.distributed.liveness`, reports its error by name and exits 1), the launcher's
+:class:`Supervisor` turns a report, an exit or a silence of ``liveness_s`` (default
+:data:`LIVENESS_S`) into one :class:`WorkerError` naming the worker (:class:`RankFailure`
+for spawn's ranks), and :func:`reap` ends them all - a stopped one with SIGKILL - so nothing
+is left running.
 """
 
 from nobubble.distributed.context import (
@@ -35,6 +38,13 @@ from nobubble.distributed.liveness import (
     start_beating,
 )
 from nobubble.distributed.ranks import RankFailure, spawn
+from nobubble.distributed.supervisor import (
+    Supervisor,
+    Ward,
+    WorkerError,
+    looks_like_peer_failure,
+    supervised,
+)
 from nobubble.lifetime import die_with_parent, launcher_alive
 
 __all__ = [
@@ -55,4 +65,9 @@ __all__ = [
     "Heartbeats",
     "start_beating",
     "reap",
+    "WorkerError",
+    "Supervisor",
+    "Ward",
+    "supervised",
+    "looks_like_peer_failure",
 ]

@@ -1,5 +1,5 @@
-"""The one supervisor of every process nobubble starts: heartbeats in shared slots, and a
-shutdown that leaves nothing running.
+"""The one supervisor's (:mod:`nobubble.distributed.supervisor`) heartbeats in shared slots,
+and a shutdown that leaves nothing running.
 
 Heartbeats: one shared slot of time per process, no lock. A process's daemon thread
 (:func:`start_beating`) writes ``time.monotonic()`` (one clock for every process of the
@@ -65,11 +65,6 @@ class Heartbeats:
         self.slots[i] = 0.0
         self._started[name] = self._clock()
         return i
-
-    def beat_args(self, name: str) -> tuple[Any, int]:
-        """:meth:`started` and the ``(slots, index)`` to hand the process for
-        :func:`start_beating`."""
-        return self.slots, self.started(name)
 
     def silent(self, names: Sequence[str]) -> tuple[str, float] | None:
         """The first of ``names`` silent for longer than allowed, and for how long."""

@@ -5,11 +5,12 @@ per rank, initialises a torch.distributed group in each (gloo on CPU by default;
 A rank that raises makes ``spawn`` terminate the others and raise :class:`RankFailure`
 carrying that rank's traceback; a rank that dies without a word, one whose heartbeat stops
 (stopped, or wedged holding the interpreter) for ``liveness_s``, or a run past ``timeout_s``,
-is reported the same way. Nothing waits forever. Results travel through one pipe per rank,
-so a killed launcher leaves no named semaphore in ``/dev/shm`` behind; heartbeats are the
-shared slots of :mod:`nobubble.distributed.liveness`, written from before torch is imported.
-Ranks ignore SIGINT (the launcher stops them), turn SIGTERM into ``SystemExit`` so their
-``finally`` blocks run, and die with the launcher (the parent-death signal).
+is reported the same way, by the one supervisor (:mod:`nobubble.distributed.supervisor`:
+a rank's own error before a peer's "Connection reset"). Nothing waits forever. Results and
+errors travel through one pipe per rank, so a killed launcher leaves no named semaphore in
+``/dev/shm`` behind; heartbeats are written from before torch is imported. Ranks ignore
+SIGINT (the launcher stops them), turn SIGTERM into ``SystemExit`` so their ``finally``
+blocks run, and die with the launcher (the parent-death signal).
 """
 
 from __future__ import annotations
@@ -20,51 +21,50 @@ import pickle
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
 from nobubble.distributed.context import DistContext, check_device, default_backend, worker_context
-from nobubble.distributed.liveness import BEAT_S, LIVENESS_S, Heartbeats, reap, start_beating
-from nobubble.lifetime import die_with_parent
+from nobubble.distributed.liveness import LIVENESS_S, reap
+from nobubble.distributed.supervisor import Supervisor, Ward, WorkerError, supervised
 
 __all__ = ["RankFailure", "spawn"]
 
 
-class RankFailure(RuntimeError):
-    """One rank of a spawned job failed; ``rank`` and ``remote_traceback`` say where and why."""
+class RankFailure(WorkerError):
+    """A :class:`~nobubble.distributed.WorkerError` of a spawned rank: ``rank`` is its
+    number (the worker is named ``"rank <n>"``), ``remote_traceback`` its report."""
 
     def __init__(self, rank: int | None, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message, None if rank is None else f"rank {rank}", remote_traceback)
         self.rank = rank
-        self.remote_traceback = remote_traceback
-        super().__init__(message)
+
+    @classmethod
+    def of(cls, err: WorkerError) -> RankFailure:
+        """The supervisor's failure of worker ``"rank <n>"`` as spawn's error."""
+        rank = int(err.worker.split()[1]) if err.worker else None
+        return cls(rank, str(err), err.remote_traceback)
 
 
-def _worker(
-    parent_pid: int,
-    rank: int,
-    world_size: int,
-    port: int,
-    backend: str,
-    device: str,
-    timeout_s: float,
-    threads: int,
-    job: _Job,
-    conn: Any,
-    beats: tuple[Any, int],
-) -> None:
-    """One rank: heartbeat first, then torch and the job (``(fn, args)``, unpickled here),
-    so the launcher hears from the rank while torch imports (seconds on a loaded machine)."""
-    die_with_parent(parent_pid)
+def _worker(ward: Ward, settings: tuple, job: _Job, conn: Any) -> None:
+    """One rank under the supervisor's guard (:func:`supervised`: heartbeat first, then torch
+    and the job, so the launcher hears from the rank while torch imports - seconds on a
+    loaded machine); its error goes to the launcher through its pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops us
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from the start
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.unraisablehook = _exit_if_unraisable_exit
-    start_beating(*beats)
-    put = conn.send  # only this thread writes the pipe
-    try:  # from here on every failure, an import's too, reaches the launcher with its traceback
+    rank = int(ward.name.split()[1])
+    supervised(ward, lambda text: conn.send(("err", rank, text)), _run_rank, rank, settings,
+               job, conn)  # fmt: skip
+
+
+def _run_rank(rank: int, settings: tuple, job: _Job, conn: Any) -> None:
+    """Join the group, run ``fn(ctx, *args)``, send the result (``torch.save`` bytes)."""
+    world_size, port, backend, device, timeout_s, threads = settings
+    try:
         import torch
         import torch.distributed as dist
 
@@ -88,12 +88,7 @@ def _worker(
         out = fn(ctx, *args)
         buf = io.BytesIO()
         torch.save(out, buf)  # tensors and plain objects alike; no shared-memory handles
-        put(("ok", rank, buf.getvalue()))
-    except BaseException as err:  # noqa: BLE001 - every failure must reach the parent
-        try:
-            put(("err", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
-        except OSError:  # the launcher is gone: nobody to tell
-            pass
+        conn.send(("ok", rank, buf.getvalue()))  # only this thread writes the pipe
     finally:
         _leave_group()
 
@@ -171,37 +166,34 @@ def spawn(
         raise ValueError(f"spawn: world_size={world_size} must be >= 1")
     if timeout_s <= 0:
         raise ValueError(f"spawn: timeout_s={timeout_s} must be > 0")
-    if liveness_s is not None and not liveness_s > 2 * BEAT_S:
-        raise ValueError(f"spawn: liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
     check_device(device, backend, ranks=world_size)  # before any rank starts
     backend = backend or default_backend(device)
+    ctx = worker_context()
+    supervisor = Supervisor(ctx, [f"rank {r}" for r in range(world_size)], liveness_s)  # checks it
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
     store = _rendezvous_store(timeout_s)  # held until the ranks are reaped
-    ctx = worker_context()
-    beats = Heartbeats(ctx, [f"rank {r}" for r in range(world_size)], liveness_s)
-    settings = (world_size, store.port, backend, device, timeout_s, threads_per_rank, job)
-    procs, pipes = _start_ranks(ctx, settings, beats)
-    inbox = _Inbox(pipes)
-    outputs: dict[int, Any] = {}
+    settings = (world_size, store.port, backend, device, timeout_s, threads_per_rank)
+    inbox = _Inbox(_start_ranks(ctx, settings, job, supervisor), supervisor)
     deadline = time.monotonic() + timeout_s
     ok = False
     try:
-        while len(outputs) < world_size:
-            errors: dict[int, str] = {}
-            for status, rank, payload in inbox.receive(0.2):
-                if status == "err":  # every error of the batch: the first may be a symptom
-                    errors.setdefault(rank, payload)
-                else:
-                    outputs[rank] = _load(payload)
-            if errors:
-                raise _root_cause(procs, inbox, outputs, errors)
-            _check_alive(procs, outputs, deadline, timeout_s)
-            _check_heartbeats(beats, procs, outputs)
+        while len(inbox.outputs) < world_size:
+            failure = supervisor.failure(inbox.receive)
+            if failure is not None:
+                raise RankFailure.of(failure)
+            if time.monotonic() > deadline:
+                waiting = [r for r in range(world_size) if r not in inbox.outputs]
+                raise RankFailure(
+                    waiting[0] if waiting else None,
+                    f"timed out after {timeout_s:g}s waiting for rank(s) {waiting}; "
+                    "raise timeout_s if the job is just slow",
+                )
+            supervisor.hear(inbox.receive(0.2))
         ok = True
     finally:
-        reap(procs, grace_s=5.0 if ok else 0.0)
+        reap(list(supervisor.procs.values()), grace_s=5.0 if ok else 0.0)
         inbox.close()
-    return [outputs[r] for r in range(world_size)]
+    return [inbox.outputs[r] for r in range(world_size)]
 
 
 def _rendezvous_store(timeout_s: float) -> Any:
@@ -214,30 +206,27 @@ def _rendezvous_store(timeout_s: float) -> Any:
                          wait_for_workers=False)  # fmt: skip
 
 
-def _start_ranks(ctx: Any, settings: tuple, beats: Heartbeats) -> tuple[list[Any], list[Any]]:
-    """Start one process per rank; returns them and the launcher's ends of their pipes."""
-    world_size, port, backend, device, timeout_s, threads, job = settings
+def _start_ranks(ctx: Any, settings: tuple, job: _Job, supervisor: Supervisor) -> list[Any]:
+    """Start one process per rank (in ``supervisor.procs``); returns the launcher's ends of
+    their pipes."""
+    world_size = settings[0]
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (launcher end, rank end)
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(os.getpid(), r, world_size, port, backend, device, timeout_s, threads, job,
-                  pipes[r][1], beats.beat_args(f"rank {r}")),
-            daemon=True,
+    for r in range(world_size):
+        ward = supervisor.ward(f"rank {r}")
+        supervisor.procs[ward.name] = ctx.Process(
+            target=_worker, args=(ward, settings, job, pipes[r][1]), daemon=True
         )
-        for r in range(world_size)
-    ]  # fmt: skip
     # SIGINT stays blocked from the exec until the rank ignores it: a Ctrl-C while the ranks
     # start up reaches the launcher only, not half-started ranks printing tracebacks
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for p in procs:
+        for p in supervisor.procs.values():
             p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for _, rank_end in pipes:
         rank_end.close()  # the rank holds its own copy; EOF then means the rank is gone
-    return procs, [launcher_end for launcher_end, _ in pipes]
+    return [launcher_end for launcher_end, _ in pipes]
 
 
 def _load(payload: bytes) -> Any:
@@ -247,15 +236,17 @@ def _load(payload: bytes) -> Any:
 
 
 class _Inbox:
-    """The launcher's ends of the ranks' pipes: results and errors."""
+    """The launcher's ends of the ranks' pipes: results into :attr:`outputs` (the rank is
+    then finished), errors returned for the supervisor."""
 
-    def __init__(self, conns: list[Any]) -> None:
-        self.conns = conns
+    def __init__(self, conns: list[Any], supervisor: Supervisor) -> None:
+        self.conns, self.supervisor = conns, supervisor
         self.open = set(range(len(conns)))
+        self.outputs: dict[int, Any] = {}
 
-    def receive(self, timeout_s: float) -> list[tuple[str, int, Any]]:
-        """Results and errors that arrived within ``timeout_s``."""
-        out: list[tuple[str, int, Any]] = []
+    def receive(self, timeout_s: float) -> dict[str, str]:
+        """Take what arrived within ``timeout_s``; returns the errors by rank name."""
+        errors: dict[str, str] = {}
         ready = wait([self.conns[r] for r in self.open], timeout=timeout_s)
         for r in list(self.open):
             conn = self.conns[r]
@@ -263,71 +254,16 @@ class _Inbox:
                 continue
             try:
                 while conn.poll():
-                    out.append(conn.recv())
+                    status, rank, payload = conn.recv()
+                    if status == "err":
+                        errors.setdefault(f"rank {rank}", payload)
+                    else:
+                        self.outputs[rank] = _load(payload)
+                        self.supervisor.finish(f"rank {rank}")
             except (EOFError, OSError):  # the rank exited; its exit code tells how
                 self.open.discard(r)
-        return out
+        return errors
 
     def close(self) -> None:
         for conn in self.conns:
             conn.close()
-
-
-def _check_heartbeats(beats: Heartbeats, procs: list[Any], outputs: dict[int, Any]) -> None:
-    """Raise for a rank that is running, has not reported, and stopped beating."""
-    waiting = [f"rank {r}" for r, p in enumerate(procs) if r not in outputs and p.is_alive()]
-    hung = beats.hung(waiting)
-    if hung is not None:
-        name, message = hung
-        raise RankFailure(int(name.split()[1]), message)
-
-
-def _check_alive(
-    procs: list[Any], outputs: dict[int, Any], deadline: float, timeout_s: float
-) -> None:
-    for r, p in enumerate(procs):
-        if r not in outputs and not p.is_alive() and p.exitcode not in (0, None):
-            raise RankFailure(r, f"rank {r} died with exit code {p.exitcode} before reporting")
-    if time.monotonic() > deadline:
-        waiting = [r for r in range(len(procs)) if r not in outputs]
-        raise RankFailure(
-            waiting[0] if waiting else None,
-            f"timed out after {timeout_s:g}s waiting for rank(s) {waiting}; "
-            "raise timeout_s if the job is just slow",
-        )
-
-
-# Errors that a rank raises because a *peer* went away; they are symptoms, not causes.
-_PEER_SYMPTOMS = (
-    "Connection reset",
-    "Connection closed",
-    "Broken pipe",
-    "pair.cc",
-    "NCCL communicator was aborted",
-)
-
-
-def _root_cause(
-    procs: list[Any], inbox: _Inbox, outputs: dict[int, Any], errors: dict[int, str]
-) -> RankFailure:
-    """The failure to show: a rank that died silently, else the first error that is not
-    merely a reaction to a dead peer. Other ranks get one second to report theirs."""
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end:
-        for status, rank, payload in inbox.receive(0.1):
-            if status == "err":
-                errors.setdefault(rank, payload)
-            else:
-                outputs[rank] = None
-    for r, p in enumerate(procs):
-        if (
-            r not in outputs
-            and r not in errors
-            and not p.is_alive()
-            and p.exitcode not in (0, None)
-        ):
-            return RankFailure(r, f"rank {r} died with exit code {p.exitcode} before reporting")
-    causes = [r for r, tb in errors.items() if not any(s in tb for s in _PEER_SYMPTOMS)]
-    rank = causes[0] if causes else next(iter(errors))
-    first_line = errors[rank].splitlines()[0] if errors[rank] else "unknown error"
-    return RankFailure(rank, f"rank {rank} failed: {first_line}", errors[rank])

@@ -1,6 +1,6 @@
-"""The actor-learner's actors under the one supervisor (:mod:`nobubble.distributed.liveness`):
-a SIGSTOPped actor is named by its missing heartbeat, the run ends with an
-:class:`ActorFailure` naming it, and no process is left running.
+"""The actor-learner's actors under the one supervisor (:mod:`nobubble.distributed.supervisor`):
+a SIGSTOPped actor is named by its missing heartbeat, the run ends with a
+:class:`~nobubble.distributed.WorkerError` naming it, and no process is left running.
 
 The fast tier stops an actor of an :class:`ActorPool` with a short ``liveness_s``; the long
 tier stops one inside ``train`` with the default settings and checks the issue's bounds:
@@ -20,8 +20,8 @@ from typing import Any
 import gymnasium
 import pytest
 
-from nobubble.distributed import BEAT_S, LIVENESS_S
-from nobubble.rl import ActorFailure, EnvRunConfig, train
+from nobubble.distributed import BEAT_S, LIVENESS_S, WorkerError
+from nobubble.rl import EnvRunConfig, train
 from nobubble.rl.actor_learner.envs import env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.model import build_model
@@ -52,21 +52,21 @@ def test_a_stopped_actor_of_the_pool_is_named_and_reaped(arch: str) -> None:
     stopped = pool.procs[1]
     try:
         pool.publish(0)
-        beats = pool.beats
+        beats = pool.supervisor.beats
         wait_for(lambda: all(beats.slots[i] for i in beats.index.values()), timeout_s=60,
                  what="every actor beat once")  # fmt: skip
         os.kill(stopped.pid, signal.SIGSTOP)
 
-        def named() -> ActorFailure | None:
+        def named() -> WorkerError | None:
             pool.receive(0, poll_s=0.05)
             try:
                 pool.supervise()
-            except ActorFailure as failure:
+            except WorkerError as failure:
                 return failure
             return None
 
         failure = wait_for(named, timeout_s=60, what="the stopped actor named")
-        assert failure.actor == "actor-1"
+        assert failure.worker == "actor-1"
         assert "actor-1 stopped responding: no heartbeat for" in str(failure)
     finally:
         pool.close()
@@ -110,7 +110,7 @@ def test_a_stopped_actor_ends_train_within_the_bounds(
     def timed_supervise(pool: ActorPool) -> None:  # a spy: notes when the failure is raised
         try:
             supervise(pool)
-        except ActorFailure:
+        except WorkerError:
             named_at.append(time.monotonic())
             raise
 
@@ -120,11 +120,11 @@ def test_a_stopped_actor_ends_train_within_the_bounds(
         env=functools.partial(_StopsActor1, record), arch=arch, actors=2, envs_per_actor=2,
         target_return=None, time_budget_s=300.0,
     )  # fmt: skip
-    with pytest.raises(ActorFailure) as info:
+    with pytest.raises(WorkerError) as info:
         train(config)
     out_at = time.monotonic()
     pid, stopped_at = record.read_text().split()
-    assert info.value.actor == "actor-1" and "stopped responding" in str(info.value)
+    assert info.value.worker == "actor-1" and "stopped responding" in str(info.value)
     assert len(named_at) == 1
     named_s, exit_s = named_at[0] - float(stopped_at), out_at - named_at[0]
     print(f"{arch}: named {named_s:.1f}s after the stop, train out {exit_s:.1f}s after that")

@@ -1,10 +1,10 @@
 """The actor processes: an IMPALA actor with its own policy, an env-only worker for central
 inference (seed: one env group, sample-factory: two, double buffered).
 
-Every actor dies with its parent (:func:`nobubble.distributed.die_with_parent`), beats into
-its heartbeat slot (:func:`nobubble.distributed.start_beating`, so a stopped one is named),
-waits on nothing without a timeout, and on any error puts ``(name, traceback)`` on the error
-queue before exiting non-zero, so the learner can end the run naming it.
+Every actor runs under the one supervisor's guard (:func:`nobubble.distributed.supervised`):
+it dies with its parent, beats into its heartbeat slot (so a stopped one is named), waits on
+nothing without a timeout, and on any error puts ``(name, report)`` on the error queue before
+exiting 1, so the learner can end the run naming it.
 
 The env-only worker's protocol, per env group ``g`` with shared-memory slot ``slots[g]``:
 the worker writes ``obs``, ``reward`` and ``done`` into the slot and sends the byte ``g``;
@@ -14,15 +14,13 @@ steps group 1 while the learner runs inference for group 0, and vice versa.
 
 from __future__ import annotations
 
-import os
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from nobubble.distributed import die_with_parent, start_beating
+from nobubble.distributed import Ward, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.shm import EnvSlot
@@ -38,31 +36,32 @@ class ActorStopped(Exception):
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """What an actor process needs to know about itself; ``heartbeat`` is its
-    ``(slots, index)`` for :func:`~nobubble.distributed.start_beating`."""
+    """What an actor process needs to know about itself; ``ward`` is its handle from the
+    pool's :class:`~nobubble.distributed.Supervisor`."""
 
     name: str
     index: int
     config: EnvRunConfig
     obs_dim: int
     num_actions: int
-    parent_pid: int
-    heartbeat: tuple[Any, int]
+    ward: Ward
 
 
 def _guard(spec: ActorSpec, errors: Any, body: Any, *args: Any) -> None:
-    """Run ``body`` in a child process: die with the parent, report any error by name."""
-    die_with_parent(spec.parent_pid)
-    start_beating(*spec.heartbeat)
-    try:
-        body(spec, *args)
-    except ActorStopped:
-        return
-    except BaseException:
-        errors.put((spec.name, traceback.format_exc()))
+    """Run ``body`` in a child process under :func:`supervised`; a stop request ends it."""
+
+    def report(text: str) -> None:
+        errors.put((spec.name, text))
         errors.close()
-        errors.join_thread()  # flush the report before the hard exit
-        os._exit(1)
+        errors.join_thread()  # delivered before the process exits
+
+    def until_stopped() -> None:
+        try:
+            body(spec, *args)
+        except ActorStopped:
+            pass
+
+    supervised(spec.ward, report, until_stopped)
 
 
 def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> None:

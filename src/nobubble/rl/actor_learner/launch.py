@@ -7,9 +7,10 @@ straggler). Invariant: after :meth:`close` no actor process is alive and every t
 actor sent is either returned by :meth:`receive` or by :meth:`close`, so the ledger can
 account for all of them.
 
-Supervision is the one of every nobubble process (:mod:`nobubble.distributed.liveness`): each
-actor beats into its slot of a :class:`~nobubble.distributed.Heartbeats`, and one silent for
-:data:`~nobubble.distributed.LIVENESS_S` is named by :meth:`supervise`.
+Supervision is the one of every nobubble process (:class:`~nobubble.distributed.Supervisor`):
+each actor runs under :func:`~nobubble.distributed.supervised`, and :meth:`supervise` names
+one that reported an error, exited, or fell silent for
+:data:`~nobubble.distributed.LIVENESS_S`, with a :class:`~nobubble.distributed.WorkerError`.
 
 - impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner
   publishes into and every actor pulls from before each unroll, and one bounded trajectory
@@ -22,21 +23,20 @@ actor beats into its slot of a :class:`~nobubble.distributed.Heartbeats`, and on
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue as queue_module
 import time
+from multiprocessing.connection import wait
 from typing import Any, cast
 
 from torch import nn
 
-from nobubble.distributed import LIVENESS_S, Heartbeats, reap
+from nobubble.distributed import LIVENESS_S, Supervisor, WorkerError, reap
 from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
 from nobubble.rl.actor_learner.inference import CentralInference
 from nobubble.rl.actor_learner.model import PolicyModel
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory
-from nobubble.rl.system.engines.protocol import ActorFailure
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["ActorPool"]
@@ -54,16 +54,14 @@ class ActorPool:
         ctx: Any = mp.get_context(config.start_method)
         self.stop, self.errors = ctx.Event(), ctx.Queue()
         self.names = [f"actor-{i}" for i in range(config.actors)]
-        self.beats = Heartbeats(ctx, self.names, liveness_s)
+        self.supervisor = Supervisor(ctx, self.names, liveness_s)
         specs = [
-            ActorSpec(n, i, config, model.obs_dim, model.num_actions, os.getpid(),
-                      self.beats.beat_args(n))
+            ActorSpec(n, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(n))
             for i, n in enumerate(self.names)
-        ]  # fmt: skip
+        ]
         self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
         self.published = -1
-        self._hung: set[str] = set()  # named by supervise: close does not wait for them
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
@@ -85,8 +83,9 @@ class ActorPool:
             ctx.Process(target=target, args=a, name=n, daemon=True)
             for a, n in zip(args, self.names)
         ]
-        for p in self.procs:
+        for n, p in zip(self.names, self.procs):
             p.start()
+            self.supervisor.procs[n] = p
 
     def publish(self, version: int) -> None:
         """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
@@ -101,9 +100,8 @@ class ActorPool:
         if self.inference is not None:
             try:
                 return self.inference.poll(version, digest, poll_s)
-            except ActorFailure as failure:  # a pipe closed: find the process's own report
-                proc = self.procs[self.names.index(failure.actor)]
-                proc.join(timeout=self.config.timeout_s)
+            except WorkerError:  # a pipe closed: its process ended; find its own report
+                wait([p.sentinel for p in self.procs], timeout=self.config.timeout_s)
                 self.supervise()
                 raise
         out: list[Trajectory] = []
@@ -116,35 +114,29 @@ class ActorPool:
         return out
 
     def supervise(self) -> None:
-        """Raise :class:`ActorFailure` naming an actor that died or fell silent."""
+        """Raise :class:`~nobubble.distributed.WorkerError` naming an actor that reported an
+        error, exited, or fell silent."""
+        self.supervisor.check(self._reports(0.0), self._reports)
+
+    def _reports(self, timeout_s: float) -> dict[str, str]:
+        """The actors' error reports that arrived within ``timeout_s``."""
+        reports: dict[str, str] = {}
         try:
-            name, detail = self.errors.get_nowait()
-            raise ActorFailure(name, detail)
+            name, text = self.errors.get(timeout=timeout_s)
+            reports[name] = text
+            while True:
+                name, text = self.errors.get_nowait()
+                reports.setdefault(name, text)
         except queue_module.Empty:
             pass
-        for p in self.procs:
-            if p.exitcode is not None:
-                detail = self._error_of(p.name)
-                raise ActorFailure(p.name, detail or f"exited with code {p.exitcode}")
-        hung = self.beats.hung(self.names)  # every one is alive: an exit was raised above
-        if hung is not None:
-            self._hung.add(hung[0])
-            raise ActorFailure(*hung)
-
-    def _error_of(self, name: str, wait_s: float = 1.0) -> str | None:
-        """The error an exited actor reported (it may still be in the queue's pipe)."""
-        try:
-            reported, detail = self.errors.get(timeout=wait_s)
-            return detail if reported == name else f"{reported}: {detail}"
-        except queue_module.Empty:
-            return None
+        return reports
 
     def close(self, grace_s: float = 5.0) -> list[Trajectory]:
         """Stop every actor; return the trajectories still in transit."""
         self.stop.set()
         leftover: list[Trajectory] = []
         deadline = time.monotonic() + grace_s
-        waited = [p for p in self.procs if p.name not in self._hung]
+        waited = [p for p in self.procs if p.name not in self.supervisor.failed]
         while any(p.is_alive() for p in waited) and time.monotonic() < deadline:
             if self.inference is None:  # a full queue would keep its feeder from exiting
                 leftover.extend(self.receive(-1, poll_s=0.05))

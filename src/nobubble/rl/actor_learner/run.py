@@ -17,7 +17,7 @@ is one group of one sample, admitted on arrival under its ``(source, seq)`` key 
 trajectory lost in transit shows as a gap.
 
 Every wait inside has a timeout, and :meth:`ActorPool.supervise` turns a dead or silent
-actor into an :class:`ActorFailure` naming it.
+actor into a :class:`~nobubble.distributed.WorkerError` naming it.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from nobubble.rl.actor_learner.loss import env_learner, minibatches
 from nobubble.rl.actor_learner.model import PolicyModel, initial_model
 from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
-from nobubble.rl.system.engines.protocol import ActorFailure
 from nobubble.rl.system.experience import GroupState, Ledger
 from nobubble.rl.system.result import CurvePoint, RunResult
-from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError, weight_digest
+from nobubble.rl.system.weight_sync import PublishedWeights, weight_digest
 
 __all__ = ["run"]
 
@@ -106,11 +105,9 @@ class _Run:
             else:
                 fresh.append(t)
                 self.lags[lag] += t.num_steps  # trained env steps by lag, as trained_samples
-        for t in fresh:  # each acted with the weights of the versions it claims
-            try:
-                self.published.check(t.weight_digests, t.source)
-            except WeightVersionError as err:
-                raise ActorFailure(t.source.split("/")[0], str(err)) from None
+        self.published.check_trained(  # each acted with the weights of the versions it claims
+            (t.source.split("/")[0], t.source, t.weight_digests) for t in fresh
+        )
         if fresh:
             start = time.perf_counter()
             stacked = stack_trajectories(fresh)
@@ -166,7 +163,9 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
     Returns:
         :class:`~nobubble.rl.system.result.RunResult`.
     Raises:
-        ActorFailure: an actor died (its traceback in the message) or fell silent.
+        WorkerError: an actor raised (its error's first line; the report in
+            ``remote_traceback``), died, fell silent, or sampled with other weights than the
+            version it reports.
         LedgerError: a trajectory was lost or trained twice (a bug, never expected).
     """
     threads = torch.get_num_threads()

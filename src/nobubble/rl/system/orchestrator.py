@@ -47,7 +47,7 @@ from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
-from nobubble.rl.system.weight_sync import PublishedWeights, WeightVersionError
+from nobubble.rl.system.weight_sync import PublishedWeights
 
 __all__ = ["Orchestrator", "run"]
 
@@ -225,11 +225,10 @@ class Orchestrator(Recovery):
         if self.cfg.learners > 1 and missing:
             raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
         self._published.publish(res.weight_digests)
-        for g in batch:  # every trained group sampled with the weights of its versions
-            try:
-                self._published.check(g.weight_digests, f"{g.generator} (group {g.group_id})")
-            except WeightVersionError as err:
-                raise WorkerError(str(err), g.generator or None) from None
+        self._published.check_trained(  # every trained group sampled with its versions' weights
+            (g.generator or None, f"{g.generator} (group {g.group_id})", g.weight_digests)
+            for g in batch
+        )
         self.buffer.mark_trained(batch, res.version, by)
         for g in replayed:
             self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nobubble.distributed import WorkerError
+
 __all__ = [
     "WeightVersionError",
     "SharedWeights",
@@ -89,6 +91,16 @@ class PublishedWeights:
                     f"{version} is {known}: a generator used weights other than the version "
                     "it reports"
                 )
+
+    def check_trained(self, samples: Iterable[tuple[str | None, str, Claims]]) -> None:
+        """:meth:`check` each trained sample ``(worker, who, claims)``: raise a
+        :class:`~nobubble.distributed.WorkerError` naming ``worker`` (the generator or actor
+        that sampled it) on the first whose weights are not the versions it claims."""
+        for worker, who, claims in samples:
+            try:
+                self.check(claims, who)
+            except WeightVersionError as err:
+                raise WorkerError(str(err), worker) from None
 
     def state_dict(self) -> dict[str, Any]:
         return {"digests": dict(self.digests)}

@@ -18,13 +18,14 @@ Two processes with one torch thread each do run at the same time on two cores.
   its parameters into one shared-memory tensor and bumps the version, a generator copies
   them out before a chunk when the version moved. With partial rollouts the generator also
   reads them between tokens (``RolloutWorker.pull_weights`` is the shared tensor's ``pull``).
-- Nothing waits forever: ``poll`` has a timeout, notices a worker that died without a word
-  (exit code), raised (its traceback) or fell silent (no heartbeat for
-  :data:`~nobubble.distributed.LIVENESS_S`: :mod:`~nobubble.distributed.liveness`, the
-  supervisor of spawn's ranks too), and ``shutdown`` ends what does not stop (a stopped
-  process with SIGKILL: :func:`~nobubble.distributed.reap`).
-  Workers die with the driver (the parent-death signal), so a killed run leaves none
-  behind. ``restart`` replaces one worker with a fresh process of the same name.
+- Nothing waits forever: ``poll`` has a timeout, and the one supervisor of spawn's ranks
+  (:class:`~nobubble.distributed.Supervisor`) names a worker that died without a word
+  (exit code), raised (its error's first line) or fell silent (no heartbeat for
+  :data:`~nobubble.distributed.LIVENESS_S`); ``shutdown`` ends what does not stop (a
+  stopped process with SIGKILL: :func:`~nobubble.distributed.reap`). Workers run under
+  :func:`~nobubble.distributed.supervised`, so they die with the driver (the parent-death
+  signal) and a killed run leaves none behind. ``restart`` replaces one worker with a fresh
+  process of the same name.
 - ``learners > 1``: the learner processes join one gloo group on a free port of 127.0.0.1
   before they say ready; the engine splits each batch among them and merges their answers
   (:mod:`~nobubble.rl.system.engines.learners`). A learner other than 0 in ``async`` /
@@ -34,32 +35,24 @@ Two processes with one torch thread each do run at the same time on two cores.
 
 from __future__ import annotations
 
-import os
 import pickle
 import queue
-import time
-import traceback
 from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions shared weights use
 
 from nobubble.distributed import (
-    Heartbeats,
-    die_with_parent,
+    Supervisor,
+    Ward,
     free_port,
     launcher_alive,
     reap,
-    start_beating,
+    supervised,
     worker_context,
 )
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import (
-    StepCollector,
-    learner_names,
-    looks_like_peer_failure,
-    split_groups,
-)
+from nobubble.rl.system.engines.learners import StepCollector, learner_names, split_groups
 from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
@@ -67,84 +60,91 @@ __all__ = ["LocalEngine"]
 
 
 def _worker_main(
-    name: str,
+    ward: Ward,
     cfg: RunConfig,
     inq: Any,
     outq: Any,
     shared: SharedWeights,
     threads: int,
-    parent: int,
     incarnation: int,
     learner_port: int | None,
-    beats: tuple[Any, int],
 ) -> None:
-    die_with_parent(parent)
-    start_beating(*beats)
-    torch.set_num_threads(threads)
-    try:
-        from nobubble.rl.system.engines.worker import StageWorker
+    """One stage worker under the supervisor's guard; its error goes on ``outq`` after the
+    messages it sent before it, as ``("error", name, report)``."""
 
-        worker = StageWorker(name, cfg, incarnation)
-        have = -1
-        if worker.kind == "trainer" and learner_port is not None:
-            worker.join_learners("127.0.0.1", learner_port)
-        if worker.kind == "trainer" and worker.rank == 0:
-            shared.publish(worker.learner.model, worker.learner.version)
-        if worker.kind == "rollout":
-            worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
-        outq.put(pickle.dumps(Message("ready", name)))
-        while True:
-            try:
-                cmd = pickle.loads(inq.get(timeout=1.0))
-            except queue.Empty:
-                if not launcher_alive(parent):  # the driver is gone: do not linger
-                    return
-                continue
-            op = cmd[0]
-            if op == "stop":
+    def report(text: str) -> None:
+        outq.put(pickle.dumps(("error", ward.name, text)))
+        outq.close()
+        outq.join_thread()  # delivered before the process exits
+
+    supervised(ward, report, _serve, ward, cfg, inq, outq, shared, threads, incarnation,
+               learner_port)  # fmt: skip
+
+
+def _serve(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights,
+           threads: int, incarnation: int, learner_port: int | None) -> None:  # fmt: skip
+    """Answer the driver's commands until ``stop`` (or the driver is gone)."""
+    from nobubble.rl.system.engines.worker import StageWorker
+
+    torch.set_num_threads(threads)
+
+    name, parent = ward.name, ward.parent_pid
+    worker = StageWorker(name, cfg, incarnation)
+    have = -1
+    if worker.kind == "trainer" and learner_port is not None:
+        worker.join_learners("127.0.0.1", learner_port)
+    if worker.kind == "trainer" and worker.rank == 0:
+        shared.publish(worker.learner.model, worker.learner.version)
+    if worker.kind == "rollout":
+        worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
+    outq.put(pickle.dumps(Message("ready", name)))
+    while True:
+        try:
+            cmd = pickle.loads(inq.get(timeout=1.0))
+        except queue.Empty:
+            if not launcher_alive(parent):  # the driver is gone: do not linger
                 return
-            if op == "rollout":
-                have = shared.pull(worker.rollout.model, have)
-                worker.rollout.version = have
-                msgs = worker.rollout_cmd(cmd[1], cmd[2])
-                have = worker.rollout.version  # newer if weights arrived between tokens
-            elif op == "reward":
-                msgs = worker.reward_cmd(cmd[1])
-            elif op == "train":
-                if worker.learner.pushes_gradients:  # it computes on published weights
-                    have = shared.pull(worker.learner.model, have)
-                    worker.learner.version = have
-                msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])
-                if worker.rank == 0:
-                    shared.publish(worker.learner.model, worker.learner.version)
-                msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
-            elif op == "eval":
-                msgs = [worker.eval_cmd()]
-            else:
-                raise ValueError(f"{name}: unknown command {op!r}")
-            for m in msgs:
-                outq.put(pickle.dumps(m))
-    except BaseException as err:  # noqa: BLE001 - every failure must reach the driver
-        outq.put(
-            pickle.dumps(("error", name, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
-        )
+            continue
+        op = cmd[0]
+        if op == "stop":
+            return
+        if op == "rollout":
+            have = shared.pull(worker.rollout.model, have)
+            worker.rollout.version = have
+            msgs = worker.rollout_cmd(cmd[1], cmd[2])
+            have = worker.rollout.version  # newer if weights arrived between tokens
+        elif op == "reward":
+            msgs = worker.reward_cmd(cmd[1])
+        elif op == "train":
+            if worker.learner.pushes_gradients:  # it computes on published weights
+                have = shared.pull(worker.learner.model, have)
+                worker.learner.version = have
+            msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])
+            if worker.rank == 0:
+                shared.publish(worker.learner.model, worker.learner.version)
+            msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
+        elif op == "eval":
+            msgs = [worker.eval_cmd()]
+        else:
+            raise ValueError(f"{name}: unknown command {op!r}")
+        for m in msgs:
+            outq.put(pickle.dumps(m))
 
 
 class LocalEngine:
     """Stage workers as local processes (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._procs: dict[str, Any] = {}
         self._inq: dict[str, Any] = {}
         self._outq: Any = None
         self._shared: SharedWeights | None = None
         self._ctx: Any = None
         self._cfg: RunConfig | None = None
         self._incarnation: dict[str, int] = {}
-        self._errors: list[WorkerError] = []
+        self._supervisor: Supervisor | None = None
+        self._inbox: list[Message] = []  # received, not yet returned by poll
         self._learner_port: int | None = None
         self._collector: StepCollector | None = None
-        self._beats: Heartbeats | None = None
 
     def start(self, cfg: RunConfig) -> list[str]:
         ctx = self._ctx = worker_context()
@@ -154,7 +154,7 @@ class LocalEngine:
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         names += learner_names(cfg.learners)
-        self._beats = Heartbeats(ctx, names)
+        self._supervisor = Supervisor(ctx, names)
         if cfg.learners > 1:
             self._learner_port = free_port()
             self._collector = StepCollector(cfg.learners)
@@ -163,35 +163,31 @@ class LocalEngine:
         return names
 
     def _spawn(self, name: str) -> None:
-        assert self._cfg is not None and self._ctx is not None and self._beats is not None
+        assert self._cfg is not None and self._ctx is not None and self._supervisor is not None
         cfg = self._cfg
         incarnation = self._incarnation.get(name, -1) + 1
         self._incarnation[name] = incarnation
         self._inq[name] = self._ctx.Queue()
         threads = 1 if name.startswith("reward") else cfg.torch_threads()
-        args = (name, cfg, self._inq[name], self._outq, self._shared, threads)
         port = self._learner_port if name.startswith("trainer") else None
+        ward = self._supervisor.ward(name)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(
-                *args,
-                os.getpid(),
-                incarnation,
-                port,
-                self._beats.beat_args(name),
-            ),  # fmt: skip
+            args=(ward, cfg, self._inq[name], self._outq, self._shared, threads, incarnation,
+                  port),
             daemon=True,
             name=f"nobubble-rl-{name}",
-        )
+        )  # fmt: skip
         proc.start()
-        self._procs[name] = proc
+        self._supervisor.procs[name] = proc
 
     def restart(self, worker: str) -> None:
         """Stop ``worker`` if it still runs and start a fresh process in its place; the new
         one says ``ready``. Commands queued for the old one are dropped."""
         if worker.startswith("trainer"):
             raise WorkerError(f"{worker} is not restarted; resume from a checkpoint", worker)
-        reap([self._procs.pop(worker)], grace_s=0.0, term_s=5.0)
+        assert self._supervisor is not None
+        reap([self._supervisor.procs.pop(worker)], grace_s=0.0, term_s=5.0)
         self._spawn(worker)
 
     def _send(self, worker: str, cmd: tuple) -> None:
@@ -227,11 +223,24 @@ class LocalEngine:
     def poll(self, timeout_s: float) -> list[Message]:
         """Messages that arrived within ``timeout_s`` (all that are queued, once one is).
 
-        A worker's error is raised after the messages that arrived with it were returned
-        (on the next call), so no other worker's result is lost with it."""
-        if self._errors:
-            raise self._errors.pop(0)
-        out: list[Message] = []
+        A worker's failure (:class:`~nobubble.distributed.Supervisor`: an error it reported,
+        an exit, a silence) is raised once the messages that arrived before it were
+        returned, so no other worker's result is lost with it."""
+        supervisor = self._supervisor
+        assert supervisor is not None
+        if not self._inbox and not supervisor.pending:
+            supervisor.hear(self._receive(timeout_s))
+        out, self._inbox = self._inbox, []
+        if self._collector is not None:
+            out = self._collector.feed(out)
+        if not out:
+            failure = supervisor.failure(self._receive)
+            if failure is not None:
+                raise failure
+        return out
+
+    def _receive(self, timeout_s: float) -> dict[str, str]:
+        """Move what arrived within ``timeout_s`` into the inbox; return the errors by name."""
         raw: list[bytes] = []
         try:
             raw.append(self._outq.get(timeout=timeout_s))
@@ -239,55 +248,22 @@ class LocalEngine:
                 raw.append(self._outq.get_nowait())
         except queue.Empty:
             pass
+        errors: dict[str, str] = {}
         for blob in raw:
             item = pickle.loads(blob)
             if isinstance(item, tuple) and item[0] == "error":
-                err = WorkerError(f"{item[1]} failed: {item[2]}", item[1])
-                self._errors.append(self._root_cause(err))
+                errors.setdefault(item[1], item[2])
             else:
-                out.append(item)
-        if self._collector is not None:
-            out = self._collector.feed(out)
-        if not out:
-            if self._errors:
-                raise self._errors.pop(0)
-            self._check_alive()
-        return out
-
-    def _root_cause(self, err: WorkerError, grace_s: float = 2.0) -> WorkerError:
-        """A learner that failed because a peer learner died: blame the dead peer."""
-        if not (err.worker or "").startswith("trainer") or not looks_like_peer_failure(str(err)):
-            return err
-        end = time.monotonic() + grace_s
-        while time.monotonic() < end:
-            for name, proc in self._procs.items():
-                if name.startswith("trainer") and name != err.worker and not proc.is_alive():
-                    first = str(err).splitlines()[0]
-                    return WorkerError(
-                        f"{name} died with exit code {proc.exitcode} without reporting an "
-                        f"error (then {first})",
-                        name,
-                    )
-            time.sleep(0.05)
-        return err
-
-    def _check_alive(self) -> None:
-        for name, proc in self._procs.items():
-            if not proc.is_alive():
-                raise WorkerError(
-                    f"{name} died with exit code {proc.exitcode} without reporting an error",
-                    name,
-                )
-        hung = self._beats.hung(list(self._procs)) if self._beats is not None else None
-        if hung is not None:
-            raise WorkerError(hung[1], hung[0])
+                self._inbox.append(item)
+        return errors
 
     def shutdown(self) -> None:
-        for name, proc in self._procs.items():
+        procs = self._supervisor.procs if self._supervisor is not None else {}
+        for name, proc in procs.items():
             if proc.is_alive():
                 try:
                     self._send(name, ("stop",))
                 except (OSError, ValueError):
                     pass
-        reap(list(self._procs.values()), grace_s=5.0)
-        self._procs.clear()
+        reap(list(procs.values()), grace_s=5.0)
+        procs.clear()

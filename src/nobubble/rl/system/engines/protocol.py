@@ -1,5 +1,6 @@
 """What the orchestrator and its engines say to each other: messages, the engine protocol,
-and the failures a run reports (a stage worker's, an environment actor's).
+and the failure a run reports: :class:`~nobubble.distributed.WorkerError`, naming the stage
+worker or environment actor (the one supervisor's, :mod:`nobubble.distributed.supervisor`).
 
 Both :mod:`~nobubble.rl.system.orchestrator` and the engines import this
 module, so neither imports the other at module level.
@@ -10,31 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nobubble.distributed import WorkerError
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 
 __all__ = ["ActorFailure", "WorkerError", "Message", "Engine"]
 
 
-class WorkerError(RuntimeError):
-    """A stage worker raised or died; the message names the stage and carries its error.
-
-    ``worker`` is the worker's name when one worker is to blame (None for a run-level
-    failure such as a timeout)."""
-
-    def __init__(self, message: str, worker: str | None = None) -> None:
-        super().__init__(message)
-        self.worker = worker
-
-
-class ActorFailure(RuntimeError):
-    """An environment actor process died or fell silent; the message names it and gives its
-    error's last line, ``traceback`` holds the whole report."""
-
-    def __init__(self, actor: str, detail: str) -> None:
-        lines = [line for line in detail.strip().splitlines() if line.strip()]
-        super().__init__(f"actor {actor} failed: {lines[-1] if lines else detail}")
-        self.actor, self.traceback = actor, detail
+ActorFailure = WorkerError
+"""The environment actors' old name for :class:`~nobubble.distributed.WorkerError` (the same
+class: one failure type for a named worker)."""
 
 
 @dataclass(frozen=True)
