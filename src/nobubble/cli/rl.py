@@ -330,7 +330,7 @@ def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title:
          groups: dict[str, list[str]] | None = None) -> int:  # fmt: skip
     """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
     group of labels, default all; task runs alone: a trace each) and render them."""
-    from nobubble.rl import ActorFailure, train
+    from nobubble.rl import WorkerError, train
     from nobubble.rl.system.report import plot_runs, write_trace
 
     results = {}
@@ -338,7 +338,7 @@ def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title:
         with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
             try:
                 results[label] = train(cfg, on_step=_progress(cfg, label, args.json, bar))
-            except ActorFailure as err:
+            except WorkerError as err:
                 print(f"nobubble rl: {err}", file=sys.stderr)
                 return 1
     groups = groups or {"": list(results)}

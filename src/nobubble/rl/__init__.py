@@ -32,7 +32,6 @@ _SYSTEM = {
     "aggressive": "nobubble.rl.system.config.presets",
     "RunResult": "nobubble.rl.system.result",
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
-    "ActorFailure": "nobubble.rl.system.engines.protocol",
     "WorkerError": "nobubble.rl.system.engines.protocol",
     "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",

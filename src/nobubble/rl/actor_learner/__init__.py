@@ -11,6 +11,6 @@ text environments (the model speaks a turn, the env replies) and the character p
 
 Entry point: :func:`nobubble.rl.train` (``train(EnvRunConfig(env="CartPole-v1",
 arch="seed")) -> RunResult``, or ``train(text_run_config(MyTextEnv))``), which calls
-:func:`.run.run`; ``EnvRunConfig`` and ``ActorFailure`` are exported by :mod:`nobubble.rl`.
+:func:`.run.run`; ``EnvRunConfig`` and ``WorkerError`` are exported by :mod:`nobubble.rl`.
 Importing this package loads no torch.
 """

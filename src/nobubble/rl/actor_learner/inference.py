@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from nobubble.distributed import WorkerError
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.shm import EnvSlot
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
-from nobubble.rl.system.engines.protocol import ActorFailure
 
 __all__ = ["CentralInference"]
 
@@ -69,7 +69,9 @@ class CentralInference:
                 while conn.poll():
                     ready.append((a, conn.recv_bytes()[0]))
             except (EOFError, OSError):
-                raise ActorFailure(self.names[a], "closed its pipe (its process ended)") from None
+                raise WorkerError(
+                    f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
+                ) from None
 
     def _gather(self, poll_s: float) -> list[tuple[int, int]]:
         """``(actor, group)`` pairs whose observations are in, batched up to the deadline."""

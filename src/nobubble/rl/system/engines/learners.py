@@ -37,11 +37,7 @@ __all__ = [
     "split_groups",
     "join_learner_group",
     "StepCollector",
-    "looks_like_peer_failure",
 ]
-
-# what a learner raises when a *peer* went away: a symptom, not the cause
-_PEER_SYMPTOMS = ("Connection reset", "Connection closed", "Broken pipe", "pair.cc")
 
 
 def learner_names(num_learners: int) -> list[str]:
@@ -52,11 +48,6 @@ def learner_names(num_learners: int) -> list[str]:
 def learner_rank(name: str) -> int:
     """The learner index of a trainer worker's name (``trainer`` = 0)."""
     return int(name.split("-")[1]) if "-" in name else 0
-
-
-def looks_like_peer_failure(text: str) -> bool:
-    """Whether a learner's error reads as a reaction to a peer that died."""
-    return any(s in text for s in _PEER_SYMPTOMS)
 
 
 def split_groups(

@@ -15,12 +15,7 @@ from nobubble.distributed import WorkerError
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 
-__all__ = ["ActorFailure", "WorkerError", "Message", "Engine"]
-
-
-ActorFailure = WorkerError
-"""The environment actors' old name for :class:`~nobubble.distributed.WorkerError` (the same
-class: one failure type for a named worker)."""
+__all__ = ["WorkerError", "Message", "Engine"]
 
 
 @dataclass(frozen=True)

@@ -40,13 +40,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from nobubble.distributed import looks_like_peer_failure
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import (
-    StepCollector,
-    learner_names,
-    looks_like_peer_failure,
-    split_groups,
-)
+from nobubble.rl.system.engines.learners import StepCollector, learner_names, split_groups
 from nobubble.rl.system.engines.protocol import Message, WorkerError
 
 __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
