@@ -124,6 +124,35 @@ def test_a_group_in_flight_or_a_gap_in_a_source_breaks_the_ledger():
     assert restored.summary() == led.summary()  # sources survive a checkpoint
 
 
+def test_admission_on_arrival_never_refuses_and_the_staleness_rule_holds_at_consumption():
+    """An environment producer: actors unroll without asking to start, each trajectory one
+    group of one sample numbered by its actor. The buffer admits each on arrival, past the
+    AReaL bound (B x (version + max_staleness + 1) = 4 groups here), and applies the one
+    staleness rule when a batch is taken: older than trainer version - max_staleness drops."""
+    buf = ExperienceBuffer(batch_groups=2, max_staleness=1, admit_on_arrival=True)
+    arrivals = [0, 0, 0, 1, 2, 2]  # policy version of each trajectory, in arrival order
+    for gid, version in enumerate(arrivals):
+        assert buf.can_admit(0)
+        buf.admit(gid, version, source=("actor-0", gid))
+        g = _group(gid, version, size=1)  # sample id = group id
+        buf.generated(g)
+        buf.put(g)
+    batch = buf.take_batch(2)  # floor 2 - 1 = 1: the three of version 0 are stale
+    assert batch is not None and [g.group_id for g in batch] == [3, 4]  # oldest first
+    buf.mark_trained(batch, 3)
+    assert buf.take_batch(3) is None  # one fresh trajectory left: not a batch
+    buf.close([])
+    assert buf.ledger.check().ok
+    assert buf.ledger.fate == {
+        0: "dropped:stale", 1: "dropped:stale", 2: "dropped:stale",
+        3: "trained@3", 4: "trained@3", 5: "dropped:unfinished",
+    }  # fmt: skip
+    asking = ExperienceBuffer(batch_groups=2, max_staleness=1)  # workers that ask to start
+    for gid in range(4):
+        asking.admit(gid, 0)
+    assert not asking.can_admit(0)  # the fifth waits for version 1
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     b=st.integers(1, 4),

@@ -4,17 +4,18 @@
     start the actors (ActorPool)                        # impala: publish version 0
     until the target, the update, env-step or time budget:
         receive finished trajectories                   # from the queue / central inference
-        once an update's worth is in:
-            drop those older than max_staleness (ledger: stale), train on the rest
-            publish the new version                     # impala only
+        while the buffer has an update's worth no older than max_staleness
+        (the rest it drops, ledger: stale):
+            train on the oldest of them, publish the new version
         evaluate greedily every eval_every_s, or when the training return reaches the target
     close the pool; what was in transit is dropped (ledger: unfinished); check the ledger
 
 Every trained trajectory's weight digests are checked against the ones the learner
-published (:class:`~nobubble.rl.system.weight_sync.PublishedWeights`). The ledger is the LLM
-system's (:class:`~nobubble.rl.system.experience.Ledger`): a trajectory
-is one group of one sample, admitted on arrival under its ``(source, seq)`` key so that a
-trajectory lost in transit shows as a gap.
+published (:class:`~nobubble.rl.system.weight_sync.PublishedWeights`). The buffer, its
+staleness rule and its ledger are the LLM system's
+(:class:`~nobubble.rl.system.experience.ExperienceBuffer`): a trajectory is one group of one
+sample, admitted on arrival (actors do not ask to start) under its ``(source, seq)`` key so
+that a trajectory lost in transit shows as a gap.
 
 Every wait inside has a timeout, and :meth:`ActorPool.supervise` turns a dead or silent
 actor into a :class:`~nobubble.distributed.WorkerError` naming it.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -36,7 +37,7 @@ from nobubble.rl.actor_learner.loss import env_learner, minibatches
 from nobubble.rl.actor_learner.model import PolicyModel, initial_model
 from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
-from nobubble.rl.system.experience import GroupState, Ledger
+from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.result import CurvePoint, RunResult
 from nobubble.rl.system.weight_sync import PublishedWeights, weight_digest
 
@@ -45,11 +46,28 @@ __all__ = ["run"]
 OnStep = Callable[[int, dict[str, float]], None]
 
 
-class _Entry(NamedTuple):
-    """A trajectory as the ledger sees it: one group of one sample."""
+@dataclass(frozen=True)
+class _Entry:
+    """A trajectory as the buffer sees it: one group of one sample (its id = the group's)."""
 
     group_id: int
-    sample_ids: tuple[int, ...]
+    trajectory: Trajectory
+
+    @property
+    def sample_ids(self) -> tuple[int, ...]:
+        return (self.group_id,)
+
+    @property
+    def policy_version(self) -> int:
+        return self.trajectory.policy_version
+
+    @property
+    def newest_version(self) -> int:
+        return self.trajectory.policy_version
+
+    @property
+    def reward_failed(self) -> bool:
+        return False  # an environment's rewards come with its steps
 
 
 class _Run:
@@ -61,9 +79,12 @@ class _Run:
         self.shuffle = torch.Generator().manual_seed(config.seed)  # the minibatches' order
         self.published = PublishedWeights()  # the digest of every version the learner made
         self.published.publish({self.learner.version: weight_digest(model)})
-        self.ledger = Ledger()
-        self.ids: dict[tuple[str, int], int] = {}  # trajectory key -> its group id
-        self.pending: list[Trajectory] = []
+        self.buffer = ExperienceBuffer[_Entry](
+            batch_groups=trajectories_per_update(config),
+            max_staleness=config.max_staleness,
+            admit_on_arrival=True,
+        )
+        self.num_arrived = 0  # trajectories received: the next one's group id
         self.lags: Counter[int] = Counter()
         self.returns: deque[float] = deque(maxlen=20)
         self.curve: list[CurvePoint] = []
@@ -82,42 +103,35 @@ class _Run:
 
     def take(self, trajectories: list[Trajectory]) -> None:
         for t in trajectories:
-            gid = self.ids[t.key] = len(self.ids)
-            self.ledger.admit(gid, source=t.key)
-            self.ledger.move(gid, GroupState.GENERATED, (gid,))
-            self.ledger.move(gid, GroupState.SCORED)  # an env's rewards come with its steps
+            entry = _Entry(self.num_arrived, t)
+            self.num_arrived += 1
+            self.buffer.admit(entry.group_id, self.learner.version, source=t.key)
+            self.buffer.generated(entry)
+            self.buffer.put(entry)  # scored on arrival
             self.env_steps += t.num_steps
             self.returns.extend(t.episode_returns)
-        self.pending.extend(trajectories)
 
     def update_if_ready(self) -> bool:
-        """One update when enough trajectories wait; False when not enough did."""
-        need = trajectories_per_update(self.config)
-        if len(self.pending) < need:
+        """One update when the buffer holds an update's worth of trajectories no older than
+        ``max_staleness`` (it drops older ones); False when it does not."""
+        batch = self.buffer.take_batch(self.learner.version)
+        if batch is None:
             return False
-        batch, self.pending = self.pending[:need], self.pending[need:]
-        fresh = []
-        for t in batch:
+        fresh = [e.trajectory for e in batch]
+        for t in fresh:
             lag = self.learner.version - t.policy_version
             assert lag >= 0, f"trajectory {t.key} has a version from the future"
-            if lag > self.config.max_staleness:
-                self.ledger.dropped(self.ids[t.key], "stale")
-            else:
-                fresh.append(t)
-                self.lags[lag] += t.num_steps  # trained env steps by lag, as trained_samples
+            self.lags[lag] += t.num_steps  # trained env steps by lag, as trained_samples
         self.published.check_trained(  # each acted with the weights of the versions it claims
             (t.source.split("/")[0], t.source, t.weight_digests) for t in fresh
         )
-        if fresh:
-            start = time.perf_counter()
-            stacked = stack_trajectories(fresh)
-            self.learner.update(minibatches(stacked, self.config, self.shuffle))
-            self.learn_s += time.perf_counter() - start
-            self.published.publish({self.learner.version: weight_digest(self.learner.model)})
-            for t in fresh:
-                self.trained_steps += t.num_steps
-                gid = self.ids[t.key]
-                self.ledger.trained(_Entry(gid, (gid,)), self.learner.version)
+        start = time.perf_counter()
+        stacked = stack_trajectories(fresh)
+        self.learner.update(minibatches(stacked, self.config, self.shuffle))
+        self.learn_s += time.perf_counter() - start
+        self.published.publish({self.learner.version: weight_digest(self.learner.model)})
+        self.trained_steps += sum(t.num_steps for t in fresh)
+        self.buffer.mark_trained(batch, self.learner.version)
         return True
 
     def train_return(self) -> float | None:
@@ -186,9 +200,7 @@ def _train(config: EnvRunConfig, on_step: OnStep | None) -> RunResult:
     finally:
         leftover = pool.close()
     run.take(leftover)
-    for t in run.pending:
-        run.ledger.dropped(run.ids[t.key], "unfinished")
-    run.pending = []
+    run.buffer.close([])  # what was in transit or waiting: "unfinished"
     if not run.eval_returns or run.time_to_target is None:
         point = run.maybe_evaluate(force=True)
         if point is not None:
@@ -209,8 +221,7 @@ def _loop(run: _Run, pool: ActorPool, on_step: OnStep | None) -> None:
         run.take(pool.receive(version, run.published.digests[version]))
         pool.supervise()
         while run.update_if_ready():
-            if run.learner.version > pool.published:  # all of a batch may have been dropped
-                pool.publish(run.learner.version)
+            pool.publish(run.learner.version)
             version, train_return = run.learner.version, run.train_return()
             add(CurvePoint(version, run.elapsed(), train_return, env_steps=run.env_steps))
         evaluated = run.maybe_evaluate()
@@ -232,7 +243,7 @@ def _result(run: _Run, pool: ActorPool) -> RunResult:
         curve=run.curve,
         staleness_hist=dict(run.lags),
         idle_ratio=idle,
-        ledger=run.ledger.check(),
+        ledger=run.buffer.ledger.check(),
         env=env_label(c.env),
         arch=c.arch,
         actors=c.actors,

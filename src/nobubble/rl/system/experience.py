@@ -16,6 +16,11 @@ the end are dropped with reason ``"unfinished"``.
 A step that forces a full sync (``sync_every``) trains only groups of the trainer's current
 version; older ready groups are dropped with reason ``"synced"``.
 
+A producer whose workers do not ask to start (an environment actor unrolls without pause)
+builds the buffer with ``admit_on_arrival=True``: a group is admitted when it arrives, never
+refused, and the staleness bound holds at consumption alone - the same drop rule, fates and
+ledger as a text group's.
+
 Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED``. The
 :class:`Ledger` (the one ledger of both producers: a text group here, an environment
 trajectory in :mod:`nobubble.rl.actor_learner`, which is one group of one sample) records each sample id's fate and refuses a second fate: its invariant is
@@ -37,11 +42,10 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from nobubble.rl.system.types import SampleGroup
+from typing import Generic, Protocol, TypeVar
 
 __all__ = [
+    "Experience",
     "GroupState",
     "Ledger",
     "LedgerError",
@@ -68,6 +72,23 @@ class Tracked(Protocol):
 
     @property
     def sample_ids(self) -> tuple[int, ...]: ...
+
+
+class Experience(Tracked, Protocol):
+    """What the buffer holds: a text group (:class:`~nobubble.rl.system.types.SampleGroup`)
+    or an environment trajectory (one group of one sample)."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def newest_version(self) -> int: ...
+
+    @property
+    def reward_failed(self) -> bool: ...
+
+
+G = TypeVar("G", bound=Experience)
 
 
 class GroupState(enum.Enum):
@@ -252,7 +273,7 @@ class Ledger:
         return summary
 
 
-class ExperienceBuffer:
+class ExperienceBuffer(Generic[G]):
     """Scored groups waiting for the trainer, with AReaL admission control.
 
     Args:
@@ -261,10 +282,18 @@ class ExperienceBuffer:
         drop_staleness: drop ready groups older than this many versions (``"stale"``);
             None = ``max_staleness``. Smaller than ``max_staleness``, it trades samples for
             freshness: the source document's "drop samples older than K".
+        admit_on_arrival: the producer's workers do not ask to start: :meth:`can_admit` is
+            always True and a group is admitted when it arrives (the staleness bound then
+            holds at :meth:`take_batch` alone).
     """
 
     def __init__(
-        self, *, batch_groups: int, max_staleness: int, drop_staleness: int | None = None
+        self,
+        *,
+        batch_groups: int,
+        max_staleness: int,
+        drop_staleness: int | None = None,
+        admit_on_arrival: bool = False,
     ) -> None:
         if batch_groups < 1:
             raise ValueError(f"batch_groups={batch_groups} must be >= 1")
@@ -275,9 +304,10 @@ class ExperienceBuffer:
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
         self.drop_staleness = max_staleness if drop_staleness is None else drop_staleness
+        self.admit_on_arrival = admit_on_arrival
         self.ledger = Ledger()
         self._num_live = 0  # groups started and not dropped: N_r before the next admission
-        self._ready: dict[int, SampleGroup] = {}
+        self._ready: dict[int, G] = {}
 
     @property
     def num_live(self) -> int:
@@ -286,21 +316,24 @@ class ExperienceBuffer:
 
     def can_admit(self, version: int) -> bool:
         """May one more group start now that the trainer has published ``version``?"""
-        return self._num_live // self.batch_groups <= version + self.max_staleness
+        bound = self._num_live // self.batch_groups <= version + self.max_staleness
+        return self.admit_on_arrival or bound
 
-    def admit(self, group_id: int, version: int) -> None:
+    def admit(self, group_id: int, version: int, source: tuple[str, int] | None = None) -> None:
+        """``group_id`` starts (or, admitted on arrival, has arrived) while the trainer's
+        latest version is ``version``; ``source``: see :meth:`Ledger.admit`."""
         if not self.can_admit(version):
             raise ValueError(
                 f"group {group_id} refused: {self._num_live + 1} live groups exceed "
                 f"batch {self.batch_groups} x (version {version} + max_staleness {self.max_staleness} + 1)"
             )
-        self.ledger.admit(group_id)
+        self.ledger.admit(group_id, source)
         self._num_live += 1
 
-    def generated(self, group: SampleGroup) -> None:
+    def generated(self, group: G) -> None:
         self.ledger.move(group.group_id, GroupState.GENERATED, group.sample_ids)
 
-    def put(self, group: SampleGroup) -> None:
+    def put(self, group: G) -> None:
         """Add a scored group; one with a failed reward is dropped (``reward_failed``)."""
         self.ledger.move(group.group_id, GroupState.SCORED)
         if group.reward_failed:
@@ -312,7 +345,7 @@ class ExperienceBuffer:
         self.ledger.dropped(group_id, reason)
         self._num_live -= 1
 
-    def take_batch(self, trainer_version: int, sync: bool = False) -> list[SampleGroup] | None:
+    def take_batch(self, trainer_version: int, sync: bool = False) -> list[G] | None:
         """The B oldest groups fresh enough for ``trainer_version``, or None if too few.
 
         Groups that would exceed the staleness bound are dropped (reason ``"stale"``); with
@@ -355,7 +388,7 @@ class ExperienceBuffer:
         self.ledger.load_state_dict(state["ledger"])
 
     def mark_trained(
-        self, batch: list[SampleGroup], step: int, trained_by: dict[int, int] | None = None
+        self, batch: list[G], step: int, trained_by: dict[int, int] | None = None
     ) -> None:
         """``batch`` trained at ``step``; ``trained_by``: group id -> learner (None: 0)."""
         for g in batch:

@@ -66,7 +66,7 @@ class Orchestrator(Recovery):
         self.engine = engine
         self.on_step = on_step
         self.task = cfg.make_task()
-        self.buffer = ExperienceBuffer(
+        self.buffer = ExperienceBuffer[SampleGroup](
             batch_groups=cfg.batch_groups,
             max_staleness=cfg.effective_max_staleness,
             drop_staleness=cfg.effective_drop_staleness,

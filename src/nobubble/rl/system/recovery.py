@@ -53,7 +53,7 @@ class Recovery:
 
     cfg: RunConfig
     engine: Engine
-    buffer: ExperienceBuffer
+    buffer: ExperienceBuffer[SampleGroup]
     _rng: random.Random
     _version: int
     _next_group: int
