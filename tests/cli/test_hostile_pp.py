@@ -214,7 +214,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--mem-limits 0.5", "--mem-limits 0.5 is below one microbatch"),
             ("--mem-limits a,b", "'a' is not a number"),
             ("--mem-limits 2,nan", "'nan' is not a finite number"),
-            ("--ilp -1", "-1 must be >= 0"),
+            ("--ilp 0", "0 must be > 0"),
             ("--ilp nan", "'nan' is not a finite number"),
             ("--costs {dir}", "is a folder"),
             ("--costs /dev/null", "not a regular file"),

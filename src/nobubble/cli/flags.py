@@ -96,8 +96,10 @@ def flags_given(flags: tuple[Flag, ...], args: argparse.Namespace) -> dict[str, 
 
 def apply_flags(config: Any, given: dict[str, Any], flags: tuple[Flag, ...] = ()) -> Any:
     """``config`` (a config class or a function that builds one, or a config to lay the
-    values over) with ``given``'s values (:func:`flags_given`), a path's in its sub-config. The configs' own checks are the
-    only ones: their ValueError is re-raised naming the flag of ``flags`` it is about."""
+    values over) with ``given``'s values (:func:`flags_given`), a path's in its sub-config
+    (paths need a config class or instance: a function's fields are unknown). The configs'
+    own checks are the only ones: their ValueError is re-raised naming the flag of ``flags``
+    it is about."""
     try:
         return _apply(config, given)
     except ValueError as err:
@@ -117,6 +119,9 @@ def _apply(config: Any, given: dict[str, Any]) -> Any:
             head, rest = path.split(".", 1)
             nested.setdefault(head, {})[rest] = value
     built = is_dataclass(config) and not isinstance(config, type)
+    if nested and not is_dataclass(config):
+        raise TypeError(f"{sorted(nested)}: sub-config paths need a config class or instance, "
+                        f"not {config!r}")  # fmt: skip
     for head, values in nested.items():
         sub = getattr(config, head) if built else _field_default(config, head)
         top[head] = _apply(sub, values)

@@ -396,7 +396,7 @@ def render_runs(title: str, results: dict[str, Any], paths: dict[str, str], *, a
                 compare: bool) -> None:  # fmt: skip
     """Print runs (label -> :class:`~nobubble.rl.system.result.RunResult`) of either
     producer: JSON (one run: its :data:`RESULT_KEYS` and ``artifacts``; a comparison:
-    ``runs`` by label, each with the ``artifacts``, ``speedup_vs_first`` and ``artifacts``)
+    ``runs`` by label, each with its ``artifacts``; ``speedup_vs_first``; ``artifacts``)
     or a table with a row per run, then (one run) its staleness histogram, and the artifacts."""
     base = next(iter(results.values())).samples_per_s or 1.0
     if as_json:

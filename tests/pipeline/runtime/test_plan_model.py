@@ -217,6 +217,8 @@ def test_plan_model_measures_the_runtime_on_a_microbatchs_boundary(monkeypatch) 
     [
         (({"a": nn.Linear(2, 2)}, torch.zeros(4, 2)), "blocks: a dict; give a non-empty list"),
         (([], torch.zeros(4, 2)), "blocks: no blocks"),
+        ((torch.zeros(3, 2), torch.zeros(4, 2)), "blocks: a Tensor; give a non-empty list"),
+        ((0, torch.zeros(4, 2)), "blocks: a int; give a non-empty list"),
         (([nn.Linear(2, 2), "relu"], torch.zeros(4, 2)), "block 1 is a str; give an nn.Module"),
         (([nn.Linear(2, 2)], [[0.0, 0.0]]), "inputs: a list; give the batch as a tensor"),
     ],

@@ -28,7 +28,6 @@ from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     input_file,
-    nonneg_float,
     plot_file,
     positive_float,
     print_json,
@@ -49,9 +48,9 @@ def register(sub) -> None:
     p.add_argument("--mem-limits", type=_limits, default=None, metavar="L1,L2,...",
                    help="memory limits for the ZB heuristic and solver sweeps, rank units "
                         "(default about p/3 ... 2p)")  # fmt: skip
-    p.add_argument("--ilp", dest="ilp", type=nonneg_float, default=0.0,
-                   metavar="SECONDS", help="time limit of each exact solve (0: no solver "
-                   "points, the default)")  # fmt: skip
+    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
+                   metavar="SECONDS", help="add the exact solver's points (time limit of each "
+                   "solve, default 30 s)")  # fmt: skip
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
     p.add_argument("--plot", dest="plot", type=plot_file, default=None,
                    help="write the picture (.png/.svg/.pdf)")  # fmt: skip
@@ -73,7 +72,7 @@ def _frontier(args: argparse.Namespace) -> int:
     sources: list[fr.PointSource] = [partial(fr.generated_points, mem_limits=limits)]
     if not args.no_torch:
         sources.append(fr.torch_points)
-    if args.ilp > 0:
+    if args.ilp is not None:
         if not fr.ilp_available():
             raise UsageError("--ilp needs the exact solver (pip install ortools)")
         sources.append(partial(fr.ilp_points, mem_limits=limits, time_limit_s=args.ilp))
@@ -123,7 +122,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.ranks < 2:
         raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
     check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
-    if args.ilp > 0 and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
+    if args.ilp is not None and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
         raise UsageError(f"--ilp: P x M = {args.ranks * args.microbatches} is past the "
                          "solver's budget; drop --ilp or use smaller sizes")  # fmt: skip
     if args.mem_limits and min(args.mem_limits) < 1:

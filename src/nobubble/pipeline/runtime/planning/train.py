@@ -36,8 +36,9 @@ class UserModel:
 
     def __post_init__(self) -> None:
         blocks = self.blocks
-        if not isinstance(blocks, list | tuple | nn.Sequential | nn.ModuleList) or not blocks:
-            what = f"a {type(blocks).__name__}" if blocks else "no blocks"
+        sequence = isinstance(blocks, list | tuple | nn.Sequential | nn.ModuleList)
+        if not sequence or not len(blocks):
+            what = "no blocks" if sequence else f"a {type(blocks).__name__}"
             raise ValueError(f"blocks: {what}; give a non-empty list of nn.Module")
         odd = [i for i, b in enumerate(blocks) if not isinstance(b, nn.Module)]
         if odd:
