@@ -471,12 +471,14 @@ def _build(blocks: Sequence[BlockCosts], cand: Candidate,
 
 def _exact(blocks: Sequence[BlockCosts], cut: tuple[int, ...], m: int, setting: Setting,
            seconds: float) -> Candidate | None:  # fmt: skip
-    """The exact solver's least-makespan schedule on ``cut`` (None: none found in time)."""
+    """The exact solver's least-makespan schedule on ``cut`` within the memory limit (None:
+    none found in time, or none fits)."""
     from nobubble.pipeline.ilp.solve import solve_optimal
 
     costs = _stage_costs(blocks, cut, m, False, setting)
     res = solve_optimal(costs, num_stages=setting.num_ranks, num_microbatches=m,
-                        objective="makespan", time_limit_s=seconds)  # fmt: skip
+                        mem_limit=setting.memory_limit, objective="makespan",
+                        time_limit_s=seconds)  # fmt: skip
     if res.schedule is None:
         return None
     sched = res.schedule.renamed(f"ilp-{res.status}")

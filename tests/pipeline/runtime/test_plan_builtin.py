@@ -77,6 +77,17 @@ def test_the_exact_solvers_schedule_is_weighed_and_rebuilt_from_the_plan() -> No
     assert again.simulate(exact[0]).makespan == pytest.approx(exact[0].predicted_step_ms)
 
 
+def test_the_exact_solver_searches_within_the_memory_limit() -> None:
+    free = plan_from_profile(PROFILE, num_ranks=2, num_microbatches=4, ilp_time_limit_s=10)
+    (fastest,) = [c for c in free.candidates if c.schedule.startswith("ilp-")]
+    limit = 0.8 * max(fastest.predicted_peak_bytes)  # the unconstrained optimum does not fit
+    tight = plan_from_profile(PROFILE, num_ranks=2, num_microbatches=4, ilp_time_limit_s=10,
+                              memory_limit=limit)  # fmt: skip
+    exact = [c for c in tight.candidates if c.schedule.startswith("ilp-")]
+    assert exact, "the solver found no schedule within the limit"
+    assert exact[0].fits and max(exact[0].predicted_peak_bytes) <= limit
+
+
 def test_builtin_cuts_are_the_ones_pp_run_builds() -> None:
     for model, ranks in ((TINY_GPT, 2), (MLPConfig(num_layers=3), 2), (TINY_GPT, 4)):
         ref = [tuple(r.start for r in partition_blocks(model, s)[1:])
