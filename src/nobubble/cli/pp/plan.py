@@ -148,8 +148,8 @@ def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
         [("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)],
         naive=naive[1], limited=args.memory_limit_mib is not None,
         caption="predicted by the simulator from each block's costs, profiled once here "
-        f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
-        f"recompute; wrote {out}, {plot}",
+        f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
+        f"same m, no recompute; wrote {out}, {plot}",
     )  # fmt: skip
     return 0
 
@@ -166,8 +166,8 @@ def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None,
             [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
             num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
             runtime=runtime, device=launch.device, threads=launch.threads_per_rank,
-            timeout_s=launch.timeout_s,
-            ilp_time_limit_s=args.ilp, clock=args.clock, progress=status.update,
+            timeout_s=launch.timeout_s, ilp_time_limit_s=args.ilp, clock=args.clock,
+            progress=status.update,
         )  # fmt: skip
 
 
