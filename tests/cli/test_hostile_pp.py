@@ -81,7 +81,7 @@ LAUNCH = [  # a device or backend this machine or torch build does not have
     ("--backend nccl", "'nccl'"),
     ("--backend bogus", "'bogus' is unknown"),
     ("--timeout nan", "'nan' is not a finite number"),
-    ("--timeout 0", "0 must be > 0"),
+    ("--timeout 0", "--timeout 0.0: timeout_s=0.0 must be > 0"),  # LaunchOptions, not spawn
 ]
 SCHEDULE_FILES = [  # a schedule CSV that is no schedule
     ("{dir}", "is a folder"),

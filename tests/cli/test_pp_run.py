@@ -77,7 +77,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["pp", "profile", "--device", "tpu"], "device 'tpu': nobubble runs on cpu or cuda"),
+        (["pp", "profile", "--device", "tpu"], "device='tpu': nobubble runs on cpu or cuda"),
         (["pp", "run", "-s", "1f1b", "--ranks", "2", "--backend", "bogus"], "'bogus' is unknown"),
         (["pp", "plan", "--ranks", "2", "--backend", "gloo", "--device", "meta"], "cpu or cuda"),
         (["pp", "profile", "--threads", "100000"], "--threads 100000 is past this machine's"),

@@ -15,18 +15,29 @@ naming the flag in the config's error.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.util import UsageError, add_json_flag, plot_file
+from nobubble.cli.util import UsageError, _number, add_json_flag, plot_file
 
-__all__ = ["Flag", "add_config_flags", "config_from_flags", "add_run_flags", "add_path_flags",
+__all__ = ["Flag", "integer", "real", "add_config_flags", "config_from_flags", "add_run_flags", "add_path_flags",
            "flags_given", "apply_flags"]  # fmt: skip
 
 Flag = tuple[str, str, Any, str]
 """``(flag, config field, argparse type | tuple of choices | bool, help)``."""
+
+
+def integer(text: str) -> int:
+    """argparse type: an integer of any sign; the config checks its range."""
+    return _number(int, text, minimum=-math.inf, strict=False)
+
+
+def real(text: str) -> float:
+    """argparse type: a finite number of any sign; the config checks its range."""
+    return _number(float, text, minimum=-math.inf, strict=False)
 
 
 def add_config_flags(

@@ -130,6 +130,11 @@ def test_device_and_clock_are_checked_options():
     assert LaunchOptions(device="cuda", backend="nccl").backend == "nccl"
     with pytest.raises(ValueError, match="device='tpu'"):
         LaunchOptions(device="tpu")
+    for bad, words in ({"backend": "bogus"}, "backend='bogus' is unknown"), (
+        {"timeout_s": float("nan")}, "timeout_s=nan must be > 0"), (
+        {"threads_per_rank": 0}, "threads_per_rank=0 must be an integer >= 1"):  # fmt: skip
+        with pytest.raises(ValueError, match=words):
+            LaunchOptions(**bad)
     with pytest.raises(ValueError, match="clock='cpu' measures CPU work"):
         profile_stages(TINY_MLP, 2, microbatch_size=2, device="cuda", clock="cpu")
 

@@ -16,7 +16,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nobubble.cli.flags import Flag, add_config_flags, config_from_flags
+from nobubble.cli.flags import (
+    Flag,
+    add_config_flags,
+    apply_flags,
+    config_from_flags,
+    flags_given,
+    integer,
+    real,
+)
 from nobubble.cli.util import (
     UsageError,
     check_budget,
@@ -30,6 +38,7 @@ from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.validation import MAX_REAL, finite
 
 if TYPE_CHECKING:
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
 
 __all__ = [
@@ -45,7 +54,9 @@ __all__ = [
     "model_from_args",
     "given_model_flags",
     "check_factory_flags",
+    "LAUNCH_FLAGS",
     "add_launch",
+    "launch_from_args",
     "check_launch",
     "check_devices",
     "check_time",
@@ -377,47 +388,64 @@ def check_factory_flags(args: argparse.Namespace) -> None:
                          "builds its own model, drop them")  # fmt: skip
 
 
+LAUNCH_FLAGS: tuple[Flag, ...] = (
+    ("--device", "device", str, "cpu or cuda (rank r on cuda:r)"),
+    ("--backend", "backend", str, "gloo / nccl (default: by device)"),
+    ("--threads", "threads_per_rank", integer, "torch threads per rank"),
+    ("--timeout", "timeout_s", real, "seconds, any wait (default 300)"),
+)
+"""Where the ranks run: :class:`~nobubble.distributed.options.LaunchOptions`'s fields, checked
+by it alone; the command line waits 300 s by default (the library 120), as it also profiles."""
+
+
 def add_launch(p: argparse.ArgumentParser) -> None:
-    """Where and how the ranks run: ``--device``, ``--backend``, ``--threads``, ``--timeout``,
-    ``--clock``."""
-    g = p.add_argument_group("launch")
-    g.add_argument("--device", default="cpu", help="cpu or cuda (rank r on cuda:r)")
-    g.add_argument("--backend", default=None, help="gloo / nccl (default: by device)")
-    g.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
-    g.add_argument("--timeout", type=positive_float, default=300.0, help="seconds, any wait")
+    """Where and how the ranks run: :data:`LAUNCH_FLAGS` and ``--clock``."""
+    from nobubble.distributed.options import LaunchOptions
+
+    add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
+    p.set_defaults(timeout_s=300.0)
     g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
 
 
-def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None) -> None:
-    """Everything about a launch that needs no torch, before any work: ``--device`` /
-    ``--backend`` by name, ``--threads`` against the cores (unless ``--force``), a built-in
-    ``model``'s memory and time (None: a model of the user's own, or a profile's). What this
-    torch build and machine have is :func:`check_devices`'s."""
+def launch_from_args(args: argparse.Namespace) -> LaunchOptions:
+    """The :class:`~nobubble.distributed.options.LaunchOptions` of the launch flags, checked
+    by the options themselves (torch-free; a ValueError names the flag)."""
+    from nobubble.distributed.options import LaunchOptions
+
+    return apply_flags(LaunchOptions, flags_given(LAUNCH_FLAGS, args), LAUNCH_FLAGS)
+
+
+def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):
+    """The :func:`launch_from_args` options, after all that needs no torch, before any work:
+    ``--device`` / ``--backend`` against this torch build, ``--threads`` against the cores
+    (unless ``--force``), a built-in ``model``'s memory and time (None: a model of the user's
+    own, or a profile's). What this machine has is :func:`check_devices`'s."""
     from nobubble.distributed import check_device_name
 
+    launch = launch_from_args(args)
     cores = os.cpu_count() or 1
     force = getattr(args, "force", False)
-    if args.threads > cores and not force:
-        raise UsageError(f"--threads {args.threads} is past this machine's {cores} cores; use "
-                         f"at most {cores} (or --force)")  # fmt: skip
+    if launch.threads_per_rank > cores and not force:
+        raise UsageError(f"--threads {launch.threads_per_rank} is past this machine's {cores} "
+                         f"cores; use at most {cores} (or --force)")  # fmt: skip
     try:
-        check_device_name(args.device, args.backend)
+        check_device_name(launch.device, launch.backend)
     except ValueError as err:
         raise UsageError(f"--device/--backend: {err}") from None
-    if model is None:
-        return
-    data = builtin_bytes(model, args.microbatch_size, ranks or 1)
-    check_budget("pp", processes=ranks or 1, data_bytes=data, force=force)
-    check_time(args, ranks or 1, model)
+    if model is not None:
+        data = builtin_bytes(model, args.microbatch_size, ranks or 1)
+        check_budget("pp", processes=ranks or 1, data_bytes=data, force=force)
+        check_time(args, ranks or 1, model)
+    return launch
 
 
-def check_devices(args: argparse.Namespace, ranks: int | None) -> None:
+def check_devices(launch: LaunchOptions, ranks: int | None) -> None:
     """``--device`` / ``--backend`` against this torch build and machine (imports torch)."""
     from nobubble.distributed import check_device
 
     try:
-        check_device(args.device, args.backend, ranks=ranks or 1)
+        check_device(launch.device, launch.backend, ranks=ranks or 1)
     except ValueError as err:
         raise UsageError(f"--device/--backend: {err}") from None
 

@@ -47,6 +47,7 @@ from nobubble.cli.util import (
 from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.plan import Candidate, Plan
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.simulate import SimResult
@@ -114,7 +115,7 @@ def _absolute(spec: str) -> str:
 
 
 # -- pp plan --model MODULE:FACTORY --------------------------------------------------------
-def plan_user_model(args: argparse.Namespace) -> int:
+def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
     """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
     if args.profile is not None:
         raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a model "
@@ -122,10 +123,10 @@ def plan_user_model(args: argparse.Namespace) -> int:
     out = args.output if args.output is not None else Path("plan.json")
     plot = args.plot if args.plot is not None else out.with_suffix(".png")
     with claim_output(out):  # before profiling: refuse another live run's output
-        check_devices(args, args.ranks)
+        check_devices(launch, args.ranks)
         model = load_user_model(args.model, seed=args.seed)
         limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-        p = _make_plan(model, args, limit)
+        p = _make_plan(model, args, limit, launch)
         naive = describe(p, p.naive())
         rows = [describe(p, c) for c in _shown(p)]
         _draw(p, rows[0][0], naive, plot)
@@ -147,24 +148,26 @@ def plan_user_model(args: argparse.Namespace) -> int:
         [("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)],
         naive=naive[1], limited=args.memory_limit_mib is not None,
         caption="predicted by the simulator from each block's costs, profiled once here "
-        f"({args.threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no "
-        f"recompute; wrote {out}, {plot}",
+        f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
+        f"same m, no recompute; wrote {out}, {plot}",
     )  # fmt: skip
     return 0
 
 
-def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None) -> Plan:
+def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None,
+               launch: LaunchOptions) -> Plan:  # fmt: skip
     from nobubble.cli.pp.options import launch_device
     from nobubble.pipeline.runtime.planning import RuntimeCosts, plan_model
 
-    device = launch_device(args.device)
+    device = launch_device(launch.device)
     runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
     with console(stderr=True).status("planning") as status:
         return plan_model(
             [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
             num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
-            runtime=runtime, device=args.device, threads=args.threads, timeout_s=args.timeout,
-            ilp_time_limit_s=args.ilp, clock=args.clock, progress=status.update,
+            runtime=runtime, device=launch.device, threads=launch.threads_per_rank,
+            timeout_s=launch.timeout_s, ilp_time_limit_s=args.ilp, clock=args.clock,
+            progress=status.update,
         )  # fmt: skip
 
 
@@ -221,7 +224,7 @@ def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: P
 
 
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
-def run_user_plan(args: argparse.Namespace) -> int:
+def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     """``pp run --plan``: the plan on local ranks, each building the model from the factory."""
     from nobubble.pipeline.runtime.planning.train import train_plan
 
@@ -238,12 +241,12 @@ def run_user_plan(args: argparse.Namespace) -> int:
     tokens = inputs.numel() if not inputs.is_floating_point() else len(inputs)
     step_s = step_seconds(params, tokens // p.num_microbatches, p.num_microbatches, p.num_ranks)
     check_seconds("--steps", args.steps, args.steps * step_s, "step", force=args.force)
-    check_devices(args, p.num_ranks)
+    check_devices(launch, p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
                          steps=args.steps, optimizer=args.optimizer, lr=args.lr,
-                         dispatch=args.dispatch, backend=args.backend, device=args.device,
-                         timeout_s=args.timeout, threads=args.threads)  # fmt: skip
+                         dispatch=args.dispatch, backend=launch.backend, device=launch.device,
+                         timeout_s=launch.timeout_s, threads=launch.threads_per_rank)  # fmt: skip
     losses, step_ms = list(run.losses), list(run.step_ms)
     measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
     if args.json:

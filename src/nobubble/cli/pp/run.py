@@ -62,9 +62,9 @@ from nobubble.cli.util import (
 from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Plan
-    from nobubble.pipeline.runtime.launch import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
 
 __all__ = ["register"]
@@ -149,15 +149,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run)
 
 
-def _options(args: argparse.Namespace) -> LaunchOptions:
-    from nobubble.pipeline.runtime.launch import LaunchOptions
-
-    return LaunchOptions(
-        device=args.device, backend=args.backend, timeout_s=args.timeout,
-        threads_per_rank=args.threads,
-    )  # fmt: skip
-
-
 def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
                     microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
     """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks),
@@ -178,11 +169,11 @@ def _profile(args: argparse.Namespace) -> int:
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
     model = model_from_args(args)
-    check_launch(args, None, model)
+    launch = check_launch(args, None, model)
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
     with claim:  # before torch: refuse another live run's output
-        check_devices(args, None)
-        prof = measure_profile(model, args.num_stages, _options(args),
+        check_devices(launch, None)
+        prof = measure_profile(model, args.num_stages, launch,
                                microbatch_size=args.microbatch_size, clock=args.clock,
                                repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
         if args.output is not None:
@@ -208,8 +199,7 @@ def _profile(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     if is_user_model(args.model):
         check_factory_flags(args)
-        check_launch(args, args.ranks, None)
-        return plan_user_model(args)
+        return plan_user_model(args, check_launch(args, args.ranks, None))
     for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
         if given is not None:
             raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
@@ -221,12 +211,12 @@ def _plan(args: argparse.Namespace) -> int:
     args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
     check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
     model = model_from_args(args) if args.profile is None else None
-    check_launch(args, args.ranks, model)
+    launch = check_launch(args, args.ranks, model)
     data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
     out = args.output or Path("plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
-        check_devices(args, args.ranks)
-        p, name = _plan_builtin(args, data, model)
+        check_devices(launch, args.ranks)
+        p, name = _plan_builtin(args, data, model, launch)
         write_text(out, p.schedule().to_csv())
     rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
@@ -244,7 +234,8 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None) -> tuple[Plan, str]:
+def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None,
+                  launch: LaunchOptions) -> tuple[Plan, str]:  # fmt: skip
     """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``'s
     ``data``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
     model's name."""
@@ -262,8 +253,8 @@ def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None) -> 
         return plan_builtin(
             model, num_ranks=args.ranks, num_microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
-            ilp_time_limit_s=args.ilp, device=launch_device(args.device), threads=args.threads,
-            clock=args.clock, timeout_s=args.timeout, progress=status.update,
+            ilp_time_limit_s=args.ilp, device=launch_device(launch.device),
+            threads=launch.threads_per_rank, clock=args.clock, timeout_s=launch.timeout_s, progress=status.update,
         ), model.name  # fmt: skip
 
 
@@ -306,8 +297,7 @@ def _train_config(args: argparse.Namespace, sched: Schedule, model: ModelConfig)
 def _run(args: argparse.Namespace) -> int:
     if args.plan is not None:
         check_factory_flags(args)
-        check_launch(args, args.ranks, None)
-        return run_user_plan(args)
+        return run_user_plan(args, check_launch(args, args.ranks, None))
     if is_user_model(args.model):
         raise UsageError("--model MODULE:FACTORY runs a plan: give --plan plan.json (write one "
                          "with pp plan --model MODULE:FACTORY --out plan.json)")  # fmt: skip
@@ -315,23 +305,23 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--ranks is required with --schedule or --schedule-file")
     sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
     model = model_from_args(args)
-    check_launch(args, args.ranks, model)  # sizes, steps: with M known
+    launch = check_launch(args, args.ranks, model)  # sizes, steps: with M known
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        check_devices(args, args.ranks)
-        return _run_torchrun(_train_config(args, sched, model), args)
+        check_devices(launch, args.ranks)
+        return _run_torchrun(_train_config(args, sched, model), args, launch)
     with claim_output(args.trace):  # before torch: refuse another live run's output
-        check_devices(args, args.ranks)
-        return _run_local(_train_config(args, sched, model), args)
+        check_devices(launch, args.ranks)
+        return _run_local(_train_config(args, sched, model), args, launch)
 
 
-def _run_local(config, args: argparse.Namespace) -> int:
+def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
     from nobubble.pipeline.runtime.launch import merged_events, run_local
     from nobubble.pipeline.runtime.report import summarize_run
     from nobubble.trace import write_chrome_trace
 
     prof = None
     if not args.no_predict:
-        prof = measure_profile(config.model, config.schedule.num_stages, _options(args),
+        prof = measure_profile(config.model, config.schedule.num_stages, launch,
                                microbatch_size=config.microbatch_size, clock=args.clock)  # fmt: skip
         from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
 
@@ -341,7 +331,7 @@ def _run_local(config, args: argparse.Namespace) -> int:
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
-        (results,) = run_local([config], _options(args))
+        (results,) = run_local([config], launch)
     summary = summarize_run(config, results, prof)
     write_chrome_trace(args.trace, merged_events(results))
     extra = {"trace": str(args.trace)}
@@ -385,7 +375,7 @@ def _print_run(s, files: str) -> None:
     )
 
 
-def _run_torchrun(config, args: argparse.Namespace) -> int:
+def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
     import torch.distributed as dist
 
     from nobubble.pipeline.runtime.launch import run_torchrun
@@ -395,7 +385,7 @@ def _run_torchrun(config, args: argparse.Namespace) -> int:
     path = args.trace.with_name(f"{args.trace.stem}.rank{rank}{args.trace.suffix}")
     with claim_output(path):
         try:
-            (res,) = run_torchrun([config], _options(args))
+            (res,) = run_torchrun([config], launch)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

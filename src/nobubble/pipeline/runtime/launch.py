@@ -4,6 +4,8 @@
   any process starts, then runs them all in one :func:`nobubble.distributed.spawn` (one
   process per rank, gloo on CPU, NCCL on CUDA, or the backend you name).
 - :func:`run_torchrun` is the same for a process started by ``torchrun`` (multi-host).
+- :class:`LaunchOptions` (where the ranks run) is :mod:`nobubble.distributed.options`'s,
+  re-exported here; it imports no torch, so the command line checks it first.
 - :func:`merged_events` merges the per-rank timelines of one config into one time-ordered
   list (k-way merge, :mod:`nobubble.trace`), ready for :func:`nobubble.trace.write_chrome_trace`.
 """
@@ -11,9 +13,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from nobubble.distributed import context_from_env, spawn
+from nobubble.distributed.options import LaunchOptions
 from nobubble.pipeline.runtime.executor import (
     RankResult,
     TrainConfig,
@@ -23,27 +25,6 @@ from nobubble.pipeline.runtime.executor import (
 from nobubble.trace import Event, merge_timelines
 
 __all__ = ["LaunchOptions", "run_local", "run_torchrun", "merged_events"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchOptions:
-    """Where the ranks run."""
-
-    device: str = "cpu"
-    """``cpu`` or ``cuda`` (rank r uses ``cuda:r``)."""
-    backend: str | None = None
-    """torch.distributed backend; default gloo on CPU, NCCL on CUDA."""
-    timeout_s: float = 120.0
-    """Limit for the whole job and for every wait inside it."""
-    threads_per_rank: int = 1
-
-    def __post_init__(self) -> None:
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device={self.device!r}; use 'cpu' or 'cuda'")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
-        if self.threads_per_rank < 1:
-            raise ValueError(f"threads_per_rank={self.threads_per_rank} must be >= 1")
 
 
 def _world_size(configs: Sequence[TrainConfig]) -> int:
