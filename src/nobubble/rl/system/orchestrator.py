@@ -55,20 +55,27 @@ __all__ = ["Orchestrator", "run"]
 
 
 @dataclass
-class InFlight:
-    """Groups admitted but not yet buffered, and who holds them.
+class Routing:
+    """Where every admitted group is until it is buffered, and which workers are free.
 
     Attributes:
         stage: group id -> ``"rollout"`` or ``"reward"``, until the group is buffered.
         requests: group id -> the request it was admitted with (generated again on a requeue).
         held: worker -> the group ids it is working on.
         requeued: requests to generate again before anything new is admitted.
+        pending_reward: generated groups waiting for a reward worker.
+        idle_rollout, idle_reward: the workers of each stage waiting for work.
+        rng_to_send: RNG states to hand back to generators with their next request (resume).
     """
 
     stage: dict[int, str] = field(default_factory=dict)
     requests: dict[int, GroupRequest] = field(default_factory=dict)
     held: dict[str, list[int]] = field(default_factory=dict)
     requeued: list[GroupRequest] = field(default_factory=list)
+    pending_reward: list[SampleGroup] = field(default_factory=list)
+    idle_rollout: list[str] = field(default_factory=list)
+    idle_reward: list[str] = field(default_factory=list)
+    rng_to_send: dict[str, Any] = field(default_factory=dict)
 
     def add(self, req: GroupRequest) -> None:
         self.stage[req.group_id] = "rollout"
@@ -77,6 +84,16 @@ class InFlight:
     def done(self, group_id: int) -> None:
         del self.stage[group_id]
         del self.requests[group_id]
+
+    def release(self, worker: str) -> list[GroupRequest]:
+        """Forget ``worker`` (it died); the requests of the groups it held."""
+        for idle in (self.idle_rollout, self.idle_reward):
+            if worker in idle:
+                idle.remove(worker)
+        self.rng_to_send.pop(worker, None)
+        lost = self.held.pop(worker, [])
+        self.pending_reward = [g for g in self.pending_reward if g.group_id not in lost]
+        return [self.requests[gid] for gid in lost]
 
 
 class Orchestrator:
@@ -108,12 +125,8 @@ class Orchestrator:
         self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
         self._progress = RunProgress()
         self._recovery = Recovery(cfg)
-        self._flight = InFlight()
+        self._routing = Routing()
         self._weights: Any = None  # the newest published weights (None: the generators' own)
-        self._idle_rollout: list[str] = []
-        self._idle_reward: list[str] = []
-        self._pending_reward: list[SampleGroup] = []
-        self._rng_to_send: dict[str, Any] = {}  # generator RNG states to hand back (resume)
         self._stopping = False
         self._spans: list[Span] = []
         self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
@@ -131,18 +144,18 @@ class Orchestrator:
             p.next_group += 1
             self.buffer.admit(gid, p.version)
             req = GroupRequest(gid, pid, self.task.prompts[pid], time.time())
-            self._flight.add(req)
+            self._routing.add(req)
             reqs.append(req)
         return reqs
 
     def _dispatch(self) -> None:
         if self._stopping:
             return
-        while self._idle_rollout:
+        r = self._routing
+        while r.idle_rollout:
             num_groups = self.cfg.effective_groups_per_rollout
-            flight = self._flight
-            if flight.requeued:  # already admitted: generated again before anything new
-                reqs, flight.requeued = flight.requeued[:num_groups], flight.requeued[num_groups:]
+            if r.requeued:  # already admitted: generated again before anything new
+                reqs, r.requeued = r.requeued[:num_groups], r.requeued[num_groups:]
             else:
                 # one-step-off and sync switch weights only between whole requests: wait for room
                 if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
@@ -150,19 +163,16 @@ class Orchestrator:
                 reqs = self._admit(num_groups)
                 if not reqs:
                     break
-            worker = self._idle_rollout.pop(0)
-            self._flight.held[worker] = [r.group_id for r in reqs]
-            rng = self._rng_to_send.pop(worker, None)
+            worker = r.idle_rollout.pop(0)
+            r.held[worker] = [req.group_id for req in reqs]
+            rng = r.rng_to_send.pop(worker, None)
             self.engine.submit_rollout(worker, reqs, self._weights, rng)
-        while self._idle_reward and self._pending_reward:
+        while r.idle_reward and r.pending_reward:
             # an idle reward worker takes an equal share of everything waiting
-            share = -(-len(self._pending_reward) // len(self._idle_reward))
-            groups, self._pending_reward = (
-                self._pending_reward[:share],
-                self._pending_reward[share:],
-            )
-            worker = self._idle_reward.pop(0)
-            self._flight.held[worker] = [g.group_id for g in groups]
+            share = -(-len(r.pending_reward) // len(r.idle_reward))
+            groups, r.pending_reward = r.pending_reward[:share], r.pending_reward[share:]
+            worker = r.idle_reward.pop(0)
+            r.held[worker] = [g.group_id for g in groups]
             self.engine.submit_reward(worker, groups)
         while len(self._train_queue) < self._train_depth and self._stepped < self.cfg.steps:
             trains_at = self._stepped  # the version that will train this batch
@@ -190,10 +200,6 @@ class Orchestrator:
             self._eval_pending += evaluate
 
     @property
-    def _trainer_busy(self) -> bool:
-        return bool(self._train_queue)
-
-    @property
     def _stepped(self) -> int:
         """Steps trained or at the trainer: the version after the queued batches."""
         return self._progress.version + len(self._train_queue)
@@ -207,26 +213,27 @@ class Orchestrator:
 
     def _handle(self, msg: Message) -> None:
         self._spans.extend(msg.spans)
+        r = self._routing
         if msg.kind == "ready":
             if msg.worker.startswith("rollout"):
-                self._idle_rollout.append(msg.worker)
+                r.idle_rollout.append(msg.worker)
             elif msg.worker.startswith("reward"):
-                self._idle_reward.append(msg.worker)
+                r.idle_reward.append(msg.worker)
         elif msg.kind == "rollout":
-            self._idle_rollout.append(msg.worker)
-            self._flight.held.pop(msg.worker, None)
+            r.idle_rollout.append(msg.worker)
+            r.held.pop(msg.worker, None)
             if msg.state is not None:
                 self._progress.rollout_rng[msg.worker] = msg.state
             for g in msg.payload:
                 self.buffer.generated(g)
                 self._progress.group_versions[g.group_id] = [s.policy_version for s in g.samples]
-                self._flight.stage[g.group_id] = "reward"
-                self._pending_reward.append(g)
+                r.stage[g.group_id] = "reward"
+                r.pending_reward.append(g)
         elif msg.kind == "reward":
-            self._idle_reward.append(msg.worker)
-            self._flight.held.pop(msg.worker, None)
+            r.idle_reward.append(msg.worker)
+            r.held.pop(msg.worker, None)
             for g in msg.payload:
-                self._flight.done(g.group_id)
+                r.done(g.group_id)
                 self.buffer.put(g)  # a failed reward: dropped, "reward_failed"
                 self._reward_watch.record(g)  # a reward that never succeeds ends the run
         elif msg.kind == "train":
@@ -264,8 +271,7 @@ class Orchestrator:
             self.on_step(res.version, {**res.metrics, "staleness_max": max(res.staleness)})
         if p.version >= self.cfg.steps:
             self._stopping = True
-        if self._recovery.wants(res.version):
-            self._recovery.commit(res.version, self.snapshot())
+        self._recovery.commit(res.version, self.snapshot)
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
@@ -296,7 +302,7 @@ class Orchestrator:
             **self._progress.state_dict(),
             "rng": self._rng.getstate(),
             "buffer": buffer,
-            "in_flight": [self._flight.requests[g] for g in sorted(self._flight.stage)],
+            "in_flight": [self._routing.requests[g] for g in sorted(self._routing.stage)],
             "replay": self._replay,
             "wall_s": time.time() - self._t0,
         }
@@ -308,27 +314,22 @@ class Orchestrator:
         self.buffer.load_state_dict(state["buffer"])
         for req in state["in_flight"]:
             self._requeue(req, "resumed")
-        self._rng_to_send = dict(self._progress.rollout_rng)
+        self._routing.rng_to_send = dict(self._progress.rollout_rng)
         self._replay = state.get("replay", self._replay)
         if self._progress.version >= self.cfg.steps:
             self._stopping = True
 
     def _requeue(self, req: GroupRequest, reason: str) -> None:
         self.buffer.requeue(req.group_id, reason)
-        self._flight.add(req)
-        self._flight.requeued.append(req)
+        self._routing.add(req)
+        self._routing.requeued.append(req)
 
     def _restart(self, err: WorkerError) -> None:
         """Replace the worker ``err`` blames and requeue the groups it held (re-raises
         ``err`` unless :meth:`Recovery.restart` allows it)."""
         worker = self._recovery.restart(err)
-        for idle in (self._idle_rollout, self._idle_reward):
-            if worker in idle:
-                idle.remove(worker)
-        for gid in self._flight.held.pop(worker, []):
-            self._pending_reward = [g for g in self._pending_reward if g.group_id != gid]
-            self._requeue(self._flight.requests[gid], "worker_died")
-        self._rng_to_send.pop(worker, None)
+        for req in self._routing.release(worker):
+            self._requeue(req, "worker_died")
         self.engine.restart(worker)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -363,7 +364,7 @@ class Orchestrator:
         while True:
             if budget_end is not None and time.monotonic() > budget_end and not self._stopping:
                 self._stopping = True
-            if self._stopping and not self._trainer_busy:
+            if self._stopping and not bool(self._train_queue):
                 break
             self._dispatch()
             for msg in self._poll(deadline):
@@ -399,14 +400,14 @@ class Orchestrator:
             if now - last > self.cfg.stall_timeout_s:
                 raise WorkerError(
                     f"no stage answered for {self.cfg.stall_timeout_s:.0f}s "
-                    f"(in flight: {dict(Counter(self._flight.stage.values()))}, trainer busy: "
-                    f"{self._trainer_busy}); a worker is stuck"
+                    f"(in flight: {dict(Counter(self._routing.stage.values()))}, trainer busy: "
+                    f"{bool(self._train_queue)}); a worker is stuck"
                 )
 
     def _result(self) -> RunResult:
         cfg = self.cfg
         p = self._progress
-        self.buffer.close(sorted(self._flight.stage))
+        self.buffer.close(sorted(self._routing.stage))
         ledger = self.buffer.ledger.summary()
         curve = sorted(p.curve, key=lambda c: (c.step, c.wall_s))
         train_spans = [

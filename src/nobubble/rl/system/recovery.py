@@ -27,8 +27,10 @@ The ledger records every requeue (``resumed`` or ``worker_died``).
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,18 +74,9 @@ class RunProgress:
     rollout_rng: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "next_group": self.next_group,
-            "curve": list(self.curve),
-            "staleness": dict(self.staleness),
-            "token_staleness": dict(self.token_staleness),
-            "group_versions": dict(self.group_versions),
-            "published": self.published.state_dict(),
-            "train_reward": self.train_reward,
-            "step_metrics": list(self.step_metrics),
-            "rollout_rng": dict(self.rollout_rng),
-        }
+        """A copy of every field (``published`` as its own state dict)."""
+        state = {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
+        return {**state, "published": self.published.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "published" not in state:
@@ -129,18 +122,13 @@ class Recovery:
         self._dirs[step] = ckpt
         return ckpt
 
-    def wants(self, step: int) -> bool:
-        """Whether step ``step`` has a checkpoint waiting for the driver's part."""
-        return step in self._dirs
-
-    def commit(self, step: int, driver_state: dict[str, Any]) -> None:
-        """After step ``step`` trained: write ``driver_state`` (the orchestrator's
-        :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`) and commit the
-        checkpoint. Only for a step :meth:`wants`."""
-        assert self._store is not None
-        self._store.commit(
-            Path(self._dirs.pop(step)), {"config": self.cfg.to_dict(), **driver_state}
-        )
+    def commit(self, step: int, snapshot: Callable[[], dict[str, Any]]) -> None:
+        """After step ``step`` trained: if it has a checkpoint, write the driver's part
+        (``snapshot()``, the orchestrator's
+        :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`) and commit it."""
+        ckpt = self._dirs.pop(step, None)
+        if ckpt is not None and self._store is not None:
+            self._store.commit(Path(ckpt), {"config": self.cfg.to_dict(), **snapshot()})
 
     def resume(self) -> dict[str, Any] | None:
         """The driver's state in the newest checkpoint (``resume``), or None for a new run.
