@@ -26,8 +26,10 @@ Checkpoints (``RunConfig.checkpoint_dir``) are taken at step boundaries: the tra
 its part with the step, the orchestrator then writes the buffer, the ledger and the groups
 in flight. A resumed run requeues those groups (same group and prompt ids), so no sample is
 lost or trained twice. With ``restart_workers``, a rollout or reward worker that dies is
-replaced and its groups are requeued the same way. That half of the orchestrator lives in
-:mod:`~nobubble.rl.system.recovery`.
+replaced and its groups are requeued the same way. The orchestrator holds a
+:class:`~nobubble.rl.system.recovery.Recovery` for that: it names the checkpoint folders,
+commits the state :meth:`Orchestrator.snapshot` gives it, returns the state to resume from
+and decides which worker may be restarted.
 """
 
 from __future__ import annotations
@@ -36,23 +38,65 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
 from nobubble.rl.system.config import RunConfig, describe_value
 from nobubble.rl.system.engines.protocol import Engine, Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
-from nobubble.rl.system.recovery import Recovery
+from nobubble.rl.system.recovery import Recovery, RunProgress
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
-from nobubble.rl.system.weight_sync import PublishedWeights
 
 __all__ = ["Orchestrator", "run"]
 
 
-class Orchestrator(Recovery):
+@dataclass
+class Routing:
+    """Where every admitted group is until it is buffered, and which workers are free.
+
+    Attributes:
+        stage: group id -> ``"rollout"`` or ``"reward"``, until the group is buffered.
+        requests: group id -> the request it was admitted with (generated again on a requeue).
+        held: worker -> the group ids it is working on.
+        requeued: requests to generate again before anything new is admitted.
+        pending_reward: generated groups waiting for a reward worker.
+        idle_rollout, idle_reward: the workers of each stage waiting for work.
+        rng_to_send: RNG states to hand back to generators with their next request (resume).
+    """
+
+    stage: dict[int, str] = field(default_factory=dict)
+    requests: dict[int, GroupRequest] = field(default_factory=dict)
+    held: dict[str, list[int]] = field(default_factory=dict)
+    requeued: list[GroupRequest] = field(default_factory=list)
+    pending_reward: list[SampleGroup] = field(default_factory=list)
+    idle_rollout: list[str] = field(default_factory=list)
+    idle_reward: list[str] = field(default_factory=list)
+    rng_to_send: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, req: GroupRequest) -> None:
+        self.stage[req.group_id] = "rollout"
+        self.requests[req.group_id] = req
+
+    def done(self, group_id: int) -> None:
+        del self.stage[group_id]
+        del self.requests[group_id]
+
+    def release(self, worker: str) -> list[GroupRequest]:
+        """Forget ``worker`` (it died); the requests of the groups it held."""
+        for idle in (self.idle_rollout, self.idle_reward):
+            if worker in idle:
+                idle.remove(worker)
+        self.rng_to_send.pop(worker, None)
+        lost = self.held.pop(worker, [])
+        self.pending_reward = [g for g in self.pending_reward if g.group_id not in lost]
+        return [self.requests[gid] for gid in lost]
+
+
+class Orchestrator:
     """Drives one run of ``cfg`` on ``engine``; :meth:`run` returns a :class:`RunResult`."""
 
     def __init__(
@@ -79,49 +123,39 @@ class Orchestrator(Recovery):
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         rc = cfg.replay_config()
         self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
-        self._step_metrics: list[dict[str, float]] = []
-        self._next_group = 0
-        self._version = 0  # newest version the trainer has published
-        self._weights: Any = None
-        self._idle_rollout: list[str] = []
-        self._idle_reward: list[str] = []
-        self._pending_reward: list[SampleGroup] = []
-        self._in_flight: dict[int, str] = {}  # group id -> stage, until buffered
+        self._progress = RunProgress()
+        self._recovery = Recovery(cfg)
+        self._routing = Routing()
+        self._weights: Any = None  # the newest published weights (None: the generators' own)
         self._stopping = False
         self._spans: list[Span] = []
-        self._curve: list[CurvePoint] = []
-        self._staleness: Counter[int] = Counter()
-        self._token_staleness: Counter[int] = Counter()  # trained response tokens by lag
-        self._train_reward: float | None = None
-        self._group_versions: dict[int, list[int]] = {}
-        self._published = PublishedWeights()  # each published version's digest
         self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
         self._eval_pending = 0
         self._t0 = 0.0
-        self._init_recovery(cfg)
 
     # -- admission and dispatch --------------------------------------------------------
 
     def _admit(self, n: int) -> list[GroupRequest]:
         reqs: list[GroupRequest] = []
-        while len(reqs) < n and self.buffer.can_admit(self._version):
+        p = self._progress
+        while len(reqs) < n and self.buffer.can_admit(p.version):
             pid = self._rng.randrange(self.task.num_prompts)
-            gid = self._next_group
-            self._next_group += 1
-            self.buffer.admit(gid, self._version)
-            self._in_flight[gid] = "rollout"
+            gid = p.next_group
+            p.next_group += 1
+            self.buffer.admit(gid, p.version)
             req = GroupRequest(gid, pid, self.task.prompts[pid], time.time())
-            self._requests[gid] = req
+            self._routing.add(req)
             reqs.append(req)
         return reqs
 
     def _dispatch(self) -> None:
         if self._stopping:
             return
-        while self._idle_rollout:
+        r = self._routing
+        while r.idle_rollout:
             num_groups = self.cfg.effective_groups_per_rollout
-            if self._requeue:  # already admitted: generated again before anything new
-                reqs, self._requeue = self._requeue[:num_groups], self._requeue[num_groups:]
+            if r.requeued:  # already admitted: generated again before anything new
+                reqs, r.requeued = r.requeued[:num_groups], r.requeued[num_groups:]
             else:
                 # one-step-off and sync switch weights only between whole requests: wait for room
                 if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
@@ -129,19 +163,16 @@ class Orchestrator(Recovery):
                 reqs = self._admit(num_groups)
                 if not reqs:
                     break
-            worker = self._idle_rollout.pop(0)
-            self._assigned[worker] = [r.group_id for r in reqs]
-            rng = self._rng_to_send.pop(worker, None)
+            worker = r.idle_rollout.pop(0)
+            r.held[worker] = [req.group_id for req in reqs]
+            rng = r.rng_to_send.pop(worker, None)
             self.engine.submit_rollout(worker, reqs, self._weights, rng)
-        while self._idle_reward and self._pending_reward:
+        while r.idle_reward and r.pending_reward:
             # an idle reward worker takes an equal share of everything waiting
-            share = -(-len(self._pending_reward) // len(self._idle_reward))
-            groups, self._pending_reward = (
-                self._pending_reward[:share],
-                self._pending_reward[share:],
-            )
-            worker = self._idle_reward.pop(0)
-            self._assigned[worker] = [g.group_id for g in groups]
+            share = -(-len(r.pending_reward) // len(r.idle_reward))
+            groups, r.pending_reward = r.pending_reward[:share], r.pending_reward[share:]
+            worker = r.idle_reward.pop(0)
+            r.held[worker] = [g.group_id for g in groups]
             self.engine.submit_reward(worker, groups)
         while len(self._train_queue) < self._train_depth and self._stepped < self.cfg.steps:
             trains_at = self._stepped  # the version that will train this batch
@@ -163,51 +194,46 @@ class Orchestrator(Recovery):
                 replayed = [g for g, _ in drawn]
                 weights = [1.0] * len(batch) + [w for _, w in drawn]
             evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-            ckpt = self._checkpoint_dir(step)
+            ckpt = self._recovery.checkpoint_dir(step)
             self.engine.submit_train(batch + replayed, evaluate, ckpt, weights)
             self._train_queue.append((batch, replayed))
             self._eval_pending += evaluate
 
     @property
-    def _trainer_busy(self) -> bool:
-        return bool(self._train_queue)
-
-    @property
     def _stepped(self) -> int:
         """Steps trained or at the trainer: the version after the queued batches."""
-        return self._version + len(self._train_queue)
+        return self._progress.version + len(self._train_queue)
 
     def _room_for(self, n: int) -> bool:
         live = self.buffer.num_live
-        return (
-            live + n - 1
-        ) // self.cfg.batch_groups <= self._version + self.cfg.effective_max_staleness
+        bound = self._progress.version + self.cfg.effective_max_staleness
+        return (live + n - 1) // self.cfg.batch_groups <= bound
 
     # -- messages -------------------------------------------------------------------------
 
     def _handle(self, msg: Message) -> None:
         self._spans.extend(msg.spans)
+        r = self._routing
         if msg.kind == "ready":
             if msg.worker.startswith("rollout"):
-                self._idle_rollout.append(msg.worker)
+                r.idle_rollout.append(msg.worker)
             elif msg.worker.startswith("reward"):
-                self._idle_reward.append(msg.worker)
+                r.idle_reward.append(msg.worker)
         elif msg.kind == "rollout":
-            self._idle_rollout.append(msg.worker)
-            self._assigned.pop(msg.worker, None)
+            r.idle_rollout.append(msg.worker)
+            r.held.pop(msg.worker, None)
             if msg.state is not None:
-                self._rollout_rng[msg.worker] = msg.state
+                self._progress.rollout_rng[msg.worker] = msg.state
             for g in msg.payload:
                 self.buffer.generated(g)
-                self._group_versions[g.group_id] = [s.policy_version for s in g.samples]
-                self._in_flight[g.group_id] = "reward"
-                self._pending_reward.append(g)
+                self._progress.group_versions[g.group_id] = [s.policy_version for s in g.samples]
+                r.stage[g.group_id] = "reward"
+                r.pending_reward.append(g)
         elif msg.kind == "reward":
-            self._idle_reward.append(msg.worker)
-            self._assigned.pop(msg.worker, None)
+            r.idle_reward.append(msg.worker)
+            r.held.pop(msg.worker, None)
             for g in msg.payload:
-                del self._in_flight[g.group_id]
-                del self._requests[g.group_id]
+                r.done(g.group_id)
                 self.buffer.put(g)  # a failed reward: dropped, "reward_failed"
                 self._reward_watch.record(g)  # a reward that never succeeds ends the run
         elif msg.kind == "train":
@@ -216,16 +242,16 @@ class Orchestrator(Recovery):
             self._on_eval(msg.payload)
 
     def _on_train(self, msg: Message) -> None:
-        res = msg.payload
-        if res.version <= self._version:
-            raise WorkerError(f"trainer published version {res.version} after {self._version}")
+        res, p = msg.payload, self._progress
+        if res.version <= p.version:
+            raise WorkerError(f"trainer published version {res.version} after {p.version}")
         batch, replayed = self._train_queue.popleft()
         by = res.trained_by  # group id -> learner; empty with one learner (all learner 0)
         missing = {g.group_id for g in batch + replayed} - set(by)
         if self.cfg.learners > 1 and missing:
             raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
-        self._published.publish(res.weight_digests)
-        self._published.check_trained(  # every trained group sampled with its versions' weights
+        p.published.publish(res.weight_digests)
+        p.published.check_trained(  # every trained group sampled with its versions' weights
             (g.generator or None, f"{g.generator} (group {g.group_id})", g.weight_digests)
             for g in batch
         )
@@ -234,27 +260,27 @@ class Orchestrator(Recovery):
             self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))
         if self._replay is not None:
             self._replay.add(batch)
-        self._step_metrics.append({"step": res.version, **res.metrics})
-        self._version = res.version
+        p.step_metrics.append({"step": res.version, **res.metrics})
+        p.version = res.version
         self._weights = msg.weights
         for lag in res.staleness:
-            self._staleness[lag] += self.cfg.group_size
-        self._token_staleness.update(res.token_staleness)
-        self._train_reward = res.metrics.get("reward")
+            p.staleness[lag] += self.cfg.group_size
+        p.token_staleness.update(res.token_staleness)
+        p.train_reward = res.metrics.get("reward")
         if self.on_step is not None:
             self.on_step(res.version, {**res.metrics, "staleness_max": max(res.staleness)})
-        if self._version >= self.cfg.steps:
+        if p.version >= self.cfg.steps:
             self._stopping = True
-        self._commit_checkpoint(res.version)
+        self._recovery.commit(res.version, self.snapshot)
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
         wall = ev.span.end_s - self._t0 if ev.span is not None else time.time() - self._t0
-        self._curve.append(
+        self._progress.curve.append(
             CurvePoint(
                 ev.version,
                 wall,
-                train_return=self._train_reward,
+                train_return=self._progress.train_reward,
                 eval_return=ev.mean_reward,
                 accuracy=ev.accuracy,
             )
@@ -263,11 +289,56 @@ class Orchestrator(Recovery):
         if target is not None and ev.accuracy >= target:
             self._stopping = True
 
+    # -- recovery -------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The driver's part of a checkpoint, at a step boundary. A batch queued at the
+        trainer (prefetched, not trained) is back among the buffer's ready groups, so a
+        resumed run trains it."""
+        buffer = self.buffer.state_dict()
+        queued = [g for batch, _ in self._train_queue for g in batch]
+        buffer["ready"] = sorted([*buffer["ready"], *queued], key=lambda g: g.group_id)
+        return {
+            **self._progress.state_dict(),
+            "rng": self._rng.getstate(),
+            "buffer": buffer,
+            "in_flight": [self._routing.requests[g] for g in sorted(self._routing.stage)],
+            "replay": self._replay,
+            "wall_s": time.time() - self._t0,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`snapshot`: every group in flight is generated again."""
+        self._progress.load_state_dict(state)
+        self._rng.setstate(state["rng"])
+        self.buffer.load_state_dict(state["buffer"])
+        for req in state["in_flight"]:
+            self._requeue(req, "resumed")
+        self._routing.rng_to_send = dict(self._progress.rollout_rng)
+        self._replay = state.get("replay", self._replay)
+        if self._progress.version >= self.cfg.steps:
+            self._stopping = True
+
+    def _requeue(self, req: GroupRequest, reason: str) -> None:
+        self.buffer.requeue(req.group_id, reason)
+        self._routing.add(req)
+        self._routing.requeued.append(req)
+
+    def _restart(self, err: WorkerError) -> None:
+        """Replace the worker ``err`` blames and requeue the groups it held (re-raises
+        ``err`` unless :meth:`Recovery.restart` allows it)."""
+        worker = self._recovery.restart(err)
+        for req in self._routing.release(worker):
+            self._requeue(req, "worker_died")
+        self.engine.restart(worker)
+
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         cfg = self.cfg
-        self._check_resume()  # before any worker starts: a refusal loses nothing
+        state = self._recovery.resume()  # before any worker starts: a refusal loses nothing
+        if state is not None:
+            self._restore(state)
         workers = self.engine.start(cfg)
         try:
             return self._loop(workers)
@@ -285,20 +356,21 @@ class Orchestrator(Recovery):
                     self._handle(msg)
                 else:
                     raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
-        self._t0 = time.time() - self._wall_offset
-        if self._resumed_from is None:
+        self._t0 = time.time() - self._recovery.wall_offset
+        if self._recovery.resumed_from is None:
             self.engine.submit_eval()  # version 0, the starting accuracy
             self._eval_pending += 1
         budget_end = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
         while True:
             if budget_end is not None and time.monotonic() > budget_end and not self._stopping:
                 self._stopping = True
-            if self._stopping and not self._trainer_busy:
+            if self._stopping and not bool(self._train_queue):
                 break
             self._dispatch()
             for msg in self._poll(deadline):
                 self._handle(msg)
-        if not self._curve or self._curve[-1].step != self._version:
+        curve, version = self._progress.curve, self._progress.version
+        if not curve or curve[-1].step != version:
             self.engine.submit_eval()
             self._eval_pending += 1
         while self._eval_pending:
@@ -328,15 +400,16 @@ class Orchestrator(Recovery):
             if now - last > self.cfg.stall_timeout_s:
                 raise WorkerError(
                     f"no stage answered for {self.cfg.stall_timeout_s:.0f}s "
-                    f"(in flight: {dict(Counter(self._in_flight.values()))}, trainer busy: "
-                    f"{self._trainer_busy}); a worker is stuck"
+                    f"(in flight: {dict(Counter(self._routing.stage.values()))}, trainer busy: "
+                    f"{bool(self._train_queue)}); a worker is stuck"
                 )
 
     def _result(self) -> RunResult:
         cfg = self.cfg
-        self.buffer.close(sorted(self._in_flight))
+        p = self._progress
+        self.buffer.close(sorted(self._routing.stage))
         ledger = self.buffer.ledger.summary()
-        curve = sorted(self._curve, key=lambda p: (p.step, p.wall_s))
+        curve = sorted(p.curve, key=lambda c: (c.step, c.wall_s))
         train_spans = [
             s for s in self._spans if s.stage == "trainer" and s.name.startswith("train")
         ]
@@ -345,26 +418,26 @@ class Orchestrator(Recovery):
         busy, idle = stage_busy(self._spans, self._t0, end)
         return RunResult(
             config=cfg.to_dict(),
-            steps=self._version,
+            steps=p.version,
             wall_s=wall,
             trained_samples=ledger.trained,
             initial_accuracy=curve[0].accuracy if curve else float("nan"),
             final_accuracy=curve[-1].accuracy if curve else float("nan"),
             curve=curve,
-            staleness_hist=dict(sorted(self._staleness.items())),
-            token_staleness_hist=dict(sorted(self._token_staleness.items())),
+            staleness_hist=dict(sorted(p.staleness.items())),
+            token_staleness_hist=dict(sorted(p.token_staleness.items())),
             idle_ratio=idle,
             busy_s=busy,
             ledger=ledger,
             fates=dict(self.buffer.ledger.fate),
-            group_versions=self._group_versions,
-            weight_versions=self._published.versions,
+            group_versions=p.group_versions,
+            weight_versions=p.published.versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),
-            restarts=list(self._restarts),
-            resumed_from=self._resumed_from,
-            step_metrics=list(self._step_metrics),
+            restarts=list(self._recovery.restarts),
+            resumed_from=self._recovery.resumed_from,
+            step_metrics=list(p.step_metrics),
         )
 
 
