@@ -330,17 +330,14 @@ def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title:
          groups: dict[str, list[str]] | None = None) -> int:  # fmt: skip
     """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
     group of labels, default all; task runs alone: a trace each) and render them."""
-    from nobubble.rl import WorkerError, train
+    from nobubble.rl import train
     from nobubble.rl.system.report import plot_runs, write_trace
 
     results = {}
     for label, cfg in configs.items():
         with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
-            try:
-                results[label] = train(cfg, on_step=_progress(cfg, label, args.json, bar))
-            except WorkerError as err:
-                print(f"nobubble rl: {err}", file=sys.stderr)
-                return 1
+            # a worker's failure (WorkerError) ends the command like any failure: one line, exit 1
+            results[label] = train(cfg, on_step=_progress(cfg, label, args.json, bar))
     groups = groups or {"": list(results)}
     paths = {}
     for name, labels in groups.items():
