@@ -8,16 +8,7 @@ from dataclasses import dataclass
 
 from benchmarks._common import Record, Result, load_result, optional
 from benchmarks.records import Renderer, f, md_table, pct
-
-
-@dataclass(frozen=True, kw_only=True)
-class GPTShape(Record):
-    vocab_size: int
-    seq_len: int
-    hidden: int
-    num_heads: int
-    num_layers: int
-    seed: int
+from nobubble.pipeline.runtime.models import GPTConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +76,7 @@ class ScheduleRun(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class PpRuntime(Result):
-    model: GPTShape
+    model: GPTConfig  # the library's own (torch-free) model config
     num_microbatches: int
     microbatch_size: int
     ranks: int

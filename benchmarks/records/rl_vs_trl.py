@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from benchmarks._common import Record, Result, load_result, optional
 from benchmarks.records import Renderer, count, f, md_table, prose, times
+from benchmarks.records.rl_modes import CurvePoint  # the same eval point, one record
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,15 +39,6 @@ class TrlSetup(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalPoint(Record):
-    step: int
-    wall_s: float
-    accuracy: float
-    eval_reward: float | None
-    train_reward: float | None
-
-
-@dataclass(frozen=True, kw_only=True)
 class GRPORun(Record):
     """One trainer's run; the TRL-only and nobubble-only figures are optional."""
 
@@ -64,7 +56,7 @@ class GRPORun(Record):
     train_reward_last10: float | None = optional()
     trl_loss_type: str | None = optional()
     trl_scale_rewards: str | None = optional()
-    curve: list[EvalPoint]
+    curve: list[CurvePoint]
     idle_ratio: dict[str, float] | None = optional()
     staleness_hist: dict[str, int] | None = optional()
 
@@ -86,7 +78,7 @@ class RlVsTrl(Result):
 FILES = {"rl_vs_trl": RlVsTrl}
 
 
-def _first_wall(curve: list[EvalPoint], level: float) -> float | None:
+def _first_wall(curve: list[CurvePoint], level: float) -> float | None:
     return next((p.wall_s for p in curve if (p.eval_reward or 0) >= level), None)
 
 
