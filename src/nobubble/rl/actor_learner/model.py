@@ -52,14 +52,11 @@ def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
     if config.model is None:
         return ActorCritic(obs_dim, num_actions, config.hidden)
     model = config.model(obs_dim, num_actions)
-    if (getattr(model, "obs_dim", None), getattr(model, "num_actions", None)) != (
-        obs_dim,
-        num_actions,
-    ):
+    made = (getattr(model, "obs_dim", None), getattr(model, "num_actions", None))
+    if made != (obs_dim, num_actions):
         raise ValueError(
-            f"model factory {config.model!r} made a model with obs_dim="
-            f"{getattr(model, 'obs_dim', None)}, num_actions={getattr(model, 'num_actions', None)}"
-            f"; the env has obs_dim={obs_dim}, num_actions={num_actions}"
+            f"model factory {config.model!r} made a model with obs_dim={made[0]}, "
+            f"num_actions={made[1]}; the env has obs_dim={obs_dim}, num_actions={num_actions}"
         )
     return model
 
