@@ -61,7 +61,6 @@ class ActorPool:
         ]
         self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
-        self.published = -1
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
@@ -91,7 +90,6 @@ class ActorPool:
         """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
         if self.weights is not None:
             self.weights.publish(self._module, version, timeout_s=self.config.timeout_s)
-        self.published = version
 
     def receive(self, version: int, digest: str = "", poll_s: float = 0.1) -> list[Trajectory]:
         """Finished trajectories (possibly none) after waiting at most about ``poll_s``;
