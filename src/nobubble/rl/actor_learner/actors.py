@@ -112,18 +112,17 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
 
 
 def _put(queue: Any, item: Any, stop: Any, timeout_s: float, name: str) -> None:
+    """Put ``item`` on the bounded ``queue`` (:func:`_wait`: stop or time out meanwhile)."""
     import queue as queue_module
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def put() -> bool:
         try:
             queue.put(item, timeout=_POLL_S)
-            return
+            return True
         except queue_module.Full:
-            if stop.is_set():
-                raise ActorStopped from None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: no trajectory taken for {timeout_s}s") from None
+            return False
+
+    _wait(stop, put, timeout_s, "the learner to take a trajectory", name)
 
 
 def env_worker(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any, errors: Any) -> None:

@@ -57,16 +57,15 @@ def env_spaces(env: str | Callable[[], Any]) -> tuple[int, int]:
     Raises:
         ValueError: the spaces are not a flat Box and a Discrete (this core's MLP policy).
     """
-    gym = gymnasium
     probe = make_env(env)
     obs_space, act_space = probe.observation_space, probe.action_space
     probe.close()
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+    if not isinstance(obs_space, gymnasium.spaces.Box) or len(obs_space.shape) != 1:
         raise ValueError(
             f"env={env!r} has observation space {obs_space}; the MLP actor-critic needs a "
             "flat Box (vector observations): pick such an env or flatten it in a factory"
         )
-    if not isinstance(act_space, gym.spaces.Discrete):
+    if not isinstance(act_space, gymnasium.spaces.Discrete):
         raise ValueError(
             f"env={env!r} has action space {act_space}; the categorical policy needs Discrete"
         )

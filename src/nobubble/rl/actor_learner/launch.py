@@ -61,7 +61,6 @@ class ActorPool:
         ]
         self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
-        self.published = -1
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
@@ -91,7 +90,6 @@ class ActorPool:
         """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
         if self.weights is not None:
             self.weights.publish(self._module, version, timeout_s=self.config.timeout_s)
-        self.published = version
 
     def receive(self, version: int, digest: str = "", poll_s: float = 0.1) -> list[Trajectory]:
         """Finished trajectories (possibly none) after waiting at most about ``poll_s``;
@@ -104,14 +102,7 @@ class ActorPool:
                 wait([p.sentinel for p in self.procs], timeout=self.config.timeout_s)
                 self.supervise()
                 raise
-        out: list[Trajectory] = []
-        try:
-            out.append(self.queue.get(timeout=poll_s))
-            while True:
-                out.append(self.queue.get_nowait())
-        except queue_module.Empty:
-            pass
-        return out
+        return _drain(self.queue, poll_s)
 
     def supervise(self) -> None:
         """Raise :class:`~nobubble.distributed.WorkerError` naming an actor that reported an
@@ -119,16 +110,10 @@ class ActorPool:
         self.supervisor.check(self._reports(0.0), self._reports)
 
     def _reports(self, timeout_s: float) -> dict[str, str]:
-        """The actors' error reports that arrived within ``timeout_s``."""
+        """The actors' error reports that arrived within ``timeout_s`` (each actor's first)."""
         reports: dict[str, str] = {}
-        try:
-            name, text = self.errors.get(timeout=timeout_s)
-            reports[name] = text
-            while True:
-                name, text = self.errors.get_nowait()
-                reports.setdefault(name, text)
-        except queue_module.Empty:
-            pass
+        for name, text in _drain(self.errors, timeout_s):
+            reports.setdefault(name, text)
         return reports
 
     def close(self, grace_s: float = 5.0) -> list[Trajectory]:
@@ -146,3 +131,15 @@ class ActorPool:
         if self.inference is None:
             leftover.extend(self.receive(-1, poll_s=0.05))
         return leftover
+
+
+def _drain(queue: Any, timeout_s: float) -> list[Any]:
+    """What ``queue`` holds after waiting at most ``timeout_s`` for its first item."""
+    items: list[Any] = []
+    try:
+        items.append(queue.get(timeout=timeout_s))
+        while True:
+            items.append(queue.get_nowait())
+    except queue_module.Empty:
+        pass
+    return items

@@ -52,14 +52,11 @@ def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
     if config.model is None:
         return ActorCritic(obs_dim, num_actions, config.hidden)
     model = config.model(obs_dim, num_actions)
-    if (getattr(model, "obs_dim", None), getattr(model, "num_actions", None)) != (
-        obs_dim,
-        num_actions,
-    ):
+    made = (getattr(model, "obs_dim", None), getattr(model, "num_actions", None))
+    if made != (obs_dim, num_actions):
         raise ValueError(
-            f"model factory {config.model!r} made a model with obs_dim="
-            f"{getattr(model, 'obs_dim', None)}, num_actions={getattr(model, 'num_actions', None)}"
-            f"; the env has obs_dim={obs_dim}, num_actions={num_actions}"
+            f"model factory {config.model!r} made a model with obs_dim={made[0]}, "
+            f"num_actions={made[1]}; the env has obs_dim={obs_dim}, num_actions={num_actions}"
         )
     return model
 
@@ -73,11 +70,16 @@ def initial_model(config: EnvRunConfig) -> Any:
     return build_model(config, *env_spaces(config.env))
 
 
-def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
-    layer = nn.Linear(n_in, n_out)
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
+def _mlp(n_in: int, hidden: int, n_out: int, last_gain: float) -> nn.Sequential:
+    """Two orthogonally initialised tanh layers of width ``hidden``, then a linear one."""
+    layers: list[nn.Module] = []
+    for a, b, gain in ((n_in, hidden, math.sqrt(2.0)), (hidden, hidden, math.sqrt(2.0)),
+                       (hidden, n_out, last_gain)):  # fmt: skip
+        layer = nn.Linear(a, b)
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+        layers += [layer, nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
 
 
 class ActorCritic(nn.Module):
@@ -86,17 +88,8 @@ class ActorCritic(nn.Module):
     def __init__(self, obs_dim: int, num_actions: int, hidden: int = 64) -> None:
         super().__init__()
         self.obs_dim, self.num_actions = obs_dim, num_actions
-        root2 = math.sqrt(2.0)
-        self.policy = nn.Sequential(
-            _layer(obs_dim, hidden, root2), nn.Tanh(),
-            _layer(hidden, hidden, root2), nn.Tanh(),
-            _layer(hidden, num_actions, 0.01),
-        )  # fmt: skip
-        self.value = nn.Sequential(
-            _layer(obs_dim, hidden, root2), nn.Tanh(),
-            _layer(hidden, hidden, root2), nn.Tanh(),
-            _layer(hidden, 1, 1.0),
-        )  # fmt: skip
+        self.policy = _mlp(obs_dim, hidden, num_actions, 0.01)
+        self.value = _mlp(obs_dim, hidden, 1, 1.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy(obs), self.value(obs).squeeze(-1)

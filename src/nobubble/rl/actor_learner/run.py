@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
@@ -46,30 +46,6 @@ __all__ = ["run"]
 OnStep = Callable[[int, dict[str, float]], None]
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """A trajectory as the buffer sees it: one group of one sample (its id = the group's)."""
-
-    group_id: int
-    trajectory: Trajectory
-
-    @property
-    def sample_ids(self) -> tuple[int, ...]:
-        return (self.group_id,)
-
-    @property
-    def policy_version(self) -> int:
-        return self.trajectory.policy_version
-
-    @property
-    def newest_version(self) -> int:
-        return self.trajectory.policy_version
-
-    @property
-    def reward_failed(self) -> bool:
-        return False  # an environment's rewards come with its steps
-
-
 class _Run:
     """The mutable state of one run (the learner's side only)."""
 
@@ -79,7 +55,7 @@ class _Run:
         self.shuffle = torch.Generator().manual_seed(config.seed)  # the minibatches' order
         self.published = PublishedWeights()  # the digest of every version the learner made
         self.published.publish({self.learner.version: weight_digest(model)})
-        self.buffer = ExperienceBuffer[_Entry](
+        self.buffer = ExperienceBuffer[Trajectory](
             batch_groups=trajectories_per_update(config),
             max_staleness=config.max_staleness,
             admit_on_arrival=True,
@@ -89,7 +65,6 @@ class _Run:
         self.returns: deque[float] = deque(maxlen=20)
         self.curve: list[CurvePoint] = []
         self.env_steps = 0
-        self.trained_steps = 0  # env steps in trained trajectories
         self.learn_s = 0.0
         self.start = time.monotonic()
         self.last_eval = self.start
@@ -102,22 +77,21 @@ class _Run:
         return time.monotonic() - self.start
 
     def take(self, trajectories: list[Trajectory]) -> None:
-        for t in trajectories:
-            entry = _Entry(self.num_arrived, t)
+        for arrived in trajectories:
+            t = replace(arrived, group_id=self.num_arrived)
             self.num_arrived += 1
-            self.buffer.admit(entry.group_id, self.learner.version, source=t.key)
-            self.buffer.generated(entry)
-            self.buffer.put(entry)  # scored on arrival
+            self.buffer.admit(t.group_id, self.learner.version, source=t.key)
+            self.buffer.generated(t)
+            self.buffer.put(t)  # scored on arrival
             self.env_steps += t.num_steps
             self.returns.extend(t.episode_returns)
 
     def update_if_ready(self) -> bool:
         """One update when the buffer holds an update's worth of trajectories no older than
         ``max_staleness`` (it drops older ones); False when it does not."""
-        batch = self.buffer.take_batch(self.learner.version)
-        if batch is None:
+        fresh = self.buffer.take_batch(self.learner.version)
+        if fresh is None:
             return False
-        fresh = [e.trajectory for e in batch]
         for t in fresh:
             lag = self.learner.version - t.policy_version
             assert lag >= 0, f"trajectory {t.key} has a version from the future"
@@ -130,8 +104,7 @@ class _Run:
         self.learner.update(minibatches(stacked, self.config, self.shuffle))
         self.learn_s += time.perf_counter() - start
         self.published.publish({self.learner.version: weight_digest(self.learner.model)})
-        self.trained_steps += sum(t.num_steps for t in fresh)
-        self.buffer.mark_trained(batch, self.learner.version)
+        self.buffer.mark_trained(fresh, self.learner.version)
         return True
 
     def train_return(self) -> float | None:
@@ -239,7 +212,7 @@ def _result(run: _Run, pool: ActorPool) -> RunResult:
         config=config_json(c),
         steps=run.learner.version,
         wall_s=wall,
-        trained_samples=run.trained_steps,
+        trained_samples=sum(run.lags.values()),
         curve=run.curve,
         staleness_hist=dict(run.lags),
         idle_ratio=idle,

@@ -9,7 +9,7 @@ sample-factory learners see their actors, and how an impala actor unrolls its ow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ class Trajectory:
         weight_digests: ``(version, digest)`` of every policy version that chose one of its
             actions, as the actor (or central inference) hashed the weights it used
             (:func:`~nobubble.rl.system.weight_sync.weight_digest`); the learner checks them.
+        group_id: its number among the trajectories the learner received (-1 until then):
+            to the :class:`~nobubble.rl.system.experience.ExperienceBuffer` a trajectory is
+            one group of one sample, whose rewards came with its steps.
     """
 
     source: str
@@ -46,10 +49,23 @@ class Trajectory:
     dones: np.ndarray
     episode_returns: tuple[float, ...]
     weight_digests: tuple[tuple[int, str], ...] = ()
+    group_id: int = -1
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.source, self.seq)
+
+    @property
+    def sample_ids(self) -> tuple[int, ...]:
+        return (self.group_id,)
+
+    @property
+    def newest_version(self) -> int:
+        return self.policy_version
+
+    @property
+    def reward_failed(self) -> bool:
+        return False  # an environment's rewards come with its steps
 
     @property
     def num_steps(self) -> int:
@@ -73,13 +89,7 @@ class TrajectoryBatch:
 
     def columns(self, index: torch.Tensor) -> TrajectoryBatch:
         """The environments ``index`` (``(b,)`` int64) of this batch."""
-        return TrajectoryBatch(
-            obs=self.obs[:, index],
-            actions=self.actions[:, index],
-            behaviour_logits=self.behaviour_logits[:, index],
-            rewards=self.rewards[:, index],
-            dones=self.dones[:, index],
-        )
+        return TrajectoryBatch(**{f.name: getattr(self, f.name)[:, index] for f in fields(self)})
 
 
 def stack_trajectories(trajectories: list[Trajectory]) -> TrajectoryBatch:
