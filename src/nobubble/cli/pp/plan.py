@@ -27,7 +27,7 @@ import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nobubble.cli.pp.options import BUILTIN_MODELS, check_time, is_user_model, launch_device
 from nobubble.cli.preflight import load_user_object
@@ -60,14 +60,15 @@ TOP_CANDIDATES = 8
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
-    """Import the factory ``spec`` names, seed torch with ``seed``, call it, check its answer.
+    """Import the factory ``spec`` names and build the model with it
+    (:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`,
+    which seeds torch with ``seed`` and checks the factory's answer).
 
     Every rank calls this with the same ``seed``, so every rank builds the same weights.
     Raises UsageError (one line, exit 2) when ``spec`` does not import, is not callable,
     the factory raises, or it does not return ``(blocks, inputs, targets, loss_fn)``.
     """
-    import torch
-
+    from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
     if not is_import_path(spec):
@@ -78,28 +79,10 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
         raise UsageError(f"--model {spec!r} is not a function (its type is "
                          f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
                          "targets, loss_fn)")  # fmt: skip
-    torch.manual_seed(seed)
     try:
-        out = factory()
-    except Exception as err:  # the user's factory failed: say so, in one line
-        raise UsageError(f"--model {spec!r}: the factory raised {type(err).__name__}: "
-                         f"{err}".replace("\n", " ")) from err  # fmt: skip
-    return _checked(spec, out)
-
-
-def _checked(spec: str, out: Any) -> UserModel:
-    """The factory's answer as a UserModel (which checks its parts)."""
-    from nobubble.pipeline.runtime.planning.train import UserModel
-
-    try:
-        if not (isinstance(out, tuple | list) and len(out) == 4):
-            size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
-            raise ValueError(f"a {type(out).__name__}{size}")
-        return UserModel(*out)
+        return UserModel.from_factory(factory, seed=seed)
     except ValueError as err:
-        raise UsageError(f"--model {spec!r}: the factory returned {err}; return (blocks, "
-                         "inputs, targets, loss_fn): a list of nn.Module, the input batch "
-                         "tensor, the targets and loss_fn(output, targets)") from None  # fmt: skip
+        raise UsageError(f"--model {spec!r}: {err}") from err
 
 
 def _absolute(spec: str) -> str:

@@ -45,7 +45,7 @@ from nobubble.cli.pp.options import (
     schedule_from_args,
     straggler_arg,
 )
-from nobubble.cli.pp.plan import describe, plan_user_model, print_candidates, run_user_plan
+from nobubble.cli.pp.plan import MiB, describe, plan_user_model, print_candidates, run_user_plan
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-MiB = 1024 * 1024
 DEFAULT_MICROBATCHES = 8
 """``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
 
