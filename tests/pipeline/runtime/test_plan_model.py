@@ -245,3 +245,23 @@ def test_a_user_model_refuses_a_plan_made_for_another_model() -> None:
         UserModel(blocks[:3], torch.zeros(8, 2), None, nn.functional.mse_loss).check_plan(p)
     with pytest.raises(ValueError, match="a batch of 6 rows does not split into the plan's 4"):
         UserModel(blocks, torch.zeros(6, 2), None, nn.functional.mse_loss).check_plan(p)
+
+
+def test_a_user_model_from_a_factory_is_seeded_and_checked() -> None:
+    """Two builds with one seed hold the same weights (every rank builds the model so); a
+    factory that raises or returns no 4 parts is one ValueError naming what it did."""
+    from nobubble.pipeline.runtime.planning import UserModel
+
+    def factory():
+        return [nn.Linear(2, 2)], torch.zeros(4, 2), torch.zeros(4, 2), nn.functional.mse_loss
+
+    first, again = (UserModel.from_factory(factory, seed=3) for _ in range(2))
+    other = UserModel.from_factory(factory, seed=4)
+    assert torch.equal(first.blocks[0].weight, again.blocks[0].weight)
+    assert not torch.equal(first.blocks[0].weight, other.blocks[0].weight)
+    with pytest.raises(ValueError, match="the factory returned a tuple of 3; return"):
+        UserModel.from_factory(lambda: factory()[:3])
+    with pytest.raises(ValueError, match="the factory raised KeyError: 'x'"):
+        UserModel.from_factory(lambda: {}["x"])
+    with pytest.raises(ValueError, match="blocks: no blocks"):
+        UserModel.from_factory(lambda: ([], *factory()[1:]))

@@ -38,43 +38,35 @@ from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.validation import MAX_REAL, finite
 
 if TYPE_CHECKING:
-    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
 
 __all__ = [
     "OPS_BUDGET",
     "V_MEMORY_SCHEDULES",
-    "straggler_arg",
-    "add_size",
-    "launch_device",
+    "DISPATCH_CHOICES",
     "BUILTIN_MODELS",
-    "MODEL_FLAGS",
+    "add_size",
+    "add_shape",
+    "add_costs",
+    "add_dispatch",
     "add_model",
+    "add_launch",
+    "straggler_arg",
+    "launch_device",
+    "check_size",
+    "costs_from_args",
+    "mem_limit_from_args",
+    "schedule_from_args",
+    "perturbation_from_args",
+    "read_schedule_csv",
+    "read_profile_json",
+    "profile_from_json",
     "is_user_model",
     "model_from_args",
     "given_model_flags",
     "check_factory_flags",
-    "LAUNCH_FLAGS",
-    "add_launch",
-    "launch_from_args",
     "check_launch",
-    "check_devices",
     "check_time",
-    "check_seconds",
-    "step_seconds",
-    "mem_limit_from_args",
-    "read_schedule_csv",
-    "read_profile_json",
-    "profile_from_json",
-    "builtin_bytes",
-    "add_shape",
-    "add_costs",
-    "check_size",
-    "costs_from_args",
-    "schedule_from_args",
-    "DISPATCH_CHOICES",
-    "add_dispatch",
-    "perturbation_from_args",
 ]
 
 # nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
@@ -408,46 +400,29 @@ def add_launch(p: argparse.ArgumentParser) -> None:
                    help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
 
 
-def launch_from_args(args: argparse.Namespace) -> LaunchOptions:
-    """The :class:`~nobubble.distributed.options.LaunchOptions` of the launch flags, checked
-    by the options themselves (torch-free; a ValueError names the flag)."""
-    from nobubble.distributed.options import LaunchOptions
-
-    return apply_flags(LaunchOptions, flags_given(LAUNCH_FLAGS, args), LAUNCH_FLAGS)
-
-
 def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):
-    """The :func:`launch_from_args` options, after all that needs no torch, before any work:
+    """The :class:`~nobubble.distributed.options.LaunchOptions` of the launch flags, checked
+    by the options themselves and, after all that needs no torch, before any work:
     ``--device`` / ``--backend`` against this torch build, ``--threads`` against the cores
     (unless ``--force``), a built-in ``model``'s memory and time (None: a model of the user's
-    own, or a profile's). What this machine has is :func:`check_devices`'s."""
+    own, or a profile's). What this machine has is
+    :func:`~nobubble.distributed.check_device`'s (it imports torch)."""
     from nobubble.distributed import check_device_name
+    from nobubble.distributed.options import LaunchOptions
 
-    launch = launch_from_args(args)
+    launch = apply_flags(LaunchOptions, flags_given(LAUNCH_FLAGS, args), LAUNCH_FLAGS)
     cores = os.cpu_count() or 1
     force = getattr(args, "force", False)
     if launch.threads_per_rank > cores and not force:
         raise UsageError(f"--threads {launch.threads_per_rank} is past this machine's {cores} "
                          f"cores; use at most {cores} (or --force)")  # fmt: skip
-    try:
-        check_device_name(launch.device, launch.backend)
-    except ValueError as err:
-        raise UsageError(f"--device/--backend: {err}") from None
+    check_device_name(launch.device, launch.backend)
     if model is not None:
         data = builtin_bytes(model, args.microbatch_size, ranks or 1)
         check_budget("pp", processes=ranks or 1, data_bytes=data, force=force)
-        check_time(args, ranks or 1, model)
+        tokens = args.microbatch_size * model.tokens_per_sample
+        check_time(args, ranks or 1, model.num_parameters, tokens)
     return launch
-
-
-def check_devices(launch: LaunchOptions, ranks: int | None) -> None:
-    """``--device`` / ``--backend`` against this torch build and machine (imports torch)."""
-    from nobubble.distributed import check_device
-
-    try:
-        check_device(launch.device, launch.backend, ranks=ranks or 1)
-    except ValueError as err:
-        raise UsageError(f"--device/--backend: {err}") from None
 
 
 TIME_BUDGET_S = 3600.0
@@ -458,33 +433,25 @@ OP_OVERHEAD_S = 1e-3
 """The runtime's own cost per scheduled action (sends, waits, bookkeeping: 0.2-1 ms here)."""
 
 
-def check_time(args: argparse.Namespace, ranks: int, model: ModelConfig) -> None:
-    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
-    on the built-in model passes :data:`TIME_BUDGET_S`: each step runs every microbatch
-    forward and backward (6 FLOPs a parameter and token) and 3 actions per rank; each repeat
-    of the profiler runs one microbatch forward, split backward and fused backward."""
-    params, tokens = model.num_parameters, args.microbatch_size * model.tokens_per_sample
-    force = getattr(args, "force", False)
+def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
+    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time,
+    for a model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch, passes
+    :data:`TIME_BUDGET_S`: each step runs ``--microbatches`` forward and backward (6 FLOPs a
+    parameter and token) and 3 actions a microbatch per rank; each repeat of the profiler
+    runs one microbatch forward, split backward and fused backward, after one warm-up."""
+    compute_s = 6.0 * params * tokens / FLOPS_PER_S
     if getattr(args, "steps", None) is not None:
-        step_s = step_seconds(params, tokens, args.microbatches or 1, ranks)
-        check_seconds("--steps", args.steps, args.steps * step_s, "step", force=force)
+        flag, value, what = "--steps", args.steps, "step"
+        each = (args.microbatches or 1) * (compute_s + 3 * ranks * OP_OVERHEAD_S)
+        total = args.steps * each
     elif getattr(args, "repeats", None) is not None:  # F, split B+W and fused BW, + warm-up
-        repeat_s = 2 * 6.0 * params * tokens / FLOPS_PER_S + 4 * OP_OVERHEAD_S
-        check_seconds("--repeats", args.repeats, (args.repeats + 1) * repeat_s, "repeat",
-                      force=force)  # fmt: skip
-
-
-def step_seconds(params: int, tokens: int, microbatches: int, ranks: int) -> float:
-    """About one training step: ``microbatches`` of ``tokens`` tokens forward and backward
-    through ``params`` parameters (6 FLOPs each), and 3 actions a microbatch per rank."""
-    return microbatches * (6.0 * params * tokens / FLOPS_PER_S + 3 * ranks * OP_OVERHEAD_S)
-
-
-def check_seconds(flag: str, value: int, seconds: float, what: str, *, force: bool) -> None:
-    """Refuse ``flag value`` when its estimated ``seconds`` pass :data:`TIME_BUDGET_S`."""
-    check_steps("", flag, value, seconds / value, limit_s=TIME_BUDGET_S,
+        flag, value, what = "--repeats", args.repeats, "repeat"
+        total = (args.repeats + 1) * (2 * compute_s + 4 * OP_OVERHEAD_S)
+    else:
+        return
+    check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
                 limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
-                bound="about", unit=what, force=force)  # fmt: skip
+                bound="about", unit=what, force=getattr(args, "force", False))  # fmt: skip
 
 
 def builtin_bytes(model: ModelConfig, microbatch_size: int, ranks: int) -> float:

@@ -27,15 +27,9 @@ import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from nobubble.cli.pp.options import (
-    BUILTIN_MODELS,
-    check_devices,
-    check_seconds,
-    is_user_model,
-    step_seconds,
-)
+from nobubble.cli.pp.options import BUILTIN_MODELS, check_time, is_user_model, launch_device
 from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
@@ -66,14 +60,15 @@ TOP_CANDIDATES = 8
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
-    """Import the factory ``spec`` names, seed torch with ``seed``, call it, check its answer.
+    """Import the factory ``spec`` names and build the model with it
+    (:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`,
+    which seeds torch with ``seed`` and checks the factory's answer).
 
     Every rank calls this with the same ``seed``, so every rank builds the same weights.
     Raises UsageError (one line, exit 2) when ``spec`` does not import, is not callable,
     the factory raises, or it does not return ``(blocks, inputs, targets, loss_fn)``.
     """
-    import torch
-
+    from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
     if not is_import_path(spec):
@@ -84,28 +79,10 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
         raise UsageError(f"--model {spec!r} is not a function (its type is "
                          f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
                          "targets, loss_fn)")  # fmt: skip
-    torch.manual_seed(seed)
     try:
-        out = factory()
-    except Exception as err:  # the user's factory failed: say so, in one line
-        raise UsageError(f"--model {spec!r}: the factory raised {type(err).__name__}: "
-                         f"{err}".replace("\n", " ")) from err  # fmt: skip
-    return _checked(spec, out)
-
-
-def _checked(spec: str, out: Any) -> UserModel:
-    """The factory's answer as a UserModel (which checks its parts)."""
-    from nobubble.pipeline.runtime.planning.train import UserModel
-
-    try:
-        if not (isinstance(out, tuple | list) and len(out) == 4):
-            size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
-            raise ValueError(f"a {type(out).__name__}{size}")
-        return UserModel(*out)
+        return UserModel.from_factory(factory, seed=seed)
     except ValueError as err:
-        raise UsageError(f"--model {spec!r}: the factory returned {err}; return (blocks, "
-                         "inputs, targets, loss_fn): a list of nn.Module, the input batch "
-                         "tensor, the targets and loss_fn(output, targets)") from None  # fmt: skip
+        raise UsageError(f"--model {spec!r}: {err}") from err
 
 
 def _absolute(spec: str) -> str:
@@ -117,16 +94,28 @@ def _absolute(spec: str) -> str:
 # -- pp plan --model MODULE:FACTORY --------------------------------------------------------
 def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
     """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
+    from nobubble.distributed import check_device
+    from nobubble.pipeline.runtime.planning import RuntimeCosts, plan_model
+
     if args.profile is not None:
         raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a model "
                          "of your own is profiled block by block here")  # fmt: skip
     out = args.output if args.output is not None else Path("plan.json")
     plot = args.plot if args.plot is not None else out.with_suffix(".png")
+    runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
+    limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
     with claim_output(out):  # before profiling: refuse another live run's output
-        check_devices(launch, args.ranks)
+        check_device(launch.device, launch.backend, ranks=args.ranks)
         model = load_user_model(args.model, seed=args.seed)
-        limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-        p = _make_plan(model, args, limit, launch)
+        device = launch_device(launch.device)
+        with console(stderr=True).status("planning") as status:
+            p = plan_model(
+                [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
+                num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
+                runtime=runtime, device=launch.device, threads=launch.threads_per_rank,
+                timeout_s=launch.timeout_s, ilp_time_limit_s=args.ilp, clock=args.clock,
+                progress=status.update,
+            )  # fmt: skip
         naive = describe(p, p.naive())
         rows = [describe(p, c) for c in _shown(p)]
         _draw(p, rows[0][0], naive, plot)
@@ -152,23 +141,6 @@ def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
         f"same m, no recompute; wrote {out}, {plot}",
     )  # fmt: skip
     return 0
-
-
-def _make_plan(model: UserModel, args: argparse.Namespace, limit: float | None,
-               launch: LaunchOptions) -> Plan:  # fmt: skip
-    from nobubble.cli.pp.options import launch_device
-    from nobubble.pipeline.runtime.planning import RuntimeCosts, plan_model
-
-    device = launch_device(launch.device)
-    runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
-    with console(stderr=True).status("planning") as status:
-        return plan_model(
-            [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
-            num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
-            runtime=runtime, device=launch.device, threads=launch.threads_per_rank,
-            timeout_s=launch.timeout_s, ilp_time_limit_s=args.ilp, clock=args.clock,
-            progress=status.update,
-        )  # fmt: skip
 
 
 def _shown(p: Plan) -> list[Candidate]:
@@ -226,6 +198,7 @@ def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: P
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
 def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     """``pp run --plan``: the plan on local ranks, each building the model from the factory."""
+    from nobubble.distributed import check_device
     from nobubble.pipeline.runtime.planning.train import train_plan
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -235,13 +208,18 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = _absolute(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
-    _check_model_fits(args, p, model)
+    model.check_plan(p)  # another block count, or a batch the plan's microbatches do not split
+    batch = int(model.inputs.shape[0])
+    if p.setting.batch_size not in (None, batch):
+        console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
+                                   f"{p.setting.batch_size} rows, this one has {batch}; the "
+                                   "prediction is for the planned batch")  # fmt: skip
     params = sum(q.numel() for b in model.blocks for q in b.parameters())
     inputs = model.inputs  # token ids (B, T): B x T tokens; features (B, D): B rows
     tokens = inputs.numel() if not inputs.is_floating_point() else len(inputs)
-    step_s = step_seconds(params, tokens // p.num_microbatches, p.num_microbatches, p.num_ranks)
-    check_seconds("--steps", args.steps, args.steps * step_s, "step", force=args.force)
-    check_devices(launch, p.num_ranks)
+    args.microbatches = p.num_microbatches
+    check_time(args, p.num_ranks, params, tokens // p.num_microbatches)
+    check_device(launch.device, launch.backend, ranks=p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
                          steps=args.steps, optimizer=args.optimizer, lr=args.lr,
@@ -302,15 +280,3 @@ def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
     if given:
         raise UsageError(f"{', '.join(given)}: not with --plan (the plan sets recompute; "
                          "plotting and stragglers are for the built-in models)")  # fmt: skip
-
-
-def _check_model_fits(args: argparse.Namespace, p: Plan, model: UserModel) -> None:
-    try:
-        model.check_plan(p)
-    except ValueError as err:
-        raise UsageError(f"--plan {args.plan}, --model {args.model}: {err}") from None
-    batch = int(model.inputs.shape[0])
-    if p.setting.batch_size not in (None, batch):
-        console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
-                                   f"{p.setting.batch_size} rows, this one has {batch}; the "
-                                   "prediction is for the planned batch")  # fmt: skip

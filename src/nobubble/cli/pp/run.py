@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,6 @@ from nobubble.cli.pp.options import (
     add_launch,
     add_model,
     add_size,
-    check_devices,
     check_factory_flags,
     check_launch,
     check_size,
@@ -45,7 +45,7 @@ from nobubble.cli.pp.options import (
     schedule_from_args,
     straggler_arg,
 )
-from nobubble.cli.pp.plan import describe, plan_user_model, print_candidates, run_user_plan
+from nobubble.cli.pp.plan import MiB, describe, plan_user_model, print_candidates, run_user_plan
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-MiB = 1024 * 1024
 DEFAULT_MICROBATCHES = 8
 """``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
 
@@ -165,6 +164,8 @@ def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, 
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from nobubble.distributed import check_device
+
     if is_user_model(args.model):
         raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
                          "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
@@ -172,7 +173,7 @@ def _profile(args: argparse.Namespace) -> int:
     launch = check_launch(args, None, model)
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
     with claim:  # before torch: refuse another live run's output
-        check_devices(launch, None)
+        check_device(launch.device, launch.backend)
         prof = measure_profile(model, args.num_stages, launch,
                                microbatch_size=args.microbatch_size, clock=args.clock,
                                repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
@@ -197,6 +198,8 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from nobubble.distributed import check_device
+
     if is_user_model(args.model):
         check_factory_flags(args)
         return plan_user_model(args, check_launch(args, args.ranks, None))
@@ -215,7 +218,7 @@ def _plan(args: argparse.Namespace) -> int:
     data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
     out = args.output or Path("plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
-        check_devices(launch, args.ranks)
+        check_device(launch.device, launch.backend, ranks=args.ranks)
         p, name = _plan_builtin(args, data, model, launch)
         write_text(out, p.schedule().to_csv())
     rows = [describe(p, c)[1] for c in p.candidates]
@@ -258,17 +261,15 @@ def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None,
         ), model.name  # fmt: skip
 
 
-def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
-    """``--schedule`` for ``costs`` (None: unit costs, until a profile measures them), or
-    ``--schedule-file``."""
+def _schedule_from_args(args: argparse.Namespace) -> Schedule:
+    """``--schedule`` for unit costs (a cost-dependent one is built again for the costs a
+    profile measures), or ``--schedule-file``."""
     from nobubble.pipeline.costs import CostModel
 
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
         check_size(args)  # before the unit costs, whose size is the ranks'
-        return schedule_from_args(
-            args, costs if costs is not None else CostModel.uniform(args.ranks)
-        )
+        return schedule_from_args(args, CostModel.uniform(args.ranks))
     sched = read_schedule_csv(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
@@ -280,18 +281,6 @@ def _schedule_from_args(args: argparse.Namespace, costs=None) -> Schedule:
                          f"{sched.num_microbatches} microbatches; drop -m (the file sets it)")  # fmt: skip
     args.microbatches = sched.num_microbatches
     return sched
-
-
-def _train_config(args: argparse.Namespace, sched: Schedule, model: ModelConfig):
-    from nobubble.pipeline.runtime.executor import TrainConfig, check_config
-
-    config = TrainConfig(
-        model=model, schedule=sched, microbatch_size=args.microbatch_size,
-        num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
-        recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
-    )  # fmt: skip
-    check_config(config, sched.num_ranks)  # before profiling or starting anything
-    return config
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -306,12 +295,20 @@ def _run(args: argparse.Namespace) -> int:
     sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
     model = model_from_args(args)
     launch = check_launch(args, args.ranks, model)  # sizes, steps: with M known
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        check_devices(launch, args.ranks)
-        return _run_torchrun(_train_config(args, sched, model), args, launch)
-    with claim_output(args.trace):  # before torch: refuse another live run's output
-        check_devices(launch, args.ranks)
-        return _run_local(_train_config(args, sched, model), args, launch)
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    # before torch: refuse another live run's output (under torchrun each rank claims its own)
+    with contextlib.nullcontext() if torchrun else claim_output(args.trace):
+        from nobubble.distributed import check_device
+        from nobubble.pipeline.runtime.executor import TrainConfig, check_config
+
+        check_device(launch.device, launch.backend, ranks=args.ranks)
+        config = TrainConfig(
+            model=model, schedule=sched, microbatch_size=args.microbatch_size,
+            num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
+            recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
+        )  # fmt: skip
+        check_config(config, sched.num_ranks)  # before profiling or starting anything
+        return (_run_torchrun if torchrun else _run_local)(config, args, launch)
 
 
 def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
@@ -326,8 +323,7 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
         from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
 
         if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
-            sched = _schedule_from_args(args, prof.cost_model())
-            config = _train_config(args, sched, config.model)
+            config = replace(config, schedule=schedule_from_args(args, prof.cost_model()))
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):

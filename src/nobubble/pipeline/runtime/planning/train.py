@@ -52,6 +52,28 @@ class UserModel:
                              "loss_fn(output, targets)")  # fmt: skip
         object.__setattr__(self, "blocks", list(blocks))
 
+    @classmethod
+    def from_factory(cls, factory: Callable[[], Any], *, seed: int = 0) -> UserModel:
+        """Seed torch with ``seed``, call ``factory`` and check its answer: every process
+        that builds the model so, with the same ``seed``, holds the same weights.
+
+        Raises:
+            ValueError: the factory raised (its error, in one line), returned anything but
+                ``(blocks, inputs, targets, loss_fn)``, or parts the class refuses.
+        """
+        torch.manual_seed(seed)
+        try:
+            out = factory()
+        except Exception as err:  # the user's factory failed: say so, in one line
+            raise ValueError(f"the factory raised {type(err).__name__}: "
+                             f"{err}".replace("\n", " ")) from err  # fmt: skip
+        if not (isinstance(out, tuple | list) and len(out) == 4):
+            size = f" of {len(out)}" if isinstance(out, tuple | list) else ""
+            raise ValueError(f"the factory returned a {type(out).__name__}{size}; return "
+                             "(blocks, inputs, targets, loss_fn): a list of nn.Module, the "
+                             "input batch tensor, the targets and loss_fn(output, targets)")  # fmt: skip
+        return cls(*out)
+
     def check_plan(self, plan: Plan) -> None:
         """Raise ValueError when ``plan`` was not made for this model: another block count,
         or a batch that does not split into the plan's microbatches."""
