@@ -22,7 +22,7 @@ Aggregation (how a ``(B, T)`` loss matrix becomes one number) follows verl's ``a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -39,12 +39,7 @@ __all__ = [
 LossAgg = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAgg)
 KLKind = Literal["k1", "k2", "k3"]
 
 
