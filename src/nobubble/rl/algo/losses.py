@@ -232,14 +232,9 @@ def ppo_policy_loss(
     mask = _check_mask(logp, mask, who)
     old_logp = _per_token(old_logp, logp, "old_logp", who).detach()
     advantages = _per_token(advantages, logp, "advantages", who).detach()
-    if weights is not None:
-        weights = _per_token(weights.detach(), logp, "weights", who)
-    if behav_logp is not None:
-        behav_logp = _per_token(behav_logp, logp, "behav_logp", who).detach()
-        behav_weight, mask = _behaviour_weight(
-            old_logp, behav_logp, mask, behav_weight_cap, behav_weight_mode, who
-        )
-        weights = behav_weight if weights is None else weights * behav_weight
+    weights, mask = _token_weights(
+        old_logp, weights, behav_logp, mask, behav_weight_cap, behav_weight_mode, who
+    )
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     loss_mat, is_clipped, is_dual = _clipped_surrogate(
@@ -263,26 +258,33 @@ def ppo_policy_loss(
         )
 
 
-def _behaviour_weight(
+def _token_weights(
     prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
+    weights: torch.Tensor | None,
+    behav_logp: torch.Tensor | None,
     mask: torch.Tensor,
     cap: float | None,
     mode: str,
     who: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pi_prox / pi_behav`` truncated at ``cap`` (or tokens above it masked); new mask."""
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """PPO's per-token weights ``(B, T)`` (None: all 1) and mask: ``weights`` times, with
+    ``behav_logp``, ``pi_prox / pi_behav`` truncated at ``cap`` (or tokens above it masked)."""
+    if weights is not None:
+        weights = _per_token(weights.detach(), prox_logp, "weights", who)
+    if behav_logp is None:
+        return weights, mask
     if cap is not None and cap <= 0:
         raise ValueError(f"{who}: behav_weight_cap={cap} must be > 0 or None")
     if mode not in ("truncate", "mask"):
         raise ValueError(f"{who}: behav_weight_mode={mode!r}; use 'truncate' or 'mask'")
+    behav_logp = _per_token(behav_logp, prox_logp, "behav_logp", who).detach()
     weight = torch.exp(prox_logp - behav_logp)
-    if cap is None:
-        return weight, mask
-    if mode == "truncate":
-        return weight.clamp(max=cap), mask
-    keep = weight <= cap
-    return torch.where(keep, weight, torch.zeros_like(weight)), mask * keep.to(mask.dtype)
+    if cap is not None and mode == "truncate":
+        weight = weight.clamp(max=cap)
+    elif cap is not None:
+        keep = weight <= cap
+        weight, mask = torch.where(keep, weight, torch.zeros_like(weight)), mask * keep
+    return (weight if weights is None else weights * weight), mask
 
 
 def policy_gradient_loss(
