@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from nobubble.rl.algo.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
-    decoupled_ppo_loss,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,
@@ -195,7 +194,7 @@ def test_decoupled_equals_ppo_when_proximal_is_behaviour() -> None:
     adv = torch.randn(3, generator=g, dtype=torch.float64)
     mask = torch.ones(3, 4, dtype=torch.float64)
     a = ppo_policy_loss(logp, old, adv, mask, 0.2, 0.3, 2.5)
-    b = decoupled_ppo_loss(logp, old, old, adv, mask, 0.2, 0.3, 2.5)
+    b = ppo_policy_loss(logp, old, adv, mask, 0.2, 0.3, 2.5, behav_logp=old)
     torch.testing.assert_close(a.loss, b.loss)
     assert b.behav_weight_mean.item() == pytest.approx(1.0)
 
@@ -208,23 +207,23 @@ def test_decoupled_weight_truncation_and_masking() -> None:
     behav = prox - w.log()
     adv = torch.full((3,), -1.0, dtype=torch.float64)
     mask = torch.ones(3, 1, dtype=torch.float64)
-    trunc = decoupled_ppo_loss(
-        logp, prox, behav, adv, mask, agg="seq-mean-token-sum", behav_weight_cap=4.0
+    trunc = ppo_policy_loss(
+        logp, prox, adv, mask, agg="seq-mean-token-sum", behav_logp=behav, behav_weight_cap=4.0
     )
     assert trunc.loss.item() == pytest.approx((0.5 + 2.0 + 4.0) / 3)
-    masked = decoupled_ppo_loss(
+    masked = ppo_policy_loss(
         logp,
         prox,
-        behav,
         adv,
         mask,
         agg="seq-mean-token-sum",
+        behav_logp=behav,
         behav_weight_cap=4.0,
         behav_weight_mode="mask",
     )
     assert masked.loss.item() == pytest.approx((0.5 + 2.0) / 2)
-    uncapped = decoupled_ppo_loss(
-        logp, prox, behav, adv, mask, agg="seq-mean-token-sum", behav_weight_cap=None
+    uncapped = ppo_policy_loss(
+        logp, prox, adv, mask, agg="seq-mean-token-sum", behav_logp=behav, behav_weight_cap=None
     )
     assert uncapped.loss.item() == pytest.approx((0.5 + 2.0 + 8.0) / 3)
 
@@ -290,4 +289,4 @@ def test_bad_input_names_the_value() -> None:
     with pytest.raises(ValueError, match="kind='k4'"):
         kl_penalty(x, x, "k4")
     with pytest.raises(ValueError, match="behav_weight_cap=0"):
-        decoupled_ppo_loss(x, x, x, x, x, behav_weight_cap=0)
+        ppo_policy_loss(x, x, x, x, behav_logp=x, behav_weight_cap=0)

@@ -20,7 +20,6 @@ from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
-    decoupled_ppo_loss,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,
@@ -146,7 +145,7 @@ def test_decoupled_ppo_loss_and_gradient_equal_the_reference(agg, cap, mode) -> 
     kw = {"behav_weight_cap": cap, "behav_weight_mode": mode}
     args = (ADV, MASK, CLIP_LOW, CLIP_HIGH, 1.5, agg)
     _assert_same(
-        lambda x: decoupled_ppo_loss(x, prox, behav, *args, **kw).loss,
+        lambda x: ppo_policy_loss(x, prox, *args, behav_logp=behav, **kw).loss,
         lambda x: decoupled_ppo_loss_ref(x, prox, behav, *args, **kw),
         LOGP,
     )
@@ -329,7 +328,7 @@ def test_decoupled_ppo_property(batch, clip, agg, cap, mode, data) -> None:
     behav = prox + _matrix(data.draw, *logp.shape, -1.5, 1.5)
     kw = {"behav_weight_cap": cap, "behav_weight_mode": mode}
     _assert_same(
-        lambda x: decoupled_ppo_loss(x, prox, behav, adv, mask, *clip, agg, **kw).loss,
+        lambda x: ppo_policy_loss(x, prox, adv, mask, *clip, agg, behav_logp=behav, **kw).loss,
         lambda x: decoupled_ppo_loss_ref(x, prox, behav, adv, mask, *clip, agg, **kw),
         logp,
     )

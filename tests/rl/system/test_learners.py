@@ -11,6 +11,8 @@ local engine.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -93,6 +95,47 @@ def test_sync_learners_equal_one_learner_on_the_whole_batch():
         for name, value in expected.items():
             assert value.dtype == torch.float64
             assert torch.allclose(state[name], value, rtol=0, atol=1e-6), name
+
+
+def _staleness_learner(ctx: DistContext, cfg: RunConfig, batch: list[SampleGroup]) -> tuple:
+    learner = _fp64_learner(cfg)
+    learner.join(ctx, "staleness", 1)
+    shard, _ = split_groups(batch, None, ctx.world_size)[ctx.rank]
+    if ctx.rank == 0:
+        time.sleep(2.0)  # learner 1's push is there before learner 0's own gradient
+    pushes = learner.update([GroupBatch(shard)]).pushes
+    return learner.state_dict(), pushes, learner.version
+
+
+def test_staleness_learners_apply_every_gradient_in_arrival_order():
+    """Learner 0 serves its own model: its gradient and learner 1's (usually there first),
+    both computed on the initial weights, are applied one Adam step each in the order it
+    logged, the second scaled by 1 / (1 + 1); the same steps in one process give the same
+    parameters."""
+    batch = _batches(EXACT)[0]
+    (state, pushes, version), (_, _, version_1) = spawn(
+        _staleness_learner, 2, args=(EXACT, batch), timeout_s=180
+    )
+    assert (version, version_1) == (1, 0)  # learner 1 never steps: it pushes
+    assert sorted(who for who, _, _ in pushes) == [0, 1]
+    assert [(lag, w) for _, lag, w in pushes] == [(0, 1.0), (1, 0.5)]
+    ref = _fp64_learner(EXACT)
+    grads = []
+    for shard, _ in split_groups(batch, None, 2):
+        ref.compute_gradients(GroupBatch(shard))
+        ref.clip_gradients()
+        grads.append(
+            [
+                torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                for p in ref.model.parameters()
+            ]
+        )
+    for who, _, weight in pushes:
+        for p, g in zip(ref.model.parameters(), grads[who]):
+            p.grad = weight * g
+        ref.optimizer.step()
+    for name, value in ref.state_dict().items():
+        assert torch.allclose(state[name], value, rtol=0, atol=1e-12), name
 
 
 def test_split_groups_keeps_groups_whole_and_in_order():

@@ -19,7 +19,6 @@ from nobubble.rl.algo.aggregation import (
 from nobubble.rl.algo.losses import (
     PolicyLossResult,
     aggregate_loss,
-    decoupled_ppo_loss,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,
@@ -33,7 +32,6 @@ __all__ = [
     "PolicyLossResult",
     "aggregate_loss",
     "ppo_policy_loss",
-    "decoupled_ppo_loss",
     "policy_gradient_loss",
     "kl_penalty",
     "VTraceReturns",

@@ -17,14 +17,14 @@ advantages are exactly 0.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 __all__ = ["GRPOScale", "grpo_advantages"]
 
 GRPOScale = Literal["group", "batch", "none"]
-_SCALES = ("group", "batch", "none")
+_SCALES = get_args(GRPOScale)
 
 
 def grpo_advantages(

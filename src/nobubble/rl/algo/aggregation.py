@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -35,6 +35,7 @@ from nobubble.distributed import DistContext
 from nobubble.rl.algo.staleness import StalenessKind, staleness_weight
 
 __all__ = [
+    "filled_grads",
     "all_reduce_gradients",
     "broadcast_parameters",
     "LocalSGD",
@@ -58,11 +59,8 @@ def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def _unflat(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for t in like:
-        out.append(flat[offset : offset + t.numel()].view_as(t))  # (numel,) -> t.shape
-        offset += t.numel()
-    return out
+    parts = flat.split([t.numel() for t in like])
+    return [part.view_as(t) for part, t in zip(parts, like)]  # (numel,) -> t.shape
 
 
 def _flat_all_reduce(tensors: list[torch.Tensor], ctx: DistContext, what: str) -> torch.Tensor:
@@ -75,6 +73,17 @@ def _flat_all_reduce(tensors: list[torch.Tensor], ctx: DistContext, what: str) -
 def _scatter_flat(flat: torch.Tensor, targets: list[torch.Tensor]) -> None:
     for t, part in zip(targets, _unflat(flat, targets)):
         t.copy_(part)
+
+
+def filled_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each parameter's ``.grad``, set to zeros first where it has none (a head the loss did
+    not use contributes a zero gradient)."""
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    return grads
 
 
 def all_reduce_gradients(
@@ -99,33 +108,19 @@ def all_reduce_gradients(
         raise ValueError(f"all_reduce_gradients: op={op!r}; use 'mean' or 'sum'")
     if weight is not None and (op != "mean" or weight < 0):
         raise ValueError(f"all_reduce_gradients: weight={weight} needs op='mean' and weight >= 0")
-    params = [p for p in params if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    grads = filled_grads([p for p in params if p.requires_grad])
+    if op == "sum":
+        _scatter_flat(_flat_all_reduce(grads, ctx, "all_reduce_gradients"), grads)
+        return 1.0
     w = 1.0 if weight is None else float(weight)
-    scale = w if op == "mean" else 1.0
-    tensors = [_grad(p) * scale for p in params]
-    if op == "mean":
-        like = (
-            _grad(params[0]) if params else torch.empty(0, dtype=torch.float64, device=ctx.device)
-        )
-        tensors.append(torch.tensor([w], dtype=like.dtype, device=like.device))
-    flat = _flat_all_reduce(tensors, ctx, "all_reduce_gradients")
-    if op == "mean":
-        total_w = float(flat[-1])
-        if total_w <= 0:
-            raise ValueError("all_reduce_gradients: every rank passed weight 0; nothing to average")
-        flat = flat[:-1] / total_w
-        _scatter_flat(flat, [_grad(p) for p in params])
-        return w / total_w
-    _scatter_flat(flat, [_grad(p) for p in params])
-    return 1.0
-
-
-def _grad(p: torch.Tensor) -> torch.Tensor:
-    assert p.grad is not None  # all_reduce_gradients zero-fills missing grads first
-    return p.grad
+    like = grads[0] if grads else torch.empty(0, dtype=torch.float64, device=ctx.device)
+    weight_1 = torch.tensor([w], dtype=like.dtype, device=like.device)  # (1,), summed too
+    flat = _flat_all_reduce([*(g * w for g in grads), weight_1], ctx, "all_reduce_gradients")
+    total_w = float(flat[-1])
+    if total_w <= 0:
+        raise ValueError("all_reduce_gradients: every rank passed weight 0; nothing to average")
+    _scatter_flat(flat[:-1] / total_w, grads)
+    return w / total_w
 
 
 def broadcast_parameters(params: Sequence[torch.Tensor], ctx: DistContext, src: int = 0) -> None:
@@ -180,9 +175,8 @@ class ParameterServer:
     - base_version, kind)``, and drops gradients older than ``max_staleness``. Thread-safe.
 
     Args:
-        params: initial parameters (copied).
-        optimizer_factory: builds the optimizer over the server's parameters
-            (default: plain SGD with ``lr``).
+        params: the parameters, trained in place (a learner serves its own model).
+        optimizer: steps them (default: plain SGD with ``lr``).
         lr: learning rate for the default optimizer.
         staleness_kind: ``"none"`` applies stale gradients at full weight.
         max_staleness: drop gradients with staleness above this (None = keep all).
@@ -192,7 +186,7 @@ class ParameterServer:
         self,
         params: Iterable[torch.Tensor],
         *,
-        optimizer_factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         lr: float = 0.1,
         staleness_kind: StalenessKind = "inverse",
         max_staleness: int | None = None,
@@ -200,9 +194,8 @@ class ParameterServer:
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"ParameterServer: max_staleness={max_staleness} must be >= 0")
         staleness_weight(0, staleness_kind)  # validates the kind
-        self.params = [p.detach().clone().requires_grad_(True) for p in params]
-        factory = optimizer_factory or (lambda ps: torch.optim.SGD(ps, lr=lr))
-        self._optimizer = factory(self.params)
+        self.params = list(params)
+        self._optimizer = optimizer or torch.optim.SGD(self.params, lr=lr)
         self.staleness_kind = staleness_kind
         self.max_staleness = max_staleness
         self.version = 0

@@ -1,4 +1,5 @@
-"""Policy-gradient losses: PPO clip (with dual clip), decoupled PPO, plain PG, KL penalties.
+"""Policy-gradient losses: PPO clip (with dual clip; decoupled PPO as an option), plain PG, KL
+penalties.
 
 Shapes: ``B`` sequences (responses) by ``T`` tokens. Every per-token tensor is ``(B, T)``;
 ``mask`` is ``(B, T)`` bool or 0/1 float marking the response tokens that count. Sequence
@@ -21,7 +22,7 @@ Aggregation (how a ``(B, T)`` loss matrix becomes one number) follows verl's ``a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -31,7 +32,6 @@ __all__ = [
     "PolicyLossResult",
     "aggregate_loss",
     "ppo_policy_loss",
-    "decoupled_ppo_loss",
     "policy_gradient_loss",
     "kl_penalty",
 ]
@@ -39,12 +39,7 @@ __all__ = [
 LossAgg = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAgg)
 KLKind = Literal["k1", "k2", "k3"]
 
 
@@ -192,41 +187,61 @@ def ppo_policy_loss(
     agg: LossAgg = "token-mean",
     *,
     weights: torch.Tensor | None = None,
+    behav_logp: torch.Tensor | None = None,
+    behav_weight_cap: float | None = 5.0,
+    behav_weight_mode: Literal["truncate", "mask"] = "truncate",
     global_num_tokens: float | torch.Tensor | None = None,
     global_num_seqs: float | torch.Tensor | None = None,
     norm_length: float | None = None,
 ) -> PolicyLossResult:
-    """PPO clipped policy loss (Schulman et al., 2017) with asymmetric clip and dual clip.
+    """PPO clipped policy loss (Schulman et al., 2017) with asymmetric clip and dual clip,
+    and decoupled PPO (Hilton et al., 2022; AReaL, Fu et al., 2025) when ``behav_logp`` is
+    given.
+
+    Decoupled PPO centres the trust region on a *proximal* policy (recent weights, passed as
+    ``old_logp``) while the data came from an older *behaviour* policy (``behav_logp``). Per
+    token:
+
+        loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)),
+        r = pi_theta / pi_prox,   w = pi_prox / pi_behav  (truncated at behav_weight_cap)
+
+    With ``behav_weight_mode="mask"`` tokens whose ``w`` exceeds the cap are dropped instead
+    (AReaL's behaviour). ``behav_logp == old_logp`` gives back plain PPO (``w = 1``).
 
     Args:
         logp: ``(B, T)`` log pi_theta(a_t | s_t), with gradient.
-        old_logp: ``(B, T)`` log-probs of the policy the ratio is taken against (no grad).
+        old_logp: ``(B, T)`` log-probs of the policy the ratio is taken against (no grad):
+            the behaviour policy, or the proximal one when ``behav_logp`` is given.
         advantages: ``(B, T)`` or ``(B,)`` float.
         mask: ``(B, T)`` valid-token mask.
         clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``.
         dual_clip: ``c > 1`` caps the loss of ``A < 0`` tokens at ``c * |A|``; None = off.
         agg: aggregation mode, see :func:`aggregate_loss`.
         weights: optional ``(B, T)``/``(B,)`` per-token multipliers, e.g. truncated IS or
-            staleness weights; treated as constants.
+            staleness weights; treated as constants (multiplied with ``w``).
+        behav_logp: ``(B, T)`` log-probs of the behaviour policy (no grad); None = plain PPO.
+        behav_weight_cap: truncation level for ``w`` (> 0), None = no truncation.
+        behav_weight_mode: ``"truncate"`` or ``"mask"`` (see above).
         global_num_tokens, global_num_seqs, norm_length: see :func:`aggregate_loss`.
     Returns:
-        :class:`PolicyLossResult`.
+        :class:`PolicyLossResult` (``behav_weight_mean`` set with ``weights`` or
+        ``behav_logp``).
     """
     who = "ppo_policy_loss"
     _check_clip(clip_low, clip_high, dual_clip, who)
     mask = _check_mask(logp, mask, who)
     old_logp = _per_token(old_logp, logp, "old_logp", who).detach()
     advantages = _per_token(advantages, logp, "advantages", who).detach()
+    weights, mask = _token_weights(
+        old_logp, weights, behav_logp, mask, behav_weight_cap, behav_weight_mode, who
+    )
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     loss_mat, is_clipped, is_dual = _clipped_surrogate(
         ratio, advantages, clip_low, clip_high, dual_clip
     )
-    if weights is not None:
-        weights = _per_token(weights.detach(), logp, "weights", who)
-        loss_mat = loss_mat * weights
     loss = aggregate_loss(
-        loss_mat,
+        _weighted(loss_mat, weights, who),
         mask,
         agg,
         global_num_tokens=global_num_tokens,
@@ -243,88 +258,33 @@ def ppo_policy_loss(
         )
 
 
-def decoupled_ppo_loss(
-    logp: torch.Tensor,
+def _token_weights(
     prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: LossAgg = "token-mean",
-    *,
-    behav_weight_cap: float | None = 5.0,
-    behav_weight_mode: Literal["truncate", "mask"] = "truncate",
-    global_num_tokens: float | torch.Tensor | None = None,
-    global_num_seqs: float | torch.Tensor | None = None,
-    norm_length: float | None = None,
-) -> PolicyLossResult:
-    """Decoupled PPO (Hilton et al., 2022; AReaL, Fu et al., 2025).
-
-    The trust region is centred on a *proximal* policy (recent weights, ``prox_logp``) while
-    the data came from an older *behaviour* policy (``behav_logp``). Per token:
-
-        loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)),
-        r = pi_theta / pi_prox,   w = pi_prox / pi_behav  (truncated at behav_weight_cap)
-
-    With ``behav_weight_mode="mask"`` tokens whose ``w`` exceeds the cap are dropped instead
-    (AReaL's behaviour). ``prox_logp == behav_logp`` gives back :func:`ppo_policy_loss`.
-
-    Args:
-        logp: ``(B, T)`` with gradient.
-        prox_logp, behav_logp: ``(B, T)``, no gradient.
-        advantages: ``(B, T)`` or ``(B,)``.
-        mask: ``(B, T)``.
-        behav_weight_cap: truncation level for ``w`` (> 0), None = no truncation.
-    Returns:
-        :class:`PolicyLossResult` with ``behav_weight_mean`` set.
-    """
-    who = "decoupled_ppo_loss"
-    _check_clip(clip_low, clip_high, dual_clip, who)
-    mask = _check_mask(logp, mask, who)
-    prox_logp = _per_token(prox_logp, logp, "prox_logp", who).detach()
-    behav_logp = _per_token(behav_logp, logp, "behav_logp", who).detach()
-    advantages = _per_token(advantages, logp, "advantages", who)
-    behav_weight, mask = _behaviour_weight(
-        prox_logp, behav_logp, mask, behav_weight_cap, behav_weight_mode, who
-    )
-    return ppo_policy_loss(
-        logp,
-        prox_logp,
-        advantages,
-        mask,
-        clip_low,
-        clip_high,
-        dual_clip,
-        agg,
-        weights=behav_weight,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_length=norm_length,
-    )
-
-
-def _behaviour_weight(
-    prox_logp: torch.Tensor,
-    behav_logp: torch.Tensor,
+    weights: torch.Tensor | None,
+    behav_logp: torch.Tensor | None,
     mask: torch.Tensor,
     cap: float | None,
     mode: str,
     who: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pi_prox / pi_behav`` truncated at ``cap`` (or tokens above it masked); new mask."""
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """PPO's per-token weights ``(B, T)`` (None: all 1) and mask: ``weights`` times, with
+    ``behav_logp``, ``pi_prox / pi_behav`` truncated at ``cap`` (or tokens above it masked)."""
+    if weights is not None:
+        weights = _per_token(weights.detach(), prox_logp, "weights", who)
+    if behav_logp is None:
+        return weights, mask
     if cap is not None and cap <= 0:
         raise ValueError(f"{who}: behav_weight_cap={cap} must be > 0 or None")
     if mode not in ("truncate", "mask"):
         raise ValueError(f"{who}: behav_weight_mode={mode!r}; use 'truncate' or 'mask'")
+    behav_logp = _per_token(behav_logp, prox_logp, "behav_logp", who).detach()
     weight = torch.exp(prox_logp - behav_logp)
-    if cap is None:
-        return weight, mask
-    if mode == "truncate":
-        return weight.clamp(max=cap), mask
-    keep = weight <= cap
-    return torch.where(keep, weight, torch.zeros_like(weight)), mask * keep.to(mask.dtype)
+    if cap is not None and mode == "truncate":
+        weight = weight.clamp(max=cap)
+    elif cap is not None:
+        keep = weight <= cap
+        weight, mask = torch.where(keep, weight, torch.zeros_like(weight)), mask * keep
+    return (weight if weights is None else weights * weight), mask
 
 
 def policy_gradient_loss(

@@ -59,7 +59,6 @@ class _SegmentTree:
         self._depth = 1
         while fanout**self._depth < capacity:
             self._depth += 1
-        self._neutral = neutral
         self._levels = [
             np.full(fanout**lvl, neutral, dtype=np.float64) for lvl in range(self._depth + 1)
         ]
@@ -90,10 +89,6 @@ class _SegmentTree:
 
     def root(self) -> float:
         return float(self._levels[0][0])
-
-    def clear(self) -> None:
-        for level in self._levels:
-            level.fill(self._neutral)
 
 
 class SumTree(_SegmentTree):
@@ -204,12 +199,17 @@ class PrioritizedReplayBuffer(Generic[Item]):
     def __len__(self) -> int:
         return self._size
 
-    def _leaf_values(self, priorities: np.ndarray) -> np.ndarray:
+    def _set_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Leaves ``slots`` of both trees := ``(priority + eps)^alpha`` (lock held)."""
         if np.any(~np.isfinite(priorities)) or np.any(priorities < 0):
             raise ValueError(
                 f"priorities must be finite and >= 0 (use |advantage|), got {priorities.tolist()}"
             )
-        return (priorities + self.eps) ** self.alpha
+        leaves = (priorities + self.eps) ** self.alpha
+        self._sum.update(slots, leaves)
+        self._min.update(slots, leaves)
+        if priorities.size:
+            self._max_priority = max(self._max_priority, float(priorities.max()))
 
     def add(self, item: Item, priority: float | None = None) -> int:
         """Store ``item`` (priority None = the largest seen so far); return its slot."""
@@ -230,14 +230,10 @@ class PrioritizedReplayBuffer(Generic[Item]):
                 self._next = (self._next + len(items) - self.capacity) % self.capacity
                 self._size = self.capacity
                 items, pr = list(items)[-self.capacity :], pr[-self.capacity :]
-            leaves = self._leaf_values(pr)
             slots = (self._next + np.arange(len(items))) % self.capacity
+            self._set_priorities(slots, pr)
             for slot, item in zip(slots.tolist(), items):
                 self._items[slot] = item
-            self._sum.update(slots, leaves)
-            self._min.update(slots, leaves)
-            if pr.size:
-                self._max_priority = max(self._max_priority, float(pr.max()))
             self._next = int((self._next + len(items)) % self.capacity)
             self._size = min(self.capacity, self._size + len(items))
             return slots
@@ -326,11 +322,7 @@ class PrioritizedReplayBuffer(Generic[Item]):
                 raise ValueError(
                     f"update_priorities: slots must be in [0, {self._size}), got {idx.tolist()}"
                 )
-            leaves = self._leaf_values(pr)
-            self._sum.update(idx, leaves)
-            self._min.update(idx, leaves)
-            if pr.size:
-                self._max_priority = max(self._max_priority, float(pr.max()))
+            self._set_priorities(idx, pr)
 
     def probabilities(self) -> np.ndarray:
         """``P(i)`` for slots ``0 .. len(self) - 1``, float64."""
@@ -347,14 +339,6 @@ class PrioritizedReplayBuffer(Generic[Item]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-
-    def clear(self) -> None:
-        """Drop every item (the conservative preset does this at each weight sync)."""
-        with self._lock:
-            self._sum.clear()
-            self._min.clear()
-            self._items = [None] * self.capacity
-            self._next, self._size, self._max_priority = 0, 0, 1.0
 
 
 def linear_beta(step: int, total_steps: int, beta0: float = 0.4) -> float:

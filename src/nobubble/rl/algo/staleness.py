@@ -16,7 +16,7 @@ policies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Literal, get_args, overload
 
 import torch
 
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 StalenessKind = Literal["inverse", "exp", "none"]
-_KINDS = ("inverse", "exp", "none")
+_KINDS = get_args(StalenessKind)
 
 
 def _as_versions(versions: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -41,18 +41,16 @@ class VTraceReturns:
 
 
 @dataclass(frozen=True)
-class VTraceFromLogitsReturns:
-    """V-trace targets plus the log-probabilities they were computed from.
+class VTraceFromLogitsReturns(VTraceReturns):
+    """V-trace targets (``vs``, ``pg_advantages``) plus the log-probabilities they were
+    computed from.
 
     Attributes:
-        vs, pg_advantages: as in :class:`VTraceReturns`.
         log_rhos: ``[T, B]`` log pi(a|x) - log mu(a|x), no gradient.
         behaviour_action_log_probs: ``[T, B]`` log mu(a_t|x_t).
         target_action_log_probs: ``[T, B]`` log pi(a_t|x_t), *with* gradient (for the loss).
     """
 
-    vs: torch.Tensor
-    pg_advantages: torch.Tensor
     log_rhos: torch.Tensor
     behaviour_action_log_probs: torch.Tensor
     target_action_log_probs: torch.Tensor

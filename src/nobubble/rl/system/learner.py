@@ -32,6 +32,7 @@ from nobubble.rl.algo.aggregation import (
     VersionedInbox,
     all_reduce_gradients,
     broadcast_parameters,
+    filled_grads,
     send_versioned,
 )
 
@@ -76,11 +77,6 @@ class Loss(Protocol[BatchT]):
 LossT = TypeVar("LossT", bound=Loss[Any])
 
 
-def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
-    """Each parameter's gradient, zeros where it has none (a head the loss did not use)."""
-    return [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-
-
 class Learner(Generic[LossT]):
     """Owns ``model`` (from here on), its Adam optimizer and the policy version (from 0).
 
@@ -103,7 +99,7 @@ class Learner(Generic[LossT]):
         delay_s: float = 0.0,
     ) -> None:
         self.model, self.loss = model, loss
-        self.lr, self.max_grad_norm, self.delay_s = lr, max_grad_norm, delay_s
+        self.max_grad_norm, self.delay_s = max_grad_norm, delay_s
         self.optimizer: torch.optim.Optimizer = torch.optim.Adam(
             model.parameters(), lr=lr, eps=adam_eps
         )
@@ -119,11 +115,10 @@ class Learner(Generic[LossT]):
         parameters and combine gradients by ``aggregation`` (``RunConfig.aggregation``)."""
         self.ctx, self.aggregation = ctx, aggregation
         broadcast_parameters(self._params, ctx)  # every learner starts from learner 0's
-        if aggregation in ("async", "staleness") and ctx.rank == 0:
-            lr = self.lr
+        if aggregation in ("async", "staleness") and ctx.rank == 0:  # serves its own model
             self._server = ParameterServer(
                 self._params,
-                optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=lr),
+                optimizer=self.optimizer,
                 staleness_kind="inverse" if aggregation == "staleness" else "none",
             )
             # published version -> server version then (what a push was computed on)
@@ -191,7 +186,7 @@ class Learner(Generic[LossT]):
         assert self.ctx is not None  # joined
         shard = self.compute_gradients(batch)
         self.clip_gradients()
-        send_versioned(self.ctx, _grads(self._params), self.version, 0)
+        send_versioned(self.ctx, filled_grads(self._params), self.version, 0)
         return shard
 
     def _serve(self, batch: Any) -> ShardGradients:
@@ -203,16 +198,14 @@ class Learner(Generic[LossT]):
         base = server.version
         shard = self.compute_gradients(batch)
         self.clip_gradients()
+        own = [g.clone() for g in filled_grads(self._params)]  # a push overwrites .grad
         pushes: list[tuple[int, int, float]] = []  # (learner, staleness, weight) in order
         for item in inbox.arrived():  # what arrived while this learner computed goes first
             self._apply(item, pushes)
-        self._apply((0, base, [g.clone() for g in _grads(self._params)]), pushes)
+        self._apply((0, base, own), pushes)
         while len(pushes) < ctx.world_size:
             self._apply(inbox.get(), pushes)
         inbox.close()
-        with torch.no_grad():  # the model mirrors the server, which learner 0 publishes
-            for p, q in zip(self._params, server.params):
-                p.copy_(q)
         self.finish_step()
         self._server_version_at[self.version] = server.version
         lags = [s for _, s, _ in pushes]

@@ -79,16 +79,13 @@ class GroupReplay:
     def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
         from nobubble.rl.algo.replay import PrioritizedReplayBuffer
 
-        self.cfg = cfg
-        self.eps = eps
         alpha = cfg.alpha if cfg.mode == "prioritized" else 0.0
         self._buffer: PrioritizedReplayBuffer[SampleGroup] = PrioritizedReplayBuffer(
             max(1, cfg.capacity), alpha=alpha, eps=eps, seed=seed
         )
 
     def add(self, groups: list[SampleGroup]) -> None:
-        for g in groups:
-            self._buffer.add(g, _priority(g))
+        self._buffer.extend(groups, [_priority(g) for g in groups])
 
     def sample(
         self, n: int, trainer_version: int, max_staleness: int, beta: float

@@ -30,7 +30,6 @@ from torch import nn
 from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import (
     aggregate_loss,
-    decoupled_ppo_loss,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,
@@ -234,46 +233,44 @@ class GroupLoss:
         g_size: int,
         w: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The algorithm's loss; ``w`` (B, N) weights every token (folded into A)."""
+        """The algorithm's loss; ``w`` (B, N) weights every token (folded into A): the
+        algorithm's advantage (and value loss), then PPO's clip on it (``decoupled-ppo``:
+        around the proximal policy, the weights before this step) or, for ``vtrace``, the
+        plain policy gradient."""
         algo, clip = self.cfg.algo, self.cfg.clip
-        if algo in ("grpo", "decoupled-ppo"):
-            adv = grpo_advantages(rewards, g_size)[:, None] * w  # (B, N)
-            if algo == "grpo":
-                res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
-            else:
-                prox = logp.detach()  # the weights before this step are the proximal policy
-                res = decoupled_ppo_loss(logp, prox, behav, adv, mask, clip, clip)
-            return res.loss, {"clip_fraction": float(res.clip_fraction)}
-        # value-based: the reward arrives at the last response token, discount 1
-        last = mask.cumsum(1) == mask.sum(1, keepdim=True)
-        step_rewards = torch.where(last & (mask > 0), rewards[:, None], 0.0)  # (B, N)
         vals = values * mask  # (B, N)
-        if algo == "ppo":
-            adv = (rewards[:, None] - vals).detach() * w  # MC return minus V(s_t)
-            res = ppo_policy_loss(logp, behav, adv, mask, clip, clip)
+        value_loss = None
+        if algo in ("grpo", "decoupled-ppo"):
+            adv = grpo_advantages(rewards, g_size)[:, None]  # (B, 1)
+        elif algo == "ppo":
+            adv = (rewards[:, None] - vals).detach()  # (B, N) MC return minus V(s_t)
             value_loss = aggregate_loss((vals - rewards[:, None]).square(), mask)
-            return res.loss + self.cfg.value_coef * value_loss, {
-                "clip_fraction": float(res.clip_fraction),
-                "value_loss": float(value_loss.detach()),
-            }
-        discounts = mask.t()  # (N, B): the episode ends after the last valid token
-        ret = vtrace(
-            (logp - behav).t() * mask.t(),
-            discounts,
-            step_rewards.t(),
-            vals.t(),
-            torch.zeros(mask.shape[0]),
-        )
-        pg_adv = ret.pg_advantages.t().detach() * w  # (B, N)
-        value_loss = aggregate_loss((vals - ret.vs.t()).square(), mask)
-        metrics = {"value_loss": float(value_loss.detach())}
-        if algo == "vtrace-ppo":
-            res = ppo_policy_loss(logp, behav, pg_adv, mask, clip, clip)
-            metrics["clip_fraction"] = float(res.clip_fraction)
-            pg = res.loss
+        else:  # V-trace: the reward arrives at the last response token, discount 1
+            last = mask.cumsum(1) == mask.sum(1, keepdim=True)
+            step_rewards = torch.where(last & (mask > 0), rewards[:, None], 0.0)  # (B, N)
+            discounts = mask.t()  # (N, B): the episode ends after the last valid token
+            ret = vtrace(
+                (logp - behav).t() * mask.t(),
+                discounts,
+                step_rewards.t(),
+                vals.t(),
+                torch.zeros(mask.shape[0]),
+            )
+            adv = ret.pg_advantages.t().detach()  # (B, N)
+            value_loss = aggregate_loss((vals - ret.vs.t()).square(), mask)
+        adv = adv * w  # (B, N)
+        metrics: dict[str, float] = {}
+        if algo == "vtrace":
+            loss = policy_gradient_loss(logp, adv, mask)
         else:
-            pg = policy_gradient_loss(logp, pg_adv, mask)
-        return pg + self.cfg.value_coef * value_loss, metrics
+            decoupled = algo == "decoupled-ppo"
+            old, behav_logp = (logp.detach(), behav) if decoupled else (behav, None)
+            res = ppo_policy_loss(logp, old, adv, mask, clip, clip, behav_logp=behav_logp)
+            loss, metrics["clip_fraction"] = res.loss, float(res.clip_fraction)
+        if value_loss is not None:
+            loss = loss + self.cfg.value_coef * value_loss
+            metrics["value_loss"] = float(value_loss.detach())
+        return loss, metrics
 
 
 def group_learner(*, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> Learner[GroupLoss]:
