@@ -34,7 +34,7 @@ from nobubble.cli.util import (
     plot_file,
     positive_float,
     print_json,
-    print_table,
+    print_result,
 )
 from nobubble.files import write_text
 
@@ -118,30 +118,27 @@ def _simulate(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
                   or args.seed is not None)  # fmt: skip
-    handshake = args.dispatch == "handshake"
-    sched = schedule_from_args(args, costs, limit_elsewhere=handshake)
+    sched = schedule_from_args(args, costs, limit_elsewhere=args.dispatch == "handshake")
     run = _dispatch(args, sched, costs) if dispatched else None
     result = run.sim if run is not None else simulate(sched, costs)
     files = _write_pictures(result, args.plot, args.trace)
-    if args.json:
-        summary = run.summary() if run is not None else result.summary()
-        print_json(
-            summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
-        )
-        return 0
+    summary = run.summary() if run is not None else result.summary()
     mf = costs.mem_f[0]
     rows = [
         [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
          result.peak_memory[r] / mf, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
         for r in range(result.schedule.num_ranks)
     ]  # fmt: skip
-    print_table(
+    print_result(
+        args.json,
+        summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
         f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}"
         + (f", {_describe_run(run, mf)}" if run is not None else ""),
         ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
         rows,
         caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
-        f"makespan {result.makespan:.4g}" + "".join(f"; wrote {f}" for f in files),
+        f"makespan {result.makespan:.4g}",
+        files=files,
     )
     return 0
 
@@ -150,10 +147,8 @@ def _dispatch(args: argparse.Namespace, sched, costs):
     """``--dispatch`` and the perturbation flags: one step under that policy."""
     from nobubble.pipeline.dispatch import plan_peaks, simulate_dispatch
 
-    perturbation = perturbation_from_args(args)
-    if args.dispatch != "handshake":
-        return simulate_dispatch(sched, costs, perturbation=perturbation)
-    mem_limit = mem_limit_from_args(args, costs)
+    policy = args.dispatch or "static"
+    mem_limit = mem_limit_from_args(args, costs) if policy == "handshake" else None
     if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
         mf = max(costs.mem_f)
         peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
@@ -164,9 +159,8 @@ def _dispatch(args: argparse.Namespace, sched, costs):
                 f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
                 "or -s zb-1p / zb-2p, which are built for the limit"
             )
-    return simulate_dispatch(
-        sched, costs, policy="handshake", perturbation=perturbation, mem_limit=mem_limit
-    )
+    return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation_from_args(args),
+                             mem_limit=mem_limit)  # fmt: skip
 
 
 def _describe_run(run, mem_f: float) -> str:
@@ -216,10 +210,8 @@ def _export(args: argparse.Namespace) -> int:
         write_text(args.output, text)
     info = {"schedule": sched.name, **_shape(sched),
             "output": str(args.output) if args.output else None}  # fmt: skip
-    if args.json:
-        print_json(info | ({} if args.output else {"csv": text}))
-    else:
-        print_table(f"exported {sched.name}", list(info), [list(info.values())])
+    print_result(args.json, info | ({} if args.output else {"csv": text}),
+                 f"exported {sched.name}", list(info), [list(info.values())])  # fmt: skip
     return 0
 
 
@@ -249,10 +241,7 @@ def _validate(args: argparse.Namespace) -> int:
     info = {"file": str(args.file), "valid": True, **_shape(sched),
             "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
-    if args.json:
-        print_json(info)
-    else:
-        print_table(f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
+    print_result(args.json, info, f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
     return 0
 
 
@@ -289,30 +278,22 @@ def _compare(args: argparse.Namespace) -> int:
         from nobubble.pipeline.plot import gantt_grid
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
-    if args.json:
-        print_json({"stages": args.ranks, "microbatches": args.microbatches,
-                    "costs": _cost_summary(costs), "rows": [r.as_dict() for r in rows],
-                    "files": files})  # fmt: skip
-        return 0
-    table = []
-    for r in rows:
-        d = r.as_dict()
-        if r.result is None:
-            table.append([r.name, r.source, r.kind, "-", "-", "-", "-", r.note])
-            continue
-        table.append([r.name, r.source, r.kind, f"{d['bubble_rate']:.2%}",
-                      f"{d['peak_memory_vs_1f1b']:.2f}x", f"{d['throughput_vs_1f1b']:.3f}x",
-                      f"{d['throughput_vs_1f1b_flush']:.3f}x", r.note])  # fmt: skip
     c = _cost_summary(costs)
-    print_table(
+    print_result(
+        args.json,
+        {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
+         "rows": [r.as_dict() for r in rows], "files": files},
         f"P={args.ranks}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
         f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
-        table,
+        [[r.name, r.source, r.kind, *_figures(r.as_dict()), r.note] for r in rows],
         caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
         "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
-        "with flush = 1F1B makespan / makespan" + "".join(f"; wrote {f}" for f in files),
-    )
+        "with flush = 1F1B makespan / makespan",
+        files=files,
+    )  # fmt: skip
+    if args.json:
+        return 0
     gains = {r.name: r.throughput_vs_1f1b for r in rows if r.throughput_vs_1f1b is not None}
     if "zb-2p" in gains:
         gain = gains["zb-2p"] - 1
@@ -320,6 +301,14 @@ def _compare(args: argparse.Namespace) -> int:
         console().print(f"ZB-2p over 1F1B: {gain:+.1%} throughput ({verdict} the commonly quoted 15-30% "
                         "claim for P=8, M=24)")  # fmt: skip
     return 0
+
+
+def _figures(d: dict) -> list[str]:
+    """A compare row's bubble, peak memory and throughputs as shown; dashes when not built."""
+    if d["bubble_rate"] is None:
+        return ["-"] * 4
+    return [f"{d['bubble_rate']:.2%}", f"{d['peak_memory_vs_1f1b']:.2f}x",
+            f"{d['throughput_vs_1f1b']:.3f}x", f"{d['throughput_vs_1f1b_flush']:.3f}x"]  # fmt: skip
 
 
 def _cost_summary(costs) -> dict:

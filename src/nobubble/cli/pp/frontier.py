@@ -30,8 +30,7 @@ from nobubble.cli.util import (
     input_file,
     plot_file,
     positive_float,
-    print_json,
-    print_table,
+    print_result,
 )
 
 __all__ = ["register"]
@@ -87,15 +86,13 @@ def _frontier(args: argparse.Namespace) -> int:
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
         files.append(str(frontier_plot(result.points, args.plot, title=title)))
-    if args.json:
-        print_json({"stages": args.ranks, "microbatches": args.microbatches,
-                    "memory_unit": "microbatches of one rank's activations",
-                    "points": [q.as_dict() for q in result.points],
-                    "pareto": [q.name for q in result.pareto], "seconds": seconds,
-                    "files": files})  # fmt: skip
-        return 0
     rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
-    print_table(
+    print_result(
+        args.json,
+        {"stages": args.ranks, "microbatches": args.microbatches,
+         "memory_unit": "microbatches of one rank's activations",
+         "points": [q.as_dict() for q in result.points],
+         "pareto": [q.name for q in result.pareto], "seconds": seconds, "files": files},
         f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
         ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
         [
@@ -108,10 +105,11 @@ def _frontier(args: argparse.Namespace) -> int:
                 q.note,
             ]
             for q in rows
-        ],  # fmt: skip
+        ],
         caption="peak memory in microbatches of one rank's activations (1F1B: P); "
-        f"* = Pareto-optimal; {seconds:.1f} s" + "".join(f"; wrote {f}" for f in files),
-    )
+        f"* = Pareto-optimal; {seconds:.1f} s",
+        files=files,
+    )  # fmt: skip
     return 0
 
 
