@@ -179,12 +179,8 @@ def _describe_run(run, mem_f: float) -> str:
 def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
     from nobubble.pipeline.plot import gantt, write_trace
 
-    files = []
-    if plot is not None:
-        files.append(str(gantt(result, plot)))
-    if trace is not None:
-        files.append(str(write_trace(result, trace)))
-    return files
+    pictures = ((gantt, plot), (write_trace, trace))
+    return [str(write(result, path)) for write, path in pictures if path is not None]
 
 
 # -- pp export / validate ------------------------------------------------------------------
