@@ -44,26 +44,33 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(
         dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
     )
-    _register_show(sub)
-    _register_simulate(sub)
-    _register_compare(sub)
-    _register_export(sub)
-    _register_validate(sub)
+    for name, help_text, add_flags, func in (
+        ("show", "print a schedule as a text grid (time slots per rank)", _show_flags, _show),
+        ("simulate", "simulate one schedule: bubble, spans, peak memory", _simulate_flags,
+         _simulate),
+        ("compare", "every schedule on the same costs: bubble, memory, throughput",
+         _compare_flags, _compare),
+        ("export", "write a schedule as torch's compute-only CSV", _export_flags, _export),
+        ("validate", "check a torch-format CSV schedule and simulate it", _validate_flags,
+         _validate),
+    ):  # fmt: skip
+        p = sub.add_parser(name, help=help_text)
+        add_flags(p)
+        add_json_flag(p)
+        p.set_defaults(func=func)
     pp_solve.register(sub)
     pp_frontier.register(sub)
     pp_run.register(sub)
 
 
 # -- pp show -------------------------------------------------------------------------------
-def _register_show(sub) -> None:
-    p = sub.add_parser("show", help="print a schedule as a text grid (time slots per rank)")
+def _show_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p)
     p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
     p.add_argument("--csv", type=input_file, default=None,
                    help="show this torch CSV instead (it sets the schedule and its shape)")  # fmt: skip
-    add_json_flag(p)
     # None: not given, so that --csv can refuse a shape it would ignore
-    p.set_defaults(func=_show, **dict.fromkeys(SHOW_SHAPE, None))
+    p.set_defaults(**dict.fromkeys(SHOW_SHAPE, None))
 
 
 SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
@@ -101,15 +108,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 # -- pp simulate ---------------------------------------------------------------------------
-def _register_simulate(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate one schedule: bubble, spans, peak memory")
+def _simulate_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p)
     add_costs(p)
     add_dispatch(p)
     p.add_argument("--plot", type=plot_file, help="write a Gantt chart (.png or .svg)")
     p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
-    add_json_flag(p)
-    p.set_defaults(func=_simulate)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -184,15 +188,12 @@ def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
 
 
 # -- pp export / validate ------------------------------------------------------------------
-def _register_export(sub) -> None:
-    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+def _export_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p)
     add_costs(p)
     p.add_argument(
         "-o", "--output", type=output_file, default=None, help="CSV file (default: stdout)"
     )
-    add_json_flag(p)
-    p.set_defaults(func=_export)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -217,13 +218,11 @@ def _shape(sched) -> dict:
             "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
-def _register_validate(sub) -> None:
-    p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
+def _validate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=input_file,
                    help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
     add_costs(p, mem_limit_help=None)  # it simulates the file's own order
-    add_json_flag(p)
-    p.set_defaults(func=_validate, chunks=None, microbatches=None)
+    p.set_defaults(chunks=None, microbatches=None)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -241,18 +240,13 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_compare(sub) -> None:
-    p = sub.add_parser(
-        "compare", help="every schedule on the same costs: bubble, memory, throughput"
-    )
+def _compare_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p, schedule=False)
     add_costs(p)
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
     p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
                    metavar="SECONDS", help="add the exact ILP row (time limit, default 30 s)")  # fmt: skip
     p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
-    add_json_flag(p)
-    p.set_defaults(func=_compare)
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -288,11 +282,9 @@ def _compare(args: argparse.Namespace) -> int:
         "with flush = 1F1B makespan / makespan",
         files=files,
     )  # fmt: skip
-    if args.json:
-        return 0
-    gains = {r.name: r.throughput_vs_1f1b for r in rows if r.throughput_vs_1f1b is not None}
-    if "zb-2p" in gains:
-        gain = gains["zb-2p"] - 1
+    zb2p = next((r.throughput_vs_1f1b for r in rows if r.name == "zb-2p"), None)
+    if zb2p is not None and not args.json:
+        gain = zb2p - 1
         verdict = "inside" if 0.15 <= gain <= 0.30 else "outside"
         console().print(f"ZB-2p over 1F1B: {gain:+.1%} throughput ({verdict} the commonly quoted 15-30% "
                         "claim for P=8, M=24)")  # fmt: skip
