@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from functools import partial
 
 from nobubble.cli.pp.options import (
     OPS_BUDGET,
@@ -67,14 +66,8 @@ def _frontier(args: argparse.Namespace) -> int:
 
     _check_args(args)
     costs = _costs(args)
-    limits = args.mem_limits or fr.default_mem_limits(args.ranks)
-    sources: list[fr.PointSource] = [partial(fr.generated_points, mem_limits=limits)]
-    if not args.no_torch:
-        sources.append(fr.torch_points)
-    if args.ilp is not None:
-        if not fr.ilp_available():
-            raise UsageError("--ilp needs the exact solver (pip install ortools)")
-        sources.append(partial(fr.ilp_points, mem_limits=limits, time_limit_s=args.ilp))
+    sources = fr.default_sources(args.ranks, mem_limits=args.mem_limits,
+                                 include_torch=not args.no_torch, ilp_time_limit_s=args.ilp)  # fmt: skip
     started = time.perf_counter()
     result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
                          sources=sources)  # fmt: skip

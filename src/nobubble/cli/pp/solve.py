@@ -86,7 +86,7 @@ def _solve(args: argparse.Namespace) -> int:
                 task, completed=min(args.time_limit, seconds),
                 description=f"best {objective:.6g}  bound {bound:.6g}"),
         )  # fmt: skip
-    if result.schedule is not None:
+    if result.schedule is not None and result.simulation is not None:  # a schedule came back
         if args.plot is not None:
             from nobubble.pipeline.plot import gantt
 
