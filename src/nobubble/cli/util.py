@@ -234,8 +234,8 @@ def print_result(
     if as_json:
         print_json(data)
         return
-    wrote = "".join(f"; wrote {f}" for f in files)
-    print_table(title, columns, rows, caption=(caption or "") + wrote or None)
+    caption = "; ".join([*([caption] if caption else []), *(f"wrote {f}" for f in files)])
+    print_table(title, columns, rows, caption=caption or None)
 
 
 def _json_default(o: Any) -> Any:
