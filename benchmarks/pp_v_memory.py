@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from functools import partial
 from pathlib import Path
 
 from benchmarks._common import paper_costs, paper_rows, print_bubble_memory, write_record
@@ -49,10 +48,8 @@ def run_frontier(model: str, img_dir: Path | None) -> dict:
                if r["model"] == model and r["p"] == "8" and r["m"] == "24")  # fmt: skip
     costs = paper_costs(row)
     t0 = time.perf_counter()
-    limits = fr.default_mem_limits(8)
-    result = fr.frontier(costs, num_ranks=8, num_microbatches=24,
-                         sources=[partial(fr.generated_points, mem_limits=limits),
-                                  fr.torch_points])  # fmt: skip
+    # default_sources(8): our generators, ZB's automatic one at the default limits, torch's
+    result = fr.frontier(costs, num_ranks=8, num_microbatches=24)
     seconds = time.perf_counter() - t0
     if img_dir is not None:
         from nobubble.pipeline.plot import frontier_plot

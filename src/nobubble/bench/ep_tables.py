@@ -82,30 +82,41 @@ def print_transport_comparison(reports: list[Any]) -> None:
     )  # fmt: skip
 
 
+Column = tuple[str, str, str]
+"""``(header, key of a result row, format)``: one column of a fast-path table."""
+
+TRANSPORT_COLUMNS: tuple[Column, ...] = (
+    ("dispatch ms", "dispatch_ms", "{:.1f}"),
+    ("combine ms", "combine_ms", "{:.1f}"),
+    ("disp GB/s/rank", "dispatch_gbps_per_rank", "{:.2f}"),
+    ("comb GB/s/rank", "combine_gbps_per_rank", "{:.2f}"),
+    ("aggregate GB/s", "aggregate_gbps", "{:.2f}"),
+    ("x memcpy", "fraction_of_memcpy", "{:.2f}"),
+)
+LOW_LATENCY_COLUMNS: tuple[Column, ...] = (
+    ("dispatch us", "dispatch_us", "{:.0f}"),
+    ("combine us", "combine_us", "{:.0f}"),
+    ("dispatch bytes (remote, all ranks)", "dispatch_bytes_all_ranks", "{}"),
+)
+OVERLAP_COLUMNS: tuple[Column, ...] = (
+    ("step ms", "step_ms", "{:.1f}"),
+    ("comm ms", "comm_ms", "{:.1f}"),
+    ("experts ms", "experts_ms", "{:.1f}"),
+    ("comm hidden", "communication_hidden", "{:.0%}"),
+    ("speedup", "speedup_vs_no_overlap", "{:.2f}x"),
+)
+
+
+def _cells(row: dict[str, Any], columns: tuple[Column, ...]) -> list[str]:
+    """One result row's cells, each key formatted as its column says."""
+    return [spec.format(row[key]) for _, key, spec in columns]
+
+
 def print_transports(res: dict[str, Any]) -> None:
     print_table(
         "dispatch + combine (CPU measurement)",
-        [
-            "path",
-            "dispatch ms",
-            "combine ms",
-            "disp GB/s/rank",
-            "comb GB/s/rank",
-            "aggregate GB/s",
-            "x memcpy",
-        ],
-        [
-            [
-                name,
-                f"{r['dispatch_ms']:.1f}",
-                f"{r['combine_ms']:.1f}",
-                f"{r['dispatch_gbps_per_rank']:.2f}",
-                f"{r['combine_gbps_per_rank']:.2f}",
-                f"{r['aggregate_gbps']:.2f}",
-                f"{r['fraction_of_memcpy']:.2f}",
-            ]
-            for name, r in res["rows"].items()
-        ],
+        ["path", *(header for header, _, _ in TRANSPORT_COLUMNS)],
+        [[name, *_cells(r, TRANSPORT_COLUMNS)] for name, r in res["rows"].items()],
         caption=f"{res['shape']}; single-core memcpy {res['memcpy_gbps_single_core']:.2f} GB/s; "
         f"shm speedup {res['speedup_shm_over_gloo']:.1f}x; bit-equal: {res['bit_equal']}; "
         + "; ".join(f"{k}: {v}" for k, v in TRANSPORT_PATHS.items()),
@@ -131,16 +142,8 @@ def print_hierarchical(res: dict[str, Any]) -> None:
 def print_low_latency(res: dict[str, Any]) -> None:
     print_table(
         "low-latency vs normal mode (CPU measurement)",
-        ["mode", "dispatch us", "combine us", "dispatch bytes (remote, all ranks)"],
-        [
-            [
-                name,
-                f"{r['dispatch_us']:.0f}",
-                f"{r['combine_us']:.0f}",
-                r["dispatch_bytes_all_ranks"],
-            ]
-            for name, r in res["rows"].items()
-        ],
+        ["mode", *(header for header, _, _ in LOW_LATENCY_COLUMNS)],
+        [[name, *_cells(r, LOW_LATENCY_COLUMNS)] for name, r in res["rows"].items()],
         caption=f"{res['shape']}; FP8 / bf16 dispatch bytes = {res['fp8_over_bf16_bytes']:.3f}",
     )
 
@@ -148,17 +151,9 @@ def print_low_latency(res: dict[str, Any]) -> None:
 def print_overlap(res: dict[str, Any]) -> None:
     print_table(
         "MoE layer forward step, chunked overlap (CPU measurement)",
-        ["transport", "mode", "step ms", "comm ms", "experts ms", "comm hidden", "speedup"],
+        ["transport", "mode", *(header for header, _, _ in OVERLAP_COLUMNS)],
         [
-            [
-                transport,
-                mode,
-                f"{r['step_ms']:.1f}",
-                f"{r['comm_ms']:.1f}",
-                f"{r['experts_ms']:.1f}",
-                f"{100 * r['communication_hidden']:.0f}%",
-                f"{r['speedup_vs_no_overlap']:.2f}x",
-            ]
+            [transport, mode, *_cells(r, OVERLAP_COLUMNS)]
             for transport, rows in res["rows"].items()
             for mode, r in rows.items()
         ],

@@ -24,6 +24,15 @@ from nobubble.validation import MAX_REAL, finite
 
 __all__ = ["register"]
 
+SUMMARY = (
+    ("imbalance_before", "max/mean before"),
+    ("imbalance", "max/mean after"),
+    ("duplicate_gpus", "GPUs with an expert twice"),
+    ("eplb_original_imbalance", "EPLB original max/mean"),
+    ("eplb_original_duplicate_gpus", "EPLB: GPUs with an expert twice"),
+)
+"""The per-layer summary table: (report key, column), one per figure of every layer."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``balance`` to the ``ep`` group's sub-command parsers ``sub``."""
@@ -108,32 +117,16 @@ def _balance(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict) -> None:
-    gpn = report["gpus"] // report["nodes"]
-    rows = []
-    counts = report["logcnt"][0]
-    for g, experts in enumerate(report["gpu_experts"][0]):
-        names = " ".join(f"{e}" + ("*" if counts[e] > 1 else "") for e in experts)
-        rows.append(
-            [g, g // gpn, report["gpu_load_before"][0][g], report["gpu_load_after"][0][g], names]
-        )
+    gpn, counts = report["gpus"] // report["nodes"], report["logcnt"][0]
+    rows = [[g, g // gpn, report["gpu_load_before"][0][g], report["gpu_load_after"][0][g],
+             " ".join(f"{e}" + ("*" if counts[e] > 1 else "") for e in experts)]
+            for g, experts in enumerate(report["gpu_experts"][0])]  # fmt: skip
     print_table(
         f"layer 0: {report['experts']} experts + {report['redundant']} redundant on "
         f"{report['gpus']} GPUs / {report['nodes']} nodes ({report['policy']})",
         ["gpu", "node", "load before", "load after", "experts (* = replicated)"],
         rows,
     )
-    summary = []
-    for layer, (b, a) in enumerate(zip(report["imbalance_before"], report["imbalance"])):
-        summary.append(
-            [
-                layer,
-                b,
-                a,
-                report["duplicate_gpus"][layer],
-                report["eplb_original_imbalance"][layer],
-                report["eplb_original_duplicate_gpus"][layer],
-            ]
-        )
-    cols = ["layer", "max/mean before", "max/mean after", "GPUs with an expert twice"]
-    cols += ["EPLB original max/mean", "EPLB: GPUs with an expert twice"]
-    print_table("imbalance (max / mean GPU load)", cols, summary)
+    per_layer = zip(*(report[key] for key, _ in SUMMARY))  # (layer's figure of each key)
+    print_table("imbalance (max / mean GPU load)", ["layer", *(c for _, c in SUMMARY)],
+                [[layer, *figures] for layer, figures in enumerate(per_layer)])  # fmt: skip

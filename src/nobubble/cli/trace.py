@@ -9,8 +9,7 @@ from nobubble.cli.util import (
     add_json_flag,
     input_file,
     output_file,
-    print_json,
-    print_table,
+    print_result,
 )
 from nobubble.trace import merge_trace_files, summarize, write_chrome_trace
 
@@ -48,9 +47,7 @@ def _report(args: argparse.Namespace, events, title: str, extra: dict) -> int:
     ranks = [{"rank": s.rank, "events": s.num_events, "span_ms": s.span_us / 1e3,
               "busy_ms": s.busy_us / 1e3, "idle_ratio": s.idle_ratio}
              for s in summarize(events)]  # fmt: skip
-    if args.json:
-        print_json(extra | {"num_events": len(events), "ranks": ranks})
-        return 0
-    print_table(title, ["rank", "events", "span ms", "busy ms", "idle"],
-                [[*list(r.values())[:4], f"{r['idle_ratio']:.1%}"] for r in ranks])  # fmt: skip
+    print_result(args.json, extra | {"num_events": len(events), "ranks": ranks}, title,
+                 ["rank", "events", "span ms", "busy ms", "idle"],
+                 [[*list(r.values())[:4], f"{r['idle_ratio']:.1%}"] for r in ranks])  # fmt: skip
     return 0

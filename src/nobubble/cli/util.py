@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,6 +38,7 @@ __all__ = [
     "add_json_flag",
     "print_table",
     "print_json",
+    "print_result",
     "console",
 ]
 
@@ -215,6 +217,25 @@ def print_json(data: Any) -> None:
     """Print ``data`` as JSON on stdout (one document)."""
     json.dump(data, sys.stdout, indent=2, default=_json_default)
     sys.stdout.write("\n")
+
+
+def print_result(
+    as_json: bool,
+    data: Any,
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    caption: str | None = None,
+    files: Sequence[str] = (),
+) -> None:
+    """The one renderer of a command's result: ``data`` as JSON (``--json``), else the table
+    of ``columns`` and ``rows`` under ``title``, its ``caption`` naming each file written."""
+    if as_json:
+        print_json(data)
+        return
+    caption = "; ".join([*([caption] if caption else []), *(f"wrote {f}" for f in files)])
+    print_table(title, columns, rows, caption=caption or None)
 
 
 def _json_default(o: Any) -> Any:

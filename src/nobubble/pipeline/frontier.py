@@ -13,7 +13,8 @@ For P ranks, M microbatches and one cost model, each *point source* returns poin
   source: a callable ``(costs, num_ranks, num_microbatches) -> list of FrontierPoint``
   (:data:`PointSource`).
 
-:func:`frontier` runs the sources and marks the Pareto-optimal points: no other point has
+:func:`default_sources` binds the usual ones (``pp frontier``'s); :func:`frontier` runs
+the sources and marks the Pareto-optimal points: no other point has
 both less (or equal) memory and less (or equal) bubble, one of them strictly.
 
 Units: ``peak_memory`` is the largest per-rank activation peak in *rank units*, one
@@ -26,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
@@ -43,6 +45,7 @@ __all__ = [
     "torch_points",
     "ilp_points",
     "pareto_flags",
+    "default_sources",
     "frontier",
 ]
 
@@ -221,21 +224,47 @@ def pareto_flags(points: Sequence[FrontierPoint]) -> tuple[bool, ...]:
     return tuple(q.ok and not dominated(q) for q in points)
 
 
+def default_sources(
+    num_ranks: int,
+    *,
+    mem_limits: Sequence[float] | None = None,
+    include_torch: bool = True,
+    ilp_time_limit_s: float | None = None,
+) -> list[PointSource]:
+    """The usual sources: :func:`generated_points` with ZB's automatic scheduler at each of
+    ``mem_limits`` (rank units; default :func:`default_mem_limits`), :func:`torch_points`
+    unless not ``include_torch``, and with ``ilp_time_limit_s`` the exact solver at each
+    limit (:func:`ilp_points`, that many seconds each). Raises ValueError when the solver is
+    asked for and cannot be imported."""
+    limits = tuple(mem_limits) if mem_limits else default_mem_limits(num_ranks)
+    sources: list[PointSource] = [partial(generated_points, mem_limits=limits)]
+    if include_torch:
+        sources.append(torch_points)
+    if ilp_time_limit_s is not None:
+        if not ilp_available():
+            raise ValueError("the exact solver's points need OR-Tools (pip install ortools)")
+        sources.append(partial(ilp_points, mem_limits=limits, time_limit_s=ilp_time_limit_s))
+    return sources
+
+
 def frontier(
     costs: CostModel,
     *,
     num_ranks: int,
     num_microbatches: int,
-    sources: Sequence[PointSource],
+    sources: Sequence[PointSource] | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> Frontier:
-    """Run every source on ``costs`` (per rank: one entry per rank) and mark the Pareto set.
+    """Run every source on ``costs`` (per rank: one entry per rank) and mark the Pareto set;
+    ``sources`` default to :func:`default_sources`'s.
 
     ``on_step(label)`` is called before each source (its ``__name__``).
     """
     if costs.num_stages != num_ranks:
         raise ValueError(f"costs have {costs.num_stages} stages; give per-rank costs "
                          f"({num_ranks} entries) for the frontier")  # fmt: skip
+    if sources is None:
+        sources = default_sources(num_ranks)
     points: list[FrontierPoint] = []
     for source in sources:
         if on_step is not None:

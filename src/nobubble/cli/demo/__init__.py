@@ -1,6 +1,6 @@
 """``nobubble demo``: a short tour of every capability that has landed.
 
-A step runs a ``nobubble`` command as a user would (:func:`_cli_step`) or, where no command
+A step runs a ``nobubble`` command as a user would (:func:`_command`) or, where no command
 shows it, the ``run(out_dir: Path, quick: bool) -> list[Path]`` of its own module here
 (:mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`;
 :mod:`.pipeline_plan` is the model ``pp plan`` plans), which prints what it shows and returns
@@ -70,25 +70,25 @@ def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
             events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
             t += dur + rng.uniform(0, 40)  # waiting for the neighbour
         files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
-    merged = out / "trace" / "merged.json"
-    return [*files, *_cli_step("trace", ["trace", "merge", *map(str, files), "-o", str(merged)],
-                               [merged])]  # fmt: skip
+    return _command("trace", "merge", *files, "-o", out / "trace" / "merged.json")
 
 
-def _cli_step(title: str, argv: list[str], artifacts: list[Path]) -> list[Path]:
-    """Run one ``nobubble pp|rl|trace`` command as the user would (its artifacts' folders
-    made first); a failure stops the tour."""
-    from nobubble.cli import pp, rl, trace
+def _command(*argv: str | Path, wrote: tuple[Path, ...] = ()) -> list[Path]:
+    """Run ``nobubble ARGV`` as the user would; its ``Path`` arguments (their folders made
+    first) and ``wrote`` are the step's artifacts. A failure stops the tour."""
+    from nobubble.cli import ep, pp, rl, trace
 
+    artifacts = [a for a in argv if isinstance(a, Path)] + list(wrote)
     for path in artifacts:
         path.parent.mkdir(parents=True, exist_ok=True)
-    console().print(f"$ nobubble {' '.join(argv)}")
+    line = " ".join(map(str, argv))
+    console().print(f"$ nobubble {line}")
     parser = ArgumentParser(prog=f"nobubble {argv[0]}")
-    {"pp": pp, "rl": rl, "trace": trace}[argv[0]].register(parser)
-    args = parser.parse_args(argv[1:])
+    {"pp": pp, "ep": ep, "rl": rl, "trace": trace}[str(argv[0])].register(parser)
+    args = parser.parse_args(list(map(str, argv[1:])))
     rc = args.func(args)
     if rc:
-        raise RuntimeError(f"demo step {title!r}: `nobubble {' '.join(argv)}` exited {rc}")
+        raise RuntimeError(f"demo step: `nobubble {line}` exited {rc}")
     return artifacts
 
 
@@ -96,40 +96,9 @@ def _schedules_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """1F1B's grid beside ZB-H1's (P=4, M=8, unit costs: W fills the bubbles), then every
     schedule at P=8, M=24 on the paper's 1.5B costs, their Gantt charts in one image."""
     for name in ("1f1b", "zb-h1"):
-        _cli_step("pipeline schedules", ["pp", "show", "-s", name, "-p", "4", "-m", "8"], [])
-    png = out / "pipeline_gantt.png"
-    argv = ["pp", "compare", "-p", "8", "-m", "24", "--model", "1.5B", "--plot", str(png)]
-    return _cli_step("pipeline schedules", [*argv, *(["--no-torch"] if quick else [])], [png])
-
-
-def _ilp_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """The exact solver against the heuristic where memory is tight (3 M_F per stage)."""
-    png = out / "pipeline" / "ilp_optimal.png"
-    argv = ["pp", "solve", "-p", "4", "-m", "8", "--model", "1.5B", "--mem-limit", "3"]
-    return _cli_step("ILP", [*argv, "--time-limit", "20", "--plot", str(png)], [png])
-
-
-def _runtime_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """ZB-H1 on a real GPT split over 2 local processes, measured against the simulator."""
-    trace, png = out / "pipeline" / "run_zb-h1_trace.json", out / "pipeline" / "run_zb-h1.png"
-    argv = ["pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3"]
-    return _cli_step("runtime", [*argv, "--trace", str(trace), "--plot", str(png)], [trace, png])
-
-
-def _plan_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """A model of torch's own modules planned by ``pp plan --model MODULE:FACTORY``: the chosen
-    cut, schedule, microbatches and recompute beside the naive equal-block 1F1B."""
-    plan, png = out / "pipeline" / "plan.json", out / "pipeline" / "plan.png"
-    argv = ["pp", "plan", "--model", "nobubble.cli.demo.pipeline_plan:factory", "--ranks", "2",
-            "--seed", str(seed), "--out", str(plan), "--plot", str(png)]  # fmt: skip
-    return _cli_step("planning", argv, [plan, png])
-
-
-def _frontier_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """Every schedule as (peak activation memory, bubble), the Pareto set drawn."""
-    png = out / "pipeline" / "frontier_p8_m24_1.5B.png"
-    argv = ["pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B", "--plot", str(png)]
-    return _cli_step("frontier", argv, [png])
+        _command("pp", "show", "-s", name, "-p", "4", "-m", "8")
+    return _command("pp", "compare", "-p", "8", "-m", "24", "--model", "1.5B",
+                    "--plot", out / "pipeline_gantt.png", *(["--no-torch"] if quick else []))  # fmt: skip
 
 
 def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -155,15 +124,6 @@ def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
     return [gantt_grid(runs, png)]
 
 
-def _actor_learner_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """SEED RL on CartPole-v1: central batched inference, actors only step environments."""
-    png = out / "rl" / "train_seed.png"
-    argv = ["rl", "train", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),
-            "--target-return", "150" if quick else "475", "--time-budget", "60" if quick else "120",
-            "--out", str(png.parent)]  # fmt: skip
-    return _cli_step("actor-learner", argv, [png])
-
-
 def _module_step(name: str) -> Step:
     """The step of module ``nobubble.cli.demo.<name>``, imported when the step starts (so
     ``--help`` loads no torch): its ``run(out_dir, quick)``."""
@@ -180,18 +140,38 @@ def steps() -> list[tuple[str, Step]]:
         ("merge", _merge_step),
         ("trace", _trace_step),
         ("pipeline schedules", _schedules_step),
-        ("pipeline ILP", _ilp_step),
-        ("pipeline frontier", _frontier_step),
+        # the exact solver against the heuristic where memory is tight (3 M_F per stage)
+        ("pipeline ILP", lambda out, quick, seed: _command(
+            "pp", "solve", "-p", "4", "-m", "8", "--model", "1.5B", "--mem-limit", "3",
+            "--time-limit", "20", "--plot", out / "pipeline" / "ilp_optimal.png")),
+        # every schedule as (peak activation memory, bubble), the Pareto set drawn
+        ("pipeline frontier", lambda out, quick, seed: _command(
+            "pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B",
+            "--plot", out / "pipeline" / "frontier_p8_m24_1.5B.png")),
         ("pipeline handshake", _handshake_step),
-        ("pipeline runtime", _runtime_step),
-        ("pipeline planning", _plan_step),
+        # ZB-H1 on a real GPT split over 2 local processes, measured against the simulator
+        ("pipeline runtime", lambda out, quick, seed: _command(
+            "pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3",
+            "--trace", out / "pipeline" / "run_zb-h1_trace.json",
+            "--plot", out / "pipeline" / "run_zb-h1.png")),
+        # a model of torch's own modules planned by `pp plan --model MODULE:FACTORY`: the
+        # chosen cut, schedule, microbatches and recompute beside the naive equal-block 1F1B
+        ("pipeline planning", lambda out, quick, seed: _command(
+            "pp", "plan", "--model", "nobubble.cli.demo.pipeline_plan:factory", "--ranks", "2",
+            "--seed", str(seed), "--out", out / "pipeline" / "plan.json",
+            "--plot", out / "pipeline" / "plan.png")),
         ("pipeline re-planning", _module_step("pipeline_replan")),
         ("MoE expert parallelism", _module_step("moe")),
         ("MoE fast paths", _module_step("moe_fastpath")),
         ("MoE load balancing", _module_step("moe_balance")),
         ("RL", _module_step("rl")),
-        ("RL actor-learner", _actor_learner_step),
-    ]
+        # SEED RL on CartPole-v1: central batched inference, actors only step environments
+        ("RL actor-learner", lambda out, quick, seed: _command(
+            "rl", "train", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),
+            "--target-return", "150" if quick else "475",
+            "--time-budget", "60" if quick else "120", "--out", str(out / "rl"),
+            wrote=(out / "rl" / "train_seed.png",))),
+    ]  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:

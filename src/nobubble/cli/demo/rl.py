@@ -14,8 +14,7 @@ from nobubble.cli.util import console, print_table
 
 
 def run(out_dir: Path, quick: bool) -> list[Path]:
-    from nobubble.rl.system.orchestrator import RunConfig
-    from nobubble.rl.system.orchestrator import run as run_rl
+    from nobubble.rl import RunConfig, train
     from nobubble.rl.system.report import SUMMARY_COLUMNS, plot_runs, summary_row, write_trace
 
     steps = 15 if quick else 200
@@ -23,7 +22,7 @@ def run(out_dir: Path, quick: bool) -> list[Path]:
     results = {}
     for mode, eta in (("sync", None), ("fully-async", 4)):
         con.print(f"RL: {mode} GRPO on digit completion, {steps} steps ...")
-        results[mode] = run_rl(
+        results[mode] = train(
             RunConfig(mode=mode, max_staleness=eta, steps=steps, eval_every=max(1, steps // 6))
         )
     base = results["sync"].samples_per_s

@@ -34,7 +34,7 @@ from nobubble.cli.util import (
     plot_file,
     positive_float,
     print_json,
-    print_table,
+    print_result,
 )
 from nobubble.files import write_text
 
@@ -44,26 +44,33 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(
         dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
     )
-    _register_show(sub)
-    _register_simulate(sub)
-    _register_compare(sub)
-    _register_export(sub)
-    _register_validate(sub)
+    for name, help_text, add_flags, func in (
+        ("show", "print a schedule as a text grid (time slots per rank)", _show_flags, _show),
+        ("simulate", "simulate one schedule: bubble, spans, peak memory", _simulate_flags,
+         _simulate),
+        ("compare", "every schedule on the same costs: bubble, memory, throughput",
+         _compare_flags, _compare),
+        ("export", "write a schedule as torch's compute-only CSV", _export_flags, _export),
+        ("validate", "check a torch-format CSV schedule and simulate it", _validate_flags,
+         _validate),
+    ):  # fmt: skip
+        p = sub.add_parser(name, help=help_text)
+        add_flags(p)
+        add_json_flag(p)
+        p.set_defaults(func=func)
     pp_solve.register(sub)
     pp_frontier.register(sub)
     pp_run.register(sub)
 
 
 # -- pp show -------------------------------------------------------------------------------
-def _register_show(sub) -> None:
-    p = sub.add_parser("show", help="print a schedule as a text grid (time slots per rank)")
+def _show_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p)
     p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
     p.add_argument("--csv", type=input_file, default=None,
                    help="show this torch CSV instead (it sets the schedule and its shape)")  # fmt: skip
-    add_json_flag(p)
     # None: not given, so that --csv can refuse a shape it would ignore
-    p.set_defaults(func=_show, **dict.fromkeys(SHOW_SHAPE, None))
+    p.set_defaults(**dict.fromkeys(SHOW_SHAPE, None))
 
 
 SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
@@ -101,15 +108,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 # -- pp simulate ---------------------------------------------------------------------------
-def _register_simulate(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate one schedule: bubble, spans, peak memory")
+def _simulate_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p)
     add_costs(p)
     add_dispatch(p)
     p.add_argument("--plot", type=plot_file, help="write a Gantt chart (.png or .svg)")
     p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
-    add_json_flag(p)
-    p.set_defaults(func=_simulate)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -118,30 +122,27 @@ def _simulate(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
                   or args.seed is not None)  # fmt: skip
-    handshake = args.dispatch == "handshake"
-    sched = schedule_from_args(args, costs, limit_elsewhere=handshake)
+    sched = schedule_from_args(args, costs, limit_elsewhere=args.dispatch == "handshake")
     run = _dispatch(args, sched, costs) if dispatched else None
     result = run.sim if run is not None else simulate(sched, costs)
     files = _write_pictures(result, args.plot, args.trace)
-    if args.json:
-        summary = run.summary() if run is not None else result.summary()
-        print_json(
-            summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
-        )
-        return 0
+    summary = run.summary() if run is not None else result.summary()
     mf = costs.mem_f[0]
     rows = [
         [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
          result.peak_memory[r] / mf, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
         for r in range(result.schedule.num_ranks)
     ]  # fmt: skip
-    print_table(
+    print_result(
+        args.json,
+        summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
         f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}"
         + (f", {_describe_run(run, mf)}" if run is not None else ""),
         ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
         rows,
         caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
-        f"makespan {result.makespan:.4g}" + "".join(f"; wrote {f}" for f in files),
+        f"makespan {result.makespan:.4g}",
+        files=files,
     )
     return 0
 
@@ -150,10 +151,8 @@ def _dispatch(args: argparse.Namespace, sched, costs):
     """``--dispatch`` and the perturbation flags: one step under that policy."""
     from nobubble.pipeline.dispatch import plan_peaks, simulate_dispatch
 
-    perturbation = perturbation_from_args(args)
-    if args.dispatch != "handshake":
-        return simulate_dispatch(sched, costs, perturbation=perturbation)
-    mem_limit = mem_limit_from_args(args, costs)
+    policy = args.dispatch or "static"
+    mem_limit = mem_limit_from_args(args, costs) if policy == "handshake" else None
     if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
         mf = max(costs.mem_f)
         peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
@@ -164,9 +163,8 @@ def _dispatch(args: argparse.Namespace, sched, costs):
                 f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
                 "or -s zb-1p / zb-2p, which are built for the limit"
             )
-    return simulate_dispatch(
-        sched, costs, policy="handshake", perturbation=perturbation, mem_limit=mem_limit
-    )
+    return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation_from_args(args),
+                             mem_limit=mem_limit)  # fmt: skip
 
 
 def _describe_run(run, mem_f: float) -> str:
@@ -185,24 +183,17 @@ def _describe_run(run, mem_f: float) -> str:
 def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
     from nobubble.pipeline.plot import gantt, write_trace
 
-    files = []
-    if plot is not None:
-        files.append(str(gantt(result, plot)))
-    if trace is not None:
-        files.append(str(write_trace(result, trace)))
-    return files
+    pictures = ((gantt, plot), (write_trace, trace))
+    return [str(write(result, path)) for write, path in pictures if path is not None]
 
 
 # -- pp export / validate ------------------------------------------------------------------
-def _register_export(sub) -> None:
-    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+def _export_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p)
     add_costs(p)
     p.add_argument(
         "-o", "--output", type=output_file, default=None, help="CSV file (default: stdout)"
     )
-    add_json_flag(p)
-    p.set_defaults(func=_export)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -216,10 +207,8 @@ def _export(args: argparse.Namespace) -> int:
         write_text(args.output, text)
     info = {"schedule": sched.name, **_shape(sched),
             "output": str(args.output) if args.output else None}  # fmt: skip
-    if args.json:
-        print_json(info | ({} if args.output else {"csv": text}))
-    else:
-        print_table(f"exported {sched.name}", list(info), [list(info.values())])
+    print_result(args.json, info | ({} if args.output else {"csv": text}),
+                 f"exported {sched.name}", list(info), [list(info.values())])  # fmt: skip
     return 0
 
 
@@ -229,13 +218,11 @@ def _shape(sched) -> dict:
             "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
-def _register_validate(sub) -> None:
-    p = sub.add_parser("validate", help="check a torch-format CSV schedule and simulate it")
+def _validate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=input_file,
                    help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
     add_costs(p, mem_limit_help=None)  # it simulates the file's own order
-    add_json_flag(p)
-    p.set_defaults(func=_validate, chunks=None, microbatches=None)
+    p.set_defaults(chunks=None, microbatches=None)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -249,25 +236,17 @@ def _validate(args: argparse.Namespace) -> int:
     info = {"file": str(args.file), "valid": True, **_shape(sched),
             "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
-    if args.json:
-        print_json(info)
-    else:
-        print_table(f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
+    print_result(args.json, info, f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
     return 0
 
 
-def _register_compare(sub) -> None:
-    p = sub.add_parser(
-        "compare", help="every schedule on the same costs: bubble, memory, throughput"
-    )
+def _compare_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p, schedule=False)
     add_costs(p)
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
     p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
                    metavar="SECONDS", help="add the exact ILP row (time limit, default 30 s)")  # fmt: skip
     p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
-    add_json_flag(p)
-    p.set_defaults(func=_compare)
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -289,37 +268,35 @@ def _compare(args: argparse.Namespace) -> int:
         from nobubble.pipeline.plot import gantt_grid
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
-    if args.json:
-        print_json({"stages": args.ranks, "microbatches": args.microbatches,
-                    "costs": _cost_summary(costs), "rows": [r.as_dict() for r in rows],
-                    "files": files})  # fmt: skip
-        return 0
-    table = []
-    for r in rows:
-        d = r.as_dict()
-        if r.result is None:
-            table.append([r.name, r.source, r.kind, "-", "-", "-", "-", r.note])
-            continue
-        table.append([r.name, r.source, r.kind, f"{d['bubble_rate']:.2%}",
-                      f"{d['peak_memory_vs_1f1b']:.2f}x", f"{d['throughput_vs_1f1b']:.3f}x",
-                      f"{d['throughput_vs_1f1b_flush']:.3f}x", r.note])  # fmt: skip
     c = _cost_summary(costs)
-    print_table(
+    print_result(
+        args.json,
+        {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
+         "rows": [r.as_dict() for r in rows], "files": files},
         f"P={args.ranks}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
         f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
-        table,
+        [[r.name, r.source, r.kind, *_figures(r.as_dict()), r.note] for r in rows],
         caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
         "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
-        "with flush = 1F1B makespan / makespan" + "".join(f"; wrote {f}" for f in files),
-    )
-    gains = {r.name: r.throughput_vs_1f1b for r in rows if r.throughput_vs_1f1b is not None}
-    if "zb-2p" in gains:
-        gain = gains["zb-2p"] - 1
+        "with flush = 1F1B makespan / makespan",
+        files=files,
+    )  # fmt: skip
+    zb2p = next((r.throughput_vs_1f1b for r in rows if r.name == "zb-2p"), None)
+    if zb2p is not None and not args.json:
+        gain = zb2p - 1
         verdict = "inside" if 0.15 <= gain <= 0.30 else "outside"
         console().print(f"ZB-2p over 1F1B: {gain:+.1%} throughput ({verdict} the commonly quoted 15-30% "
                         "claim for P=8, M=24)")  # fmt: skip
     return 0
+
+
+def _figures(d: dict) -> list[str]:
+    """A compare row's bubble, peak memory and throughputs as shown; dashes when not built."""
+    if d["bubble_rate"] is None:
+        return ["-"] * 4
+    return [f"{d['bubble_rate']:.2%}", f"{d['peak_memory_vs_1f1b']:.2f}x",
+            f"{d['throughput_vs_1f1b']:.3f}x", f"{d['throughput_vs_1f1b_flush']:.3f}x"]  # fmt: skip
 
 
 def _cost_summary(costs) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from functools import partial
 
 from nobubble.cli.pp.options import (
     OPS_BUDGET,
@@ -30,8 +29,7 @@ from nobubble.cli.util import (
     input_file,
     plot_file,
     positive_float,
-    print_json,
-    print_table,
+    print_result,
 )
 
 __all__ = ["register"]
@@ -68,14 +66,8 @@ def _frontier(args: argparse.Namespace) -> int:
 
     _check_args(args)
     costs = _costs(args)
-    limits = args.mem_limits or fr.default_mem_limits(args.ranks)
-    sources: list[fr.PointSource] = [partial(fr.generated_points, mem_limits=limits)]
-    if not args.no_torch:
-        sources.append(fr.torch_points)
-    if args.ilp is not None:
-        if not fr.ilp_available():
-            raise UsageError("--ilp needs the exact solver (pip install ortools)")
-        sources.append(partial(fr.ilp_points, mem_limits=limits, time_limit_s=args.ilp))
+    sources = fr.default_sources(args.ranks, mem_limits=args.mem_limits,
+                                 include_torch=not args.no_torch, ilp_time_limit_s=args.ilp)  # fmt: skip
     started = time.perf_counter()
     result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
                          sources=sources)  # fmt: skip
@@ -87,15 +79,13 @@ def _frontier(args: argparse.Namespace) -> int:
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
         files.append(str(frontier_plot(result.points, args.plot, title=title)))
-    if args.json:
-        print_json({"stages": args.ranks, "microbatches": args.microbatches,
-                    "memory_unit": "microbatches of one rank's activations",
-                    "points": [q.as_dict() for q in result.points],
-                    "pareto": [q.name for q in result.pareto], "seconds": seconds,
-                    "files": files})  # fmt: skip
-        return 0
     rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
-    print_table(
+    print_result(
+        args.json,
+        {"stages": args.ranks, "microbatches": args.microbatches,
+         "memory_unit": "microbatches of one rank's activations",
+         "points": [q.as_dict() for q in result.points],
+         "pareto": [q.name for q in result.pareto], "seconds": seconds, "files": files},
         f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
         ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
         [
@@ -108,10 +98,11 @@ def _frontier(args: argparse.Namespace) -> int:
                 q.note,
             ]
             for q in rows
-        ],  # fmt: skip
+        ],
         caption="peak memory in microbatches of one rank's activations (1F1B: P); "
-        f"* = Pareto-optimal; {seconds:.1f} s" + "".join(f"; wrote {f}" for f in files),
-    )
+        f"* = Pareto-optimal; {seconds:.1f} s",
+        files=files,
+    )  # fmt: skip
     return 0
 
 

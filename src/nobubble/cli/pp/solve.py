@@ -30,8 +30,7 @@ from nobubble.cli.util import (
     plot_file,
     positive_float,
     positive_int,
-    print_json,
-    print_table,
+    print_result,
 )
 from nobubble.files import write_text
 
@@ -64,25 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     solve.set_defaults(func=_solve)
 
 
-def _solve_with_progress(costs, args, mem_limit):
-    """The solver under a bar that moves at each solution it finds (elapsed time beside)."""
-    from nobubble.bench.output import progress_bar
-    from nobubble.pipeline.ilp.solve import solve_optimal
-
-    with progress_bar("solving", total=args.time_limit, counter=None) as (progress, task):
-
-        def found(objective: float, bound: float, seconds: float) -> None:
-            progress.update(task, completed=min(args.time_limit, seconds),
-                            description=f"best {objective:.6g}  bound {bound:.6g}")  # fmt: skip
-
-        return solve_optimal(
-            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
-            num_workers=args.workers, on_solution=found, num_chunks=args.chunks,
-            placement=args.placement,
-        )  # fmt: skip
-
-
 def _solve(args: argparse.Namespace) -> int:
     if args.placement is not None and args.chunks == 1:
         raise UsageError(f"--placement {args.placement} needs --chunks 2")
@@ -93,19 +73,26 @@ def _solve(args: argparse.Namespace) -> int:
                          f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
     costs = costs_from_args(args)
     mem_limit = mem_limit_from_args(args, costs, below_one=True)
-    result = _solve_with_progress(costs, args, mem_limit)
-    if result.schedule is not None:
+    from nobubble.bench.output import progress_bar
+    from nobubble.pipeline.ilp.solve import solve_optimal
+
+    # the bar moves at each solution the solver finds (elapsed time beside)
+    with progress_bar("solving", total=args.time_limit, counter=None) as (bar, task):
+        result = solve_optimal(
+            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
+            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
+            num_workers=args.workers, num_chunks=args.chunks, placement=args.placement,
+            on_solution=lambda objective, bound, seconds: bar.update(
+                task, completed=min(args.time_limit, seconds),
+                description=f"best {objective:.6g}  bound {bound:.6g}"),
+        )  # fmt: skip
+    if result.schedule is not None and result.simulation is not None:  # a schedule came back
         if args.plot is not None:
             from nobubble.pipeline.plot import gantt
 
             gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
         if args.csv is not None:
             write_text(args.csv, result.schedule.to_csv())
-    if args.json:
-        data = result.summary()
-        data.update(stages=args.ranks, microbatches=args.microbatches, mem_limit=mem_limit)
-        print_json(data)
-        return _exit_code(result.status)
     rows = []
     if result.heuristic:
         rows.append([f"heuristic {result.heuristic}", "-", result.heuristic_objective,
@@ -117,7 +104,10 @@ def _solve(args: argparse.Namespace) -> int:
     ])  # fmt: skip
     limit = "none" if mem_limit is None else f"{mem_limit:g}"
     shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
-    print_table(
+    print_result(
+        args.json,
+        result.summary()
+        | {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit},
         f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
         f"mem limit {limit}",
         ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
