@@ -114,7 +114,7 @@ def test_a_reward_that_is_not_a_number_is_refused_naming_the_env() -> None:
 
     env = TokenEnv(Broken(), max_len=16)
     env.reset(seed=0)
-    with pytest.raises(ValueError, match=r"text env Broken gave reward nan for turn '0'"):
+    with pytest.raises(ValueError, match=r"text env Broken for turn '0' returned nan"):
         env.step(1)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from nobubble.rl.actor_learner.text.protocol import TextEnv, check_text_env
 from nobubble.rl.system.tasks.builtin import CharTokenizer
-from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.rl.system.tasks.spec import as_reward
 
 __all__ = ["END_OF_TURN", "TextVocabulary", "TokenEnv", "TextEnvFactory"]
 
@@ -128,13 +128,9 @@ class TokenEnv(gymnasium.Env):
             self.transcript.append(("model", turn))
             answer = self.text_env.step(turn)
             self._message(answer.reply)
-            checked = reward_value(answer.reward)
-            if checked is None:
-                raise ValueError(
-                    f"text env {type(self.text_env).__name__} gave reward {answer.reward!r} for "
-                    f"turn {turn!r}; a reward must be a finite number"
-                )
-            reward, done = checked, bool(answer.done)
+            name = type(self.text_env).__name__
+            reward = as_reward(answer.reward, f"text env {name} for turn {turn!r}")
+            done = bool(answer.done)
         truncated = not done and self._steps >= self.max_episode_steps
         return self._obs(), reward, done, truncated, {}
 
