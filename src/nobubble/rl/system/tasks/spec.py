@@ -32,7 +32,7 @@ from nobubble.rl.system.tasks.builtin import (
     CharTokenizer,
     make_task,
 )
-from nobubble.validation import finite
+from nobubble.validation import check_value, finite
 
 __all__ = ["TaskSpec", "resolve_task", "RewardError", "as_reward"]
 
@@ -90,10 +90,7 @@ class TaskSpec:
         self.prompts: list[str] = pool
         self.eval_prompts: list[str] = evals
         self.max_new_tokens = int(task.max_new_tokens)
-        if self.max_new_tokens < 1:
-            raise ValueError(
-                f"task {self.name!r}: max_new_tokens={self.max_new_tokens} must be >= 1"
-            )
+        check_value(f"task {self.name!r}: max_new_tokens", self.max_new_tokens, ">= 1")
         tok = getattr(task, "tokenizer", None)
         if tok is None:
             alphabet = getattr(task, "tokenizer_alphabet", None)
