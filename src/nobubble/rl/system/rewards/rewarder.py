@@ -163,7 +163,6 @@ class Rewarder:
     ) -> None:
         if not sources and remote is None:
             sources = (RewardSource(),)
-        self.task = task
         self.cfg = cfg
         self.remote = remote
         self._fns = [(s.resolve(task), s.weight, str(s.fn)) for s in sources]
