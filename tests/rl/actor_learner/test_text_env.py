@@ -19,14 +19,14 @@ from nobubble.rl.actor_learner.text.guess_number import (
 from nobubble.rl.actor_learner.text.policy import TextActorCritic, TextPolicyConfig
 from nobubble.rl.actor_learner.text.protocol import TextStep, check_text_env
 from nobubble.rl.actor_learner.text.run import text_env_config, text_run_config
-from nobubble.rl.actor_learner.text.tokens import TextVocabulary, TokenEnv
+from nobubble.rl.actor_learner.text.tokens import TokenEnv
 
 
 def _say(env: TokenEnv, text: str) -> tuple[float, bool]:
     """Speak ``text`` as one turn (its characters, then end-of-turn unless the turn fills)."""
     reward, done = 0.0, False
     for ch in text:
-        _, reward, done, _, _ = env.step(env.vocab.turn_alphabet.index(ch) + 1)
+        _, reward, done, _, _ = env.step(env.text_env.turn_alphabet.index(ch) + 1)
     if len(text) < env.text_env.max_turn_chars:
         _, reward, done, _, _ = env.step(0)
     return reward, done
@@ -78,7 +78,7 @@ def test_token_env_keeps_the_conversation_as_tokens_and_text() -> None:
     env = TokenEnv(GuessNumber(high=7, max_turns=3), max_len=48)
     obs, _ = env.reset(seed=3)
     secret = env.text_env.secret
-    tok = env.vocab.tokenizer
+    tok = env.tokenizer
     assert obs.shape == (48,) and obs.dtype == np.float32
     opening = [tok.bos_id, *tok.encode("guess 1-7")[1:], tok.eos_id]
     assert obs[-len(opening) :].tolist() == opening and not obs[: -len(opening)].any()
@@ -91,9 +91,7 @@ def test_token_env_keeps_the_conversation_as_tokens_and_text() -> None:
         ("env", "correct"),
     ]  # fmt: skip
     # the turn's digit is its action's token: action a is token 2 + a
-    assert env.tokens[len(opening)] == env.vocab.action_token(
-        env.vocab.turn_alphabet.index(wrong) + 1
-    )
+    assert env.tokens[len(opening)] == 2 + env.text_env.turn_alphabet.index(wrong) + 1
 
 
 def test_an_empty_turn_is_a_turn_and_a_long_episode_is_truncated() -> None:
@@ -114,16 +112,16 @@ def test_a_reward_that_is_not_a_number_is_refused_naming_the_env() -> None:
 
     env = TokenEnv(Broken(), max_len=16)
     env.reset(seed=0)
-    with pytest.raises(ValueError, match=r"text env Broken gave reward nan for turn '0'"):
+    with pytest.raises(ValueError, match=r"text env Broken for turn '0' returned nan"):
         env.step(1)
 
 
 def test_vocabulary_puts_the_turn_characters_first() -> None:
-    vocab = TextVocabulary("0123456789", "guess 1-7higherlower")
-    assert vocab.num_actions == 11 and vocab.first_action_id == 2
-    assert vocab.tokenizer.itos[vocab.action_token(1)] == "0"
-    assert vocab.tokenizer.itos[vocab.action_token(10)] == "9"
-    assert set(vocab.tokenizer.itos[13:]) == set("guess -higherlower") - set("0123456789")
+    env = TokenEnv(GuessNumber(high=7), max_len=8)  # says digits, hears "guess 1-7", "higher"...
+    itos = env.tokenizer.itos
+    assert env.num_actions == 11 and env.tokenizer.eos_id == 2  # action a is token 2 + a
+    assert itos[2 + 1] == "0" and itos[2 + 10] == "9"
+    assert set(itos[13:]) == set("guess -highercorrectlower?") - set("0123456789")
 
 
 def test_a_text_env_that_misses_parts_is_refused_naming_them() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import fields, replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -61,6 +64,27 @@ def test_mixed_group_is_rejected():
     bad = g.samples[0].__class__(**{**g.samples[0].__dict__, "policy_version": 2})
     with pytest.raises(ValueError, match="mixes policy versions"):
         SampleGroup(0, 0, (g.samples[1], bad))
+
+
+def test_a_pickled_group_comes_back_field_by_field():
+    """Pickling packs a group into stacked arrays; every field of every sample returns, with
+    and without per-token versions, a failed reward included."""
+    group = replace(_group(3, 2), t_admitted=9.0, weight_digests=((2, "ab"),), generator="g1")
+    ok, bad = group.samples
+    ok = replace(ok, tokens=torch.arange(3), behaviour_logprobs=torch.tensor([-0.5]))
+    bad = replace(bad, response="q", reward=None, reward_error="boom", t_generated=4.0)
+    for versions in (None, torch.tensor([3])):
+        samples = tuple(replace(s, token_versions=versions) for s in (ok, bad))
+        back = pickle.loads(pickle.dumps(group.with_samples(samples)))
+        assert (back.group_id, back.prompt_id, back.t_admitted) == (3, 0, 9.0)
+        assert (back.weight_digests, back.generator) == (((2, "ab"),), "g1")
+        for want, got in zip(samples, back.samples, strict=True):
+            for f in fields(want):
+                x, y = getattr(want, f.name), getattr(got, f.name)
+                if isinstance(x, torch.Tensor):
+                    assert x.dtype == y.dtype and torch.equal(x, y), f.name
+                else:
+                    assert x == y, f.name
 
 
 def test_reward_failure_drops_group_and_frees_admission():

@@ -64,19 +64,16 @@ class LedgerError(ValueError):
     accounted for (a bug, never expected)."""
 
 
-class Tracked(Protocol):
-    """What the ledger needs of a trained group: its id and its samples' ids."""
+class Experience(Protocol):
+    """What the buffer and its ledger hold: a text group
+    (:class:`~nobubble.rl.system.types.SampleGroup`) or an environment trajectory (one group
+    of one sample)."""
 
     @property
     def group_id(self) -> int: ...
 
     @property
     def sample_ids(self) -> tuple[int, ...]: ...
-
-
-class Experience(Tracked, Protocol):
-    """What the buffer holds: a text group (:class:`~nobubble.rl.system.types.SampleGroup`)
-    or an environment trajectory (one group of one sample)."""
 
     @property
     def policy_version(self) -> int: ...
@@ -176,13 +173,13 @@ class Ledger:
         if sample_ids:
             self._sample_ids[group_id] = sample_ids
 
-    def trained(self, group: Tracked, step: int, learner: int = 0) -> None:
+    def trained(self, group: Experience, step: int, learner: int = 0) -> None:
         """``group`` was trained at ``step`` by learner ``learner`` (0 with one learner)."""
         self.move(group.group_id, GroupState.TRAINED)
         self._set_fate(group.sample_ids, f"trained@{step}")
         self.learners[group.group_id] = [learner]
 
-    def reused(self, group: Tracked, step: int, learner: int = 0) -> None:
+    def reused(self, group: Experience, step: int, learner: int = 0) -> None:
         """``group`` (already trained) was trained again at ``step``, from the replay, by
         learner ``learner``."""
         if self._state.get(group.group_id) is not GroupState.TRAINED:

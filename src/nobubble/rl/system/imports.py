@@ -2,8 +2,8 @@
 
 Every user-supplied part of a run (policy factory, task, reward function) may be given as a
 string, so that worker processes and Ray actors rebuild it themselves and nothing depends
-on the driver's ``__main__``. :func:`missing_extra` words the error for an optional
-package that is not installed. A file path is loaded under a module name derived from its
+on the driver's ``__main__``. :func:`import_extra` imports an optional package, or words
+the error that names the extra to install. A file path is loaded under a module name derived from its
 absolute path, once per process, so a worker that loads the same file twice gets the same
 object. :func:`check_kwargs` names the keys a factory does not take, and the ones it does,
 before it is called.
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_kwargs", "is_import_path", "load_object", "missing_extra"]
+__all__ = ["check_kwargs", "import_extra", "is_import_path", "load_object"]
 
 
 def check_kwargs(fn: Any, kwargs: dict[str, Any], what: str) -> None:
@@ -94,6 +94,10 @@ def load_object(spec: str, what: str = "object") -> Any:
     return obj
 
 
-def missing_extra(package: str, extra: str) -> ImportError:
-    """The one-line error for an optional package that is not installed."""
-    return ImportError(f"{package} is not installed; pip install 'nobubble[{extra}]'")
+def import_extra(module: str, package: str, extra: str) -> Any:
+    """``module`` of an optional ``package``, imported; else the one-line ImportError that
+    names the ``extra`` to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{package} is not installed; pip install 'nobubble[{extra}]'") from None

@@ -146,49 +146,35 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         """The run as JSON, keys :data:`RESULT_KEYS` whichever producer made it: a task's
         ``outcome`` is its accuracies, an env run's its eval return and time to target."""
-        if self.env is None:
-            outcome: dict[str, Any] = {
-                "initial_accuracy": self.initial_accuracy,
-                "final_accuracy": self.final_accuracy,
-            }
-            details: dict[str, Any] = {
-                "token_staleness_hist": {
-                    str(k): v for k, v in sorted(self.token_staleness_hist.items())
-                },
-                "busy_s": self.busy_s,
-                "restarts": self.restarts,
-                "step_metrics": self.step_metrics,
-                "resumed_from": self.resumed_from,
-            }
-        else:
-            outcome = {
-                "eval_mean_return": self.eval_mean_return,
-                "eval_returns": list(self.eval_returns),
-                "target_return": self.target_return,
-                "reached_target": self.reached_target,
-                "time_to_target_s": self.time_to_target_s,
-                "steps_to_target": self.steps_to_target,
-            }
-            details = {
-                "env": self.env,
-                "arch": self.arch,
-                "env_steps": self.env_steps,
-                "env_steps_per_s": self.env_steps_per_s,
-            }
-        return {
-            "config": self.config,
-            "steps": self.steps,
-            "wall_s": self.wall_s,
-            "trained_samples": self.trained_samples,
-            "samples_per_s": self.samples_per_s,
-            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-            "staleness_max": self.staleness_max,
-            "idle_ratio": dict(self.idle_ratio),
-            "ledger": self.ledger.to_json(),
-            "curve": [p.to_json() for p in self.curve],
-            "outcome": outcome,
-            "details": details,
-        }
+        outcome, details = _TASK_JSON if self.env is None else _ENV_JSON
+        out = {key: _json(getattr(self, key)) for key in RESULT_KEYS[:-2]}
+        out["outcome"] = {key: _json(getattr(self, key)) for key in outcome}
+        out["details"] = {key: _json(getattr(self, key)) for key in details}
+        return out
+
+
+def _json(value: Any) -> Any:
+    """A field as JSON: lists and tuples as lists; a histogram (int keys) sorted with its
+    keys as strings; an object with ``to_json`` (a curve point, the ledger) as its own."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, int) for k in value):
+        return {str(k): v for k, v in sorted(value.items())}
+    return value
+
+
+# The fields of each producer's ``outcome`` and ``details`` in a run's JSON.
+_TASK_JSON = (
+    ("initial_accuracy", "final_accuracy"),
+    ("token_staleness_hist", "busy_s", "restarts", "step_metrics", "resumed_from"),
+)
+_ENV_JSON = (
+    ("eval_mean_return", "eval_returns", "target_return", "reached_target", "time_to_target_s",
+     "steps_to_target"),
+    ("env", "arch", "env_steps", "env_steps_per_s"),
+)  # fmt: skip
 
 
 RESULT_KEYS = (

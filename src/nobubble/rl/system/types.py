@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -135,57 +136,43 @@ class SampleGroup:
         # Pickle a group as a few stacked numpy arrays plus lists: pickling each sample's
         # small tensors one by one cost ~1 ms per sample, more than generating it.
         ss = self.samples
-        packed = {
-            "scalars": [
-                (
-                    s.sample_id,
-                    s.prompt,
-                    s.response,
-                    s.policy_version,
-                    s.reward,
-                    s.reward_error,
-                    s.t_generated,
-                    s.t_scored,
-                )
-                for s in ss
-            ],
-            "tokens": torch.stack([s.tokens for s in ss]).numpy(),
-            "mask": torch.stack([s.response_mask for s in ss]).numpy(),
-            "logp": torch.stack([s.behaviour_logprobs for s in ss]).numpy(),
-            "versions": None
-            if all(s.token_versions is None for s in ss)
-            else torch.stack([s.versions() for s in ss]).numpy(),
+        packed: dict[str, Any] = {
+            key: torch.stack([getattr(s, name) for s in ss]).numpy()
+            for key, name in _PACKED_TENSORS.items()
         }
+        packed["scalars"] = [tuple(getattr(s, name) for name in _PACKED_SCALARS) for s in ss]
+        packed["versions"] = (
+            None
+            if all(s.token_versions is None for s in ss)
+            else torch.stack([s.versions() for s in ss]).numpy()
+        )
         packed["digests"] = (self.weight_digests, self.generator)
         return (_unpack_group, (self.group_id, self.prompt_id, self.t_admitted, packed))
 
 
+# A packed group: the per-sample fields as one row per sample, the tensors stacked over the
+# group under the keys they have always had (checkpoints hold packed groups).
+_PACKED_SCALARS = (
+    "sample_id", "prompt", "response", "policy_version", "reward", "reward_error",
+    "t_generated", "t_scored",
+)  # fmt: skip
+_PACKED_TENSORS = {"tokens": "tokens", "mask": "response_mask", "logp": "behaviour_logprobs"}
+
+
 def _unpack_group(group_id: int, prompt_id: int, t_admitted: float, packed: dict) -> SampleGroup:
-    tokens = torch.from_numpy(packed["tokens"].copy())
-    mask = torch.from_numpy(packed["mask"].copy())
-    logp = torch.from_numpy(packed["logp"].copy())
-    versions = packed.get("versions")
-    versions = None if versions is None else torch.from_numpy(versions.copy())
+    stacked: dict[str, Any] = {  # field -> (G, ...) tensor
+        name: torch.from_numpy(packed[key].copy()) for key, name in _PACKED_TENSORS.items()
+    }
+    if packed.get("versions") is not None:
+        stacked["token_versions"] = torch.from_numpy(packed["versions"].copy())
     samples = tuple(
         Sample(
-            sample_id=sid,
             group_id=group_id,
             prompt_id=prompt_id,
-            prompt=prompt,
-            response=response,
-            tokens=tokens[i],
-            response_mask=mask[i],
-            behaviour_logprobs=logp[i],
-            policy_version=version,
-            reward=reward,
-            reward_error=error,
-            t_generated=t_gen,
-            t_scored=t_scored,
-            token_versions=None if versions is None else versions[i],
+            **dict(zip(_PACKED_SCALARS, row, strict=True)),
+            **{name: rows[i] for name, rows in stacked.items()},
         )
-        for i, (sid, prompt, response, version, reward, error, t_gen, t_scored) in enumerate(
-            packed["scalars"]
-        )
+        for i, row in enumerate(packed["scalars"])
     )
     digests, generator = packed.get("digests", ((), ""))
     return SampleGroup(group_id, prompt_id, samples, t_admitted, tuple(digests), generator)

@@ -24,6 +24,7 @@ import string
 from dataclasses import dataclass
 
 from nobubble.rl.actor_learner.text.protocol import TextStep
+from nobubble.validation import check_value
 
 __all__ = ["GuessNumber", "GuessOdds", "guess_number_odds"]
 
@@ -38,8 +39,7 @@ class GuessNumber:
     def __init__(self, high: int = 7, max_turns: int = 3) -> None:
         if not isinstance(high, int) or high < 2:
             raise ValueError(f"GuessNumber: high={high!r} must be an integer >= 2")
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"GuessNumber: max_turns={max_turns!r} must be an integer >= 1")
+        check_value("GuessNumber: max_turns", max_turns, ">= 1", integer=True)
         self.high, self.max_turns = high, max_turns
         self.max_turn_chars = len(str(high))
         words = f"guess 1-{high}{HIGHER}{LOWER}{CORRECT}{INVALID}"

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nobubble.validation import check_value
+
 __all__ = ["TextEnv", "TextStep", "check_text_env"]
 
 
@@ -76,5 +78,4 @@ def check_text_env(env: Any) -> None:
         raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} must be a str")
     if len(set(env.turn_alphabet)) != len(env.turn_alphabet):
         raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} repeats a char")
-    if not isinstance(env.max_turn_chars, int) or env.max_turn_chars < 1:
-        raise ValueError(f"text env {name}: max_turn_chars={env.max_turn_chars!r} must be >= 1")
+    check_value(f"text env {name}: max_turn_chars", env.max_turn_chars, ">= 1", integer=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from nobubble.rl.actor_learner.text.protocol import TextStep
 from nobubble.rl.system.tasks.rg import ReasoningGymPool
+from nobubble.validation import check_value
 
 __all__ = ["ReasoningGymEnv"]
 
@@ -53,8 +54,7 @@ class ReasoningGymEnv:
             questions = ReasoningGymPool(questions, **pool)
         elif pool:
             raise ValueError(f"ReasoningGymEnv: {sorted(pool)} given with a ready pool")
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"max_turns={max_turns!r} must be an integer >= 1")
+        check_value("max_turns", max_turns, ">= 1", integer=True)
         self.questions, self.max_turns = questions, max_turns
         self.name, self.turn_alphabet = questions.name, questions.answer_chars
         self.max_turn_chars = max(len(a) for a in questions.answers)

@@ -80,9 +80,9 @@ def text_run_config(
     """
     label = name or getattr(env, "__name__", None) or type(env).__name__
     factory = TextEnvFactory(env, max_len, label)
-    vocab = factory.vocabulary()
-    shape = (policy or TextPolicyConfig()).for_env(vocab.vocab_size, max_len)
-    model = TextPolicyFactory(shape, vocab.first_action_id)
+    tokenizer = factory().tokenizer  # one env made here, to read its alphabets
+    shape = (policy or TextPolicyConfig()).for_env(tokenizer.vocab_size, max_len)
+    model = TextPolicyFactory(shape, first_action_id=tokenizer.eos_id)  # action 0 is <eos>
     return EnvRunConfig(**{**TEXT_DEFAULTS, **run, "env": factory, "model": model})
 
 

@@ -23,7 +23,7 @@ at position ``max_len - 1``. Episodes longer than ``max_episode_steps`` tokens a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
@@ -31,49 +31,20 @@ import numpy as np
 
 from nobubble.rl.actor_learner.text.protocol import TextEnv, check_text_env
 from nobubble.rl.system.tasks.builtin import CharTokenizer
-from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.rl.system.tasks.spec import as_reward
 
-__all__ = ["END_OF_TURN", "TextVocabulary", "TokenEnv", "TextEnvFactory"]
+__all__ = ["END_OF_TURN", "TokenEnv", "TextEnvFactory"]
 
-END_OF_TURN = 0  # the action that ends a turn
+END_OF_TURN = 0  # the action that ends a turn: token <eos>, and action a is token <eos> + a
 
 
-@dataclass(frozen=True)
-class TextVocabulary:
-    """Token ids of a text env's characters, the turn characters first.
+class TokenEnv(gymnasium.Env):
+    """``env`` (a :class:`TextEnv`) one token per step; see the module docstring.
 
     Attributes:
         tokenizer: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``turn_alphabet``, the other chars.
         num_actions: A, end-of-turn plus one per turn character.
-        first_action_id: the token of action 0 (``<eos>``); action ``a`` is token ``2 + a``.
     """
-
-    turn_alphabet: str
-    alphabet: str
-    tokenizer: CharTokenizer = field(init=False)
-
-    def __post_init__(self) -> None:
-        rest = "".join(sorted(set(self.alphabet) - set(self.turn_alphabet)))
-        object.__setattr__(self, "tokenizer", CharTokenizer(self.turn_alphabet + rest))
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    @property
-    def num_actions(self) -> int:
-        return 1 + len(self.turn_alphabet)
-
-    @property
-    def first_action_id(self) -> int:
-        return self.tokenizer.eos_id
-
-    def action_token(self, action: int) -> int:
-        return self.first_action_id + action
-
-
-class TokenEnv(gymnasium.Env):
-    """``env`` (a :class:`TextEnv`) one token per step; see the module docstring."""
 
     metadata: dict[str, Any] = {"render_modes": []}
 
@@ -85,10 +56,12 @@ class TokenEnv(gymnasium.Env):
                 f"{max_episode_steps} >= 1"
             )
         self.text_env, self.max_len, self.max_episode_steps = env, max_len, max_episode_steps
-        self.vocab = TextVocabulary(env.turn_alphabet, env.alphabet)
-        top = float(self.vocab.vocab_size - 1)
+        rest = "".join(sorted(set(env.alphabet) - set(env.turn_alphabet)))
+        self.tokenizer = CharTokenizer(env.turn_alphabet + rest)
+        self.num_actions = 1 + len(env.turn_alphabet)
+        top = float(self.tokenizer.vocab_size - 1)
         self.observation_space = gymnasium.spaces.Box(0.0, top, (max_len,), np.float32)
-        self.action_space = gymnasium.spaces.Discrete(self.vocab.num_actions)
+        self.action_space = gymnasium.spaces.Discrete(self.num_actions)
         self.tokens: list[int] = []
         self.transcript: list[tuple[str, str]] = []  # ("env" | "model", text), in order
         self._turn: list[str] = []
@@ -101,8 +74,8 @@ class TokenEnv(gymnasium.Env):
         return obs
 
     def _message(self, text: str) -> None:
-        self.tokens.extend(self.vocab.tokenizer.encode(text))  # <bos> and the characters
-        self.tokens.append(self.vocab.tokenizer.eos_id)
+        self.tokens.extend(self.tokenizer.encode(text))  # <bos> and the characters
+        self.tokens.append(self.tokenizer.eos_id)
         self.transcript.append(("env", text))
 
     def reset(
@@ -115,26 +88,22 @@ class TokenEnv(gymnasium.Env):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         a = int(action)
-        if not 0 <= a < self.vocab.num_actions:
-            raise ValueError(f"TokenEnv: action {a} is outside [0, {self.vocab.num_actions})")
+        if not 0 <= a < self.num_actions:
+            raise ValueError(f"TokenEnv: action {a} is outside [0, {self.num_actions})")
         self._steps += 1
         reward, done = 0.0, False
         if a != END_OF_TURN:
             self._turn.append(self.text_env.turn_alphabet[a - 1])
-            self.tokens.append(self.vocab.action_token(a))
+            self.tokens.append(self.tokenizer.eos_id + a)
         if a == END_OF_TURN or len(self._turn) >= self.text_env.max_turn_chars:
-            self.tokens.append(self.vocab.tokenizer.eos_id)
+            self.tokens.append(self.tokenizer.eos_id)
             turn, self._turn = "".join(self._turn), []
             self.transcript.append(("model", turn))
             answer = self.text_env.step(turn)
             self._message(answer.reply)
-            checked = reward_value(answer.reward)
-            if checked is None:
-                raise ValueError(
-                    f"text env {type(self.text_env).__name__} gave reward {answer.reward!r} for "
-                    f"turn {turn!r}; a reward must be a finite number"
-                )
-            reward, done = checked, bool(answer.done)
+            name = type(self.text_env).__name__
+            reward = as_reward(answer.reward, f"text env {name} for turn {turn!r}")
+            done = bool(answer.done)
         truncated = not done and self._steps >= self.max_episode_steps
         return self._obs(), reward, done, truncated, {}
 
@@ -158,7 +127,3 @@ class TextEnvFactory:
 
     def __call__(self) -> TokenEnv:
         return TokenEnv(self.make(), self.max_len, self.max_episode_steps)
-
-    def vocabulary(self) -> TextVocabulary:
-        """The vocabulary of the env ``make`` builds (made once, to read its alphabets)."""
-        return self().vocab

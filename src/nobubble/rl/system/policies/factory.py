@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from nobubble.rl.system.imports import check_kwargs, is_import_path, load_object, missing_extra
+from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_object
 from nobubble.rl.system.policies.causal_lm import as_policy
 from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
 
@@ -36,10 +36,7 @@ BUILTIN_POLICIES = ("char", "gpt2")
 
 
 def _gpt2(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:
-    try:
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError:
-        raise missing_extra("transformers", "hf") from None
+    transformers = import_extra("transformers", "transformers", "hf")
     cfg = {
         "n_layer": 2,
         "n_embd": 64,
@@ -52,19 +49,16 @@ def _gpt2(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:
         **kwargs,
     }
     try:
-        config = GPT2Config(vocab_size=vocab_size, n_positions=max_seq_len, **cfg)
+        config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=max_seq_len, **cfg)
     except TypeError as err:
         raise ValueError(f"policy 'gpt2': bad policy_kwargs {kwargs} ({err})") from None
-    return GPT2LMHeadModel(config)
+    return transformers.GPT2LMHeadModel(config)
 
 
 def _pretrained(path: str, vocab_size: int, **kwargs: Any) -> nn.Module:
+    auto_lm = import_extra("transformers", "transformers", "hf").AutoModelForCausalLM
     try:
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        raise missing_extra("transformers", "hf") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+        model = auto_lm.from_pretrained(path, local_files_only=True, **kwargs)
     except OSError as err:
         raise ValueError(f"policy 'hf:{path}': no local checkpoint there ({err})") from None
     embeddings: Any = model.get_input_embeddings()

@@ -39,12 +39,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
-from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.rl.system.tasks.spec import as_reward
 from nobubble.validation import check_value
 
-__all__ = ["RemoteReward", "RemoteRewardError"]
+__all__ = ["RemoteReward", "RemoteRewardError", "check_pairs"]
 
 _EXAMPLE_URL = "http://127.0.0.1:8000/score"
 _EXCERPT_CHARS = 200  # how much of a bad answer an error message quotes
@@ -104,7 +105,7 @@ class RemoteReward:
             ValueError: the batch is malformed (lengths differ, a non-string item).
             RemoteRewardError: no attempt got a valid answer, or the server answered 4xx.
         """
-        _check_batch(prompts, responses)
+        check_pairs(prompts, responses)
         if not prompts:
             return [], 0
         body = json.dumps({"prompts": list(prompts), "responses": list(responses)}).encode()
@@ -146,19 +147,23 @@ def _check_url(url: object) -> None:
         raise ValueError(problem)
 
 
-def _check_batch(prompts: list[str], responses: list[str]) -> None:
-    if len(prompts) != len(responses):
-        raise ValueError(
-            f"RemoteReward got {len(prompts)} prompts and {len(responses)} responses; "
-            "pass one response per prompt"
-        )
+def check_pairs(prompts: Any, responses: Any) -> None:
+    """Raise ValueError unless ``prompts`` and ``responses`` are lists of strings of one
+    length: the batch of the wire format, checked alike by the client before it sends and
+    by :mod:`~nobubble.rl.system.rewards.server` when it receives."""
     for name, items in (("prompts", prompts), ("responses", responses)):
+        if not isinstance(items, list | tuple):
+            raise ValueError(f"{name}={items!r:.100} is not a list; send a list of strings")
         for i, item in enumerate(items):
             if not isinstance(item, str):
                 raise ValueError(
-                    f"RemoteReward {name}[{i}]={item!r} is a {type(item).__name__}; "
+                    f"{name}[{i}]={item!r:.100} is a {type(item).__name__}; "
                     "pass strings (decode token ids first)"
                 )
+    if len(prompts) != len(responses):
+        raise ValueError(
+            f"{len(prompts)} prompts and {len(responses)} responses; pass one response per prompt"
+        )
 
 
 def _post(url: str, body: bytes, timeout_s: float) -> bytes:
@@ -208,13 +213,10 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
         raise _Retryable(
             f"malformed answer: {len(values)} rewards for {num_pairs} prompt/response pairs"
         )
-    rewards = []
-    for i, value in enumerate(values):
-        reward = reward_value(value)
-        if reward is None:
-            raise _Retryable(f"malformed answer: rewards[{i}]={value!r} is not a finite number")
-        rewards.append(reward)
-    return rewards
+    try:
+        return [as_reward(value, f"the service for pair {i}") for i, value in enumerate(values)]
+    except ValueError as err:
+        raise _Retryable(f"malformed answer: {err}") from None
 
 
 def _excerpt(raw: bytes) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.tasks.spec import TaskSpec, reward_value
+from nobubble.rl.system.tasks.spec import RewardError, TaskSpec, as_reward
 from nobubble.rl.system.types import SampleGroup, Span
 from nobubble.validation import finite
 
@@ -53,10 +53,6 @@ __all__ = [
 ]
 
 RewardFn = Callable[[str, str], float]
-
-
-class RewardError(RuntimeError):
-    """A reward function returned something that is not a finite number."""
 
 
 class RewardFailure(RuntimeError):
@@ -148,13 +144,6 @@ def parse_reward(text: str) -> RewardSource:
     return RewardSource(fn, w)
 
 
-def _finite(value: Any, what: str) -> float:
-    reward = reward_value(value)
-    if reward is None:
-        raise RewardError(f"{what} returned {value!r}, not a finite number")
-    return reward
-
-
 class Rewarder:
     """Scores groups with the run's reward sources (see the module docstring).
 
@@ -174,7 +163,6 @@ class Rewarder:
     ) -> None:
         if not sources and remote is None:
             sources = (RewardSource(),)
-        self.task = task
         self.cfg = cfg
         self.remote = remote
         self._fns = [(s.resolve(task), s.weight, str(s.fn)) for s in sources]
@@ -188,7 +176,7 @@ class Rewarder:
             and random.Random(hash((cfg.seed, sample_id, attempt))).random() < cfg.failure_rate
         ):
             raise InjectedRewardFailure(f"injected failure (sample {sample_id}, attempt {attempt})")
-        return sum(w * _finite(fn(prompt, response), name) for fn, w, name in self._fns)
+        return sum(w * as_reward(fn(prompt, response), name) for fn, w, name in self._fns)
 
     def score_group(self, group: SampleGroup) -> tuple[SampleGroup, Span]:
         """Score every sample of ``group``; returns the scored group and the busy span.

@@ -29,10 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, cast
 
-from nobubble.rl.system.tasks.spec import reward_value
+from nobubble.rl.system.rewards.remote import check_pairs
+from nobubble.rl.system.tasks.spec import as_reward
 from nobubble.validation import check_value
 
 __all__ = ["RewardServer", "serve_rewards"]
@@ -43,11 +43,19 @@ _CLOSE_TIMEOUT_S = 5.0
 _POLL_INTERVAL_S = 0.02  # how soon serve_forever notices close(); the default 0.5 s slows tests
 
 
-class RewardServer:
-    """A :class:`~http.server.ThreadingHTTPServer` scoring pairs in a daemon thread.
+class RewardServer(ThreadingHTTPServer):
+    """Serve ``reward_fn(prompt, response) -> float`` at ``http://host:port/score`` from a
+    daemon thread; :func:`serve_rewards` is another name for it.
 
-    Build it with :func:`serve_rewards`. Lifecycle: serving from construction until
-    :meth:`close` (or the end of a ``with`` block); ``close`` is idempotent.
+    Lifecycle: serving from construction until :meth:`close` (or the end of a ``with``
+    block); ``close`` is idempotent.
+
+    Args:
+        reward_fn: scores one pair; any finite real.
+        host, port: where to listen; ``port=0`` picks a free port (read it from ``url``).
+        delay_s: seconds to sleep before answering each request, >= 0.
+        fail_status: answer every request with this status (e.g. 500); None = behave.
+        fail_first: answer the first ``fail_first`` requests with 500, then behave.
 
     Attributes:
         url: the scoring endpoint, e.g. ``http://127.0.0.1:54321/score``.
@@ -57,11 +65,11 @@ class RewardServer:
         self,
         reward_fn: RewardFn,
         *,
-        host: str,
-        port: int,
-        delay_s: float,
-        fail_status: int | None,
-        fail_first: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        delay_s: float = 0.0,
+        fail_status: int | None = None,
+        fail_first: int = 0,
     ) -> None:
         check_value("serve_rewards delay_s", delay_s, ">= 0")
         check_value("serve_rewards fail_first", fail_first, ">= 0", integer=True)
@@ -80,17 +88,17 @@ class RewardServer:
         self.fail_first = fail_first
         self._lock = threading.Lock()
         self._num_requests = 0
-        self._httpd = _HTTPServer((host, port), _Handler, owner=self)
-        bound_host, bound_port = self._httpd.server_address[:2]
+        super().__init__((host, port), _Handler)
+        bound_host, bound_port = self.server_address[:2]
         self.url = f"http://{bound_host!s}:{bound_port}/score"
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
+        self._serving = threading.Thread(
+            target=self.serve_forever,
             kwargs={"poll_interval": _POLL_INTERVAL_S},
             name="reward-server",
             daemon=True,
         )
-        self._thread.start()
+        self._serving.start()
 
     @property
     def requests(self) -> int:
@@ -109,67 +117,26 @@ class RewardServer:
         if self._closed:
             return
         self._closed = True
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=_CLOSE_TIMEOUT_S)
+        self.shutdown()
+        self.server_close()
+        self._serving.join(timeout=_CLOSE_TIMEOUT_S)
 
-    def __enter__(self) -> RewardServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *args: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"RewardServer(url={self.url!r}, requests={self.requests})"
-
-
-def serve_rewards(
-    reward_fn: RewardFn,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    delay_s: float = 0.0,
-    fail_status: int | None = None,
-    fail_first: int = 0,
-) -> RewardServer:
-    """Serve ``reward_fn(prompt, response) -> float`` at ``http://host:port/score``.
-
-    Args:
-        reward_fn: scores one pair; any finite real.
-        host, port: where to listen; ``port=0`` picks a free port (read it from ``url``).
-        delay_s: seconds to sleep before answering each request, >= 0.
-        fail_status: answer every request with this status (e.g. 500); None = behave.
-        fail_first: answer the first ``fail_first`` requests with 500, then behave.
-    """
-    return RewardServer(
-        reward_fn,
-        host=host,
-        port=port,
-        delay_s=delay_s,
-        fail_status=fail_status,
-        fail_first=fail_first,
-    )
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    """A threading server that knows its :class:`RewardServer` and hides client hang-ups."""
-
-    def __init__(
-        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], owner: RewardServer
-    ) -> None:
-        self.owner = owner
-        super().__init__(address, handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that timed out and hung up is expected in failure experiments.
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
         super().handle_error(request, client_address)
+
+
+serve_rewards = RewardServer
+"""Start a :class:`RewardServer`: ``serve_rewards(reward_fn, *, host, port, delay_s,
+fail_status, fail_first)``."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -179,7 +146,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # silence the per-request line on stderr
 
     def do_POST(self) -> None:
-        owner = cast(_HTTPServer, self.server).owner
+        owner = cast(RewardServer, self.server)
         index = owner._next_request_index()
         body = self._read_body()
         if owner.delay_s:
@@ -197,7 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as err:
             return self._answer(400, {"error": str(err)})
         try:
-            rewards = _score_all(owner.reward_fn, prompts, responses)
+            pairs = enumerate(zip(prompts, responses))
+            rewards = [
+                as_reward(owner.reward_fn(p, r), f"reward_fn for pair {i}") for i, (p, r) in pairs
+            ]
         except Exception as err:  # a broken verifier: report it, never score it
             return self._answer(500, {"error": f"reward_fn failed: {type(err).__name__}: {err}"})
         self._answer(200, {"rewards": rewards})
@@ -226,24 +196,5 @@ def _parse_request(body: bytes) -> tuple[list[str], list[str]]:
         raise ValueError('body is not JSON; send {"prompts": [...], "responses": [...]}') from None
     if not isinstance(payload, dict):
         raise ValueError('body must be a JSON object {"prompts": [...], "responses": [...]}')
-    lists = []
-    for key in ("prompts", "responses"):
-        items = payload.get(key)
-        if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-            raise ValueError(f"{key!r} must be a list of strings, got {items!r:.100}")
-        lists.append(items)
-    prompts, responses = lists
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; send one each")
-    return prompts, responses
-
-
-def _score_all(reward_fn: RewardFn, prompts: list[str], responses: list[str]) -> list[float]:
-    rewards = []
-    for i, (prompt, response) in enumerate(zip(prompts, responses)):
-        value = reward_fn(prompt, response)
-        reward = reward_value(value)
-        if reward is None:
-            raise ValueError(f"returned {value!r} for pair {i}; return a finite float")
-        rewards.append(reward)
-    return rewards
+    check_pairs(payload.get("prompts"), payload.get("responses"))
+    return payload["prompts"], payload["responses"]

@@ -13,7 +13,6 @@ from nobubble.rl.system.tasks.builtin import (
     CharTokenizer,
     DigitsTask,
     SumDigitsTask,
-    Task,
     make_task,
 )
 from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
@@ -21,7 +20,6 @@ from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
 __all__ = [
     "TASK_NAMES",
     "CharTokenizer",
-    "Task",
     "DigitsTask",
     "SumDigitsTask",
     "make_task",

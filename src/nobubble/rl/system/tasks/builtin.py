@@ -1,7 +1,7 @@
 """The built-in tasks with verifiable rewards and an enumerable evaluation set.
 
-Any object with the methods of :class:`Task` is a task too (see
-:mod:`~nobubble.rl.system.tasks.spec`, which fills in what a task leaves out).
+Any object with a verifier, prompts and room for a response is a task too (see
+:mod:`~nobubble.rl.system.tasks.spec`: what a task needs, and what it may leave out).
 
 - :class:`DigitsTask` - digit completion. The prompt ``"a,b:m,n"`` gives the first two terms
   of an arithmetic sequence modulo ``m`` and asks for the next ``n`` terms, written as one
@@ -17,11 +17,11 @@ match over all prompts, not a sample.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar
 
 from nobubble.rl.system.imports import check_kwargs
 
-__all__ = ["CharTokenizer", "Task", "DigitsTask", "SumDigitsTask", "make_task", "TASK_NAMES"]
+__all__ = ["CharTokenizer", "DigitsTask", "SumDigitsTask", "make_task", "TASK_NAMES"]
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
@@ -32,6 +32,9 @@ class CharTokenizer:
 
     alphabet: str
     itos: tuple[str, ...] = field(init=False)
+    pad_id: ClassVar[int] = 0
+    bos_id: ClassVar[int] = 1
+    eos_id: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
         if len(set(self.alphabet)) != len(self.alphabet):
@@ -41,18 +44,6 @@ class CharTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.itos)
-
-    @property
-    def pad_id(self) -> int:
-        return 0
-
-    @property
-    def bos_id(self) -> int:
-        return 1
-
-    @property
-    def eos_id(self) -> int:
-        return 2
 
     def encode(self, text: str) -> list[int]:
         """``<bos>`` followed by the characters of ``text``."""
@@ -71,21 +62,6 @@ class CharTokenizer:
             if i >= 3:
                 out.append(self.itos[i])
         return "".join(out)
-
-
-class Task(Protocol):
-    """The least a task has: prompts, a verifier, room for a response.
-
-    Optional, filled in by :class:`~nobubble.rl.system.tasks.spec.TaskSpec` when absent:
-    ``prompts()`` (the training pool; default the evaluation set), ``answer(prompt)`` or
-    ``is_correct(prompt, response)`` (accuracy; default reward >= 1), ``tokenizer`` (default
-    characters), ``response_budget(prompt)``, ``name``.
-    """
-
-    max_new_tokens: int  # room for the longest response, <eos> included
-
-    def eval_prompts(self) -> list[str]: ...
-    def reward(self, prompt: str, response: str) -> float: ...  # any finite real
 
 
 def _prefix_fraction(want: list[str], got: list[str]) -> float:
@@ -181,9 +157,6 @@ class SumDigitsTask:
     @property
     def max_new_tokens(self) -> int:
         return len(str(9 * self.num_digits)) + 1  # the longest sum and its <eos>
-
-    def response_budget(self, prompt: str) -> int:
-        return self.max_new_tokens
 
     def eval_prompts(self) -> list[str]:
         return [f"{i:0{self.num_digits}d}=" for i in range(10**self.num_digits)]

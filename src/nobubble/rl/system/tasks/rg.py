@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nobubble.rl.system.imports import missing_extra
+from nobubble.rl.system.imports import import_extra
 from nobubble.validation import check_value
 
 __all__ = ["ReasoningGymPool", "ReasoningGymTask"]
@@ -40,13 +40,10 @@ class ReasoningGymPool:
     """
 
     def __init__(self, name: str, *, size: int = 500, seed: int = 0, **config: Any) -> None:
-        try:
-            import reasoning_gym
-            from reasoning_gym.factory import DATASETS
-        except ImportError:
-            raise missing_extra("reasoning-gym", "rg") from None
-        if name not in DATASETS:
-            close = [n for n in sorted(DATASETS) if name[:3] in n][:5]
+        reasoning_gym = import_extra("reasoning_gym", "reasoning-gym", "rg")
+        datasets = import_extra("reasoning_gym.factory", "reasoning-gym", "rg").DATASETS
+        if name not in datasets:
+            close = [n for n in sorted(datasets) if name[:3] in n][:5]
             hint = f"; did you mean {close}?" if close else ""
             raise ValueError(f"reasoning-gym has no task {name!r}{hint}")
         check_value("size", size, ">= 1", integer=True)

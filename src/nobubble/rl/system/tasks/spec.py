@@ -32,16 +32,21 @@ from nobubble.rl.system.tasks.builtin import (
     CharTokenizer,
     make_task,
 )
-from nobubble.validation import finite
+from nobubble.validation import check_value, finite
 
-__all__ = ["TaskSpec", "resolve_task", "reward_value"]
+__all__ = ["TaskSpec", "resolve_task", "RewardError", "as_reward"]
 
 
-def reward_value(value: object) -> float | None:
+class RewardError(ValueError):
+    """A reward that is not a finite number (a task's, a reward function's, a service's)."""
+
+
+def as_reward(value: object, what: str) -> float:
     """``value`` as a reward: a finite real (an ``int`` or ``float``, not a ``bool``) as a
-    float, else None (a task's, a reward service's and a reward function's alike)."""
+    float, else :class:`RewardError` saying that ``what`` returned it - the one rule for a
+    task's, a reward function's, a reward service's and a text env's rewards alike."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
-        return None
+        raise RewardError(f"{what} returned {value!r}, not a finite number; return an int or float")
     return float(value)
 
 
@@ -85,10 +90,7 @@ class TaskSpec:
         self.prompts: list[str] = pool
         self.eval_prompts: list[str] = evals
         self.max_new_tokens = int(task.max_new_tokens)
-        if self.max_new_tokens < 1:
-            raise ValueError(
-                f"task {self.name!r}: max_new_tokens={self.max_new_tokens} must be >= 1"
-            )
+        check_value(f"task {self.name!r}: max_new_tokens", self.max_new_tokens, ">= 1")
         tok = getattr(task, "tokenizer", None)
         if tok is None:
             alphabet = getattr(task, "tokenizer_alphabet", None)
@@ -108,12 +110,9 @@ class TaskSpec:
         return self.prompt_len + self.max_new_tokens
 
     def reward(self, prompt: str, response: str) -> float:
-        """The task's reward; raises ValueError for a value that is not a finite real."""
-        value = self.task.reward(prompt, response)
-        reward = reward_value(value)
-        if reward is None:
-            raise ValueError(f"task {self.name!r}: reward {value!r} is not a finite number")
-        return reward
+        """The task's reward; raises :class:`RewardError` (a ValueError) for a value that
+        is not a finite real."""
+        return as_reward(self.task.reward(prompt, response), f"task {self.name!r}: reward")
 
     def is_correct(self, prompt: str, response: str) -> bool:
         if _has(self.task, "is_correct"):
