@@ -1,8 +1,9 @@
 """``nobubble.rl.train``: one entry point for both producers of experience.
 
-A :class:`~nobubble.rl.system.config.RunConfig` trains a policy on a task (groups of
-responses, rewards from verifiers; sync, one-step-off or fully-async, on the local engine or
-Ray); an :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an
+Both producers' configs are :class:`~nobubble.rl.system.config.RLConfig` (seed, steps,
+time budget, max staleness, declared once). A :class:`~nobubble.rl.system.config.RunConfig`
+trains a policy on a task (groups of responses, rewards from verifiers; sync, one-step-off
+or fully-async, on the local engine or Ray); an :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an
 environment (IMPALA, SEED RL or Sample Factory). Both keep one ledger, prove their weight
 versions and return one result type, :class:`~nobubble.rl.system.result.RunResult`, whose
 ``to_json()`` has the same top-level keys (:data:`~nobubble.rl.system.result.RESULT_KEYS`).
@@ -14,15 +15,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nobubble.rl.actor_learner.config import EnvRunConfig
-    from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.system.config import RLConfig
     from nobubble.rl.system.result import RunResult
 
 __all__ = ["train"]
 
 
 def train(
-    config: RunConfig | EnvRunConfig,
+    config: RLConfig,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> RunResult:
