@@ -10,7 +10,7 @@ the tables below (:mod:`nobubble.cli.flags`); the flags both have (:data:`SHARED
 is refused. The config's own checks are the only checks of a value or a combination.
 ``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
 budget; ``--ablation`` turns each lag fix on alone and all together at each max staleness of
-``--etas`` (:func:`nobubble.rl.system.config.presets.ablation`). Both commands run their
+``--etas`` (:func:`nobubble.rl.comparison` expands each). Both commands run their
 configs through one loop (:func:`_run`) and print them with one renderer
 (:func:`render_runs`): a table (accuracy or return, samples/s, staleness, idle ratios, the
 ledger) or ``--json`` (:data:`~nobubble.rl.system.result.RESULT_KEYS` per run), a PNG of the
@@ -31,7 +31,7 @@ from typing import Any
 
 from nobubble.cli.flags import Flag, add_path_flags, apply_flags, flags_given
 from nobubble.cli.preflight import check_run, import_run_objects, json_object, load_user_object
-from nobubble.cli.rl_env import ENV_FLAGS, env_configs
+from nobubble.cli.rl_env import ENV_FLAGS, env_config
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -179,7 +179,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--ablation", action="store_const", const=True, default=None,
                          help="each lag fix alone and all together, at each --etas, with a "
                          "slow trainer")  # fmt: skip
-    compare.add_argument("--etas", default=None, metavar="LIST",
+    compare.add_argument("--etas", type=_etas, default=None, metavar="LIST",
                          help="max staleness values of the ablation (default 8,16)")  # fmt: skip
     compare.set_defaults(func=_compare)
 
@@ -253,7 +253,7 @@ def _train(args: argparse.Namespace) -> int:
     # the output first, before torch is imported: another live run's folder is refused at once
     with claim_output(args.out):
         if env:
-            (config,) = env_configs(args, SHARED_FLAGS, compare=False)
+            config = env_config(args, SHARED_FLAGS)
             label = config.arch
         else:
             if args.weight_check_every is not None and not args.partial_rollouts:
@@ -274,56 +274,40 @@ def _title(cfg: Any, env: str | None) -> str:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from nobubble.rl import comparison
+
     env = _check_producer(args)
     if not env and args.etas is not None and not args.ablation:
         raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
     if not env and args.max_staleness is not None:
         raise ValueError("--max-staleness is not read by rl compare --task: each mode takes "
                          "its own bound (--ablation: --etas); drop it")  # fmt: skip
+    etas = (args.etas or (8, 16)) if args.ablation else ()
     with claim_output(args.out):  # before any run starts: refuse another live run's folder
         if env:
-            configs = env_configs(args, SHARED_FLAGS, compare=True)
-            runs = {c.arch: c for c in configs}
-            title = f"{args.env}: {', '.join(runs)} on the same budget (seed {configs[0].seed})"
-        elif args.ablation:
-            runs, title = _ablation(args)
+            base = env_config(args, SHARED_FLAGS)
         else:
             base = task_config(args)
-            runs = {m: apply_flags(base, {"mode": m}) for m in MODES}
-            title = "sync vs one-step-off vs fully-async (same steps)"
+            if etas and args.steps is None:  # the ablation: 150 steps unless --steps says so
+                base = apply_flags(base, {"steps": 150})
+        runs = comparison(base, ablation=etas)
         first = next(iter(runs.values()))
         check_run(first, force=args.force, timed=args.time_budget_s is not None)
-        groups = None
-        if args.ablation:  # one plot per staleness bound
-            groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")]
-                      for e in _etas(args.etas)}  # fmt: skip
-        stem = "ablation" if args.ablation else "compare"
-        return _run(args, runs, stem=stem, title=title, groups=groups)
+        title = f"{' vs '.join(runs)} (same steps)"
+        if env:
+            title = f"{args.env}: {', '.join(runs)} on the same budget (seed {first.seed})"
+        elif etas:
+            title = (f"ablation ({first.steps} steps, fully-async, trainer "
+                     f"+{first.trainer.delay_s}s/step)")  # fmt: skip
+        # the ablation: one plot per staleness bound
+        groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
+        stem = "ablation" if etas else "compare"
+        return _run(args, runs, stem=stem, title=title, groups=groups or None)
 
 
-def _etas(text: str | None) -> list[int]:
-    text = "8,16" if text is None else text
-    try:
-        etas = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--etas {text!r}: give integers like 8,16") from None
-    if not etas or min(etas) < 1:
-        raise ValueError(f"--etas {text!r}: give staleness bounds >= 1, like 8,16")
-    return etas
-
-
-def _ablation(args: argparse.Namespace) -> tuple[dict[str, RunConfig], str]:
-    """Each lag fix alone and all together at each eta, with a slow trainer (default 0.3 s a
-    step) and 150 steps unless the flags say otherwise."""
-    from nobubble.rl.system.config.presets import ablation
-
-    etas = _etas(args.etas)
-    base = task_config(args)
-    base = base if args.steps is not None else apply_flags(base, {"steps": 150})
-    delay = base.trainer.delay_s or 0.3
-    runs = {f"eta{eta}:{fix}": cfg for eta in etas
-            for fix, cfg in ablation(base, eta, delay).items()}  # fmt: skip
-    return runs, f"ablation ({base.steps} steps, fully-async, trainer +{delay}s/step)"
+def _etas(text: str) -> tuple[int, ...]:
+    """argparse type of ``--etas``: max staleness bounds >= 1, like ``8,16``."""
+    return tuple(positive_int(x) for x in text.split(","))
 
 
 def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title: str,

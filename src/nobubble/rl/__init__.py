@@ -26,6 +26,7 @@ from typing import Any
 # the running system's entry points, imported on first use (``import nobubble.rl`` stays light)
 _SYSTEM = {
     "train": "nobubble.rl.entry",
+    "comparison": "nobubble.rl.entry",
     "RLConfig": "nobubble.rl.system.config",
     "RunConfig": "nobubble.rl.system.config",
     "TrainerConfig": "nobubble.rl.system.config",
