@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.flags import Flag, add_path_flags, apply_flags, flags_given
+from nobubble.cli.flags import Flag, add_config_flags, apply_flags, flags_given
 from nobubble.cli.preflight import check_run, import_run_objects, json_object, load_user_object
 from nobubble.cli.rl_env import ENV_FLAGS, env_config
 from nobubble.cli.util import (
@@ -162,7 +162,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     train = sub.add_parser("train", help="one RL run on a task or an environment")
     _producer_flags(train, arch=True)
     for title, flags in TRAIN_GROUPS.items():
-        add_path_flags(train.add_argument_group(title), RunConfig, flags)
+        add_config_flags(train.add_argument_group(title), RunConfig, flags)
     train.add_argument("--preset", choices=tuple(PRESETS), default=None,
                        help="the source's lag-control recipes, applied before the flags")  # fmt: skip
     resume = train.add_mutually_exclusive_group()
@@ -196,8 +196,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
     """The flags ``rl train`` and ``rl compare`` share: both producers', the task's, the
     environment's (``arch``: one architecture is chosen, not all)."""
-    add_path_flags(p, RunConfig, SHARED_FLAGS)
-    add_path_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
+    add_config_flags(p, RunConfig, SHARED_FLAGS)
+    add_config_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
     from nobubble.rl.actor_learner.config import EnvRunConfig
 
     g = p.add_argument_group("environment producer (with --env; IMPALA, SEED RL, Sample Factory)")
@@ -207,7 +207,7 @@ def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
     g.add_argument("--env-option", action="append", default=None, metavar="KEY=VALUE",
                    help="a text env's option, repeatable: high=9, max_turns=4, a reasoning-gym "
                    "config")  # fmt: skip
-    add_path_flags(g, EnvRunConfig, ENV_FLAGS if arch else ENV_FLAGS[1:])
+    add_config_flags(g, EnvRunConfig, ENV_FLAGS if arch else ENV_FLAGS[1:])
     p.add_argument("--force", action="store_true",
                    help="run past the process, memory and --steps budgets")  # fmt: skip
     p.add_argument("--out", type=output_dir, default=Path("nobubble-out/rl"),
@@ -252,14 +252,8 @@ def _train(args: argparse.Namespace) -> int:
     env = _check_producer(args)
     # the output first, before torch is imported: another live run's folder is refused at once
     with claim_output(args.out):
-        if env:
-            config = env_config(args, SHARED_FLAGS)
-            label = config.arch
-        else:
-            if args.weight_check_every is not None and not args.partial_rollouts:
-                raise ValueError("--weight-check-every applies to --partial-rollouts; add it")
-            config = task_config(args, TRAIN_FLAGS)
-            label = config.mode
+        config = env_config(args, SHARED_FLAGS) if env else task_config(args, TRAIN_FLAGS)
+        label = config.mode if isinstance(config, RunConfig) else config.arch
         check_run(config, force=args.force, timed=args.time_budget_s is not None)
         return _run(args, {label: config}, stem=f"train_{label}", title=_title(config, args.env))
 

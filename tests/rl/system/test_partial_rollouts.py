@@ -219,6 +219,8 @@ def test_partial_rollouts_config_and_flags():
         RunConfig(rollout={"token_delay_s": 0.1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight_check_every"):
         RunConfig(partial_rollouts=True, weight_check_every=0)
+    with pytest.raises(ValueError, match="weight_check_every=2 applies to --partial-rollouts"):
+        RunConfig(weight_check_every=2)  # would never be read
     cfg = RunConfig(mode="fully-async", max_staleness=4, drop_staleness=2, partial_rollouts=True)
     assert cfg.trainer_config().token_drop_staleness == 2
     assert cfg.rollout_config().partial_rollouts and cfg.to_dict()["partial_rollouts"]

@@ -243,6 +243,11 @@ class RunConfig(RLConfig):
             build()
 
     def _check_partial(self) -> None:
+        if self.weight_check_every != 1 and not self.partial_rollouts:
+            raise ValueError(
+                f"weight_check_every={self.weight_check_every} applies to --partial-rollouts "
+                "(partial_rollouts=True); add it or leave weight_check_every out"
+            )
         if self.partial_rollouts and self.engine != "local":
             raise ValueError(
                 f"partial_rollouts with engine={self.engine!r}: the Ray engine hands a "
