@@ -171,7 +171,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     resume.add_argument("--resume-or-start", action="store_const", const="or-start",
                         dest="resume", help="continue from the newest checkpoint in DIR, or "
                         "start fresh when there is none (a job restarted after a kill)")  # fmt: skip
-    train.set_defaults(func=_train)
+    train.set_defaults(func=_train_or_compare)
 
     compare = sub.add_parser("compare", help="the three modes (--env: architectures) on the "
                              "same budget: table + plot")  # fmt: skip
@@ -181,7 +181,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                          "slow trainer")  # fmt: skip
     compare.add_argument("--etas", type=_etas, default=None, metavar="LIST",
                          help="max staleness values of the ablation (default 8,16)")  # fmt: skip
-    compare.set_defaults(func=_compare)
+    compare.set_defaults(func=_train_or_compare)
 
     server = sub.add_parser("reward-server", help="serve a reward function over HTTP (POST "
                             "/score), for --reward-url")  # fmt: skip
@@ -231,11 +231,10 @@ def _check_producer(args: argparse.Namespace) -> bool:
     return env
 
 
-def task_config(args: argparse.Namespace, flags: tuple[Flag, ...] = ()) -> RunConfig:
-    """The task run the flags describe (``flags``: the command's own beyond the shared and
-    task tables); ``--preset`` is applied first and the flags that set what it sets
-    (:data:`PRESET_OWNED`) are laid over its config, so that they win."""
-    table = SHARED_FLAGS + TASK_FLAGS + flags
+def task_config(args: argparse.Namespace) -> RunConfig:
+    """The task run the flags describe; ``--preset`` is applied first and the flags that set
+    what it sets (:data:`PRESET_OWNED`) are laid over its config, so that they win."""
+    table = SHARED_FLAGS + TASK_FLAGS + TRAIN_FLAGS  # rl compare has no TRAIN_FLAGS: not given
     given = flags_given(table, args)
     import_run_objects(given.get("task"), given.get("policy"), given.get("rewards", ()))
     if given.get("replay") == "none":  # over a preset's replay: none of its sizes either
@@ -248,55 +247,48 @@ def task_config(args: argparse.Namespace, flags: tuple[Flag, ...] = ()) -> RunCo
     return apply_flags(PRESETS[preset](apply_flags(RunConfig, base, table)), lag, table)
 
 
-def _train(args: argparse.Namespace) -> int:
-    env = _check_producer(args)
+def _train_or_compare(args: argparse.Namespace) -> int:
+    """``rl train`` (one run) and ``rl compare`` (the runs :func:`nobubble.rl.comparison`
+    makes of the flags' config), checked before any work, then trained and drawn by
+    :func:`_run`."""
+    from nobubble.rl import comparison
+
+    env, compare = _check_producer(args), args.rl_command == "compare"
+    if compare and not env and args.etas is not None and not args.ablation:
+        raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
+    if compare and not env and args.max_staleness is not None:
+        raise ValueError("--max-staleness is not read by rl compare --task: each mode takes "
+                         "its own bound (--ablation: --etas); drop it")  # fmt: skip
+    etas = (args.etas or (8, 16)) if compare and args.ablation else ()
     # the output first, before torch is imported: another live run's folder is refused at once
     with claim_output(args.out):
-        config = env_config(args, SHARED_FLAGS) if env else task_config(args, TRAIN_FLAGS)
+        config = env_config(args, SHARED_FLAGS) if env else task_config(args)
+        if etas and args.steps is None:  # the ablation: 150 steps unless --steps says so
+            config = apply_flags(config, {"steps": 150})
         label = config.mode if isinstance(config, RunConfig) else config.arch
-        check_run(config, force=args.force, timed=args.time_budget_s is not None)
-        return _run(args, {label: config}, stem=f"train_{label}", title=_title(config, args.env))
+        runs = comparison(config, ablation=etas) if compare else {label: config}
+        first = next(iter(runs.values()))
+        check_run(first, force=args.force, timed=args.time_budget_s is not None)
+        # the ablation: one plot per staleness bound
+        groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
+        stem = ("ablation" if etas else "compare") if compare else f"train_{label}"
+        return _run(args, runs, stem=stem, title=_title(first, runs, args), groups=groups or None)
 
 
-def _title(cfg: Any, env: str | None) -> str:
+def _title(cfg: Any, runs: dict[str, Any], args: argparse.Namespace) -> str:
+    if args.rl_command == "compare":
+        if args.env is not None:
+            return f"{args.env}: {', '.join(runs)} on the same budget (seed {cfg.seed})"
+        if args.ablation:
+            return (f"ablation ({cfg.steps} steps, fully-async, trainer "
+                    f"+{cfg.trainer.delay_s}s/step)")  # fmt: skip
+        return f"{' vs '.join(runs)} (same steps)"
     if not isinstance(cfg, RunConfig):
-        return f"{cfg.arch} on {env} ({cfg.actors} x {cfg.envs_per_actor} envs)"
+        return f"{cfg.arch} on {args.env} ({cfg.actors} x {cfg.envs_per_actor} envs)"
     title = f"nobubble rl train: {cfg.task}, {cfg.mode}, {cfg.algo}, {cfg.engine}"
     if cfg.mode != "sync":
         title += f", max_staleness={cfg.effective_max_staleness}"
     return title + (f", learners={cfg.learners} {cfg.aggregation}" if cfg.learners > 1 else "")
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from nobubble.rl import comparison
-
-    env = _check_producer(args)
-    if not env and args.etas is not None and not args.ablation:
-        raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
-    if not env and args.max_staleness is not None:
-        raise ValueError("--max-staleness is not read by rl compare --task: each mode takes "
-                         "its own bound (--ablation: --etas); drop it")  # fmt: skip
-    etas = (args.etas or (8, 16)) if args.ablation else ()
-    with claim_output(args.out):  # before any run starts: refuse another live run's folder
-        if env:
-            base = env_config(args, SHARED_FLAGS)
-        else:
-            base = task_config(args)
-            if etas and args.steps is None:  # the ablation: 150 steps unless --steps says so
-                base = apply_flags(base, {"steps": 150})
-        runs = comparison(base, ablation=etas)
-        first = next(iter(runs.values()))
-        check_run(first, force=args.force, timed=args.time_budget_s is not None)
-        title = f"{' vs '.join(runs)} (same steps)"
-        if env:
-            title = f"{args.env}: {', '.join(runs)} on the same budget (seed {first.seed})"
-        elif etas:
-            title = (f"ablation ({first.steps} steps, fully-async, trainer "
-                     f"+{first.trainer.delay_s}s/step)")  # fmt: skip
-        # the ablation: one plot per staleness bound
-        groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
-        stem = "ablation" if etas else "compare"
-        return _run(args, runs, stem=stem, title=title, groups=groups or None)
 
 
 def _etas(text: str) -> tuple[int, ...]:
