@@ -18,25 +18,19 @@ import functools
 import json
 from typing import Any
 
-from nobubble.cli.flags import Flag, apply_flags, flags_given
+from nobubble.cli.flags import Flag, apply_flags, flags_given, real
 from nobubble.cli.util import nonneg_float, positive_int
 from nobubble.rl.actor_learner.config import ARCHS, LOSSES  # torch-free, as the flags need
-from nobubble.validation import finite
 
 __all__ = ["ENV_FLAGS", "env_config", "parse_env_options"]
 
 
 def _target_return(text: str) -> float | str:
-    """``--target-return``: a number, or ``"none"`` (never stop early)."""
-    if text.lower() == "none":
-        return "none"
+    """``--target-return``: a finite number, or ``"none"`` (never stop early)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'none'") from None
-    if not finite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
+        return "none" if text.lower() == "none" else real(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number or 'none'") from None
 
 
 ENV_FLAGS: tuple[Flag, ...] = (
