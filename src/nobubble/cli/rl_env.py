@@ -29,8 +29,8 @@ def _target_return(text: str) -> float | str:
     """``--target-return``: a finite number, or ``"none"`` (never stop early)."""
     try:
         return "none" if text.lower() == "none" else real(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number or 'none'") from None
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err} or 'none'") from None
 
 
 ENV_FLAGS: tuple[Flag, ...] = (
