@@ -91,9 +91,6 @@ class EnvRunConfig(RLConfig):
     """Evaluate at least this often; also whenever the training return reaches the target."""
     timeout_s: float = 60.0
     """Longest wait for any actor, queue or lock before the run fails naming who is silent."""
-    torch_threads: int = 1
-    """``torch.set_num_threads`` for the learner (and each impala actor) during the run: tiny
-    MLPs gain nothing from more, and lose a lot on a loaded machine."""
     start_method: str = "fork"
     """multiprocessing start method for the actors."""
 
@@ -102,6 +99,11 @@ class EnvRunConfig(RLConfig):
         _check_choices(self)
         _check_counts(self)
         _check_rates(self)
+
+    @property
+    def torch_threads(self) -> int:
+        """:attr:`threads`: what the learner (and each impala actor) sets during the run."""
+        return self.threads
 
 
 def _check_choices(c: EnvRunConfig) -> None:
@@ -122,7 +124,7 @@ def _check_choices(c: EnvRunConfig) -> None:
 
 def _check_counts(c: EnvRunConfig) -> None:
     counts = ("actors", "envs_per_actor", "unroll_length", "batch_trajectories", "epochs",
-              "torch_threads", "eval_episodes", "hidden", "max_env_steps")  # fmt: skip
+              "eval_episodes", "hidden", "max_env_steps")  # fmt: skip
     check_fields("EnvRunConfig", c, counts, ">= 1", integer=True)
     if c.arch == "sample-factory" and (c.envs_per_actor < 2 or c.envs_per_actor % 2):
         raise ValueError(

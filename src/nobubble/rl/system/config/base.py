@@ -23,6 +23,7 @@ SHARED_RULES: dict[str, tuple[Rule, bool]] = {
     "steps": (">= 1", True),
     "time_budget_s": ("> 0", False),  # NaN, inf and 1e308 s are no budget: refused
     "max_staleness": (">= 0", True),  # 0: on-policy
+    "threads": (">= 1", True),
 }
 
 
@@ -37,12 +38,16 @@ class RLConfig:
         time_budget_s: stop after this many seconds of training (None = no limit).
         max_staleness: policy versions a sample may lag the learner; an older one is dropped
             (ledger: ``stale``). None = the producer's default.
+        threads: torch intra-op threads (``torch.set_num_threads``) of each process that runs
+            the policy. Measured here: tiny models gain nothing from a second thread and lose a
+            lot on a loaded machine (the 64-wide model's ops get slower on a busy 2-core one).
     """
 
     seed: int = 0
     steps: int | None = None
     time_budget_s: float | None = None
     max_staleness: int | None = None
+    threads: int = 1
 
     def __post_init__(self) -> None:
         owner = type(self).__name__

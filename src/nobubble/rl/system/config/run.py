@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from nobubble.rl.system.rewards import RewardSource
     from nobubble.rl.system.tasks.spec import TaskSpec
-    from nobubble.validation import Rule
 
 __all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
 
@@ -99,7 +98,6 @@ class RunConfig(RLConfig):
             ``local_sgd_every`` steps, default 4) or ``staleness`` (as ``async``, each
             gradient scaled by ``1 / (1 + staleness)``). Anything but ``sync`` needs
             ``learners >= 2``.
-        threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
         ray_resources: where the Ray engine places each stage: ``{stage: {resource: amount}}``
             with stage ``rollout``, ``reward`` or ``trainer``; every actor of that stage asks
@@ -148,7 +146,6 @@ class RunConfig(RLConfig):
     learners: int = 1
     aggregation: str = "sync"
     local_sgd_every: int | None = None
-    threads: int | None = None
     policy: Any = "char"
     policy_kwargs: dict = field(default_factory=dict)
     rewards: tuple = ()
@@ -174,10 +171,8 @@ class RunConfig(RLConfig):
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
             )
-        optional: tuple[tuple[str, Rule], ...] = (("drop_staleness", ">= 0"), ("threads", ">= 1"))
-        for name, rule in optional:  # None = the default
-            if getattr(self, name) is not None:
-                check_value(f"RunConfig.{name}", getattr(self, name), rule)
+        if self.drop_staleness is not None:  # None = the staleness bound
+            check_value("RunConfig.drop_staleness", self.drop_staleness, ">= 0")
         if self.mode == "sync" and self.max_staleness not in (None, 0):
             raise ValueError(
                 f"mode='sync' means max_staleness=0 (got {self.max_staleness}); "
@@ -363,9 +358,8 @@ class RunConfig(RLConfig):
         return max(1, self.batch_groups // 4) if self.mode == "fully-async" else self.batch_groups
 
     def torch_threads(self) -> int:
-        """Torch intra-op threads per worker: 1 unless set. Measured here: a second thread
-        makes the 64-wide model's tiny ops slower, not faster, on a busy 2-core machine."""
-        return 1 if self.threads is None else self.threads
+        """Torch intra-op threads per worker: :attr:`threads` (the engines read it here)."""
+        return self.threads
 
     def make_task(self) -> TaskSpec:
         from nobubble.rl.system.tasks.spec import resolve_task
