@@ -6,9 +6,9 @@ configured by ``--env-option KEY=VALUE`` (``high=9``, ``max_turns=4``, a dataset
 :data:`ENV_FLAGS` are the fields of
 :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` that only this producer has (the
 shared ones are :data:`nobubble.cli.rl.SHARED_FLAGS`); :func:`env_config` builds the run's
-config (``rl compare`` expands it: :func:`nobubble.rl.comparison`). The target return defaults to the gymnasium
-spec's ``reward_threshold`` (475 for CartPole-v1, -100 for Acrobot-v1) and to a success rate
-of 0.8 for text envs.
+config (``rl compare`` expands it: :func:`nobubble.rl.comparison`). The target return
+defaults to the gymnasium spec's ``reward_threshold`` (475 for CartPole-v1, -100 for
+Acrobot-v1) and to a success rate of 0.8 for text envs.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of 
   ``train(EnvRunConfig(...)) -> RunResult``.
 
 Both configs are an ``RLConfig``: the settings both producers have (seed, steps, time budget,
-max staleness) are declared and checked there once. This package exports only the entry
+max staleness, threads) are declared and checked there once. This package exports only the entry
 points, the task run's typed stage settings
 (``TrainerConfig``, ``RolloutConfig``, ``RewardConfig``) and its presets, functions that return
 a config (``aggressive(RunConfig(mode="fully-async"))``). The algorithm toolbox the system is

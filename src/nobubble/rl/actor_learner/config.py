@@ -3,8 +3,8 @@
 :class:`EnvRunConfig` is keyword-only and frozen; ``__post_init__`` refuses bad values with
 a ``ValueError`` that names the value and the fix. It is an
 :class:`~nobubble.rl.system.config.RLConfig`: the settings a task run has too (seed, steps,
-time budget, max staleness) are declared and checked there. The three architectures share
-every field; the ones only one of them reads say so.
+time budget, max staleness, threads) are declared and checked there. The three architectures
+share every field; the ones only one of them reads say so.
 """
 
 from __future__ import annotations

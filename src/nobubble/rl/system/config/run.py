@@ -51,7 +51,8 @@ STAGE_TYPES = {"trainer": TrainerConfig, "rollout": RolloutConfig, "reward": Rew
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(RLConfig):
     """Everything one RL run on a task needs: the shared settings of :class:`RLConfig`
-    (``seed``, ``steps`` - default 400 -, ``time_budget_s``, ``max_staleness``) and these.
+    (``seed``, ``steps`` - default 400 -, ``time_budget_s``, ``max_staleness``, ``threads``)
+    and these.
 
     Attributes:
         task: ``digits`` or ``sum`` (built in), ``rg:<name>`` (reasoning-gym), an import
