@@ -85,7 +85,7 @@ def test_bad_values_are_one_line_and_exit_2(tmp_path, argv, message, capsys) -> 
 
 def test_the_target_defaults_to_the_envs_reward_threshold(tmp_path) -> None:
     from nobubble.cli.rl import SHARED_FLAGS, register
-    from nobubble.cli.rl_env import env_configs
+    from nobubble.cli.rl_env import env_config
     from nobubble.cli.util import ArgumentParser
 
     parser = ArgumentParser(prog="nobubble rl")
@@ -93,8 +93,7 @@ def test_the_target_defaults_to_the_envs_reward_threshold(tmp_path) -> None:
 
     def target(*argv: str) -> float | None:
         args = parser.parse_args(["train", *argv])
-        (config,) = env_configs(args, SHARED_FLAGS, compare=False)
-        return config.target_return
+        return env_config(args, SHARED_FLAGS).target_return
 
     assert target("--env", "Acrobot-v1") == -100.0
     assert target("--env", "CartPole-v1") == 475.0

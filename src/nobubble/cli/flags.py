@@ -6,10 +6,9 @@ a flag left out keeps the config's own default (not restated here), and
 value or a combination (its ValueError is the one-line error, exit 2). The ``ep`` commands
 and ``pp profile | plan | run``'s built-in model declare theirs this way.
 
-The ``rl`` commands declare theirs with :func:`add_path_flags`, whose fields may be paths into
-a sub-config (``trainer.delay_s``) and whose flags may repeat; :func:`flags_given` collects
-the given ones and :func:`apply_flags` builds a config from them or lays them over one,
-naming the flag in the config's error.
+The ``rl`` commands' fields may also be paths into a sub-config (``trainer.delay_s``) and
+their flags may repeat; :func:`flags_given` collects the given ones and :func:`apply_flags`
+builds a config from them or lays them over one, naming the flag in the config's error.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any
 
 from nobubble.cli.util import UsageError, _number, add_json_flag, plot_file
 
-__all__ = ["Flag", "integer", "real", "add_config_flags", "config_from_flags", "add_run_flags", "add_path_flags",
+__all__ = ["Flag", "integer", "real", "add_config_flags", "config_from_flags", "add_run_flags",
            "flags_given", "apply_flags"]  # fmt: skip
 
 Flag = tuple[str, str, Any, str]
@@ -40,21 +39,23 @@ def real(text: str) -> float:
     return _number(float, text, minimum=-math.inf, strict=False)
 
 
-def add_config_flags(
-    parser: argparse._ActionsContainer, config: type, flags: tuple[Flag, ...]
-) -> None:
-    """Declare ``flags`` on ``parser``, each storing into its ``config`` field; the help
-    names the config's default unless it already says what the default is."""
-    defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
-    for flag, field, kind, text in flags:
+def add_config_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None:
+    """Declare ``flags`` on ``parser`` (or an argument group), each storing into its
+    ``config`` field; the help names the config's default unless it already says what the
+    default is. A field may be a path into a sub-config (``"trainer.delay_s"``: the field
+    ``delay_s`` of the config's ``trainer``), stored under that path, and the kind ``list``
+    makes the flag repeatable (:func:`flags_given` collects its values into a tuple)."""
+    for flag, path, kind, text in flags:
         if kind is not bool and "default" not in text:
-            text += f" (default {defaults[field]})"
+            text += f" (default {_field_default(config, path)})"
         how: dict[str, Any] = (
             {"action": "store_true"} if kind is bool
+            else {"action": "append", "metavar": flag.lstrip("-").upper().replace("-", "_")}
+            if kind is list
             else {"choices": kind} if isinstance(kind, tuple)
             else {"type": kind, "metavar": flag.lstrip("-").upper().replace("-", "_")}
         )  # fmt: skip
-        parser.add_argument(flag, dest=field, default=None, help=text, **how)
+        parser.add_argument(flag, dest=path, default=None, help=text, **how)
 
 
 def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Namespace,
@@ -62,7 +63,7 @@ def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Name
     """``config(**the given flags, **extra)``: a ValueError naming a bad value or combination,
     a UsageError for a flag given that is not one of ``config``'s fields (another config's)."""
     names = {f.name for f in fields(config)}
-    given = {f: getattr(args, f) for _, f, _, _ in flags if getattr(args, f) is not None}
+    given = flags_given(flags, args)
     if odd := [flag for flag, f, _, _ in flags if f in given and f not in names]:
         raise UsageError(f"{', '.join(odd)}: not a setting of {config.__name__}; drop it")
     return config(**given, **extra)
@@ -75,24 +76,6 @@ def add_run_flags(parser: argparse.ArgumentParser, *, plot: str, force: str,
     parser.add_argument("--plot", type=plot_file, default=plot_default, help=plot)
     parser.add_argument("--force", action="store_true", help=force)
     add_json_flag(parser)
-
-
-def add_path_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None:
-    """As :func:`add_config_flags` on ``parser`` (or an argument group), where a flag's field
-    may be a path into a sub-config (``"trainer.delay_s"``: the field ``delay_s`` of the
-    config's ``trainer``), stored under that path, and the kind ``list`` makes the flag
-    repeatable (:func:`flags_given` collects its values into a tuple)."""
-    for flag, path, kind, text in flags:
-        if kind is not bool and "default" not in text:
-            text += f" (default {_field_default(config, path)})"
-        how: dict[str, Any] = (
-            {"action": "store_true"} if kind is bool
-            else {"action": "append", "metavar": flag.lstrip("-").upper().replace("-", "_")}
-            if kind is list
-            else {"choices": kind} if isinstance(kind, tuple)
-            else {"type": kind, "metavar": flag.lstrip("-").upper().replace("-", "_")}
-        )  # fmt: skip
-        parser.add_argument(flag, dest=path, default=None, help=text, **how)
 
 
 def flags_given(flags: tuple[Flag, ...], args: argparse.Namespace) -> dict[str, Any]:

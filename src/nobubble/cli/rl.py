@@ -10,7 +10,7 @@ the tables below (:mod:`nobubble.cli.flags`); the flags both have (:data:`SHARED
 is refused. The config's own checks are the only checks of a value or a combination.
 ``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
 budget; ``--ablation`` turns each lag fix on alone and all together at each max staleness of
-``--etas`` (:func:`nobubble.rl.system.config.presets.ablation`). Both commands run their
+``--etas`` (:func:`nobubble.rl.comparison` expands each). Both commands run their
 configs through one loop (:func:`_run`) and print them with one renderer
 (:func:`render_runs`): a table (accuracy or return, samples/s, staleness, idle ratios, the
 ledger) or ``--json`` (:data:`~nobubble.rl.system.result.RESULT_KEYS` per run), a PNG of the
@@ -29,9 +29,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.flags import Flag, add_path_flags, apply_flags, flags_given
+from nobubble.cli.flags import Flag, add_config_flags, apply_flags, flags_given
 from nobubble.cli.preflight import check_run, import_run_objects, json_object, load_user_object
-from nobubble.cli.rl_env import ENV_FLAGS, env_configs
+from nobubble.cli.rl_env import ENV_FLAGS, env_config
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -162,7 +162,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     train = sub.add_parser("train", help="one RL run on a task or an environment")
     _producer_flags(train, arch=True)
     for title, flags in TRAIN_GROUPS.items():
-        add_path_flags(train.add_argument_group(title), RunConfig, flags)
+        add_config_flags(train.add_argument_group(title), RunConfig, flags)
     train.add_argument("--preset", choices=tuple(PRESETS), default=None,
                        help="the source's lag-control recipes, applied before the flags")  # fmt: skip
     resume = train.add_mutually_exclusive_group()
@@ -171,7 +171,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     resume.add_argument("--resume-or-start", action="store_const", const="or-start",
                         dest="resume", help="continue from the newest checkpoint in DIR, or "
                         "start fresh when there is none (a job restarted after a kill)")  # fmt: skip
-    train.set_defaults(func=_train)
+    train.set_defaults(func=_train_or_compare)
 
     compare = sub.add_parser("compare", help="the three modes (--env: architectures) on the "
                              "same budget: table + plot")  # fmt: skip
@@ -179,9 +179,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--ablation", action="store_const", const=True, default=None,
                          help="each lag fix alone and all together, at each --etas, with a "
                          "slow trainer")  # fmt: skip
-    compare.add_argument("--etas", default=None, metavar="LIST",
+    compare.add_argument("--etas", type=_etas, default=None, metavar="LIST",
                          help="max staleness values of the ablation (default 8,16)")  # fmt: skip
-    compare.set_defaults(func=_compare)
+    compare.set_defaults(func=_train_or_compare)
 
     server = sub.add_parser("reward-server", help="serve a reward function over HTTP (POST "
                             "/score), for --reward-url")  # fmt: skip
@@ -196,8 +196,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
     """The flags ``rl train`` and ``rl compare`` share: both producers', the task's, the
     environment's (``arch``: one architecture is chosen, not all)."""
-    add_path_flags(p, RunConfig, SHARED_FLAGS)
-    add_path_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
+    add_config_flags(p, RunConfig, SHARED_FLAGS)
+    add_config_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
     from nobubble.rl.actor_learner.config import EnvRunConfig
 
     g = p.add_argument_group("environment producer (with --env; IMPALA, SEED RL, Sample Factory)")
@@ -207,7 +207,7 @@ def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
     g.add_argument("--env-option", action="append", default=None, metavar="KEY=VALUE",
                    help="a text env's option, repeatable: high=9, max_turns=4, a reasoning-gym "
                    "config")  # fmt: skip
-    add_path_flags(g, EnvRunConfig, ENV_FLAGS if arch else ENV_FLAGS[1:])
+    add_config_flags(g, EnvRunConfig, ENV_FLAGS if arch else ENV_FLAGS[1:])
     p.add_argument("--force", action="store_true",
                    help="run past the process, memory and --steps budgets")  # fmt: skip
     p.add_argument("--out", type=output_dir, default=Path("nobubble-out/rl"),
@@ -231,11 +231,10 @@ def _check_producer(args: argparse.Namespace) -> bool:
     return env
 
 
-def task_config(args: argparse.Namespace, flags: tuple[Flag, ...] = ()) -> RunConfig:
-    """The task run the flags describe (``flags``: the command's own beyond the shared and
-    task tables); ``--preset`` is applied first and the flags that set what it sets
-    (:data:`PRESET_OWNED`) are laid over its config, so that they win."""
-    table = SHARED_FLAGS + TASK_FLAGS + flags
+def task_config(args: argparse.Namespace) -> RunConfig:
+    """The task run the flags describe; ``--preset`` is applied first and the flags that set
+    what it sets (:data:`PRESET_OWNED`) are laid over its config, so that they win."""
+    table = SHARED_FLAGS + TASK_FLAGS + TRAIN_FLAGS  # rl compare has no TRAIN_FLAGS: not given
     given = flags_given(table, args)
     import_run_objects(given.get("task"), given.get("policy"), given.get("rewards", ()))
     if given.get("replay") == "none":  # over a preset's replay: none of its sizes either
@@ -248,82 +247,53 @@ def task_config(args: argparse.Namespace, flags: tuple[Flag, ...] = ()) -> RunCo
     return apply_flags(PRESETS[preset](apply_flags(RunConfig, base, table)), lag, table)
 
 
-def _train(args: argparse.Namespace) -> int:
-    env = _check_producer(args)
+def _train_or_compare(args: argparse.Namespace) -> int:
+    """``rl train`` (one run) and ``rl compare`` (the runs :func:`nobubble.rl.comparison`
+    makes of the flags' config), checked before any work, then trained and drawn by
+    :func:`_run`."""
+    from nobubble.rl import comparison
+
+    env, compare = _check_producer(args), args.rl_command == "compare"
+    if compare and not env and args.etas is not None and not args.ablation:
+        raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
+    if compare and not env and args.max_staleness is not None:
+        raise ValueError("--max-staleness is not read by rl compare --task: each mode takes "
+                         "its own bound (--ablation: --etas); drop it")  # fmt: skip
+    etas = (args.etas or (8, 16)) if compare and args.ablation else ()
     # the output first, before torch is imported: another live run's folder is refused at once
     with claim_output(args.out):
-        if env:
-            (config,) = env_configs(args, SHARED_FLAGS, compare=False)
-            label = config.arch
-        else:
-            if args.weight_check_every is not None and not args.partial_rollouts:
-                raise ValueError("--weight-check-every applies to --partial-rollouts; add it")
-            config = task_config(args, TRAIN_FLAGS)
-            label = config.mode
-        check_run(config, force=args.force, timed=args.time_budget_s is not None)
-        return _run(args, {label: config}, stem=f"train_{label}", title=_title(config, args.env))
+        config = env_config(args, SHARED_FLAGS) if env else task_config(args)
+        if etas and args.steps is None:  # the ablation: 150 steps unless --steps says so
+            config = apply_flags(config, {"steps": 150})
+        label = config.mode if isinstance(config, RunConfig) else config.arch
+        runs = comparison(config, ablation=etas) if compare else {label: config}
+        first = next(iter(runs.values()))
+        check_run(first, force=args.force, timed=args.time_budget_s is not None)
+        # the ablation: one plot per staleness bound
+        groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
+        stem = ("ablation" if etas else "compare") if compare else f"train_{label}"
+        return _run(args, runs, stem=stem, title=_title(first, runs, args), groups=groups or None)
 
 
-def _title(cfg: Any, env: str | None) -> str:
+def _title(cfg: Any, runs: dict[str, Any], args: argparse.Namespace) -> str:
+    if args.rl_command == "compare":
+        if args.env is not None:
+            return f"{args.env}: {', '.join(runs)} on the same budget (seed {cfg.seed})"
+        if args.ablation:
+            return (f"ablation ({cfg.steps} steps, fully-async, trainer "
+                    f"+{cfg.trainer.delay_s}s/step)")  # fmt: skip
+        return f"{' vs '.join(runs)} (same steps)"
     if not isinstance(cfg, RunConfig):
-        return f"{cfg.arch} on {env} ({cfg.actors} x {cfg.envs_per_actor} envs)"
+        return f"{cfg.arch} on {args.env} ({cfg.actors} x {cfg.envs_per_actor} envs)"
     title = f"nobubble rl train: {cfg.task}, {cfg.mode}, {cfg.algo}, {cfg.engine}"
     if cfg.mode != "sync":
         title += f", max_staleness={cfg.effective_max_staleness}"
     return title + (f", learners={cfg.learners} {cfg.aggregation}" if cfg.learners > 1 else "")
 
 
-def _compare(args: argparse.Namespace) -> int:
-    env = _check_producer(args)
-    if not env and args.etas is not None and not args.ablation:
-        raise ValueError("--etas is read only with --ablation; add --ablation or drop --etas")
-    if not env and args.max_staleness is not None:
-        raise ValueError("--max-staleness is not read by rl compare --task: each mode takes "
-                         "its own bound (--ablation: --etas); drop it")  # fmt: skip
-    with claim_output(args.out):  # before any run starts: refuse another live run's folder
-        if env:
-            configs = env_configs(args, SHARED_FLAGS, compare=True)
-            runs = {c.arch: c for c in configs}
-            title = f"{args.env}: {', '.join(runs)} on the same budget (seed {configs[0].seed})"
-        elif args.ablation:
-            runs, title = _ablation(args)
-        else:
-            base = task_config(args)
-            runs = {m: apply_flags(base, {"mode": m}) for m in MODES}
-            title = "sync vs one-step-off vs fully-async (same steps)"
-        first = next(iter(runs.values()))
-        check_run(first, force=args.force, timed=args.time_budget_s is not None)
-        groups = None
-        if args.ablation:  # one plot per staleness bound
-            groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")]
-                      for e in _etas(args.etas)}  # fmt: skip
-        stem = "ablation" if args.ablation else "compare"
-        return _run(args, runs, stem=stem, title=title, groups=groups)
-
-
-def _etas(text: str | None) -> list[int]:
-    text = "8,16" if text is None else text
-    try:
-        etas = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--etas {text!r}: give integers like 8,16") from None
-    if not etas or min(etas) < 1:
-        raise ValueError(f"--etas {text!r}: give staleness bounds >= 1, like 8,16")
-    return etas
-
-
-def _ablation(args: argparse.Namespace) -> tuple[dict[str, RunConfig], str]:
-    """Each lag fix alone and all together at each eta, with a slow trainer (default 0.3 s a
-    step) and 150 steps unless the flags say otherwise."""
-    from nobubble.rl.system.config.presets import ablation
-
-    etas = _etas(args.etas)
-    base = task_config(args)
-    base = base if args.steps is not None else apply_flags(base, {"steps": 150})
-    delay = base.trainer.delay_s or 0.3
-    runs = {f"eta{eta}:{fix}": cfg for eta in etas
-            for fix, cfg in ablation(base, eta, delay).items()}  # fmt: skip
-    return runs, f"ablation ({base.steps} steps, fully-async, trainer +{delay}s/step)"
+def _etas(text: str) -> tuple[int, ...]:
+    """argparse type of ``--etas``: max staleness bounds >= 1, like ``8,16``."""
+    return tuple(positive_int(x) for x in text.split(","))
 
 
 def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title: str,

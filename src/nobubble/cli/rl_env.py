@@ -5,39 +5,32 @@ environment: ``guess-number`` or ``rg:<task>`` (a reasoning-gym task over severa
 configured by ``--env-option KEY=VALUE`` (``high=9``, ``max_turns=4``, a dataset's config).
 :data:`ENV_FLAGS` are the fields of
 :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` that only this producer has (the
-shared ones are :data:`nobubble.cli.rl.SHARED_FLAGS`); :func:`env_configs` builds the run's
-config (``rl compare``: one per architecture). The target return defaults to the gymnasium
-spec's ``reward_threshold`` (475 for CartPole-v1, -100 for Acrobot-v1) and to a success rate
-of 0.8 for text envs.
+shared ones are :data:`nobubble.cli.rl.SHARED_FLAGS`); :func:`env_config` builds the run's
+config (``rl compare`` expands it: :func:`nobubble.rl.comparison`). The target return
+defaults to the gymnasium spec's ``reward_threshold`` (475 for CartPole-v1, -100 for
+Acrobot-v1) and to a success rate of 0.8 for text envs.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 from typing import Any
 
-from nobubble.cli.flags import Flag, apply_flags, flags_given
+from nobubble.cli.flags import Flag, apply_flags, flags_given, real
 from nobubble.cli.util import nonneg_float, positive_int
 from nobubble.rl.actor_learner.config import ARCHS, LOSSES  # torch-free, as the flags need
-from nobubble.validation import finite
 
-__all__ = ["ENV_FLAGS", "env_configs", "parse_env_options"]
+__all__ = ["ENV_FLAGS", "env_config", "parse_env_options"]
 
 
 def _target_return(text: str) -> float | str:
-    """``--target-return``: a number, or ``"none"`` (never stop early)."""
-    if text.lower() == "none":
-        return "none"
+    """``--target-return``: a finite number, or ``"none"`` (never stop early)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'none'") from None
-    if not finite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
+        return "none" if text.lower() == "none" else real(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err} or 'none'") from None
 
 
 ENV_FLAGS: tuple[Flag, ...] = (
@@ -71,28 +64,23 @@ def parse_env_options(options: list[str]) -> dict[str, Any]:
     return out
 
 
-def env_configs(args: argparse.Namespace, shared: tuple[Flag, ...], *, compare: bool) -> list[Any]:
-    """The run's configs: ``--arch``'s, or (``compare``) one per architecture, from the
-    ``shared`` and :data:`ENV_FLAGS` flags (ValueError / ImportError on a bad value or a
-    missing extra)."""
+def env_config(args: argparse.Namespace, shared: tuple[Flag, ...]) -> Any:
+    """The run's config from the ``shared`` and :data:`ENV_FLAGS` flags
+    (ValueError / ImportError on a bad value or a missing extra)."""
     from nobubble.rl.actor_learner.config import EnvRunConfig
     from nobubble.rl.actor_learner.text.run import is_text_env, text_env_config
 
     table = shared + ENV_FLAGS
     given = flags_given(table, args)
-    if compare:
-        given["arch"] = ARCHS[0]
     if given.get("target_return") == "none":  # never stop early (left out: the env's target)
         given["target_return"] = None
     if is_text_env(args.env):
         options = parse_env_options(args.env_option or [])
-        config = apply_flags(functools.partial(text_env_config, args.env, options), given, table)
-    elif args.env_option:
+        return apply_flags(functools.partial(text_env_config, args.env, options), given, table)
+    if args.env_option:
         raise ValueError(f"--env-option is for text envs; {args.env!r} is a gymnasium id")
-    else:
-        given.setdefault("target_return", _reward_threshold(args.env))
-        config = apply_flags(EnvRunConfig, {"env": args.env, **given}, table)
-    return [dataclasses.replace(config, arch=a) for a in ARCHS] if compare else [config]
+    given.setdefault("target_return", _reward_threshold(args.env))
+    return apply_flags(EnvRunConfig, {"env": args.env, **given}, table)
 
 
 def _reward_threshold(env_id: str) -> float | None:

@@ -9,7 +9,9 @@ One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of 
   SEED RL or Sample Factory, on the same ledger and weight versions:
   ``train(EnvRunConfig(...)) -> RunResult``.
 
-This package exports only the entry points, the task run's typed stage settings
+Both configs are an ``RLConfig``: the settings both producers have (seed, steps, time budget,
+max staleness, threads) are declared and checked there once. This package exports only the entry
+points, the task run's typed stage settings
 (``TrainerConfig``, ``RolloutConfig``, ``RewardConfig``) and its presets, functions that return
 a config (``aggressive(RunConfig(mode="fully-async"))``). The algorithm toolbox the system is
 built on, :mod:`nobubble.rl.algo` (advantages, losses, V-trace, staleness, replay,
@@ -24,6 +26,8 @@ from typing import Any
 # the running system's entry points, imported on first use (``import nobubble.rl`` stays light)
 _SYSTEM = {
     "train": "nobubble.rl.entry",
+    "comparison": "nobubble.rl.entry",
+    "RLConfig": "nobubble.rl.system.config",
     "RunConfig": "nobubble.rl.system.config",
     "TrainerConfig": "nobubble.rl.system.config",
     "RolloutConfig": "nobubble.rl.system.config",

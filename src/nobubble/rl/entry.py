@@ -1,28 +1,36 @@
 """``nobubble.rl.train``: one entry point for both producers of experience.
 
-A :class:`~nobubble.rl.system.config.RunConfig` trains a policy on a task (groups of
-responses, rewards from verifiers; sync, one-step-off or fully-async, on the local engine or
-Ray); an :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an
-environment (IMPALA, SEED RL or Sample Factory). Both keep one ledger, prove their weight
-versions and return one result type, :class:`~nobubble.rl.system.result.RunResult`, whose
-``to_json()`` has the same top-level keys (:data:`~nobubble.rl.system.result.RESULT_KEYS`).
+Both producers' configs are :class:`~nobubble.rl.system.config.RLConfig` (seed, steps,
+time budget, max staleness, threads, declared once). A
+:class:`~nobubble.rl.system.config.RunConfig` trains a policy on a task (groups of responses,
+rewards from verifiers; sync, one-step-off or fully-async, on the local engine or Ray); an
+:class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an environment
+(IMPALA, SEED RL or Sample Factory). Both keep one ledger, prove their weight versions and
+return one result type, :class:`~nobubble.rl.system.result.RunResult`, whose ``to_json()`` has
+the same top-level keys (:data:`~nobubble.rl.system.result.RESULT_KEYS`).
+:func:`comparison` expands one config into the runs of a comparison (``rl compare``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from nobubble.rl.actor_learner.config import EnvRunConfig
-    from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.actor_learner.config import Arch
+    from nobubble.rl.system.config import RLConfig
     from nobubble.rl.system.result import RunResult
 
-__all__ = ["train"]
+__all__ = ["comparison", "train"]
+
+ABLATION_TRAINER_DELAY_S = 0.3
+"""The ablation's trainer slowdown per step unless the config has one: the generator then
+runs ahead to the staleness bound, where the lag fixes matter."""
 
 
 def train(
-    config: RunConfig | EnvRunConfig,
+    config: RLConfig,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> RunResult:
@@ -50,3 +58,32 @@ def train(
 
         return run(config, on_step=on_step)
     raise TypeError(f"train: config={config!r}; pass a RunConfig (a task) or an EnvRunConfig")
+
+
+def comparison(config: RLConfig, *, ablation: Sequence[int] = ()) -> dict[str, RLConfig]:
+    """The runs of one comparison on ``config``'s budget, by label: a task run in each mode
+    (``sync``, ``one-step-off``, ``fully-async``), an environment run in each architecture
+    (``impala``, ``seed``, ``sample-factory``); or, with ``ablation`` (max staleness bounds,
+    task runs only), each lag fix alone and all together at each bound
+    (:func:`~nobubble.rl.system.config.presets.ablation`), labelled ``eta<K>:<fix>``, with
+    the trainer slowed by :data:`ABLATION_TRAINER_DELAY_S` a step unless ``config`` slows it.
+
+    Raises:
+        ValueError: an ablation of an environment run, or a bound < 1.
+    """
+    from nobubble.rl.actor_learner.config import ARCHS, EnvRunConfig
+    from nobubble.rl.system.config import MODES, RunConfig
+    from nobubble.rl.system.config.presets import ablation as lag_fixes
+
+    if isinstance(config, EnvRunConfig) and not ablation:
+        return {arch: replace(config, arch=cast("Arch", arch)) for arch in ARCHS}
+    if not isinstance(config, RunConfig):
+        raise ValueError(f"comparison: config={config!r}; the lag-fix ablation is of task runs "
+                         "(a RunConfig); drop it for an env run")  # fmt: skip
+    if not ablation:
+        return {mode: replace(config, mode=mode) for mode in MODES}
+    if min(ablation) < 1:
+        raise ValueError(f"ablation={list(ablation)}: give staleness bounds >= 1, like 8, 16")
+    delay = config.trainer.delay_s or ABLATION_TRAINER_DELAY_S
+    return {f"eta{eta}:{fix}": cfg for eta in ablation
+            for fix, cfg in lag_fixes(config, eta, delay).items()}  # fmt: skip

@@ -50,3 +50,32 @@ def test_unknown_env_id_is_refused_before_any_process_starts() -> None:
         env_spaces("NoSuchEnv-v0")
     with pytest.raises(ValueError, match=r"action space .*Discrete"):
         env_spaces("Pendulum-v1")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("seed", -1, r"seed=-1 must be an integer >= 0"),
+        ("steps", 0, r"steps=0 must be an integer >= 1"),
+        ("time_budget_s", float("inf"), r"time_budget_s=inf must be > 0"),
+        ("max_staleness", -1, r"max_staleness=-1 must be an integer >= 0"),
+        ("threads", 0, r"threads=0 must be an integer >= 1"),
+    ],
+)
+def test_the_settings_both_producers_have_are_checked_alike(name, value, message) -> None:
+    from nobubble.rl.system.config import RunConfig
+
+    for config in (RunConfig, EnvRunConfig):
+        with pytest.raises(ValueError, match=rf"{config.__name__}\.{message}"):
+            config(**{name: value})
+
+
+def test_none_is_a_shared_setting_only_where_its_producer_defaults_to_none() -> None:
+    from nobubble.rl.system.config import RunConfig
+
+    assert EnvRunConfig(steps=None).steps is None  # no bound but the others
+    assert RunConfig(time_budget_s=None).time_budget_s is None  # no limit
+    with pytest.raises(ValueError, match=r"RunConfig.steps=None: .* default 400"):
+        RunConfig(steps=None)
+    with pytest.raises(ValueError, match=r"EnvRunConfig.time_budget_s=None: .* default 300"):
+        EnvRunConfig(time_budget_s=None)

@@ -219,6 +219,8 @@ def test_partial_rollouts_config_and_flags():
         RunConfig(rollout={"token_delay_s": 0.1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight_check_every"):
         RunConfig(partial_rollouts=True, weight_check_every=0)
+    with pytest.raises(ValueError, match="weight_check_every=2 applies to --partial-rollouts"):
+        RunConfig(weight_check_every=2)  # would never be read
     cfg = RunConfig(mode="fully-async", max_staleness=4, drop_staleness=2, partial_rollouts=True)
     assert cfg.trainer_config().token_drop_staleness == 2
     assert cfg.rollout_config().partial_rollouts and cfg.to_dict()["partial_rollouts"]
@@ -266,11 +268,11 @@ def test_cli_flags_refuse_what_the_mode_cannot_do(argv, needle, capsys):
 
 def test_cli_flags_reach_the_run_config():
     from nobubble.cli import build_parser
-    from nobubble.cli.rl import TRAIN_FLAGS, task_config
+    from nobubble.cli.rl import task_config
 
     def config(*flags: str) -> RunConfig:
         args = build_parser().parse_args(["rl", "train", "--mode", "fully-async", *flags])
-        return task_config(args, TRAIN_FLAGS)
+        return task_config(args)
 
     cfg = config("--partial-rollouts", "--weight-check-every", "2", "--token-delay", "0.1")
     assert cfg.rollout_config().weight_check_every == 2

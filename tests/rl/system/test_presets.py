@@ -112,3 +112,27 @@ def test_ablation_configs_are_valid():
     assert all(c.trainer.delay_s == 0.3 for c in grid.values())
     assert grid["all (aggressive)"].algo == "decoupled-ppo"
     assert grid["all (aggressive)"].trainer.staleness_weighting == "inverse"
+
+
+def test_a_comparison_expands_one_config_into_its_runs():
+    """``rl compare``'s runs: the modes of a task run, the architectures of an env run, or the
+    ablation's fixes at each bound, labelled ``eta<K>:<fix>``, all on one budget."""
+    from nobubble.rl import comparison
+    from nobubble.rl.actor_learner.config import EnvRunConfig
+
+    task = RunConfig(steps=7, **TINY)
+    modes = comparison(task)
+    assert list(modes) == list(MODES) and all(c.mode == m for m, c in modes.items())
+    assert {c.steps for c in modes.values()} == {7}
+    archs = comparison(EnvRunConfig(time_budget_s=30.0))
+    assert list(archs) == ["impala", "seed", "sample-factory"]
+    assert all(c.arch == a and c.time_budget_s == 30.0 for a, c in archs.items())
+    grid = comparison(task, ablation=(2, 4))
+    assert len(grid) == 18 and grid["eta4:drop>K"].drop_staleness == 1
+    assert {c.trainer.delay_s for c in grid.values()} == {0.3}  # the default slowdown
+    slow = comparison(replace(task, trainer=TrainerConfig(delay_s=0.1)), ablation=(2,))
+    assert {c.trainer.delay_s for c in slow.values()} == {0.1}
+    with pytest.raises(ValueError, match="ablation is of task runs"):
+        comparison(EnvRunConfig(), ablation=(8,))
+    with pytest.raises(ValueError, match=r"ablation=\[0\]: give staleness bounds >= 1"):
+        comparison(task, ablation=(0,))

@@ -1,17 +1,19 @@
 """One actor-learner run's configuration: environment, architecture, learner, budget.
 
 :class:`EnvRunConfig` is keyword-only and frozen; ``__post_init__`` refuses bad values with
-a ``ValueError`` that names the value and the fix. The three architectures share every
-field; the ones only one of them reads say so.
+a ``ValueError`` that names the value and the fix. It is an
+:class:`~nobubble.rl.system.config.RLConfig`: the settings a task run has too (seed, steps,
+time budget, max staleness, threads) are declared and checked there. The three architectures
+share every field; the ones only one of them reads say so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from nobubble.rl.system.config import describe_value
+from nobubble.rl.system.config.base import RLConfig
 from nobubble.validation import check_fields
 
 __all__ = [
@@ -33,9 +35,10 @@ _START_METHODS = ("fork", "forkserver", "spawn")
 
 
 @dataclass(frozen=True, kw_only=True)
-class EnvRunConfig:
+class EnvRunConfig(RLConfig):
     """An actor-learner run on a gymnasium environment (a text environment is one too, through
-    :mod:`nobubble.rl.actor_learner.text`)."""
+    :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s settings (``steps`` are
+    learner updates, None: no bound but the others) and these."""
 
     env: str | Callable[[], Any] = "CartPole-v1"
     """A gymnasium id (``gymnasium.make(env)``) or a zero-argument factory of a
@@ -76,16 +79,11 @@ class EnvRunConfig:
     policy of :mod:`nobubble.rl.actor_learner.text`; None: the MLP actor-critic of width
     ``hidden``. Picklable unless the start method is ``fork``."""
     max_staleness: int = 4
-    """Trajectories older than this many policy versions are dropped (ledger: ``stale``)."""
     inference_deadline_ms: float = 2.0
     """Central inference (seed, sample-factory) waits at most this long to fill a batch."""
-    seed: int = 0
-    steps: int | None = None
-    """Stop after this many learner updates (None: no bound but the others)."""
     max_env_steps: int = 2_000_000
     """Stop after this many environment steps (a bound, for tests and benchmarks)."""
     time_budget_s: float = 300.0
-    """Stop after this much wall-clock."""
     target_return: float | None = 475.0
     """Stop once the greedy eval mean reaches it (None: run the whole budget)."""
     eval_episodes: int = 20
@@ -93,16 +91,19 @@ class EnvRunConfig:
     """Evaluate at least this often; also whenever the training return reaches the target."""
     timeout_s: float = 60.0
     """Longest wait for any actor, queue or lock before the run fails naming who is silent."""
-    torch_threads: int = 1
-    """``torch.set_num_threads`` for the learner (and each impala actor) during the run: tiny
-    MLPs gain nothing from more, and lose a lot on a loaded machine."""
     start_method: str = "fork"
     """multiprocessing start method for the actors."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_choices(self)
         _check_counts(self)
         _check_rates(self)
+
+    @property
+    def torch_threads(self) -> int:
+        """:attr:`threads`: what the learner (and each impala actor) sets during the run."""
+        return self.threads
 
 
 def _check_choices(c: EnvRunConfig) -> None:
@@ -123,11 +124,8 @@ def _check_choices(c: EnvRunConfig) -> None:
 
 def _check_counts(c: EnvRunConfig) -> None:
     counts = ("actors", "envs_per_actor", "unroll_length", "batch_trajectories", "epochs",
-              "torch_threads", "eval_episodes", "hidden", "max_env_steps")  # fmt: skip
+              "eval_episodes", "hidden", "max_env_steps")  # fmt: skip
     check_fields("EnvRunConfig", c, counts, ">= 1", integer=True)
-    check_fields("EnvRunConfig", c, ("max_staleness",), ">= 0", integer=True)  # 0: on-policy
-    if c.steps is not None:  # learner updates; None: no bound but the others
-        check_fields("EnvRunConfig", c, ("steps",), ">= 1", integer=True)
     if c.arch == "sample-factory" and (c.envs_per_actor < 2 or c.envs_per_actor % 2):
         raise ValueError(
             f"envs_per_actor={c.envs_per_actor}: sample-factory splits each worker's envs into "
@@ -142,8 +140,8 @@ def _check_counts(c: EnvRunConfig) -> None:
 
 
 def _check_rates(c: EnvRunConfig) -> None:
-    # check_value refuses NaN, inf and 1e308 too (a time budget of inf is no budget)
-    positive = ("learning_rate", "time_budget_s", "timeout_s", "eval_every_s", "max_grad_norm")
+    # check_value refuses NaN, inf and 1e308 too
+    positive = ("learning_rate", "timeout_s", "eval_every_s", "max_grad_norm")
     check_fields("EnvRunConfig", c, positive, "> 0")
     nonneg = ("env_step_delay_ms", "inference_deadline_ms", "entropy_coef", "value_coef")
     check_fields("EnvRunConfig", c, nonneg, ">= 0")
@@ -167,4 +165,4 @@ def trajectories_per_update(c: EnvRunConfig) -> int:
 
 def config_json(c: EnvRunConfig) -> dict[str, Any]:
     """``c``'s fields as JSON values (a factory by its ``module:qualname``)."""
-    return {f.name: describe_value(getattr(c, f.name)) for f in fields(c)}
+    return c.to_dict()

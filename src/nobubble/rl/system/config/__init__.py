@@ -1,6 +1,9 @@
 """One RL run's configuration, typed and torch-free.
 
-- :mod:`.run` - :class:`RunConfig`, everything one run needs, validated when built;
+- :mod:`.base` - :class:`RLConfig`, the settings both producers have (seed, steps, time
+  budget, max staleness, threads), each declared and checked once;
+- :mod:`.run` - :class:`RunConfig`, everything one run on a task needs (an RLConfig),
+  validated when built;
 - :mod:`.stages` - the settings of each stage (:class:`TrainerConfig`,
   :class:`RolloutConfig`, :class:`RewardConfig`) that ``RunConfig.trainer`` / ``.rollout`` /
   ``.reward`` hold;
@@ -10,14 +13,8 @@
 
 from __future__ import annotations
 
-from nobubble.rl.system.config.run import (
-    AGGREGATIONS,
-    DEFAULT_STALENESS,
-    ENGINES,
-    MODES,
-    RunConfig,
-    describe_value,
-)
+from nobubble.rl.system.config.base import RLConfig, describe_value
+from nobubble.rl.system.config.run import AGGREGATIONS, DEFAULT_STALENESS, ENGINES, MODES, RunConfig
 from nobubble.rl.system.config.stages import (
     ALGOS,
     STALENESS_WEIGHTS,
@@ -27,6 +24,6 @@ from nobubble.rl.system.config.stages import (
 )
 
 __all__ = [
-    "RunConfig", "TrainerConfig", "RolloutConfig", "RewardConfig", "describe_value",
+    "RLConfig", "RunConfig", "TrainerConfig", "RolloutConfig", "RewardConfig", "describe_value",
     "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
 ]  # fmt: skip

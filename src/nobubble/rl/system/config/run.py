@@ -12,10 +12,11 @@ task) imported and built, so a bad flag is refused in the time Python starts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.checkpoint import CheckpointStore
+from nobubble.rl.system.config.base import RLConfig, describe_value
 from nobubble.rl.system.config.stages import RewardConfig, RolloutConfig, TrainerConfig
 from nobubble.rl.system.replay import ReplayConfig
 from nobubble.validation import check_fields, check_value
@@ -25,9 +26,8 @@ if TYPE_CHECKING:
 
     from nobubble.rl.system.rewards import RewardSource
     from nobubble.rl.system.tasks.spec import TaskSpec
-    from nobubble.validation import Rule
 
-__all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig", "describe_value"]
+__all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
 
 MODES = ("sync", "one-step-off", "fully-async")
 AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
@@ -49,8 +49,10 @@ STAGE_TYPES = {"trainer": TrainerConfig, "rollout": RolloutConfig, "reward": Rew
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    """Everything one RL run needs.
+class RunConfig(RLConfig):
+    """Everything one RL run on a task needs: the shared settings of :class:`RLConfig`
+    (``seed``, ``steps`` - default 400 -, ``time_budget_s``, ``max_staleness``, ``threads``)
+    and these.
 
     Attributes:
         task: ``digits`` or ``sum`` (built in), ``rg:<name>`` (reasoning-gym), an import
@@ -64,9 +66,8 @@ class RunConfig:
             ``"module:fn=0.5"``, callables or :class:`RewardSource`; empty = the task's.
         reward_url: a remote reward service (``http://host:port/score``) added to them.
         mode: ``sync``, ``one-step-off`` or ``fully-async``.
-        max_staleness: versions a sample may lag the trainer; None = the mode's default (0, 1,
-            4); :attr:`effective_max_staleness` is the bound in force.
-            ``sync`` requires 0.
+        max_staleness: None = the mode's default (0, 1, 4); :attr:`effective_max_staleness`
+            is the bound in force. ``sync`` requires 0.
         algo: ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace`` or ``vtrace-ppo``. A preset
             (:mod:`~nobubble.rl.system.config.presets`) is a function that returns a config
             with its lag-control settings: ``aggressive(RunConfig(...))``.
@@ -84,10 +85,7 @@ class RunConfig:
             :mod:`~nobubble.rl.system.partial`). Local engine only; ``weight_check_every``:
             look for new weights before every this many tokens (default 1).
         engine: ``local`` (processes on this machine) or ``ray``.
-        steps: trainer steps (stop when reached).
-        time_budget_s: stop after this many seconds of training (None = no limit).
         target_accuracy: stop once an evaluation reaches it (None = never).
-        seed: seeds the policy init, prompts and sampling.
         batch_groups: B, groups per trainer step; group_size: responses per group.
         eval_every: evaluate the trainer's policy every this many steps (and at the end).
         groups_per_rollout: groups per generation call (None = B, or B/4 in fully-async).
@@ -101,7 +99,6 @@ class RunConfig:
             ``local_sgd_every`` steps, default 4) or ``staleness`` (as ``async``, each
             gradient scaled by ``1 / (1 + staleness)``). Anything but ``sync`` needs
             ``learners >= 2``.
-        threads: torch threads per worker (None = 1; see the local engine for why).
         ray_address: Ray cluster to join (None = start a local instance).
         ray_resources: where the Ray engine places each stage: ``{stage: {resource: amount}}``
             with stage ``rollout``, ``reward`` or ``trainer``; every actor of that stage asks
@@ -128,7 +125,6 @@ class RunConfig:
     task: Any = "digits"
     task_kwargs: dict = field(default_factory=dict)
     mode: str = "sync"
-    max_staleness: int | None = None
     algo: str = "grpo"
     sync_every: int = 0
     drop_staleness: int | None = None
@@ -141,9 +137,7 @@ class RunConfig:
     weight_check_every: int = 1
     engine: str = "local"
     steps: int = 400
-    time_budget_s: float | None = None
     target_accuracy: float | None = None
-    seed: int = 0
     batch_groups: int = 8
     group_size: int = 32
     eval_every: int = 10
@@ -153,7 +147,6 @@ class RunConfig:
     learners: int = 1
     aggregation: str = "sync"
     local_sgd_every: int | None = None
-    threads: int | None = None
     policy: Any = "char"
     policy_kwargs: dict = field(default_factory=dict)
     rewards: tuple = ()
@@ -172,25 +165,21 @@ class RunConfig:
     fault: str | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}")
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
             )
-        optional: tuple[tuple[str, Rule], ...] = (
-            ("max_staleness", ">= 0"), ("drop_staleness", ">= 0"), ("threads", ">= 1"),
-            ("time_budget_s", "> 0"),
-        )  # fmt: skip
-        for name, rule in optional:  # None = the default; NaN, inf, 1e308 s are no budget
-            if getattr(self, name) is not None:
-                check_value(f"RunConfig.{name}", getattr(self, name), rule)
+        if self.drop_staleness is not None:  # None = the staleness bound
+            check_value("RunConfig.drop_staleness", self.drop_staleness, ">= 0")
         if self.mode == "sync" and self.max_staleness not in (None, 0):
             raise ValueError(
                 f"mode='sync' means max_staleness=0 (got {self.max_staleness}); "
                 "use one-step-off or fully-async for a lag"
             )
-        names = ("steps", "batch_groups", "group_size", "eval_every", "num_rollout_workers",
+        names = ("batch_groups", "group_size", "eval_every", "num_rollout_workers",
                  "num_reward_workers", "learners")  # fmt: skip
         check_fields("RunConfig", self, names, ">= 1", integer=True)
         check_fields("RunConfig", self, ("sync_every", "checkpoint_every"), ">= 0", integer=True)
@@ -250,6 +239,11 @@ class RunConfig:
             build()
 
     def _check_partial(self) -> None:
+        if self.weight_check_every != 1 and not self.partial_rollouts:
+            raise ValueError(
+                f"weight_check_every={self.weight_check_every} applies to --partial-rollouts "
+                "(partial_rollouts=True); add it or leave weight_check_every out"
+            )
         if self.partial_rollouts and self.engine != "local":
             raise ValueError(
                 f"partial_rollouts with engine={self.engine!r}: the Ray engine hands a "
@@ -365,9 +359,8 @@ class RunConfig:
         return max(1, self.batch_groups // 4) if self.mode == "fully-async" else self.batch_groups
 
     def torch_threads(self) -> int:
-        """Torch intra-op threads per worker: 1 unless set. Measured here: a second thread
-        makes the 64-wide model's tiny ops slower, not faster, on a busy 2-core machine."""
-        return 1 if self.threads is None else self.threads
+        """Torch intra-op threads per worker: :attr:`threads` (the engines read it here)."""
+        return self.threads
 
     def make_task(self) -> TaskSpec:
         from nobubble.rl.system.tasks.spec import resolve_task
@@ -438,7 +431,7 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as JSON-ready values (objects by their import name)."""
-        out = {f.name: describe_value(getattr(self, f.name)) for f in fields(self)}
+        out = super().to_dict()
         rewards = [{"fn": describe_value(r.fn), "weight": r.weight} for r in self.reward_sources()]
         return {
             **out,
@@ -450,16 +443,3 @@ class RunConfig:
             "groups_per_rollout": self.effective_groups_per_rollout,
             "drop_staleness": self.effective_drop_staleness,
         }
-
-
-def describe_value(value: Any) -> Any:
-    """``value`` as a JSON value: numbers and strings as they are, containers item by item,
-    an object (a factory, a callable) by its ``module:qualname``."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, dict):
-        return {str(k): describe_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [describe_value(v) for v in value]
-    target = value if hasattr(value, "__qualname__") else type(value)
-    return f"{target.__module__}:{target.__qualname__}"
