@@ -39,17 +39,20 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.algo.replay import linear_beta
 from nobubble.rl.system.config import RunConfig, describe_value
-from nobubble.rl.system.engines.protocol import Engine, Message, WorkerError
+from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.recovery import Recovery, RunProgress
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
+
+if TYPE_CHECKING:
+    from nobubble.rl.system.engines.worker import Engine
 
 __all__ = ["Orchestrator", "run"]
 
@@ -126,7 +129,6 @@ class Orchestrator:
         self._progress = RunProgress()
         self._recovery = Recovery(cfg)
         self._routing = Routing()
-        self._weights: Any = None  # the newest published weights (None: the generators' own)
         self._stopping = False
         self._spans: list[Span] = []
         self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
@@ -166,7 +168,7 @@ class Orchestrator:
             worker = r.idle_rollout.pop(0)
             r.held[worker] = [req.group_id for req in reqs]
             rng = r.rng_to_send.pop(worker, None)
-            self.engine.submit_rollout(worker, reqs, self._weights, rng)
+            self.engine.submit_rollout(worker, reqs, rng)
         while r.idle_reward and r.pending_reward:
             # an idle reward worker takes an equal share of everything waiting
             share = -(-len(r.pending_reward) // len(r.idle_reward))
@@ -262,7 +264,6 @@ class Orchestrator:
             self._replay.add(batch)
         p.step_metrics.append({"step": res.version, **res.metrics})
         p.version = res.version
-        self._weights = msg.weights
         for lag in res.staleness:
             p.staleness[lag] += self.cfg.group_size
         p.token_staleness.update(res.token_staleness)

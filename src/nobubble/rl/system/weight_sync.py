@@ -5,10 +5,10 @@ the newest version between groups (never inside one). Versions only increase: pu
 version that is not newer than the last one, or loading an older one, raises
 :class:`WeightVersionError`.
 
-The Ray engine puts the state dict in the object store and hands references around;
-:class:`SharedWeights` is the local engine's channel: one flat float32 tensor in shared
-memory plus a version counter, created by the parent and inherited by the workers. The
-trainer copies its parameters in under a lock and bumps the version; a generator copies
+A stage worker pulls and publishes through a :class:`WeightSource`. The Ray engine's puts
+the state dict in the object store and hands references around; :class:`SharedWeights` is
+the local engine's: one flat float32 tensor in shared memory plus a version counter,
+created by the parent and inherited by the workers. The trainer copies its parameters in under a lock and bumps the version; a generator copies
 them out under the same lock when the version moved: one ``memcpy`` a publish.
 
 Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from nobubble.distributed import WorkerError
 
 __all__ = [
     "WeightVersionError",
+    "WeightSource",
     "SharedWeights",
     "PublishedWeights",
     "weight_digest",
@@ -107,6 +108,20 @@ class PublishedWeights:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.digests = {int(k): v for k, v in state["digests"].items()}
+
+
+class WeightSource(Protocol):
+    """Where a stage worker gets published weights and publishes its own."""
+
+    def pull(self, model: nn.Module, have: int) -> int:
+        """Load the newest published weights into ``model`` if newer than ``have``; returns
+        the version ``model`` now holds."""
+        ...
+
+    def publish(self, model: nn.Module, version: int) -> Any:
+        """Publish ``model``'s weights as ``version``; returns the engine's handle to them
+        (None where the generators read them from the source itself)."""
+        ...
 
 
 def check_newer(old: int, new: int, who: str) -> None:
