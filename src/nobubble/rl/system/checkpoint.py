@@ -62,37 +62,35 @@ def _save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-def save_trainer(
-    path: str | os.PathLike[str], model: Any, opt: Any, version: int, reference: Any = None
-) -> Path:
-    """Write the trainer's part of a checkpoint to ``path`` atomically (``reference``: the
-    KL penalty's reference policy, when there is one)."""
+def save_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
+    """Write ``learner``'s part of a checkpoint into the folder ``ckpt`` atomically: its
+    model, optimizer and version, torch's RNG, and the KL penalty's reference policy (when
+    there is one)."""
     import torch
 
-    path = Path(path)
+    reference = learner.loss.reference
     state = {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "version": version,
+        "model": learner.model.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "version": learner.version,
         "torch_rng": torch.get_rng_state(),
         "reference": None if reference is None else reference.state_dict(),
     }
-    _save(state, path)
-    return path
+    _save(state, Path(ckpt) / TRAINER_FILE)
 
 
-def load_trainer(path: str | os.PathLike[str], model: Any, opt: Any, reference: Any = None) -> int:
-    """Load ``path`` into ``model``, ``opt``, ``reference`` (and torch's RNG); returns the
-    version."""
+def load_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
+    """Load the trainer's part of the checkpoint folder ``ckpt`` into ``learner`` (its
+    model, optimizer, version and reference policy) and torch's RNG."""
     import torch
 
-    state = torch.load(Path(path), weights_only=False)
-    model.load_state_dict(state["model"])
-    if reference is not None and state.get("reference") is not None:
-        reference.load_state_dict(state["reference"])
-    opt.load_state_dict(state["optimizer"])
+    state = torch.load(Path(ckpt) / TRAINER_FILE, weights_only=False)
+    learner.model.load_state_dict(state["model"])
+    if learner.loss.reference is not None and state.get("reference") is not None:
+        learner.loss.reference.load_state_dict(state["reference"])
+    learner.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
-    return int(state["version"])
+    learner.version = int(state["version"])
 
 
 class CheckpointStore:

@@ -300,7 +300,7 @@ class Orchestrator:
         queued = [g for batch, _ in self._train_queue for g in batch]
         buffer["ready"] = sorted([*buffer["ready"], *queued], key=lambda g: g.group_id)
         return {
-            **self._progress.state_dict(),
+            "progress": self._progress,  # pickled at once by the commit
             "rng": self._rng.getstate(),
             "buffer": buffer,
             "in_flight": [self._routing.requests[g] for g in sorted(self._routing.stage)],
@@ -310,7 +310,7 @@ class Orchestrator:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot`: every group in flight is generated again."""
-        self._progress.load_state_dict(state)
+        self._progress = state["progress"]
         self._rng.setstate(state["rng"])
         self.buffer.load_state_dict(state["buffer"])
         for req in state["in_flight"]:

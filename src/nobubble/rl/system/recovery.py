@@ -27,10 +27,9 @@ The ledger records every requeue (``resumed`` or ``worker_died``).
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,8 @@ MAX_RESTARTS = 3  # per worker, with restart_workers
 
 @dataclass
 class RunProgress:
-    """What a run has done so far: the counters a checkpoint saves and a resume restores.
+    """What a run has done so far: the counters a checkpoint saves (this object, pickled)
+    and a resume restores.
 
     Attributes:
         version: newest version the trainer has published.
@@ -72,28 +72,6 @@ class RunProgress:
     train_reward: float | None = None
     step_metrics: list[dict[str, float]] = field(default_factory=list)
     rollout_rng: dict[str, Any] = field(default_factory=dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        """A copy of every field (``published`` as its own state dict)."""
-        state = {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
-        return {**state, "published": self.published.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "published" not in state:
-            raise ValueError(
-                "the checkpoint was written before weight digests were recorded; start a new "
-                "run in an empty checkpoint folder"
-            )
-        self.version = state["version"]
-        self.next_group = state["next_group"]
-        self.curve = list(state["curve"])
-        self.staleness = Counter(state["staleness"])
-        self.token_staleness = Counter(state.get("token_staleness", {}))
-        self.group_versions = dict(state["group_versions"])
-        self.published.load_state_dict(state["published"])
-        self.train_reward = state["train_reward"]
-        self.step_metrics = list(state.get("step_metrics", []))
-        self.rollout_rng = dict(state["rollout_rng"])
 
 
 class Recovery:
@@ -148,6 +126,11 @@ class Recovery:
                 "resume from it (--resume) or choose an empty folder"
             )
         state = self._store.load_state(ckpt)
+        if "progress" not in state:
+            raise ValueError(
+                f"{ckpt} was written before weight digests were recorded; start a new run in "
+                "an empty checkpoint folder"
+            )
         now = self.cfg.to_dict()
         diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]
         if diff:

@@ -103,12 +103,6 @@ class PublishedWeights:
             except WeightVersionError as err:
                 raise WorkerError(str(err), worker) from None
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"digests": dict(self.digests)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.digests = {int(k): v for k, v in state["digests"].items()}
-
 
 class WeightSource(Protocol):
     """Where a stage worker gets published weights and publishes its own."""
@@ -138,10 +132,10 @@ class SharedWeights:
     """
 
     def __init__(self, model: nn.Module, mp_context: Any) -> None:
-        self._names = [n for n, _ in model.state_dict().items()]
-        self._shapes = [tuple(t.shape) for t in model.state_dict().values()]
-        total = sum(t.numel() for t in model.state_dict().values())
-        self._flat = torch.zeros(total, dtype=torch.float32).share_memory_()
+        state = model.state_dict()
+        self._shapes = {name: t.shape for name, t in state.items()}
+        self._sizes = [t.numel() for t in state.values()]
+        self._flat = torch.zeros(sum(self._sizes), dtype=torch.float32).share_memory_()
         self._version = mp_context.Value("q", -1, lock=False)
         self._lock = mp_context.Lock()
 
@@ -177,12 +171,6 @@ class SharedWeights:
         finally:
             self._lock.release()
         check_newer(have, version, "SharedWeights.pull")
-        state, offset = {}, 0
-        for name, shape in zip(self._names, self._shapes):
-            n = 1
-            for s in shape:
-                n *= s
-            state[name] = flat[offset : offset + n].view(shape)
-            offset += n
-        model.load_state_dict(state)
+        parts = flat.split(self._sizes)  # one flat view per tensor, in state-dict order
+        model.load_state_dict({n: t.view(s) for (n, s), t in zip(self._shapes.items(), parts)})
         return version

@@ -28,12 +28,11 @@ import dataclasses
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from nobubble.rl.system.checkpoint import TRAINER_FILE, CheckpointStore, load_trainer, save_trainer
+from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.engines.learners import (
     StepCollector,
@@ -85,8 +84,7 @@ class StageWorker:
             folder = cfg.checkpoint_dir
             ckpt = CheckpointStore(folder).latest() if cfg.resume and folder else None
             if ckpt is not None:
-                t, ref = self.learner, self.learner.loss.reference
-                t.version = load_trainer(ckpt / TRAINER_FILE, t.model, t.optimizer, ref)
+                load_trainer(ckpt, self.learner)
         elif self.kind == "reward":
             self.rewarder = Rewarder(
                 self.task, cfg.reward_sources(), cfg.reward_config(), remote=cfg.remote_reward()
@@ -182,8 +180,7 @@ class StageWorker:
             return Message("shard", self.name, res, (res.span,))
         res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
         if checkpoint is not None:
-            t, ref = self.learner, self.learner.loss.reference
-            save_trainer(Path(checkpoint) / TRAINER_FILE, t.model, t.optimizer, t.version, ref)
+            save_trainer(checkpoint, self.learner)
         return Message("train", self.name, res, (res.span,))
 
     def _trainer_digest(self) -> tuple[int, str]:
