@@ -28,6 +28,7 @@ import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -122,27 +123,22 @@ class StageWorker:
         before each request, a learner that pushes gradients before each step) and where
         learner 0 publishes each new version (the local engine's shared tensor, or the
         object store of a Ray call); the ``train`` message carries the engine's handle."""
-        op = cmd[0]
-        if op == "rollout":
-            self.rollout.version = weights.pull(self.rollout.model, self.rollout.version)
-            return self.rollout_cmd(*cmd[1:])
-        if op == "reward":
-            return self.reward_cmd(*cmd[1:])
-        if op == "eval":
-            return [self.eval_cmd()]
-        if op != "train":
+        op, *args = cmd
+        answers: dict[str, Callable[..., list[Message]]] = {
+            "rollout": self._rollout,
+            "reward": self._reward,
+            "train": self._train,
+            "eval": self._eval,
+        }
+        answer = answers.get(op)
+        if answer is None:
             raise ValueError(f"{self.name}: unknown command {op!r}")
-        _, groups, evaluate, checkpoint, group_weights = cmd
-        learner = self.learner
-        if learner.pushes_gradients:  # it computes on the newest published weights
-            learner.version = weights.pull(learner.model, learner.version)
-        msg = self.train_cmd(groups, checkpoint, group_weights)
-        if msg.kind == "shard":
-            return [msg]
-        msg = dataclasses.replace(msg, weights=weights.publish(learner.model, learner.version))
-        return [msg, self.eval_cmd()] if evaluate else [msg]
+        return answer(weights, *args)
 
-    def rollout_cmd(self, requests: list[Any], rng_state: Any = None) -> list[Message]:
+    def _rollout(
+        self, weights: WeightSource, requests: list[GroupRequest], rng_state: Any = None
+    ) -> list[Message]:
+        self.rollout.version = weights.pull(self.rollout.model, self.rollout.version)
         self._maybe_fault()
         if rng_state is not None:
             self.rollout.generator.set_state(rng_state)
@@ -150,7 +146,7 @@ class StageWorker:
         state = self.rollout.generator.get_state()
         return [Message("rollout", self.name, groups, (span,), state=state)]
 
-    def reward_cmd(self, groups: list[Any]) -> list[Message]:
+    def _reward(self, weights: WeightSource, groups: list[SampleGroup]) -> list[Message]:
         self._maybe_fault()
         out, spans = [], []
         for g in groups:
@@ -166,22 +162,32 @@ class StageWorker:
         ctx = join_learner_group(self.rank, cfg.learners, host, port, cfg.stall_timeout_s)
         self.learner.join(ctx, cfg.aggregation, cfg.effective_local_sgd_every)
 
-    def train_cmd(
-        self, groups: list[Any], checkpoint: str | None = None, weights: list[float] | None = None
-    ) -> Message:
-        """One step (``weights``: per group, e.g. replay IS weights); with ``checkpoint`` (a
-        folder), the trainer's checkpoint file too. A learner other than 0 trains its shard
-        and answers ``shard``."""
+    def _train(
+        self,
+        weights: WeightSource,
+        groups: list[SampleGroup],
+        evaluate: bool,
+        checkpoint: str | None = None,
+        group_weights: list[float] | None = None,
+    ) -> list[Message]:
+        """One step (``group_weights``: per group, e.g. replay IS weights); with
+        ``checkpoint`` (a folder), the trainer's checkpoint file too. A learner other than 0
+        trains its shard and answers ``shard``; learner 0 publishes the new version."""
+        learner = self.learner
+        if learner.pushes_gradients:  # it computes on the newest published weights
+            learner.version = weights.pull(learner.model, learner.version)
         self._maybe_fault()
         before, start = self._trainer_digest(), time.time()
-        shard = self.learner.update([GroupBatch(groups, weights)])
-        res = train_result(self.learner, groups, shard, start)
+        shard = learner.update([GroupBatch(groups, group_weights)])
+        res = train_result(learner, groups, shard, start)
         if self.rank > 0:
-            return Message("shard", self.name, res, (res.span,))
+            return [Message("shard", self.name, res, (res.span,))]
         res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
         if checkpoint is not None:
-            save_trainer(checkpoint, self.learner)
-        return Message("train", self.name, res, (res.span,))
+            save_trainer(checkpoint, learner)
+        published = weights.publish(learner.model, learner.version)
+        msg = Message("train", self.name, res, (res.span,), published)
+        return [msg, *self._eval(weights)] if evaluate else [msg]
 
     def _trainer_digest(self) -> tuple[int, str]:
         """(version, digest) of the trainer's weights, hashed once per version."""
@@ -190,10 +196,10 @@ class StageWorker:
             self._digest = (version, weight_digest(self.learner.model))
         return self._digest
 
-    def eval_cmd(self) -> Message:
+    def _eval(self, weights: WeightSource) -> list[Message]:
         self.learner.model.eval()
         ev = evaluate_policy(self.learner.model, self.task, self.learner.version)
-        return Message("eval", self.name, ev, (ev.span,) if ev.span else ())
+        return [Message("eval", self.name, ev, (ev.span,) if ev.span else ())]
 
 
 class Engine:
