@@ -1,14 +1,20 @@
-"""Checkpoints of an RL run: what survives a ``kill -9``, and how a run resumes from it.
+"""Checkpoints and recovery of an RL run: what survives a ``kill -9``, and how a run resumes.
 
 A checkpoint is a folder ``step-<N>-<token>/`` under the run's checkpoint folder with two
-files, and the one-line pointer ``latest`` that names the newest complete one:
+files, and the one-line pointer ``latest`` that names the newest complete one
+(:class:`CheckpointStore`). Checkpoints are taken at step boundaries:
 
-- ``trainer.pt`` - written by the trainer process itself: policy and optimizer state, the
-  weight version, torch's RNG state, the KL reference policy;
-- ``orchestrator.pt`` - written by the driver: the experience buffer (scored groups waiting
-  for the trainer), the replay, the ledger, the groups in flight (requeued on resume under their group
-  and prompt ids), the prompt sampler's RNG, each generator's RNG, the curve, and the
-  config it was taken under.
+- ``trainer.pt`` - written by the trainer process itself into the folder
+  :meth:`Recovery.checkpoint_dir` names when the step is submitted: policy and optimizer
+  state, the weight version, torch's RNG state, the KL reference policy;
+- ``orchestrator.pt`` - written by the driver once that step's result is back
+  (:meth:`Recovery.commit`, the state the orchestrator's
+  :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot` gives): the experience
+  buffer (scored groups waiting for the trainer), the replay, the ledger, the request of
+  every group in flight (requeued on resume under their group and prompt ids), the prompt
+  sampler's RNG, :class:`RunProgress` (the version, the next group id, the curve, the
+  metrics so far, each generator's RNG), each version's weight digest, and the config it
+  was taken under.
 
 Every file is written atomically (a temporary file, fsync, rename), and ``latest`` moves
 only after both files of a checkpoint exist, so a crash at any point leaves the previous
@@ -16,6 +22,14 @@ checkpoint whole. ``<token>`` is new for every driver process: a trainer left ov
 killed run can never write into the folder of the run that resumed. The two newest
 checkpoints are kept. Torch is imported by the functions that read and write the files, so
 the driver checks ``resume`` (:meth:`CheckpointStore.latest`) before torch loads.
+
+Resume: :meth:`Recovery.resume` returns the newest checkpoint's driver state before any
+worker starts (or refuses to overwrite one without ``resume``, or to resume a run whose
+:data:`RESUME_KEYS` changed). The orchestrator generates every group that was in flight
+again, and trains again every batch that was queued at the trainer but not trained, with
+the same group and prompt ids; so no sample is lost or trained twice. The ledger records
+every requeue (``resumed``, or ``worker_died`` for a worker restarted with
+``restart_workers``).
 """
 
 from __future__ import annotations
@@ -23,10 +37,17 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nobubble.files import atomic_path, write_text
+
+if TYPE_CHECKING:
+    from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.system.result import CurvePoint
 
 __all__ = [
     "TRAINER_FILE",
@@ -35,6 +56,8 @@ __all__ = [
     "save_trainer",
     "load_trainer",
     "RESUME_KEYS",
+    "Recovery",
+    "RunProgress",
 ]
 
 TRAINER_FILE = "trainer.pt"
@@ -62,37 +85,35 @@ def _save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-def save_trainer(
-    path: str | os.PathLike[str], model: Any, opt: Any, version: int, reference: Any = None
-) -> Path:
-    """Write the trainer's part of a checkpoint to ``path`` atomically (``reference``: the
-    KL penalty's reference policy, when there is one)."""
+def save_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
+    """Write ``learner``'s part of a checkpoint into the folder ``ckpt`` atomically: its
+    model, optimizer and version, torch's RNG, and the KL penalty's reference policy (when
+    there is one)."""
     import torch
 
-    path = Path(path)
+    reference = learner.loss.reference
     state = {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "version": version,
+        "model": learner.model.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "version": learner.version,
         "torch_rng": torch.get_rng_state(),
         "reference": None if reference is None else reference.state_dict(),
     }
-    _save(state, path)
-    return path
+    _save(state, Path(ckpt) / TRAINER_FILE)
 
 
-def load_trainer(path: str | os.PathLike[str], model: Any, opt: Any, reference: Any = None) -> int:
-    """Load ``path`` into ``model``, ``opt``, ``reference`` (and torch's RNG); returns the
-    version."""
+def load_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
+    """Load the trainer's part of the checkpoint folder ``ckpt`` into ``learner`` (its
+    model, optimizer, version and reference policy) and torch's RNG."""
     import torch
 
-    state = torch.load(Path(path), weights_only=False)
-    model.load_state_dict(state["model"])
-    if reference is not None and state.get("reference") is not None:
-        reference.load_state_dict(state["reference"])
-    opt.load_state_dict(state["optimizer"])
+    state = torch.load(Path(ckpt) / TRAINER_FILE, weights_only=False)
+    learner.model.load_state_dict(state["model"])
+    if learner.loss.reference is not None and state.get("reference") is not None:
+        learner.loss.reference.load_state_dict(state["reference"])
+    learner.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
-    return int(state["version"])
+    learner.version = int(state["version"])
 
 
 class CheckpointStore:
@@ -157,3 +178,98 @@ class CheckpointStore:
         import torch
 
         return torch.load(ckpt / STATE_FILE, weights_only=False)
+
+
+@dataclass
+class RunProgress:
+    """What a run has done so far: the counters a checkpoint saves (this object, pickled)
+    and a resume restores.
+
+    Attributes:
+        version: newest version the trainer has published.
+        next_group: the id the next admitted group gets.
+        curve: evaluation points so far.
+        staleness: trained samples by their lag ``{lag: count}``.
+        token_staleness: trained response tokens by their lag.
+        group_versions: group id -> the policy version of each of its samples.
+        train_reward: the mean reward of the last trained batch.
+        step_metrics: the trainer's metrics of every step.
+        rollout_rng: each generator's RNG state, as it last reported it.
+    """
+
+    version: int = 0
+    next_group: int = 0
+    curve: list[CurvePoint] = field(default_factory=list)
+    staleness: Counter[int] = field(default_factory=Counter)
+    token_staleness: Counter[int] = field(default_factory=Counter)
+    group_versions: dict[int, list[int]] = field(default_factory=dict)
+    train_reward: float | None = None
+    step_metrics: list[dict[str, float]] = field(default_factory=list)
+    rollout_rng: dict[str, Any] = field(default_factory=dict)
+
+
+class Recovery:
+    """The checkpoints of one run of ``cfg``: the folders, the commits, the resume (see the
+    module docstring). It holds no state of the run; the orchestrator passes in what it
+    saves and applies what it gets back.
+
+    Attributes:
+        resumed_from: the checkpoint folder the run resumed from (None: a new run).
+        wall_offset: the wall-clock seconds the run had spent before it resumed.
+    """
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.resumed_from: str | None = None
+        self.wall_offset = 0.0
+        self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        self._dirs: dict[int, str] = {}  # step -> folder the trainer writes into
+
+    def checkpoint_dir(self, step: int) -> str | None:
+        """The folder the trainer writes step ``step``'s checkpoint into (None: no checkpoint)."""
+        every = self.cfg.checkpoint_every
+        if self._store is None or not (step == self.cfg.steps or (every and step % every == 0)):
+            return None
+        ckpt = str(self._store.new_dir(step))
+        self._dirs[step] = ckpt
+        return ckpt
+
+    def commit(self, step: int, snapshot: Callable[[], dict[str, Any]]) -> None:
+        """After step ``step`` trained: if it has a checkpoint, write the driver's part
+        (``snapshot()``, the orchestrator's
+        :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`) and commit it."""
+        ckpt = self._dirs.pop(step, None)
+        if ckpt is not None and self._store is not None:
+            self._store.commit(Path(ckpt), {"config": self.cfg.to_dict(), **snapshot()})
+
+    def resume(self) -> dict[str, Any] | None:
+        """The driver's state in the newest checkpoint (``resume``), or None for a new run.
+
+        Raises:
+            ValueError: the folder holds a checkpoint and ``resume`` is off, or the run's
+                config changed in one of ``RESUME_KEYS``.
+        """
+        if self._store is None:
+            return None
+        ckpt = self._store.latest()
+        if ckpt is None:  # resume=True on an empty folder: refused by RunConfig
+            return None
+        if not self.cfg.resume:
+            raise ValueError(
+                f"checkpoint_dir {self._store.folder} holds a checkpoint ({ckpt.name}); "
+                "resume from it (--resume) or choose an empty folder"
+            )
+        state = self._store.load_state(ckpt)
+        if "progress" not in state:
+            raise ValueError(
+                f"{ckpt} was written by an older nobubble (before weight digests were "
+                "recorded); start a new run in an empty checkpoint folder"
+            )
+        now = self.cfg.to_dict()
+        diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]
+        if diff:
+            shown = ", ".join(f"{k}: {state['config'].get(k)!r} -> {now.get(k)!r}" for k in diff)
+            raise ValueError(f"cannot resume {ckpt}: the run's config changed ({shown})")
+        self.wall_offset = float(state["wall_s"])
+        self.resumed_from = str(ckpt)
+        return state

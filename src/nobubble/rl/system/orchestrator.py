@@ -22,14 +22,13 @@ Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max
 one-step-off) and ``fully-async`` (max_staleness default 4, smaller requests so generators
 pick up new weights between groups, as AReaL).
 
-Checkpoints (``RunConfig.checkpoint_dir``) are taken at step boundaries: the trainer writes
-its part with the step, the orchestrator then writes the buffer, the ledger and the groups
-in flight. A resumed run requeues those groups (same group and prompt ids), so no sample is
-lost or trained twice. With ``restart_workers``, a rollout or reward worker that dies is
-replaced and its groups are requeued the same way. The orchestrator holds a
-:class:`~nobubble.rl.system.recovery.Recovery` for that: it names the checkpoint folders,
-commits the state :meth:`Orchestrator.snapshot` gives it, returns the state to resume from
-and decides which worker may be restarted.
+Checkpoints (``RunConfig.checkpoint_dir``) are taken at step boundaries; a resumed run
+requeues the groups in flight (same group and prompt ids), so no sample is lost or trained
+twice (:mod:`~nobubble.rl.system.checkpoint`, whose :class:`Recovery` names the folders,
+commits :meth:`Orchestrator.snapshot` and returns the state to resume from). With
+``restart_workers``, a rollout or reward worker that dies is replaced (at most
+:data:`MAX_RESTARTS` times each) and its groups are requeued the same way; a trainer
+failure is never masked.
 """
 
 from __future__ import annotations
@@ -39,19 +38,25 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.algo.replay import linear_beta
+from nobubble.rl.system.checkpoint import Recovery, RunProgress
 from nobubble.rl.system.config import RunConfig, describe_value
-from nobubble.rl.system.engines.protocol import Engine, Message, WorkerError
+from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
-from nobubble.rl.system.recovery import Recovery, RunProgress
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
+from nobubble.rl.system.weight_sync import PublishedWeights
 
-__all__ = ["Orchestrator", "run"]
+if TYPE_CHECKING:
+    from nobubble.rl.system.engines.worker import Engine
+
+__all__ = ["Orchestrator", "run", "MAX_RESTARTS"]
+
+MAX_RESTARTS = 3  # per worker, with restart_workers
 
 
 @dataclass
@@ -124,9 +129,10 @@ class Orchestrator:
         rc = cfg.replay_config()
         self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
         self._progress = RunProgress()
+        self._published = PublishedWeights()  # each published version's weight digest
         self._recovery = Recovery(cfg)
+        self._restarts: list[str] = []  # "<worker>: <error>" for every restart so far
         self._routing = Routing()
-        self._weights: Any = None  # the newest published weights (None: the generators' own)
         self._stopping = False
         self._spans: list[Span] = []
         self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
@@ -166,7 +172,7 @@ class Orchestrator:
             worker = r.idle_rollout.pop(0)
             r.held[worker] = [req.group_id for req in reqs]
             rng = r.rng_to_send.pop(worker, None)
-            self.engine.submit_rollout(worker, reqs, self._weights, rng)
+            self.engine.submit_rollout(worker, reqs, rng)
         while r.idle_reward and r.pending_reward:
             # an idle reward worker takes an equal share of everything waiting
             share = -(-len(r.pending_reward) // len(r.idle_reward))
@@ -250,8 +256,8 @@ class Orchestrator:
         missing = {g.group_id for g in batch + replayed} - set(by)
         if self.cfg.learners > 1 and missing:
             raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
-        p.published.publish(res.weight_digests)
-        p.published.check_trained(  # every trained group sampled with its versions' weights
+        self._published.publish(res.weight_digests)
+        self._published.check_trained(  # every trained group sampled with its versions' weights
             (g.generator or None, f"{g.generator} (group {g.group_id})", g.weight_digests)
             for g in batch
         )
@@ -262,7 +268,6 @@ class Orchestrator:
             self._replay.add(batch)
         p.step_metrics.append({"step": res.version, **res.metrics})
         p.version = res.version
-        self._weights = msg.weights
         for lag in res.staleness:
             p.staleness[lag] += self.cfg.group_size
         p.token_staleness.update(res.token_staleness)
@@ -299,7 +304,8 @@ class Orchestrator:
         queued = [g for batch, _ in self._train_queue for g in batch]
         buffer["ready"] = sorted([*buffer["ready"], *queued], key=lambda g: g.group_id)
         return {
-            **self._progress.state_dict(),
+            "progress": self._progress,  # pickled at once by the commit
+            "published": self._published,
             "rng": self._rng.getstate(),
             "buffer": buffer,
             "in_flight": [self._routing.requests[g] for g in sorted(self._routing.stage)],
@@ -309,7 +315,7 @@ class Orchestrator:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot`: every group in flight is generated again."""
-        self._progress.load_state_dict(state)
+        self._progress, self._published = state["progress"], state["published"]
         self._rng.setstate(state["rng"])
         self.buffer.load_state_dict(state["buffer"])
         for req in state["in_flight"]:
@@ -325,9 +331,15 @@ class Orchestrator:
         self._routing.requeued.append(req)
 
     def _restart(self, err: WorkerError) -> None:
-        """Replace the worker ``err`` blames and requeue the groups it held (re-raises
-        ``err`` unless :meth:`Recovery.restart` allows it)."""
-        worker = self._recovery.restart(err)
+        """Replace the worker ``err`` blames and requeue the groups it held; re-raises
+        ``err`` when it may not be restarted (no ``restart_workers``, the trainer, or a
+        worker past :data:`MAX_RESTARTS`)."""
+        worker = err.worker
+        if worker is None or worker.startswith("trainer") or not self.cfg.restart_workers:
+            raise err
+        if sum(r.split(":")[0] == worker for r in self._restarts) >= MAX_RESTARTS:
+            raise WorkerError(f"{worker} failed {MAX_RESTARTS + 1} times; last: {err}", worker)
+        self._restarts.append(f"{worker}: {str(err).splitlines()[0]}")
         for req in self._routing.release(worker):
             self._requeue(req, "worker_died")
         self.engine.restart(worker)
@@ -431,11 +443,11 @@ class Orchestrator:
             ledger=ledger,
             fates=dict(self.buffer.ledger.fate),
             group_versions=p.group_versions,
-            weight_versions=p.published.versions,
+            weight_versions=self._published.versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),
-            restarts=list(self._recovery.restarts),
+            restarts=list(self._restarts),
             resumed_from=self._recovery.resumed_from,
             step_metrics=list(p.step_metrics),
         )

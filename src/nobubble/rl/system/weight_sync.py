@@ -5,10 +5,10 @@ the newest version between groups (never inside one). Versions only increase: pu
 version that is not newer than the last one, or loading an older one, raises
 :class:`WeightVersionError`.
 
-The Ray engine puts the state dict in the object store and hands references around;
-:class:`SharedWeights` is the local engine's channel: one flat float32 tensor in shared
-memory plus a version counter, created by the parent and inherited by the workers. The
-trainer copies its parameters in under a lock and bumps the version; a generator copies
+A stage worker pulls and publishes through a :class:`WeightSource`. The Ray engine's puts
+the state dict in the object store and hands references around; :class:`SharedWeights` is
+the local engine's: one flat float32 tensor in shared memory plus a version counter,
+created by the parent and inherited by the workers. The trainer copies its parameters in under a lock and bumps the version; a generator copies
 them out under the same lock when the version moved: one ``memcpy`` a publish.
 
 Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from nobubble.distributed import WorkerError
 
 __all__ = [
     "WeightVersionError",
+    "WeightSource",
     "SharedWeights",
     "PublishedWeights",
     "weight_digest",
@@ -102,11 +103,19 @@ class PublishedWeights:
             except WeightVersionError as err:
                 raise WorkerError(str(err), worker) from None
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"digests": dict(self.digests)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.digests = {int(k): v for k, v in state["digests"].items()}
+class WeightSource(Protocol):
+    """Where a stage worker gets published weights and publishes its own."""
+
+    def pull(self, model: nn.Module, have: int) -> int:
+        """Load the newest published weights into ``model`` if newer than ``have``; returns
+        the version ``model`` now holds."""
+        ...
+
+    def publish(self, model: nn.Module, version: int) -> Any:
+        """Publish ``model``'s weights as ``version``; returns the engine's handle to them
+        (None where the generators read them from the source itself)."""
+        ...
 
 
 def check_newer(old: int, new: int, who: str) -> None:
@@ -123,10 +132,10 @@ class SharedWeights:
     """
 
     def __init__(self, model: nn.Module, mp_context: Any) -> None:
-        self._names = [n for n, _ in model.state_dict().items()]
-        self._shapes = [tuple(t.shape) for t in model.state_dict().values()]
-        total = sum(t.numel() for t in model.state_dict().values())
-        self._flat = torch.zeros(total, dtype=torch.float32).share_memory_()
+        state = model.state_dict()
+        self._shapes = {name: t.shape for name, t in state.items()}
+        self._sizes = [t.numel() for t in state.values()]
+        self._flat = torch.zeros(sum(self._sizes), dtype=torch.float32).share_memory_()
         self._version = mp_context.Value("q", -1, lock=False)
         self._lock = mp_context.Lock()
 
@@ -162,12 +171,6 @@ class SharedWeights:
         finally:
             self._lock.release()
         check_newer(have, version, "SharedWeights.pull")
-        state, offset = {}, 0
-        for name, shape in zip(self._names, self._shapes):
-            n = 1
-            for s in shape:
-                n *= s
-            state[name] = flat[offset : offset + n].view(shape)
-            offset += n
-        model.load_state_dict(state)
+        parts = flat.split(self._sizes)  # one flat view per tensor, in state-dict order
+        model.load_state_dict({n: t.view(s) for (n, s), t in zip(self._shapes.items(), parts)})
         return version

@@ -39,7 +39,6 @@ import pickle
 import queue
 from typing import Any
 
-import torch
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions shared weights use
 
 from nobubble.distributed import (
@@ -52,8 +51,8 @@ from nobubble.distributed import (
     worker_context,
 )
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import StepCollector, learner_names, split_groups
-from nobubble.rl.system.engines.protocol import Message, WorkerError
+from nobubble.rl.system.engines.protocol import Message
+from nobubble.rl.system.engines.worker import Engine, StageWorker
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["LocalEngine"]
@@ -65,7 +64,6 @@ def _worker_main(
     inq: Any,
     outq: Any,
     shared: SharedWeights,
-    threads: int,
     incarnation: int,
     learner_port: int | None,
 ) -> None:
@@ -77,148 +75,74 @@ def _worker_main(
         outq.close()
         outq.join_thread()  # delivered before the process exits
 
-    supervised(ward, report, _serve, ward, cfg, inq, outq, shared, threads, incarnation,
-               learner_port)  # fmt: skip
+    supervised(ward, report, _serve, ward, cfg, inq, outq, shared, incarnation, learner_port)
 
 
 def _serve(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights,
-           threads: int, incarnation: int, learner_port: int | None) -> None:  # fmt: skip
+           incarnation: int, learner_port: int | None) -> None:  # fmt: skip
     """Answer the driver's commands until ``stop`` (or the driver is gone)."""
-    from nobubble.rl.system.engines.worker import StageWorker
-
-    torch.set_num_threads(threads)
-
-    name, parent = ward.name, ward.parent_pid
-    worker = StageWorker(name, cfg, incarnation)
-    have = -1
+    worker = StageWorker(ward.name, cfg, incarnation)
     if worker.kind == "trainer" and learner_port is not None:
         worker.join_learners("127.0.0.1", learner_port)
-    if worker.kind == "trainer" and worker.rank == 0:
-        shared.publish(worker.learner.model, worker.learner.version)
     if worker.kind == "rollout":
         worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
-    outq.put(pickle.dumps(Message("ready", name)))
+    outq.put(pickle.dumps(worker.ready(shared)))
     while True:
         try:
             cmd = pickle.loads(inq.get(timeout=1.0))
         except queue.Empty:
-            if not launcher_alive(parent):  # the driver is gone: do not linger
+            if not launcher_alive(ward.parent_pid):  # the driver is gone: do not linger
                 return
             continue
-        op = cmd[0]
-        if op == "stop":
+        if cmd[0] == "stop":
             return
-        if op == "rollout":
-            have = shared.pull(worker.rollout.model, have)
-            worker.rollout.version = have
-            msgs = worker.rollout_cmd(cmd[1], cmd[2])
-            have = worker.rollout.version  # newer if weights arrived between tokens
-        elif op == "reward":
-            msgs = worker.reward_cmd(cmd[1])
-        elif op == "train":
-            if worker.learner.pushes_gradients:  # it computes on published weights
-                have = shared.pull(worker.learner.model, have)
-                worker.learner.version = have
-            msg = worker.train_cmd(cmd[1], cmd[3], cmd[4])
-            if worker.rank == 0:
-                shared.publish(worker.learner.model, worker.learner.version)
-            msgs = [msg, worker.eval_cmd()] if cmd[2] else [msg]
-        elif op == "eval":
-            msgs = [worker.eval_cmd()]
-        else:
-            raise ValueError(f"{name}: unknown command {op!r}")
-        for m in msgs:
+        for m in worker.handle(cmd, shared):
             outq.put(pickle.dumps(m))
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """Stage workers as local processes (see the module docstring)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._inq: dict[str, Any] = {}
         self._outq: Any = None
         self._shared: SharedWeights | None = None
         self._ctx: Any = None
-        self._cfg: RunConfig | None = None
-        self._incarnation: dict[str, int] = {}
         self._supervisor: Supervisor | None = None
         self._inbox: list[Message] = []  # received, not yet returned by poll
         self._learner_port: int | None = None
-        self._collector: StepCollector | None = None
 
-    def start(self, cfg: RunConfig) -> list[str]:
+    def _start(self, cfg: RunConfig, names: list[str]) -> None:
         ctx = self._ctx = worker_context()
-        self._cfg = cfg
         self._shared = SharedWeights(cfg.build_policy(), ctx)
         self._outq = ctx.Queue()
-        names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
-        names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
-        names += learner_names(cfg.learners)
         self._supervisor = Supervisor(ctx, names)
         if cfg.learners > 1:
             self._learner_port = free_port()
-            self._collector = StepCollector(cfg.learners)
         for name in names:
             self._spawn(name)
-        return names
 
-    def _spawn(self, name: str) -> None:
+    def _launch(self, name: str, incarnation: int) -> None:
         assert self._cfg is not None and self._ctx is not None and self._supervisor is not None
-        cfg = self._cfg
-        incarnation = self._incarnation.get(name, -1) + 1
-        self._incarnation[name] = incarnation
         self._inq[name] = self._ctx.Queue()
-        threads = 1 if name.startswith("reward") else cfg.torch_threads()
         port = self._learner_port if name.startswith("trainer") else None
         ward = self._supervisor.ward(name)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(ward, cfg, self._inq[name], self._outq, self._shared, threads, incarnation,
-                  port),
+            args=(ward, self._cfg, self._inq[name], self._outq, self._shared, incarnation, port),
             daemon=True,
             name=f"nobubble-rl-{name}",
-        )  # fmt: skip
+        )
         proc.start()
         self._supervisor.procs[name] = proc
 
-    def restart(self, worker: str) -> None:
-        """Stop ``worker`` if it still runs and start a fresh process in its place; the new
-        one says ``ready``. Commands queued for the old one are dropped."""
-        if worker.startswith("trainer"):
-            raise WorkerError(f"{worker} is not restarted; resume from a checkpoint", worker)
+    def _stop(self, worker: str) -> None:
         assert self._supervisor is not None
         reap([self._supervisor.procs.pop(worker)], grace_s=0.0, term_s=5.0)
-        self._spawn(worker)
 
     def _send(self, worker: str, cmd: tuple) -> None:
         self._inq[worker].put(pickle.dumps(cmd))
-
-    def submit_rollout(
-        self, worker: str, requests: list, weights: Any, rng_state: Any = None
-    ) -> None:
-        self._send(worker, ("rollout", requests, rng_state))
-
-    def submit_reward(self, worker: str, groups: list) -> None:
-        self._send(worker, ("reward", groups))
-
-    def submit_train(
-        self,
-        groups: list,
-        evaluate: bool,
-        checkpoint: str | None = None,
-        weights: list[float] | None = None,
-    ) -> None:
-        if self._collector is None:
-            self._send("trainer", ("train", groups, evaluate, checkpoint, weights))
-            return
-        shards = split_groups(groups, weights, self._collector.num_learners)
-        self._collector.expect([[g.group_id for g in shard] for shard, _ in shards])
-        for rank, (name, (shard, w)) in enumerate(zip(learner_names(len(shards)), shards)):
-            first = rank == 0  # learner 0 evaluates and writes the checkpoint
-            self._send(name, ("train", shard, evaluate and first, checkpoint if first else None, w))
-
-    def submit_eval(self) -> None:
-        self._send("trainer", ("eval",))
 
     def poll(self, timeout_s: float) -> list[Message]:
         """Messages that arrived within ``timeout_s`` (all that are queued, once one is).

@@ -3,7 +3,7 @@
 The same :class:`~nobubble.rl.system.engines.worker.StageWorker` as the local engine runs inside
 each actor (OpenRLHF's layout: rollout, reward and trainer actors). Groups go from actor to
 actor as object references; after each step the trainer puts its state dict in the object
-store and returns the reference, which the orchestrator hands to the rollout actors with
+store and returns the reference, which the engine hands to the rollout actors with
 their next chunk (Ray resolves it there), so weights never pass through the driver.
 
 By default a local Ray instance is started (``num_cpus`` = this machine's cores, no
@@ -42,27 +42,43 @@ from typing import Any
 
 from nobubble.distributed import looks_like_peer_failure
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import StepCollector, learner_names, split_groups
+from nobubble.rl.system.engines.learners import learner_names
 from nobubble.rl.system.engines.protocol import Message, WorkerError
+from nobubble.rl.system.engines.worker import Engine, StageWorker
+from nobubble.rl.system.weight_sync import check_newer
 
 __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
+class _ObjectStoreWeights:
+    """A Ray call's weight source: the published ``(version, state dict)`` the driver sent
+    with it (Ray resolved the reference; None: none sent), and the object store a learner
+    publishes into."""
+
+    def __init__(self, version: int | None = None, state_dict: dict | None = None) -> None:
+        self.version, self.state_dict = version, state_dict
+
+    def pull(self, model: Any, have: int) -> int:
+        if self.version is None or self.version == have:
+            return have
+        check_newer(have, self.version, "a Ray call's weights")
+        model.load_state_dict(self.state_dict)
+        return self.version
+
+    def publish(self, model: Any, version: int) -> tuple[int, list[Any]]:
+        import ray
+
+        return version, [ray.put(model.state_dict())]
+
+
 class _StageActor:
-    """Actor body: a StageWorker plus the Ray plumbing for weights."""
+    """Actor body: a StageWorker; its weights come with each call and go to the object store."""
 
-    def __init__(self, name: str, cfg: RunConfig, threads: int, incarnation: int) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        from nobubble.rl.system.engines.worker import StageWorker
-
+    def __init__(self, name: str, cfg: RunConfig, incarnation: int) -> None:
         self.worker = StageWorker(name, cfg, incarnation)
 
     def learner_address(self, on_cluster: bool) -> tuple[str, int]:
         """Where the learners' group meets: a free port on this actor's host."""
-        import socket
-
         import ray
 
         host = ray.util.get_node_ip_address() if on_cluster else "127.0.0.1"
@@ -78,51 +94,15 @@ class _StageActor:
         import ray
 
         node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
-        return [Message("ready", self.worker.name, node)]
+        return [self.worker.ready(_ObjectStoreWeights(), node)]
 
-    def initial_weights(self) -> dict:
-        return self.worker.state_dict()
-
-    def version(self) -> int:
-        return self.worker.learner.version
-
-    def rollout(
-        self, requests: list, version: int, state_dict: dict, rng_state: Any = None
-    ) -> list[Message]:
-        self.worker.rollout.set_weights(version, state_dict)
-        return self.worker.rollout_cmd(requests, rng_state)
-
-    def reward(self, groups: list) -> list[Message]:
-        return self.worker.reward_cmd(groups)
-
-    def train(
-        self,
-        groups: list,
-        evaluate: bool,
-        checkpoint: str | None,
-        weights: list[float] | None,
-        version: int | None = None,
-        state_dict: dict | None = None,
-    ) -> list[Message]:
-        """One step; ``version``, ``state_dict``: the published weights a learner other than
-        0 computes on in async / staleness (Ray resolves the reference)."""
-        import ray
-
-        if state_dict is not None and version is not None:
-            self.worker.learner.model.load_state_dict(state_dict)
-            self.worker.learner.version = version
-        msg = self.worker.train_cmd(groups, checkpoint, weights)
-        if msg.kind == "shard":
-            return [msg]
-        ref = ray.put(self.worker.state_dict())
-        msg = Message(msg.kind, msg.worker, msg.payload, msg.spans, (msg.payload.version, [ref]))
-        return [msg, self.worker.eval_cmd()] if evaluate else [msg]
-
-    def evaluate(self) -> list[Message]:
-        return [self.worker.eval_cmd()]
+    def handle(self, cmd: tuple, version: int | None, state_dict: dict | None) -> list[Message]:
+        """One command; ``version``, ``state_dict``: the published weights a generator, or a
+        learner other than 0 in async / staleness, computes on."""
+        return self.worker.handle(cmd, _ObjectStoreWeights(version, state_dict))
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Stage workers as Ray actors (see the module docstring).
 
     ``placement``: the node each worker runs on, ``{worker: (node id, node address)}``,
@@ -130,18 +110,16 @@ class RayEngine:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.placement: dict[str, tuple[str, str]] = {}
         self._actors: dict[str, Any] = {}
         self._pending: dict[Any, str] = {}
         self._started_ray = False
-        self._weights: tuple[int, Any] | None = None
-        self._cfg: RunConfig | None = None
-        self._incarnation: dict[str, int] = {}
+        self._weights: tuple[int, Any] | None = None  # the newest published: learner 0's
         self._errors: list[WorkerError] = []
-        self._collector: StepCollector | None = None
         self._starting: set[str] = set()  # spawned, not ready yet
 
-    def start(self, cfg: RunConfig) -> list[str]:
+    def _start(self, cfg: RunConfig, names: list[str]) -> None:
         import ray
 
         if cfg.ray_address:  # probed even when Ray is up: the user named this cluster
@@ -154,32 +132,15 @@ class RayEngine:
                 need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
                 start_local_ray(num_cpus=max(os.cpu_count() or 2, need))
             self._started_ray = True
-        self._cfg = cfg
         try:
-            return self._start_actors(cfg)
+            self._check_cluster(cfg, names)
+            for name in names:
+                self._spawn(name)
+            if cfg.learners > 1:
+                self._join_learners(cfg)
         except BaseException:  # the orchestrator shuts down only an engine that started
             self.shutdown()
             raise
-
-    def _start_actors(self, cfg: RunConfig) -> list[str]:
-        import ray
-
-        names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
-        names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
-        names += learner_names(cfg.learners)
-        self._check_cluster(cfg, names)
-        for name in names:
-            self._spawn(name)
-        if cfg.learners > 1:
-            self._join_learners(cfg)
-        trainer = self._actors["trainer"]
-        try:  # a resumed trainer starts at its checkpoint's version
-            version = ray.get(trainer.version.remote(), timeout=cfg.stall_timeout_s)
-        except Exception as err:  # RayActorError, GetTimeoutError
-            msg = f"trainer failed to start: {type(err).__name__}: {err}"
-            raise WorkerError(msg, "trainer") from err
-        self._weights = (version, trainer.initial_weights.remote())
-        return names
 
     def _check_cluster(self, cfg: RunConfig, names: list[str]) -> None:
         """Refuse a run the cluster's live nodes cannot hold: an actor Ray cannot place
@@ -218,7 +179,6 @@ class RayEngine:
         """Every learner actor joins the gloo group learner 0 chose (bounded waits)."""
         import ray
 
-        self._collector = StepCollector(cfg.learners)
         names = learner_names(cfg.learners)
         timeout = cfg.stall_timeout_s
         try:
@@ -235,81 +195,44 @@ class RayEngine:
                 msg = f"{name} failed to join the learners: {type(err).__name__}: {err}"
                 raise WorkerError(msg, name) from err
 
-    def _spawn(self, name: str) -> None:
+    def _launch(self, name: str, incarnation: int) -> None:
         import ray
 
         assert self._cfg is not None  # set by start()
-        incarnation = self._incarnation.get(name, -1) + 1
-        self._incarnation[name] = incarnation
         # reward workers mostly wait on verifiers: they take no CPU slot of their own
         cpus = 0 if name.startswith("reward") else 1
         resources = self._cfg.ray_resources.get(_stage(name), {})
         opts = {"num_cpus": cpus, "resources": resources, "max_restarts": 0, "name": None}
         # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
-        actor: Any = (
-            ray.remote(_StageActor)
-            .options(**opts)
-            .remote(name, self._cfg, self._cfg.torch_threads(), incarnation)
-        )
+        actor: Any = ray.remote(_StageActor).options(**opts).remote(name, self._cfg, incarnation)
         self._actors[name] = actor
         self._pending[actor.ready.remote()] = name
         self._starting.add(name)
 
-    def restart(self, worker: str) -> None:
-        """Kill ``worker``'s actor, forget its pending calls, start a fresh actor."""
+    def _stop(self, worker: str) -> None:
+        """Kill ``worker``'s actor and forget its pending calls."""
         import ray
 
-        if worker.startswith("trainer"):
-            raise WorkerError(f"{worker} is not restarted; resume from a checkpoint", worker)
         try:
             ray.kill(self._actors.pop(worker))
         except Exception:  # noqa: BLE001 - an actor that already died is fine
             pass
         self._pending = {r: w for r, w in self._pending.items() if w != worker}
-        self._spawn(worker)
 
-    def _submit(self, worker: str, ref: Any) -> None:
-        self._pending[ref] = worker
-
-    def submit_rollout(
-        self, worker: str, requests: list, weights: Any, rng_state: Any = None
-    ) -> None:
-        if weights is not None:
-            version, (ref,) = weights
-            self._weights = (version, ref)
-        assert self._weights is not None  # set by start()
-        version, ref = self._weights
-        actor = self._actors[worker]
-        self._submit(worker, actor.rollout.remote(requests, version, ref, rng_state))
-
-    def submit_reward(self, worker: str, groups: list) -> None:
-        self._submit(worker, self._actors[worker].reward.remote(groups))
-
-    def submit_train(
-        self,
-        groups: list,
-        evaluate: bool,
-        checkpoint: str | None = None,
-        weights: list[float] | None = None,
-    ) -> None:
-        if self._collector is None:
-            trainer = self._actors["trainer"]
-            self._submit("trainer", trainer.train.remote(groups, evaluate, checkpoint, weights))
-            return
-        shards = split_groups(groups, weights, self._collector.num_learners)
-        self._collector.expect([[g.group_id for g in shard] for shard, _ in shards])
-        assert self._cfg is not None and self._weights is not None  # set by start()
-        loads = self._cfg.aggregation in ("async", "staleness")
-        for rank, (name, (shard, w)) in enumerate(zip(learner_names(len(shards)), shards)):
-            actor, first = self._actors[name], rank == 0  # learner 0 evaluates, checkpoints
-            version, state = self._weights if loads and not first else (None, None)
-            ref = actor.train.remote(
-                shard, evaluate and first, checkpoint if first else None, w, version, state
-            )
-            self._submit(name, ref)
-
-    def submit_eval(self) -> None:
-        self._submit("trainer", self._actors["trainer"].evaluate.remote())
+    def _send(self, worker: str, cmd: tuple) -> None:
+        """``cmd`` to ``worker``'s actor, with the newest published weights for a generator
+        and for a learner other than 0 in async / staleness (Ray resolves the reference)."""
+        assert self._cfg is not None  # set by start()
+        loads = cmd[0] == "rollout" or (
+            cmd[0] == "train"
+            and worker != "trainer"
+            and self._cfg.aggregation in ("async", "staleness")
+        )
+        version, ref = None, None
+        if loads:
+            assert self._weights is not None  # set when learner 0 said ready
+            version, ref = self._weights
+        self._pending[self._actors[worker].handle.remote(cmd, version, ref)] = worker
 
     def poll(self, timeout_s: float) -> list[Message]:
         import ray
@@ -340,10 +263,10 @@ class RayEngine:
             out.extend(answers)
         if self._collector is not None:
             out = self._collector.feed(out)
-            for m in out:
-                if m.kind == "train" and m.weights is not None:  # the newest published
-                    version, (ref,) = m.weights
-                    self._weights = (version, ref)
+        for m in out:  # learner 0's ready, then each step: the newest published weights
+            if m.weights is not None:
+                version, (ref,) = m.weights
+                self._weights = (version, ref)
         if self._errors:
             self._blame_peers()
         if not out and self._errors:
