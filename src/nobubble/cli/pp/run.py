@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 from dataclasses import replace
@@ -39,7 +38,6 @@ from nobubble.cli.pp.options import (
     is_user_model,
     launch_device,
     model_from_args,
-    profile_from_json,
     read_profile_json,
     read_schedule_csv,
     schedule_from_args,
@@ -66,6 +64,7 @@ if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.models import ModelConfig
+    from nobubble.pipeline.runtime.profile_data import Profile
 
 __all__ = ["register"]
 
@@ -178,7 +177,7 @@ def _profile(args: argparse.Namespace) -> int:
                                microbatch_size=args.microbatch_size, clock=args.clock,
                                repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
         if args.output is not None:
-            write_text(args.output, json.dumps(prof.to_dict(), indent=2))
+            prof.write(args.output)
     if args.json:
         print_json(prof.to_dict())
         return 0
@@ -215,11 +214,11 @@ def _plan(args: argparse.Namespace) -> int:
     check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
     model = model_from_args(args) if args.profile is None else None
     launch = check_launch(args, args.ranks, model)
-    data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
+    prof = read_profile_json(args.profile, "--profile") if args.profile is not None else None
     out = args.output or Path("plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend, ranks=args.ranks)
-        p, name = _plan_builtin(args, data, model, launch)
+        p, name = _plan_builtin(args, prof, model, launch)
         write_text(out, p.schedule().to_csv())
     rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
@@ -237,17 +236,16 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None,
+def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
                   launch: LaunchOptions) -> tuple[Plan, str]:  # fmt: skip
     """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``'s
-    ``data``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
+    ``prof``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
     model's name."""
     from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
 
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
     with console(stderr=True).status("planning") as status:
-        if data is not None:
-            prof = profile_from_json(data, args.profile, "--profile")
+        if prof is not None:
             return plan_from_profile(
                 prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
                 recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
