@@ -54,3 +54,26 @@ def test_the_time_estimates_are_the_documented_sums() -> None:
 def test_a_size_out_of_range_is_refused(call, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         call()
+
+
+def test_a_user_models_size_as_the_estimates_count_it() -> None:
+    import torch
+    from torch import nn
+
+    from nobubble.pipeline.runtime.planning import UserModel
+
+    blocks = [nn.Linear(4, 3), nn.Linear(3, 2)]  # (4 + 1) x 3 + (3 + 1) x 2 parameters
+    rows = UserModel(blocks, torch.zeros(5, 4), torch.zeros(5, 2), nn.functional.mse_loss)
+    assert (rows.num_parameters, rows.batch_tokens) == (23, 5)  # features: a row each
+    ids = torch.zeros(5, 7, dtype=torch.int64)  # token ids (B, T): B x T tokens
+    tokens = UserModel([nn.Embedding(8, 3)], ids, ids, nn.functional.mse_loss)
+    assert (tokens.num_parameters, tokens.batch_tokens) == (24, 35)
+
+
+@pytest.mark.parametrize(
+    ("device", "local"), [("cpu", "cpu"), ("cuda", "cuda:0"), ("cuda:1", "cuda:1")]
+)
+def test_the_launching_process_uses_the_first_gpu(device: str, local: str) -> None:
+    from nobubble.distributed.options import LaunchOptions
+
+    assert LaunchOptions(device=device).local_device == local

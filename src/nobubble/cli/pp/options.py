@@ -51,7 +51,6 @@ __all__ = [
     "add_model",
     "add_launch",
     "straggler_arg",
-    "launch_device",
     "check_size",
     "costs_from_args",
     "mem_limit_from_args",
@@ -84,11 +83,6 @@ OPS_BUDGET = {"default": 1_000_000, "compare": 10_000, "solve": 50_000}
 # P=2 M=66666, 800,000 ops: 63 s; P=2 M=16666, 200,000 ops: 16 s). Both bounds hold.
 V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_NAMES (tested)
 V_MEMORY_BUDGET, V_MEMORY_OPS = 1_600_000, 200_000
-
-
-def launch_device(device: str) -> str:
-    """``--device`` as the launching process uses it: ``cuda`` is its first GPU."""
-    return "cuda:0" if device == "cuda" else device
 
 
 def add_size(

@@ -36,7 +36,6 @@ from nobubble.cli.pp.options import (
     check_size,
     given_model_flags,
     is_user_model,
-    launch_device,
     model_from_args,
     read_profile_json,
     read_schedule_csv,
@@ -254,7 +253,7 @@ def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelCo
         return plan_builtin(
             model, num_ranks=args.ranks, num_microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
-            ilp_time_limit_s=args.ilp, device=launch_device(launch.device),
+            ilp_time_limit_s=args.ilp, device=launch.local_device,
             threads=launch.threads_per_rank, clock=args.clock, timeout_s=launch.timeout_s, progress=status.update,
         ), model.name  # fmt: skip
 
@@ -370,19 +369,13 @@ def _print_run(s, files: str) -> None:
 
 
 def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
-    import torch.distributed as dist
-
     from nobubble.pipeline.runtime.launch import run_torchrun
     from nobubble.trace import write_chrome_trace
 
     rank = int(os.environ["RANK"])  # each rank its own file, claimed before it starts
     path = args.trace.with_name(f"{args.trace.stem}.rank{rank}{args.trace.suffix}")
     with claim_output(path):
-        try:
-            (res,) = run_torchrun([config], launch)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        (res,) = run_torchrun([config], launch)  # destroys its process group
         write_chrome_trace(path, res.events)
     if res.losses is not None:  # the rank of the last stage speaks for the run
         med = statistics.median(res.step_times_s)

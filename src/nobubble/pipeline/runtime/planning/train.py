@@ -74,6 +74,19 @@ class UserModel:
                              "input batch tensor, the targets and loss_fn(output, targets)")  # fmt: skip
         return cls(*out)
 
+    @property
+    def num_parameters(self) -> int:
+        """Every block's parameters."""
+        return sum(p.numel() for b in self.blocks for p in b.parameters())
+
+    @property
+    def batch_tokens(self) -> int:
+        """What one step's batch holds, as the time estimates count it
+        (:func:`~nobubble.pipeline.runtime.models.train_seconds`): token ids ``(B, T)`` are
+        B x T tokens, features ``(B, D)`` are B rows."""
+        inputs = self.inputs
+        return inputs.numel() if not inputs.is_floating_point() else len(inputs)
+
     def check_plan(self, plan: Plan) -> None:
         """Raise ValueError when ``plan`` was not made for this model: another block count,
         or a batch that does not split into the plan's microbatches."""
