@@ -253,8 +253,8 @@ def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelCo
         return plan_builtin(
             model, num_ranks=args.ranks, num_microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
-            ilp_time_limit_s=args.ilp, device=launch.local_device,
-            threads=launch.threads_per_rank, clock=args.clock, timeout_s=launch.timeout_s, progress=status.update,
+            ilp_time_limit_s=args.ilp, device=launch.local_device, clock=args.clock,
+            threads=launch.threads_per_rank, timeout_s=launch.timeout_s, progress=status.update,
         ), model.name  # fmt: skip
 
 
