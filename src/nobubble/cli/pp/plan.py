@@ -75,10 +75,6 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
         raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
                          "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
     factory = load_user_object("--model", spec, "--model")
-    if not callable(factory):
-        raise UsageError(f"--model {spec!r} is not a function (its type is "
-                         f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
-                         "targets, loss_fn)")  # fmt: skip
     try:
         return UserModel.from_factory(factory, seed=seed)
     except ValueError as err:

@@ -58,9 +58,13 @@ class UserModel:
         that builds the model so, with the same ``seed``, holds the same weights.
 
         Raises:
-            ValueError: the factory raised (its error, in one line), returned anything but
-                ``(blocks, inputs, targets, loss_fn)``, or parts the class refuses.
+            ValueError: ``factory`` is no function, raised (its error, in one line), returned
+                anything but ``(blocks, inputs, targets, loss_fn)``, or parts the class refuses.
         """
+        if not callable(factory):
+            raise ValueError(f"the factory is not a function (its type is "
+                             f"{type(factory).__name__}); name a factory returning (blocks, "
+                             "inputs, targets, loss_fn)")  # fmt: skip
         torch.manual_seed(seed)
         try:
             out = factory()
