@@ -72,3 +72,22 @@ def test_reading_a_profile_imports_no_torch(tmp_path: Path) -> None:
             f"Profile.read({str(path)!r}); print('torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_runs_prediction_is_its_schedule_at_the_profiles_costs() -> None:
+    """:func:`~nobubble.pipeline.runtime.report.simulate_run`: the config's schedule at the
+    profile's per-stage times, B and BW a forward longer under recompute."""
+    from nobubble.pipeline.runtime.executor import TrainConfig
+    from nobubble.pipeline.runtime.models import MLPConfig
+    from nobubble.pipeline.runtime.report import simulate_run
+    from nobubble.pipeline.schedules import get_schedule
+
+    sched = get_schedule("gpipe", num_ranks=2, num_microbatches=3)
+    plain = TrainConfig(model=MLPConfig(num_layers=2), schedule=sched)
+    prof = _profile()  # t_f 1.5 and 2.5 ms, fused backward 1.5 ms, t_comm 0.25 ms
+    # gpipe by hand: forwards end at 1.5 + 0.25 + 3 x 2.5 = 9.25 ms on rank 1, which then
+    # runs 3 fused backwards (1.5 each) and hands the last one back: + 0.25 + 1.5 on rank 0
+    assert simulate_run(plain, prof).makespan == pytest.approx(9.25 + 3 * 1.5 + 0.25 + 1.5)
+    again = TrainConfig(model=MLPConfig(num_layers=2), schedule=sched, recompute=True)
+    longer = 9.25 + 3 * (2.5 + 1.5) + 0.25 + (1.5 + 1.5)  # each backward runs F once more
+    assert simulate_run(again, prof).makespan == pytest.approx(longer)

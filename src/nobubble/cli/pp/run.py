@@ -330,10 +330,9 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
     extra = {"trace": str(args.trace)}
     if args.plot is not None:
         from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
-        from nobubble.pipeline.simulate import simulate
+        from nobubble.pipeline.runtime.report import simulate_run
 
-        costs = prof.cost_model(sched, recompute=args.recompute) if prof is not None else None
-        sim = simulate(sched, costs) if costs is not None else None
+        sim = simulate_run(config, prof) if prof is not None else None
         extra["plot"] = str(
             plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
         )
