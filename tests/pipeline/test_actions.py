@@ -98,3 +98,16 @@ def test_bad_csv_names_line():
         Schedule.from_csv("0F0\n1Q0\n")
     with pytest.raises(ScheduleFormatError, match="no actions"):
         Schedule.from_csv("\n\n")
+
+
+def test_read_csv_reads_a_file_and_names_it_in_every_error(tmp_path):
+    sched = Schedule.from_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", name="x")
+    (tmp_path / "mine.csv").write_text(sched.to_csv())
+    back = Schedule.read_csv(tmp_path / "mine.csv")
+    assert back.rank_actions == sched.rank_actions and back.name == "mine"
+    (tmp_path / "bad.csv").write_text("0F0\n1Q0\n")
+    (tmp_path / "bin.csv").write_bytes(b"\xff\xfe0F0")
+    for name, needle in (("bad.csv", "CSV line 2"), ("bin.csv", "not UTF-8 text"),
+                         ("gone.csv", "cannot read it")):  # fmt: skip
+        with pytest.raises(ScheduleFormatError, match=f"^{tmp_path / name}: {needle}"):
+            Schedule.read_csv(tmp_path / name)

@@ -30,6 +30,11 @@ class LaunchOptions:
     threads_per_rank: int = 1
     """torch threads of each rank's process."""
 
+    @property
+    def local_device(self) -> str:
+        """The device of the launching process itself: ``cuda`` is its first GPU."""
+        return "cuda:0" if self.device == "cuda" else self.device
+
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}: nobubble runs on cpu or cuda (cuda:N)")

@@ -28,10 +28,12 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 __all__ = ["Op", "Action", "Schedule", "ScheduleFormatError"]
 
@@ -260,6 +262,27 @@ class Schedule:
         if not rows:
             raise ScheduleFormatError("CSV holds no actions; expected one row of actions per rank")
         return Schedule.from_rank_actions(rows, name=name, num_microbatches=num_microbatches)
+
+    @staticmethod
+    def read_csv(path: str | os.PathLike[str], *, num_microbatches: int | None = None) -> Schedule:
+        """:meth:`from_csv` of the file at ``path`` (:meth:`to_csv`'s format, torch's), named
+        after the file's stem.
+
+        Raises:
+            ScheduleFormatError: the file cannot be read, is not UTF-8 text, or holds no
+                schedule; the error names the file.
+        """
+        try:
+            text = Path(path).read_text()
+        except UnicodeDecodeError:
+            raise ScheduleFormatError(f"{path}: not UTF-8 text; give a torch-format CSV "
+                                      "schedule") from None  # fmt: skip
+        except OSError as err:  # removed, made unreadable
+            raise ScheduleFormatError(f"{path}: cannot read it ({err.strerror})") from None
+        try:
+            return Schedule.from_csv(text, name=Path(path).stem, num_microbatches=num_microbatches)
+        except ScheduleFormatError as err:
+            raise ScheduleFormatError(f"{path}: {err}") from None
 
     @staticmethod
     def from_torch_order(

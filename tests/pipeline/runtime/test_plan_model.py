@@ -249,7 +249,8 @@ def test_a_user_model_refuses_a_plan_made_for_another_model() -> None:
 
 def test_a_user_model_from_a_factory_is_seeded_and_checked() -> None:
     """Two builds with one seed hold the same weights (every rank builds the model so); a
-    factory that raises or returns no 4 parts is one ValueError naming what it did."""
+    factory that is no function, raises or returns no 4 parts is one ValueError naming what
+    it did."""
     from nobubble.pipeline.runtime.planning import UserModel
 
     def factory():
@@ -265,3 +266,5 @@ def test_a_user_model_from_a_factory_is_seeded_and_checked() -> None:
         UserModel.from_factory(lambda: {}["x"])
     with pytest.raises(ValueError, match="blocks: no blocks"):
         UserModel.from_factory(lambda: ([], *factory()[1:]))
+    with pytest.raises(ValueError, match=r"the factory is not a function \(its type is int\)"):
+        UserModel.from_factory(7)  # type: ignore[arg-type]

@@ -35,7 +35,6 @@ from nobubble.cli.util import (
     seed_int,
 )
 from nobubble.pipeline.costs import PAPER_TIMES
-from nobubble.validation import MAX_REAL, finite
 
 if TYPE_CHECKING:
     from nobubble.pipeline.runtime.models import ModelConfig
@@ -52,7 +51,6 @@ __all__ = [
     "add_model",
     "add_launch",
     "straggler_arg",
-    "launch_device",
     "check_size",
     "costs_from_args",
     "mem_limit_from_args",
@@ -85,11 +83,6 @@ OPS_BUDGET = {"default": 1_000_000, "compare": 10_000, "solve": 50_000}
 # P=2 M=66666, 800,000 ops: 63 s; P=2 M=16666, 200,000 ops: 16 s). Both bounds hold.
 V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_NAMES (tested)
 V_MEMORY_BUDGET, V_MEMORY_OPS = 1_600_000, 200_000
-
-
-def launch_device(device: str) -> str:
-    """``--device`` as the launching process uses it: ``cuda`` is its first GPU."""
-    return "cuda:0" if device == "cuda" else device
 
 
 def add_size(
@@ -231,52 +224,31 @@ def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool
 
 
 def read_schedule_csv(path: Path, flag: str = ""):
-    """The Schedule of a torch-format CSV file (``flag``: how the user gave it, for errors)."""
+    """:meth:`Schedule.read_csv <nobubble.pipeline.actions.Schedule.read_csv>` (``flag``: how
+    the user gave the file, named in its error)."""
     from nobubble.pipeline.actions import Schedule
 
-    where = f"{flag} {path}".strip()
     try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise UsageError(f"{where}: not UTF-8 text; give a torch-format CSV schedule") from None
-    except OSError as err:  # a race with the argparse check: removed, made unreadable
-        raise UsageError(f"{where}: cannot read it ({err.strerror})") from None
-    return Schedule.from_csv(text, name=path.stem)
+        return Schedule.read_csv(path)
+    except ValueError as err:
+        raise UsageError(f"{flag} {err}".strip()) from None
 
 
 def read_profile_json(path: Path, flag: str) -> Any:
-    """The JSON of a ``pp profile -o`` file, parsed without torch (so that a file that is no
-    JSON is refused at once); :func:`profile_from_json` makes it a Profile."""
-    import json
+    """:meth:`Profile.read <nobubble.pipeline.runtime.profile_data.Profile.read>` (torch-free,
+    so a file that is no profile is refused at once; ``flag`` is named in its error)."""
+    from nobubble.pipeline.runtime.profile_data import Profile
 
     try:
-        data = json.loads(path.read_text())
-    except OSError as err:  # a race with the argparse check: removed, made unreadable
-        raise UsageError(f"{flag} {path}: cannot read it ({err.strerror})") from None
-    except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, nested past reason
-        raise UsageError(f"{flag} {path}: not a pp profile JSON ({err}); write one with pp "
-                         "profile -o") from None  # fmt: skip
-    stages = data.get("stages") if isinstance(data, dict) else None
-    for i, stage in enumerate(stages if isinstance(stages, list) else []):
-        for key, value in stage.items() if isinstance(stage, dict) else ():
-            if isinstance(value, int | float) and not finite(value):
-                raise UsageError(f"{flag} {path}: stage {i} {key}={value!r} must be finite "
-                                 f"(at most {MAX_REAL:g}); profile again with pp profile -o")  # fmt: skip
-    return data
+        return Profile.read(path)
+    except ValueError as err:
+        raise UsageError(f"{flag} {err}") from None
 
 
 def profile_from_json(data: Any, path: Path, flag: str):
-    """:func:`read_profile_json`'s data as a Profile (imports torch); a JSON that is not a
-    profile, or whose costs are not finite, is a usage error naming the file."""
-    from nobubble.pipeline.runtime.profile import Profile
-
-    try:
-        prof = Profile.from_dict(data)
-        prof.cost_model()  # the costs' own checks: finite, >= 0
-    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
-        raise UsageError(f"{flag} {path}: not a pp profile JSON ({type(err).__name__}: "
-                         f"{err})") from None  # fmt: skip
-    return prof
+    """:func:`read_profile_json`'s answer, already a checked Profile (``path`` and ``flag``
+    are its)."""
+    return data
 
 
 def add_dispatch(p: argparse.ArgumentParser) -> None:
@@ -418,7 +390,9 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
                          f"cores; use at most {cores} (or --force)")  # fmt: skip
     check_device_name(launch.device, launch.backend)
     if model is not None:
-        data = builtin_bytes(model, args.microbatch_size, ranks or 1)
+        from nobubble.pipeline.runtime.models import memory_bytes
+
+        data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
         check_budget("pp", processes=ranks or 1, data_bytes=data, force=force)
         tokens = args.microbatch_size * model.tokens_per_sample
         check_time(args, ranks or 1, model.num_parameters, tokens)
@@ -427,41 +401,24 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
 
 TIME_BUDGET_S = 3600.0
 """The longest a ``pp profile | run`` may be estimated to take without ``--force``."""
-FLOPS_PER_S = 1e9
-"""What the estimate takes one rank to do: a slow CPU thread's fp32 multiply-adds x 2."""
-OP_OVERHEAD_S = 1e-3
-"""The runtime's own cost per scheduled action (sends, waits, bookkeeping: 0.2-1 ms here)."""
 
 
 def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
-    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time,
-    for a model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch, passes
-    :data:`TIME_BUDGET_S`: each step runs ``--microbatches`` forward and backward (6 FLOPs a
-    parameter and token) and 3 actions a microbatch per rank; each repeat of the profiler
-    runs one microbatch forward, split backward and fused backward, after one warm-up."""
-    compute_s = 6.0 * params * tokens / FLOPS_PER_S
+    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
+    (:func:`~nobubble.pipeline.runtime.models.train_seconds`,
+    :func:`~nobubble.pipeline.runtime.models.profile_seconds`), for a model of ``params``
+    parameters and ``tokens`` tokens (or rows) a microbatch, passes :data:`TIME_BUDGET_S`."""
+    from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
+
     if getattr(args, "steps", None) is not None:
         flag, value, what = "--steps", args.steps, "step"
-        each = (args.microbatches or 1) * (compute_s + 3 * ranks * OP_OVERHEAD_S)
-        total = args.steps * each
-    elif getattr(args, "repeats", None) is not None:  # F, split B+W and fused BW, + warm-up
+        total = train_seconds(params, tokens, num_ranks=ranks, steps=args.steps,
+                              num_microbatches=args.microbatches or 1)  # fmt: skip
+    elif getattr(args, "repeats", None) is not None:
         flag, value, what = "--repeats", args.repeats, "repeat"
-        total = (args.repeats + 1) * (2 * compute_s + 4 * OP_OVERHEAD_S)
+        total = profile_seconds(params, tokens, repeats=args.repeats)
     else:
         return
     check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
                 limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
                 bound="about", unit=what, force=getattr(args, "force", False))  # fmt: skip
-
-
-def builtin_bytes(model: ModelConfig, microbatch_size: int, ranks: int) -> float:
-    """About what the built-in ``model`` holds: weights, gradients and AdamW state (16 bytes
-    a parameter) and ~``ranks`` microbatches of fp32 activations in flight (~40 hidden-sized
-    tensors a token and layer for the GPT, plus the logits)."""
-    from nobubble.pipeline.runtime.models import GPTConfig
-
-    params, tokens = model.num_parameters, microbatch_size * model.tokens_per_sample
-    per_token = 10 * model.hidden * model.num_layers
-    if isinstance(model, GPTConfig):
-        per_token = 40 * model.hidden * model.num_layers + 3 * model.vocab_size
-    return 16.0 * params + ranks * tokens * per_token * 4

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nobubble.cli.pp.options import BUILTIN_MODELS, check_time, is_user_model, launch_device
+from nobubble.cli.pp.options import BUILTIN_MODELS, check_time, is_user_model
 from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
@@ -75,10 +75,6 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
         raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
                          "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
     factory = load_user_object("--model", spec, "--model")
-    if not callable(factory):
-        raise UsageError(f"--model {spec!r} is not a function (its type is "
-                         f"{type(factory).__name__}); name a factory returning (blocks, inputs, "
-                         "targets, loss_fn)")  # fmt: skip
     try:
         return UserModel.from_factory(factory, seed=seed)
     except ValueError as err:
@@ -107,12 +103,12 @@ def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
     with claim_output(out):  # before profiling: refuse another live run's output
         check_device(launch.device, launch.backend, ranks=args.ranks)
         model = load_user_model(args.model, seed=args.seed)
-        device = launch_device(launch.device)
         with console(stderr=True).status("planning") as status:
             p = plan_model(
-                [b.to(device) for b in model.blocks], model.inputs, model.targets, model.loss_fn,
-                num_ranks=args.ranks, num_microbatches=args.microbatches, memory_limit=limit,
-                runtime=runtime, device=launch.device, threads=launch.threads_per_rank,
+                [b.to(launch.local_device) for b in model.blocks], model.inputs,
+                model.targets, model.loss_fn, num_ranks=args.ranks,
+                num_microbatches=args.microbatches, memory_limit=limit, runtime=runtime,
+                device=launch.device, threads=launch.threads_per_rank,
                 timeout_s=launch.timeout_s, ilp_time_limit_s=args.ilp, clock=args.clock,
                 progress=status.update,
             )  # fmt: skip
@@ -214,11 +210,8 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
                                    "prediction is for the planned batch")  # fmt: skip
-    params = sum(q.numel() for b in model.blocks for q in b.parameters())
-    inputs = model.inputs  # token ids (B, T): B x T tokens; features (B, D): B rows
-    tokens = inputs.numel() if not inputs.is_floating_point() else len(inputs)
     args.microbatches = p.num_microbatches
-    check_time(args, p.num_ranks, params, tokens // p.num_microbatches)
+    check_time(args, p.num_ranks, model.num_parameters, model.batch_tokens // p.num_microbatches)
     check_device(launch.device, launch.backend, ranks=p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),

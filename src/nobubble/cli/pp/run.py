@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 from dataclasses import replace
@@ -37,9 +36,7 @@ from nobubble.cli.pp.options import (
     check_size,
     given_model_flags,
     is_user_model,
-    launch_device,
     model_from_args,
-    profile_from_json,
     read_profile_json,
     read_schedule_csv,
     schedule_from_args,
@@ -66,6 +63,7 @@ if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.models import ModelConfig
+    from nobubble.pipeline.runtime.profile_data import Profile
 
 __all__ = ["register"]
 
@@ -178,7 +176,7 @@ def _profile(args: argparse.Namespace) -> int:
                                microbatch_size=args.microbatch_size, clock=args.clock,
                                repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
         if args.output is not None:
-            write_text(args.output, json.dumps(prof.to_dict(), indent=2))
+            prof.write(args.output)
     if args.json:
         print_json(prof.to_dict())
         return 0
@@ -215,11 +213,11 @@ def _plan(args: argparse.Namespace) -> int:
     check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
     model = model_from_args(args) if args.profile is None else None
     launch = check_launch(args, args.ranks, model)
-    data = read_profile_json(args.profile, "--profile") if args.profile is not None else None
+    prof = read_profile_json(args.profile, "--profile") if args.profile is not None else None
     out = args.output or Path("plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend, ranks=args.ranks)
-        p, name = _plan_builtin(args, data, model, launch)
+        p, name = _plan_builtin(args, prof, model, launch)
         write_text(out, p.schedule().to_csv())
     rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
@@ -237,17 +235,16 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None,
+def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
                   launch: LaunchOptions) -> tuple[Plan, str]:  # fmt: skip
     """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``'s
-    ``data``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
+    ``prof``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
     model's name."""
     from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
 
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
     with console(stderr=True).status("planning") as status:
-        if data is not None:
-            prof = profile_from_json(data, args.profile, "--profile")
+        if prof is not None:
             return plan_from_profile(
                 prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
                 recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
@@ -256,8 +253,8 @@ def _plan_builtin(args: argparse.Namespace, data, model: ModelConfig | None,
         return plan_builtin(
             model, num_ranks=args.ranks, num_microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
-            ilp_time_limit_s=args.ilp, device=launch_device(launch.device),
-            threads=launch.threads_per_rank, clock=args.clock, timeout_s=launch.timeout_s, progress=status.update,
+            ilp_time_limit_s=args.ilp, device=launch.local_device, clock=args.clock,
+            threads=launch.threads_per_rank, timeout_s=launch.timeout_s, progress=status.update,
         ), model.name  # fmt: skip
 
 
@@ -333,10 +330,9 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
     extra = {"trace": str(args.trace)}
     if args.plot is not None:
         from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
-        from nobubble.pipeline.simulate import simulate
+        from nobubble.pipeline.runtime.report import simulate_run
 
-        costs = prof.cost_model(sched, recompute=args.recompute) if prof is not None else None
-        sim = simulate(sched, costs) if costs is not None else None
+        sim = simulate_run(config, prof) if prof is not None else None
         extra["plot"] = str(
             plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
         )
@@ -372,19 +368,13 @@ def _print_run(s, files: str) -> None:
 
 
 def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
-    import torch.distributed as dist
-
     from nobubble.pipeline.runtime.launch import run_torchrun
     from nobubble.trace import write_chrome_trace
 
     rank = int(os.environ["RANK"])  # each rank its own file, claimed before it starts
     path = args.trace.with_name(f"{args.trace.stem}.rank{rank}{args.trace.suffix}")
     with claim_output(path):
-        try:
-            (res,) = run_torchrun([config], launch)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        (res,) = run_torchrun([config], launch)  # destroys its process group
         write_chrome_trace(path, res.events)
     if res.losses is not None:  # the rank of the last stage speaks for the run
         med = statistics.median(res.step_times_s)

@@ -13,7 +13,8 @@
 - :mod:`.bw_split`: the deferred linear: B computes dX, W computes dW from the kept (X, dY).
 - :mod:`.executor`: the built-in models on the runner, one config per run, traced.
 - :mod:`.profile`: the one profiler, per module (a stage or a block) on the runner's path:
-  costs for the simulator, ``pp profile | run | plan`` and the planner.
+  costs for the simulator, ``pp profile | run | plan`` and the planner; :mod:`.profile_data`:
+  the measured costs as data and their JSON file, read and written without torch.
 - :mod:`.launch`: :func:`~nobubble.pipeline.runtime.launch.run_local` on local processes;
   :mod:`.report`, :mod:`.plot_run`: measured step next to the simulator's prediction.
 - :mod:`.channel`: the one point-to-point channel (static order or handshake, headers with

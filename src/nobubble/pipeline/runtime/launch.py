@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch.distributed as dist
+
 from nobubble.distributed import context_from_env, spawn
 from nobubble.distributed.options import LaunchOptions
 from nobubble.pipeline.runtime.executor import (
@@ -57,17 +59,22 @@ def run_local(
 def run_torchrun(
     configs: Sequence[TrainConfig], options: LaunchOptions | None = None
 ) -> list[RankResult]:
-    """This rank's results under ``torchrun`` (reads RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+    """This rank's results under ``torchrun`` (reads RANK, WORLD_SIZE, MASTER_ADDR, ...);
+    the process group it joins is destroyed when it returns or raises."""
     options = options or LaunchOptions()
-    ctx = context_from_env(
-        device=None if options.device == "cuda" else options.device,
-        backend=options.backend,
-        timeout_s=options.timeout_s,
-    )
-    world = _world_size(configs)
-    if world != ctx.world_size:
-        raise ValueError(f"schedule needs {world} ranks but torchrun started {ctx.world_size}")
-    return train_rank_many(ctx, list(configs))
+    try:
+        ctx = context_from_env(
+            device=None if options.device == "cuda" else options.device,
+            backend=options.backend,
+            timeout_s=options.timeout_s,
+        )
+        world = _world_size(configs)
+        if world != ctx.world_size:
+            raise ValueError(f"schedule needs {world} ranks but torchrun started {ctx.world_size}")
+        return train_rank_many(ctx, list(configs))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def merged_events(results: Sequence[RankResult]) -> list[Event]:

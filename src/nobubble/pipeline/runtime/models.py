@@ -21,13 +21,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nobubble.pipeline.partition import equal_sizes, stage_ranges
-from nobubble.validation import check_fields
+from nobubble.validation import check_fields, check_value
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["Batch", "GPTConfig", "MLPConfig", "ModelConfig", "build_blocks", "partition_blocks"]
+__all__ = [
+    "Batch", "GPTConfig", "MLPConfig", "ModelConfig", "build_blocks", "partition_blocks",
+    "memory_bytes", "FLOPS_PER_S", "OP_OVERHEAD_S", "train_seconds", "profile_seconds",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,12 @@ class GPTConfig(_InputBodyHead):
     def tokens_per_sample(self) -> int:
         return self.seq_len
 
+    @property
+    def activations_per_token(self) -> int:
+        """Activation values a token keeps for its backward: ~40 hidden-sized tensors a layer
+        (attention and MLP inputs, their norms, the 4h MLP hidden), plus the logits."""
+        return 40 * self.hidden * self.num_layers + 3 * self.vocab_size
+
     def build_block(self, index: int) -> nn.Module:
         from nobubble.pipeline.runtime.layers import Embedding, LMHead, TransformerBlock
 
@@ -160,6 +169,12 @@ class MLPConfig(_InputBodyHead):
     def tokens_per_sample(self) -> int:
         return 1
 
+    @property
+    def activations_per_token(self) -> int:
+        """Activation values a sample keeps for its backward: ~10 hidden-sized tensors a
+        residual block."""
+        return 10 * self.hidden * self.num_layers
+
     def build_block(self, index: int) -> nn.Module:
         from torch import nn
 
@@ -186,6 +201,55 @@ class MLPConfig(_InputBodyHead):
 
 
 ModelConfig = GPTConfig | MLPConfig
+
+
+def memory_bytes(model: ModelConfig, *, microbatch_size: int, num_ranks: int) -> float:
+    """About what training ``model`` holds in all: weights, gradients and AdamW state (16
+    bytes a parameter) and ~``num_ranks`` microbatches of ``microbatch_size`` samples of fp32
+    activations in flight (the model's ``activations_per_token`` values a token)."""
+    check_value("microbatch_size", microbatch_size, ">= 1", integer=True)
+    check_value("num_ranks", num_ranks, ">= 1", integer=True)
+    tokens = microbatch_size * model.tokens_per_sample
+    return 16.0 * model.num_parameters + 4.0 * num_ranks * tokens * model.activations_per_token
+
+
+FLOPS_PER_S = 1e9
+"""What a time estimate takes one rank to do: a slow CPU thread's fp32 multiply-adds x 2."""
+OP_OVERHEAD_S = 1e-3
+"""The runtime's own cost per scheduled action (sends, waits, bookkeeping: 0.2-1 ms here)."""
+
+
+def train_seconds(
+    num_parameters: int, tokens: int, *, num_ranks: int, num_microbatches: int, steps: int
+) -> float:
+    """About how long ``steps`` training steps of a model of ``num_parameters`` parameters
+    take on ``num_ranks`` ranks, each step ``num_microbatches`` microbatches of ``tokens``
+    tokens (or rows): forward and backward cost 6 FLOPs a parameter and token at
+    :data:`FLOPS_PER_S`, and every microbatch 3 actions on each rank at
+    :data:`OP_OVERHEAD_S`. Raises ValueError for a negative size or a count below 1."""
+    for name, value in (("num_ranks", num_ranks), ("num_microbatches", num_microbatches),
+                        ("steps", steps)):  # fmt: skip
+        check_value(name, value, ">= 1", integer=True)
+    compute_s = _compute_seconds(num_parameters, tokens)
+    return steps * num_microbatches * (compute_s + 3 * num_ranks * OP_OVERHEAD_S)
+
+
+def profile_seconds(num_parameters: int, tokens: int, *, repeats: int) -> float:
+    """About how long the profiler (:func:`~nobubble.pipeline.runtime.profile.profile_stages`)
+    takes on a model of ``num_parameters`` parameters and microbatches of ``tokens`` tokens (or
+    rows): after one warm-up, each of ``repeats`` runs one microbatch forward, split backward
+    and fused backward (twice :func:`train_seconds`'s compute, 4 actions). Raises ValueError
+    for a negative size or ``repeats`` below 1."""
+    check_value("repeats", repeats, ">= 1", integer=True)
+    compute_s = _compute_seconds(num_parameters, tokens)
+    return (repeats + 1) * (2 * compute_s + 4 * OP_OVERHEAD_S)
+
+
+def _compute_seconds(num_parameters: int, tokens: int) -> float:
+    """One microbatch forward and backward: 6 FLOPs a parameter and token."""
+    check_value("num_parameters", num_parameters, ">= 0", integer=True)
+    check_value("tokens", tokens, ">= 0", integer=True)
+    return 6.0 * num_parameters * tokens / FLOPS_PER_S
 
 
 def build_blocks(

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 
 from nobubble.pipeline.runtime.executor import WAIT, RankResult, TrainConfig
 from nobubble.pipeline.runtime.profile import Profile
-from nobubble.pipeline.simulate import simulate
+from nobubble.pipeline.simulate import SimResult, simulate
 
-__all__ = ["RunSummary", "summarize_run", "measured_bubble"]
+__all__ = ["RunSummary", "summarize_run", "simulate_run", "measured_bubble"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,14 @@ def measured_bubble(results: Sequence[RankResult], step: int) -> tuple[float, fl
     return (hi - lo) / 1e6, (max_span - max(busy)) / max_span if max_span > 0 else 0.0
 
 
+def simulate_run(config: TrainConfig, profile: Profile) -> SimResult:
+    """The simulator's step of ``config``'s schedule (with its recompute) at ``profile``'s
+    costs (ms, bytes): the prediction :func:`summarize_run` reports and ``pp run --plot``
+    draws."""
+    sched = config.schedule
+    return simulate(sched, profile.cost_model(sched, recompute=config.recompute))
+
+
 def summarize_run(
     config: TrainConfig, results: Sequence[RankResult], profile: Profile | None = None
 ) -> RunSummary:
@@ -71,7 +79,7 @@ def summarize_run(
     (losses,) = [r.losses for r in results if r.losses is not None]
     sim_makespan = sim_bubble = sim_peak = None
     if profile is not None:
-        sim = simulate(sched, profile.cost_model(sched, recompute=config.recompute))
+        sim = simulate_run(config, profile)
         sim_makespan, sim_bubble = sim.makespan / 1e3, sim.bubble_rate  # profile is in ms
         sim_peak = tuple(sim.peak_memory)
     return RunSummary(

@@ -58,9 +58,13 @@ class UserModel:
         that builds the model so, with the same ``seed``, holds the same weights.
 
         Raises:
-            ValueError: the factory raised (its error, in one line), returned anything but
-                ``(blocks, inputs, targets, loss_fn)``, or parts the class refuses.
+            ValueError: ``factory`` is no function, raised (its error, in one line), returned
+                anything but ``(blocks, inputs, targets, loss_fn)``, or parts the class refuses.
         """
+        if not callable(factory):
+            raise ValueError(f"the factory is not a function (its type is "
+                             f"{type(factory).__name__}); name a factory returning (blocks, "
+                             "inputs, targets, loss_fn)")  # fmt: skip
         torch.manual_seed(seed)
         try:
             out = factory()
@@ -73,6 +77,19 @@ class UserModel:
                              "(blocks, inputs, targets, loss_fn): a list of nn.Module, the "
                              "input batch tensor, the targets and loss_fn(output, targets)")  # fmt: skip
         return cls(*out)
+
+    @property
+    def num_parameters(self) -> int:
+        """Every block's parameters."""
+        return sum(p.numel() for b in self.blocks for p in b.parameters())
+
+    @property
+    def batch_tokens(self) -> int:
+        """What one step's batch holds, as the time estimates count it
+        (:func:`~nobubble.pipeline.runtime.models.train_seconds`): token ids ``(B, T)`` are
+        B x T tokens, features ``(B, D)`` are B rows."""
+        inputs = self.inputs
+        return inputs.numel() if not inputs.is_floating_point() else len(inputs)
 
     def check_plan(self, plan: Plan) -> None:
         """Raise ValueError when ``plan`` was not made for this model: another block count,
