@@ -20,7 +20,6 @@ from nobubble.cli.pp.options import (
     add_size,
     check_size,
     costs_from_args,
-    profile_from_json,
     read_profile_json,
 )
 from nobubble.cli.util import (
@@ -127,7 +126,7 @@ def _costs(args: argparse.Namespace):
     given = [f for f in ("model", "tf", "tb", "tw", "tcomm") if getattr(args, f) is not None]
     if given:
         raise UsageError(f"--costs replaces --{given[0]}; give one of them")
-    prof = profile_from_json(read_profile_json(args.costs, "--costs"), args.costs, "--costs")
+    prof = read_profile_json(args.costs, "--costs")
     costs = prof.cost_model()
     if costs.num_stages != args.ranks:
         raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "

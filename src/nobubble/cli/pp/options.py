@@ -58,7 +58,6 @@ __all__ = [
     "perturbation_from_args",
     "read_schedule_csv",
     "read_profile_json",
-    "profile_from_json",
     "is_user_model",
     "model_from_args",
     "given_model_flags",
@@ -243,12 +242,6 @@ def read_profile_json(path: Path, flag: str) -> Any:
         return Profile.read(path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}") from None
-
-
-def profile_from_json(data: Any, path: Path, flag: str):
-    """:func:`read_profile_json`'s answer, already a checked Profile (``path`` and ``flag``
-    are its)."""
-    return data
 
 
 def add_dispatch(p: argparse.ArgumentParser) -> None:
