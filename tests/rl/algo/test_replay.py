@@ -100,6 +100,12 @@ def test_new_items_get_max_priority_and_ring_overwrites_oldest() -> None:
     assert set(s.items) == {"b", "c", "d"}
     assert all(item == "dbc"[slot] for slot, item in zip(s.indices.tolist(), s.items))
     assert buf.probabilities().tolist() == pytest.approx([1 / 6, 4 / 6, 1 / 6])
+    buf.clear()
+    assert len(buf) == 0
+    with pytest.raises(ValueError, match="empty"):
+        buf.sample(1)
+    assert buf.add("e", 1.0) == 0 and buf.add("f") == 1  # slots and max priority start over
+    assert buf.probabilities().tolist() == pytest.approx([0.5, 0.5])
     with pytest.raises(ValueError, match="empty"):
         PrioritizedReplayBuffer(3).sample(1)
 

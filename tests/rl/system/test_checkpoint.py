@@ -154,3 +154,20 @@ def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_pa
     latest = store.latest()
     assert latest is not None and latest.name.startswith("step-000002-")
     assert not list(tmp_path.glob("step-000001-*"))  # keep=1
+
+
+def test_a_checkpoint_of_the_older_layout_is_refused_naming_the_fix(tmp_path):
+    """A driver state saved field by field (before RunProgress was saved as one object, as
+    597f3ab and older wrote it) is refused in one line, not half-loaded."""
+    from nobubble.rl.system.checkpoint import Recovery
+
+    cfg = RunConfig(mode="sync", steps=2, checkpoint_dir=str(tmp_path), **TINY)
+    store = CheckpointStore(tmp_path)
+    ckpt = store.new_dir(2)
+    (ckpt / TRAINER_FILE).write_bytes(b"x")
+    old = {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0}
+    store.commit(ckpt, {"config": cfg.to_dict(), **old})
+    cfg = RunConfig(**{**cfg.__dict__, "resume": True})  # resume needs the checkpoint there
+    with pytest.raises(ValueError, match=rf"^{ckpt} was written by an older nobubble .*"
+                       "start a new run in an empty checkpoint folder$"):  # fmt: skip
+        Recovery(cfg).resume()

@@ -340,6 +340,14 @@ class PrioritizedReplayBuffer(Generic[Item]):
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    def clear(self) -> None:
+        """Drop every item: empty trees and slots, the largest priority back to 1 (the
+        sampling RNG goes on)."""
+        with self._lock:
+            self._sum, self._min = SumTree(self.capacity), MinTree(self.capacity)
+            self._items = [None] * self.capacity
+            self._next, self._size, self._max_priority = 0, 0, 1.0
+
 
 def linear_beta(step: int, total_steps: int, beta0: float = 0.4) -> float:
     """Anneal beta linearly from ``beta0`` at step 0 to 1 at ``total_steps``."""

@@ -3,10 +3,10 @@
 Every user-supplied part of a run (policy factory, task, reward function) may be given as a
 string, so that worker processes and Ray actors rebuild it themselves and nothing depends
 on the driver's ``__main__``. :func:`import_extra` imports an optional package, or words
-the error that names the extra to install. A file path is loaded under a module name derived from its
-absolute path, once per process, so a worker that loads the same file twice gets the same
-object. :func:`check_kwargs` names the keys a factory does not take, and the ones it does,
-before it is called.
+the error that names the extra to install. A file path is loaded under a module name derived
+from its absolute path, once per process, so a worker that loads the same file twice gets
+the same object. :func:`check_kwargs` names the keys a factory does not take, and the ones
+it does, before it is called.
 """
 
 from __future__ import annotations
