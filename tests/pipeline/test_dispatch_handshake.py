@@ -135,6 +135,19 @@ def test_a_straggler_is_fed_around() -> None:
     assert handshake.bubble_rate < static.bubble_rate
 
 
+def test_describe_names_the_policy_the_perturbation_and_the_limits_in_m_f() -> None:
+    costs = CostModel.uniform(4)  # mem_f 1 per rank: limits read in M_F as given
+    plan = get_schedule("1f1b", num_ranks=4, num_microbatches=8)
+    pert = Perturbation(jitter=0.2, stragglers=(Straggler(1, 1.5),), seed=7)
+    static = simulate_dispatch(plan, costs, perturbation=pert)
+    assert static.describe(1.0) == "static, jitter 0.2, straggler 1:1.5, seed 7"
+    hs = simulate_dispatch(plan, costs, policy="handshake", mem_limit=6.0, perturbation=pert)
+    assert hs.describe(2.0) == f"handshake, jitter 0.2, straggler 1:1.5, seed 7, limit 3 M_F, " \
+        f"{hs.deviations} deviations"  # fmt: skip
+    ragged = simulate_dispatch(plan, costs, policy="handshake", mem_limit=[4.0, 5.0, 6.0, 4.0])
+    assert ragged.describe(1.0) == f"handshake, limits up to 6 M_F, {ragged.deviations} deviations"
+
+
 def test_replaying_the_executed_order_is_never_later() -> None:
     """The executed order is a plan of its own: walking it statically starts every op no
     later than the handshake did (the handshake may have waited on an estimate)."""

@@ -131,6 +131,28 @@ def test_plan_is_deterministic_and_round_trips_json():
     assert a.candidates[0].predicted_step_ms == a.predicted_step_ms
 
 
+def test_plan_read_takes_the_written_plan_and_refuses_what_is_no_plan(tmp_path):
+    plan = plan_from_costs([block(1.0 + i % 3) for i in range(6)], num_ranks=2, batch_size=8,
+                           microbatch_size=2)  # fmt: skip
+    (good := tmp_path / "plan.json").write_text(plan.to_json())
+    assert Plan.read(good) == plan
+    (folder := tmp_path / "folder").mkdir()
+    cases = {
+        tmp_path / "missing.json": "no such file; write one with pp plan",
+        folder: "; write one with pp plan",
+        tmp_path / "garbage.json": "not a plan JSON (pp plan --model ... --out): JSONDecodeError",
+        tmp_path / "other.json": "not a plan JSON (pp plan --model ... --out): KeyError",
+        tmp_path / "list.json": "not a plan JSON (pp plan --model ... --out): TypeError",
+    }
+    (tmp_path / "garbage.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"stages": []}')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for path, needle in cases.items():
+        with pytest.raises(ValueError, match=re.escape(f"{path}: ")) as err:
+            Plan.read(path)
+        assert needle in str(err.value), (path, err.value)
+
+
 def test_weigh_and_simulate_rebuild_every_candidate():
     blocks = [block(1.0 + (i * 3 % 4)) for i in range(6)]
     p = plan_from_costs(blocks, num_ranks=2, batch_size=8, microbatch_size=1,

@@ -1,4 +1,5 @@
-"""The planner's inputs: every argument of :func:`~nobubble.pipeline.plan.plan_from_costs`
+"""The planner's inputs: the blocks' measured costs (:class:`BlockCosts`) and a stage's sums
+of them (:func:`stage_costs`); every argument of :func:`~nobubble.pipeline.plan.plan_from_costs`
 (and of :func:`~nobubble.pipeline.runtime.planning.plan`, which runs them before profiling)
 refused with a message naming the value and the fix, before any search; and the cuts it
 weighs (:func:`candidate_cuts`, or the pinned ones :func:`pinned_cuts` checks)."""
@@ -8,13 +9,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from nobubble.pipeline.partition import balanced_sizes
+from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.partition import balanced_sizes, stage_ranges
 from nobubble.pipeline.schedules import SCHEDULE_NAMES, V_SCHEDULES
 from nobubble.validation import finite
 
-__all__ = ["check_inputs", "check_ranks", "schedule_names", "microbatch_counts", "pinned_cuts",
+__all__ = ["BlockCosts", "stage_costs", "check_inputs", "check_ranks", "schedule_names", "microbatch_counts", "pinned_cuts",
            "candidate_cuts", "sizes_from_cuts", "cuts_from_sizes", "chunks_of",
            "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES"]  # fmt: skip
 
@@ -25,6 +28,102 @@ AUTO_SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
 AUTO_TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
 TWO_CHUNK_SCHEDULES = ("interleaved-1f1b", *V_SCHEDULES)
 """Two stages per rank: interleaved 1F1B (as the planner runs it) and the V schedules."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCosts:
+    """One block's costs for one microbatch, measured once (times in ms, memory in bytes)."""
+
+    forward: float
+    """F: the block's forward."""
+    backward_input: float
+    """B: the gradient of the block's input."""
+    backward_weight: float
+    """W: the gradients of the block's parameters."""
+    activation_bytes: float
+    """What F saves for the backward."""
+    boundary_bytes: float
+    """The block's output tensor: what crosses a cut placed after it."""
+    backward_fused: float | None = None
+    """A fused backward (B and W in one walk) as measured; None: ``B + W``."""
+    freed_by_backward_input: float = 0.0
+    """Of ``activation_bytes``, what B frees (the rest W frees); 0 when W walks the block's
+    whole graph, as :func:`~nobubble.pipeline.runtime.profile.profile_modules` finds for most."""
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward_input", "backward_weight", "activation_bytes",
+                     "boundary_bytes", "backward_fused", "freed_by_backward_input"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not (finite(value) and value >= 0):
+                raise ValueError(f"BlockCosts.{name}={value!r} must be finite and >= 0; "
+                                 "pass the measured time (ms) or size (bytes)")  # fmt: skip
+        if self.freed_by_backward_input > self.activation_bytes:
+            raise ValueError(f"BlockCosts.freed_by_backward_input={self.freed_by_backward_input}"
+                             f" exceeds activation_bytes={self.activation_bytes}; B can free "
+                             "at most what F saved")  # fmt: skip
+
+    @property
+    def total_ms(self) -> float:
+        """F + B + W: the block's weight in the min-bottleneck cut."""
+        return self.forward + self.backward_input + self.backward_weight
+
+
+def stage_costs(
+    blocks: Sequence[BlockCosts],
+    cuts: Sequence[int],
+    *,
+    first_stage_input_grad: bool = False,
+    comm_ms_per_byte: float = 0.0,
+    scale: float = 1.0,
+    recompute: bool = False,
+    input_bytes: float = 0.0,
+    op_overhead_ms: float = 0.0,
+) -> CostModel:
+    """The simulator's per-stage costs of ``blocks`` cut at ``cuts``: sums of the blocks'.
+
+    Args:
+        first_stage_input_grad: False (token ids, the usual case): stage 0 computes no input
+            gradient, so its B is empty and its W is its whole backward (B + W of its blocks),
+            freeing all its activations.
+        comm_ms_per_byte: ms per byte of a boundary transfer; the simulator has one transfer
+            time, so the largest boundary tensor of the cut sets it.
+        scale: microbatch rows / profiled rows; times and bytes scale linearly with it.
+        recompute: every stage keeps only its input (``input_bytes`` for stage 0, the previous
+            block's ``boundary_bytes`` otherwise) and B runs F again.
+        op_overhead_ms: the runtime's fixed cost per action, added to every F, B, W and BW
+            (not scaled: it does not grow with the rows).
+    """
+    sizes = sizes_from_cuts(cuts, len(blocks))
+    assert min(sizes) >= 1, f"cuts {tuple(cuts)} leave a stage empty"
+    fields: dict[str, list[float]] = {k: [] for k in ("t_f", "t_b", "t_w", "t_bw", "mem_f",
+                                                      "mem_b", "mem_w", "kept")}  # fmt: skip
+    for s, r in enumerate(stage_ranges(sizes)):
+        held = blocks[r.start : r.stop]
+        b = sum(x.backward_input for x in held) * scale
+        w = sum(x.backward_weight for x in held) * scale
+        fused = sum(x.backward_input + x.backward_weight if x.backward_fused is None
+                    else x.backward_fused for x in held) * scale  # fmt: skip
+        mem_f = sum(x.activation_bytes for x in held) * scale
+        mem_b = sum(x.freed_by_backward_input for x in held) * scale
+        if s == 0 and not first_stage_input_grad:  # nothing to B; W walks the whole backward
+            b, w, mem_b = 0.0, b + w, 0.0
+        o = op_overhead_ms
+        fields["t_f"].append(max(sum(x.forward for x in held) * scale, TINY_MS) + o)
+        fields["t_b"].append(max(b, TINY_MS) + o)
+        fields["t_w"].append(max(w, TINY_MS) + o)
+        fields["t_bw"].append(max(fused, TINY_MS) + o)
+        fields["mem_f"].append(mem_f)
+        fields["mem_b"].append(mem_b)
+        fields["mem_w"].append(mem_f - mem_b)
+        fields["kept"].append(
+            (input_bytes if s == 0 else blocks[r.start - 1].boundary_bytes) * scale
+        )
+    boundary = max((blocks[c - 1].boundary_bytes for c in cuts), default=0.0) * scale
+    kept = tuple(fields.pop("kept"))
+    costs = CostModel(
+        t_comm=comm_ms_per_byte * boundary, **{k: tuple(v) for k, v in fields.items()}
+    )
+    return costs.with_recompute(kept) if recompute else costs
 
 
 def chunks_of(name: str) -> int:

@@ -137,7 +137,7 @@ def _simulate(args: argparse.Namespace) -> int:
         args.json,
         summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
         f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}"
-        + (f", {_describe_run(run, mf)}" if run is not None else ""),
+        + (f", {run.describe(mf)}" if run is not None else ""),
         ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
         rows,
         caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
@@ -165,19 +165,6 @@ def _dispatch(args: argparse.Namespace, sched, costs):
             )
     return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation_from_args(args),
                              mem_limit=mem_limit)  # fmt: skip
-
-
-def _describe_run(run, mem_f: float) -> str:
-    """``handshake, jitter 0.2, straggler 1:1.5, seed 0, limit 4 M_F`` for a table title."""
-    pert = run.perturbation
-    parts = [run.policy]
-    parts += [f"jitter {pert.jitter:g}"] if pert.jitter else []
-    parts += [f"straggler {s}" for s in pert.stragglers]
-    parts += [f"seed {pert.seed}"] if pert.jitter else []
-    if run.policy == "handshake":
-        label = "limit" if len(set(run.limits)) == 1 else "limits up to"
-        parts.append(f"{label} {max(run.limits) / mem_f:.4g} M_F, {run.deviations} deviations")
-    return ", ".join(parts)
 
 
 def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:

@@ -15,7 +15,6 @@ import argparse
 import time
 
 from nobubble.cli.pp.options import (
-    OPS_BUDGET,
     add_costs,
     add_size,
     check_size,
@@ -107,14 +106,18 @@ def _frontier(args: argparse.Namespace) -> int:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what the frontier cannot do or cannot do in time."""
+    from nobubble.pipeline.schedules.budget import check_ops
+
     if args.mem_limit is not None:
         raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
     if args.ranks < 2:
         raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
     check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
-    if args.ilp is not None and args.ranks * args.microbatches * 3 > OPS_BUDGET["solve"]:
-        raise UsageError(f"--ilp: P x M = {args.ranks * args.microbatches} is past the "
-                         "solver's budget; drop --ilp or use smaller sizes")  # fmt: skip
+    try:  # the exact solver's budget: one stage per rank
+        if args.ilp is not None:
+            check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
+    except ValueError as err:
+        raise UsageError(f"--ilp: {err}, or drop --ilp") from None
     if args.mem_limits and min(args.mem_limits) < 1:
         raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
                          "activations (the unit); give limits >= 1")  # fmt: skip

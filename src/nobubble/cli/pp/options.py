@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from nobubble.pipeline.runtime.models import ModelConfig
 
 __all__ = [
-    "OPS_BUDGET",
-    "V_MEMORY_SCHEDULES",
     "DISPATCH_CHOICES",
     "BUILTIN_MODELS",
     "add_size",
@@ -70,19 +68,6 @@ __all__ = [
 # imports no pipeline code (a test keeps the two equal)
 DISPATCH_CHOICES = ("static", "handshake")
 
-# Work budgets in ops (one F, B or W of one stage on one microbatch), measured here so that
-# the largest size each command takes finishes within 30 s and 2 GB (tests/cli/
-# test_budgets.py): a million ops generate and simulate in 2-11 s and under 250 MB; `pp
-# compare` and `pp frontier` build every schedule and grow faster than linearly with M
-# (P=2 at 20,000 ops: 23 s and 28 s; at 10,000: 8 s and 10 s); the exact solver's model
-# grows with the ops and its search is bounded by --time-limit.
-OPS_BUDGET = {"default": 1_000_000, "compare": 10_000, "solve": 50_000}
-# The controllable-memory V generators search over placements: their time grows with ranks x
-# ops at many ranks and with the ops alone at few (P=8 M=4166, 1.6 million ranks x ops: 18 s;
-# P=2 M=66666, 800,000 ops: 63 s; P=2 M=16666, 200,000 ops: 16 s). Both bounds hold.
-V_MEMORY_SCHEDULES = ("v-min", "v-half", "v-zb")  # schedules.v_memory.V_MEMORY_NAMES (tested)
-V_MEMORY_BUDGET, V_MEMORY_OPS = 1_600_000, 200_000
-
 
 def add_size(
     p: argparse.ArgumentParser,
@@ -107,33 +92,20 @@ def add_size(
 def check_size(
     args: argparse.Namespace, budget: str = "default", *, v_memory: bool = False
 ) -> None:
-    """Refuse, before any work, a pipeline whose op count passes the command's budget (and
-    the V generators' budgets when ``-s`` names one of them, or ``v_memory``: the command
-    builds them all)."""
+    """Refuse, before any work, a pipeline whose op count passes the command's budget
+    (:func:`~nobubble.pipeline.schedules.budget.check_ops`: ``budget`` and, when ``-s`` names
+    a V generator or ``v_memory``, theirs) unless ``--force``."""
+    from nobubble.pipeline.schedules.budget import check_ops
+
     if getattr(args, "force", False) or None in (
         getattr(args, n, None) for n in ("ranks", "microbatches")
     ):
         return  # forced, or a command whose size comes from a file (pp validate)
-    chunks = getattr(args, "chunks", None) or 2  # at most 2 chunks per rank unless given
-    ops = 3 * args.ranks * chunks * args.microbatches
-    limit = OPS_BUDGET[budget]
-    if ops > limit:
-        raise UsageError(
-            f"--ranks {args.ranks} x --microbatches {args.microbatches} means about {ops:,} ops, "
-            f"past this command's budget of {limit:,} (seconds of work here); use smaller "
-            "sizes, or --force"
-        )
-    if v_memory or getattr(args, "schedule", None) in V_MEMORY_SCHEDULES:
-        what = "the V schedules" if v_memory else f"-s {args.schedule}"
-        v_ops = 6 * args.ranks * args.microbatches  # 2 chunks per rank
-        for amount, bound, unit in ((v_ops, V_MEMORY_OPS, "ops"),
-                                    (args.ranks * v_ops, V_MEMORY_BUDGET, "ranks x ops")):  # fmt: skip
-            if amount > bound:
-                raise UsageError(
-                    f"{what}: --ranks {args.ranks} x --microbatches {args.microbatches} means "
-                    f"about {amount:,} {unit} for the V generators, past their budget of "
-                    f"{bound:,}; use smaller sizes, another schedule, or --force"
-                )
+    try:
+        check_ops(args.ranks, args.microbatches, num_chunks=getattr(args, "chunks", None),
+                  budget=budget, schedule=getattr(args, "schedule", None), v_memory=v_memory)  # fmt: skip
+    except ValueError as err:
+        raise UsageError(f"--ranks/--microbatches: {err}, or --force") from None
 
 
 def add_shape(

@@ -199,7 +199,12 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         raise UsageError("pp run --plan starts its own local ranks; run it without torchrun")
-    p = _read_plan(args.plan)
+    from nobubble.pipeline.plan import Plan
+
+    try:
+        p = Plan.read(args.plan)
+    except ValueError as err:
+        raise UsageError(f"--plan {err}") from None
     _check_run_args(args, p)
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = _absolute(args.model)
@@ -240,22 +245,6 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
     )
     return 0
-
-
-def _read_plan(path: Path) -> Plan:
-    import json
-
-    from nobubble.pipeline.plan import Plan
-
-    try:
-        return Plan.from_json(path.read_text())
-    except OSError as err:  # missing, a folder, unreadable
-        what = "no such file" if isinstance(err, FileNotFoundError) else err.strerror or str(err)
-        raise UsageError(f"--plan {path}: {what}; write one with pp plan --model "
-                         "MODULE:FACTORY --out plan.json") from None  # fmt: skip
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise UsageError(f"--plan {path}: not a plan JSON (pp plan --model ... --out): "
-                         f"{type(err).__name__}: {err}") from None  # fmt: skip
 
 
 def _check_run_args(args: argparse.Namespace, p: Plan) -> None:

@@ -67,6 +67,21 @@ class DispatchResult:
     def peak_memory(self) -> tuple[float, ...]:
         return self.sim.peak_memory
 
+    def describe(self, mem_f: float) -> str:
+        """``handshake, jitter 0.2, straggler 1:1.5, seed 0, limit 4 M_F, 3 deviations``: the
+        policy, the perturbation and (handshake) the limits in units of ``mem_f`` (M_F, one
+        microbatch's activations on a rank)."""
+        pert = self.perturbation
+        parts = [self.policy]
+        parts += [f"jitter {pert.jitter:g}"] if pert.jitter else []
+        parts += [f"straggler {s}" for s in pert.stragglers]
+        parts += [f"seed {pert.seed}"] if pert.jitter else []
+        if self.policy == "handshake":
+            label = "limit" if len(set(self.limits)) == 1 else "limits up to"
+            parts.append(f"{label} {max(self.limits) / mem_f:.4g} M_F, "
+                         f"{self.deviations} deviations")  # fmt: skip
+        return ", ".join(parts)
+
     def summary(self) -> dict:
         """The simulator's JSON figures plus the policy, the perturbation and the limits."""
         pert = self.perturbation
