@@ -172,7 +172,9 @@ class ParameterServer:
     ``pull`` returns a copy of the parameters and their ``version``; a worker computes a
     gradient on that copy and ``push``-es it with the version it started from. The server
     applies ``weight * grad`` with its optimizer, where ``weight = staleness_weight(version_now
-    - base_version, kind)``, and drops gradients older than ``max_staleness``. Thread-safe.
+    - base_version, kind)``, and drops gradients older than ``max_staleness``. ``pull`` and
+    ``push`` hold one lock; the parameters are the caller's, so the caller must not change them
+    while another thread pushes.
 
     Args:
         params: the parameters, trained in place (a learner serves its own model).
