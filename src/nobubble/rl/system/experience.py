@@ -306,14 +306,13 @@ class ExperienceBuffer(Generic[G]):
         self._num_live = 0  # groups started and not dropped: N_r before the next admission
         self._ready: dict[int, G] = {}
 
-    @property
-    def num_live(self) -> int:
-        """Groups started and not dropped (N_r before the next admission)."""
-        return self._num_live
+    def can_admit(self, version: int, n: int = 1) -> bool:
+        """May ``n`` more groups start now that the trainer has published ``version``?
 
-    def can_admit(self, version: int) -> bool:
-        """May one more group start now that the trainer has published ``version``?"""
-        bound = self._num_live // self.batch_groups <= version + self.max_staleness
+        The one admission rule: the last of them, the ``N_r = num_live + n``-th, must keep
+        ``floor((N_r - 1) / B) <= version + max_staleness`` (a request of ``n`` groups that
+        must share one weight version is admitted whole or not at all)."""
+        bound = (self._num_live + n - 1) // self.batch_groups <= version + self.max_staleness
         return self.admit_on_arrival or bound
 
     def admit(self, group_id: int, version: int, source: tuple[str, int] | None = None) -> None:

@@ -142,8 +142,12 @@ class Orchestrator:
     # -- admission and dispatch --------------------------------------------------------
 
     def _admit(self, n: int) -> list[GroupRequest]:
-        reqs: list[GroupRequest] = []
+        """Up to ``n`` new groups, as many as the buffer admits; in one-step-off and sync,
+        which switch weights only between whole requests, all ``n`` or none."""
         p = self._progress
+        if self.cfg.mode != "fully-async" and not self.buffer.can_admit(p.version, n):
+            return []
+        reqs: list[GroupRequest] = []
         while len(reqs) < n and self.buffer.can_admit(p.version):
             pid = self._rng.randrange(self.task.num_prompts)
             gid = p.next_group
@@ -162,13 +166,8 @@ class Orchestrator:
             num_groups = self.cfg.effective_groups_per_rollout
             if r.requeued:  # already admitted: generated again before anything new
                 reqs, r.requeued = r.requeued[:num_groups], r.requeued[num_groups:]
-            else:
-                # one-step-off and sync switch weights only between whole requests: wait for room
-                if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
-                    break
-                reqs = self._admit(num_groups)
-                if not reqs:
-                    break
+            elif not (reqs := self._admit(num_groups)):
+                break  # no room in the buffer: wait for the next version
             worker = r.idle_rollout.pop(0)
             r.held[worker] = [req.group_id for req in reqs]
             rng = r.rng_to_send.pop(worker, None)
@@ -209,11 +208,6 @@ class Orchestrator:
     def _stepped(self) -> int:
         """Steps trained or at the trainer: the version after the queued batches."""
         return self._progress.version + len(self._train_queue)
-
-    def _room_for(self, n: int) -> bool:
-        live = self.buffer.num_live
-        bound = self._progress.version + self.cfg.effective_max_staleness
-        return (live + n - 1) // self.cfg.batch_groups <= bound
 
     # -- messages -------------------------------------------------------------------------
 
