@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -205,6 +206,10 @@ class Ledger:
             raise LedgerError(f"group {group_id} is {shown}; only groups in flight are requeued")
         self._state[group_id] = GroupState.ADMITTED
         self.requeues.append((group_id, reason))
+
+    def states(self, group_ids: Iterable[int]) -> dict[str, int]:
+        """How many of ``group_ids`` are in each state: ``{"admitted": 3, ...}``."""
+        return dict(Counter(self._state[g].value for g in group_ids))
 
     def state_dict(self) -> dict:
         return {

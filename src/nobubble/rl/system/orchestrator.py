@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -64,8 +64,9 @@ class Routing:
     """Where every admitted group is until it is buffered, and which workers are free.
 
     Attributes:
-        stage: group id -> ``"rollout"`` or ``"reward"``, until the group is buffered.
-        requests: group id -> the request it was admitted with (generated again on a requeue).
+        requests: group id -> the request it was admitted with (generated again on a
+            requeue), until the group is buffered; its stage is the ledger's state
+            (``admitted``: at a generator, ``generated``: at a reward worker).
         held: worker -> the group ids it is working on.
         requeued: requests to generate again before anything new is admitted.
         pending_reward: generated groups waiting for a reward worker.
@@ -73,7 +74,6 @@ class Routing:
         rng_to_send: RNG states to hand back to generators with their next request (resume).
     """
 
-    stage: dict[int, str] = field(default_factory=dict)
     requests: dict[int, GroupRequest] = field(default_factory=dict)
     held: dict[str, list[int]] = field(default_factory=dict)
     requeued: list[GroupRequest] = field(default_factory=list)
@@ -81,14 +81,6 @@ class Routing:
     idle_rollout: list[str] = field(default_factory=list)
     idle_reward: list[str] = field(default_factory=list)
     rng_to_send: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, req: GroupRequest) -> None:
-        self.stage[req.group_id] = "rollout"
-        self.requests[req.group_id] = req
-
-    def done(self, group_id: int) -> None:
-        del self.stage[group_id]
-        del self.requests[group_id]
 
     def release(self, worker: str) -> list[GroupRequest]:
         """Forget ``worker`` (it died); the requests of the groups it held."""
@@ -154,7 +146,7 @@ class Orchestrator:
             p.next_group += 1
             self.buffer.admit(gid, p.version)
             req = GroupRequest(gid, pid, self.task.prompts[pid], time.time())
-            self._routing.add(req)
+            self._routing.requests[gid] = req
             reqs.append(req)
         return reqs
 
@@ -227,13 +219,12 @@ class Orchestrator:
             for g in msg.payload:
                 self.buffer.generated(g)
                 self._progress.group_versions[g.group_id] = [s.policy_version for s in g.samples]
-                r.stage[g.group_id] = "reward"
                 r.pending_reward.append(g)
         elif msg.kind == "reward":
             r.idle_reward.append(msg.worker)
             r.held.pop(msg.worker, None)
             for g in msg.payload:
-                r.done(g.group_id)
+                del r.requests[g.group_id]
                 self.buffer.put(g)  # a failed reward: dropped, "reward_failed"
                 self._reward_watch.record(g)  # a reward that never succeeds ends the run
         elif msg.kind == "train":
@@ -302,7 +293,7 @@ class Orchestrator:
             "published": self._published,
             "rng": self._rng.getstate(),
             "buffer": buffer,
-            "in_flight": [self._routing.requests[g] for g in sorted(self._routing.stage)],
+            "in_flight": [req for _, req in sorted(self._routing.requests.items())],
             "replay": self._replay,
             "wall_s": time.time() - self._t0,
         }
@@ -321,7 +312,7 @@ class Orchestrator:
 
     def _requeue(self, req: GroupRequest, reason: str) -> None:
         self.buffer.requeue(req.group_id, reason)
-        self._routing.add(req)
+        self._routing.requests[req.group_id] = req
         self._routing.requeued.append(req)
 
     def _restart(self, err: WorkerError) -> None:
@@ -404,16 +395,16 @@ class Orchestrator:
                     f"run exceeded timeout_s={self.cfg.timeout_s}s; raise it if the run is just slow"
                 )
             if now - last > self.cfg.stall_timeout_s:
+                in_flight = self.buffer.ledger.states(self._routing.requests)
                 raise WorkerError(
-                    f"no stage answered for {self.cfg.stall_timeout_s:.0f}s "
-                    f"(in flight: {dict(Counter(self._routing.stage.values()))}, trainer busy: "
-                    f"{bool(self._train_queue)}); a worker is stuck"
+                    f"no stage answered for {self.cfg.stall_timeout_s:.0f}s (in flight: "
+                    f"{in_flight}, trainer busy: {bool(self._train_queue)}); a worker is stuck"
                 )
 
     def _result(self) -> RunResult:
         cfg = self.cfg
         p = self._progress
-        self.buffer.close(sorted(self._routing.stage))
+        self.buffer.close(sorted(self._routing.requests))
         ledger = self.buffer.ledger.summary()
         curve = sorted(p.curve, key=lambda c: (c.step, c.wall_s))
         train_spans = [
