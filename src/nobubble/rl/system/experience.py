@@ -343,6 +343,8 @@ class ExperienceBuffer(Generic[G]):
             self._ready[group.group_id] = group
 
     def _drop(self, group_id: int, reason: str) -> None:
+        """Drop ``group_id`` (ready, or still in flight) for ``reason``."""
+        self._ready.pop(group_id, None)
         self.ledger.dropped(group_id, reason)
         self._num_live -= 1
 
@@ -357,12 +359,10 @@ class ExperienceBuffer(Generic[G]):
         # newest_version = policy_version unless partial rollouts continued the group with
         # newer weights; then its tokens within the bound still train (the rest are masked)
         for gid in [g for g, grp in self._ready.items() if grp.newest_version < floor]:
-            del self._ready[gid]
             self._drop(gid, "stale")
         if sync:
             old = [g for g, grp in self._ready.items() if grp.policy_version < trainer_version]
             for gid in old:
-                del self._ready[gid]
                 self._drop(gid, "synced")
         if len(self._ready) < self.batch_groups:
             return None
@@ -399,4 +399,3 @@ class ExperienceBuffer(Generic[G]):
         """End of run: drop every group not trained (``"unfinished"``)."""
         for gid in [*unfinished, *self._ready]:
             self._drop(gid, "unfinished")
-        self._ready.clear()

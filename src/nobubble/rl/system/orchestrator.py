@@ -70,7 +70,7 @@ class Routing:
         held: worker -> the group ids it is working on.
         requeued: requests to generate again before anything new is admitted.
         pending_reward: generated groups waiting for a reward worker.
-        idle_rollout, idle_reward: the workers of each stage waiting for work.
+        idle: stage (``"rollout"``, ``"reward"``) -> its workers waiting for work.
         rng_to_send: RNG states to hand back to generators with their next request (resume).
     """
 
@@ -78,13 +78,24 @@ class Routing:
     held: dict[str, list[int]] = field(default_factory=dict)
     requeued: list[GroupRequest] = field(default_factory=list)
     pending_reward: list[SampleGroup] = field(default_factory=list)
-    idle_rollout: list[str] = field(default_factory=list)
-    idle_reward: list[str] = field(default_factory=list)
+    idle: dict[str, list[str]] = field(default_factory=lambda: {"rollout": [], "reward": []})
     rng_to_send: dict[str, Any] = field(default_factory=dict)
+
+    def assign(self, stage: str, group_ids: list[int]) -> str:
+        """The longest idle worker of ``stage``, now holding ``group_ids``."""
+        worker = self.idle[stage].pop(0)
+        self.held[worker] = group_ids
+        return worker
+
+    def free(self, worker: str) -> None:
+        """``worker`` said ready, or answered: it holds nothing and waits for work (a
+        trainer is not routed here)."""
+        self.held.pop(worker, None)
+        self.idle.get(worker.split("-")[0], []).append(worker)
 
     def release(self, worker: str) -> list[GroupRequest]:
         """Forget ``worker`` (it died); the requests of the groups it held."""
-        for idle in (self.idle_rollout, self.idle_reward):
+        for idle in self.idle.values():
             if worker in idle:
                 idle.remove(worker)
         self.rng_to_send.pop(worker, None)
@@ -154,22 +165,20 @@ class Orchestrator:
         if self._stopping:
             return
         r = self._routing
-        while r.idle_rollout:
+        while r.idle["rollout"]:
             num_groups = self.cfg.effective_groups_per_rollout
             if r.requeued:  # already admitted: generated again before anything new
                 reqs, r.requeued = r.requeued[:num_groups], r.requeued[num_groups:]
             elif not (reqs := self._admit(num_groups)):
                 break  # no room in the buffer: wait for the next version
-            worker = r.idle_rollout.pop(0)
-            r.held[worker] = [req.group_id for req in reqs]
+            worker = r.assign("rollout", [req.group_id for req in reqs])
             rng = r.rng_to_send.pop(worker, None)
             self.engine.submit_rollout(worker, reqs, rng)
-        while r.idle_reward and r.pending_reward:
+        while r.idle["reward"] and r.pending_reward:
             # an idle reward worker takes an equal share of everything waiting
-            share = -(-len(r.pending_reward) // len(r.idle_reward))
+            share = -(-len(r.pending_reward) // len(r.idle["reward"]))
             groups, r.pending_reward = r.pending_reward[:share], r.pending_reward[share:]
-            worker = r.idle_reward.pop(0)
-            r.held[worker] = [g.group_id for g in groups]
+            worker = r.assign("reward", [g.group_id for g in groups])
             self.engine.submit_reward(worker, groups)
         while len(self._train_queue) < self._train_depth and self._stepped < self.cfg.steps:
             trains_at = self._stepped  # the version that will train this batch
@@ -206,14 +215,9 @@ class Orchestrator:
     def _handle(self, msg: Message) -> None:
         self._spans.extend(msg.spans)
         r = self._routing
-        if msg.kind == "ready":
-            if msg.worker.startswith("rollout"):
-                r.idle_rollout.append(msg.worker)
-            elif msg.worker.startswith("reward"):
-                r.idle_reward.append(msg.worker)
-        elif msg.kind == "rollout":
-            r.idle_rollout.append(msg.worker)
-            r.held.pop(msg.worker, None)
+        if msg.kind in ("ready", "rollout", "reward"):
+            r.free(msg.worker)
+        if msg.kind == "rollout":
             if msg.state is not None:
                 self._progress.rollout_rng[msg.worker] = msg.state
             for g in msg.payload:
@@ -221,8 +225,6 @@ class Orchestrator:
                 self._progress.group_versions[g.group_id] = [s.policy_version for s in g.samples]
                 r.pending_reward.append(g)
         elif msg.kind == "reward":
-            r.idle_reward.append(msg.worker)
-            r.held.pop(msg.worker, None)
             for g in msg.payload:
                 del r.requests[g.group_id]
                 self.buffer.put(g)  # a failed reward: dropped, "reward_failed"
