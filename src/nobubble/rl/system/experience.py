@@ -372,10 +372,6 @@ class ExperienceBuffer(Generic[G]):
             del self._ready[g.group_id]
         return batch
 
-    def requeue(self, group_id: int, reason: str) -> None:
-        """A group in flight goes back to generation (see :meth:`Ledger.requeue`)."""
-        self.ledger.requeue(group_id, reason)
-
     def state_dict(self) -> dict:
         return {
             "num_live": self._num_live,

@@ -313,7 +313,7 @@ class Orchestrator:
             self._stopping = True
 
     def _requeue(self, req: GroupRequest, reason: str) -> None:
-        self.buffer.requeue(req.group_id, reason)
+        self.buffer.ledger.requeue(req.group_id, reason)
         self._routing.requests[req.group_id] = req
         self._routing.requeued.append(req)
 
