@@ -59,6 +59,18 @@ def test_admission_formula_matches_areal():
                 assert (n - 1) // b <= version + eta < n // b
 
 
+def test_a_request_is_admitted_whole_while_its_last_group_fits():
+    """can_admit(version, n) (one-step-off and sync admit a request of n groups whole)
+    against the capacity form of the rule: B x (version + eta + 1) groups may be live."""
+    for b, eta, version in [(1, 0, 0), (3, 1, 0), (4, 2, 1)]:
+        buf = ExperienceBuffer(batch_groups=b, max_staleness=eta)
+        for live in range(b * (version + eta + 1) + 1):
+            for n in range(1, 2 * b + 2):
+                assert buf.can_admit(version, n) == (live + n <= b * (version + eta + 1))
+            if buf.can_admit(version):
+                buf.admit(live, version)
+
+
 def test_mixed_group_is_rejected():
     g = _group(0, 1)
     bad = g.samples[0].__class__(**{**g.samples[0].__dict__, "policy_version": 2})

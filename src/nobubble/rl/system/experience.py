@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -206,6 +207,10 @@ class Ledger:
         self._state[group_id] = GroupState.ADMITTED
         self.requeues.append((group_id, reason))
 
+    def states(self, group_ids: Iterable[int]) -> dict[str, int]:
+        """How many of ``group_ids`` are in each state: ``{"admitted": 3, ...}``."""
+        return dict(Counter(self._state[g].value for g in group_ids))
+
     def state_dict(self) -> dict:
         return {
             "state": {g: s.value for g, s in self._state.items()},
@@ -306,14 +311,13 @@ class ExperienceBuffer(Generic[G]):
         self._num_live = 0  # groups started and not dropped: N_r before the next admission
         self._ready: dict[int, G] = {}
 
-    @property
-    def num_live(self) -> int:
-        """Groups started and not dropped (N_r before the next admission)."""
-        return self._num_live
+    def can_admit(self, version: int, n: int = 1) -> bool:
+        """May ``n`` more groups start now that the trainer has published ``version``?
 
-    def can_admit(self, version: int) -> bool:
-        """May one more group start now that the trainer has published ``version``?"""
-        bound = self._num_live // self.batch_groups <= version + self.max_staleness
+        The one admission rule: the last of them, the ``N_r = num_live + n``-th, must keep
+        ``floor((N_r - 1) / B) <= version + max_staleness`` (a request of ``n`` groups that
+        must share one weight version is admitted whole or not at all)."""
+        bound = (self._num_live + n - 1) // self.batch_groups <= version + self.max_staleness
         return self.admit_on_arrival or bound
 
     def admit(self, group_id: int, version: int, source: tuple[str, int] | None = None) -> None:
@@ -339,6 +343,8 @@ class ExperienceBuffer(Generic[G]):
             self._ready[group.group_id] = group
 
     def _drop(self, group_id: int, reason: str) -> None:
+        """Drop ``group_id`` (ready, or still in flight) for ``reason``."""
+        self._ready.pop(group_id, None)
         self.ledger.dropped(group_id, reason)
         self._num_live -= 1
 
@@ -353,12 +359,10 @@ class ExperienceBuffer(Generic[G]):
         # newest_version = policy_version unless partial rollouts continued the group with
         # newer weights; then its tokens within the bound still train (the rest are masked)
         for gid in [g for g, grp in self._ready.items() if grp.newest_version < floor]:
-            del self._ready[gid]
             self._drop(gid, "stale")
         if sync:
             old = [g for g, grp in self._ready.items() if grp.policy_version < trainer_version]
             for gid in old:
-                del self._ready[gid]
                 self._drop(gid, "synced")
         if len(self._ready) < self.batch_groups:
             return None
@@ -367,10 +371,6 @@ class ExperienceBuffer(Generic[G]):
         for g in batch:
             del self._ready[g.group_id]
         return batch
-
-    def requeue(self, group_id: int, reason: str) -> None:
-        """A group in flight goes back to generation (see :meth:`Ledger.requeue`)."""
-        self.ledger.requeue(group_id, reason)
 
     def state_dict(self) -> dict:
         return {
@@ -395,4 +395,3 @@ class ExperienceBuffer(Generic[G]):
         """End of run: drop every group not trained (``"unfinished"``)."""
         for gid in [*unfinished, *self._ready]:
             self._drop(gid, "unfinished")
-        self._ready.clear()

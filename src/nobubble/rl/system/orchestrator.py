@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -64,35 +64,38 @@ class Routing:
     """Where every admitted group is until it is buffered, and which workers are free.
 
     Attributes:
-        stage: group id -> ``"rollout"`` or ``"reward"``, until the group is buffered.
-        requests: group id -> the request it was admitted with (generated again on a requeue).
+        requests: group id -> the request it was admitted with (generated again on a
+            requeue), until the group is buffered; its stage is the ledger's state
+            (``admitted``: at a generator, ``generated``: at a reward worker).
         held: worker -> the group ids it is working on.
         requeued: requests to generate again before anything new is admitted.
         pending_reward: generated groups waiting for a reward worker.
-        idle_rollout, idle_reward: the workers of each stage waiting for work.
+        idle: stage (``"rollout"``, ``"reward"``) -> its workers waiting for work.
         rng_to_send: RNG states to hand back to generators with their next request (resume).
     """
 
-    stage: dict[int, str] = field(default_factory=dict)
     requests: dict[int, GroupRequest] = field(default_factory=dict)
     held: dict[str, list[int]] = field(default_factory=dict)
     requeued: list[GroupRequest] = field(default_factory=list)
     pending_reward: list[SampleGroup] = field(default_factory=list)
-    idle_rollout: list[str] = field(default_factory=list)
-    idle_reward: list[str] = field(default_factory=list)
+    idle: dict[str, list[str]] = field(default_factory=lambda: {"rollout": [], "reward": []})
     rng_to_send: dict[str, Any] = field(default_factory=dict)
 
-    def add(self, req: GroupRequest) -> None:
-        self.stage[req.group_id] = "rollout"
-        self.requests[req.group_id] = req
+    def assign(self, stage: str, group_ids: list[int]) -> str:
+        """The longest idle worker of ``stage``, now holding ``group_ids``."""
+        worker = self.idle[stage].pop(0)
+        self.held[worker] = group_ids
+        return worker
 
-    def done(self, group_id: int) -> None:
-        del self.stage[group_id]
-        del self.requests[group_id]
+    def free(self, worker: str) -> None:
+        """``worker`` said ready, or answered: it holds nothing and waits for work (a
+        trainer is not routed here)."""
+        self.held.pop(worker, None)
+        self.idle.get(worker.split("-")[0], []).append(worker)
 
     def release(self, worker: str) -> list[GroupRequest]:
         """Forget ``worker`` (it died); the requests of the groups it held."""
-        for idle in (self.idle_rollout, self.idle_reward):
+        for idle in self.idle.values():
             if worker in idle:
                 idle.remove(worker)
         self.rng_to_send.pop(worker, None)
@@ -142,15 +145,19 @@ class Orchestrator:
     # -- admission and dispatch --------------------------------------------------------
 
     def _admit(self, n: int) -> list[GroupRequest]:
-        reqs: list[GroupRequest] = []
+        """Up to ``n`` new groups, as many as the buffer admits; in one-step-off and sync,
+        which switch weights only between whole requests, all ``n`` or none."""
         p = self._progress
+        if self.cfg.mode != "fully-async" and not self.buffer.can_admit(p.version, n):
+            return []
+        reqs: list[GroupRequest] = []
         while len(reqs) < n and self.buffer.can_admit(p.version):
             pid = self._rng.randrange(self.task.num_prompts)
             gid = p.next_group
             p.next_group += 1
             self.buffer.admit(gid, p.version)
             req = GroupRequest(gid, pid, self.task.prompts[pid], time.time())
-            self._routing.add(req)
+            self._routing.requests[gid] = req
             reqs.append(req)
         return reqs
 
@@ -158,27 +165,20 @@ class Orchestrator:
         if self._stopping:
             return
         r = self._routing
-        while r.idle_rollout:
+        while r.idle["rollout"]:
             num_groups = self.cfg.effective_groups_per_rollout
             if r.requeued:  # already admitted: generated again before anything new
                 reqs, r.requeued = r.requeued[:num_groups], r.requeued[num_groups:]
-            else:
-                # one-step-off and sync switch weights only between whole requests: wait for room
-                if self.cfg.mode != "fully-async" and not self._room_for(num_groups):
-                    break
-                reqs = self._admit(num_groups)
-                if not reqs:
-                    break
-            worker = r.idle_rollout.pop(0)
-            r.held[worker] = [req.group_id for req in reqs]
+            elif not (reqs := self._admit(num_groups)):
+                break  # no room in the buffer: wait for the next version
+            worker = r.assign("rollout", [req.group_id for req in reqs])
             rng = r.rng_to_send.pop(worker, None)
             self.engine.submit_rollout(worker, reqs, rng)
-        while r.idle_reward and r.pending_reward:
+        while r.idle["reward"] and r.pending_reward:
             # an idle reward worker takes an equal share of everything waiting
-            share = -(-len(r.pending_reward) // len(r.idle_reward))
+            share = -(-len(r.pending_reward) // len(r.idle["reward"]))
             groups, r.pending_reward = r.pending_reward[:share], r.pending_reward[share:]
-            worker = r.idle_reward.pop(0)
-            r.held[worker] = [g.group_id for g in groups]
+            worker = r.assign("reward", [g.group_id for g in groups])
             self.engine.submit_reward(worker, groups)
         while len(self._train_queue) < self._train_depth and self._stepped < self.cfg.steps:
             trains_at = self._stepped  # the version that will train this batch
@@ -210,36 +210,23 @@ class Orchestrator:
         """Steps trained or at the trainer: the version after the queued batches."""
         return self._progress.version + len(self._train_queue)
 
-    def _room_for(self, n: int) -> bool:
-        live = self.buffer.num_live
-        bound = self._progress.version + self.cfg.effective_max_staleness
-        return (live + n - 1) // self.cfg.batch_groups <= bound
-
     # -- messages -------------------------------------------------------------------------
 
     def _handle(self, msg: Message) -> None:
         self._spans.extend(msg.spans)
         r = self._routing
-        if msg.kind == "ready":
-            if msg.worker.startswith("rollout"):
-                r.idle_rollout.append(msg.worker)
-            elif msg.worker.startswith("reward"):
-                r.idle_reward.append(msg.worker)
-        elif msg.kind == "rollout":
-            r.idle_rollout.append(msg.worker)
-            r.held.pop(msg.worker, None)
+        if msg.kind in ("ready", "rollout", "reward"):
+            r.free(msg.worker)
+        if msg.kind == "rollout":
             if msg.state is not None:
                 self._progress.rollout_rng[msg.worker] = msg.state
             for g in msg.payload:
                 self.buffer.generated(g)
                 self._progress.group_versions[g.group_id] = [s.policy_version for s in g.samples]
-                r.stage[g.group_id] = "reward"
                 r.pending_reward.append(g)
         elif msg.kind == "reward":
-            r.idle_reward.append(msg.worker)
-            r.held.pop(msg.worker, None)
             for g in msg.payload:
-                r.done(g.group_id)
+                del r.requests[g.group_id]
                 self.buffer.put(g)  # a failed reward: dropped, "reward_failed"
                 self._reward_watch.record(g)  # a reward that never succeeds ends the run
         elif msg.kind == "train":
@@ -308,7 +295,7 @@ class Orchestrator:
             "published": self._published,
             "rng": self._rng.getstate(),
             "buffer": buffer,
-            "in_flight": [self._routing.requests[g] for g in sorted(self._routing.stage)],
+            "in_flight": [req for _, req in sorted(self._routing.requests.items())],
             "replay": self._replay,
             "wall_s": time.time() - self._t0,
         }
@@ -326,8 +313,8 @@ class Orchestrator:
             self._stopping = True
 
     def _requeue(self, req: GroupRequest, reason: str) -> None:
-        self.buffer.requeue(req.group_id, reason)
-        self._routing.add(req)
+        self.buffer.ledger.requeue(req.group_id, reason)
+        self._routing.requests[req.group_id] = req
         self._routing.requeued.append(req)
 
     def _restart(self, err: WorkerError) -> None:
@@ -410,16 +397,16 @@ class Orchestrator:
                     f"run exceeded timeout_s={self.cfg.timeout_s}s; raise it if the run is just slow"
                 )
             if now - last > self.cfg.stall_timeout_s:
+                in_flight = self.buffer.ledger.states(self._routing.requests)
                 raise WorkerError(
-                    f"no stage answered for {self.cfg.stall_timeout_s:.0f}s "
-                    f"(in flight: {dict(Counter(self._routing.stage.values()))}, trainer busy: "
-                    f"{bool(self._train_queue)}); a worker is stuck"
+                    f"no stage answered for {self.cfg.stall_timeout_s:.0f}s (in flight: "
+                    f"{in_flight}, trainer busy: {bool(self._train_queue)}); a worker is stuck"
                 )
 
     def _result(self) -> RunResult:
         cfg = self.cfg
         p = self._progress
-        self.buffer.close(sorted(self._routing.stage))
+        self.buffer.close(sorted(self._routing.requests))
         ledger = self.buffer.ledger.summary()
         curve = sorted(p.curve, key=lambda c: (c.step, c.wall_s))
         train_spans = [

@@ -307,13 +307,8 @@ class RayEngine(Engine):
     def shutdown(self) -> None:
         import ray
 
-        for actor in self._actors.values():
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - an actor that already died is fine
-                pass
-        self._actors.clear()
-        self._pending.clear()
+        for worker in list(self._actors):
+            self._stop(worker)
         self._starting.clear()
         if self._started_ray:
             ray.shutdown()
