@@ -262,8 +262,8 @@ class Recovery:
         state = self._store.load_state(ckpt)
         if "progress" not in state:
             raise ValueError(
-                f"{ckpt} was written by an older nobubble (before weight digests were "
-                "recorded); start a new run in an empty checkpoint folder"
+                f"{ckpt} was written by an older nobubble (another checkpoint layout); "
+                "start a new run in an empty checkpoint folder"
             )
         now = self.cfg.to_dict()
         diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]

@@ -8,8 +8,9 @@ version that is not newer than the last one, or loading an older one, raises
 A stage worker pulls and publishes through a :class:`WeightSource`. The Ray engine's puts
 the state dict in the object store and hands references around; :class:`SharedWeights` is
 the local engine's: one flat float32 tensor in shared memory plus a version counter,
-created by the parent and inherited by the workers. The trainer copies its parameters in under a lock and bumps the version; a generator copies
-them out under the same lock when the version moved: one ``memcpy`` a publish.
+created by the parent and inherited by the workers. The trainer copies its parameters in
+under a lock and bumps the version; a generator copies them out under the same lock when the
+version moved: one ``memcpy`` a publish.
 
 Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
 A generator records the digest of the weights it sampled with beside the version it
