@@ -22,7 +22,6 @@ __all__ = [
     "EnvRunConfig",
     "LOSSES",
     "PolicyLoss",
-    "config_json",
     "envs_per_trajectory",
     "trajectories_per_update",
 ]
@@ -161,8 +160,3 @@ def envs_per_trajectory(c: EnvRunConfig) -> int:
 def trajectories_per_update(c: EnvRunConfig) -> int:
     """Trajectories one update takes: ``batch_trajectories`` unrolls of ``envs_per_actor``."""
     return c.batch_trajectories * (c.envs_per_actor // envs_per_trajectory(c))
-
-
-def config_json(c: EnvRunConfig) -> dict[str, Any]:
-    """``c``'s fields as JSON values (a factory by its ``module:qualname``)."""
-    return c.to_dict()
