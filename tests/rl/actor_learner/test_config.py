@@ -20,7 +20,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
         ({"gamma": 1.5}, r"gamma=1.5 must be in \[0, 1\]"),
         ({"loss": "a2c"}, r"loss='a2c'; use one of"),
         ({"learning_rate": 0.0}, r"learning_rate=0.0 must be > 0"),
-        ({"timeout_s": 0.0}, r"timeout_s=0.0 must be > 0"),
+        ({"stall_timeout_s": 0.0}, r"stall_timeout_s=0.0 must be > 0"),
         # a time budget of inf (or 1e308, or NaN) is no budget: refused like 0
         ({"time_budget_s": float("inf")}, r"time_budget_s=inf must be > 0"),
         ({"time_budget_s": 1e308}, r"time_budget_s=1e\+308 must be > 0"),

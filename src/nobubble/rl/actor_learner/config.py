@@ -3,7 +3,7 @@
 :class:`EnvRunConfig` is keyword-only and frozen; ``__post_init__`` refuses bad values with
 a ``ValueError`` that names the value and the fix. It is an
 :class:`~nobubble.rl.system.config.RLConfig`: the settings a task run has too (seed, steps,
-time budget, max staleness, threads) are declared and checked there. The three architectures
+time budget, max staleness, threads, stall timeout) are declared and checked there. The three architectures
 share every field; the ones only one of them reads say so.
 """
 
@@ -88,8 +88,7 @@ class EnvRunConfig(RLConfig):
     eval_episodes: int = 20
     eval_every_s: float = 5.0
     """Evaluate at least this often; also whenever the training return reaches the target."""
-    timeout_s: float = 60.0
-    """Longest wait for any actor, queue or lock before the run fails naming who is silent."""
+    stall_timeout_s: float = 60.0
     start_method: str = "fork"
     """multiprocessing start method for the actors."""
 
@@ -140,7 +139,7 @@ def _check_counts(c: EnvRunConfig) -> None:
 
 def _check_rates(c: EnvRunConfig) -> None:
     # check_value refuses NaN, inf and 1e308 too
-    positive = ("learning_rate", "timeout_s", "eval_every_s", "max_grad_norm")
+    positive = ("learning_rate", "eval_every_s", "max_grad_norm")
     check_fields("EnvRunConfig", c, positive, "> 0")
     nonneg = ("env_step_delay_ms", "inference_deadline_ms", "entropy_coef", "value_coef")
     check_fields("EnvRunConfig", c, nonneg, ">= 0")

@@ -1,7 +1,7 @@
 """One RL run's configuration, typed and torch-free.
 
 - :mod:`.base` - :class:`RLConfig`, the settings both producers have (seed, steps, time
-  budget, max staleness, threads), each declared and checked once;
+  budget, max staleness, threads, stall timeout), each declared and checked once;
 - :mod:`.run` - :class:`RunConfig`, everything one run on a task needs (an RLConfig),
   validated when built;
 - :mod:`.stages` - the settings of each stage (:class:`TrainerConfig`,

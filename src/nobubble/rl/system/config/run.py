@@ -105,7 +105,8 @@ class RunConfig(RLConfig):
             for those custom node resources, so it runs only on a node started with them
             (``ray start --resources '{"generator": 4}'``). E.g. ``{"rollout": {"generator":
             1}, "trainer": {"learner": 1}}``. Empty = anywhere.
-        timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
+        timeout_s: the whole run's limit (the run fails past it; :class:`RLConfig`'s
+            ``stall_timeout_s`` bounds each wait for a stage).
         checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps and at
             step ``steps`` (a run stopped early by a time budget or a target keeps the last
             one before); ``resume=True`` continues from the newest one in it (refused when
@@ -157,7 +158,6 @@ class RunConfig(RLConfig):
     ray_address: str | None = None
     ray_resources: dict = field(default_factory=dict)
     timeout_s: float = 900.0
-    stall_timeout_s: float = 120.0
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool | str = False
@@ -183,7 +183,7 @@ class RunConfig(RLConfig):
                  "num_reward_workers", "learners")  # fmt: skip
         check_fields("RunConfig", self, names, ">= 1", integer=True)
         check_fields("RunConfig", self, ("sync_every", "checkpoint_every"), ">= 0", integer=True)
-        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
+        check_fields("RunConfig", self, ("timeout_s",), "> 0")
         self._check_learners()
         if (
             self.groups_per_rollout is not None
