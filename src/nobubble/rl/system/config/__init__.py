@@ -14,9 +14,15 @@
 from __future__ import annotations
 
 from nobubble.rl.system.config.base import RLConfig, describe_value
-from nobubble.rl.system.config.run import AGGREGATIONS, DEFAULT_STALENESS, ENGINES, MODES, RunConfig
-from nobubble.rl.system.config.stages import (
+from nobubble.rl.system.config.run import (
+    AGGREGATIONS,
     ALGOS,
+    DEFAULT_STALENESS,
+    ENGINES,
+    MODES,
+    RunConfig,
+)
+from nobubble.rl.system.config.stages import (
     STALENESS_WEIGHTS,
     RewardConfig,
     RolloutConfig,
