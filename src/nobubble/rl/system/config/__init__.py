@@ -4,7 +4,9 @@
   budget, max staleness, threads, stall timeout), each declared and checked once;
 - :mod:`.run` - :class:`RunConfig`, everything one run on a task needs (an RLConfig),
   validated when built;
-- :mod:`.stages` - the settings of each stage (:class:`TrainerConfig`,
+- :mod:`.stages` - :class:`LearnerConfig`, the learner's settings both producers have (a
+  task run's trainer and an environment run are LearnerConfigs), and the settings of each
+  stage (:class:`TrainerConfig`,
   :class:`RolloutConfig`, :class:`RewardConfig`) that ``RunConfig.trainer`` / ``.rollout`` /
   ``.reward`` hold;
 - :mod:`.presets` - the recipes as functions that return a config
@@ -24,12 +26,14 @@ from nobubble.rl.system.config.run import (
 )
 from nobubble.rl.system.config.stages import (
     STALENESS_WEIGHTS,
+    LearnerConfig,
     RewardConfig,
     RolloutConfig,
     TrainerConfig,
 )
 
 __all__ = [
-    "RLConfig", "RunConfig", "TrainerConfig", "RolloutConfig", "RewardConfig", "describe_value",
+    "RLConfig", "RunConfig", "LearnerConfig", "TrainerConfig", "RolloutConfig", "RewardConfig",
+    "describe_value",
     "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
 ]  # fmt: skip

@@ -14,26 +14,51 @@ from dataclasses import dataclass
 
 from nobubble.validation import check_fields
 
-__all__ = ["STALENESS_WEIGHTS", "TrainerConfig", "RolloutConfig", "RewardConfig"]
+__all__ = ["STALENESS_WEIGHTS", "LearnerConfig", "TrainerConfig", "RolloutConfig", "RewardConfig"]
 
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """Optimisation settings (the algorithm, the group size and the drop bound are the run's:
-    ``RunConfig.algo``, ``.group_size``, ``.token_drop_staleness``).
+class LearnerConfig:
+    """The learner's settings both producers read, with the same meaning: a task run's
+    :class:`TrainerConfig` and an environment run's
+    :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` are LearnerConfigs (the latter
+    with its own defaults).
 
     Attributes:
         lr: Adam learning rate.
-        clip: PPO ratio clip epsilon.
+        clip: PPO ratio clip epsilon, in (0, 1).
         entropy_coef: weight of the entropy bonus.
+        value_coef: weight of the value loss (the algorithms with a critic).
+        max_grad_norm: gradient clipping.
+    """
+
+    lr: float = 2e-3
+    clip: float = 0.2
+    entropy_coef: float = 0.0
+    value_coef: float = 0.5
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_fields(owner, self, ("lr", "max_grad_norm"), "> 0")
+        check_fields(owner, self, ("entropy_coef", "value_coef"), ">= 0")
+        if not 0.0 < self.clip < 1.0:
+            raise ValueError(f"{owner}.clip={self.clip} must be in (0, 1) (e.g. 0.2)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(LearnerConfig):
+    """Optimisation settings: :class:`LearnerConfig`'s and these (the algorithm, the group
+    size and the drop bound are the run's: ``RunConfig.algo``, ``.group_size``,
+    ``.token_drop_staleness``).
+
+    Attributes:
         uniform_kl_coef: weight of KL(uniform || pi) per token. It keeps a floor under every
             token's probability, so a group whose samples all agree on a wrong answer still
             explores; unlike the entropy bonus, its gradient does not vanish as the policy
             becomes deterministic. Greedy evaluation is unaffected by the floor.
-        value_coef: weight of the value loss (``ppo``, ``vtrace``).
-        max_grad_norm: gradient clipping.
         staleness_weighting: weight of a sample ``lag`` versions old: ``none`` (1),
             ``inverse`` (``1 / (1 + lag)``) or ``exp`` (``0.5 ** lag``).
         kl_coef: weight of KL(pi || pi_ref) (k3 estimator) to a reference policy; 0 = off.
@@ -42,21 +67,15 @@ class TrainerConfig:
         delay_s: extra seconds per step (a slower trainer for experiments).
     """
 
-    lr: float = 2e-3
-    clip: float = 0.2
-    entropy_coef: float = 0.0
     uniform_kl_coef: float = 0.05
-    value_coef: float = 0.5
-    max_grad_norm: float = 1.0
     staleness_weighting: str = "none"
     kl_coef: float = 0.0
     kl_refresh_every: int = 0
     delay_s: float = 0.0
 
     def __post_init__(self) -> None:
-        check_fields("TrainerConfig", self, ("lr", "clip", "max_grad_norm"), "> 0")
-        names = ("entropy_coef", "uniform_kl_coef", "value_coef", "kl_coef", "delay_s")
-        check_fields("TrainerConfig", self, names, ">= 0")
+        super().__post_init__()
+        check_fields("TrainerConfig", self, ("uniform_kl_coef", "kl_coef", "delay_s"), ">= 0")
         check_fields("TrainerConfig", self, ("kl_refresh_every",), ">= 0", integer=True)
         if self.staleness_weighting not in STALENESS_WEIGHTS:
             raise ValueError(
