@@ -29,7 +29,7 @@ def _setup(**trainer):
     task = cfg.make_task()
     torch.manual_seed(0)
     tr = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
-    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg, seed=0)
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen.set_weights(0, tr.state_dict())
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(task.prompts[:2])])
     scored = [

@@ -38,7 +38,7 @@ def _batches(cfg: RunConfig) -> list[list[SampleGroup]]:
     task = cfg.make_task()
     torch.manual_seed(0)
     model = cfg.build_policy(task)
-    gen = RolloutWorker(task=task, model=model, cfg=cfg, seed=0)
+    gen = RolloutWorker(task=task, model=model, cfg=cfg)
     gen.set_weights(0, model.state_dict())
     n = NUM_STEPS * cfg.batch_groups
     prompts = [task.prompts[(7 * i) % task.num_prompts] for i in range(n)]

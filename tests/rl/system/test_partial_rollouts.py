@@ -65,7 +65,7 @@ def _policies(cfg: RunConfig, n: int) -> list[torch.nn.Module]:
 
 def _generate(cfg: RunConfig, models: list[torch.nn.Module], num_groups: int = 3):
     task = cfg.make_task()
-    worker = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg, seed=0)
+    worker = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     worker.set_weights(0, models[0].state_dict())
     publisher = StepPublisher(models)
     worker.pull_weights = publisher.pull

@@ -30,7 +30,7 @@ def _scored_groups(cfg: RunConfig, trainer: Learner[GroupLoss]) -> list[SampleGr
     """Four groups sampled by the trainer's policy, scored 1 for a response that starts
     with "0" (independent of the task's reward)."""
     task = trainer.loss.task
-    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg, seed=0)
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen.set_weights(0, trainer.state_dict())
     prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])
@@ -111,7 +111,7 @@ def test_step_raises_logprob_of_better_responses(algo):
     task = cfg.make_task()
     torch.manual_seed(0)
     trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
-    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg, seed=0)
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen.set_weights(0, trainer.state_dict())
     prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])

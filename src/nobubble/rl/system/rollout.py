@@ -31,14 +31,15 @@ class RolloutWorker:
     """Samples groups with the policy version it holds (-1 until weights arrive).
 
     ``cfg`` is the run: the worker reads its stage's settings (``cfg.rollout``) and the ones
-    the stages share (``group_size``, ``partial_rollouts``, ``weight_check_every``) there.
+    the stages share (``group_size``, ``partial_rollouts``, ``weight_check_every``, the
+    ``seed`` of its sampling, with ``worker_id``) there.
     With ``cfg.partial_rollouts``, :attr:`pull_weights` (``pull(model, have) -> version``,
     set by the engine) is asked for newer weights between tokens; :attr:`version` is then
     the version the worker holds after its last call.
     """
 
     def __init__(
-        self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, seed: int, worker_id: int = 0
+        self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, worker_id: int = 0
     ) -> None:
         self.task = task
         self.run, self.cfg = cfg, cfg.rollout
@@ -46,7 +47,7 @@ class RolloutWorker:
         self.model = model.eval()
         self.version = -1
         self.stale_weights: dict[str, torch.Tensor] | None = None  # test hook, see go_stale
-        self.generator = torch.Generator().manual_seed(10_000 * seed + worker_id)
+        self.generator = torch.Generator().manual_seed(10_000 * cfg.seed + worker_id)
         self.inflight = InFlightWeights(
             self.model,
             partial=cfg.partial_rollouts,

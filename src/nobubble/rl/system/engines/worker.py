@@ -74,7 +74,6 @@ class StageWorker:
                 task=self.task,
                 model=cfg.build_policy(self.task),
                 cfg=cfg,
-                seed=cfg.seed,
                 worker_id=int(name.split("-")[1]),
             )
         elif self.kind == "trainer":
