@@ -184,7 +184,7 @@ RG_OPTIONS = {  # one-digit sums, five answers per question, a higher / lower hi
     "max_turns": 5, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
     "operators": ["+"], "allow_parentheses": False, "allow_negation": False,
 }  # fmt: skip
-RG_RUN = {"epochs": 4, "minibatches": 4, "learning_rate": 3e-3}  # over TEXT_DEFAULTS
+RG_RUN = {"epochs": 4, "minibatches": 4, "lr": 3e-3}  # over TEXT_DEFAULTS
 RG_SECONDS, START_EPISODES = 90.0, 400
 
 

@@ -1,7 +1,7 @@
 """``nobubble.rl.train``: one entry point for both producers of experience.
 
 Both producers' configs are :class:`~nobubble.rl.system.config.RLConfig` (seed, steps,
-time budget, max staleness, threads, declared once). A
+time budget, max staleness, threads, stall timeout, declared once). A
 :class:`~nobubble.rl.system.config.RunConfig` trains a policy on a task (groups of responses,
 rewards from verifiers; sync, one-step-off or fully-async, on the local engine or Ray); an
 :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an environment

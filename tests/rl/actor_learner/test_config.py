@@ -19,8 +19,8 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
         ({"env_step_delay_ms": -1.0}, r"env_step_delay_ms=-1.0 must be >= 0"),
         ({"gamma": 1.5}, r"gamma=1.5 must be in \[0, 1\]"),
         ({"loss": "a2c"}, r"loss='a2c'; use one of"),
-        ({"learning_rate": 0.0}, r"learning_rate=0.0 must be > 0"),
-        ({"timeout_s": 0.0}, r"timeout_s=0.0 must be > 0"),
+        ({"lr": 0.0}, r"EnvRunConfig.lr=0.0 must be > 0"),
+        ({"stall_timeout_s": 0.0}, r"stall_timeout_s=0.0 must be > 0"),
         # a time budget of inf (or 1e308, or NaN) is no budget: refused like 0
         ({"time_budget_s": float("inf")}, r"time_budget_s=inf must be > 0"),
         ({"time_budget_s": 1e308}, r"time_budget_s=1e\+308 must be > 0"),
@@ -60,6 +60,7 @@ def test_unknown_env_id_is_refused_before_any_process_starts() -> None:
         ("time_budget_s", float("inf"), r"time_budget_s=inf must be > 0"),
         ("max_staleness", -1, r"max_staleness=-1 must be an integer >= 0"),
         ("threads", 0, r"threads=0 must be an integer >= 1"),
+        ("stall_timeout_s", float("nan"), r"stall_timeout_s=nan must be > 0"),
     ],
 )
 def test_the_settings_both_producers_have_are_checked_alike(name, value, message) -> None:
@@ -79,3 +80,27 @@ def test_none_is_a_shared_setting_only_where_its_producer_defaults_to_none() -> 
         RunConfig(steps=None)
     with pytest.raises(ValueError, match=r"EnvRunConfig.time_budget_s=None: .* default 300"):
         EnvRunConfig(time_budget_s=None)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("lr", 0.0, r"lr=0.0 must be > 0"),
+        ("clip", 1.0, r"clip=1.0 must be in \(0, 1\)"),
+        ("clip", float("nan"), r"clip=nan must be in \(0, 1\)"),
+        ("entropy_coef", -0.1, r"entropy_coef=-0.1 must be >= 0"),
+        ("value_coef", float("inf"), r"value_coef=inf must be >= 0"),
+        ("max_grad_norm", 0.0, r"max_grad_norm=0.0 must be > 0"),
+    ],
+)
+def test_the_learner_settings_both_producers_have_are_one_type_checked_alike(
+    name, value, message
+) -> None:
+    """A task run's trainer and an environment run read one LearnerConfig's fields."""
+    from nobubble.rl.system.config.stages import LearnerConfig, TrainerConfig
+
+    for config in (TrainerConfig, EnvRunConfig):
+        assert issubclass(config, LearnerConfig)
+        with pytest.raises(ValueError, match=rf"{config.__name__}\.{message}"):
+            config(**{name: value})
+    assert (EnvRunConfig().lr, EnvRunConfig().max_grad_norm) == (2.5e-3, 0.5)  # its defaults

@@ -36,7 +36,7 @@ def test_an_update_is_one_version_of_epochs_times_minibatches_adam_steps() -> No
 
     # the reference: the same minibatches, zero_grad / backward / clip / Adam(eps=1e-5) each
     ref = copy.deepcopy(initial)
-    opt = torch.optim.Adam(ref.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    opt = torch.optim.Adam(ref.parameters(), lr=cfg.lr, eps=1e-5)
     loss_fn = VTraceLoss(cfg)
     for mb in minibatches(batch, cfg, torch.Generator().manual_seed(cfg.seed)):
         loss, _ = loss_fn(ref, mb, 0)

@@ -82,7 +82,7 @@ def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     options = {"max_turns": 5, **SUMS}
     config = text_env_config(
         "rg:basic_arithmetic", options, seed=1, target_return=None, max_env_steps=60_000,
-        time_budget_s=90.0, epochs=4, minibatches=4, learning_rate=3e-3,
+        time_budget_s=90.0, epochs=4, minibatches=4, lr=3e-3,
     )  # fmt: skip
     start = policy_success(config, episodes=400)
     result = train(config)

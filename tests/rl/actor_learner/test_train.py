@@ -82,7 +82,7 @@ class _Boom(gymnasium.Wrapper):  # type: ignore[misc]
 def test_a_dead_actor_ends_the_run_with_its_error_naming_it(arch: str) -> None:
     config = EnvRunConfig(
         env=_Boom, arch=arch, actors=2, envs_per_actor=2, target_return=None,
-        time_budget_s=30.0, timeout_s=20.0,
+        time_budget_s=30.0, stall_timeout_s=20.0,
     )  # fmt: skip
     with pytest.raises(WorkerError, match=r"^actor-[01] failed: RuntimeError: boom") as e:
         train(config)

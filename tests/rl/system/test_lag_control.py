@@ -28,8 +28,8 @@ def _setup(**trainer):
     cfg = RunConfig(group_size=8, policy_kwargs={"hidden": 16}, trainer=TrainerConfig(**trainer))
     task = cfg.make_task()
     torch.manual_seed(0)
-    tr = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
-    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
+    tr = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen.set_weights(0, tr.state_dict())
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(task.prompts[:2])])
     scored = [
@@ -156,10 +156,10 @@ def test_one_trainer_setting_keeps_the_others():
     """A run that gives only the trainer's delay keeps the default lr and uniform KL, and
     the preset's settings; what it gives wins over both."""
     slow = aggressive(RunConfig(mode="fully-async", trainer=TrainerConfig(delay_s=0.3), **TINY))
-    t = slow.trainer_config()
+    t = slow.trainer
     assert (t.lr, t.uniform_kl_coef, t.delay_s) == (2e-3, 0.05, 0.3)
     assert t.staleness_weighting == "inverse"
-    mine = RunConfig(trainer=TrainerConfig(lr=0.01, uniform_kl_coef=0.0), **TINY).trainer_config()
+    mine = RunConfig(trainer=TrainerConfig(lr=0.01, uniform_kl_coef=0.0), **TINY).trainer
     assert (mine.lr, mine.uniform_kl_coef) == (0.01, 0.0)
 
 

@@ -38,7 +38,7 @@ def _batches(cfg: RunConfig) -> list[list[SampleGroup]]:
     task = cfg.make_task()
     torch.manual_seed(0)
     model = cfg.build_policy(task)
-    gen = RolloutWorker(task=task, model=model, cfg=cfg.rollout_config(), seed=0)
+    gen = RolloutWorker(task=task, model=model, cfg=cfg)
     gen.set_weights(0, model.state_dict())
     n = NUM_STEPS * cfg.batch_groups
     prompts = [task.prompts[(7 * i) % task.num_prompts] for i in range(n)]
@@ -54,7 +54,7 @@ def _batches(cfg: RunConfig) -> list[list[SampleGroup]]:
 def _fp64_learner(cfg: RunConfig) -> Learner[GroupLoss]:
     task = cfg.make_task()
     torch.manual_seed(cfg.seed)
-    return group_learner(task=task, model=cfg.build_policy(task).double(), cfg=cfg.trainer_config())
+    return group_learner(task=task, model=cfg.build_policy(task).double(), cfg=cfg)
 
 
 def _sync_learner(ctx: DistContext, cfg: RunConfig, batches: list[list[SampleGroup]]) -> dict:
@@ -74,10 +74,9 @@ def _reference_run(cfg: RunConfig, batches: list[list[SampleGroup]]) -> tuple[di
     torch.manual_seed(cfg.seed)
     model = cfg.build_policy(task).double()
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    train_cfg = cfg.trainer_config()
-    opt = torch.optim.Adam(model.parameters(), lr=train_cfg.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.trainer.lr)
     for version, batch in enumerate(batches):
-        reference_train_step(model, opt, batch, train_cfg, task, version)
+        reference_train_step(model, opt, batch, cfg, task, version)
     return start, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

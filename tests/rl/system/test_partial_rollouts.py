@@ -17,7 +17,7 @@ import torch
 
 from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import ppo_policy_loss
-from nobubble.rl.system.config import RolloutConfig, RunConfig, TrainerConfig
+from nobubble.rl.system.config import RewardConfig, RolloutConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.partial import InFlightWeights, check_token_versions
@@ -65,9 +65,7 @@ def _policies(cfg: RunConfig, n: int) -> list[torch.nn.Module]:
 
 def _generate(cfg: RunConfig, models: list[torch.nn.Module], num_groups: int = 3):
     task = cfg.make_task()
-    worker = RolloutWorker(
-        task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0
-    )
+    worker = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     worker.set_weights(0, models[0].state_dict())
     publisher = StepPublisher(models)
     worker.pull_weights = publisher.pull
@@ -144,10 +142,11 @@ def test_losses_use_each_tokens_staleness_and_behaviour_logprob():
     cfg = RunConfig(policy_kwargs=SMALL, group_size=8, partial_rollouts=True)
     task, _, groups, _ = _generate(cfg, _policies(cfg, 3))
     groups = _scored(groups)
-    tcfg = TrainerConfig(
-        group_size=8, uniform_kl_coef=0.0, staleness_weighting="inverse",
-        partial_rollouts=True, token_drop_staleness=1,
+    tcfg = replace(
+        cfg, mode="fully-async", drop_staleness=1,
+        trainer=TrainerConfig(uniform_kl_coef=0.0, staleness_weighting="inverse"),
     )  # fmt: skip
+    assert tcfg.token_drop_staleness == 1
     torch.manual_seed(0)
     trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=tcfg)
     trainer.version = 2
@@ -178,12 +177,12 @@ def test_the_default_mode_still_asserts_whole_groups():
     cfg = RunConfig(policy_kwargs=SMALL, group_size=4, partial_rollouts=True)
     task, _, groups, _ = _generate(cfg, _policies(cfg, 3), num_groups=1)
     groups = _scored(groups)
-    whole = group_learner(task=task, model=cfg.build_policy(task), cfg=TrainerConfig(group_size=4))
+    whole_cfg = replace(cfg, partial_rollouts=False)
+    whole = group_learner(task=task, model=cfg.build_policy(task), cfg=whole_cfg)
     whole.version = 2
     with pytest.raises(ValueError, match="whole-group versioning is the default mode's rule"):
         whole.compute_gradients(GroupBatch(groups))
-    partial = TrainerConfig(group_size=4, partial_rollouts=True)
-    ok = group_learner(task=task, model=cfg.build_policy(task), cfg=partial)
+    ok = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
     ok.version = 2
     ok.compute_gradients(GroupBatch(groups))  # the same batch is legal in the partial mode
     g = groups[0]
@@ -213,8 +212,10 @@ def test_groups_keep_token_versions_through_pickle_and_the_stale_drop():
 def test_partial_rollouts_config_and_flags():
     with pytest.raises(ValueError, match="Ray engine"):
         RunConfig(partial_rollouts=True, engine="ray")
-    with pytest.raises(ValueError, match=r"give RunConfig\(partial_rollouts=...\)"):
-        RunConfig(rollout=RolloutConfig(partial_rollouts=True))
+    with pytest.raises(TypeError, match="partial_rollouts"):  # the run's setting, not a stage's
+        RolloutConfig(partial_rollouts=True)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"give RunConfig\(seed=...\)"):
+        RunConfig(reward=RewardConfig(seed=3))
     with pytest.raises(ValueError, match="give a RolloutConfig"):
         RunConfig(rollout={"token_delay_s": 0.1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight_check_every"):
@@ -222,9 +223,9 @@ def test_partial_rollouts_config_and_flags():
     with pytest.raises(ValueError, match="weight_check_every=2 applies to --partial-rollouts"):
         RunConfig(weight_check_every=2)  # would never be read
     cfg = RunConfig(mode="fully-async", max_staleness=4, drop_staleness=2, partial_rollouts=True)
-    assert cfg.trainer_config().token_drop_staleness == 2
-    assert cfg.rollout_config().partial_rollouts and cfg.to_dict()["partial_rollouts"]
-    assert RunConfig().trainer_config().token_drop_staleness is None
+    assert cfg.token_drop_staleness == 2
+    assert cfg.partial_rollouts and cfg.to_dict()["partial_rollouts"]
+    assert RunConfig().token_drop_staleness is None
 
 
 def test_partial_rollouts_on_the_local_engine_keep_the_ledger():
@@ -275,6 +276,6 @@ def test_cli_flags_reach_the_run_config():
         return task_config(args)
 
     cfg = config("--partial-rollouts", "--weight-check-every", "2", "--token-delay", "0.1")
-    assert cfg.rollout_config().weight_check_every == 2
-    assert cfg.rollout_config().token_delay_s == 0.1 and cfg.trainer_config().partial_rollouts
+    assert cfg.weight_check_every == 2
+    assert cfg.rollout.token_delay_s == 0.1 and cfg.partial_rollouts
     assert config() == RunConfig(mode="fully-async")

@@ -84,7 +84,7 @@ def test_a_preset_returns_its_config_and_settings_laid_over_it_win():
         trainer=replace(cfg.trainer, clip=0.1),
     )  # fmt: skip
     assert (mine.algo, mine.effective_max_staleness, mine.replay) == ("grpo", 4, "none")
-    assert mine.trainer_config().clip == 0.1 and mine.trainer.staleness_weighting == "inverse"
+    assert mine.trainer.clip == 0.1 and mine.trainer.staleness_weighting == "inverse"
     with pytest.raises(TypeError, match="preset"):
         RunConfig(preset="aggressive")  # type: ignore[call-arg]  # a preset is a function
 

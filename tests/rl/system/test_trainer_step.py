@@ -30,7 +30,7 @@ def _scored_groups(cfg: RunConfig, trainer: Learner[GroupLoss]) -> list[SampleGr
     """Four groups sampled by the trainer's policy, scored 1 for a response that starts
     with "0" (independent of the task's reward)."""
     task = trainer.loss.task
-    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen.set_weights(0, trainer.state_dict())
     prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])
@@ -78,14 +78,14 @@ def test_each_step_has_the_reference_loss_and_gradient(algo):
     torch.manual_seed(0)
     model = cfg.build_policy(task).double()
     initial = copy.deepcopy(model)  # the KL reference: the initial policy, frozen
-    trainer = group_learner(task=task, model=model, cfg=cfg.trainer_config())
+    trainer = group_learner(task=task, model=model, cfg=cfg)
     groups = _shift_behaviour(_scored_groups(cfg, trainer))
     rewards = [s.reward for g in groups for s in g.samples]
     assert 0.0 in rewards and 1.0 in rewards, "the batch needs both kinds of response"
     params = list(trainer.model.parameters())
     for version in range(3):
         got = trainer.compute_gradients(GroupBatch(groups))
-        expected = reference_loss(model, groups, trainer.loss.cfg, task, version, kl_model=initial)
+        expected = reference_loss(model, groups, trainer.loss.run, task, version, kl_model=initial)
         expected_grads = torch.autograd.grad(expected, params, allow_unused=True)
         loss = torch.tensor(got.metrics["loss"], dtype=torch.float64)
         torch.testing.assert_close(loss, expected.detach(), **FLOAT32_INPUTS)
@@ -110,8 +110,8 @@ def test_step_raises_logprob_of_better_responses(algo):
     )
     task = cfg.make_task()
     torch.manual_seed(0)
-    trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg.trainer_config())
-    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg.rollout_config(), seed=0)
+    trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
+    gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen.set_weights(0, trainer.state_dict())
     prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])

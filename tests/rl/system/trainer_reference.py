@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from nobubble.rl.system.config import TrainerConfig
+from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import Sample, SampleGroup
 from tests.rl.algo.reference import (
@@ -67,7 +67,7 @@ def policy_logprobs(
 
 
 def _token_weights(
-    samples: list[Sample], version: int, cfg: TrainerConfig, mask: torch.Tensor
+    samples: list[Sample], version: int, cfg: RunConfig, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: the staleness weight of its own lag, and the mask without the tokens
     older than ``token_drop_staleness``; both (B, N) float64."""
@@ -77,7 +77,7 @@ def _token_weights(
         made_by = [s.policy_version] * n if s.token_versions is None else s.token_versions.tolist()
         for t in range(n):
             lag = version - made_by[t]
-            w[b, t] = staleness_weight_ref(lag, cfg.staleness_weighting)
+            w[b, t] = staleness_weight_ref(lag, cfg.trainer.staleness_weighting)
             if cfg.token_drop_staleness is not None and lag > cfg.token_drop_staleness:
                 keep[b, t] = 0.0
     return w, keep
@@ -112,7 +112,7 @@ def _vtrace_per_sequence(
 
 
 def _algo_loss(
-    cfg: TrainerConfig,
+    cfg: RunConfig,
     logp: torch.Tensor,
     values: torch.Tensor,
     behav: torch.Tensor,
@@ -122,7 +122,7 @@ def _algo_loss(
     group_size: int,
 ) -> torch.Tensor:
     """The algorithm's loss (``cfg.algo``), its value loss included."""
-    eps = cfg.clip
+    eps = cfg.trainer.clip
     if cfg.algo in ("grpo", "decoupled-ppo"):
         adv = grpo_advantages_ref(rewards, group_size)[:, None] * w  # (B, N)
         if cfg.algo == "grpo":
@@ -134,7 +134,10 @@ def _algo_loss(
         returns = torch.tensor(rewards, dtype=torch.float64)[:, None]  # (B, 1)
         adv = (returns - vals.detach()) * w
         value_loss = aggregate_ref((vals - returns) ** 2, mask)
-        return ppo_clip_loss_ref(logp, behav, adv, mask, eps, eps) + cfg.value_coef * value_loss
+        return (
+            ppo_clip_loss_ref(logp, behav, adv, mask, eps, eps)
+            + cfg.trainer.value_coef * value_loss
+        )
     vs, pg_adv = _vtrace_per_sequence(logp, behav, vals, rewards, mask)
     pg_adv = pg_adv * w
     value_loss = aggregate_ref((vals - vs) ** 2, mask)
@@ -143,20 +146,20 @@ def _algo_loss(
     else:
         assert cfg.algo == "vtrace", f"no reference for algo {cfg.algo!r}"
         policy_loss = policy_gradient_loss_ref(logp, pg_adv, mask)
-    return policy_loss + cfg.value_coef * value_loss
+    return policy_loss + cfg.trainer.value_coef * value_loss
 
 
 def reference_loss(
     model: nn.Module,
     groups: list[SampleGroup],
-    cfg: TrainerConfig,
+    cfg: RunConfig,
     task: TaskSpec,
     version: int,
     *,
     kl_model: nn.Module | None = None,
 ) -> torch.Tensor:
     """The trainer's objective on ``groups`` for a trainer at ``version`` (module docstring);
-    ``kl_model`` is the KL term's reference policy (needed when ``cfg.kl_coef > 0``)."""
+    ``kl_model`` is the KL term's reference policy (needed when ``cfg.trainer.kl_coef > 0``)."""
     samples = [s for g in groups for s in g.samples]
     tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
     mask = torch.stack([s.response_mask for s in samples]).double()  # (B, N)
@@ -167,18 +170,18 @@ def reference_loss(
     actions = tokens[:, task.prompt_len :]  # (B, N)
     logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
     loss = _algo_loss(cfg, logp, values, behav, rewards, mask, w, len(groups[0].samples))
-    if cfg.kl_coef > 0:
+    if cfg.trainer.kl_coef > 0:
         assert kl_model is not None, "kl_coef > 0 needs the reference policy"
         with torch.no_grad():
             ref_all, _ = policy_logprobs(kl_model, tokens, task)
         ref_logp = ref_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
-        loss = loss + cfg.kl_coef * aggregate_ref(kl_ref(logp, ref_logp, "k3"), mask)
+        loss = loss + cfg.trainer.kl_coef * aggregate_ref(kl_ref(logp, ref_logp, "k3"), mask)
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, N)
     uniform_kl = (-math.log(logp_all.shape[-1]) - logp_all).mean(-1)  # KL(U || pi), (B, N)
     return (
         loss
-        - cfg.entropy_coef * aggregate_ref(entropy, mask)
-        + cfg.uniform_kl_coef * aggregate_ref(uniform_kl, mask)
+        - cfg.trainer.entropy_coef * aggregate_ref(entropy, mask)
+        + cfg.trainer.uniform_kl_coef * aggregate_ref(uniform_kl, mask)
     )
 
 
@@ -186,7 +189,7 @@ def reference_train_step(
     model: nn.Module,
     opt: torch.optim.Optimizer,
     groups: list[SampleGroup],
-    cfg: TrainerConfig,
+    cfg: RunConfig,
     task: TaskSpec,
     version: int,
 ) -> float:
@@ -196,6 +199,6 @@ def reference_train_step(
     opt.zero_grad(set_to_none=True)
     loss = reference_loss(model, groups, cfg, task, version)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
     opt.step()
     return float(loss.detach())

@@ -99,16 +99,16 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     obs = envs.reset()  # (K, D)
     builder.observe(obs)
     version = -1
-    _wait(stop, lambda: weights.version >= 0, c.timeout_s, "the first weights", spec.name)
+    _wait(stop, lambda: weights.version >= 0, c.stall_timeout_s, "the first weights", spec.name)
     digest = (-1, "")
     while not stop.is_set():
-        version = weights.pull(model, version, timeout_s=c.timeout_s)
+        version = weights.pull(model, version, timeout_s=c.stall_timeout_s)
         if digest[0] != version:  # hash the weights this actor holds, once per version
             digest = (version, weight_digest(model))
         trajectory, obs = rollout(
             model, envs, builder, obs, version=version, generator=generator, digest=digest[1]
         )
-        _put(queue, trajectory, stop, c.timeout_s, spec.name)
+        _put(queue, trajectory, stop, c.stall_timeout_s, spec.name)
 
 
 def _put(queue: Any, item: Any, stop: Any, timeout_s: float, name: str) -> None:
@@ -142,7 +142,7 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
         conn.send_bytes(bytes([g]))
     while not stop.is_set():
         for g, (envs, slot) in enumerate(zip(groups, slots)):
-            _wait(stop, lambda: conn.poll(_POLL_S), c.timeout_s, "actions", spec.name)
+            _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name)
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
             step = envs.step(slot.read_actions())

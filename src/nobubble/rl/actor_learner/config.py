@@ -3,8 +3,11 @@
 :class:`EnvRunConfig` is keyword-only and frozen; ``__post_init__`` refuses bad values with
 a ``ValueError`` that names the value and the fix. It is an
 :class:`~nobubble.rl.system.config.RLConfig`: the settings a task run has too (seed, steps,
-time budget, max staleness, threads) are declared and checked there. The three architectures
-share every field; the ones only one of them reads say so.
+time budget, max staleness, threads, stall timeout) are declared and checked there; and a
+:class:`~nobubble.rl.system.config.stages.LearnerConfig`: the learner's settings a task run's
+trainer has too (lr, clip, entropy and value coefficients, gradient clipping) are declared and
+checked there. The three architectures share every field; the ones only one of them reads say
+so.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nobubble.rl.system.config.base import RLConfig
+from nobubble.rl.system.config.stages import LearnerConfig
 from nobubble.validation import check_fields
 
 __all__ = [
@@ -22,7 +26,6 @@ __all__ = [
     "EnvRunConfig",
     "LOSSES",
     "PolicyLoss",
-    "config_json",
     "envs_per_trajectory",
     "trajectories_per_update",
 ]
@@ -35,10 +38,11 @@ _START_METHODS = ("fork", "forkserver", "spawn")
 
 
 @dataclass(frozen=True, kw_only=True)
-class EnvRunConfig(RLConfig):
+class EnvRunConfig(RLConfig, LearnerConfig):
     """An actor-learner run on a gymnasium environment (a text environment is one too, through
     :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s settings (``steps`` are
-    learner updates, None: no bound but the others) and these."""
+    learner updates, None: no bound but the others), :class:`LearnerConfig`'s (Adam's ``lr``
+    2.5e-3 and ``max_grad_norm`` 0.5 by default here) and these."""
 
     env: str | Callable[[], Any] = "CartPole-v1"
     """A gymnasium id (``gymnasium.make(env)``) or a zero-argument factory of a
@@ -63,14 +67,11 @@ class EnvRunConfig(RLConfig):
     """Minibatches per epoch, split over the batch's environments."""
     loss: PolicyLoss = "ppo"
     """``ppo``: PPO clip on V-trace advantages (APPO); ``vtrace``: IMPALA's policy gradient."""
-    learning_rate: float = 2.5e-3
+    lr: float = 2.5e-3
+    max_grad_norm: float = 0.5
     gamma: float = 0.99
     vtrace_lambda: float = 0.95
     """rlax's trace-cutting lambda (1 = the paper's V-trace)."""
-    clip: float = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.0
-    max_grad_norm: float = 0.5
     hidden: int = 64
     """Width of the MLP actor-critic's two hidden layers."""
     model: Callable[[int, int], Any] | None = None
@@ -89,13 +90,13 @@ class EnvRunConfig(RLConfig):
     eval_episodes: int = 20
     eval_every_s: float = 5.0
     """Evaluate at least this often; also whenever the training return reaches the target."""
-    timeout_s: float = 60.0
-    """Longest wait for any actor, queue or lock before the run fails naming who is silent."""
+    stall_timeout_s: float = 60.0
     start_method: str = "fork"
     """multiprocessing start method for the actors."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        LearnerConfig.__post_init__(self)
         _check_choices(self)
         _check_counts(self)
         _check_rates(self)
@@ -141,16 +142,12 @@ def _check_counts(c: EnvRunConfig) -> None:
 
 def _check_rates(c: EnvRunConfig) -> None:
     # check_value refuses NaN, inf and 1e308 too
-    positive = ("learning_rate", "timeout_s", "eval_every_s", "max_grad_norm")
-    check_fields("EnvRunConfig", c, positive, "> 0")
-    nonneg = ("env_step_delay_ms", "inference_deadline_ms", "entropy_coef", "value_coef")
-    check_fields("EnvRunConfig", c, nonneg, ">= 0")
+    check_fields("EnvRunConfig", c, ("eval_every_s",), "> 0")
+    check_fields("EnvRunConfig", c, ("env_step_delay_ms", "inference_deadline_ms"), ">= 0")
     if not 0.0 <= c.gamma <= 1.0:
         raise ValueError(f"gamma={c.gamma} must be in [0, 1] (e.g. 0.99)")
     if not 0.0 <= c.vtrace_lambda <= 1.0:
         raise ValueError(f"vtrace_lambda={c.vtrace_lambda} must be in [0, 1] (1 = V-trace)")
-    if not 0.0 < c.clip < 1.0:
-        raise ValueError(f"clip={c.clip} must be in (0, 1) (e.g. 0.2)")
 
 
 def envs_per_trajectory(c: EnvRunConfig) -> int:
@@ -161,8 +158,3 @@ def envs_per_trajectory(c: EnvRunConfig) -> int:
 def trajectories_per_update(c: EnvRunConfig) -> int:
     """Trajectories one update takes: ``batch_trajectories`` unrolls of ``envs_per_actor``."""
     return c.batch_trajectories * (c.envs_per_actor // envs_per_trajectory(c))
-
-
-def config_json(c: EnvRunConfig) -> dict[str, Any]:
-    """``c``'s fields as JSON values (a factory by its ``module:qualname``)."""
-    return c.to_dict()

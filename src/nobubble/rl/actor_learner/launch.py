@@ -89,7 +89,7 @@ class ActorPool:
     def publish(self, version: int) -> None:
         """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
         if self.weights is not None:
-            self.weights.publish(self._module, version, timeout_s=self.config.timeout_s)
+            self.weights.publish(self._module, version, timeout_s=self.config.stall_timeout_s)
 
     def receive(self, version: int, digest: str = "", poll_s: float = 0.1) -> list[Trajectory]:
         """Finished trajectories (possibly none) after waiting at most about ``poll_s``;
@@ -99,7 +99,7 @@ class ActorPool:
             try:
                 return self.inference.poll(version, digest, poll_s)
             except WorkerError:  # a pipe closed: its process ended; find its own report
-                wait([p.sentinel for p in self.procs], timeout=self.config.timeout_s)
+                wait([p.sentinel for p in self.procs], timeout=self.config.stall_timeout_s)
                 self.supervise()
                 raise
         return _drain(self.queue, poll_s)

@@ -109,7 +109,7 @@ def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner[VTraceLoss]
     return Learner(
         model,
         VTraceLoss(config),
-        lr=config.learning_rate,
+        lr=config.lr,
         max_grad_norm=config.max_grad_norm,
         adam_eps=1e-5,
     )

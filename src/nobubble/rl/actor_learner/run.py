@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import torch
 
-from nobubble.rl.actor_learner.config import EnvRunConfig, config_json, trajectories_per_update
+from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
 from nobubble.rl.actor_learner.envs import env_label
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.loss import env_learner, minibatches
@@ -209,7 +209,7 @@ def _result(run: _Run, pool: ActorPool) -> RunResult:
         idle["inference"] = max(0.0, 1.0 - pool.inference.busy_s / wall)
     returns = tuple(run.eval_returns)
     return RunResult(
-        config=config_json(c),
+        config=c.to_dict(),
         steps=run.learner.version,
         wall_s=wall,
         trained_samples=sum(run.lags.values()),

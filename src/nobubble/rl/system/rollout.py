@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from nobubble.rl.system.config.stages import RolloutConfig
+from nobubble.rl.system.config.run import RunConfig
 from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.tasks.spec import TaskSpec
@@ -30,26 +30,29 @@ __all__ = ["RolloutWorker"]
 class RolloutWorker:
     """Samples groups with the policy version it holds (-1 until weights arrive).
 
+    ``cfg`` is the run: the worker reads its stage's settings (``cfg.rollout``) and the ones
+    the stages share (``group_size``, ``partial_rollouts``, ``weight_check_every``, the
+    ``seed`` of its sampling, with ``worker_id``) there.
     With ``cfg.partial_rollouts``, :attr:`pull_weights` (``pull(model, have) -> version``,
     set by the engine) is asked for newer weights between tokens; :attr:`version` is then
     the version the worker holds after its last call.
     """
 
     def __init__(
-        self, *, task: TaskSpec, model: nn.Module, cfg: RolloutConfig, seed: int, worker_id: int = 0
+        self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, worker_id: int = 0
     ) -> None:
         self.task = task
-        self.cfg = cfg
+        self.run, self.cfg = cfg, cfg.rollout
         self.worker_id = worker_id
         self.model = model.eval()
         self.version = -1
         self.stale_weights: dict[str, torch.Tensor] | None = None  # test hook, see go_stale
-        self.generator = torch.Generator().manual_seed(10_000 * seed + worker_id)
+        self.generator = torch.Generator().manual_seed(10_000 * cfg.seed + worker_id)
         self.inflight = InFlightWeights(
             self.model,
             partial=cfg.partial_rollouts,
             every_tokens=cfg.weight_check_every,
-            token_delay_s=cfg.token_delay_s,
+            token_delay_s=self.cfg.token_delay_s,
         )
 
     @property
@@ -80,7 +83,7 @@ class RolloutWorker:
         if self.stale_weights is not None:
             self.model.load_state_dict(self.stale_weights)
         start = time.time()
-        g = self.cfg.group_size
+        g = self.run.group_size
         prompts = [r.prompt for r in requests for _ in range(g)]
         ids, mask = self.task.encode(prompts)
         hook = self.inflight
@@ -99,9 +102,9 @@ class RolloutWorker:
         )
         first, self.version = self.version, hook.version
         steps = hook.step_versions(self.task.max_new_tokens)  # (N,) the version of each step
-        if self.cfg.partial_rollouts:
+        if self.run.partial_rollouts:
             first = int(steps[0])
-        claims = hook.claims(steps if self.cfg.partial_rollouts else torch.tensor([first]))
+        claims = hook.claims(steps if self.run.partial_rollouts else torch.tensor([first]))
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         now = time.time()
@@ -123,7 +126,7 @@ class RolloutWorker:
                         behaviour_logprobs=gen.logprobs[row].clone(),
                         policy_version=first,
                         t_generated=now,
-                        token_versions=steps.clone() if self.cfg.partial_rollouts else None,
+                        token_versions=steps.clone() if self.run.partial_rollouts else None,
                     )
                 )
             groups.append(

@@ -1,8 +1,9 @@
 """The LLM producer's loss (:class:`GroupLoss`) for the one
-:class:`~nobubble.rl.system.learner.Learner` and its step results (its settings:
-:class:`~nobubble.rl.system.config.stages.TrainerConfig`).
+:class:`~nobubble.rl.system.learner.Learner` and its step results (its settings: the run's
+``trainer``, :class:`~nobubble.rl.system.config.stages.TrainerConfig`, and the run's own
+``algo``, ``partial_rollouts`` and ``token_drop_staleness``).
 
-Algorithms (``TrainerConfig.algo``), all from :mod:`nobubble.rl.algo.losses`: ``grpo``
+Algorithms (``RunConfig.algo``), all from :mod:`nobubble.rl.algo.losses`: ``grpo``
 (group-relative advantages, PPO clip against the behaviour policy: the *naive* PPO of the
 ablation in async modes), ``ppo`` (advantage ``R - V(s_t)``, value loss), ``decoupled-ppo``
 (AReaL: the trust region around the proximal policy, the weights before this step, data
@@ -36,7 +37,7 @@ from nobubble.rl.algo.losses import (
 )
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import vtrace
-from nobubble.rl.system.config.stages import TrainerConfig
+from nobubble.rl.system.config.run import RunConfig
 from nobubble.rl.system.learner import Learner, ShardGradients
 from nobubble.rl.system.partial.versions import (
     check_token_versions,
@@ -135,14 +136,15 @@ class GroupBatch(NamedTuple):
 
 
 class GroupLoss:
-    """The LLM producer's loss (``TrainerConfig.algo``) on a :class:`GroupBatch`, for the
+    """The LLM producer's loss (``RunConfig.algo``) on a :class:`GroupBatch`, for the
     :class:`~nobubble.rl.system.learner.Learner`; holds the KL penalty's reference policy
     (a frozen copy of the initial ``model``, refreshed every ``kl_refresh_every`` versions).
+    ``cfg`` is the run: the trainer's settings are ``cfg.trainer``.
     """
 
-    def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> None:
-        self.task, self.cfg = task, cfg
-        self.reference = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
+    def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig) -> None:
+        self.task, self.run, self.cfg = task, cfg, cfg.trainer
+        self.reference = copy.deepcopy(model).eval() if self.cfg.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
 
@@ -165,7 +167,7 @@ class GroupLoss:
             raise ValueError("every group of a batch must have the same size")
         versions = [s.policy_version for s in samples]
         check_group_versions(versions, g_size)
-        check_token_versions(groups, partial=self.cfg.partial_rollouts)
+        check_token_versions(groups, partial=self.run.partial_rollouts)
         staleness = policy_lag([g.policy_version for g in groups], version).tolist()
         tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
         mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
@@ -213,7 +215,7 @@ class GroupLoss:
         times its group's weight (``weights``, one per group); the mask (B, N) without the
         tokens past ``token_drop_staleness``; the kept tokens by staleness."""
         lag = token_lag(response_versions(samples), version)  # (B, N)
-        drop = self.cfg.token_drop_staleness
+        drop = self.run.token_drop_staleness
         if drop is not None:
             mask = mask * (lag <= drop)  # (B, N)
         kind: Any = self.cfg.staleness_weighting  # checked by TrainerConfig
@@ -237,7 +239,7 @@ class GroupLoss:
         algorithm's advantage (and value loss), then PPO's clip on it (``decoupled-ppo``:
         around the proximal policy, the weights before this step) or, for ``vtrace``, the
         plain policy gradient."""
-        algo, clip = self.cfg.algo, self.cfg.clip
+        algo, clip = self.run.algo, self.cfg.clip
         vals = values * mask  # (B, N)
         value_loss = None
         if algo in ("grpo", "decoupled-ppo"):
@@ -273,12 +275,12 @@ class GroupLoss:
         return loss, metrics
 
 
-def group_learner(*, task: TaskSpec, model: nn.Module, cfg: TrainerConfig) -> Learner[GroupLoss]:
+def group_learner(*, task: TaskSpec, model: nn.Module, cfg: RunConfig) -> Learner[GroupLoss]:
     """The LLM producer's :class:`~nobubble.rl.system.learner.Learner`: ``model`` (a policy,
     ``forward -> (logits, values)``, see :func:`~nobubble.rl.system.policies.as_policy`)
-    trained on :class:`GroupLoss` with Adam at ``cfg.lr``."""
-    loss = GroupLoss(task=task, model=model, cfg=cfg)
-    return Learner(model, loss, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, delay_s=cfg.delay_s)
+    trained on :class:`GroupLoss` with Adam at ``cfg.trainer.lr``."""
+    loss, t = GroupLoss(task=task, model=model, cfg=cfg), cfg.trainer
+    return Learner(model, loss, lr=t.lr, max_grad_norm=t.max_grad_norm, delay_s=t.delay_s)
 
 
 def train_result(

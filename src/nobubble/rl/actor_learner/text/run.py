@@ -45,7 +45,7 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "batch_trajectories": 2,
     "epochs": 2,
     "minibatches": 2,
-    "learning_rate": 2e-3,
+    "lr": 2e-3,
     "entropy_coef": 0.01,
     "gamma": 0.99,
     "target_return": 0.8,

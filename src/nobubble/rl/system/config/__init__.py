@@ -1,10 +1,12 @@
 """One RL run's configuration, typed and torch-free.
 
 - :mod:`.base` - :class:`RLConfig`, the settings both producers have (seed, steps, time
-  budget, max staleness, threads), each declared and checked once;
+  budget, max staleness, threads, stall timeout), each declared and checked once;
 - :mod:`.run` - :class:`RunConfig`, everything one run on a task needs (an RLConfig),
   validated when built;
-- :mod:`.stages` - the settings of each stage (:class:`TrainerConfig`,
+- :mod:`.stages` - :class:`LearnerConfig`, the learner's settings both producers have (a
+  task run's trainer and an environment run are LearnerConfigs), and the settings of each
+  stage (:class:`TrainerConfig`,
   :class:`RolloutConfig`, :class:`RewardConfig`) that ``RunConfig.trainer`` / ``.rollout`` /
   ``.reward`` hold;
 - :mod:`.presets` - the recipes as functions that return a config
@@ -14,16 +16,24 @@
 from __future__ import annotations
 
 from nobubble.rl.system.config.base import RLConfig, describe_value
-from nobubble.rl.system.config.run import AGGREGATIONS, DEFAULT_STALENESS, ENGINES, MODES, RunConfig
-from nobubble.rl.system.config.stages import (
+from nobubble.rl.system.config.run import (
+    AGGREGATIONS,
     ALGOS,
+    DEFAULT_STALENESS,
+    ENGINES,
+    MODES,
+    RunConfig,
+)
+from nobubble.rl.system.config.stages import (
     STALENESS_WEIGHTS,
+    LearnerConfig,
     RewardConfig,
     RolloutConfig,
     TrainerConfig,
 )
 
 __all__ = [
-    "RLConfig", "RunConfig", "TrainerConfig", "RolloutConfig", "RewardConfig", "describe_value",
+    "RLConfig", "RunConfig", "LearnerConfig", "TrainerConfig", "RolloutConfig", "RewardConfig",
+    "describe_value",
     "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
 ]  # fmt: skip

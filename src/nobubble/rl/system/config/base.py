@@ -24,6 +24,7 @@ SHARED_RULES: dict[str, tuple[Rule, bool]] = {
     "time_budget_s": ("> 0", False),  # NaN, inf and 1e308 s are no budget: refused
     "max_staleness": (">= 0", True),  # 0: on-policy
     "threads": (">= 1", True),
+    "stall_timeout_s": ("> 0", False),
 }
 
 
@@ -41,6 +42,9 @@ class RLConfig:
         threads: torch intra-op threads (``torch.set_num_threads``) of each process that runs
             the policy. Measured here: tiny models gain nothing from a second thread and lose a
             lot on a loaded machine (the 64-wide model's ops get slower on a busy 2-core one).
+        stall_timeout_s: the longest wait for any worker (a stage, an actor, a queue, a lock)
+            before the run fails naming who is silent. A task run's limit on the whole run is
+            its own ``timeout_s``; ``time_budget_s`` ends a run normally, this one fails it.
     """
 
     seed: int = 0
@@ -48,6 +52,7 @@ class RLConfig:
     time_budget_s: float | None = None
     max_staleness: int | None = None
     threads: int = 1
+    stall_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         owner = type(self).__name__

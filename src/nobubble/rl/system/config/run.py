@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     from nobubble.rl.system.rewards import RewardSource
     from nobubble.rl.system.tasks.spec import TaskSpec
 
-__all__ = ["MODES", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
+__all__ = ["MODES", "ALGOS", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
 
 MODES = ("sync", "one-step-off", "fully-async")
+# the policy-gradient algorithms a run may name (the trainer implements each)
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
 DEFAULT_LOCAL_SGD_EVERY = 4
 ENGINES = ("local", "ray")
@@ -37,14 +39,6 @@ DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 FAULTS = ("raise", "exit", "kill", "stale")
 _FAULTS = "|".join(FAULTS)
 RAY_STAGES = ("rollout", "reward", "trainer")  # the keys of RunConfig.ray_resources
-# the stage settings the run fills in from its own fields (stage -> {stage field: run field})
-RUN_OWNED = {
-    "trainer": {"algo": "algo", "group_size": "group_size", "partial_rollouts":
-                "partial_rollouts", "token_drop_staleness": "drop_staleness"},
-    "rollout": {"group_size": "group_size", "partial_rollouts": "partial_rollouts",
-                "weight_check_every": "weight_check_every"},
-    "reward": {"seed": "seed"},
-}  # fmt: skip
 STAGE_TYPES = {"trainer": TrainerConfig, "rollout": RolloutConfig, "reward": RewardConfig}
 
 
@@ -105,7 +99,8 @@ class RunConfig(RLConfig):
             for those custom node resources, so it runs only on a node started with them
             (``ray start --resources '{"generator": 4}'``). E.g. ``{"rollout": {"generator":
             1}, "trainer": {"learner": 1}}``. Empty = anywhere.
-        timeout_s: the whole run's limit; stall_timeout_s: the longest wait for any stage.
+        timeout_s: the whole run's limit (the run fails past it; :class:`RLConfig`'s
+            ``stall_timeout_s`` bounds each wait for a stage).
         checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps and at
             step ``steps`` (a run stopped early by a time budget or a target keeps the last
             one before); ``resume=True`` continues from the newest one in it (refused when
@@ -114,10 +109,10 @@ class RunConfig(RLConfig):
             groups (the ledger records the requeue); False = the run stops with the error.
         trainer, rollout, reward: the settings of each stage
             (:mod:`~nobubble.rl.system.config.stages`): ``TrainerConfig(delay_s=0.3)`` keeps
-            every other default. The settings the run owns (:data:`RUN_OWNED`: ``algo``,
-            ``group_size``, ``partial_rollouts``, ``weight_check_every``, the drop bound,
-            ``seed``) are filled in by :meth:`trainer_config`, :meth:`rollout_config` and
-            :meth:`reward_config`, and refused when a stage config sets them.
+            every other default. The stages read the settings they share (``algo``,
+            ``group_size``, ``partial_rollouts``, ``weight_check_every``,
+            :attr:`token_drop_staleness`) from the run, and the reward stage its failures'
+            seed (:meth:`reward_config`).
         fault: tests only - ``"<worker>:<call>:<raise|exit|kill|stale>"`` makes that worker
             fail (``stale``: a rollout worker keeps sampling with the weights it holds).
     """
@@ -157,7 +152,6 @@ class RunConfig(RLConfig):
     ray_address: str | None = None
     ray_resources: dict = field(default_factory=dict)
     timeout_s: float = 900.0
-    stall_timeout_s: float = 120.0
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool | str = False
@@ -168,6 +162,8 @@ class RunConfig(RLConfig):
         super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}")
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is unknown; choose one of {', '.join(ENGINES)}"
@@ -180,10 +176,10 @@ class RunConfig(RLConfig):
                 "use one-step-off or fully-async for a lag"
             )
         names = ("batch_groups", "group_size", "eval_every", "num_rollout_workers",
-                 "num_reward_workers", "learners")  # fmt: skip
+                 "num_reward_workers", "learners", "weight_check_every")  # fmt: skip
         check_fields("RunConfig", self, names, ">= 1", integer=True)
         check_fields("RunConfig", self, ("sync_every", "checkpoint_every"), ">= 0", integer=True)
-        check_fields("RunConfig", self, ("timeout_s", "stall_timeout_s"), "> 0")
+        check_fields("RunConfig", self, ("timeout_s",), "> 0")
         self._check_learners()
         if (
             self.groups_per_rollout is not None
@@ -219,26 +215,24 @@ class RunConfig(RLConfig):
         self.make_task()
 
     def _check_stages(self) -> None:
-        """Each stage's settings are its config class and leave the run's own to the run;
-        each stage config is then built with them, which checks every value."""
-        for stage, owned in RUN_OWNED.items():
-            cfg, kind = getattr(self, stage), STAGE_TYPES[stage]
+        """Each stage's settings are its config class (which checked their values); the
+        reward stage's seed is the run's."""
+        for stage, kind in STAGE_TYPES.items():
+            cfg = getattr(self, stage)
             if not isinstance(cfg, kind):
                 raise ValueError(
                     f"{stage}={cfg!r}: give a {kind.__name__}(...) (nobubble.rl.system.config), "
                     f"e.g. {stage}={kind.__name__}(delay_s=0.1)"
                 )
-            default = kind()
-            for name, run_name in owned.items():
-                if getattr(cfg, name) != getattr(default, name):
-                    raise ValueError(
-                        f"{stage}.{name}={getattr(cfg, name)!r} is the run's setting (the "
-                        f"stages share it); give RunConfig({run_name}=...) instead"
-                    )
-        for build in (self.trainer_config, self.rollout_config, self.reward_config):
-            build()
+        if self.reward.seed != RewardConfig().seed:
+            raise ValueError(
+                f"reward.seed={self.reward.seed!r} is the run's setting (the stages share it); "
+                "give RunConfig(seed=...) instead"
+            )
 
     def _check_partial(self) -> None:
+        if not isinstance(self.partial_rollouts, bool):
+            raise ValueError(f"partial_rollouts={self.partial_rollouts!r} must be True or False")
         if self.weight_check_every != 1 and not self.partial_rollouts:
             raise ValueError(
                 f"weight_check_every={self.weight_check_every} applies to --partial-rollouts "
@@ -397,17 +391,12 @@ class RunConfig(RLConfig):
         cfg = self.reward_config()
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
 
-    def trainer_config(self) -> TrainerConfig:
-        """``trainer`` with the run's settings; with partial rollouts, tokens past the drop
-        bound are masked out of the loss, per token."""
-        drop = self.effective_drop_staleness if self.partial_rollouts else None
-        return replace(self.trainer, algo=self.algo, group_size=self.group_size,
-                       partial_rollouts=self.partial_rollouts, token_drop_staleness=drop)  # fmt: skip
-
-    def rollout_config(self) -> RolloutConfig:
-        """``rollout`` with the run's settings."""
-        return replace(self.rollout, group_size=self.group_size, partial_rollouts=self.
-                       partial_rollouts, weight_check_every=self.weight_check_every)  # fmt: skip
+    @property
+    def token_drop_staleness(self) -> int | None:
+        """The trainer masks out of the loss every token more than this many versions older
+        than it: with partial rollouts the drop bound (:attr:`effective_drop_staleness`),
+        else None (keep all: whole groups are dropped before they are trained)."""
+        return self.effective_drop_staleness if self.partial_rollouts else None
 
     def reward_config(self) -> RewardConfig:
         """``reward`` with the run's seed (the seed of the injected failures)."""
@@ -435,8 +424,8 @@ class RunConfig(RLConfig):
         rewards = [{"fn": describe_value(r.fn), "weight": r.weight} for r in self.reward_sources()]
         return {
             **out,
-            "trainer": asdict(self.trainer_config()),
-            "rollout": asdict(self.rollout_config()),
+            "trainer": asdict(self.trainer),
+            "rollout": asdict(self.rollout),
             "reward": asdict(self.reward_config()),
             "rewards": rewards,
             "max_staleness": self.effective_max_staleness,

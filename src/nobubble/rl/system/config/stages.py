@@ -1,10 +1,10 @@
 """The settings of each stage of a run: trainer, rollout, reward.
 
 :class:`~nobubble.rl.system.config.run.RunConfig` holds one of each (``trainer``,
-``rollout``, ``reward``); the stage workers are built from them. A few stage settings are the
-run's to set, because more than one stage reads them (``algo``, ``group_size``,
-``partial_rollouts``, the token drop bound, the seed): the run fills them in when it hands a
-stage its settings, and refuses a stage config that sets them itself. This module loads no
+``rollout``, ``reward``); the stage workers read them from the run. The settings more than one
+stage reads (``algo``, ``group_size``, ``partial_rollouts``, ``weight_check_every``, the drop
+bound) are the run's fields, stated once there; a stage reads them from the run too
+(:attr:`RunConfig.token_drop_staleness` is the trainer's drop bound). This module loads no
 torch, so a bad value is refused before any is imported.
 """
 
@@ -14,102 +14,95 @@ from dataclasses import dataclass
 
 from nobubble.validation import check_fields
 
-__all__ = ["ALGOS", "STALENESS_WEIGHTS", "TrainerConfig", "RolloutConfig", "RewardConfig"]
+__all__ = ["STALENESS_WEIGHTS", "LearnerConfig", "TrainerConfig", "RolloutConfig", "RewardConfig"]
 
-# the policy-gradient algorithms a run may name (the trainer implements each)
-ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """Optimisation settings.
+class LearnerConfig:
+    """The learner's settings both producers read, with the same meaning: a task run's
+    :class:`TrainerConfig` and an environment run's
+    :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` are LearnerConfigs (the latter
+    with its own defaults).
 
     Attributes:
-        algo: one of ``grpo``, ``ppo``, ``decoupled-ppo``, ``vtrace``, ``vtrace-ppo``.
         lr: Adam learning rate.
-        group_size: responses per prompt, for the group advantages.
-        clip: PPO ratio clip epsilon.
+        clip: PPO ratio clip epsilon, in (0, 1).
         entropy_coef: weight of the entropy bonus.
+        value_coef: weight of the value loss (the algorithms with a critic).
+        max_grad_norm: gradient clipping.
+    """
+
+    lr: float = 2e-3
+    clip: float = 0.2
+    entropy_coef: float = 0.0
+    value_coef: float = 0.5
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_fields(owner, self, ("lr", "max_grad_norm"), "> 0")
+        check_fields(owner, self, ("entropy_coef", "value_coef"), ">= 0")
+        if not 0.0 < self.clip < 1.0:
+            raise ValueError(f"{owner}.clip={self.clip} must be in (0, 1) (e.g. 0.2)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(LearnerConfig):
+    """Optimisation settings: :class:`LearnerConfig`'s and these (the algorithm, the group
+    size and the drop bound are the run's: ``RunConfig.algo``, ``.group_size``,
+    ``.token_drop_staleness``).
+
+    Attributes:
         uniform_kl_coef: weight of KL(uniform || pi) per token. It keeps a floor under every
             token's probability, so a group whose samples all agree on a wrong answer still
             explores; unlike the entropy bonus, its gradient does not vanish as the policy
             becomes deterministic. Greedy evaluation is unaffected by the floor.
-        value_coef: weight of the value loss (``ppo``, ``vtrace``).
-        max_grad_norm: gradient clipping.
         staleness_weighting: weight of a sample ``lag`` versions old: ``none`` (1),
             ``inverse`` (``1 / (1 + lag)``) or ``exp`` (``0.5 ** lag``).
         kl_coef: weight of KL(pi || pi_ref) (k3 estimator) to a reference policy; 0 = off.
         kl_refresh_every: copy the policy into the reference every N steps; 0 = keep the
             initial policy frozen.
         delay_s: extra seconds per step (a slower trainer for experiments).
-        partial_rollouts: the batches come from partial rollouts: a response's tokens may
-            come from several versions (False: whole-group versioning, asserted).
-        token_drop_staleness: mask out of the loss every token more than this many versions
-            older than the trainer (None = keep all; the run sets it with partial rollouts).
     """
 
-    algo: str = "grpo"
-    lr: float = 2e-3
-    group_size: int = 8
-    clip: float = 0.2
-    entropy_coef: float = 0.0
     uniform_kl_coef: float = 0.05
-    value_coef: float = 0.5
-    max_grad_norm: float = 1.0
     staleness_weighting: str = "none"
     kl_coef: float = 0.0
     kl_refresh_every: int = 0
     delay_s: float = 0.0
-    partial_rollouts: bool = False
-    token_drop_staleness: int | None = None
 
     def __post_init__(self) -> None:
-        if self.algo not in ALGOS:
-            raise ValueError(f"algo={self.algo!r} is unknown; choose one of {', '.join(ALGOS)}")
-        check_fields("TrainerConfig", self, ("lr", "clip", "max_grad_norm"), "> 0")
-        names = ("entropy_coef", "uniform_kl_coef", "value_coef", "kl_coef", "delay_s")
-        check_fields("TrainerConfig", self, names, ">= 0")
+        super().__post_init__()
+        check_fields("TrainerConfig", self, ("uniform_kl_coef", "kl_coef", "delay_s"), ">= 0")
         check_fields("TrainerConfig", self, ("kl_refresh_every",), ">= 0", integer=True)
-        check_fields("TrainerConfig", self, ("group_size",), ">= 1", integer=True)
         if self.staleness_weighting not in STALENESS_WEIGHTS:
             raise ValueError(
                 f"TrainerConfig.staleness_weighting={self.staleness_weighting!r}; use one of "
                 f"{', '.join(STALENESS_WEIGHTS)}"
             )
-        if self.token_drop_staleness is not None:
-            check_fields("TrainerConfig", self, ("token_drop_staleness",), ">= 0", integer=True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    """Sampling settings.
+    """Sampling settings (the group size and in-flight weight updates are the run's:
+    ``RunConfig.group_size``, ``.partial_rollouts``, ``.weight_check_every``).
 
     Attributes:
-        group_size: responses per prompt (GRPO group), >= 1.
         temperature: sampling temperature, > 0.
         delay_s: extra seconds per ``generate`` call (a slower generator for experiments).
         token_delay_s: extra seconds per decoding step (a slow decoder: one generation then
             spans trainer steps, the case partial rollouts are for).
-        partial_rollouts: take new weights between tokens, not only between calls.
-        weight_check_every: with ``partial_rollouts``, look for new weights before every
-            this many decoding steps (1 = before every token).
     """
 
-    group_size: int = 8
     temperature: float = 1.0
     delay_s: float = 0.0
     token_delay_s: float = 0.0
-    partial_rollouts: bool = False
-    weight_check_every: int = 1
 
     def __post_init__(self) -> None:
-        check_fields("RolloutConfig", self, ("group_size", "weight_check_every"), ">= 1",
-                     integer=True)  # fmt: skip
         check_fields("RolloutConfig", self, ("temperature",), "> 0")
         check_fields("RolloutConfig", self, ("delay_s", "token_delay_s"), ">= 0")
-        if not isinstance(self.partial_rollouts, bool):
-            raise ValueError(f"partial_rollouts={self.partial_rollouts!r} must be True or False")
 
 
 @dataclass(frozen=True, kw_only=True)

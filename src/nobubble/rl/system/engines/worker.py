@@ -73,15 +73,12 @@ class StageWorker:
             self.rollout = RolloutWorker(
                 task=self.task,
                 model=cfg.build_policy(self.task),
-                cfg=cfg.rollout_config(),
-                seed=cfg.seed,
+                cfg=cfg,
                 worker_id=int(name.split("-")[1]),
             )
         elif self.kind == "trainer":
             torch.manual_seed(cfg.seed)
-            self.learner = group_learner(
-                task=self.task, model=cfg.build_policy(self.task), cfg=cfg.trainer_config()
-            )
+            self.learner = group_learner(task=self.task, model=cfg.build_policy(self.task), cfg=cfg)
             folder = cfg.checkpoint_dir
             ckpt = CheckpointStore(folder).latest() if cfg.resume and folder else None
             if ckpt is not None:
