@@ -69,6 +69,7 @@ def comparison(config: RLConfig, *, ablation: Sequence[int] = ()) -> dict[str, R
     the trainer slowed by :data:`ABLATION_TRAINER_DELAY_S` a step unless ``config`` slows it.
 
     Raises:
+        TypeError: ``config`` is neither a RunConfig nor an EnvRunConfig.
         ValueError: an ablation of an environment run, or a bound < 1.
     """
     from nobubble.rl.actor_learner.config import ARCHS, EnvRunConfig
@@ -77,6 +78,9 @@ def comparison(config: RLConfig, *, ablation: Sequence[int] = ()) -> dict[str, R
 
     if isinstance(config, EnvRunConfig) and not ablation:
         return {arch: replace(config, arch=cast("Arch", arch)) for arch in ARCHS}
+    if not isinstance(config, (RunConfig, EnvRunConfig)):
+        raise TypeError(f"comparison: config={config!r}; pass a RunConfig (a task) or an "
+                        "EnvRunConfig")  # fmt: skip
     if not isinstance(config, RunConfig):
         raise ValueError(f"comparison: config={config!r}; the lag-fix ablation is of task runs "
                          "(a RunConfig); drop it for an env run")  # fmt: skip

@@ -136,3 +136,5 @@ def test_a_comparison_expands_one_config_into_its_runs():
         comparison(EnvRunConfig(), ablation=(8,))
     with pytest.raises(ValueError, match=r"ablation=\[0\]: give staleness bounds >= 1"):
         comparison(task, ablation=(0,))
+    with pytest.raises(TypeError, match="pass a RunConfig"):
+        comparison(object())  # type: ignore[arg-type]

@@ -88,7 +88,7 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
     from nobubble.rl.system.weight_sync import weight_digest
 
-    torch.set_num_threads(spec.config.torch_threads)
+    torch.set_num_threads(spec.config.threads)
     c = spec.config
     model = build_model(c, spec.obs_dim, spec.num_actions)
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)

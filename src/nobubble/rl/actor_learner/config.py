@@ -101,11 +101,6 @@ class EnvRunConfig(RLConfig, LearnerConfig):
         _check_counts(self)
         _check_rates(self)
 
-    @property
-    def torch_threads(self) -> int:
-        """:attr:`threads`: what the learner (and each impala actor) sets during the run."""
-        return self.threads
-
 
 def _check_choices(c: EnvRunConfig) -> None:
     if c.arch not in ARCHS:

@@ -156,7 +156,7 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
         LedgerError: a trajectory was lost or trained twice (a bug, never expected).
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(config.torch_threads)
+    torch.set_num_threads(config.threads)
     try:
         return _train(config, on_step)
     finally:

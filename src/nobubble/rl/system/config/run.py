@@ -352,10 +352,6 @@ class RunConfig(RLConfig):
             return self.groups_per_rollout
         return max(1, self.batch_groups // 4) if self.mode == "fully-async" else self.batch_groups
 
-    def torch_threads(self) -> int:
-        """Torch intra-op threads per worker: :attr:`threads` (the engines read it here)."""
-        return self.threads
-
     def make_task(self) -> TaskSpec:
         from nobubble.rl.system.tasks.spec import resolve_task
 

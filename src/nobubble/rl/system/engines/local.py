@@ -7,7 +7,7 @@ Two processes with one torch thread each do run at the same time on two cores.
 
 - Processes start from a forkserver preloaded with torch
   (:func:`~nobubble.distributed.worker_context`; no forked torch state); each runs one torch
-  thread (:meth:`RunConfig.torch_threads`). In ``sync`` mode only one stage works at a time, so one
+  thread (:attr:`RLConfig.threads`). In ``sync`` mode only one stage works at a time, so one
   core idles - that idle core is the bubble the asynchronous modes remove. (Giving the lone
   stage two intra-op threads instead was 5x *slower* here: the ops are too small to split
   and the threads spin against each other and the machine's other load.)

@@ -66,7 +66,7 @@ class StageWorker:
         self.task = cfg.make_task()
         self.calls = 0
         self.kind = name.split("-")[0]
-        torch.set_num_threads(1 if self.kind == "reward" else cfg.torch_threads())
+        torch.set_num_threads(1 if self.kind == "reward" else cfg.threads)
         self._digest: tuple[int, str] | None = None  # (version, digest) of the trainer's model
         self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
