@@ -94,7 +94,7 @@ def run_nobubble(arch: str, delay_ms: float, seed: int, max_seconds: float) -> d
         "time_to_475_s": r.time_to_target_s, "steps_to_475": r.steps_to_target,
         "env_steps_per_s": r.env_steps_per_s, "eval_mean_return": r.eval_mean_return,
         "wall_s": r.wall_s, "env_steps": r.env_steps, "actors": r.actors,
-        "idle_ratio": r.idle_ratio, "max_staleness": r.staleness_max, "ledger": r.ledger.to_json(),
+        "idle_ratio": r.idle_ratio, "staleness_max": r.staleness_max, "ledger": r.ledger.to_json(),
     }  # fmt: skip
 
 
@@ -200,7 +200,7 @@ def _run_record(r: Any) -> dict[str, Any]:
         "seed": r.config["seed"], "reached": r.reached_target,
         "time_to_target_s": r.time_to_target_s, "steps_to_target": r.steps_to_target, "eval_mean_return": r.eval_mean_return,
         "wall_s": r.wall_s, "env_steps": r.env_steps, "env_steps_per_s": r.env_steps_per_s,
-        "idle_ratio": r.idle_ratio, "max_staleness": r.staleness_max, "ledger": r.ledger.to_json(),
+        "idle_ratio": r.idle_ratio, "staleness_max": r.staleness_max, "ledger": r.ledger.to_json(),
         "eval_curve": [[p.wall_s, p.eval_return] for p in r.curve if p.eval_return is not None],
     }  # fmt: skip
 

@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -348,7 +347,7 @@ def run_nobubble(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": res.wall_s,
         "initial_accuracy": res.initial_accuracy,
         "final_accuracy": res.final_accuracy,
-        "curve": [asdict(p) for p in res.curve],
+        "curve": [p.to_json() for p in res.curve],
         "idle_ratio": res.idle_ratio,
         "staleness_hist": {str(k): v for k, v in res.staleness_hist.items()},
     }

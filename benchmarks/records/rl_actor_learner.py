@@ -35,8 +35,24 @@ class Dropped(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunLedger(Record):
+    """The run's ledger summary (``LedgerSummary.to_json``): every generated trajectory is
+    trained or dropped for a stated reason, with no gap in any actor's sequence: ``ok``."""
+
+    generated: int
+    trained: int
+    dropped: dict[str, int]
+    requeued: int
+    reused: int
+    by_learner: dict[str, int]
+    gaps: list[Any]
+    ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class Ledger(Record):
-    """Every sample produced is used or dropped (for lag, or at shutdown): ``whole``."""
+    """Files written before the one ledger: every sample produced is used or dropped (for
+    lag, or at shutdown): ``whole``."""
 
     produced: int
     used: int
@@ -56,8 +72,8 @@ class CartPoleRun(Record):
     env_steps: int
     actors: int | None = optional()
     idle_ratio: dict[str, float] | None = optional()
-    max_lag: int | None = optional()
-    ledger: Ledger | None = optional()
+    staleness_max: int | None = optional()
+    ledger: RunLedger | Ledger | None = optional()
     seed: int
 
 
@@ -94,8 +110,8 @@ class EnvRun(Record):
     env_steps: int
     env_steps_per_s: float
     idle_ratio: dict[str, float]
-    max_lag: int
-    ledger: Ledger
+    staleness_max: int
+    ledger: RunLedger | Ledger
     eval_curve: list[list[float]]
 
 

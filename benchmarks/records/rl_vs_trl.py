@@ -20,7 +20,8 @@ class PolicyShape(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class TrlSetup(Record):
-    """The benchmark's flags and what it ran on; ``versions``: package -> version."""
+    """The benchmark's flags and what it ran on; ``versions``: package -> version (None: not
+    installed, as TRL on a ``--only nobubble`` run without the peer extra)."""
 
     steps: int
     prompts_per_step: int
@@ -33,7 +34,7 @@ class TrlSetup(Record):
     task: str
     policy: PolicyShape
     eval_every: int
-    versions: dict[str, str]
+    versions: dict[str, str | None]
     cpu_count: int
     torch_threads: int
 
