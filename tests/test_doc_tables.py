@@ -106,3 +106,18 @@ def test_a_benchmark_writes_through_its_record(tmp_path) -> None:
         write_record(tmp_path / "merge.json", kind, data)
     assert json.loads((tmp_path / "merge.unmatched.json").read_text()) == data
     assert "kmerge_seconds" not in (tmp_path / "merge.json").read_text()
+
+
+def test_the_runtime_record_takes_what_the_library_profile_writes() -> None:
+    """``benchmarks/pp_runtime.py`` writes ``Profile.to_dict()`` under ``profile``: its record
+    (a mirror of the library's ``Profile``, ``mem_b`` and ``split_overhead`` written as keys)
+    must decode exactly that, so a field renamed in the library fails here, not after a run."""
+    from benchmarks.records.pp_runtime import RuntimeProfile
+    from nobubble.pipeline.runtime.profile_data import Profile, StageProfile
+
+    stage = StageProfile(stage=0, blocks=(0, 1), t_f=1.0, t_b=1.0, t_w=0.5, t_bw_fused=1.25,
+                         mem_f=64, mem_w=16, bw_ratio=1.2, out_bytes=8)  # fmt: skip
+    written = Profile(model="gpt", microbatch_size=2, stages=(stage,), t_comm=0.1,
+                      activation_bytes=8, clock="cpu").to_dict()  # fmt: skip
+    written = json.loads(json.dumps(written))  # as the file holds it: tuples are lists
+    assert encode(decode(RuntimeProfile, written, "profile")) == written

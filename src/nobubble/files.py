@@ -1,5 +1,7 @@
 """Output files: checked before any work starts, written atomically.
 
+- :func:`read_input_text`: an input file's text, or a ValueError naming the file and why it
+  cannot be read (missing, a folder, unreadable, not UTF-8) and how to get a right one.
 - :func:`check_output_file` / :func:`check_output_dir`: refuse a path that cannot be written
   (a folder where a file is wanted, a file where a folder is needed, a special file such as
   ``/dev/null``, a read-only or missing location) with a message naming it, so a command
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "read_input_text",
     "check_output_file",
     "check_output_dir",
     "atomic_path",
@@ -32,6 +35,26 @@ __all__ = [
     "save_figure",
     "claim_output",
 ]
+
+
+def read_input_text(
+    path: str | os.PathLike[str], fix: str, error: type[ValueError] = ValueError
+) -> str:
+    """The text of the input file at ``path``.
+
+    Raises:
+        ValueError: (or its subclass ``error``) ``{path}: no such file``, ``not UTF-8 text``
+            or ``cannot read it (why)``, then ``; {fix}`` (how to get a file that reads).
+    """
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        what = "no such file"
+    except UnicodeDecodeError:
+        what = "not UTF-8 text"
+    except OSError as err:  # a folder, unreadable
+        what = f"cannot read it ({err.strerror or err})"
+    raise error(f"{path}: {what}; {fix}") from None
 
 
 def _first_existing(path: Path) -> Path:

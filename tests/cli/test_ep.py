@@ -118,3 +118,14 @@ def test_demo_step(tmp_path):
     summary = json.loads((tmp_path / "moe" / "ep_demo.json").read_text())
     assert summary["buffer_bytes"] < summary["per_pair_bytes"]
     assert summary["imbalance"][-1] < summary["imbalance"][0]
+
+
+def test_layer_check_imbalance_is_max_over_mean_per_step():
+    """Hand-computed: loads (3, 1, 0, 0) are 3x their mean of 1; a step with no tokens is
+    balanced (1.0), not a division by zero."""
+    from nobubble.bench.ep_layer import LayerCheck
+
+    check = LayerCheck(sent_rows=[], recv_rows=[], buffer_bytes=[], pair_bytes=[],
+                       loads=[[3, 1, 0, 0], [2, 2, 2, 2], [0, 0, 0, 0]],
+                       max_rel_output_diff=0.0, max_rel_grad_diff=0.0)  # fmt: skip
+    assert check.imbalance == [3.0, 1.0, 1.0]

@@ -108,6 +108,6 @@ def test_read_csv_reads_a_file_and_names_it_in_every_error(tmp_path):
     (tmp_path / "bad.csv").write_text("0F0\n1Q0\n")
     (tmp_path / "bin.csv").write_bytes(b"\xff\xfe0F0")
     for name, needle in (("bad.csv", "CSV line 2"), ("bin.csv", "not UTF-8 text"),
-                         ("gone.csv", "cannot read it")):  # fmt: skip
+                         ("gone.csv", "no such file")):  # fmt: skip
         with pytest.raises(ScheduleFormatError, match=f"^{tmp_path / name}: {needle}"):
             Schedule.read_csv(tmp_path / name)

@@ -18,6 +18,7 @@ import torch
 
 from nobubble.distributed import spawn
 from nobubble.files import save_figure
+from nobubble.moe.balance.eplb import load_imbalance
 from nobubble.moe.baseline import pair_dispatch
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
@@ -47,8 +48,8 @@ class LayerCheck:
 
     @property
     def imbalance(self) -> list[float]:
-        """Max / mean expert load at every step of :attr:`loads`."""
-        return [max(step) / (sum(step) / len(step)) for step in self.loads]
+        """Max / mean expert load at every step of :attr:`loads` (:func:`load_imbalance`)."""
+        return load_imbalance(torch.tensor(self.loads)).tolist()
 
     def summary(self) -> dict[str, Any]:
         """The headline figures (``nobubble demo`` writes them as ``moe/ep_demo.json``):

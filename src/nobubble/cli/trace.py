@@ -49,5 +49,6 @@ def _report(args: argparse.Namespace, events, title: str, extra: dict) -> int:
              for s in summarize(events)]  # fmt: skip
     print_result(args.json, extra | {"num_events": len(events), "ranks": ranks}, title,
                  ["rank", "events", "span ms", "busy ms", "idle"],
-                 [[*list(r.values())[:4], f"{r['idle_ratio']:.1%}"] for r in ranks])  # fmt: skip
+                 [[r["rank"], r["events"], r["span_ms"], r["busy_ms"], f"{r['idle_ratio']:.1%}"]
+                  for r in ranks])  # fmt: skip
     return 0

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from nobubble.files import read_input_text
+
 __all__ = ["Op", "Action", "Schedule", "ScheduleFormatError"]
 
 
@@ -272,13 +274,7 @@ class Schedule:
             ScheduleFormatError: the file cannot be read, is not UTF-8 text, or holds no
                 schedule; the error names the file.
         """
-        try:
-            text = Path(path).read_text()
-        except UnicodeDecodeError:
-            raise ScheduleFormatError(f"{path}: not UTF-8 text; give a torch-format CSV "
-                                      "schedule") from None  # fmt: skip
-        except OSError as err:  # removed, made unreadable
-            raise ScheduleFormatError(f"{path}: cannot read it ({err.strerror})") from None
+        text = read_input_text(path, "give a torch-format CSV schedule", ScheduleFormatError)
         try:
             return Schedule.from_csv(text, name=Path(path).stem, num_microbatches=num_microbatches)
         except ScheduleFormatError as err:

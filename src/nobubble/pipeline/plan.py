@@ -35,8 +35,8 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
+from nobubble.files import read_input_text
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.partition import equal_sizes
@@ -235,14 +235,11 @@ class Plan:
             ValueError: ``path`` cannot be read or holds no plan JSON; the error names the
                 file and how to write one.
         """
+        text = read_input_text(
+            path, "write one with pp plan --model MODULE:FACTORY --out plan.json"
+        )
         try:
-            return Plan.from_json(Path(path).read_text())
-        except OSError as err:  # missing, a folder, unreadable
-            what = (
-                "no such file" if isinstance(err, FileNotFoundError) else err.strerror or str(err)
-            )
-            raise ValueError(f"{path}: {what}; write one with pp plan --model MODULE:FACTORY "
-                             "--out plan.json") from None  # fmt: skip
+            return Plan.from_json(text)
         except (KeyError, TypeError, ValueError, RecursionError) as err:  # JSONDecodeError too
             raise ValueError(f"{path}: not a plan JSON (pp plan --model ... --out): "
                              f"{type(err).__name__}: {err}") from None  # fmt: skip

@@ -54,6 +54,7 @@ from nobubble.cli.util import (
     positive_float,
     positive_int,
     print_json,
+    print_result,
     print_table,
 )
 from nobubble.files import claim_output, write_text
@@ -177,21 +178,18 @@ def _profile(args: argparse.Namespace) -> int:
                                repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
         if args.output is not None:
             prof.write(args.output)
-    if args.json:
-        print_json(prof.to_dict())
-        return 0
     rows = [
         [s.stage, f"{s.blocks[0]}-{s.blocks[-1]}", s.t_f, s.t_b, s.t_w, s.t_b + s.t_w,
          s.t_bw_fused, f"{s.split_overhead:+.1%}", s.mem_f / MiB, s.mem_w / MiB]
         for s in prof.stages
     ]  # fmt: skip
-    print_table(
+    print_result(
+        args.json, prof.to_dict(),
         f"{model.name}: {args.num_stages} stages, microbatch {args.microbatch_size} (ms, MiB)",
         ["stage", "blocks", "T_F", "T_B", "T_W", "T_B+T_W", "fused BW", "split", "M_F", "M_W"],
-        rows,
-        caption=f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock"
-        + (f"; wrote {args.output}" if args.output else ""),
-    )
+        rows, caption=f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock",
+        files=[str(args.output)] if args.output is not None else [],
+    )  # fmt: skip
     return 0
 
 

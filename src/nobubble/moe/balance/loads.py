@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from nobubble.files import read_input_text
 from nobubble.moe.balance.problem import SKEW_KINDS, parse_skew
 from nobubble.validation import MAX_REAL
 
@@ -63,10 +64,7 @@ def read_loads(path: Path) -> torch.Tensor:
     Raises ValueError, starting with ``path``, for a file that is unreadable, not numbers,
     ragged, empty, not finite, negative, or has a row of zeros (nothing to balance).
     """
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot read ({err})") from None
+    text = read_input_text(path, "give a JSON or text file of per-expert loads")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:

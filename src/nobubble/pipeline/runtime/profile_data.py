@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nobubble.files import write_text
+from nobubble.files import read_input_text, write_text
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.plan import BlockCosts
@@ -136,11 +136,10 @@ class Profile:
             ValueError: ``path`` cannot be read, holds no profile JSON, or a number that is
                 not finite; the error names the file.
         """
+        text = read_input_text(path, "write one with pp profile -o")
         try:
-            data = json.loads(Path(path).read_text())
-        except OSError as err:  # removed, made unreadable
-            raise ValueError(f"{path}: cannot read it ({err.strerror})") from None
-        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, nested past reason
+            data = json.loads(text)
+        except (ValueError, RecursionError) as err:  # not JSON, nested past reason
             raise ValueError(f"{path}: not a pp profile JSON ({err}); write one with pp "
                              "profile -o") from None  # fmt: skip
         stages = data.get("stages") if isinstance(data, dict) else None
