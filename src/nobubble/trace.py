@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.algorithms.merge import kmerge
-from nobubble.files import write_text
+from nobubble.files import read_input_text, write_text
 from nobubble.validation import finite
 
 __all__ = [
@@ -148,14 +148,9 @@ def read_chrome_trace(path: str | Path) -> tuple[list[Event], dict[int, str]]:
     an event lacks a field, or a duration is negative.
     """
     path = Path(path)
+    text = read_input_text(path, "give a JSON trace file", TraceFormatError)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(f"{path} is a folder; give a trace file") from None
-    except UnicodeDecodeError:
-        raise TraceFormatError(f"{path}: not UTF-8 text, so not a JSON trace") from None
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise TraceFormatError(f"{path}: not JSON ({err})") from None
     except RecursionError:  # [[[[...]]]]: Python's parser gives up, as any reader would
