@@ -79,7 +79,8 @@ def env_config(args: argparse.Namespace, shared: tuple[Flag, ...]) -> Any:
         return apply_flags(functools.partial(text_env_config, args.env, options), given, table)
     if args.env_option:
         raise ValueError(f"--env-option is for text envs; {args.env!r} is a gymnasium id")
-    given.setdefault("target_return", _reward_threshold(args.env))
+    if "target_return" not in given:  # looked up only when needed: it builds the env's spec
+        given["target_return"] = _reward_threshold(args.env)
     return apply_flags(EnvRunConfig, {"env": args.env, **given}, table)
 
 

@@ -52,3 +52,16 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError, match="group_size=4"):
         check_group_versions([1, 1, 1], 4)
     assert math.isclose(staleness_weight(0.0), 1.0)
+
+
+def test_the_trainer_config_offers_exactly_the_kinds_staleness_weight_takes() -> None:
+    """``TrainerConfig`` (torch-free, so it cannot import the Literal) restates the kinds: a
+    kind added or renamed on one side only would be refused by one and taken by the other."""
+    from typing import get_args
+
+    from nobubble.rl.algo.staleness import StalenessKind
+    from nobubble.rl.system.config import STALENESS_WEIGHTS
+
+    assert set(STALENESS_WEIGHTS) == set(get_args(StalenessKind))
+    for kind in STALENESS_WEIGHTS:
+        staleness_weight(1, kind)  # every kind the config accepts is one the loss takes

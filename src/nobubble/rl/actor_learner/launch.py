@@ -78,13 +78,15 @@ class ActorPool:
             )
             args = [(s, sl, p[1], self.stop, self.errors) for s, sl, p in zip(specs, slots, pipes)]
             target = env_worker
-        self.procs = [
-            ctx.Process(target=target, args=a, name=n, daemon=True)
-            for a, n in zip(args, self.names)
-        ]
-        for n, p in zip(self.names, self.procs):
-            p.start()
-            self.supervisor.procs[n] = p
+        for a, n in zip(args, self.names):
+            proc = ctx.Process(target=target, args=a, name=n, daemon=True)
+            proc.start()
+            self.supervisor.procs[n] = proc
+
+    @property
+    def procs(self) -> list[Any]:
+        """The actor processes, in :attr:`names`' order (the supervisor's, held once)."""
+        return list(self.supervisor.procs.values())
 
     def publish(self, version: int) -> None:
         """impala: hand the learner's weights to the actors as ``version`` (no-op otherwise)."""
