@@ -14,7 +14,7 @@ from nobubble.rl.system.orchestrator import RunConfig, WorkerError, run
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.tasks import DigitsTask
 from nobubble.rl.system.tasks.spec import TaskSpec
-from nobubble.rl.system.types import Sample, SampleGroup
+from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup
 
 TINY = dict(batch_groups=4, group_size=4, eval_every=2, policy_kwargs={"hidden": 32}, timeout_s=240)
 
@@ -105,6 +105,32 @@ def test_a_digest_names_the_values_and_published_weights_check_the_claims():
         published.check([(2, weight_digest(trainer))], "rollout-0")
     with pytest.raises(WeightVersionError, match="published twice"):
         published.publish({1: weight_digest(generator)})
+
+
+def test_a_rollout_worker_copies_the_shared_weights_once_per_published_version():
+    """StageWorker.handle pulls before every rollout command, but only a newer version is
+    copied into the generator's model: 3 commands on version 0 load once, 2 on version 1
+    once more (the local engine's per-command cost before the Engine merge)."""
+    import multiprocessing as mp
+
+    from nobubble.rl.system.engines.worker import StageWorker
+    from nobubble.rl.system.weight_sync import SharedWeights
+
+    cfg = RunConfig(mode="fully-async", steps=1, **TINY)
+    worker = StageWorker("rollout-0", cfg)
+    trainer = cfg.build_policy(worker.task)
+    shared = SharedWeights(trainer, mp.get_context("fork"))
+    loads: list[int] = []
+    worker.rollout.model.register_load_state_dict_post_hook(lambda m, keys: loads.append(1))
+    request = [GroupRequest(0, 0, worker.task.prompts[0], 0.0)]
+    versions = []
+    for version, commands in [(0, 3), (1, 2)]:
+        shared.publish(trainer, version)
+        for _ in range(commands):
+            (msg,) = worker.handle(("rollout", request, None), shared)
+            versions.append(msg.payload[0].policy_version)
+    assert versions == [0, 0, 0, 1, 1]
+    assert len(loads) == 2
 
 
 def test_a_generator_sampling_with_other_weights_than_its_version_is_caught():

@@ -116,6 +116,7 @@ class RayEngine(Engine):
         self._pending: dict[Any, str] = {}
         self._started_ray = False
         self._weights: tuple[int, Any] | None = None  # the newest published: learner 0's
+        self._sent: dict[str, int] = {}  # worker -> the version its actor was last sent
         self._errors: list[WorkerError] = []
         self._starting: set[str] = set()  # spawned, not ready yet
 
@@ -218,10 +219,13 @@ class RayEngine(Engine):
         except Exception:  # noqa: BLE001 - an actor that already died is fine
             pass
         self._pending = {r: w for r, w in self._pending.items() if w != worker}
+        self._sent.pop(worker, None)  # a fresh actor holds no published weights
 
     def _send(self, worker: str, cmd: tuple) -> None:
         """``cmd`` to ``worker``'s actor, with the newest published weights for a generator
-        and for a learner other than 0 in async / staleness (Ray resolves the reference)."""
+        and for a learner other than 0 in async / staleness (Ray resolves the reference) when
+        the actor was not sent that version yet: an actor runs its calls in order, so it
+        holds it by then, and an unchanged version costs no object-store fetch."""
         assert self._cfg is not None  # set by start()
         loads = cmd[0] == "rollout" or (
             cmd[0] == "train"
@@ -231,7 +235,9 @@ class RayEngine(Engine):
         version, ref = None, None
         if loads:
             assert self._weights is not None  # set when learner 0 said ready
-            version, ref = self._weights
+            if self._sent.get(worker) != self._weights[0]:
+                version, ref = self._weights
+                self._sent[worker] = version
         self._pending[self._actors[worker].handle.remote(cmd, version, ref)] = worker
 
     def poll(self, timeout_s: float) -> list[Message]:
