@@ -138,9 +138,11 @@ class PrioritizedReplayBuffer(Generic[Item]):
         if eps <= 0:
             raise ValueError(f"PrioritizedReplayBuffer: eps={eps} must be > 0 (e.g. 1e-6)")
         self.capacity, self.alpha, self.beta, self.eps = capacity, alpha, beta, eps
+        self._sum, self._min = SegmentTree(capacity), SegmentTree(capacity, np.minimum)
+        self._items: list[Any] = [None] * capacity
+        self._next, self._size, self._max_priority = 0, 0, 1.0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
-        self.clear()
 
     def __len__(self) -> int:
         return self._size
@@ -294,7 +296,7 @@ class PrioritizedReplayBuffer(Generic[Item]):
                 SegmentTree(self.capacity),
                 SegmentTree(self.capacity, np.minimum),
             )
-            self._items: list[Any] = [None] * self.capacity
+            self._items = [None] * self.capacity
             self._next, self._size, self._max_priority = 0, 0, 1.0
 
 
