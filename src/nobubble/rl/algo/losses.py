@@ -51,11 +51,6 @@ class PolicyLossResult:
     behav_weight_mean: torch.Tensor | None = None
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
 def _check_mask(logp: torch.Tensor, mask: torch.Tensor, who: str) -> torch.Tensor:
     if logp.dim() != 2 or mask.shape != logp.shape:
         raise ValueError(
@@ -235,13 +230,13 @@ def ppo_policy_loss(
         global_num_seqs=global_num_seqs,
         norm_length=norm_length,
     )
-    with torch.no_grad():
+    with torch.no_grad():  # diagnostics: token means over the valid tokens
         return PolicyLossResult(
             loss=loss,
-            clip_fraction=_masked_mean(is_clipped.to(logp.dtype), mask),
-            dual_clip_fraction=_masked_mean(is_dual.to(logp.dtype), mask),
-            approx_kl=_masked_mean((ratio - 1.0) - log_ratio, mask),
-            behav_weight_mean=None if weights is None else _masked_mean(weights, mask),
+            clip_fraction=aggregate_loss(is_clipped.to(logp.dtype), mask),
+            dual_clip_fraction=aggregate_loss(is_dual.to(logp.dtype), mask),
+            approx_kl=aggregate_loss((ratio - 1.0) - log_ratio, mask),
+            behav_weight_mean=None if weights is None else aggregate_loss(weights, mask),
         )
 
 
