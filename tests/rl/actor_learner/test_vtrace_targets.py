@@ -60,7 +60,7 @@ def test_vtrace_targets_equal_the_papers_sums_on_recorded_trajectories(lam: floa
     batch = stack_trajectories(trajectories)  # (T, B) = (40, 6)
     assert batch.dones.sum() > 0, "episodes should end inside the unroll"
     gamma = 0.97
-    got = vtrace_targets(learner, batch, gamma, lam).vtrace
+    got = vtrace_targets(*learner(batch.obs), batch, gamma, lam)
 
     with torch.no_grad():
         logits, values = learner(batch.obs.double().float())  # (T + 1, B, A), (T + 1, B)

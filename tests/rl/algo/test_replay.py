@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl.algo.replay import MinTree, PrioritizedReplayBuffer, SumTree, linear_beta
+from nobubble.rl.algo.replay import PrioritizedReplayBuffer, SegmentTree, linear_beta
 
 # Upper 0.1% point of the chi-square distribution with 15 degrees of freedom: 37.697.
 # Source: NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.4, "Critical
@@ -122,7 +122,7 @@ def test_new_items_get_max_priority_and_ring_overwrites_oldest() -> None:
     st.sampled_from([2, 3, 32]),
 )
 def test_sum_tree_matches_prefix_sums(capacity, updates, seed, fanout) -> None:
-    tree, mins = SumTree(capacity, fanout), MinTree(capacity, fanout)
+    tree, mins = SegmentTree(capacity, fanout=fanout), SegmentTree(capacity, np.minimum, fanout)
     leaves = np.zeros(capacity)
     set_leaves = np.full(capacity, np.inf)  # the min tree's empty leaves are +inf
     for i, v in updates:
@@ -130,8 +130,8 @@ def test_sum_tree_matches_prefix_sums(capacity, updates, seed, fanout) -> None:
         tree.update([i], [v])
         mins.update([i], [v])
         leaves[i] = set_leaves[i] = v
-    assert tree.total() == pytest.approx(leaves.sum())
-    assert mins.min() == set_leaves.min()
+    assert tree.root() == pytest.approx(leaves.sum())
+    assert mins.root() == set_leaves.min()
     if leaves.sum() > 0:
         mass = np.random.default_rng(seed).random(200) * leaves.sum()
         expect = np.searchsorted(np.cumsum(leaves), mass, side="right")
@@ -164,7 +164,7 @@ def test_bad_input() -> None:
 @pytest.mark.parametrize("fanout", [2, 4, 32])
 def test_mass_at_the_total_lands_on_the_last_nonempty_leaf(fanout) -> None:
     # A draw of mass == total (float rounding of u * total) must not reach an empty slot.
-    tree = SumTree(10, fanout)
+    tree = SegmentTree(10, fanout=fanout)
     tree.update([0, 1, 5], [1.0, 2.0, 0.5])
     assert tree.find_prefix([3.5, 3.4999, 0.0, 1.0]).tolist() == [5, 5, 0, 1]
 

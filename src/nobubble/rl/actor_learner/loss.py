@@ -1,22 +1,18 @@
 """The environment producer's loss: V-trace targets and a PPO-clip (or plain V-trace) loss.
 
-One update takes a batch of trajectories ``(T, B)`` and, for each epoch and minibatch of
-environments, computes with the *current* parameters
+For each minibatch of environments of a batch ``(T, B)``, with the *current* parameters:
 
     vs, A = vtrace_from_logits(mu_logits, pi_logits, a, gamma * (1 - done), r, V, V_T)
     policy loss = PPO clip of pi / mu on A (``loss="ppo"``, APPO)  or  -A log pi ("vtrace")
     value loss  = 1/2 (vs - V)^2,   entropy bonus  H(pi)
 
-(:mod:`nobubble.rl.algo.vtrace`, :mod:`nobubble.rl.algo.losses`). The learner
-(:func:`env_learner`) takes one optimizer step per minibatch and makes one new policy
-version per update; a trajectory's lag is the version at update time minus the version that
-generated it.
+The learner (:func:`env_learner`) takes one optimizer step per minibatch and makes one new
+policy version per update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,35 +22,18 @@ from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.model import PolicyModel
 from nobubble.rl.actor_learner.trajectory import TrajectoryBatch
 from nobubble.rl.algo.losses import policy_gradient_loss, ppo_policy_loss
-from nobubble.rl.algo.vtrace import VTraceFromLogitsReturns, vtrace_from_logits
+from nobubble.rl.algo.vtrace import VTraceReturns, vtrace_from_logits
 from nobubble.rl.system.learner import Learner, ShardGradients
 
-__all__ = ["VTraceLoss", "VTraceTargets", "env_learner", "minibatches", "vtrace_targets"]
-
-
-@dataclass(frozen=True)
-class VTraceTargets:
-    """V-trace under the current model for a batch ``(T, B)``.
-
-    Attributes:
-        vtrace: the targets ``vs``, ``pg_advantages`` (detached) and the actions'
-            log-probs under both policies (the learner's, ``target_action_log_probs``, with
-            gradient).
-        values: ``(T, B)`` V(x_t), with gradient.
-        logits: ``(T, B, A)`` pi's logits, with gradient (for the entropy).
-    """
-
-    vtrace: VTraceFromLogitsReturns
-    values: torch.Tensor
-    logits: torch.Tensor
+__all__ = ["VTraceLoss", "env_learner", "minibatches", "vtrace_targets"]
 
 
 def vtrace_targets(
-    model: nn.Module, batch: TrajectoryBatch, gamma: float, lambda_: float
-) -> VTraceTargets:
-    """One forward pass over ``obs (T + 1, B, D)`` and V-trace on it (discount 0 at dones)."""
-    logits, values = model(batch.obs)  # (T + 1, B, A), (T + 1, B)
-    out = vtrace_from_logits(
+    logits: torch.Tensor, values: torch.Tensor, batch: TrajectoryBatch, gamma: float, lambda_: float
+) -> VTraceReturns:
+    """V-trace on the model's output over ``batch.obs``: ``logits (T + 1, B, A)``, ``values
+    (T + 1, B)``, with gradient; the discount is 0 at dones, ``V(x_T)`` the bootstrap."""
+    return vtrace_from_logits(
         behaviour_policy_logits=batch.behaviour_logits,
         target_policy_logits=logits[:-1],
         actions=batch.actions,
@@ -64,7 +43,6 @@ def vtrace_targets(
         bootstrap_value=values[-1],
         lambda_=lambda_,
     )
-    return VTraceTargets(out, values[:-1], logits[:-1])
 
 
 class VTraceLoss:
@@ -83,9 +61,11 @@ class VTraceLoss:
         self, model: nn.Module, batch: TrajectoryBatch, version: int
     ) -> tuple[torch.Tensor, ShardGradients]:
         c = self.config
-        targets = vtrace_targets(model, batch, c.gamma, c.vtrace_lambda)
-        out = targets.vtrace
-        logp, behaviour_logp = out.target_action_log_probs, out.behaviour_action_log_probs
+        logits, values = model(batch.obs)  # (T + 1, b, A), (T + 1, b)
+        out = vtrace_targets(logits, values, batch, c.gamma, c.vtrace_lambda)
+        logp = out.target_action_log_probs
+        assert logp is not None  # set by vtrace_from_logits
+        behaviour_logp = logp.detach() - out.log_rhos  # (T, b)
         adv = (out.pg_advantages - out.pg_advantages.mean()) / (out.pg_advantages.std() + 1e-8)
         mask = torch.ones_like(logp).T  # (b, T): every step counts
         if c.loss == "ppo":
@@ -94,8 +74,8 @@ class VTraceLoss:
         else:
             policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
             clip_fraction = torch.zeros(())
-        value_loss = 0.5 * (out.vs - targets.values).square().mean()
-        logits = targets.logits  # (T, b, A)
+        value_loss = 0.5 * (out.vs - values[:-1]).square().mean()
+        logits = logits[:-1]  # (T, b, A)
         entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         terms = torch.stack([policy_loss, value_loss, entropy, clip_fraction]).tolist()

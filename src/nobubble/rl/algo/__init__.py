@@ -1,11 +1,9 @@
 """The RL algorithm toolbox: pure functions and small classes, below the running system.
 
-GRPO advantages, policy losses (PPO with dual clip, decoupled PPO with its truncated
-behaviour weight, plain PG, KL penalties), V-trace (GAE is its on-policy case), policy lag
-and staleness weights, prioritized replay and gradient aggregation over torch.distributed.
-Each module's ``__all__`` has its result types
-and helpers too; the slow references the tests check these against live beside the tests
-(``tests/rl/algo/reference.py``, written from the papers' formulas, sharing no code).
+GRPO advantages, policy losses (PPO with dual clip, decoupled PPO, plain PG, KL penalties),
+V-trace (GAE is its on-policy case), policy lag and staleness weights, prioritized replay and
+gradient aggregation over torch.distributed. The slow references the tests check these
+against live beside the tests (``tests/rl/algo/reference.py``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""GRPO's group-relative advantage.
-
-(GAE is V-trace on-policy: :func:`~nobubble.rl.algo.vtrace.vtrace` with ``log_rhos = 0`` and
-``lambda_`` = GAE's lambda returns GAE's advantages as ``pg_advantages``.)
-
-GRPO (Shao et al., 2024, DeepSeekMath) scores each response against the other responses to
-the same prompt, so it needs no value function:
+"""GRPO's group-relative advantage (Shao et al., 2024, DeepSeekMath); no value function.
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
 
-with the *unbiased* standard deviation (``torch.std``'s default, as in verl and TRL), so the
-group ``[1, 0, 0, 1]`` gives ``+-0.866``. ``scale="batch"`` divides by the batch std instead
-(REINFORCE++-style), ``scale="none"`` keeps only the mean-centering (Dr. GRPO, Liu et al.,
-2025). A group whose rewards are all equal, or that has one member, carries no signal: its
-advantages are exactly 0.
+with the *unbiased* std (``torch.std``'s default, as in verl and TRL): the group
+``[1, 0, 0, 1]`` gives ``+-0.866``. GAE is V-trace on-policy: :func:`~nobubble.rl.algo.vtrace.vtrace`
+with ``log_rhos = 0`` and GAE's lambda returns GAE's advantages as ``pg_advantages``.
 """
 
 from __future__ import annotations
@@ -40,7 +32,7 @@ def grpo_advantages(
             (g+1)*group_size - 1`` answer the same prompt.
         group_size: responses per prompt, >= 1.
         scale: ``"group"`` divides by the group's unbiased std, ``"batch"`` by the unbiased
-            std of the whole batch, ``"none"`` does not divide.
+            std of the whole batch (REINFORCE++), ``"none"`` does not divide (Dr. GRPO).
         eps: added to the std before dividing, > 0.
     Returns:
         ``(N,)`` advantages, same dtype as ``rewards``, no gradient. Zero-variance groups and

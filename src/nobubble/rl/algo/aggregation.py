@@ -1,19 +1,10 @@
-"""Gradient aggregation across learner workers over torch.distributed.
+"""Gradient aggregation across learner workers over torch.distributed (``RunConfig.aggregation``).
 
-The ways to combine the gradients of W learners, as the running system's learners use them
-(:mod:`nobubble.rl.system.engines.learners`, ``RunConfig.aggregation``):
-
-- **synchronous mean**: :func:`all_reduce_gradients`. With each rank weighted by its token
-  count (or losses normalised by the global token count and *summed*), this is exactly one
-  learner on the combined batch. A per-rank ``weight`` of ``staleness_weight(lag)`` gives
-  the **staleness-weighted** mean.
-- **asynchronous apply**: a :class:`ParameterServer` applies each gradient as soon as it
-  arrives; it was computed on parameters ``staleness`` versions old. Gradients (and
-  parameters) travel as versioned messages: :func:`send_versioned`, :func:`recv_versioned`,
-  and :class:`VersionedInbox` on the server, which takes them in arrival order. (Tested on
-  gloo; NCCL needs a build that allows point-to-point calls from several threads.)
-- **local SGD**: each worker takes H local optimizer steps, then parameters are averaged
-  (:class:`LocalSGD`); H = 1 with plain SGD is the synchronous mean.
+- synchronous mean (:func:`all_reduce_gradients`), token- or staleness-weighted per rank;
+- asynchronous apply: a :class:`ParameterServer` applies each gradient as it arrives, fed by
+  versioned point-to-point messages (:func:`send_versioned`, :func:`recv_versioned`,
+  :class:`VersionedInbox`; tested on gloo, NCCL needs point-to-point from several threads);
+- local SGD (:class:`LocalSGD`): H local steps, then parameters averaged.
 
 Every function takes a :class:`DistContext`, uses its group and device, and waits at most
 ``ctx.timeout_s`` for each collective or point-to-point transfer.
@@ -132,11 +123,8 @@ def broadcast_parameters(params: Sequence[torch.Tensor], ctx: DistContext, src: 
 
 
 class LocalSGD:
-    """Average parameters across ranks every ``sync_every`` (H) optimizer steps.
-
-    Call :meth:`after_step` after each local ``optimizer.step()``; it returns True when it
-    averaged.
-    """
+    """Average parameters across ranks every ``sync_every`` (H) optimizer steps: call
+    :meth:`after_step` after each local ``optimizer.step()``; True when it averaged."""
 
     def __init__(self, params: Iterable[torch.Tensor], *, sync_every: int, ctx: DistContext):
         if sync_every < 1:
@@ -167,17 +155,14 @@ class PushResult:
 
 
 class ParameterServer:
-    """Asynchronous apply: gradients are applied in arrival order, weighted by staleness.
-
-    ``pull`` returns a copy of the parameters and their ``version``; a worker computes a
-    gradient on that copy and ``push``-es it with the version it started from. The server
-    applies ``weight * grad`` with its optimizer, where ``weight = staleness_weight(version_now
-    - base_version, kind)``, and drops gradients older than ``max_staleness``. ``pull`` and
-    ``push`` hold one lock; the parameters are the caller's, so the caller must not change them
-    while another thread pushes.
+    """Asynchronous apply: ``push(grad, base_version)`` applies ``staleness_weight(version -
+    base_version, kind) * grad`` with the optimizer in arrival order (one new version each),
+    dropping gradients older than ``max_staleness``; ``pull`` returns ``(version, a copy of
+    the parameters)``. Both hold one lock; the parameters are the caller's, trained in place,
+    so the caller must not change them while another thread pushes.
 
     Args:
-        params: the parameters, trained in place (a learner serves its own model).
+        params: the parameters (a learner serves its own model).
         optimizer: steps them (default: plain SGD with ``lr``).
         lr: learning rate for the default optimizer.
         staleness_kind: ``"none"`` applies stale gradients at full weight.
@@ -262,10 +247,10 @@ def recv_versioned(
 class VersionedInbox:
     """Versioned messages from the ranks ``sources`` in arrival order, ``per_source`` each.
 
-    One receiving thread per source turns point-to-point receives into one queue: gloo's
-    pending receives complete only inside ``wait()``, so they cannot be polled. Lifecycle:
-    the threads start at construction; :meth:`get` (waiting) and :meth:`arrived` (not
-    waiting) return each message once; :meth:`close` joins the threads. A failed receive is raised by :meth:`get`, naming its rank.
+    One receiving thread per source (gloo's pending receives complete only inside ``wait()``,
+    so they cannot be polled). Lifecycle: the threads start at construction; :meth:`get`
+    (waiting) and :meth:`arrived` (not waiting) return each message once, raising a failed
+    receive with its rank; :meth:`close` joins the threads.
     """
 
     def __init__(

@@ -1,22 +1,10 @@
 """Policy-gradient losses: PPO clip (with dual clip; decoupled PPO as an option), plain PG, KL
-penalties.
+penalties, and their one aggregation (:func:`aggregate_loss`, verl's ``agg_loss``).
 
 Shapes: ``B`` sequences (responses) by ``T`` tokens. Every per-token tensor is ``(B, T)``;
 ``mask`` is ``(B, T)`` bool or 0/1 float marking the response tokens that count. Sequence
 level quantities (one advantage per response) may be passed as ``(B,)`` and are broadcast
 over tokens.
-
-Aggregation (how a ``(B, T)`` loss matrix becomes one number) follows verl's ``agg_loss``:
-
-- ``token-mean``: sum over all valid tokens / number of valid tokens. Pass
-  ``global_num_tokens`` (the count over the whole global batch) and the sum of micro-batch
-  losses equals the loss of the whole batch, whatever the split.
-- ``seq-mean-token-mean``: each sequence's mean over its tokens, then the mean over sequences.
-- ``seq-mean-token-sum``: each sequence's sum over its tokens, then the mean over sequences.
-- ``seq-mean-token-sum-norm``: each sequence's token sum divided by a constant length
-  ``norm_length`` (default ``T``), then the mean over sequences (Dr. GRPO).
-
-"Sequences" are those with at least one valid token, unless ``global_num_seqs`` is given.
 """
 
 from __future__ import annotations
@@ -63,11 +51,6 @@ class PolicyLossResult:
     behav_weight_mean: torch.Tensor | None = None
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
 def _check_mask(logp: torch.Tensor, mask: torch.Tensor, who: str) -> torch.Tensor:
     if logp.dim() != 2 or mask.shape != logp.shape:
         raise ValueError(
@@ -97,43 +80,48 @@ def aggregate_loss(
     global_num_seqs: float | torch.Tensor | None = None,
     norm_length: float | None = None,
 ) -> torch.Tensor:
-    """Reduce a ``(B, T)`` per-token loss to a scalar (see the module docstring for modes).
+    """Reduce a ``(B, T)`` per-token loss to a scalar.
+
+    Modes: ``token-mean``: sum over valid tokens / number of valid tokens (with
+    ``global_num_tokens``, the count over the global batch, micro-batch losses sum to the
+    whole batch's); ``seq-mean-token-mean``: each sequence's mean over its tokens, then the
+    mean over sequences; ``seq-mean-token-sum``: each sequence's token sum, then the mean;
+    ``seq-mean-token-sum-norm``: each sequence's token sum / a constant ``norm_length``, then
+    the mean (Dr. GRPO). "Sequences" are those with a valid token, unless
+    ``global_num_seqs`` is given.
 
     Args:
         loss_mat: ``(B, T)`` float per-token losses.
         mask: ``(B, T)`` bool/float, 1 on tokens that count.
         agg: one of :data:`LOSS_AGG_MODES`.
         global_num_tokens: denominator for ``token-mean`` (default: valid tokens here).
-        global_num_seqs: denominator for the ``seq-mean-*`` modes (default: sequences here
-            with at least one valid token).
+        global_num_seqs: denominator for the ``seq-mean-*`` modes.
         norm_length: constant length for ``seq-mean-token-sum-norm`` (default ``T``).
     Returns:
         0-dim tensor; 0 when there are no valid tokens.
     """
     mask = _check_mask(loss_mat, mask, "aggregate_loss")
-    token_sum = (loss_mat * mask).sum(dim=1)  # (B,)
-    if agg == "token-mean":
-        denom = mask.sum() if global_num_tokens is None else global_num_tokens
-        return token_sum.sum() / torch.as_tensor(
-            denom, dtype=loss_mat.dtype, device=loss_mat.device
-        ).clamp(min=1.0)
     if agg not in LOSS_AGG_MODES:
         raise ValueError(f"aggregate_loss: agg={agg!r}; use one of {LOSS_AGG_MODES}")
+    token_sum = (loss_mat * mask).sum(dim=1)  # (B,)
     tokens_per_seq = mask.sum(dim=1)  # (B,)
-    if agg == "seq-mean-token-mean":
-        per_seq = token_sum / tokens_per_seq.clamp(min=1.0)
-    elif agg == "seq-mean-token-sum":
-        per_seq = token_sum
+    if agg == "token-mean":
+        total = token_sum.sum()
+        denom = mask.sum() if global_num_tokens is None else global_num_tokens
     else:
         length = loss_mat.shape[1] if norm_length is None else norm_length
-        if length <= 0:
+        if agg == "seq-mean-token-sum-norm" and length <= 0:
             raise ValueError(f"aggregate_loss: norm_length={norm_length} must be > 0")
-        per_seq = token_sum / length
-    if global_num_seqs is None:
-        global_num_seqs = (tokens_per_seq > 0).sum()
-    return per_seq.sum() / torch.as_tensor(
-        global_num_seqs, dtype=loss_mat.dtype, device=loss_mat.device
-    ).clamp(min=1.0)
+        per_seq = {
+            "seq-mean-token-mean": token_sum / tokens_per_seq.clamp(min=1.0),
+            "seq-mean-token-sum": token_sum,
+            "seq-mean-token-sum-norm": token_sum / length,
+        }[agg]
+        total = per_seq.sum()
+        denom = (tokens_per_seq > 0).sum() if global_num_seqs is None else global_num_seqs
+    return total / torch.as_tensor(denom, dtype=loss_mat.dtype, device=loss_mat.device).clamp(
+        min=1.0
+    )
 
 
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, who: str) -> None:
@@ -168,12 +156,6 @@ def _clipped_surrogate(
         is_dual = (advantages < 0) & (loss > cap)
         loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
     return loss, is_clipped, is_dual
-
-
-def _weighted(loss: torch.Tensor, weights: torch.Tensor | None, who: str) -> torch.Tensor:
-    if weights is None:
-        return loss
-    return loss * _per_token(weights.detach(), loss, "weights", who)
 
 
 def ppo_policy_loss(
@@ -241,20 +223,20 @@ def ppo_policy_loss(
         ratio, advantages, clip_low, clip_high, dual_clip
     )
     loss = aggregate_loss(
-        _weighted(loss_mat, weights, who),
+        loss_mat if weights is None else loss_mat * weights,
         mask,
         agg,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
         norm_length=norm_length,
     )
-    with torch.no_grad():
+    with torch.no_grad():  # diagnostics: token means over the valid tokens
         return PolicyLossResult(
             loss=loss,
-            clip_fraction=_masked_mean(is_clipped.to(logp.dtype), mask),
-            dual_clip_fraction=_masked_mean(is_dual.to(logp.dtype), mask),
-            approx_kl=_masked_mean((ratio - 1.0) - log_ratio, mask),
-            behav_weight_mean=None if weights is None else _masked_mean(weights, mask),
+            clip_fraction=aggregate_loss(is_clipped.to(logp.dtype), mask),
+            dual_clip_fraction=aggregate_loss(is_dual.to(logp.dtype), mask),
+            approx_kl=aggregate_loss((ratio - 1.0) - log_ratio, mask),
+            behav_weight_mean=None if weights is None else aggregate_loss(weights, mask),
         )
 
 
@@ -309,7 +291,9 @@ def policy_gradient_loss(
     who = "policy_gradient_loss"
     mask = _check_mask(logp, mask, who)
     advantages = _per_token(advantages, logp, "advantages", who).detach()
-    loss_mat = _weighted(-advantages * logp, weights, who)
+    loss_mat = -advantages * logp
+    if weights is not None:
+        loss_mat = loss_mat * _per_token(weights.detach(), logp, "weights", who)
     return aggregate_loss(
         loss_mat,
         mask,
@@ -336,11 +320,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k1") 
         raise ValueError(
             f"kl_penalty: logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ"
         )
+    if kind not in ("k1", "k2", "k3"):
+        raise ValueError(f"kl_penalty: kind={kind!r}; use 'k1', 'k2' or 'k3'")
     log_r = ref_logp.detach() - logp
     if kind == "k1":
         return -log_r
-    if kind == "k2":
-        return 0.5 * log_r.square()
-    if kind == "k3":
-        return torch.expm1(log_r) - log_r
-    raise ValueError(f"kl_penalty: kind={kind!r}; use 'k1', 'k2' or 'k3'")
+    return 0.5 * log_r.square() if kind == "k2" else torch.expm1(log_r) - log_r

@@ -8,15 +8,6 @@ nothing starves). The bias this introduces is corrected with importance-sampling
 
 normalised by their maximum over the buffer so that ``w <= 1`` (as in OpenAI baselines).
 ``beta`` is annealed towards 1 during training (:func:`linear_beta`).
-
-A sample may also be restricted to the items that pass a test (``eligible``: e.g. only groups
-within a staleness bound) and drawn without replacement; ``N``, ``P`` and the maximum are
-then those of the eligible set (:meth:`PrioritizedReplayBuffer.sample`).
-
-A sum tree stores ``p^alpha`` at its leaves and partial sums above them, so drawing a sample
-(descend by prefix mass) and updating a priority (walk up to the root) are O(log n); a min
-tree beside it gives ``P_min`` in O(1). The trees are 32-ary rather than binary: same
-asymptotics, a quarter of the levels, which is what costs time in numpy.
 """
 
 from __future__ import annotations
@@ -29,43 +20,36 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 
-__all__ = [
-    "SumTree",
-    "MinTree",
-    "ReplaySample",
-    "PrioritizedReplayBuffer",
-    "linear_beta",
-]
+__all__ = ["SegmentTree", "ReplaySample", "PrioritizedReplayBuffer", "linear_beta"]
 
 Item = TypeVar("Item")
 
 
-class _SegmentTree:
-    """Complete ``fanout``-ary tree over ``capacity`` leaves (padded to ``fanout ** depth``).
+class SegmentTree:
+    """Complete ``fanout``-ary sum (``op=np.add``) or min (``op=np.minimum``) tree over
+    ``capacity`` leaves: ``root()`` in O(1), ``update`` and (sum tree) ``find_prefix`` in
+    O(log n). Empty leaves hold 0 (sum) or +inf (min).
 
-    ``self._levels[0]`` is the root (one node), ``self._levels[depth]`` the leaves; node ``i``
-    of level ``l`` has children ``i * fanout .. i * fanout + fanout - 1`` on level ``l + 1``.
-    A wide node (32 children by default) makes the tree shallow: each level costs a few
-    vectorised numpy calls on a ``(batch, fanout)`` block, so a batch of 256 draws from a
-    million items takes 4 levels instead of a binary tree's 20.
+    ``_levels[0]`` is the root, ``_levels[depth]`` the leaves (padded to ``fanout ** depth``);
+    node ``i`` of level ``l`` has children ``i * fanout .. i * fanout + fanout - 1``. A wide
+    node makes the tree shallow: each level costs a few vectorised numpy calls on a
+    ``(batch, fanout)`` block, so a batch of draws from a million items takes 4 levels.
     """
 
-    def __init__(self, capacity: int, neutral: float, fanout: int = 32) -> None:
+    def __init__(self, capacity: int, op: np.ufunc = np.add, fanout: int = 32) -> None:
         if capacity < 1:
-            raise ValueError(f"{type(self).__name__}: capacity={capacity} must be >= 1")
+            raise ValueError(f"SegmentTree: capacity={capacity} must be >= 1")
         if fanout < 2:
-            raise ValueError(f"{type(self).__name__}: fanout={fanout} must be >= 2")
-        self.capacity, self.fanout = capacity, fanout
+            raise ValueError(f"SegmentTree: fanout={fanout} must be >= 2")
+        self.capacity, self.fanout, self.op = capacity, fanout, op
         self._depth = 1
         while fanout**self._depth < capacity:
             self._depth += 1
-        self._levels = [
-            np.full(fanout**lvl, neutral, dtype=np.float64) for lvl in range(self._depth + 1)
-        ]
-
-    def _reduce(self, children: np.ndarray) -> np.ndarray:
-        """(k, fanout) -> (k,): the value of the parents."""
-        raise NotImplementedError
+        neutral = 0.0 if op is np.add else np.inf
+        self._levels = [np.full(fanout**lvl, neutral) for lvl in range(self._depth + 1)]
+        # Row prefix sums as one small matmul: numpy's cumsum along a short last axis costs
+        # several times more than (n, fanout) @ (fanout, fanout) in BLAS.
+        self._upper = np.triu(np.ones((fanout, fanout)))  # (fanout, fanout)
 
     def update(
         self, indices: np.ndarray | Sequence[int], values: np.ndarray | Sequence[float]
@@ -82,34 +66,18 @@ class _SegmentTree:
         for lvl in range(self._depth - 1, -1, -1):
             nodes = nodes // self.fanout
             children = self._levels[lvl + 1].reshape(-1, self.fanout)[nodes]  # (k, fanout)
-            self._levels[lvl][nodes] = self._reduce(children)
+            self._levels[lvl][nodes] = self.op.reduce(children, axis=1)
 
     def get(self, indices: np.ndarray | Sequence[int]) -> np.ndarray:
         return self._levels[-1][np.asarray(indices, dtype=np.int64)]
 
     def root(self) -> float:
+        """The sum (or min) of all leaves."""
         return float(self._levels[0][0])
 
-
-class SumTree(_SegmentTree):
-    """Sum tree: ``total()`` in O(1), ``find_prefix(mass)`` and ``update`` in O(log n)."""
-
-    def __init__(self, capacity: int, fanout: int = 32) -> None:
-        super().__init__(capacity, 0.0, fanout)
-        # Row prefix sums as one small matmul: numpy's cumsum along a short last axis costs
-        # several times more than (n, fanout) @ (fanout, fanout) in BLAS.
-        self._upper = np.triu(np.ones((fanout, fanout)))  # (fanout, fanout)
-        self._ones = np.ones(fanout)  # (fanout,)
-
-    def _reduce(self, children: np.ndarray) -> np.ndarray:
-        return children @ self._ones  # (k, fanout) -> (k,)
-
-    def total(self) -> float:
-        return self.root()
-
     def find_prefix(self, mass: np.ndarray | Sequence[float]) -> np.ndarray:
-        """For each ``m`` in ``[0, total)``, the leaf ``i`` with ``S(i-1) <= m < S(i)``, where
-        ``S`` are the prefix sums of the leaves. Returns int64 of ``mass``'s shape."""
+        """Sum tree: for each ``m`` in ``[0, root())``, the leaf ``i`` with ``S(i-1) <= m <
+        S(i)``, ``S`` the prefix sums of the leaves. Returns int64 of ``mass``'s shape."""
         m = np.array(mass, dtype=np.float64).reshape(-1)  # a copy: consumed by the descent
         node = np.zeros(m.shape, dtype=np.int64)
         rows = np.arange(m.size)
@@ -127,29 +95,11 @@ class SumTree(_SegmentTree):
         return node.reshape(np.shape(mass))
 
 
-class MinTree(_SegmentTree):
-    """Min tree: ``min()`` in O(1); empty leaves hold +inf."""
-
-    def __init__(self, capacity: int, fanout: int = 32) -> None:
-        super().__init__(capacity, float("inf"), fanout)
-
-    def _reduce(self, children: np.ndarray) -> np.ndarray:
-        return children.min(axis=1)
-
-    def min(self) -> float:
-        return self.root()
-
-
 @dataclass(frozen=True)
 class ReplaySample(Generic[Item]):
-    """A prioritized batch.
-
-    Attributes:
-        indices: ``(n,)`` int64 slots, pass them back to ``update_priorities``.
-        items: the stored items, in draw order.
-        weights: ``(n,)`` float32 IS weights in (0, 1].
-        probabilities: ``(n,)`` float64 ``P(i)`` of each draw.
-    """
+    """A prioritized batch: ``indices`` ``(n,)`` int64 slots (pass them back to
+    ``update_priorities``), ``items`` in draw order, ``weights`` ``(n,)`` float32 IS weights
+    in (0, 1], ``probabilities`` ``(n,)`` float64 ``P(i)`` of each draw."""
 
     indices: np.ndarray
     items: list[Item]
@@ -160,10 +110,10 @@ class ReplaySample(Generic[Item]):
 class PrioritizedReplayBuffer(Generic[Item]):
     """Ring buffer of ``capacity`` items with proportional prioritized sampling.
 
-    Invariant: slot ``i < len(self)`` holds an item and leaf ``i`` of both trees holds
-    ``(priority_i + eps)^alpha``; other leaves are empty (0 in the sum tree, inf in the min
-    tree). When full, ``add`` overwrites the oldest slot. All methods are thread-safe; the
-    buffer pickles (its lock is dropped and made anew).
+    Invariant: slot ``i < len(self)`` holds an item and leaf ``i`` of the sum and min trees
+    holds ``(priority_i + eps)^alpha``; other leaves are empty. When full, ``add`` overwrites
+    the oldest slot. All methods are thread-safe; the buffer pickles (its lock is dropped and
+    made anew).
 
     Args:
         capacity: maximum number of items, >= 1.
@@ -182,17 +132,15 @@ class PrioritizedReplayBuffer(Generic[Item]):
         eps: float = 1e-6,
         seed: int = 0,
     ) -> None:
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"PrioritizedReplayBuffer: alpha={alpha} must be in [0, 1]")
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"PrioritizedReplayBuffer: beta={beta} must be in [0, 1]")
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"PrioritizedReplayBuffer: {name}={value} must be in [0, 1]")
         if eps <= 0:
             raise ValueError(f"PrioritizedReplayBuffer: eps={eps} must be > 0 (e.g. 1e-6)")
         self.capacity, self.alpha, self.beta, self.eps = capacity, alpha, beta, eps
-        self._sum, self._min = SumTree(capacity), MinTree(capacity)
+        self._sum, self._min = SegmentTree(capacity), SegmentTree(capacity, np.minimum)
         self._items: list[Any] = [None] * capacity
-        self._next, self._size = 0, 0
-        self._max_priority = 1.0
+        self._next, self._size, self._max_priority = 0, 0, 1.0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
 
@@ -272,10 +220,10 @@ class PrioritizedReplayBuffer(Generic[Item]):
             if self._size == 0:
                 raise ValueError("sample: the buffer is empty; add experience first")
             if eligible is None and replace:
-                total = self._sum.total()
+                total = self._sum.root()
                 idx = self._sum.find_prefix(self._rng.random(batch_size) * total)
                 probs = self._sum.get(idx) / total
-                p_min = self._min.min() / total
+                p_min = self._min.root() / total
             else:
                 idx, probs, p_min = self._draw_among(batch_size, eligible, replace)
             weights = (probs / p_min) ** (-beta)
@@ -327,7 +275,7 @@ class PrioritizedReplayBuffer(Generic[Item]):
     def probabilities(self) -> np.ndarray:
         """``P(i)`` for slots ``0 .. len(self) - 1``, float64."""
         with self._lock:
-            return self._sum.get(np.arange(self._size)) / self._sum.total()
+            return self._sum.get(np.arange(self._size)) / self._sum.root()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle everything but the lock (a checkpoint holds the buffer, RNG included)."""
@@ -344,7 +292,10 @@ class PrioritizedReplayBuffer(Generic[Item]):
         """Drop every item: empty trees and slots, the largest priority back to 1 (the
         sampling RNG goes on)."""
         with self._lock:
-            self._sum, self._min = SumTree(self.capacity), MinTree(self.capacity)
+            self._sum, self._min = (
+                SegmentTree(self.capacity),
+                SegmentTree(self.capacity, np.minimum),
+            )
             self._items = [None] * self.capacity
             self._next, self._size, self._max_priority = 0, 0, 1.0
 

@@ -1,16 +1,10 @@
 """Policy-lag control: version bookkeeping, staleness weights, GRPO groups.
 
-Every sample carries the ``policy_version`` that generated it; the learner knows its own
-``current_version``. The *lag* (staleness) of a sample is ``current_version -
-policy_version`` (>= 0) (:func:`policy_lag`). The hard cut (drop lag > ``max_staleness``)
-is the running system's admission rule (its experience buffer); the soft one is
-:func:`staleness_weight`, ``1 / (1 + lag)`` (``"inverse"``, the usual formula) or
-``0.5 ** (lag / half_life)`` (``"exp"``); the KL penalty lives in
-:mod:`nobubble.rl.algo.losses`.
-
-GRPO compares responses within a group, so a group must come from one policy version
-(:func:`check_group_versions`); otherwise the relative advantage compares different
-policies.
+A sample's *lag* (staleness) is the learner's ``current_version`` minus the
+``policy_version`` that generated it (:func:`policy_lag`). The hard cut (drop lag >
+``max_staleness``) is the running system's admission rule; the soft one is
+:func:`staleness_weight`. GRPO compares responses within a group, so a group must come from
+one policy version (:func:`check_group_versions`).
 """
 
 from __future__ import annotations
@@ -84,12 +78,10 @@ def staleness_weight(
         raise ValueError(
             f"staleness_weight: gap={g.min().item()} must be >= 0 (current - sample version)"
         )
-    if kind == "inverse":
-        w = 1.0 / (1.0 + g)
-    elif kind == "exp":
-        w = torch.pow(0.5, g / half_life)
-    else:
+    if kind == "none":
         w = torch.ones_like(g)
+    else:
+        w = 1.0 / (1.0 + g) if kind == "inverse" else torch.pow(0.5, g / half_life)
     return w if isinstance(gap, torch.Tensor) else float(w)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VTraceReturns", "VTraceFromLogitsReturns", "vtrace", "vtrace_from_logits"]
+__all__ = ["VTraceReturns", "vtrace", "vtrace_from_logits"]
 
 
 @dataclass(frozen=True)
@@ -34,46 +34,15 @@ class VTraceReturns:
     Attributes:
         vs: ``[T, B, ...]`` value targets, no gradient.
         pg_advantages: ``[T, B, ...]`` policy-gradient advantages, no gradient.
+        log_rhos: ``[T, B, ...]`` log pi(a|x) - log mu(a|x) they were computed from, no gradient.
+        target_action_log_probs: ``[T, B]`` log pi(a_t|x_t) *with* gradient (for the loss);
+            set by :func:`vtrace_from_logits` only.
     """
 
     vs: torch.Tensor
     pg_advantages: torch.Tensor
-
-
-@dataclass(frozen=True)
-class VTraceFromLogitsReturns(VTraceReturns):
-    """V-trace targets (``vs``, ``pg_advantages``) plus the log-probabilities they were
-    computed from.
-
-    Attributes:
-        log_rhos: ``[T, B]`` log pi(a|x) - log mu(a|x), no gradient.
-        behaviour_action_log_probs: ``[T, B]`` log mu(a_t|x_t).
-        target_action_log_probs: ``[T, B]`` log pi(a_t|x_t), *with* gradient (for the loss).
-    """
-
     log_rhos: torch.Tensor
-    behaviour_action_log_probs: torch.Tensor
-    target_action_log_probs: torch.Tensor
-
-
-def _check_vtrace_shapes(
-    log_rhos: torch.Tensor,
-    discounts: torch.Tensor,
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-) -> None:
-    if values.dim() < 1 or bootstrap_value.shape != values.shape[1:]:
-        raise ValueError(
-            f"vtrace: values {tuple(values.shape)} must be [T, B, ...] and bootstrap_value "
-            f"{tuple(bootstrap_value.shape)} must be values.shape[1:] = {tuple(values.shape[1:])}"
-        )
-    for name, x in (("log_rhos", log_rhos), ("discounts", discounts), ("rewards", rewards)):
-        if x.shape != values.shape:
-            raise ValueError(
-                f"vtrace: {name} has shape {tuple(x.shape)} but values has "
-                f"{tuple(values.shape)}; all time-major inputs must be [T, B, ...] alike"
-            )
+    target_action_log_probs: torch.Tensor | None = None
 
 
 def vtrace(
@@ -111,7 +80,17 @@ def vtrace(
             raise ValueError(f"vtrace: {name}={thr} must be > 0 or None")
     if not isinstance(discounts, torch.Tensor):  # one gamma for every step
         discounts = torch.full_like(values, float(discounts))
-    _check_vtrace_shapes(log_rhos, discounts, rewards, values, bootstrap_value)
+    if values.dim() < 1 or bootstrap_value.shape != values.shape[1:]:
+        raise ValueError(
+            f"vtrace: values {tuple(values.shape)} must be [T, B, ...] and bootstrap_value "
+            f"{tuple(bootstrap_value.shape)} must be values.shape[1:] = {tuple(values.shape[1:])}"
+        )
+    for name, x in (("log_rhos", log_rhos), ("discounts", discounts), ("rewards", rewards)):
+        if x.shape != values.shape:
+            raise ValueError(
+                f"vtrace: {name} has shape {tuple(x.shape)} but values has "
+                f"{tuple(values.shape)}; all time-major inputs must be [T, B, ...] alike"
+            )
     with torch.no_grad():
         log_rhos, discounts, rewards = log_rhos.detach(), discounts.detach(), rewards.detach()
         values, bootstrap_value = values.detach(), bootstrap_value.detach()
@@ -132,12 +111,7 @@ def vtrace(
         q_bootstrap = lambda_ * vs_tp1 + (1.0 - lambda_) * values_tp1
         pg_rhos = rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
         pg_advantages = pg_rhos * (rewards + discounts * q_bootstrap - values)
-        return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
-
-
-def _action_log_probs(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    log_probs = F.log_softmax(logits, dim=-1)  # [T, B, A]
-    return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [T, B]
+        return VTraceReturns(vs=vs, pg_advantages=pg_advantages, log_rhos=log_rhos)
 
 
 def vtrace_from_logits(
@@ -151,8 +125,8 @@ def vtrace_from_logits(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
-) -> VTraceFromLogitsReturns:
-    """V-trace for softmax policies given as logits.
+) -> VTraceReturns:
+    """V-trace for softmax policies given as logits (the environment producer's loss).
 
     Args:
         behaviour_policy_logits: ``[T, B, A]`` float, logits of the actor (mu).
@@ -161,7 +135,7 @@ def vtrace_from_logits(
         discounts, rewards, values: ``[T, B]`` float; bootstrap_value: ``[B]``.
         clip_rho_threshold, clip_pg_rho_threshold, lambda_: as in :func:`vtrace`.
     Returns:
-        :class:`VTraceFromLogitsReturns`.
+        :class:`VTraceReturns` with ``target_action_log_probs`` set.
     """
     if behaviour_policy_logits.shape != target_policy_logits.shape:
         raise ValueError(
@@ -173,11 +147,11 @@ def vtrace_from_logits(
             f"vtrace_from_logits: actions {tuple(actions.shape)} {actions.dtype} must be int64 "
             f"with shape {tuple(target_policy_logits.shape[:-1])}"
         )
-    behaviour_lp = _action_log_probs(behaviour_policy_logits.detach(), actions)  # [T, B]
-    target_lp = _action_log_probs(target_policy_logits, actions)  # [T, B]
-    log_rhos = (target_lp - behaviour_lp).detach()
+    index = actions.unsqueeze(-1)  # [T, B, 1]
+    behaviour_lp = F.log_softmax(behaviour_policy_logits.detach(), -1).gather(-1, index)
+    target_lp = F.log_softmax(target_policy_logits, -1).gather(-1, index).squeeze(-1)  # [T, B]
     out = vtrace(
-        log_rhos,
+        (target_lp - behaviour_lp.squeeze(-1)).detach(),
         discounts,
         rewards,
         values,
@@ -186,10 +160,4 @@ def vtrace_from_logits(
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         lambda_=lambda_,
     )
-    return VTraceFromLogitsReturns(
-        vs=out.vs,
-        pg_advantages=out.pg_advantages,
-        log_rhos=log_rhos,
-        behaviour_action_log_probs=behaviour_lp,
-        target_action_log_probs=target_lp,
-    )
+    return VTraceReturns(out.vs, out.pg_advantages, out.log_rhos, target_lp)

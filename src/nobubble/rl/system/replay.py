@@ -1,22 +1,13 @@
 """A replay of past groups in the training loop: uniform or prioritized, bounded by staleness.
 
-After a step, its fresh groups enter the replay (ring of ``capacity`` groups, oldest out).
-Before a step, the orchestrator draws up to ``n`` groups from it to train on again beside
-the fresh batch. Only groups within the run's staleness bound can be drawn: an older one
-is never trained again (it stays in the ledger as trained). Groups stay whole, so GRPO's
-rule "a group is one policy version" holds for replayed groups too.
-
-- ``uniform``: every fresh-enough group is equally likely, IS weight 1.
-- ``prioritized``: by the group's reward variance (a group whose responses all scored the
-  same has zero GRPO advantage and teaches nothing), ``P(i) ~ (p_i + eps) ** alpha``, with
-  the IS weight ``(N P(i)) ** -beta / max`` (Schaul et al., 2016) and ``beta`` annealed
-  linearly to 1 at the last step (:func:`~nobubble.rl.algo.replay.linear_beta`).
-
-``N``, ``P`` and the maximum are over the fresh-enough groups only: the sampling is
-:class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s, restricted to them (uniform is
-its ``alpha = 0``). Draws are without replacement within one step and seeded, so runs are
-reproducible; the state pickles into checkpoints. :class:`ReplayConfig` loads no torch (the
-driver checks it before torch loads); the replay itself imports it when built.
+After a step its fresh groups enter a ring of ``capacity`` groups; before a step up to ``n``
+groups are drawn again beside the fresh batch, only among groups within the run's staleness
+bound, whole (one policy version per group), without replacement and seeded. ``uniform``:
+IS weight 1 (``alpha = 0``); ``prioritized``: by the group's reward variance (a group whose
+responses all scored the same teaches GRPO nothing), with
+:class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s probabilities and IS weights
+over the eligible groups. :class:`ReplayConfig` loads no torch (the driver checks it before
+torch loads).
 """
 
 from __future__ import annotations
@@ -74,7 +65,7 @@ def _priority(group: SampleGroup) -> float:
 
 
 class GroupReplay:
-    """The replay itself (see the module docstring): a prioritized buffer of whole groups."""
+    """The replay (see the module docstring); its state pickles into checkpoints."""
 
     def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
         from nobubble.rl.algo.replay import PrioritizedReplayBuffer
