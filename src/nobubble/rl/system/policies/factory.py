@@ -21,19 +21,6 @@ from nobubble.rl.system.policies.sampling import position_ids as _positions
 __all__ = ["BUILTIN_POLICIES", "CausalLMPolicy", "as_policy", "build_policy", "check_policy_spec"]
 
 
-def _logits_of(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    raise TypeError(
-        f"a causal LM's forward returned {type(out).__name__}; return logits (B, T, V), "
-        "a tuple whose first item is the logits, or an object with .logits"
-    )
-
-
 class CausalLMPolicy(nn.Module):
     """A policy model around any causal LM.
 
@@ -80,11 +67,18 @@ class CausalLMPolicy(nn.Module):
         kw: dict[str, Any] = {n: v for n, v in given.items() if v is not None and n in self._names}
         if self._cache_arg is not None:
             kw["use_cache"] = False  # a full forward (training, evaluation) keeps no cache
-        logits = self._vocab(_logits_of(self.lm(input_ids, **kw)))
+        logits = self._logits(self.lm(input_ids, **kw))
         return logits, self.value_head(logits.float()).squeeze(-1)
 
-    def _vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """The first V logits: an LM with a larger vocabulary samples the tokenizer's ids."""
+    def _logits(self, out: Any) -> torch.Tensor:
+        """The LM's logits (B, ..., V) from its output, cut to the first V: an LM with a
+        larger vocabulary samples the tokenizer's ids."""
+        logits = getattr(out, "logits", out[0] if isinstance(out, tuple | list) and out else out)
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(
+                f"a causal LM's forward returned {type(out).__name__}; return logits (B, T, V), "
+                "a tuple whose first item is the logits, or an object with .logits"
+            )
         if logits.shape[-1] < self.vocab_size:
             raise ValueError(
                 f"the LM's logits have {logits.shape[-1]} entries, the task's tokenizer "
@@ -109,7 +103,7 @@ class CausalLMPolicy(nn.Module):
         new_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         if new_cache is None:
             raise TypeError("the LM was asked for a KV cache (use_cache=True) and returned none")
-        return self._vocab(_logits_of(out)[:, -1]), new_cache
+        return self._logits(out)[:, -1], new_cache
 
 
 def as_policy(model: nn.Module, vocab_size: int) -> nn.Module:
@@ -165,8 +159,9 @@ _BUILTINS: dict[str, Callable[..., nn.Module]] = {"char": _char, "gpt2": _gpt2}
 BUILTIN_POLICIES = tuple(_BUILTINS)
 
 
-def _factory(spec: str | Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """The factory ``spec`` names; ValueError for a spec that cannot name one."""
+def check_policy_spec(spec: str | Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """The factory ``spec`` names; ValueError for a spec that cannot name one (called before
+    any worker starts)."""
     if callable(spec) and not isinstance(spec, str):
         return spec
     if isinstance(spec, str) and spec.startswith("hf:"):
@@ -184,11 +179,6 @@ def _factory(spec: str | Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     return factory
 
 
-def check_policy_spec(spec: str | Callable[..., nn.Module]) -> None:
-    """Raise ValueError for a spec that cannot name a policy (before any worker starts)."""
-    _factory(spec)
-
-
 def build_policy(
     spec: str | Callable[..., nn.Module],
     *,
@@ -200,7 +190,7 @@ def build_policy(
     sequences of up to ``max_seq_len`` tokens: the spec's factory called as
     ``factory(vocab_size=V, max_seq_len=T, **kwargs)``, wrapped by :func:`as_policy`."""
     kw = dict(kwargs or {})
-    factory = _factory(spec)
+    factory = check_policy_spec(spec)
     check_kwargs(factory, {"vocab_size": 0, "max_seq_len": 0, **kw}, "policy_kwargs")
     model = factory(vocab_size=vocab_size, max_seq_len=max_seq_len, **kw)
     if not isinstance(model, nn.Module):
