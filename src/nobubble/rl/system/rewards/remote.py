@@ -158,12 +158,11 @@ def _post(url: str, body: bytes, timeout_s: float) -> bytes:
 def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
     """The ``num_pairs`` finite rewards in a ``{"rewards": [...]}`` body."""
     try:
-        payload = json.loads(raw)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        raise _AttemptFailed(f"malformed answer (not JSON): {_excerpt(raw)!r}") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("rewards"), list):
-        raise _AttemptFailed(f"malformed answer (no 'rewards' list): {_excerpt(raw)!r}")
-    values = payload["rewards"]
+        values = json.loads(raw)["rewards"]
+    except (ValueError, TypeError, KeyError, IndexError):  # JSONDecodeError, UnicodeDecodeError
+        values = None
+    if not isinstance(values, list):
+        raise _AttemptFailed(f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}")
     if len(values) != num_pairs:
         raise _AttemptFailed(
             f"malformed answer: {len(values)} rewards for {num_pairs} prompt/response pairs"
