@@ -1,8 +1,6 @@
-"""The built-in policy: a small character-level causal transformer with a policy head and a
-value head, so its forward already returns ``(logits, values)``.
-
-Legend for shapes: ``B`` sequences, ``T`` sequence length, ``V`` vocabulary, ``D`` model
-width, ``nh`` heads, ``hs = D / nh``.
+"""The built-in policy: a small character-level causal transformer whose forward returns
+``(logits, values)`` (a policy head and a value head). Shapes: ``B`` sequences, ``T`` tokens,
+``V`` vocabulary, ``D`` width, ``nh`` heads, ``hs = D / nh``.
 """
 
 from __future__ import annotations

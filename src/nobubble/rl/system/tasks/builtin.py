@@ -15,8 +15,6 @@ from nobubble.rl.system.imports import check_kwargs
 
 __all__ = ["CharTokenizer", "DigitsTask", "SumDigitsTask", "make_task", "TASK_NAMES"]
 
-PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
-
 
 @dataclass(frozen=True)
 class CharTokenizer:
@@ -31,7 +29,7 @@ class CharTokenizer:
     def __post_init__(self) -> None:
         if len(set(self.alphabet)) != len(self.alphabet):
             raise ValueError(f"alphabet {self.alphabet!r} repeats a character")
-        object.__setattr__(self, "itos", (PAD, BOS, EOS, *self.alphabet))
+        object.__setattr__(self, "itos", ("<pad>", "<bos>", "<eos>", *self.alphabet))
 
     @property
     def vocab_size(self) -> int:
