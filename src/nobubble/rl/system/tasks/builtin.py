@@ -77,9 +77,7 @@ class DigitsTask(_AnswerTask):
         moduli: the values of ``m`` (2..9, one character each).
         num_terms: the values of ``n`` (1..9).
         differences: the common differences ``d = b - a`` the prompts use (taken mod ``m``);
-            ``None`` means every ``d`` in ``0..m-1``. Small differences give the policy a
-            signal to climb: with all differences, no single prompt digit says anything
-            about the answer (the table is XOR-like) and a random policy learns slowly.
+            ``None`` means every ``d`` in ``0..m-1`` (harder to learn: docs/rl/system.md).
     """
 
     moduli: tuple[int, ...] = (5, 7, 9)

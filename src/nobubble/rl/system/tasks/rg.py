@@ -23,12 +23,10 @@ class ReasoningGymPool:
     """``size`` questions of reasoning-gym's dataset ``name``, generated from ``seed`` with
     the dataset's ``config`` (``min_digits=1`` for ``chain_sum``, ...).
 
-    Attributes:
-        name: ``rg:<name>``; dataset: the reasoning-gym dataset.
-        entries: its entries (question, answer, metadata), in order; answers: their answers
-            as text.
-        answer_chars, chars: the characters of the answers, and of the questions and the
-            answers, sorted.
+    Attributes: ``name`` (``rg:<name>``), ``dataset``, its ``entries`` (question, answer,
+    metadata) in order, their ``answers`` as text, and the sorted characters of the answers
+    (``answer_chars``) and of the questions and answers (``chars``).
+
     Raises:
         ValueError: an unknown dataset (with the names close to it), a bad config, a size < 1.
         ImportError: the ``rg`` extra is not installed.
