@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from nobubble.rl.system.tasks import CharTokenizer, DigitsTask, SumDigitsTask, make_task
@@ -44,6 +44,8 @@ def test_digits_eval_set_is_the_whole_space():
 
 
 @given(st.text(alphabet="0123456789", max_size=5))
+@example("4567")  # the answer and more: wrong past its end
+@example("45")
 def test_prefix_reward(response):
     task = DigitsTask(moduli=(7,), num_terms=(3,))
     prompt = "2,3:7,3"

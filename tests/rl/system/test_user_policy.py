@@ -57,7 +57,10 @@ def test_gpt2_cached_sampling_matches_a_sampler_without_the_cache():
     assert isinstance(model, CausalLMPolicy) and model.supports_cache
     ids, mask = _left_padded(ROWS)
     kw = dict(max_new_tokens=6, eos_id=2, pad_id=0, attention_mask=mask)
+    steps = []
+    model.step = lambda *args: steps.append(1) or CausalLMPolicy.step(model, *args)
     cached = sample(model, ids, generator=torch.Generator().manual_seed(0), **kw)
+    assert steps  # the KV-cache path ran
     model._cache_arg = None  # the same LM, recomputing the whole prefix per token
     plain = sample(model, ids, generator=torch.Generator().manual_seed(0), **kw)
     assert torch.equal(cached.tokens, plain.tokens)

@@ -1,21 +1,20 @@
-"""Policies: the built-in character transformer, any causal LM, and sampling from them.
-
-- :mod:`.char` - :class:`CharTransformer`, the built-in policy;
-- :mod:`.causal_lm` - :class:`CausalLMPolicy`, any causal LM with a value head and its KV
-  cache;
-- :mod:`.masks` - left padding: attention masks and positions;
-- :mod:`.sampling` - :func:`sample` and the log-probs of responses;
-- :mod:`.factory` - :func:`build_policy`: a policy from a name, a path or a factory.
-"""
+"""Policies: the built-in character transformer (:mod:`.char`), any causal LM and the
+factories that build a run's model (:mod:`.factory`), and sampling (:mod:`.sampling`)."""
 
 from __future__ import annotations
 
-from nobubble.rl.system.policies.causal_lm import CausalLMPolicy, as_policy
 from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
-from nobubble.rl.system.policies.factory import BUILTIN_POLICIES, build_policy, check_policy_spec
-from nobubble.rl.system.policies.masks import position_ids, prompt_attention_mask
+from nobubble.rl.system.policies.factory import (
+    BUILTIN_POLICIES,
+    CausalLMPolicy,
+    as_policy,
+    build_policy,
+    check_policy_spec,
+)
 from nobubble.rl.system.policies.sampling import (
     Generation,
+    position_ids,
+    prompt_attention_mask,
     response_logits,
     response_logprobs,
     sample,

@@ -1,10 +1,6 @@
-"""The built-in policy: a small character-level causal transformer, built from scratch.
-
-It has two heads: the language-model head (next-token logits, the policy) and a scalar value
-head (a baseline for PPO and V-trace), so its forward already returns ``(logits, values)``.
-
-Legend for shapes: ``B`` sequences, ``P`` prompt length, ``N`` response length (max new
-tokens), ``T = P + N``, ``V`` vocabulary, ``D`` model width.
+"""The built-in policy: a small character-level causal transformer whose forward returns
+``(logits, values)`` (a policy head and a value head). Shapes: ``B`` sequences, ``T`` tokens,
+``V`` vocabulary, ``D`` width, ``nh`` heads, ``hs = D / nh``.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nobubble.rl.system.policies.masks import position_ids as _positions
+from nobubble.rl.system.policies.sampling import position_ids as _positions
 from nobubble.validation import check_fields
 
 __all__ = ["PolicyConfig", "CharTransformer"]
@@ -91,14 +87,12 @@ class CharTransformer(nn.Module):
     """Causal transformer with a policy head and a value head.
 
     ``forward(tokens, attention_mask=None, position_ids=None)`` takes ``tokens`` (B, T)
-    int64 and returns ``(logits, values)``: ``logits`` (B, T, V) float32, where
-    ``logits[:, t]`` scores token ``t + 1``, and ``values`` (B, T) float32, the value
-    estimate of the state after token ``t``. ``attention_mask`` (B, T), 0 on left padding,
-    hides the padding from every query; ``position_ids`` (B, T) default to
-    :func:`position_ids` of the mask. ``last_only=True`` gives the last position alone,
-    ``logits`` (B, V) and ``values`` (B,), running the last block for that one query (every
-    earlier block, and the last one's keys and values, still see the whole sequence): the
-    same numbers as ``[:, -1]`` of the full forward at a fraction of the last block's cost.
+    int64 and returns ``logits`` (B, T, V) float32, where ``logits[:, t]`` scores token
+    ``t + 1``, and ``values`` (B, T) float32, the value of the state after token ``t``.
+    ``attention_mask`` (B, T), 0 on left padding, hides the padding from every query;
+    ``position_ids`` (B, T) default to :func:`position_ids` of the mask. ``last_only=True``
+    gives the last position alone, ``logits`` (B, V) and ``values`` (B,): the numbers of
+    ``[:, -1]`` of the full forward, with the last block run for that one query.
     """
 
     returns_values = True  # forward already gives (logits, values): no wrapper needed

@@ -1,25 +1,45 @@
-"""Sampling from a policy model, and the log-probs of its responses.
+"""Sampling from a policy model, the log-probs of its responses, and left padding.
 
-Sampling returns the tokens with the behaviour log-probabilities of the sampled tokens,
-which every sample carries to the trainer for off-policy corrections.
+A *policy model* is an ``nn.Module`` whose ``forward(input_ids, attention_mask=None,
+position_ids=None)`` returns ``(logits, values)``. Prompts of different lengths are *left
+padded*: ``attention_mask`` is 0 on the padding and the positions count real tokens only, so
+a padded prompt gives the logits of the prompt alone.
 
 Legend for shapes: ``B`` sequences, ``P`` prompt length, ``N`` response length (max new
-tokens), ``T = P + N``, ``V`` vocabulary, ``D`` model width.
+tokens), ``T = P + N``, ``V`` vocabulary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from nobubble.rl.system.policies.causal_lm import CausalLMPolicy
-from nobubble.rl.system.policies.masks import position_ids as _positions
+__all__ = [
+    "position_ids",
+    "prompt_attention_mask",
+    "Generation",
+    "sample",
+    "response_logits",
+    "response_logprobs",
+]
 
-__all__ = ["Generation", "sample", "response_logits", "response_logprobs"]
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) int64 positions that count real tokens only: left padding does not shift them."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def prompt_attention_mask(tokens: torch.Tensor, prompt_len: int, pad_id: int) -> torch.Tensor:
+    """(B, T) int64: 0 on the left padding of each prompt (the leading ``pad_id`` tokens of
+    ``tokens[:, :prompt_len]``), 1 elsewhere. Pads after a response stay 1: causal
+    attention never lets a response token see them."""
+    head = (tokens[:, :prompt_len] != pad_id).long().cumsum(1) > 0  # (B, P)
+    tail = torch.ones_like(tokens[:, prompt_len:], dtype=torch.bool)
+    return torch.cat([head, tail], dim=1).long()
 
 
 @dataclass(frozen=True)
@@ -53,20 +73,18 @@ def sample(
     attention_mask: torch.Tensor | None = None,
     before_token: Callable[[int], bool] | None = None,
 ) -> Generation:
-    """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64.
+    """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64 from a policy
+    model; one with ``supports_cache`` (a ``CausalLMPolicy`` whose LM takes a KV cache)
+    samples incrementally with its ``step``, any other recomputes the whole prefix per token.
 
-    ``model`` is a policy model (``forward -> (logits, values)``); a
-    :class:`CausalLMPolicy` whose LM takes a KV cache samples incrementally, any other
-    model recomputes the whole prefix per token. ``attention_mask`` (B, P) is 0 on left
-    padding (None: no padding). A sequence stops at its first EOS or after ``budgets[i]``
-    tokens (``budgets``: (B,) int64, default ``max_new_tokens``, like a request's
-    ``max_tokens``); later positions hold ``pad_id`` and are masked out. ``greedy=True``
+    ``attention_mask`` (B, P) is 0 on left padding (None: no padding). A sequence stops at its
+    first EOS or after ``budgets[i]`` tokens (``budgets``: (B,) int64, default
+    ``max_new_tokens``); later positions hold ``pad_id`` and are masked out. ``greedy=True``
     takes the argmax (its log-probs are still those of the tempered policy).
-
     ``before_token(i)`` is called before decoding step ``i`` while any sequence is live; it
-    may load new weights into ``model`` (partial rollouts) and then returns True, and the
-    KV cache of the old weights is dropped: the next step recomputes the whole prefix, so
-    each token's log-prob is exactly that of the weights that sampled it.
+    may load new weights into ``model`` (partial rollouts) and then returns True, and the KV
+    cache of the old weights is dropped, so each token's log-prob is exactly that of the
+    weights that sampled it.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0; use greedy=True for argmax")
@@ -78,7 +96,7 @@ def sample(
         attention_mask = torch.ones(b, p, dtype=torch.long)
     attention_mask = attention_mask.long()
     padded = not bool(attention_mask.all())
-    use_cache = isinstance(model, CausalLMPolicy) and model.supports_cache
+    step = cast(Any, model).step if getattr(model, "supports_cache", False) else None
     cache: Any = None
     fresh = tokens  # the tokens the cache has not seen yet
     done = budgets <= 0
@@ -87,11 +105,9 @@ def sample(
     for i in range(max_new_tokens):
         if before_token is not None and before_token(i):
             cache, fresh = None, tokens  # keys and values of the old weights: recompute
-        positions = _positions(attention_mask)  # (B, P + i)
-        if use_cache:
-            assert isinstance(model, CausalLMPolicy)
-            n = fresh.shape[1]
-            last, cache = model.step(fresh, attention_mask, positions[:, -n:], cache)
+        positions = position_ids(attention_mask)  # (B, P + i)
+        if step is not None:
+            last, cache = step(fresh, attention_mask, positions[:, -fresh.shape[1] :], cache)
         else:
             logits, _ = model(tokens, attention_mask if padded else None, positions)
             last = logits[:, -1]
@@ -121,21 +137,14 @@ def response_logits(
     prompt_len: int,
     attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and values at the positions that predict the response tokens.
-
-    Args:
-        tokens: (B, P + N) int64.
-        prompt_len: P.
-        attention_mask: (B, P + N), 0 on left padding (None: no padding).
-    Returns:
-        logits (B, N, V) float32 scoring ``tokens[:, P:]``; values (B, N) float32, the value
-        of the state before each response token.
-    """
+    """Logits (B, N, V) float32 scoring ``tokens[:, P:]`` of ``tokens`` (B, P + N) int64, and
+    values (B, N) float32 of the state before each response token; ``attention_mask``
+    (B, P + N) is 0 on left padding (None: no padding)."""
     if attention_mask is None or bool(attention_mask.all()):
         logits, values = model(tokens[:, :-1])  # position t predicts token t + 1
     else:
         m = attention_mask[:, :-1]
-        logits, values = model(tokens[:, :-1], m, _positions(m))
+        logits, values = model(tokens[:, :-1], m, position_ids(m))
     return logits[:, prompt_len - 1 :], values[:, prompt_len - 1 :]
 
 

@@ -1,10 +1,5 @@
-"""Rewards: weighted reward sources, a remote reward service and its reference server.
-
-- :mod:`.rewarder` - :class:`Rewarder` scores groups from weighted sources (the task's
-  reward, functions by import path), with retries and recorded failures;
-- :mod:`.remote` - :class:`RemoteReward`, the client of a reward service over HTTP;
-- :mod:`.server` - :func:`serve_rewards`, a small reference service.
-"""
+"""Rewards: weighted reward sources (:mod:`.rewarder`), the client of a reward service over
+HTTP (:mod:`.remote`) and a reference server for it (:mod:`.server`)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
-"""The reward stage: verify responses, slowly or unreliably if the experiment says so.
+"""The reward stage: a weighted sum of reward sources, retried, failures recorded.
 
-The reward of a sample is a weighted sum of *reward sources* (:class:`RewardSource`):
-
-- ``"task"`` - the task's own ``reward(prompt, response)`` (the default, weight 1);
-- ``"module:fn"`` / ``"file.py:fn"`` or a callable ``fn(prompt, response) -> float``;
-- a remote reward service (``RunConfig.reward_url``), asked once per group in one batch
-  (:class:`~nobubble.rl.system.rewards.remote.RemoteReward`).
-
-Every value may be any finite real. :class:`Rewarder` calls the local sources for every
-sample with up to ``max_retries`` retries; a sample whose reward still raises (or is not a
-finite number) is recorded as *failed* with the error text - never scored 0 in silence -
-and the buffer drops its group with the stated reason ``reward_failed``. A remote service
-that fails after its retries fails the whole group the same way.
-
-For experiments, :class:`RewardConfig` adds a delay per call and a failure probability per
-attempt (decided by a seeded hash of sample id and attempt, so runs are reproducible).
-
-A reward that can never succeed ends the run: :class:`RewardWatch` raises
-:class:`RewardFailure` once ``give_up_groups`` groups in a row failed, or failures went on
-for ``give_up_s`` seconds without a scored group, naming the source, the count and the last
-error (verl and OpenRLHF stop on a failing reward model too; an endless run of dropped
-groups learns nothing). A reward function is checked to take ``(prompt, response)`` before
-any process starts.
+A sample's reward is ``sum(weight * fn(prompt, response))`` over the run's
+:class:`RewardSource` s, plus the reward service's (``RunConfig.reward_url``, asked once per
+group, :class:`~nobubble.rl.system.rewards.remote.RemoteReward`); every value is a finite
+real (:func:`~nobubble.rl.system.tasks.spec.as_reward`). A sample whose sources still raise
+after ``max_retries`` retries, or whose group the service failed, is recorded as failed with
+the error text - never scored 0 in silence - and the buffer drops its group
+(``reward_failed``). :class:`RewardWatch` ends a run whose reward keeps failing.
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.imports import is_import_path, load_object
 from nobubble.rl.system.tasks.spec import RewardError, TaskSpec, as_reward
-from nobubble.rl.system.types import SampleGroup, Span
+from nobubble.rl.system.types import Sample, SampleGroup, Span
 from nobubble.validation import finite
 
 if TYPE_CHECKING:
@@ -65,10 +50,9 @@ class InjectedRewardFailure(RuntimeError):
 
 class RewardWatch:
     """Counts groups whose reward failed in a row; :meth:`record` raises
-    :class:`RewardFailure` when the run should stop (see :class:`RewardConfig`). The
-    streak's clock starts when its first group was admitted (``SampleGroup.t_admitted``,
-    wall-clock), so a service that never answers is given up on ``give_up_s`` after the
-    first request it left unanswered."""
+    :class:`RewardFailure` once ``give_up_groups`` did, or the streak lasted ``give_up_s``
+    seconds (wall-clock, from its first group's ``t_admitted``), naming the source, the count
+    and the last error."""
 
     def __init__(self, cfg: RewardConfig, source: str) -> None:
         self.cfg, self.source = cfg, source
@@ -105,10 +89,8 @@ def check_reward_fn(fn: Any, name: str) -> None:
 
 @dataclass(frozen=True)
 class RewardSource:
-    """One weighted term of the reward: ``weight * fn(prompt, response)``.
-
-    ``fn`` is ``"task"`` (the task's reward), an import path, or a picklable callable.
-    """
+    """One weighted term of the reward: ``weight * fn(prompt, response)``; ``fn`` is
+    ``"task"`` (the task's reward), an import path, or a picklable callable."""
 
     fn: str | RewardFn = "task"
     weight: float = 1.0
@@ -116,18 +98,14 @@ class RewardSource:
     def __post_init__(self) -> None:
         if not finite(self.weight):
             raise ValueError(f"reward weight {self.weight} must be a finite number")
-        if isinstance(self.fn, str):
-            if self.fn != "task" and not is_import_path(self.fn):
-                raise ValueError(
-                    f"reward {self.fn!r} is neither 'task' nor an import path 'module:fn'"
-                )
-            if self.fn != "task":
-                check_reward_fn(load_object(self.fn, "reward"), self.fn)
-        else:
-            check_reward_fn(self.fn, getattr(self.fn, "__name__", repr(self.fn)))
+        if isinstance(self.fn, str) and self.fn != "task" and not is_import_path(self.fn):
+            raise ValueError(f"reward {self.fn!r} is neither 'task' nor an import path 'module:fn'")
+        if self.fn != "task":
+            check_reward_fn(self.resolve(None), str(getattr(self.fn, "__name__", self.fn)))
 
-    def resolve(self, task: TaskSpec) -> RewardFn:
+    def resolve(self, task: TaskSpec | None) -> RewardFn:
         if self.fn == "task":
+            assert task is not None
             return task.task.reward
         return load_object(self.fn, "reward") if isinstance(self.fn, str) else self.fn
 
@@ -150,8 +128,8 @@ class Rewarder:
     Args:
         task: the task (its reward is the source ``"task"``).
         sources: the local sources; empty means ``("task", 1.0)`` unless ``remote`` is set.
-        remote: a batched scorer ``(prompts, responses) -> (rewards, retries)``, or None.
-        cfg: delays, injected failures, retries.
+        cfg: delays, injected failures (seeded by sample id and attempt), retries.
+        remote: a batched scorer ``.score(prompts, responses) -> (rewards, retries)``, or None.
     """
 
     def __init__(
@@ -167,69 +145,48 @@ class Rewarder:
         self.remote = remote
         self._fns = [(s.resolve(task), s.weight, str(s.fn)) for s in sources]
 
-    def _attempt(self, sample_id: int, attempt: int, prompt: str, response: str) -> float:
+    def _attempt(self, s: Sample, attempt: int) -> float:
         cfg = self.cfg
         if cfg.delay_s:
             time.sleep(cfg.delay_s)
-        if (
-            cfg.failure_rate
-            and random.Random(hash((cfg.seed, sample_id, attempt))).random() < cfg.failure_rate
-        ):
-            raise InjectedRewardFailure(f"injected failure (sample {sample_id}, attempt {attempt})")
-        return sum(w * as_reward(fn(prompt, response), name) for fn, w, name in self._fns)
+        if random.Random(hash((cfg.seed, s.sample_id, attempt))).random() < cfg.failure_rate:
+            raise InjectedRewardFailure(
+                f"injected failure (sample {s.sample_id}, attempt {attempt})"
+            )
+        return sum(w * as_reward(fn(s.prompt, s.response), name) for fn, w, name in self._fns)
+
+    def _score(self, s: Sample) -> tuple[float | None, str | None, int]:
+        """``(reward, None, retries)``, or ``(None, last error, retries)`` when every
+        attempt raised."""
+        error = ""
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                return self._attempt(s, attempt), None, attempt
+            except Exception as err:  # noqa: BLE001 - any verifier failure is recorded
+                error = f"{type(err).__name__}: {err} (after {self.cfg.max_retries} retries)"
+        return None, error, self.cfg.max_retries
 
     def score_group(self, group: SampleGroup) -> tuple[SampleGroup, Span]:
-        """Score every sample of ``group``; returns the scored group and the busy span.
-
-        A sample whose local reward raises on all ``1 + max_retries`` attempts gets
-        ``reward=None`` and ``reward_error`` = the last error; a remote service that fails
-        after its retries fails every sample of the group.
-        """
+        """The group with every sample scored or failed (``reward_error`` = the last error;
+        a remote failure fails every sample), and the busy span."""
         start = time.time()
-        cfg = self.cfg
-        values: list[float | None] = []
-        errors: list[str | None] = []
-        retries = 0
-        for s in group.samples:
-            error = None
-            value: float | None = None
-            for attempt in range(cfg.max_retries + 1):
-                try:
-                    value = self._attempt(s.sample_id, attempt, s.prompt, s.response)
-                except Exception as err:  # noqa: BLE001 - any verifier failure is recorded
-                    error = f"{type(err).__name__}: {err}"
-                    retries += attempt < cfg.max_retries
-                    continue
-                break
-            values.append(value)
-            errors.append(
-                None if value is not None else f"{error} (after {cfg.max_retries} retries)"
-            )
+        scores = [self._score(s) for s in group.samples]
+        retries = sum(r for _, _, r in scores)
         if self.remote is not None:
             try:
                 remote, used = self.remote.score(
                     [s.prompt for s in group.samples], [s.response for s in group.samples]
                 )
                 retries += used
-                values = [None if v is None else v + r for v, r in zip(values, remote)]
+                scores = [(v if v is None else v + r, e, 0) for (v, e, _), r in zip(scores, remote)]
             except Exception as err:  # noqa: BLE001 - the service's failure is recorded
-                values = [None] * len(values)
-                errors = [e or f"{type(err).__name__}: {err}" for e in errors]
+                scores = [(None, e or f"{type(err).__name__}: {err}", 0) for _, e, _ in scores]
         now = time.time()
         out = tuple(
             s.scored(v, now) if v is not None else s.failed(str(e), now)
-            for s, v, e in zip(group.samples, values, errors)
+            for s, (v, e, _) in zip(group.samples, scores)
         )
-        scored = group.with_samples(out)
-        span = Span(
-            "reward",
-            f"reward g{group.group_id}",
-            start,
-            now,
-            {
-                "group": group.group_id,
-                "retries": retries,
-                "failed": sum(s.reward_failed for s in out),
-            },
-        )
-        return scored, span
+        failed = sum(s.reward_failed for s in out)
+        info = {"group": group.group_id, "retries": retries, "failed": failed}
+        span = Span("reward", f"reward g{group.group_id}", start, now, info)
+        return group.with_samples(out), span

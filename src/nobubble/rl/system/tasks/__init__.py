@@ -1,10 +1,5 @@
-"""Tasks: the built-in ones, any object of the user's, and reasoning-gym's.
-
-- :mod:`.builtin` - digit completion and sum of digits, and the character tokenizer;
-- :mod:`.spec` - :class:`TaskSpec`: any task object as the interface the stages use, and
-  :func:`resolve_task` (a name, ``rg:<name>``, an import path or an object);
-- :mod:`.rg` - reasoning-gym's procedural datasets (the ``rg`` extra).
-"""
+"""Tasks: the built-in ones and the character tokenizer (:mod:`.builtin`), any object of the
+user's as a :class:`TaskSpec` (:mod:`.spec`), and reasoning-gym's datasets (:mod:`.rg`)."""
 
 from __future__ import annotations
 

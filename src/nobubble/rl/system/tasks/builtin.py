@@ -1,29 +1,19 @@
-"""The built-in tasks with verifiable rewards and an enumerable evaluation set.
+"""The built-in tasks, whose evaluation set is their whole prompt space (accuracy is exact
+match over every prompt), and the character tokenizer.
 
 Any object with a verifier, prompts and room for a response is a task too (see
-:mod:`~nobubble.rl.system.tasks.spec`: what a task needs, and what it may leave out).
-
-- :class:`DigitsTask` - digit completion. The prompt ``"a,b:m,n"`` gives the first two terms
-  of an arithmetic sequence modulo ``m`` and asks for the next ``n`` terms, written as one
-  digit each, ``"t1t2...tn"``: ``t_k = (b + k (b - a)) mod m``. The reward is dense: the
-  fraction of the ``n`` terms that are right before the first wrong one (the correct prefix).
-- :class:`SumDigitsTask` - sum of digits. The prompt is ``L`` digits followed by ``=``; the
-  answer is their decimal sum. Dense reward: the correct prefix of the answer's characters.
-
-Every task enumerates its whole prompt space (:meth:`eval_prompts`), so accuracy is exact
-match over all prompts, not a sample.
+:mod:`~nobubble.rl.system.tasks.spec`).
 """
 
 from __future__ import annotations
 
+import os.path
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from nobubble.rl.system.imports import check_kwargs
 
 __all__ = ["CharTokenizer", "DigitsTask", "SumDigitsTask", "make_task", "TASK_NAMES"]
-
-PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
 
 @dataclass(frozen=True)
@@ -39,7 +29,7 @@ class CharTokenizer:
     def __post_init__(self) -> None:
         if len(set(self.alphabet)) != len(self.alphabet):
             raise ValueError(f"alphabet {self.alphabet!r} repeats a character")
-        object.__setattr__(self, "itos", (PAD, BOS, EOS, *self.alphabet))
+        object.__setattr__(self, "itos", ("<pad>", "<bos>", "<eos>", *self.alphabet))
 
     @property
     def vocab_size(self) -> int:
@@ -55,45 +45,45 @@ class CharTokenizer:
 
     def decode_response(self, ids: list[int]) -> str:
         """The characters before the first ``<eos>``; ``<pad>``/``<bos>`` are dropped."""
-        out = []
-        for i in ids:
-            if i == self.eos_id:
-                break
-            if i >= 3:
-                out.append(self.itos[i])
-        return "".join(out)
-
-
-def _prefix_fraction(want: list[str], got: list[str]) -> float:
-    right = 0
-    for w, g in zip(want, got):
-        if w != g:
-            break
-        right += 1
-    # a response longer than the answer is wrong past the answer's end
-    if right == len(want) and len(got) > len(want):
-        right -= 1
-    return right / len(want)
+        end = ids.index(self.eos_id) if self.eos_id in ids else len(ids)
+        return "".join(self.itos[i] for i in ids[:end] if i >= 3)
 
 
 @dataclass(frozen=True, kw_only=True)
-class DigitsTask:
-    """Digit completion: ``"a,b:m,n"`` -> the next ``n`` terms of ``a, b, ...`` modulo ``m``.
+class _AnswerTask:
+    """A task with one right answer per prompt (:meth:`answer`), rewarded densely."""
+
+    tokenizer: CharTokenizer = field(default=CharTokenizer("0123456789,:="), init=False)
+
+    def answer(self, prompt: str) -> str:
+        raise NotImplementedError
+
+    def reward(self, prompt: str, response: str) -> float:
+        """Fraction of the answer's characters right before the first wrong one, in [0, 1];
+        1 iff exact (a response longer than the answer is wrong past its end)."""
+        want = self.answer(prompt)
+        right = len(os.path.commonprefix([want, response]))
+        if right == len(want) < len(response):
+            right -= 1
+        return right / len(want)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DigitsTask(_AnswerTask):
+    """Digit completion: ``"a,b:m,n"`` -> the next ``n`` terms of ``a, b, ...`` modulo ``m``,
+    one digit each: ``t_k = (b + k (b - a)) mod m``.
 
     Attributes:
         moduli: the values of ``m`` (2..9, one character each).
         num_terms: the values of ``n`` (1..9).
         differences: the common differences ``d = b - a`` the prompts use (taken mod ``m``);
-            ``None`` means every ``d`` in ``0..m-1``. Small differences give the policy a
-            signal to climb: with all differences, no single prompt digit says anything
-            about the answer (the table is XOR-like) and a random policy learns slowly.
+            ``None`` means every ``d`` in ``0..m-1`` (harder to learn: docs/rl/system.md).
     """
 
     moduli: tuple[int, ...] = (5, 7, 9)
     num_terms: tuple[int, ...] = (3,)
     differences: tuple[int, ...] | None = (1,)
     name: str = "digits"
-    tokenizer: CharTokenizer = field(default=CharTokenizer("0123456789,:="), init=False)
 
     def __post_init__(self) -> None:
         if not self.moduli or any(not 2 <= m <= 9 for m in self.moduli):
@@ -103,18 +93,12 @@ class DigitsTask:
         if self.differences is not None and not self.differences:
             raise ValueError("differences=() is empty; pass None for every difference")
 
-    def _diffs(self, m: int) -> list[int]:
-        if self.differences is None:
-            return list(range(m))
-        return sorted({d % m for d in self.differences})
-
     @property
     def max_new_tokens(self) -> int:
         return max(self.num_terms)
 
     def response_budget(self, prompt: str) -> int:
-        """``n`` tokens: the prompt asks for ``n`` terms, so generation stops there (an
-        earlier ``<eos>`` ends it sooner)."""
+        """``n`` tokens: the prompt asks for ``n`` terms (an ``<eos>`` may end it sooner)."""
         return int(prompt[-1])
 
     def eval_prompts(self) -> list[str]:
@@ -123,32 +107,23 @@ class DigitsTask:
             for m in self.moduli
             for n in self.num_terms
             for a in range(m)
-            for d in self._diffs(m)
+            for d in (
+                range(m) if self.differences is None else sorted({x % m for x in self.differences})
+            )
         ]
 
     def answer(self, prompt: str) -> str:
-        first, rest = prompt.split(":")
-        a, b = (int(x) for x in first.split(","))
-        m, n = (int(x) for x in rest.split(","))
-        d = b - a
-        return "".join(str((b + k * d) % m) for k in range(1, n + 1))
-
-    def reward(self, prompt: str, response: str) -> float:
-        """Fraction of terms right before the first wrong one, in [0, 1]; 1 iff exact."""
-        return _prefix_fraction(list(self.answer(prompt)), list(response))
+        a, b, m, n = (int(x) for x in prompt.replace(":", ",").split(","))
+        return "".join(str((b + k * (b - a)) % m) for k in range(1, n + 1))
 
 
 @dataclass(frozen=True, kw_only=True)
-class SumDigitsTask:
-    """Sum of digits: ``"d1d2...dL="`` -> ``str(d1 + ... + dL)``.
-
-    Attributes:
-        num_digits: L, 1..4 (the evaluation set has 10**L prompts).
-    """
+class SumDigitsTask(_AnswerTask):
+    """Sum of digits: ``"d1d2...dL="`` -> ``str(d1 + ... + dL)``; ``num_digits``: L, 1..4 (the
+    evaluation set has 10**L prompts)."""
 
     num_digits: int = 2
     name: str = "sum"
-    tokenizer: CharTokenizer = field(default=CharTokenizer("0123456789,:="), init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_digits <= 4:
@@ -164,18 +139,18 @@ class SumDigitsTask:
     def answer(self, prompt: str) -> str:
         return str(sum(int(c) for c in prompt[:-1]))
 
-    def reward(self, prompt: str, response: str) -> float:
-        return _prefix_fraction(list(self.answer(prompt)), list(response))
 
-
-TASK_NAMES = ("digits", "sum")
+TASKS: dict[str, type[DigitsTask] | type[SumDigitsTask]] = {
+    "digits": DigitsTask,
+    "sum": SumDigitsTask,
+}
+TASK_NAMES = tuple(TASKS)
 
 
 def make_task(name: str, **kwargs) -> DigitsTask | SumDigitsTask:
-    """The task called ``name`` (``digits`` or ``sum``) with its keyword settings (an
-    unknown one is named with those it takes)."""
-    classes = {"digits": DigitsTask, "sum": SumDigitsTask}
-    if name not in classes:
+    """The built-in task ``name`` with its keyword settings (ValueError naming an unknown
+    name or setting, with those it takes)."""
+    if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
-    check_kwargs(classes[name], kwargs, "task_kwargs")
-    return classes[name](**kwargs)
+    check_kwargs(TASKS[name], kwargs, "task_kwargs")
+    return TASKS[name](**kwargs)

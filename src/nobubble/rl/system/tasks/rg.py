@@ -1,13 +1,8 @@
-"""reasoning-gym's procedural tasks as nobubble tasks (``--task rg:<name>``).
-
-reasoning-gym generates questions with verifiable answers from a seed, locally: nothing is
-downloaded. :class:`ReasoningGymPool` is such a set of questions - the one pool code of both
-producers: :class:`ReasoningGymTask` draws a training pool of ``size`` questions (seed
-``seed``) and a held-out evaluation set of ``eval_size`` (seed ``seed + 1``); the
-environment producer's :class:`~nobubble.rl.actor_learner.text.rg.ReasoningGymEnv` asks one
-pool's questions over several turns. A response is scored with the dataset's own verifier,
-``score_answer(answer, entry)`` (1.0 when right). Any other keyword is the dataset's config
-(``min_digits=1`` for ``chain_sum``, ...).
+"""reasoning-gym's procedural datasets as tasks (``--task rg:<name>``), generated locally
+from a seed (nothing is downloaded) and scored by the dataset's own verifier,
+``score_answer(answer, entry)`` (1.0 when right). Both producers draw from
+:class:`ReasoningGymPool`: :class:`ReasoningGymTask` here, and the environment producer's
+:class:`~nobubble.rl.actor_learner.text.rg.ReasoningGymEnv`.
 """
 
 from __future__ import annotations
@@ -25,15 +20,13 @@ def _chars(texts: list[str]) -> str:
 
 
 class ReasoningGymPool:
-    """``size`` questions of reasoning-gym's dataset ``name``, generated locally from ``seed``
-    with the dataset's ``config``.
+    """``size`` questions of reasoning-gym's dataset ``name``, generated from ``seed`` with
+    the dataset's ``config`` (``min_digits=1`` for ``chain_sum``, ...).
 
-    Attributes:
-        name: ``rg:<name>``.
-        dataset: the reasoning-gym dataset; entries: its entries (question, answer,
-            metadata), in order; answers: each entry's answer as text.
-        answer_chars, chars: the characters of the answers, and of the questions and the
-            answers, sorted.
+    Attributes: ``name`` (``rg:<name>``), ``dataset``, its ``entries`` (question, answer,
+    metadata) in order, their ``answers`` as text, and the sorted characters of the answers
+    (``answer_chars``) and of the questions and answers (``chars``).
+
     Raises:
         ValueError: an unknown dataset (with the names close to it), a bad config, a size < 1.
         ImportError: the ``rg`` extra is not installed.
@@ -63,15 +56,10 @@ class ReasoningGymPool:
 
 
 class ReasoningGymTask:
-    """The reasoning-gym dataset ``name`` as a task.
-
-    Args:
-        name: a reasoning-gym dataset (``chain_sum``, ``basic_arithmetic``, ...).
-        size, eval_size: questions in the training pool and in the evaluation set.
-        seed: the pool's seed (the evaluation set uses ``seed + 1``).
-        max_new_tokens: room for a response; default: the longest answer + 1 (``<eos>``).
-        **config: the dataset's config fields.
-    """
+    """The reasoning-gym dataset ``name`` as a task: a training pool of ``size`` questions
+    (seed ``seed``) and a held-out evaluation set of ``eval_size`` (seed ``seed + 1``).
+    ``max_new_tokens`` defaults to the longest answer + 1 (``<eos>``); ``**config`` is the
+    dataset's config."""
 
     def __init__(
         self,
@@ -84,24 +72,20 @@ class ReasoningGymTask:
         **config: Any,
     ) -> None:
         check_value("eval_size", eval_size, ">= 1", integer=True)
-        pools = (
-            ReasoningGymPool(name, size=eval_size, seed=seed + 1, **config),
-            ReasoningGymPool(name, size=size, seed=seed, **config),
-        )
-        self.name = pools[0].name
+        evals = ReasoningGymPool(name, size=eval_size, seed=seed + 1, **config)
+        pool = ReasoningGymPool(name, size=size, seed=seed, **config)
+        self.name = pool.name
         # question -> (entry, its pool); a question in both is scored as the training pool's
-        self._entries = {e["question"]: (e, pool) for pool in pools for e in pool.entries}
-        self._evals = [e["question"] for e in pools[0].entries]
-        self._pool = [e["question"] for e in pools[1].entries]
-        answers = pools[0].answers + pools[1].answers
-        self.max_new_tokens = max_new_tokens or max(len(a) for a in answers) + 1
-        self.tokenizer_alphabet = _chars([pools[0].chars, pools[1].chars])
+        self._entries = {e["question"]: (e, p) for p in (evals, pool) for e in p.entries}
+        self._prompts = [[e["question"] for e in p.entries] for p in (pool, evals)]
+        self.max_new_tokens = max_new_tokens or max(map(len, evals.answers + pool.answers)) + 1
+        self.tokenizer_alphabet = _chars([evals.chars, pool.chars])
 
     def prompts(self) -> list[str]:
-        return list(self._pool)
+        return list(self._prompts[0])
 
     def eval_prompts(self) -> list[str]:
-        return list(self._evals)
+        return list(self._prompts[1])
 
     def answer(self, prompt: str) -> str:
         return str(self._entries[prompt][0]["answer"])

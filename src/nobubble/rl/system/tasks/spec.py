@@ -1,22 +1,10 @@
-"""Any task object as the one interface the stages use: :class:`TaskSpec`.
+"""Any task object as the one interface the stages use: :class:`TaskSpec`, and
+:func:`resolve_task` for a run's ``task`` setting.
 
-A *task* is whatever the user brings. It needs:
-
-- ``reward(prompt, response) -> float``: any finite real (the verifier);
-- ``eval_prompts()`` and/or ``prompts()``: the evaluation set and the training pool (each
-  defaults to the other); a sample's ``prompt_id`` is the prompt's index in the pool;
-- ``max_new_tokens``: room for the longest response, ``<eos>`` included;
-- ``is_correct(prompt, response) -> bool`` or ``answer(prompt) -> str``: what accuracy
-  counts (default: reward >= 1).
-
-and may have ``tokenizer`` (``encode(text) -> ids`` with ``<bos>`` first,
-``decode_response(ids)``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``; default: a
-:class:`~nobubble.rl.system.tasks.CharTokenizer` over ``tokenizer_alphabet``, or over every
-character of the prompts), ``response_budget(prompt) -> int`` and ``name``.
-
-:func:`resolve_task` turns a run's ``task`` setting into a :class:`TaskSpec`: a built-in
-name (``digits``, ``sum``), ``rg:<name>`` (a reasoning-gym dataset), an import path to a
-task object, class or factory, or the object itself.
+What a task must have and may have is in ``docs/rl/own-model.md`` (Tasks): ``reward(prompt,
+response)``, ``prompts()`` and/or ``eval_prompts()``, ``max_new_tokens``; optionally
+``is_correct`` or ``answer``, ``tokenizer`` (or ``tokenizer_alphabet``),
+``response_budget(prompt)`` and ``name``.
 """
 
 from __future__ import annotations
@@ -27,11 +15,7 @@ from typing import Any
 import torch
 
 from nobubble.rl.system.imports import check_kwargs, is_import_path, load_object
-from nobubble.rl.system.tasks.builtin import (
-    TASK_NAMES,
-    CharTokenizer,
-    make_task,
-)
+from nobubble.rl.system.tasks.builtin import TASK_NAMES, CharTokenizer, make_task
 from nobubble.validation import check_value, finite
 
 __all__ = ["TaskSpec", "resolve_task", "RewardError", "as_reward"]
@@ -55,23 +39,24 @@ def _has(obj: Any, name: str) -> bool:
 
 
 class TaskSpec:
-    """A task with everything the stages need filled in (see the module docstring).
-
-    Raises ValueError at construction naming what the task lacks.
+    """A task with everything the stages need filled in; ValueError at construction names
+    what the task lacks.
 
     Attributes:
         task: the user's object; name: its name.
-        tokenizer: the task's tokenizer, or a character tokenizer built for it.
-        prompts, eval_prompts: the training pool and the evaluation set (lists of text).
-        prompt_len: P, the longest encoded prompt (``<bos>`` included); shorter prompts are
-            left padded to it.
+        tokenizer: the task's tokenizer (``encode(text) -> ids`` with ``<bos>`` first,
+            ``decode_response``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``), or a
+            :class:`CharTokenizer` over ``tokenizer_alphabet`` or the prompts' characters.
+        prompts, eval_prompts: the training pool (a sample's ``prompt_id`` indexes it) and
+            the evaluation set; each defaults to the other.
+        prompt_len: P, the longest encoded prompt; shorter prompts are left padded to it.
         max_new_tokens: N.
     """
 
     def __init__(self, task: Any, name: str | None = None) -> None:
         self.task = task
         self.name = name or str(getattr(task, "name", type(task).__name__))
-        missing = [m for m in ("reward",) if not _has(task, m)]
+        missing = [] if _has(task, "reward") else ["reward"]
         if not (_has(task, "prompts") or _has(task, "eval_prompts")):
             missing.append("prompts() or eval_prompts()")
         if not hasattr(task, "max_new_tokens"):
@@ -94,12 +79,11 @@ class TaskSpec:
         tok = getattr(task, "tokenizer", None)
         if tok is None:
             alphabet = getattr(task, "tokenizer_alphabet", None)
-            if alphabet is None:
-                alphabet = "".join(sorted({c for p in (*pool, *evals) for c in p}))
-            tok = CharTokenizer(alphabet)
+            tok = CharTokenizer(
+                alphabet or "".join(sorted({c for p in (*pool, *evals) for c in p}))
+            )
         self.tokenizer = tok
         self.prompt_len = max(len(tok.encode(p)) for p in (*pool, *evals))
-        self._budget = _has(task, "response_budget")
 
     @property
     def num_prompts(self) -> int:
@@ -110,21 +94,23 @@ class TaskSpec:
         return self.prompt_len + self.max_new_tokens
 
     def reward(self, prompt: str, response: str) -> float:
-        """The task's reward; raises :class:`RewardError` (a ValueError) for a value that
-        is not a finite real."""
+        """The task's reward; :class:`RewardError` for a value that is not a finite real."""
         return as_reward(self.task.reward(prompt, response), f"task {self.name!r}: reward")
 
     def is_correct(self, prompt: str, response: str) -> bool:
+        """The task's ``is_correct``, else an exact ``answer``, else reward >= 1."""
         if _has(self.task, "is_correct"):
             return bool(self.task.is_correct(prompt, response))
         if _has(self.task, "answer"):
             return response == self.task.answer(prompt)
         return self.reward(prompt, response) >= 1.0
 
-    def response_budget(self, prompt: str) -> int:
-        if self._budget:
-            return min(int(self.task.response_budget(prompt)), self.max_new_tokens)
-        return self.max_new_tokens
+    def budgets(self, prompts: Sequence[str]) -> torch.Tensor:
+        """(B,) int64 max response tokens of each prompt: its ``response_budget``, at most N."""
+        if not _has(self.task, "response_budget"):
+            return torch.full((len(prompts),), self.max_new_tokens, dtype=torch.long)
+        budgets = [min(int(self.task.response_budget(p)), self.max_new_tokens) for p in prompts]
+        return torch.tensor(budgets, dtype=torch.long)
 
     def encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ids (B, P) int64 and their attention mask (B, P) int64."""
@@ -139,23 +125,20 @@ class TaskSpec:
             mask[i, p - len(row) :] = 1
         return ids, mask
 
-    def budgets(self, prompts: Sequence[str]) -> torch.Tensor:
-        """(B,) int64 max response tokens of each prompt."""
-        return torch.tensor([self.response_budget(p) for p in prompts], dtype=torch.long)
-
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode_response(ids)
 
 
 def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
-    """The :class:`TaskSpec` of a run's ``task`` setting (see the module docstring).
-
-    ``kwargs`` go to a built-in task, a reasoning-gym dataset's config, or a task class or
-    factory; a task given as a ready object takes none.
+    """The :class:`TaskSpec` of a run's ``task``: a :class:`TaskSpec`, a built-in name
+    (``digits``, ``sum``), ``rg:<name>`` (a reasoning-gym dataset), an import path to a task
+    object, class or factory, or the object itself. ``kwargs`` go to a built-in task, a
+    reasoning-gym dataset's config, or a task class or factory; a ready object takes none.
     """
     kw = dict(kwargs or {})
     if isinstance(task, TaskSpec):
         return task
+    obj, name = task, None
     if isinstance(task, str):
         if task in TASK_NAMES:
             return TaskSpec(make_task(task, **kw))
@@ -168,10 +151,7 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
                 f"task {task!r} is unknown; choose {', '.join(TASK_NAMES)}, 'rg:<name>' "
                 "(reasoning-gym) or an import path 'module:attr' / 'file.py:attr'"
             )
-        obj = load_object(task, "task")
-        name = task.rpartition(":")[2]
-    else:
-        obj, name = task, None
+        obj, name = load_object(task, "task"), task.rpartition(":")[2]
     if isinstance(obj, type) or (callable(obj) and not _has(obj, "reward")):
         check_kwargs(obj, kw, "task_kwargs")
         obj = obj(**kw)  # a task class or factory
