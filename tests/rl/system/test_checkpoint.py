@@ -159,8 +159,6 @@ def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_pa
 def test_a_checkpoint_of_the_older_layout_is_refused_naming_the_fix(tmp_path):
     """A driver state saved field by field (before RunProgress was saved as one object, as
     597f3ab and older wrote it) is refused in one line, not half-loaded."""
-    from nobubble.rl.system.checkpoint import Recovery
-
     cfg = RunConfig(mode="sync", steps=2, checkpoint_dir=str(tmp_path), **TINY)
     store = CheckpointStore(tmp_path)
     ckpt = store.new_dir(2)
@@ -170,4 +168,4 @@ def test_a_checkpoint_of_the_older_layout_is_refused_naming_the_fix(tmp_path):
     cfg = RunConfig(**{**cfg.__dict__, "resume": True})  # resume needs the checkpoint there
     with pytest.raises(ValueError, match=rf"^{ckpt} was written by an older nobubble .*"
                        "start a new run in an empty checkpoint folder$"):  # fmt: skip
-        Recovery(cfg).resume()
+        store.resume(cfg)

@@ -1,34 +1,15 @@
 """One orchestrator for every mode and engine: admission, routing, bookkeeping.
 
-The orchestrator runs in the driver process. It never computes anything heavy; it decides
-*when* each stage may work and moves data between them through an :class:`Engine` (local
-processes, or Ray actors):
-
-1. admission - a new GRPO group may start only while ``floor((N_r - 1) / B) <= version +
-   max_staleness`` (:class:`~nobubble.rl.system.experience.ExperienceBuffer`);
-2. rollout - admitted groups go to an idle generator in requests of ``groups_per_rollout``;
-   each request is sampled with the newest weights the generator holds when it starts (one
-   version per group);
-3. reward - generated groups go to a reward worker; failures are retried there;
-4. buffer - scored groups wait; the trainer takes the B oldest once it is idle;
-5. training - each step produces a new version, which the engine publishes to the
-   generators. With ``learners > 1`` the engine splits the batch among the learners and
-   answers with one step; the ledger records which learner trained each group
-   (:mod:`~nobubble.rl.system.engines.learners`).
-
-Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max_staleness =
-0: generation of step i waits for the weights of step i, so the stages alternate),
-``one-step-off`` (max_staleness = k, default 1, whole batches per weight version, as veRL's
-one-step-off) and ``fully-async`` (max_staleness default 4, smaller requests so generators
-pick up new weights between groups, as AReaL).
-
-Checkpoints (``RunConfig.checkpoint_dir``) are taken at step boundaries; a resumed run
-requeues the groups in flight (same group and prompt ids), so no sample is lost or trained
-twice (:mod:`~nobubble.rl.system.checkpoint`, whose :class:`Recovery` names the folders,
-commits :meth:`Orchestrator.snapshot` and returns the state to resume from). With
-``restart_workers``, a rollout or reward worker that dies is replaced (at most
-:data:`MAX_RESTARTS` times each) and its groups are requeued the same way; a trainer
-failure is never masked.
+It runs in the driver, computes nothing heavy, and moves work between the stages through an
+:class:`Engine` (local processes or Ray actors): groups are admitted by the
+:class:`~nobubble.rl.system.experience.ExperienceBuffer`'s one rule, sent to idle generators
+in requests of ``groups_per_rollout``, then to reward workers, then buffered; the trainer
+takes the B oldest, and each step makes a version the engine publishes. Modes differ only in
+``max_staleness`` and ``groups_per_rollout`` (``docs/rl/system.md``). Checkpoints are taken
+at step boundaries (:mod:`~nobubble.rl.system.checkpoint`); a resumed run, or a worker
+replaced with ``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the
+trainer), requeues the groups in flight under their ids, so no sample is lost or trained
+twice.
 """
 
 from __future__ import annotations
@@ -38,10 +19,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.algo.replay import linear_beta
-from nobubble.rl.system.checkpoint import Recovery, RunProgress
+from nobubble.rl.system.checkpoint import CheckpointStore, RunProgress
 from nobubble.rl.system.config import RunConfig, describe_value
 from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
@@ -61,25 +43,15 @@ MAX_RESTARTS = 3  # per worker, with restart_workers
 
 @dataclass
 class Routing:
-    """Where every admitted group is until it is buffered, and which workers are free.
+    """Where every admitted group is until it is buffered, and which workers are free."""
 
-    Attributes:
-        requests: group id -> the request it was admitted with (generated again on a
-            requeue), until the group is buffered; its stage is the ledger's state
-            (``admitted``: at a generator, ``generated``: at a reward worker).
-        held: worker -> the group ids it is working on.
-        requeued: requests to generate again before anything new is admitted.
-        pending_reward: generated groups waiting for a reward worker.
-        idle: stage (``"rollout"``, ``"reward"``) -> its workers waiting for work.
-        rng_to_send: RNG states to hand back to generators with their next request (resume).
-    """
-
+    # group id -> its request, until buffered (its stage: the ledger's state)
     requests: dict[int, GroupRequest] = field(default_factory=dict)
-    held: dict[str, list[int]] = field(default_factory=dict)
-    requeued: list[GroupRequest] = field(default_factory=list)
+    held: dict[str, list[int]] = field(default_factory=dict)  # worker -> its group ids
+    requeued: list[GroupRequest] = field(default_factory=list)  # before anything new
     pending_reward: list[SampleGroup] = field(default_factory=list)
     idle: dict[str, list[str]] = field(default_factory=lambda: {"rollout": [], "reward": []})
-    rng_to_send: dict[str, Any] = field(default_factory=dict)
+    rng_to_send: dict[str, Any] = field(default_factory=dict)  # generator -> RNG (resume)
 
     def assign(self, stage: str, group_ids: list[int]) -> str:
         """The longest idle worker of ``stage``, now holding ``group_ids``."""
@@ -124,16 +96,18 @@ class Orchestrator:
             drop_staleness=cfg.effective_drop_staleness,
         )
         self._rng = random.Random(cfg.seed)
-        # batches at the trainer, oldest first: (fresh groups, groups drawn from the replay).
-        # With a staleness bound >= 1 the next batch is sent while one trains, so the
-        # trainer never waits on the driver's round trip (one step of prefetch).
-        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup]]] = deque()
+        # batches at the trainer, oldest first: (fresh groups, replayed groups, checkpoint
+        # folder). With a staleness bound >= 1 the next batch is sent while one trains.
+        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]]
+        self._train_queue = deque()
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         rc = cfg.replay_config()
         self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
         self._progress = RunProgress()
         self._published = PublishedWeights()  # each published version's weight digest
-        self._recovery = Recovery(cfg)
+        self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        self._resumed_from: str | None = None
+        self._wall_offset = 0.0  # seconds the run had spent before it resumed
         self._restarts: list[str] = []  # "<worker>: <error>" for every restart so far
         self._routing = Routing()
         self._stopping = False
@@ -199,10 +173,13 @@ class Orchestrator:
                 )
                 replayed = [g for g, _ in drawn]
                 weights = [1.0] * len(batch) + [w for _, w in drawn]
-            evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-            ckpt = self._recovery.checkpoint_dir(step)
+            last, every = step == self.cfg.steps, self.cfg.checkpoint_every
+            evaluate = step % self.cfg.eval_every == 0 or last
+            ckpt = None
+            if self._store is not None and (last or (every and step % every == 0)):
+                ckpt = str(self._store.new_dir(step))
             self.engine.submit_train(batch + replayed, evaluate, ckpt, weights)
-            self._train_queue.append((batch, replayed))
+            self._train_queue.append((batch, replayed, ckpt))
             self._eval_pending += evaluate
 
     @property
@@ -238,7 +215,7 @@ class Orchestrator:
         res, p = msg.payload, self._progress
         if res.version <= p.version:
             raise WorkerError(f"trainer published version {res.version} after {p.version}")
-        batch, replayed = self._train_queue.popleft()
+        batch, replayed, ckpt = self._train_queue.popleft()
         by = res.trained_by  # group id -> learner; empty with one learner (all learner 0)
         missing = {g.group_id for g in batch + replayed} - set(by)
         if self.cfg.learners > 1 and missing:
@@ -263,7 +240,8 @@ class Orchestrator:
             self.on_step(res.version, {**res.metrics, "staleness_max": max(res.staleness)})
         if p.version >= self.cfg.steps:
             self._stopping = True
-        self._recovery.commit(res.version, self.snapshot)
+        if ckpt is not None and self._store is not None:
+            self._store.commit(Path(ckpt), {"config": self.cfg.to_dict(), **self.snapshot()})
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
@@ -288,7 +266,7 @@ class Orchestrator:
         trainer (prefetched, not trained) is back among the buffer's ready groups, so a
         resumed run trains it."""
         buffer = self.buffer.state_dict()
-        queued = [g for batch, _ in self._train_queue for g in batch]
+        queued = [g for batch, _, _ in self._train_queue for g in batch]
         buffer["ready"] = sorted([*buffer["ready"], *queued], key=lambda g: g.group_id)
         return {
             "progress": self._progress,  # pickled at once by the commit
@@ -303,6 +281,7 @@ class Orchestrator:
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot`: every group in flight is generated again."""
         self._progress, self._published = state["progress"], state["published"]
+        self._resumed_from, self._wall_offset = state["resumed_from"], float(state["wall_s"])
         self._rng.setstate(state["rng"])
         self.buffer.load_state_dict(state["buffer"])
         for req in state["in_flight"]:
@@ -334,11 +313,11 @@ class Orchestrator:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        cfg = self.cfg
-        state = self._recovery.resume()  # before any worker starts: a refusal loses nothing
+        # before any worker starts: a refusal loses nothing
+        state = None if self._store is None else self._store.resume(self.cfg)
         if state is not None:
             self._restore(state)
-        workers = self.engine.start(cfg)
+        workers = self.engine.start(self.cfg)
         try:
             return self._loop(workers)
         finally:
@@ -355,8 +334,8 @@ class Orchestrator:
                     self._handle(msg)
                 else:
                     raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
-        self._t0 = time.time() - self._recovery.wall_offset
-        if self._recovery.resumed_from is None:
+        self._t0 = time.time() - self._wall_offset
+        if self._resumed_from is None:
             self.engine.submit_eval()  # version 0, the starting accuracy
             self._eval_pending += 1
         budget_end = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
@@ -435,7 +414,7 @@ class Orchestrator:
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),
             restarts=list(self._restarts),
-            resumed_from=self._recovery.resumed_from,
+            resumed_from=self._resumed_from,
             step_metrics=list(p.step_metrics),
         )
 
