@@ -14,6 +14,7 @@ functions that read and write the files (docs: ``docs/rl/own-model.md``).
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 from collections import Counter
@@ -25,7 +26,9 @@ from nobubble.files import atomic_path, write_text
 
 if TYPE_CHECKING:
     from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.system.replay import GroupReplay
     from nobubble.rl.system.result import CurvePoint
+    from nobubble.rl.system.weight_sync import PublishedWeights
 
 __all__ = [
     "TRAINER_FILE",
@@ -174,7 +177,7 @@ class CheckpointStore:
                 "resume from it (--resume) or choose an empty folder"
             )
         state = self.load_state(ckpt)
-        if "progress" not in state:
+        if "progress" not in state or "rng" in state:  # RunProgress now holds the RNG
             raise ValueError(
                 f"{ckpt} was written by an older nobubble (another checkpoint layout); "
                 "start a new run in an empty checkpoint folder"
@@ -189,27 +192,20 @@ class CheckpointStore:
 
 @dataclass
 class RunProgress:
-    """What a run has done so far: the counters a checkpoint saves (this object, pickled)
-    and a resume restores.
+    """The driver's state of a run that a checkpoint saves (this object, pickled) and a
+    resume restores: the prompt sampler's RNG, each version's weight digest, the replay,
+    and what the run has done so far."""
 
-    Attributes:
-        version: newest version the trainer has published.
-        next_group: the id the next admitted group gets.
-        curve: evaluation points so far.
-        staleness: trained samples by their lag ``{lag: count}``.
-        token_staleness: trained response tokens by their lag.
-        group_versions: group id -> the policy version of each of its samples.
-        train_reward: the mean reward of the last trained batch.
-        step_metrics: the trainer's metrics of every step.
-        rollout_rng: each generator's RNG state, as it last reported it.
-    """
-
-    version: int = 0
-    next_group: int = 0
-    curve: list[CurvePoint] = field(default_factory=list)
-    staleness: Counter[int] = field(default_factory=Counter)
-    token_staleness: Counter[int] = field(default_factory=Counter)
+    rng: random.Random
+    published: PublishedWeights
+    replay: GroupReplay | None
+    version: int = 0  # newest version the trainer has published
+    next_group: int = 0  # the id the next admitted group gets
+    curve: list[CurvePoint] = field(default_factory=list)  # evaluation points
+    staleness: Counter[int] = field(default_factory=Counter)  # lag -> trained samples
+    token_staleness: Counter[int] = field(default_factory=Counter)  # lag -> trained tokens
+    # group id -> the policy version of each of its samples
     group_versions: dict[int, list[int]] = field(default_factory=dict)
-    train_reward: float | None = None
-    step_metrics: list[dict[str, float]] = field(default_factory=list)
-    rollout_rng: dict[str, Any] = field(default_factory=dict)
+    train_reward: float | None = None  # the mean reward of the last trained batch
+    step_metrics: list[dict[str, float]] = field(default_factory=list)  # the trainer's, per step
+    rollout_rng: dict[str, Any] = field(default_factory=dict)  # generator -> its RNG state

@@ -17,6 +17,7 @@ numbered ``source=(name, seq)`` is checked for gaps (a trajectory lost in transi
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections import Counter
 from collections.abc import Iterable
@@ -176,26 +177,6 @@ class Ledger:
         """How many of ``group_ids`` are in each state: ``{"admitted": 3, ...}``."""
         return dict(Counter(self._state[g].value for g in group_ids))
 
-    def state_dict(self) -> dict:
-        return {
-            "state": {g: s.value for g, s in self._state.items()},
-            "sample_ids": dict(self._sample_ids),
-            "fate": dict(self.fate),
-            "requeues": list(self.requeues),
-            "reuse": {k: list(v) for k, v in self.reuse.items()},
-            "learners": {k: list(v) for k, v in self.learners.items()},
-            "sources": {k: list(v) for k, v in self.sources.items()},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self._state = {int(g): GroupState(v) for g, v in state["state"].items()}
-        self._sample_ids = {int(g): tuple(ids) for g, ids in state["sample_ids"].items()}
-        self.fate = {int(k): v for k, v in state["fate"].items()}
-        self.requeues = [(int(g), r) for g, r in state["requeues"]]
-        self.reuse = {int(k): list(v) for k, v in state.get("reuse", {}).items()}
-        self.learners = {int(k): list(v) for k, v in state.get("learners", {}).items()}
-        self.sources = {k: list(v) for k, v in state.get("sources", {}).items()}
-
     def _set_fate(self, sample_ids: tuple[int, ...], fate: str) -> None:
         for sid in sample_ids:
             if sid in self.fate:
@@ -335,16 +316,14 @@ class ExperienceBuffer(Generic[G]):
         return batch
 
     def state_dict(self) -> dict:
-        return {
-            "num_live": self._num_live,
-            "ready": list(self._ready.values()),
-            "ledger": self.ledger.state_dict(),
-        }
+        """The live count, the ready groups and a copy of the ledger (a checkpoint's part)."""
+        ledger = copy.deepcopy(self.ledger)
+        return {"num_live": self._num_live, "ready": list(self._ready.values()), "ledger": ledger}
 
     def load_state_dict(self, state: dict) -> None:
         self._num_live = int(state["num_live"])
         self._ready = {g.group_id: g for g in state["ready"]}
-        self.ledger.load_state_dict(state["ledger"])
+        self.ledger = copy.deepcopy(state["ledger"])
 
     def mark_trained(
         self, batch: list[G], step: int, trained_by: dict[int, int] | None = None

@@ -95,16 +95,14 @@ class Orchestrator:
             max_staleness=cfg.effective_max_staleness,
             drop_staleness=cfg.effective_drop_staleness,
         )
-        self._rng = random.Random(cfg.seed)
         # batches at the trainer, oldest first: (fresh groups, replayed groups, checkpoint
         # folder). With a staleness bound >= 1 the next batch is sent while one trains.
         self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]]
         self._train_queue = deque()
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         rc = cfg.replay_config()
-        self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
-        self._progress = RunProgress()
-        self._published = PublishedWeights()  # each published version's weight digest
+        replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
+        self._progress = RunProgress(random.Random(cfg.seed), PublishedWeights(), replay)
         self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         self._resumed_from: str | None = None
         self._wall_offset = 0.0  # seconds the run had spent before it resumed
@@ -126,7 +124,7 @@ class Orchestrator:
             return []
         reqs: list[GroupRequest] = []
         while len(reqs) < n and self.buffer.can_admit(p.version):
-            pid = self._rng.randrange(self.task.num_prompts)
+            pid = p.rng.randrange(self.task.num_prompts)
             gid = p.next_group
             p.next_group += 1
             self.buffer.admit(gid, p.version)
@@ -165,10 +163,10 @@ class Orchestrator:
                 break
             weights = None
             replayed: list[SampleGroup] = []
-            if self._replay is not None and not sync:
+            if self._progress.replay is not None and not sync:
                 rc = self.cfg.replay_config()
                 beta = linear_beta(step, self.cfg.steps, rc.beta)
-                drawn = self._replay.sample(
+                drawn = self._progress.replay.sample(
                     rc.groups_per_step, trains_at, self.cfg.effective_drop_staleness, beta
                 )
                 replayed = [g for g, _ in drawn]
@@ -220,16 +218,16 @@ class Orchestrator:
         missing = {g.group_id for g in batch + replayed} - set(by)
         if self.cfg.learners > 1 and missing:
             raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
-        self._published.publish(res.weight_digests)
-        self._published.check_trained(  # every trained group sampled with its versions' weights
+        p.published.publish(res.weight_digests)
+        p.published.check_trained(  # every trained group sampled with its versions' weights
             (g.generator or None, f"{g.generator} (group {g.group_id})", g.weight_digests)
             for g in batch
         )
         self.buffer.mark_trained(batch, res.version, by)
         for g in replayed:
             self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))
-        if self._replay is not None:
-            self._replay.add(batch)
+        if p.replay is not None:
+            p.replay.add(batch)
         p.step_metrics.append({"step": res.version, **res.metrics})
         p.version = res.version
         for lag in res.staleness:
@@ -270,24 +268,19 @@ class Orchestrator:
         buffer["ready"] = sorted([*buffer["ready"], *queued], key=lambda g: g.group_id)
         return {
             "progress": self._progress,  # pickled at once by the commit
-            "published": self._published,
-            "rng": self._rng.getstate(),
             "buffer": buffer,
             "in_flight": [req for _, req in sorted(self._routing.requests.items())],
-            "replay": self._replay,
             "wall_s": time.time() - self._t0,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot`: every group in flight is generated again."""
-        self._progress, self._published = state["progress"], state["published"]
+        self._progress = state["progress"]
         self._resumed_from, self._wall_offset = state["resumed_from"], float(state["wall_s"])
-        self._rng.setstate(state["rng"])
         self.buffer.load_state_dict(state["buffer"])
         for req in state["in_flight"]:
             self._requeue(req, "resumed")
         self._routing.rng_to_send = dict(self._progress.rollout_rng)
-        self._replay = state.get("replay", self._replay)
         if self._progress.version >= self.cfg.steps:
             self._stopping = True
 
@@ -409,7 +402,7 @@ class Orchestrator:
             ledger=ledger,
             fates=dict(self.buffer.ledger.fate),
             group_versions=p.group_versions,
-            weight_versions=self._published.versions,
+            weight_versions=p.published.versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),
