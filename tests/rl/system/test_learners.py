@@ -134,7 +134,7 @@ def test_staleness_learners_apply_every_gradient_in_arrival_order():
         for p, g in zip(ref.model.parameters(), grads[who]):
             p.grad = weight * g
         ref.optimizer.step()
-    for name, value in ref.state_dict().items():
+    for name, value in ref.model.state_dict().items():
         assert torch.allclose(state[name], value, rtol=0, atol=1e-12), name
 
 
