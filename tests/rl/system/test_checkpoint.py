@@ -156,15 +156,22 @@ def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_pa
     assert not list(tmp_path.glob("step-000001-*"))  # keep=1
 
 
-def test_a_checkpoint_of_the_older_layout_is_refused_naming_the_fix(tmp_path):
-    """A driver state saved field by field (before RunProgress was saved as one object, as
-    597f3ab and older wrote it) is refused in one line, not half-loaded."""
+OLDER_LAYOUTS = {
+    # field by field, before RunProgress was saved as one object (597f3ab and older)
+    "fields": {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0},
+    # RunProgress beside the prompt RNG, the digests and the replay (61be5c0 and older)
+    "beside": {"progress": None, "published": {}, "rng": None, "replay": None, "wall_s": 1.0},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(OLDER_LAYOUTS))
+def test_a_checkpoint_of_an_older_layout_is_refused_naming_the_fix(tmp_path, layout):
+    """A driver state of an older layout is refused in one line, not half-loaded."""
     cfg = RunConfig(mode="sync", steps=2, checkpoint_dir=str(tmp_path), **TINY)
     store = CheckpointStore(tmp_path)
     ckpt = store.new_dir(2)
     (ckpt / TRAINER_FILE).write_bytes(b"x")
-    old = {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0}
-    store.commit(ckpt, {"config": cfg.to_dict(), **old})
+    store.commit(ckpt, {"config": cfg.to_dict(), **OLDER_LAYOUTS[layout]})
     cfg = RunConfig(**{**cfg.__dict__, "resume": True})  # resume needs the checkpoint there
     with pytest.raises(ValueError, match=rf"^{ckpt} was written by an older nobubble .*"
                        "start a new run in an empty checkpoint folder$"):  # fmt: skip
