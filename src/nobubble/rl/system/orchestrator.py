@@ -110,7 +110,10 @@ class Orchestrator:
         self._routing = Routing()
         self._stopping = False
         self._spans: list[Span] = []
-        self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
+        # the reward sources as the user named them, for RewardWatch's error
+        names = [str(describe_value(r.fn)) for r in cfg.reward_sources()]
+        names += [cfg.reward_url] if cfg.reward_url else []
+        self._reward_watch = RewardWatch(cfg.reward_config(), " + ".join(names or ["task"]))
         self._eval_pending = 0
         self._t0 = 0.0
 
@@ -410,13 +413,6 @@ class Orchestrator:
             resumed_from=self._resumed_from,
             step_metrics=list(p.step_metrics),
         )
-
-
-def _reward_label(cfg: RunConfig) -> str:
-    """The run's reward sources, as the user named them."""
-    names = [str(describe_value(r.fn)) for r in cfg.reward_sources()]
-    names += [cfg.reward_url] if cfg.reward_url else []
-    return " + ".join(names or ["task"])
 
 
 def run(

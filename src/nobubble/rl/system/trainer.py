@@ -75,12 +75,11 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Greedy decoding over the task's whole prompt space."""
+    """Greedy decoding over the task's evaluation prompts: the share solved, the mean reward."""
 
     version: int
     accuracy: float
     mean_reward: float
-    num_prompts: int
     span: Span | None = field(default=None, compare=False)
 
 
@@ -106,7 +105,7 @@ def evaluate_policy(model: nn.Module, task: TaskSpec, version: int = 0) -> EvalR
     correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
     reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
     span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
-    return EvalResult(version, correct / len(prompts), reward, len(prompts), span)
+    return EvalResult(version, correct / len(prompts), reward, span)
 
 
 class GroupBatch(NamedTuple):
