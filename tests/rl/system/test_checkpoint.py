@@ -99,7 +99,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     assert result["ledger"]["ok"]
 
     state, trainer = _final(ckpt)
-    fates, ref_fates = state["buffer"]["ledger"]["fate"], ref_state["buffer"]["ledger"]["fate"]
+    fates, ref_fates = state["buffer"]["ledger"].fate, ref_state["buffer"]["ledger"].fate
     assert fates == ref_fates  # the same samples, each trained once, at the same step
     trained = [f for f in fates.values() if f.startswith("trained@")]
     assert len(trained) == len(set(fates)) == STEPS * 2 * 4
@@ -126,9 +126,9 @@ def test_async_resume_requeues_groups_in_flight_and_loses_none(tmp_path):
     assert resumed.ledger.ok and resumed.steps == 10
     in_flight = {r.group_id for r in state["in_flight"]}
     assert {g for g, why in resumed.requeues if why == "resumed"} == in_flight
-    done = {s for s, f in state["buffer"]["ledger"]["fate"].items()}
+    done = {s for s, f in state["buffer"]["ledger"].fate.items()}
     for sid in done:  # what the checkpoint had settled stays settled
-        assert resumed.fates[sid] == state["buffer"]["ledger"]["fate"][sid]
+        assert resumed.fates[sid] == state["buffer"]["ledger"].fate[sid]
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
@@ -156,18 +156,23 @@ def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_pa
     assert not list(tmp_path.glob("step-000001-*"))  # keep=1
 
 
-def test_a_checkpoint_of_the_older_layout_is_refused_naming_the_fix(tmp_path):
-    """A driver state saved field by field (before RunProgress was saved as one object, as
-    597f3ab and older wrote it) is refused in one line, not half-loaded."""
-    from nobubble.rl.system.checkpoint import Recovery
+OLDER_LAYOUTS = {
+    # field by field, before RunProgress was saved as one object (597f3ab and older)
+    "fields": {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0},
+    # RunProgress beside the prompt RNG, the digests and the replay (61be5c0 and older)
+    "beside": {"progress": None, "published": {}, "rng": None, "replay": None, "wall_s": 1.0},
+}
 
+
+@pytest.mark.parametrize("layout", sorted(OLDER_LAYOUTS))
+def test_a_checkpoint_of_an_older_layout_is_refused_naming_the_fix(tmp_path, layout):
+    """A driver state of an older layout is refused in one line, not half-loaded."""
     cfg = RunConfig(mode="sync", steps=2, checkpoint_dir=str(tmp_path), **TINY)
     store = CheckpointStore(tmp_path)
     ckpt = store.new_dir(2)
     (ckpt / TRAINER_FILE).write_bytes(b"x")
-    old = {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0}
-    store.commit(ckpt, {"config": cfg.to_dict(), **old})
+    store.commit(ckpt, {"config": cfg.to_dict(), **OLDER_LAYOUTS[layout]})
     cfg = RunConfig(**{**cfg.__dict__, "resume": True})  # resume needs the checkpoint there
     with pytest.raises(ValueError, match=rf"^{ckpt} was written by an older nobubble .*"
                        "start a new run in an empty checkpoint folder$"):  # fmt: skip
-        Recovery(cfg).resume()
+        store.resume(cfg)

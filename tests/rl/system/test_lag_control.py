@@ -30,7 +30,8 @@ def _setup(**trainer):
     torch.manual_seed(0)
     tr = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
-    gen.set_weights(0, tr.state_dict())
+    gen.model.load_state_dict(tr.model.state_dict())
+    gen.version = 0
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(task.prompts[:2])])
     scored = [
         g.with_samples(tuple(s.scored(float(s.response[:1] == "0"), 0.0) for s in g.samples))

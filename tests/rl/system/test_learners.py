@@ -39,7 +39,7 @@ def _batches(cfg: RunConfig) -> list[list[SampleGroup]]:
     torch.manual_seed(0)
     model = cfg.build_policy(task)
     gen = RolloutWorker(task=task, model=model, cfg=cfg)
-    gen.set_weights(0, model.state_dict())
+    gen.version = 0  # the weights it holds are version 0's
     n = NUM_STEPS * cfg.batch_groups
     prompts = [task.prompts[(7 * i) % task.num_prompts] for i in range(n)]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])
@@ -63,7 +63,7 @@ def _sync_learner(ctx: DistContext, cfg: RunConfig, batches: list[list[SampleGro
     for batch in batches:
         shard, weights = split_groups(batch, None, ctx.world_size)[ctx.rank]
         learner.update([GroupBatch(shard, weights)])
-    return learner.state_dict()
+    return {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
 
 
 def _reference_run(cfg: RunConfig, batches: list[list[SampleGroup]]) -> tuple[dict, dict]:
@@ -103,7 +103,8 @@ def _staleness_learner(ctx: DistContext, cfg: RunConfig, batch: list[SampleGroup
     if ctx.rank == 0:
         time.sleep(2.0)  # learner 1's push is there before learner 0's own gradient
     pushes = learner.update([GroupBatch(shard)]).pushes
-    return learner.state_dict(), pushes, learner.version
+    params = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+    return params, pushes, learner.version
 
 
 def test_staleness_learners_apply_every_gradient_in_arrival_order():
@@ -133,7 +134,7 @@ def test_staleness_learners_apply_every_gradient_in_arrival_order():
         for p, g in zip(ref.model.parameters(), grads[who]):
             p.grad = weight * g
         ref.optimizer.step()
-    for name, value in ref.state_dict().items():
+    for name, value in ref.model.state_dict().items():
         assert torch.allclose(state[name], value, rtol=0, atol=1e-12), name
 
 

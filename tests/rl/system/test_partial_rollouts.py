@@ -66,7 +66,8 @@ def _policies(cfg: RunConfig, n: int) -> list[torch.nn.Module]:
 def _generate(cfg: RunConfig, models: list[torch.nn.Module], num_groups: int = 3):
     task = cfg.make_task()
     worker = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
-    worker.set_weights(0, models[0].state_dict())
+    worker.model.load_state_dict(models[0].state_dict())
+    worker.version = 0
     publisher = StepPublisher(models)
     worker.pull_weights = publisher.pull
     reqs = [GroupRequest(i, i, task.prompts[i], 0.0) for i in range(num_groups)]

@@ -31,7 +31,8 @@ def _scored_groups(cfg: RunConfig, trainer: Learner[GroupLoss]) -> list[SampleGr
     with "0" (independent of the task's reward)."""
     task = trainer.loss.task
     gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
-    gen.set_weights(0, trainer.state_dict())
+    gen.model.load_state_dict(trainer.model.state_dict())
+    gen.version = 0
     prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])
     return [
@@ -112,7 +113,8 @@ def test_step_raises_logprob_of_better_responses(algo):
     torch.manual_seed(0)
     trainer = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
     gen = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
-    gen.set_weights(0, trainer.state_dict())
+    gen.model.load_state_dict(trainer.model.state_dict())
+    gen.version = 0
     prompts = task.eval_prompts[:4]
     groups, _ = gen.generate([GroupRequest(i, i, p, 0.0) for i, p in enumerate(prompts)])
     # reward: 1 for responses that start with "0", else 0 (independent of the task's reward)

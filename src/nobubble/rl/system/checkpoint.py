@@ -1,44 +1,23 @@
-"""Checkpoints and recovery of an RL run: what survives a ``kill -9``, and how a run resumes.
+"""Checkpoints of an RL run, taken at step boundaries, and the resume from the newest one.
 
-A checkpoint is a folder ``step-<N>-<token>/`` under the run's checkpoint folder with two
-files, and the one-line pointer ``latest`` that names the newest complete one
-(:class:`CheckpointStore`). Checkpoints are taken at step boundaries:
-
-- ``trainer.pt`` - written by the trainer process itself into the folder
-  :meth:`Recovery.checkpoint_dir` names when the step is submitted: policy and optimizer
-  state, the weight version, torch's RNG state, the KL reference policy;
-- ``orchestrator.pt`` - written by the driver once that step's result is back
-  (:meth:`Recovery.commit`, the state the orchestrator's
-  :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot` gives): the experience
-  buffer (scored groups waiting for the trainer), the replay, the ledger, the request of
-  every group in flight (requeued on resume under their group and prompt ids), the prompt
-  sampler's RNG, :class:`RunProgress` (the version, the next group id, the curve, the
-  metrics so far, each generator's RNG), each version's weight digest, and the config it
-  was taken under.
-
-Every file is written atomically (a temporary file, fsync, rename), and ``latest`` moves
-only after both files of a checkpoint exist, so a crash at any point leaves the previous
-checkpoint whole. ``<token>`` is new for every driver process: a trainer left over from a
-killed run can never write into the folder of the run that resumed. The two newest
-checkpoints are kept. Torch is imported by the functions that read and write the files, so
-the driver checks ``resume`` (:meth:`CheckpointStore.latest`) before torch loads.
-
-Resume: :meth:`Recovery.resume` returns the newest checkpoint's driver state before any
-worker starts (or refuses to overwrite one without ``resume``, or to resume a run whose
-:data:`RESUME_KEYS` changed). The orchestrator generates every group that was in flight
-again, and trains again every batch that was queued at the trainer but not trained, with
-the same group and prompt ids; so no sample is lost or trained twice. The ledger records
-every requeue (``resumed``, or ``worker_died`` for a worker restarted with
-``restart_workers``).
+A checkpoint is a folder ``step-<N>-<token>/`` under the run's checkpoint folder holding
+``trainer.pt`` (written by the trainer: policy, optimizer, version, torch's RNG, the KL
+reference) and ``orchestrator.pt`` (written by the driver once that step is back: the
+orchestrator's :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`, the groups in
+flight included, and the config), plus the pointer ``latest``. Files are written atomically
+and ``latest`` moves only once both exist, so a crash at any point leaves the previous
+checkpoint whole; ``<token>`` is new per driver process, so a trainer left over from a
+killed run never writes into the resumed run's folders. Torch is imported only by the
+functions that read and write the files (docs: ``docs/rl/own-model.md``).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +26,9 @@ from nobubble.files import atomic_path, write_text
 
 if TYPE_CHECKING:
     from nobubble.rl.system.config import RunConfig
+    from nobubble.rl.system.replay import GroupReplay
     from nobubble.rl.system.result import CurvePoint
+    from nobubble.rl.system.weight_sync import PublishedWeights
 
 __all__ = [
     "TRAINER_FILE",
@@ -56,7 +37,6 @@ __all__ = [
     "save_trainer",
     "load_trainer",
     "RESUME_KEYS",
-    "Recovery",
     "RunProgress",
 ]
 
@@ -117,7 +97,7 @@ def load_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
 
 
 class CheckpointStore:
-    """The checkpoint folder of one run (see the module docstring).
+    """The checkpoint folder of one run: its checkpoints, the pointer ``latest``, the resume.
 
     Args:
         folder: where checkpoints go (created on the first one).
@@ -179,97 +159,53 @@ class CheckpointStore:
 
         return torch.load(ckpt / STATE_FILE, weights_only=False)
 
-
-@dataclass
-class RunProgress:
-    """What a run has done so far: the counters a checkpoint saves (this object, pickled)
-    and a resume restores.
-
-    Attributes:
-        version: newest version the trainer has published.
-        next_group: the id the next admitted group gets.
-        curve: evaluation points so far.
-        staleness: trained samples by their lag ``{lag: count}``.
-        token_staleness: trained response tokens by their lag.
-        group_versions: group id -> the policy version of each of its samples.
-        train_reward: the mean reward of the last trained batch.
-        step_metrics: the trainer's metrics of every step.
-        rollout_rng: each generator's RNG state, as it last reported it.
-    """
-
-    version: int = 0
-    next_group: int = 0
-    curve: list[CurvePoint] = field(default_factory=list)
-    staleness: Counter[int] = field(default_factory=Counter)
-    token_staleness: Counter[int] = field(default_factory=Counter)
-    group_versions: dict[int, list[int]] = field(default_factory=dict)
-    train_reward: float | None = None
-    step_metrics: list[dict[str, float]] = field(default_factory=list)
-    rollout_rng: dict[str, Any] = field(default_factory=dict)
-
-
-class Recovery:
-    """The checkpoints of one run of ``cfg``: the folders, the commits, the resume (see the
-    module docstring). It holds no state of the run; the orchestrator passes in what it
-    saves and applies what it gets back.
-
-    Attributes:
-        resumed_from: the checkpoint folder the run resumed from (None: a new run).
-        wall_offset: the wall-clock seconds the run had spent before it resumed.
-    """
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.resumed_from: str | None = None
-        self.wall_offset = 0.0
-        self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        self._dirs: dict[int, str] = {}  # step -> folder the trainer writes into
-
-    def checkpoint_dir(self, step: int) -> str | None:
-        """The folder the trainer writes step ``step``'s checkpoint into (None: no checkpoint)."""
-        every = self.cfg.checkpoint_every
-        if self._store is None or not (step == self.cfg.steps or (every and step % every == 0)):
-            return None
-        ckpt = str(self._store.new_dir(step))
-        self._dirs[step] = ckpt
-        return ckpt
-
-    def commit(self, step: int, snapshot: Callable[[], dict[str, Any]]) -> None:
-        """After step ``step`` trained: if it has a checkpoint, write the driver's part
-        (``snapshot()``, the orchestrator's
-        :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`) and commit it."""
-        ckpt = self._dirs.pop(step, None)
-        if ckpt is not None and self._store is not None:
-            self._store.commit(Path(ckpt), {"config": self.cfg.to_dict(), **snapshot()})
-
-    def resume(self) -> dict[str, Any] | None:
-        """The driver's state in the newest checkpoint (``resume``), or None for a new run.
+    def resume(self, cfg: RunConfig) -> dict[str, Any] | None:
+        """The driver's state in the newest checkpoint, its folder added as
+        ``resumed_from``; None when there is none (a new run).
 
         Raises:
-            ValueError: the folder holds a checkpoint and ``resume`` is off, or the run's
-                config changed in one of ``RESUME_KEYS``.
+            ValueError: the folder holds a checkpoint and ``cfg.resume`` is off, the
+                checkpoint has an older layout, or the run's config changed in one of
+                :data:`RESUME_KEYS`.
         """
-        if self._store is None:
-            return None
-        ckpt = self._store.latest()
+        ckpt = self.latest()
         if ckpt is None:  # resume=True on an empty folder: refused by RunConfig
             return None
-        if not self.cfg.resume:
+        if not cfg.resume:
             raise ValueError(
-                f"checkpoint_dir {self._store.folder} holds a checkpoint ({ckpt.name}); "
+                f"checkpoint_dir {self.folder} holds a checkpoint ({ckpt.name}); "
                 "resume from it (--resume) or choose an empty folder"
             )
-        state = self._store.load_state(ckpt)
-        if "progress" not in state:
+        state = self.load_state(ckpt)
+        if "progress" not in state or "rng" in state:  # RunProgress now holds the RNG
             raise ValueError(
                 f"{ckpt} was written by an older nobubble (another checkpoint layout); "
                 "start a new run in an empty checkpoint folder"
             )
-        now = self.cfg.to_dict()
+        now = cfg.to_dict()
         diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]
         if diff:
             shown = ", ".join(f"{k}: {state['config'].get(k)!r} -> {now.get(k)!r}" for k in diff)
             raise ValueError(f"cannot resume {ckpt}: the run's config changed ({shown})")
-        self.wall_offset = float(state["wall_s"])
-        self.resumed_from = str(ckpt)
-        return state
+        return {**state, "resumed_from": str(ckpt)}
+
+
+@dataclass
+class RunProgress:
+    """The driver's state of a run that a checkpoint saves (this object, pickled) and a
+    resume restores: the prompt sampler's RNG, each version's weight digest, the replay,
+    and what the run has done so far."""
+
+    rng: random.Random
+    published: PublishedWeights
+    replay: GroupReplay | None
+    version: int = 0  # newest version the trainer has published
+    next_group: int = 0  # the id the next admitted group gets
+    curve: list[CurvePoint] = field(default_factory=list)  # evaluation points
+    staleness: Counter[int] = field(default_factory=Counter)  # lag -> trained samples
+    token_staleness: Counter[int] = field(default_factory=Counter)  # lag -> trained tokens
+    # group id -> the policy version of each of its samples
+    group_versions: dict[int, list[int]] = field(default_factory=dict)
+    train_reward: float | None = None  # the mean reward of the last trained batch
+    step_metrics: list[dict[str, float]] = field(default_factory=list)  # the trainer's, per step
+    rollout_rng: dict[str, Any] = field(default_factory=dict)  # generator -> its RNG state

@@ -1,18 +1,11 @@
-"""The learner of both producers: the policy, its Adam optimizer and its version; the loss
-is a choice; the gradients of L learners are aggregated.
-
-The loss (a :class:`Loss`) is the LLM producer's GRPO / PPO / V-trace family
-(:class:`~nobubble.rl.system.trainer.GroupLoss`) or the environment producer's V-trace /
-APPO (:class:`~nobubble.rl.actor_learner.loss.VTraceLoss`), both built on
-:mod:`nobubble.rl.algo.losses`. :meth:`Learner.update` takes one optimizer step per
-minibatch and makes **one** new version. After :meth:`Learner.join` the learner is one of
-``ctx.world_size``, each on its own shard, combined by ``RunConfig.aggregation``
-(:mod:`nobubble.rl.algo.aggregation`): ``sync`` all-reduces the gradients weighted by each
-shard's ``num_tokens`` (every loss term is a token mean, so this is one learner on the whole
-batch); ``async`` / ``staleness`` make learner 0 a parameter server that applies its own
-gradient and every other learner's push in arrival order (``staleness``: each scaled by
-``1 / (1 + staleness)``), then makes one version; ``local-sgd`` steps each learner alone and
-averages the parameters every H steps.
+"""The one learner of both producers: the policy, its Adam optimizer and its version; the
+loss is a choice (:class:`~nobubble.rl.system.trainer.GroupLoss`,
+:class:`~nobubble.rl.actor_learner.loss.VTraceLoss`). After :meth:`Learner.join` it is one
+of ``ctx.world_size`` learners, each on its own shard, combined by ``RunConfig.aggregation``
+(:mod:`nobubble.rl.algo.aggregation`; ``docs/rl/system.md``): ``sync`` all-reduces the
+gradients weighted by each shard's ``num_tokens`` (exactly one learner on the whole batch);
+``async`` / ``staleness`` make learner 0 a parameter server; ``local-sgd`` averages the
+parameters every H steps.
 """
 
 from __future__ import annotations
@@ -43,22 +36,13 @@ BatchT = TypeVar("BatchT", contravariant=True)
 
 @dataclass(frozen=True)
 class ShardGradients:
-    """What one loss evaluation leaves besides the ``.grad`` tensors.
+    """What one loss evaluation leaves besides the ``.grad`` tensors."""
 
-    Attributes:
-        staleness: per trained group, ``learner version - policy version`` (may be empty).
-        metrics: loss terms and diagnostics (floats).
-        num_tokens: loss elements in the shard (the token mean's denominator: the weight of
-            this learner's gradient in the ``sync`` all-reduce).
-        token_staleness: those tokens by their staleness ``{lag: count}``.
-        pushes: ``async`` / ``staleness`` on learner 0: ``(learner, staleness, weight)`` of
-            every gradient applied, in order.
-    """
-
-    staleness: list[int]
-    metrics: dict[str, float]
-    num_tokens: int
-    token_staleness: dict[int, int] = field(default_factory=dict)
+    staleness: list[int]  # per trained group, learner version - policy version (may be [])
+    metrics: dict[str, float]  # loss terms and diagnostics
+    num_tokens: int  # loss elements: the token mean's denominator, the ``sync`` weight
+    token_staleness: dict[int, int] = field(default_factory=dict)  # lag -> tokens
+    # async / staleness on learner 0: (learner, staleness, weight) of each gradient applied
     pushes: list[tuple[int, int, float]] = field(default_factory=list)
 
 
@@ -132,10 +116,6 @@ class Learner(Generic[LossT]):
         learner 0 and never steps an optimizer (its version is the one it computed on)."""
         rank = 0 if self.ctx is None else self.ctx.rank
         return rank > 0 and self.aggregation in ("async", "staleness")
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the policy's weights."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def compute_gradients(self, batch: Any) -> ShardGradients:
         """Forward and backward of the loss on ``batch``: sets every ``.grad``."""

@@ -1,34 +1,15 @@
 """One orchestrator for every mode and engine: admission, routing, bookkeeping.
 
-The orchestrator runs in the driver process. It never computes anything heavy; it decides
-*when* each stage may work and moves data between them through an :class:`Engine` (local
-processes, or Ray actors):
-
-1. admission - a new GRPO group may start only while ``floor((N_r - 1) / B) <= version +
-   max_staleness`` (:class:`~nobubble.rl.system.experience.ExperienceBuffer`);
-2. rollout - admitted groups go to an idle generator in requests of ``groups_per_rollout``;
-   each request is sampled with the newest weights the generator holds when it starts (one
-   version per group);
-3. reward - generated groups go to a reward worker; failures are retried there;
-4. buffer - scored groups wait; the trainer takes the B oldest once it is idle;
-5. training - each step produces a new version, which the engine publishes to the
-   generators. With ``learners > 1`` the engine splits the batch among the learners and
-   answers with one step; the ledger records which learner trained each group
-   (:mod:`~nobubble.rl.system.engines.learners`).
-
-Modes differ only in ``max_staleness`` and ``groups_per_rollout``: ``sync`` (max_staleness =
-0: generation of step i waits for the weights of step i, so the stages alternate),
-``one-step-off`` (max_staleness = k, default 1, whole batches per weight version, as veRL's
-one-step-off) and ``fully-async`` (max_staleness default 4, smaller requests so generators
-pick up new weights between groups, as AReaL).
-
-Checkpoints (``RunConfig.checkpoint_dir``) are taken at step boundaries; a resumed run
-requeues the groups in flight (same group and prompt ids), so no sample is lost or trained
-twice (:mod:`~nobubble.rl.system.checkpoint`, whose :class:`Recovery` names the folders,
-commits :meth:`Orchestrator.snapshot` and returns the state to resume from). With
-``restart_workers``, a rollout or reward worker that dies is replaced (at most
-:data:`MAX_RESTARTS` times each) and its groups are requeued the same way; a trainer
-failure is never masked.
+It runs in the driver, computes nothing heavy, and moves work between the stages through an
+:class:`Engine` (local processes or Ray actors): groups are admitted by the
+:class:`~nobubble.rl.system.experience.ExperienceBuffer`'s one rule, sent to idle generators
+in requests of ``groups_per_rollout``, then to reward workers, then buffered; the trainer
+takes the B oldest, and each step makes a version the engine publishes. Modes differ only in
+``max_staleness`` and ``groups_per_rollout`` (``docs/rl/system.md``). Checkpoints are taken
+at step boundaries (:mod:`~nobubble.rl.system.checkpoint`); a resumed run, or a worker
+replaced with ``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the
+trainer), requeues the groups in flight under their ids, so no sample is lost or trained
+twice.
 """
 
 from __future__ import annotations
@@ -38,10 +19,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.algo.replay import linear_beta
-from nobubble.rl.system.checkpoint import Recovery, RunProgress
+from nobubble.rl.system.checkpoint import CheckpointStore, RunProgress
 from nobubble.rl.system.config import RunConfig, describe_value
 from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
@@ -61,25 +43,15 @@ MAX_RESTARTS = 3  # per worker, with restart_workers
 
 @dataclass
 class Routing:
-    """Where every admitted group is until it is buffered, and which workers are free.
+    """Where every admitted group is until it is buffered, and which workers are free."""
 
-    Attributes:
-        requests: group id -> the request it was admitted with (generated again on a
-            requeue), until the group is buffered; its stage is the ledger's state
-            (``admitted``: at a generator, ``generated``: at a reward worker).
-        held: worker -> the group ids it is working on.
-        requeued: requests to generate again before anything new is admitted.
-        pending_reward: generated groups waiting for a reward worker.
-        idle: stage (``"rollout"``, ``"reward"``) -> its workers waiting for work.
-        rng_to_send: RNG states to hand back to generators with their next request (resume).
-    """
-
+    # group id -> its request, until buffered (its stage: the ledger's state)
     requests: dict[int, GroupRequest] = field(default_factory=dict)
-    held: dict[str, list[int]] = field(default_factory=dict)
-    requeued: list[GroupRequest] = field(default_factory=list)
+    held: dict[str, list[int]] = field(default_factory=dict)  # worker -> its group ids
+    requeued: list[GroupRequest] = field(default_factory=list)  # before anything new
     pending_reward: list[SampleGroup] = field(default_factory=list)
     idle: dict[str, list[str]] = field(default_factory=lambda: {"rollout": [], "reward": []})
-    rng_to_send: dict[str, Any] = field(default_factory=dict)
+    rng_to_send: dict[str, Any] = field(default_factory=dict)  # generator -> RNG (resume)
 
     def assign(self, stage: str, group_ids: list[int]) -> str:
         """The longest idle worker of ``stage``, now holding ``group_ids``."""
@@ -123,22 +95,25 @@ class Orchestrator:
             max_staleness=cfg.effective_max_staleness,
             drop_staleness=cfg.effective_drop_staleness,
         )
-        self._rng = random.Random(cfg.seed)
-        # batches at the trainer, oldest first: (fresh groups, groups drawn from the replay).
-        # With a staleness bound >= 1 the next batch is sent while one trains, so the
-        # trainer never waits on the driver's round trip (one step of prefetch).
-        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup]]] = deque()
+        # batches at the trainer, oldest first: (fresh groups, replayed groups, checkpoint
+        # folder). With a staleness bound >= 1 the next batch is sent while one trains.
+        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]]
+        self._train_queue = deque()
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         rc = cfg.replay_config()
-        self._replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
-        self._progress = RunProgress()
-        self._published = PublishedWeights()  # each published version's weight digest
-        self._recovery = Recovery(cfg)
+        replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
+        self._progress = RunProgress(random.Random(cfg.seed), PublishedWeights(), replay)
+        self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        self._resumed_from: str | None = None
+        self._wall_offset = 0.0  # seconds the run had spent before it resumed
         self._restarts: list[str] = []  # "<worker>: <error>" for every restart so far
         self._routing = Routing()
         self._stopping = False
         self._spans: list[Span] = []
-        self._reward_watch = RewardWatch(cfg.reward_config(), _reward_label(cfg))
+        # the reward sources as the user named them, for RewardWatch's error
+        names = [str(describe_value(r.fn)) for r in cfg.reward_sources()]
+        names += [cfg.reward_url] if cfg.reward_url else []
+        self._reward_watch = RewardWatch(cfg.reward_config(), " + ".join(names or ["task"]))
         self._eval_pending = 0
         self._t0 = 0.0
 
@@ -152,7 +127,7 @@ class Orchestrator:
             return []
         reqs: list[GroupRequest] = []
         while len(reqs) < n and self.buffer.can_admit(p.version):
-            pid = self._rng.randrange(self.task.num_prompts)
+            pid = p.rng.randrange(self.task.num_prompts)
             gid = p.next_group
             p.next_group += 1
             self.buffer.admit(gid, p.version)
@@ -191,18 +166,21 @@ class Orchestrator:
                 break
             weights = None
             replayed: list[SampleGroup] = []
-            if self._replay is not None and not sync:
+            if self._progress.replay is not None and not sync:
                 rc = self.cfg.replay_config()
                 beta = linear_beta(step, self.cfg.steps, rc.beta)
-                drawn = self._replay.sample(
+                drawn = self._progress.replay.sample(
                     rc.groups_per_step, trains_at, self.cfg.effective_drop_staleness, beta
                 )
                 replayed = [g for g, _ in drawn]
                 weights = [1.0] * len(batch) + [w for _, w in drawn]
-            evaluate = step % self.cfg.eval_every == 0 or step == self.cfg.steps
-            ckpt = self._recovery.checkpoint_dir(step)
+            last, every = step == self.cfg.steps, self.cfg.checkpoint_every
+            evaluate = step % self.cfg.eval_every == 0 or last
+            ckpt = None
+            if self._store is not None and (last or (every and step % every == 0)):
+                ckpt = str(self._store.new_dir(step))
             self.engine.submit_train(batch + replayed, evaluate, ckpt, weights)
-            self._train_queue.append((batch, replayed))
+            self._train_queue.append((batch, replayed, ckpt))
             self._eval_pending += evaluate
 
     @property
@@ -238,21 +216,21 @@ class Orchestrator:
         res, p = msg.payload, self._progress
         if res.version <= p.version:
             raise WorkerError(f"trainer published version {res.version} after {p.version}")
-        batch, replayed = self._train_queue.popleft()
+        batch, replayed, ckpt = self._train_queue.popleft()
         by = res.trained_by  # group id -> learner; empty with one learner (all learner 0)
         missing = {g.group_id for g in batch + replayed} - set(by)
         if self.cfg.learners > 1 and missing:
             raise WorkerError(f"step {res.version}: no learner reported groups {sorted(missing)}")
-        self._published.publish(res.weight_digests)
-        self._published.check_trained(  # every trained group sampled with its versions' weights
+        p.published.publish(res.weight_digests)
+        p.published.check_trained(  # every trained group sampled with its versions' weights
             (g.generator or None, f"{g.generator} (group {g.group_id})", g.weight_digests)
             for g in batch
         )
         self.buffer.mark_trained(batch, res.version, by)
         for g in replayed:
             self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))
-        if self._replay is not None:
-            self._replay.add(batch)
+        if p.replay is not None:
+            p.replay.add(batch)
         p.step_metrics.append({"step": res.version, **res.metrics})
         p.version = res.version
         for lag in res.staleness:
@@ -263,7 +241,8 @@ class Orchestrator:
             self.on_step(res.version, {**res.metrics, "staleness_max": max(res.staleness)})
         if p.version >= self.cfg.steps:
             self._stopping = True
-        self._recovery.commit(res.version, self.snapshot)
+        if ckpt is not None and self._store is not None:
+            self._store.commit(Path(ckpt), {"config": self.cfg.to_dict(), **self.snapshot()})
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
@@ -288,27 +267,23 @@ class Orchestrator:
         trainer (prefetched, not trained) is back among the buffer's ready groups, so a
         resumed run trains it."""
         buffer = self.buffer.state_dict()
-        queued = [g for batch, _ in self._train_queue for g in batch]
+        queued = [g for batch, _, _ in self._train_queue for g in batch]
         buffer["ready"] = sorted([*buffer["ready"], *queued], key=lambda g: g.group_id)
         return {
             "progress": self._progress,  # pickled at once by the commit
-            "published": self._published,
-            "rng": self._rng.getstate(),
             "buffer": buffer,
             "in_flight": [req for _, req in sorted(self._routing.requests.items())],
-            "replay": self._replay,
             "wall_s": time.time() - self._t0,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot`: every group in flight is generated again."""
-        self._progress, self._published = state["progress"], state["published"]
-        self._rng.setstate(state["rng"])
+        self._progress = state["progress"]
+        self._resumed_from, self._wall_offset = state["resumed_from"], float(state["wall_s"])
         self.buffer.load_state_dict(state["buffer"])
         for req in state["in_flight"]:
             self._requeue(req, "resumed")
         self._routing.rng_to_send = dict(self._progress.rollout_rng)
-        self._replay = state.get("replay", self._replay)
         if self._progress.version >= self.cfg.steps:
             self._stopping = True
 
@@ -334,11 +309,11 @@ class Orchestrator:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        cfg = self.cfg
-        state = self._recovery.resume()  # before any worker starts: a refusal loses nothing
+        # before any worker starts: a refusal loses nothing
+        state = None if self._store is None else self._store.resume(self.cfg)
         if state is not None:
             self._restore(state)
-        workers = self.engine.start(cfg)
+        workers = self.engine.start(self.cfg)
         try:
             return self._loop(workers)
         finally:
@@ -355,8 +330,8 @@ class Orchestrator:
                     self._handle(msg)
                 else:
                     raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
-        self._t0 = time.time() - self._recovery.wall_offset
-        if self._recovery.resumed_from is None:
+        self._t0 = time.time() - self._wall_offset
+        if self._resumed_from is None:
             self.engine.submit_eval()  # version 0, the starting accuracy
             self._eval_pending += 1
         budget_end = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
@@ -430,21 +405,14 @@ class Orchestrator:
             ledger=ledger,
             fates=dict(self.buffer.ledger.fate),
             group_versions=p.group_versions,
-            weight_versions=self._published.versions,
+            weight_versions=p.published.versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
             requeues=list(self.buffer.ledger.requeues),
             restarts=list(self._restarts),
-            resumed_from=self._recovery.resumed_from,
+            resumed_from=self._resumed_from,
             step_metrics=list(p.step_metrics),
         )
-
-
-def _reward_label(cfg: RunConfig) -> str:
-    """The run's reward sources, as the user named them."""
-    names = [str(describe_value(r.fn)) for r in cfg.reward_sources()]
-    names += [cfg.reward_url] if cfg.reward_url else []
-    return " + ".join(names or ["task"])
 
 
 def run(

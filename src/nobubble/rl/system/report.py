@@ -1,16 +1,10 @@
-"""Pictures and traces of RL runs: per-stage timelines, curves, staleness histograms.
-
-- :func:`write_trace`: the stages' busy spans as a Chrome trace (one process per stage; open
-  it in Perfetto to see where each stage waits).
-- :func:`plot_runs`: the learning curves against wall-clock and against progress (a task's
-  accuracy by learner update, an env run's return by env step), the staleness histogram
-  and the idle ratio per stage, one colour per run, for either producer (matplotlib, Agg).
-- :func:`summary_row`: the numbers a table shows for one run.
-"""
+"""Pictures and traces of RL runs of either producer: a Chrome trace of the stages
+(:func:`write_trace`), curves, staleness and idle ratios (:func:`plot_runs`), a table row
+(:func:`summary_row`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +22,23 @@ def write_trace(result: RunResult, path: str | Path) -> Path:
     )
 
 
-SUMMARY_COLUMNS = [
-    "run",
-    "steps",
-    "wall s",
-    "samples/s",
-    "acc start",
-    "acc final",
-    "stale max",
-    "idle gen",
-    "idle train",
-    "dropped",
-]
+_SUMMARY: tuple[tuple[str, Callable[[RunResult], Any]], ...] = (
+    ("steps", lambda r: r.steps),
+    ("wall s", lambda r: r.wall_s),
+    ("samples/s", lambda r: r.samples_per_s),
+    ("acc start", lambda r: r.initial_accuracy),
+    ("acc final", lambda r: r.final_accuracy),
+    ("stale max", lambda r: r.staleness_max),
+    ("idle gen", lambda r: f"{r.idle_ratio['rollout']:.0%}"),
+    ("idle train", lambda r: f"{r.idle_ratio['trainer']:.0%}"),
+    ("dropped", lambda r: sum(r.ledger.dropped.values()) - r.ledger.dropped.get("unfinished", 0)),
+)
+SUMMARY_COLUMNS = ["run", *(column for column, _ in _SUMMARY)]
 
 
 def summary_row(label: str, r: RunResult) -> list[Any]:
-    dropped = sum(r.ledger.dropped.values()) - r.ledger.dropped.get("unfinished", 0)
-    return [
-        label,
-        r.steps,
-        r.wall_s,
-        r.samples_per_s,
-        r.initial_accuracy,
-        r.final_accuracy,
-        r.staleness_max,
-        f"{r.idle_ratio['rollout']:.0%}",
-        f"{r.idle_ratio['trainer']:.0%}",
-        dropped,
-    ]
+    """The cells of :data:`SUMMARY_COLUMNS` for the task run ``r``."""
+    return [label, *(cell(r) for _, cell in _SUMMARY)]
 
 
 def plot_runs(results: Mapping[str, RunResult], path: str | Path, *, title: str = "") -> Path:

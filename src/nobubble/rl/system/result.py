@@ -19,25 +19,16 @@ STAGES = ("rollout", "reward", "trainer")
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """One point of a learning curve, after a learner update or an evaluation.
+    """One point of a learning curve, after a learner update or an evaluation."""
 
-    Attributes:
-        step: learner updates so far (the policy version).
-        wall_s: seconds since the run started (an env run: actor start-up included).
-        train_return: mean return of recent training data (a task: the last update's mean
-            reward; an env: the last 20 finished episodes); None: none yet.
-        eval_return: mean evaluation return (a task: mean reward on the eval prompts; an
-            env: greedy episodes), on evaluation points only.
-        accuracy: a task's evaluations only: the share of eval prompts solved.
-        env_steps: an env run's points only: env steps the learner had received.
-    """
-
-    step: int
-    wall_s: float
+    step: int  # learner updates so far (the policy version)
+    wall_s: float  # since the run started (an env run: actor start-up included)
+    # recent training data's mean return (a task: the last update's mean reward; an env: the
+    # last 20 finished episodes); None: none yet
     train_return: float | None = None
-    eval_return: float | None = None
-    accuracy: float | None = None
-    env_steps: int | None = None
+    eval_return: float | None = None  # on evaluation points only (an env: greedy episodes)
+    accuracy: float | None = None  # a task's evaluations: the share of eval prompts solved
+    env_steps: int | None = None  # an env run: env steps the learner had received
 
     def to_json(self) -> dict[str, Any] | list[Any]:
         """A task's point as ``{step, wall_s, accuracy, eval_reward, train_reward}``, an env
@@ -59,28 +50,9 @@ class RunResult:
 
     Every run fills the fields without a default: ``steps`` are learner updates,
     ``trained_samples`` what the learner trained on (task samples or env steps),
-    ``staleness_hist`` policy lag -> trained samples (summing to ``trained_samples``),
-    ``idle_ratio`` per stage or role the fraction of the run's wall-clock it did not work.
-
-    A task run (``env`` None) adds:
-        initial_accuracy, final_accuracy: at the first and last evaluation.
-        busy_s: busy seconds per stage; spans: every stage's work, seconds since the epoch,
-            from ``t0`` on.
-        fates, group_versions, weight_versions, requeues: the ledger's view per group, the
-            policy versions each group was sampled with, the versions published, the groups
-            sent again (group id, reason).
-        restarts, resumed_from, step_metrics, token_staleness_hist: workers restarted, the
-            checkpoint resumed from, the learner's metrics per update, trained tokens by lag.
-
-    An env run (``env`` set) adds:
-        env, arch, actors, envs_per_actor: what ran where (the env's label, the
-            architecture, actor processes and envs in each).
-        eval_mean_return, eval_returns: the last evaluation (mean greedy return, per episode).
-        target_return, time_to_target_s, steps_to_target: the target, and wall-clock and env
-            steps when an evaluation first reached it (None: not reached).
-        env_steps: env steps the learner received.
-        model: the trained model (the learner's, at the last policy version); not in
-            :meth:`to_json`.
+    ``staleness_hist`` policy lag -> trained samples, ``idle_ratio`` per stage or role the
+    fraction of the wall-clock it did not work. A task run (``env`` None) and an env run fill
+    their own fields below; ``model`` (an env run's trained model) is not in the JSON.
     """
 
     config: dict[str, Any]
@@ -92,30 +64,30 @@ class RunResult:
     idle_ratio: dict[str, float]
     ledger: LedgerSummary
     # a task run
-    initial_accuracy: float | None = None
-    final_accuracy: float | None = None
-    busy_s: dict[str, float] = field(default_factory=dict)
-    fates: dict[int, str] = field(default_factory=dict)
-    group_versions: dict[int, list[int]] = field(default_factory=dict)
-    weight_versions: list[int] = field(default_factory=list)
-    spans: list[Span] = field(default_factory=list)
-    t0: float = 0.0
-    requeues: list[tuple[int, str]] = field(default_factory=list)
-    restarts: list[str] = field(default_factory=list)
-    resumed_from: str | None = None
-    step_metrics: list[dict[str, float]] = field(default_factory=list)
-    token_staleness_hist: dict[int, int] = field(default_factory=dict)
+    initial_accuracy: float | None = None  # at the first evaluation
+    final_accuracy: float | None = None  # at the last evaluation
+    busy_s: dict[str, float] = field(default_factory=dict)  # per stage
+    fates: dict[int, str] = field(default_factory=dict)  # the ledger's, per sample
+    group_versions: dict[int, list[int]] = field(default_factory=dict)  # its samples'
+    weight_versions: list[int] = field(default_factory=list)  # published
+    spans: list[Span] = field(default_factory=list)  # every stage's work, from t0 on
+    t0: float = 0.0  # seconds since the epoch
+    requeues: list[tuple[int, str]] = field(default_factory=list)  # (group id, reason)
+    restarts: list[str] = field(default_factory=list)  # workers restarted
+    resumed_from: str | None = None  # the checkpoint folder
+    step_metrics: list[dict[str, float]] = field(default_factory=list)  # per update
+    token_staleness_hist: dict[int, int] = field(default_factory=dict)  # lag -> tokens
     # an env run
-    env: str | None = None
+    env: str | None = None  # the env's label
     arch: str | None = None
-    actors: int | None = None
+    actors: int | None = None  # actor processes
     envs_per_actor: int | None = None
-    eval_mean_return: float | None = None
-    eval_returns: tuple[float, ...] = ()
+    eval_mean_return: float | None = None  # the last evaluation's mean greedy return
+    eval_returns: tuple[float, ...] = ()  # its episodes
     target_return: float | None = None
-    time_to_target_s: float | None = None
-    steps_to_target: int | None = None
-    env_steps: int | None = None
+    time_to_target_s: float | None = None  # when an evaluation first reached it (None: never)
+    steps_to_target: int | None = None  # env steps then
+    env_steps: int | None = None  # received by the learner
     model: Any = field(default=None, repr=False, compare=False)
 
     @property

@@ -1,13 +1,9 @@
-"""The rollout stage: turn admitted group requests into sampled groups.
+"""The rollout stage: a :class:`RolloutWorker` turns admitted requests into sampled groups.
 
-A :class:`RolloutWorker` owns a copy of the policy. ``generate`` samples ``group_size``
-responses for every request with the weights it holds at the call; by default weights change
-only between calls (``set_weights`` or a pull from shared memory), so every group is
-generated whole by one policy version. With ``partial_rollouts`` the worker also takes new
-weights between tokens (:mod:`~nobubble.rl.system.partial`): each sample then records the
-version behind every token (``Sample.token_versions``), and its ``policy_version`` is the
-version that started it. All requests of a call are sampled in one batch: on a CPU a batch
-of 128 short sequences costs little more than one of 8.
+It samples every request of a call in one batch with the weights it holds at the call, so a
+group is generated whole by one version; with ``partial_rollouts`` it also takes newer weights
+between tokens (:mod:`~nobubble.rl.system.partial`) and each sample records the version behind
+every token (``Sample.token_versions``), its ``policy_version`` being the one that started it.
 """
 
 from __future__ import annotations
@@ -22,21 +18,14 @@ from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
-from nobubble.rl.system.weight_sync import check_newer
 
 __all__ = ["RolloutWorker"]
 
 
 class RolloutWorker:
-    """Samples groups with the policy version it holds (-1 until weights arrive).
-
-    ``cfg`` is the run: the worker reads its stage's settings (``cfg.rollout``) and the ones
-    the stages share (``group_size``, ``partial_rollouts``, ``weight_check_every``, the
-    ``seed`` of its sampling, with ``worker_id``) there.
-    With ``cfg.partial_rollouts``, :attr:`pull_weights` (``pull(model, have) -> version``,
-    set by the engine) is asked for newer weights between tokens; :attr:`version` is then
-    the version the worker holds after its last call.
-    """
+    """Samples groups with the policy version it holds (:attr:`version`; -1 until the engine
+    loads weights), with ``cfg.rollout``'s settings and the run's ``group_size``,
+    ``partial_rollouts``, ``weight_check_every`` and ``seed`` (with ``worker_id``)."""
 
     def __init__(
         self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, worker_id: int = 0
@@ -63,13 +52,6 @@ class RolloutWorker:
     @pull_weights.setter
     def pull_weights(self, pull: WeightPull | None) -> None:
         self.inflight.pull = pull
-
-    def set_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load ``state_dict`` as ``version``; the same version again is a no-op."""
-        check_newer(self.version, version, f"rollout worker {self.worker_id}")
-        if version != self.version:
-            self.model.load_state_dict(state_dict)
-            self.version = version
 
     def go_stale(self) -> None:
         """Test hook: from now on sample with the weights held now, whatever version the

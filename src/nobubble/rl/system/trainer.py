@@ -1,20 +1,14 @@
-"""The LLM producer's loss (:class:`GroupLoss`) for the one
-:class:`~nobubble.rl.system.learner.Learner` and its step results (its settings: the run's
-``trainer``, :class:`~nobubble.rl.system.config.stages.TrainerConfig`, and the run's own
-``algo``, ``partial_rollouts`` and ``token_drop_staleness``).
+"""The LLM producer's loss (:class:`GroupLoss`, settings ``RunConfig.trainer``, ``algo``,
+``partial_rollouts``, ``token_drop_staleness``) for the one
+:class:`~nobubble.rl.system.learner.Learner`, its evaluation and its step results.
 
-Algorithms (``RunConfig.algo``), all from :mod:`nobubble.rl.algo.losses`: ``grpo``
-(group-relative advantages, PPO clip against the behaviour policy: the *naive* PPO of the
-ablation in async modes), ``ppo`` (advantage ``R - V(s_t)``, value loss), ``decoupled-ppo``
-(AReaL: the trust region around the proximal policy, the weights before this step, data
-reweighted by the truncated ``pi_prox / pi_behav``), ``vtrace`` (IMPALA's targets and
-advantages, value loss) and ``vtrace-ppo`` (V-trace advantages inside PPO's clip).
-
-Lag controls are per token (with partial rollouts a response's tokens may come from several
-versions): staleness weights times the replay's IS weights, folded into the advantages (for
-``w > 0`` PPO's clipped loss of ``w A`` is ``w`` times that of ``A``); tokens older than
-``token_drop_staleness`` masked out; a KL penalty to a reference policy. Whole-group
-versioning is asserted unless ``partial_rollouts``.
+``algo`` (all from :mod:`nobubble.rl.algo.losses`): ``grpo`` (group-relative advantages, PPO
+clip against the behaviour policy), ``ppo`` (advantage ``R - V(s_t)``, value loss),
+``decoupled-ppo`` (AReaL: trust region around the proximal policy), ``vtrace`` (IMPALA) and
+``vtrace-ppo``. Lag controls are per token: staleness weights times the replay's IS weights,
+folded into the advantages; tokens older than ``token_drop_staleness`` masked out; a KL
+penalty to a reference policy. Whole-group versioning is asserted unless
+``partial_rollouts``.
 """
 
 from __future__ import annotations
@@ -62,27 +56,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TrainResult:
-    """One optimizer step.
-
-    Attributes:
-        version: the policy version the step produced (trainer version + 1).
-        staleness: per trained group, ``trainer version - policy version`` before the step.
-        metrics: loss, mean reward, clip fraction, entropy.
-        span: the busy span.
-        trained_by: group id -> index of the learner that trained it (empty: learner 0
-            trained every group; see :mod:`~nobubble.rl.system.engines.learners`).
-        token_staleness: response tokens in the loss by their staleness ``{lag: count}``.
-        weight_digests: version -> digest of the weights the step started from and made
-            (filled by the stage worker; see :class:`~nobubble.rl.system.weight_sync.
-            PublishedWeights`).
-    """
+    """One optimizer step: the version it made (trainer version + 1), per trained group
+    ``trainer version - policy version`` before the step, the loss's metrics, the busy span."""
 
     version: int
     staleness: list[int]
     metrics: dict[str, float]
     span: Span
-    trained_by: dict[int, int] = field(default_factory=dict)
-    token_staleness: dict[int, int] = field(default_factory=dict)
+    trained_by: dict[int, int] = field(default_factory=dict)  # group -> learner (empty: 0)
+    token_staleness: dict[int, int] = field(default_factory=dict)  # lag -> response tokens
+    # version -> digest of the weights the step started from and made (the stage worker's)
     weight_digests: dict[int, str] = field(default_factory=dict)
 
 
@@ -92,12 +75,11 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Greedy decoding over the task's whole prompt space."""
+    """Greedy decoding over the task's evaluation prompts: the share solved, the mean reward."""
 
     version: int
     accuracy: float
     mean_reward: float
-    num_prompts: int
     span: Span | None = field(default=None, compare=False)
 
 
@@ -123,7 +105,7 @@ def evaluate_policy(model: nn.Module, task: TaskSpec, version: int = 0) -> EvalR
     correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
     reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
     span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
-    return EvalResult(version, correct / len(prompts), reward, len(prompts), span)
+    return EvalResult(version, correct / len(prompts), reward, span)
 
 
 class GroupBatch(NamedTuple):

@@ -1,14 +1,7 @@
-"""The data that flows between the RL stages.
-
-A :class:`Sample` is one response to one prompt. It carries everything the trainer and the
-bookkeeping need: its ids (sample, group, prompt), the tokens, the behaviour log-probs of the
-policy that sampled it, that policy's version, the reward (or the reward's failure) and
-timestamps. A :class:`SampleGroup` is the GRPO group: ``group_size`` samples of one prompt,
-generated whole by one policy version - or, with partial rollouts, started by one version and
-continued by newer ones between tokens (each sample's ``token_versions``; see
-:mod:`~nobubble.rl.system.partial`).
-
-Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens (max new tokens).
+"""The data that flows between the RL stages: a :class:`Sample` is one response to one
+prompt, a :class:`SampleGroup` the GRPO group of ``group_size`` samples of one prompt,
+started by one policy version (with partial rollouts continued by newer ones:
+``token_versions``). Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens.
 """
 
 from __future__ import annotations
@@ -24,42 +17,25 @@ __all__ = ["Sample", "SampleGroup", "GroupRequest", "Span"]
 
 @dataclass(frozen=True)
 class Sample:
-    """One generated response.
-
-    Attributes:
-        sample_id: unique in a run (``group_id * group_size + index``).
-        group_id: the GRPO group it belongs to.
-        prompt_id: index of the prompt in the task's enumerated prompt space.
-        prompt: prompt text.
-        response: decoded response text (up to the first ``<eos>``).
-        tokens: (P + N,) int64, prompt then response (padded after ``<eos>``).
-        response_mask: (N,) bool, generated tokens up to and including ``<eos>``.
-        behaviour_logprobs: (N,) float32, log-probs of the response under the policy that
-            sampled it; 0 where the mask is False.
-        policy_version: version of the weights that generated it (with partial rollouts:
-            that generated its first token, the oldest of ``token_versions``).
-        reward: the verified reward, None until scored or when the reward function failed.
-        reward_error: the last error of a reward function that failed after its retries.
-        t_generated: wall-clock time (``time.time()``) when generation finished.
-        t_scored: wall-clock time when the reward was computed (or failed).
-        token_versions: (N,) int64, the weight version that produced each response token,
-            non-decreasing (partial rollouts); None = every token is ``policy_version``.
-    """
+    """One generated response (``sample_id = group_id * group_size + index``, unique in a
+    run). ``behaviour_logprobs`` are under the policy that sampled it, 0 past the mask; with
+    partial rollouts ``policy_version`` is the version of its first token, the oldest of
+    ``token_versions`` (None: every token is ``policy_version``)."""
 
     sample_id: int
     group_id: int
-    prompt_id: int
+    prompt_id: int  # index in the task's enumerated prompt space
     prompt: str
-    response: str
-    tokens: torch.Tensor
-    response_mask: torch.Tensor
-    behaviour_logprobs: torch.Tensor
+    response: str  # decoded, up to the first <eos>
+    tokens: torch.Tensor  # (P + N,) int64, prompt then response (padded after <eos>)
+    response_mask: torch.Tensor  # (N,) bool, generated tokens up to and including <eos>
+    behaviour_logprobs: torch.Tensor  # (N,) float32
     policy_version: int
-    reward: float | None = None
-    reward_error: str | None = None
-    t_generated: float = 0.0
-    t_scored: float | None = None
-    token_versions: torch.Tensor | None = None
+    reward: float | None = None  # None until scored, or when the reward failed
+    reward_error: str | None = None  # the reward's last error after its retries
+    t_generated: float = 0.0  # time.time() when generated
+    t_scored: float | None = None  # time.time() when scored (or failed)
+    token_versions: torch.Tensor | None = None  # (N,) int64, non-decreasing
 
     @property
     def reward_failed(self) -> bool:
@@ -80,23 +56,17 @@ class Sample:
 
 @dataclass(frozen=True)
 class SampleGroup:
-    """A GRPO group: the samples of one prompt, all from one policy version.
-
-    Raises ValueError at construction if the samples disagree on group, prompt or version:
-    that is the invariant "a group is generated whole by one policy version" (with partial
-    rollouts: "started by one version"; what each mode asserts about the later tokens is
-    :func:`~nobubble.rl.system.partial.check_token_versions`).
-    """
+    """A GRPO group: the samples of one prompt, started by one policy version (ValueError at
+    construction if they disagree on group, prompt or version; later tokens:
+    :func:`~nobubble.rl.system.partial.check_token_versions`)."""
 
     group_id: int
     prompt_id: int
     samples: tuple[Sample, ...]
     t_admitted: float = 0.0
+    # (version, digest) of every weight version its tokens were sampled with (the generator's)
     weight_digests: tuple[tuple[int, str], ...] = ()
-    """``(version, digest)`` of every weight version its tokens were sampled with, as the
-    generator hashed them (:func:`~nobubble.rl.system.weight_sync.weight_digest`)."""
-    generator: str = ""
-    """The rollout worker that sampled it (``rollout-0``)."""
+    generator: str = ""  # the rollout worker that sampled it ("rollout-0")
 
     def __post_init__(self) -> None:
         if not self.samples:
