@@ -1,23 +1,12 @@
-"""Versioned weight publication from the trainer to the generators.
+"""Versioned weights from the trainer to the generators, and the proof of each version.
 
-The trainer publishes weights with a version number after every step; a generator picks up
-the newest version between groups (never inside one). Versions only increase: publishing a
-version that is not newer than the last one, or loading an older one, raises
-:class:`WeightVersionError`.
-
-A stage worker pulls and publishes through a :class:`WeightSource`. The Ray engine's puts
-the state dict in the object store and hands references around; :class:`SharedWeights` is
-the local engine's: one flat float32 tensor in shared memory plus a version counter,
-created by the parent and inherited by the workers. The trainer copies its parameters in
-under a lock and bumps the version; a generator copies them out under the same lock when the
-version moved: one ``memcpy`` a publish.
-
-Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
-A generator records the digest of the weights it sampled with beside the version it
-reports (``SampleGroup.weight_digests``, an environment ``Trajectory``'s too); the learner
-records the digest of every version it publishes (:class:`PublishedWeights`), and each
-trained group's claims are checked against them (:meth:`PublishedWeights.check`): a
-generator that sampled with other weights than the version it reports is an error.
+Versions only increase: publishing a version that is not newer than the last one, or
+loading an older one, raises :class:`WeightVersionError`. A stage worker pulls and
+publishes through a :class:`WeightSource`: the local engine's :class:`SharedWeights`, or
+the Ray engine's object store. :func:`weight_digest` hashes a model's values; a generator
+records the digest of the weights it sampled with beside the version it reports, the
+learner records each version it publishes in :class:`PublishedWeights`, and every trained
+sample's claims are checked against it.
 """
 
 from __future__ import annotations
@@ -58,7 +47,7 @@ Claims = Iterable[tuple[int, str]]  # (version, digest) pairs a generator sample
 
 
 class PublishedWeights:
-    """The learner's record of what it published: each version's digest.
+    """The learner's record of each version it published: ``digests`` (version -> digest).
 
     :meth:`publish` takes the digests a train step reports (the version it started from and
     the one it made); :meth:`check` compares a trained sample's ``(version, digest)`` claims
@@ -106,17 +95,16 @@ class PublishedWeights:
 
 
 class WeightSource(Protocol):
-    """Where a stage worker gets published weights and publishes its own."""
+    """Where a stage worker gets published weights and publishes its own.
 
-    def pull(self, model: nn.Module, have: int) -> int:
-        """Load the newest published weights into ``model`` if newer than ``have``; returns
-        the version ``model`` now holds."""
-        ...
+    ``pull(model, have)`` loads the newest published weights into ``model`` if newer than
+    ``have`` and returns the version ``model`` now holds; ``publish(model, version)``
+    publishes ``model``'s weights as ``version`` and returns the engine's handle to them
+    (None where the generators read them from the source itself)."""
 
-    def publish(self, model: nn.Module, version: int) -> Any:
-        """Publish ``model``'s weights as ``version``; returns the engine's handle to them
-        (None where the generators read them from the source itself)."""
-        ...
+    def pull(self, model: nn.Module, have: int) -> int: ...
+
+    def publish(self, model: nn.Module, version: int) -> Any: ...
 
 
 def check_newer(old: int, new: int, who: str) -> None:
@@ -125,11 +113,13 @@ def check_newer(old: int, new: int, who: str) -> None:
 
 
 class SharedWeights:
-    """A model's parameters in shared memory with a monotonically increasing version.
+    """A model's parameters in shared memory with a monotonically increasing version: the
+    local engine's :class:`WeightSource`.
 
     Create it in the parent from a model (``SharedWeights(model, mp_context)``), pass it to
     worker processes as an argument, then ``publish`` in the trainer and ``pull`` in the
-    generators. The version starts at -1 (nothing published).
+    generators: one flat float32 tensor copied in and out under one lock, one ``memcpy`` a
+    publish. The version starts at -1 (nothing published).
     """
 
     def __init__(self, model: nn.Module, mp_context: Any) -> None:
