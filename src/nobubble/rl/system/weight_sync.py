@@ -50,9 +50,8 @@ class PublishedWeights:
     """The learner's record of each version it published: ``digests`` (version -> digest).
 
     :meth:`publish` takes the digests a train step reports (the version it started from and
-    the one it made); :meth:`check` compares a trained sample's ``(version, digest)`` claims
-    with them and raises :class:`WeightVersionError` naming ``who`` on any difference or on a
-    version never published."""
+    the one it made); :meth:`check_trained` checks the trained samples' claims against them.
+    """
 
     def __init__(self) -> None:
         self.digests: dict[int, str] = {}
@@ -71,27 +70,23 @@ class PublishedWeights:
                     f"({known} then {digest})"
                 )
 
-    def check(self, claims: Claims, who: str) -> None:
-        for version, digest in claims:
-            known = self.digests.get(version)
-            if known is None:
-                raise WeightVersionError(f"{who} claims version {version}, never published")
-            if known != digest:
-                raise WeightVersionError(
-                    f"{who} sampled with weights {digest} as version {version}, but version "
-                    f"{version} is {known}: a generator used weights other than the version "
-                    "it reports"
-                )
-
     def check_trained(self, samples: Iterable[tuple[str | None, str, Claims]]) -> None:
-        """:meth:`check` each trained sample ``(worker, who, claims)``: raise a
-        :class:`~nobubble.distributed.WorkerError` naming ``worker`` (the generator or actor
-        that sampled it) on the first whose weights are not the versions it claims."""
+        """Compare each trained sample's ``(worker, who, claims)`` ``(version, digest)``
+        claims with the published digests: raise a :class:`~nobubble.distributed.WorkerError`
+        naming ``worker`` (the generator or actor that sampled it) and ``who`` on the first
+        claim of a version never published or of other weights than that version's."""
         for worker, who, claims in samples:
-            try:
-                self.check(claims, who)
-            except WeightVersionError as err:
-                raise WorkerError(str(err), worker) from None
+            for version, digest in claims:
+                known = self.digests.get(version)
+                if known is None:
+                    raise WorkerError(f"{who} claims version {version}, never published", worker)
+                if known != digest:
+                    raise WorkerError(
+                        f"{who} sampled with weights {digest} as version {version}, but "
+                        f"version {version} is {known}: a generator used weights other than "
+                        "the version it reports",
+                        worker,
+                    )
 
 
 class WeightSource(Protocol):

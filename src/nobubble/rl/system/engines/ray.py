@@ -30,30 +30,30 @@ __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
 class _ObjectStoreWeights:
-    """A Ray call's weight source: the ``(version, state dict)`` the driver sent with it
-    (None: none sent), and the object store learner 0 publishes into."""
+    """A Ray call's weight source: the published ``version`` and the reference to its state
+    dict that the driver sent with the call (None: none sent), and the object store learner
+    0 publishes into."""
 
-    def __init__(self, version: int | None = None, state_dict: dict | None = None) -> None:
-        self.version, self.state_dict = version, state_dict
+    def __init__(self, version: int | None = None, ref: Any = None) -> None:
+        self.version, self.ref = version, ref
 
     def pull(self, model: Any, have: int) -> int:
+        import ray
+
         if self.version is None or self.version == have:
             return have
         check_newer(have, self.version, "a Ray call's weights")
-        model.load_state_dict(self.state_dict)
+        model.load_state_dict(ray.get(self.ref))
         return self.version
 
-    def publish(self, model: Any, version: int) -> tuple[int, list[Any]]:
+    def publish(self, model: Any, version: int) -> tuple[int, Any]:
         import ray
 
-        return version, [ray.put(model.state_dict())]
+        return version, ray.put(model.state_dict())
 
 
-class _StageActor:
-    """Actor body: a StageWorker; its weights come with each call."""
-
-    def __init__(self, name: str, cfg: RunConfig, incarnation: int) -> None:
-        self.worker = StageWorker(name, cfg, incarnation)
+class _StageActor(StageWorker):
+    """Actor body: a StageWorker that also knows its node and where the learners meet."""
 
     def learner_address(self, on_cluster: bool) -> tuple[str, int]:
         """Where the learners' group meets: a free port on this actor's host."""
@@ -64,18 +64,12 @@ class _StageActor:
             sock.bind((host, 0))
             return host, sock.getsockname()[1]
 
-    def join_learners(self, host: str, port: int) -> None:
-        self.worker.join_learners(host, port)
-
-    def ready(self) -> list[Message]:
+    def ready_on_node(self) -> list[Message]:
         """Ready, with the node this actor runs on: ``(node id, node address)``."""
         import ray
 
         node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
-        return [self.worker.ready(_ObjectStoreWeights(), node)]
-
-    def handle(self, cmd: tuple, version: int | None, state_dict: dict | None) -> list[Message]:
-        return self.worker.handle(cmd, _ObjectStoreWeights(version, state_dict))
+        return [self.ready(_ObjectStoreWeights(), node)]
 
 
 class RayEngine(Engine):
@@ -168,7 +162,7 @@ class RayEngine(Engine):
         # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
         actor: Any = ray.remote(_StageActor).options(**opts).remote(name, self._cfg, incarnation)
         self._actors[name] = actor
-        self._pending[actor.ready.remote()] = name
+        self._pending[actor.ready_on_node.remote()] = name
         self._starting.add(name)
 
     def _stop(self, worker: str) -> None:
@@ -197,9 +191,10 @@ class RayEngine(Engine):
         if loads:
             assert self._weights is not None  # set when learner 0 said ready
             if self._sent.get(worker) != self._weights[0]:
-                version, (ref,) = self._weights
+                version, ref = self._weights
                 self._sent[worker] = version
-        self._pending[self._actors[worker].handle.remote(cmd, version, ref)] = worker
+        call = self._actors[worker].handle.remote(cmd, _ObjectStoreWeights(version, ref))
+        self._pending[call] = worker
 
     def _receive(self, timeout_s: float) -> list[Message]:
         import ray

@@ -1,17 +1,9 @@
-"""What both engines share: the stage worker inside a process or actor, the driver's side,
-and the many-learner plumbing.
+"""What both engines share: the stage worker inside a process or actor, and the driver's side.
 
 A :class:`StageWorker` runs inside a local process or a Ray actor, built from the picklable
-:class:`~nobubble.rl.system.config.RunConfig` alone. :class:`Engine` is the driver's side:
-it names the workers, turns every ``submit_*`` into a command, splits a batch among the
-learners and merges their answers (:class:`StepCollector`); an engine subclass adds how a
-worker starts, gets a command, stops, and how its answers come back.
-
+:class:`~nobubble.rl.system.config.RunConfig` alone. :class:`Engine` is the driver's side.
 ``RunConfig.learners = L`` makes the trainer stage ``trainer`` (learner 0) and
-``trainer-1`` .. ``trainer-<L-1>``, one gloo group (every wait bounded by
-``stall_timeout_s``). Each batch is split into contiguous shards of whole groups
-(:func:`split_groups`: a GRPO group never spans learners); learner 0 publishes, evaluates
-and checkpoints, the others answer ``shard`` messages.
+``trainer-1`` .. ``trainer-<L-1>`` in one gloo group (``docs/rl/system.md``, many learners).
 
 Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill|stale>"``
 makes that worker raise, exit without a word, SIGKILL itself, or (a rollout worker) keep
@@ -27,6 +19,7 @@ import signal
 import time
 from collections import Counter, deque
 from datetime import timedelta
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -217,12 +210,10 @@ def split_groups(
             "needs >= 1 group (learners <= batch_groups)"
         )
     base, extra = divmod(len(groups), num_learners)
-    out, start = [], 0
-    for r in range(num_learners):
-        end = start + base + (r < extra)
-        out.append((groups[start:end], None if weights is None else weights[start:end]))
-        start = end
-    return out
+    ends = list(accumulate(base + (r < extra) for r in range(num_learners)))
+    return [
+        (groups[a:b], None if weights is None else weights[a:b]) for a, b in zip([0, *ends], ends)
+    ]
 
 
 class StepCollector:
@@ -297,14 +288,11 @@ class StepCollector:
 class Engine:
     """Where the stages run: the driver's side of an engine.
 
-    Every ``submit_*`` returns at once; results come from :meth:`poll`, which raises the
-    :class:`WorkerError` of a failed worker once the messages that arrived before it were
-    returned. A command is a tuple :meth:`StageWorker.handle` answers: ``("rollout",
-    requests, rng_state)``, ``("reward", groups)``, ``("train", groups, evaluate,
-    checkpoint, weights)`` or ``("eval",)``. An engine implements :meth:`_start` (before any
-    worker), :meth:`_launch` (one worker), :meth:`_send` (one command), :meth:`_stop` (one
-    worker), :meth:`_receive` (the messages that arrived), :meth:`_failure` and
-    :meth:`shutdown`; :meth:`_join_learners` where the learners need the driver to meet.
+    Every ``submit_*`` returns at once (a command :meth:`StageWorker.handle` answers);
+    results come from :meth:`poll`. With several learners a batch is split among them and
+    their answers merged (:class:`StepCollector`). An engine implements :meth:`_start`
+    (before any worker), :meth:`_launch`, :meth:`_send`, :meth:`_stop`, :meth:`_receive`,
+    :meth:`_failure` and :meth:`shutdown`, and :meth:`_join_learners` where needed.
     """
 
     def __init__(self) -> None:
