@@ -1,12 +1,6 @@
-"""Versioned weights from the trainer to the generators, and the proof of each version.
-
-Versions only increase: publishing a version that is not newer than the last one, or
-loading an older one, raises :class:`WeightVersionError`. A stage worker pulls and
-publishes through a :class:`WeightSource`: the local engine's :class:`SharedWeights`, or
-the Ray engine's object store. :func:`weight_digest` hashes a model's values; a generator
-records the digest of the weights it sampled with beside the version it reports, the
-learner records each version it publishes in :class:`PublishedWeights`, and every trained
-sample's claims are checked against it.
+"""Versioned weights from the trainer to the generators, and the proof of each version
+(``docs/rl/system.md``). Versions only increase: publishing a version not newer than the
+last, or loading an older one, raises :class:`WeightVersionError`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The local engine: every stage worker is its own process on this machine.
-
-Processes (from :func:`~nobubble.distributed.worker_context`'s forkserver, one torch thread
-each), not threads: the stages are Python loops around small tensor ops that mostly hold
-the GIL. Commands and results travel through ``multiprocessing`` queues as pickled bytes;
-weights through :class:`~nobubble.rl.system.weight_sync.SharedWeights` (with partial
-rollouts a generator also reads them between tokens). Workers run under
-:func:`~nobubble.distributed.supervised`: the one :class:`~nobubble.distributed.Supervisor`
-names a worker that died without a word, raised or fell silent, and a worker dies with the
-driver. With ``learners > 1`` the learner processes join one gloo group on a free port of
-127.0.0.1 before they say ready.
+"""The local engine: every stage worker is its own process on this machine (why processes,
+and how weights and failures travel: ``docs/rl/system.md``, engines). Workers run under
+:func:`~nobubble.distributed.supervised` and die with the driver; the one
+:class:`~nobubble.distributed.Supervisor` names a worker that died, raised or fell silent.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The Ray engine: every stage worker is a Ray actor; data moves through the object store.
 
-Each actor runs the local engine's :class:`~nobubble.rl.system.engines.worker.StageWorker`.
-Learner 0 puts each version's state dict in the object store and returns the reference; the
-engine hands it to a generator (and, in ``async`` / ``staleness``, to a learner other than
-0) with its next command when that actor was not sent the version yet, so weights never
-pass through the driver. A local Ray on 127.0.0.1 only (:func:`start_local_ray`) by
-default; ``RunConfig.ray_address`` joins a cluster (probed first: :func:`check_ray_address`)
-and ``RunConfig.ray_resources`` places each stage on the nodes that offer its resources. An
-actor that raises or dies, alone or with its node, ends the run with a :class:`WorkerError`
-naming the worker and its node. Ray is imported only here. Why and how loopback stays
-loopback: ``docs/rl/multinode.md``.
+Each actor runs a :class:`~nobubble.rl.system.engines.worker.StageWorker`. Learner 0 puts
+each version's state dict in the object store; the engine hands the reference to an actor
+that computes on it with its next command, so weights never pass through the driver. A
+local Ray on 127.0.0.1 only (:func:`start_local_ray`) by default, or ``RunConfig.ray_address``
+(probed first: :func:`check_ray_address`) with ``RunConfig.ray_resources`` placing each
+stage (``docs/rl/multinode.md``, also for why loopback needs help). Ray is imported only here.
 """
 
 from __future__ import annotations
