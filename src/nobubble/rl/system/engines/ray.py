@@ -108,7 +108,7 @@ class RayEngine(Engine):
                 f"num_cpus >= {need} or use fewer generators / learners"
             )
         for stage in cfg.ray_resources:
-            short = _shortfall(cfg, stage, sum(_stage(n) == stage for n in names), have)
+            short = _shortfall(cfg, stage, names, have)
             if short:
                 raise ValueError(f"ray_resources[{stage!r}]: {short}")
 
@@ -120,9 +120,7 @@ class RayEngine(Engine):
         assert self._cfg is not None  # set by start()
         cfg, have = self._cfg, ray.cluster_resources()  # live nodes only
         for worker in sorted(self._starting):
-            stage = _stage(worker)
-            count = sum(_stage(w) == stage for w in self._actors)
-            short = _shortfall(cfg, stage, count, have) if stage in cfg.ray_resources else None
+            short = _shortfall(cfg, _stage(worker), list(self._actors), have)
             if short:  # not restartable (worker=None): no restart could place it either
                 gone = f" (it ran on {self._where(worker)})" if worker in self.placement else ""
                 raise WorkerError(f"{worker} cannot start{gone}: {short}")
@@ -287,10 +285,11 @@ def _stage(worker: str) -> str:
     return worker.split("-")[0]
 
 
-def _shortfall(cfg: RunConfig, stage: str, count: int, have: dict[str, float]) -> str | None:
-    """What ``count`` actors of ``stage`` lack of ``cfg.ray_resources[stage]`` on the live
-    nodes (``have``: ``ray.cluster_resources()``), or None when the nodes hold them."""
-    for resource, amount in cfg.ray_resources[stage].items():
+def _shortfall(cfg: RunConfig, stage: str, names: list[str], have: dict[str, float]) -> str | None:
+    """What the actors of ``stage`` among ``names`` lack of ``cfg.ray_resources[stage]`` on
+    the live nodes (``have``: ``ray.cluster_resources()``), or None when they hold them."""
+    count = sum(_stage(n) == stage for n in names)
+    for resource, amount in cfg.ray_resources.get(stage, {}).items():
         if have.get(resource, 0) < count * amount:
             return (
                 f"{count} {stage} actors x {amount:g} {resource!r} need {count * amount:g}, "

@@ -145,17 +145,15 @@ class StageWorker:
         """Join the learners' gloo group at ``host:port`` as this process's default group
         (``learners > 1``; blocks until all joined, at most ``stall_timeout_s``)."""
         cfg, backend = self.cfg, default_backend("cpu")
+        rank, world, timeout_s = self.rank, cfg.learners, cfg.stall_timeout_s
         dist.init_process_group(
             backend,
             init_method=f"tcp://{host}:{port}",
-            rank=self.rank,
-            world_size=cfg.learners,
-            timeout=timedelta(seconds=cfg.stall_timeout_s),
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
         )
-        ctx = DistContext(
-            self.rank, cfg.learners, backend, torch.device("cpu"), self.rank, cfg.learners,
-            cfg.stall_timeout_s,
-        )  # fmt: skip
+        ctx = DistContext(rank, world, backend, torch.device("cpu"), rank, world, timeout_s)
         self.learner.join(ctx, cfg.aggregation, cfg.effective_local_sgd_every)
 
     def _train(
