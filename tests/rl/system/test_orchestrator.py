@@ -98,11 +98,12 @@ def test_a_digest_names_the_values_and_published_weights_check_the_claims():
     assert weight_digest(generator) != weight_digest(trainer)
     published = PublishedWeights()
     published.publish({1: weight_digest(trainer)})
-    published.check([(1, weight_digest(trainer))], "rollout-0")
-    with pytest.raises(WeightVersionError, match="rollout-0 sampled with weights"):
-        published.check([(1, weight_digest(generator))], "rollout-0")
-    with pytest.raises(WeightVersionError, match="claims version 2, never published"):
-        published.check([(2, weight_digest(trainer))], "rollout-0")
+    published.check_trained([("rollout-0", "rollout-0", [(1, weight_digest(trainer))])])
+    with pytest.raises(WorkerError, match="rollout-0 sampled with weights") as err:
+        published.check_trained([("rollout-0", "rollout-0", [(1, weight_digest(generator))])])
+    assert err.value.worker == "rollout-0"
+    with pytest.raises(WorkerError, match="claims version 2, never published"):
+        published.check_trained([("rollout-0", "rollout-0", [(2, weight_digest(trainer))])])
     with pytest.raises(WeightVersionError, match="published twice"):
         published.publish({1: weight_digest(generator)})
 

@@ -1,23 +1,6 @@
-"""Versioned weight publication from the trainer to the generators.
-
-The trainer publishes weights with a version number after every step; a generator picks up
-the newest version between groups (never inside one). Versions only increase: publishing a
-version that is not newer than the last one, or loading an older one, raises
-:class:`WeightVersionError`.
-
-A stage worker pulls and publishes through a :class:`WeightSource`. The Ray engine's puts
-the state dict in the object store and hands references around; :class:`SharedWeights` is
-the local engine's: one flat float32 tensor in shared memory plus a version counter,
-created by the parent and inherited by the workers. The trainer copies its parameters in
-under a lock and bumps the version; a generator copies them out under the same lock when the
-version moved: one ``memcpy`` a publish.
-
-Versions are proven, not only counted: :func:`weight_digest` is a hash of a model's values.
-A generator records the digest of the weights it sampled with beside the version it
-reports (``SampleGroup.weight_digests``, an environment ``Trajectory``'s too); the learner
-records the digest of every version it publishes (:class:`PublishedWeights`), and each
-trained group's claims are checked against them (:meth:`PublishedWeights.check`): a
-generator that sampled with other weights than the version it reports is an error.
+"""Versioned weights from the trainer to the generators, and the proof of each version
+(``docs/rl/system.md``). Versions only increase: publishing a version not newer than the
+last, or loading an older one, raises :class:`WeightVersionError`.
 """
 
 from __future__ import annotations
@@ -58,12 +41,11 @@ Claims = Iterable[tuple[int, str]]  # (version, digest) pairs a generator sample
 
 
 class PublishedWeights:
-    """The learner's record of what it published: each version's digest.
+    """The learner's record of each version it published: ``digests`` (version -> digest).
 
     :meth:`publish` takes the digests a train step reports (the version it started from and
-    the one it made); :meth:`check` compares a trained sample's ``(version, digest)`` claims
-    with them and raises :class:`WeightVersionError` naming ``who`` on any difference or on a
-    version never published."""
+    the one it made); :meth:`check_trained` checks the trained samples' claims against them.
+    """
 
     def __init__(self) -> None:
         self.digests: dict[int, str] = {}
@@ -82,41 +64,36 @@ class PublishedWeights:
                     f"({known} then {digest})"
                 )
 
-    def check(self, claims: Claims, who: str) -> None:
-        for version, digest in claims:
-            known = self.digests.get(version)
-            if known is None:
-                raise WeightVersionError(f"{who} claims version {version}, never published")
-            if known != digest:
-                raise WeightVersionError(
-                    f"{who} sampled with weights {digest} as version {version}, but version "
-                    f"{version} is {known}: a generator used weights other than the version "
-                    "it reports"
-                )
-
     def check_trained(self, samples: Iterable[tuple[str | None, str, Claims]]) -> None:
-        """:meth:`check` each trained sample ``(worker, who, claims)``: raise a
-        :class:`~nobubble.distributed.WorkerError` naming ``worker`` (the generator or actor
-        that sampled it) on the first whose weights are not the versions it claims."""
+        """Compare each trained sample's ``(worker, who, claims)`` ``(version, digest)``
+        claims with the published digests: raise a :class:`~nobubble.distributed.WorkerError`
+        naming ``worker`` (the generator or actor that sampled it) and ``who`` on the first
+        claim of a version never published or of other weights than that version's."""
         for worker, who, claims in samples:
-            try:
-                self.check(claims, who)
-            except WeightVersionError as err:
-                raise WorkerError(str(err), worker) from None
+            for version, digest in claims:
+                known = self.digests.get(version)
+                if known is None:
+                    raise WorkerError(f"{who} claims version {version}, never published", worker)
+                if known != digest:
+                    raise WorkerError(
+                        f"{who} sampled with weights {digest} as version {version}, but "
+                        f"version {version} is {known}: a generator used weights other than "
+                        "the version it reports",
+                        worker,
+                    )
 
 
 class WeightSource(Protocol):
-    """Where a stage worker gets published weights and publishes its own."""
+    """Where a stage worker gets published weights and publishes its own.
 
-    def pull(self, model: nn.Module, have: int) -> int:
-        """Load the newest published weights into ``model`` if newer than ``have``; returns
-        the version ``model`` now holds."""
-        ...
+    ``pull(model, have)`` loads the newest published weights into ``model`` if newer than
+    ``have`` and returns the version ``model`` now holds; ``publish(model, version)``
+    publishes ``model``'s weights as ``version`` and returns the engine's handle to them
+    (None where the generators read them from the source itself)."""
 
-    def publish(self, model: nn.Module, version: int) -> Any:
-        """Publish ``model``'s weights as ``version``; returns the engine's handle to them
-        (None where the generators read them from the source itself)."""
-        ...
+    def pull(self, model: nn.Module, have: int) -> int: ...
+
+    def publish(self, model: nn.Module, version: int) -> Any: ...
 
 
 def check_newer(old: int, new: int, who: str) -> None:
@@ -125,11 +102,13 @@ def check_newer(old: int, new: int, who: str) -> None:
 
 
 class SharedWeights:
-    """A model's parameters in shared memory with a monotonically increasing version.
+    """A model's parameters in shared memory with a monotonically increasing version: the
+    local engine's :class:`WeightSource`.
 
     Create it in the parent from a model (``SharedWeights(model, mp_context)``), pass it to
     worker processes as an argument, then ``publish`` in the trainer and ``pull`` in the
-    generators. The version starts at -1 (nothing published).
+    generators: one flat float32 tensor copied in and out under one lock, one ``memcpy`` a
+    publish. The version starts at -1 (nothing published).
     """
 
     def __init__(self, model: nn.Module, mp_context: Any) -> None:

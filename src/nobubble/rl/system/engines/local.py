@@ -1,36 +1,7 @@
-"""The local engine: every stage worker is its own process on this machine.
-
-Why processes, not threads: the stages are Python loops around small tensor ops (a 64-wide
-transformer on ~10-token sequences); most of their time is Python and dispatch overhead
-under the GIL, not long kernels that release it, so two threads would mostly take turns.
-Two processes with one torch thread each do run at the same time on two cores.
-
-- Processes start from a forkserver preloaded with torch
-  (:func:`~nobubble.distributed.worker_context`; no forked torch state); each runs one torch
-  thread (:attr:`RLConfig.threads`). In ``sync`` mode only one stage works at a time, so one
-  core idles - that idle core is the bubble the asynchronous modes remove. (Giving the lone
-  stage two intra-op threads instead was 5x *slower* here: the ops are too small to split
-  and the threads spin against each other and the machine's other load.)
-- Commands and results travel through ``multiprocessing`` queues as pickled bytes (a group's
-  tensors are a few hundred bytes; pickling by value avoids one shared-memory segment per
-  tensor).
-- Weights travel through :class:`~nobubble.rl.system.weight_sync.SharedWeights`: the trainer copies
-  its parameters into one shared-memory tensor and bumps the version, a generator copies
-  them out before a chunk when the version moved. With partial rollouts the generator also
-  reads them between tokens (``RolloutWorker.pull_weights`` is the shared tensor's ``pull``).
-- Nothing waits forever: ``poll`` has a timeout, and the one supervisor of spawn's ranks
-  (:class:`~nobubble.distributed.Supervisor`) names a worker that died without a word
-  (exit code), raised (its error's first line) or fell silent (no heartbeat for
-  :data:`~nobubble.distributed.LIVENESS_S`); ``shutdown`` ends what does not stop (a
-  stopped process with SIGKILL: :func:`~nobubble.distributed.reap`). Workers run under
-  :func:`~nobubble.distributed.supervised`, so they die with the driver (the parent-death
-  signal) and a killed run leaves none behind. ``restart`` replaces one worker with a fresh
-  process of the same name.
-- ``learners > 1``: the learner processes join one gloo group on a free port of 127.0.0.1
-  before they say ready; the engine splits each batch among them and merges their answers
-  (:mod:`~nobubble.rl.system.engines.learners`). A learner other than 0 in ``async`` /
-  ``staleness`` reads the newest published weights from the shared tensor, as a generator
-  does. A learner's error that only reports a dead peer is blamed on that peer.
+"""The local engine: every stage worker is its own process on this machine (why processes,
+and how weights and failures travel: ``docs/rl/system.md``, engines). Workers run under
+:func:`~nobubble.distributed.supervised` and die with the driver; the one
+:class:`~nobubble.distributed.Supervisor` names a worker that died, raised or fell silent.
 """
 
 from __future__ import annotations
@@ -51,53 +22,44 @@ from nobubble.distributed import (
     worker_context,
 )
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message
+from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.engines.worker import Engine, StageWorker
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["LocalEngine"]
 
 
-def _worker_main(
-    ward: Ward,
-    cfg: RunConfig,
-    inq: Any,
-    outq: Any,
-    shared: SharedWeights,
-    incarnation: int,
-    learner_port: int | None,
-) -> None:
-    """One stage worker under the supervisor's guard; its error goes on ``outq`` after the
-    messages it sent before it, as ``("error", name, report)``."""
+def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights,
+                 incarnation: int, learner_port: int | None) -> None:  # fmt: skip
+    """One stage worker under the supervisor's guard: answers the driver's commands until
+    ``stop`` (or the driver is gone); its error goes on ``outq`` after the messages it sent
+    before it, as ``("error", name, report)``."""
 
     def report(text: str) -> None:
         outq.put(pickle.dumps(("error", ward.name, text)))
         outq.close()
         outq.join_thread()  # delivered before the process exits
 
-    supervised(ward, report, _serve, ward, cfg, inq, outq, shared, incarnation, learner_port)
-
-
-def _serve(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights,
-           incarnation: int, learner_port: int | None) -> None:  # fmt: skip
-    """Answer the driver's commands until ``stop`` (or the driver is gone)."""
-    worker = StageWorker(ward.name, cfg, incarnation)
-    if worker.kind == "trainer" and learner_port is not None:
-        worker.join_learners("127.0.0.1", learner_port)
-    if worker.kind == "rollout":
-        worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
-    outq.put(pickle.dumps(worker.ready(shared)))
-    while True:
-        try:
-            cmd = pickle.loads(inq.get(timeout=1.0))
-        except queue.Empty:
-            if not launcher_alive(ward.parent_pid):  # the driver is gone: do not linger
+    def serve() -> None:
+        worker = StageWorker(ward.name, cfg, incarnation)
+        if worker.kind == "trainer" and learner_port is not None:
+            worker.join_learners("127.0.0.1", learner_port)
+        if worker.kind == "rollout":
+            worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
+        outq.put(pickle.dumps(worker.ready(shared)))
+        while True:
+            try:
+                cmd = pickle.loads(inq.get(timeout=1.0))
+            except queue.Empty:
+                if not launcher_alive(ward.parent_pid):  # the driver is gone: do not linger
+                    return
+                continue
+            if cmd[0] == "stop":
                 return
-            continue
-        if cmd[0] == "stop":
-            return
-        for m in worker.handle(cmd, shared):
-            outq.put(pickle.dumps(m))
+            for m in worker.handle(cmd, shared):
+                outq.put(pickle.dumps(m))
+
+    supervised(ward, report, serve)
 
 
 class LocalEngine(Engine):
@@ -120,8 +82,6 @@ class LocalEngine(Engine):
         self._supervisor = Supervisor(ctx, names)
         if cfg.learners > 1:
             self._learner_port = free_port()
-        for name in names:
-            self._spawn(name)
 
     def _launch(self, name: str, incarnation: int) -> None:
         assert self._cfg is not None and self._ctx is not None and self._supervisor is not None
@@ -144,26 +104,20 @@ class LocalEngine(Engine):
     def _send(self, worker: str, cmd: tuple) -> None:
         self._inq[worker].put(pickle.dumps(cmd))
 
-    def poll(self, timeout_s: float) -> list[Message]:
-        """Messages that arrived within ``timeout_s`` (all that are queued, once one is).
-
-        A worker's failure (:class:`~nobubble.distributed.Supervisor`: an error it reported,
-        an exit, a silence) is raised once the messages that arrived before it were
-        returned, so no other worker's result is lost with it."""
-        supervisor = self._supervisor
-        assert supervisor is not None
-        if not self._inbox and not supervisor.pending:
-            supervisor.hear(self._receive(timeout_s))
+    def _receive(self, timeout_s: float) -> list[Message]:
+        assert self._supervisor is not None
+        if not self._inbox and not self._supervisor.pending:
+            self._supervisor.hear(self._drain(timeout_s))
         out, self._inbox = self._inbox, []
-        if self._collector is not None:
-            out = self._collector.feed(out)
-        if not out:
-            failure = supervisor.failure(self._receive)
-            if failure is not None:
-                raise failure
         return out
 
-    def _receive(self, timeout_s: float) -> dict[str, str]:
+    def _failure(self) -> WorkerError | None:
+        """The :class:`~nobubble.distributed.Supervisor`'s: an error a worker reported, an
+        exit, a silence."""
+        assert self._supervisor is not None
+        return self._supervisor.failure(self._drain)
+
+    def _drain(self, timeout_s: float) -> dict[str, str]:
         """Move what arrived within ``timeout_s`` into the inbox; return the errors by name."""
         raw: list[bytes] = []
         try:

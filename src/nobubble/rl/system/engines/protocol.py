@@ -1,11 +1,6 @@
-"""What the orchestrator and its engines say to each other: messages (the commands and the
-engines' shared side are :mod:`~nobubble.rl.system.engines.worker`'s), and the failure a run
-reports: :class:`~nobubble.distributed.WorkerError`, naming the stage worker or environment
-actor (the one supervisor's, :mod:`nobubble.distributed.supervisor`).
-
-Both :mod:`~nobubble.rl.system.orchestrator` and the engines import this
-module, so neither imports the other at module level.
-"""
+"""What the engines send the orchestrator (:class:`Message`) and the failure a run reports
+(:class:`~nobubble.distributed.WorkerError`, naming the stage worker). Both the
+orchestrator and the engines import this module, so neither imports the other."""
 
 from __future__ import annotations
 
@@ -22,12 +17,12 @@ __all__ = ["WorkerError", "Message"]
 class Message:
     """A stage's answer to the orchestrator.
 
-    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``eval``; ``worker``: which
-    worker; ``payload``: groups (rollout, reward), a TrainResult, or an EvalResult;
-    ``spans``: busy spans to add to the timeline; ``weights``: for learner 0's ``ready`` and
-    ``train``, the engine's handle to the published weights (None where the generators read
-    them from the engine's :class:`~nobubble.rl.system.weight_sync.WeightSource`); ``state``:
-    for ``rollout``, the generator's RNG state after the call (checkpoints keep it).
+    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``shard`` | ``eval``;
+    ``worker``: which worker; ``payload``: groups (rollout, reward), a TrainResult, an
+    EvalResult, or the node (ready); ``spans``: busy spans for the timeline; ``weights``: for
+    learner 0's ``ready`` and ``train``, the engine's handle to the published weights (None
+    where the generators read them from the engine's weight source); ``state``: for
+    ``rollout``, the generator's RNG state after the call (checkpoints keep it).
     """
 
     kind: str

@@ -1,35 +1,11 @@
 """The Ray engine: every stage worker is a Ray actor; data moves through the object store.
 
-The same :class:`~nobubble.rl.system.engines.worker.StageWorker` as the local engine runs inside
-each actor (OpenRLHF's layout: rollout, reward and trainer actors). Groups go from actor to
-actor as object references; after each step the trainer puts its state dict in the object
-store and returns the reference, which the engine hands to the rollout actors with
-their next chunk (Ray resolves it there), so weights never pass through the driver.
-
-By default a local Ray instance is started (``num_cpus`` = this machine's cores, no
-dashboard); ``RunConfig.ray_address`` joins an existing cluster instead, and
-``RunConfig.ray_resources`` places each stage on the nodes that offer its custom resources
-(generators on some nodes, learners on others). Ray is imported only here. An actor that
-raises, or dies - alone or with its node - ends the run with a :class:`WorkerError` that
-names the worker and the node it ran on (or, with ``restart_workers``, a fresh actor
-replaces it, on a live node that offers the stage's resources).
-
-Loopback stays loopback. Ray replaces ``127.0.0.1`` - as a node address or as the address
-of the cluster to join - by the machine's outward interface address
-(``ray._private.services.resolve_ip_for_localhost``; ray-project/ray#26293, #59110), so a
-Ray "started on 127.0.0.1" listens on every interface. Ray 2.x has one switch that keeps
-loopback: with ``ray_constants.ENABLE_RAY_CLUSTER`` off (the environment variable
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` at import) the local node address is 127.0.0.1. The
-engine turns it off while ``ray.init`` runs, when it starts Ray itself or joins a cluster on
-a loopback address; the processes Ray starts get the node address on their command line.
-
-With ``learners > 1`` the learner actors form the gloo group: learner 0 picks a free port
-(on 127.0.0.1 for a Ray this engine starts, on its node's address when joining a cluster)
-and every learner joins it before training; a Ray started here gets enough logical CPUs
-for every generator and learner (one each). Each batch is split among the learners and
-their answers merged (:mod:`~nobubble.rl.system.engines.learners`); in ``async`` /
-``staleness`` the driver hands a learner other than 0 the newest published weights with
-its shard.
+Each actor runs a :class:`~nobubble.rl.system.engines.worker.StageWorker`. Learner 0 puts
+each version's state dict in the object store; the engine hands the reference to an actor
+that computes on it with its next command, so weights never pass through the driver. A
+local Ray on 127.0.0.1 only (:func:`start_local_ray`) by default, or ``RunConfig.ray_address``
+(probed first: :func:`check_ray_address`) with ``RunConfig.ray_resources`` placing each
+stage (``docs/rl/multinode.md``, also for why loopback needs help). Ray is imported only here.
 """
 
 from __future__ import annotations
@@ -42,40 +18,38 @@ from typing import Any
 
 from nobubble.distributed import looks_like_peer_failure
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import learner_names
 from nobubble.rl.system.engines.protocol import Message, WorkerError
-from nobubble.rl.system.engines.worker import Engine, StageWorker
+from nobubble.rl.system.engines.worker import Engine, StageWorker, learner_names
 from nobubble.rl.system.weight_sync import check_newer
 
 __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
 class _ObjectStoreWeights:
-    """A Ray call's weight source: the published ``(version, state dict)`` the driver sent
-    with it (Ray resolved the reference; None: none sent), and the object store a learner
-    publishes into."""
+    """A Ray call's weight source: the published ``version`` and the reference to its state
+    dict that the driver sent with the call (None: none sent), and the object store learner
+    0 publishes into."""
 
-    def __init__(self, version: int | None = None, state_dict: dict | None = None) -> None:
-        self.version, self.state_dict = version, state_dict
+    def __init__(self, version: int | None = None, ref: Any = None) -> None:
+        self.version, self.ref = version, ref
 
     def pull(self, model: Any, have: int) -> int:
+        import ray
+
         if self.version is None or self.version == have:
             return have
         check_newer(have, self.version, "a Ray call's weights")
-        model.load_state_dict(self.state_dict)
+        model.load_state_dict(ray.get(self.ref))
         return self.version
 
-    def publish(self, model: Any, version: int) -> tuple[int, list[Any]]:
+    def publish(self, model: Any, version: int) -> tuple[int, Any]:
         import ray
 
-        return version, [ray.put(model.state_dict())]
+        return version, ray.put(model.state_dict())
 
 
-class _StageActor:
-    """Actor body: a StageWorker; its weights come with each call and go to the object store."""
-
-    def __init__(self, name: str, cfg: RunConfig, incarnation: int) -> None:
-        self.worker = StageWorker(name, cfg, incarnation)
+class _StageActor(StageWorker):
+    """Actor body: a StageWorker that also knows its node and where the learners meet."""
 
     def learner_address(self, on_cluster: bool) -> tuple[str, int]:
         """Where the learners' group meets: a free port on this actor's host."""
@@ -86,20 +60,12 @@ class _StageActor:
             sock.bind((host, 0))
             return host, sock.getsockname()[1]
 
-    def join_learners(self, host: str, port: int) -> None:
-        self.worker.join_learners(host, port)
-
-    def ready(self) -> list[Message]:
+    def ready_on_node(self) -> list[Message]:
         """Ready, with the node this actor runs on: ``(node id, node address)``."""
         import ray
 
         node = (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
-        return [self.worker.ready(_ObjectStoreWeights(), node)]
-
-    def handle(self, cmd: tuple, version: int | None, state_dict: dict | None) -> list[Message]:
-        """One command; ``version``, ``state_dict``: the published weights a generator, or a
-        learner other than 0 in async / staleness, computes on."""
-        return self.worker.handle(cmd, _ObjectStoreWeights(version, state_dict))
+        return [self.ready(_ObjectStoreWeights(), node)]
 
 
 class RayEngine(Engine):
@@ -115,41 +81,26 @@ class RayEngine(Engine):
         self._actors: dict[str, Any] = {}
         self._pending: dict[Any, str] = {}
         self._started_ray = False
-        self._weights: tuple[int, Any] | None = None  # the newest published: learner 0's
         self._sent: dict[str, int] = {}  # worker -> the version its actor was last sent
         self._errors: list[WorkerError] = []
         self._starting: set[str] = set()  # spawned, not ready yet
 
     def _start(self, cfg: RunConfig, names: list[str]) -> None:
+        """Start or join Ray, and refuse a run the cluster's live nodes cannot hold (an
+        actor Ray cannot place would wait forever)."""
         import ray
 
         if cfg.ray_address:  # probed even when Ray is up: the user named this cluster
             check_ray_address(cfg.ray_address)  # ray.init would wait minutes for a GCS
+        need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
         if not ray.is_initialized():
             if cfg.ray_address:
                 with _loopback_stays_loopback(cfg.ray_address):
                     ray.init(address=cfg.ray_address, log_to_driver=False)
             else:
-                need = cfg.num_rollout_workers + cfg.learners  # one logical CPU each
                 start_local_ray(num_cpus=max(os.cpu_count() or 2, need))
             self._started_ray = True
-        try:
-            self._check_cluster(cfg, names)
-            for name in names:
-                self._spawn(name)
-            if cfg.learners > 1:
-                self._join_learners(cfg)
-        except BaseException:  # the orchestrator shuts down only an engine that started
-            self.shutdown()
-            raise
-
-    def _check_cluster(self, cfg: RunConfig, names: list[str]) -> None:
-        """Refuse a run the cluster's live nodes cannot hold: an actor Ray cannot place
-        would wait forever."""
-        import ray
-
         have = ray.cluster_resources()
-        need = cfg.num_rollout_workers + cfg.learners
         if have.get("CPU", 0) < need:
             raise ValueError(
                 f"{cfg.num_rollout_workers} generators + {cfg.learners} learners need {need} "
@@ -157,7 +108,7 @@ class RayEngine(Engine):
                 f"num_cpus >= {need} or use fewer generators / learners"
             )
         for stage in cfg.ray_resources:
-            short = _shortfall(cfg, stage, sum(_stage(n) == stage for n in names), have)
+            short = _shortfall(cfg, stage, names, have)
             if short:
                 raise ValueError(f"ray_resources[{stage!r}]: {short}")
 
@@ -169,9 +120,7 @@ class RayEngine(Engine):
         assert self._cfg is not None  # set by start()
         cfg, have = self._cfg, ray.cluster_resources()  # live nodes only
         for worker in sorted(self._starting):
-            stage = _stage(worker)
-            count = sum(_stage(w) == stage for w in self._actors)
-            short = _shortfall(cfg, stage, count, have) if stage in cfg.ray_resources else None
+            short = _shortfall(cfg, _stage(worker), list(self._actors), have)
             if short:  # not restartable (worker=None): no restart could place it either
                 gone = f" (it ran on {self._where(worker)})" if worker in self.placement else ""
                 raise WorkerError(f"{worker} cannot start{gone}: {short}")
@@ -180,7 +129,6 @@ class RayEngine(Engine):
         """Every learner actor joins the gloo group learner 0 chose (bounded waits)."""
         import ray
 
-        names = learner_names(cfg.learners)
         timeout = cfg.stall_timeout_s
         try:
             where = self._actors["trainer"].learner_address.remote(bool(cfg.ray_address))
@@ -188,6 +136,7 @@ class RayEngine(Engine):
         except Exception as err:  # RayActorError, GetTimeoutError
             msg = f"trainer failed to start: {type(err).__name__}: {err}"
             raise WorkerError(msg, "trainer") from err
+        names = learner_names(cfg.learners)
         joins = {n: self._actors[n].join_learners.remote(host, port) for n in names}
         for name, ref in joins.items():
             try:
@@ -207,7 +156,7 @@ class RayEngine(Engine):
         # Any: Ray's actor-proxy types do not give undecorated methods a ``.remote``
         actor: Any = ray.remote(_StageActor).options(**opts).remote(name, self._cfg, incarnation)
         self._actors[name] = actor
-        self._pending[actor.ready.remote()] = name
+        self._pending[actor.ready_on_node.remote()] = name
         self._starting.add(name)
 
     def _stop(self, worker: str) -> None:
@@ -223,9 +172,9 @@ class RayEngine(Engine):
 
     def _send(self, worker: str, cmd: tuple) -> None:
         """``cmd`` to ``worker``'s actor, with the newest published weights for a generator
-        and for a learner other than 0 in async / staleness (Ray resolves the reference) when
-        the actor was not sent that version yet: an actor runs its calls in order, so it
-        holds it by then, and an unchanged version costs no object-store fetch."""
+        and for a learner other than 0 in async / staleness when the actor was not sent that
+        version yet: an actor runs its calls in order, so it holds it by then, and an
+        unchanged version costs no object-store fetch."""
         assert self._cfg is not None  # set by start()
         loads = cmd[0] == "rollout" or (
             cmd[0] == "train"
@@ -238,14 +187,13 @@ class RayEngine(Engine):
             if self._sent.get(worker) != self._weights[0]:
                 version, ref = self._weights
                 self._sent[worker] = version
-        self._pending[self._actors[worker].handle.remote(cmd, version, ref)] = worker
+        call = self._actors[worker].handle.remote(cmd, _ObjectStoreWeights(version, ref))
+        self._pending[call] = worker
 
-    def poll(self, timeout_s: float) -> list[Message]:
+    def _receive(self, timeout_s: float) -> list[Message]:
         import ray
 
-        if self._errors:  # held back from the last call, which returned other results
-            raise self._errors.pop(0)
-        if not self._pending:
+        if self._errors or not self._pending:  # an error held back from the last poll first
             return []
         refs = list(self._pending)
         done, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
@@ -260,24 +208,19 @@ class RayEngine(Engine):
             try:
                 answers = ray.get(ref, timeout=60)
             except Exception as err:  # RayTaskError, RayActorError, GetTimeoutError
-                self._errors.append(self._failure(name, err))
+                self._errors.append(self._error(name, err))
                 continue
             for m in answers:
                 if m.kind == "ready":
                     self.placement[m.worker] = m.payload
                     self._starting.discard(m.worker)
             out.extend(answers)
-        if self._collector is not None:
-            out = self._collector.feed(out)
-        for m in out:  # learner 0's ready, then each step: the newest published weights
-            if m.weights is not None:
-                version, (ref,) = m.weights
-                self._weights = (version, ref)
         if self._errors:
             self._blame_peers()
-        if not out and self._errors:
-            raise self._errors.pop(0)
         return out
+
+    def _failure(self) -> WorkerError | None:
+        return self._errors.pop(0) if self._errors else None
 
     def _blame_peers(self, grace_s: float = 2.0) -> None:
         """A learner that failed because a peer learner died goes behind the peer's error
@@ -296,14 +239,14 @@ class RayEngine(Engine):
             try:
                 ray.get(ref, timeout=grace_s)
             except Exception as err:  # RayActorError, RayTaskError
-                self._errors.append(self._failure(name, err))
+                self._errors.append(self._error(name, err))
         self._errors.sort(key=lambda e: looks_like_peer_failure(str(e)))
 
     def _where(self, worker: str) -> str:
         node = self.placement.get(worker)
         return "an unknown node" if node is None else f"node {node[0]} ({node[1]})"
 
-    def _failure(self, worker: str, err: Exception) -> WorkerError:
+    def _error(self, worker: str, err: Exception) -> WorkerError:
         """``worker``'s call raised ``err``: the error names the worker and its node."""
         on = f" on {self._where(worker)}" if worker in self.placement else ""
         error = WorkerError(f"{worker} failed{on}: {type(err).__name__}: {err}", worker)
@@ -322,9 +265,9 @@ class RayEngine(Engine):
 
 
 def start_local_ray(num_cpus: int) -> None:
-    """Start a Ray instance on this machine, on 127.0.0.1 only (every process of it listens
-    there; see the module docstring), no dashboard, workers' output not echoed: the Ray the
-    engine starts when no cluster is named, and the one a test run shares."""
+    """Start a new Ray instance on this machine, every process of it on 127.0.0.1 only, no
+    dashboard, workers' output not echoed: the Ray the engine starts when no cluster is
+    named, and the one a test run shares."""
     import ray
 
     with _loopback_stays_loopback(None):
@@ -342,10 +285,11 @@ def _stage(worker: str) -> str:
     return worker.split("-")[0]
 
 
-def _shortfall(cfg: RunConfig, stage: str, count: int, have: dict[str, float]) -> str | None:
-    """What ``count`` actors of ``stage`` lack of ``cfg.ray_resources[stage]`` on the live
-    nodes (``have``: ``ray.cluster_resources()``), or None when the nodes hold them."""
-    for resource, amount in cfg.ray_resources[stage].items():
+def _shortfall(cfg: RunConfig, stage: str, names: list[str], have: dict[str, float]) -> str | None:
+    """What the actors of ``stage`` among ``names`` lack of ``cfg.ray_resources[stage]`` on
+    the live nodes (``have``: ``ray.cluster_resources()``), or None when they hold them."""
+    count = sum(_stage(n) == stage for n in names)
+    for resource, amount in cfg.ray_resources.get(stage, {}).items():
         if have.get(resource, 0) < count * amount:
             return (
                 f"{count} {stage} actors x {amount:g} {resource!r} need {count * amount:g}, "
@@ -358,8 +302,9 @@ def _shortfall(cfg: RunConfig, stage: str, count: int, have: dict[str, float]) -
 @contextmanager
 def _loopback_stays_loopback(address: str | None) -> Iterator[None]:
     """While ``ray.init`` runs: keep 127.0.0.1 (the node address of a Ray started here, or
-    the host of ``address``) from being replaced by the machine's outward address (see the
-    module docstring). Other addresses are left alone."""
+    the host of ``address``) from being replaced by the machine's outward address, by
+    turning ``ray_constants.ENABLE_RAY_CLUSTER`` off (ray-project/ray#26293, #59110). Other
+    addresses are left alone."""
     from ray._private import ray_constants
 
     host = None if address is None else address.rpartition(":")[0].strip("[]")

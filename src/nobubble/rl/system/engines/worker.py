@@ -1,25 +1,14 @@
 """What both engines share: the stage worker inside a process or actor, and the driver's side.
 
-A :class:`StageWorker` is what runs inside a local process or a Ray actor. It is built from
-the (picklable) :class:`~nobubble.rl.system.orchestrator.RunConfig` alone, so both engines start
-identical workers; :meth:`StageWorker.handle` turns one command into the messages for the
-orchestrator. :class:`Engine` is the driver's side of both engines: it names the workers,
-turns every ``submit_*`` into a command and splits a batch among the learners; an engine
-adds how a worker starts, gets a command, stops, and how its answers come back.
-
-The trainer stage holds the one :class:`~nobubble.rl.system.learner.Learner`. With
-``RunConfig.learners > 1`` it is several workers (``trainer``, ``trainer-1`` ..); after
-:meth:`StageWorker.join_learners` each trains its shard, and the ones other than learner 0
-answer ``shard`` messages (see :mod:`~nobubble.rl.system.engines.learners`).
+A :class:`StageWorker` runs inside a local process or a Ray actor, built from the picklable
+:class:`~nobubble.rl.system.config.RunConfig` alone. :class:`Engine` is the driver's side.
+``RunConfig.learners = L`` makes the trainer stage ``trainer`` (learner 0) and
+``trainer-1`` .. ``trainer-<L-1>`` in one gloo group (``docs/rl/system.md``, many learners).
 
 Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill|stale>"``
-makes that worker raise, exit the process without a word, SIGKILL itself, or (a rollout
-worker) keep sampling with the weights it holds while reporting the new versions, on its
-``call``-th command - in its first incarnation only, so a restarted worker runs clean.
-
-A trainer's ``train`` message carries the digests of the version it started from and of the
-one it made (``TrainResult.weight_digests``), for the orchestrator's
-:class:`~nobubble.rl.system.weight_sync.PublishedWeights`.
+makes that worker raise, exit without a word, SIGKILL itself, or (a rollout worker) keep
+sampling with the weights it holds while reporting new versions, on its ``call``-th
+command - in its first incarnation only, so a restarted worker runs clean.
 """
 
 from __future__ import annotations
@@ -28,32 +17,45 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections import Counter, deque
+from datetime import timedelta
+from itertools import accumulate
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from nobubble.distributed import DistContext, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.learners import (
-    StepCollector,
-    join_learner_group,
-    learner_names,
-    learner_rank,
-    split_groups,
-)
 from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import GroupBatch, evaluate_policy, group_learner, train_result
+from nobubble.rl.system.trainer import (
+    GroupBatch,
+    TrainResult,
+    evaluate_policy,
+    group_learner,
+    train_result,
+)
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightSource, weight_digest
 
-__all__ = ["StageWorker", "InjectedFault", "Engine"]
+__all__ = ["StageWorker", "InjectedFault", "Engine", "split_groups", "StepCollector"]
 
 
 class InjectedFault(RuntimeError):
     """The failure a test asked for with ``RunConfig.fault``."""
+
+
+def learner_names(num_learners: int) -> list[str]:
+    """``["trainer", "trainer-1", ...]``: learner 0 keeps the one-learner name."""
+    return ["trainer", *(f"trainer-{r}" for r in range(1, num_learners))]
+
+
+def learner_rank(name: str) -> int:
+    """The learner index of a trainer worker's name (``trainer`` = 0)."""
+    return int(name.split("-")[1]) if "-" in name else 0
 
 
 class StageWorker:
@@ -70,12 +72,9 @@ class StageWorker:
         self._digest: tuple[int, str] | None = None  # (version, digest) of the trainer's model
         self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
-            self.rollout = RolloutWorker(
-                task=self.task,
-                model=cfg.build_policy(self.task),
-                cfg=cfg,
-                worker_id=int(name.split("-")[1]),
-            )
+            model = cfg.build_policy(self.task)
+            worker_id = int(name.split("-")[1])
+            self.rollout = RolloutWorker(task=self.task, model=model, cfg=cfg, worker_id=worker_id)
         elif self.kind == "trainer":
             torch.manual_seed(cfg.seed)
             self.learner = group_learner(task=self.task, model=cfg.build_policy(self.task), cfg=cfg)
@@ -118,19 +117,13 @@ class StageWorker:
 
         ``weights``: where this worker pulls the newest published weights from (a generator
         before each request, a learner that pushes gradients before each step) and where
-        learner 0 publishes each new version (the local engine's shared tensor, or the
-        object store of a Ray call); the ``train`` message carries the engine's handle."""
+        learner 0 publishes each new version; the ``train`` message carries the engine's
+        handle to them."""
         op, *args = cmd
-        answers: dict[str, Callable[..., list[Message]]] = {
-            "rollout": self._rollout,
-            "reward": self._reward,
-            "train": self._train,
-            "eval": self._eval,
-        }
-        answer = answers.get(op)
-        if answer is None:
+        if op not in ("rollout", "reward", "train", "eval"):
             raise ValueError(f"{self.name}: unknown command {op!r}")
-        return answer(weights, *args)
+        answer: list[Message] = getattr(self, f"_{op}")(weights, *args)
+        return answer
 
     def _rollout(
         self, weights: WeightSource, requests: list[GroupRequest], rng_state: Any = None
@@ -145,18 +138,22 @@ class StageWorker:
 
     def _reward(self, weights: WeightSource, groups: list[SampleGroup]) -> list[Message]:
         self._maybe_fault()
-        out, spans = [], []
-        for g in groups:
-            scored, span = self.rewarder.score_group(g)
-            out.append(scored)
-            spans.append(span)
-        return [Message("reward", self.name, out, tuple(spans))]
+        scored = [self.rewarder.score_group(g) for g in groups]
+        return [Message("reward", self.name, [g for g, _ in scored], tuple(s for _, s in scored))]
 
     def join_learners(self, host: str, port: int) -> None:
-        """Join the other learners' group at ``host:port`` (``learners > 1``; blocks until
-        all joined, at most ``stall_timeout_s``)."""
-        cfg = self.cfg
-        ctx = join_learner_group(self.rank, cfg.learners, host, port, cfg.stall_timeout_s)
+        """Join the learners' gloo group at ``host:port`` as this process's default group
+        (``learners > 1``; blocks until all joined, at most ``stall_timeout_s``)."""
+        cfg, backend = self.cfg, default_backend("cpu")
+        rank, world, timeout_s = self.rank, cfg.learners, cfg.stall_timeout_s
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        ctx = DistContext(rank, world, backend, torch.device("cpu"), rank, world, timeout_s)
         self.learner.join(ctx, cfg.aggregation, cfg.effective_local_sgd_every)
 
     def _train(
@@ -169,7 +166,8 @@ class StageWorker:
     ) -> list[Message]:
         """One step (``group_weights``: per group, e.g. replay IS weights); with
         ``checkpoint`` (a folder), the trainer's checkpoint file too. A learner other than 0
-        trains its shard and answers ``shard``; learner 0 publishes the new version."""
+        answers ``shard``; learner 0 publishes the new version, and its ``train`` message
+        carries the digests of the version it started from and of the one it made."""
         learner = self.learner
         if learner.pushes_gradients:  # it computes on the newest published weights
             learner.version = weights.pull(learner.model, learner.version)
@@ -199,31 +197,126 @@ class StageWorker:
         return [Message("eval", self.name, ev, (ev.span,) if ev.span else ())]
 
 
-class Engine:
-    """Where the stages run: the driver's side of an engine (see the module docstring).
+def split_groups(
+    groups: list[SampleGroup], weights: list[float] | None, num_learners: int
+) -> list[tuple[list[SampleGroup], list[float] | None]]:
+    """Contiguous shards of whole groups, one per learner, sizes differing by at most one
+    (the first ``len(groups) % L`` shards take one more); ``weights`` split alike."""
+    if not 1 <= num_learners <= len(groups):
+        raise ValueError(
+            f"split_groups: {len(groups)} groups for {num_learners} learners; every learner "
+            "needs >= 1 group (learners <= batch_groups)"
+        )
+    base, extra = divmod(len(groups), num_learners)
+    ends = list(accumulate(base + (r < extra) for r in range(num_learners)))
+    return [
+        (groups[a:b], None if weights is None else weights[a:b]) for a, b in zip([0, *ends], ends)
+    ]
 
-    Every ``submit_*`` returns at once; results come from :meth:`poll`. A command is a tuple
-    :meth:`StageWorker.handle` answers: ``("rollout", requests, rng_state)``, ``("reward",
-    groups)``, ``("train", groups, evaluate, checkpoint, weights)`` or ``("eval",)``. An
-    engine implements :meth:`_start` (start ``names`` with :meth:`_spawn`), :meth:`_launch`
-    (one worker), :meth:`_send` (one command), :meth:`_stop` (one worker), :meth:`poll`
-    and :meth:`shutdown`.
+
+class StepCollector:
+    """In the driver: merges the L learners' answers to one batch into one ``train`` message.
+
+    Lifecycle of a batch: :meth:`expect` (sent: the group ids of each shard) -> learner 0's
+    ``train`` message and every other learner's ``shard`` message arrive (each learner
+    answers its batches in order) -> released as one message whose ``TrainResult`` has
+    learner 0's version, span and published weights, every learner's staleness (in shard
+    order, so in batch order), metrics averaged over learners weighted by their groups
+    (learner 0's own extras kept) and ``trained_by`` for every group. Learner 0's ``eval``
+    messages stay behind the ``train`` message they follow. Invariant: a learner that
+    reports other groups than it was sent is an error, so a released step proves that
+    every group of the batch was trained, and by whom.
+    """
+
+    def __init__(self, num_learners: int) -> None:
+        self.num_learners = num_learners
+        self._expected: deque[list[list[int]]] = deque()
+        self._reports: dict[int, deque[Message]] = {r: deque() for r in range(1, num_learners)}
+        self._held: deque[Message] = deque()
+
+    def expect(self, shards: list[list[int]]) -> None:
+        self._expected.append(shards)
+
+    def feed(self, msgs: list[Message]) -> list[Message]:
+        out = []
+        for m in msgs:
+            if m.kind == "shard":
+                self._reports[learner_rank(m.worker)].append(m)
+            elif m.worker == "trainer" and m.kind in ("train", "eval"):
+                self._held.append(m)
+            else:
+                out.append(m)
+        while self._held:
+            m = self._held[0]
+            if m.kind == "train":
+                if not all(self._reports.values()):
+                    break
+                m = self._merge(m, [self._reports[r].popleft() for r in self._reports])
+            out.append(m)
+            self._held.popleft()
+        return out
+
+    def _merge(self, msg: Message, reports: list[Message]) -> Message:
+        expected = self._expected.popleft()
+        results: list[TrainResult] = [msg.payload, *(r.payload for r in reports)]
+        trained_by: dict[int, int] = {}
+        for rank, (res, ids) in enumerate(zip(results, expected, strict=True)):
+            if sorted(res.trained_by) != sorted(ids) or set(res.trained_by.values()) != {rank}:
+                name = learner_names(self.num_learners)[rank]
+                raise WorkerError(
+                    f"{name} reported groups {sorted(res.trained_by)} for step "
+                    f"{results[0].version}, was sent {ids}",
+                    name,
+                )
+            trained_by.update(res.trained_by)
+        sizes = [len(ids) for ids in expected]
+        metrics = dict(results[0].metrics)
+        for key in set.intersection(*(set(r.metrics) for r in results)):
+            metrics[key] = sum(n * r.metrics[key] for n, r in zip(sizes, results)) / sum(sizes)
+        staleness = [lag for r in results for lag in r.staleness]
+        tokens = sum((Counter(r.token_staleness) for r in results), Counter())
+        res = dataclasses.replace(
+            results[0], staleness=staleness, metrics=metrics, trained_by=trained_by,
+            token_staleness=dict(sorted(tokens.items())),
+        )  # fmt: skip
+        spans = (*msg.spans, *(s for r in reports for s in r.spans))
+        return Message("train", msg.worker, res, spans, msg.weights, msg.state)
+
+
+class Engine:
+    """Where the stages run: the driver's side of an engine.
+
+    Every ``submit_*`` returns at once (a command :meth:`StageWorker.handle` answers);
+    results come from :meth:`poll`. With several learners a batch is split among them and
+    their answers merged (:class:`StepCollector`). An engine implements :meth:`_start`
+    (before any worker), :meth:`_launch`, :meth:`_send`, :meth:`_stop`, :meth:`_receive`,
+    :meth:`_failure` and :meth:`shutdown`, and :meth:`_join_learners` where needed.
     """
 
     def __init__(self) -> None:
         self._cfg: RunConfig | None = None
         self._incarnation: dict[str, int] = {}
         self._collector: StepCollector | None = None  # learners > 1: merges their answers
+        self._weights: Any = None  # the newest published handle (learner 0's), if any
 
     def start(self, cfg: RunConfig) -> list[str]:
-        """Start every stage worker of ``cfg``; returns their names (each says ``ready``)."""
+        """Start every stage worker of ``cfg``; returns their names (each says ``ready``).
+        A start that fails shuts down what it started."""
         self._cfg = cfg
         names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         names += [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         names += learner_names(cfg.learners)
         if cfg.learners > 1:
             self._collector = StepCollector(cfg.learners)
-        self._start(cfg, names)
+        try:
+            self._start(cfg, names)
+            for name in names:
+                self._spawn(name)
+            if cfg.learners > 1:
+                self._join_learners(cfg)
+        except BaseException:  # the orchestrator shuts down only an engine that started
+            self.shutdown()
+            raise
         return names
 
     def submit_rollout(
@@ -271,8 +364,22 @@ class Engine:
         self._incarnation[name] = incarnation
         self._launch(name, incarnation)
 
-    def poll(self, timeout_s: float) -> list[Message]:  # raises WorkerError
-        raise NotImplementedError
+    def poll(self, timeout_s: float) -> list[Message]:
+        """Messages that arrived within ``timeout_s`` (all that are queued, once one is),
+        learners' answers merged; raises a failed worker's :class:`WorkerError` when none."""
+        out = self._receive(timeout_s)
+        if self._collector is not None:
+            out = self._collector.feed(out)
+        for m in out:  # learner 0's ready, then each step: the newest published weights
+            if m.weights is not None:
+                self._weights = m.weights
+        failure = None if out else self._failure()
+        if failure is not None:
+            raise failure
+        return out
+
+    def _join_learners(self, cfg: RunConfig) -> None:
+        """The learners meet in one group (the local engine's do it themselves)."""
 
     def shutdown(self) -> None:
         raise NotImplementedError
@@ -287,4 +394,10 @@ class Engine:
         raise NotImplementedError
 
     def _stop(self, worker: str) -> None:
+        raise NotImplementedError
+
+    def _receive(self, timeout_s: float) -> list[Message]:
+        raise NotImplementedError
+
+    def _failure(self) -> WorkerError | None:
         raise NotImplementedError

@@ -1,21 +1,12 @@
-"""A generator's work between two decoding steps: its per-token cost, and new weights.
+"""A generator's work between two decoding steps: its per-token delay, and new weights.
 
-:class:`InFlightWeights` is the hook the sampler calls before every decoding step
-(:func:`~nobubble.rl.system.policies.sample`'s ``before_token``). With partial rollouts it
-asks the weight source for newer weights every ``every_tokens`` steps; then it sleeps the
-generator's per-token delay (``RolloutConfig.token_delay_s``, a slow decoder). The
-source is a function ``pull(model, have) -> version`` that loads the newest published
-weights into ``model`` when they are newer than ``have`` (the local engine's
-:meth:`~nobubble.rl.system.weight_sync.SharedWeights.pull`). The whole batch switches at
-once, so at every step all responses of a call share one version.
-
-Lifecycle of one generation call: :meth:`begin` (the version the model holds) ->
-:meth:`before_token` for steps ``0, 1, ..`` (True when the weights changed: the sampler then
-recomputes its KV cache from the whole prefix, as AReaL does, so every token's log-prob is
-exactly that of the version recorded for it) -> :meth:`step_versions`. Invariant: the
-recorded versions never decrease (:func:`~nobubble.rl.system.weight_sync.check_newer`).
-Each version the model takes is hashed once (:attr:`digests`,
-:func:`~nobubble.rl.system.weight_sync.weight_digest`): what the generator's samples claim.
+Lifecycle of one generation call: :meth:`InFlightWeights.begin` (the version the model
+holds) -> :meth:`~InFlightWeights.before_token` for steps ``0, 1, ..`` (True when the
+weights changed: the sampler then recomputes its KV cache from the whole prefix, so every
+token's log-prob is exactly that of the version recorded for it) ->
+:meth:`~InFlightWeights.step_versions`. The whole batch switches at once. Invariant: the
+recorded versions never decrease; each version the model takes is hashed once
+(:attr:`~InFlightWeights.digests`): what the generator's samples claim.
 """
 
 from __future__ import annotations
@@ -34,10 +25,12 @@ WeightPull = Callable[[nn.Module, int], int]
 
 
 class InFlightWeights:
-    """Per-token delay and in-flight weight updates for one generator's ``model``.
+    """Per-token delay and in-flight weight updates for one generator's ``model``, the
+    sampler's ``before_token`` hook.
 
     Args:
-        model: the generator's policy; ``pull`` loads new weights into it.
+        model: the generator's policy; ``pull`` (``pull(model, have) -> version``, set by
+            the engine) loads the newest published weights into it when newer than ``have``.
         partial: take new weights between tokens (partial rollouts); False = only sleep.
         every_tokens: with ``partial``, ask for new weights before every this many steps.
         token_delay_s: seconds to sleep before each decoding step.

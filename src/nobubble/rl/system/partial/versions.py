@@ -1,20 +1,6 @@
-"""Per-token policy versions: what partial rollouts record, and the rule each mode asserts.
-
-With whole-group versioning (the default) a generator swaps weights only between generation
-calls, so every token of every response of a GRPO group comes from one policy version, and
-the group-relative advantage compares responses of one policy. With partial rollouts
-(``RunConfig.partial_rollouts``: PipelineRL's and AReaL's in-flight weight updates) the
-generator takes new weights between tokens, so a response's later tokens may come from newer
-versions than its first. That mode trades the group rule for freshness. What still holds,
-and is checked here, is weaker:
-
-- every response of a group starts at the group's version (they are sampled in one batch);
-- within a response, versions never decrease (published weights only move forward);
-- every token's behaviour log-prob is that of the version recorded for it (the generator's
-  bookkeeping; ``tests/rl/system/test_partial_rollouts.py`` recomputes it).
-
-The trainer then works per token: a token's staleness is ``trainer version - its version``;
-staleness weights use it, and tokens older than the drop bound are masked out of the loss.
+"""Per-token policy versions: what partial rollouts record, and the rule each mode asserts
+(the why: ``docs/rl/system.md``, partial rollouts). A token's staleness is ``trainer version
+- its version``.
 
 Legend: ``B`` responses, ``N`` response tokens.
 """
