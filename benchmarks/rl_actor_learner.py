@@ -207,8 +207,7 @@ def _run_record(r: Any) -> dict[str, Any]:
 
 def acrobot(seeds: int) -> dict[str, Any]:
     """Each architecture to a greedy mean of -100 (the spec's threshold), 5 minutes at most."""
-    from nobubble.rl.actor_learner.model import initial_model
-    from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
+    from nobubble.rl.actor_learner.model import eval_envs, evaluate, initial_model
 
     out: dict[str, Any] = {}
     for arch in ARCHS:
@@ -244,7 +243,7 @@ def text_runs(name: str, options: dict[str, Any], seeds: int, **run: Any) -> dic
 
 
 def envs_suite(seeds: int) -> dict[str, Any]:
-    from nobubble.rl.actor_learner.text.guess_number import guess_number_odds
+    from nobubble.rl.actor_learner.text.envs import guess_number_odds
     from nobubble.rl.actor_learner.text.run import TEXT_DEFAULTS
 
     guess = text_runs("guess-number", {}, seeds, time_budget_s=120.0)

@@ -8,8 +8,7 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.model import initial_model
-from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
+from nobubble.rl.actor_learner.model import eval_envs, evaluate, initial_model
 
 
 @pytest.mark.long

@@ -6,9 +6,8 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import reasoning_gym  # noqa: F401 - the [rg] extra, installed by make
 
-from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv
+from nobubble.rl.actor_learner.text.envs import ReasoningGymEnv, TokenEnv
 from nobubble.rl.actor_learner.text.run import text_env_config
-from nobubble.rl.actor_learner.text.tokens import TokenEnv
 from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
 SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"
@@ -76,7 +75,7 @@ def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     the sum). Both are sampled over 400 episodes, which is finer than the greedy eval (a
     greedy policy moves in steps of whole strategies)."""
     from nobubble.rl import train
-    from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
+    from nobubble.rl.actor_learner.model import eval_envs, evaluate
     from nobubble.rl.actor_learner.text.run import policy_success
 
     options = {"max_turns": 5, **SUMS}

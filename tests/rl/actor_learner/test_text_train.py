@@ -15,7 +15,7 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 
 from nobubble.rl import train
-from nobubble.rl.actor_learner.text.guess_number import guess_number_odds
+from nobubble.rl.actor_learner.text.envs import guess_number_odds
 from nobubble.rl.actor_learner.text.run import policy_success, text_env_config
 
 

@@ -1,19 +1,19 @@
-"""The actor processes: an IMPALA actor with its own policy, an env-only worker for central
-inference (seed: one env group, sample-factory: two, double buffered).
+"""The actor processes: an IMPALA actor with its own policy copy, or an env-only worker for
+central inference (seed: one env group; sample-factory: two, double buffered).
 
-Every actor runs under the one supervisor's guard (:func:`nobubble.distributed.supervised`):
-it dies with its parent, beats into its heartbeat slot (so a stopped one is named), waits on
-nothing without a timeout, and on any error puts ``(name, report)`` on the error queue before
-exiting 1, so the learner can end the run naming it.
-
-The env-only worker's protocol, per env group ``g`` with shared-memory slot ``slots[g]``:
-the worker writes ``obs``, ``reward`` and ``done`` into the slot and sends the byte ``g``;
-the learner reads them, writes ``action`` and sends ``g`` back. With two groups the worker
-steps group 1 while the learner runs inference for group 0, and vice versa.
+Each runs under :func:`nobubble.distributed.supervised` (it dies with its parent, beats its
+heartbeat slot, and on any error puts ``(name, report)`` on the error queue before exiting 1)
+and waits on nothing without a timeout. The worker's protocol per env group ``g``: it writes
+``obs``, ``reward`` and ``done`` into ``slots[g]`` and sends the byte ``g``; the learner
+writes ``action`` and sends ``g`` back. Each side writes only after receiving the other's
+byte, so the shared memory needs no lock; with two groups the worker steps one while the
+learner runs inference for the other.
 """
 
 from __future__ import annotations
 
+import functools
+import queue as queue_module
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +23,38 @@ import numpy as np
 from nobubble.distributed import Ward, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.shm import EnvSlot
 
-__all__ = ["ActorSpec", "ActorStopped", "impala_actor", "env_worker"]
+__all__ = ["ActorSpec", "ActorStopped", "EnvSlot", "run_actor"]
 
 _POLL_S = 0.2  # how often a blocked actor looks at the stop flag
+_SLOT_TYPES = {"obs": ("f", np.float32), "reward": ("f", np.float32),
+               "done": ("b", np.int8), "action": ("q", np.int64)}  # fmt: skip
+
+
+class EnvSlot:
+    """Shared memory of ``K`` envs: ``obs (K, D)`` float32, ``reward (K,)`` float32 and
+    ``done (K,)`` int8 written by the worker, ``action (K,)`` int64 by the learner.
+
+    ``slot[name]`` is a numpy view of one array; the raw arrays are made by the parent and
+    inherited by (or pickled to) the worker.
+    """
+
+    def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
+        self.num_envs, self.obs_dim = num_envs, obs_dim
+        self._raw = {name: mp_context.RawArray(code, num_envs * (obs_dim if name == "obs" else 1))
+                     for name, (code, _) in _SLOT_TYPES.items()}  # fmt: skip
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name][1])
+        return view.reshape(self.num_envs, self.obs_dim) if name == "obs" else view
+
+    def write_step(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> None:
+        """Worker side: ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` after a step."""
+        self["obs"][:], self["reward"][:], self["done"][:] = obs, reward, done
+
+    def read_step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Learner side: copies of ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` bool."""
+        return self["obs"].copy(), self["reward"].copy(), self["done"].astype(bool)
 
 
 class ActorStopped(Exception):
@@ -47,8 +74,10 @@ class ActorSpec:
     ward: Ward
 
 
-def _guard(spec: ActorSpec, errors: Any, body: Any, *args: Any) -> None:
-    """Run ``body`` in a child process under :func:`supervised`; a stop request ends it."""
+def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any) -> None:
+    """Process entry: the actor loop of ``spec.config.arch`` under :func:`supervised`, until
+    ``stop`` is set. ``channel``: impala ``(SharedWeights, trajectory queue)``, else
+    ``(slots, pipe end)``; ``errors``: the queue its report goes to."""
 
     def report(text: str) -> None:
         errors.put((spec.name, text))
@@ -57,7 +86,7 @@ def _guard(spec: ActorSpec, errors: Any, body: Any, *args: Any) -> None:
 
     def until_stopped() -> None:
         try:
-            body(spec, *args)
+            (_impala_loop if spec.config.arch == "impala" else _worker_loop)(spec, *channel, stop)
         except ActorStopped:
             pass
 
@@ -75,16 +104,20 @@ def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> None
         time.sleep(1e-3)  # ready() may not block: do not spin a core
 
 
-def impala_actor(spec: ActorSpec, weights: Any, queue: Any, stop: Any, errors: Any) -> None:
-    """Process entry: roll out with a local policy copy, stream trajectories to ``queue``."""
-    _guard(spec, errors, _impala_loop, weights, queue, stop)
+def _offer(queue: Any, item: Any) -> bool:
+    """Put ``item`` on the bounded ``queue``; False when it stayed full for ``_POLL_S``."""
+    try:
+        queue.put(item, timeout=_POLL_S)
+    except queue_module.Full:
+        return False
+    return True
 
 
 def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
+    """Roll out with a local policy copy, pulled before each unroll; stream to ``queue``."""
     import torch
 
-    from nobubble.rl.actor_learner.model import build_model
-    from nobubble.rl.actor_learner.rollout import rollout
+    from nobubble.rl.actor_learner.model import build_model, rollout
     from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
     from nobubble.rl.system.weight_sync import weight_digest
 
@@ -108,29 +141,12 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
         trajectory, obs = rollout(
             model, envs, builder, obs, version=version, generator=generator, digest=digest[1]
         )
-        _put(queue, trajectory, stop, c.stall_timeout_s, spec.name)
-
-
-def _put(queue: Any, item: Any, stop: Any, timeout_s: float, name: str) -> None:
-    """Put ``item`` on the bounded ``queue`` (:func:`_wait`: stop or time out meanwhile)."""
-    import queue as queue_module
-
-    def put() -> bool:
-        try:
-            queue.put(item, timeout=_POLL_S)
-            return True
-        except queue_module.Full:
-            return False
-
-    _wait(stop, put, timeout_s, "the learner to take a trajectory", name)
-
-
-def env_worker(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any, errors: Any) -> None:
-    """Process entry: step env groups, exchange observations and actions through ``slots``."""
-    _guard(spec, errors, _worker_loop, slots, conn, stop)
+        offer = functools.partial(_offer, queue, trajectory)
+        _wait(stop, offer, c.stall_timeout_s, "the learner to take a trajectory", spec.name)
 
 
 def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) -> None:
+    """Step the env groups of ``slots``, exchanging observations and actions through them."""
     c = spec.config
     per_group = slots[0].num_envs
     groups = [
@@ -145,6 +161,6 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
             _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name)
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
-            step = envs.step(slot.read_actions())
+            step = envs.step(slot["action"].copy())
             slot.write_step(step.obs, step.rewards, step.dones)
             conn.send_bytes(bytes([g]))

@@ -1,23 +1,10 @@
 """The actor processes of one run and their channels to the learner, per architecture.
 
-:class:`ActorPool` lifecycle: built (processes started) -> :meth:`receive` /
-:meth:`supervise` while the learner runs -> :meth:`close` (stop flag, drain the channel,
-then :func:`~nobubble.distributed.reap`: SIGTERM, SIGKILL for a stopped actor or a
-straggler). Invariant: after :meth:`close` no actor process is alive and every trajectory an
-actor sent is either returned by :meth:`receive` or by :meth:`close`, so the ledger can
-account for all of them.
-
-Supervision is the one of every nobubble process (:class:`~nobubble.distributed.Supervisor`):
-each actor runs under :func:`~nobubble.distributed.supervised`, and :meth:`supervise` names
-one that reported an error, exited, or fell silent for
-:data:`~nobubble.distributed.LIVENESS_S`, with a :class:`~nobubble.distributed.WorkerError`.
-
-- impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner
-  publishes into and every actor pulls from before each unroll, and one bounded trajectory
-  queue (its bound is the backpressure that keeps the lag small).
-- seed / sample-factory: one pipe and one (seed) or two (sample-factory) shared-memory
-  :class:`~nobubble.rl.actor_learner.shm.EnvSlot` per worker, served by
-  :class:`~nobubble.rl.actor_learner.inference.CentralInference`.
+impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner publishes
+into and every actor pulls from, and one bounded trajectory queue (its bound is the
+backpressure that keeps the lag small). seed / sample-factory: one pipe and one or two
+shared-memory :class:`~nobubble.rl.actor_learner.actors.EnvSlot` per worker, answered by
+:class:`CentralInference`, which assembles the trajectories on the learner's side.
 """
 
 from __future__ import annotations
@@ -28,23 +15,107 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, cast
 
+import numpy as np
+import torch
 from torch import nn
 
 from nobubble.distributed import LIVENESS_S, Supervisor, WorkerError, reap
-from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
+from nobubble.rl.actor_learner.actors import ActorSpec, EnvSlot, run_actor
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
-from nobubble.rl.actor_learner.inference import CentralInference
-from nobubble.rl.actor_learner.model import PolicyModel
-from nobubble.rl.actor_learner.shm import EnvSlot
-from nobubble.rl.actor_learner.trajectory import Trajectory
+from nobubble.rl.actor_learner.model import PolicyModel, act
+from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
 from nobubble.rl.system.weight_sync import SharedWeights
 
-__all__ = ["ActorPool"]
+__all__ = ["ActorPool", "CentralInference"]
+
+
+class CentralInference:
+    """Batched inference for env workers (seed, sample-factory) with the learner's model.
+
+    Args:
+        model: the learner's model (inference always uses the newest weights).
+        names: ``(actors,)`` worker names, for errors.
+        slots: ``slots[a][g]``, worker ``a``'s env group ``g``.
+        conns: ``(actors,)`` the learner's ends of the workers' pipes.
+    """
+
+    def __init__(
+        self,
+        model: PolicyModel,
+        config: EnvRunConfig,
+        names: list[str],
+        slots: list[list[EnvSlot]],
+        conns: list[Any],
+    ) -> None:
+        self.model, self.config, self.names = model, config, names
+        self.slots, self.conns = slots, conns
+        self._actor_of = {id(c): a for a, c in enumerate(conns)}
+        self._generator = torch.Generator().manual_seed(config.seed + 7)
+        self.builders = [
+            [TrajectoryBuilder(f"{names[a]}/group-{g}", config.unroll_length, slot.num_envs,
+                               slot.obs_dim, model.num_actions) for g, slot in enumerate(group)]
+            for a, group in enumerate(slots)
+        ]  # fmt: skip
+        self.busy_s = 0.0
+
+    def _drain(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
+        for conn in ready_conns:
+            a = self._actor_of[id(conn)]
+            try:
+                while conn.poll():
+                    ready.append((a, conn.recv_bytes()[0]))
+            except (EOFError, OSError):
+                raise WorkerError(
+                    f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
+                ) from None
+
+    def poll(self, version: int, digest: str, poll_s: float = 0.1) -> list[Trajectory]:
+        """Wait at most ``poll_s`` for an env group's request, collect more until one per
+        actor is in or ``inference_deadline_ms`` passed, answer them all with one forward
+        pass of policy ``version`` (published digest ``digest``); the trajectories finished.
+
+        Raises:
+            WorkerError: a worker's pipe closed.
+        """
+        ready: list[tuple[int, int]] = []  # (actor, group) whose observations are in
+        self._drain(wait(self.conns, timeout=poll_s), ready)
+        if not ready:
+            return []
+        deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
+        while len({a for a, _ in ready}) < len(self.conns):
+            more = wait(self.conns, timeout=max(0.0, deadline - time.monotonic()))
+            if not more:
+                break
+            self._drain(more, ready)
+        start = time.perf_counter()
+        finished: list[Trajectory] = []
+        observations = []
+        for a, g in ready:
+            obs, reward, done = self.slots[a][g].read_step()  # (K, D), (K,), (K,)
+            trajectory = self.builders[a][g].observe(obs, reward, done)
+            if trajectory is not None:
+                finished.append(trajectory)
+            observations.append(obs)
+        actions, logits = act(self.model, np.concatenate(observations), self._generator)
+        offset = 0
+        for a, g in ready:
+            rows = slice(offset, offset + self.slots[a][g].num_envs)
+            self.slots[a][g]["action"][:] = actions[rows]
+            self.builders[a][g].record(actions[rows], logits[rows], version, digest)
+            offset = rows.stop
+            self.conns[a].send_bytes(bytes([g]))
+        self.busy_s += time.perf_counter() - start
+        return finished
 
 
 class ActorPool:
     """Starts ``config.actors`` actor processes for ``config.arch``; ``liveness_s``: silence
-    after which :meth:`supervise` names an actor (None: never)."""
+    after which :meth:`supervise` names an actor (None: never).
+
+    Lifecycle: built (processes started) -> :meth:`receive` / :meth:`supervise` while the
+    learner runs -> :meth:`close`. Invariant: after :meth:`close` no actor process is alive
+    and every trajectory an actor sent was returned by :meth:`receive` or :meth:`close`.
+    """
 
     def __init__(
         self, config: EnvRunConfig, model: PolicyModel, liveness_s: float | None = LIVENESS_S
@@ -55,33 +126,32 @@ class ActorPool:
         self.stop, self.errors = ctx.Event(), ctx.Queue()
         self.names = [f"actor-{i}" for i in range(config.actors)]
         self.supervisor = Supervisor(ctx, self.names, liveness_s)
-        specs = [
-            ActorSpec(n, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(n))
-            for i, n in enumerate(self.names)
-        ]
         self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
-            args: list[tuple[Any, ...]] = [
-                (s, self.weights, self.queue, self.stop, self.errors) for s in specs
-            ]
-            target: Any = impala_actor
+            channels: list[tuple[Any, ...]] = [(self.weights, self.queue)] * config.actors
         else:
             groups = 2 if config.arch == "sample-factory" else 1
             per_group = envs_per_trajectory(config)
-            slots = [[EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)] for _ in specs]
-            pipes = [ctx.Pipe(duplex=True) for _ in specs]
+            slots = [[EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)]
+                     for _ in self.names]  # fmt: skip
+            pipes = [ctx.Pipe(duplex=True) for _ in self.names]
             self.inference = CentralInference(
                 model, config, self.names, slots, [p[0] for p in pipes]
             )
-            args = [(s, sl, p[1], self.stop, self.errors) for s, sl, p in zip(specs, slots, pipes)]
-            target = env_worker
-        for a, n in zip(args, self.names):
-            proc = ctx.Process(target=target, args=a, name=n, daemon=True)
+            channels = [(s, p[1]) for s, p in zip(slots, pipes)]
+        for i, (name, channel) in enumerate(zip(self.names, channels)):
+            spec = ActorSpec(
+                name, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(name)
+            )
+            proc = ctx.Process(
+                target=run_actor, args=(spec, channel, self.stop, self.errors), name=name,
+                daemon=True,
+            )  # fmt: skip
             proc.start()
-            self.supervisor.procs[n] = proc
+            self.supervisor.procs[name] = proc
 
     @property
     def procs(self) -> list[Any]:
@@ -119,7 +189,8 @@ class ActorPool:
         return reports
 
     def close(self, grace_s: float = 5.0) -> list[Trajectory]:
-        """Stop every actor; return the trajectories still in transit."""
+        """Stop every actor (stop flag, drain the queue, then :func:`reap`: SIGTERM, SIGKILL
+        for a stopped actor or a straggler); return the trajectories still in transit."""
         self.stop.set()
         leftover: list[Trajectory] = []
         deadline = time.monotonic() + grace_s
