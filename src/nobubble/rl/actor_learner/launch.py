@@ -4,7 +4,7 @@ impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learne
 into and every actor pulls from, and one bounded trajectory queue (its bound is the
 backpressure that keeps the lag small). seed / sample-factory: one pipe and one or two
 shared-memory :class:`~nobubble.rl.actor_learner.actors.EnvSlot` per worker, answered by
-:class:`CentralInference`, which assembles the trajectories on the learner's side.
+the pool's central batched inference, which assembles the trajectories on the learner's side.
 """
 
 from __future__ import annotations
@@ -26,86 +26,7 @@ from nobubble.rl.actor_learner.model import PolicyModel, act
 from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
 from nobubble.rl.system.weight_sync import SharedWeights
 
-__all__ = ["ActorPool", "CentralInference"]
-
-
-class CentralInference:
-    """Batched inference for env workers (seed, sample-factory) with the learner's model.
-
-    Args:
-        model: the learner's model (inference always uses the newest weights).
-        names: ``(actors,)`` worker names, for errors.
-        slots: ``slots[a][g]``, worker ``a``'s env group ``g``.
-        conns: ``(actors,)`` the learner's ends of the workers' pipes.
-    """
-
-    def __init__(
-        self,
-        model: PolicyModel,
-        config: EnvRunConfig,
-        names: list[str],
-        slots: list[list[EnvSlot]],
-        conns: list[Any],
-    ) -> None:
-        self.model, self.config, self.names = model, config, names
-        self.slots, self.conns = slots, conns
-        self._actor_of = {id(c): a for a, c in enumerate(conns)}
-        self._generator = torch.Generator().manual_seed(config.seed + 7)
-        self.builders = [
-            [TrajectoryBuilder(f"{names[a]}/group-{g}", config.unroll_length, slot.num_envs,
-                               slot.obs_dim, model.num_actions) for g, slot in enumerate(group)]
-            for a, group in enumerate(slots)
-        ]  # fmt: skip
-        self.busy_s = 0.0
-
-    def _drain(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
-        for conn in ready_conns:
-            a = self._actor_of[id(conn)]
-            try:
-                while conn.poll():
-                    ready.append((a, conn.recv_bytes()[0]))
-            except (EOFError, OSError):
-                raise WorkerError(
-                    f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
-                ) from None
-
-    def poll(self, version: int, digest: str, poll_s: float = 0.1) -> list[Trajectory]:
-        """Wait at most ``poll_s`` for an env group's request, collect more until one per
-        actor is in or ``inference_deadline_ms`` passed, answer them all with one forward
-        pass of policy ``version`` (published digest ``digest``); the trajectories finished.
-
-        Raises:
-            WorkerError: a worker's pipe closed.
-        """
-        ready: list[tuple[int, int]] = []  # (actor, group) whose observations are in
-        self._drain(wait(self.conns, timeout=poll_s), ready)
-        if not ready:
-            return []
-        deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
-        while len({a for a, _ in ready}) < len(self.conns):
-            more = wait(self.conns, timeout=max(0.0, deadline - time.monotonic()))
-            if not more:
-                break
-            self._drain(more, ready)
-        start = time.perf_counter()
-        finished: list[Trajectory] = []
-        observations = []
-        for a, g in ready:
-            obs, reward, done = self.slots[a][g].read_step()  # (K, D), (K,), (K,)
-            trajectory = self.builders[a][g].observe(obs, reward, done)
-            if trajectory is not None:
-                finished.append(trajectory)
-            observations.append(obs)
-        actions, logits = act(self.model, np.concatenate(observations), self._generator)
-        offset = 0
-        for a, g in ready:
-            rows = slice(offset, offset + self.slots[a][g].num_envs)
-            self.slots[a][g]["action"][:] = actions[rows]
-            self.builders[a][g].record(actions[rows], logits[rows], version, digest)
-            offset = rows.stop
-            self.conns[a].send_bytes(bytes([g]))
-        self.busy_s += time.perf_counter() - start
-        return finished
+__all__ = ["ActorPool"]
 
 
 class ActorPool:
@@ -126,8 +47,8 @@ class ActorPool:
         self.stop, self.errors = ctx.Event(), ctx.Queue()
         self.names = [f"actor-{i}" for i in range(config.actors)]
         self.supervisor = Supervisor(ctx, self.names, liveness_s)
-        self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
+        self.inference_busy_s: float | None = None  # central inference's time in forward passes
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
@@ -135,21 +56,29 @@ class ActorPool:
         else:
             groups = 2 if config.arch == "sample-factory" else 1
             per_group = envs_per_trajectory(config)
-            slots = [[EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)]
-                     for _ in self.names]  # fmt: skip
+            self.slots = [
+                [EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)] for _ in self.names
+            ]  # slots[a][g]: worker a's env group g
             pipes = [ctx.Pipe(duplex=True) for _ in self.names]
-            self.inference = CentralInference(
-                model, config, self.names, slots, [p[0] for p in pipes]
-            )
-            channels = [(s, p[1]) for s, p in zip(slots, pipes)]
+            self.conns = [p[0] for p in pipes]  # the learner's ends
+            shape = (config.unroll_length, per_group, model.obs_dim, model.num_actions)
+            self.builders = [
+                [TrajectoryBuilder(f"{name}/group-{g}", *shape) for g in range(groups)]
+                for name in self.names
+            ]
+            self._generator = torch.Generator().manual_seed(config.seed + 7)
+            self.inference_busy_s = 0.0
+            channels = [(s, p[1]) for s, p in zip(self.slots, pipes)]
         for i, (name, channel) in enumerate(zip(self.names, channels)):
             spec = ActorSpec(
                 name, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(name)
             )
             proc = ctx.Process(
-                target=run_actor, args=(spec, channel, self.stop, self.errors), name=name,
+                target=run_actor,
+                args=(spec, channel, self.stop, self.errors),
+                name=name,
                 daemon=True,
-            )  # fmt: skip
+            )
             proc.start()
             self.supervisor.procs[name] = proc
 
@@ -167,14 +96,63 @@ class ActorPool:
         """Finished trajectories (possibly none) after waiting at most about ``poll_s``;
         ``digest``: the learner's published digest of ``version`` (central inference acts with
         the learner's own model)."""
-        if self.inference is not None:
+        if self.weights is None:
             try:
-                return self.inference.poll(version, digest, poll_s)
+                return self._infer(version, digest, poll_s)
             except WorkerError:  # a pipe closed: its process ended; find its own report
                 wait([p.sentinel for p in self.procs], timeout=self.config.stall_timeout_s)
                 self.supervise()
                 raise
         return _drain(self.queue, poll_s)
+
+    def _read_requests(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
+        for conn in ready_conns:
+            a = self.conns.index(conn)
+            try:
+                while conn.poll():
+                    ready.append((a, conn.recv_bytes()[0]))
+            except (EOFError, OSError):
+                raise WorkerError(
+                    f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
+                ) from None
+
+    def _infer(self, version: int, digest: str, poll_s: float) -> list[Trajectory]:
+        """Wait at most ``poll_s`` for an env group's request, collect more until one per
+        actor is in or ``inference_deadline_ms`` passed, answer them all with one forward
+        pass of policy ``version`` (published digest ``digest``); the trajectories finished.
+
+        Raises:
+            WorkerError: a worker's pipe closed.
+        """
+        ready: list[tuple[int, int]] = []  # (actor, group) whose observations are in
+        self._read_requests(wait(self.conns, timeout=poll_s), ready)
+        if not ready:
+            return []
+        deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
+        while len({a for a, _ in ready}) < len(self.conns):
+            more = wait(self.conns, timeout=max(0.0, deadline - time.monotonic()))
+            if not more:
+                break
+            self._read_requests(more, ready)
+        start = time.perf_counter()
+        finished: list[Trajectory] = []
+        observations = []
+        for a, g in ready:
+            obs, reward, done = self.slots[a][g].read_step()  # (K, D), (K,), (K,)
+            trajectory = self.builders[a][g].observe(obs, reward, done)
+            if trajectory is not None:
+                finished.append(trajectory)
+            observations.append(obs)
+        actions, logits = act(self.model, np.concatenate(observations), self._generator)
+        offset = 0
+        for a, g in ready:
+            rows = slice(offset, offset + self.slots[a][g].num_envs)
+            self.slots[a][g]["action"][:] = actions[rows]
+            self.builders[a][g].record(actions[rows], logits[rows], version, digest)
+            offset = rows.stop
+            self.conns[a].send_bytes(bytes([g]))
+        self.inference_busy_s += time.perf_counter() - start
+        return finished
 
     def supervise(self) -> None:
         """Raise :class:`~nobubble.distributed.WorkerError` naming an actor that reported an
@@ -196,12 +174,12 @@ class ActorPool:
         deadline = time.monotonic() + grace_s
         waited = [p for p in self.procs if p.name not in self.supervisor.failed]
         while any(p.is_alive() for p in waited) and time.monotonic() < deadline:
-            if self.inference is None:  # a full queue would keep its feeder from exiting
+            if self.weights is not None:  # a full queue would keep its feeder from exiting
                 leftover.extend(self.receive(-1, poll_s=0.05))
             else:
                 time.sleep(0.02)
         reap(self.procs, grace_s=0.1)  # a stopped actor (SIGSTOP) is killed at once
-        if self.inference is None:
+        if self.weights is not None:
             leftover.extend(self.receive(-1, poll_s=0.05))
         return leftover
 

@@ -1,5 +1,5 @@
 """The models the core runs and how they act: the model contract, the MLP actor-critic,
-sampling (:func:`act`), an IMPALA actor's unroll (:func:`rollout`) and evaluation.
+sampling (:func:`act`), an IMPALA actor's unroll (:func:`rollout`) and :func:`evaluate`.
 
 The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with
 a small last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the
@@ -26,7 +26,6 @@ __all__ = [
     "PolicyModel",
     "act",
     "build_model",
-    "eval_envs",
     "evaluate",
     "initial_model",
     "rollout",
@@ -139,25 +138,29 @@ def rollout(
             return trajectory, obs
 
 
-def eval_envs(config: EnvRunConfig) -> VectorEnv:
-    """The envs a run evaluates on: ``config.eval_episodes`` of ``config.env``, seeded apart
-    from every actor's (``10_000_000 + config.seed``), without the step delay."""
-    return VectorEnv(config.env, config.eval_episodes, 10_000_000 + config.seed)
-
-
 @torch.no_grad()
 def evaluate(
-    model: PolicyModel,
-    envs: VectorEnv,
-    episodes: int,
-    max_steps: int = 100_000,
+    model: PolicyModel | None,
+    config: EnvRunConfig,
+    episodes: int | None = None,
     *,
-    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    sampled: bool = False,
+    max_steps: int = 100_000,
 ) -> list[float]:
-    """The returns of the first episode of each of ``episodes`` environments
-    (``envs.num_envs == episodes``): greedy, or actions sampled with ``generator``."""
-    if envs.num_envs != episodes:
-        raise ValueError(f"evaluate: {envs.num_envs} envs for {episodes} episodes; make them equal")
+    """The return of the first episode of each of ``episodes`` (default
+    ``config.eval_episodes``) fresh envs of ``config.env`` without the step delay, seeded
+    ``seed, seed + 1, ...`` (default ``10_000_000 + config.seed``: apart from every actor's).
+
+    Args:
+        model: the policy; None: the untrained one ``train(config)`` starts from.
+        sampled: sample actions (a generator seeded with ``seed``) instead of ``argmax``.
+    """
+    model = initial_model(config) if model is None else model
+    episodes = config.eval_episodes if episodes is None else episodes
+    seed = 10_000_000 + config.seed if seed is None else seed
+    generator = torch.Generator().manual_seed(seed) if sampled else None
+    envs = VectorEnv(config.env, episodes, seed)
     obs = envs.reset()
     returns: list[float | None] = [None] * episodes
     running = np.zeros(episodes)
@@ -171,4 +174,5 @@ def evaluate(
         if all(r is not None for r in returns):
             break
         obs = step.obs
+    envs.close()
     return [float(running[k]) if r is None else r for k, r in enumerate(returns)]

@@ -28,7 +28,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
 from nobubble.rl.actor_learner.envs import env_label
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.loss import env_learner, minibatches
-from nobubble.rl.actor_learner.model import PolicyModel, eval_envs, evaluate, initial_model
+from nobubble.rl.actor_learner.model import PolicyModel, evaluate, initial_model
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.result import CurvePoint, RunResult
@@ -63,7 +63,6 @@ class _Run:
         self.time_to_target: float | None = None
         self.steps_to_target: int | None = None
         self.eval_returns: list[float] = []
-        self.eval_envs = eval_envs(config)
 
     def take(self, trajectories: list[Trajectory]) -> None:
         for arrived in trajectories:
@@ -112,7 +111,7 @@ class _Run:
 
     def evaluate(self) -> CurvePoint:
         """Evaluate greedily; note the time and env steps the first time it reaches the target."""
-        self.eval_returns = evaluate(self.learner.model, self.eval_envs, self.config.eval_episodes)
+        self.eval_returns = evaluate(self.learner.model, self.config)
         self.last_eval = time.monotonic()
         mean = sum(self.eval_returns) / len(self.eval_returns)
         target = self.config.target_return
@@ -150,8 +149,8 @@ class _Run:
     def result(self, pool: ActorPool) -> RunResult:
         c, wall = self.config, time.monotonic() - self.start
         idle = {"learner": max(0.0, 1.0 - self.learn_s / wall)}
-        if pool.inference is not None:
-            idle["inference"] = max(0.0, 1.0 - pool.inference.busy_s / wall)
+        if pool.inference_busy_s is not None:
+            idle["inference"] = max(0.0, 1.0 - pool.inference_busy_s / wall)
         returns = tuple(self.eval_returns)
         return RunResult(
             config=c.to_dict(),

@@ -14,8 +14,7 @@ from typing import Any
 _MODULES = {
     "envs": ("TextEnv", "TextStep", "TokenEnv", "GuessNumber", "guess_number_odds",
              "ReasoningGymEnv"),
-    "run": ("TextPolicyConfig", "TextActorCritic", "text_run_config", "text_env_config",
-            "policy_success"),
+    "run": ("TextPolicyConfig", "TextActorCritic", "text_run_config", "text_env_config"),
 }  # fmt: skip
 _NAMES = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = list(_NAMES)

@@ -1,6 +1,6 @@
 """Runs on text environments: the character-transformer policy, a text env in and an
-:class:`EnvRunConfig` out, the built-in names (``guess-number``, ``rg:<task>``), and a
-policy's success rate.
+:class:`EnvRunConfig` out, and the built-in names (``guess-number``, ``rg:<task>``). For a
+text env whose return is its success, ``evaluate`` gives a policy's success rate.
 
 Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 """
@@ -16,8 +16,6 @@ import torch
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import PolicyModel, evaluate, initial_model
 from nobubble.rl.actor_learner.text.envs import GuessNumber, ReasoningGymEnv, TextEnvFactory
 from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
 from nobubble.rl.system.tasks.rg import ReasoningGymPool
@@ -29,7 +27,6 @@ __all__ = [
     "TextPolicyConfig",
     "TextPolicyFactory",
     "is_text_env",
-    "policy_success",
     "text_env_config",
     "text_run_config",
 ]
@@ -179,25 +176,3 @@ def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any
         make = functools.partial(ReasoningGymEnv, questions, **turns)
         return text_run_config(make, max_len=80, name=name, **run)
     raise ValueError(f"env={name!r} is not a text env; use one of {TEXT_ENV_NAMES}")
-
-
-def policy_success(
-    config: EnvRunConfig,
-    model: PolicyModel | None = None,
-    *,
-    episodes: int = 200,
-    seed: int = 12_345,
-    greedy: bool = False,
-) -> float:
-    """Mean return of ``episodes`` episodes of ``config.env`` (its success rate when the
-    return is the success), actions sampled (or greedy) from ``model``.
-
-    ``model`` None: the untrained model ``train(config)`` starts from (same seed, same
-    initialisation), i.e. the success rate a run starts at.
-    """
-    model = initial_model(config) if model is None else model
-    envs = VectorEnv(config.env, episodes, seed)
-    generator = None if greedy else torch.Generator().manual_seed(seed)
-    returns = evaluate(model, envs, episodes, generator=generator)
-    envs.close()
-    return sum(returns) / len(returns)
