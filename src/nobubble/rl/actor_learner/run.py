@@ -98,8 +98,8 @@ class _Run:
         """The curve's point now; ``train_return``: the mean of the last 20 episodes."""
         train_return = sum(self.returns) / len(self.returns) if self.returns else None
         wall_s = time.monotonic() - self.start
-        return CurvePoint(self.learner.version, wall_s, train_return, eval_return,
-                          env_steps=self.env_steps)  # fmt: skip
+        version = self.learner.version
+        return CurvePoint(version, wall_s, train_return, eval_return, env_steps=self.env_steps)
 
     def eval_due(self) -> bool:
         """Every ``eval_every_s``; sooner (but not after every update) once the training

@@ -11,12 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = {
-    "envs": ("TextEnv", "TextStep", "TokenEnv", "GuessNumber", "guess_number_odds",
-             "ReasoningGymEnv"),
-    "run": ("TextPolicyConfig", "TextActorCritic", "text_run_config", "text_env_config"),
-}  # fmt: skip
-_NAMES = {name: module for module, names in _MODULES.items() for name in names}
+_ENVS = ("TextEnv", "TextStep", "TokenEnv", "GuessNumber", "guess_number_odds", "ReasoningGymEnv")
+_RUN = ("TextPolicyConfig", "TextActorCritic", "text_run_config", "text_env_config")
+_NAMES = {name: "envs" for name in _ENVS} | {name: "run" for name in _RUN}
 __all__ = list(_NAMES)
 
 
