@@ -21,6 +21,7 @@ import functools
 import multiprocessing as mp
 import queue as queue_module
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, cast
@@ -108,7 +109,10 @@ def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any)
 
     def until_stopped() -> None:
         try:
-            (_impala_loop if spec.config.arch == "impala" else _worker_loop)(spec, *channel, stop)
+            loop: Callable[..., None] = (
+                _impala_loop if spec.config.arch == "impala" else _worker_loop
+            )
+            loop(spec, *channel, stop)
         except ActorStopped:
             pass
 
@@ -207,7 +211,7 @@ class ActorPool:
         self.names = [f"actor-{i}" for i in range(config.actors)]
         self.supervisor = Supervisor(ctx, self.names, liveness_s)
         self.weights: SharedWeights | None = None
-        self.inference_busy_s: float | None = None  # central inference's time in forward passes
+        self.inference_busy_s = 0.0  # central inference's time in forward passes
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
@@ -226,7 +230,6 @@ class ActorPool:
                 for name in self.names
             ]
             self._generator = torch.Generator().manual_seed(config.seed + 7)
-            self.inference_busy_s = 0.0
             channels = [(s, p[1]) for s, p in zip(self.slots, pipes)]
         for i, (name, channel) in enumerate(zip(self.names, channels)):
             spec = ActorSpec(

@@ -149,7 +149,7 @@ class _Run:
     def result(self, pool: ActorPool) -> RunResult:
         c, wall = self.config, time.monotonic() - self.start
         idle = {"learner": max(0.0, 1.0 - self.learn_s / wall)}
-        if pool.inference_busy_s is not None:
+        if pool.weights is None:  # central inference
             idle["inference"] = max(0.0, 1.0 - pool.inference_busy_s / wall)
         returns = tuple(self.eval_returns)
         return RunResult(
