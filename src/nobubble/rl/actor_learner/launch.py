@@ -59,13 +59,10 @@ class EnvSlot:
 
     def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
         self.num_envs, self.obs_dim = num_envs, obs_dim
-        sizes = {
-            "obs": num_envs * obs_dim,
-            "reward": num_envs,
-            "done": num_envs,
-            "action": num_envs,
+        self._raw = {
+            k: mp_context.RawArray(code, num_envs * (obs_dim if k == "obs" else 1))
+            for k, (code, _) in _SLOT_TYPES.items()
         }
-        self._raw = {k: mp_context.RawArray(code, sizes[k]) for k, (code, _) in _SLOT_TYPES.items()}
 
     def __getitem__(self, name: str) -> np.ndarray:
         view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name][1])
@@ -109,9 +106,8 @@ def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any)
 
     def until_stopped() -> None:
         try:
-            loop: Callable[..., None] = (
-                _impala_loop if spec.config.arch == "impala" else _worker_loop
-            )
+            impala = spec.config.arch == "impala"
+            loop: Callable[..., None] = _impala_loop if impala else _worker_loop
             loop(spec, *channel, stop)
         except ActorStopped:
             pass

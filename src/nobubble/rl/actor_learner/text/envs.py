@@ -1,10 +1,6 @@
-"""Multi-turn text environments: the protocol, its token-level gymnasium form, the built-ins.
-
-A text env (:class:`TextEnv`): ``env.reset(seed) -> opening``, then ``env.step(turn) ->
-TextStep(reply, reward, done)`` until ``done``; it declares ``alphabet``, ``turn_alphabet``
-and ``max_turn_chars``, which fix the policy's vocabulary. :class:`TokenEnv` makes one a
-token-level gymnasium env, so every architecture of the core runs it unchanged (the token
-stream: ``docs/rl/actor-learner.md``). Built in: :class:`GuessNumber` and
+"""Multi-turn text environments: the protocol (:class:`TextEnv`: the model speaks a turn,
+the env replies), its token-level gymnasium form (:class:`TokenEnv`, which every
+architecture of the core runs unchanged), and the built-ins :class:`GuessNumber` and
 :class:`ReasoningGymEnv`.
 """
 
