@@ -207,8 +207,7 @@ def _run_record(r: Any) -> dict[str, Any]:
 
 def acrobot(seeds: int) -> dict[str, Any]:
     """Each architecture to a greedy mean of -100 (the spec's threshold), 5 minutes at most."""
-    from nobubble.rl.actor_learner.model import initial_model
-    from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
+    from nobubble.rl.actor_learner.model import evaluate
 
     out: dict[str, Any] = {}
     for arch in ARCHS:
@@ -218,7 +217,7 @@ def acrobot(seeds: int) -> dict[str, Any]:
                 env="Acrobot-v1", arch=arch, actors=2, envs_per_actor=8, seed=seed,
                 target_return=-100.0, time_budget_s=300.0, eval_every_s=EVAL_EVERY_S,
             )  # fmt: skip
-            start = evaluate(initial_model(config), eval_envs(config), config.eval_episodes)
+            start = evaluate(None, config)  # the untrained policy
             run = {"start_return": sum(start) / len(start), **_run_record(train(config))}
             print(f"Acrobot-v1 {arch:15s} seed {seed}: {run['time_to_target_s']}", flush=True)
             runs.append(run)
@@ -230,12 +229,13 @@ def acrobot(seeds: int) -> dict[str, Any]:
 
 def text_runs(name: str, options: dict[str, Any], seeds: int, **run: Any) -> dict[str, Any]:
     """seed-architecture runs on a text env: the untrained policy's sampled success, the run."""
-    from nobubble.rl.actor_learner.text.run import policy_success, text_env_config
+    from nobubble.rl.actor_learner.model import evaluate
+    from nobubble.rl.actor_learner.text.run import text_env_config
 
     runs = []
     for seed in range(seeds):
         config = text_env_config(name, dict(options), seed=seed, **run)
-        start = policy_success(config, episodes=START_EPISODES)
+        start = statistics.mean(evaluate(None, config, START_EPISODES, seed=12_345, sampled=True))
         record = {"start_success_sampled": start, **_run_record(train(config))}
         print(f"{name} seed {seed}: {start:.2f} -> {record['eval_mean_return']:.2f} "
               f"({record['time_to_target_s']})", flush=True)  # fmt: skip
@@ -244,7 +244,7 @@ def text_runs(name: str, options: dict[str, Any], seeds: int, **run: Any) -> dic
 
 
 def envs_suite(seeds: int) -> dict[str, Any]:
-    from nobubble.rl.actor_learner.text.guess_number import guess_number_odds
+    from nobubble.rl.actor_learner.text.envs import guess_number_odds
     from nobubble.rl.actor_learner.text.run import TEXT_DEFAULTS
 
     guess = text_runs("guess-number", {}, seeds, time_budget_s=120.0)

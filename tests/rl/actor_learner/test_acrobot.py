@@ -8,8 +8,7 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.model import initial_model
-from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
+from nobubble.rl.actor_learner.model import evaluate
 
 
 @pytest.mark.long
@@ -18,7 +17,7 @@ def test_acrobot_learns_from_the_initial_policy_to_minus_100() -> None:
         env="Acrobot-v1", arch="seed", actors=2, envs_per_actor=8, target_return=-100.0,
         time_budget_s=30.0, eval_every_s=2.0, seed=0,
     )  # fmt: skip
-    start = evaluate(initial_model(config), eval_envs(config), config.eval_episodes)
+    start = evaluate(None, config)  # the untrained policy train() starts from
     start_mean = sum(start) / len(start)
     result = train(config)
     assert result.eval_mean_return >= -100.0, (

@@ -11,8 +11,7 @@ import torch
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.loss import VTraceLoss, env_learner, minibatches
-from nobubble.rl.actor_learner.model import ActorCritic
-from nobubble.rl.actor_learner.rollout import rollout
+from nobubble.rl.actor_learner.model import ActorCritic, rollout
 from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder, stack_trajectories
 
 

@@ -12,14 +12,19 @@ import torch
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.model import build_model
-from nobubble.rl.actor_learner.text.guess_number import (
+from nobubble.rl.actor_learner.text.envs import (
     GuessNumber,
+    TextStep,
+    TokenEnv,
+    check_text_env,
     guess_number_odds,
 )
-from nobubble.rl.actor_learner.text.policy import TextActorCritic, TextPolicyConfig
-from nobubble.rl.actor_learner.text.protocol import TextStep, check_text_env
-from nobubble.rl.actor_learner.text.run import text_env_config, text_run_config
-from nobubble.rl.actor_learner.text.tokens import TokenEnv
+from nobubble.rl.actor_learner.text.run import (
+    TextActorCritic,
+    TextPolicyConfig,
+    text_env_config,
+    text_run_config,
+)
 
 
 def _say(env: TokenEnv, text: str) -> tuple[float, bool]:

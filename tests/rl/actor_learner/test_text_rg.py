@@ -6,9 +6,8 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import reasoning_gym  # noqa: F401 - the [rg] extra, installed by make
 
-from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv
+from nobubble.rl.actor_learner.text.envs import ReasoningGymEnv, TokenEnv
 from nobubble.rl.actor_learner.text.run import text_env_config
-from nobubble.rl.actor_learner.text.tokens import TokenEnv
 from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
 SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"
@@ -75,23 +74,22 @@ def test_a_reasoning_gym_task_runs_end_to_end_and_its_reward_rises() -> None:
     trained policy's reward is well above the untrained one's (about 0.07: it rarely says
     the sum). Both are sampled over 400 episodes, which is finer than the greedy eval (a
     greedy policy moves in steps of whole strategies)."""
+    from statistics import mean
+
     from nobubble.rl import train
-    from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
-    from nobubble.rl.actor_learner.text.run import policy_success
+    from nobubble.rl.actor_learner.model import evaluate
 
     options = {"max_turns": 5, **SUMS}
     config = text_env_config(
         "rg:basic_arithmetic", options, seed=1, target_return=None, max_env_steps=60_000,
         time_budget_s=90.0, epochs=4, minibatches=4, lr=3e-3,
     )  # fmt: skip
-    start = policy_success(config, episodes=400)
+    start = mean(evaluate(None, config, 400, seed=12_345, sampled=True))
     result = train(config)
     assert result.env == "rg:basic_arithmetic" and result.ledger.ok
     assert result.env_steps >= 60_000, "the time cap ended the run: the machine is overloaded"
     assert 0.0 <= start <= 0.15
-    end = policy_success(config, result.model, episodes=400)
+    end = mean(evaluate(result.model, config, 400, seed=12_345, sampled=True))
     assert end >= max(2 * start, start + 0.06), f"reward {start:.2f} -> {end:.2f} (sampled)"
     # the model that comes back is the one the final evaluation saw (same envs, greedy)
-    assert evaluate(result.model, eval_envs(config), config.eval_episodes) == list(
-        result.eval_returns
-    )
+    assert evaluate(result.model, config) == list(result.eval_returns)

@@ -11,19 +11,22 @@
 
 from __future__ import annotations
 
+from statistics import mean
+
 import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 
 from nobubble.rl import train
-from nobubble.rl.actor_learner.text.guess_number import guess_number_odds
-from nobubble.rl.actor_learner.text.run import policy_success, text_env_config
+from nobubble.rl.actor_learner.model import evaluate
+from nobubble.rl.actor_learner.text.envs import guess_number_odds
+from nobubble.rl.actor_learner.text.run import text_env_config
 
 
 @pytest.mark.long
 def test_guess_the_number_learns_from_chance_to_0_8_under_seed() -> None:
     config = text_env_config("guess-number", arch="seed", seed=0, time_budget_s=40.0)
     odds = guess_number_odds(7, 3)
-    start = policy_success(config, episodes=400)  # the untrained policy train() starts from
+    start = mean(evaluate(None, config, 400, seed=12_345, sampled=True))  # the untrained policy
     assert 0.12 <= start <= odds.random_guess, start  # near chance
     result = train(config)
     assert result.reached_target, (

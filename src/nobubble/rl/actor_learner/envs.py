@@ -1,13 +1,6 @@
-"""Gymnasium environments for the actors: by id or factory, a step delay, a vector of them.
-
-:class:`VectorEnv` steps ``K`` environments in one process and resets each one the moment
-its episode ends (terminated or truncated), so the observation it returns for a finished
-environment is the first of the next episode, and the ``done`` flag tells the learner not to
-bootstrap across it. :class:`StepDelay` sleeps on every step: a stand-in
-for a slow simulator or a tool call, the case asynchrony exists for.
-
-Truncation (CartPole's 500-step limit) is treated as an episode end without bootstrap, as
-cleanrl and most IMPALA implementations do.
+"""Gymnasium environments for the actors: by id or factory, a step delay (a stand-in for a
+slow simulator or a tool call), a vector of them. Truncation (CartPole's 500-step limit) ends
+an episode without bootstrap, as cleanrl and most IMPALA implementations do.
 """
 
 from __future__ import annotations
@@ -74,13 +67,8 @@ def env_spaces(env: str | Callable[[], Any]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class VectorStep:
-    """What one step of ``K`` environments gives back.
-
-    Attributes:
-        obs: ``(K, D)`` float32, the next observation (the reset one where ``done``).
-        rewards: ``(K,)`` float32.
-        dones: ``(K,)`` bool, the episode ended (terminated or truncated) on this step.
-    """
+    """One step of ``K`` environments: the next ``obs (K, D)`` float32 (the reset one where
+    ``done``), ``rewards (K,)`` float32, ``dones (K,)`` bool (terminated or truncated)."""
 
     obs: np.ndarray
     rewards: np.ndarray
@@ -88,7 +76,8 @@ class VectorStep:
 
 
 class VectorEnv:
-    """``K`` environments stepped in turn, each reset as soon as its episode ends."""
+    """``K`` environments stepped in turn, each reset as soon as its episode ends (so the
+    observation of a finished one is the first of its next episode)."""
 
     def __init__(
         self, env: str | Callable[[], Any], num_envs: int, seed: int, delay_ms: float = 0.0

@@ -1,50 +1,201 @@
 """The actor processes of one run and their channels to the learner, per architecture.
 
-:class:`ActorPool` lifecycle: built (processes started) -> :meth:`receive` /
-:meth:`supervise` while the learner runs -> :meth:`close` (stop flag, drain the channel,
-then :func:`~nobubble.distributed.reap`: SIGTERM, SIGKILL for a stopped actor or a
-straggler). Invariant: after :meth:`close` no actor process is alive and every trajectory an
-actor sent is either returned by :meth:`receive` or by :meth:`close`, so the ledger can
-account for all of them.
+impala: an actor holds a policy copy, pulled from a
+:class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner publishes into
+before each unroll, and puts its trajectories on one bounded queue (its bound is the
+backpressure that keeps the lag small). seed / sample-factory: an env-only worker has one
+pipe and one (seed) or two (sample-factory, double buffered) shared-memory :class:`EnvSlot`;
+per env group ``g`` it writes ``obs``, ``reward`` and ``done`` into ``slots[g]`` and sends
+the byte ``g``; the pool's central batched inference writes ``action`` and sends ``g`` back
+(each side writes only after receiving the other's byte, so no lock), and assembles the
+trajectories on the learner's side.
 
-Supervision is the one of every nobubble process (:class:`~nobubble.distributed.Supervisor`):
-each actor runs under :func:`~nobubble.distributed.supervised`, and :meth:`supervise` names
-one that reported an error, exited, or fell silent for
-:data:`~nobubble.distributed.LIVENESS_S`, with a :class:`~nobubble.distributed.WorkerError`.
-
-- impala: a :class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner
-  publishes into and every actor pulls from before each unroll, and one bounded trajectory
-  queue (its bound is the backpressure that keeps the lag small).
-- seed / sample-factory: one pipe and one (seed) or two (sample-factory) shared-memory
-  :class:`~nobubble.rl.actor_learner.shm.EnvSlot` per worker, served by
-  :class:`~nobubble.rl.actor_learner.inference.CentralInference`.
+Every actor runs under :func:`nobubble.distributed.supervised` (it dies with its parent,
+beats its heartbeat slot, and on any error puts ``(name, report)`` on the error queue before
+exiting 1) and waits on nothing without a timeout.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import queue as queue_module
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, cast
 
+import numpy as np
+import torch
 from torch import nn
 
-from nobubble.distributed import LIVENESS_S, Supervisor, WorkerError, reap
-from nobubble.rl.actor_learner.actors import ActorSpec, env_worker, impala_actor
+from nobubble.distributed import LIVENESS_S, Supervisor, Ward, WorkerError, reap, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
-from nobubble.rl.actor_learner.inference import CentralInference
-from nobubble.rl.actor_learner.model import PolicyModel
-from nobubble.rl.actor_learner.shm import EnvSlot
-from nobubble.rl.actor_learner.trajectory import Trajectory
+from nobubble.rl.actor_learner.envs import VectorEnv
+from nobubble.rl.actor_learner.model import PolicyModel, act
+from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
 from nobubble.rl.system.weight_sync import SharedWeights
 
-__all__ = ["ActorPool"]
+__all__ = ["ActorPool", "ActorSpec", "ActorStopped", "EnvSlot", "run_actor"]
+
+
+_POLL_S = 0.2  # how often a blocked actor looks at the stop flag
+_SLOT_TYPES = {
+    "obs": ("f", np.float32),
+    "reward": ("f", np.float32),
+    "done": ("b", np.int8),
+    "action": ("q", np.int64),
+}
+
+
+class EnvSlot:
+    """Shared memory of ``K`` envs: ``obs (K, D)`` float32, ``reward (K,)`` float32 and
+    ``done (K,)`` int8 written by the worker, ``action (K,)`` int64 by the learner.
+
+    ``slot[name]`` is a numpy view of one array; the raw arrays are made by the parent and
+    inherited by (or pickled to) the worker.
+    """
+
+    def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
+        self.num_envs, self.obs_dim = num_envs, obs_dim
+        self._raw = {
+            k: mp_context.RawArray(code, num_envs * (obs_dim if k == "obs" else 1))
+            for k, (code, _) in _SLOT_TYPES.items()
+        }
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name][1])
+        return view.reshape(self.num_envs, self.obs_dim) if name == "obs" else view
+
+    def write_step(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> None:
+        """Worker side: ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` after a step."""
+        self["obs"][:], self["reward"][:], self["done"][:] = obs, reward, done
+
+    def read_step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Learner side: copies of ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` bool."""
+        return self["obs"].copy(), self["reward"].copy(), self["done"].astype(bool)
+
+
+class ActorStopped(Exception):
+    """The learner asked this actor to stop while it waited."""
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """What an actor process needs to know about itself; ``ward`` is its handle from the
+    pool's :class:`~nobubble.distributed.Supervisor`."""
+
+    name: str
+    index: int
+    config: EnvRunConfig
+    obs_dim: int
+    num_actions: int
+    ward: Ward
+
+
+def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any) -> None:
+    """Process entry: the actor loop of ``spec.config.arch`` under :func:`supervised`, until
+    ``stop`` is set. ``channel``: impala ``(SharedWeights, trajectory queue)``, else
+    ``(slots, pipe end)``; ``errors``: the queue its report goes to."""
+
+    def report(text: str) -> None:
+        errors.put((spec.name, text))
+        errors.close()
+        errors.join_thread()  # delivered before the process exits
+
+    def until_stopped() -> None:
+        try:
+            impala = spec.config.arch == "impala"
+            loop: Callable[..., None] = _impala_loop if impala else _worker_loop
+            loop(spec, *channel, stop)
+        except ActorStopped:
+            pass
+
+    supervised(spec.ward, report, until_stopped)
+
+
+def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> None:
+    """Poll ``ready()`` until true; stop or time out (naming ``what``) otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if stop.is_set():
+            raise ActorStopped
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: waited {timeout_s}s for {what}")
+        time.sleep(1e-3)  # ready() may not block: do not spin a core
+
+
+def _offer(queue: Any, item: Any) -> bool:
+    """Put ``item`` on the bounded ``queue``; False when it stayed full for ``_POLL_S``."""
+    try:
+        queue.put(item, timeout=_POLL_S)
+    except queue_module.Full:
+        return False
+    return True
+
+
+def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
+    """Roll out with a local policy copy, pulled before each unroll; stream to ``queue``."""
+    import torch
+
+    from nobubble.rl.actor_learner.model import build_model, rollout
+    from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
+    from nobubble.rl.system.weight_sync import weight_digest
+
+    torch.set_num_threads(spec.config.threads)
+    c = spec.config
+    model = build_model(c, spec.obs_dim, spec.num_actions)
+    generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
+    envs = VectorEnv(c.env, c.envs_per_actor, c.seed * 1000 + 100 * spec.index, c.env_step_delay_ms)
+    builder = TrajectoryBuilder(
+        spec.name, c.unroll_length, c.envs_per_actor, spec.obs_dim, spec.num_actions
+    )
+    obs = envs.reset()  # (K, D)
+    builder.observe(obs)
+    version = -1
+    _wait(stop, lambda: weights.version >= 0, c.stall_timeout_s, "the first weights", spec.name)
+    digest = (-1, "")
+    while not stop.is_set():
+        version = weights.pull(model, version, timeout_s=c.stall_timeout_s)
+        if digest[0] != version:  # hash the weights this actor holds, once per version
+            digest = (version, weight_digest(model))
+        trajectory, obs = rollout(
+            model, envs, builder, obs, version=version, generator=generator, digest=digest[1]
+        )
+        offer = functools.partial(_offer, queue, trajectory)
+        _wait(stop, offer, c.stall_timeout_s, "the learner to take a trajectory", spec.name)
+
+
+def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) -> None:
+    """Step the env groups of ``slots``, exchanging observations and actions through them."""
+    c = spec.config
+    per_group = slots[0].num_envs
+    groups = [
+        VectorEnv(c.env, per_group, c.seed * 1000 + 100 * spec.index + 10 * g, c.env_step_delay_ms)
+        for g in range(len(slots))
+    ]
+    for g, (envs, slot) in enumerate(zip(groups, slots)):
+        slot.write_step(envs.reset(), np.zeros(per_group, np.float32), np.zeros(per_group, bool))
+        conn.send_bytes(bytes([g]))
+    while not stop.is_set():
+        for g, (envs, slot) in enumerate(zip(groups, slots)):
+            _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name)
+            answered = conn.recv_bytes()[0]
+            assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
+            step = envs.step(slot["action"].copy())
+            slot.write_step(step.obs, step.rewards, step.dones)
+            conn.send_bytes(bytes([g]))
 
 
 class ActorPool:
     """Starts ``config.actors`` actor processes for ``config.arch``; ``liveness_s``: silence
-    after which :meth:`supervise` names an actor (None: never)."""
+    after which :meth:`supervise` names an actor (None: never).
+
+    Lifecycle: built (processes started) -> :meth:`receive` / :meth:`supervise` while the
+    learner runs -> :meth:`close`. Invariant: after :meth:`close` no actor process is alive
+    and every trajectory an actor sent was returned by :meth:`receive` or :meth:`close`.
+    """
 
     def __init__(
         self, config: EnvRunConfig, model: PolicyModel, liveness_s: float | None = LIVENESS_S
@@ -55,33 +206,39 @@ class ActorPool:
         self.stop, self.errors = ctx.Event(), ctx.Queue()
         self.names = [f"actor-{i}" for i in range(config.actors)]
         self.supervisor = Supervisor(ctx, self.names, liveness_s)
-        specs = [
-            ActorSpec(n, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(n))
-            for i, n in enumerate(self.names)
-        ]
-        self.inference: CentralInference | None = None
         self.weights: SharedWeights | None = None
+        self.inference_busy_s = 0.0  # central inference's time in forward passes
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
-            args: list[tuple[Any, ...]] = [
-                (s, self.weights, self.queue, self.stop, self.errors) for s in specs
-            ]
-            target: Any = impala_actor
+            channels: list[tuple[Any, ...]] = [(self.weights, self.queue)] * config.actors
         else:
             groups = 2 if config.arch == "sample-factory" else 1
             per_group = envs_per_trajectory(config)
-            slots = [[EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)] for _ in specs]
-            pipes = [ctx.Pipe(duplex=True) for _ in specs]
-            self.inference = CentralInference(
-                model, config, self.names, slots, [p[0] for p in pipes]
+            self.slots = [
+                [EnvSlot(ctx, per_group, model.obs_dim) for _ in range(groups)] for _ in self.names
+            ]  # slots[a][g]: worker a's env group g
+            pipes = [ctx.Pipe(duplex=True) for _ in self.names]
+            self.conns = [p[0] for p in pipes]  # the learner's ends
+            shape = (config.unroll_length, per_group, model.obs_dim, model.num_actions)
+            self.builders = [
+                [TrajectoryBuilder(f"{name}/group-{g}", *shape) for g in range(groups)]
+                for name in self.names
+            ]
+            self._generator = torch.Generator().manual_seed(config.seed + 7)
+            channels = [(s, p[1]) for s, p in zip(self.slots, pipes)]
+        for i, (name, channel) in enumerate(zip(self.names, channels)):
+            spec = ActorSpec(
+                name, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(name)
             )
-            args = [(s, sl, p[1], self.stop, self.errors) for s, sl, p in zip(specs, slots, pipes)]
-            target = env_worker
-        for a, n in zip(args, self.names):
-            proc = ctx.Process(target=target, args=a, name=n, daemon=True)
+            proc = ctx.Process(
+                target=run_actor,
+                args=(spec, channel, self.stop, self.errors),
+                name=name,
+                daemon=True,
+            )
             proc.start()
-            self.supervisor.procs[n] = proc
+            self.supervisor.procs[name] = proc
 
     @property
     def procs(self) -> list[Any]:
@@ -97,14 +254,63 @@ class ActorPool:
         """Finished trajectories (possibly none) after waiting at most about ``poll_s``;
         ``digest``: the learner's published digest of ``version`` (central inference acts with
         the learner's own model)."""
-        if self.inference is not None:
+        if self.weights is None:
             try:
-                return self.inference.poll(version, digest, poll_s)
+                return self._infer(version, digest, poll_s)
             except WorkerError:  # a pipe closed: its process ended; find its own report
                 wait([p.sentinel for p in self.procs], timeout=self.config.stall_timeout_s)
                 self.supervise()
                 raise
         return _drain(self.queue, poll_s)
+
+    def _read_requests(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
+        for conn in ready_conns:
+            a = self.conns.index(conn)
+            try:
+                while conn.poll():
+                    ready.append((a, conn.recv_bytes()[0]))
+            except (EOFError, OSError):
+                raise WorkerError(
+                    f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
+                ) from None
+
+    def _infer(self, version: int, digest: str, poll_s: float) -> list[Trajectory]:
+        """Wait at most ``poll_s`` for an env group's request, collect more until one per
+        actor is in or ``inference_deadline_ms`` passed, answer them all with one forward
+        pass of policy ``version`` (published digest ``digest``); the trajectories finished.
+
+        Raises:
+            WorkerError: a worker's pipe closed.
+        """
+        ready: list[tuple[int, int]] = []  # (actor, group) whose observations are in
+        self._read_requests(wait(self.conns, timeout=poll_s), ready)
+        if not ready:
+            return []
+        deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
+        while len({a for a, _ in ready}) < len(self.conns):
+            more = wait(self.conns, timeout=max(0.0, deadline - time.monotonic()))
+            if not more:
+                break
+            self._read_requests(more, ready)
+        start = time.perf_counter()
+        finished: list[Trajectory] = []
+        observations = []
+        for a, g in ready:
+            obs, reward, done = self.slots[a][g].read_step()  # (K, D), (K,), (K,)
+            trajectory = self.builders[a][g].observe(obs, reward, done)
+            if trajectory is not None:
+                finished.append(trajectory)
+            observations.append(obs)
+        actions, logits = act(self.model, np.concatenate(observations), self._generator)
+        offset = 0
+        for a, g in ready:
+            rows = slice(offset, offset + self.slots[a][g].num_envs)
+            self.slots[a][g]["action"][:] = actions[rows]
+            self.builders[a][g].record(actions[rows], logits[rows], version, digest)
+            offset = rows.stop
+            self.conns[a].send_bytes(bytes([g]))
+        self.inference_busy_s += time.perf_counter() - start
+        return finished
 
     def supervise(self) -> None:
         """Raise :class:`~nobubble.distributed.WorkerError` naming an actor that reported an
@@ -119,18 +325,19 @@ class ActorPool:
         return reports
 
     def close(self, grace_s: float = 5.0) -> list[Trajectory]:
-        """Stop every actor; return the trajectories still in transit."""
+        """Stop every actor (stop flag, drain the queue, then :func:`reap`: SIGTERM, SIGKILL
+        for a stopped actor or a straggler); return the trajectories still in transit."""
         self.stop.set()
         leftover: list[Trajectory] = []
         deadline = time.monotonic() + grace_s
         waited = [p for p in self.procs if p.name not in self.supervisor.failed]
         while any(p.is_alive() for p in waited) and time.monotonic() < deadline:
-            if self.inference is None:  # a full queue would keep its feeder from exiting
+            if self.weights is not None:  # a full queue would keep its feeder from exiting
                 leftover.extend(self.receive(-1, poll_s=0.05))
             else:
                 time.sleep(0.02)
         reap(self.procs, grace_s=0.1)  # a stopped actor (SIGSTOP) is killed at once
-        if self.inference is None:
+        if self.weights is not None:
             leftover.extend(self.receive(-1, poll_s=0.05))
         return leftover
 

@@ -1,13 +1,9 @@
-"""The models the core runs: what it needs of one, and the MLP actor-critic.
+"""The models the core runs and how they act: the model contract, the MLP actor-critic,
+sampling (:func:`act`), an IMPALA actor's unroll (:func:`rollout`) and :func:`evaluate`.
 
-:class:`PolicyModel` is the contract every model keeps (the MLP here, the text policy of
-:mod:`nobubble.rl.actor_learner.text.policy`); :func:`build_model` makes a run's model from
-its config, in the learner and in every impala actor alike (:func:`initial_model`: the
-learner's, seeded).
-
-The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with a small
-last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the value
-head does not share features that its loss would pull around.
+The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with
+a small last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the
+value head does not share features that its loss would pull around.
 """
 
 from __future__ import annotations
@@ -19,10 +15,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
+
 if TYPE_CHECKING:
     from nobubble.rl.actor_learner.config import EnvRunConfig
+    from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
 
-__all__ = ["ActorCritic", "PolicyModel", "act", "build_model", "initial_model"]
+__all__ = [
+    "ActorCritic",
+    "PolicyModel",
+    "act",
+    "build_model",
+    "evaluate",
+    "initial_model",
+    "rollout",
+]
 
 
 class PolicyModel(Protocol):
@@ -64,8 +71,6 @@ def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
 def initial_model(config: EnvRunConfig) -> Any:
     """The untrained model ``train(config)`` starts from: :func:`build_model` for
     ``config.env``'s spaces after ``torch.manual_seed(config.seed)``."""
-    from nobubble.rl.actor_learner.envs import env_spaces
-
     torch.manual_seed(config.seed)
     return build_model(config, *env_spaces(config.env))
 
@@ -99,14 +104,75 @@ class ActorCritic(nn.Module):
 def act(
     model: PolicyModel, obs: np.ndarray, generator: torch.Generator | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sample actions for a batch of observations.
-
-    Args:
-        obs: ``(N, D)`` float32.
-    Returns:
-        ``actions (N,)`` int64 and the behaviour ``logits (N, A)`` float32.
-    """
+    """Sample actions for ``obs (N, D)`` float32: ``actions (N,)`` int64 and the behaviour
+    ``logits (N, A)`` float32; greedy (``argmax``) when ``generator`` is None."""
     logits = model.policy(torch.from_numpy(obs))  # (N, A)
+    if generator is None:
+        return logits.argmax(-1).numpy(), logits.numpy()
     probs = torch.softmax(logits, dim=-1)
     actions = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (N,)
     return actions.numpy(), logits.numpy()
+
+
+def rollout(
+    model: PolicyModel,
+    envs: VectorEnv,
+    builder: TrajectoryBuilder,
+    obs: np.ndarray,
+    *,
+    version: int,
+    generator: torch.Generator,
+    digest: str = "",
+) -> tuple[Trajectory, np.ndarray]:
+    """Step ``envs`` from ``obs (K, D)`` (the last observation ``builder`` saw: after
+    ``envs.reset()``, ``builder.observe(obs)``) with ``model`` (policy ``version``, whose
+    weights hash to ``digest``) until ``builder`` finishes a trajectory of ``T`` steps;
+    that trajectory and the observation ``(K, D)`` to start the next one from."""
+    while True:
+        actions, logits = act(model, obs, generator)
+        builder.record(actions, logits, version, digest)
+        step = envs.step(actions)
+        obs = step.obs
+        trajectory = builder.observe(step.obs, step.rewards, step.dones)
+        if trajectory is not None:
+            return trajectory, obs
+
+
+@torch.no_grad()
+def evaluate(
+    model: PolicyModel | None,
+    config: EnvRunConfig,
+    episodes: int | None = None,
+    *,
+    seed: int | None = None,
+    sampled: bool = False,
+    max_steps: int = 100_000,
+) -> list[float]:
+    """The return of the first episode of each of ``episodes`` (default
+    ``config.eval_episodes``) fresh envs of ``config.env`` without the step delay, seeded
+    ``seed, seed + 1, ...`` (default ``10_000_000 + config.seed``: apart from every actor's).
+
+    Args:
+        model: the policy; None: the untrained one ``train(config)`` starts from.
+        sampled: sample actions (a generator seeded with ``seed``) instead of ``argmax``.
+    """
+    model = initial_model(config) if model is None else model
+    episodes = config.eval_episodes if episodes is None else episodes
+    seed = 10_000_000 + config.seed if seed is None else seed
+    generator = torch.Generator().manual_seed(seed) if sampled else None
+    envs = VectorEnv(config.env, episodes, seed)
+    obs = envs.reset()
+    returns: list[float | None] = [None] * episodes
+    running = np.zeros(episodes)
+    for _ in range(max_steps):
+        step = envs.step(act(model, obs, generator)[0])
+        running += step.rewards
+        for k in np.flatnonzero(step.dones):
+            if returns[k] is None:
+                returns[k] = float(running[k])
+            running[k] = 0.0
+        if all(r is not None for r in returns):
+            break
+        obs = step.obs
+    envs.close()
+    return [float(running[k]) if r is None else r for k, r in enumerate(returns)]

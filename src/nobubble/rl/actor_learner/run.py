@@ -6,19 +6,13 @@
         receive finished trajectories                   # from the queue / central inference
         while the buffer has an update's worth no older than max_staleness
         (the rest it drops, ledger: stale):
-            train on the oldest of them, publish the new version
+            check their weight digests, train on the oldest, publish the new version
         evaluate greedily every eval_every_s, or when the training return reaches the target
     close the pool; what was in transit is dropped (ledger: unfinished); check the ledger
 
-Every trained trajectory's weight digests are checked against the ones the learner
-published (:class:`~nobubble.rl.system.weight_sync.PublishedWeights`). The buffer, its
-staleness rule and its ledger are the LLM system's
-(:class:`~nobubble.rl.system.experience.ExperienceBuffer`): a trajectory is one group of one
-sample, admitted on arrival (actors do not ask to start) under its ``(source, seq)`` key so
-that a trajectory lost in transit shows as a gap.
-
-Every wait inside has a timeout, and :meth:`ActorPool.supervise` turns a dead or silent
-actor into a :class:`~nobubble.distributed.WorkerError` naming it.
+The buffer, its staleness rule and its ledger are the LLM system's
+(:class:`~nobubble.rl.system.experience.ExperienceBuffer`): a trajectory is admitted on
+arrival under its ``(source, seq)`` key, so that one lost in transit shows as a gap.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
 from nobubble.rl.actor_learner.envs import env_label
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.loss import env_learner, minibatches
-from nobubble.rl.actor_learner.model import PolicyModel, initial_model
-from nobubble.rl.actor_learner.rollout import eval_envs, evaluate
+from nobubble.rl.actor_learner.model import PolicyModel, evaluate, initial_model
 from nobubble.rl.actor_learner.trajectory import Trajectory, stack_trajectories
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.result import CurvePoint, RunResult
@@ -61,20 +54,15 @@ class _Run:
             admit_on_arrival=True,
         )
         self.num_arrived = 0  # trajectories received: the next one's group id
-        self.lags: Counter[int] = Counter()
+        self.lags: Counter[int] = Counter()  # trained env steps by lag
         self.returns: deque[float] = deque(maxlen=20)
         self.curve: list[CurvePoint] = []
         self.env_steps = 0
         self.learn_s = 0.0
-        self.start = time.monotonic()
-        self.last_eval = self.start
+        self.start = self.last_eval = time.monotonic()
         self.time_to_target: float | None = None
         self.steps_to_target: int | None = None
         self.eval_returns: list[float] = []
-        self.eval_envs = eval_envs(config)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
 
     def take(self, trajectories: list[Trajectory]) -> None:
         for arrived in trajectories:
@@ -95,46 +83,95 @@ class _Run:
         for t in fresh:
             lag = self.learner.version - t.policy_version
             assert lag >= 0, f"trajectory {t.key} has a version from the future"
-            self.lags[lag] += t.num_steps  # trained env steps by lag, as trained_samples
+            self.lags[lag] += t.num_steps
         self.published.check_trained(  # each acted with the weights of the versions it claims
             (t.source.split("/")[0], t.source, t.weight_digests) for t in fresh
         )
         start = time.perf_counter()
-        stacked = stack_trajectories(fresh)
-        self.learner.update(minibatches(stacked, self.config, self.shuffle))
+        self.learner.update(minibatches(stack_trajectories(fresh), self.config, self.shuffle))
         self.learn_s += time.perf_counter() - start
         self.published.publish({self.learner.version: weight_digest(self.learner.model)})
         self.buffer.mark_trained(fresh, self.learner.version)
         return True
 
-    def train_return(self) -> float | None:
-        return sum(self.returns) / len(self.returns) if self.returns else None
+    def point(self, eval_return: float | None = None) -> CurvePoint:
+        """The curve's point now; ``train_return``: the mean of the last 20 episodes."""
+        train_return = sum(self.returns) / len(self.returns) if self.returns else None
+        wall_s = time.monotonic() - self.start
+        version = self.learner.version
+        return CurvePoint(version, wall_s, train_return, eval_return, env_steps=self.env_steps)
 
-    def maybe_evaluate(self, force: bool = False) -> CurvePoint | None:
-        target, train_return = self.config.target_return, self.train_return()
+    def eval_due(self) -> bool:
+        """Every ``eval_every_s``; sooner (but not after every update) once the training
+        return reaches the target."""
+        target, train_return = self.config.target_return, self.point().train_return
         since = time.monotonic() - self.last_eval
-        due = since >= self.config.eval_every_s
         hot = target is not None and train_return is not None and train_return >= target
-        hot = hot and since >= self.config.eval_every_s / 5  # not after every update
-        if not (force or due or hot):
-            return None
-        self.eval_returns = evaluate(self.learner.model, self.eval_envs, self.config.eval_episodes)
+        return since >= self.config.eval_every_s or (hot and since >= self.config.eval_every_s / 5)
+
+    def evaluate(self) -> CurvePoint:
+        """Evaluate greedily; note the time and env steps the first time it reaches the target."""
+        self.eval_returns = evaluate(self.learner.model, self.config)
         self.last_eval = time.monotonic()
         mean = sum(self.eval_returns) / len(self.eval_returns)
-        point = CurvePoint(
-            self.learner.version, self.elapsed(), train_return, mean, env_steps=self.env_steps
-        )
+        target = self.config.target_return
+        point = self.point(mean)
         if target is not None and mean >= target and self.time_to_target is None:
             self.time_to_target, self.steps_to_target = point.wall_s, point.env_steps
         return point
 
-    def done(self) -> bool:
+    def loop(self, pool: ActorPool, on_step: OnStep | None) -> None:
+        """Receive, train and evaluate until the target or a budget is reached."""
         c = self.config
-        return (
+
+        def add(point: CurvePoint) -> None:
+            self.curve.append(point)
+            if on_step is not None:
+                named = ("wall_s", "env_steps", "train_return", "eval_return")
+                metrics = {k: getattr(point, k) for k in named if getattr(point, k) is not None}
+                on_step(self.learner.version, metrics)
+
+        while not (
             self.time_to_target is not None
             or self.env_steps >= c.max_env_steps
             or (c.steps is not None and self.learner.version >= c.steps)
-            or self.elapsed() >= c.time_budget_s
+            or time.monotonic() - self.start >= c.time_budget_s
+        ):
+            version = self.learner.version
+            self.take(pool.receive(version, self.published.digests[version]))
+            pool.supervise()
+            while self.update_if_ready():
+                pool.publish(self.learner.version)
+                add(self.point())
+            if self.eval_due():
+                add(self.evaluate())
+
+    def result(self, pool: ActorPool) -> RunResult:
+        c, wall = self.config, time.monotonic() - self.start
+        idle = {"learner": max(0.0, 1.0 - self.learn_s / wall)}
+        if pool.weights is None:  # central inference
+            idle["inference"] = max(0.0, 1.0 - pool.inference_busy_s / wall)
+        returns = tuple(self.eval_returns)
+        return RunResult(
+            config=c.to_dict(),
+            steps=self.learner.version,
+            wall_s=wall,
+            trained_samples=sum(self.lags.values()),
+            curve=self.curve,
+            staleness_hist=dict(self.lags),
+            idle_ratio=idle,
+            ledger=self.buffer.ledger.check(),
+            env=env_label(c.env),
+            arch=c.arch,
+            actors=c.actors,
+            envs_per_actor=c.envs_per_actor,
+            eval_mean_return=sum(returns) / len(returns) if returns else float("nan"),
+            eval_returns=returns,
+            target_return=c.target_return,
+            time_to_target_s=self.time_to_target,
+            steps_to_target=self.steps_to_target,
+            env_steps=self.env_steps,
+            model=self.learner.model,
         )
 
 
@@ -158,74 +195,18 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _train(config, on_step)
+        model = initial_model(config)
+        state = _Run(config, model)
+        pool = ActorPool(config, model)
+        try:
+            pool.publish(state.learner.version)
+            state.loop(pool, on_step)
+        finally:
+            leftover = pool.close()
+        state.take(leftover)
+        state.buffer.close([])  # what was in transit or waiting: "unfinished"
+        if not state.eval_returns or state.time_to_target is None:
+            state.curve.append(state.evaluate())
+        return state.result(pool)
     finally:
         torch.set_num_threads(threads)
-
-
-def _train(config: EnvRunConfig, on_step: OnStep | None) -> RunResult:
-    model = initial_model(config)
-    run = _Run(config, model)
-    pool = ActorPool(config, model)
-    try:
-        pool.publish(run.learner.version)
-        _loop(run, pool, on_step)
-    finally:
-        leftover = pool.close()
-    run.take(leftover)
-    run.buffer.close([])  # what was in transit or waiting: "unfinished"
-    if not run.eval_returns or run.time_to_target is None:
-        point = run.maybe_evaluate(force=True)
-        if point is not None:
-            run.curve.append(point)
-    return _result(run, pool)
-
-
-def _loop(run: _Run, pool: ActorPool, on_step: OnStep | None) -> None:
-    def add(point: CurvePoint) -> None:
-        run.curve.append(point)
-        if on_step is not None:
-            named = ("wall_s", "env_steps", "train_return", "eval_return")
-            metrics = {k: getattr(point, k) for k in named if getattr(point, k) is not None}
-            on_step(run.learner.version, metrics)
-
-    while not run.done():
-        version = run.learner.version
-        run.take(pool.receive(version, run.published.digests[version]))
-        pool.supervise()
-        while run.update_if_ready():
-            pool.publish(run.learner.version)
-            version, train_return = run.learner.version, run.train_return()
-            add(CurvePoint(version, run.elapsed(), train_return, env_steps=run.env_steps))
-        evaluated = run.maybe_evaluate()
-        if evaluated is not None:
-            add(evaluated)
-
-
-def _result(run: _Run, pool: ActorPool) -> RunResult:
-    c, wall = run.config, run.elapsed()
-    idle = {"learner": max(0.0, 1.0 - run.learn_s / wall)}
-    if pool.inference is not None:
-        idle["inference"] = max(0.0, 1.0 - pool.inference.busy_s / wall)
-    returns = tuple(run.eval_returns)
-    return RunResult(
-        config=c.to_dict(),
-        steps=run.learner.version,
-        wall_s=wall,
-        trained_samples=sum(run.lags.values()),
-        curve=run.curve,
-        staleness_hist=dict(run.lags),
-        idle_ratio=idle,
-        ledger=run.buffer.ledger.check(),
-        env=env_label(c.env),
-        arch=c.arch,
-        actors=c.actors,
-        envs_per_actor=c.envs_per_actor,
-        eval_mean_return=sum(returns) / len(returns) if returns else float("nan"),
-        eval_returns=returns,
-        target_return=c.target_return,
-        time_to_target_s=run.time_to_target,
-        steps_to_target=run.steps_to_target,
-        env_steps=run.env_steps,
-        model=run.learner.model,
-    )

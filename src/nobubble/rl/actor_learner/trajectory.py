@@ -1,10 +1,8 @@
 """Trajectories: ``T`` steps of ``K`` environments, who made them and under which policy.
 
-Shapes (time-major, as V-trace takes them): ``T`` steps, ``K`` environments, ``D``
-observation features, ``A`` actions. A trajectory holds ``T + 1`` observations, the last
-one only to bootstrap the value. :class:`TrajectoryBuilder` assembles one from a stream of
-(observation, reward, done) messages and the actions chosen for them: how the seed and
-sample-factory learners see their actors, and how an impala actor unrolls its own envs.
+Shapes are time-major, as V-trace takes them: ``T`` steps, ``K`` environments, ``D``
+observation features, ``A`` actions; ``T + 1`` observations, the last one only to bootstrap
+the value.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ __all__ = ["Trajectory", "TrajectoryBatch", "TrajectoryBuilder", "stack_trajecto
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One unroll.
+    """One unroll; to the :class:`~nobubble.rl.system.experience.ExperienceBuffer` one group of
+    one sample, whose rewards came with its steps.
 
     Attributes:
         source: the actor (and env group) that stepped it, e.g. ``"actor-1/group-0"``.
@@ -34,9 +33,7 @@ class Trajectory:
         weight_digests: ``(version, digest)`` of every policy version that chose one of its
             actions, as the actor (or central inference) hashed the weights it used
             (:func:`~nobubble.rl.system.weight_sync.weight_digest`); the learner checks them.
-        group_id: its number among the trajectories the learner received (-1 until then):
-            to the :class:`~nobubble.rl.system.experience.ExperienceBuffer` a trajectory is
-            one group of one sample, whose rewards came with its steps.
+        group_id: its number among the trajectories the learner received (-1 until then).
     """
 
     source: str
@@ -99,21 +96,16 @@ def stack_trajectories(trajectories: list[Trajectory]) -> TrajectoryBatch:
     lengths = {t.actions.shape[0] for t in trajectories}
     if len(lengths) != 1:
         raise ValueError(f"stack_trajectories: unroll lengths {sorted(lengths)} differ")
-
-    def cat(name: str) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([getattr(t, name) for t in trajectories], axis=1))
-
-    return TrajectoryBatch(
-        obs=cat("obs"),  # (T + 1, B, D)
-        actions=cat("actions"),  # (T, B)
-        behaviour_logits=cat("behaviour_logits"),  # (T, B, A)
-        rewards=cat("rewards"),  # (T, B)
-        dones=cat("dones").float(),  # (T, B)
-    )
+    columns = {
+        f.name: torch.from_numpy(np.concatenate([getattr(t, f.name) for t in trajectories], 1))
+        for f in fields(TrajectoryBatch)
+    }
+    return TrajectoryBatch(**{**columns, "dones": columns["dones"].float()})
 
 
 class TrajectoryBuilder:
-    """Assembles the trajectories of one env stream from central inference's view of it.
+    """Assembles the trajectories of one env stream (an impala actor's own envs, or a
+    worker's env group as central inference sees it).
 
     Lifecycle per step ``t``: :meth:`observe` (the observation after the previous action,
     with that action's reward and done) then :meth:`record` (the action chosen for it).

@@ -1,41 +1,103 @@
-"""Runs on text environments: a text env in, an :class:`EnvRunConfig` out, and the names.
+"""Runs on text environments: the character-transformer policy, a text env in and an
+:class:`EnvRunConfig` out, and the built-in names (``guess-number``, ``rg:<task>``). For a
+text env whose return is its success, ``evaluate`` gives a policy's success rate.
 
-:func:`text_run_config` wraps a text env factory into the core's two hooks - the env
-(:class:`~.tokens.TextEnvFactory`, token-level gymnasium envs) and the model
-(:class:`~.policy.TextPolicyFactory`, the character transformer over the env's vocabulary) -
-with defaults that suit short conversations; ``train`` then runs it under any architecture.
-For a text env whose return is its success (guess the number), ``eval_mean_return`` is the
-greedy success rate and ``target_return`` a success rate.
-
-:func:`text_env_config` resolves the built-in names the command line takes:
-``guess-number`` and ``rg:<task>`` (a reasoning-gym task over several turns).
-:func:`policy_success` measures a policy's sampled success rate, e.g. the untrained one's.
+Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import PolicyModel, initial_model
-from nobubble.rl.actor_learner.rollout import evaluate
-from nobubble.rl.actor_learner.text.guess_number import GuessNumber
-from nobubble.rl.actor_learner.text.policy import TextPolicyConfig, TextPolicyFactory
-from nobubble.rl.actor_learner.text.tokens import TextEnvFactory
+from nobubble.rl.actor_learner.text.envs import GuessNumber, ReasoningGymEnv, TextEnvFactory
+from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
+from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
 __all__ = [
     "TEXT_DEFAULTS",
     "TEXT_ENV_NAMES",
-    "text_run_config",
-    "text_env_config",
+    "TextActorCritic",
+    "TextPolicyConfig",
+    "TextPolicyFactory",
     "is_text_env",
-    "policy_success",
+    "text_env_config",
+    "text_run_config",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextPolicyConfig:
+    """Shape of the character transformer: :class:`PolicyConfig`'s fields that the env does
+    not fix (the vocabulary and the window do); checked as a :class:`PolicyConfig` when
+    :meth:`for_env` makes one."""
+
+    hidden: int = 16
+    num_layers: int = 1
+    num_heads: int = 2
+
+    def for_env(self, vocab_size: int, max_len: int) -> PolicyConfig:
+        """The transformer for ``vocab_size`` tokens and a window of ``max_len``."""
+        return PolicyConfig(vocab_size=vocab_size, max_seq_len=max_len, **asdict(self))
+
+
+class TextActorCritic(nn.Module):
+    """``obs (..., L) -> (logits (..., A), value (...))`` from a :class:`CharTransformer`
+    read at the newest token (position ``L - 1``: the left padding is a token of its own, not
+    masked, so the batch takes the transformer's fast causal path). ``last_only=True`` runs
+    the last block for that one query: the same numbers as ``forward(...)[:, -1]``, a third
+    of the cost. No KV cache: a step is a pure function of its observation.
+
+    Args:
+        config: the transformer: V, its ``vocab_size``, is the env's vocabulary; L, its
+            ``max_seq_len``, the observation window (``obs_dim``).
+        num_actions: A; action ``a`` is token ``first_action_id + a``.
+        first_action_id: the token of action 0.
+    """
+
+    def __init__(self, config: PolicyConfig, num_actions: int, first_action_id: int) -> None:
+        super().__init__()
+        if first_action_id + num_actions > config.vocab_size:
+            raise ValueError(
+                f"TextActorCritic: actions {first_action_id}..{first_action_id + num_actions - 1}"
+                f" do not fit the vocabulary of {config.vocab_size} tokens"
+            )
+        self.obs_dim, self.num_actions = config.max_seq_len, num_actions
+        self.first_action_id = first_action_id
+        self.lm = CharTransformer(config)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lead = obs.shape[:-1]
+        tokens = obs.reshape(-1, self.obs_dim).long()  # (N, L)
+        logits, values = self.lm(tokens, last_only=True)  # (N, V), (N,)
+        a0 = self.first_action_id
+        logits = logits[:, a0 : a0 + self.num_actions]  # (N, A): the next token, sayable ones
+        return logits.reshape(*lead, self.num_actions), values.reshape(lead)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs (N, L) -> logits (N, A)``."""
+        return self.forward(obs)[0]
+
+
+@dataclass(frozen=True)
+class TextPolicyFactory:
+    """``(obs_dim, num_actions) -> TextActorCritic``: what ``EnvRunConfig.model`` takes
+    (``obs_dim`` is the window ``config.max_seq_len``)."""
+
+    config: PolicyConfig
+    first_action_id: int
+
+    def __call__(self, obs_dim: int, num_actions: int) -> TextActorCritic:
+        return TextActorCritic(
+            replace(self.config, max_seq_len=obs_dim), num_actions, self.first_action_id
+        )
+
 
 TEXT_DEFAULTS: dict[str, Any] = {
     "arch": "seed",  # batched central inference: no transformer copy per actor
@@ -69,7 +131,7 @@ def text_run_config(
     """An actor-learner run on the text env that ``env()`` makes.
 
     Args:
-        env: a zero-argument factory of a :class:`~.protocol.TextEnv` (its class, or a
+        env: a zero-argument factory of a :class:`~.envs.TextEnv` (its class, or a
             ``functools.partial``); picklable unless the start method is ``fork``.
         max_len: the policy's window in tokens (older tokens of a long conversation drop out).
         name: the run's name for the env (default: the factory's ``__name__``).
@@ -93,7 +155,7 @@ def is_text_env(name: str) -> bool:
 
 def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any) -> EnvRunConfig:
     """The run on a built-in text env: ``guess-number`` (:class:`GuessNumber`; options
-    ``high``, ``max_turns``) or ``rg:<task>`` (:class:`~.rg.ReasoningGymEnv`; options
+    ``high``, ``max_turns``) or ``rg:<task>`` (:class:`ReasoningGymEnv`; options
     ``max_turns``, ``size``, ``seed`` and the dataset's config).
 
     Raises:
@@ -109,33 +171,8 @@ def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any
             functools.partial(GuessNumber, **options), max_len=48, name=name, **run
         )
     if name.startswith("rg:"):
-        from nobubble.rl.actor_learner.text.rg import ReasoningGymEnv
-        from nobubble.rl.system.tasks.rg import ReasoningGymPool
-
         turns = {"max_turns": options.pop("max_turns")} if "max_turns" in options else {}
         questions = ReasoningGymPool(name[3:], **options)  # one pool for every env
         make = functools.partial(ReasoningGymEnv, questions, **turns)
         return text_run_config(make, max_len=80, name=name, **run)
     raise ValueError(f"env={name!r} is not a text env; use one of {TEXT_ENV_NAMES}")
-
-
-def policy_success(
-    config: EnvRunConfig,
-    model: PolicyModel | None = None,
-    *,
-    episodes: int = 200,
-    seed: int = 12_345,
-    greedy: bool = False,
-) -> float:
-    """Mean return of ``episodes`` episodes of ``config.env`` (its success rate when the
-    return is the success), actions sampled (or greedy) from ``model``.
-
-    ``model`` None: the untrained model ``train(config)`` starts from (same seed, same
-    initialisation), i.e. the success rate a run starts at.
-    """
-    model = initial_model(config) if model is None else model
-    envs = VectorEnv(config.env, episodes, seed)
-    generator = None if greedy else torch.Generator().manual_seed(seed)
-    returns = evaluate(model, envs, episodes, generator=generator)
-    envs.close()
-    return sum(returns) / len(returns)

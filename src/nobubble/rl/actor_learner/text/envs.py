@@ -1,0 +1,289 @@
+"""Multi-turn text environments: the protocol (:class:`TextEnv`: the model speaks a turn,
+the env replies), its token-level gymnasium form (:class:`TokenEnv`, which every
+architecture of the core runs unchanged), and the built-ins :class:`GuessNumber` and
+:class:`ReasoningGymEnv`.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium
+import numpy as np
+
+from nobubble.rl.system.tasks.builtin import CharTokenizer
+from nobubble.rl.system.tasks.rg import ReasoningGymPool
+from nobubble.rl.system.tasks.spec import as_reward
+from nobubble.validation import check_value
+
+__all__ = [
+    "END_OF_TURN",
+    "GuessNumber",
+    "GuessOdds",
+    "ReasoningGymEnv",
+    "TextEnv",
+    "TextEnvFactory",
+    "TextStep",
+    "TokenEnv",
+    "check_text_env",
+    "guess_number_odds",
+]
+
+END_OF_TURN = 0  # the action that ends a turn: token <eos>, and action a is token <eos> + a
+HIGHER, LOWER, CORRECT, WRONG, INVALID = "higher", "lower", "correct", "wrong", "?"
+
+
+@dataclass(frozen=True)
+class TextStep:
+    """The env's answer to one turn: its ``reply`` (characters of its ``alphabet``, may be
+    empty), the ``reward`` the turn earned (any finite real), and ``done``: the episode ended."""
+
+    reply: str
+    reward: float
+    done: bool
+
+
+class TextEnv(Protocol):
+    """A multi-turn text environment (any object with these attributes and methods)."""
+
+    alphabet: str
+    """Every character the opening message and the replies may hold."""
+    turn_alphabet: str
+    """The characters the model may say (its action vocabulary, without end-of-turn)."""
+    max_turn_chars: int
+    """The longest turn: a turn also ends when it reaches this many characters."""
+
+    def reset(self, seed: int) -> str:
+        """Start an episode drawn from ``seed``; the opening message."""
+        ...
+
+    def step(self, turn: str) -> TextStep:
+        """The model said ``turn`` (characters of ``turn_alphabet``, possibly empty)."""
+        ...
+
+
+def check_text_env(env: Any) -> None:
+    """Raise ``ValueError`` naming what ``env`` lacks to be a :class:`TextEnv`."""
+    name = type(env).__name__
+    missing = [a for a in ("reset", "step") if not callable(getattr(env, a, None))]
+    missing += [a for a in ("alphabet", "turn_alphabet", "max_turn_chars") if not hasattr(env, a)]
+    if missing:
+        raise ValueError(
+            f"text env {name} has no {', '.join(missing)}; a text env needs reset(seed) -> str, "
+            "step(turn) -> TextStep, alphabet, turn_alphabet and max_turn_chars"
+        )
+    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:
+        raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} must be a str")
+    if len(set(env.turn_alphabet)) != len(env.turn_alphabet):
+        raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} repeats a char")
+    check_value(f"text env {name}: max_turn_chars", env.max_turn_chars, ">= 1", integer=True)
+
+
+class TokenEnv(gymnasium.Env):
+    """``env`` (a :class:`TextEnv`) one token of the model's turn per step.
+
+    Action 0 ends the turn (``<eos>``), action ``a >= 1`` says ``turn_alphabet[a - 1]``
+    (token ``<eos> + a``); a turn also ends at ``max_turn_chars``, and the env's reply and
+    the turn's reward come on that step. The observation is the last ``max_len`` tokens,
+    right-aligned and left-padded with ``<pad>``, float32 ``(L,)``; an episode longer than
+    ``max_episode_steps`` tokens is truncated.
+
+    Attributes:
+        tokenizer: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``turn_alphabet``, the other chars.
+        num_actions: A, end-of-turn plus one per turn character.
+        transcript: the episode as ``("env" | "model", text)`` messages, in order.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, env: TextEnv, max_len: int, max_episode_steps: int = 1024) -> None:
+        check_text_env(env)
+        if max_len < 2 or max_episode_steps < 1:
+            raise ValueError(
+                f"TokenEnv: max_len={max_len} must be >= 2 and max_episode_steps="
+                f"{max_episode_steps} >= 1"
+            )
+        self.text_env, self.max_len, self.max_episode_steps = env, max_len, max_episode_steps
+        rest = "".join(sorted(set(env.alphabet) - set(env.turn_alphabet)))
+        self.tokenizer = CharTokenizer(env.turn_alphabet + rest)
+        self.num_actions = 1 + len(env.turn_alphabet)
+        top = float(self.tokenizer.vocab_size - 1)
+        self.observation_space = gymnasium.spaces.Box(0.0, top, (max_len,), np.float32)
+        self.action_space = gymnasium.spaces.Discrete(self.num_actions)
+        self.tokens: list[int] = []
+        self.transcript: list[tuple[str, str]] = []
+        self._turn: list[str] = []
+        self._steps = 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.max_len, dtype=np.float32)  # (L,), <pad> = 0 on the left
+        tail = self.tokens[-self.max_len :]
+        obs[self.max_len - len(tail) :] = tail
+        return obs
+
+    def _message(self, text: str) -> None:
+        self.tokens.extend(self.tokenizer.encode(text))  # <bos> and the characters
+        self.tokens.append(self.tokenizer.eos_id)
+        self.transcript.append(("env", text))
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.tokens, self.transcript, self._turn, self._steps = [], [], [], 0
+        self._message(self.text_env.reset(int(self.np_random.integers(2**31))))
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        a = int(action)
+        if not 0 <= a < self.num_actions:
+            raise ValueError(f"TokenEnv: action {a} is outside [0, {self.num_actions})")
+        self._steps += 1
+        reward, done = 0.0, False
+        if a != END_OF_TURN:
+            self._turn.append(self.text_env.turn_alphabet[a - 1])
+            self.tokens.append(self.tokenizer.eos_id + a)
+        if a == END_OF_TURN or len(self._turn) >= self.text_env.max_turn_chars:
+            self.tokens.append(self.tokenizer.eos_id)
+            turn, self._turn = "".join(self._turn), []
+            self.transcript.append(("model", turn))
+            answer = self.text_env.step(turn)
+            self._message(answer.reply)
+            name = type(self.text_env).__name__
+            reward = as_reward(answer.reward, f"text env {name} for turn {turn!r}")
+            done = bool(answer.done)
+        truncated = not done and self._steps >= self.max_episode_steps
+        return self._obs(), reward, done, truncated, {}
+
+
+@dataclass(frozen=True)
+class TextEnvFactory:
+    """A zero-argument factory of :class:`TokenEnv` (what ``EnvRunConfig.env`` takes) over
+    ``make``, a zero-argument factory of the text env (picklable unless the start method is
+    ``fork``); ``max_len``: the window L in tokens; ``name``: the run's name for the env."""
+
+    make: Callable[[], Any]
+    max_len: int
+    name: str
+    max_episode_steps: int = 1024
+
+    def __call__(self) -> TokenEnv:
+        return TokenEnv(self.make(), self.max_len, self.max_episode_steps)
+
+
+class GuessNumber:
+    """Guess a secret in ``1..high`` within ``max_turns`` turns (a :class:`TextEnv`).
+
+    A turn is a number in decimal; a miss is answered ``higher`` (the secret is higher) or
+    ``lower``, a turn that is not a number in range ``?`` (it costs a turn too). The episode
+    ends on the hit (reward 1) or after ``max_turns`` turns (reward 0): the return is the
+    success.
+    """
+
+    turn_alphabet = string.digits
+
+    def __init__(self, high: int = 7, max_turns: int = 3) -> None:
+        if not isinstance(high, int) or high < 2:
+            raise ValueError(f"GuessNumber: high={high!r} must be an integer >= 2")
+        check_value("GuessNumber: max_turns", max_turns, ">= 1", integer=True)
+        self.high, self.max_turns = high, max_turns
+        self.max_turn_chars = len(str(high))
+        words = f"guess 1-{high}{HIGHER}{LOWER}{CORRECT}{INVALID}"
+        self.alphabet = "".join(sorted(set(words) | set(string.digits)))
+        self.secret, self.turns = 0, 0
+
+    def reset(self, seed: int) -> str:
+        self.secret, self.turns = random.Random(seed).randint(1, self.high), 0
+        return f"guess 1-{self.high}"
+
+    def step(self, turn: str) -> TextStep:
+        self.turns += 1
+        last = self.turns >= self.max_turns
+        if not turn.isdigit() or not 1 <= int(turn) <= self.high:
+            return TextStep(INVALID, 0.0, last)
+        guess = int(turn)
+        if guess == self.secret:
+            return TextStep(CORRECT, 1.0, True)
+        return TextStep(HIGHER if self.secret > guess else LOWER, 0.0, last)
+
+
+@dataclass(frozen=True)
+class GuessOdds:
+    """Success rates on :class:`GuessNumber` of a uniformly random guess every turn
+    (``random_guess``), the best fixed sequence of guesses (``blind_best``, it ignores the
+    replies) and binary search (``binary_search``, the best policy)."""
+
+    random_guess: float
+    blind_best: float
+    binary_search: float
+
+
+def guess_number_odds(high: int, max_turns: int) -> GuessOdds:
+    """The reference success rates for secrets in ``1..high`` and ``max_turns`` turns."""
+    return GuessOdds(
+        random_guess=1.0 - (1.0 - 1.0 / high) ** max_turns,
+        blind_best=min(max_turns, high) / high,
+        binary_search=min(1.0, (2**max_turns - 1) / high),
+    )
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class ReasoningGymEnv:
+    """A reasoning-gym question pool as a multi-turn :class:`TextEnv`, with hints.
+
+    The opening is the question of entry ``seed % size``; each turn is scored by the
+    dataset's verifier. A turn that scores 1 ends the episode with reward 1; a wrong one is
+    answered ``higher`` / ``lower`` when it and the answer are numbers, else ``wrong``; after
+    ``max_turns`` turns the last turn's score (partial credit) is the reward. The model may
+    say the characters of the dataset's answers, up to the longest answer.
+
+    Args:
+        questions: the pool (made once and shared by every env of a run: generating one
+            takes a while; an episode only reads it), or a dataset name to make one from
+            ``**pool`` (``size``, ``seed`` and the dataset's config).
+        max_turns: answers allowed per question.
+    """
+
+    def __init__(
+        self, questions: ReasoningGymPool | str, *, max_turns: int = 4, **pool: Any
+    ) -> None:
+        if isinstance(questions, str):
+            questions = ReasoningGymPool(questions, **pool)
+        elif pool:
+            raise ValueError(f"ReasoningGymEnv: {sorted(pool)} given with a ready pool")
+        check_value("max_turns", max_turns, ">= 1", integer=True)
+        self.questions, self.max_turns = questions, max_turns
+        self.name, self.turn_alphabet = questions.name, questions.answer_chars
+        self.max_turn_chars = max(len(a) for a in questions.answers)
+        hints = HIGHER + LOWER + WRONG + CORRECT
+        self.alphabet = "".join(sorted(set(questions.chars + hints)))
+        self.entry = questions.entries[0]
+        self.turns = 0
+
+    def reset(self, seed: int) -> str:
+        entries = self.questions.entries
+        self.entry, self.turns = entries[seed % len(entries)], 0
+        return str(self.entry["question"])
+
+    def step(self, turn: str) -> TextStep:
+        self.turns += 1
+        score = self.questions.score(self.entry, turn)
+        if score >= 1.0:
+            return TextStep(CORRECT, 1.0, True)
+        last = self.turns >= self.max_turns
+        guess, answer = _number(turn), _number(str(self.entry["answer"]))
+        if guess is None or answer is None or guess == answer:
+            hint = WRONG
+        else:
+            hint = HIGHER if answer > guess else LOWER
+        return TextStep(hint, score if last else 0.0, last)
