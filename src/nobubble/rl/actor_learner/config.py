@@ -37,55 +37,40 @@ class EnvRunConfig(RLConfig, LearnerConfig):
     learner updates, None: no bound but the others), :class:`LearnerConfig`'s (Adam's ``lr``
     2.5e-3 and ``max_grad_norm`` 0.5 by default here) and these."""
 
+    # a gymnasium id or a zero-argument factory of a gymnasium.Env (picklable unless the
+    # start method is fork)
     env: str | Callable[[], Any] = "CartPole-v1"
-    """A gymnasium id (``gymnasium.make(env)``) or a zero-argument factory of a
-    ``gymnasium.Env`` (with the ``fork`` start method, any callable; otherwise picklable)."""
+    # impala: actors hold a policy copy; seed: central batched inference; sample-factory:
+    # central inference, two double-buffered env groups per worker
     arch: Arch = setting("seed", ARCHS)
-    """``impala``: actors hold a policy copy; ``seed``: central batched inference;
-    ``sample-factory``: central inference, two double-buffered env groups per worker."""
-    actors: int = setting(2, ">= 1", integer=True)
-    """Actor (rollout worker) processes."""
-    envs_per_actor: int = setting(8, ">= 1", integer=True)
-    """Environments stepped by one actor (split into two groups for sample-factory)."""
-    env_step_delay_ms: float = setting(0.0, ">= 0")
-    """Sleep this long per environment step: a stand-in for a slow simulator or tool."""
-    unroll_length: int = setting(32, ">= 1", integer=True)
-    """Steps per trajectory (T)."""
+    actors: int = setting(2, ">= 1", integer=True)  # actor (rollout worker) processes
+    envs_per_actor: int = setting(8, ">= 1", integer=True)  # two groups for sample-factory
+    env_step_delay_ms: float = setting(0.0, ">= 0")  # per env step: a slow simulator or tool
+    unroll_length: int = setting(32, ">= 1", integer=True)  # steps per trajectory (T)
+    # actor unrolls per update, each envs_per_actor envs x unroll_length steps (sample-factory:
+    # a worker's two group trajectories count as one unroll)
     batch_trajectories: int = setting(2, ">= 1", integer=True)
-    """Actor unrolls per update, each ``envs_per_actor`` envs x ``unroll_length`` steps (for
-    sample-factory, a worker's two group trajectories count as one unroll)."""
-    epochs: int = setting(4, ">= 1", integer=True)
-    """Passes over each batch (1 = IMPALA's single V-trace step; >1 = APPO)."""
-    minibatches: int = 2
-    """Minibatches per epoch, split over the batch's environments."""
-    loss: PolicyLoss = setting("ppo", LOSSES)
-    """``ppo``: PPO clip on V-trace advantages (APPO); ``vtrace``: IMPALA's policy gradient."""
+    epochs: int = setting(4, ">= 1", integer=True)  # per batch (1: IMPALA; > 1: APPO)
+    minibatches: int = 2  # per epoch, split over the batch's environments
+    loss: PolicyLoss = setting("ppo", LOSSES)  # ppo: clip on V-trace advantages; vtrace: IMPALA
     lr: float = 2.5e-3
     max_grad_norm: float = 0.5
     gamma: float = setting(0.99, "[0, 1]")
-    vtrace_lambda: float = setting(0.95, "[0, 1]")
-    """rlax's trace-cutting lambda (1 = the paper's V-trace)."""
-    hidden: int = setting(64, ">= 1", integer=True)
-    """Width of the MLP actor-critic's two hidden layers."""
+    vtrace_lambda: float = setting(0.95, "[0, 1]")  # rlax's trace-cutting lambda (1: V-trace)
+    hidden: int = setting(64, ">= 1", integer=True)  # width of the MLP actor-critic's layers
+    # a factory (obs_dim, num_actions) -> PolicyModel (.model) the learner trains and the actors
+    # run, e.g. the text policy (.text); None: the MLP actor-critic. Picklable unless fork
     model: Callable[[int, int], Any] | None = None
-    """A factory ``(obs_dim, num_actions) -> model`` of the policy the learner trains and the
-    actors run (see :class:`~nobubble.rl.actor_learner.model.PolicyModel`), e.g. the text
-    policy of :mod:`nobubble.rl.actor_learner.text`; None: the MLP actor-critic of width
-    ``hidden``. Picklable unless the start method is ``fork``."""
     max_staleness: int = 4
-    inference_deadline_ms: float = setting(2.0, ">= 0")
-    """Central inference (seed, sample-factory) waits at most this long to fill a batch."""
-    max_env_steps: int = setting(2_000_000, ">= 1", integer=True)
-    """Stop after this many environment steps (a bound, for tests and benchmarks)."""
+    inference_deadline_ms: float = setting(2.0, ">= 0")  # central inference's wait for a batch
+    max_env_steps: int = setting(2_000_000, ">= 1", integer=True)  # stop after this many
     time_budget_s: float = 300.0
-    target_return: float | None = 475.0
-    """Stop once the greedy eval mean reaches it (None: run the whole budget)."""
+    target_return: float | None = 475.0  # stop once the greedy eval mean reaches it
     eval_episodes: int = setting(20, ">= 1", integer=True)
+    # evaluate at least this often, and whenever the training return reaches the target
     eval_every_s: float = setting(5.0, "> 0")
-    """Evaluate at least this often; also whenever the training return reaches the target."""
     stall_timeout_s: float = 60.0
-    start_method: str = setting("fork", ("fork", "forkserver", "spawn"))
-    """multiprocessing start method for the actors."""
+    start_method: str = setting("fork", ("fork", "forkserver", "spawn"))  # of the actors
 
     def __post_init__(self) -> None:
         super().__post_init__()

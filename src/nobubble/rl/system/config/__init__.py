@@ -1,10 +1,5 @@
-"""One RL run's configuration, typed, checked when built, and torch-free.
-
-:mod:`.base`: :class:`RLConfig`, the settings both producers have, and the check every config
-field declares (:func:`~.base.setting`); :mod:`.run`: :class:`RunConfig`, a run on a task;
-:mod:`.stages`: the stage settings it holds (:class:`TrainerConfig`, :class:`RolloutConfig`,
-:class:`RewardConfig`) and :class:`LearnerConfig`, the learner's settings both producers have;
-:mod:`.presets`: the recipes, as functions that return a config.
+"""One RL run's configuration, typed, checked when built (:mod:`.base`) and torch-free: a
+task run (:mod:`.run`), its stages' settings (:mod:`.stages`) and the recipes (:mod:`.presets`).
 """
 
 from __future__ import annotations

@@ -81,27 +81,19 @@ class Settings:
 class RLConfig(Settings):
     """What both producers of experience read, with the same meaning (a producer may give a
     setting its own default: a task run stops after 400 updates, an environment run after
-    300 s).
+    300 s)."""
 
-    Attributes:
-        seed: seeds the policy init, the prompts or environments, and sampling.
-        steps: learner updates; the run stops when it has made this many (None: no bound
-            but the others).
-        time_budget_s: stop after this many seconds of training (None = no limit; NaN, inf
-            and 1e308 are refused).
-        max_staleness: policy versions a sample may lag the learner; an older one is dropped
-            (ledger: ``stale``). None = the producer's default; 0: on-policy.
-        threads: torch intra-op threads of each process that runs the policy (tiny models
-            gain nothing from a second one and lose a lot on a loaded machine).
-        stall_timeout_s: the longest wait for any worker (a stage, an actor, a queue, a lock)
-            before the run fails naming who is silent (``time_budget_s`` ends a run normally).
-    """
-
-    seed: int = setting(0, ">= 0", integer=True)
-    steps: int | None = setting(None, ">= 1", integer=True)
-    time_budget_s: float | None = setting(None, "> 0")
+    seed: int = setting(0, ">= 0", integer=True)  # of the policy init, prompts / envs, sampling
+    steps: int | None = setting(None, ">= 1", integer=True)  # learner updates (None: no bound)
+    time_budget_s: float | None = setting(None, "> 0")  # of training (None: no limit)
+    # versions a sample may lag the learner; an older one is dropped (ledger: stale). 0:
+    # on-policy; None: the producer's default
     max_staleness: int | None = setting(None, ">= 0", integer=True)
+    # torch intra-op threads of each process that runs the policy (tiny models gain nothing
+    # from a second one and lose a lot on a loaded machine)
     threads: int = setting(1, ">= 1", integer=True)
+    # the longest wait for any worker (stage, actor, queue, lock) before the run fails naming
+    # who is silent (time_budget_s ends a run normally)
     stall_timeout_s: float = setting(120.0, "> 0")
 
 

@@ -1,9 +1,8 @@
 """The configuration of one RL run on a task: mode, staleness bound, algorithm, engine, sizes.
 
-:class:`RunConfig` is keyword-only, frozen, picklable (both engines build their stage workers
-from it alone) and validated when built, so a bad value fails in the driver with a message
-naming it, never inside a worker. Every flag is checked (names, values, contradictions) before
-the components that need torch (rewards, policy, task) are imported and built.
+:class:`RunConfig` is frozen, picklable (both engines build their workers from it alone) and
+checked when built, so a bad value fails in the driver, never inside a worker; its flags are
+checked before the components that need torch (rewards, policy, task) are built.
 """
 
 from __future__ import annotations
@@ -37,100 +36,59 @@ COUNT, CHOICE = ">= 1", (False, True)  # the rules many fields share
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(RLConfig):
     """Everything one RL run on a task needs: :class:`RLConfig`'s settings (``steps`` default
-    400) and these.
-
-    Attributes:
-        task: ``digits`` or ``sum`` (built in), ``rg:<name>`` (reasoning-gym), an import path
-            ``module:attr`` / ``file.py:attr`` to a task object, class or factory, or the
-            object itself (:mod:`~nobubble.rl.system.tasks.spec`), with ``task_kwargs``.
-        policy: ``char`` (built in), ``gpt2`` (Hugging Face, from a config), ``hf:DIR`` (a
-            local checkpoint), an import path to a factory, or the factory itself
-            (:mod:`~nobubble.rl.system.policies`), with ``policy_kwargs``.
-        rewards: reward sources summed with weights: ``"task"``, ``"module:fn"``,
-            ``"module:fn=0.5"``, callables or :class:`RewardSource`; empty = the task's.
-            ``reward_url``: a remote reward service (``http://host:port/score``) added to them.
-        mode: ``sync`` (requires ``max_staleness`` 0), ``one-step-off`` or ``fully-async``;
-            ``max_staleness`` None = the mode's default (0, 1, 4).
-        algo: the policy-gradient algorithm. A preset
-            (:mod:`~nobubble.rl.system.config.presets`) sets it with the other lag controls.
-        drop_staleness: drop ready groups older than K versions (``dropped:stale``); None =
-            ``max_staleness``.
-        sync_every: force a full sync every N steps (that step trains only groups of the
-            current version; older ready ones are dropped as ``synced``); 0 = never.
-        replay: ``none``, ``uniform`` or ``prioritized``: ``replay_capacity`` groups kept,
-            ``replay_groups`` drawn again per step, ``replay_alpha``, ``replay_beta``
-            (:mod:`~nobubble.rl.system.replay`).
-        partial_rollouts: in-flight weight updates (PipelineRL, AReaL): a generator takes new
-            weights between tokens, looking for them every ``weight_check_every`` tokens, and
-            records each token's version; staleness weights and the drop bound apply per token
-            (:mod:`~nobubble.rl.system.partial`). Local engine only.
-        engine: ``local`` (processes on this machine) or ``ray`` (``ray_address``: the cluster
-            to join, None = start one).
-        target_accuracy: stop once an evaluation reaches it (None = never).
-        batch_groups: B, groups per trainer step; ``group_size``: responses per group;
-            ``eval_every``: evaluate every this many steps (and at the end);
-            ``groups_per_rollout``: groups per generation call (None = B, or B/4 in
-            fully-async); ``num_rollout_workers``, ``num_reward_workers``: workers per stage.
-        learners: L trainer processes / actors in one gloo group, each batch's groups split
-            among them, whole (:mod:`~nobubble.rl.system.engines.learners`).
-        aggregation: how the L gradients combine: ``sync`` (all-reduce, equal to one learner
-            on the whole batch), ``async`` (applied on learner 0 as they arrive), ``local-sgd``
-            (parameters averaged every ``local_sgd_every`` steps, default 4) or ``staleness``
-            (as ``async``, scaled by ``1 / (1 + staleness)``).
-        ray_resources: ``{stage: {resource: amount}}``: every Ray actor of that stage asks for
-            those custom node resources (``ray start --resources '{"generator": 4}'``), e.g.
-            ``{"rollout": {"generator": 1}}``. Empty = anywhere.
-        timeout_s: the whole run's limit (the run fails past it).
-        checkpoint_dir: write a checkpoint there every ``checkpoint_every`` steps and at step
-            ``steps``; ``resume=True`` continues from the newest one (refused when there is
-            none), ``"or-start"`` starts fresh on an empty folder.
-        restart_workers: restart a rollout or reward worker that dies and requeue its groups;
-            False = the run stops with the error.
-        trainer, rollout, reward: each stage's settings (:mod:`.stages`), e.g.
-            ``TrainerConfig(delay_s=0.3)``; the reward stage's seed is the run's.
-        fault: tests only - ``"<worker>:<call>:<raise|exit|kill|stale>"`` makes that worker
-            fail (``stale``: a rollout worker keeps sampling with the weights it holds).
+    400) and these; each one is a flag of ``nobubble rl train`` (the docs' RL system page says
+    more of what each does).
     """
 
+    # "digits", "sum", "rg:<name>", "module:attr" / "file.py:attr" or a task (tasks.spec)
     task: Any = "digits"
     task_kwargs: dict = field(default_factory=dict)
-    mode: str = setting("sync", MODES)
-    algo: str = setting("grpo", ALGOS)
-    sync_every: int = setting(0, ">= 0", integer=True)
+    mode: str = setting("sync", MODES)  # sync needs max_staleness 0 (None: 0, 1 or 4 by mode)
+    algo: str = setting("grpo", ALGOS)  # a preset (.presets) sets it with the other lag controls
+    sync_every: int = setting(0, ">= 0", integer=True)  # train only current groups every N; 0 off
+    # drop ready groups older than this many versions (None = the staleness bound)
     drop_staleness: int | None = setting(None, ">= 0", integer=True)
-    replay: str = "none"  # replay_*: checked by ReplayConfig
-    replay_capacity: int = 0
-    replay_groups: int = 0
+    replay: str = "none"  # "uniform" or "prioritized" (rl.system.replay)
+    replay_capacity: int = 0  # groups kept
+    replay_groups: int = 0  # groups drawn again per step
     replay_alpha: float = 0.6
     replay_beta: float = 0.4
+    # a generator takes new weights between tokens (looking every weight_check_every tokens)
+    # and records each token's version; local engine only (rl.system.partial)
     partial_rollouts: bool = setting(False, CHOICE)
     weight_check_every: int = setting(1, COUNT, integer=True)
-    engine: str = setting("local", ENGINES)
+    engine: str = setting("local", ENGINES)  # processes on this machine, or Ray actors
     steps: int = 400
-    target_accuracy: float | None = setting(None, "(0, 1]")
-    batch_groups: int = setting(8, COUNT, integer=True)
-    group_size: int = setting(32, COUNT, integer=True)
-    eval_every: int = setting(10, COUNT, integer=True)
-    groups_per_rollout: int | None = None
+    target_accuracy: float | None = setting(None, "(0, 1]")  # stop once an evaluation reaches it
+    batch_groups: int = setting(8, COUNT, integer=True)  # B: groups per trainer step
+    group_size: int = setting(32, COUNT, integer=True)  # responses per group
+    eval_every: int = setting(10, COUNT, integer=True)  # steps between evaluations (and the end)
+    groups_per_rollout: int | None = None  # per generation call (None = B, B/4 fully-async)
     num_rollout_workers: int = setting(1, COUNT, integer=True)
     num_reward_workers: int = setting(1, COUNT, integer=True)
-    learners: int = setting(1, COUNT, integer=True)
+    learners: int = setting(1, COUNT, integer=True)  # L trainers in one gloo group
+    # how the L gradients combine: all-reduce, applied as they come, averaged parameters every
+    # local_sgd_every steps (None: 4), or as async scaled by 1 / (1 + staleness)
     aggregation: str = setting("sync", AGGREGATIONS)
     local_sgd_every: int | None = setting(None, COUNT, integer=True)
+    # "char", "gpt2", "hf:DIR", "module:attr" or a factory (rl.system.policies)
     policy: Any = "char"
     policy_kwargs: dict = field(default_factory=dict)
-    rewards: tuple = ()
-    reward_url: str | None = None
+    rewards: tuple = ()  # "task", "module:fn=0.5", callables, RewardSource; () = the task's
+    reward_url: str | None = None  # a remote reward service, http://host:port/score
     trainer: TrainerConfig = setting(TrainerConfig(), TrainerConfig)
     rollout: RolloutConfig = setting(RolloutConfig(), RolloutConfig)
-    reward: RewardConfig = setting(RewardConfig(), RewardConfig)
-    ray_address: str | None = None
-    ray_resources: dict = field(default_factory=dict)
-    timeout_s: float = setting(900.0, "> 0")
-    checkpoint_dir: str | None = None
+    reward: RewardConfig = setting(RewardConfig(), RewardConfig)  # its seed is the run's
+    ray_address: str | None = None  # the Ray cluster to join (None = start one)
+    ray_resources: dict = field(default_factory=dict)  # {stage: {custom resource: amount}}
+    timeout_s: float = setting(900.0, "> 0")  # the whole run's limit: it fails past it
+    checkpoint_dir: str | None = None  # written every checkpoint_every steps and at `steps`
     checkpoint_every: int = setting(0, ">= 0", integer=True)
+    # continue from checkpoint_dir's newest checkpoint; "or-start": start fresh if it has none
     resume: bool | str = setting(False, (False, True, "or-start"))
-    restart_workers: bool = setting(False, CHOICE)
+    restart_workers: bool = setting(False, CHOICE)  # restart a dead worker, requeue its groups
+    # tests only: "<worker>:<call>:<raise|exit|kill|stale>" makes that worker fail (stale: a
+    # generator keeps sampling with the weights it holds)
     fault: str | None = None
 
     def __post_init__(self) -> None:
@@ -148,7 +106,7 @@ class RunConfig(RLConfig):
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
                 faults = "|".join(FAULTS)
                 raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<{faults}>'")
-        self.replay_config()
+        self.replay_config()  # ReplayConfig checks the replay_* settings
         if self.reward.seed != RewardConfig().seed:
             raise ValueError(
                 f"reward.seed={self.reward.seed!r} is the run's setting (the stages share it); "
@@ -156,7 +114,20 @@ class RunConfig(RLConfig):
             )
         self._check_learners()
         self._check_contradictions()
-        self._check_ray_resources()
+        for stage, wants in self.ray_resources.items():
+            if stage not in RAY_STAGES or not isinstance(wants, dict):
+                raise ValueError(
+                    f"ray_resources[{stage!r}]={wants!r}: give {{stage: {{resource: amount}}}} "
+                    f"with stage one of {', '.join(RAY_STAGES)}"
+                )
+            for name, amount in wants.items():
+                if name in ("CPU", "GPU", "memory") or not (
+                    isinstance(amount, int | float) and amount > 0
+                ):
+                    raise ValueError(
+                        f"ray_resources[{stage!r}][{name!r}]={amount!r}: give a custom resource "
+                        "(CPUs are one per generator / learner) and a number > 0"
+                    )
         # the components' checks import torch, so they come after every flag check
         from nobubble.rl.system.policies import check_policy_spec
 
@@ -166,7 +137,7 @@ class RunConfig(RLConfig):
         self.make_task()
 
     def _check_contradictions(self) -> None:
-        """Settings that would be ignored or can never act: refused, naming both."""
+        """Refuse settings that would be ignored or can never act, naming both."""
         if self.weight_check_every != 1 and not self.partial_rollouts:
             raise ValueError(
                 f"weight_check_every={self.weight_check_every} applies to --partial-rollouts "
@@ -201,29 +172,12 @@ class RunConfig(RLConfig):
                 "replay_groups / replay_capacity are read only with a replay; set replay="
                 "'uniform' or 'prioritized', or leave them out"
             )
-        if self.ray_address is not None and self.engine != "ray":
-            raise ValueError(f"ray_address is read only with engine='ray' (got {self.engine!r})")
-
-    def _check_ray_resources(self) -> None:
-        for stage, wants in self.ray_resources.items():
-            if stage not in RAY_STAGES or not isinstance(wants, dict):
+        for name in ("ray_address", "ray_resources"):
+            if getattr(self, name) not in (None, {}) and self.engine != "ray":
                 raise ValueError(
-                    f"ray_resources[{stage!r}]={wants!r}: give {{stage: {{resource: amount}}}} "
-                    f"with stage one of {', '.join(RAY_STAGES)}"
+                    f"{name} is read only with engine='ray' (got {self.engine!r}); use "
+                    f"engine='ray' or drop {name}"
                 )
-            for name, amount in wants.items():
-                if name in ("CPU", "GPU", "memory") or not (
-                    isinstance(amount, int | float) and amount > 0
-                ):
-                    raise ValueError(
-                        f"ray_resources[{stage!r}][{name!r}]={amount!r}: give a custom resource "
-                        "(CPUs are one per generator / learner) and a number > 0"
-                    )
-        if self.ray_resources and self.engine != "ray":
-            raise ValueError(
-                f"ray_resources with engine={self.engine!r}: they place Ray actors on nodes; "
-                "use engine='ray' or drop ray_resources"
-            )
 
     def _check_learners(self) -> None:
         if self.learners > self.batch_groups:
