@@ -19,14 +19,12 @@ __all__ = [
     "Arch",
     "EnvRunConfig",
     "LOSSES",
-    "PolicyLoss",
     "envs_per_trajectory",
     "trajectories_per_update",
 ]
 
 Arch = Literal["impala", "seed", "sample-factory"]
 ARCHS: tuple[str, ...] = ("impala", "seed", "sample-factory")
-PolicyLoss = Literal["ppo", "vtrace"]
 LOSSES: tuple[str, ...] = ("ppo", "vtrace")
 
 
@@ -52,7 +50,7 @@ class EnvRunConfig(RLConfig, LearnerConfig):
     batch_trajectories: int = setting(2, ">= 1", integer=True)
     epochs: int = setting(4, ">= 1", integer=True)  # per batch (1: IMPALA; > 1: APPO)
     minibatches: int = 2  # per epoch, split over the batch's environments
-    loss: PolicyLoss = setting("ppo", LOSSES)  # ppo: clip on V-trace advantages; vtrace: IMPALA
+    loss: str = setting("ppo", LOSSES)  # ppo: clip on V-trace advantages; vtrace: IMPALA
     lr: float = 2.5e-3
     max_grad_norm: float = 0.5
     gamma: float = setting(0.99, "[0, 1]")

@@ -9,7 +9,7 @@ None passes only where the field's default is None. Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from nobubble.validation import check_value, finite
 
@@ -23,7 +23,7 @@ def setting(default: T, check: str | tuple | type, *, integer: bool = False) -> 
     :func:`~nobubble.validation.check_value` (``">= 1"``, ``"> 0"``, ``">= 0"``; ``integer``:
     an ``int`` too), an interval (``"(0, 1]"``), a tuple of the allowed values, or a config
     class the value must be an instance of."""
-    return cast(T, field(default=default, metadata={"check": check, "integer": integer}))
+    return field(default=default, metadata={"check": check, "integer": integer})
 
 
 def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> None:
@@ -31,8 +31,10 @@ def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> N
     if isinstance(check, type):
         if not isinstance(value, check):
             kind = check.__name__
-            raise ValueError(f"{name}={value!r}: give a {kind}(...) (nobubble.rl.system.config), "
-                             f"e.g. {kind}(delay_s=0.1)")  # fmt: skip
+            raise ValueError(
+                f"{name}={value!r}: give a {kind}(...) (nobubble.rl.system.config), "
+                f"e.g. {kind}(delay_s=0.1)"
+            )
     elif isinstance(check, tuple):
         if not any(type(value) is type(c) and value == c for c in check):
             choices = ", ".join(map(str, check))

@@ -46,10 +46,10 @@ def _lag_control(
     mode, samples, draw = replay
     capacity = max(1, samples // cfg.group_size) if samples else 0
     groups = max(1, int(cfg.batch_groups * draw)) if samples else 0
-    lag = {} if cfg.mode == "sync" else {"max_staleness": max_staleness}
+    lag = cfg.max_staleness if cfg.mode == "sync" else max_staleness
     trainer = replace(cfg.trainer, clip=clip, staleness_weighting=weighting)
-    return replace(cfg, algo=algo, replay=mode, replay_capacity=capacity, replay_groups=groups,
-                   trainer=trainer, **lag)  # fmt: skip
+    return replace(cfg, algo=algo, max_staleness=lag, replay=mode, replay_capacity=capacity,
+                   replay_groups=groups, trainer=trainer)  # fmt: skip
 
 
 PRESETS: dict[str, Callable[[RunConfig], RunConfig]] = {

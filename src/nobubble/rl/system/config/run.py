@@ -215,10 +215,8 @@ class RunConfig(RLConfig):
 
     @property
     def effective_drop_staleness(self) -> int:
-        """``drop_staleness``, or the staleness bound when it is None."""
-        if self.drop_staleness is None:
-            return self.effective_max_staleness
-        return min(self.drop_staleness, self.effective_max_staleness)
+        """``drop_staleness`` (at most the staleness bound, as checked), or the bound if None."""
+        return self.effective_max_staleness if self.drop_staleness is None else self.drop_staleness
 
     @property
     def effective_groups_per_rollout(self) -> int:
@@ -291,11 +289,10 @@ class RunConfig(RLConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as JSON-ready values (objects by their import name)."""
-        rewards = [{"fn": describe_value(r.fn), "weight": r.weight} for r in self.reward_sources()]
         return {
             **super().to_dict(),
             "reward": describe_value(self.reward_config()),
-            "rewards": rewards,
+            "rewards": describe_value(self.reward_sources()),
             "max_staleness": self.effective_max_staleness,
             "groups_per_rollout": self.effective_groups_per_rollout,
             "drop_staleness": self.effective_drop_staleness,
