@@ -48,23 +48,21 @@ def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> N
         check_value(name, value, check, integer=integer)  # type: ignore[arg-type]
 
 
-def _declared(cls: type, name: str) -> dict[str, Any] | None:
-    """The check of field ``name``, from the nearest class of ``cls``'s MRO that has one."""
-    for c in cls.__mro__:
-        f = getattr(c, "__dataclass_fields__", {}).get(name)
-        if f is not None and "check" in f.metadata:
-            return dict(f.metadata)
-    return None
-
-
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     """A config whose :func:`setting` fields are checked when it is built."""
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
+        # each field's check, from the nearest class that declared one (an override keeps it)
+        rules = {
+            name: f.metadata
+            for c in reversed(type(self).__mro__)
+            for name, f in getattr(c, "__dataclass_fields__", {}).items()
+            if "check" in f.metadata
+        }
         for f in fields(self):
-            rule, value = _declared(type(self), f.name), getattr(self, f.name)
+            rule, value = rules.get(f.name), getattr(self, f.name)
             if rule is None or (value is None and f.default is None):
                 continue
             if value is None and isinstance(rule["check"], str):
