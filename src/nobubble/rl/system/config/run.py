@@ -30,7 +30,8 @@ ENGINES = ("local", "ray")
 DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 FAULTS = ("raise", "exit", "kill", "stale")
 RAY_STAGES = ("rollout", "reward", "trainer")  # the keys of RunConfig.ray_resources
-COUNT, CHOICE = ">= 1", (False, True)  # the rules many fields share
+COUNT = ">= 1"  # with integer=True: a count
+BOOL = (False, True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +56,7 @@ class RunConfig(RLConfig):
     replay_beta: float = 0.4
     # a generator takes new weights between tokens (looking every weight_check_every tokens)
     # and records each token's version; local engine only (rl.system.partial)
-    partial_rollouts: bool = setting(False, CHOICE)
+    partial_rollouts: bool = setting(False, BOOL)
     weight_check_every: int = setting(1, COUNT, integer=True)
     engine: str = setting("local", ENGINES)  # processes on this machine, or Ray actors
     steps: int = 400
@@ -86,7 +87,7 @@ class RunConfig(RLConfig):
     checkpoint_every: int = setting(0, ">= 0", integer=True)
     # continue from checkpoint_dir's newest checkpoint; "or-start": start fresh if it has none
     resume: bool | str = setting(False, (False, True, "or-start"))
-    restart_workers: bool = setting(False, CHOICE)  # restart a dead worker, requeue its groups
+    restart_workers: bool = setting(False, BOOL)  # restart a dead worker, requeue its groups
     # tests only: "<worker>:<call>:<raise|exit|kill|stale>" makes that worker fail (stale: a
     # generator keeps sampling with the weights it holds)
     fault: str | None = None
