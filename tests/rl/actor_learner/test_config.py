@@ -10,7 +10,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"arch": "a3c"}, r"arch='a3c' is not an architecture; use one of"),
+        ({"arch": "a3c"}, r"EnvRunConfig.arch='a3c' is unknown; choose one of impala"),
         ({"actors": 0}, r"actors=0 must be an integer >= 1"),
         ({"envs_per_actor": 0}, r"envs_per_actor=0 must be"),
         ({"arch": "sample-factory", "envs_per_actor": 3}, r"envs_per_actor=3.*two groups"),
@@ -18,7 +18,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
         ({"max_staleness": -1}, r"max_staleness=-1 must be an integer >= 0"),
         ({"env_step_delay_ms": -1.0}, r"env_step_delay_ms=-1.0 must be >= 0"),
         ({"gamma": 1.5}, r"gamma=1.5 must be in \[0, 1\]"),
-        ({"loss": "a2c"}, r"loss='a2c'; use one of"),
+        ({"loss": "a2c"}, r"loss='a2c' is unknown; choose one of ppo, vtrace"),
         ({"lr": 0.0}, r"EnvRunConfig.lr=0.0 must be > 0"),
         ({"stall_timeout_s": 0.0}, r"stall_timeout_s=0.0 must be > 0"),
         # a time budget of inf (or 1e308, or NaN) is no budget: refused like 0
@@ -26,7 +26,7 @@ from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_upda
         ({"time_budget_s": 1e308}, r"time_budget_s=1e\+308 must be > 0"),
         ({"entropy_coef": float("nan")}, r"entropy_coef=nan must be >= 0"),
         ({"env": ""}, r"env='': pass a gymnasium id"),
-        ({"start_method": "thread"}, r"start_method='thread'; use one of"),
+        ({"start_method": "thread"}, r"start_method='thread' is unknown; choose one of fork"),
     ],
 )
 def test_bad_values_are_refused_naming_value_and_fix(kwargs: dict, message: str) -> None:

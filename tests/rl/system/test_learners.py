@@ -177,7 +177,10 @@ def test_step_collector_merges_one_step_and_refuses_a_wrong_shard():
         ({"learners": 2, "aggregation": "mean"}, "aggregation='mean' is unknown"),
         ({"aggregation": "async"}, "give learners >= 2"),
         ({"learners": 2, "local_sgd_every": 3}, "local_sgd_every=3 applies to"),
-        ({"learners": 2, "aggregation": "local-sgd", "local_sgd_every": 0}, "must be >= 1"),
+        (
+            {"learners": 2, "aggregation": "local-sgd", "local_sgd_every": 0},
+            "local_sgd_every=0 must be an integer >= 1",
+        ),
         (
             {"learners": 2, "aggregation": "async", "checkpoint_dir": "/tmp/x"},
             "only 'sync' learners",

@@ -1,12 +1,9 @@
 """Objects named by import path: ``package.module:attr`` or ``path/to/file.py:attr``.
 
 Every user-supplied part of a run (policy factory, task, reward function) may be given as a
-string, so that worker processes and Ray actors rebuild it themselves and nothing depends
-on the driver's ``__main__``. :func:`import_extra` imports an optional package, or words
-the error that names the extra to install. A file path is loaded under a module name derived
-from its absolute path, once per process, so a worker that loads the same file twice gets
-the same object. :func:`check_kwargs` names the keys a factory does not take, and the ones
-it does, before it is called.
+string, so worker processes and Ray actors rebuild it themselves, independent of the
+driver's ``__main__``. A file is loaded once per process, under a name derived from its
+absolute path, so loading it twice gives the same object.
 """
 
 from __future__ import annotations
@@ -62,10 +59,8 @@ def _load_file(path: Path) -> Any:
 
 
 def load_object(spec: str, what: str = "object") -> Any:
-    """The object ``spec`` names; ``what`` (e.g. ``"task"``) words the error.
-
-    Raises ValueError naming ``spec`` and the fix when the module or attribute is missing.
-    """
+    """The object ``spec`` names; a missing module or attribute raises ValueError naming
+    ``spec``, worded with ``what`` (e.g. ``"task"``), and the fix."""
     if not is_import_path(spec):
         raise ValueError(
             f"{what} {spec!r} is not an import path; write 'package.module:attr' or "

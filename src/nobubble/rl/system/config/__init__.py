@@ -1,16 +1,5 @@
-"""One RL run's configuration, typed and torch-free.
-
-- :mod:`.base` - :class:`RLConfig`, the settings both producers have (seed, steps, time
-  budget, max staleness, threads, stall timeout), each declared and checked once;
-- :mod:`.run` - :class:`RunConfig`, everything one run on a task needs (an RLConfig),
-  validated when built;
-- :mod:`.stages` - :class:`LearnerConfig`, the learner's settings both producers have (a
-  task run's trainer and an environment run are LearnerConfigs), and the settings of each
-  stage (:class:`TrainerConfig`,
-  :class:`RolloutConfig`, :class:`RewardConfig`) that ``RunConfig.trainer`` / ``.rollout`` /
-  ``.reward`` hold;
-- :mod:`.presets` - the recipes as functions that return a config
-  (``aggressive(RunConfig(...))``) and the lag-fix ablation grid.
+"""One RL run's configuration, typed, checked when built (:mod:`.base`) and torch-free: a
+task run (:mod:`.run`), its stages' settings (:mod:`.stages`) and the recipes (:mod:`.presets`).
 """
 
 from __future__ import annotations
