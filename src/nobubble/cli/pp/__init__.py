@@ -1,26 +1,25 @@
-"""``nobubble pp``: show, simulate, compare, export and validate pipeline schedules.
-
-The shared flags (shape, per-rank costs, ``--mem-limit`` in units of M_F, the dispatch
-policy and its perturbations) are :mod:`.options`'; the exact solver (``pp solve``),
-the frontier and the runtime (``pp profile/plan/run``) have their own modules.
-"""
+"""``nobubble pp``: show, simulate, compare, export, validate and solve pipeline schedules, and
+their memory/bubble frontier; ``pp profile | plan | run`` are :mod:`.run`'s. The shared flags
+and checks are :mod:`.options`'."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from pathlib import Path
 
-from nobubble.cli.pp import frontier as pp_frontier
 from nobubble.cli.pp import run as pp_run
-from nobubble.cli.pp import solve as pp_solve
 from nobubble.cli.pp.options import (
     add_costs,
     add_dispatch,
     add_shape,
+    add_size,
     check_size,
     costs_from_args,
     mem_limit_from_args,
     perturbation_from_args,
+    read_profile_json,
     read_schedule_csv,
     schedule_from_args,
 )
@@ -33,6 +32,7 @@ from nobubble.cli.util import (
     output_file,
     plot_file,
     positive_float,
+    positive_int,
     print_json,
     print_result,
 )
@@ -53,13 +53,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         ("export", "write a schedule as torch's compute-only CSV", _export_flags, _export),
         ("validate", "check a torch-format CSV schedule and simulate it", _validate_flags,
          _validate),
+        ("solve", "exact optimal schedule (CP-SAT), warm-started by the heuristics",
+         _solve_flags, _solve),
+        ("frontier", "every schedule as (peak memory, bubble); the Pareto-optimal ones",
+         _frontier_flags, _frontier),
     ):  # fmt: skip
         p = sub.add_parser(name, help=help_text)
         add_flags(p)
         add_json_flag(p)
         p.set_defaults(func=func)
-    pp_solve.register(sub)
-    pp_frontier.register(sub)
     pp_run.register(sub)
 
 
@@ -231,8 +233,7 @@ def _compare_flags(p: argparse.ArgumentParser) -> None:
     add_shape(p, schedule=False)
     add_costs(p)
     p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
-                   metavar="SECONDS", help="add the exact ILP row (time limit, default 30 s)")  # fmt: skip
+    _add_ilp(p, "add the exact ILP row (time limit, default 30 s)")
     p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
 
 
@@ -299,3 +300,181 @@ def _cost_summary(costs) -> dict:
 
 def _fmt_cost(value) -> str:
     return ",".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"
+
+
+# -- pp solve / frontier -------------------------------------------------------------------
+def _solve_flags(p: argparse.ArgumentParser) -> None:
+    add_shape(p, schedule=False, chunks=1,
+              chunks_help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
+    add_costs(p, mem_limit_help="activation limit per rank in units of M_F (P = ZB-1p's); "
+              "default none")  # fmt: skip
+    p.add_argument("--objective", choices=("span", "makespan"), default="span")
+    p.add_argument("--placement", choices=("v", "interleaved"), default=None,
+                   help="with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'")  # fmt: skip
+    p.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="CP-SAT workers (default 8)")  # fmt: skip
+    p.add_argument("--plot", type=plot_file, default=None, help="Gantt chart file (.png/.svg)")
+    p.add_argument("--csv", type=output_file, default=None, help="write the schedule (torch CSV)")
+
+
+def _frontier_flags(p: argparse.ArgumentParser) -> None:
+    add_size(p, ranks=8, microbatches=24)
+    # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
+    add_costs(p, mem_limit_help=argparse.SUPPRESS)
+    p.add_argument("--costs", type=input_file, default=None, metavar="FILE",
+                   help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)")  # fmt: skip
+    p.add_argument("--mem-limits", type=_limits, default=None, metavar="L1,L2,...",
+                   help="memory limits for the ZB heuristic and solver sweeps, rank units "
+                        "(default about p/3 ... 2p)")  # fmt: skip
+    _add_ilp(p, "add the exact solver's points (time limit of each solve, default 30 s)")
+    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
+    p.add_argument("--plot", type=plot_file, default=None,
+                   help="write the picture (.png/.svg/.pdf)")  # fmt: skip
+
+
+def _add_ilp(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
+                   metavar="SECONDS", help=text)  # fmt: skip
+
+
+def _solve(args: argparse.Namespace) -> int:
+    if args.placement is not None and args.chunks == 1:
+        raise UsageError(f"--placement {args.placement} needs --chunks 2")
+    check_size(args, "solve")
+    cores = os.cpu_count() or 1
+    if args.workers is not None and args.workers > max(8, cores) and not args.force:
+        raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
+                         f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
+    costs = costs_from_args(args)
+    mem_limit = mem_limit_from_args(args, costs, below_one=True)
+    from nobubble.bench.output import progress_bar
+    from nobubble.pipeline.ilp.solve import solve_optimal
+
+    # the bar moves at each solution the solver finds (elapsed time beside)
+    with progress_bar("solving", total=args.time_limit, counter=None) as (bar, task):
+        result = solve_optimal(
+            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
+            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
+            num_workers=args.workers, num_chunks=args.chunks, placement=args.placement,
+            on_solution=lambda objective, bound, seconds: bar.update(
+                task, completed=min(args.time_limit, seconds),
+                description=f"best {objective:.6g}  bound {bound:.6g}"),
+        )  # fmt: skip
+    if result.schedule is not None and result.simulation is not None:  # a schedule came back
+        if args.plot is not None:
+            from nobubble.pipeline.plot import gantt
+
+            gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
+        if args.csv is not None:
+            write_text(args.csv, result.schedule.to_csv())
+    rows = []
+    if result.heuristic:
+        rows.append([f"heuristic {result.heuristic}", "-", result.heuristic_objective,
+                     result.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
+    rows.append([
+        "ilp (cp-sat)", result.status, result.objective, result.bubble_rate,
+        result.lower_bound, "-" if result.gap is None else f"{result.gap:.2%}",
+        f"{result.solve_seconds:.1f}",
+    ])  # fmt: skip
+    limit = "none" if mem_limit is None else f"{mem_limit:g}"
+    shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
+    print_result(
+        args.json,
+        result.summary()
+        | {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit},
+        f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
+        f"mem limit {limit}",
+        ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
+        [[("-" if v is None else v) for v in row] for row in rows],
+        caption=result.explanation,
+    )
+    return _exit_code(result.status)
+
+
+def _exit_code(status: str) -> int:
+    """0 when a schedule came back; 1 for infeasible / unknown (the reason is printed)."""
+    return 0 if status in ("optimal", "feasible") else 1
+
+
+def _limits(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated positive numbers."""
+    return tuple(sorted({positive_float(part) for part in text.split(",")}))
+
+
+def _frontier(args: argparse.Namespace) -> int:
+    from nobubble.pipeline import frontier as fr
+
+    _check_args(args)
+    costs = _costs(args)
+    sources = fr.default_sources(args.ranks, mem_limits=args.mem_limits,
+                                 include_torch=not args.no_torch, ilp_time_limit_s=args.ilp)  # fmt: skip
+    started = time.perf_counter()
+    result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
+                         sources=sources)  # fmt: skip
+    seconds = time.perf_counter() - started
+    files = []
+    if args.plot is not None:
+        from nobubble.pipeline.plot import frontier_plot
+
+        title = (f"P={args.ranks}, M={args.microbatches}"
+                 + (f", {args.model}" if args.model else ""))  # fmt: skip
+        files.append(str(frontier_plot(result.points, args.plot, title=title)))
+    rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
+    print_result(
+        args.json,
+        {"stages": args.ranks, "microbatches": args.microbatches,
+         "memory_unit": "microbatches of one rank's activations",
+         "points": [q.as_dict() for q in result.points],
+         "pareto": [q.name for q in result.pareto], "seconds": seconds, "files": files},
+        f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
+        ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
+        [
+            [
+                q.name,
+                q.source,
+                f"{q.peak_memory:.2f}" if q.ok else "-",
+                f"{q.bubble_rate:.2%}" if q.ok else "-",
+                "*" if q.pareto else "",
+                q.note,
+            ]
+            for q in rows
+        ],
+        caption="peak memory in microbatches of one rank's activations (1F1B: P); "
+        f"* = Pareto-optimal; {seconds:.1f} s",
+        files=files,
+    )  # fmt: skip
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what the frontier cannot do or cannot do in time."""
+    from nobubble.pipeline.schedules.budget import check_ops
+
+    if args.mem_limit is not None:
+        raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
+    if args.ranks < 2:
+        raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
+    check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
+    try:  # the exact solver's budget: one stage per rank
+        if args.ilp is not None:
+            check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
+    except ValueError as err:
+        raise UsageError(f"--ilp: {err}, or drop --ilp") from None
+    if args.mem_limits and min(args.mem_limits) < 1:
+        raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
+                         "activations (the unit); give limits >= 1")  # fmt: skip
+
+
+def _costs(args: argparse.Namespace):
+    if args.costs is None:
+        return costs_from_args(args)
+    given = [f for f in ("model", "tf", "tb", "tw", "tcomm") if getattr(args, f) is not None]
+    if given:
+        raise UsageError(f"--costs replaces --{given[0]}; give one of them")
+    prof = read_profile_json(args.costs, "--costs")
+    costs = prof.cost_model()
+    if costs.num_stages != args.ranks:
+        raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
+                         f"{args.ranks}; pass --ranks {costs.num_stages}")  # fmt: skip
+    return costs
