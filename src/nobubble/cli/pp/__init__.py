@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
+    COST_FLAGS,
     add_costs,
     add_dispatch,
     add_shape,
@@ -19,8 +20,7 @@ from nobubble.cli.pp.options import (
     costs_from_args,
     mem_limit_from_args,
     perturbation_from_args,
-    read_profile_json,
-    read_schedule_csv,
+    read_file,
     schedule_from_args,
 )
 from nobubble.cli.util import (
@@ -90,7 +90,7 @@ def _show(args: argparse.Namespace) -> int:
         if given or args.force:
             raise UsageError(f"--csv {args.csv} sets the schedule and its shape; drop "
                              f"{', '.join(given + ['--force'] * args.force)}")  # fmt: skip
-        sched = read_schedule_csv(args.csv)
+        sched = read_file(args.csv, "")
         validate(sched)  # before a grid is drawn: a broken file is one line, exit 2
     else:
         for dest, (_, default) in SHOW_SHAPE.items():
@@ -186,9 +186,7 @@ def _export_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    costs = costs_from_args(args)
-    sched = schedule_from_args(args, costs)
-    text = sched.to_csv()
+    text = (sched := schedule_from_args(args)).to_csv()
     if args.output is None and not args.json:
         print(text, end="")
         return 0
@@ -211,14 +209,14 @@ def _validate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=input_file,
                    help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
     add_costs(p, mem_limit_help=None)  # it simulates the file's own order
-    p.set_defaults(chunks=None, microbatches=None)
+    p.set_defaults(chunks=None, microbatches=None, force=False)
 
 
 def _validate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
     from nobubble.pipeline.validate import validate
 
-    sched = read_schedule_csv(args.file)
+    sched = read_file(args.file, "")
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
     result = simulate(sched, costs_from_args(args), check=False)
@@ -469,10 +467,10 @@ def _check_args(args: argparse.Namespace) -> None:
 def _costs(args: argparse.Namespace):
     if args.costs is None:
         return costs_from_args(args)
-    given = [f for f in ("model", "tf", "tb", "tw", "tcomm") if getattr(args, f) is not None]
-    if given:
-        raise UsageError(f"--costs replaces --{given[0]}; give one of them")
-    prof = read_profile_json(args.costs, "--costs")
+    times = (("--model", "model", None, ""), *COST_FLAGS[:4])
+    if given := [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]:
+        raise UsageError(f"--costs replaces {given[0]}; give one of them")
+    prof = read_file(args.costs, "--costs", "profile")
     costs = prof.cost_model()
     if costs.num_stages != args.ranks:
         raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
