@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
 from pathlib import Path
 
+from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
     COST_FLAGS,
@@ -38,43 +40,7 @@ from nobubble.cli.util import (
 )
 from nobubble.files import write_text
 
-
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(group_parser=parser)
-    sub = parser.add_subparsers(
-        dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
-    )
-    for name, help_text, add_flags, func in (
-        ("show", "print a schedule as a text grid (time slots per rank)", _show_flags, _show),
-        ("simulate", "simulate one schedule: bubble, spans, peak memory", _simulate_flags,
-         _simulate),
-        ("compare", "every schedule on the same costs: bubble, memory, throughput",
-         _compare_flags, _compare),
-        ("export", "write a schedule as torch's compute-only CSV", _export_flags, _export),
-        ("validate", "check a torch-format CSV schedule and simulate it", _validate_flags,
-         _validate),
-        ("solve", "exact optimal schedule (CP-SAT), warm-started by the heuristics",
-         _solve_flags, _solve),
-        ("frontier", "every schedule as (peak memory, bubble); the Pareto-optimal ones",
-         _frontier_flags, _frontier),
-    ):  # fmt: skip
-        p = sub.add_parser(name, help=help_text)
-        add_flags(p)
-        add_json_flag(p)
-        p.set_defaults(func=func)
-    pp_run.register(sub)
-
-
 # -- pp show -------------------------------------------------------------------------------
-def _show_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p)
-    p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
-    p.add_argument("--csv", type=input_file, default=None,
-                   help="show this torch CSV instead (it sets the schedule and its shape)")  # fmt: skip
-    # None: not given, so that --csv can refuse a shape it would ignore
-    p.set_defaults(**dict.fromkeys(SHOW_SHAPE, None))
-
-
 SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
               "chunks": ("-v", None)}  # fmt: skip
 """``pp show``'s shape flags and their defaults, applied when no ``--csv`` is given."""
@@ -110,14 +76,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 # -- pp simulate ---------------------------------------------------------------------------
-def _simulate_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p)
-    add_costs(p)
-    add_dispatch(p)
-    p.add_argument("--plot", type=plot_file, help="write a Gantt chart (.png or .svg)")
-    p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
-
-
 def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
 
@@ -177,14 +135,6 @@ def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
 
 
 # -- pp export / validate ------------------------------------------------------------------
-def _export_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p)
-    add_costs(p)
-    p.add_argument(
-        "-o", "--output", type=output_file, default=None, help="CSV file (default: stdout)"
-    )
-
-
 def _export(args: argparse.Namespace) -> int:
     text = (sched := schedule_from_args(args)).to_csv()
     if args.output is None and not args.json:
@@ -205,13 +155,6 @@ def _shape(sched) -> dict:
             "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
-def _validate_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", type=input_file,
-                   help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
-    add_costs(p, mem_limit_help=None)  # it simulates the file's own order
-    p.set_defaults(chunks=None, microbatches=None, force=False)
-
-
 def _validate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
     from nobubble.pipeline.validate import validate
@@ -225,14 +168,6 @@ def _validate(args: argparse.Namespace) -> int:
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
     print_result(args.json, info, f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
     return 0
-
-
-def _compare_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p, schedule=False)
-    add_costs(p)
-    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    _add_ilp(p, "add the exact ILP row (time limit, default 30 s)")
-    p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -301,41 +236,6 @@ def _fmt_cost(value) -> str:
 
 
 # -- pp solve / frontier -------------------------------------------------------------------
-def _solve_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p, schedule=False, chunks=1,
-              chunks_help="stages per rank (2: V or interleaved; default 1)")  # fmt: skip
-    add_costs(p, mem_limit_help="activation limit per rank in units of M_F (P = ZB-1p's); "
-              "default none")  # fmt: skip
-    p.add_argument("--objective", choices=("span", "makespan"), default="span")
-    p.add_argument("--placement", choices=("v", "interleaved"), default=None,
-                   help="with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'")  # fmt: skip
-    p.add_argument("--time-limit", type=positive_float, default=60.0, help="seconds")
-    p.add_argument("--workers", type=positive_int, default=None,
-                   help="CP-SAT workers (default 8)")  # fmt: skip
-    p.add_argument("--plot", type=plot_file, default=None, help="Gantt chart file (.png/.svg)")
-    p.add_argument("--csv", type=output_file, default=None, help="write the schedule (torch CSV)")
-
-
-def _frontier_flags(p: argparse.ArgumentParser) -> None:
-    add_size(p, ranks=8, microbatches=24)
-    # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
-    add_costs(p, mem_limit_help=argparse.SUPPRESS)
-    p.add_argument("--costs", type=input_file, default=None, metavar="FILE",
-                   help="per-rank costs from a pp profile JSON (instead of --model/--tf/...)")  # fmt: skip
-    p.add_argument("--mem-limits", type=_limits, default=None, metavar="L1,L2,...",
-                   help="memory limits for the ZB heuristic and solver sweeps, rank units "
-                        "(default about p/3 ... 2p)")  # fmt: skip
-    _add_ilp(p, "add the exact solver's points (time limit of each solve, default 30 s)")
-    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument("--plot", type=plot_file, default=None,
-                   help="write the picture (.png/.svg/.pdf)")  # fmt: skip
-
-
-def _add_ilp(p: argparse.ArgumentParser, text: str) -> None:
-    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
-                   metavar="SECONDS", help=text)  # fmt: skip
-
-
 def _solve(args: argparse.Namespace) -> int:
     if args.placement is not None and args.chunks == 1:
         raise UsageError(f"--placement {args.placement} needs --chunks 2")
@@ -476,3 +376,82 @@ def _costs(args: argparse.Namespace):
         raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
                          f"{args.ranks}; pass --ranks {costs.num_stages}")  # fmt: skip
     return costs
+
+
+def _ilp(text: str) -> tuple:
+    return (
+        "--ilp",
+        positive_float,
+        None,
+        text,
+        {"nargs": "?", "const": 30.0, "metavar": "SECONDS"},
+    )
+
+
+COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
+    ("show", "print a schedule as a text grid (time slots per rank)", (add_shape,), (
+        ("--ids", bool, False, "show microbatch numbers in the cells"),
+        ("--csv", input_file, None, "show this torch CSV instead (it sets the schedule and its shape)"),
+    ), _show),
+    ("simulate", "simulate one schedule: bubble, spans, peak memory", (add_shape, add_costs, add_dispatch), (
+        ("--plot", plot_file, None, "write a Gantt chart (.png or .svg)"),
+        ("--trace", output_file, None, "write a Chrome trace (.json) for Perfetto"),
+    ), _simulate),
+    ("compare", "every schedule on the same costs: bubble, memory, throughput",
+     (partial(add_shape, schedule=False), add_costs), (
+        ("--no-torch", bool, False, "leave out torch's own schedules"),
+        _ilp("add the exact ILP row (time limit, default 30 s)"),
+        ("--plot", plot_file, None, "write every schedule's Gantt chart in one image"),
+    ), _compare),
+    ("export", "write a schedule as torch's compute-only CSV", (add_shape, add_costs), (
+        ("-o --output", output_file, None, "CSV file (default: stdout)"),
+    ), _export),
+    ("validate", "check a torch-format CSV schedule and simulate it",
+     (partial(add_costs, mem_limit_help=None),), (  # it simulates the file's own order
+        ("file", input_file, None, "CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0"),
+    ), _validate),
+    ("solve", "exact optimal schedule (CP-SAT), warm-started by the heuristics", (
+        partial(add_shape, schedule=False, chunks=1,
+                chunks_help="stages per rank (2: V or interleaved; default 1)"),
+        partial(add_costs, mem_limit_help="activation limit per rank in units of M_F (P = "
+                "ZB-1p's); default none")), (
+        ("--objective", ("span", "makespan"), "span", None),
+        ("--placement", ("v", "interleaved"), None,
+         "with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'"),
+        ("--time-limit", positive_float, 60.0, "seconds"),
+        ("--workers", positive_int, None, "CP-SAT workers (default 8)"),
+        ("--plot", plot_file, None, "Gantt chart file (.png/.svg)"),
+        ("--csv", output_file, None, "write the schedule (torch CSV)"),
+    ), _solve),
+    # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
+    ("frontier", "every schedule as (peak memory, bubble); the Pareto-optimal ones", (
+        partial(add_size, ranks=8, microbatches=24),
+        partial(add_costs, mem_limit_help=argparse.SUPPRESS)), (
+        ("--costs", input_file, None, "per-rank costs from a pp profile JSON (instead of "
+         "--model/--tf/...)", {"metavar": "FILE"}),
+        ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
+         "rank units (default about p/3 ... 2p)", {"metavar": "L1,L2,..."}),
+        _ilp("add the exact solver's points (time limit of each solve, default 30 s)"),
+        ("--no-torch", bool, False, "leave out torch's own schedules"),
+        ("--plot", plot_file, None, "write the picture (.png/.svg/.pdf)"),
+    ), _frontier),
+)  # fmt: skip
+DEFAULTS = {  # None: not given, so that --csv can refuse a shape it would ignore
+    "show": dict.fromkeys(SHOW_SHAPE, None),
+    "validate": {"chunks": None, "microbatches": None, "force": False},
+}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(
+        dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
+    )
+    for name, help_text, shared, rows, func in COMMANDS:
+        p = sub.add_parser(name, help=help_text)
+        for add in shared:
+            add(p)
+        add_args(p, rows)
+        add_json_flag(p)
+        p.set_defaults(func=func, **DEFAULTS.get(name, {}))
+    pp_run.register(sub)

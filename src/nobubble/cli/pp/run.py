@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
     BUILTIN_MODELS,
     DISPATCH_CHOICES,
@@ -67,79 +68,66 @@ DEFAULT_MICROBATCHES = 8
 """``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
 
 
+PROFILE_ARGS = (
+    ("--stages", positive_int, 2, "model stages to split into (one per rank, or ranks x chunks)",
+     {"dest": "num_stages"}),
+    ("--repeats", positive_int, 5, "timed repeats per op"),
+    ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
+    ("-o --output", output_file, None, "write the profile JSON"),
+    ("--force", bool, False, "run sizes past the memory and time budgets"),
+)  # fmt: skip
+PLAN_ARGS = (
+    ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
+    ("--ilp", positive_float, None, "also run the exact solver for this long",
+     {"metavar": "SECONDS"}),
+    ("-o --output --out", output_file, None, "the best schedule as torch CSV (default plan.csv); "
+     "with --model MODULE:FACTORY the plan's JSON (default plan.json)"),
+    ("--plot", plot_file, None, "--model MODULE:FACTORY: the Gantt chart of the plan above the "
+     "naive 1F1B (default: the --out file as .png)"),
+    ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
+    ("--memory-limit-mib", positive_float, None, "keep the fastest whose peak activations per "
+     "rank fit", {"metavar": "MIB"}),
+    ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
+     "(default: measured on --ranks local ranks, with the cost per byte moved; given, transfers "
+     "cost 0; 0: compute only)", {"metavar": "MS"}),
+)  # fmt: skip
+RUN_ARGS = (
+    ("--steps", positive_int, 3, "training steps"),
+    ("--optimizer", ("sgd", "adamw"), "sgd", None),
+    ("--lr", positive_float, 0.01, None),
+    ("--no-predict", bool, False, "skip profiling + simulation"),
+    ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
+    ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
+    ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
+    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick each op from what has "
+     "arrived"),
+    ("--straggler", straggler_arg, None, "really slow one rank: its ops take FACTOR times as long",
+     {"metavar": "RANK:FACTOR[:STEPS]"}),
+)  # fmt: skip
+"""``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``profile``, ``plan`` and ``run`` to the ``pp`` group's sub-parsers."""
     prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
-    prof.add_argument(
-        "--stages",
-        dest="num_stages",
-        type=positive_int,
-        default=2,
-        help="model stages to split into (one per rank, or ranks x chunks)",
-    )
-    prof.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per op")
-    prof.add_argument("--no-comm", action="store_true", help="skip the 2-process T_comm probe")
-    prof.add_argument(
-        "-o", "--output", type=output_file, default=None, help="write the profile JSON"
-    )
-    prof.add_argument("--force", action="store_true",
-                      help="run sizes past the memory and time budgets")  # fmt: skip
-    add_model(prof)
-    add_launch(prof)
-    add_json_flag(prof)
-    prof.set_defaults(func=_profile)
-
     plan = sub.add_parser("plan", help="choose a schedule (built-in model) or a whole plan "
                           "(--model MODULE:FACTORY: cut, schedule, microbatches, recompute)")  # fmt: skip
-    plan.add_argument("--profile", type=input_file, default=None,
-                      help="profile JSON (pp profile -o); it sets the model")  # fmt: skip
-    add_size(plan, ranks=2, microbatches=None)
-    plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
-                      help="also run the exact solver for this long")  # fmt: skip
-    plan.add_argument("-o", "--output", "--out", type=output_file, default=None,
-                      help="the best schedule as torch CSV (default plan.csv); with --model "
-                           "MODULE:FACTORY the plan's JSON (default plan.json)")  # fmt: skip
-    plan.add_argument("--plot", type=plot_file, default=None,
-                      help="--model MODULE:FACTORY: the Gantt chart of the plan above the naive "
-                           "1F1B (default: the --out file as .png)")  # fmt: skip
-    plan.add_argument("--recompute", action="store_true",
-                      help="also weigh every schedule with activation checkpointing")  # fmt: skip
-    plan.add_argument("--memory-limit-mib", type=positive_float, default=None, metavar="MIB",
-                      help="keep the fastest whose peak activations per rank fit")  # fmt: skip
-    plan.add_argument("--overhead-ms", type=nonneg_float, default=None, metavar="MS",
-                      help="--model MODULE:FACTORY: the runtime's cost per action (default: "
-                           "measured on --ranks local ranks, with the cost per byte moved; "
-                           "given, transfers cost 0; 0: compute only)")  # fmt: skip
-    add_model(plan)
-    add_launch(plan)
-    add_json_flag(plan)
-    plan.set_defaults(func=_plan)
-
     run = sub.add_parser("run", help="train a model with a schedule or a plan on local ranks")
     which = run.add_mutually_exclusive_group(required=True)
-    which.add_argument("--schedule", "-s", help="schedule name (gpipe, 1f1b, zb-h1, ...)")
-    which.add_argument("--schedule-file", type=input_file, help="torch compute-only CSV")
-    which.add_argument("--plan", type=input_file,
-                       help="plan JSON of pp plan --model MODULE:FACTORY (with that --model)")  # fmt: skip
+    add_args(which, (
+        ("--schedule -s", str, None, "schedule name (gpipe, 1f1b, zb-h1, ...)"),
+        ("--schedule-file", input_file, None, "torch compute-only CSV"),
+        ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
+    ))  # fmt: skip
+    add_size(plan, ranks=2, microbatches=None)
     add_size(run, ranks=None, ranks_required=False, microbatches=None)
-    run.add_argument("--steps", type=positive_int, default=3, help="training steps")
-    run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    run.add_argument("--lr", type=positive_float, default=0.01)
-    run.add_argument("--no-predict", action="store_true", help="skip profiling + simulation")
-    run.add_argument("--recompute", action="store_true",
-                     help="activation checkpointing: F keeps its input, B runs F again")  # fmt: skip
-    run.add_argument("--trace", type=output_file, default=Path("nobubble-out/pp_run_trace.json"),
-                     help="merged Chrome trace to write")  # fmt: skip
-    run.add_argument("--plot", type=plot_file, default=None,
-                     help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
-    run.add_argument("--dispatch", choices=DISPATCH_CHOICES, default="static",
-                     help="walk the schedule, or pick each op from what has arrived")  # fmt: skip
-    run.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR[:STEPS]",
-                     help="really slow one rank: its ops take FACTOR times as long")  # fmt: skip
-    add_model(run)
-    add_launch(run)
-    add_json_flag(run)
-    run.set_defaults(func=_run)
+    for p, rows, func in ((prof, PROFILE_ARGS, _profile), (plan, PLAN_ARGS, _plan),
+                          (run, RUN_ARGS, _run)):  # fmt: skip
+        add_args(p, rows)
+        add_model(p)
+        add_launch(p)
+        add_json_flag(p)
+        p.set_defaults(func=func)
 
 
 def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
