@@ -47,7 +47,6 @@ SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": (
 
 
 def _show(args: argparse.Namespace) -> int:
-    from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.plot import ascii_grid
     from nobubble.pipeline.validate import validate
 
@@ -61,8 +60,7 @@ def _show(args: argparse.Namespace) -> int:
     else:
         for dest, (_, default) in SHOW_SHAPE.items():
             setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
-        check_size(args)  # before the costs, whose size is the ranks'
-        sched = schedule_from_args(args, CostModel.uniform(args.ranks))
+        sched = schedule_from_args(args, unit=True)
     if args.json:
         print_json({"schedule": sched.name, **_shape(sched),
                     "stage_to_rank": list(sched.stage_to_rank),

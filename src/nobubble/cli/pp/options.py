@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from nobubble.cli.flags import (
     Flag,
+    add_args,
     add_config_flags,
     apply_flags,
     config_from_flags,
@@ -137,14 +138,17 @@ def mem_limit_from_args(args: argparse.Namespace, costs, *,
     return args.mem_limit * max(costs.mem_f)
 
 
-def schedule_from_args(args: argparse.Namespace, costs=None, *, limit_elsewhere: bool = False):
-    """The schedule ``--schedule`` names for ``costs`` (None: the cost flags', checked before
-    they are built); ``--mem-limit`` steers zb-1p / zb-2p (which the registry refuses for
-    other schedules, unless ``limit_elsewhere``: the handshake's)."""
+def schedule_from_args(args: argparse.Namespace, costs=None, *, unit: bool = False,
+                       limit_elsewhere: bool = False):  # fmt: skip
+    """The schedule ``--schedule`` names for ``costs`` (None: the cost flags', or ``unit``
+    costs; built after the size is checked); ``--mem-limit`` steers zb-1p / zb-2p (which the
+    registry refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
+    from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.schedules import get_schedule
 
     check_size(args)
-    costs = costs_from_args(args) if costs is None else costs
+    if costs is None:
+        costs = CostModel.uniform(args.ranks) if unit else costs_from_args(args)
     mem_limit = mem_limit_from_args(args, costs)
     if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
         mem_limit = None
@@ -168,19 +172,17 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
 
 def add_dispatch(p: argparse.ArgumentParser) -> None:
     """``--dispatch``, ``--jitter``, ``--straggler`` (repeatable) and ``--seed``."""
-    g = p.add_argument_group("dispatch policy and perturbations")
-    g.add_argument("--dispatch", choices=DISPATCH_CHOICES, default=None,
-                   help="static: every rank walks the schedule's order (the default); "
-                        "handshake: ranks pick their next op from what has arrived, guided "
-                        "by the order, within --mem-limit (default: the order's peak)")  # fmt: skip
-    g.add_argument("--jitter", type=nonneg_float, default=0.0, metavar="J",
-                   help="each op's time times a seeded factor in [1-J, 1+J] (0 <= J < 1)")  # fmt: skip
-    g.add_argument("--straggler", type=straggler_arg, action="append", default=[],
-                   metavar="RANK:FACTOR[:STEPS]",
-                   help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
-                        "N), A-B or A- (default all); repeatable")  # fmt: skip
-    g.add_argument("--seed", type=seed_int, default=None, help="seed of the jitter draws "
-                   "(default 0)")  # fmt: skip
+    add_args(p.add_argument_group("dispatch policy and perturbations"), (
+        ("--dispatch", DISPATCH_CHOICES, None, "static: every rank walks the schedule's order "
+         "(the default); handshake: ranks pick their next op from what has arrived, guided by "
+         "the order, within --mem-limit (default: the order's peak)"),
+        ("--jitter", nonneg_float, 0.0, "each op's time times a seeded factor in [1-J, 1+J] "
+         "(0 <= J < 1)", {"metavar": "J"}),
+        ("--straggler", straggler_arg, [], "slow a rank's ops by FACTOR (e.g. 1:1.5), in steps "
+         "STEPS: N (the first N), A-B or A- (default all); repeatable",
+         {"action": "append", "metavar": "RANK:FACTOR[:STEPS]"}),
+        ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
+    ))  # fmt: skip
 
 
 def straggler_arg(text: str):
@@ -224,13 +226,13 @@ def add_model(p: argparse.ArgumentParser) -> None:
     from nobubble.pipeline.runtime.models import GPTConfig
 
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, metavar="gpt|mlp|MODULE:FACTORY",
-                   help="a built-in model, or a factory returning (blocks, inputs, targets, "
-                        "loss_fn): package.module:factory or path/to/file.py:factory")  # fmt: skip
-    g.add_argument("--arch", choices=BUILTIN_MODELS, help="built-in model (default gpt)")
+    add_args(g, (("--model", str, None, "a built-in model, or a factory returning (blocks, "
+                  "inputs, targets, loss_fn): package.module:factory or path/to/file.py:factory",
+                  {"metavar": "gpt|mlp|MODULE:FACTORY"}),
+                 ("--arch", BUILTIN_MODELS, None, "built-in model (default gpt)")))  # fmt: skip
     add_config_flags(g, GPTConfig, MODEL_FLAGS)
-    g.add_argument("--microbatch-size", type=positive_int, help="samples per mb (default 2)")
-    g.add_argument("--seed", type=seed_int, help="weights, data and factory seed (default 0)")
+    add_args(g, (("--microbatch-size", positive_int, None, "samples per mb (default 2)"),
+                 ("--seed", seed_int, None, "weights, data and factory seed (default 0)")))  # fmt: skip
     p.set_defaults(**RUN_DEFAULTS)
 
 

@@ -132,9 +132,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
                     microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
-    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks),
-    under a spinner: :func:`~nobubble.pipeline.runtime.profile.profile_stages` where
-    ``launch`` runs the ranks."""
+    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` of ``model`` in ``num_stages``
+    stages where ``launch`` runs the ranks, under a spinner."""
     from nobubble.pipeline.runtime.profile import profile_stages
 
     with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
@@ -218,9 +217,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
                   launch: LaunchOptions) -> tuple[Plan, str]:  # fmt: skip
-    """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``'s
-    ``prof``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
-    model's name."""
+    """The plan of ``--profile``'s ``prof`` or of the built-in ``model``, and its name."""
     from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
 
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
@@ -242,12 +239,9 @@ def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelCo
 def _schedule_from_args(args: argparse.Namespace) -> Schedule:
     """``--schedule`` for unit costs (a cost-dependent one is built again for the costs a
     profile measures), or ``--schedule-file``."""
-    from nobubble.pipeline.costs import CostModel
-
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        check_size(args)  # before the unit costs, whose size is the ranks'
-        return schedule_from_args(args, CostModel.uniform(args.ranks))
+        return schedule_from_args(args, unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
@@ -373,14 +367,10 @@ def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> in
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
-    """Import the factory ``spec`` names and build the model with it
-    (:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`,
-    which seeds torch with ``seed`` and checks the factory's answer).
-
-    Every rank calls this with the same ``seed``, so every rank builds the same weights.
-    Raises UsageError (one line, exit 2) when ``spec`` does not import, is not callable,
-    the factory raises, or it does not return ``(blocks, inputs, targets, loss_fn)``.
-    """
+    """The model the factory ``spec`` builds, torch seeded with ``seed`` (every rank builds
+    the same weights): :meth:`UserModel.from_factory
+    <nobubble.pipeline.runtime.planning.UserModel.from_factory>`. A spec that does not import,
+    a factory that raises or returns no ``(blocks, inputs, targets, loss_fn)``: UsageError."""
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
