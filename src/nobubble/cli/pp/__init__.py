@@ -8,7 +8,6 @@ import argparse
 import os
 import time
 from functools import partial
-from pathlib import Path
 
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
@@ -75,6 +74,7 @@ def _show(args: argparse.Namespace) -> int:
 
 # -- pp simulate ---------------------------------------------------------------------------
 def _simulate(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.plot import gantt, write_trace
     from nobubble.pipeline.simulate import simulate
 
     costs = costs_from_args(args)
@@ -83,7 +83,8 @@ def _simulate(args: argparse.Namespace) -> int:
     sched = schedule_from_args(args, costs, limit_elsewhere=args.dispatch == "handshake")
     run = _dispatch(args, sched, costs) if dispatched else None
     result = run.sim if run is not None else simulate(sched, costs)
-    files = _write_pictures(result, args.plot, args.trace)
+    pictures = ((gantt, args.plot), (write_trace, args.trace))
+    files = [str(write(result, path)) for write, path in pictures if path is not None]
     summary = run.summary() if run is not None else result.summary()
     mf = costs.mem_f[0]
     rows = [
@@ -123,13 +124,6 @@ def _dispatch(args: argparse.Namespace, sched, costs):
             )
     return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation_from_args(args),
                              mem_limit=mem_limit)  # fmt: skip
-
-
-def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
-    from nobubble.pipeline.plot import gantt, write_trace
-
-    pictures = ((gantt, plot), (write_trace, trace))
-    return [str(write(result, path)) for write, path in pictures if path is not None]
 
 
 # -- pp export / validate ------------------------------------------------------------------
@@ -285,12 +279,7 @@ def _solve(args: argparse.Namespace) -> int:
         [[("-" if v is None else v) for v in row] for row in rows],
         caption=result.explanation,
     )
-    return _exit_code(result.status)
-
-
-def _exit_code(status: str) -> int:
-    """0 when a schedule came back; 1 for infeasible / unknown (the reason is printed)."""
-    return 0 if status in ("optimal", "feasible") else 1
+    return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
 
 
 def _limits(text: str) -> tuple[float, ...]:

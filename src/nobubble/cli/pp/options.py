@@ -19,11 +19,16 @@ from nobubble.cli.flags import (
     integer,
     real,
 )
+from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
     check_budget,
     check_steps,
+    console,
+    input_file,
     nonneg_float,
+    output_file,
+    plot_file,
     positive_float,
     positive_int,
     seed_int,
@@ -31,7 +36,9 @@ from nobubble.cli.util import (
 from nobubble.pipeline.costs import PAPER_TIMES
 
 if TYPE_CHECKING:
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
+    from nobubble.pipeline.runtime.planning.train import UserModel
 
 # nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
 # imports no pipeline code (a test keeps the two equal)
@@ -250,6 +257,44 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
     return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
 
 
+def load_user_model(spec: str, *, seed: int) -> UserModel:
+    """The model the factory ``spec`` builds, torch seeded with ``seed`` (every rank builds
+    the same weights): :meth:`UserModel.from_factory
+    <nobubble.pipeline.runtime.planning.UserModel.from_factory>`. A spec that does not import,
+    a factory that raises or returns no ``(blocks, inputs, targets, loss_fn)``: UsageError."""
+    from nobubble.pipeline.runtime.planning.train import UserModel
+    from nobubble.rl.system.imports import is_import_path
+
+    if not is_import_path(spec):
+        raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
+                         "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
+    factory = load_user_object("--model", spec, "--model")
+    try:
+        return UserModel.from_factory(factory, seed=seed)
+    except ValueError as err:
+        raise UsageError(f"--model {spec!r}: {err}") from err
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with a file path made absolute: the ranks may start in another folder."""
+    head, _, attr = spec.rpartition(":")
+    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec
+
+
+def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
+                    microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
+    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` of ``model`` in ``num_stages``
+    stages where ``launch`` runs the ranks, under a spinner."""
+    from nobubble.pipeline.runtime.profile import profile_stages
+
+    with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
+        return profile_stages(
+            model, num_stages, microbatch_size=microbatch_size, device=launch.device,
+            backend=launch.backend, repeats=repeats, clock=clock,
+            threads=launch.threads_per_rank, comm=comm, timeout_s=launch.timeout_s,
+        )  # fmt: skip
+
+
 def given_model_flags(args: argparse.Namespace) -> list[str]:
     """The model flags given (``--arch``, ``--microbatch-size``, ``--seed``: other than their
     default)."""
@@ -335,3 +380,42 @@ def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -
     check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
                 limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
                 bound="about", unit=what, force=args.force)  # fmt: skip
+
+
+PROFILE_ARGS = (
+    ("--stages", positive_int, 2, "model stages to split into (one per rank, or ranks x chunks)",
+     {"dest": "num_stages"}),
+    ("--repeats", positive_int, 5, "timed repeats per op"),
+    ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
+    ("-o --output", output_file, None, "write the profile JSON"),
+    ("--force", bool, False, "run sizes past the memory and time budgets"),
+)  # fmt: skip
+PLAN_ARGS = (
+    ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
+    ("--ilp", positive_float, None, "also run the exact solver for this long",
+     {"metavar": "SECONDS"}),
+    ("-o --output --out", output_file, None, "the best schedule as torch CSV (default plan.csv); "
+     "with --model MODULE:FACTORY the plan's JSON (default plan.json)"),
+    ("--plot", plot_file, None, "--model MODULE:FACTORY: the Gantt chart of the plan above the "
+     "naive 1F1B (default: the --out file as .png)"),
+    ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
+    ("--memory-limit-mib", positive_float, None, "keep the fastest whose peak activations per "
+     "rank fit", {"metavar": "MIB"}),
+    ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
+     "(default: measured on --ranks local ranks, with the cost per byte moved; given, transfers "
+     "cost 0; 0: compute only)", {"metavar": "MS"}),
+)  # fmt: skip
+RUN_ARGS = (
+    ("--steps", positive_int, 3, "training steps"),
+    ("--optimizer", ("sgd", "adamw"), "sgd", None),
+    ("--lr", positive_float, 0.01, None),
+    ("--no-predict", bool, False, "skip profiling + simulation"),
+    ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
+    ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
+    ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
+    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick each op from what has "
+     "arrived"),
+    ("--straggler", straggler_arg, None, "really slow one rank: its ops take FACTOR times as long",
+     {"metavar": "RANK:FACTOR[:STEPS]"}),
+)  # fmt: skip
+"""``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""

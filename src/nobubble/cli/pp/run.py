@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
-    BUILTIN_MODELS,
-    DISPATCH_CHOICES,
+    PLAN_ARGS,
+    PROFILE_ARGS,
+    RUN_ARGS,
+    absolute_spec,
     add_launch,
     add_model,
     add_size,
@@ -28,23 +30,18 @@ from nobubble.cli.pp.options import (
     check_time,
     given_model_flags,
     is_user_model,
+    load_user_model,
+    measure_profile,
     model_from_args,
     read_file,
     schedule_from_args,
-    straggler_arg,
 )
-from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
     check_budget,
     console,
     input_file,
-    nonneg_float,
-    output_file,
-    plot_file,
-    positive_float,
-    positive_int,
     print_json,
     print_result,
     print_table,
@@ -56,55 +53,15 @@ if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Candidate, Plan
     from nobubble.pipeline.runtime.models import ModelConfig
-    from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.runtime.profile_data import Profile
     from nobubble.pipeline.simulate import SimResult
 
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8
-"""Rows of the plan table: the chosen plan, then the next fastest candidates."""
+"""Rows of the plan table: the chosen plan, then the next fastest (fitting or not)."""
 
 DEFAULT_MICROBATCHES = 8
 """``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
-
-
-PROFILE_ARGS = (
-    ("--stages", positive_int, 2, "model stages to split into (one per rank, or ranks x chunks)",
-     {"dest": "num_stages"}),
-    ("--repeats", positive_int, 5, "timed repeats per op"),
-    ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
-    ("-o --output", output_file, None, "write the profile JSON"),
-    ("--force", bool, False, "run sizes past the memory and time budgets"),
-)  # fmt: skip
-PLAN_ARGS = (
-    ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
-    ("--ilp", positive_float, None, "also run the exact solver for this long",
-     {"metavar": "SECONDS"}),
-    ("-o --output --out", output_file, None, "the best schedule as torch CSV (default plan.csv); "
-     "with --model MODULE:FACTORY the plan's JSON (default plan.json)"),
-    ("--plot", plot_file, None, "--model MODULE:FACTORY: the Gantt chart of the plan above the "
-     "naive 1F1B (default: the --out file as .png)"),
-    ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
-    ("--memory-limit-mib", positive_float, None, "keep the fastest whose peak activations per "
-     "rank fit", {"metavar": "MIB"}),
-    ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
-     "(default: measured on --ranks local ranks, with the cost per byte moved; given, transfers "
-     "cost 0; 0: compute only)", {"metavar": "MS"}),
-)  # fmt: skip
-RUN_ARGS = (
-    ("--steps", positive_int, 3, "training steps"),
-    ("--optimizer", ("sgd", "adamw"), "sgd", None),
-    ("--lr", positive_float, 0.01, None),
-    ("--no-predict", bool, False, "skip profiling + simulation"),
-    ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
-    ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
-    ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
-    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick each op from what has "
-     "arrived"),
-    ("--straggler", straggler_arg, None, "really slow one rank: its ops take FACTOR times as long",
-     {"metavar": "RANK:FACTOR[:STEPS]"}),
-)  # fmt: skip
-"""``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -128,20 +85,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_launch(p)
         add_json_flag(p)
         p.set_defaults(func=func)
-
-
-def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
-                    microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
-    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` of ``model`` in ``num_stages``
-    stages where ``launch`` runs the ranks, under a spinner."""
-    from nobubble.pipeline.runtime.profile import profile_stages
-
-    with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
-        return profile_stages(
-            model, num_stages, microbatch_size=microbatch_size, device=launch.device,
-            backend=launch.backend, repeats=repeats, clock=clock,
-            threads=launch.threads_per_rank, comm=comm, timeout_s=launch.timeout_s,
-        )  # fmt: skip
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -366,30 +309,6 @@ def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> in
     return 0
 
 
-def load_user_model(spec: str, *, seed: int) -> UserModel:
-    """The model the factory ``spec`` builds, torch seeded with ``seed`` (every rank builds
-    the same weights): :meth:`UserModel.from_factory
-    <nobubble.pipeline.runtime.planning.UserModel.from_factory>`. A spec that does not import,
-    a factory that raises or returns no ``(blocks, inputs, targets, loss_fn)``: UsageError."""
-    from nobubble.pipeline.runtime.planning.train import UserModel
-    from nobubble.rl.system.imports import is_import_path
-
-    if not is_import_path(spec):
-        raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
-                         "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
-    factory = load_user_object("--model", spec, "--model")
-    try:
-        return UserModel.from_factory(factory, seed=seed)
-    except ValueError as err:
-        raise UsageError(f"--model {spec!r}: {err}") from err
-
-
-def _absolute(spec: str) -> str:
-    """``spec`` with a file path made absolute: the ranks may start in another folder."""
-    head, _, attr = spec.rpartition(":")
-    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec
-
-
 # -- pp plan --model MODULE:FACTORY --------------------------------------------------------
 def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
     """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
@@ -416,7 +335,8 @@ def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
                 progress=status.update,
             )  # fmt: skip
         naive = describe(p, p.naive())
-        rows = [describe(p, c) for c in _shown(p)]
+        shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
+        rows = [describe(p, c) for c in shown]
         _draw(p, rows[0][0], naive, plot)
         write_text(out, p.to_json())
     if args.json:
@@ -440,11 +360,6 @@ def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
         f"same m, no recompute; wrote {out}, {plot}",
     )  # fmt: skip
     return 0
-
-
-def _shown(p: Plan) -> list[Candidate]:
-    """The chosen candidate, then the fastest others (those that do not fit included)."""
-    return [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
 
 
 def describe(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
@@ -510,7 +425,7 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         raise UsageError(f"--plan {err}") from None
     _check_run_args(args, p)
     check_budget("pp run", processes=p.num_ranks, force=args.force)
-    spec = _absolute(args.model)
+    spec = absolute_spec(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
     model.check_plan(p)  # another block count, or a batch the plan's microbatches do not split
     batch = int(model.inputs.shape[0])
