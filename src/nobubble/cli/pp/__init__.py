@@ -314,17 +314,8 @@ def _frontier(args: argparse.Namespace) -> int:
          "pareto": [q.name for q in result.pareto], "seconds": seconds, "files": files},
         f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
         ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
-        [
-            [
-                q.name,
-                q.source,
-                f"{q.peak_memory:.2f}" if q.ok else "-",
-                f"{q.bubble_rate:.2%}" if q.ok else "-",
-                "*" if q.pareto else "",
-                q.note,
-            ]
-            for q in rows
-        ],
+        [[q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
+                              else ["-", "-"]), "*" if q.pareto else "", q.note] for q in rows],
         caption="peak memory in microbatches of one rank's activations (1F1B: P); "
         f"* = Pareto-optimal; {seconds:.1f} s",
         files=files,

@@ -11,9 +11,9 @@ import dataclasses
 import functools
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
@@ -121,26 +121,32 @@ def _profile(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from nobubble.distributed import check_device
 
-    if is_user_model(args.model):
+    if user := is_user_model(args.model):
         check_factory_flags(args)
-        return plan_user_model(args, check_launch(args, args.ranks, None))
+        if args.profile is not None:
+            raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a "
+                             "model of your own is profiled block by block here")  # fmt: skip
     for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
-        if given is not None:
+        if given is not None and not user:
             raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
                              "plan is drawn by pp simulate --plot and measures its own costs")  # fmt: skip
     if args.profile is not None and given_model_flags(args):
         raise UsageError(f"--profile {args.profile} sets the model; drop "
                          f"{', '.join(given_model_flags(args))} (or profile that model "
                          "with pp profile -o)")  # fmt: skip
-    args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-    check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
-    model = model_from_args(args) if args.profile is None else None
+    if not user:
+        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+        check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
+    model = model_from_args(args) if not user and args.profile is None else None
     launch = check_launch(args, args.ranks, model)
     prof = read_file(args.profile, "--profile", "profile") if args.profile is not None else None
-    out = args.output or Path("plan.csv")
+    out = args.output or Path("plan.json" if user else "plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend, ranks=args.ranks)
-        p, name = _plan_builtin(args, prof, model, launch)
+        with console(stderr=True).status("planning") as status:
+            p, name = _make_plan(args, prof, model, launch, status.update)
+        if user:
+            return _user_plan(args, p, launch, out)
         write_text(out, p.schedule().to_csv())
     rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
@@ -158,25 +164,30 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
-                  launch: LaunchOptions) -> tuple[Plan, str]:  # fmt: skip
-    """The plan of ``--profile``'s ``prof`` or of the built-in ``model``, and its name."""
-    from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
+def _make_plan(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
+               launch: LaunchOptions, progress: Callable[[str], object]) -> tuple[Plan, str]:  # fmt: skip
+    """The plan of ``--profile``'s ``prof``, of the built-in ``model`` or (neither) of the
+    user's factory, and the model's name."""
+    from nobubble.pipeline.runtime import planning
 
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-    with console(stderr=True).status("planning") as status:
-        if prof is not None:
-            return plan_from_profile(
-                prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
-            ), prof.model  # fmt: skip
-        assert model is not None  # no --profile
-        return plan_builtin(
-            model, num_ranks=args.ranks, num_microbatches=args.microbatches,
-            microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
-            ilp_time_limit_s=args.ilp, device=launch.local_device, clock=args.clock,
-            threads=launch.threads_per_rank, timeout_s=launch.timeout_s, progress=status.update,
+    common: dict[str, Any] = {"num_ranks": args.ranks, "num_microbatches": args.microbatches,
+                              "memory_limit": limit, "ilp_time_limit_s": args.ilp}  # fmt: skip
+    if prof is not None:
+        return planning.plan_from_profile(prof, recompute=args.recompute, **common), prof.model
+    run: dict[str, Any] = {"threads": launch.threads_per_rank, "timeout_s": launch.timeout_s,
+                           "clock": args.clock, "progress": progress}  # fmt: skip
+    if model is not None:
+        return planning.plan_builtin(
+            model, microbatch_size=args.microbatch_size, recompute=args.recompute,
+            device=launch.local_device, **common, **run,
         ), model.name  # fmt: skip
+    user = load_user_model(args.model, seed=args.seed)
+    runtime = planning.RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
+    return planning.plan_model(
+        [b.to(launch.local_device) for b in user.blocks], user.inputs, user.targets,
+        user.loss_fn, runtime=runtime, device=launch.device, **common, **run,
+    ), args.model  # fmt: skip
 
 
 def _schedule_from_args(args: argparse.Namespace) -> Schedule:
@@ -310,35 +321,15 @@ def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> in
 
 
 # -- pp plan --model MODULE:FACTORY --------------------------------------------------------
-def plan_user_model(args: argparse.Namespace, launch: LaunchOptions) -> int:
-    """``pp plan --model MODULE:FACTORY``: plan, print the table, draw, write the JSON."""
-    from nobubble.distributed import check_device
-    from nobubble.pipeline.runtime.planning import RuntimeCosts, plan_model
-
-    if args.profile is not None:
-        raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a model "
-                         "of your own is profiled block by block here")  # fmt: skip
-    out = args.output if args.output is not None else Path("plan.json")
+def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Path) -> int:
+    """``pp plan --model MODULE:FACTORY``'s output: the plan's JSON at ``out``, its Gantt chart
+    above the naive plan's, the table of the chosen plan, the next candidates and the naive."""
     plot = args.plot if args.plot is not None else out.with_suffix(".png")
-    runtime = RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
-    limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-    with claim_output(out):  # before profiling: refuse another live run's output
-        check_device(launch.device, launch.backend, ranks=args.ranks)
-        model = load_user_model(args.model, seed=args.seed)
-        with console(stderr=True).status("planning") as status:
-            p = plan_model(
-                [b.to(launch.local_device) for b in model.blocks], model.inputs,
-                model.targets, model.loss_fn, num_ranks=args.ranks,
-                num_microbatches=args.microbatches, memory_limit=limit, runtime=runtime,
-                device=launch.device, threads=launch.threads_per_rank,
-                timeout_s=launch.timeout_s, ilp_time_limit_s=args.ilp, clock=args.clock,
-                progress=status.update,
-            )  # fmt: skip
-        naive = describe(p, p.naive())
-        shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
-        rows = [describe(p, c) for c in shown]
-        _draw(p, rows[0][0], naive, plot)
-        write_text(out, p.to_json())
+    naive = describe(p, p.naive())
+    shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
+    rows = [describe(p, c) for c in shown]
+    _draw(p, rows[0][0], naive, plot)
+    write_text(out, p.to_json())
     if args.json:
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0][1],
                     "candidates": [r for _, r in rows], "naive_1f1b": naive[1]})  # fmt: skip
