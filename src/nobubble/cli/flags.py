@@ -43,14 +43,9 @@ def add_config_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None
     for flag, path, kind, text in flags:
         if kind is not bool and "default" not in text:
             text += f" (default {_field_default(config, path)})"
-        how: dict[str, Any] = (
-            {"action": "store_true"} if kind is bool
-            else {"action": "append", "metavar": flag.lstrip("-").upper().replace("-", "_")}
-            if kind is list
-            else {"choices": kind} if isinstance(kind, tuple)
-            else {"type": kind, "metavar": flag.lstrip("-").upper().replace("-", "_")}
-        )  # fmt: skip
-        parser.add_argument(flag, dest=path, default=None, help=text, **how)
+        named = kind is bool or isinstance(kind, tuple)  # argparse names a switch's, a choice's
+        metavar = {} if named else {"metavar": flag.lstrip("-").upper().replace("-", "_")}
+        add_args(parser, ((flag, kind, None, text, {"dest": path, **metavar}),))
 
 
 def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Namespace,
@@ -66,15 +61,17 @@ def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Name
 
 def add_args(parser: Any, rows: tuple[tuple, ...]) -> None:
     """Declare plain flags from rows ``(names, kind, default, help[, extra keywords])``: names
-    space-separated (``"-o --output"``), kind an argparse type, a tuple of choices, or bool (a
-    switch, default False)."""
+    space-separated (``"-o --output"``), kind an argparse type, a tuple of choices, ``list``
+    (a repeatable flag) or bool (a switch)."""
     for names, kind, default, text, *extra in rows:
         how: dict[str, Any] = (
             {"action": "store_true"} if kind is bool
-            else {"choices": kind, "default": default} if isinstance(kind, tuple)
-            else {"type": kind, "default": default}
+            else {"action": "append"} if kind is list
+            else {"choices": kind} if isinstance(kind, tuple)
+            else {"type": kind}
         )  # fmt: skip
-        parser.add_argument(*names.split(), help=text, **how, **(extra[0] if extra else {}))
+        parser.add_argument(*names.split(), default=default, help=text, **how,
+                            **(extra[0] if extra else {}))  # fmt: skip
 
 
 def add_run_flags(parser: argparse.ArgumentParser, *, plot: str, force: str,
