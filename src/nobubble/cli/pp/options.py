@@ -46,18 +46,15 @@ DISPATCH_CHOICES = ("static", "handshake")
 
 
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
-             ranks_required: bool | None = None, microbatches: int | None = 8) -> None:  # fmt: skip
-    """``--ranks/-p`` (``ranks=None`` makes it required unless ``ranks_required=False``),
-    ``--microbatches/-m`` (``microbatches=None``: the command decides) and ``--force`` (skip
-    the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule with
-    ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
-    required = ranks is None if ranks_required is None else ranks_required
-    p.add_argument("--ranks", "-p", type=positive_int, default=ranks, required=required,
-                   help="pipeline ranks P")  # fmt: skip
-    p.add_argument("--microbatches", "-m", type=positive_int, default=microbatches,
-                   help="microbatches M")  # fmt: skip
-    p.add_argument("--force", action="store_true",
-                   help="run sizes past the work budget (they may take minutes or GBs)")  # fmt: skip
+             microbatches: int | None = 8) -> None:  # fmt: skip
+    """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
+    (skip the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule
+    with ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
+    add_args(p, (
+        ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
+        ("--microbatches -m", positive_int, microbatches, "microbatches M"),
+        ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
+    ))  # fmt: skip
 
 
 def check_size(args: argparse.Namespace, budget: str = "default", *,
@@ -328,8 +325,8 @@ def add_launch(p: argparse.ArgumentParser) -> None:
 
     add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
     p.set_defaults(timeout_s=300.0)
-    g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
+    add_args(g, (("--clock", ("wall", "cpu"), "wall", "profile op times by wall clock or "
+                  "thread CPU time (cpu device)"),))  # fmt: skip
 
 
 def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):

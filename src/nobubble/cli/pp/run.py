@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
     ))  # fmt: skip
     add_size(plan, ranks=2, microbatches=None)
-    add_size(run, ranks=None, ranks_required=False, microbatches=None)
+    add_size(run, ranks=None, microbatches=None)
     for p, rows, func in ((prof, PROFILE_ARGS, _profile), (plan, PLAN_ARGS, _plan),
                           (run, RUN_ARGS, _run)):  # fmt: skip
         add_args(p, rows)
@@ -434,25 +434,22 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
                          timeout_s=launch.timeout_s, threads=launch.threads_per_rank)  # fmt: skip
     losses, step_ms = list(run.losses), list(run.step_ms)
     measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
-    if args.json:
-        print_json({"schedule": p.schedule_name, "num_ranks": p.num_ranks,
-                    "stage_sizes": list(p.stage_sizes()), "num_microbatches": p.num_microbatches,
-                    "recompute": p.recompute[0], "losses": losses, "step_ms": step_ms,
-                    "median_step_ms": measured, "predicted_step_ms": p.predicted_step_ms})  # fmt: skip
-        return 0
-    print_table(
+    print_result(
+        args.json,
+        {"schedule": p.schedule_name, "num_ranks": p.num_ranks,
+         "stage_sizes": list(p.stage_sizes()), "num_microbatches": p.num_microbatches,
+         "recompute": p.recompute[0], "losses": losses, "step_ms": step_ms,
+         "median_step_ms": measured, "predicted_step_ms": p.predicted_step_ms},
         f"{args.plan}: {p.schedule_name}, stages {'+'.join(map(str, p.stage_sizes()))}, "
         f"m={p.num_microbatches}, recompute {'on' if p.recompute[0] else 'off'}, "
         f"{p.num_ranks} ranks",
         ["step", "loss", "step ms", "predicted ms"],
-        [
-            [i, f"{loss:.6g}", ms, p.predicted_step_ms]
-            for i, (loss, ms) in enumerate(zip(losses, step_ms, strict=True))
-        ],  # fmt: skip
+        [[i, f"{loss:.6g}", ms, p.predicted_step_ms]
+         for i, (loss, ms) in enumerate(zip(losses, step_ms, strict=True))],
         caption=f"median step {measured:.4g} ms"
         + (" (after the first)" if len(step_ms) > 1 else "")
         + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
-    )
+    )  # fmt: skip
     return 0
 
 
