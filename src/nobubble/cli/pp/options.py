@@ -161,10 +161,8 @@ def schedule_from_args(args: argparse.Namespace, costs=None, *, unit: bool = Fal
 
 
 def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
-    """The schedule CSV (:meth:`Schedule.read_csv <nobubble.pipeline.actions.Schedule.read_csv>`)
-    or, ``kind="profile"``, the profile JSON (torch-free
-    :meth:`Profile.read <nobubble.pipeline.runtime.profile_data.Profile.read>`) at ``path``;
-    a file that is none is one line naming ``flag`` (how the user gave it)."""
+    """The schedule CSV or (``kind="profile"``) the torch-free profile JSON at ``path``; a file
+    that is none is one line naming ``flag`` (how the user gave it)."""
     from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.runtime.profile_data import Profile
 
@@ -331,10 +329,8 @@ def add_launch(p: argparse.ArgumentParser) -> None:
 
 def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):
     """The :class:`~nobubble.distributed.options.LaunchOptions` of the launch flags, checked
-    by the options themselves and, before any work and without torch: ``--device`` /
-    ``--backend`` against this torch build, ``--threads`` against the cores (unless
-    ``--force``), a built-in ``model``'s memory and time (None: the user's own model, or a
-    profile's)."""
+    before any work and without torch against this torch build, the cores (unless
+    ``--force``) and a built-in ``model``'s memory and time (None: a user's or profile's)."""
     from nobubble.distributed import check_device_name
     from nobubble.distributed.options import LaunchOptions
 
@@ -360,9 +356,8 @@ TIME_BUDGET_S = 3600.0
 
 def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
     """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
-    (:func:`~nobubble.pipeline.runtime.models.train_seconds`,
-    :func:`~nobubble.pipeline.runtime.models.profile_seconds`), for a model of ``params``
-    parameters and ``tokens`` tokens (or rows) a microbatch, passes :data:`TIME_BUDGET_S`."""
+    for a model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch
+    (:mod:`nobubble.pipeline.runtime.models`' estimates) passes :data:`TIME_BUDGET_S`."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:
