@@ -1,14 +1,9 @@
-"""Flags declared from a config dataclass: one table per command, ``(flag, field, type, help)``.
-
-A command's flags map one to one onto its library config's fields (:func:`add_config_flags`);
-a flag left out keeps the config's own default (not restated here), and
-:func:`config_from_flags` builds the config, whose ``__post_init__`` is the only check of a
-value or a combination (its ValueError is the one-line error, exit 2). The ``ep`` commands
-and ``pp profile | plan | run``'s built-in model declare theirs this way.
-
-The ``rl`` commands' fields may also be paths into a sub-config (``trainer.delay_s``) and
-their flags may repeat; :func:`flags_given` collects the given ones and :func:`apply_flags`
-builds a config from them or lays them over one, naming the flag in the config's error.
+"""Flags declared from tables. A config's flags, ``(flag, field, type, help)``, map one to one
+onto its fields (:func:`add_config_flags`); a flag left out keeps the config's own default, and
+the config's ``__post_init__`` is the only check of a value or a combination (its ValueError is
+the one-line error, exit 2). A field may be a path into a sub-config (``trainer.delay_s``) and a
+flag may repeat: :func:`flags_given` collects the given ones, :func:`apply_flags` builds a
+config from them or lays them over one. Flags that are no config's are :func:`add_args` rows.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from typing import Any
 from nobubble.cli.util import UsageError, _number, add_json_flag, plot_file
 
 __all__ = ["Flag", "integer", "real", "add_config_flags", "config_from_flags", "add_run_flags",
-           "flags_given", "apply_flags"]  # fmt: skip
+           "flags_given", "apply_flags", "add_args"]  # fmt: skip
 
 Flag = tuple[str, str, Any, str]
 """``(flag, config field, argparse type | tuple of choices | bool, help)``."""
@@ -48,14 +43,9 @@ def add_config_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None
     for flag, path, kind, text in flags:
         if kind is not bool and "default" not in text:
             text += f" (default {_field_default(config, path)})"
-        how: dict[str, Any] = (
-            {"action": "store_true"} if kind is bool
-            else {"action": "append", "metavar": flag.lstrip("-").upper().replace("-", "_")}
-            if kind is list
-            else {"choices": kind} if isinstance(kind, tuple)
-            else {"type": kind, "metavar": flag.lstrip("-").upper().replace("-", "_")}
-        )  # fmt: skip
-        parser.add_argument(flag, dest=path, default=None, help=text, **how)
+        named = kind is bool or isinstance(kind, tuple)  # argparse names a switch's, a choice's
+        metavar = {} if named else {"metavar": flag.lstrip("-").upper().replace("-", "_")}
+        add_args(parser, ((flag, kind, None, text, {"dest": path, **metavar}),))
 
 
 def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Namespace,
@@ -67,6 +57,21 @@ def config_from_flags(config: type, flags: tuple[Flag, ...], args: argparse.Name
     if odd := [flag for flag, f, _, _ in flags if f in given and f not in names]:
         raise UsageError(f"{', '.join(odd)}: not a setting of {config.__name__}; drop it")
     return config(**given, **extra)
+
+
+def add_args(parser: Any, rows: tuple[tuple, ...]) -> None:
+    """Declare plain flags from rows ``(names, kind, default, help[, extra keywords])``: names
+    space-separated (``"-o --output"``), kind an argparse type, a tuple of choices, ``list``
+    (a repeatable flag) or bool (a switch)."""
+    for names, kind, default, text, *extra in rows:
+        how: dict[str, Any] = (
+            {"action": "store_true"} if kind is bool
+            else {"action": "append"} if kind is list
+            else {"choices": kind} if isinstance(kind, tuple)
+            else {"type": kind}
+        )  # fmt: skip
+        parser.add_argument(*names.split(), default=default, help=text, **how,
+                            **(extra[0] if extra else {}))  # fmt: skip
 
 
 def add_run_flags(parser: argparse.ArgumentParser, *, plot: str, force: str,

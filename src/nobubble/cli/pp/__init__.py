@@ -1,27 +1,27 @@
-"""``nobubble pp``: show, simulate, compare, export and validate pipeline schedules.
-
-The shared flags (shape, per-rank costs, ``--mem-limit`` in units of M_F, the dispatch
-policy and its perturbations) are :mod:`.options`'; the exact solver (``pp solve``),
-the frontier and the runtime (``pp profile/plan/run``) have their own modules.
-"""
+"""``nobubble pp``: show, simulate, compare, export, validate and solve pipeline schedules, and
+their memory/bubble frontier; ``pp profile | plan | run`` are :mod:`.run`'s. The shared flags
+and checks are :mod:`.options`'."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
+import time
+from functools import partial
 
-from nobubble.cli.pp import frontier as pp_frontier
+from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
-from nobubble.cli.pp import solve as pp_solve
 from nobubble.cli.pp.options import (
+    COST_FLAGS,
     add_costs,
     add_dispatch,
     add_shape,
+    add_size,
     check_size,
     costs_from_args,
     mem_limit_from_args,
     perturbation_from_args,
-    read_schedule_csv,
+    read_file,
     schedule_from_args,
 )
 from nobubble.cli.util import (
@@ -33,53 +33,19 @@ from nobubble.cli.util import (
     output_file,
     plot_file,
     positive_float,
+    positive_int,
     print_json,
     print_result,
 )
 from nobubble.files import write_text
 
-
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(group_parser=parser)
-    sub = parser.add_subparsers(
-        dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
-    )
-    for name, help_text, add_flags, func in (
-        ("show", "print a schedule as a text grid (time slots per rank)", _show_flags, _show),
-        ("simulate", "simulate one schedule: bubble, spans, peak memory", _simulate_flags,
-         _simulate),
-        ("compare", "every schedule on the same costs: bubble, memory, throughput",
-         _compare_flags, _compare),
-        ("export", "write a schedule as torch's compute-only CSV", _export_flags, _export),
-        ("validate", "check a torch-format CSV schedule and simulate it", _validate_flags,
-         _validate),
-    ):  # fmt: skip
-        p = sub.add_parser(name, help=help_text)
-        add_flags(p)
-        add_json_flag(p)
-        p.set_defaults(func=func)
-    pp_solve.register(sub)
-    pp_frontier.register(sub)
-    pp_run.register(sub)
-
-
 # -- pp show -------------------------------------------------------------------------------
-def _show_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p)
-    p.add_argument("--ids", action="store_true", help="show microbatch numbers in the cells")
-    p.add_argument("--csv", type=input_file, default=None,
-                   help="show this torch CSV instead (it sets the schedule and its shape)")  # fmt: skip
-    # None: not given, so that --csv can refuse a shape it would ignore
-    p.set_defaults(**dict.fromkeys(SHOW_SHAPE, None))
-
-
 SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
               "chunks": ("-v", None)}  # fmt: skip
 """``pp show``'s shape flags and their defaults, applied when no ``--csv`` is given."""
 
 
 def _show(args: argparse.Namespace) -> int:
-    from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.plot import ascii_grid
     from nobubble.pipeline.validate import validate
 
@@ -88,13 +54,12 @@ def _show(args: argparse.Namespace) -> int:
         if given or args.force:
             raise UsageError(f"--csv {args.csv} sets the schedule and its shape; drop "
                              f"{', '.join(given + ['--force'] * args.force)}")  # fmt: skip
-        sched = read_schedule_csv(args.csv)
+        sched = read_file(args.csv, "")
         validate(sched)  # before a grid is drawn: a broken file is one line, exit 2
     else:
         for dest, (_, default) in SHOW_SHAPE.items():
             setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
-        check_size(args)  # before the costs, whose size is the ranks'
-        sched = schedule_from_args(args, CostModel.uniform(args.ranks))
+        sched = schedule_from_args(args, unit=True)
     if args.json:
         print_json({"schedule": sched.name, **_shape(sched),
                     "stage_to_rank": list(sched.stage_to_rank),
@@ -108,15 +73,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 # -- pp simulate ---------------------------------------------------------------------------
-def _simulate_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p)
-    add_costs(p)
-    add_dispatch(p)
-    p.add_argument("--plot", type=plot_file, help="write a Gantt chart (.png or .svg)")
-    p.add_argument("--trace", type=output_file, help="write a Chrome trace (.json) for Perfetto")
-
-
 def _simulate(args: argparse.Namespace) -> int:
+    from nobubble.pipeline.plot import gantt, write_trace
     from nobubble.pipeline.simulate import simulate
 
     costs = costs_from_args(args)
@@ -125,7 +83,8 @@ def _simulate(args: argparse.Namespace) -> int:
     sched = schedule_from_args(args, costs, limit_elsewhere=args.dispatch == "handshake")
     run = _dispatch(args, sched, costs) if dispatched else None
     result = run.sim if run is not None else simulate(sched, costs)
-    files = _write_pictures(result, args.plot, args.trace)
+    pictures = ((gantt, args.plot), (write_trace, args.trace))
+    files = [str(write(result, path)) for write, path in pictures if path is not None]
     summary = run.summary() if run is not None else result.summary()
     mf = costs.mem_f[0]
     rows = [
@@ -167,26 +126,9 @@ def _dispatch(args: argparse.Namespace, sched, costs):
                              mem_limit=mem_limit)  # fmt: skip
 
 
-def _write_pictures(result, plot: Path | None, trace: Path | None) -> list[str]:
-    from nobubble.pipeline.plot import gantt, write_trace
-
-    pictures = ((gantt, plot), (write_trace, trace))
-    return [str(write(result, path)) for write, path in pictures if path is not None]
-
-
 # -- pp export / validate ------------------------------------------------------------------
-def _export_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p)
-    add_costs(p)
-    p.add_argument(
-        "-o", "--output", type=output_file, default=None, help="CSV file (default: stdout)"
-    )
-
-
 def _export(args: argparse.Namespace) -> int:
-    costs = costs_from_args(args)
-    sched = schedule_from_args(args, costs)
-    text = sched.to_csv()
+    text = (sched := schedule_from_args(args)).to_csv()
     if args.output is None and not args.json:
         print(text, end="")
         return 0
@@ -205,18 +147,11 @@ def _shape(sched) -> dict:
             "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
-def _validate_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", type=input_file,
-                   help="CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0")  # fmt: skip
-    add_costs(p, mem_limit_help=None)  # it simulates the file's own order
-    p.set_defaults(chunks=None, microbatches=None)
-
-
 def _validate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
     from nobubble.pipeline.validate import validate
 
-    sched = read_schedule_csv(args.file)
+    sched = read_file(args.file, "")
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
     result = simulate(sched, costs_from_args(args), check=False)
@@ -225,15 +160,6 @@ def _validate(args: argparse.Namespace) -> int:
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
     print_result(args.json, info, f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
     return 0
-
-
-def _compare_flags(p: argparse.ArgumentParser) -> None:
-    add_shape(p, schedule=False)
-    add_costs(p)
-    p.add_argument("--no-torch", action="store_true", help="leave out torch's own schedules")
-    p.add_argument("--ilp", type=positive_float, nargs="?", const=30.0, default=None,
-                   metavar="SECONDS", help="add the exact ILP row (time limit, default 30 s)")  # fmt: skip
-    p.add_argument("--plot", type=plot_file, help="write every schedule's Gantt chart in one image")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -299,3 +225,211 @@ def _cost_summary(costs) -> dict:
 
 def _fmt_cost(value) -> str:
     return ",".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"
+
+
+# -- pp solve / frontier -------------------------------------------------------------------
+def _solve(args: argparse.Namespace) -> int:
+    if args.placement is not None and args.chunks == 1:
+        raise UsageError(f"--placement {args.placement} needs --chunks 2")
+    check_size(args, "solve")
+    cores = os.cpu_count() or 1
+    if args.workers is not None and args.workers > max(8, cores) and not args.force:
+        raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
+                         f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
+    costs = costs_from_args(args)
+    mem_limit = mem_limit_from_args(args, costs, below_one=True)
+    from nobubble.bench.output import progress_bar
+    from nobubble.pipeline.ilp.solve import solve_optimal
+
+    # the bar moves at each solution the solver finds (elapsed time beside)
+    with progress_bar("solving", total=args.time_limit, counter=None) as (bar, task):
+        result = solve_optimal(
+            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
+            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
+            num_workers=args.workers, num_chunks=args.chunks, placement=args.placement,
+            on_solution=lambda objective, bound, seconds: bar.update(
+                task, completed=min(args.time_limit, seconds),
+                description=f"best {objective:.6g}  bound {bound:.6g}"),
+        )  # fmt: skip
+    if result.schedule is not None and result.simulation is not None:  # a schedule came back
+        if args.plot is not None:
+            from nobubble.pipeline.plot import gantt
+
+            gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
+        if args.csv is not None:
+            write_text(args.csv, result.schedule.to_csv())
+    rows = []
+    if result.heuristic:
+        rows.append([f"heuristic {result.heuristic}", "-", result.heuristic_objective,
+                     result.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
+    rows.append([
+        "ilp (cp-sat)", result.status, result.objective, result.bubble_rate,
+        result.lower_bound, "-" if result.gap is None else f"{result.gap:.2%}",
+        f"{result.solve_seconds:.1f}",
+    ])  # fmt: skip
+    limit = "none" if mem_limit is None else f"{mem_limit:g}"
+    shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
+    print_result(
+        args.json,
+        result.summary()
+        | {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit},
+        f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
+        f"mem limit {limit}",
+        ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
+        [[("-" if v is None else v) for v in row] for row in rows],
+        caption=result.explanation,
+    )
+    return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
+
+
+def _limits(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated positive numbers."""
+    return tuple(sorted({positive_float(part) for part in text.split(",")}))
+
+
+def _frontier(args: argparse.Namespace) -> int:
+    from nobubble.pipeline import frontier as fr
+
+    _check_args(args)
+    costs = _costs(args)
+    sources = fr.default_sources(args.ranks, mem_limits=args.mem_limits,
+                                 include_torch=not args.no_torch, ilp_time_limit_s=args.ilp)  # fmt: skip
+    started = time.perf_counter()
+    result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
+                         sources=sources)  # fmt: skip
+    seconds = time.perf_counter() - started
+    files = []
+    if args.plot is not None:
+        from nobubble.pipeline.plot import frontier_plot
+
+        title = (f"P={args.ranks}, M={args.microbatches}"
+                 + (f", {args.model}" if args.model else ""))  # fmt: skip
+        files.append(str(frontier_plot(result.points, args.plot, title=title)))
+    rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
+    print_result(
+        args.json,
+        {"stages": args.ranks, "microbatches": args.microbatches,
+         "memory_unit": "microbatches of one rank's activations",
+         "points": [q.as_dict() for q in result.points],
+         "pareto": [q.name for q in result.pareto], "seconds": seconds, "files": files},
+        f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
+        ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
+        [[q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
+                              else ["-", "-"]), "*" if q.pareto else "", q.note] for q in rows],
+        caption="peak memory in microbatches of one rank's activations (1F1B: P); "
+        f"* = Pareto-optimal; {seconds:.1f} s",
+        files=files,
+    )  # fmt: skip
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what the frontier cannot do or cannot do in time."""
+    from nobubble.pipeline.schedules.budget import check_ops
+
+    if args.mem_limit is not None:
+        raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
+    if args.ranks < 2:
+        raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
+    check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
+    try:  # the exact solver's budget: one stage per rank
+        if args.ilp is not None:
+            check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
+    except ValueError as err:
+        raise UsageError(f"--ilp: {err}, or drop --ilp") from None
+    if args.mem_limits and min(args.mem_limits) < 1:
+        raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
+                         "activations (the unit); give limits >= 1")  # fmt: skip
+
+
+def _costs(args: argparse.Namespace):
+    if args.costs is None:
+        return costs_from_args(args)
+    times = (("--model", "model", None, ""), *COST_FLAGS[:4])
+    if given := [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]:
+        raise UsageError(f"--costs replaces {given[0]}; give one of them")
+    prof = read_file(args.costs, "--costs", "profile")
+    costs = prof.cost_model()
+    if costs.num_stages != args.ranks:
+        raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
+                         f"{args.ranks}; pass --ranks {costs.num_stages}")  # fmt: skip
+    return costs
+
+
+def _ilp(text: str) -> tuple:
+    return (
+        "--ilp",
+        positive_float,
+        None,
+        text,
+        {"nargs": "?", "const": 30.0, "metavar": "SECONDS"},
+    )
+
+
+COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
+    ("show", "print a schedule as a text grid (time slots per rank)", (add_shape,), (
+        ("--ids", bool, False, "show microbatch numbers in the cells"),
+        ("--csv", input_file, None, "show this torch CSV instead (it sets the schedule and its shape)"),
+    ), _show),
+    ("simulate", "simulate one schedule: bubble, spans, peak memory", (add_shape, add_costs, add_dispatch), (
+        ("--plot", plot_file, None, "write a Gantt chart (.png or .svg)"),
+        ("--trace", output_file, None, "write a Chrome trace (.json) for Perfetto"),
+    ), _simulate),
+    ("compare", "every schedule on the same costs: bubble, memory, throughput",
+     (partial(add_shape, schedule=False), add_costs), (
+        ("--no-torch", bool, False, "leave out torch's own schedules"),
+        _ilp("add the exact ILP row (time limit, default 30 s)"),
+        ("--plot", plot_file, None, "write every schedule's Gantt chart in one image"),
+    ), _compare),
+    ("export", "write a schedule as torch's compute-only CSV", (add_shape, add_costs), (
+        ("-o --output", output_file, None, "CSV file (default: stdout)"),
+    ), _export),
+    ("validate", "check a torch-format CSV schedule and simulate it",
+     (partial(add_costs, mem_limit_help=None),), (  # it simulates the file's own order
+        ("file", input_file, None, "CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0"),
+    ), _validate),
+    ("solve", "exact optimal schedule (CP-SAT), warm-started by the heuristics", (
+        partial(add_shape, schedule=False, chunks=1,
+                chunks_help="stages per rank (2: V or interleaved; default 1)"),
+        partial(add_costs, mem_limit_help="activation limit per rank in units of M_F (P = "
+                "ZB-1p's); default none")), (
+        ("--objective", ("span", "makespan"), "span", None),
+        ("--placement", ("v", "interleaved"), None,
+         "with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'"),
+        ("--time-limit", positive_float, 60.0, "seconds"),
+        ("--workers", positive_int, None, "CP-SAT workers (default 8)"),
+        ("--plot", plot_file, None, "Gantt chart file (.png/.svg)"),
+        ("--csv", output_file, None, "write the schedule (torch CSV)"),
+    ), _solve),
+    # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
+    ("frontier", "every schedule as (peak memory, bubble); the Pareto-optimal ones", (
+        partial(add_size, ranks=8, microbatches=24),
+        partial(add_costs, mem_limit_help=argparse.SUPPRESS)), (
+        ("--costs", input_file, None, "per-rank costs from a pp profile JSON (instead of "
+         "--model/--tf/...)", {"metavar": "FILE"}),
+        ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
+         "rank units (default about p/3 ... 2p)", {"metavar": "L1,L2,..."}),
+        _ilp("add the exact solver's points (time limit of each solve, default 30 s)"),
+        ("--no-torch", bool, False, "leave out torch's own schedules"),
+        ("--plot", plot_file, None, "write the picture (.png/.svg/.pdf)"),
+    ), _frontier),
+)  # fmt: skip
+DEFAULTS = {  # None: not given, so that --csv can refuse a shape it would ignore
+    "show": dict.fromkeys(SHOW_SHAPE, None),
+    "validate": {"chunks": None, "microbatches": None, "force": False},
+}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(group_parser=parser)
+    sub = parser.add_subparsers(
+        dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
+    )
+    for name, help_text, shared, rows, func in COMMANDS:
+        p = sub.add_parser(name, help=help_text)
+        for add in shared:
+            add(p)
+        add_args(p, rows)
+        add_json_flag(p)
+        p.set_defaults(func=func, **DEFAULTS.get(name, {}))
+    pp_run.register(sub)

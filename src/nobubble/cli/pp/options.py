@@ -1,13 +1,6 @@
-"""Options shared by the ``pp`` commands: pipeline shape, per-rank costs, the schedule, the
-dispatch policy and its perturbations.
-
-Costs on the command line are per *rank* (``--tf/--tb/--tw``: one microbatch through one
-rank's share of the model; ``--tcomm``: one transfer between ranks); ``--model 1.5B`` takes
-the Zero Bubble paper's measured times and memory model. Memory limits are in units of M_F.
-``--dispatch static|handshake`` picks how ranks choose their next op, ``--jitter``,
-``--straggler`` and ``--seed`` perturb the op durations
-(:mod:`nobubble.pipeline.dispatch`).
-"""
+"""The ``pp`` commands' shared flags and their checks: the pipeline's size and schedule,
+per-rank costs (memory limits in units of M_F), the dispatch policy and its perturbations,
+the built-in model and where the ranks run."""
 
 from __future__ import annotations
 
@@ -18,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from nobubble.cli.flags import (
     Flag,
+    add_args,
     add_config_flags,
     apply_flags,
     config_from_flags,
@@ -25,11 +19,16 @@ from nobubble.cli.flags import (
     integer,
     real,
 )
+from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
     check_budget,
     check_steps,
+    console,
+    input_file,
     nonneg_float,
+    output_file,
+    plot_file,
     positive_float,
     positive_int,
     seed_int,
@@ -37,70 +36,36 @@ from nobubble.cli.util import (
 from nobubble.pipeline.costs import PAPER_TIMES
 
 if TYPE_CHECKING:
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
-
-__all__ = [
-    "DISPATCH_CHOICES",
-    "BUILTIN_MODELS",
-    "add_size",
-    "add_shape",
-    "add_costs",
-    "add_dispatch",
-    "add_model",
-    "add_launch",
-    "straggler_arg",
-    "check_size",
-    "costs_from_args",
-    "mem_limit_from_args",
-    "schedule_from_args",
-    "perturbation_from_args",
-    "read_schedule_csv",
-    "read_profile_json",
-    "is_user_model",
-    "model_from_args",
-    "given_model_flags",
-    "check_factory_flags",
-    "check_launch",
-    "check_time",
-]
+    from nobubble.pipeline.runtime.planning.train import UserModel
 
 # nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
 # imports no pipeline code (a test keeps the two equal)
 DISPATCH_CHOICES = ("static", "handshake")
 
 
-def add_size(
-    p: argparse.ArgumentParser,
-    *,
-    ranks: int | None = 4,
-    ranks_required: bool | None = None,
-    microbatches: int | None = 8,
-) -> None:
-    """``--ranks/-p`` (``ranks=None`` makes it required unless ``ranks_required=False``),
-    ``--microbatches/-m`` (``microbatches=None``: the command decides) and ``--force`` (skip
-    the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule with
-    ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
-    required = ranks is None if ranks_required is None else ranks_required
-    p.add_argument("--ranks", "-p", type=positive_int, default=ranks, required=required,
-                   help="pipeline ranks P")  # fmt: skip
-    p.add_argument("--microbatches", "-m", type=positive_int, default=microbatches,
-                   help="microbatches M")  # fmt: skip
-    p.add_argument("--force", action="store_true",
-                   help="run sizes past the work budget (they may take minutes or GBs)")  # fmt: skip
+def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
+             microbatches: int | None = 8) -> None:  # fmt: skip
+    """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
+    (skip the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule
+    with ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
+    add_args(p, (
+        ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
+        ("--microbatches -m", positive_int, microbatches, "microbatches M"),
+        ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
+    ))  # fmt: skip
 
 
-def check_size(
-    args: argparse.Namespace, budget: str = "default", *, v_memory: bool = False
-) -> None:
+def check_size(args: argparse.Namespace, budget: str = "default", *,
+               v_memory: bool = False) -> None:  # fmt: skip
     """Refuse, before any work, a pipeline whose op count passes the command's budget
     (:func:`~nobubble.pipeline.schedules.budget.check_ops`: ``budget`` and, when ``-s`` names
-    a V generator or ``v_memory``, theirs) unless ``--force``."""
+    a V generator or ``v_memory``, theirs) unless ``--force``; a size from a file passes."""
     from nobubble.pipeline.schedules.budget import check_ops
 
-    if getattr(args, "force", False) or None in (
-        getattr(args, n, None) for n in ("ranks", "microbatches")
-    ):
-        return  # forced, or a command whose size comes from a file (pp validate)
+    if args.force or args.ranks is None or args.microbatches is None:
+        return
     try:
         check_ops(args.ranks, args.microbatches, num_chunks=getattr(args, "chunks", None),
                   budget=budget, schedule=getattr(args, "schedule", None), v_memory=v_memory)  # fmt: skip
@@ -108,13 +73,8 @@ def check_size(
         raise UsageError(f"--ranks/--microbatches: {err}, or --force") from None
 
 
-def add_shape(
-    p: argparse.ArgumentParser,
-    *,
-    schedule: bool = True,
-    chunks: int | None = None,
-    chunks_help: str = "chunks per rank (interleaved-1f1b; default 2)",
-) -> None:
+def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int | None = None,
+              chunks_help: str = "chunks per rank (interleaved-1f1b; default 2)") -> None:  # fmt: skip
     """The schedule's name (unless ``schedule=False``), its size, and ``--chunks/-v``."""
     if schedule:
         p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
@@ -122,36 +82,41 @@ def add_shape(
     p.add_argument("--chunks", "-v", type=positive_int, default=chunks, help=chunks_help)
 
 
-def add_costs(
-    p: argparse.ArgumentParser,
-    *,
-    mem_limit_help: str | None = "zb-1p/zb-2p (and --dispatch handshake) activation limit "
-    "per rank in units of M_F (default P and 2P; handshake: the order's peak)",
-) -> None:
-    """Per-rank times (``--model``, ``--tf/--tb/--tw/--tcomm``), memory per microbatch (a
-    transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F (none when
-    ``mem_limit_help`` is None: a command that no limit changes)."""
-    g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
-    g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
-    g.add_argument("--tf", type=_rank_costs, help="forward time of one microbatch; one value, "
-                   "or one per rank comma-separated (e.g. 20,18,18,24 for embedding/head)")  # fmt: skip
-    g.add_argument("--tb", type=_rank_costs, help="input-gradient backward (B) time (or list)")
-    g.add_argument("--tw", type=_rank_costs, help="weight-gradient backward (W) time (or list)")
-    g.add_argument("--tcomm", type=nonneg_float, help="transfer time between ranks")
-    m = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B shape)")
-    m.add_argument("--hidden", type=positive_int, help="hidden size h (M_F = 34h + 5as)")
-    m.add_argument("--heads", type=positive_int, help="attention heads a")
-    m.add_argument("--seq", type=positive_int, help="sequence length s")
-    m.add_argument("--mem-f", type=positive_float, help="activation memory an F stores")
-    m.add_argument("--mem-b", type=nonneg_float, help="memory a B frees")
-    m.add_argument("--mem-w", type=nonneg_float, help="memory a W frees")
-    if mem_limit_help is not None:
-        p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
-
-
 def _rank_costs(text: str) -> tuple[float, ...]:
     """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
     return tuple(positive_float(part) for part in text.split(","))
+
+
+COST_FLAGS = (  # (flag, CostModel.from_settings' keyword, argparse type, help)
+    ("--tf", "t_f", _rank_costs, "forward time of one microbatch; one value, or one per rank "
+     "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
+    ("--tb", "t_b", _rank_costs, "input-gradient backward (B) time (or list)"),
+    ("--tw", "t_w", _rank_costs, "weight-gradient backward (W) time (or list)"),
+    ("--tcomm", "t_comm", nonneg_float, "transfer time between ranks"),
+    ("--hidden", "hidden", positive_int, "hidden size h (M_F = 34h + 5as)"),
+    ("--heads", "heads", positive_int, "attention heads a"),
+    ("--seq", "seq", positive_int, "sequence length s"),
+    ("--mem-f", "mem_f", positive_float, "activation memory an F stores"),
+    ("--mem-b", "mem_b", nonneg_float, "memory a B frees"),
+    ("--mem-w", "mem_w", nonneg_float, "memory a W frees"),
+)  # fmt: skip
+
+
+def add_costs(p: argparse.ArgumentParser, *, mem_limit_help: str | None = "zb-1p/zb-2p (and "
+              "--dispatch handshake) activation limit per rank in units of M_F (default P and "
+              "2P; handshake: the order's peak)") -> None:  # fmt: skip
+    """Per-rank times (``--model`` or :data:`COST_FLAGS`' first four), memory per microbatch
+    (a transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F (none when
+    ``mem_limit_help`` is None: a command that no limit changes)."""
+    g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
+    g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
+    for i, (flag, dest, kind, text) in enumerate(COST_FLAGS):
+        if i == 4:
+            g = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B "
+                                     "shape)")  # fmt: skip
+        g.add_argument(flag, dest=dest, type=kind, help=text)
+    if mem_limit_help is not None:
+        p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
 
 
 def costs_from_args(args: argparse.Namespace):
@@ -160,16 +125,12 @@ def costs_from_args(args: argparse.Namespace):
     from nobubble.pipeline.costs import CostModel
 
     check_size(args)
-    return CostModel.from_settings(
-        args.ranks, model=args.model, t_f=args.tf, t_b=args.tb, t_w=args.tw, t_comm=args.tcomm,
-        hidden=args.hidden, heads=args.heads, seq=args.seq,
-        mem_f=args.mem_f, mem_b=args.mem_b, mem_w=args.mem_w,
-    )  # fmt: skip
+    settings = {dest: getattr(args, dest) for _, dest, _, _ in COST_FLAGS}
+    return CostModel.from_settings(args.ranks, model=args.model, **settings)
 
 
-def mem_limit_from_args(
-    args: argparse.Namespace, costs, *, below_one: bool = False
-) -> float | None:
+def mem_limit_from_args(args: argparse.Namespace, costs, *,
+                        below_one: bool = False) -> float | None:  # fmt: skip
     """``--mem-limit`` (in units of M_F, a rank's activations of one microbatch) in the
     costs' memory unit; None when not given. A limit below 1 is refused unless
     ``below_one`` (the exact solver explains why it is infeasible)."""
@@ -181,12 +142,17 @@ def mem_limit_from_args(
     return args.mem_limit * max(costs.mem_f)
 
 
-def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool = False):
-    """The schedule ``--schedule`` names; ``--mem-limit`` steers zb-1p / zb-2p (which the
+def schedule_from_args(args: argparse.Namespace, costs=None, *, unit: bool = False,
+                       limit_elsewhere: bool = False):  # fmt: skip
+    """The schedule ``--schedule`` names for ``costs`` (None: the cost flags', or ``unit``
+    costs; built after the size is checked); ``--mem-limit`` steers zb-1p / zb-2p (which the
     registry refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
+    from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.schedules import get_schedule
 
     check_size(args)
+    if costs is None:
+        costs = CostModel.uniform(args.ranks) if unit else costs_from_args(args)
     mem_limit = mem_limit_from_args(args, costs)
     if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
         mem_limit = None
@@ -194,43 +160,31 @@ def schedule_from_args(args: argparse.Namespace, costs, *, limit_elsewhere: bool
                         costs=costs, mem_limit=mem_limit, num_chunks=getattr(args, "chunks", None))  # fmt: skip
 
 
-def read_schedule_csv(path: Path, flag: str = ""):
-    """:meth:`Schedule.read_csv <nobubble.pipeline.actions.Schedule.read_csv>` (``flag``: how
-    the user gave the file, named in its error)."""
+def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
+    """The schedule CSV or (``kind="profile"``) the torch-free profile JSON at ``path``; a file
+    that is none is one line naming ``flag`` (how the user gave it)."""
     from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.runtime.profile_data import Profile
 
     try:
-        return Schedule.read_csv(path)
+        return Schedule.read_csv(path) if kind == "schedule" else Profile.read(path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
 
-def read_profile_json(path: Path, flag: str) -> Any:
-    """:meth:`Profile.read <nobubble.pipeline.runtime.profile_data.Profile.read>` (torch-free,
-    so a file that is no profile is refused at once; ``flag`` is named in its error)."""
-    from nobubble.pipeline.runtime.profile_data import Profile
-
-    try:
-        return Profile.read(path)
-    except ValueError as err:
-        raise UsageError(f"{flag} {err}") from None
-
-
 def add_dispatch(p: argparse.ArgumentParser) -> None:
     """``--dispatch``, ``--jitter``, ``--straggler`` (repeatable) and ``--seed``."""
-    g = p.add_argument_group("dispatch policy and perturbations")
-    g.add_argument("--dispatch", choices=DISPATCH_CHOICES, default=None,
-                   help="static: every rank walks the schedule's order (the default); "
-                        "handshake: ranks pick their next op from what has arrived, guided "
-                        "by the order, within --mem-limit (default: the order's peak)")  # fmt: skip
-    g.add_argument("--jitter", type=nonneg_float, default=0.0, metavar="J",
-                   help="each op's time times a seeded factor in [1-J, 1+J] (0 <= J < 1)")  # fmt: skip
-    g.add_argument("--straggler", type=straggler_arg, action="append", default=[],
-                   metavar="RANK:FACTOR[:STEPS]",
-                   help="slow a rank's ops by FACTOR (e.g. 1:1.5), in steps STEPS: N (the first "
-                        "N), A-B or A- (default all); repeatable")  # fmt: skip
-    g.add_argument("--seed", type=seed_int, default=None, help="seed of the jitter draws "
-                   "(default 0)")  # fmt: skip
+    add_args(p.add_argument_group("dispatch policy and perturbations"), (
+        ("--dispatch", DISPATCH_CHOICES, None, "static: every rank walks the schedule's order "
+         "(the default); handshake: ranks pick their next op from what has arrived, guided by "
+         "the order, within --mem-limit (default: the order's peak)"),
+        ("--jitter", nonneg_float, 0.0, "each op's time times a seeded factor in [1-J, 1+J] "
+         "(0 <= J < 1)", {"metavar": "J"}),
+        ("--straggler", straggler_arg, [], "slow a rank's ops by FACTOR (e.g. 1:1.5), in steps "
+         "STEPS: N (the first N), A-B or A- (default all); repeatable",
+         {"action": "append", "metavar": "RANK:FACTOR[:STEPS]"}),
+        ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
+    ))  # fmt: skip
 
 
 def straggler_arg(text: str):
@@ -251,8 +205,7 @@ def perturbation_from_args(args: argparse.Namespace):
     if args.seed is not None and not args.jitter:
         raise UsageError(f"--seed {args.seed} seeds the --jitter draws, and there are none; "
                          "add --jitter J or drop --seed")  # fmt: skip
-    return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler),
-                        seed=args.seed or 0)  # fmt: skip
+    return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
 BUILTIN_MODELS = ("gpt", "mlp")
@@ -265,8 +218,7 @@ MODEL_FLAGS: tuple[Flag, ...] = (
     ("--vocab", "vocab_size", positive_int, "vocabulary (gpt)"),
 )
 """The built-in model's size flags: :class:`~nobubble.pipeline.runtime.models.GPTConfig`'s
-fields (:class:`~nobubble.pipeline.runtime.models.MLPConfig` has the first two), and its
-defaults."""
+fields (:class:`~nobubble.pipeline.runtime.models.MLPConfig` has the first two)."""
 RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}
 """The other model flags' defaults (``--seed`` seeds the weights, the data and a factory)."""
 
@@ -276,13 +228,13 @@ def add_model(p: argparse.ArgumentParser) -> None:
     from nobubble.pipeline.runtime.models import GPTConfig
 
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, metavar="gpt|mlp|MODULE:FACTORY",
-                   help="a built-in model, or a factory returning (blocks, inputs, targets, "
-                        "loss_fn): package.module:factory or path/to/file.py:factory")  # fmt: skip
-    g.add_argument("--arch", choices=BUILTIN_MODELS, help="built-in model (default gpt)")
+    add_args(g, (("--model", str, None, "a built-in model, or a factory returning (blocks, "
+                  "inputs, targets, loss_fn): package.module:factory or path/to/file.py:factory",
+                  {"metavar": "gpt|mlp|MODULE:FACTORY"}),
+                 ("--arch", BUILTIN_MODELS, None, "built-in model (default gpt)")))  # fmt: skip
     add_config_flags(g, GPTConfig, MODEL_FLAGS)
-    g.add_argument("--microbatch-size", type=positive_int, help="samples per mb (default 2)")
-    g.add_argument("--seed", type=seed_int, help="weights, data and factory seed (default 0)")
+    add_args(g, (("--microbatch-size", positive_int, None, "samples per mb (default 2)"),
+                 ("--seed", seed_int, None, "weights, data and factory seed (default 0)")))  # fmt: skip
     p.set_defaults(**RUN_DEFAULTS)
 
 
@@ -298,6 +250,44 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
 
     gpt = (args.model or args.arch) == "gpt"
     return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
+
+
+def load_user_model(spec: str, *, seed: int) -> UserModel:
+    """The model the factory ``spec`` builds, torch seeded with ``seed`` (every rank builds
+    the same weights): :meth:`UserModel.from_factory
+    <nobubble.pipeline.runtime.planning.UserModel.from_factory>`. A spec that does not import,
+    a factory that raises or returns no ``(blocks, inputs, targets, loss_fn)``: UsageError."""
+    from nobubble.pipeline.runtime.planning.train import UserModel
+    from nobubble.rl.system.imports import is_import_path
+
+    if not is_import_path(spec):
+        raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
+                         "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
+    factory = load_user_object("--model", spec, "--model")
+    try:
+        return UserModel.from_factory(factory, seed=seed)
+    except ValueError as err:
+        raise UsageError(f"--model {spec!r}: {err}") from err
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with a file path made absolute: the ranks may start in another folder."""
+    head, _, attr = spec.rpartition(":")
+    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec
+
+
+def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
+                    microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
+    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` of ``model`` in ``num_stages``
+    stages where ``launch`` runs the ranks, under a spinner."""
+    from nobubble.pipeline.runtime.profile import profile_stages
+
+    with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
+        return profile_stages(
+            model, num_stages, microbatch_size=microbatch_size, device=launch.device,
+            backend=launch.backend, repeats=repeats, clock=clock,
+            threads=launch.threads_per_rank, comm=comm, timeout_s=launch.timeout_s,
+        )  # fmt: skip
 
 
 def given_model_flags(args: argparse.Namespace) -> list[str]:
@@ -333,24 +323,20 @@ def add_launch(p: argparse.ArgumentParser) -> None:
 
     add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
     p.set_defaults(timeout_s=300.0)
-    g.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="profile op times by wall clock or thread CPU time (cpu device)")  # fmt: skip
+    add_args(g, (("--clock", ("wall", "cpu"), "wall", "profile op times by wall clock or "
+                  "thread CPU time (cpu device)"),))  # fmt: skip
 
 
 def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):
     """The :class:`~nobubble.distributed.options.LaunchOptions` of the launch flags, checked
-    by the options themselves and, after all that needs no torch, before any work:
-    ``--device`` / ``--backend`` against this torch build, ``--threads`` against the cores
-    (unless ``--force``), a built-in ``model``'s memory and time (None: a model of the user's
-    own, or a profile's). What this machine has is
-    :func:`~nobubble.distributed.check_device`'s (it imports torch)."""
+    before any work and without torch against this torch build, the cores (unless
+    ``--force``) and a built-in ``model``'s memory and time (None: a user's or profile's)."""
     from nobubble.distributed import check_device_name
     from nobubble.distributed.options import LaunchOptions
 
     launch = apply_flags(LaunchOptions, flags_given(LAUNCH_FLAGS, args), LAUNCH_FLAGS)
     cores = os.cpu_count() or 1
-    force = getattr(args, "force", False)
-    if launch.threads_per_rank > cores and not force:
+    if launch.threads_per_rank > cores and not args.force:
         raise UsageError(f"--threads {launch.threads_per_rank} is past this machine's {cores} "
                          f"cores; use at most {cores} (or --force)")  # fmt: skip
     check_device_name(launch.device, launch.backend)
@@ -358,7 +344,7 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
         from nobubble.pipeline.runtime.models import memory_bytes
 
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
-        check_budget("pp", processes=ranks or 1, data_bytes=data, force=force)
+        check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample
         check_time(args, ranks or 1, model.num_parameters, tokens)
     return launch
@@ -370,9 +356,8 @@ TIME_BUDGET_S = 3600.0
 
 def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
     """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
-    (:func:`~nobubble.pipeline.runtime.models.train_seconds`,
-    :func:`~nobubble.pipeline.runtime.models.profile_seconds`), for a model of ``params``
-    parameters and ``tokens`` tokens (or rows) a microbatch, passes :data:`TIME_BUDGET_S`."""
+    for a model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch
+    (:mod:`nobubble.pipeline.runtime.models`' estimates) passes :data:`TIME_BUDGET_S`."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:
@@ -386,4 +371,43 @@ def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -
         return
     check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
                 limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
-                bound="about", unit=what, force=getattr(args, "force", False))  # fmt: skip
+                bound="about", unit=what, force=args.force)  # fmt: skip
+
+
+PROFILE_ARGS = (
+    ("--stages", positive_int, 2, "model stages to split into (one per rank, or ranks x chunks)",
+     {"dest": "num_stages"}),
+    ("--repeats", positive_int, 5, "timed repeats per op"),
+    ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
+    ("-o --output", output_file, None, "write the profile JSON"),
+    ("--force", bool, False, "run sizes past the memory and time budgets"),
+)  # fmt: skip
+PLAN_ARGS = (
+    ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
+    ("--ilp", positive_float, None, "also run the exact solver for this long",
+     {"metavar": "SECONDS"}),
+    ("-o --output --out", output_file, None, "the best schedule as torch CSV (default plan.csv); "
+     "with --model MODULE:FACTORY the plan's JSON (default plan.json)"),
+    ("--plot", plot_file, None, "--model MODULE:FACTORY: the Gantt chart of the plan above the "
+     "naive 1F1B (default: the --out file as .png)"),
+    ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
+    ("--memory-limit-mib", positive_float, None, "keep the fastest whose peak activations per "
+     "rank fit", {"metavar": "MIB"}),
+    ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
+     "(default: measured on --ranks local ranks, with the cost per byte moved; given, transfers "
+     "cost 0; 0: compute only)", {"metavar": "MS"}),
+)  # fmt: skip
+RUN_ARGS = (
+    ("--steps", positive_int, 3, "training steps"),
+    ("--optimizer", ("sgd", "adamw"), "sgd", None),
+    ("--lr", positive_float, 0.01, None),
+    ("--no-predict", bool, False, "skip profiling + simulation"),
+    ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
+    ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
+    ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
+    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick each op from what has "
+     "arrived"),
+    ("--straggler", straggler_arg, None, "really slow one rank: its ops take FACTOR times as long",
+     {"metavar": "RANK:FACTOR[:STEPS]"}),
+)  # fmt: skip
+"""``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""

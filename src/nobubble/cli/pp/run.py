@@ -1,58 +1,47 @@
-"""``nobubble pp profile | plan | run``: measure costs, pick a schedule, train with it.
-
-Registered by the ``pp`` group (:mod:`nobubble.cli.pp`) through :func:`register`::
-
-    nobubble pp profile --stages 2 --layers 4 --hidden 256 --seq-len 128 -o profile.json
-    nobubble pp plan --profile profile.json --microbatches 8 -o plan.csv
-    nobubble pp run --schedule zb-h1 --ranks 2 --microbatches 8 --steps 5
-    nobubble pp run --schedule-file plan.csv --ranks 2 --steps 5 --trace run.json
-    nobubble pp plan --model my_model.py:factory --ranks 2 --out plan.json
-    nobubble pp run --plan plan.json --model my_model.py:factory --steps 5
-
-The built-in models are ``--model gpt|mlp`` (or ``--arch``); ``--model MODULE:FACTORY``
-plans and runs a model of the user's own (:mod:`nobubble.cli.pp.plan`).
-
-Under ``torchrun`` (RANK/WORLD_SIZE set) ``pp run`` runs as one rank of the job and writes
-its own trace file (merge them with ``nobubble trace merge``).
-"""
+"""``nobubble pp profile | plan | run``: measure a built-in model's costs, pick a schedule (or,
+``--model MODULE:FACTORY``, a whole plan for a model of the user's own) and train with it on
+local ranks; under ``torchrun`` (RANK/WORLD_SIZE set) ``pp run`` runs as one rank of the job
+and writes its own trace file. The usage is docs/pipeline/runtime.md's and plan.md's."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import os
 import statistics
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
-    DISPATCH_CHOICES,
+    PLAN_ARGS,
+    PROFILE_ARGS,
+    RUN_ARGS,
+    absolute_spec,
     add_launch,
     add_model,
     add_size,
     check_factory_flags,
     check_launch,
     check_size,
+    check_time,
     given_model_flags,
     is_user_model,
+    load_user_model,
+    measure_profile,
     model_from_args,
-    read_profile_json,
-    read_schedule_csv,
+    read_file,
     schedule_from_args,
-    straggler_arg,
 )
-from nobubble.cli.pp.plan import MiB, describe, plan_user_model, print_candidates, run_user_plan
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
+    check_budget,
     console,
     input_file,
-    nonneg_float,
-    output_file,
-    plot_file,
-    positive_float,
-    positive_int,
     print_json,
     print_result,
     print_table,
@@ -62,11 +51,14 @@ from nobubble.files import claim_output, write_text
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.actions import Schedule
-    from nobubble.pipeline.plan import Plan
+    from nobubble.pipeline.plan import Candidate, Plan
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.profile_data import Profile
+    from nobubble.pipeline.simulate import SimResult
 
-__all__ = ["register"]
+MiB = 1024 * 1024
+TOP_CANDIDATES = 8
+"""Rows of the plan table: the chosen plan, then the next fastest (fitting or not)."""
 
 DEFAULT_MICROBATCHES = 8
 """``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
@@ -75,91 +67,24 @@ DEFAULT_MICROBATCHES = 8
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``profile``, ``plan`` and ``run`` to the ``pp`` group's sub-parsers."""
     prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
-    prof.add_argument(
-        "--stages",
-        dest="num_stages",
-        type=positive_int,
-        default=2,
-        help="model stages to split into (one per rank, or ranks x chunks)",
-    )
-    prof.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per op")
-    prof.add_argument("--no-comm", action="store_true", help="skip the 2-process T_comm probe")
-    prof.add_argument(
-        "-o", "--output", type=output_file, default=None, help="write the profile JSON"
-    )
-    prof.add_argument("--force", action="store_true",
-                      help="run sizes past the memory and time budgets")  # fmt: skip
-    add_model(prof)
-    add_launch(prof)
-    add_json_flag(prof)
-    prof.set_defaults(func=_profile)
-
     plan = sub.add_parser("plan", help="choose a schedule (built-in model) or a whole plan "
                           "(--model MODULE:FACTORY: cut, schedule, microbatches, recompute)")  # fmt: skip
-    plan.add_argument("--profile", type=input_file, default=None,
-                      help="profile JSON (pp profile -o); it sets the model")  # fmt: skip
-    add_size(plan, ranks=2, microbatches=None)
-    plan.add_argument("--ilp", type=positive_float, default=None, metavar="SECONDS",
-                      help="also run the exact solver for this long")  # fmt: skip
-    plan.add_argument("-o", "--output", "--out", type=output_file, default=None,
-                      help="the best schedule as torch CSV (default plan.csv); with --model "
-                           "MODULE:FACTORY the plan's JSON (default plan.json)")  # fmt: skip
-    plan.add_argument("--plot", type=plot_file, default=None,
-                      help="--model MODULE:FACTORY: the Gantt chart of the plan above the naive "
-                           "1F1B (default: the --out file as .png)")  # fmt: skip
-    plan.add_argument("--recompute", action="store_true",
-                      help="also weigh every schedule with activation checkpointing")  # fmt: skip
-    plan.add_argument("--memory-limit-mib", type=positive_float, default=None, metavar="MIB",
-                      help="keep the fastest whose peak activations per rank fit")  # fmt: skip
-    plan.add_argument("--overhead-ms", type=nonneg_float, default=None, metavar="MS",
-                      help="--model MODULE:FACTORY: the runtime's cost per action (default: "
-                           "measured on --ranks local ranks, with the cost per byte moved; "
-                           "given, transfers cost 0; 0: compute only)")  # fmt: skip
-    add_model(plan)
-    add_launch(plan)
-    add_json_flag(plan)
-    plan.set_defaults(func=_plan)
-
     run = sub.add_parser("run", help="train a model with a schedule or a plan on local ranks")
     which = run.add_mutually_exclusive_group(required=True)
-    which.add_argument("--schedule", "-s", help="schedule name (gpipe, 1f1b, zb-h1, ...)")
-    which.add_argument("--schedule-file", type=input_file, help="torch compute-only CSV")
-    which.add_argument("--plan", type=input_file,
-                       help="plan JSON of pp plan --model MODULE:FACTORY (with that --model)")  # fmt: skip
-    add_size(run, ranks=None, ranks_required=False, microbatches=None)
-    run.add_argument("--steps", type=positive_int, default=3, help="training steps")
-    run.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    run.add_argument("--lr", type=positive_float, default=0.01)
-    run.add_argument("--no-predict", action="store_true", help="skip profiling + simulation")
-    run.add_argument("--recompute", action="store_true",
-                     help="activation checkpointing: F keeps its input, B runs F again")  # fmt: skip
-    run.add_argument("--trace", type=output_file, default=Path("nobubble-out/pp_run_trace.json"),
-                     help="merged Chrome trace to write")  # fmt: skip
-    run.add_argument("--plot", type=plot_file, default=None,
-                     help="PNG/SVG: the last measured step above the simulated one")  # fmt: skip
-    run.add_argument("--dispatch", choices=DISPATCH_CHOICES, default="static",
-                     help="walk the schedule, or pick each op from what has arrived")  # fmt: skip
-    run.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR[:STEPS]",
-                     help="really slow one rank: its ops take FACTOR times as long")  # fmt: skip
-    add_model(run)
-    add_launch(run)
-    add_json_flag(run)
-    run.set_defaults(func=_run)
-
-
-def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
-                    microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
-    """Profile ``model`` split into ``num_stages`` stages (+ T_comm over 2 local ranks),
-    under a spinner: :func:`~nobubble.pipeline.runtime.profile.profile_stages` where
-    ``launch`` runs the ranks."""
-    from nobubble.pipeline.runtime.profile import profile_stages
-
-    with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
-        return profile_stages(
-            model, num_stages, microbatch_size=microbatch_size, device=launch.device,
-            backend=launch.backend, repeats=repeats, clock=clock,
-            threads=launch.threads_per_rank, comm=comm, timeout_s=launch.timeout_s,
-        )  # fmt: skip
+    add_args(which, (
+        ("--schedule -s", str, None, "schedule name (gpipe, 1f1b, zb-h1, ...)"),
+        ("--schedule-file", input_file, None, "torch compute-only CSV"),
+        ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
+    ))  # fmt: skip
+    add_size(plan, ranks=2, microbatches=None)
+    add_size(run, ranks=None, microbatches=None)
+    for p, rows, func in ((prof, PROFILE_ARGS, _profile), (plan, PLAN_ARGS, _plan),
+                          (run, RUN_ARGS, _run)):  # fmt: skip
+        add_args(p, rows)
+        add_model(p)
+        add_launch(p)
+        add_json_flag(p)
+        p.set_defaults(func=func)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -196,26 +121,32 @@ def _profile(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from nobubble.distributed import check_device
 
-    if is_user_model(args.model):
+    if user := is_user_model(args.model):
         check_factory_flags(args)
-        return plan_user_model(args, check_launch(args, args.ranks, None))
+        if args.profile is not None:
+            raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a "
+                             "model of your own is profiled block by block here")  # fmt: skip
     for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
-        if given is not None:
+        if given is not None and not user:
             raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
                              "plan is drawn by pp simulate --plot and measures its own costs")  # fmt: skip
     if args.profile is not None and given_model_flags(args):
         raise UsageError(f"--profile {args.profile} sets the model; drop "
                          f"{', '.join(given_model_flags(args))} (or profile that model "
                          "with pp profile -o)")  # fmt: skip
-    args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-    check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
-    model = model_from_args(args) if args.profile is None else None
+    if not user:
+        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+        check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
+    model = model_from_args(args) if not user and args.profile is None else None
     launch = check_launch(args, args.ranks, model)
-    prof = read_profile_json(args.profile, "--profile") if args.profile is not None else None
-    out = args.output or Path("plan.csv")
+    prof = read_file(args.profile, "--profile", "profile") if args.profile is not None else None
+    out = args.output or Path("plan.json" if user else "plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend, ranks=args.ranks)
-        p, name = _plan_builtin(args, prof, model, launch)
+        with console(stderr=True).status("planning") as status:
+            p, name = _make_plan(args, prof, model, launch, status.update)
+        if user:
+            return _user_plan(args, p, launch, out)
         write_text(out, p.schedule().to_csv())
     rows = [describe(p, c)[1] for c in p.candidates]
     if args.json:
@@ -233,39 +164,39 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_builtin(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
-                  launch: LaunchOptions) -> tuple[Plan, str]:  # fmt: skip
-    """The plan of :func:`~nobubble.pipeline.runtime.planning.plan_from_profile` (``--profile``'s
-    ``prof``) or :func:`~nobubble.pipeline.runtime.planning.plan_builtin` (``model``), and the
-    model's name."""
-    from nobubble.pipeline.runtime.planning import plan_builtin, plan_from_profile
+def _make_plan(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
+               launch: LaunchOptions, progress: Callable[[str], object]) -> tuple[Plan, str]:  # fmt: skip
+    """The plan of ``--profile``'s ``prof``, of the built-in ``model`` or (neither) of the
+    user's factory, and the model's name."""
+    from nobubble.pipeline.runtime import planning
 
     limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-    with console(stderr=True).status("planning") as status:
-        if prof is not None:
-            return plan_from_profile(
-                prof, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                recompute=args.recompute, memory_limit=limit, ilp_time_limit_s=args.ilp,
-            ), prof.model  # fmt: skip
-        assert model is not None  # no --profile
-        return plan_builtin(
-            model, num_ranks=args.ranks, num_microbatches=args.microbatches,
-            microbatch_size=args.microbatch_size, recompute=args.recompute, memory_limit=limit,
-            ilp_time_limit_s=args.ilp, device=launch.local_device, clock=args.clock,
-            threads=launch.threads_per_rank, timeout_s=launch.timeout_s, progress=status.update,
+    common: dict[str, Any] = {"num_ranks": args.ranks, "num_microbatches": args.microbatches,
+                              "memory_limit": limit, "ilp_time_limit_s": args.ilp}  # fmt: skip
+    if prof is not None:
+        return planning.plan_from_profile(prof, recompute=args.recompute, **common), prof.model
+    run: dict[str, Any] = {"threads": launch.threads_per_rank, "timeout_s": launch.timeout_s,
+                           "clock": args.clock, "progress": progress}  # fmt: skip
+    if model is not None:
+        return planning.plan_builtin(
+            model, microbatch_size=args.microbatch_size, recompute=args.recompute,
+            device=launch.local_device, **common, **run,
         ), model.name  # fmt: skip
+    user = load_user_model(args.model, seed=args.seed)
+    runtime = planning.RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
+    return planning.plan_model(
+        [b.to(launch.local_device) for b in user.blocks], user.inputs, user.targets,
+        user.loss_fn, runtime=runtime, device=launch.device, **common, **run,
+    ), args.model  # fmt: skip
 
 
 def _schedule_from_args(args: argparse.Namespace) -> Schedule:
     """``--schedule`` for unit costs (a cost-dependent one is built again for the costs a
     profile measures), or ``--schedule-file``."""
-    from nobubble.pipeline.costs import CostModel
-
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        check_size(args)  # before the unit costs, whose size is the ranks'
-        return schedule_from_args(args, CostModel.uniform(args.ranks))
-    sched = read_schedule_csv(args.schedule_file, "--schedule-file")
+        return schedule_from_args(args, unit=True)
+    sched = read_file(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
             f"{args.schedule_file} has {sched.num_ranks} ranks but --ranks is {args.ranks}; "
@@ -318,7 +249,9 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
         from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
 
         if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
-            config = replace(config, schedule=schedule_from_args(args, prof.cost_model()))
+            config = dataclasses.replace(
+                config, schedule=schedule_from_args(args, prof.cost_model())
+            )
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
@@ -385,3 +318,153 @@ def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> in
                 f"{res.losses[0]:.4f} -> {res.losses[-1]:.4f}; trace {path} (one per rank)"
             )
     return 0
+
+
+# -- pp plan --model MODULE:FACTORY --------------------------------------------------------
+def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Path) -> int:
+    """``pp plan --model MODULE:FACTORY``'s output: the plan's JSON at ``out``, its Gantt chart
+    above the naive plan's, the table of the chosen plan, the next candidates and the naive."""
+    plot = args.plot if args.plot is not None else out.with_suffix(".png")
+    naive = describe(p, p.naive())
+    shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
+    rows = [describe(p, c) for c in shown]
+    _draw(p, rows[0][0], naive, plot)
+    write_text(out, p.to_json())
+    if args.json:
+        print_json({"output": str(out), "plot": str(plot), "chosen": rows[0][1],
+                    "candidates": [r for _, r in rows], "naive_1f1b": naive[1]})  # fmt: skip
+        return 0
+    naive_ms = naive[1]["predicted_step_ms"]
+    console().print(  # the factory's name as written: no markup, no :emoji: codes
+        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
+        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
+        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
+        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
+        markup=False, emoji=False,
+    )  # fmt: skip
+    print_candidates(
+        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
+        [("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)],
+        naive=naive[1], limited=args.memory_limit_mib is not None,
+        caption="predicted by the simulator from each block's costs, profiled once here "
+        f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
+        f"same m, no recompute; wrote {out}, {plot}",
+    )  # fmt: skip
+    return 0
+
+
+def describe(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
+    """A candidate's simulated step and its row of the table (and of ``--json``)."""
+    from nobubble.pipeline.plan import sizes_from_cuts
+
+    sim = p.simulate(c)
+    return sim, {
+        "stage_sizes": list(sizes_from_cuts(c.cuts, p.num_blocks)), "schedule": c.schedule,
+        "num_microbatches": c.num_microbatches, "recompute": c.recompute[0],
+        "predicted_step_ms": c.predicted_step_ms, "bubble_rate": sim.bubble_rate,
+        "peak_mib_per_rank": [b / MiB for b in c.predicted_peak_bytes], "fits": c.fits,
+    }  # fmt: skip
+
+
+def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | None,
+                     limited: bool, caption: str) -> None:  # fmt: skip
+    """The table of a plan's candidates (each row :func:`describe`'s, after its label), and
+    the ``naive`` plan's row and each one's speed-up over it; ``limited``: whether it fits."""
+    naive_ms = naive["predicted_step_ms"] if naive is not None else None
+
+    def cells(label: str, r: dict) -> list:
+        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
+                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
+                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
+                *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
+                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
+
+    table = [cells(label, r) for label, r in rows]
+    table += [cells("naive", naive)] if naive is not None else []
+    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
+               "peak MiB per rank", *(["vs naive"] if naive_ms else []),
+               *(["fits"] if limited else [])]  # fmt: skip
+    print_table(title, columns, table, caption=caption)
+
+
+def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: Path) -> Path:
+    """The chosen plan's simulated step above the naive plan's, on one time axis."""
+    from nobubble.pipeline.plot import gantt_grid
+
+    def titled(sim: SimResult, who: str, sizes: Sequence[int], recompute: bool) -> SimResult:
+        name = (f"{who}: {sim.schedule.name}, stages {'+'.join(map(str, sizes))}, "
+                f"m={sim.schedule.num_microbatches}{', recompute' if recompute else ''}")  # fmt: skip
+        return dataclasses.replace(sim, schedule=sim.schedule.renamed(name))
+
+    return gantt_grid([titled(chosen_sim, "plan", p.stage_sizes(), p.recompute[0]),
+                       titled(naive[0], "naive", naive[1]["stage_sizes"], False)], path)  # fmt: skip
+
+
+# -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
+def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
+    """``pp run --plan``: the plan on local ranks, each building the model from the factory."""
+    from nobubble.distributed import check_device
+    from nobubble.pipeline.runtime.planning.train import train_plan
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        raise UsageError("pp run --plan starts its own local ranks; run it without torchrun")
+    from nobubble.pipeline.plan import Plan
+
+    try:
+        p = Plan.read(args.plan)
+    except ValueError as err:
+        raise UsageError(f"--plan {err}") from None
+    _check_run_args(args, p)
+    check_budget("pp run", processes=p.num_ranks, force=args.force)
+    spec = absolute_spec(args.model)
+    model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
+    model.check_plan(p)  # another block count, or a batch the plan's microbatches do not split
+    batch = int(model.inputs.shape[0])
+    if p.setting.batch_size not in (None, batch):
+        console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
+                                   f"{p.setting.batch_size} rows, this one has {batch}; the "
+                                   "prediction is for the planned batch")  # fmt: skip
+    args.microbatches = p.num_microbatches
+    check_time(args, p.num_ranks, model.num_parameters, model.batch_tokens // p.num_microbatches)
+    check_device(launch.device, launch.backend, ranks=p.num_ranks)
+    with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
+        run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
+                         steps=args.steps, optimizer=args.optimizer, lr=args.lr,
+                         dispatch=args.dispatch, backend=launch.backend, device=launch.device,
+                         timeout_s=launch.timeout_s, threads=launch.threads_per_rank)  # fmt: skip
+    losses, step_ms = list(run.losses), list(run.step_ms)
+    measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
+    print_result(
+        args.json,
+        {"schedule": p.schedule_name, "num_ranks": p.num_ranks,
+         "stage_sizes": list(p.stage_sizes()), "num_microbatches": p.num_microbatches,
+         "recompute": p.recompute[0], "losses": losses, "step_ms": step_ms,
+         "median_step_ms": measured, "predicted_step_ms": p.predicted_step_ms},
+        f"{args.plan}: {p.schedule_name}, stages {'+'.join(map(str, p.stage_sizes()))}, "
+        f"m={p.num_microbatches}, recompute {'on' if p.recompute[0] else 'off'}, "
+        f"{p.num_ranks} ranks",
+        ["step", "loss", "step ms", "predicted ms"],
+        [[i, f"{loss:.6g}", ms, p.predicted_step_ms]
+         for i, (loss, ms) in enumerate(zip(losses, step_ms, strict=True))],
+        caption=f"median step {measured:.4g} ms"
+        + (" (after the first)" if len(step_ms) > 1 else "")
+        + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
+    )  # fmt: skip
+    return 0
+
+
+def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
+    if not is_user_model(args.model):
+        raise UsageError("--plan runs a plan of your own model: give the factory it was made "
+                         "from, --model MODULE:FACTORY")  # fmt: skip
+    if args.ranks is not None and args.ranks != p.num_ranks:
+        raise UsageError(f"--ranks {args.ranks}, but {args.plan} is a plan for {p.num_ranks} "
+                         "ranks; drop --ranks (the plan sets it) or plan again")  # fmt: skip
+    if args.microbatches is not None and args.microbatches != p.num_microbatches:
+        raise UsageError(f"--microbatches {args.microbatches}, but {args.plan} runs "
+                         f"{p.num_microbatches}; drop -m (the plan sets it) or plan again")  # fmt: skip
+    given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
+                                   ("--straggler", args.straggler)) if on]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)}: not with --plan (the plan sets recompute; "
+                         "plotting and stragglers are for the built-in models)")  # fmt: skip
