@@ -9,14 +9,13 @@ from typing import Any
 
 from nobubble.cli.util import UsageError, check_budget, check_steps
 
-__all__ = ["ENV_UPDATE_S", "TASK_STEP_S", "check_run", "import_run_objects", "load_user_object"]
+__all__ = ["STEP_S", "check_run", "import_run_objects", "load_user_object"]
 
 # the built-in tasks' sequences (prompt + response) stay under this many tokens and symbols
 _SEQ_BOUND, _VOCAB_BOUND = 64, 32
-TASK_STEP_S = 0.01
-"""The fastest learner step of an RL run on a task (a tiny policy, a tiny batch): 10 ms."""
-ENV_UPDATE_S = 0.01
-"""The fastest learner update of an environment run (512 env steps, 4 epochs): 10 ms."""
+STEP_S = 0.01
+"""The fastest learner update of an RL run: a task's (a tiny policy, a tiny batch) and an
+environment run's (512 env steps, 4 epochs) both take 10 ms."""
 
 
 def load_user_object(flag: str, spec: str, what: str) -> Any:
@@ -86,8 +85,7 @@ def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
                 raise ValueError(f"--env {cfg.env!r}: {err}") from None
             raise
     if cfg.steps is not None and not timed:
-        step_s = TASK_STEP_S if hasattr(cfg, "task") else ENV_UPDATE_S
-        check_steps("rl", "--steps", cfg.steps, step_s, hint=", give --time-budget S",
+        check_steps("rl", "--steps", cfg.steps, STEP_S, hint=", give --time-budget S",
                     force=force)  # fmt: skip
 
 

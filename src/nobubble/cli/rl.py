@@ -31,7 +31,7 @@ from nobubble.cli.util import (
     print_result,
 )
 from nobubble.files import claim_output
-from nobubble.rl.actor_learner.config import ARCHS, LOSSES  # torch-free, as the flags need
+from nobubble.rl.actor_learner.config import ARCHS, LOSSES, EnvRunConfig  # torch-free
 from nobubble.rl.system.config import (
     AGGREGATIONS,
     ALGOS,
@@ -221,8 +221,6 @@ def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
     environment's (``arch``: one architecture is chosen, not all)."""
     add_config_flags(p, RunConfig, SHARED_FLAGS)
     add_config_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
-    from nobubble.rl.actor_learner.config import EnvRunConfig
-
     g = p.add_argument_group("environment producer (with --env; IMPALA, SEED RL, Sample Factory)")
     g.add_argument("--env", default=None, metavar="ID",
                    help="gymnasium id (CartPole-v1, Acrobot-v1) or a text env: guess-number, "
@@ -261,7 +259,6 @@ def run_config(args: argparse.Namespace) -> Any:
     ``--preset`` is applied first and the flags that set what it sets (:data:`PRESET_OWNED`)
     are laid over its config, so that they win."""
     if args.env is not None:
-        from nobubble.rl.actor_learner.config import EnvRunConfig
         from nobubble.rl.actor_learner.text.run import is_text_env, text_env_config
 
         table = SHARED_FLAGS + ENV_FLAGS
