@@ -111,9 +111,9 @@ def test_bench_config_rejects_unknown_transport():
 
 
 def test_demo_step(tmp_path):
-    from nobubble.cli.demo.moe import run
+    from nobubble.cli.demo.showcase import moe as run
 
-    paths = run(tmp_path, quick=True)
+    paths = run(tmp_path, quick=True, seed=0)
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     summary = json.loads((tmp_path / "moe" / "ep_demo.json").read_text())
     assert summary["buffer_bytes"] < summary["per_pair_bytes"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nobubble.cli.ep_balance import register
+from nobubble.cli.ep import register
 from nobubble.cli.util import ArgumentParser
 from tests.moe.balance.eplb_cases import EPLB_PHY2LOG, EPLB_WEIGHT
 
@@ -14,8 +14,7 @@ from tests.moe.balance.eplb_cases import EPLB_PHY2LOG, EPLB_WEIGHT
 def run_balance(argv, capsys):
     """Parse like ``nobubble ep`` does and run the handler; returns (rc, stdout)."""
     parser = ArgumentParser(prog="nobubble ep")
-    sub = parser.add_subparsers(dest="ep_command", parser_class=ArgumentParser)
-    register(sub)
+    register(parser)
     args = parser.parse_args(["balance", *argv])
     rc = args.func(args)
     return rc, capsys.readouterr().out

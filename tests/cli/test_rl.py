@@ -138,10 +138,10 @@ def test_preset_then_the_flags_given_with_it():
     config, so they win - even one that names the default (``--staleness-weighting none``)
     or turns the preset's replay off (its sizes go with it)."""
     from nobubble.cli import build_parser
-    from nobubble.cli.rl import task_config
+    from nobubble.cli.rl import run_config
 
     def config(*flags: str):
-        return task_config(build_parser().parse_args(["rl", "train", *TINY, *flags]))
+        return run_config(build_parser().parse_args(["rl", "train", *TINY, *flags]))
 
     fast = ["--mode", "fully-async", "--preset", "aggressive"]
     cfg = config(*fast)

@@ -84,8 +84,7 @@ def test_bad_values_are_one_line_and_exit_2(tmp_path, argv, message, capsys) -> 
 
 
 def test_the_target_defaults_to_the_envs_reward_threshold(tmp_path) -> None:
-    from nobubble.cli.rl import SHARED_FLAGS, register
-    from nobubble.cli.rl_env import env_config
+    from nobubble.cli.rl import register, run_config
     from nobubble.cli.util import ArgumentParser
 
     parser = ArgumentParser(prog="nobubble rl")
@@ -93,7 +92,7 @@ def test_the_target_defaults_to_the_envs_reward_threshold(tmp_path) -> None:
 
     def target(*argv: str) -> float | None:
         args = parser.parse_args(["train", *argv])
-        return env_config(args, SHARED_FLAGS).target_return
+        return run_config(args).target_return
 
     assert target("--env", "Acrobot-v1") == -100.0
     assert target("--env", "CartPole-v1") == 475.0

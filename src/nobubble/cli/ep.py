@@ -1,29 +1,35 @@
-"""``nobubble ep``: expert-parallel commands (``bench`` here, ``balance``, ``train``).
+"""``nobubble ep``: expert-parallel commands ``bench``, ``balance`` and ``train``.
 
-Every command: flags -> a library config (:class:`~nobubble.bench.ep_config.BenchConfig`,
-:class:`~nobubble.bench.ep_config.TrainConfig`) -> one library call -> a table or JSON. A
-config's flags are declared once, as a table (:mod:`nobubble.cli.flags`): a flag left out
-keeps the config's own default, and the config's ValueError is the one-line error (exit 2).
-This module and the configs import no torch, so a bad flag is refused at once.
+Each command: flags -> a library config or call -> a table or JSON. A config's flags are one
+table (:mod:`nobubble.cli.flags`): a flag left out keeps the config's default, and the
+config's ValueError is the one-line error (exit 2). This module imports no torch, so a bad
+flag is refused before torch loads.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from nobubble.bench.ep_config import DTYPE_NAMES
-from nobubble.cli import ep_balance, ep_train
 from nobubble.cli.flags import Flag, add_config_flags, add_run_flags, config_from_flags
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
     check_budget,
+    check_steps,
+    console,
+    input_file,
     nonneg_int,
     positive_float,
     positive_int,
     print_json,
+    print_table,
 )
+from nobubble.files import claim_output
 from nobubble.moe.layout import TRANSPORT_KINDS
+from nobubble.validation import MAX_REAL, finite
 
 __all__ = ["register"]
 
@@ -43,14 +49,57 @@ BENCH_FLAGS: tuple[Flag, ...] = (
 MAX_ITERS = 1000
 """More timed iterations than this add nothing to a median and can run for hours."""
 
+BALANCE_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
+    ("--experts", positive_int, None, "logical experts E"),
+    ("--gpus", positive_int, None, "GPUs G (multiple of --nodes)"),
+    ("--nodes", positive_int, 1, "nodes N (default 1)"),
+    ("--redundant", nonneg_int, 0, "redundant experts: E + R must divide by G"),
+    ("--groups", positive_int, 1, "expert groups (default 1)"),
+    ("--policy", ("auto", "hierarchical", "global"), "auto", "EPLB policy"),
+    ("--layers", positive_int, 1, "synthetic layers (default 1)"),
+    ("--tokens", positive_int, 100_000, "synthetic tokens/layer"),
+    ("--seed", nonneg_int, 0, "seed for synthetic loads"),
+)
+"""``ep balance``'s flags: (flag, argparse type or choices, default (None: required), help)."""
+
+SUMMARY = (
+    ("imbalance_before", "max/mean before"),
+    ("imbalance", "max/mean after"),
+    ("duplicate_gpus", "GPUs with an expert twice"),
+    ("eplb_original_imbalance", "EPLB original max/mean"),
+    ("eplb_original_duplicate_gpus", "EPLB: GPUs with an expert twice"),
+)
+"""``ep balance``'s per-layer summary table: (report key, column)."""
+
+TRAIN_FLAGS: tuple[Flag, ...] = (
+    ("--ranks", "num_ranks", positive_int, "local ranks R"),
+    ("--steps", "num_steps", positive_int, "training steps"),
+    ("--ep", "ep", positive_int,
+     "expert-parallel ranks per group, dp = R / ep (default: gcd(R, --experts))"),
+    ("--experts", "num_experts", positive_int, "routed experts per layer"),
+    ("--topk", "topk", positive_int, "experts per token"),
+    ("--redundant", "num_redundant", nonneg_int,
+     "extra physical experts per layer (replicas of hot ones), a multiple of ep"),
+    ("--rebalance-every", "rebalance_every", positive_int,
+     "online EPLB every K steps: re-place replicas, move weights and Adam state (default: never)"),
+    ("--check-dense", "check_dense", bool,
+     "also train the dense model in one process on all ranks' batches; compare losses"),
+    ("--batch", "batch_size", positive_int, "sequences per rank and step"),
+    ("--lr", "lr", positive_float, "AdamW learning rate"),
+    ("--seed", "seed", nonneg_int, "model and data seed"),
+    ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
+)  # fmt: skip
+
+MAX_ROWS = 30
+"""``ep train`` prints this many evenly spaced steps of a longer run (the JSON has all)."""
+
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from nobubble.bench.ep_config import BenchConfig
+    from nobubble.bench.ep_config import BenchConfig, TrainConfig
 
     parser.set_defaults(group_parser=parser)
-    sub = parser.add_subparsers(
-        dest="ep_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
-    )
+    sub = parser.add_subparsers(dest="ep_command", metavar="SUBCOMMAND",
+                                parser_class=ArgumentParser)  # fmt: skip
     bench = sub.add_parser(
         "bench",
         help="time Buffer dispatch/combine against per-pair all-to-all and all-gather",
@@ -72,8 +121,39 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_run_flags(bench, plot="also draw times and bytes (PNG or SVG)",
                   force="run past the process, memory and --iters/--warmup budgets")  # fmt: skip
     bench.set_defaults(func=_bench)
-    ep_balance.register(sub)
-    ep_train.register(sub)
+
+    balance = sub.add_parser(
+        "balance",
+        help="place redundant experts (EPLB) and show per-GPU load before / after",
+        description="Place redundant experts for given or synthetic loads: the load of every "
+        "GPU before (each expert once, in order) and after EPLB, the imbalance (max / mean "
+        "GPU load) of both, DeepSeek's original EPLB on the same loads, and the placement.",
+    )
+    for flag, kind, default, text in BALANCE_FLAGS:
+        how = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
+        balance.add_argument(flag, default=default, required=default is None, help=text, **how)
+    src = balance.add_mutually_exclusive_group()
+    src.add_argument("--skew", default="zipf:1.0", help="synthetic loads: zipf:S (load ~ "
+                     "1/rank^S) or pareto:A (Pareto tail index A)")  # fmt: skip
+    src.add_argument("--weights", type=input_file, help="loads file: JSON list (or list of "
+                     "lists, one per layer) or text with one whitespace/comma separated row "
+                     "per layer")  # fmt: skip
+    add_run_flags(balance, plot="draw per-GPU loads before / after (PNG or SVG)",
+                  force="place more layer x expert slots than the budget")  # fmt: skip
+    balance.set_defaults(func=_balance, parser=balance)
+
+    train = sub.add_parser(
+        "train",
+        help="train a small MoE-GPT with expert parallelism; loss and load imbalance per step",
+        description="Train a small MoE-GPT with data x expert parallelism on R local gloo "
+        "ranks, for real: loss and load imbalance per step.",
+    )
+    add_config_flags(train, TrainConfig, TRAIN_FLAGS)
+    add_run_flags(train, plot_default=Path("nobubble-out/ep_train.png"),
+                  plot="loss and imbalance against step (PNG or SVG; default "
+                  "nobubble-out/ep_train.png)",
+                  force="run past the process, memory and --steps budgets")  # fmt: skip
+    train.set_defaults(func=_train)
 
 
 def _transport_kinds(text: str) -> tuple[str, ...]:
@@ -115,3 +195,115 @@ def _bench(args: argparse.Namespace) -> int:
         if len(reports) > 1:
             print_transport_comparison(reports)
     return 0 if all(m.correct for r in reports for m in r.methods) else 1
+
+
+def _check_balance(args: argparse.Namespace) -> None:
+    """Refuse, before any loads are made (and torch is imported), a placement EPLB cannot
+    do and a skew it cannot draw (the library's ValueErrors), a flag the chosen load source
+    ignores, and a problem past ``MAX_SLOTS``."""
+    from nobubble.moe.balance.problem import MAX_SLOTS, check_config, parse_skew  # no torch
+
+    check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,
+                 args.gpus, args.policy)  # fmt: skip
+    if args.weights is not None:
+        for flag in ("layers", "tokens", "seed"):
+            if getattr(args, flag) != args.parser.get_default(flag):
+                raise UsageError(f"--{flag} shapes synthetic loads; --weights gives the loads, "
+                                 f"drop --{flag}")  # fmt: skip
+        return
+    parse_skew(args.skew)
+    if not finite(args.tokens):
+        raise UsageError(f"--tokens {args.tokens}: past {MAX_REAL:g}, not a count of tokens")
+    slots = args.layers * (args.experts + args.redundant)
+    if slots > MAX_SLOTS and not args.force:
+        raise UsageError(
+            f"ep balance: --layers {args.layers:,} x {args.experts + args.redundant:,} physical "
+            f"experts = {slots:,} placements, past the budget of {MAX_SLOTS:,}; use fewer, or "
+            "--force"
+        )
+
+
+def _balance(args: argparse.Namespace) -> int:
+    _check_balance(args)  # before torch is imported (by the two modules below)
+    from nobubble.moe.balance.loads import expert_loads
+    from nobubble.moe.balance.report import balance_report, plot_balance
+
+    weight = expert_loads(args.experts, path=args.weights, skew=args.skew,
+                          num_layers=args.layers, tokens=args.tokens, seed=args.seed)  # fmt: skip
+    result = balance_report(weight, num_redundant=args.redundant, num_groups=args.groups,
+                            num_nodes=args.nodes, num_gpus=args.gpus, policy=args.policy)  # fmt: skip
+    r = result.to_dict()
+    if args.plot is not None:
+        r["plot"] = str(plot_balance(result, args.plot))
+    if args.json:
+        print_json(r)
+        return 0
+    gpn, counts = r["gpus"] // r["nodes"], r["logcnt"][0]
+    rows = [[g, g // gpn, r["gpu_load_before"][0][g], r["gpu_load_after"][0][g],
+             " ".join(f"{e}" + ("*" if counts[e] > 1 else "") for e in experts)]
+            for g, experts in enumerate(r["gpu_experts"][0])]  # fmt: skip
+    print_table(f"layer 0: {r['experts']} experts + {r['redundant']} redundant on {r['gpus']} "
+                f"GPUs / {r['nodes']} nodes ({r['policy']})",
+                ["gpu", "node", "load before", "load after", "experts (* = replicated)"], rows)  # fmt: skip
+    per_layer = zip(*(r[key] for key, _ in SUMMARY))  # (layer's figure of each key)
+    print_table("imbalance (max / mean GPU load)", ["layer", *(c for _, c in SUMMARY)],
+                [[layer, *figures] for layer, figures in enumerate(per_layer)])  # fmt: skip
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from nobubble.bench.ep_config import STEP_S, TrainConfig  # no torch: refusals before it
+
+    config = config_from_flags(TrainConfig, TRAIN_FLAGS, args)  # ValueError: exit 2
+    check_budget("ep train", processes=config.num_ranks, data_bytes=config.data_bytes(),
+                 force=args.force)  # fmt: skip
+    check_steps("ep train", "--steps", config.num_steps, STEP_S, limit_s=config.timeout_s,
+                limit=f"--timeout {config.timeout_s:g} s, the whole run's limit",
+                hint=", raise --timeout", force=args.force)  # fmt: skip
+    from nobubble.bench.ep_train import plot_report, run_with_progress
+
+    with claim_output(args.plot):  # before the ranks start: refuse another live run's plot
+        report = run_with_progress(config, quiet=args.json)
+        plot = plot_report(report, args.plot)
+    if args.json:
+        print_json({**report.to_dict(), "plot": str(plot)})
+    else:
+        _print_train(report, plot)
+    return 1 if report.dense_ok is False else 0
+
+
+def _print_train(report: Any, plot: Path) -> None:
+    c, n = report.config, len(report.losses)
+    shown = range(n) if n <= MAX_ROWS else sorted(
+        {round(i * (n - 1) / (MAX_ROWS - 1)) for i in range(MAX_ROWS)})  # fmt: skip
+    dense = report.dense_losses is not None
+    rows = [[s + 1, report.losses[s],
+             *([report.dense_losses[s], report.dense_abs_diff[s]] if dense else []),
+             report.rank_imbalance[s], report.expert_imbalance[s]] for s in shown]  # fmt: skip
+    print_table(
+        f"ep train: {c.num_ranks} ranks (dp {report.dp} x ep {report.ep}), {c.num_experts} "
+        f"experts + {c.num_redundant} redundant, top-{c.topk}, "
+        + (f"rebalance every {c.rebalance_every} steps" if c.rebalance_every else "no rebalancing"),
+        ["step", "loss", *(["dense loss", "|diff|"] if dense else []),
+         "max/mean rank load", "max/mean expert load"],
+        rows,
+        caption="load: (token, slot) rows received, max / mean over ranks and over physical "
+        "experts, mean over MoE layers",
+    )  # fmt: skip
+    out = console()
+    out.print(
+        f"loss {report.losses[0]:.4f} -> {report.final_loss:.4f} in {n} steps "
+        f"({report.seconds:.1f} s); max/mean rank load over the second half "
+        f"{report.rank_imbalance_second_half:.4f}"
+    )
+    if dense:
+        verdict = "equal" if report.dense_ok else "DIFFERENT"
+        out.print(
+            f"dense single process: loss {report.dense_losses[-1]:.4f} at the last step; "
+            f"|diff| {report.dense_abs_diff[-1]:.2e} last, {max(report.dense_abs_diff):.2e} max "
+            f"({verdict} within 1e-4)"
+        )
+    if report.rebalances:
+        moved = sum(r["moved"] for r in report.rebalances)
+        out.print(f"{len(report.rebalances)} layer rebalances moved {moved} experts")
+    out.print(f"plot: {plot}")

@@ -1,27 +1,16 @@
-"""``nobubble rl``: train with a synchronous or asynchronous schedule, compare the schedules.
+"""``nobubble rl``: ``train`` one run, ``compare`` the schedules, serve a reward over HTTP.
 
-``nobubble rl train`` runs one configuration of one of two producers: a task (``--task``,
-LLM-style groups; the default) or an environment (``--env``, :mod:`nobubble.cli.rl_env`).
-Every flag is a field of the producer's config (:class:`~nobubble.rl.system.config.RunConfig`
-and its stage configs, :class:`~nobubble.rl.actor_learner.config.EnvRunConfig`), declared in
-the tables below (:mod:`nobubble.cli.flags`); the flags both have (:data:`SHARED_FLAGS`:
-``--max-staleness``, ``--time-budget``, ``--steps`` = learner updates, ``--seed``, and
-``--out``, ``--json``, ``--force``) mean the same on both, and a flag of the other producer
-is refused. The config's own checks are the only checks of a value or a combination.
-``nobubble rl compare`` runs the three modes (``--env``: the three architectures) on the same
-budget; ``--ablation`` turns each lag fix on alone and all together at each max staleness of
-``--etas`` (:func:`nobubble.rl.comparison` expands each). Both commands run their
-configs through one loop (:func:`_run`) and print them with one renderer
-(:func:`render_runs`): a table (accuracy or return, samples/s, staleness, idle ratios, the
-ledger) or ``--json`` (:data:`~nobubble.rl.system.result.RESULT_KEYS` per run), a PNG of the
-curves and, for tasks, a Chrome trace of the stages' busy spans. ``--checkpoint-dir`` /
-``--resume`` make a task run survive a kill; ``nobubble rl reward-server`` serves a reward
-function over HTTP.
+``train`` and ``compare`` run a task (:class:`~nobubble.rl.system.config.RunConfig`, the
+default) or an environment (``--env``, :class:`~nobubble.rl.actor_learner.config.EnvRunConfig`).
+Every flag is a config field, declared in the tables below (:mod:`nobubble.cli.flags`); a
+flag of the other producer is refused, and the configs' own checks are the only value checks.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -29,9 +18,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.flags import Flag, add_config_flags, apply_flags, flags_given
-from nobubble.cli.preflight import check_run, import_run_objects, json_object, load_user_object
-from nobubble.cli.rl_env import ENV_FLAGS, env_config
+from nobubble.cli.flags import Flag, add_config_flags, apply_flags, flags_given, real
+from nobubble.cli.preflight import check_run, import_run_objects, load_user_object
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -40,10 +28,10 @@ from nobubble.cli.util import (
     output_dir,
     positive_float,
     positive_int,
-    print_json,
-    print_table,
+    print_result,
 )
 from nobubble.files import claim_output
+from nobubble.rl.actor_learner.config import ARCHS, LOSSES, EnvRunConfig  # torch-free
 from nobubble.rl.system.config import (
     AGGREGATIONS,
     ALGOS,
@@ -54,11 +42,30 @@ from nobubble.rl.system.config import (
 )
 from nobubble.rl.system.config.presets import PRESETS
 
-__all__ = ["register", "render_runs", "task_config"]
+__all__ = ["register", "render_runs", "run_config"]
 
 
 def _folder(text: str) -> str:
     return str(output_dir(text))
+
+
+def _json_object(text: str) -> dict:
+    """argparse type: a JSON object (``'{"hidden": 128}'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({err.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object like '{{\"k\": 1}}'")
+    return value
+
+
+def _target_return(text: str) -> float | str:
+    """``--target-return``: a finite number, or ``"none"`` (never stop early)."""
+    try:
+        return "none" if text.lower() == "none" else real(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err} or 'none'") from None
 
 
 SHARED_FLAGS: tuple[Flag, ...] = (
@@ -75,10 +82,10 @@ SHARED_FLAGS: tuple[Flag, ...] = (
 TASK_FLAGS: tuple[Flag, ...] = (
     ("--task", "task", str, "digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR "
      "(default digits)"),
-    ("--task-kwargs", "task_kwargs", json_object, "the task's settings, a JSON object"),
+    ("--task-kwargs", "task_kwargs", _json_object, "the task's settings, a JSON object"),
     ("--policy", "policy", str, "char | gpt2 (Hugging Face, from a config) | hf:DIR | "
      "MODULE:FACTORY (default char)"),
-    ("--policy-kwargs", "policy_kwargs", json_object, "the policy's settings, a JSON object"),
+    ("--policy-kwargs", "policy_kwargs", _json_object, "the policy's settings, a JSON object"),
     ("--reward", "rewards", list, "a reward source, repeatable, summed with weights: task | "
      "MODULE:FN[=W] (default task)"),
     ("--reward-url", "reward_url", str, "a remote reward service, POST /score (default none)"),
@@ -155,6 +162,22 @@ PRESET_OWNED = {"max_staleness", "algo", "drop_staleness", "replay", "replay_cap
 TASK_ONLY = (("--preset", "preset"), ("--ablation", "ablation"), ("--etas", "etas"))
 
 
+ENV_FLAGS: tuple[Flag, ...] = (
+    ("--arch", "arch", ARCHS, "where inference runs: impala (in each actor), seed (central), "
+     "sample-factory (central, double-buffered envs); rl train only"),
+    ("--actors", "actors", positive_int, "actor processes"),
+    ("--envs-per-actor", "envs_per_actor", positive_int, "environments each actor steps"),
+    ("--env-step-delay-ms", "env_step_delay_ms", nonneg_float,
+     "sleep per env step, a stand-in for a slow simulator"),
+    ("--loss", "loss", LOSSES, "ppo (APPO) or vtrace (IMPALA)"),
+    ("--env-steps", "max_env_steps", positive_int, "stop after N environment steps"),
+    ("--target-return", "target_return", _target_return,
+     "stop when the greedy eval mean reaches it ('none': never); default: the env's reward "
+     "threshold (CartPole-v1 475, Acrobot-v1 -100; text envs: success 0.8)"),
+)  # fmt: skip
+"""The environment producer's own flags (``--arch`` first: ``rl compare`` runs them all)."""
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(group_parser=parser)
     sub = parser.add_subparsers(dest="rl_command", metavar="SUBCOMMAND",
@@ -198,8 +221,6 @@ def _producer_flags(p: argparse.ArgumentParser, *, arch: bool) -> None:
     environment's (``arch``: one architecture is chosen, not all)."""
     add_config_flags(p, RunConfig, SHARED_FLAGS)
     add_config_flags(p.add_argument_group("task producer (the default)"), RunConfig, TASK_FLAGS)
-    from nobubble.rl.actor_learner.config import EnvRunConfig
-
     g = p.add_argument_group("environment producer (with --env; IMPALA, SEED RL, Sample Factory)")
     g.add_argument("--env", default=None, metavar="ID",
                    help="gymnasium id (CartPole-v1, Acrobot-v1) or a text env: guess-number, "
@@ -231,9 +252,27 @@ def _check_producer(args: argparse.Namespace) -> bool:
     return env
 
 
-def task_config(args: argparse.Namespace) -> RunConfig:
-    """The task run the flags describe; ``--preset`` is applied first and the flags that set
-    what it sets (:data:`PRESET_OWNED`) are laid over its config, so that they win."""
+def run_config(args: argparse.Namespace) -> Any:
+    """The run the flags describe (ValueError / ImportError on a bad value or a missing
+    extra). With ``--env``: an EnvRunConfig (a text env's from its ``--env-option``s; the
+    target return defaults to the gymnasium spec's ``reward_threshold``). Else a RunConfig:
+    ``--preset`` is applied first and the flags that set what it sets (:data:`PRESET_OWNED`)
+    are laid over its config, so that they win."""
+    if args.env is not None:
+        from nobubble.rl.actor_learner.text.run import is_text_env, text_env_config
+
+        table = SHARED_FLAGS + ENV_FLAGS
+        given = flags_given(table, args)
+        if given.get("target_return") == "none":  # never stop early (left out: the env's)
+            given["target_return"] = None
+        if is_text_env(args.env):
+            options = _env_options(args.env_option or [])
+            return apply_flags(functools.partial(text_env_config, args.env, options), given, table)
+        if args.env_option:
+            raise ValueError(f"--env-option is for text envs; {args.env!r} is a gymnasium id")
+        if "target_return" not in given:  # looked up only when needed: it builds the env's spec
+            given["target_return"] = _reward_threshold(args.env)
+        return apply_flags(EnvRunConfig, {"env": args.env, **given}, table)
     table = SHARED_FLAGS + TASK_FLAGS + TRAIN_FLAGS  # rl compare has no TRAIN_FLAGS: not given
     given = flags_given(table, args)
     import_run_objects(given.get("task"), given.get("policy"), given.get("rewards", ()))
@@ -245,6 +284,37 @@ def task_config(args: argparse.Namespace) -> RunConfig:
     base = {k: v for k, v in given.items() if k not in PRESET_OWNED}
     lag = {k: v for k, v in given.items() if k in PRESET_OWNED}
     return apply_flags(PRESETS[preset](apply_flags(RunConfig, base, table)), lag, table)
+
+
+def _env_options(options: list[str]) -> dict[str, Any]:
+    """``["high=9", 'operators=["+"]']`` -> ``{"high": 9, "operators": ["+"]}``: a value is
+    JSON when it parses as JSON, else a string."""
+    out: dict[str, Any] = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--env-option {option!r}: write KEY=VALUE, e.g. max_turns=4")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _reward_threshold(env_id: str) -> float | None:
+    """The gymnasium spec's ``reward_threshold`` (None when it has none)."""
+    import gymnasium
+
+    try:
+        threshold = gymnasium.spec(env_id).reward_threshold
+    except Exception as err:  # gymnasium's unknown-id errors are not ValueErrors
+        raise ValueError(f"--env {env_id!r}: {err}") from None
+    return None if threshold is None else float(threshold)
+
+
+def _etas(text: str) -> tuple[int, ...]:
+    """argparse type of ``--etas``: max staleness bounds >= 1, like ``8,16``."""
+    return tuple(positive_int(x) for x in text.split(","))
 
 
 def _train_or_compare(args: argparse.Namespace) -> int:
@@ -262,7 +332,7 @@ def _train_or_compare(args: argparse.Namespace) -> int:
     etas = (args.etas or (8, 16)) if compare and args.ablation else ()
     # the output first, before torch is imported: another live run's folder is refused at once
     with claim_output(args.out):
-        config = env_config(args, SHARED_FLAGS) if env else task_config(args)
+        config = run_config(args)
         if etas and args.steps is None:  # the ablation: 150 steps unless --steps says so
             config = apply_flags(config, {"steps": 150})
         label = config.mode if isinstance(config, RunConfig) else config.arch
@@ -291,11 +361,6 @@ def _title(cfg: Any, runs: dict[str, Any], args: argparse.Namespace) -> str:
     return title + (f", learners={cfg.learners} {cfg.aggregation}" if cfg.learners > 1 else "")
 
 
-def _etas(text: str) -> tuple[int, ...]:
-    """argparse type of ``--etas``: max staleness bounds >= 1, like ``8,16``."""
-    return tuple(positive_int(x) for x in text.split(","))
-
-
 def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title: str,
          groups: dict[str, list[str]] | None = None) -> int:  # fmt: skip
     """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
@@ -308,17 +373,14 @@ def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title:
         with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
             # a worker's failure (WorkerError) ends the command like any failure: one line, exit 1
             results[label] = train(cfg, on_step=_progress(cfg, label, args.json, bar))
-    groups = groups or {"": list(results)}
     paths = {}
-    for name, labels in groups.items():
+    for name, labels in (groups or {"": list(results)}).items():
         png = args.out / f"{stem}{'_' + name if name else ''}.png"
         curves = {_curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels}
         paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
-    if groups == {"": list(results)}:
-        for label, r in results.items():
-            if r.env is None:
-                trace = args.out / f"{stem}_{label}_trace.json"
-                paths[f"trace:{label}"] = str(write_trace(r, trace))
+    for label, r in results.items():
+        if r.env is None and not groups:  # a trace of each task run not in an ablation
+            paths[f"trace:{label}"] = str(write_trace(r, args.out / f"{stem}_{label}_trace.json"))
     render_runs(title, results, paths, as_json=args.json, compare=args.rl_command == "compare")
     return 0
 
@@ -364,26 +426,22 @@ def render_runs(title: str, results: dict[str, Any], paths: dict[str, str], *, a
     """Print runs (label -> :class:`~nobubble.rl.system.result.RunResult`) of either
     producer: JSON (one run: its :data:`RESULT_KEYS` and ``artifacts``; a comparison:
     ``runs`` by label, each with its ``artifacts``; ``speedup_vs_first``; ``artifacts``)
-    or a table with a row per run, then (one run) its staleness histogram, and the artifacts."""
+    or a table with a row per run, captioned with (one run) its staleness histogram and the
+    artifacts written."""
     base = next(iter(results.values())).samples_per_s or 1.0
+    speedup = {k: r.samples_per_s / base for k, r in results.items()}
+    doc: Any = None
     if as_json:
         runs = {k: {**r.to_json(), "artifacts": paths} for k, r in results.items()}
-        speedup = {k: r.samples_per_s / base for k, r in results.items()}
         doc = {"runs": runs, "speedup_vs_first": speedup, "artifacts": paths} if compare else (
             next(iter(runs.values())))  # fmt: skip
-        print_json(doc)
-        return
-    rows = [_row(k, r) for k, r in results.items()]
-    if compare:
-        rows = [{**row, "speed": f"{r.samples_per_s / base:.2f}x"}
-                for row, r in zip(rows, results.values(), strict=True)]  # fmt: skip
-    print_table(title, list(rows[0]), [list(row.values()) for row in rows])
-    if not compare:
-        (r,) = results.values()
-        hist = ", ".join(f"{k}: {v}" for k, v in sorted(r.staleness_hist.items()))
-        print(f"staleness histogram (trained samples by lag): {hist or '-'}")
-    for name, p in paths.items():
-        print(f"{name}: {p}")
+    rows = [_row(k, r) | ({"speed": f"{speedup[k]:.2f}x"} if compare else {})
+            for k, r in results.items()]  # fmt: skip
+    hist = next(iter(results.values())).staleness_hist
+    caption = None if compare else "staleness histogram (trained samples by lag): " + (
+        ", ".join(f"{k}: {v}" for k, v in sorted(hist.items())) or "-")  # fmt: skip
+    print_result(as_json, doc, title, list(rows[0]), [list(row.values()) for row in rows],
+                 caption=caption, files=list(paths.values()))  # fmt: skip
 
 
 def _row(label: str, r: Any) -> dict[str, Any]:

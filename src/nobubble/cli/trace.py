@@ -25,25 +25,20 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="merged trace to write")  # fmt: skip
     summary = sub.add_parser("summary", help="busy / idle time per rank of a trace file")
     summary.add_argument("files", nargs="+", type=input_file, help="Chrome trace JSON files")
-    for p, func in ((merge, _merge), (summary, _summary)):
+    for p in (merge, summary):
         add_json_flag(p)
-        p.set_defaults(func=func)
+        p.set_defaults(func=_trace)
 
 
-def _merge(args: argparse.Namespace) -> int:
+def _trace(args: argparse.Namespace) -> int:
+    """``merge`` (the merged trace written to ``--output``) or ``summary``: per-rank busy and
+    idle time of the files' events, a table or JSON (with ``output`` first, for ``merge``)."""
     events, names = merge_trace_files(args.files)
-    write_chrome_trace(args.output, events, rank_names=names)
-    title = f"merged {len(args.files)} files, {len(events)} events -> {args.output}"
-    return _report(args, events, title, {"output": str(args.output)})
-
-
-def _summary(args: argparse.Namespace) -> int:
-    events, _ = merge_trace_files(args.files)
-    return _report(args, events, f"{len(events)} events", {})
-
-
-def _report(args: argparse.Namespace, events, title: str, extra: dict) -> int:
-    """Per-rank busy and idle time of ``events``: a table, or JSON with ``extra`` first."""
+    title, extra = f"{len(events)} events", {}
+    if args.trace_command == "merge":
+        write_chrome_trace(args.output, events, rank_names=names)
+        title = f"merged {len(args.files)} files, {len(events)} events -> {args.output}"
+        extra = {"output": str(args.output)}
     ranks = [{"rank": s.rank, "events": s.num_events, "span_ms": s.span_us / 1e3,
               "busy_ms": s.busy_us / 1e3, "idle_ratio": s.idle_ratio}
              for s in summarize(events)]  # fmt: skip

@@ -1,15 +1,12 @@
-"""Shared pieces of the command line: argument types, errors, table/JSON output (the tables
-are :mod:`nobubble.bench.output`'s, re-exported here).
-
-Every command prints a human table by default and machine JSON with ``--json``. A user
-mistake raises :class:`UsageError` (or ``ValueError`` from a config's validation); ``main``
-turns either into one line on stderr and exit status 2. No traceback reaches a user unless
-``NOBUBBLE_DEBUG=1`` is set.
+"""Shared pieces of the command line: argument types, budgets, errors, table/JSON output
+(the tables are :mod:`nobubble.bench.output`'s). A user mistake raises :class:`UsageError`
+(or a config's ``ValueError``); ``main`` turns either into one line on stderr, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -175,14 +172,11 @@ def output_dir(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer > 0."""
-    return _number(int, text, minimum=0, strict=True)
-
-
-def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(int, text, minimum=0, strict=False)
+# argparse types: an integer > 0 / >= 0, a finite number > 0 / >= 0
+positive_int = functools.partial(_number, int, minimum=0, strict=True)
+nonneg_int = functools.partial(_number, int, minimum=0, strict=False)
+positive_float = functools.partial(_number, float, minimum=0.0, strict=True)
+nonneg_float = functools.partial(_number, float, minimum=0.0, strict=False)
 
 
 SEED_LIMIT = 2**63
@@ -195,16 +189,6 @@ def seed_int(text: str) -> int:
     if value >= SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"{text} must be < 2**63 (a 64-bit seed)")
     return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    return _number(float, text, minimum=0.0, strict=True)
-
-
-def nonneg_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    return _number(float, text, minimum=0.0, strict=False)
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

@@ -1,14 +1,8 @@
-"""``nobubble.rl.train``: one entry point for both producers of experience.
-
-Both producers' configs are :class:`~nobubble.rl.system.config.RLConfig` (seed, steps,
-time budget, max staleness, threads, stall timeout, declared once). A
-:class:`~nobubble.rl.system.config.RunConfig` trains a policy on a task (groups of responses,
-rewards from verifiers; sync, one-step-off or fully-async, on the local engine or Ray); an
-:class:`~nobubble.rl.actor_learner.config.EnvRunConfig` trains one on an environment
-(IMPALA, SEED RL or Sample Factory). Both keep one ledger, prove their weight versions and
-return one result type, :class:`~nobubble.rl.system.result.RunResult`, whose ``to_json()`` has
-the same top-level keys (:data:`~nobubble.rl.system.result.RESULT_KEYS`).
-:func:`comparison` expands one config into the runs of a comparison (``rl compare``).
+"""``nobubble.rl.train``: one entry point for both producers of experience, a task
+(:class:`~nobubble.rl.system.config.RunConfig`) or an environment
+(:class:`~nobubble.rl.actor_learner.config.EnvRunConfig`), both returning a
+:class:`~nobubble.rl.system.result.RunResult`; :func:`comparison` expands one config into
+the runs of a comparison (``rl compare``).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from nobubble.cli.demo.moe_balance import run
+from nobubble.cli.demo.showcase import moe_balance as run
 
 
 def test_balance_demo_quick(tmp_path, capsys):
-    paths = run(tmp_path, quick=True)
+    paths = run(tmp_path, quick=True, seed=0)
     assert all(p.exists() for p in paths)
     data = json.loads((tmp_path / "moe" / "eplb_demo.json").read_text())
     assert data["eplb_example_identical"] is True

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from nobubble.cli.demo.moe_fastpath import run
+from nobubble.cli.demo.showcase import moe_fastpath as run
 
 
 def test_fastpath_demo_step(tmp_path):
-    paths = run(tmp_path, quick=True)
+    paths = run(tmp_path, quick=True, seed=0)
     assert [p.name for p in paths] == ["fastpaths.json", "ep_overlap_timeline.png"]
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     s = json.loads(paths[0].read_text())

@@ -15,7 +15,8 @@ def test_demo_writes_png(tmp_path, capsys):
 
 
 def test_handshake_step_draws_static_and_handshake_under_a_straggler(tmp_path, capsys) -> None:
-    from nobubble.cli.demo import _handshake_step, steps
+    from nobubble.cli.demo import steps
+    from nobubble.cli.demo.showcase import handshake as _handshake_step
 
     assert "pipeline handshake" in [name for name, _ in steps()]
     (png,) = _handshake_step(tmp_path, True, 0)
@@ -28,10 +29,10 @@ def test_handshake_step_draws_static_and_handshake_under_a_straggler(tmp_path, c
 
 def test_replan_step_moves_layers_off_the_slow_rank_and_draws_it(tmp_path, capsys) -> None:
     from nobubble.cli.demo import steps
-    from nobubble.cli.demo.pipeline_replan import run
+    from nobubble.cli.demo.showcase import replan as run
 
     assert "pipeline re-planning" in [name for name, _ in steps()]
-    (png,) = run(tmp_path, quick=True)
+    (png,) = run(tmp_path, quick=True, seed=0)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "yes" in out  # a re-plan happened

@@ -1,76 +1,33 @@
 """``nobubble demo``: a short tour of every capability that has landed.
 
-A step runs a ``nobubble`` command as a user would (:func:`_command`) or, where no command
-shows it, the ``run(out_dir: Path, quick: bool) -> list[Path]`` of its own module here
-(:mod:`.pipeline_replan`, :mod:`.moe`, :mod:`.moe_fastpath`, :mod:`.moe_balance`, :mod:`.rl`;
-:mod:`.pipeline_plan` is the model ``pp plan`` plans), which prints what it shows and returns
-the artifacts it wrote. A step's module is imported when the step starts, so ``nobubble demo
---help`` loads no torch. Steps run in order; the tour ends with a table of step times and the
-artifacts' locations.
+A step is a ``nobubble`` command run as a user would run it (:func:`_command`) or, where no
+command shows the capability, a function of :mod:`.showcase`; :mod:`.pipeline_plan` is the
+model ``pp plan`` plans. Steps run in order; the tour ends with a table of step times and
+the artifacts' locations.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nobubble.cli.demo import showcase
 from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
 
 Step = Callable[[Path, bool, int], list[Path]]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out",
-        type=output_dir,
-        default=Path("nobubble-out"),
-        help="artifact folder (default ./nobubble-out)",
-    )
+    parser.add_argument("--out", type=output_dir, default=Path("nobubble-out"),
+                        help="artifact folder (default ./nobubble-out)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="smallest sizes in every step")
-    parser.add_argument(
-        "--only", default=None, help="comma-separated step titles to run (e.g. merge,trace)"
-    )
+    parser.add_argument("--only", default=None,
+                        help="comma-separated step titles to run (e.g. merge,trace)")  # fmt: skip
     parser.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     parser.set_defaults(func=_run)
-
-
-def _merge_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, to_list
-
-    con = console()
-    lists = [[1, 4, 5], [1, 3, 4], [2, 6]]
-    merged = to_list(merge_k_lists([from_list(xs) for xs in lists]))
-    con.print(f"merge_k_lists({lists}) -> {merged}")
-    rng = random.Random(seed)
-    k, n = (100, 10_000) if quick else (1000, 200_000)
-    runs = [sorted(rng.random() for _ in range(n // k)) for _ in range(k)]
-    t0 = time.perf_counter()
-    out_list = list(kmerge(*runs))
-    dt = time.perf_counter() - t0
-    assert out_list == sorted(out_list)
-    con.print(f"kmerge of k={k} sorted runs, N={n:,} items: {dt * 1e3:.1f} ms, output sorted: yes")
-    return []
-
-
-def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """Four ranks each write their own trace; ``nobubble trace merge`` makes one time-ordered
-    file of them and prints each rank's busy and idle time."""
-    from nobubble.trace import Event, write_chrome_trace
-
-    rng = random.Random(seed)
-    files = []
-    for rank in range(4):
-        t, events = rank * 150.0, []  # later ranks start later: the pipeline fill bubble
-        for i in range(8):
-            dur = rng.uniform(80, 120)
-            events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
-            t += dur + rng.uniform(0, 40)  # waiting for the neighbour
-        files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
-    return _command("trace", "merge", *files, "-o", out / "trace" / "merged.json")
 
 
 def _command(*argv: str | Path, wrote: tuple[Path, ...] = ()) -> list[Path]:
@@ -92,6 +49,23 @@ def _command(*argv: str | Path, wrote: tuple[Path, ...] = ()) -> list[Path]:
     return artifacts
 
 
+def _trace_step(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Four ranks each write their own trace; ``nobubble trace merge`` makes one time-ordered
+    file of them and prints each rank's busy and idle time."""
+    from nobubble.trace import Event, write_chrome_trace
+
+    rng = random.Random(seed)
+    files = []
+    for rank in range(4):
+        t, events = rank * 150.0, []  # later ranks start later: the pipeline fill bubble
+        for i in range(8):
+            dur = rng.uniform(80, 120)
+            events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
+            t += dur + rng.uniform(0, 40)  # waiting for the neighbour
+        files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
+    return _command("trace", "merge", *files, "-o", out / "trace" / "merged.json")
+
+
 def _schedules_step(out: Path, quick: bool, seed: int) -> list[Path]:
     """1F1B's grid beside ZB-H1's (P=4, M=8, unit costs: W fills the bubbles), then every
     schedule at P=8, M=24 on the paper's 1.5B costs, their Gantt charts in one image."""
@@ -101,43 +75,10 @@ def _schedules_step(out: Path, quick: bool, seed: int) -> list[Path]:
                     "--plot", out / "pipeline_gantt.png", *(["--no-torch"] if quick else []))  # fmt: skip
 
 
-def _handshake_step(out: Path, quick: bool, seed: int) -> list[Path]:
-    """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
-    import dataclasses
-
-    from nobubble.pipeline import CostModel, get_schedule
-    from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
-    from nobubble.pipeline.plot import gantt_grid
-
-    p, m = 8, 24
-    costs = CostModel.paper_model("1.5B", p)
-    plan = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
-    slow = Perturbation(stragglers=(Straggler(rank=p // 2, factor=1.5),))
-    runs = []
-    for policy in ("static", "handshake"):
-        res = simulate_dispatch(plan, costs, policy=policy, perturbation=slow)
-        name = f"zb-h1 {policy}, rank {p // 2} 1.5x slow ({res.deviations} ops moved)"
-        runs.append(dataclasses.replace(res.sim, schedule=res.sim.schedule.renamed(name)))
-        print(f"  {policy:9} bubble {res.bubble_rate:6.2%}  makespan {res.sim.makespan:7.1f} ms")
-    png = out / "pipeline" / "handshake_straggler_p8_m24.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    return [gantt_grid(runs, png)]
-
-
-def _module_step(name: str) -> Step:
-    """The step of module ``nobubble.cli.demo.<name>``, imported when the step starts (so
-    ``--help`` loads no torch): its ``run(out_dir, quick)``."""
-
-    def step(out: Path, quick: bool, seed: int) -> list[Path]:
-        return importlib.import_module(f"{__name__}.{name}").run(out, quick)
-
-    return step
-
-
 def steps() -> list[tuple[str, Step]]:
     """The demo's steps in the order they run: (title, run(out_dir, quick, seed) -> artifacts)."""
     return [
-        ("merge", _merge_step),
+        ("merge", showcase.merge),
         ("trace", _trace_step),
         ("pipeline schedules", _schedules_step),
         # the exact solver against the heuristic where memory is tight (3 M_F per stage)
@@ -148,7 +89,7 @@ def steps() -> list[tuple[str, Step]]:
         ("pipeline frontier", lambda out, quick, seed: _command(
             "pp", "frontier", "-p", "8", "-m", "24", "--model", "1.5B",
             "--plot", out / "pipeline" / "frontier_p8_m24_1.5B.png")),
-        ("pipeline handshake", _handshake_step),
+        ("pipeline handshake", showcase.handshake),
         # ZB-H1 on a real GPT split over 2 local processes, measured against the simulator
         ("pipeline runtime", lambda out, quick, seed: _command(
             "pp", "run", "-s", "zb-h1", "-p", "2", "-m", "4", "--steps", "2" if quick else "3",
@@ -160,11 +101,16 @@ def steps() -> list[tuple[str, Step]]:
             "pp", "plan", "--model", "nobubble.cli.demo.pipeline_plan:factory", "--ranks", "2",
             "--seed", str(seed), "--out", out / "pipeline" / "plan.json",
             "--plot", out / "pipeline" / "plan.png")),
-        ("pipeline re-planning", _module_step("pipeline_replan")),
-        ("MoE expert parallelism", _module_step("moe")),
-        ("MoE fast paths", _module_step("moe_fastpath")),
-        ("MoE load balancing", _module_step("moe_balance")),
-        ("RL", _module_step("rl")),
+        ("pipeline re-planning", showcase.replan),
+        ("MoE expert parallelism", showcase.moe),
+        ("MoE fast paths", showcase.moe_fastpath),
+        ("MoE load balancing", showcase.moe_balance),
+        # GRPO on digit completion in the three modes on the same steps: what asynchrony buys
+        # (samples/s, idle ratios) and costs (staleness); curves and each stage's trace
+        ("RL", lambda out, quick, seed: _command(
+            "rl", "compare", "--steps", "15" if quick else "200",
+            "--eval-every", "2" if quick else "33", "--seed", str(seed), "--out", str(out / "rl"),
+            wrote=(out / "rl" / "compare.png",))),
         # SEED RL on CartPole-v1: central batched inference, actors only step environments
         ("RL actor-learner", lambda out, quick, seed: _command(
             "rl", "train", "--env", "CartPole-v1", "--arch", "seed", "--seed", str(seed),

@@ -1,0 +1,216 @@
+"""``nobubble demo``'s steps that no command shows: each ``step(out_dir, quick, seed)`` prints
+what it shows, returns the artifacts it wrote under ``out_dir`` and raises RuntimeError when
+a check it makes fails. Heavy imports are inside each step, so ``--help`` loads no torch."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from nobubble.cli.util import console, print_table
+from nobubble.files import write_text
+
+__all__ = ["handshake", "merge", "moe", "moe_balance", "moe_fastpath", "replan"]
+
+EPLB_EXAMPLE = [
+    [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+]
+
+
+def merge(out: Path, quick: bool, seed: int) -> list[Path]:
+    """``merge_k_lists`` on a small example, then ``kmerge`` of many sorted runs, timed."""
+    from nobubble.algorithms.merge import from_list, kmerge, merge_k_lists, to_list
+
+    con = console()
+    lists = [[1, 4, 5], [1, 3, 4], [2, 6]]
+    merged = to_list(merge_k_lists([from_list(xs) for xs in lists]))
+    con.print(f"merge_k_lists({lists}) -> {merged}")
+    rng = random.Random(seed)
+    k, n = (100, 10_000) if quick else (1000, 200_000)
+    runs = [sorted(rng.random() for _ in range(n // k)) for _ in range(k)]
+    t0 = time.perf_counter()
+    out_list = list(kmerge(*runs))
+    dt = time.perf_counter() - t0
+    assert out_list == sorted(out_list)
+    con.print(f"kmerge of k={k} sorted runs, N={n:,} items: {dt * 1e3:.1f} ms, output sorted: yes")
+    return []
+
+
+def handshake(out: Path, quick: bool, seed: int) -> list[Path]:
+    """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
+    import dataclasses
+
+    from nobubble.pipeline import CostModel, get_schedule
+    from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
+    from nobubble.pipeline.plot import gantt_grid
+
+    p, m = 8, 24
+    costs = CostModel.paper_model("1.5B", p)
+    plan = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
+    slow = Perturbation(stragglers=(Straggler(rank=p // 2, factor=1.5),))
+    runs = []
+    for policy in ("static", "handshake"):
+        res = simulate_dispatch(plan, costs, policy=policy, perturbation=slow)
+        name = f"zb-h1 {policy}, rank {p // 2} 1.5x slow ({res.deviations} ops moved)"
+        runs.append(dataclasses.replace(res.sim, schedule=res.sim.schedule.renamed(name)))
+        print(f"  {policy:9} bubble {res.bubble_rate:6.2%}  makespan {res.sim.makespan:7.1f} ms")
+    png = out / "pipeline" / "handshake_straggler_p8_m24.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    return [gantt_grid(runs, png)]
+
+
+def replan(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Two gloo ranks train 12 blocks and a head with ZB-H1 through a ``Replanner``
+    (:func:`nobubble.bench.pp_replan.run_replan`); from step 3 rank 1 runs 3x slower and
+    layers move off it. Prints each step's time and cut; draws ``pipeline/replan_steps.png``."""
+    from nobubble.bench.pp_replan import ReplanSetup, plot_replan, run_replan
+
+    setup = ReplanSetup(steps=8 if quick else 12, timeout_s=300)
+    h = run_replan(setup)
+    print_table(
+        f"ZB-H1 on 2 ranks, rank 1 {setup.factor:g}x slow from step {setup.start}",
+        ["step", "step ms", "layers per rank", "re-planned after it"],
+        [[s, f"{ms:.0f}", str(tuple(sizes)), "yes" if s in h.replanned_at else ""]
+         for s, (ms, sizes) in enumerate(zip(h.step_ms, h.sizes, strict=True))],
+    )  # fmt: skip
+    png = Path(out) / "pipeline" / "replan_steps.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    return [plot_replan(h, setup, png)]
+
+
+def moe(out: Path, quick: bool, seed: int) -> list[Path]:
+    """A DeepSeek-V3-routed ``MoELayer`` on 4 gloo ranks (2 with ``quick``) through ``Buffer``
+    (:func:`nobubble.bench.ep_layer.run_layer_check`): the first step checked against the
+    token-by-token reference MoE, dispatch's bytes against a per-pair all-to-all, the
+    auxiliary-loss-free bias flattening a skewed load. Writes ``moe/load_balance.png`` and
+    ``moe/ep_demo.json``."""
+    from nobubble.bench.ep_layer import plot_loads, run_layer_check
+
+    ranks, num_tokens, steps = (2, 64, 12) if quick else (4, 256, 40)
+    con = console()
+    con.print(f"MoE layer (DeepSeek-V3 routing, 16 experts, top-4) on {ranks} gloo ranks")
+    check = run_layer_check(ranks, num_tokens, steps, timeout_s=600)
+    print_table(
+        "dispatch on the first step",
+        ["rank", "rows sent per rank", "rows received per rank", "buffer bytes", "per-pair bytes"],
+        [[r, str(check.sent_rows[r]), str(check.recv_rows[r]), check.buffer_bytes[r],
+          check.pair_bytes[r]] for r in range(ranks)],
+    )  # fmt: skip
+    s = check.summary()
+    con.print(
+        f"dispatch moved {s['buffer_bytes']:,} B vs {s['per_pair_bytes']:,} B for a per-pair "
+        f"all-to-all ({s['per_pair_bytes'] / s['buffer_bytes']:.2f}x); vs the token-by-token "
+        f"reference MoE: max relative diff: output {s['max_rel_output_diff']:.1e}, "
+        f"input/router grads {s['max_rel_grad_diff']:.1e}\n"
+        f"expert load max/mean: step 1 {s['imbalance'][0]:.2f} -> step {steps} "
+        f"{s['imbalance'][-1]:.2f} (bias updated by rate * sign(mean - load) after each step)"
+    )
+    png = plot_loads(check.loads, out / "moe" / "load_balance.png")
+    summary = write_text(out / "moe" / "ep_demo.json", json.dumps(s, indent=2) + "\n")
+    if max(s["max_rel_output_diff"], s["max_rel_grad_diff"]) > 1e-5:
+        raise RuntimeError(f"MoE layer disagrees with the reference MoE: {s}")
+    return [png, summary]
+
+
+def moe_fastpath(out: Path, quick: bool, seed: int) -> list[Path]:
+    """DeepEP's mechanisms on 4 gloo ranks, each beside its baseline: dispatch + combine over
+    gloo vs shared memory (bit-equal, timed), hierarchical dispatch over 2 "nodes" x 2 ranks,
+    low-latency mode with bf16 and FP8 payloads, chunked overlap of communication and
+    experts. Writes ``moe/fastpaths.json`` and ``moe/ep_overlap_timeline.png``
+    (``benchmarks/ep_transports.py`` runs the same code at DeepEP's sizes)."""
+    from dataclasses import replace
+
+    from nobubble.bench import ep_fastpath as fp
+    from nobubble.bench import ep_tables
+    from nobubble.moe.layer import MoEConfig
+
+    shape = (
+        fp.Shape(ranks=4, tokens=256, hidden=512, experts=32, topk=4, iters=2)
+        if quick
+        else fp.Shape(ranks=4, tokens=1024, hidden=2048, experts=64, topk=8, iters=3)
+    )
+    con = console()
+    con.print(
+        f"MoE fast paths on {shape.ranks} gloo ranks: {shape.tokens} x {shape.hidden} bf16 tokens "
+        f"per rank, top-{shape.topk} of {shape.experts} experts (CPU; shared memory is this "
+        "host's NVLink)"
+    )
+    # overlap pays off only when a chunk's experts take longer than its fixed costs
+    config = MoEConfig(hidden=512 if quick else 2048, expert_hidden=128 if quick else 256,
+                       num_experts=16, topk=4)  # fmt: skip
+    picture = out / "moe" / "ep_overlap_timeline.png"
+    res = {"transports": fp.run_transports(shape, fp.memcpy_gbps(64 << 20))}
+    ep_tables.print_transports(res["transports"])
+    res["hierarchical"] = fp.run_hierarchical(replace(shape, tokens=shape.tokens // 2))
+    ep_tables.print_hierarchical(res["hierarchical"])
+    res["low_latency"] = fp.run_low_latency(replace(shape, tokens=32, iters=4))
+    ep_tables.print_low_latency(res["low_latency"])
+    res["overlap"] = fp.run_overlap(256 if quick else 1024, config, iters=2 if quick else 3,
+                                    picture=picture)  # fmt: skip
+    ep_tables.print_overlap(res["overlap"])
+    rows, hier = res["transports"]["rows"], res["hierarchical"]
+    con.print(
+        f"shared memory vs gloo, dispatch + combine: {rows['gloo']['dispatch_plus_combine_ms']:.1f}"
+        f" -> {rows['shm']['dispatch_plus_combine_ms']:.1f} ms "
+        f"({res['transports']['speedup_shm_over_gloo']:.1f}x, bit-equal "
+        f"{res['transports']['bit_equal']}); hierarchical crosses nodes with "
+        f"{hier['inter_node_bytes_hierarchical'] / hier['inter_node_bytes_flat']:.3f} of flat's "
+        f"bytes; FP8 / bf16 bytes {res['low_latency']['fp8_over_bf16_bytes']:.3f}; chunked "
+        f"overlap hid {100 * res['overlap']['rows']['shm']['chunked overlap']['communication_hidden']:.0f}%"
+        " of the communication"
+    )
+    summary = write_text(out / "moe" / "fastpaths.json", json.dumps(res, indent=2) + "\n")
+    if problems := fp.fastpath_problems(res):
+        raise RuntimeError("MoE fast paths: " + "; ".join(problems))
+    return [summary, picture]
+
+
+def moe_balance(out: Path, quick: bool, seed: int) -> list[Path]:
+    """EPLB's published example (identical to EPLB's own code), a DeepSeek-V3-like placement
+    (:func:`~nobubble.moe.balance.report.balance_report`), and a rebalance after drift
+    (incremental vs fresh). Writes ``moe/eplb_placement.png`` and ``moe/eplb_demo.json``."""
+    import numpy as np
+    import torch
+
+    from nobubble.moe.balance.eplb import load_imbalance, rebalance_experts
+    from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
+    from nobubble.moe.balance.incremental import rebalance_experts_incremental
+    from nobubble.moe.balance.loads import expert_loads
+    from nobubble.moe.balance.report import balance_report, plot_balance
+
+    con = console()
+    example = torch.tensor(EPLB_EXAMPLE)
+    same = torch.equal(rebalance_experts(example, 16, 4, 2, 8).phy2log,
+                       reference_rebalance_experts(example, 16, 4, 2, 8)[0])  # fmt: skip
+    con.print(
+        f"EPLB published example (12 experts, 16 replicas, 8 GPUs): identical to EPLB: {same}"
+    )
+    layers = 2 if quick else 8
+    weight = expert_loads(256, skew="pareto:2", num_layers=layers)  # (L, 256)
+    report = balance_report(weight, num_redundant=32, num_groups=8, num_nodes=4, num_gpus=32)
+    s = {"eplb_example_identical": same,
+         "imbalance_before": float(load_imbalance(report.before).mean()),
+         "imbalance_after": float(load_imbalance(report.after).mean()),
+         "eplb_duplicate_gpus": int(report.reference_duplicate_gpus.sum())}  # fmt: skip
+    con.print(
+        f"DeepSeek-V3-like (256 experts + 32 redundant, 32 GPUs / 4 nodes, Pareto(2) loads, "
+        f"{layers} layers): max/mean GPU load {s['imbalance_before']:.2f} -> "
+        f"{s['imbalance_after']:.3f}; GPUs holding an expert twice, over all layers: "
+        f"{int(report.placement.duplicate_gpus().sum())} (EPLB: {s['eplb_duplicate_gpus']})"
+    )
+    drift = np.random.default_rng(1).lognormal(0.0, 0.2, tuple(weight.shape))
+    inc = rebalance_experts_incremental(weight * torch.tensor(drift), report.placement.phy2log,
+                                        8, 4, 32)  # fmt: skip
+    s["moved_incremental"] = float(inc.num_moved.float().mean())
+    s["moved_fresh"] = float(inc.num_moved_fresh.float().mean())
+    con.print(
+        f"after a 20% drift: incremental rebalance moves {s['moved_incremental']:.0f} of 288 "
+        f"experts per layer (fresh: {s['moved_fresh']:.0f}) at max/mean "
+        f"{float(inc.imbalance.mean()):.3f} (fresh {float(inc.fresh_imbalance.mean()):.3f})"
+    )
+    (out / "moe").mkdir(parents=True, exist_ok=True)
+    png = plot_balance(report, out / "moe" / "eplb_placement.png")
+    return [png, write_text(out / "moe" / "eplb_demo.json", json.dumps(s, indent=2) + "\n")]
