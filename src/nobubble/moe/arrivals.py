@@ -1,25 +1,15 @@
 """Which ranks reached call ``t``: a per-rank call counter in a ``torch.distributed`` store.
 
-A failed collective says only that it failed: gloo reports a closed connection or a timeout,
-never which peer is missing. So before each collective every rank writes the number of the
-call it is entering under its own key (``r<rank>``), and when a call fails the survivor reads
-all the keys: a rank whose count is below the failing call's number never got there - it
-died or hangs elsewhere. Every rank issues the same sequence of calls, so the numbers agree.
-
-The store is a :class:`torch.distributed.TCPStore` served by rank 0 of the group (public API;
-the default group's own store has no public getter), set up at the transport's first call:
-rank 0 opens it on a free port and broadcasts the port and its host name. The server runs on
-a thread of its own, so a rank 0 that hangs still answers; a rank 0 that is gone does not,
-and then the reader names rank 0 (the store's host). Cost: one store write per
-collective, a synchronous TCP round trip to rank 0's store thread (tens of microseconds on
-loopback, more across hosts); ``track_arrivals=False`` turns it off.
+A failed collective does not say which peer is missing. Before each collective every rank
+writes the number of the call it enters under its own key (``r<rank>``); after a failure a
+survivor reads all keys, and a rank whose count is below the failing call's number never got
+there. The store is a :class:`torch.distributed.TCPStore` served by rank 0 on a thread of its
+own (a rank 0 that is gone is named itself). Cost: one store round trip per collective;
+``track_arrivals=False`` turns it off.
 
 Lifecycle: ``create`` (collective, at the first call) -> ``enter(t)`` before every call ->
-``missing(t)`` after a failure.
-
-The errors a transport raises live here too (:class:`TransportError`, :class:`PeerFailure`
-naming the phase of :data:`PHASES` and the ranks that did not arrive);
-:mod:`nobubble.moe.transport` re-exports them.
+``missing(t)`` after a failure. The transport errors (:class:`TransportError`,
+:class:`PeerFailure` naming a phase of :data:`PHASES` and the ranks) live here too.
 """
 
 from __future__ import annotations

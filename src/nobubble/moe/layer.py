@@ -1,12 +1,9 @@
-"""A MoE layer over :class:`Buffer`.
+"""A MoE layer over :class:`Buffer`: router -> top-k -> dispatch -> local experts -> combine.
 
-``MoELayer`` (one per rank): router -> top-k -> ``dispatch`` -> the experts held by this
-rank (grouped SwiGLU by default, or the user's experts module), each output row weighted by
-its top-k weight -> ``combine`` -> plus shared experts. The router may be the user's module
-too: one that returns logits ``[N, E]`` (top-k by ``config.router``) or a ``Routing``.
-Its reference is :class:`~nobubble.moe.reference_layer.ReferenceMoE`, the same function for
-all ranks' tokens in one process, token by token, sharing no code with this module; the
-tests check that outputs and every gradient (router included) agree.
+``MoELayer`` (one per rank) weights each expert output row by its top-k weight before
+``combine`` and adds the shared experts. Router and experts may be the user's modules (a
+router returns logits ``[N, E]`` or a ``Routing``). Its reference is
+:class:`~nobubble.moe.reference_layer.ReferenceMoE`.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``I`` expert hidden, ``E`` experts, ``L`` local
 experts, ``K`` top-k, ``M`` rows received by this rank.

@@ -1,25 +1,17 @@
 """What a Buffer does about masked ranks: re-route their top-k slots to replicas, or drop them.
 
-When a :class:`~nobubble.moe.transport.FailureMasking` transport has masked a failed rank,
-the experts it held are gone. For every (token, slot) pair routed to one of them,
-:class:`~nobubble.moe.buffer.Buffer` either
+For every (token, slot) pair routed to an expert on a rank that a
+:class:`~nobubble.moe.transport.FailureMasking` transport masked, the buffer re-routes it to a
+surviving replica of the same logical expert when it knows the placement
+(``Buffer.set_replicas(phy2log)``), else drops it (its weighted output and weight are missing
+from the combined sums; the others are not renormalised). Pairs are counted where they are
+lost: at dispatch for a rank masked before planning (a rank masked during planning is
+dropped, never re-routed), at combine for a rank whose rows did not come back.
+:class:`MaskingStats` reports the totals; :class:`MaskLedger` applies the pure functions here
+at each step. See ``docs/moe/failures.md``.
 
-- *re-routes* the slot to a surviving replica of the same logical expert, when the buffer
-  knows the placement (``Buffer.set_replicas(phy2log)``, EPLB's physical -> logical map) -
-  replicas hold the same weights, so the token's result does not change; or
-- *drops* the slot: it travels nowhere and contributes nothing (its weighted expert output
-  and its weight are missing from the combined sums; the remaining weights are not
-  renormalised).
-
-Pairs are counted where they are lost: at dispatch for a rank already masked when the
-layout is planned (a rank masked during planning is dropped, never re-routed: the counts
-already sent to the survivors stay valid), and at combine for a rank whose rows did not come
-back (it died mid-step). :class:`MaskingStats` reports the totals.
-
-Pure functions on ``topk_idx``, and :class:`MaskLedger`, the buffer's helper that applies
-them at each step of a dispatch and combine and keeps the counts. The shape legend is the
-buffer's (``N`` tokens, ``K`` top-k, ``E`` physical experts, ``R`` ranks, ``L = E / R``
-experts per rank, ``C`` surviving replicas, ``M`` received rows).
+Shape legend: ``N`` tokens, ``K`` top-k, ``E`` physical experts, ``R`` ranks, ``L = E / R``
+experts per rank, ``C`` surviving replicas, ``M`` received rows.
 """
 
 from __future__ import annotations

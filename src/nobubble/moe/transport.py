@@ -1,28 +1,14 @@
 """The transport seam: how rows of bytes travel between expert-parallel ranks.
 
-:class:`~nobubble.moe.buffer.Buffer` decides *which* rows go *where*; a transport moves them.
-:class:`TorchDistTransport` uses ``torch.distributed`` collectives (gloo on CPU, NCCL on GPU -
-the backend is the process group's, never a literal here). A later transport (shared memory
-within a host, hierarchical intra/inter-node) implements the same three methods and is passed
-to ``Buffer(transport=...)``.
-
-Every payload travels as raw bytes (a ``uint8`` view of its rows), so any dtype - bf16, FP8,
-int16 - crosses any backend bit for bit. Every wait has a timeout: a peer that died or stopped
-answering raises :class:`PeerFailure` (a :class:`TransportError`) naming the operation, the
-phase (``layout``, ``dispatch``, ``combine``, ``rebalance``) and the ranks that did not arrive,
-instead of hanging. A collective cannot say who is missing, so :class:`TorchDistTransport`
-keeps a count of the calls each rank entered in a store
-(:class:`~nobubble.moe.arrivals.ArrivalStore`) and reads it on a failure; a transport that
-can also go on without a failed peer implements :class:`FailureMasking` (see
-``docs/moe/failures.md``).
-
-A transport declares what it can do beyond the three collectives in a frozen
-:class:`Capabilities` record (its ``capabilities`` attribute); the buffer picks its fast paths
-from that record, never from the transport's class.
-
-The transport counts what it moves, per ``kind`` label (``"x"``, ``"topk"``, ``"layout"``...),
-in :class:`TransportStats`: the bytes this rank sent (its own rows included, as DeepEP counts
-them), the part of them that left the rank, and the number of collective calls.
+:class:`~nobubble.moe.buffer.Buffer` decides which rows go where; a :class:`Transport` moves
+them, as raw bytes (any dtype crosses bit for bit). :class:`TorchDistTransport` uses the
+group's ``torch.distributed`` backend. Every wait has a timeout: a silent peer raises
+:class:`PeerFailure` naming the operation, the phase and the ranks that did not arrive
+(:class:`~nobubble.moe.arrivals.ArrivalStore`); a transport that goes on without it
+implements :class:`FailureMasking`. A transport declares its extras in a frozen
+:class:`Capabilities` record, and counts what it moves per ``kind`` in
+:class:`TransportStats` (bytes sent, own rows included as DeepEP counts them; bytes that left
+the rank; calls). See ``docs/moe/dispatch.md`` and ``docs/moe/failures.md``.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@
   (gather-on-write dispatch, reduce-on-read combine).
 - :mod:`.hierarchical`: rows cross node boundaries once per node (``Topology``).
 - :mod:`.low_latency`: fixed-capacity decode mode; :mod:`.fp8`: e4m3 rows, one scale per 128.
-- :mod:`.overlap`: chunked communication / compute overlap of a MoE layer.
-- :mod:`.microbatch_overlap`: one microbatch's dispatch / combine under another's compute
-  (DualPipe's pairing) in a dense + MoE stage.
+- :mod:`.overlap`: communication under compute, over token chunks or microbatches.
 - :mod:`.cpu_kernels`, :mod:`.cpu_memory`: C kernels compiled at first use, recycled outputs.
 """
