@@ -3,7 +3,7 @@
 One copy of a token per valid top-k slot goes through one ``all_to_all``, and the copies are
 summed back on the token's rank; ``nobubble ep bench`` and the MoE demo time
 :class:`~nobubble.moe.buffer.Buffer` against it on the same transport (so it is not the tests'
-reference, :mod:`nobubble.moe.reference`).
+reference, ``tests/moe/reference.py``).
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``K`` top-k, ``P`` (token, expert) pairs sent,
 ``Q`` pairs received, ``R`` ranks.

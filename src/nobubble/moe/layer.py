@@ -216,11 +216,8 @@ class MoELayer(nn.Module):
     def run_experts(
         self, recv_x: torch.Tensor, local_ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """This rank's experts on the received rows: ``[M, H]`` -> ``[M, H]``.
-
-        The result always joins the autograd graph of ``recv_x``, even when no expert gave
-        it one (no rows, or an expert that skips empty input), so that every rank reaches
-        the collectives in combine's and dispatch's backward.
+        """This rank's experts on the received rows: ``[M, H]`` -> ``[M, H]``, always joined to
+        ``recv_x``'s autograd graph so that every rank reaches the backward's collectives.
         """
         if self.experts is None:
             out = apply_experts(recv_x, local_ids, weights, self.w_gate, self.w_up, self.w_down)
@@ -242,10 +239,9 @@ class MoELayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Routed part of the layer: ``x [N, H]`` -> ``(out [N, H], load [num_experts])``.
 
-        Dispatch to the experts ``topk_idx [N, K]`` names (ids in ``[0, num_experts)``, this
-        rank holding its contiguous share), run the local SwiGLU experts weighted by
-        ``topk_weights [N, K]``, combine, and all-gather every expert's received-token count.
-        ``recv_stats`` accumulates the local counts (DeepEP's cumulative stats).
+        Dispatch by ``topk_idx [N, K]``, run the local experts weighted by ``topk_weights [N, K]``,
+        combine, and all-gather every expert's received-token count (``recv_stats`` accumulates the
+        local counts).
         """
         res = self.buffer.dispatch(
             x,

@@ -156,14 +156,13 @@ def without_sources(
 
 
 class MaskLedger:
-    """One buffer's dealings with masked ranks: what it re-routed and dropped, and what it
-    has reported (a warning once per masked rank).
+    """One buffer's dealings with masked ranks: what it re-routed and dropped, and a warning once
+    per masked rank.
 
     Args:
         rank: the buffer's rank.
-        transport: masking is on when it declares ``Capabilities(masks_failed_ranks=True)``
-            (a :class:`FailureMasking` transport with masking on); otherwise :meth:`masked`
-            is always empty.
+        transport: masking is on when it declares ``Capabilities(masks_failed_ranks=True)``;
+            otherwise :meth:`masked` is always empty.
     """
 
     def __init__(self, rank: int, transport: Transport) -> None:
@@ -205,11 +204,8 @@ class MaskLedger:
         *,
         reroute: bool = False,
     ) -> tuple[torch.Tensor, DispatchLayout, frozenset[int]]:
-        """Read the mask and take the slots of ranks masked since ``seen`` out of ``topk_idx``.
-
-        They are re-routed (``reroute``: nothing has been sent yet, and the replicas are
-        known) or dropped, and counted; ``layout`` is recomputed for the new ``topk_idx``.
-        Called by ``Buffer._plan`` only (the warning points at the user's dispatch call).
+        """Take the slots of ranks masked since ``seen`` out of ``topk_idx`` (re-routed when the
+        replicas are known, else dropped; counted) and recompute ``layout``.
 
         Args:
             topk_idx: ``[N, K]`` int64 physical expert ids; layout: its layout.

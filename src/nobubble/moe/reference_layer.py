@@ -31,7 +31,6 @@ __all__ = [
     "reference_route",
     "reference_expert",
     "reference_moe_forward",
-    "reference_tokens_per_expert",
     "reference_bias_update",
     "ReferenceMoE",
 ]
@@ -212,15 +211,6 @@ def reference_moe_forward(
         tokens_per_expert=torch.tensor(load, dtype=torch.int64),
         tokens_per_replica=None if replica_of is None else torch.tensor(replica_load),
     )
-
-
-def reference_tokens_per_expert(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """``[N, K]`` expert ids (-1: none) -> ``[num_experts]`` int64 slot counts, one by one."""
-    load = [0] * num_experts
-    for e in topk_idx.reshape(-1).tolist():
-        if e >= 0:
-            load[e] += 1
-    return torch.tensor(load, dtype=torch.int64)
 
 
 def reference_bias_update(

@@ -68,19 +68,14 @@ class TransportStats:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a transport can do beyond ``all_to_all`` / ``all_gather`` / ``reduce_scatter``.
-
-    :class:`~nobubble.moe.buffer.Buffer` reads this record to choose its fast paths; a
-    transport without a ``capabilities`` attribute has none of them.
+    """What a transport can do beyond the three collectives; the buffer picks its fast paths from
+    it (a transport without a ``capabilities`` attribute has none).
 
     Attributes:
-        peer_writes: it implements :class:`PeerWrites` (rows go straight into a peer's
-            receive slot): gather-on-write dispatch, reduce-on-read combine, and the
-            low-latency mode's send without receive.
+        peer_writes: it implements :class:`PeerWrites`.
         split_all_to_all: it has ``all_to_all_start`` (launch now, wait later), which the
-            low-latency mode's receive hook uses when rows cannot be written into peers.
-        masks_failed_ranks: it implements :class:`FailureMasking` and has masking turned on:
-            a failed peer is masked instead of raising.
+            low-latency receive hook uses when rows cannot be written into peers.
+        masks_failed_ranks: it implements :class:`FailureMasking` with masking turned on.
     """
 
     peer_writes: bool = False
@@ -134,14 +129,10 @@ class Transport(Protocol):
 
 
 class PeerWrites(Protocol):
-    """The capability of writing rows straight into a peer's receive slot.
-
-    A transport with it (shared memory on one host; NVLink or RDMA would be others) lets the
-    fused paths skip the collective: gather-on-write dispatch, reduce-on-read combine, and the
-    low-latency mode's send without receive. A transport with these methods declares
-    ``Capabilities(peer_writes=True)``; the paths read that record. Every rank issues the
-    same sequence of calls: ``t = begin(recv_nbytes)``, then ``write_peer`` / ``poll_slots``
-    (or both at once with ``exchange``).
+    """The capability of writing rows straight into a peer's receive slot (shared memory on one
+    host), for gather-on-write dispatch, reduce-on-read combine and the low-latency send without
+    receive. Every rank issues the same sequence of calls: ``t = begin(recv_nbytes)``, then
+    ``write_peer`` / ``poll_slots`` (or both at once with ``exchange``).
     """
 
     rank: int
@@ -186,14 +177,11 @@ class PeerWrites(Protocol):
 
 
 class FailureMasking(Protocol):
-    """The capability of going on without failed peers (DeepEP's low-latency mask buffer),
-    declared as ``Capabilities(masks_failed_ranks=True)`` when it is turned on.
+    """The capability of going on without failed peers (DeepEP's low-latency mask buffer).
 
-    With ``mask_failed_ranks`` on, a peer that does not answer within the timeout is marked
-    failed in a mask that every rank reads (the survivors agree on it by the next call), the
-    current call completes without it (its rows read as zeros) and later calls skip it.
-    :class:`~nobubble.moe.buffer.Buffer` drops or re-routes the top-k slots of masked ranks
-    and counts them.
+    With ``mask_failed_ranks`` on, a peer silent past the timeout is marked failed in a mask every
+    rank reads; the current call completes without it (its rows read as zeros) and later calls
+    skip it.
     """
 
     mask_failed_ranks: bool
@@ -291,17 +279,12 @@ class ByteCounting:
 class TorchDistTransport(ByteCounting):
     """All-to-all over a ``torch.distributed`` process group, with byte counting and timeouts.
 
-    A failed or timed-out collective raises :class:`PeerFailure`. With ``track_arrivals``,
-    every rank records the number of the call it enters in an
-    :class:`~nobubble.moe.arrivals.ArrivalStore` (one store write per call: a TCP round trip to rank 0's store)
-    and on a failure the survivor reads which ranks never reached this call - the ones it
-    names. The store is set up at the first call (one extra broadcast).
-
     Args:
         group: the expert-parallel process group (``None`` = the default group).
         timeout_s: the longest any single collective may take before :class:`PeerFailure`.
-        track_arrivals: record arrivals so that errors name the missing ranks (``False``:
-            errors name the phase only).
+        track_arrivals: record each call's number in an
+            :class:`~nobubble.moe.arrivals.ArrivalStore` (set up at the first call; one store
+            write per call) so that errors name the missing ranks (``False``: the phase only).
     """
 
     def __init__(
