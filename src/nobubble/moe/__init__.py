@@ -1,17 +1,8 @@
 """MoE expert parallelism: DeepEP-style dispatch / combine, routers, a MoE layer.
 
-The public names (everything else is importable from its module, e.g.
-``nobubble.moe.fastpath.fp8.fp8_dispatch``, ``nobubble.moe.balance.rebalance_experts``)::
-
-    Buffer, Topology                             # one buffer: every transport, every mode (buffer.py)
-    DispatchResult, CombineResult, DispatchHandle   # what dispatch / combine return (handle.py)
-    Transport, TorchDistTransport, ShmTransport  # how rows move: collectives, shared memory
-    TransportError, PeerFailure                  # a failed peer: who, in which phase
-    softmax_topk                                 # a router (routing.py)
-    MoEConfig, MoELayer, init_moe_weights        # the layer (layer.py)
-    ReferenceMoE                                 # the slow token-by-token layer (reference_layer.py)
-    GroupedExperts                               # your per-expert modules (experts.py)
-    dp_ep_groups, sync_gradients                 # data x expert parallelism (parallel.py)
+The public names are :data:`__all__` (``_HOMES`` names each one's module); everything else
+is importable from its module, e.g. ``nobubble.moe.fastpath.fp8.fp8_dispatch``,
+``nobubble.moe.balance.rebalance_experts``.
 """
 
 from __future__ import annotations

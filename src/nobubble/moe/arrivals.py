@@ -15,7 +15,8 @@ Lifecycle: ``create`` (collective, at the first call) -> ``enter(t)`` before eve
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +48,7 @@ class TransportError(RuntimeError):
     """A collective failed or timed out: a peer rank died, hung, or disagreed on sizes."""
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class PeerFailure(TransportError):
     """A call could not complete because peer ranks died or stopped answering.
 
@@ -61,24 +63,19 @@ class PeerFailure(TransportError):
         detail: how the failed ranks were found, and the backend's own error.
     """
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        phase: str,
-        operation: str,
-        failed_ranks: Sequence[int],
-        waited_s: float,
-        timeout_s: float,
-        call: int | None = None,
-        detail: str = "",
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.phase, self.operation = phase, operation
-        self.failed_ranks: tuple[int, ...] = tuple(sorted({int(r) for r in failed_ranks}))
-        self.waited_s, self.timeout_s = float(waited_s), float(timeout_s)
-        self.call, self.detail = call, detail
+    rank: int
+    world_size: int
+    phase: str
+    operation: str
+    failed_ranks: tuple[int, ...]
+    waited_s: float
+    timeout_s: float
+    call: int | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        self.failed_ranks = tuple(sorted({int(r) for r in self.failed_ranks}))
+        self.waited_s, self.timeout_s = float(self.waited_s), float(self.timeout_s)
         super().__init__(self._message())
 
     def _message(self) -> str:
@@ -97,21 +94,18 @@ class PeerFailure(TransportError):
         )
 
     def _fields(self) -> dict[str, Any]:
-        names = ("rank", "world_size", "phase", "operation", "failed_ranks", "waited_s")
-        fields = {name: getattr(self, name) for name in names}
-        fields.update(timeout_s=self.timeout_s, call=self.call, detail=self.detail)
-        return fields
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def in_phase(self, phase: str) -> PeerFailure:
         """The same failure, attributed to ``phase`` (a caller knows the phase better)."""
-        return PeerFailure(**{**self._fields(), "phase": phase})
+        return replace(self, phase=phase)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keyword-only __init__: pickle by fields
         return (_rebuild_peer_failure, (self._fields(),))
 
 
-def _rebuild_peer_failure(fields: dict[str, Any]) -> PeerFailure:
-    return PeerFailure(**fields)
+def _rebuild_peer_failure(state: dict[str, Any]) -> PeerFailure:
+    return PeerFailure(**state)
 
 
 __all__ = ["ArrivalStore", "PHASES", "PeerFailure", "TransportError", "phase_of"]

@@ -29,7 +29,6 @@ from nobubble.moe.transport import FailureMasking, Transport, capabilities_of
 __all__ = [
     "MaskLedger",
     "MaskingStats",
-    "count_pairs_on_ranks",
     "drop_slots_on_ranks",
     "reroute_to_replicas",
     "surviving_replicas",
@@ -60,16 +59,6 @@ def _on_ranks(topk_idx: torch.Tensor, ranks: Iterable[int], experts_per_rank: in
     ranks_t = torch.tensor(sorted(ranks), dtype=torch.int64, device=topk_idx.device)
     owner = torch.where(topk_idx >= 0, topk_idx // experts_per_rank, -1)  # (N, K)
     return torch.isin(owner, ranks_t)
-
-
-def count_pairs_on_ranks(
-    topk_idx: torch.Tensor, ranks: Iterable[int], experts_per_rank: int
-) -> int:
-    """(token, slot) pairs of ``topk_idx [N, K]`` whose expert lives on one of ``ranks``."""
-    ranks = list(ranks)
-    if not ranks:
-        return 0
-    return int(_on_ranks(topk_idx, ranks, experts_per_rank).sum())
 
 
 def drop_slots_on_ranks(
@@ -249,7 +238,7 @@ class MaskLedger:
             return
         self._report(lost, stacklevel=4)  # _report < count_lost_in_flight < combine < user
         experts_per_rank = num_local_experts(num_experts, self.num_ranks)
-        self._count(in_flight=count_pairs_on_ranks(topk_idx, lost, experts_per_rank))
+        self._count(in_flight=drop_slots_on_ranks(topk_idx, lost, experts_per_rank)[1])
 
     def _count(self, *, dropped: int = 0, in_flight: int = 0, rerouted: int = 0) -> None:
         s = self._stats

@@ -14,6 +14,7 @@ Shapes: ``L`` layers, ``E`` logical experts, ``R`` replicas, ``G`` GPUs.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,14 +71,8 @@ def count_moves(
 
 
 def _gpu_moves(old: Sequence[int], new: Sequence[int]) -> int:
-    remaining = list(old)
-    moved = 0
-    for e in new:
-        if e in remaining:
-            remaining.remove(e)
-        else:
-            moved += 1
-    return moved
+    """Replicas in ``new`` whose logical expert ``old`` does not hold (both multisets)."""
+    return (Counter(new) - Counter(old)).total()
 
 
 def _slots(phy2log_row: list[int], num_gpus: int) -> Slots:

@@ -149,7 +149,7 @@ class PeerMask:
             world_size=self.world_size,
             phase=phase_of(kind),
             operation=f"{kind} {op}",
-            failed_ranks=failed,
+            failed_ranks=tuple(failed),
             waited_s=waited_s,
             timeout_s=self.timeout_s,
             call=t,

@@ -188,7 +188,6 @@ class ShmTransport(ByteCounting):
         return frozenset() if self._closed else self._mask.masked_ranks()
 
     def missing_in_last_call(self) -> frozenset[int]:
-        """Sources whose rows did not arrive in this rank's latest call (read as zeros)."""
         return frozenset() if self._closed else self._mask.missing
 
     # -- the steps of one exchange ----------------------------------------------------------
@@ -367,7 +366,6 @@ class ShmTransport(ByteCounting):
         *,
         kind: str,
     ) -> torch.Tensor:
-        """Send ``send[offsets[r]:offsets[r+1]]`` to rank r; return the received rows in rank order."""
         send_splits, recv_splits = check_splits(
             send, send_splits, recv_splits, self.world_size, kind
         )
@@ -388,7 +386,6 @@ class ShmTransport(ByteCounting):
         return _from_byte_rows(out.view(sum(recv_splits), row_bytes), send)
 
     def all_gather(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
-        """``[n, ...]`` on every rank (same n) -> ``[R * n, ...]`` in rank order."""
         self._check_device(x, kind)
         rows = _as_byte_rows(x)  # (n, row_bytes)
         flat = rows.reshape(-1)
