@@ -11,6 +11,7 @@ autograd are the buffer's. See ``docs/moe/fastpath.md``.
 
 from __future__ import annotations
 
+import math
 from itertools import accumulate
 
 import torch
@@ -148,7 +149,4 @@ class ShmRows:
 
 
 def _row_bytes(t: torch.Tensor) -> int:
-    numel = 1
-    for d in t.shape[1:]:
-        numel *= d
-    return numel * t.element_size()
+    return math.prod(t.shape[1:]) * t.element_size()
