@@ -2,7 +2,7 @@
 
 A pipeline stage here is a dense part (LayerNorm -> Linear H->2H -> GELU -> Linear 2H->H)
 followed by an expert-parallel MoE layer (gloo ``Buffer``), run over 2 microbatches by
-:func:`~nobubble.moe.fastpath.microbatch_overlap.microbatch_overlapped_forward`: overlapped
+:func:`~nobubble.moe.fastpath.overlap.microbatch_overlapped_forward`: overlapped
 (dispatch / combine of one microbatch on a communication thread while the main thread runs the
 other's dense part and experts) against sequential (the same operations on the main thread).
 Two layouts:
@@ -36,8 +36,7 @@ from benchmarks._common import write_json
 from benchmarks.records.ep_microbatch_overlap import EpMicrobatchOverlap
 from nobubble.distributed import spawn
 from nobubble.moe import Buffer, MoEConfig, MoELayer, dp_ep_groups, init_moe_weights
-from nobubble.moe.fastpath.microbatch_overlap import microbatch_overlapped_forward
-from nobubble.moe.fastpath.overlap import communication_hidden
+from nobubble.moe.fastpath.overlap import communication_hidden, microbatch_overlapped_forward
 
 NAME = "ep_microbatch_overlap"
 SIZES = ((512, 512), (1024, 1024), (2048, 1024))  # (tokens per microbatch per rank, hidden)

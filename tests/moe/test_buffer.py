@@ -1,6 +1,6 @@
 """Buffer.dispatch / combine on 1, 2 and 4 gloo ranks against the all-gather reference.
 
-The reference (:mod:`nobubble.moe.reference`) uses plain ``torch.distributed.all_gather`` and
+The reference (``tests/moe/reference.py``) uses plain ``torch.distributed.all_gather`` and
 never the buffer's transport, so a bug in ``Transport.all_to_all`` fails these checks too.
 
 All checks for one world size run inside one spawn (process start-up dominates the cost).
@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, reference_combine, reference_dispatch
+from nobubble.moe import Buffer
 from nobubble.moe.baseline import pair_dispatch
 from nobubble.moe.layout import get_dispatch_layout
 from nobubble.moe.routing import deepseek_v3_topk
+from tests.moe.reference import reference_combine, reference_dispatch
 
 # name, hidden, num_experts, topk, tokens by rank (cycled), dtype, routing
 CASES = [

@@ -15,9 +15,9 @@ import inspect
 import torch
 import torch.distributed as dist
 
-import nobubble.moe.reference as reference_module
+import tests.moe.reference as reference_module
 from nobubble.distributed import spawn
-from nobubble.moe.reference import reference_combine, reference_dispatch
+from tests.moe.reference import reference_combine, reference_dispatch
 
 HIDDEN, TOPK = 6, 3
 TOKENS = (5, 0, 7)  # by rank (cycled): rank 1 has no tokens

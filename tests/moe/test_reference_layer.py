@@ -40,7 +40,6 @@ from nobubble.moe.reference_layer import (
     reference_expert,
     reference_moe_forward,
     reference_route,
-    reference_tokens_per_expert,
 )
 from nobubble.moe.routing import deepseek_v3_topk, update_expert_bias
 from nobubble.moe.transport import TransportStats
@@ -229,12 +228,11 @@ def test_reference_by_hand():
     torch.testing.assert_close(w, torch.tensor([0.75, 0.25], dtype=F64) * 2, **EXACT)
 
 
-def test_bias_update_and_load_against_the_layer_functions():
+def test_bias_update_against_the_layer_function():
     g = torch.Generator().manual_seed(0)
     for num_experts in (1, 4, 7):
         ids = torch.randint(-1, num_experts, (20, 3), generator=g)
-        load = reference_tokens_per_expert(ids, num_experts)
-        assert torch.equal(load, torch.bincount(ids[ids >= 0], minlength=num_experts))
+        load = torch.bincount(ids[ids >= 0], minlength=num_experts)
         bias = torch.randn(num_experts, generator=g)
         assert torch.equal(reference_bias_update(bias, load, 0.01),
                            update_expert_bias(bias, load, 0.01))  # fmt: skip

@@ -1,18 +1,8 @@
 """MoE expert parallelism: DeepEP-style dispatch / combine, routers, a MoE layer.
 
-The public names (everything else is importable from its module, e.g.
-``nobubble.moe.fastpath.fp8.fp8_dispatch``, ``nobubble.moe.balance.rebalance_experts``)::
-
-    Buffer, Topology                             # one buffer: every transport, every mode (buffer.py)
-    DispatchResult, CombineResult, DispatchHandle   # what dispatch / combine return (handle.py)
-    Transport, TorchDistTransport, ShmTransport  # how rows move: collectives, shared memory
-    TransportError, PeerFailure                  # a failed peer: who, in which phase
-    reference_dispatch, reference_combine        # the slow all-gather reference (reference.py)
-    softmax_topk                                 # a router (routing.py)
-    MoEConfig, MoELayer, init_moe_weights        # the layer (layer.py)
-    ReferenceMoE                                 # the slow token-by-token layer (reference_layer.py)
-    GroupedExperts                               # your per-expert modules (experts.py)
-    dp_ep_groups, sync_gradients                 # data x expert parallelism (parallel.py)
+The public names are :data:`__all__` (``_HOMES`` names each one's module); everything else
+is importable from its module, e.g. ``nobubble.moe.fastpath.fp8.fp8_dispatch``,
+``nobubble.moe.balance.rebalance_experts``.
 """
 
 from __future__ import annotations
@@ -26,7 +16,6 @@ if TYPE_CHECKING:
     from nobubble.moe.fastpath.shm_transport import ShmTransport
     from nobubble.moe.layer import MoEConfig, MoELayer, init_moe_weights
     from nobubble.moe.parallel import dp_ep_groups, sync_gradients
-    from nobubble.moe.reference import reference_combine, reference_dispatch
     from nobubble.moe.reference_layer import ReferenceMoE
     from nobubble.moe.routing import softmax_topk
     from nobubble.moe.transport import PeerFailure, TorchDistTransport, Transport, TransportError
@@ -38,7 +27,6 @@ _HOMES = {
     "CombineResult": "buffer", "DispatchHandle": "buffer", "GroupedExperts": "experts",
     "ShmTransport": "fastpath.shm_transport", "MoEConfig": "layer", "MoELayer": "layer",
     "init_moe_weights": "layer", "dp_ep_groups": "parallel", "sync_gradients": "parallel",
-    "reference_combine": "reference", "reference_dispatch": "reference",
     "ReferenceMoE": "reference_layer", "softmax_topk": "routing", "PeerFailure": "transport",
     "TorchDistTransport": "transport", "Transport": "transport", "TransportError": "transport",
 }  # fmt: skip
@@ -55,8 +43,6 @@ __all__ = [
     "ShmTransport",
     "TransportError",
     "PeerFailure",
-    "reference_dispatch",
-    "reference_combine",
     "softmax_topk",
     "MoEConfig",
     "MoELayer",

@@ -1,31 +1,22 @@
 """Which ranks reached call ``t``: a per-rank call counter in a ``torch.distributed`` store.
 
-A failed collective says only that it failed: gloo reports a closed connection or a timeout,
-never which peer is missing. So before each collective every rank writes the number of the
-call it is entering under its own key (``r<rank>``), and when a call fails the survivor reads
-all the keys: a rank whose count is below the failing call's number never got there - it
-died or hangs elsewhere. Every rank issues the same sequence of calls, so the numbers agree.
-
-The store is a :class:`torch.distributed.TCPStore` served by rank 0 of the group (public API;
-the default group's own store has no public getter), set up at the transport's first call:
-rank 0 opens it on a free port and broadcasts the port and its host name. The server runs on
-a thread of its own, so a rank 0 that hangs still answers; a rank 0 that is gone does not,
-and then the reader names rank 0 (the store's host). Cost: one store write per
-collective, a synchronous TCP round trip to rank 0's store thread (tens of microseconds on
-loopback, more across hosts); ``track_arrivals=False`` turns it off.
+A failed collective does not say which peer is missing. Before each collective every rank
+writes the number of the call it enters under its own key (``r<rank>``); after a failure a
+survivor reads all keys, and a rank whose count is below the failing call's number never got
+there. The store is a :class:`torch.distributed.TCPStore` served by rank 0 on a thread of its
+own (a rank 0 that is gone is named itself). Cost: one store round trip per collective;
+``track_arrivals=False`` turns it off.
 
 Lifecycle: ``create`` (collective, at the first call) -> ``enter(t)`` before every call ->
-``missing(t)`` after a failure.
-
-The errors a transport raises live here too (:class:`TransportError`, :class:`PeerFailure`
-naming the phase of :data:`PHASES` and the ranks that did not arrive);
-:mod:`nobubble.moe.transport` re-exports them.
+``missing(t)`` after a failure. The transport errors (:class:`TransportError`,
+:class:`PeerFailure` naming a phase of :data:`PHASES` and the ranks) live here too.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +48,7 @@ class TransportError(RuntimeError):
     """A collective failed or timed out: a peer rank died, hung, or disagreed on sizes."""
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class PeerFailure(TransportError):
     """A call could not complete because peer ranks died or stopped answering.
 
@@ -71,24 +63,19 @@ class PeerFailure(TransportError):
         detail: how the failed ranks were found, and the backend's own error.
     """
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        phase: str,
-        operation: str,
-        failed_ranks: Sequence[int],
-        waited_s: float,
-        timeout_s: float,
-        call: int | None = None,
-        detail: str = "",
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.phase, self.operation = phase, operation
-        self.failed_ranks: tuple[int, ...] = tuple(sorted({int(r) for r in failed_ranks}))
-        self.waited_s, self.timeout_s = float(waited_s), float(timeout_s)
-        self.call, self.detail = call, detail
+    rank: int
+    world_size: int
+    phase: str
+    operation: str
+    failed_ranks: tuple[int, ...]
+    waited_s: float
+    timeout_s: float
+    call: int | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        self.failed_ranks = tuple(sorted({int(r) for r in self.failed_ranks}))
+        self.waited_s, self.timeout_s = float(self.waited_s), float(self.timeout_s)
         super().__init__(self._message())
 
     def _message(self) -> str:
@@ -107,21 +94,18 @@ class PeerFailure(TransportError):
         )
 
     def _fields(self) -> dict[str, Any]:
-        names = ("rank", "world_size", "phase", "operation", "failed_ranks", "waited_s")
-        fields = {name: getattr(self, name) for name in names}
-        fields.update(timeout_s=self.timeout_s, call=self.call, detail=self.detail)
-        return fields
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def in_phase(self, phase: str) -> PeerFailure:
         """The same failure, attributed to ``phase`` (a caller knows the phase better)."""
-        return PeerFailure(**{**self._fields(), "phase": phase})
+        return replace(self, phase=phase)
 
     def __reduce__(self) -> tuple[Any, ...]:  # keyword-only __init__: pickle by fields
         return (_rebuild_peer_failure, (self._fields(),))
 
 
-def _rebuild_peer_failure(fields: dict[str, Any]) -> PeerFailure:
-    return PeerFailure(**fields)
+def _rebuild_peer_failure(state: dict[str, Any]) -> PeerFailure:
+    return PeerFailure(**state)
 
 
 __all__ = ["ArrivalStore", "PHASES", "PeerFailure", "TransportError", "phase_of"]

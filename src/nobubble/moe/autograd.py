@@ -1,14 +1,8 @@
 """Differentiable dispatch and combine.
 
-Dispatch copies each token row to the ranks that hold its experts, so its backward sums the
-gradients of those copies back onto the token: a *combine* of the gradients. Combine sums a
-token's rows from all ranks, so its backward hands the same gradient to every row: a *cached
-dispatch* (the handle already knows where every row came from). Top-k weights follow the same
-rules; the slots a rank does not own were zeroed in the forward, so their gradient is zeroed
-before it travels back.
-
-Both backward passes always issue the same collectives on every rank, whatever each rank's
-``needs_input_grad`` says, so ranks never disagree on the sequence of collectives.
+Dispatch's backward is a combine of the gradients; combine's backward is a cached dispatch.
+Top-k weights follow the same rules (gradients of slots a rank does not own are zeroed). Both
+backward passes issue the same collectives on every rank, whatever ``needs_input_grad`` says.
 """
 
 from __future__ import annotations

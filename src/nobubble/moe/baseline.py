@@ -1,12 +1,9 @@
 """The plain all-to-all baseline: one message per (token, expert) pair, through a Transport.
 
-This is what a MoE layer does without DeepEP: it sends one copy of a token per valid top-k
-slot through one ``all_to_all`` (so a token with three experts on one rank travels three
-times) and sums the copies back on the token's rank. ``nobubble ep bench`` and the MoE demo
-measure :class:`~nobubble.moe.buffer.Buffer` against it. It moves its rows through the same
-:class:`~nobubble.moe.transport.Transport` as the buffer (so both are timed on one
-transport), which is exactly why it is *not* the tests' reference: that one
-(:mod:`nobubble.moe.reference`) uses plain ``torch.distributed`` collectives instead.
+One copy of a token per valid top-k slot goes through one ``all_to_all``, and the copies are
+summed back on the token's rank; ``nobubble ep bench`` and the MoE demo time
+:class:`~nobubble.moe.buffer.Buffer` against it on the same transport (so it is not the tests'
+reference, ``tests/moe/reference.py``).
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``K`` top-k, ``P`` (token, expert) pairs sent,
 ``Q`` pairs received, ``R`` ranks.

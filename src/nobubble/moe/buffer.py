@@ -1,44 +1,23 @@
 """DeepEP-style expert-parallel dispatch and combine: one :class:`Buffer` for every transport and mode.
 
-A :class:`Buffer` sends each token once to every rank that holds at least one of its top-k
-experts (``dispatch``), and sums the rows that come back (``combine``). Compared with a plain
-all-to-all that sends one copy per (token, expert) pair, a token with several experts on one
-rank crosses the wire once. ``low_latency_dispatch`` / ``low_latency_combine`` are the
-decoding mode (fixed-capacity slots, one row per (token, expert), no count exchange;
-:mod:`nobubble.moe.fastpath.low_latency`).
+``dispatch`` sends each token once to every rank holding one of its top-k experts; ``combine``
+sums the rows that come back; ``low_latency_dispatch`` / ``low_latency_combine`` are the
+decoding mode (:mod:`nobubble.moe.fastpath.low_latency`). Received rows are grouped by source
+rank, then source token; the :class:`~nobubble.moe.handle.DispatchHandle` records that layout
+for reuse and for the backward passes. The row movers are chosen once from the transport's
+declared :class:`~nobubble.moe.transport.Capabilities`: hierarchical with ``topology``, fused
+peer writes, or the collective ``all_to_all`` (always while masking failed ranks). Every path
+returns the same rows in the same order (hierarchical combine sums inside a node first).
 
-Received rows are grouped by source rank in rank order, and by source token order within a
-source rank. The :class:`~nobubble.moe.handle.DispatchHandle` records that layout;
-``dispatch(x, handle=h)`` and ``combine`` reuse it without exchanging counts again, and the
-backward passes of both use it (the records live in :mod:`nobubble.moe.handle`).
-
-How rows move is chosen once, in the constructor, from what the transport declares
-(:class:`~nobubble.moe.transport.Capabilities`), never from its class:
-
-- ``topology=Topology(ranks_per_node=P)``: rows cross nodes once per (token, node)
-  (:class:`~nobubble.moe.fastpath.hierarchical.HierarchicalRows`);
-- ``peer_writes`` (shared memory on one host): gather-on-write dispatch and reduce-on-read
-  combine (:class:`~nobubble.moe.fastpath.shm_rows.ShmRows`);
-- otherwise, and whenever the transport masks failed ranks: the transport's ``all_to_all``.
-
-Every path returns the same rows in the same order (combine sums in the same order, bit for
-bit, except hierarchical, which sums inside a node first).
+Lifecycle: ``Buffer(...)`` (a collective over ``group``) -> dispatch / combine ... -> ``close()``
+(or a ``with`` block); later calls raise ``ValueError``. A silent peer raises
+:class:`~nobubble.moe.transport.PeerFailure` naming the phase (``layout``, ``dispatch``,
+``combine``) and the ranks; a masking transport re-routes or drops their slots
+(:meth:`Buffer.set_replicas`, :meth:`Buffer.masking_stats`). See ``docs/moe/dispatch.md``.
 
 Shape legend: ``N`` tokens on this rank, ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
 ``L = E / R`` local experts, ``S`` rows this rank sends, ``M`` rows it receives,
 ``T = num_max_dispatch_tokens_per_rank``.
-
-Lifecycle: ``Buffer(...)`` (a collective over ``group``) -> dispatch / combine ... ->
-``close()`` (or leave a ``with`` block), which releases what the transport holds (shared
-memory); every later call raises ``ValueError``.
-
-Failures: a peer that dies or stops answering makes the transport raise
-:class:`~nobubble.moe.transport.PeerFailure`, which names the phase (``layout`` while counts
-and metadata are exchanged, ``dispatch`` for rows going out, ``combine`` for rows coming
-back - gradients included) and the ranks that did not arrive. Over a transport that declares
-``masks_failed_ranks`` the buffer instead goes on without masked ranks: the top-k slots
-they held are re-routed to surviving replicas (:meth:`Buffer.set_replicas`) or dropped, and
-counted (:meth:`Buffer.masking_stats`; :mod:`nobubble.moe.masking`).
 """
 
 from __future__ import annotations

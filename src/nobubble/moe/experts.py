@@ -1,17 +1,14 @@
 """Experts you bring: a per-expert ``nn.Module`` factory, grouped into this rank's experts.
 
-The contract of an expert module, as :class:`~nobubble.moe.layer.MoELayer` calls it after
-dispatch::
+The contract of an expert module, as :class:`~nobubble.moe.layer.MoELayer` calls it::
 
     experts(recv_x, local_expert_ids, weights) -> out
-    # recv_x [M, H]: the rows this rank received
-    # local_expert_ids [M, K] int64: local expert of each slot, -1 where another rank's expert
-    # weights [M, K]: the slots' routing weights (0 where the id is -1)
-    # out [M, H]: sum over slots of weights * expert(row)
+    # recv_x [M, H]; local_expert_ids [M, K] int64 (-1: another rank's expert)
+    # weights [M, K] (0 where the id is -1); out [M, H]: sum over slots of weights * expert(row)
 
-:class:`GroupedExperts` implements it from a factory ``factory(global_expert_id) ->
-nn.Module`` mapping ``[n, H] -> [n, H]``; every expert runs, even on zero rows, so every
-rank's autograd graph reaches the collectives of dispatch's and combine's backward.
+:class:`GroupedExperts` implements it from ``factory(global_expert_id) -> nn.Module`` (``[n, H]
+-> [n, H]``); every expert runs, even on zero rows, so every rank's autograd graph reaches the
+collectives of the backward.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A MoE layer over :class:`Buffer`.
+"""A MoE layer over :class:`Buffer`: router -> top-k -> dispatch -> local experts -> combine.
 
-``MoELayer`` (one per rank): router -> top-k -> ``dispatch`` -> the experts held by this
-rank (grouped SwiGLU by default, or the user's experts module), each output row weighted by
-its top-k weight -> ``combine`` -> plus shared experts. The router may be the user's module
-too: one that returns logits ``[N, E]`` (top-k by ``config.router``) or a ``Routing``.
-Its reference is :class:`~nobubble.moe.reference_layer.ReferenceMoE`, the same function for
-all ranks' tokens in one process, token by token, sharing no code with this module; the
-tests check that outputs and every gradient (router included) agree.
+``MoELayer`` (one per rank) weights each expert output row by its top-k weight before
+``combine`` and adds the shared experts. Router and experts may be the user's modules (a
+router returns logits ``[N, E]`` or a ``Routing``). Its reference is
+:class:`~nobubble.moe.reference_layer.ReferenceMoE`.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``I`` expert hidden, ``E`` experts, ``L`` local
 experts, ``K`` top-k, ``M`` rows received by this rank.
@@ -219,11 +216,8 @@ class MoELayer(nn.Module):
     def run_experts(
         self, recv_x: torch.Tensor, local_ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """This rank's experts on the received rows: ``[M, H]`` -> ``[M, H]``.
-
-        The result always joins the autograd graph of ``recv_x``, even when no expert gave
-        it one (no rows, or an expert that skips empty input), so that every rank reaches
-        the collectives in combine's and dispatch's backward.
+        """This rank's experts on the received rows: ``[M, H]`` -> ``[M, H]``, always joined to
+        ``recv_x``'s autograd graph so that every rank reaches the backward's collectives.
         """
         if self.experts is None:
             out = apply_experts(recv_x, local_ids, weights, self.w_gate, self.w_up, self.w_down)
@@ -245,10 +239,9 @@ class MoELayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Routed part of the layer: ``x [N, H]`` -> ``(out [N, H], load [num_experts])``.
 
-        Dispatch to the experts ``topk_idx [N, K]`` names (ids in ``[0, num_experts)``, this
-        rank holding its contiguous share), run the local SwiGLU experts weighted by
-        ``topk_weights [N, K]``, combine, and all-gather every expert's received-token count.
-        ``recv_stats`` accumulates the local counts (DeepEP's cumulative stats).
+        Dispatch by ``topk_idx [N, K]``, run the local experts weighted by ``topk_weights [N, K]``,
+        combine, and all-gather every expert's received-token count (``recv_stats`` accumulates the
+        local counts).
         """
         res = self.buffer.dispatch(
             x,

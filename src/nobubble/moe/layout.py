@@ -1,14 +1,10 @@
 """Dispatch layout: which rank each token goes to, and how many tokens each expert gets.
 
-Experts are laid out contiguously by rank: rank ``r`` owns experts
-``[r * E / R, (r + 1) * E / R)``. A token routed to several experts on one rank is sent to that
-rank once (DeepEP's deduplication), so ``num_tokens_per_rank`` counts tokens, not
-(token, expert) pairs, while ``num_tokens_per_expert`` counts top-k slots.
-
-The static shape of expert parallelism lives here too - :class:`MoEConfig` (one layer's
-shape and routing), :func:`num_local_experts`, the router and transport kinds - and imports
-no torch (torch is imported by the two functions that count tensors), so that the command line
-refuses a bad shape before it pays for ``import torch``.
+Rank ``r`` owns experts ``[r * E / R, (r + 1) * E / R)``. A token is sent to a rank once however
+many of its experts live there, so ``num_tokens_per_rank`` counts tokens and
+``num_tokens_per_expert`` top-k slots. Also the static shape of expert parallelism
+(:class:`MoEConfig`, :func:`num_local_experts`, the router and transport kinds), without a
+module-level torch import, so the command line checks a shape before importing torch.
 
 Shape legend: ``N`` tokens on this rank, ``K`` top-k slots, ``E`` experts, ``R`` ranks.
 """

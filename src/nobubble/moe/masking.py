@@ -1,25 +1,17 @@
 """What a Buffer does about masked ranks: re-route their top-k slots to replicas, or drop them.
 
-When a :class:`~nobubble.moe.transport.FailureMasking` transport has masked a failed rank,
-the experts it held are gone. For every (token, slot) pair routed to one of them,
-:class:`~nobubble.moe.buffer.Buffer` either
+For every (token, slot) pair routed to an expert on a rank that a
+:class:`~nobubble.moe.transport.FailureMasking` transport masked, the buffer re-routes it to a
+surviving replica of the same logical expert when it knows the placement
+(``Buffer.set_replicas(phy2log)``), else drops it (its weighted output and weight are missing
+from the combined sums; the others are not renormalised). Pairs are counted where they are
+lost: at dispatch for a rank masked before planning (a rank masked during planning is
+dropped, never re-routed), at combine for a rank whose rows did not come back.
+:class:`MaskingStats` reports the totals; :class:`MaskLedger` applies the pure functions here
+at each step. See ``docs/moe/failures.md``.
 
-- *re-routes* the slot to a surviving replica of the same logical expert, when the buffer
-  knows the placement (``Buffer.set_replicas(phy2log)``, EPLB's physical -> logical map) -
-  replicas hold the same weights, so the token's result does not change; or
-- *drops* the slot: it travels nowhere and contributes nothing (its weighted expert output
-  and its weight are missing from the combined sums; the remaining weights are not
-  renormalised).
-
-Pairs are counted where they are lost: at dispatch for a rank already masked when the
-layout is planned (a rank masked during planning is dropped, never re-routed: the counts
-already sent to the survivors stay valid), and at combine for a rank whose rows did not come
-back (it died mid-step). :class:`MaskingStats` reports the totals.
-
-Pure functions on ``topk_idx``, and :class:`MaskLedger`, the buffer's helper that applies
-them at each step of a dispatch and combine and keeps the counts. The shape legend is the
-buffer's (``N`` tokens, ``K`` top-k, ``E`` physical experts, ``R`` ranks, ``L = E / R``
-experts per rank, ``C`` surviving replicas, ``M`` received rows).
+Shape legend: ``N`` tokens, ``K`` top-k, ``E`` physical experts, ``R`` ranks, ``L = E / R``
+experts per rank, ``C`` surviving replicas, ``M`` received rows.
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ from nobubble.moe.transport import FailureMasking, Transport, capabilities_of
 __all__ = [
     "MaskLedger",
     "MaskingStats",
-    "count_pairs_on_ranks",
     "drop_slots_on_ranks",
     "reroute_to_replicas",
     "surviving_replicas",
@@ -68,16 +59,6 @@ def _on_ranks(topk_idx: torch.Tensor, ranks: Iterable[int], experts_per_rank: in
     ranks_t = torch.tensor(sorted(ranks), dtype=torch.int64, device=topk_idx.device)
     owner = torch.where(topk_idx >= 0, topk_idx // experts_per_rank, -1)  # (N, K)
     return torch.isin(owner, ranks_t)
-
-
-def count_pairs_on_ranks(
-    topk_idx: torch.Tensor, ranks: Iterable[int], experts_per_rank: int
-) -> int:
-    """(token, slot) pairs of ``topk_idx [N, K]`` whose expert lives on one of ``ranks``."""
-    ranks = list(ranks)
-    if not ranks:
-        return 0
-    return int(_on_ranks(topk_idx, ranks, experts_per_rank).sum())
 
 
 def drop_slots_on_ranks(
@@ -164,14 +145,13 @@ def without_sources(
 
 
 class MaskLedger:
-    """One buffer's dealings with masked ranks: what it re-routed and dropped, and what it
-    has reported (a warning once per masked rank).
+    """One buffer's dealings with masked ranks: what it re-routed and dropped, and a warning once
+    per masked rank.
 
     Args:
         rank: the buffer's rank.
-        transport: masking is on when it declares ``Capabilities(masks_failed_ranks=True)``
-            (a :class:`FailureMasking` transport with masking on); otherwise :meth:`masked`
-            is always empty.
+        transport: masking is on when it declares ``Capabilities(masks_failed_ranks=True)``;
+            otherwise :meth:`masked` is always empty.
     """
 
     def __init__(self, rank: int, transport: Transport) -> None:
@@ -213,11 +193,8 @@ class MaskLedger:
         *,
         reroute: bool = False,
     ) -> tuple[torch.Tensor, DispatchLayout, frozenset[int]]:
-        """Read the mask and take the slots of ranks masked since ``seen`` out of ``topk_idx``.
-
-        They are re-routed (``reroute``: nothing has been sent yet, and the replicas are
-        known) or dropped, and counted; ``layout`` is recomputed for the new ``topk_idx``.
-        Called by ``Buffer._plan`` only (the warning points at the user's dispatch call).
+        """Take the slots of ranks masked since ``seen`` out of ``topk_idx`` (re-routed when the
+        replicas are known, else dropped; counted) and recompute ``layout``.
 
         Args:
             topk_idx: ``[N, K]`` int64 physical expert ids; layout: its layout.
@@ -261,7 +238,7 @@ class MaskLedger:
             return
         self._report(lost, stacklevel=4)  # _report < count_lost_in_flight < combine < user
         experts_per_rank = num_local_experts(num_experts, self.num_ranks)
-        self._count(in_flight=count_pairs_on_ranks(topk_idx, lost, experts_per_rank))
+        self._count(in_flight=drop_slots_on_ranks(topk_idx, lost, experts_per_rank)[1])
 
     def _count(self, *, dropped: int = 0, in_flight: int = 0, rerouted: int = 0) -> None:
         s = self._stats

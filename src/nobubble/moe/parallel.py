@@ -1,18 +1,11 @@
 """Data x expert parallelism: the process groups, which parameters are experts, gradient sync.
 
-Ranks form a ``dp x ep`` grid, ``rank = dp_index * ep + ep_index``: each row of ``ep``
-consecutive ranks is an expert-parallel group (its ranks split the experts and exchange
-tokens), and the ranks with the same ``ep_index`` form a data-parallel group (they hold the
-same experts). Every rank trains on its own batch; the loss is the mean over all ``W = dp *
-ep`` ranks' batch losses. Then, after ``backward``:
-
-- a non-expert parameter is replicated on every rank: its gradient is the sum over all
-  ranks, divided by ``W``;
-- an expert parameter already has the contributions of its whole EP group (dispatch and
-  combine carried them): its gradient is the sum over its DP group, divided by ``W``.
-
-:func:`sync_gradients` applies exactly that; the layer marks which parameters are experts
-(:meth:`~nobubble.moe.layer.MoELayer.expert_parameters`), no name matching.
+Ranks form a ``dp x ep`` grid, ``rank = dp_index * ep + ep_index``: ``ep`` consecutive ranks
+form an expert-parallel group, ranks with the same ``ep_index`` a data-parallel group. With the
+loss the mean over all ``W = dp * ep`` ranks, :func:`sync_gradients` sums a non-expert
+gradient over all ranks and an expert gradient over its DP group (dispatch and combine
+already carried its EP group's part), both divided by ``W``. The layer marks its expert
+parameters (:meth:`~nobubble.moe.layer.MoELayer.expert_parameters`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """The MoE layer the slow way: token by token, slot by slot, sharing no code with the layer.
 
 The reference for :class:`~nobubble.moe.layer.MoELayer` and
-:class:`~nobubble.moe.balance.replicated_layer.ReplicatedMoELayer`. For every token ``x``:
+:class:`~nobubble.moe.balance.replicated_layer.ReplicatedMoELayer`. Per token ``x``: logits
+``l = W_r x``; routing ``"softmax"`` (the ``K`` largest ``p = softmax(l)``, weighted by ``p``,
+not renormalised) or ``"deepseek_v3"`` (arXiv:2412.19437, 2.1.2: ``s = sigmoid(l)``, ``b = s +
+bias`` chooses; a group scores the sum of its two highest ``b``; the ``K`` highest ``b`` in the
+``topk_groups`` best groups, weighted ``s_e / sum_chosen s * route_scale``); then ``y = sum_k
+w_k * W_d,e_k (silu(W_g,e_k x) * (W_u,e_k x))`` plus the shared experts. The bias moves by
+``rate * sign(mean load - load)``. All but the top-k choice is differentiable.
 
-1. logits ``l = W_r x`` (one ``[E]`` row);
-2. routing, one of
-
-   * ``"softmax"``: ``p = exp(l - max l) / sum exp(l - max l)``; the ``K`` largest ``p`` in
-     descending order, weighted by ``p`` itself (not renormalised);
-   * ``"deepseek_v3"`` (arXiv:2412.19437, section 2.1.2): ``s = 1 / (1 + exp(-l))``; biased
-     scores ``b = s + bias`` choose, and only ``s`` weighs. A group's score is the sum of
-     its two highest ``b`` (its one, for a group of one expert); the ``topk_groups`` best
-     groups are eligible; the ``K`` eligible experts with the highest ``b`` are chosen and
-     weighted ``s_e / sum_chosen s * route_scale``;
-
-3. ``y = sum_k w_k * W_d,e_k (silu(W_g,e_k x) * (W_u,e_k x))`` with ``silu(z) = z / (1 +
-   exp(-z))``, plus the shared experts' SwiGLU when there are any.
-
-The aux-loss-free bias then moves by ``rate * sign(mean load - load)``, the loads counted one
-slot at a time. Everything except the top-k choice (plain Python sorting) is differentiable, so
-autograd gives every gradient, router included.
-
-Deliberately this module imports nothing from ``nobubble.moe``: a mistake in the fast path's
-routing, slot weighting or shared experts cannot cancel out against itself in a comparison.
-Ties between scores are broken by expert id here and arbitrarily by ``torch.topk`` there:
-compare on random float weights, where ties do not occur. The math runs in the dtype of the
-inputs, float32 at least (bf16 logits score in float32), as nobubble's routers do: in float64
-the two agree to ~1e-12.
+It imports nothing from ``nobubble.moe``, so a fast-path mistake cannot cancel against itself.
+Ties break by expert id here (arbitrarily in ``torch.topk``): compare on random weights. Math
+in the inputs' dtype, float32 at least.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``I`` expert hidden, ``E`` logical experts, ``R``
 physical experts (replicas), ``K`` top-k, ``S`` shared width (shared experts x ``I``).
@@ -46,7 +31,6 @@ __all__ = [
     "reference_route",
     "reference_expert",
     "reference_moe_forward",
-    "reference_tokens_per_expert",
     "reference_bias_update",
     "ReferenceMoE",
 ]
@@ -227,15 +211,6 @@ def reference_moe_forward(
         tokens_per_expert=torch.tensor(load, dtype=torch.int64),
         tokens_per_replica=None if replica_of is None else torch.tensor(replica_load),
     )
-
-
-def reference_tokens_per_expert(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """``[N, K]`` expert ids (-1: none) -> ``[num_experts]`` int64 slot counts, one by one."""
-    load = [0] * num_experts
-    for e in topk_idx.reshape(-1).tolist():
-        if e >= 0:
-            load[e] += 1
-    return torch.tensor(load, dtype=torch.int64)
 
 
 def reference_bias_update(

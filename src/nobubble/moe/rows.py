@@ -45,7 +45,6 @@ class CollectiveRows:
         self.combine_chunk_bytes = combine_chunk_bytes
 
     def dispatch_rows(self, t: torch.Tensor, handle: DispatchHandle, *, kind: str) -> torch.Tensor:
-        """``[N, *]`` -> ``[M, *]``: copy each token row to the ranks in the handle's layout."""
         send = t.index_select(0, handle.send_token_idx)  # (S, *)
         return self.transport.all_to_all(
             send, handle.num_send_tokens_per_rank, handle.num_recv_tokens_per_rank, kind=kind

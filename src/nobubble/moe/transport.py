@@ -1,28 +1,14 @@
 """The transport seam: how rows of bytes travel between expert-parallel ranks.
 
-:class:`~nobubble.moe.buffer.Buffer` decides *which* rows go *where*; a transport moves them.
-:class:`TorchDistTransport` uses ``torch.distributed`` collectives (gloo on CPU, NCCL on GPU -
-the backend is the process group's, never a literal here). A later transport (shared memory
-within a host, hierarchical intra/inter-node) implements the same three methods and is passed
-to ``Buffer(transport=...)``.
-
-Every payload travels as raw bytes (a ``uint8`` view of its rows), so any dtype - bf16, FP8,
-int16 - crosses any backend bit for bit. Every wait has a timeout: a peer that died or stopped
-answering raises :class:`PeerFailure` (a :class:`TransportError`) naming the operation, the
-phase (``layout``, ``dispatch``, ``combine``, ``rebalance``) and the ranks that did not arrive,
-instead of hanging. A collective cannot say who is missing, so :class:`TorchDistTransport`
-keeps a count of the calls each rank entered in a store
-(:class:`~nobubble.moe.arrivals.ArrivalStore`) and reads it on a failure; a transport that
-can also go on without a failed peer implements :class:`FailureMasking` (see
-``docs/moe/failures.md``).
-
-A transport declares what it can do beyond the three collectives in a frozen
-:class:`Capabilities` record (its ``capabilities`` attribute); the buffer picks its fast paths
-from that record, never from the transport's class.
-
-The transport counts what it moves, per ``kind`` label (``"x"``, ``"topk"``, ``"layout"``...),
-in :class:`TransportStats`: the bytes this rank sent (its own rows included, as DeepEP counts
-them), the part of them that left the rank, and the number of collective calls.
+:class:`~nobubble.moe.buffer.Buffer` decides which rows go where; a :class:`Transport` moves
+them, as raw bytes (any dtype crosses bit for bit). :class:`TorchDistTransport` uses the
+group's ``torch.distributed`` backend. Every wait has a timeout: a silent peer raises
+:class:`PeerFailure` naming the operation, the phase and the ranks that did not arrive
+(:class:`~nobubble.moe.arrivals.ArrivalStore`); a transport that goes on without it
+implements :class:`FailureMasking`. A transport declares its extras in a frozen
+:class:`Capabilities` record, and counts what it moves per ``kind`` in
+:class:`TransportStats` (bytes sent, own rows included as DeepEP counts them; bytes that left
+the rank; calls). See ``docs/moe/dispatch.md`` and ``docs/moe/failures.md``.
 """
 
 from __future__ import annotations
@@ -82,19 +68,14 @@ class TransportStats:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a transport can do beyond ``all_to_all`` / ``all_gather`` / ``reduce_scatter``.
-
-    :class:`~nobubble.moe.buffer.Buffer` reads this record to choose its fast paths; a
-    transport without a ``capabilities`` attribute has none of them.
+    """What a transport can do beyond the three collectives; the buffer picks its fast paths from
+    it (a transport without a ``capabilities`` attribute has none).
 
     Attributes:
-        peer_writes: it implements :class:`PeerWrites` (rows go straight into a peer's
-            receive slot): gather-on-write dispatch, reduce-on-read combine, and the
-            low-latency mode's send without receive.
+        peer_writes: it implements :class:`PeerWrites`.
         split_all_to_all: it has ``all_to_all_start`` (launch now, wait later), which the
-            low-latency mode's receive hook uses when rows cannot be written into peers.
-        masks_failed_ranks: it implements :class:`FailureMasking` and has masking turned on:
-            a failed peer is masked instead of raising.
+            low-latency receive hook uses when rows cannot be written into peers.
+        masks_failed_ranks: it implements :class:`FailureMasking` with masking turned on.
     """
 
     peer_writes: bool = False
@@ -148,14 +129,10 @@ class Transport(Protocol):
 
 
 class PeerWrites(Protocol):
-    """The capability of writing rows straight into a peer's receive slot.
-
-    A transport with it (shared memory on one host; NVLink or RDMA would be others) lets the
-    fused paths skip the collective: gather-on-write dispatch, reduce-on-read combine, and the
-    low-latency mode's send without receive. A transport with these methods declares
-    ``Capabilities(peer_writes=True)``; the paths read that record. Every rank issues the
-    same sequence of calls: ``t = begin(recv_nbytes)``, then ``write_peer`` / ``poll_slots``
-    (or both at once with ``exchange``).
+    """The capability of writing rows straight into a peer's receive slot (shared memory on one
+    host), for gather-on-write dispatch, reduce-on-read combine and the low-latency send without
+    receive. Every rank issues the same sequence of calls: ``t = begin(recv_nbytes)``, then
+    ``write_peer`` / ``poll_slots`` (or both at once with ``exchange``).
     """
 
     rank: int
@@ -200,14 +177,11 @@ class PeerWrites(Protocol):
 
 
 class FailureMasking(Protocol):
-    """The capability of going on without failed peers (DeepEP's low-latency mask buffer),
-    declared as ``Capabilities(masks_failed_ranks=True)`` when it is turned on.
+    """The capability of going on without failed peers (DeepEP's low-latency mask buffer).
 
-    With ``mask_failed_ranks`` on, a peer that does not answer within the timeout is marked
-    failed in a mask that every rank reads (the survivors agree on it by the next call), the
-    current call completes without it (its rows read as zeros) and later calls skip it.
-    :class:`~nobubble.moe.buffer.Buffer` drops or re-routes the top-k slots of masked ranks
-    and counts them.
+    With ``mask_failed_ranks`` on, a peer silent past the timeout is marked failed in a mask every
+    rank reads; the current call completes without it (its rows read as zeros) and later calls
+    skip it.
     """
 
     mask_failed_ranks: bool
@@ -305,17 +279,12 @@ class ByteCounting:
 class TorchDistTransport(ByteCounting):
     """All-to-all over a ``torch.distributed`` process group, with byte counting and timeouts.
 
-    A failed or timed-out collective raises :class:`PeerFailure`. With ``track_arrivals``,
-    every rank records the number of the call it enters in an
-    :class:`~nobubble.moe.arrivals.ArrivalStore` (one store write per call: a TCP round trip to rank 0's store)
-    and on a failure the survivor reads which ranks never reached this call - the ones it
-    names. The store is set up at the first call (one extra broadcast).
-
     Args:
         group: the expert-parallel process group (``None`` = the default group).
         timeout_s: the longest any single collective may take before :class:`PeerFailure`.
-        track_arrivals: record arrivals so that errors name the missing ranks (``False``:
-            errors name the phase only).
+        track_arrivals: record each call's number in an
+            :class:`~nobubble.moe.arrivals.ArrivalStore` (set up at the first call; one store
+            write per call) so that errors name the missing ranks (``False``: the phase only).
     """
 
     def __init__(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, reference_dispatch
+from nobubble.moe import Buffer
 from nobubble.moe.fastpath.fp8 import (
     FP8_MAX,
     fp8_dispatch,
@@ -21,6 +21,7 @@ from nobubble.moe.fastpath.fp8 import (
     per_token_cast_to_fp8,
     unpack_fp8,
 )
+from tests.moe.reference import reference_dispatch
 
 _CODES = torch.arange(256, dtype=torch.int64)
 _VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()

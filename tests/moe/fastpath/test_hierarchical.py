@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, Topology, reference_combine, reference_dispatch
+from nobubble.moe import Buffer, Topology
+from tests.moe.reference import reference_combine, reference_dispatch
 
 
 def _routing(kind: str, n: int, num_experts: int, topk: int, g: torch.Generator):

@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from nobubble.distributed import spawn
-from nobubble.moe import Buffer, Topology, reference_combine, reference_dispatch
+from nobubble.moe import Buffer, Topology
 from nobubble.moe.fastpath.hierarchical import HierarchicalRows
+from tests.moe.reference import reference_combine, reference_dispatch
 
 NUM_NODES = 4  # = ranks: 1 rank per node
 HIDDEN, NUM_EXPERTS, TOPK = 24, 16, 4

@@ -14,8 +14,7 @@ from torch import nn
 
 from nobubble.distributed import spawn
 from nobubble.moe import Buffer, MoEConfig, MoELayer, init_moe_weights
-from nobubble.moe.fastpath.microbatch_overlap import microbatch_overlapped_forward
-from nobubble.moe.fastpath.overlap import communication_hidden
+from nobubble.moe.fastpath.overlap import communication_hidden, microbatch_overlapped_forward
 from nobubble.trace import Event
 
 D, H = 6, 12  # the dense part maps D -> H

@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from nobubble.distributed import RankFailure, spawn
-from nobubble.moe import Buffer, TorchDistTransport, reference_combine, reference_dispatch
+from nobubble.moe import Buffer, TorchDistTransport
 from nobubble.moe.fastpath.shm_transport import (
     ShmTransport,
     default_transport_kind,
     make_transport,
 )
 from nobubble.moe.transport import Capabilities
+from tests.moe.reference import reference_combine, reference_dispatch
 
 
 def _encoded_rows(src: int, dst: int, n: int, width: int, dtype: torch.dtype) -> torch.Tensor:

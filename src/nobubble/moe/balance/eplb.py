@@ -1,23 +1,11 @@
 """Expert-parallel load balancing with redundant experts (EPLB), no expert twice on one GPU.
 
-Given each logical expert's load (tokens it received, per MoE layer), choose how many
-replicas ("physical experts") each logical expert gets and on which GPU each replica lives,
-so that the heaviest GPU carries as little as possible. A replica of expert ``e`` serves
-``load[e] / logcnt[e]`` tokens: dispatch splits the expert's tokens evenly over its replicas.
-
-Two policies, as in DeepSeek's EPLB:
-
-* **hierarchical** (``num_groups % num_nodes == 0``): pack expert groups onto nodes (so
-  group-limited routing keeps its traffic inside a node), replicate the hot experts inside
-  each node, then pack the node's replicas onto its GPUs;
-* **global**: one node, one group: replicate over all experts, pack onto all GPUs.
-
-Where this departs from EPLB: (1) an expert gets at most one replica per GPU of its node
-(a second replica on the same GPU adds no capacity, it only wastes a slot), and the final
-packing never puts two replicas of one expert on one GPU (EPLB's does); (2) an invalid
-configuration raises ``ValueError`` naming the constraint instead of an ``assert`` or a
-silent switch to the global policy. Where no conflict arises the result is EPLB's, ties
-included (checked against EPLB's published example in the tests).
+Choose how many replicas each logical expert gets and on which GPU each lives, so that the
+heaviest GPU carries as little as possible (a replica of ``e`` serves ``load[e] /
+logcnt[e]``). Policies as in DeepSeek's EPLB: **hierarchical** (``num_groups % num_nodes ==
+0``: groups onto nodes, replicate inside each node, pack onto its GPUs) and **global**. Unlike
+EPLB an expert gets at most one replica per GPU, and an invalid configuration raises
+``ValueError``; otherwise the result is EPLB's, ties included. See ``docs/moe/balance.md``.
 
 Shapes: ``L`` MoE layers, ``E`` logical experts, ``R`` physical experts, ``G`` GPUs,
 ``N`` nodes.

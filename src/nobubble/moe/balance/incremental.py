@@ -1,29 +1,20 @@
 """Incremental rebalancing: a new placement that moves as few experts as it can.
 
-A fresh :func:`~nobubble.moe.balance.eplb.rebalance_experts` reshuffles everything: nearly every
-GPU receives new expert weights (and their optimizer state), which is what EPLB's users
-complain about when rebalancing every few minutes. Here the new placement must only reach a
-given imbalance (the fresh one's plus ``tolerance`` by default), and among placements that
-do, it keeps as many replicas on the GPU where they already are as it can.
+The new placement must reach a target imbalance (the fresh
+:func:`~nobubble.moe.balance.eplb.rebalance_experts` one's plus ``tolerance``) and, among
+those that do, keep the most replicas where they are. Per layer three candidates compete
+(fewest moves, then lowest imbalance): the fresh placement relabelled to overlap the current
+one most (an OR-Tools assignment; it always meets the target); keep + fill + swap on the
+current group-to-node assignment (or all GPUs, global); the same on the fresh assignment
+(hierarchical only). A *move* is a physical expert whose logical expert was not on that GPU
+before. See ``docs/moe/balance.md``.
 
-Per layer, three candidates are built and the one meeting the target with the fewest moves
-wins (fewest moves, then lowest imbalance):
-
-* **fresh, relabelled**: the fresh placement with its nodes and GPUs renamed (an assignment
-  problem solved with OR-Tools) to overlap the current one most; it always meets the target;
-* **keep + fill + swap** on the current group-to-node assignment (hierarchical) or on all
-  GPUs (global): keep every replica the new replica counts still want, place the missing
-  replicas on the lightest GPUs, then swap pairs between the heaviest GPU and the others
-  (cheapest swap first: one that moves already-moved replicas costs nothing) until the
-  heaviest GPU is within the target;
-* the same on the fresh group-to-node assignment (hierarchical only).
-
-A *move* is a physical expert whose logical expert was not on that GPU before: its weights
-must be copied there. Shapes: ``L`` layers, ``E`` logical experts, ``R`` replicas, ``G`` GPUs.
+Shapes: ``L`` layers, ``E`` logical experts, ``R`` replicas, ``G`` GPUs.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -80,14 +71,8 @@ def count_moves(
 
 
 def _gpu_moves(old: Sequence[int], new: Sequence[int]) -> int:
-    remaining = list(old)
-    moved = 0
-    for e in new:
-        if e in remaining:
-            remaining.remove(e)
-        else:
-            moved += 1
-    return moved
+    """Replicas in ``new`` whose logical expert ``old`` does not hold (both multisets)."""
+    return (Counter(new) - Counter(old)).total()
 
 
 def _slots(phy2log_row: list[int], num_gpus: int) -> Slots:

@@ -1,13 +1,9 @@
 """Online rebalancing: new placement from live statistics, experts moved with one all-to-all.
 
-Every rank computes the same new placement from the same gathered statistics (checked with
-an all-gather, so a disagreement raises instead of corrupting weights), then one
-``all_to_all`` carries every moved physical expert - its weights *and* the optimizer state
-that has the weight's shape (Adam's ``exp_avg``, ``exp_avg_sq``...) - from a rank that holds
-a replica of its logical expert to the rank that needs it. Replicas already on the right
-rank are copied locally. Parameters keep their identity (tensors are overwritten in place),
-so the optimizer and any hooks carry on. Scalar state such as Adam's ``step`` is the same on
-every replica and stays.
+Every rank computes the same placement from the same gathered statistics (checked by an
+all-gather: a disagreement raises), then one ``all_to_all`` moves every moved physical expert's
+weights and weight-shaped optimizer state from a holder of its logical expert; local replicas
+are copied. Tensors are overwritten in place, so the optimizer and hooks carry on.
 
 Lifecycle per rebalance: ``collect_load_stats`` (every step) -> :func:`rebalance_online`
 (every ``interval`` steps) = plan -> :func:`plan_migration` -> :func:`migrate_rows` ->

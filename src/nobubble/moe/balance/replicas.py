@@ -1,19 +1,11 @@
 """Replica routing: send each (token, logical expert) pair to one physical replica.
 
-With redundant experts, a hot logical expert ``e`` has ``logcnt[e]`` physical replicas
-(``log2phy[e, :logcnt[e]]``), usually on different GPUs. Before dispatch, every top-k slot is
-rewritten from a logical to a physical expert id; the replicas hold the same weights, so
-which replica serves a token changes where the work is done, never the result.
-
-Strategies:
-
-* ``"token_hash"``: a fixed hash of (global token id, expert) picks the replica: stateless,
-  the same token always lands on the same replica (reproducible, cache-friendly);
-* ``"round_robin"``: the i-th pair routed to ``e`` goes to replica ``(start[e] + i) % cnt``,
-  the counter ``start`` carried across calls: exact equal split within one replica;
-* ``"least_loaded"``: each pair goes to the replica with the least load so far, starting
-  from a caller's estimate of each replica's load (e.g. other ranks' traffic from the live
-  statistics), so the replicas even out across ranks, not only within this batch.
+Every top-k slot is rewritten from a logical expert ``e`` to one of its ``logcnt[e]``
+replicas ``log2phy[e, :logcnt[e]]`` (same weights: only where the work runs changes).
+Strategies: ``"token_hash"`` (a fixed hash of (global token id, expert); stateless),
+``"round_robin"`` (the i-th pair to ``e`` goes to replica ``(start[e] + i) % cnt``, ``start``
+carried across calls), ``"least_loaded"`` (the replica with the least load so far, starting
+from the caller's estimate).
 
 Shape legend: ``N`` tokens, ``K`` top-k, ``E`` logical experts, ``R`` physical experts,
 ``C`` most replicas of one expert.

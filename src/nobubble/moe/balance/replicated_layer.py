@@ -1,13 +1,11 @@
 """A MoE layer whose ranks hold *physical* experts: replicas of hot logical experts.
 
-Wraps :class:`~nobubble.moe.layer.MoELayer` (router, shared experts, aux-loss-free bias) and
-its :class:`~nobubble.moe.buffer.Buffer` without changing either: the router picks logical
-experts, :class:`~nobubble.moe.balance.replicas.ReplicaRouter` rewrites them to physical ids, and the
-buffer dispatches over ``R`` physical experts (rank ``r`` owns ``[r * R/ranks, (r+1) * R/ranks)``,
-EPLB's GPU order). Replicas of one logical expert start with the same weights; after
-backward, :meth:`ReplicatedMoELayer.sync_replica_grads` gives every replica the *sum* of its
-replicas' gradients - exactly the logical expert's gradient - so with the same optimizer they
-stay identical, and the layer computes the same function as one without replicas.
+Wraps :class:`~nobubble.moe.layer.MoELayer` and its buffer unchanged: the router picks logical
+experts, :class:`~nobubble.moe.balance.replicas.ReplicaRouter` rewrites them to physical ids,
+and rank ``r`` owns physical experts ``[r * P, (r + 1) * P)``. Replicas start equal, and
+:meth:`ReplicatedMoELayer.sync_replica_grads` gives each the sum of its replicas' gradients
+(the logical expert's gradient), so they stay equal and the layer computes the same function
+as one without replicas.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``E`` logical experts, ``R`` physical experts,
 ``P = R / ranks`` physical experts per rank, ``M`` rows received.

@@ -1,15 +1,9 @@
 """Fused CPU kernels for the shared-memory fast path, compiled from C at first use.
 
-DeepEP's speed comes from kernels that fuse what a framework does in several passes. On
-CPU the pass that matters is combine's reduction: summing each token's rows from every
-expert rank in float32 takes torch three passes over memory (widen, ``index_add_``, narrow)
-and one kernel here (``cpu_kernels.c``), at the machine's copy bandwidth.
-
-The C file is compiled once per machine with the system C compiler (``$CC``, else ``cc``)
-into ``$NOBUBBLE_CACHE_DIR`` (default ``~/.cache/nobubble``), named by a hash of the source,
-the flags and the CPU, and loaded with ctypes. Where no compiler is found or compilation
-fails, :func:`load` returns ``None`` once with a warning and callers use their torch path:
-the results are the same, only slower. ``NOBUBBLE_CPU_KERNELS=0`` turns the kernels off.
+``cpu_kernels.c`` is compiled once per machine with ``$CC`` (else ``cc``) into
+``$NOBUBBLE_CACHE_DIR`` (default ``~/.cache/nobubble``), named by a hash of source, flags and
+CPU, and loaded with ctypes. Without a compiler :func:`load` warns once and returns ``None``;
+callers then take their torch path (same results). ``NOBUBBLE_CPU_KERNELS=0`` turns them off.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Large CPU outputs without the page-fault bill: huge pages and a small caching allocator.
 
-On a GPU, DeepEP's ``recv_x`` comes from PyTorch's caching allocator and costs nothing to
-allocate. On CPU every fresh 200 MB tensor is a new ``mmap``: the kernel zeroes it page by
-page on first write, which costs as much as the copy that fills it, and unmaps it on free.
-Two remedies, used by the shared-memory fast path:
-
-- :func:`empty_hugepages` advises transparent huge pages (100 faults instead of 50 000);
-- :class:`RecycledOutputs` keeps the last few large output buffers and hands one out again
-  once nothing outside the cache refers to its memory any more - the CPU counterpart of the
-  CUDA caching allocator. A tensor the caller still holds (or any view of it, a numpy array
-  over it, an autograd save) keeps its memory out of reuse.
+:func:`empty_hugepages` advises transparent huge pages; :class:`RecycledOutputs` keeps the last
+few large output buffers and hands one out again once nothing outside the cache refers to its
+memory (a tensor, view, numpy array or autograd save keeps it out of reuse).
 """
 
 from __future__ import annotations

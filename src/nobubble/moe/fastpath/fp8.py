@@ -1,13 +1,8 @@
 """FP8 dispatch: e4m3 payload with one float32 scale per 128 channels, dequantised on receipt.
 
-DeepSeek-V3 / DeepEP send dispatch payloads in FP8: each token row is cut into blocks of 128
-channels, each block is scaled so that its largest magnitude maps to e4m3's maximum (448),
-and the scales travel beside the values. A bf16 row of ``H`` channels (``2H`` bytes) becomes
-``H`` bytes of e4m3 plus ``4 * ceil(H / 128)`` bytes of scales: about half.
-
-Here the values and scales travel as one packed uint8 row (``[N, H + 4 * ceil(H / 128)]``), so
-one dispatch moves both and any transport carries them bit for bit. Combine stays in the
-model's dtype, as in DeepEP.
+Each 128-channel block is scaled so its largest magnitude maps to 448 (e4m3's maximum); values
+and scales travel as one packed uint8 row ``[N, H + 4 * B]``, so any transport carries them
+bit for bit. Combine stays in the model's dtype, as in DeepEP.
 
 Shape legend: ``N`` tokens, ``H`` hidden, ``B = ceil(H / 128)`` scale blocks.
 """

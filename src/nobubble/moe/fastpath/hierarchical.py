@@ -1,23 +1,11 @@
 """Hierarchical dispatch / combine: cross node boundaries once per (token, node), forward inside.
 
-DeepEP's internode kernels send a token over RDMA once per destination *node* - to the GPU
-with the same local index there - and that GPU forwards it over NVLink to the node's GPUs
-that hold the token's experts. Combine runs the other way: the node's partial results are
-reduced inside the node first, and one row per (token, node) crosses back.
-
-``Buffer(group, num_experts, topology=Topology(ranks_per_node=P))`` does this with
-:class:`HierarchicalRows`, its row movers, over two process subgroups per rank: its *rail* (the
-ranks with the same local index on every node, ``dist.new_group``) for the inter-node step,
-and its *node* for the intra-node step (the buffer's ``transport`` kind: shared memory when
-the node's ranks share a host, else the backend's collectives). Several "nodes" can live on one machine for testing; across
-hosts, ``ranks_per_node`` is the number of ranks per host.
-
-Layout, count exchange and handle are the buffer's, as for every transport; received
-rows are in the same order (source rank, then source token), so every consumer of a
-:class:`~nobubble.moe.buffer.DispatchResult` works unchanged. Dispatch is bit-identical to the
-flat one. Combine sums in a different order - ranks of a node first, then nodes in order
-(float32 for 16-bit inputs, the node partial rounded to the payload dtype before it crosses) -
-so it equals a sum in that order, and the flat sum up to rounding.
+:class:`HierarchicalRows` (``Buffer(..., topology=Topology(ranks_per_node=P))``) sends a token
+over its *rail* (the ranks with the same local index on every node) once per destination node,
+and the receiver forwards it inside its *node* (the buffer's ``transport`` kind). Received
+rows keep the flat order (source rank, then source token); dispatch is bit-identical to the
+flat one. Combine sums ranks of a node first (float32 for 16-bit inputs, the node partial
+rounded to the payload dtype), then nodes in order. See ``docs/moe/fastpath.md``.
 
 Shape legend: ``N`` tokens, ``R`` ranks, ``P`` ranks per node, ``D = R / P`` nodes, ``S1`` rows
 this rank sends across its rail, ``M1`` rows it receives there (to forward), ``S2`` rows it

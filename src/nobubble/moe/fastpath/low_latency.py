@@ -1,30 +1,18 @@
 """Low-latency mode (decoding): fixed-capacity buffers, expert-major output, no count exchange.
 
-In DeepEP's low-latency mode every rank owns a receive buffer with a fixed slot per
-(source rank, local expert) sized for ``num_max_dispatch_tokens_per_rank`` tokens, so a sender
-can write its rows without first asking how many the others send: the counts travel *with*
-the data (here at the end of each source's slot) and the receiver learns them when the slot
-arrives. One row travels per (token, expert) pair - no deduplication, which would need the
-extra round trip that this mode avoids. The output is expert-major, ready for a grouped GEMM:
+One row travels per (token, expert) pair into a fixed slot per (source rank, local expert);
+the counts travel at the end of each source's slot. Output:
 
 - ``recv_x [L, R * T, H]``: rows for local expert ``e`` from source rank ``i`` sit at
-  ``[e, i * T : i * T + recv_layout[e, i]]`` in the source's token order; the rest is padding
-  (uninitialised, as in DeepEP);
+  ``[e, i * T : i * T + recv_layout[e, i]]`` in the source's token order; the rest is padding;
 - ``recv_count [L]``: valid rows per local expert.
 
-``low_latency_combine`` sends each expert output row back to its token's rank, which returns
-``sum_k topk_weights[n, k] * out(n, k)`` (float32 accumulation in slot order).
-
-With ``return_recv_hook=True`` dispatch only *sends* (writes into the peers' shared memory or
-starts an asynchronous all-to-all) and returns a hook; the caller computes, then calls the
-hook to receive; no other call may use the buffer in between. Which way the rows go is the
-transport's declared :class:`~nobubble.moe.transport.Capabilities`: with ``peer_writes``
-(shared memory) only the valid rows move; with ``split_all_to_all`` (``torch.distributed``,
-NCCL / gloo) the fixed-size slots move whole in an asynchronous all-to-all; any other
-transport moves them at once and the hook only places them.
-
-:class:`LowLatencyMode` is the engine behind :meth:`nobubble.moe.buffer.Buffer.low_latency_dispatch`
-and :meth:`~nobubble.moe.buffer.Buffer.low_latency_combine`; it shares the buffer's transport.
+Combine returns ``sum_k topk_weights[n, k] * out(n, k)`` (float32, slot order). With
+``return_recv_hook=True`` dispatch only sends; the caller calls the hook to receive, with no
+other call on the buffer in between. The transport's
+:class:`~nobubble.moe.transport.Capabilities` choose how rows move (``peer_writes``: only valid
+rows; ``split_all_to_all``: whole slots, asynchronously; else at once). See
+``docs/moe/fastpath.md``.
 
 Shape legend: ``N`` tokens (``<= T``), ``H`` hidden, ``K`` top-k, ``E`` experts, ``R`` ranks,
 ``L = E / R`` local experts, ``T = num_max_dispatch_tokens_per_rank``, ``C = T * min(K, L)``

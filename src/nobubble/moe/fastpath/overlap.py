@@ -1,46 +1,52 @@
-"""Chunked overlap of expert-parallel communication with expert computation.
+"""Overlap of expert-parallel communication with compute: token chunks, or microbatches.
 
-A MoE layer's step is dispatch -> experts -> combine, and without overlap the experts wait for
-the whole dispatch and the combine waits for all experts. Cutting the tokens into ``C``
-chunks lets the three stages form a pipeline: while the experts compute chunk ``i`` on the
-main thread, a communication thread runs the combine of chunk ``i - 1`` and the dispatch of
-chunk ``i + 1``::
+:func:`overlapped_forward` cuts one batch's tokens into ``C`` chunks;
+:func:`microbatch_overlapped_forward` runs a stage ``layer(pre(x))`` over several microbatches
+(DualPipe's pairing, DeepSeek-V3 3.2.1). Both run every dispatch and combine on one
+communication thread, fed in the same order on every rank (as collectives of one group
+require), while the main thread computes::
 
-    comm:    D0 D1 C0 D2 C1 D3 C2 ...       (one thread, the same order on every rank)
-    compute:    E0    E1    E2    E3 ...
+    comm:        D0 D1 C0 D2 C1 D3 C2 ...    D dispatch, C combine
+    compute:  P0 P1 E0 P2 E1 P3 E2 E3 ...    P dense part + routing (microbatches), E experts
 
-Collectives of one group must be issued in the same order on every rank; a single
-communication thread fed in a fixed order guarantees it. :func:`overlapped_forward` reuses the
-layer's own pieces (router, :class:`~nobubble.moe.buffer.Buffer`, experts, shared experts) and
-returns the same output as the layer for the same chunks, plus a timeline of what ran where.
-It is a forward pass (prefill / inference step): the backward pass is not overlapped here.
-Unlike ``MoELayer.forward`` it does not all-gather the per-expert load statistics.
+Both reuse the layer's router, buffer, experts and shared experts, are forward passes
+(``no_grad``), and do not all-gather the per-expert load statistics. See
+``docs/moe/fastpath.md``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from nobubble.moe.handle import DispatchResult
+from nobubble.moe.routing import Routing
 from nobubble.trace import Event
 
 if TYPE_CHECKING:  # the layer (and its Buffer) sit above the fast paths
     from nobubble.moe.layer import MoELayer
 
-__all__ = ["StepTimes", "OverlapResult", "overlapped_forward", "communication_hidden"]
+__all__ = [
+    "StepTimes",
+    "OverlapResult",
+    "MicrobatchOverlapResult",
+    "overlapped_forward",
+    "microbatch_overlapped_forward",
+    "communication_hidden",
+]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class StepTimes:
     """A step's wall time, the time its communication and compute operations took, and
     what ran where (the result of both overlaps, :class:`OverlapResult` and
-    :class:`~nobubble.moe.fastpath.microbatch_overlap.MicrobatchOverlapResult`).
+    :class:`MicrobatchOverlapResult`).
 
     Attributes:
         step_s: wall time of the step on this rank.
@@ -219,5 +225,125 @@ def overlapped_forward(
     comm_s = rec.total("dispatch", "combine")
     return OverlapResult(
         out=out.reshape(shape), step_s=step, comm_s=comm_s, compute_s=rec.total("experts"),
+        events=rec.events,
+    )  # fmt: skip
+
+
+COMPUTE_CATS = ("dense", "experts", "shared")
+"""Event categories of the main thread's compute (lane 0)."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class MicrobatchOverlapResult(StepTimes):
+    """What :func:`microbatch_overlapped_forward` returns: ``outs``, one ``[..., H]`` tensor
+    per microbatch (``layer(pre(x_i))``), and the :class:`StepTimes` of the whole
+    stage (all microbatches). Compute is the dense parts, routed experts and shared experts;
+    events: lane 0 compute (``P{i}`` dense + routing, ``E{i}`` routed experts, ``S{i}``
+    shared experts), lane 1 communication (``D{i}``, ``C{i}``)."""
+
+    outs: list[torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class _Prepared:
+    shape: torch.Size  # pre's output shape, [..., H]
+    h: torch.Tensor  # (N_i, H)
+    routing: Routing
+
+
+def _check_microbatches(microbatches: Sequence[torch.Tensor]) -> None:
+    if len(microbatches) < 1:
+        raise ValueError(
+            f"microbatch_overlapped_forward: num_microbatches={len(microbatches)}; pass a "
+            "sequence of at least one [..., H] tensor, the same count on every rank"
+        )
+    first = microbatches[0]
+    for i, x in enumerate(microbatches):
+        if not isinstance(x, torch.Tensor) or x.dim() < 1:
+            got = getattr(x, "shape", type(x).__name__)
+            raise ValueError(
+                f"microbatch_overlapped_forward: microbatch {i} is {got}; pass tensors [..., H]"
+            )
+        if x.shape[-1] != first.shape[-1] or x.dim() != first.dim():
+            raise ValueError(
+                f"microbatch_overlapped_forward: microbatch {i} has shape {tuple(x.shape)}, "
+                f"microbatch 0 {tuple(first.shape)}; every microbatch needs the same number of "
+                "dimensions and the same last (feature) size"
+            )
+
+
+@torch.no_grad()
+def microbatch_overlapped_forward(
+    pre: nn.Module,
+    layer: MoELayer,
+    microbatches: Sequence[torch.Tensor],
+    *,
+    overlap: bool = True,
+    timeout_s: float = 300.0,
+) -> MicrobatchOverlapResult:
+    """``layer(pre(x))`` for every microbatch, one's communication under another's compute.
+
+    Args:
+        pre: the dense part of the stage (attention, MLP, norms: any module), applied to each
+            microbatch on the main thread; its output is ``[..., H]``, ``H = layer.config.hidden``.
+        layer: an expert-parallel :class:`~nobubble.moe.layer.MoELayer` (its router, buffer,
+            experts - built in or the user's - and shared experts are used as they are).
+        microbatches: ``M >= 1`` tensors ``[..., D]`` (one ``D``; token counts may differ,
+            0 included); ``M`` must be the same on every rank of the layer's group.
+        overlap: False runs the same operations one after another on the main thread (the
+            baseline: ``P0 D0 E0 C0 P1 D1 ...``); the outputs are bit-identical.
+        timeout_s: the longest the main thread waits for one communication operation.
+    """
+    _check_microbatches(microbatches)
+    num_microbatches = len(microbatches)
+    hidden = layer.config.hidden
+    rec = _Recorder(layer.buffer.rank)
+    prepared: list[_Prepared] = []
+    shared: list[torch.Tensor | None] = []
+
+    def dense(i: int) -> _Prepared:
+        out = pre(microbatches[i])  # (..., H)
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[-1] != hidden:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(
+                f"microbatch_overlapped_forward: pre module {type(pre).__name__} returned "
+                f"{got} for microbatch {i}; the MoE layer takes [..., hidden={hidden}]"
+            )
+        h = out.reshape(-1, hidden)  # (N_i, H)
+        return _Prepared(out.shape, h, layer.route(h))
+
+    def prepare(i: int) -> None:
+        prepared.append(rec.run(f"P{i}", "dense", 0, dense, i))
+
+    def dispatch(i: int) -> DispatchResult:
+        p = prepared[i]
+        return _dispatch(rec, layer, f"D{i}", p.h, p.routing.topk_idx, p.routing.topk_weights)
+
+    def experts(res: DispatchResult, i: int) -> torch.Tensor:
+        y = rec.run(f"E{i}", "experts", 0, _routed_experts, layer, res)  # (M_i, H)
+        if layer.shared is not None:  # computed here, added once combine i is back
+            shared.append(rec.run(f"S{i}", "shared", 0, layer.shared_out, prepared[i].h))
+        else:
+            shared.append(None)
+        return y
+
+    def combine(i: int, y: torch.Tensor, res: DispatchResult) -> torch.Tensor:
+        return _combine(rec, layer, f"C{i}", y, res)
+
+    if overlap:
+        combined = _pipelined(num_microbatches, dispatch, experts, combine, timeout_s, prepare)
+    else:
+        combined = []
+        for i in range(num_microbatches):
+            prepare(i)
+            res = dispatch(i)
+            combined.append(combine(i, experts(res, i), res))
+    outs = []
+    for p, out, s in zip(prepared, combined, shared, strict=True):
+        outs.append((out if s is None else out + s).reshape(p.shape))  # (..., H)
+    step = rec.elapsed()
+    comm_s = rec.total("dispatch", "combine")
+    return MicrobatchOverlapResult(
+        outs=outs, step_s=step, comm_s=comm_s, compute_s=rec.total(*COMPUTE_CATS),
         events=rec.events,
     )  # fmt: skip

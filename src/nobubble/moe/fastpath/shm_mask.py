@@ -1,35 +1,15 @@
 """What a wait of :class:`~nobubble.moe.fastpath.shm_transport.ShmTransport` does about
 silent peers: name them in a :class:`~nobubble.moe.transport.PeerFailure`, or mask them.
 
-A wait that passes ``timeout_s`` names exactly the peers whose READY or DONE never came -
-those that also stopped beating (a peer still beating is itself
-waiting for someone else, so the wait is extended once, by ``timeout_s``, for it to time out
-on its own) - and raises :class:`~nobubble.moe.transport.PeerFailure` with them as
-``failed_ranks``. With ``mask_failed_ranks=True`` it votes them failed instead; every rank
-then skips masked peers (their rows read as zeros, nothing is written to them), the current
-call completes, and :class:`~nobubble.moe.buffer.Buffer` drops or re-routes the top-k slots
-they held (:class:`~nobubble.moe.transport.FailureMasking`). A rank that finds itself
-masked raises: it cannot rejoin.
+A wait past ``timeout_s`` names the peers whose READY or DONE never came and that also stopped
+beating (a peer still beating waits for someone else: the wait is extended once, by
+``timeout_s``). With ``mask_failed_ranks=True`` it votes them failed instead: ``BEAT`` and
+``VOTES[j]`` in each rank's control block (one writer each). The mask is the union of every
+rank's votes; it only grows, and a rank that finds itself masked raises (no rejoining).
 
 Lifecycle per call ``t``: :meth:`PeerMask.begin` (the peers masked so far are skipped) ->
-:meth:`PeerMask.idle` on every idle turn of a wait (peers masked now join the skipped ones)
--> :attr:`PeerMask.missing` read at the end (the sources whose rows did not arrive).
-
-Every rank of a :class:`~nobubble.moe.fastpath.shm_transport.ShmTransport` owns a control
-block that all its peers have mapped. Two parts of it serve failure handling, each word with
-exactly one writer (the owner), so no atomics are needed:
-
-- ``BEAT``: the monotonic clock (microseconds, the same clock for every process of a host)
-  when the owner last idled in a wait. A peer that is waiting for someone else keeps beating;
-  one that died, hangs in user code or computes past the timeout does not.
-- ``VOTES[j]``: 1 once the owner has declared rank ``j`` failed.
-
-The *mask* is the union of every rank's votes (the dead rank's block stays mapped and
-readable). Every rank reads the same words, so the survivors agree on it by their next
-call (within one call, a peer masked late may still be seen by some survivors and not by
-others; the buffer re-reads the mask after each exchange); a vote is never withdrawn, so
-the mask only grows - DeepEP's low-latency mask buffer, on a host. A rank that
-finds itself in the mask (it was too slow and the others went on) must not vote or rejoin.
+:meth:`PeerMask.idle` on every idle turn of a wait -> :attr:`PeerMask.missing` read at the end
+(the sources whose rows did not arrive). See ``docs/moe/failures.md``.
 """
 
 from __future__ import annotations
@@ -169,7 +149,7 @@ class PeerMask:
             world_size=self.world_size,
             phase=phase_of(kind),
             operation=f"{kind} {op}",
-            failed_ranks=failed,
+            failed_ranks=tuple(failed),
             waited_s=waited_s,
             timeout_s=self.timeout_s,
             call=t,

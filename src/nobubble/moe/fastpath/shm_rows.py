@@ -1,31 +1,17 @@
 """Row movers fused with the shared-memory writes, as DeepEP's kernels are.
 
-Over a plain transport :class:`~nobubble.moe.buffer.Buffer` gathers the rows to send
-(``index_select``), hands them to the transport (which copies them again), and in combine
-converts every returned row to float32 before a scatter-add into a fresh ``[N, H]`` float32
-tensor. DeepEP's intranode kernels instead read the token rows and write them straight into
-the peer's buffer, and reduce while reading the peers' buffers. :class:`ShmRows` does the
-same over a transport that declares ``Capabilities(peer_writes=True)`` (such as
-:class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`); the buffer picks it from that
-record:
-
-- dispatch: ``index_select(x, send_token_idx[seg], out=<peer slot>)`` - the gather *is* the
-  write into the peer's shared memory; the receiver copies each slot into ``recv_x`` once.
-- combine: each expert rank copies its rows for a source into that source's slot; the source
-  reduces them in one pass with the fused C kernel of :mod:`nobubble.moe.fastpath.cpu_kernels`
-  (bf16/fp32; other dtypes, or no C compiler: torch, block by block of tokens), adding the
-  sources in rank order in float32, exactly as the buffer's collective path does, so the
-  result is bit-identical (a NaN stays NaN; torch writes its bits two ways).
-- outputs (``recv_x``, the combined ``[N, H]``) come from a small caching allocator
-  (:class:`~nobubble.moe.fastpath.cpu_memory.RecycledOutputs`): memory the caller has dropped is
-  handed out again instead of being unmapped and faulted in anew, as PyTorch's CUDA caching
-  allocator does for DeepEP.
-
-Everything else (layout, count exchange, handle, autograd) is the buffer's.
+:class:`ShmRows` serves a transport that declares ``Capabilities(peer_writes=True)``:
+dispatch gathers the token rows straight into the peer's slot (``index_select(...,
+out=<peer slot>)``); combine reduces every source's rows in one pass (the C kernel of
+:mod:`nobubble.moe.fastpath.cpu_kernels`, else torch), float32 sums in source-rank order, bit
+for bit the buffer's collective path. Outputs come from
+:class:`~nobubble.moe.fastpath.cpu_memory.RecycledOutputs`. Layout, count exchange, handle and
+autograd are the buffer's. See ``docs/moe/fastpath.md``.
 """
 
 from __future__ import annotations
 
+import math
 from itertools import accumulate
 
 import torch
@@ -163,7 +149,4 @@ class ShmRows:
 
 
 def _row_bytes(t: torch.Tensor) -> int:
-    numel = 1
-    for d in t.shape[1:]:
-        numel *= d
-    return numel * t.element_size()
+    return math.prod(t.shape[1:]) * t.element_size()

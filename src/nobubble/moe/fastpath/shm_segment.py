@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,10 +99,7 @@ def reserve(path: str, nbytes: int) -> None:
 
 
 def unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    Path(path).unlink(missing_ok=True)
 
 
 def store_fence() -> None:

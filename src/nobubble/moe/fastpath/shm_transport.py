@@ -1,42 +1,23 @@
 """Direct intranode transport: ranks write rows straight into their peers' shared memory.
 
-On a GPU node DeepEP copies tokens over NVLink into the receiving GPU's buffer instead of
-going through NCCL's protocol stack. The CPU host's equivalent of NVLink is shared memory:
-:class:`ShmTransport` gives every rank a receive region in ``/dev/shm`` with one slot per
-source rank, and a sender copies its rows for rank ``j`` directly into its slot of ``j``'s
-region - one copy in, one copy out, no sockets.
-
-Memory (per rank ``j``, created once per group, named by a key that rank 0 broadcasts):
+Per rank ``j`` (created once per group, named by a key that rank 0 broadcasts):
 
 - a *control block*, int64 ``[4 + 4R]``: ``READY`` (the call number ``j`` is ready to receive),
   ``GEN``/``CAP`` (generation and per-slot capacity of the data region), ``BEAT`` (``j``'s
   heartbeat), then per source ``i``: ``DONE[i]`` (the last call whose rows ``i`` finished
-  writing), ``NBYTES[i]`` (how many bytes it wrote), ``MAPPED[i]`` (the data generation
-  ``i`` has mapped), and per rank ``r``: ``VOTES[r]`` (``j`` declared ``r`` failed; see
-  :mod:`.shm_mask`);
-- a *data region* of ``R * CAP`` bytes, slot ``i`` at ``[i * CAP, (i + 1) * CAP)``, sized by
-  ``capacity_bytes_per_peer`` (the largest batch you expect) and grown on demand.
+  writing), ``NBYTES[i]``, ``MAPPED[i]`` (the data generation ``i`` has mapped), and per rank
+  ``r``: ``VOTES[r]`` (``j`` declared ``r`` failed; :mod:`.shm_mask`);
+- a *data region* of ``R * CAP`` bytes, slot ``i`` at ``[i * CAP, (i + 1) * CAP)``, grown on demand.
 
-Protocol for call ``t`` (every rank issues the same sequence of calls, as with any
-collective): the receiver grows its region if this call's largest incoming slot does not fit
-(it knows its ``recv_splits``), then publishes ``READY = t``. A sender waits for
-``READY == t`` at each peer, copies its rows into its slot, writes ``NBYTES`` and then
-``DONE = t``. The receiver waits for ``DONE == t`` from each source, checks ``NBYTES``
-against what it expected, and copies the slot out. Each control word has exactly one writer,
-so no atomics are needed; on x86 (total store order) a reader that sees ``DONE == t`` also sees
-the rows written before it. Every wait backs off from spinning to sleeping (two cores may host
-four ranks) and beats while it sleeps.
-
-Failures: a wait past ``timeout_s`` raises :class:`~nobubble.moe.transport.PeerFailure`
-naming the silent peers, or with ``mask_failed_ranks=True`` masks them and goes on without
-them (:mod:`.shm_mask`, on the heartbeats and votes in the control blocks).
-
-The transport implements :class:`~nobubble.moe.transport.Transport` (``all_to_all``,
-``all_gather``, ``reduce_scatter``, byte counting per kind), so ``Buffer(transport=...)`` uses
-it unchanged. Its steps (:meth:`ShmTransport.begin`, :meth:`ShmTransport.write_peer`,
-:meth:`ShmTransport.poll_slots`, :meth:`ShmTransport.exchange`) are public for the fused
-paths: gather-on-write dispatch, reduce-on-read combine, and the low-latency mode's split of
-send from receive.
+Call ``t`` (every rank issues the same sequence of calls): the receiver grows its region if
+needed and publishes ``READY = t``; a sender waits for it, copies its rows into its slot,
+writes ``NBYTES`` and then ``DONE = t``; the receiver waits for ``DONE == t``, checks
+``NBYTES`` and copies the slot out. Each control word has exactly one writer (no atomics; x86
+total store order). A wait past ``timeout_s`` raises
+:class:`~nobubble.moe.transport.PeerFailure` naming the silent peers, or masks them
+(``mask_failed_ranks=True``). The steps :meth:`ShmTransport.begin`,
+:meth:`ShmTransport.write_peer`, :meth:`ShmTransport.poll_slots` and
+:meth:`ShmTransport.exchange` are public for the fused paths. See ``docs/moe/fastpath.md``.
 """
 
 from __future__ import annotations
@@ -207,7 +188,6 @@ class ShmTransport(ByteCounting):
         return frozenset() if self._closed else self._mask.masked_ranks()
 
     def missing_in_last_call(self) -> frozenset[int]:
-        """Sources whose rows did not arrive in this rank's latest call (read as zeros)."""
         return frozenset() if self._closed else self._mask.missing
 
     # -- the steps of one exchange ----------------------------------------------------------
@@ -386,7 +366,6 @@ class ShmTransport(ByteCounting):
         *,
         kind: str,
     ) -> torch.Tensor:
-        """Send ``send[offsets[r]:offsets[r+1]]`` to rank r; return the received rows in rank order."""
         send_splits, recv_splits = check_splits(
             send, send_splits, recv_splits, self.world_size, kind
         )
@@ -407,7 +386,6 @@ class ShmTransport(ByteCounting):
         return _from_byte_rows(out.view(sum(recv_splits), row_bytes), send)
 
     def all_gather(self, x: torch.Tensor, *, kind: str) -> torch.Tensor:
-        """``[n, ...]`` on every rank (same n) -> ``[R * n, ...]`` in rank order."""
         self._check_device(x, kind)
         rows = _as_byte_rows(x)  # (n, row_bytes)
         flat = rows.reshape(-1)

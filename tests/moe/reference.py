@@ -1,19 +1,10 @@
 """Slow, obviously-correct dispatch and combine that the tests compare the fast paths against.
 
-The reference shares no code with what it checks: it never touches a
-:class:`~nobubble.moe.transport.Transport`, the layout code or the buffer, only plain
-``torch.distributed.all_gather`` on a process group. Every rank gathers *everything* - every
-rank's tokens, expert ids and weights - and then picks out, in Python loops, the rows that
-belong to it. A bug in a transport's ``all_to_all``, in the layout or in the buffer's
-bookkeeping therefore cannot hide in the reference too. (The plain all-to-all baseline of
-``nobubble ep bench`` lives in :mod:`nobubble.moe.baseline`; it does go through a transport.)
-
-- :func:`reference_dispatch`: rank ``r`` keeps every token, from any rank, that has at least
-  one expert in ``[r * L, (r + 1) * L)``, once, sorted by (source rank, source token) -
-  :class:`~nobubble.moe.handle.DispatchResult`'s layout.
-- :func:`reference_combine`: every rank gathers every rank's rows with their (source rank,
-  source token) labels; each rank adds up the rows labelled with its own rank one at a time,
-  in the order of the ranks that hold them (float32 for 16-bit rows), as the buffer does.
+Shares no code with what it checks: only ``torch.distributed.all_gather`` on a process group.
+:func:`reference_dispatch`: rank ``r`` keeps every token, from any rank, with at least one
+expert in ``[r * L, (r + 1) * L)``, once, sorted by (source rank, source token).
+:func:`reference_combine`: each rank adds up the rows labelled with its own rank one at a time,
+in the order of the ranks that hold them (float32 for 16-bit rows), as the buffer does.
 
 Shape legend: ``N`` tokens on this rank, ``H`` hidden (any trailing shape), ``K`` top-k,
 ``E`` experts, ``R`` ranks, ``L = E / R`` local experts, ``M`` rows this rank receives.
