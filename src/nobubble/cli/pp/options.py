@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +88,7 @@ def _rank_costs(text: str) -> tuple[float, ...]:
     return tuple(positive_float(part) for part in text.split(","))
 
 
-COST_FLAGS = (  # (flag, CostModel.from_settings' keyword, argparse type, help)
+COST_FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (  # (flag, CostModel.from_settings' keyword, argparse type, help)
     ("--tf", "t_f", _rank_costs, "forward time of one microbatch; one value, or one per rank "
      "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
     ("--tb", "t_b", _rank_costs, "input-gradient backward (B) time (or list)"),
