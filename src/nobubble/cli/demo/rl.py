@@ -15,7 +15,7 @@ from nobubble.cli.util import console, print_table
 
 def run(out_dir: Path, quick: bool) -> list[Path]:
     from nobubble.rl import RunConfig, train
-    from nobubble.rl.system.report import SUMMARY_COLUMNS, plot_runs, summary_row, write_trace
+    from nobubble.rl.system.result import SUMMARY_COLUMNS, plot_runs, summary_row, write_trace
 
     steps = 15 if quick else 200
     con = console()

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nobubble.rl.system.config.base import RLConfig, setting
-from nobubble.rl.system.config.stages import LearnerConfig
+from nobubble.rl.system.config import LearnerConfig, RLConfig, setting
 
 __all__ = [
     "ARCHS",
