@@ -6,55 +6,18 @@ bound, whole (one policy version per group), without replacement and seeded. ``u
 IS weight 1 (``alpha = 0``); ``prioritized``: by the group's reward variance (a group whose
 responses all scored the same teaches GRPO nothing), with
 :class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s probabilities and IS weights
-over the eligible groups. :class:`ReplayConfig` loads no torch (the driver checks it before
-torch loads).
+over the eligible groups. Its settings: :class:`~nobubble.rl.system.config.ReplayConfig`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from nobubble.rl.system.config import ReplayConfig
     from nobubble.rl.system.types import SampleGroup
 
-__all__ = ["REPLAY_MODES", "ReplayConfig", "GroupReplay"]
-
-REPLAY_MODES = ("none", "uniform", "prioritized")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplayConfig:
-    """Replay settings.
-
-    Attributes:
-        mode: ``none``, ``uniform`` or ``prioritized``.
-        capacity: groups kept (>= 1 when on).
-        groups_per_step: groups drawn per step beside the fresh batch (>= 1 when on).
-        alpha: priority exponent in [0, 1]; beta: IS exponent at step 0, in [0, 1].
-    """
-
-    mode: str = "none"
-    capacity: int = 0
-    groups_per_step: int = 0
-    alpha: float = 0.6
-    beta: float = 0.4
-
-    def __post_init__(self) -> None:
-        if self.mode not in REPLAY_MODES:
-            raise ValueError(f"replay={self.mode!r}; choose one of {', '.join(REPLAY_MODES)}")
-        if self.mode != "none" and (self.capacity < 1 or self.groups_per_step < 1):
-            raise ValueError(
-                f"replay={self.mode!r} needs replay_capacity >= 1 and replay_groups >= 1 "
-                f"(got {self.capacity} and {self.groups_per_step})"
-            )
-        for name in ("alpha", "beta"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"replay_{name}={getattr(self, name)} must be in [0, 1]")
-
-    @property
-    def on(self) -> bool:
-        return self.mode != "none"
+__all__ = ["GroupReplay"]
 
 
 def _priority(group: SampleGroup) -> float:

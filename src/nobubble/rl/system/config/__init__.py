@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nobubble.rl.system.checkpoint import CheckpointStore
-from nobubble.rl.system.replay import ReplayConfig
 from nobubble.validation import check_value, finite
 
 if TYPE_CHECKING:
@@ -25,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RLConfig", "Settings", "RunConfig", "LearnerConfig", "TrainerConfig", "RolloutConfig",
-    "RewardConfig", "describe_value", "setting",
-    "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
+    "RewardConfig", "ReplayConfig", "describe_value", "setting", "ALGOS", "AGGREGATIONS",
+    "DEFAULT_STALENESS", "ENGINES", "MODES", "REPLAY_MODES", "STALENESS_WEIGHTS",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -127,6 +126,7 @@ def describe_value(value: Any) -> Any:
 
 
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
+REPLAY_MODES = ("none", "uniform", "prioritized")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +181,30 @@ class RewardConfig(Settings):
     give_up_s: float = setting(60.0, "> 0")  # end once failing this long with none scored
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig(Settings):
+    """A replay's settings (:class:`~nobubble.rl.system.replay.GroupReplay`); ``capacity`` and
+    ``groups_per_step`` are >= 1 when it is on."""
+
+    mode: str = setting("none", REPLAY_MODES)
+    capacity: int = 0  # groups kept
+    groups_per_step: int = 0  # groups drawn per step beside the fresh batch
+    alpha: float = setting(0.6, "[0, 1]")  # priority exponent
+    beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.on and (self.capacity < 1 or self.groups_per_step < 1):
+            raise ValueError(
+                f"replay={self.mode!r} needs replay_capacity >= 1 and replay_groups >= 1 "
+                f"(got {self.capacity} and {self.groups_per_step})"
+            )
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "none"
+
+
 MODES = ("sync", "one-step-off", "fully-async")
 ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")  # the trainer implements each
 AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
@@ -207,11 +231,11 @@ class RunConfig(RLConfig):
     sync_every: int = setting(0, ">= 0", integer=True)  # train only current groups every N; 0 off
     # drop ready groups older than this many versions (None = the staleness bound)
     drop_staleness: int | None = setting(None, ">= 0", integer=True)
-    replay: str = "none"  # "uniform" or "prioritized" (rl.system.replay)
+    replay: str = setting("none", REPLAY_MODES)  # of past groups (rl.system.replay)
     replay_capacity: int = 0  # groups kept
     replay_groups: int = 0  # groups drawn again per step
-    replay_alpha: float = 0.6
-    replay_beta: float = 0.4
+    replay_alpha: float = setting(0.6, "[0, 1]")  # priority exponent
+    replay_beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
     # a generator takes new weights between tokens (looking every weight_check_every tokens)
     # and records each token's version; local engine only (rl.system.partial)
     partial_rollouts: bool = setting(False, BOOL)
