@@ -161,9 +161,7 @@ RESULT_KEYS = (
     "config", "steps", "wall_s", "trained_samples", "samples_per_s", "staleness_hist",
     "staleness_max", "idle_ratio", "ledger", "curve", "outcome", "details",
 )  # fmt: skip
-"""The top-level keys of an RL run's JSON, whichever producer made it: ``steps`` are learner
-updates, ``staleness_hist`` counts trained samples by lag, ``outcome`` holds what the run
-reached (accuracy, or eval return and time to target), ``details`` the producer's own."""
+"""The top-level keys of an RL run's JSON (:meth:`RunResult.to_json`), whichever producer."""
 
 
 def span_events(spans: list[Span], t0: float, end: float = math.inf) -> list[Event]:

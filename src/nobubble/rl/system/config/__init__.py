@@ -183,7 +183,7 @@ class RewardConfig(Settings):
 
 @dataclass(frozen=True, kw_only=True)
 class ReplayConfig(Settings):
-    """A replay's settings (:class:`~nobubble.rl.system.replay.GroupReplay`); ``capacity`` and
+    """A replay's settings (:class:`~nobubble.rl.system.experience.GroupReplay`); ``capacity`` and
     ``groups_per_step`` are >= 1 when it is on."""
 
     mode: str = setting("none", REPLAY_MODES)
@@ -231,7 +231,7 @@ class RunConfig(RLConfig):
     sync_every: int = setting(0, ">= 0", integer=True)  # train only current groups every N; 0 off
     # drop ready groups older than this many versions (None = the staleness bound)
     drop_staleness: int | None = setting(None, ">= 0", integer=True)
-    replay: str = setting("none", REPLAY_MODES)  # of past groups (rl.system.replay)
+    replay: str = setting("none", REPLAY_MODES)  # of past groups (rl.system.experience)
     replay_capacity: int = 0  # groups kept
     replay_groups: int = 0  # groups drawn again per step
     replay_alpha: float = setting(0.6, "[0, 1]")  # priority exponent
