@@ -27,7 +27,7 @@ from benchmarks._common import write_record
 from benchmarks.records.rl_modes import RlModes, ThroughputRow
 from nobubble.bench.output import print_table
 from nobubble.rl.system.orchestrator import RunConfig, RunResult, run
-from nobubble.rl.system.report import plot_runs, write_trace
+from nobubble.rl.system.result import plot_runs, write_trace
 
 OUT = Path(__file__).parent / "results"
 IMG = Path(__file__).parent.parent / "docs" / "img"

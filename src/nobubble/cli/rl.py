@@ -366,7 +366,7 @@ def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title:
     """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
     group of labels, default all; task runs alone: a trace each) and render them."""
     from nobubble.rl import train
-    from nobubble.rl.system.report import plot_runs, write_trace
+    from nobubble.rl.system.result import plot_runs, write_trace
 
     results = {}
     for label, cfg in configs.items():

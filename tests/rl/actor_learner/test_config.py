@@ -97,7 +97,7 @@ def test_the_learner_settings_both_producers_have_are_one_type_checked_alike(
     name, value, message
 ) -> None:
     """A task run's trainer and an environment run read one LearnerConfig's fields."""
-    from nobubble.rl.system.config.stages import LearnerConfig, TrainerConfig
+    from nobubble.rl.system.config import LearnerConfig, TrainerConfig
 
     for config in (TrainerConfig, EnvRunConfig):
         assert issubclass(config, LearnerConfig)

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from nobubble.rl.algo.advantages import grpo_advantages
-from nobubble.rl.system.config import RunConfig, TrainerConfig
+from nobubble.rl.system.config import ReplayConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.config.presets import aggressive
-from nobubble.rl.system.experience import ExperienceBuffer, GroupState, Ledger
+from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay, GroupState, Ledger
 from nobubble.rl.system.orchestrator import run
-from nobubble.rl.system.replay import GroupReplay, ReplayConfig
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import GroupBatch, group_learner
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup

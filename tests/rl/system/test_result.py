@@ -77,7 +77,7 @@ def test_an_env_run_prints_list_points_and_its_eval_return() -> None:
 
 
 def test_one_plot_draws_either_producers_runs(tmp_path) -> None:
-    from nobubble.rl.system.report import plot_runs
+    from nobubble.rl.system.result import plot_runs
 
     for label, run in (("task", _task_run()), ("env", _env_run())):
         png = plot_runs({label: run, f"{label} again": run}, tmp_path / f"{label}.png")

@@ -1,8 +1,5 @@
-"""One actor-learner run's configuration: environment, architecture, learner, budget.
-
-:class:`EnvRunConfig` is keyword-only and frozen, and refuses a bad value when built with a
-``ValueError`` that names the value and the fix. The three architectures share every field;
-the ones only one of them reads say so.
+"""One actor-learner run's configuration (environment, architecture, learner, budget), frozen
+and checked when built; the three architectures share every field (one only one reads says so).
 """
 
 from __future__ import annotations
@@ -11,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nobubble.rl.system.config.base import RLConfig, setting
-from nobubble.rl.system.config.stages import LearnerConfig
+from nobubble.rl.system.config import LearnerConfig, RLConfig, setting
 
 __all__ = [
     "ARCHS",

@@ -26,7 +26,7 @@ from nobubble.files import atomic_path, write_text
 
 if TYPE_CHECKING:
     from nobubble.rl.system.config import RunConfig
-    from nobubble.rl.system.replay import GroupReplay
+    from nobubble.rl.system.experience import GroupReplay
     from nobubble.rl.system.result import CurvePoint
     from nobubble.rl.system.weight_sync import PublishedWeights
 

@@ -13,7 +13,7 @@ import time
 import torch
 from torch import nn
 
-from nobubble.rl.system.config.run import RunConfig
+from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.tasks.spec import TaskSpec

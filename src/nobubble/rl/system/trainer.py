@@ -31,7 +31,7 @@ from nobubble.rl.algo.losses import (
 )
 from nobubble.rl.algo.staleness import check_group_versions, policy_lag, staleness_weight
 from nobubble.rl.algo.vtrace import vtrace
-from nobubble.rl.system.config.run import RunConfig
+from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.learner import Learner, ShardGradients
 from nobubble.rl.system.partial.versions import (
     check_token_versions,

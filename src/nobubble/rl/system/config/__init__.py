@@ -1,28 +1,482 @@
-"""One RL run's configuration, typed, checked when built (:mod:`.base`) and torch-free: a
-task run (:mod:`.run`), its stages' settings (:mod:`.stages`) and the recipes (:mod:`.presets`).
+"""One RL run's configuration, typed, torch-free and checked when built: a field made by
+:func:`setting` carries its rule and :class:`Settings` checks it in ``__post_init__``, raising
+``ValueError`` naming ``Owner.field=value`` and the rule (a subclass that gives a field another
+default keeps the rule of the class that declared it; None passes only where the default is
+None). :class:`RunConfig` (a task run) holds its stages' settings (:class:`TrainerConfig`,
+:class:`RolloutConfig`, :class:`RewardConfig`); it is frozen and picklable (both engines build
+their workers from it alone) and checks its flags before the components that need torch
+(rewards, policy, task) are built. The recipes are :mod:`.presets`.
 """
 
 from __future__ import annotations
 
-from nobubble.rl.system.config.base import RLConfig, describe_value
-from nobubble.rl.system.config.run import (
-    AGGREGATIONS,
-    ALGOS,
-    DEFAULT_STALENESS,
-    ENGINES,
-    MODES,
-    RunConfig,
-)
-from nobubble.rl.system.config.stages import (
-    STALENESS_WEIGHTS,
-    LearnerConfig,
-    RewardConfig,
-    RolloutConfig,
-    TrainerConfig,
-)
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nobubble.rl.system.checkpoint import CheckpointStore
+from nobubble.validation import check_value, finite
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nobubble.rl.system.rewards import RewardSource
+    from nobubble.rl.system.tasks.spec import TaskSpec
 
 __all__ = [
-    "RLConfig", "RunConfig", "LearnerConfig", "TrainerConfig", "RolloutConfig", "RewardConfig",
-    "describe_value",
-    "ALGOS", "AGGREGATIONS", "DEFAULT_STALENESS", "ENGINES", "MODES", "STALENESS_WEIGHTS",
+    "RLConfig", "Settings", "RunConfig", "LearnerConfig", "TrainerConfig", "RolloutConfig",
+    "RewardConfig", "ReplayConfig", "describe_value", "setting", "ALGOS", "AGGREGATIONS",
+    "DEFAULT_STALENESS", "ENGINES", "MODES", "REPLAY_MODES", "STALENESS_WEIGHTS",
 ]  # fmt: skip
+
+T = TypeVar("T")
+
+
+def setting(default: T, check: str | tuple | type, *, integer: bool = False) -> T:
+    """A dataclass field with ``default`` and its check: a rule of
+    :func:`~nobubble.validation.check_value` (``">= 1"``, ``"> 0"``, ``">= 0"``; ``integer``:
+    an ``int`` too), an interval (``"(0, 1]"``), a tuple of the allowed values, or a config
+    class the value must be an instance of."""
+    return field(default=default, metadata={"check": check, "integer": integer})
+
+
+def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> None:
+    """Raise the ValueError naming ``name=value`` and the fix unless ``value`` passes."""
+    if isinstance(check, type):
+        if not isinstance(value, check):
+            kind = check.__name__
+            raise ValueError(
+                f"{name}={value!r}: give a {kind}(...) (nobubble.rl.system.config), "
+                f"e.g. {kind}(delay_s=0.1)"
+            )
+    elif isinstance(check, tuple):
+        if not any(type(value) is type(c) and value == c for c in check):
+            choices = ", ".join(map(str, check))
+            raise ValueError(f"{name}={value!r} is unknown; choose one of {choices}")
+    elif check[0] in "([":  # an interval, "(0, 1]"
+        low, high = (float(x) for x in check[1:-1].split(","))
+        above = finite(value) and (value > low if check[0] == "(" else value >= low)
+        if not (above and (value < high if check[-1] == ")" else value <= high)):
+            raise ValueError(f"{name}={value!r} must be in {check}")
+    else:
+        check_value(name, value, check, integer=integer)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """A config whose :func:`setting` fields are checked when it is built."""
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        # each field's check, from the nearest class that declared one (an override keeps it)
+        rules = {
+            name: f.metadata
+            for c in reversed(type(self).__mro__)
+            for name, f in getattr(c, "__dataclass_fields__", {}).items()
+            if "check" in f.metadata
+        }
+        for f in fields(self):
+            rule, value = rules.get(f.name), getattr(self, f.name)
+            if rule is None or (value is None and f.default is None):
+                continue
+            if value is None and isinstance(rule["check"], str):
+                raise ValueError(
+                    f"{owner}.{f.name}=None: this run needs a value ({rule['check']}); leave "
+                    f"it out for the default {f.default}"
+                )
+            _check(f"{owner}.{f.name}", value, rule["check"], rule["integer"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready values (objects by their import name)."""
+        return {f.name: describe_value(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLConfig(Settings):
+    """What both producers of experience read, with the same meaning (a producer may give a
+    setting its own default: a task run stops after 400 updates, an environment run after
+    300 s)."""
+
+    seed: int = setting(0, ">= 0", integer=True)  # of the policy init, prompts / envs, sampling
+    steps: int | None = setting(None, ">= 1", integer=True)  # learner updates (None: no bound)
+    time_budget_s: float | None = setting(None, "> 0")  # of training (None: no limit)
+    # versions a sample may lag the learner; an older one is dropped (ledger: stale). 0:
+    # on-policy; None: the producer's default
+    max_staleness: int | None = setting(None, ">= 0", integer=True)
+    # torch intra-op threads of each process that runs the policy (tiny models gain nothing
+    # from a second one and lose a lot on a loaded machine)
+    threads: int = setting(1, ">= 1", integer=True)
+    # the longest wait for any worker (stage, actor, queue, lock) before the run fails naming
+    # who is silent (time_budget_s ends a run normally)
+    stall_timeout_s: float = setting(120.0, "> 0")
+
+
+def describe_value(value: Any) -> Any:
+    """``value`` as a JSON value: numbers and strings as they are, containers and dataclasses
+    item by item, an object (a factory, a callable) by its ``module:qualname``."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in fields(value)}
+    if isinstance(value, dict):
+        return {str(k): describe_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [describe_value(v) for v in value]
+    target = value if hasattr(value, "__qualname__") else type(value)
+    return f"{target.__module__}:{target.__qualname__}"
+
+
+STALENESS_WEIGHTS = ("none", "inverse", "exp")
+REPLAY_MODES = ("none", "uniform", "prioritized")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerConfig(Settings):
+    """The learner's settings both producers read: a task run's :class:`TrainerConfig` and an
+    environment run's :class:`~nobubble.rl.actor_learner.config.EnvRunConfig` (with its own
+    defaults)."""
+
+    lr: float = setting(2e-3, "> 0")  # Adam's learning rate
+    clip: float = setting(0.2, "(0, 1)")  # PPO ratio clip epsilon
+    entropy_coef: float = setting(0.0, ">= 0")  # weight of the entropy bonus
+    value_coef: float = setting(0.5, ">= 0")  # weight of the value loss (with a critic)
+    max_grad_norm: float = setting(1.0, "> 0")  # gradient clipping
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(LearnerConfig):
+    """Optimisation settings: :class:`LearnerConfig`'s and these."""
+
+    # weight of KL(uniform || pi) per token: a floor under every token's probability, so a
+    # group whose samples all agree on a wrong answer still explores (unlike the entropy
+    # bonus, its gradient does not vanish as the policy becomes deterministic)
+    uniform_kl_coef: float = setting(0.05, ">= 0")
+    # weight of a sample lag versions old: none 1, inverse 1 / (1 + lag), exp 0.5 ** lag
+    staleness_weighting: str = setting("none", STALENESS_WEIGHTS)
+    kl_coef: float = setting(0.0, ">= 0")  # weight of KL(pi || pi_ref) (k3); 0 = off
+    # copy the policy into the reference every N steps; 0 = keep the initial policy
+    kl_refresh_every: int = setting(0, ">= 0", integer=True)
+    delay_s: float = setting(0.0, ">= 0")  # extra seconds per step (a slower trainer)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(Settings):
+    """Sampling settings."""
+
+    temperature: float = setting(1.0, "> 0")
+    delay_s: float = setting(0.0, ">= 0")  # extra seconds per generate call
+    # extra seconds per decoding step: a slow decoder, whose generation spans trainer steps
+    token_delay_s: float = setting(0.0, ">= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig(Settings):
+    """How the reward stage behaves."""
+
+    delay_s: float = setting(0.0, ">= 0")  # seconds each reward call sleeps (a slow verifier)
+    failure_rate: float = setting(0.0, "[0, 1]")  # probability that one attempt raises
+    max_retries: int = setting(2, ">= 0", integer=True)  # after a failed attempt (remote too)
+    timeout_s: float = setting(10.0, "> 0")  # the remote service's limit per request
+    seed: int = 0  # of the injected failures: the run's (RunConfig.seed)
+    give_up_groups: int = setting(8, ">= 1", integer=True)  # end after this many fail in a row
+    give_up_s: float = setting(60.0, "> 0")  # end once failing this long with none scored
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig(Settings):
+    """A replay's settings (:class:`~nobubble.rl.system.experience.GroupReplay`); ``capacity`` and
+    ``groups_per_step`` are >= 1 when it is on."""
+
+    mode: str = setting("none", REPLAY_MODES)
+    capacity: int = 0  # groups kept
+    groups_per_step: int = 0  # groups drawn per step beside the fresh batch
+    alpha: float = setting(0.6, "[0, 1]")  # priority exponent
+    beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.on and (self.capacity < 1 or self.groups_per_step < 1):
+            raise ValueError(
+                f"replay={self.mode!r} needs replay_capacity >= 1 and replay_groups >= 1 "
+                f"(got {self.capacity} and {self.groups_per_step})"
+            )
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "none"
+
+
+MODES = ("sync", "one-step-off", "fully-async")
+ALGOS = ("grpo", "ppo", "decoupled-ppo", "vtrace", "vtrace-ppo")  # the trainer implements each
+AGGREGATIONS = ("sync", "async", "local-sgd", "staleness")
+ENGINES = ("local", "ray")
+DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
+FAULTS = ("raise", "exit", "kill", "stale")
+RAY_STAGES = ("rollout", "reward", "trainer")  # the keys of RunConfig.ray_resources
+COUNT = ">= 1"  # with integer=True: a count
+BOOL = (False, True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(RLConfig):
+    """Everything one RL run on a task needs: :class:`RLConfig`'s settings (``steps`` default
+    400) and these; each one is a flag of ``nobubble rl train`` (the docs' RL system page says
+    more of what each does).
+    """
+
+    # "digits", "sum", "rg:<name>", "module:attr" / "file.py:attr" or a task (tasks.spec)
+    task: Any = "digits"
+    task_kwargs: dict = field(default_factory=dict)
+    mode: str = setting("sync", MODES)  # sync needs max_staleness 0 (None: 0, 1 or 4 by mode)
+    algo: str = setting("grpo", ALGOS)  # a preset (.presets) sets it with the other lag controls
+    sync_every: int = setting(0, ">= 0", integer=True)  # train only current groups every N; 0 off
+    # drop ready groups older than this many versions (None = the staleness bound)
+    drop_staleness: int | None = setting(None, ">= 0", integer=True)
+    replay: str = setting("none", REPLAY_MODES)  # of past groups (rl.system.experience)
+    replay_capacity: int = 0  # groups kept
+    replay_groups: int = 0  # groups drawn again per step
+    replay_alpha: float = setting(0.6, "[0, 1]")  # priority exponent
+    replay_beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
+    # a generator takes new weights between tokens (looking every weight_check_every tokens)
+    # and records each token's version; local engine only (rl.system.partial)
+    partial_rollouts: bool = setting(False, BOOL)
+    weight_check_every: int = setting(1, COUNT, integer=True)
+    engine: str = setting("local", ENGINES)  # processes on this machine, or Ray actors
+    steps: int = 400
+    target_accuracy: float | None = setting(None, "(0, 1]")  # stop once an evaluation reaches it
+    batch_groups: int = setting(8, COUNT, integer=True)  # B: groups per trainer step
+    group_size: int = setting(32, COUNT, integer=True)  # responses per group
+    eval_every: int = setting(10, COUNT, integer=True)  # steps between evaluations (and the end)
+    groups_per_rollout: int | None = None  # per generation call (None = B, B/4 fully-async)
+    num_rollout_workers: int = setting(1, COUNT, integer=True)
+    num_reward_workers: int = setting(1, COUNT, integer=True)
+    learners: int = setting(1, COUNT, integer=True)  # L trainers in one gloo group
+    # how the L gradients combine: all-reduce, applied as they come, averaged parameters every
+    # local_sgd_every steps (None: 4), or as async scaled by 1 / (1 + staleness)
+    aggregation: str = setting("sync", AGGREGATIONS)
+    local_sgd_every: int | None = setting(None, COUNT, integer=True)
+    # "char", "gpt2", "hf:DIR", "module:attr" or a factory (rl.system.policies)
+    policy: Any = "char"
+    policy_kwargs: dict = field(default_factory=dict)
+    rewards: tuple = ()  # "task", "module:fn=0.5", callables, RewardSource; () = the task's
+    reward_url: str | None = None  # a remote reward service, http://host:port/score
+    trainer: TrainerConfig = setting(TrainerConfig(), TrainerConfig)
+    rollout: RolloutConfig = setting(RolloutConfig(), RolloutConfig)
+    reward: RewardConfig = setting(RewardConfig(), RewardConfig)  # its seed is the run's
+    ray_address: str | None = None  # the Ray cluster to join (None = start one)
+    ray_resources: dict = field(default_factory=dict)  # {stage: {custom resource: amount}}
+    timeout_s: float = setting(900.0, "> 0")  # the whole run's limit: it fails past it
+    checkpoint_dir: str | None = None  # written every checkpoint_every steps and at `steps`
+    checkpoint_every: int = setting(0, ">= 0", integer=True)
+    # continue from checkpoint_dir's newest checkpoint; "or-start": start fresh if it has none
+    resume: bool | str = setting(False, (False, True, "or-start"))
+    restart_workers: bool = setting(False, BOOL)  # restart a dead worker, requeue its groups
+    # tests only: "<worker>:<call>:<raise|exit|kill|stale>" makes that worker fail (stale: a
+    # generator keeps sampling with the weights it holds)
+    fault: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode == "sync" and self.max_staleness not in (None, 0):
+            raise ValueError(
+                f"mode='sync' means max_staleness=0 (got {self.max_staleness}); "
+                "use one-step-off or fully-async for a lag"
+            )
+        gpr = self.groups_per_rollout
+        if gpr is not None and not (isinstance(gpr, int) and 1 <= gpr <= self.batch_groups):
+            raise ValueError(f"groups_per_rollout={gpr} must be in 1..batch_groups")
+        if self.fault is not None:
+            parts = self.fault.split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
+                faults = "|".join(FAULTS)
+                raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<{faults}>'")
+        self.replay_config()  # ReplayConfig checks the replay_* settings
+        if self.reward.seed != RewardConfig().seed:
+            raise ValueError(
+                f"reward.seed={self.reward.seed!r} is the run's setting (the stages share it); "
+                "give RunConfig(seed=...) instead"
+            )
+        self._check_learners()
+        self._check_contradictions()
+        for stage, wants in self.ray_resources.items():
+            if stage not in RAY_STAGES or not isinstance(wants, dict):
+                raise ValueError(
+                    f"ray_resources[{stage!r}]={wants!r}: give {{stage: {{resource: amount}}}} "
+                    f"with stage one of {', '.join(RAY_STAGES)}"
+                )
+            for name, amount in wants.items():
+                if name in ("CPU", "GPU", "memory") or not (
+                    isinstance(amount, int | float) and amount > 0
+                ):
+                    raise ValueError(
+                        f"ray_resources[{stage!r}][{name!r}]={amount!r}: give a custom resource "
+                        "(CPUs are one per generator / learner) and a number > 0"
+                    )
+        # the components' checks import torch, so they come after every flag check
+        from nobubble.rl.system.policies import check_policy_spec
+
+        self.reward_sources()
+        self.remote_reward()  # validates the url
+        check_policy_spec(self.policy)
+        self.make_task()
+
+    def _check_contradictions(self) -> None:
+        """Refuse settings that would be ignored or can never act, naming both."""
+        if self.weight_check_every != 1 and not self.partial_rollouts:
+            raise ValueError(
+                f"weight_check_every={self.weight_check_every} applies to --partial-rollouts "
+                "(partial_rollouts=True); add it or leave weight_check_every out"
+            )
+        if self.partial_rollouts and self.engine != "local":
+            raise ValueError(
+                f"partial_rollouts with engine={self.engine!r}: the Ray engine hands a "
+                "generator its weights with each request, so it cannot swap them between "
+                "tokens; use engine='local' (shared-memory weights) or drop partial_rollouts"
+            )
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every / resume need checkpoint_dir; give the folder")
+        if self.resume is True and CheckpointStore(str(self.checkpoint_dir)).latest() is None:
+            raise ValueError(
+                f"resume: {self.checkpoint_dir} holds no checkpoint; start without --resume, "
+                "or use --resume-or-start to resume only when there is one"
+            )
+        if self.group_size == 1 and self.algo in ("grpo", "decoupled-ppo"):
+            raise ValueError(
+                f"group_size=1 with algo={self.algo!r}: the group advantage (reward minus the "
+                "group's mean) is always 0, nothing is learned; use group_size >= 2"
+            )
+        if self.drop_staleness is not None and self.drop_staleness > self.effective_max_staleness:
+            raise ValueError(
+                f"drop_staleness={self.drop_staleness} > max_staleness="
+                f"{self.effective_max_staleness}: no buffered sample is that old, the drop "
+                "never acts; make it <= max_staleness (or leave it out)"
+            )
+        if self.replay == "none" and (self.replay_groups or self.replay_capacity):
+            raise ValueError(
+                "replay_groups / replay_capacity are read only with a replay; set replay="
+                "'uniform' or 'prioritized', or leave them out"
+            )
+        for name in ("ray_address", "ray_resources"):
+            if getattr(self, name) not in (None, {}) and self.engine != "ray":
+                raise ValueError(
+                    f"{name} is read only with engine='ray' (got {self.engine!r}); use "
+                    f"engine='ray' or drop {name}"
+                )
+
+    def _check_learners(self) -> None:
+        if self.learners > self.batch_groups:
+            raise ValueError(
+                f"learners={self.learners} > batch_groups={self.batch_groups}: every learner "
+                f"needs at least one whole group per step; use --learners <= {self.batch_groups} "
+                "or raise --batch-groups"
+            )
+        if self.aggregation != "sync" and self.learners < 2:
+            raise ValueError(
+                f"aggregation={self.aggregation!r} combines several learners; give "
+                "learners >= 2 (or leave aggregation='sync' with one learner)"
+            )
+        if self.local_sgd_every is not None and self.aggregation != "local-sgd":
+            raise ValueError(
+                f"local_sgd_every={self.local_sgd_every} applies to aggregation='local-sgd' "
+                f"only (got {self.aggregation!r}); drop it or use --aggregation local-sgd"
+            )
+        if self.learners > 1 and self.aggregation != "sync" and self.checkpoint_dir:
+            raise ValueError(
+                f"checkpoint_dir with aggregation={self.aggregation!r}: only 'sync' learners "
+                "hold one shared state that a checkpoint can keep; use aggregation='sync' or "
+                "run without checkpoints"
+            )
+
+    @property
+    def effective_local_sgd_every(self) -> int:
+        """``local_sgd_every``, or 4 when it is None (local SGD's H)."""
+        return 4 if self.local_sgd_every is None else self.local_sgd_every
+
+    @property
+    def effective_max_staleness(self) -> int:
+        """``max_staleness``, or the mode's default when it is None."""
+        return DEFAULT_STALENESS[self.mode] if self.max_staleness is None else self.max_staleness
+
+    @property
+    def effective_drop_staleness(self) -> int:
+        """``drop_staleness`` (at most the staleness bound, as checked), or the bound if None."""
+        return self.effective_max_staleness if self.drop_staleness is None else self.drop_staleness
+
+    @property
+    def effective_groups_per_rollout(self) -> int:
+        """``groups_per_rollout``, or the mode's default (B, or B/4 in fully-async)."""
+        if self.groups_per_rollout is not None:
+            return self.groups_per_rollout
+        return max(1, self.batch_groups // 4) if self.mode == "fully-async" else self.batch_groups
+
+    @property
+    def token_drop_staleness(self) -> int | None:
+        """The trainer masks out of the loss every token more than this many versions older
+        than it: with partial rollouts the drop bound, else None (whole groups are dropped
+        before they are trained)."""
+        return self.effective_drop_staleness if self.partial_rollouts else None
+
+    def make_task(self) -> TaskSpec:
+        from nobubble.rl.system.tasks.spec import resolve_task
+
+        return resolve_task(self.task, self.task_kwargs)
+
+    def build_policy(self, task: TaskSpec | None = None) -> nn.Module:
+        """A fresh policy model for the run's task (its init follows torch's RNG)."""
+        from nobubble.rl.system.policies import build_policy
+
+        task = self.make_task() if task is None else task
+        return build_policy(
+            self.policy,
+            vocab_size=task.tokenizer.vocab_size,
+            max_seq_len=task.max_seq_len,
+            kwargs=self.policy_kwargs,
+        )
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig(
+            mode=self.replay,
+            capacity=self.replay_capacity,
+            groups_per_step=self.replay_groups,
+            alpha=self.replay_alpha,
+            beta=self.replay_beta,
+        )
+
+    def remote_reward(self) -> Any:
+        """The remote reward client, or None without ``reward_url``."""
+        if self.reward_url is None:
+            return None
+        from nobubble.rl.system.rewards.remote import RemoteReward
+
+        cfg = self.reward_config()
+        return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+
+    def reward_config(self) -> RewardConfig:
+        """``reward`` with the run's seed (the seed of the injected failures)."""
+        return replace(self.reward, seed=self.seed)
+
+    def reward_sources(self) -> tuple[RewardSource, ...]:
+        """``rewards`` as sources: a string is parsed (``"module:fn=0.5"``), a tuple is
+        ``(fn, weight)``, a callable has weight 1."""
+        from nobubble.rl.system.rewards import RewardSource, parse_reward
+
+        return tuple(
+            r
+            if isinstance(r, RewardSource)
+            else parse_reward(r)
+            if isinstance(r, str)
+            else RewardSource(*r)
+            if isinstance(r, tuple)
+            else RewardSource(r)
+            for r in self.rewards
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as JSON-ready values (objects by their import name)."""
+        return {
+            **super().to_dict(),
+            "reward": describe_value(self.reward_config()),
+            "rewards": describe_value(self.reward_sources()),
+            "max_staleness": self.effective_max_staleness,
+            "groups_per_rollout": self.effective_groups_per_rollout,
+            "drop_staleness": self.effective_drop_staleness,
+        }

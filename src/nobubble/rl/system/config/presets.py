@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from nobubble.rl.system.config.run import RunConfig
+from nobubble.rl.system.config import RunConfig
 
 __all__ = ["PRESETS", "ablation", "aggressive", "conservative"]
 

@@ -24,7 +24,7 @@ from nobubble.rl.system.types import Sample, SampleGroup, Span
 from nobubble.validation import finite
 
 if TYPE_CHECKING:
-    from nobubble.rl.system.config.stages import RewardConfig
+    from nobubble.rl.system.config import RewardConfig
 
 __all__ = [
     "RewardError",
