@@ -68,7 +68,7 @@ def env_config(args: argparse.Namespace, shared: tuple[Flag, ...]) -> Any:
     """The run's config from the ``shared`` and :data:`ENV_FLAGS` flags
     (ValueError / ImportError on a bad value or a missing extra)."""
     from nobubble.rl.actor_learner.config import EnvRunConfig
-    from nobubble.rl.actor_learner.text.run import is_text_env, text_env_config
+    from nobubble.rl.actor_learner.text import is_text_env, text_env_config
 
     table = shared + ENV_FLAGS
     given = flags_given(table, args)
