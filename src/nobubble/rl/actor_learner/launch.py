@@ -33,8 +33,7 @@ from torch import nn
 from nobubble.distributed import LIVENESS_S, Supervisor, Ward, WorkerError, reap, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import PolicyModel, act
-from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
+from nobubble.rl.actor_learner.model import PolicyModel, Trajectory, TrajectoryBuilder, act
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["ActorPool", "ActorSpec", "ActorStopped", "EnvSlot", "run_actor"]
@@ -140,7 +139,6 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     import torch
 
     from nobubble.rl.actor_learner.model import build_model, rollout
-    from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
     from nobubble.rl.system.weight_sync import weight_digest
 
     torch.set_num_threads(spec.config.threads)
