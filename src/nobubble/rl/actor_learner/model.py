@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
+from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
-
-if TYPE_CHECKING:
-    from nobubble.rl.actor_learner.config import EnvRunConfig
 
 __all__ = [
     "ActorCritic",
