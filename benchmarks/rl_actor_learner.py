@@ -230,7 +230,7 @@ def acrobot(seeds: int) -> dict[str, Any]:
 def text_runs(name: str, options: dict[str, Any], seeds: int, **run: Any) -> dict[str, Any]:
     """seed-architecture runs on a text env: the untrained policy's sampled success, the run."""
     from nobubble.rl.actor_learner.model import evaluate
-    from nobubble.rl.actor_learner.text.run import text_env_config
+    from nobubble.rl.actor_learner.text import text_env_config
 
     runs = []
     for seed in range(seeds):
@@ -244,8 +244,7 @@ def text_runs(name: str, options: dict[str, Any], seeds: int, **run: Any) -> dic
 
 
 def envs_suite(seeds: int) -> dict[str, Any]:
-    from nobubble.rl.actor_learner.text.envs import guess_number_odds
-    from nobubble.rl.actor_learner.text.run import TEXT_DEFAULTS
+    from nobubble.rl.actor_learner.text import TEXT_DEFAULTS, guess_number_odds
 
     guess = text_runs("guess-number", {}, seeds, time_budget_s=120.0)
     times = [r["time_to_target_s"] for r in guess["runs"] if r["reached"]]

@@ -259,7 +259,7 @@ def run_config(args: argparse.Namespace) -> Any:
     ``--preset`` is applied first and the flags that set what it sets (:data:`PRESET_OWNED`)
     are laid over its config, so that they win."""
     if args.env is not None:
-        from nobubble.rl.actor_learner.text.run import is_text_env, text_env_config
+        from nobubble.rl.actor_learner.text import is_text_env, text_env_config
 
         table = SHARED_FLAGS + ENV_FLAGS
         given = flags_given(table, args)

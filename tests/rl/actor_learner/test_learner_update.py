@@ -10,9 +10,13 @@ import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.loss import VTraceLoss, env_learner, minibatches
-from nobubble.rl.actor_learner.model import ActorCritic, rollout
-from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder, stack_trajectories
+from nobubble.rl.actor_learner.model import (
+    ActorCritic,
+    TrajectoryBuilder,
+    rollout,
+    stack_trajectories,
+)
+from nobubble.rl.actor_learner.run import VTraceLoss, env_learner, minibatches
 
 
 def test_an_update_is_one_version_of_epochs_times_minibatches_adam_steps() -> None:

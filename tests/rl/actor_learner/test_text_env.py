@@ -12,16 +12,14 @@ import torch
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
 from nobubble.rl.actor_learner.model import build_model
-from nobubble.rl.actor_learner.text.envs import (
+from nobubble.rl.actor_learner.text import (
     GuessNumber,
+    TextActorCritic,
+    TextPolicyConfig,
     TextStep,
     TokenEnv,
     check_text_env,
     guess_number_odds,
-)
-from nobubble.rl.actor_learner.text.run import (
-    TextActorCritic,
-    TextPolicyConfig,
     text_env_config,
     text_run_config,
 )

@@ -6,8 +6,7 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import reasoning_gym  # noqa: F401 - the [rg] extra, installed by make
 
-from nobubble.rl.actor_learner.text.envs import ReasoningGymEnv, TokenEnv
-from nobubble.rl.actor_learner.text.run import text_env_config
+from nobubble.rl.actor_learner.text import ReasoningGymEnv, TokenEnv, text_env_config
 from nobubble.rl.system.tasks.rg import ReasoningGymPool
 
 SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"

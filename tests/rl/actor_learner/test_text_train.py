@@ -18,8 +18,7 @@ import pytest
 
 from nobubble.rl import train
 from nobubble.rl.actor_learner.model import evaluate
-from nobubble.rl.actor_learner.text.envs import guess_number_odds
-from nobubble.rl.actor_learner.text.run import text_env_config
+from nobubble.rl.actor_learner.text import guess_number_odds, text_env_config
 
 
 @pytest.mark.long

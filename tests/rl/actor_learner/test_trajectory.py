@@ -8,8 +8,7 @@ import numpy as np
 import torch
 
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import ActorCritic, act, rollout
-from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
+from nobubble.rl.actor_learner.model import ActorCritic, TrajectoryBuilder, act, rollout
 
 
 def _plain_unrolls(model: ActorCritic, T: int, K: int, num: int) -> list[dict]:

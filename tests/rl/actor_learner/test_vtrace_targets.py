@@ -15,9 +15,13 @@ import pytest
 import torch
 
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.loss import vtrace_targets
-from nobubble.rl.actor_learner.model import ActorCritic, rollout
-from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder, stack_trajectories
+from nobubble.rl.actor_learner.model import (
+    ActorCritic,
+    TrajectoryBuilder,
+    rollout,
+    stack_trajectories,
+)
+from nobubble.rl.actor_learner.run import vtrace_targets
 
 
 def _reference(rhos, discounts, rewards, values, bootstrap, lam):  # type: ignore[no-untyped-def]

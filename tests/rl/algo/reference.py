@@ -3,8 +3,8 @@
 Each function is its paper's formula written one element at a time: Python loops over
 sequences, tokens and time steps, Python floats for everything the formula treats as a
 constant (advantages, old / proximal / behaviour log-probs, weights, targets). It shares no
-code with :mod:`~nobubble.rl.algo.losses`, :mod:`~nobubble.rl.algo.vtrace`,
-:mod:`~nobubble.rl.algo.advantages` or :mod:`~nobubble.rl.algo.staleness` and imports
+code with :mod:`~nobubble.rl.algo.losses`, :mod:`~nobubble.rl.algo.vtrace` or
+:mod:`~nobubble.rl.algo.staleness` and imports
 nothing from ``nobubble``, so a bug there cannot hide here. The losses are sums of scalar
 tensors picked out of ``logp``, so ``torch.autograd`` gives their exact gradient with
 respect to the log-probs.

@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
+    grpo_advantages,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,

@@ -91,8 +91,8 @@ def test_updates_change_probabilities_and_frequencies() -> None:
 
 def test_new_items_get_max_priority_and_ring_overwrites_oldest() -> None:
     buf = PrioritizedReplayBuffer(3, alpha=1.0, eps=1e-9, seed=0)
-    buf.add("a", 4.0)
-    buf.add("b")  # max priority seen so far: 4
+    buf.extend(["a"], [4.0])
+    buf.extend(["b"])  # max priority seen so far: 4
     assert buf.probabilities().tolist() == pytest.approx([0.5, 0.5])
     buf.extend(["c", "d"], [1.0, 1.0])  # "d" overwrites slot 0 ("a")
     assert len(buf) == 3
@@ -104,7 +104,8 @@ def test_new_items_get_max_priority_and_ring_overwrites_oldest() -> None:
     assert len(buf) == 0
     with pytest.raises(ValueError, match="empty"):
         buf.sample(1)
-    assert buf.add("e", 1.0) == 0 and buf.add("f") == 1  # slots and max priority start over
+    # slots and max priority start over
+    assert buf.extend(["e"], [1.0]).tolist() == [0] and buf.extend(["f"]).tolist() == [1]
     assert buf.probabilities().tolist() == pytest.approx([0.5, 0.5])
     with pytest.raises(ValueError, match="empty"):
         PrioritizedReplayBuffer(3).sample(1)
@@ -153,8 +154,8 @@ def test_bad_input() -> None:
         PrioritizedReplayBuffer(0)
     buf = PrioritizedReplayBuffer(4)
     with pytest.raises(ValueError, match=">= 0"):
-        buf.add("x", -1.0)
-    buf.add("x", 1.0)
+        buf.extend(["x"], [-1.0])
+    buf.extend(["x"], [1.0])
     with pytest.raises(ValueError, match=r"slots must be in \[0, 1\)"):
         buf.update_priorities([3], [1.0])
     with pytest.raises(ValueError, match="beta=2"):
@@ -171,7 +172,7 @@ def test_mass_at_the_total_lands_on_the_last_nonempty_leaf(fanout) -> None:
 
 def test_extend_beyond_capacity_keeps_the_newest() -> None:
     buf = PrioritizedReplayBuffer(3, alpha=1.0, eps=1e-9, seed=0)
-    buf.add("old", 1.0)
+    buf.extend(["old"], [1.0])
     buf.extend(["a", "b", "c", "d"], [1.0, 2.0, 3.0, 4.0])
     s = buf.sample(300)
     assert set(s.items) == {"b", "c", "d"}
@@ -251,5 +252,5 @@ def test_the_buffer_pickles_without_its_lock_and_draws_on() -> None:
     buf.extend(list("abcdef"), [1.0, 2.0, 3.0, 0.5, 0.1, 4.0])
     copy = pickle.loads(pickle.dumps(buf))
     assert copy.sample(16).indices.tolist() == buf.sample(16).indices.tolist()  # RNG too
-    copy.add("g", 9.0)  # the new lock works
+    copy.extend(["g"], [9.0])  # the new lock works
     assert len(copy) == 7 and len(buf) == 6

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nobubble.rl.algo.advantages import grpo_advantages
+from nobubble.rl.algo.losses import grpo_advantages
 from nobubble.rl.system.config import ReplayConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.config.presets import aggressive
 from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay, GroupState, Ledger

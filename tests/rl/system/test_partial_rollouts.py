@@ -15,8 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nobubble.rl.algo.advantages import grpo_advantages
-from nobubble.rl.algo.losses import ppo_policy_loss
+from nobubble.rl.algo.losses import grpo_advantages, ppo_policy_loss
 from nobubble.rl.system.config import RewardConfig, RolloutConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.orchestrator import run

@@ -33,9 +33,15 @@ from torch import nn
 from nobubble.distributed import LIVENESS_S, Supervisor, Ward, WorkerError, reap, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
 from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import PolicyModel, act
-from nobubble.rl.actor_learner.trajectory import Trajectory, TrajectoryBuilder
-from nobubble.rl.system.weight_sync import SharedWeights
+from nobubble.rl.actor_learner.model import (
+    PolicyModel,
+    Trajectory,
+    TrajectoryBuilder,
+    act,
+    build_model,
+    rollout,
+)
+from nobubble.rl.system.weight_sync import SharedWeights, weight_digest
 
 __all__ = ["ActorPool", "ActorSpec", "ActorStopped", "EnvSlot", "run_actor"]
 
@@ -137,12 +143,6 @@ def _offer(queue: Any, item: Any) -> bool:
 
 def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     """Roll out with a local policy copy, pulled before each unroll; stream to ``queue``."""
-    import torch
-
-    from nobubble.rl.actor_learner.model import build_model, rollout
-    from nobubble.rl.actor_learner.trajectory import TrajectoryBuilder
-    from nobubble.rl.system.weight_sync import weight_digest
-
     torch.set_num_threads(spec.config.threads)
     c = spec.config
     model = build_model(c, spec.obs_dim, spec.num_actions)

@@ -8,7 +8,6 @@ against live beside the tests (``tests/rl/algo/reference.py``).
 
 from __future__ import annotations
 
-from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.aggregation import (
     LocalSGD,
     ParameterServer,
@@ -17,6 +16,7 @@ from nobubble.rl.algo.aggregation import (
 from nobubble.rl.algo.losses import (
     PolicyLossResult,
     aggregate_loss,
+    grpo_advantages,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,

@@ -1,5 +1,6 @@
-"""Policy-gradient losses: PPO clip (with dual clip; decoupled PPO as an option), plain PG, KL
-penalties, and their one aggregation (:func:`aggregate_loss`, verl's ``agg_loss``).
+"""Policy-gradient losses: GRPO advantages, PPO clip (with dual clip; decoupled PPO as an
+option), plain PG, KL penalties, and their one aggregation (:func:`aggregate_loss`, verl's
+``agg_loss``).
 
 Shapes: ``B`` sequences (responses) by ``T`` tokens. Every per-token tensor is ``(B, T)``;
 ``mask`` is ``(B, T)`` bool or 0/1 float marking the response tokens that count. Sequence
@@ -15,6 +16,8 @@ from typing import Literal, get_args
 import torch
 
 __all__ = [
+    "GRPOScale",
+    "grpo_advantages",
     "LossAgg",
     "LOSS_AGG_MODES",
     "PolicyLossResult",
@@ -326,3 +329,61 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k1") 
     if kind == "k1":
         return -log_r
     return 0.5 * log_r.square() if kind == "k2" else torch.expm1(log_r) - log_r
+
+
+GRPOScale = Literal["group", "batch", "none"]
+_SCALES = get_args(GRPOScale)
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    scale: GRPOScale = "group",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO's group-relative advantages (Shao et al., 2024) for ``rewards`` laid out group
+    after group: ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` with the *unbiased*
+    std (as in verl and TRL: the group ``[1, 0, 0, 1]`` gives ``+-0.866``); no value function.
+    GAE is :func:`~nobubble.rl.algo.vtrace.vtrace` with ``log_rhos = 0``.
+
+    Args:
+        rewards: ``(N,)`` float, ``N = num_groups * group_size``; responses ``g*group_size ..
+            (g+1)*group_size - 1`` answer the same prompt.
+        group_size: responses per prompt, >= 1.
+        scale: ``"group"`` divides by the group's unbiased std, ``"batch"`` by the unbiased
+            std of the whole batch (REINFORCE++), ``"none"`` does not divide (Dr. GRPO).
+        eps: added to the std before dividing, > 0.
+    Returns:
+        ``(N,)`` advantages, same dtype as ``rewards``, no gradient. Zero-variance groups and
+        singleton groups give exactly 0.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(
+            f"grpo_advantages: rewards has shape {tuple(rewards.shape)}; pass a 1-D tensor "
+            "(num_groups * group_size,) with each group's responses adjacent"
+        )
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"grpo_advantages: group_size={group_size} must be >= 1 and divide the number of "
+            f"rewards ({rewards.numel()}); drop or pad incomplete groups first"
+        )
+    if scale not in _SCALES:
+        raise ValueError(f"grpo_advantages: scale={scale!r}; use one of {_SCALES}")
+    if eps <= 0:
+        raise ValueError(f"grpo_advantages: eps={eps} must be > 0")
+    rewards = rewards.detach()
+    groups = rewards.reshape(-1, group_size)  # (G, group_size)
+    centered = groups - groups.mean(dim=1, keepdim=True)  # (G, group_size)
+    if group_size == 1:
+        return torch.zeros_like(rewards)
+    # A group whose rewards are all equal carries no signal. Its mean can still differ from
+    # the rewards in the last bit (e.g. 6 * -2.0 + 1.3087), and dividing that rounding error
+    # by an equally tiny std would turn it into an advantage of order 1: zero such groups.
+    spread = groups.amax(dim=1, keepdim=True) - groups.amin(dim=1, keepdim=True)  # (G, 1)
+    tiny = 16 * torch.finfo(groups.dtype).eps * groups.abs().amax(dim=1, keepdim=True)
+    centered = torch.where(spread <= tiny, torch.zeros_like(centered), centered)
+    if scale == "group":
+        centered = centered / (groups.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch" and rewards.numel() > 1:
+        centered = centered / (rewards.std() + eps)
+    return centered.reshape(-1)

@@ -1,13 +1,7 @@
-"""Prioritized experience replay on a sum tree (Schaul et al., 2016, proportional variant).
-
-Sample ``i`` is drawn with probability ``P(i) = p_i^alpha / sum_k p_k^alpha`` where ``p_i`` is
-its priority (``|advantage|``, TD error, or a group's reward variance, plus a small ``eps`` so
-nothing starves). The bias this introduces is corrected with importance-sampling weights
-
-    w_i = (N * P(i))^(-beta) / max_j (N * P(j))^(-beta) = (P(i) / P_min)^(-beta)
-
-normalised by their maximum over the buffer so that ``w <= 1`` (as in OpenAI baselines).
-``beta`` is annealed towards 1 during training (:func:`linear_beta`).
+"""Prioritized experience replay on a sum tree (Schaul et al., 2016, proportional variant):
+draws by priority (``|advantage|``, TD error, or a group's reward variance), importance
+weights normalised by their buffer maximum (as in OpenAI baselines; formulas in
+:meth:`PrioritizedReplayBuffer.sample`), ``beta`` annealed towards 1 (:func:`linear_beta`).
 """
 
 from __future__ import annotations
@@ -159,14 +153,11 @@ class PrioritizedReplayBuffer(Generic[Item]):
         if priorities.size:
             self._max_priority = max(self._max_priority, float(priorities.max()))
 
-    def add(self, item: Item, priority: float | None = None) -> int:
-        """Store ``item`` (priority None = the largest seen so far); return its slot."""
-        return int(self.extend([item], None if priority is None else [priority])[0])
-
     def extend(
         self, items: Sequence[Item], priorities: Sequence[float] | np.ndarray | None = None
     ) -> np.ndarray:
-        """Store ``items``; returns their slots, ``(len(items),)`` int64."""
+        """Store ``items`` (``priorities`` None: the largest seen so far, for each); returns
+        their slots, ``(len(items),)`` int64."""
         with self._lock:
             if priorities is None:
                 pr = np.full(len(items), self._max_priority)

@@ -1,6 +1,6 @@
 """The one learner of both producers: the policy, its Adam optimizer and its version; the
 loss is a choice (:class:`~nobubble.rl.system.trainer.GroupLoss`,
-:class:`~nobubble.rl.actor_learner.loss.VTraceLoss`). After :meth:`Learner.join` it is one
+:class:`~nobubble.rl.actor_learner.run.VTraceLoss`). After :meth:`Learner.join` it is one
 of ``ctx.world_size`` learners, each on its own shard, combined by ``RunConfig.aggregation``
 (:mod:`nobubble.rl.algo.aggregation`; ``docs/rl/system.md``): ``sync`` all-reduces the
 gradients weighted by each shard's ``num_tokens`` (exactly one learner on the whole batch);

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import (
     aggregate_loss,
+    grpo_advantages,
     kl_penalty,
     policy_gradient_loss,
     ppo_policy_loss,

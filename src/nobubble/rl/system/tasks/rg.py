@@ -2,7 +2,7 @@
 from a seed (nothing is downloaded) and scored by the dataset's own verifier,
 ``score_answer(answer, entry)`` (1.0 when right). Both producers draw from
 :class:`ReasoningGymPool`: :class:`ReasoningGymTask` here, and the environment producer's
-:class:`~nobubble.rl.actor_learner.text.envs.ReasoningGymEnv`.
+:class:`~nobubble.rl.actor_learner.text.ReasoningGymEnv`.
 """
 
 from __future__ import annotations
