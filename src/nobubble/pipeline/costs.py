@@ -201,11 +201,9 @@ class CostModel:
         """The same costs on every stage. Memory defaults to M_F = 1 split evenly (B frees
         half, W the other half); give ``mem_b``/``mem_w`` for another split."""
         _check_count("num_stages", num_stages)
-        mem_b, mem_w = _split_memory(mem_f, mem_b, mem_w)
-        n = num_stages
-        return CostModel(
-            t_f=(t_f,) * n, t_b=(t_b,) * n, t_w=(t_w,) * n, t_comm=t_comm,
-            mem_f=(mem_f,) * n, mem_b=(mem_b,) * n, mem_w=(mem_w,) * n,
+        return CostModel.from_rank_costs(
+            num_stages, t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm, mem_f=mem_f, mem_b=mem_b,
+            mem_w=mem_w,
         )  # fmt: skip
 
     @staticmethod
@@ -375,13 +373,3 @@ class CostModel:
 def _check_count(label: str, value: int) -> None:
     if not (isinstance(value, int) and value >= 1):
         raise ValueError(f"{label}={value!r} must be a positive integer")
-
-
-def _split_memory(mem_f: float, mem_b: float | None, mem_w: float | None) -> tuple[float, float]:
-    if mem_b is None and mem_w is None:
-        return mem_f / 2, mem_f / 2
-    if mem_b is None:
-        return mem_f - float(mem_w), float(mem_w)  # type: ignore[arg-type]
-    if mem_w is None:
-        return float(mem_b), mem_f - mem_b
-    return float(mem_b), float(mem_w)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ortools.sat.python import cp_model
 
@@ -67,25 +67,13 @@ class SolveResult:
     simulation: SimResult | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict:
-        """JSON-ready figures."""
-        return {
-            "status": self.status,
-            "objective_kind": self.objective_kind,
-            "objective": self.objective,
-            "bubble_rate": self.bubble_rate,
-            "lower_bound": self.lower_bound,
-            "gap": self.gap,
-            "solve_seconds": self.solve_seconds,
-            "peak_memory": list(self.peak_memory),
-            "heuristic": self.heuristic,
-            "heuristic_objective": self.heuristic_objective,
-            "heuristic_bubble_rate": self.heuristic_bubble_rate,
-            "time_unit": self.time_unit,
-            "num_chunks": self.num_chunks,
-            "placement": self.placement,
-            "explanation": self.explanation,
-            "schedule_csv": self.schedule.to_csv() if self.schedule is not None else None,
-        }
+        """JSON-ready figures: every field but the schedule objects, and the schedule as
+        torch's CSV (None without one)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("schedule", "simulation")}  # fmt: skip
+        out["peak_memory"] = list(self.peak_memory)
+        out["schedule_csv"] = self.schedule.to_csv() if self.schedule is not None else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -157,6 +145,29 @@ class _Hint:
     orders: list  # per stage [(op, mb)], or per rank [(op, stage, mb)] with several chunks
     int_objective: int
     sim: SimResult
+
+
+def best_hint(
+    problem,
+    costs: CostModel,
+    candidates: Sequence[tuple[str, list]],
+    model,
+    to_schedule: Callable[[list, str], Schedule],
+) -> _Hint | None:
+    """The candidate ``(name, orders)`` of least integer objective among those whose peak fits
+    ``problem.mem_limit``, relabelled in order; ``model`` is the problem's module
+    (:mod:`.model` or :mod:`.chunks`: ``relabel_in_order``, ``peak_memory``, ``asap_times``,
+    ``objective_of``)."""
+    best: _Hint | None = None
+    for name, raw in candidates:
+        orders = model.relabel_in_order(raw)
+        limit = problem.mem_limit
+        if limit is not None and max(model.peak_memory(problem, orders)) > limit:
+            continue
+        value = model.objective_of(problem, model.asap_times(problem, orders))
+        if best is None or value < best.int_objective:
+            best = _Hint(name, orders, value, simulate(to_schedule(orders, name), costs))
+    return best
 
 
 def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:

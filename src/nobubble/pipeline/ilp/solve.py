@@ -27,25 +27,18 @@ from collections.abc import Callable, Sequence
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.ilp import model as ilp_model
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
     SolveResult,
-    _Hint,
+    best_hint,
     cpsat_result,
     hint_fields,
     run_cpsat,
     scaled_costs,
 )
-from nobubble.pipeline.ilp.model import (
-    IntProblem,
-    asap_times,
-    build_cpsat,
-    objective_of,
-    peak_memory,
-    relabel_in_order,
-)
+from nobubble.pipeline.ilp.model import IntProblem, asap_times, build_cpsat, objective_of
 from nobubble.pipeline.ilp.solve_chunks import rank_orders
-from nobubble.pipeline.simulate import simulate
 from nobubble.validation import check_value, finite
 
 __all__ = [
@@ -127,22 +120,6 @@ def _candidate_schedules(
     return out
 
 
-def _best_hint(
-    problem: IntProblem, costs: CostModel, candidates: Sequence[Schedule]
-) -> _Hint | None:
-    best: _Hint | None = None
-    for schedule in candidates:
-        orders = relabel_in_order(stage_orders(schedule))
-        if problem.mem_limit is not None and max(peak_memory(problem, orders)) > problem.mem_limit:
-            continue
-        value = objective_of(problem, asap_times(problem, orders))
-        if best is None or value < best.int_objective:
-            sim = simulate(_to_schedule(orders, problem.num_microbatches, schedule.name), costs)
-            best = _Hint(schedule.name, orders, value, sim)
-    return best
-
-
-# -- infeasibility ------------------------------------------------------------------------
 # -- the solve ----------------------------------------------------------------------------
 def _check_args(
     costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
@@ -240,7 +217,9 @@ def solve_optimal(
     candidates = [] if warm_start is None else [warm_start]
     if use_heuristics:
         candidates += _candidate_schedules(costs, num_stages, num_microbatches, mem_limit)
-    hint = _best_hint(problem, costs, candidates)
+    named = [(s.name, stage_orders(s)) for s in candidates]
+    hint = best_hint(problem, costs, named, ilp_model,
+                     lambda orders, name: _to_schedule(orders, num_microbatches, name))  # fmt: skip
 
     built = build_cpsat(problem, memory=memory_encoding)
     times = None if hint is None else asap_times(problem, hint.orders)

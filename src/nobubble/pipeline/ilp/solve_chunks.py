@@ -22,14 +22,13 @@ from nobubble.pipeline.ilp import chunks
 from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
 from nobubble.pipeline.ilp.common import (
     SolveResult,
-    _Hint,
+    best_hint,
     cpsat_result,
     hint_fields,
     run_cpsat,
     scaled_costs,
 )
 from nobubble.pipeline.ilp.greedy import greedy_orders
-from nobubble.pipeline.simulate import simulate
 
 __all__ = ["CHUNK_HEURISTICS", "solve_chunked", "to_chunk_problem", "rank_orders"]
 
@@ -99,20 +98,6 @@ def _candidates(costs, problem, placement, warm_start) -> list[tuple[str, _Order
     return out
 
 
-def _best_hint(problem, costs, candidates) -> _Hint | None:
-    best: _Hint | None = None
-    for name, raw in candidates:
-        orders = chunks.relabel_in_order(raw)
-        limit = problem.mem_limit
-        if limit is not None and max(chunks.peak_memory(problem, orders)) > limit:
-            continue
-        value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
-        if best is None or value < best.int_objective:
-            sim = simulate(_to_schedule(problem, orders, name), costs)
-            best = _Hint(name, orders, value, sim)
-    return best
-
-
 def solve_chunked(
     costs: CostModel,
     *,
@@ -143,7 +128,8 @@ def solve_chunked(
     found = _candidates(costs, problem, placement, warm_start) if use_heuristics else (
         [] if warm_start is None else [(warm_start.name, rank_orders(warm_start))]
     )  # fmt: skip
-    hint = _best_hint(problem, costs, found)
+    hint = best_hint(problem, costs, found, chunks,
+                     lambda orders, name: _to_schedule(problem, orders, name))  # fmt: skip
     built = chunks.build_cpsat(problem)
     times = None if hint is None else chunks.asap_times(problem, hint.orders)
     solver, code, seconds = run_cpsat(
