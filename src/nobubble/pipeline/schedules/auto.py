@@ -21,7 +21,7 @@ __all__ = ["zb_auto", "AutoVariant"]
 
 @dataclass(frozen=True, slots=True)
 class AutoVariant:
-    """One setting of the heuristic's three switches (see the module docstring)."""
+    """One setting of the heuristic's three switches (docs/pipeline/schedules.md, ZB-1p / ZB-2p)."""
 
     bubble_before_first_b: bool
     prioritize_b: bool

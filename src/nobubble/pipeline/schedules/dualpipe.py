@@ -135,7 +135,16 @@ class _RankOrder:
 
 
 def _dualpipev_rank(p: int, r: int, n: int) -> list[Cell]:
-    """Rank r's cells for p ranks and n >= 2p microbatches (phases in the module docstring)."""
+    """Rank r's cells for p ranks and n >= 2p microbatches, DeepSeek's eight phases:
+
+    1. ``2(p - r - 1)`` forwards of chunk 0; 2. ``r + 1`` rounds of (F down, F up);
+    3. ``p - r - 1`` rounds of (B up, the oldest deferred W, F up);
+    4. ``n - 2p + r + 1`` rounds of two cells, (F down & BW up) then (F up & BW down), the
+       last rank's first (F down, BW up) as two plain actions;
+    5. ``p - r - 1`` rounds of (BW up, then the cell F up & BW down);
+    6. ``r + 1`` rounds of (backward up, backward down), the second half split (W deferred);
+    7. ``p - r - 1`` rounds of (the oldest deferred W, B down); 8. the deferred Ws, oldest first.
+    """
     o = _RankOrder((r, 2 * p - 1 - r))
     for _ in range(2 * (p - r - 1)):  # 1
         o.forward(_DOWN)
