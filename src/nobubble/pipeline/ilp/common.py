@@ -223,6 +223,33 @@ def run_cpsat(
     return solver, code, time.perf_counter() - t0
 
 
+def solve_model(
+    problem, costs: CostModel, candidates: Sequence[tuple[str, list]], model, built, *,
+    orders_of: Callable[[cp_model.CpSolver], list], to_schedule: Callable[[list, str], Schedule],
+    name: str, time_limit_s: float, num_workers: int | None,
+    on_solution: Callable[[float, float, float], None] | None, time_unit: float,
+    mem_limit: float | None, where: str = "", extra: dict | None = None,
+) -> SolveResult:  # fmt: skip
+    """Warm-start ``built`` (``model``'s CP-SAT model of ``problem``) with the best of
+    ``candidates`` (:func:`best_hint`), solve it (:func:`run_cpsat`) and return the result
+    (:func:`cpsat_result`) named ``name``; ``orders_of`` reads the solver's orders, ``extra``
+    adds fields to every result."""
+    hint = best_hint(problem, costs, candidates, model, to_schedule)
+    times = None if hint is None else model.asap_times(problem, hint.orders)
+    solver, code, seconds = run_cpsat(
+        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit,
+    )  # fmt: skip
+    common = {"objective_kind": problem.objective, "solve_seconds": seconds,
+              "time_unit": time_unit, **(extra or {}), **hint_fields(hint, problem.objective)}  # fmt: skip
+    return cpsat_result(
+        problem, costs, solver, code, hint, orders_of=orders_of,
+        value_of=lambda orders: model.objective_of(problem, model.asap_times(problem, orders)),
+        to_schedule=lambda orders: to_schedule(orders, name), seconds=seconds,
+        time_unit=time_unit, mem_limit=mem_limit, where=where, common=common,
+    )  # fmt: skip
+
+
 def cpsat_result(
     problem, costs: CostModel, solver: cp_model.CpSolver, code: int, hint: _Hint | None, *,
     orders_of: Callable[[cp_model.CpSolver], list], value_of: Callable[[list], int],

@@ -31,13 +31,10 @@ from nobubble.pipeline.ilp import model as ilp_model
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
     SolveResult,
-    best_hint,
-    cpsat_result,
-    hint_fields,
-    run_cpsat,
     scaled_costs,
+    solve_model,
 )
-from nobubble.pipeline.ilp.model import IntProblem, asap_times, build_cpsat, objective_of
+from nobubble.pipeline.ilp.model import IntProblem, build_cpsat
 from nobubble.pipeline.ilp.solve_chunks import rank_orders
 from nobubble.validation import check_value, finite
 
@@ -218,23 +215,7 @@ def solve_optimal(
     if use_heuristics:
         candidates += _candidate_schedules(costs, num_stages, num_microbatches, mem_limit)
     named = [(s.name, stage_orders(s)) for s in candidates]
-    hint = best_hint(problem, costs, named, ilp_model,
-                     lambda orders, name: _to_schedule(orders, num_microbatches, name))  # fmt: skip
-
     built = build_cpsat(problem, memory=memory_encoding)
-    times = None if hint is None else asap_times(problem, hint.orders)
-    solver, code, seconds = run_cpsat(
-        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
-        on_solution=on_solution, time_unit=time_unit,
-    )  # fmt: skip
-    return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit)
-
-
-def _result(
-    problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit
-) -> SolveResult:
-    common = {"objective_kind": problem.objective, "solve_seconds": seconds,
-              "time_unit": time_unit, **hint_fields(hint, problem.objective)}  # fmt: skip
     p, m = problem.num_stages, problem.num_microbatches
 
     def orders_of(solver) -> list:
@@ -245,9 +226,9 @@ def _result(
             orders.append([(op, i) for _, op, i in ops])
         return orders
 
-    return cpsat_result(
-        problem, costs, solver, code, hint, orders_of=orders_of,
-        value_of=lambda orders: objective_of(problem, asap_times(problem, orders)),
-        to_schedule=lambda orders: _to_schedule(orders, m, f"ilp-{problem.objective}"),
-        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit, where="", common=common,
+    return solve_model(
+        problem, costs, named, ilp_model, built, orders_of=orders_of,
+        to_schedule=lambda orders, name: _to_schedule(orders, m, name),
+        name=f"ilp-{objective}", time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit, mem_limit=mem_limit,
     )  # fmt: skip

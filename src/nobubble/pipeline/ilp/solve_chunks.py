@@ -22,11 +22,8 @@ from nobubble.pipeline.ilp import chunks
 from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
 from nobubble.pipeline.ilp.common import (
     SolveResult,
-    best_hint,
-    cpsat_result,
-    hint_fields,
-    run_cpsat,
     scaled_costs,
+    solve_model,
 )
 from nobubble.pipeline.ilp.greedy import greedy_orders
 
@@ -128,26 +125,7 @@ def solve_chunked(
     found = _candidates(costs, problem, placement, warm_start) if use_heuristics else (
         [] if warm_start is None else [(warm_start.name, rank_orders(warm_start))]
     )  # fmt: skip
-    hint = best_hint(problem, costs, found, chunks,
-                     lambda orders, name: _to_schedule(problem, orders, name))  # fmt: skip
     built = chunks.build_cpsat(problem)
-    times = None if hint is None else chunks.asap_times(problem, hint.orders)
-    solver, code, seconds = run_cpsat(
-        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
-        on_solution=on_solution, time_unit=time_unit,
-    )  # fmt: skip
-    return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit,
-                   placement)  # fmt: skip
-
-
-def _result(
-    problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit, placement
-) -> SolveResult:
-    objective = problem.objective
-    num_chunks = problem.num_stages // problem.num_ranks
-    common: dict = {"objective_kind": objective, "solve_seconds": seconds,
-                    "time_unit": time_unit, "num_chunks": num_chunks, "placement": placement,
-                    **hint_fields(hint, objective)}  # fmt: skip
 
     def orders_of(solver) -> _Orders:
         orders: _Orders = []
@@ -158,10 +136,11 @@ def _result(
             orders.append([(op, s, i) for _, op, s, i in ops])
         return orders
 
-    return cpsat_result(
-        problem, costs, solver, code, hint, orders_of=orders_of,
-        value_of=lambda orders: chunks.objective_of(problem, chunks.asap_times(problem, orders)),
-        to_schedule=lambda orders: _to_schedule(problem, orders, f"ilp-{placement}-{objective}"),
-        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit,
-        where=f" ({placement}, {num_chunks} chunks)", common=common,
+    return solve_model(
+        problem, costs, found, chunks, built, orders_of=orders_of,
+        to_schedule=lambda orders, name: _to_schedule(problem, orders, name),
+        name=f"ilp-{placement}-{objective}", time_limit_s=time_limit_s,
+        num_workers=num_workers, on_solution=on_solution, time_unit=time_unit,
+        mem_limit=mem_limit, where=f" ({placement}, {num_chunks} chunks)",
+        extra={"num_chunks": num_chunks, "placement": placement},
     )  # fmt: skip
