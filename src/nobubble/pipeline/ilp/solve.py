@@ -1,24 +1,13 @@
 """Exact optimal zero-bubble schedules: a CP-SAT model warm-started by the heuristics.
 
 :func:`solve_optimal` turns a :class:`~nobubble.pipeline.costs.CostModel` (one stage per
-rank) into the integer problem of :mod:`nobubble.pipeline.ilp.model`, hints it with the best
-heuristic schedule that fits the memory limit, solves it with OR-Tools CP-SAT, and returns
-an ordinary :class:`~nobubble.pipeline.actions.Schedule` (per-rank F/B/W order).
-
-Integer units. CP-SAT works on integers, so times are scaled by ``10**k`` with the smallest
-k <= 6 that makes every ``t_f, t_b, t_w, t_comm`` an integer (k = 3 for the paper's
-millisecond costs with three decimals, i.e. microseconds); costs with more digits are
-rounded to ``1e-6`` of their unit (the model is then exact for the rounded costs and within
-``num_ops_on_a_path * 0.5e-6`` of the given ones). Memory is scaled the same way; when it
-must be rounded, F's store is rounded up and the limit down, so a schedule the solver
-accepts always fits the real limit.
-
-The reported ``objective`` is the simulator's (:func:`~nobubble.pipeline.simulate.simulate`
-on the given costs) for the returned schedule: the longest per-rank span for
-``objective="span"`` (the paper's cost), the makespan for ``"makespan"``. When the costs are
-exact in the integer units (always for integer costs) it equals the solver's objective
-exactly. ``lower_bound`` is CP-SAT's proven bound, ``gap = (objective - lower_bound) /
-objective``.
+rank) into the integer problem of :mod:`nobubble.pipeline.ilp.model` (times scaled by the
+smallest ``10**k``, k <= 6, that makes them integers, else rounded to ``1e-6``; memory
+rounded so that an accepted schedule fits the real limit), hints it with the best heuristic
+that fits, solves it and returns an ordinary :class:`~nobubble.pipeline.actions.Schedule`.
+``objective`` is the simulator's span (or makespan) of that schedule (equal to the solver's
+when the costs are exact in integer units); ``lower_bound`` is CP-SAT's proven bound,
+``gap = (objective - lower_bound) / objective``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The exact solver for several chunks per rank (V and interleaved placements).
-
-:func:`solve_chunked` is what :func:`~nobubble.pipeline.ilp.solve.solve_optimal` runs for
-``num_chunks > 1``: per-rank costs are split over the rank's chunks exactly as the simulator
-splits them (:meth:`CostModel.for_stages`), scaled to integers like the one-chunk problem
-(smallest ``10**k``; the paper's 1.5B W of 9.337 ms becomes 4.6685 per chunk, so ticks of
-0.1 us), modelled by :mod:`nobubble.pipeline.ilp.chunks` and hinted with the best schedule
-of the same placement that fits the memory limit: ZB-V, V-Min, V-Half, V-ZB for ``"v"``;
-interleaved 1F1B (fused backward split into B then W) for ``"interleaved"``; and, for
-both, the memory-capped list scheduler of :mod:`nobubble.pipeline.ilp.greedy`. So the
-answer is never worse than the best of them, and a schedule comes back whenever one of
-them fits.
+"""The exact solver for several chunks per rank (V and interleaved placements), what
+:func:`~nobubble.pipeline.ilp.solve.solve_optimal` runs for ``num_chunks > 1``: per-rank
+costs split over the chunks as the simulator splits them, scaled to integers, modelled by
+:mod:`nobubble.pipeline.ilp.chunks` and warm-started by the best schedule of the same
+placement that fits the memory limit (:data:`CHUNK_HEURISTICS` and the memory-capped list
+scheduler of :mod:`nobubble.pipeline.ilp.greedy`), so the answer is never worse than theirs.
 """
 
 from __future__ import annotations
