@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from nobubble.files import save_figure
 from nobubble.pipeline.actions import Op, Schedule
@@ -67,7 +68,7 @@ def ascii_grid(
     return "\n".join(lines)
 
 
-def pyplot_for(path: str | Path):
+def pyplot_for(path: str | Path) -> tuple[Any, Path]:
     """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):

@@ -251,7 +251,8 @@ def solve_model(
 
 
 def cpsat_result(
-    problem, costs: CostModel, solver: cp_model.CpSolver, code: int, hint: _Hint | None, *,
+    problem, costs: CostModel, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus,
+    hint: _Hint | None, *,
     orders_of: Callable[[cp_model.CpSolver], list], value_of: Callable[[list], int],
     to_schedule: Callable[[list], Schedule], seconds: float, time_unit: float,
     mem_limit: float | None, where: str, common: dict,
@@ -287,7 +288,7 @@ def cpsat_result(
     )  # fmt: skip
 
 
-def unsolved_result(code: int, costs: CostModel, mem_limit: float | None,
+def unsolved_result(code: cp_model.CpSolverStatus, costs: CostModel, mem_limit: float | None,
                     common: dict) -> SolveResult | None:  # fmt: skip
     """The result when CP-SAT ended without a schedule (infeasible, or none in time); None
     when it has one. ``common``: the fields every result of this solve shares."""
