@@ -48,3 +48,11 @@ def _action(name):
     from nobubble.pipeline.actions import Action
 
     return Action.parse(name)
+
+
+def test_legend_names_every_op_drawn_once():
+    from nobubble.pipeline.actions import Op
+    from nobubble.pipeline.plot import op_legend
+
+    handles = op_legend(op for op in (Op.W, Op.F, Op.B, Op.F))  # a generator, read once
+    assert [h.get_label() for h in handles] == ["F forward", "B input grad", "W weight grad"]

@@ -1,26 +1,8 @@
-"""Zero-bubble pipeline parallelism: schedules as data, validation, simulation, pictures.
-
-Public API (see each module's docstring):
-
-- :mod:`~nobubble.pipeline.actions`: ``Op``, ``Action``, ``Schedule`` (torch CSV, text grid)
-- :mod:`~nobubble.pipeline.costs`: ``CostModel`` (per-stage times, T_comm, memory)
-- :mod:`~nobubble.pipeline.validate`: ``validate``, ``ScheduleError``
-- :mod:`~nobubble.pipeline.simulate`: ``simulate`` -> ``SimResult``
-- :mod:`~nobubble.pipeline.schedules`: ``get_schedule``, ``SCHEDULE_NAMES`` (``handwritten``
-  GPipe/1F1B/interleaved/ZB-H1/H2, ``auto`` ZB-1p/2p, ``v_shape`` ZB-V, ``from_torch``
-  torch's own)
-- :mod:`~nobubble.pipeline.compare`: ``compare_schedules`` (every schedule on the same costs)
-- :mod:`~nobubble.pipeline.plot`: ``ascii_grid``, ``gantt``, ``gantt_grid``, ``write_trace``
-- :mod:`~nobubble.pipeline.ilp`: ``solve_optimal`` -> ``SolveResult`` (CP-SAT, exact)
-- :mod:`~nobubble.pipeline.runtime`: ``PipelineRunner`` and ``split_model`` (any schedule on
-  your own modules, from your own loop), ``ModuleSplit`` / ``SplitReport`` (the B/W split of
-  any module), ``profile_modules`` (their costs for the simulator), ``to_torch`` (the
-  schedule on torch's own pipeline runtime); ``run_local``,
-  ``TrainConfig``, ``LaunchOptions``, ``profile_stages`` (the built-in GPT / MLP runs behind
-  ``nobubble pp run``)
-
-The solver and the runtime are loaded on first use (PEP 562), so importing the schedules does
-not pull in OR-Tools or torch.distributed.
+"""Zero-bubble pipeline parallelism: schedules as data (:mod:`~nobubble.pipeline.actions`,
+:mod:`~nobubble.pipeline.schedules`), costs, validation, simulation, comparison, pictures,
+the exact solver (:mod:`~nobubble.pipeline.ilp`) and the runtime
+(:mod:`~nobubble.pipeline.runtime`). The solver and the runtime are loaded on first use
+(PEP 562), so importing the schedules does not pull in OR-Tools or torch.distributed.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The comparison table for one configuration: every schedule on the same costs.
 
-For P ranks, M microbatches and one cost model, :func:`compare_schedules` generates each of
-our schedules, imports torch's own (``torch.distributed.pipelining``) when this torch has
-them, optionally solves the exact ILP (:mod:`nobubble.pipeline.ilp.solve`, when installed), and
-simulates all of them. Throughput is relative to 1F1B, for the same work:
-
-- ``throughput_vs_1f1b = max span(1F1B) / max span(x)``: the paper's measure. Consecutive
-  training steps overlap (the paper's optimizer post-validation lets rank 0 start the next
-  step while the last rank finishes), so a step costs its longest per-rank span;
-- ``throughput_vs_1f1b_flush = makespan(1F1B) / makespan(x)``: a full pipeline flush between
-  steps (every rank waits for the slowest), the pessimistic bound.
-
-Memory is the largest per-rank activation peak relative to 1F1B's.
+:func:`compare_schedules` generates ours, imports torch's own when this torch has them,
+optionally solves the exact ILP, and simulates all. ``throughput_vs_1f1b = max span(1F1B) /
+max span(x)`` (the paper's measure: consecutive steps overlap); ``throughput_vs_1f1b_flush =
+makespan(1F1B) / makespan(x)`` (a full flush between steps, the pessimistic bound). Memory is
+the largest per-rank activation peak relative to 1F1B's.
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Cost model of a pipeline: per-stage op times, transfer time, activation memory.
 
-Times are in any unit (the paper uses ms); memory in any consistent unit (only ratios matter
-for limits such as ZB-1p's ``p * M_F``).
-
-Per stage s (a *virtual* stage: a chunk of a rank's layers when a rank holds several):
-
-- ``t_f[s]``, ``t_b[s]``, ``t_w[s]``: one microbatch's forward, input-gradient backward (B)
-  and weight-gradient backward (W). A fused backward (BW) takes ``t_b + t_w``, unless
-  ``t_bw[s]`` gives its measured time: splitting a backward in two costs extra on real
-  hardware (a profile measures both), and 1F1B's fused backward does not pay it.
-- ``t_comm``: one activation / gradient transfer between two *ranks* (charged only when the
-  producer and consumer stages sit on different ranks).
-- ``mem_f[s]``: activation memory a forward stores; ``mem_b[s]``: what its B frees;
-  ``mem_w[s]``: what its W frees (a BW frees both). Normally ``mem_b + mem_w == mem_f``.
-- ``recompute_mem[s]`` (activation checkpointing, :meth:`CostModel.with_recompute`): F
-  keeps only this (the stage input) and B runs the forward again before its backward, once
-  per microbatch: B (or BW) takes ``t_f`` longer, holds ``mem_f`` at its start (the
-  recomputed activations, :meth:`CostModel.memory_transient`), ends holding what W needs
-  (``mem_f - mem_b``) plus the input, and W frees both.
-
-The paper's memory model (Korthikanti et al., bytes per token per layer, h hidden, a heads,
-s sequence): F stores ``34h + 5as``, B frees ``2h + 5as``, W frees ``32h``
-(:func:`transformer_memory`).
-
-``--tf/--tb/--tw`` on the command line are the costs of one microbatch through one *rank's*
-share of the model; :meth:`CostModel.from_rank_costs` splits them evenly over the rank's
-chunks, so interleaved and V schedules pay the same compute but more transfers.
+Times in any unit (the paper's ms), memory in any consistent unit. Per (virtual) stage s:
+``t_f[s]``, ``t_b[s]``, ``t_w[s]`` (forward, input-gradient B, weight-gradient W; a fused BW
+takes ``t_bw[s]`` when measured, else ``t_b + t_w``); ``mem_f[s]`` stored by F, ``mem_b[s]``
+and ``mem_w[s]`` freed by B and W (normally summing to ``mem_f``); with
+``recompute_mem[s]`` (:meth:`CostModel.with_recompute`) F keeps only that and B runs the
+forward again first (``t_f`` longer, holding ``mem_f`` at its start,
+:meth:`CostModel.memory_transient`). ``t_comm`` is charged only between ranks. The paper's
+memory model per token per layer: F stores ``34h + 5as``, B frees ``2h + 5as``, W frees
+``32h`` (:func:`transformer_memory`). :meth:`CostModel.from_rank_costs` splits per-rank costs
+(``--tf/--tb/--tw``) evenly over a rank's chunks.
 """
 
 from __future__ import annotations
@@ -201,11 +185,9 @@ class CostModel:
         """The same costs on every stage. Memory defaults to M_F = 1 split evenly (B frees
         half, W the other half); give ``mem_b``/``mem_w`` for another split."""
         _check_count("num_stages", num_stages)
-        mem_b, mem_w = _split_memory(mem_f, mem_b, mem_w)
-        n = num_stages
-        return CostModel(
-            t_f=(t_f,) * n, t_b=(t_b,) * n, t_w=(t_w,) * n, t_comm=t_comm,
-            mem_f=(mem_f,) * n, mem_b=(mem_b,) * n, mem_w=(mem_w,) * n,
+        return CostModel.from_rank_costs(
+            num_stages, t_f=t_f, t_b=t_b, t_w=t_w, t_comm=t_comm, mem_f=mem_f, mem_b=mem_b,
+            mem_w=mem_w,
         )  # fmt: skip
 
     @staticmethod
@@ -375,13 +357,3 @@ class CostModel:
 def _check_count(label: str, value: int) -> None:
     if not (isinstance(value, int) and value >= 1):
         raise ValueError(f"{label}={value!r} must be a positive integer")
-
-
-def _split_memory(mem_f: float, mem_b: float | None, mem_w: float | None) -> tuple[float, float]:
-    if mem_b is None and mem_w is None:
-        return mem_f / 2, mem_f / 2
-    if mem_b is None:
-        return mem_f - float(mem_w), float(mem_w)  # type: ignore[arg-type]
-    if mem_w is None:
-        return float(mem_b), mem_f - mem_b
-    return float(mem_b), float(mem_w)

@@ -1,25 +1,13 @@
 """The bubble-memory frontier: every schedule as a point (peak activation memory, bubble).
 
-For P ranks, M microbatches and one cost model, each *point source* returns points:
-
-- :func:`generated_points`: our generators (:data:`FRONTIER_SCHEDULES`, the V schedules of
-  controllable memory included), plus ZB's automatic scheduler at each memory limit;
-- :func:`torch_points`: ``torch.distributed.pipelining``'s own schedules, when this torch
-  has them;
-- :func:`ilp_points`: the exact single-chunk solver (:mod:`nobubble.pipeline.ilp.solve`) at
-  each memory limit, its status and gap recorded; with ``num_chunks=2`` and a placement
-  (``"v"`` or ``"interleaved"``) the two-chunk solver
-  (:mod:`nobubble.pipeline.ilp.solve_chunks`), bound with ``functools.partial`` like any
-  source: a callable ``(costs, num_ranks, num_microbatches) -> list of FrontierPoint``
-  (:data:`PointSource`).
-
-:func:`default_sources` binds the usual ones (``pp frontier``'s); :func:`frontier` runs
-the sources and marks the Pareto-optimal points: no other point has
-both less (or equal) memory and less (or equal) bubble, one of them strictly.
-
-Units: ``peak_memory`` is the largest per-rank activation peak in *rank units*, one
-microbatch's activations on one rank (the per-rank ``mem_f`` of ``costs``; 1F1B peaks at
-p of them); ``bubble_rate`` is the simulator's ``(max span - work) / max span``.
+A *point source* (:data:`PointSource`) is a callable ``(costs, num_ranks,
+num_microbatches) -> list of FrontierPoint``: :func:`generated_points` (our generators and
+ZB's automatic scheduler at each memory limit), :func:`torch_points` (torch's own
+schedules, when this torch has them), :func:`ilp_points` (the exact solvers; bind
+``num_chunks``/``placement`` with ``functools.partial``). :func:`default_sources` binds
+``pp frontier``'s; :func:`frontier` runs them and marks the Pareto-optimal points.
+``peak_memory`` is in *rank units* (one microbatch's activations on one rank; 1F1B peaks
+at p); ``bubble_rate`` is the simulator's ``(max span - work) / max span``.
 """
 
 from __future__ import annotations

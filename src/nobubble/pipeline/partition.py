@@ -1,19 +1,11 @@
 """How a pipeline of blocks is cut into contiguous stages: one module for every caller.
 
-A pipeline of ``L`` layers (blocks) cut into ``p`` contiguous stages runs a step in about the
-time of its slowest stage: ``max_r speed_r * sum(cost of stage r's layers)``, where ``cost``
-is each layer's nominal cost (any unit) and ``speed_r`` the time rank ``r`` takes per unit of
-it (all 1 when the ranks are alike). :func:`balanced_sizes` finds the cut with the least such
-bottleneck (exact, dynamic programming over cut points); :func:`bottleneck` and
-:func:`held_costs` evaluate a given cut. :func:`stage_sizes` is the one rule for cutting
-blocks into stages on alike ranks: equal block counts (:func:`equal_sizes`) without costs,
-the least-bottleneck cut with them (zero costs allowed: a block without parameters).
-
-Pure functions, no torch: the planner (:mod:`nobubble.pipeline.plan`) starts its search from
-this cut, the elastic re-plan (:mod:`nobubble.pipeline.runtime.elastic.partition`) re-cuts
-with it at measured speeds, ``split_model`` (:mod:`nobubble.pipeline.runtime.runner`) and
-the built-in models' ``partition_blocks`` (:mod:`nobubble.pipeline.runtime.models`) cut with
-:func:`stage_sizes`.
+A cut's step time is about its slowest stage's, ``max_r speed_r * sum(cost of stage r's
+layers)`` (``speed_r``: rank r's time per unit of cost, all 1 on alike ranks).
+:func:`balanced_sizes` finds the least such bottleneck (exact, dynamic programming);
+:func:`bottleneck` and :func:`held_costs` evaluate a cut; :func:`stage_sizes` is the one rule
+for alike ranks (equal block counts without costs, the least-bottleneck cut with them). Pure
+functions, no torch.
 """
 
 from __future__ import annotations

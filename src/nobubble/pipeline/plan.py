@@ -1,29 +1,13 @@
 """The planner: per-block costs -> cut x schedule x microbatch count x recompute -> :class:`Plan`.
 
-A model is a list of blocks, each measured once (:class:`BlockCosts`: F, B, W times for one
-microbatch, the bytes F saves, the bytes of its output). A stage's costs are the sums of its
-blocks' (:func:`stage_costs`), except on the first stage, whose input needs no gradient: its B
-has nothing to compute and its whole backward runs in W (as the runtime records it,
-:mod:`nobubble.pipeline.runtime.autosplit`).
-
-:func:`plan_from_costs` weighs every candidate by simulating it
-(:func:`~nobubble.pipeline.simulate.simulate`) and keeps a fast predicted step whose peak
-activation memory per rank fits ``memory_limit`` (see the tolerance below):
-
-- cuts: the exact min-bottleneck cut on F + B + W per block
-  (:func:`~nobubble.pipeline.partition.balanced_sizes`) and its neighbourhood (each cut point
-  moved by -2, -1, +1, +2 alone), or every contiguous cut when there are at most
-  ``max_exhaustive_cuts`` of them;
-- schedules: by name from the registry, cost-dependent ones built with the candidate's costs;
-  ``"auto"`` is 1F1B, ZB-H1 and ZB-2p, plus interleaved 1F1B and ZB-V (2 stages per rank)
-  when there are at least ``2 * num_ranks`` blocks;
-- microbatch counts, and recompute (all stages or none; see :func:`plan_from_costs`).
-
-1F1B on the min-bottleneck cut is always weighed, so the plan is never predicted slower than
-it (among plans that fit). A prediction is not exact: of the candidates within ``tolerance``
-(2%) of the fastest, the one with the least peak memory is chosen. Pure and deterministic: the same costs give the same plan on every
-rank, and a plan round-trips through JSON (:meth:`Plan.to_json`, :meth:`Plan.from_json`,
-:meth:`Plan.read`).
+A stage's costs are the sums of its blocks' :class:`BlockCosts` (:func:`stage_costs`),
+except on the first stage, whose whole backward runs in W. :func:`plan_from_costs` simulates
+every candidate (cuts: the min-bottleneck cut and its neighbourhood, or all cuts when few;
+schedules by name, ``"auto"`` among 1F1B, ZB-H1, ZB-2p and, with enough blocks, interleaved
+1F1B and ZB-V; microbatch counts; recompute) and, among those whose peak activation memory
+fits ``memory_limit`` and within ``tolerance`` of the fastest, keeps the least memory. 1F1B
+on the min-bottleneck cut is always weighed. Pure and deterministic; a plan round-trips
+through JSON (:meth:`Plan.to_json`, :meth:`Plan.from_json`, :meth:`Plan.read`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from nobubble.files import save_figure
 from nobubble.pipeline.actions import Op, Schedule
@@ -28,6 +29,9 @@ __all__ = [
     "trace_events",
     "write_trace",
     "OP_COLORS",
+    "sim_bars",
+    "draw_bars",
+    "op_legend",
 ]
 
 OP_COLORS = {Op.F: "#4C72B0", Op.B: "#DD8452", Op.W: "#55A868", Op.BW: "#C44E52"}
@@ -64,6 +68,56 @@ def ascii_grid(
     return "\n".join(lines)
 
 
+def pyplot_for(path: str | Path) -> tuple[Any, Path]:
+    """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, path
+
+
+Bar = tuple[float, float, str, Op, float]
+"""One box of a Gantt row: ``(start, duration, label, op, alpha)``."""
+
+
+def sim_bars(result: SimResult) -> list[list[Bar]]:
+    """Per rank, the boxes of ``result``'s timeline from its first op (the microbatch as
+    label; a V or interleaved schedule's first chunk drawn stronger)."""
+    sched, p = result.schedule, result.schedule.num_ranks
+    t0 = min(min(s) for s in result.start if s)
+    return [
+        [(s - t0, e - s, str(a.microbatch), a.op,
+          1.0 if sched.num_chunks == 1 else 0.6 + 0.4 * (a.stage // p == 0))
+         for a, s, e in zip(acts, result.start[rank], result.end[rank], strict=True)]
+        for rank, acts in enumerate(sched.rank_actions)
+    ]  # fmt: skip
+
+
+def draw_bars(ax, rows: list[list[Bar]], *, label_min: float = 0.0, linewidth: float = 0.4):
+    """Draw one row per rank (rank 0 on top); boxes narrower than ``label_min`` get no label."""
+    for rank, bars in enumerate(rows):
+        for start, dur, label, op, alpha in bars:
+            ax.broken_barh([(start, dur)], (rank - 0.4, 0.8), facecolors=OP_COLORS[op],
+                           edgecolor="white", linewidth=linewidth, alpha=alpha)  # fmt: skip
+            if label and dur >= label_min:
+                ax.text(start + dur / 2, rank, label, ha="center", va="center", fontsize=6,
+                        color="white", clip_on=True)  # fmt: skip
+    ax.invert_yaxis()
+
+
+def op_legend(ops) -> list:
+    """Legend handles for the ops in ``ops``, in :class:`Op` order."""
+    from matplotlib.patches import Patch
+
+    used = set(ops)
+    return [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in Op if op in used]
+
+
 def gantt(
     result: SimResult,
     path: str | Path,
@@ -72,34 +126,15 @@ def gantt(
     time_unit: str = "ms",
 ) -> Path:
     """Draw ``result`` as a Gantt chart; the file type follows the suffix (.png, .svg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    plt, path = pyplot_for(path)
     sched = result.schedule
     p = sched.num_ranks
     fig, ax = plt.subplots(figsize=(min(18, 4 + 0.12 * sched.num_actions / p), 0.9 + 0.45 * p))
-    t0 = min(min(s) for s in result.start if s)
-    label_min = result.makespan / 60  # boxes narrower than this get no number
-    for rank, acts in enumerate(sched.rank_actions):
-        for a, s, e in zip(acts, result.start[rank], result.end[rank]):
-            alpha = 1.0 if sched.num_chunks == 1 else 0.6 + 0.4 * (a.stage // p == 0)
-            ax.broken_barh([(s - t0, e - s)], (rank - 0.4, 0.8), facecolors=OP_COLORS[a.op],
-                           edgecolor="white", linewidth=0.4, alpha=alpha)  # fmt: skip
-            if e - s >= label_min:
-                ax.text((s + e) / 2 - t0, rank, str(a.microbatch), ha="center", va="center",
-                        fontsize=6, color="white")  # fmt: skip
+    draw_bars(ax, sim_bars(result), label_min=result.makespan / 60)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
-    ax.invert_yaxis()
     ax.set_xlim(0, result.makespan)
     ax.set_xlabel(f"time ({time_unit})")
-    used = {a.op for acts in sched.rank_actions for a in acts}
-    handles = [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in Op if op in used]
+    handles = op_legend(a.op for acts in sched.rank_actions for a in acts)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.4 / p),
               ncol=len(handles), fontsize=8, frameon=False)  # fmt: skip
     head = title or f"{sched.name}: p={p}, m={sched.num_microbatches}"
@@ -131,39 +166,24 @@ def write_trace(result: SimResult, path: str | Path) -> Path:
 
 def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "ms") -> Path:
     """Several schedules' Gantt charts stacked in one image, on one time axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    path = Path(path)
     if not results:
         raise ValueError("nothing to draw: no simulated schedule")
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    plt, path = pyplot_for(path)
     heights = [r.schedule.num_ranks + 1.5 for r in results]
     fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
                              figsize=(14, 0.28 * sum(heights) + 1),
                              gridspec_kw={"height_ratios": heights})  # fmt: skip
     horizon = max(r.makespan for r in results)
     for ax, result in zip(axes[:, 0], results):
-        sched = result.schedule
-        t0 = min(min(s) for s in result.start if s)
-        for rank, acts in enumerate(sched.rank_actions):
-            bars = [(s - t0, e - s) for s, e in zip(result.start[rank], result.end[rank])]
-            colors = [OP_COLORS[a.op] for a in acts]
-            ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=colors, edgecolor="white",
-                           linewidth=0.2)  # fmt: skip
+        rows = [[(s, d, "", op, 1.0) for s, d, _, op, _ in bars] for bars in sim_bars(result)]
+        draw_bars(ax, rows, linewidth=0.2)
         ax.set_yticks([])
-        ax.invert_yaxis()
         ax.set_xlim(0, horizon)
-        ax.set_title(f"{sched.name}: bubble {result.bubble_rate:.1%}, makespan "
+        ax.set_title(f"{result.schedule.name}: bubble {result.bubble_rate:.1%}, makespan "
                      f"{result.makespan:.4g}, memory {result.max_peak_memory_vs_1f1b:.2f}x 1F1B",
                      fontsize=8, loc="left")  # fmt: skip
     axes[-1, 0].set_xlabel(f"time ({time_unit}); one row per rank, rank 0 on top")
-    used = {a.op for r in results for acts in r.schedule.rank_actions for a in acts}
-    handles = [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in Op if op in used]
+    handles = op_legend(a.op for r in results for acts in r.schedule.rank_actions for a in acts)
     fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     save_figure(fig, path, dpi=110)
@@ -178,14 +198,7 @@ def frontier_plot(points, path: str | Path, *, title: str = "") -> Path:
     """Bubble rate against peak activation memory, one marker per schedule (its source by
     shape), the Pareto-optimal ones joined by a line. ``points``: a sequence of
     :class:`~nobubble.pipeline.frontier.FrontierPoint` (memory in rank units)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    plt, path = pyplot_for(path)
     drawn = [q for q in points if q.ok]
     if not drawn:
         raise ValueError("nothing to draw: no schedule was built")

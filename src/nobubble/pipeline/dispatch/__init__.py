@@ -1,16 +1,6 @@
-"""Dispatch policies: how each rank picks its next op, simulated under perturbations.
-
-- :mod:`~nobubble.pipeline.dispatch.policy`: :func:`simulate_dispatch` ->
-  :class:`DispatchResult`, for ``static`` (walk the order) and ``handshake`` (pick at run
-  time from what has arrived); :data:`DISPATCH_POLICIES`
-- :mod:`~nobubble.pipeline.dispatch.handshake`: the rule, its deadlock-freedom argument,
-  :func:`choose_op` (the rule itself, which the runtime calls too), :class:`HandshakeRule`,
-  :func:`run_handshake` -> :class:`HandshakeRun`, :func:`plan_peaks`
-- :mod:`~nobubble.pipeline.dispatch.perturb`: :class:`Perturbation` (per-op jitter,
-  stragglers, seed), :class:`Straggler`, :func:`parse_straggler`
-
-The static walk is the simulator's own (:func:`~nobubble.pipeline.simulate.run_timeline`
-with a duration per op, summarised by :func:`~nobubble.pipeline.simulate.summarize`).
+"""Dispatch policies, simulated under perturbations: :mod:`.policy` (:func:`simulate_dispatch`,
+``static`` or ``handshake``), :mod:`.handshake` (the rule, :func:`choose_op`, which the
+runtime calls too) and :mod:`.perturb` (per-op jitter, stragglers, a seed).
 """
 
 from __future__ import annotations

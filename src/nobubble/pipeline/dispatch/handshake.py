@@ -1,49 +1,15 @@
 """The ``handshake`` dispatch policy: each rank picks its next op at run time from what has
 arrived, guided by a plan, under a per-rank activation-memory limit.
 
-Every rank holds a *plan* (its order in a static schedule, e.g. ZB-H1 or ZB-2p) and its
-*runnable set*: the ops whose inputs have arrived (an F its activation, a B its gradient,
-a W its own B) and that fit the memory limit. The plan says which op comes first; what has
-arrived says which ops can run now.
-
-*Handshake.* When a rank commits to an op it tells the neighbours that op feeds which op it
-is and when it expects to finish it, so they post the matching receive and know when the
-input comes: ``eta = commit time + estimated duration + t_comm``. A rank estimates its own
-durations as the nominal cost times a running average of how much slower (or faster) than
-nominal its past ops were (``profile_weight``), so a straggler announces late arrivals.
-The announcement is a few bytes and is modelled as instant; the tensor arrives ``t_comm``
-after the producer really ends. A rank never sees an announcement from its future (the
-simulation runs in time order).
-
-*The rule,* each time rank r is free (at time t), with ``head`` its first plan op not run:
-
-1. the head, when it is runnable;
-2. else a *deviation*: a runnable op further along the plan (at most ``window`` ops past
-   the head) that is expected to end before the head's input arrives (announced, or at the
-   earliest one producer duration from now when its producer has not started), chosen
-   B first (its gradient came early: it frees memory and feeds the previous rank), then
-   F (only the plan's next F, and only if it fits), then W (W fills the waits). A rank
-   that runs slower than both neighbours (its slowdown estimate passes theirs by
-   ``bottleneck_margin``; the announcements carry it) is the pipeline's bottleneck, whose
-   idle time is the step's: it takes any runnable deviation, overrun or not;
-3. else wait for the next announcement or arrival.
-
-Deadlock freedom, with every limit at least the plan's own per-rank peak and the plan
-valid (:func:`~nobubble.pipeline.validate.validate`). Order all ops as a valid run of the
-plan does (a topological order that respects every rank's plan order) and let x be the
-first op of that order not run yet, on rank r. Everything before x is done, so x's inputs
-are done (they arrive ``t_comm`` later, and wake r) and every op before x in r's plan is
-done: x is r's head. If x is an F it fits: a deviation F is always the plan's next F, so
-every F rank r ran precedes x in its plan, while every B and W before x ran too; r's level
-is at most the plan's level just before x, and the plan's peak is within the limit. So x
-is runnable and rule 1 runs it as soon as r is free; a rank that is busy ends its op. Some
-op always runs, so every op runs, and no rank passes its limit: F is the only op that adds
-memory and both rules check it.
-
-With exact estimates (no perturbation: every slowdown stays 1, so no rank is a bottleneck)
-a deviation never delays its rank's head, and every op ends no later than in the static
-run of the plan; the tests check this, and the deadlock freedom exhaustively on small
-pipelines and on random costs.
+Each time a rank is free it runs (1) its plan's head when runnable, else (2) a deviation: a
+runnable op at most ``window`` past the head that is expected to end before the head's input
+arrives, B first, then the plan's next F if it fits, then W (a bottleneck rank, slower than
+both neighbours by ``bottleneck_margin``, takes any runnable deviation), else (3) waits for
+the next announcement or arrival. A committed op is announced with its expected end
+(``eta = commit + estimated duration + t_comm``, the duration scaled by the rank's running
+slowdown, ``profile_weight``). With every limit at least the plan's own per-rank peak and a
+valid plan, no run deadlocks and no rank passes its limit; with exact estimates every op
+ends no later than in the static run (the argument: docs/pipeline/handshake.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """One entry point for both dispatch policies: :func:`simulate_dispatch` -> :class:`DispatchResult`.
 
-- ``static``: every rank walks the schedule's order, the simulator's worklist with a
-  duration per op (:func:`~nobubble.pipeline.simulate.run_timeline`; unperturbed, the same
-  timeline as :func:`~nobubble.pipeline.simulate.simulate` to the last bit); a perturbation
-  changes the durations, never the order.
-- ``handshake``: every rank picks its next op at run time from what has arrived, guided by
-  the schedule's order, under a per-rank memory limit (:mod:`.handshake`); the order it
-  really ran is returned as a schedule that validates and replays.
-
-Both take the same :class:`~nobubble.pipeline.dispatch.perturb.Perturbation` (per-op
-jitter, stragglers, a seed), so the two policies meet exactly the same op durations, and
-both return the simulator's :class:`~nobubble.pipeline.simulate.SimResult` for the order
-that ran (``bubble_rate``, ``makespan``, ``peak_memory``; pictures work on it as well).
+``static`` walks the schedule's order (the simulator's worklist with a duration per op;
+unperturbed, :func:`~nobubble.pipeline.simulate.simulate`'s timeline to the last bit);
+``handshake`` picks each next op at run time (:mod:`.handshake`), and the order it ran is
+returned as a schedule that validates. Both meet the same
+:class:`~nobubble.pipeline.dispatch.perturb.Perturbation` durations and return the
+simulator's :class:`~nobubble.pipeline.simulate.SimResult` of the order that ran.
 """
 
 from __future__ import annotations

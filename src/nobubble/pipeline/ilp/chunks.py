@@ -1,44 +1,12 @@
 """The exact scheduling problem with several stages (chunks) per rank, and its CP-SAT model.
 
-The one-chunk model (:mod:`nobubble.pipeline.ilp.model`) has one stage per rank; here the
-model is cut into ``S = p * v`` stages and rank r holds v of them, placed by
-:func:`placement_map`:
-
-- ``"v"``: chunk c runs down the ranks when c is even and back up when c is odd, so for
-  v = 2 rank r holds stages r and 2p-1-r (ZB-V's shape): the turn at the bottom (stages
-  p-1, p) and the last stage (2p-1, next to stage 0) stay on one rank;
-- ``"interleaved"``: stage s on rank ``s % p`` (Megatron's looped placement).
-
-Semantics, as the simulator's (:mod:`nobubble.pipeline.simulate`):
-
-- ops ``F[s,i]``, ``B[s,i]``, ``W[s,i]`` with integer per-stage durations;
-- ``F[s,i]`` waits for ``F[s-1,i]``, ``B[s,i]`` for ``B[s+1,i]`` (``F[S-1,i]`` on the last
-  stage), ``W[s,i]`` for ``B[s,i]``; ``t_comm`` is paid only when the two stages sit on
-  different ranks (the V turn passes activations and gradients inside a rank for free);
-- one op at a time per *rank* (NoOverlap over all its chunks' ops);
-- activation memory per *rank*, summed over its chunks: a reservoir of the deltas at op
-  starts, at most ``mem_limit`` (ops of a rank never overlap, so this is the running sum
-  along the rank's order, the simulator's peak).
-
-Objective ``span``: max over ranks of (end of its last op - ``head[r]``), ``head[r]`` the
-earliest start of rank r's first forward (stage r: both placements put stages 0..p-1 on
-ranks 0..p-1, which :class:`ChunkProblem` checks); ``makespan``: max end. As in the
-one-chunk model ``F[r,0]`` is fixed at ``head[r]``: any model solution's order, run as soon
-as possible, ends no later on every rank, so the model's optimum is the best ASAP
-(simulated) span over all orders.
-
-Symmetry breaking, re-derived for several chunks: F, B and W of each *stage* run in
-microbatch order. Every constraint between two op groups (op kind, stage) is
-``x[i] >= y[i] + d`` on the same microbatch i (dependencies and their comm delays depend on
-the stages only); sorting both groups keeps it. Durations and memory deltas depend on (op,
-stage) only, so relabelling the k-th op of every group as microbatch k keeps the rank's
-intervals (NoOverlap) and its running memory sum unchanged. The argument never needs two
-groups of one rank to be sorted together, so it holds for any placement: an in-order
-optimum always exists. What does *not* carry over: ordering microbatches *across* chunks
-(a rank may run chunk 1 of microbatch 3 before chunk 0 of microbatch 5), and the one-chunk
-model's memory-implied precedences (they count one stage's ops; a rank's memory now sums
-two stages), so neither is added. ``F[r,0]`` is rank r's first op: every op of the rank on
-microbatch i follows ``F[r,i]`` and F of stage r runs in order.
+The model is cut into ``S = p * v`` stages placed by :func:`placement_map`: ``"v"`` (chunk c
+runs down the ranks when c is even, up when odd: rank r holds stages r and 2p-1-r for v = 2)
+or ``"interleaved"`` (stage s on rank ``s % p``). Semantics are the simulator's: ``t_comm``
+only between ranks, one op at a time per *rank*, one memory reservoir per rank summed over
+its chunks. Objective ``span`` (from ``head[r]``, the earliest start of rank r's first
+forward, where ``F[r,0]`` is fixed) or ``makespan``. F, B and W of each stage run in
+microbatch order (exact for any placement; the argument is in docs/pipeline/ilp.md).
 """
 
 from __future__ import annotations

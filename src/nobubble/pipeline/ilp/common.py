@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ortools.sat.python import cp_model
 
@@ -67,25 +67,13 @@ class SolveResult:
     simulation: SimResult | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict:
-        """JSON-ready figures."""
-        return {
-            "status": self.status,
-            "objective_kind": self.objective_kind,
-            "objective": self.objective,
-            "bubble_rate": self.bubble_rate,
-            "lower_bound": self.lower_bound,
-            "gap": self.gap,
-            "solve_seconds": self.solve_seconds,
-            "peak_memory": list(self.peak_memory),
-            "heuristic": self.heuristic,
-            "heuristic_objective": self.heuristic_objective,
-            "heuristic_bubble_rate": self.heuristic_bubble_rate,
-            "time_unit": self.time_unit,
-            "num_chunks": self.num_chunks,
-            "placement": self.placement,
-            "explanation": self.explanation,
-            "schedule_csv": self.schedule.to_csv() if self.schedule is not None else None,
-        }
+        """JSON-ready figures: every field but the schedule objects, and the schedule as
+        torch's CSV (None without one)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("schedule", "simulation")}  # fmt: skip
+        out["peak_memory"] = list(self.peak_memory)
+        out["schedule_csv"] = self.schedule.to_csv() if self.schedule is not None else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -159,6 +147,29 @@ class _Hint:
     sim: SimResult
 
 
+def best_hint(
+    problem,
+    costs: CostModel,
+    candidates: Sequence[tuple[str, list]],
+    model,
+    to_schedule: Callable[[list, str], Schedule],
+) -> _Hint | None:
+    """The candidate ``(name, orders)`` of least integer objective among those whose peak fits
+    ``problem.mem_limit``, relabelled in order; ``model`` is the problem's module
+    (:mod:`.model` or :mod:`.chunks`: ``relabel_in_order``, ``peak_memory``, ``asap_times``,
+    ``objective_of``)."""
+    best: _Hint | None = None
+    for name, raw in candidates:
+        orders = model.relabel_in_order(raw)
+        limit = problem.mem_limit
+        if limit is not None and max(model.peak_memory(problem, orders)) > limit:
+            continue
+        value = model.objective_of(problem, model.asap_times(problem, orders))
+        if best is None or value < best.int_objective:
+            best = _Hint(name, orders, value, simulate(to_schedule(orders, name), costs))
+    return best
+
+
 def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:
     if mem_limit is None:
         return "the solver proved the problem infeasible (unexpected without a memory limit)"
@@ -212,8 +223,36 @@ def run_cpsat(
     return solver, code, time.perf_counter() - t0
 
 
+def solve_model(
+    problem, costs: CostModel, candidates: Sequence[tuple[str, list]], model, built, *,
+    orders_of: Callable[[cp_model.CpSolver], list], to_schedule: Callable[[list, str], Schedule],
+    name: str, time_limit_s: float, num_workers: int | None,
+    on_solution: Callable[[float, float, float], None] | None, time_unit: float,
+    mem_limit: float | None, where: str = "", extra: dict | None = None,
+) -> SolveResult:  # fmt: skip
+    """Warm-start ``built`` (``model``'s CP-SAT model of ``problem``) with the best of
+    ``candidates`` (:func:`best_hint`), solve it (:func:`run_cpsat`) and return the result
+    (:func:`cpsat_result`) named ``name``; ``orders_of`` reads the solver's orders, ``extra``
+    adds fields to every result."""
+    hint = best_hint(problem, costs, candidates, model, to_schedule)
+    times = None if hint is None else model.asap_times(problem, hint.orders)
+    solver, code, seconds = run_cpsat(
+        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit,
+    )  # fmt: skip
+    common = {"objective_kind": problem.objective, "solve_seconds": seconds,
+              "time_unit": time_unit, **(extra or {}), **hint_fields(hint, problem.objective)}  # fmt: skip
+    return cpsat_result(
+        problem, costs, solver, code, hint, orders_of=orders_of,
+        value_of=lambda orders: model.objective_of(problem, model.asap_times(problem, orders)),
+        to_schedule=lambda orders: to_schedule(orders, name), seconds=seconds,
+        time_unit=time_unit, mem_limit=mem_limit, where=where, common=common,
+    )  # fmt: skip
+
+
 def cpsat_result(
-    problem, costs: CostModel, solver: cp_model.CpSolver, code: int, hint: _Hint | None, *,
+    problem, costs: CostModel, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus,
+    hint: _Hint | None, *,
     orders_of: Callable[[cp_model.CpSolver], list], value_of: Callable[[list], int],
     to_schedule: Callable[[list], Schedule], seconds: float, time_unit: float,
     mem_limit: float | None, where: str, common: dict,
@@ -249,7 +288,7 @@ def cpsat_result(
     )  # fmt: skip
 
 
-def unsolved_result(code: int, costs: CostModel, mem_limit: float | None,
+def unsolved_result(code: cp_model.CpSolverStatus, costs: CostModel, mem_limit: float | None,
                     common: dict) -> SolveResult | None:  # fmt: skip
     """The result when CP-SAT ended without a schedule (infeasible, or none in time); None
     when it has one. ``common``: the fields every result of this solve shares."""

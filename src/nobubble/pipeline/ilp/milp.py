@@ -1,18 +1,12 @@
-"""The same problem as a big-M MILP (the paper's formulation), for comparison with CP-SAT.
+"""The same problem as the paper's big-M MILP, for comparison with CP-SAT.
 
-The Zero Bubble authors wrote the schedule as an ILP with binary ordering variables and
-big-M constraints (PuLP + CBC). This module builds that formulation over
-:class:`~nobubble.pipeline.ilp.model.IntProblem` through ``ortools.linear_solver``
-(HiGHS, SCIP or CBC, all shipped with OR-Tools), with the same in-order symmetry breaking
-and anchored span as the CP-SAT model, so the two optima must agree. It exists to justify
-the choice of CP-SAT (``benchmarks/ilp_scaling.py`` measures both); the library solves with
-CP-SAT.
-
-Per stage s, start times ``S[op,i]`` are continuous; for each pair of ops of different
-kinds whose order is not already forced by a dependency, a binary ``y`` says which runs
-first and two big-M rows keep them apart. Memory is checked at each F: ``(i+1) mem_f +
-sum_j mem_b [B_j before F_i] + sum_j mem_w [W_j before F_i] <= limit``, the ``[...]`` being
-those same binaries (B_j, W_j for j >= i are after F_i by dependency).
+Built over :class:`~nobubble.pipeline.ilp.model.IntProblem` through
+``ortools.linear_solver`` (HiGHS, SCIP or CBC), with the CP-SAT model's in-order symmetry
+breaking and anchored span, so the two optima must agree (``benchmarks/ilp_scaling.py``);
+the library solves with CP-SAT. Per stage, start times are continuous; a binary per
+unordered pair of ops of different kinds with two big-M rows keeps them apart; memory is
+checked at each F: ``(i+1) mem_f + sum_j mem_b [B_j before F_i] + sum_j mem_w [W_j before
+F_i] <= limit``.
 """
 
 from __future__ import annotations

@@ -1,46 +1,13 @@
-"""The exact pipeline scheduling problem in integer units, and its CP-SAT model.
+"""The exact pipeline scheduling problem in integer units (:class:`IntProblem`), and its
+CP-SAT model over *stage orders* (one list of ``(op, microbatch)`` per stage, ``op`` in
+``"F" "B" "W"``); :mod:`nobubble.pipeline.ilp.solve` converts to and from the public types.
 
-This module knows nothing about ``Schedule`` or ``CostModel``: it works on
-:class:`IntProblem` (integer durations, integer memory) and on *stage orders*, one list of
-``(op, microbatch)`` per stage with ``op`` in ``"F" "B" "W"``. :mod:`nobubble.pipeline.ilp.solve`
-converts to and from the public types.
-
-The problem (one stage per rank, the Zero Bubble graph):
-
-- ops ``F[s,i]``, ``B[s,i]``, ``W[s,i]`` for stage s < p, microbatch i < m, with integer
-  durations ``t_f[s]``, ``t_b[s]``, ``t_w[s]``;
-- dependencies: ``F[s,i]`` starts >= ``F[s-1,i]`` end + ``t_comm``; ``B[p-1,i]`` starts >=
-  ``F[p-1,i]`` end; ``B[s,i]`` starts >= ``B[s+1,i]`` end + ``t_comm``; ``W[s,i]`` starts
-  >= ``B[s,i]`` end;
-- one op at a time per stage (NoOverlap of its 3m intervals);
-- activation memory per stage (a reservoir constraint): F adds ``mem_f[s]``, B adds ``mem_b[s]``, W adds ``mem_w[s]``
-  (the last two are usually negative), each at the op's start; the running sum never exceeds
-  ``mem_limit``. Ops on a stage never overlap, so this is the same as: every prefix of the
-  stage's order sums to <= limit. Whether a release is booked at the start or the end of a
-  B/W does not matter, because no F of that stage can run in between.
-
-Objective: ``span`` = max over stages of (end of the stage's last op - ``head[s]``), where
-``head[s] = sum_{s'<s} (t_f[s'] + t_comm)`` is the earliest moment stage s can start its
-first forward; or ``makespan`` = max end. The simulator runs an order as soon as possible,
-so in every schedule whose stages begin with their first-arriving microbatch (every in-order
-schedule, every heuristic, everything the solver returns) the first F of stage s starts
-exactly at ``head[s]`` and ``span`` is the paper's span (last end - first F start). Measured
-from the *actual* first op, a span could also be shortened by starting a stage late on
-purpose (running F1 before F0 so the stage idles before its first op); that does not
-shorten the step, so the model anchors the span at ``head[s]`` and excludes the trick.
-The model fixes ``F[s,0]`` at ``head[s]``: for any model solution, the as-soon-as-possible
-run of its order ends no later on every stage, so min over the model = min over orders of
-the ASAP objective, which is what :func:`asap_times` and the simulator measure.
-
-Symmetry breaking (F, B and W of one stage each in microbatch order) is safe: every
-constraint between two op groups has the form ``x[i] >= y[i] + d`` with the same
-microbatch i on both sides; sorting both groups keeps it (if ``x_i >= y_i + d`` for all i,
-the k-th smallest x is >= the k-th smallest y + d). Relabelling the k-th F (B, W) of each
-stage as microbatch k therefore keeps every dependency, uses the same intervals (durations
-do not depend on the microbatch) and the same memory (the running sum depends only on how
-many F, B, W have started). So an optimal in-order schedule always exists;
-:func:`relabel_in_order` is that relabelling, used to turn heuristic hints into in-order ones.
-With F in order, ``F[s,0]`` is each stage's first op and ``W[s,m-1]`` its last.
+One stage per rank, the Zero Bubble graph: dependencies with ``t_comm`` between stages, one
+op at a time per stage, activation memory as a reservoir (deltas at op starts, running sum
+at most ``mem_limit``). Objective ``span`` (max over stages of last end - ``head[s]``,
+``head[s] = sum_{s'<s} (t_f[s'] + t_comm)``, ``F[s,0]`` fixed there) or ``makespan``. F, B
+and W of each stage run in microbatch order, which keeps an optimum
+(:func:`relabel_in_order`); the proofs are in docs/pipeline/ilp.md.
 """
 
 from __future__ import annotations

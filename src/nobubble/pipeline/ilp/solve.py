@@ -1,24 +1,13 @@
 """Exact optimal zero-bubble schedules: a CP-SAT model warm-started by the heuristics.
 
 :func:`solve_optimal` turns a :class:`~nobubble.pipeline.costs.CostModel` (one stage per
-rank) into the integer problem of :mod:`nobubble.pipeline.ilp.model`, hints it with the best
-heuristic schedule that fits the memory limit, solves it with OR-Tools CP-SAT, and returns
-an ordinary :class:`~nobubble.pipeline.actions.Schedule` (per-rank F/B/W order).
-
-Integer units. CP-SAT works on integers, so times are scaled by ``10**k`` with the smallest
-k <= 6 that makes every ``t_f, t_b, t_w, t_comm`` an integer (k = 3 for the paper's
-millisecond costs with three decimals, i.e. microseconds); costs with more digits are
-rounded to ``1e-6`` of their unit (the model is then exact for the rounded costs and within
-``num_ops_on_a_path * 0.5e-6`` of the given ones). Memory is scaled the same way; when it
-must be rounded, F's store is rounded up and the limit down, so a schedule the solver
-accepts always fits the real limit.
-
-The reported ``objective`` is the simulator's (:func:`~nobubble.pipeline.simulate.simulate`
-on the given costs) for the returned schedule: the longest per-rank span for
-``objective="span"`` (the paper's cost), the makespan for ``"makespan"``. When the costs are
-exact in the integer units (always for integer costs) it equals the solver's objective
-exactly. ``lower_bound`` is CP-SAT's proven bound, ``gap = (objective - lower_bound) /
-objective``.
+rank) into the integer problem of :mod:`nobubble.pipeline.ilp.model` (times scaled by the
+smallest ``10**k``, k <= 6, that makes them integers, else rounded to ``1e-6``; memory
+rounded so that an accepted schedule fits the real limit), hints it with the best heuristic
+that fits, solves it and returns an ordinary :class:`~nobubble.pipeline.actions.Schedule`.
+``objective`` is the simulator's span (or makespan) of that schedule (equal to the solver's
+when the costs are exact in integer units); ``lower_bound`` is CP-SAT's proven bound,
+``gap = (objective - lower_bound) / objective``.
 """
 
 from __future__ import annotations
@@ -27,25 +16,15 @@ from collections.abc import Callable, Sequence
 
 from nobubble.pipeline.actions import Action, Op, Schedule
 from nobubble.pipeline.costs import CostModel
+from nobubble.pipeline.ilp import model as ilp_model
 from nobubble.pipeline.ilp.common import (
     DEFAULT_WORKERS,
     SolveResult,
-    _Hint,
-    cpsat_result,
-    hint_fields,
-    run_cpsat,
     scaled_costs,
+    solve_model,
 )
-from nobubble.pipeline.ilp.model import (
-    IntProblem,
-    asap_times,
-    build_cpsat,
-    objective_of,
-    peak_memory,
-    relabel_in_order,
-)
+from nobubble.pipeline.ilp.model import IntProblem, build_cpsat
 from nobubble.pipeline.ilp.solve_chunks import rank_orders
-from nobubble.pipeline.simulate import simulate
 from nobubble.validation import check_value, finite
 
 __all__ = [
@@ -127,22 +106,6 @@ def _candidate_schedules(
     return out
 
 
-def _best_hint(
-    problem: IntProblem, costs: CostModel, candidates: Sequence[Schedule]
-) -> _Hint | None:
-    best: _Hint | None = None
-    for schedule in candidates:
-        orders = relabel_in_order(stage_orders(schedule))
-        if problem.mem_limit is not None and max(peak_memory(problem, orders)) > problem.mem_limit:
-            continue
-        value = objective_of(problem, asap_times(problem, orders))
-        if best is None or value < best.int_objective:
-            sim = simulate(_to_schedule(orders, problem.num_microbatches, schedule.name), costs)
-            best = _Hint(schedule.name, orders, value, sim)
-    return best
-
-
-# -- infeasibility ------------------------------------------------------------------------
 # -- the solve ----------------------------------------------------------------------------
 def _check_args(
     costs, num_stages, num_microbatches, mem_limit, objective, time_limit_s, num_workers, warm_start
@@ -240,22 +203,8 @@ def solve_optimal(
     candidates = [] if warm_start is None else [warm_start]
     if use_heuristics:
         candidates += _candidate_schedules(costs, num_stages, num_microbatches, mem_limit)
-    hint = _best_hint(problem, costs, candidates)
-
+    named = [(s.name, stage_orders(s)) for s in candidates]
     built = build_cpsat(problem, memory=memory_encoding)
-    times = None if hint is None else asap_times(problem, hint.orders)
-    solver, code, seconds = run_cpsat(
-        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
-        on_solution=on_solution, time_unit=time_unit,
-    )  # fmt: skip
-    return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit)
-
-
-def _result(
-    problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit
-) -> SolveResult:
-    common = {"objective_kind": problem.objective, "solve_seconds": seconds,
-              "time_unit": time_unit, **hint_fields(hint, problem.objective)}  # fmt: skip
     p, m = problem.num_stages, problem.num_microbatches
 
     def orders_of(solver) -> list:
@@ -266,9 +215,9 @@ def _result(
             orders.append([(op, i) for _, op, i in ops])
         return orders
 
-    return cpsat_result(
-        problem, costs, solver, code, hint, orders_of=orders_of,
-        value_of=lambda orders: objective_of(problem, asap_times(problem, orders)),
-        to_schedule=lambda orders: _to_schedule(orders, m, f"ilp-{problem.objective}"),
-        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit, where="", common=common,
+    return solve_model(
+        problem, costs, named, ilp_model, built, orders_of=orders_of,
+        to_schedule=lambda orders, name: _to_schedule(orders, m, name),
+        name=f"ilp-{objective}", time_limit_s=time_limit_s, num_workers=num_workers,
+        on_solution=on_solution, time_unit=time_unit, mem_limit=mem_limit,
     )  # fmt: skip

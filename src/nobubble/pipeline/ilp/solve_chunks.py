@@ -1,15 +1,9 @@
-"""The exact solver for several chunks per rank (V and interleaved placements).
-
-:func:`solve_chunked` is what :func:`~nobubble.pipeline.ilp.solve.solve_optimal` runs for
-``num_chunks > 1``: per-rank costs are split over the rank's chunks exactly as the simulator
-splits them (:meth:`CostModel.for_stages`), scaled to integers like the one-chunk problem
-(smallest ``10**k``; the paper's 1.5B W of 9.337 ms becomes 4.6685 per chunk, so ticks of
-0.1 us), modelled by :mod:`nobubble.pipeline.ilp.chunks` and hinted with the best schedule
-of the same placement that fits the memory limit: ZB-V, V-Min, V-Half, V-ZB for ``"v"``;
-interleaved 1F1B (fused backward split into B then W) for ``"interleaved"``; and, for
-both, the memory-capped list scheduler of :mod:`nobubble.pipeline.ilp.greedy`. So the
-answer is never worse than the best of them, and a schedule comes back whenever one of
-them fits.
+"""The exact solver for several chunks per rank (V and interleaved placements), what
+:func:`~nobubble.pipeline.ilp.solve.solve_optimal` runs for ``num_chunks > 1``: per-rank
+costs split over the chunks as the simulator splits them, scaled to integers, modelled by
+:mod:`nobubble.pipeline.ilp.chunks` and warm-started by the best schedule of the same
+placement that fits the memory limit (:data:`CHUNK_HEURISTICS` and the memory-capped list
+scheduler of :mod:`nobubble.pipeline.ilp.greedy`), so the answer is never worse than theirs.
 """
 
 from __future__ import annotations
@@ -22,14 +16,10 @@ from nobubble.pipeline.ilp import chunks
 from nobubble.pipeline.ilp.chunks import ChunkProblem, placement_map
 from nobubble.pipeline.ilp.common import (
     SolveResult,
-    _Hint,
-    cpsat_result,
-    hint_fields,
-    run_cpsat,
     scaled_costs,
+    solve_model,
 )
 from nobubble.pipeline.ilp.greedy import greedy_orders
-from nobubble.pipeline.simulate import simulate
 
 __all__ = ["CHUNK_HEURISTICS", "solve_chunked", "to_chunk_problem", "rank_orders"]
 
@@ -99,20 +89,6 @@ def _candidates(costs, problem, placement, warm_start) -> list[tuple[str, _Order
     return out
 
 
-def _best_hint(problem, costs, candidates) -> _Hint | None:
-    best: _Hint | None = None
-    for name, raw in candidates:
-        orders = chunks.relabel_in_order(raw)
-        limit = problem.mem_limit
-        if limit is not None and max(chunks.peak_memory(problem, orders)) > limit:
-            continue
-        value = chunks.objective_of(problem, chunks.asap_times(problem, orders))
-        if best is None or value < best.int_objective:
-            sim = simulate(_to_schedule(problem, orders, name), costs)
-            best = _Hint(name, orders, value, sim)
-    return best
-
-
 def solve_chunked(
     costs: CostModel,
     *,
@@ -143,25 +119,7 @@ def solve_chunked(
     found = _candidates(costs, problem, placement, warm_start) if use_heuristics else (
         [] if warm_start is None else [(warm_start.name, rank_orders(warm_start))]
     )  # fmt: skip
-    hint = _best_hint(problem, costs, found)
     built = chunks.build_cpsat(problem)
-    times = None if hint is None else chunks.asap_times(problem, hint.orders)
-    solver, code, seconds = run_cpsat(
-        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
-        on_solution=on_solution, time_unit=time_unit,
-    )  # fmt: skip
-    return _result(problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit,
-                   placement)  # fmt: skip
-
-
-def _result(
-    problem, costs, solver, code, built, hint, seconds, time_unit, mem_limit, placement
-) -> SolveResult:
-    objective = problem.objective
-    num_chunks = problem.num_stages // problem.num_ranks
-    common: dict = {"objective_kind": objective, "solve_seconds": seconds,
-                    "time_unit": time_unit, "num_chunks": num_chunks, "placement": placement,
-                    **hint_fields(hint, objective)}  # fmt: skip
 
     def orders_of(solver) -> _Orders:
         orders: _Orders = []
@@ -172,10 +130,11 @@ def _result(
             orders.append([(op, s, i) for _, op, s, i in ops])
         return orders
 
-    return cpsat_result(
-        problem, costs, solver, code, hint, orders_of=orders_of,
-        value_of=lambda orders: chunks.objective_of(problem, chunks.asap_times(problem, orders)),
-        to_schedule=lambda orders: _to_schedule(problem, orders, f"ilp-{placement}-{objective}"),
-        seconds=seconds, time_unit=time_unit, mem_limit=mem_limit,
-        where=f" ({placement}, {num_chunks} chunks)", common=common,
+    return solve_model(
+        problem, costs, found, chunks, built, orders_of=orders_of,
+        to_schedule=lambda orders, name: _to_schedule(problem, orders, name),
+        name=f"ilp-{placement}-{objective}", time_limit_s=time_limit_s,
+        num_workers=num_workers, on_solution=on_solution, time_unit=time_unit,
+        mem_limit=mem_limit, where=f" ({placement}, {num_chunks} chunks)",
+        extra={"num_chunks": num_chunks, "placement": placement},
     )  # fmt: skip

@@ -1,33 +1,15 @@
 """B/W split of any ``nn.Module``: B computes input gradients only, W every weight gradient.
 
-:class:`ModuleSplit` is the runtime's one stage executor: the runner, the profiler and the
-built-in models all run F, B, W and the fused BW through it. A model has ``nn.Linear``
-layers, and parameters that are used without any linear forward
-(``nn.MultiheadAttention``'s ``in_proj_weight``, convolutions, embeddings, norms).
-:class:`ModuleSplit` covers all of them:
-
-1. **linear**: every ``nn.Linear`` whose forward runs gets an instance ``forward`` that goes
-   through the deferred linear of :mod:`.bw_split` (the parameters are the module's own, no
-   copy): B computes ``dX`` and leaves ``(X, dY)``; W computes ``dW = dY^T X``, ``db``.
-2. **graph**: every other parameter. B is ``torch.autograd.grad`` with respect to the stage
-   input and an *anchor* (a 0-element leaf every deferred linear takes as an extra input, so
-   that autograd visits every linear): it runs exactly the nodes on the way to those, the
-   *input closure*. Walking up from a parameter's gradient accumulator, the first nodes that
-   lie in the input closure are where its path meets B's (for ``in_proj_weight``, the
-   matmul that also takes the activations). B keeps the gradient arriving at those nodes
-   (a pre-hook) and the graph; W runs ``torch.autograd.grad`` from those nodes' outputs to
-   the parameters, so only the weight side of each meeting node runs again, not the
-   backward of everything between the stage output and the parameter. During W the same
-   nodes get the kept gradients (pre-hooks that replace what arrives), so a gradient that
-   also flows from one meeting node into another is not counted twice.
-3. **stage graph**: a parameter whose path meets B nowhere takes the stage output's gradient
-   as its meeting point: W walks the stage's backward again.
-
-A stage whose input needs no gradient (the first stage: token ids) has nothing on the
-critical path: its B only marks the microbatch, and its W is one walk of the whole backward.
-Recorded with ``split=False`` (as the runner records its first stage), that walk is
-autograd's own backward over torch's own linears; recorded split, the linears are deferred
-as above. :meth:`ModuleSplit.report` counts each path. No ``.grad`` is touched in B.
+:class:`ModuleSplit` is the runtime's one stage executor (runner, profiler, built-in models:
+F, B, W, fused BW). Each parameter takes one of three paths (:meth:`ModuleSplit.report`
+counts them): **linear** (every ``nn.Linear`` that runs goes through :mod:`.bw_split`'s
+deferred linear: B computes ``dX`` and keeps ``(X, dY)``, W computes ``dW = dY^T X``,
+``db``); **graph** (any other parameter: B is ``torch.autograd.grad`` to the stage input
+and an *anchor* leaf every deferred linear takes, and keeps the gradient arriving where the
+parameter's path meets B's; W runs ``torch.autograd.grad`` from those nodes to the
+parameters, counting a shared gradient once); **stage graph** (a path that meets B nowhere:
+W walks the stage's backward again). A stage whose input needs no gradient does all its work
+in W. No ``.grad`` is touched in B.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""B/W split: input-gradient backward now (B), weight-gradient backward later (W).
+"""B/W split of a linear layer: input-gradient backward now (B), weight-gradient backward
+later (W), with one store per stage (no class-level state).
 
-Zero Bubble's observation: a linear layer ``Y = X W^T + b`` has two backward products,
-``dX = dY W`` (needed *now* by the previous stage, the critical path) and
-``dW = dY^T X``, ``db = sum(dY)`` (needed only by the optimizer step). This module defers the
-second one, the way the paper's ``WeightGradStore`` does, but with one store per stage
-instead of class-level global state.
-
-How it works:
-
-- A stage runs each forward inside ``store.recording(microbatch)`` and its linears call
-  :func:`deferred_linear` (:class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit` gives
-  every ``nn.Linear`` of a module such a forward), whose autograd node remembers (store,
-  microbatch).
-- B = ``torch.autograd.backward`` on the stage output. Each linear node computes only
-  ``dX`` and hands ``(X, dY)`` to the store. Everything else in the graph (attention,
-  LayerNorm, GELU, their small parameter gradients) runs as usual. The graph is freed.
-- W = ``store.flush(microbatch)``: ``dW = dY^T X`` and ``db = sum(dY)`` for every pending
-  linear of that microbatch, accumulated into ``.grad``. Nothing of B is recomputed.
-
-Memory: between B and W a microbatch holds, per linear, its input X (which autograd saved
-for the backward anyway) and its output gradient dY (extra: one activation-sized tensor per
-linear). Everything else of the microbatch's graph is freed at B.
+A stage runs each forward inside ``store.recording(microbatch)``; its linears call
+:func:`deferred_linear`. B (autograd backward on the stage output) computes only ``dX = dY W``
+per linear and hands ``(X, dY)`` to the store; W = ``store.flush(microbatch)`` accumulates
+``dW = dY^T X`` and ``db = sum(dY)`` into ``.grad``; nothing of B is recomputed. Memory
+between B and W: per linear its input X and its output gradient dY.
 
 Store lifecycle per microbatch: ``RECORDING`` (inside ``recording(m)``, F) -> ``PENDING``
 (after B put its (X, dY) pairs) -> flushed (W; the store holds nothing of ``m``).

@@ -1,40 +1,22 @@
 """The one point-to-point channel of a pipeline step, for static and handshake dispatch.
 
-Which messages a schedule sends (keys name the *receiving* stage):
+After ``F(s, m)`` the activation goes to stage ``s + 1``'s rank, key ``("act", s + 1, m)``;
+after ``B(s, m)`` / ``BW(s, m)`` the input gradient to stage ``s - 1``'s rank, key
+``("grad", s - 1, m)``; between stages on one rank the tensor is handed over in memory. A
+message is a header ``int64 [5 + MAX_DIMS]`` (kind 0 act / 1 grad, receiving stage,
+microbatch, dtype code, number of dims, the dims; one tag per direction) and the payload
+(the key's own tag). With ``ordered`` (static dispatch) the receiver checks each header's
+key against the row's order, and with a :class:`ShapeCache` a key seen in an earlier step
+travels without its header (a tensor that no longer matches raises before sending).
 
-- after ``F(s, m)``: the activation, to the rank of stage ``s + 1``, key ``("act", s + 1, m)``;
-- after ``B(s, m)`` / ``BW(s, m)``: the input gradient, to the rank of stage ``s - 1``, key
-  ``("grad", s - 1, m)``.
-
-Between stages on the same rank (the turn of a V schedule) nothing is sent; the tensor is
-handed over in memory. A user's model may change shape from one microbatch to the next, so a
-message carries its key and shape in a header ``int64 [5 + MAX_DIMS]`` (kind 0 act / 1 grad,
-receiving stage, microbatch, dtype code, number of dims, the dims), sent with one tag for all
-headers of a direction, then the payload with the key's own tag.
-
-The receiver knows from the schedule which keys each source owes it. With ``ordered``
-(static dispatch: each rank walks its row) it also knows the order, checks each header's key
-against it, and with a :class:`ShapeCache` (``PipelineRunner(static_shapes=True)``) a key
-that crossed in an earlier step travels without its header: both sides remember the first
-step's shapes, the receiver posts the payload straight away, and a sender whose tensor no
-longer matches raises before sending (one send per boundary tensor, as in torch's runtime).
-Without ``ordered`` (the handshake picks ops at run time) the header says which key came.
-
-Lifecycle of a message on the receiving side, per source rank: ``POSTED`` (the one receive
-posted for that source: the header, or the payload of a cached shape) -> ``ARRIVED`` (in the
-mailbox by key; the next receive posted) -> ``TAKEN`` (:meth:`Channel.receive`). Invariant:
-while a source still owes this rank messages, one receive is posted for it, so every send
-finds its receive whatever the order. Receives from one source are posted in the order it
-sends, so matching is the same with tag-matching gloo and order-matching NCCL; directions
-travel in two process groups (to a higher rank, to a lower rank), so on NCCL a receive posted
-early never queues in front of a send the peer waits for.
-
-Gloo's point-to-point work reports completion only from ``wait()``, so each source has a
-receiver thread that posts its receives and blocks in ``wait`` (the GIL released), filing
-what came in the mailbox. The rank's own thread never blocks while it has runnable work:
-:meth:`Channel.poll` only looks at the mailbox; :meth:`Channel.wait` sleeps on it until
-something new comes. Every wait is bounded by ``timeout_s``; a receiver's failure (a timeout,
-a dead peer) is raised in the rank's thread.
+Lifecycle per source rank, receiving side: ``POSTED`` (the one receive posted for that
+source) -> ``ARRIVED`` (in the mailbox by key; the next receive posted) -> ``TAKEN``
+(:meth:`Channel.receive`). Invariant: while a source still owes this rank messages, one
+receive is posted for it, in its send order, so every send finds its receive whatever the
+op order (with gloo and NCCL; the two directions use two process groups). A receiver thread
+per source blocks in gloo's ``wait``; :meth:`Channel.poll` only looks at the mailbox,
+:meth:`Channel.wait` sleeps on it. Every wait is bounded by ``timeout_s``; a receiver's
+failure (a timeout, a dead peer) is raised in the rank's thread.
 """
 
 from __future__ import annotations

@@ -1,41 +1,16 @@
 """The one loop of a rank's step: poll, choose the next op, run it; static or handshake.
 
-Static dispatch is this loop with a fixed order: the choice is always the head of the rank's
-row, run when its input is here (:func:`dispatch_loop` with ``fixed=True``). The handshake
-(``PipelineRunner(dispatch="handshake")``) chooses at run time. Its rule is the
-simulator's, one pure function both call
-(:func:`nobubble.pipeline.dispatch.handshake.choose_op`); the simulator also asks whether a
-deviation is expected to end before the head's input comes, while the runtime has no
-duration estimates, so it takes the simple form. Each time the rank is free:
-
-1. the **head** of its plan (its first plan op not run), when it is runnable;
-2. else the first runnable **B** (or fused BW) further along the plan (its gradient came
-   early: it feeds the previous rank);
-3. else the plan's **next F**, when it is runnable and fits the memory limit;
-4. else the first runnable **W** further along the plan (W fills the waits);
-5. else wait (polling) until the next tensor arrives.
-
-*Runnable*: the op's dependencies on this rank ran (a W its B, a B its F, the F after a V
-schedule's turn the F before it) and the tensor it needs from another rank is in the
-mailbox (:class:`~.channel.Channel`); an F must also fit the limit.
-
-*Memory*, in microbatch units, kept simple: an F holds one unit until its microbatch's W
-(or BW) ends, B frees nothing; the level is F's run minus W's and BW's run. The limit is the
-plan's own peak of that level on this rank (:func:`plan_levels`) unless given higher; F is
-the only op that raises the level and the rule checks it, so the level never passes it.
-
-*Deadlock freedom* (a valid plan, the limit at least the plan's peak). Order all ops as a
-valid run of the plan does (a topological order that respects every rank's plan order) and
-let x be the first op in it not run yet, on rank r. Everything before x ran, so x's inputs
-were sent, and they arrive: r keeps one header receive posted for every neighbour that
-still owes it a message, whatever the order (:mod:`.channel`), and a waiting rank polls.
-Every op before x in r's plan ran too, so x is r's head. If x is an F it fits: a deviation F
-is always the plan's next F, so every F that r ran precedes x in its plan, while every W and
-BW before x ran as well; r's level is at most the plan's level just before x, within the
-plan's peak. So rule 1 runs x as soon as r is free, and a busy rank ends its op: some op
-always runs, so every op runs. The order each rank ran is a valid schedule (every op ran
-after its dependencies, by construction); the tests check it with
-:func:`~nobubble.pipeline.validate.validate`.
+Static dispatch (:func:`dispatch_loop` with ``fixed=True``) always chooses the head of the
+rank's row, run when its input is here. The handshake chooses at run time by the
+simulator's rule in its simple form (no duration estimates:
+:func:`nobubble.pipeline.dispatch.handshake.choose_op`): the head when runnable, else the
+first runnable B (or BW) further along the plan, else the plan's next F if it fits, else the
+first runnable W, else wait until the next tensor arrives. *Runnable*: its dependencies on
+this rank ran and the tensor it needs is in the :class:`~.channel.Channel` mailbox.
+*Memory* in microbatch units: an F holds one unit until its microbatch's W (or BW) ends; the
+limit is the plan's own peak on this rank (:func:`plan_levels`) unless given higher, so the
+level never passes it. With a valid plan the loop cannot deadlock and the order each rank
+ran is a valid schedule (the argument: docs/pipeline/handshake.md).
 """
 
 from __future__ import annotations

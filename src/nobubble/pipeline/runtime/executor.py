@@ -1,21 +1,11 @@
-"""Run a schedule on a real model: every rank walks its actions, then steps its optimizer.
+"""Run a built-in model on :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`, one
+config per run, traced: :func:`train_rank` ``(ctx, config) -> RankResult`` runs
+``config.num_steps`` steps; :func:`train_rank_many` several configs in one process group.
 
-Entry points (run on each rank, inside :func:`nobubble.distributed.spawn` or under
-``torchrun`` with :func:`nobubble.distributed.context_from_env`):
-
-- :func:`train_rank` ``(ctx, config) -> RankResult``: ``config.num_steps`` training steps.
-- :func:`train_rank_many` ``(ctx, configs) -> list[RankResult]``: several configs in one
-  process group (tests run every schedule in one spawn).
-
-The built-in models run on :class:`~nobubble.pipeline.runtime.runner.PipelineRunner`, as a
-user's model does: each stage is an ``nn.Sequential`` of its blocks. Per step: every rank
-builds the same global batch (``make_batch(seed=data_seed + step)``), splits it into
-``num_microbatches`` equal microbatches, and calls ``runner.step``; then it runs the
-optimizer on its own parameters. The accumulated gradients are those of the batch-mean
-loss: the same as one process running the whole model with gradient accumulation.
-
-Every op is recorded as a :class:`nobubble.trace.Event` (``start_us`` from a common origin
-taken right after a barrier), so per-rank timelines merge into one Chrome trace.
+Every rank builds the same global batch (``make_batch(seed=data_seed + step)``), the runner
+splits it into ``num_microbatches``, then each rank steps its optimizer: the gradients are
+those of one process with gradient accumulation. Every op is a :class:`nobubble.trace.Event`
+from a common origin taken after a barrier, so per-rank timelines merge into one trace.
 """
 
 from __future__ import annotations

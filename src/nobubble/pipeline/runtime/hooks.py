@@ -1,12 +1,6 @@
-"""What :class:`~nobubble.pipeline.runtime.runner.PipelineRunner` calls besides the stages.
-
-- :class:`ActionObserver` (``PipelineRunner(observer=...)``, one or a list): around every
-  action: tracing (:class:`~nobubble.pipeline.runtime.profile.OpTimes`, the executor's
-  tracer), fault injection, and :class:`StragglerObserver`, a really slow rank.
-- :class:`StepHook` (``PipelineRunner(hooks=[...])``): at the start of every step, before
-  any message: :class:`~nobubble.pipeline.runtime.optim.PostValidatedOptimizer` confirms the
-  optimistic optimizer step there; :class:`~nobubble.pipeline.runtime.elastic.Replanner`
-  re-cuts the layers over the ranks there.
+"""What :class:`~nobubble.pipeline.runtime.runner.PipelineRunner` calls besides the stages:
+:class:`ActionObserver` (``observer=``) around every action, :class:`StepHook` (``hooks=``)
+at the start of every step, before any message.
 
 Order within one action: ``before(action)`` of each observer, the receive (waiting for the
 input), the compute, ``after(timing)`` of each observer in the order given, then the send of

@@ -1,13 +1,7 @@
-"""Launch pipeline training on local processes or under torchrun; collect and merge results.
-
-- :func:`run_local` checks every config (schedule validity, rank count, model split) *before*
-  any process starts, then runs them all in one :func:`nobubble.distributed.spawn` (one
-  process per rank, gloo on CPU, NCCL on CUDA, or the backend you name).
-- :func:`run_torchrun` is the same for a process started by ``torchrun`` (multi-host).
-- :class:`LaunchOptions` (where the ranks run) is :mod:`nobubble.distributed.options`'s,
-  re-exported here; it imports no torch, so the command line checks it first.
-- :func:`merged_events` merges the per-rank timelines of one config into one time-ordered
-  list (k-way merge, :mod:`nobubble.trace`), ready for :func:`nobubble.trace.write_chrome_trace`.
+"""Launch pipeline training on local processes (:func:`run_local`: every config checked before
+any process starts, then one :func:`nobubble.distributed.spawn`) or under torchrun
+(:func:`run_torchrun`); :func:`merged_events` merges one config's per-rank timelines into
+one time-ordered list. :class:`LaunchOptions` is :mod:`nobubble.distributed.options`'s.
 """
 
 from __future__ import annotations

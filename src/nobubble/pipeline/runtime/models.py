@@ -1,18 +1,11 @@
 """Models as lists of blocks: a small GPT and a residual MLP, built block by block.
 
-A pipeline stage is a contiguous run of blocks. Every block is built from its own seed
-(``seed``, block index), so a rank can build only the blocks of its stages and still get the
-same weights as the single-process reference that builds them all.
-
-Block contract: ``block(x) -> y``; the first block takes the model input (token ids
-``(B, T) int64`` for the GPT, features ``(B, D) float`` for the MLP), every later block takes
-the previous block's float output. ``loss(output, targets)`` is the mean over the batch.
-
-The blocks are plain modules (:mod:`~nobubble.pipeline.runtime.layers`): the runner (and
-the profiler, on the same path) splits their backward with
-:class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit`, as any user's. This module imports
-torch only inside the functions that build or run a model, so that the command line checks a
-config (``pp profile | plan | run``'s size flags) before it imports torch.
+Every block is built from its own seed (``seed``, block index), so a rank can build only its
+stages' blocks and get the single-process reference's weights. Block contract:
+``block(x) -> y``; the first block takes the model input (token ids ``(B, T) int64`` for the
+GPT, features ``(B, D) float`` for the MLP), every later one the previous block's float
+output; ``loss(output, targets)`` is the batch mean. Torch is imported only inside the
+functions that build or run a model, so a config is checked without it.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """The one profiler: F, B, W, fused BW and memory of each module, timed on the runner's path.
 
-:func:`profile_modules` runs a list of modules one after another in this process on one
-microbatch, each on the previous one's real output (detached), exactly as :class:`~nobubble.
-pipeline.runtime.runner.PipelineRunner` runs its stages: F inside :class:`~nobubble.pipeline.
-runtime.autosplit.ModuleSplit` recording, B its ``backward_input``, W its
-``backward_weight``, and the fused backward as one plain autograd walk for comparison. The
-modules are whatever the caller weighs: the stages of a cut (``pp profile``, ``pp run``'s
-prediction: :func:`profile_stages`, for the built-in models) or single blocks (the planner, for the user's models and the built-in
-ones alike: :meth:`Profile.block_costs`). The first module's input needs no gradient (its
-B has nothing to compute) and is recorded unsplit, as the runner records it. Every module
-but the last gets a random output gradient of its output's shape; the last one's output goes
-to ``loss_fn(output, targets)`` (no ``loss_fn``: a random output gradient too).
-
-- ``t_f``, ``t_b``, ``t_w``: medians of ``repeats`` timed F, B and W after ``warmup`` untimed
-  rounds, by the wall clock or (CPU only, ``clock="cpu"``) this thread's CPU time, which
-  other processes on a shared machine do not inflate;
-- ``t_bw_fused``: the median of plain autograd backward of the same module (no split), the
-  baseline that T_B + T_W is compared with;
-- ``mem_f``: the distinct tensors autograd saves in F (parameters excluded; counted in one
-  more, untimed round, since the hook that counts them slows F); ``mem_w``: what stays held
-  after B (the graph W walks, so ``mem_f`` unless the module has only linears);
-- ``out_bytes``: the module's output, what crosses a cut placed after it.
-
-``t_comm`` is the one-way time of one boundary activation between two ranks, measured by
-:func:`measure_comm` (ping-pong over the real process group, half the round trip).
-Times are in milliseconds, memory in bytes.
+:func:`profile_modules` runs modules one after another in this process on one microbatch,
+each on the previous one's real output (detached), through
+:class:`~nobubble.pipeline.runtime.autosplit.ModuleSplit` as the runner does; the first
+module's input needs no gradient and is recorded unsplit. Every module but the last gets a
+random output gradient; the last one's output goes to ``loss_fn(output, targets)``. Per
+module: ``t_f``, ``t_b``, ``t_w`` (medians of ``repeats`` timed rounds after ``warmup``, by
+the wall clock or, CPU only, this thread's CPU time), ``t_bw_fused`` (plain autograd
+backward), ``mem_f`` (distinct tensors autograd saves in F, parameters excluded),
+``mem_w`` (held after B), ``out_bytes`` (the output). :func:`measure_comm` gives ``t_comm``
+(half a ping-pong round trip). Times in milliseconds, memory in bytes.
 """
 
 from __future__ import annotations

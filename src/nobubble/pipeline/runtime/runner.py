@@ -8,24 +8,11 @@
         optimizer.step(); optimizer.zero_grad()
     runner.close()
 
-``stages`` are plain ``nn.Module`` objects, one per pipeline stage of the schedule
-(``schedule.num_stages``: ranks x chunks); a rank keeps those the schedule puts on it
-(:attr:`PipelineRunner.stage_modules`) and may pass ``None`` for the others. Stage ``s``
-takes stage ``s - 1``'s output (one tensor); stage 0 takes a microbatch of ``inputs`` (a
-tensor, or a tuple passed as positional arguments); the last stage's output goes to
-``loss_fn(output, targets)``. Every weight gradient waits for W (:mod:`.autosplit`), so
-zero-bubble schedules really fill their bubbles with W. After ``step`` every parameter's
-``.grad`` is the gradient of the mean microbatch loss, as one process running the whole model
-on the whole batch with gradient accumulation.
-
-``dispatch="handshake"`` lets each rank pick its next op at run time from what has arrived,
-guided by the schedule's order (:mod:`.cursor`; ``static_shapes`` applies to ``static``
-only). Both run the same loop over the same :class:`~.channel.Channel`. ``observer`` and
-``hooks`` (:mod:`.hooks`) add tracing, a really slow rank
-(:class:`~.hooks.StragglerObserver`), post-validated optimizer steps and re-planning.
-
-The checks that need no communication (stage count, own stages present, world size, the
-batch splitting evenly, targets where the last stage lives) run before any message is sent.
+Stage ``s`` takes stage ``s - 1``'s output (one tensor); stage 0 a microbatch of ``inputs``
+(a tensor, or a tuple of positional arguments); the last stage's output goes to
+``loss_fn(output, targets)``. After ``step`` every parameter's ``.grad`` is the gradient of
+the mean microbatch loss, as one process running the whole model with gradient
+accumulation. The checks that need no communication run before any message is sent.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Run a nobubble schedule on ``torch.distributed.pipelining``'s own runtime.
 
-For a team that keeps torch's pipeline stack and only wants a better schedule:
 :func:`to_torch` wraps this rank's stage modules in torch's ``PipelineStage`` and loads the
-schedule's per-rank actions into torch's ``_PipelineScheduleRuntime`` (the runtime behind
-``_load_csv``), which adds the sends and receives itself. The result is used as any torch
-schedule::
+schedule's per-rank actions into torch's ``_PipelineScheduleRuntime``, which adds the sends
+and receives::
 
     runtime = to_torch(stages, schedule, loss_fn)
     runtime.step(x, target=y, losses=losses)   # x where stage 0 lives, y where the last does
-
-The other direction needs no code: :meth:`Schedule.from_csv` reads the CSV torch dumps, and
-:class:`~nobubble.pipeline.runtime.runner.PipelineRunner` runs it.
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
-"""The schedule registry: :func:`get_schedule` by name, and what each name means.
+"""The schedule registry: :func:`get_schedule` by name (``gpipe``, ``1f1b``, ``zb-h1``,
+``zb-h2``, ``interleaved-1f1b``, ``zb-v``, ``zb-1p``, ``zb-2p``, ``v-min``, ``v-half``,
+``v-zb``, ``dualpipev``; docs/pipeline/schedules.md says what each is).
 
-All generators return a :class:`~nobubble.pipeline.actions.Schedule` for ``p`` ranks and
-``m`` microbatches; the order on each rank is the whole schedule (times come from the
-simulator).
-
-- ``gpipe``: all forwards, then all fused backwards (memory m * M_F).
-- ``1f1b``: rank r warms up ``p - r - 1`` forwards, then alternates F and fused backward.
-- ``zb-h1`` / ``zb-h2``: the Zero Bubble paper's handcrafted schedules, one generator with a
-  warm-up factor c (1 or 2): rank r warms up ``min(c(p - r - 1), m)`` forwards; then for
-  each microbatch i it runs the next F (if any is left), ``B_i``, and the oldest pending W
-  once ``i >= c * r`` (W lags its B by ``c * r`` microbatches, which fills the tail bubble);
-  leftover Ws run at the end. ZB-H1 keeps 1F1B's memory; ZB-H2 about twice it and removes
-  the warm-up bubble as well.
-- ``interleaved-1f1b``: Megatron's interleaved 1F1B with v chunks per rank (stage
-  ``k * p + r`` on rank r); needs ``m % p == 0``.
-- ``zb-v``: two chunks per rank in a V (:mod:`nobubble.pipeline.schedules.v_shape`).
-- ``zb-1p`` / ``zb-2p``: automatic (:mod:`nobubble.pipeline.schedules.auto`).
-- ``v-min`` / ``v-half`` / ``v-zb``: V schedules of controllable memory, about (p+4)/3,
-  (p+2)/2 and p microbatches' activations per rank, built from the Controllable Memory
-  paper's building blocks and compacted for ``costs``
-  (:mod:`nobubble.pipeline.schedules.v_memory`).
-- ``dualpipev``: DeepSeek's DualPipeV, a V whose steady state overlaps the forward of one
-  microbatch with the backward of another (:mod:`nobubble.pipeline.schedules.dualpipe`,
-  which also builds the bidirectional DualPipe and keeps the overlapped cells).
-
-The order of ``zb-1p``, ``zb-2p``, ``v-min``, ``v-half`` and ``v-zb``
-(:data:`COST_DEPENDENT_SCHEDULES`) depends on ``costs``; the others ignore them. Asked for
-one of those without ``costs``, :func:`get_schedule` tunes it for unit costs (F = B = W = 1)
-and warns (:class:`UnitCostsWarning`, with one message per name, so Python's default filter
-shows it once per calling line); pass measured costs, or ``CostModel.uniform(num_ranks)`` to
-mean unit costs.
+Every generator returns a :class:`~nobubble.pipeline.actions.Schedule` for ``p`` ranks and
+``m`` microbatches. The order of :data:`COST_DEPENDENT_SCHEDULES` depends on ``costs``;
+asked for one without ``costs``, :func:`get_schedule` tunes it for unit costs and warns
+(:class:`UnitCostsWarning`, one message per name); pass measured costs, or
+``CostModel.uniform(num_ranks)`` to mean unit costs.
 """
 
 from __future__ import annotations

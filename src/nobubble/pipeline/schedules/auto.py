@@ -1,26 +1,11 @@
 """ZB-1p / ZB-2p: automatic zero-bubble schedules under an activation-memory limit.
 
-A greedy list scheduler in the spirit of the Zero Bubble paper's heuristic (Qi et al., ICLR
-2024, section 3.1): it builds the per-rank orders microbatch by microbatch while tracking
-each rank's clock, memory and accumulated bubble, and fills every gap it meets with pending
-W ops (which depend on nothing but their own B).
-
-1. *Warm-up.* Every rank runs F0. Walking back from the last rank, rank j takes as many
-   extra forwards as fit (a) under its memory limit and (b) before the gradient of
-   microbatch 0 can come back to it, so the first B finds the rank just ready; warm-up
-   counts are then made strictly decreasing down the pipeline. Then B0 runs on every rank.
-2. *Steady state,* for microbatch i = 1..m-1: each rank that still has forwards left takes
-   one (optionally *prioritising B*: a rank already two forwards ahead of its successor
-   skips its F when that would delay the successor's returning gradient); before each F or
-   B it waits for, pending Ws are inserted while they fit in the wait, and W is forced
-   when memory would exceed the limit. A W that overruns the wait is still placed when
-   waiting would make this rank the most idle one, or always ("no-bubble greedy").
-3. Remaining Ws run at the end.
-
-Three switches (bubble allowed before the first B, prioritise B, no-bubble greedy) give 8
-variants; the one with the shortest longest-rank span is kept, so the result is never
-worse than the best variant. The memory limit per rank defaults to ``p * M_F`` (ZB-1p, the
-activation memory of 1F1B) or ``2p * M_F`` (ZB-2p); any other via ``mem_limit``.
+A greedy list scheduler after the Zero Bubble paper's heuristic (Qi et al., ICLR 2024,
+section 3.1; the steps: docs/pipeline/schedules.md): warm-up forwards as fit, then one F and
+one B per microbatch with pending Ws filling the waits, the rest at the end. Of its 8
+variants the one with the shortest longest-rank span is kept. The memory limit per rank
+defaults to ``p * M_F`` (ZB-1p, 1F1B's activation memory) or ``2p * M_F`` (ZB-2p); any
+other via ``mem_limit``.
 """
 
 from __future__ import annotations
@@ -36,7 +21,7 @@ __all__ = ["zb_auto", "AutoVariant"]
 
 @dataclass(frozen=True, slots=True)
 class AutoVariant:
-    """One setting of the heuristic's three switches (see the module docstring)."""
+    """One setting of the heuristic's three switches (docs/pipeline/schedules.md, ZB-1p / ZB-2p)."""
 
     bubble_before_first_b: bool
     prioritize_b: bool

@@ -1,15 +1,6 @@
-"""Work budgets of a pipeline shape, in ops (one F, B or W of one stage on one microbatch).
-
-Measured so that the largest shape each kind of work takes finishes within 30 s and 2 GB
-(tests/cli/test_budgets.py): a million ops generate and simulate in 2-11 s and under 250 MB;
-building every schedule (``compare``, as ``pp compare`` and ``pp frontier`` do) grows faster
-than linearly with M (P=2 at 20,000 ops: 23 s and 28 s; at 10,000: 8 s and 10 s); the exact
-solver's model grows with the ops and its search is bounded by its time limit.
-
-The controllable-memory V generators (:data:`~nobubble.pipeline.schedules.v_memory.
-V_MEMORY_NAMES`) search over placements: their time grows with ranks x ops at many ranks and
-with the ops alone at few (P=8 M=4166, 1.6 million ranks x ops: 18 s; P=2 M=66666, 800,000
-ops: 63 s; P=2 M=16666, 200,000 ops: 16 s). Both bounds hold.
+"""Work budgets of a pipeline shape, in ops (one F, B or W of one stage on one microbatch),
+measured so that the largest shape each kind of work takes finishes within 30 s and 2 GB
+(``tests/cli/test_budgets.py``); the V generators' search also grows with ranks x ops.
 """
 
 from __future__ import annotations

@@ -1,55 +1,15 @@
 """DualPipe and DualPipeV (DeepSeek-V3, 2024): two chunks per rank, and the forward of one
-microbatch overlapped with the backward of another.
+microbatch overlapped with the backward of another in F&B cells.
 
-DualPipeV is a V (as ZB-V, :mod:`nobubble.pipeline.schedules.v_shape`): the model is cut into
-2p stages and rank r holds stage r (chunk 0, ``down``) and stage 2p-1-r (chunk 1, ``up``).
-Its steady state runs *F&B cells*: a forward of one chunk and the fused backward (BW) of the
-other chunk, of two different microbatches, issued together so that a runtime can hide one
-op's communication (MoE all-to-all, pipeline transfers) behind the other's compute. Per rank
-r, with n microbatches (written as DeepSeek's reference lays out its phases):
-
-1. ``2(p - r - 1)`` forwards of chunk 0 (the deeper the rank, the fewer);
-2. ``r + 1`` rounds of (F down, F up);
-3. ``p - r - 1`` rounds of (B up, the oldest deferred W, F up): zero-bubble split;
-4. ``n - 2p + r + 1`` rounds of two cells, (F down & BW up) then (F up & BW down); on the
-   last rank the first (F down, BW up) runs as two plain actions (the reference does so to
-   shorten the bubble: that F's output is this rank's own next input);
-5. ``p - r - 1`` rounds of (BW up, then the cell F up & BW down);
-6. ``r + 1`` rounds of (backward up, backward down); the second half of these 2(r + 1)
-   backwards are split (B now, W deferred), so their Ws fill the tail;
-7. ``p - r - 1`` rounds of (the oldest deferred W, B down);
-8. the deferred Ws, oldest first.
-
-Deferred Ws form one queue per rank (first in, first out), as DeepSeek's ``WeightGradStore``.
-Below n = 2p microbatches (the reference's minimum) the phases are laid out for 2p and the
-missing microbatches' actions dropped: dependencies stay within a microbatch, so the order
-stays valid, and a cell that lost one of its two actions becomes a plain action.
-
-**The cells are kept** in :class:`OverlappedSchedule`: the plain ``Schedule`` (a cell is its
-F then its BW, at consecutive positions, which is how the simulator and ``PipelineRunner``
-run it: back to back) plus ``pairs[r]``, the positions on rank r where a cell starts.
-:meth:`OverlappedSchedule.to_torch_csv` writes them as torch's ``(0F7;7B3)OVERLAP_F_B`` cells.
-
-**DualPipe** (the original, bidirectional form) needs an even number of ranks p and an even
-m: half the microbatches enter at rank 0 and run the ``forward`` pipeline (stage s on rank
-s), half enter at rank p-1 and run a ``reverse`` pipeline over a second copy of the model
-(stage s on rank p-1-s), so rank r holds stage r of one copy and stage p-1-r of the other.
-Its per-rank order is DualPipeV's on p/2 ranks with m/2 microbatches, *folded*: rank r runs
-the order of V-rank h = min(r, p-1-r), its chunk 0 in the direction that enters on r's side
-of the middle and its chunk 1 in the other. (This is how DualPipeV was derived: DualPipe's
-two halves of ranks mirror each other.) Lock-step, every action of DualPipe maps onto one of
-the fold whose inputs map onto the inputs of the fold's action, so DualPipe is deadlock-free
-because its fold is, and with equal stage costs every rank's timeline is V-rank h's, except
-that DualPipe's turn in the middle (rank p/2-1 to p/2) is a transfer where the fold's is
-local: simulating the fold gives DualPipe's figures exactly at T_comm = 0 and a lower bound
-on its step time otherwise.
-
-DualPipe is *not* a :class:`~nobubble.pipeline.actions.Schedule`: a Schedule has one chain of
-stages that every microbatch runs through, one module per stage; DualPipe has two chains over
-disjoint halves of the microbatches and two copies of every stage's parameters (their
-gradients summed between ranks r and p-1-r after the step). :class:`DualPipe` therefore keeps
-the two pipelines as two Schedules (:meth:`DualPipe.pipeline`), its per-rank interleaving,
-and the fold; ``get_schedule`` offers ``dualpipev`` only.
+DualPipeV is a V (rank r holds stages r and 2p-1-r), laid out in DeepSeek's eight phases per
+rank; deferred Ws form one first-in first-out queue per rank. Below n = 2p microbatches the
+phases are laid out for 2p and the missing microbatches' actions dropped (still valid).
+:class:`OverlappedSchedule` keeps the cells beside the plain order (``pairs[r]``: the
+positions on rank r where a cell starts). DualPipe (even p, even m) is two pipelines over
+two model copies, not a :class:`~nobubble.pipeline.actions.Schedule`: :class:`DualPipe`
+keeps both (:meth:`DualPipe.pipeline`), its per-rank interleaving, and its fold (DualPipeV on
+p/2 ranks with m/2 microbatches), which gives its figures exactly at T_comm = 0 and a lower
+bound otherwise. See docs/pipeline/schedules.md, "DualPipe and DualPipeV".
 """
 
 from __future__ import annotations
@@ -175,7 +135,16 @@ class _RankOrder:
 
 
 def _dualpipev_rank(p: int, r: int, n: int) -> list[Cell]:
-    """Rank r's cells for p ranks and n >= 2p microbatches (phases in the module docstring)."""
+    """Rank r's cells for p ranks and n >= 2p microbatches, DeepSeek's eight phases:
+
+    1. ``2(p - r - 1)`` forwards of chunk 0; 2. ``r + 1`` rounds of (F down, F up);
+    3. ``p - r - 1`` rounds of (B up, the oldest deferred W, F up);
+    4. ``n - 2p + r + 1`` rounds of two cells, (F down & BW up) then (F up & BW down), the
+       last rank's first (F down, BW up) as two plain actions;
+    5. ``p - r - 1`` rounds of (BW up, then the cell F up & BW down);
+    6. ``r + 1`` rounds of (backward up, backward down), the second half split (W deferred);
+    7. ``p - r - 1`` rounds of (the oldest deferred W, B down); 8. the deferred Ws, oldest first.
+    """
     o = _RankOrder((r, 2 * p - 1 - r))
     for _ in range(2 * (p - r - 1)):  # 1
         o.forward(_DOWN)

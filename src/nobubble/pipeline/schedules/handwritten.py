@@ -1,8 +1,6 @@
-"""Hand-written schedules: GPipe, 1F1B, interleaved 1F1B, and the Zero Bubble paper's ZB-H1/H2.
-
-Each returns a :class:`~nobubble.pipeline.actions.Schedule` for ``num_stages`` ranks (one
-stage per rank, except interleaved 1F1B) and ``num_microbatches`` microbatches; the registry
-in :mod:`nobubble.pipeline.schedules` describes each one.
+"""Hand-written schedules: GPipe, 1F1B, interleaved 1F1B, and the Zero Bubble paper's ZB-H1/H2,
+each a :class:`~nobubble.pipeline.actions.Schedule` for ``num_stages`` ranks (one stage per
+rank, except interleaved 1F1B) and ``num_microbatches`` microbatches.
 """
 
 from __future__ import annotations
@@ -33,8 +31,12 @@ def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
 def zb_handcrafted(
     num_stages: int, num_microbatches: int, *, warmup_factor: int, split_backward: bool
 ) -> Schedule:
-    """The paper's warm-up-c generator (module docstring). ``warmup_factor=1`` with a fused
-    backward is 1F1B; with a split backward ZB-H1; ``warmup_factor=2`` split is ZB-H2."""
+    """The paper's warm-up-c generator: rank r warms up ``min(c(p - r - 1), m)`` forwards;
+    then for each microbatch i it runs the next F (if any is left), ``B_i``, and the oldest
+    pending W once ``i >= c * r`` (W lags its B by ``c * r`` microbatches, filling the tail
+    bubble); leftover Ws run at the end. ``warmup_factor=1`` with a fused backward is 1F1B;
+    with a split backward ZB-H1 (1F1B's memory); ``warmup_factor=2`` split is ZB-H2 (about
+    twice it, no warm-up bubble)."""
     check_sizes(num_stages, num_microbatches)
     p, m, c = num_stages, num_microbatches, warmup_factor
     rows = []

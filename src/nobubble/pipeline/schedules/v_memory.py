@@ -1,56 +1,19 @@
-"""V-Min, V-Half, V-ZB: V schedules whose activation memory is chosen up front.
+"""V-Min, V-Half, V-ZB (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory").
 
-After Qi et al. 2024, "Pipeline Parallelism with Controllable Memory". Two chunks per rank
-in a V, as ZB-V (:mod:`nobubble.pipeline.schedules.v_shape`): rank r holds stage r (chunk 0,
-``down``) and stage 2p-1-r (chunk 1, ``up``).
+V schedules (rank r holds stages r and 2p-1-r) whose activation memory is set by a building
+block's slot offsets, per rank r (``g`` keeps the four slots distinct modulo 6):
 
-**Building block.** One microbatch's ops on every rank, laid out in unit time slots: on rank
-r, forward of the down chunk at slot ``f0[r]``, forward of the up chunk at ``f1[r]``, input
-gradient of the up chunk at ``b1[r]`` (the gradient turns around on rank 0, so B runs up the
-ranks first), input gradient of the down chunk at ``b0[r]``; the two Ws go into the first
-free slots after their B. Microbatch i is the block shifted by ``6 i`` slots (each rank runs
-six ops per microbatch), so a rank holds a microbatch's activations for its *lifespan*
-(F to W) and its peak is about ``(sum of lifespans) / 6`` chunk activations: the offsets set
-the memory. Per rank r (``g`` keeps the four slots distinct modulo 6):
+| schedule | f0 | f1 | b1 | b0 | peak, rank units |
+|---|---|---|---|---|---|
+| V-Min | r | 2p-1-r | 2p+g+r | 4p+g-1-r | about (p+4)/3 |
+| V-Half | 2r | 3p-2-r | 3p-1+g+2r | 6p-2+g-r | about (p+2)/2 |
+| V-ZB | 4r | 6p-3-2r | 6p-2+4r | 12p-5-2r | p (1F1B's) |
 
-| schedule | f0 | f1 | b1 | b0 | lifespans (sum) | peak, rank units |
-|---|---|---|---|---|---|---|
-| V-Min | r | 2p-1-r | 2p+g+r | 4p+g-1-r | ~ 4p | about (p+4)/3 |
-| V-Half | 2r | 3p-2-r | 3p-1+g+2r | 6p-2+g-r | ~ 6p | about (p+2)/2 |
-| V-ZB | 4r | 6p-3-2r | 6p-2+4r | 12p-5-2r | 12p | p (1F1B's) |
-
-V-Min: ``g = 2`` when 3 divides p, else 0; V-Half: ``g = 3`` when p is even, else 0 (the
-paper's offsets). V-ZB's block is ZB-V's steady state (each W right after its B; the test
-suite checks it against ZB-V's timeline): zero bubble at 1F1B's memory when T_F = T_B = T_W,
-which is what V-ZB stands for.
-
-**Unit.** A *rank unit* is one microbatch's activations on one rank: ``mem_f`` of its two
-chunks together (each chunk stores half of what the rank's layers store).
-
-**From block to schedule** (the paper's repeat, reorder, squeeze). The repeated block is
-valid for any m (every input sits in an earlier slot), but it starts one microbatch per six
-slots, so the warm-up and cool-down are mostly empty slots. *Reordering* walks the ops in
-slot order and moves each op of the warm-up (before rank 0's first down-chunk B) and of the
-cool-down (from rank 0's last down-chunk F on) into the earliest free slot after its inputs
-and after its predecessor of the same kind, provided the rank's peak memory under the costs'
-memory model stays within the cap; a second pass moves only the cool-down's Bs, with the Ws
-placed afresh behind them. *Squeezing* is simply simulating the resulting order with the
-real costs (every op as soon as its inputs are in). For V-ZB the reordering rebuilds ZB-V's
-forward/backward order with other W slots, and ZB-V's own order (the same block with a
-hand-written warm-up that fills the pipeline with forwards first, as the paper's does, and
-its cool-down) is a candidate too.
-
-**Compaction for the costs.** With T_F != T_B != T_W and T_comm > 0 the Ws (which nothing
-waits for) can go elsewhere: each candidate is also run with Ws right after their B until
-the rank's last forward (where memory is tightest), and after it only in idle stretches they
-fit, the rest at the end (:func:`_place_ws`). Every candidate (block, reordered, reordered
-twice, ZB-V for V-ZB; each as is and with Ws placed) is simulated; those above the cap are
-dropped and the shortest longest-rank span wins, so the result is never worse than the
-block (nor, for V-ZB, than ZB-V). The cap is the block's own peak under the costs (for V-ZB,
-the larger of the block's and ZB-V's: both at most 1F1B's p rank units).
-
-Limits: ``num_ranks >= 1``, ``num_microbatches >= 1`` (below about 2p microbatches the block
-is cut short and warm-up dominates).
+V-Min: ``g = 2`` when 3 divides p, else 0; V-Half: ``g = 3`` when p is even, else 0. A rank
+unit is one microbatch's activations on one rank. The block is repeated, reordered within the
+block's memory cap and squeezed by simulation; the shortest candidate within the cap wins
+(docs/pipeline/schedules.md, "Controllable memory"). Limits: ``num_ranks >= 1``,
+``num_microbatches >= 1``.
 """
 
 from __future__ import annotations

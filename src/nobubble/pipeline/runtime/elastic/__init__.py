@@ -1,12 +1,6 @@
-"""Re-planning while training: the layers re-cut over the ranks from live costs.
-
-- :mod:`.partition`: the least-bottleneck contiguous cut for measured rank speeds, and when
-  a re-cut is worth it (pure functions).
-- :mod:`.policy`: :class:`~.policy.ReplanPolicy`, when to re-cut from the stream of measured
-  speeds (pure).
-- :mod:`.migrate`: a layer's weights, buffers and optimizer state to its new owner.
-- :mod:`.replanning`: :class:`~.replanning.Replanner`, the runner's hook that re-plans
-  between steps (``PipelineRunner(..., hooks=[replanner])``).
+"""Re-planning while training: the layers re-cut over the ranks from live costs
+(:mod:`.partition` the cut's arithmetic, :mod:`.policy` when to re-cut, :mod:`.migrate` the
+move, :mod:`.replanning` the runner's hook).
 """
 
 from nobubble.pipeline.runtime.elastic.partition import balanced_sizes, replan_decision

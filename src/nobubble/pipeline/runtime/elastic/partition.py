@@ -1,16 +1,8 @@
-"""Which layers each rank holds, given how fast each rank runs: the re-plan's arithmetic.
-
-A pipeline of ``L`` layers cut into ``p`` contiguous stages (one per rank) runs a step in
-about the time of its slowest stage: ``max_r speed_r * sum(cost of rank r's layers)``, where
-``cost`` is each layer's nominal cost (any unit; equal when the layers are alike) and
-``speed_r`` the time rank ``r`` takes per unit of it (measured: a 1.5x straggler has a 1.5x
-speed). :func:`balanced_sizes` finds the cut with the least such bottleneck (exact, dynamic
-programming over cut points; it lives in :mod:`nobubble.pipeline.partition`, shared with the
-planner, and is re-exported here); :func:`speeds_from_times` turns measured per-rank compute times
-into speeds; :func:`replan_decision` says whether a new cut is worth moving layers for.
-
-Pure functions, no torch: the same answer on every rank from the same numbers, so every rank
-switches to the same cut at the same step boundary without a message.
+"""The re-plan's arithmetic (pure, no torch): :func:`speeds_from_times` turns measured per-rank
+compute times into speeds (ms per unit of layer cost; a 1.5x straggler has speed 1.5),
+:func:`replan_decision` says whether a new cut is worth moving layers for;
+:func:`balanced_sizes` (from :mod:`nobubble.pipeline.partition`) is re-exported. The same
+numbers give the same answer on every rank, so all switch together without a message.
 """
 
 from __future__ import annotations

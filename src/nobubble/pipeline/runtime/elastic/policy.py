@@ -1,23 +1,12 @@
 """When to re-cut: the re-plan policy over the stream of measured per-rank speeds (pure).
 
-:class:`ReplanPolicy` is fed every step's speeds (ms per unit of layer cost, one per rank,
-:func:`~.partition.speeds_from_times`) and answers the cut the next step should run with,
-or None to keep the current one:
-
-- a cut's first step is warm-up (shapes, buffers, caches) and is not used;
-- the *planned* speeds are those the current cut was made for: equal speeds (at the measured
-  mean) for the first cut, the measured ones after a re-plan, then the per-rank median of
-  the last ``window`` steady steps;
-- a step *drifts* when some rank's speed is more than ``threshold`` (relative) away from its
-  planned one; after ``patience`` drifted steps in a row their median is the measured speed,
-  and the cut changes when the best cut for it is at least ``min_gain`` faster
-  (:func:`~.partition.replan_decision`). Either way those speeds become the new plan, so a
-  slowness not worth a move is not reconsidered every step.
-
-So a rank that turns slow at step ``k`` (``k >= 1``: step 0 is the first cut's warm-up)
-shows in steps ``k`` and ``k + 1`` with ``patience=2``, and the new cut runs from step
-``k + 2``. Every rank runs its own copy on the same all-reduced numbers and reaches the same
-answer.
+:class:`ReplanPolicy` is fed every step's speeds (:func:`~.partition.speeds_from_times`) and
+answers the cut the next step should run with, or None. A cut's first step is warm-up and
+unused; a step *drifts* when some rank's speed is more than ``threshold`` from the planned
+one; after ``patience`` drifted steps in a row their median is the measured speed, the cut
+changes when the best cut for it is at least ``min_gain`` faster
+(:func:`~.partition.replan_decision`), and either way those speeds become the plan. Every
+rank reaches the same answer from the same all-reduced numbers (rules: docs/pipeline/replan.md).
 """
 
 from __future__ import annotations

@@ -11,38 +11,14 @@ the layers and a new order between two steps, every rank switching together.
         replan.optimizer.zero_grad(set_to_none=True)
     runner.close()
 
-Each step every rank times its own ops (compute only, waits excluded; a straggler's slowness
-shows up here: :class:`Replanner` watches the runner's actions after its observers, so a
-:class:`~nobubble.pipeline.runtime.hooks.StragglerObserver` there slows what it measures)
-and, at the step's end (:meth:`Replanner.after_step`), the ranks all-reduce those times.
-From them each rank derives every rank's *speed* (ms per unit of layer cost,
-:mod:`.partition`), and :class:`~.policy.ReplanPolicy` decides: when a speed drifts more than
-``threshold`` from the one the current cut was planned for and a better cut is at least
-``min_gain`` faster, every rank computes the same new cut from the same numbers (no leader).
-At the start of the next step (:meth:`Replanner.before_step`, after the user's optimizer
-step, so the weights and optimizer state that move are the updated ones) the layers that
-change owner move (:mod:`.migrate`: weights, buffers, optimizer state), the optimizer is
-rebuilt over the new parameters, and the runner is re-staged
-(:meth:`~nobubble.pipeline.runtime.runner.PipelineRunner.restage`). The runner itself is not
-rebuilt: its process groups, observers and step count stay; what must change are its stage
-modules (new stage boundaries), their B/W splits and the boundary shapes it learnt. With
-``plan`` the order is re-planned too: ``plan(costs)`` (a heuristic, or the ILP with a time
-limit) runs on rank 0 with the predicted per-stage costs, and its schedule (or its error)
-is broadcast.
-
-A cut's first step is warm-up and not counted. A straggler that starts at step ``k >= 1``
-shows in steps ``k`` and ``k + 1`` (``patience=2``: one slow step is not a trend), and the
-cut changes before step ``k + 2``; a rank slow from the start counts as drift from the equal
-speeds the first cut assumes. Training is the single-process model's: the same gradients
-(the runner's guarantee) and the same optimizer state, wherever each layer lives.
-
-Limits: one stage per rank (a schedule with ``num_stages == num_ranks``); every rank holds
-a replica of every layer (only the owner's is trained; a layer's weights travel when it
-moves); the optimizer is rebuilt by ``optimizer`` over the new parameters, with the state
-and the param-group settings (learning rate, ...) of the old one carried over, by position
-(a warning when the factory makes another number of groups): use ``replan.optimizer``,
-which changes at a re-plan (``StepRecord.replanned_to``), and rebuild a learning-rate
-scheduler over it then.
+After each step the ranks all-reduce their compute times (:meth:`Replanner.after_step`) and
+:class:`~.policy.ReplanPolicy` decides; before the next step the moved layers migrate
+(:mod:`.migrate`: weights, buffers, optimizer state), the optimizer is rebuilt and the runner
+re-staged (:meth:`~nobubble.pipeline.runtime.runner.PipelineRunner.restage`). With ``plan``
+the order is re-planned on rank 0 and broadcast. Training stays the single-process model's.
+Limits: one stage per rank; every rank holds a replica of every layer; optimizer state and
+param-group settings carry over by position; use ``replan.optimizer``, which changes at a
+re-plan. Decision rules and timing: docs/pipeline/replan.md.
 """
 
 from __future__ import annotations

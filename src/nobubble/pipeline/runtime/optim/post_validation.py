@@ -1,26 +1,14 @@
 """The optimizer step without its bubble: step first, check the global condition after.
 
-Gradient-norm clipping and the NaN/inf check need one number from every rank (the global
-gradient norm), so a synchronous step waits at an all-reduce: a rank whose last W ended
-early idles until the slowest rank's ends, and only then steps. The Zero Bubble paper's
-*post-validation* steps optimistically instead:
-
-1. :meth:`PostValidatedOptimizer.step` starts the all-reduce of (sum of squared gradients,
-   count of non-finite values) without waiting, keeps a copy of the parameters and the
-   optimizer state, and steps with the unclipped gradients while the all-reduce travels;
-2. :meth:`PostValidatedOptimizer.confirm` waits for the global numbers and, when they say
-   the optimistic step was wrong, puts the copy back (bit for bit) and redoes it: with the
-   gradients scaled by ``max_norm / norm`` when the norm is too large, not at all when a
-   value is not finite.
-
-So the result equals the synchronous step's exactly (:func:`synchronous_step` is that
-reference), and the rank's wait overlaps its own optimizer step. ``confirm`` must run
-before the parameters are used again (before the next forward) and before the gradients
-are zeroed (a rollback steps again with them). As a runner hook,
-``PipelineRunner(..., hooks=[post])``, the runner does both at the start of every step
-(:meth:`PostValidatedOptimizer.before_step`, the result in ``post.last``), so the loop
-only calls ``post.step()``, and ``post.confirm()`` once after the last step. The copy
-costs one parameter set plus one optimizer state of memory; a rollback costs one more step.
+:meth:`PostValidatedOptimizer.step` starts the all-reduce of (sum of squared gradients,
+count of non-finite values) without waiting, keeps a copy of the parameters and optimizer
+state, and steps with the unclipped gradients; :meth:`PostValidatedOptimizer.confirm` waits
+for the global numbers and, when the step was wrong, restores the copy bit for bit and redoes
+it (gradients scaled by ``max_norm / norm``, or no step when a value is not finite). The
+result equals :func:`synchronous_step`'s exactly. ``confirm`` must run before the parameters
+are used again and before the gradients are zeroed; as a runner hook
+(:meth:`PostValidatedOptimizer.before_step`, the result in ``post.last``) the runner does
+both at the start of every step. Memory: one parameter set plus one optimizer state.
 
 ::
 

@@ -1,23 +1,8 @@
-"""Plan for your own model: profile each block once, then let the planner cut and schedule it.
-
-The planner (:func:`~nobubble.pipeline.plan.plan_from_costs`) is pure and takes per-block
-costs; this module measures them on the user's own ``nn.Module`` blocks:
-
-- :func:`profile_blocks`: one :class:`~nobubble.pipeline.plan.BlockCosts` per block, measured
-  by the one profiler, :func:`~nobubble.pipeline.runtime.profile.profile_modules`, with every
-  block as a one-block stage (:meth:`~nobubble.pipeline.runtime.profile.Profile.block_costs`);
-- :func:`plan`: checks the input, profiles one microbatch and plans; the
-  :class:`~nobubble.pipeline.plan.Plan` keeps the costs it was made from, so that
-  ``p.schedule()`` rebuilds the very schedule the planner weighed (a cost-dependent order
-  such as ZB-2p differs with the costs) on every rank, from its JSON;
-- :func:`plan_model`: measure, then plan: the runtime's own costs on local ranks
-  (:func:`~nobubble.pipeline.runtime.planning.measure_runtime`, unless given), then
-  :func:`plan` with a chosen intra-op thread count; ``nobubble pp plan --model`` and
-  ``benchmarks/pp_plan.py`` both plan through it;
-- the user's own modules are grouped into stages by the one cutting function,
-  ``split_model(blocks, p.num_stages, balance=p)``.
-
-Typical use (rank 0 or the launching process plans; every rank runs the same plan)::
+"""Plan for your own model: profile each block once (:func:`profile_blocks`, by the one
+profiler), then let the pure planner (:func:`~nobubble.pipeline.plan.plan_from_costs`) cut
+and schedule it (:func:`plan`; :func:`plan_model` also measures the runtime's own costs).
+The :class:`~nobubble.pipeline.plan.Plan` keeps its costs, so ``p.schedule()`` rebuilds the
+very schedule the planner weighed on every rank::
 
     p = plan(blocks, inputs, targets, loss_fn, num_ranks=2)
     runner = PipelineRunner(split_model(blocks, p.num_stages, balance=p), p.schedule(),

@@ -1,17 +1,11 @@
 """The runtime's own costs, measured on local ranks: what a block profile cannot see.
 
-A block's profile times its compute alone. A pipeline step also pays, for every action, the
-runtime's fixed cost (Python dispatch, the hand-over to and from the transport, a waiting
-rank's wake-up) and, for every boundary tensor, its transfer. On ops of a few milliseconds
-the first is not small (a few tenths of a millisecond an action with gloo on CPU), and a
-schedule with more actions (interleaved, V, split B/W) pays it more often.
-
 :func:`measure_runtime` runs :class:`~nobubble.pipeline.runtime.runner.PipelineRunner` on
-``num_ranks`` local ranks over stages that compute almost nothing, so the step is the
-runtime's cost alone: ``op_overhead_ms`` is that step over the step the simulator gives the
-same schedule at unit op times; ``comm_ms_per_byte`` is the one-way time of a boundary-sized
-tensor beyond a tiny one's (:func:`~nobubble.pipeline.runtime.profile.measure_comm`), per
-byte. Both feed :func:`~nobubble.pipeline.runtime.planning.plan`.
+``num_ranks`` local ranks over stages that compute almost nothing: ``op_overhead_ms`` is
+that step over the simulator's step of the same schedule at unit op times (the fixed cost
+of each action: dispatch, transport, wake-up); ``comm_ms_per_byte`` is the one-way time of
+a boundary-sized tensor beyond a tiny one's, per byte. Both feed
+:func:`~nobubble.pipeline.runtime.planning.plan`.
 """
 
 from __future__ import annotations
