@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from nobubble.bench.output import figure
 from nobubble.distributed import spawn
-from nobubble.files import save_figure
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.hierarchical import Topology
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
@@ -361,24 +361,16 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
 
 def draw_overlap(timeline: dict, path: Path) -> Path:
     """Two-lane Gantt (experts / communication) of one step without and with overlap."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     colours = {"dispatch": "tab:blue", "combine": "tab:orange", "experts": "tab:green"}
     modes = ["no overlap", "chunked overlap"]
-    fig, axes = plt.subplots(len(modes), 1, figsize=(10, 3.2), sharex=True)
-    for ax, mode in zip(axes, modes, strict=True):
-        for name, cat, start, dur, lane in timeline[mode]:
-            ax.barh(lane, dur / 1e3, left=start / 1e3, color=colours[cat], edgecolor="black")
-            ax.text((start + dur / 2) / 1e3, lane, name, ha="center", va="center", fontsize=7)
-        ax.set_yticks([0, 1], ["experts", "comm"])
-        ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
-    axes[-1].set_xlabel("ms from the start of the MoE layer step")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(modes), 1, figsize=(10, 3.2), sharex=True) as (_, axes):
+        for ax, mode in zip(axes, modes, strict=True):
+            for name, cat, start, dur, lane in timeline[mode]:
+                ax.barh(lane, dur / 1e3, left=start / 1e3, color=colours[cat], edgecolor="black")
+                ax.text((start + dur / 2) / 1e3, lane, name, ha="center", va="center", fontsize=7)
+            ax.set_yticks([0, 1], ["experts", "comm"])
+            ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
+        axes[-1].set_xlabel("ms from the start of the MoE layer step")
     return path
 
 

@@ -1,8 +1,6 @@
-"""What a rank knows about its process group, and how nobubble starts its processes.
-
-:class:`DistContext` is handed to distributed code instead of globals; :func:`context_from_env`
-builds one under ``torchrun``; :func:`worker_context` is the ``multiprocessing`` context every
-rank and worker of nobubble starts from.
+"""What a rank knows about its process group (:class:`DistContext`, built under ``torchrun`` by
+:func:`context_from_env`), device checks, and the ``multiprocessing`` context every rank and
+worker of nobubble starts from (:func:`worker_context`).
 """
 
 from __future__ import annotations
