@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "ListNode",
@@ -175,7 +175,7 @@ def _kmerge(its: list[Iterator[Any]], key: Callable[[Any], Any] | None, reverse:
         except StopIteration:
             continue
         heap.append([key_of(value), sign * order, value, nxt])
-    heapify(heap)
+    heapify(cast("list[Any]", heap))  # entries compare element-wise (key, order, ...)
     while len(heap) > 1:
         try:
             while True:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -110,6 +110,7 @@ def _round(buf: Buffer, x, idx, w, num_experts: int, fp8: bool | None = None):
     bf16); the slowest rank's ``(dispatch, combine)`` seconds."""
     dist.barrier()
     t0 = time.perf_counter()
+    res: Any
     if fp8 is None:
         res = buf.dispatch(x, idx, w, num_experts=num_experts)
     else:
@@ -123,7 +124,7 @@ def _round(buf: Buffer, x, idx, w, num_experts: int, fp8: bool | None = None):
     return _slowest(t1 - t0), _slowest(time.perf_counter() - t1)
 
 
-def _interleave(runs: dict[str, Callable[[], T]], iters: int) -> dict[str, list[T]]:
+def _interleave(runs: Mapping[str, Callable[[], T]], iters: int) -> dict[str, list[T]]:
     """One untimed warm-up call of every run (it sizes shared-memory regions, builds kernels),
     then ``iters`` rounds calling each once, each round starting one run further, so that
     bursts of load from other jobs hit every run alike. Returns every run's results."""
