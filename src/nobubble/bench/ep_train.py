@@ -74,8 +74,7 @@ class MoEGPT(nn.Module):
     """Token + position embedding, ``num_layers`` blocks, a linear head: (B, T) -> (B, T, V).
 
     ``make_moe(weights)`` builds each block's MoE from its layer's full weights (the same on
-    every rank and in the dense model, so all start identical). ``examples/train_moe.py``
-    trains this model too.
+    every rank and in the dense model, so all start identical).
     """
 
     def __init__(

@@ -87,18 +87,13 @@ def _run_rank(rank: int, settings: tuple, job: _Job, conn: Any) -> None:
         buf = io.BytesIO()
         torch.save(out, buf)  # tensors and plain objects alike; no shared-memory handles
         conn.send(("ok", rank, buf.getvalue()))  # only this thread writes the pipe
-    finally:
-        _leave_group()
-
-
-def _leave_group() -> None:
-    """Destroy the default group if this rank got as far as creating it."""
-    dist_module = sys.modules.get("torch.distributed")
-    if dist_module is not None and dist_module.is_initialized():
-        try:
-            dist_module.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
-            pass
+    finally:  # leave the group if this rank got as far as creating it
+        dist_module = sys.modules.get("torch.distributed")
+        if dist_module is not None and dist_module.is_initialized():
+            try:
+                dist_module.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
+                pass
 
 
 class _Job:

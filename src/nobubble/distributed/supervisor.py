@@ -148,10 +148,8 @@ def _is_stopped(pid: int | None) -> bool:
 
 def die_with_parent(parent_pid: int) -> None:
     """Make this process die when ``parent_pid`` (its launcher) does (Linux: the
-    parent-death signal), so a killed ``nobubble`` command leaves no worker behind it.
-
-    A process started by ``multiprocessing``'s forkserver has the forkserver as its parent;
-    the forkserver exits when the launcher does, and the signal follows from it."""
+    parent-death signal, through the forkserver that exits with the launcher), so a killed
+    ``nobubble`` command leaves no worker behind it."""
     if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)
