@@ -1,18 +1,8 @@
-"""Output files: checked before any work starts, written atomically.
-
-- :func:`read_input_text`: an input file's text, or a ValueError naming the file and why it
-  cannot be read (missing, a folder, unreadable, not UTF-8) and how to get a right one.
-- :func:`check_output_file` / :func:`check_output_dir`: refuse a path that cannot be written
-  (a folder where a file is wanted, a file where a folder is needed, a special file such as
-  ``/dev/null``, a read-only or missing location) with a message naming it, so a command
-  fails before it computes anything.
-- :func:`atomic_path`: write to a temporary file beside the target and rename it over the
-  target only once the write finished, so a run killed mid-write leaves the old file (or
-  none), never a truncated one. :func:`write_text` and :func:`save_figure` use it.
-- :func:`claim_output`: for the length of a run, hold a claim file ``.<name>.lock`` beside
-  an output (holding the run's pid), so a second run given the same path while the first
-  lives is refused before it starts, instead of the two overwriting each other's output; a
-  claim left by a dead run is taken over.
+"""Input and output files: read with an error that names the file and the fix
+(:func:`read_input_text`), checked before any work starts (:func:`check_output_file`,
+:func:`check_output_dir`), written atomically (:func:`atomic_path`: a killed run leaves the
+old file or none, never a truncated one), and claimed for the length of a run
+(:func:`claim_output`: a second live run given the same path is refused).
 """
 
 from __future__ import annotations
@@ -34,6 +24,7 @@ __all__ = [
     "write_text",
     "save_figure",
     "claim_output",
+    "proc_stat",
 ]
 
 
@@ -171,6 +162,15 @@ def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
     return target
 
 
+def proc_stat(pid: int | None) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...; the
+    start time is ``[19]``); None when the process is gone or there is no ``/proc``."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _pid_alive(pid: int, claimed_at: float) -> bool:
     """Whether ``pid`` is a live process (not a zombie) that could have written a claim at
     ``claimed_at``: a process started after that (the pid reused) is not the claimant."""
@@ -182,8 +182,10 @@ def _pid_alive(pid: int, claimed_at: float) -> bool:
         return False
     except PermissionError:  # someone else's process: alive
         pass
+    fields = proc_stat(pid)
+    if fields is None or len(fields) < 20:  # no /proc: trust kill
+        return True
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         boot = next(
             float(line.split()[1])
             for line in Path("/proc/stat").read_text().splitlines()

@@ -1,14 +1,8 @@
-"""Execution traces: per-rank timelines of events, merged and exported for Perfetto.
-
-Every part of nobubble that runs something records ``Event`` objects: a pipeline rank's F/B/W
-ops, a MoE dispatch, an RL stage's busy spans. Each rank records its own timeline in time
-order; :func:`merge_timelines` merges k of them into one time-ordered stream with the k-way
-merge (O(N log k), lazy), and :func:`to_chrome_trace` writes the Chrome Trace Event format
-(complete ``"X"`` events, one named process per rank) that Perfetto and chrome://tracing open.
-
-Files written by other tools load too, as long as their events are complete events with
-``name``, ``ts``, ``dur`` and ``pid``; anything else is reported with the file and the event's
-index (:class:`TraceFormatError`).
+"""Execution traces: per-rank timelines of :class:`Event` s, merged by start time
+(:func:`merge_timelines`, a lazy k-way merge) and read and written in the Chrome Trace Event
+format (complete ``"X"`` events, one named process per rank) that Perfetto opens. Files of
+other tools load too when their events have ``name``, ``ts``, ``dur`` and ``pid``; anything
+else raises :class:`TraceFormatError` naming the file and the event's index.
 """
 
 from __future__ import annotations
@@ -99,34 +93,34 @@ def to_chrome_trace(
     One process per rank (``pid`` = rank, named ``rank_names[rank]`` or ``"rank R"`` and sorted
     by rank), one complete event per :class:`Event`.
     """
-    trace_events: list[dict[str, Any]] = []
-    ranks: set[int] = set()
-    for e in events:
-        ranks.add(e.rank)
-        trace_events.append(
-            {
-                "name": e.name,
-                "cat": e.cat,
-                "ph": "X",
-                "ts": e.start_us,
-                "dur": e.dur_us,
-                "pid": e.rank,
-                "tid": e.lane,
-                "args": dict(e.args),
-            }
-        )
+    events = list(events)
     names = rank_names or {}
-    meta = []
-    for r in sorted(ranks):
-        meta.append(
+    meta = [
+        item
+        for r in sorted({e.rank for e in events})
+        for item in (
             {
                 "name": "process_name",
                 "ph": "M",
                 "pid": r,
                 "args": {"name": names.get(r, f"rank {r}")},
-            }
+            },
+            {"name": "process_sort_index", "ph": "M", "pid": r, "args": {"sort_index": r}},
         )
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": r, "args": {"sort_index": r}})
+    ]
+    trace_events = [
+        {
+            "name": e.name,
+            "cat": e.cat,
+            "ph": "X",
+            "ts": e.start_us,
+            "dur": e.dur_us,
+            "pid": e.rank,
+            "tid": e.lane,
+            "args": dict(e.args),
+        }
+        for e in events
+    ]
     return {"traceEvents": meta + trace_events, "displayTimeUnit": "ms"}
 
 
@@ -195,13 +189,9 @@ def merge_trace_files(paths: Sequence[str | Path]) -> tuple[list[Event], dict[in
     """Read several trace files (typically one per rank) and merge them by start time."""
     if not paths:
         raise ValueError("merge_trace_files: no input files; pass one trace file per rank")
-    timelines = []
-    names: dict[int, str] = {}
-    for p in paths:
-        evs, n = read_chrome_trace(p)
-        timelines.append(evs)
-        names.update(n)
-    return list(merge_timelines(timelines)), names
+    read = [read_chrome_trace(p) for p in paths]
+    names = {rank: name for _, found in read for rank, name in found.items()}
+    return list(merge_timelines(events for events, _ in read)), names
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,7 @@
-"""Checks of configuration values, with errors that name the value and the rule it breaks.
-
-Every config dataclass validates its fields in ``__post_init__``; the counts and rates they
-hold follow a few rules, checked here in one place::
-
-    check_fields("TrainConfig", self, ("microbatch_size", "num_steps"), ">= 1")
-    # ValueError: TrainConfig.num_steps=0 must be >= 1
-
-:func:`finite` is the one test of a real value that a user or a file gives: not NaN, not
-infinite, and at most :data:`MAX_REAL` in size - ``1e308`` is finite to IEEE but overflows
-the first product it enters (a bubble of ``nan%``), so it is refused like ``inf``.
+"""Checks of configuration values whose errors name the value and the rule it breaks
+(``check_fields("TrainConfig", self, ("num_steps",), ">= 1")`` -> ``ValueError:
+TrainConfig.num_steps=0 must be >= 1``), and :func:`finite`, the one test of a real value a
+user or a file gives (not NaN or infinite, magnitude at most :data:`MAX_REAL`).
 """
 
 from __future__ import annotations

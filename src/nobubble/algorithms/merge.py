@@ -1,15 +1,8 @@
-"""Merge k sorted sequences: "merge k sorted lists" (LeetCode 23), and a lazy k-way merge.
-
-Three entry points, one contract (ascending, stable: among equal keys the item from the input
-with the lower index comes first, and within one input the original order is kept):
-
-- ``merge_k_lists(lists)``: linked lists, heap of the k current heads, O(N log k) time, O(k)
-  extra memory. Nodes are relinked, never copied, and the loop is iterative, so a list of
-  10^6 nodes does not touch the recursion limit.
-- ``merge_k_lists_pairwise(lists)``: divide and conquer, merging pairs of lists in log2(k)
-  rounds; the same O(N log k) without a heap.
-- ``kmerge(*iterables, key=None, reverse=False)``: lazy generator over any iterables, O(k)
-  memory. It is used to merge per-rank trace timelines (``nobubble.trace``).
+"""Merge k sorted sequences: "merge k sorted lists" (LeetCode 23) on linked lists, by a heap of
+the k heads (:func:`merge_k_lists`) or pairwise in log2(k) rounds
+(:func:`merge_k_lists_pairwise`), and the lazy k-way merge of any iterables (:func:`kmerge`,
+used for per-rank trace timelines). One contract: ascending (or descending with
+``reverse``), stable (among equal keys the lower input index first, input order kept).
 """
 
 from __future__ import annotations
@@ -69,10 +62,9 @@ def merge_k_lists(lists: list[ListNode | None]) -> ListNode | None:
         lists: k heads, each ascending; ``None`` entries (empty lists) are allowed, k may be 0.
     Returns:
         The head of the merged list, or ``None`` when every input is empty.
-
-    The heap holds ``(val, list_index, seq, node)``: ``list_index`` breaks ties between lists
-    (stability), ``seq`` breaks ties within one list, so nodes themselves are never compared.
     """
+    # heap entries (val, list_index, seq, node): list_index breaks ties between lists
+    # (stability), seq within one list, so nodes are never compared
     heap: list[tuple[Any, int, int, ListNode]] = []
     for i, node in enumerate(lists):
         if node is not None:
@@ -156,59 +148,41 @@ def kmerge(
     Yields:
         Every item once, in order; equal keys keep the input order (lower index first).
 
-    Memory is O(k): the heap holds one pending item per input. With k == 1 the input is
-    passed through untouched, and when all but one input run dry the rest is streamed
-    without heap operations.
+    Memory is O(k); the last input left streams without heap operations.
     """
     its = [
         iter(_checked(it, i, key, reverse) if check_sorted else it)
         for i, it in enumerate(iterables)
     ]
-    if reverse:
-        yield from _kmerge_reverse(its, key)
-        return
-    # Heap entries are lists so heapreplace can reuse them: [value, order, next] without a
-    # key, [key, order, value, next] with one. ``order`` (the input index) breaks ties, which
-    # makes the merge stable and means items themselves are never compared.
+    return _kmerge_values(its) if key is None and not reverse else _kmerge(its, key, reverse)
+
+
+def _kmerge(its: list[Iterator[Any]], key: Callable[[Any], Any] | None, reverse: bool):
+    """:func:`kmerge` with a key or descending."""
+    # Entries [key, order, value, next], reused in place; ``order`` (the input index, negated
+    # for the max-heap) breaks ties, so the merge is stable and items are never compared.
+    key_of = key or _identity
+    sign, heapify, replace, pop = (
+        (-1, heapq._heapify_max, heapq._heapreplace_max, heapq._heappop_max)  # type: ignore[attr-defined]
+        if reverse
+        else (1, heapq.heapify, heapq.heapreplace, heapq.heappop)
+    )
     heap: list[list[Any]] = []
-    replace, pop = heapq.heapreplace, heapq.heappop
-    if key is None:
-        for order, it in enumerate(its):
-            nxt = it.__next__
-            try:
-                heap.append([nxt(), order, nxt])
-            except StopIteration:
-                pass
-        heapq.heapify(heap)
-        while len(heap) > 1:
-            try:
-                while True:
-                    entry = heap[0]
-                    yield entry[0]
-                    entry[0] = entry[2]()  # StopIteration when this input runs dry
-                    replace(heap, entry)
-            except StopIteration:
-                pop(heap)
-        if heap:
-            value, _, nxt = heap[0]
-            yield value
-            yield from nxt.__self__  # the last input streams without heap operations
-        return
     for order, it in enumerate(its):
         nxt = it.__next__
         try:
             value = nxt()
         except StopIteration:
             continue
-        heap.append([key(value), order, value, nxt])
-    heapq.heapify(heap)
+        heap.append([key_of(value), sign * order, value, nxt])
+    heapify(cast("list[Any]", heap))  # entries compare element-wise (key, order, ...)
     while len(heap) > 1:
         try:
             while True:
                 entry = heap[0]
                 yield entry[2]
-                value = entry[3]()
-                entry[0] = key(value)
+                value = entry[3]()  # StopIteration when this input runs dry
+                entry[0] = key_of(value)
                 entry[2] = value
                 replace(heap, entry)
         except StopIteration:
@@ -216,36 +190,34 @@ def kmerge(
     if heap:
         _, _, value, nxt = heap[0]
         yield value
-        yield from nxt.__self__
+        yield from nxt.__self__  # the last input streams without heap operations
 
 
-def _kmerge_reverse(its: list[Iterator[Any]], key: Callable[[Any], Any] | None) -> Iterator[Any]:
-    """Descending merge: a max-heap through heapq's max-heap helpers; ties favour the lower
-    input index, so the order is negated (-0 > -1)."""
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _kmerge_values(its: list[Iterator[Any]]) -> Iterator[Any]:
+    """Ascending merge without a key, the hot path: entries ``[value, order, next]``."""
     heap: list[list[Any]] = []
+    replace, pop = heapq.heapreplace, heapq.heappop
     for order, it in enumerate(its):
         nxt = it.__next__
         try:
-            value = nxt()
+            heap.append([nxt(), order, nxt])
         except StopIteration:
-            continue
-        heap.append([value if key is None else key(value), -order, value, nxt])
-    # typeshed wants list[SupportsRichComparison]; list is invariant, and the entries are
-    # lists compared element-wise (key, -order, ...).
-    heapq._heapify_max(cast("list[Any]", heap))
-    replace = heapq._heapreplace_max  # type: ignore[attr-defined]
+            pass
+    heapq.heapify(heap)
     while len(heap) > 1:
         try:
             while True:
                 entry = heap[0]
-                yield entry[2]
-                value = entry[3]()
-                entry[0] = value if key is None else key(value)
-                entry[2] = value
+                yield entry[0]
+                entry[0] = entry[2]()  # StopIteration when this input runs dry
                 replace(heap, entry)
         except StopIteration:
-            heapq._heappop_max(heap)  # type: ignore[attr-defined]
+            pop(heap)
     if heap:
-        _, _, value, nxt = heap[0]
+        value, _, nxt = heap[0]
         yield value
         yield from nxt.__self__

@@ -1,9 +1,6 @@
-"""The configs of the expert-parallel benchmarks, without torch: ``ep bench``'s
-:class:`BenchConfig` and ``ep train``'s :class:`TrainConfig`.
-
-The command line builds them (and checks their budgets with ``data_bytes()``) before it imports
-torch, so that a bad flag is refused at once; :mod:`.ep_dispatch` and :mod:`.ep_train`, which
-run them, re-export them.
+"""The configs of ``ep bench`` (:class:`BenchConfig`) and ``ep train`` (:class:`TrainConfig`),
+without torch: the command line builds them and checks their budgets (``data_bytes()``)
+before it imports torch, so that a bad flag is refused at once.
 """
 
 from __future__ import annotations
@@ -60,15 +57,11 @@ class BenchConfig:
             raise ValueError(
                 f"BenchConfig.topk={self.topk} exceeds num_experts={self.num_experts}; lower topk"
             )
-        if self.dtype not in DTYPE_NAMES:
-            raise ValueError(
-                f"BenchConfig.dtype={self.dtype!r}; choose one of {sorted(DTYPE_NAMES)}"
-            )
-        if self.transport not in TRANSPORT_KINDS:
-            raise ValueError(
-                f"BenchConfig.transport={self.transport!r}; choose one of "
-                f"{', '.join(TRANSPORT_KINDS)}"
-            )
+        for name, choices in (("dtype", DTYPE_NAMES), ("transport", TRANSPORT_KINDS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"BenchConfig.{name}={getattr(self, name)!r}; choose one of {', '.join(choices)}"
+                )
 
     def data_bytes(self) -> int:
         """The run's memory past its processes'. Per rank: its tokens, the rows it receives

@@ -1,25 +1,13 @@
-"""Dispatch / combine benchmark: Buffer against two baselines, in the same processes.
+"""``ep bench``: Buffer against two baselines, in the same processes, on ``R`` local ranks.
 
-Three dispatchers move the same routing decision on ``R`` local ranks:
-
-- ``buffer``: :class:`~nobubble.moe.buffer.Buffer` (one copy per (token, rank)), with the
-  fast path its transport declares (gather-on-write / reduce-on-read over shared memory).
-- ``per-pair all-to-all``: one copy per (token, expert) pair (:func:`pair_dispatch`).
-- ``all-gather``: every rank gathers every token, keeps those with a local expert; combine is
-  a reduce-scatter of a full ``[R * N, H]`` buffer.
-
-Per method and phase the report gives the median over iterations of the slowest rank's time,
-the *logical* bandwidth (the bytes the MoE layer needs moved - Buffer's deduplicated payload,
-``sum(is_token_in_rank) * H * element_size`` per rank - divided by that time, so all three
-methods are measured against the same work), the bytes each method really moved (counted by
-the transport, summed over ranks) and a correctness verdict.
-
-All three move their rows through one transport, chosen by ``BenchConfig.transport``:
-``"shm"`` (:class:`~nobubble.moe.fastpath.shm_transport.ShmTransport`, shared memory on this host),
-``"dist"`` (:class:`~nobubble.moe.transport.TorchDistTransport`, gloo collectives) or
-``"auto"`` (shared memory for gloo on one CPU host, as ``Buffer(transport="auto")``
-decides); the report names the one really used. ``ep bench --transport shm,dist`` runs it
-once per kind, so that the same ``Buffer`` is compared across them.
+Methods (:data:`METHODS`), all moving the same routing through one transport
+(``BenchConfig.transport``; the report names the one really used): ``buffer``
+(:class:`~nobubble.moe.buffer.Buffer`, one copy per (token, rank)), ``per-pair all-to-all``
+(one copy per (token, expert) pair, :func:`~nobubble.moe.baseline.pair_dispatch`) and
+``all-gather`` (every rank gathers every token; combine reduce-scatters ``[R * N, H]``). Per
+method and phase: the median over iterations of the slowest rank's time, the *logical*
+bandwidth (Buffer's deduplicated payload, ``sum(is_token_in_rank) * H * element_size`` per
+rank, over that time), the bytes really moved (summed over ranks) and a correctness verdict.
 """
 
 from __future__ import annotations
@@ -35,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, MethodResult
+from nobubble.bench.output import figure
 from nobubble.distributed import spawn
-from nobubble.files import save_figure
 from nobubble.moe.baseline import pair_combine, pair_dispatch
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.layout import get_dispatch_layout
@@ -68,12 +56,7 @@ class BenchReport:
     methods: list[MethodResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "config": asdict(self.config),
-            "logical_bytes": self.logical_bytes,
-            "transport": self.transport,
-            "methods": [asdict(m) for m in self.methods],
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -96,13 +79,22 @@ def _phase(transport: Transport, fn: Callable[[], Any]) -> tuple[Any, _Phase]:
     return out, _Phase(ms, payload, st.bytes_sent_remote.get("x", 0), st.total_sent() - payload)
 
 
+def _check(y: torch.Tensor, x: torch.Tensor, copies: torch.Tensor, rtol: float = 0.0):
+    """``(ok, verdict)``: whether ``y`` is ``x * copies`` (identity experts; ``copies`` (N,)),
+    exactly or within ``rtol`` (sums in the payload dtype)."""
+    expected = (x.float() * copies.unsqueeze(1)).to(x.dtype)
+    if torch.equal(y, expected):
+        return True, "exact"
+    if rtol and torch.allclose(y.float(), expected.float(), rtol=rtol, atol=0):
+        return True, "within rounding (sums in payload dtype)"
+    return False, "MISMATCH"
+
+
 def _buffer_round(buf: Buffer, x, topk_idx, copies):
     res, d = _phase(buf.transport, lambda: buf.dispatch(x, topk_idx))
     comb, c = _phase(buf.transport, lambda: buf.combine(res.recv_x, res.handle))
-    expected = (x.float() * copies.unsqueeze(1)).to(x.dtype)  # identity experts
-    exact = torch.equal(comb.combined_x, expected)
+    exact, verdict = _check(comb.combined_x, x, copies)
     bytes_ok = d.payload == int(copies.sum()) * x.shape[1] * x.element_size()
-    verdict = "exact" if exact else "MISMATCH"
     verdict += ", bytes = logical" if bytes_ok else ", BYTES WRONG"
     return d, c, exact and bytes_ok, verdict
 
@@ -110,9 +102,7 @@ def _buffer_round(buf: Buffer, x, topk_idx, copies):
 def _pair_round(t: Transport, x, topk_idx, num_experts: int):
     pairs, d = _phase(t, lambda: pair_dispatch(x, topk_idx, None, num_experts, t))
     y, c = _phase(t, lambda: pair_combine(pairs.recv_rows, pairs, x.shape[0], t))
-    slots = (topk_idx >= 0).sum(1, keepdim=True)  # (N, 1)
-    exact = torch.equal(y, (x.float() * slots).to(x.dtype))
-    return d, c, exact, "exact" if exact else "MISMATCH"
+    return d, c, *_check(y, x, (topk_idx >= 0).sum(1))
 
 
 def _allgather_dispatch(x, topk_idx, t: Transport, num_experts: int):
@@ -135,14 +125,7 @@ def _allgather_round(t: Transport, x, topk_idx, num_experts: int, copies):
         return t.reduce_scatter(full, kind="x")  # (N, H), summed in the payload dtype
 
     y, c = _phase(t, combine)
-    expected = (x.float() * copies.unsqueeze(1)).to(x.dtype)
-    exact = torch.equal(y, expected)
-    tol = 2**-7 if x.dtype == torch.bfloat16 else 1e-6
-    close = exact or torch.allclose(y.float(), expected.float(), rtol=tol, atol=0)
-    verdict = (
-        "exact" if exact else ("within rounding (sums in payload dtype)" if close else "MISMATCH")
-    )
-    return d, c, close, verdict
+    return d, c, *_check(y, x, copies, 2**-7 if x.dtype == torch.bfloat16 else 1e-6)
 
 
 def _rank_body(ctx, config: BenchConfig, progress: Any) -> dict[str, Any]:
@@ -197,27 +180,19 @@ def run_bench(config: BenchConfig, *, progress: Any = None) -> BenchReport:
     for name in METHODS:
         ranks = [r[name] for r in per_rank]
         iters = range(len(ranks[0]["phases"]))
-        d_ms = statistics.median(max(r["phases"][i][0].ms for r in ranks) for i in iters)
-        c_ms = statistics.median(max(r["phases"][i][1].ms for r in ranks) for i in iters)
-        first_d = [r["phases"][0][0] for r in ranks]
-        first_c = [r["phases"][0][1] for r in ranks]
+        figures: dict[str, Any] = {}
+        for i, phase in enumerate(("dispatch", "combine")):
+            ms = statistics.median(max(r["phases"][it][i].ms for r in ranks) for it in iters)
+            first = [r["phases"][0][i] for r in ranks]
+            figures[f"{phase}_ms"] = ms
+            figures[f"{phase}_logical_gbps"] = per_rank_logical / (ms / 1e3) / 1e9
+            figures[f"{phase}_payload_bytes"] = sum(p.payload for p in first)
+            figures[f"{phase}_remote_bytes"] = sum(p.remote for p in first)
+            if phase == "dispatch":
+                figures["dispatch_metadata_bytes"] = sum(p.metadata for p in first)
         correct = all(r["ok"] for r in ranks)
-        methods.append(
-            MethodResult(
-                method=name,
-                dispatch_ms=d_ms,
-                combine_ms=c_ms,
-                dispatch_logical_gbps=per_rank_logical / (d_ms / 1e3) / 1e9,
-                combine_logical_gbps=per_rank_logical / (c_ms / 1e3) / 1e9,
-                dispatch_payload_bytes=sum(p.payload for p in first_d),
-                dispatch_remote_bytes=sum(p.remote for p in first_d),
-                dispatch_metadata_bytes=sum(p.metadata for p in first_d),
-                combine_payload_bytes=sum(p.payload for p in first_c),
-                combine_remote_bytes=sum(p.remote for p in first_c),
-                correct=correct,
-                verdict=ranks[0]["verdict"] if correct else "MISMATCH on some rank",
-            )
-        )
+        verdict = ranks[0]["verdict"] if correct else "MISMATCH on some rank"
+        methods.append(MethodResult(method=name, **figures, correct=correct, verdict=verdict))
     return BenchReport(config, logical, per_rank[0]["transport"], methods)
 
 
@@ -241,39 +216,25 @@ def run_transports(config: BenchConfig, kinds: tuple[str, ...] | None = None) ->
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:
     """Bar charts of time and bytes per method from :meth:`BenchReport.to_dict` (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     methods = report["methods"]
     names = [m["method"] for m in methods]
     pos = list(range(len(names)))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for offset, key, label in ((-0.2, "dispatch", "dispatch"), (0.2, "combine", "combine")):
-        ax1.bar(
-            [p + offset for p in pos], [m[f"{key}_ms"] for m in methods], width=0.4, label=label
+    with figure(path, 1, 2, figsize=(10, 3.6)) as (fig, (ax1, ax2)):
+        for offset, key in ((-0.2, "dispatch"), (0.2, "combine")):
+            x = [p + offset for p in pos]
+            ax1.bar(x, [m[f"{key}_ms"] for m in methods], width=0.4, label=key)
+            ax2.bar(x, [m[f"{key}_payload_bytes"] / 1e6 for m in methods], width=0.4, label=key)
+        ax2.axhline(report["logical_bytes"] / 1e6, color="k", ls="--", lw=1, label="logical")
+        c = report["config"]
+        c = {k.removeprefix("num_"): v for k, v in c.items()}  # reports before the num_ names too
+        transport = report.get("transport", "dist")  # reports written before the field: gloo
+        for ax, ylabel in ((ax1, "ms (slowest rank, median)"), (ax2, "MB moved (all ranks)")):
+            ax.set_xticks(pos, names, fontsize=8)
+            ax.set_ylabel(ylabel)
+            ax.legend(fontsize=8)
+        fig.suptitle(
+            f"{c['ranks']} ranks x {c['tokens']} tokens x {c['hidden']} {c['dtype']}, "
+            f"top-{c['topk']} of {c['experts']} experts, {transport} transport (CPU)",
+            fontsize=10,
         )
-        ax2.bar(
-            [p + offset for p in pos],
-            [m[f"{key}_payload_bytes"] / 1e6 for m in methods],
-            width=0.4,
-            label=label,
-        )
-    ax2.axhline(report["logical_bytes"] / 1e6, color="k", ls="--", lw=1, label="logical")
-    c = report["config"]
-    c = {k.removeprefix("num_"): v for k, v in c.items()}  # reports before the num_ names too
-    transport = report.get("transport", "dist")  # reports written before the field: gloo
-    for ax, ylabel in ((ax1, "ms (slowest rank, median)"), (ax2, "MB moved (all ranks)")):
-        ax.set_xticks(pos, names, fontsize=8)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
-    fig.suptitle(
-        f"{c['ranks']} ranks x {c['tokens']} tokens x {c['hidden']} {c['dtype']}, "
-        f"top-{c['topk']} of {c['experts']} experts, {transport} transport (CPU)",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
     return path

@@ -1,34 +1,29 @@
-"""Measure the MoE fast paths against their baselines, in the same processes.
+"""Measure the MoE fast paths against their baselines, in the same processes (real local gloo
+ranks; all figures are CPU measurements).
 
-Used by ``benchmarks/ep_transports.py`` (full DeepEP-sized shapes) and by the fast-path step of
-``nobubble demo`` (small shapes). Every section spawns real local gloo ranks:
-
-- ``transports``: Buffer dispatch + combine with gloo's all-to-all, with the shared-memory
-  transport's collective path, and with its fused peer-write path
-  (:class:`~nobubble.moe.fastpath.shm_rows.ShmRows`, with and without its C kernel and
-  recycled outputs); bandwidth as a fraction of one core's memcpy bandwidth.
-- ``hierarchical``: 2 "nodes" x 2 ranks; bytes that cross node boundaries, hierarchical vs flat.
-- ``low_latency``: low-latency dispatch + combine vs normal mode, bf16 vs FP8 bytes.
-- ``overlap``: MoE layer forward step time with chunked overlap vs without.
-
-Times are medians over iterations of the slowest rank's time; iterations of the compared paths
-are interleaved so that bursts of load from other jobs hit every path alike. All figures are
-CPU measurements.
+Sections (:data:`SECTIONS`): ``transports`` (Buffer over each path of
+:data:`TRANSPORT_PATHS`; bandwidth as a fraction of one core's memcpy), ``hierarchical`` (2
+"nodes" x 2 ranks: bytes that cross node boundaries, hierarchical vs flat), ``low_latency``
+(low-latency vs normal mode, bf16 vs FP8 bytes) and ``overlap`` (MoE layer step time with
+chunked overlap vs without). Times are medians over iterations of the slowest rank's time;
+the compared paths' iterations are interleaved (:func:`_interleave`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from nobubble.bench.output import figure
 from nobubble.distributed import spawn
-from nobubble.files import save_figure
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.hierarchical import Topology
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
@@ -49,6 +44,7 @@ __all__ = [
     "fastpath_problems",
 ]
 
+T = TypeVar("T")
 SECTIONS = ("transports", "hierarchical", "low_latency", "overlap")
 TRANSPORT_PATHS = {
     "gloo": "Buffer over gloo all-to-all (baseline)",
@@ -71,14 +67,8 @@ class Shape:
     iters: int = 5
 
     def as_dict(self) -> dict[str, int | str]:
-        return {
-            "ranks": self.ranks,
-            "tokens": self.tokens,
-            "hidden": self.hidden,
-            "experts": self.experts,
-            "topk": self.topk,
-            "dtype": "bf16",
-        }
+        """The shape as written into results: every field but ``iters``, and the dtype."""
+        return {**{k: v for k, v in asdict(self).items() if k != "iters"}, "dtype": "bf16"}
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
@@ -105,48 +95,74 @@ def _slowest(seconds: float) -> float:
     return float(t)
 
 
-def _routing(num_tokens: int, num_experts: int, topk: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(num_tokens, num_experts, generator=g).softmax(dim=1)
-    weights, idx = scores.topk(topk, dim=1)
-    return idx, weights
+def _inputs(shape: Shape, routing_seed: int, token_seed: int):
+    """This rank's bf16 tokens ``(N, H)``, top-k expert ids and weights ``(N, K)``."""
+    g = torch.Generator().manual_seed(routing_seed)
+    scores = torch.randn(shape.tokens, shape.experts, generator=g).softmax(dim=1)
+    weights, idx = scores.topk(shape.topk, dim=1)
+    g = torch.Generator().manual_seed(token_seed)
+    x = torch.randn(shape.tokens, shape.hidden, generator=g).to(torch.bfloat16)
+    return x, idx, weights
 
 
-def _tokens(num_tokens: int, hidden: int, seed: int) -> torch.Tensor:
-    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(seed))
-    return x.to(torch.bfloat16)
-
-
-def _time_once(buf: Buffer, x, idx, w, num_experts: int):
-    """One dispatch + combine; the slowest rank's times."""
+def _round(buf: Buffer, x, idx, w, num_experts: int, fp8: bool | None = None):
+    """One dispatch + combine after a barrier (``fp8`` not None: in low-latency mode, FP8 or
+    bf16); the slowest rank's ``(dispatch, combine)`` seconds."""
     dist.barrier()
     t0 = time.perf_counter()
-    res = buf.dispatch(x, idx, w, num_experts=num_experts)
+    res: Any
+    if fp8 is None:
+        res = buf.dispatch(x, idx, w, num_experts=num_experts)
+    else:
+        tokens = x.shape[0]
+        res = buf.low_latency_dispatch(x, idx, num_max_dispatch_tokens_per_rank=tokens, use_fp8=fp8)
     t1 = time.perf_counter()
-    out = buf.combine(res.recv_x, res.handle).combined_x
-    t2 = time.perf_counter()
-    return _slowest(t1 - t0), _slowest(t2 - t1), res, out
+    if fp8 is None:
+        buf.combine(res.recv_x, res.handle)
+    else:
+        buf.low_latency_combine(res.recv_x, idx, w, res.handle)
+    return _slowest(t1 - t0), _slowest(time.perf_counter() - t1)
 
 
-def _time_buffer(buf: Buffer, x, idx, w, num_experts: int, iters: int) -> dict:
-    _time_once(buf, x, idx, w, num_experts)  # warm-up (grows shared-memory regions)
-    disp, comb = [], []
-    for _ in range(iters):
-        d, c, res, out = _time_once(buf, x, idx, w, num_experts)
-        disp.append(d)
-        comb.append(c)
+def _interleave(runs: Mapping[str, Callable[[], T]], iters: int) -> dict[str, list[T]]:
+    """One untimed warm-up call of every run (it sizes shared-memory regions, builds kernels),
+    then ``iters`` rounds calling each once, each round starting one run further, so that
+    bursts of load from other jobs hit every run alike. Returns every run's results."""
+    for run in runs.values():
+        run()
+    names = list(runs)
+    out: dict[str, list[T]] = {name: [] for name in names}
+    for it in range(iters):
+        k = it % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(runs[name]())
+    return out
+
+
+def _medians(times: list[tuple[float, float]]) -> dict[str, float]:
+    """``{"dispatch_s", "combine_s"}``: the medians of ``(dispatch, combine)`` seconds."""
     return {
-        "dispatch_s": statistics.median(disp),
-        "combine_s": statistics.median(comb),
-        "recv_x": res.recv_x,
-        "combined": out,
+        "dispatch_s": statistics.median(t[0] for t in times),
+        "combine_s": statistics.median(t[1] for t in times),
     }
+
+
+def _stats(transport: Any, run: Callable[[], Any]) -> Any:
+    """What ``run()`` alone moves through ``transport`` (its ``stats()``)."""
+    transport.reset_stats()
+    run()
+    return transport.stats()
+
+
+def _outputs(buf: Buffer, x, idx, w, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One untimed dispatch + combine: the rows received and the combined tokens."""
+    res = buf.dispatch(x, idx, w, num_experts=num_experts)
+    return res.recv_x, buf.combine(res.recv_x, res.handle).combined_x
 
 
 # -- transports ------------------------------------------------------------------------------
 def _transports_rank(ctx, shape: Shape) -> dict[str, Any]:
-    idx, w = _routing(shape.tokens, shape.experts, shape.topk, seed=ctx.rank)
-    x = _tokens(shape.tokens, shape.hidden, seed=99 + ctx.rank)
+    x, idx, w = _inputs(shape, ctx.rank, 99 + ctx.rank)
     shm = ShmTransport(timeout_s=600)
     unfused = ShmTransport(timeout_s=600)
     unfused.capabilities = Capabilities()  # declares no peer writes: the collective path
@@ -156,35 +172,23 @@ def _transports_rank(ctx, shape: Shape) -> dict[str, Any]:
         "shm-fused-torch": Buffer(transport=shm, recycle_outputs=0, fused_kernels=False),
         "shm": Buffer(transport=shm),
     }
-    names = list(bufs)
-    times: dict[str, dict[str, list[float]]] = {n: {"d": [], "c": []} for n in names}
-    for buf in bufs.values():  # warm-up: sizes the shared-memory regions, builds the kernel
-        _time_once(buf, x, idx, w, shape.experts)
-    for it in range(shape.iters):  # round-robin, so that bursts of load hit every path alike
-        for name in names[it % len(names) :] + names[: it % len(names)]:
-            d, c, res, out = _time_once(bufs[name], x, idx, w, shape.experts)
-            times[name]["d"].append(d)
-            times[name]["c"].append(c)
-            del res, out  # nothing from one run stays alive during the next
-    _, _, want, want_out = _time_once(bufs["gloo"], x, idx, w, shape.experts)
+    args = (x, idx, w, shape.experts)
+    times = _interleave(
+        {name: partial(_round, buf, *args) for name, buf in bufs.items()}, shape.iters
+    )
+    want = _outputs(bufs["gloo"], *args)
     bit_equal = True
-    for name in names[1:]:
-        _, _, res, out = _time_once(bufs[name], x, idx, w, shape.experts)
-        bit_equal &= torch.equal(res.recv_x, want.recv_x) and torch.equal(out, want_out)
-        del res, out
-    del want, want_out
-    result: dict[str, Any] = {}
+    for name in list(bufs)[1:]:  # compared at once: a recycled output is overwritten next time
+        bit_equal &= all(torch.equal(a, b) for a, b in zip(_outputs(bufs[name], *args), want))
+    result: dict[str, Any] = {"bit_equal": bool(bit_equal)}
     for name, buf in bufs.items():
-        buf.transport.reset_stats()
-        buf.dispatch(x, idx, w, num_experts=shape.experts)
+        send = partial(buf.dispatch, x, idx, w, num_experts=shape.experts)
         result[name] = {
-            "dispatch_s": statistics.median(times[name]["d"]),
-            "combine_s": statistics.median(times[name]["c"]),
-            "x_bytes_sent": buf.transport.stats().bytes_sent["x"],
+            **_medians(times[name]),
+            "x_bytes_sent": _stats(buf.transport, send).bytes_sent["x"],
         }
     for buf in bufs.values():
         buf.close()
-    result["bit_equal"] = bool(bit_equal)
     return result
 
 
@@ -219,20 +223,20 @@ def run_transports(shape: Shape, memcpy: float) -> dict[str, Any]:
 # -- hierarchical ----------------------------------------------------------------------------
 def _hier_rank(ctx, shape: Shape, ranks_per_node: int) -> dict[str, Any]:
     p, tokens, hidden = ranks_per_node, shape.tokens, shape.hidden
-    idx, w = _routing(tokens, shape.experts, shape.topk, seed=10 + ctx.rank)
-    x = _tokens(tokens, hidden, seed=ctx.rank)
+    x, idx, w = _inputs(shape, 10 + ctx.rank, ctx.rank)
     flat = Buffer(transport=TorchDistTransport(timeout_s=600))
     hier = Buffer(topology=Topology(ranks_per_node=p), timeout_s=600)
     assert hier.hierarchical is not None
-    out: dict[str, Any] = {}
-    recv = {}
-    for name, buf in (("flat", flat), ("hierarchical", hier)):
-        r = _time_buffer(buf, x, idx, w, shape.experts, shape.iters)
-        out[name] = {"dispatch_s": r["dispatch_s"], "combine_s": r["combine_s"]}
-        recv[name] = r["recv_x"]
-    out["bit_equal_dispatch"] = bool(torch.equal(recv["flat"], recv["hierarchical"]))
+    args = (x, idx, w, shape.experts)
+    times = _interleave(
+        {"flat": partial(_round, flat, *args), "hierarchical": partial(_round, hier, *args)},
+        shape.iters,
+    )
+    out: dict[str, Any] = {name: _medians(t) for name, t in times.items()}
+    flat_x = flat.dispatch(x, idx, w, num_experts=shape.experts).recv_x
     hier.hierarchical.inter.reset_stats()
     res = hier.dispatch(x, idx, w, num_experts=shape.experts)
+    out["bit_equal_dispatch"] = bool(torch.equal(flat_x, res.recv_x))
     in_rank = res.handle.is_token_in_rank.view(tokens, -1, p)  # (N, D, P)
     other = torch.ones(in_rank.shape[1], dtype=torch.bool)
     other[ctx.rank // p] = False
@@ -267,46 +271,35 @@ def run_hierarchical(shape: Shape) -> dict[str, Any]:
 
 # -- low latency -----------------------------------------------------------------------------
 def _ll_rank(ctx, shape: Shape) -> dict[str, Any]:
-    tokens, hidden, iters = shape.tokens, shape.hidden, shape.iters
-    idx, w = _routing(tokens, shape.experts, shape.topk, seed=20 + ctx.rank)
-    x = _tokens(tokens, hidden, seed=ctx.rank)
-    out = {}
+    x, idx, w = _inputs(shape, 20 + ctx.rank, ctx.rank)
+    runs: dict[str, Callable[[], tuple[float, float]]] = {}
+    sent: dict[str, tuple[Any, Callable[[], Any], str]] = {}  # what dispatch_bytes measures
+    bufs = []
     for transport in ("shm", "dist"):
         ll = Buffer(None, shape.experts, transport=transport, timeout_s=600)
+        bufs.append(ll)
         for use_fp8 in (False, True):
             name = f"low-latency {transport}" + (" fp8" if use_fp8 else " bf16")
-            times_d, times_c = [], []
-            for it in range(iters + 1):
-                ll.transport.reset_stats()
-                dist.barrier()
-                t0 = time.perf_counter()
-                res = ll.low_latency_dispatch(
-                    x, idx, num_max_dispatch_tokens_per_rank=tokens, use_fp8=use_fp8
-                )
-                t1 = time.perf_counter()
-                ll.low_latency_combine(res.recv_x, idx, w, res.handle)
-                t2 = time.perf_counter()
-                if it:  # the first call sizes the buffers
-                    times_d.append(_slowest(t1 - t0))
-                    times_c.append(_slowest(t2 - t1))
-            out[name] = {
-                "dispatch_s": statistics.median(times_d),
-                "combine_s": statistics.median(times_c),
-                "dispatch_bytes": ll.transport.stats().bytes_sent_remote["ll_dispatch"],
-            }
-        ll.close()
+            runs[name] = partial(_round, ll, x, idx, w, shape.experts, use_fp8)
+            sent[name] = (ll.transport, runs[name], "ll_dispatch")
     for name, buf in (
         ("normal gloo", Buffer(transport=TorchDistTransport(timeout_s=600))),
         ("normal shm", Buffer(transport="shm", timeout_s=600)),
     ):
-        r = _time_buffer(buf, x, idx, w, shape.experts, iters)
-        buf.transport.reset_stats()
-        buf.dispatch(x, idx, w, num_experts=shape.experts)
-        out[name] = {
-            "dispatch_s": r["dispatch_s"],
-            "combine_s": r["combine_s"],
-            "dispatch_bytes": buf.transport.stats().bytes_sent_remote["x"],
-        }
+        bufs.append(buf)
+        runs[name] = partial(_round, buf, x, idx, w, shape.experts)
+        sent[name] = (
+            buf.transport,
+            partial(buf.dispatch, x, idx, w, num_experts=shape.experts),
+            "x",
+        )
+    times = _interleave(runs, shape.iters)
+    _dispatch_bytes = lambda t, run, kind: _stats(t, run).bytes_sent_remote[kind]  # noqa: E731
+    out = {
+        name: {**_medians(times[name]), "dispatch_bytes": _dispatch_bytes(*sent[name])}
+        for name in runs
+    }
+    for buf in bufs:
         buf.close()
     return out
 
@@ -343,22 +336,25 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
     buf = Buffer(transport="shm" if transport == "shm" else "dist", timeout_s=600)
     layer = MoELayer(config, init_moe_weights(config, seed=1), buf)
     x = torch.randn(tokens, config.hidden, generator=torch.Generator().manual_seed(ctx.rank))
-    modes = {name: (c or chunks, ov) for name, (c, ov) in _OVERLAP_MODES.items()}
-    runs: dict[str, list] = {name: [] for name in modes}
-    for num_chunks, overlap in modes.values():  # warm-up
-        overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
-    names = list(modes)
-    timeline = {}
-    for it in range(iters):  # round-robin against bursts of load
-        for name in names[it % 3 :] + names[: it % 3]:
-            num_chunks, overlap = modes[name]
-            dist.barrier()
-            r = overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
-            runs[name].append((_slowest(r.step_s), r.comm_s, r.compute_s, communication_hidden(r)))
-            timeline[name] = [(e.name, e.cat, e.start_us, e.dur_us, e.lane) for e in r.events]
+
+    def step(num_chunks: int, overlap: bool) -> Any:
+        dist.barrier()
+        return overlapped_forward(layer, x, num_chunks=num_chunks, overlap=overlap)
+
+    runs = {name: partial(step, c or chunks, ov) for name, (c, ov) in _OVERLAP_MODES.items()}
+    results = _interleave(runs, iters)
     medians = {
-        name: [statistics.median(v[i] for v in vals) for i in range(4)]
-        for name, vals in runs.items()
+        name: [
+            statistics.median(column)
+            for column in zip(
+                *[(_slowest(r.step_s), r.comm_s, r.compute_s, communication_hidden(r)) for r in rs]
+            )
+        ]
+        for name, rs in results.items()
+    }
+    timeline = {
+        name: [(e.name, e.cat, e.start_us, e.dur_us, e.lane) for e in rs[-1].events]
+        for name, rs in results.items()
     }
     buf.close()
     return {"medians": medians, "timeline": timeline}
@@ -366,24 +362,16 @@ def _overlap_rank(ctx, tokens: int, config: MoEConfig, chunks: int, iters: int, 
 
 def draw_overlap(timeline: dict, path: Path) -> Path:
     """Two-lane Gantt (experts / communication) of one step without and with overlap."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     colours = {"dispatch": "tab:blue", "combine": "tab:orange", "experts": "tab:green"}
     modes = ["no overlap", "chunked overlap"]
-    fig, axes = plt.subplots(len(modes), 1, figsize=(10, 3.2), sharex=True)
-    for ax, mode in zip(axes, modes, strict=True):
-        for name, cat, start, dur, lane in timeline[mode]:
-            ax.barh(lane, dur / 1e3, left=start / 1e3, color=colours[cat], edgecolor="black")
-            ax.text((start + dur / 2) / 1e3, lane, name, ha="center", va="center", fontsize=7)
-        ax.set_yticks([0, 1], ["experts", "comm"])
-        ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
-    axes[-1].set_xlabel("ms from the start of the MoE layer step")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(modes), 1, figsize=(10, 3.2), sharex=True) as (_, axes):
+        for ax, mode in zip(axes, modes, strict=True):
+            for name, cat, start, dur, lane in timeline[mode]:
+                ax.barh(lane, dur / 1e3, left=start / 1e3, color=colours[cat], edgecolor="black")
+                ax.text((start + dur / 2) / 1e3, lane, name, ha="center", va="center", fontsize=7)
+            ax.set_yticks([0, 1], ["experts", "comm"])
+            ax.set_title(f"{mode} (rank 0, shared-memory transport, CPU)", fontsize=9)
+        axes[-1].set_xlabel("ms from the start of the MoE layer step")
     return path
 
 

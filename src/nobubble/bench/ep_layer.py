@@ -1,11 +1,8 @@
-"""The MoE layer through :class:`~nobubble.moe.buffer.Buffer` on a few local gloo ranks, checked
-against the token-by-token reference MoE: what ``nobubble demo``'s expert-parallel step shows.
-
-A DeepSeek-V3-routed :class:`~nobubble.moe.layer.MoELayer` (16 experts, top-4, one shared
-expert) runs one step with gradients, which :func:`run_layer_check` compares with
-:class:`~nobubble.moe.reference_layer.ReferenceMoE` in one process on all ranks' tokens; the
-bytes dispatch moves are measured beside a per-pair all-to-all; then the auxiliary-loss-free
-bias is updated after every step on a skewed token stream (experts 0-2 favoured).
+"""``nobubble demo``'s expert-parallel step: a DeepSeek-V3-routed
+:class:`~nobubble.moe.layer.MoELayer` through :class:`~nobubble.moe.buffer.Buffer` on local
+gloo ranks, checked against :class:`~nobubble.moe.reference_layer.ReferenceMoE` (output and
+gradients), its dispatch bytes beside a per-pair all-to-all, then aux-loss-free bias updates on
+a skewed token stream (experts 0-2 favoured).
 """
 
 from __future__ import annotations
@@ -16,8 +13,8 @@ from typing import Any
 
 import torch
 
+from nobubble.bench.output import figure
 from nobubble.distributed import spawn
-from nobubble.files import save_figure
 from nobubble.moe.balance.eplb import load_imbalance
 from nobubble.moe.baseline import pair_dispatch
 from nobubble.moe.buffer import Buffer
@@ -66,14 +63,13 @@ class LayerCheck:
 
 def run_layer_check(num_ranks: int, num_tokens: int, steps: int, *,
                     timeout_s: float = 600) -> LayerCheck:  # fmt: skip
-    """Spawn ``num_ranks`` gloo ranks with ``num_tokens`` tokens each; see the module."""
+    """Spawn ``num_ranks`` gloo ranks with ``num_tokens`` tokens each; a first step with
+    gradients, then ``steps`` bias-updated steps (see the module)."""
     results = spawn(_rank, num_ranks, args=(num_tokens, steps), timeout_s=timeout_s)
     out_err, grad_err = _reference_check(results)
+    per_rank = ("sent_rows", "recv_rows", "buffer_bytes", "pair_bytes")
     return LayerCheck(
-        sent_rows=[r["sent_rows"] for r in results],
-        recv_rows=[r["recv_rows"] for r in results],
-        buffer_bytes=[r["buffer_bytes"] for r in results],
-        pair_bytes=[r["pair_bytes"] for r in results],
+        **{name: [r[name] for r in results] for name in per_rank},
         loads=results[0]["loads"],
         max_rel_output_diff=out_err,
         max_rel_grad_diff=grad_err,
@@ -118,15 +114,12 @@ def _rank(ctx, num_tokens: int, steps: int) -> dict[str, Any]:
     x0 = _skewed_tokens(num_tokens, config.hidden, g).requires_grad_()
     y0 = layer(x0)
     y0.square().sum().backward()
+    x, topk_idx = x0.detach(), layer.route(x0.detach()).topk_idx
     buf.transport.reset_stats()
-    res = buf.dispatch(
-        x0.detach(), layer.route(x0.detach()).topk_idx, num_experts=config.num_experts
-    )
+    res = buf.dispatch(x, topk_idx, num_experts=config.num_experts)
     buffer_bytes = buf.transport.stats().bytes_sent["x"]
     buf.transport.reset_stats()
-    pair_dispatch(
-        x0.detach(), layer.route(x0.detach()).topk_idx, None, config.num_experts, buf.transport
-    )
+    pair_dispatch(x, topk_idx, None, config.num_experts, buf.transport)
     pair_bytes = buf.transport.stats().bytes_sent["x"]
     loads = []
     with torch.no_grad():
@@ -174,27 +167,18 @@ def _reference_check(results: list[dict[str, Any]]) -> tuple[float, float]:
 def plot_loads(loads: list[list[int]], path: Path) -> Path:
     """Draw max / mean expert load against step and the per-expert load at the first and last
     step (``loads``: ``(steps, E)`` tokens per expert)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     t = torch.tensor(loads, dtype=torch.float64)  # (steps, E)
     imbalance = (t.max(dim=1).values / t.mean(dim=1)).tolist()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(range(1, len(imbalance) + 1), imbalance, marker=".")
-    ax1.set_xlabel("step")
-    ax1.set_ylabel("max / mean expert load")
-    ax1.set_title("aux-loss-free bias update")
-    e = list(range(t.shape[1]))
-    ax2.bar([i - 0.2 for i in e], t[0].tolist(), width=0.4, label="step 1")
-    ax2.bar([i + 0.2 for i in e], t[-1].tolist(), width=0.4, label=f"step {len(loads)}")
-    ax2.set_xlabel("expert")
-    ax2.set_ylabel("tokens")
-    ax2.legend()
-    ax2.set_title("per-expert load")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(10, 3.6)) as (_, (ax1, ax2)):
+        ax1.plot(range(1, len(imbalance) + 1), imbalance, marker=".")
+        ax1.set_xlabel("step")
+        ax1.set_ylabel("max / mean expert load")
+        ax1.set_title("aux-loss-free bias update")
+        e = list(range(t.shape[1]))
+        ax2.bar([i - 0.2 for i in e], t[0].tolist(), width=0.4, label="step 1")
+        ax2.bar([i + 0.2 for i in e], t[-1].tolist(), width=0.4, label=f"step {len(loads)}")
+        ax2.set_xlabel("expert")
+        ax2.set_ylabel("tokens")
+        ax2.legend()
+        ax2.set_title("per-expert load")
     return path

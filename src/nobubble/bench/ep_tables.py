@@ -18,27 +18,23 @@ __all__ = [
 ]
 
 
+DISPATCH_COLUMNS = (
+    ("dispatch ms", "dispatch_ms", 1),
+    ("combine ms", "combine_ms", 1),
+    ("disp GB/s", "dispatch_logical_gbps", 1),
+    ("comb GB/s", "combine_logical_gbps", 1),
+    ("disp MB", "dispatch_payload_bytes", 1e-6),
+    ("remote MB", "dispatch_remote_bytes", 1e-6),
+    ("meta MB", "dispatch_metadata_bytes", 1e-6),
+    ("comb MB", "combine_payload_bytes", 1e-6),
+)
+"""``(header, field of a MethodResult, scale)``: the columns of ``ep bench``'s table."""
+
+
 def print_dispatch_report(report: Any) -> None:
     """``ep bench``'s table of one :class:`~nobubble.bench.ep_dispatch.BenchReport` (MB = 1e6
     bytes, summed over ranks; GB/s per rank)."""
-    c = report.config
-    mb = 1e6
-    rows = [
-        [
-            m.method,
-            m.dispatch_ms,
-            m.combine_ms,
-            m.dispatch_logical_gbps,
-            m.combine_logical_gbps,
-            m.dispatch_payload_bytes / mb,
-            m.dispatch_remote_bytes / mb,
-            m.dispatch_metadata_bytes / mb,
-            m.combine_payload_bytes / mb,
-            m.verdict,
-        ]
-        for m in report.methods
-    ]
-    base = report.methods[0]
+    c, base = report.config, report.methods[0]
     ratios = ", ".join(
         f"{m.method}: dispatch x{m.dispatch_ms / base.dispatch_ms:.2f}, combine x{m.combine_ms / base.combine_ms:.2f}"
         for m in report.methods[1:]
@@ -47,20 +43,12 @@ def print_dispatch_report(report: Any) -> None:
         f"ep bench: {c.num_ranks} ranks x {c.num_tokens} tokens x {c.hidden} {c.dtype}, top-"
         f"{c.topk} of {c.num_experts} experts, {report.transport} transport (median of "
         f"{c.num_iters}, slowest rank)",
+        ["method", *(header for header, _, _ in DISPATCH_COLUMNS), "check"],
         [
-            "method",
-            "dispatch ms",
-            "combine ms",
-            "disp GB/s",
-            "comb GB/s",
-            "disp MB",
-            "remote MB",
-            "meta MB",
-            "comb MB",
-            "check",
+            [m.method, *(getattr(m, key) * scale for _, key, scale in DISPATCH_COLUMNS), m.verdict]
+            for m in report.methods
         ],
-        rows,
-        caption=f"logical bytes {report.logical_bytes / mb:.1f} MB (sum(is_token_in_rank)*H*es); "
+        caption=f"logical bytes {report.logical_bytes / 1e6:.1f} MB (sum(is_token_in_rank)*H*es); "
         f"time relative to buffer - {ratios}",
     )
 
@@ -107,17 +95,22 @@ OVERLAP_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def _cells(row: dict[str, Any], columns: tuple[Column, ...]) -> list[str]:
-    """One result row's cells, each key formatted as its column says."""
-    return [spec.format(row[key]) for _, key, spec in columns]
+def _print_rows(
+    title: str, keys: list[str], columns: tuple[Column, ...], rows: Any, caption: str
+) -> None:
+    """A table of ``rows`` (``(key cells, result row)`` pairs), formatted per ``columns``."""
+    headers = [*keys, *(header for header, _, _ in columns)]
+    cells = [[*names, *(spec.format(r[key]) for _, key, spec in columns)] for names, r in rows]
+    print_table(title, headers, cells, caption=caption)
 
 
 def print_transports(res: dict[str, Any]) -> None:
-    print_table(
+    _print_rows(
         "dispatch + combine (CPU measurement)",
-        ["path", *(header for header, _, _ in TRANSPORT_COLUMNS)],
-        [[name, *_cells(r, TRANSPORT_COLUMNS)] for name, r in res["rows"].items()],
-        caption=f"{res['shape']}; single-core memcpy {res['memcpy_gbps_single_core']:.2f} GB/s; "
+        ["path"],
+        TRANSPORT_COLUMNS,
+        [([name], r) for name, r in res["rows"].items()],
+        f"{res['shape']}; single-core memcpy {res['memcpy_gbps_single_core']:.2f} GB/s; "
         f"shm speedup {res['speedup_shm_over_gloo']:.1f}x; bit-equal: {res['bit_equal']}; "
         + "; ".join(f"{k}: {v}" for k, v in TRANSPORT_PATHS.items()),
     )
@@ -125,37 +118,32 @@ def print_transports(res: dict[str, Any]) -> None:
 
 def print_hierarchical(res: dict[str, Any]) -> None:
     h, f = res["inter_node_bytes_hierarchical"], res["inter_node_bytes_flat"]
-    rows = res["rows"]
-    print_table(
+    _print_rows(
         "hierarchical dispatch, 2 nodes x 2 ranks (CPU measurement)",
-        ["mode", "inter-node bytes (dispatch)", "dispatch ms", "combine ms"],
-        [
-            [name, b, f"{rows[name]['dispatch_ms']:.1f}", f"{rows[name]['combine_ms']:.1f}"]
-            for name, b in (("flat", f), ("hierarchical", h))
-        ],
-        caption=f"{res['shape']}; distinct (token, other node) pairs "
+        ["mode", "inter-node bytes (dispatch)"],
+        TRANSPORT_COLUMNS[:2],
+        [([name, str(b)], res["rows"][name]) for name, b in (("flat", f), ("hierarchical", h))],
+        f"{res['shape']}; distinct (token, other node) pairs "
         f"{res['distinct_token_node_pairs']} x H x 2 B == hierarchical bytes: "
         f"{res['formula_holds']}; hierarchical/flat = {h / f:.3f}",
     )
 
 
 def print_low_latency(res: dict[str, Any]) -> None:
-    print_table(
+    _print_rows(
         "low-latency vs normal mode (CPU measurement)",
-        ["mode", *(header for header, _, _ in LOW_LATENCY_COLUMNS)],
-        [[name, *_cells(r, LOW_LATENCY_COLUMNS)] for name, r in res["rows"].items()],
-        caption=f"{res['shape']}; FP8 / bf16 dispatch bytes = {res['fp8_over_bf16_bytes']:.3f}",
+        ["mode"],
+        LOW_LATENCY_COLUMNS,
+        [([name], r) for name, r in res["rows"].items()],
+        f"{res['shape']}; FP8 / bf16 dispatch bytes = {res['fp8_over_bf16_bytes']:.3f}",
     )
 
 
 def print_overlap(res: dict[str, Any]) -> None:
-    print_table(
+    _print_rows(
         "MoE layer forward step, chunked overlap (CPU measurement)",
-        ["transport", "mode", *(header for header, _, _ in OVERLAP_COLUMNS)],
-        [
-            [transport, mode, *_cells(r, OVERLAP_COLUMNS)]
-            for transport, rows in res["rows"].items()
-            for mode, r in rows.items()
-        ],
-        caption=str(res["shape"]),
+        ["transport", "mode"],
+        OVERLAP_COLUMNS,
+        [([t, mode], r) for t, rows in res["rows"].items() for mode, r in rows.items()],
+        str(res["shape"]),
     )

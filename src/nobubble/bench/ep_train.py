@@ -1,29 +1,15 @@
 """Train a small MoE-GPT for real with data x expert parallelism; check it against dense.
 
-Each FFN is a MoE layer (DeepSeek-V3 group-limited routing, one shared expert, aux-loss-free
-bias updates). ``R`` ranks form a ``dp x ep`` grid (:func:`~nobubble.moe.parallel.dp_ep_groups`):
-each expert-parallel row splits the routed experts and exchanges tokens through a
-:class:`~nobubble.moe.buffer.Buffer`; every rank trains on its own batch of the standard
-library's docstrings (text that ships with Python). After ``backward``,
-:func:`~nobubble.moe.parallel.sync_gradients` turns each rank's gradients into those of the
-mean loss over all ranks, so a step equals one process running the dense model (every expert)
-on all ranks' batches at once - which ``check_dense`` runs, step for step, with the
-token-by-token :class:`~nobubble.moe.reference_layer.ReferenceMoE` (no code shared with
-:class:`~nobubble.moe.layer.MoELayer`) as every block's MoE.
-
-With redundant experts the MoE layers are :class:`~nobubble.moe.balance.replicated_layer.
-ReplicatedMoELayer` s (``P = (E + redundant) / ep`` physical experts per rank); with
-``rebalance_every = K`` every ``K`` steps :func:`~nobubble.moe.balance.online.rebalance_online`
-re-places the replicas for the last ``K`` steps' loads and moves expert weights and Adam state.
-
-Load imbalance is measured per step and MoE layer, then averaged over layers:
-
-- ``rank_imbalance``: max / mean over all ``R`` ranks of the (token, slot) rows a rank's
-  experts received - the slowest rank against the average, what EPLB balances;
-- ``expert_imbalance``: max / mean over every physical expert of every rank.
-
-Placement changes where the model runs, never what it computes: losses (and logical
-experts' loads) are the same with and without rebalancing.
+``R`` ranks form a ``dp x ep`` grid (:func:`~nobubble.moe.parallel.dp_ep_groups`); each FFN
+is a MoE layer (DeepSeek-V3 routing, one shared expert, aux-loss-free bias) whose experts are
+split over an expert-parallel row, and every rank trains on its own batch of the standard
+library's docstrings. After :func:`~nobubble.moe.parallel.sync_gradients` a step equals one
+process running every expert on all ranks' batches, which ``check_dense`` runs step for step
+(:func:`dense_losses`). With redundant experts the layers are ``ReplicatedMoELayer`` s;
+``rebalance_every = K`` re-places the replicas every ``K`` steps (online EPLB), which changes
+where the model runs, never the losses. Imbalance per step, mean over MoE layers:
+``rank_imbalance`` (max / mean rows a rank's experts received) and ``expert_imbalance`` (max
+/ mean over every physical expert).
 
 Shape legend: ``S`` steps, ``W`` ranks, ``B`` sequences per rank, ``T`` sequence length,
 ``L`` MoE layers, ``E`` logical experts, ``P`` physical experts per rank.
@@ -31,6 +17,7 @@ Shape legend: ``S`` steps, ``W`` ranks, ``B`` sequences per rank, ``T`` sequence
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,9 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from nobubble.bench.ep_config import STEP_S, TrainConfig
-from nobubble.bench.ep_train_data import corpus, make_batches
+from nobubble.bench.output import figure
 from nobubble.distributed import spawn
-from nobubble.files import save_figure
 from nobubble.moe import (
     Buffer,
     MoELayer,
@@ -88,8 +74,7 @@ class MoEGPT(nn.Module):
     """Token + position embedding, ``num_layers`` blocks, a linear head: (B, T) -> (B, T, V).
 
     ``make_moe(weights)`` builds each block's MoE from its layer's full weights (the same on
-    every rank and in the dense model, so all start identical). ``examples/train_moe.py``
-    trains this model too.
+    every rank and in the dense model, so all start identical).
     """
 
     def __init__(
@@ -111,6 +96,37 @@ class MoEGPT(nn.Module):
 
     def moe_layers(self) -> list[Any]:
         return [block.moe for block in self.blocks]
+
+
+def corpus() -> str:
+    """Docstrings of a few standard-library modules and their members (about 100 KB)."""
+    import collections
+    import functools
+    import itertools
+    import json
+    import pathlib
+    import re
+
+    parts = []
+    for mod in (collections, functools, itertools, json, pathlib, re):
+        parts.append(inspect.getdoc(mod) or "")
+        parts += [inspect.getdoc(obj) or "" for _, obj in inspect.getmembers(mod)]
+    return "\n".join(p for p in parts if p)
+
+
+def make_batches(config: TrainConfig) -> tuple[int, torch.Tensor]:
+    """The vocabulary size and every step's windows, ``(S, W, B, T + 1)`` int64 char ids."""
+    text = corpus()
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([index[c] for c in text])
+    g = torch.Generator().manual_seed(config.seed + 1)
+    c = config
+    # one draw per step, so a longer run starts with the same batches as a shorter one
+    high, shape = len(data) - c.seq_len - 1, (c.num_ranks, c.batch_size)
+    start = torch.stack([torch.randint(0, high, shape, generator=g) for _ in range(c.num_steps)])
+    offsets = torch.arange(c.seq_len + 1)
+    return len(chars), data[start.unsqueeze(-1) + offsets]  # (S, W, B) -> (S, W, B, T + 1)
 
 
 def layer_weights(config: TrainConfig, layer: int) -> MoEWeights:
@@ -338,36 +354,28 @@ def run_with_progress(config: TrainConfig, *, quiet: bool = False) -> TrainRepor
 
 def plot_report(report: TrainReport, path: str | Path) -> Path:
     """Loss (and the dense loss) and rank / expert imbalance against step (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     steps = list(range(1, len(report.losses) + 1))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(steps, report.losses, label=f"expert parallel ({report.dp} dp x {report.ep} ep)")
-    if report.dense_losses is not None:
-        ax1.plot(steps, report.dense_losses, ls="--", label="dense, one process")
-    ax1.set_ylabel("loss (cross-entropy)")
-    ax1.legend(fontsize=8)
-    ax2.plot(steps, report.rank_imbalance, label="ranks")
-    ax2.plot(steps, report.expert_imbalance, label="physical experts")
-    for r in report.rebalances:
-        if r["layer"] == 0:
-            ax2.axvline(r["step"] + 0.5, color="0.7", lw=1, ls=":")
-    ax2.set_ylabel("max / mean load")
-    ax2.legend(fontsize=8)
-    for ax in (ax1, ax2):
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     c = report.config
-    fig.suptitle(
-        f"MoE-GPT, {c.num_experts} experts + {c.num_redundant} redundant, top-{c.topk}, "
-        f"rebalance every {c.rebalance_every or '-'} steps",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(10, 3.6)) as (fig, (ax1, ax2)):
+        ax1.plot(steps, report.losses, label=f"expert parallel ({report.dp} dp x {report.ep} ep)")
+        if report.dense_losses is not None:
+            ax1.plot(steps, report.dense_losses, ls="--", label="dense, one process")
+        ax1.set_ylabel("loss (cross-entropy)")
+        ax2.plot(steps, report.rank_imbalance, label="ranks")
+        ax2.plot(steps, report.expert_imbalance, label="physical experts")
+        for r in report.rebalances:
+            if r["layer"] == 0:
+                ax2.axvline(r["step"] + 0.5, color="0.7", lw=1, ls=":")
+        ax2.set_ylabel("max / mean load")
+        for ax in (ax1, ax2):
+            ax.legend(fontsize=8)
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.suptitle(
+            f"MoE-GPT, {c.num_experts} experts + {c.num_redundant} redundant, top-{c.topk}, "
+            f"rebalance every {c.rebalance_every or '-'} steps",
+            fontsize=10,
+        )
     return Path(path)

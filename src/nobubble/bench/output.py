@@ -1,12 +1,10 @@
-"""What the measuring code shows a person: rich tables on stdout, a progress bar on stderr.
-
-One copy for everything that prints results: the command line (:mod:`nobubble.cli.util`
-re-exports these), ``nobubble demo`` and the scripts in ``benchmarks/``. Piped output gets a
-wide page (160 columns) instead of rich's 80, so tables stay readable in logs.
+"""What the measuring code shows a person: rich tables on stdout, a progress bar on stderr,
+figures; one copy for the command line, ``nobubble demo`` and ``benchmarks/``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,7 +13,9 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["console", "print_table", "progress_bar", "run_with_progress_bar"]
+from nobubble.files import save_figure
+
+__all__ = ["console", "figure", "print_table", "progress_bar", "run_with_progress_bar"]
 
 T = TypeVar("T")
 
@@ -53,6 +53,24 @@ def _fmt(v: Any) -> str:
 
 
 @contextmanager
+def figure(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """``plt.subplots(*args, **kwargs)`` on the Agg backend; yields ``(fig, axes)``, then lays
+    the figure out and saves it atomically to ``path`` (PNG or SVG by the suffix, 110 dpi)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+@contextmanager
 def progress_bar(
     label: str,
     *,
@@ -85,14 +103,11 @@ def run_with_progress_bar(
     info: Callable[[tuple[Any, ...]], str] | None = None,
     quiet: bool = False,
 ) -> T:
-    """Run ``work(updates)`` in a worker thread while a progress bar on stderr follows it.
-
-    ``updates`` is a queue of :func:`nobubble.distributed.worker_context`, so ranks can feed
-    it; each message is ``(description, done, total, *extra)`` and moves the bar
-    (``info(extra)``, if given, is shown after the ``counter`` column). The bar starts at
-    ``label`` and ``total``, is transient, and ``quiet`` hides it. Whatever ``work`` raises
-    is raised again here, in the caller's thread, so ``main`` prints it as one line.
-    """
+    """Run ``work(updates)`` in a worker thread while a transient progress bar on stderr
+    (starting at ``label`` and ``total``; none when ``quiet``) follows the messages
+    ``(description, done, total, *extra)`` that ranks put on ``updates`` (a queue of
+    :func:`nobubble.distributed.worker_context`); ``info(extra)`` is shown after the
+    ``counter``. Whatever ``work`` raises is raised again in the caller's thread."""
     import queue
     import threading
 

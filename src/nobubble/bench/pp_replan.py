@@ -1,11 +1,7 @@
-"""Re-planning under a straggler that starts mid-run, on real local ranks: the run shared by
-``benchmarks/pp_replan.py`` (static cut against re-planned, in rounds) and ``nobubble demo``'s
-re-planning step (one re-planned run, drawn).
-
-The model is ``layers`` equal blocks (``nn.Linear(width, width)`` + GELU) and a head, ZB-H1
-with 8 microbatches; from step ``start`` on, rank 1 really runs ``factor`` times slower
-(:class:`~nobubble.pipeline.runtime.hooks.StragglerObserver`). The runner carries a
-:class:`~nobubble.pipeline.runtime.elastic.Replanner` hook, re-planning or not (``replan``).
+"""Re-planning under a straggler that starts mid-run, on real local ranks (the run of
+``benchmarks/pp_replan.py`` and ``nobubble demo``'s re-planning step): ``layers`` equal blocks
+and a head, ZB-H1 with 8 microbatches; from step ``start`` on rank 1 runs ``factor`` times
+slower, and a :class:`~nobubble.pipeline.runtime.elastic.Replanner` moves layers or not.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nobubble.files import save_figure
+from nobubble.bench.output import figure
 from nobubble.validation import check_fields
 
 __all__ = ["ReplanSetup", "ReplanHistory", "run_replan", "replan_rank", "plot_replan"]
@@ -117,21 +113,13 @@ def run_replan(setup: ReplanSetup) -> ReplanHistory:
 
 def plot_replan(history: ReplanHistory, setup: ReplanSetup, path: Path) -> Path:
     """Step time against step, the straggler's start and each re-plan marked (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(range(len(history.step_ms)), history.step_ms, marker="o", color="tab:blue")
-    for s in history.replanned_at:
-        ax.axvline(s + 0.5, color="tab:blue", linestyle=":", label="re-planned")
-    ax.axvline(setup.start - 0.5, color="grey", linestyle="--", label="rank 1 turns slow")
-    ax.set_xlabel("step")
-    ax.set_ylabel("step time (ms)")
-    ax.set_title(f"layers per rank: {tuple(history.sizes[0])} -> {tuple(history.sizes[-1])}")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(7, 3.2)) as (_, ax):
+        ax.plot(range(len(history.step_ms)), history.step_ms, marker="o", color="tab:blue")
+        for s in history.replanned_at:
+            ax.axvline(s + 0.5, color="tab:blue", linestyle=":", label="re-planned")
+        ax.axvline(setup.start - 0.5, color="grey", linestyle="--", label="rank 1 turns slow")
+        ax.set_xlabel("step")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(f"layers per rank: {tuple(history.sizes[0])} -> {tuple(history.sizes[-1])}")
+        ax.legend(loc="upper right", fontsize=8)
     return path

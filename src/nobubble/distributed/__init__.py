@@ -1,23 +1,7 @@
-"""Process-group context, a local spawner that never hangs, and the one supervisor of every
-process nobubble starts.
-
-Distributed code in nobubble receives a :class:`DistContext` (rank, world size, backend,
-device, group, timeout) instead of reading globals. Two ways to get one:
-
-- :func:`spawn` starts ``world_size`` local processes, one per rank, and returns every
-  rank's result, or raises :class:`RankFailure` naming the rank that raised, died, stopped
-  beating for ``liveness_s``, or outlived ``timeout_s`` (:mod:`nobubble.distributed.ranks`).
-- :func:`context_from_env` for processes launched by ``torchrun`` (multi-host capable): it
-  reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``.
-
-Supervision (:mod:`nobubble.distributed.supervisor`) is the same for spawn's ranks, the RL
-local engine's workers and the actor-learner's actors: each runs under :func:`supervised`
-(dies with the launcher, writes its heartbeat into a shared slot of
-:mod:`~nobubble.distributed.liveness`, reports its error by name and exits 1), the launcher's
-:class:`Supervisor` turns a report, an exit or a silence of ``liveness_s`` (default
-:data:`LIVENESS_S`) into one :class:`WorkerError` naming the worker (:class:`RankFailure`
-for spawn's ranks), and :func:`reap` ends them all - a stopped one with SIGKILL - so nothing
-is left running.
+"""Process groups and the processes nobubble starts: :class:`DistContext` (what a rank knows,
+handed to distributed code instead of globals), :func:`spawn` (local ranks that never hang:
+every failure raised as a :class:`RankFailure` naming the rank), :func:`context_from_env`
+(under ``torchrun``) and the one supervisor of every process (:mod:`.supervisor`).
 """
 
 from nobubble.distributed.context import (
@@ -29,23 +13,22 @@ from nobubble.distributed.context import (
     free_port,
     worker_context,
 )
-from nobubble.distributed.liveness import (
+from nobubble.distributed.ranks import RankFailure, spawn
+from nobubble.distributed.supervisor import (
     BEAT_S,
     LIVENESS_S,
     STARTUP_S,
     Heartbeats,
-    reap,
-    start_beating,
-)
-from nobubble.distributed.ranks import RankFailure, spawn
-from nobubble.distributed.supervisor import (
     Supervisor,
     Ward,
     WorkerError,
+    die_with_parent,
+    launcher_alive,
     looks_like_peer_failure,
+    reap,
+    start_beating,
     supervised,
 )
-from nobubble.lifetime import die_with_parent, launcher_alive
 
 __all__ = [
     "DistContext",

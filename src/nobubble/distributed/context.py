@@ -1,8 +1,6 @@
-"""What a rank knows about its process group, and how nobubble starts its processes.
-
-:class:`DistContext` is handed to distributed code instead of globals; :func:`context_from_env`
-builds one under ``torchrun``; :func:`worker_context` is the ``multiprocessing`` context every
-rank and worker of nobubble starts from.
+"""What a rank knows about its process group (:class:`DistContext`, built under ``torchrun`` by
+:func:`context_from_env`), device checks, and the ``multiprocessing`` context every rank and
+worker of nobubble starts from (:func:`worker_context`).
 """
 
 from __future__ import annotations
@@ -163,10 +161,8 @@ def context_from_env(
 
 def worker_context() -> Any:
     """The ``multiprocessing`` context nobubble starts its ranks and workers with: the
-    forkserver, preloaded with torch. A worker is a fork of a process that imported torch once
-    (tens of milliseconds, not the seconds of a fresh interpreter per worker); the server
-    holds no CUDA or thread state, so the fork is safe, and it exits with the launcher. Each
-    worker still unpickles its target by module, as under ``spawn``."""
+    forkserver, preloaded with torch (a worker forks in milliseconds from a process without
+    CUDA or thread state, which exits with the launcher)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx

@@ -1,10 +1,6 @@
-"""Where and how local ranks run: :class:`LaunchOptions`, checked without importing torch.
-
-The command line declares ``pp profile | plan | run``'s launch flags from these fields
-(:mod:`nobubble.cli.pp.options`) and builds the options before it imports torch, so a bad
-device, backend, timeout or thread count is refused in milliseconds by this one check. What
-this torch build and machine have is :func:`nobubble.distributed.check_device`'s (it imports
-torch).
+"""Where and how local ranks run: :class:`LaunchOptions`, checked without importing torch (the
+command line builds them before it imports torch; :func:`nobubble.distributed.check_device`
+checks them against this torch build and machine).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""A local spawner that never hangs: :func:`spawn` starts ``world_size`` local processes, one
-per rank, initialises a torch.distributed group in each (gloo on CPU by default; NCCL with
-``device="cuda"``), calls ``fn(ctx, *args)`` and returns every rank's result.
-
-A rank that raises makes ``spawn`` terminate the others and raise :class:`RankFailure`
-carrying that rank's traceback; a rank that dies without a word, one whose heartbeat stops
-(stopped, or wedged holding the interpreter) for ``liveness_s``, or a run past ``timeout_s``,
-is reported the same way, by the one supervisor (:mod:`nobubble.distributed.supervisor`:
-a rank's own error before a peer's "Connection reset"). Nothing waits forever. Results and
-errors travel through one pipe per rank, so a killed launcher leaves no named semaphore in
-``/dev/shm`` behind; heartbeats are written from before torch is imported. Ranks ignore
-SIGINT (the launcher stops them), turn SIGTERM into ``SystemExit`` so their ``finally``
-blocks run, and die with the launcher (the parent-death signal).
+"""A local spawner that never hangs: :func:`spawn` runs ``fn(ctx, *args)`` on ``world_size``
+local ranks under the one supervisor (:mod:`.supervisor`) and returns every rank's result.
+Results and errors travel through one pipe per rank (a killed launcher leaves no named
+semaphore behind); ranks ignore SIGINT (the launcher stops them) and turn SIGTERM into
+``SystemExit`` so their ``finally`` blocks run.
 """
 
 from __future__ import annotations
@@ -27,8 +19,14 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from nobubble.distributed.context import DistContext, check_device, default_backend, worker_context
-from nobubble.distributed.liveness import LIVENESS_S, reap
-from nobubble.distributed.supervisor import Supervisor, Ward, WorkerError, supervised
+from nobubble.distributed.supervisor import (
+    LIVENESS_S,
+    Supervisor,
+    Ward,
+    WorkerError,
+    reap,
+    supervised,
+)
 
 __all__ = ["RankFailure", "spawn"]
 
@@ -89,18 +87,13 @@ def _run_rank(rank: int, settings: tuple, job: _Job, conn: Any) -> None:
         buf = io.BytesIO()
         torch.save(out, buf)  # tensors and plain objects alike; no shared-memory handles
         conn.send(("ok", rank, buf.getvalue()))  # only this thread writes the pipe
-    finally:
-        _leave_group()
-
-
-def _leave_group() -> None:
-    """Destroy the default group if this rank got as far as creating it."""
-    dist_module = sys.modules.get("torch.distributed")
-    if dist_module is not None and dist_module.is_initialized():
-        try:
-            dist_module.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
-            pass
+    finally:  # leave the group if this rank got as far as creating it
+        dist_module = sys.modules.get("torch.distributed")
+        if dist_module is not None and dist_module.is_initialized():
+            try:
+                dist_module.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group may be broken by a failed peer
+                pass
 
 
 class _Job:
@@ -166,12 +159,17 @@ def spawn(
         raise ValueError(f"spawn: world_size={world_size} must be >= 1")
     if timeout_s <= 0:
         raise ValueError(f"spawn: timeout_s={timeout_s} must be > 0")
+    import torch.distributed as dist
+
     check_device(device, backend, ranks=world_size)  # before any rank starts
     backend = backend or default_backend(device)
     ctx = worker_context()
     supervisor = Supervisor(ctx, [f"rank {r}" for r in range(world_size)], liveness_s)  # checks it
     job = _Job(fn, tuple(args))  # unpickled by the rank after its heartbeat starts
-    store = _rendezvous_store(timeout_s)  # held until the ranks are reaped
+    # the ranks' rendezvous: a TCPStore this process serves on a port the kernel picks and
+    # keeps bound until the ranks are reaped (a port found free, then bound, could be taken)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s),
+                          wait_for_workers=False)  # fmt: skip
     settings = (world_size, store.port, backend, device, timeout_s, threads_per_rank)
     inbox = _Inbox(_start_ranks(ctx, settings, job, supervisor), supervisor)
     deadline = time.monotonic() + timeout_s
@@ -194,16 +192,6 @@ def spawn(
         reap(list(supervisor.procs.values()), grace_s=5.0 if ok else 0.0)
         inbox.close()
     return [inbox.outputs[r] for r in range(world_size)]
-
-
-def _rendezvous_store(timeout_s: float) -> Any:
-    """The ranks' rendezvous: a ``TCPStore`` served by the launcher on a port the kernel picks
-    and this process keeps bound - two runs started at once can never meet on one port (a
-    port found free, released, then bound by rank 0 could be taken in between)."""
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)  # fmt: skip
 
 
 def _start_ranks(ctx: Any, settings: tuple, job: _Job, supervisor: Supervisor) -> list[Any]:
@@ -229,12 +217,6 @@ def _start_ranks(ctx: Any, settings: tuple, job: _Job, supervisor: Supervisor) -
     return [launcher_end for launcher_end, _ in pipes]
 
 
-def _load(payload: bytes) -> Any:
-    import torch
-
-    return torch.load(io.BytesIO(payload), weights_only=False)
-
-
 class _Inbox:
     """The launcher's ends of the ranks' pipes: results into :attr:`outputs` (the rank is
     then finished), errors returned for the supervisor."""
@@ -246,6 +228,8 @@ class _Inbox:
 
     def receive(self, timeout_s: float) -> dict[str, str]:
         """Take what arrived within ``timeout_s``; returns the errors by rank name."""
+        import torch
+
         errors: dict[str, str] = {}
         ready = wait([self.conns[r] for r in self.open], timeout=timeout_s)
         for r in list(self.open):
@@ -258,7 +242,7 @@ class _Inbox:
                     if status == "err":
                         errors.setdefault(f"rank {rank}", payload)
                     else:
-                        self.outputs[rank] = _load(payload)
+                        self.outputs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                         self.supervisor.finish(f"rank {rank}")
             except (EOFError, OSError):  # the rank exited; its exit code tells how
                 self.open.discard(r)

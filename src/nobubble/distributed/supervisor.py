@@ -1,45 +1,189 @@
-"""The one supervisor of every process nobubble starts: a guard inside each process and one
-check in its launcher, for :func:`~nobubble.distributed.spawn`'s ranks, the RL local
-engine's stage workers and the actor-learner's actors alike.
-
-In the process (:func:`supervised`): die with the launcher (the parent-death signal), beat
-into the heartbeat slot (:mod:`~nobubble.distributed.liveness`), run the body, and on any
-error report ``"Type: message\\n<traceback>"`` through the caller's channel and exit 1.
-
-In the launcher (:class:`Supervisor`): the reports the caller heard, the processes' exit
-codes and their heartbeats become one :class:`WorkerError` naming the worker:
-
-- a process that ended with a non-zero exit code without finishing or reporting: ``"<name>
-  died with exit code <code> before reporting"``;
-- a reported error: ``"<name> failed: <its first line>"``, the whole report in
-  ``remote_traceback``;
-- a process silent for ``liveness_s``: ``"<name> stopped responding: no heartbeat ..."``.
-
-Of several errors heard together, the root cause is shown: a process that died in silence,
-else a worker's own error before a peer's reaction to it ("Connection reset", ...). While
-every error heard is such a reaction, the check listens up to ``grace_s`` for the cause.
+"""The one supervisor of every process nobubble starts (spawn's ranks, the RL local engine's
+stage workers, the actor-learner's actors). In the process, :func:`supervised`: die with the
+launcher, beat into a shared slot, run the body, report any error and exit 1. In the launcher,
+:class:`Supervisor` turns the reports heard, exit codes and heartbeats (:class:`Heartbeats`)
+into one :class:`WorkerError` naming the worker and the root cause; :func:`reap` ends them all.
 """
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing as mp
 import os
+import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nobubble.distributed.liveness import LIVENESS_S, Heartbeats, start_beating
-from nobubble.lifetime import die_with_parent
+from nobubble.files import proc_stat
 
 __all__ = [
+    "BEAT_S",
     "GRACE_S",
+    "LIVENESS_S",
+    "STARTUP_S",
+    "Heartbeats",
     "Supervisor",
     "Ward",
     "WorkerError",
+    "die_with_parent",
+    "launcher_alive",
     "looks_like_peer_failure",
+    "reap",
+    "start_beating",
     "supervised",
 ]
+
+LIVENESS_S = 30.0
+"""Default seconds without a heartbeat after which a process is declared hung."""
+BEAT_S = 1.0
+"""Seconds between two beats of a process."""
+STARTUP_S = 30.0
+"""A process that never beat yet (its interpreter still starting) gets at least this long."""
+
+
+class Heartbeats:
+    """The launcher's side of the heartbeats: one shared slot of ``time.monotonic()`` per
+    process, no lock (a process stopped while holding a queue's lock would stall every other
+    writer; a slot needs no reader to drain it), which process writes which, who fell silent.
+
+    Args:
+        ctx: the ``multiprocessing`` context the processes start with (the array is shared
+            with them when they start).
+        names: every process that will ever run (a restarted one reuses its slot).
+        liveness_s: silence, in seconds, after which a process counts as hung; None = never.
+        clock: the launcher's clock, the one the processes write (``time.monotonic``); a
+            test steps its own by hand.
+    """
+
+    def __init__(self, ctx: Any, names: Sequence[str], liveness_s: float | None = LIVENESS_S,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        if liveness_s is not None and not liveness_s > 2 * BEAT_S:
+            raise ValueError(f"liveness_s={liveness_s} must be > {2 * BEAT_S:g} (or None)")
+        self.slots = ctx.Array("d", len(names), lock=False)  # last beat per process, 0 = none
+        self.index = {name: i for i, name in enumerate(names)}
+        self.liveness_s = liveness_s
+        self._clock = clock
+        self._started: dict[str, float] = {}
+
+    def started(self, name: str) -> int:
+        """Note that ``name`` (re)starts now; returns its slot for the process to write."""
+        i = self.index[name]
+        self.slots[i] = 0.0
+        self._started[name] = self._clock()
+        return i
+
+    def silent(self, names: Sequence[str]) -> tuple[str, float] | None:
+        """The first of ``names`` silent for longer than allowed, and for how long."""
+        if self.liveness_s is None:
+            return None
+        now = self._clock()
+        for name in names:
+            last = self.slots[self.index[name]]
+            limit = self.liveness_s if last else max(self.liveness_s, STARTUP_S)
+            since = now - (last or self._started.get(name, now))
+            if since > limit:
+                return name, since
+        return None
+
+    def hung(self, names: Sequence[str]) -> tuple[str, str] | None:
+        """:meth:`silent`, with the message that names it: ``(name, message)``."""
+        silent = self.silent(names)
+        if silent is None:
+            return None
+        name, since = silent
+        return name, (
+            f"{name} stopped responding: no heartbeat for {since:.0f}s (liveness_s="
+            f"{self.liveness_s:g}); it is stopped (SIGSTOP), swapping, or stuck holding the "
+            "interpreter"
+        )
+
+
+def start_beating(slots: Any, index: int) -> None:
+    """In a supervised process: write its beats into ``slots[index]`` from a daemon thread."""
+
+    def beat() -> None:
+        while True:
+            slots[index] = time.monotonic()
+            time.sleep(BEAT_S)
+
+    threading.Thread(target=beat, daemon=True, name="nobubble-heartbeat").start()
+
+
+def reap(procs: Sequence[Any], *, grace_s: float, term_s: float = 2.0) -> None:
+    """End ``procs`` (``multiprocessing`` processes) for good, in at most about
+    ``grace_s + 2 * term_s`` seconds.
+
+    Each gets until ``grace_s`` from now to exit by itself (the caller has told it to stop);
+    then the ones still running get SIGTERM - a stopped one (SIGSTOP) SIGKILL at once, since
+    it would hold SIGTERM until continued - and those still there ``term_s`` later SIGKILL.
+    """
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(timeout=max(0.0, end - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        if _is_stopped(p.pid):
+            p.kill()
+        else:
+            p.terminate()
+    end = time.monotonic() + term_s
+    for p in alive:
+        p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=term_s)
+
+
+def _is_stopped(pid: int | None) -> bool:
+    """Whether ``pid`` is stopped (``T``, or ``t`` under a tracer) per ``/proc``."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process die when ``parent_pid`` (its launcher) does (Linux: the
+    parent-death signal, through the forkserver that exits with the launcher), so a killed
+    ``nobubble`` command leaves no worker behind it."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if not launcher_alive(parent_pid):  # the launcher died before the signal was armed
+        os._exit(1)
+    _release_forkserver()
+
+
+def launcher_alive(parent_pid: int) -> bool:
+    """Whether this process's launcher ``parent_pid`` is still its parent, directly or
+    through the forkserver that forked it."""
+    parent = os.getppid()
+    return parent_pid in (parent, _parent_of(parent))
+
+
+def _release_forkserver() -> None:
+    """Close this process's copy of the forkserver's keep-alive pipe: the server lives while
+    any holder does, so a rank holding it would keep the server, and through the server's
+    death signal itself, alive after its launcher was killed."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and mp.parent_process() is not None:
+        os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent of ``pid`` from ``/proc`` (None when it is gone)."""
+    fields = proc_stat(pid)
+    return None if fields is None else int(fields[1])
+
 
 GRACE_S = 2.0
 """Seconds the check listens for a root cause while every error heard is a peer's symptom."""
