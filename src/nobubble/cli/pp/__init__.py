@@ -17,12 +17,9 @@ from nobubble.cli.pp.options import (
     add_dispatch,
     add_shape,
     add_size,
-    check_size,
-    costs_from_args,
-    mem_limit_from_args,
     perturbation_from_args,
     read_file,
-    schedule_from_args,
+    setting,
 )
 from nobubble.cli.util import (
     ArgumentParser,
@@ -59,7 +56,7 @@ def _show(args: argparse.Namespace) -> int:
     else:
         for dest, (_, default) in SHOW_SHAPE.items():
             setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
-        sched = schedule_from_args(args, unit=True)
+        sched = setting(args).build(unit=True)
     if args.json:
         print_json({"schedule": sched.name, **_shape(sched),
                     "stage_to_rank": list(sched.stage_to_rank),
@@ -77,11 +74,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import gantt, write_trace
     from nobubble.pipeline.simulate import simulate
 
-    costs = costs_from_args(args)
+    costs = (s := setting(args)).cost_model()
     dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
                   or args.seed is not None)  # fmt: skip
-    sched = schedule_from_args(args, costs, limit_elsewhere=args.dispatch == "handshake")
-    run = _dispatch(args, sched, costs) if dispatched else None
+    sched = s.build(costs, limit_elsewhere=args.dispatch == "handshake")
+    run = (
+        s.dispatch(sched, costs, args.dispatch, perturbation_from_args(args))
+        if dispatched
+        else None
+    )
     result = run.sim if run is not None else simulate(sched, costs)
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
@@ -106,29 +107,9 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dispatch(args: argparse.Namespace, sched, costs):
-    """``--dispatch`` and the perturbation flags: one step under that policy."""
-    from nobubble.pipeline.dispatch import plan_peaks, simulate_dispatch
-
-    policy = args.dispatch or "static"
-    mem_limit = mem_limit_from_args(args, costs) if policy == "handshake" else None
-    if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
-        mf = max(costs.mem_f)
-        peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
-        rank = max(range(len(peaks)), key=peaks.__getitem__)
-        if mem_limit < peaks[rank] * (1 - 1e-9):
-            raise UsageError(
-                f"--mem-limit {args.mem_limit:g} is below {sched.name}'s peak of "
-                f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
-                "or -s zb-1p / zb-2p, which are built for the limit"
-            )
-    return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation_from_args(args),
-                             mem_limit=mem_limit)  # fmt: skip
-
-
 # -- pp export / validate ------------------------------------------------------------------
 def _export(args: argparse.Namespace) -> int:
-    text = (sched := schedule_from_args(args)).to_csv()
+    text = (sched := setting(args).build()).to_csv()
     if args.output is None and not args.json:
         print(text, end="")
         return 0
@@ -154,7 +135,7 @@ def _validate(args: argparse.Namespace) -> int:
     sched = read_file(args.file, "")
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
-    result = simulate(sched, costs_from_args(args), check=False)
+    result = simulate(sched, setting(args).cost_model(), check=False)
     info = {"file": str(args.file), "valid": True, **_shape(sched),
             "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
@@ -166,9 +147,9 @@ def _compare(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
     from nobubble.pipeline.compare import compare_schedules
 
-    check_size(args, "compare")
-    costs = costs_from_args(args)
-    limit = mem_limit_from_args(args, costs)
+    (s := setting(args)).check_size("compare")
+    costs = s.cost_model()
+    limit = s.limit_for(costs)
     with progress_bar("simulating", total=None, counter=None) as (bar, task):
         rows = compare_schedules(
             costs, num_stages=args.ranks, num_microbatches=args.microbatches,
@@ -231,13 +212,13 @@ def _fmt_cost(value) -> str:
 def _solve(args: argparse.Namespace) -> int:
     if args.placement is not None and args.chunks == 1:
         raise UsageError(f"--placement {args.placement} needs --chunks 2")
-    check_size(args, "solve")
+    (s := setting(args)).check_size("solve")
     cores = os.cpu_count() or 1
     if args.workers is not None and args.workers > max(8, cores) and not args.force:
         raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
                          f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
-    costs = costs_from_args(args)
-    mem_limit = mem_limit_from_args(args, costs, below_one=True)
+    costs = s.cost_model()
+    mem_limit = s.limit_for(costs, below_one=True)
     from nobubble.bench.output import progress_bar
     from nobubble.pipeline.ilp.solve import solve_optimal
 
@@ -331,7 +312,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
     if args.ranks < 2:
         raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
-    check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
+    setting(args).check_size("compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
     try:  # the exact solver's budget: one stage per rank
         if args.ilp is not None:
             check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
@@ -344,7 +325,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _costs(args: argparse.Namespace):
     if args.costs is None:
-        return costs_from_args(args)
+        return setting(args).cost_model()
     times = (("--model", "model", None, ""), *COST_FLAGS[:4])
     if given := [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]:
         raise UsageError(f"--costs replaces {given[0]}; give one of them")

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
+    from nobubble.pipeline.setting import PipelineSetting
 
 # nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
 # imports no pipeline code (a test keeps the two equal)
@@ -48,29 +49,14 @@ DISPATCH_CHOICES = ("static", "handshake")
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
              microbatches: int | None = 8) -> None:  # fmt: skip
     """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
-    (skip the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule
+    (skip the work budget, see
+    :meth:`~nobubble.pipeline.setting.PipelineSetting.check_size`). ``--ranks`` is always ranks: a schedule
     with ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
     add_args(p, (
         ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
         ("--microbatches -m", positive_int, microbatches, "microbatches M"),
         ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
     ))  # fmt: skip
-
-
-def check_size(args: argparse.Namespace, budget: str = "default", *,
-               v_memory: bool = False) -> None:  # fmt: skip
-    """Refuse, before any work, a pipeline whose op count passes the command's budget
-    (:func:`~nobubble.pipeline.schedules.budget.check_ops`: ``budget`` and, when ``-s`` names
-    a V generator or ``v_memory``, theirs) unless ``--force``; a size from a file passes."""
-    from nobubble.pipeline.schedules.budget import check_ops
-
-    if args.force or args.ranks is None or args.microbatches is None:
-        return
-    try:
-        check_ops(args.ranks, args.microbatches, num_chunks=getattr(args, "chunks", None),
-                  budget=budget, schedule=getattr(args, "schedule", None), v_memory=v_memory)  # fmt: skip
-    except ValueError as err:
-        raise UsageError(f"--ranks/--microbatches: {err}, or --force") from None
 
 
 def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int | None = None,
@@ -119,45 +105,15 @@ def add_costs(p: argparse.ArgumentParser, *, mem_limit_help: str | None = "zb-1p
         p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
 
 
-def costs_from_args(args: argparse.Namespace):
-    """Per-rank :meth:`CostModel.from_settings <nobubble.pipeline.costs.CostModel.from_settings>`
-    of the cost and memory flags (which refuses contradictory ones), within the work budget."""
-    from nobubble.pipeline.costs import CostModel
+def setting(args: argparse.Namespace) -> PipelineSetting:
+    """The :class:`~nobubble.pipeline.setting.PipelineSetting` of the size, schedule, cost and
+    ``--mem-limit`` flags as they stand (a command may first take a size from a file)."""
+    from nobubble.pipeline.setting import COST_FIELDS, PipelineSetting
 
-    check_size(args)
-    settings = {dest: getattr(args, dest) for _, dest, _, _ in COST_FLAGS}
-    return CostModel.from_settings(args.ranks, model=args.model, **settings)
-
-
-def mem_limit_from_args(args: argparse.Namespace, costs, *,
-                        below_one: bool = False) -> float | None:  # fmt: skip
-    """``--mem-limit`` (in units of M_F, a rank's activations of one microbatch) in the
-    costs' memory unit; None when not given. A limit below 1 is refused unless
-    ``below_one`` (the exact solver explains why it is infeasible)."""
-    if getattr(args, "mem_limit", None) is None:
-        return None
-    if args.mem_limit < 1 and not below_one:
-        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
-                         "(the unit is M_F); give at least 1")  # fmt: skip
-    return args.mem_limit * max(costs.mem_f)
-
-
-def schedule_from_args(args: argparse.Namespace, costs=None, *, unit: bool = False,
-                       limit_elsewhere: bool = False):  # fmt: skip
-    """The schedule ``--schedule`` names for ``costs`` (None: the cost flags', or ``unit``
-    costs; built after the size is checked); ``--mem-limit`` steers zb-1p / zb-2p (which the
-    registry refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
-    from nobubble.pipeline.costs import CostModel
-    from nobubble.pipeline.schedules import get_schedule
-
-    check_size(args)
-    if costs is None:
-        costs = CostModel.uniform(args.ranks) if unit else costs_from_args(args)
-    mem_limit = mem_limit_from_args(args, costs)
-    if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
-        mem_limit = None
-    return get_schedule(args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                        costs=costs, mem_limit=mem_limit, num_chunks=getattr(args, "chunks", None))  # fmt: skip
+    costs = {name: getattr(args, name, None) for name in ("model", *COST_FIELDS)}
+    return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
+                           getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
+                           force=args.force, **costs)  # fmt: skip
 
 
 def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:

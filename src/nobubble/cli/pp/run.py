@@ -26,7 +26,6 @@ from nobubble.cli.pp.options import (
     add_size,
     check_factory_flags,
     check_launch,
-    check_size,
     check_time,
     given_model_flags,
     is_user_model,
@@ -34,7 +33,7 @@ from nobubble.cli.pp.options import (
     measure_profile,
     model_from_args,
     read_file,
-    schedule_from_args,
+    setting,
 )
 from nobubble.cli.util import (
     UsageError,
@@ -136,7 +135,9 @@ def _plan(args: argparse.Namespace) -> int:
                          "with pp profile -o)")  # fmt: skip
     if not user:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
+        setting(args).check_size(
+            "compare"
+        )  # every schedule is generated and simulated, as pp compare
     model = model_from_args(args) if not user and args.profile is None else None
     launch = check_launch(args, args.ranks, model)
     prof = read_file(args.profile, "--profile", "profile") if args.profile is not None else None
@@ -195,7 +196,7 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
     profile measures), or ``--schedule-file``."""
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        return schedule_from_args(args, unit=True)
+        return setting(args).build(unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
     if sched.num_ranks != args.ranks:
         raise UsageError(
@@ -249,9 +250,7 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
         from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
 
         if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
-            config = dataclasses.replace(
-                config, schedule=schedule_from_args(args, prof.cost_model())
-            )
+            config = dataclasses.replace(config, schedule=setting(args).build(prof.cost_model()))
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
