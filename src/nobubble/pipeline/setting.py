@@ -4,9 +4,8 @@ one line naming the flag of the value and the fix, are the command line's errors
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nobubble.pipeline.actions import Schedule
@@ -14,22 +13,16 @@ if TYPE_CHECKING:
     from nobubble.pipeline.dispatch import DispatchResult
     from nobubble.pipeline.dispatch.perturb import Perturbation
 
-__all__ = ["COST_FIELDS", "PipelineSetting"]
-
-COST_FIELDS = ("t_f", "t_b", "t_w", "t_comm", "hidden", "heads", "seq", "mem_f", "mem_b", "mem_w")
-"""The cost fields, :meth:`CostModel.from_settings <nobubble.pipeline.costs.CostModel.from_settings>`'
-keywords (``--tf ... --mem-w``)."""
-
-Costs = float | Sequence[float] | None
+__all__ = ["PipelineSetting"]
 
 
 @dataclass(frozen=True)
 class PipelineSetting:
     """``schedule`` on ``num_ranks`` ranks (``-p``) for ``num_microbatches`` (``-m``), with
-    ``num_chunks`` stages per rank (``-v``; None: the schedule's own), costs built by
-    :meth:`CostModel.from_settings <nobubble.pipeline.costs.CostModel.from_settings>` from
-    ``model`` (a paper model's measured costs) and :data:`COST_FIELDS` (times: one number or
-    one per rank; None: the default), and ``mem_limit``, the activation limit per rank in
+    ``num_chunks`` stages per rank (``-v``; None: the schedule's own), per-rank costs of the
+    ``costs`` keywords of :meth:`CostModel.from_settings
+    <nobubble.pipeline.costs.CostModel.from_settings>` (``model``, ``t_f`` ... ``mem_w``; one
+    missing or None takes its default), and ``mem_limit``, the activation limit per rank in
     units of M_F (one rank's activations of one microbatch; None: none). ``force`` skips the
     work budgets; a size of None (a file sets it) skips them too."""
 
@@ -37,17 +30,7 @@ class PipelineSetting:
     num_microbatches: int | None = 8
     schedule: str | None = "zb-h1"
     num_chunks: int | None = None
-    model: str | None = None
-    t_f: Costs = None
-    t_b: Costs = None
-    t_w: Costs = None
-    t_comm: float | None = None
-    hidden: int | None = None
-    heads: int | None = None
-    seq: int | None = None
-    mem_f: float | None = None
-    mem_b: float | None = None
-    mem_w: float | None = None
+    costs: dict[str, Any] = field(default_factory=dict)
     mem_limit: float | None = None
     force: bool = False
 
@@ -70,8 +53,7 @@ class PipelineSetting:
         from nobubble.pipeline.costs import CostModel
 
         self.check_size()
-        settings = {name: getattr(self, name) for name in COST_FIELDS}
-        return CostModel.from_settings(self.num_ranks, model=self.model, **settings)  # type: ignore[arg-type]
+        return CostModel.from_settings(self.num_ranks, **self.costs)  # type: ignore[arg-type]
 
     def limit_for(self, costs: CostModel, *, below_one: bool = False) -> float | None:
         """``mem_limit`` in the memory unit of ``costs`` (None when not set); a limit below 1

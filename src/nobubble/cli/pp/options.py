@@ -108,12 +108,13 @@ def add_costs(p: argparse.ArgumentParser, *, mem_limit_help: str | None = "zb-1p
 def setting(args: argparse.Namespace) -> PipelineSetting:
     """The :class:`~nobubble.pipeline.setting.PipelineSetting` of the size, schedule, cost and
     ``--mem-limit`` flags as they stand (a command may first take a size from a file)."""
-    from nobubble.pipeline.setting import COST_FIELDS, PipelineSetting
+    from nobubble.pipeline.setting import PipelineSetting
 
-    costs = {name: getattr(args, name, None) for name in ("model", *COST_FIELDS)}
+    names = ("model", *(dest for _, dest, _, _ in COST_FLAGS))
+    costs = {name: getattr(args, name, None) for name in names}
     return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
                            getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
-                           force=args.force, **costs)  # fmt: skip
+                           force=args.force, costs=costs)  # fmt: skip
 
 
 def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
