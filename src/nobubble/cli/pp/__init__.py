@@ -18,6 +18,7 @@ from nobubble.cli.pp.options import (
     add_shape,
     add_size,
     perturbation_from_args,
+    rank_costs,
     read_file,
     setting,
 )
@@ -195,13 +196,9 @@ def _figures(d: dict) -> list[str]:
 
 def _cost_summary(costs) -> dict:
     """Per-rank costs: one number when every rank has the same, else the list."""
-
-    def one_or_all(values):
-        return values[0] if len(set(values)) == 1 else list(values)
-
-    return {"t_f": one_or_all(costs.t_f), "t_b": one_or_all(costs.t_b),
-            "t_w": one_or_all(costs.t_w), "t_comm": costs.t_comm,
-            "mem_f": one_or_all(costs.mem_f)}  # fmt: skip
+    summary = {k: getattr(costs, k) for k in ("t_f", "t_b", "t_w", "t_comm", "mem_f")}
+    return {k: v if k == "t_comm" else v[0] if len(set(v)) == 1 else list(v)
+            for k, v in summary.items()}  # fmt: skip
 
 
 def _fmt_cost(value) -> str:
@@ -264,8 +261,8 @@ def _solve(args: argparse.Namespace) -> int:
 
 
 def _limits(text: str) -> tuple[float, ...]:
-    """argparse type: comma-separated positive numbers."""
-    return tuple(sorted({positive_float(part) for part in text.split(",")}))
+    """argparse type: comma-separated positive numbers, sorted, each once."""
+    return tuple(sorted(set(rank_costs(text))))
 
 
 def _frontier(args: argparse.Namespace) -> int:
@@ -337,14 +334,8 @@ def _costs(args: argparse.Namespace):
     return costs
 
 
-def _ilp(text: str) -> tuple:
-    return (
-        "--ilp",
-        positive_float,
-        None,
-        text,
-        {"nargs": "?", "const": 30.0, "metavar": "SECONDS"},
-    )
+ILP = {"nargs": "?", "const": 30.0, "metavar": "SECONDS"}
+"""``--ilp``'s own keywords: given bare, the solver runs 30 s."""
 
 
 COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
@@ -359,7 +350,7 @@ COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
     ("compare", "every schedule on the same costs: bubble, memory, throughput",
      (partial(add_shape, schedule=False), add_costs), (
         ("--no-torch", bool, False, "leave out torch's own schedules"),
-        _ilp("add the exact ILP row (time limit, default 30 s)"),
+        ("--ilp", positive_float, None, "add the exact ILP row (time limit, default 30 s)", ILP),
         ("--plot", plot_file, None, "write every schedule's Gantt chart in one image"),
     ), _compare),
     ("export", "write a schedule as torch's compute-only CSV", (add_shape, add_costs), (
@@ -390,7 +381,8 @@ COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
          "--model/--tf/...)", {"metavar": "FILE"}),
         ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
          "rank units (default about p/3 ... 2p)", {"metavar": "L1,L2,..."}),
-        _ilp("add the exact solver's points (time limit of each solve, default 30 s)"),
+        ("--ilp", positive_float, None, "add the exact solver's points (time limit of each "
+         "solve, default 30 s)", ILP),
         ("--no-torch", bool, False, "leave out torch's own schedules"),
         ("--plot", plot_file, None, "write the picture (.png/.svg/.pdf)"),
     ), _frontier),

@@ -68,16 +68,16 @@ def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int 
     p.add_argument("--chunks", "-v", type=positive_int, default=chunks, help=chunks_help)
 
 
-def _rank_costs(text: str) -> tuple[float, ...]:
+def rank_costs(text: str) -> tuple[float, ...]:
     """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
     return tuple(positive_float(part) for part in text.split(","))
 
 
 COST_FLAGS = (  # (flag, CostModel.from_settings' keyword, argparse type, help)
-    ("--tf", "t_f", _rank_costs, "forward time of one microbatch; one value, or one per rank "
+    ("--tf", "t_f", rank_costs, "forward time of one microbatch; one value, or one per rank "
      "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
-    ("--tb", "t_b", _rank_costs, "input-gradient backward (B) time (or list)"),
-    ("--tw", "t_w", _rank_costs, "weight-gradient backward (W) time (or list)"),
+    ("--tb", "t_b", rank_costs, "input-gradient backward (B) time (or list)"),
+    ("--tw", "t_w", rank_costs, "weight-gradient backward (W) time (or list)"),
     ("--tcomm", "t_comm", nonneg_float, "transfer time between ranks"),
     ("--hidden", "hidden", positive_int, "hidden size h (M_F = 34h + 5as)"),
     ("--heads", "heads", positive_int, "attention heads a"),
@@ -115,6 +115,12 @@ def setting(args: argparse.Namespace) -> PipelineSetting:
     return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
                            getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
                            force=args.force, costs=costs)  # fmt: skip
+
+
+def refuse(*cases: tuple[object, str]) -> None:
+    """A UsageError of the first ``(condition, message)`` whose condition holds."""
+    if message := next((message for bad, message in cases if bad), None):
+        raise UsageError(message)
 
 
 def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:

@@ -33,6 +33,7 @@ from nobubble.cli.pp.options import (
     measure_profile,
     model_from_args,
     read_file,
+    refuse,
     setting,
 )
 from nobubble.cli.util import (
@@ -122,22 +123,20 @@ def _plan(args: argparse.Namespace) -> int:
 
     if user := is_user_model(args.model):
         check_factory_flags(args)
-        if args.profile is not None:
-            raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a "
-                             "model of your own is profiled block by block here")  # fmt: skip
-    for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
-        if given is not None and not user:
-            raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
-                             "plan is drawn by pp simulate --plot and measures its own costs")  # fmt: skip
-    if args.profile is not None and given_model_flags(args):
-        raise UsageError(f"--profile {args.profile} sets the model; drop "
-                         f"{', '.join(given_model_flags(args))} (or profile that model "
-                         "with pp profile -o)")  # fmt: skip
+    refuse(
+        (user and args.profile is not None, "--profile applies to the built-in models (--model "
+         "gpt|mlp); a model of your own is profiled block by block here"),
+        *((given is not None and not user, f"{flag} applies to --model MODULE:FACTORY; a "
+           "built-in model's plan is drawn by pp simulate --plot and measures its own costs")
+          for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms))),
+        (args.profile is not None and given_model_flags(args), f"--profile {args.profile} sets "
+         f"the model; drop {', '.join(given_model_flags(args))} (or profile that model with pp "
+         "profile -o)"),
+    )  # fmt: skip
     if not user:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        setting(args).check_size(
-            "compare"
-        )  # every schedule is generated and simulated, as pp compare
+        # every schedule is generated and simulated, as pp compare
+        setting(args).check_size("compare")
     model = model_from_args(args) if not user and args.profile is None else None
     launch = check_launch(args, args.ranks, model)
     prof = read_file(args.profile, "--profile", "profile") if args.profile is not None else None
@@ -198,14 +197,13 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
         return setting(args).build(unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
-    if sched.num_ranks != args.ranks:
-        raise UsageError(
-            f"{args.schedule_file} has {sched.num_ranks} ranks but --ranks is {args.ranks}; "
-            f"pass --ranks {sched.num_ranks}"
-        )
-    if args.microbatches not in (None, sched.num_microbatches):
-        raise UsageError(f"-m {args.microbatches}, but {args.schedule_file} runs "
-                         f"{sched.num_microbatches} microbatches; drop -m (the file sets it)")  # fmt: skip
+    refuse(
+        (sched.num_ranks != args.ranks, f"{args.schedule_file} has {sched.num_ranks} ranks but "
+         f"--ranks is {args.ranks}; pass --ranks {sched.num_ranks}"),
+        (args.microbatches not in (None, sched.num_microbatches), f"-m {args.microbatches}, but "
+         f"{args.schedule_file} runs {sched.num_microbatches} microbatches; drop -m (the file "
+         "sets it)"),
+    )  # fmt: skip
     args.microbatches = sched.num_microbatches
     return sched
 
@@ -214,11 +212,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.plan is not None:
         check_factory_flags(args)
         return run_user_plan(args, check_launch(args, args.ranks, None))
-    if is_user_model(args.model):
-        raise UsageError("--model MODULE:FACTORY runs a plan: give --plan plan.json (write one "
-                         "with pp plan --model MODULE:FACTORY --out plan.json)")  # fmt: skip
-    if args.ranks is None:
-        raise UsageError("--ranks is required with --schedule or --schedule-file")
+    refuse(
+        (is_user_model(args.model), "--model MODULE:FACTORY runs a plan: give --plan plan.json "
+         "(write one with pp plan --model MODULE:FACTORY --out plan.json)"),
+        (args.ranks is None, "--ranks is required with --schedule or --schedule-file"),
+    )  # fmt: skip
     sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
     model = model_from_args(args)
     launch = check_launch(args, args.ranks, model)  # sizes, steps: with M known
@@ -413,7 +411,19 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         p = Plan.read(args.plan)
     except ValueError as err:
         raise UsageError(f"--plan {err}") from None
-    _check_run_args(args, p)
+    given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
+                                   ("--straggler", args.straggler)) if on]  # fmt: skip
+    refuse(
+        (not is_user_model(args.model), "--plan runs a plan of your own model: give the factory "
+         "it was made from, --model MODULE:FACTORY"),
+        (args.ranks not in (None, p.num_ranks), f"--ranks {args.ranks}, but {args.plan} is a "
+         f"plan for {p.num_ranks} ranks; drop --ranks (the plan sets it) or plan again"),
+        (args.microbatches not in (None, p.num_microbatches), f"--microbatches "
+         f"{args.microbatches}, but {args.plan} runs {p.num_microbatches}; drop -m (the plan "
+         "sets it) or plan again"),
+        (given, f"{', '.join(given)}: not with --plan (the plan sets recompute; plotting and "
+         "stragglers are for the built-in models)"),
+    )  # fmt: skip
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = absolute_spec(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
@@ -450,20 +460,3 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
     )  # fmt: skip
     return 0
-
-
-def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
-    if not is_user_model(args.model):
-        raise UsageError("--plan runs a plan of your own model: give the factory it was made "
-                         "from, --model MODULE:FACTORY")  # fmt: skip
-    if args.ranks is not None and args.ranks != p.num_ranks:
-        raise UsageError(f"--ranks {args.ranks}, but {args.plan} is a plan for {p.num_ranks} "
-                         "ranks; drop --ranks (the plan sets it) or plan again")  # fmt: skip
-    if args.microbatches is not None and args.microbatches != p.num_microbatches:
-        raise UsageError(f"--microbatches {args.microbatches}, but {args.plan} runs "
-                         f"{p.num_microbatches}; drop -m (the plan sets it) or plan again")  # fmt: skip
-    given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
-                                   ("--straggler", args.straggler)) if on]  # fmt: skip
-    if given:
-        raise UsageError(f"{', '.join(given)}: not with --plan (the plan sets recompute; "
-                         "plotting and stragglers are for the built-in models)")  # fmt: skip
