@@ -20,6 +20,7 @@ from nobubble.cli.pp.options import (
     perturbation_from_args,
     rank_costs,
     read_file,
+    refuse,
     setting,
 )
 from nobubble.cli.util import (
@@ -207,13 +208,13 @@ def _fmt_cost(value) -> str:
 
 # -- pp solve / frontier -------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
-    if args.placement is not None and args.chunks == 1:
-        raise UsageError(f"--placement {args.placement} needs --chunks 2")
+    refuse((args.placement is not None and args.chunks == 1,
+            f"--placement {args.placement} needs --chunks 2"))  # fmt: skip
     (s := setting(args)).check_size("solve")
     cores = os.cpu_count() or 1
-    if args.workers is not None and args.workers > max(8, cores) and not args.force:
-        raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
-                         f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
+    refuse((args.workers is not None and args.workers > max(8, cores) and not args.force,
+            f"--workers {args.workers} is past this machine's {cores} cores (and CP-SAT's "
+            f"default of 8); use at most {max(8, cores)}, or --force"))  # fmt: skip
     costs = s.cost_model()
     mem_limit = s.limit_for(costs, below_one=True)
     from nobubble.bench.output import progress_bar
@@ -305,32 +306,28 @@ def _check_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what the frontier cannot do or cannot do in time."""
     from nobubble.pipeline.schedules.budget import check_ops
 
-    if args.mem_limit is not None:
-        raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
-    if args.ranks < 2:
-        raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
+    refuse((args.mem_limit is not None, "pp frontier sweeps --mem-limits (plural), not --mem-limit"),
+           (args.ranks < 2, f"--ranks {args.ranks}: a frontier needs at least 2 ranks"))  # fmt: skip
     setting(args).check_size("compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
     try:  # the exact solver's budget: one stage per rank
         if args.ilp is not None:
             check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
     except ValueError as err:
         raise UsageError(f"--ilp: {err}, or drop --ilp") from None
-    if args.mem_limits and min(args.mem_limits) < 1:
-        raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
-                         "activations (the unit); give limits >= 1")  # fmt: skip
+    low = min(args.mem_limits or [1])
+    refuse((low < 1, f"--mem-limits {low:g} is below one microbatch's activations (the unit); "
+            "give limits >= 1"))  # fmt: skip
 
 
 def _costs(args: argparse.Namespace):
     if args.costs is None:
         return setting(args).cost_model()
     times = (("--model", "model", None, ""), *COST_FLAGS[:4])
-    if given := [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]:
-        raise UsageError(f"--costs replaces {given[0]}; give one of them")
-    prof = read_file(args.costs, "--costs", "profile")
-    costs = prof.cost_model()
-    if costs.num_stages != args.ranks:
-        raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
-                         f"{args.ranks}; pass --ranks {costs.num_stages}")  # fmt: skip
+    given = [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]
+    refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
+    costs = read_file(args.costs, "--costs", "profile").cost_model()
+    refuse((costs.num_stages != args.ranks, f"--costs {args.costs} has {costs.num_stages} ranks "
+            f"but --ranks is {args.ranks}; pass --ranks {costs.num_stages}"))  # fmt: skip
     return costs
 
 

@@ -272,15 +272,11 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
 
 
 def _print_run(s, files: str) -> None:
-    pred = s.sim_makespan_s is not None
-
-    def opt(v, fmt):
-        return fmt(v) if v is not None else "-"
-
+    pred = s.sim_makespan_s is not None  # the simulated figures come together, or none
     rows = [
-        ["step makespan (ms)", s.makespan_s * 1e3, opt(s.sim_makespan_s, lambda v: v * 1e3)],
+        ["step makespan (ms)", s.makespan_s * 1e3, s.sim_makespan_s * 1e3 if pred else "-"],
         ["step time incl. optimizer (ms)", s.step_time_s * 1e3, "-"],
-        ["bubble rate", f"{s.bubble_rate:.1%}", opt(s.sim_bubble_rate, lambda v: f"{v:.1%}")],
+        ["bubble rate", f"{s.bubble_rate:.1%}", f"{s.sim_bubble_rate:.1%}" if pred else "-"],
     ]
     for r, b in enumerate(s.peak_activation_bytes):
         p = s.sim_peak_activation_bytes[r] / MiB if pred else "-"
