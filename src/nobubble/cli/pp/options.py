@@ -49,9 +49,8 @@ DISPATCH_CHOICES = ("static", "handshake")
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
              microbatches: int | None = 8) -> None:  # fmt: skip
     """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
-    (skip the work budget, see
-    :meth:`~nobubble.pipeline.setting.PipelineSetting.check_size`). ``--ranks`` is always ranks: a schedule
-    with ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
+    (skip the work budgets). ``--ranks`` is always ranks: a schedule with ``--chunks`` V has
+    P x V stages (``pp profile --stages`` counts stages)."""
     add_args(p, (
         ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
         ("--microbatches -m", positive_int, microbatches, "microbatches M"),
@@ -165,9 +164,8 @@ def perturbation_from_args(args: argparse.Namespace):
     straggler on a rank the pipeline does not have)."""
     from nobubble.pipeline.dispatch.perturb import Perturbation
 
-    if args.seed is not None and not args.jitter:
-        raise UsageError(f"--seed {args.seed} seeds the --jitter draws, and there are none; "
-                         "add --jitter J or drop --seed")  # fmt: skip
+    refuse((args.seed is not None and not args.jitter, f"--seed {args.seed} seeds the --jitter "
+            "draws, and there are none; add --jitter J or drop --seed"))  # fmt: skip
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
@@ -223,9 +221,8 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
-    if not is_import_path(spec):
-        raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
-                         "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
+    refuse((not is_import_path(spec), f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, "
+            "or your own model's factory as package.module:factory or path/to/file.py:factory"))  # fmt: skip
     factory = load_user_object("--model", spec, "--model")
     try:
         return UserModel.from_factory(factory, seed=seed)
@@ -265,9 +262,9 @@ def given_model_flags(args: argparse.Namespace) -> list[str]:
 def check_factory_flags(args: argparse.Namespace) -> None:
     """Refuse the built-in model's flags beside ``--model MODULE:FACTORY``, whose factory
     builds its own model (``--seed`` seeds it)."""
-    if odd := [f for f in given_model_flags(args) if f not in ("--model", "--seed")]:
-        raise UsageError(f"{', '.join(odd)}: the built-in models' flags; --model {args.model} "
-                         "builds its own model, drop them")  # fmt: skip
+    odd = [f for f in given_model_flags(args) if f not in ("--model", "--seed")]
+    refuse((odd, f"{', '.join(odd)}: the built-in models' flags; --model {args.model} builds "
+            "its own model, drop them"))  # fmt: skip
 
 
 LAUNCH_FLAGS: tuple[Flag, ...] = (
@@ -299,9 +296,9 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
 
     launch = apply_flags(LaunchOptions, flags_given(LAUNCH_FLAGS, args), LAUNCH_FLAGS)
     cores = os.cpu_count() or 1
-    if launch.threads_per_rank > cores and not args.force:
-        raise UsageError(f"--threads {launch.threads_per_rank} is past this machine's {cores} "
-                         f"cores; use at most {cores} (or --force)")  # fmt: skip
+    refuse((launch.threads_per_rank > cores and not args.force, f"--threads "
+            f"{launch.threads_per_rank} is past this machine's {cores} cores; use at most "
+            f"{cores} (or --force)"))  # fmt: skip
     check_device_name(launch.device, launch.backend)
     if model is not None:
         from nobubble.pipeline.runtime.models import memory_bytes
