@@ -72,7 +72,7 @@ def rank_costs(text: str) -> tuple[float, ...]:
     return tuple(positive_float(part) for part in text.split(","))
 
 
-COST_FLAGS = (  # (flag, CostModel.from_settings' keyword, argparse type, help)
+COST_FLAGS: tuple[Flag, ...] = (  # (flag, CostModel.from_settings keyword, argparse type, help)
     ("--tf", "t_f", rank_costs, "forward time of one microbatch; one value, or one per rank "
      "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
     ("--tb", "t_b", rank_costs, "input-gradient backward (B) time (or list)"),

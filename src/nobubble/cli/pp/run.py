@@ -90,9 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _profile(args: argparse.Namespace) -> int:
     from nobubble.distributed import check_device
 
-    if is_user_model(args.model):
-        raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
-                         "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
+    refuse((is_user_model(args.model), "pp profile takes the built-in models (--model gpt|mlp); "
+            "a model of your own is profiled block by block by pp plan --model MODULE:FACTORY"))  # fmt: skip
     model = model_from_args(args)
     launch = check_launch(args, None, model)
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
