@@ -1,10 +1,7 @@
-"""Flags declared from tables. A config's flags, ``(flag, field, type, help)``, map one to one
-onto its fields (:func:`add_config_flags`); a flag left out keeps the config's own default, and
-the config's ``__post_init__`` is the only check of a value or a combination (its ValueError is
-the one-line error, exit 2). A field may be a path into a sub-config (``trainer.delay_s``) and a
-flag may repeat: :func:`flags_given` collects the given ones, :func:`apply_flags` builds a
-config from them or lays them over one. Flags that are no config's are :func:`add_args` rows.
-"""
+"""Flags declared from tables: a config's flags map one to one onto its fields, a flag left out
+keeps the config's default, and the config's ``__post_init__`` is the only check of a value or
+a combination (its ValueError is the one-line error, exit 2); other flags are :func:`add_args`
+rows."""
 
 from __future__ import annotations
 

@@ -17,12 +17,11 @@ from nobubble.cli.pp.options import (
     add_dispatch,
     add_shape,
     add_size,
-    check_size,
-    costs_from_args,
-    mem_limit_from_args,
     perturbation_from_args,
+    rank_costs,
     read_file,
-    schedule_from_args,
+    refuse,
+    setting,
 )
 from nobubble.cli.util import (
     ArgumentParser,
@@ -59,7 +58,7 @@ def _show(args: argparse.Namespace) -> int:
     else:
         for dest, (_, default) in SHOW_SHAPE.items():
             setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
-        sched = schedule_from_args(args, unit=True)
+        sched = setting(args).build(unit=True)
     if args.json:
         print_json({"schedule": sched.name, **_shape(sched),
                     "stage_to_rank": list(sched.stage_to_rank),
@@ -77,11 +76,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import gantt, write_trace
     from nobubble.pipeline.simulate import simulate
 
-    costs = costs_from_args(args)
+    costs = (s := setting(args)).cost_model()
     dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
                   or args.seed is not None)  # fmt: skip
-    sched = schedule_from_args(args, costs, limit_elsewhere=args.dispatch == "handshake")
-    run = _dispatch(args, sched, costs) if dispatched else None
+    sched = s.build(costs, limit_elsewhere=args.dispatch == "handshake")
+    run = (
+        s.dispatch(sched, costs, args.dispatch, perturbation_from_args(args))
+        if dispatched
+        else None
+    )
     result = run.sim if run is not None else simulate(sched, costs)
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
@@ -106,29 +109,9 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dispatch(args: argparse.Namespace, sched, costs):
-    """``--dispatch`` and the perturbation flags: one step under that policy."""
-    from nobubble.pipeline.dispatch import plan_peaks, simulate_dispatch
-
-    policy = args.dispatch or "static"
-    mem_limit = mem_limit_from_args(args, costs) if policy == "handshake" else None
-    if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
-        mf = max(costs.mem_f)
-        peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
-        rank = max(range(len(peaks)), key=peaks.__getitem__)
-        if mem_limit < peaks[rank] * (1 - 1e-9):
-            raise UsageError(
-                f"--mem-limit {args.mem_limit:g} is below {sched.name}'s peak of "
-                f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least {peaks[rank] / mf:.4g}, "
-                "or -s zb-1p / zb-2p, which are built for the limit"
-            )
-    return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation_from_args(args),
-                             mem_limit=mem_limit)  # fmt: skip
-
-
 # -- pp export / validate ------------------------------------------------------------------
 def _export(args: argparse.Namespace) -> int:
-    text = (sched := schedule_from_args(args)).to_csv()
+    text = (sched := setting(args).build()).to_csv()
     if args.output is None and not args.json:
         print(text, end="")
         return 0
@@ -154,7 +137,7 @@ def _validate(args: argparse.Namespace) -> int:
     sched = read_file(args.file, "")
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
-    result = simulate(sched, costs_from_args(args), check=False)
+    result = simulate(sched, setting(args).cost_model(), check=False)
     info = {"file": str(args.file), "valid": True, **_shape(sched),
             "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
@@ -166,9 +149,9 @@ def _compare(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
     from nobubble.pipeline.compare import compare_schedules
 
-    check_size(args, "compare")
-    costs = costs_from_args(args)
-    limit = mem_limit_from_args(args, costs)
+    (s := setting(args)).check_size("compare")
+    costs = s.cost_model()
+    limit = s.limit_for(costs)
     with progress_bar("simulating", total=None, counter=None) as (bar, task):
         rows = compare_schedules(
             costs, num_stages=args.ranks, num_microbatches=args.microbatches,
@@ -214,13 +197,9 @@ def _figures(d: dict) -> list[str]:
 
 def _cost_summary(costs) -> dict:
     """Per-rank costs: one number when every rank has the same, else the list."""
-
-    def one_or_all(values):
-        return values[0] if len(set(values)) == 1 else list(values)
-
-    return {"t_f": one_or_all(costs.t_f), "t_b": one_or_all(costs.t_b),
-            "t_w": one_or_all(costs.t_w), "t_comm": costs.t_comm,
-            "mem_f": one_or_all(costs.mem_f)}  # fmt: skip
+    summary = {k: getattr(costs, k) for k in ("t_f", "t_b", "t_w", "t_comm", "mem_f")}
+    return {k: v if k == "t_comm" else v[0] if len(set(v)) == 1 else list(v)
+            for k, v in summary.items()}  # fmt: skip
 
 
 def _fmt_cost(value) -> str:
@@ -229,15 +208,15 @@ def _fmt_cost(value) -> str:
 
 # -- pp solve / frontier -------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
-    if args.placement is not None and args.chunks == 1:
-        raise UsageError(f"--placement {args.placement} needs --chunks 2")
-    check_size(args, "solve")
+    refuse((args.placement is not None and args.chunks == 1,
+            f"--placement {args.placement} needs --chunks 2"))  # fmt: skip
+    (s := setting(args)).check_size("solve")
     cores = os.cpu_count() or 1
-    if args.workers is not None and args.workers > max(8, cores) and not args.force:
-        raise UsageError(f"--workers {args.workers} is past this machine's {cores} cores (and "
-                         f"CP-SAT's default of 8); use at most {max(8, cores)}, or --force")  # fmt: skip
-    costs = costs_from_args(args)
-    mem_limit = mem_limit_from_args(args, costs, below_one=True)
+    refuse((args.workers is not None and args.workers > max(8, cores) and not args.force,
+            f"--workers {args.workers} is past this machine's {cores} cores (and CP-SAT's "
+            f"default of 8); use at most {max(8, cores)}, or --force"))  # fmt: skip
+    costs = s.cost_model()
+    mem_limit = s.limit_for(costs, below_one=True)
     from nobubble.bench.output import progress_bar
     from nobubble.pipeline.ilp.solve import solve_optimal
 
@@ -283,8 +262,8 @@ def _solve(args: argparse.Namespace) -> int:
 
 
 def _limits(text: str) -> tuple[float, ...]:
-    """argparse type: comma-separated positive numbers."""
-    return tuple(sorted({positive_float(part) for part in text.split(",")}))
+    """argparse type: comma-separated positive numbers, sorted, each once."""
+    return tuple(sorted(set(rank_costs(text))))
 
 
 def _frontier(args: argparse.Namespace) -> int:
@@ -327,43 +306,33 @@ def _check_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what the frontier cannot do or cannot do in time."""
     from nobubble.pipeline.schedules.budget import check_ops
 
-    if args.mem_limit is not None:
-        raise UsageError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
-    if args.ranks < 2:
-        raise UsageError(f"--ranks {args.ranks}: a frontier needs at least 2 ranks")
-    check_size(args, "compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
+    refuse((args.mem_limit is not None, "pp frontier sweeps --mem-limits (plural), not --mem-limit"),
+           (args.ranks < 2, f"--ranks {args.ranks}: a frontier needs at least 2 ranks"))  # fmt: skip
+    setting(args).check_size("compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
     try:  # the exact solver's budget: one stage per rank
         if args.ilp is not None:
             check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
     except ValueError as err:
         raise UsageError(f"--ilp: {err}, or drop --ilp") from None
-    if args.mem_limits and min(args.mem_limits) < 1:
-        raise UsageError(f"--mem-limits {min(args.mem_limits):g} is below one microbatch's "
-                         "activations (the unit); give limits >= 1")  # fmt: skip
+    low = min(args.mem_limits or [1])
+    refuse((low < 1, f"--mem-limits {low:g} is below one microbatch's activations (the unit); "
+            "give limits >= 1"))  # fmt: skip
 
 
 def _costs(args: argparse.Namespace):
     if args.costs is None:
-        return costs_from_args(args)
+        return setting(args).cost_model()
     times = (("--model", "model", None, ""), *COST_FLAGS[:4])
-    if given := [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]:
-        raise UsageError(f"--costs replaces {given[0]}; give one of them")
-    prof = read_file(args.costs, "--costs", "profile")
-    costs = prof.cost_model()
-    if costs.num_stages != args.ranks:
-        raise UsageError(f"--costs {args.costs} has {costs.num_stages} ranks but --ranks is "
-                         f"{args.ranks}; pass --ranks {costs.num_stages}")  # fmt: skip
+    given = [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]
+    refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
+    costs = read_file(args.costs, "--costs", "profile").cost_model()
+    refuse((costs.num_stages != args.ranks, f"--costs {args.costs} has {costs.num_stages} ranks "
+            f"but --ranks is {args.ranks}; pass --ranks {costs.num_stages}"))  # fmt: skip
     return costs
 
 
-def _ilp(text: str) -> tuple:
-    return (
-        "--ilp",
-        positive_float,
-        None,
-        text,
-        {"nargs": "?", "const": 30.0, "metavar": "SECONDS"},
-    )
+ILP = {"nargs": "?", "const": 30.0, "metavar": "SECONDS"}
+"""``--ilp``'s own keywords: given bare, the solver runs 30 s."""
 
 
 COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
@@ -378,7 +347,7 @@ COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
     ("compare", "every schedule on the same costs: bubble, memory, throughput",
      (partial(add_shape, schedule=False), add_costs), (
         ("--no-torch", bool, False, "leave out torch's own schedules"),
-        _ilp("add the exact ILP row (time limit, default 30 s)"),
+        ("--ilp", positive_float, None, "add the exact ILP row (time limit, default 30 s)", ILP),
         ("--plot", plot_file, None, "write every schedule's Gantt chart in one image"),
     ), _compare),
     ("export", "write a schedule as torch's compute-only CSV", (add_shape, add_costs), (
@@ -409,7 +378,8 @@ COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
          "--model/--tf/...)", {"metavar": "FILE"}),
         ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
          "rank units (default about p/3 ... 2p)", {"metavar": "L1,L2,..."}),
-        _ilp("add the exact solver's points (time limit of each solve, default 30 s)"),
+        ("--ilp", positive_float, None, "add the exact solver's points (time limit of each "
+         "solve, default 30 s)", ILP),
         ("--no-torch", bool, False, "leave out torch's own schedules"),
         ("--plot", plot_file, None, "write the picture (.png/.svg/.pdf)"),
     ), _frontier),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
+    from nobubble.pipeline.setting import PipelineSetting
 
 # nobubble.pipeline.dispatch.DISPATCH_POLICIES, spelt out so that building the parser
 # imports no pipeline code (a test keeps the two equal)
@@ -49,29 +49,13 @@ DISPATCH_CHOICES = ("static", "handshake")
 def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
              microbatches: int | None = 8) -> None:  # fmt: skip
     """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
-    (skip the work budget, see :func:`check_size`). ``--ranks`` is always ranks: a schedule
-    with ``--chunks`` V has P x V stages (``pp profile --stages`` counts stages)."""
+    (skip the work budgets). ``--ranks`` is always ranks: a schedule with ``--chunks`` V has
+    P x V stages (``pp profile --stages`` counts stages)."""
     add_args(p, (
         ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
         ("--microbatches -m", positive_int, microbatches, "microbatches M"),
         ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
     ))  # fmt: skip
-
-
-def check_size(args: argparse.Namespace, budget: str = "default", *,
-               v_memory: bool = False) -> None:  # fmt: skip
-    """Refuse, before any work, a pipeline whose op count passes the command's budget
-    (:func:`~nobubble.pipeline.schedules.budget.check_ops`: ``budget`` and, when ``-s`` names
-    a V generator or ``v_memory``, theirs) unless ``--force``; a size from a file passes."""
-    from nobubble.pipeline.schedules.budget import check_ops
-
-    if args.force or args.ranks is None or args.microbatches is None:
-        return
-    try:
-        check_ops(args.ranks, args.microbatches, num_chunks=getattr(args, "chunks", None),
-                  budget=budget, schedule=getattr(args, "schedule", None), v_memory=v_memory)  # fmt: skip
-    except ValueError as err:
-        raise UsageError(f"--ranks/--microbatches: {err}, or --force") from None
 
 
 def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int | None = None,
@@ -83,16 +67,16 @@ def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int 
     p.add_argument("--chunks", "-v", type=positive_int, default=chunks, help=chunks_help)
 
 
-def _rank_costs(text: str) -> tuple[float, ...]:
+def rank_costs(text: str) -> tuple[float, ...]:
     """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
     return tuple(positive_float(part) for part in text.split(","))
 
 
-COST_FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (  # (flag, CostModel.from_settings' keyword, argparse type, help)
-    ("--tf", "t_f", _rank_costs, "forward time of one microbatch; one value, or one per rank "
+COST_FLAGS: tuple[Flag, ...] = (  # (flag, CostModel.from_settings keyword, argparse type, help)
+    ("--tf", "t_f", rank_costs, "forward time of one microbatch; one value, or one per rank "
      "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
-    ("--tb", "t_b", _rank_costs, "input-gradient backward (B) time (or list)"),
-    ("--tw", "t_w", _rank_costs, "weight-gradient backward (W) time (or list)"),
+    ("--tb", "t_b", rank_costs, "input-gradient backward (B) time (or list)"),
+    ("--tw", "t_w", rank_costs, "weight-gradient backward (W) time (or list)"),
     ("--tcomm", "t_comm", nonneg_float, "transfer time between ranks"),
     ("--hidden", "hidden", positive_int, "hidden size h (M_F = 34h + 5as)"),
     ("--heads", "heads", positive_int, "attention heads a"),
@@ -120,45 +104,22 @@ def add_costs(p: argparse.ArgumentParser, *, mem_limit_help: str | None = "zb-1p
         p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
 
 
-def costs_from_args(args: argparse.Namespace):
-    """Per-rank :meth:`CostModel.from_settings <nobubble.pipeline.costs.CostModel.from_settings>`
-    of the cost and memory flags (which refuses contradictory ones), within the work budget."""
-    from nobubble.pipeline.costs import CostModel
+def setting(args: argparse.Namespace) -> PipelineSetting:
+    """The :class:`~nobubble.pipeline.setting.PipelineSetting` of the size, schedule, cost and
+    ``--mem-limit`` flags as they stand (a command may first take a size from a file)."""
+    from nobubble.pipeline.setting import PipelineSetting
 
-    check_size(args)
-    settings = {dest: getattr(args, dest) for _, dest, _, _ in COST_FLAGS}
-    return CostModel.from_settings(args.ranks, model=args.model, **settings)
-
-
-def mem_limit_from_args(args: argparse.Namespace, costs, *,
-                        below_one: bool = False) -> float | None:  # fmt: skip
-    """``--mem-limit`` (in units of M_F, a rank's activations of one microbatch) in the
-    costs' memory unit; None when not given. A limit below 1 is refused unless
-    ``below_one`` (the exact solver explains why it is infeasible)."""
-    if getattr(args, "mem_limit", None) is None:
-        return None
-    if args.mem_limit < 1 and not below_one:
-        raise UsageError(f"--mem-limit {args.mem_limit:g} is below one microbatch's activations "
-                         "(the unit is M_F); give at least 1")  # fmt: skip
-    return args.mem_limit * max(costs.mem_f)
+    names = ("model", *(dest for _, dest, _, _ in COST_FLAGS))
+    costs = {name: getattr(args, name, None) for name in names}
+    return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
+                           getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
+                           force=args.force, costs=costs)  # fmt: skip
 
 
-def schedule_from_args(args: argparse.Namespace, costs=None, *, unit: bool = False,
-                       limit_elsewhere: bool = False):  # fmt: skip
-    """The schedule ``--schedule`` names for ``costs`` (None: the cost flags', or ``unit``
-    costs; built after the size is checked); ``--mem-limit`` steers zb-1p / zb-2p (which the
-    registry refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
-    from nobubble.pipeline.costs import CostModel
-    from nobubble.pipeline.schedules import get_schedule
-
-    check_size(args)
-    if costs is None:
-        costs = CostModel.uniform(args.ranks) if unit else costs_from_args(args)
-    mem_limit = mem_limit_from_args(args, costs)
-    if limit_elsewhere and args.schedule not in ("zb-1p", "zb-2p"):
-        mem_limit = None
-    return get_schedule(args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                        costs=costs, mem_limit=mem_limit, num_chunks=getattr(args, "chunks", None))  # fmt: skip
+def refuse(*cases: tuple[object, str]) -> None:
+    """A UsageError of the first ``(condition, message)`` whose condition holds."""
+    if message := next((message for bad, message in cases if bad), None):
+        raise UsageError(message)
 
 
 def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
@@ -203,9 +164,8 @@ def perturbation_from_args(args: argparse.Namespace):
     straggler on a rank the pipeline does not have)."""
     from nobubble.pipeline.dispatch.perturb import Perturbation
 
-    if args.seed is not None and not args.jitter:
-        raise UsageError(f"--seed {args.seed} seeds the --jitter draws, and there are none; "
-                         "add --jitter J or drop --seed")  # fmt: skip
+    refuse((args.seed is not None and not args.jitter, f"--seed {args.seed} seeds the --jitter "
+            "draws, and there are none; add --jitter J or drop --seed"))  # fmt: skip
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
@@ -261,9 +221,8 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
-    if not is_import_path(spec):
-        raise UsageError(f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, or your own "
-                         "model's factory as package.module:factory or path/to/file.py:factory")  # fmt: skip
+    refuse((not is_import_path(spec), f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, "
+            "or your own model's factory as package.module:factory or path/to/file.py:factory"))  # fmt: skip
     factory = load_user_object("--model", spec, "--model")
     try:
         return UserModel.from_factory(factory, seed=seed)
@@ -303,9 +262,9 @@ def given_model_flags(args: argparse.Namespace) -> list[str]:
 def check_factory_flags(args: argparse.Namespace) -> None:
     """Refuse the built-in model's flags beside ``--model MODULE:FACTORY``, whose factory
     builds its own model (``--seed`` seeds it)."""
-    if odd := [f for f in given_model_flags(args) if f not in ("--model", "--seed")]:
-        raise UsageError(f"{', '.join(odd)}: the built-in models' flags; --model {args.model} "
-                         "builds its own model, drop them")  # fmt: skip
+    odd = [f for f in given_model_flags(args) if f not in ("--model", "--seed")]
+    refuse((odd, f"{', '.join(odd)}: the built-in models' flags; --model {args.model} builds "
+            "its own model, drop them"))  # fmt: skip
 
 
 LAUNCH_FLAGS: tuple[Flag, ...] = (
@@ -337,9 +296,9 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
 
     launch = apply_flags(LaunchOptions, flags_given(LAUNCH_FLAGS, args), LAUNCH_FLAGS)
     cores = os.cpu_count() or 1
-    if launch.threads_per_rank > cores and not args.force:
-        raise UsageError(f"--threads {launch.threads_per_rank} is past this machine's {cores} "
-                         f"cores; use at most {cores} (or --force)")  # fmt: skip
+    refuse((launch.threads_per_rank > cores and not args.force, f"--threads "
+            f"{launch.threads_per_rank} is past this machine's {cores} cores; use at most "
+            f"{cores} (or --force)"))  # fmt: skip
     check_device_name(launch.device, launch.backend)
     if model is not None:
         from nobubble.pipeline.runtime.models import memory_bytes

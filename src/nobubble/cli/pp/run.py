@@ -26,7 +26,6 @@ from nobubble.cli.pp.options import (
     add_size,
     check_factory_flags,
     check_launch,
-    check_size,
     check_time,
     given_model_flags,
     is_user_model,
@@ -34,7 +33,8 @@ from nobubble.cli.pp.options import (
     measure_profile,
     model_from_args,
     read_file,
-    schedule_from_args,
+    refuse,
+    setting,
 )
 from nobubble.cli.util import (
     UsageError,
@@ -90,9 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _profile(args: argparse.Namespace) -> int:
     from nobubble.distributed import check_device
 
-    if is_user_model(args.model):
-        raise UsageError("pp profile takes the built-in models (--model gpt|mlp); a model of "
-                         "your own is profiled block by block by pp plan --model MODULE:FACTORY")  # fmt: skip
+    refuse((is_user_model(args.model), "pp profile takes the built-in models (--model gpt|mlp); "
+            "a model of your own is profiled block by block by pp plan --model MODULE:FACTORY"))  # fmt: skip
     model = model_from_args(args)
     launch = check_launch(args, None, model)
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
@@ -123,20 +122,20 @@ def _plan(args: argparse.Namespace) -> int:
 
     if user := is_user_model(args.model):
         check_factory_flags(args)
-        if args.profile is not None:
-            raise UsageError("--profile applies to the built-in models (--model gpt|mlp); a "
-                             "model of your own is profiled block by block here")  # fmt: skip
-    for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms)):
-        if given is not None and not user:
-            raise UsageError(f"{flag} applies to --model MODULE:FACTORY; a built-in model's "
-                             "plan is drawn by pp simulate --plot and measures its own costs")  # fmt: skip
-    if args.profile is not None and given_model_flags(args):
-        raise UsageError(f"--profile {args.profile} sets the model; drop "
-                         f"{', '.join(given_model_flags(args))} (or profile that model "
-                         "with pp profile -o)")  # fmt: skip
+    refuse(
+        (user and args.profile is not None, "--profile applies to the built-in models (--model "
+         "gpt|mlp); a model of your own is profiled block by block here"),
+        *((given is not None and not user, f"{flag} applies to --model MODULE:FACTORY; a "
+           "built-in model's plan is drawn by pp simulate --plot and measures its own costs")
+          for flag, given in (("--plot", args.plot), ("--overhead-ms", args.overhead_ms))),
+        (args.profile is not None and given_model_flags(args), f"--profile {args.profile} sets "
+         f"the model; drop {', '.join(given_model_flags(args))} (or profile that model with pp "
+         "profile -o)"),
+    )  # fmt: skip
     if not user:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        check_size(args, "compare")  # every schedule is generated and simulated, as pp compare
+        # every schedule is generated and simulated, as pp compare
+        setting(args).check_size("compare")
     model = model_from_args(args) if not user and args.profile is None else None
     launch = check_launch(args, args.ranks, model)
     prof = read_file(args.profile, "--profile", "profile") if args.profile is not None else None
@@ -195,16 +194,15 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
     profile measures), or ``--schedule-file``."""
     if args.schedule is not None:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        return schedule_from_args(args, unit=True)
+        return setting(args).build(unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
-    if sched.num_ranks != args.ranks:
-        raise UsageError(
-            f"{args.schedule_file} has {sched.num_ranks} ranks but --ranks is {args.ranks}; "
-            f"pass --ranks {sched.num_ranks}"
-        )
-    if args.microbatches not in (None, sched.num_microbatches):
-        raise UsageError(f"-m {args.microbatches}, but {args.schedule_file} runs "
-                         f"{sched.num_microbatches} microbatches; drop -m (the file sets it)")  # fmt: skip
+    refuse(
+        (sched.num_ranks != args.ranks, f"{args.schedule_file} has {sched.num_ranks} ranks but "
+         f"--ranks is {args.ranks}; pass --ranks {sched.num_ranks}"),
+        (args.microbatches not in (None, sched.num_microbatches), f"-m {args.microbatches}, but "
+         f"{args.schedule_file} runs {sched.num_microbatches} microbatches; drop -m (the file "
+         "sets it)"),
+    )  # fmt: skip
     args.microbatches = sched.num_microbatches
     return sched
 
@@ -213,11 +211,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.plan is not None:
         check_factory_flags(args)
         return run_user_plan(args, check_launch(args, args.ranks, None))
-    if is_user_model(args.model):
-        raise UsageError("--model MODULE:FACTORY runs a plan: give --plan plan.json (write one "
-                         "with pp plan --model MODULE:FACTORY --out plan.json)")  # fmt: skip
-    if args.ranks is None:
-        raise UsageError("--ranks is required with --schedule or --schedule-file")
+    refuse(
+        (is_user_model(args.model), "--model MODULE:FACTORY runs a plan: give --plan plan.json "
+         "(write one with pp plan --model MODULE:FACTORY --out plan.json)"),
+        (args.ranks is None, "--ranks is required with --schedule or --schedule-file"),
+    )  # fmt: skip
     sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
     model = model_from_args(args)
     launch = check_launch(args, args.ranks, model)  # sizes, steps: with M known
@@ -249,9 +247,7 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
         from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
 
         if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
-            config = dataclasses.replace(
-                config, schedule=schedule_from_args(args, prof.cost_model())
-            )
+            config = dataclasses.replace(config, schedule=setting(args).build(prof.cost_model()))
     sched = config.schedule
     # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
     with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
@@ -275,15 +271,11 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
 
 
 def _print_run(s, files: str) -> None:
-    pred = s.sim_makespan_s is not None
-
-    def opt(v, fmt):
-        return fmt(v) if v is not None else "-"
-
+    pred = s.sim_makespan_s is not None  # the simulated figures come together, or none
     rows = [
-        ["step makespan (ms)", s.makespan_s * 1e3, opt(s.sim_makespan_s, lambda v: v * 1e3)],
+        ["step makespan (ms)", s.makespan_s * 1e3, s.sim_makespan_s * 1e3 if pred else "-"],
         ["step time incl. optimizer (ms)", s.step_time_s * 1e3, "-"],
-        ["bubble rate", f"{s.bubble_rate:.1%}", opt(s.sim_bubble_rate, lambda v: f"{v:.1%}")],
+        ["bubble rate", f"{s.bubble_rate:.1%}", f"{s.sim_bubble_rate:.1%}" if pred else "-"],
     ]
     for r, b in enumerate(s.peak_activation_bytes):
         p = s.sim_peak_activation_bytes[r] / MiB if pred else "-"
@@ -414,7 +406,19 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         p = Plan.read(args.plan)
     except ValueError as err:
         raise UsageError(f"--plan {err}") from None
-    _check_run_args(args, p)
+    given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
+                                   ("--straggler", args.straggler)) if on]  # fmt: skip
+    refuse(
+        (not is_user_model(args.model), "--plan runs a plan of your own model: give the factory "
+         "it was made from, --model MODULE:FACTORY"),
+        (args.ranks not in (None, p.num_ranks), f"--ranks {args.ranks}, but {args.plan} is a "
+         f"plan for {p.num_ranks} ranks; drop --ranks (the plan sets it) or plan again"),
+        (args.microbatches not in (None, p.num_microbatches), f"--microbatches "
+         f"{args.microbatches}, but {args.plan} runs {p.num_microbatches}; drop -m (the plan "
+         "sets it) or plan again"),
+        (given, f"{', '.join(given)}: not with --plan (the plan sets recompute; plotting and "
+         "stragglers are for the built-in models)"),
+    )  # fmt: skip
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = absolute_spec(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
@@ -451,20 +455,3 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
     )  # fmt: skip
     return 0
-
-
-def _check_run_args(args: argparse.Namespace, p: Plan) -> None:
-    if not is_user_model(args.model):
-        raise UsageError("--plan runs a plan of your own model: give the factory it was made "
-                         "from, --model MODULE:FACTORY")  # fmt: skip
-    if args.ranks is not None and args.ranks != p.num_ranks:
-        raise UsageError(f"--ranks {args.ranks}, but {args.plan} is a plan for {p.num_ranks} "
-                         "ranks; drop --ranks (the plan sets it) or plan again")  # fmt: skip
-    if args.microbatches is not None and args.microbatches != p.num_microbatches:
-        raise UsageError(f"--microbatches {args.microbatches}, but {args.plan} runs "
-                         f"{p.num_microbatches}; drop -m (the plan sets it) or plan again")  # fmt: skip
-    given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
-                                   ("--straggler", args.straggler)) if on]  # fmt: skip
-    if given:
-        raise UsageError(f"{', '.join(given)}: not with --plan (the plan sets recompute; "
-                         "plotting and stragglers are for the built-in models)")  # fmt: skip

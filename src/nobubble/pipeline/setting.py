@@ -1,0 +1,105 @@
+"""One pipeline setting, checked before any work: its size, schedule, per-rank costs and
+memory limit, what ``nobubble pp``'s flags give and Python builds alike (their ValueErrors,
+one line naming the flag of the value and the fix, are the command line's errors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.costs import CostModel
+    from nobubble.pipeline.dispatch import DispatchResult
+    from nobubble.pipeline.dispatch.perturb import Perturbation
+
+__all__ = ["PipelineSetting"]
+
+
+@dataclass(frozen=True)
+class PipelineSetting:
+    """``schedule`` on ``num_ranks`` ranks (``-p``) for ``num_microbatches`` (``-m``), with
+    ``num_chunks`` stages per rank (``-v``; None: the schedule's own), per-rank costs of the
+    ``costs`` keywords of :meth:`CostModel.from_settings
+    <nobubble.pipeline.costs.CostModel.from_settings>` (``model``, ``t_f`` ... ``mem_w``; one
+    missing or None takes its default), and ``mem_limit``, the activation limit per rank in
+    units of M_F (one rank's activations of one microbatch; None: none). ``force`` skips the
+    work budgets; a size of None (a file sets it) skips them too."""
+
+    num_ranks: int | None = 4
+    num_microbatches: int | None = 8
+    schedule: str | None = "zb-h1"
+    num_chunks: int | None = None
+    costs: dict[str, Any] = field(default_factory=dict)
+    mem_limit: float | None = None
+    force: bool = False
+
+    def check_size(self, budget: str = "default", *, v_memory: bool = False) -> None:
+        """Refuse a pipeline whose op count passes ``budget``
+        (:func:`~nobubble.pipeline.schedules.budget.check_ops`, with the V generators' bounds
+        when ``schedule`` names one or ``v_memory``) unless ``force``."""
+        from nobubble.pipeline.schedules.budget import check_ops
+
+        if self.force or self.num_ranks is None or self.num_microbatches is None:
+            return
+        try:
+            check_ops(self.num_ranks, self.num_microbatches, num_chunks=self.num_chunks,
+                      budget=budget, schedule=self.schedule, v_memory=v_memory)  # fmt: skip
+        except ValueError as err:
+            raise ValueError(f"--ranks/--microbatches: {err}, or --force") from None
+
+    def cost_model(self) -> CostModel:
+        """The per-rank costs (ValueError: contradictory settings), within the work budget."""
+        from nobubble.pipeline.costs import CostModel
+
+        self.check_size()
+        return CostModel.from_settings(self.num_ranks, **self.costs)  # type: ignore[arg-type]
+
+    def limit_for(self, costs: CostModel, *, below_one: bool = False) -> float | None:
+        """``mem_limit`` in the memory unit of ``costs`` (None when not set); a limit below 1
+        is refused unless ``below_one`` (the exact solver explains why it is infeasible)."""
+        if self.mem_limit is None:
+            return None
+        if self.mem_limit < 1 and not below_one:
+            raise ValueError(f"--mem-limit {self.mem_limit:g} is below one microbatch's "
+                             "activations (the unit is M_F); give at least 1")  # fmt: skip
+        return self.mem_limit * max(costs.mem_f)
+
+    def build(self, costs: CostModel | None = None, *, unit: bool = False,
+              limit_elsewhere: bool = False) -> Schedule:  # fmt: skip
+        """The schedule for ``costs`` (None: :meth:`cost_model`'s, or ``unit`` costs), built
+        after the size is checked; ``mem_limit`` steers zb-1p / zb-2p (which the registry
+        refuses for other schedules, unless ``limit_elsewhere``: the handshake's)."""
+        from nobubble.pipeline.costs import CostModel
+        from nobubble.pipeline.schedules import get_schedule
+
+        self.check_size()
+        if costs is None:
+            costs = CostModel.uniform(self.num_ranks) if unit else self.cost_model()  # type: ignore[arg-type]
+        mem_limit = self.limit_for(costs)
+        if limit_elsewhere and self.schedule not in ("zb-1p", "zb-2p"):
+            mem_limit = None
+        return get_schedule(self.schedule, num_ranks=self.num_ranks,  # type: ignore[arg-type]
+                            num_microbatches=self.num_microbatches, costs=costs,  # type: ignore[arg-type]
+                            mem_limit=mem_limit, num_chunks=self.num_chunks)  # fmt: skip
+
+    def dispatch(self, sched: Schedule, costs: CostModel, policy: str | None,
+                 perturbation: Perturbation) -> DispatchResult:  # fmt: skip
+        """One step of ``sched`` under ``policy`` (None: static) and ``perturbation``; the
+        handshake keeps within ``mem_limit``, refused below the schedule's own peak."""
+        from nobubble.pipeline.dispatch import plan_peaks, simulate_dispatch
+
+        policy = policy or "static"
+        mem_limit = self.limit_for(costs) if policy == "handshake" else None
+        if mem_limit is not None:  # the simulation refuses it too, in the costs' unit, not M_F
+            mf = max(costs.mem_f)
+            peaks = plan_peaks(sched, costs.for_stages(sched.stage_to_rank))
+            rank = max(range(len(peaks)), key=peaks.__getitem__)
+            if mem_limit < peaks[rank] * (1 - 1e-9):
+                raise ValueError(
+                    f"--mem-limit {self.mem_limit:g} is below {sched.name}'s peak of "
+                    f"{peaks[rank] / mf:.4g} M_F on rank {rank}; give at least "
+                    f"{peaks[rank] / mf:.4g}, or -s zb-1p / zb-2p, which are built for the limit"
+                )
+        return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation,
+                                 mem_limit=mem_limit)  # fmt: skip
