@@ -413,7 +413,7 @@ def _reward_server(args: argparse.Namespace) -> int:
     if args.port > 65535:
         raise ValueError(f"--port {args.port} must be in 0..65535")
     if args.task is not None:
-        from nobubble.rl.system.tasks.spec import resolve_task
+        from nobubble.rl.system.tasks import resolve_task
 
         import_run_objects(args.task)
         fn = resolve_task(args.task).reward

@@ -39,7 +39,7 @@ _SYSTEM = {
     "WorkerError": "nobubble.rl.system.engines.protocol",
     "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",
-    "TaskSpec": "nobubble.rl.system.tasks.spec",
+    "TaskSpec": "nobubble.rl.system.tasks",
 }
 __all__ = list(_SYSTEM)
 

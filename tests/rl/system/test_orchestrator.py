@@ -12,8 +12,7 @@ import torch
 from nobubble.rl.system.config import RewardConfig
 from nobubble.rl.system.orchestrator import RunConfig, WorkerError, run
 from nobubble.rl.system.rewards import Rewarder
-from nobubble.rl.system.tasks import DigitsTask
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.tasks import DigitsTask, TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup
 
 TINY = dict(batch_groups=4, group_size=4, eval_every=2, policy_kwargs={"hidden": 32}, timeout_s=240)

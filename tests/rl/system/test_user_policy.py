@@ -23,7 +23,7 @@ from nobubble.rl.system.policies import (
     sample,
 )
 from nobubble.rl.system.rewards import Rewarder, RewardSource, parse_reward
-from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
+from nobubble.rl.system.tasks import TaskSpec, resolve_task
 from nobubble.rl.system.types import Sample, SampleGroup
 
 USER = Path(__file__).parent / "user_files" / "my_rl.py"

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import Sample, SampleGroup
 from tests.rl.algo.reference import (
     aggregate_ref,

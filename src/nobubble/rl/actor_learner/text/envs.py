@@ -15,9 +15,7 @@ from typing import Any, Protocol
 import gymnasium
 import numpy as np
 
-from nobubble.rl.system.tasks.builtin import CharTokenizer
-from nobubble.rl.system.tasks.rg import ReasoningGymPool
-from nobubble.rl.system.tasks.spec import as_reward
+from nobubble.rl.system.tasks import CharTokenizer, ReasoningGymPool, as_reward
 from nobubble.validation import check_value
 
 __all__ = [

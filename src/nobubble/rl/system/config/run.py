@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from nobubble.rl.system.rewards import RewardSource
-    from nobubble.rl.system.tasks.spec import TaskSpec
+    from nobubble.rl.system.tasks import TaskSpec
 
 __all__ = ["MODES", "ALGOS", "ENGINES", "AGGREGATIONS", "DEFAULT_STALENESS", "RunConfig"]
 
@@ -234,7 +234,7 @@ class RunConfig(RLConfig):
         return self.effective_drop_staleness if self.partial_rollouts else None
 
     def make_task(self) -> TaskSpec:
-        from nobubble.rl.system.tasks.spec import resolve_task
+        from nobubble.rl.system.tasks import resolve_task
 
         return resolve_task(self.task, self.task_kwargs)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from nobubble.rl.system.tasks.spec import as_reward
+from nobubble.rl.system.tasks import as_reward
 from nobubble.validation import check_value
 
 __all__ = ["RemoteReward", "RemoteRewardError", "check_pairs"]

@@ -3,7 +3,7 @@
 A sample's reward is ``sum(weight * fn(prompt, response))`` over the run's
 :class:`RewardSource` s, plus the reward service's (``RunConfig.reward_url``, asked once per
 group, :class:`~nobubble.rl.system.rewards.remote.RemoteReward`); every value is a finite
-real (:func:`~nobubble.rl.system.tasks.spec.as_reward`). A sample whose sources still raise
+real (:func:`~nobubble.rl.system.tasks.as_reward`). A sample whose sources still raise
 after ``max_retries`` retries, or whose group the service failed, is recorded as failed with
 the error text - never scored 0 in silence - and the buffer drops its group
 (``reward_failed``). :class:`RewardWatch` ends a run whose reward keeps failing.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.imports import is_import_path, load_object
-from nobubble.rl.system.tasks.spec import RewardError, TaskSpec, as_reward
+from nobubble.rl.system.tasks import RewardError, TaskSpec, as_reward
 from nobubble.rl.system.types import Sample, SampleGroup, Span
 from nobubble.validation import finite
 

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 from nobubble.rl.system.rewards.remote import check_pairs
-from nobubble.rl.system.tasks.spec import as_reward
+from nobubble.rl.system.tasks import as_reward
 from nobubble.validation import check_value
 
 __all__ = ["RewardServer", "serve_rewards"]
