@@ -184,7 +184,7 @@ def test_a_reward_failing_group_after_group_ends_the_run_by_count_or_by_time():
     import dataclasses
     import time
 
-    from nobubble.rl.system.rewards.rewarder import RewardFailure, RewardWatch
+    from nobubble.rl.system.rewards import RewardFailure, RewardWatch
 
     task = DigitsTask(moduli=(7,))
     failed, _ = score_group(task, _group(["4"]), RewardConfig(failure_rate=1.0, max_retries=0))

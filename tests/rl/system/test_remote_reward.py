@@ -22,8 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nobubble.cli import main as cli_main
-from nobubble.rl.system.rewards.remote import RemoteReward, RemoteRewardError
-from nobubble.rl.system.rewards.server import serve_rewards
+from nobubble.rl.system.rewards import RemoteReward, RemoteRewardError, serve_rewards
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]

@@ -263,7 +263,7 @@ class RunConfig(RLConfig):
         """The remote reward client, or None without ``reward_url``."""
         if self.reward_url is None:
             return None
-        from nobubble.rl.system.rewards.remote import RemoteReward
+        from nobubble.rl.system.rewards import RemoteReward
 
         cfg = self.reward_config()
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
