@@ -17,7 +17,7 @@ from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
 from nobubble.rl.actor_learner.text.envs import GuessNumber, ReasoningGymEnv, TextEnvFactory
-from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
+from nobubble.rl.system.policies import CharTransformer, PolicyConfig
 from nobubble.rl.system.tasks import ReasoningGymPool
 
 __all__ = [
