@@ -25,7 +25,6 @@ __all__ = [
     "CharTokenizer",
     "DigitsTask",
     "SumDigitsTask",
-    "make_task",
     "ReasoningGymPool",
     "ReasoningGymTask",
     "TaskSpec",
@@ -163,15 +162,6 @@ TASKS: dict[str, type[DigitsTask] | type[SumDigitsTask]] = {
     "digits": DigitsTask,
     "sum": SumDigitsTask,
 }
-
-
-def make_task(name: str, **kwargs) -> DigitsTask | SumDigitsTask:
-    """The built-in task ``name`` with its keyword settings (ValueError naming an unknown
-    name or setting, with those it takes)."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
-    check_kwargs(TASKS[name], kwargs, "task_kwargs")
-    return TASKS[name](**kwargs)
 
 
 def _chars(texts: list[str]) -> str:
@@ -375,9 +365,9 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
     if isinstance(task, TaskSpec):
         return task
     obj, name = task, None
-    if isinstance(task, str):
-        if task in TASKS:
-            return TaskSpec(make_task(task, **kw))
+    if isinstance(task, str) and task in TASKS:
+        obj = TASKS[task]
+    elif isinstance(task, str):
         if task.startswith("rg:"):
             return TaskSpec(ReasoningGymTask(task[3:], **kw), name=task)
         if not is_import_path(task):
