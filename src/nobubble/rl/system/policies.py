@@ -38,7 +38,6 @@ __all__ = [
     "response_logprobs",
     "PolicyConfig",
     "CharTransformer",
-    "BUILTIN_POLICIES",
     "CausalLMPolicy",
     "as_policy",
     "build_policy",
@@ -447,7 +446,6 @@ def _pretrained(path: str, vocab_size: int, max_seq_len: int, **kwargs: Any) -> 
 
 
 _BUILTINS: dict[str, Callable[..., nn.Module]] = {"char": _char, "gpt2": _gpt2}
-BUILTIN_POLICIES = tuple(_BUILTINS)
 
 
 def check_policy_spec(spec: str | Callable[..., nn.Module]) -> Callable[..., nn.Module]:
@@ -461,7 +459,7 @@ def check_policy_spec(spec: str | Callable[..., nn.Module]) -> Callable[..., nn.
         return _BUILTINS[spec]
     if not isinstance(spec, str) or not is_import_path(spec):
         raise ValueError(
-            f"policy={spec!r} is unknown; choose {', '.join(BUILTIN_POLICIES)}, 'hf:DIR', "
+            f"policy={spec!r} is unknown; choose {', '.join(_BUILTINS)}, 'hf:DIR', "
             "'module:factory' or a callable"
         )
     factory = load_object(spec, "policy")

@@ -1,26 +1,15 @@
-"""The reward stage: a weighted sum of reward sources, retried, failures recorded; the client
-of a reward service over HTTP (:class:`RemoteReward`) and a reference server for it
-(:class:`RewardServer`).
+"""The reward stage (:class:`Rewarder`): a weighted sum of reward sources, retried, failures
+recorded; the client of a reward service over HTTP (:class:`RemoteReward`) and a reference
+server for it (:class:`RewardServer`).
 
 A sample's reward is ``sum(weight * fn(prompt, response))`` over the run's
-:class:`RewardSource` s, plus the reward service's (``RunConfig.reward_url``, asked once per
-group); every value is a finite real (:func:`~nobubble.rl.system.tasks.as_reward`). A sample
-whose sources still raise after ``max_retries`` retries, or whose group the service failed,
-is recorded as failed with the error text - never scored 0 in silence - and the buffer drops
-its group (``reward_failed``). :class:`RewardWatch` ends a run whose reward keeps failing.
-
-The service's wire format (JSON, UTF-8; the shape of OpenRLHF's ``--remote_rm_url``)::
-
-    POST <url>   {"prompts": ["p0", "p1", ...], "responses": ["r0", "r1", ...]}
-    200          {"rewards": [0.75, -2.0, ...]}
-
-``rewards[i]`` scores ``(prompts[i], responses[i])``: ``B`` of each, a reward any finite real
-(ints become floats; booleans, strings, NaN and infinities are malformed). Extra keys are
-ignored; an empty batch is answered locally with ``[]``. A client attempt fails on a
-connection error, a timeout (``timeout_s`` per socket operation), a status >= 500 or a
-malformed answer, and is retried up to ``max_retries`` times; any other non-2xx status (a
-4xx: a client or deployment bug) is not. :class:`RemoteRewardError` then names the url, the
-attempts and the last error: a made-up score is never returned.
+:class:`RewardSource` s, plus the service's (``RunConfig.reward_url``, asked once per group);
+every value is a finite real (:func:`~nobubble.rl.system.tasks.as_reward`). A sample whose
+sources still raise after ``max_retries`` retries, or whose group the service failed, is
+recorded as failed with the error text - never scored 0 in silence - and the buffer drops its
+group (``reward_failed``). :class:`RewardWatch` ends a run whose reward keeps failing. The
+service's wire format (``POST url {"prompts": [...], "responses": [...]}`` -> ``200
+{"rewards": [...]}``, ``rewards[i]`` scoring pair ``i``) is in ``docs/rl/own-model.md``.
 """
 
 from __future__ import annotations
@@ -236,7 +225,11 @@ class _AttemptFailed(Exception):
 
 @dataclass(frozen=True)
 class RemoteReward:
-    """Score ``(prompt, response)`` pairs with a remote service (see the module docstring).
+    """Score ``(prompt, response)`` pairs with a remote service, one batched POST a call (an
+    empty batch is answered locally with ``[]``). An attempt fails on a connection error, a
+    timeout, a status >= 500 or a malformed answer (not ``B`` finite reals), and is retried up
+    to ``max_retries`` times; a 4xx is not. :class:`RemoteRewardError` then names the url,
+    the attempts and the last error: a made-up score is never returned.
 
     Attributes:
         url: the scoring endpoint, ``http://`` or ``https://`` with a host.
