@@ -402,8 +402,7 @@ class RewardServer(ThreadingHTTPServer):
                 f"serve_rewards fail_status={fail_status!r} must be an HTTP error status in "
                 "[400, 599] (e.g. 500) or None"
             )
-        if not callable(reward_fn):
-            raise ValueError(f"serve_rewards reward_fn={reward_fn!r} is not callable")
+        check_reward_fn(reward_fn, "serve_rewards reward_fn")
         self.reward_fn, self.delay_s = reward_fn, delay_s
         self.fail_status, self.fail_first = fail_status, fail_first
         self.requests = 0
