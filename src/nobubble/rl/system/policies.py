@@ -35,7 +35,6 @@ __all__ = [
     "Generation",
     "sample",
     "response_logits",
-    "response_logprobs",
     "PolicyConfig",
     "CharTransformer",
     "CausalLMPolicy",
@@ -163,19 +162,6 @@ def response_logits(
         m = attention_mask[:, :-1]
         logits, values = model(tokens[:, :-1], m, _positions(m))
     return logits[:, prompt_len - 1 :], values[:, prompt_len - 1 :]
-
-
-def response_logprobs(
-    model: nn.Module,
-    tokens: torch.Tensor,
-    prompt_len: int,
-    temperature: float = 1.0,
-    attention_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Log-prob (B, N) float32 of each response token ``tokens[:, P:]`` under ``model``."""
-    logits, _ = response_logits(model, tokens, prompt_len, attention_mask)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, N, V)
-    return logp.gather(2, tokens[:, prompt_len:, None]).squeeze(2)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -261,10 +261,6 @@ class RemoteReward:
         check_value("RemoteReward.max_retries", self.max_retries, ">= 0", integer=True)
         check_value("RemoteReward.backoff_s", self.backoff_s, ">= 0")
 
-    def __call__(self, prompts: list[str], responses: list[str]) -> list[float]:
-        """Rewards of the pairs, ``len(prompts)`` floats; see :meth:`score`."""
-        return self.score(prompts, responses)[0]
-
     def score(self, prompts: list[str], responses: list[str]) -> tuple[list[float], int]:
         """``(rewards, num_retries)``: the ``B`` rewards of ``B`` prompts and their responses,
         and how many retries they took.
