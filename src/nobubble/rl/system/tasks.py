@@ -304,10 +304,7 @@ class TaskSpec:
         check_value(f"task {self.name!r}: max_new_tokens", self.max_new_tokens, ">= 1")
         tok = getattr(task, "tokenizer", None)
         if tok is None:
-            alphabet = getattr(task, "tokenizer_alphabet", None)
-            tok = CharTokenizer(
-                alphabet or "".join(sorted({c for p in (*pool, *evals) for c in p}))
-            )
+            tok = CharTokenizer(getattr(task, "tokenizer_alphabet", None) or _chars(pool + evals))
         self.tokenizer = tok
         self.prompt_len = max(len(tok.encode(p)) for p in (*pool, *evals))
 
