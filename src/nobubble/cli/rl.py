@@ -466,17 +466,17 @@ def _row(label: str, r: Any) -> dict[str, Any]:
 
 
 def _reward_server(args: argparse.Namespace) -> int:
-    from nobubble.rl.system.rewards.server import serve_rewards
+    from nobubble.rl.system.rewards import serve_rewards
 
     if args.port > 65535:
         raise ValueError(f"--port {args.port} must be in 0..65535")
     if args.task is not None:
-        from nobubble.rl.system.tasks.spec import resolve_task
+        from nobubble.rl.system.tasks import resolve_task
 
         import_run_objects(args.task)
         fn = resolve_task(args.task).reward
     else:
-        from nobubble.rl.system.rewards.rewarder import check_reward_fn
+        from nobubble.rl.system.rewards import check_reward_fn
 
         fn = load_user_object("--reward", args.reward, "reward")
         check_reward_fn(fn, args.reward)

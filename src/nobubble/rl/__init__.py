@@ -1,29 +1,17 @@
-"""Asynchronous RL and the algorithmic corrections it needs.
-
-One entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two producers of experience:
-
-- :mod:`nobubble.rl.system`: the running system (tasks, policy, rollout, reward, trainer,
-  experience buffer and its ledger, weight sync, orchestrator, engines):
-  ``train(RunConfig(...)) -> RunResult``;
-- :mod:`nobubble.rl.actor_learner`: environments (gymnasium, multi-turn text) under IMPALA,
-  SEED RL or Sample Factory, on the same ledger and weight versions:
-  ``train(EnvRunConfig(...)) -> RunResult``.
-
-Both configs are an ``RLConfig``: the settings both producers have (seed, steps, time budget,
-max staleness, threads) are declared and checked there once. This package exports only the entry
-points, the task run's typed stage settings
-(``TrainerConfig``, ``RolloutConfig``, ``RewardConfig``) and its presets, functions that return
-a config (``aggressive(RunConfig(mode="fully-async"))``). The algorithm toolbox the system is
-built on, :mod:`nobubble.rl.algo` (advantages, losses, V-trace, staleness, replay,
-aggregation), is imported from there
-(``from nobubble.rl.algo import ppo_policy_loss``).
+"""Asynchronous RL: one entry point, :func:`train` (:mod:`nobubble.rl.entry`), for two
+producers of experience on one ledger and one set of weight versions - the running system
+:mod:`nobubble.rl.system` (tasks, policy, reward; ``train(RunConfig(...))``) and
+environments :mod:`nobubble.rl.actor_learner` (gymnasium, multi-turn text under IMPALA, SEED
+RL or Sample Factory; ``train(EnvRunConfig(...))``), both an ``RLConfig`` - each returning a
+:class:`RunResult`. Exported: the entry points, the task run's stage settings and presets
+(functions that return a config). The algorithm toolbox is :mod:`nobubble.rl.algo`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# the running system's entry points, imported on first use (``import nobubble.rl`` stays light)
+# imported on first use: ``import nobubble.rl`` stays light
 _SYSTEM = {
     "train": "nobubble.rl.entry",
     "comparison": "nobubble.rl.entry",
@@ -39,7 +27,7 @@ _SYSTEM = {
     "WorkerError": "nobubble.rl.system.engines.protocol",
     "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",
-    "TaskSpec": "nobubble.rl.system.tasks.spec",
+    "TaskSpec": "nobubble.rl.system.tasks",
 }
 __all__ = list(_SYSTEM)
 

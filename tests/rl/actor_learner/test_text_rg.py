@@ -7,7 +7,7 @@ import pytest
 import reasoning_gym  # noqa: F401 - the [rg] extra, installed by make
 
 from nobubble.rl.actor_learner.text import ReasoningGymEnv, TokenEnv, text_env_config
-from nobubble.rl.system.tasks.rg import ReasoningGymPool
+from nobubble.rl.system.tasks import ReasoningGymPool
 
 SUMS = {  # one-digit sums: "Calculate 4 + 9." -> "13"
     "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],

@@ -12,8 +12,7 @@ import torch
 from nobubble.rl.system.config import RewardConfig
 from nobubble.rl.system.orchestrator import RunConfig, WorkerError, run
 from nobubble.rl.system.rewards import Rewarder
-from nobubble.rl.system.tasks import DigitsTask
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.tasks import DigitsTask, TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup
 
 TINY = dict(batch_groups=4, group_size=4, eval_every=2, policy_kwargs={"hidden": 32}, timeout_s=240)
@@ -185,7 +184,7 @@ def test_a_reward_failing_group_after_group_ends_the_run_by_count_or_by_time():
     import dataclasses
     import time
 
-    from nobubble.rl.system.rewards.rewarder import RewardFailure, RewardWatch
+    from nobubble.rl.system.rewards import RewardFailure, RewardWatch
 
     task = DigitsTask(moduli=(7,))
     failed, _ = score_group(task, _group(["4"]), RewardConfig(failure_rate=1.0, max_retries=0))

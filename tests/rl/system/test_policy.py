@@ -9,9 +9,9 @@ from nobubble.rl.system.policies import (
     CharTransformer,
     PolicyConfig,
     response_logits,
-    response_logprobs,
     sample,
 )
+from tests.rl.system.trainer_reference import response_logprobs
 
 
 def _model(seed: int = 0, vocab: int = 9, max_len: int = 12) -> CharTransformer:

@@ -12,7 +12,7 @@ import pytest
 
 from nobubble.rl.system.config import RewardConfig, RunConfig
 from nobubble.rl.system.orchestrator import WorkerError, run
-from nobubble.rl.system.rewards.server import serve_rewards
+from nobubble.rl.system.rewards import serve_rewards
 from nobubble.rl.system.tasks import DigitsTask
 
 pytestmark = pytest.mark.timeout(300)

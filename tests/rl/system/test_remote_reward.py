@@ -22,8 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nobubble.cli import main as cli_main
-from nobubble.rl.system.rewards.remote import RemoteReward, RemoteRewardError
-from nobubble.rl.system.rewards.server import serve_rewards
+from nobubble.rl.system.rewards import RemoteReward, RemoteRewardError, serve_rewards
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]
@@ -68,7 +67,7 @@ def test_end_to_end_equals_the_reward_fn_applied_directly() -> None:
     assert min(expected) < 0 < max(expected)  # the data cover negative and positive rewards
     with serve_rewards(length_gain) as server:
         rewards, num_retries = RemoteReward(server.url).score(PROMPTS, RESPONSES)
-        assert RemoteReward(server.url)(PROMPTS, RESPONSES) == expected
+        assert RemoteReward(server.url).score(PROMPTS, RESPONSES)[0] == expected
         assert server.requests == 2  # one batched POST per call
     assert rewards == expected
     assert num_retries == 0
@@ -87,7 +86,7 @@ def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -
     with serve_rewards(length_gain, fail_status=500) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
         with pytest.raises(RemoteRewardError, match="2 attempts") as info:
-            reward(PROMPTS, RESPONSES)
+            reward.score(PROMPTS, RESPONSES)
         assert server.requests == 2
     assert "HTTP 500" in str(info.value)
     assert server.url in str(info.value)
@@ -98,7 +97,7 @@ def test_backoff_doubles_between_attempts() -> None:
     with serve_rewards(length_gain, fail_status=503) as server:
         reward = RemoteReward(server.url, max_retries=3, backoff_s=0.1, sleep=slept.append)
         with pytest.raises(RemoteRewardError, match="4 attempts"):
-            reward(PROMPTS, RESPONSES)
+            reward.score(PROMPTS, RESPONSES)
         assert server.requests == 4
     assert slept == pytest.approx([0.1, 0.2, 0.4])  # backoff_s * 2**(a - 1) before attempt a
 
@@ -107,7 +106,7 @@ def test_client_timeout_is_an_error() -> None:
     with serve_rewards(length_gain, delay_s=0.5) as server:
         reward = RemoteReward(server.url, timeout_s=0.1, max_retries=1, backoff_s=0.0)
         with pytest.raises(RemoteRewardError, match=r"timed out after 0\.1s") as info:
-            reward(PROMPTS, RESPONSES)
+            reward.score(PROMPTS, RESPONSES)
     assert "2 attempts" in str(info.value)
 
 
@@ -115,7 +114,7 @@ def test_a_nan_from_the_reward_fn_is_an_error_not_a_score() -> None:
     with serve_rewards(lambda p, r: float("nan")) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
         with pytest.raises(RemoteRewardError, match="HTTP 500") as info:
-            reward(PROMPTS, RESPONSES)
+            reward.score(PROMPTS, RESPONSES)
         assert server.requests == 2
     assert "nan" in str(info.value)
 
@@ -139,13 +138,13 @@ def test_malformed_answers_are_retried_then_raise(body: bytes) -> None:
     with canned_server(body) as (url, hits):
         reward = RemoteReward(url, max_retries=1, backoff_s=0.0)
         with pytest.raises(RemoteRewardError, match="malformed answer"):
-            reward(["a", "b"], ["c", "d"])
+            reward.score(["a", "b"], ["c", "d"])
         assert len(hits) == 2
 
 
 def test_a_valid_canned_answer_is_read_exactly() -> None:
     with canned_server(b'{"rewards": [3, -0.25], "extra": "ignored"}') as (url, hits):
-        rewards = RemoteReward(url)(["a", "b"], ["c", "d"])
+        rewards = RemoteReward(url).score(["a", "b"], ["c", "d"])[0]
     assert rewards == [3.0, -0.25]
     assert all(type(r) is float for r in rewards)
     assert len(hits) == 1
@@ -156,7 +155,7 @@ def test_client_errors_are_not_retried() -> None:
         wrong_path = server.url.removesuffix("/score") + "/nope"
         reward = RemoteReward(wrong_path, max_retries=3, backoff_s=0.0)
         with pytest.raises(RemoteRewardError, match="HTTP 404") as info:
-            reward(PROMPTS, RESPONSES)
+            reward.score(PROMPTS, RESPONSES)
         assert server.requests == 1
     assert "1 attempt" in str(info.value)
 
@@ -168,7 +167,7 @@ def test_nothing_listening_is_an_error() -> None:
     url = f"http://127.0.0.1:{port}/score"
     reward = RemoteReward(url, timeout_s=0.5, max_retries=1, backoff_s=0.0)
     with pytest.raises(RemoteRewardError, match="connection failed") as info:
-        reward(PROMPTS, RESPONSES)
+        reward.score(PROMPTS, RESPONSES)
     assert url in str(info.value) and "2 attempts" in str(info.value)
 
 
@@ -190,7 +189,7 @@ def test_empty_batch_sends_nothing() -> None:
 
 def test_mismatched_batch_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="2 prompts and 1 responses"):
-        RemoteReward("http://127.0.0.1:1/score")(["a", "b"], ["c"])
+        RemoteReward("http://127.0.0.1:1/score").score(["a", "b"], ["c"])
 
 
 @pytest.mark.parametrize(
@@ -222,7 +221,7 @@ def test_pickle_round_trip_keeps_settings_and_still_scores() -> None:
         original = RemoteReward(server.url, timeout_s=2.5, max_retries=4, backoff_s=0.01)
         copy = pickle.loads(pickle.dumps(original))
         assert copy == original
-        assert copy(PROMPTS, RESPONSES) == original(PROMPTS, RESPONSES)
+        assert copy.score(PROMPTS, RESPONSES) == original.score(PROMPTS, RESPONSES)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from nobubble.rl.system.tasks import CharTokenizer, DigitsTask, SumDigitsTask, make_task
+from nobubble.rl.system.tasks import CharTokenizer, DigitsTask, SumDigitsTask, resolve_task
 
 
 def _terms_by_stepping(a: int, b: int, m: int, n: int) -> str:
@@ -82,5 +82,5 @@ def test_bad_settings_name_the_value():
         DigitsTask(moduli=(12,))
     with pytest.raises(ValueError, match="num_terms"):
         DigitsTask(num_terms=(0,))
-    with pytest.raises(ValueError, match="unknown task 'x'"):
-        make_task("x")
+    with pytest.raises(ValueError, match="task 'x' is unknown"):
+        resolve_task("x")

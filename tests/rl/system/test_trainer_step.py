@@ -12,11 +12,10 @@ import torch
 
 from nobubble.rl.system.config import ALGOS, RunConfig, TrainerConfig
 from nobubble.rl.system.learner import Learner
-from nobubble.rl.system.policies import response_logprobs
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import GroupBatch, GroupLoss, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
-from tests.rl.system.trainer_reference import reference_loss
+from tests.rl.system.trainer_reference import reference_loss, response_logprobs
 
 # log(pi_behav) - log(pi) per token, cycled: ratios pi / pi_behav of e^2 (above the
 # decoupled cap 5), 1.82, 1.28 (above 1 + clip), 1, 0.86, 0.67 (below 1 - clip) and 0.41

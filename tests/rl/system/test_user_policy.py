@@ -19,12 +19,12 @@ from nobubble.rl.system.policies import (
     CharTransformer,
     PolicyConfig,
     build_policy,
-    response_logprobs,
     sample,
 )
 from nobubble.rl.system.rewards import Rewarder, RewardSource, parse_reward
-from nobubble.rl.system.tasks.spec import TaskSpec, resolve_task
+from nobubble.rl.system.tasks import TaskSpec, resolve_task
 from nobubble.rl.system.types import Sample, SampleGroup
+from tests.rl.system.trainer_reference import response_logprobs
 
 USER = Path(__file__).parent / "user_files" / "my_rl.py"
 

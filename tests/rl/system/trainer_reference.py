@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.policies import response_logits
+from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import Sample, SampleGroup
 from tests.rl.algo.reference import (
     aggregate_ref,
@@ -202,3 +203,17 @@ def reference_train_step(
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
     opt.step()
     return float(loss.detach())
+
+
+def response_logprobs(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Log-prob (B, N) float32 of each response token ``tokens[:, P:]`` under ``model``: the
+    full forward that the samplers' and the trainer's log-probs are checked against."""
+    logits, _ = response_logits(model, tokens, prompt_len, attention_mask)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, N, V)
+    return logp.gather(2, tokens[:, prompt_len:, None]).squeeze(2)

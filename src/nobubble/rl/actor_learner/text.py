@@ -23,10 +23,8 @@ import torch
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.system.policies.char import CharTransformer, PolicyConfig
-from nobubble.rl.system.tasks.builtin import CharTokenizer
-from nobubble.rl.system.tasks.rg import ReasoningGymPool
-from nobubble.rl.system.tasks.spec import as_reward
+from nobubble.rl.system.policies import CharTransformer, PolicyConfig
+from nobubble.rl.system.tasks import CharTokenizer, ReasoningGymPool, as_reward
 from nobubble.validation import check_value
 
 __all__ = [

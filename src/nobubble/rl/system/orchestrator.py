@@ -28,7 +28,7 @@ from nobubble.rl.system.config import RunConfig, describe_value
 from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
-from nobubble.rl.system.rewards.rewarder import RewardWatch
+from nobubble.rl.system.rewards import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import PublishedWeights
 

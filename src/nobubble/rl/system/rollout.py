@@ -16,7 +16,7 @@ from torch import nn
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
 
 __all__ = ["RolloutWorker"]

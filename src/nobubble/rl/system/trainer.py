@@ -40,7 +40,7 @@ from nobubble.rl.system.partial.versions import (
     token_lag,
 )
 from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
-from nobubble.rl.system.tasks.spec import TaskSpec
+from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 
 __all__ = [

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from nobubble.rl.system.rewards import RewardSource
-    from nobubble.rl.system.tasks.spec import TaskSpec
+    from nobubble.rl.system.tasks import TaskSpec
 
 __all__ = [
     "RLConfig", "Settings", "RunConfig", "LearnerConfig", "TrainerConfig", "RolloutConfig",
@@ -223,7 +223,7 @@ class RunConfig(RLConfig):
     more of what each does).
     """
 
-    # "digits", "sum", "rg:<name>", "module:attr" / "file.py:attr" or a task (tasks.spec)
+    # "digits", "sum", "rg:<name>", "module:attr" / "file.py:attr" or a task (tasks)
     task: Any = "digits"
     task_kwargs: dict = field(default_factory=dict)
     mode: str = setting("sync", MODES)  # sync needs max_staleness 0 (None: 0, 1 or 4 by mode)
@@ -416,7 +416,7 @@ class RunConfig(RLConfig):
         return self.effective_drop_staleness if self.partial_rollouts else None
 
     def make_task(self) -> TaskSpec:
-        from nobubble.rl.system.tasks.spec import resolve_task
+        from nobubble.rl.system.tasks import resolve_task
 
         return resolve_task(self.task, self.task_kwargs)
 
@@ -445,7 +445,7 @@ class RunConfig(RLConfig):
         """The remote reward client, or None without ``reward_url``."""
         if self.reward_url is None:
             return None
-        from nobubble.rl.system.rewards.remote import RemoteReward
+        from nobubble.rl.system.rewards import RemoteReward
 
         cfg = self.reward_config()
         return RemoteReward(self.reward_url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
