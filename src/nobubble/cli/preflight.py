@@ -130,7 +130,7 @@ def _check_task_run(cfg: Any, *, force: bool) -> None:
     check_budget("rl", processes=processes, data_bytes=data, force=force)
     check_policy_size(cfg, copies=processes, force=force)
     if cfg.engine == "ray" and cfg.ray_address:  # a cluster that is not there is bad input
-        from nobubble.rl.system.engines.protocol import WorkerError
+        from nobubble.distributed import WorkerError
         from nobubble.rl.system.engines.ray import check_ray_address
 
         try:

@@ -20,10 +20,8 @@ from nobubble.rl.algo.losses import ppo_policy_loss
 from nobubble.rl.system.config import RewardConfig, RolloutConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.orchestrator import run
-from nobubble.rl.system.partial.inflight import InFlightWeights
-from nobubble.rl.system.partial.versions import check_token_versions
 from nobubble.rl.system.policies import prompt_attention_mask, response_logprobs
-from nobubble.rl.system.rollout import RolloutWorker
+from nobubble.rl.system.rollout import InFlightWeights, RolloutWorker, check_token_versions
 from nobubble.rl.system.trainer import GroupBatch, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightVersionError

@@ -20,21 +20,18 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
 from nobubble.rl.system.checkpoint import CheckpointStore, RunProgress
 from nobubble.rl.system.config import RunConfig, describe_value
-from nobubble.rl.system.engines.protocol import Message, WorkerError
+from nobubble.rl.system.engines.worker import Engine, Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.replay import GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.rewards.rewarder import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import PublishedWeights
-
-if TYPE_CHECKING:
-    from nobubble.rl.system.engines.worker import Engine
 
 __all__ = ["Orchestrator", "run", "MAX_RESTARTS"]
 

@@ -33,13 +33,13 @@ from nobubble.rl.algo.staleness import check_group_versions, policy_lag, stalene
 from nobubble.rl.algo.vtrace import vtrace
 from nobubble.rl.system.config.run import RunConfig
 from nobubble.rl.system.learner import Learner, ShardGradients
-from nobubble.rl.system.partial.versions import (
+from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
+from nobubble.rl.system.rollout import (
     check_token_versions,
     lag_histogram,
     response_versions,
     token_lag,
 )
-from nobubble.rl.system.policies import prompt_attention_mask, response_logits, sample
 from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import SampleGroup, Span
 

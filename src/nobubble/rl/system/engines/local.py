@@ -22,8 +22,7 @@ from nobubble.distributed import (
     worker_context,
 )
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message, WorkerError
-from nobubble.rl.system.engines.worker import Engine, StageWorker
+from nobubble.rl.system.engines.worker import Engine, Message, StageWorker, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["LocalEngine"]

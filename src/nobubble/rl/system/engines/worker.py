@@ -1,7 +1,8 @@
-"""What both engines share: the stage worker inside a process or actor, and the driver's side.
+r"""What both engines share: the stage worker inside a process or actor, and the driver's side.
 
 A :class:`StageWorker` runs inside a local process or a Ray actor, built from the picklable
-:class:`~nobubble.rl.system.config.RunConfig` alone. :class:`Engine` is the driver's side.
+:class:`~nobubble.rl.system.config.RunConfig` alone, and answers with :class:`Message`\ s;
+:class:`Engine` is the driver's side.
 ``RunConfig.learners = L`` makes the trainer stage ``trainer`` (learner 0) and
 ``trainer-1`` .. ``trainer-<L-1>`` in one gloo group (``docs/rl/system.md``, many learners).
 
@@ -18,6 +19,7 @@ import os
 import signal
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from datetime import timedelta
 from itertools import accumulate
 from typing import Any
@@ -25,10 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nobubble.distributed import DistContext, default_backend
+from nobubble.distributed import DistContext, WorkerError, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message, WorkerError
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.trainer import (
@@ -38,14 +39,42 @@ from nobubble.rl.system.trainer import (
     group_learner,
     train_result,
 )
-from nobubble.rl.system.types import GroupRequest, SampleGroup
+from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import WeightSource, weight_digest
 
-__all__ = ["StageWorker", "InjectedFault", "Engine", "split_groups", "StepCollector"]
+__all__ = [
+    "StageWorker",
+    "InjectedFault",
+    "Engine",
+    "split_groups",
+    "StepCollector",
+    "Message",
+    "WorkerError",
+]
 
 
 class InjectedFault(RuntimeError):
     """The failure a test asked for with ``RunConfig.fault``."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A stage's answer to the orchestrator.
+
+    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``shard`` | ``eval``;
+    ``worker``: which worker; ``payload``: groups (rollout, reward), a TrainResult, an
+    EvalResult, or the node (ready); ``spans``: busy spans for the timeline; ``weights``: for
+    learner 0's ``ready`` and ``train``, the engine's handle to the published weights (None
+    where the generators read them from the engine's weight source); ``state``: for
+    ``rollout``, the generator's RNG state after the call (checkpoints keep it).
+    """
+
+    kind: str
+    worker: str
+    payload: Any = None
+    spans: tuple[Span, ...] = ()
+    weights: Any = None
+    state: Any = None
 
 
 def learner_names(num_learners: int) -> list[str]:
