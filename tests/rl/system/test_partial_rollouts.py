@@ -19,10 +19,10 @@ from nobubble.rl.algo.advantages import grpo_advantages
 from nobubble.rl.algo.losses import ppo_policy_loss
 from nobubble.rl.system.config import RewardConfig, RolloutConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.experience import ExperienceBuffer
+from nobubble.rl.system.learner import GroupBatch, group_learner
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.policies import prompt_attention_mask, response_logprobs
 from nobubble.rl.system.rollout import InFlightWeights, RolloutWorker, check_token_versions
-from nobubble.rl.system.trainer import GroupBatch, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightVersionError
 

@@ -19,26 +19,23 @@ import os
 import signal
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import accumulate
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from nobubble.distributed import DistContext, WorkerError, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.learner import GroupBatch, TrainResult, group_learner
+from nobubble.rl.system.policies import sample
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import (
-    GroupBatch,
-    TrainResult,
-    evaluate_policy,
-    group_learner,
-    train_result,
-)
+from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import WeightSource, weight_digest
 
@@ -49,6 +46,8 @@ __all__ = [
     "split_groups",
     "StepCollector",
     "Message",
+    "EvalResult",
+    "evaluate_policy",
     "WorkerError",
 ]
 
@@ -75,6 +74,41 @@ class Message:
     spans: tuple[Span, ...] = ()
     weights: Any = None
     state: Any = None
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Greedy decoding over the task's evaluation prompts: the share solved, the mean reward."""
+
+    version: int
+    accuracy: float
+    mean_reward: float
+    span: Span | None = field(default=None, compare=False)
+
+
+@torch.no_grad()
+def evaluate_policy(model: nn.Module, task: TaskSpec, version: int = 0) -> EvalResult:
+    """Accuracy (``task.is_correct``) and mean reward of greedy responses on the task's
+    evaluation set."""
+    start = time.time()
+    prompts = task.eval_prompts
+    ids, mask = task.encode(prompts)
+    gen = sample(
+        model,
+        ids,
+        max_new_tokens=task.max_new_tokens,
+        eos_id=task.tokenizer.eos_id,
+        pad_id=task.tokenizer.pad_id,
+        greedy=True,
+        budgets=task.budgets(prompts),
+        attention_mask=mask,
+    )
+    p = task.prompt_len
+    responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
+    correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
+    reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
+    span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
+    return EvalResult(version, correct / len(prompts), reward, span)
 
 
 def learner_names(num_learners: int) -> list[str]:
@@ -203,7 +237,19 @@ class StageWorker:
         self._maybe_fault()
         before, start = self._trainer_digest(), time.time()
         shard = learner.update([GroupBatch(groups, group_weights)])
-        res = train_result(learner, groups, shard, start)
+        v, ids = learner.version, [g.group_id for g in groups]
+        args: dict[str, Any] = {"groups": ids}
+        if learner.pushes_gradients:  # the version it computed on
+            name = f"grad on v{v} (learner {self.rank})"
+        else:
+            name, args["max_lag"] = f"train v{v - 1}->v{v}", max(shard.staleness)
+            if shard.pushes:
+                args["pushes"] = shard.pushes
+        span = Span("trainer", name, start, time.time(), args)
+        trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
+        res = TrainResult(
+            v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness
+        )
         if self.rank > 0:
             return [Message("shard", self.name, res, (res.span,))]
         res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
