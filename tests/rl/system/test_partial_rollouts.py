@@ -68,7 +68,7 @@ def _generate(cfg: RunConfig, models: list[torch.nn.Module], num_groups: int = 3
     worker.model.load_state_dict(models[0].state_dict())
     worker.version = 0
     publisher = StepPublisher(models)
-    worker.pull_weights = publisher.pull
+    worker.inflight.pull = publisher.pull
     reqs = [GroupRequest(i, i, task.prompts[i], 0.0) for i in range(num_groups)]
     groups, span = worker.generate(reqs)
     return task, worker, groups, span

@@ -243,7 +243,7 @@ class Orchestrator:
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
-        wall = ev.span.end_s - self._t0 if ev.span is not None else time.time() - self._t0
+        wall = ev.span.end_s - self._t0
         self._progress.curve.append(
             CurvePoint(
                 ev.version,

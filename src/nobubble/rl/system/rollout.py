@@ -81,7 +81,7 @@ class InFlightWeights:
         if self.partial and self.pull is None:
             raise RuntimeError(
                 "partial rollouts need a weight source between tokens (set "
-                "RolloutWorker.pull_weights; the local engine sets it to its shared weights)"
+                "RolloutWorker.inflight.pull; the local engine sets it to its shared weights)"
             )
         self.version = version
         self._steps = []
@@ -203,15 +203,6 @@ class RolloutWorker:
             every_tokens=cfg.weight_check_every,
             token_delay_s=self.cfg.token_delay_s,
         )
-
-    @property
-    def pull_weights(self) -> WeightPull | None:
-        """The weight source between tokens (partial rollouts); None until the engine sets it."""
-        return self.inflight.pull
-
-    @pull_weights.setter
-    def pull_weights(self, pull: WeightPull | None) -> None:
-        self.inflight.pull = pull
 
     def go_stale(self) -> None:
         """Test hook: from now on sample with the weights held now, whatever version the

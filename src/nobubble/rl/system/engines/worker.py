@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from nobubble.distributed import DistContext, WorkerError, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
@@ -35,7 +34,6 @@ from nobubble.rl.system.learner import GroupBatch, TrainResult, group_learner
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.tasks.spec import TaskSpec
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import WeightSource, weight_digest
 
@@ -47,7 +45,6 @@ __all__ = [
     "StepCollector",
     "Message",
     "EvalResult",
-    "evaluate_policy",
     "WorkerError",
 ]
 
@@ -83,32 +80,7 @@ class EvalResult:
     version: int
     accuracy: float
     mean_reward: float
-    span: Span | None = field(default=None, compare=False)
-
-
-@torch.no_grad()
-def evaluate_policy(model: nn.Module, task: TaskSpec, version: int = 0) -> EvalResult:
-    """Accuracy (``task.is_correct``) and mean reward of greedy responses on the task's
-    evaluation set."""
-    start = time.time()
-    prompts = task.eval_prompts
-    ids, mask = task.encode(prompts)
-    gen = sample(
-        model,
-        ids,
-        max_new_tokens=task.max_new_tokens,
-        eos_id=task.tokenizer.eos_id,
-        pad_id=task.tokenizer.pad_id,
-        greedy=True,
-        budgets=task.budgets(prompts),
-        attention_mask=mask,
-    )
-    p = task.prompt_len
-    responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
-    correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
-    reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
-    span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
-    return EvalResult(version, correct / len(prompts), reward, span)
+    span: Span = field(compare=False)
 
 
 def learner_names(num_learners: int) -> list[str]:
@@ -266,10 +238,31 @@ class StageWorker:
             self._digest = (version, weight_digest(self.learner.model))
         return self._digest
 
+    @torch.no_grad()
     def _eval(self, weights: WeightSource) -> list[Message]:
-        self.learner.model.eval()
-        ev = evaluate_policy(self.learner.model, self.task, self.learner.version)
-        return [Message("eval", self.name, ev, (ev.span,) if ev.span else ())]
+        """Accuracy (``task.is_correct``) and mean reward of the learner's greedy responses
+        on the task's evaluation set."""
+        model, task, version = self.learner.model.eval(), self.task, self.learner.version
+        start = time.time()
+        prompts = task.eval_prompts
+        ids, mask = task.encode(prompts)
+        gen = sample(
+            model,
+            ids,
+            max_new_tokens=task.max_new_tokens,
+            eos_id=task.tokenizer.eos_id,
+            pad_id=task.tokenizer.pad_id,
+            greedy=True,
+            budgets=task.budgets(prompts),
+            attention_mask=mask,
+        )
+        p = task.prompt_len
+        responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
+        correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
+        reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
+        span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
+        ev = EvalResult(version, correct / len(prompts), reward, span)
+        return [Message("eval", self.name, ev, (span,))]
 
 
 def split_groups(
