@@ -66,7 +66,7 @@ def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
         check_budget("rl", processes=processes, data_bytes=data, force=force)
         _check_policy(cfg, copies=processes, force=force)
         if cfg.engine == "ray" and cfg.ray_address:  # a cluster that is not there: bad input
-            from nobubble.rl.system.engines.protocol import WorkerError
+            from nobubble.distributed import WorkerError
             from nobubble.rl.system.engines.ray import check_ray_address
 
             try:

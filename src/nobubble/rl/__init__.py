@@ -24,7 +24,7 @@ _SYSTEM = {
     "aggressive": "nobubble.rl.system.config.presets",
     "RunResult": "nobubble.rl.system.result",
     "EnvRunConfig": "nobubble.rl.actor_learner.config",
-    "WorkerError": "nobubble.rl.system.engines.protocol",
+    "WorkerError": "nobubble.rl.system.engines.worker",
     "RESULT_KEYS": "nobubble.rl.system.result",
     "RewardSource": "nobubble.rl.system.rewards",
     "TaskSpec": "nobubble.rl.system.tasks",

@@ -15,9 +15,9 @@ from nobubble.rl.algo.losses import grpo_advantages
 from nobubble.rl.system.config import ReplayConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.config.presets import aggressive
 from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay, GroupState, Ledger
+from nobubble.rl.system.learner import GroupBatch, group_learner
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import GroupBatch, group_learner
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup
 
 TINY = dict(batch_groups=2, group_size=4, eval_every=5, policy_kwargs={"hidden": 16}, timeout_s=240)

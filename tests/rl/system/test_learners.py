@@ -18,12 +18,10 @@ import torch
 
 from nobubble.distributed import DistContext, spawn
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message
-from nobubble.rl.system.engines.worker import StepCollector, split_groups
-from nobubble.rl.system.learner import Learner
+from nobubble.rl.system.engines.worker import Message, StepCollector, split_groups
+from nobubble.rl.system.learner import GroupBatch, GroupLoss, Learner, TrainResult, group_learner
 from nobubble.rl.system.orchestrator import WorkerError, run
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import GroupBatch, GroupLoss, TrainResult, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from tests.rl.system.trainer_reference import reference_train_step
 

@@ -18,12 +18,10 @@ import torch
 from nobubble.rl.algo.losses import grpo_advantages, ppo_policy_loss
 from nobubble.rl.system.config import RewardConfig, RolloutConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.experience import ExperienceBuffer
+from nobubble.rl.system.learner import GroupBatch, group_learner
 from nobubble.rl.system.orchestrator import run
-from nobubble.rl.system.partial.inflight import InFlightWeights
-from nobubble.rl.system.partial.versions import check_token_versions
 from nobubble.rl.system.policies import prompt_attention_mask
-from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import GroupBatch, group_learner
+from nobubble.rl.system.rollout import InFlightWeights, RolloutWorker, check_token_versions
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightVersionError
 from tests.rl.system.trainer_reference import response_logprobs
@@ -70,7 +68,7 @@ def _generate(cfg: RunConfig, models: list[torch.nn.Module], num_groups: int = 3
     worker.model.load_state_dict(models[0].state_dict())
     worker.version = 0
     publisher = StepPublisher(models)
-    worker.pull_weights = publisher.pull
+    worker.inflight.pull = publisher.pull
     reqs = [GroupRequest(i, i, task.prompts[i], 0.0) for i in range(num_groups)]
     groups, span = worker.generate(reqs)
     return task, worker, groups, span

@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from nobubble.cli import main
-from nobubble.rl.system.engines.protocol import WorkerError
+from nobubble.distributed import WorkerError
 from nobubble.rl.system.engines.ray import check_ray_address
 
 

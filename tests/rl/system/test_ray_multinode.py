@@ -155,8 +155,8 @@ class _Cluster:
 
     def run(self, steps: int, on_step: Any = None, **more: Any) -> dict[str, Any]:
         """One run on the cluster: what it ended with (``error``: a WorkerError's text)."""
+        from nobubble.distributed import WorkerError
         from nobubble.rl.system.config import RunConfig
-        from nobubble.rl.system.engines.protocol import WorkerError
         from nobubble.rl.system.engines.ray import RayEngine
         from nobubble.rl.system.orchestrator import Orchestrator
 

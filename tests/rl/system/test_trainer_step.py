@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from nobubble.rl.system.config import ALGOS, RunConfig, TrainerConfig
-from nobubble.rl.system.learner import Learner
+from nobubble.rl.system.learner import GroupBatch, GroupLoss, Learner, group_learner
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import GroupBatch, GroupLoss, group_learner
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from tests.rl.system.trainer_reference import reference_loss, response_logprobs
 

@@ -1,4 +1,4 @@
-"""What one learner step on :class:`~nobubble.rl.system.trainer.GroupLoss` should compute,
+"""What one learner step on :class:`~nobubble.rl.system.learner.GroupLoss` should compute,
 written with the reference formulas of `tests/rl/algo/reference.py` (shared by the trainer
 and the learner tests; no ``Learner`` or ``GroupLoss`` code runs here).
 
@@ -8,7 +8,7 @@ From the policy's own log-probs ``logp`` (B, N) of the response tokens, the obje
     + kl_coef * mean KL_k3(pi || pi_ref) - entropy_coef * mean H(pi)
     + uniform_kl_coef * mean KL(uniform || pi)
 
-every mean over the response tokens. The algorithms, as :mod:`~nobubble.rl.system.trainer`
+every mean over the response tokens. The algorithms, as :mod:`~nobubble.rl.system.learner`
 documents them: ``grpo`` is PPO's clip around the behaviour policy with group advantages;
 ``decoupled-ppo`` centres the clip on this step's weights and weights each token by the
 truncated ``pi_prox / pi_behav``; ``ppo`` uses ``R - V(s_t)`` plus a value loss; ``vtrace``

@@ -20,20 +20,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nobubble.rl.algo.replay import linear_beta
 from nobubble.rl.system.checkpoint import CheckpointStore, RunProgress
 from nobubble.rl.system.config import RunConfig, describe_value
-from nobubble.rl.system.engines.protocol import Message, WorkerError
+from nobubble.rl.system.engines.worker import Engine, Message, WorkerError
 from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay
 from nobubble.rl.system.result import CurvePoint, RunResult, stage_busy
 from nobubble.rl.system.rewards import RewardWatch
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import PublishedWeights
-
-if TYPE_CHECKING:
-    from nobubble.rl.system.engines.worker import Engine
 
 __all__ = ["Orchestrator", "run", "MAX_RESTARTS"]
 
@@ -245,7 +242,7 @@ class Orchestrator:
 
     def _on_eval(self, ev: Any) -> None:
         self._eval_pending = max(0, self._eval_pending - 1)
-        wall = ev.span.end_s - self._t0 if ev.span is not None else time.time() - self._t0
+        wall = ev.span.end_s - self._t0
         self._progress.curve.append(
             CurvePoint(
                 ev.version,

@@ -1,25 +1,185 @@
-"""The rollout stage: a :class:`RolloutWorker` turns admitted requests into sampled groups.
+"""The rollout stage: a :class:`RolloutWorker` turns admitted requests into sampled groups,
+and the per-token versions of partial rollouts.
 
-It samples every request of a call in one batch with the weights it holds at the call, so a
-group is generated whole by one version; with ``partial_rollouts`` it also takes newer weights
-between tokens (:mod:`~nobubble.rl.system.partial`) and each sample records the version behind
-every token (``Sample.token_versions``), its ``policy_version`` being the one that started it.
+A worker samples every request of a call in one batch with the weights it holds at the call,
+so a group is generated whole by one version. With ``partial_rollouts``
+(``docs/rl/system.md``) it also takes newer weights between tokens (:class:`InFlightWeights`)
+and each sample records the version behind every token (``Sample.token_versions``), its
+``policy_version`` being the one that started it; a token's staleness is ``trainer version -
+its version``. Legend: ``B`` responses, ``N`` response tokens.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from nobubble.rl.algo.staleness import policy_lag
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.partial.inflight import InFlightWeights, WeightPull
 from nobubble.rl.system.policies import sample
 from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
+from nobubble.rl.system.weight_sync import check_newer, weight_digest
 
-__all__ = ["RolloutWorker"]
+__all__ = [
+    "RolloutWorker",
+    "InFlightWeights",
+    "WeightPull",
+    "response_versions",
+    "check_token_versions",
+    "token_lag",
+    "lag_histogram",
+]
+
+WeightPull = Callable[[nn.Module, int], int]
+
+
+class InFlightWeights:
+    """Per-token delay and in-flight weight updates for one generator's ``model``, the
+    sampler's ``before_token`` hook.
+
+    Lifecycle of one generation call: :meth:`begin` (the version the model holds) ->
+    :meth:`before_token` for steps ``0, 1, ..`` (True when the weights changed: the sampler
+    then recomputes its KV cache from the whole prefix, so every token's log-prob is exactly
+    that of the version recorded for it) -> :meth:`step_versions`. The whole batch switches
+    at once. Invariant: the recorded versions never decrease; each version the model takes
+    is hashed once (:attr:`digests`): what the generator's samples claim.
+
+    Args:
+        model: the generator's policy; ``pull`` (``pull(model, have) -> version``, set by
+            the engine) loads the newest published weights into it when newer than ``have``.
+        partial: take new weights between tokens (partial rollouts); False = only sleep.
+        every_tokens: with ``partial``, ask for new weights before every this many steps.
+        token_delay_s: seconds to sleep before each decoding step.
+    """
+
+    def __init__(
+        self, model: nn.Module, *, partial: bool, every_tokens: int = 1, token_delay_s: float = 0.0
+    ) -> None:
+        if every_tokens < 1:
+            raise ValueError(f"every_tokens={every_tokens} must be >= 1 (1 = every token)")
+        self.model = model
+        self.partial = partial
+        self.every_tokens = every_tokens
+        self.token_delay_s = token_delay_s
+        self.pull: WeightPull | None = None
+        self.version = -1
+        self._steps: list[int] = []
+        self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
+
+    @property
+    def active(self) -> bool:
+        """Whether the sampler needs the hook at all."""
+        return self.partial or self.token_delay_s > 0
+
+    def begin(self, version: int) -> None:
+        """A generation call starts with the model at ``version``."""
+        if self.partial and self.pull is None:
+            raise RuntimeError(
+                "partial rollouts need a weight source between tokens (set "
+                "RolloutWorker.inflight.pull; the local engine sets it to its shared weights)"
+            )
+        self.version = version
+        self._steps = []
+        self._note()
+
+    def _note(self) -> None:
+        if self.version not in self.digests:
+            self.digests[self.version] = weight_digest(self.model)
+
+    def claims(self, versions: torch.Tensor) -> tuple[tuple[int, str], ...]:
+        """``(version, digest)`` for each distinct version in ``versions``."""
+        return tuple((v, self.digests[v]) for v in sorted(set(versions.tolist())))
+
+    def before_token(self, step: int) -> bool:
+        """Called before decoding step ``step``; True when the model's weights changed.
+
+        The weights are fixed first, then the step's delay is slept: the delay stands for
+        the step's own compute, done with the weights it starts with."""
+        changed = False
+        if self.partial and step % self.every_tokens == 0:
+            assert self.pull is not None  # checked by begin()
+            new = self.pull(self.model, self.version)
+            check_newer(self.version, new, "in-flight weight update")
+            changed = new != self.version
+            self.version = new
+            if changed:
+                self._note()
+        self._steps.append(self.version)
+        if self.token_delay_s:
+            time.sleep(self.token_delay_s)
+        return changed
+
+    def step_versions(self, num_tokens: int) -> torch.Tensor:
+        """(num_tokens,) int64: the version each decoding step ran under; steps that never
+        ran (every response stopped early) repeat the last version."""
+        steps = self._steps[:num_tokens] or [self.version]
+        steps = steps + [steps[-1]] * (num_tokens - len(steps))
+        return torch.tensor(steps, dtype=torch.int64)
+
+
+def response_versions(samples: Sequence[Sample]) -> torch.Tensor:
+    """(B, N) int64: the version behind each response token of each sample."""
+    if all(s.token_versions is None for s in samples):  # whole-group: one version per row
+        rows = torch.tensor([s.policy_version for s in samples], dtype=torch.int64)  # (B,)
+        return rows[:, None].expand(-1, samples[0].response_mask.shape[0])  # (B, N)
+    return torch.stack([s.versions() for s in samples])
+
+
+def check_token_versions(groups: Sequence[SampleGroup], *, partial: bool) -> None:
+    """Raise ValueError unless every group keeps its mode's versioning rule.
+
+    ``partial=False`` (whole-group versioning): every token of every response is the group's
+    version. ``partial=True``: each response starts at the group's version and its versions
+    never decrease.
+    """
+    for g in groups:
+        if all(s.token_versions is None for s in g.samples):
+            continue  # one policy_version per group, checked by SampleGroup itself
+        for s in g.samples:
+            if s.versions().shape != s.response_mask.shape:
+                raise ValueError(
+                    f"sample {s.sample_id}: token_versions of shape "
+                    f"{tuple(s.versions().shape)} for {tuple(s.response_mask.shape)} tokens"
+                )
+        v = response_versions(g.samples)  # (G, N)
+        if not partial:
+            if bool((v != g.policy_version).any()):
+                raise ValueError(
+                    f"group {g.group_id} has tokens of versions {sorted(set(v.flatten().tolist()))}"
+                    f", not only {g.policy_version}; whole-group versioning is the default "
+                    "mode's rule (a generator swaps weights between groups); set "
+                    "RunConfig.partial_rollouts=True to trade it for fresher tokens"
+                )
+            continue
+        if bool((v[:, 0] != g.policy_version).any()):
+            raise ValueError(
+                f"group {g.group_id}: a response starts at versions {v[:, 0].unique().tolist()}, "
+                f"the group at {g.policy_version}"
+            )
+        if v.shape[1] > 1 and bool((v[:, 1:] < v[:, :-1]).any()):
+            bad = int((v[:, 1:] < v[:, :-1]).any(1).nonzero()[0])
+            raise ValueError(
+                f"sample {g.samples[bad].sample_id}: token versions {v[bad].tolist()} go "
+                "back; weights only move forward"
+            )
+
+
+def token_lag(versions: torch.Tensor, trainer_version: int) -> torch.Tensor:
+    """(B, N) int64 ``trainer_version - versions``; ValueError if a token is newer than the
+    trainer (see :func:`~nobubble.rl.algo.staleness.policy_lag`)."""
+    return policy_lag(versions.reshape(-1), trainer_version).view(versions.shape)
+
+
+def lag_histogram(lag: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
+    """Response tokens by staleness: ``{lag: count}`` over the tokens where ``mask`` (B, N)
+    is set."""
+    counts = Counter(lag[mask.bool()].tolist())
+    return {int(k): int(n) for k, n in sorted(counts.items())}
 
 
 class RolloutWorker:
@@ -43,15 +203,6 @@ class RolloutWorker:
             every_tokens=cfg.weight_check_every,
             token_delay_s=self.cfg.token_delay_s,
         )
-
-    @property
-    def pull_weights(self) -> WeightPull | None:
-        """The weight source between tokens (partial rollouts); None until the engine sets it."""
-        return self.inflight.pull
-
-    @pull_weights.setter
-    def pull_weights(self, pull: WeightPull | None) -> None:
-        self.inflight.pull = pull
 
     def go_stale(self) -> None:
         """Test hook: from now on sample with the weights held now, whatever version the

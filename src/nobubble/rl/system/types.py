@@ -58,7 +58,7 @@ class Sample:
 class SampleGroup:
     """A GRPO group: the samples of one prompt, started by one policy version (ValueError at
     construction if they disagree on group, prompt or version; later tokens:
-    :func:`~nobubble.rl.system.partial.versions.check_token_versions`)."""
+    :func:`~nobubble.rl.system.rollout.check_token_versions`)."""
 
     group_id: int
     prompt_id: int

@@ -237,7 +237,7 @@ class RunConfig(RLConfig):
     replay_alpha: float = setting(0.6, "[0, 1]")  # priority exponent
     replay_beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
     # a generator takes new weights between tokens (looking every weight_check_every tokens)
-    # and records each token's version; local engine only (rl.system.partial)
+    # and records each token's version; local engine only (rl.system.rollout)
     partial_rollouts: bool = setting(False, BOOL)
     weight_check_every: int = setting(1, COUNT, integer=True)
     engine: str = setting("local", ENGINES)  # processes on this machine, or Ray actors

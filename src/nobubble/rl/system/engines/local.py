@@ -22,8 +22,7 @@ from nobubble.distributed import (
     worker_context,
 )
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message, WorkerError
-from nobubble.rl.system.engines.worker import Engine, StageWorker
+from nobubble.rl.system.engines.worker import Engine, Message, StageWorker, WorkerError
 from nobubble.rl.system.weight_sync import SharedWeights
 
 __all__ = ["LocalEngine"]
@@ -45,7 +44,7 @@ def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: Shared
         if worker.kind == "trainer" and learner_port is not None:
             worker.join_learners("127.0.0.1", learner_port)
         if worker.kind == "rollout":
-            worker.rollout.pull_weights = shared.pull  # between tokens, with partial rollouts
+            worker.rollout.inflight.pull = shared.pull  # between tokens, with partial rollouts
         outq.put(pickle.dumps(worker.ready(shared)))
         while True:
             try:

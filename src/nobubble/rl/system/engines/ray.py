@@ -18,8 +18,13 @@ from typing import Any
 
 from nobubble.distributed import looks_like_peer_failure
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message, WorkerError
-from nobubble.rl.system.engines.worker import Engine, StageWorker, learner_names
+from nobubble.rl.system.engines.worker import (
+    Engine,
+    Message,
+    StageWorker,
+    WorkerError,
+    learner_names,
+)
 from nobubble.rl.system.weight_sync import check_newer
 
 __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]

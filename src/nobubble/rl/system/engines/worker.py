@@ -1,7 +1,8 @@
-"""What both engines share: the stage worker inside a process or actor, and the driver's side.
+r"""What both engines share: the stage worker inside a process or actor, and the driver's side.
 
 A :class:`StageWorker` runs inside a local process or a Ray actor, built from the picklable
-:class:`~nobubble.rl.system.config.RunConfig` alone. :class:`Engine` is the driver's side.
+:class:`~nobubble.rl.system.config.RunConfig` alone, and answers with :class:`Message`\ s;
+:class:`Engine` is the driver's side.
 ``RunConfig.learners = L`` makes the trainer stage ``trainer`` (learner 0) and
 ``trainer-1`` .. ``trainer-<L-1>`` in one gloo group (``docs/rl/system.md``, many learners).
 
@@ -18,6 +19,7 @@ import os
 import signal
 import time
 from collections import Counter, deque
+from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import accumulate
 from typing import Any
@@ -25,27 +27,60 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nobubble.distributed import DistContext, default_backend
+from nobubble.distributed import DistContext, WorkerError, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.engines.protocol import Message, WorkerError
+from nobubble.rl.system.learner import GroupBatch, TrainResult, group_learner
+from nobubble.rl.system.policies import sample
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker
-from nobubble.rl.system.trainer import (
-    GroupBatch,
-    TrainResult,
-    evaluate_policy,
-    group_learner,
-    train_result,
-)
-from nobubble.rl.system.types import GroupRequest, SampleGroup
+from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import WeightSource, weight_digest
 
-__all__ = ["StageWorker", "InjectedFault", "Engine", "split_groups", "StepCollector"]
+__all__ = [
+    "StageWorker",
+    "InjectedFault",
+    "Engine",
+    "split_groups",
+    "StepCollector",
+    "Message",
+    "EvalResult",
+    "WorkerError",
+]
 
 
 class InjectedFault(RuntimeError):
     """The failure a test asked for with ``RunConfig.fault``."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A stage's answer to the orchestrator.
+
+    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``shard`` | ``eval``;
+    ``worker``: which worker; ``payload``: groups (rollout, reward), a TrainResult, an
+    EvalResult, or the node (ready); ``spans``: busy spans for the timeline; ``weights``: for
+    learner 0's ``ready`` and ``train``, the engine's handle to the published weights (None
+    where the generators read them from the engine's weight source); ``state``: for
+    ``rollout``, the generator's RNG state after the call (checkpoints keep it).
+    """
+
+    kind: str
+    worker: str
+    payload: Any = None
+    spans: tuple[Span, ...] = ()
+    weights: Any = None
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Greedy decoding over the task's evaluation prompts: the share solved, the mean reward."""
+
+    version: int
+    accuracy: float
+    mean_reward: float
+    span: Span = field(compare=False)
 
 
 def learner_names(num_learners: int) -> list[str]:
@@ -174,7 +209,19 @@ class StageWorker:
         self._maybe_fault()
         before, start = self._trainer_digest(), time.time()
         shard = learner.update([GroupBatch(groups, group_weights)])
-        res = train_result(learner, groups, shard, start)
+        v, ids = learner.version, [g.group_id for g in groups]
+        args: dict[str, Any] = {"groups": ids}
+        if learner.pushes_gradients:  # the version it computed on
+            name = f"grad on v{v} (learner {self.rank})"
+        else:
+            name, args["max_lag"] = f"train v{v - 1}->v{v}", max(shard.staleness)
+            if shard.pushes:
+                args["pushes"] = shard.pushes
+        span = Span("trainer", name, start, time.time(), args)
+        trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
+        res = TrainResult(
+            v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness
+        )
         if self.rank > 0:
             return [Message("shard", self.name, res, (res.span,))]
         res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
@@ -191,10 +238,31 @@ class StageWorker:
             self._digest = (version, weight_digest(self.learner.model))
         return self._digest
 
+    @torch.no_grad()
     def _eval(self, weights: WeightSource) -> list[Message]:
-        self.learner.model.eval()
-        ev = evaluate_policy(self.learner.model, self.task, self.learner.version)
-        return [Message("eval", self.name, ev, (ev.span,) if ev.span else ())]
+        """Accuracy (``task.is_correct``) and mean reward of the learner's greedy responses
+        on the task's evaluation set."""
+        model, task, version = self.learner.model.eval(), self.task, self.learner.version
+        start = time.time()
+        prompts = task.eval_prompts
+        ids, mask = task.encode(prompts)
+        gen = sample(
+            model,
+            ids,
+            max_new_tokens=task.max_new_tokens,
+            eos_id=task.tokenizer.eos_id,
+            pad_id=task.tokenizer.pad_id,
+            greedy=True,
+            budgets=task.budgets(prompts),
+            attention_mask=mask,
+        )
+        p = task.prompt_len
+        responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
+        correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
+        reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
+        span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
+        ev = EvalResult(version, correct / len(prompts), reward, span)
+        return [Message("eval", self.name, ev, (span,))]
 
 
 def split_groups(
