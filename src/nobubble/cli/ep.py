@@ -29,7 +29,6 @@ from nobubble.cli.util import (
 )
 from nobubble.files import claim_output
 from nobubble.moe.layout import TRANSPORT_KINDS
-from nobubble.validation import MAX_REAL, finite
 
 __all__ = ["register"]
 
@@ -200,8 +199,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _check_balance(args: argparse.Namespace) -> None:
     """Refuse, before any loads are made (and torch is imported), a placement EPLB cannot
     do and a skew it cannot draw (the library's ValueErrors), a flag the chosen load source
-    ignores, and a problem past ``MAX_SLOTS``."""
-    from nobubble.moe.balance.problem import MAX_SLOTS, check_config, parse_skew  # no torch
+    ignores, and synthetic loads :func:`~nobubble.moe.balance.problem.check_synthetic` refuses."""
+    from nobubble.moe.balance.problem import check_config, check_synthetic  # no torch
 
     check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,
                  args.gpus, args.policy)  # fmt: skip
@@ -211,16 +210,8 @@ def _check_balance(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} shapes synthetic loads; --weights gives the loads, "
                                  f"drop --{flag}")  # fmt: skip
         return
-    parse_skew(args.skew)
-    if not finite(args.tokens):
-        raise UsageError(f"--tokens {args.tokens}: past {MAX_REAL:g}, not a count of tokens")
-    slots = args.layers * (args.experts + args.redundant)
-    if slots > MAX_SLOTS and not args.force:
-        raise UsageError(
-            f"ep balance: --layers {args.layers:,} x {args.experts + args.redundant:,} physical "
-            f"experts = {slots:,} placements, past the budget of {MAX_SLOTS:,}; use fewer, or "
-            "--force"
-        )
+    check_synthetic(args.experts, args.redundant, args.layers, args.tokens, args.skew,
+                    force=args.force)  # fmt: skip
 
 
 def _balance(args: argparse.Namespace) -> int:
