@@ -1,10 +1,6 @@
 """``nobubble rl``: ``train`` one run, ``compare`` the schedules, serve a reward over HTTP.
-
-``train`` and ``compare`` run a task (:class:`~nobubble.rl.system.config.RunConfig`, the
-default) or an environment (``--env``, :class:`~nobubble.rl.actor_learner.config.EnvRunConfig`).
-Every flag is a config field, declared in the tables below (:mod:`nobubble.cli.flags`); a
-flag of the other producer is refused, and the configs' own checks are the only value checks.
-"""
+Every flag of ``train`` and ``compare`` is a field of a task's RunConfig or (``--env``) an
+EnvRunConfig, declared in the tables below; a flag of the other producer is refused."""
 
 from __future__ import annotations
 
@@ -283,9 +279,8 @@ def _etas(text: str) -> tuple[int, ...]:
 
 
 def _train_or_compare(args: argparse.Namespace) -> int:
-    """``rl train`` (one run) and ``rl compare`` (the runs :func:`nobubble.rl.comparison`
-    makes of the flags' config), checked before any work, then trained and drawn by
-    :func:`_run`."""
+    """``rl train`` (one run) and ``rl compare`` (:func:`nobubble.rl.comparison`'s runs),
+    checked before any work, then trained and drawn by :func:`_run`."""
     from nobubble.rl import comparison
 
     env, compare = _check_producer(args), args.rl_command == "compare"
@@ -388,11 +383,9 @@ def _env_progress(version: int, metrics: dict[str, float]) -> None:
 
 def render_runs(title: str, results: dict[str, Any], paths: dict[str, str], *, as_json: bool,
                 compare: bool) -> None:  # fmt: skip
-    """Print runs (label -> :class:`~nobubble.rl.system.result.RunResult`) of either
-    producer: JSON (one run: its :data:`RESULT_KEYS` and ``artifacts``; a comparison:
-    ``runs`` by label, each with its ``artifacts``; ``speedup_vs_first``; ``artifacts``)
-    or a table with a row per run, captioned with (one run) its staleness histogram and the
-    artifacts written."""
+    """Print runs (label -> RunResult): JSON (one run: its ``to_json()`` and ``artifacts``; a
+    comparison: ``runs`` by label, ``speedup_vs_first``, ``artifacts``) or a table with a row
+    per run, captioned with (one run) its staleness histogram and the artifacts written."""
     base = next(iter(results.values())).samples_per_s or 1.0
     speedup = {k: r.samples_per_s / base for k, r in results.items()}
     doc: Any = None

@@ -58,9 +58,8 @@ def handshake(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def replan(out: Path, quick: bool, seed: int) -> list[Path]:
-    """Two gloo ranks train 12 blocks and a head with ZB-H1 through a ``Replanner``
-    (:func:`nobubble.bench.pp_replan.run_replan`); from step 3 rank 1 runs 3x slower and
-    layers move off it. Prints each step's time and cut; draws ``pipeline/replan_steps.png``."""
+    """:func:`nobubble.bench.pp_replan.run_replan` (rank 1 slowed from step 3): each step's
+    time and cut, drawn as ``pipeline/replan_steps.png``."""
     from nobubble.bench.pp_replan import ReplanSetup, plot_replan, run_replan
 
     setup = ReplanSetup(steps=8 if quick else 12, timeout_s=300)
@@ -77,11 +76,8 @@ def replan(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def moe(out: Path, quick: bool, seed: int) -> list[Path]:
-    """A DeepSeek-V3-routed ``MoELayer`` on 4 gloo ranks (2 with ``quick``) through ``Buffer``
-    (:func:`nobubble.bench.ep_layer.run_layer_check`): the first step checked against the
-    token-by-token reference MoE, dispatch's bytes against a per-pair all-to-all, the
-    auxiliary-loss-free bias flattening a skewed load. Writes ``moe/load_balance.png`` and
-    ``moe/ep_demo.json``."""
+    """:func:`nobubble.bench.ep_layer.run_layer_check` on 4 gloo ranks (2 with ``quick``):
+    writes ``moe/load_balance.png`` and ``moe/ep_demo.json``."""
     from nobubble.bench.ep_layer import plot_loads, run_layer_check
 
     ranks, num_tokens, steps = (2, 64, 12) if quick else (4, 256, 40)
@@ -111,11 +107,9 @@ def moe(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def moe_fastpath(out: Path, quick: bool, seed: int) -> list[Path]:
-    """DeepEP's mechanisms on 4 gloo ranks, each beside its baseline: dispatch + combine over
-    gloo vs shared memory (bit-equal, timed), hierarchical dispatch over 2 "nodes" x 2 ranks,
-    low-latency mode with bf16 and FP8 payloads, chunked overlap of communication and
-    experts. Writes ``moe/fastpaths.json`` and ``moe/ep_overlap_timeline.png``
-    (``benchmarks/ep_transports.py`` runs the same code at DeepEP's sizes)."""
+    """DeepEP's mechanisms on 4 gloo ranks beside their baselines
+    (:mod:`nobubble.bench.ep_fastpath`): writes ``moe/fastpaths.json`` and
+    ``moe/ep_overlap_timeline.png``."""
     from dataclasses import replace
 
     from nobubble.bench import ep_fastpath as fp
