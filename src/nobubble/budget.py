@@ -1,6 +1,5 @@
-"""Budgets checked before any work: the processes and memory a run needs
-(:func:`check_budget`) and how long a count of steps takes (:func:`check_steps`). Each
-refusal is a ValueError naming the flag and ``--force``."""
+"""Budgets checked before any work: a run's processes and memory, and its count of steps;
+each refusal is a ValueError naming the flag and ``--force``."""
 
 from __future__ import annotations
 

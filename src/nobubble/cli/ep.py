@@ -1,10 +1,5 @@
-"""``nobubble ep``: expert-parallel commands ``bench``, ``balance`` and ``train``.
-
-Each command: flags -> a library config or call -> a table or JSON. A config's flags are one
-table (:mod:`nobubble.cli.flags`): a flag left out keeps the config's default, and the
-config's ValueError is the one-line error (exit 2). This module imports no torch, so a bad
-flag is refused before torch loads.
-"""
+"""``nobubble ep``: ``bench``, ``balance`` and ``train``, each flags -> a library config or
+call -> a table or JSON. It imports no torch, so a bad flag is refused before torch loads."""
 
 from __future__ import annotations
 
@@ -197,9 +192,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _check_balance(args: argparse.Namespace) -> None:
-    """Refuse, before any loads are made (and torch is imported), a placement EPLB cannot
-    do and a skew it cannot draw (the library's ValueErrors), a flag the chosen load source
-    ignores, and synthetic loads :func:`~nobubble.moe.balance.problem.check_synthetic` refuses."""
+    """Refuse, before torch is imported, a placement EPLB cannot do, a flag the chosen load
+    source ignores and synthetic loads the library cannot draw (the library's ValueErrors)."""
     from nobubble.moe.balance.problem import check_config, check_synthetic  # no torch
 
     check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,

@@ -1,9 +1,5 @@
-"""``nobubble.rl.train``: one entry point for both producers of experience, a task
-(:class:`~nobubble.rl.system.config.RunConfig`) or an environment
-(:class:`~nobubble.rl.actor_learner.config.EnvRunConfig`), both returning a
-:class:`~nobubble.rl.system.result.RunResult`; :func:`comparison` expands one config into
-the runs of a comparison (``rl compare``).
-"""
+"""The RL entry points: :func:`train` a task's RunConfig or an EnvRunConfig, the runs of
+a :func:`comparison` (``rl compare``), and :func:`serve_reward` over HTTP."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Checks of an RL run before any work, and the configs its options describe: the user's
-modules a run names, imported now (:func:`load_user_object`, :func:`import_run_objects`),
-an environment run's config from its id and options (:func:`env_config`), and a run's
-processes, memory, policy and step budget (:func:`check_run`). Every refusal is one
-ValueError naming the flag to change."""
+"""An RL run checked before any work (its user modules, budgets and policy) and an
+environment run's config from its options; every refusal is one ValueError naming the flag."""
 
 from __future__ import annotations
 
@@ -89,13 +86,11 @@ def env_config(env: str, options: Sequence[str] = (), **fields: Any) -> Any:
 
 
 def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
-    """An RL run (``cfg``: a task's RunConfig or an EnvRunConfig) before any work: its
-    processes and memory, its ``--steps`` unless a given time budget (``timed``) stops it.
-    A task run: a batch whose logits (groups x group size x tokens x vocab, fp32, with about
-    4 more tensors of their size for the backward) would not fit, its policy
-    (:func:`_check_policy`) and that a Ray cluster answers at ``--address``. An env run: its
-    actors and envs (~50 kB each with their buffers, CartPole) and an env whose id is
-    unknown or whose spaces the policy cannot take (naming ``--env``)."""
+    """Refuse an RL run (``cfg``: a RunConfig or an EnvRunConfig) past its process and memory
+    budget or, unless a time budget stops it (``timed``), its ``--steps`` budget. A task run:
+    its logits (groups x group size x tokens x vocab, fp32, 5 such tensors), its policy
+    (:func:`_check_policy`) and a Ray ``--address`` that does not answer; an env run: its
+    envs (~50 kB each) and an env id unknown or with spaces the policy cannot take."""
     if hasattr(cfg, "task"):
         data = 5 * cfg.batch_groups * cfg.group_size * _SEQ_BOUND * _VOCAB_BOUND * 4
         processes = 1 + cfg.num_rollout_workers + cfg.learners

@@ -1,9 +1,6 @@
 """One EPLB placement measured: per-GPU load before (no redundancy) and after, beside
-DeepSeek's original EPLB on the same loads; and its picture.
-
-:func:`balance_report` is what ``nobubble ep balance`` and the demo run; the report's
-:meth:`~BalanceReport.to_dict` is the command's JSON. Shapes: ``L`` MoE layers, ``E``
-logical experts, ``R`` physical experts, ``G`` GPUs.
+DeepSeek's original EPLB on the same loads; and its picture. Shapes: ``L`` MoE layers,
+``E`` logical experts, ``R`` physical experts, ``G`` GPUs.
 """
 
 from __future__ import annotations
