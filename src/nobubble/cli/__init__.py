@@ -1,10 +1,5 @@
-"""The ``nobubble`` command: ``pp`` / ``ep`` / ``rl`` / ``trace`` / ``demo`` sub-commands.
-
-Each part contributes its command group from its own module (``nobubble.cli.pp``,
-``nobubble.cli.ep``, ``nobubble.cli.rl``), which defines ``register(subparsers)``; a group
-appears only once its module exists, so the CLI never shows an empty placeholder. Group
-modules import their heavy dependencies inside the handlers, so ``--help`` stays fast.
-"""
+"""The ``nobubble`` command: the ``pp`` / ``ep`` / ``rl`` / ``trace`` / ``demo`` groups, each
+a module with ``register(parser)`` that imports its heavy dependencies inside the handlers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``nobubble ep``: expert-parallel commands ``bench``, ``balance`` and ``train``.
-
-Each command: flags -> a library config or call -> a table or JSON. A config's flags are one
-table (:mod:`nobubble.cli.flags`): a flag left out keeps the config's default, and the
-config's ValueError is the one-line error (exit 2). This module imports no torch, so a bad
-flag is refused before torch loads.
-"""
+"""``nobubble ep``: ``bench``, ``balance`` and ``train``, each flags -> a library config or
+call -> a table or JSON. It imports no torch, so a bad flag is refused before torch loads."""
 
 from __future__ import annotations
 
@@ -29,7 +24,6 @@ from nobubble.cli.util import (
 )
 from nobubble.files import claim_output
 from nobubble.moe.layout import TRANSPORT_KINDS
-from nobubble.validation import MAX_REAL, finite
 
 __all__ = ["register"]
 
@@ -198,10 +192,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _check_balance(args: argparse.Namespace) -> None:
-    """Refuse, before any loads are made (and torch is imported), a placement EPLB cannot
-    do and a skew it cannot draw (the library's ValueErrors), a flag the chosen load source
-    ignores, and a problem past ``MAX_SLOTS``."""
-    from nobubble.moe.balance.problem import MAX_SLOTS, check_config, parse_skew  # no torch
+    """Refuse, before torch is imported, a placement EPLB cannot do, a flag the chosen load
+    source ignores and synthetic loads the library cannot draw (the library's ValueErrors)."""
+    from nobubble.moe.balance.problem import check_config, check_synthetic  # no torch
 
     check_config(args.experts, args.experts + args.redundant, args.groups, args.nodes,
                  args.gpus, args.policy)  # fmt: skip
@@ -211,16 +204,8 @@ def _check_balance(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} shapes synthetic loads; --weights gives the loads, "
                                  f"drop --{flag}")  # fmt: skip
         return
-    parse_skew(args.skew)
-    if not finite(args.tokens):
-        raise UsageError(f"--tokens {args.tokens}: past {MAX_REAL:g}, not a count of tokens")
-    slots = args.layers * (args.experts + args.redundant)
-    if slots > MAX_SLOTS and not args.force:
-        raise UsageError(
-            f"ep balance: --layers {args.layers:,} x {args.experts + args.redundant:,} physical "
-            f"experts = {slots:,} placements, past the budget of {MAX_SLOTS:,}; use fewer, or "
-            "--force"
-        )
+    check_synthetic(args.experts, args.redundant, args.layers, args.tokens, args.skew,
+                    force=args.force)  # fmt: skip
 
 
 def _balance(args: argparse.Namespace) -> int:

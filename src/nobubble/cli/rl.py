@@ -1,10 +1,6 @@
 """``nobubble rl``: ``train`` one run, ``compare`` the schedules, serve a reward over HTTP.
-
-``train`` and ``compare`` run a task (:class:`~nobubble.rl.system.config.RunConfig`, the
-default) or an environment (``--env``, :class:`~nobubble.rl.actor_learner.config.EnvRunConfig`).
-Every flag is a config field, declared in the tables below (:mod:`nobubble.cli.flags`); a
-flag of the other producer is refused, and the configs' own checks are the only value checks.
-"""
+Every flag of ``train`` and ``compare`` is a field of a task's RunConfig or (``--env``) an
+EnvRunConfig, declared in the tables below; a flag of the other producer is refused."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.cli.flags import Flag, add_config_flags, apply_flags, flags_given, real
-from nobubble.cli.preflight import check_run, import_run_objects, load_user_object
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -32,6 +27,7 @@ from nobubble.cli.util import (
 )
 from nobubble.files import claim_output
 from nobubble.rl.actor_learner.config import ARCHS, LOSSES, EnvRunConfig  # torch-free
+from nobubble.rl.preflight import check_run, env_config, import_run_objects
 from nobubble.rl.system.config import (
     AGGREGATIONS,
     ALGOS,
@@ -254,25 +250,16 @@ def _check_producer(args: argparse.Namespace) -> bool:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The run the flags describe (ValueError / ImportError on a bad value or a missing
-    extra). With ``--env``: an EnvRunConfig (a text env's from its ``--env-option``s; the
-    target return defaults to the gymnasium spec's ``reward_threshold``). Else a RunConfig:
+    extra). With ``--env``: :func:`~nobubble.rl.preflight.env_config`'s. Else a RunConfig:
     ``--preset`` is applied first and the flags that set what it sets (:data:`PRESET_OWNED`)
     are laid over its config, so that they win."""
     if args.env is not None:
-        from nobubble.rl.actor_learner.text import is_text_env, text_env_config
-
         table = SHARED_FLAGS + ENV_FLAGS
         given = flags_given(table, args)
         if given.get("target_return") == "none":  # never stop early (left out: the env's)
             given["target_return"] = None
-        if is_text_env(args.env):
-            options = _env_options(args.env_option or [])
-            return apply_flags(functools.partial(text_env_config, args.env, options), given, table)
-        if args.env_option:
-            raise ValueError(f"--env-option is for text envs; {args.env!r} is a gymnasium id")
-        if "target_return" not in given:  # looked up only when needed: it builds the env's spec
-            given["target_return"] = _reward_threshold(args.env)
-        return apply_flags(EnvRunConfig, {"env": args.env, **given}, table)
+        build = functools.partial(env_config, args.env, args.env_option or ())
+        return apply_flags(build, given, table)
     table = SHARED_FLAGS + TASK_FLAGS + TRAIN_FLAGS  # rl compare has no TRAIN_FLAGS: not given
     given = flags_given(table, args)
     import_run_objects(given.get("task"), given.get("policy"), given.get("rewards", ()))
@@ -286,41 +273,14 @@ def run_config(args: argparse.Namespace) -> Any:
     return apply_flags(PRESETS[preset](apply_flags(RunConfig, base, table)), lag, table)
 
 
-def _env_options(options: list[str]) -> dict[str, Any]:
-    """``["high=9", 'operators=["+"]']`` -> ``{"high": 9, "operators": ["+"]}``: a value is
-    JSON when it parses as JSON, else a string."""
-    out: dict[str, Any] = {}
-    for option in options:
-        key, sep, value = option.partition("=")
-        if not sep or not key.isidentifier():
-            raise ValueError(f"--env-option {option!r}: write KEY=VALUE, e.g. max_turns=4")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def _reward_threshold(env_id: str) -> float | None:
-    """The gymnasium spec's ``reward_threshold`` (None when it has none)."""
-    import gymnasium
-
-    try:
-        threshold = gymnasium.spec(env_id).reward_threshold
-    except Exception as err:  # gymnasium's unknown-id errors are not ValueErrors
-        raise ValueError(f"--env {env_id!r}: {err}") from None
-    return None if threshold is None else float(threshold)
-
-
 def _etas(text: str) -> tuple[int, ...]:
     """argparse type of ``--etas``: max staleness bounds >= 1, like ``8,16``."""
     return tuple(positive_int(x) for x in text.split(","))
 
 
 def _train_or_compare(args: argparse.Namespace) -> int:
-    """``rl train`` (one run) and ``rl compare`` (the runs :func:`nobubble.rl.comparison`
-    makes of the flags' config), checked before any work, then trained and drawn by
-    :func:`_run`."""
+    """``rl train`` (one run) and ``rl compare`` (:func:`nobubble.rl.comparison`'s runs),
+    checked before any work, then trained and drawn by :func:`_run`."""
     from nobubble.rl import comparison
 
     env, compare = _check_producer(args), args.rl_command == "compare"
@@ -423,11 +383,9 @@ def _env_progress(version: int, metrics: dict[str, float]) -> None:
 
 def render_runs(title: str, results: dict[str, Any], paths: dict[str, str], *, as_json: bool,
                 compare: bool) -> None:  # fmt: skip
-    """Print runs (label -> :class:`~nobubble.rl.system.result.RunResult`) of either
-    producer: JSON (one run: its :data:`RESULT_KEYS` and ``artifacts``; a comparison:
-    ``runs`` by label, each with its ``artifacts``; ``speedup_vs_first``; ``artifacts``)
-    or a table with a row per run, captioned with (one run) its staleness histogram and the
-    artifacts written."""
+    """Print runs (label -> RunResult): JSON (one run: its ``to_json()`` and ``artifacts``; a
+    comparison: ``runs`` by label, ``speedup_vs_first``, ``artifacts``) or a table with a row
+    per run, captioned with (one run) its staleness histogram and the artifacts written."""
     base = next(iter(results.values())).samples_per_s or 1.0
     speedup = {k: r.samples_per_s / base for k, r in results.items()}
     doc: Any = None
@@ -466,25 +424,9 @@ def _row(label: str, r: Any) -> dict[str, Any]:
 
 
 def _reward_server(args: argparse.Namespace) -> int:
-    from nobubble.rl.system.rewards import serve_rewards
+    from nobubble.rl.entry import serve_reward
 
-    if args.port > 65535:
-        raise ValueError(f"--port {args.port} must be in 0..65535")
-    if args.task is not None:
-        from nobubble.rl.system.tasks import resolve_task
-
-        import_run_objects(args.task)
-        fn = resolve_task(args.task).reward
-    else:
-        from nobubble.rl.system.rewards import check_reward_fn
-
-        fn = load_user_object("--reward", args.reward, "reward")
-        check_reward_fn(fn, args.reward)
-    try:
-        server = serve_rewards(fn, host=args.host, port=args.port)
-    except OSError as err:
-        msg = f"cannot listen on {args.host}:{args.port} ({err}); pick another --port"
-        raise ValueError(msg) from None
+    server = serve_reward(task=args.task, reward=args.reward, host=args.host, port=args.port)
     print(server.url, flush=True)
     try:
         while True:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nobubble.bench.output import console, print_table
+from nobubble.budget import check_budget, check_steps
 from nobubble.files import check_output_dir, check_output_file
 from nobubble.validation import finite
 
@@ -64,67 +65,6 @@ def _number(kind: type, text: str, *, minimum: float, strict: bool) -> Any:
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise argparse.ArgumentTypeError(f"{text} must be {bound}")
     return value
-
-
-PROCESS_BYTES = 400 << 20
-"""What one spawned rank costs before its own data (torch, the interpreter), measured ~350 MB."""
-
-
-def memory_bytes() -> int:
-    """This machine's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_budget(what: str, *, processes: int = 1, data_bytes: float = 0.0,
-                 force: bool = False) -> None:  # fmt: skip
-    """Refuse, before any work, a run that would spawn far more processes than this machine
-    has cores, or need more than 80% of its memory (``processes`` ranks plus ``data_bytes``)."""
-    if force:
-        return
-    cores = os.cpu_count() or 1
-    if processes > max(8, 4 * cores):
-        raise UsageError(
-            f"{what}: {processes} processes on {cores} cores is past the budget of "
-            f"{max(8, 4 * cores)}; use fewer ranks, or --force"
-        )
-    need, have = processes * PROCESS_BYTES + data_bytes, 0.8 * memory_bytes()
-    if need > have:
-        raise UsageError(
-            f"{what}: needs about {need / 2**30:.1f} GiB, past 80% of this machine's "
-            f"{memory_bytes() / 2**30:.1f} GiB; use smaller sizes, or --force"
-        )
-
-
-WALL_BUDGET_S = 24 * 3600.0
-"""The longest run a command starts without ``--force`` (or a time budget that stops it)."""
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0)):
-        if seconds >= size:
-            return f"{seconds / size:,.1f} {unit}"
-    return f"{seconds:,.0f} s"
-
-
-def check_steps(what: str, flag: str, steps: int, seconds_per_step: float, *,
-                limit_s: float = WALL_BUDGET_S, limit: str = "the budget of 24 h",
-                hint: str = "", bound: str = "at least", unit: str = "step",
-                force: bool = False) -> None:  # fmt: skip
-    """The one time budget of a count (steps, repeats, iterations): refuse ``steps`` when
-    ``steps x seconds_per_step`` is past ``limit_s`` (worded ``limit``), naming the estimate
-    and ``--force``. ``bound`` says what the estimate is (``"at least"``: the fastest step
-    such a run takes; ``"about"``: a model's estimate); ``hint`` names another way out
-    (``", give --time-budget S"``)."""
-    seconds = steps * seconds_per_step
-    if force or seconds <= limit_s:
-        return
-    each = (
-        f"{seconds_per_step * 1e3:.3g} ms" if seconds_per_step < 1 else f"{seconds_per_step:.3g} s"
-    )
-    raise UsageError(
-        f"{what + ': ' if what else ''}{flag} {steps} takes {bound} {_duration(seconds)} ({each} a {unit}), "
-        f"past {limit}; lower {flag}{hint}, or --force"
-    )
 
 
 def input_file(text: str) -> Path:

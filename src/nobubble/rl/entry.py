@@ -1,9 +1,5 @@
-"""``nobubble.rl.train``: one entry point for both producers of experience, a task
-(:class:`~nobubble.rl.system.config.RunConfig`) or an environment
-(:class:`~nobubble.rl.actor_learner.config.EnvRunConfig`), both returning a
-:class:`~nobubble.rl.system.result.RunResult`; :func:`comparison` expands one config into
-the runs of a comparison (``rl compare``).
-"""
+"""The RL entry points: :func:`train` a task's RunConfig or an EnvRunConfig, the runs of
+a :func:`comparison` (``rl compare``), and :func:`serve_reward` over HTTP."""
 
 from __future__ import annotations
 
@@ -15,8 +11,9 @@ if TYPE_CHECKING:
     from nobubble.rl.actor_learner.config import Arch
     from nobubble.rl.system.config import RLConfig
     from nobubble.rl.system.result import RunResult
+    from nobubble.rl.system.rewards import RewardServer
 
-__all__ = ["comparison", "train"]
+__all__ = ["comparison", "serve_reward", "train"]
 
 ABLATION_TRAINER_DELAY_S = 0.3
 """The ablation's trainer slowdown per step unless the config has one: the generator then
@@ -85,3 +82,30 @@ def comparison(config: RLConfig, *, ablation: Sequence[int] = ()) -> dict[str, R
     delay = config.trainer.delay_s or ABLATION_TRAINER_DELAY_S
     return {f"eta{eta}:{fix}": cfg for eta in ablation
             for fix, cfg in lag_fixes(config, eta, delay).items()}  # fmt: skip
+
+
+def serve_reward(*, task: str | None = None, reward: str | None = None,
+                 host: str = "127.0.0.1", port: int = 8000) -> RewardServer:  # fmt: skip
+    """Start serving one reward over HTTP (``POST /score``, for ``--reward-url``): ``task``'s
+    (a name or ``MODULE:ATTR``) or the function ``reward`` names (``MODULE:FN``,
+    ``fn(prompt, response) -> float``). Close the server it returns. Raises ValueError on a
+    port outside 0..65535, a reward that cannot be loaded, or an address taken."""
+    from nobubble.rl.preflight import import_run_objects, load_user_object
+    from nobubble.rl.system.rewards import serve_rewards
+
+    if port > 65535:
+        raise ValueError(f"--port {port} must be in 0..65535")
+    if task is not None:
+        from nobubble.rl.system.tasks import resolve_task
+
+        import_run_objects(task)
+        fn = resolve_task(task).reward
+    else:
+        from nobubble.rl.system.rewards import check_reward_fn
+
+        fn = load_user_object("--reward", str(reward), "reward")
+        check_reward_fn(fn, str(reward))
+    try:
+        return serve_rewards(fn, host=host, port=port)
+    except OSError as err:
+        raise ValueError(f"cannot listen on {host}:{port} ({err}); pick another --port") from None

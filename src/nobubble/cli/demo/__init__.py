@@ -1,10 +1,6 @@
-"""``nobubble demo``: a short tour of every capability that has landed.
-
-A step is a ``nobubble`` command run as a user would run it (:func:`_command`) or, where no
-command shows the capability, a function of :mod:`.showcase`; :mod:`.pipeline_plan` is the
-model ``pp plan`` plans. Steps run in order; the tour ends with a table of step times and
-the artifacts' locations.
-"""
+"""``nobubble demo``: a tour of every capability, a step a ``nobubble`` command
+(:func:`_command`) or, where no command shows it, a function of :mod:`.showcase`; it ends
+with a table of step times and artifacts."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``nobubble demo`` step for planning: a model of torch's own modules, planned by the command.
-
-:func:`factory` is what a user passes as ``--model MODULE:FACTORY``: an embedding, four
-``nn.TransformerEncoderLayer`` blocks and a head (width 64), one batch of token ids and the
-loss. The step runs ``nobubble pp plan --model nobubble.cli.demo.pipeline_plan:factory
---ranks 2``, which profiles each block once, prints the chosen plan beside the next
-candidates and the naive equal-block 1F1B, draws both, and writes the plan's JSON (run it
-with ``nobubble pp run --plan ... --model ...``).
-"""
+"""The model ``nobubble demo`` plans with ``pp plan --model
+nobubble.cli.demo.pipeline_plan:factory``: an embedding, four ``nn.TransformerEncoderLayer``
+blocks and a head (width 64), one batch of token ids and the loss."""
 
 from __future__ import annotations
 

@@ -14,11 +14,6 @@ from nobubble.files import write_text
 
 __all__ = ["handshake", "merge", "moe", "moe_balance", "moe_fastpath", "replan"]
 
-EPLB_EXAMPLE = [
-    [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
-    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
-]
-
 
 def merge(out: Path, quick: bool, seed: int) -> list[Path]:
     """``merge_k_lists`` on a small example, then ``kmerge`` of many sorted runs, timed."""
@@ -63,9 +58,8 @@ def handshake(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def replan(out: Path, quick: bool, seed: int) -> list[Path]:
-    """Two gloo ranks train 12 blocks and a head with ZB-H1 through a ``Replanner``
-    (:func:`nobubble.bench.pp_replan.run_replan`); from step 3 rank 1 runs 3x slower and
-    layers move off it. Prints each step's time and cut; draws ``pipeline/replan_steps.png``."""
+    """:func:`nobubble.bench.pp_replan.run_replan` (rank 1 slowed from step 3): each step's
+    time and cut, drawn as ``pipeline/replan_steps.png``."""
     from nobubble.bench.pp_replan import ReplanSetup, plot_replan, run_replan
 
     setup = ReplanSetup(steps=8 if quick else 12, timeout_s=300)
@@ -82,11 +76,8 @@ def replan(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def moe(out: Path, quick: bool, seed: int) -> list[Path]:
-    """A DeepSeek-V3-routed ``MoELayer`` on 4 gloo ranks (2 with ``quick``) through ``Buffer``
-    (:func:`nobubble.bench.ep_layer.run_layer_check`): the first step checked against the
-    token-by-token reference MoE, dispatch's bytes against a per-pair all-to-all, the
-    auxiliary-loss-free bias flattening a skewed load. Writes ``moe/load_balance.png`` and
-    ``moe/ep_demo.json``."""
+    """:func:`nobubble.bench.ep_layer.run_layer_check` on 4 gloo ranks (2 with ``quick``):
+    writes ``moe/load_balance.png`` and ``moe/ep_demo.json``."""
     from nobubble.bench.ep_layer import plot_loads, run_layer_check
 
     ranks, num_tokens, steps = (2, 64, 12) if quick else (4, 256, 40)
@@ -116,11 +107,9 @@ def moe(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def moe_fastpath(out: Path, quick: bool, seed: int) -> list[Path]:
-    """DeepEP's mechanisms on 4 gloo ranks, each beside its baseline: dispatch + combine over
-    gloo vs shared memory (bit-equal, timed), hierarchical dispatch over 2 "nodes" x 2 ranks,
-    low-latency mode with bf16 and FP8 payloads, chunked overlap of communication and
-    experts. Writes ``moe/fastpaths.json`` and ``moe/ep_overlap_timeline.png``
-    (``benchmarks/ep_transports.py`` runs the same code at DeepEP's sizes)."""
+    """DeepEP's mechanisms on 4 gloo ranks beside their baselines
+    (:mod:`nobubble.bench.ep_fastpath`): writes ``moe/fastpaths.json`` and
+    ``moe/ep_overlap_timeline.png``."""
     from dataclasses import replace
 
     from nobubble.bench import ep_fastpath as fp
@@ -169,47 +158,26 @@ def moe_fastpath(out: Path, quick: bool, seed: int) -> list[Path]:
 
 
 def moe_balance(out: Path, quick: bool, seed: int) -> list[Path]:
-    """EPLB's published example (identical to EPLB's own code), a DeepSeek-V3-like placement
-    (:func:`~nobubble.moe.balance.report.balance_report`), and a rebalance after drift
-    (incremental vs fresh). Writes ``moe/eplb_placement.png`` and ``moe/eplb_demo.json``."""
-    import numpy as np
-    import torch
-
-    from nobubble.moe.balance.eplb import load_imbalance, rebalance_experts
-    from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
-    from nobubble.moe.balance.incremental import rebalance_experts_incremental
-    from nobubble.moe.balance.loads import expert_loads
-    from nobubble.moe.balance.report import balance_report, plot_balance
+    """EPLB's published example, a DeepSeek-V3-like placement and a rebalance after drift
+    (:func:`~nobubble.moe.balance.report.eplb_tour`). Writes ``moe/eplb_placement.png`` and
+    ``moe/eplb_demo.json``."""
+    from nobubble.moe.balance.report import eplb_tour, plot_balance
 
     con = console()
-    example = torch.tensor(EPLB_EXAMPLE)
-    same = torch.equal(rebalance_experts(example, 16, 4, 2, 8).phy2log,
-                       reference_rebalance_experts(example, 16, 4, 2, 8)[0])  # fmt: skip
-    con.print(
-        f"EPLB published example (12 experts, 16 replicas, 8 GPUs): identical to EPLB: {same}"
-    )
     layers = 2 if quick else 8
-    weight = expert_loads(256, skew="pareto:2", num_layers=layers)  # (L, 256)
-    report = balance_report(weight, num_redundant=32, num_groups=8, num_nodes=4, num_gpus=32)
-    s = {"eplb_example_identical": same,
-         "imbalance_before": float(load_imbalance(report.before).mean()),
-         "imbalance_after": float(load_imbalance(report.after).mean()),
-         "eplb_duplicate_gpus": int(report.reference_duplicate_gpus.sum())}  # fmt: skip
+    s, report = eplb_tour(layers)
+    con.print("EPLB published example (12 experts, 16 replicas, 8 GPUs): identical to EPLB: "
+              f"{s['eplb_example_identical']}")  # fmt: skip
     con.print(
         f"DeepSeek-V3-like (256 experts + 32 redundant, 32 GPUs / 4 nodes, Pareto(2) loads, "
         f"{layers} layers): max/mean GPU load {s['imbalance_before']:.2f} -> "
         f"{s['imbalance_after']:.3f}; GPUs holding an expert twice, over all layers: "
-        f"{int(report.placement.duplicate_gpus().sum())} (EPLB: {s['eplb_duplicate_gpus']})"
+        f"{s['duplicate_gpus']} (EPLB: {s['eplb_duplicate_gpus']})"
     )
-    drift = np.random.default_rng(1).lognormal(0.0, 0.2, tuple(weight.shape))
-    inc = rebalance_experts_incremental(weight * torch.tensor(drift), report.placement.phy2log,
-                                        8, 4, 32)  # fmt: skip
-    s["moved_incremental"] = float(inc.num_moved.float().mean())
-    s["moved_fresh"] = float(inc.num_moved_fresh.float().mean())
     con.print(
         f"after a 20% drift: incremental rebalance moves {s['moved_incremental']:.0f} of 288 "
         f"experts per layer (fresh: {s['moved_fresh']:.0f}) at max/mean "
-        f"{float(inc.imbalance.mean()):.3f} (fresh {float(inc.fresh_imbalance.mean()):.3f})"
+        f"{s['imbalance_incremental']:.3f} (fresh {s['imbalance_fresh']:.3f})"
     )
     (out / "moe").mkdir(parents=True, exist_ok=True)
     png = plot_balance(report, out / "moe" / "eplb_placement.png")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from nobubble.validation import finite
+from nobubble.validation import MAX_REAL, finite
 
-__all__ = ["Policy", "resolve_policy", "check_config", "parse_skew", "SKEW_KINDS", "MAX_SLOTS"]
+__all__ = ["Policy", "resolve_policy", "check_config", "check_synthetic", "parse_skew", "SKEW_KINDS",
+           "MAX_SLOTS"]  # fmt: skip
 
 Policy = Literal["auto", "hierarchical", "global"]
 MAX_SLOTS = 10_000_000
@@ -103,3 +104,20 @@ def check_config(
             f"(at most {per_node * num_gpus})"
         )
     return resolved
+
+
+def check_synthetic(num_experts: int, num_redundant: int, num_layers: int, tokens: float,
+                    skew: str, *, force: bool = False) -> None:  # fmt: skip
+    """Refuse synthetic loads :func:`~nobubble.moe.balance.loads.expert_loads` cannot draw
+    (a bad ``skew``, ``tokens`` past any real count) or a problem of more than
+    :data:`MAX_SLOTS` layer x physical expert placements (unless ``force``): ValueError."""
+    parse_skew(skew)
+    if not finite(tokens):
+        raise ValueError(f"--tokens {tokens}: past {MAX_REAL:g}, not a count of tokens")
+    slots = num_layers * (num_experts + num_redundant)
+    if slots > MAX_SLOTS and not force:
+        raise ValueError(
+            f"ep balance: --layers {num_layers:,} x {num_experts + num_redundant:,} physical "
+            f"experts = {slots:,} placements, past the budget of {MAX_SLOTS:,}; use fewer, or "
+            "--force"
+        )

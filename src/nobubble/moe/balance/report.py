@@ -1,9 +1,6 @@
 """One EPLB placement measured: per-GPU load before (no redundancy) and after, beside
-DeepSeek's original EPLB on the same loads; and its picture.
-
-:func:`balance_report` is what ``nobubble ep balance`` and the demo run; the report's
-:meth:`~BalanceReport.to_dict` is the command's JSON. Shapes: ``L`` MoE layers, ``E``
-logical experts, ``R`` physical experts, ``G`` GPUs.
+DeepSeek's original EPLB on the same loads; and its picture. Shapes: ``L`` MoE layers,
+``E`` logical experts, ``R`` physical experts, ``G`` GPUs.
 """
 
 from __future__ import annotations
@@ -25,10 +22,17 @@ from nobubble.moe.balance.eplb import (
     load_imbalance,
 )
 from nobubble.moe.balance.eplb_reference import reference_rebalance_experts
-from nobubble.moe.balance.loads import static_gpu_loads
+from nobubble.moe.balance.incremental import rebalance_experts_incremental
+from nobubble.moe.balance.loads import expert_loads, static_gpu_loads
 from nobubble.moe.balance.problem import MAX_SLOTS
 
-__all__ = ["MAX_SLOTS", "BalanceReport", "balance_report", "plot_balance"]
+__all__ = ["MAX_SLOTS", "BalanceReport", "balance_report", "plot_balance", "eplb_tour"]
+
+EPLB_EXAMPLE = [
+    [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+]
+"""EPLB's published example: the loads of 12 experts in 2 layers."""
 
 
 @dataclass(frozen=True)
@@ -142,3 +146,30 @@ def plot_balance(report: BalanceReport, path: Path) -> Path:
     save_figure(fig, path)
     plt.close(fig)
     return path
+
+
+def eplb_tour(num_layers: int) -> tuple[dict[str, Any], BalanceReport]:
+    """What the demo shows of EPLB: whether this placement of :data:`EPLB_EXAMPLE` (16
+    replicas, 4 groups, 2 nodes, 8 GPUs) is EPLB's own, a DeepSeek-V3-like placement of
+    ``num_layers`` layers (256 experts + 32 redundant, 8 groups, 32 GPUs / 4 nodes, Pareto(2)
+    loads), and a rebalance of it after a 20% drift, incremental vs fresh. Returns the
+    figures by name (JSON-ready) and the placement's report."""
+    import numpy as np
+
+    example = torch.tensor(EPLB_EXAMPLE)
+    same = torch.equal(eplb.rebalance_experts(example, 16, 4, 2, 8).phy2log,
+                       reference_rebalance_experts(example, 16, 4, 2, 8)[0])  # fmt: skip
+    weight = expert_loads(256, skew="pareto:2", num_layers=num_layers)  # (L, 256)
+    report = balance_report(weight, num_redundant=32, num_groups=8, num_nodes=4, num_gpus=32)
+    drift = np.random.default_rng(1).lognormal(0.0, 0.2, tuple(weight.shape))
+    inc = rebalance_experts_incremental(weight * torch.tensor(drift), report.placement.phy2log,
+                                        8, 4, 32)  # fmt: skip
+    return {"eplb_example_identical": same,
+            "imbalance_before": float(load_imbalance(report.before).mean()),
+            "imbalance_after": float(load_imbalance(report.after).mean()),
+            "duplicate_gpus": int(report.placement.duplicate_gpus().sum()),
+            "eplb_duplicate_gpus": int(report.reference_duplicate_gpus.sum()),
+            "moved_incremental": float(inc.num_moved.float().mean()),
+            "moved_fresh": float(inc.num_moved_fresh.float().mean()),
+            "imbalance_incremental": float(inc.imbalance.mean()),
+            "imbalance_fresh": float(inc.fresh_imbalance.mean())}, report  # fmt: skip
