@@ -269,11 +269,11 @@ def test_cli_flags_refuse_what_the_mode_cannot_do(argv, needle, capsys):
 
 def test_cli_flags_reach_the_run_config():
     from nobubble.cli import build_parser
-    from nobubble.cli.rl import task_config
+    from nobubble.cli.rl import run_config
 
     def config(*flags: str) -> RunConfig:
         args = build_parser().parse_args(["rl", "train", "--mode", "fully-async", *flags])
-        return task_config(args)
+        return run_config(args)
 
     cfg = config("--partial-rollouts", "--weight-check-every", "2", "--token-delay", "0.1")
     assert cfg.weight_check_every == 2
