@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
             num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
             recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
         )  # fmt: skip
-        check_config(config, sched.num_ranks)  # before profiling or starting anything
+        check_config(config)  # before profiling or starting anything
         return (_run_torchrun if torchrun else _run_local)(config, args, launch)
 
 
