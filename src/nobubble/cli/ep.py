@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.bench.ep_config import DTYPE_NAMES
+from nobubble.budget import check_budget, check_steps
 from nobubble.cli.flags import Flag, add_config_flags, add_run_flags, config_from_flags
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
-    check_budget,
-    check_steps,
     console,
     input_file,
     nonneg_int,

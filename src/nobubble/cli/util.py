@@ -15,15 +15,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nobubble.bench.output import console, print_table
-from nobubble.budget import check_budget, check_steps
 from nobubble.files import check_output_dir, check_output_file
 from nobubble.validation import finite
 
 __all__ = [
     "UsageError",
     "ArgumentParser",
-    "check_budget",
-    "check_steps",
     "input_file",
     "output_file",
     "plot_file",

@@ -93,7 +93,7 @@ def serve_reward(*, task: str | None = None, reward: str | None = None,
     from nobubble.rl.preflight import import_run_objects, load_user_object
     from nobubble.rl.system.rewards import serve_rewards
 
-    if port > 65535:
+    if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} must be in 0..65535")
     if task is not None:
         from nobubble.rl.system.tasks import resolve_task

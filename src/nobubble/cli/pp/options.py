@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nobubble.budget import check_budget, check_steps
 from nobubble.cli.flags import (
     Flag,
     add_args,
@@ -19,11 +20,8 @@ from nobubble.cli.flags import (
     integer,
     real,
 )
-from nobubble.cli.preflight import load_user_object
 from nobubble.cli.util import (
     UsageError,
-    check_budget,
-    check_steps,
     console,
     input_file,
     nonneg_float,
@@ -34,6 +32,7 @@ from nobubble.cli.util import (
     seed_int,
 )
 from nobubble.pipeline.costs import PAPER_TIMES
+from nobubble.rl.preflight import load_user_object
 
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nobubble.budget import check_budget
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
     PLAN_ARGS,
@@ -39,7 +40,6 @@ from nobubble.cli.pp.options import (
 from nobubble.cli.util import (
     UsageError,
     add_json_flag,
-    check_budget,
     console,
     input_file,
     print_json,
@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
             num_steps=args.steps, optimizer=args.optimizer, lr=args.lr, data_seed=args.seed,
             recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
         )  # fmt: skip
-        check_config(config, sched.num_ranks)  # before profiling or starting anything
+        check_config(config)  # before profiling or starting anything
         return (_run_torchrun if torchrun else _run_local)(config, args, launch)
 
 
