@@ -75,7 +75,7 @@ def replay() -> str:
         f"{times(hi.linear_us / lo.linear_us, 0)}."
     )
     cfg = aggressive(RunConfig(mode="fully-async"))  # its replay, in samples
-    where = _where(res, cfg.replay_capacity * cfg.group_size)
+    where = _where(res, cfg.replay.capacity * cfg.group_size)
     return f"{prose(caption)}\n\n{table}\n\n{prose(growth, where)}"
 
 

@@ -17,15 +17,15 @@ WEIGHTING = {"none": "none", "inverse": "1 / (1 + lag)", "exp": "0.5 ** lag"}
 
 def _setting(cfg: Any) -> dict[str, str]:
     """One preset's settings, worded as on the page."""
-    if cfg.replay == "none":
+    if not cfg.replay.on:
         replay, draw = "none", "-"
     else:
         replay = (
-            f"{cfg.replay_capacity * cfg.group_size} samples ({cfg.replay_capacity} groups of "
-            f"{cfg.group_size}), {cfg.replay} (alpha {cfg.replay_alpha:g}, "
-            f"beta {cfg.replay_beta:g})"
+            f"{cfg.replay.capacity * cfg.group_size} samples ({cfg.replay.capacity} groups of "
+            f"{cfg.group_size}), {cfg.replay.mode} (alpha {cfg.replay.alpha:g}, "
+            f"beta {cfg.replay.beta:g})"
         )
-        draw = f"{cfg.replay_groups} of {cfg.batch_groups} groups"
+        draw = f"{cfg.replay.groups_per_step} of {cfg.batch_groups} groups"
     return {
         "`max_staleness` (policy lag K)": str(cfg.effective_max_staleness),
         "`algo`": ALGO.get(cfg.algo, cfg.algo),

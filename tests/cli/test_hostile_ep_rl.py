@@ -522,7 +522,7 @@ def test_an_unreachable_ray_address_is_one_line_with_no_blank_line_before_it(tmp
 
 RL_FLAG_CONTRADICTIONS = [
     ([*RT, "--group-size", "1"], "group_size=1"),
-    ([*RT, "--replay-groups", "2"], "replay_groups"),
+    ([*RT, "--replay-groups", "2"], "groups_per_step=2"),
     (
         [*RT, "--mode", "fully-async", "--max-staleness", "2", "--drop-staleness", "10"],
         "drop_staleness=10",

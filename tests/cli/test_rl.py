@@ -68,7 +68,10 @@ def test_train_json_has_the_promised_fields(tmp_path, capsys):
             ],
             "drop_staleness=10 > max_staleness=2",
         ),  # fmt: skip
-        (["rl", "train", "--replay-groups", "2"], "replay_groups / replay_capacity are read"),
+        (
+            ["rl", "train", "--replay-groups", "2"],
+            "--replay-groups 2: replay capacity=0 / groups_per_step=2 are read",
+        ),
         (["rl", "train", "--address", "127.0.0.1:1"], "ray_address is read only with engine"),
         (["rl", "compare", "--etas", "4,8"], "--etas is read only with --ablation"),
         (["rl", "train", "--resume", "--checkpoint-dir", "{tmp}/empty"], "holds no checkpoint"),
@@ -145,7 +148,7 @@ def test_preset_then_the_flags_given_with_it():
 
     fast = ["--mode", "fully-async", "--preset", "aggressive"]
     cfg = config(*fast)
-    assert (cfg.algo, cfg.effective_max_staleness, cfg.replay) == (
+    assert (cfg.algo, cfg.effective_max_staleness, cfg.replay.mode) == (
         "decoupled-ppo",
         8,
         "prioritized",
@@ -153,9 +156,9 @@ def test_preset_then_the_flags_given_with_it():
     assert cfg.trainer.staleness_weighting == "inverse"
     mine = config(*fast, "--max-staleness", "3", "--algo", "grpo", "--replay", "none",
                   "--staleness-weighting", "none", "--trainer-delay", "0.1")  # fmt: skip
-    assert (mine.algo, mine.effective_max_staleness, mine.replay) == ("grpo", 3, "none")
-    assert (mine.replay_capacity, mine.replay_groups) == (0, 0)
+    assert (mine.algo, mine.effective_max_staleness, mine.replay.mode) == ("grpo", 3, "none")
+    assert (mine.replay.capacity, mine.replay.groups_per_step) == (0, 0)
     assert mine.trainer.staleness_weighting == "none" and mine.trainer.delay_s == 0.1
     assert config(*fast, "--drop-staleness", "6").effective_drop_staleness == 6  # bound 8
     cons = config("--mode", "one-step-off", "--preset", "conservative")
-    assert (cons.algo, cons.effective_max_staleness, cons.replay) == ("grpo", 1, "none")
+    assert (cons.algo, cons.effective_max_staleness, cons.replay.mode) == ("grpo", 1, "none")

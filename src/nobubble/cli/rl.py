@@ -116,9 +116,9 @@ TRAIN_GROUPS: dict[str, tuple[Flag, ...]] = {
         ("--kl-refresh-every", "trainer.kl_refresh_every", nonneg_int,
          "refresh the KL reference every N steps (0 = the frozen initial policy)"),
         ("--sync-every", "sync_every", nonneg_int, "force a full sync every N steps (0 = never)"),
-        ("--replay", "replay", ("none", "uniform", "prioritized"), "replay of trained groups"),
-        ("--replay-capacity", "replay_capacity", nonneg_int, "groups kept"),
-        ("--replay-groups", "replay_groups", nonneg_int, "groups drawn from the replay per step"),
+        ("--replay", "replay.mode", ("none", "uniform", "prioritized"), "replay of trained groups"),
+        ("--replay-capacity", "replay.capacity", nonneg_int, "groups kept"),
+        ("--replay-groups", "replay.groups_per_step", nonneg_int, "groups drawn from the replay per step"),
     ),
     "many learners": (
         ("--learners", "learners", positive_int,
@@ -151,8 +151,8 @@ TRAIN_FLAGS = tuple(f for group in TRAIN_GROUPS.values() for f in group) + (
     ("--resume", "resume", bool, "continue from the newest checkpoint in DIR"),
 )
 # the settings a preset makes: the flags that set them are laid over the preset's config
-PRESET_OWNED = {"max_staleness", "algo", "drop_staleness", "replay", "replay_capacity",
-                "replay_groups", "trainer.staleness_weighting", "trainer.kl_coef",
+PRESET_OWNED = {"max_staleness", "algo", "drop_staleness", "replay.mode", "replay.capacity",
+                "replay.groups_per_step", "trainer.staleness_weighting", "trainer.kl_coef",
                 "trainer.kl_refresh_every"}  # fmt: skip
 # flags of one producer that are not config fields: (flag, dest)
 TASK_ONLY = (("--preset", "preset"), ("--ablation", "ablation"), ("--etas", "etas"))
@@ -263,8 +263,8 @@ def run_config(args: argparse.Namespace) -> Any:
     table = SHARED_FLAGS + TASK_FLAGS + TRAIN_FLAGS  # rl compare has no TRAIN_FLAGS: not given
     given = flags_given(table, args)
     import_run_objects(given.get("task"), given.get("policy"), given.get("rewards", ()))
-    if given.get("replay") == "none":  # over a preset's replay: none of its sizes either
-        given = {"replay_capacity": 0, "replay_groups": 0, **given}
+    if given.get("replay.mode") == "none":  # over a preset's replay: none of its sizes either
+        given = {"replay.capacity": 0, "replay.groups_per_step": 0, **given}
     preset = getattr(args, "preset", None)
     if preset is None:
         return apply_flags(RunConfig, given, table)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from nobubble.rl.system.checkpoint import STATE_FILE, TRAINER_FILE, CheckpointStore
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import ReplayConfig, RunConfig
 from nobubble.rl.system.orchestrator import run
 
 pytestmark = pytest.mark.timeout(600)
@@ -136,6 +136,10 @@ def test_resume_refuses_a_changed_config(tmp_path):
     run(cfg)
     with pytest.raises(ValueError, match="seed"):
         run(RunConfig(**{**cfg.__dict__, "seed": 1, "resume": True}))
+    # the replay's buffer is restored from the checkpoint: a new replay setting cannot act
+    replay = ReplayConfig(mode="uniform", capacity=4, groups_per_step=1)
+    with pytest.raises(ValueError, match="config changed.*replay"):
+        run(RunConfig(**{**cfg.__dict__, "replay": replay, "resume": True}))
 
 
 def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_path):

@@ -165,8 +165,9 @@ def test_one_trainer_setting_keeps_the_others():
 
 def test_replay_sync_and_kl_in_a_real_run_keep_the_ledger_whole():
     cfg = RunConfig(
-        mode="fully-async", steps=8, max_staleness=3, sync_every=4, replay="uniform",
-        replay_capacity=8, replay_groups=2, trainer=TrainerConfig(kl_coef=0.05), **TINY,
+        mode="fully-async", steps=8, max_staleness=3, sync_every=4,
+        replay=ReplayConfig(mode="uniform", capacity=8, groups_per_step=2),
+        trainer=TrainerConfig(kl_coef=0.05), **TINY,
     )  # fmt: skip
     res = run(cfg)
     assert res.ledger.ok and res.ledger.reused > 0

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nobubble.distributed import DistContext, spawn
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import ReplayConfig, RunConfig
 from nobubble.rl.system.engines.worker import Message, StepCollector, split_groups
 from nobubble.rl.system.learner import GroupBatch, GroupLoss, Learner, TrainResult, group_learner
 from nobubble.rl.system.orchestrator import WorkerError, run
@@ -220,7 +220,7 @@ def check_ledger(res, cfg: RunConfig) -> None:
 @pytest.mark.parametrize("aggregation", ["sync", "async", "local-sgd"])
 def test_ledger_is_whole_with_two_learners(aggregation):
     """With a replay (sync), reused groups are recorded with the learner that reused them."""
-    replay = {"replay": "uniform", "replay_capacity": 16, "replay_groups": 2}
+    replay = {"replay": ReplayConfig(mode="uniform", capacity=16, groups_per_step=2)}
     cfg = RunConfig(
         mode="fully-async",
         max_staleness=3,

@@ -13,12 +13,12 @@ from dataclasses import fields, replace
 
 import pytest
 
-from nobubble.rl.system.config import MODES, RunConfig, TrainerConfig
+from nobubble.rl.system.config import MODES, ReplayConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.config.presets import PRESETS, ablation, aggressive, conservative
 
 TINY = dict(batch_groups=2, group_size=4, eval_every=5, policy_kwargs={"hidden": 16}, timeout_s=240)
 # what a preset may set; every other field of the config it is given is kept
-LAG_CONTROLS = {"algo", "max_staleness", "replay", "replay_capacity", "replay_groups", "trainer"}
+LAG_CONTROLS = {"algo", "max_staleness", "replay", "trainer"}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -30,7 +30,7 @@ def test_conservative_matches_the_seed(mode, sizes) -> None:
     assert c.algo == "grpo"  # no behaviour correction: nothing to correct at lag <= 1
     assert c.trainer.staleness_weighting == "none" and c.trainer.kl_coef == 0.0
     # nothing outlives the weights it came from
-    assert (c.replay, c.replay_capacity, c.replay_groups) == ("none", 0, 0)
+    assert (c.replay.mode, c.replay.capacity, c.replay.groups_per_step) == ("none", 0, 0)
 
 
 @pytest.mark.parametrize("mode", ["one-step-off", "fully-async"])
@@ -41,15 +41,15 @@ def test_aggressive_matches_the_seed(mode, group_size, batch_groups) -> None:
     # decoupled PPO: PPO's clip around pi_prox times V-trace's truncated IS on pi_behav
     assert a.algo == "decoupled-ppo" and 0 < a.trainer.clip < 1 and a.trainer.clip == 0.2
     assert a.trainer.staleness_weighting == "inverse" and a.trainer.kl_coef == 0.0
-    assert a.replay == "prioritized"
+    assert a.replay.mode == "prioritized"
     # 4096 samples, a large buffer (>= 1024), kept as whole groups, at least one
-    kept = group_size * a.replay_capacity
+    kept = group_size * a.replay.capacity
     if group_size <= 4096:
         assert 4096 - group_size < kept <= 4096 and kept >= 1024
     else:
-        assert a.replay_capacity == 1
+        assert a.replay.capacity == 1
     # half a batch drawn again per step, at least one group
-    assert a.replay_groups == max(1, batch_groups // 2)
+    assert a.replay.groups_per_step == max(1, batch_groups // 2)
 
 
 def test_aggressive_refuses_sync_mode() -> None:
@@ -74,16 +74,16 @@ def test_a_preset_returns_its_config_and_settings_laid_over_it_win():
     base = RunConfig(mode="fully-async", **TINY)
     cfg = aggressive(base)
     assert cfg.algo == "decoupled-ppo" and cfg.effective_max_staleness == 8
-    assert cfg.replay == "prioritized" and cfg.replay_capacity == 4096 // 4
-    assert cfg.replay_groups == 1  # half of batch_groups=2
+    assert cfg.replay.mode == "prioritized" and cfg.replay.capacity == 4096 // 4
+    assert cfg.replay.groups_per_step == 1  # half of batch_groups=2
     assert cfg.trainer.staleness_weighting == "inverse" and cfg.trainer.clip == 0.2
     assert replace(cfg, algo="decoupled-ppo") == cfg and base.algo == "grpo"  # base untouched
     assert aggressive(cfg) == cfg and conservative(conservative(base)) == conservative(base)
     mine = replace(
-        cfg, max_staleness=4, algo="grpo", replay="none", replay_capacity=0, replay_groups=0,
+        cfg, max_staleness=4, algo="grpo", replay=ReplayConfig(),
         trainer=replace(cfg.trainer, clip=0.1),
     )  # fmt: skip
-    assert (mine.algo, mine.effective_max_staleness, mine.replay) == ("grpo", 4, "none")
+    assert (mine.algo, mine.effective_max_staleness, mine.replay.mode) == ("grpo", 4, "none")
     assert mine.trainer.clip == 0.1 and mine.trainer.staleness_weighting == "inverse"
     with pytest.raises(TypeError, match="preset"):
         RunConfig(preset="aggressive")  # type: ignore[call-arg]  # a preset is a function
@@ -93,8 +93,8 @@ def test_a_preset_returns_its_config_and_settings_laid_over_it_win():
     ("override", "message"),
     [
         (lambda c: replace(c, max_staleness=-1), "max_staleness=-1"),
-        (lambda c: replace(c, replay_alpha=2.0), "replay_alpha=2.0"),
-        (lambda c: replace(c, replay_capacity=0), "needs replay_capacity >= 1"),
+        (lambda c: replace(c.replay, alpha=2.0), "ReplayConfig.alpha=2.0"),
+        (lambda c: replace(c.replay, capacity=0), "needs capacity >= 1"),
         (lambda c: replace(c, algo="impala"), "algo='impala'"),
         (lambda c: replace(c.trainer, clip=-0.1), "clip=-0.1"),
         (lambda c: replace(c.trainer, staleness_weighting="linear"), "'linear'"),

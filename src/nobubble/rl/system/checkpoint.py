@@ -43,7 +43,7 @@ __all__ = [
 TRAINER_FILE = "trainer.pt"
 STATE_FILE = "orchestrator.pt"
 # the config fields a resumed run must share with the checkpoint (the rest may change:
-# steps, time budget, timeouts, workers, faults)
+# steps, time budget, timeouts, workers, faults); the replay too: its buffer is restored
 RESUME_KEYS = (
     "task",
     "task_kwargs",
@@ -55,6 +55,7 @@ RESUME_KEYS = (
     "group_size",
     "policy",
     "policy_kwargs",
+    "replay",
 )
 
 

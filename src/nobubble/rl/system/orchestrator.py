@@ -96,8 +96,7 @@ class Orchestrator:
         self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]]
         self._train_queue = deque()
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
-        rc = cfg.replay_config()
-        replay = GroupReplay(rc, seed=cfg.seed) if rc.on else None
+        replay = GroupReplay(cfg.replay, seed=cfg.seed) if cfg.replay.on else None
         self._progress = RunProgress(random.Random(cfg.seed), PublishedWeights(), replay)
         self._store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         self._resumed_from: str | None = None
@@ -163,7 +162,7 @@ class Orchestrator:
             weights = None
             replayed: list[SampleGroup] = []
             if self._progress.replay is not None and not sync:
-                rc = self.cfg.replay_config()
+                rc = self.cfg.replay
                 beta = linear_beta(step, self.cfg.steps, rc.beta)
                 drawn = self._progress.replay.sample(
                     rc.groups_per_step, trains_at, self.cfg.effective_drop_staleness, beta

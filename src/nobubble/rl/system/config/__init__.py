@@ -184,7 +184,7 @@ class RewardConfig(Settings):
 @dataclass(frozen=True, kw_only=True)
 class ReplayConfig(Settings):
     """A replay's settings (:class:`~nobubble.rl.system.experience.GroupReplay`); ``capacity`` and
-    ``groups_per_step`` are >= 1 when it is on."""
+    ``groups_per_step`` are >= 1 when it is on and 0 when it is off."""
 
     mode: str = setting("none", REPLAY_MODES)
     capacity: int = 0  # groups kept
@@ -196,8 +196,13 @@ class ReplayConfig(Settings):
         super().__post_init__()
         if self.on and (self.capacity < 1 or self.groups_per_step < 1):
             raise ValueError(
-                f"replay={self.mode!r} needs replay_capacity >= 1 and replay_groups >= 1 "
-                f"(got {self.capacity} and {self.groups_per_step})"
+                f"a {self.mode!r} replay needs capacity >= 1 and groups_per_step >= 1 "
+                f"(got capacity={self.capacity} and groups_per_step={self.groups_per_step})"
+            )
+        if not self.on and (self.capacity or self.groups_per_step):
+            raise ValueError(
+                f"replay capacity={self.capacity} / groups_per_step={self.groups_per_step} are "
+                "read only with a replay; set its mode to 'uniform' or 'prioritized', or leave them out"
             )
 
     @property
@@ -231,11 +236,7 @@ class RunConfig(RLConfig):
     sync_every: int = setting(0, ">= 0", integer=True)  # train only current groups every N; 0 off
     # drop ready groups older than this many versions (None = the staleness bound)
     drop_staleness: int | None = setting(None, ">= 0", integer=True)
-    replay: str = setting("none", REPLAY_MODES)  # of past groups (rl.system.experience)
-    replay_capacity: int = 0  # groups kept
-    replay_groups: int = 0  # groups drawn again per step
-    replay_alpha: float = setting(0.6, "[0, 1]")  # priority exponent
-    replay_beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
+    replay: ReplayConfig = setting(ReplayConfig(), ReplayConfig)  # of past groups (experience)
     # a generator takes new weights between tokens (looking every weight_check_every tokens)
     # and records each token's version; local engine only (rl.system.rollout)
     partial_rollouts: bool = setting(False, BOOL)
@@ -289,7 +290,6 @@ class RunConfig(RLConfig):
             if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in FAULTS:
                 faults = "|".join(FAULTS)
                 raise ValueError(f"fault={self.fault!r}; use '<worker>:<call>:<{faults}>'")
-        self.replay_config()  # ReplayConfig checks the replay_* settings
         if self.reward.seed != RewardConfig().seed:
             raise ValueError(
                 f"reward.seed={self.reward.seed!r} is the run's setting (the stages share it); "
@@ -349,11 +349,6 @@ class RunConfig(RLConfig):
                 f"drop_staleness={self.drop_staleness} > max_staleness="
                 f"{self.effective_max_staleness}: no buffered sample is that old, the drop "
                 "never acts; make it <= max_staleness (or leave it out)"
-            )
-        if self.replay == "none" and (self.replay_groups or self.replay_capacity):
-            raise ValueError(
-                "replay_groups / replay_capacity are read only with a replay; set replay="
-                "'uniform' or 'prioritized', or leave them out"
             )
         for name in ("ray_address", "ray_resources"):
             if getattr(self, name) not in (None, {}) and self.engine != "ray":
@@ -430,15 +425,6 @@ class RunConfig(RLConfig):
             vocab_size=task.tokenizer.vocab_size,
             max_seq_len=task.max_seq_len,
             kwargs=self.policy_kwargs,
-        )
-
-    def replay_config(self) -> ReplayConfig:
-        return ReplayConfig(
-            mode=self.replay,
-            capacity=self.replay_capacity,
-            groups_per_step=self.replay_groups,
-            alpha=self.replay_alpha,
-            beta=self.replay_beta,
         )
 
     def remote_reward(self) -> Any:

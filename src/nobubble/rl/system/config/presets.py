@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from nobubble.rl.system.config import RunConfig
+from nobubble.rl.system.config import ReplayConfig, RunConfig
 
 __all__ = ["PRESETS", "ablation", "aggressive", "conservative"]
 
@@ -48,8 +48,8 @@ def _lag_control(
     groups = max(1, int(cfg.batch_groups * draw)) if samples else 0
     lag = cfg.max_staleness if cfg.mode == "sync" else max_staleness
     trainer = replace(cfg.trainer, clip=clip, staleness_weighting=weighting)
-    return replace(cfg, algo=algo, max_staleness=lag, replay=mode, replay_capacity=capacity,
-                   replay_groups=groups, trainer=trainer)  # fmt: skip
+    replay_cfg = ReplayConfig(mode=mode, capacity=capacity, groups_per_step=groups)
+    return replace(cfg, algo=algo, max_staleness=lag, replay=replay_cfg, trainer=trainer)
 
 
 PRESETS: dict[str, Callable[[RunConfig], RunConfig]] = {
@@ -65,14 +65,14 @@ def ablation(base: RunConfig, max_staleness: int, trainer_delay_s: float) -> dic
     t = replace(base.trainer, delay_s=trainer_delay_s)
     naive = replace(base, mode="fully-async", max_staleness=max_staleness,
                     groups_per_rollout=1, trainer=t)  # fmt: skip
-    uniform = replace(naive, replay="uniform", replay_capacity=64, replay_groups=4)
+    uniform = replace(naive, replay=ReplayConfig(mode="uniform", capacity=64, groups_per_step=4))
     return {
         "naive PPO": naive,
         "drop>K": replace(naive, drop_staleness=max(1, max_staleness // 4)),
         "age weights": replace(naive, trainer=replace(t, staleness_weighting="inverse")),
         "KL to ref": replace(naive, trainer=replace(t, kl_coef=0.1, kl_refresh_every=20)),
         "replay uniform": uniform,
-        "replay prioritized": replace(uniform, replay="prioritized"),
+        "replay prioritized": replace(uniform, replay=replace(uniform.replay, mode="prioritized")),
         "decoupled PPO": replace(naive, algo="decoupled-ppo"),
         "V-trace": replace(naive, algo="vtrace"),
         "all (aggressive)": replace(aggressive(naive), max_staleness=max_staleness),
