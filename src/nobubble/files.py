@@ -22,6 +22,7 @@ __all__ = [
     "check_output_dir",
     "atomic_path",
     "write_text",
+    "pyplot_for",
     "save_figure",
     "claim_output",
     "proc_stat",
@@ -152,6 +153,19 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
+    """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, path
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:

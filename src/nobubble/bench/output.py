@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from nobubble.files import save_figure
+from nobubble.files import pyplot_for, save_figure
 
 __all__ = ["console", "figure", "print_table", "progress_bar", "run_with_progress_bar"]
 
@@ -55,12 +55,9 @@ def _fmt(v: Any) -> str:
 @contextmanager
 def figure(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """``plt.subplots(*args, **kwargs)`` on the Agg backend; yields ``(fig, axes)``, then lays
-    the figure out and saves it atomically to ``path`` (PNG or SVG by the suffix, 110 dpi)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    the figure out and saves it atomically to ``path`` (PNG, SVG or PDF by the suffix,
+    110 dpi)."""
+    plt, path = pyplot_for(path)
     fig, axes = plt.subplots(*args, **kwargs)
     try:
         yield fig, axes

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-from nobubble.files import save_figure
+from nobubble.files import pyplot_for, save_figure
 from nobubble.pipeline.actions import Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.simulate import SimResult, simulate
@@ -66,19 +65,6 @@ def ascii_grid(
                 cells[k] = label.ljust(width)
         lines.append(f"Rank {rank}: " + " ".join(cells).rstrip())
     return "\n".join(lines)
-
-
-def pyplot_for(path: str | Path) -> tuple[Any, Path]:
-    """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt, path
 
 
 Bar = tuple[float, float, str, Op, float]

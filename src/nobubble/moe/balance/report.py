@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nobubble.files import save_figure
+from nobubble.files import pyplot_for, save_figure
 from nobubble.moe.balance import eplb
 from nobubble.moe.balance.eplb import (
     ExpertPlacement,
@@ -120,11 +120,7 @@ def balance_report(
 
 def plot_balance(report: BalanceReport, path: Path) -> Path:
     """Draw layer 0's per-GPU loads before / after the placement side by side (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, path = pyplot_for(path)
     before, after = report.before[0], report.after[0]  # (G,)
     imbalance = float(load_imbalance(after))
     num_gpus = len(before)
@@ -142,7 +138,6 @@ def plot_balance(report: BalanceReport, path: Path) -> Path:
     p = report.placement
     fig.suptitle(f"{p.num_replicas} physical experts on {num_gpus} GPUs ({p.policy})")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, path)
     plt.close(fig)
     return path

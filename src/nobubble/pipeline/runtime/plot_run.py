@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from nobubble.files import save_figure
+from nobubble.files import pyplot_for, save_figure
 from nobubble.pipeline.actions import Op
-from nobubble.pipeline.plot import draw_bars, op_legend, pyplot_for, sim_bars
+from nobubble.pipeline.plot import draw_bars, op_legend, sim_bars
 from nobubble.pipeline.runtime.executor import WAIT, RankResult
 from nobubble.pipeline.simulate import SimResult
 
