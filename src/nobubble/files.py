@@ -23,6 +23,7 @@ __all__ = [
     "atomic_path",
     "write_text",
     "pyplot_for",
+    "figure",
     "save_figure",
     "claim_output",
     "proc_stat",
@@ -166,6 +167,28 @@ def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
     import matplotlib.pyplot as plt
 
     return plt, path
+
+
+@contextmanager
+def figure(
+    path: str | os.PathLike[str],
+    *args: Any,
+    dpi: int = 110,
+    rect: tuple[float, float, float, float] = (0, 0, 1, 1),
+    bbox_inches: str | None = None,
+    **kwargs: Any,
+) -> Iterator[tuple[Any, Any]]:
+    """``plt.subplots(*args, **kwargs)`` on the Agg backend (:func:`pyplot_for`); yields
+    ``(fig, axes)``, then lays the figure out within ``rect`` and saves it atomically to
+    ``path`` (PNG, SVG or PDF by the suffix); the figure is closed either way."""
+    plt, path = pyplot_for(path)
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout(rect=rect)
+        save_figure(fig, path, dpi=dpi, bbox_inches=bbox_inches)
+    finally:
+        plt.close(fig)
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:

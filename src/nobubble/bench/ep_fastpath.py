@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from nobubble.bench.output import figure
 from nobubble.distributed import spawn
+from nobubble.files import figure
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.hierarchical import Topology
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
