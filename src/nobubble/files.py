@@ -22,6 +22,8 @@ __all__ = [
     "check_output_dir",
     "atomic_path",
     "write_text",
+    "pyplot_for",
+    "figure",
     "save_figure",
     "claim_output",
     "proc_stat",
@@ -152,6 +154,41 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
+    """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, path
+
+
+@contextmanager
+def figure(
+    path: str | os.PathLike[str],
+    *args: Any,
+    dpi: int = 110,
+    rect: tuple[float, float, float, float] = (0, 0, 1, 1),
+    bbox_inches: str | None = None,
+    **kwargs: Any,
+) -> Iterator[tuple[Any, Any]]:
+    """``plt.subplots(*args, **kwargs)`` on the Agg backend (:func:`pyplot_for`); yields
+    ``(fig, axes)``, then lays the figure out within ``rect`` and saves it atomically to
+    ``path`` (PNG, SVG or PDF by the suffix); the figure is closed either way."""
+    plt, path = pyplot_for(path)
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout(rect=rect)
+        save_figure(fig, path, dpi=dpi, bbox_inches=bbox_inches)
+    finally:
+        plt.close(fig)
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:

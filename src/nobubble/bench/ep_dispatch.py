@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, MethodResult
-from nobubble.bench.output import figure
 from nobubble.distributed import spawn
+from nobubble.files import figure
 from nobubble.moe.baseline import pair_combine, pair_dispatch
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.layout import get_dispatch_layout

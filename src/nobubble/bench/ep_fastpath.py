@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from nobubble.bench.output import figure
 from nobubble.distributed import spawn
+from nobubble.files import figure
 from nobubble.moe.buffer import Buffer
 from nobubble.moe.fastpath.hierarchical import Topology
 from nobubble.moe.fastpath.overlap import communication_hidden, overlapped_forward
@@ -90,9 +90,14 @@ def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
 
 
 def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
+    return _slowest_each(seconds)[0]
+
+
+def _slowest_each(*seconds: float) -> tuple[float, ...]:
+    """The slowest rank's value of each of ``seconds``, in one all-reduce."""
+    t = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return tuple(t.tolist())
 
 
 def _inputs(shape: Shape, routing_seed: int, token_seed: int):
@@ -121,7 +126,9 @@ def _round(buf: Buffer, x, idx, w, num_experts: int, fp8: bool | None = None):
         buf.combine(res.recv_x, res.handle)
     else:
         buf.low_latency_combine(res.recv_x, idx, w, res.handle)
-    return _slowest(t1 - t0), _slowest(time.perf_counter() - t1)
+    t2 = time.perf_counter()  # before any collective: the combine's time is the combine's
+    dispatch_s, combine_s = _slowest_each(t1 - t0, t2 - t1)
+    return dispatch_s, combine_s
 
 
 def _interleave(runs: Mapping[str, Callable[[], T]], iters: int) -> dict[str, list[T]]:

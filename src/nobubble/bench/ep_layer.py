@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from nobubble.bench.output import figure
 from nobubble.distributed import spawn
+from nobubble.files import figure
 from nobubble.moe.balance.eplb import load_imbalance
 from nobubble.moe.baseline import pair_dispatch
 from nobubble.moe.buffer import Buffer

@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from nobubble.bench.ep_config import STEP_S, TrainConfig
-from nobubble.bench.output import figure
 from nobubble.distributed import spawn
+from nobubble.files import figure
 from nobubble.moe import (
     Buffer,
     MoELayer,

@@ -1,10 +1,10 @@
-"""What the measuring code shows a person: rich tables on stdout, a progress bar on stderr,
-figures; one copy for the command line, ``nobubble demo`` and ``benchmarks/``.
+"""What the measuring code shows a person: rich tables on stdout, a progress bar on stderr
+(figures: :func:`nobubble.files.figure`); one copy for the command line, ``nobubble demo``
+and ``benchmarks/``.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,9 +13,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from nobubble.files import save_figure
-
-__all__ = ["console", "figure", "print_table", "progress_bar", "run_with_progress_bar"]
+__all__ = ["console", "print_table", "progress_bar", "run_with_progress_bar"]
 
 T = TypeVar("T")
 
@@ -50,24 +48,6 @@ def _fmt(v: Any) -> str:
             return f"{v:.4g}"
         return f"{v:.4f}"
     return str(v)
-
-
-@contextmanager
-def figure(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
-    """``plt.subplots(*args, **kwargs)`` on the Agg backend; yields ``(fig, axes)``, then lays
-    the figure out and saves it atomically to ``path`` (PNG or SVG by the suffix, 110 dpi)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(*args, **kwargs)
-    try:
-        yield fig, axes
-        fig.tight_layout()
-        save_figure(fig, path, dpi=110)
-    finally:
-        plt.close(fig)
 
 
 @contextmanager

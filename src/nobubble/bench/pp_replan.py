@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nobubble.bench.output import figure
+from nobubble.files import figure
 from nobubble.validation import check_fields
 
 __all__ = ["ReplanSetup", "ReplanHistory", "run_replan", "replan_rank", "plot_replan"]

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-from nobubble.files import save_figure
+from nobubble.files import figure, pyplot_for
 from nobubble.pipeline.actions import Op, Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.simulate import SimResult, simulate
@@ -68,19 +67,6 @@ def ascii_grid(
     return "\n".join(lines)
 
 
-def pyplot_for(path: str | Path) -> tuple[Any, Path]:
-    """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt, path
-
-
 Bar = tuple[float, float, str, Op, float]
 """One box of a Gantt row: ``(start, duration, label, op, alpha)``."""
 
@@ -126,24 +112,21 @@ def gantt(
     time_unit: str = "ms",
 ) -> Path:
     """Draw ``result`` as a Gantt chart; the file type follows the suffix (.png, .svg)."""
-    plt, path = pyplot_for(path)
     sched = result.schedule
     p = sched.num_ranks
-    fig, ax = plt.subplots(figsize=(min(18, 4 + 0.12 * sched.num_actions / p), 0.9 + 0.45 * p))
-    draw_bars(ax, sim_bars(result), label_min=result.makespan / 60)
-    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
-    ax.set_xlim(0, result.makespan)
-    ax.set_xlabel(f"time ({time_unit})")
-    handles = op_legend(a.op for acts in sched.rank_actions for a in acts)
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.4 / p),
-              ncol=len(handles), fontsize=8, frameon=False)  # fmt: skip
-    head = title or f"{sched.name}: p={p}, m={sched.num_microbatches}"
-    ax.set_title(f"{head}   bubble {result.bubble_rate:.1%}, peak memory "
-                 f"{result.max_peak_memory_vs_1f1b:.2f}x 1F1B", fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    save_figure(fig, path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    size = (min(18, 4 + 0.12 * sched.num_actions / p), 0.9 + 0.45 * p)
+    with figure(path, figsize=size, dpi=130, bbox_inches="tight") as (_, ax):
+        draw_bars(ax, sim_bars(result), label_min=result.makespan / 60)
+        ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
+        ax.set_xlim(0, result.makespan)
+        ax.set_xlabel(f"time ({time_unit})")
+        handles = op_legend(a.op for acts in sched.rank_actions for a in acts)
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.4 / p),
+                  ncol=len(handles), fontsize=8, frameon=False)  # fmt: skip
+        head = title or f"{sched.name}: p={p}, m={sched.num_microbatches}"
+        ax.set_title(f"{head}   bubble {result.bubble_rate:.1%}, peak memory "
+                     f"{result.max_peak_memory_vs_1f1b:.2f}x 1F1B", fontsize=10)  # fmt: skip
+    return Path(path)
 
 
 def trace_events(result: SimResult, *, us_per_unit: float = 1000.0) -> list[Event]:
@@ -168,27 +151,26 @@ def gantt_grid(results: list[SimResult], path: str | Path, *, time_unit: str = "
     """Several schedules' Gantt charts stacked in one image, on one time axis."""
     if not results:
         raise ValueError("nothing to draw: no simulated schedule")
-    plt, path = pyplot_for(path)
     heights = [r.schedule.num_ranks + 1.5 for r in results]
-    fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
-                             figsize=(14, 0.28 * sum(heights) + 1),
-                             gridspec_kw={"height_ratios": heights})  # fmt: skip
     horizon = max(r.makespan for r in results)
-    for ax, result in zip(axes[:, 0], results):
-        rows = [[(s, d, "", op, 1.0) for s, d, _, op, _ in bars] for bars in sim_bars(result)]
-        draw_bars(ax, rows, linewidth=0.2)
-        ax.set_yticks([])
-        ax.set_xlim(0, horizon)
-        ax.set_title(f"{result.schedule.name}: bubble {result.bubble_rate:.1%}, makespan "
-                     f"{result.makespan:.4g}, memory {result.max_peak_memory_vs_1f1b:.2f}x 1F1B",
-                     fontsize=8, loc="left")  # fmt: skip
-    axes[-1, 0].set_xlabel(f"time ({time_unit}); one row per rank, rank 0 on top")
-    handles = op_legend(a.op for r in results for acts in r.schedule.rank_actions for a in acts)
-    fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure(path, len(results), 1, sharex=True, squeeze=False, rect=(0, 0, 1, 0.97),
+                figsize=(14, 0.28 * sum(heights) + 1),
+                gridspec_kw={"height_ratios": heights}) as (fig, axes):  # fmt: skip
+        for ax, result in zip(axes[:, 0], results):
+            rows = [[(s, d, "", op, 1.0) for s, d, _, op, _ in bars] for bars in sim_bars(result)]
+            draw_bars(ax, rows, linewidth=0.2)
+            ax.set_yticks([])
+            ax.set_xlim(0, horizon)
+            ax.set_title(f"{result.schedule.name}: bubble {result.bubble_rate:.1%}, makespan "
+                         f"{result.makespan:.4g}, memory "
+                         f"{result.max_peak_memory_vs_1f1b:.2f}x 1F1B",
+                         fontsize=8, loc="left")  # fmt: skip
+        axes[-1, 0].set_xlabel(f"time ({time_unit}); one row per rank, rank 0 on top")
+        handles = op_legend(a.op for r in results for acts in r.schedule.rank_actions
+                            for a in acts)  # fmt: skip
+        fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8,
+                   frameon=False)  # fmt: skip
+    return Path(path)
 
 
 _SOURCE_MARKERS = {"nobubble": "o", "torch": "s", "ilp": "D"}
@@ -198,11 +180,16 @@ def frontier_plot(points, path: str | Path, *, title: str = "") -> Path:
     """Bubble rate against peak activation memory, one marker per schedule (its source by
     shape), the Pareto-optimal ones joined by a line. ``points``: a sequence of
     :class:`~nobubble.pipeline.frontier.FrontierPoint` (memory in rank units)."""
-    plt, path = pyplot_for(path)
+    pyplot_for(path)  # the suffix checked before the points
     drawn = [q for q in points if q.ok]
     if not drawn:
         raise ValueError("nothing to draw: no schedule was built")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    with figure(path, figsize=(8, 5), dpi=130) as (_, ax):
+        _draw_frontier(ax, drawn, title)
+    return Path(path)
+
+
+def _draw_frontier(ax, drawn, title: str) -> None:
     for source in sorted({q.source for q in drawn}):
         group = [q for q in drawn if q.source == source]
         ax.scatter([q.peak_memory for q in group], [100 * q.bubble_rate for q in group],
@@ -220,7 +207,3 @@ def frontier_plot(points, path: str | Path, *, title: str = "") -> Path:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=130)
-    plt.close(fig)
-    return path

@@ -112,7 +112,9 @@ def test_small_cases_are_optimal_and_no_worse_than_every_heuristic(p, m, t_f, t_
         costs, num_stages=p, num_microbatches=m, mem_limit=limit, time_limit_s=30, num_workers=2
     )
     assert result.status == "optimal"
-    assert result.objective <= _best_heuristic(costs, p, m, limit, "span")
+    best = _best_heuristic(costs, p, m, limit, "span")
+    assert result.objective <= best
+    assert result.heuristic_objective == pytest.approx(best)  # the warm start: the best fitting
     assert result.heuristic_objective >= result.objective
     _check_schedule(result, costs, limit)
 

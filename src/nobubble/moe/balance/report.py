@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nobubble.files import save_figure
+from nobubble.files import figure
 from nobubble.moe.balance import eplb
 from nobubble.moe.balance.eplb import (
     ExpertPlacement,
@@ -120,31 +120,23 @@ def balance_report(
 
 def plot_balance(report: BalanceReport, path: Path) -> Path:
     """Draw layer 0's per-GPU loads before / after the placement side by side (PNG or SVG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     before, after = report.before[0], report.after[0]  # (G,)
     imbalance = float(load_imbalance(after))
     num_gpus = len(before)
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, num_gpus * 0.35 + 4), 3.5), sharey=True)
-    for ax, loads, title in (
-        (axes[0], before, f"before: max/mean {float(before.max() / before.mean()):.3f}"),
-        (axes[1], after, f"after EPLB: max/mean {imbalance:.3f}"),
-    ):
-        ax.bar(range(num_gpus), loads.tolist(), color="#4c72b0")
-        ax.axhline(float(loads.mean()), color="#c44e52", lw=1, ls="--", label="mean")
-        ax.set_title(title)
-        ax.set_xlabel("GPU")
-    axes[0].set_ylabel("tokens (layer 0)")
-    axes[0].legend()
     p = report.placement
-    fig.suptitle(f"{p.num_replicas} physical experts on {num_gpus} GPUs ({p.policy})")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path)
-    plt.close(fig)
+    size = (max(8, num_gpus * 0.35 + 4), 3.5)
+    with figure(path, 1, 2, figsize=size, sharey=True, dpi=100) as (fig, axes):
+        for ax, loads, title in (
+            (axes[0], before, f"before: max/mean {float(before.max() / before.mean()):.3f}"),
+            (axes[1], after, f"after EPLB: max/mean {imbalance:.3f}"),
+        ):
+            ax.bar(range(num_gpus), loads.tolist(), color="#4c72b0")
+            ax.axhline(float(loads.mean()), color="#c44e52", lw=1, ls="--", label="mean")
+            ax.set_title(title)
+            ax.set_xlabel("GPU")
+        axes[0].set_ylabel("tokens (layer 0)")
+        axes[0].legend()
+        fig.suptitle(f"{p.num_replicas} physical experts on {num_gpus} GPUs ({p.policy})")
     return path
 
 

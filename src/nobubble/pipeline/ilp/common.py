@@ -143,6 +143,7 @@ def _sim_objective(sim: SimResult, objective: str) -> float:
 class _Hint:
     name: str
     orders: list  # per stage [(op, mb)], or per rank [(op, stage, mb)] with several chunks
+    times: dict  # the ASAP start tick of every op, the solver's hint
     int_objective: int
     sim: SimResult
 
@@ -157,17 +158,21 @@ def best_hint(
     """The candidate ``(name, orders)`` of least integer objective among those whose peak fits
     ``problem.mem_limit``, relabelled in order; ``model`` is the problem's module
     (:mod:`.model` or :mod:`.chunks`: ``relabel_in_order``, ``peak_memory``, ``asap_times``,
-    ``objective_of``)."""
-    best: _Hint | None = None
+    ``objective_of``); the winner alone is simulated."""
+    best: tuple[int, str, list, dict] | None = None
+    limit = problem.mem_limit
     for name, raw in candidates:
         orders = model.relabel_in_order(raw)
-        limit = problem.mem_limit
         if limit is not None and max(model.peak_memory(problem, orders)) > limit:
             continue
-        value = model.objective_of(problem, model.asap_times(problem, orders))
-        if best is None or value < best.int_objective:
-            best = _Hint(name, orders, value, simulate(to_schedule(orders, name), costs))
-    return best
+        times = model.asap_times(problem, orders)
+        value = model.objective_of(problem, times)
+        if best is None or value < best[0]:
+            best = (value, name, orders, times)
+    if best is None:
+        return None
+    value, name, orders, times = best
+    return _Hint(name, orders, times, value, simulate(to_schedule(orders, name), costs))
 
 
 def _explain_infeasible(costs: CostModel, mem_limit: float | None) -> str:
@@ -199,7 +204,6 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 def run_cpsat(
     built,
     hint: _Hint | None,
-    hint_times: dict | None,
     *,
     time_limit_s: float,
     num_workers: int | None,
@@ -207,11 +211,11 @@ def run_cpsat(
     time_unit: float,
 ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus, float]:
     """Hint ``built`` (a model with ``model``, ``start`` and ``objective``) with the warm start
-    (``hint_times``: its ASAP start tick of every op) and solve it; return ``(solver, status
-    code, seconds)``. Seeded, so a run repeats."""
-    if hint is not None and hint_times is not None:
+    (its ASAP start tick of every op) and solve it; return ``(solver, status code,
+    seconds)``. Seeded, so a run repeats."""
+    if hint is not None:
         for key, var in built.start.items():
-            built.model.add_hint(var, hint_times[key])
+            built.model.add_hint(var, hint.times[key])
         built.model.add_hint(built.objective, hint.int_objective)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
@@ -235,9 +239,8 @@ def solve_model(
     (:func:`cpsat_result`) named ``name``; ``orders_of`` reads the solver's orders, ``extra``
     adds fields to every result."""
     hint = best_hint(problem, costs, candidates, model, to_schedule)
-    times = None if hint is None else model.asap_times(problem, hint.orders)
     solver, code, seconds = run_cpsat(
-        built, hint, times, time_limit_s=time_limit_s, num_workers=num_workers,
+        built, hint, time_limit_s=time_limit_s, num_workers=num_workers,
         on_solution=on_solution, time_unit=time_unit,
     )  # fmt: skip
     common = {"objective_kind": problem.objective, "solve_seconds": seconds,
