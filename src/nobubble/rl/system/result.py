@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nobubble.files import save_figure
+from nobubble.files import figure
 from nobubble.rl.system.experience import LedgerSummary
 from nobubble.rl.system.types import Span
 from nobubble.trace import Event, summarize, write_chrome_trace
@@ -209,36 +209,26 @@ def plot_runs(results: Mapping[str, RunResult], path: str | Path, *, title: str 
     progress (a task's accuracy against learner updates; an env run's return against env
     steps, the mean of its last 20 training episodes as a line and its greedy evaluations as
     dots, its target dashed), the staleness histogram and each stage's or role's idle ratio."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ((ax_t, ax_s), (ax_h, ax_i)) = plt.subplots(2, 2, figsize=(11, 7.5))
-    env = any(r.env is not None for r in results.values())
-    for label, r in results.items():
-        for ax, x in ((ax_t, "wall_s"), (ax_s, "env_steps" if env else "step")):
-            _draw_curve(ax, r, x, label)
-    progress = "environment steps" if env else "trainer step"
-    targets = {r.target_return for r in results.values() if r.target_return is not None}
-    for ax, xl in ((ax_t, "wall-clock (s)"), (ax_s, progress)):
-        for target in targets:
-            ax.axhline(target, ls="--", color="grey", lw=1, label=f"target {target:g}")
-        ax.set_xlabel(xl)
-        ax.set_ylabel("episode return" if env else "exact-match accuracy (eval set)")
-        if not env:
-            ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    _draw_bars(ax_h, ax_i, results)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure(path, 2, 2, figsize=(11, 7.5)) as (fig, ((ax_t, ax_s), (ax_h, ax_i))):
+        env = any(r.env is not None for r in results.values())
+        for label, r in results.items():
+            for ax, x in ((ax_t, "wall_s"), (ax_s, "env_steps" if env else "step")):
+                _draw_curve(ax, r, x, label)
+        progress = "environment steps" if env else "trainer step"
+        targets = {r.target_return for r in results.values() if r.target_return is not None}
+        for ax, xl in ((ax_t, "wall-clock (s)"), (ax_s, progress)):
+            for target in targets:
+                ax.axhline(target, ls="--", color="grey", lw=1, label=f"target {target:g}")
+            ax.set_xlabel(xl)
+            ax.set_ylabel("episode return" if env else "exact-match accuracy (eval set)")
+            if not env:
+                ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        _draw_bars(ax_h, ax_i, results)
+        if title:
+            fig.suptitle(title)
+    return Path(path)
 
 
 def _draw_curve(ax: Any, r: RunResult, x: str, label: str) -> None:
@@ -268,10 +258,12 @@ def _draw_bars(ax_h: Any, ax_i: Any, results: Mapping[str, RunResult]) -> None:
                  width=width, label=label)  # fmt: skip
         ax_i.bar([j + i * width for j in range(len(stages))],
                  [r.idle_ratio.get(s, 0.0) for s in stages], width=width, label=label)  # fmt: skip
+    center = width * (len(results) - 1) / 2  # ticks under each group of bars
+    ax_h.set_xticks([x + center for x in range(max_lag + 1)], range(max_lag + 1))
     ax_h.set_xlabel("staleness (trainer version - sample version)")
     ax_h.set_ylabel("share of trained samples")
     ax_h.legend(fontsize=8)
-    ax_i.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(stages))], stages)
+    ax_i.set_xticks([j + center for j in range(len(stages))], stages)
     ax_i.set_ylabel("idle ratio")
     ax_i.set_ylim(0, 1)
     ax_i.legend(fontsize=8)
