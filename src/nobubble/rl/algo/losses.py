@@ -1,11 +1,8 @@
-"""Policy-gradient losses: GRPO advantages, PPO clip (with dual clip; decoupled PPO as an
-option), plain PG, KL penalties, and their one aggregation (:func:`aggregate_loss`, verl's
-``agg_loss``).
+"""Policy-gradient losses: GRPO advantages, PPO clip (dual clip; decoupled PPO), plain PG, KL
+penalties, and their one aggregation (:func:`aggregate_loss`, verl's ``agg_loss``).
 
-Shapes: ``B`` sequences (responses) by ``T`` tokens. Every per-token tensor is ``(B, T)``;
-``mask`` is ``(B, T)`` bool or 0/1 float marking the response tokens that count. Sequence
-level quantities (one advantage per response) may be passed as ``(B,)`` and are broadcast
-over tokens.
+Shapes: ``B`` responses by ``T`` tokens; per-token tensors and ``mask`` (bool or 0/1, the tokens
+that count) are ``(B, T)``; per-response ones may be ``(B,)``, broadcast over tokens.
 """
 
 from __future__ import annotations
@@ -36,15 +33,11 @@ KLKind = Literal["k1", "k2", "k3"]
 
 @dataclass(frozen=True)
 class PolicyLossResult:
-    """A policy loss and its diagnostics (detached scalars, masked means over valid tokens).
-
-    Attributes:
-        loss: scalar with gradient, the aggregated loss to call ``backward`` on.
-        clip_fraction: share of tokens where the clipped branch is active (zero gradient).
-        dual_clip_fraction: share of tokens capped by the dual clip (A < 0 and loss > c*|A|).
-        approx_kl: ``E[(r - 1) - log r]`` with ``r = pi / pi_old`` (Schulman's k3, >= 0).
-        behav_weight_mean: mean per-token weight (decoupled PPO's truncated
-            ``pi_prox / pi_behav``, or the ``weights`` given to PPO); None without weights.
+    """A policy ``loss`` (scalar with gradient, to ``backward``) and detached means over the
+    valid tokens: ``clip_fraction`` (clipped branch active: zero gradient),
+    ``dual_clip_fraction`` (``A < 0`` and loss capped at ``c |A|``), ``approx_kl`` (k3,
+    ``E[(r - 1) - log r] >= 0``, ``r = pi / pi_old``) and ``behav_weight_mean`` (the per-token
+    weights' mean: truncated ``pi_prox / pi_behav`` times ``weights``; None without either).
     """
 
     loss: torch.Tensor
@@ -83,25 +76,14 @@ def aggregate_loss(
     global_num_seqs: float | torch.Tensor | None = None,
     norm_length: float | None = None,
 ) -> torch.Tensor:
-    """Reduce a ``(B, T)`` per-token loss to a scalar.
+    """Reduce a ``(B, T)`` float per-token loss to a 0-dim tensor (0 without valid tokens).
 
-    Modes: ``token-mean``: sum over valid tokens / number of valid tokens (with
-    ``global_num_tokens``, the count over the global batch, micro-batch losses sum to the
-    whole batch's); ``seq-mean-token-mean``: each sequence's mean over its tokens, then the
-    mean over sequences; ``seq-mean-token-sum``: each sequence's token sum, then the mean;
-    ``seq-mean-token-sum-norm``: each sequence's token sum / a constant ``norm_length``, then
-    the mean (Dr. GRPO). "Sequences" are those with a valid token, unless
-    ``global_num_seqs`` is given.
-
-    Args:
-        loss_mat: ``(B, T)`` float per-token losses.
-        mask: ``(B, T)`` bool/float, 1 on tokens that count.
-        agg: one of :data:`LOSS_AGG_MODES`.
-        global_num_tokens: denominator for ``token-mean`` (default: valid tokens here).
-        global_num_seqs: denominator for the ``seq-mean-*`` modes.
-        norm_length: constant length for ``seq-mean-token-sum-norm`` (default ``T``).
-    Returns:
-        0-dim tensor; 0 when there are no valid tokens.
+    ``agg`` (:data:`LOSS_AGG_MODES`): ``token-mean``: valid-token sum / ``global_num_tokens``
+    (default: the valid tokens here; the global batch's count makes micro-batch losses sum to
+    the batch's); ``seq-mean-token-mean``: mean of each sequence's token mean;
+    ``seq-mean-token-sum``: mean of token sums; ``seq-mean-token-sum-norm`` (Dr. GRPO): mean of
+    token sums / ``norm_length`` (default ``T``, > 0). The ``seq-mean-*`` means divide by
+    ``global_num_seqs`` (default: the sequences with a valid token).
     """
     mask = _check_mask(loss_mat, mask, "aggregate_loss")
     if agg not in LOSS_AGG_MODES:
@@ -136,31 +118,6 @@ def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, who:
         raise ValueError(f"{who}: dual_clip={dual_clip} must be > 1 (e.g. 3.0) or None")
 
 
-def _clipped_surrogate(
-    ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO's pessimistic surrogate per token; returns ``(loss, is_clipped, is_dual_clipped)``.
-
-    ``loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and, with a dual clip ``c``,
-    ``min(loss, c |A|)`` where ``A < 0`` (Ye et al., 2020). Where the clipped (constant)
-    branch wins, the token's gradient is exactly zero.
-    """
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(loss_unclipped, loss_clipped)
-    is_clipped = loss_clipped > loss_unclipped
-    is_dual = torch.zeros_like(is_clipped)
-    if dual_clip is not None:
-        cap = -advantages * dual_clip  # = c * |A| where A < 0
-        is_dual = (advantages < 0) & (loss > cap)
-        loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
-    return loss, is_clipped, is_dual
-
-
 def ppo_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -179,38 +136,19 @@ def ppo_policy_loss(
     global_num_seqs: float | torch.Tensor | None = None,
     norm_length: float | None = None,
 ) -> PolicyLossResult:
-    """PPO clipped policy loss (Schulman et al., 2017) with asymmetric clip and dual clip,
-    and decoupled PPO (Hilton et al., 2022; AReaL, Fu et al., 2025) when ``behav_logp`` is
-    given.
+    """PPO's clipped policy loss (Schulman et al., 2017), decoupled (Hilton et al., 2022; AReaL)
+    when ``behav_logp`` is given: per token, ``r = pi / pi_old`` and
 
-    Decoupled PPO centres the trust region on a *proximal* policy (recent weights, passed as
-    ``old_logp``) while the data came from an older *behaviour* policy (``behav_logp``). Per
-    token:
+        loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
 
-        loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)),
-        r = pi_theta / pi_prox,   w = pi_prox / pi_behav  (truncated at behav_weight_cap)
-
-    With ``behav_weight_mode="mask"`` tokens whose ``w`` exceeds the cap are dropped instead
-    (AReaL's behaviour). ``behav_logp == old_logp`` gives back plain PPO (``w = 1``).
-
-    Args:
-        logp: ``(B, T)`` log pi_theta(a_t | s_t), with gradient.
-        old_logp: ``(B, T)`` log-probs of the policy the ratio is taken against (no grad):
-            the behaviour policy, or the proximal one when ``behav_logp`` is given.
-        advantages: ``(B, T)`` or ``(B,)`` float.
-        mask: ``(B, T)`` valid-token mask.
-        clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``.
-        dual_clip: ``c > 1`` caps the loss of ``A < 0`` tokens at ``c * |A|``; None = off.
-        agg: aggregation mode, see :func:`aggregate_loss`.
-        weights: optional ``(B, T)``/``(B,)`` per-token multipliers, e.g. truncated IS or
-            staleness weights; treated as constants (multiplied with ``w``).
-        behav_logp: ``(B, T)`` log-probs of the behaviour policy (no grad); None = plain PPO.
-        behav_weight_cap: truncation level for ``w`` (> 0), None = no truncation.
-        behav_weight_mode: ``"truncate"`` or ``"mask"`` (see above).
-        global_num_tokens, global_num_seqs, norm_length: see :func:`aggregate_loss`.
-    Returns:
-        :class:`PolicyLossResult` (``behav_weight_mean`` set with ``weights`` or
-        ``behav_logp``).
+    capped at ``c |A|`` for ``A < 0`` with ``dual_clip = c > 1`` (Ye et al., 2020; None = off).
+    ``logp`` ``(B, T)`` carries the gradient; ``old_logp`` (the policy the ratio is taken
+    against: the proximal one under decoupled PPO), ``advantages``, ``weights`` and
+    ``behav_logp`` are constants, ``(B, T)`` or ``(B,)``. ``w = weights * pi_old / pi_behav``,
+    the latter truncated at ``behav_weight_cap`` (> 0; None = not) or, with
+    ``behav_weight_mode="mask"``, its tokens above the cap dropped; ``behav_logp == old_logp``
+    is plain PPO. ``agg`` and the rest: :func:`aggregate_loss`. Where the clipped (constant)
+    branch wins, a token's gradient is exactly zero.
     """
     who = "ppo_policy_loss"
     _check_clip(clip_low, clip_high, dual_clip, who)
@@ -222,9 +160,15 @@ def ppo_policy_loss(
     )
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
-    loss_mat, is_clipped, is_dual = _clipped_surrogate(
-        ratio, advantages, clip_low, clip_high, dual_clip
-    )
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss_mat = torch.maximum(loss_unclipped, loss_clipped)
+    is_clipped = loss_clipped > loss_unclipped
+    is_dual = torch.zeros_like(is_clipped)
+    if dual_clip is not None:
+        cap = -advantages * dual_clip  # = c * |A| where A < 0
+        is_dual = (advantages < 0) & (loss_mat > cap)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, cap), loss_mat)
     loss = aggregate_loss(
         loss_mat if weights is None else loss_mat * weights,
         mask,
@@ -283,14 +227,9 @@ def policy_gradient_loss(
     global_num_seqs: float | torch.Tensor | None = None,
     norm_length: float | None = None,
 ) -> torch.Tensor:
-    """REINFORCE-style loss ``-w * A * log pi`` (use with V-trace's ``pg_advantages``).
-
-    Args:
-        logp: ``(B, T)`` with gradient; ``advantages``/``weights``: ``(B, T)`` or ``(B,)``,
-            treated as constants; ``mask``: ``(B, T)``.
-    Returns:
-        0-dim loss.
-    """
+    """REINFORCE-style 0-dim loss ``-w * A * log pi`` (use with V-trace's ``pg_advantages``):
+    ``logp`` ``(B, T)`` with gradient; ``advantages``, ``weights`` constants, ``(B, T)`` or
+    ``(B,)``; ``agg`` and the rest: :func:`aggregate_loss`."""
     who = "policy_gradient_loss"
     mask = _check_mask(logp, mask, who)
     advantages = _per_token(advantages, logp, "advantages", who).detach()
@@ -308,17 +247,10 @@ def policy_gradient_loss(
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman, 2020).
-
-    With ``log_r = ref_logp - logp``: ``k1 = -log_r`` (unbiased, can be negative),
-    ``k2 = log_r**2 / 2`` (biased, low variance), ``k3 = (exp(log_r) - 1) - log_r``
-    (unbiased, >= 0). Gradient flows through ``logp``; ``ref_logp`` is a constant.
-
-    Args:
-        logp, ref_logp: same shape, e.g. ``(B, T)``.
-    Returns:
-        Tensor of that shape; aggregate it with :func:`aggregate_loss`.
-    """
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman, 2020),
+    shaped like ``logp`` and ``ref_logp`` (a constant), to :func:`aggregate_loss`. With
+    ``log_r = ref_logp - logp``: ``k1 = -log_r`` (unbiased, can be negative), ``k2 = log_r**2
+    / 2`` (biased, low variance), ``k3 = (exp(log_r) - 1) - log_r`` (unbiased, >= 0)."""
     if logp.shape != ref_logp.shape:
         raise ValueError(
             f"kl_penalty: logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ"
@@ -341,21 +273,13 @@ def grpo_advantages(
     scale: GRPOScale = "group",
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """GRPO's group-relative advantages (Shao et al., 2024) for ``rewards`` laid out group
-    after group: ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` with the *unbiased*
-    std (as in verl and TRL: the group ``[1, 0, 0, 1]`` gives ``+-0.866``); no value function.
-    GAE is :func:`~nobubble.rl.algo.vtrace.vtrace` with ``log_rhos = 0``.
-
-    Args:
-        rewards: ``(N,)`` float, ``N = num_groups * group_size``; responses ``g*group_size ..
-            (g+1)*group_size - 1`` answer the same prompt.
-        group_size: responses per prompt, >= 1.
-        scale: ``"group"`` divides by the group's unbiased std, ``"batch"`` by the unbiased
-            std of the whole batch (REINFORCE++), ``"none"`` does not divide (Dr. GRPO).
-        eps: added to the std before dividing, > 0.
-    Returns:
-        ``(N,)`` advantages, same dtype as ``rewards``, no gradient. Zero-variance groups and
-        singleton groups give exactly 0.
+    """GRPO's group-relative advantages (Shao et al., 2024), ``(N,)`` like ``rewards``
+    ``(N = num_groups * group_size,)`` (a prompt's ``group_size`` responses adjacent), no
+    gradient: ``A_i = (r_i - mean(r_group)) / (std + eps)`` with the *unbiased* std (verl, TRL:
+    ``[1, 0, 0, 1]`` gives ``+-0.866``) of the group (``scale="group"``), of the batch
+    (``"batch"``, REINFORCE++) or no division (``"none"``, Dr. GRPO); ``eps > 0``. Flat and
+    singleton groups give exactly 0. GAE is :func:`~nobubble.rl.algo.vtrace.vtrace` with
+    ``log_rhos = 0``.
     """
     if rewards.dim() != 1:
         raise ValueError(

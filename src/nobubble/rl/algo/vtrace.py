@@ -1,20 +1,14 @@
-"""V-trace off-policy targets (Espeholt et al., 2018, IMPALA), with rlax's lambda.
+"""V-trace off-policy targets (Espeholt et al., 2018, IMPALA) with rlax's lambda.
 
-All tensors are time-major ``[T, B]`` (extra trailing dims allowed). With
-``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``:
+Time-major ``[T, B, ...]``; ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``c_t = lambda min(1,
+rho_t)``, ``vs_T = V(x_T) = bootstrap_value``; by the backward recursion
 
-    vs_t = V(x_t) + sum_{s>=t} (prod_{i=t}^{s-1} gamma_i c_i) * delta_s
-    delta_s = min(rho_bar, rho_s) * (r_s + gamma_s V(x_{s+1}) - V(x_s))
-    c_i = lambda * min(1, rho_i)
-
-computed by the backward recursion ``vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} -
-V(x_{t+1}))``. The policy-gradient advantage is
-
-    A_t = min(rho_bar_pg, rho_t) * (r_t + gamma_t (lambda vs_{t+1} + (1 - lambda) V(x_{t+1}))
+    vs_t - V(x_t) = min(rho_bar, rho_t) (r_t + gamma_t V(x_{t+1}) - V(x_t))
+                    + gamma_t c_t (vs_{t+1} - V(x_{t+1}))
+    A_t = min(rho_bar_pg, rho_t) (r_t + gamma_t (lambda vs_{t+1} + (1 - lambda) V(x_{t+1}))
           - V(x_t))
 
-with ``vs_T = V(x_T) = bootstrap_value`` (rlax ``vtrace_td_error_and_advantage``). Both
-outputs are targets: they carry no gradient, as in DeepMind's scalable_agent.
+(rlax ``vtrace_td_error_and_advantage``). Both are targets without gradient (scalable_agent).
 """
 
 from __future__ import annotations
@@ -29,15 +23,9 @@ __all__ = ["VTraceReturns", "vtrace", "vtrace_from_logits"]
 
 @dataclass(frozen=True)
 class VTraceReturns:
-    """V-trace targets.
-
-    Attributes:
-        vs: ``[T, B, ...]`` value targets, no gradient.
-        pg_advantages: ``[T, B, ...]`` policy-gradient advantages, no gradient.
-        log_rhos: ``[T, B, ...]`` log pi(a|x) - log mu(a|x) they were computed from, no gradient.
-        target_action_log_probs: ``[T, B]`` log pi(a_t|x_t) *with* gradient (for the loss);
-            set by :func:`vtrace_from_logits` only.
-    """
+    """V-trace's ``[T, B, ...]`` targets ``vs`` and ``pg_advantages`` and the ``log_rhos``
+    they came from (no gradient); :func:`vtrace_from_logits` also sets
+    ``target_action_log_probs`` ``[T, B]``, log pi(a_t|x_t) *with* gradient (for the loss)."""
 
     vs: torch.Tensor
     pg_advantages: torch.Tensor
@@ -55,21 +43,11 @@ def vtrace(
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
 ) -> VTraceReturns:
-    """V-trace value targets and policy-gradient advantages.
-
-    Args:
-        log_rhos: ``[T, B, ...]`` float, log pi(a_t|x_t) - log mu(a_t|x_t).
-        discounts: ``[T, B, ...]`` float, gamma_t (0 where the episode ended at t), or one
-            float for all steps.
-        rewards: ``[T, B, ...]`` float.
-        values: ``[T, B, ...]`` float, V(x_t) under the learner's value function.
-        bootstrap_value: ``[B, ...]`` float, V(x_T).
-        clip_rho_threshold: rho_bar for the value target (None = no clipping).
-        clip_pg_rho_threshold: rho_bar for the policy-gradient advantage (None = no clip).
-        lambda_: trace-cutting lambda in [0, 1] (rlax); 1 is the paper's V-trace.
-    Returns:
-        :class:`VTraceReturns`, detached.
-    """
+    """V-trace value targets and policy-gradient advantages (detached), from ``[T, B, ...]``
+    float ``log_rhos`` (log pi - log mu), ``discounts`` (gamma_t, 0 where the episode ended at
+    t; or one float), ``rewards`` and ``values`` (V(x_t)), and ``bootstrap_value`` ``[B, ...]``
+    (V(x_T)). ``clip_rho_threshold`` / ``clip_pg_rho_threshold``: rho_bar / rho_bar_pg (> 0;
+    None = no clip); ``lambda_`` in [0, 1] (1 is the paper's V-trace)."""
     if not 0.0 <= lambda_ <= 1.0:
         raise ValueError(f"vtrace: lambda_={lambda_} must be in [0, 1]")
     for name, thr in (
@@ -92,8 +70,7 @@ def vtrace(
                 f"{tuple(values.shape)}; all time-major inputs must be [T, B, ...] alike"
             )
     with torch.no_grad():
-        log_rhos, discounts, rewards = log_rhos.detach(), discounts.detach(), rewards.detach()
-        values, bootstrap_value = values.detach(), bootstrap_value.detach()
+        log_rhos = log_rhos.detach()  # returned; what no_grad computes has no gradient anyway
         rhos = torch.exp(log_rhos)
         clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
         cs = lambda_ * rhos.clamp(max=1.0)
@@ -126,17 +103,9 @@ def vtrace_from_logits(
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
 ) -> VTraceReturns:
-    """V-trace for softmax policies given as logits (the environment producer's loss).
-
-    Args:
-        behaviour_policy_logits: ``[T, B, A]`` float, logits of the actor (mu).
-        target_policy_logits: ``[T, B, A]`` float, logits of the learner (pi), with gradient.
-        actions: ``[T, B]`` int64 in ``[0, A)``.
-        discounts, rewards, values: ``[T, B]`` float; bootstrap_value: ``[B]``.
-        clip_rho_threshold, clip_pg_rho_threshold, lambda_: as in :func:`vtrace`.
-    Returns:
-        :class:`VTraceReturns` with ``target_action_log_probs`` set.
-    """
+    """:func:`vtrace` for softmax policies given as ``[T, B, A]`` logits of the actor (mu) and
+    the learner (pi, with gradient), ``actions`` ``[T, B]`` int64 in ``[0, A)``, the rest
+    ``[T, B]`` (``bootstrap_value`` ``[B]``); sets ``target_action_log_probs``."""
     if behaviour_policy_logits.shape != target_policy_logits.shape:
         raise ValueError(
             f"vtrace_from_logits: behaviour logits {tuple(behaviour_policy_logits.shape)} and "
