@@ -1,10 +1,5 @@
-"""The RL algorithm toolbox: pure functions and small classes, below the running system.
-
-GRPO advantages, policy losses (PPO with dual clip, decoupled PPO, plain PG, KL penalties),
-V-trace (GAE is its on-policy case), policy lag and staleness weights, prioritized replay and
-gradient aggregation over torch.distributed. The slow references the tests check these
-against live beside the tests (``tests/rl/algo/reference.py``).
-"""
+"""The RL algorithm toolbox below the running system: GRPO advantages, policy losses, V-trace
+(GAE is its on-policy case), staleness weights, prioritized replay, gradient aggregation."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""Gradient aggregation across learner workers over torch.distributed (``RunConfig.aggregation``).
-
-- synchronous mean (:func:`all_reduce_gradients`), token- or staleness-weighted per rank;
-- asynchronous apply: a :class:`ParameterServer` applies each gradient as it arrives, fed by
-  versioned point-to-point messages (:func:`send_versioned`, :func:`recv_versioned`,
-  :class:`VersionedInbox`; tested on gloo, NCCL needs point-to-point from several threads);
-- local SGD (:class:`LocalSGD`): H local steps, then parameters averaged.
-
-Every function takes a :class:`DistContext`, uses its group and device, and waits at most
-``ctx.timeout_s`` for each collective or point-to-point transfer.
+"""Gradient aggregation across learner workers over torch.distributed (``RunConfig.aggregation``):
+a synchronous (token- or staleness-weighted) mean, an asynchronous :class:`ParameterServer` fed
+by versioned point-to-point messages (tested on gloo; NCCL needs point-to-point from several
+threads), and :class:`LocalSGD`. Each wait on a collective or transfer is bounded by the
+:class:`DistContext`'s ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -84,17 +79,10 @@ def all_reduce_gradients(
     op: Literal["mean", "sum"] = "mean",
     weight: float | None = None,
 ) -> float:
-    """Replace each ``p.grad`` by its mean (or sum) over ranks, in one flat all-reduce.
-
-    Args:
-        params: parameters whose ``.grad`` is set (a missing grad counts as zeros).
-        ctx: process-group context.
-        op: ``"mean"``: ``sum_r w_r g_r / sum_r w_r`` (``w_r = weight`` or 1);
-            ``"sum"``: ``sum_r g_r`` (losses normalised by a global count).
-        weight: this rank's weight for ``"mean"``, e.g. ``staleness_weight(lag)``; >= 0.
-    Returns:
-        The normalised weight this rank's gradient received (1/W for a plain mean).
-    """
+    """Replace each ``p.grad`` (a missing one counts as zeros) in one flat all-reduce by
+    ``sum_r w_r g_r / sum_r w_r`` (``op="mean"``; ``w_r``: rank r's ``weight >= 0``, e.g.
+    ``staleness_weight(lag)``, default 1) or ``sum_r g_r`` (``"sum"``: losses normalised by a
+    global count). Returns this rank's normalised weight (1/W for a plain mean)."""
     if op not in ("mean", "sum"):
         raise ValueError(f"all_reduce_gradients: op={op!r}; use 'mean' or 'sum'")
     if weight is not None and (op != "mean" or weight < 0):
@@ -156,18 +144,11 @@ class PushResult:
 
 class ParameterServer:
     """Asynchronous apply: ``push(grad, base_version)`` applies ``staleness_weight(version -
-    base_version, kind) * grad`` with the optimizer in arrival order (one new version each),
-    dropping gradients older than ``max_staleness``; ``pull`` returns ``(version, a copy of
-    the parameters)``. Both hold one lock; the parameters are the caller's, trained in place,
-    so the caller must not change them while another thread pushes.
-
-    Args:
-        params: the parameters (a learner serves its own model).
-        optimizer: steps them (default: plain SGD with ``lr``).
-        lr: learning rate for the default optimizer.
-        staleness_kind: ``"none"`` applies stale gradients at full weight.
-        max_staleness: drop gradients with staleness above this (None = keep all).
-    """
+    base_version, staleness_kind) * grad`` with ``optimizer`` (default: SGD with ``lr``) in
+    arrival order, one new version each, dropping gradients staler than ``max_staleness``
+    (None: none); ``pull`` returns ``(version, a copy of the parameters)``. Both hold one lock;
+    ``params`` are the caller's, trained in place: don't change them while another thread
+    pushes."""
 
     def __init__(
         self,
@@ -219,9 +200,8 @@ _TAG_VERSION, _TAG_TENSORS = 11, 12
 def send_versioned(
     ctx: DistContext, tensors: Sequence[torch.Tensor], version: int, dst: int
 ) -> None:
-    """Send ``version`` and ``tensors`` (one flat message) to rank ``dst``: a gradient and the
-    version of the parameters it was computed on, or parameters and their version. The
-    receiver's ``like`` must match ``tensors`` in shapes and dtype."""
+    """Send ``version`` and ``tensors`` (one flat message; e.g. a gradient and the version of its
+    parameters) to rank ``dst``, whose ``like`` must match them in shapes and dtype."""
     header = torch.tensor([version], dtype=torch.int64, device=ctx.device)
     works = [
         dist.isend(header, dst, group=ctx.group, tag=_TAG_VERSION),
@@ -234,8 +214,7 @@ def send_versioned(
 def recv_versioned(
     ctx: DistContext, like: Sequence[torch.Tensor], src: int
 ) -> tuple[int, list[torch.Tensor]]:
-    """Receive what :func:`send_versioned` sent from rank ``src``: ``(version, tensors)``,
-    the tensors shaped like ``like``."""
+    """``(version, tensors shaped like like)`` that :func:`send_versioned` sent from ``src``."""
     what = f"receiving from rank {src}"
     header = torch.zeros(1, dtype=torch.int64, device=ctx.device)
     _wait(dist.irecv(header, src, group=ctx.group, tag=_TAG_VERSION), ctx, what)
@@ -245,13 +224,10 @@ def recv_versioned(
 
 
 class VersionedInbox:
-    """Versioned messages from the ranks ``sources`` in arrival order, ``per_source`` each.
-
-    One receiving thread per source (gloo's pending receives complete only inside ``wait()``,
-    so they cannot be polled). Lifecycle: the threads start at construction; :meth:`get`
-    (waiting) and :meth:`arrived` (not waiting) return each message once, raising a failed
-    receive with its rank; :meth:`close` joins the threads.
-    """
+    """Versioned messages from the ranks ``sources`` in arrival order, ``per_source`` each, by
+    one receiving thread per source (gloo's receives complete only inside ``wait()``: no
+    polling), started at construction; :meth:`get` (waiting) and :meth:`arrived` (not) return
+    each message once, raising a failed receive with its rank; :meth:`close` joins them."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""Prioritized experience replay on a sum tree (Schaul et al., 2016, proportional variant):
-draws by priority (``|advantage|``, TD error, or a group's reward variance), importance
-weights normalised by their buffer maximum (as in OpenAI baselines; formulas in
-:meth:`PrioritizedReplayBuffer.sample`), ``beta`` annealed towards 1 (:func:`linear_beta`).
-"""
+"""Prioritized experience replay on a sum tree (Schaul et al., 2016, proportional variant),
+importance weights normalised by their buffer maximum (OpenAI baselines)."""
 
 from __future__ import annotations
 
@@ -21,14 +18,10 @@ Item = TypeVar("Item")
 
 class SegmentTree:
     """Complete ``fanout``-ary sum (``op=np.add``) or min (``op=np.minimum``) tree over
-    ``capacity`` leaves: ``root()`` in O(1), ``update`` and (sum tree) ``find_prefix`` in
-    O(log n). Empty leaves hold 0 (sum) or +inf (min).
-
-    ``_levels[0]`` is the root, ``_levels[depth]`` the leaves (padded to ``fanout ** depth``);
-    node ``i`` of level ``l`` has children ``i * fanout .. i * fanout + fanout - 1``. A wide
-    node makes the tree shallow: each level costs a few vectorised numpy calls on a
-    ``(batch, fanout)`` block, so a batch of draws from a million items takes 4 levels.
-    """
+    ``capacity`` leaves (empty: 0 or +inf): ``root()`` in O(1), ``update`` and (sum tree)
+    ``find_prefix`` in O(log n). ``_levels[0]`` is the root, ``_levels[depth]`` the leaves
+    (padded to ``fanout ** depth``); node ``i`` has children ``i * fanout + (0 .. fanout - 1)``.
+    Wide nodes keep it shallow (4 levels for a million items), each level a few numpy calls."""
 
     def __init__(self, capacity: int, op: np.ufunc = np.add, fanout: int = 32) -> None:
         if capacity < 1:
@@ -91,9 +84,9 @@ class SegmentTree:
 
 @dataclass(frozen=True)
 class ReplaySample(Generic[Item]):
-    """A prioritized batch: ``indices`` ``(n,)`` int64 slots (pass them back to
-    ``update_priorities``), ``items`` in draw order, ``weights`` ``(n,)`` float32 IS weights
-    in (0, 1], ``probabilities`` ``(n,)`` float64 ``P(i)`` of each draw."""
+    """A prioritized batch: ``indices`` ``(n,)`` int64 slots (for ``update_priorities``),
+    ``items`` in draw order, ``weights`` ``(n,)`` float32 IS weights in (0, 1] and
+    ``probabilities`` ``(n,)`` float64, each draw's ``P(i)``."""
 
     indices: np.ndarray
     items: list[Item]
@@ -102,19 +95,12 @@ class ReplaySample(Generic[Item]):
 
 
 class PrioritizedReplayBuffer(Generic[Item]):
-    """Ring buffer of ``capacity`` items with proportional prioritized sampling.
-
-    Invariant: slot ``i < len(self)`` holds an item and leaf ``i`` of the sum and min trees
-    holds ``(priority_i + eps)^alpha``; other leaves are empty. When full, ``add`` overwrites
-    the oldest slot. All methods are thread-safe; the buffer pickles (its lock is dropped and
-    made anew).
-
-    Args:
-        capacity: maximum number of items, >= 1.
-        alpha: priority exponent in [0, 1]; 0 = uniform sampling.
-        beta: IS-correction exponent in [0, 1]; 1 = full correction.
-        eps: added to priorities, > 0.
-        seed: seed of the buffer's own ``numpy.random.Generator``.
+    """Ring buffer of ``capacity`` (>= 1) items with proportional prioritized sampling:
+    priority exponent ``alpha`` in [0, 1] (0: uniform), IS-correction exponent ``beta`` in [0, 1]
+    (1: full; anneal it with :func:`linear_beta`), ``eps > 0`` added to priorities, ``seed`` for
+    its own ``numpy.random.Generator``. Invariant: slot ``i < len(self)`` holds an item and leaf
+    ``i`` of the sum and min trees ``(priority_i + eps)^alpha``; other leaves are empty. When
+    full, ``extend`` overwrites the oldest slots. Thread-safe; it pickles (the lock made anew).
     """
 
     def __init__(
@@ -132,11 +118,9 @@ class PrioritizedReplayBuffer(Generic[Item]):
         if eps <= 0:
             raise ValueError(f"PrioritizedReplayBuffer: eps={eps} must be > 0 (e.g. 1e-6)")
         self.capacity, self.alpha, self.beta, self.eps = capacity, alpha, beta, eps
-        self._sum, self._min = SegmentTree(capacity), SegmentTree(capacity, np.minimum)
-        self._items: list[Any] = [None] * capacity
-        self._next, self._size, self._max_priority = 0, 0, 1.0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
+        self.clear()
 
     def __len__(self) -> int:
         return self._size
@@ -185,22 +169,16 @@ class PrioritizedReplayBuffer(Generic[Item]):
         eligible: Callable[[Item], bool] | None = None,
         replace: bool = True,
     ) -> ReplaySample[Item]:
-        """Draw ``batch_size`` items with probability ``P(i)``, i.i.d. (with replacement).
+        """Draw ``batch_size`` items i.i.d. from the set ``E`` of items where ``eligible(item)``
+        (None: all) with probability and IS weight
 
-        ``eligible(item)``: only items for which it is true can be drawn (None: all). Over
-        the eligible set ``E`` (all slots when ``eligible`` is None) a draw has probability
-        and IS weight
+            P_E(i) = (p_i + eps)^alpha / sum_{k in E} (p_k + eps)^alpha
+            w_i = (|E| P_E(i))^(-beta) / max_{j in E} (|E| P_E(j))^(-beta)
 
-            P_E(i) = (p_i + eps)^alpha / sum_{k in E} (p_k + eps)^alpha,  i in E
-            w_i = (|E| * P_E(i))^(-beta) / max_{j in E} (|E| * P_E(j))^(-beta)
-                = (P_E(i) / min_{j in E} P_E(j))^(-beta)
-
-        and ``probabilities`` holds ``P_E`` of each draw. ``replace=False`` draws
-        ``min(batch_size, |E|)`` distinct items by successive sampling (each draw with
-        probability ``P_E`` renormalised over the items not yet drawn); the weights keep
-        the single-draw ``P_E`` above. No eligible item: an empty sample. The unrestricted,
-        with-replacement draw descends the sum tree in O(batch_size * log n); the others
-        cost O(n) (the test runs on every item).
+        (``probabilities``: each draw's ``P_E``). ``replace=False`` draws ``min(batch_size,
+        |E|)`` distinct items by successive sampling (``P_E`` renormalised over the items not
+        yet drawn; the weights keep the single-draw ``P_E``). No eligible item: an empty
+        sample. Cost O(batch_size log n) unrestricted with replacement, otherwise O(n).
         """
         beta = self.beta if beta is None else beta
         if batch_size < 1:
@@ -283,11 +261,9 @@ class PrioritizedReplayBuffer(Generic[Item]):
         """Drop every item: empty trees and slots, the largest priority back to 1 (the
         sampling RNG goes on)."""
         with self._lock:
-            self._sum, self._min = (
-                SegmentTree(self.capacity),
-                SegmentTree(self.capacity, np.minimum),
-            )
-            self._items = [None] * self.capacity
+            self._sum = SegmentTree(self.capacity)
+            self._min = SegmentTree(self.capacity, np.minimum)
+            self._items: list[Any] = [None] * self.capacity
             self._next, self._size, self._max_priority = 0, 0, 1.0
 
 
