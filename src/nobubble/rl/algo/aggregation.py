@@ -88,14 +88,11 @@ def all_reduce_gradients(
     if weight is not None and (op != "mean" or weight < 0):
         raise ValueError(f"all_reduce_gradients: weight={weight} needs op='mean' and weight >= 0")
     grads = filled_grads([p for p in params if p.requires_grad])
-    if op == "sum":
-        _scatter_flat(_flat_all_reduce(grads, ctx, "all_reduce_gradients"), grads)
-        return 1.0
     w = 1.0 if weight is None else float(weight)
     like = grads[0] if grads else torch.empty(0, dtype=torch.float64, device=ctx.device)
     weight_1 = torch.tensor([w], dtype=like.dtype, device=like.device)  # (1,), summed too
     flat = _flat_all_reduce([*(g * w for g in grads), weight_1], ctx, "all_reduce_gradients")
-    total_w = float(flat[-1])
+    total_w = float(flat[-1]) if op == "mean" else 1.0  # "sum": w = 1, nothing to divide
     if total_w <= 0:
         raise ValueError("all_reduce_gradients: every rank passed weight 0; nothing to average")
     _scatter_flat(flat[:-1] / total_w, grads)
@@ -266,10 +263,8 @@ class VersionedInbox:
 
     def arrived(self) -> list[tuple[int, int, list[torch.Tensor]]]:
         """The messages that have arrived and were not taken yet, without waiting."""
-        out = []
-        while not self._inbox.empty():
-            out.append(self._take(self._inbox.get_nowait()))
-        return out
+        # only this thread takes from the queue: qsize() messages are surely there
+        return [self._take(self._inbox.get_nowait()) for _ in range(self._inbox.qsize())]
 
     def _take(self, item: tuple[int, int, Any]) -> tuple[int, int, list[torch.Tensor]]:
         src, version, tensors = item

@@ -104,18 +104,8 @@ def aggregate_loss(
         }[agg]
         total = per_seq.sum()
         denom = (tokens_per_seq > 0).sum() if global_num_seqs is None else global_num_seqs
-    return total / torch.as_tensor(denom, dtype=loss_mat.dtype, device=loss_mat.device).clamp(
-        min=1.0
-    )
-
-
-def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, who: str) -> None:
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"{who}: clip_low={clip_low} must be in [0, 1) (ratio >= 1 - clip_low)")
-    if clip_high < 0.0:
-        raise ValueError(f"{who}: clip_high={clip_high} must be >= 0 (ratio <= 1 + clip_high)")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"{who}: dual_clip={dual_clip} must be > 1 (e.g. 3.0) or None")
+    denom = torch.as_tensor(denom, dtype=loss_mat.dtype, device=loss_mat.device)
+    return total / denom.clamp(min=1.0)
 
 
 def ppo_policy_loss(
@@ -151,7 +141,12 @@ def ppo_policy_loss(
     branch wins, a token's gradient is exactly zero.
     """
     who = "ppo_policy_loss"
-    _check_clip(clip_low, clip_high, dual_clip, who)
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"{who}: clip_low={clip_low} must be in [0, 1) (ratio >= 1 - clip_low)")
+    if clip_high < 0.0:
+        raise ValueError(f"{who}: clip_high={clip_high} must be >= 0 (ratio <= 1 + clip_high)")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"{who}: dual_clip={dual_clip} must be > 1 (e.g. 3.0) or None")
     mask = _check_mask(logp, mask, who)
     old_logp = _per_token(old_logp, logp, "old_logp", who).detach()
     advantages = _per_token(advantages, logp, "advantages", who).detach()

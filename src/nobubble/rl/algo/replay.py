@@ -228,10 +228,8 @@ class PrioritizedReplayBuffer(Generic[Item]):
         priorities: np.ndarray | Sequence[float] | torch.Tensor,
     ) -> None:
         """Set new priorities (e.g. fresh ``|advantage|``) for sampled slots."""
-        if isinstance(priorities, torch.Tensor):
-            priorities = priorities.detach().cpu().double().numpy()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        pr = torch.as_tensor(priorities).detach().cpu().double().numpy().reshape(-1)
         if idx.shape != pr.shape:
             raise ValueError(f"update_priorities: {idx.size} indices but {pr.size} priorities")
         with self._lock:
@@ -241,17 +239,10 @@ class PrioritizedReplayBuffer(Generic[Item]):
                 )
             self._set_priorities(idx, pr)
 
-    def probabilities(self) -> np.ndarray:
-        """``P(i)`` for slots ``0 .. len(self) - 1``, float64."""
-        with self._lock:
-            return self._sum.get(np.arange(self._size)) / self._sum.root()
-
     def __getstate__(self) -> dict[str, Any]:
         """Pickle everything but the lock (a checkpoint holds the buffer, RNG included)."""
         with self._lock:
-            state = self.__dict__.copy()
-        del state["_lock"]
-        return state
+            return {name: value for name, value in self.__dict__.items() if name != "_lock"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -31,11 +31,8 @@ def _as_versions(versions: Sequence[int] | torch.Tensor) -> torch.Tensor:
 
 
 def policy_lag(versions: Sequence[int] | torch.Tensor, current_version: int) -> torch.Tensor:
-    """``current_version - versions`` as int64 ``(N,)``.
-
-    Raises:
-        ValueError: a sample claims a version newer than the learner's.
-    """
+    """``current_version - versions`` as int64 ``(N,)``; ValueError where a sample claims a
+    version newer than the learner's."""
     lag = current_version - _as_versions(versions)
     if lag.numel() and lag.min().item() < 0:
         newest = current_version - lag.min().item()

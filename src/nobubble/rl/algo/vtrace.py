@@ -14,6 +14,7 @@ rho_t)``, ``vs_T = V(x_T) = bootstrap_value``; by the backward recursion
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -95,17 +96,16 @@ def vtrace_from_logits(
     behaviour_policy_logits: torch.Tensor,
     target_policy_logits: torch.Tensor,
     actions: torch.Tensor,
-    discounts: torch.Tensor,
+    discounts: torch.Tensor | float,
     rewards: torch.Tensor,
     values: torch.Tensor,
     bootstrap_value: torch.Tensor,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    lambda_: float = 1.0,
+    **options: Any,
 ) -> VTraceReturns:
     """:func:`vtrace` for softmax policies given as ``[T, B, A]`` logits of the actor (mu) and
     the learner (pi, with gradient), ``actions`` ``[T, B]`` int64 in ``[0, A)``, the rest
-    ``[T, B]`` (``bootstrap_value`` ``[B]``); sets ``target_action_log_probs``."""
+    ``[T, B]`` (``bootstrap_value`` ``[B]``) and ``options`` (``clip_rho_threshold``,
+    ``clip_pg_rho_threshold``, ``lambda_``) as there; sets ``target_action_log_probs``."""
     if behaviour_policy_logits.shape != target_policy_logits.shape:
         raise ValueError(
             f"vtrace_from_logits: behaviour logits {tuple(behaviour_policy_logits.shape)} and "
@@ -119,14 +119,6 @@ def vtrace_from_logits(
     index = actions.unsqueeze(-1)  # [T, B, 1]
     behaviour_lp = F.log_softmax(behaviour_policy_logits.detach(), -1).gather(-1, index)
     target_lp = F.log_softmax(target_policy_logits, -1).gather(-1, index).squeeze(-1)  # [T, B]
-    out = vtrace(
-        (target_lp - behaviour_lp.squeeze(-1)).detach(),
-        discounts,
-        rewards,
-        values,
-        bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
-        lambda_=lambda_,
-    )
+    log_rhos = target_lp - behaviour_lp.squeeze(-1)  # [T, B]; vtrace detaches it
+    out = vtrace(log_rhos, discounts, rewards, values, bootstrap_value, **options)
     return VTraceReturns(out.vs, out.pg_advantages, out.log_rhos, target_lp)
