@@ -1,9 +1,7 @@
-"""Gradient aggregation across learner workers over torch.distributed (``RunConfig.aggregation``):
-a synchronous (token- or staleness-weighted) mean, an asynchronous :class:`ParameterServer` fed
-by versioned point-to-point messages (tested on gloo; NCCL needs point-to-point from several
-threads), and :class:`LocalSGD`. Each wait on a collective or transfer is bounded by the
-:class:`DistContext`'s ``timeout_s``.
-"""
+"""Gradient aggregation over torch.distributed (``RunConfig.aggregation``): a weighted mean, an
+async :class:`ParameterServer` fed by versioned point-to-point messages (tested on gloo; NCCL
+needs point-to-point from several threads), :class:`LocalSGD`; each wait bounded by
+``ctx.timeout_s``."""
 
 from __future__ import annotations
 
@@ -143,9 +141,8 @@ class ParameterServer:
     """Asynchronous apply: ``push(grad, base_version)`` applies ``staleness_weight(version -
     base_version, staleness_kind) * grad`` with ``optimizer`` (default: SGD with ``lr``) in
     arrival order, one new version each, dropping gradients staler than ``max_staleness``
-    (None: none); ``pull`` returns ``(version, a copy of the parameters)``. Both hold one lock;
-    ``params`` are the caller's, trained in place: don't change them while another thread
-    pushes."""
+    (None: none); ``pull`` returns ``(version, parameter copies)``. Both hold one lock;
+    ``params`` are trained in place: don't change them while another thread pushes."""
 
     def __init__(
         self,

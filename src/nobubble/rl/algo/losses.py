@@ -131,14 +131,13 @@ def ppo_policy_loss(
 
         loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
 
-    capped at ``c |A|`` for ``A < 0`` with ``dual_clip = c > 1`` (Ye et al., 2020; None = off).
-    ``logp`` ``(B, T)`` carries the gradient; ``old_logp`` (the policy the ratio is taken
-    against: the proximal one under decoupled PPO), ``advantages``, ``weights`` and
-    ``behav_logp`` are constants, ``(B, T)`` or ``(B,)``. ``w = weights * pi_old / pi_behav``,
-    the latter truncated at ``behav_weight_cap`` (> 0; None = not) or, with
-    ``behav_weight_mode="mask"``, its tokens above the cap dropped; ``behav_logp == old_logp``
-    is plain PPO. ``agg`` and the rest: :func:`aggregate_loss`. Where the clipped (constant)
-    branch wins, a token's gradient is exactly zero.
+    capped at ``c |A|`` for ``A < 0`` with ``dual_clip = c > 1`` (Ye et al., 2020; None = off);
+    a token where the clipped branch wins has zero gradient. Only ``logp`` ``(B, T)`` carries
+    gradient; ``old_logp`` (the proximal policy under decoupled PPO), ``advantages``, ``weights``
+    and ``behav_logp`` are ``(B, T)`` or ``(B,)``. ``w = weights * pi_old / pi_behav``, the
+    latter truncated at ``behav_weight_cap`` (> 0; None = not) or, ``behav_weight_mode="mask"``,
+    its tokens above the cap dropped (``behav_logp == old_logp``: plain PPO). ``agg`` and the
+    rest: :func:`aggregate_loss`.
     """
     who = "ppo_policy_loss"
     if not 0.0 <= clip_low < 1.0:

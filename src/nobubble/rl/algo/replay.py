@@ -95,13 +95,12 @@ class ReplaySample(Generic[Item]):
 
 
 class PrioritizedReplayBuffer(Generic[Item]):
-    """Ring buffer of ``capacity`` (>= 1) items with proportional prioritized sampling:
-    priority exponent ``alpha`` in [0, 1] (0: uniform), IS-correction exponent ``beta`` in [0, 1]
-    (1: full; anneal it with :func:`linear_beta`), ``eps > 0`` added to priorities, ``seed`` for
-    its own ``numpy.random.Generator``. Invariant: slot ``i < len(self)`` holds an item and leaf
-    ``i`` of the sum and min trees ``(priority_i + eps)^alpha``; other leaves are empty. When
-    full, ``extend`` overwrites the oldest slots. Thread-safe; it pickles (the lock made anew).
-    """
+    """Ring buffer of ``capacity`` (>= 1) items, prioritized by ``(priority + eps)^alpha``
+    (``alpha`` in [0, 1], 0: uniform; ``eps > 0``), IS-corrected by ``beta`` in [0, 1] (1: full;
+    anneal it with :func:`linear_beta`), drawing with its own generator from ``seed``.
+    Invariant: slot ``i < len(self)`` holds an item and leaf ``i`` of the sum and min trees its
+    leaf value; other leaves are empty. Full, ``extend`` overwrites the oldest. Thread-safe;
+    it pickles (the lock made anew)."""
 
     def __init__(
         self,
@@ -176,10 +175,9 @@ class PrioritizedReplayBuffer(Generic[Item]):
             w_i = (|E| P_E(i))^(-beta) / max_{j in E} (|E| P_E(j))^(-beta)
 
         (``probabilities``: each draw's ``P_E``). ``replace=False`` draws ``min(batch_size,
-        |E|)`` distinct items by successive sampling (``P_E`` renormalised over the items not
-        yet drawn; the weights keep the single-draw ``P_E``). No eligible item: an empty
-        sample. Cost O(batch_size log n) unrestricted with replacement, otherwise O(n).
-        """
+        |E|)`` distinct items by successive sampling (``P_E`` renormalised over those not yet
+        drawn; weights as above); no eligible item: an empty sample. O(batch_size log n)
+        unrestricted with replacement, otherwise O(n)."""
         beta = self.beta if beta is None else beta
         if batch_size < 1:
             raise ValueError(f"sample: batch_size={batch_size} must be >= 1")
@@ -195,14 +193,9 @@ class PrioritizedReplayBuffer(Generic[Item]):
                 p_min = self._min.root() / total
             else:
                 idx, probs, p_min = self._draw_among(batch_size, eligible, replace)
-            weights = (probs / p_min) ** (-beta)
+            weights = torch.as_tensor((probs / p_min) ** (-beta), dtype=torch.float32)
             items = [self._items[i] for i in idx.tolist()]
-        return ReplaySample(
-            indices=idx,
-            items=items,
-            weights=torch.as_tensor(weights, dtype=torch.float32),
-            probabilities=probs,
-        )
+        return ReplaySample(idx, items, weights, probs)
 
     def _draw_among(
         self, batch_size: int, eligible: Callable[[Item], bool] | None, replace: bool

@@ -54,12 +54,9 @@ def staleness_weight(gap: float, kind: StalenessKind = ..., *, half_life: float 
 def staleness_weight(
     gap: float | torch.Tensor, kind: StalenessKind = "inverse", *, half_life: float = 1.0
 ) -> float | torch.Tensor:
-    """Weight of a gradient or sample that is ``gap`` policy versions old.
-
-    ``"inverse"``: ``1 / (1 + gap)`` (gap 0, 1, 3 -> 1, 1/2, 1/4); ``"exp"``:
-    ``0.5 ** (gap / half_life)``; ``"none"``: 1. A float in gives a float out; a tensor in
-    gives a float tensor of the same shape.
-    """
+    """Weight of a gradient or sample ``gap`` policy versions old (a float for a float, a float
+    tensor for a tensor): ``"inverse"``: ``1 / (1 + gap)`` (gap 0, 1, 3 -> 1, 1/2, 1/4);
+    ``"exp"``: ``0.5 ** (gap / half_life)``; ``"none"``: 1."""
     if kind not in _KINDS:
         raise ValueError(f"staleness_weight: kind={kind!r}; use one of {_KINDS}")
     if half_life <= 0:

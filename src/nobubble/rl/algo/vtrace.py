@@ -1,15 +1,12 @@
-"""V-trace off-policy targets (Espeholt et al., 2018, IMPALA) with rlax's lambda.
-
-Time-major ``[T, B, ...]``; ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``c_t = lambda min(1,
-rho_t)``, ``vs_T = V(x_T) = bootstrap_value``; by the backward recursion
+"""V-trace targets (Espeholt et al., 2018, IMPALA) with rlax's lambda, time-major ``[T, B, ...]``.
+With ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``c_t = lambda min(1, rho_t)``, ``vs_T = V(x_T)``:
 
     vs_t - V(x_t) = min(rho_bar, rho_t) (r_t + gamma_t V(x_{t+1}) - V(x_t))
                     + gamma_t c_t (vs_{t+1} - V(x_{t+1}))
     A_t = min(rho_bar_pg, rho_t) (r_t + gamma_t (lambda vs_{t+1} + (1 - lambda) V(x_{t+1}))
           - V(x_t))
 
-(rlax ``vtrace_td_error_and_advantage``). Both are targets without gradient (scalable_agent).
-"""
+(rlax ``vtrace_td_error_and_advantage``), both without gradient (scalable_agent)."""
 
 from __future__ import annotations
 
