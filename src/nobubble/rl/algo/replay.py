@@ -121,6 +121,15 @@ class PrioritizedReplayBuffer(Generic[Item]):
         self._lock = threading.Lock()
         self.clear()
 
+    def clear(self) -> None:
+        """Drop every item: empty trees and slots, the largest priority back to 1 (the
+        sampling RNG goes on)."""
+        with self._lock:
+            self._sum = SegmentTree(self.capacity)
+            self._min = SegmentTree(self.capacity, np.minimum)
+            self._items: list[Any] = [None] * self.capacity
+            self._next, self._size, self._max_priority = 0, 0, 1.0
+
     def __len__(self) -> int:
         return self._size
 
@@ -240,15 +249,6 @@ class PrioritizedReplayBuffer(Generic[Item]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-
-    def clear(self) -> None:
-        """Drop every item: empty trees and slots, the largest priority back to 1 (the
-        sampling RNG goes on)."""
-        with self._lock:
-            self._sum = SegmentTree(self.capacity)
-            self._min = SegmentTree(self.capacity, np.minimum)
-            self._items: list[Any] = [None] * self.capacity
-            self._next, self._size, self._max_priority = 0, 0, 1.0
 
 
 def linear_beta(step: int, total_steps: int, beta0: float = 0.4) -> float:
