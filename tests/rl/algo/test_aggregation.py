@@ -169,6 +169,9 @@ def _distributed_worker(ctx: DistContext, steps: int) -> dict[str, object]:
                 w = staleness_weight(ctx.rank)
                 out["weight"] = all_reduce_gradients(model.parameters(), ctx, weight=w)
                 out["weighted_grads"] = [p.grad.clone() for p in model.parameters()]
+                _grads(model, x[s], y[s])
+                out["sum_weight"] = all_reduce_gradients(model.parameters(), ctx, op="sum")
+                out["summed_grads"] = [p.grad.clone() for p in model.parameters()]
                 break
             opt.step()
             if mode.startswith("local"):
@@ -201,8 +204,11 @@ def test_distributed_sync_local_sgd_weighted_and_async_over_gloo() -> None:
         sum(w * g[p] for w, g in zip(raw, shard_grads)) / sum(raw)
         for p in range(len(shard_grads[0]))
     ]
+    summed = [sum(g[p] for g in shard_grads) for p in range(len(shard_grads[0]))]
     for r in results:
         _assert_params_close(r["weighted_grads"], expected)
+        _assert_params_close(r["summed_grads"], summed)  # op="sum": no weights, no division
+        assert r["sum_weight"] == 1.0
     _check_async_log(results, steps)
 
 
