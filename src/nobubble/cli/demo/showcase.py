@@ -12,7 +12,7 @@ from pathlib import Path
 from nobubble.cli.util import console, print_table
 from nobubble.files import write_text
 
-__all__ = ["handshake", "merge", "moe", "moe_balance", "moe_fastpath", "replan"]
+__all__ = ["merge", "moe", "moe_balance", "moe_fastpath", "rank_traces", "replan"]
 
 
 def merge(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -34,27 +34,21 @@ def merge(out: Path, quick: bool, seed: int) -> list[Path]:
     return []
 
 
-def handshake(out: Path, quick: bool, seed: int) -> list[Path]:
-    """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
-    import dataclasses
+def rank_traces(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Four ranks' own traces, ``trace/rank{0..3}.json``: each rank starts later than the one
+    before (the pipeline fill bubble) and waits a random while between its steps."""
+    from nobubble.trace import Event, write_chrome_trace
 
-    from nobubble.pipeline import CostModel, get_schedule
-    from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
-    from nobubble.pipeline.plot import gantt_grid
-
-    p, m = 8, 24
-    costs = CostModel.paper_model("1.5B", p)
-    plan = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
-    slow = Perturbation(stragglers=(Straggler(rank=p // 2, factor=1.5),))
-    runs = []
-    for policy in ("static", "handshake"):
-        res = simulate_dispatch(plan, costs, policy=policy, perturbation=slow)
-        name = f"zb-h1 {policy}, rank {p // 2} 1.5x slow ({res.deviations} ops moved)"
-        runs.append(dataclasses.replace(res.sim, schedule=res.sim.schedule.renamed(name)))
-        print(f"  {policy:9} bubble {res.bubble_rate:6.2%}  makespan {res.sim.makespan:7.1f} ms")
-    png = out / "pipeline" / "handshake_straggler_p8_m24.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    return [gantt_grid(runs, png)]
+    rng = random.Random(seed)
+    files = []
+    for rank in range(4):
+        t, events = rank * 150.0, []
+        for i in range(8):
+            dur = rng.uniform(80, 120)
+            events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
+            t += dur + rng.uniform(0, 40)  # waiting for the neighbour
+        files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
+    return files
 
 
 def replan(out: Path, quick: bool, seed: int) -> list[Path]:
