@@ -28,8 +28,8 @@ def test_handshake_step_draws_static_and_handshake_under_a_straggler(tmp_path, c
 
 
 def test_replan_step_moves_layers_off_the_slow_rank_and_draws_it(tmp_path, capsys) -> None:
+    from nobubble.bench.showcase import replan as run
     from nobubble.cli.demo import STEPS
-    from nobubble.cli.demo.showcase import replan as run
 
     assert "pipeline re-planning" in dict(STEPS)
     (png,) = run(tmp_path, quick=True, seed=0)

@@ -1,6 +1,6 @@
 """``nobubble demo``: a tour of every capability, each step of :data:`STEPS` a row of
 ``nobubble`` command lines run as the user would and, where no command shows it, functions of
-:mod:`.showcase`; it ends with a table of step times and artifacts."""
+:mod:`nobubble.bench.showcase`; it ends with a table of step times and artifacts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nobubble.cli.demo import showcase
+from nobubble.bench import showcase
 from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
 
 Step = Callable[[Path, bool, int], list[Path]]
