@@ -29,6 +29,8 @@ __all__ = [
     "proc_stat",
 ]
 
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # the formats a plot is written in, by the suffix
+
 
 def read_input_text(
     path: str | os.PathLike[str], fix: str, error: type[ValueError] = ValueError
@@ -159,7 +161,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
     """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
     path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
     import matplotlib
 
