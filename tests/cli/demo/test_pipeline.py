@@ -11,6 +11,8 @@ def test_demo_writes_png(tmp_path, capsys):
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "ZB-2p over 1F1B" in out and "Rank 3:" in out
+    # --quick takes the QUICK side of the step's "--no-torch|" word
+    assert f"--plot {tmp_path}/pipeline_gantt.png --no-torch\n" in out
 
 
 def test_handshake_step_draws_static_and_handshake_under_a_straggler(tmp_path, capsys) -> None:
