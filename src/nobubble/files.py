@@ -24,7 +24,6 @@ __all__ = [
     "write_text",
     "pyplot_for",
     "figure",
-    "save_figure",
     "claim_output",
     "proc_stat",
 ]
@@ -188,17 +187,10 @@ def figure(
     try:
         yield fig, axes
         fig.tight_layout(rect=rect)
-        save_figure(fig, path, dpi=dpi, bbox_inches=bbox_inches)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=dpi, bbox_inches=bbox_inches)
     finally:
         plt.close(fig)
-
-
-def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-    """``fig.savefig`` to ``path`` atomically (the format from the suffix); returns the path."""
-    target = Path(path)
-    with atomic_path(target) as tmp:
-        fig.savefig(tmp, format=target.suffix.lstrip(".") or None, **kwargs)
-    return target
 
 
 def proc_stat(pid: int | None) -> list[str] | None:
