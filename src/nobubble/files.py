@@ -24,10 +24,11 @@ __all__ = [
     "write_text",
     "pyplot_for",
     "figure",
-    "save_figure",
     "claim_output",
     "proc_stat",
 ]
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")  # the formats a plot is written in, by the suffix
 
 
 def read_input_text(
@@ -159,7 +160,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
     """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
     path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
     import matplotlib
 
@@ -186,17 +187,10 @@ def figure(
     try:
         yield fig, axes
         fig.tight_layout(rect=rect)
-        save_figure(fig, path, dpi=dpi, bbox_inches=bbox_inches)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=dpi, bbox_inches=bbox_inches)
     finally:
         plt.close(fig)
-
-
-def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-    """``fig.savefig`` to ``path`` atomically (the format from the suffix); returns the path."""
-    target = Path(path)
-    with atomic_path(target) as tmp:
-        fig.savefig(tmp, format=target.suffix.lstrip(".") or None, **kwargs)
-    return target
 
 
 def proc_stat(pid: int | None) -> list[str] | None:

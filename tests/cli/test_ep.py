@@ -111,7 +111,7 @@ def test_bench_config_rejects_unknown_transport():
 
 
 def test_demo_step(tmp_path):
-    from nobubble.cli.demo.showcase import moe as run
+    from nobubble.bench.showcase import moe as run
 
     paths = run(tmp_path, quick=True, seed=0)
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)

@@ -51,34 +51,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM runs the finally blocks (stopping ranks, removing shared memory), as Ctrl-C does
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
-        rc = func(args)
-    except (UsageError, ValueError) as err:
-        if os.environ.get("NOBUBBLE_DEBUG"):
-            raise
-        print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:
-        if isinstance(err, Terminated):
-            print(f"{parser.prog} {args.command}: terminated", file=sys.stderr)
-            return 128 + signal.SIGTERM
-        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return int(func(args) or 0)
     except BrokenPipeError:  # `nobubble ... --json | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as err:  # anything else is our failure, still shown in one line
-        if os.environ.get("NOBUBBLE_DEBUG"):
+    except (Exception, KeyboardInterrupt) as err:
+        rc, what = _failure(err)
+        if rc <= 2 and os.environ.get("NOBUBBLE_DEBUG"):
             raise
-        print(
-            f"{parser.prog} {args.command}: failed: {type(err).__name__}: {err} "
-            "(NOBUBBLE_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        print(f"{parser.prog} {args.command}: {what}", file=sys.stderr)
+        return rc
     finally:
         if main_thread:  # None: a handler not set from Python; the default stands in
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-    return int(rc or 0)
+
+
+def _failure(err: BaseException) -> tuple[int, str]:
+    """The exit status and one line of an exception: a user's mistake (``UsageError``,
+    ``ValueError``) 2, SIGTERM 143, Ctrl-C 130, anything else our failure, 1."""
+    if isinstance(err, UsageError | ValueError):
+        return 2, f"error: {err}"
+    if isinstance(err, Terminated):
+        return 128 + signal.SIGTERM, "terminated"
+    if isinstance(err, KeyboardInterrupt):
+        return 130, "interrupted"
+    return 1, f"failed: {type(err).__name__}: {err} (NOBUBBLE_DEBUG=1 shows the traceback)"
 
 
 class Terminated(KeyboardInterrupt):

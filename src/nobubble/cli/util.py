@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nobubble.bench.output import console, print_table
-from nobubble.files import check_output_dir, check_output_file
+from nobubble.files import FIGURE_SUFFIXES, check_output_dir, check_output_file
 from nobubble.validation import finite
 
 __all__ = [
@@ -87,9 +87,6 @@ def output_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
-
-
 def plot_file(text: str) -> Path:
     """argparse type: a figure file that can be written, its format from a suffix matplotlib
     writes (checked before any work, not after the run)."""
@@ -116,14 +113,11 @@ positive_float = functools.partial(_number, float, minimum=0.0, strict=True)
 nonneg_float = functools.partial(_number, float, minimum=0.0, strict=False)
 
 
-SEED_LIMIT = 2**63
-"""Seeds are below this: torch.manual_seed takes a 64-bit integer and no more."""
-
-
 def seed_int(text: str) -> int:
-    """argparse type: a random seed, an integer >= 0 and < 2**63 (what torch can take)."""
+    """argparse type: a random seed, an integer >= 0 and < 2**63 (torch.manual_seed takes a
+    64-bit integer and no more)."""
     value = nonneg_int(text)
-    if value >= SEED_LIMIT:
+    if value >= 2**63:
         raise argparse.ArgumentTypeError(f"{text} must be < 2**63 (a 64-bit seed)")
     return value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nobubble.cli.demo.showcase import moe_balance as run
+from nobubble.bench.showcase import moe_balance as run
 
 
 def test_balance_demo_quick(tmp_path, capsys):

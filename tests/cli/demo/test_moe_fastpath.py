@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from nobubble.cli.demo.showcase import moe_fastpath as run
+from nobubble.bench.showcase import moe_fastpath as run
 
 
 def test_fastpath_demo_step(tmp_path):

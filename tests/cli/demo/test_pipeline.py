@@ -4,34 +4,36 @@ from __future__ import annotations
 
 
 def test_demo_writes_png(tmp_path, capsys):
-    from nobubble.cli.demo import _schedules_step, steps
+    from nobubble.cli.demo import run_step
 
-    assert ("pipeline schedules", _schedules_step) in steps()
-    paths = _schedules_step(tmp_path, True, 0)
+    paths = run_step("pipeline schedules", tmp_path, True, 0)
     assert [p.name for p in paths] == ["pipeline_gantt.png"]
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "ZB-2p over 1F1B" in out and "Rank 3:" in out
+    # --quick takes the QUICK side of the step's "--no-torch|" word
+    assert f"--plot {tmp_path}/pipeline_gantt.png --no-torch\n" in out
 
 
 def test_handshake_step_draws_static_and_handshake_under_a_straggler(tmp_path, capsys) -> None:
-    from nobubble.cli.demo import steps
-    from nobubble.cli.demo.showcase import handshake as _handshake_step
+    from nobubble.cli.demo import run_step
 
-    assert "pipeline handshake" in [name for name, _ in steps()]
-    (png,) = _handshake_step(tmp_path, True, 0)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    lines = [x.split() for x in capsys.readouterr().out.splitlines() if "bubble" in x]
-    bubbles = {parts[0]: float(parts[2].rstrip("%")) for parts in lines}
-    assert set(bubbles) == {"static", "handshake"}
-    assert bubbles["handshake"] <= bubbles["static"]  # the straggler's waits are filled
+    pngs = run_step("pipeline handshake", tmp_path, True, 0)
+    names = ["handshake_static_p8_m24.png", "handshake_handshake_p8_m24.png"]
+    assert [p.name for p in pngs] == names
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    out = capsys.readouterr().out
+    static, handshake = (
+        float(x.split()[2].rstrip("%")) for x in out.splitlines() if x.startswith("bubble rate")
+    )
+    assert handshake <= static  # the straggler's waits are filled
 
 
 def test_replan_step_moves_layers_off_the_slow_rank_and_draws_it(tmp_path, capsys) -> None:
-    from nobubble.cli.demo import steps
-    from nobubble.cli.demo.showcase import replan as run
+    from nobubble.bench.showcase import replan as run
+    from nobubble.cli.demo import STEPS
 
-    assert "pipeline re-planning" in [name for name, _ in steps()]
+    assert "pipeline re-planning" in dict(STEPS)
     (png,) = run(tmp_path, quick=True, seed=0)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
@@ -42,10 +44,10 @@ def test_replan_step_moves_layers_off_the_slow_rank_and_draws_it(tmp_path, capsy
 
 
 def test_plan_step_plans_torch_modules_and_shows_the_naive_plan(tmp_path, capsys) -> None:
-    from nobubble.cli.demo import steps
+    from nobubble.cli.demo import run_step
     from nobubble.pipeline.plan import Plan
 
-    plan, png = dict(steps())["pipeline planning"](tmp_path, True, 0)
+    plan, png = run_step("pipeline planning", tmp_path, True, 0)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     p = Plan.from_json(plan.read_text())
     assert p.num_blocks == 6 and p.num_ranks == 2

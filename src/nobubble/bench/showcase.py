@@ -9,10 +9,10 @@ import random
 import time
 from pathlib import Path
 
-from nobubble.cli.util import console, print_table
+from nobubble.bench.output import console, print_table
 from nobubble.files import write_text
 
-__all__ = ["handshake", "merge", "moe", "moe_balance", "moe_fastpath", "replan"]
+__all__ = ["merge", "moe", "moe_balance", "moe_fastpath", "rank_traces", "replan"]
 
 
 def merge(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -34,27 +34,21 @@ def merge(out: Path, quick: bool, seed: int) -> list[Path]:
     return []
 
 
-def handshake(out: Path, quick: bool, seed: int) -> list[Path]:
-    """ZB-H1 with one rank 1.5x slow: the static order against the handshake, as Gantt charts."""
-    import dataclasses
+def rank_traces(out: Path, quick: bool, seed: int) -> list[Path]:
+    """Four ranks' own traces, ``trace/rank{0..3}.json``: each rank starts later than the one
+    before (the pipeline fill bubble) and waits a random while between its steps."""
+    from nobubble.trace import Event, write_chrome_trace
 
-    from nobubble.pipeline import CostModel, get_schedule
-    from nobubble.pipeline.dispatch import Perturbation, Straggler, simulate_dispatch
-    from nobubble.pipeline.plot import gantt_grid
-
-    p, m = 8, 24
-    costs = CostModel.paper_model("1.5B", p)
-    plan = get_schedule("zb-h1", num_ranks=p, num_microbatches=m)
-    slow = Perturbation(stragglers=(Straggler(rank=p // 2, factor=1.5),))
-    runs = []
-    for policy in ("static", "handshake"):
-        res = simulate_dispatch(plan, costs, policy=policy, perturbation=slow)
-        name = f"zb-h1 {policy}, rank {p // 2} 1.5x slow ({res.deviations} ops moved)"
-        runs.append(dataclasses.replace(res.sim, schedule=res.sim.schedule.renamed(name)))
-        print(f"  {policy:9} bubble {res.bubble_rate:6.2%}  makespan {res.sim.makespan:7.1f} ms")
-    png = out / "pipeline" / "handshake_straggler_p8_m24.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    return [gantt_grid(runs, png)]
+    rng = random.Random(seed)
+    files = []
+    for rank in range(4):
+        t, events = rank * 150.0, []
+        for i in range(8):
+            dur = rng.uniform(80, 120)
+            events.append(Event(f"step{i}", "compute", rank, t, dur, {"microbatch": i}))
+            t += dur + rng.uniform(0, 40)  # waiting for the neighbour
+        files.append(write_chrome_trace(out / "trace" / f"rank{rank}.json", events))
+    return files
 
 
 def replan(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -70,9 +64,7 @@ def replan(out: Path, quick: bool, seed: int) -> list[Path]:
         [[s, f"{ms:.0f}", str(tuple(sizes)), "yes" if s in h.replanned_at else ""]
          for s, (ms, sizes) in enumerate(zip(h.step_ms, h.sizes, strict=True))],
     )  # fmt: skip
-    png = Path(out) / "pipeline" / "replan_steps.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    return [plot_replan(h, setup, png)]
+    return [plot_replan(h, setup, out / "pipeline" / "replan_steps.png")]
 
 
 def moe(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -100,7 +92,7 @@ def moe(out: Path, quick: bool, seed: int) -> list[Path]:
         f"{s['imbalance'][-1]:.2f} (bias updated by rate * sign(mean - load) after each step)"
     )
     png = plot_loads(check.loads, out / "moe" / "load_balance.png")
-    summary = write_text(out / "moe" / "ep_demo.json", json.dumps(s, indent=2) + "\n")
+    summary = _write_json(out / "moe" / "ep_demo.json", s)
     if max(s["max_rel_output_diff"], s["max_rel_grad_diff"]) > 1e-5:
         raise RuntimeError(f"MoE layer disagrees with the reference MoE: {s}")
     return [png, summary]
@@ -140,18 +132,7 @@ def moe_fastpath(out: Path, quick: bool, seed: int) -> list[Path]:
     res["overlap"] = fp.run_overlap(256 if quick else 1024, config, iters=2 if quick else 3,
                                     picture=picture)  # fmt: skip
     ep_tables.print_overlap(res["overlap"])
-    rows, hier = res["transports"]["rows"], res["hierarchical"]
-    con.print(
-        f"shared memory vs gloo, dispatch + combine: {rows['gloo']['dispatch_plus_combine_ms']:.1f}"
-        f" -> {rows['shm']['dispatch_plus_combine_ms']:.1f} ms "
-        f"({res['transports']['speedup_shm_over_gloo']:.1f}x, bit-equal "
-        f"{res['transports']['bit_equal']}); hierarchical crosses nodes with "
-        f"{hier['inter_node_bytes_hierarchical'] / hier['inter_node_bytes_flat']:.3f} of flat's "
-        f"bytes; FP8 / bf16 bytes {res['low_latency']['fp8_over_bf16_bytes']:.3f}; chunked "
-        f"overlap hid {100 * res['overlap']['rows']['shm']['chunked overlap']['communication_hidden']:.0f}%"
-        " of the communication"
-    )
-    summary = write_text(out / "moe" / "fastpaths.json", json.dumps(res, indent=2) + "\n")
+    summary = _write_json(out / "moe" / "fastpaths.json", res)
     if problems := fp.fastpath_problems(res):
         raise RuntimeError("MoE fast paths: " + "; ".join(problems))
     return [summary, picture]
@@ -179,6 +160,9 @@ def moe_balance(out: Path, quick: bool, seed: int) -> list[Path]:
         f"experts per layer (fresh: {s['moved_fresh']:.0f}) at max/mean "
         f"{s['imbalance_incremental']:.3f} (fresh {s['imbalance_fresh']:.3f})"
     )
-    (out / "moe").mkdir(parents=True, exist_ok=True)
     png = plot_balance(report, out / "moe" / "eplb_placement.png")
-    return [png, write_text(out / "moe" / "eplb_demo.json", json.dumps(s, indent=2) + "\n")]
+    return [png, _write_json(out / "moe" / "eplb_demo.json", s)]
+
+
+def _write_json(path: Path, data: dict) -> Path:
+    return write_text(path, json.dumps(data, indent=2) + "\n")
