@@ -222,7 +222,7 @@ class Plan:
             "fits": candidate.fits,
         }
 
-    def draw(self, path: str | os.PathLike[str]) -> Path:
+    def draw(self, path: str | Path) -> Path:
         """The chosen candidate's simulated step above the :meth:`naive` one's, on one time
         axis, each titled with its schedule, stage sizes, m and recompute."""
         from nobubble.pipeline.plot import gantt_grid

@@ -36,6 +36,8 @@ from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.rl.preflight import load_user_object
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
@@ -123,9 +125,13 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
-    read = {"schedule": Schedule.read_csv, "profile": Profile.read, "plan": Plan.read}[kind]
+    readers: dict[str, Callable[[Path], Any]] = {
+        "schedule": Schedule.read_csv,
+        "profile": Profile.read,
+        "plan": Plan.read,
+    }
     try:
-        return read(path)
+        return readers[kind](path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
