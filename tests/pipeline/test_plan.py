@@ -169,6 +169,21 @@ def test_weigh_and_simulate_rebuild_every_candidate():
     )
 
 
+def test_describe_is_the_candidates_row_and_draw_writes_plan_above_naive(tmp_path):
+    blocks = [block(1.0 + (i * 3 % 4), act=2.0**20) for i in range(6)]
+    p = plan_from_costs(blocks, num_ranks=2, batch_size=8, microbatch_size=1)
+    c = p.naive()
+    row = p.describe(c)
+    assert row["stage_sizes"] == [3, 3] and row["schedule"] == "1f1b"
+    assert row["num_microbatches"] == c.num_microbatches and row["recompute"] is False
+    assert row["predicted_step_ms"] == c.predicted_step_ms
+    assert row["bubble_rate"] == p.simulate(c).bubble_rate
+    assert row["peak_mib_per_rank"] == [b / 2**20 for b in c.predicted_peak_bytes]
+    assert row["fits"] is c.fits
+    png = p.draw(tmp_path / "plan.png")
+    assert png == tmp_path / "plan.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("cuts, schedule, message", [
     ((0,), "1f1b", "leave a stage"), ((4, 2), "1f1b", "leave a stage"),
     ((2, 4), "1f1b", "needs 2 stages"), ((3,), "zb-v", "needs 4 stages"),

@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from nobubble.files import read_input_text
 from nobubble.pipeline.actions import Schedule
@@ -206,6 +207,35 @@ class Plan:
         """The baseline beside the plan: 1F1B on equal block counts per rank, the plan's
         microbatches, no recompute (weighed as :meth:`weigh` does)."""
         return self.weigh(cuts_from_sizes(equal_sizes(self.num_blocks, self.num_ranks)), "1f1b")
+
+    def describe(self, candidate: Candidate) -> dict:
+        """``candidate``'s row as ``pp plan`` shows it: stage sizes, schedule, microbatches,
+        recompute, predicted step (ms), simulated bubble, peak MiB per rank, whether it fits."""
+        return {
+            "stage_sizes": list(sizes_from_cuts(candidate.cuts, self.num_blocks)),
+            "schedule": candidate.schedule,
+            "num_microbatches": candidate.num_microbatches,
+            "recompute": candidate.recompute[0],
+            "predicted_step_ms": candidate.predicted_step_ms,
+            "bubble_rate": self.simulate(candidate).bubble_rate,
+            "peak_mib_per_rank": [b / 2**20 for b in candidate.predicted_peak_bytes],
+            "fits": candidate.fits,
+        }
+
+    def draw(self, path: str | Path) -> Path:
+        """The chosen candidate's simulated step above the :meth:`naive` one's, on one time
+        axis, each titled with its schedule, stage sizes, m and recompute."""
+        from nobubble.pipeline.plot import gantt_grid
+
+        sims = []
+        for who, c in (("plan", self.chosen), ("naive", self.naive())):
+            sim, sizes = self.simulate(c), sizes_from_cuts(c.cuts, self.num_blocks)
+            name = (
+                f"{who}: {sim.schedule.name}, stages {'+'.join(map(str, sizes))}, "
+                f"m={c.num_microbatches}{', recompute' if c.recompute[0] else ''}"
+            )
+            sims.append(dataclasses.replace(sim, schedule=sim.schedule.renamed(name)))
+        return gantt_grid(sims, path)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -1,6 +1,6 @@
 """``nobubble pp``: show, simulate, compare, export, validate and solve pipeline schedules, and
-their memory/bubble frontier; ``pp profile | plan | run`` are :mod:`.run`'s. The shared flags
-and checks are :mod:`.options`'."""
+their memory/bubble frontier, from the shared size, schedule, cost and dispatch flags below;
+``pp profile | plan | run`` are :mod:`.run`'s."""
 
 from __future__ import annotations
 
@@ -304,16 +304,10 @@ def _frontier(args: argparse.Namespace) -> int:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse, before any work, what the frontier cannot do or cannot do in time."""
-    from nobubble.pipeline.schedules.budget import check_ops
-
     refuse((args.mem_limit is not None, "pp frontier sweeps --mem-limits (plural), not --mem-limit"),
            (args.ranks < 2, f"--ranks {args.ranks}: a frontier needs at least 2 ranks"))  # fmt: skip
-    setting(args).check_size("compare", v_memory=True)  # every schedule, V-Min/V-Half/V-ZB too
-    try:  # the exact solver's budget: one stage per rank
-        if args.ilp is not None:
-            check_ops(args.ranks, args.microbatches, num_chunks=1, budget="solve")
-    except ValueError as err:
-        raise UsageError(f"--ilp: {err}, or drop --ilp") from None
+    # every schedule, V-Min/V-Half/V-ZB too; within it --ilp is within the (larger) solve budget
+    setting(args).check_size("compare", v_memory=True)
     low = min(args.mem_limits or [1])
     refuse((low < 1, f"--mem-limits {low:g} is below one microbatch's activations (the unit); "
             "give limits >= 1"))  # fmt: skip

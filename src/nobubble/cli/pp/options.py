@@ -1,6 +1,7 @@
 """The ``pp`` commands' shared flags and their checks: the pipeline's size and schedule,
 per-rank costs (memory limits in units of M_F), the dispatch policy and its perturbations,
-the built-in model and where the ranks run."""
+the model (built-in or the user's factory), where the ranks run, the budgets checked before
+any work; and ``pp profile | plan | run``'s own flag rows."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.rl.preflight import load_user_object
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
@@ -115,22 +118,28 @@ def setting(args: argparse.Namespace) -> PipelineSetting:
                            force=args.force, costs=costs)  # fmt: skip
 
 
+def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
+    """The schedule CSV or (``kind``) the torch-free profile or plan JSON at ``path``; a file
+    that is none is one line naming ``flag`` (how the user gave it)."""
+    from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.plan import Plan
+    from nobubble.pipeline.runtime.profile_data import Profile
+
+    readers: dict[str, Callable[[Path], Any]] = {
+        "schedule": Schedule.read_csv,
+        "profile": Profile.read,
+        "plan": Plan.read,
+    }
+    try:
+        return readers[kind](path)
+    except ValueError as err:
+        raise UsageError(f"{flag} {err}".strip()) from None
+
+
 def refuse(*cases: tuple[object, str]) -> None:
     """A UsageError of the first ``(condition, message)`` whose condition holds."""
     if message := next((message for bad, message in cases if bad), None):
         raise UsageError(message)
-
-
-def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
-    """The schedule CSV or (``kind="profile"``) the torch-free profile JSON at ``path``; a file
-    that is none is one line naming ``flag`` (how the user gave it)."""
-    from nobubble.pipeline.actions import Schedule
-    from nobubble.pipeline.runtime.profile_data import Profile
-
-    try:
-        return Schedule.read_csv(path) if kind == "schedule" else Profile.read(path)
-    except ValueError as err:
-        raise UsageError(f"{flag} {err}".strip()) from None
 
 
 def add_dispatch(p: argparse.ArgumentParser) -> None:
@@ -168,8 +177,7 @@ def perturbation_from_args(args: argparse.Namespace):
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
-BUILTIN_MODELS = ("gpt", "mlp")
-"""``--model`` values that name a built-in model (:mod:`nobubble.pipeline.runtime.models`)."""
+BUILTIN_MODELS = ("gpt", "mlp")  # --model values that name a built-in model
 MODEL_FLAGS: tuple[Flag, ...] = (
     ("--layers", "num_layers", positive_int, "transformer / MLP blocks"),
     ("--hidden", "hidden", positive_int, "hidden size"),
@@ -177,10 +185,8 @@ MODEL_FLAGS: tuple[Flag, ...] = (
     ("--seq-len", "seq_len", positive_int, "tokens per sample (gpt)"),
     ("--vocab", "vocab_size", positive_int, "vocabulary (gpt)"),
 )
-"""The built-in model's size flags: :class:`~nobubble.pipeline.runtime.models.GPTConfig`'s
-fields (:class:`~nobubble.pipeline.runtime.models.MLPConfig` has the first two)."""
-RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}
-"""The other model flags' defaults (``--seed`` seeds the weights, the data and a factory)."""
+"""GPTConfig's size fields (MLPConfig has the first two)."""
+RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}  # the other model flags'
 
 
 def add_model(p: argparse.ArgumentParser) -> None:
@@ -272,8 +278,7 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
     ("--threads", "threads_per_rank", integer, "torch threads per rank"),
     ("--timeout", "timeout_s", real, "seconds, any wait (default 300)"),
 )
-"""Where the ranks run: :class:`~nobubble.distributed.options.LaunchOptions`'s fields, checked
-by it alone; the command line waits 300 s by default (the library 120), as it also profiles."""
+"""LaunchOptions' fields, checked by it alone; the command line waits 300 s (the library 120)."""
 
 
 def add_launch(p: argparse.ArgumentParser) -> None:

@@ -11,12 +11,14 @@ import dataclasses
 import functools
 import os
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nobubble.budget import check_budget
-from nobubble.cli.flags import add_args
+from nobubble.cli.flags import (
+    add_args,
+)
 from nobubble.cli.pp.options import (
     PLAN_ARGS,
     PROFILE_ARGS,
@@ -51,17 +53,13 @@ from nobubble.files import claim_output, write_text
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.actions import Schedule
-    from nobubble.pipeline.plan import Candidate, Plan
+    from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.profile_data import Profile
-    from nobubble.pipeline.simulate import SimResult
 
 MiB = 1024 * 1024
-TOP_CANDIDATES = 8
-"""Rows of the plan table: the chosen plan, then the next fastest (fitting or not)."""
-
-DEFAULT_MICROBATCHES = 8
-"""``-m`` of the built-in models' ``pp plan`` and ``pp run`` (a user model's plan chooses)."""
+TOP_CANDIDATES = 8  # rows of the plan table: the chosen plan, then the next fastest
+DEFAULT_MICROBATCHES = 8  # -m of the built-in models' pp plan and pp run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -147,7 +145,7 @@ def _plan(args: argparse.Namespace) -> int:
         if user:
             return _user_plan(args, p, launch, out)
         write_text(out, p.schedule().to_csv())
-    rows = [describe(p, c)[1] for c in p.candidates]
+    rows = [p.describe(c) for c in p.candidates]
     if args.json:
         print_json({"best": p.schedule_name, "recompute": p.recompute[0], "output": str(out),
                     "schedules": rows})  # fmt: skip
@@ -263,14 +261,11 @@ def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
         extra["plot"] = str(
             plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
         )
-    if args.json:
-        print_json({**summary.to_dict(), **extra})
-        return 0
-    _print_run(summary, ", ".join(f"{k}: {v}" for k, v in extra.items()))
+    _print_run(args.json, summary, extra)
     return 0
 
 
-def _print_run(s, files: str) -> None:
+def _print_run(as_json: bool, s, files: dict[str, str]) -> None:
     pred = s.sim_makespan_s is not None  # the simulated figures come together, or none
     rows = [
         ["step makespan (ms)", s.makespan_s * 1e3, s.sim_makespan_s * 1e3 if pred else "-"],
@@ -281,12 +276,14 @@ def _print_run(s, files: str) -> None:
         p = s.sim_peak_activation_bytes[r] / MiB if pred else "-"
         rows.append([f"peak activations rank {r} (MiB)", b / MiB, p])
     rows.append(["loss first -> last step", f"{s.losses[0]:.4f} -> {s.losses[-1]:.4f}", "-"])
-    print_table(
+    print_result(
+        as_json,
+        {**s.to_dict(), **files},
         f"{s.schedule}: {s.num_ranks} ranks, {s.num_stages} stages, M={s.num_microbatches}, "
         f"median of {s.num_steps} steps",
         ["", "measured", "simulated"],
         rows,
-        caption=files,
+        caption=", ".join(f"{k}: {v}" for k, v in files.items()),
     )
 
 
@@ -316,17 +313,16 @@ def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> in
 def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Path) -> int:
     """``pp plan --model MODULE:FACTORY``'s output: the plan's JSON at ``out``, its Gantt chart
     above the naive plan's, the table of the chosen plan, the next candidates and the naive."""
-    plot = args.plot if args.plot is not None else out.with_suffix(".png")
-    naive = describe(p, p.naive())
+    plot = p.draw(args.plot if args.plot is not None else out.with_suffix(".png"))
+    naive = p.describe(p.naive())
     shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
-    rows = [describe(p, c) for c in shown]
-    _draw(p, rows[0][0], naive, plot)
+    rows = [p.describe(c) for c in shown]
     write_text(out, p.to_json())
     if args.json:
-        print_json({"output": str(out), "plot": str(plot), "chosen": rows[0][1],
-                    "candidates": [r for _, r in rows], "naive_1f1b": naive[1]})  # fmt: skip
+        print_json({"output": str(out), "plot": str(plot), "chosen": rows[0], "candidates": rows,
+                    "naive_1f1b": naive})  # fmt: skip
         return 0
-    naive_ms = naive[1]["predicted_step_ms"]
+    naive_ms = naive["predicted_step_ms"]
     console().print(  # the factory's name as written: no markup, no :emoji: codes
         f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
         f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
@@ -336,8 +332,8 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     )  # fmt: skip
     print_candidates(
         f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
-        [("chosen" if i == 0 else str(i + 1), r) for i, (_, r) in enumerate(rows)],
-        naive=naive[1], limited=args.memory_limit_mib is not None,
+        [("chosen" if i == 0 else str(i + 1), r) for i, r in enumerate(rows)],
+        naive=naive, limited=args.memory_limit_mib is not None,
         caption="predicted by the simulator from each block's costs, profiled once here "
         f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
         f"same m, no recompute; wrote {out}, {plot}",
@@ -345,22 +341,9 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     return 0
 
 
-def describe(p: Plan, c: Candidate) -> tuple[SimResult, dict]:
-    """A candidate's simulated step and its row of the table (and of ``--json``)."""
-    from nobubble.pipeline.plan import sizes_from_cuts
-
-    sim = p.simulate(c)
-    return sim, {
-        "stage_sizes": list(sizes_from_cuts(c.cuts, p.num_blocks)), "schedule": c.schedule,
-        "num_microbatches": c.num_microbatches, "recompute": c.recompute[0],
-        "predicted_step_ms": c.predicted_step_ms, "bubble_rate": sim.bubble_rate,
-        "peak_mib_per_rank": [b / MiB for b in c.predicted_peak_bytes], "fits": c.fits,
-    }  # fmt: skip
-
-
 def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | None,
                      limited: bool, caption: str) -> None:  # fmt: skip
-    """The table of a plan's candidates (each row :func:`describe`'s, after its label), and
+    """The table of a plan's candidates (each row :meth:`Plan.describe`'s, after its label), and
     the ``naive`` plan's row and each one's speed-up over it; ``limited``: whether it fits."""
     naive_ms = naive["predicted_step_ms"] if naive is not None else None
 
@@ -379,19 +362,6 @@ def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | 
     print_table(title, columns, table, caption=caption)
 
 
-def _draw(p: Plan, chosen_sim: SimResult, naive: tuple[SimResult, dict], path: Path) -> Path:
-    """The chosen plan's simulated step above the naive plan's, on one time axis."""
-    from nobubble.pipeline.plot import gantt_grid
-
-    def titled(sim: SimResult, who: str, sizes: Sequence[int], recompute: bool) -> SimResult:
-        name = (f"{who}: {sim.schedule.name}, stages {'+'.join(map(str, sizes))}, "
-                f"m={sim.schedule.num_microbatches}{', recompute' if recompute else ''}")  # fmt: skip
-        return dataclasses.replace(sim, schedule=sim.schedule.renamed(name))
-
-    return gantt_grid([titled(chosen_sim, "plan", p.stage_sizes(), p.recompute[0]),
-                       titled(naive[0], "naive", naive[1]["stage_sizes"], False)], path)  # fmt: skip
-
-
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
 def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     """``pp run --plan``: the plan on local ranks, each building the model from the factory."""
@@ -400,12 +370,7 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         raise UsageError("pp run --plan starts its own local ranks; run it without torchrun")
-    from nobubble.pipeline.plan import Plan
-
-    try:
-        p = Plan.read(args.plan)
-    except ValueError as err:
-        raise UsageError(f"--plan {err}") from None
+    p = read_file(args.plan, "--plan", "plan")
     given = [flag for flag, on in (("--recompute", args.recompute), ("--plot", args.plot),
                                    ("--straggler", args.straggler)) if on]  # fmt: skip
     refuse(
