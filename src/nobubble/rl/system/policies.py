@@ -1,13 +1,8 @@
-"""Policy models and sampling from them.
-
-A *policy model* is an ``nn.Module`` whose ``forward(input_ids, attention_mask=None,
-position_ids=None)`` returns ``(logits, values)``: the built-in :class:`CharTransformer`, or any
-causal LM wrapped in :class:`CausalLMPolicy`. :func:`build_policy` builds a run's model, in
-every process that needs one, from ``RunConfig.policy`` alone (``char``, ``gpt2``,
-``hf:DIR``, ``module:factory`` or a picklable factory: the table in
-``docs/rl/own-model.md``). Prompts of different lengths are *left padded*:
-``attention_mask`` is 0 on the padding and the positions count real tokens only, so a padded
-prompt gives the logits of the prompt alone.
+"""Policy models (``forward(input_ids, attention_mask=None, position_ids=None) -> (logits,
+values)``: :class:`CharTransformer`, or any causal LM in :class:`CausalLMPolicy`), built in
+each process from ``RunConfig.policy`` alone by :func:`build_policy`, and sampling from them.
+Prompts are *left padded*: ``attention_mask`` is 0 on the padding and positions count real
+tokens only, so a padded prompt gives the logits of the prompt alone.
 
 Legend for shapes: ``B`` sequences, ``P`` prompt length, ``N`` response length (max new
 tokens), ``T = P + N`` (any sequence length in the models), ``V`` vocabulary, ``D`` width,
@@ -89,18 +84,15 @@ def sample(
     attention_mask: torch.Tensor | None = None,
     before_token: Callable[[int], bool] | None = None,
 ) -> Generation:
-    """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64 from a policy
-    model; one with ``supports_cache`` (a ``CausalLMPolicy`` whose LM takes a KV cache)
-    samples incrementally with its ``step``, any other recomputes the whole prefix per token.
+    """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64, incrementally
+    with a KV cache when the model ``supports_cache``, else recomputing the prefix per token.
 
     ``attention_mask`` (B, P) is 0 on left padding (None: no padding). A sequence stops at its
-    first EOS or after ``budgets[i]`` tokens (``budgets``: (B,) int64, default
-    ``max_new_tokens``); later positions hold ``pad_id`` and are masked out. ``greedy=True``
-    takes the argmax (its log-probs are still those of the tempered policy).
-    ``before_token(i)`` is called before decoding step ``i`` while any sequence is live; it
-    may load new weights into ``model`` (partial rollouts) and then returns True, and the KV
-    cache of the old weights is dropped, so each token's log-prob is exactly that of the
-    weights that sampled it.
+    first EOS or after ``budgets[i]`` tokens ((B,) int64, default ``max_new_tokens``); later
+    positions hold ``pad_id`` and are masked out. ``greedy=True`` takes the argmax (log-probs
+    stay those of the tempered policy). ``before_token(i)``, called before step ``i`` while a
+    sequence is live, returns True after loading new weights (partial rollouts): the KV cache
+    is then dropped, so each token's log-prob is that of the weights that sampled it.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0; use greedy=True for argmax")
@@ -230,15 +222,11 @@ class _Block(nn.Module):
 
 
 class CharTransformer(nn.Module):
-    """Causal transformer with a policy head and a value head.
-
-    ``forward(tokens, attention_mask=None, position_ids=None)`` takes ``tokens`` (B, T)
-    int64 and returns ``logits`` (B, T, V) float32, where ``logits[:, t]`` scores token
-    ``t + 1``, and ``values`` (B, T) float32, the value of the state after token ``t``.
-    ``attention_mask`` (B, T), 0 on left padding, hides the padding from every query;
-    ``position_ids`` (B, T) default to the mask's real tokens counted from 0. ``last_only=True``
-    gives the last position alone, ``logits`` (B, V) and ``values`` (B,): the numbers of
-    ``[:, -1]`` of the full forward, with the last block run for that one query.
+    """Causal transformer with a policy head and a value head: ``forward(tokens (B, T) int64,
+    attention_mask=None, position_ids=None)`` -> ``logits`` (B, T, V) float32 (``[:, t]``
+    scores token ``t + 1``) and ``values`` (B, T) float32 (the state after token ``t``).
+    ``attention_mask`` (0 on left padding) hides the padding; ``last_only=True`` gives
+    ``[:, -1]`` alone, (B, V) and (B,), with the last block run for that one query.
     """
 
     returns_values = True  # forward already gives (logits, values): no wrapper needed
@@ -298,19 +286,12 @@ class CharTransformer(nn.Module):
 
 
 class CausalLMPolicy(nn.Module):
-    """A policy model around any causal LM.
-
-    Args:
-        lm: an ``nn.Module`` whose ``forward(input_ids, ...)`` returns logits (B, T, V), a
-            tuple starting with them, or an object with ``.logits`` (Hugging Face).
-            ``attention_mask`` and ``position_ids`` are passed when its forward names them;
-            a KV cache is used for sampling (``supports_cache``, :meth:`step`) when it takes
-            ``cache`` or ``past_key_values`` and ``use_cache`` (Hugging Face causal LMs do).
-        vocab_size: V, the task tokenizer's ids; an LM with more logits is cut to the
-            first V (fewer raise ValueError on the first forward).
-
-    The value head is a zero-initialised linear layer on the logits, so any LM works with
-    PPO and V-trace (GRPO and decoupled PPO leave it unused).
+    """A policy model around a causal LM ``lm`` whose ``forward(input_ids, ...)`` returns
+    logits (B, T, V), a tuple starting with them, or an object with ``.logits`` (Hugging
+    Face), cut to the task's ``vocab_size`` ids. ``attention_mask``/``position_ids`` are passed
+    when its forward names them; a KV cache serves sampling (:meth:`step`) when it takes
+    ``cache`` or ``past_key_values`` and ``use_cache``. The value head is a zero-initialised
+    linear layer on the logits, so any LM works with PPO and V-trace.
     """
 
     returns_values = True
@@ -347,8 +328,7 @@ class CausalLMPolicy(nn.Module):
         return logits, self.value_head(logits.float()).squeeze(-1)
 
     def _logits(self, out: Any) -> torch.Tensor:
-        """The LM's logits (B, ..., V) from its output, cut to the first V: an LM with a
-        larger vocabulary samples the tokenizer's ids."""
+        """The LM's logits (B, ..., V) from its output, cut to the tokenizer's first V ids."""
         logits = getattr(out, "logits", out[0] if isinstance(out, tuple | list) and out else out)
         if not isinstance(logits, torch.Tensor):
             raise TypeError(
