@@ -364,7 +364,6 @@ class RewardServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         super().__init__((host, port), _Handler)
         self.url = f"http://{self.server_address[0]!s}:{self.server_address[1]}/score"
-        self._closed = False
         self._serving = threading.Thread(
             target=self.serve_forever,
             kwargs={"poll_interval": _POLL_INTERVAL_S},
@@ -374,10 +373,7 @@ class RewardServer(ThreadingHTTPServer):
         self._serving.start()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.shutdown()
+        self.shutdown()  # idempotent, like the two calls below
         self.server_close()
         self._serving.join(timeout=_CLOSE_TIMEOUT_S)
 
