@@ -79,18 +79,15 @@ def serve_reward(*, task: str | None = None, reward: str | None = None,
     ``fn(prompt, response) -> float``). Close the server it returns. Raises ValueError on a
     port outside 0..65535, a reward that cannot be loaded, or an address taken."""
     from nobubble.rl.preflight import import_run_objects, load_user_object
-    from nobubble.rl.system.rewards import serve_rewards
+    from nobubble.rl.system.rewards import check_reward_fn, serve_rewards
+    from nobubble.rl.system.tasks import resolve_task
 
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} must be in 0..65535")
     if task is not None:
-        from nobubble.rl.system.tasks import resolve_task
-
         import_run_objects(task)
         fn = resolve_task(task).reward
     else:
-        from nobubble.rl.system.rewards import check_reward_fn
-
         fn = load_user_object("--reward", str(reward), "reward")
         check_reward_fn(fn, str(reward))
     try:

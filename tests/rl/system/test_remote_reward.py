@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nobubble.cli import main as cli_main
-from nobubble.rl.system.rewards import RemoteReward, RemoteRewardError, serve_rewards
+from nobubble.rl.system.rewards import RemoteReward, RewardFailure, serve_rewards
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]
@@ -85,7 +85,7 @@ def test_retries_until_the_server_recovers() -> None:
 def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -> None:
     with serve_rewards(length_gain, fail_status=500) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="2 attempts") as info:
+        with pytest.raises(RewardFailure, match="2 attempts") as info:
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 2
     assert "HTTP 500" in str(info.value)
@@ -96,7 +96,7 @@ def test_backoff_doubles_between_attempts() -> None:
     slept: list[float] = []
     with serve_rewards(length_gain, fail_status=503) as server:
         reward = RemoteReward(server.url, max_retries=3, backoff_s=0.1, sleep=slept.append)
-        with pytest.raises(RemoteRewardError, match="4 attempts"):
+        with pytest.raises(RewardFailure, match="4 attempts"):
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 4
     assert slept == pytest.approx([0.1, 0.2, 0.4])  # backoff_s * 2**(a - 1) before attempt a
@@ -105,7 +105,7 @@ def test_backoff_doubles_between_attempts() -> None:
 def test_client_timeout_is_an_error() -> None:
     with serve_rewards(length_gain, delay_s=0.5) as server:
         reward = RemoteReward(server.url, timeout_s=0.1, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match=r"timed out after 0\.1s") as info:
+        with pytest.raises(RewardFailure, match=r"timed out after 0\.1s") as info:
             reward.score(PROMPTS, RESPONSES)
     assert "2 attempts" in str(info.value)
 
@@ -113,7 +113,7 @@ def test_client_timeout_is_an_error() -> None:
 def test_a_nan_from_the_reward_fn_is_an_error_not_a_score() -> None:
     with serve_rewards(lambda p, r: float("nan")) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="HTTP 500") as info:
+        with pytest.raises(RewardFailure, match="HTTP 500") as info:
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 2
     assert "nan" in str(info.value)
@@ -137,7 +137,7 @@ def test_a_nan_from_the_reward_fn_is_an_error_not_a_score() -> None:
 def test_malformed_answers_are_retried_then_raise(body: bytes) -> None:
     with canned_server(body) as (url, hits):
         reward = RemoteReward(url, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="malformed answer"):
+        with pytest.raises(RewardFailure, match="malformed answer"):
             reward.score(["a", "b"], ["c", "d"])
         assert len(hits) == 2
 
@@ -154,7 +154,7 @@ def test_client_errors_are_not_retried() -> None:
     with serve_rewards(length_gain) as server:
         wrong_path = server.url.removesuffix("/score") + "/nope"
         reward = RemoteReward(wrong_path, max_retries=3, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="HTTP 404") as info:
+        with pytest.raises(RewardFailure, match="HTTP 404") as info:
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 1
     assert "1 attempt" in str(info.value)
@@ -166,7 +166,7 @@ def test_nothing_listening_is_an_error() -> None:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/score"
     reward = RemoteReward(url, timeout_s=0.5, max_retries=1, backoff_s=0.0)
-    with pytest.raises(RemoteRewardError, match="connection failed") as info:
+    with pytest.raises(RewardFailure, match="connection failed") as info:
         reward.score(PROMPTS, RESPONSES)
     assert url in str(info.value) and "2 attempts" in str(info.value)
 

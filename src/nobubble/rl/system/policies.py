@@ -15,7 +15,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import torch
@@ -55,18 +55,11 @@ def prompt_attention_mask(tokens: torch.Tensor, prompt_len: int, pad_id: int) ->
 
 @dataclass(frozen=True)
 class Generation:
-    """Sampled responses for a batch of prompts.
+    """Sampled responses for a batch of prompts."""
 
-    Attributes:
-        tokens: (B, P + N) int64, prompt then response; after EOS the response is padded.
-        response_mask: (B, N) bool, True for generated tokens up to and including EOS.
-        logprobs: (B, N) float32, log-prob of each sampled token under the sampling policy
-            (0 where the mask is False).
-    """
-
-    tokens: torch.Tensor
-    response_mask: torch.Tensor
-    logprobs: torch.Tensor
+    tokens: torch.Tensor  # (B, P + N) int64, prompt then response, padded after EOS
+    response_mask: torch.Tensor  # (B, N) bool, True for generated tokens up to EOS included
+    logprobs: torch.Tensor  # (B, N) float32 under the sampling policy, 0 off the mask
 
 
 @torch.no_grad()
@@ -158,24 +151,16 @@ def response_logits(
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
-    """Shape of the policy network.
+    """Shape of the policy network; every field an integer >= 1."""
 
-    Attributes:
-        vocab_size: number of token ids (from the task's tokenizer).
-        max_seq_len: longest prompt + response the model will see.
-        hidden: residual width.
-        num_layers: transformer blocks.
-        num_heads: attention heads; must divide ``hidden``.
-    """
-
-    vocab_size: int
-    max_seq_len: int
-    hidden: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
+    vocab_size: int  # token ids (from the task's tokenizer)
+    max_seq_len: int  # longest prompt + response the model will see
+    hidden: int = 64  # residual width
+    num_layers: int = 2  # transformer blocks
+    num_heads: int = 4  # attention heads; must divide hidden
 
     def __post_init__(self) -> None:
-        names = ("vocab_size", "max_seq_len", "hidden", "num_layers", "num_heads")
+        names = [f.name for f in fields(self)]
         check_fields("PolicyConfig", self, names, ">= 1", integer=True)
         if self.hidden % self.num_heads:
             raise ValueError(

@@ -35,13 +35,10 @@ __all__ = [
     "RewardFailure",
     "RewardWatch",
     "check_reward_fn",
-    "InjectedRewardFailure",
     "RewardSource",
     "parse_reward",
     "Rewarder",
     "RemoteReward",
-    "RemoteRewardError",
-    "check_pairs",
     "RewardServer",
     "serve_rewards",
 ]
@@ -54,11 +51,13 @@ RewardFn = Callable[[str, str], float]
 
 
 class RewardFailure(RuntimeError):
-    """Every reward attempt of many groups in a row failed: the run cannot learn."""
+    """A reward gave no valid score: a failure injected by ``RewardConfig.failure_rate``, a
+    reward service that failed (``retry``: whether another attempt may fix it), or so many
+    groups in a row that the run cannot learn (:class:`RewardWatch`)."""
 
-
-class InjectedRewardFailure(RuntimeError):
-    """A failure injected by ``RewardConfig.failure_rate`` (stands for a crashed verifier)."""
+    def __init__(self, message: str, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 class RewardWatch:
@@ -156,9 +155,7 @@ class Rewarder:
         if cfg.delay_s:
             time.sleep(cfg.delay_s)
         if random.Random(hash((cfg.seed, s.sample_id, attempt))).random() < cfg.failure_rate:
-            raise InjectedRewardFailure(
-                f"injected failure (sample {s.sample_id}, attempt {attempt})"
-            )
+            raise RewardFailure(f"injected failure (sample {s.sample_id}, attempt {attempt})")
         return sum(w * as_reward(fn(s.prompt, s.response), name) for fn, w, name in self._fns)
 
     def _score(self, s: Sample) -> tuple[float | None, str | None, int]:
@@ -198,15 +195,6 @@ class Rewarder:
         return group.with_samples(out), span
 
 
-class RemoteRewardError(RuntimeError):
-    """The reward service gave no valid answer (every attempt failed, or it refused with a
-    4xx); ``retry``: whether another attempt may fix it (one attempt's failure)."""
-
-    def __init__(self, message: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.retry = retry
-
-
 @dataclass(frozen=True)
 class RemoteReward:
     """Scores ``(prompt, response)`` pairs at ``url`` (``http(s)://`` with a host), one batched
@@ -238,7 +226,7 @@ class RemoteReward:
 
     def score(self, prompts: list[str], responses: list[str]) -> tuple[list[float], int]:
         """``(rewards, num_retries)`` for ``B`` prompts and their responses (``[]`` for none,
-        asked of no one). Raises ValueError on a malformed batch, :class:`RemoteRewardError`
+        asked of no one). Raises ValueError on a malformed batch, :class:`RewardFailure`
         naming the url, the attempts and the last error when no attempt got a valid answer."""
         check_pairs(prompts, responses)
         if not prompts:
@@ -250,15 +238,15 @@ class RemoteReward:
                 self.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 return _parse_rewards(_post(self.url, body, self.timeout_s), len(prompts)), attempt
-            except RemoteRewardError as err:
+            except RewardFailure as err:
                 if not err.retry:
-                    raise RemoteRewardError(
+                    raise RewardFailure(
                         f"reward service {self.url} refused the request after "
                         f"{_attempts(attempt + 1)} ({err}); a status < 500 is not retried: "
                         "check the url's path and what the server expects"
                     ) from None
                 last_error = str(err)
-        raise RemoteRewardError(
+        raise RewardFailure(
             f"reward service {self.url} gave no valid answer in "
             f"{_attempts(self.max_retries + 1)}; last error: {last_error}"
         )
@@ -282,7 +270,7 @@ def check_pairs(prompts: Any, responses: Any) -> None:
 
 
 def _post(url: str, body: bytes, timeout_s: float) -> bytes:
-    """The body of a 2xx answer to ``POST url``, else :class:`RemoteRewardError`."""
+    """The body of a 2xx answer to ``POST url``, else :class:`RewardFailure`."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
@@ -294,12 +282,12 @@ def _post(url: str, body: bytes, timeout_s: float) -> bytes:
         except (http.client.HTTPException, OSError):
             detail = ""
         message = f"HTTP {err.code}" + (f": {detail}" if detail else "")
-        raise RemoteRewardError(message, retry=err.code >= 500) from None
+        raise RewardFailure(message, retry=err.code >= 500) from None
     except (http.client.HTTPException, OSError) as err:  # URLError and TimeoutError too
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
         if isinstance(reason, TimeoutError):
-            raise RemoteRewardError(f"timed out after {timeout_s}s") from None
-        raise RemoteRewardError(f"connection failed: {reason!r}") from None
+            raise RewardFailure(f"timed out after {timeout_s}s") from None
+        raise RewardFailure(f"connection failed: {reason!r}") from None
 
 
 def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
@@ -309,15 +297,15 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
     except (ValueError, TypeError, KeyError, IndexError):  # JSONDecodeError, UnicodeDecodeError
         values = None
     if not isinstance(values, list):
-        raise RemoteRewardError(f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}")
+        raise RewardFailure(f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}")
     if len(values) != num_pairs:
-        raise RemoteRewardError(
+        raise RewardFailure(
             f"malformed answer: {len(values)} rewards for {num_pairs} prompt/response pairs"
         )
     try:
         return [as_reward(value, f"the service for pair {i}") for i, value in enumerate(values)]
     except ValueError as err:
-        raise RemoteRewardError(f"malformed answer: {err}") from None
+        raise RewardFailure(f"malformed answer: {err}") from None
 
 
 def _excerpt(raw: bytes) -> str:

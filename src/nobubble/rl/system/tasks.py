@@ -83,17 +83,11 @@ class _AnswerTask:
 @dataclass(frozen=True, kw_only=True)
 class DigitsTask(_AnswerTask):
     """Digit completion: ``"a,b:m,n"`` -> the next ``n`` terms of ``a, b, ...`` modulo ``m``,
-    one digit each: ``t_k = (b + k (b - a)) mod m``.
+    one digit each: ``t_k = (b + k (b - a)) mod m``."""
 
-    Attributes:
-        moduli: the values of ``m`` (2..9, one character each).
-        num_terms: the values of ``n`` (1..9).
-        differences: the common differences ``d = b - a`` the prompts use (taken mod ``m``);
-            ``None`` means every ``d`` in ``0..m-1`` (harder to learn: docs/rl/system.md).
-    """
-
-    moduli: tuple[int, ...] = (5, 7, 9)
-    num_terms: tuple[int, ...] = (3,)
+    moduli: tuple[int, ...] = (5, 7, 9)  # the values of m, 2..9 (one character each)
+    num_terms: tuple[int, ...] = (3,)  # the values of n, 1..9
+    # the differences d = b - a the prompts use (mod m); None: every d in 0..m-1 (harder)
     differences: tuple[int, ...] | None = (1,)
     name: str = "digits"
 
@@ -152,10 +146,7 @@ class SumDigitsTask(_AnswerTask):
         return str(sum(int(c) for c in prompt[:-1]))
 
 
-TASKS: dict[str, type[DigitsTask] | type[SumDigitsTask]] = {
-    "digits": DigitsTask,
-    "sum": SumDigitsTask,
-}
+TASKS: dict[str, type[_AnswerTask]] = {"digits": DigitsTask, "sum": SumDigitsTask}
 
 
 def _chars(texts: list[str]) -> str:
