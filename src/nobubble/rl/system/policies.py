@@ -172,16 +172,12 @@ class PolicyConfig:
 class _Block(nn.Module):
     def __init__(self, cfg: PolicyConfig) -> None:
         super().__init__()
-        self.num_heads = cfg.num_heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.hidden, 4 * cfg.hidden),
-            nn.GELU(),
-            nn.Linear(4 * cfg.hidden, cfg.hidden),
-        )
+        self.num_heads, d = cfg.num_heads, cfg.hidden
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *, last_only: bool = False
@@ -225,19 +221,15 @@ class CharTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size)
         self.value_head = nn.Linear(cfg.hidden, 1)
-        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2's init, LayerNorms left as built
+            if p.dim() > 1:  # the Linear and Embedding weights
+                nn.init.normal_(p, std=0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 # GPT-2: scale residual projections by depth so the residual stream stays O(1)
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.num_layers))
-
-    @staticmethod
-    def _init(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=0.02)
 
     def forward(
         self,
