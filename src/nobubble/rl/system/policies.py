@@ -342,9 +342,7 @@ class CausalLMPolicy(nn.Module):
 def as_policy(model: nn.Module, vocab_size: int) -> nn.Module:
     """``model`` if it already returns ``(logits, values)`` (``returns_values = True``),
     else the model wrapped in :class:`CausalLMPolicy`."""
-    if getattr(model, "returns_values", False):
-        return model
-    return CausalLMPolicy(model, vocab_size)
+    return model if getattr(model, "returns_values", False) else CausalLMPolicy(model, vocab_size)
 
 
 def _char(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:

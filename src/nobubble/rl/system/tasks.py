@@ -269,8 +269,7 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r} has no prompts")
         if not all(isinstance(p, str) for p in (*pool, *evals)):
             raise ValueError(f"task {self.name!r}: prompts must be strings")
-        self.prompts: list[str] = pool
-        self.eval_prompts: list[str] = evals
+        self.prompts, self.eval_prompts = pool, evals
         self.max_new_tokens = int(task.max_new_tokens)
         check_value(f"task {self.name!r}: max_new_tokens", self.max_new_tokens, ">= 1")
         tok = getattr(task, "tokenizer", None)
