@@ -355,13 +355,8 @@ def _gpt2(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:
     dropout unless ``kwargs`` (config fields) say otherwise."""
     transformers = import_extra("transformers", "transformers", "hf")
     # bos/eos None: GPT-2's own ids (50256) lie outside a task's vocabulary
-    cfg: dict[str, Any] = {
-        "n_layer": 2,
-        "n_embd": 64,
-        "n_head": 4,
-        "bos_token_id": None,
-        "eos_token_id": None,
-    }
+    cfg: dict[str, Any] = {"n_layer": 2, "n_embd": 64, "n_head": 4}
+    cfg |= dict.fromkeys(("bos_token_id", "eos_token_id"))
     cfg |= dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), 0.0) | kwargs
     try:
         config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=max_seq_len, **cfg)
