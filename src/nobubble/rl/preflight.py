@@ -40,15 +40,12 @@ def import_run_objects(task: str | None = None, policy: str | None = None,
     before anything else reads them (see :func:`load_user_object`)."""
     from nobubble.rl.system.imports import is_import_path
 
-    specs = [("--task", task, "task")] if task and not task.startswith("rg:") else []
-    if policy and not policy.startswith("hf:"):
-        specs.append(("--policy", policy, "policy"))
-    for text in rewards:
-        fn, sep, _ = text.rpartition("=")
-        specs.append(("--reward", fn if sep else text, "reward"))
-    for flag, spec, what in specs:
-        if is_import_path(spec):
-            load_user_object(flag, spec, what)
+    # (what, spec, the prefix of its built-in specs that are no import path)
+    specs = [("task", task or "", "rg:"), ("policy", policy or "", "hf:")]
+    specs += [("reward", text.rpartition("=")[0] or text, "") for text in rewards]
+    for what, spec, builtin in specs:
+        if is_import_path(spec) and not (builtin and spec.startswith(builtin)):
+            load_user_object(f"--{what}", spec, what)
 
 
 def env_config(env: str, options: Sequence[str] = (), **fields: Any) -> Any:
