@@ -79,7 +79,7 @@ def serve_reward(*, task: str | None = None, reward: str | None = None,
     ``fn(prompt, response) -> float``). Close the server it returns. Raises ValueError on a
     port outside 0..65535, a reward that cannot be loaded, or an address taken."""
     from nobubble.rl.preflight import import_run_objects, load_user_object
-    from nobubble.rl.system.rewards import check_reward_fn, serve_rewards
+    from nobubble.rl.system.rewards import RewardServer, check_reward_fn
     from nobubble.rl.system.tasks import resolve_task
 
     if not 0 <= port <= 65535:
@@ -91,6 +91,6 @@ def serve_reward(*, task: str | None = None, reward: str | None = None,
         fn = load_user_object("--reward", str(reward), "reward")
         check_reward_fn(fn, str(reward))
     try:
-        return serve_rewards(fn, host=host, port=port)
+        return RewardServer(fn, host=host, port=port)
     except OSError as err:
         raise ValueError(f"cannot listen on {host}:{port} ({err}); pick another --port") from None

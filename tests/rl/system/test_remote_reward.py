@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nobubble.cli import main as cli_main
-from nobubble.rl.system.rewards import RemoteReward, RewardFailure, serve_rewards
+from nobubble.rl.system.rewards import RemoteReward, RewardFailure, RewardServer
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]
@@ -65,7 +65,7 @@ def canned_server(body: bytes, status: int = 200) -> Iterator[tuple[str, list[in
 def test_end_to_end_equals_the_reward_fn_applied_directly() -> None:
     expected = [length_gain(p, r) for p, r in zip(PROMPTS, RESPONSES)]
     assert min(expected) < 0 < max(expected)  # the data cover negative and positive rewards
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         rewards, num_retries = RemoteReward(server.url).score(PROMPTS, RESPONSES)
         assert RemoteReward(server.url).score(PROMPTS, RESPONSES)[0] == expected
         assert server.requests == 2  # one batched POST per call
@@ -74,7 +74,7 @@ def test_end_to_end_equals_the_reward_fn_applied_directly() -> None:
 
 
 def test_retries_until_the_server_recovers() -> None:
-    with serve_rewards(length_gain, fail_first=2) as server:
+    with RewardServer(length_gain, fail_first=2) as server:
         reward = RemoteReward(server.url, max_retries=2, backoff_s=0.0)
         rewards, num_retries = reward.score(PROMPTS, RESPONSES)
         assert server.requests == 3
@@ -83,7 +83,7 @@ def test_retries_until_the_server_recovers() -> None:
 
 
 def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -> None:
-    with serve_rewards(length_gain, fail_status=500) as server:
+    with RewardServer(length_gain, fail_status=500) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
         with pytest.raises(RewardFailure, match="2 attempts") as info:
             reward.score(PROMPTS, RESPONSES)
@@ -94,7 +94,7 @@ def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -
 
 def test_backoff_doubles_between_attempts() -> None:
     slept: list[float] = []
-    with serve_rewards(length_gain, fail_status=503) as server:
+    with RewardServer(length_gain, fail_status=503) as server:
         reward = RemoteReward(server.url, max_retries=3, backoff_s=0.1, sleep=slept.append)
         with pytest.raises(RewardFailure, match="4 attempts"):
             reward.score(PROMPTS, RESPONSES)
@@ -103,7 +103,7 @@ def test_backoff_doubles_between_attempts() -> None:
 
 
 def test_client_timeout_is_an_error() -> None:
-    with serve_rewards(length_gain, delay_s=0.5) as server:
+    with RewardServer(length_gain, delay_s=0.5) as server:
         reward = RemoteReward(server.url, timeout_s=0.1, max_retries=1, backoff_s=0.0)
         with pytest.raises(RewardFailure, match=r"timed out after 0\.1s") as info:
             reward.score(PROMPTS, RESPONSES)
@@ -111,7 +111,7 @@ def test_client_timeout_is_an_error() -> None:
 
 
 def test_a_nan_from_the_reward_fn_is_an_error_not_a_score() -> None:
-    with serve_rewards(lambda p, r: float("nan")) as server:
+    with RewardServer(lambda p, r: float("nan")) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
         with pytest.raises(RewardFailure, match="HTTP 500") as info:
             reward.score(PROMPTS, RESPONSES)
@@ -151,7 +151,7 @@ def test_a_valid_canned_answer_is_read_exactly() -> None:
 
 
 def test_client_errors_are_not_retried() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         wrong_path = server.url.removesuffix("/score") + "/nope"
         reward = RemoteReward(wrong_path, max_retries=3, backoff_s=0.0)
         with pytest.raises(RewardFailure, match="HTTP 404") as info:
@@ -172,7 +172,7 @@ def test_nothing_listening_is_an_error() -> None:
 
 
 def test_server_answers_a_bad_body_with_400_and_a_json_error() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         for body in (b"{", b'{"prompts": ["a"], "responses": []}', b'{"prompts": [1]}'):
             request = urllib.request.Request(server.url, data=body, method="POST")
             with pytest.raises(urllib.error.HTTPError) as info:
@@ -182,7 +182,7 @@ def test_server_answers_a_bad_body_with_400_and_a_json_error() -> None:
 
 
 def test_empty_batch_sends_nothing() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         assert RemoteReward(server.url).score([], []) == ([], 0)
         assert server.requests == 0
 
@@ -217,7 +217,7 @@ def test_bad_url_message_gives_an_example() -> None:
 
 
 def test_pickle_round_trip_keeps_settings_and_still_scores() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         original = RemoteReward(server.url, timeout_s=2.5, max_retries=4, backoff_s=0.01)
         copy = pickle.loads(pickle.dumps(original))
         assert copy == original

@@ -40,7 +40,6 @@ __all__ = [
     "Rewarder",
     "RemoteReward",
     "RewardServer",
-    "serve_rewards",
 ]
 
 _EXCERPT_CHARS = 200  # how much of a bad answer an error message quotes
@@ -336,16 +335,16 @@ class RewardServer(ThreadingHTTPServer):
         fail_status: int | None = None,
         fail_first: int = 0,
     ) -> None:
-        check_value("serve_rewards delay_s", delay_s, ">= 0")
-        check_value("serve_rewards fail_first", fail_first, ">= 0", integer=True)
+        check_value("RewardServer delay_s", delay_s, ">= 0")
+        check_value("RewardServer fail_first", fail_first, ">= 0", integer=True)
         if fail_status is not None and not (
             isinstance(fail_status, int) and 400 <= fail_status <= 599
         ):
             raise ValueError(
-                f"serve_rewards fail_status={fail_status!r} must be an HTTP error status in "
+                f"RewardServer fail_status={fail_status!r} must be an HTTP error status in "
                 "[400, 599] (e.g. 500) or None"
             )
-        check_reward_fn(reward_fn, "serve_rewards reward_fn")
+        check_reward_fn(reward_fn, "RewardServer reward_fn")
         self.reward_fn, self.delay_s = reward_fn, delay_s
         self.fail_status, self.fail_first = fail_status, fail_first
         self.requests = 0
@@ -398,9 +397,6 @@ class RewardServer(ThreadingHTTPServer):
         except Exception as err:  # a broken verifier: report it, never score it
             return 500, {"error": f"reward_fn failed: {type(err).__name__}: {err}"}
         return 200, {"rewards": rewards}
-
-
-serve_rewards = RewardServer  # the function-style name: serve_rewards(reward_fn, **settings)
 
 
 class _Handler(BaseHTTPRequestHandler):
