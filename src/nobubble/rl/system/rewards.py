@@ -8,6 +8,7 @@ of ``docs/rl/own-model.md``; :class:`RewardWatch` ends a run whose reward keeps 
 
 from __future__ import annotations
 
+import functools
 import http.client
 import inspect
 import json
@@ -351,12 +352,8 @@ class RewardServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         super().__init__((host, port), _Handler)
         self.url = f"http://{self.server_address[0]!s}:{self.server_address[1]}/score"
-        self._serving = threading.Thread(
-            target=self.serve_forever,
-            kwargs={"poll_interval": _POLL_INTERVAL_S},
-            name="reward-server",
-            daemon=True,
-        )
+        serve = functools.partial(self.serve_forever, poll_interval=_POLL_INTERVAL_S)
+        self._serving = threading.Thread(target=serve, name="reward-server", daemon=True)
         self._serving.start()
 
     def close(self) -> None:
@@ -372,8 +369,12 @@ class RewardServer(ThreadingHTTPServer):
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
-    def answer(self, index: int, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """The status and JSON payload for request number ``index`` (from 0)."""
+    def answer(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """The status and JSON payload of one request (counted, answered after ``delay_s``)."""
+        with self._lock:
+            index, self.requests = self.requests, self.requests + 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.fail_status is not None:
             return self.fail_status, {"error": f"fail_status={self.fail_status}"}
         if index < self.fail_first:
@@ -406,14 +407,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # silence the per-request line on stderr
 
     def do_POST(self) -> None:
-        owner = cast(RewardServer, self.server)
-        with owner._lock:
-            index, owner.requests = owner.requests, owner.requests + 1
         length = self.headers.get("Content-Length", "0")
         body = self.rfile.read(int(length)) if length.isdigit() else b""
-        if owner.delay_s:
-            time.sleep(owner.delay_s)
-        status, payload = owner.answer(index, self.path, body)
+        status, payload = cast(RewardServer, self.server).answer(self.path, body)
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
