@@ -1,8 +1,6 @@
 """Policy models (``forward(input_ids, attention_mask=None, position_ids=None) -> (logits,
-values)``: :class:`CharTransformer`, or any causal LM in :class:`CausalLMPolicy`), built in
-each process from ``RunConfig.policy`` alone by :func:`build_policy`, and sampling from them.
-Prompts are *left padded*: ``attention_mask`` is 0 on the padding and positions count real
-tokens only, so a padded prompt gives the logits of the prompt alone.
+values)``) and sampling from them. Prompts are *left padded*: ``attention_mask`` is 0 on the
+padding and positions count real tokens only, so a padded prompt gives its logits alone.
 
 Legend for shapes: ``B`` sequences, ``P`` prompt length, ``N`` response length (max new
 tokens), ``T = P + N`` (any sequence length in the models), ``V`` vocabulary, ``D`` width,

@@ -1,9 +1,6 @@
-"""The reward stage: :class:`Rewarder` scores a sample as ``sum(weight * fn(prompt,
-response))`` over the run's :class:`RewardSource` s plus a reward service's
-(:class:`RemoteReward`, one POST per group), every value a finite real; a sample whose
-sources still raise after ``max_retries`` retries, or whose group the service failed, is
-recorded as failed - never scored 0 in silence. :class:`RewardServer` serves the wire format
-of ``docs/rl/own-model.md``; :class:`RewardWatch` ends a run whose reward keeps failing.
+"""The reward stage (:class:`Rewarder`, :class:`RewardWatch`), the client of a reward service
+(:class:`RemoteReward`) and a reference server of its wire format (:class:`RewardServer`,
+``docs/rl/own-model.md``): a reward that fails is recorded, never scored 0 in silence.
 """
 
 from __future__ import annotations
@@ -133,9 +130,10 @@ def parse_reward(text: str) -> RewardSource:
 
 
 class Rewarder:
-    """Scores groups with ``sources`` (empty: ``("task", 1.0)`` unless ``remote`` is set) and
-    ``remote`` (``.score(prompts, responses) -> (rewards, retries)``, or None); ``cfg`` gives
-    delays, injected failures (seeded by sample id and attempt) and retries."""
+    """Scores a sample as ``sum(weight * fn(prompt, response))`` over ``sources`` (empty:
+    ``("task", 1.0)`` unless ``remote`` is set) plus ``remote``'s score (``.score(prompts,
+    responses) -> (rewards, retries)``, one call a group), every value a finite real; ``cfg``
+    gives delays, injected failures (seeded by sample id and attempt) and retries."""
 
     def __init__(
         self,
