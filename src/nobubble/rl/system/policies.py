@@ -243,16 +243,14 @@ class CharTransformer(nn.Module):
                 f"sequence length {t} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "raise PolicyConfig.max_seq_len"
             )
-        attn = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        position_ids = _positions(mask) if position_ids is None else position_ids
+        attn = None  # no padding: the fast causal path
+        if not bool(mask.all()):
+            keys = mask.bool()[:, None, None, :]  # (B, 1, 1, T)
             eye = torch.eye(t, dtype=torch.bool, device=tokens.device)
             causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             attn = causal & (keys | eye)  # (B, 1, T, T); a pad query sees itself only
-            if position_ids is None:
-                position_ids = _positions(attention_mask)
-        if position_ids is None:
-            position_ids = torch.arange(t, device=tokens.device)[None, :]
         x = self.tok_emb(tokens) + self.pos_emb(position_ids)  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, attn, last_only=last_only and i == len(self.blocks) - 1)
