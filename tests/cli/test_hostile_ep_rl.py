@@ -388,14 +388,14 @@ def tripwires(monkeypatch, tmp_path):
     import nobubble.rl.system.rewards
 
     global _SERVE
-    _SERVE = nobubble.rl.system.rewards.serve_rewards
+    _SERVE = nobubble.rl.system.rewards.RewardServer
     for module, name, *wire in [
         (nobubble.bench.ep_dispatch, "run_with_progress"),
         (nobubble.bench.ep_train, "run_training"),
         (nobubble.moe.balance.eplb, "rebalance_experts"),
         (nobubble.rl, "train"),
         (nobubble.rl.system.orchestrator, "run"),
-        (nobubble.rl.system.rewards, "serve_rewards", _serve_then_trip),
+        (nobubble.rl.system.rewards, "RewardServer", _serve_then_trip),
         (multiprocessing.process.BaseProcess, "start"),
         (subprocess.Popen, "__init__"),
     ]:

@@ -100,7 +100,7 @@ def test_bad_input_is_one_line_exit_2(argv, needle, capsys, tmp_path):
 @pytest.mark.parametrize(
     ("reward", "needle"),
     [
-        (["--reward-failure-rate", "1"], "InjectedRewardFailure: injected failure"),
+        (["--reward-failure-rate", "1"], "RewardFailure: injected failure"),
         (["--reward", f"{BAD}:nan_reward"], "returned nan, not a finite number"),
         (["--reward", f"{BAD}:text_reward"], "returned 'good', not a finite number"),
     ],

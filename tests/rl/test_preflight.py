@@ -6,7 +6,7 @@ import pytest
 
 from nobubble.budget import check_budget, check_steps
 from nobubble.rl.entry import serve_reward
-from nobubble.rl.preflight import env_config, load_user_object
+from nobubble.rl.preflight import env_config, import_run_objects, load_user_object
 
 
 def test_env_config_refuses_a_bad_option_and_options_of_a_gymnasium_id() -> None:
@@ -26,6 +26,23 @@ def test_a_module_that_fails_to_import_is_one_value_error(tmp_path) -> None:
     (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ValueError, match=r"--task .*importing it raised RuntimeError: boom"):
         load_user_object("--task", f"{tmp_path / 'broken.py'}:TASK", "task")
+
+
+def test_run_objects_are_imported_by_flag_and_built_in_specs_are_not(tmp_path) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "fine.py").write_text("def OBJ(prompt, response):\n    return 1.0\n")
+    broken = f"{tmp_path / 'broken.py'}:OBJ"
+    # no module 'rg' or 'hf'; the weight is no part of the reward's name
+    import_run_objects(
+        "rg:chain_sum", "hf:checkpoint", ("task=2", f"{tmp_path / 'fine.py'}:OBJ=0.5")
+    )
+    for flag, given in [
+        ("--task", {"task": broken}),
+        ("--policy", {"policy": broken}),
+        ("--reward", {"rewards": ("task", f"{broken}=0.5")}),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{flag} .*importing it raised RuntimeError"):
+            import_run_objects(**given)
 
 
 def test_budgets_and_the_reward_port_are_value_errors() -> None:

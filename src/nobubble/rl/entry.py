@@ -25,17 +25,10 @@ def train(
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> RunResult:
-    """Train ``config``'s policy; returns what the run measured.
-
-    Args:
-        config: a task run (``RunConfig``) or an environment run (``EnvRunConfig``).
-        on_step: called in the driver as ``on_step(version, metrics)`` after every learner
-            update (and, for environments, every evaluation).
-    Raises:
-        TypeError: ``config`` is neither.
-
-    Call it under ``if __name__ == "__main__":``: workers and actors are processes, and a
-    ``spawn`` start imports the calling script again in each.
+    """Train the policy of ``config`` (a task's ``RunConfig`` or an ``EnvRunConfig``, else
+    TypeError) and return what the run measured; ``on_step(version, metrics)`` is called in
+    the driver after every learner update (and every environment evaluation). Call it under
+    ``if __name__ == "__main__":``: a ``spawn`` start imports the script again in each worker.
     """
     from nobubble.rl.actor_learner.config import EnvRunConfig
     from nobubble.rl.system.config import RunConfig
@@ -52,27 +45,22 @@ def train(
 
 
 def comparison(config: RLConfig, *, ablation: Sequence[int] = ()) -> dict[str, RLConfig]:
-    """The runs of one comparison on ``config``'s budget, by label: a task run in each mode
-    (``sync``, ``one-step-off``, ``fully-async``), an environment run in each architecture
-    (``impala``, ``seed``, ``sample-factory``); or, with ``ablation`` (max staleness bounds,
-    task runs only), each lag fix alone and all together at each bound
-    (:func:`~nobubble.rl.system.config.presets.ablation`), labelled ``eta<K>:<fix>``, with
-    the trainer slowed by :data:`ABLATION_TRAINER_DELAY_S` a step unless ``config`` slows it.
-
-    Raises:
-        TypeError: ``config`` is neither a RunConfig nor an EnvRunConfig.
-        ValueError: an ablation of an environment run, or a bound < 1.
-    """
+    """The runs of one comparison on ``config``'s budget, by label: a task run in each mode, an
+    environment run in each architecture; or, with ``ablation`` (max staleness bounds, task
+    runs only, else ValueError), each lag fix alone and all together at each bound
+    (:func:`~nobubble.rl.system.config.presets.ablation`), labelled ``eta<K>:<fix>``, the
+    trainer slowed by :data:`ABLATION_TRAINER_DELAY_S` a step unless ``config`` slows it.
+    TypeError for a config that is neither a RunConfig nor an EnvRunConfig."""
     from nobubble.rl.actor_learner.config import ARCHS, EnvRunConfig
     from nobubble.rl.system.config import MODES, RunConfig
     from nobubble.rl.system.config.presets import ablation as lag_fixes
 
-    if isinstance(config, EnvRunConfig) and not ablation:
-        return {arch: replace(config, arch=cast("Arch", arch)) for arch in ARCHS}
     if not isinstance(config, (RunConfig, EnvRunConfig)):
         raise TypeError(f"comparison: config={config!r}; pass a RunConfig (a task) or an "
                         "EnvRunConfig")  # fmt: skip
-    if not isinstance(config, RunConfig):
+    if isinstance(config, EnvRunConfig) and not ablation:
+        return {arch: replace(config, arch=cast("Arch", arch)) for arch in ARCHS}
+    if isinstance(config, EnvRunConfig):
         raise ValueError(f"comparison: config={config!r}; the lag-fix ablation is of task runs "
                          "(a RunConfig); drop it for an env run")  # fmt: skip
     if not ablation:
@@ -91,21 +79,18 @@ def serve_reward(*, task: str | None = None, reward: str | None = None,
     ``fn(prompt, response) -> float``). Close the server it returns. Raises ValueError on a
     port outside 0..65535, a reward that cannot be loaded, or an address taken."""
     from nobubble.rl.preflight import import_run_objects, load_user_object
-    from nobubble.rl.system.rewards import serve_rewards
+    from nobubble.rl.system.rewards import RewardServer, check_reward_fn
+    from nobubble.rl.system.tasks import resolve_task
 
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} must be in 0..65535")
     if task is not None:
-        from nobubble.rl.system.tasks import resolve_task
-
         import_run_objects(task)
         fn = resolve_task(task).reward
     else:
-        from nobubble.rl.system.rewards import check_reward_fn
-
         fn = load_user_object("--reward", str(reward), "reward")
         check_reward_fn(fn, str(reward))
     try:
-        return serve_rewards(fn, host=host, port=port)
+        return RewardServer(fn, host=host, port=port)
     except OSError as err:
         raise ValueError(f"cannot listen on {host}:{port} ({err}); pick another --port") from None

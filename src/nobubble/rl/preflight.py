@@ -19,9 +19,8 @@ environment run's (512 env steps, 4 epochs) both take 10 ms."""
 
 
 def load_user_object(flag: str, spec: str, what: str) -> Any:
-    """The object ``spec`` (``module:attr`` or ``file.py:attr``) names, imported now; a
-    missing module or name is the loader's ValueError, anything the import itself raises
-    (a ``SyntaxError``, the module's own error) becomes one ValueError naming ``flag``."""
+    """The object ``spec`` names, imported now: ValueError for a missing module or name, and
+    for whatever the import raises (a ``SyntaxError``, the module's own error) naming ``flag``."""
     from nobubble.rl.system.imports import load_object
 
     try:
@@ -41,23 +40,19 @@ def import_run_objects(task: str | None = None, policy: str | None = None,
     before anything else reads them (see :func:`load_user_object`)."""
     from nobubble.rl.system.imports import is_import_path
 
-    specs = [("--task", task, "task")] if task and not task.startswith("rg:") else []
-    if policy and not policy.startswith("hf:"):
-        specs.append(("--policy", policy, "policy"))
-    for text in rewards:
-        fn, sep, _ = text.rpartition("=")
-        specs.append(("--reward", fn if sep else text, "reward"))
-    for flag, spec, what in specs:
-        if is_import_path(spec):
-            load_user_object(flag, spec, what)
+    # (what, spec, the prefix of its built-in specs that are no import path)
+    specs = [("task", task or "", "rg:"), ("policy", policy or "", "hf:")]
+    specs += [("reward", text.rpartition("=")[0] or text, "") for text in rewards]
+    for what, spec, builtin in specs:
+        if is_import_path(spec) and not (builtin and spec.startswith(builtin)):
+            load_user_object(f"--{what}", spec, what)
 
 
 def env_config(env: str, options: Sequence[str] = (), **fields: Any) -> Any:
-    """The EnvRunConfig of ``env`` with ``fields``: a text env's
-    (:func:`~nobubble.rl.actor_learner.text.text_env_config`) from its ``options``
-    (``KEY=VALUE``, a value JSON when it parses as JSON, else a string), a gymnasium id's
-    (no options) with ``target_return`` left out defaulting to its spec's
-    ``reward_threshold``. Raises ValueError on a bad option or an unknown id."""
+    """The EnvRunConfig of ``env`` with ``fields``: a text env's from its ``options``
+    (``KEY=VALUE``, the value JSON when it parses), a gymnasium id's (no options) with
+    ``target_return`` defaulting to its spec's ``reward_threshold``. ValueError on a bad
+    option or an unknown id."""
     from nobubble.rl.actor_learner.config import EnvRunConfig
     from nobubble.rl.actor_learner.text import is_text_env, text_env_config
 
@@ -86,11 +81,9 @@ def env_config(env: str, options: Sequence[str] = (), **fields: Any) -> Any:
 
 
 def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
-    """Refuse an RL run (``cfg``: a RunConfig or an EnvRunConfig) past its process and memory
-    budget or, unless a time budget stops it (``timed``), its ``--steps`` budget. A task run:
-    its logits (groups x group size x tokens x vocab, fp32, 5 such tensors), its policy
-    (:func:`_check_policy`) and a Ray ``--address`` that does not answer; an env run: its
-    envs (~50 kB each) and an env id unknown or with spaces the policy cannot take."""
+    """Refuse an RL run (a RunConfig or an EnvRunConfig) past its process and memory budget
+    (a task run's logits and policy, an env run's envs), or unless ``timed`` its ``--steps``
+    budget, a Ray ``--address`` that does not answer, an env its policy cannot take."""
     if hasattr(cfg, "task"):
         data = 5 * cfg.batch_groups * cfg.group_size * _SEQ_BOUND * _VOCAB_BOUND * 4
         processes = 1 + cfg.num_rollout_workers + cfg.learners
@@ -121,10 +114,9 @@ def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
 
 
 def _check_policy(cfg: Any, *, copies: int, force: bool) -> None:
-    """Build ``cfg``'s policy on the meta device (no memory allocated): refuse settings it
-    cannot be built with, and a model whose ``copies`` copies (trainer, generators, KL
-    reference) of weights, gradients and Adam's two moments pass the memory budget. A local
-    Hugging Face checkpoint (``hf:DIR``) is sized by its files."""
+    """Build ``cfg``'s policy on the meta device: refuse settings it cannot be built with,
+    and a model whose ``copies`` copies of weights, gradients and Adam's two moments pass the
+    memory budget (``hf:DIR`` is not built here)."""
     import torch
 
     if isinstance(cfg.policy, str) and cfg.policy.startswith("hf:"):

@@ -12,7 +12,7 @@ import pytest
 
 from nobubble.rl.system.config import RewardConfig, RunConfig
 from nobubble.rl.system.orchestrator import WorkerError, run
-from nobubble.rl.system.rewards import serve_rewards
+from nobubble.rl.system.rewards import RewardServer
 from nobubble.rl.system.tasks import DigitsTask
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,7 +43,7 @@ def test_without_the_flag_a_dead_worker_stops_the_run():
 
 def test_remote_reward_service_scores_the_run():
     task = DigitsTask()
-    with serve_rewards(task.reward) as server:
+    with RewardServer(task.reward) as server:
         res = run(RunConfig(mode="sync", steps=3, reward_url=server.url, **TINY))
         served = server.requests
     assert res.ledger.ok and res.ledger.trained == 3 * 2 * 4
@@ -51,7 +51,7 @@ def test_remote_reward_service_scores_the_run():
 
 
 def test_remote_reward_failures_are_retried_then_recorded():
-    with serve_rewards(DigitsTask().reward, fail_status=500) as server:
+    with RewardServer(DigitsTask().reward, fail_status=500) as server:
         cfg = RunConfig(
             mode="sync", steps=3, reward_url=server.url, time_budget_s=3.0,
             reward=RewardConfig(max_retries=2, give_up_groups=100), **TINY,

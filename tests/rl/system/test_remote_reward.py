@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from nobubble.cli import main as cli_main
-from nobubble.rl.system.rewards import RemoteReward, RemoteRewardError, serve_rewards
+from nobubble.rl.system.rewards import RemoteReward, RewardFailure, RewardServer
 
 PROMPTS = ["ab", "hello", "", "xyz", "é"]
 RESPONSES = ["abcd", "hi", "", "x" * 10, "ü" * 3]
@@ -65,7 +65,7 @@ def canned_server(body: bytes, status: int = 200) -> Iterator[tuple[str, list[in
 def test_end_to_end_equals_the_reward_fn_applied_directly() -> None:
     expected = [length_gain(p, r) for p, r in zip(PROMPTS, RESPONSES)]
     assert min(expected) < 0 < max(expected)  # the data cover negative and positive rewards
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         rewards, num_retries = RemoteReward(server.url).score(PROMPTS, RESPONSES)
         assert RemoteReward(server.url).score(PROMPTS, RESPONSES)[0] == expected
         assert server.requests == 2  # one batched POST per call
@@ -74,7 +74,7 @@ def test_end_to_end_equals_the_reward_fn_applied_directly() -> None:
 
 
 def test_retries_until_the_server_recovers() -> None:
-    with serve_rewards(length_gain, fail_first=2) as server:
+    with RewardServer(length_gain, fail_first=2) as server:
         reward = RemoteReward(server.url, max_retries=2, backoff_s=0.0)
         rewards, num_retries = reward.score(PROMPTS, RESPONSES)
         assert server.requests == 3
@@ -83,9 +83,9 @@ def test_retries_until_the_server_recovers() -> None:
 
 
 def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -> None:
-    with serve_rewards(length_gain, fail_status=500) as server:
+    with RewardServer(length_gain, fail_status=500) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="2 attempts") as info:
+        with pytest.raises(RewardFailure, match="2 attempts") as info:
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 2
     assert "HTTP 500" in str(info.value)
@@ -94,26 +94,26 @@ def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -
 
 def test_backoff_doubles_between_attempts() -> None:
     slept: list[float] = []
-    with serve_rewards(length_gain, fail_status=503) as server:
+    with RewardServer(length_gain, fail_status=503) as server:
         reward = RemoteReward(server.url, max_retries=3, backoff_s=0.1, sleep=slept.append)
-        with pytest.raises(RemoteRewardError, match="4 attempts"):
+        with pytest.raises(RewardFailure, match="4 attempts"):
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 4
     assert slept == pytest.approx([0.1, 0.2, 0.4])  # backoff_s * 2**(a - 1) before attempt a
 
 
 def test_client_timeout_is_an_error() -> None:
-    with serve_rewards(length_gain, delay_s=0.5) as server:
+    with RewardServer(length_gain, delay_s=0.5) as server:
         reward = RemoteReward(server.url, timeout_s=0.1, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match=r"timed out after 0\.1s") as info:
+        with pytest.raises(RewardFailure, match=r"timed out after 0\.1s") as info:
             reward.score(PROMPTS, RESPONSES)
     assert "2 attempts" in str(info.value)
 
 
 def test_a_nan_from_the_reward_fn_is_an_error_not_a_score() -> None:
-    with serve_rewards(lambda p, r: float("nan")) as server:
+    with RewardServer(lambda p, r: float("nan")) as server:
         reward = RemoteReward(server.url, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="HTTP 500") as info:
+        with pytest.raises(RewardFailure, match="HTTP 500") as info:
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 2
     assert "nan" in str(info.value)
@@ -137,7 +137,7 @@ def test_a_nan_from_the_reward_fn_is_an_error_not_a_score() -> None:
 def test_malformed_answers_are_retried_then_raise(body: bytes) -> None:
     with canned_server(body) as (url, hits):
         reward = RemoteReward(url, max_retries=1, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="malformed answer"):
+        with pytest.raises(RewardFailure, match="malformed answer"):
             reward.score(["a", "b"], ["c", "d"])
         assert len(hits) == 2
 
@@ -151,10 +151,10 @@ def test_a_valid_canned_answer_is_read_exactly() -> None:
 
 
 def test_client_errors_are_not_retried() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         wrong_path = server.url.removesuffix("/score") + "/nope"
         reward = RemoteReward(wrong_path, max_retries=3, backoff_s=0.0)
-        with pytest.raises(RemoteRewardError, match="HTTP 404") as info:
+        with pytest.raises(RewardFailure, match="HTTP 404") as info:
             reward.score(PROMPTS, RESPONSES)
         assert server.requests == 1
     assert "1 attempt" in str(info.value)
@@ -166,13 +166,13 @@ def test_nothing_listening_is_an_error() -> None:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/score"
     reward = RemoteReward(url, timeout_s=0.5, max_retries=1, backoff_s=0.0)
-    with pytest.raises(RemoteRewardError, match="connection failed") as info:
+    with pytest.raises(RewardFailure, match="connection failed") as info:
         reward.score(PROMPTS, RESPONSES)
     assert url in str(info.value) and "2 attempts" in str(info.value)
 
 
 def test_server_answers_a_bad_body_with_400_and_a_json_error() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         for body in (b"{", b'{"prompts": ["a"], "responses": []}', b'{"prompts": [1]}'):
             request = urllib.request.Request(server.url, data=body, method="POST")
             with pytest.raises(urllib.error.HTTPError) as info:
@@ -182,7 +182,7 @@ def test_server_answers_a_bad_body_with_400_and_a_json_error() -> None:
 
 
 def test_empty_batch_sends_nothing() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         assert RemoteReward(server.url).score([], []) == ([], 0)
         assert server.requests == 0
 
@@ -217,7 +217,7 @@ def test_bad_url_message_gives_an_example() -> None:
 
 
 def test_pickle_round_trip_keeps_settings_and_still_scores() -> None:
-    with serve_rewards(length_gain) as server:
+    with RewardServer(length_gain) as server:
         original = RemoteReward(server.url, timeout_s=2.5, max_retries=4, backoff_s=0.01)
         copy = pickle.loads(pickle.dumps(original))
         assert copy == original

@@ -1,13 +1,11 @@
-"""Objects named by import path: ``package.module:attr`` or ``path/to/file.py:attr``.
-
-Every user-supplied part of a run (policy factory, task, reward function) may be given as a
-string, so worker processes and Ray actors rebuild it themselves, independent of the
-driver's ``__main__``. A file is loaded once per process, under a name derived from its
-absolute path, so loading it twice gives the same object.
+"""Objects named by import path, ``package.module:attr`` or ``path/to/file.py:attr``, so
+worker processes and Ray actors rebuild a run's user parts themselves. A file is loaded once
+per process, under a name derived from its absolute path: loading it twice gives one object.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -80,13 +78,10 @@ def load_object(spec: str, what: str = "object") -> Any:
                 f"{what} {spec!r}: module {head!r} is not importable ({err}); put it on "
                 "PYTHONPATH or give the file path 'path/to/file.py:attr'"
             ) from None
-    obj = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"{what} {spec!r}: {head} has no attribute {attr!r}") from None
-    return obj
+    try:
+        return functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise ValueError(f"{what} {spec!r}: {head} has no attribute {attr!r}") from None
 
 
 def import_extra(module: str, package: str, extra: str) -> Any:

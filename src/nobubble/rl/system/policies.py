@@ -1,13 +1,6 @@
-"""Policy models and sampling from them.
-
-A *policy model* is an ``nn.Module`` whose ``forward(input_ids, attention_mask=None,
-position_ids=None)`` returns ``(logits, values)``: the built-in :class:`CharTransformer`, or any
-causal LM wrapped in :class:`CausalLMPolicy`. :func:`build_policy` builds a run's model, in
-every process that needs one, from ``RunConfig.policy`` alone (``char``, ``gpt2``,
-``hf:DIR``, ``module:factory`` or a picklable factory: the table in
-``docs/rl/own-model.md``). Prompts of different lengths are *left padded*:
-``attention_mask`` is 0 on the padding and the positions count real tokens only, so a padded
-prompt gives the logits of the prompt alone.
+"""Policy models (``forward(input_ids, attention_mask=None, position_ids=None) -> (logits,
+values)``) and sampling from them. Prompts are *left padded*: ``attention_mask`` is 0 on the
+padding and positions count real tokens only, so a padded prompt gives its logits alone.
 
 Legend for shapes: ``B`` sequences, ``P`` prompt length, ``N`` response length (max new
 tokens), ``T = P + N`` (any sequence length in the models), ``V`` vocabulary, ``D`` width,
@@ -20,7 +13,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import torch
@@ -60,18 +53,11 @@ def prompt_attention_mask(tokens: torch.Tensor, prompt_len: int, pad_id: int) ->
 
 @dataclass(frozen=True)
 class Generation:
-    """Sampled responses for a batch of prompts.
+    """Sampled responses for a batch of prompts."""
 
-    Attributes:
-        tokens: (B, P + N) int64, prompt then response; after EOS the response is padded.
-        response_mask: (B, N) bool, True for generated tokens up to and including EOS.
-        logprobs: (B, N) float32, log-prob of each sampled token under the sampling policy
-            (0 where the mask is False).
-    """
-
-    tokens: torch.Tensor
-    response_mask: torch.Tensor
-    logprobs: torch.Tensor
+    tokens: torch.Tensor  # (B, P + N) int64, prompt then response, padded after EOS
+    response_mask: torch.Tensor  # (B, N) bool, True for generated tokens up to EOS included
+    logprobs: torch.Tensor  # (B, N) float32 under the sampling policy, 0 off the mask
 
 
 @torch.no_grad()
@@ -89,18 +75,15 @@ def sample(
     attention_mask: torch.Tensor | None = None,
     before_token: Callable[[int], bool] | None = None,
 ) -> Generation:
-    """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64 from a policy
-    model; one with ``supports_cache`` (a ``CausalLMPolicy`` whose LM takes a KV cache)
-    samples incrementally with its ``step``, any other recomputes the whole prefix per token.
+    """Sample up to ``max_new_tokens`` tokens after each prompt (B, P) int64, incrementally
+    with a KV cache when the model ``supports_cache``, else recomputing the prefix per token.
 
     ``attention_mask`` (B, P) is 0 on left padding (None: no padding). A sequence stops at its
-    first EOS or after ``budgets[i]`` tokens (``budgets``: (B,) int64, default
-    ``max_new_tokens``); later positions hold ``pad_id`` and are masked out. ``greedy=True``
-    takes the argmax (its log-probs are still those of the tempered policy).
-    ``before_token(i)`` is called before decoding step ``i`` while any sequence is live; it
-    may load new weights into ``model`` (partial rollouts) and then returns True, and the KV
-    cache of the old weights is dropped, so each token's log-prob is exactly that of the
-    weights that sampled it.
+    first EOS or after ``budgets[i]`` tokens ((B,) int64, default ``max_new_tokens``); later
+    positions hold ``pad_id`` and are masked out. ``greedy=True`` takes the argmax (log-probs
+    stay those of the tempered policy). ``before_token(i)``, called before step ``i`` while a
+    sequence is live, returns True after loading new weights (partial rollouts): the KV cache
+    is then dropped, so each token's log-prob is that of the weights that sampled it.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0; use greedy=True for argmax")
@@ -166,24 +149,16 @@ def response_logits(
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
-    """Shape of the policy network.
+    """Shape of the policy network; every field an integer >= 1."""
 
-    Attributes:
-        vocab_size: number of token ids (from the task's tokenizer).
-        max_seq_len: longest prompt + response the model will see.
-        hidden: residual width.
-        num_layers: transformer blocks.
-        num_heads: attention heads; must divide ``hidden``.
-    """
-
-    vocab_size: int
-    max_seq_len: int
-    hidden: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
+    vocab_size: int  # token ids (from the task's tokenizer)
+    max_seq_len: int  # longest prompt + response the model will see
+    hidden: int = 64  # residual width
+    num_layers: int = 2  # transformer blocks
+    num_heads: int = 4  # attention heads; must divide hidden
 
     def __post_init__(self) -> None:
-        names = ("vocab_size", "max_seq_len", "hidden", "num_layers", "num_heads")
+        names = [f.name for f in fields(self)]
         check_fields("PolicyConfig", self, names, ">= 1", integer=True)
         if self.hidden % self.num_heads:
             raise ValueError(
@@ -195,16 +170,12 @@ class PolicyConfig:
 class _Block(nn.Module):
     def __init__(self, cfg: PolicyConfig) -> None:
         super().__init__()
-        self.num_heads = cfg.num_heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = nn.Sequential(
-            nn.Linear(cfg.hidden, 4 * cfg.hidden),
-            nn.GELU(),
-            nn.Linear(4 * cfg.hidden, cfg.hidden),
-        )
+        self.num_heads, d = cfg.num_heads, cfg.hidden
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *, last_only: bool = False
@@ -230,15 +201,11 @@ class _Block(nn.Module):
 
 
 class CharTransformer(nn.Module):
-    """Causal transformer with a policy head and a value head.
-
-    ``forward(tokens, attention_mask=None, position_ids=None)`` takes ``tokens`` (B, T)
-    int64 and returns ``logits`` (B, T, V) float32, where ``logits[:, t]`` scores token
-    ``t + 1``, and ``values`` (B, T) float32, the value of the state after token ``t``.
-    ``attention_mask`` (B, T), 0 on left padding, hides the padding from every query;
-    ``position_ids`` (B, T) default to the mask's real tokens counted from 0. ``last_only=True``
-    gives the last position alone, ``logits`` (B, V) and ``values`` (B,): the numbers of
-    ``[:, -1]`` of the full forward, with the last block run for that one query.
+    """Causal transformer with a policy head and a value head: ``forward(tokens (B, T) int64,
+    attention_mask=None, position_ids=None)`` -> ``logits`` (B, T, V) float32 (``[:, t]``
+    scores token ``t + 1``) and ``values`` (B, T) float32 (the state after token ``t``).
+    ``attention_mask`` (0 on left padding) hides the padding; ``last_only=True`` gives
+    ``[:, -1]`` alone, (B, V) and (B,), with the last block run for that one query.
     """
 
     returns_values = True  # forward already gives (logits, values): no wrapper needed
@@ -252,19 +219,15 @@ class CharTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size)
         self.value_head = nn.Linear(cfg.hidden, 1)
-        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2's init, LayerNorms left as built
+            if p.dim() > 1:  # the Linear and Embedding weights
+                nn.init.normal_(p, std=0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 # GPT-2: scale residual projections by depth so the residual stream stays O(1)
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.num_layers))
-
-    @staticmethod
-    def _init(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=0.02)
 
     def forward(
         self,
@@ -280,16 +243,14 @@ class CharTransformer(nn.Module):
                 f"sequence length {t} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "raise PolicyConfig.max_seq_len"
             )
-        attn = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
+        position_ids = _positions(mask) if position_ids is None else position_ids
+        attn = None  # no padding: the fast causal path
+        if not bool(mask.all()):
+            keys = mask.bool()[:, None, None, :]  # (B, 1, 1, T)
             eye = torch.eye(t, dtype=torch.bool, device=tokens.device)
             causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             attn = causal & (keys | eye)  # (B, 1, T, T); a pad query sees itself only
-            if position_ids is None:
-                position_ids = _positions(attention_mask)
-        if position_ids is None:
-            position_ids = torch.arange(t, device=tokens.device)[None, :]
         x = self.tok_emb(tokens) + self.pos_emb(position_ids)  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, attn, last_only=last_only and i == len(self.blocks) - 1)
@@ -298,19 +259,12 @@ class CharTransformer(nn.Module):
 
 
 class CausalLMPolicy(nn.Module):
-    """A policy model around any causal LM.
-
-    Args:
-        lm: an ``nn.Module`` whose ``forward(input_ids, ...)`` returns logits (B, T, V), a
-            tuple starting with them, or an object with ``.logits`` (Hugging Face).
-            ``attention_mask`` and ``position_ids`` are passed when its forward names them;
-            a KV cache is used for sampling (``supports_cache``, :meth:`step`) when it takes
-            ``cache`` or ``past_key_values`` and ``use_cache`` (Hugging Face causal LMs do).
-        vocab_size: V, the task tokenizer's ids; an LM with more logits is cut to the
-            first V (fewer raise ValueError on the first forward).
-
-    The value head is a zero-initialised linear layer on the logits, so any LM works with
-    PPO and V-trace (GRPO and decoupled PPO leave it unused).
+    """A policy model around a causal LM ``lm`` whose ``forward(input_ids, ...)`` returns
+    logits (B, T, V), a tuple starting with them, or an object with ``.logits`` (Hugging
+    Face), cut to the task's ``vocab_size`` ids. ``attention_mask``/``position_ids`` are passed
+    when its forward names them; a KV cache serves sampling (:meth:`step`) when it takes
+    ``cache`` or ``past_key_values`` and ``use_cache``. The value head is a zero-initialised
+    linear layer on the logits, so any LM works with PPO and V-trace.
     """
 
     returns_values = True
@@ -347,8 +301,7 @@ class CausalLMPolicy(nn.Module):
         return logits, self.value_head(logits.float()).squeeze(-1)
 
     def _logits(self, out: Any) -> torch.Tensor:
-        """The LM's logits (B, ..., V) from its output, cut to the first V: an LM with a
-        larger vocabulary samples the tokenizer's ids."""
+        """The LM's logits (B, ..., V) from its output, cut to the tokenizer's first V ids."""
         logits = getattr(out, "logits", out[0] if isinstance(out, tuple | list) and out else out)
         if not isinstance(logits, torch.Tensor):
             raise TypeError(
@@ -385,9 +338,7 @@ class CausalLMPolicy(nn.Module):
 def as_policy(model: nn.Module, vocab_size: int) -> nn.Module:
     """``model`` if it already returns ``(logits, values)`` (``returns_values = True``),
     else the model wrapped in :class:`CausalLMPolicy`."""
-    if getattr(model, "returns_values", False):
-        return model
-    return CausalLMPolicy(model, vocab_size)
+    return model if getattr(model, "returns_values", False) else CausalLMPolicy(model, vocab_size)
 
 
 def _char(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:
@@ -400,13 +351,8 @@ def _gpt2(vocab_size: int, max_seq_len: int, **kwargs: Any) -> nn.Module:
     dropout unless ``kwargs`` (config fields) say otherwise."""
     transformers = import_extra("transformers", "transformers", "hf")
     # bos/eos None: GPT-2's own ids (50256) lie outside a task's vocabulary
-    cfg: dict[str, Any] = {
-        "n_layer": 2,
-        "n_embd": 64,
-        "n_head": 4,
-        "bos_token_id": None,
-        "eos_token_id": None,
-    }
+    cfg: dict[str, Any] = {"n_layer": 2, "n_embd": 64, "n_head": 4}
+    cfg |= dict.fromkeys(("bos_token_id", "eos_token_id"))
     cfg |= dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), 0.0) | kwargs
     try:
         config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=max_seq_len, **cfg)

@@ -1,19 +1,11 @@
-"""The reward stage (:class:`Rewarder`): a weighted sum of reward sources, retried, failures
-recorded; the client of a reward service over HTTP (:class:`RemoteReward`) and a reference
-server for it (:class:`RewardServer`).
-
-A sample's reward is ``sum(weight * fn(prompt, response))`` over the run's
-:class:`RewardSource` s, plus the service's (``RunConfig.reward_url``, asked once per group);
-every value is a finite real (:func:`~nobubble.rl.system.tasks.as_reward`). A sample whose
-sources still raise after ``max_retries`` retries, or whose group the service failed, is
-recorded as failed with the error text - never scored 0 in silence - and the buffer drops its
-group (``reward_failed``). :class:`RewardWatch` ends a run whose reward keeps failing. The
-service's wire format (``POST url {"prompts": [...], "responses": [...]}`` -> ``200
-{"rewards": [...]}``, ``rewards[i]`` scoring pair ``i``) is in ``docs/rl/own-model.md``.
+"""The reward stage (:class:`Rewarder`, :class:`RewardWatch`), the client of a reward service
+(:class:`RemoteReward`) and a reference server of its wire format (:class:`RewardServer`,
+``docs/rl/own-model.md``): a reward that fails is recorded, never scored 0 in silence.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import inspect
 import json
@@ -41,15 +33,11 @@ __all__ = [
     "RewardFailure",
     "RewardWatch",
     "check_reward_fn",
-    "InjectedRewardFailure",
     "RewardSource",
     "parse_reward",
     "Rewarder",
     "RemoteReward",
-    "RemoteRewardError",
-    "check_pairs",
     "RewardServer",
-    "serve_rewards",
 ]
 
 _EXCERPT_CHARS = 200  # how much of a bad answer an error message quotes
@@ -60,18 +48,18 @@ RewardFn = Callable[[str, str], float]
 
 
 class RewardFailure(RuntimeError):
-    """Every reward attempt of many groups in a row failed: the run cannot learn."""
+    """A reward gave no valid score: a failure injected by ``RewardConfig.failure_rate``, a
+    reward service that failed (``retry``: whether another attempt may fix it), or so many
+    groups in a row that the run cannot learn (:class:`RewardWatch`)."""
 
-
-class InjectedRewardFailure(RuntimeError):
-    """A failure injected by ``RewardConfig.failure_rate`` (stands for a crashed verifier)."""
+    def __init__(self, message: str, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 class RewardWatch:
-    """Counts groups whose reward failed in a row; :meth:`record` raises
-    :class:`RewardFailure` once ``give_up_groups`` did, or the streak lasted ``give_up_s``
-    seconds (wall-clock, from its first group's ``t_admitted``), naming the source, the count
-    and the last error."""
+    """:meth:`record` raises :class:`RewardFailure` once ``give_up_groups`` groups in a row
+    failed, or the streak lasted ``give_up_s`` seconds (from its first group's ``t_admitted``)."""
 
     def __init__(self, cfg: RewardConfig, source: str) -> None:
         self.cfg, self.source = cfg, source
@@ -142,14 +130,10 @@ def parse_reward(text: str) -> RewardSource:
 
 
 class Rewarder:
-    """Scores groups with the run's reward sources and the service (see the module docstring).
-
-    Args:
-        task: the task (its reward is the source ``"task"``).
-        sources: the local sources; empty means ``("task", 1.0)`` unless ``remote`` is set.
-        cfg: delays, injected failures (seeded by sample id and attempt), retries.
-        remote: a batched scorer ``.score(prompts, responses) -> (rewards, retries)``, or None.
-    """
+    """Scores a sample as ``sum(weight * fn(prompt, response))`` over ``sources`` (empty:
+    ``("task", 1.0)`` unless ``remote`` is set) plus ``remote``'s score (``.score(prompts,
+    responses) -> (rewards, retries)``, one call a group), every value a finite real; ``cfg``
+    gives delays, injected failures (seeded by sample id and attempt) and retries."""
 
     def __init__(
         self,
@@ -169,9 +153,7 @@ class Rewarder:
         if cfg.delay_s:
             time.sleep(cfg.delay_s)
         if random.Random(hash((cfg.seed, s.sample_id, attempt))).random() < cfg.failure_rate:
-            raise InjectedRewardFailure(
-                f"injected failure (sample {s.sample_id}, attempt {attempt})"
-            )
+            raise RewardFailure(f"injected failure (sample {s.sample_id}, attempt {attempt})")
         return sum(w * as_reward(fn(s.prompt, s.response), name) for fn, w, name in self._fns)
 
     def _score(self, s: Sample) -> tuple[float | None, str | None, int]:
@@ -211,34 +193,13 @@ class Rewarder:
         return group.with_samples(out), span
 
 
-class RemoteRewardError(RuntimeError):
-    """The reward service gave no valid answer: every attempt failed, or it refused (4xx)."""
-
-
-class _AttemptFailed(Exception):
-    """One attempt failed; ``retry``: whether another attempt may fix it (not after a 4xx)."""
-
-    def __init__(self, message: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.retry = retry
-
-
 @dataclass(frozen=True)
 class RemoteReward:
-    """Score ``(prompt, response)`` pairs with a remote service, one batched POST a call (an
-    empty batch is answered locally with ``[]``). An attempt fails on a connection error, a
-    timeout, a status >= 500 or a malformed answer (not ``B`` finite reals), and is retried up
-    to ``max_retries`` times; a 4xx is not. :class:`RemoteRewardError` then names the url,
-    the attempts and the last error: a made-up score is never returned.
-
-    Attributes:
-        url: the scoring endpoint, ``http://`` or ``https://`` with a host.
-        timeout_s: seconds each socket operation of one attempt may take, > 0.
-        max_retries: further attempts after a failed one, >= 0.
-        backoff_s: base of the exponential sleep, >= 0: ``backoff_s * 2**(a - 1)`` before
-            attempt ``a`` (a = 1, 2, ...).
-        sleep: how to wait between attempts (``time.sleep``; a test passes its own).
-    """
+    """Scores ``(prompt, response)`` pairs at ``url`` (``http(s)://`` with a host), one batched
+    POST a call. An attempt fails on a connection error, a timeout (``timeout_s`` per socket
+    operation), a status >= 500 or a malformed answer, and is retried up to ``max_retries``
+    times, sleeping ``backoff_s * 2**(a - 1)`` (through ``sleep``) before attempt ``a``; a 4xx
+    is not retried. A made-up score is never returned."""
 
     url: str
     timeout_s: float = 10.0
@@ -262,13 +223,9 @@ class RemoteReward:
         check_value("RemoteReward.backoff_s", self.backoff_s, ">= 0")
 
     def score(self, prompts: list[str], responses: list[str]) -> tuple[list[float], int]:
-        """``(rewards, num_retries)``: the ``B`` rewards of ``B`` prompts and their responses,
-        and how many retries they took.
-
-        Raises:
-            ValueError: the batch is malformed (lengths differ, a non-string item).
-            RemoteRewardError: no attempt got a valid answer, or the server answered 4xx.
-        """
+        """``(rewards, num_retries)`` for ``B`` prompts and their responses (``[]`` for none,
+        asked of no one). Raises ValueError on a malformed batch, :class:`RewardFailure`
+        naming the url, the attempts and the last error when no attempt got a valid answer."""
         check_pairs(prompts, responses)
         if not prompts:
             return [], 0
@@ -279,23 +236,22 @@ class RemoteReward:
                 self.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 return _parse_rewards(_post(self.url, body, self.timeout_s), len(prompts)), attempt
-            except _AttemptFailed as err:
+            except RewardFailure as err:
                 if not err.retry:
-                    raise RemoteRewardError(
+                    raise RewardFailure(
                         f"reward service {self.url} refused the request after "
                         f"{_attempts(attempt + 1)} ({err}); a status < 500 is not retried: "
                         "check the url's path and what the server expects"
                     ) from None
                 last_error = str(err)
-        raise RemoteRewardError(
+        raise RewardFailure(
             f"reward service {self.url} gave no valid answer in "
             f"{_attempts(self.max_retries + 1)}; last error: {last_error}"
         )
 
 
 def check_pairs(prompts: Any, responses: Any) -> None:
-    """Raise ValueError unless ``prompts`` and ``responses`` are lists of strings of one
-    length: the batch of the wire format, checked by the client and by the server."""
+    """Raise ValueError unless ``prompts`` and ``responses`` are lists of strings of one length."""
     for name, items in (("prompts", prompts), ("responses", responses)):
         if not isinstance(items, list | tuple):
             raise ValueError(f"{name}={items!r:.100} is not a list; send a list of strings")
@@ -312,7 +268,7 @@ def check_pairs(prompts: Any, responses: Any) -> None:
 
 
 def _post(url: str, body: bytes, timeout_s: float) -> bytes:
-    """The body of a 2xx answer to ``POST url``, else :class:`_AttemptFailed`."""
+    """The body of a 2xx answer to ``POST url``, else :class:`RewardFailure`."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
@@ -324,12 +280,12 @@ def _post(url: str, body: bytes, timeout_s: float) -> bytes:
         except (http.client.HTTPException, OSError):
             detail = ""
         message = f"HTTP {err.code}" + (f": {detail}" if detail else "")
-        raise _AttemptFailed(message, retry=err.code >= 500) from None
+        raise RewardFailure(message, retry=err.code >= 500) from None
     except (http.client.HTTPException, OSError) as err:  # URLError and TimeoutError too
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
         if isinstance(reason, TimeoutError):
-            raise _AttemptFailed(f"timed out after {timeout_s}s") from None
-        raise _AttemptFailed(f"connection failed: {reason!r}") from None
+            raise RewardFailure(f"timed out after {timeout_s}s") from None
+        raise RewardFailure(f"connection failed: {reason!r}") from None
 
 
 def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
@@ -339,15 +295,15 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
     except (ValueError, TypeError, KeyError, IndexError):  # JSONDecodeError, UnicodeDecodeError
         values = None
     if not isinstance(values, list):
-        raise _AttemptFailed(f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}")
+        raise RewardFailure(f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}")
     if len(values) != num_pairs:
-        raise _AttemptFailed(
+        raise RewardFailure(
             f"malformed answer: {len(values)} rewards for {num_pairs} prompt/response pairs"
         )
     try:
         return [as_reward(value, f"the service for pair {i}") for i, value in enumerate(values)]
     except ValueError as err:
-        raise _AttemptFailed(f"malformed answer: {err}") from None
+        raise RewardFailure(f"malformed answer: {err}") from None
 
 
 def _excerpt(raw: bytes) -> str:
@@ -360,24 +316,13 @@ def _attempts(count: int) -> str:
 
 
 class RewardServer(ThreadingHTTPServer):
-    """A reference server of the wire format (tests, demos, a template; from a shell
-    ``nobubble rl reward-server``): serves ``reward_fn(prompt, response) -> float`` at ``url``
-    (``http://host:port/score``) from a daemon thread, from construction until :meth:`close`
-    (idempotent; waits up to 5 s for the thread) or the end of a ``with`` block. Answers, all
-    JSON: 200 ``{"rewards": [...]}``; 400 ``{"error": ...}`` for a body that is not an object
-    of two lists of strings of one length; 404 for a path that does not end in ``/score``;
-    500 ``{"error": ...}`` when ``reward_fn`` raises or returns a value that is not a finite
-    number (a broken verifier fails the request, it never scores).
-
-    Args:
-        reward_fn: scores one pair; any finite real.
-        host, port: where to listen; ``port=0`` picks a free port (read it from ``url``).
-        delay_s: seconds to sleep before answering each request, >= 0 (provokes timeouts).
-        fail_status: answer every request with this status in [400, 599]; None = behave.
-        fail_first: answer the first ``fail_first`` requests with 500, then behave.
-
-    ``requests`` counts the POST requests received (any path, any outcome).
-    """
+    """The reference server of the wire format (``docs/rl/own-model.md``: 200, 400, 404, 500
+    with a JSON error): serves ``reward_fn(prompt, response) -> float`` at ``url``
+    (``http://host:port/score``; ``port=0`` picks a free port) from a daemon thread until
+    :meth:`close` (idempotent, waits up to 5 s) or the end of a ``with`` block. Failure
+    injection: sleep ``delay_s`` before each answer, answer every request with
+    ``fail_status`` (400..599), or the first ``fail_first`` with 500. ``requests`` counts the
+    POST requests received."""
 
     def __init__(
         self,
@@ -389,36 +334,28 @@ class RewardServer(ThreadingHTTPServer):
         fail_status: int | None = None,
         fail_first: int = 0,
     ) -> None:
-        check_value("serve_rewards delay_s", delay_s, ">= 0")
-        check_value("serve_rewards fail_first", fail_first, ">= 0", integer=True)
+        check_value("RewardServer delay_s", delay_s, ">= 0")
+        check_value("RewardServer fail_first", fail_first, ">= 0", integer=True)
         if fail_status is not None and not (
             isinstance(fail_status, int) and 400 <= fail_status <= 599
         ):
             raise ValueError(
-                f"serve_rewards fail_status={fail_status!r} must be an HTTP error status in "
+                f"RewardServer fail_status={fail_status!r} must be an HTTP error status in "
                 "[400, 599] (e.g. 500) or None"
             )
-        check_reward_fn(reward_fn, "serve_rewards reward_fn")
+        check_reward_fn(reward_fn, "RewardServer reward_fn")
         self.reward_fn, self.delay_s = reward_fn, delay_s
         self.fail_status, self.fail_first = fail_status, fail_first
         self.requests = 0
         self._lock = threading.Lock()
         super().__init__((host, port), _Handler)
         self.url = f"http://{self.server_address[0]!s}:{self.server_address[1]}/score"
-        self._closed = False
-        self._serving = threading.Thread(
-            target=self.serve_forever,
-            kwargs={"poll_interval": _POLL_INTERVAL_S},
-            name="reward-server",
-            daemon=True,
-        )
+        serve = functools.partial(self.serve_forever, poll_interval=_POLL_INTERVAL_S)
+        self._serving = threading.Thread(target=serve, name="reward-server", daemon=True)
         self._serving.start()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.shutdown()
+        self.shutdown()  # idempotent, like the two calls below
         self.server_close()
         self._serving.join(timeout=_CLOSE_TIMEOUT_S)
 
@@ -430,8 +367,12 @@ class RewardServer(ThreadingHTTPServer):
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
-    def answer(self, index: int, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """The status and JSON payload for request number ``index`` (from 0)."""
+    def answer(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """The status and JSON payload of one request (counted, answered after ``delay_s``)."""
+        with self._lock:
+            index, self.requests = self.requests, self.requests + 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.fail_status is not None:
             return self.fail_status, {"error": f"fail_status={self.fail_status}"}
         if index < self.fail_first:
@@ -457,9 +398,6 @@ class RewardServer(ThreadingHTTPServer):
         return 200, {"rewards": rewards}
 
 
-serve_rewards = RewardServer  # the function-style name: serve_rewards(reward_fn, **settings)
-
-
 class _Handler(BaseHTTPRequestHandler):
     server_version = "nobubble-reward/1"
 
@@ -467,14 +405,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # silence the per-request line on stderr
 
     def do_POST(self) -> None:
-        owner = cast(RewardServer, self.server)
-        with owner._lock:
-            index, owner.requests = owner.requests, owner.requests + 1
         length = self.headers.get("Content-Length", "0")
         body = self.rfile.read(int(length)) if length.isdigit() else b""
-        if owner.delay_s:
-            time.sleep(owner.delay_s)
-        status, payload = owner.answer(index, self.path, body)
+        status, payload = cast(RewardServer, self.server).answer(self.path, body)
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

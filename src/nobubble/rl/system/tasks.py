@@ -1,12 +1,6 @@
-"""Tasks: the built-in ones (whose evaluation set is their whole prompt space) and the
-character tokenizer, reasoning-gym's datasets, and any object of the user's as a
-:class:`TaskSpec`, the one interface the stages use; :func:`resolve_task` reads a run's
-``task`` setting.
-
-What a task must have and may have is in ``docs/rl/own-model.md`` (Tasks): ``reward(prompt,
-response)``, ``prompts()`` and/or ``eval_prompts()``, ``max_new_tokens``; optionally
-``is_correct`` or ``answer``, ``tokenizer`` (or ``tokenizer_alphabet``),
-``response_budget(prompt)`` and ``name``.
+"""Tasks: the built-in ones, reasoning-gym's datasets and any object of the user's (what a
+task must and may have: ``docs/rl/own-model.md``), each seen by the stages as a
+:class:`TaskSpec`; :func:`resolve_task` reads a run's ``task`` setting.
 """
 
 from __future__ import annotations
@@ -89,17 +83,11 @@ class _AnswerTask:
 @dataclass(frozen=True, kw_only=True)
 class DigitsTask(_AnswerTask):
     """Digit completion: ``"a,b:m,n"`` -> the next ``n`` terms of ``a, b, ...`` modulo ``m``,
-    one digit each: ``t_k = (b + k (b - a)) mod m``.
+    one digit each: ``t_k = (b + k (b - a)) mod m``."""
 
-    Attributes:
-        moduli: the values of ``m`` (2..9, one character each).
-        num_terms: the values of ``n`` (1..9).
-        differences: the common differences ``d = b - a`` the prompts use (taken mod ``m``);
-            ``None`` means every ``d`` in ``0..m-1`` (harder to learn: docs/rl/system.md).
-    """
-
-    moduli: tuple[int, ...] = (5, 7, 9)
-    num_terms: tuple[int, ...] = (3,)
+    moduli: tuple[int, ...] = (5, 7, 9)  # the values of m, 2..9 (one character each)
+    num_terms: tuple[int, ...] = (3,)  # the values of n, 1..9
+    # the differences d = b - a the prompts use (mod m); None: every d in 0..m-1 (harder)
     differences: tuple[int, ...] | None = (1,)
     name: str = "digits"
 
@@ -158,10 +146,7 @@ class SumDigitsTask(_AnswerTask):
         return str(sum(int(c) for c in prompt[:-1]))
 
 
-TASKS: dict[str, type[DigitsTask] | type[SumDigitsTask]] = {
-    "digits": DigitsTask,
-    "sum": SumDigitsTask,
-}
+TASKS: dict[str, type[_AnswerTask]] = {"digits": DigitsTask, "sum": SumDigitsTask}
 
 
 def _chars(texts: list[str]) -> str:
@@ -169,16 +154,11 @@ def _chars(texts: list[str]) -> str:
 
 
 class ReasoningGymPool:
-    """``size`` questions of reasoning-gym's dataset ``name``, generated from ``seed`` with
-    the dataset's ``config`` (``min_digits=1`` for ``chain_sum``, ...).
-
-    Attributes: ``name`` (``rg:<name>``), ``dataset``, its ``entries`` (question, answer,
-    metadata) in order, their ``answers`` as text, and the sorted characters of the answers
-    (``answer_chars``) and of the questions and answers (``chars``).
-
-    Raises:
-        ValueError: an unknown dataset (with the names close to it), a bad config, a size < 1.
-        ImportError: the ``rg`` extra is not installed.
+    """``size`` questions (``entries``: question, answer, metadata) of reasoning-gym's dataset
+    ``name``, generated from ``seed`` with the dataset's ``config``; ``answers`` as text and
+    the sorted characters of the answers (``answer_chars``) and of everything (``chars``).
+    ValueError on an unknown dataset (naming close ones), a bad config or a size < 1;
+    ImportError without the ``rg`` extra.
     """
 
     def __init__(self, name: str, *, size: int = 500, seed: int = 0, **config: Any) -> None:
@@ -205,10 +185,9 @@ class ReasoningGymPool:
 
 
 class ReasoningGymTask:
-    """The reasoning-gym dataset ``name`` as a task: a training pool of ``size`` questions
-    (seed ``seed``) and a held-out evaluation set of ``eval_size`` (seed ``seed + 1``).
-    ``max_new_tokens`` defaults to the longest answer + 1 (``<eos>``); ``**config`` is the
-    dataset's config."""
+    """The reasoning-gym dataset ``name`` as a task: a pool of ``size`` questions (``seed``)
+    and a held-out evaluation set of ``eval_size`` (``seed + 1``); ``max_new_tokens``
+    defaults to the longest answer + 1 (``<eos>``)."""
 
     def __init__(
         self,
@@ -252,9 +231,8 @@ class RewardError(ValueError):
 
 
 def as_reward(value: object, what: str) -> float:
-    """``value`` as a reward: a finite real (an ``int`` or ``float``, not a ``bool``) as a
-    float, else :class:`RewardError` saying that ``what`` returned it - the one rule for a
-    task's, a reward function's, a reward service's and a text env's rewards alike."""
+    """``value`` (an ``int`` or ``float``, not a ``bool``) as a finite float, else
+    :class:`RewardError` saying that ``what`` returned it."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
         raise RewardError(f"{what} returned {value!r}, not a finite number; return an int or float")
     return float(value)
@@ -265,18 +243,11 @@ def _has(obj: Any, name: str) -> bool:
 
 
 class TaskSpec:
-    """A task with everything the stages need filled in; ValueError at construction names
-    what the task lacks.
-
-    Attributes:
-        task: the user's object; name: its name.
-        tokenizer: the task's tokenizer (``encode(text) -> ids`` with ``<bos>`` first,
-            ``decode_response``, ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``), or a
-            :class:`CharTokenizer` over ``tokenizer_alphabet`` or the prompts' characters.
-        prompts, eval_prompts: the training pool (a sample's ``prompt_id`` indexes it) and
-            the evaluation set; each defaults to the other.
-        prompt_len: P, the longest encoded prompt; shorter prompts are left padded to it.
-        max_new_tokens: N.
+    """The user's ``task`` with everything the stages need filled in (ValueError names what
+    it lacks): its ``tokenizer`` (default a :class:`CharTokenizer` over
+    ``tokenizer_alphabet`` or the prompts' characters), ``prompts`` (the pool a sample's
+    ``prompt_id`` indexes) and ``eval_prompts`` (each defaults to the other), ``prompt_len``
+    P (the longest encoded prompt; shorter ones are left padded) and ``max_new_tokens`` N.
     """
 
     def __init__(self, task: Any, name: str | None = None) -> None:
@@ -298,8 +269,7 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r} has no prompts")
         if not all(isinstance(p, str) for p in (*pool, *evals)):
             raise ValueError(f"task {self.name!r}: prompts must be strings")
-        self.prompts: list[str] = pool
-        self.eval_prompts: list[str] = evals
+        self.prompts, self.eval_prompts = pool, evals
         self.max_new_tokens = int(task.max_new_tokens)
         check_value(f"task {self.name!r}: max_new_tokens", self.max_new_tokens, ">= 1")
         tok = getattr(task, "tokenizer", None)
