@@ -1,14 +1,10 @@
-"""Checkpoints of an RL run, taken at step boundaries, and the resume from the newest one.
+"""Checkpoints of an RL run at step boundaries, and the resume from the newest one.
 
-A checkpoint is a folder ``step-<N>-<token>/`` under the run's checkpoint folder holding
-``trainer.pt`` (written by the trainer: policy, optimizer, version, torch's RNG, the KL
-reference) and ``orchestrator.pt`` (written by the driver once that step is back: the
-orchestrator's :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`, the groups in
-flight included, and the config), plus the pointer ``latest``. Files are written atomically
-and ``latest`` moves only once both exist, so a crash at any point leaves the previous
-checkpoint whole; ``<token>`` is new per driver process, so a trainer left over from a
-killed run never writes into the resumed run's folders. Torch is imported only by the
-functions that read and write the files (docs: ``docs/rl/own-model.md``).
+A checkpoint is a folder ``step-<N>-<token>/`` holding ``trainer.pt`` (the trainer's part)
+and ``orchestrator.pt`` (the driver's :class:`RunProgress` and the groups in flight), plus the
+pointer ``latest``. Files are written atomically and ``latest`` moves only once both exist,
+so a crash at any point leaves the previous checkpoint whole; ``<token>`` is new per driver
+process, so a trainer left over from a killed run never writes into the resumed run's folders.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""The one experience buffer of both producers: admission, oldest-first batches, the ledger;
-and the task run's replay of past groups (:class:`GroupReplay`).
+"""The one experience buffer of both producers (admission, oldest-first batches, the
+:class:`Ledger` of every sample's fate) and the task run's replay of past groups.
 
-Admission (AReaL): with ``B`` groups per batch, the ``N_r``-th live group may start only while
-``floor((N_r - 1) / B) <= version + max_staleness`` (``max_staleness = 0``: synchronous RL).
-A batch is the ``B`` scored groups of the oldest policy versions (ties: lower group id).
-Drop reasons (:data:`DROP_REASONS`): ``stale`` (newest token older than ``drop_staleness``),
-``reward_failed``, ``unfinished`` (in flight at the end), ``synced`` (older than the trainer
-at a forced full sync). An environment trajectory is one group of one sample, admitted on
-arrival (``admit_on_arrival``): the bound then holds at consumption alone.
-
-Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED``; the
-:class:`Ledger` gives each sample id one fate and refuses a second: every generated sample is
-trained once (plus its replay reuses, listed by step) or dropped for a stated reason. A
-requeued group (a dead worker, a resume) goes back to ``ADMITTED`` under the same ids; a
-numbered ``source=(name, seq)`` is checked for gaps (a trajectory lost in transit).
+Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED`` for one
+of :data:`DROP_REASONS`; a requeued group (a dead worker, a resume) goes back to
+``ADMITTED`` under the same ids. Invariant: every generated sample gets exactly one fate,
+trained once (plus its replay reuses) or dropped (``docs/rl/system.md``).
 """
 
 from __future__ import annotations
@@ -195,9 +186,7 @@ class Ledger:
             f.split("@")[0] if f.startswith("trained") else f for f in self.fate.values()
         )
         dropped = {r: fates.get(f"dropped:{r}", 0) for r in DROP_REASONS}
-        in_flight = sum(
-            1 for s in self._state.values() if s not in (GroupState.TRAINED, GroupState.DROPPED)
-        )
+        in_flight = sum(bool(_NEXT[s]) for s in self._state.values())  # not final
         reused = sum(len(v) for v in self.reuse.values())
         by_learner: Counter[int] = Counter()
         for gid, learners in self.learners.items():
@@ -298,7 +287,8 @@ class ExperienceBuffer(Generic[G]):
         self._num_live -= 1
 
     def take_batch(self, trainer_version: int, sync: bool = False) -> list[G] | None:
-        """The B oldest groups fresh enough for ``trainer_version``, or None if too few.
+        """The B groups of the oldest policy versions (ties: the lower group id) fresh
+        enough for ``trainer_version``, or None if too few.
 
         Groups that would exceed the staleness bound are dropped (reason ``"stale"``); with
         ``sync`` (a forced full sync) every group older than ``trainer_version`` is dropped
@@ -307,11 +297,10 @@ class ExperienceBuffer(Generic[G]):
         floor = trainer_version - self.drop_staleness
         # newest_version = policy_version unless partial rollouts continued the group with
         # newer weights; then its tokens within the bound still train (the rest are masked)
-        for gid in [g for g, grp in self._ready.items() if grp.newest_version < floor]:
-            self._drop(gid, "stale")
-        if sync:
-            old = [g for g, grp in self._ready.items() if grp.policy_version < trainer_version]
-            for gid in old:
+        for gid, grp in list(self._ready.items()):
+            if grp.newest_version < floor:
+                self._drop(gid, "stale")
+            elif sync and grp.policy_version < trainer_version:
                 self._drop(gid, "synced")
         if len(self._ready) < self.batch_groups:
             return None
@@ -352,17 +341,10 @@ def _priority(group: SampleGroup) -> float:
 
 
 class GroupReplay:
-    """A replay of past groups in the training loop, uniform or prioritized, bounded by
-    staleness; its state pickles into checkpoints (settings:
-    :class:`~nobubble.rl.system.config.ReplayConfig`).
-
-    After a step its fresh groups enter a ring of ``capacity`` groups; before a step up to
-    ``n`` groups are drawn again beside the fresh batch, only among groups within the run's
-    staleness bound, whole (one policy version per group), without replacement and seeded.
-    ``uniform``: IS weight 1 (``alpha = 0``); ``prioritized``: by the group's reward variance
-    (a group whose responses all scored the same teaches GRPO nothing), with
-    :class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s probabilities and IS weights
-    over the eligible groups."""
+    """A seeded ring of the last ``cfg.capacity`` trained groups, drawn again whole, without
+    replacement, within the staleness bound: ``uniform`` (IS weight 1) or ``prioritized`` by
+    the group's reward variance (:class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s
+    probabilities and IS weights over the eligible groups); it pickles into checkpoints."""
 
     def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
         from nobubble.rl.algo.replay import PrioritizedReplayBuffer

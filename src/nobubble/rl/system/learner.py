@@ -1,21 +1,7 @@
-"""The one learner of both producers (:class:`Learner`: the policy, its Adam optimizer and its
-version; the loss is a choice) and the LLM producer's loss (:class:`GroupLoss`).
-
-After :meth:`Learner.join` a learner is one of ``ctx.world_size``, each on its own shard,
-combined by ``RunConfig.aggregation`` (:mod:`nobubble.rl.algo.aggregation`;
-``docs/rl/system.md``): ``sync`` all-reduces the gradients weighted by each shard's
-``num_tokens`` (exactly one learner on the whole batch); ``async`` / ``staleness`` make
-learner 0 a parameter server; ``local-sgd`` averages the parameters every H steps.
-
-:class:`GroupLoss` (settings ``RunConfig.trainer``, ``algo``, ``partial_rollouts``,
-``token_drop_staleness``; the environment producer's is
-:class:`~nobubble.rl.actor_learner.run.VTraceLoss`), ``algo`` from
-:mod:`nobubble.rl.algo.losses`: ``grpo`` (group-relative advantages, PPO clip against the
-behaviour policy), ``ppo`` (advantage ``R - V(s_t)``, value loss), ``decoupled-ppo`` (AReaL:
-trust region around the proximal policy), ``vtrace`` (IMPALA) and ``vtrace-ppo``. Lag
-controls are per token: staleness weights times the replay's IS weights, folded into the
-advantages; tokens older than ``token_drop_staleness`` masked out; a KL penalty to a
-reference policy. Whole-group versioning is asserted unless ``partial_rollouts``.
+"""The one learner of both producers (:class:`Learner`: the policy, its Adam optimizer, its
+version and the aggregation over ``RunConfig.learners``; the loss is a choice) and the LLM
+producer's loss (:class:`GroupLoss`: ``RunConfig.algo`` with the per-token lag controls).
+Aggregations and lag controls: ``docs/rl/system.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +10,7 @@ import copy
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -233,9 +219,7 @@ class Learner(Generic[LossT]):
             push_staleness_mean=sum(lags) / len(lags),
             push_weight_mean=sum(w for _, _, w in pushes) / len(pushes),
         )
-        return ShardGradients(
-            shard.staleness, shard.metrics, shard.num_tokens, shard.token_staleness, pushes
-        )
+        return replace(shard, pushes=pushes)
 
     def _apply(self, item: tuple[int, int, Any], pushes: list[tuple[int, int, float]]) -> None:
         """One push ``(learner, version, gradient)``: learner 0 gives a server version, the
@@ -262,8 +246,11 @@ class TrainResult:
     weight_digests: dict[int, str] = field(default_factory=dict)
 
 
-def _upcast(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+def _token_logp(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-softmax of ``logits`` (B, N, V), at least fp32 (fp16/bf16 upcast, fp64 kept),
+    and its (B, N) entries at ``actions``."""
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    return logp_all, logp_all.gather(2, actions[..., None]).squeeze(2)
 
 
 class GroupBatch(NamedTuple):
@@ -276,11 +263,11 @@ class GroupBatch(NamedTuple):
 
 
 class GroupLoss:
-    """The LLM producer's loss (``RunConfig.algo``) on a :class:`GroupBatch`, for the
-    :class:`~nobubble.rl.system.learner.Learner`; holds the KL penalty's reference policy
-    (a frozen copy of the initial ``model``, refreshed every ``kl_refresh_every`` versions).
-    ``cfg`` is the run: the trainer's settings are ``cfg.trainer``.
-    """
+    """The LLM producer's loss on a :class:`GroupBatch` (``cfg.algo``: ``grpo``, ``ppo``,
+    ``decoupled-ppo``, ``vtrace``, ``vtrace-ppo``; settings ``cfg.trainer``); holds the KL
+    penalty's reference policy, a frozen copy of the initial ``model`` refreshed every
+    ``kl_refresh_every`` versions. Whole-group versioning is asserted unless
+    ``cfg.partial_rollouts``."""
 
     def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig) -> None:
         self.task, self.run, self.cfg = task, cfg, cfg.trainer
@@ -321,16 +308,12 @@ class GroupLoss:
         p = self.task.prompt_len
         attn = prompt_attention_mask(tokens, p, self.task.tokenizer.pad_id)  # (B, P + N)
         logits, values = response_logits(model, tokens, p, attn)  # (B, N, V)
-        # at least fp32 (fp16/bf16 logits are upcast; an fp64 policy stays fp64)
-        logp_all = torch.log_softmax(_upcast(logits), dim=-1)  # (B, N, V)
-        actions = tokens[:, p:]  # (B, N)
-        logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
+        logp_all, logp = _token_logp(logits, tokens[:, p:])  # (B, N, V), (B, N)
         loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size, w)
         if self.reference is not None:
             with torch.no_grad():
                 ref_logits, _ = response_logits(self.reference, tokens, p, attn)
-                ref_all = torch.log_softmax(_upcast(ref_logits), dim=-1)  # (B, N, V)
-                ref_logp = ref_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
+                _, ref_logp = _token_logp(ref_logits, tokens[:, p:])  # (B, N)
             kl = aggregate_loss(kl_penalty(logp, ref_logp, "k3"), mask)
             loss = loss + self.cfg.kl_coef * kl
             metrics["kl_ref"] = float(kl.detach())

@@ -1,15 +1,11 @@
 """One orchestrator for every mode and engine: admission, routing, bookkeeping.
 
-It runs in the driver, computes nothing heavy, and moves work between the stages through an
-:class:`Engine` (local processes or Ray actors): groups are admitted by the
-:class:`~nobubble.rl.system.experience.ExperienceBuffer`'s one rule, sent to idle generators
-in requests of ``groups_per_rollout``, then to reward workers, then buffered; the trainer
-takes the B oldest, and each step makes a version the engine publishes. Modes differ only in
-``max_staleness`` and ``groups_per_rollout`` (``docs/rl/system.md``). Checkpoints are taken
-at step boundaries (:mod:`~nobubble.rl.system.checkpoint`); a resumed run, or a worker
-replaced with ``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the
-trainer), requeues the groups in flight under their ids, so no sample is lost or trained
-twice.
+It runs in the driver and moves work between the stages through an :class:`Engine` (local
+processes or Ray actors): admitted groups go to idle generators in requests of
+``groups_per_rollout``, then to reward workers, then to the buffer; the trainer takes the B
+oldest, and each step makes a version. A resumed run or a worker replaced with
+``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the trainer) requeues
+the groups in flight under their ids (``docs/rl/system.md``, ``docs/rl/own-model.md``).
 """
 
 from __future__ import annotations
