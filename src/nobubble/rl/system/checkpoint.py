@@ -94,12 +94,8 @@ def load_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
 
 
 class CheckpointStore:
-    """The checkpoint folder of one run: its checkpoints, the pointer ``latest``, the resume.
-
-    Args:
-        folder: where checkpoints go (created on the first one).
-        keep: how many complete checkpoints to keep (>= 1).
-    """
+    """The checkpoint ``folder`` of one run (created on the first checkpoint): its
+    checkpoints, of which it keeps the ``keep`` (>= 1) newest complete, ``latest``, the resume."""
 
     def __init__(self, folder: str | os.PathLike[str], keep: int = 2) -> None:
         if keep < 1:
@@ -158,13 +154,9 @@ class CheckpointStore:
 
     def resume(self, cfg: RunConfig) -> dict[str, Any] | None:
         """The driver's state in the newest checkpoint, its folder added as
-        ``resumed_from``; None when there is none (a new run).
-
-        Raises:
-            ValueError: the folder holds a checkpoint and ``cfg.resume`` is off, the
-                checkpoint has an older layout, or the run's config changed in one of
-                :data:`RESUME_KEYS`.
-        """
+        ``resumed_from``; None when there is none (a new run). ValueError: the folder holds a
+        checkpoint and ``cfg.resume`` is off, the checkpoint has an older layout, or the
+        run's config changed in one of :data:`RESUME_KEYS`."""
         ckpt = self.latest()
         if ckpt is None:  # resume=True on an empty folder: refused by RunConfig
             return None

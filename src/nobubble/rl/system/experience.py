@@ -217,15 +217,10 @@ class Ledger:
 
 
 class ExperienceBuffer(Generic[G]):
-    """Scored groups waiting for the trainer, the admission rule and the :class:`Ledger`.
-
-    Args:
-        batch_groups: B, groups per training batch (>= 1).
-        max_staleness: versions a sample may lag the trainer (>= 0): the admission bound.
-        drop_staleness: drop ready groups older than this many versions (``"stale"``);
-            None = ``max_staleness``.
-        admit_on_arrival: :meth:`can_admit` is always True (an environment producer).
-    """
+    """Scored groups waiting for the trainer, the admission rule and the :class:`Ledger`:
+    ``batch_groups`` (B >= 1) groups per batch, a sample lags the trainer by at most
+    ``max_staleness`` (>= 0) versions at admission and ``drop_staleness`` (None:
+    ``max_staleness``) in the buffer; ``admit_on_arrival``: always admit (an env producer)."""
 
     def __init__(
         self,
@@ -250,11 +245,9 @@ class ExperienceBuffer(Generic[G]):
         self._ready: dict[int, G] = {}
 
     def can_admit(self, version: int, n: int = 1) -> bool:
-        """May ``n`` more groups start now that the trainer has published ``version``?
-
-        The one admission rule: the last of them, the ``N_r = num_live + n``-th, must keep
-        ``floor((N_r - 1) / B) <= version + max_staleness`` (a request of ``n`` groups that
-        must share one weight version is admitted whole or not at all)."""
+        """May ``n`` more groups start (all or none) now that the trainer has published
+        ``version``? The one rule (AReaL): the last, the ``N_r = num_live + n``-th, must keep
+        ``floor((N_r - 1) / B) <= version + max_staleness``."""
         bound = (self._num_live + n - 1) // self.batch_groups <= version + self.max_staleness
         return self.admit_on_arrival or bound
 
@@ -288,12 +281,9 @@ class ExperienceBuffer(Generic[G]):
 
     def take_batch(self, trainer_version: int, sync: bool = False) -> list[G] | None:
         """The B groups of the oldest policy versions (ties: the lower group id) fresh
-        enough for ``trainer_version``, or None if too few.
-
-        Groups that would exceed the staleness bound are dropped (reason ``"stale"``); with
-        ``sync`` (a forced full sync) every group older than ``trainer_version`` is dropped
-        (reason ``"synced"``), so the batch is on-policy.
-        """
+        enough for ``trainer_version``, or None if too few. Groups past the staleness bound
+        are dropped (``"stale"``); with ``sync`` (a forced full sync) every group older than
+        ``trainer_version`` too (``"synced"``), so the batch is on-policy."""
         floor = trainer_version - self.drop_staleness
         # newest_version = policy_version unless partial rollouts continued the group with
         # newer weights; then its tokens within the bound still train (the rest are masked)

@@ -87,15 +87,10 @@ LossT = TypeVar("LossT", bound=Loss[Any])
 
 
 class Learner(Generic[LossT]):
-    """Owns ``model`` (from here on), its Adam optimizer and the policy version (from 0).
-
-    Args:
-        model: the policy, an ``nn.Module`` (its parameters are trained in place).
-        loss: the objective (see :class:`Loss`).
-        lr, adam_eps: Adam's learning rate and epsilon.
-        max_grad_norm: gradients are clipped to this global norm before every step.
-        delay_s: extra seconds per new version (a slower learner for experiments).
-    """
+    """Owns ``model`` (an ``nn.Module``, trained in place), its Adam optimizer (``lr``,
+    ``adam_eps``) and the policy version (from 0). ``loss``: the objective (:class:`Loss`);
+    gradients are clipped to the global norm ``max_grad_norm`` before every step; ``delay_s``:
+    extra seconds per new version (a slower learner for experiments)."""
 
     def __init__(
         self,
@@ -165,9 +160,7 @@ class Learner(Generic[LossT]):
         minibatch's :class:`ShardGradients` (metrics averaged when there are several)."""
         if self.aggregation in ("async", "staleness"):
             (batch,) = minibatches  # a parameter server applies one batch per version
-            if self.pushes_gradients:
-                return self._push(batch)
-            return self._serve(batch)
+            return self._push(batch) if self.pushes_gradients else self._serve(batch)
         shards = [self._step(batch) for batch in minibatches]
         self.finish_step()
         if self._local_sgd is not None:
@@ -292,17 +285,25 @@ class GroupLoss:
         g_size = len(groups[0].samples)
         if any(len(g.samples) != g_size for g in groups):
             raise ValueError("every group of a batch must have the same size")
-        versions = [s.policy_version for s in samples]
-        check_group_versions(versions, g_size)
+        if weights is not None and len(weights) != len(groups):
+            raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
+        group_versions = check_group_versions([s.policy_version for s in samples], g_size)
         check_token_versions(groups, partial=self.run.partial_rollouts)
-        staleness = policy_lag([g.policy_version for g in groups], version).tolist()
+        staleness = policy_lag(group_versions, version).tolist()
         tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
         mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
         behav = torch.stack([s.behaviour_logprobs for s in samples])  # (B, N)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
-        if weights is not None and len(weights) != len(groups):
-            raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
-        w, mask, token_staleness = self._token_weights(samples, g_size, weights, mask, version)
+        # per-token weights: the staleness weight of each token's own age times its group's
+        # weight; tokens past token_drop_staleness are masked out
+        lag = token_lag(response_versions(samples), version)  # (B, N)
+        if self.run.token_drop_staleness is not None:
+            mask = mask * (lag <= self.run.token_drop_staleness)  # (B, N)
+        kind: Any = self.cfg.staleness_weighting  # checked by TrainerConfig
+        w = staleness_weight(lag.to(torch.float32), kind)  # (B, N)
+        if weights is not None:
+            per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)
+            w = w * per_group.repeat_interleave(g_size)[:, None]
 
         model.train()
         p = self.task.prompt_len
@@ -324,29 +325,8 @@ class GroupLoss:
         metrics.update(
             loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
         )
+        token_staleness = lag_histogram(lag, mask)
         return loss, ShardGradients(staleness, metrics, int(mask.sum()), token_staleness)
-
-    def _token_weights(
-        self,
-        samples: list,
-        g_size: int,
-        weights: list[float] | None,
-        mask: torch.Tensor,
-        version: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
-        """Per-token loss weights ``w`` (B, N): the staleness weight of each token's own age
-        times its group's weight (``weights``, one per group); the mask (B, N) without the
-        tokens past ``token_drop_staleness``; the kept tokens by staleness."""
-        lag = token_lag(response_versions(samples), version)  # (B, N)
-        drop = self.run.token_drop_staleness
-        if drop is not None:
-            mask = mask * (lag <= drop)  # (B, N)
-        kind: Any = self.cfg.staleness_weighting  # checked by TrainerConfig
-        w = staleness_weight(lag.to(torch.float32), kind)  # (B, N)
-        if weights is not None:
-            per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)
-            w = w * per_group.repeat_interleave(g_size)[:, None]
-        return w, mask, lag_histogram(lag, mask)
 
     def _loss(
         self,

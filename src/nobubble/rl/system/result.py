@@ -43,33 +43,22 @@ class CurvePoint:
         run's as ``[wall_s, env_steps, train_return, eval_return]``."""
         if self.env_steps is not None:
             return [self.wall_s, self.env_steps, self.train_return, self.eval_return]
-        return {
-            "step": self.step,
-            "wall_s": self.wall_s,
-            "accuracy": self.accuracy,
-            "eval_reward": self.eval_return,
-            "train_reward": self.train_return,
-        }
+        names = ("step", "wall_s", "accuracy", "eval_return", "train_return")
+        return {name.replace("_return", "_reward"): getattr(self, name) for name in names}
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run measured, whichever producer made it (:meth:`to_json`: the JSON form).
-
-    Every run fills the fields without a default: ``steps`` are learner updates,
-    ``trained_samples`` what the learner trained on (task samples or env steps),
-    ``staleness_hist`` policy lag -> trained samples, ``idle_ratio`` per stage or role the
-    fraction of the wall-clock it did not work. A task run (``env`` None) and an env run fill
-    their own fields below; ``model`` (an env run's trained model) is not in the JSON.
-    """
+    """What a run measured (:meth:`to_json`: the JSON form): every run fills the fields
+    without a default, a task run (``env`` None) and an env run their own below."""
 
     config: dict[str, Any]
-    steps: int
+    steps: int  # learner updates
     wall_s: float
-    trained_samples: int
+    trained_samples: int  # what the learner trained on: task samples or env steps
     curve: list[CurvePoint]
-    staleness_hist: dict[int, int]
-    idle_ratio: dict[str, float]
+    staleness_hist: dict[int, int]  # policy lag -> trained samples
+    idle_ratio: dict[str, float]  # per stage or role: the share of wall_s it did not work
     ledger: LedgerSummary
     # a task run
     initial_accuracy: float | None = None  # at the first evaluation
@@ -96,7 +85,7 @@ class RunResult:
     time_to_target_s: float | None = None  # when an evaluation first reached it (None: never)
     steps_to_target: int | None = None  # env steps then
     env_steps: int | None = None  # received by the learner
-    model: Any = field(default=None, repr=False, compare=False)
+    model: Any = field(default=None, repr=False, compare=False)  # trained (env); not in JSON
 
     @property
     def samples_per_s(self) -> float:
