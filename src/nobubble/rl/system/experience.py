@@ -14,14 +14,16 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
+    from nobubble.rl.actor_learner.model import Trajectory
     from nobubble.rl.system.config import ReplayConfig
     from nobubble.rl.system.types import SampleGroup
 
+    Experience: TypeAlias = SampleGroup | Trajectory  # what the buffer holds
+
 __all__ = [
-    "Experience",
     "GroupState",
     "Ledger",
     "LedgerError",
@@ -41,26 +43,7 @@ class LedgerError(ValueError):
     accounted for (a bug, never expected)."""
 
 
-class Experience(Protocol):
-    """What the buffer holds: a :class:`~nobubble.rl.system.types.SampleGroup` or a trajectory."""
-
-    @property
-    def group_id(self) -> int: ...
-
-    @property
-    def sample_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    def policy_version(self) -> int: ...
-
-    @property
-    def newest_version(self) -> int: ...
-
-    @property
-    def reward_failed(self) -> bool: ...
-
-
-G = TypeVar("G", bound=Experience)
+G = TypeVar("G", bound="Experience")
 
 
 class GroupState(enum.Enum):
@@ -182,9 +165,7 @@ class Ledger:
 
     def summary(self) -> LedgerSummary:
         generated = sum(len(ids) for ids in self._sample_ids.values())
-        fates = Counter(
-            f.split("@")[0] if f.startswith("trained") else f for f in self.fate.values()
-        )
+        fates = Counter(f.split("@")[0] for f in self.fate.values())  # "trained", "dropped:x"
         dropped = {r: fates.get(f"dropped:{r}", 0) for r in DROP_REASONS}
         in_flight = sum(bool(_NEXT[s]) for s in self._state.values())  # not final
         reused = sum(len(v) for v in self.reuse.values())
