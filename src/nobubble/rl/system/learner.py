@@ -198,11 +198,17 @@ class Learner(Generic[LossT]):
         self.clip_gradients()
         own = [g.clone() for g in filled_grads(self._params)]  # a push overwrites .grad
         pushes: list[tuple[int, int, float]] = []  # (learner, staleness, weight) in order
+
+        def apply(learner: int, version: int, grads: Any) -> None:
+            # learner 0 pushes at a server version, the others at the published one they used
+            res = server.push(grads, version if learner == 0 else self._server_version_at[version])
+            pushes.append((learner, res.staleness, res.weight))
+
         for item in inbox.arrived():  # what arrived while this learner computed goes first
-            self._apply(item, pushes)
-        self._apply((0, base, own), pushes)
+            apply(*item)
+        apply(0, base, own)
         while len(pushes) < ctx.world_size:
-            self._apply(inbox.get(), pushes)
+            apply(*inbox.get())
         inbox.close()
         self.finish_step()
         self._server_version_at[self.version] = server.version
@@ -213,15 +219,6 @@ class Learner(Generic[LossT]):
             push_weight_mean=sum(w for _, _, w in pushes) / len(pushes),
         )
         return replace(shard, pushes=pushes)
-
-    def _apply(self, item: tuple[int, int, Any], pushes: list[tuple[int, int, float]]) -> None:
-        """One push ``(learner, version, gradient)``: learner 0 gives a server version, the
-        others the published version they computed on."""
-        assert self._server is not None  # learner 0 in async / staleness
-        learner, version, grads = item
-        base = version if learner == 0 else self._server_version_at[version]
-        res = self._server.push(grads, base)
-        pushes.append((learner, res.staleness, res.weight))
 
 
 @dataclass(frozen=True)

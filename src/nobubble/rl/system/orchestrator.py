@@ -52,8 +52,7 @@ class Routing:
         return worker
 
     def free(self, worker: str) -> None:
-        """``worker`` said ready, or answered: it holds nothing and waits for work (a
-        trainer is not routed here)."""
+        """``worker`` (not a trainer) said ready or answered: it holds nothing, waits."""
         self.held.pop(worker, None)
         self.idle.get(worker.split("-")[0], []).append(worker)
 
@@ -349,7 +348,6 @@ class Orchestrator:
                 )
 
     def _result(self) -> RunResult:
-        cfg = self.cfg
         p = self._progress
         self.buffer.close(sorted(self._routing.requests))
         ledger = self.buffer.ledger.summary()
@@ -361,7 +359,7 @@ class Orchestrator:
         wall = max(end - self._t0, 1e-9)
         busy, idle = stage_busy(self._spans, self._t0, end)
         return RunResult(
-            config=cfg.to_dict(),
+            config=self.cfg.to_dict(),
             steps=p.version,
             wall_s=wall,
             trained_samples=ledger.trained,

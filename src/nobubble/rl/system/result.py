@@ -1,7 +1,5 @@
-"""What a finished RL run measured, for both producers (a task's groups of responses, an
-environment's trajectories): one :class:`RunResult` and one :class:`CurvePoint`, and their
-pictures: a Chrome trace of the stages (:func:`write_trace`), curves, staleness and idle
-ratios (:func:`plot_runs`)."""
+"""What a finished RL run of either producer measured (:class:`RunResult`, :class:`CurvePoint`)
+and its pictures: a Chrome trace of the stages, curves, staleness and idle ratios."""
 
 from __future__ import annotations
 
@@ -107,10 +105,8 @@ class RunResult:
         return self.time_to_target_s is not None
 
     def time_to_accuracy(self, target: float) -> float | None:
-        for p in self.curve:
-            if p.accuracy is not None and p.accuracy >= target:
-                return p.wall_s
-        return None
+        hits = (p.wall_s for p in self.curve if p.accuracy is not None and p.accuracy >= target)
+        return next(hits, None)
 
     def to_json(self) -> dict[str, Any]:
         """The run as JSON, keys :data:`RESULT_KEYS` whichever producer made it: a task's
