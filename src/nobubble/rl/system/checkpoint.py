@@ -146,12 +146,6 @@ class CheckpointStore:
                 continue  # this run's next checkpoint, which the trainer may be writing now
             shutil.rmtree(p, ignore_errors=True)
 
-    @staticmethod
-    def load_state(ckpt: Path) -> dict[str, Any]:
-        import torch
-
-        return torch.load(ckpt / STATE_FILE, weights_only=False)
-
     def resume(self, cfg: RunConfig) -> dict[str, Any] | None:
         """The driver's state in the newest checkpoint, its folder added as
         ``resumed_from``; None when there is none (a new run). ValueError: the folder holds a
@@ -165,7 +159,9 @@ class CheckpointStore:
                 f"checkpoint_dir {self.folder} holds a checkpoint ({ckpt.name}); "
                 "resume from it (--resume) or choose an empty folder"
             )
-        state = self.load_state(ckpt)
+        import torch
+
+        state = torch.load(ckpt / STATE_FILE, weights_only=False)
         if "progress" not in state or "rng" in state:  # RunProgress now holds the RNG
             raise ValueError(
                 f"{ckpt} was written by an older nobubble (another checkpoint layout); "

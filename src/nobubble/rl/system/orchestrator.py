@@ -295,11 +295,10 @@ class Orchestrator:
         deadline = time.monotonic() + cfg.timeout_s
         while waiting:  # every worker says ready (imports, model build) before the clock starts
             for msg in self._poll(deadline):
-                waiting.discard(msg.worker)
-                if msg.kind == "ready":
-                    self._handle(msg)
-                else:
+                if msg.kind != "ready":
                     raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
+                waiting.discard(msg.worker)
+                self._handle(msg)
         self._t0 = time.time() - self._wall_offset
         if self._resumed_from is None:
             self.engine.submit_eval()  # version 0, the starting accuracy
