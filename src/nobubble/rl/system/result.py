@@ -218,17 +218,16 @@ def plot_runs(results: Mapping[str, RunResult], path: str | Path, *, title: str 
 
 def _draw_curve(ax: Any, r: RunResult, x: str, label: str) -> None:
     """``r``'s curve on ``ax`` against the :class:`CurvePoint` field ``x``."""
+
+    def xy(y: str) -> tuple[list[Any], list[Any]]:  # the points that have a ``y``
+        points = [p for p in r.curve if getattr(p, y) is not None]
+        return [getattr(p, x) for p in points], [getattr(p, y) for p in points]
+
     if r.env is None:
-        points = [p for p in r.curve if p.accuracy is not None]
-        ax.plot([getattr(p, x) for p in points], [p.accuracy for p in points], marker="o", ms=3,
-                label=label)  # fmt: skip
-        return
-    train = [p for p in r.curve if p.train_return is not None]
-    evals = [p for p in r.curve if p.eval_return is not None]
-    line = ax.plot([getattr(p, x) for p in train], [p.train_return for p in train], lw=1.2,
-                   label=label)[0]  # fmt: skip
-    ax.plot([getattr(p, x) for p in evals], [p.eval_return for p in evals], "o", ms=5,
-            color=line.get_color())  # fmt: skip
+        ax.plot(*xy("accuracy"), marker="o", ms=3, label=label)
+    else:
+        line = ax.plot(*xy("train_return"), lw=1.2, label=label)[0]
+        ax.plot(*xy("eval_return"), "o", ms=5, color=line.get_color())
 
 
 def _draw_bars(ax_h: Any, ax_i: Any, results: Mapping[str, RunResult]) -> None:
