@@ -121,7 +121,7 @@ def test_async_resume_requeues_groups_in_flight_and_loses_none(tmp_path):
     assert first.ledger.ok
     with pytest.raises(ValueError, match="--resume"):
         run(cfg)  # refuses to overwrite the checkpoint before any worker starts
-    state = CheckpointStore(tmp_path).load_state(CheckpointStore(tmp_path).latest())
+    state = torch.load(CheckpointStore(tmp_path).latest() / STATE_FILE, weights_only=False)
     resumed = run(RunConfig(**{**cfg.__dict__, "steps": 10, "resume": True}))
     assert resumed.ledger.ok and resumed.steps == 10
     in_flight = {r.group_id for r in state["in_flight"]}

@@ -1,14 +1,10 @@
-"""Checkpoints of an RL run, taken at step boundaries, and the resume from the newest one.
+"""Checkpoints of an RL run at step boundaries, and the resume from the newest one.
 
-A checkpoint is a folder ``step-<N>-<token>/`` under the run's checkpoint folder holding
-``trainer.pt`` (written by the trainer: policy, optimizer, version, torch's RNG, the KL
-reference) and ``orchestrator.pt`` (written by the driver once that step is back: the
-orchestrator's :meth:`~nobubble.rl.system.orchestrator.Orchestrator.snapshot`, the groups in
-flight included, and the config), plus the pointer ``latest``. Files are written atomically
-and ``latest`` moves only once both exist, so a crash at any point leaves the previous
-checkpoint whole; ``<token>`` is new per driver process, so a trainer left over from a
-killed run never writes into the resumed run's folders. Torch is imported only by the
-functions that read and write the files (docs: ``docs/rl/own-model.md``).
+A checkpoint is a folder ``step-<N>-<token>/`` holding ``trainer.pt`` (the trainer's part)
+and ``orchestrator.pt`` (the driver's :class:`RunProgress` and the groups in flight), plus the
+pointer ``latest``. Files are written atomically and ``latest`` moves only once both exist,
+so a crash at any point leaves the previous checkpoint whole; ``<token>`` is new per driver
+process, so a trainer left over from a killed run never writes into the resumed run's folders.
 """
 
 from __future__ import annotations
@@ -98,12 +94,8 @@ def load_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
 
 
 class CheckpointStore:
-    """The checkpoint folder of one run: its checkpoints, the pointer ``latest``, the resume.
-
-    Args:
-        folder: where checkpoints go (created on the first one).
-        keep: how many complete checkpoints to keep (>= 1).
-    """
+    """The checkpoint ``folder`` of one run (created on the first checkpoint): its
+    checkpoints, of which it keeps the ``keep`` (>= 1) newest complete, ``latest``, the resume."""
 
     def __init__(self, folder: str | os.PathLike[str], keep: int = 2) -> None:
         if keep < 1:
@@ -154,21 +146,11 @@ class CheckpointStore:
                 continue  # this run's next checkpoint, which the trainer may be writing now
             shutil.rmtree(p, ignore_errors=True)
 
-    @staticmethod
-    def load_state(ckpt: Path) -> dict[str, Any]:
-        import torch
-
-        return torch.load(ckpt / STATE_FILE, weights_only=False)
-
     def resume(self, cfg: RunConfig) -> dict[str, Any] | None:
         """The driver's state in the newest checkpoint, its folder added as
-        ``resumed_from``; None when there is none (a new run).
-
-        Raises:
-            ValueError: the folder holds a checkpoint and ``cfg.resume`` is off, the
-                checkpoint has an older layout, or the run's config changed in one of
-                :data:`RESUME_KEYS`.
-        """
+        ``resumed_from``; None when there is none (a new run). ValueError: the folder holds a
+        checkpoint and ``cfg.resume`` is off, the checkpoint has an older layout, or the
+        run's config changed in one of :data:`RESUME_KEYS`."""
         ckpt = self.latest()
         if ckpt is None:  # resume=True on an empty folder: refused by RunConfig
             return None
@@ -177,7 +159,9 @@ class CheckpointStore:
                 f"checkpoint_dir {self.folder} holds a checkpoint ({ckpt.name}); "
                 "resume from it (--resume) or choose an empty folder"
             )
-        state = self.load_state(ckpt)
+        import torch
+
+        state = torch.load(ckpt / STATE_FILE, weights_only=False)
         if "progress" not in state or "rng" in state:  # RunProgress now holds the RNG
             raise ValueError(
                 f"{ckpt} was written by an older nobubble (another checkpoint layout); "

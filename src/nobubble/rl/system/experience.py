@@ -1,19 +1,10 @@
-"""The one experience buffer of both producers: admission, oldest-first batches, the ledger;
-and the task run's replay of past groups (:class:`GroupReplay`).
+"""The one experience buffer of both producers (admission, oldest-first batches, the
+:class:`Ledger` of every sample's fate) and the task run's replay of past groups.
 
-Admission (AReaL): with ``B`` groups per batch, the ``N_r``-th live group may start only while
-``floor((N_r - 1) / B) <= version + max_staleness`` (``max_staleness = 0``: synchronous RL).
-A batch is the ``B`` scored groups of the oldest policy versions (ties: lower group id).
-Drop reasons (:data:`DROP_REASONS`): ``stale`` (newest token older than ``drop_staleness``),
-``reward_failed``, ``unfinished`` (in flight at the end), ``synced`` (older than the trainer
-at a forced full sync). An environment trajectory is one group of one sample, admitted on
-arrival (``admit_on_arrival``): the bound then holds at consumption alone.
-
-Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED``; the
-:class:`Ledger` gives each sample id one fate and refuses a second: every generated sample is
-trained once (plus its replay reuses, listed by step) or dropped for a stated reason. A
-requeued group (a dead worker, a resume) goes back to ``ADMITTED`` under the same ids; a
-numbered ``source=(name, seq)`` is checked for gaps (a trajectory lost in transit).
+Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED`` for one
+of :data:`DROP_REASONS`; a requeued group (a dead worker, a resume) goes back to
+``ADMITTED`` under the same ids. Invariant: every generated sample gets exactly one fate,
+trained once (plus its replay reuses) or dropped (``docs/rl/system.md``).
 """
 
 from __future__ import annotations
@@ -23,14 +14,16 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
+    from nobubble.rl.actor_learner.model import Trajectory
     from nobubble.rl.system.config import ReplayConfig
     from nobubble.rl.system.types import SampleGroup
 
+    Experience: TypeAlias = SampleGroup | Trajectory  # what the buffer holds
+
 __all__ = [
-    "Experience",
     "GroupState",
     "Ledger",
     "LedgerError",
@@ -50,26 +43,7 @@ class LedgerError(ValueError):
     accounted for (a bug, never expected)."""
 
 
-class Experience(Protocol):
-    """What the buffer holds: a :class:`~nobubble.rl.system.types.SampleGroup` or a trajectory."""
-
-    @property
-    def group_id(self) -> int: ...
-
-    @property
-    def sample_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    def policy_version(self) -> int: ...
-
-    @property
-    def newest_version(self) -> int: ...
-
-    @property
-    def reward_failed(self) -> bool: ...
-
-
-G = TypeVar("G", bound=Experience)
+G = TypeVar("G", bound="Experience")
 
 
 class GroupState(enum.Enum):
@@ -191,13 +165,9 @@ class Ledger:
 
     def summary(self) -> LedgerSummary:
         generated = sum(len(ids) for ids in self._sample_ids.values())
-        fates = Counter(
-            f.split("@")[0] if f.startswith("trained") else f for f in self.fate.values()
-        )
+        fates = Counter(f.split("@")[0] for f in self.fate.values())  # "trained", "dropped:x"
         dropped = {r: fates.get(f"dropped:{r}", 0) for r in DROP_REASONS}
-        in_flight = sum(
-            1 for s in self._state.values() if s not in (GroupState.TRAINED, GroupState.DROPPED)
-        )
+        in_flight = sum(bool(_NEXT[s]) for s in self._state.values())  # not final
         reused = sum(len(v) for v in self.reuse.values())
         by_learner: Counter[int] = Counter()
         for gid, learners in self.learners.items():
@@ -228,15 +198,10 @@ class Ledger:
 
 
 class ExperienceBuffer(Generic[G]):
-    """Scored groups waiting for the trainer, the admission rule and the :class:`Ledger`.
-
-    Args:
-        batch_groups: B, groups per training batch (>= 1).
-        max_staleness: versions a sample may lag the trainer (>= 0): the admission bound.
-        drop_staleness: drop ready groups older than this many versions (``"stale"``);
-            None = ``max_staleness``.
-        admit_on_arrival: :meth:`can_admit` is always True (an environment producer).
-    """
+    """Scored groups waiting for the trainer, the admission rule and the :class:`Ledger`:
+    ``batch_groups`` (B >= 1) groups per batch, a sample lags the trainer by at most
+    ``max_staleness`` (>= 0) versions at admission and ``drop_staleness`` (None:
+    ``max_staleness``) in the buffer; ``admit_on_arrival``: always admit (an env producer)."""
 
     def __init__(
         self,
@@ -261,11 +226,9 @@ class ExperienceBuffer(Generic[G]):
         self._ready: dict[int, G] = {}
 
     def can_admit(self, version: int, n: int = 1) -> bool:
-        """May ``n`` more groups start now that the trainer has published ``version``?
-
-        The one admission rule: the last of them, the ``N_r = num_live + n``-th, must keep
-        ``floor((N_r - 1) / B) <= version + max_staleness`` (a request of ``n`` groups that
-        must share one weight version is admitted whole or not at all)."""
+        """May ``n`` more groups start (all or none) now that the trainer has published
+        ``version``? The one rule (AReaL): the last, the ``N_r = num_live + n``-th, must keep
+        ``floor((N_r - 1) / B) <= version + max_staleness``."""
         bound = (self._num_live + n - 1) // self.batch_groups <= version + self.max_staleness
         return self.admit_on_arrival or bound
 
@@ -298,20 +261,17 @@ class ExperienceBuffer(Generic[G]):
         self._num_live -= 1
 
     def take_batch(self, trainer_version: int, sync: bool = False) -> list[G] | None:
-        """The B oldest groups fresh enough for ``trainer_version``, or None if too few.
-
-        Groups that would exceed the staleness bound are dropped (reason ``"stale"``); with
-        ``sync`` (a forced full sync) every group older than ``trainer_version`` is dropped
-        (reason ``"synced"``), so the batch is on-policy.
-        """
+        """The B groups of the oldest policy versions (ties: the lower group id) fresh
+        enough for ``trainer_version``, or None if too few. Groups past the staleness bound
+        are dropped (``"stale"``); with ``sync`` (a forced full sync) every group older than
+        ``trainer_version`` too (``"synced"``), so the batch is on-policy."""
         floor = trainer_version - self.drop_staleness
         # newest_version = policy_version unless partial rollouts continued the group with
         # newer weights; then its tokens within the bound still train (the rest are masked)
-        for gid in [g for g, grp in self._ready.items() if grp.newest_version < floor]:
-            self._drop(gid, "stale")
-        if sync:
-            old = [g for g, grp in self._ready.items() if grp.policy_version < trainer_version]
-            for gid in old:
+        for gid, grp in list(self._ready.items()):
+            if grp.newest_version < floor:
+                self._drop(gid, "stale")
+            elif sync and grp.policy_version < trainer_version:
                 self._drop(gid, "synced")
         if len(self._ready) < self.batch_groups:
             return None
@@ -352,17 +312,10 @@ def _priority(group: SampleGroup) -> float:
 
 
 class GroupReplay:
-    """A replay of past groups in the training loop, uniform or prioritized, bounded by
-    staleness; its state pickles into checkpoints (settings:
-    :class:`~nobubble.rl.system.config.ReplayConfig`).
-
-    After a step its fresh groups enter a ring of ``capacity`` groups; before a step up to
-    ``n`` groups are drawn again beside the fresh batch, only among groups within the run's
-    staleness bound, whole (one policy version per group), without replacement and seeded.
-    ``uniform``: IS weight 1 (``alpha = 0``); ``prioritized``: by the group's reward variance
-    (a group whose responses all scored the same teaches GRPO nothing), with
-    :class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s probabilities and IS weights
-    over the eligible groups."""
+    """A seeded ring of the last ``cfg.capacity`` trained groups, drawn again whole, without
+    replacement, within the staleness bound: ``uniform`` (IS weight 1) or ``prioritized`` by
+    the group's reward variance (:class:`~nobubble.rl.algo.replay.PrioritizedReplayBuffer`'s
+    probabilities and IS weights over the eligible groups); it pickles into checkpoints."""
 
     def __init__(self, cfg: ReplayConfig, seed: int = 0, eps: float = 1e-6) -> None:
         from nobubble.rl.algo.replay import PrioritizedReplayBuffer

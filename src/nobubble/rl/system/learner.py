@@ -1,21 +1,7 @@
-"""The one learner of both producers (:class:`Learner`: the policy, its Adam optimizer and its
-version; the loss is a choice) and the LLM producer's loss (:class:`GroupLoss`).
-
-After :meth:`Learner.join` a learner is one of ``ctx.world_size``, each on its own shard,
-combined by ``RunConfig.aggregation`` (:mod:`nobubble.rl.algo.aggregation`;
-``docs/rl/system.md``): ``sync`` all-reduces the gradients weighted by each shard's
-``num_tokens`` (exactly one learner on the whole batch); ``async`` / ``staleness`` make
-learner 0 a parameter server; ``local-sgd`` averages the parameters every H steps.
-
-:class:`GroupLoss` (settings ``RunConfig.trainer``, ``algo``, ``partial_rollouts``,
-``token_drop_staleness``; the environment producer's is
-:class:`~nobubble.rl.actor_learner.run.VTraceLoss`), ``algo`` from
-:mod:`nobubble.rl.algo.losses`: ``grpo`` (group-relative advantages, PPO clip against the
-behaviour policy), ``ppo`` (advantage ``R - V(s_t)``, value loss), ``decoupled-ppo`` (AReaL:
-trust region around the proximal policy), ``vtrace`` (IMPALA) and ``vtrace-ppo``. Lag
-controls are per token: staleness weights times the replay's IS weights, folded into the
-advantages; tokens older than ``token_drop_staleness`` masked out; a KL penalty to a
-reference policy. Whole-group versioning is asserted unless ``partial_rollouts``.
+"""The one learner of both producers (:class:`Learner`: the policy, its Adam optimizer, its
+version and the aggregation over ``RunConfig.learners``; the loss is a choice) and the LLM
+producer's loss (:class:`GroupLoss`: ``RunConfig.algo`` with the per-token lag controls).
+Aggregations and lag controls: ``docs/rl/system.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +10,7 @@ import copy
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -101,15 +87,10 @@ LossT = TypeVar("LossT", bound=Loss[Any])
 
 
 class Learner(Generic[LossT]):
-    """Owns ``model`` (from here on), its Adam optimizer and the policy version (from 0).
-
-    Args:
-        model: the policy, an ``nn.Module`` (its parameters are trained in place).
-        loss: the objective (see :class:`Loss`).
-        lr, adam_eps: Adam's learning rate and epsilon.
-        max_grad_norm: gradients are clipped to this global norm before every step.
-        delay_s: extra seconds per new version (a slower learner for experiments).
-    """
+    """Owns ``model`` (an ``nn.Module``, trained in place), its Adam optimizer (``lr``,
+    ``adam_eps``) and the policy version (from 0). ``loss``: the objective (:class:`Loss`);
+    gradients are clipped to the global norm ``max_grad_norm`` before every step; ``delay_s``:
+    extra seconds per new version (a slower learner for experiments)."""
 
     def __init__(
         self,
@@ -179,9 +160,7 @@ class Learner(Generic[LossT]):
         minibatch's :class:`ShardGradients` (metrics averaged when there are several)."""
         if self.aggregation in ("async", "staleness"):
             (batch,) = minibatches  # a parameter server applies one batch per version
-            if self.pushes_gradients:
-                return self._push(batch)
-            return self._serve(batch)
+            return self._push(batch) if self.pushes_gradients else self._serve(batch)
         shards = [self._step(batch) for batch in minibatches]
         self.finish_step()
         if self._local_sgd is not None:
@@ -219,11 +198,17 @@ class Learner(Generic[LossT]):
         self.clip_gradients()
         own = [g.clone() for g in filled_grads(self._params)]  # a push overwrites .grad
         pushes: list[tuple[int, int, float]] = []  # (learner, staleness, weight) in order
+
+        def apply(learner: int, version: int, grads: Any) -> None:
+            # learner 0 pushes at a server version, the others at the published one they used
+            res = server.push(grads, version if learner == 0 else self._server_version_at[version])
+            pushes.append((learner, res.staleness, res.weight))
+
         for item in inbox.arrived():  # what arrived while this learner computed goes first
-            self._apply(item, pushes)
-        self._apply((0, base, own), pushes)
+            apply(*item)
+        apply(0, base, own)
         while len(pushes) < ctx.world_size:
-            self._apply(inbox.get(), pushes)
+            apply(*inbox.get())
         inbox.close()
         self.finish_step()
         self._server_version_at[self.version] = server.version
@@ -233,18 +218,7 @@ class Learner(Generic[LossT]):
             push_staleness_mean=sum(lags) / len(lags),
             push_weight_mean=sum(w for _, _, w in pushes) / len(pushes),
         )
-        return ShardGradients(
-            shard.staleness, shard.metrics, shard.num_tokens, shard.token_staleness, pushes
-        )
-
-    def _apply(self, item: tuple[int, int, Any], pushes: list[tuple[int, int, float]]) -> None:
-        """One push ``(learner, version, gradient)``: learner 0 gives a server version, the
-        others the published version they computed on."""
-        assert self._server is not None  # learner 0 in async / staleness
-        learner, version, grads = item
-        base = version if learner == 0 else self._server_version_at[version]
-        res = self._server.push(grads, base)
-        pushes.append((learner, res.staleness, res.weight))
+        return replace(shard, pushes=pushes)
 
 
 @dataclass(frozen=True)
@@ -262,8 +236,11 @@ class TrainResult:
     weight_digests: dict[int, str] = field(default_factory=dict)
 
 
-def _upcast(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+def _token_logp(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-softmax of ``logits`` (B, N, V), at least fp32 (fp16/bf16 upcast, fp64 kept),
+    and its (B, N) entries at ``actions``."""
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    return logp_all, logp_all.gather(2, actions[..., None]).squeeze(2)
 
 
 class GroupBatch(NamedTuple):
@@ -276,11 +253,11 @@ class GroupBatch(NamedTuple):
 
 
 class GroupLoss:
-    """The LLM producer's loss (``RunConfig.algo``) on a :class:`GroupBatch`, for the
-    :class:`~nobubble.rl.system.learner.Learner`; holds the KL penalty's reference policy
-    (a frozen copy of the initial ``model``, refreshed every ``kl_refresh_every`` versions).
-    ``cfg`` is the run: the trainer's settings are ``cfg.trainer``.
-    """
+    """The LLM producer's loss on a :class:`GroupBatch` (``cfg.algo``: ``grpo``, ``ppo``,
+    ``decoupled-ppo``, ``vtrace``, ``vtrace-ppo``; settings ``cfg.trainer``); holds the KL
+    penalty's reference policy, a frozen copy of the initial ``model`` refreshed every
+    ``kl_refresh_every`` versions. Whole-group versioning is asserted unless
+    ``cfg.partial_rollouts``."""
 
     def __init__(self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig) -> None:
         self.task, self.run, self.cfg = task, cfg, cfg.trainer
@@ -305,32 +282,36 @@ class GroupLoss:
         g_size = len(groups[0].samples)
         if any(len(g.samples) != g_size for g in groups):
             raise ValueError("every group of a batch must have the same size")
-        versions = [s.policy_version for s in samples]
-        check_group_versions(versions, g_size)
+        if weights is not None and len(weights) != len(groups):
+            raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
+        group_versions = check_group_versions([s.policy_version for s in samples], g_size)
         check_token_versions(groups, partial=self.run.partial_rollouts)
-        staleness = policy_lag([g.policy_version for g in groups], version).tolist()
+        staleness = policy_lag(group_versions, version).tolist()
         tokens = torch.stack([s.tokens for s in samples])  # (B, P + N)
         mask = torch.stack([s.response_mask for s in samples]).float()  # (B, N)
         behav = torch.stack([s.behaviour_logprobs for s in samples])  # (B, N)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)  # (B,)
-        if weights is not None and len(weights) != len(groups):
-            raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
-        w, mask, token_staleness = self._token_weights(samples, g_size, weights, mask, version)
+        # per-token weights: the staleness weight of each token's own age times its group's
+        # weight; tokens past token_drop_staleness are masked out
+        lag = token_lag(response_versions(samples), version)  # (B, N)
+        if self.run.token_drop_staleness is not None:
+            mask = mask * (lag <= self.run.token_drop_staleness)  # (B, N)
+        kind: Any = self.cfg.staleness_weighting  # checked by TrainerConfig
+        w = staleness_weight(lag.to(torch.float32), kind)  # (B, N)
+        if weights is not None:
+            per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)
+            w = w * per_group.repeat_interleave(g_size)[:, None]
 
         model.train()
         p = self.task.prompt_len
         attn = prompt_attention_mask(tokens, p, self.task.tokenizer.pad_id)  # (B, P + N)
         logits, values = response_logits(model, tokens, p, attn)  # (B, N, V)
-        # at least fp32 (fp16/bf16 logits are upcast; an fp64 policy stays fp64)
-        logp_all = torch.log_softmax(_upcast(logits), dim=-1)  # (B, N, V)
-        actions = tokens[:, p:]  # (B, N)
-        logp = logp_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
+        logp_all, logp = _token_logp(logits, tokens[:, p:])  # (B, N, V), (B, N)
         loss, metrics = self._loss(logp, behav, values, rewards, mask, g_size, w)
         if self.reference is not None:
             with torch.no_grad():
                 ref_logits, _ = response_logits(self.reference, tokens, p, attn)
-                ref_all = torch.log_softmax(_upcast(ref_logits), dim=-1)  # (B, N, V)
-                ref_logp = ref_all.gather(2, actions[..., None]).squeeze(2)  # (B, N)
+                _, ref_logp = _token_logp(ref_logits, tokens[:, p:])  # (B, N)
             kl = aggregate_loss(kl_penalty(logp, ref_logp, "k3"), mask)
             loss = loss + self.cfg.kl_coef * kl
             metrics["kl_ref"] = float(kl.detach())
@@ -341,29 +322,8 @@ class GroupLoss:
         metrics.update(
             loss=float(loss.detach()), reward=float(rewards.mean()), entropy=float(entropy.detach())
         )
+        token_staleness = lag_histogram(lag, mask)
         return loss, ShardGradients(staleness, metrics, int(mask.sum()), token_staleness)
-
-    def _token_weights(
-        self,
-        samples: list,
-        g_size: int,
-        weights: list[float] | None,
-        mask: torch.Tensor,
-        version: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
-        """Per-token loss weights ``w`` (B, N): the staleness weight of each token's own age
-        times its group's weight (``weights``, one per group); the mask (B, N) without the
-        tokens past ``token_drop_staleness``; the kept tokens by staleness."""
-        lag = token_lag(response_versions(samples), version)  # (B, N)
-        drop = self.run.token_drop_staleness
-        if drop is not None:
-            mask = mask * (lag <= drop)  # (B, N)
-        kind: Any = self.cfg.staleness_weighting  # checked by TrainerConfig
-        w = staleness_weight(lag.to(torch.float32), kind)  # (B, N)
-        if weights is not None:
-            per_group = torch.tensor(weights, dtype=torch.float32)  # (B / g_size,)
-            w = w * per_group.repeat_interleave(g_size)[:, None]
-        return w, mask, lag_histogram(lag, mask)
 
     def _loss(
         self,

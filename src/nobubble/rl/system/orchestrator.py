@@ -1,15 +1,11 @@
 """One orchestrator for every mode and engine: admission, routing, bookkeeping.
 
-It runs in the driver, computes nothing heavy, and moves work between the stages through an
-:class:`Engine` (local processes or Ray actors): groups are admitted by the
-:class:`~nobubble.rl.system.experience.ExperienceBuffer`'s one rule, sent to idle generators
-in requests of ``groups_per_rollout``, then to reward workers, then buffered; the trainer
-takes the B oldest, and each step makes a version the engine publishes. Modes differ only in
-``max_staleness`` and ``groups_per_rollout`` (``docs/rl/system.md``). Checkpoints are taken
-at step boundaries (:mod:`~nobubble.rl.system.checkpoint`); a resumed run, or a worker
-replaced with ``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the
-trainer), requeues the groups in flight under their ids, so no sample is lost or trained
-twice.
+It runs in the driver and moves work between the stages through an :class:`Engine` (local
+processes or Ray actors): admitted groups go to idle generators in requests of
+``groups_per_rollout``, then to reward workers, then to the buffer; the trainer takes the B
+oldest, and each step makes a version. A resumed run or a worker replaced with
+``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the trainer) requeues
+the groups in flight under their ids (``docs/rl/system.md``, ``docs/rl/own-model.md``).
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ class Routing:
         return worker
 
     def free(self, worker: str) -> None:
-        """``worker`` said ready, or answered: it holds nothing and waits for work (a
-        trainer is not routed here)."""
+        """``worker`` (not a trainer) said ready or answered: it holds nothing, waits."""
         self.held.pop(worker, None)
         self.idle.get(worker.split("-")[0], []).append(worker)
 
@@ -150,25 +145,23 @@ class Orchestrator:
             groups, r.pending_reward = r.pending_reward[:share], r.pending_reward[share:]
             worker = r.assign("reward", [g.group_id for g in groups])
             self.engine.submit_reward(worker, groups)
-        while len(self._train_queue) < self._train_depth and self._stepped < self.cfg.steps:
-            trains_at = self._stepped  # the version that will train this batch
+        while len(self._train_queue) < self._train_depth:
+            trains_at = self._progress.version + len(self._train_queue)  # trains this batch
             step = trains_at + 1
             sync = bool(self.cfg.sync_every) and step % self.cfg.sync_every == 0
-            if sync and self._train_queue:
-                break  # a full sync needs the weights of the step before it: no prefetch
+            # a full sync needs the weights of the step before it: no prefetch
+            if step > self.cfg.steps or (sync and self._train_queue):
+                break
             batch = self.buffer.take_batch(trains_at, sync=sync)
             if batch is None:
                 break
-            weights = None
-            replayed: list[SampleGroup] = []
+            drawn: list[tuple[SampleGroup, float]] = []
             if self._progress.replay is not None and not sync:
-                rc = self.cfg.replay
+                rc, drop = self.cfg.replay, self.cfg.effective_drop_staleness
                 beta = linear_beta(step, self.cfg.steps, rc.beta)
-                drawn = self._progress.replay.sample(
-                    rc.groups_per_step, trains_at, self.cfg.effective_drop_staleness, beta
-                )
-                replayed = [g for g, _ in drawn]
-                weights = [1.0] * len(batch) + [w for _, w in drawn]
+                drawn = self._progress.replay.sample(rc.groups_per_step, trains_at, drop, beta)
+            replayed = [g for g, _ in drawn]
+            weights = [1.0] * len(batch) + [w for _, w in drawn] if drawn else None
             last, every = step == self.cfg.steps, self.cfg.checkpoint_every
             evaluate = step % self.cfg.eval_every == 0 or last
             ckpt = None
@@ -178,24 +171,19 @@ class Orchestrator:
             self._train_queue.append((batch, replayed, ckpt))
             self._eval_pending += evaluate
 
-    @property
-    def _stepped(self) -> int:
-        """Steps trained or at the trainer: the version after the queued batches."""
-        return self._progress.version + len(self._train_queue)
-
     # -- messages -------------------------------------------------------------------------
 
     def _handle(self, msg: Message) -> None:
         self._spans.extend(msg.spans)
-        r = self._routing
+        r, p = self._routing, self._progress
         if msg.kind in ("ready", "rollout", "reward"):
             r.free(msg.worker)
         if msg.kind == "rollout":
             if msg.state is not None:
-                self._progress.rollout_rng[msg.worker] = msg.state
+                p.rollout_rng[msg.worker] = msg.state
             for g in msg.payload:
                 self.buffer.generated(g)
-                self._progress.group_versions[g.group_id] = [s.policy_version for s in g.samples]
+                p.group_versions[g.group_id] = [s.policy_version for s in g.samples]
                 r.pending_reward.append(g)
         elif msg.kind == "reward":
             for g in msg.payload:
@@ -205,7 +193,12 @@ class Orchestrator:
         elif msg.kind == "train":
             self._on_train(msg)
         elif msg.kind == "eval":
-            self._on_eval(msg.payload)
+            ev, wall = msg.payload, msg.payload.span.end_s - self._t0
+            self._eval_pending = max(0, self._eval_pending - 1)
+            point = CurvePoint(ev.version, wall, p.train_reward, ev.mean_reward, ev.accuracy)
+            p.curve.append(point)
+            target = self.cfg.target_accuracy
+            self._stopping |= target is not None and ev.accuracy >= target
 
     def _on_train(self, msg: Message) -> None:
         res, p = msg.payload, self._progress
@@ -234,26 +227,9 @@ class Orchestrator:
         p.train_reward = res.metrics.get("reward")
         if self.on_step is not None:
             self.on_step(res.version, {**res.metrics, "staleness_max": max(res.staleness)})
-        if p.version >= self.cfg.steps:
-            self._stopping = True
+        self._stopping |= p.version >= self.cfg.steps
         if ckpt is not None and self._store is not None:
             self._store.commit(Path(ckpt), {"config": self.cfg.to_dict(), **self.snapshot()})
-
-    def _on_eval(self, ev: Any) -> None:
-        self._eval_pending = max(0, self._eval_pending - 1)
-        wall = ev.span.end_s - self._t0
-        self._progress.curve.append(
-            CurvePoint(
-                ev.version,
-                wall,
-                train_return=self._progress.train_reward,
-                eval_return=ev.mean_reward,
-                accuracy=ev.accuracy,
-            )
-        )
-        target = self.cfg.target_accuracy
-        if target is not None and ev.accuracy >= target:
-            self._stopping = True
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -279,8 +255,7 @@ class Orchestrator:
         for req in state["in_flight"]:
             self._requeue(req, "resumed")
         self._routing.rng_to_send = dict(self._progress.rollout_rng)
-        if self._progress.version >= self.cfg.steps:
-            self._stopping = True
+        self._stopping = self._progress.version >= self.cfg.steps
 
     def _requeue(self, req: GroupRequest, reason: str) -> None:
         self.buffer.ledger.requeue(req.group_id, reason)
@@ -320,20 +295,18 @@ class Orchestrator:
         deadline = time.monotonic() + cfg.timeout_s
         while waiting:  # every worker says ready (imports, model build) before the clock starts
             for msg in self._poll(deadline):
-                waiting.discard(msg.worker)
-                if msg.kind == "ready":
-                    self._handle(msg)
-                else:
+                if msg.kind != "ready":
                     raise WorkerError(f"{msg.worker}: unexpected {msg.kind} before ready")
+                waiting.discard(msg.worker)
+                self._handle(msg)
         self._t0 = time.time() - self._wall_offset
         if self._resumed_from is None:
             self.engine.submit_eval()  # version 0, the starting accuracy
             self._eval_pending += 1
         budget_end = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
         while True:
-            if budget_end is not None and time.monotonic() > budget_end and not self._stopping:
-                self._stopping = True
-            if self._stopping and not bool(self._train_queue):
+            self._stopping |= budget_end is not None and time.monotonic() > budget_end
+            if self._stopping and not self._train_queue:
                 break
             self._dispatch()
             for msg in self._poll(deadline):
@@ -374,7 +347,6 @@ class Orchestrator:
                 )
 
     def _result(self) -> RunResult:
-        cfg = self.cfg
         p = self._progress
         self.buffer.close(sorted(self._routing.requests))
         ledger = self.buffer.ledger.summary()
@@ -386,7 +358,7 @@ class Orchestrator:
         wall = max(end - self._t0, 1e-9)
         busy, idle = stage_busy(self._spans, self._t0, end)
         return RunResult(
-            config=cfg.to_dict(),
+            config=self.cfg.to_dict(),
             steps=p.version,
             wall_s=wall,
             trained_samples=ledger.trained,

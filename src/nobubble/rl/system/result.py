@@ -1,7 +1,5 @@
-"""What a finished RL run measured, for both producers (a task's groups of responses, an
-environment's trajectories): one :class:`RunResult` and one :class:`CurvePoint`, and their
-pictures: a Chrome trace of the stages (:func:`write_trace`), curves, staleness and idle
-ratios (:func:`plot_runs`)."""
+"""What a finished RL run of either producer measured (:class:`RunResult`, :class:`CurvePoint`)
+and its pictures: a Chrome trace of the stages, curves, staleness and idle ratios."""
 
 from __future__ import annotations
 
@@ -43,33 +41,22 @@ class CurvePoint:
         run's as ``[wall_s, env_steps, train_return, eval_return]``."""
         if self.env_steps is not None:
             return [self.wall_s, self.env_steps, self.train_return, self.eval_return]
-        return {
-            "step": self.step,
-            "wall_s": self.wall_s,
-            "accuracy": self.accuracy,
-            "eval_reward": self.eval_return,
-            "train_reward": self.train_return,
-        }
+        names = ("step", "wall_s", "accuracy", "eval_return", "train_return")
+        return {name.replace("_return", "_reward"): getattr(self, name) for name in names}
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run measured, whichever producer made it (:meth:`to_json`: the JSON form).
-
-    Every run fills the fields without a default: ``steps`` are learner updates,
-    ``trained_samples`` what the learner trained on (task samples or env steps),
-    ``staleness_hist`` policy lag -> trained samples, ``idle_ratio`` per stage or role the
-    fraction of the wall-clock it did not work. A task run (``env`` None) and an env run fill
-    their own fields below; ``model`` (an env run's trained model) is not in the JSON.
-    """
+    """What a run measured (:meth:`to_json`: the JSON form): every run fills the fields
+    without a default, a task run (``env`` None) and an env run their own below."""
 
     config: dict[str, Any]
-    steps: int
+    steps: int  # learner updates
     wall_s: float
-    trained_samples: int
+    trained_samples: int  # what the learner trained on: task samples or env steps
     curve: list[CurvePoint]
-    staleness_hist: dict[int, int]
-    idle_ratio: dict[str, float]
+    staleness_hist: dict[int, int]  # policy lag -> trained samples
+    idle_ratio: dict[str, float]  # per stage or role: the share of wall_s it did not work
     ledger: LedgerSummary
     # a task run
     initial_accuracy: float | None = None  # at the first evaluation
@@ -96,7 +83,7 @@ class RunResult:
     time_to_target_s: float | None = None  # when an evaluation first reached it (None: never)
     steps_to_target: int | None = None  # env steps then
     env_steps: int | None = None  # received by the learner
-    model: Any = field(default=None, repr=False, compare=False)
+    model: Any = field(default=None, repr=False, compare=False)  # trained (env); not in JSON
 
     @property
     def samples_per_s(self) -> float:
@@ -118,10 +105,8 @@ class RunResult:
         return self.time_to_target_s is not None
 
     def time_to_accuracy(self, target: float) -> float | None:
-        for p in self.curve:
-            if p.accuracy is not None and p.accuracy >= target:
-                return p.wall_s
-        return None
+        hits = (p.wall_s for p in self.curve if p.accuracy is not None and p.accuracy >= target)
+        return next(hits, None)
 
     def to_json(self) -> dict[str, Any]:
         """The run as JSON, keys :data:`RESULT_KEYS` whichever producer made it: a task's
@@ -233,17 +218,16 @@ def plot_runs(results: Mapping[str, RunResult], path: str | Path, *, title: str 
 
 def _draw_curve(ax: Any, r: RunResult, x: str, label: str) -> None:
     """``r``'s curve on ``ax`` against the :class:`CurvePoint` field ``x``."""
+
+    def xy(y: str) -> tuple[list[Any], list[Any]]:  # the points that have a ``y``
+        points = [p for p in r.curve if getattr(p, y) is not None]
+        return [getattr(p, x) for p in points], [getattr(p, y) for p in points]
+
     if r.env is None:
-        points = [p for p in r.curve if p.accuracy is not None]
-        ax.plot([getattr(p, x) for p in points], [p.accuracy for p in points], marker="o", ms=3,
-                label=label)  # fmt: skip
-        return
-    train = [p for p in r.curve if p.train_return is not None]
-    evals = [p for p in r.curve if p.eval_return is not None]
-    line = ax.plot([getattr(p, x) for p in train], [p.train_return for p in train], lw=1.2,
-                   label=label)[0]  # fmt: skip
-    ax.plot([getattr(p, x) for p in evals], [p.eval_return for p in evals], "o", ms=5,
-            color=line.get_color())  # fmt: skip
+        ax.plot(*xy("accuracy"), marker="o", ms=3, label=label)
+    else:
+        line = ax.plot(*xy("train_return"), lw=1.2, label=label)[0]
+        ax.plot(*xy("eval_return"), "o", ms=5, color=line.get_color())
 
 
 def _draw_bars(ax_h: Any, ax_i: Any, results: Mapping[str, RunResult]) -> None:

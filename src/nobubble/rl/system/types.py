@@ -1,7 +1,5 @@
-"""The data that flows between the RL stages: a :class:`Sample` is one response to one
-prompt, a :class:`SampleGroup` the GRPO group of ``group_size`` samples of one prompt,
-started by one policy version (with partial rollouts continued by newer ones:
-``token_versions``). Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens.
+"""The data that flows between the RL stages: :class:`Sample` (one response to one prompt)
+and :class:`SampleGroup`. Legend: ``P`` prompt tokens (``<bos>`` included), ``N`` response tokens.
 """
 
 from __future__ import annotations
