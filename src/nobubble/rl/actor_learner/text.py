@@ -1,9 +1,6 @@
-"""Multi-turn text environments for the actor-learner core: the protocol (:class:`TextEnv`:
-the model speaks a turn, the env replies), its token-level gymnasium form (:class:`TokenEnv`,
-which every architecture runs unchanged), the built-ins :class:`GuessNumber` and
-:class:`ReasoningGymEnv`, the character-transformer policy and :func:`text_run_config` (a text
-env in, an :class:`EnvRunConfig` out: ``train(text_run_config(MyTextEnv))``). For a text env
-whose return is its success, ``evaluate`` gives a policy's success rate.
+"""Multi-turn text environments (``docs/rl/actor-learner.md``): the :class:`TextEnv` protocol,
+its token-level gymnasium form :class:`TokenEnv`, the built-ins, the character-transformer
+policy and :func:`text_run_config` (``train(text_run_config(MyTextEnv))``).
 
 Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 """
@@ -33,12 +30,10 @@ __all__ = [
     "GuessOdds",
     "ReasoningGymEnv",
     "TEXT_DEFAULTS",
-    "TEXT_ENV_NAMES",
     "TextActorCritic",
     "TextEnv",
     "TextEnvFactory",
     "TextPolicyConfig",
-    "TextPolicyFactory",
     "TextStep",
     "TokenEnv",
     "check_text_env",
@@ -63,14 +58,14 @@ class TextStep:
 
 
 class TextEnv(Protocol):
-    """A multi-turn text environment (any object with these attributes and methods)."""
+    """A multi-turn text environment (any object with these members): ``alphabet``, every
+    character the opening message and the replies may hold; ``turn_alphabet``, the characters
+    the model may say (its actions, without end-of-turn); ``max_turn_chars``, the longest turn
+    (a turn also ends when it reaches this many characters)."""
 
     alphabet: str
-    """Every character the opening message and the replies may hold."""
     turn_alphabet: str
-    """The characters the model may say (its action vocabulary, without end-of-turn)."""
     max_turn_chars: int
-    """The longest turn: a turn also ends when it reaches this many characters."""
 
     def reset(self, seed: int) -> str:
         """Start an episode drawn from ``seed``; the opening message."""
@@ -307,16 +302,12 @@ class ReasoningGymEnv:
 @dataclass(frozen=True, kw_only=True)
 class TextPolicyConfig:
     """Shape of the character transformer: :class:`PolicyConfig`'s fields that the env does
-    not fix (the vocabulary and the window do); checked as a :class:`PolicyConfig` when
-    :meth:`for_env` makes one."""
+    not fix (the vocabulary and the window do); checked as a :class:`PolicyConfig` by
+    :func:`text_run_config`."""
 
     hidden: int = 16
     num_layers: int = 1
     num_heads: int = 2
-
-    def for_env(self, vocab_size: int, max_len: int) -> PolicyConfig:
-        """The transformer for ``vocab_size`` tokens and a window of ``max_len``."""
-        return PolicyConfig(vocab_size=vocab_size, max_seq_len=max_len, **asdict(self))
 
 
 class TextActorCritic(nn.Module):
@@ -324,25 +315,30 @@ class TextActorCritic(nn.Module):
     read at the newest token (position ``L - 1``: the left padding is a token of its own, not
     masked, so the batch takes the transformer's fast causal path). ``last_only=True`` runs
     the last block for that one query: the same numbers as ``forward(...)[:, -1]``, a third
-    of the cost. No KV cache: a step is a pure function of its observation.
+    of the cost. No KV cache: a step is a pure function of its observation. With
+    ``config`` and ``first_action_id`` bound (``functools.partial``) it is the model factory
+    ``(obs_dim, num_actions) -> model`` that ``EnvRunConfig.model`` takes.
 
     Args:
-        config: the transformer: V, its ``vocab_size``, is the env's vocabulary; L, its
-            ``max_seq_len``, the observation window (``obs_dim``).
+        obs_dim: L, the observation window (the transformer's ``max_seq_len``).
         num_actions: A; action ``a`` is token ``first_action_id + a``.
+        config: the transformer; V, its ``vocab_size``, is the env's vocabulary (its
+            ``max_seq_len`` is replaced by ``obs_dim``).
         first_action_id: the token of action 0.
     """
 
-    def __init__(self, config: PolicyConfig, num_actions: int, first_action_id: int) -> None:
+    def __init__(
+        self, obs_dim: int, num_actions: int, *, config: PolicyConfig, first_action_id: int
+    ) -> None:
         super().__init__()
         if first_action_id + num_actions > config.vocab_size:
             raise ValueError(
                 f"TextActorCritic: actions {first_action_id}..{first_action_id + num_actions - 1}"
                 f" do not fit the vocabulary of {config.vocab_size} tokens"
             )
-        self.obs_dim, self.num_actions = config.max_seq_len, num_actions
+        self.obs_dim, self.num_actions = obs_dim, num_actions
         self.first_action_id = first_action_id
-        self.lm = CharTransformer(config)
+        self.lm = CharTransformer(replace(config, max_seq_len=obs_dim))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lead = obs.shape[:-1]
@@ -355,20 +351,6 @@ class TextActorCritic(nn.Module):
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """``obs (N, L) -> logits (N, A)``."""
         return self.forward(obs)[0]
-
-
-@dataclass(frozen=True)
-class TextPolicyFactory:
-    """``(obs_dim, num_actions) -> TextActorCritic``: what ``EnvRunConfig.model`` takes
-    (``obs_dim`` is the window ``config.max_seq_len``)."""
-
-    config: PolicyConfig
-    first_action_id: int
-
-    def __call__(self, obs_dim: int, num_actions: int) -> TextActorCritic:
-        return TextActorCritic(
-            replace(self.config, max_seq_len=obs_dim), num_actions, self.first_action_id
-        )
 
 
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -388,8 +370,6 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "time_budget_s": 120.0,
 }
 """What :func:`text_run_config` sets unless told otherwise."""
-
-TEXT_ENV_NAMES: tuple[str, ...] = ("guess-number", "rg:<task>")
 
 
 def text_run_config(
@@ -415,8 +395,11 @@ def text_run_config(
     label = name or getattr(env, "__name__", None) or type(env).__name__
     factory = TextEnvFactory(env, max_len, label)
     tokenizer = factory().tokenizer  # one env made here, to read its alphabets
-    shape = (policy or TextPolicyConfig()).for_env(tokenizer.vocab_size, max_len)
-    model = TextPolicyFactory(shape, first_action_id=tokenizer.eos_id)  # action 0 is <eos>
+    shape = asdict(policy or TextPolicyConfig())
+    config = PolicyConfig(vocab_size=tokenizer.vocab_size, max_seq_len=max_len, **shape)
+    model = functools.partial(  # action 0 is <eos>
+        TextActorCritic, config=config, first_action_id=tokenizer.eos_id
+    )
     return EnvRunConfig(**{**TEXT_DEFAULTS, **run, "env": factory, "model": model})
 
 
@@ -447,4 +430,4 @@ def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any
         questions = ReasoningGymPool(name[3:], **options)  # one pool for every env
         make = functools.partial(ReasoningGymEnv, questions, **turns)
         return text_run_config(make, max_len=80, name=name, **run)
-    raise ValueError(f"env={name!r} is not a text env; use one of {TEXT_ENV_NAMES}")
+    raise ValueError(f"env={name!r} is not a text env; use guess-number or rg:<task>")
