@@ -51,7 +51,6 @@ def test_a_stopped_actor_of_the_pool_is_named_and_reaped(arch: str) -> None:
     pool = ActorPool(config, model, liveness_s=3.0)
     stopped = pool.procs[1]
     try:
-        pool.publish(0)
         beats = pool.supervisor.beats
         wait_for(lambda: all(beats.slots[i] for i in beats.index.values()), timeout_s=60,
                  what="every actor beat once")  # fmt: skip

@@ -1,18 +1,10 @@
-"""The actor processes of one run and their channels to the learner, per architecture.
-
-impala: an actor holds a policy copy, pulled from a
-:class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner publishes into
-before each unroll, and puts its trajectories on one bounded queue (its bound is the
-backpressure that keeps the lag small). seed / sample-factory: an env-only worker has one
-pipe and one (seed) or two (sample-factory, double buffered) shared-memory :class:`EnvSlot`;
-per env group ``g`` it writes ``obs``, ``reward`` and ``done`` into ``slots[g]`` and sends
-the byte ``g``; the pool's central batched inference writes ``action`` and sends ``g`` back
-(each side writes only after receiving the other's byte, so no lock), and assembles the
-trajectories on the learner's side.
-
-Every actor runs under :func:`nobubble.distributed.supervised` (it dies with its parent,
-beats its heartbeat slot, and on any error puts ``(name, report)`` on the error queue before
-exiting 1) and waits on nothing without a timeout.
+"""The actor processes of one run and their channels to the learner, per architecture
+(``docs/rl/actor-learner.md``). impala: a policy copy pulled from
+:class:`~nobubble.rl.system.weight_sync.SharedWeights` before each unroll, trajectories on
+one bounded queue. seed / sample-factory: per env group ``g`` the worker writes ``obs``,
+``reward``, ``done`` into ``slots[g]`` and sends the byte ``g``; central inference writes
+``action`` and sends ``g`` back (each side writes only after the other's byte: no lock).
+Every actor runs under :func:`nobubble.distributed.supervised` and waits with a timeout.
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ from nobubble.rl.actor_learner.model import (
 )
 from nobubble.rl.system.weight_sync import SharedWeights, weight_digest
 
-__all__ = ["ActorPool", "ActorSpec", "ActorStopped", "EnvSlot", "run_actor"]
+__all__ = ["ActorPool", "ActorSpec", "EnvSlot", "run_actor"]
 
 
 _POLL_S = 0.2  # how often a blocked actor looks at the stop flag
@@ -57,10 +49,8 @@ _SLOT_TYPES = {
 
 class EnvSlot:
     """Shared memory of ``K`` envs: ``obs (K, D)`` float32, ``reward (K,)`` float32 and
-    ``done (K,)`` int8 written by the worker, ``action (K,)`` int64 by the learner.
-
-    ``slot[name]`` is a numpy view of one array; the raw arrays are made by the parent and
-    inherited by (or pickled to) the worker.
+    ``done (K,)`` int8 written by the worker, ``action (K,)`` int64 by the learner;
+    ``slot[name]`` is a numpy view. Made by the parent, inherited by (or pickled to) the worker.
     """
 
     def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
@@ -74,23 +64,10 @@ class EnvSlot:
         view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name][1])
         return view.reshape(self.num_envs, self.obs_dim) if name == "obs" else view
 
-    def write_step(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> None:
-        """Worker side: ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` after a step."""
-        self["obs"][:], self["reward"][:], self["done"][:] = obs, reward, done
-
-    def read_step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Learner side: copies of ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` bool."""
-        return self["obs"].copy(), self["reward"].copy(), self["done"].astype(bool)
-
-
-class ActorStopped(Exception):
-    """The learner asked this actor to stop while it waited."""
-
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """What an actor process needs to know about itself; ``ward`` is its handle from the
-    pool's :class:`~nobubble.distributed.Supervisor`."""
+    """What an actor process needs to know about itself (``ward``: its supervisor handle)."""
 
     name: str
     index: int
@@ -110,26 +87,20 @@ def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any)
         errors.close()
         errors.join_thread()  # delivered before the process exits
 
-    def until_stopped() -> None:
-        try:
-            impala = spec.config.arch == "impala"
-            loop: Callable[..., None] = _impala_loop if impala else _worker_loop
-            loop(spec, *channel, stop)
-        except ActorStopped:
-            pass
-
-    supervised(spec.ward, report, until_stopped)
+    loop: Callable[..., None] = _impala_loop if spec.config.arch == "impala" else _worker_loop
+    supervised(spec.ward, report, loop, spec, *channel, stop)
 
 
-def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> None:
-    """Poll ``ready()`` until true; stop or time out (naming ``what``) otherwise."""
+def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> bool:
+    """Poll ``ready()`` until true (True) or ``stop`` is set (False); time out naming ``what``."""
     deadline = time.monotonic() + timeout_s
     while not ready():
         if stop.is_set():
-            raise ActorStopped
+            return False
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name}: waited {timeout_s}s for {what}")
         time.sleep(1e-3)  # ready() may not block: do not spin a core
+    return True
 
 
 def _offer(queue: Any, item: Any) -> bool:
@@ -153,15 +124,13 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     )
     obs = envs.reset()  # (K, D)
     builder.observe(obs)
-    version = -1
-    _wait(stop, lambda: weights.version >= 0, c.stall_timeout_s, "the first weights", spec.name)
-    digest = (-1, "")
+    version, digest = -1, ""  # the pool published version 0 before it started the actors
     while not stop.is_set():
-        version = weights.pull(model, version, timeout_s=c.stall_timeout_s)
-        if digest[0] != version:  # hash the weights this actor holds, once per version
-            digest = (version, weight_digest(model))
+        pulled = weights.pull(model, version, timeout_s=c.stall_timeout_s)
+        if pulled != version:  # hash the weights this actor holds, once per version
+            version, digest = pulled, weight_digest(model)
         trajectory, obs = rollout(
-            model, envs, builder, obs, version=version, generator=generator, digest=digest[1]
+            model, envs, builder, obs, version=version, generator=generator, digest=digest
         )
         offer = functools.partial(_offer, queue, trajectory)
         _wait(stop, offer, c.stall_timeout_s, "the learner to take a trajectory", spec.name)
@@ -176,21 +145,22 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
         for g in range(len(slots))
     ]
     for g, (envs, slot) in enumerate(zip(groups, slots)):
-        slot.write_step(envs.reset(), np.zeros(per_group, np.float32), np.zeros(per_group, bool))
+        slot["obs"][:] = envs.reset()  # reward and done start at 0
         conn.send_bytes(bytes([g]))
     while not stop.is_set():
         for g, (envs, slot) in enumerate(zip(groups, slots)):
-            _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name)
+            if not _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name):
+                return
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
             step = envs.step(slot["action"].copy())
-            slot.write_step(step.obs, step.rewards, step.dones)
+            slot["obs"][:], slot["reward"][:], slot["done"][:] = step.obs, step.rewards, step.dones
             conn.send_bytes(bytes([g]))
 
 
 class ActorPool:
-    """Starts ``config.actors`` actor processes for ``config.arch``; ``liveness_s``: silence
-    after which :meth:`supervise` names an actor (None: never).
+    """Starts ``config.actors`` actor processes for ``config.arch`` that act with ``model`` as
+    version 0; ``liveness_s``: silence after which :meth:`supervise` names an actor (None: never).
 
     Lifecycle: built (processes started) -> :meth:`receive` / :meth:`supervise` while the
     learner runs -> :meth:`close`. Invariant: after :meth:`close` no actor process is alive
@@ -210,6 +180,7 @@ class ActorPool:
         self.inference_busy_s = 0.0  # central inference's time in forward passes
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
+            self.weights.publish(self._module, 0)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
             channels: list[tuple[Any, ...]] = [(self.weights, self.queue)] * config.actors
         else:
@@ -296,8 +267,9 @@ class ActorPool:
         finished: list[Trajectory] = []
         observations = []
         for a, g in ready:
-            obs, reward, done = self.slots[a][g].read_step()  # (K, D), (K,), (K,)
-            trajectory = self.builders[a][g].observe(obs, reward, done)
+            slot = self.slots[a][g]
+            obs = slot["obs"].copy()  # (K, D)
+            trajectory = self.builders[a][g].observe(obs, slot["reward"].copy(), slot["done"] > 0)
             if trajectory is not None:
                 finished.append(trajectory)
             observations.append(obs)

@@ -1,14 +1,7 @@
 """The models the core runs and what they make: the model contract, the MLP actor-critic,
 sampling (:func:`act`), trajectories and their builder, an IMPALA actor's unroll
-(:func:`rollout`) and :func:`evaluate`.
-
-Trajectory shapes are time-major, as V-trace takes them: ``T`` steps, ``K`` environments,
-``D`` observation features, ``A`` actions; ``T + 1`` observations, the last one only to
-bootstrap the value.
-
-The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with
-a small last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the
-value head does not share features that its loss would pull around.
+(:func:`rollout`) and :func:`evaluate`. Shapes are time-major, as V-trace takes them: ``T``
+steps, ``K`` environments, ``D`` observation features, ``A`` actions.
 """
 
 from __future__ import annotations
@@ -95,7 +88,9 @@ def _mlp(n_in: int, hidden: int, n_out: int, last_gain: float) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    """``obs (..., D) -> (logits (..., A), value (...))``."""
+    """``obs (..., D) -> (logits (..., A), value (...))``: two separate tanh MLPs, orthogonally
+    initialised with a small last policy layer as in cleanrl's ``ppo.py`` (the policy starts
+    near uniform; the value loss pulls at no feature the policy uses)."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: int = 64) -> None:
         super().__init__()
@@ -110,39 +105,22 @@ class ActorCritic(nn.Module):
 @dataclass(frozen=True)
 class Trajectory:
     """One unroll; to the :class:`~nobubble.rl.system.experience.ExperienceBuffer` one group of
-    one sample, whose rewards came with its steps.
+    one sample, whose rewards came with its steps (``reward_failed`` is always False)."""
 
-    Attributes:
-        source: the actor (and env group) that stepped it, e.g. ``"actor-1/group-0"``.
-        seq: its number among that source's trajectories, from 0 (the ledger's key).
-        policy_version: the oldest policy version that chose one of its actions.
-        obs: ``(T + 1, K, D)`` float32.
-        actions: ``(T, K)`` int64.
-        behaviour_logits: ``(T, K, A)`` float32, the logits the actions were sampled from.
-        rewards: ``(T, K)`` float32.
-        dones: ``(T, K)`` bool, the episode ended at step t (no bootstrap across it).
-        episode_returns: returns of the episodes that ended inside this unroll.
-        weight_digests: ``(version, digest)`` of every policy version that chose one of its
-            actions, as the actor (or central inference) hashed the weights it used
-            (:func:`~nobubble.rl.system.weight_sync.weight_digest`); the learner checks them.
-        group_id: its number among the trajectories the learner received (-1 until then).
-    """
-
-    source: str
-    seq: int
-    policy_version: int
-    obs: np.ndarray
-    actions: np.ndarray
-    behaviour_logits: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray
-    episode_returns: tuple[float, ...]
+    source: str  # the actor (and env group) that stepped it, e.g. "actor-1/group-0"
+    seq: int  # its number among that source's trajectories, from 0 (the ledger's key)
+    policy_version: int  # the oldest policy version that chose one of its actions
+    obs: np.ndarray  # (T + 1, K, D) float32; the last one only bootstraps the value
+    actions: np.ndarray  # (T, K) int64
+    behaviour_logits: np.ndarray  # (T, K, A) float32, the logits the actions were sampled from
+    rewards: np.ndarray  # (T, K) float32
+    dones: np.ndarray  # (T, K) bool: the episode ended at step t (no bootstrap across it)
+    episode_returns: tuple[float, ...]  # of the episodes that ended inside this unroll
+    # (version, weight_digest) of every policy version that chose one of its actions, hashed
+    # by whoever acted (actor or central inference); the learner checks them
     weight_digests: tuple[tuple[int, str], ...] = ()
-    group_id: int = -1
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.source, self.seq)
+    group_id: int = -1  # its number among the trajectories the learner received
+    reward_failed: bool = False
 
     @property
     def sample_ids(self) -> tuple[int, ...]:
@@ -153,10 +131,6 @@ class Trajectory:
         return self.policy_version
 
     @property
-    def reward_failed(self) -> bool:
-        return False  # an environment's rewards come with its steps
-
-    @property
     def num_steps(self) -> int:
         """Environment steps in it: ``T * K``."""
         return int(self.actions.size)
@@ -164,17 +138,13 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class TrajectoryBatch:
-    """Trajectories side by side along the environment axis: ``B = sum K``.
+    """Trajectories side by side along the environment axis (``B = sum K``), as tensors."""
 
-    Attributes: obs ``(T + 1, B, D)``, actions ``(T, B)``, behaviour_logits ``(T, B, A)``,
-    rewards ``(T, B)``, dones ``(T, B)`` float (1 where the episode ended), as tensors.
-    """
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    behaviour_logits: torch.Tensor
-    rewards: torch.Tensor
-    dones: torch.Tensor
+    obs: torch.Tensor  # (T + 1, B, D)
+    actions: torch.Tensor  # (T, B)
+    behaviour_logits: torch.Tensor  # (T, B, A)
+    rewards: torch.Tensor  # (T, B)
+    dones: torch.Tensor  # (T, B) float: 1 where the episode ended
 
     def columns(self, index: torch.Tensor) -> TrajectoryBatch:
         """The environments ``index`` (``(b,)`` int64) of this batch."""
@@ -325,17 +295,15 @@ def evaluate(
     generator = torch.Generator().manual_seed(seed) if sampled else None
     envs = VectorEnv(config.env, episodes, seed)
     obs = envs.reset()
-    returns: list[float | None] = [None] * episodes
+    returns = np.full(episodes, np.nan)  # (K,) each env's first episode's return, once over
     running = np.zeros(episodes)
     for _ in range(max_steps):
         step = envs.step(act(model, obs, generator)[0])
         running += step.rewards
-        for k in np.flatnonzero(step.dones):
-            if returns[k] is None:
-                returns[k] = float(running[k])
-            running[k] = 0.0
-        if all(r is not None for r in returns):
+        first = step.dones & np.isnan(returns)
+        returns[first], running[step.dones] = running[first], 0.0
+        if not np.isnan(returns).any():
             break
         obs = step.obs
     envs.close()
-    return [float(running[k]) if r is None else r for k, r in enumerate(returns)]
+    return np.where(np.isnan(returns), running, returns).tolist()
