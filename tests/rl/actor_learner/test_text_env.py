@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
+from nobubble.rl.actor_learner.envs import env_label, env_spaces, vector_env
 from nobubble.rl.actor_learner.model import build_model
 from nobubble.rl.actor_learner.text import (
     GuessNumber,
@@ -173,8 +173,8 @@ def test_text_config_builds_a_policy_that_fits_the_env() -> None:
     assert (obs_dim, num_actions) == (48, 11)
     model = build_model(config, obs_dim, num_actions)
     assert isinstance(model, TextActorCritic)
-    envs = VectorEnv(config.env, 4, seed=0)
-    logits = model.policy(torch.from_numpy(envs.reset()))
+    obs, _ = vector_env(config.env, 4).reset(seed=0)
+    logits = model.policy(torch.from_numpy(obs))
     assert logits.shape == (4, 11)
 
 

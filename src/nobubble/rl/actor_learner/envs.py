@@ -5,15 +5,16 @@ an episode without bootstrap, as cleanrl and most IMPALA implementations do.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
-import numpy as np
 
-__all__ = ["StepDelay", "VectorEnv", "VectorStep", "make_env", "env_spaces", "env_label"]
+from nobubble.validation import check_value
+
+__all__ = ["StepDelay", "make_env", "env_spaces", "env_label", "vector_env"]
 
 
 class StepDelay(gymnasium.Wrapper):
@@ -65,49 +66,18 @@ def env_spaces(env: str | Callable[[], Any]) -> tuple[int, int]:
     return int(obs_space.shape[0]), int(act_space.n)
 
 
-@dataclass(frozen=True)
-class VectorStep:
-    """One step of ``K`` environments: the next ``obs (K, D)`` float32 (the reset one where
-    ``done``), ``rewards (K,)`` float32, ``dones (K,)`` bool (terminated or truncated)."""
+def vector_env(
+    env: str | Callable[[], Any], num_envs: int, delay_ms: float = 0.0
+) -> gymnasium.vector.SyncVectorEnv:
+    """``num_envs`` environments of :func:`make_env` stepped in turn, each reset in the step
+    its episode ends (``SAME_STEP``: the observation of a finished one is the first of its
+    next episode; ``terminated | truncated`` marks the end); ``reset(seed=s)`` seeds them
+    ``s, s + 1, ...``.
 
-    obs: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray
-
-
-class VectorEnv:
-    """``K`` environments stepped in turn, each reset as soon as its episode ends (so the
-    observation of a finished one is the first of its next episode)."""
-
-    def __init__(
-        self, env: str | Callable[[], Any], num_envs: int, seed: int, delay_ms: float = 0.0
-    ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"VectorEnv: num_envs={num_envs} must be >= 1")
-        self.envs = [make_env(env, delay_ms) for _ in range(num_envs)]
-        self.seed = seed
-
-    @property
-    def num_envs(self) -> int:
-        return len(self.envs)
-
-    def reset(self) -> np.ndarray:
-        """Reset all with seeds ``seed, seed + 1, ...``; ``(K, D)`` float32."""
-        obs = [e.reset(seed=self.seed + i)[0] for i, e in enumerate(self.envs)]
-        return np.stack(obs).astype(np.float32)  # (K, D)
-
-    def step(self, actions: np.ndarray) -> VectorStep:
-        """Step environment ``k`` with ``actions[k]`` (``(K,)`` int)."""
-        obs, rewards = [], np.empty(self.num_envs, dtype=np.float32)
-        dones = np.zeros(self.num_envs, dtype=bool)
-        for k, env in enumerate(self.envs):
-            o, rewards[k], terminated, truncated, _ = env.step(int(actions[k]))
-            if terminated or truncated:
-                dones[k] = True
-                o, _ = env.reset()
-            obs.append(o)
-        return VectorStep(np.stack(obs).astype(np.float32), rewards, dones)
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
+    Raises:
+        ValueError: ``num_envs < 1``.
+    """
+    check_value("vector_env: num_envs", num_envs, ">= 1", integer=True)
+    make = functools.partial(make_env, env, delay_ms)
+    same_step = gymnasium.vector.AutoresetMode.SAME_STEP
+    return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step)

@@ -24,7 +24,7 @@ from torch import nn
 
 from nobubble.distributed import LIVENESS_S, Supervisor, Ward, WorkerError, reap, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
-from nobubble.rl.actor_learner.envs import VectorEnv
+from nobubble.rl.actor_learner.envs import vector_env
 from nobubble.rl.actor_learner.model import (
     PolicyModel,
     Trajectory,
@@ -118,11 +118,11 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
     c = spec.config
     model = build_model(c, spec.obs_dim, spec.num_actions)
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
-    envs = VectorEnv(c.env, c.envs_per_actor, c.seed * 1000 + 100 * spec.index, c.env_step_delay_ms)
+    envs = vector_env(c.env, c.envs_per_actor, c.env_step_delay_ms)
     builder = TrajectoryBuilder(
         spec.name, c.unroll_length, c.envs_per_actor, spec.obs_dim, spec.num_actions
     )
-    obs = envs.reset()  # (K, D)
+    obs, _ = envs.reset(seed=c.seed * 1000 + 100 * spec.index)  # (K, D)
     builder.observe(obs)
     version, digest = -1, ""  # the pool published version 0 before it started the actors
     while not stop.is_set():
@@ -139,13 +139,10 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
 def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) -> None:
     """Step the env groups of ``slots``, exchanging observations and actions through them."""
     c = spec.config
-    per_group = slots[0].num_envs
-    groups = [
-        VectorEnv(c.env, per_group, c.seed * 1000 + 100 * spec.index + 10 * g, c.env_step_delay_ms)
-        for g in range(len(slots))
-    ]
+    groups = [vector_env(c.env, slots[0].num_envs, c.env_step_delay_ms) for _ in slots]
     for g, (envs, slot) in enumerate(zip(groups, slots)):
-        slot["obs"][:] = envs.reset()  # reward and done start at 0
+        seed = c.seed * 1000 + 100 * spec.index + 10 * g
+        slot["obs"][:] = envs.reset(seed=seed)[0]  # reward and done start at 0
         conn.send_bytes(bytes([g]))
     while not stop.is_set():
         for g, (envs, slot) in enumerate(zip(groups, slots)):
@@ -153,8 +150,12 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
                 return
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
-            step = envs.step(slot["action"].copy())
-            slot["obs"][:], slot["reward"][:], slot["done"][:] = step.obs, step.rewards, step.dones
+            obs, rewards, terminated, truncated, _ = envs.step(slot["action"].copy())
+            slot["obs"][:], slot["reward"][:], slot["done"][:] = (
+                obs,
+                rewards,
+                terminated | truncated,
+            )
             conn.send_bytes(bytes([g]))
 
 

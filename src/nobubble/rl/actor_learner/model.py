@@ -10,12 +10,13 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+import gymnasium
 import numpy as np
 import torch
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
+from nobubble.rl.actor_learner.envs import env_spaces, vector_env
 
 __all__ = [
     "ActorCritic",
@@ -239,7 +240,7 @@ def act(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sample actions for ``obs (N, D)`` float32: ``actions (N,)`` int64 and the behaviour
     ``logits (N, A)`` float32; greedy (``argmax``) when ``generator`` is None."""
-    logits = model.policy(torch.from_numpy(obs))  # (N, A)
+    logits = model.policy(torch.as_tensor(obs, dtype=torch.float32))  # (N, A)
     if generator is None:
         return logits.argmax(-1).numpy(), logits.numpy()
     probs = torch.softmax(logits, dim=-1)
@@ -249,7 +250,7 @@ def act(
 
 def rollout(
     model: PolicyModel,
-    envs: VectorEnv,
+    envs: gymnasium.vector.VectorEnv,
     builder: TrajectoryBuilder,
     obs: np.ndarray,
     *,
@@ -257,16 +258,15 @@ def rollout(
     generator: torch.Generator,
     digest: str = "",
 ) -> tuple[Trajectory, np.ndarray]:
-    """Step ``envs`` from ``obs (K, D)`` (the last observation ``builder`` saw: after
-    ``envs.reset()``, ``builder.observe(obs)``) with ``model`` (policy ``version``, whose
+    """Step ``envs`` (a :func:`~.envs.vector_env`) from ``obs (K, D)`` (the last observation
+    ``builder`` saw: after ``envs.reset(seed=...)``, ``builder.observe(obs)``) with ``model`` (policy ``version``, whose
     weights hash to ``digest``) until ``builder`` finishes a trajectory of ``T`` steps;
     that trajectory and the observation ``(K, D)`` to start the next one from."""
     while True:
         actions, logits = act(model, obs, generator)
         builder.record(actions, logits, version, digest)
-        step = envs.step(actions)
-        obs = step.obs
-        trajectory = builder.observe(step.obs, step.rewards, step.dones)
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
+        trajectory = builder.observe(obs, rewards, terminated | truncated)
         if trajectory is not None:
             return trajectory, obs
 
@@ -293,17 +293,17 @@ def evaluate(
     episodes = config.eval_episodes if episodes is None else episodes
     seed = 10_000_000 + config.seed if seed is None else seed
     generator = torch.Generator().manual_seed(seed) if sampled else None
-    envs = VectorEnv(config.env, episodes, seed)
-    obs = envs.reset()
+    envs = vector_env(config.env, episodes)
+    obs, _ = envs.reset(seed=seed)
     returns = np.full(episodes, np.nan)  # (K,) each env's first episode's return, once over
     running = np.zeros(episodes)
     for _ in range(max_steps):
-        step = envs.step(act(model, obs, generator)[0])
-        running += step.rewards
-        first = step.dones & np.isnan(returns)
-        returns[first], running[step.dones] = running[first], 0.0
+        obs, rewards, terminated, truncated, _ = envs.step(act(model, obs, generator)[0])
+        dones = terminated | truncated
+        running += rewards
+        first = dones & np.isnan(returns)
+        returns[first], running[dones] = running[first], 0.0
         if not np.isnan(returns).any():
             break
-        obs = step.obs
     envs.close()
     return np.where(np.isnan(returns), running, returns).tolist()

@@ -1,19 +1,8 @@
 """``run(EnvRunConfig) -> RunResult``: the learner's loop, the same for every architecture
-(the environment producer behind :func:`nobubble.rl.train`).
-
-    start the actors (ActorPool)                        # impala: publish version 0
-    until the target, the update, env-step or time budget:
-        receive finished trajectories                   # from the queue / central inference
-        while the buffer has an update's worth no older than max_staleness
-        (the rest it drops, ledger: stale):
-            check their weight digests, train on the oldest, publish the new version
-            (one optimizer step per minibatch of environments, :class:`VTraceLoss`)
-        evaluate greedily every eval_every_s, or when the training return reaches the target
-    close the pool; what was in transit is dropped (ledger: unfinished); check the ledger
-
-The buffer, its staleness rule and its ledger are the LLM system's
-(:class:`~nobubble.rl.system.experience.ExperienceBuffer`): a trajectory is admitted on
-arrival under its ``(source, seq)`` key, so that one lost in transit shows as a gap.
+(the environment producer behind :func:`nobubble.rl.train`; the loop is drawn in
+``docs/rl/actor-learner.md``). Its buffer, staleness rule and ledger are the LLM system's
+:class:`~nobubble.rl.system.experience.ExperienceBuffer`: a trajectory is admitted on arrival
+under its ``(source, seq)`` key, so that one lost in transit shows as a gap.
 """
 
 from __future__ import annotations
@@ -24,7 +13,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
@@ -99,8 +87,7 @@ class VTraceLoss:
             policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
             clip_fraction = torch.zeros(())
         value_loss = 0.5 * (out.vs - values[:-1]).square().mean()
-        logits = logits[:-1]  # (T, b, A)
-        entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+        entropy = torch.distributions.Categorical(logits=logits[:-1]).entropy().mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         terms = torch.stack([policy_loss, value_loss, entropy, clip_fraction]).tolist()
         metrics = dict(zip(("policy_loss", "value_loss", "entropy", "clip_fraction"), terms))
@@ -108,15 +95,9 @@ class VTraceLoss:
 
 
 def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner[VTraceLoss]:
-    """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam,
-    ``eps=1e-5``)."""
-    return Learner(
-        model,
-        VTraceLoss(config),
-        lr=config.lr,
-        max_grad_norm=config.max_grad_norm,
-        adam_eps=1e-5,
-    )
+    """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam, eps 1e-5)."""
+    loss = VTraceLoss(config)
+    return Learner(model, loss, lr=config.lr, max_grad_norm=config.max_grad_norm, adam_eps=1e-5)
 
 
 def minibatches(
