@@ -30,7 +30,6 @@ from nobubble.rl.actor_learner.model import (
     Trajectory,
     TrajectoryBuilder,
     act,
-    build_model,
     rollout,
 )
 from nobubble.rl.system.weight_sync import SharedWeights, weight_digest
@@ -72,14 +71,12 @@ class ActorSpec:
     name: str
     index: int
     config: EnvRunConfig
-    obs_dim: int
-    num_actions: int
     ward: Ward
 
 
 def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any) -> None:
     """Process entry: the actor loop of ``spec.config.arch`` under :func:`supervised`, until
-    ``stop`` is set. ``channel``: impala ``(SharedWeights, trajectory queue)``, else
+    ``stop`` is set. ``channel``: impala ``(SharedWeights, trajectory queue, model)``, else
     ``(slots, pipe end)``; ``errors``: the queue its report goes to."""
 
     def report(text: str) -> None:
@@ -112,16 +109,14 @@ def _offer(queue: Any, item: Any) -> bool:
     return True
 
 
-def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
-    """Roll out with a local policy copy, pulled before each unroll; stream to ``queue``."""
+def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, model: PolicyModel, stop: Any) -> None:
+    """Roll out with this process's copy of ``model``, pulled before each unroll, into ``queue``."""
     torch.set_num_threads(spec.config.threads)
     c = spec.config
-    model = build_model(c, spec.obs_dim, spec.num_actions)
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
     envs = vector_env(c.env, c.envs_per_actor, c.env_step_delay_ms)
-    builder = TrajectoryBuilder(
-        spec.name, c.unroll_length, c.envs_per_actor, spec.obs_dim, spec.num_actions
-    )
+    shape = (c.envs_per_actor, model.obs_dim, model.num_actions)
+    builder = TrajectoryBuilder(spec.name, c.unroll_length, *shape)
     obs, _ = envs.reset(seed=c.seed * 1000 + 100 * spec.index)  # (K, D)
     builder.observe(obs)
     version, digest = -1, ""  # the pool published version 0 before it started the actors
@@ -183,7 +178,7 @@ class ActorPool:
             self.weights = SharedWeights(self._module, ctx)
             self.weights.publish(self._module, 0)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
-            channels: list[tuple[Any, ...]] = [(self.weights, self.queue)] * config.actors
+            channels: list[tuple[Any, ...]] = [(self.weights, self.queue, model)] * config.actors
         else:
             groups = 2 if config.arch == "sample-factory" else 1
             per_group = envs_per_trajectory(config)
@@ -200,15 +195,9 @@ class ActorPool:
             self._generator = torch.Generator().manual_seed(config.seed + 7)
             channels = [(s, p[1]) for s, p in zip(self.slots, pipes)]
         for i, (name, channel) in enumerate(zip(self.names, channels)):
-            spec = ActorSpec(
-                name, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(name)
-            )
-            proc = ctx.Process(
-                target=run_actor,
-                args=(spec, channel, self.stop, self.errors),
-                name=name,
-                daemon=True,
-            )
+            spec = ActorSpec(name, i, config, self.supervisor.ward(name))
+            args = (spec, channel, self.stop, self.errors)
+            proc = ctx.Process(target=run_actor, args=args, name=name, daemon=True)
             proc.start()
             self.supervisor.procs[name] = proc
 
@@ -235,8 +224,10 @@ class ActorPool:
                 raise
         return _drain(self.queue, poll_s)
 
-    def _read_requests(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
-        for conn in ready_conns:
+    def _requests(self, timeout_s: float) -> list[tuple[int, int]]:
+        """``(actor, group)`` of each env group whose observations came within ``timeout_s``."""
+        ready = []
+        for conn in wait(self.conns, timeout=timeout_s):
             a = self.conns.index(conn)
             try:
                 while conn.poll():
@@ -245,6 +236,7 @@ class ActorPool:
                 raise WorkerError(
                     f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
                 ) from None
+        return ready
 
     def _infer(self, version: int, digest: str, poll_s: float) -> list[Trajectory]:
         """Wait at most ``poll_s`` for an env group's request, collect more until one per
@@ -254,16 +246,15 @@ class ActorPool:
         Raises:
             WorkerError: a worker's pipe closed.
         """
-        ready: list[tuple[int, int]] = []  # (actor, group) whose observations are in
-        self._read_requests(wait(self.conns, timeout=poll_s), ready)
-        if not ready:
-            return []
+        ready = self._requests(poll_s)
         deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
-        while len({a for a, _ in ready}) < len(self.conns):
-            more = wait(self.conns, timeout=max(0.0, deadline - time.monotonic()))
+        while ready and len({a for a, _ in ready}) < len(self.conns):
+            more = self._requests(max(0.0, deadline - time.monotonic()))
             if not more:
                 break
-            self._read_requests(more, ready)
+            ready += more
+        if not ready:
+            return []
         start = time.perf_counter()
         finished: list[Trajectory] = []
         observations = []

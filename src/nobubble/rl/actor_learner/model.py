@@ -258,10 +258,10 @@ def rollout(
     generator: torch.Generator,
     digest: str = "",
 ) -> tuple[Trajectory, np.ndarray]:
-    """Step ``envs`` (a :func:`~.envs.vector_env`) from ``obs (K, D)`` (the last observation
-    ``builder`` saw: after ``envs.reset(seed=...)``, ``builder.observe(obs)``) with ``model`` (policy ``version``, whose
-    weights hash to ``digest``) until ``builder`` finishes a trajectory of ``T`` steps;
-    that trajectory and the observation ``(K, D)`` to start the next one from."""
+    """Step ``envs`` (a :func:`~.envs.vector_env`) from ``obs (K, D)``, the last observation
+    ``builder`` saw, with ``model`` (policy ``version``, whose weights hash to ``digest``)
+    until ``builder`` finishes a trajectory of ``T`` steps; that trajectory and the
+    observation ``(K, D)`` to start the next one from."""
     while True:
         actions, logits = act(model, obs, generator)
         builder.record(actions, logits, version, digest)

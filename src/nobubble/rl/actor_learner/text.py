@@ -258,19 +258,12 @@ class ReasoningGymEnv:
     say the characters of the dataset's answers, up to the longest answer.
 
     Args:
-        questions: the pool (made once and shared by every env of a run: generating one
-            takes a while; an episode only reads it), or a dataset name to make one from
-            ``**pool`` (``size``, ``seed`` and the dataset's config).
+        questions: the pool, made once and shared by every env of a run (generating one
+            takes a while; an episode only reads it).
         max_turns: answers allowed per question.
     """
 
-    def __init__(
-        self, questions: ReasoningGymPool | str, *, max_turns: int = 4, **pool: Any
-    ) -> None:
-        if isinstance(questions, str):
-            questions = ReasoningGymPool(questions, **pool)
-        elif pool:
-            raise ValueError(f"ReasoningGymEnv: {sorted(pool)} given with a ready pool")
+    def __init__(self, questions: ReasoningGymPool, *, max_turns: int = 4) -> None:
         check_value("max_turns", max_turns, ">= 1", integer=True)
         self.questions, self.max_turns = questions, max_turns
         self.name, self.turn_alphabet = questions.name, questions.answer_chars
@@ -312,19 +305,11 @@ class TextPolicyConfig:
 
 class TextActorCritic(nn.Module):
     """``obs (..., L) -> (logits (..., A), value (...))`` from a :class:`CharTransformer`
-    read at the newest token (position ``L - 1``: the left padding is a token of its own, not
-    masked, so the batch takes the transformer's fast causal path). ``last_only=True`` runs
-    the last block for that one query: the same numbers as ``forward(...)[:, -1]``, a third
-    of the cost. No KV cache: a step is a pure function of its observation. With
-    ``config`` and ``first_action_id`` bound (``functools.partial``) it is the model factory
-    ``(obs_dim, num_actions) -> model`` that ``EnvRunConfig.model`` takes.
-
-    Args:
-        obs_dim: L, the observation window (the transformer's ``max_seq_len``).
-        num_actions: A; action ``a`` is token ``first_action_id + a``.
-        config: the transformer; V, its ``vocab_size``, is the env's vocabulary (its
-            ``max_seq_len`` is replaced by ``obs_dim``).
-        first_action_id: the token of action 0.
+    (``config``, its ``max_seq_len`` set to ``obs_dim`` = L; its ``vocab_size`` V the env's)
+    run for the newest token only (the left padding is a token, not masked: the fast causal
+    path; no KV cache, so a step is a function of its observation). Action ``a`` is token
+    ``first_action_id + a``. With ``config`` and ``first_action_id`` bound
+    (``functools.partial``) it is the factory ``EnvRunConfig.model`` takes.
     """
 
     def __init__(
