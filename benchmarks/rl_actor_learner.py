@@ -56,7 +56,7 @@ from benchmarks._common import RESULTS, write_json
 from benchmarks._torchrl_peer import run_torchrl
 from benchmarks.records.rl_actor_learner import RlActorLearner, RlActorLearnerEnvs
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.envs import make_env, vector_env
+from nobubble.rl.actor_learner.model import make_env, vector_env
 
 TARGET, EVAL_EPISODES, EVAL_EVERY_S = 475.0, 20, 5.0
 ARCHS = ("impala", "seed", "sample-factory")

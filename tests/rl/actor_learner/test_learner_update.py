@@ -9,12 +9,12 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import vector_env
 from nobubble.rl.actor_learner.model import (
     ActorCritic,
     TrajectoryBuilder,
     rollout,
     stack_trajectories,
+    vector_env,
 )
 from nobubble.rl.actor_learner.run import VTraceLoss, env_learner, minibatches
 

@@ -22,9 +22,8 @@ import pytest
 
 from nobubble.distributed import BEAT_S, LIVENESS_S, WorkerError
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.envs import env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
-from nobubble.rl.actor_learner.model import build_model
+from nobubble.rl.actor_learner.model import build_model, env_spaces
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SIGSTOP, /proc")

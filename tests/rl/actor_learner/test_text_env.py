@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import env_label, env_spaces, vector_env
-from nobubble.rl.actor_learner.model import build_model
+from nobubble.rl.actor_learner.model import build_model, env_label, env_spaces, vector_env
 from nobubble.rl.actor_learner.text import (
     GuessNumber,
     TextActorCritic,

@@ -7,8 +7,7 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import numpy as np
 import torch
 
-from nobubble.rl.actor_learner.envs import vector_env
-from nobubble.rl.actor_learner.model import ActorCritic, TrajectoryBuilder, act, rollout
+from nobubble.rl.actor_learner.model import ActorCritic, TrajectoryBuilder, act, rollout, vector_env
 
 
 def _plain_unrolls(model: ActorCritic, T: int, K: int, num: int) -> list[dict]:

@@ -14,12 +14,12 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import torch
 
-from nobubble.rl.actor_learner.envs import vector_env
 from nobubble.rl.actor_learner.model import (
     ActorCritic,
     TrajectoryBuilder,
     rollout,
     stack_trajectories,
+    vector_env,
 )
 from nobubble.rl.actor_learner.run import vtrace_targets
 

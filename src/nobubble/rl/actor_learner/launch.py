@@ -1,10 +1,8 @@
 """The actor processes of one run and their channels to the learner, per architecture
-(``docs/rl/actor-learner.md``). impala: a policy copy pulled from
-:class:`~nobubble.rl.system.weight_sync.SharedWeights` before each unroll, trajectories on
-one bounded queue. seed / sample-factory: per env group ``g`` the worker writes ``obs``,
-``reward``, ``done`` into ``slots[g]`` and sends the byte ``g``; central inference writes
-``action`` and sends ``g`` back (each side writes only after the other's byte: no lock).
-Every actor runs under :func:`nobubble.distributed.supervised` and waits with a timeout.
+(``docs/rl/actor-learner.md``): impala actors pull weights from
+:class:`~nobubble.rl.system.weight_sync.SharedWeights` and put trajectories on one bounded
+queue; seed / sample-factory workers trade observations for actions with central inference
+through :class:`EnvSlot` s. Every actor runs under :func:`nobubble.distributed.supervised`.
 """
 
 from __future__ import annotations
@@ -24,13 +22,13 @@ from torch import nn
 
 from nobubble.distributed import LIVENESS_S, Supervisor, Ward, WorkerError, reap, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
-from nobubble.rl.actor_learner.envs import vector_env
 from nobubble.rl.actor_learner.model import (
     PolicyModel,
     Trajectory,
     TrajectoryBuilder,
     act,
     rollout,
+    vector_env,
 )
 from nobubble.rl.system.weight_sync import SharedWeights, weight_digest
 
@@ -38,29 +36,27 @@ __all__ = ["ActorPool", "ActorSpec", "EnvSlot", "run_actor"]
 
 
 _POLL_S = 0.2  # how often a blocked actor looks at the stop flag
-_SLOT_TYPES = {
-    "obs": ("f", np.float32),
-    "reward": ("f", np.float32),
-    "done": ("b", np.int8),
-    "action": ("q", np.int64),
-}
+_SLOT_TYPES = {"obs": np.float32, "reward": np.float32, "done": np.int8, "action": np.int64}
 
 
 class EnvSlot:
-    """Shared memory of ``K`` envs: ``obs (K, D)`` float32, ``reward (K,)`` float32 and
-    ``done (K,)`` int8 written by the worker, ``action (K,)`` int64 by the learner;
-    ``slot[name]`` is a numpy view. Made by the parent, inherited by (or pickled to) the worker.
+    """Shared memory of one env group of ``K`` envs (``slot[name]``: a numpy view), made by the
+    parent: ``obs (K, D)`` float32, ``reward (K,)`` float32, ``done (K,)`` int8 written by the
+    worker, which then sends the group's byte; ``action (K,)`` int64 written by central
+    inference, which sends the byte back. Each side writes only after the other's byte: no lock.
     """
 
     def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
         self.num_envs, self.obs_dim = num_envs, obs_dim
         self._raw = {
-            k: mp_context.RawArray(code, num_envs * (obs_dim if k == "obs" else 1))
-            for k, (code, _) in _SLOT_TYPES.items()
+            k: mp_context.RawArray(
+                np.ctypeslib.as_ctypes_type(t), num_envs * (obs_dim if k == "obs" else 1)
+            )
+            for k, t in _SLOT_TYPES.items()
         }
 
     def __getitem__(self, name: str) -> np.ndarray:
-        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name][1])
+        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name])
         return view.reshape(self.num_envs, self.obs_dim) if name == "obs" else view
 
 
@@ -241,11 +237,8 @@ class ActorPool:
     def _infer(self, version: int, digest: str, poll_s: float) -> list[Trajectory]:
         """Wait at most ``poll_s`` for an env group's request, collect more until one per
         actor is in or ``inference_deadline_ms`` passed, answer them all with one forward
-        pass of policy ``version`` (published digest ``digest``); the trajectories finished.
-
-        Raises:
-            WorkerError: a worker's pipe closed.
-        """
+        pass of policy ``version`` (digest ``digest``); the trajectories finished. Raises
+        :class:`WorkerError` when a worker's pipe closed."""
         ready = self._requests(poll_s)
         deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
         while ready and len({a for a, _ in ready}) < len(self.conns):

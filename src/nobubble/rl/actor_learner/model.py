@@ -1,12 +1,18 @@
-"""The models the core runs and what they make: the model contract, the MLP actor-critic,
-sampling (:func:`act`), trajectories and their builder, an IMPALA actor's unroll
-(:func:`rollout`) and :func:`evaluate`. Shapes are time-major, as V-trace takes them: ``T``
-steps, ``K`` environments, ``D`` observation features, ``A`` actions.
+"""The environments and models the core runs and what they make: gymnasium envs by id or
+factory (a step delay stands in for a slow simulator or a tool call), a vector of them, the
+model contract, the MLP actor-critic, sampling (:func:`act`), trajectories and their builder,
+an IMPALA actor's unroll (:func:`rollout`) and :func:`evaluate`. Truncation (CartPole's
+500-step limit) ends an episode without bootstrap, as cleanrl and most IMPALA implementations
+do. Shapes are time-major, as V-trace takes them: ``T`` steps, ``K`` environments, ``D``
+observation features, ``A`` actions.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
@@ -16,21 +22,85 @@ import torch
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import env_spaces, vector_env
+from nobubble.validation import check_value
 
 __all__ = [
     "ActorCritic",
     "PolicyModel",
+    "StepDelay",
     "Trajectory",
     "TrajectoryBatch",
     "TrajectoryBuilder",
     "act",
     "build_model",
+    "env_label",
+    "env_spaces",
     "evaluate",
     "initial_model",
+    "make_env",
     "rollout",
     "stack_trajectories",
+    "vector_env",
 ]
+
+
+class StepDelay(gymnasium.Wrapper):
+    """Wrap a gymnasium env so that every ``step`` first sleeps ``delay_ms`` milliseconds."""
+
+    def __init__(self, env: Any, delay_ms: float) -> None:
+        super().__init__(env)
+        self.delay_s = delay_ms / 1000.0
+
+    def step(self, action: Any) -> Any:
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        return self.env.step(action)
+
+
+def make_env(env: str | Callable[[], Any], delay_ms: float = 0.0) -> Any:
+    """One environment: ``gymnasium.make(env)`` or ``env()``, wrapped in :class:`StepDelay`
+    when ``delay_ms > 0``."""
+    made = gymnasium.make(env, disable_env_checker=True) if isinstance(env, str) else env()
+    return StepDelay(made, delay_ms) if delay_ms > 0 else made
+
+
+def env_label(env: str | Callable[[], Any]) -> str:
+    """A run's name for ``env``: the gymnasium id, else the factory's ``name`` or
+    ``__name__`` (``"custom"`` when it has neither)."""
+    if isinstance(env, str):
+        return env
+    return str(getattr(env, "name", None) or getattr(env, "__name__", "custom"))
+
+
+def env_spaces(env: str | Callable[[], Any]) -> tuple[int, int]:
+    """``(obs_dim, num_actions)`` of a flat-Box-observation, Discrete-action environment
+    (``ValueError`` for other spaces: this core's MLP policy needs those)."""
+    probe = make_env(env)
+    obs_space, act_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not isinstance(obs_space, gymnasium.spaces.Box) or len(obs_space.shape) != 1:
+        raise ValueError(
+            f"env={env!r} has observation space {obs_space}; the MLP actor-critic needs a "
+            "flat Box (vector observations): pick such an env or flatten it in a factory"
+        )
+    if not isinstance(act_space, gymnasium.spaces.Discrete):
+        raise ValueError(
+            f"env={env!r} has action space {act_space}; the categorical policy needs Discrete"
+        )
+    return int(obs_space.shape[0]), int(act_space.n)
+
+
+def vector_env(
+    env: str | Callable[[], Any], num_envs: int, delay_ms: float = 0.0
+) -> gymnasium.vector.SyncVectorEnv:
+    """``num_envs`` environments of :func:`make_env` stepped in turn, each reset in the step
+    its episode ends (``SAME_STEP``: the observation of a finished one is the first of its
+    next episode; ``terminated | truncated`` marks the end); ``reset(seed=s)`` seeds them
+    ``s, s + 1, ...``."""
+    check_value("vector_env: num_envs", num_envs, ">= 1", integer=True)
+    make = functools.partial(make_env, env, delay_ms)
+    same_step = gymnasium.vector.AutoresetMode.SAME_STEP
+    return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step)
 
 
 class PolicyModel(Protocol):
@@ -52,11 +122,8 @@ class PolicyModel(Protocol):
 
 
 def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
-    """``config.model(obs_dim, num_actions)``, or the MLP :class:`ActorCritic`.
-
-    Raises:
-        ValueError: the factory's model disagrees with the env's spaces.
-    """
+    """``config.model(obs_dim, num_actions)``, or the MLP :class:`ActorCritic`; ``ValueError``
+    when the factory's model disagrees with the env's spaces."""
     if config.model is None:
         return ActorCritic(obs_dim, num_actions, config.hidden)
     model = config.model(obs_dim, num_actions)
@@ -258,7 +325,7 @@ def rollout(
     generator: torch.Generator,
     digest: str = "",
 ) -> tuple[Trajectory, np.ndarray]:
-    """Step ``envs`` (a :func:`~.envs.vector_env`) from ``obs (K, D)``, the last observation
+    """Step ``envs`` (a :func:`vector_env`) from ``obs (K, D)``, the last observation
     ``builder`` saw, with ``model`` (policy ``version``, whose weights hash to ``digest``)
     until ``builder`` finishes a trajectory of ``T`` steps; that trajectory and the
     observation ``(K, D)`` to start the next one from."""

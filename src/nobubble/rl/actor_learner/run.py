@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
-from nobubble.rl.actor_learner.envs import env_label
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.model import (
     PolicyModel,
     Trajectory,
     TrajectoryBatch,
+    env_label,
     evaluate,
     initial_model,
     stack_trajectories,
@@ -253,15 +253,9 @@ class _Run:
 
 def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
     """Train ``config.model`` (default: an MLP actor-critic) on ``config.env`` with
-    ``config.arch``.
+    ``config.arch``; ``on_step(version, metrics)`` is called after each update and evaluation
+    with ``wall_s``, ``env_steps`` and, when known, ``train_return`` and ``eval_return``.
 
-    Args:
-        config: the run.
-        on_step: called as ``on_step(version, metrics)`` after each update and evaluation;
-            ``metrics`` has ``wall_s``, ``env_steps`` and, when known, ``train_return`` and
-            (on evaluations) ``eval_return``.
-    Returns:
-        :class:`~nobubble.rl.system.result.RunResult`.
     Raises:
         WorkerError: an actor raised (its error's first line; the report in
             ``remote_traceback``), died, fell silent, or sampled with other weights than the

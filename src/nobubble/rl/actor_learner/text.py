@@ -25,14 +25,12 @@ from nobubble.rl.system.tasks import CharTokenizer, ReasoningGymPool, as_reward
 from nobubble.validation import check_value
 
 __all__ = [
-    "END_OF_TURN",
     "GuessNumber",
     "GuessOdds",
     "ReasoningGymEnv",
     "TEXT_DEFAULTS",
     "TextActorCritic",
     "TextEnv",
-    "TextEnvFactory",
     "TextPolicyConfig",
     "TextStep",
     "TokenEnv",
@@ -249,19 +247,12 @@ def _number(text: str) -> float | None:
 
 
 class ReasoningGymEnv:
-    """A reasoning-gym question pool as a multi-turn :class:`TextEnv`, with hints.
-
-    The opening is the question of entry ``seed % size``; each turn is scored by the
-    dataset's verifier. A turn that scores 1 ends the episode with reward 1; a wrong one is
-    answered ``higher`` / ``lower`` when it and the answer are numbers, else ``wrong``; after
-    ``max_turns`` turns the last turn's score (partial credit) is the reward. The model may
-    say the characters of the dataset's answers, up to the longest answer.
-
-    Args:
-        questions: the pool, made once and shared by every env of a run (generating one
-            takes a while; an episode only reads it).
-        max_turns: answers allowed per question.
-    """
+    """The questions of a reasoning-gym pool (made once and shared by every env of a run) as
+    a multi-turn :class:`TextEnv` with hints: the opening is the question of entry ``seed %
+    size``, each turn is scored by the dataset's verifier; a score of 1 ends the episode with
+    reward 1, a miss is answered ``higher`` / ``lower`` when it and the answer are numbers,
+    else ``wrong``; after ``max_turns`` turns the last turn's score (partial credit) is the
+    reward. The model may say the characters of the dataset's answers, up to the longest."""
 
     def __init__(self, questions: ReasoningGymPool, *, max_turns: int = 4) -> None:
         check_value("max_turns", max_turns, ">= 1", integer=True)
@@ -365,15 +356,12 @@ def text_run_config(
     policy: TextPolicyConfig | None = None,
     **run: Any,
 ) -> EnvRunConfig:
-    """An actor-learner run on the text env that ``env()`` makes.
+    """An actor-learner run on the text env that ``env()`` makes (``env``: a zero-argument
+    factory of a :class:`TextEnv`, picklable unless the start method is ``fork``), with the
+    policy's window of ``max_len`` tokens (older ones drop out), ``name`` for the env
+    (default: the factory's ``__name__``), the transformer's shape ``policy`` and any
+    :class:`EnvRunConfig` field in ``run`` (over :data:`TEXT_DEFAULTS`).
 
-    Args:
-        env: a zero-argument factory of a :class:`~.envs.TextEnv` (its class, or a
-            ``functools.partial``); picklable unless the start method is ``fork``.
-        max_len: the policy's window in tokens (older tokens of a long conversation drop out).
-        name: the run's name for the env (default: the factory's ``__name__``).
-        policy: the character transformer's shape.
-        **run: any :class:`EnvRunConfig` field, over :data:`TEXT_DEFAULTS`.
     Raises:
         ValueError: ``env()`` is not a text env, or a field is bad.
     """
@@ -396,11 +384,8 @@ def is_text_env(name: str) -> bool:
 def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any) -> EnvRunConfig:
     """The run on a built-in text env: ``guess-number`` (:class:`GuessNumber`; options
     ``high``, ``max_turns``) or ``rg:<task>`` (:class:`ReasoningGymEnv`; options
-    ``max_turns``, ``size``, ``seed`` and the dataset's config).
-
-    Raises:
-        ValueError: an unknown name or option (the message names it).
-    """
+    ``max_turns``, ``size``, ``seed`` and the dataset's config); ``ValueError`` naming an
+    unknown name or option."""
     options = dict(options or {})
     if name == "guess-number":
         try:
