@@ -36,7 +36,8 @@ __all__ = ["ActorPool", "ActorSpec", "EnvSlot", "run_actor"]
 
 
 _POLL_S = 0.2  # how often a blocked actor looks at the stop flag
-_SLOT_TYPES = {"obs": np.float32, "reward": np.float32, "done": np.int8, "action": np.int64}
+# array typecodes (numpy reads them too): float32, float32, int8, int64
+_SLOT_TYPES = {"obs": "f", "reward": "f", "done": "b", "action": "q"}
 
 
 class EnvSlot:
@@ -49,10 +50,8 @@ class EnvSlot:
     def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
         self.num_envs, self.obs_dim = num_envs, obs_dim
         self._raw = {
-            k: mp_context.RawArray(
-                np.ctypeslib.as_ctypes_type(t), num_envs * (obs_dim if k == "obs" else 1)
-            )
-            for k, t in _SLOT_TYPES.items()
+            k: mp_context.RawArray(code, num_envs * (obs_dim if k == "obs" else 1))
+            for k, code in _SLOT_TYPES.items()
         }
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -142,11 +141,8 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
             obs, rewards, terminated, truncated, _ = envs.step(slot["action"].copy())
-            slot["obs"][:], slot["reward"][:], slot["done"][:] = (
-                obs,
-                rewards,
-                terminated | truncated,
-            )
+            slot["obs"][:], slot["reward"][:] = obs, rewards
+            slot["done"][:] = terminated | truncated
             conn.send_bytes(bytes([g]))
 
 
@@ -222,8 +218,9 @@ class ActorPool:
 
     def _requests(self, timeout_s: float) -> list[tuple[int, int]]:
         """``(actor, group)`` of each env group whose observations came within ``timeout_s``."""
-        ready = []
-        for conn in wait(self.conns, timeout=timeout_s):
+        ready: list[tuple[int, int]] = []
+        readable: list[Any] = wait(self.conns, timeout=timeout_s)
+        for conn in readable:
             a = self.conns.index(conn)
             try:
                 while conn.poll():

@@ -67,11 +67,9 @@ class TextEnv(Protocol):
 
     def reset(self, seed: int) -> str:
         """Start an episode drawn from ``seed``; the opening message."""
-        ...
 
     def step(self, turn: str) -> TextStep:
         """The model said ``turn`` (characters of ``turn_alphabet``, possibly empty)."""
-        ...
 
 
 def check_text_env(env: Any) -> None:
@@ -84,10 +82,8 @@ def check_text_env(env: Any) -> None:
             f"text env {name} has no {', '.join(missing)}; a text env needs reset(seed) -> str, "
             "step(turn) -> TextStep, alphabet, turn_alphabet and max_turn_chars"
         )
-    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:
+    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:  # repeats: the tokenizer
         raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} must be a str")
-    if len(set(env.turn_alphabet)) != len(env.turn_alphabet):
-        raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} repeats a char")
     check_value(f"text env {name}: max_turn_chars", env.max_turn_chars, ">= 1", integer=True)
 
 
