@@ -117,8 +117,6 @@ class PolicyModel(Protocol):
 
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
     def policy(self, obs: torch.Tensor) -> torch.Tensor: ...
-    def parameters(self, recurse: bool = True) -> Any: ...
-    def state_dict(self) -> Any: ...
 
 
 def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
@@ -198,11 +196,6 @@ class Trajectory:
     def newest_version(self) -> int:
         return self.policy_version
 
-    @property
-    def num_steps(self) -> int:
-        """Environment steps in it: ``T * K``."""
-        return int(self.actions.size)
-
 
 @dataclass(frozen=True)
 class TrajectoryBatch:
@@ -234,10 +227,8 @@ def stack_trajectories(trajectories: list[Trajectory]) -> TrajectoryBatch:
 
 
 class TrajectoryBuilder:
-    """Assembles the trajectories of one env stream (an impala actor's own envs, or a
-    worker's env group as central inference sees it).
-
-    Lifecycle per step ``t``: :meth:`observe` (the observation after the previous action,
+    """Assembles the trajectories of one env stream (an impala actor's envs, or a worker's
+    env group as central inference sees it). Lifecycle per step ``t``: :meth:`observe` (the observation after the previous action,
     with that action's reward and done) then :meth:`record` (the action chosen for it).
     Every ``T`` steps :meth:`observe` returns the finished trajectory, whose last observation
     is also the first of the next one. Episode returns are summed here from the rewards.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -53,6 +53,7 @@ def vtrace_targets(
     )
 
 
+@dataclass(frozen=True)
 class VTraceLoss:
     """The environment producer's loss on a :class:`TrajectoryBatch` ``(T, b)``, for the
     :class:`~nobubble.rl.system.learner.Learner`, with the current parameters:
@@ -63,8 +64,7 @@ class VTraceLoss:
 
     Advantages are normalised per minibatch; every step counts."""
 
-    def __init__(self, config: EnvRunConfig) -> None:
-        self.config = config
+    config: EnvRunConfig
 
     def after_step(self, model: nn.Module, version: int) -> None:
         pass
@@ -136,8 +136,7 @@ class _Run:
         self.env_steps = 0
         self.learn_s = 0.0
         self.start = self.last_eval = time.monotonic()
-        self.time_to_target: float | None = None
-        self.steps_to_target: int | None = None
+        self.reached: CurvePoint | None = None  # the first evaluation at the target
         self.eval_returns: list[float] = []
 
     def take(self, trajectories: list[Trajectory]) -> None:
@@ -147,7 +146,7 @@ class _Run:
             self.buffer.admit(t.group_id, self.learner.version, source=(t.source, t.seq))
             self.buffer.generated(t)
             self.buffer.put(t)  # scored on arrival
-            self.env_steps += t.num_steps
+            self.env_steps += t.actions.size  # T * K
             self.returns.extend(t.episode_returns)
 
     def update_if_ready(self) -> bool:
@@ -159,7 +158,7 @@ class _Run:
         for t in fresh:
             lag = self.learner.version - t.policy_version
             assert lag >= 0, f"trajectory {(t.source, t.seq)} has a version from the future"
-            self.lags[lag] += t.num_steps
+            self.lags[lag] += t.actions.size
         self.published.check_trained(  # each acted with the weights of the versions it claims
             (t.source.split("/")[0], t.source, t.weight_digests) for t in fresh
         )
@@ -192,8 +191,8 @@ class _Run:
         mean = sum(self.eval_returns) / len(self.eval_returns)
         target = self.config.target_return
         point = self.point(mean)
-        if target is not None and mean >= target and self.time_to_target is None:
-            self.time_to_target, self.steps_to_target = point.wall_s, point.env_steps
+        if target is not None and mean >= target and self.reached is None:
+            self.reached = point
         return point
 
     def loop(self, pool: ActorPool, on_step: OnStep | None) -> None:
@@ -208,7 +207,7 @@ class _Run:
                 on_step(self.learner.version, metrics)
 
         while not (
-            self.time_to_target is not None
+            self.reached is not None
             or self.env_steps >= c.max_env_steps
             or (c.steps is not None and self.learner.version >= c.steps)
             or time.monotonic() - self.start >= c.time_budget_s
@@ -244,8 +243,8 @@ class _Run:
             eval_mean_return=sum(returns) / len(returns) if returns else float("nan"),
             eval_returns=returns,
             target_return=c.target_return,
-            time_to_target_s=self.time_to_target,
-            steps_to_target=self.steps_to_target,
+            time_to_target_s=self.reached.wall_s if self.reached else None,
+            steps_to_target=self.reached.env_steps if self.reached else None,
             env_steps=self.env_steps,
             model=self.learner.model,
         )
@@ -274,7 +273,7 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
             leftover = pool.close()
         state.take(leftover)
         state.buffer.close([])  # what was in transit or waiting: "unfinished"
-        if not state.eval_returns or state.time_to_target is None:
+        if not state.eval_returns or state.reached is None:
             state.curve.append(state.evaluate())
         return state.result(pool)
     finally:

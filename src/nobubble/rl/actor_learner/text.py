@@ -94,12 +94,8 @@ class TokenEnv(gymnasium.Env):
     (token ``<eos> + a``); a turn also ends at ``max_turn_chars``, and the env's reply and
     the turn's reward come on that step. The observation is the last ``max_len`` tokens,
     right-aligned and left-padded with ``<pad>``, float32 ``(L,)``; an episode longer than
-    ``max_episode_steps`` tokens is truncated.
-
-    Attributes:
-        tokenizer: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``turn_alphabet``, the other chars.
-        num_actions: A, end-of-turn plus one per turn character.
-        transcript: the episode as ``("env" | "model", text)`` messages, in order.
+    ``max_episode_steps`` tokens is truncated. ``transcript``: the episode as ``("env" |
+    "model", text)`` messages, in order.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -113,8 +109,8 @@ class TokenEnv(gymnasium.Env):
             )
         self.text_env, self.max_len, self.max_episode_steps = env, max_len, max_episode_steps
         rest = "".join(sorted(set(env.alphabet) - set(env.turn_alphabet)))
-        self.tokenizer = CharTokenizer(env.turn_alphabet + rest)
-        self.num_actions = 1 + len(env.turn_alphabet)
+        self.tokenizer = CharTokenizer(env.turn_alphabet + rest)  # <pad> <bos> <eos>, turn, rest
+        self.num_actions = 1 + len(env.turn_alphabet)  # A: end-of-turn, one per turn character
         top = float(self.tokenizer.vocab_size - 1)
         self.observation_space = gymnasium.spaces.Box(0.0, top, (max_len,), np.float32)
         self.action_space = gymnasium.spaces.Discrete(self.num_actions)
@@ -235,13 +231,6 @@ def guess_number_odds(high: int, max_turns: int) -> GuessOdds:
     )
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 class ReasoningGymEnv:
     """The questions of a reasoning-gym pool (made once and shared by every env of a run) as
     a multi-turn :class:`TextEnv` with hints: the opening is the question of entry ``seed %
@@ -271,8 +260,11 @@ class ReasoningGymEnv:
         if score >= 1.0:
             return TextStep(CORRECT, 1.0, True)
         last = self.turns >= self.max_turns
-        guess, answer = _number(turn), _number(str(self.entry["answer"]))
-        if guess is None or answer is None or guess == answer:
+        try:
+            guess, answer = float(turn), float(str(self.entry["answer"]))
+        except ValueError:
+            guess = answer = 0.0  # not both numbers: no direction to hint
+        if guess == answer:
             hint = WRONG
         else:
             hint = HIGHER if answer > guess else LOWER
@@ -384,13 +376,12 @@ def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any
     unknown name or option."""
     options = dict(options or {})
     if name == "guess-number":
+        guess = functools.partial(GuessNumber, **options)
         try:
-            GuessNumber(**options)  # check the options here, not in every actor
+            guess()  # check the options here, not in every actor
         except TypeError as err:
             raise ValueError(f"--env guess-number: {err}; options: high, max_turns") from None
-        return text_run_config(
-            functools.partial(GuessNumber, **options), max_len=48, name=name, **run
-        )
+        return text_run_config(guess, max_len=48, name=name, **run)
     if name.startswith("rg:"):
         turns = {"max_turns": options.pop("max_turns")} if "max_turns" in options else {}
         questions = ReasoningGymPool(name[3:], **options)  # one pool for every env
