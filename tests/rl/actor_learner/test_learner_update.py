@@ -25,7 +25,7 @@ def test_an_update_is_one_version_of_epochs_times_minibatches_adam_steps() -> No
     model = ActorCritic(4, 2, 8)
     envs = vector_env("CartPole-v1", 4)
     gen = torch.Generator().manual_seed(0)
-    builder, obs = TrajectoryBuilder("s", 8, 4, 4, 2), envs.reset(seed=1)[0]
+    builder, obs = TrajectoryBuilder("s", 8), envs.reset(seed=1)[0]
     builder.observe(obs)
     traj, _ = rollout(model, envs, builder, obs, version=0, generator=gen)
     batch = stack_trajectories([traj])

@@ -40,7 +40,7 @@ def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> No
 
     # an impala actor: rollout steps its own envs
     envs, gen = vector_env("CartPole-v1", K), torch.Generator().manual_seed(3)
-    builder = TrajectoryBuilder("s", T, K, 4, 2)
+    builder = TrajectoryBuilder("s", T)
     obs, _ = envs.reset(seed=5)
     builder.observe(obs)
     local = []
@@ -50,7 +50,7 @@ def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> No
 
     # the same env stream, seen as (obs, reward, done) messages answered by inference
     envs, gen = vector_env("CartPole-v1", K), torch.Generator().manual_seed(3)
-    builder = TrajectoryBuilder("s", T, K, 4, 2)
+    builder = TrajectoryBuilder("s", T)
     obs, reward, done = envs.reset(seed=5)[0], np.zeros(K, np.float32), np.zeros(K, bool)
     streamed = []
     for step in range(3 * T + 1):
@@ -86,7 +86,7 @@ def test_the_learner_refuses_a_trajectory_whose_weights_are_not_its_version() ->
     model = ActorCritic(4, 2, 8)
     run = _Run(config, model)
     gen, envs = torch.Generator().manual_seed(0), vector_env("CartPole-v1", 2)
-    builder, obs = TrajectoryBuilder("actor-0", 4, 2, 4, 2), envs.reset(seed=1)[0]
+    builder, obs = TrajectoryBuilder("actor-0", 4), envs.reset(seed=1)[0]
     builder.observe(obs)
     good, obs = rollout(model, envs, builder, obs, version=0, generator=gen,
                         digest=weight_digest(model))  # fmt: skip

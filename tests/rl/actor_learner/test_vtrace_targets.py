@@ -54,7 +54,7 @@ def test_vtrace_targets_equal_the_papers_sums_on_recorded_trajectories(lam: floa
             p.add_(0.5 * torch.randn_like(p))
     envs = vector_env("CartPole-v1", num_envs=3)
     obs, gen = envs.reset(seed=1)[0], torch.Generator().manual_seed(0)
-    builder = TrajectoryBuilder("a", 40, 3, 4, 2)
+    builder = TrajectoryBuilder("a", 40)
     builder.observe(obs)
     trajectories = []
     for _ in range(2):

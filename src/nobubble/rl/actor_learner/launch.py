@@ -110,8 +110,7 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, model: PolicyModel, 
     c = spec.config
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
     envs = vector_env(c.env, c.envs_per_actor, c.env_step_delay_ms)
-    shape = (c.envs_per_actor, model.obs_dim, model.num_actions)
-    builder = TrajectoryBuilder(spec.name, c.unroll_length, *shape)
+    builder = TrajectoryBuilder(spec.name, c.unroll_length)
     obs, _ = envs.reset(seed=c.seed * 1000 + 100 * spec.index)  # (K, D)
     builder.observe(obs)
     version, digest = -1, ""  # the pool published version 0 before it started the actors
@@ -179,11 +178,11 @@ class ActorPool:
             ]  # slots[a][g]: worker a's env group g
             pipes = [ctx.Pipe(duplex=True) for _ in self.names]
             self.conns = [p[0] for p in pipes]  # the learner's ends
-            shape = (config.unroll_length, per_group, model.obs_dim, model.num_actions)
-            self.builders = [
-                [TrajectoryBuilder(f"{name}/group-{g}", *shape) for g in range(groups)]
-                for name in self.names
-            ]
+            self.builders = {  # (a, g): worker a's env group g
+                (a, g): TrajectoryBuilder(f"{name}/group-{g}", config.unroll_length)
+                for a, name in enumerate(self.names)
+                for g in range(groups)
+            }
             self._generator = torch.Generator().manual_seed(config.seed + 7)
             channels = [(s, p[1]) for s, p in zip(self.slots, pipes)]
         for i, (name, channel) in enumerate(zip(self.names, channels)):
@@ -251,7 +250,7 @@ class ActorPool:
         for a, g in ready:
             slot = self.slots[a][g]
             obs = slot["obs"].copy()  # (K, D)
-            trajectory = self.builders[a][g].observe(obs, slot["reward"].copy(), slot["done"] > 0)
+            trajectory = self.builders[a, g].observe(obs, slot["reward"].copy(), slot["done"] > 0)
             if trajectory is not None:
                 finished.append(trajectory)
             observations.append(obs)
@@ -260,7 +259,7 @@ class ActorPool:
         for a, g in ready:
             rows = slice(offset, offset + self.slots[a][g].num_envs)
             self.slots[a][g]["action"][:] = actions[rows]
-            self.builders[a][g].record(actions[rows], logits[rows], version, digest)
+            self.builders[a, g].record(actions[rows], logits[rows], version, digest)
             offset = rows.stop
             self.conns[a].send_bytes(bytes([g]))
         self.inference_busy_s += time.perf_counter() - start

@@ -226,32 +226,28 @@ def stack_trajectories(trajectories: list[Trajectory]) -> TrajectoryBatch:
     return TrajectoryBatch(**{**columns, "dones": columns["dones"].float()})
 
 
+# a trajectory's step arrays in its field order, by numpy typecode: float32, int64, float32,
+# float32, bool
+_STEP_DTYPES = {"obs": "f", "actions": "q", "behaviour_logits": "f", "rewards": "f", "dones": "?"}
+
+
 class TrajectoryBuilder:
     """Assembles the trajectories of one env stream (an impala actor's envs, or a worker's
-    env group as central inference sees it). Lifecycle per step ``t``: :meth:`observe` (the observation after the previous action,
-    with that action's reward and done) then :meth:`record` (the action chosen for it).
-    Every ``T`` steps :meth:`observe` returns the finished trajectory, whose last observation
-    is also the first of the next one. Episode returns are summed here from the rewards.
+    env group as central inference sees it). Lifecycle per step ``t``: :meth:`observe` (the
+    observation after the previous action, with that action's reward and done) then
+    :meth:`record` (the action chosen for it). Every ``T`` steps :meth:`observe` returns the
+    finished trajectory, whose last observation is also the first of the next one. Episode
+    returns are summed here from the rewards.
     """
 
-    def __init__(
-        self, source: str, unroll_length: int, num_envs: int, obs_dim: int, num_actions: int
-    ) -> None:
-        self.source, self.T, self.K = source, unroll_length, num_envs
-        self._shape = (obs_dim, num_actions)
-        self._seq = 0
-        self._running = np.zeros(num_envs, dtype=np.float64)  # (K,) episode sums
-        self._pending = False  # an action was chosen and its reward not yet seen
+    def __init__(self, source: str, unroll_length: int) -> None:
+        self.source, self.T, self._seq = source, unroll_length, 0
+        self._running: Any = 0.0  # (K,) float64 episode sums once the first reward came
         self._new()
 
     def _new(self) -> None:
-        (D, A), T, K = self._shape, self.T, self.K
-        self.obs = np.zeros((T + 1, K, D), dtype=np.float32)
-        self.actions = np.zeros((T, K), dtype=np.int64)
-        self.logits = np.zeros((T, K, A), dtype=np.float32)
-        self.rewards = np.zeros((T, K), dtype=np.float32)
-        self.dones = np.zeros((T, K), dtype=bool)
-        self.t, self.version = 0, -1
+        self.steps: dict[str, list[np.ndarray]] = {name: [] for name in _STEP_DTYPES}
+        self.version = -1
         self.returns: list[float] = []
         self.claims: dict[int, str] = {}  # version -> digest of the weights that acted
 
@@ -260,24 +256,23 @@ class TrajectoryBuilder:
     ) -> Trajectory | None:
         """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)``
         (none before the first action)."""
-        if self._pending:
+        steps = self.steps
+        if len(steps["rewards"]) < len(steps["actions"]):  # the last action's reward is due
             assert reward is not None and done is not None, f"{self.source}: no reward, done"
-            self.rewards[self.t - 1], self.dones[self.t - 1] = reward, done
-            self._running += reward
-            for k in np.flatnonzero(done):
-                self.returns.append(float(self._running[k]))
-                self._running[k] = 0.0
-            self._pending = False
-        finished = None
-        if self.t == self.T:
-            self.obs[self.T] = obs
-            finished = Trajectory(
-                self.source, self._seq, self.version, self.obs, self.actions, self.logits,
-                self.rewards, self.dones, tuple(self.returns), tuple(sorted(self.claims.items())),
-            )  # fmt: skip
-            self._seq += 1
-            self._new()
-        self.obs[self.t] = obs
+            steps["rewards"].append(reward)
+            steps["dones"].append(done)
+            self._running = self._running + np.asarray(reward, dtype=np.float64)
+            self.returns += self._running[done].tolist()
+            self._running[done] = 0.0
+        steps["obs"].append(obs)
+        if len(steps["actions"]) < self.T:
+            return None
+        data: list[Any] = [np.stack(v).astype(_STEP_DTYPES[k]) for k, v in steps.items()]
+        data += [tuple(self.returns), tuple(sorted(self.claims.items()))]
+        finished = Trajectory(self.source, self._seq, self.version, *data)
+        self._seq += 1
+        self._new()
+        self.steps["obs"].append(obs)
         return finished
 
     def record(
@@ -285,11 +280,10 @@ class TrajectoryBuilder:
     ) -> None:
         """The actions ``(K,)`` and logits ``(K, A)`` chosen by policy ``version``, whose
         weights hash to ``digest``."""
-        self.actions[self.t], self.logits[self.t] = actions, logits
+        self.steps["actions"].append(actions)
+        self.steps["behaviour_logits"].append(logits)
         self.version = version if self.version < 0 else min(self.version, version)
         self.claims[version] = digest
-        self.t += 1
-        self._pending = True
 
 
 @torch.no_grad()
