@@ -7,7 +7,6 @@ through :class:`EnvSlot` s. Every actor runs under :func:`nobubble.distributed.s
 
 from __future__ import annotations
 
-import functools
 import multiprocessing as mp
 import queue as queue_module
 import time
@@ -35,7 +34,7 @@ from nobubble.rl.system.weight_sync import SharedWeights, weight_digest
 __all__ = ["ActorPool", "ActorSpec", "EnvSlot", "run_actor"]
 
 
-_POLL_S = 0.2  # how often a blocked actor looks at the stop flag
+_POLL_S = 0.2  # how often a worker waiting for actions looks at the stop flag
 # array typecodes (numpy reads them too): float32, float32, int8, int64
 _SLOT_TYPES = {"obs": "f", "reward": "f", "done": "b", "action": "q"}
 
@@ -83,27 +82,6 @@ def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any)
     supervised(spec.ward, report, loop, spec, *channel, stop)
 
 
-def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> bool:
-    """Poll ``ready()`` until true (True) or ``stop`` is set (False); time out naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if stop.is_set():
-            return False
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name}: waited {timeout_s}s for {what}")
-        time.sleep(1e-3)  # ready() may not block: do not spin a core
-    return True
-
-
-def _offer(queue: Any, item: Any) -> bool:
-    """Put ``item`` on the bounded ``queue``; False when it stayed full for ``_POLL_S``."""
-    try:
-        queue.put(item, timeout=_POLL_S)
-    except queue_module.Full:
-        return False
-    return True
-
-
 def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, model: PolicyModel, stop: Any) -> None:
     """Roll out with this process's copy of ``model``, pulled before each unroll, into ``queue``."""
     torch.set_num_threads(spec.config.threads)
@@ -121,8 +99,11 @@ def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, model: PolicyModel, 
         trajectory, obs = rollout(
             model, envs, builder, obs, version=version, generator=generator, digest=digest
         )
-        offer = functools.partial(_offer, queue, trajectory)
-        _wait(stop, offer, c.stall_timeout_s, "the learner to take a trajectory", spec.name)
+        try:  # the bound is the backpressure; the pool drains the queue while it closes
+            queue.put(trajectory, timeout=c.stall_timeout_s)
+        except queue_module.Full:
+            what = "the learner to take a trajectory"
+            raise TimeoutError(f"{spec.name}: waited {c.stall_timeout_s}s for {what}") from None
 
 
 def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) -> None:
@@ -135,8 +116,12 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
         conn.send_bytes(bytes([g]))
     while not stop.is_set():
         for g, (envs, slot) in enumerate(zip(groups, slots)):
-            if not _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name):
-                return
+            deadline = time.monotonic() + c.stall_timeout_s
+            while not conn.poll(_POLL_S):
+                if stop.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{spec.name}: waited {c.stall_timeout_s}s for actions")
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
             obs, rewards, terminated, truncated, _ = envs.step(slot["action"].copy())
