@@ -43,8 +43,7 @@ class EnvSlot:
     """Shared memory of one env group of ``K`` envs (``slot[name]``: a numpy view), made by the
     parent: ``obs (K, D)`` float32, ``reward (K,)`` float32, ``done (K,)`` int8 written by the
     worker, which then sends the group's byte; ``action (K,)`` int64 written by central
-    inference, which sends the byte back. Each side writes only after the other's byte: no lock.
-    """
+    inference, which sends the byte back. Each side writes only after the other's byte: no lock."""
 
     def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
         self.num_envs, self.obs_dim = num_envs, obs_dim
@@ -133,11 +132,9 @@ def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) ->
 class ActorPool:
     """Starts ``config.actors`` actor processes for ``config.arch`` that act with ``model`` as
     version 0; ``liveness_s``: silence after which :meth:`supervise` names an actor (None: never).
-
     Lifecycle: built (processes started) -> :meth:`receive` / :meth:`supervise` while the
     learner runs -> :meth:`close`. Invariant: after :meth:`close` no actor process is alive
-    and every trajectory an actor sent was returned by :meth:`receive` or :meth:`close`.
-    """
+    and every trajectory an actor sent was returned by :meth:`receive` or :meth:`close`."""
 
     def __init__(
         self, config: EnvRunConfig, model: PolicyModel, liveness_s: float | None = LIVENESS_S

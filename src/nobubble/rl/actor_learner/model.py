@@ -104,13 +104,11 @@ def vector_env(
 
 
 class PolicyModel(Protocol):
-    """What the learner, the actors and central inference need of a model (an ``nn.Module``).
-
+    """What the learner, the actors and central inference need of a model (an ``nn.Module``):
     ``model(obs (..., D)) -> (logits (..., A), value (...))`` and ``model.policy(obs (N, D))
     -> logits (N, A)``, float32; ``obs_dim`` (D) and ``num_actions`` (A) as the env's spaces
-    give them. The module's parameters are what the optimiser and the impala weight
-    broadcast see, so two models made by the same factory must have the same shapes.
-    """
+    give them. The optimiser and the impala weight broadcast see the module's parameters, so
+    two models made by the same factory must have the same shapes."""
 
     obs_dim: int
     num_actions: int
@@ -237,8 +235,7 @@ class TrajectoryBuilder:
     observation after the previous action, with that action's reward and done) then
     :meth:`record` (the action chosen for it). Every ``T`` steps :meth:`observe` returns the
     finished trajectory, whose last observation is also the first of the next one. Episode
-    returns are summed here from the rewards.
-    """
+    returns are summed here from the rewards."""
 
     def __init__(self, source: str, unroll_length: int) -> None:
         self.source, self.T, self._seq = source, unroll_length, 0
@@ -335,12 +332,9 @@ def evaluate(
 ) -> list[float]:
     """The return of the first episode of each of ``episodes`` (default
     ``config.eval_episodes``) fresh envs of ``config.env`` without the step delay, seeded
-    ``seed, seed + 1, ...`` (default ``10_000_000 + config.seed``: apart from every actor's).
-
-    Args:
-        model: the policy; None: the untrained one ``train(config)`` starts from.
-        sampled: sample actions (a generator seeded with ``seed``) instead of ``argmax``.
-    """
+    ``seed, seed + 1, ...`` (default ``10_000_000 + config.seed``: apart from every actor's),
+    acting with ``model`` (None: the untrained one ``train(config)`` starts from) by ``argmax``,
+    or by sampling with a generator seeded with ``seed`` when ``sampled``."""
     model = initial_model(config) if model is None else model
     episodes = config.eval_episodes if episodes is None else episodes
     seed = 10_000_000 + config.seed if seed is None else seed

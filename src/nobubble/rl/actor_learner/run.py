@@ -254,12 +254,9 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
     """Train ``config.model`` (default: an MLP actor-critic) on ``config.env`` with
     ``config.arch``; ``on_step(version, metrics)`` is called after each update and evaluation
     with ``wall_s``, ``env_steps`` and, when known, ``train_return`` and ``eval_return``.
-
-    Raises:
-        WorkerError: an actor raised (its error's first line; the report in
-            ``remote_traceback``), died, fell silent, or sampled with other weights than the
-            version it reports.
-        LedgerError: a trajectory was lost or trained twice (a bug, never expected).
+    Raises :class:`WorkerError` when an actor raised (its error's first line; the report in
+    ``remote_traceback``), died, fell silent, or sampled with other weights than the version it
+    reports; ``LedgerError`` when a trajectory was lost or trained twice (a bug, never expected).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)

@@ -1,8 +1,7 @@
 """Multi-turn text environments (``docs/rl/actor-learner.md``): the :class:`TextEnv` protocol,
 its token-level gymnasium form :class:`TokenEnv`, the built-ins, the character-transformer
-policy and :func:`text_run_config` (``train(text_run_config(MyTextEnv))``).
-
-Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
+policy and :func:`text_run_config` (``train(text_run_config(MyTextEnv))``). Legend: ``N``
+observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 """
 
 from __future__ import annotations
@@ -88,17 +87,12 @@ def check_text_env(env: Any) -> None:
 
 
 class TokenEnv(gymnasium.Env):
-    """``env`` (a :class:`TextEnv`) one token of the model's turn per step.
-
-    Action 0 ends the turn (``<eos>``), action ``a >= 1`` says ``turn_alphabet[a - 1]``
-    (token ``<eos> + a``); a turn also ends at ``max_turn_chars``, and the env's reply and
-    the turn's reward come on that step. The observation is the last ``max_len`` tokens,
-    right-aligned and left-padded with ``<pad>``, float32 ``(L,)``; an episode longer than
-    ``max_episode_steps`` tokens is truncated. ``transcript``: the episode as ``("env" |
-    "model", text)`` messages, in order.
-    """
-
-    metadata: dict[str, Any] = {"render_modes": []}
+    """``env`` (a :class:`TextEnv`) one token of the model's turn per step. Action 0 ends the
+    turn (``<eos>``), action ``a >= 1`` says ``turn_alphabet[a - 1]`` (token ``<eos> + a``); a
+    turn also ends at ``max_turn_chars``, and the env's reply and the turn's reward come on
+    that step. The observation is the last ``max_len`` tokens, right-aligned and left-padded
+    with ``<pad>``, float32 ``(L,)``; an episode longer than ``max_episode_steps`` tokens is
+    truncated. ``transcript``: the episode as ``("env" | "model", text)`` messages, in order."""
 
     def __init__(self, env: TextEnv, max_len: int, max_episode_steps: int = 1024) -> None:
         check_text_env(env)
@@ -176,13 +170,10 @@ class TextEnvFactory:
 
 
 class GuessNumber:
-    """Guess a secret in ``1..high`` within ``max_turns`` turns (a :class:`TextEnv`).
-
-    A turn is a number in decimal; a miss is answered ``higher`` (the secret is higher) or
-    ``lower``, a turn that is not a number in range ``?`` (it costs a turn too). The episode
-    ends on the hit (reward 1) or after ``max_turns`` turns (reward 0): the return is the
-    success.
-    """
+    """Guess a secret in ``1..high`` within ``max_turns`` turns (a :class:`TextEnv`): a turn
+    is a number in decimal; a miss is answered ``higher`` (the secret is higher) or ``lower``,
+    a turn that is not a number in range ``?`` (it costs a turn too). The episode ends on the
+    hit (reward 1) or after ``max_turns`` turns (reward 0): the return is the success."""
 
     turn_alphabet = string.digits
 
@@ -288,8 +279,7 @@ class TextActorCritic(nn.Module):
     run for the newest token only (the left padding is a token, not masked: the fast causal
     path; no KV cache, so a step is a function of its observation). Action ``a`` is token
     ``first_action_id + a``. With ``config`` and ``first_action_id`` bound
-    (``functools.partial``) it is the factory ``EnvRunConfig.model`` takes.
-    """
+    (``functools.partial``) it is the factory ``EnvRunConfig.model`` takes."""
 
     def __init__(
         self, obs_dim: int, num_actions: int, *, config: PolicyConfig, first_action_id: int
@@ -348,11 +338,8 @@ def text_run_config(
     factory of a :class:`TextEnv`, picklable unless the start method is ``fork``), with the
     policy's window of ``max_len`` tokens (older ones drop out), ``name`` for the env
     (default: the factory's ``__name__``), the transformer's shape ``policy`` and any
-    :class:`EnvRunConfig` field in ``run`` (over :data:`TEXT_DEFAULTS`).
-
-    Raises:
-        ValueError: ``env()`` is not a text env, or a field is bad.
-    """
+    :class:`EnvRunConfig` field in ``run`` (over :data:`TEXT_DEFAULTS`); ``ValueError`` when
+    ``env()`` is not a text env or a field is bad."""
     label = name or getattr(env, "__name__", None) or type(env).__name__
     factory = TextEnvFactory(env, max_len, label)
     tokenizer = factory().tokenizer  # one env made here, to read its alphabets
