@@ -251,7 +251,7 @@ class TrajectoryBuilder:
     def observe(
         self, obs: np.ndarray, reward: np.ndarray | None = None, done: np.ndarray | None = None
     ) -> Trajectory | None:
-        """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)``
+        """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)`` bool
         (none before the first action)."""
         steps = self.steps
         if len(steps["rewards"]) < len(steps["actions"]):  # the last action's reward is due
