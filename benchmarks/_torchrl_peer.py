@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nobubble.rl.actor_learner.envs import make_env
+from nobubble.rl.actor_learner.model import make_env
 
 ENVS, FRAMES, EPOCHS, MINIBATCH, WORKERS = 8, 256, 10, 64, 2
 

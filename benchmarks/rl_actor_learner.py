@@ -56,7 +56,7 @@ from benchmarks._common import RESULTS, write_json
 from benchmarks._torchrl_peer import run_torchrl
 from benchmarks.records.rl_actor_learner import RlActorLearner, RlActorLearnerEnvs
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.envs import VectorEnv, make_env
+from nobubble.rl.actor_learner.model import make_env, vector_env
 
 TARGET, EVAL_EPISODES, EVAL_EVERY_S = 475.0, 20, 5.0
 ARCHS = ("impala", "seed", "sample-factory")
@@ -100,15 +100,14 @@ def run_nobubble(arch: str, delay_ms: float, seed: int, max_seconds: float) -> d
 
 def greedy_eval(predict: Callable[[np.ndarray], np.ndarray], seed: int) -> float:
     """Mean return of the first episode of each of 20 envs, greedy actions."""
-    envs = VectorEnv("CartPole-v1", EVAL_EPISODES, 10_000_000 + seed)
-    obs, done = envs.reset(), np.zeros(EVAL_EPISODES, bool)
+    envs = vector_env("CartPole-v1", EVAL_EPISODES)
+    obs, done = envs.reset(seed=10_000_000 + seed)[0], np.zeros(EVAL_EPISODES, bool)
     running, returns = np.zeros(EVAL_EPISODES), np.zeros(EVAL_EPISODES)
     while not done.all():
-        step = envs.step(predict(obs))
-        running += step.rewards * ~done
-        returns = np.where(step.dones & ~done, running, returns)
-        done |= step.dones
-        obs = step.obs
+        obs, rewards, terminated, truncated, _ = envs.step(predict(obs))
+        running += rewards * ~done
+        returns = np.where((terminated | truncated) & ~done, running, returns)
+        done |= terminated | truncated
     return float(returns.mean())
 
 

@@ -354,7 +354,7 @@ def _progress(cfg: Any, label: str, quiet: bool,
     """The ``on_step`` of a run: a task run's progress bar (on a terminal; entered on
     ``bar``), an env run's line per evaluation on stderr."""
     if not isinstance(cfg, RunConfig):
-        from nobubble.rl.actor_learner.envs import env_label
+        from nobubble.rl.actor_learner.model import env_label
 
         print(f"training {cfg.arch} on {env_label(cfg.env)} ...", file=sys.stderr, flush=True)
         return _env_progress

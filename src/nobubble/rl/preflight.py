@@ -100,7 +100,7 @@ def check_run(cfg: Any, *, force: bool, timed: bool) -> None:
     else:
         data = cfg.actors * cfg.envs_per_actor * 50e3
         check_budget("rl", processes=1 + cfg.actors, data_bytes=data, force=force)
-        from nobubble.rl.actor_learner.envs import env_spaces
+        from nobubble.rl.actor_learner.model import env_spaces
 
         try:
             env_spaces(cfg.env)

@@ -44,7 +44,7 @@ def test_an_update_takes_the_same_env_columns_in_every_architecture() -> None:
 def test_unknown_env_id_is_refused_before_any_process_starts() -> None:
     import gymnasium
 
-    from nobubble.rl.actor_learner.envs import env_spaces
+    from nobubble.rl.actor_learner.model import env_spaces
 
     with pytest.raises(gymnasium.error.Error):
         env_spaces("NoSuchEnv-v0")

@@ -9,12 +9,12 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.model import (
     ActorCritic,
     TrajectoryBuilder,
     rollout,
     stack_trajectories,
+    vector_env,
 )
 from nobubble.rl.actor_learner.run import VTraceLoss, env_learner, minibatches
 
@@ -23,9 +23,9 @@ def test_an_update_is_one_version_of_epochs_times_minibatches_adam_steps() -> No
     cfg = EnvRunConfig(env="CartPole-v1", epochs=3, minibatches=2, seed=4)
     torch.manual_seed(0)
     model = ActorCritic(4, 2, 8)
-    envs = VectorEnv("CartPole-v1", 4, seed=1)
+    envs = vector_env("CartPole-v1", 4)
     gen = torch.Generator().manual_seed(0)
-    builder, obs = TrajectoryBuilder("s", 8, 4, 4, 2), envs.reset()
+    builder, obs = TrajectoryBuilder("s", 8), envs.reset(seed=1)[0]
     builder.observe(obs)
     traj, _ = rollout(model, envs, builder, obs, version=0, generator=gen)
     batch = stack_trajectories([traj])

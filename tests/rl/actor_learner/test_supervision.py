@@ -22,9 +22,8 @@ import pytest
 
 from nobubble.distributed import BEAT_S, LIVENESS_S, WorkerError
 from nobubble.rl import EnvRunConfig, train
-from nobubble.rl.actor_learner.envs import env_spaces
 from nobubble.rl.actor_learner.launch import ActorPool
-from nobubble.rl.actor_learner.model import build_model
+from nobubble.rl.actor_learner.model import build_model, env_spaces
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SIGSTOP, /proc")
@@ -51,7 +50,6 @@ def test_a_stopped_actor_of_the_pool_is_named_and_reaped(arch: str) -> None:
     pool = ActorPool(config, model, liveness_s=3.0)
     stopped = pool.procs[1]
     try:
-        pool.publish(0)
         beats = pool.supervisor.beats
         wait_for(lambda: all(beats.slots[i] for i in beats.index.values()), timeout_s=60,
                  what="every actor beat once")  # fmt: skip

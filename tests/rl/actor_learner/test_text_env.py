@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv, env_label, env_spaces
-from nobubble.rl.actor_learner.model import build_model
+from nobubble.rl.actor_learner.model import build_model, env_label, env_spaces, vector_env
 from nobubble.rl.actor_learner.text import (
     GuessNumber,
     TextActorCritic,
@@ -23,6 +22,7 @@ from nobubble.rl.actor_learner.text import (
     text_env_config,
     text_run_config,
 )
+from nobubble.rl.system.policies import PolicyConfig
 
 
 def _say(env: TokenEnv, text: str) -> tuple[float, bool]:
@@ -143,9 +143,10 @@ def test_a_text_env_that_misses_parts_is_refused_naming_them() -> None:
 def test_last_only_equals_the_full_forward_at_the_last_token() -> None:
     torch.manual_seed(0)
     for layers in (1, 2):
-        policy = TextActorCritic(
-            TextPolicyConfig(hidden=16, num_layers=layers).for_env(20, 12), 5, 2
+        shape = PolicyConfig(
+            vocab_size=20, max_seq_len=12, hidden=16, num_layers=layers, num_heads=2
         )
+        policy = TextActorCritic(12, 5, config=shape, first_action_id=2)
         tokens = torch.randint(0, 20, (7, 12))
         logits, values = policy.lm(tokens)  # (7, 12, 20), (7, 12)
         fast_logits, fast_values = policy.lm(tokens, last_only=True)
@@ -171,14 +172,16 @@ def test_text_config_builds_a_policy_that_fits_the_env() -> None:
     assert (obs_dim, num_actions) == (48, 11)
     model = build_model(config, obs_dim, num_actions)
     assert isinstance(model, TextActorCritic)
-    envs = VectorEnv(config.env, 4, seed=0)
-    logits = model.policy(torch.from_numpy(envs.reset()))
+    obs, _ = vector_env(config.env, 4).reset(seed=0)
+    logits = model.policy(torch.from_numpy(obs))
     assert logits.shape == (4, 11)
 
 
 def test_a_model_factory_that_disagrees_with_the_env_is_refused() -> None:
     config = EnvRunConfig(
-        model=lambda obs_dim, num_actions: TextActorCritic(TextPolicyConfig().for_env(20, 8), 3, 2)
+        model=lambda obs_dim, num_actions: TextActorCritic(
+            8, 3, config=PolicyConfig(vocab_size=20, max_seq_len=8), first_action_id=2
+        )
     )
     with pytest.raises(ValueError, match=r"obs_dim=8, num_actions=3; the env has obs_dim=4"):
         build_model(config, 4, 2)

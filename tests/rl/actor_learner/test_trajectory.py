@@ -7,27 +7,26 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import numpy as np
 import torch
 
-from nobubble.rl.actor_learner.envs import VectorEnv
-from nobubble.rl.actor_learner.model import ActorCritic, TrajectoryBuilder, act, rollout
+from nobubble.rl.actor_learner.model import ActorCritic, TrajectoryBuilder, act, rollout, vector_env
 
 
 def _plain_unrolls(model: ActorCritic, T: int, K: int, num: int) -> list[dict]:
     """The reference: ``num`` unrolls of ``T`` steps of ``K`` CartPoles, step by step."""
-    envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
-    obs, out = envs.reset(), []
+    envs, gen = vector_env("CartPole-v1", K), torch.Generator().manual_seed(3)
+    obs, out = envs.reset(seed=5)[0], []
     running = np.zeros(K)  # (K,) each env's return so far
     for _ in range(num):
         steps: dict[str, list] = {"obs": [obs], "actions": [], "behaviour_logits": [],
                                   "rewards": [], "dones": [], "episode_returns": []}  # fmt: skip
         for _ in range(T):
             actions, logits = act(model, obs, gen)
-            step = envs.step(actions)
-            obs = step.obs
-            for name, value in zip(steps, (obs, actions, logits, step.rewards, step.dones)):
+            obs, rewards, terminated, truncated, _ = envs.step(actions)
+            dones = terminated | truncated
+            for name, value in zip(steps, (obs, actions, logits, rewards, dones)):
                 steps[name].append(value)
-            running += step.rewards
-            steps["episode_returns"].extend(float(running[k]) for k in np.flatnonzero(step.dones))
-            running[step.dones] = 0.0
+            running += rewards
+            steps["episode_returns"].extend(float(running[k]) for k in np.flatnonzero(dones))
+            running[dones] = 0.0
         out.append({k: tuple(v) if k == "episode_returns" else np.stack(v) for k, v in
                     steps.items()})  # fmt: skip
     return out
@@ -40,9 +39,9 @@ def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> No
     expected = _plain_unrolls(model, T, K, 3)
 
     # an impala actor: rollout steps its own envs
-    envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
-    builder = TrajectoryBuilder("s", T, K, 4, 2)
-    obs = envs.reset()
+    envs, gen = vector_env("CartPole-v1", K), torch.Generator().manual_seed(3)
+    builder = TrajectoryBuilder("s", T)
+    obs, _ = envs.reset(seed=5)
     builder.observe(obs)
     local = []
     for version in range(3):
@@ -50,9 +49,9 @@ def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> No
         local.append(t)
 
     # the same env stream, seen as (obs, reward, done) messages answered by inference
-    envs, gen = VectorEnv("CartPole-v1", K, seed=5), torch.Generator().manual_seed(3)
-    builder = TrajectoryBuilder("s", T, K, 4, 2)
-    obs, reward, done = envs.reset(), np.zeros(K, np.float32), np.zeros(K, bool)
+    envs, gen = vector_env("CartPole-v1", K), torch.Generator().manual_seed(3)
+    builder = TrajectoryBuilder("s", T)
+    obs, reward, done = envs.reset(seed=5)[0], np.zeros(K, np.float32), np.zeros(K, bool)
     streamed = []
     for step in range(3 * T + 1):
         finished = builder.observe(obs, reward, done)
@@ -60,8 +59,8 @@ def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> No
             streamed.append(finished)
         actions, logits = act(model, obs, gen)
         builder.record(actions, logits, version=step // T)
-        out = envs.step(actions)
-        obs, reward, done = out.obs, out.rewards, out.dones
+        obs, reward, terminated, truncated, _ = envs.step(actions)
+        done = terminated | truncated
     for got in (local, streamed):
         assert [t.seq for t in got] == [0, 1, 2] and [t.policy_version for t in got] == [0, 1, 2]
         for g, e in zip(got, expected):
@@ -86,8 +85,8 @@ def test_the_learner_refuses_a_trajectory_whose_weights_are_not_its_version() ->
     torch.manual_seed(0)
     model = ActorCritic(4, 2, 8)
     run = _Run(config, model)
-    gen, envs = torch.Generator().manual_seed(0), VectorEnv("CartPole-v1", 2, seed=1)
-    builder, obs = TrajectoryBuilder("actor-0", 4, 2, 4, 2), envs.reset()
+    gen, envs = torch.Generator().manual_seed(0), vector_env("CartPole-v1", 2)
+    builder, obs = TrajectoryBuilder("actor-0", 4), envs.reset(seed=1)[0]
     builder.observe(obs)
     good, obs = rollout(model, envs, builder, obs, version=0, generator=gen,
                         digest=weight_digest(model))  # fmt: skip

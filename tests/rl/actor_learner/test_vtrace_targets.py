@@ -14,12 +14,12 @@ import gymnasium  # noqa: F401 - a hard dependency: a broken install fails here
 import pytest
 import torch
 
-from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.model import (
     ActorCritic,
     TrajectoryBuilder,
     rollout,
     stack_trajectories,
+    vector_env,
 )
 from nobubble.rl.actor_learner.run import vtrace_targets
 
@@ -52,9 +52,9 @@ def test_vtrace_targets_equal_the_papers_sums_on_recorded_trajectories(lam: floa
     with torch.no_grad():
         for p in learner.parameters():  # a policy that differs from the actor's
             p.add_(0.5 * torch.randn_like(p))
-    envs = VectorEnv("CartPole-v1", num_envs=3, seed=1)
-    obs, gen = envs.reset(), torch.Generator().manual_seed(0)
-    builder = TrajectoryBuilder("a", 40, 3, 4, 2)
+    envs = vector_env("CartPole-v1", num_envs=3)
+    obs, gen = envs.reset(seed=1)[0], torch.Generator().manual_seed(0)
+    builder = TrajectoryBuilder("a", 40)
     builder.observe(obs)
     trajectories = []
     for _ in range(2):

@@ -1,23 +1,12 @@
-"""The actor processes of one run and their channels to the learner, per architecture.
-
-impala: an actor holds a policy copy, pulled from a
-:class:`~nobubble.rl.system.weight_sync.SharedWeights` slot the learner publishes into
-before each unroll, and puts its trajectories on one bounded queue (its bound is the
-backpressure that keeps the lag small). seed / sample-factory: an env-only worker has one
-pipe and one (seed) or two (sample-factory, double buffered) shared-memory :class:`EnvSlot`;
-per env group ``g`` it writes ``obs``, ``reward`` and ``done`` into ``slots[g]`` and sends
-the byte ``g``; the pool's central batched inference writes ``action`` and sends ``g`` back
-(each side writes only after receiving the other's byte, so no lock), and assembles the
-trajectories on the learner's side.
-
-Every actor runs under :func:`nobubble.distributed.supervised` (it dies with its parent,
-beats its heartbeat slot, and on any error puts ``(name, report)`` on the error queue before
-exiting 1) and waits on nothing without a timeout.
+"""The actor processes of one run and their channels to the learner, per architecture
+(``docs/rl/actor-learner.md``): impala actors pull weights from
+:class:`~nobubble.rl.system.weight_sync.SharedWeights` and put trajectories on one bounded
+queue; seed / sample-factory workers trade observations for actions with central inference
+through :class:`EnvSlot` s. Every actor runs under :func:`nobubble.distributed.supervised`.
 """
 
 from __future__ import annotations
 
-import functools
 import multiprocessing as mp
 import queue as queue_module
 import time
@@ -32,77 +21,55 @@ from torch import nn
 
 from nobubble.distributed import LIVENESS_S, Supervisor, Ward, WorkerError, reap, supervised
 from nobubble.rl.actor_learner.config import EnvRunConfig, envs_per_trajectory
-from nobubble.rl.actor_learner.envs import VectorEnv
 from nobubble.rl.actor_learner.model import (
     PolicyModel,
     Trajectory,
     TrajectoryBuilder,
     act,
-    build_model,
     rollout,
+    vector_env,
 )
 from nobubble.rl.system.weight_sync import SharedWeights, weight_digest
 
-__all__ = ["ActorPool", "ActorSpec", "ActorStopped", "EnvSlot", "run_actor"]
+__all__ = ["ActorPool", "ActorSpec", "EnvSlot", "run_actor"]
 
 
-_POLL_S = 0.2  # how often a blocked actor looks at the stop flag
-_SLOT_TYPES = {
-    "obs": ("f", np.float32),
-    "reward": ("f", np.float32),
-    "done": ("b", np.int8),
-    "action": ("q", np.int64),
-}
+_POLL_S = 0.2  # how often a worker waiting for actions looks at the stop flag
+# array typecodes (numpy reads them too): float32, float32, int8, int64
+_SLOT_TYPES = {"obs": "f", "reward": "f", "done": "b", "action": "q"}
 
 
 class EnvSlot:
-    """Shared memory of ``K`` envs: ``obs (K, D)`` float32, ``reward (K,)`` float32 and
-    ``done (K,)`` int8 written by the worker, ``action (K,)`` int64 by the learner.
-
-    ``slot[name]`` is a numpy view of one array; the raw arrays are made by the parent and
-    inherited by (or pickled to) the worker.
-    """
+    """Shared memory of one env group of ``K`` envs (``slot[name]``: a numpy view), made by the
+    parent: ``obs (K, D)`` float32, ``reward (K,)`` float32, ``done (K,)`` int8 written by the
+    worker, which then sends the group's byte; ``action (K,)`` int64 written by central
+    inference, which sends the byte back. Each side writes only after the other's byte: no lock."""
 
     def __init__(self, mp_context: Any, num_envs: int, obs_dim: int) -> None:
         self.num_envs, self.obs_dim = num_envs, obs_dim
         self._raw = {
             k: mp_context.RawArray(code, num_envs * (obs_dim if k == "obs" else 1))
-            for k, (code, _) in _SLOT_TYPES.items()
+            for k, code in _SLOT_TYPES.items()
         }
 
     def __getitem__(self, name: str) -> np.ndarray:
-        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name][1])
+        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name])
         return view.reshape(self.num_envs, self.obs_dim) if name == "obs" else view
-
-    def write_step(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> None:
-        """Worker side: ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` after a step."""
-        self["obs"][:], self["reward"][:], self["done"][:] = obs, reward, done
-
-    def read_step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Learner side: copies of ``obs (K, D)``, ``reward (K,)``, ``done (K,)`` bool."""
-        return self["obs"].copy(), self["reward"].copy(), self["done"].astype(bool)
-
-
-class ActorStopped(Exception):
-    """The learner asked this actor to stop while it waited."""
 
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """What an actor process needs to know about itself; ``ward`` is its handle from the
-    pool's :class:`~nobubble.distributed.Supervisor`."""
+    """What an actor process needs to know about itself (``ward``: its supervisor handle)."""
 
     name: str
     index: int
     config: EnvRunConfig
-    obs_dim: int
-    num_actions: int
     ward: Ward
 
 
 def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any) -> None:
     """Process entry: the actor loop of ``spec.config.arch`` under :func:`supervised`, until
-    ``stop`` is set. ``channel``: impala ``(SharedWeights, trajectory queue)``, else
+    ``stop`` is set. ``channel``: impala ``(SharedWeights, trajectory queue, model)``, else
     ``(slots, pipe end)``; ``errors``: the queue its report goes to."""
 
     def report(text: str) -> None:
@@ -110,92 +77,64 @@ def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any)
         errors.close()
         errors.join_thread()  # delivered before the process exits
 
-    def until_stopped() -> None:
-        try:
-            impala = spec.config.arch == "impala"
-            loop: Callable[..., None] = _impala_loop if impala else _worker_loop
-            loop(spec, *channel, stop)
-        except ActorStopped:
-            pass
-
-    supervised(spec.ward, report, until_stopped)
+    loop: Callable[..., None] = _impala_loop if spec.config.arch == "impala" else _worker_loop
+    supervised(spec.ward, report, loop, spec, *channel, stop)
 
 
-def _wait(stop: Any, ready: Any, timeout_s: float, what: str, name: str) -> None:
-    """Poll ``ready()`` until true; stop or time out (naming ``what``) otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if stop.is_set():
-            raise ActorStopped
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name}: waited {timeout_s}s for {what}")
-        time.sleep(1e-3)  # ready() may not block: do not spin a core
-
-
-def _offer(queue: Any, item: Any) -> bool:
-    """Put ``item`` on the bounded ``queue``; False when it stayed full for ``_POLL_S``."""
-    try:
-        queue.put(item, timeout=_POLL_S)
-    except queue_module.Full:
-        return False
-    return True
-
-
-def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, stop: Any) -> None:
-    """Roll out with a local policy copy, pulled before each unroll; stream to ``queue``."""
+def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, model: PolicyModel, stop: Any) -> None:
+    """Roll out with this process's copy of ``model``, pulled before each unroll, into ``queue``."""
     torch.set_num_threads(spec.config.threads)
     c = spec.config
-    model = build_model(c, spec.obs_dim, spec.num_actions)
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
-    envs = VectorEnv(c.env, c.envs_per_actor, c.seed * 1000 + 100 * spec.index, c.env_step_delay_ms)
-    builder = TrajectoryBuilder(
-        spec.name, c.unroll_length, c.envs_per_actor, spec.obs_dim, spec.num_actions
-    )
-    obs = envs.reset()  # (K, D)
+    envs = vector_env(c.env, c.envs_per_actor, c.env_step_delay_ms)
+    builder = TrajectoryBuilder(spec.name, c.unroll_length)
+    obs, _ = envs.reset(seed=c.seed * 1000 + 100 * spec.index)  # (K, D)
     builder.observe(obs)
-    version = -1
-    _wait(stop, lambda: weights.version >= 0, c.stall_timeout_s, "the first weights", spec.name)
-    digest = (-1, "")
+    version, digest = -1, ""  # the pool published version 0 before it started the actors
     while not stop.is_set():
-        version = weights.pull(model, version, timeout_s=c.stall_timeout_s)
-        if digest[0] != version:  # hash the weights this actor holds, once per version
-            digest = (version, weight_digest(model))
+        pulled = weights.pull(model, version, timeout_s=c.stall_timeout_s)
+        if pulled != version:  # hash the weights this actor holds, once per version
+            version, digest = pulled, weight_digest(model)
         trajectory, obs = rollout(
-            model, envs, builder, obs, version=version, generator=generator, digest=digest[1]
+            model, envs, builder, obs, version=version, generator=generator, digest=digest
         )
-        offer = functools.partial(_offer, queue, trajectory)
-        _wait(stop, offer, c.stall_timeout_s, "the learner to take a trajectory", spec.name)
+        try:  # the bound is the backpressure; the pool drains the queue while it closes
+            queue.put(trajectory, timeout=c.stall_timeout_s)
+        except queue_module.Full:
+            what = "the learner to take a trajectory"
+            raise TimeoutError(f"{spec.name}: waited {c.stall_timeout_s}s for {what}") from None
 
 
 def _worker_loop(spec: ActorSpec, slots: list[EnvSlot], conn: Any, stop: Any) -> None:
     """Step the env groups of ``slots``, exchanging observations and actions through them."""
     c = spec.config
-    per_group = slots[0].num_envs
-    groups = [
-        VectorEnv(c.env, per_group, c.seed * 1000 + 100 * spec.index + 10 * g, c.env_step_delay_ms)
-        for g in range(len(slots))
-    ]
+    groups = [vector_env(c.env, slots[0].num_envs, c.env_step_delay_ms) for _ in slots]
     for g, (envs, slot) in enumerate(zip(groups, slots)):
-        slot.write_step(envs.reset(), np.zeros(per_group, np.float32), np.zeros(per_group, bool))
+        seed = c.seed * 1000 + 100 * spec.index + 10 * g
+        slot["obs"][:] = envs.reset(seed=seed)[0]  # reward and done start at 0
         conn.send_bytes(bytes([g]))
     while not stop.is_set():
         for g, (envs, slot) in enumerate(zip(groups, slots)):
-            _wait(stop, lambda: conn.poll(_POLL_S), c.stall_timeout_s, "actions", spec.name)
+            deadline = time.monotonic() + c.stall_timeout_s
+            while not conn.poll(_POLL_S):
+                if stop.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{spec.name}: waited {c.stall_timeout_s}s for actions")
             answered = conn.recv_bytes()[0]
             assert answered == g, f"{spec.name}: actions for group {answered}, expected {g}"
-            step = envs.step(slot["action"].copy())
-            slot.write_step(step.obs, step.rewards, step.dones)
+            obs, rewards, terminated, truncated, _ = envs.step(slot["action"].copy())
+            slot["obs"][:], slot["reward"][:] = obs, rewards
+            slot["done"][:] = terminated | truncated
             conn.send_bytes(bytes([g]))
 
 
 class ActorPool:
-    """Starts ``config.actors`` actor processes for ``config.arch``; ``liveness_s``: silence
-    after which :meth:`supervise` names an actor (None: never).
-
+    """Starts ``config.actors`` actor processes for ``config.arch`` that act with ``model`` as
+    version 0; ``liveness_s``: silence after which :meth:`supervise` names an actor (None: never).
     Lifecycle: built (processes started) -> :meth:`receive` / :meth:`supervise` while the
     learner runs -> :meth:`close`. Invariant: after :meth:`close` no actor process is alive
-    and every trajectory an actor sent was returned by :meth:`receive` or :meth:`close`.
-    """
+    and every trajectory an actor sent was returned by :meth:`receive` or :meth:`close`."""
 
     def __init__(
         self, config: EnvRunConfig, model: PolicyModel, liveness_s: float | None = LIVENESS_S
@@ -210,8 +149,9 @@ class ActorPool:
         self.inference_busy_s = 0.0  # central inference's time in forward passes
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
+            self.weights.publish(self._module, 0)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
-            channels: list[tuple[Any, ...]] = [(self.weights, self.queue)] * config.actors
+            channels: list[tuple[Any, ...]] = [(self.weights, self.queue, model)] * config.actors
         else:
             groups = 2 if config.arch == "sample-factory" else 1
             per_group = envs_per_trajectory(config)
@@ -220,23 +160,17 @@ class ActorPool:
             ]  # slots[a][g]: worker a's env group g
             pipes = [ctx.Pipe(duplex=True) for _ in self.names]
             self.conns = [p[0] for p in pipes]  # the learner's ends
-            shape = (config.unroll_length, per_group, model.obs_dim, model.num_actions)
-            self.builders = [
-                [TrajectoryBuilder(f"{name}/group-{g}", *shape) for g in range(groups)]
-                for name in self.names
-            ]
+            self.builders = {  # (a, g): worker a's env group g
+                (a, g): TrajectoryBuilder(f"{name}/group-{g}", config.unroll_length)
+                for a, name in enumerate(self.names)
+                for g in range(groups)
+            }
             self._generator = torch.Generator().manual_seed(config.seed + 7)
             channels = [(s, p[1]) for s, p in zip(self.slots, pipes)]
         for i, (name, channel) in enumerate(zip(self.names, channels)):
-            spec = ActorSpec(
-                name, i, config, model.obs_dim, model.num_actions, self.supervisor.ward(name)
-            )
-            proc = ctx.Process(
-                target=run_actor,
-                args=(spec, channel, self.stop, self.errors),
-                name=name,
-                daemon=True,
-            )
+            spec = ActorSpec(name, i, config, self.supervisor.ward(name))
+            args = (spec, channel, self.stop, self.errors)
+            proc = ctx.Process(target=run_actor, args=args, name=name, daemon=True)
             proc.start()
             self.supervisor.procs[name] = proc
 
@@ -263,8 +197,11 @@ class ActorPool:
                 raise
         return _drain(self.queue, poll_s)
 
-    def _read_requests(self, ready_conns: list[Any], ready: list[tuple[int, int]]) -> None:
-        for conn in ready_conns:
+    def _requests(self, timeout_s: float) -> list[tuple[int, int]]:
+        """``(actor, group)`` of each env group whose observations came within ``timeout_s``."""
+        ready: list[tuple[int, int]] = []
+        readable: list[Any] = wait(self.conns, timeout=timeout_s)
+        for conn in readable:
             a = self.conns.index(conn)
             try:
                 while conn.poll():
@@ -273,31 +210,29 @@ class ActorPool:
                 raise WorkerError(
                     f"{self.names[a]} closed its pipe (its process ended)", self.names[a]
                 ) from None
+        return ready
 
     def _infer(self, version: int, digest: str, poll_s: float) -> list[Trajectory]:
         """Wait at most ``poll_s`` for an env group's request, collect more until one per
         actor is in or ``inference_deadline_ms`` passed, answer them all with one forward
-        pass of policy ``version`` (published digest ``digest``); the trajectories finished.
-
-        Raises:
-            WorkerError: a worker's pipe closed.
-        """
-        ready: list[tuple[int, int]] = []  # (actor, group) whose observations are in
-        self._read_requests(wait(self.conns, timeout=poll_s), ready)
-        if not ready:
-            return []
+        pass of policy ``version`` (digest ``digest``); the trajectories finished. Raises
+        :class:`WorkerError` when a worker's pipe closed."""
+        ready = self._requests(poll_s)
         deadline = time.monotonic() + self.config.inference_deadline_ms / 1000.0
-        while len({a for a, _ in ready}) < len(self.conns):
-            more = wait(self.conns, timeout=max(0.0, deadline - time.monotonic()))
+        while ready and len({a for a, _ in ready}) < len(self.conns):
+            more = self._requests(max(0.0, deadline - time.monotonic()))
             if not more:
                 break
-            self._read_requests(more, ready)
+            ready += more
+        if not ready:
+            return []
         start = time.perf_counter()
         finished: list[Trajectory] = []
         observations = []
         for a, g in ready:
-            obs, reward, done = self.slots[a][g].read_step()  # (K, D), (K,), (K,)
-            trajectory = self.builders[a][g].observe(obs, reward, done)
+            slot = self.slots[a][g]
+            obs = slot["obs"].copy()  # (K, D)
+            trajectory = self.builders[a, g].observe(obs, slot["reward"].copy(), slot["done"] > 0)
             if trajectory is not None:
                 finished.append(trajectory)
             observations.append(obs)
@@ -306,7 +241,7 @@ class ActorPool:
         for a, g in ready:
             rows = slice(offset, offset + self.slots[a][g].num_envs)
             self.slots[a][g]["action"][:] = actions[rows]
-            self.builders[a][g].record(actions[rows], logits[rows], version, digest)
+            self.builders[a, g].record(actions[rows], logits[rows], version, digest)
             offset = rows.stop
             self.conns[a].send_bytes(bytes([g]))
         self.inference_busy_s += time.perf_counter() - start

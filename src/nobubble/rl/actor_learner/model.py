@@ -1,68 +1,125 @@
-"""The models the core runs and what they make: the model contract, the MLP actor-critic,
-sampling (:func:`act`), trajectories and their builder, an IMPALA actor's unroll
-(:func:`rollout`) and :func:`evaluate`.
-
-Trajectory shapes are time-major, as V-trace takes them: ``T`` steps, ``K`` environments,
-``D`` observation features, ``A`` actions; ``T + 1`` observations, the last one only to
-bootstrap the value.
-
-The MLP: two separate two-layer tanh MLPs (policy and value), orthogonally initialised with
-a small last policy layer, as in cleanrl's ``ppo.py``: the policy starts near uniform and the
-value head does not share features that its loss would pull around.
+"""The environments and models the core runs and what they make: gymnasium envs by id or
+factory (a step delay stands in for a slow simulator or a tool call), a vector of them, the
+model contract, the MLP actor-critic, sampling (:func:`act`), trajectories and their builder,
+an IMPALA actor's unroll (:func:`rollout`) and :func:`evaluate`. Truncation (CartPole's
+500-step limit) ends an episode without bootstrap, as cleanrl and most IMPALA implementations
+do. Shapes are time-major, as V-trace takes them: ``T`` steps, ``K`` environments, ``D``
+observation features, ``A`` actions.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+import gymnasium
 import numpy as np
 import torch
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig
-from nobubble.rl.actor_learner.envs import VectorEnv, env_spaces
+from nobubble.validation import check_value
 
 __all__ = [
     "ActorCritic",
     "PolicyModel",
+    "StepDelay",
     "Trajectory",
     "TrajectoryBatch",
     "TrajectoryBuilder",
     "act",
     "build_model",
+    "env_label",
+    "env_spaces",
     "evaluate",
     "initial_model",
+    "make_env",
     "rollout",
     "stack_trajectories",
+    "vector_env",
 ]
 
 
-class PolicyModel(Protocol):
-    """What the learner, the actors and central inference need of a model (an ``nn.Module``).
+class StepDelay(gymnasium.Wrapper):
+    """Wrap a gymnasium env so that every ``step`` first sleeps ``delay_ms`` milliseconds."""
 
+    def __init__(self, env: Any, delay_ms: float) -> None:
+        super().__init__(env)
+        self.delay_s = delay_ms / 1000.0
+
+    def step(self, action: Any) -> Any:
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        return self.env.step(action)
+
+
+def make_env(env: str | Callable[[], Any], delay_ms: float = 0.0) -> Any:
+    """One environment: ``gymnasium.make(env)`` or ``env()``, wrapped in :class:`StepDelay`
+    when ``delay_ms > 0``."""
+    made = gymnasium.make(env, disable_env_checker=True) if isinstance(env, str) else env()
+    return StepDelay(made, delay_ms) if delay_ms > 0 else made
+
+
+def env_label(env: str | Callable[[], Any]) -> str:
+    """A run's name for ``env``: the gymnasium id, else the factory's ``name`` or
+    ``__name__`` (``"custom"`` when it has neither)."""
+    if isinstance(env, str):
+        return env
+    return str(getattr(env, "name", None) or getattr(env, "__name__", "custom"))
+
+
+def env_spaces(env: str | Callable[[], Any]) -> tuple[int, int]:
+    """``(obs_dim, num_actions)`` of a flat-Box-observation, Discrete-action environment
+    (``ValueError`` for other spaces: this core's MLP policy needs those)."""
+    probe = make_env(env)
+    obs_space, act_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not isinstance(obs_space, gymnasium.spaces.Box) or len(obs_space.shape) != 1:
+        raise ValueError(
+            f"env={env!r} has observation space {obs_space}; the MLP actor-critic needs a "
+            "flat Box (vector observations): pick such an env or flatten it in a factory"
+        )
+    if not isinstance(act_space, gymnasium.spaces.Discrete):
+        raise ValueError(
+            f"env={env!r} has action space {act_space}; the categorical policy needs Discrete"
+        )
+    return int(obs_space.shape[0]), int(act_space.n)
+
+
+def vector_env(
+    env: str | Callable[[], Any], num_envs: int, delay_ms: float = 0.0
+) -> gymnasium.vector.SyncVectorEnv:
+    """``num_envs`` environments of :func:`make_env` stepped in turn, each reset in the step
+    its episode ends (``SAME_STEP``: the observation of a finished one is the first of its
+    next episode; ``terminated | truncated`` marks the end); ``reset(seed=s)`` seeds them
+    ``s, s + 1, ...``."""
+    check_value("vector_env: num_envs", num_envs, ">= 1", integer=True)
+    make = functools.partial(make_env, env, delay_ms)
+    same_step = gymnasium.vector.AutoresetMode.SAME_STEP
+    return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step)
+
+
+class PolicyModel(Protocol):
+    """What the learner, the actors and central inference need of a model (an ``nn.Module``):
     ``model(obs (..., D)) -> (logits (..., A), value (...))`` and ``model.policy(obs (N, D))
     -> logits (N, A)``, float32; ``obs_dim`` (D) and ``num_actions`` (A) as the env's spaces
-    give them. The module's parameters are what the optimiser and the impala weight
-    broadcast see, so two models made by the same factory must have the same shapes.
-    """
+    give them. The optimiser and the impala weight broadcast see the module's parameters, so
+    two models made by the same factory must have the same shapes."""
 
     obs_dim: int
     num_actions: int
 
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
     def policy(self, obs: torch.Tensor) -> torch.Tensor: ...
-    def parameters(self, recurse: bool = True) -> Any: ...
-    def state_dict(self) -> Any: ...
 
 
 def build_model(config: EnvRunConfig, obs_dim: int, num_actions: int) -> Any:
-    """``config.model(obs_dim, num_actions)``, or the MLP :class:`ActorCritic`.
-
-    Raises:
-        ValueError: the factory's model disagrees with the env's spaces.
-    """
+    """``config.model(obs_dim, num_actions)``, or the MLP :class:`ActorCritic`; ``ValueError``
+    when the factory's model disagrees with the env's spaces."""
     if config.model is None:
         return ActorCritic(obs_dim, num_actions, config.hidden)
     model = config.model(obs_dim, num_actions)
@@ -95,7 +152,9 @@ def _mlp(n_in: int, hidden: int, n_out: int, last_gain: float) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    """``obs (..., D) -> (logits (..., A), value (...))``."""
+    """``obs (..., D) -> (logits (..., A), value (...))``: two separate tanh MLPs, orthogonally
+    initialised with a small last policy layer as in cleanrl's ``ppo.py`` (the policy starts
+    near uniform; the value loss pulls at no feature the policy uses)."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: int = 64) -> None:
         super().__init__()
@@ -110,39 +169,22 @@ class ActorCritic(nn.Module):
 @dataclass(frozen=True)
 class Trajectory:
     """One unroll; to the :class:`~nobubble.rl.system.experience.ExperienceBuffer` one group of
-    one sample, whose rewards came with its steps.
+    one sample, whose rewards came with its steps (``reward_failed`` is always False)."""
 
-    Attributes:
-        source: the actor (and env group) that stepped it, e.g. ``"actor-1/group-0"``.
-        seq: its number among that source's trajectories, from 0 (the ledger's key).
-        policy_version: the oldest policy version that chose one of its actions.
-        obs: ``(T + 1, K, D)`` float32.
-        actions: ``(T, K)`` int64.
-        behaviour_logits: ``(T, K, A)`` float32, the logits the actions were sampled from.
-        rewards: ``(T, K)`` float32.
-        dones: ``(T, K)`` bool, the episode ended at step t (no bootstrap across it).
-        episode_returns: returns of the episodes that ended inside this unroll.
-        weight_digests: ``(version, digest)`` of every policy version that chose one of its
-            actions, as the actor (or central inference) hashed the weights it used
-            (:func:`~nobubble.rl.system.weight_sync.weight_digest`); the learner checks them.
-        group_id: its number among the trajectories the learner received (-1 until then).
-    """
-
-    source: str
-    seq: int
-    policy_version: int
-    obs: np.ndarray
-    actions: np.ndarray
-    behaviour_logits: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray
-    episode_returns: tuple[float, ...]
+    source: str  # the actor (and env group) that stepped it, e.g. "actor-1/group-0"
+    seq: int  # its number among that source's trajectories, from 0 (the ledger's key)
+    policy_version: int  # the oldest policy version that chose one of its actions
+    obs: np.ndarray  # (T + 1, K, D) float32; the last one only bootstraps the value
+    actions: np.ndarray  # (T, K) int64
+    behaviour_logits: np.ndarray  # (T, K, A) float32, the logits the actions were sampled from
+    rewards: np.ndarray  # (T, K) float32
+    dones: np.ndarray  # (T, K) bool: the episode ended at step t (no bootstrap across it)
+    episode_returns: tuple[float, ...]  # of the episodes that ended inside this unroll
+    # (version, weight_digest) of every policy version that chose one of its actions, hashed
+    # by whoever acted (actor or central inference); the learner checks them
     weight_digests: tuple[tuple[int, str], ...] = ()
-    group_id: int = -1
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.source, self.seq)
+    group_id: int = -1  # its number among the trajectories the learner received
+    reward_failed: bool = False
 
     @property
     def sample_ids(self) -> tuple[int, ...]:
@@ -152,29 +194,16 @@ class Trajectory:
     def newest_version(self) -> int:
         return self.policy_version
 
-    @property
-    def reward_failed(self) -> bool:
-        return False  # an environment's rewards come with its steps
-
-    @property
-    def num_steps(self) -> int:
-        """Environment steps in it: ``T * K``."""
-        return int(self.actions.size)
-
 
 @dataclass(frozen=True)
 class TrajectoryBatch:
-    """Trajectories side by side along the environment axis: ``B = sum K``.
+    """Trajectories side by side along the environment axis (``B = sum K``), as tensors."""
 
-    Attributes: obs ``(T + 1, B, D)``, actions ``(T, B)``, behaviour_logits ``(T, B, A)``,
-    rewards ``(T, B)``, dones ``(T, B)`` float (1 where the episode ended), as tensors.
-    """
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    behaviour_logits: torch.Tensor
-    rewards: torch.Tensor
-    dones: torch.Tensor
+    obs: torch.Tensor  # (T + 1, B, D)
+    actions: torch.Tensor  # (T, B)
+    behaviour_logits: torch.Tensor  # (T, B, A)
+    rewards: torch.Tensor  # (T, B)
+    dones: torch.Tensor  # (T, B) float: 1 where the episode ended
 
     def columns(self, index: torch.Tensor) -> TrajectoryBatch:
         """The environments ``index`` (``(b,)`` int64) of this batch."""
@@ -195,60 +224,52 @@ def stack_trajectories(trajectories: list[Trajectory]) -> TrajectoryBatch:
     return TrajectoryBatch(**{**columns, "dones": columns["dones"].float()})
 
 
+# a trajectory's step arrays in its field order, by numpy typecode: float32, int64, float32,
+# float32, bool
+_STEP_DTYPES = {"obs": "f", "actions": "q", "behaviour_logits": "f", "rewards": "f", "dones": "?"}
+
+
 class TrajectoryBuilder:
-    """Assembles the trajectories of one env stream (an impala actor's own envs, or a
-    worker's env group as central inference sees it).
+    """Assembles the trajectories of one env stream (an impala actor's envs, or a worker's
+    env group as central inference sees it). Lifecycle per step ``t``: :meth:`observe` (the
+    observation after the previous action, with that action's reward and done) then
+    :meth:`record` (the action chosen for it). Every ``T`` steps :meth:`observe` returns the
+    finished trajectory, whose last observation is also the first of the next one. Episode
+    returns are summed here from the rewards."""
 
-    Lifecycle per step ``t``: :meth:`observe` (the observation after the previous action,
-    with that action's reward and done) then :meth:`record` (the action chosen for it).
-    Every ``T`` steps :meth:`observe` returns the finished trajectory, whose last observation
-    is also the first of the next one. Episode returns are summed here from the rewards.
-    """
-
-    def __init__(
-        self, source: str, unroll_length: int, num_envs: int, obs_dim: int, num_actions: int
-    ) -> None:
-        self.source, self.T, self.K = source, unroll_length, num_envs
-        self._shape = (obs_dim, num_actions)
-        self._seq = 0
-        self._running = np.zeros(num_envs, dtype=np.float64)  # (K,) episode sums
-        self._pending = False  # an action was chosen and its reward not yet seen
+    def __init__(self, source: str, unroll_length: int) -> None:
+        self.source, self.T, self._seq = source, unroll_length, 0
+        self._running: Any = 0.0  # (K,) float64 episode sums once the first reward came
         self._new()
 
     def _new(self) -> None:
-        (D, A), T, K = self._shape, self.T, self.K
-        self.obs = np.zeros((T + 1, K, D), dtype=np.float32)
-        self.actions = np.zeros((T, K), dtype=np.int64)
-        self.logits = np.zeros((T, K, A), dtype=np.float32)
-        self.rewards = np.zeros((T, K), dtype=np.float32)
-        self.dones = np.zeros((T, K), dtype=bool)
-        self.t, self.version = 0, -1
+        self.steps: dict[str, list[np.ndarray]] = {name: [] for name in _STEP_DTYPES}
+        self.version = -1
         self.returns: list[float] = []
         self.claims: dict[int, str] = {}  # version -> digest of the weights that acted
 
     def observe(
         self, obs: np.ndarray, reward: np.ndarray | None = None, done: np.ndarray | None = None
     ) -> Trajectory | None:
-        """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)``
+        """Record ``obs (K, D)`` and the previous action's ``reward (K,)``, ``done (K,)`` bool
         (none before the first action)."""
-        if self._pending:
+        steps = self.steps
+        if len(steps["rewards"]) < len(steps["actions"]):  # the last action's reward is due
             assert reward is not None and done is not None, f"{self.source}: no reward, done"
-            self.rewards[self.t - 1], self.dones[self.t - 1] = reward, done
-            self._running += reward
-            for k in np.flatnonzero(done):
-                self.returns.append(float(self._running[k]))
-                self._running[k] = 0.0
-            self._pending = False
-        finished = None
-        if self.t == self.T:
-            self.obs[self.T] = obs
-            finished = Trajectory(
-                self.source, self._seq, self.version, self.obs, self.actions, self.logits,
-                self.rewards, self.dones, tuple(self.returns), tuple(sorted(self.claims.items())),
-            )  # fmt: skip
-            self._seq += 1
-            self._new()
-        self.obs[self.t] = obs
+            steps["rewards"].append(reward)
+            steps["dones"].append(done)
+            self._running = self._running + np.asarray(reward, dtype=np.float64)
+            self.returns += self._running[done].tolist()
+            self._running[done] = 0.0
+        steps["obs"].append(obs)
+        if len(steps["actions"]) < self.T:
+            return None
+        data: list[Any] = [np.stack(v).astype(_STEP_DTYPES[k]) for k, v in steps.items()]
+        data += [tuple(self.returns), tuple(sorted(self.claims.items()))]
+        finished = Trajectory(self.source, self._seq, self.version, *data)
+        self._seq += 1
+        self._new()
+        self.steps["obs"].append(obs)
         return finished
 
     def record(
@@ -256,11 +277,10 @@ class TrajectoryBuilder:
     ) -> None:
         """The actions ``(K,)`` and logits ``(K, A)`` chosen by policy ``version``, whose
         weights hash to ``digest``."""
-        self.actions[self.t], self.logits[self.t] = actions, logits
+        self.steps["actions"].append(actions)
+        self.steps["behaviour_logits"].append(logits)
         self.version = version if self.version < 0 else min(self.version, version)
         self.claims[version] = digest
-        self.t += 1
-        self._pending = True
 
 
 @torch.no_grad()
@@ -269,7 +289,7 @@ def act(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sample actions for ``obs (N, D)`` float32: ``actions (N,)`` int64 and the behaviour
     ``logits (N, A)`` float32; greedy (``argmax``) when ``generator`` is None."""
-    logits = model.policy(torch.from_numpy(obs))  # (N, A)
+    logits = model.policy(torch.as_tensor(obs, dtype=torch.float32))  # (N, A)
     if generator is None:
         return logits.argmax(-1).numpy(), logits.numpy()
     probs = torch.softmax(logits, dim=-1)
@@ -279,7 +299,7 @@ def act(
 
 def rollout(
     model: PolicyModel,
-    envs: VectorEnv,
+    envs: gymnasium.vector.VectorEnv,
     builder: TrajectoryBuilder,
     obs: np.ndarray,
     *,
@@ -287,16 +307,15 @@ def rollout(
     generator: torch.Generator,
     digest: str = "",
 ) -> tuple[Trajectory, np.ndarray]:
-    """Step ``envs`` from ``obs (K, D)`` (the last observation ``builder`` saw: after
-    ``envs.reset()``, ``builder.observe(obs)``) with ``model`` (policy ``version``, whose
-    weights hash to ``digest``) until ``builder`` finishes a trajectory of ``T`` steps;
-    that trajectory and the observation ``(K, D)`` to start the next one from."""
+    """Step ``envs`` (a :func:`vector_env`) from ``obs (K, D)``, the last observation
+    ``builder`` saw, with ``model`` (policy ``version``, whose weights hash to ``digest``)
+    until ``builder`` finishes a trajectory of ``T`` steps; that trajectory and the
+    observation ``(K, D)`` to start the next one from."""
     while True:
         actions, logits = act(model, obs, generator)
         builder.record(actions, logits, version, digest)
-        step = envs.step(actions)
-        obs = step.obs
-        trajectory = builder.observe(step.obs, step.rewards, step.dones)
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
+        trajectory = builder.observe(obs, rewards, terminated | truncated)
         if trajectory is not None:
             return trajectory, obs
 
@@ -313,29 +332,24 @@ def evaluate(
 ) -> list[float]:
     """The return of the first episode of each of ``episodes`` (default
     ``config.eval_episodes``) fresh envs of ``config.env`` without the step delay, seeded
-    ``seed, seed + 1, ...`` (default ``10_000_000 + config.seed``: apart from every actor's).
-
-    Args:
-        model: the policy; None: the untrained one ``train(config)`` starts from.
-        sampled: sample actions (a generator seeded with ``seed``) instead of ``argmax``.
-    """
+    ``seed, seed + 1, ...`` (default ``10_000_000 + config.seed``: apart from every actor's),
+    acting with ``model`` (None: the untrained one ``train(config)`` starts from) by ``argmax``,
+    or by sampling with a generator seeded with ``seed`` when ``sampled``."""
     model = initial_model(config) if model is None else model
     episodes = config.eval_episodes if episodes is None else episodes
     seed = 10_000_000 + config.seed if seed is None else seed
     generator = torch.Generator().manual_seed(seed) if sampled else None
-    envs = VectorEnv(config.env, episodes, seed)
-    obs = envs.reset()
-    returns: list[float | None] = [None] * episodes
+    envs = vector_env(config.env, episodes)
+    obs, _ = envs.reset(seed=seed)
+    returns = np.full(episodes, np.nan)  # (K,) each env's first episode's return, once over
     running = np.zeros(episodes)
     for _ in range(max_steps):
-        step = envs.step(act(model, obs, generator)[0])
-        running += step.rewards
-        for k in np.flatnonzero(step.dones):
-            if returns[k] is None:
-                returns[k] = float(running[k])
-            running[k] = 0.0
-        if all(r is not None for r in returns):
+        obs, rewards, terminated, truncated, _ = envs.step(act(model, obs, generator)[0])
+        dones = terminated | truncated
+        running += rewards
+        first = dones & np.isnan(returns)
+        returns[first], running[dones] = running[first], 0.0
+        if not np.isnan(returns).any():
             break
-        obs = step.obs
     envs.close()
-    return [float(running[k]) if r is None else r for k, r in enumerate(returns)]
+    return np.where(np.isnan(returns), running, returns).tolist()

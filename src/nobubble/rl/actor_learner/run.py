@@ -1,19 +1,8 @@
 """``run(EnvRunConfig) -> RunResult``: the learner's loop, the same for every architecture
-(the environment producer behind :func:`nobubble.rl.train`).
-
-    start the actors (ActorPool)                        # impala: publish version 0
-    until the target, the update, env-step or time budget:
-        receive finished trajectories                   # from the queue / central inference
-        while the buffer has an update's worth no older than max_staleness
-        (the rest it drops, ledger: stale):
-            check their weight digests, train on the oldest, publish the new version
-            (one optimizer step per minibatch of environments, :class:`VTraceLoss`)
-        evaluate greedily every eval_every_s, or when the training return reaches the target
-    close the pool; what was in transit is dropped (ledger: unfinished); check the ledger
-
-The buffer, its staleness rule and its ledger are the LLM system's
-(:class:`~nobubble.rl.system.experience.ExperienceBuffer`): a trajectory is admitted on
-arrival under its ``(source, seq)`` key, so that one lost in transit shows as a gap.
+(the environment producer behind :func:`nobubble.rl.train`; the loop is drawn in
+``docs/rl/actor-learner.md``). Its buffer, staleness rule and ledger are the LLM system's
+:class:`~nobubble.rl.system.experience.ExperienceBuffer`: a trajectory is admitted on arrival
+under its ``(source, seq)`` key, so that one lost in transit shows as a gap.
 """
 
 from __future__ import annotations
@@ -21,19 +10,18 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nobubble.rl.actor_learner.config import EnvRunConfig, trajectories_per_update
-from nobubble.rl.actor_learner.envs import env_label
 from nobubble.rl.actor_learner.launch import ActorPool
 from nobubble.rl.actor_learner.model import (
     PolicyModel,
     Trajectory,
     TrajectoryBatch,
+    env_label,
     evaluate,
     initial_model,
     stack_trajectories,
@@ -65,6 +53,7 @@ def vtrace_targets(
     )
 
 
+@dataclass(frozen=True)
 class VTraceLoss:
     """The environment producer's loss on a :class:`TrajectoryBatch` ``(T, b)``, for the
     :class:`~nobubble.rl.system.learner.Learner`, with the current parameters:
@@ -75,8 +64,7 @@ class VTraceLoss:
 
     Advantages are normalised per minibatch; every step counts."""
 
-    def __init__(self, config: EnvRunConfig) -> None:
-        self.config = config
+    config: EnvRunConfig
 
     def after_step(self, model: nn.Module, version: int) -> None:
         pass
@@ -99,8 +87,7 @@ class VTraceLoss:
             policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
             clip_fraction = torch.zeros(())
         value_loss = 0.5 * (out.vs - values[:-1]).square().mean()
-        logits = logits[:-1]  # (T, b, A)
-        entropy = -(F.softmax(logits, -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+        entropy = torch.distributions.Categorical(logits=logits[:-1]).entropy().mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         terms = torch.stack([policy_loss, value_loss, entropy, clip_fraction]).tolist()
         metrics = dict(zip(("policy_loss", "value_loss", "entropy", "clip_fraction"), terms))
@@ -108,15 +95,9 @@ class VTraceLoss:
 
 
 def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner[VTraceLoss]:
-    """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam,
-    ``eps=1e-5``)."""
-    return Learner(
-        model,
-        VTraceLoss(config),
-        lr=config.lr,
-        max_grad_norm=config.max_grad_norm,
-        adam_eps=1e-5,
-    )
+    """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam, eps 1e-5)."""
+    loss = VTraceLoss(config)
+    return Learner(model, loss, lr=config.lr, max_grad_norm=config.max_grad_norm, adam_eps=1e-5)
 
 
 def minibatches(
@@ -155,18 +136,17 @@ class _Run:
         self.env_steps = 0
         self.learn_s = 0.0
         self.start = self.last_eval = time.monotonic()
-        self.time_to_target: float | None = None
-        self.steps_to_target: int | None = None
+        self.reached: CurvePoint | None = None  # the first evaluation at the target
         self.eval_returns: list[float] = []
 
     def take(self, trajectories: list[Trajectory]) -> None:
         for arrived in trajectories:
             t = replace(arrived, group_id=self.num_arrived)
             self.num_arrived += 1
-            self.buffer.admit(t.group_id, self.learner.version, source=t.key)
+            self.buffer.admit(t.group_id, self.learner.version, source=(t.source, t.seq))
             self.buffer.generated(t)
             self.buffer.put(t)  # scored on arrival
-            self.env_steps += t.num_steps
+            self.env_steps += t.actions.size  # T * K
             self.returns.extend(t.episode_returns)
 
     def update_if_ready(self) -> bool:
@@ -177,8 +157,8 @@ class _Run:
             return False
         for t in fresh:
             lag = self.learner.version - t.policy_version
-            assert lag >= 0, f"trajectory {t.key} has a version from the future"
-            self.lags[lag] += t.num_steps
+            assert lag >= 0, f"trajectory {(t.source, t.seq)} has a version from the future"
+            self.lags[lag] += t.actions.size
         self.published.check_trained(  # each acted with the weights of the versions it claims
             (t.source.split("/")[0], t.source, t.weight_digests) for t in fresh
         )
@@ -211,8 +191,8 @@ class _Run:
         mean = sum(self.eval_returns) / len(self.eval_returns)
         target = self.config.target_return
         point = self.point(mean)
-        if target is not None and mean >= target and self.time_to_target is None:
-            self.time_to_target, self.steps_to_target = point.wall_s, point.env_steps
+        if target is not None and mean >= target and self.reached is None:
+            self.reached = point
         return point
 
     def loop(self, pool: ActorPool, on_step: OnStep | None) -> None:
@@ -227,7 +207,7 @@ class _Run:
                 on_step(self.learner.version, metrics)
 
         while not (
-            self.time_to_target is not None
+            self.reached is not None
             or self.env_steps >= c.max_env_steps
             or (c.steps is not None and self.learner.version >= c.steps)
             or time.monotonic() - self.start >= c.time_budget_s
@@ -263,8 +243,8 @@ class _Run:
             eval_mean_return=sum(returns) / len(returns) if returns else float("nan"),
             eval_returns=returns,
             target_return=c.target_return,
-            time_to_target_s=self.time_to_target,
-            steps_to_target=self.steps_to_target,
+            time_to_target_s=self.reached.wall_s if self.reached else None,
+            steps_to_target=self.reached.env_steps if self.reached else None,
             env_steps=self.env_steps,
             model=self.learner.model,
         )
@@ -272,20 +252,11 @@ class _Run:
 
 def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
     """Train ``config.model`` (default: an MLP actor-critic) on ``config.env`` with
-    ``config.arch``.
-
-    Args:
-        config: the run.
-        on_step: called as ``on_step(version, metrics)`` after each update and evaluation;
-            ``metrics`` has ``wall_s``, ``env_steps`` and, when known, ``train_return`` and
-            (on evaluations) ``eval_return``.
-    Returns:
-        :class:`~nobubble.rl.system.result.RunResult`.
-    Raises:
-        WorkerError: an actor raised (its error's first line; the report in
-            ``remote_traceback``), died, fell silent, or sampled with other weights than the
-            version it reports.
-        LedgerError: a trajectory was lost or trained twice (a bug, never expected).
+    ``config.arch``; ``on_step(version, metrics)`` is called after each update and evaluation
+    with ``wall_s``, ``env_steps`` and, when known, ``train_return`` and ``eval_return``.
+    Raises :class:`WorkerError` when an actor raised (its error's first line; the report in
+    ``remote_traceback``), died, fell silent, or sampled with other weights than the version it
+    reports; ``LedgerError`` when a trajectory was lost or trained twice (a bug, never expected).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -294,13 +265,12 @@ def run(config: EnvRunConfig, *, on_step: OnStep | None = None) -> RunResult:
         state = _Run(config, model)
         pool = ActorPool(config, model)
         try:
-            pool.publish(state.learner.version)
             state.loop(pool, on_step)
         finally:
             leftover = pool.close()
         state.take(leftover)
         state.buffer.close([])  # what was in transit or waiting: "unfinished"
-        if not state.eval_returns or state.time_to_target is None:
+        if not state.eval_returns or state.reached is None:
             state.curve.append(state.evaluate())
         return state.result(pool)
     finally:

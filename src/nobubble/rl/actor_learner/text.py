@@ -1,11 +1,7 @@
-"""Multi-turn text environments for the actor-learner core: the protocol (:class:`TextEnv`:
-the model speaks a turn, the env replies), its token-level gymnasium form (:class:`TokenEnv`,
-which every architecture runs unchanged), the built-ins :class:`GuessNumber` and
-:class:`ReasoningGymEnv`, the character-transformer policy and :func:`text_run_config` (a text
-env in, an :class:`EnvRunConfig` out: ``train(text_run_config(MyTextEnv))``). For a text env
-whose return is its success, ``evaluate`` gives a policy's success rate.
-
-Legend: ``N`` observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
+"""Multi-turn text environments (``docs/rl/actor-learner.md``): the :class:`TextEnv` protocol,
+its token-level gymnasium form :class:`TokenEnv`, the built-ins, the character-transformer
+policy and :func:`text_run_config` (``train(text_run_config(MyTextEnv))``). Legend: ``N``
+observations, ``L`` window, ``V`` vocabulary, ``A`` actions.
 """
 
 from __future__ import annotations
@@ -28,17 +24,13 @@ from nobubble.rl.system.tasks import CharTokenizer, ReasoningGymPool, as_reward
 from nobubble.validation import check_value
 
 __all__ = [
-    "END_OF_TURN",
     "GuessNumber",
     "GuessOdds",
     "ReasoningGymEnv",
     "TEXT_DEFAULTS",
-    "TEXT_ENV_NAMES",
     "TextActorCritic",
     "TextEnv",
-    "TextEnvFactory",
     "TextPolicyConfig",
-    "TextPolicyFactory",
     "TextStep",
     "TokenEnv",
     "check_text_env",
@@ -63,22 +55,20 @@ class TextStep:
 
 
 class TextEnv(Protocol):
-    """A multi-turn text environment (any object with these attributes and methods)."""
+    """A multi-turn text environment (any object with these members): ``alphabet``, every
+    character the opening message and the replies may hold; ``turn_alphabet``, the characters
+    the model may say (its actions, without end-of-turn); ``max_turn_chars``, the longest turn
+    (a turn also ends when it reaches this many characters)."""
 
     alphabet: str
-    """Every character the opening message and the replies may hold."""
     turn_alphabet: str
-    """The characters the model may say (its action vocabulary, without end-of-turn)."""
     max_turn_chars: int
-    """The longest turn: a turn also ends when it reaches this many characters."""
 
     def reset(self, seed: int) -> str:
         """Start an episode drawn from ``seed``; the opening message."""
-        ...
 
     def step(self, turn: str) -> TextStep:
         """The model said ``turn`` (characters of ``turn_alphabet``, possibly empty)."""
-        ...
 
 
 def check_text_env(env: Any) -> None:
@@ -91,29 +81,18 @@ def check_text_env(env: Any) -> None:
             f"text env {name} has no {', '.join(missing)}; a text env needs reset(seed) -> str, "
             "step(turn) -> TextStep, alphabet, turn_alphabet and max_turn_chars"
         )
-    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:
+    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:  # repeats: the tokenizer
         raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} must be a str")
-    if len(set(env.turn_alphabet)) != len(env.turn_alphabet):
-        raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} repeats a char")
     check_value(f"text env {name}: max_turn_chars", env.max_turn_chars, ">= 1", integer=True)
 
 
 class TokenEnv(gymnasium.Env):
-    """``env`` (a :class:`TextEnv`) one token of the model's turn per step.
-
-    Action 0 ends the turn (``<eos>``), action ``a >= 1`` says ``turn_alphabet[a - 1]``
-    (token ``<eos> + a``); a turn also ends at ``max_turn_chars``, and the env's reply and
-    the turn's reward come on that step. The observation is the last ``max_len`` tokens,
-    right-aligned and left-padded with ``<pad>``, float32 ``(L,)``; an episode longer than
-    ``max_episode_steps`` tokens is truncated.
-
-    Attributes:
-        tokenizer: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``turn_alphabet``, the other chars.
-        num_actions: A, end-of-turn plus one per turn character.
-        transcript: the episode as ``("env" | "model", text)`` messages, in order.
-    """
-
-    metadata: dict[str, Any] = {"render_modes": []}
+    """``env`` (a :class:`TextEnv`) one token of the model's turn per step. Action 0 ends the
+    turn (``<eos>``), action ``a >= 1`` says ``turn_alphabet[a - 1]`` (token ``<eos> + a``); a
+    turn also ends at ``max_turn_chars``, and the env's reply and the turn's reward come on
+    that step. The observation is the last ``max_len`` tokens, right-aligned and left-padded
+    with ``<pad>``, float32 ``(L,)``; an episode longer than ``max_episode_steps`` tokens is
+    truncated. ``transcript``: the episode as ``("env" | "model", text)`` messages, in order."""
 
     def __init__(self, env: TextEnv, max_len: int, max_episode_steps: int = 1024) -> None:
         check_text_env(env)
@@ -124,8 +103,8 @@ class TokenEnv(gymnasium.Env):
             )
         self.text_env, self.max_len, self.max_episode_steps = env, max_len, max_episode_steps
         rest = "".join(sorted(set(env.alphabet) - set(env.turn_alphabet)))
-        self.tokenizer = CharTokenizer(env.turn_alphabet + rest)
-        self.num_actions = 1 + len(env.turn_alphabet)
+        self.tokenizer = CharTokenizer(env.turn_alphabet + rest)  # <pad> <bos> <eos>, turn, rest
+        self.num_actions = 1 + len(env.turn_alphabet)  # A: end-of-turn, one per turn character
         top = float(self.tokenizer.vocab_size - 1)
         self.observation_space = gymnasium.spaces.Box(0.0, top, (max_len,), np.float32)
         self.action_space = gymnasium.spaces.Discrete(self.num_actions)
@@ -191,13 +170,10 @@ class TextEnvFactory:
 
 
 class GuessNumber:
-    """Guess a secret in ``1..high`` within ``max_turns`` turns (a :class:`TextEnv`).
-
-    A turn is a number in decimal; a miss is answered ``higher`` (the secret is higher) or
-    ``lower``, a turn that is not a number in range ``?`` (it costs a turn too). The episode
-    ends on the hit (reward 1) or after ``max_turns`` turns (reward 0): the return is the
-    success.
-    """
+    """Guess a secret in ``1..high`` within ``max_turns`` turns (a :class:`TextEnv`): a turn
+    is a number in decimal; a miss is answered ``higher`` (the secret is higher) or ``lower``,
+    a turn that is not a number in range ``?`` (it costs a turn too). The episode ends on the
+    hit (reward 1) or after ``max_turns`` turns (reward 0): the return is the success."""
 
     turn_alphabet = string.digits
 
@@ -246,36 +222,15 @@ def guess_number_odds(high: int, max_turns: int) -> GuessOdds:
     )
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 class ReasoningGymEnv:
-    """A reasoning-gym question pool as a multi-turn :class:`TextEnv`, with hints.
+    """The questions of a reasoning-gym pool (made once and shared by every env of a run) as
+    a multi-turn :class:`TextEnv` with hints: the opening is the question of entry ``seed %
+    size``, each turn is scored by the dataset's verifier; a score of 1 ends the episode with
+    reward 1, a miss is answered ``higher`` / ``lower`` when it and the answer are numbers,
+    else ``wrong``; after ``max_turns`` turns the last turn's score (partial credit) is the
+    reward. The model may say the characters of the dataset's answers, up to the longest."""
 
-    The opening is the question of entry ``seed % size``; each turn is scored by the
-    dataset's verifier. A turn that scores 1 ends the episode with reward 1; a wrong one is
-    answered ``higher`` / ``lower`` when it and the answer are numbers, else ``wrong``; after
-    ``max_turns`` turns the last turn's score (partial credit) is the reward. The model may
-    say the characters of the dataset's answers, up to the longest answer.
-
-    Args:
-        questions: the pool (made once and shared by every env of a run: generating one
-            takes a while; an episode only reads it), or a dataset name to make one from
-            ``**pool`` (``size``, ``seed`` and the dataset's config).
-        max_turns: answers allowed per question.
-    """
-
-    def __init__(
-        self, questions: ReasoningGymPool | str, *, max_turns: int = 4, **pool: Any
-    ) -> None:
-        if isinstance(questions, str):
-            questions = ReasoningGymPool(questions, **pool)
-        elif pool:
-            raise ValueError(f"ReasoningGymEnv: {sorted(pool)} given with a ready pool")
+    def __init__(self, questions: ReasoningGymPool, *, max_turns: int = 4) -> None:
         check_value("max_turns", max_turns, ">= 1", integer=True)
         self.questions, self.max_turns = questions, max_turns
         self.name, self.turn_alphabet = questions.name, questions.answer_chars
@@ -296,8 +251,11 @@ class ReasoningGymEnv:
         if score >= 1.0:
             return TextStep(CORRECT, 1.0, True)
         last = self.turns >= self.max_turns
-        guess, answer = _number(turn), _number(str(self.entry["answer"]))
-        if guess is None or answer is None or guess == answer:
+        try:
+            guess, answer = float(turn), float(str(self.entry["answer"]))
+        except ValueError:
+            guess = answer = 0.0  # not both numbers: no direction to hint
+        if guess == answer:
             hint = WRONG
         else:
             hint = HIGHER if answer > guess else LOWER
@@ -307,42 +265,34 @@ class ReasoningGymEnv:
 @dataclass(frozen=True, kw_only=True)
 class TextPolicyConfig:
     """Shape of the character transformer: :class:`PolicyConfig`'s fields that the env does
-    not fix (the vocabulary and the window do); checked as a :class:`PolicyConfig` when
-    :meth:`for_env` makes one."""
+    not fix (the vocabulary and the window do); checked as a :class:`PolicyConfig` by
+    :func:`text_run_config`."""
 
     hidden: int = 16
     num_layers: int = 1
     num_heads: int = 2
 
-    def for_env(self, vocab_size: int, max_len: int) -> PolicyConfig:
-        """The transformer for ``vocab_size`` tokens and a window of ``max_len``."""
-        return PolicyConfig(vocab_size=vocab_size, max_seq_len=max_len, **asdict(self))
-
 
 class TextActorCritic(nn.Module):
     """``obs (..., L) -> (logits (..., A), value (...))`` from a :class:`CharTransformer`
-    read at the newest token (position ``L - 1``: the left padding is a token of its own, not
-    masked, so the batch takes the transformer's fast causal path). ``last_only=True`` runs
-    the last block for that one query: the same numbers as ``forward(...)[:, -1]``, a third
-    of the cost. No KV cache: a step is a pure function of its observation.
+    (``config``, its ``max_seq_len`` set to ``obs_dim`` = L; its ``vocab_size`` V the env's)
+    run for the newest token only (the left padding is a token, not masked: the fast causal
+    path; no KV cache, so a step is a function of its observation). Action ``a`` is token
+    ``first_action_id + a``. With ``config`` and ``first_action_id`` bound
+    (``functools.partial``) it is the factory ``EnvRunConfig.model`` takes."""
 
-    Args:
-        config: the transformer: V, its ``vocab_size``, is the env's vocabulary; L, its
-            ``max_seq_len``, the observation window (``obs_dim``).
-        num_actions: A; action ``a`` is token ``first_action_id + a``.
-        first_action_id: the token of action 0.
-    """
-
-    def __init__(self, config: PolicyConfig, num_actions: int, first_action_id: int) -> None:
+    def __init__(
+        self, obs_dim: int, num_actions: int, *, config: PolicyConfig, first_action_id: int
+    ) -> None:
         super().__init__()
         if first_action_id + num_actions > config.vocab_size:
             raise ValueError(
                 f"TextActorCritic: actions {first_action_id}..{first_action_id + num_actions - 1}"
                 f" do not fit the vocabulary of {config.vocab_size} tokens"
             )
-        self.obs_dim, self.num_actions = config.max_seq_len, num_actions
+        self.obs_dim, self.num_actions = obs_dim, num_actions
         self.first_action_id = first_action_id
-        self.lm = CharTransformer(config)
+        self.lm = CharTransformer(replace(config, max_seq_len=obs_dim))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lead = obs.shape[:-1]
@@ -355,20 +305,6 @@ class TextActorCritic(nn.Module):
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """``obs (N, L) -> logits (N, A)``."""
         return self.forward(obs)[0]
-
-
-@dataclass(frozen=True)
-class TextPolicyFactory:
-    """``(obs_dim, num_actions) -> TextActorCritic``: what ``EnvRunConfig.model`` takes
-    (``obs_dim`` is the window ``config.max_seq_len``)."""
-
-    config: PolicyConfig
-    first_action_id: int
-
-    def __call__(self, obs_dim: int, num_actions: int) -> TextActorCritic:
-        return TextActorCritic(
-            replace(self.config, max_seq_len=obs_dim), num_actions, self.first_action_id
-        )
 
 
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -389,8 +325,6 @@ TEXT_DEFAULTS: dict[str, Any] = {
 }
 """What :func:`text_run_config` sets unless told otherwise."""
 
-TEXT_ENV_NAMES: tuple[str, ...] = ("guess-number", "rg:<task>")
-
 
 def text_run_config(
     env: Callable[[], Any],
@@ -400,23 +334,20 @@ def text_run_config(
     policy: TextPolicyConfig | None = None,
     **run: Any,
 ) -> EnvRunConfig:
-    """An actor-learner run on the text env that ``env()`` makes.
-
-    Args:
-        env: a zero-argument factory of a :class:`~.envs.TextEnv` (its class, or a
-            ``functools.partial``); picklable unless the start method is ``fork``.
-        max_len: the policy's window in tokens (older tokens of a long conversation drop out).
-        name: the run's name for the env (default: the factory's ``__name__``).
-        policy: the character transformer's shape.
-        **run: any :class:`EnvRunConfig` field, over :data:`TEXT_DEFAULTS`.
-    Raises:
-        ValueError: ``env()`` is not a text env, or a field is bad.
-    """
+    """An actor-learner run on the text env that ``env()`` makes (``env``: a zero-argument
+    factory of a :class:`TextEnv`, picklable unless the start method is ``fork``), with the
+    policy's window of ``max_len`` tokens (older ones drop out), ``name`` for the env
+    (default: the factory's ``__name__``), the transformer's shape ``policy`` and any
+    :class:`EnvRunConfig` field in ``run`` (over :data:`TEXT_DEFAULTS`); ``ValueError`` when
+    ``env()`` is not a text env or a field is bad."""
     label = name or getattr(env, "__name__", None) or type(env).__name__
     factory = TextEnvFactory(env, max_len, label)
     tokenizer = factory().tokenizer  # one env made here, to read its alphabets
-    shape = (policy or TextPolicyConfig()).for_env(tokenizer.vocab_size, max_len)
-    model = TextPolicyFactory(shape, first_action_id=tokenizer.eos_id)  # action 0 is <eos>
+    shape = asdict(policy or TextPolicyConfig())
+    config = PolicyConfig(vocab_size=tokenizer.vocab_size, max_seq_len=max_len, **shape)
+    model = functools.partial(  # action 0 is <eos>
+        TextActorCritic, config=config, first_action_id=tokenizer.eos_id
+    )
     return EnvRunConfig(**{**TEXT_DEFAULTS, **run, "env": factory, "model": model})
 
 
@@ -428,23 +359,19 @@ def is_text_env(name: str) -> bool:
 def text_env_config(name: str, options: dict[str, Any] | None = None, **run: Any) -> EnvRunConfig:
     """The run on a built-in text env: ``guess-number`` (:class:`GuessNumber`; options
     ``high``, ``max_turns``) or ``rg:<task>`` (:class:`ReasoningGymEnv`; options
-    ``max_turns``, ``size``, ``seed`` and the dataset's config).
-
-    Raises:
-        ValueError: an unknown name or option (the message names it).
-    """
+    ``max_turns``, ``size``, ``seed`` and the dataset's config); ``ValueError`` naming an
+    unknown name or option."""
     options = dict(options or {})
     if name == "guess-number":
+        guess = functools.partial(GuessNumber, **options)
         try:
-            GuessNumber(**options)  # check the options here, not in every actor
+            guess()  # check the options here, not in every actor
         except TypeError as err:
             raise ValueError(f"--env guess-number: {err}; options: high, max_turns") from None
-        return text_run_config(
-            functools.partial(GuessNumber, **options), max_len=48, name=name, **run
-        )
+        return text_run_config(guess, max_len=48, name=name, **run)
     if name.startswith("rg:"):
         turns = {"max_turns": options.pop("max_turns")} if "max_turns" in options else {}
         questions = ReasoningGymPool(name[3:], **options)  # one pool for every env
         make = functools.partial(ReasoningGymEnv, questions, **turns)
         return text_run_config(make, max_len=80, name=name, **run)
-    raise ValueError(f"env={name!r} is not a text env; use one of {TEXT_ENV_NAMES}")
+    raise ValueError(f"env={name!r} is not a text env; use guess-number or rg:<task>")
