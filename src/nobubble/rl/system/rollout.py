@@ -1,12 +1,8 @@
-"""The rollout stage: a :class:`RolloutWorker` turns admitted requests into sampled groups,
-and the per-token versions of partial rollouts.
-
-A worker samples every request of a call in one batch with the weights it holds at the call,
-so a group is generated whole by one version. With ``partial_rollouts``
-(``docs/rl/system.md``) it also takes newer weights between tokens (:class:`InFlightWeights`)
-and each sample records the version behind every token (``Sample.token_versions``), its
-``policy_version`` being the one that started it; a token's staleness is ``trainer version -
-its version``. Legend: ``B`` responses, ``N`` response tokens.
+"""The rollout stage: a :class:`RolloutWorker` samples every request of a call in one batch
+with the weights it holds, so a group is generated whole by one version; with
+``partial_rollouts`` (``docs/rl/system.md``) it also takes newer weights between tokens
+(:class:`InFlightWeights`) and records each token's version (``Sample.token_versions``).
+Legend: ``B`` responses, ``N`` response tokens.
 """
 
 from __future__ import annotations
@@ -14,13 +10,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from itertools import product
+from typing import Any
 
 import torch
 from torch import nn
 
 from nobubble.rl.algo.staleness import policy_lag
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.policies import sample
+from nobubble.rl.system.policies import Generation, sample
 from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
 from nobubble.rl.system.weight_sync import check_newer, weight_digest
@@ -28,33 +26,21 @@ from nobubble.rl.system.weight_sync import check_newer, weight_digest
 __all__ = [
     "RolloutWorker",
     "InFlightWeights",
-    "WeightPull",
+    "sample_responses",
     "response_versions",
     "check_token_versions",
     "token_lag",
     "lag_histogram",
 ]
 
-WeightPull = Callable[[nn.Module, int], int]
-
 
 class InFlightWeights:
-    """Per-token delay and in-flight weight updates for one generator's ``model``, the
-    sampler's ``before_token`` hook.
-
-    Lifecycle of one generation call: :meth:`begin` (the version the model holds) ->
-    :meth:`before_token` for steps ``0, 1, ..`` (True when the weights changed: the sampler
-    then recomputes its KV cache from the whole prefix, so every token's log-prob is exactly
-    that of the version recorded for it) -> :meth:`step_versions`. The whole batch switches
-    at once. Invariant: the recorded versions never decrease; each version the model takes
-    is hashed once (:attr:`digests`): what the generator's samples claim.
-
-    Args:
-        model: the generator's policy; ``pull`` (``pull(model, have) -> version``, set by
-            the engine) loads the newest published weights into it when newer than ``have``.
-        partial: take new weights between tokens (partial rollouts); False = only sleep.
-        every_tokens: with ``partial``, ask for new weights before every this many steps.
-        token_delay_s: seconds to sleep before each decoding step.
+    """The sampler's ``before_token`` hook for one generator's ``model``: with ``partial``,
+    ``pull(model, have) -> version`` (set by the engine) before every ``every_tokens``-th step
+    loads newer weights; ``token_delay_s`` is slept each step. Lifecycle of a call:
+    :meth:`begin` -> :meth:`before_token` for steps ``0, 1, ..`` (True when the weights changed)
+    -> :meth:`step_versions`; the whole batch switches at once. Invariant: recorded versions
+    never decrease; each version is hashed once (:attr:`digests`: what the samples claim).
     """
 
     def __init__(
@@ -66,7 +52,7 @@ class InFlightWeights:
         self.partial = partial
         self.every_tokens = every_tokens
         self.token_delay_s = token_delay_s
-        self.pull: WeightPull | None = None
+        self.pull: Callable[[nn.Module, int], int] | None = None
         self.version = -1
         self._steps: list[int] = []
         self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
@@ -96,10 +82,8 @@ class InFlightWeights:
         return tuple((v, self.digests[v]) for v in sorted(set(versions.tolist())))
 
     def before_token(self, step: int) -> bool:
-        """Called before decoding step ``step``; True when the model's weights changed.
-
-        The weights are fixed first, then the step's delay is slept: the delay stands for
-        the step's own compute, done with the weights it starts with."""
+        """Called before decoding step ``step``; True when the model's weights changed. The
+        delay is slept after the pull: it stands for the step's compute on those weights."""
         changed = False
         if self.partial and step % self.every_tokens == 0:
             assert self.pull is not None  # checked by begin()
@@ -124,22 +108,14 @@ class InFlightWeights:
 
 def response_versions(samples: Sequence[Sample]) -> torch.Tensor:
     """(B, N) int64: the version behind each response token of each sample."""
-    if all(s.token_versions is None for s in samples):  # whole-group: one version per row
-        rows = torch.tensor([s.policy_version for s in samples], dtype=torch.int64)  # (B,)
-        return rows[:, None].expand(-1, samples[0].response_mask.shape[0])  # (B, N)
     return torch.stack([s.versions() for s in samples])
 
 
 def check_token_versions(groups: Sequence[SampleGroup], *, partial: bool) -> None:
-    """Raise ValueError unless every group keeps its mode's versioning rule.
-
-    ``partial=False`` (whole-group versioning): every token of every response is the group's
-    version. ``partial=True``: each response starts at the group's version and its versions
-    never decrease.
-    """
+    """Raise ValueError unless every group keeps its mode's versioning rule: every token is
+    the group's version (``partial=False``), or each response starts at the group's version
+    and its versions never decrease (``partial=True``)."""
     for g in groups:
-        if all(s.token_versions is None for s in g.samples):
-            continue  # one policy_version per group, checked by SampleGroup itself
         for s in g.samples:
             if s.versions().shape != s.response_mask.shape:
                 raise ValueError(
@@ -182,6 +158,26 @@ def lag_histogram(lag: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
     return {int(k): int(n) for k, n in sorted(counts.items())}
 
 
+def sample_responses(
+    task: TaskSpec, model: nn.Module, prompts: list[str], **options: Any
+) -> tuple[Generation, list[str]]:
+    """:func:`~nobubble.rl.system.policies.sample` ``model`` on ``prompts`` with ``task``'s
+    tokenizer and length budgets (``options``: more of its keywords); returns the generation
+    and the decoded responses."""
+    ids, mask = task.encode(prompts)
+    gen = sample(
+        model,
+        ids,
+        max_new_tokens=task.max_new_tokens,
+        eos_id=task.tokenizer.eos_id,
+        pad_id=task.tokenizer.pad_id,
+        budgets=task.budgets(prompts),
+        attention_mask=mask,
+        **options,
+    )
+    return gen, [task.decode(row[task.prompt_len :].tolist()) for row in gen.tokens]
+
+
 class RolloutWorker:
     """Samples groups with the policy version it holds (:attr:`version`; -1 until the engine
     loads weights), with ``cfg.rollout``'s settings and the run's ``group_size``,
@@ -215,69 +211,52 @@ class RolloutWorker:
             raise RuntimeError(f"rollout worker {self.worker_id}: no weights loaded yet")
         if self.stale_weights is not None:
             self.model.load_state_dict(self.stale_weights)
-        start = time.time()
-        g = self.run.group_size
-        prompts = [r.prompt for r in requests for _ in range(g)]
-        ids, mask = self.task.encode(prompts)
+        start, g, partial = time.time(), self.run.group_size, self.run.partial_rollouts
         hook = self.inflight
         hook.begin(self.version)
-        gen = sample(
+        gen, responses = sample_responses(
+            self.task,
             self.model,
-            ids,
-            max_new_tokens=self.task.max_new_tokens,
-            eos_id=self.task.tokenizer.eos_id,
-            pad_id=self.task.tokenizer.pad_id,
+            [r.prompt for r in requests for _ in range(g)],
             temperature=self.cfg.temperature,
             generator=self.generator,
-            budgets=self.task.budgets(prompts),
-            attention_mask=mask,
             before_token=hook.before_token if hook.active else None,
         )
-        first, self.version = self.version, hook.version
         steps = hook.step_versions(self.task.max_new_tokens)  # (N,) the version of each step
-        if self.run.partial_rollouts:
-            first = int(steps[0])
-        claims = hook.claims(steps if self.run.partial_rollouts else torch.tensor([first]))
+        first = int(steps[0]) if partial else self.version
+        self.version = hook.version
+        claims = hook.claims(steps if partial else torch.tensor([first]))
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         now = time.time()
-        p = self.task.prompt_len
-        groups = []
-        for j, req in enumerate(requests):
-            samples = []
-            for i in range(g):
-                row = j * g + i
-                samples.append(
-                    Sample(
-                        sample_id=req.group_id * g + i,
-                        group_id=req.group_id,
-                        prompt_id=req.prompt_id,
-                        prompt=req.prompt,
-                        response=self.task.decode(gen.tokens[row, p:].tolist()),
-                        tokens=gen.tokens[row].clone(),
-                        response_mask=gen.response_mask[row].clone(),
-                        behaviour_logprobs=gen.logprobs[row].clone(),
-                        policy_version=first,
-                        t_generated=now,
-                        token_versions=steps.clone() if self.run.partial_rollouts else None,
-                    )
-                )
-            groups.append(
-                SampleGroup(
-                    req.group_id,
-                    req.prompt_id,
-                    tuple(samples),
-                    req.t_admitted,
-                    claims,
-                    f"rollout-{self.worker_id}",
-                )  # fmt: skip
+        samples = [
+            Sample(
+                sample_id=req.group_id * g + i,
+                group_id=req.group_id,
+                prompt_id=req.prompt_id,
+                prompt=req.prompt,
+                response=responses[row],
+                tokens=gen.tokens[row].clone(),
+                response_mask=gen.response_mask[row].clone(),
+                behaviour_logprobs=gen.logprobs[row].clone(),
+                policy_version=first,
+                t_generated=now,
+                token_versions=steps.clone() if partial else None,
             )
+            for row, (req, i) in enumerate(product(requests, range(g)))
+        ]
+        groups = [
+            SampleGroup(
+                req.group_id,
+                req.prompt_id,
+                tuple(samples[j * g : (j + 1) * g]),
+                req.t_admitted,
+                claims,
+                f"rollout-{self.worker_id}",
+            )
+            for j, req in enumerate(requests)
+        ]
         versions = f"v{first}" if self.version == first else f"v{first}-v{self.version}"
-        span = Span(
-            "rollout",
-            f"gen {versions} x{len(requests)}",
-            start,
-            now,
-            {"version": first, "last": self.version, "groups": [r.group_id for r in requests]},
-        )
-        return groups, span
+        ids = [r.group_id for r in requests]
+        args = {"version": first, "last": self.version, "groups": ids}
+        return groups, Span("rollout", f"gen {versions} x{len(requests)}", start, now, args)

@@ -1,10 +1,6 @@
-r"""What both engines share: the stage worker inside a process or actor, and the driver's side.
-
-A :class:`StageWorker` runs inside a local process or a Ray actor, built from the picklable
-:class:`~nobubble.rl.system.config.RunConfig` alone, and answers with :class:`Message`\ s;
-:class:`Engine` is the driver's side.
-``RunConfig.learners = L`` makes the trainer stage ``trainer`` (learner 0) and
-``trainer-1`` .. ``trainer-<L-1>`` in one gloo group (``docs/rl/system.md``, many learners).
+"""What both engines share: the :class:`StageWorker` a process or actor runs (built from the
+picklable ``RunConfig`` alone) and the driver's :class:`Engine`. ``RunConfig.learners = L``
+makes the trainer stage ``trainer`` (learner 0) .. ``trainer-<L-1>``, one gloo group.
 
 Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill|stale>"``
 makes that worker raise, exit without a word, SIGKILL itself, or (a rollout worker) keep
@@ -18,6 +14,7 @@ import dataclasses
 import os
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,9 +28,8 @@ from nobubble.distributed import DistContext, WorkerError, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.learner import GroupBatch, TrainResult, group_learner
-from nobubble.rl.system.policies import sample
 from nobubble.rl.system.rewards import Rewarder
-from nobubble.rl.system.rollout import RolloutWorker
+from nobubble.rl.system.rollout import RolloutWorker, sample_responses
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
 from nobubble.rl.system.weight_sync import WeightSource, weight_digest
 
@@ -55,22 +51,15 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Message:
-    """A stage's answer to the orchestrator.
+    """A stage's answer to the orchestrator."""
 
-    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``shard`` | ``eval``;
-    ``worker``: which worker; ``payload``: groups (rollout, reward), a TrainResult, an
-    EvalResult, or the node (ready); ``spans``: busy spans for the timeline; ``weights``: for
-    learner 0's ``ready`` and ``train``, the engine's handle to the published weights (None
-    where the generators read them from the engine's weight source); ``state``: for
-    ``rollout``, the generator's RNG state after the call (checkpoints keep it).
-    """
-
-    kind: str
+    kind: str  # ready | rollout | reward | train | shard | eval
     worker: str
-    payload: Any = None
-    spans: tuple[Span, ...] = ()
+    payload: Any = None  # groups (rollout, reward), a TrainResult, an EvalResult, the node (ready)
+    spans: tuple[Span, ...] = ()  # busy spans for the timeline
+    # learner 0's ready and train: the engine's handle to the published weights (or None)
     weights: Any = None
-    state: Any = None
+    state: Any = None  # rollout: the generator's RNG state after the call (for checkpoints)
 
 
 @dataclass(frozen=True)
@@ -104,7 +93,7 @@ class StageWorker:
         self.calls = 0
         self.kind = name.split("-")[0]
         torch.set_num_threads(1 if self.kind == "reward" else cfg.threads)
-        self._digest: tuple[int, str] | None = None  # (version, digest) of the trainer's model
+        self._digests: dict[int, str] = {}  # version -> digest of the trainer's model
         self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
             model = cfg.build_policy(self.task)
@@ -148,17 +137,13 @@ class StageWorker:
         return Message("ready", self.name, node, weights=published)
 
     def handle(self, cmd: tuple, weights: WeightSource) -> list[Message]:
-        """Answer one :class:`Engine` command with the messages for the orchestrator.
-
-        ``weights``: where this worker pulls the newest published weights from (a generator
-        before each request, a learner that pushes gradients before each step) and where
-        learner 0 publishes each new version; the ``train`` message carries the engine's
-        handle to them."""
+        """Answer one :class:`Engine` command with the messages for the orchestrator;
+        ``weights``: where this worker pulls the newest published weights from and learner 0
+        publishes each new version."""
         op, *args = cmd
         if op not in ("rollout", "reward", "train", "eval"):
             raise ValueError(f"{self.name}: unknown command {op!r}")
-        answer: list[Message] = getattr(self, f"_{op}")(weights, *args)
-        return answer
+        return getattr(self, f"_{op}")(weights, *args)
 
     def _rollout(
         self, weights: WeightSource, requests: list[GroupRequest], rng_state: Any = None
@@ -199,10 +184,9 @@ class StageWorker:
         checkpoint: str | None = None,
         group_weights: list[float] | None = None,
     ) -> list[Message]:
-        """One step (``group_weights``: per group, e.g. replay IS weights); with
-        ``checkpoint`` (a folder), the trainer's checkpoint file too. A learner other than 0
-        answers ``shard``; learner 0 publishes the new version, and its ``train`` message
-        carries the digests of the version it started from and of the one it made."""
+        """One step (``group_weights``: per group, e.g. replay IS weights; ``checkpoint``: a
+        folder for the trainer's file). A learner other than 0 answers ``shard``; learner 0
+        publishes the new version and reports the digests of the one it started from and made."""
         learner = self.learner
         if learner.pushes_gradients:  # it computes on the newest published weights
             learner.version = weights.pull(learner.model, learner.version)
@@ -223,41 +207,28 @@ class StageWorker:
             v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness
         )
         if self.rank > 0:
-            return [Message("shard", self.name, res, (res.span,))]
+            return [Message("shard", self.name, res, (span,))]
         res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
         if checkpoint is not None:
             save_trainer(checkpoint, learner)
         published = weights.publish(learner.model, learner.version)
-        msg = Message("train", self.name, res, (res.span,), published)
+        msg = Message("train", self.name, res, (span,), published)
         return [msg, *self._eval(weights)] if evaluate else [msg]
 
     def _trainer_digest(self) -> tuple[int, str]:
         """(version, digest) of the trainer's weights, hashed once per version."""
         version = self.learner.version
-        if self._digest is None or self._digest[0] != version:
-            self._digest = (version, weight_digest(self.learner.model))
-        return self._digest
+        if version not in self._digests:
+            self._digests[version] = weight_digest(self.learner.model)
+        return version, self._digests[version]
 
     @torch.no_grad()
     def _eval(self, weights: WeightSource) -> list[Message]:
         """Accuracy (``task.is_correct``) and mean reward of the learner's greedy responses
         on the task's evaluation set."""
-        model, task, version = self.learner.model.eval(), self.task, self.learner.version
-        start = time.time()
+        task, version, start = self.task, self.learner.version, time.time()
         prompts = task.eval_prompts
-        ids, mask = task.encode(prompts)
-        gen = sample(
-            model,
-            ids,
-            max_new_tokens=task.max_new_tokens,
-            eos_id=task.tokenizer.eos_id,
-            pad_id=task.tokenizer.pad_id,
-            greedy=True,
-            budgets=task.budgets(prompts),
-            attention_mask=mask,
-        )
-        p = task.prompt_len
-        responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
+        _, responses = sample_responses(task, self.learner.model.eval(), prompts, greedy=True)
         correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
         reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
         span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
@@ -285,15 +256,12 @@ def split_groups(
 class StepCollector:
     """In the driver: merges the L learners' answers to one batch into one ``train`` message.
 
-    Lifecycle of a batch: :meth:`expect` (sent: the group ids of each shard) -> learner 0's
-    ``train`` message and every other learner's ``shard`` message arrive (each learner
-    answers its batches in order) -> released as one message whose ``TrainResult`` has
-    learner 0's version, span and published weights, every learner's staleness (in shard
-    order, so in batch order), metrics averaged over learners weighted by their groups
-    (learner 0's own extras kept) and ``trained_by`` for every group. Learner 0's ``eval``
-    messages stay behind the ``train`` message they follow. Invariant: a learner that
-    reports other groups than it was sent is an error, so a released step proves that
-    every group of the batch was trained, and by whom.
+    Lifecycle of a batch: :meth:`expect` (the group ids of each shard) -> learner 0's
+    ``train`` and every other learner's ``shard`` arrive (each in batch order) -> released as
+    learner 0's message with every learner's staleness (in batch order) and ``trained_by``,
+    metrics averaged weighted by groups; learner 0's ``eval`` stays behind its ``train``.
+    Invariant: a learner reporting other groups than it was sent is an error, so a released
+    step proves every group of the batch was trained, and by whom.
     """
 
     def __init__(self, num_learners: int) -> None:
@@ -351,15 +319,11 @@ class StepCollector:
         return Message("train", msg.worker, res, spans, msg.weights, msg.state)
 
 
-class Engine:
-    """Where the stages run: the driver's side of an engine.
-
-    Every ``submit_*`` returns at once (a command :meth:`StageWorker.handle` answers);
-    results come from :meth:`poll`. With several learners a batch is split among them and
-    their answers merged (:class:`StepCollector`). An engine implements :meth:`_start`
-    (before any worker), :meth:`_launch`, :meth:`_send`, :meth:`_stop`, :meth:`_receive`,
-    :meth:`_failure` and :meth:`shutdown`, and :meth:`_join_learners` where needed.
-    """
+class Engine(ABC):
+    """Where the stages run, the driver's side: every ``submit_*`` returns at once (a command
+    :meth:`StageWorker.handle` answers), results come from :meth:`poll`; several learners'
+    answers are merged (:class:`StepCollector`). Subclasses implement the ``_`` hooks and
+    :meth:`shutdown`."""
 
     def __init__(self) -> None:
         self._cfg: RunConfig | None = None
@@ -446,26 +410,26 @@ class Engine:
             raise failure
         return out
 
-    def _join_learners(self, cfg: RunConfig) -> None:
+    def _join_learners(self, cfg: RunConfig) -> None:  # noqa: B027 - an optional hook
         """The learners meet in one group (the local engine's do it themselves)."""
 
-    def shutdown(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def shutdown(self) -> None: ...
 
-    def _start(self, cfg: RunConfig, names: list[str]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _start(self, cfg: RunConfig, names: list[str]) -> None: ...
 
-    def _launch(self, name: str, incarnation: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _launch(self, name: str, incarnation: int) -> None: ...
 
-    def _send(self, worker: str, cmd: tuple) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _send(self, worker: str, cmd: tuple) -> None: ...
 
-    def _stop(self, worker: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _stop(self, worker: str) -> None: ...
 
-    def _receive(self, timeout_s: float) -> list[Message]:
-        raise NotImplementedError
+    @abstractmethod
+    def _receive(self, timeout_s: float) -> list[Message]: ...
 
-    def _failure(self) -> WorkerError | None:
-        raise NotImplementedError
+    @abstractmethod
+    def _failure(self) -> WorkerError | None: ...
