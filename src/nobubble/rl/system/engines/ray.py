@@ -1,11 +1,10 @@
-"""The Ray engine: every stage worker is a Ray actor; data moves through the object store.
-
-Each actor runs a :class:`~nobubble.rl.system.engines.worker.StageWorker`. Learner 0 puts
-each version's state dict in the object store; the engine hands the reference to an actor
-that computes on it with its next command, so weights never pass through the driver. A
-local Ray on 127.0.0.1 only (:func:`start_local_ray`) by default, or ``RunConfig.ray_address``
-(probed first: :func:`check_ray_address`) with ``RunConfig.ray_resources`` placing each
-stage (``docs/rl/multinode.md``, also for why loopback needs help). Ray is imported only here.
+"""The Ray engine: every stage worker is a Ray actor running a
+:class:`~nobubble.rl.system.engines.worker.StageWorker`. Learner 0 puts each version's state
+dict in the object store and the engine hands the reference to an actor with its next
+command, so weights never pass through the driver. A local Ray on 127.0.0.1
+(:func:`start_local_ray`) by default, or ``RunConfig.ray_address`` (probed first:
+:func:`check_ray_address`) with ``RunConfig.ray_resources`` placing each stage
+(``docs/rl/multinode.md``). Ray is imported only here.
 """
 
 from __future__ import annotations
@@ -132,23 +131,35 @@ class RayEngine(Engine):
 
     def _join_learners(self, cfg: RunConfig) -> None:
         """Every learner actor joins the gloo group learner 0 chose (bounded waits)."""
-        import ray
-
-        timeout = cfg.stall_timeout_s
-        try:
-            where = self._actors["trainer"].learner_address.remote(bool(cfg.ray_address))
-            host, port = ray.get(where, timeout=timeout)
-        except Exception as err:  # RayActorError, GetTimeoutError
-            msg = f"trainer failed to start: {type(err).__name__}: {err}"
-            raise WorkerError(msg, "trainer") from err
+        where = self._actors["trainer"].learner_address.remote(bool(cfg.ray_address))
+        host, port = self._get(where, "trainer", "failed to start", cfg.stall_timeout_s)
         names = learner_names(cfg.learners)
         joins = {n: self._actors[n].join_learners.remote(host, port) for n in names}
         for name, ref in joins.items():
+            self._get(ref, name, "failed to join the learners", cfg.stall_timeout_s)
+
+    def _get(self, ref: Any, worker: str, what: str, timeout_s: float) -> Any:
+        """``ray.get(ref)``; its failure (RayActorError, RayTaskError, GetTimeoutError) raises
+        as ``worker``'s :class:`WorkerError` (``"<worker> <what>: ..."``)."""
+        import ray
+
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except Exception as err:
+            on = f" on {self._where(worker)}" if worker in self.placement else ""
+            msg = f"{worker} {what}{on}: {type(err).__name__}: {err}"
+            raise WorkerError(msg, worker) from err
+
+    def _collect(self, refs: list[Any], timeout_s: float) -> list[Message]:
+        """The answers of the finished calls ``refs``; a failed call's error is held back."""
+        out: list[Message] = []
+        for ref in refs:
+            name = self._pending.pop(ref)
             try:
-                ray.get(ref, timeout=timeout)
-            except Exception as err:  # RayActorError, RayTaskError, GetTimeoutError
-                msg = f"{name} failed to join the learners: {type(err).__name__}: {err}"
-                raise WorkerError(msg, name) from err
+                out += self._get(ref, name, "failed", timeout_s)
+            except WorkerError as err:
+                self._errors.append(err)
+        return out
 
     def _launch(self, name: str, incarnation: int) -> None:
         import ray
@@ -177,9 +188,8 @@ class RayEngine(Engine):
 
     def _send(self, worker: str, cmd: tuple) -> None:
         """``cmd`` to ``worker``'s actor, with the newest published weights for a generator
-        and for a learner other than 0 in async / staleness when the actor was not sent that
-        version yet: an actor runs its calls in order, so it holds it by then, and an
-        unchanged version costs no object-store fetch."""
+        and for a learner other than 0 in async / staleness if not sent it yet (an actor runs
+        its calls in order, so it holds them by then)."""
         assert self._cfg is not None  # set by start()
         loads = cmd[0] == "rollout" or (
             cmd[0] == "train"
@@ -207,19 +217,11 @@ class RayEngine(Engine):
             done = list(dict.fromkeys([*done, *more]))
         elif self._starting:
             self._check_placeable()
-        out: list[Message] = []
-        for ref in done:
-            name = self._pending.pop(ref)
-            try:
-                answers = ray.get(ref, timeout=60)
-            except Exception as err:  # RayTaskError, RayActorError, GetTimeoutError
-                self._errors.append(self._error(name, err))
-                continue
-            for m in answers:
-                if m.kind == "ready":
-                    self.placement[m.worker] = m.payload
-                    self._starting.discard(m.worker)
-            out.extend(answers)
+        out = self._collect(done, timeout_s=60)
+        for m in out:
+            if m.kind == "ready":
+                self.placement[m.worker] = m.payload
+                self._starting.discard(m.worker)
         if self._errors:
             self._blame_peers()
         return out
@@ -239,24 +241,12 @@ class RayEngine(Engine):
             return
         refs = [r for r, w in self._pending.items() if w.startswith("trainer")]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
-        for ref in done:
-            name = self._pending.pop(ref)
-            try:
-                ray.get(ref, timeout=grace_s)
-            except Exception as err:  # RayActorError, RayTaskError
-                self._errors.append(self._error(name, err))
+        self._collect(done, grace_s)
         self._errors.sort(key=lambda e: looks_like_peer_failure(str(e)))
 
     def _where(self, worker: str) -> str:
         node = self.placement.get(worker)
         return "an unknown node" if node is None else f"node {node[0]} ({node[1]})"
-
-    def _error(self, worker: str, err: Exception) -> WorkerError:
-        """``worker``'s call raised ``err``: the error names the worker and its node."""
-        on = f" on {self._where(worker)}" if worker in self.placement else ""
-        error = WorkerError(f"{worker} failed{on}: {type(err).__name__}: {err}", worker)
-        error.__cause__ = err
-        return error
 
     def shutdown(self) -> None:
         import ray
