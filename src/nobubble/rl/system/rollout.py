@@ -89,10 +89,8 @@ class InFlightWeights:
             assert self.pull is not None  # checked by begin()
             new = self.pull(self.model, self.version)
             check_newer(self.version, new, "in-flight weight update")
-            changed = new != self.version
-            self.version = new
-            if changed:
-                self._note()
+            changed, self.version = new != self.version, new
+            self._note()  # hashes a version once
         self._steps.append(self.version)
         if self.token_delay_s:
             time.sleep(self.token_delay_s)
@@ -123,22 +121,21 @@ def check_token_versions(groups: Sequence[SampleGroup], *, partial: bool) -> Non
                     f"{tuple(s.versions().shape)} for {tuple(s.response_mask.shape)} tokens"
                 )
         v = response_versions(g.samples)  # (G, N)
-        if not partial:
-            if bool((v != g.policy_version).any()):
-                raise ValueError(
-                    f"group {g.group_id} has tokens of versions {sorted(set(v.flatten().tolist()))}"
-                    f", not only {g.policy_version}; whole-group versioning is the default "
-                    "mode's rule (a generator swaps weights between groups); set "
-                    "RunConfig.partial_rollouts=True to trade it for fresher tokens"
-                )
-            continue
-        if bool((v[:, 0] != g.policy_version).any()):
+        back = (v[:, 1:] < v[:, :-1]).any(1)  # (G,) a response whose versions go back
+        if not partial and bool((v != g.policy_version).any()):
+            raise ValueError(
+                f"group {g.group_id} has tokens of versions {sorted(set(v.flatten().tolist()))}"
+                f", not only {g.policy_version}; whole-group versioning is the default "
+                "mode's rule (a generator swaps weights between groups); set "
+                "RunConfig.partial_rollouts=True to trade it for fresher tokens"
+            )
+        if partial and bool((v[:, 0] != g.policy_version).any()):
             raise ValueError(
                 f"group {g.group_id}: a response starts at versions {v[:, 0].unique().tolist()}, "
                 f"the group at {g.policy_version}"
             )
-        if v.shape[1] > 1 and bool((v[:, 1:] < v[:, :-1]).any()):
-            bad = int((v[:, 1:] < v[:, :-1]).any(1).nonzero()[0])
+        if partial and bool(back.any()):
+            bad = int(back.nonzero()[0])
             raise ValueError(
                 f"sample {g.samples[bad].sample_id}: token versions {v[bad].tolist()} go "
                 "back; weights only move forward"

@@ -43,8 +43,6 @@ def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: Shared
         worker = StageWorker(ward.name, cfg, incarnation)
         if worker.kind == "trainer" and learner_port is not None:
             worker.join_learners("127.0.0.1", learner_port)
-        if worker.kind == "rollout":
-            worker.rollout.inflight.pull = shared.pull  # between tokens, with partial rollouts
         outq.put(pickle.dumps(worker.ready(shared)))
         while True:
             try:

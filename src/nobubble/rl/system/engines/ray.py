@@ -327,12 +327,8 @@ def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as c:
             c.sendall(preface)
-            frame = b""
-            while len(frame) < 4:  # a frame header: 3 bytes length, 1 type (4: SETTINGS)
-                more = c.recv(9 - len(frame))
-                if not more:
-                    break
-                frame += more
+            with c.makefile("rb") as answer:
+                frame = answer.read(4)  # a frame header: 3 bytes length, 1 type (4: SETTINGS)
         reason = None if len(frame) >= 4 and frame[3] == 4 else "it does not speak gRPC"
     except OSError as err:
         reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))

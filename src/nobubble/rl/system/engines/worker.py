@@ -18,7 +18,6 @@ from abc import ABC, abstractmethod
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import timedelta
-from itertools import accumulate
 from typing import Any
 
 import torch
@@ -148,6 +147,7 @@ class StageWorker:
     def _rollout(
         self, weights: WeightSource, requests: list[GroupRequest], rng_state: Any = None
     ) -> list[Message]:
+        self.rollout.inflight.pull = weights.pull  # between tokens too (partial rollouts)
         self.rollout.version = weights.pull(self.rollout.model, self.rollout.version)
         self._maybe_fault()
         if rng_state is not None:
@@ -203,12 +203,12 @@ class StageWorker:
                 args["pushes"] = shard.pushes
         span = Span("trainer", name, start, time.time(), args)
         trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
+        digests = dict([before, self._trainer_digest()])  # the next step's before: cached
         res = TrainResult(
-            v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness
+            v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness, digests
         )
         if self.rank > 0:
             return [Message("shard", self.name, res, (span,))]
-        res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
         if checkpoint is not None:
             save_trainer(checkpoint, learner)
         published = weights.publish(learner.model, learner.version)
@@ -247,9 +247,9 @@ def split_groups(
             "needs >= 1 group (learners <= batch_groups)"
         )
     base, extra = divmod(len(groups), num_learners)
-    ends = list(accumulate(base + (r < extra) for r in range(num_learners)))
+    cuts = [r * base + min(r, extra) for r in range(num_learners + 1)]
     return [
-        (groups[a:b], None if weights is None else weights[a:b]) for a, b in zip([0, *ends], ends)
+        (groups[a:b], None if weights is None else weights[a:b]) for a, b in zip(cuts, cuts[1:])
     ]
 
 
