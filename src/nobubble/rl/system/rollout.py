@@ -1,7 +1,7 @@
 """The rollout stage: a :class:`RolloutWorker` samples every request of a call in one batch
 with the weights it holds, so a group is generated whole by one version; with
 ``partial_rollouts`` (``docs/rl/system.md``) it also takes newer weights between tokens
-(:class:`InFlightWeights`) and records each token's version (``Sample.token_versions``).
+(:meth:`RolloutWorker.before_token`) and records each token's version (``Sample.token_versions``).
 Legend: ``B`` responses, ``N`` response tokens.
 """
 
@@ -25,83 +25,12 @@ from nobubble.rl.system.weight_sync import check_newer, weight_digest
 
 __all__ = [
     "RolloutWorker",
-    "InFlightWeights",
     "sample_responses",
     "response_versions",
     "check_token_versions",
     "token_lag",
     "lag_histogram",
 ]
-
-
-class InFlightWeights:
-    """The sampler's ``before_token`` hook for one generator's ``model``: with ``partial``,
-    ``pull(model, have) -> version`` (set by the engine) before every ``every_tokens``-th step
-    loads newer weights; ``token_delay_s`` is slept each step. Lifecycle of a call:
-    :meth:`begin` -> :meth:`before_token` for steps ``0, 1, ..`` (True when the weights changed)
-    -> :meth:`step_versions`; the whole batch switches at once. Invariant: recorded versions
-    never decrease; each version is hashed once (:attr:`digests`: what the samples claim).
-    """
-
-    def __init__(
-        self, model: nn.Module, *, partial: bool, every_tokens: int = 1, token_delay_s: float = 0.0
-    ) -> None:
-        if every_tokens < 1:
-            raise ValueError(f"every_tokens={every_tokens} must be >= 1 (1 = every token)")
-        self.model = model
-        self.partial = partial
-        self.every_tokens = every_tokens
-        self.token_delay_s = token_delay_s
-        self.pull: Callable[[nn.Module, int], int] | None = None
-        self.version = -1
-        self._steps: list[int] = []
-        self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
-
-    @property
-    def active(self) -> bool:
-        """Whether the sampler needs the hook at all."""
-        return self.partial or self.token_delay_s > 0
-
-    def begin(self, version: int) -> None:
-        """A generation call starts with the model at ``version``."""
-        if self.partial and self.pull is None:
-            raise RuntimeError(
-                "partial rollouts need a weight source between tokens (set "
-                "RolloutWorker.inflight.pull; the local engine sets it to its shared weights)"
-            )
-        self.version = version
-        self._steps = []
-        self._note()
-
-    def _note(self) -> None:
-        if self.version not in self.digests:
-            self.digests[self.version] = weight_digest(self.model)
-
-    def claims(self, versions: torch.Tensor) -> tuple[tuple[int, str], ...]:
-        """``(version, digest)`` for each distinct version in ``versions``."""
-        return tuple((v, self.digests[v]) for v in sorted(set(versions.tolist())))
-
-    def before_token(self, step: int) -> bool:
-        """Called before decoding step ``step``; True when the model's weights changed. The
-        delay is slept after the pull: it stands for the step's compute on those weights."""
-        changed = False
-        if self.partial and step % self.every_tokens == 0:
-            assert self.pull is not None  # checked by begin()
-            new = self.pull(self.model, self.version)
-            check_newer(self.version, new, "in-flight weight update")
-            changed, self.version = new != self.version, new
-            self._note()  # hashes a version once
-        self._steps.append(self.version)
-        if self.token_delay_s:
-            time.sleep(self.token_delay_s)
-        return changed
-
-    def step_versions(self, num_tokens: int) -> torch.Tensor:
-        """(num_tokens,) int64: the version each decoding step ran under; steps that never
-        ran (every response stopped early) repeat the last version."""
-        steps = self._steps[:num_tokens] or [self.version]
-        steps = steps + [steps[-1]] * (num_tokens - len(steps))
-        return torch.tensor(steps, dtype=torch.int64)
 
 
 def response_versions(samples: Sequence[Sample]) -> torch.Tensor:
@@ -178,7 +107,14 @@ def sample_responses(
 class RolloutWorker:
     """Samples groups with the policy version it holds (:attr:`version`; -1 until the engine
     loads weights), with ``cfg.rollout``'s settings and the run's ``group_size``,
-    ``partial_rollouts``, ``weight_check_every`` and ``seed`` (with ``worker_id``)."""
+    ``partial_rollouts``, ``weight_check_every`` and ``seed`` (with ``worker_id``).
+
+    :meth:`before_token` is the sampler's hook: with partial rollouts, before every
+    ``weight_check_every``-th decoding step it loads newer weights through :attr:`pull`
+    (``pull(model, have) -> version``, set by the engine; the whole batch switches at once),
+    and it sleeps ``token_delay_s``. Invariant: a call's step versions never decrease; each
+    version the model takes is hashed once (:attr:`digests`: what the samples claim).
+    """
 
     def __init__(
         self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, worker_id: int = 0
@@ -190,39 +126,62 @@ class RolloutWorker:
         self.version = -1
         self.stale_weights: dict[str, torch.Tensor] | None = None  # test hook, see go_stale
         self.generator = torch.Generator().manual_seed(10_000 * cfg.seed + worker_id)
-        self.inflight = InFlightWeights(
-            self.model,
-            partial=cfg.partial_rollouts,
-            every_tokens=cfg.weight_check_every,
-            token_delay_s=self.cfg.token_delay_s,
-        )
+        self.pull: Callable[[nn.Module, int], int] | None = None
+        self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
+        self._steps: list[int] = []  # the version of each decoding step of this call
 
     def go_stale(self) -> None:
         """Test hook: from now on sample with the weights held now, whatever version the
         worker reports (the bug that weight digests catch)."""
         self.stale_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
 
+    def _note(self) -> None:
+        if self.version not in self.digests:
+            self.digests[self.version] = weight_digest(self.model)
+
+    def before_token(self, step: int) -> bool:
+        """Called before decoding step ``step``; True when the model's weights changed (the
+        sampler then recomputes its KV cache). The delay is slept after the pull: it stands
+        for the step's compute on those weights."""
+        changed = False
+        if self.run.partial_rollouts and step % self.run.weight_check_every == 0:
+            assert self.pull is not None  # checked by generate()
+            new = self.pull(self.model, self.version)
+            check_newer(self.version, new, "in-flight weight update")
+            changed, self.version = new != self.version, new
+            self._note()  # hashes a version once
+        self._steps.append(self.version)
+        if self.cfg.token_delay_s:
+            time.sleep(self.cfg.token_delay_s)
+        return changed
+
     def generate(self, requests: list[GroupRequest]) -> tuple[list[SampleGroup], Span]:
         """Sample every request's group; returns the groups and the busy span."""
         if self.version < 0:
             raise RuntimeError(f"rollout worker {self.worker_id}: no weights loaded yet")
+        partial, g, n = self.run.partial_rollouts, self.run.group_size, self.task.max_new_tokens
+        if partial and self.pull is None:
+            raise RuntimeError(
+                "partial rollouts need a weight source between tokens (set "
+                "RolloutWorker.pull; the engines set it to the call's weight source)"
+            )
         if self.stale_weights is not None:
             self.model.load_state_dict(self.stale_weights)
-        start, g, partial = time.time(), self.run.group_size, self.run.partial_rollouts
-        hook = self.inflight
-        hook.begin(self.version)
+        start, self._steps = time.time(), []
+        self._note()
         gen, responses = sample_responses(
             self.task,
             self.model,
             [r.prompt for r in requests for _ in range(g)],
             temperature=self.cfg.temperature,
             generator=self.generator,
-            before_token=hook.before_token if hook.active else None,
+            before_token=self.before_token if partial or self.cfg.token_delay_s else None,
         )
-        steps = hook.step_versions(self.task.max_new_tokens)  # (N,) the version of each step
-        first = int(steps[0]) if partial else self.version
-        self.version = hook.version
-        claims = hook.claims(steps if partial else torch.tensor([first]))
+        # (N,) the version of each step; steps that never ran (all responses ended) repeat the last
+        steps = self._steps[:n] or [self.version]
+        steps = torch.tensor(steps + [steps[-1]] * (n - len(steps)), dtype=torch.int64)
+        first = int(steps[0])
+        claims = tuple((v, self.digests[v]) for v in sorted(set(steps.tolist())))
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         now = time.time()

@@ -1,6 +1,5 @@
-"""The local engine: every stage worker is its own process on this machine (why processes,
-and how weights and failures travel: ``docs/rl/system.md``, engines). Workers run under
-:func:`~nobubble.distributed.supervised` and die with the driver; the one
+"""The local engine: every stage worker is its own process on this machine under
+:func:`~nobubble.distributed.supervised` (``docs/rl/system.md``, engines); the
 :class:`~nobubble.distributed.Supervisor` names a worker that died, raised or fell silent.
 """
 
@@ -30,9 +29,8 @@ __all__ = ["LocalEngine"]
 
 def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights,
                  incarnation: int, learner_port: int | None) -> None:  # fmt: skip
-    """One stage worker under the supervisor's guard: answers the driver's commands until
-    ``stop`` (or the driver is gone); its error goes on ``outq`` after the messages it sent
-    before it, as ``("error", name, report)``."""
+    """One stage worker: answers the driver's commands until ``stop`` (or the driver is
+    gone); its error goes on ``outq`` after its messages, as ``("error", name, report)``."""
 
     def report(text: str) -> None:
         outq.put(pickle.dumps(("error", ward.name, text)))
@@ -41,7 +39,7 @@ def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: Shared
 
     def serve() -> None:
         worker = StageWorker(ward.name, cfg, incarnation)
-        if worker.kind == "trainer" and learner_port is not None:
+        if learner_port is not None:  # a trainer, with several learners
             worker.join_learners("127.0.0.1", learner_port)
         outq.put(pickle.dumps(worker.ready(shared)))
         while True:
@@ -109,8 +107,6 @@ class LocalEngine(Engine):
         return out
 
     def _failure(self) -> WorkerError | None:
-        """The :class:`~nobubble.distributed.Supervisor`'s: an error a worker reported, an
-        exit, a silence."""
         assert self._supervisor is not None
         return self._supervisor.failure(self._drain)
 

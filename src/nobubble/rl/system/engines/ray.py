@@ -30,9 +30,8 @@ __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
 class _ObjectStoreWeights:
-    """A Ray call's weight source: the published ``version`` and the reference to its state
-    dict that the driver sent with the call (None: none sent), and the object store learner
-    0 publishes into."""
+    """A Ray call's weight source: the published ``version`` and its state dict's reference
+    the driver sent with the call (None: none), and the object store learner 0 publishes to."""
 
     def __init__(self, version: int | None = None, ref: Any = None) -> None:
         self.version, self.ref = version, ref
@@ -73,14 +72,11 @@ class _StageActor(StageWorker):
 
 
 class RayEngine(Engine):
-    """Stage workers as Ray actors (see the module docstring).
-
-    ``placement``: the node each worker runs on, ``{worker: (node id, node address)}``,
-    filled as the workers say ready (a restarted worker's new node replaces the old).
-    """
+    """Stage workers as Ray actors (see the module docstring)."""
 
     def __init__(self) -> None:
         super().__init__()
+        # worker -> (node id, node address) it runs on, as it says ready (a restart replaces it)
         self.placement: dict[str, tuple[str, str]] = {}
         self._actors: dict[str, Any] = {}
         self._pending: dict[Any, str] = {}
@@ -117,15 +113,15 @@ class RayEngine(Engine):
                 raise ValueError(f"ray_resources[{stage!r}]: {short}")
 
     def _check_placeable(self) -> None:
-        """A worker still waiting to start whose stage's resources no live node offers any
-        more (its node died, say) will never start: say so now, naming it and its node."""
+        """Raise for a worker waiting to start whose stage's resources no live node offers any
+        more (its node died, say): it will never start."""
         import ray
 
         assert self._cfg is not None  # set by start()
         cfg, have = self._cfg, ray.cluster_resources()  # live nodes only
         for worker in sorted(self._starting):
             short = _shortfall(cfg, _stage(worker), list(self._actors), have)
-            if short:  # not restartable (worker=None): no restart could place it either
+            if short:  # worker=None: no restart could place it either
                 gone = f" (it ran on {self._where(worker)})" if worker in self.placement else ""
                 raise WorkerError(f"{worker} cannot start{gone}: {short}")
 
@@ -235,9 +231,8 @@ class RayEngine(Engine):
         import ray
 
         first = self._errors[0]
-        if not (first.worker or "").startswith("trainer") or not looks_like_peer_failure(
-            str(first)
-        ):
+        peer = (first.worker or "").startswith("trainer") and looks_like_peer_failure(str(first))
+        if not peer:
             return
         refs = [r for r, w in self._pending.items() if w.startswith("trainer")]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
@@ -260,9 +255,8 @@ class RayEngine(Engine):
 
 
 def start_local_ray(num_cpus: int) -> None:
-    """Start a new Ray instance on this machine, every process of it on 127.0.0.1 only, no
-    dashboard, workers' output not echoed: the Ray the engine starts when no cluster is
-    named, and the one a test run shares."""
+    """Start a new Ray on this machine, on 127.0.0.1 only, no dashboard, workers' output not
+    echoed: the engine's when no cluster is named, and the one a test run shares."""
     import ray
 
     with _loopback_stays_loopback(None):
@@ -296,10 +290,9 @@ def _shortfall(cfg: RunConfig, stage: str, names: list[str], have: dict[str, flo
 
 @contextmanager
 def _loopback_stays_loopback(address: str | None) -> Iterator[None]:
-    """While ``ray.init`` runs: keep 127.0.0.1 (the node address of a Ray started here, or
-    the host of ``address``) from being replaced by the machine's outward address, by
-    turning ``ray_constants.ENABLE_RAY_CLUSTER`` off (ray-project/ray#26293, #59110). Other
-    addresses are left alone."""
+    """While ``ray.init`` runs: keep 127.0.0.1 (a Ray started here, or the host of ``address``)
+    from being replaced by the machine's outward address, by turning
+    ``ray_constants.ENABLE_RAY_CLUSTER`` off (ray-project/ray#26293, #59110)."""
     from ray._private import ray_constants
 
     host = None if address is None else address.rpartition(":")[0].strip("[]")

@@ -147,7 +147,7 @@ class StageWorker:
     def _rollout(
         self, weights: WeightSource, requests: list[GroupRequest], rng_state: Any = None
     ) -> list[Message]:
-        self.rollout.inflight.pull = weights.pull  # between tokens too (partial rollouts)
+        self.rollout.pull = weights.pull  # between tokens too (partial rollouts)
         self.rollout.version = weights.pull(self.rollout.model, self.rollout.version)
         self._maybe_fault()
         if rng_state is not None:
