@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import queue
+from contextlib import suppress
 from typing import Any
 
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions shared weights use
@@ -112,29 +113,23 @@ class LocalEngine(Engine):
 
     def _drain(self, timeout_s: float) -> dict[str, str]:
         """Move what arrived within ``timeout_s`` into the inbox; return the errors by name."""
-        raw: list[bytes] = []
-        try:
-            raw.append(self._outq.get(timeout=timeout_s))
-            while True:
-                raw.append(self._outq.get_nowait())
-        except queue.Empty:
-            pass
         errors: dict[str, str] = {}
-        for blob in raw:
-            item = pickle.loads(blob)
-            if isinstance(item, tuple) and item[0] == "error":
-                errors.setdefault(item[1], item[2])
-            else:
-                self._inbox.append(item)
+        with suppress(queue.Empty):
+            blob = self._outq.get(timeout=timeout_s)
+            while True:
+                item = pickle.loads(blob)
+                if isinstance(item, tuple) and item[0] == "error":
+                    errors.setdefault(item[1], item[2])
+                else:
+                    self._inbox.append(item)
+                blob = self._outq.get_nowait()
         return errors
 
     def shutdown(self) -> None:
         procs = self._supervisor.procs if self._supervisor is not None else {}
         for name, proc in procs.items():
             if proc.is_alive():
-                try:
+                with suppress(OSError, ValueError):
                     self._send(name, ("stop",))
-                except (OSError, ValueError):
-                    pass
         reap(list(procs.values()), grace_s=5.0)
         procs.clear()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from nobubble.distributed import looks_like_peer_failure
@@ -59,8 +59,7 @@ class _StageActor(StageWorker):
         import ray
 
         host = ray.util.get_node_ip_address() if on_cluster else "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+        with socket.create_server((host, 0)) as sock:
             return host, sock.getsockname()[1]
 
     def ready_on_node(self) -> list[Message]:
@@ -175,25 +174,17 @@ class RayEngine(Engine):
         """Kill ``worker``'s actor and forget its pending calls."""
         import ray
 
-        try:
+        with suppress(Exception):  # an actor that already died is fine
             ray.kill(self._actors.pop(worker))
-        except Exception:  # noqa: BLE001 - an actor that already died is fine
-            pass
         self._pending = {r: w for r, w in self._pending.items() if w != worker}
         self._sent.pop(worker, None)  # a fresh actor holds no published weights
 
     def _send(self, worker: str, cmd: tuple) -> None:
-        """``cmd`` to ``worker``'s actor, with the newest published weights for a generator
-        and for a learner other than 0 in async / staleness if not sent it yet (an actor runs
-        its calls in order, so it holds them by then)."""
-        assert self._cfg is not None  # set by start()
-        loads = cmd[0] == "rollout" or (
-            cmd[0] == "train"
-            and worker != "trainer"
-            and self._cfg.aggregation in ("async", "staleness")
-        )
+        """``cmd`` to ``worker``'s actor, with the newest published weights for a generator or
+        learner if not sent it yet (an actor runs its calls in order, so it holds them by then;
+        a learner pulls them only where it pushes gradients)."""
         version, ref = None, None
-        if loads:
+        if cmd[0] in ("rollout", "train"):
             assert self._weights is not None  # set when learner 0 said ready
             if self._sent.get(worker) != self._weights[0]:
                 version, ref = self._weights
@@ -208,9 +199,8 @@ class RayEngine(Engine):
             return []
         refs = list(self._pending)
         done, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
-        if done:
-            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            done = list(dict.fromkeys([*done, *more]))
+        if done:  # and all others that are ready
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         elif self._starting:
             self._check_placeable()
         out = self._collect(done, timeout_s=60)

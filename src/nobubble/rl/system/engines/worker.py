@@ -130,9 +130,8 @@ class StageWorker:
     def ready(self, weights: WeightSource, node: Any = None) -> Message:
         """The ``ready`` message (``node``: where the worker runs, if the engine knows);
         learner 0 publishes its starting weights with it (a resumed trainer's checkpoint)."""
-        published = None
-        if self.kind == "trainer" and self.rank == 0:
-            published = weights.publish(self.learner.model, self.learner.version)
+        lead = self.kind == "trainer" and self.rank == 0
+        published = weights.publish(self.learner.model, self.learner.version) if lead else None
         return Message("ready", self.name, node, weights=published)
 
     def handle(self, cmd: tuple, weights: WeightSource) -> list[Message]:
