@@ -21,7 +21,7 @@ from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.policies import Generation, sample
 from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
-from nobubble.rl.system.weight_sync import check_newer, weight_digest
+from nobubble.rl.system.weight_sync import cached_digest, check_newer
 
 __all__ = [
     "RolloutWorker",
@@ -135,10 +135,6 @@ class RolloutWorker:
         worker reports (the bug that weight digests catch)."""
         self.stale_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
 
-    def _note(self) -> None:
-        if self.version not in self.digests:
-            self.digests[self.version] = weight_digest(self.model)
-
     def before_token(self, step: int) -> bool:
         """Called before decoding step ``step``; True when the model's weights changed (the
         sampler then recomputes its KV cache). The delay is slept after the pull: it stands
@@ -149,7 +145,7 @@ class RolloutWorker:
             new = self.pull(self.model, self.version)
             check_newer(self.version, new, "in-flight weight update")
             changed, self.version = new != self.version, new
-            self._note()  # hashes a version once
+            cached_digest(self.digests, self.model, new)
         self._steps.append(self.version)
         if self.cfg.token_delay_s:
             time.sleep(self.cfg.token_delay_s)
@@ -168,7 +164,7 @@ class RolloutWorker:
         if self.stale_weights is not None:
             self.model.load_state_dict(self.stale_weights)
         start, self._steps = time.time(), []
-        self._note()
+        cached_digest(self.digests, self.model, self.version)
         gen, responses = sample_responses(
             self.task,
             self.model,

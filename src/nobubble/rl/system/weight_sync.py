@@ -20,6 +20,7 @@ __all__ = [
     "SharedWeights",
     "PublishedWeights",
     "weight_digest",
+    "cached_digest",
 ]
 
 
@@ -35,6 +36,13 @@ def weight_digest(model: Any) -> str:
     for t in model.state_dict().values():
         h.update(t.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def cached_digest(cache: dict[int, str], model: Any, version: int) -> tuple[int, str]:
+    """``(version, digest)`` of ``model`` holding ``version``, hashed once per version."""
+    if version not in cache:
+        cache[version] = weight_digest(model)
+    return version, cache[version]
 
 
 class PublishedWeights:

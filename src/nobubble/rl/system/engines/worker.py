@@ -30,7 +30,7 @@ from nobubble.rl.system.learner import GroupBatch, TrainResult, group_learner
 from nobubble.rl.system.rewards import Rewarder
 from nobubble.rl.system.rollout import RolloutWorker, sample_responses
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
-from nobubble.rl.system.weight_sync import WeightSource, weight_digest
+from nobubble.rl.system.weight_sync import WeightSource, cached_digest
 
 __all__ = [
     "StageWorker",
@@ -76,11 +76,6 @@ def learner_names(num_learners: int) -> list[str]:
     return ["trainer", *(f"trainer-{r}" for r in range(1, num_learners))]
 
 
-def learner_rank(name: str) -> int:
-    """The learner index of a trainer worker's name (``trainer`` = 0)."""
-    return int(name.split("-")[1]) if "-" in name else 0
-
-
 class StageWorker:
     """One stage worker: ``rollout-<i>``, ``reward-<i>``, ``trainer`` or ``trainer-<i>``."""
 
@@ -93,7 +88,7 @@ class StageWorker:
         self.kind = name.split("-")[0]
         torch.set_num_threads(1 if self.kind == "reward" else cfg.threads)
         self._digests: dict[int, str] = {}  # version -> digest of the trainer's model
-        self.rank = learner_rank(name) if self.kind == "trainer" else 0
+        self.rank = int(name.partition("-")[2] or 0) if self.kind == "trainer" else 0
         if self.kind == "rollout":
             model = cfg.build_policy(self.task)
             worker_id = int(name.split("-")[1])
@@ -190,7 +185,7 @@ class StageWorker:
         if learner.pushes_gradients:  # it computes on the newest published weights
             learner.version = weights.pull(learner.model, learner.version)
         self._maybe_fault()
-        before, start = self._trainer_digest(), time.time()
+        before, start = cached_digest(self._digests, learner.model, learner.version), time.time()
         shard = learner.update([GroupBatch(groups, group_weights)])
         v, ids = learner.version, [g.group_id for g in groups]
         args: dict[str, Any] = {"groups": ids}
@@ -202,7 +197,8 @@ class StageWorker:
                 args["pushes"] = shard.pushes
         span = Span("trainer", name, start, time.time(), args)
         trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
-        digests = dict([before, self._trainer_digest()])  # the next step's before: cached
+        after = cached_digest(self._digests, learner.model, v)  # the next step's before
+        digests = dict([before, after])
         res = TrainResult(
             v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness, digests
         )
@@ -213,13 +209,6 @@ class StageWorker:
         published = weights.publish(learner.model, learner.version)
         msg = Message("train", self.name, res, (span,), published)
         return [msg, *self._eval(weights)] if evaluate else [msg]
-
-    def _trainer_digest(self) -> tuple[int, str]:
-        """(version, digest) of the trainer's weights, hashed once per version."""
-        version = self.learner.version
-        if version not in self._digests:
-            self._digests[version] = weight_digest(self.learner.model)
-        return version, self._digests[version]
 
     @torch.no_grad()
     def _eval(self, weights: WeightSource) -> list[Message]:
@@ -266,7 +255,9 @@ class StepCollector:
     def __init__(self, num_learners: int) -> None:
         self.num_learners = num_learners
         self._expected: deque[list[list[int]]] = deque()
-        self._reports: dict[int, deque[Message]] = {r: deque() for r in range(1, num_learners)}
+        self._reports: dict[str, deque[Message]] = {
+            name: deque() for name in learner_names(num_learners)[1:]
+        }
         self._held: deque[Message] = deque()
 
     def expect(self, shards: list[list[int]]) -> None:
@@ -276,7 +267,7 @@ class StepCollector:
         out = []
         for m in msgs:
             if m.kind == "shard":
-                self._reports[learner_rank(m.worker)].append(m)
+                self._reports[m.worker].append(m)
             elif m.worker == "trainer" and m.kind in ("train", "eval"):
                 self._held.append(m)
             else:
