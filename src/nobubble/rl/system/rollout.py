@@ -108,13 +108,10 @@ class RolloutWorker:
     """Samples groups with the policy version it holds (:attr:`version`; -1 until the engine
     loads weights), with ``cfg.rollout``'s settings and the run's ``group_size``,
     ``partial_rollouts``, ``weight_check_every`` and ``seed`` (with ``worker_id``).
-
-    :meth:`before_token` is the sampler's hook: with partial rollouts, before every
-    ``weight_check_every``-th decoding step it loads newer weights through :attr:`pull`
-    (``pull(model, have) -> version``, set by the engine; the whole batch switches at once),
-    and it sleeps ``token_delay_s``. Invariant: a call's step versions never decrease; each
-    version the model takes is hashed once (:attr:`digests`: what the samples claim).
-    """
+    :meth:`before_token`, the sampler's hook, loads newer weights through :attr:`pull`
+    (``pull(model, have) -> version``, set by the engine) for the whole batch at once.
+    Invariant: a call's step versions never decrease; each version the model takes is hashed
+    once (:attr:`digests`: what the samples claim)."""
 
     def __init__(
         self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, worker_id: int = 0
@@ -136,9 +133,9 @@ class RolloutWorker:
         self.stale_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
 
     def before_token(self, step: int) -> bool:
-        """Called before decoding step ``step``; True when the model's weights changed (the
-        sampler then recomputes its KV cache). The delay is slept after the pull: it stands
-        for the step's compute on those weights."""
+        """Called before decoding step ``step``: with partial rollouts, every
+        ``weight_check_every`` steps, pull; then sleep ``token_delay_s`` (the step's compute
+        on those weights). True when the weights changed (the sampler recomputes its cache)."""
         changed = False
         if self.run.partial_rollouts and step % self.run.weight_check_every == 0:
             assert self.pull is not None  # checked by generate()
@@ -174,8 +171,8 @@ class RolloutWorker:
             before_token=self.before_token if partial or self.cfg.token_delay_s else None,
         )
         # (N,) the version of each step; steps that never ran (all responses ended) repeat the last
-        steps = self._steps[:n] or [self.version]
-        steps = torch.tensor(steps + [steps[-1]] * (n - len(steps)), dtype=torch.int64)
+        ran = self._steps[:n] or [self.version]
+        steps = torch.tensor(ran + [ran[-1]] * (n - len(ran)), dtype=torch.int64)
         first = int(steps[0])
         claims = tuple((v, self.digests[v]) for v in sorted(set(steps.tolist())))
         if self.cfg.delay_s:

@@ -1,10 +1,8 @@
-"""The Ray engine: every stage worker is a Ray actor running a
-:class:`~nobubble.rl.system.engines.worker.StageWorker`. Learner 0 puts each version's state
+"""The Ray engine: every stage worker is a Ray actor; learner 0 puts each version's state
 dict in the object store and the engine hands the reference to an actor with its next
 command, so weights never pass through the driver. A local Ray on 127.0.0.1
-(:func:`start_local_ray`) by default, or ``RunConfig.ray_address`` (probed first:
-:func:`check_ray_address`) with ``RunConfig.ray_resources`` placing each stage
-(``docs/rl/multinode.md``). Ray is imported only here.
+(:func:`start_local_ray`), or ``RunConfig.ray_address`` (probed: :func:`check_ray_address`)
+with ``RunConfig.ray_resources`` placing each stage (``docs/rl/multinode.md``).
 """
 
 from __future__ import annotations

@@ -197,8 +197,7 @@ class StageWorker:
                 args["pushes"] = shard.pushes
         span = Span("trainer", name, start, time.time(), args)
         trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
-        after = cached_digest(self._digests, learner.model, v)  # the next step's before
-        digests = dict([before, after])
+        digests = dict([before, cached_digest(self._digests, learner.model, v)])  # cached
         res = TrainResult(
             v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness, digests
         )
@@ -245,11 +244,10 @@ class StepCollector:
     """In the driver: merges the L learners' answers to one batch into one ``train`` message.
 
     Lifecycle of a batch: :meth:`expect` (the group ids of each shard) -> learner 0's
-    ``train`` and every other learner's ``shard`` arrive (each in batch order) -> released as
-    learner 0's message with every learner's staleness (in batch order) and ``trained_by``,
-    metrics averaged weighted by groups; learner 0's ``eval`` stays behind its ``train``.
-    Invariant: a learner reporting other groups than it was sent is an error, so a released
-    step proves every group of the batch was trained, and by whom.
+    ``train`` and the others' ``shard`` arrive -> released as learner 0's message with every
+    learner's staleness (in batch order), ``trained_by`` and group-weighted mean metrics;
+    learner 0's ``eval`` stays behind its ``train``. Invariant: a learner reporting other
+    groups than it was sent is an error, so a released step proves who trained every group.
     """
 
     def __init__(self, num_learners: int) -> None:
