@@ -21,7 +21,7 @@ from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.learner import GroupBatch, group_learner
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.policies import prompt_attention_mask
-from nobubble.rl.system.rollout import InFlightWeights, RolloutWorker, check_token_versions
+from nobubble.rl.system.rollout import RolloutWorker, check_token_versions
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from nobubble.rl.system.weight_sync import WeightVersionError
 from tests.rl.system.trainer_reference import response_logprobs
@@ -68,7 +68,7 @@ def _generate(cfg: RunConfig, models: list[torch.nn.Module], num_groups: int = 3
     worker.model.load_state_dict(models[0].state_dict())
     worker.version = 0
     publisher = StepPublisher(models)
-    worker.inflight.pull = publisher.pull
+    worker.pull = publisher.pull
     reqs = [GroupRequest(i, i, task.prompts[i], 0.0) for i in range(num_groups)]
     groups, span = worker.generate(reqs)
     return task, worker, groups, span
@@ -112,19 +112,19 @@ def test_whole_group_mode_never_pulls_between_tokens():
 
 
 def test_versions_only_move_forward_between_tokens():
-    hook = InFlightWeights(torch.nn.Linear(1, 1), partial=True)
-    hook.pull = lambda model, have: have - 1
-    hook.begin(3)
-    with pytest.raises(WeightVersionError, match="went back from 3 to 2"):
-        hook.before_token(0)
+    cfg = RunConfig(policy_kwargs=SMALL, group_size=4, partial_rollouts=True)
+    task = cfg.make_task()
+    worker = RolloutWorker(task=task, model=cfg.build_policy(task), cfg=cfg)
+    worker.version = 3
+    request = [GroupRequest(0, 0, task.prompts[0], 0.0)]
     with pytest.raises(RuntimeError, match="weight source"):
-        InFlightWeights(torch.nn.Linear(1, 1), partial=True).begin(0)
-    hook = InFlightWeights(torch.nn.Linear(1, 1), partial=True, every_tokens=2)
-    hook.pull = lambda model, have: have + 1
-    hook.begin(0)
-    for i in range(3):
-        hook.before_token(i)  # pulls before steps 0 and 2 only
-    assert hook.step_versions(5).tolist() == [1, 1, 2, 2, 2]
+        worker.generate(request)
+    worker.pull = lambda model, have: have - 1
+    with pytest.raises(WeightVersionError, match="went back from 3 to 2"):
+        worker.generate(request)
+    every2 = replace(cfg, weight_check_every=2)  # pulls before steps 0 and 2 only
+    _, _, groups, _ = _generate(every2, _policies(every2, 3))
+    assert {tuple(s.token_versions.tolist()) for g in groups for s in g.samples} == {(0, 0, 1)}
 
 
 def _scored(groups: list[SampleGroup]) -> list[SampleGroup]:

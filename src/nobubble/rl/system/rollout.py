@@ -1,12 +1,8 @@
-"""The rollout stage: a :class:`RolloutWorker` turns admitted requests into sampled groups,
-and the per-token versions of partial rollouts.
-
-A worker samples every request of a call in one batch with the weights it holds at the call,
-so a group is generated whole by one version. With ``partial_rollouts``
-(``docs/rl/system.md``) it also takes newer weights between tokens (:class:`InFlightWeights`)
-and each sample records the version behind every token (``Sample.token_versions``), its
-``policy_version`` being the one that started it; a token's staleness is ``trainer version -
-its version``. Legend: ``B`` responses, ``N`` response tokens.
+"""The rollout stage: a :class:`RolloutWorker` samples every request of a call in one batch
+with the weights it holds, so a group is generated whole by one version; with
+``partial_rollouts`` (``docs/rl/system.md``) it also takes newer weights between tokens
+(:meth:`RolloutWorker.before_token`) and records each token's version (``Sample.token_versions``).
+Legend: ``B`` responses, ``N`` response tokens.
 """
 
 from __future__ import annotations
@@ -14,132 +10,39 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from itertools import product
+from typing import Any
 
 import torch
 from torch import nn
 
 from nobubble.rl.algo.staleness import policy_lag
 from nobubble.rl.system.config import RunConfig
-from nobubble.rl.system.policies import sample
+from nobubble.rl.system.policies import Generation, sample
 from nobubble.rl.system.tasks import TaskSpec
 from nobubble.rl.system.types import GroupRequest, Sample, SampleGroup, Span
-from nobubble.rl.system.weight_sync import check_newer, weight_digest
+from nobubble.rl.system.weight_sync import cached_digest, check_newer
 
 __all__ = [
     "RolloutWorker",
-    "InFlightWeights",
-    "WeightPull",
+    "sample_responses",
     "response_versions",
     "check_token_versions",
     "token_lag",
     "lag_histogram",
 ]
 
-WeightPull = Callable[[nn.Module, int], int]
-
-
-class InFlightWeights:
-    """Per-token delay and in-flight weight updates for one generator's ``model``, the
-    sampler's ``before_token`` hook.
-
-    Lifecycle of one generation call: :meth:`begin` (the version the model holds) ->
-    :meth:`before_token` for steps ``0, 1, ..`` (True when the weights changed: the sampler
-    then recomputes its KV cache from the whole prefix, so every token's log-prob is exactly
-    that of the version recorded for it) -> :meth:`step_versions`. The whole batch switches
-    at once. Invariant: the recorded versions never decrease; each version the model takes
-    is hashed once (:attr:`digests`): what the generator's samples claim.
-
-    Args:
-        model: the generator's policy; ``pull`` (``pull(model, have) -> version``, set by
-            the engine) loads the newest published weights into it when newer than ``have``.
-        partial: take new weights between tokens (partial rollouts); False = only sleep.
-        every_tokens: with ``partial``, ask for new weights before every this many steps.
-        token_delay_s: seconds to sleep before each decoding step.
-    """
-
-    def __init__(
-        self, model: nn.Module, *, partial: bool, every_tokens: int = 1, token_delay_s: float = 0.0
-    ) -> None:
-        if every_tokens < 1:
-            raise ValueError(f"every_tokens={every_tokens} must be >= 1 (1 = every token)")
-        self.model = model
-        self.partial = partial
-        self.every_tokens = every_tokens
-        self.token_delay_s = token_delay_s
-        self.pull: WeightPull | None = None
-        self.version = -1
-        self._steps: list[int] = []
-        self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
-
-    @property
-    def active(self) -> bool:
-        """Whether the sampler needs the hook at all."""
-        return self.partial or self.token_delay_s > 0
-
-    def begin(self, version: int) -> None:
-        """A generation call starts with the model at ``version``."""
-        if self.partial and self.pull is None:
-            raise RuntimeError(
-                "partial rollouts need a weight source between tokens (set "
-                "RolloutWorker.inflight.pull; the local engine sets it to its shared weights)"
-            )
-        self.version = version
-        self._steps = []
-        self._note()
-
-    def _note(self) -> None:
-        if self.version not in self.digests:
-            self.digests[self.version] = weight_digest(self.model)
-
-    def claims(self, versions: torch.Tensor) -> tuple[tuple[int, str], ...]:
-        """``(version, digest)`` for each distinct version in ``versions``."""
-        return tuple((v, self.digests[v]) for v in sorted(set(versions.tolist())))
-
-    def before_token(self, step: int) -> bool:
-        """Called before decoding step ``step``; True when the model's weights changed.
-
-        The weights are fixed first, then the step's delay is slept: the delay stands for
-        the step's own compute, done with the weights it starts with."""
-        changed = False
-        if self.partial and step % self.every_tokens == 0:
-            assert self.pull is not None  # checked by begin()
-            new = self.pull(self.model, self.version)
-            check_newer(self.version, new, "in-flight weight update")
-            changed = new != self.version
-            self.version = new
-            if changed:
-                self._note()
-        self._steps.append(self.version)
-        if self.token_delay_s:
-            time.sleep(self.token_delay_s)
-        return changed
-
-    def step_versions(self, num_tokens: int) -> torch.Tensor:
-        """(num_tokens,) int64: the version each decoding step ran under; steps that never
-        ran (every response stopped early) repeat the last version."""
-        steps = self._steps[:num_tokens] or [self.version]
-        steps = steps + [steps[-1]] * (num_tokens - len(steps))
-        return torch.tensor(steps, dtype=torch.int64)
-
 
 def response_versions(samples: Sequence[Sample]) -> torch.Tensor:
     """(B, N) int64: the version behind each response token of each sample."""
-    if all(s.token_versions is None for s in samples):  # whole-group: one version per row
-        rows = torch.tensor([s.policy_version for s in samples], dtype=torch.int64)  # (B,)
-        return rows[:, None].expand(-1, samples[0].response_mask.shape[0])  # (B, N)
     return torch.stack([s.versions() for s in samples])
 
 
 def check_token_versions(groups: Sequence[SampleGroup], *, partial: bool) -> None:
-    """Raise ValueError unless every group keeps its mode's versioning rule.
-
-    ``partial=False`` (whole-group versioning): every token of every response is the group's
-    version. ``partial=True``: each response starts at the group's version and its versions
-    never decrease.
-    """
+    """Raise ValueError unless every group keeps its mode's versioning rule: every token is
+    the group's version (``partial=False``), or each response starts at the group's version
+    and its versions never decrease (``partial=True``)."""
     for g in groups:
-        if all(s.token_versions is None for s in g.samples):
-            continue  # one policy_version per group, checked by SampleGroup itself
         for s in g.samples:
             if s.versions().shape != s.response_mask.shape:
                 raise ValueError(
@@ -147,22 +50,21 @@ def check_token_versions(groups: Sequence[SampleGroup], *, partial: bool) -> Non
                     f"{tuple(s.versions().shape)} for {tuple(s.response_mask.shape)} tokens"
                 )
         v = response_versions(g.samples)  # (G, N)
-        if not partial:
-            if bool((v != g.policy_version).any()):
-                raise ValueError(
-                    f"group {g.group_id} has tokens of versions {sorted(set(v.flatten().tolist()))}"
-                    f", not only {g.policy_version}; whole-group versioning is the default "
-                    "mode's rule (a generator swaps weights between groups); set "
-                    "RunConfig.partial_rollouts=True to trade it for fresher tokens"
-                )
-            continue
-        if bool((v[:, 0] != g.policy_version).any()):
+        back = (v[:, 1:] < v[:, :-1]).any(1)  # (G,) a response whose versions go back
+        if not partial and bool((v != g.policy_version).any()):
+            raise ValueError(
+                f"group {g.group_id} has tokens of versions {sorted(set(v.flatten().tolist()))}"
+                f", not only {g.policy_version}; whole-group versioning is the default "
+                "mode's rule (a generator swaps weights between groups); set "
+                "RunConfig.partial_rollouts=True to trade it for fresher tokens"
+            )
+        if partial and bool((v[:, 0] != g.policy_version).any()):
             raise ValueError(
                 f"group {g.group_id}: a response starts at versions {v[:, 0].unique().tolist()}, "
                 f"the group at {g.policy_version}"
             )
-        if v.shape[1] > 1 and bool((v[:, 1:] < v[:, :-1]).any()):
-            bad = int((v[:, 1:] < v[:, :-1]).any(1).nonzero()[0])
+        if partial and bool(back.any()):
+            bad = int(back.nonzero()[0])
             raise ValueError(
                 f"sample {g.samples[bad].sample_id}: token versions {v[bad].tolist()} go "
                 "back; weights only move forward"
@@ -182,10 +84,34 @@ def lag_histogram(lag: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
     return {int(k): int(n) for k, n in sorted(counts.items())}
 
 
+def sample_responses(
+    task: TaskSpec, model: nn.Module, prompts: list[str], **options: Any
+) -> tuple[Generation, list[str]]:
+    """:func:`~nobubble.rl.system.policies.sample` ``model`` on ``prompts`` with ``task``'s
+    tokenizer and length budgets (``options``: more of its keywords); returns the generation
+    and the decoded responses."""
+    ids, mask = task.encode(prompts)
+    gen = sample(
+        model,
+        ids,
+        max_new_tokens=task.max_new_tokens,
+        eos_id=task.tokenizer.eos_id,
+        pad_id=task.tokenizer.pad_id,
+        budgets=task.budgets(prompts),
+        attention_mask=mask,
+        **options,
+    )
+    return gen, [task.decode(row[task.prompt_len :].tolist()) for row in gen.tokens]
+
+
 class RolloutWorker:
     """Samples groups with the policy version it holds (:attr:`version`; -1 until the engine
     loads weights), with ``cfg.rollout``'s settings and the run's ``group_size``,
-    ``partial_rollouts``, ``weight_check_every`` and ``seed`` (with ``worker_id``)."""
+    ``partial_rollouts``, ``weight_check_every`` and ``seed`` (with ``worker_id``).
+    :meth:`before_token`, the sampler's hook, loads newer weights through :attr:`pull`
+    (``pull(model, have) -> version``, set by the engine) for the whole batch at once.
+    Invariant: a call's step versions never decrease; each version the model takes is hashed
+    once (:attr:`digests`: what the samples claim)."""
 
     def __init__(
         self, *, task: TaskSpec, model: nn.Module, cfg: RunConfig, worker_id: int = 0
@@ -197,87 +123,89 @@ class RolloutWorker:
         self.version = -1
         self.stale_weights: dict[str, torch.Tensor] | None = None  # test hook, see go_stale
         self.generator = torch.Generator().manual_seed(10_000 * cfg.seed + worker_id)
-        self.inflight = InFlightWeights(
-            self.model,
-            partial=cfg.partial_rollouts,
-            every_tokens=cfg.weight_check_every,
-            token_delay_s=self.cfg.token_delay_s,
-        )
+        self.pull: Callable[[nn.Module, int], int] | None = None
+        self.digests: dict[int, str] = {}  # version -> digest of the weights the model held
+        self._steps: list[int] = []  # the version of each decoding step of this call
 
     def go_stale(self) -> None:
         """Test hook: from now on sample with the weights held now, whatever version the
         worker reports (the bug that weight digests catch)."""
         self.stale_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
 
+    def before_token(self, step: int) -> bool:
+        """Called before decoding step ``step``: with partial rollouts, every
+        ``weight_check_every`` steps, pull; then sleep ``token_delay_s`` (the step's compute
+        on those weights). True when the weights changed (the sampler recomputes its cache)."""
+        changed = False
+        if self.run.partial_rollouts and step % self.run.weight_check_every == 0:
+            assert self.pull is not None  # checked by generate()
+            new = self.pull(self.model, self.version)
+            check_newer(self.version, new, "in-flight weight update")
+            changed, self.version = new != self.version, new
+            cached_digest(self.digests, self.model, new)
+        self._steps.append(self.version)
+        if self.cfg.token_delay_s:
+            time.sleep(self.cfg.token_delay_s)
+        return changed
+
     def generate(self, requests: list[GroupRequest]) -> tuple[list[SampleGroup], Span]:
         """Sample every request's group; returns the groups and the busy span."""
         if self.version < 0:
             raise RuntimeError(f"rollout worker {self.worker_id}: no weights loaded yet")
+        partial, g, n = self.run.partial_rollouts, self.run.group_size, self.task.max_new_tokens
+        if partial and self.pull is None:
+            raise RuntimeError(
+                "partial rollouts need a weight source between tokens (set "
+                "RolloutWorker.pull; the engines set it to the call's weight source)"
+            )
         if self.stale_weights is not None:
             self.model.load_state_dict(self.stale_weights)
-        start = time.time()
-        g = self.run.group_size
-        prompts = [r.prompt for r in requests for _ in range(g)]
-        ids, mask = self.task.encode(prompts)
-        hook = self.inflight
-        hook.begin(self.version)
-        gen = sample(
+        start, self._steps = time.time(), []
+        cached_digest(self.digests, self.model, self.version)
+        gen, responses = sample_responses(
+            self.task,
             self.model,
-            ids,
-            max_new_tokens=self.task.max_new_tokens,
-            eos_id=self.task.tokenizer.eos_id,
-            pad_id=self.task.tokenizer.pad_id,
+            [r.prompt for r in requests for _ in range(g)],
             temperature=self.cfg.temperature,
             generator=self.generator,
-            budgets=self.task.budgets(prompts),
-            attention_mask=mask,
-            before_token=hook.before_token if hook.active else None,
+            before_token=self.before_token if partial or self.cfg.token_delay_s else None,
         )
-        first, self.version = self.version, hook.version
-        steps = hook.step_versions(self.task.max_new_tokens)  # (N,) the version of each step
-        if self.run.partial_rollouts:
-            first = int(steps[0])
-        claims = hook.claims(steps if self.run.partial_rollouts else torch.tensor([first]))
+        # (N,) the version of each step; steps that never ran (all responses ended) repeat the last
+        ran = self._steps[:n] or [self.version]
+        steps = torch.tensor(ran + [ran[-1]] * (n - len(ran)), dtype=torch.int64)
+        first = int(steps[0])
+        claims = tuple((v, self.digests[v]) for v in sorted(set(steps.tolist())))
         if self.cfg.delay_s:
             time.sleep(self.cfg.delay_s)
         now = time.time()
-        p = self.task.prompt_len
-        groups = []
-        for j, req in enumerate(requests):
-            samples = []
-            for i in range(g):
-                row = j * g + i
-                samples.append(
-                    Sample(
-                        sample_id=req.group_id * g + i,
-                        group_id=req.group_id,
-                        prompt_id=req.prompt_id,
-                        prompt=req.prompt,
-                        response=self.task.decode(gen.tokens[row, p:].tolist()),
-                        tokens=gen.tokens[row].clone(),
-                        response_mask=gen.response_mask[row].clone(),
-                        behaviour_logprobs=gen.logprobs[row].clone(),
-                        policy_version=first,
-                        t_generated=now,
-                        token_versions=steps.clone() if self.run.partial_rollouts else None,
-                    )
-                )
-            groups.append(
-                SampleGroup(
-                    req.group_id,
-                    req.prompt_id,
-                    tuple(samples),
-                    req.t_admitted,
-                    claims,
-                    f"rollout-{self.worker_id}",
-                )  # fmt: skip
+        samples = [
+            Sample(
+                sample_id=req.group_id * g + i,
+                group_id=req.group_id,
+                prompt_id=req.prompt_id,
+                prompt=req.prompt,
+                response=responses[row],
+                tokens=gen.tokens[row].clone(),
+                response_mask=gen.response_mask[row].clone(),
+                behaviour_logprobs=gen.logprobs[row].clone(),
+                policy_version=first,
+                t_generated=now,
+                token_versions=steps.clone() if partial else None,
             )
+            for row, (req, i) in enumerate(product(requests, range(g)))
+        ]
+        groups = [
+            SampleGroup(
+                req.group_id,
+                req.prompt_id,
+                tuple(samples[j * g : (j + 1) * g]),
+                req.t_admitted,
+                claims,
+                f"rollout-{self.worker_id}",
+            )
+            for j, req in enumerate(requests)
+        ]
         versions = f"v{first}" if self.version == first else f"v{first}-v{self.version}"
-        span = Span(
-            "rollout",
-            f"gen {versions} x{len(requests)}",
-            start,
-            now,
-            {"version": first, "last": self.version, "groups": [r.group_id for r in requests]},
-        )
-        return groups, span
+        ids = [r.group_id for r in requests]
+        args = {"version": first, "last": self.version, "groups": ids}
+        return groups, Span("rollout", f"gen {versions} x{len(requests)}", start, now, args)

@@ -20,6 +20,7 @@ __all__ = [
     "SharedWeights",
     "PublishedWeights",
     "weight_digest",
+    "cached_digest",
 ]
 
 
@@ -37,15 +38,16 @@ def weight_digest(model: Any) -> str:
     return h.hexdigest()
 
 
-Claims = Iterable[tuple[int, str]]  # (version, digest) pairs a generator sampled with
+def cached_digest(cache: dict[int, str], model: Any, version: int) -> tuple[int, str]:
+    """``(version, digest)`` of ``model`` holding ``version``, hashed once per version."""
+    if version not in cache:
+        cache[version] = weight_digest(model)
+    return version, cache[version]
 
 
 class PublishedWeights:
-    """The learner's record of each version it published: ``digests`` (version -> digest).
-
-    :meth:`publish` takes the digests a train step reports (the version it started from and
-    the one it made); :meth:`check_trained` checks the trained samples' claims against them.
-    """
+    """The learner's record of each version it published: ``digests`` (version -> digest),
+    from the digests each train step reports; :meth:`check_trained` checks samples' claims."""
 
     def __init__(self) -> None:
         self.digests: dict[int, str] = {}
@@ -64,11 +66,12 @@ class PublishedWeights:
                     f"({known} then {digest})"
                 )
 
-    def check_trained(self, samples: Iterable[tuple[str | None, str, Claims]]) -> None:
-        """Compare each trained sample's ``(worker, who, claims)`` ``(version, digest)``
-        claims with the published digests: raise a :class:`~nobubble.distributed.WorkerError`
-        naming ``worker`` (the generator or actor that sampled it) and ``who`` on the first
-        claim of a version never published or of other weights than that version's."""
+    def check_trained(
+        self, samples: Iterable[tuple[str | None, str, Iterable[tuple[int, str]]]]
+    ) -> None:
+        """Raise a :class:`~nobubble.distributed.WorkerError` naming ``worker`` (that sampled
+        it) and ``who`` on the first ``(version, digest)`` claim of a trained sample's
+        ``(worker, who, claims)`` of a version never published or of other weights."""
         for worker, who, claims in samples:
             for version, digest in claims:
                 known = self.digests.get(version)
@@ -84,16 +87,13 @@ class PublishedWeights:
 
 
 class WeightSource(Protocol):
-    """Where a stage worker gets published weights and publishes its own.
+    """Where a stage worker gets published weights and publishes its own."""
 
-    ``pull(model, have)`` loads the newest published weights into ``model`` if newer than
-    ``have`` and returns the version ``model`` now holds; ``publish(model, version)``
-    publishes ``model``'s weights as ``version`` and returns the engine's handle to them
-    (None where the generators read them from the source itself)."""
+    def pull(self, model: nn.Module, have: int) -> int:
+        """Load the newest weights into ``model`` if newer than ``have``; the version it holds."""
 
-    def pull(self, model: nn.Module, have: int) -> int: ...
-
-    def publish(self, model: nn.Module, version: int) -> Any: ...
+    def publish(self, model: nn.Module, version: int) -> Any:
+        """Publish ``model``'s weights as ``version``; the engine's handle to them (or None)."""
 
 
 def check_newer(old: int, new: int, who: str) -> None:
@@ -102,14 +102,10 @@ def check_newer(old: int, new: int, who: str) -> None:
 
 
 class SharedWeights:
-    """A model's parameters in shared memory with a monotonically increasing version: the
-    local engine's :class:`WeightSource`.
-
-    Create it in the parent from a model (``SharedWeights(model, mp_context)``), pass it to
-    worker processes as an argument, then ``publish`` in the trainer and ``pull`` in the
-    generators: one flat float32 tensor copied in and out under one lock, one ``memcpy`` a
-    publish. The version starts at -1 (nothing published).
-    """
+    """The local engine's :class:`WeightSource`: a model's state dict as one flat float32
+    tensor in shared memory with an increasing version (-1: nothing published yet), copied in
+    and out under one lock. Create it in the parent (``SharedWeights(model, mp_context)``) and
+    pass it to the worker processes."""
 
     def __init__(self, model: nn.Module, mp_context: Any) -> None:
         state = model.state_dict()
@@ -124,7 +120,7 @@ class SharedWeights:
         return int(self._version.value)
 
     def publish(self, model: nn.Module, version: int, timeout_s: float = 30.0) -> None:
-        """Copy ``model``'s parameters in as ``version`` (must exceed the current version)."""
+        """Copy ``model``'s state in as ``version`` (must exceed the current version)."""
         flat = torch.cat([t.detach().reshape(-1).float() for t in model.state_dict().values()])
         if not self._lock.acquire(timeout=timeout_s):
             raise TimeoutError(f"SharedWeights.publish: lock not acquired in {timeout_s}s")
@@ -139,8 +135,8 @@ class SharedWeights:
             self._lock.release()
 
     def pull(self, model: nn.Module, have: int, timeout_s: float = 30.0) -> int:
-        """Load the published weights into ``model`` if newer than ``have``; returns the
-        version ``model`` now holds."""
+        """Load the published weights into ``model`` if newer than ``have``; the version it
+        holds."""
         if self._version.value <= have:
             return have
         if not self._lock.acquire(timeout=timeout_s):

@@ -1,6 +1,5 @@
-"""The local engine: every stage worker is its own process on this machine (why processes,
-and how weights and failures travel: ``docs/rl/system.md``, engines). Workers run under
-:func:`~nobubble.distributed.supervised` and die with the driver; the one
+"""The local engine: every stage worker is its own process on this machine under
+:func:`~nobubble.distributed.supervised` (``docs/rl/system.md``, engines); the
 :class:`~nobubble.distributed.Supervisor` names a worker that died, raised or fell silent.
 """
 
@@ -8,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import queue
+from contextlib import suppress
 from typing import Any
 
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions shared weights use
@@ -30,9 +30,8 @@ __all__ = ["LocalEngine"]
 
 def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: SharedWeights,
                  incarnation: int, learner_port: int | None) -> None:  # fmt: skip
-    """One stage worker under the supervisor's guard: answers the driver's commands until
-    ``stop`` (or the driver is gone); its error goes on ``outq`` after the messages it sent
-    before it, as ``("error", name, report)``."""
+    """One stage worker: answers the driver's commands until ``stop`` (or the driver is
+    gone); its error goes on ``outq`` after its messages, as ``("error", name, report)``."""
 
     def report(text: str) -> None:
         outq.put(pickle.dumps(("error", ward.name, text)))
@@ -41,10 +40,8 @@ def _worker_main(ward: Ward, cfg: RunConfig, inq: Any, outq: Any, shared: Shared
 
     def serve() -> None:
         worker = StageWorker(ward.name, cfg, incarnation)
-        if worker.kind == "trainer" and learner_port is not None:
+        if learner_port is not None:  # a trainer, with several learners
             worker.join_learners("127.0.0.1", learner_port)
-        if worker.kind == "rollout":
-            worker.rollout.inflight.pull = shared.pull  # between tokens, with partial rollouts
         outq.put(pickle.dumps(worker.ready(shared)))
         while True:
             try:
@@ -111,36 +108,28 @@ class LocalEngine(Engine):
         return out
 
     def _failure(self) -> WorkerError | None:
-        """The :class:`~nobubble.distributed.Supervisor`'s: an error a worker reported, an
-        exit, a silence."""
         assert self._supervisor is not None
         return self._supervisor.failure(self._drain)
 
     def _drain(self, timeout_s: float) -> dict[str, str]:
         """Move what arrived within ``timeout_s`` into the inbox; return the errors by name."""
-        raw: list[bytes] = []
-        try:
-            raw.append(self._outq.get(timeout=timeout_s))
-            while True:
-                raw.append(self._outq.get_nowait())
-        except queue.Empty:
-            pass
         errors: dict[str, str] = {}
-        for blob in raw:
-            item = pickle.loads(blob)
-            if isinstance(item, tuple) and item[0] == "error":
-                errors.setdefault(item[1], item[2])
-            else:
-                self._inbox.append(item)
+        with suppress(queue.Empty):
+            blob = self._outq.get(timeout=timeout_s)
+            while True:
+                item = pickle.loads(blob)
+                if isinstance(item, tuple) and item[0] == "error":
+                    errors.setdefault(item[1], item[2])
+                else:
+                    self._inbox.append(item)
+                blob = self._outq.get_nowait()
         return errors
 
     def shutdown(self) -> None:
         procs = self._supervisor.procs if self._supervisor is not None else {}
         for name, proc in procs.items():
             if proc.is_alive():
-                try:
+                with suppress(OSError, ValueError):
                     self._send(name, ("stop",))
-                except (OSError, ValueError):
-                    pass
         reap(list(procs.values()), grace_s=5.0)
         procs.clear()

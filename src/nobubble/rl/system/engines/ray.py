@@ -1,11 +1,8 @@
-"""The Ray engine: every stage worker is a Ray actor; data moves through the object store.
-
-Each actor runs a :class:`~nobubble.rl.system.engines.worker.StageWorker`. Learner 0 puts
-each version's state dict in the object store; the engine hands the reference to an actor
-that computes on it with its next command, so weights never pass through the driver. A
-local Ray on 127.0.0.1 only (:func:`start_local_ray`) by default, or ``RunConfig.ray_address``
-(probed first: :func:`check_ray_address`) with ``RunConfig.ray_resources`` placing each
-stage (``docs/rl/multinode.md``, also for why loopback needs help). Ray is imported only here.
+"""The Ray engine: every stage worker is a Ray actor; learner 0 puts each version's state
+dict in the object store and the engine hands the reference to an actor with its next
+command, so weights never pass through the driver. A local Ray on 127.0.0.1
+(:func:`start_local_ray`), or ``RunConfig.ray_address`` (probed: :func:`check_ray_address`)
+with ``RunConfig.ray_resources`` placing each stage (``docs/rl/multinode.md``).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from nobubble.distributed import looks_like_peer_failure
@@ -31,9 +28,8 @@ __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
 
 
 class _ObjectStoreWeights:
-    """A Ray call's weight source: the published ``version`` and the reference to its state
-    dict that the driver sent with the call (None: none sent), and the object store learner
-    0 publishes into."""
+    """A Ray call's weight source: the published ``version`` and its state dict's reference
+    the driver sent with the call (None: none), and the object store learner 0 publishes to."""
 
     def __init__(self, version: int | None = None, ref: Any = None) -> None:
         self.version, self.ref = version, ref
@@ -61,8 +57,7 @@ class _StageActor(StageWorker):
         import ray
 
         host = ray.util.get_node_ip_address() if on_cluster else "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+        with socket.create_server((host, 0)) as sock:
             return host, sock.getsockname()[1]
 
     def ready_on_node(self) -> list[Message]:
@@ -74,14 +69,11 @@ class _StageActor(StageWorker):
 
 
 class RayEngine(Engine):
-    """Stage workers as Ray actors (see the module docstring).
-
-    ``placement``: the node each worker runs on, ``{worker: (node id, node address)}``,
-    filled as the workers say ready (a restarted worker's new node replaces the old).
-    """
+    """Stage workers as Ray actors (see the module docstring)."""
 
     def __init__(self) -> None:
         super().__init__()
+        # worker -> (node id, node address) it runs on, as it says ready (a restart replaces it)
         self.placement: dict[str, tuple[str, str]] = {}
         self._actors: dict[str, Any] = {}
         self._pending: dict[Any, str] = {}
@@ -118,37 +110,49 @@ class RayEngine(Engine):
                 raise ValueError(f"ray_resources[{stage!r}]: {short}")
 
     def _check_placeable(self) -> None:
-        """A worker still waiting to start whose stage's resources no live node offers any
-        more (its node died, say) will never start: say so now, naming it and its node."""
+        """Raise for a worker waiting to start whose stage's resources no live node offers any
+        more (its node died, say): it will never start."""
         import ray
 
         assert self._cfg is not None  # set by start()
         cfg, have = self._cfg, ray.cluster_resources()  # live nodes only
         for worker in sorted(self._starting):
             short = _shortfall(cfg, _stage(worker), list(self._actors), have)
-            if short:  # not restartable (worker=None): no restart could place it either
+            if short:  # worker=None: no restart could place it either
                 gone = f" (it ran on {self._where(worker)})" if worker in self.placement else ""
                 raise WorkerError(f"{worker} cannot start{gone}: {short}")
 
     def _join_learners(self, cfg: RunConfig) -> None:
         """Every learner actor joins the gloo group learner 0 chose (bounded waits)."""
-        import ray
-
-        timeout = cfg.stall_timeout_s
-        try:
-            where = self._actors["trainer"].learner_address.remote(bool(cfg.ray_address))
-            host, port = ray.get(where, timeout=timeout)
-        except Exception as err:  # RayActorError, GetTimeoutError
-            msg = f"trainer failed to start: {type(err).__name__}: {err}"
-            raise WorkerError(msg, "trainer") from err
+        where = self._actors["trainer"].learner_address.remote(bool(cfg.ray_address))
+        host, port = self._get(where, "trainer", "failed to start", cfg.stall_timeout_s)
         names = learner_names(cfg.learners)
         joins = {n: self._actors[n].join_learners.remote(host, port) for n in names}
         for name, ref in joins.items():
+            self._get(ref, name, "failed to join the learners", cfg.stall_timeout_s)
+
+    def _get(self, ref: Any, worker: str, what: str, timeout_s: float) -> Any:
+        """``ray.get(ref)``; its failure (RayActorError, RayTaskError, GetTimeoutError) raises
+        as ``worker``'s :class:`WorkerError` (``"<worker> <what>: ..."``)."""
+        import ray
+
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except Exception as err:
+            on = f" on {self._where(worker)}" if worker in self.placement else ""
+            msg = f"{worker} {what}{on}: {type(err).__name__}: {err}"
+            raise WorkerError(msg, worker) from err
+
+    def _collect(self, refs: list[Any], timeout_s: float) -> list[Message]:
+        """The answers of the finished calls ``refs``; a failed call's error is held back."""
+        out: list[Message] = []
+        for ref in refs:
+            name = self._pending.pop(ref)
             try:
-                ray.get(ref, timeout=timeout)
-            except Exception as err:  # RayActorError, RayTaskError, GetTimeoutError
-                msg = f"{name} failed to join the learners: {type(err).__name__}: {err}"
-                raise WorkerError(msg, name) from err
+                out += self._get(ref, name, "failed", timeout_s)
+            except WorkerError as err:
+                self._errors.append(err)
+        return out
 
     def _launch(self, name: str, incarnation: int) -> None:
         import ray
@@ -168,26 +172,17 @@ class RayEngine(Engine):
         """Kill ``worker``'s actor and forget its pending calls."""
         import ray
 
-        try:
+        with suppress(Exception):  # an actor that already died is fine
             ray.kill(self._actors.pop(worker))
-        except Exception:  # noqa: BLE001 - an actor that already died is fine
-            pass
         self._pending = {r: w for r, w in self._pending.items() if w != worker}
         self._sent.pop(worker, None)  # a fresh actor holds no published weights
 
     def _send(self, worker: str, cmd: tuple) -> None:
-        """``cmd`` to ``worker``'s actor, with the newest published weights for a generator
-        and for a learner other than 0 in async / staleness when the actor was not sent that
-        version yet: an actor runs its calls in order, so it holds it by then, and an
-        unchanged version costs no object-store fetch."""
-        assert self._cfg is not None  # set by start()
-        loads = cmd[0] == "rollout" or (
-            cmd[0] == "train"
-            and worker != "trainer"
-            and self._cfg.aggregation in ("async", "staleness")
-        )
+        """``cmd`` to ``worker``'s actor, with the newest published weights for a generator or
+        learner if not sent it yet (an actor runs its calls in order, so it holds them by then;
+        a learner pulls them only where it pushes gradients)."""
         version, ref = None, None
-        if loads:
+        if cmd[0] in ("rollout", "train"):
             assert self._weights is not None  # set when learner 0 said ready
             if self._sent.get(worker) != self._weights[0]:
                 version, ref = self._weights
@@ -202,24 +197,15 @@ class RayEngine(Engine):
             return []
         refs = list(self._pending)
         done, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
-        if done:
-            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            done = list(dict.fromkeys([*done, *more]))
+        if done:  # and all others that are ready
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         elif self._starting:
             self._check_placeable()
-        out: list[Message] = []
-        for ref in done:
-            name = self._pending.pop(ref)
-            try:
-                answers = ray.get(ref, timeout=60)
-            except Exception as err:  # RayTaskError, RayActorError, GetTimeoutError
-                self._errors.append(self._error(name, err))
-                continue
-            for m in answers:
-                if m.kind == "ready":
-                    self.placement[m.worker] = m.payload
-                    self._starting.discard(m.worker)
-            out.extend(answers)
+        out = self._collect(done, timeout_s=60)
+        for m in out:
+            if m.kind == "ready":
+                self.placement[m.worker] = m.payload
+                self._starting.discard(m.worker)
         if self._errors:
             self._blame_peers()
         return out
@@ -233,30 +219,17 @@ class RayEngine(Engine):
         import ray
 
         first = self._errors[0]
-        if not (first.worker or "").startswith("trainer") or not looks_like_peer_failure(
-            str(first)
-        ):
+        peer = (first.worker or "").startswith("trainer") and looks_like_peer_failure(str(first))
+        if not peer:
             return
         refs = [r for r, w in self._pending.items() if w.startswith("trainer")]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
-        for ref in done:
-            name = self._pending.pop(ref)
-            try:
-                ray.get(ref, timeout=grace_s)
-            except Exception as err:  # RayActorError, RayTaskError
-                self._errors.append(self._error(name, err))
+        self._collect(done, grace_s)
         self._errors.sort(key=lambda e: looks_like_peer_failure(str(e)))
 
     def _where(self, worker: str) -> str:
         node = self.placement.get(worker)
         return "an unknown node" if node is None else f"node {node[0]} ({node[1]})"
-
-    def _error(self, worker: str, err: Exception) -> WorkerError:
-        """``worker``'s call raised ``err``: the error names the worker and its node."""
-        on = f" on {self._where(worker)}" if worker in self.placement else ""
-        error = WorkerError(f"{worker} failed{on}: {type(err).__name__}: {err}", worker)
-        error.__cause__ = err
-        return error
 
     def shutdown(self) -> None:
         import ray
@@ -270,9 +243,8 @@ class RayEngine(Engine):
 
 
 def start_local_ray(num_cpus: int) -> None:
-    """Start a new Ray instance on this machine, every process of it on 127.0.0.1 only, no
-    dashboard, workers' output not echoed: the Ray the engine starts when no cluster is
-    named, and the one a test run shares."""
+    """Start a new Ray on this machine, on 127.0.0.1 only, no dashboard, workers' output not
+    echoed: the engine's when no cluster is named, and the one a test run shares."""
     import ray
 
     with _loopback_stays_loopback(None):
@@ -306,10 +278,9 @@ def _shortfall(cfg: RunConfig, stage: str, names: list[str], have: dict[str, flo
 
 @contextmanager
 def _loopback_stays_loopback(address: str | None) -> Iterator[None]:
-    """While ``ray.init`` runs: keep 127.0.0.1 (the node address of a Ray started here, or
-    the host of ``address``) from being replaced by the machine's outward address, by
-    turning ``ray_constants.ENABLE_RAY_CLUSTER`` off (ray-project/ray#26293, #59110). Other
-    addresses are left alone."""
+    """While ``ray.init`` runs: keep 127.0.0.1 (a Ray started here, or the host of ``address``)
+    from being replaced by the machine's outward address, by turning
+    ``ray_constants.ENABLE_RAY_CLUSTER`` off (ray-project/ray#26293, #59110)."""
     from ray._private import ray_constants
 
     host = None if address is None else address.rpartition(":")[0].strip("[]")
@@ -337,12 +308,8 @@ def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as c:
             c.sendall(preface)
-            frame = b""
-            while len(frame) < 4:  # a frame header: 3 bytes length, 1 type (4: SETTINGS)
-                more = c.recv(9 - len(frame))
-                if not more:
-                    break
-                frame += more
+            with c.makefile("rb") as answer:
+                frame = answer.read(4)  # a frame header: 3 bytes length, 1 type (4: SETTINGS)
         reason = None if len(frame) >= 4 and frame[3] == 4 else "it does not speak gRPC"
     except OSError as err:
         reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))

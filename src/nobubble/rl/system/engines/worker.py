@@ -1,10 +1,6 @@
-r"""What both engines share: the stage worker inside a process or actor, and the driver's side.
-
-A :class:`StageWorker` runs inside a local process or a Ray actor, built from the picklable
-:class:`~nobubble.rl.system.config.RunConfig` alone, and answers with :class:`Message`\ s;
-:class:`Engine` is the driver's side.
-``RunConfig.learners = L`` makes the trainer stage ``trainer`` (learner 0) and
-``trainer-1`` .. ``trainer-<L-1>`` in one gloo group (``docs/rl/system.md``, many learners).
+"""What both engines share: the :class:`StageWorker` a process or actor runs (built from the
+picklable ``RunConfig`` alone) and the driver's :class:`Engine`. ``RunConfig.learners = L``
+makes the trainer stage ``trainer`` (learner 0) .. ``trainer-<L-1>``, one gloo group.
 
 Fault injection for tests: ``RunConfig.fault = "<worker>:<call>:<raise|exit|kill|stale>"``
 makes that worker raise, exit without a word, SIGKILL itself, or (a rollout worker) keep
@@ -18,10 +14,10 @@ import dataclasses
 import os
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import timedelta
-from itertools import accumulate
 from typing import Any
 
 import torch
@@ -31,11 +27,10 @@ from nobubble.distributed import DistContext, WorkerError, default_backend
 from nobubble.rl.system.checkpoint import CheckpointStore, load_trainer, save_trainer
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.learner import GroupBatch, TrainResult, group_learner
-from nobubble.rl.system.policies import sample
 from nobubble.rl.system.rewards import Rewarder
-from nobubble.rl.system.rollout import RolloutWorker
+from nobubble.rl.system.rollout import RolloutWorker, sample_responses
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
-from nobubble.rl.system.weight_sync import WeightSource, weight_digest
+from nobubble.rl.system.weight_sync import WeightSource, cached_digest
 
 __all__ = [
     "StageWorker",
@@ -55,22 +50,15 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Message:
-    """A stage's answer to the orchestrator.
+    """A stage's answer to the orchestrator."""
 
-    ``kind``: ``ready`` | ``rollout`` | ``reward`` | ``train`` | ``shard`` | ``eval``;
-    ``worker``: which worker; ``payload``: groups (rollout, reward), a TrainResult, an
-    EvalResult, or the node (ready); ``spans``: busy spans for the timeline; ``weights``: for
-    learner 0's ``ready`` and ``train``, the engine's handle to the published weights (None
-    where the generators read them from the engine's weight source); ``state``: for
-    ``rollout``, the generator's RNG state after the call (checkpoints keep it).
-    """
-
-    kind: str
+    kind: str  # ready | rollout | reward | train | shard | eval
     worker: str
-    payload: Any = None
-    spans: tuple[Span, ...] = ()
+    payload: Any = None  # groups (rollout, reward), a TrainResult, an EvalResult, the node (ready)
+    spans: tuple[Span, ...] = ()  # busy spans for the timeline
+    # learner 0's ready and train: the engine's handle to the published weights (or None)
     weights: Any = None
-    state: Any = None
+    state: Any = None  # rollout: the generator's RNG state after the call (for checkpoints)
 
 
 @dataclass(frozen=True)
@@ -88,11 +76,6 @@ def learner_names(num_learners: int) -> list[str]:
     return ["trainer", *(f"trainer-{r}" for r in range(1, num_learners))]
 
 
-def learner_rank(name: str) -> int:
-    """The learner index of a trainer worker's name (``trainer`` = 0)."""
-    return int(name.split("-")[1]) if "-" in name else 0
-
-
 class StageWorker:
     """One stage worker: ``rollout-<i>``, ``reward-<i>``, ``trainer`` or ``trainer-<i>``."""
 
@@ -104,8 +87,8 @@ class StageWorker:
         self.calls = 0
         self.kind = name.split("-")[0]
         torch.set_num_threads(1 if self.kind == "reward" else cfg.threads)
-        self._digest: tuple[int, str] | None = None  # (version, digest) of the trainer's model
-        self.rank = learner_rank(name) if self.kind == "trainer" else 0
+        self._digests: dict[int, str] = {}  # version -> digest of the trainer's model
+        self.rank = int(name.partition("-")[2] or 0) if self.kind == "trainer" else 0
         if self.kind == "rollout":
             model = cfg.build_policy(self.task)
             worker_id = int(name.split("-")[1])
@@ -142,27 +125,23 @@ class StageWorker:
     def ready(self, weights: WeightSource, node: Any = None) -> Message:
         """The ``ready`` message (``node``: where the worker runs, if the engine knows);
         learner 0 publishes its starting weights with it (a resumed trainer's checkpoint)."""
-        published = None
-        if self.kind == "trainer" and self.rank == 0:
-            published = weights.publish(self.learner.model, self.learner.version)
+        lead = self.kind == "trainer" and self.rank == 0
+        published = weights.publish(self.learner.model, self.learner.version) if lead else None
         return Message("ready", self.name, node, weights=published)
 
     def handle(self, cmd: tuple, weights: WeightSource) -> list[Message]:
-        """Answer one :class:`Engine` command with the messages for the orchestrator.
-
-        ``weights``: where this worker pulls the newest published weights from (a generator
-        before each request, a learner that pushes gradients before each step) and where
-        learner 0 publishes each new version; the ``train`` message carries the engine's
-        handle to them."""
+        """Answer one :class:`Engine` command with the messages for the orchestrator;
+        ``weights``: where this worker pulls the newest published weights from and learner 0
+        publishes each new version."""
         op, *args = cmd
         if op not in ("rollout", "reward", "train", "eval"):
             raise ValueError(f"{self.name}: unknown command {op!r}")
-        answer: list[Message] = getattr(self, f"_{op}")(weights, *args)
-        return answer
+        return getattr(self, f"_{op}")(weights, *args)
 
     def _rollout(
         self, weights: WeightSource, requests: list[GroupRequest], rng_state: Any = None
     ) -> list[Message]:
+        self.rollout.pull = weights.pull  # between tokens too (partial rollouts)
         self.rollout.version = weights.pull(self.rollout.model, self.rollout.version)
         self._maybe_fault()
         if rng_state is not None:
@@ -199,15 +178,14 @@ class StageWorker:
         checkpoint: str | None = None,
         group_weights: list[float] | None = None,
     ) -> list[Message]:
-        """One step (``group_weights``: per group, e.g. replay IS weights); with
-        ``checkpoint`` (a folder), the trainer's checkpoint file too. A learner other than 0
-        answers ``shard``; learner 0 publishes the new version, and its ``train`` message
-        carries the digests of the version it started from and of the one it made."""
+        """One step (``group_weights``: per group, e.g. replay IS weights; ``checkpoint``: a
+        folder for the trainer's file). A learner other than 0 answers ``shard``; learner 0
+        publishes the new version and reports the digests of the one it started from and made."""
         learner = self.learner
         if learner.pushes_gradients:  # it computes on the newest published weights
             learner.version = weights.pull(learner.model, learner.version)
         self._maybe_fault()
-        before, start = self._trainer_digest(), time.time()
+        before, start = cached_digest(self._digests, learner.model, learner.version), time.time()
         shard = learner.update([GroupBatch(groups, group_weights)])
         v, ids = learner.version, [g.group_id for g in groups]
         args: dict[str, Any] = {"groups": ids}
@@ -219,45 +197,25 @@ class StageWorker:
                 args["pushes"] = shard.pushes
         span = Span("trainer", name, start, time.time(), args)
         trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
+        digests = dict([before, cached_digest(self._digests, learner.model, v)])  # cached
         res = TrainResult(
-            v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness
+            v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness, digests
         )
         if self.rank > 0:
-            return [Message("shard", self.name, res, (res.span,))]
-        res = dataclasses.replace(res, weight_digests=dict([before, self._trainer_digest()]))
+            return [Message("shard", self.name, res, (span,))]
         if checkpoint is not None:
             save_trainer(checkpoint, learner)
         published = weights.publish(learner.model, learner.version)
-        msg = Message("train", self.name, res, (res.span,), published)
+        msg = Message("train", self.name, res, (span,), published)
         return [msg, *self._eval(weights)] if evaluate else [msg]
-
-    def _trainer_digest(self) -> tuple[int, str]:
-        """(version, digest) of the trainer's weights, hashed once per version."""
-        version = self.learner.version
-        if self._digest is None or self._digest[0] != version:
-            self._digest = (version, weight_digest(self.learner.model))
-        return self._digest
 
     @torch.no_grad()
     def _eval(self, weights: WeightSource) -> list[Message]:
         """Accuracy (``task.is_correct``) and mean reward of the learner's greedy responses
         on the task's evaluation set."""
-        model, task, version = self.learner.model.eval(), self.task, self.learner.version
-        start = time.time()
+        task, version, start = self.task, self.learner.version, time.time()
         prompts = task.eval_prompts
-        ids, mask = task.encode(prompts)
-        gen = sample(
-            model,
-            ids,
-            max_new_tokens=task.max_new_tokens,
-            eos_id=task.tokenizer.eos_id,
-            pad_id=task.tokenizer.pad_id,
-            greedy=True,
-            budgets=task.budgets(prompts),
-            attention_mask=mask,
-        )
-        p = task.prompt_len
-        responses = [task.decode(gen.tokens[i, p:].tolist()) for i in range(len(prompts))]
+        _, responses = sample_responses(task, self.learner.model.eval(), prompts, greedy=True)
         correct = sum(task.is_correct(q, r) for q, r in zip(prompts, responses))
         reward = sum(task.reward(q, r) for q, r in zip(prompts, responses)) / len(prompts)
         span = Span("trainer", f"eval v{version}", start, time.time(), {"version": version})
@@ -276,30 +234,28 @@ def split_groups(
             "needs >= 1 group (learners <= batch_groups)"
         )
     base, extra = divmod(len(groups), num_learners)
-    ends = list(accumulate(base + (r < extra) for r in range(num_learners)))
+    cuts = [r * base + min(r, extra) for r in range(num_learners + 1)]
     return [
-        (groups[a:b], None if weights is None else weights[a:b]) for a, b in zip([0, *ends], ends)
+        (groups[a:b], None if weights is None else weights[a:b]) for a, b in zip(cuts, cuts[1:])
     ]
 
 
 class StepCollector:
     """In the driver: merges the L learners' answers to one batch into one ``train`` message.
 
-    Lifecycle of a batch: :meth:`expect` (sent: the group ids of each shard) -> learner 0's
-    ``train`` message and every other learner's ``shard`` message arrive (each learner
-    answers its batches in order) -> released as one message whose ``TrainResult`` has
-    learner 0's version, span and published weights, every learner's staleness (in shard
-    order, so in batch order), metrics averaged over learners weighted by their groups
-    (learner 0's own extras kept) and ``trained_by`` for every group. Learner 0's ``eval``
-    messages stay behind the ``train`` message they follow. Invariant: a learner that
-    reports other groups than it was sent is an error, so a released step proves that
-    every group of the batch was trained, and by whom.
+    Lifecycle of a batch: :meth:`expect` (the group ids of each shard) -> learner 0's
+    ``train`` and the others' ``shard`` arrive -> released as learner 0's message with every
+    learner's staleness (in batch order), ``trained_by`` and group-weighted mean metrics;
+    learner 0's ``eval`` stays behind its ``train``. Invariant: a learner reporting other
+    groups than it was sent is an error, so a released step proves who trained every group.
     """
 
     def __init__(self, num_learners: int) -> None:
         self.num_learners = num_learners
         self._expected: deque[list[list[int]]] = deque()
-        self._reports: dict[int, deque[Message]] = {r: deque() for r in range(1, num_learners)}
+        self._reports: dict[str, deque[Message]] = {
+            name: deque() for name in learner_names(num_learners)[1:]
+        }
         self._held: deque[Message] = deque()
 
     def expect(self, shards: list[list[int]]) -> None:
@@ -309,7 +265,7 @@ class StepCollector:
         out = []
         for m in msgs:
             if m.kind == "shard":
-                self._reports[learner_rank(m.worker)].append(m)
+                self._reports[m.worker].append(m)
             elif m.worker == "trainer" and m.kind in ("train", "eval"):
                 self._held.append(m)
             else:
@@ -351,15 +307,11 @@ class StepCollector:
         return Message("train", msg.worker, res, spans, msg.weights, msg.state)
 
 
-class Engine:
-    """Where the stages run: the driver's side of an engine.
-
-    Every ``submit_*`` returns at once (a command :meth:`StageWorker.handle` answers);
-    results come from :meth:`poll`. With several learners a batch is split among them and
-    their answers merged (:class:`StepCollector`). An engine implements :meth:`_start`
-    (before any worker), :meth:`_launch`, :meth:`_send`, :meth:`_stop`, :meth:`_receive`,
-    :meth:`_failure` and :meth:`shutdown`, and :meth:`_join_learners` where needed.
-    """
+class Engine(ABC):
+    """Where the stages run, the driver's side: every ``submit_*`` returns at once (a command
+    :meth:`StageWorker.handle` answers), results come from :meth:`poll`; several learners'
+    answers are merged (:class:`StepCollector`). Subclasses implement the ``_`` hooks and
+    :meth:`shutdown`."""
 
     def __init__(self) -> None:
         self._cfg: RunConfig | None = None
@@ -446,26 +398,26 @@ class Engine:
             raise failure
         return out
 
-    def _join_learners(self, cfg: RunConfig) -> None:
+    def _join_learners(self, cfg: RunConfig) -> None:  # noqa: B027 - an optional hook
         """The learners meet in one group (the local engine's do it themselves)."""
 
-    def shutdown(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def shutdown(self) -> None: ...
 
-    def _start(self, cfg: RunConfig, names: list[str]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _start(self, cfg: RunConfig, names: list[str]) -> None: ...
 
-    def _launch(self, name: str, incarnation: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _launch(self, name: str, incarnation: int) -> None: ...
 
-    def _send(self, worker: str, cmd: tuple) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _send(self, worker: str, cmd: tuple) -> None: ...
 
-    def _stop(self, worker: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _stop(self, worker: str) -> None: ...
 
-    def _receive(self, timeout_s: float) -> list[Message]:
-        raise NotImplementedError
+    @abstractmethod
+    def _receive(self, timeout_s: float) -> list[Message]: ...
 
-    def _failure(self) -> WorkerError | None:
-        raise NotImplementedError
+    @abstractmethod
+    def _failure(self) -> WorkerError | None: ...
