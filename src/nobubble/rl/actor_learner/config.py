@@ -26,10 +26,9 @@ LOSSES: tuple[str, ...] = ("ppo", "vtrace")
 
 @dataclass(frozen=True, kw_only=True)
 class EnvRunConfig(RLConfig, LearnerConfig):
-    """An actor-learner run on a gymnasium environment (a text environment is one too, through
-    :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s settings (``steps`` are
-    learner updates, None: no bound but the others), :class:`LearnerConfig`'s (Adam's ``lr``
-    2.5e-3 and ``max_grad_norm`` 0.5 by default here) and these."""
+    """An actor-learner run on a gymnasium environment (a text one too, through
+    :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s, :class:`LearnerConfig`'s
+    settings (with these defaults) and these."""
 
     # a gymnasium id or a zero-argument factory of a gymnasium.Env (picklable unless the
     # start method is fork)

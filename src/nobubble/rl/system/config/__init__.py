@@ -1,11 +1,6 @@
-"""One RL run's configuration, typed, torch-free and checked when built: a field made by
-:func:`setting` carries its rule and :class:`Settings` checks it in ``__post_init__``, raising
-``ValueError`` naming ``Owner.field=value`` and the rule (a subclass that gives a field another
-default keeps the rule of the class that declared it; None passes only where the default is
-None). :class:`RunConfig` (a task run) holds its stages' settings (:class:`TrainerConfig`,
-:class:`RolloutConfig`, :class:`RewardConfig`); it is frozen and picklable (both engines build
-their workers from it alone) and checks its flags before the components that need torch
-(rewards, policy, task) are built. The recipes are :mod:`.presets`.
+"""One RL run's configuration, typed, torch-free and checked when built (:class:`Settings`):
+:class:`RunConfig`, a task run's, frozen and picklable (both engines build their workers from
+it alone), holds its stages' settings. The recipes are :mod:`.presets`.
 """
 
 from __future__ import annotations
@@ -34,11 +29,10 @@ T = TypeVar("T")
 def setting(
     default: T, check: str | tuple | type | None, *, integer: bool = False, help: str = ""
 ) -> T:
-    """A dataclass field with ``default`` (a dict is copied for each config), its check (None,
-    a rule of :func:`~nobubble.validation.check_value`: ``">= 1"``, ``"> 0"``, ``">= 0"``;
-    ``integer``: an ``int`` too; an interval ``"(0, 1]"``, a tuple of the allowed values or a
-    config class the value must be an instance of) and ``help``, its documentation (the
-    command line's help of its flag)."""
+    """A dataclass field: ``default`` (a dict is copied per config), its ``check`` (None, a
+    :func:`~nobubble.validation.check_value` rule such as ``">= 1"``, ``integer``: an int too;
+    an interval ``"(0, 1]"``, a tuple of allowed values or a config class) and ``help``, its
+    documentation (the help of its flag)."""
     meta = {"check": check, "integer": integer, "help": help}
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=meta)  # type: ignore[arg-type]
@@ -69,7 +63,8 @@ def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> N
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """A config whose :func:`setting` fields are checked when it is built."""
+    """A config whose :func:`setting` fields are checked when it is built: ValueError naming
+    ``Owner.field=value`` and the rule (None passes only where the default is None)."""
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -103,22 +98,20 @@ class Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class RLConfig(Settings):
-    """What both producers of experience read, with the same meaning (a producer may give a
-    setting its own default: a task run stops after 400 updates, an environment run after
-    300 s)."""
+    """What both producers of experience read, with the same meaning (each its own defaults,
+    None: no bound)."""
 
     seed: int = setting(0, ">= 0", integer=True, help="seeds the policy, prompts or envs, sampling")
-    steps: int | None = setting(None, ">= 1", integer=True, help="learner updates (None: no bound)")
+    steps: int | None = setting(
+        None, ">= 1", integer=True, help="learner updates (default: tasks 400, envs no bound)"
+    )
     time_budget_s: float | None = setting(
-        None, "> 0", help="stop after S seconds (default: no limit)"
+        None, "> 0", help="stop after S seconds (default: tasks none, envs 300)"
     )
-    # an older sample is dropped (ledger: stale); 0: on-policy
-    max_staleness: int | None = setting(
-        None, ">= 0", integer=True, help="versions a sample may lag (default: by mode or 4)"
+    max_staleness: int | None = setting(  # an older sample is dropped; 0: on-policy
+        None, ">= 0", integer=True, help="versions a sample may lag (default: by mode, envs 4)"
     )
-    # torch intra-op threads of each process that runs the policy (tiny models gain nothing
-    # from a second one and lose a lot on a loaded machine)
-    threads: int = setting(1, ">= 1", integer=True)
+    threads: int = setting(1, ">= 1", integer=True)  # torch intra-op threads per policy process
     # the longest wait for any worker (stage, actor, queue, lock) before the run fails naming
     # who is silent (time_budget_s ends a run normally)
     stall_timeout_s: float = setting(120.0, "> 0")
@@ -238,10 +231,8 @@ BOOL = (False, True)
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(RLConfig):
-    """Everything one RL run on a task needs: :class:`RLConfig`'s settings (``steps`` default
-    400) and these; each one is a flag of ``nobubble rl train`` (the docs' RL system page says
-    more of what each does).
-    """
+    """Everything one RL run on a task needs: :class:`RLConfig`'s settings and these (the docs'
+    RL system page says more of what each does)."""
 
     task: Any = setting("digits", None, help="digits | sum | rg:NAME | MODULE:ATTR | FILE.py:ATTR")
     task_kwargs: dict = setting({}, None, help="the task's settings, a JSON object")
@@ -327,9 +318,7 @@ class RunConfig(RLConfig):
                     f"with stage one of {', '.join(RAY_STAGES)}"
                 )
             for name, amount in wants.items():
-                if name in ("CPU", "GPU", "memory") or not (
-                    isinstance(amount, int | float) and amount > 0
-                ):
+                if name in ("CPU", "GPU", "memory") or not (finite(amount) and amount > 0):
                     raise ValueError(
                         f"ray_resources[{stage!r}][{name!r}]={amount!r}: give a custom resource "
                         "(CPUs are one per generator / learner) and a number > 0"
