@@ -13,13 +13,11 @@ from nobubble.cli.flags import Flag, add_config_flags, add_run_flags, config_fro
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
-    console,
     input_file,
     nonneg_int,
     positive_float,
     positive_int,
     print_json,
-    print_table,
 )
 from nobubble.files import claim_output
 from nobubble.moe.layout import TRANSPORT_KINDS
@@ -55,15 +53,6 @@ BALANCE_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
 )
 """``ep balance``'s flags: (flag, argparse type or choices, default (None: required), help)."""
 
-SUMMARY = (
-    ("imbalance_before", "max/mean before"),
-    ("imbalance", "max/mean after"),
-    ("duplicate_gpus", "GPUs with an expert twice"),
-    ("eplb_original_imbalance", "EPLB original max/mean"),
-    ("eplb_original_duplicate_gpus", "EPLB: GPUs with an expert twice"),
-)
-"""``ep balance``'s per-layer summary table: (report key, column)."""
-
 TRAIN_FLAGS: tuple[Flag, ...] = (
     ("--ranks", "num_ranks", positive_int, "local ranks R"),
     ("--steps", "num_steps", positive_int, "training steps"),
@@ -82,9 +71,6 @@ TRAIN_FLAGS: tuple[Flag, ...] = (
     ("--seed", "seed", nonneg_int, "model and data seed"),
     ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
 )  # fmt: skip
-
-MAX_ROWS = 30
-"""``ep train`` prints this many evenly spaced steps of a longer run (the JSON has all)."""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -209,6 +195,7 @@ def _check_balance(args: argparse.Namespace) -> None:
 
 def _balance(args: argparse.Namespace) -> int:
     _check_balance(args)  # before torch is imported (by the two modules below)
+    from nobubble.bench.ep_tables import print_balance_report
     from nobubble.moe.balance.loads import expert_loads
     from nobubble.moe.balance.report import balance_report, plot_balance
 
@@ -221,17 +208,8 @@ def _balance(args: argparse.Namespace) -> int:
         r["plot"] = str(plot_balance(result, args.plot))
     if args.json:
         print_json(r)
-        return 0
-    gpn, counts = r["gpus"] // r["nodes"], r["logcnt"][0]
-    rows = [[g, g // gpn, r["gpu_load_before"][0][g], r["gpu_load_after"][0][g],
-             " ".join(f"{e}" + ("*" if counts[e] > 1 else "") for e in experts)]
-            for g, experts in enumerate(r["gpu_experts"][0])]  # fmt: skip
-    print_table(f"layer 0: {r['experts']} experts + {r['redundant']} redundant on {r['gpus']} "
-                f"GPUs / {r['nodes']} nodes ({r['policy']})",
-                ["gpu", "node", "load before", "load after", "experts (* = replicated)"], rows)  # fmt: skip
-    per_layer = zip(*(r[key] for key, _ in SUMMARY))  # (layer's figure of each key)
-    print_table("imbalance (max / mean GPU load)", ["layer", *(c for _, c in SUMMARY)],
-                [[layer, *figures] for layer, figures in enumerate(per_layer)])  # fmt: skip
+    else:
+        print_balance_report(r)
     return 0
 
 
@@ -244,6 +222,7 @@ def _train(args: argparse.Namespace) -> int:
     check_steps("ep train", "--steps", config.num_steps, STEP_S, limit_s=config.timeout_s,
                 limit=f"--timeout {config.timeout_s:g} s, the whole run's limit",
                 hint=", raise --timeout", force=args.force)  # fmt: skip
+    from nobubble.bench.ep_tables import print_train_report
     from nobubble.bench.ep_train import plot_report, run_with_progress
 
     with claim_output(args.plot):  # before the ranks start: refuse another live run's plot
@@ -252,42 +231,5 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**report.to_dict(), "plot": str(plot)})
     else:
-        _print_train(report, plot)
+        print_train_report(report, plot)
     return 1 if report.dense_ok is False else 0
-
-
-def _print_train(report: Any, plot: Path) -> None:
-    c, n = report.config, len(report.losses)
-    shown = range(n) if n <= MAX_ROWS else sorted(
-        {round(i * (n - 1) / (MAX_ROWS - 1)) for i in range(MAX_ROWS)})  # fmt: skip
-    dense = report.dense_losses is not None
-    rows = [[s + 1, report.losses[s],
-             *([report.dense_losses[s], report.dense_abs_diff[s]] if dense else []),
-             report.rank_imbalance[s], report.expert_imbalance[s]] for s in shown]  # fmt: skip
-    print_table(
-        f"ep train: {c.num_ranks} ranks (dp {report.dp} x ep {report.ep}), {c.num_experts} "
-        f"experts + {c.num_redundant} redundant, top-{c.topk}, "
-        + (f"rebalance every {c.rebalance_every} steps" if c.rebalance_every else "no rebalancing"),
-        ["step", "loss", *(["dense loss", "|diff|"] if dense else []),
-         "max/mean rank load", "max/mean expert load"],
-        rows,
-        caption="load: (token, slot) rows received, max / mean over ranks and over physical "
-        "experts, mean over MoE layers",
-    )  # fmt: skip
-    out = console()
-    out.print(
-        f"loss {report.losses[0]:.4f} -> {report.final_loss:.4f} in {n} steps "
-        f"({report.seconds:.1f} s); max/mean rank load over the second half "
-        f"{report.rank_imbalance_second_half:.4f}"
-    )
-    if dense:
-        verdict = "equal" if report.dense_ok else "DIFFERENT"
-        out.print(
-            f"dense single process: loss {report.dense_losses[-1]:.4f} at the last step; "
-            f"|diff| {report.dense_abs_diff[-1]:.2e} last, {max(report.dense_abs_diff):.2e} max "
-            f"({verdict} within 1e-4)"
-        )
-    if report.rebalances:
-        moved = sum(r["moved"] for r in report.rebalances)
-        out.print(f"{len(report.rebalances)} layer rebalances moved {moved} experts")
-    out.print(f"plot: {plot}")
