@@ -7,15 +7,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from nobubble.bench.ep_config import DTYPE_NAMES
+from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, TrainConfig
 from nobubble.budget import check_budget, check_steps
-from nobubble.cli.flags import Flag, add_config_flags, add_run_flags, config_from_flags
+from nobubble.cli.flags import add_config_flags, add_run_flags, config_from_flags
+from nobubble.cli.rl import config_flags
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
     input_file,
     nonneg_int,
-    positive_float,
     positive_int,
     print_json,
 )
@@ -24,17 +24,11 @@ from nobubble.moe.layout import TRANSPORT_KINDS
 
 __all__ = ["register"]
 
-BENCH_FLAGS: tuple[Flag, ...] = (
-    ("--ranks", "num_ranks", positive_int, "local ranks"),
-    ("--tokens", "num_tokens", positive_int, "tokens per rank"),
-    ("--hidden", "hidden", positive_int, "hidden size"),
-    ("--experts", "num_experts", positive_int, "routed experts"),
-    ("--topk", "topk", positive_int, "experts per token"),
-    ("--dtype", "dtype", DTYPE_NAMES, "payload dtype"),
-    ("--iters", "num_iters", positive_int, "timed iterations"),
-    ("--warmup", "num_warmup", nonneg_int, "untimed iterations"),
-    ("--seed", "seed", nonneg_int, "routing seed"),
-    ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
+BENCH_FLAGS = config_flags(
+    BenchConfig,
+    "--ranks=num_ranks --tokens=num_tokens hidden --experts=num_experts topk dtype "
+    "--iters=num_iters --warmup=num_warmup seed --timeout=timeout_s",
+    dtype=DTYPE_NAMES,
 )
 
 MAX_ITERS = 1000
@@ -53,29 +47,17 @@ BALANCE_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
 )
 """``ep balance``'s flags: (flag, argparse type or choices, default (None: required), help)."""
 
-TRAIN_FLAGS: tuple[Flag, ...] = (
-    ("--ranks", "num_ranks", positive_int, "local ranks R"),
-    ("--steps", "num_steps", positive_int, "training steps"),
-    ("--ep", "ep", positive_int,
-     "expert-parallel ranks per group, dp = R / ep (default: gcd(R, --experts))"),
-    ("--experts", "num_experts", positive_int, "routed experts per layer"),
-    ("--topk", "topk", positive_int, "experts per token"),
-    ("--redundant", "num_redundant", nonneg_int,
-     "extra physical experts per layer (replicas of hot ones), a multiple of ep"),
-    ("--rebalance-every", "rebalance_every", positive_int,
-     "online EPLB every K steps: re-place replicas, move weights and Adam state (default: never)"),
-    ("--check-dense", "check_dense", bool,
-     "also train the dense model in one process on all ranks' batches; compare losses"),
-    ("--batch", "batch_size", positive_int, "sequences per rank and step"),
-    ("--lr", "lr", positive_float, "AdamW learning rate"),
-    ("--seed", "seed", nonneg_int, "model and data seed"),
-    ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
-)  # fmt: skip
+TRAIN_FLAGS = config_flags(
+    TrainConfig,
+    "--ranks=num_ranks --steps=num_steps ep --experts=num_experts topk "
+    "--redundant=num_redundant rebalance_every check_dense --batch=batch_size lr seed "
+    "--timeout=timeout_s",
+    ep=positive_int,  # 0 (gcd) and never are what leaving them out gives
+    rebalance_every=positive_int,
+)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from nobubble.bench.ep_config import BenchConfig, TrainConfig
-
     parser.set_defaults(group_parser=parser)
     sub = parser.add_subparsers(dest="ep_command", metavar="SUBCOMMAND",
                                 parser_class=ArgumentParser)  # fmt: skip
@@ -145,8 +127,6 @@ def _transport_kinds(text: str) -> tuple[str, ...]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from nobubble.bench.ep_config import BenchConfig  # no torch: refusals come before it
-
     config = config_from_flags(BenchConfig, BENCH_FLAGS, args, transport=args.transport[0])
     if config.num_ranks == 1:
         raise UsageError("--ranks 1: one rank dispatches to itself, nothing moves and there is "
@@ -214,7 +194,7 @@ def _balance(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nobubble.bench.ep_config import STEP_S, TrainConfig  # no torch: refusals before it
+    from nobubble.bench.ep_config import STEP_S
 
     config = config_from_flags(TrainConfig, TRAIN_FLAGS, args)  # ValueError: exit 2
     check_budget("ep train", processes=config.num_ranks, data_bytes=config.data_bytes(),

@@ -68,13 +68,14 @@ NUMBERS = {
 """A numeric field's argparse type by its check and ``integer`` (the config checks it again)."""
 TYPES = {"task_kwargs": _json_object, "policy_kwargs": _json_object, "rewards": list}
 TYPES |= {"checkpoint_dir": _folder, "target_return": _target_return}
-"""The argparse type of a field whose check is not numeric (default ``str``)."""
+"""The argparse type of an RL field by its name, where the check does not say it."""
 
 
-def _flags(config: type, spec: str) -> tuple[Flag, ...]:
-    """The flag rows of the field paths in ``spec`` (space-separated, ``--flag=path`` where the
-    flag is not ``--`` and the field's name), their type and help read from each field's
-    :func:`~nobubble.rl.system.config.setting` (a sub-config's: ``trainer.kl_coef``)."""
+def config_flags(config: type, spec: str, **kinds: Any) -> tuple[Flag, ...]:
+    """The flag rows of the field paths in ``spec`` (space-separated; ``--flag=path`` where the
+    flag is not the field's name), their help and argparse type read from each field's
+    :func:`~nobubble.settings.setting` (a sub-config's: ``trainer.kl_coef``): a switch, the
+    choices, ``kinds[name]`` (default :data:`TYPES`), a number by :data:`NUMBERS`, or ``str``."""
     rows = []
     for item in spec.split():
         flag, _, path = item.rpartition("=")
@@ -84,39 +85,36 @@ def _flags(config: type, spec: str) -> tuple[Flag, ...]:
             owner = owner.rules()[head]["check"]  # the sub-config's class
         rule = owner.rules()[name]
         check = rule["check"]
-        kind = NUMBERS.get((check, rule["integer"])) or TYPES.get(name, str)
+        kind = {**TYPES, **kinds}.get(name) or NUMBERS.get((check, rule["integer"]), str)
         if isinstance(check, tuple):
             kind = bool if check == BOOL else check
         rows.append((flag or "--" + name.replace("_", "-"), path, kind, rule["help"]))
     return tuple(rows)
 
 
-SHARED_FLAGS = _flags(RunConfig, "max_staleness steps seed --time-budget=time_budget_s")
+_run_flags = functools.partial(config_flags, RunConfig)
+SHARED_FLAGS = _run_flags("max_staleness steps seed --time-budget=time_budget_s")
 """The flags both producers read, each a field of both configs."""
-TASK_FLAGS = _flags(
-    RunConfig,
+TASK_FLAGS = _run_flags(
     "task task_kwargs policy policy_kwargs --reward=rewards reward_url engine "
     "--generators=num_rollout_workers --address=ray_address target_accuracy batch_groups "
     "group_size eval_every --reward-delay=reward.delay_s "
     "--reward-failure-rate=reward.failure_rate --trainer-delay=trainer.delay_s",
 )
 """The task producer's flags of ``rl train`` and ``rl compare``."""
-LAG_CONTROL = _flags(
-    RunConfig,
+LAG_CONTROL = _run_flags(
     "drop_staleness trainer.staleness_weighting trainer.kl_coef trainer.kl_refresh_every "
     "sync_every --replay=replay.mode --replay-capacity=replay.capacity "
     "--replay-groups=replay.groups_per_step",
 )
 TRAIN_GROUPS = {
-    "schedule": _flags(RunConfig, "mode algo"),
+    "schedule": _run_flags("mode algo"),
     "lag control (each overrides --preset)": LAG_CONTROL,
-    "many learners": _flags(RunConfig, "learners aggregation local_sgd_every"),
-    "in-flight weight updates (partial rollouts; local engine)": _flags(
-        RunConfig, "partial_rollouts weight_check_every --token-delay=rollout.token_delay_s"
+    "many learners": _run_flags("learners aggregation local_sgd_every"),
+    "in-flight weight updates (partial rollouts; local engine)": _run_flags(
+        "partial_rollouts weight_check_every --token-delay=rollout.token_delay_s"
     ),
-    "checkpoints and recovery": _flags(
-        RunConfig, "checkpoint_dir checkpoint_every restart_workers"
-    ),
+    "checkpoints and recovery": _run_flags("checkpoint_dir checkpoint_every restart_workers"),
 }
 """``rl train``'s own task flags, by help section."""
 TRAIN_FLAGS = (
@@ -127,7 +125,7 @@ TRAIN_FLAGS = (
 PRESET_OWNED = {"max_staleness", "algo", *(path for _, path, _, _ in LAG_CONTROL)}
 # flags of one producer that are not config fields: (flag, dest)
 TASK_ONLY = (("--preset", "preset"), ("--ablation", "ablation"), ("--etas", "etas"))
-ENV_FLAGS = _flags(
+ENV_FLAGS = config_flags(
     EnvRunConfig,
     "arch actors envs_per_actor env_step_delay_ms loss --env-steps=max_env_steps target_return",
 )
