@@ -12,7 +12,7 @@ from nobubble.bench.output import console, print_table
 __all__ = [
     "print_balance_report",
     "print_dispatch_report",
-    "print_transport_comparison",
+    "print_bench_reports",
     "print_transports",
     "print_hierarchical",
     "print_low_latency",
@@ -56,10 +56,14 @@ def print_dispatch_report(report: Any) -> None:
     )
 
 
-def print_transport_comparison(reports: list[Any]) -> None:
-    """``ep bench --transport shm,dist``: Buffer's times over each transport of ``reports``
-    (:class:`~nobubble.bench.ep_dispatch.BenchReport`, ``buffer`` first in each), relative
-    to the first transport."""
+def print_bench_reports(reports: list[Any]) -> None:
+    """``ep bench``'s tables of ``reports`` (:class:`~nobubble.bench.ep_dispatch.BenchReport`,
+    one per transport, ``buffer`` first in each): each one's, then with several transports
+    Buffer's times over each, relative to the first transport."""
+    for report in reports:
+        print_dispatch_report(report)
+    if len(reports) < 2:
+        return
     first = reports[0].methods[0]
     print_table(
         "ep bench: Buffer over each transport (median, slowest rank)",

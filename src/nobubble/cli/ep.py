@@ -64,20 +64,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     bench = sub.add_parser(
         "bench",
         help="time Buffer dispatch/combine against per-pair all-to-all and all-gather",
-        description="Spawn R local ranks (gloo, one thread each) and time DeepEP-style "
-        "dispatch/combine beside two baselines in the same processes, all three over one "
-        "transport (--transport); several transports (--transport shm,dist) run one after "
-        "the other and are compared through the same Buffer.",
+        description="Spawn R local gloo ranks and time DeepEP-style dispatch/combine beside two "
+        "baselines, over each --transport in turn.",
     )
     add_config_flags(bench, BenchConfig, BENCH_FLAGS)
     bench.add_argument(
         "--transport",
         type=_transport_kinds,
         default=("auto",),
-        help="how rows move between ranks, one kind or a comma list to compare: shm = shared "
-        "memory on this host (Buffer's peer-write path: direct writes into the peers' "
-        "/dev/shm slots); dist = torch.distributed (gloo) collectives; auto (default) = shm "
-        "for gloo on one CPU host, else dist",
+        help="how rows move, a kind or a comma list to compare: shm (writes into the peers' "
+        "/dev/shm slots), dist (gloo collectives), auto (default: shm for gloo on one host)",
     )
     add_run_flags(bench, plot="also draw times and bytes (PNG or SVG)",
                   force="run past the process, memory and --iters/--warmup budgets")  # fmt: skip
@@ -86,9 +82,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     balance = sub.add_parser(
         "balance",
         help="place redundant experts (EPLB) and show per-GPU load before / after",
-        description="Place redundant experts for given or synthetic loads: the load of every "
-        "GPU before (each expert once, in order) and after EPLB, the imbalance (max / mean "
-        "GPU load) of both, DeepSeek's original EPLB on the same loads, and the placement.",
+        description="Place redundant experts for given or synthetic loads: every GPU's load and "
+        "the imbalance before and after EPLB, beside DeepSeek's original EPLB.",
     )
     for flag, kind, default, text in BALANCE_FLAGS:
         how = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
@@ -140,7 +135,7 @@ def _bench(args: argparse.Namespace) -> int:
     if len(args.transport) > 1 and args.plot is not None:
         raise UsageError("--plot draws one transport; give --transport one kind with it")
     from nobubble.bench.ep_dispatch import plot_report, run_transports
-    from nobubble.bench.ep_tables import print_dispatch_report, print_transport_comparison
+    from nobubble.bench.ep_tables import print_bench_reports
 
     reports = run_transports(config, args.transport)
     if args.plot is not None:
@@ -149,10 +144,7 @@ def _bench(args: argparse.Namespace) -> int:
         dicts = [r.to_dict() for r in reports]
         print_json(dicts[0] if len(dicts) == 1 else {"transports": dicts})
     else:
-        for report in reports:
-            print_dispatch_report(report)
-        if len(reports) > 1:
-            print_transport_comparison(reports)
+        print_bench_reports(reports)
     return 0 if all(m.correct for r in reports for m in r.methods) else 1
 
 
