@@ -26,7 +26,7 @@ def setting(
     documentation (the help of its flag)."""
     meta = {"check": check, "integer": integer, "help": help}
     if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=meta)  # type: ignore[arg-type]
+        return field(default_factory=lambda: dict(default), metadata=meta)  # type: ignore[return-value]
     return field(default=default, metadata=meta)
 
 

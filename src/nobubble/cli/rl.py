@@ -28,8 +28,9 @@ from nobubble.cli.util import (
 from nobubble.files import claim_output
 from nobubble.rl.actor_learner.config import EnvRunConfig  # torch-free
 from nobubble.rl.preflight import check_run, env_config, import_run_objects
-from nobubble.rl.system.config import BOOL, RunConfig
+from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.config.presets import PRESETS
+from nobubble.settings import BOOL, Settings
 
 __all__ = ["register", "render_runs", "run_config"]
 
@@ -71,7 +72,7 @@ TYPES |= {"checkpoint_dir": _folder, "target_return": _target_return}
 """The argparse type of an RL field by its name, where the check does not say it."""
 
 
-def config_flags(config: type, spec: str, **kinds: Any) -> tuple[Flag, ...]:
+def config_flags(config: type[Settings], spec: str, **kinds: Any) -> tuple[Flag, ...]:
     """The flag rows of the field paths in ``spec`` (space-separated; ``--flag=path`` where the
     flag is not the field's name), their help and argparse type read from each field's
     :func:`~nobubble.settings.setting` (a sub-config's: ``trainer.kl_coef``): a switch, the
