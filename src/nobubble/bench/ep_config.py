@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nobubble.budget import check_budget, check_steps
 from nobubble.moe.layout import TRANSPORT_KINDS, MoEConfig, num_local_experts
 from nobubble.settings import BOOL, Settings, setting
 
@@ -15,6 +16,8 @@ __all__ = ["BenchConfig", "MethodResult", "TrainConfig", "DTYPE_NAMES", "STEP_S"
 
 DTYPE_NAMES = ("bf16", "fp32")
 """``ep bench``'s payload dtypes (:data:`.ep_dispatch.DTYPES` maps them to torch's)."""
+MAX_ITERS = 1000
+"""More timed iterations than this add nothing to a median and can run for hours."""
 STEP_S = 0.01
 """The fastest training step of the smallest run (4 ranks, a 2-layer model of width 32)."""
 VOCAB_BOUND = 128
@@ -59,6 +62,16 @@ class BenchConfig(Settings):
         elem = 2 if self.dtype == "bf16" else 4
         per_rank = self.num_tokens * self.hidden * elem * (self.topk + 4) + 64 * self.num_experts
         return self.num_ranks * per_rank
+
+    def check_budget(self, *, force: bool) -> None:
+        """Refuse (ValueError naming the flag and ``--force``), unless ``force``, a run past
+        :data:`MAX_ITERS` timed or untimed iterations or the process and memory budget."""
+        for flag, count in (("--iters", self.num_iters), ("--warmup", self.num_warmup)):
+            if count > MAX_ITERS and not force:
+                raise ValueError(f"{flag} {count} is past the budget of {MAX_ITERS} (a median "
+                                 "needs far fewer); lower it, or --force")  # fmt: skip
+        check_budget("ep bench", processes=self.num_ranks, data_bytes=self.data_bytes(),
+                     force=force)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +162,15 @@ class TrainConfig(Settings):
         weights = 16.0 * experts * (2 if c.check_dense else 1)
         per_token = c.num_layers * (16 * c.hidden + 3 * c.topk * c.expert_hidden) + 3 * VOCAB_BOUND
         return weights + 4.0 * c.num_ranks * c.batch_size * c.seq_len * per_token
+
+    def check_budget(self, *, force: bool) -> None:
+        """Refuse (ValueError naming the flag and ``--force``), unless ``force``, a run past
+        the process and memory budget or whose ``num_steps`` cannot end within ``timeout_s``."""
+        check_budget("ep train", processes=self.num_ranks, data_bytes=self.data_bytes(),
+                     force=force)  # fmt: skip
+        check_steps("ep train", "--steps", self.num_steps, STEP_S, limit_s=self.timeout_s,
+                    limit=f"--timeout {self.timeout_s:g} s, the whole run's limit",
+                    hint=", raise --timeout", force=force)  # fmt: skip
 
     def moe_config(self) -> MoEConfig:
         return MoEConfig(

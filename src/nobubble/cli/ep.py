@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, TrainConfig
-from nobubble.budget import check_budget, check_steps
-from nobubble.cli.flags import add_config_flags, add_run_flags, config_from_flags
+from nobubble.cli.flags import add_args, add_config_flags, add_run_flags, config_from_flags
 from nobubble.cli.rl import config_flags
 from nobubble.cli.util import (
     ArgumentParser,
@@ -31,12 +29,9 @@ BENCH_FLAGS = config_flags(
     dtype=DTYPE_NAMES,
 )
 
-MAX_ITERS = 1000
-"""More timed iterations than this add nothing to a median and can run for hours."""
-
-BALANCE_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
-    ("--experts", positive_int, None, "logical experts E"),
-    ("--gpus", positive_int, None, "GPUs G (multiple of --nodes)"),
+BALANCE_FLAGS: tuple[tuple, ...] = (
+    ("--experts", positive_int, None, "logical experts E", {"required": True}),
+    ("--gpus", positive_int, None, "GPUs G (multiple of --nodes)", {"required": True}),
     ("--nodes", positive_int, 1, "nodes N (default 1)"),
     ("--redundant", nonneg_int, 0, "redundant experts: E + R must divide by G"),
     ("--groups", positive_int, 1, "expert groups (default 1)"),
@@ -45,7 +40,7 @@ BALANCE_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("--tokens", positive_int, 100_000, "synthetic tokens/layer"),
     ("--seed", nonneg_int, 0, "seed for synthetic loads"),
 )
-"""``ep balance``'s flags: (flag, argparse type or choices, default (None: required), help)."""
+"""``ep balance``'s flags, :func:`~nobubble.cli.flags.add_args` rows."""
 
 TRAIN_FLAGS = config_flags(
     TrainConfig,
@@ -85,9 +80,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         description="Place redundant experts for given or synthetic loads: every GPU's load and "
         "the imbalance before and after EPLB, beside DeepSeek's original EPLB.",
     )
-    for flag, kind, default, text in BALANCE_FLAGS:
-        how = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
-        balance.add_argument(flag, default=default, required=default is None, help=text, **how)
+    add_args(balance, BALANCE_FLAGS)
     src = balance.add_mutually_exclusive_group()
     src.add_argument("--skew", default="zipf:1.0", help="synthetic loads: zipf:S (load ~ "
                      "1/rank^S) or pareto:A (Pareto tail index A)")  # fmt: skip
@@ -126,12 +119,7 @@ def _bench(args: argparse.Namespace) -> int:
     if config.num_ranks == 1:
         raise UsageError("--ranks 1: one rank dispatches to itself, nothing moves and there is "
                          "nothing to time; give --ranks 2 or more")  # fmt: skip
-    for flag, count in (("--iters", config.num_iters), ("--warmup", config.num_warmup)):
-        if count > MAX_ITERS and not args.force:
-            raise UsageError(f"{flag} {count} is past the budget of {MAX_ITERS} (a median "
-                             "needs far fewer); lower it, or --force")  # fmt: skip
-    check_budget("ep bench", processes=config.num_ranks, data_bytes=config.data_bytes(),
-                 force=args.force)  # fmt: skip
+    config.check_budget(force=args.force)
     if len(args.transport) > 1 and args.plot is not None:
         raise UsageError("--plot draws one transport; give --transport one kind with it")
     from nobubble.bench.ep_dispatch import plot_report, run_transports
@@ -186,14 +174,8 @@ def _balance(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nobubble.bench.ep_config import STEP_S
-
     config = config_from_flags(TrainConfig, TRAIN_FLAGS, args)  # ValueError: exit 2
-    check_budget("ep train", processes=config.num_ranks, data_bytes=config.data_bytes(),
-                 force=args.force)  # fmt: skip
-    check_steps("ep train", "--steps", config.num_steps, STEP_S, limit_s=config.timeout_s,
-                limit=f"--timeout {config.timeout_s:g} s, the whole run's limit",
-                hint=", raise --timeout", force=args.force)  # fmt: skip
+    config.check_budget(force=args.force)
     from nobubble.bench.ep_tables import print_train_report
     from nobubble.bench.ep_train import plot_report, run_with_progress
 
