@@ -1,6 +1,5 @@
 """One actor-learner run's configuration (environment, architecture, learner, budget), frozen
-and checked when built; the three architectures share every field (one only one reads says so).
-"""
+and checked when built; the three architectures share every field (one only one reads says so)."""
 
 from __future__ import annotations
 
@@ -26,16 +25,15 @@ LOSSES: tuple[str, ...] = ("ppo", "vtrace")
 
 @dataclass(frozen=True, kw_only=True)
 class EnvRunConfig(RLConfig, LearnerConfig):
-    """An actor-learner run on a gymnasium environment (a text one too, through
-    :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s, :class:`LearnerConfig`'s
-    settings (with these defaults) and these."""
+    """An actor-learner run on a gymnasium (or :mod:`~nobubble.rl.actor_learner.text`) env:
+    :class:`RLConfig`'s and :class:`LearnerConfig`'s settings (these defaults) and these."""
 
     # a gymnasium id or a zero-argument factory of a gymnasium.Env (picklable unless the
     # start method is fork)
     env: str | Callable[[], Any] = "CartPole-v1"
     # sample-factory: central inference, two double-buffered env groups per worker
     arch: Arch = setting(
-        "seed", ARCHS, help="where inference runs: impala (each actor), seed (central), ..."
+        "seed", ARCHS, help="impala: inference in each actor; seed, sample-factory: central"
     )
     actors: int = setting(2, ">= 1", integer=True, help="actor (rollout worker) processes")
     envs_per_actor: int = setting(8, ">= 1", integer=True, help="environments each actor steps")

@@ -151,7 +151,9 @@ class RunConfig(RLConfig):
     task_kwargs: dict = setting({}, None, help="the task's settings, a JSON object")
     mode: str = setting("sync", MODES, help="when the trainer waits for rollouts")
     algo: str = setting("grpo", ALGOS, help="the policy gradient (or the preset's)")
-    sync_every: int = setting(0, ">= 0", integer=True, help="train only fresh groups every N")
+    sync_every: int = setting(
+        0, ">= 0", integer=True, help="force a full sync every N steps; 0 off"
+    )
     drop_staleness: int | None = setting(
         None, ">= 0", integer=True, help="drop groups older than K versions (default: the bound)"
     )
@@ -175,9 +177,12 @@ class RunConfig(RLConfig):
     num_rollout_workers: int = setting(1, COUNT, integer=True, help="rollout workers")
     num_reward_workers: int = setting(1, COUNT, integer=True)
     learners: int = setting(1, COUNT, integer=True, help="L trainers in one gloo group")
-    # sync: all-reduce; async: applied as they come; local-sgd: parameters averaged every
-    # local_sgd_every steps; staleness: async scaled by 1 / (1 + staleness)
-    aggregation: str = setting("sync", AGGREGATIONS, help="how the L gradients combine")
+    aggregation: str = setting(
+        "sync",
+        AGGREGATIONS,
+        help="how the L gradients combine: sync all-reduce; async applied as they come; "
+        "local-sgd parameters averaged every local_sgd_every steps; staleness: async, x 1/(1+lag)",
+    )
     local_sgd_every: int | None = setting(
         None, COUNT, integer=True, help="local SGD's averaging period (default 4)"
     )
