@@ -35,7 +35,10 @@ def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> N
     if isinstance(check, type):
         if not isinstance(value, check):
             kind = check.__name__
-            raise ValueError(f"{name}={value!r}: give a {kind}(...) ({check.__module__})")
+            raise ValueError(
+                f"{name}={value!r}: give a {kind}(...) ({check.__module__}), not a "
+                f"{type(value).__name__}"
+            )
     elif isinstance(check, tuple):
         if not any(type(value) is type(c) and value == c for c in check):
             choices = ", ".join(map(str, check))

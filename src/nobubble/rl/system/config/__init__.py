@@ -37,10 +37,12 @@ class RLConfig(Settings):
     time_budget_s: float | None = setting(
         None, "> 0", help="stop after S seconds (default: tasks none, envs 300)"
     )
-    max_staleness: int | None = setting(  # an older sample is dropped; 0: on-policy
+    max_staleness: int | None = setting(  # an older one is dropped (ledger: stale); 0: on-policy
         None, ">= 0", integer=True, help="versions a sample may lag (default: by mode, envs 4)"
     )
-    threads: int = setting(1, ">= 1", integer=True)  # torch intra-op threads per policy process
+    # torch intra-op threads of each process that runs the policy (tiny models gain nothing
+    # from a second one and lose a lot on a loaded machine)
+    threads: int = setting(1, ">= 1", integer=True)
     # the longest wait for any worker (stage, actor, queue, lock) before the run fails naming
     # who is silent (time_budget_s ends a run normally)
     stall_timeout_s: float = setting(120.0, "> 0")
@@ -76,7 +78,7 @@ class TrainerConfig(LearnerConfig):
     )
     kl_coef: float = setting(0.0, ">= 0", help="weight of KL(pi || pi_ref) (k3); 0 = off")
     kl_refresh_every: int = setting(
-        0, ">= 0", integer=True, help="refresh the KL reference every N steps (0: never)"
+        0, ">= 0", integer=True, help="refresh the KL reference every N steps (0: initial policy)"
     )
     delay_s: float = setting(0.0, ">= 0", help="extra seconds per step (a slow trainer)")
 
@@ -147,7 +149,9 @@ class RunConfig(RLConfig):
     """Everything one RL run on a task needs: :class:`RLConfig`'s settings and these (the docs'
     RL system page says more of what each does)."""
 
-    task: Any = setting("digits", None, help="digits | sum | rg:NAME | MODULE:ATTR | FILE.py:ATTR")
+    task: Any = setting(  # or a task (rl.system.tasks)
+        "digits", None, help="digits | sum | rg:NAME | MODULE:ATTR | FILE.py:ATTR"
+    )
     task_kwargs: dict = setting({}, None, help="the task's settings, a JSON object")
     mode: str = setting("sync", MODES, help="when the trainer waits for rollouts")
     algo: str = setting("grpo", ALGOS, help="the policy gradient (or the preset's)")
@@ -186,8 +190,9 @@ class RunConfig(RLConfig):
     local_sgd_every: int | None = setting(
         None, COUNT, integer=True, help="local SGD's averaging period (default 4)"
     )
-    policy: Any = setting("char", None, help="char | gpt2 | hf:DIR | MODULE:FACTORY")
+    policy: Any = setting("char", None, help="char | gpt2 | hf:DIR | MODULE:FACTORY or a factory")
     policy_kwargs: dict = setting({}, None, help="the policy's settings, a JSON object")
+    # or callables, (fn, weight) pairs, RewardSources; () = the task's
     rewards: tuple = setting((), None, help="repeatable: task | MODULE:FN[=W] (default: task)")
     reward_url: str | None = setting(None, None, help="a remote reward service, POST /score")
     trainer: TrainerConfig = setting(TrainerConfig(), TrainerConfig)
