@@ -32,7 +32,7 @@ from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.config.presets import PRESETS
 from nobubble.settings import BOOL, Settings
 
-__all__ = ["register", "render_runs", "run_config"]
+__all__ = ["config_flags", "register", "render_runs", "run_config"]
 
 
 def _folder(text: str) -> str:
