@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from nobubble.moe.layout import TRANSPORT_KINDS, MoEConfig, num_local_experts
-from nobubble.validation import check_fields
+from nobubble.settings import BOOL, Settings, setting
 
 __all__ = ["BenchConfig", "MethodResult", "TrainConfig", "DTYPE_NAMES", "STEP_S", "VOCAB_BOUND"]
 
@@ -22,36 +22,24 @@ VOCAB_BOUND = 128
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchConfig:
+class BenchConfig(Settings):
     """One benchmark run."""
 
-    num_ranks: int = 4
-    """Local processes (expert-parallel ranks)."""
-    num_tokens: int = 4096
-    """Tokens per rank."""
-    hidden: int = 7168
-    """Hidden size."""
-    num_experts: int = 256
-    """Routed experts (a multiple of ``num_ranks``)."""
-    topk: int = 8
-    """Experts per token."""
-    dtype: str = "bf16"
-    """Payload dtype: bf16 or fp32."""
-    num_iters: int = 3
-    """Timed iterations per method (after ``num_warmup``)."""
-    num_warmup: int = 1
-    """Untimed iterations per method."""
-    timeout_s: float = 1800.0
-    """Limit for the whole run and every collective."""
-    seed: int = 0
-    """Routing / payload seed."""
+    num_ranks: int = setting(4, ">= 1", integer=True, help="local processes (EP ranks)")
+    num_tokens: int = setting(4096, ">= 1", integer=True, help="tokens per rank")
+    hidden: int = setting(7168, ">= 1", integer=True, help="hidden size")
+    num_experts: int = setting(256, ">= 1", integer=True, help="routed experts (k x num_ranks)")
+    topk: int = setting(8, ">= 1", integer=True, help="experts per token")
+    dtype: str = setting("bf16", None, help="payload dtype")
+    num_iters: int = setting(3, ">= 1", integer=True, help="timed iterations per method")
+    num_warmup: int = setting(1, ">= 0", integer=True, help="untimed iterations per method")
+    timeout_s: float = setting(1800.0, "> 0", help="seconds, the run's and each collective's")
+    seed: int = setting(0, ">= 0", integer=True, help="routing and payload seed")
+    # auto: shared memory for gloo on one CPU host; shm; dist: gloo collectives
     transport: str = "auto"
-    """auto (shared memory for gloo on one CPU host), shm or dist (gloo collectives)."""
 
     def __post_init__(self) -> None:
-        names = ("num_ranks", "num_tokens", "hidden", "num_experts", "topk", "num_iters")
-        check_fields("BenchConfig", self, names, ">= 1", integer=True)
-        check_fields("BenchConfig", self, ("num_warmup",), ">= 0", integer=True)
+        super().__post_init__()
         num_local_experts(self.num_experts, self.num_ranks)
         if self.topk > self.num_experts:
             raise ValueError(
@@ -74,59 +62,40 @@ class BenchConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(Settings):
     """One training run (defaults: 4 ranks x 20 steps in well under a minute on 2 CPU cores)."""
 
-    num_ranks: int = 4
-    """``R`` local gloo processes."""
-    ep: int = 0
-    """Expert-parallel ranks per group (``dp = R / ep``); 0: ``gcd(R, num_experts)``."""
-    num_steps: int = 20
-    """Optimizer steps."""
-    num_experts: int = 8
-    """``E`` routed experts per MoE layer (a multiple of ``ep`` and of ``n_groups``)."""
-    topk: int = 2
-    """Routed experts per token."""
-    n_groups: int = 2
-    """DeepSeek-V3 expert groups."""
-    topk_groups: int = 1
-    """Groups a token may route to."""
-    num_redundant: int = 0
-    """Extra physical experts (replicas of hot ones) per layer, a multiple of ``ep``."""
-    rebalance_every: int = 0
-    """Online EPLB every this many steps (0: never)."""
-    hidden: int = 32
-    """Model width."""
-    expert_hidden: int = 32
-    """Intermediate width of one expert."""
-    num_heads: int = 4
-    """Attention heads."""
-    num_layers: int = 2
-    """Transformer blocks (one MoE FFN each)."""
-    seq_len: int = 32
-    """``T`` characters per sequence."""
-    batch_size: int = 8
-    """``B`` sequences per rank and step."""
-    lr: float = 3e-3
-    """AdamW learning rate."""
-    bias_update_rate: float = 1e-3
-    """Aux-loss-free bias step (DeepSeek-V3's gamma)."""
-    seed: int = 0
-    """Model and data seed."""
-    check_dense: bool = False
-    """Also train the dense single-process model on all ranks' batches and compare losses."""
-    timeout_s: float = 600.0
-    """Limit for the whole job and every collective in it."""
+    num_ranks: int = setting(4, ">= 1", integer=True, help="R local gloo processes")
+    ep: int = setting(
+        0, ">= 0", integer=True, help="EP ranks per group, dp = R / ep (default: gcd(R, E))"
+    )
+    num_steps: int = setting(20, ">= 1", integer=True, help="optimizer steps")
+    num_experts: int = setting(8, ">= 1", integer=True, help="E routed experts per MoE layer")
+    topk: int = setting(2, ">= 1", integer=True, help="routed experts per token")
+    n_groups: int = setting(2, ">= 1", integer=True)  # DeepSeek-V3 expert groups
+    topk_groups: int = setting(1, ">= 1", integer=True)  # groups a token may route to
+    num_redundant: int = setting(
+        0, ">= 0", integer=True, help="extra physical experts per layer, a multiple of ep"
+    )
+    rebalance_every: int = setting(
+        0, ">= 0", integer=True, help="online EPLB every K steps (default: never)"
+    )
+    hidden: int = setting(32, ">= 1", integer=True)  # model width
+    expert_hidden: int = setting(32, ">= 1", integer=True)  # intermediate width of an expert
+    num_heads: int = setting(4, ">= 1", integer=True)  # attention heads
+    num_layers: int = setting(2, ">= 1", integer=True)  # transformer blocks (one MoE FFN each)
+    seq_len: int = setting(32, ">= 1", integer=True)  # T characters per sequence
+    batch_size: int = setting(8, ">= 1", integer=True, help="B sequences per rank and step")
+    lr: float = setting(3e-3, "> 0", help="AdamW learning rate")
+    bias_update_rate: float = setting(1e-3, ">= 0")  # aux-loss-free bias step (DeepSeek's gamma)
+    seed: int = setting(0, ">= 0", integer=True, help="model and data seed")
+    check_dense: bool = setting(
+        False, BOOL, help="also train the dense model in one process; compare losses"
+    )
+    timeout_s: float = setting(600.0, "> 0", help="seconds, the job's and each collective's")
 
     def __post_init__(self) -> None:
-        counts = ("num_ranks", "num_steps", "num_experts", "topk", "n_groups", "topk_groups",
-                  "hidden", "expert_hidden", "num_heads", "num_layers", "seq_len",
-                  "batch_size")  # fmt: skip
-        check_fields("TrainConfig", self, counts, ">= 1", integer=True)
-        check_fields("TrainConfig", self, ("ep", "num_redundant", "rebalance_every", "seed"),
-                     ">= 0", integer=True)  # fmt: skip
-        check_fields("TrainConfig", self, ("lr", "timeout_s"), "> 0")
-        check_fields("TrainConfig", self, ("bias_update_rate",), ">= 0")
+        super().__post_init__()
         ep, ranks = self.expert_parallel, self.num_ranks
         if ranks % ep:
             raise ValueError(

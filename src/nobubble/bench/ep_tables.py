@@ -3,18 +3,21 @@ and the fast-path sections (:mod:`nobubble.bench.ep_fastpath` results)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from nobubble.bench.ep_fastpath import TRANSPORT_PATHS
-from nobubble.bench.output import print_table
+from nobubble.bench.output import console, print_table
 
 __all__ = [
+    "print_balance_report",
     "print_dispatch_report",
-    "print_transport_comparison",
+    "print_bench_reports",
     "print_transports",
     "print_hierarchical",
     "print_low_latency",
     "print_overlap",
+    "print_train_report",
 ]
 
 
@@ -53,10 +56,14 @@ def print_dispatch_report(report: Any) -> None:
     )
 
 
-def print_transport_comparison(reports: list[Any]) -> None:
-    """``ep bench --transport shm,dist``: Buffer's times over each transport of ``reports``
-    (:class:`~nobubble.bench.ep_dispatch.BenchReport`, ``buffer`` first in each), relative
-    to the first transport."""
+def print_bench_reports(reports: list[Any]) -> None:
+    """``ep bench``'s tables of ``reports`` (:class:`~nobubble.bench.ep_dispatch.BenchReport`,
+    one per transport, ``buffer`` first in each): each one's, then with several transports
+    Buffer's times over each, relative to the first transport."""
+    for report in reports:
+        print_dispatch_report(report)
+    if len(reports) < 2:
+        return
     first = reports[0].methods[0]
     print_table(
         "ep bench: Buffer over each transport (median, slowest rank)",
@@ -147,3 +154,71 @@ def print_overlap(res: dict[str, Any]) -> None:
         [([t, mode], r) for t, rows in res["rows"].items() for mode, r in rows.items()],
         str(res["shape"]),
     )
+
+
+BALANCE_SUMMARY = (
+    ("imbalance_before", "max/mean before"),
+    ("imbalance", "max/mean after"),
+    ("duplicate_gpus", "GPUs with an expert twice"),
+    ("eplb_original_imbalance", "EPLB original max/mean"),
+    ("eplb_original_duplicate_gpus", "EPLB: GPUs with an expert twice"),
+)
+"""``ep balance``'s per-layer summary table: (report key, column)."""
+
+
+def print_balance_report(r: dict[str, Any]) -> None:
+    """``ep balance``'s tables of a :class:`~nobubble.moe.balance.report.BalanceReport`'s
+    ``to_dict()``: layer 0's GPUs (load before / after, experts), each layer's imbalance."""
+    gpn, counts = r["gpus"] // r["nodes"], r["logcnt"][0]
+    rows = [[g, g // gpn, r["gpu_load_before"][0][g], r["gpu_load_after"][0][g],
+             " ".join(f"{e}" + ("*" if counts[e] > 1 else "") for e in experts)]
+            for g, experts in enumerate(r["gpu_experts"][0])]  # fmt: skip
+    print_table(f"layer 0: {r['experts']} experts + {r['redundant']} redundant on {r['gpus']} "
+                f"GPUs / {r['nodes']} nodes ({r['policy']})",
+                ["gpu", "node", "load before", "load after", "experts (* = replicated)"], rows)  # fmt: skip
+    per_layer = zip(*(r[key] for key, _ in BALANCE_SUMMARY))  # (layer's figure of each key)
+    print_table("imbalance (max / mean GPU load)", ["layer", *(c for _, c in BALANCE_SUMMARY)],
+                [[layer, *figures] for layer, figures in enumerate(per_layer)])  # fmt: skip
+
+
+TRAIN_ROWS = 30
+"""``ep train`` prints this many evenly spaced steps of a longer run (the JSON has all)."""
+
+
+def print_train_report(report: Any, plot: Path) -> None:
+    """``ep train``'s table of a :class:`~nobubble.bench.ep_train.TrainReport` (at most
+    :data:`TRAIN_ROWS` evenly spaced steps), its summary lines and the ``plot`` written."""
+    c, n = report.config, len(report.losses)
+    shown = range(n) if n <= TRAIN_ROWS else sorted(
+        {round(i * (n - 1) / (TRAIN_ROWS - 1)) for i in range(TRAIN_ROWS)})  # fmt: skip
+    dense = report.dense_losses is not None
+    rows = [[s + 1, report.losses[s],
+             *([report.dense_losses[s], report.dense_abs_diff[s]] if dense else []),
+             report.rank_imbalance[s], report.expert_imbalance[s]] for s in shown]  # fmt: skip
+    print_table(
+        f"ep train: {c.num_ranks} ranks (dp {report.dp} x ep {report.ep}), {c.num_experts} "
+        f"experts + {c.num_redundant} redundant, top-{c.topk}, "
+        + (f"rebalance every {c.rebalance_every} steps" if c.rebalance_every else "no rebalancing"),
+        ["step", "loss", *(["dense loss", "|diff|"] if dense else []),
+         "max/mean rank load", "max/mean expert load"],
+        rows,
+        caption="load: (token, slot) rows received, max / mean over ranks and over physical "
+        "experts, mean over MoE layers",
+    )  # fmt: skip
+    out = console()
+    out.print(
+        f"loss {report.losses[0]:.4f} -> {report.final_loss:.4f} in {n} steps "
+        f"({report.seconds:.1f} s); max/mean rank load over the second half "
+        f"{report.rank_imbalance_second_half:.4f}"
+    )
+    if dense:
+        verdict = "equal" if report.dense_ok else "DIFFERENT"
+        out.print(
+            f"dense single process: loss {report.dense_losses[-1]:.4f} at the last step; "
+            f"|diff| {report.dense_abs_diff[-1]:.2e} last, {max(report.dense_abs_diff):.2e} max "
+            f"({verdict} within 1e-4)"
+        )
+    if report.rebalances:
+        moved = sum(r["moved"] for r in report.rebalances)
+        out.print(f"{len(report.rebalances)} layer rebalances moved {moved} experts")
+    out.print(f"plot: {plot}")

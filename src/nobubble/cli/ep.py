@@ -7,36 +7,28 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from nobubble.bench.ep_config import DTYPE_NAMES
+from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, TrainConfig
 from nobubble.budget import check_budget, check_steps
-from nobubble.cli.flags import Flag, add_config_flags, add_run_flags, config_from_flags
+from nobubble.cli.flags import add_config_flags, add_run_flags, config_from_flags
+from nobubble.cli.rl import config_flags
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
-    console,
     input_file,
     nonneg_int,
-    positive_float,
     positive_int,
     print_json,
-    print_table,
 )
 from nobubble.files import claim_output
 from nobubble.moe.layout import TRANSPORT_KINDS
 
 __all__ = ["register"]
 
-BENCH_FLAGS: tuple[Flag, ...] = (
-    ("--ranks", "num_ranks", positive_int, "local ranks"),
-    ("--tokens", "num_tokens", positive_int, "tokens per rank"),
-    ("--hidden", "hidden", positive_int, "hidden size"),
-    ("--experts", "num_experts", positive_int, "routed experts"),
-    ("--topk", "topk", positive_int, "experts per token"),
-    ("--dtype", "dtype", DTYPE_NAMES, "payload dtype"),
-    ("--iters", "num_iters", positive_int, "timed iterations"),
-    ("--warmup", "num_warmup", nonneg_int, "untimed iterations"),
-    ("--seed", "seed", nonneg_int, "routing seed"),
-    ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
+BENCH_FLAGS = config_flags(
+    BenchConfig,
+    "--ranks=num_ranks --tokens=num_tokens hidden --experts=num_experts topk dtype "
+    "--iters=num_iters --warmup=num_warmup seed --timeout=timeout_s",
+    dtype=DTYPE_NAMES,
 )
 
 MAX_ITERS = 1000
@@ -55,61 +47,33 @@ BALANCE_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
 )
 """``ep balance``'s flags: (flag, argparse type or choices, default (None: required), help)."""
 
-SUMMARY = (
-    ("imbalance_before", "max/mean before"),
-    ("imbalance", "max/mean after"),
-    ("duplicate_gpus", "GPUs with an expert twice"),
-    ("eplb_original_imbalance", "EPLB original max/mean"),
-    ("eplb_original_duplicate_gpus", "EPLB: GPUs with an expert twice"),
+TRAIN_FLAGS = config_flags(
+    TrainConfig,
+    "--ranks=num_ranks --steps=num_steps ep --experts=num_experts topk "
+    "--redundant=num_redundant rebalance_every check_dense --batch=batch_size lr seed "
+    "--timeout=timeout_s",
+    ep=positive_int,  # 0 (gcd) and never are what leaving them out gives
+    rebalance_every=positive_int,
 )
-"""``ep balance``'s per-layer summary table: (report key, column)."""
-
-TRAIN_FLAGS: tuple[Flag, ...] = (
-    ("--ranks", "num_ranks", positive_int, "local ranks R"),
-    ("--steps", "num_steps", positive_int, "training steps"),
-    ("--ep", "ep", positive_int,
-     "expert-parallel ranks per group, dp = R / ep (default: gcd(R, --experts))"),
-    ("--experts", "num_experts", positive_int, "routed experts per layer"),
-    ("--topk", "topk", positive_int, "experts per token"),
-    ("--redundant", "num_redundant", nonneg_int,
-     "extra physical experts per layer (replicas of hot ones), a multiple of ep"),
-    ("--rebalance-every", "rebalance_every", positive_int,
-     "online EPLB every K steps: re-place replicas, move weights and Adam state (default: never)"),
-    ("--check-dense", "check_dense", bool,
-     "also train the dense model in one process on all ranks' batches; compare losses"),
-    ("--batch", "batch_size", positive_int, "sequences per rank and step"),
-    ("--lr", "lr", positive_float, "AdamW learning rate"),
-    ("--seed", "seed", nonneg_int, "model and data seed"),
-    ("--timeout", "timeout_s", positive_float, "seconds before giving up"),
-)  # fmt: skip
-
-MAX_ROWS = 30
-"""``ep train`` prints this many evenly spaced steps of a longer run (the JSON has all)."""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from nobubble.bench.ep_config import BenchConfig, TrainConfig
-
     parser.set_defaults(group_parser=parser)
     sub = parser.add_subparsers(dest="ep_command", metavar="SUBCOMMAND",
                                 parser_class=ArgumentParser)  # fmt: skip
     bench = sub.add_parser(
         "bench",
         help="time Buffer dispatch/combine against per-pair all-to-all and all-gather",
-        description="Spawn R local ranks (gloo, one thread each) and time DeepEP-style "
-        "dispatch/combine beside two baselines in the same processes, all three over one "
-        "transport (--transport); several transports (--transport shm,dist) run one after "
-        "the other and are compared through the same Buffer.",
+        description="Spawn R local gloo ranks and time DeepEP-style dispatch/combine beside two "
+        "baselines, over each --transport in turn.",
     )
     add_config_flags(bench, BenchConfig, BENCH_FLAGS)
     bench.add_argument(
         "--transport",
         type=_transport_kinds,
         default=("auto",),
-        help="how rows move between ranks, one kind or a comma list to compare: shm = shared "
-        "memory on this host (Buffer's peer-write path: direct writes into the peers' "
-        "/dev/shm slots); dist = torch.distributed (gloo) collectives; auto (default) = shm "
-        "for gloo on one CPU host, else dist",
+        help="how rows move, a kind or a comma list to compare: shm (writes into the peers' "
+        "/dev/shm slots), dist (gloo collectives), auto (default: shm for gloo on one host)",
     )
     add_run_flags(bench, plot="also draw times and bytes (PNG or SVG)",
                   force="run past the process, memory and --iters/--warmup budgets")  # fmt: skip
@@ -118,9 +82,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     balance = sub.add_parser(
         "balance",
         help="place redundant experts (EPLB) and show per-GPU load before / after",
-        description="Place redundant experts for given or synthetic loads: the load of every "
-        "GPU before (each expert once, in order) and after EPLB, the imbalance (max / mean "
-        "GPU load) of both, DeepSeek's original EPLB on the same loads, and the placement.",
+        description="Place redundant experts for given or synthetic loads: every GPU's load and "
+        "the imbalance before and after EPLB, beside DeepSeek's original EPLB.",
     )
     for flag, kind, default, text in BALANCE_FLAGS:
         how = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
@@ -159,8 +122,6 @@ def _transport_kinds(text: str) -> tuple[str, ...]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from nobubble.bench.ep_config import BenchConfig  # no torch: refusals come before it
-
     config = config_from_flags(BenchConfig, BENCH_FLAGS, args, transport=args.transport[0])
     if config.num_ranks == 1:
         raise UsageError("--ranks 1: one rank dispatches to itself, nothing moves and there is "
@@ -174,7 +135,7 @@ def _bench(args: argparse.Namespace) -> int:
     if len(args.transport) > 1 and args.plot is not None:
         raise UsageError("--plot draws one transport; give --transport one kind with it")
     from nobubble.bench.ep_dispatch import plot_report, run_transports
-    from nobubble.bench.ep_tables import print_dispatch_report, print_transport_comparison
+    from nobubble.bench.ep_tables import print_bench_reports
 
     reports = run_transports(config, args.transport)
     if args.plot is not None:
@@ -183,10 +144,7 @@ def _bench(args: argparse.Namespace) -> int:
         dicts = [r.to_dict() for r in reports]
         print_json(dicts[0] if len(dicts) == 1 else {"transports": dicts})
     else:
-        for report in reports:
-            print_dispatch_report(report)
-        if len(reports) > 1:
-            print_transport_comparison(reports)
+        print_bench_reports(reports)
     return 0 if all(m.correct for r in reports for m in r.methods) else 1
 
 
@@ -209,6 +167,7 @@ def _check_balance(args: argparse.Namespace) -> None:
 
 def _balance(args: argparse.Namespace) -> int:
     _check_balance(args)  # before torch is imported (by the two modules below)
+    from nobubble.bench.ep_tables import print_balance_report
     from nobubble.moe.balance.loads import expert_loads
     from nobubble.moe.balance.report import balance_report, plot_balance
 
@@ -221,22 +180,13 @@ def _balance(args: argparse.Namespace) -> int:
         r["plot"] = str(plot_balance(result, args.plot))
     if args.json:
         print_json(r)
-        return 0
-    gpn, counts = r["gpus"] // r["nodes"], r["logcnt"][0]
-    rows = [[g, g // gpn, r["gpu_load_before"][0][g], r["gpu_load_after"][0][g],
-             " ".join(f"{e}" + ("*" if counts[e] > 1 else "") for e in experts)]
-            for g, experts in enumerate(r["gpu_experts"][0])]  # fmt: skip
-    print_table(f"layer 0: {r['experts']} experts + {r['redundant']} redundant on {r['gpus']} "
-                f"GPUs / {r['nodes']} nodes ({r['policy']})",
-                ["gpu", "node", "load before", "load after", "experts (* = replicated)"], rows)  # fmt: skip
-    per_layer = zip(*(r[key] for key, _ in SUMMARY))  # (layer's figure of each key)
-    print_table("imbalance (max / mean GPU load)", ["layer", *(c for _, c in SUMMARY)],
-                [[layer, *figures] for layer, figures in enumerate(per_layer)])  # fmt: skip
+    else:
+        print_balance_report(r)
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nobubble.bench.ep_config import STEP_S, TrainConfig  # no torch: refusals before it
+    from nobubble.bench.ep_config import STEP_S
 
     config = config_from_flags(TrainConfig, TRAIN_FLAGS, args)  # ValueError: exit 2
     check_budget("ep train", processes=config.num_ranks, data_bytes=config.data_bytes(),
@@ -244,6 +194,7 @@ def _train(args: argparse.Namespace) -> int:
     check_steps("ep train", "--steps", config.num_steps, STEP_S, limit_s=config.timeout_s,
                 limit=f"--timeout {config.timeout_s:g} s, the whole run's limit",
                 hint=", raise --timeout", force=args.force)  # fmt: skip
+    from nobubble.bench.ep_tables import print_train_report
     from nobubble.bench.ep_train import plot_report, run_with_progress
 
     with claim_output(args.plot):  # before the ranks start: refuse another live run's plot
@@ -252,42 +203,5 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**report.to_dict(), "plot": str(plot)})
     else:
-        _print_train(report, plot)
+        print_train_report(report, plot)
     return 1 if report.dense_ok is False else 0
-
-
-def _print_train(report: Any, plot: Path) -> None:
-    c, n = report.config, len(report.losses)
-    shown = range(n) if n <= MAX_ROWS else sorted(
-        {round(i * (n - 1) / (MAX_ROWS - 1)) for i in range(MAX_ROWS)})  # fmt: skip
-    dense = report.dense_losses is not None
-    rows = [[s + 1, report.losses[s],
-             *([report.dense_losses[s], report.dense_abs_diff[s]] if dense else []),
-             report.rank_imbalance[s], report.expert_imbalance[s]] for s in shown]  # fmt: skip
-    print_table(
-        f"ep train: {c.num_ranks} ranks (dp {report.dp} x ep {report.ep}), {c.num_experts} "
-        f"experts + {c.num_redundant} redundant, top-{c.topk}, "
-        + (f"rebalance every {c.rebalance_every} steps" if c.rebalance_every else "no rebalancing"),
-        ["step", "loss", *(["dense loss", "|diff|"] if dense else []),
-         "max/mean rank load", "max/mean expert load"],
-        rows,
-        caption="load: (token, slot) rows received, max / mean over ranks and over physical "
-        "experts, mean over MoE layers",
-    )  # fmt: skip
-    out = console()
-    out.print(
-        f"loss {report.losses[0]:.4f} -> {report.final_loss:.4f} in {n} steps "
-        f"({report.seconds:.1f} s); max/mean rank load over the second half "
-        f"{report.rank_imbalance_second_half:.4f}"
-    )
-    if dense:
-        verdict = "equal" if report.dense_ok else "DIFFERENT"
-        out.print(
-            f"dense single process: loss {report.dense_losses[-1]:.4f} at the last step; "
-            f"|diff| {report.dense_abs_diff[-1]:.2e} last, {max(report.dense_abs_diff):.2e} max "
-            f"({verdict} within 1e-4)"
-        )
-    if report.rebalances:
-        moved = sum(r["moved"] for r in report.rebalances)
-        out.print(f"{len(report.rebalances)} layer rebalances moved {moved} experts")
-    out.print(f"plot: {plot}")

@@ -26,17 +26,11 @@ from nobubble.cli.util import (
     print_result,
 )
 from nobubble.files import claim_output
-from nobubble.rl.actor_learner.config import ARCHS, LOSSES, EnvRunConfig  # torch-free
+from nobubble.rl.actor_learner.config import EnvRunConfig  # torch-free
 from nobubble.rl.preflight import check_run, env_config, import_run_objects
-from nobubble.rl.system.config import (
-    AGGREGATIONS,
-    ALGOS,
-    ENGINES,
-    MODES,
-    STALENESS_WEIGHTS,
-    RunConfig,
-)
+from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.config.presets import PRESETS
+from nobubble.settings import BOOL, Settings
 
 __all__ = ["register", "render_runs", "run_config"]
 
@@ -64,113 +58,78 @@ def _target_return(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"{err} or 'none'") from None
 
 
-SHARED_FLAGS: tuple[Flag, ...] = (
-    ("--max-staleness", "max_staleness", nonneg_int,
-     "versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4; --env 4)"),
-    ("--steps", "steps", positive_int, "learner updates (default: tasks 400; --env: no bound "
-     "but the others)"),
-    ("--seed", "seed", nonneg_int, "seeds the policy, the prompts or envs and sampling (default 0)"),
-    ("--time-budget", "time_budget_s", positive_float,
-     "stop after S seconds (default: tasks none; --env 300)"),
-)  # fmt: skip
+NUMBERS = {
+    (">= 1", True): positive_int,
+    (">= 0", True): nonneg_int,
+    ("> 0", False): positive_float,
+    ("(0, 1]", False): positive_float,
+    (">= 0", False): nonneg_float,
+    ("[0, 1]", False): nonneg_float,
+}
+"""A numeric field's argparse type by its check and ``integer`` (the config checks it again)."""
+TYPES = {"task_kwargs": _json_object, "policy_kwargs": _json_object, "rewards": list}
+TYPES |= {"checkpoint_dir": _folder, "target_return": _target_return}
+"""The argparse type of an RL field by its name, where the check does not say it."""
+
+
+def config_flags(config: type[Settings], spec: str, **kinds: Any) -> tuple[Flag, ...]:
+    """The flag rows of the field paths in ``spec`` (space-separated; ``--flag=path`` where the
+    flag is not the field's name), their help and argparse type read from each field's
+    :func:`~nobubble.settings.setting` (a sub-config's: ``trainer.kl_coef``): a switch, the
+    choices, ``kinds[name]`` (default :data:`TYPES`), a number by :data:`NUMBERS`, or ``str``."""
+    rows = []
+    for item in spec.split():
+        flag, _, path = item.rpartition("=")
+        *heads, name = path.split(".")
+        owner = config
+        for head in heads:
+            owner = owner.rules()[head]["check"]  # the sub-config's class
+        rule = owner.rules()[name]
+        check = rule["check"]
+        kind = {**TYPES, **kinds}.get(name) or NUMBERS.get((check, rule["integer"]), str)
+        if isinstance(check, tuple):
+            kind = bool if check == BOOL else check
+        rows.append((flag or "--" + name.replace("_", "-"), path, kind, rule["help"]))
+    return tuple(rows)
+
+
+_run_flags = functools.partial(config_flags, RunConfig)
+SHARED_FLAGS = _run_flags("max_staleness steps seed --time-budget=time_budget_s")
 """The flags both producers read, each a field of both configs."""
-
-TASK_FLAGS: tuple[Flag, ...] = (
-    ("--task", "task", str, "digits | sum | rg:<reasoning-gym name> | MODULE:ATTR | FILE.py:ATTR "
-     "(default digits)"),
-    ("--task-kwargs", "task_kwargs", _json_object, "the task's settings, a JSON object"),
-    ("--policy", "policy", str, "char | gpt2 (Hugging Face, from a config) | hf:DIR | "
-     "MODULE:FACTORY (default char)"),
-    ("--policy-kwargs", "policy_kwargs", _json_object, "the policy's settings, a JSON object"),
-    ("--reward", "rewards", list, "a reward source, repeatable, summed with weights: task | "
-     "MODULE:FN[=W] (default task)"),
-    ("--reward-url", "reward_url", str, "a remote reward service, POST /score (default none)"),
-    ("--engine", "engine", ENGINES, "where the stages run"),
-    ("--generators", "num_rollout_workers", positive_int,
-     "rollout workers, each holding its own weight version"),
-    ("--address", "ray_address", str, "Ray cluster address (default: start a local Ray)"),
-    ("--target-accuracy", "target_accuracy", positive_float,
-     "stop once the eval accuracy reaches this (default: never)"),
-    ("--batch-groups", "batch_groups", positive_int, "groups per step"),
-    ("--group-size", "group_size", positive_int, "responses per prompt"),
-    ("--eval-every", "eval_every", positive_int, "steps between evals"),
-    ("--reward-delay", "reward.delay_s", nonneg_float, "seconds per reward call"),
-    ("--reward-failure-rate", "reward.failure_rate", nonneg_float,
-     "probability that a reward attempt raises"),
-    ("--trainer-delay", "trainer.delay_s", nonneg_float,
-     "extra seconds per trainer step (a slow trainer)"),
-)  # fmt: skip
+TASK_FLAGS = _run_flags(
+    "task task_kwargs policy policy_kwargs --reward=rewards reward_url engine "
+    "--generators=num_rollout_workers --address=ray_address target_accuracy batch_groups "
+    "group_size eval_every --reward-delay=reward.delay_s "
+    "--reward-failure-rate=reward.failure_rate --trainer-delay=trainer.delay_s",
+)
 """The task producer's flags of ``rl train`` and ``rl compare``."""
-
-TRAIN_GROUPS: dict[str, tuple[Flag, ...]] = {
-    "schedule": (
-        ("--mode", "mode", MODES, "when the trainer waits for rollouts"),
-        ("--algo", "algo", ALGOS, "the policy gradient (or the preset's)"),
+LAG_CONTROL = _run_flags(
+    "drop_staleness trainer.staleness_weighting trainer.kl_coef trainer.kl_refresh_every "
+    "sync_every --replay=replay.mode --replay-capacity=replay.capacity "
+    "--replay-groups=replay.groups_per_step",
+)
+TRAIN_GROUPS = {
+    "schedule": _run_flags("mode algo"),
+    "lag control (each overrides --preset)": LAG_CONTROL,
+    "many learners": _run_flags("learners aggregation local_sgd_every"),
+    "in-flight weight updates (partial rollouts; local engine)": _run_flags(
+        "partial_rollouts weight_check_every --token-delay=rollout.token_delay_s"
     ),
-    "lag control (each overrides --preset)": (
-        ("--drop-staleness", "drop_staleness", nonneg_int,
-         "drop samples older than K versions (default: the staleness bound)"),
-        ("--staleness-weighting", "trainer.staleness_weighting", STALENESS_WEIGHTS,
-         "weight each sample's loss by its age: 1/(1+lag) or 0.5**lag"),
-        ("--kl-coef", "trainer.kl_coef", nonneg_float, "KL penalty to a reference policy"),
-        ("--kl-refresh-every", "trainer.kl_refresh_every", nonneg_int,
-         "refresh the KL reference every N steps (0 = the frozen initial policy)"),
-        ("--sync-every", "sync_every", nonneg_int, "force a full sync every N steps (0 = never)"),
-        ("--replay", "replay.mode", ("none", "uniform", "prioritized"), "replay of trained groups"),
-        ("--replay-capacity", "replay.capacity", nonneg_int, "groups kept"),
-        ("--replay-groups", "replay.groups_per_step", nonneg_int, "groups drawn from the replay per step"),
-    ),
-    "many learners": (
-        ("--learners", "learners", positive_int,
-         "trainer processes in one gloo group, each on a share of the batch"),
-        ("--aggregation", "aggregation", AGGREGATIONS, "sync: all-reduce; async: applied on "
-         "learner 0 as they arrive; local-sgd: average every H steps; staleness: async, x "
-         "1/(1+staleness) (default sync)"),
-        ("--local-sgd-every", "local_sgd_every", positive_int,
-         "local-sgd's averaging period in steps (default 4)"),
-    ),
-    "in-flight weight updates (partial rollouts; local engine)": (
-        ("--partial-rollouts", "partial_rollouts", bool, "generators take new weights between "
-         "tokens; trades one version per GRPO group for fresher tokens"),
-        ("--weight-check-every", "weight_check_every", positive_int,
-         "with --partial-rollouts, look for new weights every N tokens"),
-        ("--token-delay", "rollout.token_delay_s", nonneg_float,
-         "extra seconds per generated token (a slow decoder)"),
-    ),
-    "checkpoints and recovery": (
-        ("--checkpoint-dir", "checkpoint_dir", _folder, "checkpoint folder (default none)"),
-        ("--checkpoint-every", "checkpoint_every", nonneg_int,
-         "checkpoint every N steps (and at the last step); 0 = the last step only"),
-        ("--restart-workers", "restart_workers", bool,
-         "restart a rollout or reward worker that dies and requeue its groups"),
-    ),
-}  # fmt: skip
+    "checkpoints and recovery": _run_flags("checkpoint_dir checkpoint_every restart_workers"),
+}
 """``rl train``'s own task flags, by help section."""
-
-TRAIN_FLAGS = tuple(f for group in TRAIN_GROUPS.values() for f in group) + (
-    ("--resume", "resume", bool, "continue from the newest checkpoint in DIR"),
+TRAIN_FLAGS = (
+    *(f for group in TRAIN_GROUPS.values() for f in group),
+    ("--resume", "resume", bool, ""),
 )
 # the settings a preset makes: the flags that set them are laid over the preset's config
-PRESET_OWNED = {"max_staleness", "algo", "drop_staleness", "replay.mode", "replay.capacity",
-                "replay.groups_per_step", "trainer.staleness_weighting", "trainer.kl_coef",
-                "trainer.kl_refresh_every"}  # fmt: skip
+PRESET_OWNED = {"max_staleness", "algo", *(path for _, path, _, _ in LAG_CONTROL)}
 # flags of one producer that are not config fields: (flag, dest)
 TASK_ONLY = (("--preset", "preset"), ("--ablation", "ablation"), ("--etas", "etas"))
-
-
-ENV_FLAGS: tuple[Flag, ...] = (
-    ("--arch", "arch", ARCHS, "where inference runs: impala (in each actor), seed (central), "
-     "sample-factory (central, double-buffered envs); rl train only"),
-    ("--actors", "actors", positive_int, "actor processes"),
-    ("--envs-per-actor", "envs_per_actor", positive_int, "environments each actor steps"),
-    ("--env-step-delay-ms", "env_step_delay_ms", nonneg_float,
-     "sleep per env step, a stand-in for a slow simulator"),
-    ("--loss", "loss", LOSSES, "ppo (APPO) or vtrace (IMPALA)"),
-    ("--env-steps", "max_env_steps", positive_int, "stop after N environment steps"),
-    ("--target-return", "target_return", _target_return,
-     "stop when the greedy eval mean reaches it ('none': never); default: the env's reward "
-     "threshold (CartPole-v1 475, Acrobot-v1 -100; text envs: success 0.8)"),
-)  # fmt: skip
+ENV_FLAGS = config_flags(
+    EnvRunConfig,
+    "arch actors envs_per_actor env_step_delay_ms loss --env-steps=max_env_steps target_return",
+)
 """The environment producer's own flags (``--arch`` first: ``rl compare`` runs them all)."""
 
 

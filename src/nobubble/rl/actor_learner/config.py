@@ -26,27 +26,27 @@ LOSSES: tuple[str, ...] = ("ppo", "vtrace")
 
 @dataclass(frozen=True, kw_only=True)
 class EnvRunConfig(RLConfig, LearnerConfig):
-    """An actor-learner run on a gymnasium environment (a text environment is one too, through
-    :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s settings (``steps`` are
-    learner updates, None: no bound but the others), :class:`LearnerConfig`'s (Adam's ``lr``
-    2.5e-3 and ``max_grad_norm`` 0.5 by default here) and these."""
+    """An actor-learner run on a gymnasium environment (a text one too, through
+    :mod:`nobubble.rl.actor_learner.text`): :class:`RLConfig`'s, :class:`LearnerConfig`'s
+    settings (with these defaults) and these."""
 
     # a gymnasium id or a zero-argument factory of a gymnasium.Env (picklable unless the
     # start method is fork)
     env: str | Callable[[], Any] = "CartPole-v1"
-    # impala: actors hold a policy copy; seed: central batched inference; sample-factory:
-    # central inference, two double-buffered env groups per worker
-    arch: Arch = setting("seed", ARCHS)
-    actors: int = setting(2, ">= 1", integer=True)  # actor (rollout worker) processes
-    envs_per_actor: int = setting(8, ">= 1", integer=True)  # two groups for sample-factory
-    env_step_delay_ms: float = setting(0.0, ">= 0")  # per env step: a slow simulator or tool
+    # sample-factory: central inference, two double-buffered env groups per worker
+    arch: Arch = setting(
+        "seed", ARCHS, help="where inference runs: impala (each actor), seed (central), ..."
+    )
+    actors: int = setting(2, ">= 1", integer=True, help="actor (rollout worker) processes")
+    envs_per_actor: int = setting(8, ">= 1", integer=True, help="environments each actor steps")
+    env_step_delay_ms: float = setting(0.0, ">= 0", help="sleep per env step (a slow simulator)")
     unroll_length: int = setting(32, ">= 1", integer=True)  # steps per trajectory (T)
     # actor unrolls per update, each envs_per_actor envs x unroll_length steps (sample-factory:
     # a worker's two group trajectories count as one unroll)
     batch_trajectories: int = setting(2, ">= 1", integer=True)
     epochs: int = setting(4, ">= 1", integer=True)  # per batch (1: IMPALA; > 1: APPO)
     minibatches: int = 2  # per epoch, split over the batch's environments
-    loss: str = setting("ppo", LOSSES)  # ppo: clip on V-trace advantages; vtrace: IMPALA
+    loss: str = setting("ppo", LOSSES, help="ppo (APPO: clip on V-trace advantages) or vtrace")
     lr: float = 2.5e-3
     max_grad_norm: float = 0.5
     gamma: float = setting(0.99, "[0, 1]")
@@ -57,9 +57,11 @@ class EnvRunConfig(RLConfig, LearnerConfig):
     model: Callable[[int, int], Any] | None = None
     max_staleness: int = 4
     inference_deadline_ms: float = setting(2.0, ">= 0")  # central inference's wait for a batch
-    max_env_steps: int = setting(2_000_000, ">= 1", integer=True)  # stop after this many
+    max_env_steps: int = setting(2_000_000, ">= 1", integer=True, help="stop after N env steps")
     time_budget_s: float = 300.0
-    target_return: float | None = 475.0  # stop once the greedy eval mean reaches it
+    target_return: float | None = setting(
+        475.0, None, help="stop at this greedy eval mean (none: never; default: the env's)"
+    )
     eval_episodes: int = setting(20, ">= 1", integer=True)
     # evaluate at least this often, and whenever the training return reaches the target
     eval_every_s: float = setting(5.0, "> 0")

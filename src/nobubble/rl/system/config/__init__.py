@@ -1,20 +1,16 @@
-"""One RL run's configuration, typed, torch-free and checked when built: a field made by
-:func:`setting` carries its rule and :class:`Settings` checks it in ``__post_init__``, raising
-``ValueError`` naming ``Owner.field=value`` and the rule (a subclass that gives a field another
-default keeps the rule of the class that declared it; None passes only where the default is
-None). :class:`RunConfig` (a task run) holds its stages' settings (:class:`TrainerConfig`,
-:class:`RolloutConfig`, :class:`RewardConfig`); it is frozen and picklable (both engines build
-their workers from it alone) and checks its flags before the components that need torch
-(rewards, policy, task) are built. The recipes are :mod:`.presets`.
+"""One RL run's configuration, typed, torch-free and checked when built (:class:`Settings`):
+:class:`RunConfig`, a task run's, frozen and picklable (both engines build their workers from
+it alone), holds its stages' settings. The recipes are :mod:`.presets`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from nobubble.rl.system.checkpoint import CheckpointStore
-from nobubble.validation import check_value, finite
+from nobubble.settings import BOOL, Settings, describe_value, setting
+from nobubble.validation import finite
 
 if TYPE_CHECKING:
     from torch import nn
@@ -28,101 +24,26 @@ __all__ = [
     "DEFAULT_STALENESS", "ENGINES", "MODES", "REPLAY_MODES", "STALENESS_WEIGHTS",
 ]  # fmt: skip
 
-T = TypeVar("T")
-
-
-def setting(default: T, check: str | tuple | type, *, integer: bool = False) -> T:
-    """A dataclass field with ``default`` and its check: a rule of
-    :func:`~nobubble.validation.check_value` (``">= 1"``, ``"> 0"``, ``">= 0"``; ``integer``:
-    an ``int`` too), an interval (``"(0, 1]"``), a tuple of the allowed values, or a config
-    class the value must be an instance of."""
-    return field(default=default, metadata={"check": check, "integer": integer})
-
-
-def _check(name: str, value: Any, check: str | tuple | type, integer: bool) -> None:
-    """Raise the ValueError naming ``name=value`` and the fix unless ``value`` passes."""
-    if isinstance(check, type):
-        if not isinstance(value, check):
-            kind = check.__name__
-            raise ValueError(
-                f"{name}={value!r}: give a {kind}(...) (nobubble.rl.system.config), "
-                f"e.g. {kind}(delay_s=0.1)"
-            )
-    elif isinstance(check, tuple):
-        if not any(type(value) is type(c) and value == c for c in check):
-            choices = ", ".join(map(str, check))
-            raise ValueError(f"{name}={value!r} is unknown; choose one of {choices}")
-    elif check[0] in "([":  # an interval, "(0, 1]"
-        low, high = (float(x) for x in check[1:-1].split(","))
-        above = finite(value) and (value > low if check[0] == "(" else value >= low)
-        if not (above and (value < high if check[-1] == ")" else value <= high)):
-            raise ValueError(f"{name}={value!r} must be in {check}")
-    else:
-        check_value(name, value, check, integer=integer)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    """A config whose :func:`setting` fields are checked when it is built."""
-
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        # each field's check, from the nearest class that declared one (an override keeps it)
-        rules = {
-            name: f.metadata
-            for c in reversed(type(self).__mro__)
-            for name, f in getattr(c, "__dataclass_fields__", {}).items()
-            if "check" in f.metadata
-        }
-        for f in fields(self):
-            rule, value = rules.get(f.name), getattr(self, f.name)
-            if rule is None or (value is None and f.default is None):
-                continue
-            if value is None and isinstance(rule["check"], str):
-                raise ValueError(
-                    f"{owner}.{f.name}=None: this run needs a value ({rule['check']}); leave "
-                    f"it out for the default {f.default}"
-                )
-            _check(f"{owner}.{f.name}", value, rule["check"], rule["integer"])
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as JSON-ready values (objects by their import name)."""
-        return {f.name: describe_value(getattr(self, f.name)) for f in fields(self)}
-
 
 @dataclass(frozen=True, kw_only=True)
 class RLConfig(Settings):
-    """What both producers of experience read, with the same meaning (a producer may give a
-    setting its own default: a task run stops after 400 updates, an environment run after
-    300 s)."""
+    """What both producers of experience read, with the same meaning (each its own defaults,
+    None: no bound)."""
 
-    seed: int = setting(0, ">= 0", integer=True)  # of the policy init, prompts / envs, sampling
-    steps: int | None = setting(None, ">= 1", integer=True)  # learner updates (None: no bound)
-    time_budget_s: float | None = setting(None, "> 0")  # of training (None: no limit)
-    # versions a sample may lag the learner; an older one is dropped (ledger: stale). 0:
-    # on-policy; None: the producer's default
-    max_staleness: int | None = setting(None, ">= 0", integer=True)
-    # torch intra-op threads of each process that runs the policy (tiny models gain nothing
-    # from a second one and lose a lot on a loaded machine)
-    threads: int = setting(1, ">= 1", integer=True)
+    seed: int = setting(0, ">= 0", integer=True, help="seeds the policy, prompts or envs, sampling")
+    steps: int | None = setting(
+        None, ">= 1", integer=True, help="learner updates (default: tasks 400, envs no bound)"
+    )
+    time_budget_s: float | None = setting(
+        None, "> 0", help="stop after S seconds (default: tasks none, envs 300)"
+    )
+    max_staleness: int | None = setting(  # an older sample is dropped; 0: on-policy
+        None, ">= 0", integer=True, help="versions a sample may lag (default: by mode, envs 4)"
+    )
+    threads: int = setting(1, ">= 1", integer=True)  # torch intra-op threads per policy process
     # the longest wait for any worker (stage, actor, queue, lock) before the run fails naming
     # who is silent (time_budget_s ends a run normally)
     stall_timeout_s: float = setting(120.0, "> 0")
-
-
-def describe_value(value: Any) -> Any:
-    """``value`` as a JSON value: numbers and strings as they are, containers and dataclasses
-    item by item, an object (a factory, a callable) by its ``module:qualname``."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name) for f in fields(value)}
-    if isinstance(value, dict):
-        return {str(k): describe_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [describe_value(v) for v in value]
-    target = value if hasattr(value, "__qualname__") else type(value)
-    return f"{target.__module__}:{target.__qualname__}"
 
 
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
@@ -150,12 +71,14 @@ class TrainerConfig(LearnerConfig):
     # group whose samples all agree on a wrong answer still explores (unlike the entropy
     # bonus, its gradient does not vanish as the policy becomes deterministic)
     uniform_kl_coef: float = setting(0.05, ">= 0")
-    # weight of a sample lag versions old: none 1, inverse 1 / (1 + lag), exp 0.5 ** lag
-    staleness_weighting: str = setting("none", STALENESS_WEIGHTS)
-    kl_coef: float = setting(0.0, ">= 0")  # weight of KL(pi || pi_ref) (k3); 0 = off
-    # copy the policy into the reference every N steps; 0 = keep the initial policy
-    kl_refresh_every: int = setting(0, ">= 0", integer=True)
-    delay_s: float = setting(0.0, ">= 0")  # extra seconds per step (a slower trainer)
+    staleness_weighting: str = setting(
+        "none", STALENESS_WEIGHTS, help="a sample's loss weight: 1, 1/(1+lag) or 0.5**lag"
+    )
+    kl_coef: float = setting(0.0, ">= 0", help="weight of KL(pi || pi_ref) (k3); 0 = off")
+    kl_refresh_every: int = setting(
+        0, ">= 0", integer=True, help="refresh the KL reference every N steps (0: never)"
+    )
+    delay_s: float = setting(0.0, ">= 0", help="extra seconds per step (a slow trainer)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,16 +87,15 @@ class RolloutConfig(Settings):
 
     temperature: float = setting(1.0, "> 0")
     delay_s: float = setting(0.0, ">= 0")  # extra seconds per generate call
-    # extra seconds per decoding step: a slow decoder, whose generation spans trainer steps
-    token_delay_s: float = setting(0.0, ">= 0")
+    token_delay_s: float = setting(0.0, ">= 0", help="extra seconds per token (a slow decoder)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig(Settings):
     """How the reward stage behaves."""
 
-    delay_s: float = setting(0.0, ">= 0")  # seconds each reward call sleeps (a slow verifier)
-    failure_rate: float = setting(0.0, "[0, 1]")  # probability that one attempt raises
+    delay_s: float = setting(0.0, ">= 0", help="seconds per reward call (a slow verifier)")
+    failure_rate: float = setting(0.0, "[0, 1]", help="probability that an attempt raises")
     max_retries: int = setting(2, ">= 0", integer=True)  # after a failed attempt (remote too)
     timeout_s: float = setting(10.0, "> 0")  # the remote service's limit per request
     seed: int = 0  # of the injected failures: the run's (RunConfig.seed)
@@ -186,9 +108,9 @@ class ReplayConfig(Settings):
     """A replay's settings (:class:`~nobubble.rl.system.experience.GroupReplay`); ``capacity`` and
     ``groups_per_step`` are >= 1 when it is on and 0 when it is off."""
 
-    mode: str = setting("none", REPLAY_MODES)
-    capacity: int = 0  # groups kept
-    groups_per_step: int = 0  # groups drawn per step beside the fresh batch
+    mode: str = setting("none", REPLAY_MODES, help="replay of trained groups")
+    capacity: int = setting(0, ">= 0", integer=True, help="groups kept")
+    groups_per_step: int = setting(0, ">= 0", integer=True, help="groups drawn again per step")
     alpha: float = setting(0.6, "[0, 1]")  # priority exponent
     beta: float = setting(0.4, "[0, 1]")  # IS exponent at step 0
 
@@ -218,59 +140,64 @@ DEFAULT_STALENESS = {"sync": 0, "one-step-off": 1, "fully-async": 4}
 FAULTS = ("raise", "exit", "kill", "stale")
 RAY_STAGES = ("rollout", "reward", "trainer")  # the keys of RunConfig.ray_resources
 COUNT = ">= 1"  # with integer=True: a count
-BOOL = (False, True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(RLConfig):
-    """Everything one RL run on a task needs: :class:`RLConfig`'s settings (``steps`` default
-    400) and these; each one is a flag of ``nobubble rl train`` (the docs' RL system page says
-    more of what each does).
-    """
+    """Everything one RL run on a task needs: :class:`RLConfig`'s settings and these (the docs'
+    RL system page says more of what each does)."""
 
-    # "digits", "sum", "rg:<name>", "module:attr" / "file.py:attr" or a task (tasks)
-    task: Any = "digits"
-    task_kwargs: dict = field(default_factory=dict)
-    mode: str = setting("sync", MODES)  # sync needs max_staleness 0 (None: 0, 1 or 4 by mode)
-    algo: str = setting("grpo", ALGOS)  # a preset (.presets) sets it with the other lag controls
-    sync_every: int = setting(0, ">= 0", integer=True)  # train only current groups every N; 0 off
-    # drop ready groups older than this many versions (None = the staleness bound)
-    drop_staleness: int | None = setting(None, ">= 0", integer=True)
+    task: Any = setting("digits", None, help="digits | sum | rg:NAME | MODULE:ATTR | FILE.py:ATTR")
+    task_kwargs: dict = setting({}, None, help="the task's settings, a JSON object")
+    mode: str = setting("sync", MODES, help="when the trainer waits for rollouts")
+    algo: str = setting("grpo", ALGOS, help="the policy gradient (or the preset's)")
+    sync_every: int = setting(0, ">= 0", integer=True, help="train only fresh groups every N")
+    drop_staleness: int | None = setting(
+        None, ">= 0", integer=True, help="drop groups older than K versions (default: the bound)"
+    )
     replay: ReplayConfig = setting(ReplayConfig(), ReplayConfig)  # of past groups (experience)
-    # a generator takes new weights between tokens (looking every weight_check_every tokens)
-    # and records each token's version; local engine only (rl.system.rollout)
-    partial_rollouts: bool = setting(False, BOOL)
-    weight_check_every: int = setting(1, COUNT, integer=True)
-    engine: str = setting("local", ENGINES)  # processes on this machine, or Ray actors
+    # records each token's version (rl.system.rollout)
+    partial_rollouts: bool = setting(
+        False, BOOL, help="generators take new weights between tokens (local engine)"
+    )
+    weight_check_every: int = setting(
+        1, COUNT, integer=True, help="with partial rollouts, look for weights every N tokens"
+    )
+    engine: str = setting("local", ENGINES, help="processes here, or Ray actors")
     steps: int = 400
-    target_accuracy: float | None = setting(None, "(0, 1]")  # stop once an evaluation reaches it
-    batch_groups: int = setting(8, COUNT, integer=True)  # B: groups per trainer step
-    group_size: int = setting(32, COUNT, integer=True)  # responses per group
-    eval_every: int = setting(10, COUNT, integer=True)  # steps between evaluations (and the end)
+    target_accuracy: float | None = setting(
+        None, "(0, 1]", help="stop at this eval accuracy (default: never)"
+    )
+    batch_groups: int = setting(8, COUNT, integer=True, help="B: groups per trainer step")
+    group_size: int = setting(32, COUNT, integer=True, help="responses per group")
+    eval_every: int = setting(10, COUNT, integer=True, help="steps between evaluations")
     groups_per_rollout: int | None = None  # per generation call (None = B, B/4 fully-async)
-    num_rollout_workers: int = setting(1, COUNT, integer=True)
+    num_rollout_workers: int = setting(1, COUNT, integer=True, help="rollout workers")
     num_reward_workers: int = setting(1, COUNT, integer=True)
-    learners: int = setting(1, COUNT, integer=True)  # L trainers in one gloo group
-    # how the L gradients combine: all-reduce, applied as they come, averaged parameters every
-    # local_sgd_every steps (None: 4), or as async scaled by 1 / (1 + staleness)
-    aggregation: str = setting("sync", AGGREGATIONS)
-    local_sgd_every: int | None = setting(None, COUNT, integer=True)
-    # "char", "gpt2", "hf:DIR", "module:attr" or a factory (rl.system.policies)
-    policy: Any = "char"
-    policy_kwargs: dict = field(default_factory=dict)
-    rewards: tuple = ()  # "task", "module:fn=0.5", callables, RewardSource; () = the task's
-    reward_url: str | None = None  # a remote reward service, http://host:port/score
+    learners: int = setting(1, COUNT, integer=True, help="L trainers in one gloo group")
+    # sync: all-reduce; async: applied as they come; local-sgd: parameters averaged every
+    # local_sgd_every steps; staleness: async scaled by 1 / (1 + staleness)
+    aggregation: str = setting("sync", AGGREGATIONS, help="how the L gradients combine")
+    local_sgd_every: int | None = setting(
+        None, COUNT, integer=True, help="local SGD's averaging period (default 4)"
+    )
+    policy: Any = setting("char", None, help="char | gpt2 | hf:DIR | MODULE:FACTORY")
+    policy_kwargs: dict = setting({}, None, help="the policy's settings, a JSON object")
+    rewards: tuple = setting((), None, help="repeatable: task | MODULE:FN[=W] (default: task)")
+    reward_url: str | None = setting(None, None, help="a remote reward service, POST /score")
     trainer: TrainerConfig = setting(TrainerConfig(), TrainerConfig)
     rollout: RolloutConfig = setting(RolloutConfig(), RolloutConfig)
     reward: RewardConfig = setting(RewardConfig(), RewardConfig)  # its seed is the run's
-    ray_address: str | None = None  # the Ray cluster to join (None = start one)
+    ray_address: str | None = setting(None, None, help="Ray cluster to join (default: start one)")
     ray_resources: dict = field(default_factory=dict)  # {stage: {custom resource: amount}}
     timeout_s: float = setting(900.0, "> 0")  # the whole run's limit: it fails past it
-    checkpoint_dir: str | None = None  # written every checkpoint_every steps and at `steps`
-    checkpoint_every: int = setting(0, ">= 0", integer=True)
+    checkpoint_dir: str | None = setting(None, None, help="checkpoint folder (default: none)")
+    checkpoint_every: int = setting(
+        0, ">= 0", integer=True, help="checkpoint every N steps (0: the last step only)"
+    )
     # continue from checkpoint_dir's newest checkpoint; "or-start": start fresh if it has none
     resume: bool | str = setting(False, (False, True, "or-start"))
-    restart_workers: bool = setting(False, BOOL)  # restart a dead worker, requeue its groups
+    restart_workers: bool = setting(False, BOOL, help="restart a dead worker, requeue its groups")
     # tests only: "<worker>:<call>:<raise|exit|kill|stale>" makes that worker fail (stale: a
     # generator keeps sampling with the weights it holds)
     fault: str | None = None
@@ -304,9 +231,7 @@ class RunConfig(RLConfig):
                     f"with stage one of {', '.join(RAY_STAGES)}"
                 )
             for name, amount in wants.items():
-                if name in ("CPU", "GPU", "memory") or not (
-                    isinstance(amount, int | float) and amount > 0
-                ):
+                if name in ("CPU", "GPU", "memory") or not (finite(amount) and amount > 0):
                     raise ValueError(
                         f"ray_resources[{stage!r}][{name!r}]={amount!r}: give a custom resource "
                         "(CPUs are one per generator / learner) and a number > 0"

@@ -1,10 +1,7 @@
-"""The source document's recipes as functions that return a run config:
-``aggressive(RunConfig(...))``, ``nobubble rl train --preset conservative|aggressive``.
-
-A preset sets every lag-control setting it has (algorithm, staleness bound, replay, the
-trainer's clip and staleness weights; a KL penalty of the config's own is kept) and keeps the
-rest; a setting laid over its result (``dataclasses.replace``) wins, as the command line's
-flags after ``--preset`` do. :func:`ablation` is ``rl compare --ablation``'s grid.
+"""The source document's recipes, ``aggressive(RunConfig(...))`` (``rl train --preset``): a
+preset sets its lag controls (algorithm, staleness bound, replay, the trainer's clip and
+staleness weights) and keeps the rest; a setting laid over its result wins. :func:`ablation`
+is ``rl compare --ablation``'s grid.
 """
 
 from __future__ import annotations
