@@ -1,7 +1,6 @@
-"""The ``pp`` commands' shared flags and their checks: the pipeline's size and schedule,
-per-rank costs (memory limits in units of M_F), the dispatch policy and its perturbations,
-the model (built-in or the user's factory), where the ranks run, the budgets checked before
-any work; and ``pp profile | plan | run``'s own flag rows."""
+"""The ``pp`` commands' shared flags as :func:`~nobubble.cli.flags.add_args` tables (size,
+schedule, per-rank costs in units of M_F, dispatch, model, launch) and their checks before
+any work; ``pp profile | plan | run``'s own rows."""
 
 from __future__ import annotations
 
@@ -36,8 +35,6 @@ from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.rl.preflight import load_user_object
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
@@ -48,62 +45,72 @@ if TYPE_CHECKING:
 DISPATCH_CHOICES = ("static", "handshake")
 
 
-def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
-             microbatches: int | None = 8) -> None:  # fmt: skip
-    """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
-    (skip the work budgets). ``--ranks`` is always ranks: a schedule with ``--chunks`` V has
-    P x V stages (``pp profile --stages`` counts stages)."""
-    add_args(p, (
-        ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
-        ("--microbatches -m", positive_int, microbatches, "microbatches M"),
-        ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
-    ))  # fmt: skip
-
-
-def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int | None = None,
-              chunks_help: str = "chunks per rank (interleaved-1f1b; default 2)") -> None:  # fmt: skip
-    """The schedule's name (unless ``schedule=False``), its size, and ``--chunks/-v``."""
-    if schedule:
-        p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
-    add_size(p)
-    p.add_argument("--chunks", "-v", type=positive_int, default=chunks, help=chunks_help)
-
-
 def rank_costs(text: str) -> tuple[float, ...]:
     """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
     return tuple(positive_float(part) for part in text.split(","))
 
 
-COST_FLAGS: tuple[Flag, ...] = (  # (flag, CostModel.from_settings keyword, argparse type, help)
-    ("--tf", "t_f", rank_costs, "forward time of one microbatch; one value, or one per rank "
-     "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
-    ("--tb", "t_b", rank_costs, "input-gradient backward (B) time (or list)"),
-    ("--tw", "t_w", rank_costs, "weight-gradient backward (W) time (or list)"),
-    ("--tcomm", "t_comm", nonneg_float, "transfer time between ranks"),
-    ("--hidden", "hidden", positive_int, "hidden size h (M_F = 34h + 5as)"),
-    ("--heads", "heads", positive_int, "attention heads a"),
-    ("--seq", "seq", positive_int, "sequence length s"),
-    ("--mem-f", "mem_f", positive_float, "activation memory an F stores"),
-    ("--mem-b", "mem_b", nonneg_float, "memory a B frees"),
-    ("--mem-w", "mem_w", nonneg_float, "memory a W frees"),
-)  # fmt: skip
+def straggler_arg(text: str):
+    """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
+    from nobubble.pipeline.dispatch.perturb import parse_straggler
+
+    try:
+        return parse_straggler(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_costs(p: argparse.ArgumentParser, *, mem_limit_help: str | None = "zb-1p/zb-2p (and "
-              "--dispatch handshake) activation limit per rank in units of M_F (default P and "
-              "2P; handshake: the order's peak)") -> None:  # fmt: skip
-    """Per-rank times (``--model`` or :data:`COST_FLAGS`' first four), memory per microbatch
-    (a transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F (none when
-    ``mem_limit_help`` is None: a command that no limit changes)."""
-    g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
-    g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
-    for i, (flag, dest, kind, text) in enumerate(COST_FLAGS):
-        if i == 4:
-            g = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B "
-                                     "shape)")  # fmt: skip
-        g.add_argument(flag, dest=dest, type=kind, help=text)
-    if mem_limit_help is not None:
-        p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
+# the shared flags: (argument group title or None, add_args rows); a command changes a
+# default with its own set_defaults
+SIZE = (None, (
+    ("--ranks -p", positive_int, 4, "pipeline ranks P"),
+    ("--microbatches -m", positive_int, 8, "microbatches M"),
+    ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
+))  # fmt: skip
+SCHEDULE = (None, (("--schedule -s", str, "zb-h1", "schedule name (default zb-h1)"),))
+CHUNKS = (None, (("--chunks -v", positive_int, None, "chunks per rank (interleaved-1f1b; "
+                  "default 2)"),))  # fmt: skip
+TIMES = ("costs (per rank; default 1, 1, 1, 0 or --model's)", (
+    ("--model", tuple(sorted(PAPER_TIMES)), None, "the paper's measured costs"),
+    ("--tf", rank_costs, None, "forward time of one microbatch; one value, or one per rank "
+     "comma-separated (e.g. 20,18,18,24 for embedding/head)", {"dest": "t_f"}),
+    ("--tb", rank_costs, None, "input-gradient backward (B) time (or list)", {"dest": "t_b"}),
+    ("--tw", rank_costs, None, "weight-gradient backward (W) time (or list)", {"dest": "t_w"}),
+    ("--tcomm", nonneg_float, None, "transfer time between ranks", {"dest": "t_comm"}),
+))  # fmt: skip
+MEMORY = ("memory per microbatch (default: --model's, else the 1.5B shape)", (
+    ("--hidden", positive_int, None, "hidden size h (M_F = 34h + 5as)"),
+    ("--heads", positive_int, None, "attention heads a"),
+    ("--seq", positive_int, None, "sequence length s"),
+    ("--mem-f", positive_float, None, "activation memory an F stores", {"dest": "mem_f"}),
+    ("--mem-b", nonneg_float, None, "memory a B frees", {"dest": "mem_b"}),
+    ("--mem-w", nonneg_float, None, "memory a W frees", {"dest": "mem_w"}),
+))  # fmt: skip
+SHAPE = (SCHEDULE, SIZE, CHUNKS)
+COSTS = (TIMES, MEMORY)
+COST_NAMES = ("model", "t_f", "t_b", "t_w", "t_comm", "hidden", "heads", "seq", "mem_f",
+              "mem_b", "mem_w")  # fmt: skip
+"""The ``costs`` keywords of :meth:`~nobubble.pipeline.costs.CostModel.from_settings`."""
+
+
+def mem_limit(text: str) -> tuple[None, tuple]:
+    """The ``--mem-limit`` table of ``text``, its help (activation limit per rank, M_F)."""
+    return (None, (("--mem-limit", positive_float, None, text),))
+
+
+MEM_LIMIT = mem_limit("zb-1p/zb-2p (and --dispatch handshake) activation limit per rank in "
+                      "units of M_F (default P and 2P; handshake: the order's peak)")  # fmt: skip
+DISPATCH = ("dispatch policy and perturbations", (
+    ("--dispatch", DISPATCH_CHOICES, None, "static: every rank walks the schedule's order (the "
+     "default); handshake: ranks pick their next op from what has arrived, guided by the "
+     "order, within --mem-limit (default: the order's peak)"),
+    ("--jitter", nonneg_float, 0.0, "each op's time times a seeded factor in [1-J, 1+J] "
+     "(0 <= J < 1)", {"metavar": "J"}),
+    ("--straggler", straggler_arg, [], "slow a rank's ops by FACTOR (e.g. 1:1.5), in steps "
+     "STEPS: N (the first N), A-B or A- (default all); repeatable",
+     {"action": "append", "metavar": "RANK:FACTOR[:STEPS]"}),
+    ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
+))  # fmt: skip
 
 
 def setting(args: argparse.Namespace) -> PipelineSetting:
@@ -111,8 +118,7 @@ def setting(args: argparse.Namespace) -> PipelineSetting:
     ``--mem-limit`` flags as they stand (a command may first take a size from a file)."""
     from nobubble.pipeline.setting import PipelineSetting
 
-    names = ("model", *(dest for _, dest, _, _ in COST_FLAGS))
-    costs = {name: getattr(args, name, None) for name in names}
+    costs = {name: getattr(args, name, None) for name in COST_NAMES}
     return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
                            getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
                            force=args.force, costs=costs)  # fmt: skip
@@ -125,13 +131,10 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
-    readers: dict[str, Callable[[Path], Any]] = {
-        "schedule": Schedule.read_csv,
-        "profile": Profile.read,
-        "plan": Plan.read,
-    }
     try:
-        return readers[kind](path)
+        return {"schedule": Schedule.read_csv, "profile": Profile.read, "plan": Plan.read}[kind](
+            path
+        )
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
@@ -140,31 +143,6 @@ def refuse(*cases: tuple[object, str]) -> None:
     """A UsageError of the first ``(condition, message)`` whose condition holds."""
     if message := next((message for bad, message in cases if bad), None):
         raise UsageError(message)
-
-
-def add_dispatch(p: argparse.ArgumentParser) -> None:
-    """``--dispatch``, ``--jitter``, ``--straggler`` (repeatable) and ``--seed``."""
-    add_args(p.add_argument_group("dispatch policy and perturbations"), (
-        ("--dispatch", DISPATCH_CHOICES, None, "static: every rank walks the schedule's order "
-         "(the default); handshake: ranks pick their next op from what has arrived, guided by "
-         "the order, within --mem-limit (default: the order's peak)"),
-        ("--jitter", nonneg_float, 0.0, "each op's time times a seeded factor in [1-J, 1+J] "
-         "(0 <= J < 1)", {"metavar": "J"}),
-        ("--straggler", straggler_arg, [], "slow a rank's ops by FACTOR (e.g. 1:1.5), in steps "
-         "STEPS: N (the first N), A-B or A- (default all); repeatable",
-         {"action": "append", "metavar": "RANK:FACTOR[:STEPS]"}),
-        ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
-    ))  # fmt: skip
-
-
-def straggler_arg(text: str):
-    """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
-    from nobubble.pipeline.dispatch.perturb import parse_straggler
-
-    try:
-        return parse_straggler(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def perturbation_from_args(args: argparse.Namespace):
@@ -187,10 +165,19 @@ MODEL_FLAGS: tuple[Flag, ...] = (
 )
 """GPTConfig's size fields (MLPConfig has the first two)."""
 RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}  # the other model flags'
+LAUNCH_FLAGS: tuple[Flag, ...] = (
+    ("--device", "device", str, "cpu or cuda (rank r on cuda:r)"),
+    ("--backend", "backend", str, "gloo / nccl (default: by device)"),
+    ("--threads", "threads_per_rank", integer, "torch threads per rank"),
+    ("--timeout", "timeout_s", real, "seconds, any wait (default 300)"),
+)
+"""LaunchOptions' fields, checked by it alone; the command line waits 300 s (the library 120)."""
 
 
-def add_model(p: argparse.ArgumentParser) -> None:
-    """The model: ``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags."""
+def add_model_and_launch(p: argparse.ArgumentParser) -> None:
+    """The model (``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags) and
+    where the ranks run (:data:`LAUNCH_FLAGS` and ``--clock``)."""
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import GPTConfig
 
     g = p.add_argument_group("model")
@@ -201,7 +188,10 @@ def add_model(p: argparse.ArgumentParser) -> None:
     add_config_flags(g, GPTConfig, MODEL_FLAGS)
     add_args(g, (("--microbatch-size", positive_int, None, "samples per mb (default 2)"),
                  ("--seed", seed_int, None, "weights, data and factory seed (default 0)")))  # fmt: skip
-    p.set_defaults(**RUN_DEFAULTS)
+    add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
+    add_args(g, (("--clock", ("wall", "cpu"), "wall", "profile op times by wall clock or "
+                  "thread CPU time (cpu device)"),))  # fmt: skip
+    p.set_defaults(timeout_s=300.0, **RUN_DEFAULTS)
 
 
 def is_user_model(spec: str | None) -> bool:
@@ -270,25 +260,6 @@ def check_factory_flags(args: argparse.Namespace) -> None:
     odd = [f for f in given_model_flags(args) if f not in ("--model", "--seed")]
     refuse((odd, f"{', '.join(odd)}: the built-in models' flags; --model {args.model} builds "
             "its own model, drop them"))  # fmt: skip
-
-
-LAUNCH_FLAGS: tuple[Flag, ...] = (
-    ("--device", "device", str, "cpu or cuda (rank r on cuda:r)"),
-    ("--backend", "backend", str, "gloo / nccl (default: by device)"),
-    ("--threads", "threads_per_rank", integer, "torch threads per rank"),
-    ("--timeout", "timeout_s", real, "seconds, any wait (default 300)"),
-)
-"""LaunchOptions' fields, checked by it alone; the command line waits 300 s (the library 120)."""
-
-
-def add_launch(p: argparse.ArgumentParser) -> None:
-    """Where and how the ranks run: :data:`LAUNCH_FLAGS` and ``--clock``."""
-    from nobubble.distributed.options import LaunchOptions
-
-    add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
-    p.set_defaults(timeout_s=300.0)
-    add_args(g, (("--clock", ("wall", "cpu"), "wall", "profile op times by wall clock or "
-                  "thread CPU time (cpu device)"),))  # fmt: skip
 
 
 def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):

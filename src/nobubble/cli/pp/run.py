@@ -16,17 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nobubble.budget import check_budget
-from nobubble.cli.flags import (
-    add_args,
-)
+from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
     PLAN_ARGS,
     PROFILE_ARGS,
     RUN_ARGS,
+    SIZE,
     absolute_spec,
-    add_launch,
-    add_model,
-    add_size,
+    add_model_and_launch,
     check_factory_flags,
     check_launch,
     check_time,
@@ -74,13 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("--schedule-file", input_file, None, "torch compute-only CSV"),
         ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
     ))  # fmt: skip
-    add_size(plan, ranks=2, microbatches=None)
-    add_size(run, ranks=None, microbatches=None)
+    for p, ranks in ((plan, 2), (run, None)):
+        add_args(p, SIZE[1])
+        p.set_defaults(ranks=ranks, microbatches=None)
     for p, rows, func in ((prof, PROFILE_ARGS, _profile), (plan, PLAN_ARGS, _plan),
                           (run, RUN_ARGS, _run)):  # fmt: skip
         add_args(p, rows)
-        add_model(p)
-        add_launch(p)
+        add_model_and_launch(p)
         add_json_flag(p)
         p.set_defaults(func=func)
 
