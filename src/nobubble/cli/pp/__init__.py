@@ -27,7 +27,6 @@ from nobubble.cli.pp.options import (
 )
 from nobubble.cli.util import (
     ArgumentParser,
-    UsageError,
     add_json_flag,
     console,
     input_file,
@@ -50,16 +49,14 @@ def _show(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import ascii_grid
     from nobubble.pipeline.validate import validate
 
+    given = [flag for dest, (flag, _) in SHOW_SHAPE.items() if getattr(args, dest) is not None]
+    refuse((args.csv is not None and (given or args.force), f"--csv {args.csv} sets the schedule "
+            f"and its shape; drop {', '.join(given + ['--force'] * args.force)}"))  # fmt: skip
     if args.csv is not None:
-        given = [flag for dest, (flag, _) in SHOW_SHAPE.items() if getattr(args, dest) is not None]
-        if given or args.force:
-            raise UsageError(f"--csv {args.csv} sets the schedule and its shape; drop "
-                             f"{', '.join(given + ['--force'] * args.force)}")  # fmt: skip
         sched = read_file(args.csv, "")
         validate(sched)  # before a grid is drawn: a broken file is one line, exit 2
     else:
-        for dest, (_, default) in SHOW_SHAPE.items():
-            setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
+        vars(args).update({d: v for d, (_, v) in SHOW_SHAPE.items() if getattr(args, d) is None})
         sched = setting(args).build(unit=True)
     if args.json:
         print_json({"schedule": sched.name, **_shape(sched),
@@ -79,14 +76,10 @@ def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
 
     costs = (s := setting(args)).cost_model()
-    dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
-                  or args.seed is not None)  # fmt: skip
     sched = s.build(costs, limit_elsewhere=args.dispatch == "handshake")
-    run = (
-        s.dispatch(sched, costs, args.dispatch, perturbation_from_args(args))
-        if dispatched
-        else None
-    )
+    run, perturbation = None, perturbation_from_args(args)
+    if args.dispatch is not None or not perturbation.is_identity:
+        run = s.dispatch(sched, costs, args.dispatch, perturbation)
     result = run.sim if run is not None else simulate(sched, costs)
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
@@ -167,12 +160,12 @@ def _compare(args: argparse.Namespace) -> int:
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
     c = _cost_summary(costs)
+    times = " ".join(f"T_{k[2:].upper()}={_fmt_cost(c[k])}" for k in ("t_f", "t_b", "t_w"))
     print_result(
         args.json,
         {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
          "rows": [r.as_dict() for r in rows], "files": files},
-        f"P={args.ranks}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
-        f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
+        f"P={args.ranks}, M={args.microbatches}: {times} T_comm={c['t_comm']:g} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
         [[r.name, r.source, r.kind, *_figures(r.as_dict()), r.note] for r in rows],
         caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
