@@ -18,6 +18,7 @@ from nobubble.cli.pp.options import (
     MEM_LIMIT,
     SHAPE,
     SIZE,
+    file_sets_size,
     mem_limit,
     perturbation_from_args,
     rank_costs,
@@ -315,8 +316,7 @@ def _costs(args: argparse.Namespace):
     given = [flag for flag, dest in times if getattr(args, dest) is not None]
     refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
     costs = read_file(args.costs, "--costs", "profile").cost_model()
-    refuse((costs.num_stages != args.ranks, f"--costs {args.costs} has {costs.num_stages} ranks "
-            f"but --ranks is {args.ranks}; pass --ranks {costs.num_stages}"))  # fmt: skip
+    file_sets_size(args, args.costs, costs.num_stages, args.microbatches)
     return costs
 
 

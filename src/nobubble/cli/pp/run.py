@@ -27,6 +27,7 @@ from nobubble.cli.pp.options import (
     check_factory_flags,
     check_launch,
     check_time,
+    file_sets_size,
     given_model_flags,
     is_user_model,
     load_user_model,
@@ -191,14 +192,7 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
         return setting(args).build(unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
-    refuse(
-        (sched.num_ranks != args.ranks, f"{args.schedule_file} has {sched.num_ranks} ranks but "
-         f"--ranks is {args.ranks}; pass --ranks {sched.num_ranks}"),
-        (args.microbatches not in (None, sched.num_microbatches), f"-m {args.microbatches}, but "
-         f"{args.schedule_file} runs {sched.num_microbatches} microbatches; drop -m (the file "
-         "sets it)"),
-    )  # fmt: skip
-    args.microbatches = sched.num_microbatches
+    file_sets_size(args, args.schedule_file, sched.num_ranks, sched.num_microbatches)
     return sched
 
 
@@ -373,14 +367,10 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     refuse(
         (not is_user_model(args.model), "--plan runs a plan of your own model: give the factory "
          "it was made from, --model MODULE:FACTORY"),
-        (args.ranks not in (None, p.num_ranks), f"--ranks {args.ranks}, but {args.plan} is a "
-         f"plan for {p.num_ranks} ranks; drop --ranks (the plan sets it) or plan again"),
-        (args.microbatches not in (None, p.num_microbatches), f"--microbatches "
-         f"{args.microbatches}, but {args.plan} runs {p.num_microbatches}; drop -m (the plan "
-         "sets it) or plan again"),
         (given, f"{', '.join(given)}: not with --plan (the plan sets recompute; plotting and "
          "stragglers are for the built-in models)"),
     )  # fmt: skip
+    file_sets_size(args, args.plan, p.num_ranks, p.num_microbatches, "is a plan for")
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = absolute_spec(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
@@ -390,7 +380,6 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
                                    "prediction is for the planned batch")  # fmt: skip
-    args.microbatches = p.num_microbatches
     check_time(args, p.num_ranks, model.num_parameters, model.batch_tokens // p.num_microbatches)
     check_device(launch.device, launch.backend, ranks=p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
