@@ -50,6 +50,9 @@ def rank_costs(text: str) -> tuple[float, ...]:
     return tuple(positive_float(part) for part in text.split(","))
 
 
+STRAGGLER = "RANK:FACTOR[:STEPS]"
+
+
 def straggler_arg(text: str):
     """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
     from nobubble.pipeline.dispatch.perturb import parse_straggler
@@ -68,12 +71,10 @@ SIZE = (None, (
     ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
 ))  # fmt: skip
 SCHEDULE = (None, (("--schedule -s", str, "zb-h1", "schedule name (default zb-h1)"),))
-CHUNKS = (None, (("--chunks -v", positive_int, None, "chunks per rank (interleaved-1f1b; "
-                  "default 2)"),))  # fmt: skip
+CHUNKS = (None, (("--chunks -v", positive_int, None, "chunks per rank V (default 2)"),))
 TIMES = ("costs (per rank; default 1, 1, 1, 0 or --model's)", (
     ("--model", tuple(sorted(PAPER_TIMES)), None, "the paper's measured costs"),
-    ("--tf", rank_costs, None, "forward time of one microbatch; one value, or one per rank "
-     "comma-separated (e.g. 20,18,18,24 for embedding/head)", {"dest": "t_f"}),
+    ("--tf", rank_costs, None, "forward time: one, or one per rank (20,18,18,24)", {"dest": "t_f"}),
     ("--tb", rank_costs, None, "input-gradient backward (B) time (or list)", {"dest": "t_b"}),
     ("--tw", rank_costs, None, "weight-gradient backward (W) time (or list)", {"dest": "t_w"}),
     ("--tcomm", nonneg_float, None, "transfer time between ranks", {"dest": "t_comm"}),
@@ -98,17 +99,13 @@ def mem_limit(text: str) -> tuple[None, tuple]:
     return (None, (("--mem-limit", positive_float, None, text),))
 
 
-MEM_LIMIT = mem_limit("zb-1p/zb-2p (and --dispatch handshake) activation limit per rank in "
-                      "units of M_F (default P and 2P; handshake: the order's peak)")  # fmt: skip
+MEM_LIMIT = mem_limit("zb-1p/zb-2p/handshake activation limit per rank, units of M_F")
 DISPATCH = ("dispatch policy and perturbations", (
-    ("--dispatch", DISPATCH_CHOICES, None, "static: every rank walks the schedule's order (the "
-     "default); handshake: ranks pick their next op from what has arrived, guided by the "
-     "order, within --mem-limit (default: the order's peak)"),
-    ("--jitter", nonneg_float, 0.0, "each op's time times a seeded factor in [1-J, 1+J] "
-     "(0 <= J < 1)", {"metavar": "J"}),
-    ("--straggler", straggler_arg, [], "slow a rank's ops by FACTOR (e.g. 1:1.5), in steps "
-     "STEPS: N (the first N), A-B or A- (default all); repeatable",
-     {"action": "append", "metavar": "RANK:FACTOR[:STEPS]"}),
+    ("--dispatch", DISPATCH_CHOICES, None, "static (default): walk the schedule's order; "
+     "handshake: pick each op from what has arrived, within --mem-limit (default: its peak)"),
+    ("--jitter", nonneg_float, 0.0, "op times times seeded [1-J, 1+J] factors", {"metavar": "J"}),
+    ("--straggler", straggler_arg, [], "slow RANK's ops by FACTOR (1:1.5) in STEPS: N (the "
+     "first N), A-B or A- (default all); repeatable", {"action": "append", "metavar": STRAGGLER}),
     ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
 ))  # fmt: skip
 
@@ -323,8 +320,7 @@ def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -
 
 
 PROFILE_ARGS = (
-    ("--stages", positive_int, 2, "model stages to split into (one per rank, or ranks x chunks)",
-     {"dest": "num_stages"}),
+    ("--stages", positive_int, 2, "stages: one per rank, or ranks x chunks", {"dest": "num_stages"}),
     ("--repeats", positive_int, 5, "timed repeats per op"),
     ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
     ("-o --output", output_file, None, "write the profile JSON"),
@@ -332,18 +328,15 @@ PROFILE_ARGS = (
 )  # fmt: skip
 PLAN_ARGS = (
     ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
-    ("--ilp", positive_float, None, "also run the exact solver for this long",
-     {"metavar": "SECONDS"}),
-    ("-o --output --out", output_file, None, "the best schedule as torch CSV (default plan.csv); "
-     "with --model MODULE:FACTORY the plan's JSON (default plan.json)"),
-    ("--plot", plot_file, None, "--model MODULE:FACTORY: the Gantt chart of the plan above the "
-     "naive 1F1B (default: the --out file as .png)"),
+    ("--ilp", positive_float, None, "also run the exact solver this long", {"metavar": "SECONDS"}),
+    ("-o --output --out", output_file, None, "the best schedule's CSV (default plan.csv); "
+     "--model MODULE:FACTORY: the plan's JSON (default plan.json)"),
+    ("--plot", plot_file, None, "--model MODULE:FACTORY: the plan's Gantt chart above the naive "
+     "1F1B's (default: --out as .png)"),
     ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
-    ("--memory-limit-mib", positive_float, None, "keep the fastest whose peak activations per "
-     "rank fit", {"metavar": "MIB"}),
+    ("--memory-limit-mib", positive_float, None, "peak activations per rank", {"metavar": "MIB"}),
     ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
-     "(default: measured on --ranks local ranks, with the cost per byte moved; given, transfers "
-     "cost 0; 0: compute only)", {"metavar": "MS"}),
+     "(default measured, with the cost per byte; 0: compute only)", {"metavar": "MS"}),
 )  # fmt: skip
 RUN_ARGS = (
     ("--steps", positive_int, 3, "training steps"),
@@ -353,9 +346,7 @@ RUN_ARGS = (
     ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
     ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
     ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
-    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick each op from what has "
-     "arrived"),
-    ("--straggler", straggler_arg, None, "really slow one rank: its ops take FACTOR times as long",
-     {"metavar": "RANK:FACTOR[:STEPS]"}),
+    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick ops as they arrive"),
+    ("--straggler", straggler_arg, None, "really slow RANK by FACTOR", {"metavar": STRAGGLER}),
 )  # fmt: skip
 """``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""
