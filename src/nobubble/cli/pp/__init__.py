@@ -324,7 +324,7 @@ ILP = {"nargs": "?", "const": 30.0, "metavar": "SECONDS"}
 """``--ilp``'s own keywords: given bare, the solver runs 30 s."""
 
 
-COMMANDS = (  # (name, help, flag tables, own flags (add_args rows), run, defaults)
+COMMANDS: tuple[tuple, ...] = (  # (name, help, flag tables, own flags (add_args rows), run, defaults)
     ("show", "print a schedule as a text grid (time slots per rank)", SHAPE, (
         ("--ids", bool, False, "show microbatch numbers in the cells"),
         ("--csv", input_file, None, "show this torch CSV instead (it sets the schedule and its shape)"),

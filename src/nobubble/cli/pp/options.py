@@ -35,6 +35,8 @@ from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.rl.preflight import load_user_object
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
@@ -100,7 +102,7 @@ def mem_limit(text: str) -> tuple[None, tuple]:
 
 
 MEM_LIMIT = mem_limit("zb-1p/zb-2p/handshake activation limit per rank, units of M_F")
-DISPATCH = ("dispatch policy and perturbations", (
+DISPATCH: tuple[str, tuple[tuple, ...]] = ("dispatch policy and perturbations", (
     ("--dispatch", DISPATCH_CHOICES, None, "static (default): walk the schedule's order; "
      "handshake: pick each op from what has arrived, within --mem-limit (default: its peak)"),
     ("--jitter", nonneg_float, 0.0, "op times times seeded [1-J, 1+J] factors", {"metavar": "J"}),
@@ -128,10 +130,13 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
+    readers: dict[str, Callable[[Path], Any]] = {
+        "schedule": Schedule.read_csv,
+        "profile": Profile.read,
+        "plan": Plan.read,
+    }
     try:
-        return {"schedule": Schedule.read_csv, "profile": Profile.read, "plan": Plan.read}[kind](
-            path
-        )
+        return readers[kind](path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
