@@ -147,15 +147,15 @@ def refuse(*cases: tuple[object, str]) -> None:
         raise UsageError(message)
 
 
-def file_sets_size(args: argparse.Namespace, path: Path, num_ranks: int,
+def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
                    num_microbatches: int | None = None, held: str = "has") -> None:  # fmt: skip
-    """Refuse ``--ranks`` / ``-m`` that disagree with the file at ``path``, which sets them
-    (``held``: how the file holds its ranks), then take its microbatches."""
+    """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (its flag and path)
+    that sets them (``held``: how the file holds its ranks), then take its microbatches."""
     refuse(
-        (args.ranks not in (None, num_ranks), f"{path} {held} {num_ranks} ranks but --ranks is "
-         f"{args.ranks}; pass --ranks {num_ranks}, or leave it out where the file sets it"),
-        (args.microbatches not in (None, num_microbatches), f"-m {args.microbatches}, but {path} "
-         f"runs {num_microbatches} microbatches; drop -m (the file sets it)"),
+        (args.ranks not in (None, num_ranks), f"{source} {held} {num_ranks} ranks but --ranks "
+         f"is {args.ranks}; give --ranks {num_ranks}"),
+        (args.microbatches not in (None, num_microbatches), f"-m {args.microbatches}, but "
+         f"{source} runs {num_microbatches} microbatches; drop -m (the file sets it)"),
     )  # fmt: skip
     args.microbatches = num_microbatches or args.microbatches
 

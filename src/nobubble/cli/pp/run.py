@@ -192,7 +192,9 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
         return setting(args).build(unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
-    file_sets_size(args, args.schedule_file, sched.num_ranks, sched.num_microbatches)
+    file_sets_size(
+        args, f"--schedule-file {args.schedule_file}", sched.num_ranks, sched.num_microbatches
+    )
     return sched
 
 
@@ -370,7 +372,7 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         (given, f"{', '.join(given)}: not with --plan (the plan sets recompute; plotting and "
          "stragglers are for the built-in models)"),
     )  # fmt: skip
-    file_sets_size(args, args.plan, p.num_ranks, p.num_microbatches, "is a plan for")
+    file_sets_size(args, f"--plan {args.plan}", p.num_ranks, p.num_microbatches, "is a plan for")
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = absolute_spec(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
