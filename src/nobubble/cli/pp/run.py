@@ -152,7 +152,7 @@ def _plan(args: argparse.Namespace) -> int:
         f"P={args.ranks}, M={args.microbatches}, profiled costs ({name})",
         [("chosen" if c == p.chosen else str(i + 1), r)
          for i, (c, r) in enumerate(zip(p.candidates, rows, strict=True))],
-        naive=None, limited=args.memory_limit_mib is not None,
+        naive_ms=None, limited=args.memory_limit_mib is not None,
         caption=f"best: {p.schedule_name}"
         + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
     )  # fmt: skip
@@ -325,8 +325,8 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     )  # fmt: skip
     print_candidates(
         f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
-        [("chosen" if i == 0 else str(i + 1), r) for i, r in enumerate(rows)],
-        naive=naive, limited=args.memory_limit_mib is not None,
+        [*[("chosen" if i == 0 else str(i + 1), r) for i, r in enumerate(rows)], ("naive", naive)],
+        naive_ms=naive_ms, limited=args.memory_limit_mib is not None,
         caption="predicted by the simulator from each block's costs, profiled once here "
         f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
         f"same m, no recompute; wrote {out}, {plot}",
@@ -334,21 +334,19 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     return 0
 
 
-def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | None,
+def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive_ms: float | None,
                      limited: bool, caption: str) -> None:  # fmt: skip
-    """The table of a plan's candidates (each row :meth:`Plan.describe`'s, after its label), and
-    the ``naive`` plan's row and each one's speed-up over it; ``limited``: whether it fits."""
-    naive_ms = naive["predicted_step_ms"] if naive is not None else None
-
-    def cells(label: str, r: dict) -> list:
-        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
-                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
-                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
-                *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
-                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
-
-    table = [cells(label, r) for label, r in rows]
-    table += [cells("naive", naive)] if naive is not None else []
+    """The table of a plan's candidates (each row :meth:`Plan.describe`'s, after its label),
+    with each one's speed-up over the naive plan's ``naive_ms`` and (``limited``) whether it
+    fits."""
+    table = [
+        [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
+         "yes" if r["recompute"] else "no", r["predicted_step_ms"], f"{r['bubble_rate']:.1%}",
+         " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
+         *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
+         *(["yes" if r["fits"] else "no"] if limited else [])]
+        for label, r in rows
+    ]  # fmt: skip
     columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
                "peak MiB per rank", *(["vs naive"] if naive_ms else []),
                *(["fits"] if limited else [])]  # fmt: skip
