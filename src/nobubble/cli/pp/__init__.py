@@ -378,11 +378,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(
         dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
     )
-    for name, help_text, tables, rows, func, defaults in COMMANDS:
+    for name, help_text, tables, rows, func, defaults in (*COMMANDS, *pp_run.COMMANDS):
         p = sub.add_parser(name, help=help_text)
-        for title, shared in tables:
-            add_args(p.add_argument_group(title) if title else p, shared)
+        for table in tables:  # (title, add_args rows), or a function that adds its own
+            if callable(table):
+                table(p)
+            else:
+                add_args(p.add_argument_group(table[0]) if table[0] else p, table[1])
         add_args(p, rows)
         add_json_flag(p)
         p.set_defaults(func=func, **defaults)
-    pp_run.register(sub)

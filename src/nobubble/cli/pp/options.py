@@ -23,10 +23,7 @@ from nobubble.cli.flags import (
 from nobubble.cli.util import (
     UsageError,
     console,
-    input_file,
     nonneg_float,
-    output_file,
-    plot_file,
     positive_float,
     positive_int,
     seed_int,
@@ -322,36 +319,3 @@ def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -
     check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
                 limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
                 bound="about", unit=what, force=args.force)  # fmt: skip
-
-
-PROFILE_ARGS = (
-    ("--stages", positive_int, 2, "stages: one per rank, or ranks x chunks", {"dest": "num_stages"}),
-    ("--repeats", positive_int, 5, "timed repeats per op"),
-    ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
-    ("-o --output", output_file, None, "write the profile JSON"),
-    ("--force", bool, False, "run sizes past the memory and time budgets"),
-)  # fmt: skip
-PLAN_ARGS = (
-    ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
-    ("--ilp", positive_float, None, "also run the exact solver this long", {"metavar": "SECONDS"}),
-    ("-o --output --out", output_file, None, "the best schedule's CSV (default plan.csv); "
-     "--model MODULE:FACTORY: the plan's JSON (default plan.json)"),
-    ("--plot", plot_file, None, "--model MODULE:FACTORY: the plan's Gantt chart above the naive "
-     "1F1B's (default: --out as .png)"),
-    ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
-    ("--memory-limit-mib", positive_float, None, "peak activations per rank", {"metavar": "MIB"}),
-    ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
-     "(default measured, with the cost per byte; 0: compute only)", {"metavar": "MS"}),
-)  # fmt: skip
-RUN_ARGS = (
-    ("--steps", positive_int, 3, "training steps"),
-    ("--optimizer", ("sgd", "adamw"), "sgd", None),
-    ("--lr", positive_float, 0.01, None),
-    ("--no-predict", bool, False, "skip profiling + simulation"),
-    ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
-    ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
-    ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
-    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick ops as they arrive"),
-    ("--straggler", straggler_arg, None, "really slow RANK by FACTOR", {"metavar": STRAGGLER}),
-)  # fmt: skip
-"""``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 from nobubble.budget import check_budget
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
-    PLAN_ARGS,
-    PROFILE_ARGS,
-    RUN_ARGS,
+    DISPATCH_CHOICES,
     SIZE,
+    STRAGGLER,
     absolute_spec,
     add_model_and_launch,
     check_factory_flags,
@@ -36,12 +35,17 @@ from nobubble.cli.pp.options import (
     read_file,
     refuse,
     setting,
+    straggler_arg,
 )
 from nobubble.cli.util import (
     UsageError,
-    add_json_flag,
     console,
     input_file,
+    nonneg_float,
+    output_file,
+    plot_file,
+    positive_float,
+    positive_int,
     print_json,
     print_result,
     print_table,
@@ -58,29 +62,6 @@ if TYPE_CHECKING:
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8  # rows of the plan table: the chosen plan, then the next fastest
 DEFAULT_MICROBATCHES = 8  # -m of the built-in models' pp plan and pp run
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``profile``, ``plan`` and ``run`` to the ``pp`` group's sub-parsers."""
-    prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
-    plan = sub.add_parser("plan", help="choose a schedule (built-in model) or a whole plan "
-                          "(--model MODULE:FACTORY: cut, schedule, microbatches, recompute)")  # fmt: skip
-    run = sub.add_parser("run", help="train a model with a schedule or a plan on local ranks")
-    which = run.add_mutually_exclusive_group(required=True)
-    add_args(which, (
-        ("--schedule -s", str, None, "schedule name (gpipe, 1f1b, zb-h1, ...)"),
-        ("--schedule-file", input_file, None, "torch compute-only CSV"),
-        ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
-    ))  # fmt: skip
-    for p, ranks in ((plan, 2), (run, None)):
-        add_args(p, SIZE[1])
-        p.set_defaults(ranks=ranks, microbatches=None)
-    for p, rows, func in ((prof, PROFILE_ARGS, _profile), (plan, PLAN_ARGS, _plan),
-                          (run, RUN_ARGS, _run)):  # fmt: skip
-        add_args(p, rows)
-        add_model_and_launch(p)
-        add_json_flag(p)
-        p.set_defaults(func=func)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -406,3 +387,49 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
     )  # fmt: skip
     return 0
+
+
+def add_source(p: argparse.ArgumentParser) -> None:
+    """``pp run``'s schedule: exactly one of ``--schedule``, ``--schedule-file``, ``--plan``."""
+    add_args(p.add_mutually_exclusive_group(required=True), (
+        ("--schedule -s", str, None, "schedule name (gpipe, 1f1b, zb-h1, ...)"),
+        ("--schedule-file", input_file, None, "torch compute-only CSV"),
+        ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
+    ))  # fmt: skip
+
+
+COMMANDS: tuple[tuple, ...] = (  # as nobubble.cli.pp.COMMANDS
+    ("profile", "measure per-stage T_F, T_B, T_W, T_comm and memory", (add_model_and_launch,), (
+        ("--stages", positive_int, 2, "stages (ranks, or ranks x chunks)", {"dest": "num_stages"}),
+        ("--repeats", positive_int, 5, "timed repeats per op"),
+        ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
+        ("-o --output", output_file, None, "write the profile JSON"),
+        ("--force", bool, False, "run sizes past the memory and time budgets"),
+    ), _profile, {}),
+    ("plan", "choose a schedule (built-in model) or a whole plan (--model MODULE:FACTORY: cut, "
+     "schedule, microbatches, recompute)", (SIZE, add_model_and_launch), (
+        ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
+        ("--ilp", positive_float, None, "also run the exact solver", {"metavar": "SECONDS"}),
+        ("-o --output --out", output_file, None, "the best schedule's CSV (default plan.csv); "
+         "--model MODULE:FACTORY: the plan's JSON (default plan.json)"),
+        ("--plot", plot_file, None, "--model MODULE:FACTORY: the plan's Gantt chart above the "
+         "naive 1F1B's (default: --out as .png)"),
+        ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
+        ("--memory-limit-mib", positive_float, None, "peak activations per rank",
+         {"metavar": "MIB"}),
+        ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per "
+         "action (default measured, with the cost per byte; 0: compute only)", {"metavar": "MS"}),
+    ), _plan, {"ranks": 2, "microbatches": None}),
+    ("run", "train a model with a schedule or a plan on local ranks",
+     (add_source, SIZE, add_model_and_launch), (
+        ("--steps", positive_int, 3, "training steps"),
+        ("--optimizer", ("sgd", "adamw"), "sgd", None),
+        ("--lr", positive_float, 0.01, None),
+        ("--no-predict", bool, False, "skip profiling + simulation"),
+        ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
+        ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace"),
+        ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
+        ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick ops as they arrive"),
+        ("--straggler", straggler_arg, None, "really slow RANK by FACTOR", {"metavar": STRAGGLER}),
+    ), _run, {"ranks": None, "microbatches": None}),
+)  # fmt: skip
