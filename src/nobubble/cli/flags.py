@@ -75,19 +75,14 @@ def add_run_flags(parser: argparse.ArgumentParser, *, plot: str, force: str,
                   plot_default: Path | None = None) -> None:  # fmt: skip
     """``--plot``, ``--force`` and ``--json``, which every ``ep`` command takes
     (``plot_default``: a figure drawn unless the user names another file)."""
-    parser.add_argument("--plot", type=plot_file, default=plot_default, help=plot)
-    parser.add_argument("--force", action="store_true", help=force)
+    add_args(parser, (("--plot", plot_file, plot_default, plot), ("--force", bool, False, force)))
     add_json_flag(parser)
 
 
 def flags_given(flags: tuple[Flag, ...], args: argparse.Namespace) -> dict[str, Any]:
     """``{field path: value}`` of the flags on the command line (None = left out)."""
-    given = {}
-    for _, path, _, _ in flags:
-        value = getattr(args, path, None)
-        if value is not None:
-            given[path] = tuple(value) if isinstance(value, list) else value
-    return given
+    values = {path: getattr(args, path, None) for _, path, _, _ in flags}
+    return {p: tuple(v) if isinstance(v, list) else v for p, v in values.items() if v is not None}
 
 
 def apply_flags(config: Any, given: dict[str, Any], flags: tuple[Flag, ...] = ()) -> Any:

@@ -7,16 +7,19 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from functools import partial
 
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
-    COST_FLAGS,
-    add_costs,
-    add_dispatch,
-    add_shape,
-    add_size,
+    CHUNKS,
+    COST_NAMES,
+    COSTS,
+    DISPATCH,
+    MEM_LIMIT,
+    SHAPE,
+    SIZE,
+    file_sets_size,
+    mem_limit,
     perturbation_from_args,
     rank_costs,
     read_file,
@@ -25,7 +28,6 @@ from nobubble.cli.pp.options import (
 )
 from nobubble.cli.util import (
     ArgumentParser,
-    UsageError,
     add_json_flag,
     console,
     input_file,
@@ -48,16 +50,14 @@ def _show(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import ascii_grid
     from nobubble.pipeline.validate import validate
 
+    given = [flag for dest, (flag, _) in SHOW_SHAPE.items() if getattr(args, dest) is not None]
+    refuse((args.csv is not None and (given or args.force), f"--csv {args.csv} sets the schedule "
+            f"and its shape; drop {', '.join(given + ['--force'] * args.force)}"))  # fmt: skip
     if args.csv is not None:
-        given = [flag for dest, (flag, _) in SHOW_SHAPE.items() if getattr(args, dest) is not None]
-        if given or args.force:
-            raise UsageError(f"--csv {args.csv} sets the schedule and its shape; drop "
-                             f"{', '.join(given + ['--force'] * args.force)}")  # fmt: skip
         sched = read_file(args.csv, "")
         validate(sched)  # before a grid is drawn: a broken file is one line, exit 2
     else:
-        for dest, (_, default) in SHOW_SHAPE.items():
-            setattr(args, dest, default if getattr(args, dest) is None else getattr(args, dest))
+        vars(args).update({d: v for d, (_, v) in SHOW_SHAPE.items() if getattr(args, d) is None})
         sched = setting(args).build(unit=True)
     if args.json:
         print_json({"schedule": sched.name, **_shape(sched),
@@ -77,14 +77,10 @@ def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.simulate import simulate
 
     costs = (s := setting(args)).cost_model()
-    dispatched = (args.dispatch is not None or args.jitter > 0 or args.straggler
-                  or args.seed is not None)  # fmt: skip
     sched = s.build(costs, limit_elsewhere=args.dispatch == "handshake")
-    run = (
-        s.dispatch(sched, costs, args.dispatch, perturbation_from_args(args))
-        if dispatched
-        else None
-    )
+    run, perturbation = None, perturbation_from_args(args)
+    if args.dispatch is not None or not perturbation.is_identity:
+        run = s.dispatch(sched, costs, args.dispatch, perturbation)
     result = run.sim if run is not None else simulate(sched, costs)
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
@@ -165,12 +161,12 @@ def _compare(args: argparse.Namespace) -> int:
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
     c = _cost_summary(costs)
+    times = " ".join(f"T_{k[2:].upper()}={_fmt_cost(c[k])}" for k in ("t_f", "t_b", "t_w"))
     print_result(
         args.json,
         {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
          "rows": [r.as_dict() for r in rows], "files": files},
-        f"P={args.ranks}, M={args.microbatches}: T_F={_fmt_cost(c['t_f'])} "
-        f"T_B={_fmt_cost(c['t_b'])} T_W={_fmt_cost(c['t_w'])} T_comm={c['t_comm']:g} (per rank)",
+        f"P={args.ranks}, M={args.microbatches}: {times} T_comm={c['t_comm']:g} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
         [[r.name, r.source, r.kind, *_figures(r.as_dict()), r.note] for r in rows],
         caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
@@ -316,12 +312,11 @@ def _check_args(args: argparse.Namespace) -> None:
 def _costs(args: argparse.Namespace):
     if args.costs is None:
         return setting(args).cost_model()
-    times = (("--model", "model", None, ""), *COST_FLAGS[:4])
-    given = [flag for flag, dest, _, _ in times if getattr(args, dest) is not None]
+    times = zip(("--model", "--tf", "--tb", "--tw"), COST_NAMES, strict=False)
+    given = [flag for flag, dest in times if getattr(args, dest) is not None]
     refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
     costs = read_file(args.costs, "--costs", "profile").cost_model()
-    refuse((costs.num_stages != args.ranks, f"--costs {args.costs} has {costs.num_stages} ranks "
-            f"but --ranks is {args.ranks}; pass --ranks {costs.num_stages}"))  # fmt: skip
+    file_sets_size(args, f"--costs {args.costs}", costs.num_stages, args.microbatches)
     return costs
 
 
@@ -329,33 +324,32 @@ ILP = {"nargs": "?", "const": 30.0, "metavar": "SECONDS"}
 """``--ilp``'s own keywords: given bare, the solver runs 30 s."""
 
 
-COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
-    ("show", "print a schedule as a text grid (time slots per rank)", (add_shape,), (
+COMMANDS: tuple[tuple, ...] = (  # (name, help, flag tables, own flags (add_args rows), run, defaults)
+    ("show", "print a schedule as a text grid (time slots per rank)", SHAPE, (
         ("--ids", bool, False, "show microbatch numbers in the cells"),
         ("--csv", input_file, None, "show this torch CSV instead (it sets the schedule and its shape)"),
-    ), _show),
-    ("simulate", "simulate one schedule: bubble, spans, peak memory", (add_shape, add_costs, add_dispatch), (
+    ), _show, dict.fromkeys(SHOW_SHAPE)),  # None: not given, so that --csv can refuse a shape
+    ("simulate", "simulate one schedule: bubble, spans, peak memory",
+     (*SHAPE, *COSTS, MEM_LIMIT, DISPATCH), (
         ("--plot", plot_file, None, "write a Gantt chart (.png or .svg)"),
         ("--trace", output_file, None, "write a Chrome trace (.json) for Perfetto"),
-    ), _simulate),
+    ), _simulate, {}),
     ("compare", "every schedule on the same costs: bubble, memory, throughput",
-     (partial(add_shape, schedule=False), add_costs), (
+     (SIZE, CHUNKS, *COSTS, MEM_LIMIT), (
         ("--no-torch", bool, False, "leave out torch's own schedules"),
         ("--ilp", positive_float, None, "add the exact ILP row (time limit, default 30 s)", ILP),
         ("--plot", plot_file, None, "write every schedule's Gantt chart in one image"),
-    ), _compare),
-    ("export", "write a schedule as torch's compute-only CSV", (add_shape, add_costs), (
+    ), _compare, {}),
+    ("export", "write a schedule as torch's compute-only CSV", (*SHAPE, *COSTS, MEM_LIMIT), (
         ("-o --output", output_file, None, "CSV file (default: stdout)"),
-    ), _export),
-    ("validate", "check a torch-format CSV schedule and simulate it",
-     (partial(add_costs, mem_limit_help=None),), (  # it simulates the file's own order
+    ), _export, {}),
+    ("validate", "check a torch-format CSV schedule and simulate it", COSTS, (
         ("file", input_file, None, "CSV: one row per rank, cells like 0F0, 0I0, 0W0, 0B0"),
-    ), _validate),
-    ("solve", "exact optimal schedule (CP-SAT), warm-started by the heuristics", (
-        partial(add_shape, schedule=False, chunks=1,
-                chunks_help="stages per rank (2: V or interleaved; default 1)"),
-        partial(add_costs, mem_limit_help="activation limit per rank in units of M_F (P = "
-                "ZB-1p's); default none")), (
+    ), _validate, {"chunks": None, "microbatches": None, "force": False}),  # the file's order
+    ("solve", "exact optimal schedule (CP-SAT), warm-started by the heuristics",
+     (SIZE, *COSTS, mem_limit("activation limit per rank in units of M_F (P = ZB-1p's); "
+                              "default none")), (
+        ("--chunks -v", positive_int, 1, "stages per rank (2: V or interleaved; default 1)"),
         ("--objective", ("span", "makespan"), "span", None),
         ("--placement", ("v", "interleaved"), None,
          "with --chunks 2: 'v' (ZB-V's shape, default) or 'interleaved'"),
@@ -363,11 +357,10 @@ COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
         ("--workers", positive_int, None, "CP-SAT workers (default 8)"),
         ("--plot", plot_file, None, "Gantt chart file (.png/.svg)"),
         ("--csv", output_file, None, "write the schedule (torch CSV)"),
-    ), _solve),
+    ), _solve, {}),
     # --mem-limit stays, hidden, so that it is refused rather than taken for --mem-limits
-    ("frontier", "every schedule as (peak memory, bubble); the Pareto-optimal ones", (
-        partial(add_size, ranks=8, microbatches=24),
-        partial(add_costs, mem_limit_help=argparse.SUPPRESS)), (
+    ("frontier", "every schedule as (peak memory, bubble); the Pareto-optimal ones",
+     (SIZE, *COSTS, mem_limit(argparse.SUPPRESS)), (
         ("--costs", input_file, None, "per-rank costs from a pp profile JSON (instead of "
          "--model/--tf/...)", {"metavar": "FILE"}),
         ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
@@ -376,12 +369,8 @@ COMMANDS = (  # (name, help, shared flags, own flags (add_args rows), run)
          "solve, default 30 s)", ILP),
         ("--no-torch", bool, False, "leave out torch's own schedules"),
         ("--plot", plot_file, None, "write the picture (.png/.svg/.pdf)"),
-    ), _frontier),
+    ), _frontier, {"ranks": 8, "microbatches": 24}),
 )  # fmt: skip
-DEFAULTS = {  # None: not given, so that --csv can refuse a shape it would ignore
-    "show": dict.fromkeys(SHOW_SHAPE, None),
-    "validate": {"chunks": None, "microbatches": None, "force": False},
-}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -389,11 +378,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(
         dest="pp_command", metavar="SUBCOMMAND", parser_class=ArgumentParser
     )
-    for name, help_text, shared, rows, func in COMMANDS:
+    for name, help_text, tables, rows, func, defaults in (*COMMANDS, *pp_run.COMMANDS):
         p = sub.add_parser(name, help=help_text)
-        for add in shared:
-            add(p)
+        for table in tables:  # (title, add_args rows), or a function that adds its own
+            if callable(table):
+                table(p)
+            else:
+                add_args(p.add_argument_group(table[0]) if table[0] else p, table[1])
         add_args(p, rows)
         add_json_flag(p)
-        p.set_defaults(func=func, **DEFAULTS.get(name, {}))
-    pp_run.register(sub)
+        p.set_defaults(func=func, **defaults)

@@ -1,7 +1,6 @@
-"""The ``pp`` commands' shared flags and their checks: the pipeline's size and schedule,
-per-rank costs (memory limits in units of M_F), the dispatch policy and its perturbations,
-the model (built-in or the user's factory), where the ranks run, the budgets checked before
-any work; and ``pp profile | plan | run``'s own flag rows."""
+"""The ``pp`` commands' shared flags as :func:`~nobubble.cli.flags.add_args` tables (size,
+schedule, per-rank costs in units of M_F, dispatch, model, launch) and their checks before
+any work; ``pp profile | plan | run``'s own rows."""
 
 from __future__ import annotations
 
@@ -24,10 +23,7 @@ from nobubble.cli.flags import (
 from nobubble.cli.util import (
     UsageError,
     console,
-    input_file,
     nonneg_float,
-    output_file,
-    plot_file,
     positive_float,
     positive_int,
     seed_int,
@@ -48,62 +44,69 @@ if TYPE_CHECKING:
 DISPATCH_CHOICES = ("static", "handshake")
 
 
-def add_size(p: argparse.ArgumentParser, *, ranks: int | None = 4,
-             microbatches: int | None = 8) -> None:  # fmt: skip
-    """``--ranks/-p`` and ``--microbatches/-m`` (None: the command decides) and ``--force``
-    (skip the work budgets). ``--ranks`` is always ranks: a schedule with ``--chunks`` V has
-    P x V stages (``pp profile --stages`` counts stages)."""
-    add_args(p, (
-        ("--ranks -p", positive_int, ranks, "pipeline ranks P"),
-        ("--microbatches -m", positive_int, microbatches, "microbatches M"),
-        ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
-    ))  # fmt: skip
-
-
-def add_shape(p: argparse.ArgumentParser, *, schedule: bool = True, chunks: int | None = None,
-              chunks_help: str = "chunks per rank (interleaved-1f1b; default 2)") -> None:  # fmt: skip
-    """The schedule's name (unless ``schedule=False``), its size, and ``--chunks/-v``."""
-    if schedule:
-        p.add_argument("--schedule", "-s", default="zb-h1", help="schedule name (default zb-h1)")
-    add_size(p)
-    p.add_argument("--chunks", "-v", type=positive_int, default=chunks, help=chunks_help)
-
-
 def rank_costs(text: str) -> tuple[float, ...]:
     """argparse type: a positive number, or comma-separated positive numbers (one per rank)."""
     return tuple(positive_float(part) for part in text.split(","))
 
 
-COST_FLAGS: tuple[Flag, ...] = (  # (flag, CostModel.from_settings keyword, argparse type, help)
-    ("--tf", "t_f", rank_costs, "forward time of one microbatch; one value, or one per rank "
-     "comma-separated (e.g. 20,18,18,24 for embedding/head)"),
-    ("--tb", "t_b", rank_costs, "input-gradient backward (B) time (or list)"),
-    ("--tw", "t_w", rank_costs, "weight-gradient backward (W) time (or list)"),
-    ("--tcomm", "t_comm", nonneg_float, "transfer time between ranks"),
-    ("--hidden", "hidden", positive_int, "hidden size h (M_F = 34h + 5as)"),
-    ("--heads", "heads", positive_int, "attention heads a"),
-    ("--seq", "seq", positive_int, "sequence length s"),
-    ("--mem-f", "mem_f", positive_float, "activation memory an F stores"),
-    ("--mem-b", "mem_b", nonneg_float, "memory a B frees"),
-    ("--mem-w", "mem_w", nonneg_float, "memory a W frees"),
-)  # fmt: skip
+STRAGGLER = "RANK:FACTOR[:STEPS]"
 
 
-def add_costs(p: argparse.ArgumentParser, *, mem_limit_help: str | None = "zb-1p/zb-2p (and "
-              "--dispatch handshake) activation limit per rank in units of M_F (default P and "
-              "2P; handshake: the order's peak)") -> None:  # fmt: skip
-    """Per-rank times (``--model`` or :data:`COST_FLAGS`' first four), memory per microbatch
-    (a transformer shape or ``--mem-f/-b/-w``) and ``--mem-limit`` in units of M_F (none when
-    ``mem_limit_help`` is None: a command that no limit changes)."""
-    g = p.add_argument_group("costs (per rank; default 1, 1, 1, 0 or --model's)")
-    g.add_argument("--model", choices=sorted(PAPER_TIMES), help="the paper's measured costs")
-    for i, (flag, dest, kind, text) in enumerate(COST_FLAGS):
-        if i == 4:
-            g = p.add_argument_group("memory per microbatch (default: --model's, else the 1.5B "
-                                     "shape)")  # fmt: skip
-        g.add_argument(flag, dest=dest, type=kind, help=text)
-    if mem_limit_help is not None:
-        p.add_argument("--mem-limit", type=positive_float, default=None, help=mem_limit_help)
+def straggler_arg(text: str):
+    """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
+    from nobubble.pipeline.dispatch.perturb import parse_straggler
+
+    try:
+        return parse_straggler(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+# the shared flags: (argument group title or None, add_args rows); a command changes a
+# default with its own set_defaults
+SIZE = (None, (
+    ("--ranks -p", positive_int, 4, "pipeline ranks P"),
+    ("--microbatches -m", positive_int, 8, "microbatches M"),
+    ("--force", bool, False, "run sizes past the work budget (they may take minutes or GBs)"),
+))  # fmt: skip
+SCHEDULE = (None, (("--schedule -s", str, "zb-h1", "schedule name (default zb-h1)"),))
+CHUNKS = (None, (("--chunks -v", positive_int, None, "chunks per rank V (default 2)"),))
+TIMES = ("costs (per rank; default 1, 1, 1, 0 or --model's)", (
+    ("--model", tuple(sorted(PAPER_TIMES)), None, "the paper's measured costs"),
+    ("--tf", rank_costs, None, "forward time: one, or one per rank (20,18,18,24)", {"dest": "t_f"}),
+    ("--tb", rank_costs, None, "input-gradient backward (B) time (or list)", {"dest": "t_b"}),
+    ("--tw", rank_costs, None, "weight-gradient backward (W) time (or list)", {"dest": "t_w"}),
+    ("--tcomm", nonneg_float, None, "transfer time between ranks", {"dest": "t_comm"}),
+))  # fmt: skip
+MEMORY = ("memory per microbatch (default: --model's, else the 1.5B shape)", (
+    ("--hidden", positive_int, None, "hidden size h (M_F = 34h + 5as)"),
+    ("--heads", positive_int, None, "attention heads a"),
+    ("--seq", positive_int, None, "sequence length s"),
+    ("--mem-f", positive_float, None, "activation memory an F stores", {"dest": "mem_f"}),
+    ("--mem-b", nonneg_float, None, "memory a B frees", {"dest": "mem_b"}),
+    ("--mem-w", nonneg_float, None, "memory a W frees", {"dest": "mem_w"}),
+))  # fmt: skip
+SHAPE = (SCHEDULE, SIZE, CHUNKS)
+COSTS = (TIMES, MEMORY)
+COST_NAMES = ("model", "t_f", "t_b", "t_w", "t_comm", "hidden", "heads", "seq", "mem_f",
+              "mem_b", "mem_w")  # fmt: skip
+"""The ``costs`` keywords of :meth:`~nobubble.pipeline.costs.CostModel.from_settings`."""
+
+
+def mem_limit(text: str) -> tuple[None, tuple]:
+    """The ``--mem-limit`` table of ``text``, its help (activation limit per rank, M_F)."""
+    return (None, (("--mem-limit", positive_float, None, text),))
+
+
+MEM_LIMIT = mem_limit("zb-1p/zb-2p/handshake activation limit per rank, units of M_F")
+DISPATCH: tuple[str, tuple[tuple, ...]] = ("dispatch policy and perturbations", (
+    ("--dispatch", DISPATCH_CHOICES, None, "static (default): walk the schedule's order; "
+     "handshake: pick each op from what has arrived, within --mem-limit (default: its peak)"),
+    ("--jitter", nonneg_float, 0.0, "op times times seeded [1-J, 1+J] factors", {"metavar": "J"}),
+    ("--straggler", straggler_arg, [], "slow RANK's ops by FACTOR (1:1.5) in STEPS: N (the "
+     "first N), A-B or A- (default all); repeatable", {"action": "append", "metavar": STRAGGLER}),
+    ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
+))  # fmt: skip
 
 
 def setting(args: argparse.Namespace) -> PipelineSetting:
@@ -111,8 +114,7 @@ def setting(args: argparse.Namespace) -> PipelineSetting:
     ``--mem-limit`` flags as they stand (a command may first take a size from a file)."""
     from nobubble.pipeline.setting import PipelineSetting
 
-    names = ("model", *(dest for _, dest, _, _ in COST_FLAGS))
-    costs = {name: getattr(args, name, None) for name in names}
+    costs = {name: getattr(args, name, None) for name in COST_NAMES}
     return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
                            getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
                            force=args.force, costs=costs)  # fmt: skip
@@ -142,29 +144,17 @@ def refuse(*cases: tuple[object, str]) -> None:
         raise UsageError(message)
 
 
-def add_dispatch(p: argparse.ArgumentParser) -> None:
-    """``--dispatch``, ``--jitter``, ``--straggler`` (repeatable) and ``--seed``."""
-    add_args(p.add_argument_group("dispatch policy and perturbations"), (
-        ("--dispatch", DISPATCH_CHOICES, None, "static: every rank walks the schedule's order "
-         "(the default); handshake: ranks pick their next op from what has arrived, guided by "
-         "the order, within --mem-limit (default: the order's peak)"),
-        ("--jitter", nonneg_float, 0.0, "each op's time times a seeded factor in [1-J, 1+J] "
-         "(0 <= J < 1)", {"metavar": "J"}),
-        ("--straggler", straggler_arg, [], "slow a rank's ops by FACTOR (e.g. 1:1.5), in steps "
-         "STEPS: N (the first N), A-B or A- (default all); repeatable",
-         {"action": "append", "metavar": "RANK:FACTOR[:STEPS]"}),
-        ("--seed", seed_int, None, "seed of the jitter draws (default 0)"),
-    ))  # fmt: skip
-
-
-def straggler_arg(text: str):
-    """argparse type: ``RANK:FACTOR[:STEPS]`` as a Straggler."""
-    from nobubble.pipeline.dispatch.perturb import parse_straggler
-
-    try:
-        return parse_straggler(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
+                   num_microbatches: int | None = None, held: str = "has") -> None:  # fmt: skip
+    """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (its flag and path)
+    that sets them (``held``: how the file holds its ranks), then take its microbatches."""
+    refuse(
+        (args.ranks not in (None, num_ranks), f"{source} {held} {num_ranks} ranks but --ranks "
+         f"is {args.ranks}; give --ranks {num_ranks}"),
+        (args.microbatches not in (None, num_microbatches), f"-m {args.microbatches}, but "
+         f"{source} runs {num_microbatches} microbatches; drop -m (the file sets it)"),
+    )  # fmt: skip
+    args.microbatches = num_microbatches or args.microbatches
 
 
 def perturbation_from_args(args: argparse.Namespace):
@@ -187,10 +177,19 @@ MODEL_FLAGS: tuple[Flag, ...] = (
 )
 """GPTConfig's size fields (MLPConfig has the first two)."""
 RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}  # the other model flags'
+LAUNCH_FLAGS: tuple[Flag, ...] = (
+    ("--device", "device", str, "cpu or cuda (rank r on cuda:r)"),
+    ("--backend", "backend", str, "gloo / nccl (default: by device)"),
+    ("--threads", "threads_per_rank", integer, "torch threads per rank"),
+    ("--timeout", "timeout_s", real, "seconds, any wait (default 300)"),
+)
+"""LaunchOptions' fields, checked by it alone; the command line waits 300 s (the library 120)."""
 
 
-def add_model(p: argparse.ArgumentParser) -> None:
-    """The model: ``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags."""
+def add_model_and_launch(p: argparse.ArgumentParser) -> None:
+    """The model (``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags) and
+    where the ranks run (:data:`LAUNCH_FLAGS` and ``--clock``)."""
+    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import GPTConfig
 
     g = p.add_argument_group("model")
@@ -201,7 +200,10 @@ def add_model(p: argparse.ArgumentParser) -> None:
     add_config_flags(g, GPTConfig, MODEL_FLAGS)
     add_args(g, (("--microbatch-size", positive_int, None, "samples per mb (default 2)"),
                  ("--seed", seed_int, None, "weights, data and factory seed (default 0)")))  # fmt: skip
-    p.set_defaults(**RUN_DEFAULTS)
+    add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
+    add_args(g, (("--clock", ("wall", "cpu"), "wall", "profile op times by wall clock or "
+                  "thread CPU time (cpu device)"),))  # fmt: skip
+    p.set_defaults(timeout_s=300.0, **RUN_DEFAULTS)
 
 
 def is_user_model(spec: str | None) -> bool:
@@ -272,25 +274,6 @@ def check_factory_flags(args: argparse.Namespace) -> None:
             "its own model, drop them"))  # fmt: skip
 
 
-LAUNCH_FLAGS: tuple[Flag, ...] = (
-    ("--device", "device", str, "cpu or cuda (rank r on cuda:r)"),
-    ("--backend", "backend", str, "gloo / nccl (default: by device)"),
-    ("--threads", "threads_per_rank", integer, "torch threads per rank"),
-    ("--timeout", "timeout_s", real, "seconds, any wait (default 300)"),
-)
-"""LaunchOptions' fields, checked by it alone; the command line waits 300 s (the library 120)."""
-
-
-def add_launch(p: argparse.ArgumentParser) -> None:
-    """Where and how the ranks run: :data:`LAUNCH_FLAGS` and ``--clock``."""
-    from nobubble.distributed.options import LaunchOptions
-
-    add_config_flags(g := p.add_argument_group("launch"), LaunchOptions, LAUNCH_FLAGS)
-    p.set_defaults(timeout_s=300.0)
-    add_args(g, (("--clock", ("wall", "cpu"), "wall", "profile op times by wall clock or "
-                  "thread CPU time (cpu device)"),))  # fmt: skip
-
-
 def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig | None):
     """The :class:`~nobubble.distributed.options.LaunchOptions` of the launch flags, checked
     before any work and without torch against this torch build, the cores (unless
@@ -336,42 +319,3 @@ def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -
     check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
                 limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
                 bound="about", unit=what, force=args.force)  # fmt: skip
-
-
-PROFILE_ARGS = (
-    ("--stages", positive_int, 2, "model stages to split into (one per rank, or ranks x chunks)",
-     {"dest": "num_stages"}),
-    ("--repeats", positive_int, 5, "timed repeats per op"),
-    ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
-    ("-o --output", output_file, None, "write the profile JSON"),
-    ("--force", bool, False, "run sizes past the memory and time budgets"),
-)  # fmt: skip
-PLAN_ARGS = (
-    ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
-    ("--ilp", positive_float, None, "also run the exact solver for this long",
-     {"metavar": "SECONDS"}),
-    ("-o --output --out", output_file, None, "the best schedule as torch CSV (default plan.csv); "
-     "with --model MODULE:FACTORY the plan's JSON (default plan.json)"),
-    ("--plot", plot_file, None, "--model MODULE:FACTORY: the Gantt chart of the plan above the "
-     "naive 1F1B (default: the --out file as .png)"),
-    ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
-    ("--memory-limit-mib", positive_float, None, "keep the fastest whose peak activations per "
-     "rank fit", {"metavar": "MIB"}),
-    ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per action "
-     "(default: measured on --ranks local ranks, with the cost per byte moved; given, transfers "
-     "cost 0; 0: compute only)", {"metavar": "MS"}),
-)  # fmt: skip
-RUN_ARGS = (
-    ("--steps", positive_int, 3, "training steps"),
-    ("--optimizer", ("sgd", "adamw"), "sgd", None),
-    ("--lr", positive_float, 0.01, None),
-    ("--no-predict", bool, False, "skip profiling + simulation"),
-    ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
-    ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace to write"),
-    ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
-    ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick each op from what has "
-     "arrived"),
-    ("--straggler", straggler_arg, None, "really slow one rank: its ops take FACTOR times as long",
-     {"metavar": "RANK:FACTOR[:STEPS]"}),
-)  # fmt: skip
-"""``pp profile | plan | run``'s own flags (:func:`~nobubble.cli.flags.add_args` rows)."""

@@ -16,20 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nobubble.budget import check_budget
-from nobubble.cli.flags import (
-    add_args,
-)
+from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
-    PLAN_ARGS,
-    PROFILE_ARGS,
-    RUN_ARGS,
+    DISPATCH_CHOICES,
+    SIZE,
+    STRAGGLER,
     absolute_spec,
-    add_launch,
-    add_model,
-    add_size,
+    add_model_and_launch,
     check_factory_flags,
     check_launch,
     check_time,
+    file_sets_size,
     given_model_flags,
     is_user_model,
     load_user_model,
@@ -38,12 +35,17 @@ from nobubble.cli.pp.options import (
     read_file,
     refuse,
     setting,
+    straggler_arg,
 )
 from nobubble.cli.util import (
     UsageError,
-    add_json_flag,
     console,
     input_file,
+    nonneg_float,
+    output_file,
+    plot_file,
+    positive_float,
+    positive_int,
     print_json,
     print_result,
     print_table,
@@ -60,29 +62,6 @@ if TYPE_CHECKING:
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8  # rows of the plan table: the chosen plan, then the next fastest
 DEFAULT_MICROBATCHES = 8  # -m of the built-in models' pp plan and pp run
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``profile``, ``plan`` and ``run`` to the ``pp`` group's sub-parsers."""
-    prof = sub.add_parser("profile", help="measure per-stage T_F, T_B, T_W, T_comm and memory")
-    plan = sub.add_parser("plan", help="choose a schedule (built-in model) or a whole plan "
-                          "(--model MODULE:FACTORY: cut, schedule, microbatches, recompute)")  # fmt: skip
-    run = sub.add_parser("run", help="train a model with a schedule or a plan on local ranks")
-    which = run.add_mutually_exclusive_group(required=True)
-    add_args(which, (
-        ("--schedule -s", str, None, "schedule name (gpipe, 1f1b, zb-h1, ...)"),
-        ("--schedule-file", input_file, None, "torch compute-only CSV"),
-        ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
-    ))  # fmt: skip
-    add_size(plan, ranks=2, microbatches=None)
-    add_size(run, ranks=None, microbatches=None)
-    for p, rows, func in ((prof, PROFILE_ARGS, _profile), (plan, PLAN_ARGS, _plan),
-                          (run, RUN_ARGS, _run)):  # fmt: skip
-        add_args(p, rows)
-        add_model(p)
-        add_launch(p)
-        add_json_flag(p)
-        p.set_defaults(func=func)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -154,7 +133,7 @@ def _plan(args: argparse.Namespace) -> int:
         f"P={args.ranks}, M={args.microbatches}, profiled costs ({name})",
         [("chosen" if c == p.chosen else str(i + 1), r)
          for i, (c, r) in enumerate(zip(p.candidates, rows, strict=True))],
-        naive=None, limited=args.memory_limit_mib is not None,
+        naive_ms=None, limited=args.memory_limit_mib is not None,
         caption=f"best: {p.schedule_name}"
         + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
     )  # fmt: skip
@@ -194,14 +173,9 @@ def _schedule_from_args(args: argparse.Namespace) -> Schedule:
         args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
         return setting(args).build(unit=True)
     sched = read_file(args.schedule_file, "--schedule-file")
-    refuse(
-        (sched.num_ranks != args.ranks, f"{args.schedule_file} has {sched.num_ranks} ranks but "
-         f"--ranks is {args.ranks}; pass --ranks {sched.num_ranks}"),
-        (args.microbatches not in (None, sched.num_microbatches), f"-m {args.microbatches}, but "
-         f"{args.schedule_file} runs {sched.num_microbatches} microbatches; drop -m (the file "
-         "sets it)"),
-    )  # fmt: skip
-    args.microbatches = sched.num_microbatches
+    file_sets_size(
+        args, f"--schedule-file {args.schedule_file}", sched.num_ranks, sched.num_microbatches
+    )
     return sched
 
 
@@ -332,8 +306,8 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     )  # fmt: skip
     print_candidates(
         f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
-        [("chosen" if i == 0 else str(i + 1), r) for i, r in enumerate(rows)],
-        naive=naive, limited=args.memory_limit_mib is not None,
+        [*[("chosen" if i == 0 else str(i + 1), r) for i, r in enumerate(rows)], ("naive", naive)],
+        naive_ms=naive_ms, limited=args.memory_limit_mib is not None,
         caption="predicted by the simulator from each block's costs, profiled once here "
         f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
         f"same m, no recompute; wrote {out}, {plot}",
@@ -341,21 +315,19 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     return 0
 
 
-def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive: dict | None,
+def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive_ms: float | None,
                      limited: bool, caption: str) -> None:  # fmt: skip
-    """The table of a plan's candidates (each row :meth:`Plan.describe`'s, after its label), and
-    the ``naive`` plan's row and each one's speed-up over it; ``limited``: whether it fits."""
-    naive_ms = naive["predicted_step_ms"] if naive is not None else None
-
-    def cells(label: str, r: dict) -> list:
-        return [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
-                "yes" if r["recompute"] else "no", r["predicted_step_ms"],
-                f"{r['bubble_rate']:.1%}", " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
-                *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
-                *(["yes" if r["fits"] else "no"] if limited else [])]  # fmt: skip
-
-    table = [cells(label, r) for label, r in rows]
-    table += [cells("naive", naive)] if naive is not None else []
+    """The table of a plan's candidates (each row :meth:`Plan.describe`'s, after its label),
+    with each one's speed-up over the naive plan's ``naive_ms`` and (``limited``) whether it
+    fits."""
+    table = [
+        [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
+         "yes" if r["recompute"] else "no", r["predicted_step_ms"], f"{r['bubble_rate']:.1%}",
+         " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
+         *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
+         *(["yes" if r["fits"] else "no"] if limited else [])]
+        for label, r in rows
+    ]  # fmt: skip
     columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
                "peak MiB per rank", *(["vs naive"] if naive_ms else []),
                *(["fits"] if limited else [])]  # fmt: skip
@@ -376,14 +348,10 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     refuse(
         (not is_user_model(args.model), "--plan runs a plan of your own model: give the factory "
          "it was made from, --model MODULE:FACTORY"),
-        (args.ranks not in (None, p.num_ranks), f"--ranks {args.ranks}, but {args.plan} is a "
-         f"plan for {p.num_ranks} ranks; drop --ranks (the plan sets it) or plan again"),
-        (args.microbatches not in (None, p.num_microbatches), f"--microbatches "
-         f"{args.microbatches}, but {args.plan} runs {p.num_microbatches}; drop -m (the plan "
-         "sets it) or plan again"),
         (given, f"{', '.join(given)}: not with --plan (the plan sets recompute; plotting and "
          "stragglers are for the built-in models)"),
     )  # fmt: skip
+    file_sets_size(args, f"--plan {args.plan}", p.num_ranks, p.num_microbatches, "is a plan for")
     check_budget("pp run", processes=p.num_ranks, force=args.force)
     spec = absolute_spec(args.model)
     model = load_user_model(spec, seed=args.seed)  # checked here, before any rank starts
@@ -393,7 +361,6 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
                                    "prediction is for the planned batch")  # fmt: skip
-    args.microbatches = p.num_microbatches
     check_time(args, p.num_ranks, model.num_parameters, model.batch_tokens // p.num_microbatches)
     check_device(launch.device, launch.backend, ranks=p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
@@ -420,3 +387,49 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
     )  # fmt: skip
     return 0
+
+
+def add_source(p: argparse.ArgumentParser) -> None:
+    """``pp run``'s schedule: exactly one of ``--schedule``, ``--schedule-file``, ``--plan``."""
+    add_args(p.add_mutually_exclusive_group(required=True), (
+        ("--schedule -s", str, None, "schedule name (gpipe, 1f1b, zb-h1, ...)"),
+        ("--schedule-file", input_file, None, "torch compute-only CSV"),
+        ("--plan", input_file, None, "plan JSON of pp plan --model MODULE:FACTORY (with that --model)"),
+    ))  # fmt: skip
+
+
+COMMANDS: tuple[tuple, ...] = (  # as nobubble.cli.pp.COMMANDS
+    ("profile", "measure per-stage T_F, T_B, T_W, T_comm and memory", (add_model_and_launch,), (
+        ("--stages", positive_int, 2, "stages (ranks, or ranks x chunks)", {"dest": "num_stages"}),
+        ("--repeats", positive_int, 5, "timed repeats per op"),
+        ("--no-comm", bool, False, "skip the 2-process T_comm probe"),
+        ("-o --output", output_file, None, "write the profile JSON"),
+        ("--force", bool, False, "run sizes past the memory and time budgets"),
+    ), _profile, {}),
+    ("plan", "choose a schedule (built-in model) or a whole plan (--model MODULE:FACTORY: cut, "
+     "schedule, microbatches, recompute)", (SIZE, add_model_and_launch), (
+        ("--profile", input_file, None, "profile JSON (pp profile -o); it sets the model"),
+        ("--ilp", positive_float, None, "also run the exact solver", {"metavar": "SECONDS"}),
+        ("-o --output --out", output_file, None, "the best schedule's CSV (default plan.csv); "
+         "--model MODULE:FACTORY: the plan's JSON (default plan.json)"),
+        ("--plot", plot_file, None, "--model MODULE:FACTORY: the plan's Gantt chart above the "
+         "naive 1F1B's (default: --out as .png)"),
+        ("--recompute", bool, False, "also weigh every schedule with activation checkpointing"),
+        ("--memory-limit-mib", positive_float, None, "peak activations per rank",
+         {"metavar": "MIB"}),
+        ("--overhead-ms", nonneg_float, None, "--model MODULE:FACTORY: the runtime's cost per "
+         "action (default measured, with the cost per byte; 0: compute only)", {"metavar": "MS"}),
+    ), _plan, {"ranks": 2, "microbatches": None}),
+    ("run", "train a model with a schedule or a plan on local ranks",
+     (add_source, SIZE, add_model_and_launch), (
+        ("--steps", positive_int, 3, "training steps"),
+        ("--optimizer", ("sgd", "adamw"), "sgd", None),
+        ("--lr", positive_float, 0.01, None),
+        ("--no-predict", bool, False, "skip profiling + simulation"),
+        ("--recompute", bool, False, "activation checkpointing: F keeps its input, B runs F again"),
+        ("--trace", output_file, Path("nobubble-out/pp_run_trace.json"), "merged Chrome trace"),
+        ("--plot", plot_file, None, "PNG/SVG: the last measured step above the simulated one"),
+        ("--dispatch", DISPATCH_CHOICES, "static", "walk the schedule, or pick ops as they arrive"),
+        ("--straggler", straggler_arg, None, "really slow RANK by FACTOR", {"metavar": STRAGGLER}),
+    ), _run, {"ranks": None, "microbatches": None}),
+)  # fmt: skip
