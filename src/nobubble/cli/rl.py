@@ -27,7 +27,7 @@ from nobubble.cli.util import (
 )
 from nobubble.files import claim_output
 from nobubble.rl.actor_learner.config import ARCHS, LOSSES, EnvRunConfig  # torch-free
-from nobubble.rl.preflight import check_run, env_config, import_run_objects
+from nobubble.rl.entry import check_run, env_config, import_run_objects
 from nobubble.rl.system.config import (
     AGGREGATIONS,
     ALGOS,

@@ -94,7 +94,7 @@ class VTraceLoss:
         return loss, ShardGradients([], metrics, mask.numel())
 
 
-def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner[VTraceLoss]:
+def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner:
     """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam, eps 1e-5)."""
     loss = VTraceLoss(config)
     return Learner(model, loss, lr=config.lr, max_grad_norm=config.max_grad_norm, adam_eps=1e-5)
