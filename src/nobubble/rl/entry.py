@@ -20,9 +20,15 @@ if TYPE_CHECKING:
     from nobubble.rl.system.rewards import RewardServer
 
 __all__ = [
-    "STEP_S", "check_run", "comparison", "env_config", "import_run_objects",
-    "load_user_object", "serve_reward", "train",
-]  # fmt: skip
+    "STEP_S",
+    "check_run",
+    "comparison",
+    "env_config",
+    "import_run_objects",
+    "load_user_object",
+    "serve_reward",
+    "train",
+]
 
 ABLATION_TRAINER_DELAY_S = 0.3
 """The ablation's trainer slowdown per step unless the config has one: the generator then
