@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from nobubble.budget import check_budget, check_steps
-from nobubble.rl.system.imports import is_import_path, load_object
+from nobubble.rl.system.imports import is_import_path, load_user_object
 
 if TYPE_CHECKING:
     from nobubble.rl.actor_learner.config import Arch
@@ -25,7 +25,6 @@ __all__ = [
     "comparison",
     "env_config",
     "import_run_objects",
-    "load_user_object",
     "serve_reward",
     "train",
 ]
@@ -115,20 +114,6 @@ _SEQ_BOUND, _VOCAB_BOUND = 64, 32
 STEP_S = 0.01
 """The fastest learner update of an RL run: a task's (a tiny policy, a tiny batch) and an
 environment run's (512 env steps, 4 epochs) both take 10 ms."""
-
-
-def load_user_object(flag: str, spec: str, what: str) -> Any:
-    """The object ``spec`` names, imported now: ValueError for a missing module or name, and
-    for whatever the import raises (a ``SyntaxError``, the module's own error) naming ``flag``."""
-    try:
-        return load_object(spec, what)
-    except ValueError:
-        raise
-    except Exception as err:  # the user's module ran and failed: show what it raised
-        text = " ".join(str(err).split())
-        raise ValueError(
-            f"{flag} {spec}: importing it raised {type(err).__name__}: {text}; fix the module"
-        ) from None
 
 
 def import_run_objects(task: str | None = None, policy: str | None = None,
