@@ -19,15 +19,7 @@ if TYPE_CHECKING:
     from nobubble.rl.system.result import RunResult
     from nobubble.rl.system.rewards import RewardServer
 
-__all__ = [
-    "STEP_S",
-    "check_run",
-    "comparison",
-    "env_config",
-    "import_run_objects",
-    "serve_reward",
-    "train",
-]
+__all__ = ["check_run", "comparison", "env_config", "import_run_objects", "serve_reward", "train"]
 
 ABLATION_TRAINER_DELAY_S = 0.3
 """The ablation's trainer slowdown per step unless the config has one: the generator then

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -292,13 +293,6 @@ class ExperienceBuffer(Generic[G]):
 _STATE = ("_num_live", "_state", "_sample_ids", "fate", "requeues", "reuse", "learners", "sources")
 
 
-def _priority(group: SampleGroup) -> float:
-    import torch
-
-    rewards = torch.tensor([s.reward or 0.0 for s in group.samples], dtype=torch.float64)
-    return float(rewards.var()) if rewards.numel() > 1 else 0.0
-
-
 class GroupReplay:
     """A seeded ring of the last ``cfg.capacity`` trained groups, drawn again whole, without
     replacement, within the staleness bound: ``uniform`` (IS weight 1) or ``prioritized`` by
@@ -314,7 +308,10 @@ class GroupReplay:
         )
 
     def add(self, groups: list[SampleGroup]) -> None:
-        self._buffer.extend(groups, [_priority(g) for g in groups])
+        rewards = [[s.reward or 0.0 for s in g.samples] for g in groups]
+        self._buffer.extend(
+            groups, [statistics.variance(r) if len(r) > 1 else 0.0 for r in rewards]
+        )
 
     def sample(
         self, n: int, trainer_version: int, max_staleness: int, beta: float
