@@ -83,8 +83,7 @@ class Orchestrator:
         )
         # batches at the trainer, oldest first: (fresh groups, replayed groups, checkpoint
         # folder). With a staleness bound >= 1 the next batch is sent while one trains.
-        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]]
-        self._train_queue = deque()
+        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]] = deque()
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         replay = GroupReplay(cfg.replay, seed=cfg.seed) if cfg.replay.on else None
         self._progress = RunProgress(random.Random(cfg.seed), PublishedWeights(), replay)
@@ -346,10 +345,8 @@ class Orchestrator:
         self.buffer.close(sorted(self._routing.requests))
         ledger = self.buffer.summary()
         curve = sorted(p.curve, key=lambda c: (c.step, c.wall_s))
-        train_spans = [
-            s for s in self._spans if s.stage == "trainer" and s.name.startswith("train")
-        ]
-        end = max((s.end_s for s in train_spans), default=self._t0)
+        trained = (s for s in self._spans if s.stage == "trainer" and s.name.startswith("train"))
+        end = max((s.end_s for s in trained), default=self._t0)
         wall = max(end - self._t0, 1e-9)
         busy, idle = stage_busy(self._spans, self._t0, end)
         return RunResult(
