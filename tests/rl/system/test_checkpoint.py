@@ -165,6 +165,8 @@ OLDER_LAYOUTS = {
     "fields": {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0},
     # RunProgress beside the prompt RNG, the digests and the replay (61be5c0 and older)
     "beside": {"progress": None, "published": {}, "rng": None, "replay": None, "wall_s": 1.0},
+    # the buffer's state with a Ledger object in it (before the ledger joined the buffer)
+    "ledger": {"progress": None, "buffer": {"num_live": 0, "ready": [], "ledger": None}},
 }
 
 
