@@ -27,7 +27,7 @@ from nobubble.cli.util import (
 )
 from nobubble.files import claim_output
 from nobubble.rl.actor_learner.config import EnvRunConfig  # torch-free
-from nobubble.rl.preflight import check_run, env_config, import_run_objects
+from nobubble.rl.entry import check_run, env_config, import_run_objects
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.config.presets import PRESETS
 from nobubble.settings import BOOL, Settings
@@ -209,7 +209,7 @@ def _check_producer(args: argparse.Namespace) -> bool:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The run the flags describe (ValueError / ImportError on a bad value or a missing
-    extra). With ``--env``: :func:`~nobubble.rl.preflight.env_config`'s. Else a RunConfig:
+    extra). With ``--env``: :func:`~nobubble.rl.entry.env_config`'s. Else a RunConfig:
     ``--preset`` is applied first and the flags that set what it sets (:data:`PRESET_OWNED`)
     are laid over its config, so that they win."""
     if args.env is not None:

@@ -99,7 +99,7 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     assert result["ledger"]["ok"]
 
     state, trainer = _final(ckpt)
-    fates, ref_fates = state["buffer"]["ledger"].fate, ref_state["buffer"]["ledger"].fate
+    fates, ref_fates = state["buffer"]["fate"], ref_state["buffer"]["fate"]
     assert fates == ref_fates  # the same samples, each trained once, at the same step
     trained = [f for f in fates.values() if f.startswith("trained@")]
     assert len(trained) == len(set(fates)) == STEPS * 2 * 4
@@ -126,9 +126,9 @@ def test_async_resume_requeues_groups_in_flight_and_loses_none(tmp_path):
     assert resumed.ledger.ok and resumed.steps == 10
     in_flight = {r.group_id for r in state["in_flight"]}
     assert {g for g, why in resumed.requeues if why == "resumed"} == in_flight
-    done = {s for s, f in state["buffer"]["ledger"].fate.items()}
+    done = {s for s, f in state["buffer"]["fate"].items()}
     for sid in done:  # what the checkpoint had settled stays settled
-        assert resumed.fates[sid] == state["buffer"]["ledger"].fate[sid]
+        assert resumed.fates[sid] == state["buffer"]["fate"][sid]
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
@@ -165,6 +165,8 @@ OLDER_LAYOUTS = {
     "fields": {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0},
     # RunProgress beside the prompt RNG, the digests and the replay (61be5c0 and older)
     "beside": {"progress": None, "published": {}, "rng": None, "replay": None, "wall_s": 1.0},
+    # the buffer's state with a Ledger object in it (before the ledger joined the buffer)
+    "ledger": {"progress": None, "buffer": {"num_live": 0, "ready": [], "ledger": None}},
 }
 
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobubble.rl.system.experience import ExperienceBuffer, GroupState, Ledger, LedgerError
+from nobubble.rl.system.experience import ExperienceBuffer, GroupState, LedgerError
 from nobubble.rl.system.types import Sample, SampleGroup
 
 
@@ -106,35 +106,40 @@ def test_reward_failure_drops_group_and_frees_admission():
     buf.generated(g)
     assert not buf.can_admit(0)
     buf.put(g)
-    assert buf.ledger.fate == {0: "dropped:reward_failed", 1: "dropped:reward_failed"}
+    assert buf.fate == {0: "dropped:reward_failed", 1: "dropped:reward_failed"}
     assert buf.can_admit(0)  # the dropped group no longer counts
 
 
+def _ledger() -> ExperienceBuffer:
+    """A buffer that admits on arrival: its ledger alone is under test."""
+    return ExperienceBuffer(batch_groups=1, max_staleness=0, admit_on_arrival=True)
+
+
 def test_ledger_refuses_second_fate_and_bad_transitions():
-    led = Ledger()
-    led.admit(0)
+    led = _ledger()
+    led.admit(0, 0)
     with pytest.raises(ValueError, match="illegal transition"):
-        led.trained(_group(0, 0), 1)
+        led.mark_trained([_group(0, 0)], 1)
     led.move(0, GroupState.GENERATED, (0, 1))
     with pytest.raises(ValueError, match="not a stated policy"):
         led.dropped(0, "because")
     with pytest.raises(ValueError, match="admitted twice"):
-        led.admit(0)
+        led.admit(0, 0)
 
 
-def _arrive(led: Ledger, gid: int, source: str, seq: int) -> None:
+def _arrive(led: ExperienceBuffer, gid: int, source: str, seq: int) -> None:
     """An environment trajectory: one group of one sample, numbered by its source."""
-    led.admit(gid, source=(source, seq))
+    led.admit(gid, 0, source=(source, seq))
     led.move(gid, GroupState.GENERATED, (gid,))
     led.move(gid, GroupState.SCORED)
 
 
 def test_numbered_sources_make_a_whole_ledger_when_each_has_one_fate():
-    led = Ledger()
+    led = _ledger()
     for seq in range(4):
         _arrive(led, seq, "actor-0", seq)
-    led.trained(_group(0, 0, size=1), 1)
-    led.trained(_group(1, 0, size=1), 1)
+    led.mark_trained([_group(0, 0, size=1)], 1)
+    led.mark_trained([_group(1, 0, size=1)], 1)
     led.dropped(2, "stale")
     led.dropped(3, "unfinished")
     summary = led.check()
@@ -143,19 +148,20 @@ def test_numbered_sources_make_a_whole_ledger_when_each_has_one_fate():
 
 
 def test_a_group_in_flight_or_a_gap_in_a_source_breaks_the_ledger():
-    led = Ledger()
+    led = _ledger()
     _arrive(led, 0, "a", 0)
     with pytest.raises(LedgerError, match="neither trained nor dropped"):
         led.check()
-    led.trained(_group(0, 0, size=1), 1)
+    led.mark_trained([_group(0, 0, size=1)], 1)
     _arrive(led, 1, "a", 2)  # the source's trajectory 1 never arrived
-    led.trained(_group(1, 0, size=1), 1)
+    led.mark_trained([_group(1, 0, size=1)], 1)
     assert not led.summary().ok and led.summary().gaps == ("a",)
     with pytest.raises(LedgerError, match="gaps"):
         led.check()
     with pytest.raises(LedgerError, match="illegal transition trained -> trained"):
-        led.trained(_group(1, 0, size=1), 2)
-    restored = pickle.loads(pickle.dumps(led))  # a checkpoint pickles the ledger whole
+        led.mark_trained([_group(1, 0, size=1)], 2)
+    restored = _ledger()  # a checkpoint pickles the buffer's state_dict
+    restored.load_state_dict(pickle.loads(pickle.dumps(led.state_dict())))
     assert restored.summary() == led.summary()  # sources survive a checkpoint
 
 
@@ -177,8 +183,8 @@ def test_admission_on_arrival_never_refuses_and_the_staleness_rule_holds_at_cons
     buf.mark_trained(batch, 3)
     assert buf.take_batch(3) is None  # one fresh trajectory left: not a batch
     buf.close([])
-    assert buf.ledger.check().ok
-    assert buf.ledger.fate == {
+    assert buf.check().ok
+    assert buf.fate == {
         0: "dropped:stale", 1: "dropped:stale", 2: "dropped:stale",
         3: "trained@3", 4: "trained@3", 5: "dropped:unfinished",
     }  # fmt: skip
@@ -221,7 +227,7 @@ def test_simulated_run_keeps_every_invariant(b, eta, choices):
                 buf.mark_trained(batch, version)
     buf.close([g.group_id for g in in_flight])
     assert all(0 <= s <= eta for s in trained_staleness)
-    summary = buf.ledger.summary()
+    summary = buf.summary()
     assert summary.ok
     assert summary.trained == len(trained_staleness) * 2
-    assert len(buf.ledger.fate) == next_gid * 2
+    assert len(buf.fate) == next_gid * 2

@@ -14,7 +14,7 @@ import torch
 from nobubble.rl.algo.losses import grpo_advantages
 from nobubble.rl.system.config import ReplayConfig, RunConfig, TrainerConfig
 from nobubble.rl.system.config.presets import aggressive
-from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay, GroupState, Ledger
+from nobubble.rl.system.experience import ExperienceBuffer, GroupReplay, GroupState
 from nobubble.rl.system.learner import GroupBatch, group_learner
 from nobubble.rl.system.orchestrator import run
 from nobubble.rl.system.rollout import RolloutWorker
@@ -125,14 +125,14 @@ def test_prioritized_replay_frequencies_and_weights_follow_the_formula():
 
 
 def test_ledger_records_reuse_and_refuses_reuse_before_training():
-    ledger = Ledger()
+    ledger = ExperienceBuffer(batch_groups=1, max_staleness=0)
     g = _group(0, 0, [0, 1, 0, 1])
-    ledger.admit(0)
+    ledger.admit(0, 0)
     with pytest.raises(ValueError, match="never trained"):
         ledger.reused(g, 1)
     ledger.move(0, GroupState.GENERATED, g.sample_ids)
     ledger.move(0, GroupState.SCORED)
-    ledger.trained(g, 1)
+    ledger.mark_trained([g], 1)
     ledger.reused(g, 2)
     ledger.reused(g, 3)
     summary = ledger.summary()
@@ -149,7 +149,7 @@ def test_a_forced_sync_trains_only_the_current_version():
         buf.put(g)
     (batch,) = [buf.take_batch(2, sync=True)]
     assert [g.group_id for g in batch] == [1]
-    assert buf.ledger.fate[0] == "dropped:synced"
+    assert buf.fate[0] == "dropped:synced"
 
 
 def test_one_trainer_setting_keeps_the_others():

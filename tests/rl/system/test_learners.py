@@ -19,7 +19,7 @@ import torch
 from nobubble.distributed import DistContext, spawn
 from nobubble.rl.system.config import ReplayConfig, RunConfig
 from nobubble.rl.system.engines.worker import Message, StepCollector, split_groups
-from nobubble.rl.system.learner import GroupBatch, GroupLoss, Learner, TrainResult, group_learner
+from nobubble.rl.system.learner import GroupBatch, Learner, TrainResult, group_learner
 from nobubble.rl.system.orchestrator import WorkerError, run
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.types import GroupRequest, SampleGroup, Span
@@ -49,7 +49,7 @@ def _batches(cfg: RunConfig) -> list[list[SampleGroup]]:
     return [scored[i * b : (i + 1) * b] for i in range(NUM_STEPS)]
 
 
-def _fp64_learner(cfg: RunConfig) -> Learner[GroupLoss]:
+def _fp64_learner(cfg: RunConfig) -> Learner:
     task = cfg.make_task()
     torch.manual_seed(cfg.seed)
     return group_learner(task=task, model=cfg.build_policy(task).double(), cfg=cfg)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nobubble.rl.system.config import ALGOS, RunConfig, TrainerConfig
-from nobubble.rl.system.learner import GroupBatch, GroupLoss, Learner, group_learner
+from nobubble.rl.system.learner import GroupBatch, Learner, group_learner
 from nobubble.rl.system.rollout import RolloutWorker
 from nobubble.rl.system.types import GroupRequest, SampleGroup
 from tests.rl.system.trainer_reference import reference_loss, response_logprobs
@@ -24,7 +24,7 @@ BEHAVIOUR_SHIFTS = (-2.0, -0.6, -0.25, 0.0, 0.15, 0.4, 0.9)
 FLOAT32_INPUTS = {"rtol": 1e-6, "atol": 1e-9}
 
 
-def _scored_groups(cfg: RunConfig, trainer: Learner[GroupLoss]) -> list[SampleGroup]:
+def _scored_groups(cfg: RunConfig, trainer: Learner) -> list[SampleGroup]:
     """Four groups sampled by the trainer's policy, scored 1 for a response that starts
     with "0" (independent of the task's reward)."""
     task = trainer.loss.task

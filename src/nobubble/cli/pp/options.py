@@ -29,7 +29,7 @@ from nobubble.cli.util import (
     seed_int,
 )
 from nobubble.pipeline.costs import PAPER_TIMES
-from nobubble.rl.preflight import load_user_object
+from nobubble.rl.system.imports import load_user_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -1,10 +1,7 @@
-"""The environments and models the core runs and what they make: gymnasium envs by id or
-factory (a step delay stands in for a slow simulator or a tool call), a vector of them, the
-model contract, the MLP actor-critic, sampling (:func:`act`), trajectories and their builder,
-an IMPALA actor's unroll (:func:`rollout`) and :func:`evaluate`. Truncation (CartPole's
-500-step limit) ends an episode without bootstrap, as cleanrl and most IMPALA implementations
-do. Shapes are time-major, as V-trace takes them: ``T`` steps, ``K`` environments, ``D``
-observation features, ``A`` actions.
+"""Gymnasium envs, the model contract and what models make: actions (:func:`act`),
+trajectories, an IMPALA actor's unroll (:func:`rollout`) and :func:`evaluate`. Truncation
+ends an episode without bootstrap. Shapes are time-major, as V-trace takes them: ``T``
+steps, ``K`` environments, ``D`` observation features, ``A`` actions.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""``run(EnvRunConfig) -> RunResult``: the learner's loop, the same for every architecture
-(the environment producer behind :func:`nobubble.rl.train`; the loop is drawn in
-``docs/rl/actor-learner.md``). Its buffer, staleness rule and ledger are the LLM system's
-:class:`~nobubble.rl.system.experience.ExperienceBuffer`: a trajectory is admitted on arrival
-under its ``(source, seq)`` key, so that one lost in transit shows as a gap.
+"""``run(EnvRunConfig) -> RunResult``: the environment producer's learner loop, the same for
+every architecture (``docs/rl/actor-learner.md``), on the system's one
+:class:`~nobubble.rl.system.experience.ExperienceBuffer` (trajectories admitted on arrival).
 """
 
 from __future__ import annotations
@@ -94,7 +92,7 @@ class VTraceLoss:
         return loss, ShardGradients([], metrics, mask.numel())
 
 
-def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner[VTraceLoss]:
+def env_learner(model: PolicyModel, config: EnvRunConfig) -> Learner:
     """The environment producer's :class:`~nobubble.rl.system.learner.Learner` (Adam, eps 1e-5)."""
     loss = VTraceLoss(config)
     return Learner(model, loss, lr=config.lr, max_grad_norm=config.max_grad_norm, adam_eps=1e-5)
@@ -235,7 +233,7 @@ class _Run:
             curve=self.curve,
             staleness_hist=dict(self.lags),
             idle_ratio=idle,
-            ledger=self.buffer.ledger.check(),
+            ledger=self.buffer.check(),
             env=env_label(c.env),
             arch=c.arch,
             actors=c.actors,

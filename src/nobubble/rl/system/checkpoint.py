@@ -162,7 +162,8 @@ class CheckpointStore:
         import torch
 
         state = torch.load(ckpt / STATE_FILE, weights_only=False)
-        if "progress" not in state or "rng" in state:  # RunProgress now holds the RNG
+        # RunProgress now holds the RNG, the buffer's state the ledger's fields
+        if "progress" not in state or "rng" in state or "ledger" in state.get("buffer", {}):
             raise ValueError(
                 f"{ckpt} was written by an older nobubble (another checkpoint layout); "
                 "start a new run in an empty checkpoint folder"

@@ -1,5 +1,5 @@
 """The one experience buffer of both producers (admission, oldest-first batches, the
-:class:`Ledger` of every sample's fate) and the task run's replay of past groups.
+ledger of every sample's fate) and the task run's replay of past groups.
 
 Every group moves ``ADMITTED -> GENERATED -> SCORED -> TRAINED`` or ends ``DROPPED`` for one
 of :data:`DROP_REASONS`; a requeued group (a dead worker, a resume) goes back to
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GroupState",
-    "Ledger",
     "LedgerError",
     "LedgerSummary",
     "ExperienceBuffer",
@@ -88,10 +88,34 @@ class LedgerSummary:
         return {**out, "by_learner": by_learner, "gaps": list(self.gaps), "ok": self.ok}
 
 
-class Ledger:
-    """Per-group lifecycle and per-sample fate (trained at step s, or dropped for a reason)."""
+class ExperienceBuffer(Generic[G]):
+    """Scored groups waiting for the trainer, the admission rule and the ledger of every
+    group's state and every sample's fate (trained at step s, or dropped for a reason):
+    ``batch_groups`` (B >= 1) groups per batch, a sample lags the trainer by at most
+    ``max_staleness`` (>= 0) versions at admission and ``drop_staleness`` (None:
+    ``max_staleness``) in the buffer; ``admit_on_arrival``: always admit (an env producer).
+    Every ledger error is a :class:`LedgerError`."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        batch_groups: int,
+        max_staleness: int,
+        drop_staleness: int | None = None,
+        admit_on_arrival: bool = False,
+    ) -> None:
+        if batch_groups < 1:
+            raise ValueError(f"batch_groups={batch_groups} must be >= 1")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness={max_staleness} must be >= 0 (0 = synchronous)")
+        if drop_staleness is not None and drop_staleness < 0:
+            raise ValueError(f"drop_staleness={drop_staleness} must be >= 0")
+        self.batch_groups = batch_groups
+        self.max_staleness = max_staleness
+        self.drop_staleness = max_staleness if drop_staleness is None else drop_staleness
+        self.admit_on_arrival = admit_on_arrival
+        self._num_live = 0  # groups started and not dropped: N_r before the next admission
+        self._ready: dict[int, G] = {}
         self._state: dict[int, GroupState] = {}
         self._sample_ids: dict[int, tuple[int, ...]] = {}
         self.fate: dict[int, str] = {}  # sample id -> "trained@<step>" | "dropped:<reason>"
@@ -101,14 +125,28 @@ class Ledger:
         self.learners: dict[int, list[int]] = {}
         self.sources: dict[str, list[int]] = {}  # source -> the numbers of its groups
 
-    def admit(self, group_id: int, source: tuple[str, int] | None = None) -> None:
-        """``group_id`` starts; ``source=(name, seq)``: the ``seq``-th group that ``name``
-        made (the gap check)."""
+    def can_admit(self, version: int, n: int = 1) -> bool:
+        """May ``n`` more groups start (all or none) now that the trainer has published
+        ``version``? The one rule (AReaL): the last, the ``N_r = num_live + n``-th, must keep
+        ``floor((N_r - 1) / B) <= version + max_staleness``."""
+        bound = (self._num_live + n - 1) // self.batch_groups <= version + self.max_staleness
+        return self.admit_on_arrival or bound
+
+    def admit(self, group_id: int, version: int, source: tuple[str, int] | None = None) -> None:
+        """``group_id`` starts (or, admitted on arrival, has arrived) while the trainer's
+        latest version is ``version``; ``source=(name, seq)``: the ``seq``-th group that
+        ``name`` made (the gap check)."""
+        if not self.can_admit(version):
+            raise ValueError(
+                f"group {group_id} refused: {self._num_live + 1} live groups exceed "
+                f"batch {self.batch_groups} x (version {version} + max_staleness {self.max_staleness} + 1)"
+            )
         if group_id in self._state:
             raise LedgerError(f"group {group_id} admitted twice")
         self._state[group_id] = GroupState.ADMITTED
         if source is not None:
             self.sources.setdefault(source[0], []).append(source[1])
+        self._num_live += 1
 
     def move(self, group_id: int, new: GroupState, sample_ids: tuple[int, ...] = ()) -> None:
         old = self._state.get(group_id)
@@ -120,11 +158,55 @@ class Ledger:
         if sample_ids:
             self._sample_ids[group_id] = sample_ids
 
-    def trained(self, group: Experience, step: int, learner: int = 0) -> None:
-        """``group`` was trained at ``step`` by learner ``learner`` (0 with one learner)."""
-        self.move(group.group_id, GroupState.TRAINED)
-        self._set_fate(group.sample_ids, f"trained@{step}")
-        self.learners[group.group_id] = [learner]
+    def generated(self, group: G) -> None:
+        self.move(group.group_id, GroupState.GENERATED, group.sample_ids)
+
+    def put(self, group: G) -> None:
+        """Add a scored group; one with a failed reward is dropped (``reward_failed``)."""
+        self.move(group.group_id, GroupState.SCORED)
+        if group.reward_failed:
+            self.dropped(group.group_id, "reward_failed")
+        else:
+            self._ready[group.group_id] = group
+
+    def dropped(self, group_id: int, reason: str) -> None:
+        """Drop ``group_id`` (ready, or still in flight) for ``reason``."""
+        if reason not in DROP_REASONS:
+            raise LedgerError(f"drop reason {reason!r} is not a stated policy {DROP_REASONS}")
+        self.move(group_id, GroupState.DROPPED)
+        self._set_fate(self._sample_ids.get(group_id, ()), f"dropped:{reason}")
+        self._ready.pop(group_id, None)
+        self._num_live -= 1
+
+    def take_batch(self, trainer_version: int, sync: bool = False) -> list[G] | None:
+        """The B groups of the oldest policy versions (ties: the lower group id) fresh
+        enough for ``trainer_version``, or None if too few. Groups past the staleness bound
+        are dropped (``"stale"``); with ``sync`` (a forced full sync) every group older than
+        ``trainer_version`` too (``"synced"``), so the batch is on-policy."""
+        floor = trainer_version - self.drop_staleness
+        # newest_version = policy_version unless partial rollouts continued the group with
+        # newer weights; then its tokens within the bound still train (the rest are masked)
+        for gid, grp in list(self._ready.items()):
+            if grp.newest_version < floor:
+                self.dropped(gid, "stale")
+            elif sync and grp.policy_version < trainer_version:
+                self.dropped(gid, "synced")
+        if len(self._ready) < self.batch_groups:
+            return None
+        order = sorted(self._ready.values(), key=lambda g: (g.policy_version, g.group_id))
+        batch = order[: self.batch_groups]
+        for g in batch:
+            del self._ready[g.group_id]
+        return batch
+
+    def mark_trained(
+        self, batch: list[G], step: int, trained_by: dict[int, int] | None = None
+    ) -> None:
+        """``batch`` trained at ``step``; ``trained_by``: group id -> learner (None: 0)."""
+        for g in batch:
+            self.move(g.group_id, GroupState.TRAINED)
+            self._set_fate(g.sample_ids, f"trained@{step}")
+            self.learners[g.group_id] = [(trained_by or {}).get(g.group_id, 0)]
 
     def reused(self, group: Experience, step: int, learner: int = 0) -> None:
         """``group`` (already trained) was trained again at ``step``, from the replay, by
@@ -134,12 +216,6 @@ class Ledger:
         for sid in group.sample_ids:
             self.reuse.setdefault(sid, []).append(step)
         self.learners.setdefault(group.group_id, []).append(learner)
-
-    def dropped(self, group_id: int, reason: str) -> None:
-        if reason not in DROP_REASONS:
-            raise LedgerError(f"drop reason {reason!r} is not a stated policy {DROP_REASONS}")
-        self.move(group_id, GroupState.DROPPED)
-        self._set_fate(self._sample_ids.get(group_id, ()), f"dropped:{reason}")
 
     def requeue(self, group_id: int, reason: str) -> None:
         """Send an admitted or generated group (never a scored, trained or dropped one)
@@ -152,6 +228,11 @@ class Ledger:
             raise LedgerError(f"group {group_id} is {shown}; only groups in flight are requeued")
         self._state[group_id] = GroupState.ADMITTED
         self.requeues.append((group_id, reason))
+
+    def close(self, unfinished: list[int]) -> None:
+        """End of run: drop every group not trained (``"unfinished"``)."""
+        for gid in [*unfinished, *self._ready]:
+            self.dropped(gid, "unfinished")
 
     def states(self, group_ids: Iterable[int]) -> dict[str, int]:
         """How many of ``group_ids`` are in each state: ``{"admitted": 3, ...}``."""
@@ -196,119 +277,20 @@ class Ledger:
             raise LedgerError(f"samples unaccounted for: {summary}")
         return summary
 
-
-class ExperienceBuffer(Generic[G]):
-    """Scored groups waiting for the trainer, the admission rule and the :class:`Ledger`:
-    ``batch_groups`` (B >= 1) groups per batch, a sample lags the trainer by at most
-    ``max_staleness`` (>= 0) versions at admission and ``drop_staleness`` (None:
-    ``max_staleness``) in the buffer; ``admit_on_arrival``: always admit (an env producer)."""
-
-    def __init__(
-        self,
-        *,
-        batch_groups: int,
-        max_staleness: int,
-        drop_staleness: int | None = None,
-        admit_on_arrival: bool = False,
-    ) -> None:
-        if batch_groups < 1:
-            raise ValueError(f"batch_groups={batch_groups} must be >= 1")
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness={max_staleness} must be >= 0 (0 = synchronous)")
-        if drop_staleness is not None and drop_staleness < 0:
-            raise ValueError(f"drop_staleness={drop_staleness} must be >= 0")
-        self.batch_groups = batch_groups
-        self.max_staleness = max_staleness
-        self.drop_staleness = max_staleness if drop_staleness is None else drop_staleness
-        self.admit_on_arrival = admit_on_arrival
-        self.ledger = Ledger()
-        self._num_live = 0  # groups started and not dropped: N_r before the next admission
-        self._ready: dict[int, G] = {}
-
-    def can_admit(self, version: int, n: int = 1) -> bool:
-        """May ``n`` more groups start (all or none) now that the trainer has published
-        ``version``? The one rule (AReaL): the last, the ``N_r = num_live + n``-th, must keep
-        ``floor((N_r - 1) / B) <= version + max_staleness``."""
-        bound = (self._num_live + n - 1) // self.batch_groups <= version + self.max_staleness
-        return self.admit_on_arrival or bound
-
-    def admit(self, group_id: int, version: int, source: tuple[str, int] | None = None) -> None:
-        """``group_id`` starts (or, admitted on arrival, has arrived) while the trainer's
-        latest version is ``version``; ``source``: see :meth:`Ledger.admit`."""
-        if not self.can_admit(version):
-            raise ValueError(
-                f"group {group_id} refused: {self._num_live + 1} live groups exceed "
-                f"batch {self.batch_groups} x (version {version} + max_staleness {self.max_staleness} + 1)"
-            )
-        self.ledger.admit(group_id, source)
-        self._num_live += 1
-
-    def generated(self, group: G) -> None:
-        self.ledger.move(group.group_id, GroupState.GENERATED, group.sample_ids)
-
-    def put(self, group: G) -> None:
-        """Add a scored group; one with a failed reward is dropped (``reward_failed``)."""
-        self.ledger.move(group.group_id, GroupState.SCORED)
-        if group.reward_failed:
-            self._drop(group.group_id, "reward_failed")
-        else:
-            self._ready[group.group_id] = group
-
-    def _drop(self, group_id: int, reason: str) -> None:
-        """Drop ``group_id`` (ready, or still in flight) for ``reason``."""
-        self._ready.pop(group_id, None)
-        self.ledger.dropped(group_id, reason)
-        self._num_live -= 1
-
-    def take_batch(self, trainer_version: int, sync: bool = False) -> list[G] | None:
-        """The B groups of the oldest policy versions (ties: the lower group id) fresh
-        enough for ``trainer_version``, or None if too few. Groups past the staleness bound
-        are dropped (``"stale"``); with ``sync`` (a forced full sync) every group older than
-        ``trainer_version`` too (``"synced"``), so the batch is on-policy."""
-        floor = trainer_version - self.drop_staleness
-        # newest_version = policy_version unless partial rollouts continued the group with
-        # newer weights; then its tokens within the bound still train (the rest are masked)
-        for gid, grp in list(self._ready.items()):
-            if grp.newest_version < floor:
-                self._drop(gid, "stale")
-            elif sync and grp.policy_version < trainer_version:
-                self._drop(gid, "synced")
-        if len(self._ready) < self.batch_groups:
-            return None
-        order = sorted(self._ready.values(), key=lambda g: (g.policy_version, g.group_id))
-        batch = order[: self.batch_groups]
-        for g in batch:
-            del self._ready[g.group_id]
-        return batch
-
     def state_dict(self) -> dict:
-        """The live count, the ready groups and a copy of the ledger (a checkpoint's part)."""
-        ledger = copy.deepcopy(self.ledger)
-        return {"num_live": self._num_live, "ready": list(self._ready.values()), "ledger": ledger}
+        """A copy of the live count and the ledger, and the ready groups as ``"ready"``
+        (a checkpoint's part)."""
+        state = {name: copy.deepcopy(getattr(self, name)) for name in _STATE}
+        return {**state, "ready": list(self._ready.values())}
 
     def load_state_dict(self, state: dict) -> None:
-        self._num_live = int(state["num_live"])
+        for name in _STATE:
+            setattr(self, name, copy.deepcopy(state[name]))
         self._ready = {g.group_id: g for g in state["ready"]}
-        self.ledger = copy.deepcopy(state["ledger"])
-
-    def mark_trained(
-        self, batch: list[G], step: int, trained_by: dict[int, int] | None = None
-    ) -> None:
-        """``batch`` trained at ``step``; ``trained_by``: group id -> learner (None: 0)."""
-        for g in batch:
-            self.ledger.trained(g, step, (trained_by or {}).get(g.group_id, 0))
-
-    def close(self, unfinished: list[int]) -> None:
-        """End of run: drop every group not trained (``"unfinished"``)."""
-        for gid in [*unfinished, *self._ready]:
-            self._drop(gid, "unfinished")
 
 
-def _priority(group: SampleGroup) -> float:
-    import torch
-
-    rewards = torch.tensor([s.reward or 0.0 for s in group.samples], dtype=torch.float64)
-    return float(rewards.var()) if rewards.numel() > 1 else 0.0
+# what a checkpoint of an ExperienceBuffer holds besides its ready groups
+_STATE = ("_num_live", "_state", "_sample_ids", "fate", "requeues", "reuse", "learners", "sources")
 
 
 class GroupReplay:
@@ -326,7 +308,10 @@ class GroupReplay:
         )
 
     def add(self, groups: list[SampleGroup]) -> None:
-        self._buffer.extend(groups, [_priority(g) for g in groups])
+        rewards = [[s.reward or 0.0 for s in g.samples] for g in groups]
+        self._buffer.extend(
+            groups, [statistics.variance(r) if len(r) > 1 else 0.0 for r in rewards]
+        )
 
     def sample(
         self, n: int, trainer_version: int, max_staleness: int, beta: float

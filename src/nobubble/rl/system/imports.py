@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_kwargs", "import_extra", "is_import_path", "load_object"]
+__all__ = ["check_kwargs", "import_extra", "is_import_path", "load_user_object"]
 
 
 def check_kwargs(fn: Any, kwargs: dict[str, Any], what: str) -> None:
@@ -56,28 +56,34 @@ def _load_file(path: Path) -> Any:
     return module
 
 
-def load_object(spec: str, what: str = "object") -> Any:
-    """The object ``spec`` names; a missing module or attribute raises ValueError naming
-    ``spec``, worded with ``what`` (e.g. ``"task"``), and the fix."""
+def load_user_object(flag: str, spec: str, what: str) -> Any:
+    """The object ``spec`` names, imported now: ValueError naming ``spec``, worded with
+    ``what`` (e.g. ``"task"``) or ``flag`` (e.g. ``"--task"``), and the fix, for a spec that
+    is no import path, a missing file, module or attribute, and whatever the import raises
+    (a ``SyntaxError``, the module's own error)."""
     if not is_import_path(spec):
         raise ValueError(
             f"{what} {spec!r} is not an import path; write 'package.module:attr' or "
             "'path/to/file.py:attr'"
         )
     head, _, attr = spec.rpartition(":")
-    if head.endswith(".py"):
-        path = Path(head).expanduser().resolve()
-        if not path.is_file():
-            raise ValueError(f"{what} {spec!r}: file {head} does not exist")
-        module = _load_file(path)
-    else:
-        try:
-            module = importlib.import_module(head)
-        except ModuleNotFoundError as err:
+    path = Path(head).expanduser().resolve()
+    if head.endswith(".py") and not path.is_file():
+        raise ValueError(f"{what} {spec!r}: file {head} does not exist")
+    try:
+        module = _load_file(path) if head.endswith(".py") else importlib.import_module(head)
+    except ValueError:
+        raise
+    except Exception as err:  # the user's module ran and failed: show what it raised
+        if isinstance(err, ModuleNotFoundError) and not head.endswith(".py"):
             raise ValueError(
                 f"{what} {spec!r}: module {head!r} is not importable ({err}); put it on "
                 "PYTHONPATH or give the file path 'path/to/file.py:attr'"
             ) from None
+        text = " ".join(str(err).split())
+        raise ValueError(
+            f"{flag} {spec}: importing it raised {type(err).__name__}: {text}; fix the module"
+        ) from None
     try:
         return functools.reduce(getattr, attr.split("."), module)
     except AttributeError:

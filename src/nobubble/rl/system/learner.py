@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -48,15 +48,12 @@ from nobubble.rl.system.types import SampleGroup, Span
 
 __all__ = [
     "Learner",
-    "Loss",
     "ShardGradients",
     "TrainResult",
     "GroupBatch",
     "GroupLoss",
     "group_learner",
 ]
-
-BatchT = TypeVar("BatchT", contravariant=True)
 
 
 @dataclass(frozen=True)
@@ -71,31 +68,18 @@ class ShardGradients:
     pushes: list[tuple[int, int, float]] = field(default_factory=list)
 
 
-class Loss(Protocol[BatchT]):
-    """A training objective: ``loss(model, batch, version) -> (scalar, ShardGradients)``
-    on the current parameters; ``after_step(model, version)`` runs after every new version
-    (e.g. to refresh a KL reference)."""
-
-    def __call__(
-        self, model: nn.Module, batch: BatchT, version: int
-    ) -> tuple[torch.Tensor, ShardGradients]: ...
-
-    def after_step(self, model: nn.Module, version: int) -> None: ...
-
-
-LossT = TypeVar("LossT", bound=Loss[Any])
-
-
-class Learner(Generic[LossT]):
+class Learner:
     """Owns ``model`` (an ``nn.Module``, trained in place), its Adam optimizer (``lr``,
-    ``adam_eps``) and the policy version (from 0). ``loss``: the objective (:class:`Loss`);
-    gradients are clipped to the global norm ``max_grad_norm`` before every step; ``delay_s``:
-    extra seconds per new version (a slower learner for experiments)."""
+    ``adam_eps``) and the policy version (from 0). ``loss``: the objective, ``loss(model,
+    batch, version) -> (scalar, ShardGradients)`` on the current parameters, whose
+    ``after_step(model, version)`` runs after every new version (:class:`GroupLoss` refreshes
+    its KL reference there); gradients are clipped to the global norm ``max_grad_norm``
+    before every step; ``delay_s``: extra seconds per new version (a slower learner)."""
 
     def __init__(
         self,
         model: Any,
-        loss: LossT,
+        loss: Any,
         *,
         lr: float,
         max_grad_norm: float,
@@ -375,7 +359,7 @@ class GroupLoss:
         return loss, metrics
 
 
-def group_learner(*, task: TaskSpec, model: nn.Module, cfg: RunConfig) -> Learner[GroupLoss]:
+def group_learner(*, task: TaskSpec, model: nn.Module, cfg: RunConfig) -> Learner:
     """The LLM producer's :class:`~nobubble.rl.system.learner.Learner`: ``model`` (a policy,
     ``forward -> (logits, values)``, see :func:`~nobubble.rl.system.policies.as_policy`)
     trained on :class:`GroupLoss` with Adam at ``cfg.trainer.lr``."""

@@ -1,11 +1,6 @@
-"""One orchestrator for every mode and engine: admission, routing, bookkeeping.
-
-It runs in the driver and moves work between the stages through an :class:`Engine` (local
-processes or Ray actors): admitted groups go to idle generators in requests of
-``groups_per_rollout``, then to reward workers, then to the buffer; the trainer takes the B
-oldest, and each step makes a version. A resumed run or a worker replaced with
-``restart_workers`` (at most :data:`MAX_RESTARTS` times each; never the trainer) requeues
-the groups in flight under their ids (``docs/rl/system.md``, ``docs/rl/own-model.md``).
+"""One orchestrator for every mode and engine (local processes or Ray actors), run in the
+driver: admission, routing between the stages, bookkeeping, checkpoints, and the requeue of
+the groups in flight after a resume or a worker restart (``docs/rl/system.md``).
 """
 
 from __future__ import annotations
@@ -88,8 +83,7 @@ class Orchestrator:
         )
         # batches at the trainer, oldest first: (fresh groups, replayed groups, checkpoint
         # folder). With a staleness bound >= 1 the next batch is sent while one trains.
-        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]]
-        self._train_queue = deque()
+        self._train_queue: deque[tuple[list[SampleGroup], list[SampleGroup], str | None]] = deque()
         self._train_depth = 2 if cfg.effective_drop_staleness >= 1 else 1
         replay = GroupReplay(cfg.replay, seed=cfg.seed) if cfg.replay.on else None
         self._progress = RunProgress(random.Random(cfg.seed), PublishedWeights(), replay)
@@ -216,7 +210,7 @@ class Orchestrator:
         )
         self.buffer.mark_trained(batch, res.version, by)
         for g in replayed:
-            self.buffer.ledger.reused(g, res.version, by.get(g.group_id, 0))
+            self.buffer.reused(g, res.version, by.get(g.group_id, 0))
         if p.replay is not None:
             p.replay.add(batch)
         p.step_metrics.append({"step": res.version, **res.metrics})
@@ -258,7 +252,7 @@ class Orchestrator:
         self._stopping = self._progress.version >= self.cfg.steps
 
     def _requeue(self, req: GroupRequest, reason: str) -> None:
-        self.buffer.ledger.requeue(req.group_id, reason)
+        self.buffer.requeue(req.group_id, reason)
         self._routing.requests[req.group_id] = req
         self._routing.requeued.append(req)
 
@@ -340,7 +334,7 @@ class Orchestrator:
                     f"run exceeded timeout_s={self.cfg.timeout_s}s; raise it if the run is just slow"
                 )
             if now - last > self.cfg.stall_timeout_s:
-                in_flight = self.buffer.ledger.states(self._routing.requests)
+                in_flight = self.buffer.states(self._routing.requests)
                 raise WorkerError(
                     f"no stage answered for {self.cfg.stall_timeout_s:.0f}s (in flight: "
                     f"{in_flight}, trainer busy: {bool(self._train_queue)}); a worker is stuck"
@@ -349,12 +343,10 @@ class Orchestrator:
     def _result(self) -> RunResult:
         p = self._progress
         self.buffer.close(sorted(self._routing.requests))
-        ledger = self.buffer.ledger.summary()
+        ledger = self.buffer.summary()
         curve = sorted(p.curve, key=lambda c: (c.step, c.wall_s))
-        train_spans = [
-            s for s in self._spans if s.stage == "trainer" and s.name.startswith("train")
-        ]
-        end = max((s.end_s for s in train_spans), default=self._t0)
+        trained = (s for s in self._spans if s.stage == "trainer" and s.name.startswith("train"))
+        end = max((s.end_s for s in trained), default=self._t0)
         wall = max(end - self._t0, 1e-9)
         busy, idle = stage_busy(self._spans, self._t0, end)
         return RunResult(
@@ -370,12 +362,12 @@ class Orchestrator:
             idle_ratio=idle,
             busy_s=busy,
             ledger=ledger,
-            fates=dict(self.buffer.ledger.fate),
+            fates=dict(self.buffer.fate),
             group_versions=p.group_versions,
             weight_versions=p.published.versions,
             spans=sorted(self._spans, key=lambda s: s.start_s),
             t0=self._t0,
-            requeues=list(self.buffer.ledger.requeues),
+            requeues=list(self.buffer.requeues),
             restarts=list(self._restarts),
             resumed_from=self._resumed_from,
             step_metrics=list(p.step_metrics),

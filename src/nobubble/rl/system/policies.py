@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_object
+from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_user_object
 from nobubble.validation import check_fields
 
 __all__ = [
@@ -394,7 +394,7 @@ def check_policy_spec(spec: str | Callable[..., nn.Module]) -> Callable[..., nn.
             f"policy={spec!r} is unknown; choose {', '.join(_BUILTINS)}, 'hf:DIR', "
             "'module:factory' or a callable"
         )
-    factory = load_object(spec, "policy")
+    factory = load_user_object("--policy", spec, "policy")
     if not callable(factory):
         raise ValueError(f"policy {spec!r} is not callable; name a factory function or class")
     return factory

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from nobubble.rl.system.imports import is_import_path, load_object
+from nobubble.rl.system.imports import is_import_path, load_user_object
 from nobubble.rl.system.tasks import TaskSpec, as_reward
 from nobubble.rl.system.types import Sample, SampleGroup, Span
 from nobubble.validation import check_value, finite
@@ -114,7 +114,9 @@ class RewardSource:
         if self.fn == "task":
             assert task is not None
             return task.task.reward
-        return load_object(self.fn, "reward") if isinstance(self.fn, str) else self.fn
+        return (
+            load_user_object("--reward", self.fn, "reward") if isinstance(self.fn, str) else self.fn
+        )
 
 
 def parse_reward(text: str) -> RewardSource:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_object
+from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_user_object
 from nobubble.validation import check_value, finite
 
 __all__ = [
@@ -342,7 +342,7 @@ def resolve_task(task: Any, kwargs: dict[str, Any] | None = None) -> TaskSpec:
                 f"task {task!r} is unknown; choose {', '.join(TASKS)}, 'rg:<name>' "
                 "(reasoning-gym) or an import path 'module:attr' / 'file.py:attr'"
             )
-        obj, name = load_object(task, "task"), task.rpartition(":")[2]
+        obj, name = load_user_object("--task", task, "task"), task.rpartition(":")[2]
     if isinstance(obj, type) or (callable(obj) and not _has(obj, "reward")):
         check_kwargs(obj, kw, "task_kwargs")
         obj = obj(**kw)  # a task class or factory
