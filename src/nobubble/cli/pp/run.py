@@ -52,7 +52,6 @@ from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
-    from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Plan
 
 MiB = 1024 * 1024
@@ -146,19 +145,6 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedule_from_args(args: argparse.Namespace) -> Schedule:
-    """``--schedule`` for unit costs (a cost-dependent one is built again for the costs a
-    profile measures), or ``--schedule-file``."""
-    if args.schedule is not None:
-        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        return setting(args).build(unit=True)
-    sched = read_file(args.schedule_file, "--schedule-file")
-    file_sets_size(
-        args, f"--schedule-file {args.schedule_file}", sched.num_ranks, sched.num_microbatches
-    )
-    return sched
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.plan is not None:
         check_factory_flags(args)
@@ -168,7 +154,13 @@ def _run(args: argparse.Namespace) -> int:
          "(write one with pp plan --model MODULE:FACTORY --out plan.json)"),
         (args.ranks is None, "--ranks is required with --schedule or --schedule-file"),
     )  # fmt: skip
-    sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
+    if args.schedule is not None:  # unit costs until profiled (a cost-dependent one is rebuilt)
+        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+        sched = setting(args).build(unit=True)
+    else:  # the file sets --microbatches
+        sched = read_file(args.schedule_file, "--schedule-file")
+        source = f"--schedule-file {args.schedule_file}"
+        file_sets_size(args, source, sched.num_ranks, sched.num_microbatches)
     model = model_from_args(args)
     launch = check_launch(args, args.ranks, model)  # sizes, steps: with M known
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -317,8 +309,7 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
                          steps=args.steps, optimizer=args.optimizer, lr=args.lr,
-                         dispatch=args.dispatch, backend=launch.backend, device=launch.device,
-                         timeout_s=launch.timeout_s, threads=launch.threads_per_rank)  # fmt: skip
+                         dispatch=args.dispatch, launch=launch)  # fmt: skip
     losses, step_ms = list(run.losses), list(run.step_ms)
     measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
     print_result(
