@@ -28,7 +28,6 @@ from nobubble.cli.pp.options import (
     given_model_flags,
     is_user_model,
     load_user_model,
-    measure_profile,
     model_from_args,
     read_file,
     refuse,
@@ -69,9 +68,14 @@ def _profile(args: argparse.Namespace) -> int:
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
     with claim:  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend)
-        prof = measure_profile(model, args.num_stages, launch,
-                               microbatch_size=args.microbatch_size, clock=args.clock,
-                               repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
+        from nobubble.pipeline.runtime.profile import profile_stages
+
+        with console(stderr=True).status(f"profiling {args.num_stages} stages of {model.name}"):
+            prof = profile_stages(
+                model, args.num_stages, microbatch_size=args.microbatch_size, clock=args.clock,
+                device=launch.device, backend=launch.backend, repeats=args.repeats,
+                threads=launch.threads_per_rank, comm=not args.no_comm, timeout_s=launch.timeout_s,
+            )  # fmt: skip
         if args.output is not None:
             prof.write(args.output)
     rows = [
