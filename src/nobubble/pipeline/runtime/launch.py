@@ -1,7 +1,6 @@
 """Launch pipeline training on local processes (:func:`run_local`: every config checked before
 any process starts, then one :func:`nobubble.distributed.spawn`) or under torchrun
-(:func:`run_torchrun`); :func:`merged_events` merges one config's per-rank timelines into
-one time-ordered list. :class:`LaunchOptions` is :mod:`nobubble.distributed.options`'s.
+(:func:`run_torchrun`). :class:`LaunchOptions` is :mod:`nobubble.distributed.options`'s.
 :func:`run_profiled` is ``pp run``'s one call on local ranks (profile, reschedule, run,
 summarise, write the trace and plot); :func:`run_torchrun_traced` its call under torchrun.
 """
@@ -25,14 +24,13 @@ from nobubble.pipeline.runtime.executor import (
     check_config,
     train_rank_many,
 )
-from nobubble.trace import Event, merge_timelines, write_chrome_trace
+from nobubble.trace import merge_timelines, write_chrome_trace
 
 if TYPE_CHECKING:
     from nobubble.pipeline.runtime.report import RunSummary
     from nobubble.pipeline.setting import PipelineSetting
 
-__all__ = ["LaunchOptions", "run_local", "run_torchrun", "merged_events", "run_profiled",
-           "run_torchrun_traced"]  # fmt: skip
+__all__ = ["LaunchOptions", "run_local", "run_torchrun", "run_profiled", "run_torchrun_traced"]
 
 
 def _world_size(configs: Sequence[TrainConfig]) -> int:
@@ -83,11 +81,6 @@ def run_torchrun(
             dist.destroy_process_group()
 
 
-def merged_events(results: Sequence[RankResult]) -> list[Event]:
-    """All ranks' events of one config merged by start time."""
-    return list(merge_timelines([r.events for r in results]))
-
-
 def run_profiled(
     config: TrainConfig,
     options: LaunchOptions,
@@ -122,7 +115,7 @@ def run_profiled(
             config = dataclasses.replace(config, schedule=setting.build(prof.cost_model()))
     progress(f"running {config.schedule.name} on {config.schedule.num_ranks} ranks")
     (results,) = run_local([config], options)
-    write_chrome_trace(trace, merged_events(results))
+    write_chrome_trace(trace, merge_timelines([r.events for r in results]))  # by start time
     files = {"trace": str(trace)}
     if plot is not None:
         from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
