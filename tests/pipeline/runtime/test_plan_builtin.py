@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from nobubble.distributed.options import LaunchOptions
 from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, partition_blocks
 from nobubble.pipeline.runtime.planning import (
     RuntimeCosts,
     builtin_cuts,
+    make_plan,
     plan_builtin,
     plan_from_profile,
 )
@@ -105,3 +107,13 @@ def test_a_builtin_model_is_planned_on_the_pinned_cut_from_its_blocks() -> None:
     assert {c.schedule for c in p.candidates} >= {"1f1b", "zb-h1", "zb-2p", "zb-v"}
     assert p.chosen == p.candidates[0]
     assert p.schedule().num_stages == len(p.cuts) + 1
+
+
+def test_make_plan_takes_the_planner_of_its_source_and_refuses_none() -> None:
+    """``pp plan``'s one call: a stage profile goes to plan_from_profile (the same plan); no
+    source at all is a ValueError naming what to give."""
+    direct = plan_from_profile(PROFILE, num_ranks=2, num_microbatches=4)
+    made = make_plan(num_ranks=2, num_microbatches=4, launch=LaunchOptions(), profile=PROFILE)
+    assert made == direct
+    with pytest.raises(ValueError, match="no source; give a profile"):
+        make_plan(num_ranks=2, num_microbatches=4, launch=LaunchOptions())

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import os
 import statistics
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nobubble.budget import check_budget
 from nobubble.cli.flags import add_args
@@ -30,7 +28,6 @@ from nobubble.cli.pp.options import (
     given_model_flags,
     is_user_model,
     load_user_model,
-    measure_profile,
     model_from_args,
     read_file,
     refuse,
@@ -54,10 +51,7 @@ from nobubble.files import claim_output, write_text
 
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
-    from nobubble.pipeline.actions import Schedule
     from nobubble.pipeline.plan import Plan
-    from nobubble.pipeline.runtime.models import ModelConfig
-    from nobubble.pipeline.runtime.profile_data import Profile
 
 MiB = 1024 * 1024
 TOP_CANDIDATES = 8  # rows of the plan table: the chosen plan, then the next fastest
@@ -74,9 +68,14 @@ def _profile(args: argparse.Namespace) -> int:
     claim = claim_output(args.output) if args.output is not None else contextlib.nullcontext()
     with claim:  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend)
-        prof = measure_profile(model, args.num_stages, launch,
-                               microbatch_size=args.microbatch_size, clock=args.clock,
-                               repeats=args.repeats, comm=not args.no_comm)  # fmt: skip
+        from nobubble.pipeline.runtime.profile import profile_stages
+
+        with console(stderr=True).status(f"profiling {args.num_stages} stages of {model.name}"):
+            prof = profile_stages(
+                model, args.num_stages, microbatch_size=args.microbatch_size, clock=args.clock,
+                device=launch.device, backend=launch.backend, repeats=args.repeats,
+                threads=launch.threads_per_rank, comm=not args.no_comm, timeout_s=launch.timeout_s,
+            )  # fmt: skip
         if args.output is not None:
             prof.write(args.output)
     rows = [
@@ -119,8 +118,17 @@ def _plan(args: argparse.Namespace) -> int:
     out = args.output or Path("plan.json" if user else "plan.csv")
     with claim_output(out):  # before torch: refuse another live run's output
         check_device(launch.device, launch.backend, ranks=args.ranks)
+        from nobubble.pipeline.runtime.planning import make_plan
+
         with console(stderr=True).status("planning") as status:
-            p, name = _make_plan(args, prof, model, launch, status.update)
+            p = make_plan(
+                num_ranks=args.ranks, num_microbatches=args.microbatches, launch=launch,
+                profile=prof, model=model, microbatch_size=args.microbatch_size,
+                user=load_user_model(args.model, seed=args.seed) if user else None,
+                recompute=args.recompute, ilp_time_limit_s=args.ilp, clock=args.clock,
+                memory_limit=args.memory_limit_mib * MiB if args.memory_limit_mib else None,
+                overhead_ms=args.overhead_ms, progress=status.update,
+            )  # fmt: skip
         if user:
             return _user_plan(args, p, launch, out)
         write_text(out, p.schedule().to_csv())
@@ -130,7 +138,8 @@ def _plan(args: argparse.Namespace) -> int:
                     "schedules": rows})  # fmt: skip
         return 0
     print_candidates(
-        f"P={args.ranks}, M={args.microbatches}, profiled costs ({name})",
+        f"P={args.ranks}, M={args.microbatches}, profiled costs "
+        f"({model.name if model is not None else getattr(prof, 'model', '')})",
         [("chosen" if c == p.chosen else str(i + 1), r)
          for i, (c, r) in enumerate(zip(p.candidates, rows, strict=True))],
         naive_ms=None, limited=args.memory_limit_mib is not None,
@@ -138,45 +147,6 @@ def _plan(args: argparse.Namespace) -> int:
         + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
     )  # fmt: skip
     return 0
-
-
-def _make_plan(args: argparse.Namespace, prof: Profile | None, model: ModelConfig | None,
-               launch: LaunchOptions, progress: Callable[[str], object]) -> tuple[Plan, str]:  # fmt: skip
-    """The plan of ``--profile``'s ``prof``, of the built-in ``model`` or (neither) of the
-    user's factory, and the model's name."""
-    from nobubble.pipeline.runtime import planning
-
-    limit = args.memory_limit_mib * MiB if args.memory_limit_mib is not None else None
-    common: dict[str, Any] = {"num_ranks": args.ranks, "num_microbatches": args.microbatches,
-                              "memory_limit": limit, "ilp_time_limit_s": args.ilp}  # fmt: skip
-    if prof is not None:
-        return planning.plan_from_profile(prof, recompute=args.recompute, **common), prof.model
-    run: dict[str, Any] = {"threads": launch.threads_per_rank, "timeout_s": launch.timeout_s,
-                           "clock": args.clock, "progress": progress}  # fmt: skip
-    if model is not None:
-        return planning.plan_builtin(
-            model, microbatch_size=args.microbatch_size, recompute=args.recompute,
-            device=launch.local_device, **common, **run,
-        ), model.name  # fmt: skip
-    user = load_user_model(args.model, seed=args.seed)
-    runtime = planning.RuntimeCosts(args.overhead_ms, 0.0) if args.overhead_ms is not None else None
-    return planning.plan_model(
-        [b.to(launch.local_device) for b in user.blocks], user.inputs, user.targets,
-        user.loss_fn, runtime=runtime, device=launch.device, **common, **run,
-    ), args.model  # fmt: skip
-
-
-def _schedule_from_args(args: argparse.Namespace) -> Schedule:
-    """``--schedule`` for unit costs (a cost-dependent one is built again for the costs a
-    profile measures), or ``--schedule-file``."""
-    if args.schedule is not None:
-        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
-        return setting(args).build(unit=True)
-    sched = read_file(args.schedule_file, "--schedule-file")
-    file_sets_size(
-        args, f"--schedule-file {args.schedule_file}", sched.num_ranks, sched.num_microbatches
-    )
-    return sched
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -188,7 +158,13 @@ def _run(args: argparse.Namespace) -> int:
          "(write one with pp plan --model MODULE:FACTORY --out plan.json)"),
         (args.ranks is None, "--ranks is required with --schedule or --schedule-file"),
     )  # fmt: skip
-    sched = _schedule_from_args(args)  # unit costs until profiled; sets --microbatches
+    if args.schedule is not None:  # unit costs until profiled (a cost-dependent one is rebuilt)
+        args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
+        sched = setting(args).build(unit=True)
+    else:  # the file sets --microbatches
+        sched = read_file(args.schedule_file, "--schedule-file")
+        source = f"--schedule-file {args.schedule_file}"
+        file_sets_size(args, source, sched.num_ranks, sched.num_microbatches)
     model = model_from_args(args)
     launch = check_launch(args, args.ranks, model)  # sizes, steps: with M known
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -196,6 +172,7 @@ def _run(args: argparse.Namespace) -> int:
     with contextlib.nullcontext() if torchrun else claim_output(args.trace):
         from nobubble.distributed import check_device
         from nobubble.pipeline.runtime.executor import TrainConfig, check_config
+        from nobubble.pipeline.runtime.launch import run_profiled, run_torchrun_traced
 
         check_device(launch.device, launch.backend, ranks=args.ranks)
         config = TrainConfig(
@@ -204,38 +181,16 @@ def _run(args: argparse.Namespace) -> int:
             recompute=args.recompute, dispatch=args.dispatch, straggler=args.straggler,
         )  # fmt: skip
         check_config(config)  # before profiling or starting anything
-        return (_run_torchrun if torchrun else _run_local)(config, args, launch)
-
-
-def _run_local(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
-    from nobubble.pipeline.runtime.launch import merged_events, run_local
-    from nobubble.pipeline.runtime.report import summarize_run
-    from nobubble.trace import write_chrome_trace
-
-    prof = None
-    if not args.no_predict:
-        prof = measure_profile(config.model, config.schedule.num_stages, launch,
-                               microbatch_size=config.microbatch_size, clock=args.clock)  # fmt: skip
-        from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
-
-        if args.schedule in COST_DEPENDENT_SCHEDULES:  # their order adapts to the costs
-            config = dataclasses.replace(config, schedule=setting(args).build(prof.cost_model()))
-    sched = config.schedule
-    # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
-    with console(stderr=True).status(f"running {sched.name} on {sched.num_ranks} ranks"):
-        (results,) = run_local([config], launch)
-    summary = summarize_run(config, results, prof)
-    write_chrome_trace(args.trace, merged_events(results))
-    extra = {"trace": str(args.trace)}
-    if args.plot is not None:
-        from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
-        from nobubble.pipeline.runtime.report import simulate_run
-
-        sim = simulate_run(config, prof) if prof is not None else None
-        extra["plot"] = str(
-            plot_measured_vs_simulated(args.plot, results, sim, step=config.num_steps - 1)
-        )
-    _print_run(args.json, summary, extra)
+        if torchrun:
+            return _print_rank(args.json, *run_torchrun_traced(config, launch, args.trace))
+        # the ranks run from the main thread, so Ctrl-C and SIGTERM reach spawn's clean-up
+        with console(stderr=True).status("profiling") as status:
+            summary, files = run_profiled(
+                config, launch, trace=args.trace, predict=not args.no_predict, clock=args.clock,
+                setting=setting(args) if args.schedule is not None else None, plot=args.plot,
+                progress=status.update,
+            )  # fmt: skip
+    _print_run(args.json, summary, files)
     return 0
 
 
@@ -261,18 +216,10 @@ def _print_run(as_json: bool, s, files: dict[str, str]) -> None:
     )
 
 
-def _run_torchrun(config, args: argparse.Namespace, launch: LaunchOptions) -> int:
-    from nobubble.pipeline.runtime.launch import run_torchrun
-    from nobubble.trace import write_chrome_trace
-
-    rank = int(os.environ["RANK"])  # each rank its own file, claimed before it starts
-    path = args.trace.with_name(f"{args.trace.stem}.rank{rank}{args.trace.suffix}")
-    with claim_output(path):
-        (res,) = run_torchrun([config], launch)  # destroys its process group
-        write_chrome_trace(path, res.events)
+def _print_rank(as_json: bool, res, path: Path) -> int:
     if res.losses is not None:  # the rank of the last stage speaks for the run
         med = statistics.median(res.step_times_s)
-        if args.json:
+        if as_json:
             print_json({"rank": res.rank, "median_step_time_s": med, "losses": list(res.losses),
                         "trace": str(path)})  # fmt: skip
         else:
@@ -366,8 +313,7 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
                          steps=args.steps, optimizer=args.optimizer, lr=args.lr,
-                         dispatch=args.dispatch, backend=launch.backend, device=launch.device,
-                         timeout_s=launch.timeout_s, threads=launch.threads_per_rank)  # fmt: skip
+                         dispatch=args.dispatch, launch=launch)  # fmt: skip
     losses, step_ms = list(run.losses), list(run.step_ms)
     measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
     print_result(

@@ -1,26 +1,36 @@
 """Launch pipeline training on local processes (:func:`run_local`: every config checked before
 any process starts, then one :func:`nobubble.distributed.spawn`) or under torchrun
-(:func:`run_torchrun`); :func:`merged_events` merges one config's per-rank timelines into
-one time-ordered list. :class:`LaunchOptions` is :mod:`nobubble.distributed.options`'s.
+(:func:`run_torchrun`). :class:`LaunchOptions` is :mod:`nobubble.distributed.options`'s.
+:func:`run_profiled` is ``pp run``'s one call on local ranks (profile, reschedule, run,
+summarise, write the trace and plot); :func:`run_torchrun_traced` its call under torchrun.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from nobubble.distributed import context_from_env, spawn
 from nobubble.distributed.options import LaunchOptions
+from nobubble.files import claim_output
 from nobubble.pipeline.runtime.executor import (
     RankResult,
     TrainConfig,
     check_config,
     train_rank_many,
 )
-from nobubble.trace import Event, merge_timelines
+from nobubble.trace import merge_timelines, write_chrome_trace
 
-__all__ = ["LaunchOptions", "run_local", "run_torchrun", "merged_events"]
+if TYPE_CHECKING:
+    from nobubble.pipeline.runtime.report import RunSummary
+    from nobubble.pipeline.setting import PipelineSetting
+
+__all__ = ["LaunchOptions", "run_local", "run_torchrun", "run_profiled", "run_torchrun_traced"]
 
 
 def _world_size(configs: Sequence[TrainConfig]) -> int:
@@ -71,6 +81,60 @@ def run_torchrun(
             dist.destroy_process_group()
 
 
-def merged_events(results: Sequence[RankResult]) -> list[Event]:
-    """All ranks' events of one config merged by start time."""
-    return list(merge_timelines([r.events for r in results]))
+def run_profiled(
+    config: TrainConfig,
+    options: LaunchOptions,
+    *,
+    trace: Path,
+    predict: bool = True,
+    clock: str = "wall",
+    setting: PipelineSetting | None = None,
+    plot: Path | None = None,
+    progress: Callable[[str], object] = lambda _: None,
+) -> tuple[RunSummary, dict[str, str]]:
+    """Profile ``config``'s model on its stages (``predict``; ``clock`` as
+    :func:`~nobubble.pipeline.runtime.profile.profile_stages`'s) and, when ``setting`` names a
+    cost-dependent schedule, build it again for the measured costs; run on local ranks, write
+    the merged Chrome trace at ``trace`` and (``plot``) the last step measured above the
+    simulated one. Returns the summary (with the prediction when profiled) and the files
+    written, ``{"trace": path[, "plot": path]}``. Raises as :func:`run_local`."""
+    from nobubble.pipeline.runtime.report import simulate_run, summarize_run
+    from nobubble.pipeline.schedules import COST_DEPENDENT_SCHEDULES
+
+    prof = None
+    if predict:
+        from nobubble.pipeline.runtime.profile import profile_stages
+
+        progress(f"profiling {config.schedule.num_stages} stages of {config.model.name}")
+        prof = profile_stages(
+            config.model, config.schedule.num_stages, microbatch_size=config.microbatch_size,
+            device=options.device, backend=options.backend, repeats=3, clock=clock,
+            threads=options.threads_per_rank, comm=True, timeout_s=options.timeout_s,
+        )  # fmt: skip
+        if setting is not None and setting.schedule in COST_DEPENDENT_SCHEDULES:
+            config = dataclasses.replace(config, schedule=setting.build(prof.cost_model()))
+    progress(f"running {config.schedule.name} on {config.schedule.num_ranks} ranks")
+    (results,) = run_local([config], options)
+    write_chrome_trace(trace, merge_timelines([r.events for r in results]))  # by start time
+    files = {"trace": str(trace)}
+    if plot is not None:
+        from nobubble.pipeline.runtime.plot_run import plot_measured_vs_simulated
+
+        sim = simulate_run(config, prof) if prof is not None else None
+        step = config.num_steps - 1
+        files["plot"] = str(plot_measured_vs_simulated(plot, results, sim, step=step))
+    return summarize_run(config, results, prof), files
+
+
+def run_torchrun_traced(
+    config: TrainConfig, options: LaunchOptions, trace: Path
+) -> tuple[RankResult, Path]:
+    """This rank's :func:`run_torchrun` of ``config``, its events written to its own Chrome
+    trace (``trace`` with ``.rankR`` before the suffix, claimed before the rank starts);
+    the result and that path."""
+    rank = int(os.environ["RANK"])
+    path = trace.with_name(f"{trace.stem}.rank{rank}{trace.suffix}")
+    with claim_output(path):
+        (res,) = run_torchrun([config], options)  # destroys its process group
+        write_chrome_trace(path, res.events)
+    return res, path

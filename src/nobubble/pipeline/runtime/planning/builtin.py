@@ -6,18 +6,22 @@ weighed on that cut. The costs come from the model's blocks, each profiled once
 model of the user's own), or from a stage profile (:func:`plan_from_profile`, ``pp profile
 -o``), each stage a block; a two-chunk schedule sees each stage as two equal halves, the
 boundary between them as large as the stage's input (the first stage's: its output).
+:func:`make_plan` is ``pp plan``'s one call: the plan of whichever source it is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from nobubble.distributed.options import LaunchOptions
 from nobubble.pipeline.plan import BlockCosts, Plan, plan_from_costs
 from nobubble.pipeline.plan_inputs import chunks_of
 from nobubble.pipeline.runtime.models import ModelConfig, build_blocks, partition_blocks
 from nobubble.pipeline.runtime.planning.model import plan_model
 from nobubble.pipeline.runtime.planning.probe import RuntimeCosts
+from nobubble.pipeline.runtime.planning.train import UserModel
 from nobubble.pipeline.runtime.profile import Profile
 from nobubble.pipeline.schedules import SCHEDULE_NAMES
 
@@ -108,6 +112,45 @@ def plan_from_profile(
         op_overhead_ms=op_overhead_ms, cuts=cuts, tolerance=0.0,
         ilp_time_limit_s=ilp_time_limit_s,
     )  # fmt: skip
+
+
+def make_plan(
+    *,
+    num_ranks: int,
+    num_microbatches: int | None,
+    launch: LaunchOptions,
+    profile: Profile | None = None,
+    model: ModelConfig | None = None,
+    user: UserModel | None = None,
+    microbatch_size: int = 1,
+    recompute: bool = False,
+    memory_limit: float | None = None,
+    ilp_time_limit_s: float | None = None,
+    overhead_ms: float | None = None,
+    clock: str = "wall",
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """The plan of the first source given: a stage ``profile`` (:func:`plan_from_profile`),
+    a built-in ``model`` (:func:`plan_builtin`, measured on ``launch.local_device``) or the
+    ``user``'s model (:func:`plan_model`: every microbatch count and recompute choice unless
+    ``num_microbatches``; ``overhead_ms`` the runtime's cost per action, None: measured).
+    ``memory_limit`` is bytes of peak activations per rank. Raises ValueError when no source
+    is given or the planners refuse their inputs."""
+    common: dict[str, Any] = {"num_ranks": num_ranks, "num_microbatches": num_microbatches,
+                              "memory_limit": memory_limit, "ilp_time_limit_s": ilp_time_limit_s}  # fmt: skip
+    if profile is not None:
+        return plan_from_profile(profile, recompute=recompute, **common)
+    run: dict[str, Any] = {"threads": launch.threads_per_rank, "timeout_s": launch.timeout_s,
+                           "clock": clock, "progress": progress}  # fmt: skip
+    if model is not None:
+        return plan_builtin(model, microbatch_size=microbatch_size, recompute=recompute,
+                            device=launch.local_device, **common, **run)  # fmt: skip
+    if user is None:
+        raise ValueError("make_plan: no source; give a profile, a built-in model or a UserModel")
+    runtime = RuntimeCosts(overhead_ms, 0.0) if overhead_ms is not None else None
+    return plan_model([b.to(launch.local_device) for b in user.blocks], user.inputs,
+                      user.targets, user.loss_fn, runtime=runtime, device=launch.device,
+                      **common, **run)  # fmt: skip
 
 
 def _schedules(cuts: Sequence[tuple[int, ...]], num_ranks: int) -> tuple[str, ...]:

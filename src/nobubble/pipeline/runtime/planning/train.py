@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from nobubble.distributed import DistContext, spawn
+from nobubble.distributed.options import LaunchOptions
 from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.runner import PipelineRunner, split_model
 
@@ -121,24 +122,23 @@ def train_plan(
     optimizer: str = "sgd",
     lr: float = 0.01,
     dispatch: str = "static",
-    backend: str | None = None,
-    device: str = "cpu",
-    timeout_s: float = 120.0,
-    threads: int = 1,
+    launch: LaunchOptions | None = None,
 ) -> PlanRun:
-    """``steps`` steps of ``plan`` on ``plan.num_ranks`` local ranks; ``build`` (picklable,
-    e.g. a ``functools.partial`` of a module-level function) runs on every rank.
+    """``steps`` steps of ``plan`` on ``plan.num_ranks`` local ranks where ``launch`` puts
+    them; ``build`` (picklable, e.g. a ``functools.partial`` of a module-level function) runs
+    on every rank.
 
     Raises:
         ValueError: ``steps`` < 1 or an unknown ``optimizer``.
-        RankFailure: a rank failed or did not answer within ``timeout_s``.
+        RankFailure: a rank failed or did not answer within ``launch.timeout_s``.
     """
+    launch = launch or LaunchOptions()
     if not (isinstance(steps, int) and steps >= 1) or optimizer not in ("sgd", "adamw"):
         raise ValueError(f"train_plan: steps={steps!r} must be >= 1 and optimizer="
                          f"{optimizer!r} 'sgd' or 'adamw'")  # fmt: skip
     results = spawn(_rank_main, plan.num_ranks, args=(build, plan.to_json(), steps, optimizer,
-                    lr, dispatch), backend=backend, device=device, timeout_s=timeout_s,
-                    threads_per_rank=threads)  # fmt: skip
+                    lr, dispatch), backend=launch.backend, device=launch.device,
+                    timeout_s=launch.timeout_s, threads_per_rank=launch.threads_per_rank)  # fmt: skip
     step_ms = tuple(max(r[1][i] for r in results) * 1e3 for i in range(steps))
     return PlanRun(losses=tuple(results[0][0]), step_ms=step_ms)
 
