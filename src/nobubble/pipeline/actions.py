@@ -185,6 +185,12 @@ class Schedule:
         return sum(len(a) for a in self.rank_actions)
 
     @property
+    def shape(self) -> dict[str, int]:
+        """Its size as the commands report it: stages (ranks), chunks, microbatches, actions."""
+        return {"stages": self.num_ranks, "chunks": self.num_chunks,
+                "microbatches": self.num_microbatches, "actions": self.num_actions}  # fmt: skip
+
+    @property
     def uses_split_backward(self) -> bool:
         """True if any backward is split into B and W (zero-bubble style)."""
         return any(a.op is Op.B for acts in self.rank_actions for a in acts)

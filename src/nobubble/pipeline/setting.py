@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from nobubble.pipeline.dispatch import DispatchResult
     from nobubble.pipeline.dispatch.perturb import Perturbation
     from nobubble.pipeline.ilp.common import SolveResult
+    from nobubble.pipeline.simulate import SimResult
 
 __all__ = ["PipelineSetting"]
 
@@ -107,6 +108,21 @@ class PipelineSetting:
                 )
         return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation,
                                  mem_limit=mem_limit)  # fmt: skip
+
+    def simulate(self, policy: str | None = None, perturbation: Perturbation | None = None
+                 ) -> tuple[CostModel, SimResult, DispatchResult | None]:  # fmt: skip
+        """The costs and simulation of :meth:`build`'s schedule: one :meth:`dispatch` step under
+        ``policy`` and ``perturbation`` (also returned) when either is given, else plain."""
+        from nobubble.pipeline.simulate import simulate
+
+        costs = self.cost_model()
+        sched = self.build(costs, limit_elsewhere=policy == "handshake")
+        if policy is None and (perturbation is None or perturbation.is_identity):
+            return costs, simulate(sched, costs), None
+        from nobubble.pipeline.dispatch.perturb import Perturbation
+
+        run = self.dispatch(sched, costs, policy, perturbation or Perturbation())
+        return costs, run.sim, run
 
     def solve(self, *, objective: str = "span", time_limit_s: float = 60.0,
               num_workers: int | None = None, placement: str | None = None,

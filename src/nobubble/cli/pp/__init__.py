@@ -58,7 +58,7 @@ def _show(args: argparse.Namespace) -> int:
         vars(args).update({d: v for d, (_, v) in SHOW_SHAPE.items() if getattr(args, d) is None})
         sched = setting(args).build(unit=True)
     if args.json:
-        print_json({"schedule": sched.name, **_shape(sched),
+        print_json({"schedule": sched.name, **sched.shape,
                     "stage_to_rank": list(sched.stage_to_rank),
                     "actions": [[str(a) for a in acts] for acts in sched.rank_actions]})  # fmt: skip
         return 0
@@ -72,23 +72,13 @@ def _show(args: argparse.Namespace) -> int:
 # -- pp simulate ---------------------------------------------------------------------------
 def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import gantt, write_trace
-    from nobubble.pipeline.simulate import simulate
 
-    costs = (s := setting(args)).cost_model()
-    sched = s.build(costs, limit_elsewhere=args.dispatch == "handshake")
-    run, perturbation = None, perturbation_from_args(args)
-    if args.dispatch is not None or not perturbation.is_identity:
-        run = s.dispatch(sched, costs, args.dispatch, perturbation)
-    result = run.sim if run is not None else simulate(sched, costs)
+    costs, result, run = setting(args).simulate(args.dispatch, perturbation_from_args(args))
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
     summary = run.summary() if run is not None else result.summary()
     mf = costs.mem_f[0]
-    rows = [
-        [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
-         result.peak_memory[r] / mf, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
-        for r in range(result.schedule.num_ranks)
-    ]  # fmt: skip
+    rows = result.rank_rows(mf)
     print_result(
         args.json,
         summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
@@ -111,17 +101,11 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     if args.output is not None:
         write_text(args.output, text)
-    info = {"schedule": sched.name, **_shape(sched),
+    info = {"schedule": sched.name, **sched.shape,
             "output": str(args.output) if args.output else None}  # fmt: skip
     print_result(args.json, info | ({} if args.output else {"csv": text}),
                  f"exported {sched.name}", list(info), [list(info.values())])  # fmt: skip
     return 0
-
-
-def _shape(sched) -> dict:
-    """A schedule's size, as ``pp show | export | validate`` report it."""
-    return {"stages": sched.num_ranks, "chunks": sched.num_chunks,
-            "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -132,7 +116,7 @@ def _validate(args: argparse.Namespace) -> int:
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
     result = simulate(sched, setting(args).cost_model(), check=False)
-    info = {"file": str(args.file), "valid": True, **_shape(sched),
+    info = {"file": str(args.file), "valid": True, **sched.shape,
             "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
     print_result(args.json, info, f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
