@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nobubble.budget import check_budget, check_steps
+from nobubble import budget
 from nobubble.cli.flags import (
     Flag,
     add_args,
@@ -94,7 +94,7 @@ COST_NAMES = ("model", "t_f", "t_b", "t_w", "t_comm", "hidden", "heads", "seq", 
 
 
 def mem_limit(text: str) -> tuple[None, tuple]:
-    """The ``--mem-limit`` table of ``text``, its help (activation limit per rank, M_F)."""
+    """The ``--mem-limit`` table with the help ``text``."""
     return (None, (("--mem-limit", positive_float, None, text),))
 
 
@@ -127,13 +127,11 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
-    readers: dict[str, Callable[[Path], Any]] = {
-        "schedule": Schedule.read_csv,
-        "profile": Profile.read,
-        "plan": Plan.read,
-    }
+    reader: Callable[[Path], Any] = {"profile": Profile.read, "plan": Plan.read}.get(
+        kind, Schedule.read_csv
+    )
     try:
-        return readers[kind](path)
+        return reader(path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
@@ -158,8 +156,7 @@ def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
 
 
 def perturbation_from_args(args: argparse.Namespace):
-    """The Perturbation of ``--jitter/--straggler/--seed`` (the simulation refuses a
-    straggler on a rank the pipeline does not have)."""
+    """The Perturbation of ``--jitter/--straggler/--seed``."""
     from nobubble.pipeline.dispatch.perturb import Perturbation
 
     refuse((args.seed is not None and not args.jitter, f"--seed {args.seed} seeds the --jitter "
@@ -221,10 +218,8 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
-    """The model the factory ``spec`` builds, torch seeded with ``seed`` (every rank builds
-    the same weights): :meth:`UserModel.from_factory
-    <nobubble.pipeline.runtime.planning.UserModel.from_factory>`. A spec that does not import,
-    a factory that raises or returns no ``(blocks, inputs, targets, loss_fn)``: UsageError."""
+    """:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`
+    of the factory ``spec``, seeded with ``seed``; a bad spec or factory: UsageError."""
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
@@ -245,8 +240,7 @@ def absolute_spec(spec: str) -> str:
 
 def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
                     microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
-    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` of ``model`` in ``num_stages``
-    stages where ``launch`` runs the ranks, under a spinner."""
+    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` under a spinner."""
     from nobubble.pipeline.runtime.profile import profile_stages
 
     with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
@@ -258,8 +252,7 @@ def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, 
 
 
 def given_model_flags(args: argparse.Namespace) -> list[str]:
-    """The model flags given (``--arch``, ``--microbatch-size``, ``--seed``: other than their
-    default)."""
+    """The model flags given (``--arch``, ``--microbatch-size``, ``--seed``: not default)."""
     given = [flag for flag, field, _, _ in MODEL_FLAGS if getattr(args, field) is not None]
     given += [f"--{dest.replace('_', '-')}" for dest, default in RUN_DEFAULTS.items()
               if getattr(args, dest) != default]  # fmt: skip
@@ -291,31 +284,22 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
         from nobubble.pipeline.runtime.models import memory_bytes
 
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
-        check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
+        budget.check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample
         check_time(args, ranks or 1, model.num_parameters, tokens)
     return launch
 
 
-TIME_BUDGET_S = 3600.0
-"""The longest a ``pp profile | run`` may be estimated to take without ``--force``."""
-
-
 def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
-    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
-    for a model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch
-    (:mod:`nobubble.pipeline.runtime.models`' estimates) passes :data:`TIME_BUDGET_S`."""
+    """:func:`nobubble.budget.check_time` of ``--steps`` (``pp run``) or ``--repeats`` (``pp
+    profile``) for a model of ``params`` parameters and ``tokens`` tokens (or rows) a
+    microbatch, by :mod:`nobubble.pipeline.runtime.models`' estimates."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:
-        flag, value, what = "--steps", args.steps, "step"
         total = train_seconds(params, tokens, num_ranks=ranks, steps=args.steps,
                               num_microbatches=args.microbatches or 1)  # fmt: skip
+        budget.check_time("--steps", args.steps, total, "step", force=args.force)
     elif getattr(args, "repeats", None) is not None:
-        flag, value, what = "--repeats", args.repeats, "repeat"
         total = profile_seconds(params, tokens, repeats=args.repeats)
-    else:
-        return
-    check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
-                limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
-                bound="about", unit=what, force=args.force)  # fmt: skip
+        budget.check_time("--repeats", args.repeats, total, "repeat", force=args.force)
