@@ -190,6 +190,11 @@ class Schedule:
         return {"stages": self.num_ranks, "chunks": self.num_chunks,
                 "microbatches": self.num_microbatches, "actions": self.num_actions}  # fmt: skip
 
+    def as_dict(self) -> dict:
+        """JSON-ready: the name, :attr:`shape`, stage_to_rank and each rank's actions as text."""
+        return {"schedule": self.name, **self.shape, "stage_to_rank": list(self.stage_to_rank),
+                "actions": [[str(a) for a in acts] for acts in self.rank_actions]}  # fmt: skip
+
     @property
     def uses_split_backward(self) -> bool:
         """True if any backward is split into B and W (zero-bubble style)."""

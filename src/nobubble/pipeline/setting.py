@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.compare import CompareRow
     from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.dispatch import DispatchResult
     from nobubble.pipeline.dispatch.perturb import Perturbation
@@ -108,6 +109,20 @@ class PipelineSetting:
                 )
         return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation,
                                  mem_limit=mem_limit)  # fmt: skip
+
+    def compare(self, costs: CostModel, *, include_torch: bool = True,
+                ilp_time_limit_s: float | None = None,
+                on_step: Callable[[str], None] | None = None) -> list[CompareRow]:  # fmt: skip
+        """:func:`~nobubble.pipeline.compare.compare_schedules` of this size on ``costs`` (this
+        setting's :meth:`cost_model`), ``mem_limit`` for zb-1p/zb-2p, ``num_chunks`` (None: 2)
+        for interleaved 1F1B."""
+        from nobubble.pipeline.compare import compare_schedules
+
+        return compare_schedules(
+            costs, num_stages=self.num_ranks, num_microbatches=self.num_microbatches,  # type: ignore[arg-type]
+            include_torch=include_torch, ilp_time_limit_s=ilp_time_limit_s,
+            mem_limit=self.limit_for(costs), num_chunks=self.num_chunks or 2, on_step=on_step,
+        )  # fmt: skip
 
     def simulate(self, policy: str | None = None, perturbation: Perturbation | None = None
                  ) -> tuple[CostModel, SimResult, DispatchResult | None]:  # fmt: skip

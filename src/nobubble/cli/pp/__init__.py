@@ -58,9 +58,7 @@ def _show(args: argparse.Namespace) -> int:
         vars(args).update({d: v for d, (_, v) in SHOW_SHAPE.items() if getattr(args, d) is None})
         sched = setting(args).build(unit=True)
     if args.json:
-        print_json({"schedule": sched.name, **sched.shape,
-                    "stage_to_rank": list(sched.stage_to_rank),
-                    "actions": [[str(a) for a in acts] for acts in sched.rank_actions]})  # fmt: skip
+        print_json(sched.as_dict())
         return 0
     con = console()
     con.print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
@@ -125,18 +123,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
-    from nobubble.pipeline.compare import compare_schedules, cost_summary, zb2p_claim
+    from nobubble.pipeline.compare import cost_summary, zb2p_claim
 
     (s := setting(args)).check_size("compare")
     costs = s.cost_model()
-    limit = s.limit_for(costs)
     with progress_bar("simulating", total=None, counter=None) as (bar, task):
-        rows = compare_schedules(
-            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-            include_torch=not args.no_torch, ilp_time_limit_s=args.ilp, mem_limit=limit,
-            num_chunks=args.chunks or 2,
-            on_step=lambda n: bar.update(task, description=f"simulating {n}"),
-        )  # fmt: skip
+        rows = s.compare(costs, include_torch=not args.no_torch, ilp_time_limit_s=args.ilp,
+                         on_step=lambda n: bar.update(task, description=f"simulating {n}"))  # fmt: skip
     files = []
     if args.plot is not None:
         from nobubble.pipeline.plot import gantt_grid
@@ -216,7 +209,6 @@ def _frontier(args: argparse.Namespace) -> int:
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
         files.append(str(frontier_plot(result.points, args.plot, title=title)))
-    rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
     print_result(
         args.json,
         {"stages": args.ranks, "microbatches": args.microbatches,
@@ -225,8 +217,7 @@ def _frontier(args: argparse.Namespace) -> int:
          "pareto": [q.name for q in result.pareto], "seconds": result.seconds, "files": files},
         f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
         ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
-        [[q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
-                              else ["-", "-"]), "*" if q.pareto else "", q.note] for q in rows],
+        result.rows(),
         caption="peak memory in microbatches of one rank's activations (1F1B: P); "
         f"* = Pareto-optimal; {result.seconds:.1f} s",
         files=files,
