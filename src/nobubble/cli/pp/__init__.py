@@ -38,10 +38,9 @@ from nobubble.cli.util import (
 )
 from nobubble.files import write_text
 
-# -- pp show -------------------------------------------------------------------------------
+# -- pp show (SHOW_SHAPE: its shape flags and their defaults, applied without --csv) ------
 SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
               "chunks": ("-v", None)}  # fmt: skip
-"""``pp show``'s shape flags and their defaults, applied when no ``--csv`` is given."""
 
 
 def _show(args: argparse.Namespace) -> int:

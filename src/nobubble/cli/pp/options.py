@@ -144,8 +144,8 @@ def refuse(*cases: tuple[object, str]) -> None:
 
 def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
                    num_microbatches: int | None = None, held: str = "has") -> None:  # fmt: skip
-    """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (its flag and path)
-    that sets them (``held``: how the file holds its ranks), then take its microbatches."""
+    """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (flag and path;
+    ``held``: how it holds its ranks) that sets them, then take its microbatches."""
     refuse(
         (args.ranks not in (None, num_ranks), f"{source} {held} {num_ranks} ranks but --ranks "
          f"is {args.ranks}; give --ranks {num_ranks}"),
@@ -184,8 +184,7 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
 
 
 def add_model_and_launch(p: argparse.ArgumentParser) -> None:
-    """The model (``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags) and
-    where the ranks run (:data:`LAUNCH_FLAGS` and ``--clock``)."""
+    """The model flags (``--model`` and the built-in model's size) and the launch flags."""
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import GPTConfig
 
@@ -260,8 +259,7 @@ def given_model_flags(args: argparse.Namespace) -> list[str]:
 
 
 def check_factory_flags(args: argparse.Namespace) -> None:
-    """Refuse the built-in model's flags beside ``--model MODULE:FACTORY``, whose factory
-    builds its own model (``--seed`` seeds it)."""
+    """Refuse the built-in model's flags (all but ``--seed``) beside ``--model MODULE:FACTORY``."""
     odd = [f for f in given_model_flags(args) if f not in ("--model", "--seed")]
     refuse((odd, f"{', '.join(odd)}: the built-in models' flags; --model {args.model} builds "
             "its own model, drop them"))  # fmt: skip
@@ -291,9 +289,8 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
 
 
 def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
-    """:func:`nobubble.budget.check_time` of ``--steps`` (``pp run``) or ``--repeats`` (``pp
-    profile``) for a model of ``params`` parameters and ``tokens`` tokens (or rows) a
-    microbatch, by :mod:`nobubble.pipeline.runtime.models`' estimates."""
+    """:func:`nobubble.budget.check_time` of ``--steps`` or ``--repeats``, estimated for a
+    model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:
