@@ -29,6 +29,7 @@ from nobubble.cli.util import (
     seed_int,
 )
 from nobubble.pipeline.costs import PAPER_TIMES
+from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
 from nobubble.rl.preflight import load_user_object
 
 if TYPE_CHECKING:
@@ -164,7 +165,6 @@ def perturbation_from_args(args: argparse.Namespace):
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
-BUILTIN_MODELS = ("gpt", "mlp")  # --model values that name a built-in model
 MODEL_FLAGS: tuple[Flag, ...] = (
     ("--layers", "num_layers", positive_int, "transformer / MLP blocks"),
     ("--hidden", "hidden", positive_int, "hidden size"),
@@ -202,11 +202,6 @@ def add_model_and_launch(p: argparse.ArgumentParser) -> None:
     p.set_defaults(timeout_s=300.0, **RUN_DEFAULTS)
 
 
-def is_user_model(spec: str | None) -> bool:
-    """Whether ``--model`` names the user's factory rather than a built-in model."""
-    return spec is not None and spec not in BUILTIN_MODELS
-
-
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
     by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
@@ -229,12 +224,6 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
         return UserModel.from_factory(factory, seed=seed)
     except ValueError as err:
         raise UsageError(f"--model {spec!r}: {err}") from err
-
-
-def absolute_spec(spec: str) -> str:
-    """``spec`` with a file path made absolute: the ranks may start in another folder."""
-    head, _, attr = spec.rpartition(":")
-    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec
 
 
 def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
