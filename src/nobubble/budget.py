@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["PROCESS_BYTES", "WALL_BUDGET_S", "check_budget", "check_steps", "memory_bytes"]
+__all__ = [
+    "PROCESS_BYTES",
+    "TIME_BUDGET_S",
+    "WALL_BUDGET_S",
+    "check_budget",
+    "check_steps",
+    "check_time",
+    "memory_bytes",
+]
 
 PROCESS_BYTES = 400 << 20
 """What one spawned rank costs before its own data (torch, the interpreter), measured ~350 MB."""
@@ -66,3 +74,15 @@ def check_steps(what: str, flag: str, steps: int, seconds_per_step: float, *,
         f"{what + ': ' if what else ''}{flag} {steps} takes {bound} {_duration(seconds)} ({each} a {unit}), "
         f"past {limit}; lower {flag}{hint}, or --force"
     )
+
+
+TIME_BUDGET_S = 3600.0
+"""The longest a ``pp profile | run`` may be estimated to take without ``--force``."""
+
+
+def check_time(flag: str, count: int, total_s: float, unit: str, *, force: bool = False) -> None:
+    """Refuse ``flag``'s ``count`` (``--steps`` of ``pp run``, ``--repeats`` of ``pp
+    profile``; ``unit``: one of them) whose estimated ``total_s`` passes :data:`TIME_BUDGET_S`."""
+    check_steps("", flag, count, total_s / count, limit_s=TIME_BUDGET_S,
+                limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
+                bound="about", unit=unit, force=force)  # fmt: skip

@@ -32,11 +32,9 @@ def real(text: str) -> float:
 
 
 def add_config_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None:
-    """Declare ``flags`` on ``parser`` (or an argument group), each storing into its
-    ``config`` field; the help names the config's default unless it already says what the
-    default is. A field may be a path into a sub-config (``"trainer.delay_s"``: the field
-    ``delay_s`` of the config's ``trainer``), stored under that path, and the kind ``list``
-    makes the flag repeatable (:func:`flags_given` collects its values into a tuple)."""
+    """Declare ``flags`` on ``parser`` (or a group), each storing into its ``config`` field
+    (or a sub-config's path, ``"trainer.delay_s"``), the help naming the field's default unless
+    it says one; the kind ``list`` makes a flag repeatable (:func:`flags_given`: a tuple)."""
     for flag, path, kind, text in flags:
         if kind is not bool and "default" not in text:
             text += f" (default {_field_default(config, path)})"
@@ -86,11 +84,9 @@ def flags_given(flags: tuple[Flag, ...], args: argparse.Namespace) -> dict[str, 
 
 
 def apply_flags(config: Any, given: dict[str, Any], flags: tuple[Flag, ...] = ()) -> Any:
-    """``config`` (a config class or a function that builds one, or a config to lay the
-    values over) with ``given``'s values (:func:`flags_given`), a path's in its sub-config
-    (paths need a config class or instance: a function's fields are unknown). The configs'
-    own checks are the only ones: their ValueError is re-raised naming the flag of ``flags``
-    it is about."""
+    """``config`` (a config class, a function that builds one, or a config to lay the values
+    over) with ``given``'s values (:func:`flags_given`), a path's in its sub-config (which
+    needs a class or instance); the config's ValueError is re-raised naming the flag."""
     try:
         return _apply(config, given)
     except ValueError as err:
@@ -120,8 +116,7 @@ def _apply(config: Any, given: dict[str, Any]) -> Any:
 
 
 def _field_default(config: type, path: str) -> Any:
-    """The default of the field at ``path`` of the config class ``config`` (a sub-config's
-    path goes through the sub-config its field makes by default)."""
+    """The default of the field at ``path`` of ``config`` (through sub-configs' defaults)."""
     head, _, rest = path.partition(".")
     (f,) = [f for f in fields(config) if f.name == head]
     value = f.default_factory() if f.default_factory is not MISSING else f.default

@@ -185,6 +185,17 @@ class Schedule:
         return sum(len(a) for a in self.rank_actions)
 
     @property
+    def shape(self) -> dict[str, int]:
+        """Its size as the commands report it: stages (ranks), chunks, microbatches, actions."""
+        return {"stages": self.num_ranks, "chunks": self.num_chunks,
+                "microbatches": self.num_microbatches, "actions": self.num_actions}  # fmt: skip
+
+    def as_dict(self) -> dict:
+        """JSON-ready: the name, :attr:`shape`, stage_to_rank and each rank's actions as text."""
+        return {"schedule": self.name, **self.shape, "stage_to_rank": list(self.stage_to_rank),
+                "actions": [[str(a) for a in acts] for acts in self.rank_actions]}  # fmt: skip
+
+    @property
     def uses_split_backward(self) -> bool:
         """True if any backward is split into B and W (zero-bubble style)."""
         return any(a.op is Op.B for acts in self.rank_actions for a in acts)

@@ -13,13 +13,18 @@ at p); ``bubble_rate`` is the simulator's ``(max span - work) / max span``.
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from nobubble.pipeline.actions import Schedule
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.simulate import simulate
+
+if TYPE_CHECKING:
+    from nobubble.pipeline.setting import PipelineSetting
 
 __all__ = [
     "FRONTIER_SCHEDULES",
@@ -35,6 +40,7 @@ __all__ = [
     "pareto_flags",
     "default_sources",
     "frontier",
+    "check_frontier",
 ]
 
 FRONTIER_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p",
@@ -76,15 +82,26 @@ class FrontierPoint:
 
 @dataclass(frozen=True, slots=True)
 class Frontier:
-    """Every point of one configuration; ``pareto`` the optimal ones by memory."""
+    """Every point of one configuration; ``pareto`` the optimal ones by memory; ``seconds``
+    the wall time :func:`frontier` took."""
 
     num_ranks: int
     num_microbatches: int
     points: tuple[FrontierPoint, ...]
+    seconds: float = 0.0
 
     @property
     def pareto(self) -> tuple[FrontierPoint, ...]:
         return tuple(sorted((q for q in self.points if q.pareto), key=lambda q: q.peak_memory))
+
+    def rows(self) -> list[list]:
+        """The table, by memory then bubble (missing points last): ``[schedule, source, peak
+        memory, bubble, "*" when Pareto-optimal, note]``."""
+        return [
+            [q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
+                                 else ["-", "-"]), "*" if q.pareto else "", q.note]
+            for q in sorted(self.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
+        ]  # fmt: skip
 
 
 PointSource = Callable[[CostModel, int, int], list[FrontierPoint]]
@@ -242,9 +259,12 @@ def frontier(
     num_microbatches: int,
     sources: Sequence[PointSource] | None = None,
     on_step: Callable[[str], None] | None = None,
+    mem_limits: Sequence[float] | None = None,
+    include_torch: bool = True,
+    ilp_time_limit_s: float | None = None,
 ) -> Frontier:
     """Run every source on ``costs`` (per rank: one entry per rank) and mark the Pareto set;
-    ``sources`` default to :func:`default_sources`'s.
+    ``sources`` default to :func:`default_sources`'s of the last three keywords.
 
     ``on_step(label)`` is called before each source (its ``__name__``).
     """
@@ -252,7 +272,9 @@ def frontier(
         raise ValueError(f"costs have {costs.num_stages} stages; give per-rank costs "
                          f"({num_ranks} entries) for the frontier")  # fmt: skip
     if sources is None:
-        sources = default_sources(num_ranks)
+        sources = default_sources(num_ranks, mem_limits=mem_limits, include_torch=include_torch,
+                                  ilp_time_limit_s=ilp_time_limit_s)  # fmt: skip
+    started = time.perf_counter()
     points: list[FrontierPoint] = []
     for source in sources:
         if on_step is not None:
@@ -260,4 +282,19 @@ def frontier(
         points.extend(source(costs, num_ranks, num_microbatches))
     flags = pareto_flags(points)
     return Frontier(num_ranks, num_microbatches,
-                    tuple(replace(q, pareto=f) for q, f in zip(points, flags)))  # fmt: skip
+                    tuple(replace(q, pareto=f) for q, f in zip(points, flags)),
+                    time.perf_counter() - started)  # fmt: skip
+
+
+def check_frontier(setting: PipelineSetting, mem_limits: Sequence[float] | None) -> None:
+    """Refuse, before any work, a frontier of ``setting`` (its size and ``mem_limit``) and
+    ``mem_limits`` (rank units) that it cannot do, or cannot do within the work budget."""
+    if setting.mem_limit is not None:
+        raise ValueError("pp frontier sweeps --mem-limits (plural), not --mem-limit")
+    if setting.num_ranks is not None and setting.num_ranks < 2:
+        raise ValueError(f"--ranks {setting.num_ranks}: a frontier needs at least 2 ranks")
+    # every schedule, V-Min/V-Half/V-ZB too; within it --ilp is within the (larger) solve budget
+    setting.check_size("compare", v_memory=True)
+    if (low := min(mem_limits or [1])) < 1:
+        raise ValueError(f"--mem-limits {low:g} is below one microbatch's activations (the "
+                         "unit); give limits >= 1")  # fmt: skip

@@ -10,6 +10,7 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nobubble.pipeline.costs import CostModel
@@ -19,7 +20,8 @@ from nobubble.validation import finite
 
 __all__ = ["BlockCosts", "stage_costs", "check_inputs", "check_ranks", "schedule_names", "microbatch_counts", "pinned_cuts",
            "candidate_cuts", "sizes_from_cuts", "cuts_from_sizes", "chunks_of",
-           "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES"]  # fmt: skip
+           "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES", "BUILTIN_MODELS",
+           "is_user_model", "absolute_spec"]  # fmt: skip
 
 TINY_MS = 1e-6
 """The simulator needs every op time > 0: the first stage's empty B, a parameterless W."""
@@ -281,3 +283,19 @@ def _neighbourhood(cuts: tuple[int, ...], num_blocks: int) -> Iterator[tuple[int
             moved = cuts[k] + delta
             if bounds[k] < moved < bounds[k + 2]:  # stages k and k + 1 keep >= 1 block
                 yield cuts[:k] + (moved,) + cuts[k + 1 :]
+
+
+BUILTIN_MODELS = ("gpt", "mlp")
+"""The ``--model`` values (``model=``) that name a built-in model; others a user's factory."""
+
+
+def is_user_model(spec: str | None) -> bool:
+    """Whether ``spec`` names the user's factory (``package.module:factory`` or
+    ``path/to/file.py:factory``) rather than a built-in model."""
+    return spec is not None and spec not in BUILTIN_MODELS
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with a file path made absolute: the ranks may start in another folder."""
+    head, _, attr = spec.rpartition(":")
+    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec

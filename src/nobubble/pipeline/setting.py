@@ -4,14 +4,20 @@ one line naming the flag of the value and the fix, are the command line's errors
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nobubble.pipeline.actions import Schedule
+    from nobubble.pipeline.compare import CompareRow
     from nobubble.pipeline.costs import CostModel
     from nobubble.pipeline.dispatch import DispatchResult
     from nobubble.pipeline.dispatch.perturb import Perturbation
+    from nobubble.pipeline.ilp.common import SolveResult
+    from nobubble.pipeline.simulate import SimResult
 
 __all__ = ["PipelineSetting"]
 
@@ -103,3 +109,59 @@ class PipelineSetting:
                 )
         return simulate_dispatch(sched, costs, policy=policy, perturbation=perturbation,
                                  mem_limit=mem_limit)  # fmt: skip
+
+    def compare(self, costs: CostModel, *, include_torch: bool = True,
+                ilp_time_limit_s: float | None = None,
+                on_step: Callable[[str], None] | None = None) -> list[CompareRow]:  # fmt: skip
+        """:func:`~nobubble.pipeline.compare.compare_schedules` of this size on ``costs`` (this
+        setting's :meth:`cost_model`), ``mem_limit`` for zb-1p/zb-2p, ``num_chunks`` (None: 2)
+        for interleaved 1F1B."""
+        from nobubble.pipeline.compare import compare_schedules
+
+        return compare_schedules(
+            costs, num_stages=self.num_ranks, num_microbatches=self.num_microbatches,  # type: ignore[arg-type]
+            include_torch=include_torch, ilp_time_limit_s=ilp_time_limit_s,
+            mem_limit=self.limit_for(costs), num_chunks=self.num_chunks or 2, on_step=on_step,
+        )  # fmt: skip
+
+    def simulate(self, policy: str | None = None, perturbation: Perturbation | None = None
+                 ) -> tuple[CostModel, SimResult, DispatchResult | None]:  # fmt: skip
+        """The costs and simulation of :meth:`build`'s schedule: one :meth:`dispatch` step under
+        ``policy`` and ``perturbation`` (also returned) when either is given, else plain."""
+        from nobubble.pipeline.simulate import simulate
+
+        costs = self.cost_model()
+        sched = self.build(costs, limit_elsewhere=policy == "handshake")
+        if policy is None and (perturbation is None or perturbation.is_identity):
+            return costs, simulate(sched, costs), None
+        from nobubble.pipeline.dispatch.perturb import Perturbation
+
+        run = self.dispatch(sched, costs, policy, perturbation or Perturbation())
+        return costs, run.sim, run
+
+    def solve(self, *, objective: str = "span", time_limit_s: float = 60.0,
+              num_workers: int | None = None, placement: str | None = None,
+              on_solution: Callable[[float, float, float], None] | None = None) -> SolveResult:  # fmt: skip
+        """:func:`~nobubble.pipeline.ilp.solve.solve_optimal` of this setting (``num_chunks``
+        stages per rank, None: 1; ``mem_limit`` below 1 too: the solver explains why it is
+        infeasible), after its checks: ``placement`` needs 2 chunks, the size the solve
+        budget, ``num_workers`` at most the cores (or CP-SAT's default of 8) unless ``force``."""
+        from nobubble.pipeline.ilp.solve import solve_optimal
+
+        chunks = self.num_chunks or 1
+        if placement is not None and chunks == 1:
+            raise ValueError(f"--placement {placement} needs --chunks 2")
+        self.check_size("solve")
+        cores = os.cpu_count() or 1
+        if num_workers is not None and num_workers > max(8, cores) and not self.force:
+            raise ValueError(
+                f"--workers {num_workers} is past this machine's {cores} cores (and CP-SAT's "
+                f"default of 8); use at most {max(8, cores)}, or --force"
+            )
+        costs = self.cost_model()
+        return solve_optimal(
+            costs, num_stages=self.num_ranks, num_microbatches=self.num_microbatches,  # type: ignore[arg-type]
+            mem_limit=self.limit_for(costs, below_one=True), objective=objective,
+            time_limit_s=time_limit_s, num_workers=num_workers, num_chunks=chunks,
+            placement=placement, on_solution=on_solution,
+        )  # fmt: skip

@@ -5,8 +5,6 @@ their memory/bubble frontier, from the shared size, schedule, cost and dispatch 
 from __future__ import annotations
 
 import argparse
-import os
-import time
 
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
@@ -40,10 +38,9 @@ from nobubble.cli.util import (
 )
 from nobubble.files import write_text
 
-# -- pp show -------------------------------------------------------------------------------
+# -- pp show (SHOW_SHAPE: its shape flags and their defaults, applied without --csv) ------
 SHOW_SHAPE = {"schedule": ("-s", "zb-h1"), "ranks": ("-p", 4), "microbatches": ("-m", 8),
               "chunks": ("-v", None)}  # fmt: skip
-"""``pp show``'s shape flags and their defaults, applied when no ``--csv`` is given."""
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -60,9 +57,7 @@ def _show(args: argparse.Namespace) -> int:
         vars(args).update({d: v for d, (_, v) in SHOW_SHAPE.items() if getattr(args, d) is None})
         sched = setting(args).build(unit=True)
     if args.json:
-        print_json({"schedule": sched.name, **_shape(sched),
-                    "stage_to_rank": list(sched.stage_to_rank),
-                    "actions": [[str(a) for a in acts] for acts in sched.rank_actions]})  # fmt: skip
+        print_json(sched.as_dict())
         return 0
     con = console()
     con.print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
@@ -74,23 +69,13 @@ def _show(args: argparse.Namespace) -> int:
 # -- pp simulate ---------------------------------------------------------------------------
 def _simulate(args: argparse.Namespace) -> int:
     from nobubble.pipeline.plot import gantt, write_trace
-    from nobubble.pipeline.simulate import simulate
 
-    costs = (s := setting(args)).cost_model()
-    sched = s.build(costs, limit_elsewhere=args.dispatch == "handshake")
-    run, perturbation = None, perturbation_from_args(args)
-    if args.dispatch is not None or not perturbation.is_identity:
-        run = s.dispatch(sched, costs, args.dispatch, perturbation)
-    result = run.sim if run is not None else simulate(sched, costs)
+    costs, result, run = setting(args).simulate(args.dispatch, perturbation_from_args(args))
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
     summary = run.summary() if run is not None else result.summary()
     mf = costs.mem_f[0]
-    rows = [
-        [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
-         result.peak_memory[r] / mf, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
-        for r in range(result.schedule.num_ranks)
-    ]  # fmt: skip
+    rows = result.rank_rows(mf)
     print_result(
         args.json,
         summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
@@ -113,17 +98,11 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     if args.output is not None:
         write_text(args.output, text)
-    info = {"schedule": sched.name, **_shape(sched),
+    info = {"schedule": sched.name, **sched.shape,
             "output": str(args.output) if args.output else None}  # fmt: skip
     print_result(args.json, info | ({} if args.output else {"csv": text}),
                  f"exported {sched.name}", list(info), [list(info.values())])  # fmt: skip
     return 0
-
-
-def _shape(sched) -> dict:
-    """A schedule's size, as ``pp show | export | validate`` report it."""
-    return {"stages": sched.num_ranks, "chunks": sched.num_chunks,
-            "microbatches": sched.num_microbatches, "actions": sched.num_actions}  # fmt: skip
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -134,7 +113,7 @@ def _validate(args: argparse.Namespace) -> int:
     validate(sched)  # ScheduleError is a ValueError: one line, exit 2
     args.ranks = sched.num_ranks
     result = simulate(sched, setting(args).cost_model(), check=False)
-    info = {"file": str(args.file), "valid": True, **_shape(sched),
+    info = {"file": str(args.file), "valid": True, **sched.shape,
             "split_backward": sched.uses_split_backward, "bubble_rate": result.bubble_rate,
             "max_peak_memory_vs_1f1b": result.max_peak_memory_vs_1f1b}  # fmt: skip
     print_result(args.json, info, f"{args.file}: valid", list(info)[1:], [list(info.values())[1:]])
@@ -143,85 +122,46 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
-    from nobubble.pipeline.compare import compare_schedules
+    from nobubble.pipeline.compare import cost_summary, zb2p_claim
 
     (s := setting(args)).check_size("compare")
     costs = s.cost_model()
-    limit = s.limit_for(costs)
     with progress_bar("simulating", total=None, counter=None) as (bar, task):
-        rows = compare_schedules(
-            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-            include_torch=not args.no_torch, ilp_time_limit_s=args.ilp, mem_limit=limit,
-            num_chunks=args.chunks or 2,
-            on_step=lambda n: bar.update(task, description=f"simulating {n}"),
-        )  # fmt: skip
+        rows = s.compare(costs, include_torch=not args.no_torch, ilp_time_limit_s=args.ilp,
+                         on_step=lambda n: bar.update(task, description=f"simulating {n}"))  # fmt: skip
     files = []
     if args.plot is not None:
         from nobubble.pipeline.plot import gantt_grid
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
-    c = _cost_summary(costs)
-    times = " ".join(f"T_{k[2:].upper()}={_fmt_cost(c[k])}" for k in ("t_f", "t_b", "t_w"))
+    c, times = cost_summary(costs)
     print_result(
         args.json,
         {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
          "rows": [r.as_dict() for r in rows], "files": files},
-        f"P={args.ranks}, M={args.microbatches}: {times} T_comm={c['t_comm']:g} (per rank)",
+        f"P={args.ranks}, M={args.microbatches}: {times} (per rank)",
         ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
-        [[r.name, r.source, r.kind, *_figures(r.as_dict()), r.note] for r in rows],
+        [[r.name, r.source, r.kind, *r.figures(), r.note] for r in rows],
         caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
         "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
         "with flush = 1F1B makespan / makespan",
         files=files,
     )  # fmt: skip
-    zb2p = next((r.throughput_vs_1f1b for r in rows if r.name == "zb-2p"), None)
-    if zb2p is not None and not args.json:
-        gain = zb2p - 1
-        verdict = "inside" if 0.15 <= gain <= 0.30 else "outside"
-        console().print(f"ZB-2p over 1F1B: {gain:+.1%} throughput ({verdict} the commonly quoted 15-30% "
-                        "claim for P=8, M=24)")  # fmt: skip
+    if (claim := zb2p_claim(rows)) is not None and not args.json:
+        console().print(claim)
     return 0
-
-
-def _figures(d: dict) -> list[str]:
-    """A compare row's bubble, peak memory and throughputs as shown; dashes when not built."""
-    if d["bubble_rate"] is None:
-        return ["-"] * 4
-    return [f"{d['bubble_rate']:.2%}", f"{d['peak_memory_vs_1f1b']:.2f}x",
-            f"{d['throughput_vs_1f1b']:.3f}x", f"{d['throughput_vs_1f1b_flush']:.3f}x"]  # fmt: skip
-
-
-def _cost_summary(costs) -> dict:
-    """Per-rank costs: one number when every rank has the same, else the list."""
-    summary = {k: getattr(costs, k) for k in ("t_f", "t_b", "t_w", "t_comm", "mem_f")}
-    return {k: v if k == "t_comm" else v[0] if len(set(v)) == 1 else list(v)
-            for k, v in summary.items()}  # fmt: skip
-
-
-def _fmt_cost(value) -> str:
-    return ",".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"
 
 
 # -- pp solve / frontier -------------------------------------------------------------------
 def _solve(args: argparse.Namespace) -> int:
-    refuse((args.placement is not None and args.chunks == 1,
-            f"--placement {args.placement} needs --chunks 2"))  # fmt: skip
-    (s := setting(args)).check_size("solve")
-    cores = os.cpu_count() or 1
-    refuse((args.workers is not None and args.workers > max(8, cores) and not args.force,
-            f"--workers {args.workers} is past this machine's {cores} cores (and CP-SAT's "
-            f"default of 8); use at most {max(8, cores)}, or --force"))  # fmt: skip
-    costs = s.cost_model()
-    mem_limit = s.limit_for(costs, below_one=True)
     from nobubble.bench.output import progress_bar
-    from nobubble.pipeline.ilp.solve import solve_optimal
 
+    s = setting(args)
     # the bar moves at each solution the solver finds (elapsed time beside)
     with progress_bar("solving", total=args.time_limit, counter=None) as (bar, task):
-        result = solve_optimal(
-            costs, num_stages=args.ranks, num_microbatches=args.microbatches,
-            mem_limit=mem_limit, objective=args.objective, time_limit_s=args.time_limit,
-            num_workers=args.workers, num_chunks=args.chunks, placement=args.placement,
+        result = s.solve(
+            objective=args.objective, time_limit_s=args.time_limit, num_workers=args.workers,
+            placement=args.placement,
             on_solution=lambda objective, bound, seconds: bar.update(
                 task, completed=min(args.time_limit, seconds),
                 description=f"best {objective:.6g}  bound {bound:.6g}"),
@@ -233,15 +173,7 @@ def _solve(args: argparse.Namespace) -> int:
             gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
         if args.csv is not None:
             write_text(args.csv, result.schedule.to_csv())
-    rows = []
-    if result.heuristic:
-        rows.append([f"heuristic {result.heuristic}", "-", result.heuristic_objective,
-                     result.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
-    rows.append([
-        "ilp (cp-sat)", result.status, result.objective, result.bubble_rate,
-        result.lower_bound, "-" if result.gap is None else f"{result.gap:.2%}",
-        f"{result.solve_seconds:.1f}",
-    ])  # fmt: skip
+    mem_limit = s.limit_for(s.cost_model(), below_one=True)
     limit = "none" if mem_limit is None else f"{mem_limit:g}"
     shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
     print_result(
@@ -251,7 +183,7 @@ def _solve(args: argparse.Namespace) -> int:
         f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
         f"mem limit {limit}",
         ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
-        [[("-" if v is None else v) for v in row] for row in rows],
+        result.rows(),
         caption=result.explanation,
     )
     return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
@@ -263,16 +195,12 @@ def _limits(text: str) -> tuple[float, ...]:
 
 
 def _frontier(args: argparse.Namespace) -> int:
-    from nobubble.pipeline import frontier as fr
+    from nobubble.pipeline.frontier import check_frontier, frontier
 
-    _check_args(args)
-    costs = _costs(args)
-    sources = fr.default_sources(args.ranks, mem_limits=args.mem_limits,
-                                 include_torch=not args.no_torch, ilp_time_limit_s=args.ilp)  # fmt: skip
-    started = time.perf_counter()
-    result = fr.frontier(costs, num_ranks=args.ranks, num_microbatches=args.microbatches,
-                         sources=sources)  # fmt: skip
-    seconds = time.perf_counter() - started
+    check_frontier(setting(args), args.mem_limits)
+    result = frontier(_costs(args), num_ranks=args.ranks, num_microbatches=args.microbatches,
+                      mem_limits=args.mem_limits, include_torch=not args.no_torch,
+                      ilp_time_limit_s=args.ilp)  # fmt: skip
     files = []
     if args.plot is not None:
         from nobubble.pipeline.plot import frontier_plot
@@ -280,33 +208,20 @@ def _frontier(args: argparse.Namespace) -> int:
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
         files.append(str(frontier_plot(result.points, args.plot, title=title)))
-    rows = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
     print_result(
         args.json,
         {"stages": args.ranks, "microbatches": args.microbatches,
          "memory_unit": "microbatches of one rank's activations",
          "points": [q.as_dict() for q in result.points],
-         "pareto": [q.name for q in result.pareto], "seconds": seconds, "files": files},
+         "pareto": [q.name for q in result.pareto], "seconds": result.seconds, "files": files},
         f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
         ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
-        [[q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
-                              else ["-", "-"]), "*" if q.pareto else "", q.note] for q in rows],
+        result.rows(),
         caption="peak memory in microbatches of one rank's activations (1F1B: P); "
-        f"* = Pareto-optimal; {seconds:.1f} s",
+        f"* = Pareto-optimal; {result.seconds:.1f} s",
         files=files,
     )  # fmt: skip
     return 0
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    """Refuse, before any work, what the frontier cannot do or cannot do in time."""
-    refuse((args.mem_limit is not None, "pp frontier sweeps --mem-limits (plural), not --mem-limit"),
-           (args.ranks < 2, f"--ranks {args.ranks}: a frontier needs at least 2 ranks"))  # fmt: skip
-    # every schedule, V-Min/V-Half/V-ZB too; within it --ilp is within the (larger) solve budget
-    setting(args).check_size("compare", v_memory=True)
-    low = min(args.mem_limits or [1])
-    refuse((low < 1, f"--mem-limits {low:g} is below one microbatch's activations (the unit); "
-            "give limits >= 1"))  # fmt: skip
 
 
 def _costs(args: argparse.Namespace):

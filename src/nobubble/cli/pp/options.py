@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nobubble.budget import check_budget, check_steps
+from nobubble import budget
 from nobubble.cli.flags import (
     Flag,
     add_args,
@@ -22,19 +22,18 @@ from nobubble.cli.flags import (
 )
 from nobubble.cli.util import (
     UsageError,
-    console,
     nonneg_float,
     positive_float,
     positive_int,
     seed_int,
 )
 from nobubble.pipeline.costs import PAPER_TIMES
+from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
 from nobubble.rl.system.imports import load_user_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.setting import PipelineSetting
@@ -94,7 +93,7 @@ COST_NAMES = ("model", "t_f", "t_b", "t_w", "t_comm", "hidden", "heads", "seq", 
 
 
 def mem_limit(text: str) -> tuple[None, tuple]:
-    """The ``--mem-limit`` table of ``text``, its help (activation limit per rank, M_F)."""
+    """The ``--mem-limit`` table with the help ``text``."""
     return (None, (("--mem-limit", positive_float, None, text),))
 
 
@@ -127,13 +126,11 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
-    readers: dict[str, Callable[[Path], Any]] = {
-        "schedule": Schedule.read_csv,
-        "profile": Profile.read,
-        "plan": Plan.read,
-    }
+    reader: Callable[[Path], Any] = {"profile": Profile.read, "plan": Plan.read}.get(
+        kind, Schedule.read_csv
+    )
     try:
-        return readers[kind](path)
+        return reader(path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
@@ -146,8 +143,8 @@ def refuse(*cases: tuple[object, str]) -> None:
 
 def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
                    num_microbatches: int | None = None, held: str = "has") -> None:  # fmt: skip
-    """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (its flag and path)
-    that sets them (``held``: how the file holds its ranks), then take its microbatches."""
+    """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (flag and path;
+    ``held``: how it holds its ranks) that sets them, then take its microbatches."""
     refuse(
         (args.ranks not in (None, num_ranks), f"{source} {held} {num_ranks} ranks but --ranks "
          f"is {args.ranks}; give --ranks {num_ranks}"),
@@ -158,8 +155,7 @@ def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
 
 
 def perturbation_from_args(args: argparse.Namespace):
-    """The Perturbation of ``--jitter/--straggler/--seed`` (the simulation refuses a
-    straggler on a rank the pipeline does not have)."""
+    """The Perturbation of ``--jitter/--straggler/--seed``."""
     from nobubble.pipeline.dispatch.perturb import Perturbation
 
     refuse((args.seed is not None and not args.jitter, f"--seed {args.seed} seeds the --jitter "
@@ -167,7 +163,6 @@ def perturbation_from_args(args: argparse.Namespace):
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
-BUILTIN_MODELS = ("gpt", "mlp")  # --model values that name a built-in model
 MODEL_FLAGS: tuple[Flag, ...] = (
     ("--layers", "num_layers", positive_int, "transformer / MLP blocks"),
     ("--hidden", "hidden", positive_int, "hidden size"),
@@ -187,8 +182,7 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
 
 
 def add_model_and_launch(p: argparse.ArgumentParser) -> None:
-    """The model (``--model gpt|mlp|MODULE:FACTORY`` and the built-in model's size flags) and
-    where the ranks run (:data:`LAUNCH_FLAGS` and ``--clock``)."""
+    """The model flags (``--model`` and the built-in model's size) and the launch flags."""
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.runtime.models import GPTConfig
 
@@ -206,11 +200,6 @@ def add_model_and_launch(p: argparse.ArgumentParser) -> None:
     p.set_defaults(timeout_s=300.0, **RUN_DEFAULTS)
 
 
-def is_user_model(spec: str | None) -> bool:
-    """Whether ``--model`` names the user's factory rather than a built-in model."""
-    return spec is not None and spec not in BUILTIN_MODELS
-
-
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
     by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
@@ -221,10 +210,8 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
 
 
 def load_user_model(spec: str, *, seed: int) -> UserModel:
-    """The model the factory ``spec`` builds, torch seeded with ``seed`` (every rank builds
-    the same weights): :meth:`UserModel.from_factory
-    <nobubble.pipeline.runtime.planning.UserModel.from_factory>`. A spec that does not import,
-    a factory that raises or returns no ``(blocks, inputs, targets, loss_fn)``: UsageError."""
+    """:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`
+    of the factory ``spec``, seeded with ``seed``; a bad spec or factory: UsageError."""
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.rl.system.imports import is_import_path
 
@@ -237,29 +224,8 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
         raise UsageError(f"--model {spec!r}: {err}") from err
 
 
-def absolute_spec(spec: str) -> str:
-    """``spec`` with a file path made absolute: the ranks may start in another folder."""
-    head, _, attr = spec.rpartition(":")
-    return f"{Path(head).expanduser().resolve()}:{attr}" if head.endswith(".py") else spec
-
-
-def measure_profile(model: ModelConfig, num_stages: int, launch: LaunchOptions, *,
-                    microbatch_size: int, clock: str, repeats: int = 3, comm: bool = True):  # fmt: skip
-    """:func:`~nobubble.pipeline.runtime.profile.profile_stages` of ``model`` in ``num_stages``
-    stages where ``launch`` runs the ranks, under a spinner."""
-    from nobubble.pipeline.runtime.profile import profile_stages
-
-    with console(stderr=True).status(f"profiling {num_stages} stages of {model.name}"):
-        return profile_stages(
-            model, num_stages, microbatch_size=microbatch_size, device=launch.device,
-            backend=launch.backend, repeats=repeats, clock=clock,
-            threads=launch.threads_per_rank, comm=comm, timeout_s=launch.timeout_s,
-        )  # fmt: skip
-
-
 def given_model_flags(args: argparse.Namespace) -> list[str]:
-    """The model flags given (``--arch``, ``--microbatch-size``, ``--seed``: other than their
-    default)."""
+    """The model flags given (``--arch``, ``--microbatch-size``, ``--seed``: not default)."""
     given = [flag for flag, field, _, _ in MODEL_FLAGS if getattr(args, field) is not None]
     given += [f"--{dest.replace('_', '-')}" for dest, default in RUN_DEFAULTS.items()
               if getattr(args, dest) != default]  # fmt: skip
@@ -267,8 +233,7 @@ def given_model_flags(args: argparse.Namespace) -> list[str]:
 
 
 def check_factory_flags(args: argparse.Namespace) -> None:
-    """Refuse the built-in model's flags beside ``--model MODULE:FACTORY``, whose factory
-    builds its own model (``--seed`` seeds it)."""
+    """Refuse the built-in model's flags (all but ``--seed``) beside ``--model MODULE:FACTORY``."""
     odd = [f for f in given_model_flags(args) if f not in ("--model", "--seed")]
     refuse((odd, f"{', '.join(odd)}: the built-in models' flags; --model {args.model} builds "
             "its own model, drop them"))  # fmt: skip
@@ -291,31 +256,21 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
         from nobubble.pipeline.runtime.models import memory_bytes
 
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
-        check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
+        budget.check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample
         check_time(args, ranks or 1, model.num_parameters, tokens)
     return launch
 
 
-TIME_BUDGET_S = 3600.0
-"""The longest a ``pp profile | run`` may be estimated to take without ``--force``."""
-
-
 def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
-    """Refuse ``--steps`` (``pp run``) or ``--repeats`` (``pp profile``) whose estimated time
-    for a model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch
-    (:mod:`nobubble.pipeline.runtime.models`' estimates) passes :data:`TIME_BUDGET_S`."""
+    """:func:`nobubble.budget.check_time` of ``--steps`` or ``--repeats``, estimated for a
+    model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:
-        flag, value, what = "--steps", args.steps, "step"
         total = train_seconds(params, tokens, num_ranks=ranks, steps=args.steps,
                               num_microbatches=args.microbatches or 1)  # fmt: skip
+        budget.check_time("--steps", args.steps, total, "step", force=args.force)
     elif getattr(args, "repeats", None) is not None:
-        flag, value, what = "--repeats", args.repeats, "repeat"
         total = profile_seconds(params, tokens, repeats=args.repeats)
-    else:
-        return
-    check_steps("", flag, value, total / value, limit_s=TIME_BUDGET_S,
-                limit=f"the budget of {TIME_BUDGET_S:,.0f} s", hint=", or a smaller model",
-                bound="about", unit=what, force=args.force)  # fmt: skip
+        budget.check_time("--repeats", args.repeats, total, "repeat", force=args.force)

@@ -19,14 +19,12 @@ from nobubble.cli.pp.options import (
     DISPATCH_CHOICES,
     SIZE,
     STRAGGLER,
-    absolute_spec,
     add_model_and_launch,
     check_factory_flags,
     check_launch,
     check_time,
     file_sets_size,
     given_model_flags,
-    is_user_model,
     load_user_model,
     model_from_args,
     read_file,
@@ -48,6 +46,7 @@ from nobubble.cli.util import (
     print_table,
 )
 from nobubble.files import claim_output, write_text
+from nobubble.pipeline.plan_inputs import absolute_spec, is_user_model
 
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
