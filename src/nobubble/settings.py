@@ -4,6 +4,7 @@ every such field in ``__post_init__``."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
@@ -89,9 +90,12 @@ class Settings:
 
 def describe_value(value: Any) -> Any:
     """``value`` as a JSON value: numbers and strings as they are, containers and dataclasses
-    item by item, an object (a factory, a callable) by its ``module:qualname``."""
+    item by item, a ``functools.partial`` as its function and keywords, an object (a factory,
+    a callable) by its ``module:qualname``."""
     if value is None or isinstance(value, str | int | float | bool):
         return value
+    if isinstance(value, functools.partial):
+        value = {"partial": value.func, "args": value.args, **value.keywords}
     if is_dataclass(value) and not isinstance(value, type):
         value = {f.name: getattr(value, f.name) for f in fields(value)}
     if isinstance(value, dict):

@@ -221,6 +221,7 @@ CASES: dict[str, list[tuple[str, str]]] = {
             ("--costs {empty}", "not a pp profile JSON"),
             ("--costs {garbage}", "not a pp profile JSON"),
             ("--costs {profile} --model 1.5B", "--costs replaces --model"),
+            ("--costs {profile} --tcomm 1", "--costs replaces --tcomm"),
             ("--costs {profile_huge} -p 2", "must be finite"),
             ("--plot x.txt", "a figure is written as .png, .svg, .pdf"),
             ("--plot /proc/x.png", "cannot create files in /proc"),

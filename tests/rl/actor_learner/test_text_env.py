@@ -140,6 +140,14 @@ def test_a_text_env_that_misses_parts_is_refused_naming_them() -> None:
         text_run_config(Half)
 
 
+def test_a_turn_alphabet_that_repeats_a_char_is_refused_naming_the_env() -> None:
+    class Echo(GuessNumber):
+        turn_alphabet = "0120"
+
+    with pytest.raises(ValueError, match=r"text env Echo: turn_alphabet='0120' repeats a char"):
+        check_text_env(Echo())
+
+
 def test_last_only_equals_the_full_forward_at_the_last_token() -> None:
     torch.manual_seed(0)
     for layers in (1, 2):

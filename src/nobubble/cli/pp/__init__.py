@@ -227,7 +227,7 @@ def _frontier(args: argparse.Namespace) -> int:
 def _costs(args: argparse.Namespace):
     if args.costs is None:
         return setting(args).cost_model()
-    times = zip(("--model", "--tf", "--tb", "--tw"), COST_NAMES, strict=False)
+    times = zip(("--model", "--tf", "--tb", "--tw", "--tcomm"), COST_NAMES[:5], strict=True)
     given = [flag for flag, dest in times if getattr(args, dest) is not None]
     refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
     costs = read_file(args.costs, "--costs", "profile").cost_model()

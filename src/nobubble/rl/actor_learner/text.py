@@ -81,8 +81,10 @@ def check_text_env(env: Any) -> None:
             f"text env {name} has no {', '.join(missing)}; a text env needs reset(seed) -> str, "
             "step(turn) -> TextStep, alphabet, turn_alphabet and max_turn_chars"
         )
-    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:  # repeats: the tokenizer
+    if not isinstance(env.turn_alphabet, str) or not env.turn_alphabet:
         raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} must be a str")
+    if len(set(env.turn_alphabet)) != len(env.turn_alphabet):
+        raise ValueError(f"text env {name}: turn_alphabet={env.turn_alphabet!r} repeats a char")
     check_value(f"text env {name}: max_turn_chars", env.max_turn_chars, ">= 1", integer=True)
 
 

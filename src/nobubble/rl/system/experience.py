@@ -15,14 +15,11 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from nobubble.rl.actor_learner.model import Trajectory
     from nobubble.rl.system.config import ReplayConfig
     from nobubble.rl.system.types import SampleGroup
-
-    Experience: TypeAlias = SampleGroup | Trajectory  # what the buffer holds
 
 __all__ = [
     "GroupState",
@@ -43,7 +40,23 @@ class LedgerError(ValueError):
     accounted for (a bug, never expected)."""
 
 
-G = TypeVar("G", bound="Experience")
+class Experience(Protocol):
+    """What the buffer holds: a text group (:class:`~nobubble.rl.system.types.SampleGroup`)
+    or an env producer's trajectory, each one ``policy_version`` old at its oldest."""
+
+    @property
+    def group_id(self) -> int: ...
+    @property
+    def sample_ids(self) -> tuple[int, ...]: ...
+    @property
+    def policy_version(self) -> int: ...
+    @property
+    def newest_version(self) -> int: ...
+    @property
+    def reward_failed(self) -> bool: ...
+
+
+G = TypeVar("G", bound=Experience)
 
 
 class GroupState(enum.Enum):
@@ -94,7 +107,7 @@ class ExperienceBuffer(Generic[G]):
     ``batch_groups`` (B >= 1) groups per batch, a sample lags the trainer by at most
     ``max_staleness`` (>= 0) versions at admission and ``drop_staleness`` (None:
     ``max_staleness``) in the buffer; ``admit_on_arrival``: always admit (an env producer).
-    Every ledger error is a :class:`LedgerError`."""
+    Bookkeeping errors of the ledger are :class:`LedgerError`."""
 
     def __init__(
         self,

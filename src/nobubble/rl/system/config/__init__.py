@@ -38,7 +38,10 @@ class RLConfig(Settings):
         None, "> 0", help="stop after S seconds (default: tasks none, envs 300)"
     )
     max_staleness: int | None = setting(  # an older one is dropped (ledger: stale); 0: on-policy
-        None, ">= 0", integer=True, help="versions a sample may lag (default: by mode, envs 4)"
+        None,
+        ">= 0",
+        integer=True,
+        help="versions a sample may lag (default: sync 0, one-step-off 1, fully-async 4, envs 4)",
     )
     # torch intra-op threads of each process that runs the policy (tiny models gain nothing
     # from a second one and lose a lot on a loaded machine)
@@ -164,7 +167,10 @@ class RunConfig(RLConfig):
     replay: ReplayConfig = setting(ReplayConfig(), ReplayConfig)  # of past groups (experience)
     # records each token's version (rl.system.rollout)
     partial_rollouts: bool = setting(
-        False, BOOL, help="generators take new weights between tokens (local engine)"
+        False,
+        BOOL,
+        help="generators take new weights between tokens (local engine): fresher tokens, "
+        "one GRPO group over several versions",
     )
     weight_check_every: int = setting(
         1, COUNT, integer=True, help="with partial rollouts, look for weights every N tokens"
@@ -185,16 +191,21 @@ class RunConfig(RLConfig):
         "sync",
         AGGREGATIONS,
         help="how the L gradients combine: sync all-reduce; async applied as they come; "
-        "local-sgd parameters averaged every local_sgd_every steps; staleness: async, x 1/(1+lag)",
+        "local-sgd parameters averaged every --local-sgd-every steps; staleness: async, x "
+        "1/(1+lag)",
     )
     local_sgd_every: int | None = setting(
         None, COUNT, integer=True, help="local SGD's averaging period (default 4)"
     )
-    policy: Any = setting("char", None, help="char | gpt2 | hf:DIR | MODULE:FACTORY or a factory")
+    policy: Any = setting(
+        "char", None, help="char | gpt2 | hf:DIR | MODULE:FACTORY (Python: also a factory)"
+    )
     policy_kwargs: dict = setting({}, None, help="the policy's settings, a JSON object")
     # or callables, (fn, weight) pairs, RewardSources; () = the task's
     rewards: tuple = setting((), None, help="repeatable: task | MODULE:FN[=W] (default: task)")
-    reward_url: str | None = setting(None, None, help="a remote reward service, POST /score")
+    reward_url: str | None = setting(
+        None, None, help="a remote reward service, POST /score (default none)"
+    )
     trainer: TrainerConfig = setting(TrainerConfig(), TrainerConfig)
     rollout: RolloutConfig = setting(RolloutConfig(), RolloutConfig)
     reward: RewardConfig = setting(RewardConfig(), RewardConfig)  # its seed is the run's
