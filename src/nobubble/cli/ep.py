@@ -7,8 +7,13 @@ import argparse
 from pathlib import Path
 
 from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, TrainConfig
-from nobubble.cli.flags import add_args, add_config_flags, add_run_flags, config_from_flags
-from nobubble.cli.rl import config_flags
+from nobubble.cli.flags import (
+    add_args,
+    add_config_flags,
+    add_run_flags,
+    config_flags,
+    config_from_flags,
+)
 from nobubble.cli.util import (
     ArgumentParser,
     UsageError,
@@ -68,7 +73,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=_transport_kinds,
         default=("auto",),
         help="how rows move, a kind or a comma list to compare: shm (writes into the peers' "
-        "/dev/shm slots), dist (gloo collectives), auto (default: shm for gloo on one host)",
+        "/dev/shm slots), dist (gloo collectives), auto (default: shm for gloo on one host, "
+        "else dist)",
     )
     add_run_flags(bench, plot="also draw times and bytes (PNG or SVG)",
                   force="run past the process, memory and --iters/--warmup budgets")  # fmt: skip

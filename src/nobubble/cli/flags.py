@@ -12,10 +12,20 @@ from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.util import UsageError, _number, add_json_flag, plot_file
+from nobubble.cli.util import (
+    UsageError,
+    _number,
+    add_json_flag,
+    nonneg_float,
+    nonneg_int,
+    plot_file,
+    positive_float,
+    positive_int,
+)
+from nobubble.settings import BOOL, Settings
 
 __all__ = ["Flag", "integer", "real", "add_config_flags", "config_from_flags", "add_run_flags",
-           "flags_given", "apply_flags", "add_args"]  # fmt: skip
+           "flags_given", "apply_flags", "add_args", "config_flags"]  # fmt: skip
 
 Flag = tuple[str, str, Any, str]
 """``(flag, config field, argparse type | tuple of choices | bool, help)``."""
@@ -29,6 +39,38 @@ def integer(text: str) -> int:
 def real(text: str) -> float:
     """argparse type: a finite number of any sign; the config checks its range."""
     return _number(float, text, minimum=-math.inf, strict=False)
+
+
+NUMBERS = {
+    (">= 1", True): positive_int,
+    (">= 0", True): nonneg_int,
+    ("> 0", False): positive_float,
+    ("(0, 1]", False): positive_float,
+    (">= 0", False): nonneg_float,
+    ("[0, 1]", False): nonneg_float,
+}
+"""A numeric field's argparse type by its check and ``integer`` (the config checks it again)."""
+
+
+def config_flags(config: type[Settings], spec: str, **kinds: Any) -> tuple[Flag, ...]:
+    """The flag rows of the field paths in ``spec`` (space-separated; ``--flag=path`` where the
+    flag is not the field's name), their help and argparse type read from each field's
+    :func:`~nobubble.settings.setting` (a sub-config's: ``trainer.kl_coef``): a switch, the
+    choices, ``kinds[name]``, a number by :data:`NUMBERS`, or ``str``."""
+    rows = []
+    for item in spec.split():
+        flag, _, path = item.rpartition("=")
+        *heads, name = path.split(".")
+        owner = config
+        for head in heads:
+            owner = owner.rules()[head]["check"]  # the sub-config's class
+        rule = owner.rules()[name]
+        check = rule["check"]
+        kind = kinds.get(name) or NUMBERS.get((check, rule["integer"]), str)
+        if isinstance(check, tuple):
+            kind = bool if check == BOOL else check
+        rows.append((flag or "--" + name.replace("_", "-"), path, kind, rule["help"]))
+    return tuple(rows)
 
 
 def add_config_flags(parser: Any, config: type, flags: tuple[Flag, ...]) -> None:

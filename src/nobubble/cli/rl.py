@@ -14,14 +14,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.flags import Flag, add_config_flags, apply_flags, flags_given, real
+from nobubble.cli.flags import add_config_flags, apply_flags, config_flags, flags_given, real
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
-    nonneg_float,
     nonneg_int,
     output_dir,
-    positive_float,
     positive_int,
     print_result,
 )
@@ -30,9 +28,8 @@ from nobubble.rl.actor_learner.config import EnvRunConfig  # torch-free
 from nobubble.rl.entry import check_run, env_config, import_run_objects
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.config.presets import PRESETS
-from nobubble.settings import BOOL, Settings
 
-__all__ = ["config_flags", "register", "render_runs", "run_config"]
+__all__ = ["register", "render_runs", "run_config"]
 
 
 def _folder(text: str) -> str:
@@ -58,42 +55,12 @@ def _target_return(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"{err} or 'none'") from None
 
 
-NUMBERS = {
-    (">= 1", True): positive_int,
-    (">= 0", True): nonneg_int,
-    ("> 0", False): positive_float,
-    ("(0, 1]", False): positive_float,
-    (">= 0", False): nonneg_float,
-    ("[0, 1]", False): nonneg_float,
-}
-"""A numeric field's argparse type by its check and ``integer`` (the config checks it again)."""
 TYPES = {"task_kwargs": _json_object, "policy_kwargs": _json_object, "rewards": list}
 TYPES |= {"checkpoint_dir": _folder, "target_return": _target_return}
 """The argparse type of an RL field by its name, where the check does not say it."""
 
 
-def config_flags(config: type[Settings], spec: str, **kinds: Any) -> tuple[Flag, ...]:
-    """The flag rows of the field paths in ``spec`` (space-separated; ``--flag=path`` where the
-    flag is not the field's name), their help and argparse type read from each field's
-    :func:`~nobubble.settings.setting` (a sub-config's: ``trainer.kl_coef``): a switch, the
-    choices, ``kinds[name]`` (default :data:`TYPES`), a number by :data:`NUMBERS`, or ``str``."""
-    rows = []
-    for item in spec.split():
-        flag, _, path = item.rpartition("=")
-        *heads, name = path.split(".")
-        owner = config
-        for head in heads:
-            owner = owner.rules()[head]["check"]  # the sub-config's class
-        rule = owner.rules()[name]
-        check = rule["check"]
-        kind = {**TYPES, **kinds}.get(name) or NUMBERS.get((check, rule["integer"]), str)
-        if isinstance(check, tuple):
-            kind = bool if check == BOOL else check
-        rows.append((flag or "--" + name.replace("_", "-"), path, kind, rule["help"]))
-    return tuple(rows)
-
-
-_run_flags = functools.partial(config_flags, RunConfig)
+_run_flags = functools.partial(config_flags, RunConfig, **TYPES)
 SHARED_FLAGS = _run_flags("max_staleness steps seed --time-budget=time_budget_s")
 """The flags both producers read, each a field of both configs."""
 TASK_FLAGS = _run_flags(
@@ -129,6 +96,7 @@ TASK_ONLY = (("--preset", "preset"), ("--ablation", "ablation"), ("--etas", "eta
 ENV_FLAGS = config_flags(
     EnvRunConfig,
     "arch actors envs_per_actor env_step_delay_ms loss --env-steps=max_env_steps target_return",
+    **TYPES,
 )
 """The environment producer's own flags (``--arch`` first: ``rl compare`` runs them all)."""
 
