@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.cli.flags import add_config_flags, apply_flags, config_flags, flags_given, real
+from nobubble.cli.flags import Flag, add_config_flags, apply_flags, config_flags, flags_given, real
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
@@ -55,12 +55,20 @@ def _target_return(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"{err} or 'none'") from None
 
 
-TYPES = {"task_kwargs": _json_object, "policy_kwargs": _json_object, "rewards": list}
+TYPES: dict[str, Any] = {
+    "task_kwargs": _json_object,
+    "policy_kwargs": _json_object,
+    "rewards": list,
+}
 TYPES |= {"checkpoint_dir": _folder, "target_return": _target_return}
 """The argparse type of an RL field by its name, where the check does not say it."""
 
 
-_run_flags = functools.partial(config_flags, RunConfig, **TYPES)
+def _run_flags(spec: str) -> tuple[Flag, ...]:
+    """The flag rows of RunConfig's field paths in ``spec`` (:func:`config_flags`)."""
+    return config_flags(RunConfig, spec, **TYPES)
+
+
 SHARED_FLAGS = _run_flags("max_staleness steps seed --time-budget=time_budget_s")
 """The flags both producers read, each a field of both configs."""
 TASK_FLAGS = _run_flags(
