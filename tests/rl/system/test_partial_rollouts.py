@@ -127,6 +127,23 @@ def test_versions_only_move_forward_between_tokens():
     assert {tuple(s.token_versions.tolist()) for g in groups for s in g.samples} == {(0, 0, 1)}
 
 
+def test_decoding_steps_that_never_ran_repeat_the_last_version():
+    """Version 0 never says <eos>, versions 1 and 2 always do: every response ends at step 1
+    of 3, so step 2 never runs and takes step 1's version."""
+    cfg = RunConfig(policy_kwargs=SMALL, group_size=4, partial_rollouts=True)
+    models = _policies(cfg, 3)
+    eos = cfg.make_task().tokenizer.eos_id
+    with torch.no_grad():
+        for k, model in enumerate(models):
+            model.lm_head.bias[eos] = -50.0 if k == 0 else 50.0
+    task, worker, groups, _ = _generate(cfg, models)
+    assert task.max_new_tokens == 3
+    samples = [s for g in groups for s in g.samples]
+    assert {tuple(s.token_versions.tolist()) for s in samples} == {(0, 1, 1)}
+    assert not any(bool(s.response_mask[2]) for s in samples)  # step 2 never ran
+    assert worker.version == 1
+
+
 def _scored(groups: list[SampleGroup]) -> list[SampleGroup]:
     """Reward 1 for responses that start with "0" (both kinds occur under random weights)."""
     return [
