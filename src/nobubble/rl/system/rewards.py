@@ -154,7 +154,8 @@ class Rewarder:
         cfg = self.cfg
         if cfg.delay_s:
             time.sleep(cfg.delay_s)
-        if random.Random(hash((cfg.seed, s.sample_id, attempt))).random() < cfg.failure_rate:
+        seed = hash((cfg.seed, s.sample_id, attempt))
+        if cfg.failure_rate and random.Random(seed).random() < cfg.failure_rate:  # no draw at 0
             raise RewardFailure(f"injected failure (sample {s.sample_id}, attempt {attempt})")
         return sum(w * as_reward(fn(s.prompt, s.response), name) for fn, w, name in self._fns)
 

@@ -35,6 +35,9 @@ __all__ = [
 
 def response_versions(samples: Sequence[Sample]) -> torch.Tensor:
     """(B, N) int64: the version behind each response token of each sample."""
+    if all(s.token_versions is None for s in samples):  # one version per row: no per-sample fill
+        rows = torch.tensor([s.policy_version for s in samples], dtype=torch.int64)  # (B,)
+        return rows[:, None].expand(-1, samples[0].response_mask.shape[0])  # (B, N)
     return torch.stack([s.versions() for s in samples])
 
 
@@ -43,6 +46,8 @@ def check_token_versions(groups: Sequence[SampleGroup], *, partial: bool) -> Non
     the group's version (``partial=False``), or each response starts at the group's version
     and its versions never decrease (``partial=True``)."""
     for g in groups:
+        if all(s.token_versions is None for s in g.samples):
+            continue  # every token is the sample's version, the group's (SampleGroup checks)
         for s in g.samples:
             if s.versions().shape != s.response_mask.shape:
                 raise ValueError(
