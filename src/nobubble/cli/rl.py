@@ -14,13 +14,7 @@ from typing import Any
 
 from nobubble.bench.rl_tables import curve_label, render_runs, run_progress, run_title
 from nobubble.cli.flags import Flag, add_config_flags, apply_flags, config_flags, flags_given, real
-from nobubble.cli.util import (
-    ArgumentParser,
-    add_json_flag,
-    nonneg_int,
-    output_dir,
-    positive_int,
-)
+from nobubble.cli.util import ArgumentParser, add_json_flag, nonneg_int, output_dir, positive_int
 from nobubble.files import claim_output
 from nobubble.rl.actor_learner.config import EnvRunConfig  # torch-free
 from nobubble.rl.entry import check_run, env_config, import_run_objects
@@ -213,8 +207,8 @@ def _etas(text: str) -> tuple[int, ...]:
 
 def _train_or_compare(args: argparse.Namespace) -> int:
     """``rl train`` (one run) and ``rl compare`` (:func:`nobubble.rl.comparison`'s runs),
-    checked before any work, then trained and drawn by :func:`_run`."""
-    from nobubble.rl import comparison
+    checked before any work, then trained in turn, drawn and rendered."""
+    from nobubble.rl import comparison, train
 
     env, compare = _check_producer(args), args.rl_command == "compare"
     if compare and not env and args.etas is not None and not args.ablation:
@@ -236,31 +230,25 @@ def _train_or_compare(args: argparse.Namespace) -> int:
         groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
         stem = ("ablation" if etas else "compare") if compare else f"train_{label}"
         title = run_title(first, list(runs), compare=compare, env=args.env, ablation=bool(etas))
-        return _run(args, runs, stem=stem, title=title, groups=groups or None)
+        from nobubble.rl.system.result import plot_runs, write_trace
 
-
-def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title: str,
-         groups: dict[str, list[str]] | None = None) -> int:  # fmt: skip
-    """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
-    group of labels, default all; task runs alone: a trace each) and render them."""
-    from nobubble.rl import train
-    from nobubble.rl.system.result import plot_runs, write_trace
-
-    results = {}
-    for label, cfg in configs.items():
-        with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
-            # a worker's failure (WorkerError) ends the command like any failure: one line, exit 1
-            results[label] = train(cfg, on_step=run_progress(cfg, label, args.json, bar))
-    paths = {}
-    for name, labels in (groups or {"": list(results)}).items():
-        png = args.out / f"{stem}{'_' + name if name else ''}.png"
-        curves = {curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels}
-        paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
-    for label, r in results.items():
-        if r.env is None and not groups:  # a trace of each task run not in an ablation
-            paths[f"trace:{label}"] = str(write_trace(r, args.out / f"{stem}_{label}_trace.json"))
-    render_runs(title, results, paths, as_json=args.json, compare=args.rl_command == "compare")
-    return 0
+        results = {}
+        for label, cfg in runs.items():  # in turn; a worker's failure ends the command, exit 1
+            with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
+                results[label] = train(cfg, on_step=run_progress(cfg, label, args.json, bar))
+        paths = {}  # a plot per group of labels (default all), a trace of each task run alone
+        for name, labels in (groups or {"": list(results)}).items():
+            png = args.out / f"{stem}{'_' + name if name else ''}.png"
+            curves = {
+                curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels
+            }
+            paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
+        for label, r in results.items():
+            if r.env is None and not groups:
+                trace = args.out / f"{stem}_{label}_trace.json"
+                paths[f"trace:{label}"] = str(write_trace(r, trace))
+        render_runs(title, results, paths, as_json=args.json, compare=compare)
+        return 0
 
 
 def _reward_server(args: argparse.Namespace) -> int:
