@@ -129,7 +129,7 @@ def test_compare_runs_each_architecture_on_one_budget_and_draws_them(tmp_path, c
 
 
 def test_compare_prints_one_row_per_architecture_and_the_seed(capsys) -> None:
-    from nobubble.cli.rl import render_runs
+    from nobubble.bench.rl_tables import render_runs
     from nobubble.rl.actor_learner.config import ARCHS
     from nobubble.rl.system.experience import LedgerSummary
     from nobubble.rl.system.result import RunResult

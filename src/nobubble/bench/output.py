@@ -1,10 +1,11 @@
-"""What the measuring code shows a person: rich tables on stdout, a progress bar on stderr
-(figures: :func:`nobubble.files.figure`); one copy for the command line, ``nobubble demo``
-and ``benchmarks/``.
+"""What the measuring code shows a person: rich tables or JSON on stdout, a progress bar on
+stderr (figures: :func:`nobubble.files.figure`); one copy for the command line, ``nobubble
+demo`` and ``benchmarks/``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,7 +14,14 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["console", "print_table", "progress_bar", "run_with_progress_bar"]
+__all__ = [
+    "console",
+    "print_table",
+    "print_json",
+    "print_result",
+    "progress_bar",
+    "run_with_progress_bar",
+]
 
 T = TypeVar("T")
 
@@ -48,6 +56,39 @@ def _fmt(v: Any) -> str:
             return f"{v:.4g}"
         return f"{v:.4f}"
     return str(v)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (one document)."""
+    json.dump(data, sys.stdout, indent=2, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def print_result(
+    as_json: bool,
+    data: Any,
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    caption: str | None = None,
+    files: Sequence[str] = (),
+) -> None:
+    """The one renderer of a command's result: ``data`` as JSON (``--json``), else the table
+    of ``columns`` and ``rows`` under ``title``, its ``caption`` naming each file written."""
+    if as_json:
+        print_json(data)
+        return
+    caption = "; ".join([*([caption] if caption else []), *(f"wrote {f}" for f in files)])
+    print_table(title, columns, rows, caption=caption or None)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__fspath__"):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 @contextmanager

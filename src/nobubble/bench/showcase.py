@@ -1,6 +1,7 @@
 """``nobubble demo``'s steps that no command shows: each ``step(out_dir, quick, seed)`` prints
 what it shows, returns the artifacts it wrote under ``out_dir`` and raises RuntimeError when
-a check it makes fails. Heavy imports are inside each step, so ``--help`` loads no torch."""
+a check it makes fails; and :func:`plan_model`, which ``pp plan --model MODULE:FACTORY``
+plans in the demo. Heavy imports are inside each function, so ``--help`` loads no torch."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nobubble.bench.output import console, print_table
 from nobubble.files import write_text
 
-__all__ = ["merge", "moe", "moe_balance", "moe_fastpath", "rank_traces", "replan"]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["merge", "moe", "moe_balance", "moe_fastpath", "plan_model", "rank_traces", "replan"]
 
 
 def merge(out: Path, quick: bool, seed: int) -> list[Path]:
@@ -166,3 +172,24 @@ def moe_balance(out: Path, quick: bool, seed: int) -> list[Path]:
 
 def _write_json(path: Path, data: dict) -> Path:
     return write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def plan_model() -> tuple[list[nn.Module], torch.Tensor, torch.Tensor, object]:
+    """``(blocks, inputs, targets, loss_fn)``: an embedding, four ``nn.TransformerEncoderLayer``
+    blocks and a head (width 64), a batch of 16 x 32 token ids and next-token cross entropy."""
+    import torch
+    from torch import nn
+
+    vocab, width, batch, seq = 256, 64, 16, 32
+    layers = [nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+              for _ in range(4)]  # fmt: skip
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
+    blocks = [nn.Embedding(vocab, width), *layers, nn.Linear(width, vocab)]
+    return blocks, ids[:, :-1], ids[:, 1:], _next_token_loss  # (B, T) inputs, next tokens
+
+
+def _next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy: logits ``(B, T, V)``, targets ``(B, T)``."""
+    from torch import nn
+
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

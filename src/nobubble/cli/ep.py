@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, TrainConfig
+from nobubble.bench.output import print_json
 from nobubble.cli.flags import (
     add_args,
     add_config_flags,
@@ -14,14 +15,7 @@ from nobubble.cli.flags import (
     config_flags,
     config_from_flags,
 )
-from nobubble.cli.util import (
-    ArgumentParser,
-    UsageError,
-    input_file,
-    nonneg_int,
-    positive_int,
-    print_json,
-)
+from nobubble.cli.util import ArgumentParser, UsageError, input_file, nonneg_int, positive_int
 from nobubble.files import claim_output
 from nobubble.moe.layout import TRANSPORT_KINDS
 

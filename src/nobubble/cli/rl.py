@@ -7,29 +7,21 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from nobubble.bench.rl_tables import curve_label, render_runs, run_progress, run_title
 from nobubble.cli.flags import Flag, add_config_flags, apply_flags, config_flags, flags_given, real
-from nobubble.cli.util import (
-    ArgumentParser,
-    add_json_flag,
-    nonneg_int,
-    output_dir,
-    positive_int,
-    print_result,
-)
+from nobubble.cli.util import ArgumentParser, add_json_flag, nonneg_int, output_dir, positive_int
 from nobubble.files import claim_output
 from nobubble.rl.actor_learner.config import EnvRunConfig  # torch-free
 from nobubble.rl.entry import check_run, env_config, import_run_objects
 from nobubble.rl.system.config import RunConfig
 from nobubble.rl.system.config.presets import PRESETS
 
-__all__ = ["register", "render_runs", "run_config"]
+__all__ = ["register", "run_config"]
 
 
 def _folder(text: str) -> str:
@@ -215,8 +207,8 @@ def _etas(text: str) -> tuple[int, ...]:
 
 def _train_or_compare(args: argparse.Namespace) -> int:
     """``rl train`` (one run) and ``rl compare`` (:func:`nobubble.rl.comparison`'s runs),
-    checked before any work, then trained and drawn by :func:`_run`."""
-    from nobubble.rl import comparison
+    checked before any work, then trained in turn, drawn and rendered."""
+    from nobubble.rl import comparison, train
 
     env, compare = _check_producer(args), args.rl_command == "compare"
     if compare and not env and args.etas is not None and not args.ablation:
@@ -237,125 +229,26 @@ def _train_or_compare(args: argparse.Namespace) -> int:
         # the ablation: one plot per staleness bound
         groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
         stem = ("ablation" if etas else "compare") if compare else f"train_{label}"
-        return _run(args, runs, stem=stem, title=_title(first, runs, args), groups=groups or None)
+        title = run_title(first, list(runs), compare=compare, env=args.env, ablation=bool(etas))
+        from nobubble.rl.system.result import plot_runs, write_trace
 
-
-def _title(cfg: Any, runs: dict[str, Any], args: argparse.Namespace) -> str:
-    if args.rl_command == "compare":
-        if args.env is not None:
-            return f"{args.env}: {', '.join(runs)} on the same budget (seed {cfg.seed})"
-        if args.ablation:
-            return (f"ablation ({cfg.steps} steps, fully-async, trainer "
-                    f"+{cfg.trainer.delay_s}s/step)")  # fmt: skip
-        return f"{' vs '.join(runs)} (same steps)"
-    if not isinstance(cfg, RunConfig):
-        return f"{cfg.arch} on {args.env} ({cfg.actors} x {cfg.envs_per_actor} envs)"
-    title = f"nobubble rl train: {cfg.task}, {cfg.mode}, {cfg.algo}, {cfg.engine}"
-    if cfg.mode != "sync":
-        title += f", max_staleness={cfg.effective_max_staleness}"
-    return title + (f", learners={cfg.learners} {cfg.aggregation}" if cfg.learners > 1 else "")
-
-
-def _run(args: argparse.Namespace, configs: dict[str, Any], *, stem: str, title: str,
-         groups: dict[str, list[str]] | None = None) -> int:  # fmt: skip
-    """Train every config in turn (exit 1 on an actor that dies), draw the runs (one plot per
-    group of labels, default all; task runs alone: a trace each) and render them."""
-    from nobubble.rl import train
-    from nobubble.rl.system.result import plot_runs, write_trace
-
-    results = {}
-    for label, cfg in configs.items():
-        with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
-            # a worker's failure (WorkerError) ends the command like any failure: one line, exit 1
-            results[label] = train(cfg, on_step=_progress(cfg, label, args.json, bar))
-    paths = {}
-    for name, labels in (groups or {"": list(results)}).items():
-        png = args.out / f"{stem}{'_' + name if name else ''}.png"
-        curves = {_curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels}
-        paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
-    for label, r in results.items():
-        if r.env is None and not groups:  # a trace of each task run not in an ablation
-            paths[f"trace:{label}"] = str(write_trace(r, args.out / f"{stem}_{label}_trace.json"))
-    render_runs(title, results, paths, as_json=args.json, compare=args.rl_command == "compare")
-    return 0
-
-
-def _curve_label(label: str, r: Any) -> str:
-    return label if r.env is None else f"{label} ({r.env_steps_per_s:,.0f} steps/s)"
-
-
-def _progress(cfg: Any, label: str, quiet: bool,
-              bar: ExitStack) -> Callable[[int, dict[str, float]], None]:  # fmt: skip
-    """The ``on_step`` of a run: a task run's progress bar (on a terminal; entered on
-    ``bar``), an env run's line per evaluation on stderr."""
-    if not isinstance(cfg, RunConfig):
-        from nobubble.rl.actor_learner.model import env_label
-
-        print(f"training {cfg.arch} on {env_label(cfg.env)} ...", file=sys.stderr, flush=True)
-        return _env_progress
-    from nobubble.bench.output import progress_bar
-
-    progress, task = bar.enter_context(progress_bar(
-        label, total=cfg.steps, counter="step {task.completed}/{task.total}", info=True,
-        quiet=quiet))  # fmt: skip
-    progress.update(task, info="starting workers")
-
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        info = f"reward {metrics.get('reward', 0):.2f} lag {metrics.get('staleness_max', 0):.0f}"
-        progress.update(task, completed=step, info=info)
-
-    return on_step
-
-
-def _env_progress(version: int, metrics: dict[str, float]) -> None:
-    if "eval_return" not in metrics:
-        return  # a line per evaluation, not per update
-    train = f"{metrics['train_return']:.3g}" if "train_return" in metrics else "-"
-    print(f"  {metrics['wall_s']:6.1f}s  {metrics['env_steps']:>9,} steps  version {version}  "
-          f"train return {train}  eval {metrics['eval_return']:.3g}", file=sys.stderr,
-          flush=True)  # fmt: skip
-
-
-def render_runs(title: str, results: dict[str, Any], paths: dict[str, str], *, as_json: bool,
-                compare: bool) -> None:  # fmt: skip
-    """Print runs (label -> RunResult): JSON (one run: its ``to_json()`` and ``artifacts``; a
-    comparison: ``runs`` by label, ``speedup_vs_first``, ``artifacts``) or a table with a row
-    per run, captioned with (one run) its staleness histogram and the artifacts written."""
-    base = next(iter(results.values())).samples_per_s or 1.0
-    speedup = {k: r.samples_per_s / base for k, r in results.items()}
-    doc: Any = None
-    if as_json:
-        runs = {k: {**r.to_json(), "artifacts": paths} for k, r in results.items()}
-        doc = {"runs": runs, "speedup_vs_first": speedup, "artifacts": paths} if compare else (
-            next(iter(runs.values())))  # fmt: skip
-    rows = [_row(k, r) | ({"speed": f"{speedup[k]:.2f}x"} if compare else {})
-            for k, r in results.items()]  # fmt: skip
-    hist = next(iter(results.values())).staleness_hist
-    caption = None if compare else "staleness histogram (trained samples by lag): " + (
-        ", ".join(f"{k}: {v}" for k, v in sorted(hist.items())) or "-")  # fmt: skip
-    print_result(as_json, doc, title, list(rows[0]), [list(row.values()) for row in rows],
-                 caption=caption, files=list(paths.values()))  # fmt: skip
-
-
-def _row(label: str, r: Any) -> dict[str, Any]:
-    """One run's table row, by column: a task's accuracies, an env run's return and steps."""
-    if r.env is None:
-        target = r.config.get("target_accuracy") or 0.9
-        to_target = r.time_to_accuracy(target)
-        outcome = {"samples/s": f"{r.samples_per_s:,.0f}", "acc start": r.initial_accuracy,
-                   "acc final": r.final_accuracy}  # fmt: skip
-    else:
-        target, to_target = r.target_return, r.time_to_target_s
-        outcome = {"env steps/s": f"{r.env_steps_per_s:,.0f}", "env steps": f"{r.env_steps:,}",
-                   "eval mean return": f"{r.eval_mean_return:.4g}"}  # fmt: skip
-    dropped = sum(r.ledger.dropped.values()) - r.ledger.dropped.get("unfinished", 0)
-    return {
-        "run": label, "updates": r.steps, "wall s": f"{r.wall_s:.1f}", **outcome,
-        f"s to {target}": "-" if to_target is None else f"{to_target:.1f}",
-        "stale max": r.staleness_max,
-        f"idle {'/'.join(r.idle_ratio)}": "/".join(f"{v:.0%}" for v in r.idle_ratio.values()),
-        "dropped": dropped, "ledger": "ok" if r.ledger.ok else "FAIL",
-    }  # fmt: skip
+        results = {}
+        for label, cfg in runs.items():  # in turn; a worker's failure ends the command, exit 1
+            with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
+                results[label] = train(cfg, on_step=run_progress(cfg, label, args.json, bar))
+        paths = {}  # a plot per group of labels (default all), a trace of each task run alone
+        for name, labels in (groups or {"": list(results)}).items():
+            png = args.out / f"{stem}{'_' + name if name else ''}.png"
+            curves = {
+                curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels
+            }
+            paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
+        for label, r in results.items():
+            if r.env is None and not groups:
+                trace = args.out / f"{stem}_{label}_trace.json"
+                paths[f"trace:{label}"] = str(write_trace(r, trace))
+        render_runs(title, results, paths, as_json=args.json, compare=compare)
+        return 0
 
 
 def _reward_server(args: argparse.Namespace) -> int:

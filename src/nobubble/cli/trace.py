@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from nobubble.cli.util import (
-    ArgumentParser,
-    add_json_flag,
-    input_file,
-    output_file,
-    print_result,
-)
+from nobubble.bench.output import print_result
+from nobubble.cli.util import ArgumentParser, add_json_flag, input_file, output_file
 from nobubble.trace import merge_trace_files, summarize, write_chrome_trace
 
 

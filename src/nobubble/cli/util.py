@@ -1,5 +1,5 @@
 """Shared pieces of the command line: argument types, budgets, errors, table/JSON output
-(the tables are :mod:`nobubble.bench.output`'s). A user mistake raises :class:`UsageError`
+(:mod:`nobubble.bench.output`'s, re-exported). A user mistake raises :class:`UsageError`
 (or a config's ``ValueError``); ``main`` turns either into one line on stderr, exit 2.
 """
 
@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nobubble.bench.output import console, print_table
+from nobubble.bench.output import console, print_json, print_result, print_table
 from nobubble.files import FIGURE_SUFFIXES, check_output_dir, check_output_file
 from nobubble.validation import finite
 
@@ -126,36 +123,3 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print machine-readable JSON instead of a table"
     )
-
-
-def print_json(data: Any) -> None:
-    """Print ``data`` as JSON on stdout (one document)."""
-    json.dump(data, sys.stdout, indent=2, default=_json_default)
-    sys.stdout.write("\n")
-
-
-def print_result(
-    as_json: bool,
-    data: Any,
-    title: str | None,
-    columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    *,
-    caption: str | None = None,
-    files: Sequence[str] = (),
-) -> None:
-    """The one renderer of a command's result: ``data`` as JSON (``--json``), else the table
-    of ``columns`` and ``rows`` under ``title``, its ``caption`` naming each file written."""
-    if as_json:
-        print_json(data)
-        return
-    caption = "; ".join([*([caption] if caption else []), *(f"wrote {f}" for f in files)])
-    print_table(title, columns, rows, caption=caption or None)
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if hasattr(o, "__fspath__"):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -52,5 +52,5 @@ def test_plan_step_plans_torch_modules_and_shows_the_naive_plan(tmp_path, capsys
     p = Plan.from_json(plan.read_text())
     assert p.num_blocks == 6 and p.num_ranks == 2
     out = capsys.readouterr().out
-    assert "pp plan --model nobubble.cli.demo.pipeline_plan:factory" in out
+    assert "pp plan --model nobubble.bench.showcase:plan_model" in out
     assert "chosen" in out and "naive" in out

@@ -41,7 +41,7 @@ STEPS: tuple[tuple[str, tuple[str | Step, ...]], ...] = (
                           "--plot {out}/pipeline/run_zb-h1.png",)),
     # a model of torch's own modules planned by `pp plan --model MODULE:FACTORY`: the chosen
     # cut, schedule, microbatches and recompute beside the naive equal-block 1F1B
-    ("pipeline planning", ("pp plan --model nobubble.cli.demo.pipeline_plan:factory --ranks 2 "
+    ("pipeline planning", ("pp plan --model nobubble.bench.showcase:plan_model --ranks 2 "
                            "--seed {seed} --out {out}/pipeline/plan.json "
                            "--plot {out}/pipeline/plan.png",)),
     ("pipeline re-planning", (showcase.replan,)),
