@@ -189,11 +189,6 @@ def _solve(args: argparse.Namespace) -> int:
     return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
 
 
-def _limits(text: str) -> tuple[float, ...]:
-    """argparse type: comma-separated positive numbers, sorted, each once."""
-    return tuple(sorted(set(rank_costs(text))))
-
-
 def _frontier(args: argparse.Namespace) -> int:
     from nobubble.pipeline.frontier import check_frontier, frontier
 
@@ -278,7 +273,7 @@ COMMANDS: tuple[tuple, ...] = (  # (name, help, flag tables, own flags (add_args
      (SIZE, *COSTS, mem_limit(argparse.SUPPRESS)), (
         ("--costs", input_file, None, "per-rank costs from a pp profile JSON (instead of "
          "--model/--tf/...)", {"metavar": "FILE"}),
-        ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
+        ("--mem-limits", rank_costs, None, "memory limits for the ZB heuristic and solver sweeps, "
          "rank units (default about p/3 ... 2p)", {"metavar": "L1,L2,..."}),
         ("--ilp", positive_float, None, "add the exact solver's points (time limit of each "
          "solve, default 30 s)", ILP),
