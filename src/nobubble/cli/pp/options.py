@@ -15,6 +15,7 @@ from nobubble.cli.flags import (
     add_args,
     add_config_flags,
     apply_flags,
+    config_flags,
     config_from_flags,
     flags_given,
     integer,
@@ -29,6 +30,7 @@ from nobubble.cli.util import (
 )
 from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
+from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
 from nobubble.rl.system.imports import load_user_object
 
 if TYPE_CHECKING:
@@ -163,12 +165,8 @@ def perturbation_from_args(args: argparse.Namespace):
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
-MODEL_FLAGS: tuple[Flag, ...] = (
-    ("--layers", "num_layers", positive_int, "transformer / MLP blocks"),
-    ("--hidden", "hidden", positive_int, "hidden size"),
-    ("--heads", "num_heads", positive_int, "attention heads (gpt)"),
-    ("--seq-len", "seq_len", positive_int, "tokens per sample (gpt)"),
-    ("--vocab", "vocab_size", positive_int, "vocabulary (gpt)"),
+MODEL_FLAGS = config_flags(
+    GPTConfig, "--layers=num_layers hidden --heads=num_heads seq_len --vocab=vocab_size"
 )
 """GPTConfig's size fields (MLPConfig has the first two)."""
 RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}  # the other model flags'
@@ -184,7 +182,6 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
 def add_model_and_launch(p: argparse.ArgumentParser) -> None:
     """The model flags (``--model`` and the built-in model's size) and the launch flags."""
     from nobubble.distributed.options import LaunchOptions
-    from nobubble.pipeline.runtime.models import GPTConfig
 
     g = p.add_argument_group("model")
     add_args(g, (("--model", str, None, "a built-in model, or a factory returning (blocks, "
@@ -203,7 +200,7 @@ def add_model_and_launch(p: argparse.ArgumentParser) -> None:
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
     by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
-    from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
+    from nobubble.pipeline.runtime.models import GPTConfig
 
     gpt = (args.model or args.arch) == "gpt"
     return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
