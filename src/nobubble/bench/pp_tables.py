@@ -10,7 +10,14 @@ from typing import Any
 
 from nobubble.bench.output import console, print_table
 
-__all__ = ["plan_run_table", "print_plan", "print_user_plan", "profile_table", "run_table"]
+__all__ = [
+    "plan_run_table",
+    "print_plan",
+    "print_user_plan",
+    "profile_table",
+    "run_table",
+    "solve_table",
+]
 
 MiB = 1024 * 1024
 
@@ -27,6 +34,23 @@ def profile_table(prof: Any) -> dict[str, Any]:
     title = f"{prof.model}: {len(prof.stages)} stages, microbatch {prof.microbatch_size} (ms, MiB)"
     caption = f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock"
     return {"title": title, "columns": columns, "rows": rows, "caption": caption}
+
+
+def solve_table(
+    result: Any, num_ranks: int, num_microbatches: int, num_chunks: int, mem_limit: float | None
+) -> dict[str, Any]:
+    """``pp solve``'s table of a :class:`~nobubble.pipeline.ilp.common.SolveResult` of
+    ``num_ranks`` x ``num_chunks`` stages and ``num_microbatches`` microbatches under the
+    activation limit ``mem_limit`` (None: none): the schedule, its status and figures."""
+    limit = "none" if mem_limit is None else f"{mem_limit:g}"
+    shape = "" if num_chunks == 1 else f", {num_chunks} chunks ({result.placement})"
+    kind = result.objective_kind
+    return {
+        "title": f"pp solve: p={num_ranks}, m={num_microbatches}{shape}, {kind}, mem limit {limit}",
+        "columns": ["schedule", "status", kind, "bubble", "lower bound", "gap", "seconds"],
+        "rows": result.rows(),
+        "caption": result.explanation,
+    }
 
 
 def _print_candidates(title: str, rows: list[tuple[str, dict]], *, naive_ms: float | None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from nobubble.bench import pp_tables
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
@@ -59,10 +60,9 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(sched.as_dict())
         return 0
-    con = console()
-    con.print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
-              f"{sched.num_chunks} chunk(s)/rank, unit costs F=B=W=1 (BW=2), _ = idle")  # fmt: skip
-    con.print(ascii_grid(sched, microbatches=args.ids), markup=False)
+    console().print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
+                    f"{sched.num_chunks} chunk(s)/rank, unit costs F=B=W=1 (BW=2), _ = idle")  # fmt: skip
+    console().print(ascii_grid(sched, microbatches=args.ids), markup=False)
     return 0
 
 
@@ -174,18 +174,9 @@ def _solve(args: argparse.Namespace) -> int:
         if args.csv is not None:
             write_text(args.csv, result.schedule.to_csv())
     mem_limit = s.limit_for(s.cost_model(), below_one=True)
-    limit = "none" if mem_limit is None else f"{mem_limit:g}"
-    shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
-    print_result(
-        args.json,
-        result.summary()
-        | {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit},
-        f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
-        f"mem limit {limit}",
-        ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
-        result.rows(),
-        caption=result.explanation,
-    )
+    data = {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit}
+    table = pp_tables.solve_table(result, args.ranks, args.microbatches, args.chunks, mem_limit)
+    print_result(args.json, result.summary() | data, **table)
     return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
 
 

@@ -30,13 +30,12 @@ from nobubble.cli.util import (
 )
 from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
-from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
+from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, ModelConfig, memory_bytes
 from nobubble.rl.system.imports import load_user_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.setting import PipelineSetting
 
@@ -250,8 +249,6 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
             f"{cores} (or --force)"))  # fmt: skip
     check_device_name(launch.device, launch.backend)
     if model is not None:
-        from nobubble.pipeline.runtime.models import memory_bytes
-
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
         budget.check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample
