@@ -199,8 +199,6 @@ def add_model_and_launch(p: argparse.ArgumentParser) -> None:
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
     by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
-    from nobubble.pipeline.runtime.models import GPTConfig
-
     gpt = (args.model or args.arch) == "gpt"
     return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
 
