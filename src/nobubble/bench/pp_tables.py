@@ -16,6 +16,7 @@ __all__ = [
     "print_user_plan",
     "profile_table",
     "run_table",
+    "simulate_table",
     "solve_table",
 ]
 
@@ -34,6 +35,21 @@ def profile_table(prof: Any) -> dict[str, Any]:
     title = f"{prof.model}: {len(prof.stages)} stages, microbatch {prof.microbatch_size} (ms, MiB)"
     caption = f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock"
     return {"title": title, "columns": columns, "rows": rows, "caption": caption}
+
+
+def simulate_table(result: Any, run: Any, mem_f: float) -> dict[str, Any]:
+    """``pp simulate``'s table of a :class:`~nobubble.pipeline.simulate.SimResult` (and of its
+    dispatch ``run``, None under the static policy): each rank's span, busy time, bubble and
+    peak memory in units of ``mem_f``."""
+    sched = result.schedule
+    return {
+        "title": f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}"
+        + (f", {run.describe(mem_f)}" if run is not None else ""),
+        "columns": ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
+        "rows": result.rank_rows(mem_f),
+        "caption": f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
+        f"makespan {result.makespan:.4g}",
+    }
 
 
 def solve_table(

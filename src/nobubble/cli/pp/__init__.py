@@ -74,19 +74,9 @@ def _simulate(args: argparse.Namespace) -> int:
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
     summary = run.summary() if run is not None else result.summary()
-    mf = costs.mem_f[0]
-    rows = result.rank_rows(mf)
-    print_result(
-        args.json,
-        summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
-        f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}"
-        + (f", {run.describe(mf)}" if run is not None else ""),
-        ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
-        rows,
-        caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
-        f"makespan {result.makespan:.4g}",
-        files=files,
-    )
+    data = summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
+    table = pp_tables.simulate_table(result, run, costs.mem_f[0])
+    print_result(args.json, data, **table, files=files)
     return 0
 
 
