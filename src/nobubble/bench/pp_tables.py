@@ -101,11 +101,20 @@ def print_plan(p: Any, rows: list[dict], source: str, out: Path, *, limited: boo
     )  # fmt: skip
 
 
-def print_user_plan(p: Any, spec: str, rows: list[dict], naive: dict, *, threads: int,
-                    limited: bool, files: tuple[Path, Path]) -> None:  # fmt: skip
+def print_user_plan(
+    p: Any,
+    spec: str,
+    rows: list[dict],
+    naive: dict,
+    out: Path,
+    plot: Path,
+    *,
+    threads: int,
+    limited: bool,
+) -> None:
     """``pp plan --model MODULE:FACTORY``'s line on the plan ``p`` of the factory ``spec`` and
     the table of the candidates' ``rows`` and the ``naive`` plan's (:meth:`Plan.describe`'s),
-    profiled with ``threads`` per rank; ``files``: the plan's JSON and its chart."""
+    profiled with ``threads`` per rank; ``out``, ``plot``: the plan's JSON and its chart."""
     naive_ms = naive["predicted_step_ms"]
     console().print(  # the factory's name as written: no markup, no :emoji: codes
         f"{spec}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
@@ -120,7 +129,7 @@ def print_user_plan(p: Any, spec: str, rows: list[dict], naive: dict, *, threads
         naive_ms=naive_ms, limited=limited,
         caption="predicted by the simulator from each block's costs, profiled once here "
         f"({threads} thread(s)); naive: equal blocks per rank, 1F1B, the same m, no recompute; "
-        f"wrote {files[0]}, {files[1]}",
+        f"wrote {out}, {plot}",
     )  # fmt: skip
 
 

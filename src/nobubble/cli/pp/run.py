@@ -202,8 +202,10 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0], "candidates": rows,
                     "naive_1f1b": naive})  # fmt: skip
         return 0
-    pp_tables.print_user_plan(p, args.model, rows, naive, threads=launch.threads_per_rank,
-                              limited=args.memory_limit_mib is not None, files=(out, plot))  # fmt: skip
+    limited = args.memory_limit_mib is not None
+    pp_tables.print_user_plan(
+        p, args.model, rows, naive, out, plot, threads=launch.threads_per_rank, limited=limited
+    )
     return 0
 
 
@@ -240,10 +242,17 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
                          steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                          dispatch=args.dispatch, launch=launch)  # fmt: skip
-    data = {"schedule": p.schedule_name, "num_ranks": p.num_ranks,
-            "stage_sizes": list(p.stage_sizes()), "num_microbatches": p.num_microbatches,
-            "recompute": p.recompute[0], "losses": list(run.losses), "step_ms": list(run.step_ms),
-            "median_step_ms": run.median_step_ms, "predicted_step_ms": p.predicted_step_ms}  # fmt: skip
+    data = {
+        "schedule": p.schedule_name,
+        "num_ranks": p.num_ranks,
+        "stage_sizes": list(p.stage_sizes()),
+        "num_microbatches": p.num_microbatches,
+        "recompute": p.recompute[0],
+        "losses": list(run.losses),
+        "step_ms": list(run.step_ms),
+        "median_step_ms": run.median_step_ms,
+        "predicted_step_ms": p.predicted_step_ms,
+    }
     print_result(args.json, data, **pp_tables.plan_run_table(p, args.plan, run))
     return 0
 
