@@ -31,11 +31,9 @@ from nobubble.cli.util import (
 from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
 from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, ModelConfig, memory_bytes
-from nobubble.rl.system.imports import load_user_object
+from nobubble.rl.system.imports import is_import_path, load_user_object
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.setting import PipelineSetting
 
@@ -127,11 +125,9 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
-    reader: Callable[[Path], Any] = {"profile": Profile.read, "plan": Plan.read}.get(
-        kind, Schedule.read_csv
-    )
+    readers: dict[str, Any] = {"profile": Profile.read, "plan": Plan.read}
     try:
-        return reader(path)
+        return readers.get(kind, Schedule.read_csv)(path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
@@ -207,7 +203,6 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
     """:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`
     of the factory ``spec``, seeded with ``seed``; a bad spec or factory: UsageError."""
     from nobubble.pipeline.runtime.planning.train import UserModel
-    from nobubble.rl.system.imports import is_import_path
 
     refuse((not is_import_path(spec), f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, "
             "or your own model's factory as package.module:factory or path/to/file.py:factory"))  # fmt: skip
