@@ -30,7 +30,7 @@ def test_default_sources_are_the_generators_at_the_default_limits_then_torch() -
 
 def test_default_sources_take_the_limits_and_leave_torch_out() -> None:
     costs = CostModel.uniform(4)
-    sources = default_sources(4, mem_limits=(2.0, 4.0), include_torch=False)
+    sources = default_sources(4, mem_limits=(4.0, 2.0, 4.0), include_torch=False)  # each once
     result = frontier(costs, num_ranks=4, num_microbatches=8, sources=sources)
     assert {q.source for q in result.points} == {"nobubble"}
     assert [q.name for q in result.points if q.name.startswith("zb-auto")] == [

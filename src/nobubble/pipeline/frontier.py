@@ -237,11 +237,11 @@ def default_sources(
     ilp_time_limit_s: float | None = None,
 ) -> list[PointSource]:
     """The usual sources: :func:`generated_points` with ZB's automatic scheduler at each of
-    ``mem_limits`` (rank units; default :func:`default_mem_limits`), :func:`torch_points`
-    unless not ``include_torch``, and with ``ilp_time_limit_s`` the exact solver at each
-    limit (:func:`ilp_points`, that many seconds each). Raises ValueError when the solver is
-    asked for and cannot be imported."""
-    limits = tuple(mem_limits) if mem_limits else default_mem_limits(num_ranks)
+    ``mem_limits`` (rank units, each once, in order; default :func:`default_mem_limits`),
+    :func:`torch_points` unless not ``include_torch``, and with ``ilp_time_limit_s`` the exact
+    solver at each limit (:func:`ilp_points`, that many seconds each). Raises ValueError when
+    the solver is asked for and cannot be imported."""
+    limits = tuple(sorted(set(mem_limits))) if mem_limits else default_mem_limits(num_ranks)
     sources: list[PointSource] = [partial(generated_points, mem_limits=limits)]
     if include_torch:
         sources.append(torch_points)

@@ -16,6 +16,7 @@ from torch import nn
 from nobubble.pipeline import split_model
 from nobubble.pipeline.plan import Plan
 from nobubble.pipeline.runtime.planning import (
+    PlanRun,
     RuntimeCosts,
     measure_runtime,
     plan,
@@ -268,3 +269,9 @@ def test_a_user_model_from_a_factory_is_seeded_and_checked() -> None:
         UserModel.from_factory(lambda: ([], *factory()[1:]))
     with pytest.raises(ValueError, match=r"the factory is not a function \(its type is int\)"):
         UserModel.from_factory(7)  # type: ignore[arg-type]
+
+
+def test_a_plan_runs_median_step_leaves_the_warm_up_step_out_unless_alone() -> None:
+    # step times 100 (warm-up), then 2, 4, 9: the median of the last three is 4
+    assert PlanRun(losses=(1.0,) * 4, step_ms=(100.0, 2.0, 4.0, 9.0)).median_step_ms == 4.0
+    assert PlanRun(losses=(1.0,), step_ms=(7.0,)).median_step_ms == 7.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from nobubble.bench import pp_tables
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
@@ -59,10 +60,9 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(sched.as_dict())
         return 0
-    con = console()
-    con.print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
-              f"{sched.num_chunks} chunk(s)/rank, unit costs F=B=W=1 (BW=2), _ = idle")  # fmt: skip
-    con.print(ascii_grid(sched, microbatches=args.ids), markup=False)
+    console().print(f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}, "
+                    f"{sched.num_chunks} chunk(s)/rank, unit costs F=B=W=1 (BW=2), _ = idle")  # fmt: skip
+    console().print(ascii_grid(sched, microbatches=args.ids), markup=False)
     return 0
 
 
@@ -74,19 +74,9 @@ def _simulate(args: argparse.Namespace) -> int:
     pictures = ((gantt, args.plot), (write_trace, args.trace))
     files = [str(write(result, path)) for write, path in pictures if path is not None]
     summary = run.summary() if run is not None else result.summary()
-    mf = costs.mem_f[0]
-    rows = result.rank_rows(mf)
-    print_result(
-        args.json,
-        summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files},
-        f"{result.schedule.name}: P={args.ranks}, M={args.microbatches}"
-        + (f", {run.describe(mf)}" if run is not None else ""),
-        ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
-        rows,
-        caption=f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
-        f"makespan {result.makespan:.4g}",
-        files=files,
-    )
+    data = summary | {"spans": list(result.spans), "busy": list(result.busy), "files": files}
+    table = pp_tables.simulate_table(result, run, costs.mem_f[0])
+    print_result(args.json, data, **table, files=files)
     return 0
 
 
@@ -174,24 +164,10 @@ def _solve(args: argparse.Namespace) -> int:
         if args.csv is not None:
             write_text(args.csv, result.schedule.to_csv())
     mem_limit = s.limit_for(s.cost_model(), below_one=True)
-    limit = "none" if mem_limit is None else f"{mem_limit:g}"
-    shape = "" if args.chunks == 1 else f", {args.chunks} chunks ({result.placement})"
-    print_result(
-        args.json,
-        result.summary()
-        | {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit},
-        f"pp solve: p={args.ranks}, m={args.microbatches}{shape}, {args.objective}, "
-        f"mem limit {limit}",
-        ["schedule", "status", args.objective, "bubble", "lower bound", "gap", "seconds"],
-        result.rows(),
-        caption=result.explanation,
-    )
+    data = {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit}
+    table = pp_tables.solve_table(result, args.ranks, args.microbatches, args.chunks, mem_limit)
+    print_result(args.json, result.summary() | data, **table)
     return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
-
-
-def _limits(text: str) -> tuple[float, ...]:
-    """argparse type: comma-separated positive numbers, sorted, each once."""
-    return tuple(sorted(set(rank_costs(text))))
 
 
 def _frontier(args: argparse.Namespace) -> int:
@@ -278,7 +254,7 @@ COMMANDS: tuple[tuple, ...] = (  # (name, help, flag tables, own flags (add_args
      (SIZE, *COSTS, mem_limit(argparse.SUPPRESS)), (
         ("--costs", input_file, None, "per-rank costs from a pp profile JSON (instead of "
          "--model/--tf/...)", {"metavar": "FILE"}),
-        ("--mem-limits", _limits, None, "memory limits for the ZB heuristic and solver sweeps, "
+        ("--mem-limits", rank_costs, None, "memory limits for the ZB heuristic and solver sweeps, "
          "rank units (default about p/3 ... 2p)", {"metavar": "L1,L2,..."}),
         ("--ilp", positive_float, None, "add the exact solver's points (time limit of each "
          "solve, default 30 s)", ILP),

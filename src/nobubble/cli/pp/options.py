@@ -15,6 +15,7 @@ from nobubble.cli.flags import (
     add_args,
     add_config_flags,
     apply_flags,
+    config_flags,
     config_from_flags,
     flags_given,
     integer,
@@ -29,12 +30,10 @@ from nobubble.cli.util import (
 )
 from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
-from nobubble.rl.system.imports import load_user_object
+from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, ModelConfig, memory_bytes
+from nobubble.rl.system.imports import is_import_path, load_user_object
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from nobubble.pipeline.runtime.models import ModelConfig
     from nobubble.pipeline.runtime.planning.train import UserModel
     from nobubble.pipeline.setting import PipelineSetting
 
@@ -126,11 +125,9 @@ def read_file(path: Path, flag: str, kind: str = "schedule") -> Any:
     from nobubble.pipeline.plan import Plan
     from nobubble.pipeline.runtime.profile_data import Profile
 
-    reader: Callable[[Path], Any] = {"profile": Profile.read, "plan": Plan.read}.get(
-        kind, Schedule.read_csv
-    )
+    readers: dict[str, Any] = {"profile": Profile.read, "plan": Plan.read}
     try:
-        return reader(path)
+        return readers.get(kind, Schedule.read_csv)(path)
     except ValueError as err:
         raise UsageError(f"{flag} {err}".strip()) from None
 
@@ -163,12 +160,8 @@ def perturbation_from_args(args: argparse.Namespace):
     return Perturbation(jitter=args.jitter, stragglers=tuple(args.straggler), seed=args.seed or 0)
 
 
-MODEL_FLAGS: tuple[Flag, ...] = (
-    ("--layers", "num_layers", positive_int, "transformer / MLP blocks"),
-    ("--hidden", "hidden", positive_int, "hidden size"),
-    ("--heads", "num_heads", positive_int, "attention heads (gpt)"),
-    ("--seq-len", "seq_len", positive_int, "tokens per sample (gpt)"),
-    ("--vocab", "vocab_size", positive_int, "vocabulary (gpt)"),
+MODEL_FLAGS = config_flags(
+    GPTConfig, "--layers=num_layers hidden --heads=num_heads seq_len --vocab=vocab_size"
 )
 """GPTConfig's size fields (MLPConfig has the first two)."""
 RUN_DEFAULTS = {"arch": "gpt", "microbatch_size": 2, "seed": 0}  # the other model flags'
@@ -184,7 +177,6 @@ LAUNCH_FLAGS: tuple[Flag, ...] = (
 def add_model_and_launch(p: argparse.ArgumentParser) -> None:
     """The model flags (``--model`` and the built-in model's size) and the launch flags."""
     from nobubble.distributed.options import LaunchOptions
-    from nobubble.pipeline.runtime.models import GPTConfig
 
     g = p.add_argument_group("model")
     add_args(g, (("--model", str, None, "a built-in model, or a factory returning (blocks, "
@@ -203,8 +195,6 @@ def add_model_and_launch(p: argparse.ArgumentParser) -> None:
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
     """The built-in model of ``--model gpt|mlp`` (else ``--arch``) and its size flags, checked
     by the config itself (torch-free); callers take ``--model MODULE:FACTORY`` elsewhere."""
-    from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig
-
     gpt = (args.model or args.arch) == "gpt"
     return config_from_flags(GPTConfig if gpt else MLPConfig, MODEL_FLAGS, args, seed=args.seed)
 
@@ -213,7 +203,6 @@ def load_user_model(spec: str, *, seed: int) -> UserModel:
     """:meth:`UserModel.from_factory <nobubble.pipeline.runtime.planning.UserModel.from_factory>`
     of the factory ``spec``, seeded with ``seed``; a bad spec or factory: UsageError."""
     from nobubble.pipeline.runtime.planning.train import UserModel
-    from nobubble.rl.system.imports import is_import_path
 
     refuse((not is_import_path(spec), f"--model {spec!r}: give {' or '.join(BUILTIN_MODELS)}, "
             "or your own model's factory as package.module:factory or path/to/file.py:factory"))  # fmt: skip
@@ -253,8 +242,6 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
             f"{cores} (or --force)"))  # fmt: skip
     check_device_name(launch.device, launch.backend)
     if model is not None:
-        from nobubble.pipeline.runtime.models import memory_bytes
-
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
         budget.check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample

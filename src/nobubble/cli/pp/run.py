@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nobubble.bench import pp_tables
 from nobubble.budget import check_budget
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
@@ -43,7 +44,6 @@ from nobubble.cli.util import (
     positive_int,
     print_json,
     print_result,
-    print_table,
 )
 from nobubble.files import claim_output, write_text
 from nobubble.pipeline.plan_inputs import absolute_spec, is_user_model
@@ -77,18 +77,8 @@ def _profile(args: argparse.Namespace) -> int:
             )  # fmt: skip
         if args.output is not None:
             prof.write(args.output)
-    rows = [
-        [s.stage, f"{s.blocks[0]}-{s.blocks[-1]}", s.t_f, s.t_b, s.t_w, s.t_b + s.t_w,
-         s.t_bw_fused, f"{s.split_overhead:+.1%}", s.mem_f / MiB, s.mem_w / MiB]
-        for s in prof.stages
-    ]  # fmt: skip
-    print_result(
-        args.json, prof.to_dict(),
-        f"{model.name}: {args.num_stages} stages, microbatch {args.microbatch_size} (ms, MiB)",
-        ["stage", "blocks", "T_F", "T_B", "T_W", "T_B+T_W", "fused BW", "split", "M_F", "M_W"],
-        rows, caption=f"T_comm {prof.t_comm:.3f} ms; {prof.clock} clock",
-        files=[str(args.output)] if args.output is not None else [],
-    )  # fmt: skip
+    files = [str(args.output)] if args.output is not None else []
+    print_result(args.json, prof.to_dict(), **pp_tables.profile_table(prof), files=files)
     return 0
 
 
@@ -136,15 +126,8 @@ def _plan(args: argparse.Namespace) -> int:
         print_json({"best": p.schedule_name, "recompute": p.recompute[0], "output": str(out),
                     "schedules": rows})  # fmt: skip
         return 0
-    print_candidates(
-        f"P={args.ranks}, M={args.microbatches}, profiled costs "
-        f"({model.name if model is not None else getattr(prof, 'model', '')})",
-        [("chosen" if c == p.chosen else str(i + 1), r)
-         for i, (c, r) in enumerate(zip(p.candidates, rows, strict=True))],
-        naive_ms=None, limited=args.memory_limit_mib is not None,
-        caption=f"best: {p.schedule_name}"
-        + (" (run it with --recompute)" if p.recompute[0] else "") + f" -> {out}",
-    )  # fmt: skip
+    source = model.name if model is not None else getattr(prof, "model", "")
+    pp_tables.print_plan(p, rows, source, out, limited=args.memory_limit_mib is not None)
     return 0
 
 
@@ -189,30 +172,8 @@ def _run(args: argparse.Namespace) -> int:
                 setting=setting(args) if args.schedule is not None else None, plot=args.plot,
                 progress=status.update,
             )  # fmt: skip
-    _print_run(args.json, summary, files)
+    print_result(args.json, {**summary.to_dict(), **files}, **pp_tables.run_table(summary, files))
     return 0
-
-
-def _print_run(as_json: bool, s, files: dict[str, str]) -> None:
-    pred = s.sim_makespan_s is not None  # the simulated figures come together, or none
-    rows = [
-        ["step makespan (ms)", s.makespan_s * 1e3, s.sim_makespan_s * 1e3 if pred else "-"],
-        ["step time incl. optimizer (ms)", s.step_time_s * 1e3, "-"],
-        ["bubble rate", f"{s.bubble_rate:.1%}", f"{s.sim_bubble_rate:.1%}" if pred else "-"],
-    ]
-    for r, b in enumerate(s.peak_activation_bytes):
-        p = s.sim_peak_activation_bytes[r] / MiB if pred else "-"
-        rows.append([f"peak activations rank {r} (MiB)", b / MiB, p])
-    rows.append(["loss first -> last step", f"{s.losses[0]:.4f} -> {s.losses[-1]:.4f}", "-"])
-    print_result(
-        as_json,
-        {**s.to_dict(), **files},
-        f"{s.schedule}: {s.num_ranks} ranks, {s.num_stages} stages, M={s.num_microbatches}, "
-        f"median of {s.num_steps} steps",
-        ["", "measured", "simulated"],
-        rows,
-        caption=", ".join(f"{k}: {v}" for k, v in files.items()),
-    )
 
 
 def _print_rank(as_json: bool, res, path: Path) -> int:
@@ -234,50 +195,18 @@ def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Pa
     """``pp plan --model MODULE:FACTORY``'s output: the plan's JSON at ``out``, its Gantt chart
     above the naive plan's, the table of the chosen plan, the next candidates and the naive."""
     plot = p.draw(args.plot if args.plot is not None else out.with_suffix(".png"))
-    naive = p.describe(p.naive())
     shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
-    rows = [p.describe(c) for c in shown]
+    rows, naive = [p.describe(c) for c in shown], p.describe(p.naive())
     write_text(out, p.to_json())
     if args.json:
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0], "candidates": rows,
                     "naive_1f1b": naive})  # fmt: skip
         return 0
-    naive_ms = naive["predicted_step_ms"]
-    console().print(  # the factory's name as written: no markup, no :emoji: codes
-        f"{args.model}: plan for {p.num_blocks} blocks on {p.num_ranks} ranks: stages "
-        f"{'+'.join(map(str, p.stage_sizes()))}, {p.schedule_name}, m={p.num_microbatches}, "
-        f"recompute {'on' if p.recompute[0] else 'off'}; predicted {p.predicted_step_ms:.4g} ms "
-        f"a step, {naive_ms / p.predicted_step_ms:.2f}x the naive plan's {naive_ms:.4g} ms",
-        markup=False, emoji=False,
-    )  # fmt: skip
-    print_candidates(
-        f"the chosen plan and the next of {len(p.candidates)} candidates weighed",
-        [*[("chosen" if i == 0 else str(i + 1), r) for i, r in enumerate(rows)], ("naive", naive)],
-        naive_ms=naive_ms, limited=args.memory_limit_mib is not None,
-        caption="predicted by the simulator from each block's costs, profiled once here "
-        f"({launch.threads_per_rank} thread(s)); naive: equal blocks per rank, 1F1B, the "
-        f"same m, no recompute; wrote {out}, {plot}",
-    )  # fmt: skip
+    limited = args.memory_limit_mib is not None
+    pp_tables.print_user_plan(
+        p, args.model, rows, naive, out, plot, threads=launch.threads_per_rank, limited=limited
+    )
     return 0
-
-
-def print_candidates(title: str, rows: list[tuple[str, dict]], *, naive_ms: float | None,
-                     limited: bool, caption: str) -> None:  # fmt: skip
-    """The table of a plan's candidates (each row :meth:`Plan.describe`'s, after its label),
-    with each one's speed-up over the naive plan's ``naive_ms`` and (``limited``) whether it
-    fits."""
-    table = [
-        [label, "+".join(map(str, r["stage_sizes"])), r["schedule"], r["num_microbatches"],
-         "yes" if r["recompute"] else "no", r["predicted_step_ms"], f"{r['bubble_rate']:.1%}",
-         " / ".join(f"{b:.3g}" for b in r["peak_mib_per_rank"]),
-         *([f"{naive_ms / r['predicted_step_ms']:.2f}x"] if naive_ms else []),
-         *(["yes" if r["fits"] else "no"] if limited else [])]
-        for label, r in rows
-    ]  # fmt: skip
-    columns = ["", "stage sizes", "schedule", "m", "recompute", "step ms", "bubble",
-               "peak MiB per rank", *(["vs naive"] if naive_ms else []),
-               *(["fits"] if limited else [])]  # fmt: skip
-    print_table(title, columns, table, caption=caption)
 
 
 # -- pp run --plan plan.json --model MODULE:FACTORY ----------------------------------------
@@ -313,24 +242,18 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
                          steps=args.steps, optimizer=args.optimizer, lr=args.lr,
                          dispatch=args.dispatch, launch=launch)  # fmt: skip
-    losses, step_ms = list(run.losses), list(run.step_ms)
-    measured = statistics.median(step_ms[1:] or step_ms)  # the first step warms up
-    print_result(
-        args.json,
-        {"schedule": p.schedule_name, "num_ranks": p.num_ranks,
-         "stage_sizes": list(p.stage_sizes()), "num_microbatches": p.num_microbatches,
-         "recompute": p.recompute[0], "losses": losses, "step_ms": step_ms,
-         "median_step_ms": measured, "predicted_step_ms": p.predicted_step_ms},
-        f"{args.plan}: {p.schedule_name}, stages {'+'.join(map(str, p.stage_sizes()))}, "
-        f"m={p.num_microbatches}, recompute {'on' if p.recompute[0] else 'off'}, "
-        f"{p.num_ranks} ranks",
-        ["step", "loss", "step ms", "predicted ms"],
-        [[i, f"{loss:.6g}", ms, p.predicted_step_ms]
-         for i, (loss, ms) in enumerate(zip(losses, step_ms, strict=True))],
-        caption=f"median step {measured:.4g} ms"
-        + (" (after the first)" if len(step_ms) > 1 else "")
-        + f" = {measured / p.predicted_step_ms:.2f}x the predicted {p.predicted_step_ms:.4g} ms",
-    )  # fmt: skip
+    data = {
+        "schedule": p.schedule_name,
+        "num_ranks": p.num_ranks,
+        "stage_sizes": list(p.stage_sizes()),
+        "num_microbatches": p.num_microbatches,
+        "recompute": p.recompute[0],
+        "losses": list(run.losses),
+        "step_ms": list(run.step_ms),
+        "median_step_ms": run.median_step_ms,
+        "predicted_step_ms": p.predicted_step_ms,
+    }
+    print_result(args.json, data, **pp_tables.plan_run_table(p, args.plan, run))
     return 0
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nobubble.pipeline.partition import equal_sizes, stage_ranges
+from nobubble.settings import Settings, setting
 from nobubble.validation import check_fields, check_value
 
 if TYPE_CHECKING:
@@ -65,19 +66,19 @@ class _InputBodyHead:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GPTConfig(_InputBodyHead):
-    """A pre-LayerNorm GPT: embedding block, ``num_layers`` transformer blocks, LM-head block."""
+class GPTConfig(_InputBodyHead, Settings):
+    """A pre-LayerNorm GPT: embedding block, ``num_layers`` transformer blocks, LM-head block
+    (each size's help: its ``pp`` flag's, which the MLP shares where it has the field)."""
 
-    vocab_size: int = 256
-    seq_len: int = 32
-    hidden: int = 64
-    num_heads: int = 4
-    num_layers: int = 4
+    vocab_size: int = setting(256, ">= 1", integer=True, help="vocabulary (gpt)")
+    seq_len: int = setting(32, ">= 1", integer=True, help="tokens per sample (gpt)")
+    hidden: int = setting(64, ">= 1", integer=True, help="hidden size")
+    num_heads: int = setting(4, ">= 1", integer=True, help="attention heads (gpt)")
+    num_layers: int = setting(4, ">= 1", integer=True, help="transformer / MLP blocks")
     seed: int = 0
 
     def __post_init__(self) -> None:
-        names = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers")
-        check_fields("GPTConfig", self, names, ">= 1")
+        super().__post_init__()
         if self.hidden % self.num_heads:
             raise ValueError(f"GPTConfig.hidden={self.hidden} is not divisible by num_heads="
                              f"{self.num_heads}; give hidden a multiple of num_heads")  # fmt: skip

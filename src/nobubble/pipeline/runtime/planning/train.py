@@ -5,6 +5,7 @@ the plan's cut (:func:`~nobubble.pipeline.runtime.runner.split_model`) and runs
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,11 @@ class PlanRun:
     """Each step's mean loss."""
     step_ms: tuple[float, ...]
     """Each step's time on the slowest rank (ms)."""
+
+    @property
+    def median_step_ms(self) -> float:
+        """The median step time (ms), the first step (which warms up) left out unless alone."""
+        return statistics.median(self.step_ms[1:] or self.step_ms)
 
 
 def train_plan(
