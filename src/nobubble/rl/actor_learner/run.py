@@ -85,7 +85,8 @@ class VTraceLoss:
             policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
             clip_fraction = torch.zeros(())
         value_loss = 0.5 * (out.vs - values[:-1]).square().mean()
-        entropy = torch.distributions.Categorical(logits=logits[:-1]).entropy().mean()
+        logp_all = torch.log_softmax(logits[:-1], dim=-1)  # (T, b, A); no Categorical checks
+        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         terms = torch.stack([policy_loss, value_loss, entropy, clip_fraction]).tolist()
         metrics = dict(zip(("policy_loss", "value_loss", "entropy", "clip_fraction"), terms))
