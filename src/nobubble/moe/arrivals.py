@@ -152,13 +152,16 @@ class ArrivalStore:
         reads wait at most ``_READ_TIMEOUT_S``.
         """
         timeout = timedelta(seconds=_READ_TIMEOUT_S)
+        connect = timedelta(seconds=max(connect_timeout_s, _READ_TIMEOUT_S))
         server = None
         # (1 + HOST_CHARS,) int64: the port, then rank 0's host name, one character a slot
         info = torch.zeros(1 + _HOST_CHARS, dtype=torch.int64)
         if rank == 0:
+            # the server connects to itself as a client too: within the connect timeout
             server = dist.TCPStore(
-                "127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False
+                "127.0.0.1", 0, None, True, timeout=connect, wait_for_workers=False
             )
+            server.set_timeout(timeout)
             name = socket.gethostname().encode()[:_HOST_CHARS]
             info[0] = server.port
             info[1 : 1 + len(name)] = torch.tensor(list(name), dtype=torch.int64)
@@ -172,7 +175,6 @@ class ArrivalStore:
         host = bytes(int(c) for c in info[1:] if c).decode()
         # Same host: the loopback address always works; else rank 0's name must resolve.
         address = "127.0.0.1" if host == socket.gethostname() else host
-        connect = timedelta(seconds=max(connect_timeout_s, _READ_TIMEOUT_S))
         client = dist.TCPStore(address, port, None, False, timeout=connect)
         client.set_timeout(timeout)
         return cls(client, rank, world_size)
