@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nobubble.budget import check_budget, check_steps
+from nobubble.imports import load_user_object
 from nobubble.rl.entry import env_config, import_run_objects, serve_reward
-from nobubble.rl.system.imports import load_user_object
 
 
 def test_env_config_refuses_a_bad_option_and_options_of_a_gymnasium_id() -> None:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from nobubble.budget import check_budget, check_steps
-from nobubble.rl.system.imports import is_import_path, load_user_object
+from nobubble.imports import is_import_path, load_user_object
 
 if TYPE_CHECKING:
     from nobubble.rl.actor_learner.config import Arch

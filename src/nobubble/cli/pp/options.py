@@ -28,10 +28,10 @@ from nobubble.cli.util import (
     positive_int,
     seed_int,
 )
+from nobubble.imports import is_import_path, load_user_object
 from nobubble.pipeline.costs import PAPER_TIMES
 from nobubble.pipeline.plan_inputs import BUILTIN_MODELS
 from nobubble.pipeline.runtime.models import GPTConfig, MLPConfig, ModelConfig, memory_bytes
-from nobubble.rl.system.imports import is_import_path, load_user_object
 
 if TYPE_CHECKING:
     from nobubble.pipeline.runtime.planning.train import UserModel

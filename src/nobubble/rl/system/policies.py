@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_user_object
+from nobubble.imports import check_kwargs, import_extra, is_import_path, load_user_object
 from nobubble.validation import check_fields
 
 __all__ = [

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from nobubble.rl.system.imports import is_import_path, load_user_object
+from nobubble.imports import is_import_path, load_user_object
 from nobubble.rl.system.tasks import TaskSpec, as_reward
 from nobubble.rl.system.types import Sample, SampleGroup, Span
 from nobubble.validation import check_value, finite

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nobubble.rl.system.imports import check_kwargs, import_extra, is_import_path, load_user_object
+from nobubble.imports import check_kwargs, import_extra, is_import_path, load_user_object
 from nobubble.validation import check_value, finite
 
 __all__ = [

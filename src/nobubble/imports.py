@@ -1,5 +1,6 @@
-"""Objects named by import path, ``package.module:attr`` or ``path/to/file.py:attr``, so
-worker processes and Ray actors rebuild a run's user parts themselves. A file is loaded once
+"""Objects named by import path, ``package.module:attr`` or ``path/to/file.py:attr`` (a user's
+task, policy, reward or pipeline model), so worker processes and Ray actors rebuild a run's
+user parts themselves; and the one-line error of a missing extra. A file is loaded once
 per process, under a name derived from its absolute path: loading it twice gives one object.
 """
 
