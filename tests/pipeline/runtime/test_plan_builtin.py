@@ -109,11 +109,14 @@ def test_a_builtin_model_is_planned_on_the_pinned_cut_from_its_blocks() -> None:
     assert p.schedule().num_stages == len(p.cuts) + 1
 
 
-def test_make_plan_takes_the_planner_of_its_source_and_refuses_none() -> None:
+def test_make_plan_takes_the_planner_of_its_source_and_refuses_none_or_two() -> None:
     """``pp plan``'s one call: a stage profile goes to plan_from_profile (the same plan); no
-    source at all is a ValueError naming what to give."""
+    source, or two (one would be ignored), is a ValueError naming what to give."""
     direct = plan_from_profile(PROFILE, num_ranks=2, num_microbatches=4)
     made = make_plan(num_ranks=2, num_microbatches=4, launch=LaunchOptions(), profile=PROFILE)
     assert made == direct
-    with pytest.raises(ValueError, match="no source; give a profile"):
+    with pytest.raises(ValueError, match="sources none; give exactly one of profile"):
         make_plan(num_ranks=2, num_microbatches=4, launch=LaunchOptions())
+    with pytest.raises(ValueError, match=r"sources \['profile', 'model'\]; give exactly one"):
+        make_plan(num_ranks=2, num_microbatches=4, launch=LaunchOptions(), profile=PROFILE,
+                  model=TINY_GPT)  # fmt: skip

@@ -130,12 +130,19 @@ def make_plan(
     clock: str = "wall",
     progress: Callable[[str], None] | None = None,
 ) -> Plan:
-    """The plan of the first source given: a stage ``profile`` (:func:`plan_from_profile`),
-    a built-in ``model`` (:func:`plan_builtin`, measured on ``launch.local_device``) or the
-    ``user``'s model (:func:`plan_model`: every microbatch count and recompute choice unless
-    ``num_microbatches``; ``overhead_ms`` the runtime's cost per action, None: measured).
-    ``memory_limit`` is bytes of peak activations per rank. Raises ValueError when no source
-    is given or the planners refuse their inputs."""
+    """The plan of the one source given: a stage ``profile`` (:func:`plan_from_profile`),
+    a built-in ``model`` (:func:`plan_builtin`, measured on ``launch.local_device``; these two
+    read ``recompute``) or the ``user``'s model (:func:`plan_model`: every microbatch count
+    unless ``num_microbatches``, and both recompute choices; ``overhead_ms`` the runtime's
+    cost per action, None: measured). ``memory_limit`` is bytes of peak activations per rank.
+    Raises ValueError when not exactly one source is given or the planners refuse their
+    inputs."""
+    given = [
+        n for n, v in (("profile", profile), ("model", model), ("user", user)) if v is not None
+    ]
+    if len(given) != 1:
+        raise ValueError(f"make_plan: sources {given or 'none'}; give exactly one of profile, "
+                         "model (a built-in model's config) or user (a UserModel)")  # fmt: skip
     common: dict[str, Any] = {"num_ranks": num_ranks, "num_microbatches": num_microbatches,
                               "memory_limit": memory_limit, "ilp_time_limit_s": ilp_time_limit_s}  # fmt: skip
     if profile is not None:
@@ -145,8 +152,7 @@ def make_plan(
     if model is not None:
         return plan_builtin(model, microbatch_size=microbatch_size, recompute=recompute,
                             device=launch.local_device, **common, **run)  # fmt: skip
-    if user is None:
-        raise ValueError("make_plan: no source; give a profile, a built-in model or a UserModel")
+    assert user is not None  # the one source
     runtime = RuntimeCosts(overhead_ms, 0.0) if overhead_ms is not None else None
     return plan_model([b.to(launch.local_device) for b in user.blocks], user.inputs,
                       user.targets, user.loss_fn, runtime=runtime, device=launch.device,
