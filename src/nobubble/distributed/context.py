@@ -130,6 +130,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun_rank(who: str) -> tuple[int, int]:
+    """``(RANK, WORLD_SIZE)`` of torchrun's environment; ValueError naming ``who`` when a
+    variable torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) is missing."""
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            raise ValueError(
+                f"{who}: {var} is not set; launch with torchrun or use nobubble's spawn()"
+            )
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
 def context_from_env(
     *, device: str | None = None, backend: str | None = None, timeout_s: float = 300.0
 ) -> DistContext:
@@ -140,12 +151,7 @@ def context_from_env(
     import torch
     import torch.distributed as dist
 
-    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if var not in os.environ:
-            raise ValueError(
-                f"context_from_env: {var} is not set; launch with torchrun or use nobubble's spawn()"
-            )
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = torchrun_rank("context_from_env")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if device is None:

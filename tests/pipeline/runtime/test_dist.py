@@ -9,6 +9,7 @@ a failing rank stops the job with its error, bad input is rejected before proces
 from __future__ import annotations
 
 import multiprocessing as mp
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -207,3 +208,20 @@ def test_bad_schedule_and_model_mismatch_rejected_before_spawn():
         with pytest.raises(ValueError, match="has no CUDA|sees no GPU|2 ranks need 2 GPUs"):
             run_local([ok], LaunchOptions(device="cuda"))
     assert not mp.active_children()
+
+
+def test_outside_torchrun_the_traced_run_is_a_value_error_before_any_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_torchrun_traced`` without torchrun's environment names the missing variable and
+    claims no trace file (it was a KeyError)."""
+    from nobubble.distributed.options import LaunchOptions
+    from nobubble.pipeline.runtime.launch import run_torchrun_traced
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(
+        ValueError, match="run_torchrun_traced: RANK is not set; launch with torchrun"
+    ):
+        run_torchrun_traced(None, LaunchOptions(), tmp_path / "t.json")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []

@@ -8,7 +8,6 @@ summarise, write the trace and plot); :func:`run_torchrun_traced` its call under
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from nobubble.distributed import context_from_env, spawn
+from nobubble.distributed.context import torchrun_rank
 from nobubble.distributed.options import LaunchOptions
 from nobubble.files import claim_output
 from nobubble.pipeline.runtime.executor import (
@@ -132,7 +132,7 @@ def run_torchrun_traced(
     """This rank's :func:`run_torchrun` of ``config``, its events written to its own Chrome
     trace (``trace`` with ``.rankR`` before the suffix, claimed before the rank starts);
     the result and that path."""
-    rank = int(os.environ["RANK"])
+    rank, _ = torchrun_rank("run_torchrun_traced")  # before the trace is claimed
     path = trace.with_name(f"{trace.stem}.rank{rank}{trace.suffix}")
     with claim_output(path):
         (res,) = run_torchrun([config], options)  # destroys its process group
