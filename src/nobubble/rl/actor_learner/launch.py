@@ -7,6 +7,7 @@ through :class:`EnvSlot` s. Every actor runs under :func:`nobubble.distributed.s
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import queue as queue_module
 import time
@@ -83,6 +84,8 @@ def run_actor(spec: ActorSpec, channel: tuple[Any, ...], stop: Any, errors: Any)
 
 def _impala_loop(spec: ActorSpec, weights: Any, queue: Any, model: PolicyModel, stop: Any) -> None:
     """Roll out with this process's copy of ``model``, pulled before each unroll, into ``queue``."""
+    # spawn/forkserver hand ``model`` over in shared memory: a pull must not write the learner's
+    model = copy.deepcopy(model)
     torch.set_num_threads(spec.config.threads)
     c = spec.config
     generator = torch.Generator().manual_seed(c.seed * 1000 + spec.index)
@@ -149,9 +152,9 @@ class ActorPool:
         self.inference_busy_s = 0.0  # central inference's time in forward passes
         if config.arch == "impala":
             self.weights = SharedWeights(self._module, ctx)
-            self.weights.publish(self._module, 0)
             self.queue = ctx.Queue(maxsize=2 * config.actors)
             channels: list[tuple[Any, ...]] = [(self.weights, self.queue, model)] * config.actors
+            self.publish(0)
         else:
             groups = 2 if config.arch == "sample-factory" else 1
             per_group = envs_per_trajectory(config)
