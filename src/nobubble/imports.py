@@ -73,8 +73,6 @@ def load_user_object(flag: str, spec: str, what: str) -> Any:
         raise ValueError(f"{what} {spec!r}: file {head} does not exist")
     try:
         module = _load_file(path) if head.endswith(".py") else importlib.import_module(head)
-    except ValueError:
-        raise
     except Exception as err:  # the user's module ran and failed: show what it raised
         if isinstance(err, ModuleNotFoundError) and not head.endswith(".py"):
             raise ValueError(

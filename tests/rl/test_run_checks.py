@@ -26,6 +26,11 @@ def test_a_module_that_fails_to_import_is_one_value_error(tmp_path) -> None:
     (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ValueError, match=r"--task .*importing it raised RuntimeError: boom"):
         load_user_object("--task", f"{tmp_path / 'broken.py'}:TASK", "task")
+    (tmp_path / "refuses.py").write_text("raise ValueError('bad setting in the module')\n")
+    with pytest.raises(
+        ValueError, match=r"--task .*refuses.py:TASK: importing it raised ValueError"
+    ):
+        load_user_object("--task", f"{tmp_path / 'refuses.py'}:TASK", "task")
 
 
 def test_run_objects_are_imported_by_flag_and_built_in_specs_are_not(tmp_path) -> None:
