@@ -154,8 +154,8 @@ class Rewarder:
         cfg = self.cfg
         if cfg.delay_s:
             time.sleep(cfg.delay_s)
-        seed = hash((cfg.seed, s.sample_id, attempt))
-        if cfg.failure_rate and random.Random(seed).random() < cfg.failure_rate:  # no draw at 0
+        draw = cfg.failure_rate and random.Random(hash((cfg.seed, s.sample_id, attempt))).random()
+        if cfg.failure_rate and draw < cfg.failure_rate:  # no draw at a failure rate of 0
             raise RewardFailure(f"injected failure (sample {s.sample_id}, attempt {attempt})")
         return sum(w * as_reward(fn(s.prompt, s.response), name) for fn, w, name in self._fns)
 

@@ -185,7 +185,11 @@ class StageWorker:
         if learner.pushes_gradients:  # it computes on the newest published weights
             learner.version = weights.pull(learner.model, learner.version)
         self._maybe_fault()
-        before, start = cached_digest(self._digests, learner.model, learner.version), time.time()
+        # learner 0 reports the digests (the others' results are merged into its)
+        before = (
+            cached_digest(self._digests, learner.model, learner.version) if self.rank == 0 else None
+        )
+        start = time.time()
         shard = learner.update([GroupBatch(groups, group_weights)])
         v, ids = learner.version, [g.group_id for g in groups]
         args: dict[str, Any] = {"groups": ids}
@@ -197,7 +201,9 @@ class StageWorker:
                 args["pushes"] = shard.pushes
         span = Span("trainer", name, start, time.time(), args)
         trained_by = {} if learner.ctx is None else dict.fromkeys(ids, self.rank)
-        digests = dict([before, cached_digest(self._digests, learner.model, v)])  # cached
+        digests = (
+            {} if before is None else dict([before, cached_digest(self._digests, learner.model, v)])
+        )
         res = TrainResult(
             v, shard.staleness, shard.metrics, span, trained_by, shard.token_staleness, digests
         )
