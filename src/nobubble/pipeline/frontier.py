@@ -259,12 +259,9 @@ def frontier(
     num_microbatches: int,
     sources: Sequence[PointSource] | None = None,
     on_step: Callable[[str], None] | None = None,
-    mem_limits: Sequence[float] | None = None,
-    include_torch: bool = True,
-    ilp_time_limit_s: float | None = None,
 ) -> Frontier:
     """Run every source on ``costs`` (per rank: one entry per rank) and mark the Pareto set;
-    ``sources`` default to :func:`default_sources`'s of the last three keywords.
+    ``sources`` default to :func:`default_sources` ``(num_ranks)``.
 
     ``on_step(label)`` is called before each source (its ``__name__``).
     """
@@ -272,8 +269,7 @@ def frontier(
         raise ValueError(f"costs have {costs.num_stages} stages; give per-rank costs "
                          f"({num_ranks} entries) for the frontier")  # fmt: skip
     if sources is None:
-        sources = default_sources(num_ranks, mem_limits=mem_limits, include_torch=include_torch,
-                                  ilp_time_limit_s=ilp_time_limit_s)  # fmt: skip
+        sources = default_sources(num_ranks)
     started = time.perf_counter()
     points: list[FrontierPoint] = []
     for source in sources:

@@ -171,12 +171,13 @@ def _solve(args: argparse.Namespace) -> int:
 
 
 def _frontier(args: argparse.Namespace) -> int:
-    from nobubble.pipeline.frontier import check_frontier, frontier
+    from nobubble.pipeline.frontier import check_frontier, default_sources, frontier
 
     check_frontier(setting(args), args.mem_limits)
+    sources = default_sources(args.ranks, mem_limits=args.mem_limits,
+                              include_torch=not args.no_torch, ilp_time_limit_s=args.ilp)  # fmt: skip
     result = frontier(_costs(args), num_ranks=args.ranks, num_microbatches=args.microbatches,
-                      mem_limits=args.mem_limits, include_torch=not args.no_torch,
-                      ilp_time_limit_s=args.ilp)  # fmt: skip
+                      sources=sources)  # fmt: skip
     files = []
     if args.plot is not None:
         from nobubble.pipeline.plot import frontier_plot
