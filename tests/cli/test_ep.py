@@ -105,7 +105,7 @@ def test_bench_config_rejects_unknown_transport():
     from nobubble.bench.ep_dispatch import BenchConfig
 
     with pytest.raises(
-        ValueError, match="BenchConfig.transport='nvlink'; choose one of auto, shm, dist"
+        ValueError, match="BenchConfig.transport='nvlink' is unknown; choose one of auto, shm, dist"
     ):
         BenchConfig(transport="nvlink")
 

@@ -33,13 +33,13 @@ class BenchConfig(Settings):
     hidden: int = setting(7168, ">= 1", integer=True, help="hidden size")
     num_experts: int = setting(256, ">= 1", integer=True, help="routed experts (k x num_ranks)")
     topk: int = setting(8, ">= 1", integer=True, help="experts per token")
-    dtype: str = setting("bf16", None, help="payload dtype")
+    dtype: str = setting("bf16", DTYPE_NAMES, help="payload dtype")
     num_iters: int = setting(3, ">= 1", integer=True, help="timed iterations per method")
     num_warmup: int = setting(1, ">= 0", integer=True, help="untimed iterations per method")
     timeout_s: float = setting(1800.0, "> 0", help="seconds, the run's and each collective's")
     seed: int = setting(0, ">= 0", integer=True, help="routing and payload seed")
     # auto: shared memory for gloo on one CPU host; shm; dist: gloo collectives
-    transport: str = "auto"
+    transport: str = setting("auto", TRANSPORT_KINDS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,11 +48,6 @@ class BenchConfig(Settings):
             raise ValueError(
                 f"BenchConfig.topk={self.topk} exceeds num_experts={self.num_experts}; lower topk"
             )
-        for name, choices in (("dtype", DTYPE_NAMES), ("transport", TRANSPORT_KINDS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(
-                    f"BenchConfig.{name}={getattr(self, name)!r}; choose one of {', '.join(choices)}"
-                )
 
     def data_bytes(self) -> int:
         """The run's memory past its processes'. Per rank: its tokens, the rows it receives

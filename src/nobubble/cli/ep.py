@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nobubble.bench.ep_config import DTYPE_NAMES, BenchConfig, TrainConfig
+from nobubble.bench.ep_config import BenchConfig, TrainConfig
 from nobubble.bench.output import print_json
 from nobubble.cli.flags import (
     add_args,
@@ -25,7 +25,6 @@ BENCH_FLAGS = config_flags(
     BenchConfig,
     "--ranks=num_ranks --tokens=num_tokens hidden --experts=num_experts topk dtype "
     "--iters=num_iters --warmup=num_warmup seed --timeout=timeout_s",
-    dtype=DTYPE_NAMES,
 )
 
 BALANCE_FLAGS: tuple[tuple, ...] = (
