@@ -1,6 +1,6 @@
-"""Shared pieces of the command line: argument types, budgets, errors, table/JSON output
-(:mod:`nobubble.bench.output`'s, re-exported). A user mistake raises :class:`UsageError`
-(or a config's ``ValueError``); ``main`` turns either into one line on stderr, exit 2.
+"""Shared pieces of the command line: argument types, budgets, errors (tables and JSON are
+:mod:`nobubble.bench.output`'s). A user mistake raises :class:`UsageError` (or a config's
+``ValueError``); ``main`` turns either into one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nobubble.bench.output import console, print_json, print_result, print_table
 from nobubble.files import FIGURE_SUFFIXES, check_output_dir, check_output_file
 from nobubble.validation import finite
 
@@ -28,10 +27,6 @@ __all__ = [
     "positive_float",
     "nonneg_float",
     "add_json_flag",
-    "print_table",
-    "print_json",
-    "print_result",
-    "console",
 ]
 
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nobubble.bench import showcase
-from nobubble.cli.util import ArgumentParser, console, output_dir, print_table, seed_int
+from nobubble.bench.output import console, print_table
+from nobubble.cli.util import ArgumentParser, output_dir, seed_int
 
 Step = Callable[[Path, bool, int], list[Path]]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from nobubble.bench import pp_tables
+from nobubble.bench.output import console, print_json, print_result
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
@@ -28,14 +29,11 @@ from nobubble.cli.pp.options import (
 from nobubble.cli.util import (
     ArgumentParser,
     add_json_flag,
-    console,
     input_file,
     output_file,
     plot_file,
     positive_float,
     positive_int,
-    print_json,
-    print_result,
 )
 from nobubble.files import write_text
 

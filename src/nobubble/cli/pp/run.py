@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nobubble.bench import pp_tables
+from nobubble.bench.output import console, print_json, print_result
 from nobubble.budget import check_budget
 from nobubble.cli.flags import add_args
 from nobubble.cli.pp.options import (
@@ -35,15 +36,12 @@ from nobubble.cli.pp.options import (
 )
 from nobubble.cli.util import (
     UsageError,
-    console,
     input_file,
     nonneg_float,
     output_file,
     plot_file,
     positive_float,
     positive_int,
-    print_json,
-    print_result,
 )
 from nobubble.files import claim_output, write_text
 from nobubble.pipeline.plan_inputs import absolute_spec, is_user_model
