@@ -13,6 +13,7 @@ from nobubble.rl.algo.losses import (
     LOSS_AGG_MODES,
     aggregate_loss,
     kl_penalty,
+    policy_entropy,
     policy_gradient_loss,
     ppo_policy_loss,
 )
@@ -290,3 +291,22 @@ def test_bad_input_names_the_value() -> None:
         kl_penalty(x, x, "k4")
     with pytest.raises(ValueError, match="behav_weight_cap=0"):
         ppo_policy_loss(x, x, x, x, behav_logp=x, behav_weight_cap=0)
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 7), st.floats(0.1, 30.0))
+def test_policy_entropy_is_the_categoricals_by_its_definition(seed, actions, scale) -> None:
+    """Against a loop over the definition -sum p log p (and torch's Categorical), for
+    peaked and flat logits alike; uniform over A is log A."""
+    g = torch.Generator().manual_seed(seed)
+    logits = scale * torch.randn(3, 4, actions, generator=g, dtype=torch.float64)
+    got = policy_entropy(torch.log_softmax(logits, -1))  # (3, 4)
+    for i in range(3):
+        for j in range(4):
+            p = [math.exp(x) for x in logits[i, j].tolist()]
+            z = sum(p)
+            want = -sum(q / z * math.log(q / z) for q in p if q > 0)
+            assert got[i, j].item() == pytest.approx(want, abs=1e-9)
+    cat = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.allclose(got, cat, atol=1e-9)
+    flat = policy_entropy(torch.log_softmax(torch.zeros(actions, dtype=torch.float64), -1))
+    assert flat.item() == pytest.approx(math.log(actions))

@@ -24,7 +24,7 @@ from nobubble.rl.actor_learner.model import (
     initial_model,
     stack_trajectories,
 )
-from nobubble.rl.algo.losses import policy_gradient_loss, ppo_policy_loss
+from nobubble.rl.algo.losses import policy_entropy, policy_gradient_loss, ppo_policy_loss
 from nobubble.rl.algo.vtrace import VTraceReturns, vtrace_from_logits
 from nobubble.rl.system.experience import ExperienceBuffer
 from nobubble.rl.system.learner import Learner, ShardGradients
@@ -85,8 +85,8 @@ class VTraceLoss:
             policy_loss = policy_gradient_loss(logp.T, adv.T, mask)
             clip_fraction = torch.zeros(())
         value_loss = 0.5 * (out.vs - values[:-1]).square().mean()
-        logp_all = torch.log_softmax(logits[:-1], dim=-1)  # (T, b, A); no Categorical checks
-        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+        assert out.target_log_probs is not None  # set by vtrace_from_logits, as logp
+        entropy = policy_entropy(out.target_log_probs).mean()
         loss = policy_loss + c.value_coef * value_loss - c.entropy_coef * entropy
         terms = torch.stack([policy_loss, value_loss, entropy, clip_fraction]).tolist()
         metrics = dict(zip(("policy_loss", "value_loss", "entropy", "clip_fraction"), terms))

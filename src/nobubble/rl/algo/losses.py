@@ -22,6 +22,7 @@ __all__ = [
     "ppo_policy_loss",
     "policy_gradient_loss",
     "kl_penalty",
+    "policy_entropy",
 ]
 
 LossAgg = Literal[
@@ -305,3 +306,9 @@ def grpo_advantages(
     elif scale == "batch" and rewards.numel() > 1:
         centered = centered / (rewards.std() + eps)
     return centered.reshape(-1)
+
+
+def policy_entropy(logp: torch.Tensor) -> torch.Tensor:
+    """The entropy ``-sum_a pi(a) log pi(a)`` of each distribution of ``logp`` ``(..., A)``
+    (log-probabilities, e.g. ``log_softmax(logits, -1)``): ``(...)``."""
+    return -(logp.exp() * logp).sum(-1)

@@ -23,12 +23,14 @@ __all__ = ["VTraceReturns", "vtrace", "vtrace_from_logits"]
 class VTraceReturns:
     """V-trace's ``[T, B, ...]`` targets ``vs`` and ``pg_advantages`` and the ``log_rhos``
     they came from (no gradient); :func:`vtrace_from_logits` also sets
-    ``target_action_log_probs`` ``[T, B]``, log pi(a_t|x_t) *with* gradient (for the loss)."""
+    ``target_action_log_probs`` ``[T, B]``, log pi(a_t|x_t), and ``target_log_probs``
+    ``[T, B, A]``, log pi(.|x_t), both *with* gradient (the loss, the entropy)."""
 
     vs: torch.Tensor
     pg_advantages: torch.Tensor
     log_rhos: torch.Tensor
     target_action_log_probs: torch.Tensor | None = None
+    target_log_probs: torch.Tensor | None = None
 
 
 def vtrace(
@@ -102,7 +104,7 @@ def vtrace_from_logits(
     """:func:`vtrace` for softmax policies given as ``[T, B, A]`` logits of the actor (mu) and
     the learner (pi, with gradient), ``actions`` ``[T, B]`` int64 in ``[0, A)``, the rest
     ``[T, B]`` (``bootstrap_value`` ``[B]``) and ``options`` (``clip_rho_threshold``,
-    ``clip_pg_rho_threshold``, ``lambda_``) as there; sets ``target_action_log_probs``."""
+    ``clip_pg_rho_threshold``, ``lambda_``) as there; sets ``target_action_log_probs`` and ``target_log_probs``."""
     if behaviour_policy_logits.shape != target_policy_logits.shape:
         raise ValueError(
             f"vtrace_from_logits: behaviour logits {tuple(behaviour_policy_logits.shape)} and "
@@ -115,7 +117,8 @@ def vtrace_from_logits(
         )
     index = actions.unsqueeze(-1)  # [T, B, 1]
     behaviour_lp = F.log_softmax(behaviour_policy_logits.detach(), -1).gather(-1, index)
-    target_lp = F.log_softmax(target_policy_logits, -1).gather(-1, index).squeeze(-1)  # [T, B]
+    target_all = F.log_softmax(target_policy_logits, -1)  # [T, B, A]
+    target_lp = target_all.gather(-1, index).squeeze(-1)  # [T, B]
     log_rhos = target_lp - behaviour_lp.squeeze(-1)  # [T, B]; vtrace detaches it
     out = vtrace(log_rhos, discounts, rewards, values, bootstrap_value, **options)
-    return VTraceReturns(out.vs, out.pg_advantages, out.log_rhos, target_lp)
+    return VTraceReturns(out.vs, out.pg_advantages, out.log_rhos, target_lp, target_all)

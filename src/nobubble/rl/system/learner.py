@@ -30,6 +30,7 @@ from nobubble.rl.algo.losses import (
     aggregate_loss,
     grpo_advantages,
     kl_penalty,
+    policy_entropy,
     policy_gradient_loss,
     ppo_policy_loss,
 )
@@ -299,7 +300,7 @@ class GroupLoss:
             kl = aggregate_loss(kl_penalty(logp, ref_logp, "k3"), mask)
             loss = loss + self.cfg.kl_coef * kl
             metrics["kl_ref"] = float(kl.detach())
-        entropy = aggregate_loss(-(logp_all.exp() * logp_all).sum(-1), mask)
+        entropy = aggregate_loss(policy_entropy(logp_all), mask)
         uniform_kl = aggregate_loss(-logp_all.mean(-1) - math.log(logp_all.shape[-1]), mask)
         loss = loss - self.cfg.entropy_coef * entropy + self.cfg.uniform_kl_coef * uniform_kl
         metrics.update(weight_mean=float((w * mask).sum() / mask.sum().clamp(min=1)))
