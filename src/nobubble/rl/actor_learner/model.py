@@ -261,7 +261,9 @@ class TrajectoryBuilder:
         steps["obs"].append(obs)
         if len(steps["actions"]) < self.T:
             return None
-        data: list[Any] = [np.stack(v).astype(_STEP_DTYPES[k]) for k, v in steps.items()]
+        data: list[Any] = [
+            np.stack(v).astype(_STEP_DTYPES[k], copy=False) for k, v in steps.items()
+        ]
         data += [tuple(self.returns), tuple(sorted(self.claims.items()))]
         finished = Trajectory(self.source, self._seq, self.version, *data)
         self._seq += 1

@@ -243,10 +243,15 @@ class CharTransformer(nn.Module):
                 f"sequence length {t} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "raise PolicyConfig.max_seq_len"
             )
-        mask = torch.ones_like(tokens) if attention_mask is None else attention_mask
-        position_ids = _positions(mask) if position_ids is None else position_ids
+        mask = attention_mask
+        if position_ids is None:  # no mask: 0..T-1, what _positions gives an all-ones one
+            position_ids = (
+                torch.arange(t, device=tokens.device).expand(b, t)
+                if mask is None
+                else _positions(mask)
+            )
         attn = None  # no padding: the fast causal path
-        if not bool(mask.all()):
+        if mask is not None and not bool(mask.all()):
             keys = mask.bool()[:, None, None, :]  # (B, 1, 1, T)
             eye = torch.eye(t, dtype=torch.bool, device=tokens.device)
             causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
