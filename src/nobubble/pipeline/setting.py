@@ -144,10 +144,22 @@ class PipelineSetting:
               on_solution: Callable[[float, float, float], None] | None = None) -> SolveResult:  # fmt: skip
         """:func:`~nobubble.pipeline.ilp.solve.solve_optimal` of this setting (``num_chunks``
         stages per rank, None: 1; ``mem_limit`` below 1 too: the solver explains why it is
-        infeasible), after its checks: ``placement`` needs 2 chunks, the size the solve
-        budget, ``num_workers`` at most the cores (or CP-SAT's default of 8) unless ``force``."""
+        infeasible), after :meth:`check_solve`."""
+        self.check_solve(placement, num_workers)
         from nobubble.pipeline.ilp.solve import solve_optimal
 
+        costs = self.cost_model()
+        return solve_optimal(
+            costs, num_stages=self.num_ranks, num_microbatches=self.num_microbatches,  # type: ignore[arg-type]
+            mem_limit=self.limit_for(costs, below_one=True), objective=objective,
+            time_limit_s=time_limit_s, num_workers=num_workers, num_chunks=self.num_chunks or 1,
+            placement=placement, on_solution=on_solution,
+        )  # fmt: skip
+
+    def check_solve(self, placement: str | None, num_workers: int | None) -> None:
+        """:meth:`solve`'s checks, before the solver is loaded: ``placement`` needs 2 chunks,
+        the size the solve budget, ``num_workers`` at most the cores (or CP-SAT's default of
+        8) unless ``force``. Raises ValueError."""
         chunks = self.num_chunks or 1
         if placement is not None and chunks == 1:
             raise ValueError(f"--placement {placement} needs --chunks 2")
@@ -158,10 +170,3 @@ class PipelineSetting:
                 f"--workers {num_workers} is past this machine's {cores} cores (and CP-SAT's "
                 f"default of 8); use at most {max(8, cores)}, or --force"
             )
-        costs = self.cost_model()
-        return solve_optimal(
-            costs, num_stages=self.num_ranks, num_microbatches=self.num_microbatches,  # type: ignore[arg-type]
-            mem_limit=self.limit_for(costs, below_one=True), objective=objective,
-            time_limit_s=time_limit_s, num_workers=num_workers, num_chunks=chunks,
-            placement=placement, on_solution=on_solution,
-        )  # fmt: skip

@@ -145,6 +145,7 @@ def _solve(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
 
     s = setting(args)
+    s.check_solve(args.placement, args.workers)  # before the bar and the solver's import
     # the bar moves at each solution the solver finds (elapsed time beside)
     with progress_bar("solving", total=args.time_limit, counter=None) as (bar, task):
         result = s.solve(
