@@ -207,7 +207,7 @@ def _costs(args: argparse.Namespace):
     given = [flag for flag, dest in times if getattr(args, dest) is not None]
     refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
     costs = read_file(args.costs, "--costs", "profile").cost_model()
-    file_sets_size(args, f"--costs {args.costs}", costs.num_stages, args.microbatches)
+    file_sets_size(args, f"--costs {args.costs}", costs.num_stages)
     return costs
 
 

@@ -141,14 +141,17 @@ def refuse(*cases: tuple[object, str]) -> None:
 def file_sets_size(args: argparse.Namespace, source: str, num_ranks: int,
                    num_microbatches: int | None = None, held: str = "has") -> None:  # fmt: skip
     """Refuse ``--ranks`` / ``-m`` that disagree with the file ``source`` (flag and path;
-    ``held``: how it holds its ranks) that sets them, then take its microbatches."""
+    ``held``: how it holds its ranks) that sets them (``num_microbatches`` None: it sets no
+    microbatch count), then take its microbatches."""
+    sets_m = num_microbatches is not None
     refuse(
         (args.ranks not in (None, num_ranks), f"{source} {held} {num_ranks} ranks but --ranks "
          f"is {args.ranks}; give --ranks {num_ranks}"),
-        (args.microbatches not in (None, num_microbatches), f"-m {args.microbatches}, but "
-         f"{source} runs {num_microbatches} microbatches; drop -m (the file sets it)"),
+        (sets_m and args.microbatches not in (None, num_microbatches), f"-m {args.microbatches}, "
+         f"but {source} runs {num_microbatches} microbatches; drop -m (the file sets it)"),
     )  # fmt: skip
-    args.microbatches = num_microbatches or args.microbatches
+    if sets_m:
+        args.microbatches = num_microbatches
 
 
 def perturbation_from_args(args: argparse.Namespace):
