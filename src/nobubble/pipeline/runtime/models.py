@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from nobubble.pipeline.partition import equal_sizes, stage_ranges
 from nobubble.settings import Settings, setting
-from nobubble.validation import check_fields, check_value
+from nobubble.validation import check_value
 
 if TYPE_CHECKING:
     import torch
@@ -133,18 +133,14 @@ class GPTConfig(_InputBodyHead, Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MLPConfig(_InputBodyHead):
+class MLPConfig(_InputBodyHead, Settings):
     """Input projection, ``num_layers`` residual MLP blocks, classifier head (cross-entropy)."""
 
-    in_features: int = 32
-    hidden: int = 64
-    num_classes: int = 10
-    num_layers: int = 4
+    in_features: int = setting(32, ">= 1", integer=True)
+    hidden: int = setting(64, ">= 1", integer=True, help="hidden size")
+    num_classes: int = setting(10, ">= 1", integer=True)
+    num_layers: int = setting(4, ">= 1", integer=True, help="transformer / MLP blocks")
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        names = ("in_features", "hidden", "num_classes", "num_layers")
-        check_fields("MLPConfig", self, names, ">= 1")
 
     @property
     def name(self) -> str:
