@@ -90,6 +90,7 @@ def test_server_error_on_every_attempt_raises_naming_url_attempts_and_status() -
         assert server.requests == 2
     assert "HTTP 500" in str(info.value)
     assert server.url in str(info.value)
+    assert not info.value.retry  # the final failure: nothing more to try
 
 
 def test_backoff_doubles_between_attempts() -> None:

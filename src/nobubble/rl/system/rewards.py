@@ -49,10 +49,11 @@ RewardFn = Callable[[str, str], float]
 
 class RewardFailure(RuntimeError):
     """A reward gave no valid score: a failure injected by ``RewardConfig.failure_rate``, a
-    reward service that failed (``retry``: whether another attempt may fix it), or so many
-    groups in a row that the run cannot learn (:class:`RewardWatch`)."""
+    reward service that failed (``retry``: one attempt of it, which another may fix; False
+    on the final failures), or so many groups in a row that the run cannot learn
+    (:class:`RewardWatch`)."""
 
-    def __init__(self, message: str, retry: bool = True) -> None:
+    def __init__(self, message: str, retry: bool = False) -> None:
         super().__init__(message)
         self.retry = retry
 
@@ -287,8 +288,8 @@ def _post(url: str, body: bytes, timeout_s: float) -> bytes:
     except (http.client.HTTPException, OSError) as err:  # URLError and TimeoutError too
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
         if isinstance(reason, TimeoutError):
-            raise RewardFailure(f"timed out after {timeout_s}s") from None
-        raise RewardFailure(f"connection failed: {reason!r}") from None
+            raise RewardFailure(f"timed out after {timeout_s}s", retry=True) from None
+        raise RewardFailure(f"connection failed: {reason!r}", retry=True) from None
 
 
 def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
@@ -298,15 +299,18 @@ def _parse_rewards(raw: bytes, num_pairs: int) -> list[float]:
     except (ValueError, TypeError, KeyError, IndexError):  # JSONDecodeError, UnicodeDecodeError
         values = None
     if not isinstance(values, list):
-        raise RewardFailure(f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}")
+        raise RewardFailure(
+            f"malformed answer (no JSON 'rewards' list): {_excerpt(raw)!r}", retry=True
+        )
     if len(values) != num_pairs:
         raise RewardFailure(
-            f"malformed answer: {len(values)} rewards for {num_pairs} prompt/response pairs"
+            f"malformed answer: {len(values)} rewards for {num_pairs} prompt/response pairs",
+            retry=True,
         )
     try:
         return [as_reward(value, f"the service for pair {i}") for i, value in enumerate(values)]
     except ValueError as err:
-        raise RewardFailure(f"malformed answer: {err}") from None
+        raise RewardFailure(f"malformed answer: {err}", retry=True) from None
 
 
 def _excerpt(raw: bytes) -> str:
