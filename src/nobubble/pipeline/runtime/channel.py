@@ -13,10 +13,13 @@ Lifecycle per source rank, receiving side: ``POSTED`` (the one receive posted fo
 source) -> ``ARRIVED`` (in the mailbox by key; the next receive posted) -> ``TAKEN``
 (:meth:`Channel.receive`). Invariant: while a source still owes this rank messages, one
 receive is posted for it, in its send order, so every send finds its receive whatever the
-op order (with gloo and NCCL; the two directions use two process groups). A receiver thread
-per source blocks in gloo's ``wait``; :meth:`Channel.poll` only looks at the mailbox,
-:meth:`Channel.wait` sleeps on it. Every wait is bounded by ``timeout_s``; a receiver's
-failure (a timeout, a dead peer) is raised in the rank's thread.
+op order (with gloo and NCCL; the two directions use two process groups). Handshake
+(unordered): a receiver thread per source blocks in gloo's ``wait``; :meth:`Channel.poll`
+only looks at the mailbox, :meth:`Channel.wait` sleeps on it. Static (``ordered``): no
+threads; :meth:`Channel.receive` waits in the rank's own thread for the posted receives of
+its source until the key is in (a thread's hand-over costs a GIL switch per message, 10% of
+a 1F1B step on CPU). Every wait is bounded by ``timeout_s``; a receiver's failure (a
+timeout, a dead peer) is raised in the rank's thread.
 """
 
 from __future__ import annotations
@@ -161,13 +164,17 @@ class Channel:
         self._news = threading.Condition()  # guards _arrived, _owed, _count, _errors
         self._count = self._seen = 0  # tensors filed so far / when poll last looked
         self._errors: list[BaseException] = []
+        # ordered: per source, the receive posted for its next message (header or payload)
+        self._posted: dict[int, tuple[MessageKey, torch.Tensor, dist.Work, bool]] = {}
         self._threads = [
             threading.Thread(target=self._receive_from, args=(src, len(keys)), daemon=True,
                              name=f"rank{rank}-from{src}")
             for src, keys in self._owed.items()
-        ]  # fmt: skip
+        ] if not ordered else []  # fmt: skip
         for t in self._threads:
             t.start()
+        for src in self._owed if ordered else ():
+            self._post(src)
 
     def _group(self, src: int, dst: int) -> dist.ProcessGroup | None:
         return self.groups[0] if src < dst else self.groups[1]
@@ -190,26 +197,60 @@ class Channel:
                 self._errors.append(err)
                 self._news.notify_all()
 
-    def _receive_one(self, src: int) -> tuple[MessageKey, torch.Tensor]:
-        """The next message from ``src``: its header (unless its shape is cached), then its
-        payload. Returns its key and tensor."""
-        group = self._group(src, self.rank)
-        with self._news:
-            nxt = self._owed[src][0] if self.ordered else None
-        known = self.shapes.received.get(nxt) if self.shapes is not None and nxt else None
-        if nxt is not None and known is not None:
-            key, (dtype, shape) = nxt, known
-        else:
-            buf = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-            work = dist.irecv(buf, group_src=src, tag=_HEADER_TAG, group=group)
-            assert work is not None  # None only for a rank outside the group; ours span all
+    def _post(self, src: int) -> None:
+        """Ordered: post the receive of ``src``'s next message: its payload if its shape is
+        cached, else its header."""
+        if not self._owed[src]:
+            return
+        key = self._owed[src][0]
+        known = self.shapes.received.get(key) if self.shapes is not None else None
+        dtype, shape = known or (torch.int64, torch.Size([HEADER_LEN]))
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        tag = self._payload_tag(key) if known is not None else _HEADER_TAG
+        work = dist.irecv(buf, group_src=src, tag=tag, group=self._group(src, self.rank))
+        assert work is not None  # None only for a rank outside the group; ours span all
+        self._posted[src] = (key, buf, work, known is not None)
+
+    def _take_posted(self, src: int) -> None:
+        """Ordered: wait for ``src``'s posted message (and its payload after a header), file
+        it in the mailbox, post the next one."""
+        key, buf, work, is_payload = self._posted.pop(src)
+        if not is_payload:
             wait_for(work, self.timeout, self.rank, f"receiving a header from rank {src}")
-            kind, stage, mb, code, ndim, *dims = buf.tolist()
-            key, dtype = MessageKey(_KINDS[kind], stage, mb), DTYPES[code]
-            shape = torch.Size(dims[:ndim])
-            if nxt not in (None, key):
-                raise RuntimeError(f"rank {self.rank}: rank {src} sent {key} where its schedule "
-                                   f"row sends {nxt}")  # fmt: skip
+            got = self._decode(buf, src, key)
+            buf = torch.empty(got[1], dtype=got[0], device=self.device)
+            payload = dist.irecv(buf, group_src=src, tag=self._payload_tag(key),
+                                 group=self._group(src, self.rank))  # fmt: skip
+            assert payload is not None
+            work = payload
+        wait_for(work, self.timeout, self.rank, f"receiving {key} from rank {src}")
+        if self.shapes is not None:
+            self.shapes.received[key] = (buf.dtype, buf.shape)
+        self._owed[src].pop(0)
+        self._arrived[key] = buf
+        self._count += 1
+        self._post(src)
+
+    def _decode(
+        self, header: torch.Tensor, src: int, expected: MessageKey | None
+    ) -> tuple[torch.dtype, torch.Size, MessageKey]:
+        """A header's dtype, shape and key; RuntimeError if it is not the ``expected`` key."""
+        kind, stage, mb, code, ndim, *dims = header.tolist()
+        key = MessageKey(_KINDS[kind], stage, mb)
+        if expected not in (None, key):
+            raise RuntimeError(f"rank {self.rank}: rank {src} sent {key} where its schedule "
+                               f"row sends {expected}")  # fmt: skip
+        return DTYPES[code], torch.Size(dims[:ndim]), key
+
+    def _receive_one(self, src: int) -> tuple[MessageKey, torch.Tensor]:
+        """Unordered (a receiver thread): the next message from ``src``, whichever key it
+        is: its header, then its payload. Returns its key and tensor."""
+        group = self._group(src, self.rank)
+        buf = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+        work = dist.irecv(buf, group_src=src, tag=_HEADER_TAG, group=group)
+        assert work is not None  # None only for a rank outside the group; ours span all
+        wait_for(work, self.timeout, self.rank, f"receiving a header from rank {src}")
+        dtype, shape, key = self._decode(buf, src, None)
         with self._news:
             if key not in self._owed[src]:
                 raise RuntimeError(f"rank {self.rank}: rank {src} sent {key}, which the plan "
@@ -219,8 +260,6 @@ class Channel:
         got = dist.irecv(payload, group_src=src, tag=self._payload_tag(key), group=group)
         assert got is not None
         wait_for(got, self.timeout, self.rank, f"receiving {key} from rank {src}")
-        if self.shapes is not None:
-            self.shapes.received[key] = (payload.dtype, payload.shape)
         return key, payload
 
     def _check(self) -> None:
@@ -236,7 +275,10 @@ class Channel:
 
     def wait(self) -> None:
         """Sleep until a new tensor arrives; TimeoutError after ``timeout_s`` naming what
-        was still owed."""
+        was still owed (ordered: :meth:`has` is True for all that can come; RuntimeError)."""
+        if self.ordered:
+            raise RuntimeError(f"rank {self.rank}: static order waits for a message no rank "
+                               f"owes it; owed (by source): {self._owed}")  # fmt: skip
         with self._news:
             came = self._news.wait_for(
                 lambda: self._count > self._seen or bool(self._errors),
@@ -251,16 +293,23 @@ class Channel:
                 )
 
     def has(self, key: MessageKey, src: int) -> bool:
-        """Whether the tensor for ``key`` from ``src`` is here (arrived, or handed over)."""
+        """Whether the tensor for ``key`` from ``src`` is here (arrived, or handed over);
+        ordered: or on its way (``src`` still owes it: :meth:`receive` waits for it)."""
         if src == self.rank:
             return key in self._local
+        if self.ordered:
+            return key in self._arrived or key in self._owed.get(src, ())
         with self._news:
             return key in self._arrived
 
     def receive(self, key: MessageKey, src: int) -> torch.Tensor:
-        """Take the tensor for ``key``, which :meth:`has` says is here."""
+        """Take the tensor for ``key``, which :meth:`has` says is here (ordered: waits for
+        ``src``'s messages up to ``key``)."""
         if src == self.rank:
             return self._local.pop(key)
+        if self.ordered:
+            while key not in self._arrived and src in self._posted:
+                self._take_posted(src)
         with self._news:
             if key not in self._arrived:
                 raise RuntimeError(f"rank {self.rank}: {key} from rank {src} has not arrived")
