@@ -52,10 +52,20 @@ class EnvSlot:
             k: mp_context.RawArray(code, num_envs * (obs_dim if k == "obs" else 1))
             for k, code in _SLOT_TYPES.items()
         }
+        self._views: dict[str, np.ndarray] = {}  # made once per process (inference reads
+        # every slot at every step); not pickled: a spawned worker makes its own
 
     def __getitem__(self, name: str) -> np.ndarray:
-        view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name])
-        return view.reshape(self.num_envs, self.obs_dim) if name == "obs" else view
+        view = self._views.get(name)
+        if view is None:
+            view = np.frombuffer(self._raw[name], dtype=_SLOT_TYPES[name])
+            if name == "obs":
+                view = view.reshape(self.num_envs, self.obs_dim)
+            self._views[name] = view
+        return view
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_views": {}}
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,7 @@ class TrajectoryBuilder:
 
     def __init__(self, source: str, unroll_length: int) -> None:
         self.source, self.T, self._seq = source, unroll_length, 0
-        self._running: Any = 0.0  # (K,) float64 episode sums once the first reward came
+        self._running: np.ndarray | None = None  # (K,) float64 episode sums from the first reward
         self._new()
 
     def _new(self) -> None:
@@ -255,9 +255,12 @@ class TrajectoryBuilder:
             assert reward is not None and done is not None, f"{self.source}: no reward, done"
             steps["rewards"].append(reward)
             steps["dones"].append(done)
-            self._running = self._running + np.asarray(reward, dtype=np.float64)
-            self.returns += self._running[done].tolist()
-            self._running[done] = 0.0
+            if self._running is None:
+                self._running = np.zeros(np.shape(reward), dtype=np.float64)
+            self._running += reward
+            if done.any():
+                self.returns += self._running[done].tolist()
+                self._running[done] = 0.0
         steps["obs"].append(obs)
         if len(steps["actions"]) < self.T:
             return None
