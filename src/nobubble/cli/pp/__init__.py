@@ -12,12 +12,12 @@ from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
     CHUNKS,
-    COST_NAMES,
     COSTS,
     DISPATCH,
     MEM_LIMIT,
     SHAPE,
     SIZE,
+    TIME_FLAGS,
     file_sets_size,
     mem_limit,
     perturbation_from_args,
@@ -203,8 +203,7 @@ def _frontier(args: argparse.Namespace) -> int:
 def _costs(args: argparse.Namespace):
     if args.costs is None:
         return setting(args).cost_model()
-    times = zip(("--model", "--tf", "--tb", "--tw", "--tcomm"), COST_NAMES[:5], strict=True)
-    given = [flag for flag, dest in times if getattr(args, dest) is not None]
+    given = [flag for flag, dest in TIME_FLAGS if getattr(args, dest) is not None]
     refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
     costs = read_file(args.costs, "--costs", "profile").cost_model()
     file_sets_size(args, f"--costs {args.costs}", costs.num_stages)
