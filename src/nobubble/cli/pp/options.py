@@ -258,13 +258,14 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
         budget.check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample
-        check_time(args, ranks or 1, model.num_parameters, tokens)
+        check_estimated_time(args, ranks or 1, model.num_parameters, tokens)
     return launch
 
 
-def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
-    """:func:`nobubble.budget.check_time` of ``--steps`` or ``--repeats``, estimated for a
-    model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch."""
+def check_estimated_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
+    """Refuse ``--steps`` (or ``--repeats``) whose time, estimated for a model of ``params``
+    parameters and ``tokens`` tokens (or rows) a microbatch, passes the time budget
+    (:func:`nobubble.budget.check_time` of the estimate)."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:

@@ -22,9 +22,9 @@ from nobubble.cli.pp.options import (
     SIZE,
     STRAGGLER,
     add_model_and_launch,
+    check_estimated_time,
     check_factory_flags,
     check_launch,
-    check_time,
     file_sets_size,
     given_model_flags,
     load_user_model,
@@ -234,7 +234,8 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
                                    "prediction is for the planned batch")  # fmt: skip
-    check_time(args, p.num_ranks, model.num_parameters, model.batch_tokens // p.num_microbatches)
+    tokens = model.batch_tokens // p.num_microbatches
+    check_estimated_time(args, p.num_ranks, model.num_parameters, tokens)
     check_device(launch.device, launch.backend, ranks=p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),
