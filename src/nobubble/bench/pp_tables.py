@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nobubble.bench.output import console, print_table
+from nobubble.pipeline.plan_inputs import MiB
 
 __all__ = [
     "plan_run_table",
@@ -19,8 +20,6 @@ __all__ = [
     "simulate_table",
     "solve_table",
 ]
-
-MiB = 1024 * 1024
 
 
 def profile_table(prof: Any) -> dict[str, Any]:

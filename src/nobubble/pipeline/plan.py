@@ -27,6 +27,7 @@ from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.partition import equal_sizes
 from nobubble.pipeline.plan_inputs import (
     BlockCosts,
+    MiB,
     candidate_cuts,
     check_inputs,
     chunks_of,
@@ -218,7 +219,7 @@ class Plan:
             "recompute": candidate.recompute[0],
             "predicted_step_ms": candidate.predicted_step_ms,
             "bubble_rate": self.simulate(candidate).bubble_rate,
-            "peak_mib_per_rank": [b / 2**20 for b in candidate.predicted_peak_bytes],
+            "peak_mib_per_rank": [b / MiB for b in candidate.predicted_peak_bytes],
             "fits": candidate.fits,
         }
 

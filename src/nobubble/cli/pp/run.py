@@ -44,13 +44,12 @@ from nobubble.cli.util import (
     positive_int,
 )
 from nobubble.files import claim_output, write_text
-from nobubble.pipeline.plan_inputs import absolute_spec, is_user_model
+from nobubble.pipeline.plan_inputs import MiB, absolute_spec, is_user_model
 
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.plan import Plan
 
-MiB = 1024 * 1024
 TOP_CANDIDATES = 8  # rows of the plan table: the chosen plan, then the next fastest
 DEFAULT_MICROBATCHES = 8  # -m of the built-in models' pp plan and pp run
 
