@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import pytest
@@ -162,6 +163,7 @@ def test_weigh_and_simulate_rebuild_every_candidate():
                         recompute=c.recompute[0])  # fmt: skip
         assert again == c
         assert p.simulate(c).makespan == c.predicted_step_ms
+        assert p.simulate(c).bubble_rate == c.predicted_bubble_rate  # carried, not redone
     assert p.simulate().makespan == p.predicted_step_ms
     # a cut the search need not have kept: 8 one-row microbatches are the profiled size
     assert p.weigh((3,), "1f1b", num_microbatches=8).predicted_step_ms == step_ms(
@@ -186,6 +188,16 @@ def test_describe_is_the_candidates_row_and_draw_writes_plan_above_naive(tmp_pat
     assert p.describe(p.weigh((1,), "1f1b", recompute=True))["fits"] is True
     png = p.draw(tmp_path / "plan.png")
     assert png == tmp_path / "plan.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plan_file_without_bubble_rates_is_described_by_simulating_again():
+    p = plan_from_costs([block(1.0, act=2.0**20)] * 2, num_ranks=2, num_microbatches=2)
+    old = json.loads(p.to_json())
+    for c in (old["chosen"], *old["candidates"]):  # as written before the rates were kept
+        del c["predicted_bubble_rate"]
+    q = Plan.from_json(json.dumps(old))
+    assert q.chosen.predicted_bubble_rate is None
+    assert q.describe(q.chosen) == p.describe(p.chosen)
 
 
 @pytest.mark.parametrize("cuts, schedule, message", [

@@ -191,9 +191,10 @@ def _print_rank(as_json: bool, res, path: Path) -> int:
 def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Path) -> int:
     """``pp plan --model MODULE:FACTORY``'s output: the plan's JSON at ``out``, its Gantt chart
     above the naive plan's, the table of the chosen plan, the next candidates and the naive."""
-    plot = p.draw(args.plot if args.plot is not None else out.with_suffix(".png"))
+    naive_plan = p.naive()
+    plot = p.draw(args.plot if args.plot is not None else out.with_suffix(".png"), naive_plan)
     shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
-    rows, naive = [p.describe(c) for c in shown], p.describe(p.naive())
+    rows, naive = [p.describe(c) for c in shown], p.describe(naive_plan)
     write_text(out, p.to_json())
     if args.json:
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0], "candidates": rows,
