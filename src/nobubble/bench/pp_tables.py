@@ -51,14 +51,12 @@ def simulate_table(result: Any, run: Any, mem_f: float) -> dict[str, Any]:
     }
 
 
-def solve_table(
-    result: Any, num_ranks: int, num_microbatches: int, num_chunks: int, mem_limit: float | None
-) -> dict[str, Any]:
+def solve_table(result: Any, num_ranks: int, num_microbatches: int) -> dict[str, Any]:
     """``pp solve``'s table of a :class:`~nobubble.pipeline.ilp.common.SolveResult` of
-    ``num_ranks`` x ``num_chunks`` stages and ``num_microbatches`` microbatches under the
-    activation limit ``mem_limit`` (None: none): the schedule, its status and figures."""
-    limit = "none" if mem_limit is None else f"{mem_limit:g}"
-    shape = "" if num_chunks == 1 else f", {num_chunks} chunks ({result.placement})"
+    ``num_ranks`` ranks (each of ``result.num_chunks`` stages) and ``num_microbatches``
+    microbatches under its activation limit: the schedule, its status and figures."""
+    limit = "none" if result.mem_limit is None else f"{result.mem_limit:g}"
+    shape = "" if result.num_chunks == 1 else f", {result.num_chunks} chunks ({result.placement})"
     kind = result.objective_kind
     return {
         "title": f"pp solve: p={num_ranks}, m={num_microbatches}{shape}, {kind}, mem limit {limit}",

@@ -162,9 +162,8 @@ def _solve(args: argparse.Namespace) -> int:
             gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
         if args.csv is not None:
             write_text(args.csv, result.schedule.to_csv())
-    mem_limit = s.limit_for(s.cost_model(), below_one=True)
-    data = {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit}
-    table = pp_tables.solve_table(result, args.ranks, args.microbatches, args.chunks, mem_limit)
+    data = {"stages": args.ranks, "microbatches": args.microbatches}
+    table = pp_tables.solve_table(result, args.ranks, args.microbatches)
     print_result(args.json, result.summary() | data, **table)
     return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
 

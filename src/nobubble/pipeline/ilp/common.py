@@ -45,6 +45,8 @@ class SolveResult:
         time_unit: size of one solver tick in cost units (e.g. 1e-3).
         num_chunks: stages per rank (1, or 2 for V / interleaved).
         placement: ``""`` for one chunk, else ``"v"`` or ``"interleaved"``.
+        mem_limit: the activation limit per rank it was solved under, in the unit of the
+            costs' ``mem_f`` (None: none).
         simulation: the full :class:`SimResult` of ``schedule``.
     """
 
@@ -64,6 +66,7 @@ class SolveResult:
     time_unit: float = 1.0
     num_chunks: int = 1
     placement: str = ""
+    mem_limit: float | None = None
     simulation: SimResult | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict:
@@ -256,7 +259,8 @@ def solve_model(
         on_solution=on_solution, time_unit=time_unit,
     )  # fmt: skip
     common = {"objective_kind": problem.objective, "solve_seconds": seconds,
-              "time_unit": time_unit, **(extra or {}), **hint_fields(hint, problem.objective)}  # fmt: skip
+              "time_unit": time_unit, "mem_limit": mem_limit, **(extra or {}),
+              **hint_fields(hint, problem.objective)}  # fmt: skip
     return cpsat_result(
         problem, costs, solver, code, hint, orders_of=orders_of,
         value_of=lambda orders: model.objective_of(problem, model.asap_times(problem, orders)),
