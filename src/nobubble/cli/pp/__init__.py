@@ -110,7 +110,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
-    from nobubble.pipeline.compare import cost_summary, zb2p_claim
+    from nobubble.pipeline.compare import cost_summary
 
     (s := setting(args)).check_size("compare")
     costs = s.cost_model()
@@ -122,20 +122,12 @@ def _compare(args: argparse.Namespace) -> int:
         from nobubble.pipeline.plot import gantt_grid
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
-    c, times = cost_summary(costs)
-    print_result(
-        args.json,
-        {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
-         "rows": [r.as_dict() for r in rows], "files": files},
-        f"P={args.ranks}, M={args.microbatches}: {times} (per rank)",
-        ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
-        [[r.name, r.source, r.kind, *r.figures(), r.note] for r in rows],
-        caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
-        "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
-        "with flush = 1F1B makespan / makespan",
-        files=files,
-    )  # fmt: skip
-    if (claim := zb2p_claim(rows)) is not None and not args.json:
+    c = cost_summary(costs)
+    data = {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
+            "rows": [r.as_dict() for r in rows], "files": files}  # fmt: skip
+    table = pp_tables.compare_table(rows, c, args.ranks, args.microbatches)
+    print_result(args.json, data, **table, files=files)
+    if (claim := pp_tables.zb2p_claim(rows)) is not None and not args.json:
         console().print(claim)
     return 0
 
@@ -183,19 +175,12 @@ def _frontier(args: argparse.Namespace) -> int:
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
         files.append(str(frontier_plot(result.points, args.plot, title=title)))
-    print_result(
-        args.json,
-        {"stages": args.ranks, "microbatches": args.microbatches,
-         "memory_unit": "microbatches of one rank's activations",
-         "points": [q.as_dict() for q in result.points],
-         "pareto": [q.name for q in result.pareto], "seconds": result.seconds, "files": files},
-        f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
-        ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
-        result.rows(),
-        caption="peak memory in microbatches of one rank's activations (1F1B: P); "
-        f"* = Pareto-optimal; {result.seconds:.1f} s",
-        files=files,
-    )  # fmt: skip
+    data = {"stages": args.ranks, "microbatches": args.microbatches,
+            "memory_unit": "microbatches of one rank's activations",
+            "points": [q.as_dict() for q in result.points],
+            "pareto": [q.name for q in result.pareto], "seconds": result.seconds,
+            "files": files}  # fmt: skip
+    print_result(args.json, data, **pp_tables.frontier_table(result), files=files)
     return 0
 
 

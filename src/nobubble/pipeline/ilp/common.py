@@ -78,18 +78,6 @@ class SolveResult:
         out["schedule_csv"] = self.schedule.to_csv() if self.schedule is not None else None
         return out
 
-    def rows(self) -> list[list]:
-        """The table of ``pp solve``: the warm start (when one fitted) and the solver's row,
-        ``[schedule, status, objective, bubble, lower bound, gap, seconds]``, "-" for none."""
-        rows = []
-        if self.heuristic:
-            rows.append([f"heuristic {self.heuristic}", "-", self.heuristic_objective,
-                         self.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
-        gap = None if self.gap is None else f"{self.gap:.2%}"
-        rows.append(["ilp (cp-sat)", self.status, self.objective, self.bubble_rate,
-                     self.lower_bound, gap, f"{self.solve_seconds:.1f}"])  # fmt: skip
-        return [[("-" if v is None else v) for v in row] for row in rows]
-
 
 @dataclass(frozen=True)
 class IntScaling:
