@@ -32,6 +32,7 @@ from benchmarks._common import write_json
 from benchmarks.records.pp_runtime import PpRuntime
 from nobubble.bench.output import print_table
 from nobubble.distributed import spawn
+from nobubble.pipeline.plan_inputs import MiB
 from nobubble.pipeline.runtime.executor import TrainConfig, boundary_shapes
 from nobubble.pipeline.runtime.launch import LaunchOptions, run_local
 from nobubble.pipeline.runtime.models import GPTConfig, build_blocks, partition_blocks
@@ -41,7 +42,6 @@ from nobubble.pipeline.schedules import get_schedule
 from nobubble.pipeline.simulate import simulate
 
 SCHEDULES = ("1f1b", "zb-h1", "zb-2p")
-MiB = 1024 * 1024
 
 
 def torch_split_cost(model: GPTConfig, blocks_range: range, x_shape, repeats: int) -> dict:

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
 
 from nobubble.cli import main
+from nobubble.cli.pp.options import COST_FLAGS, TIME_FLAGS
+from nobubble.pipeline.costs import CostModel
 from nobubble.trace import read_chrome_trace
 
 
 def _json(capsys, argv):
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def test_cost_flags_are_the_cost_models_settings():
+    # the attributes read off the flag rows: every keyword of from_settings, in its order
+    params = inspect.signature(CostModel.from_settings).parameters.values()
+    assert [dest for _, dest in COST_FLAGS] == [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    assert [flag for flag, _ in TIME_FLAGS] == ["--model", "--tf", "--tb", "--tw", "--tcomm"]
 
 
 def test_simulate_json_closed_form(capsys):

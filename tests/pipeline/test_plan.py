@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import pytest
@@ -162,6 +163,7 @@ def test_weigh_and_simulate_rebuild_every_candidate():
                         recompute=c.recompute[0])  # fmt: skip
         assert again == c
         assert p.simulate(c).makespan == c.predicted_step_ms
+        assert p.simulate(c).bubble_rate == c.predicted_bubble_rate  # carried, not redone
     assert p.simulate().makespan == p.predicted_step_ms
     # a cut the search need not have kept: 8 one-row microbatches are the profiled size
     assert p.weigh((3,), "1f1b", num_microbatches=8).predicted_step_ms == step_ms(
@@ -170,18 +172,32 @@ def test_weigh_and_simulate_rebuild_every_candidate():
 
 
 def test_describe_is_the_candidates_row_and_draw_writes_plan_above_naive(tmp_path):
-    blocks = [block(1.0 + (i * 3 % 4), act=2.0**20) for i in range(6)]
-    p = plan_from_costs(blocks, num_ranks=2, batch_size=8, microbatch_size=1)
-    c = p.naive()
-    row = p.describe(c)
-    assert row["stage_sizes"] == [3, 3] and row["schedule"] == "1f1b"
-    assert row["num_microbatches"] == c.num_microbatches and row["recompute"] is False
-    assert row["predicted_step_ms"] == c.predicted_step_ms
-    assert row["bubble_rate"] == p.simulate(c).bubble_rate
-    assert row["peak_mib_per_rank"] == [b / 2**20 for b in c.predicted_peak_bytes]
-    assert row["fits"] is c.fits
+    # by hand: two blocks of F = B = W = 1 ms and 1 MiB of activations, one per rank, m = 2,
+    # 1F1B with a fused backward BW of 2 ms. Rank 1: F0 1-2, BW0 2-4, F1 4-5, BW1 5-7; rank 0:
+    # F0 0-1, F1 1-2, BW0 4-6 (after rank 1's BW0), BW1 7-9. Step 9 ms; the longest span (9)
+    # less a rank's work (6) is the bubble, 1/3; rank 0 holds two microbatches (2 MiB),
+    # rank 1 one (1 MiB)
+    p = plan_from_costs([block(1.0, act=2.0**20)] * 2, num_ranks=2, num_microbatches=2,
+                        memory_limit=1.5 * 2**20)  # fmt: skip
+    row = p.describe(p.naive())
+    assert row == {"stage_sizes": [1, 1], "schedule": "1f1b", "num_microbatches": 2,
+                   "recompute": False, "predicted_step_ms": 9.0,
+                   "bubble_rate": pytest.approx(1 / 3), "peak_mib_per_rank": [2.0, 1.0],
+                   "fits": False}  # fmt: skip
+    # with recompute a rank holds its input (10 B on rank 1) and, during a BW, 1 MiB again
+    assert p.describe(p.weigh((1,), "1f1b", recompute=True))["fits"] is True
     png = p.draw(tmp_path / "plan.png")
     assert png == tmp_path / "plan.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plan_file_without_bubble_rates_is_described_by_simulating_again():
+    p = plan_from_costs([block(1.0, act=2.0**20)] * 2, num_ranks=2, num_microbatches=2)
+    old = json.loads(p.to_json())
+    for c in (old["chosen"], *old["candidates"]):  # as written before the rates were kept
+        del c["predicted_bubble_rate"]
+    q = Plan.from_json(json.dumps(old))
+    assert q.chosen.predicted_bubble_rate is None
+    assert q.describe(q.chosen) == p.describe(p.chosen)
 
 
 @pytest.mark.parametrize("cuts, schedule, message", [

@@ -1,16 +1,22 @@
-"""Tables of the pipeline runtime's results: ``pp profile``'s stage costs, ``pp plan``'s
-candidates (a built-in model's schedules, or a plan of the user's own model beside the naive
-one), ``pp run``'s measured step beside the simulated one, and a plan's training steps; a
-``*_table`` function returns :func:`~nobubble.bench.output.print_table`'s keywords."""
+"""Tables of pp's results: a simulated schedule's ranks, the comparison of every schedule
+(and its line on ZB-2p's claim), the exact solver's rows, the bubble-memory frontier;
+``pp profile``'s stage costs, ``pp plan``'s candidates (a built-in model's schedules, or a
+plan of the user's own model beside the naive one), ``pp run``'s measured step beside the
+simulated one, and a plan's training steps. A ``*_table`` function returns
+:func:`~nobubble.bench.output.print_table`'s keywords; the result types stay free of text."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from nobubble.bench.output import console, print_table
+from nobubble.pipeline.plan_inputs import MiB
 
 __all__ = [
+    "compare_table",
+    "frontier_table",
     "plan_run_table",
     "print_plan",
     "print_user_plan",
@@ -18,9 +24,8 @@ __all__ = [
     "run_table",
     "simulate_table",
     "solve_table",
+    "zb2p_claim",
 ]
-
-MiB = 1024 * 1024
 
 
 def profile_table(prof: Any) -> dict[str, Any]:
@@ -42,31 +47,96 @@ def simulate_table(result: Any, run: Any, mem_f: float) -> dict[str, Any]:
     dispatch ``run``, None under the static policy): each rank's span, busy time, bubble and
     peak memory in units of ``mem_f``."""
     sched = result.schedule
+    rows = [
+        [r, result.spans[r], result.busy[r], f"{result.rank_bubble_rates[r]:.1%}",
+         result.peak_memory[r] / mem_f, f"{result.peak_memory_vs_1f1b[r]:.2f}x"]
+        for r in range(sched.num_ranks)
+    ]  # fmt: skip
     return {
         "title": f"{sched.name}: P={sched.num_ranks}, M={sched.num_microbatches}"
         + (f", {run.describe(mem_f)}" if run is not None else ""),
         "columns": ["rank", "span", "busy", "bubble", "peak mem (M_F)", "vs 1F1B"],
-        "rows": result.rank_rows(mem_f),
+        "rows": rows,
         "caption": f"bubble rate {result.bubble_rate:.2%} (max span {result.max_span:.4g}), "
         f"makespan {result.makespan:.4g}",
     }
 
 
-def solve_table(
-    result: Any, num_ranks: int, num_microbatches: int, num_chunks: int, mem_limit: float | None
-) -> dict[str, Any]:
+def solve_table(result: Any, num_ranks: int, num_microbatches: int) -> dict[str, Any]:
     """``pp solve``'s table of a :class:`~nobubble.pipeline.ilp.common.SolveResult` of
-    ``num_ranks`` x ``num_chunks`` stages and ``num_microbatches`` microbatches under the
-    activation limit ``mem_limit`` (None: none): the schedule, its status and figures."""
-    limit = "none" if mem_limit is None else f"{mem_limit:g}"
-    shape = "" if num_chunks == 1 else f", {num_chunks} chunks ({result.placement})"
+    ``num_ranks`` ranks (each of ``result.num_chunks`` stages) and ``num_microbatches``
+    microbatches under its activation limit: the schedule, its status and figures."""
+    limit = "none" if result.mem_limit is None else f"{result.mem_limit:g}"
+    shape = "" if result.num_chunks == 1 else f", {result.num_chunks} chunks ({result.placement})"
     kind = result.objective_kind
+    rows = []  # the warm start (when one fitted), then the solver's row; "-" for none
+    if result.heuristic:
+        rows.append([f"heuristic {result.heuristic}", "-", result.heuristic_objective,
+                     result.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
+    gap = None if result.gap is None else f"{result.gap:.2%}"
+    rows.append(["ilp (cp-sat)", result.status, result.objective, result.bubble_rate,
+                 result.lower_bound, gap, f"{result.solve_seconds:.1f}"])  # fmt: skip
     return {
         "title": f"pp solve: p={num_ranks}, m={num_microbatches}{shape}, {kind}, mem limit {limit}",
         "columns": ["schedule", "status", kind, "bubble", "lower bound", "gap", "seconds"],
-        "rows": result.rows(),
+        "rows": [[("-" if v is None else v) for v in row] for row in rows],
         "caption": result.explanation,
     }
+
+
+def compare_table(rows: Sequence[Any], costs: dict, num_ranks: int,
+                  num_microbatches: int) -> dict[str, Any]:  # fmt: skip
+    """``pp compare``'s table of :class:`~nobubble.pipeline.compare.CompareRow` ``rows`` on
+    the per-rank ``costs`` (:func:`~nobubble.pipeline.compare.cost_summary`'s): each
+    schedule's bubble, peak memory and both throughputs against 1F1B (dashes when not built)."""
+    times = [",".join(f"{v:g}" for v in costs[k]) if isinstance(costs[k], list)
+             else f"{costs[k]:g}" for k in ("t_f", "t_b", "t_w")]  # fmt: skip
+
+    def figures(r: Any) -> list[str]:
+        if r.result is None:
+            return ["-"] * 4
+        return [f"{r.result.bubble_rate:.2%}", f"{r.result.max_peak_memory_vs_1f1b:.2f}x",
+                f"{r.throughput_vs_1f1b:.3f}x", f"{r.throughput_vs_1f1b_flush:.3f}x"]  # fmt: skip
+
+    return {
+        "title": f"P={num_ranks}, M={num_microbatches}: T_F={times[0]} T_B={times[1]} "
+        f"T_W={times[2]} T_comm={costs['t_comm']:g} (per rank)",
+        "columns": ["schedule", "from", "kind", "bubble", "peak mem", "throughput",
+                    "with flush", "note"],
+        "rows": [[r.name, r.source, r.kind, *figures(r), r.note] for r in rows],
+        "caption": "bubble = (max span - M(F+B+W)) / max span; peak memory and throughput "
+        "relative to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the "
+        "paper), with flush = 1F1B makespan / makespan",
+    }  # fmt: skip
+
+
+def zb2p_claim(rows: Sequence[Any]) -> str | None:
+    """ZB-2p's throughput gain over 1F1B in the comparison ``rows`` against the commonly
+    quoted 15-30% (None: no zb-2p row)."""
+    zb2p = next((r.throughput_vs_1f1b for r in rows if r.name == "zb-2p"), None)
+    if zb2p is None:
+        return None
+    verdict = "inside" if 0.15 <= zb2p - 1 <= 0.30 else "outside"
+    return (f"ZB-2p over 1F1B: {zb2p - 1:+.1%} throughput ({verdict} the commonly quoted 15-30% "
+            "claim for P=8, M=24)")  # fmt: skip
+
+
+def frontier_table(result: Any) -> dict[str, Any]:
+    """``pp frontier``'s table of a :class:`~nobubble.pipeline.frontier.Frontier`: each point
+    by memory then bubble (missing points last), ``*`` on the Pareto-optimal ones."""
+    points = sorted(result.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
+    return {
+        "title": f"P={result.num_ranks}, M={result.num_microbatches}: bubble vs peak "
+        "activation memory",
+        "columns": ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
+        "rows": [
+            [q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
+                                 else ["-", "-"]), "*" if q.pareto else "", q.note]
+            for q in points
+        ],
+        "caption": "peak memory in microbatches of one rank's activations (1F1B: P); "
+        f"* = Pareto-optimal; {result.seconds:.1f} s",
+    }  # fmt: skip
 
 
 def _print_candidates(title: str, rows: list[tuple[str, dict]], *, naive_ms: float | None,

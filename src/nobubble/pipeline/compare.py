@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.simulate import SimResult, simulate
 
-__all__ = ["CompareRow", "compare_schedules", "cost_summary", "zb2p_claim", "OUR_SCHEDULES"]
+__all__ = ["CompareRow", "compare_schedules", "cost_summary", "OUR_SCHEDULES"]
 
 OUR_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v")
 _KIND = {"zb-1p": "heuristic", "zb-2p": "heuristic"}
@@ -45,33 +45,13 @@ class CompareRow:
             "throughput_vs_1f1b_flush": self.throughput_vs_1f1b_flush, "note": self.note,
         }  # fmt: skip
 
-    def figures(self) -> list[str]:
-        """Bubble, peak memory and both throughputs as a table shows them; dashes when not built."""
-        if self.result is None:
-            return ["-"] * 4
-        return [f"{self.result.bubble_rate:.2%}", f"{self.result.max_peak_memory_vs_1f1b:.2f}x",
-                f"{self.throughput_vs_1f1b:.3f}x", f"{self.throughput_vs_1f1b_flush:.3f}x"]  # fmt: skip
 
-
-def cost_summary(costs: CostModel) -> tuple[dict, str]:
-    """``costs`` per rank as a comparison reports them (one number when every rank has the
-    same, else the list) and as one line, ``T_F=1 T_B=1 T_W=1 T_comm=0``."""
+def cost_summary(costs: CostModel) -> dict:
+    """``costs`` per rank as a comparison reports them: ``t_f``, ``t_b``, ``t_w``, ``mem_f``
+    one number when every rank has the same, else the list; ``t_comm``."""
     summary = {k: getattr(costs, k) for k in ("t_f", "t_b", "t_w", "t_comm", "mem_f")}
-    c = {k: v if k == "t_comm" else v[0] if len(set(v)) == 1 else list(v)
-         for k, v in summary.items()}  # fmt: skip
-    text = [",".join(f"{v:g}" for v in c[k]) if isinstance(c[k], list) else f"{c[k]:g}"
-            for k in ("t_f", "t_b", "t_w")]  # fmt: skip
-    return c, f"T_F={text[0]} T_B={text[1]} T_W={text[2]} T_comm={c['t_comm']:g}"
-
-
-def zb2p_claim(rows: Sequence[CompareRow]) -> str | None:
-    """ZB-2p's throughput gain over 1F1B against the commonly quoted 15-30% (None: no zb-2p row)."""
-    zb2p = next((r.throughput_vs_1f1b for r in rows if r.name == "zb-2p"), None)
-    if zb2p is None:
-        return None
-    verdict = "inside" if 0.15 <= zb2p - 1 <= 0.30 else "outside"
-    return (f"ZB-2p over 1F1B: {zb2p - 1:+.1%} throughput ({verdict} the commonly quoted 15-30% "
-            "claim for P=8, M=24)")  # fmt: skip
+    return {k: v if k == "t_comm" else v[0] if len(set(v)) == 1 else list(v)
+            for k, v in summary.items()}  # fmt: skip
 
 
 def _ours(name, costs, p, m, mem_limit, num_chunks):

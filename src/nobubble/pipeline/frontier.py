@@ -94,15 +94,6 @@ class Frontier:
     def pareto(self) -> tuple[FrontierPoint, ...]:
         return tuple(sorted((q for q in self.points if q.pareto), key=lambda q: q.peak_memory))
 
-    def rows(self) -> list[list]:
-        """The table, by memory then bubble (missing points last): ``[schedule, source, peak
-        memory, bubble, "*" when Pareto-optimal, note]``."""
-        return [
-            [q.name, q.source, *([f"{q.peak_memory:.2f}", f"{q.bubble_rate:.2%}"] if q.ok
-                                 else ["-", "-"]), "*" if q.pareto else "", q.note]
-            for q in sorted(self.points, key=lambda q: (not q.ok, q.peak_memory, q.bubble_rate))
-        ]  # fmt: skip
-
 
 PointSource = Callable[[CostModel, int, int], list[FrontierPoint]]
 """``(per-rank costs, num_ranks, num_microbatches) -> points``."""

@@ -27,6 +27,7 @@ from nobubble.pipeline.costs import CostModel
 from nobubble.pipeline.partition import equal_sizes
 from nobubble.pipeline.plan_inputs import (
     BlockCosts,
+    MiB,
     candidate_cuts,
     check_inputs,
     chunks_of,
@@ -58,7 +59,9 @@ class Candidate:
     """One weighed configuration and its prediction.
 
     ``cuts[k]`` is the first block of stage ``k + 1`` (``num_stages - 1`` entries, increasing);
-    ``recompute`` has one flag per stage; ``predicted_peak_bytes`` one peak per rank.
+    ``recompute`` has one flag per stage; ``predicted_peak_bytes`` one peak per rank;
+    ``predicted_bubble_rate`` the simulated step's bubble rate (None in a plan file written
+    before it was kept).
     """
 
     cuts: tuple[int, ...]
@@ -71,6 +74,7 @@ class Candidate:
     actions: str | None = None
     """The schedule as torch's CSV when its name does not rebuild it (the exact solver's,
     ``ilp-optimal`` or ``ilp-feasible``); None: rebuilt from the registry by name."""
+    predicted_bubble_rate: float | None = None
 
     def sort_key(self) -> tuple:
         """Faster first; ties: the least peak, fewer microbatches, schedule name, cuts, no
@@ -210,25 +214,29 @@ class Plan:
 
     def describe(self, candidate: Candidate) -> dict:
         """``candidate``'s row as ``pp plan`` shows it: stage sizes, schedule, microbatches,
-        recompute, predicted step (ms), simulated bubble, peak MiB per rank, whether it fits."""
+        recompute, predicted step (ms), simulated bubble, peak MiB per rank, whether it fits
+        (from the candidate's prediction: nothing is simulated again)."""
         return {
             "stage_sizes": list(sizes_from_cuts(candidate.cuts, self.num_blocks)),
             "schedule": candidate.schedule,
             "num_microbatches": candidate.num_microbatches,
             "recompute": candidate.recompute[0],
             "predicted_step_ms": candidate.predicted_step_ms,
-            "bubble_rate": self.simulate(candidate).bubble_rate,
-            "peak_mib_per_rank": [b / 2**20 for b in candidate.predicted_peak_bytes],
+            "bubble_rate": self.simulate(candidate).bubble_rate
+            if candidate.predicted_bubble_rate is None  # an older plan file's
+            else candidate.predicted_bubble_rate,
+            "peak_mib_per_rank": [b / MiB for b in candidate.predicted_peak_bytes],
             "fits": candidate.fits,
         }
 
-    def draw(self, path: str | Path) -> Path:
-        """The chosen candidate's simulated step above the :meth:`naive` one's, on one time
-        axis, each titled with its schedule, stage sizes, m and recompute."""
+    def draw(self, path: str | Path, naive: Candidate | None = None) -> Path:
+        """The chosen candidate's simulated step above the :meth:`naive` one's (``naive``, when
+        already weighed), on one time axis, each titled with its schedule, stage sizes, m and
+        recompute."""
         from nobubble.pipeline.plot import gantt_grid
 
         sims = []
-        for who, c in (("plan", self.chosen), ("naive", self.naive())):
+        for who, c in (("plan", self.chosen), ("naive", naive or self.naive())):
             sim, sizes = self.simulate(c), sizes_from_cuts(c.cuts, self.num_blocks)
             name = (
                 f"{who}: {sim.schedule.name}, stages {'+'.join(map(str, sizes))}, "
@@ -433,4 +441,5 @@ def _candidate(name: str, schedule: Schedule, costs: CostModel, cut, m, rc,
     fits = memory_limit is None or max(peak) <= memory_limit
     return Candidate(cuts=tuple(cut), schedule=name, num_microbatches=m,
                      recompute=(rc,) * len(costs.t_f), predicted_step_ms=float(result.makespan),
-                     predicted_peak_bytes=peak, fits=fits)  # fmt: skip
+                     predicted_peak_bytes=peak, fits=fits,
+                     predicted_bubble_rate=float(result.bubble_rate))  # fmt: skip

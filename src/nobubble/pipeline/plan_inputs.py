@@ -21,7 +21,11 @@ from nobubble.validation import finite
 __all__ = ["BlockCosts", "stage_costs", "check_inputs", "check_ranks", "schedule_names", "microbatch_counts", "pinned_cuts",
            "candidate_cuts", "sizes_from_cuts", "cuts_from_sizes", "chunks_of",
            "AUTO_SCHEDULES", "AUTO_TWO_CHUNK_SCHEDULES", "TWO_CHUNK_SCHEDULES", "BUILTIN_MODELS",
-           "is_user_model", "absolute_spec"]  # fmt: skip
+           "is_user_model", "absolute_spec", "MiB"]  # fmt: skip
+
+MiB = 1 << 20
+"""Bytes in a mebibyte: the unit in which ``pp``'s tables and ``--memory-limit-mib`` give
+the planner's and the profiler's byte counts."""
 
 TINY_MS = 1e-6
 """The simulator needs every op time > 0: the first stage's empty B, a parameterless W."""

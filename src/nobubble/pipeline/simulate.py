@@ -82,14 +82,6 @@ class SimResult:
         ref = max(self.peak_memory_1f1b)
         return max(self.peak_memory) / ref if ref > 0 else 0.0
 
-    def rank_rows(self, mem_unit: float) -> list[list]:
-        """Per rank: ``[rank, span, busy, bubble, peak memory / mem_unit, peak vs 1F1B]``."""
-        return [
-            [r, self.spans[r], self.busy[r], f"{self.rank_bubble_rates[r]:.1%}",
-             self.peak_memory[r] / mem_unit, f"{self.peak_memory_vs_1f1b[r]:.2f}x"]
-            for r in range(self.schedule.num_ranks)
-        ]  # fmt: skip
-
     def timing(self, action: Action) -> tuple[float, float]:
         """``(start, end)`` of one action."""
         rank = self.schedule.stage_to_rank[action.stage]

@@ -149,6 +149,7 @@ def test_small_pipelines_are_proven_and_beat_the_published_schedules(p, m, place
         mem_limit=limit, time_limit_s=40, num_workers=2,
     )  # fmt: skip
     assert result.status == "optimal", result.explanation
+    assert result.mem_limit == limit  # the limit it solved under, carried for its report
     assert result.objective <= result.heuristic_objective
     if placement == "v":
         zb_v = simulate(get_schedule("zb-v", num_ranks=p, num_microbatches=m), costs)

@@ -153,6 +153,7 @@ def test_infeasible_memory_limit_is_explained():
         costs, num_stages=3, num_microbatches=3, mem_limit=20.0, time_limit_s=10, num_workers=2
     )
     assert result.status == "infeasible" and result.schedule is None
+    assert result.mem_limit == 20.0
     assert "below the activation memory of a single microbatch" in result.explanation
     assert "34" in result.explanation
 

@@ -12,12 +12,12 @@ from nobubble.cli.flags import add_args
 from nobubble.cli.pp import run as pp_run
 from nobubble.cli.pp.options import (
     CHUNKS,
-    COST_NAMES,
     COSTS,
     DISPATCH,
     MEM_LIMIT,
     SHAPE,
     SIZE,
+    TIME_FLAGS,
     file_sets_size,
     mem_limit,
     perturbation_from_args,
@@ -110,7 +110,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from nobubble.bench.output import progress_bar
-    from nobubble.pipeline.compare import cost_summary, zb2p_claim
+    from nobubble.pipeline.compare import cost_summary
 
     (s := setting(args)).check_size("compare")
     costs = s.cost_model()
@@ -122,20 +122,12 @@ def _compare(args: argparse.Namespace) -> int:
         from nobubble.pipeline.plot import gantt_grid
 
         files.append(str(gantt_grid([r.result for r in rows if r.result], args.plot)))
-    c, times = cost_summary(costs)
-    print_result(
-        args.json,
-        {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
-         "rows": [r.as_dict() for r in rows], "files": files},
-        f"P={args.ranks}, M={args.microbatches}: {times} (per rank)",
-        ["schedule", "from", "kind", "bubble", "peak mem", "throughput", "with flush", "note"],
-        [[r.name, r.source, r.kind, *r.figures(), r.note] for r in rows],
-        caption="bubble = (max span - M(F+B+W)) / max span; peak memory and throughput relative "
-        "to 1F1B; throughput = 1F1B max span / max span (steps overlap, as in the paper), "
-        "with flush = 1F1B makespan / makespan",
-        files=files,
-    )  # fmt: skip
-    if (claim := zb2p_claim(rows)) is not None and not args.json:
+    c = cost_summary(costs)
+    data = {"stages": args.ranks, "microbatches": args.microbatches, "costs": c,
+            "rows": [r.as_dict() for r in rows], "files": files}  # fmt: skip
+    table = pp_tables.compare_table(rows, c, args.ranks, args.microbatches)
+    print_result(args.json, data, **table, files=files)
+    if (claim := pp_tables.zb2p_claim(rows)) is not None and not args.json:
         console().print(claim)
     return 0
 
@@ -162,9 +154,8 @@ def _solve(args: argparse.Namespace) -> int:
             gantt(result.simulation, args.plot, title=f"ILP ({result.status})")
         if args.csv is not None:
             write_text(args.csv, result.schedule.to_csv())
-    mem_limit = s.limit_for(s.cost_model(), below_one=True)
-    data = {"stages": args.ranks, "microbatches": args.microbatches, "mem_limit": mem_limit}
-    table = pp_tables.solve_table(result, args.ranks, args.microbatches, args.chunks, mem_limit)
+    data = {"stages": args.ranks, "microbatches": args.microbatches}
+    table = pp_tables.solve_table(result, args.ranks, args.microbatches)
     print_result(args.json, result.summary() | data, **table)
     return 0 if result.status in ("optimal", "feasible") else 1  # 1: infeasible / unknown
 
@@ -184,27 +175,19 @@ def _frontier(args: argparse.Namespace) -> int:
         title = (f"P={args.ranks}, M={args.microbatches}"
                  + (f", {args.model}" if args.model else ""))  # fmt: skip
         files.append(str(frontier_plot(result.points, args.plot, title=title)))
-    print_result(
-        args.json,
-        {"stages": args.ranks, "microbatches": args.microbatches,
-         "memory_unit": "microbatches of one rank's activations",
-         "points": [q.as_dict() for q in result.points],
-         "pareto": [q.name for q in result.pareto], "seconds": result.seconds, "files": files},
-        f"P={args.ranks}, M={args.microbatches}: bubble vs peak activation memory",
-        ["schedule", "from", "peak mem", "bubble", "pareto", "note"],
-        result.rows(),
-        caption="peak memory in microbatches of one rank's activations (1F1B: P); "
-        f"* = Pareto-optimal; {result.seconds:.1f} s",
-        files=files,
-    )  # fmt: skip
+    data = {"stages": args.ranks, "microbatches": args.microbatches,
+            "memory_unit": "microbatches of one rank's activations",
+            "points": [q.as_dict() for q in result.points],
+            "pareto": [q.name for q in result.pareto], "seconds": result.seconds,
+            "files": files}  # fmt: skip
+    print_result(args.json, data, **pp_tables.frontier_table(result), files=files)
     return 0
 
 
 def _costs(args: argparse.Namespace):
     if args.costs is None:
         return setting(args).cost_model()
-    times = zip(("--model", "--tf", "--tb", "--tw", "--tcomm"), COST_NAMES[:5], strict=True)
-    given = [flag for flag, dest in times if getattr(args, dest) is not None]
+    given = [flag for flag, dest in TIME_FLAGS if getattr(args, dest) is not None]
     refuse((given, f"--costs replaces {''.join(given[:1])}; give one of them"))
     costs = read_file(args.costs, "--costs", "profile").cost_model()
     file_sets_size(args, f"--costs {args.costs}", costs.num_stages)

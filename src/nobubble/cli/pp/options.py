@@ -86,9 +86,19 @@ MEMORY = ("memory per microbatch (default: --model's, else the 1.5B shape)", (
 ))  # fmt: skip
 SHAPE = (SCHEDULE, SIZE, CHUNKS)
 COSTS = (TIMES, MEMORY)
-COST_NAMES = ("model", "t_f", "t_b", "t_w", "t_comm", "hidden", "heads", "seq", "mem_f",
-              "mem_b", "mem_w")  # fmt: skip
-"""The ``costs`` keywords of :meth:`~nobubble.pipeline.costs.CostModel.from_settings`."""
+
+
+def flag_dests(table: tuple[str | None, tuple[tuple, ...]]) -> tuple[tuple[str, str], ...]:
+    """``(flag, attribute)`` of each row of an :func:`~nobubble.cli.flags.add_args` table: the
+    row's ``dest``, else argparse's (the first name without dashes, ``-`` as ``_``)."""
+    flags = [(row[0].split()[0], row[4] if len(row) > 4 else {}) for row in table[1]]
+    return tuple((f, extra.get("dest", f.lstrip("-").replace("-", "_"))) for f, extra in flags)
+
+
+TIME_FLAGS = flag_dests(TIMES)
+COST_FLAGS = TIME_FLAGS + flag_dests(MEMORY)
+"""Every cost flag as ``(flag, attribute)``; the attributes are the ``costs`` keywords of
+:meth:`~nobubble.pipeline.costs.CostModel.from_settings`."""
 
 
 def mem_limit(text: str) -> tuple[None, tuple]:
@@ -112,7 +122,7 @@ def setting(args: argparse.Namespace) -> PipelineSetting:
     ``--mem-limit`` flags as they stand (a command may first take a size from a file)."""
     from nobubble.pipeline.setting import PipelineSetting
 
-    costs = {name: getattr(args, name, None) for name in COST_NAMES}
+    costs = {name: getattr(args, name, None) for _, name in COST_FLAGS}
     return PipelineSetting(args.ranks, args.microbatches, getattr(args, "schedule", None),
                            getattr(args, "chunks", None), mem_limit=getattr(args, "mem_limit", None),
                            force=args.force, costs=costs)  # fmt: skip
@@ -248,13 +258,14 @@ def check_launch(args: argparse.Namespace, ranks: int | None, model: ModelConfig
         data = memory_bytes(model, microbatch_size=args.microbatch_size, num_ranks=ranks or 1)
         budget.check_budget("pp", processes=ranks or 1, data_bytes=data, force=args.force)
         tokens = args.microbatch_size * model.tokens_per_sample
-        check_time(args, ranks or 1, model.num_parameters, tokens)
+        check_estimated_time(args, ranks or 1, model.num_parameters, tokens)
     return launch
 
 
-def check_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
-    """:func:`nobubble.budget.check_time` of ``--steps`` or ``--repeats``, estimated for a
-    model of ``params`` parameters and ``tokens`` tokens (or rows) a microbatch."""
+def check_estimated_time(args: argparse.Namespace, ranks: int, params: int, tokens: int) -> None:
+    """Refuse ``--steps`` (or ``--repeats``) whose time, estimated for a model of ``params``
+    parameters and ``tokens`` tokens (or rows) a microbatch, passes the time budget
+    (:func:`nobubble.budget.check_time` of the estimate)."""
     from nobubble.pipeline.runtime.models import profile_seconds, train_seconds
 
     if getattr(args, "steps", None) is not None:

@@ -22,9 +22,9 @@ from nobubble.cli.pp.options import (
     SIZE,
     STRAGGLER,
     add_model_and_launch,
+    check_estimated_time,
     check_factory_flags,
     check_launch,
-    check_time,
     file_sets_size,
     given_model_flags,
     load_user_model,
@@ -44,13 +44,12 @@ from nobubble.cli.util import (
     positive_int,
 )
 from nobubble.files import claim_output, write_text
-from nobubble.pipeline.plan_inputs import absolute_spec, is_user_model
+from nobubble.pipeline.plan_inputs import MiB, absolute_spec, is_user_model
 
 if TYPE_CHECKING:
     from nobubble.distributed.options import LaunchOptions
     from nobubble.pipeline.plan import Plan
 
-MiB = 1024 * 1024
 TOP_CANDIDATES = 8  # rows of the plan table: the chosen plan, then the next fastest
 DEFAULT_MICROBATCHES = 8  # -m of the built-in models' pp plan and pp run
 
@@ -192,9 +191,10 @@ def _print_rank(as_json: bool, res, path: Path) -> int:
 def _user_plan(args: argparse.Namespace, p: Plan, launch: LaunchOptions, out: Path) -> int:
     """``pp plan --model MODULE:FACTORY``'s output: the plan's JSON at ``out``, its Gantt chart
     above the naive plan's, the table of the chosen plan, the next candidates and the naive."""
-    plot = p.draw(args.plot if args.plot is not None else out.with_suffix(".png"))
+    naive_plan = p.naive()
+    plot = p.draw(args.plot if args.plot is not None else out.with_suffix(".png"), naive_plan)
     shown = [p.chosen, *[c for c in p.candidates if c != p.chosen][: TOP_CANDIDATES - 1]]
-    rows, naive = [p.describe(c) for c in shown], p.describe(p.naive())
+    rows, naive = [p.describe(c) for c in shown], p.describe(naive_plan)
     write_text(out, p.to_json())
     if args.json:
         print_json({"output": str(out), "plot": str(plot), "chosen": rows[0], "candidates": rows,
@@ -234,7 +234,8 @@ def run_user_plan(args: argparse.Namespace, launch: LaunchOptions) -> int:
         console(stderr=True).print(f"note: {args.plan} was planned for a batch of "
                                    f"{p.setting.batch_size} rows, this one has {batch}; the "
                                    "prediction is for the planned batch")  # fmt: skip
-    check_time(args, p.num_ranks, model.num_parameters, model.batch_tokens // p.num_microbatches)
+    tokens = model.batch_tokens // p.num_microbatches
+    check_estimated_time(args, p.num_ranks, model.num_parameters, tokens)
     check_device(launch.device, launch.backend, ranks=p.num_ranks)
     with console(stderr=True).status(f"running {p.schedule_name} on {p.num_ranks} ranks"):
         run = train_plan(p, functools.partial(load_user_model, spec, seed=args.seed),

@@ -45,6 +45,8 @@ class SolveResult:
         time_unit: size of one solver tick in cost units (e.g. 1e-3).
         num_chunks: stages per rank (1, or 2 for V / interleaved).
         placement: ``""`` for one chunk, else ``"v"`` or ``"interleaved"``.
+        mem_limit: the activation limit per rank it was solved under, in the unit of the
+            costs' ``mem_f`` (None: none).
         simulation: the full :class:`SimResult` of ``schedule``.
     """
 
@@ -64,6 +66,7 @@ class SolveResult:
     time_unit: float = 1.0
     num_chunks: int = 1
     placement: str = ""
+    mem_limit: float | None = None
     simulation: SimResult | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict:
@@ -74,18 +77,6 @@ class SolveResult:
         out["peak_memory"] = list(self.peak_memory)
         out["schedule_csv"] = self.schedule.to_csv() if self.schedule is not None else None
         return out
-
-    def rows(self) -> list[list]:
-        """The table of ``pp solve``: the warm start (when one fitted) and the solver's row,
-        ``[schedule, status, objective, bubble, lower bound, gap, seconds]``, "-" for none."""
-        rows = []
-        if self.heuristic:
-            rows.append([f"heuristic {self.heuristic}", "-", self.heuristic_objective,
-                         self.heuristic_bubble_rate, "-", "-", "-"])  # fmt: skip
-        gap = None if self.gap is None else f"{self.gap:.2%}"
-        rows.append(["ilp (cp-sat)", self.status, self.objective, self.bubble_rate,
-                     self.lower_bound, gap, f"{self.solve_seconds:.1f}"])  # fmt: skip
-        return [[("-" if v is None else v) for v in row] for row in rows]
 
 
 @dataclass(frozen=True)
@@ -256,7 +247,8 @@ def solve_model(
         on_solution=on_solution, time_unit=time_unit,
     )  # fmt: skip
     common = {"objective_kind": problem.objective, "solve_seconds": seconds,
-              "time_unit": time_unit, **(extra or {}), **hint_fields(hint, problem.objective)}  # fmt: skip
+              "time_unit": time_unit, "mem_limit": mem_limit, **(extra or {}),
+              **hint_fields(hint, problem.objective)}  # fmt: skip
     return cpsat_result(
         problem, costs, solver, code, hint, orders_of=orders_of,
         value_of=lambda orders: model.objective_of(problem, model.asap_times(problem, orders)),
