@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nobubble.rl.system.checkpoint import STATE_FILE, TRAINER_FILE, CheckpointStore
+from nobubble.rl.system.checkpoint import (
+    LAYOUT,
+    STATE_FILE,
+    TRAINER_FILE,
+    CheckpointStore,
+    load_trainer,
+)
 from nobubble.rl.system.config import ReplayConfig, RunConfig
 from nobubble.rl.system.orchestrator import run
 
@@ -160,25 +166,38 @@ def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_pa
     assert not list(tmp_path.glob("step-000001-*"))  # keep=1
 
 
-OLDER_LAYOUTS = {
+OTHER_LAYOUTS = {
     # field by field, before RunProgress was saved as one object (597f3ab and older)
     "fields": {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0},
     # RunProgress beside the prompt RNG, the digests and the replay (61be5c0 and older)
     "beside": {"progress": None, "published": {}, "rng": None, "replay": None, "wall_s": 1.0},
     # the buffer's state with a Ledger object in it (before the ledger joined the buffer)
     "ledger": {"progress": None, "buffer": {"num_live": 0, "ready": [], "ledger": None}},
+    # the newest unnumbered layout, and a number this nobubble does not know
+    "unnumbered": {"progress": None, "buffer": {}, "in_flight": [], "wall_s": 1.0},
+    "unknown": {"layout": LAYOUT + 1, "progress": None, "buffer": {}, "in_flight": []},
 }
 
 
-@pytest.mark.parametrize("layout", sorted(OLDER_LAYOUTS))
-def test_a_checkpoint_of_an_older_layout_is_refused_naming_the_fix(tmp_path, layout):
-    """A driver state of an older layout is refused in one line, not half-loaded."""
+@pytest.mark.parametrize("layout", sorted(OTHER_LAYOUTS))
+def test_a_checkpoint_of_another_layout_is_refused_naming_it_and_the_fix(tmp_path, layout):
+    """A checkpoint file without this nobubble's layout number is refused in one line that
+    names the number, not half-loaded: the driver's state on resume and the trainer's."""
     cfg = RunConfig(mode="sync", steps=2, checkpoint_dir=str(tmp_path), **TINY)
     store = CheckpointStore(tmp_path)
     ckpt = store.new_dir(2)
     (ckpt / TRAINER_FILE).write_bytes(b"x")
-    store.commit(ckpt, {"config": cfg.to_dict(), **OLDER_LAYOUTS[layout]})
+    store.commit(ckpt, {})
+    old = {"config": cfg.to_dict(), **OTHER_LAYOUTS[layout]}
+    for name in (STATE_FILE, TRAINER_FILE):  # as an older (or newer) nobubble wrote them
+        torch.save(old, ckpt / name)
     cfg = RunConfig(**{**cfg.__dict__, "resume": True})  # resume needs the checkpoint there
-    with pytest.raises(ValueError, match=rf"^{ckpt} was written by an older nobubble .*"
-                       "start a new run in an empty checkpoint folder$"):  # fmt: skip
+    found = old.get("layout")
+    has = "no checkpoint layout" if found is None else f"checkpoint layout {found}"
+    who = "an older" if found is None else "another"
+    refusal = (rf"^{ckpt} was written by {who} nobubble \({has}; this one reads layout "
+               rf"{LAYOUT}\); start a new run in an empty checkpoint folder$")  # fmt: skip
+    with pytest.raises(ValueError, match=refusal):
         store.resume(cfg)
+    with pytest.raises(ValueError, match=refusal):
+        load_trainer(ckpt, learner=None)  # refused before it touches the learner
