@@ -63,6 +63,8 @@ def test_the_builder_makes_the_plain_loops_trajectories_from_either_side() -> No
         done = terminated | truncated
     for got in (local, streamed):
         assert [t.seq for t in got] == [0, 1, 2] and [t.policy_version for t in got] == [0, 1, 2]
+        assert [t.key for t in got] == [("s", 0), ("s", 1), ("s", 2)]
+        assert [t.num_steps for t in got] == [T * K] * 3  # 36 env steps each
         for g, e in zip(got, expected):
             for name, want in e.items():
                 np.testing.assert_array_equal(getattr(g, name), want, err_msg=name)

@@ -2,7 +2,9 @@
 that was never interrupted (the independent reference): same sample fates, same weights.
 
 Sync mode with one generator is deterministic, so the resumed run must reproduce the
-uninterrupted one exactly: every sample trained at the same step, bit-identical weights.
+uninterrupted one exactly: every sample trained at the same step, bit-identical weights and
+loss terms at every step (seen through the public API: the final checkpoints loaded into a
+learner, and each resumed for one more step).
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from nobubble.rl.system.checkpoint import STATE_FILE, TRAINER_FILE, CheckpointStore
+from nobubble.rl.system.checkpoint import (
+    LAYOUT,
+    STATE_FILE,
+    TRAINER_FILE,
+    CheckpointStore,
+    load_trainer,
+)
 from nobubble.rl.system.config import ReplayConfig, RunConfig
+from nobubble.rl.system.learner import Learner, group_learner
 from nobubble.rl.system.orchestrator import run
 
 pytestmark = pytest.mark.timeout(600)
@@ -47,12 +56,21 @@ def _cmd(ckpt: Path, out: Path) -> list[str]:
     ]
 
 
-def _final(ckpt: Path) -> tuple[dict, dict]:
+def _resumed(ckpt: Path) -> RunConfig:
+    """``RUN``'s config, resumed from ``ckpt`` for one more step."""
+    return RunConfig(mode="sync", steps=STEPS + 1, batch_groups=2, group_size=4, eval_every=20,
+                     policy_kwargs={"hidden": 16}, checkpoint_dir=str(ckpt), resume=True)  # fmt: skip
+
+
+def _final_learner(ckpt: Path) -> Learner:
+    """A learner loaded from the last checkpoint in ``ckpt`` as a resumed trainer loads it."""
+    cfg = _resumed(ckpt)
+    task = cfg.make_task()
+    learner = group_learner(task=task, model=cfg.build_policy(task), cfg=cfg)
     last = CheckpointStore(ckpt).latest()
     assert last is not None
-    state = torch.load(last / STATE_FILE, weights_only=False)
-    trainer = torch.load(last / TRAINER_FILE, weights_only=False)
-    return state, trainer
+    load_trainer(last, learner)
+    return learner
 
 
 def _step(ckpt: Path) -> int:
@@ -64,7 +82,6 @@ def _step(ckpt: Path) -> int:
 def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_path):
     ref_dir, out = tmp_path / "ref", tmp_path / "out"
     subprocess.run(_cmd(ref_dir, out), check=True, capture_output=True, timeout=300)
-    ref_state, ref_trainer = _final(ref_dir)
 
     ckpt = tmp_path / "killed"
     rng = random.Random(0)
@@ -98,14 +115,19 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(tmp_p
     assert result["details"]["resumed_from"] is not None and result["steps"] == STEPS
     assert result["ledger"]["ok"]
 
-    state, trainer = _final(ckpt)
-    fates, ref_fates = state["buffer"]["fate"], ref_state["buffer"]["fate"]
-    assert fates == ref_fates  # the same samples, each trained once, at the same step
-    trained = [f for f in fates.values() if f.startswith("trained@")]
-    assert len(trained) == len(set(fates)) == STEPS * 2 * 4
-    assert trainer["version"] == ref_trainer["version"] == STEPS
-    for name, ref in ref_trainer["model"].items():
-        assert torch.equal(trainer["model"][name], ref), name
+    trainer, ref_trainer = _final_learner(ckpt), _final_learner(ref_dir)
+    assert trainer.version == ref_trainer.version == STEPS
+    for name, want in ref_trainer.model.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], want), name
+    # one more step from each final checkpoint: the public view of all else it holds
+    got, ref = run(_resumed(ckpt)), run(_resumed(ref_dir))
+    assert got.steps == ref.steps == STEPS + 1
+    assert got.fates == ref.fates  # the same samples, each trained once, at the same step
+    trained = [f for f in got.fates.values() if f.startswith("trained@")]
+    assert len(trained) == len(got.fates) == (STEPS + 1) * 2 * 4
+    # every step's loss terms exact: the killed run trained on the same weights throughout
+    assert len(got.step_metrics) == STEPS + 1
+    assert got.step_metrics == ref.step_metrics
 
 
 TINY = dict(batch_groups=2, group_size=4, eval_every=5, policy_kwargs={"hidden": 16}, timeout_s=240)
@@ -121,14 +143,16 @@ def test_async_resume_requeues_groups_in_flight_and_loses_none(tmp_path):
     assert first.ledger.ok
     with pytest.raises(ValueError, match="--resume"):
         run(cfg)  # refuses to overwrite the checkpoint before any worker starts
+    # the groups in flight as the checkpoint lists them: the list resume acts on
     state = torch.load(CheckpointStore(tmp_path).latest() / STATE_FILE, weights_only=False)
+    assert state["layout"] == LAYOUT
     resumed = run(RunConfig(**{**cfg.__dict__, "steps": 10, "resume": True}))
     assert resumed.ledger.ok and resumed.steps == 10
     in_flight = {r.group_id for r in state["in_flight"]}
     assert {g for g, why in resumed.requeues if why == "resumed"} == in_flight
-    done = {s for s, f in state["buffer"]["fate"].items()}
-    for sid in done:  # what the checkpoint had settled stays settled
-        assert resumed.fates[sid] == state["buffer"]["fate"][sid]
+    # the last checkpoint is the run's end (step 6): what the run settled stays settled
+    settled = {s: f for s, f in first.fates.items() if f != "dropped:unfinished"}
+    assert settled and {s: resumed.fates[s] for s in settled} == settled
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
@@ -160,25 +184,38 @@ def test_pruning_keeps_the_checkpoint_being_written_and_removes_leftovers(tmp_pa
     assert not list(tmp_path.glob("step-000001-*"))  # keep=1
 
 
-OLDER_LAYOUTS = {
+OTHER_LAYOUTS = {
     # field by field, before RunProgress was saved as one object (597f3ab and older)
     "fields": {"version": 2, "next_group": 4, "published": {}, "wall_s": 1.0},
     # RunProgress beside the prompt RNG, the digests and the replay (61be5c0 and older)
     "beside": {"progress": None, "published": {}, "rng": None, "replay": None, "wall_s": 1.0},
     # the buffer's state with a Ledger object in it (before the ledger joined the buffer)
     "ledger": {"progress": None, "buffer": {"num_live": 0, "ready": [], "ledger": None}},
+    # the newest unnumbered layout, and a number this nobubble does not know
+    "unnumbered": {"progress": None, "buffer": {}, "in_flight": [], "wall_s": 1.0},
+    "unknown": {"layout": LAYOUT + 1, "progress": None, "buffer": {}, "in_flight": []},
 }
 
 
-@pytest.mark.parametrize("layout", sorted(OLDER_LAYOUTS))
-def test_a_checkpoint_of_an_older_layout_is_refused_naming_the_fix(tmp_path, layout):
-    """A driver state of an older layout is refused in one line, not half-loaded."""
+@pytest.mark.parametrize("layout", sorted(OTHER_LAYOUTS))
+def test_a_checkpoint_of_another_layout_is_refused_naming_it_and_the_fix(tmp_path, layout):
+    """A checkpoint file without this nobubble's layout number is refused in one line that
+    names the number, not half-loaded: the driver's state on resume and the trainer's."""
     cfg = RunConfig(mode="sync", steps=2, checkpoint_dir=str(tmp_path), **TINY)
     store = CheckpointStore(tmp_path)
     ckpt = store.new_dir(2)
     (ckpt / TRAINER_FILE).write_bytes(b"x")
-    store.commit(ckpt, {"config": cfg.to_dict(), **OLDER_LAYOUTS[layout]})
+    store.commit(ckpt, {})
+    old = {"config": cfg.to_dict(), **OTHER_LAYOUTS[layout]}
+    for name in (STATE_FILE, TRAINER_FILE):  # as an older (or newer) nobubble wrote them
+        torch.save(old, ckpt / name)
     cfg = RunConfig(**{**cfg.__dict__, "resume": True})  # resume needs the checkpoint there
-    with pytest.raises(ValueError, match=rf"^{ckpt} was written by an older nobubble .*"
-                       "start a new run in an empty checkpoint folder$"):  # fmt: skip
+    found = old.get("layout")
+    has = "no checkpoint layout" if found is None else f"checkpoint layout {found}"
+    who = "an older" if found is None else "another"
+    refusal = (rf"^{ckpt} was written by {who} nobubble \({has}; this one reads layout "
+               rf"{LAYOUT}\); start a new run in an empty checkpoint folder$")  # fmt: skip
+    with pytest.raises(ValueError, match=refusal):
         store.resume(cfg)
+    with pytest.raises(ValueError, match=refusal):
+        load_trainer(ckpt, learner=None)  # refused before it touches the learner

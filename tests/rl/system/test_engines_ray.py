@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import ray  # the [ray] extra, installed by `make install`
 
-from nobubble.rl.system.orchestrator import RunConfig, WorkerError, run
+from nobubble.rl.system.engines.ray import RayEngine
+from nobubble.rl.system.orchestrator import Orchestrator, RunConfig, WorkerError, run
 
 TINY = dict(
     engine="ray",
@@ -21,7 +22,10 @@ TINY = dict(
 
 def test_ray_engine_end_to_end(ray_session):
     cfg = RunConfig(mode="fully-async", max_staleness=2, steps=4, groups_per_rollout=1, **TINY)
-    res = run(cfg)
+    engine, sent = RayEngine(), []  # after each step: who the engine has sent weights to
+    res = Orchestrator(cfg, engine, on_step=lambda v, m: sent.append(set(engine._sent))).run()
+    # the generator pulls the published weights; the one learner makes them, never pulls
+    assert len(sent) == 4 and all(s == {"rollout-0"} for s in sent), sent
     assert res.steps == 4
     assert all(len(set(v)) == 1 for v in res.group_versions.values())
     assert res.staleness_max <= 2

@@ -165,6 +165,27 @@ def test_a_group_in_flight_or_a_gap_in_a_source_breaks_the_ledger():
     assert restored.summary() == led.summary()  # sources survive a checkpoint
 
 
+def test_every_attribute_of_the_buffer_is_checkpointed_or_a_setting():
+    """A field added to the buffer joins its checkpoint (``CHECKPOINTED``) or is a setting of
+    the constructor (``SETTINGS``); the ready groups are saved apart (``"ready"``). Checked on
+    a buffer that has been through every call, so a field made later shows too."""
+    buf = ExperienceBuffer(batch_groups=1, max_staleness=2)
+    for gid in range(3):
+        buf.admit(gid, 0, source=("a", gid))
+    for gid in range(2):
+        buf.generated(_group(gid, 0))
+        buf.put(_group(gid, 0))
+    batch = buf.take_batch(0)
+    assert batch is not None
+    buf.mark_trained(batch, 1, {batch[0].group_id: 0})
+    buf.reused(batch[0], 2)
+    buf.requeue(2, "resumed")
+    buf.dropped(2, "stale")
+    buf.close([])
+    declared = [*ExperienceBuffer.CHECKPOINTED, *ExperienceBuffer.SETTINGS, "_ready"]
+    assert sorted(vars(buf)) == sorted(declared)  # each once: none left out, none twice
+
+
 def test_admission_on_arrival_never_refuses_and_the_staleness_rule_holds_at_consumption():
     """An environment producer: actors unroll without asking to start, each trajectory one
     group of one sample numbered by its actor. The buffer admits each on arrival, past the

@@ -73,7 +73,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run_step(title: str, out: Path, quick: bool, seed: int) -> list[Path]:
     """Run the parts of the step ``title``; its artifacts: what its functions return and its
-    command lines' paths under ``out`` (their folders made first). A failure stops the tour."""
+    command lines' paths under ``out`` (their folders made first), a folder (``rl``'s
+    ``--out``) as the files the command wrote into it. A failure stops the tour."""
     from nobubble.cli import ep, pp, rl, trace
 
     artifacts = []
@@ -82,18 +83,27 @@ def run_step(title: str, out: Path, quick: bool, seed: int) -> list[Path]:
             artifacts += part(out, quick, seed)
             continue
         words = [w.split("|")[0 if quick else 1] if "|" in w else w for w in part.split()]
-        argv = [w.format(out=out, seed=seed) for w in words if w]
+        words = [w for w in words if w]
+        argv = [w.format(out=out, seed=seed) for w in words]
         console().print(f"$ nobubble {' '.join(argv)}")
-        paths = [Path(w.format(out=out)) for w in words if "{out}" in w]
+        paths = [Path(a) for w, a in zip(words, argv) if "{out}" in w]
         for path in paths:
             path.parent.mkdir(parents=True, exist_ok=True)
+        before = _files(paths)
         parser = ArgumentParser(prog=f"nobubble {argv[0]}")
         {"pp": pp, "ep": ep, "rl": rl, "trace": trace}[argv[0]].register(parser)
         args = parser.parse_args(argv[1:])
         if rc := args.func(args):
             raise RuntimeError(f"demo step: `nobubble {' '.join(argv)}` exited {rc}")
-        artifacts += paths
+        written = [f for f, stamp in _files(paths).items() if before.get(f) != stamp]
+        artifacts += [p for p in paths if not p.is_dir()] + sorted(written)
     return list(dict.fromkeys(artifacts))
+
+
+def _files(paths: list[Path]) -> dict[Path, int]:
+    """Every file in the folders among ``paths``, with its modification time (ns)."""
+    folders = [p for p in paths if p.is_dir()]
+    return {f: f.stat().st_mtime_ns for d in folders for f in d.rglob("*") if f.is_file()}
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -191,6 +191,16 @@ class Trajectory:
     def newest_version(self) -> int:
         return self.policy_version
 
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(source, seq)``: which trajectory of which source it is (the ledger's gap check)."""
+        return self.source, self.seq
+
+    @property
+    def num_steps(self) -> int:
+        """Environment steps in it: ``T * K``."""
+        return int(self.actions.size)
+
 
 @dataclass(frozen=True)
 class TrajectoryBatch:

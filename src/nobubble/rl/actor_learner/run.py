@@ -145,10 +145,10 @@ class _Run:
         for arrived in trajectories:
             t = replace(arrived, group_id=self.num_arrived)
             self.num_arrived += 1
-            self.buffer.admit(t.group_id, self.learner.version, source=(t.source, t.seq))
+            self.buffer.admit(t.group_id, self.learner.version, source=t.key)
             self.buffer.generated(t)
             self.buffer.put(t)  # scored on arrival
-            self.env_steps += t.actions.size  # T * K
+            self.env_steps += t.num_steps
             self.returns.extend(t.episode_returns)
 
     def update_if_ready(self) -> bool:
@@ -159,8 +159,8 @@ class _Run:
             return False
         for t in fresh:
             lag = self.learner.version - t.policy_version
-            assert lag >= 0, f"trajectory {(t.source, t.seq)} has a version from the future"
-            self.lags[lag] += t.actions.size
+            assert lag >= 0, f"trajectory {t.key} has a version from the future"
+            self.lags[lag] += t.num_steps
         self.published.check_trained(  # each acted with the weights of the versions it claims
             (t.source.split("/")[0], t.source, t.weight_digests) for t in fresh
         )

@@ -2,9 +2,10 @@
 
 A checkpoint is a folder ``step-<N>-<token>/`` holding ``trainer.pt`` (the trainer's part)
 and ``orchestrator.pt`` (the driver's :class:`RunProgress` and the groups in flight), plus the
-pointer ``latest``. Files are written atomically and ``latest`` moves only once both exist,
-so a crash at any point leaves the previous checkpoint whole; ``<token>`` is new per driver
-process, so a trainer left over from a killed run never writes into the resumed run's folders.
+pointer ``latest``. Each file is a dict stamped with :data:`LAYOUT`, which a reader checks
+first. Files are written atomically and ``latest`` moves only once both exist, so a crash at
+any point leaves the previous checkpoint whole; ``<token>`` is new per driver process, so a
+trainer left over from a killed run never writes into the resumed run's folders.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from nobubble.rl.system.weight_sync import PublishedWeights
 
 __all__ = [
+    "LAYOUT",
     "TRAINER_FILE",
     "STATE_FILE",
     "CheckpointStore",
@@ -38,6 +40,9 @@ __all__ = [
 
 TRAINER_FILE = "trainer.pt"
 STATE_FILE = "orchestrator.pt"
+LAYOUT = 1
+"""The layout of both files (their ``"layout"``): raise it whenever what they hold changes;
+a file of another layout, or of none (written before layouts were numbered), is refused."""
 # the config fields a resumed run must share with the checkpoint (the rest may change:
 # steps, time budget, timeouts, workers, faults); the replay too: its buffer is restored
 RESUME_KEYS = (
@@ -55,11 +60,27 @@ RESUME_KEYS = (
 )
 
 
-def _save(obj: Any, path: Path) -> None:
+def _save(state: dict[str, Any], path: Path) -> None:
     import torch
 
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+        torch.save({**state, "layout": LAYOUT}, tmp)
+
+
+def _load(ckpt: Path, name: str) -> dict[str, Any]:
+    """The file ``name`` of the checkpoint folder ``ckpt``; ValueError if not of :data:`LAYOUT`."""
+    import torch
+
+    state = torch.load(ckpt / name, weights_only=False)
+    found = state.get("layout") if isinstance(state, dict) else None
+    if found != LAYOUT:
+        has = "no checkpoint layout" if found is None else f"checkpoint layout {found!r}"
+        raise ValueError(
+            f"{ckpt} was written by {'an older' if found is None else 'another'} nobubble "
+            f"({has}; this one reads layout {LAYOUT}); start a new run in an empty "
+            "checkpoint folder"
+        )
+    return state
 
 
 def save_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
@@ -84,9 +105,9 @@ def load_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
     model, optimizer, version and reference policy) and torch's RNG."""
     import torch
 
-    state = torch.load(Path(ckpt) / TRAINER_FILE, weights_only=False)
+    state = _load(Path(ckpt), TRAINER_FILE)
     learner.model.load_state_dict(state["model"])
-    if learner.loss.reference is not None and state.get("reference") is not None:
+    if learner.loss.reference is not None and state["reference"] is not None:
         learner.loss.reference.load_state_dict(state["reference"])
     learner.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
@@ -123,7 +144,8 @@ class CheckpointStore:
         return path
 
     def commit(self, ckpt: Path, state: dict[str, Any]) -> None:
-        """Write the driver's part into ``ckpt``, point ``latest`` at it, prune old ones."""
+        """Write the driver's part (``state``, stamped with :data:`LAYOUT`) into ``ckpt``,
+        point ``latest`` at it, prune old ones."""
         if not (ckpt / TRAINER_FILE).is_file():
             raise RuntimeError(
                 f"checkpoint {ckpt} has no {TRAINER_FILE}; the trainer did not write it"
@@ -149,7 +171,7 @@ class CheckpointStore:
     def resume(self, cfg: RunConfig) -> dict[str, Any] | None:
         """The driver's state in the newest checkpoint, its folder added as
         ``resumed_from``; None when there is none (a new run). ValueError: the folder holds a
-        checkpoint and ``cfg.resume`` is off, the checkpoint has an older layout, or the
+        checkpoint and ``cfg.resume`` is off, the checkpoint is not of :data:`LAYOUT`, or the
         run's config changed in one of :data:`RESUME_KEYS`."""
         ckpt = self.latest()
         if ckpt is None:  # resume=True on an empty folder: refused by RunConfig
@@ -159,15 +181,7 @@ class CheckpointStore:
                 f"checkpoint_dir {self.folder} holds a checkpoint ({ckpt.name}); "
                 "resume from it (--resume) or choose an empty folder"
             )
-        import torch
-
-        state = torch.load(ckpt / STATE_FILE, weights_only=False)
-        # RunProgress now holds the RNG, the buffer's state the ledger's fields
-        if "progress" not in state or "rng" in state or "ledger" in state.get("buffer", {}):
-            raise ValueError(
-                f"{ckpt} was written by an older nobubble (another checkpoint layout); "
-                "start a new run in an empty checkpoint folder"
-            )
+        state = _load(ckpt, STATE_FILE)
         now = cfg.to_dict()
         diff = [k for k in RESUME_KEYS if state["config"].get(k) != now.get(k)]
         if diff:

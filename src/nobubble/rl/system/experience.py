@@ -109,6 +109,13 @@ class ExperienceBuffer(Generic[G]):
     ``max_staleness``) in the buffer; ``admit_on_arrival``: always admit (an env producer).
     Bookkeeping errors of the ledger are :class:`LedgerError`."""
 
+    # what :meth:`state_dict` saves besides the ready groups: every attribute ``__init__``
+    # sets is one of these or of SETTINGS (the constructor's; tests/rl/system/test_experience.py)
+    CHECKPOINTED = (
+        "_num_live", "_state", "_sample_ids", "fate", "requeues", "reuse", "learners", "sources",
+    )  # fmt: skip
+    SETTINGS = ("batch_groups", "max_staleness", "drop_staleness", "admit_on_arrival")
+
     def __init__(
         self,
         *,
@@ -293,17 +300,13 @@ class ExperienceBuffer(Generic[G]):
     def state_dict(self) -> dict:
         """A copy of the live count and the ledger, and the ready groups as ``"ready"``
         (a checkpoint's part)."""
-        state = {name: copy.deepcopy(getattr(self, name)) for name in _STATE}
+        state = {name: copy.deepcopy(getattr(self, name)) for name in self.CHECKPOINTED}
         return {**state, "ready": list(self._ready.values())}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in _STATE:
+        for name in self.CHECKPOINTED:
             setattr(self, name, copy.deepcopy(state[name]))
         self._ready = {g.group_id: g for g in state["ready"]}
-
-
-# what a checkpoint of an ExperienceBuffer holds besides its ready groups
-_STATE = ("_num_live", "_state", "_sample_ids", "fate", "requeues", "reuse", "learners", "sources")
 
 
 class GroupReplay:

@@ -54,7 +54,15 @@ __all__ = [
     "GroupBatch",
     "GroupLoss",
     "group_learner",
+    "pushes_gradients",
 ]
+
+
+def pushes_gradients(rank: int, aggregation: str) -> bool:
+    """Whether learner ``rank`` sends its gradient to learner 0 and never steps an optimizer
+    (its version is the one it computed on): one other than 0 in ``async`` / ``staleness``.
+    The only learners that pull published weights."""
+    return rank > 0 and aggregation in ("async", "staleness")
 
 
 @dataclass(frozen=True)
@@ -117,10 +125,8 @@ class Learner:
 
     @property
     def pushes_gradients(self) -> bool:
-        """A learner other than 0 in ``async`` / ``staleness``: it sends its gradient to
-        learner 0 and never steps an optimizer (its version is the one it computed on)."""
-        rank = 0 if self.ctx is None else self.ctx.rank
-        return rank > 0 and self.aggregation in ("async", "staleness")
+        """:func:`pushes_gradients` of this learner's rank (0 alone) and aggregation."""
+        return pushes_gradients(0 if self.ctx is None else self.ctx.rank, self.aggregation)
 
     def compute_gradients(self, batch: Any) -> ShardGradients:
         """Forward and backward of the loss on ``batch``: sets every ``.grad``."""

@@ -21,7 +21,9 @@ from nobubble.rl.system.engines.worker import (
     StageWorker,
     WorkerError,
     learner_names,
+    learner_rank,
 )
+from nobubble.rl.system.learner import pushes_gradients
 from nobubble.rl.system.weight_sync import check_newer
 
 __all__ = ["RayEngine", "check_ray_address", "start_local_ray"]
@@ -178,11 +180,13 @@ class RayEngine(Engine):
         self._sent.pop(worker, None)  # a fresh actor holds no published weights
 
     def _send(self, worker: str, cmd: tuple) -> None:
-        """``cmd`` to ``worker``'s actor, with the newest published weights for a generator or
-        learner if not sent it yet (an actor runs its calls in order, so it holds them by then;
-        a learner pulls them only where it pushes gradients)."""
+        """``cmd`` to ``worker``'s actor, with the newest published weights if not sent it yet
+        and it pulls them: a generator, or a learner that pushes gradients (an actor runs its
+        calls in order, so it holds them by then)."""
+        assert self._cfg is not None  # set by start()
         version, ref = None, None
-        if cmd[0] in ("rollout", "train"):
+        pushes = cmd[0] == "train" and pushes_gradients(learner_rank(worker), self._cfg.aggregation)
+        if cmd[0] == "rollout" or pushes:
             assert self._weights is not None  # set when learner 0 said ready
             if self._sent.get(worker) != self._weights[0]:
                 version, ref = self._weights

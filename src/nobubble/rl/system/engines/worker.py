@@ -76,6 +76,11 @@ def learner_names(num_learners: int) -> list[str]:
     return ["trainer", *(f"trainer-{r}" for r in range(1, num_learners))]
 
 
+def learner_rank(name: str) -> int:
+    """The rank of a learner named by :func:`learner_names`: ``trainer-2`` -> 2."""
+    return int(name.partition("-")[2] or 0)
+
+
 class StageWorker:
     """One stage worker: ``rollout-<i>``, ``reward-<i>``, ``trainer`` or ``trainer-<i>``."""
 
@@ -88,7 +93,7 @@ class StageWorker:
         self.kind = name.split("-")[0]
         torch.set_num_threads(1 if self.kind == "reward" else cfg.threads)
         self._digests: dict[int, str] = {}  # version -> digest of the trainer's model
-        self.rank = int(name.partition("-")[2] or 0) if self.kind == "trainer" else 0
+        self.rank = learner_rank(name) if self.kind == "trainer" else 0
         if self.kind == "rollout":
             model = cfg.build_policy(self.task)
             worker_id = int(name.split("-")[1])
