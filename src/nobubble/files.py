@@ -22,6 +22,7 @@ __all__ = [
     "check_output_dir",
     "atomic_path",
     "write_text",
+    "check_figure_path",
     "pyplot_for",
     "figure",
     "claim_output",
@@ -157,11 +158,20 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
-def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
-    """``(matplotlib.pyplot on the Agg backend, path)``, after checking the picture suffix."""
+def check_figure_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path if its suffix is a format a figure is written in (ValueError
+    naming the formats otherwise)."""
     path = Path(path)
     if path.suffix.lower() not in FIGURE_SUFFIXES:
-        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+        raise ValueError(
+            f"{path}: a figure is written as {', '.join(FIGURE_SUFFIXES)}; give one of them"
+        )
+    return path
+
+
+def pyplot_for(path: str | os.PathLike[str]) -> tuple[Any, Path]:
+    """``(matplotlib.pyplot on the Agg backend, path)``, after :func:`check_figure_path`."""
+    path = check_figure_path(path)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nobubble.files import FIGURE_SUFFIXES, check_output_dir, check_output_file
+from nobubble.files import check_figure_path, check_output_dir, check_output_file
 from nobubble.validation import finite
 
 __all__ = [
@@ -82,12 +82,10 @@ def output_file(text: str) -> Path:
 def plot_file(text: str) -> Path:
     """argparse type: a figure file that can be written, its format from a suffix matplotlib
     writes (checked before any work, not after the run)."""
-    path = output_file(text)
-    if path.suffix.lower() not in FIGURE_SUFFIXES:
-        raise argparse.ArgumentTypeError(
-            f"{text}: a figure is written as {', '.join(FIGURE_SUFFIXES)}; give one of them"
-        )
-    return path
+    try:
+        return check_figure_path(output_file(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def output_dir(text: str) -> Path:
