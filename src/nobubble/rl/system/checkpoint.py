@@ -42,7 +42,15 @@ TRAINER_FILE = "trainer.pt"
 STATE_FILE = "orchestrator.pt"
 LAYOUT = 1
 """The layout of both files (their ``"layout"``): raise it whenever what they hold changes;
-a file of another layout, or of none (written before layouts were numbered), is refused."""
+a file of another layout is refused. A file without a number that holds what layout 1 holds
+(written by the nobubble just before layouts were numbered) is read as layout 1, so its run
+resumes; older unnumbered files are refused."""
+# what each file of layout 1 holds; the unnumbered layouts before it lacked one of these, or
+# kept the prompt RNG beside the progress ("rng") or a Ledger in the buffer's state
+_LAYOUT_1_KEYS = {
+    TRAINER_FILE: ("model", "optimizer", "version", "torch_rng", "reference"),
+    STATE_FILE: ("config", "progress", "buffer", "in_flight", "wall_s"),
+}
 # the config fields a resumed run must share with the checkpoint (the rest may change:
 # steps, time budget, timeouts, workers, faults); the replay too: its buffer is restored
 RESUME_KEYS = (
@@ -73,6 +81,8 @@ def _load(ckpt: Path, name: str) -> dict[str, Any]:
 
     state = torch.load(ckpt / name, weights_only=False)
     found = state.get("layout") if isinstance(state, dict) else None
+    if found is None and isinstance(state, dict) and _holds_layout_1(state, name):
+        found = 1  # unnumbered, written just before layouts were numbered
     if found != LAYOUT:
         has = "no checkpoint layout" if found is None else f"checkpoint layout {found!r}"
         raise ValueError(
@@ -81,6 +91,15 @@ def _load(ckpt: Path, name: str) -> dict[str, Any]:
             "checkpoint folder"
         )
     return state
+
+
+def _holds_layout_1(state: dict[str, Any], name: str) -> bool:
+    buffer = state.get("buffer", {})
+    return (
+        all(k in state for k in _LAYOUT_1_KEYS[name])
+        and "rng" not in state
+        and not (isinstance(buffer, dict) and "ledger" in buffer)
+    )
 
 
 def save_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
