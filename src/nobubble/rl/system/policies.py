@@ -244,11 +244,11 @@ class CharTransformer(nn.Module):
                 "raise PolicyConfig.max_seq_len"
             )
         mask = attention_mask
-        if position_ids is None:  # no mask: 0..T-1, what _positions gives an all-ones one
+        if position_ids is None:  # no mask: 0..T-1, what an all-ones mask gives
             position_ids = (
-                torch.arange(t, device=tokens.device).expand(b, t)
-                if mask is None
-                else _positions(mask)
+                _positions(mask)
+                if mask is not None
+                else torch.arange(t, device=tokens.device).expand(b, t)
             )
         attn = None  # no padding: the fast causal path
         if mask is not None and not bool(mask.all()):

@@ -155,8 +155,9 @@ class Rewarder:
         cfg = self.cfg
         if cfg.delay_s:
             time.sleep(cfg.delay_s)
-        draw = cfg.failure_rate and random.Random(hash((cfg.seed, s.sample_id, attempt))).random()
-        if cfg.failure_rate and draw < cfg.failure_rate:  # no draw at a failure rate of 0
+        if cfg.failure_rate and (  # no draw at a failure rate of 0
+            random.Random(hash((cfg.seed, s.sample_id, attempt))).random() < cfg.failure_rate
+        ):
             raise RewardFailure(f"injected failure (sample {s.sample_id}, attempt {attempt})")
         return sum(w * as_reward(fn(s.prompt, s.response), name) for fn, w, name in self._fns)
 
