@@ -1,17 +1,19 @@
 """What ``nobubble rl train`` and ``rl compare`` show of their runs: the title, each run's
 progress (a bar or a line per evaluation, on stderr), the curves' labels and the table or
-JSON of the :class:`~nobubble.rl.system.result.RunResult` of each label."""
+JSON of the :class:`~nobubble.rl.system.result.RunResult` of each label, and the files that
+draw them (curves, traces)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from nobubble.bench.output import console, print_result, progress_bar
 from nobubble.rl.system.config import RunConfig
 
-__all__ = ["run_title", "run_progress", "curve_label", "render_runs"]
+__all__ = ["run_title", "run_progress", "curve_label", "draw_runs", "render_runs"]
 
 
 def run_title(
@@ -35,6 +37,24 @@ def run_title(
 
 def curve_label(label: str, r: Any) -> str:
     return label if r.env is None else f"{label} ({r.env_steps_per_s:,.0f} steps/s)"
+
+
+def draw_runs(results: dict[str, Any], out: Path, stem: str, title: str,
+              groups: dict[str, list[str]] | None = None) -> dict[str, str]:  # fmt: skip
+    """Write the runs' files under ``out`` and return them by key: ``plot`` (or ``plot:<group>``
+    per group of labels ``<group>:<label>``, e.g. an ablation's staleness bounds) of every
+    run's curve, and ``trace:<label>``, the trace of each task run when not grouped."""
+    from nobubble.rl.system.result import plot_runs, write_trace
+
+    paths = {}
+    for name, labels in (groups or {"": list(results)}).items():
+        png = out / f"{stem}{'_' + name if name else ''}.png"
+        curves = {curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels}
+        paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
+    for label, r in results.items():
+        if r.env is None and not groups:
+            paths[f"trace:{label}"] = str(write_trace(r, out / f"{stem}_{label}_trace.json"))
+    return paths
 
 
 def run_progress(cfg: Any, label: str, quiet: bool,

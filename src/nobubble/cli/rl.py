@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from nobubble.bench.rl_tables import curve_label, render_runs, run_progress, run_title
+from nobubble.bench.rl_tables import draw_runs, render_runs, run_progress, run_title
 from nobubble.cli.flags import Flag, add_config_flags, apply_flags, config_flags, flags_given, real
 from nobubble.cli.util import ArgumentParser, add_json_flag, nonneg_int, output_dir, positive_int
 from nobubble.files import claim_output
@@ -230,23 +230,11 @@ def _train_or_compare(args: argparse.Namespace) -> int:
         groups = {f"eta{e}": [k for k in runs if k.startswith(f"eta{e}:")] for e in etas}
         stem = ("ablation" if etas else "compare") if compare else f"train_{label}"
         title = run_title(first, list(runs), compare=compare, env=args.env, ablation=bool(etas))
-        from nobubble.rl.system.result import plot_runs, write_trace
-
         results = {}
         for label, cfg in runs.items():  # in turn; a worker's failure ends the command, exit 1
             with ExitStack() as bar:  # a task run's progress bar, closed when its run ends
                 results[label] = train(cfg, on_step=run_progress(cfg, label, args.json, bar))
-        paths = {}  # a plot per group of labels (default all), a trace of each task run alone
-        for name, labels in (groups or {"": list(results)}).items():
-            png = args.out / f"{stem}{'_' + name if name else ''}.png"
-            curves = {
-                curve_label(k.removeprefix(f"{name}:"), results[k]): results[k] for k in labels
-            }
-            paths[f"plot:{name}" if name else "plot"] = str(plot_runs(curves, png, title=title))
-        for label, r in results.items():
-            if r.env is None and not groups:
-                trace = args.out / f"{stem}_{label}_trace.json"
-                paths[f"trace:{label}"] = str(write_trace(r, trace))
+        paths = draw_runs(results, args.out, stem, title, groups or None)
         render_runs(title, results, paths, as_json=args.json, compare=compare)
         return 0
 
