@@ -41,12 +41,10 @@ __all__ = [
 TRAINER_FILE = "trainer.pt"
 STATE_FILE = "orchestrator.pt"
 LAYOUT = 1
-"""The layout of both files (their ``"layout"``): raise it whenever what they hold changes;
-a file of another layout is refused. A file without a number that holds what layout 1 holds
-(written by the nobubble just before layouts were numbered) is read as layout 1, so its run
-resumes; older unnumbered files are refused."""
-# what each file of layout 1 holds; the unnumbered layouts before it lacked one of these, or
-# kept the prompt RNG beside the progress ("rng") or a Ledger in the buffer's state
+"""The layout of both files (their ``"layout"``): raise it whenever what they hold changes.
+A file of another layout is refused; an unnumbered one is layout 1 if it holds layout 1's
+keys and no older layout's (``rng``, a buffer ``ledger``): the files written just before
+layouts were numbered, whose runs resume."""
 _LAYOUT_1_KEYS = {
     TRAINER_FILE: ("model", "optimizer", "version", "torch_rng", "reference"),
     STATE_FILE: ("config", "progress", "buffer", "in_flight", "wall_s"),
@@ -94,12 +92,8 @@ def _load(ckpt: Path, name: str) -> dict[str, Any]:
 
 
 def _holds_layout_1(state: dict[str, Any], name: str) -> bool:
-    buffer = state.get("buffer", {})
-    return (
-        all(k in state for k in _LAYOUT_1_KEYS[name])
-        and "rng" not in state
-        and not (isinstance(buffer, dict) and "ledger" in buffer)
-    )
+    older = "rng" in state or "ledger" in (state.get("buffer") or {})
+    return not older and all(k in state for k in _LAYOUT_1_KEYS[name])
 
 
 def save_trainer(ckpt: str | os.PathLike[str], learner: Any) -> None:
